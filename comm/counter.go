@@ -1,0 +1,330 @@
+package comm
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// Op names a kind of communicator call.
+type Op uint8
+
+// The calls a Counter tells apart. Non-blocking calls are counted under their
+// blocking names.
+const (
+	OpAllReduce Op = iota
+	OpAllGather
+	OpAllGatherV
+	OpBroadcast
+	OpReduceScatter
+	OpSend
+	OpRecv
+	OpSendRecv
+	OpBarrier
+	numOps
+)
+
+var opNames = [numOps]string{"allreduce", "allgather", "allgatherv", "broadcast", "reducescatter", "send", "recv", "sendrecv", "barrier"}
+
+func (o Op) String() string {
+	if o < numOps {
+		return opNames[o]
+	}
+	return "op?"
+}
+
+// Ops lists every Op in order.
+func Ops() []Op {
+	ops := make([]Op, numOps)
+	for i := range ops {
+		ops[i] = Op(i)
+	}
+	return ops
+}
+
+// OpStats accumulates the calls of one Op.
+type OpStats struct {
+	Calls int64
+	// Elements is the total payload, in elements, this rank handed to the
+	// calls (send length for sends and gathers, buffer length for reductions
+	// and broadcasts, received length for receives).
+	Elements int64
+	// BytesSent and BytesRecv are this rank's traffic under the reference
+	// algorithm of each call (see Traffic).
+	BytesSent, BytesRecv int64
+	// Time is the wall time spent in the calls (for non-blocking calls: from
+	// the start to the return of Wait).
+	Time time.Duration
+}
+
+// Totals is the sum over all Ops.
+type Totals struct {
+	Calls                int64
+	BytesSent, BytesRecv int64
+	Time                 time.Duration
+}
+
+// Sub returns t − u.
+func (t Totals) Sub(u Totals) Totals {
+	return Totals{t.Calls - u.Calls, t.BytesSent - u.BytesSent, t.BytesRecv - u.BytesRecv, t.Time - u.Time}
+}
+
+// Traffic is the number of bytes rank r of n sends and receives in one call of
+// op under the bandwidth-optimal algorithm a cluster library would use; it is
+// what byte statistics and projections count, whatever the backend does
+// internally. elems is the call's buffer length (AllReduce, Broadcast), the
+// send length (AllGather), or the message length (Send, Recv); counts are the
+// per-rank lengths of AllGatherV and ReduceScatter. esize is the element size
+// in bytes; root is Broadcast's root.
+//
+//   - AllReduce (ring): each rank sends and receives 2(n−1) of the n chunks of
+//     the ring, i.e. about 2(n−1)/n of the buffer.
+//   - AllGather (ring): (n−1)·elems sent and received.
+//   - AllGatherV (ring): rank r forwards every block except rank r+1's and
+//     receives every block except its own.
+//   - ReduceScatter (ring): rank r sends every block except its own and
+//     receives every block except rank r−1's.
+//   - Broadcast (binomial tree): non-roots receive the buffer once; each rank
+//     sends it once per child.
+//   - Send, Recv: the message; SendRecv: both; Barrier: nothing.
+func Traffic(op Op, n, r, elems, esize, root int, counts []int) (sent, recv int64) {
+	b := func(e int) int64 { return int64(e) * int64(esize) }
+	if n <= 1 {
+		switch op {
+		case OpSend:
+			return b(elems), 0
+		case OpRecv:
+			return 0, b(elems)
+		}
+		return 0, 0
+	}
+	switch op {
+	case OpAllReduce:
+		var s int64
+		for c := 0; c < n; c++ {
+			lo, hi := ChunkBounds(elems, n, c)
+			s += b(hi - lo)
+		}
+		// Each rank sends all chunks but one in each of the two phases.
+		own0, own1 := ChunkBounds(elems, n, r)
+		s = 2 * (s - b(own1-own0))
+		return s, s
+	case OpAllGather:
+		return b((n - 1) * elems), b((n - 1) * elems)
+	case OpAllGatherV:
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		return b(total - counts[(r+1)%n]), b(total - counts[r])
+	case OpReduceScatter:
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		return b(total - counts[r]), b(total - counts[(r-1+n)%n])
+	case OpBroadcast:
+		v := (r - root + n) % n
+		children := 0
+		for m := 1; m < n; m <<= 1 {
+			if v < m && v+m < n {
+				children++
+			}
+		}
+		if v != 0 {
+			recv = b(elems)
+		}
+		return int64(children) * b(elems), recv
+	case OpSend:
+		return b(elems), 0
+	case OpRecv:
+		return 0, b(elems)
+	}
+	return 0, 0
+}
+
+// Counter wraps a Communicator and counts, per Op, calls, payload, bytes (as
+// Traffic defines them) and time. It is itself a Communicator. Its statistics
+// may be read from any goroutine.
+type Counter struct {
+	Communicator
+	mu    sync.Mutex
+	stats [numOps]OpStats
+}
+
+// NewCounter wraps c.
+func NewCounter(c Communicator) *Counter { return &Counter{Communicator: c} }
+
+// Stats returns the statistics of op so far.
+func (c *Counter) Stats(op Op) OpStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats[op]
+}
+
+// Totals returns the sum of the statistics over all ops.
+func (c *Counter) Totals() Totals {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var t Totals
+	for _, s := range c.stats {
+		t.Calls += s.Calls
+		t.BytesSent += s.BytesSent
+		t.BytesRecv += s.BytesRecv
+		t.Time += s.Time
+	}
+	return t
+}
+
+// Reset zeroes the statistics.
+func (c *Counter) Reset() {
+	c.mu.Lock()
+	c.stats = [numOps]OpStats{}
+	c.mu.Unlock()
+}
+
+func (c *Counter) add(op Op, elems int, sent, recv int64, d time.Duration) {
+	c.mu.Lock()
+	s := &c.stats[op]
+	s.Calls++
+	s.Elements += int64(elems)
+	s.BytesSent += sent
+	s.BytesRecv += recv
+	s.Time += d
+	c.mu.Unlock()
+}
+
+func (c *Counter) record(op Op, buf Buffer, elems, root int, counts []int, start time.Time) {
+	es := 0
+	if buf != nil {
+		es = buf.DType().Size()
+	}
+	s, r := Traffic(op, c.Size(), c.Rank(), elems, es, root, counts)
+	c.add(op, elems, s, r, time.Since(start))
+}
+
+// AllReduce counts and forwards the call.
+func (c *Counter) AllReduce(ctx context.Context, buf Buffer) error {
+	t := time.Now()
+	err := c.Communicator.AllReduce(ctx, buf)
+	c.record(OpAllReduce, buf, buf.Len(), 0, nil, t)
+	return err
+}
+
+// AllGather counts and forwards the call.
+func (c *Counter) AllGather(ctx context.Context, send, recv Buffer) error {
+	t := time.Now()
+	err := c.Communicator.AllGather(ctx, send, recv)
+	c.record(OpAllGather, send, send.Len(), 0, nil, t)
+	return err
+}
+
+// AllGatherV counts and forwards the call.
+func (c *Counter) AllGatherV(ctx context.Context, send, recv Buffer, counts []int) error {
+	t := time.Now()
+	err := c.Communicator.AllGatherV(ctx, send, recv, counts)
+	c.record(OpAllGatherV, send, send.Len(), 0, counts, t)
+	return err
+}
+
+// Broadcast counts and forwards the call.
+func (c *Counter) Broadcast(ctx context.Context, buf Buffer, root int) error {
+	t := time.Now()
+	err := c.Communicator.Broadcast(ctx, buf, root)
+	c.record(OpBroadcast, buf, buf.Len(), root, nil, t)
+	return err
+}
+
+// ReduceScatter counts and forwards the call.
+func (c *Counter) ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error {
+	t := time.Now()
+	err := c.Communicator.ReduceScatter(ctx, send, recv, counts)
+	c.record(OpReduceScatter, send, send.Len(), 0, counts, t)
+	return err
+}
+
+// Send counts and forwards the call.
+func (c *Counter) Send(ctx context.Context, buf Buffer, dst, tag int) error {
+	t := time.Now()
+	err := c.Communicator.Send(ctx, buf, dst, tag)
+	c.record(OpSend, buf, buf.Len(), 0, nil, t)
+	return err
+}
+
+// Recv counts and forwards the call; the received length is counted.
+func (c *Counter) Recv(ctx context.Context, buf Buffer, src, tag int) (int, error) {
+	t := time.Now()
+	n, err := c.Communicator.Recv(ctx, buf, src, tag)
+	c.record(OpRecv, buf, n, 0, nil, t)
+	return n, err
+}
+
+// SendRecv counts and forwards the call.
+func (c *Counter) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffer, src, tag int) (int, error) {
+	t := time.Now()
+	n, err := c.Communicator.SendRecv(ctx, send, dst, recv, src, tag)
+	es := send.DType().Size()
+	c.add(OpSendRecv, send.Len(), int64(send.Len()*es), int64(n*recv.DType().Size()), time.Since(t))
+	return n, err
+}
+
+// Barrier counts and forwards the call.
+func (c *Counter) Barrier(ctx context.Context) error {
+	t := time.Now()
+	err := c.Communicator.Barrier(ctx)
+	c.record(OpBarrier, nil, 0, 0, nil, t)
+	return err
+}
+
+type countedRequest struct {
+	Request
+	done func(n int)
+}
+
+func (r countedRequest) Wait(ctx context.Context) (int, error) {
+	n, err := r.Request.Wait(ctx)
+	r.done(n)
+	return n, err
+}
+
+func (c *Counter) wrap(req Request, err error, done func(n int)) (Request, error) {
+	if err != nil {
+		return nil, err
+	}
+	return countedRequest{req, done}, nil
+}
+
+// IAllReduce counts and forwards the call; its time runs until Wait returns.
+func (c *Counter) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
+	t := time.Now()
+	req, err := c.Communicator.IAllReduce(ctx, buf)
+	return c.wrap(req, err, func(int) { c.record(OpAllReduce, buf, buf.Len(), 0, nil, t) })
+}
+
+// IAllGather counts and forwards the call.
+func (c *Counter) IAllGather(ctx context.Context, send, recv Buffer) (Request, error) {
+	t := time.Now()
+	req, err := c.Communicator.IAllGather(ctx, send, recv)
+	return c.wrap(req, err, func(int) { c.record(OpAllGather, send, send.Len(), 0, nil, t) })
+}
+
+// IAllGatherV counts and forwards the call.
+func (c *Counter) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
+	t := time.Now()
+	req, err := c.Communicator.IAllGatherV(ctx, send, recv, counts)
+	return c.wrap(req, err, func(int) { c.record(OpAllGatherV, send, send.Len(), 0, counts, t) })
+}
+
+// ISend counts and forwards the call.
+func (c *Counter) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {
+	t := time.Now()
+	req, err := c.Communicator.ISend(ctx, buf, dst, tag)
+	return c.wrap(req, err, func(int) { c.record(OpSend, buf, buf.Len(), 0, nil, t) })
+}
+
+// IRecv counts and forwards the call.
+func (c *Counter) IRecv(ctx context.Context, buf Buffer, src, tag int) (Request, error) {
+	t := time.Now()
+	req, err := c.Communicator.IRecv(ctx, buf, src, tag)
+	return c.wrap(req, err, func(n int) { c.record(OpRecv, buf, n, 0, nil, t) })
+}
