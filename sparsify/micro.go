@@ -1,0 +1,165 @@
+package sparsify
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+func init() { Register("micro", newMicro) }
+
+// The constants of MiCRO's threshold controller (kljp/micro, notes 3.3).
+const (
+	microBandHigh = 1.1     // e above this: too many selected
+	microBandLow  = 0.909   // e above this (and <= microBandHigh): in the band
+	microUp       = 1.005   // factor when too many were selected
+	microInBand   = 1.00125 // factor inside the band (upward, as the reference code does)
+	microDown     = 0.995   // factor when too few were selected
+)
+
+// microNextThreshold is MiCRO's controller: the threshold of iteration t > 0
+// from that of iteration t−1, the global count kPrev of iteration t−1 and the
+// global budget k: with e = kPrev/k, ×1.005 if e > 1.1, ×1.00125 if
+// 0.909 < e <= 1.1, ×0.995 otherwise.
+func microNextThreshold(thr float64, kPrev, k int) float64 {
+	e := float64(kPrev) / float64(k)
+	switch {
+	case e > microBandHigh:
+		return thr * microUp
+	case e > microBandLow:
+		return thr * microInBand
+	}
+	return thr * microDown
+}
+
+// microReducer is MiCRO (Yoon & Oh, HiPC'23); see newMicro.
+type microReducer struct {
+	o     Options
+	c     *comm.Counter
+	n, r  int
+	k     int
+	t     int     // iteration counter, 0 at the first call
+	thr   float64 // threshold of the last call
+	kPrev int     // global count of the last call
+	mine  []int32
+}
+
+// newMicro builds the "micro" reducer, MiCRO as in the authors'
+// MicroReducer (kljp/micro, notes section 3), bound to one worker:
+//
+//   - The flat gradient is cut into n near-equal contiguous partitions
+//     (comm.ChunkBounds; layer boundaries are ignored); in iteration t worker
+//     r owns partition (t mod n + r) mod n, so the workers' partitions are
+//     disjoint and rotate.
+//   - The global budget is k = BudgetK(Density, N) = ⌊ρN⌋, clamped to at least
+//     1 (the reference divides by zero when it rounds to 0). The threshold is
+//     1/(2√k) at t = 0 and then follows microNextThreshold driven by the
+//     previous iteration's global count; it is identical on all workers
+//     because it depends only on global quantities.
+//   - Worker r selects the indices of its partition with |acc| >= threshold
+//     (the threshold rounded to float32, as the reference's float32
+//     comparison does); if none, the single index s + (t mod (e−s)) of its
+//     partition [s, e); a worker with an empty partition (only when N < n)
+//     selects nothing (the reference's modulo by zero is guarded).
+//   - Counts (int64) and padded indices (int64) are all-gathered; the union
+//     is their concatenation (disjoint); it is all-reduced with each worker's
+//     own values (unionReduce): out is the average on the union, 0 elsewhere,
+//     and the residual is acc with the union zeroed. The global count |union|
+//     drives the next threshold.
+//
+// Stats: Threshold is the controller's threshold of this call, Selected this
+// worker's count (including a fallback index), SelectedPerWorker the gathered
+// counts, ActualDensity = |union|/N, LayerK nil. SelectTime covers the
+// threshold update and the selection.
+//
+// Deviation from the reference code: with one worker the reference never
+// records the global count, so its threshold decays by 0.5 % every call;
+// here the count is recorded for every worker count, so one worker follows
+// the same controller as many.
+func newMicro(o Options) (Reducer, error) {
+	if o.Comm == nil {
+		return nil, fmt.Errorf("sparsify: micro: no communicator given")
+	}
+	n := o.Comm.Size()
+	if n < 1 {
+		return nil, fmt.Errorf("sparsify: micro: communicator has %d ranks; MiCRO needs at least 1", n)
+	}
+	if o.Layout.N <= 0 {
+		return nil, fmt.Errorf("sparsify: micro: empty layout; build it with NewLayout from the model's parameters")
+	}
+	if o.Layout.N > math.MaxInt32 {
+		return nil, fmt.Errorf("sparsify: micro: layout has %d elements; indices are int32, so at most %d are supported (shard the model)", o.Layout.N, math.MaxInt32)
+	}
+	if !(o.Density > 0 && o.Density <= 1) {
+		return nil, fmt.Errorf("sparsify: micro: density %v is outside (0, 1]", o.Density)
+	}
+	return &microReducer{o: o, c: comm.NewCounter(o.Comm), n: n, r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}, nil
+}
+
+// Name returns "micro".
+func (m *microReducer) Name() string { return "micro" }
+
+// Reduce runs one MiCRO iteration; see newMicro.
+func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	N := m.o.Layout.N
+	if len(acc) != N || len(out) != N || len(residual) != N {
+		return Stats{}, fmt.Errorf("sparsify: micro: acc, out and residual have %d, %d and %d elements; the layout has %d", len(acc), len(out), len(residual), N)
+	}
+	if &out[0] == &acc[0] || &out[0] == &residual[0] {
+		return Stats{}, fmt.Errorf("sparsify: micro: out must not be the same slice as acc or residual (residual may alias acc)")
+	}
+	t := m.t
+	m.t++
+	before := m.c.Totals()
+
+	t0 := time.Now()
+	if t == 0 {
+		m.thr = 1 / (2 * math.Sqrt(float64(m.k)))
+	} else {
+		m.thr = microNextThreshold(m.thr, m.kPrev, m.k)
+	}
+	s, e := comm.ChunkBounds(N, m.n, (t%m.n+m.r)%m.n)
+	mine := SelectAbove(m.mine, acc[s:e], float32(m.thr))
+	for i := range mine {
+		mine[i] += int32(s)
+	}
+	if len(mine) == 0 && e > s {
+		mine = append(mine, int32(s+t%(e-s)))
+	}
+	m.mine = mine
+	selTime := time.Since(t0)
+
+	lists, counts, err := gatherIndices(ctx, m.c, mine)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
+	}
+	total := 0
+	for _, c := range counts {
+		total += c
+	}
+	union := make([]int32, 0, total)
+	for _, l := range lists {
+		union = append(union, l...)
+	}
+	if err := unionReduce(ctx, m.c, acc, out, residual, union); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
+	}
+	m.kPrev = len(union)
+
+	diff := m.c.Totals().Sub(before)
+	return Stats{
+		Density:           m.o.Density,
+		ActualDensity:     float64(len(union)) / float64(N),
+		Selected:          len(mine),
+		SelectedPerWorker: counts,
+		ErrorNorm:         norm2(residual),
+		Threshold:         m.thr,
+		BytesSent:         diff.BytesSent,
+		BytesRecv:         diff.BytesRecv,
+		SelectTime:        selTime,
+		CommTime:          diff.Time,
+	}, nil
+}
