@@ -2,87 +2,353 @@ package sparsify
 
 import (
 	"math"
+	"math/bits"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"sync"
 )
 
-// absBits is the IEEE-754 bit pattern of |v|. For non-NaN values it is
-// monotone in |v|, so comparing absBits compares magnitudes. A NaN maps above
-// +Inf and therefore ranks as the largest magnitude; callers must reject NaN
-// upstream (Memory.Accumulate does).
+// Selection primitives: exact top-k by magnitude, the k-th largest magnitude,
+// threshold selection and seeded random-k.
+//
+// Magnitudes are compared through absBits, the IEEE-754 bit pattern of |v|
+// with the sign bit cleared: for every non-NaN float32 it is monotone in |v|,
+// so an exact radix select on those 31-bit keys replaces sorting. The top-k
+// algorithm reads x three times, each pass split over all cores for large
+// inputs:
+//
+//  1. per-chunk histograms of the key's top selHiBits bits; merged, they give
+//     the boundary bucket holding the k-th largest key;
+//  2. the keys of the boundary bucket are copied out per chunk;
+//  3. the exact k-th largest key T is found among those candidates (two more
+//     small radix rounds), the number of ties at T each chunk may take is
+//     fixed by prefix sums (ties go to the lowest indices), and every chunk
+//     writes its indices, in ascending order, straight to its offset in dst.
+//
+// NaN: a NaN's key lies above that of +Inf, so TopK and KthLargestAbs rank
+// NaN as the largest magnitude (it is selected first), while SelectAbove
+// never selects NaN (|NaN| >= t is false). NaN and Inf gradients are rejected
+// upstream by Memory.Accumulate; these primitives do not check.
+
+const (
+	// selParallelMin is the input length from which the passes are split
+	// over goroutines; shorter inputs run on the calling goroutine.
+	selParallelMin = 1 << 16
+	// selHiBits is the number of key bits the first radix pass histograms.
+	selHiBits  = 11
+	selHiShift = 31 - selHiBits // key >> selHiShift is the first-pass bucket
+	selBuckets = 1 << selHiBits
+)
+
+// absBits is the bit pattern of |v|; see the comment above on NaN.
 func absBits(v float32) uint32 { return math.Float32bits(v) &^ (1 << 31) }
+
+// selChunks is the number of chunks the passes over n elements use.
+func selChunks(n int) int {
+	if n < selParallelMin {
+		return 1
+	}
+	return max(1, min(runtime.GOMAXPROCS(0), n/(selParallelMin/2)))
+}
+
+// selChunkBounds returns chunk c of n elements cut into p near-equal parts.
+func selChunkBounds(n, p, c int) (lo, hi int) {
+	q, r := n/p, n%p
+	lo = c*q + min(c, r)
+	hi = lo + q
+	if c < r {
+		hi++
+	}
+	return lo, hi
+}
+
+// selParallel runs f(c, lo, hi) for each of p chunks of n elements, on p
+// goroutines when p > 1, and returns when all are done.
+func selParallel(n, p int, f func(c, lo, hi int)) {
+	if p == 1 {
+		f(0, 0, n)
+		return
+	}
+	var wg sync.WaitGroup
+	for c := range p {
+		lo, hi := selChunkBounds(n, p, c)
+		wg.Go(func() { f(c, lo, hi) })
+	}
+	wg.Wait()
+}
 
 // TopK returns dst[:0] extended with the indices of the k largest-magnitude
 // elements of x, in ascending index order; ties at the k-th magnitude go to
-// lower indices. k is clamped to [0, len(x)]. NaN elements rank above every
-// number (see absBits); reject them before calling.
+// lower indices. k is clamped to [0, len(x)]. It runs in O(len(x)) time
+// (radix select, no sorting) on all cores for large x. NaN ranks above every
+// number (see the package's selection notes); reject NaN before calling.
 func TopK(dst []int32, x []float32, k int) []int32 {
-	dst = dst[:0]
-	k = max(0, min(k, len(x)))
+	n := len(x)
+	k = max(0, min(k, n))
+	dst = slices.Grow(dst[:0], k)[:k]
 	if k == 0 {
 		return dst
 	}
-	idx := make([]int32, len(x))
-	for i := range idx {
-		idx[i] = int32(i)
-	}
-	slices.SortStableFunc(idx, func(a, b int32) int {
-		ba, bb := absBits(x[a]), absBits(x[b])
-		switch {
-		case ba > bb:
-			return -1
-		case ba < bb:
-			return 1
+	if k == n {
+		for i := range dst {
+			dst[i] = int32(i)
 		}
-		return 0
+		return dst
+	}
+	p := selChunks(n)
+	s := selFindKth(x, k, p)
+
+	// Per chunk: how many keys > T it holds, how many equal T, and from
+	// those, its output offset and tie allowance.
+	gt := make([]int, p)
+	eq := make([]int, p)
+	for c := range p {
+		for b := s.bucket + 1; b < selBuckets; b++ {
+			gt[c] += int(s.hists[c][b])
+		}
+		for _, key := range s.cand[s.candOff[c]:s.candOff[c+1]] {
+			if key > s.kth {
+				gt[c]++
+			} else if key == s.kth {
+				eq[c]++
+			}
+		}
+	}
+	ties := k
+	for c := range p {
+		ties -= gt[c]
+	}
+	off := make([]int, p)
+	allow := make([]int, p)
+	o := 0
+	for c := range p {
+		allow[c] = min(eq[c], ties)
+		ties -= allow[c]
+		off[c] = o
+		o += gt[c] + allow[c]
+	}
+	t := s.kth
+	selParallel(n, p, func(c, lo, hi int) {
+		out := dst[off[c] : off[c]+gt[c]+allow[c]]
+		j, a := 0, allow[c]
+		if a == 0 {
+			for i, v := range x[lo:hi] {
+				if absBits(v) > t {
+					out[j] = int32(lo + i)
+					j++
+				}
+			}
+			return
+		}
+		for i, v := range x[lo:hi] {
+			key := absBits(v)
+			if key > t || (key == t && a > 0) {
+				if key == t {
+					a--
+				}
+				out[j] = int32(lo + i)
+				j++
+			}
+		}
 	})
-	dst = append(dst, idx[:k]...)
-	slices.Sort(dst)
 	return dst
 }
 
-// KthLargestAbs returns the k-th largest |x[i]|, 1 <= k <= len(x). It panics
-// for k outside that range.
+// KthLargestAbs returns the k-th largest |x[i]|, 1 <= k <= len(x), in O(len(x))
+// time on all cores for large x. It panics for k outside that range. NaN
+// ranks above every number.
 func KthLargestAbs(x []float32, k int) float32 {
 	if k < 1 || k > len(x) {
-		panic("sparsify: KthLargestAbs: k out of range")
+		panic("sparsify: KthLargestAbs: k must be in [1, len(x)]")
 	}
-	b := make([]uint32, len(x))
-	for i, v := range x {
-		b[i] = absBits(v)
+	s := selFindKth(x, k, selChunks(len(x)))
+	return math.Float32frombits(s.kth)
+}
+
+// selKth is the outcome of the first two passes of the radix select.
+type selKth struct {
+	hists   [][selBuckets]uint32 // per-chunk first-pass histograms
+	bucket  int                  // first-pass bucket of the k-th largest key
+	cand    []uint32             // keys of that bucket, chunk by chunk
+	candOff []int                // chunk c's keys are cand[candOff[c]:candOff[c+1]]
+	kth     uint32               // the k-th largest key
+}
+
+// selFindKth finds the k-th largest key of x (1 <= k <= len(x)) over p chunks.
+func selFindKth(x []float32, k, p int) selKth {
+	n := len(x)
+	s := selKth{hists: make([][selBuckets]uint32, p)}
+	selParallel(n, p, func(c, lo, hi int) { selHistogram(&s.hists[c], x[lo:hi]) })
+	var total [selBuckets]int
+	for c := range p {
+		for b, v := range s.hists[c] {
+			total[b] += int(v)
+		}
 	}
-	slices.Sort(b)
-	return math.Float32frombits(b[len(b)-k])
+	need := k // rank of the k-th largest inside the boundary bucket, from the top
+	b := selBuckets - 1
+	for ; b > 0 && total[b] < need; b-- {
+		need -= total[b]
+	}
+	s.bucket = b
+	s.candOff = make([]int, p+1)
+	for c := range p {
+		s.candOff[c+1] = s.candOff[c] + int(s.hists[c][b])
+	}
+	s.cand = make([]uint32, s.candOff[p])
+	ub := uint32(b)
+	selParallel(n, p, func(c, lo, hi int) {
+		out := s.cand[s.candOff[c]:s.candOff[c+1]]
+		j := 0
+		for _, v := range x[lo:hi] {
+			if key := absBits(v); key>>selHiShift == ub {
+				out[j] = key
+				j++
+			}
+		}
+	})
+	s.kth = selKthOfKeys(slices.Clone(s.cand), need)
+	return s
+}
+
+// selHistogram counts the first-pass buckets of x into h. Four interleaved
+// sub-histograms break the store-to-load dependency between equal buckets.
+func selHistogram(h *[selBuckets]uint32, x []float32) {
+	var sub [4][selBuckets]uint32
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		sub[0][absBits(x[i])>>selHiShift]++
+		sub[1][absBits(x[i+1])>>selHiShift]++
+		sub[2][absBits(x[i+2])>>selHiShift]++
+		sub[3][absBits(x[i+3])>>selHiShift]++
+	}
+	for ; i < len(x); i++ {
+		sub[0][absBits(x[i])>>selHiShift]++
+	}
+	for b := range h {
+		h[b] = sub[0][b] + sub[1][b] + sub[2][b] + sub[3][b]
+	}
+}
+
+// selKthOfKeys returns the need-th largest of keys (1 <= need <= len(keys)),
+// which all share their top selHiBits bits, by radix rounds over the lower
+// bits; keys is reordered.
+func selKthOfKeys(keys []uint32, need int) uint32 {
+	// Rounds over bits [shift, shift+width) from the high end down.
+	for _, r := range [...]struct{ shift, width uint }{{9, 11}, {0, 9}} {
+		if len(keys) <= 64 {
+			break
+		}
+		var h [1 << 11]int
+		mask := uint32(1)<<r.width - 1
+		for _, key := range keys {
+			h[key>>r.shift&mask]++
+		}
+		b := int(mask)
+		for ; b > 0 && h[b] < need; b-- {
+			need -= h[b]
+		}
+		j := 0
+		for _, key := range keys {
+			if int(key>>r.shift&mask) == b {
+				keys[j] = key
+				j++
+			}
+		}
+		keys = keys[:j]
+	}
+	slices.Sort(keys)
+	return keys[len(keys)-need]
 }
 
 // SelectAbove returns dst[:0] extended with the indices i with |x[i]| >= t,
-// ascending.
+// ascending, in one pass over x on all cores for large x. NaN elements are
+// never selected; a NaN t selects nothing.
 func SelectAbove(dst []int32, x []float32, t float32) []int32 {
-	dst = dst[:0]
-	for i, v := range x {
-		if float32(math.Abs(float64(v))) >= t {
-			dst = append(dst, int32(i))
+	n := len(x)
+	p := selChunks(n)
+	if p == 1 {
+		dst = dst[:0]
+		for i, v := range x {
+			if math.Float32frombits(absBits(v)) >= t {
+				dst = append(dst, int32(i))
+			}
 		}
+		return dst
+	}
+	// Each chunk appends to its own buffer; the buffers are then copied to
+	// dst in chunk order, so the result is ascending without sorting.
+	parts := make([][]int32, p)
+	selParallel(n, p, func(c, lo, hi int) {
+		var buf []int32
+		if c == 0 {
+			buf = dst[:0] // chunk 0 writes in place
+		}
+		for i, v := range x[lo:hi] {
+			if math.Float32frombits(absBits(v)) >= t {
+				buf = append(buf, int32(lo+i))
+			}
+		}
+		parts[c] = buf
+	})
+	total := 0
+	for _, b := range parts {
+		total += len(b)
+	}
+	dst = slices.Grow(parts[0], total-len(parts[0]))
+	for _, b := range parts[1:] {
+		dst = append(dst, b...)
 	}
 	return dst
 }
 
 // RandomK returns dst[:0] extended with k distinct indices of [0, n),
-// ascending, drawn from seed (identical on all ranks for equal arguments).
-// k is clamped to [0, n].
+// ascending, drawn uniformly (every k-subset equally likely) from seed: equal
+// arguments give equal results on every rank and every run. k is clamped to
+// [0, n]. It uses Floyd's sampling algorithm on a PCG generator, O(k) draws.
 func RandomK(dst []int32, n, k int, seed uint64) []int32 {
 	dst = dst[:0]
 	k = max(0, min(k, n))
-	r := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
-	seen := make(map[int32]struct{}, k)
-	for len(dst) < k {
-		j := int32(r.IntN(n))
-		if _, ok := seen[j]; ok {
-			continue
-		}
-		seen[j] = struct{}{}
-		dst = append(dst, j)
+	if k == 0 {
+		return dst
 	}
-	slices.Sort(dst)
+	r := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	if k == n {
+		for i := range n {
+			dst = append(dst, int32(i))
+		}
+		return dst
+	}
+	if k < n/64 {
+		// Sparse: membership in a map, then sort.
+		seen := make(map[int32]struct{}, k)
+		for j := n - k; j < n; j++ {
+			t := int32(r.IntN(j + 1))
+			if _, ok := seen[t]; ok {
+				t = int32(j)
+			}
+			seen[t] = struct{}{}
+			dst = append(dst, t)
+		}
+		slices.Sort(dst)
+		return dst
+	}
+	// Dense: membership in a bitmap, read out in ascending order.
+	bm := make([]uint64, (n+63)/64)
+	for j := n - k; j < n; j++ {
+		t := r.IntN(j + 1)
+		if bm[t>>6]&(1<<(t&63)) != 0 {
+			t = j
+		}
+		bm[t>>6] |= 1 << (t & 63)
+	}
+	dst = slices.Grow(dst, k)
+	for w, word := range bm {
+		for word != 0 {
+			dst = append(dst, int32(w<<6+bits.TrailingZeros64(word)))
+			word &= word - 1
+		}
+	}
 	return dst
 }
