@@ -1,0 +1,78 @@
+package sparsify
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+)
+
+func init() { Register("threshold", newThresholdReducer) }
+
+// thresholdReducer is "threshold", the hard-threshold baseline of the
+// DEFT/MiCRO code (ThreshReducer, reference notes 7.5):
+//
+//   - λ = Options.Lambda, or, when it is 0, λ = 1/(2√k) with k =
+//     BudgetK(density, N) = ⌊ρN⌋ clamped to [1, N], recomputed every call as
+//     the MiCRO repository does (the clamp avoids its division by zero);
+//     λ is rounded to float32 once and that value is used and reported as
+//     Stats.Threshold;
+//   - each worker selects every index with |acc| >= λ over the flat vector;
+//   - counts and index lists are all-gathered in the reference wire format
+//     (int64 counts, int64 indices padded to the largest count);
+//   - the union U (sorted, distinct) is formed; every worker all-reduces its
+//     own acc at U (float32); out = sum/n on U, 0 elsewhere; every worker's
+//     residual is acc with U zeroed. If no worker selects anything, out = 0
+//     and residual = acc.
+//
+// Stats: Selected = this worker's count, SelectedPerWorker = every worker's
+// count, ActualDensity = |U|/N, Threshold = λ. It conserves the gradient:
+// Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
+type thresholdReducer struct {
+	base   baselineBase
+	lambda float64 // 0: default
+	sel    []int32
+}
+
+func newThresholdReducer(o Options) (Reducer, error) {
+	if math.IsNaN(o.Lambda) || math.IsInf(o.Lambda, 0) || o.Lambda < 0 || o.Lambda > math.MaxFloat32 {
+		return nil, fmt.Errorf("sparsify: threshold: lambda %v is invalid; use a finite float32 value > 0, or 0 for the default 1/(2√k)", o.Lambda)
+	}
+	return &thresholdReducer{base: newBaselineBase("threshold", o), lambda: o.Lambda}, nil
+}
+
+// Name returns "threshold".
+func (r *thresholdReducer) Name() string { return "threshold" }
+
+// Reduce selects |acc| >= λ, gathers every worker's indices and all-reduces
+// the union.
+func (r *thresholdReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	b := &r.base
+	if err := b.checkArgs(acc, out, residual); err != nil {
+		return Stats{}, err
+	}
+	lam := r.lambda
+	if lam == 0 {
+		lam = 1 / (2 * math.Sqrt(float64(b.k)))
+	}
+	lam32 := float32(lam)
+	before := b.c.Totals()
+	t0 := time.Now()
+	r.sel = SelectAbove(r.sel, acc, lam32)
+	selTime := time.Since(t0)
+	lists, counts, err := gatherIndices(ctx, b.c, r.sel)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
+	}
+	union := sortedUnion(lists)
+	if err := unionReduce(ctx, b.c, acc, out, residual, union); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
+	}
+	st := b.stats(before, selTime)
+	st.Selected = len(r.sel)
+	st.SelectedPerWorker = counts
+	st.ActualDensity = float64(len(union)) / float64(b.n)
+	st.Threshold = float64(lam32)
+	st.ErrorNorm = norm2(residual)
+	return st, nil
+}
