@@ -1,0 +1,590 @@
+package sparsify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+func init() { Register("lags", newLAGSReducer) }
+
+// LAGSDefaultMergeSize is the merge threshold, in elements, that LAGS uses
+// when Options.MergeSize is 0 (the reference scripts' default).
+const LAGSDefaultMergeSize = 8192
+
+// Group is one merge group of a layout: consecutive tensors whose gradients
+// are selected and communicated together.
+type Group struct {
+	// Tensors are the layout indices of the group's tensors in backward
+	// order (descending layout index).
+	Tensors []int
+	// Lo and Hi delimit the group's elements [Lo, Hi) in the flat vector; the
+	// tensors of a group are adjacent in the layout, so this is one range.
+	Lo, Hi int
+}
+
+// Size is the number of elements of the group.
+func (g Group) Size() int { return g.Hi - g.Lo }
+
+// LAGSGroups forms the merge groups of LAGS-SGD: it walks the tensors of l in
+// reverse (backward) order accumulating element counts and closes a group at
+// the first tensor where the running count reaches mergeSize or more; the last,
+// possibly smaller, group is kept. mergeSize <= 1 gives one group per tensor
+// (the reference's threshold 0). The groups are returned in the order their
+// gradients become final during the backward pass.
+func LAGSGroups(l Layout, mergeSize int) []Group {
+	var groups []Group
+	var cur Group
+	count := 0
+	for t := len(l.Tensors) - 1; t >= 0; t-- {
+		tt := l.Tensors[t]
+		if len(cur.Tensors) == 0 {
+			cur.Hi = tt.Offset + tt.Size
+		}
+		cur.Tensors = append(cur.Tensors, t)
+		cur.Lo = tt.Offset
+		count += tt.Size
+		if count >= mergeSize {
+			groups = append(groups, cur)
+			cur, count = Group{}, 0
+		}
+	}
+	if len(cur.Tensors) > 0 {
+		groups = append(groups, cur)
+	}
+	return groups
+}
+
+// GroupStats describes the reduction of one merge group by one worker.
+type GroupStats struct {
+	// Group is the group's index in Groups().
+	Group int
+	// K is the number of elements every worker selected in the group.
+	K int
+	// Distinct is the number of distinct group positions whose values
+	// crossed the wire (the union over workers).
+	Distinct int
+	// ResidualSq is the squared Euclidean norm of this worker's new residual
+	// over the group.
+	ResidualSq float64
+	// TensorK is the number of this worker's selected elements in each tensor
+	// of the group, in the order of Group.Tensors.
+	TensorK []int
+	// BytesSent and BytesRecv are this worker's traffic for the group's two
+	// all-gathers (comm.Traffic's ring convention).
+	BytesSent, BytesRecv int64
+	// SelectTime is the top-k time; CommTime runs from the start of the
+	// all-gathers to the end of Wait.
+	SelectTime, CommTime time.Duration
+}
+
+// Pending is the reduction of one merge group in flight.
+type Pending interface {
+	// Wait blocks until the group's communication has completed (or ctx
+	// ends), then writes the group's range of out. It may be called once,
+	// from any goroutine.
+	Wait(ctx context.Context) (GroupStats, error)
+}
+
+// GroupReducer is implemented by reducers that can reduce the merge groups of
+// a layout one at a time, as their gradients become final during the backward
+// pass.
+type GroupReducer interface {
+	Reducer
+	// Groups lists the merge groups in the order their gradients become
+	// final (reverse layout order).
+	Groups() []Group
+	// StartGroup selects group g's elements of acc, writes the group's range
+	// of residual, starts the non-blocking communication and returns at once.
+	// acc, out and residual are full flat vectors (only the group's range is
+	// used); out's range is written by Pending.Wait and must not be touched
+	// before. Every rank must start the groups in the same order; several
+	// groups may be in flight at once, but not the same group twice.
+	StartGroup(ctx context.Context, g int, acc, out, residual []float32) (Pending, error)
+}
+
+// LAGSModel is the α-β cost model LAGS' adaptive per-group density uses: the
+// time of one group's communication with k elements per worker on n workers
+// is that of two ring all-gathers (float32 values and int32 indices),
+//
+//	t_comm(k) = 2·((n−1)·Alpha + (n−1)·4·k·Beta),
+//
+// and the sparsification overhead (selection and decoding) of a group of
+// size m is t_spar = SparPerElement·m.
+type LAGSModel struct {
+	// Alpha is the latency of one message step, in seconds.
+	Alpha float64
+	// Beta is the transfer time of one byte, in seconds (1/bandwidth).
+	Beta float64
+	// SparPerElement is the sparsification cost per group element, in
+	// seconds.
+	SparPerElement float64
+}
+
+// LAGSDefaultModel is the network of the LAGS/OMGS reference code's
+// predictor (utils.py: α = 4·0.436 ms, β = 4·9e-9 s per float32 element, i.e.
+// about 1 GbE), with a free sparsifier.
+var LAGSDefaultModel = LAGSModel{Alpha: 4 * 0.436e-3, Beta: 9e-9}
+
+// LAGS is the LAGS-SGD reducer ("lags", Shi et al., ECAI'20), as the
+// reference code HKBU-HPML/OMGS-SGD implements it:
+//
+//   - The layout is cut into merge groups (LAGSGroups with Options.MergeSize,
+//     default LAGSDefaultMergeSize; MergeSize 1 gives one group per tensor).
+//   - Per group of m elements: k = max(int(m·ρ_g), 1), exact top-k (TopK) of
+//     the group's acc; the residual is acc with this worker's selection
+//     zeroed; two all-gathers (float32 values, int32 group-local indices, k
+//     per worker); out over the group = (Σ_w scatter of worker w's values,
+//     added in rank order)/n. Elements are taken in flat (layout) order within
+//     a group, where the reference concatenates the group's tensors in
+//     backward order: only the order of equal-magnitude ties differs.
+//   - ρ_g is Options.Density unless the adaptive rule is on (Options.MaxRatio
+//     = c_u > 0). The paper's eq. 19 picks the compression ratio c = m/k of
+//     layer l as c^(l) = max{c_u, min{c | t_comm(c) + t_spar ≤ t_comp^(l−1)}}:
+//     the least compression whose modelled communication and sparsification
+//     hide behind the backward time of the next group, but never less
+//     compression than c_u. In densities: ρ_g = min(1/c_u, ρ_hide), where
+//     ρ_hide is the largest density hiding behind the next group's backward
+//     time (LAGSModel). The paper leaves open the case where no ratio hides
+//     (an empty set); we then use Options.Density, which is therefore the
+//     floor: ρ_g ∈ [Density, 1/c_u] (the reference stub likewise takes
+//     max(predicted, ρ)). A group with much backward time behind it gets the
+//     cap 1/c_u, the last group (nothing left to hide behind) gets Density.
+//     Until SetBackwardTimes is called every group uses Density.
+//   - Byte accounting: the per-group comm.Traffic of the two all-gathers.
+//
+// Pipelining: LAGS implements GroupReducer; the trainer calls StartGroup for
+// each group as soon as its gradients are final and waits for all before the
+// optimizer step. Reduce is every group started in order, then all waited
+// for; its CommTime is the sum of the requests' durations (from start to
+// Wait), which may exceed the wall time as requests overlap.
+//
+// Memory variant: the LAGS paper accumulates learning-rate-scaled gradients
+// (a_t = ε_{t−1} + η·g). The trainer selects it with NewMemory(N, true) and
+// Memory.Accumulate(grad, lr); the reduced output is then the update itself
+// (θ ← θ − out, with no further multiplication by the learning rate), and
+// the reducer is unchanged. The reference code's default is the raw-gradient
+// memory (LRScaled false).
+type LAGS struct {
+	c        *comm.Counter
+	n, rank  int
+	layout   Layout
+	density  float64
+	maxRatio float64
+	groups   []Group
+	model    LAGSModel
+	backward []time.Duration // per layout tensor, nil until set
+	ks       []int           // current k per group
+	seen     []bool          // length N, all false between calls
+
+	mu      sync.Mutex
+	pending []bool // per group: started, not yet waited for
+	bufs    []lagsBufs
+}
+
+// lagsBufs are one group's reusable buffers.
+type lagsBufs struct {
+	sel     []int32
+	vals    []float32
+	allVals []float32
+	allIdx  []int32
+	touched []int32
+}
+
+var _ GroupReducer = (*LAGS)(nil)
+
+func newLAGSReducer(o Options) (Reducer, error) { return NewLAGS(o) }
+
+// NewLAGS builds the LAGS reducer from o (see LAGS). It is what New("lags", o)
+// returns, typed, for callers that need SetBackwardTimes or SetModel.
+func NewLAGS(o Options) (*LAGS, error) {
+	if o.Comm == nil {
+		return nil, errors.New("sparsify: lags: no communicator given")
+	}
+	if !(o.Density > 0 && o.Density <= 1) {
+		return nil, fmt.Errorf("sparsify: lags: density %v is outside (0, 1]", o.Density)
+	}
+	if o.Layout.N <= 0 || len(o.Layout.Tensors) == 0 {
+		return nil, errors.New("sparsify: lags: empty layout; build it with NewLayout from the model's parameters")
+	}
+	if o.MergeSize < 0 {
+		return nil, fmt.Errorf("sparsify: lags: MergeSize %d is negative; use 0 for the default %d or 1 for one group per tensor", o.MergeSize, LAGSDefaultMergeSize)
+	}
+	if o.MaxRatio != 0 {
+		if !(o.MaxRatio >= 1) || math.IsInf(o.MaxRatio, 0) {
+			return nil, fmt.Errorf("sparsify: lags: MaxRatio %v is not a compression ratio (elements per selected element); use a value >= 1, e.g. 1000, or 0 to turn the adaptive density off", o.MaxRatio)
+		}
+		if 1/o.MaxRatio < o.Density {
+			return nil, fmt.Errorf("sparsify: lags: MaxRatio %v caps the per-group density at 1/%v = %v, below the floor Density %v; use MaxRatio <= %v or a lower Density", o.MaxRatio, o.MaxRatio, 1/o.MaxRatio, o.Density, 1/o.Density)
+		}
+	}
+	merge := o.MergeSize
+	if merge == 0 {
+		merge = LAGSDefaultMergeSize
+	}
+	l := &LAGS{
+		c:        comm.NewCounter(o.Comm),
+		n:        o.Comm.Size(),
+		rank:     o.Comm.Rank(),
+		layout:   o.Layout,
+		density:  o.Density,
+		maxRatio: o.MaxRatio,
+		groups:   LAGSGroups(o.Layout, merge),
+		model:    LAGSDefaultModel,
+		seen:     make([]bool, o.Layout.N),
+	}
+	l.pending = make([]bool, len(l.groups))
+	l.bufs = make([]lagsBufs, len(l.groups))
+	l.ks = make([]int, len(l.groups))
+	l.recomputeK()
+	return l, nil
+}
+
+// Name returns "lags".
+func (l *LAGS) Name() string { return "lags" }
+
+// Groups returns the merge groups in backward order. The slice must not be
+// modified.
+func (l *LAGS) Groups() []Group { return l.groups }
+
+// GroupK returns the number of elements each worker selects in each group
+// (in Groups() order) under the current model and backward times.
+func (l *LAGS) GroupK() []int { return append([]int(nil), l.ks...) }
+
+// SetModel sets the network and sparsification cost model of the adaptive
+// density (default LAGSDefaultModel). Every rank must set the same model. It
+// must not be called while groups are in flight.
+func (l *LAGS) SetModel(m LAGSModel) error {
+	for _, v := range []float64{m.Alpha, m.Beta, m.SparPerElement} {
+		if !(v >= 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("sparsify: lags: model %+v has a negative, infinite or NaN parameter; every parameter is a time in seconds >= 0", m)
+		}
+	}
+	l.model = m
+	l.recomputeK()
+	return nil
+}
+
+// SetBackwardTimes gives the measured or declared backward (gradient
+// computation) time of every layout tensor, in layout order; the adaptive
+// density uses them from the next group started. Every rank must pass the
+// same values (e.g. all-reduced maxima or rank 0's broadcast), since the
+// per-group k sets the all-gather lengths. It must not be called while groups
+// are in flight.
+func (l *LAGS) SetBackwardTimes(perTensor []time.Duration) error {
+	if len(perTensor) != len(l.layout.Tensors) {
+		return fmt.Errorf("sparsify: lags: %d backward times for a layout of %d tensors; give one per tensor, in layout order", len(perTensor), len(l.layout.Tensors))
+	}
+	for i, d := range perTensor {
+		if d < 0 {
+			return fmt.Errorf("sparsify: lags: backward time %v of tensor %d (%q) is negative", d, i, l.layout.Tensors[i].Name)
+		}
+	}
+	l.backward = append(l.backward[:0], perTensor...)
+	l.recomputeK()
+	return nil
+}
+
+// recomputeK sets l.ks from the options, the model and the backward times.
+func (l *LAGS) recomputeK() {
+	for g, gr := range l.groups {
+		l.ks[g] = lagsGroupK(gr.Size(), l.density, l.maxRatio, l.n, l.model, l.hideTime(g), l.backward != nil)
+	}
+}
+
+// hideTime is t_comp for group g: the backward time of group g+1 (0 for the
+// last group or when no times are known).
+func (l *LAGS) hideTime(g int) float64 {
+	if l.backward == nil || g+1 >= len(l.groups) {
+		return 0
+	}
+	var s time.Duration
+	for _, t := range l.groups[g+1].Tensors {
+		s += l.backward[t]
+	}
+	return s.Seconds()
+}
+
+// lagsGroupK is the per-worker k of a group of m elements (see LAGS): the
+// floor max(int(m·density), 1) unless adaptive (maxRatio > 0 and times
+// known), in which case the largest k whose modelled communication and
+// sparsification fit in tComp seconds, clamped to [floor, max(int(m/maxRatio),
+// 1)].
+func lagsGroupK(m int, density, maxRatio float64, n int, model LAGSModel, tComp float64, haveTimes bool) int {
+	floor := min(max(int(float64(m)*density), 1), m)
+	if maxRatio == 0 || !haveTimes {
+		return floor
+	}
+	kcap := max(min(max(int(float64(m)/maxRatio), 1), m), floor)
+	// t_comm(k) + t_spar = fixed + perK·k must fit in tComp.
+	fixed := float64(2*(n-1))*model.Alpha + model.SparPerElement*float64(m)
+	perK := float64(8*(n-1)) * model.Beta
+	budget := tComp - fixed
+	if budget < 0 {
+		return floor // no ratio hides: the paper's set is empty
+	}
+	if perK == 0 || budget/perK >= float64(kcap) {
+		return kcap
+	}
+	return max(int(budget/perK), floor)
+}
+
+// Reduce reduces every group: all started in backward order, then all waited
+// for.
+func (l *LAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	if err := l.checkArgs(acc, out, residual); err != nil {
+		return Stats{}, err
+	}
+	before := l.c.Totals()
+	ps := make([]Pending, len(l.groups))
+	var firstErr error
+	for g := range l.groups {
+		p, err := l.StartGroup(ctx, g, acc, out, residual)
+		if err != nil {
+			firstErr = err
+			break
+		}
+		ps[g] = p
+	}
+	gs := make([]GroupStats, 0, len(l.groups))
+	for _, p := range ps {
+		if p == nil {
+			continue
+		}
+		s, err := p.Wait(ctx)
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		gs = append(gs, s)
+	}
+	if firstErr != nil {
+		return Stats{}, firstErr
+	}
+	st := CombineGroupStats(l.density, l.layout, l.groups, gs)
+	d := l.c.Totals().Sub(before)
+	st.BytesSent, st.BytesRecv, st.CommTime = d.BytesSent, d.BytesRecv, d.Time
+	st.ErrorNorm = norm2(residual)
+	return st, nil
+}
+
+// CombineGroupStats sums the GroupStats of one iteration's groups (groups as
+// returned by LAGSGroups or Groups()) into the Stats of the iteration: Selected
+// and LayerK from the per-group selections, ActualDensity = Σ Distinct / N,
+// ErrorNorm = sqrt(Σ ResidualSq), bytes and times summed, Threshold NaN.
+func CombineGroupStats(density float64, l Layout, groups []Group, gs []GroupStats) Stats {
+	st := Stats{Density: density, Threshold: math.NaN(), LayerK: make([]int, len(l.Tensors))}
+	distinct := 0
+	var sq float64
+	for _, s := range gs {
+		st.Selected += s.K
+		distinct += s.Distinct
+		sq += s.ResidualSq
+		st.BytesSent += s.BytesSent
+		st.BytesRecv += s.BytesRecv
+		st.SelectTime += s.SelectTime
+		st.CommTime += s.CommTime
+		if s.Group >= 0 && s.Group < len(groups) {
+			for i, t := range groups[s.Group].Tensors {
+				if i < len(s.TensorK) && t < len(st.LayerK) {
+					st.LayerK[t] += s.TensorK[i]
+				}
+			}
+		}
+	}
+	if l.N > 0 {
+		st.ActualDensity = float64(distinct) / float64(l.N)
+	}
+	st.ErrorNorm = math.Sqrt(sq)
+	return st
+}
+
+func (l *LAGS) checkArgs(acc, out, residual []float32) error {
+	N := l.layout.N
+	if len(acc) != N || len(out) != N || len(residual) != N {
+		return fmt.Errorf("sparsify: lags: acc, out and residual have %d, %d and %d elements; the layout has %d", len(acc), len(out), len(residual), N)
+	}
+	if &out[0] == &acc[0] || &out[0] == &residual[0] {
+		return errors.New("sparsify: lags: out must not be the same slice as acc or residual; give it its own buffer")
+	}
+	return nil
+}
+
+// StartGroup selects and starts the communication of group g (see
+// GroupReducer).
+func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float32) (Pending, error) {
+	if g < 0 || g >= len(l.groups) {
+		return nil, fmt.Errorf("sparsify: lags: group %d does not exist; the layout has groups 0..%d", g, len(l.groups)-1)
+	}
+	if err := l.checkArgs(acc, out, residual); err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.pending[g] {
+		l.mu.Unlock()
+		return nil, fmt.Errorf("sparsify: lags: group %d started again before Wait; wait for its Pending first", g)
+	}
+	l.pending[g] = true
+	l.mu.Unlock()
+
+	gr := l.groups[g]
+	k := l.ks[g]
+	b := &l.bufs[g]
+	a := acc[gr.Lo:gr.Hi]
+	res := residual[gr.Lo:gr.Hi]
+
+	t0 := time.Now()
+	b.sel = TopK(b.sel, a, k)
+	selTime := time.Since(t0)
+	b.vals = lagsGrow(b.vals, k)
+	for i, j := range b.sel {
+		b.vals[i] = a[j]
+	}
+	if &res[0] != &a[0] {
+		copy(res, a)
+	}
+	for _, j := range b.sel {
+		res[j] = 0
+	}
+	p := &lagsPending{l: l, g: g, k: k, out: out[gr.Lo:gr.Hi], res: res, selTime: selTime, start: time.Now()}
+	p.tensorK = lagsTensorK(l.layout, gr, b.sel)
+	b.allVals = lagsGrow(b.allVals, l.n*k)
+	b.allIdx = lagsGrow(b.allIdx, l.n*k)
+	var err error
+	p.rv, err = l.c.IAllGather(ctx, comm.Float32s(b.vals), comm.Float32s(b.allVals))
+	if err == nil {
+		p.ri, err = l.c.IAllGather(ctx, comm.Int32s(b.sel), comm.Int32s(b.allIdx))
+	}
+	if err != nil {
+		if p.rv != nil {
+			// Release the started request; its error, if any, is the abort.
+			_, _ = p.rv.Wait(ctx)
+		}
+		l.done(g)
+		return nil, fmt.Errorf("sparsify: lags: group %d: starting all-gathers of %d elements: %w", g, k, err)
+	}
+	return p, nil
+}
+
+func (l *LAGS) done(g int) {
+	l.mu.Lock()
+	l.pending[g] = false
+	l.mu.Unlock()
+}
+
+// lagsTensorK counts the selected group-local indices sel (ascending) per
+// tensor of the group, in Group.Tensors order.
+func lagsTensorK(lay Layout, gr Group, sel []int32) []int {
+	tk := make([]int, len(gr.Tensors))
+	for i, t := range gr.Tensors {
+		tt := lay.Tensors[t]
+		lo, hi := int32(tt.Offset-gr.Lo), int32(tt.Offset+tt.Size-gr.Lo)
+		for _, j := range sel {
+			if j >= lo && j < hi {
+				tk[i]++
+			}
+		}
+	}
+	return tk
+}
+
+// lagsGrow returns s resized to n, reallocating only when needed.
+func lagsGrow[E any](s []E, n int) []E {
+	if cap(s) < n {
+		return make([]E, n)
+	}
+	return s[:n]
+}
+
+// lagsPending is one group's reduction in flight.
+type lagsPending struct {
+	l       *LAGS
+	g, k    int
+	out     []float32 // the group's range
+	res     []float32 // the group's range
+	rv, ri  comm.Request
+	tensorK []int
+	selTime time.Duration
+	start   time.Time
+	once    sync.Once
+}
+
+// Wait completes the group's all-gathers and decodes them into out.
+func (p *lagsPending) Wait(ctx context.Context) (GroupStats, error) {
+	var st GroupStats
+	var err error
+	called := false
+	p.once.Do(func() { called = true; st, err = p.wait(ctx) })
+	if !called {
+		return GroupStats{}, fmt.Errorf("sparsify: lags: Wait called twice for group %d", p.g)
+	}
+	return st, err
+}
+
+func (p *lagsPending) wait(ctx context.Context) (GroupStats, error) {
+	l := p.l
+	defer l.done(p.g)
+	_, errV := p.rv.Wait(ctx)
+	_, errI := p.ri.Wait(ctx)
+	if errV != nil {
+		return GroupStats{}, fmt.Errorf("sparsify: lags: group %d: all-gathering %d values: %w", p.g, p.k, errV)
+	}
+	if errI != nil {
+		return GroupStats{}, fmt.Errorf("sparsify: lags: group %d: all-gathering %d indices: %w", p.g, p.k, errI)
+	}
+	commTime := time.Since(p.start)
+	b := &l.bufs[p.g]
+	gr := l.groups[p.g]
+	size := int32(gr.Size())
+	seen := l.seen[gr.Lo:gr.Hi]
+	out := p.out
+	clear(out)
+	touched := b.touched[:0]
+	var bad error
+	for w := 0; w < l.n; w++ {
+		idx := b.allIdx[w*p.k : (w+1)*p.k]
+		vals := b.allVals[w*p.k : (w+1)*p.k]
+		for i, j := range idx {
+			if j < 0 || j >= size {
+				if bad == nil {
+					bad = fmt.Errorf("sparsify: lags: group %d: rank %d sent index %d outside the group's %d elements (ranks disagree on the layout or the data is corrupt)", p.g, w, j, size)
+				}
+				continue
+			}
+			if !seen[j] {
+				seen[j] = true
+				touched = append(touched, j)
+			}
+			out[j] += vals[i]
+		}
+	}
+	nf := float32(l.n)
+	for _, j := range touched {
+		seen[j] = false
+		out[j] /= nf
+	}
+	b.touched = touched
+	if bad != nil {
+		return GroupStats{}, bad
+	}
+	sent, recv := comm.Traffic(comm.OpAllGather, l.n, l.rank, p.k, 4, 0, nil)
+	var sq float64
+	for _, v := range p.res {
+		sq += float64(v) * float64(v)
+	}
+	return GroupStats{
+		Group:      p.g,
+		K:          p.k,
+		Distinct:   len(touched),
+		ResidualSq: sq,
+		TensorK:    p.tensorK,
+		BytesSent:  2 * sent,
+		BytesRecv:  2 * recv,
+		SelectTime: p.selTime,
+		CommTime:   commTime,
+	}, nil
+}

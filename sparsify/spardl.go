@@ -1,0 +1,517 @@
+package sparsify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+func init() { Register("spardl", newSparDL) }
+
+// Message tags of SparDL's point-to-point phases; each message is sent as
+// three messages (length, indices, values) with consecutive tags.
+const (
+	spardlTagSRS   = 0x5D00 // Spar-Reduce-Scatter
+	spardlTagSAG   = 0x5D10 // spar-all-gather across teams (B-SAG or R-SAG)
+	spardlTagBruck = 0x5D20 // Bruck all-gather within a team
+)
+
+// spardlStep is one step of the Spar-Reduce-Scatter schedule of one worker,
+// in in-team ranks and block numbers: send block send to rank dst, receive
+// block recv from rank src.
+type spardlStep struct{ send, recv, dst, src int }
+
+// spardlSchedule is the Spar-Reduce-Scatter schedule of in-team rank r of a
+// team of q workers (SparDL's init_send_info): with m = ceil(log2 q), round i
+// has a bag of s_0 = q − 2^(m−1), then s_i = 2^(m−1−i) blocks and distance
+// gap_i = 2^(m−1−i); r sends blocks (r+gap_i+j) mod q to (r+gap_i) mod q and
+// receives blocks (r+j) mod q from (r−gap_i) mod q, j < s_i, one block per
+// step. There are q−1 steps; after them r owns the fully reduced block r.
+func spardlSchedule(q, r int) []spardlStep {
+	if q <= 1 {
+		return nil
+	}
+	m := 0
+	for 1<<m < q {
+		m++
+	}
+	steps := make([]spardlStep, 0, q-1)
+	for i := 0; i < m; i++ {
+		gap := 1 << (m - 1 - i)
+		s := gap
+		if i == 0 {
+			s = q - 1<<(m-1)
+		}
+		for j := 0; j < s; j++ {
+			steps = append(steps, spardlStep{
+				send: (r + gap + j) % q,
+				recv: (r + j) % q,
+				dst:  (r + gap) % q,
+				src:  (r - gap + q) % q,
+			})
+		}
+	}
+	return steps
+}
+
+// spardlBruckStep is one transfer of a Bruck all-gather among q members
+// where member r starts with item r: at step s (gap = 2^s, last = min(2·gap,
+// q)) the member sends its buffers 0..last−gap−1 to (r−gap) mod q and
+// receives buffers gap..last−1 from (r+gap) mod q, where buffer b holds item
+// (r+b) mod q. Each transfer moves one buffer.
+type spardlBruckStep struct{ sendBuf, recvBuf, dst, src int }
+
+// spardlBruck is the Bruck all-gather schedule of member r of q.
+func spardlBruck(q, r int) []spardlBruckStep {
+	var steps []spardlBruckStep
+	for gap := 1; gap < q; gap *= 2 {
+		last := min(2*gap, q)
+		for b := 0; b < last-gap; b++ {
+			steps = append(steps, spardlBruckStep{sendBuf: b, recvBuf: b + gap, dst: (r - gap + q) % q, src: (r + gap) % q})
+		}
+	}
+	return steps
+}
+
+// spardlReducer is SparDL ("spardl", Zhao et al., arXiv 2304.00737), as the
+// reference code ZJU-DAILY/SparDL (allreducer.py) implements it, with teams:
+//
+//   - The P workers form G = Options.Teams teams (default 1; G must divide
+//     P) of Q = P/G workers; worker p is in-team rank r = p mod Q of team
+//     p div Q. The flat acc is zero-padded to Q·C, C = ceil(N/Q), and cut
+//     into Q blocks of C. k = BudgetK(ρ, C) = max(int(C·ρ), 1) pairs per
+//     block. The reference concatenates the parameters in reverse order
+//     before blocking; we block the flat vector in layout order (no copy in
+//     a different order), which changes only which elements share a block.
+//   - Spar-Reduce-Scatter within the team (spardlSchedule): Q−1 steps, one
+//     block per step; a block is re-sparsified to its top-k right before it
+//     is sent, after every partial sum received so far has been added; what
+//     it did not send stays in the worker's working copy (in-procedure
+//     residual). After the last step the own block r is reduced to its top-h
+//     (h = k unless B-SAG adapts it).
+//   - G > 1, B-SAG (Options.SAG "bruck", the default): Bruck all-gather of
+//     the h-pair final blocks across the teams (same in-team rank), sum in
+//     team order (so every team gets bit-identical sums), keep the top-k if
+//     more than k distinct indices U result, and adapt h for the next call
+//     with the reference's rule: if (U > k) XOR (h_step > 0) the step doubles
+//     on the second agreeing call, otherwise it reverses and halves;
+//     h = max(h + h_step, int(k/G)), clamped to [1, C]; initially
+//     h = int(C·ρ/G), h_step = int((C·ρ − h)/100).
+//   - G > 1, R-SAG (Options.SAG "rsag", G a power of two): log2 G rounds of
+//     pairwise exchange of the (at most k-pair) final block with the same
+//     in-team rank of team (team XOR 2^s), sparse sum, re-top-k to k. The
+//     paper keeps half of each dropped value on either side; after round s
+//     the same dropped value is held by 2^(s+1) workers, so each keeps
+//     1/2^(s+1) of it (equal to the paper's half for G = 2), which conserves
+//     the gradient.
+//   - Bruck all-gather of the final blocks within the team (spardlBruck).
+//   - Output: out at block j's final positions = value/P, zero elsewhere.
+//   - Residual (global residual collection): positions not in the final
+//     selection get the worker's own acc back; finally selected positions
+//     keep what the worker held back in-procedure (0 where it forwarded the
+//     value), plus, for R-SAG, its share of values dropped between teams.
+//     B-SAG's dropped values only ever land on positions outside the final
+//     selection, which are restored to acc, so (as in the reference) they
+//     have no effect. Σ_w residual_w + P·out = Σ_w acc_w then holds up to
+//     float32 rounding for every G and both SAG variants.
+//   - Wire: int32 block-local indices, float32 values and an int32 length per
+//     block, point-to-point (SendRecv), one block per transfer.
+//
+// Stats: Threshold NaN; ActualDensity = distinct positions (< N) in the final
+// result / N; Selected = size of this worker's final block; SelectedPerWorker
+// = the final block size of every worker's block (all P workers);
+// SelectTime = time spent in top-k selections.
+type spardlReducer struct {
+	c       *comm.Counter
+	P, rank int
+	G, Q    int
+	team, r int
+	N, C, k int
+	density float64
+	rsag    bool
+
+	h, hStep int
+	hInertia bool
+
+	srs   []spardlStep
+	bruck []spardlBruckStep
+
+	work   []float32 // Q·C: padded working copy of acc (and in-procedure residual)
+	endp   []float32 // C: R-SAG share of dropped values in the own block
+	sel    []int32
+	lenBuf [2]int32
+}
+
+func newSparDL(o Options) (Reducer, error) {
+	if o.Comm == nil {
+		return nil, errors.New("sparsify: spardl: no communicator given")
+	}
+	if !(o.Density > 0 && o.Density <= 1) {
+		return nil, fmt.Errorf("sparsify: spardl: density %v is outside (0, 1]", o.Density)
+	}
+	if o.Layout.N <= 0 {
+		return nil, errors.New("sparsify: spardl: empty layout; build it with NewLayout from the model's parameters")
+	}
+	P := o.Comm.Size()
+	G := o.Teams
+	if G == 0 {
+		G = 1
+	}
+	if G < 0 || P%G != 0 {
+		return nil, fmt.Errorf("sparsify: spardl: %d teams do not divide %d workers; Teams must be one of %s", o.Teams, P, spardlDivisors(P))
+	}
+	s := &spardlReducer{
+		c:       comm.NewCounter(o.Comm),
+		P:       P,
+		rank:    o.Comm.Rank(),
+		G:       G,
+		Q:       P / G,
+		N:       o.Layout.N,
+		density: o.Density,
+	}
+	switch strings.ToLower(o.SAG) {
+	case "", "bruck", "bsag", "b-sag":
+	case "rsag", "r-sag":
+		if G&(G-1) != 0 {
+			return nil, fmt.Errorf("sparsify: spardl: R-SAG needs a power-of-two number of teams, got %d; use SAG \"bruck\" or Teams in %s", G, spardlPow2Divisors(P))
+		}
+		s.rsag = true
+	default:
+		return nil, fmt.Errorf("sparsify: spardl: unknown SAG %q; valid: \"bruck\" (default) or \"rsag\"", o.SAG)
+	}
+	s.team, s.r = s.rank/s.Q, s.rank%s.Q
+	s.C = (s.N + s.Q - 1) / s.Q
+	s.k = BudgetK(o.Density, s.C)
+	s.h = s.k
+	if G > 1 && !s.rsag {
+		ck := float64(s.C) * o.Density
+		s.h = int(ck / float64(G))
+		s.hStep = int((ck - float64(s.h)) / 100)
+		s.h = max(1, min(s.h, s.C))
+	}
+	s.srs = spardlSchedule(s.Q, s.r)
+	s.bruck = spardlBruck(s.Q, s.r)
+	s.work = make([]float32, s.Q*s.C)
+	if s.rsag {
+		s.endp = make([]float32, s.C)
+	}
+	return s, nil
+}
+
+func spardlDivisors(p int) string {
+	var d []string
+	for i := 1; i <= p; i++ {
+		if p%i == 0 {
+			d = append(d, fmt.Sprint(i))
+		}
+	}
+	return "{" + strings.Join(d, ", ") + "}"
+}
+
+func spardlPow2Divisors(p int) string {
+	var d []string
+	for i := 1; i <= p; i *= 2 {
+		if p%i == 0 {
+			d = append(d, fmt.Sprint(i))
+		}
+	}
+	return "{" + strings.Join(d, ", ") + "}"
+}
+
+// Name returns "spardl".
+func (s *spardlReducer) Name() string { return "spardl" }
+
+// spardlList is a sparse block: ascending block-local indices and values.
+type spardlList struct {
+	idx  []int32
+	vals []float32
+}
+
+// global is the global rank of in-team rank r of team t.
+func (s *spardlReducer) global(t, r int) int { return t*s.Q + r }
+
+// exchange sends l to global rank dst and receives a list of at most maxLen
+// pairs from global rank src into into (grown as needed).
+func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst, src, maxLen int, into *spardlList) error {
+	s.lenBuf[0] = int32(len(l.idx))
+	n, err := s.c.SendRecv(ctx, comm.Int32s(s.lenBuf[0:1]), dst, comm.Int32s(s.lenBuf[1:2]), src, tag)
+	if err != nil {
+		return fmt.Errorf("exchanging lengths with ranks %d/%d: %w", dst, src, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("rank %d sent a length message of %d elements, want 1", src, n)
+	}
+	m := int(s.lenBuf[1])
+	if m < 0 || m > maxLen {
+		return fmt.Errorf("rank %d announced %d pairs, outside [0, %d] (ranks disagree on the options or the data is corrupt)", src, m, maxLen)
+	}
+	into.idx = lagsGrow(into.idx, m)
+	into.vals = lagsGrow(into.vals, m)
+	if n, err = s.c.SendRecv(ctx, comm.Int32s(l.idx), dst, comm.Int32s(into.idx), src, tag+1); err != nil {
+		return fmt.Errorf("exchanging %d indices with ranks %d/%d: %w", len(l.idx), dst, src, err)
+	}
+	if n != m {
+		return fmt.Errorf("rank %d sent %d indices after announcing %d", src, n, m)
+	}
+	if n, err = s.c.SendRecv(ctx, comm.Float32s(l.vals), dst, comm.Float32s(into.vals), src, tag+2); err != nil {
+		return fmt.Errorf("exchanging %d values with ranks %d/%d: %w", len(l.vals), dst, src, err)
+	}
+	if n != m {
+		return fmt.Errorf("rank %d sent %d values after announcing %d", src, n, m)
+	}
+	for _, j := range into.idx {
+		if j < 0 || int(j) >= s.C {
+			return fmt.Errorf("rank %d sent block index %d outside [0, %d) (ranks disagree on the layout or the data is corrupt)", src, j, s.C)
+		}
+	}
+	return nil
+}
+
+// selectBlock replaces l with the top-k of block b of the working copy and
+// zeroes the selection there (what is sent is no longer held).
+func (s *spardlReducer) selectBlock(b, k int, l *spardlList, selTime *time.Duration) {
+	blk := s.work[b*s.C : (b+1)*s.C]
+	t0 := time.Now()
+	l.idx = TopK(l.idx, blk, k)
+	*selTime += time.Since(t0)
+	l.vals = lagsGrow(l.vals, len(l.idx))
+	for i, j := range l.idx {
+		l.vals[i] = blk[j]
+		blk[j] = 0
+	}
+}
+
+// trimTopK keeps the k largest-magnitude entries of l (ties to lower index)
+// and calls drop for every removed entry.
+func (s *spardlReducer) trimTopK(l *spardlList, k int, selTime *time.Duration, drop func(j int32, v float32)) {
+	if len(l.idx) <= k {
+		return
+	}
+	t0 := time.Now()
+	s.sel = TopK(s.sel, l.vals, k)
+	*selTime += time.Since(t0)
+	w, next := 0, 0
+	for i := range l.idx {
+		if next < len(s.sel) && int(s.sel[next]) == i {
+			l.idx[w], l.vals[w] = l.idx[i], l.vals[i]
+			w++
+			next++
+			continue
+		}
+		if drop != nil {
+			drop(l.idx[i], l.vals[i])
+		}
+	}
+	l.idx, l.vals = l.idx[:w], l.vals[:w]
+}
+
+// Reduce runs SparDL (see spardlReducer).
+func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	if len(acc) != s.N || len(out) != s.N || len(residual) != s.N {
+		return Stats{}, fmt.Errorf("sparsify: spardl: acc, out and residual have %d, %d and %d elements; the layout has %d", len(acc), len(out), len(residual), s.N)
+	}
+	if &out[0] == &acc[0] || &out[0] == &residual[0] {
+		return Stats{}, errors.New("sparsify: spardl: out must not be the same slice as acc or residual; give it its own buffer")
+	}
+	before := s.c.Totals()
+	var selTime time.Duration
+	C, k := s.C, s.k
+	copy(s.work, acc)
+	clear(s.work[s.N:])
+
+	// Spar-Reduce-Scatter.
+	var cur, in spardlList
+	final := make([]spardlList, s.Q)
+	if len(s.srs) == 0 {
+		s.selectBlock(s.r, s.h, &cur, &selTime)
+	} else {
+		s.selectBlock(s.srs[0].send, k, &cur, &selTime)
+	}
+	for i, st := range s.srs {
+		if err := s.exchange(ctx, spardlTagSRS, cur, s.global(s.team, st.dst), s.global(s.team, st.src), k, &in); err != nil {
+			return Stats{}, fmt.Errorf("sparsify: spardl: reduce-scatter step %d: %w", i, err)
+		}
+		blk := s.work[st.recv*C : (st.recv+1)*C]
+		for t, j := range in.idx {
+			blk[j] += in.vals[t]
+		}
+		if i+1 < len(s.srs) {
+			s.selectBlock(s.srs[i+1].send, k, &cur, &selTime)
+		} else {
+			s.selectBlock(st.recv, s.h, &cur, &selTime) // st.recv == s.r
+		}
+	}
+
+	// Spar-all-gather across teams.
+	if s.G > 1 {
+		var err error
+		if s.rsag {
+			err = s.rsagExchange(ctx, &cur, &selTime)
+		} else {
+			err = s.bsagExchange(ctx, &cur, &selTime)
+		}
+		if err != nil {
+			return Stats{}, fmt.Errorf("sparsify: spardl: spar-all-gather across %d teams: %w", s.G, err)
+		}
+	}
+	final[s.r] = cur
+
+	// Bruck all-gather of the final blocks within the team.
+	for i, st := range s.bruck {
+		sb, rb := (s.r+st.sendBuf)%s.Q, (s.r+st.recvBuf)%s.Q
+		var got spardlList
+		if err := s.exchange(ctx, spardlTagBruck, final[sb], s.global(s.team, st.dst), s.global(s.team, st.src), k, &got); err != nil {
+			return Stats{}, fmt.Errorf("sparsify: spardl: all-gather transfer %d: %w", i, err)
+		}
+		final[rb] = got
+	}
+
+	// Output and global residual collection.
+	clear(out)
+	if &residual[0] != &acc[0] {
+		copy(residual, acc)
+	}
+	inv := float32(s.P)
+	distinct := 0
+	for j, l := range final {
+		base := j * C
+		own := j == s.r && s.endp != nil
+		for t, x := range l.idx {
+			pos := base + int(x)
+			if pos >= s.N {
+				continue
+			}
+			distinct++
+			out[pos] = l.vals[t] / inv
+			v := s.work[pos]
+			if own {
+				v += s.endp[x]
+			}
+			residual[pos] = v
+		}
+	}
+	d := s.c.Totals().Sub(before)
+	st := Stats{
+		Density:           s.density,
+		ActualDensity:     float64(distinct) / float64(s.N),
+		Selected:          len(final[s.r].idx),
+		SelectedPerWorker: make([]int, s.P),
+		ErrorNorm:         norm2(residual),
+		Threshold:         math.NaN(),
+		BytesSent:         d.BytesSent,
+		BytesRecv:         d.BytesRecv,
+		SelectTime:        selTime,
+		CommTime:          d.Time,
+	}
+	for w := range st.SelectedPerWorker {
+		st.SelectedPerWorker[w] = len(final[w%s.Q].idx)
+	}
+	return st, nil
+}
+
+// bsagExchange is B-SAG: Bruck all-gather of the h-pair final blocks of the
+// same in-team rank across teams, sum in team order, top-k, h adaptation.
+func (s *spardlReducer) bsagExchange(ctx context.Context, cur *spardlList, selTime *time.Duration) error {
+	G := s.G
+	bufs := make([]spardlList, G) // buffer b holds team (team+b) mod G
+	bufs[0] = *cur
+	for i, st := range spardlBruck(G, s.team) {
+		var got spardlList
+		if err := s.exchange(ctx, spardlTagSAG, bufs[st.sendBuf], s.global(st.dst, s.r), s.global(st.src, s.r), s.C, &got); err != nil {
+			return fmt.Errorf("transfer %d: %w", i, err)
+		}
+		bufs[st.recvBuf] = got
+	}
+	// Coalesce in team order 0..G−1 (bit-identical on every team).
+	sum := make([]float32, s.C)
+	seen := make([]bool, s.C)
+	var u []int32
+	for t := 0; t < G; t++ {
+		b := bufs[(t-s.team+G)%G]
+		for i, j := range b.idx {
+			if !seen[j] {
+				seen[j] = true
+				u = append(u, j)
+			}
+			sum[j] += b.vals[i]
+		}
+	}
+	slices.Sort(u)
+	U := len(u)
+	res := spardlList{idx: u, vals: make([]float32, U)}
+	for i, j := range u {
+		res.vals[i] = sum[j]
+	}
+	// Values dropped here only land outside the final selection, where the
+	// residual is restored to acc: no end-procedure bookkeeping is needed.
+	s.trimTopK(&res, s.k, selTime, nil)
+	*cur = res
+
+	// Adapt h for the next call (the reference's rule).
+	if (U > s.k) != (s.hStep > 0) {
+		if s.hInertia {
+			s.hStep *= 2
+			s.hInertia = false
+		} else {
+			s.hInertia = true
+		}
+	} else {
+		if s.hStep > 1 || s.hStep < -1 {
+			s.hStep = int(-0.5 * float64(s.hStep))
+		} else {
+			s.hStep = -s.hStep
+		}
+		s.hInertia = false
+	}
+	s.h = max(s.h+s.hStep, s.k/G)
+	s.h = max(1, min(s.h, s.C))
+	return nil
+}
+
+// rsagExchange is R-SAG: recursive doubling across teams with a re-top-k to
+// k after each sparse sum; each worker keeps 1/2^(s+1) of the values dropped
+// in round s.
+func (s *spardlReducer) rsagExchange(ctx context.Context, cur *spardlList, selTime *time.Duration) error {
+	clear(s.endp)
+	var got spardlList
+	for round, gap := 0, 1; gap < s.G; round, gap = round+1, gap*2 {
+		peer := s.global(s.team^gap, s.r)
+		if err := s.exchange(ctx, spardlTagSAG, *cur, peer, peer, s.k, &got); err != nil {
+			return fmt.Errorf("round %d: %w", round, err)
+		}
+		merged := spardlMerge(*cur, got)
+		share := 1 / float32(2*gap)
+		s.trimTopK(&merged, s.k, selTime, func(j int32, v float32) { s.endp[j] += v * share })
+		*cur = merged
+	}
+	return nil
+}
+
+// spardlMerge is the sparse sum of two lists with ascending indices. Float32
+// addition is commutative, so both partners of an exchange compute the same
+// result.
+func spardlMerge(a, b spardlList) spardlList {
+	out := spardlList{idx: make([]int32, 0, len(a.idx)+len(b.idx)), vals: make([]float32, 0, len(a.idx)+len(b.idx))}
+	i, j := 0, 0
+	for i < len(a.idx) || j < len(b.idx) {
+		switch {
+		case j >= len(b.idx) || (i < len(a.idx) && a.idx[i] < b.idx[j]):
+			out.idx, out.vals = append(out.idx, a.idx[i]), append(out.vals, a.vals[i])
+			i++
+		case i >= len(a.idx) || b.idx[j] < a.idx[i]:
+			out.idx, out.vals = append(out.idx, b.idx[j]), append(out.vals, b.vals[j])
+			j++
+		default:
+			out.idx, out.vals = append(out.idx, a.idx[i]), append(out.vals, a.vals[i]+b.vals[j])
+			i++
+			j++
+		}
+	}
+	return out
+}
