@@ -1,0 +1,471 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+// gate is a one-shot barrier for the n ranks of a slot.
+type gate struct {
+	count atomic.Int32
+	ch    chan struct{}
+}
+
+// arrive counts this rank in; the last of n closes the gate.
+func (g *gate) arrive(n int) {
+	if int(g.count.Add(1)) == n {
+		close(g.ch)
+	}
+}
+
+// entry is what one rank publishes for a collective call.
+type entry struct {
+	op     comm.Op
+	dtype  comm.DType
+	send   comm.Buffer // the buffer of AllReduce and Broadcast
+	recv   comm.Buffer
+	length int // buffer length (AllReduce, Broadcast) or send length (AllGather)
+	counts []int
+	root   int
+}
+
+// slot is the rendezvous of one collective call, shared by all ranks.
+type slot struct {
+	entries              []entry
+	arrived, mid, done   gate
+	left                 atomic.Int32
+}
+
+func (w *World) slot(seq uint64) *slot {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.slots[seq]
+	if s == nil {
+		s = &slot{entries: make([]entry, w.n)}
+		s.arrived.ch = make(chan struct{})
+		s.mid.ch = make(chan struct{})
+		s.done.ch = make(chan struct{})
+		w.slots[seq] = s
+	}
+	return s
+}
+
+func (w *World) leave(seq uint64, s *slot) {
+	if int(s.left.Add(1)) == w.n {
+		w.mu.Lock()
+		delete(w.slots, seq)
+		w.mu.Unlock()
+	}
+}
+
+// describe renders a call for error messages.
+func (e *entry) describe() string {
+	switch e.op {
+	case comm.OpBarrier:
+		return "Barrier()"
+	case comm.OpBroadcast:
+		return fmt.Sprintf("Broadcast(%s[%d], root %d)", e.dtype, e.length, e.root)
+	case comm.OpAllGatherV, comm.OpReduceScatter:
+		return fmt.Sprintf("%s(%s, counts %v)", opName(e.op), e.dtype, e.counts)
+	}
+	return fmt.Sprintf("%s(%s[%d])", opName(e.op), e.dtype, e.length)
+}
+
+func opName(op comm.Op) string {
+	switch op {
+	case comm.OpAllReduce:
+		return "AllReduce"
+	case comm.OpAllGather:
+		return "AllGather"
+	case comm.OpAllGatherV:
+		return "AllGatherV"
+	case comm.OpBroadcast:
+		return "Broadcast"
+	case comm.OpReduceScatter:
+		return "ReduceScatter"
+	case comm.OpBarrier:
+		return "Barrier"
+	}
+	return op.String()
+}
+
+// mismatch checks that every rank made the same call as rank 0.
+func (s *slot) mismatch(seq uint64) error {
+	e0 := &s.entries[0]
+	for r := 1; r < len(s.entries); r++ {
+		e := &s.entries[r]
+		if e.op != e0.op || e.dtype != e0.dtype || e.length != e0.length || e.root != e0.root || !slices.Equal(e.counts, e0.counts) {
+			return fmt.Errorf("local: collective call #%d does not match across ranks: rank 0 called %s but rank %d called %s; every rank must make the same collective calls in the same order, with the same types, sizes, counts and root",
+				seq, e0.describe(), r, e.describe())
+		}
+	}
+	return nil
+}
+
+// collective runs one collective call of this rank: it publishes e, waits for
+// every rank, checks that the calls match, and runs body.
+func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body func(s *slot) error) error {
+	what := fmt.Sprintf("in %s (collective #%d)", e.describe(), seq)
+	if err := c.check(ctx, what); err != nil {
+		return err
+	}
+	w := c.w
+	s := w.slot(seq)
+	s.entries[c.rank] = e
+	s.arrived.arrive(w.n)
+	if err := c.wait(ctx, s.arrived.ch, what); err != nil {
+		return err
+	}
+	if err := s.mismatch(seq); err != nil {
+		w.leave(seq, s)
+		return err
+	}
+	if err := body(s); err != nil {
+		return err
+	}
+	w.leave(seq, s)
+	return nil
+}
+
+// phase counts this rank in g and waits for every rank.
+func (c *rankComm) phase(ctx context.Context, g *gate) error {
+	g.arrive(c.w.n)
+	return c.wait(ctx, g.ch, "waiting for peers")
+}
+
+func validDType(what string, b comm.Buffer) error {
+	if b == nil {
+		return fmt.Errorf("local: %s buffer is nil: pass comm.Float32s, comm.Int32s or comm.Int64s (possibly empty)", what)
+	}
+	if b.DType().Size() == 0 {
+		return fmt.Errorf("local: %s buffer has unsupported element type %s: use comm.Float32s, comm.Int32s or comm.Int64s", what, b.DType())
+	}
+	return nil
+}
+
+func sameDType(send, recv comm.Buffer) error {
+	if err := validDType("send", send); err != nil {
+		return err
+	}
+	if err := validDType("receive", recv); err != nil {
+		return err
+	}
+	if send.DType() != recv.DType() {
+		return fmt.Errorf("local: send buffer is %s but receive buffer is %s: both must have the same element type", send.DType(), recv.DType())
+	}
+	return nil
+}
+
+func (c *rankComm) checkCounts(counts []int) (int, error) {
+	if len(counts) != c.w.n {
+		return 0, fmt.Errorf("local: counts has %d entries but the world has %d ranks: pass one count per rank", len(counts), c.w.n)
+	}
+	total := 0
+	for r, v := range counts {
+		if v < 0 {
+			return 0, fmt.Errorf("local: counts[%d] = %d is negative: counts are element counts >= 0", r, v)
+		}
+		total += v
+	}
+	return total, nil
+}
+
+// view returns b's elements as a []E (no copy); b must hold E elements.
+func view[E float32 | int32 | int64](b comm.Buffer) []E {
+	bs := b.Bytes()
+	if len(bs) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*E)(unsafe.Pointer(&bs[0])), b.Len())
+}
+
+// sumTile is the number of elements summed at a time in a stack buffer, small
+// enough to stay in L1.
+const sumTile = 1024
+
+// sumInto sets out[i] = ((srcs[0][i] + srcs[1][i]) + …) + srcs[m−1][i], left
+// to right. out may be the same memory as srcs[m−1] (but no other source).
+func sumInto[E float32 | int32 | int64](out []E, srcs [][]E) {
+	m := len(srcs)
+	switch m {
+	case 0:
+		clear(out)
+		return
+	case 1:
+		copy(out, srcs[0])
+		return
+	case 2:
+		a, b := srcs[0][:len(out)], srcs[1][:len(out)]
+		for i := range out {
+			out[i] = a[i] + b[i]
+		}
+		return
+	}
+	var tmp [sumTile]E
+	for lo := 0; lo < len(out); lo += sumTile {
+		hi := min(lo+sumTile, len(out))
+		t := tmp[:hi-lo]
+		a, b := srcs[0][lo:hi], srcs[1][lo:hi]
+		for i := range t {
+			t[i] = a[i] + b[i]
+		}
+		for k := 2; k < m-1; k++ {
+			s := srcs[k][lo:hi]
+			for i := range t {
+				t[i] += s[i]
+			}
+		}
+		last, o := srcs[m-1][lo:hi], out[lo:hi]
+		for i := range t {
+			o[i] = t[i] + last[i]
+		}
+	}
+}
+
+// reduceBlock sums block [lo, hi) of every rank's bufs[r] in the canonical
+// order j+1, …, n−1, 0, …, j into out.
+func reduceBlock(dtype comm.DType, out comm.Buffer, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
+	switch dtype {
+	case comm.Float32:
+		reduceTyped[float32](out, bufs, n, j, lo, hi)
+	case comm.Int32:
+		reduceTyped[int32](out, bufs, n, j, lo, hi)
+	case comm.Int64:
+		reduceTyped[int64](out, bufs, n, j, lo, hi)
+	}
+}
+
+func reduceTyped[E float32 | int32 | int64](out comm.Buffer, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
+	if hi <= lo {
+		return
+	}
+	srcs := make([][]E, n)
+	for k := 1; k <= n; k++ {
+		srcs[k-1] = view[E](bufs((j + k) % n))[lo:hi]
+	}
+	sumInto(view[E](out), srcs)
+}
+
+// copyElems copies elements [lo, hi) of src into dst at offset at.
+func copyElems(dst comm.Buffer, at int, src comm.Buffer, lo, hi int) {
+	if hi <= lo {
+		return
+	}
+	es := src.DType().Size()
+	copy(dst.Bytes()[at*es:], src.Bytes()[lo*es:hi*es])
+}
+
+// AllReduce sums buf over all ranks in place, in the canonical order.
+func (c *rankComm) AllReduce(ctx context.Context, buf comm.Buffer) error {
+	if err := validDType("all-reduce", buf); err != nil {
+		return err
+	}
+	seq := c.seq
+	c.seq++
+	return c.allReduce(ctx, seq, buf)
+}
+
+func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer) error {
+	n := c.w.n
+	if n == 1 {
+		return c.check(ctx, "in AllReduce")
+	}
+	e := entry{op: comm.OpAllReduce, dtype: buf.DType(), send: buf, length: buf.Len()}
+	return c.collective(ctx, seq, e, func(s *slot) error {
+		j, length := c.rank, buf.Len()
+		lo, hi := comm.ChunkBounds(length, n, j)
+		reduceBlock(e.dtype, buf.Slice(lo, hi), func(r int) comm.Buffer { return s.entries[r].send }, n, j, lo, hi)
+		if err := c.phase(ctx, &s.mid); err != nil {
+			return err
+		}
+		for o := range n {
+			if o != j {
+				lo, hi := comm.ChunkBounds(length, n, o)
+				copyElems(buf, lo, s.entries[o].send, lo, hi)
+			}
+		}
+		return c.phase(ctx, &s.done)
+	})
+}
+
+// AllGather concatenates every rank's send into recv in rank order.
+func (c *rankComm) AllGather(ctx context.Context, send, recv comm.Buffer) error {
+	if err := c.checkAllGather(send, recv); err != nil {
+		return err
+	}
+	seq := c.seq
+	c.seq++
+	return c.allGather(ctx, seq, send, recv)
+}
+
+func (c *rankComm) checkAllGather(send, recv comm.Buffer) error {
+	if err := sameDType(send, recv); err != nil {
+		return fmt.Errorf("AllGather: %w", err)
+	}
+	if recv.Len() != c.w.n*send.Len() {
+		return fmt.Errorf("local: AllGather: receive buffer has %d elements but must have Size()*send.Len() = %d*%d = %d", recv.Len(), c.w.n, send.Len(), c.w.n*send.Len())
+	}
+	return nil
+}
+
+func (c *rankComm) allGather(ctx context.Context, seq uint64, send, recv comm.Buffer) error {
+	n, m := c.w.n, send.Len()
+	if n == 1 {
+		copyElems(recv, 0, send, 0, m)
+		return c.check(ctx, "in AllGather")
+	}
+	e := entry{op: comm.OpAllGather, dtype: send.DType(), send: send, recv: recv, length: m}
+	return c.collective(ctx, seq, e, func(s *slot) error {
+		for r := range n {
+			copyElems(recv, r*m, s.entries[r].send, 0, m)
+		}
+		return c.phase(ctx, &s.done)
+	})
+}
+
+// AllGatherV concatenates every rank's send (counts[r] elements) into recv.
+func (c *rankComm) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) error {
+	if err := c.checkAllGatherV(send, recv, counts); err != nil {
+		return err
+	}
+	seq := c.seq
+	c.seq++
+	return c.allGatherV(ctx, seq, send, recv, counts)
+}
+
+func (c *rankComm) checkAllGatherV(send, recv comm.Buffer, counts []int) error {
+	if err := sameDType(send, recv); err != nil {
+		return fmt.Errorf("AllGatherV: %w", err)
+	}
+	total, err := c.checkCounts(counts)
+	if err != nil {
+		return fmt.Errorf("AllGatherV: %w", err)
+	}
+	if send.Len() != counts[c.rank] {
+		return fmt.Errorf("local: AllGatherV: rank %d's send buffer has %d elements but counts[%d] = %d: they must be equal", c.rank, send.Len(), c.rank, counts[c.rank])
+	}
+	if recv.Len() != total {
+		return fmt.Errorf("local: AllGatherV: receive buffer has %d elements but must have sum(counts) = %d", recv.Len(), total)
+	}
+	return nil
+}
+
+func (c *rankComm) allGatherV(ctx context.Context, seq uint64, send, recv comm.Buffer, counts []int) error {
+	n := c.w.n
+	if n == 1 {
+		copyElems(recv, 0, send, 0, send.Len())
+		return c.check(ctx, "in AllGatherV")
+	}
+	e := entry{op: comm.OpAllGatherV, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts)}
+	return c.collective(ctx, seq, e, func(s *slot) error {
+		off := 0
+		for r := range n {
+			copyElems(recv, off, s.entries[r].send, 0, counts[r])
+			off += counts[r]
+		}
+		return c.phase(ctx, &s.done)
+	})
+}
+
+// Broadcast copies root's buf into every rank's buf.
+func (c *rankComm) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
+	if err := validDType("broadcast", buf); err != nil {
+		return err
+	}
+	if root < 0 || root >= c.w.n {
+		return fmt.Errorf("local: Broadcast: root %d out of range: must be in [0, %d)", root, c.w.n)
+	}
+	seq := c.seq
+	c.seq++
+	n := c.w.n
+	if n == 1 {
+		return c.check(ctx, "in Broadcast")
+	}
+	e := entry{op: comm.OpBroadcast, dtype: buf.DType(), send: buf, length: buf.Len(), root: root}
+	return c.collective(ctx, seq, e, func(s *slot) error {
+		if c.rank != root {
+			copyElems(buf, 0, s.entries[root].send, 0, buf.Len())
+		}
+		return c.phase(ctx, &s.done)
+	})
+}
+
+// ReduceScatter sums send over all ranks and leaves block Rank() in recv.
+func (c *rankComm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, counts []int) error {
+	if err := sameDType(send, recv); err != nil {
+		return fmt.Errorf("ReduceScatter: %w", err)
+	}
+	total, err := c.checkCounts(counts)
+	if err != nil {
+		return fmt.Errorf("ReduceScatter: %w", err)
+	}
+	if send.Len() != total {
+		return fmt.Errorf("local: ReduceScatter: send buffer has %d elements but must have sum(counts) = %d", send.Len(), total)
+	}
+	if recv.Len() != counts[c.rank] {
+		return fmt.Errorf("local: ReduceScatter: rank %d's receive buffer has %d elements but counts[%d] = %d: they must be equal", c.rank, recv.Len(), c.rank, counts[c.rank])
+	}
+	seq := c.seq
+	c.seq++
+	n := c.w.n
+	if n == 1 {
+		copyElems(recv, 0, send, 0, send.Len())
+		return c.check(ctx, "in ReduceScatter")
+	}
+	e := entry{op: comm.OpReduceScatter, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts)}
+	return c.collective(ctx, seq, e, func(s *slot) error {
+		lo := 0
+		for r := range c.rank {
+			lo += counts[r]
+		}
+		hi := lo + counts[c.rank]
+		reduceBlock(e.dtype, recv, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
+		return c.phase(ctx, &s.done)
+	})
+}
+
+// Barrier returns once every rank has entered it.
+func (c *rankComm) Barrier(ctx context.Context) error {
+	seq := c.seq
+	c.seq++
+	if c.w.n == 1 {
+		return c.check(ctx, "in Barrier")
+	}
+	return c.collective(ctx, seq, entry{op: comm.OpBarrier}, func(*slot) error { return nil })
+}
+
+// IAllReduce starts AllReduce and returns at once.
+func (c *rankComm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
+	if err := validDType("all-reduce", buf); err != nil {
+		return nil, err
+	}
+	seq := c.seq
+	c.seq++
+	return c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduce(ctx, seq, buf) }), nil
+}
+
+// IAllGather starts AllGather and returns at once.
+func (c *rankComm) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm.Request, error) {
+	if err := c.checkAllGather(send, recv); err != nil {
+		return nil, err
+	}
+	seq := c.seq
+	c.seq++
+	return c.async("IAllGather", func() (int, error) { return recv.Len(), c.allGather(ctx, seq, send, recv) }), nil
+}
+
+// IAllGatherV starts AllGatherV and returns at once.
+func (c *rankComm) IAllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
+	if err := c.checkAllGatherV(send, recv, counts); err != nil {
+		return nil, err
+	}
+	seq := c.seq
+	c.seq++
+	counts = slices.Clone(counts)
+	return c.async("IAllGatherV", func() (int, error) { return recv.Len(), c.allGatherV(ctx, seq, send, recv, counts) }), nil
+}

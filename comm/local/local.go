@@ -1,0 +1,282 @@
+// Package local owns the in-process communicator backend: N workers run as
+// goroutines of one process and exchange data through shared memory, with the
+// semantics and the canonical summation order documented in package comm. It
+// is the default backend, so -workers N needs no setup.
+//
+// # Design
+//
+// Each collective call is a rendezvous. Ranks are matched by their per-rank
+// call sequence number (every rank makes the same collective calls in the same
+// order), publish their buffers in a shared slot, and then move the data
+// themselves by reading their peers' buffers directly: there is no per-element
+// channel traffic and no intermediate copy. An all-reduce of length L on n
+// ranks works like a ring reduce-scatter followed by an all-gather, done in
+// shared memory: rank j sums chunk j (comm.ChunkBounds) of every rank's buffer
+// in the canonical order j+1, …, n−1, 0, …, j into its own buffer (only rank j
+// ever reads rank j's chunk j, so this is safe in place), all ranks meet at a
+// barrier, each rank copies the other chunks from their owners, and a final
+// barrier keeps every buffer alive until all copies are done.
+//
+// Point-to-point messages are matched by (source, destination, tag) in issue
+// order. Send copies the message into a mailbox (or straight into a receive
+// that is already waiting) and returns, so pairs of ranks exchanging with each
+// other cannot deadlock.
+//
+// # Failures
+//
+// When a worker returns an error, panics (Run recovers it and reports the
+// stack), calls World.Abort, or sees its context cancelled inside a call, the
+// world is aborted: every pending and later call of every rank returns at once
+// an error that wraps comm.ErrAborted and names the failing rank and its error.
+//
+// # Network emulation
+//
+// With WithNetwork, every call additionally lasts as long as the α-β model of
+// comm/netmodel says it would take on that network (the in-process time already
+// spent is subtracted); non-blocking calls elapse their delay in the
+// background, so overlap of communication with computation is real.
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+// Option configures a World.
+type Option func(*config)
+
+type config struct {
+}
+
+// World is a set of n in-process ranks that communicate with each other.
+type World struct {
+	n   int
+	cfg config
+
+	abortOnce sync.Once
+	aborted   chan struct{}
+	abortErr  error
+
+	mu    sync.Mutex
+	slots map[uint64]*slot
+	boxes map[mailKey]*mailbox
+
+	bg    sync.WaitGroup // background goroutines of non-blocking calls
+	comms []*rankComm
+}
+
+// New creates a world of n ranks (n >= 1). Use Comm to get each rank's
+// communicator; prefer Run, which also handles failures and panics. New
+// panics if n < 1.
+func New(n int, opts ...Option) *World {
+	if n < 1 {
+		panic(fmt.Sprintf("local.New: world size %d is invalid: need at least 1 rank", n))
+	}
+	w := &World{
+		n:       n,
+		aborted: make(chan struct{}),
+		slots:   make(map[uint64]*slot),
+		boxes:   make(map[mailKey]*mailbox),
+	}
+	for _, o := range opts {
+		o(&w.cfg)
+	}
+	w.comms = make([]*rankComm, n)
+	for r := range w.comms {
+		w.comms[r] = &rankComm{w: w, rank: r}
+	}
+	return w
+}
+
+// Size is the number of ranks of the world.
+func (w *World) Size() int { return w.n }
+
+// Comm returns rank's communicator. It panics if rank is not in [0, Size()).
+func (w *World) Comm(rank int) comm.Communicator {
+	if rank < 0 || rank >= w.n {
+		panic(fmt.Sprintf("local.World.Comm: rank %d out of range [0, %d)", rank, w.n))
+	}
+	return w.comms[rank]
+}
+
+// Abort marks the world as failed because of rank's error err: every pending
+// and later call of every rank returns an error that wraps comm.ErrAborted and
+// err and names rank. Only the first Abort counts.
+func (w *World) Abort(rank int, err error) {
+	if err == nil {
+		err = errors.New("aborted without an error")
+	}
+	w.abortOnce.Do(func() {
+		w.abortErr = fmt.Errorf("%w: rank %d failed: %w", comm.ErrAborted, rank, err)
+		close(w.aborted)
+	})
+}
+
+// Err returns the error the world was aborted with, or nil.
+func (w *World) Err() error {
+	select {
+	case <-w.aborted:
+		return w.abortErr
+	default:
+		return nil
+	}
+}
+
+// errClosed is the cause given when Run ends while non-blocking calls that
+// were never waited for are still pending.
+var errClosed = errors.New("local: world closed: Run returned while this call was pending")
+
+// Run starts n workers, each calling fn with its own communicator, and waits
+// for all of them. If a worker returns an error or panics, the world is
+// aborted (every other worker's calls fail with comm.ErrAborted) and Run
+// returns the first failure; errors that merely report the abort are not
+// returned in its place. When Run returns, no goroutine of the world is left.
+func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communicator) error, opts ...Option) error {
+	if n < 1 {
+		return fmt.Errorf("local.Run: world size %d is invalid: need at least 1 worker", n)
+	}
+	if fn == nil {
+		return errors.New("local.Run: fn is nil")
+	}
+	w := New(n, opts...)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	var first atomic.Int64
+	first.Store(-1)
+	for r := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := runOne(ctx, w, r, fn)
+			if err != nil {
+				errs[r] = err
+				if !errors.Is(err, comm.ErrAborted) {
+					first.CompareAndSwap(-1, int64(r))
+				}
+				w.Abort(r, err)
+			}
+		}()
+	}
+	wg.Wait()
+	w.Abort(-1, errClosed) // releases pending non-blocking calls nobody waited for
+	w.bg.Wait()
+	if f := first.Load(); f >= 0 {
+		return fmt.Errorf("rank %d: %w", f, errs[f])
+	}
+	for r, err := range errs {
+		if err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+	}
+	return nil
+}
+
+func runOne(ctx context.Context, w *World, r int, fn func(context.Context, comm.Communicator) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("worker panicked: %v\n%s", p, debug.Stack())
+		}
+	}()
+	return fn(ctx, w.comms[r])
+}
+
+// rankComm is one rank's communicator.
+type rankComm struct {
+	w    *World
+	rank int
+	seq  uint64 // next collective sequence number; used by one goroutine at a time
+}
+
+// Abort aborts the world because of this rank's error err (see World.Abort).
+// Workers started by Run reach it with a type assertion:
+//
+//	c.(interface{ Abort(error) }).Abort(err)
+func (c *rankComm) Abort(err error) { c.w.Abort(c.rank, err) }
+
+func (c *rankComm) Rank() int { return c.rank }
+func (c *rankComm) Size() int { return c.w.n }
+
+// wait blocks until ch is closed, the world is aborted, or ctx ends; a context
+// that ends aborts the world, since the peers would otherwise wait forever.
+func (c *rankComm) wait(ctx context.Context, ch <-chan struct{}, what string) error {
+	select {
+	case <-ch:
+		return nil
+	default:
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-c.w.aborted:
+		return fmt.Errorf("local: rank %d %s: %w", c.rank, what, c.w.abortErr)
+	case <-ctx.Done():
+		err := fmt.Errorf("local: rank %d %s: %w", c.rank, what, ctx.Err())
+		c.w.Abort(c.rank, err)
+		return err
+	}
+}
+
+// check returns an error if the world is already aborted or ctx has ended.
+func (c *rankComm) check(ctx context.Context, what string) error {
+	select {
+	case <-c.w.aborted:
+		return fmt.Errorf("local: rank %d %s: %w", c.rank, what, c.w.abortErr)
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		err = fmt.Errorf("local: rank %d %s: %w", c.rank, what, err)
+		c.w.Abort(c.rank, err)
+		return err
+	}
+	return nil
+}
+
+// request is a non-blocking call in flight.
+type request struct {
+	c    *rankComm
+	done chan struct{}
+	n    int
+	err  error
+	what string
+}
+
+func (r *request) Wait(ctx context.Context) (int, error) {
+	if err := r.c.wait(ctx, r.done, "waiting for "+r.what); err != nil {
+		// The call itself may have finished with a more precise error.
+		select {
+		case <-r.done:
+			return r.n, r.err
+		default:
+		}
+		return 0, err
+	}
+	return r.n, r.err
+}
+
+// doneRequest is a request that has already completed.
+func doneRequest(c *rankComm, n int, err error) *request {
+	r := &request{c: c, done: make(chan struct{}), n: n, err: err}
+	close(r.done)
+	return r
+}
+
+// async runs f in the background and returns its request.
+func (c *rankComm) async(what string, f func() (int, error)) *request {
+	r := &request{c: c, done: make(chan struct{}), what: what}
+	c.w.bg.Add(1)
+	go func() {
+		defer c.w.bg.Done()
+		r.n, r.err = f()
+		if r.err != nil {
+			r.n = 0
+		}
+		close(r.done)
+	}()
+	return r
+}

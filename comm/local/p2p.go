@@ -1,0 +1,243 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+// mailKey identifies a point-to-point channel.
+type mailKey struct{ src, dst, tag int }
+
+// message is a sent message waiting for its receive.
+type message struct {
+	dtype comm.DType
+	n     int
+	data  []byte
+	ready time.Time // with network emulation: when the message has arrived
+}
+
+// recvWait is a receive waiting for its message.
+type recvWait struct {
+	buf   comm.Buffer
+	src   int
+	tag   int
+	done  chan struct{}
+	n     int
+	err   error
+	ready time.Time
+}
+
+// mailbox holds, for one (src, dst, tag), the messages not yet received and
+// the receives not yet matched; at most one of the two lists is non-empty.
+type mailbox struct {
+	mu      sync.Mutex
+	msgs    []message
+	waiters []*recvWait
+}
+
+func (w *World) mailbox(k mailKey) *mailbox {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	b := w.boxes[k]
+	if b == nil {
+		b = &mailbox{}
+		w.boxes[k] = b
+	}
+	return b
+}
+
+// deliver copies message m into the receive r and completes it.
+func (r *recvWait) deliver(dtype comm.DType, n int, data []byte, ready time.Time) {
+	switch {
+	case dtype != r.buf.DType():
+		r.err = fmt.Errorf("local: message from rank %d with tag %d holds %s but the receive buffer is %s: send and receive must use the same element type", r.src, r.tag, dtype, r.buf.DType())
+	case n > r.buf.Len():
+		r.err = fmt.Errorf("local: message from rank %d with tag %d has %d elements but the receive buffer only %d: pass a receive buffer at least as long as the message", r.src, r.tag, n, r.buf.Len())
+	default:
+		copy(r.buf.Bytes(), data)
+		r.n = n
+	}
+	r.ready = ready
+	close(r.done)
+}
+
+func (c *rankComm) checkPeer(what string, peer int) error {
+	if peer < 0 || peer >= c.w.n {
+		return fmt.Errorf("local: %s rank %d out of range: must be in [0, %d)", what, peer, c.w.n)
+	}
+	return nil
+}
+
+// Send delivers buf to rank dst with tag; the data are copied, so it returns
+// without waiting for the receive.
+func (c *rankComm) Send(ctx context.Context, buf comm.Buffer, dst, tag int) error {
+	if err := validDType("send", buf); err != nil {
+		return err
+	}
+	if err := c.checkPeer("Send: destination", dst); err != nil {
+		return err
+	}
+	return c.send(ctx, time.Now(), buf, dst, tag)
+}
+
+func (c *rankComm) send(ctx context.Context, start time.Time, buf comm.Buffer, dst, tag int) error {
+	what := fmt.Sprintf("in Send to rank %d with tag %d", dst, tag)
+	if err := c.check(ctx, what); err != nil {
+		return err
+	}
+	ready := c.w.p2pReady(start, buf)
+	if err := c.sendNoWait(buf, dst, tag, ready); err != nil {
+		return err
+	}
+	return c.w.sleepUntil(ctx, ready)
+}
+
+// post registers a receive: it takes the first waiting message or queues r.
+func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
+	r := &recvWait{buf: buf, src: src, tag: tag, done: make(chan struct{})}
+	b := c.w.mailbox(mailKey{src, c.rank, tag})
+	b.mu.Lock()
+	if len(b.msgs) > 0 {
+		m := b.msgs[0]
+		b.msgs[0] = message{}
+		b.msgs = b.msgs[1:]
+		r.deliver(m.dtype, m.n, m.data, m.ready)
+	} else {
+		b.waiters = append(b.waiters, r)
+	}
+	b.mu.Unlock()
+	return r
+}
+
+func (c *rankComm) finishRecv(ctx context.Context, r *recvWait) (int, error) {
+	what := fmt.Sprintf("in Recv from rank %d with tag %d", r.src, r.tag)
+	if err := c.wait(ctx, r.done, what); err != nil {
+		return 0, err
+	}
+	if r.err != nil {
+		return 0, r.err
+	}
+	if err := c.w.sleepUntil(ctx, r.ready); err != nil {
+		return 0, err
+	}
+	return r.n, nil
+}
+
+func (c *rankComm) checkRecv(buf comm.Buffer, src int) error {
+	if err := validDType("receive", buf); err != nil {
+		return err
+	}
+	return c.checkPeer("Recv: source", src)
+}
+
+// Recv receives the next message from src with tag into buf.
+func (c *rankComm) Recv(ctx context.Context, buf comm.Buffer, src, tag int) (int, error) {
+	if err := c.checkRecv(buf, src); err != nil {
+		return 0, err
+	}
+	if err := c.check(ctx, fmt.Sprintf("in Recv from rank %d with tag %d", src, tag)); err != nil {
+		return 0, err
+	}
+	return c.finishRecv(ctx, c.post(buf, src, tag))
+}
+
+// SendRecv sends send to dst and receives from src (both with tag).
+func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv comm.Buffer, src, tag int) (int, error) {
+	if err := validDType("send", send); err != nil {
+		return 0, err
+	}
+	if err := c.checkPeer("SendRecv: destination", dst); err != nil {
+		return 0, err
+	}
+	if err := c.checkRecv(recv, src); err != nil {
+		return 0, err
+	}
+	if err := c.check(ctx, "in SendRecv"); err != nil {
+		return 0, err
+	}
+	r := c.post(recv, src, tag)
+	// The send's modelled time overlaps the receive's.
+	start := time.Now()
+	ready := c.w.p2pReady(start, send)
+	if err := c.sendNoWait(send, dst, tag, ready); err != nil {
+		return 0, err
+	}
+	n, err := c.finishRecv(ctx, r)
+	if err != nil {
+		return 0, err
+	}
+	return n, c.w.sleepUntil(ctx, ready)
+}
+
+func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time) error {
+	b := c.w.mailbox(mailKey{c.rank, dst, tag})
+	b.mu.Lock()
+	if len(b.waiters) > 0 {
+		r := b.waiters[0]
+		b.waiters = b.waiters[1:]
+		r.deliver(buf.DType(), buf.Len(), buf.Bytes(), ready)
+	} else {
+		b.msgs = append(b.msgs, message{dtype: buf.DType(), n: buf.Len(), data: append([]byte(nil), buf.Bytes()...), ready: ready})
+	}
+	b.mu.Unlock()
+	return nil
+}
+
+// ISend starts Send and returns at once.
+func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (comm.Request, error) {
+	if err := validDType("send", buf); err != nil {
+		return nil, err
+	}
+	if err := c.checkPeer("ISend: destination", dst); err != nil {
+		return nil, err
+	}
+	if err := c.check(ctx, fmt.Sprintf("in ISend to rank %d with tag %d", dst, tag)); err != nil {
+		return nil, err
+	}
+	ready := c.w.p2pReady(time.Now(), buf)
+	if err := c.sendNoWait(buf, dst, tag, ready); err != nil {
+		return nil, err
+	}
+	return &sendRequest{c: c, ready: ready, n: buf.Len()}, nil
+}
+
+// sendRequest is an ISend whose data are already in the mailbox; with network
+// emulation its Wait returns once the modelled transfer time has elapsed.
+type sendRequest struct {
+	c     *rankComm
+	ready time.Time
+	n     int
+}
+
+func (r *sendRequest) Wait(ctx context.Context) (int, error) {
+	if err := r.c.check(ctx, "waiting for ISend"); err != nil {
+		return 0, err
+	}
+	if err := r.c.w.sleepUntil(ctx, r.ready); err != nil {
+		return 0, err
+	}
+	return r.n, nil
+}
+
+// IRecv starts Recv and returns at once; it is matched, in issue order, with
+// the sends from src with tag.
+func (c *rankComm) IRecv(ctx context.Context, buf comm.Buffer, src, tag int) (comm.Request, error) {
+	if err := c.checkRecv(buf, src); err != nil {
+		return nil, err
+	}
+	if err := c.check(ctx, fmt.Sprintf("in IRecv from rank %d with tag %d", src, tag)); err != nil {
+		return nil, err
+	}
+	return &recvRequest{c: c, r: c.post(buf, src, tag)}, nil
+}
+
+type recvRequest struct {
+	c *rankComm
+	r *recvWait
+}
+
+func (q *recvRequest) Wait(ctx context.Context) (int, error) { return q.c.finishRecv(ctx, q.r) }
