@@ -36,9 +36,9 @@ type entry struct {
 
 // slot is the rendezvous of one collective call, shared by all ranks.
 type slot struct {
-	entries              []entry
-	arrived, mid, done   gate
-	left                 atomic.Int32
+	entries            []entry
+	arrived, mid, done gate
+	left               atomic.Int32
 }
 
 func (w *World) slot(seq uint64) *slot {
