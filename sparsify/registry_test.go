@@ -1,0 +1,86 @@
+package sparsify
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/comm/local"
+)
+
+func TestRegistryHasBaselines(t *testing.T) {
+	names := strings.Join(Names(), ",")
+	for _, m := range []string{"dense", "topk", "topka", "gtopk", "cltk", "threshold"} {
+		if !strings.Contains(","+names+",", ","+m+",") {
+			t.Errorf("method %q not registered (have %s)", m, names)
+		}
+	}
+	ns := Names()
+	for i := 1; i < len(ns); i++ {
+		if ns[i-1] >= ns[i] {
+			t.Fatalf("Names() not sorted: %v", ns)
+		}
+	}
+}
+
+func TestRegisterTwicePanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Fatal("registering \"topk\" again did not panic")
+		}
+	}()
+	Register("topk", newTopkReducer)
+}
+
+func TestNewErrors(t *testing.T) {
+	good, _ := FlatLayout(10)
+	c := blSingleComm(t)
+	cases := []struct {
+		name   string
+		method string
+		o      Options
+		want   []string // substrings of the error
+	}{
+		{"unknown method", "nope", Options{Density: 0.1, Layout: good, Comm: c}, []string{"unknown method", `"nope"`, "topk", "dense", "threshold"}},
+		{"no communicator", "topk", Options{Density: 0.1, Layout: good}, []string{"communicator"}},
+		{"density 0", "topk", Options{Density: 0, Layout: good, Comm: c}, []string{"density 0", "(0, 1]"}},
+		{"density negative", "topka", Options{Density: -0.5, Layout: good, Comm: c}, []string{"density", "(0, 1]"}},
+		{"density above 1", "cltk", Options{Density: 1.5, Layout: good, Comm: c}, []string{"density 1.5", "(0, 1]"}},
+		{"density NaN", "dense", Options{Density: math.NaN(), Layout: good, Comm: c}, []string{"density NaN"}},
+		{"density Inf", "gtopk", Options{Density: math.Inf(1), Layout: good, Comm: c}, []string{"density +Inf"}},
+		{"empty layout", "topk", Options{Density: 0.1, Comm: c}, []string{"empty layout", "NewLayout"}},
+		{"zero-size tensor", "threshold", Options{Density: 0.1, Comm: c, Layout: Layout{N: 3, Tensors: []Tensor{{"a", 3, 0}, {"b", 0, 3}}}}, []string{`"b"`, "size 0"}},
+		{"gtopk on 3 workers", "gtopk", Options{Density: 0.1, Layout: good, Comm: local.New(3).Comm(0)}, []string{"3 workers", "power-of-two", "2 or 4"}},
+		{"threshold lambda", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Lambda: -1}, []string{"lambda -1"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := New(tc.method, tc.o)
+			if err == nil {
+				t.Fatalf("New succeeded with %s (%T)", tc.name, r)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			if tc.method == "nope" && !errors.Is(err, ErrUnknownMethod) {
+				t.Errorf("error %v does not wrap ErrUnknownMethod", err)
+			}
+		})
+	}
+}
+
+// TestTinyDensityClampsToOne: a density that rounds k to 0 selects one
+// element per worker (BudgetK's documented clamp), for every baseline.
+func TestTinyDensityClampsToOne(t *testing.T) {
+	for _, m := range []string{"topk", "topka", "gtopk", "cltk"} {
+		res := mustRunHarness(t, harnessConfig{Method: m, Workers: 2, N: 1000, Density: 1e-12, Seed: 1})
+		for w, st := range res.Stats[0] {
+			if st.Selected != 1 {
+				t.Fatalf("%s rank %d: Selected = %d at density 1e-12, want 1", m, w, st.Selected)
+			}
+		}
+	}
+}
