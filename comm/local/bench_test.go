@@ -1,0 +1,132 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+// resnet18Params is the number of float32 parameters of the CIFAR ResNet-18.
+const resnet18Params = 11_173_962
+
+// memcpyRanks is the yardstick: n goroutines each copy m float32 from their
+// own source to their own destination, iters times.
+func memcpyRanks(dst, src [][]float32, iters int) {
+	var wg sync.WaitGroup
+	for r := range dst {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range iters {
+				copy(dst[r], src[r])
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func rankBufs(n, m int) [][]float32 {
+	bufs := make([][]float32, n)
+	for r := range bufs {
+		bufs[r] = make([]float32, m)
+		for i := range bufs[r] {
+			bufs[r][i] = float32(i%1000) * 1e-6
+		}
+	}
+	return bufs
+}
+
+// BenchmarkAllReduce all-reduces ResNet-18's gradient size on n in-process
+// ranks. Bytes counted per operation: n·m·4, every rank's buffer once — the
+// least any all-reduce must touch (read every input, write every output),
+// which is also exactly what the memcpy yardstick copies.
+func BenchmarkAllReduce(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		m := resnet18Params
+		b.Run(fmt.Sprintf("n=%d/local", n), func(b *testing.B) {
+			bufs := rankBufs(n, m)
+			b.SetBytes(int64(n * m * 4))
+			b.ResetTimer()
+			err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+				for range b.N {
+					if err := c.AllReduce(ctx, comm.Float32s(bufs[c.Rank()])); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+		b.Run(fmt.Sprintf("n=%d/memcpy", n), func(b *testing.B) {
+			src, dst := rankBufs(n, m), rankBufs(n, m)
+			b.SetBytes(int64(n * m * 4))
+			b.ResetTimer()
+			memcpyRanks(dst, src, b.N)
+		})
+	}
+}
+
+// BenchmarkAllGatherV gathers ResNet-18's size, split near-evenly over n
+// ranks, into every rank. Bytes counted: n·m·4, the bytes written into all
+// receive buffers; the yardstick copies the same.
+func BenchmarkAllGatherV(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		m := resnet18Params
+		counts := make([]int, n)
+		for r := range counts {
+			lo, hi := comm.ChunkBounds(m, n, r)
+			counts[r] = hi - lo
+		}
+		b.Run(fmt.Sprintf("n=%d/local", n), func(b *testing.B) {
+			recv := rankBufs(n, m)
+			send := make([][]float32, n)
+			for r := range send {
+				send[r] = make([]float32, counts[r])
+			}
+			b.SetBytes(int64(n * m * 4))
+			b.ResetTimer()
+			err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+				for range b.N {
+					if err := c.AllGatherV(ctx, comm.Float32s(send[c.Rank()]), comm.Float32s(recv[c.Rank()]), counts); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+		b.Run(fmt.Sprintf("n=%d/memcpy", n), func(b *testing.B) {
+			src, dst := rankBufs(n, m), rankBufs(n, m)
+			b.SetBytes(int64(n * m * 4))
+			b.ResetTimer()
+			memcpyRanks(dst, src, b.N)
+		})
+	}
+}
+
+// BenchmarkSmallAllReduce measures the per-call overhead of the rendezvous.
+func BenchmarkSmallAllReduce(b *testing.B) {
+	for _, n := range []int{2, 4, 16} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+				buf := make(comm.Float32s, 16)
+				for range b.N {
+					if err := c.AllReduce(ctx, buf); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
