@@ -1,0 +1,117 @@
+package models
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// randomizeParams overwrites the parameters with N(0, std²) values so that
+// gradients are well away from zero in finite-difference checks.
+func randomizeParams(m Model, seed uint64, std float64) {
+	r := rand.New(rand.NewPCG(seed, 99))
+	p := m.Params()
+	for i := range p {
+		p[i] = float32(r.NormFloat64() * std)
+	}
+}
+
+// gradCheck compares TrainStep's gradient with central finite differences
+// of TrainStep's loss for up to samples entries of every parameter tensor
+// (half of them chosen among entries with a non-zero analytic gradient).
+//
+// The graph runs in float32, so the loss carries a rounding error of about
+// 1e-7·|loss|; with a step eps the difference quotient has an absolute
+// error of about 1e-7·|loss|/eps plus the truncation error O(eps²·f”'). With
+// eps = 1e-2 and losses of order 1 both stay near 1e-4..1e-3 of typical
+// gradient magnitudes, so a tensor passes when
+// ‖g_num − g_ana‖₂ ≤ tol·max(‖g_num‖₂, ‖g_ana‖₂) + atol on its sample.
+// ReLU kinks crossed by a ±eps step would break this; random inputs make
+// that rare, and the per-tensor norm keeps one unlucky entry from failing a
+// correct tensor.
+func gradCheck(t *testing.T, m Model, b Batch, samples int, eps, tol, atol float64) {
+	t.Helper()
+	ctx := context.Background()
+	n := m.NumParams()
+	grad := make([]float32, n)
+	if _, err := m.TrainStep(ctx, b, grad); err != nil {
+		t.Fatalf("TrainStep: %v", err)
+	}
+	scratch := make([]float32, n)
+	lossAt := func() float64 {
+		r, err := m.TrainStep(ctx, b, scratch)
+		if err != nil {
+			t.Fatalf("TrainStep: %v", err)
+		}
+		return r.Loss
+	}
+	p := m.Params()
+	r := rand.New(rand.NewPCG(7, 7))
+	for ti, info := range m.Layout() {
+		var idx []int
+		var nz []int
+		for j := 0; j < info.Size; j++ {
+			if grad[info.Offset+j] != 0 {
+				nz = append(nz, j)
+			}
+		}
+		for k := 0; k < samples/2 && len(nz) > 0; k++ {
+			idx = append(idx, nz[r.IntN(len(nz))])
+		}
+		for len(idx) < samples && len(idx) < info.Size {
+			idx = append(idx, r.IntN(info.Size))
+		}
+		var dn, na, nn float64
+		for _, j := range idx {
+			o := info.Offset + j
+			old := p[o]
+			p[o] = old + float32(eps)
+			lp := lossAt()
+			p[o] = old - float32(eps)
+			lm := lossAt()
+			p[o] = old
+			h := float64(old+float32(eps)) - float64(old-float32(eps))
+			num := (lp - lm) / h
+			ana := float64(grad[o])
+			dn += (num - ana) * (num - ana)
+			na += ana * ana
+			nn += num * num
+		}
+		diff, scale := math.Sqrt(dn), math.Max(math.Sqrt(na), math.Sqrt(nn))
+		if diff > tol*scale+atol {
+			t.Errorf("tensor %d %s: ‖num−ana‖ = %.3g, ‖ana‖ = %.3g, ‖num‖ = %.3g (tol %.3g·scale + %.3g)", ti, info.Name, diff, math.Sqrt(na), math.Sqrt(nn), tol, atol)
+		} else {
+			t.Logf("tensor %d %s: rel err %.2e (|g| %.3g)", ti, info.Name, diff/math.Max(scale, 1e-30), scale)
+		}
+	}
+}
+
+// sgd runs steps plain SGD steps on a fixed batch and returns the first and
+// last losses.
+func sgd(t *testing.T, m Model, b Batch, lr float32, steps int) (first, last float64) {
+	t.Helper()
+	grad := make([]float32, m.NumParams())
+	for s := 0; s < steps; s++ {
+		r, err := m.TrainStep(context.Background(), b, grad)
+		if err != nil {
+			t.Fatalf("step %d: %v", s, err)
+		}
+		if math.IsNaN(r.Loss) {
+			t.Fatalf("step %d: loss is NaN", s)
+		}
+		if s == 0 {
+			first = r.Loss
+		}
+		last = r.Loss
+		p := m.Params()
+		for i := range p {
+			p[i] -= lr * grad[i]
+		}
+	}
+	return first, last
+}
+
+func closeRel(a, b, tol float64) bool {
+	return math.Abs(a-b) <= tol*math.Max(1, math.Max(math.Abs(a), math.Abs(b)))
+}
