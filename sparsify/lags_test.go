@@ -1,0 +1,508 @@
+package sparsify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
+)
+
+// lagsRefGroups forms merge groups the obvious way: tensors from last to
+// first, a group closes once its element count reaches merge.
+func lagsRefGroups(l Layout, merge int) [][]int {
+	var groups [][]int
+	var cur []int
+	count := 0
+	for t := len(l.Tensors) - 1; t >= 0; t-- {
+		cur = append(cur, t)
+		count += l.Tensors[t].Size
+		if count >= merge {
+			groups = append(groups, cur)
+			cur, count = nil, 0
+		}
+	}
+	if cur != nil {
+		groups = append(groups, cur)
+	}
+	return groups
+}
+
+// lagsRefResult is what the reference computes for one iteration.
+type lagsRefResult struct {
+	out      []float32
+	res      [][]float32
+	distinct int
+	layerKW  [][]int // per worker, selections per tensor
+}
+
+// lagsRef is LAGS in one process: per group (tensor list) with per-worker k
+// ks[g], top-k of each worker's acc over the group, residual = acc with the
+// selection zeroed, out = Σ_w (scatter of worker w's values)/n.
+func lagsRef(accs [][]float32, l Layout, groups [][]int, ks []int) lagsRefResult {
+	n, N := len(accs), l.N
+	r := lagsRefResult{out: make([]float32, N), res: make([][]float32, n), layerKW: make([][]int, n)}
+	for w := range accs {
+		r.res[w] = slices.Clone(accs[w])
+		r.layerKW[w] = make([]int, len(l.Tensors))
+	}
+	touched := make([]bool, N)
+	for g, ts := range groups {
+		lo, hi := N, 0
+		for _, t := range ts {
+			lo = min(lo, l.Tensors[t].Offset)
+			hi = max(hi, l.Tensors[t].Offset+l.Tensors[t].Size)
+		}
+		for w := range accs {
+			for _, j := range refTopK(accs[w][lo:hi], ks[g]) {
+				p := lo + int(j)
+				r.out[p] += accs[w][p]
+				r.res[w][p] = 0
+				touched[p] = true
+				for t := range l.Tensors {
+					if p >= l.Tensors[t].Offset && p < l.Tensors[t].Offset+l.Tensors[t].Size {
+						r.layerKW[w][t]++
+					}
+				}
+			}
+		}
+	}
+	for i := range r.out {
+		r.out[i] /= float32(n)
+		if touched[i] {
+			r.distinct++
+		}
+	}
+	return r
+}
+
+// lagsUniformK is the non-adaptive k of every group.
+func lagsUniformK(l Layout, groups [][]int, density float64) []int {
+	ks := make([]int, len(groups))
+	for g, ts := range groups {
+		m := 0
+		for _, t := range ts {
+			m += l.Tensors[t].Size
+		}
+		ks[g] = min(max(int(float64(m)*density), 1), m)
+	}
+	return ks
+}
+
+// lagsCheck compares a harness run with the reference, iteration by
+// iteration.
+func lagsCheck(t *testing.T, res *harnessResult, merge int, ks func(groups [][]int) []int) {
+	t.Helper()
+	l := res.Layout
+	n := res.Cfg.Workers
+	groups := lagsRefGroups(l, merge)
+	kk := ks(groups)
+	totalK := 0
+	var bytes int64
+	for _, k := range kk {
+		totalK += k
+		bytes += 2 * int64(n-1) * int64(k) * 4
+	}
+	for it := range res.Acc {
+		ref := lagsRef(res.Acc[it], l, groups, kk)
+		for w := range n {
+			what := fmt.Sprintf("n=%d N=%d merge=%d it=%d rank %d", n, l.N, merge, it, w)
+			checkClose(t, what+" out", res.Out[it][w], ref.out, nil)
+			checkClose(t, what+" residual", res.Residual[it][w], ref.res[w], nil)
+			st := res.Stats[it][w]
+			if st.Selected != totalK {
+				t.Fatalf("%s: Selected %d, want %d", what, st.Selected, totalK)
+			}
+			if want := float64(ref.distinct) / float64(l.N); st.ActualDensity != want {
+				t.Fatalf("%s: ActualDensity %v, want %v", what, st.ActualDensity, want)
+			}
+			if !slices.Equal(st.LayerK, ref.layerKW[w]) {
+				t.Fatalf("%s: LayerK %v, want %v", what, st.LayerK, ref.layerKW[w])
+			}
+			if want := norm2(ref.res[w]); math.Abs(st.ErrorNorm-want) > 1e-9*(1+want) {
+				t.Fatalf("%s: ErrorNorm %v, want %v", what, st.ErrorNorm, want)
+			}
+			if !math.IsNaN(st.Threshold) {
+				t.Fatalf("%s: Threshold %v, want NaN", what, st.Threshold)
+			}
+			if st.BytesSent != bytes || st.BytesRecv != bytes {
+				t.Fatalf("%s: bytes sent/recv %d/%d, want %d", what, st.BytesSent, st.BytesRecv, bytes)
+			}
+			if st.Density != res.Cfg.Density {
+				t.Fatalf("%s: Density %v, want %v", what, st.Density, res.Cfg.Density)
+			}
+		}
+	}
+}
+
+func TestLAGSMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	for ci, c := range standardCases() {
+		for _, merge := range []int{0, 1, 5, 50} {
+			layout, err := randomLayout(rng, c.N)
+			if err != nil {
+				t.Fatal(err)
+			}
+			effMerge := merge
+			if merge == 0 {
+				effMerge = LAGSDefaultMergeSize
+			}
+			cfg := harnessConfig{
+				Method: "lags", Workers: c.Workers, Layout: layout, Density: c.Density,
+				Iters: 2, Seed: uint64(ci*10 + merge), Feedback: true, InPlace: ci%2 == 0,
+				Options: func(o *Options) { o.MergeSize = merge },
+			}
+			if ci%3 == 1 {
+				cfg.Gen = genSmallInts // many magnitude ties
+			}
+			t.Run(fmt.Sprintf("%v/merge=%d", c, merge), func(t *testing.T) {
+				res := mustRunHarness(t, cfg)
+				lagsCheck(t, res, effMerge, func(g [][]int) []int { return lagsUniformK(layout, g, c.Density) })
+				checkOutputsAgree(t, res)
+				checkConservation(t, res)
+			})
+		}
+	}
+}
+
+func TestLAGSGroupsFormation(t *testing.T) {
+	l, err := NewLayout([]string{"a", "b", "c", "d", "e"}, []int{3, 5, 2, 7, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		merge int
+		want  [][]int
+	}{
+		{0, [][]int{{4}, {3}, {2}, {1}, {0}}},
+		{1, [][]int{{4}, {3}, {2}, {1}, {0}}},
+		{2, [][]int{{4, 3}, {2}, {1}, {0}}},
+		{6, [][]int{{4, 3}, {2, 1}, {0}}},
+		{8, [][]int{{4, 3}, {2, 1, 0}}},
+		{9, [][]int{{4, 3, 2}, {1, 0}}},
+		{18, [][]int{{4, 3, 2, 1, 0}}},
+		{1000, [][]int{{4, 3, 2, 1, 0}}},
+	}
+	for _, tc := range tests {
+		t.Run(fmt.Sprint(tc.merge), func(t *testing.T) {
+			gs := LAGSGroups(l, tc.merge)
+			var got [][]int
+			for _, g := range gs {
+				got = append(got, g.Tensors)
+				lo := l.Tensors[g.Tensors[len(g.Tensors)-1]].Offset
+				hi := l.Tensors[g.Tensors[0]].Offset + l.Tensors[g.Tensors[0]].Size
+				if g.Lo != lo || g.Hi != hi || g.Size() != hi-lo {
+					t.Fatalf("group %v: range [%d, %d), want [%d, %d)", g.Tensors, g.Lo, g.Hi, lo, hi)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+				t.Fatalf("groups %v, want %v", got, tc.want)
+			}
+		})
+	}
+	// Random layouts against the plain rule.
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range 200 {
+		l, err := randomLayout(rng, 1+rng.IntN(300))
+		if err != nil {
+			t.Fatal(err)
+		}
+		merge := rng.IntN(120)
+		var got [][]int
+		prevLo := l.N
+		for _, g := range LAGSGroups(l, merge) {
+			got = append(got, g.Tensors)
+			if g.Hi != prevLo {
+				t.Fatalf("case %d: groups not contiguous in backward order", i)
+			}
+			prevLo = g.Lo
+		}
+		if prevLo != 0 {
+			t.Fatalf("case %d: groups do not cover the layout", i)
+		}
+		if want := lagsRefGroups(l, merge); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("case %d merge %d: groups %v, want %v", i, merge, got, want)
+		}
+	}
+}
+
+// lagsRunWorld runs fn on n in-process workers, each with its own *LAGS.
+func lagsRunWorld(t *testing.T, n int, o Options, fn func(ctx context.Context, rank int, l *LAGS) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := local.Run(ctx, n, func(ctx context.Context, c comm.Communicator) error {
+		oo := o
+		oo.Comm = c
+		l, err := NewLAGS(oo)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, c.Rank(), l)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func lagsRandom(seed uint64, rank, N int) []float32 {
+	x := make([]float32, N)
+	genNormal(rand.New(rand.NewPCG(seed, uint64(rank))), x)
+	return x
+}
+
+func TestLAGSStartGroupInFlight(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5, 16} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			l, err := NewLayout([]string{"a", "b", "c", "d", "e", "f"}, []int{1, 40, 7, 300, 2, 61})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := Options{Density: 0.05, Layout: l, MergeSize: 1}
+			lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+				acc := lagsRandom(11, rank, l.N)
+				out1, res1 := make([]float32, l.N), make([]float32, l.N)
+				st1, err := r.Reduce(ctx, acc, out1, res1)
+				if err != nil {
+					return err
+				}
+				gs := r.Groups()
+				if len(gs) != 6 {
+					return fmt.Errorf("%d groups, want 6", len(gs))
+				}
+				// All groups in flight, waited for in reverse order from
+				// separate goroutines.
+				out2, res2 := make([]float32, l.N), make([]float32, l.N)
+				ps := make([]Pending, len(gs))
+				for g := range gs {
+					if ps[g], err = r.StartGroup(ctx, g, acc, out2, res2); err != nil {
+						return err
+					}
+				}
+				if _, err := r.StartGroup(ctx, 0, acc, out2, res2); err == nil {
+					return errors.New("starting a group twice succeeded")
+				}
+				stats := make([]GroupStats, len(gs))
+				errs := make([]error, len(gs))
+				var wg sync.WaitGroup
+				for g := len(gs) - 1; g >= 0; g-- {
+					wg.Go(func() { stats[g], errs[g] = ps[g].Wait(ctx) })
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
+					return err
+				}
+				if _, err := ps[0].Wait(ctx); err == nil {
+					return errors.New("second Wait succeeded")
+				}
+				// Interleaved: start 0, 1, wait 0, start 2..5, wait the rest.
+				out3, res3 := make([]float32, l.N), make([]float32, l.N)
+				acc3 := slices.Clone(acc) // in place: residual aliases acc
+				p0, err := r.StartGroup(ctx, 0, acc3, out3, acc3)
+				if err != nil {
+					return err
+				}
+				p1, err := r.StartGroup(ctx, 1, acc3, out3, acc3)
+				if err != nil {
+					return err
+				}
+				if _, err := p0.Wait(ctx); err != nil {
+					return err
+				}
+				rest := []Pending{p1}
+				for g := 2; g < len(gs); g++ {
+					p, err := r.StartGroup(ctx, g, acc3, out3, acc3)
+					if err != nil {
+						return err
+					}
+					rest = append(rest, p)
+				}
+				for _, p := range rest {
+					if _, err := p.Wait(ctx); err != nil {
+						return err
+					}
+				}
+				copy(res3, acc3)
+				for _, v := range [][2][]float32{{out2, out1}, {res2, res1}, {out3, out1}, {res3, res1}} {
+					for i := range v[0] {
+						if math.Float32bits(v[0][i]) != math.Float32bits(v[1][i]) {
+							return fmt.Errorf("rank %d: pipelined result differs from Reduce at %d: %v vs %v", rank, i, v[0][i], v[1][i])
+						}
+					}
+				}
+				st2 := CombineGroupStats(o.Density, l, gs, stats)
+				if st2.Selected != st1.Selected || st2.ActualDensity != st1.ActualDensity || !slices.Equal(st2.LayerK, st1.LayerK) ||
+					st2.BytesSent != st1.BytesSent || st2.BytesRecv != st1.BytesRecv || math.Abs(st2.ErrorNorm-st1.ErrorNorm) > 1e-9*(1+st1.ErrorNorm) {
+					return fmt.Errorf("rank %d: combined group stats %+v differ from Reduce's %+v", rank, st2, st1)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+func TestLAGSGroupK(t *testing.T) {
+	m := LAGSModel{Alpha: 1e-3, Beta: 1e-9}
+	// n = 4: fixed = 6 ms, per k 24 ns. Group of 100000, floor 100 (ρ =
+	// 0.001), cap 1000 (c_u = 100).
+	tests := []struct {
+		name  string
+		n     int
+		model LAGSModel
+		tComp float64
+		times bool
+		ratio float64
+		want  int
+	}{
+		{"off", 4, m, 10, true, 0, 100},
+		{"no times yet", 4, m, 10, false, 100, 100},
+		{"much time: cap", 4, m, 10, true, 100, 1000},
+		{"no time: floor", 4, m, 0, true, 100, 100},
+		{"latency alone does not hide: floor", 4, m, 5e-3, true, 100, 100},
+		{"between", 4, m, 6e-3 + 24e-9*500.4, true, 100, 500},
+		{"just below floor", 4, m, 6e-3 + 24e-9*50, true, 100, 100},
+		{"sparsification cost counts", 4, LAGSModel{Alpha: 1e-3, Beta: 1e-9, SparPerElement: 1e-8}, 6e-3 + 1e-3 + 24e-9*500.4, true, 100, 500},
+		{"one worker: everything hides", 1, m, 0, true, 100, 1000},
+		{"free bandwidth", 4, LAGSModel{Alpha: 1e-3}, 7e-3, true, 100, 1000},
+		{"free bandwidth, latency does not hide", 4, LAGSModel{Alpha: 1e-3}, 5e-3, true, 100, 100},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := lagsGroupK(100000, 0.001, tc.ratio, tc.n, tc.model, tc.tComp, tc.times); got != tc.want {
+				t.Fatalf("k = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestLAGSAdaptiveReduce(t *testing.T) {
+	l, err := NewLayout([]string{"first", "mid", "last"}, []int{1000, 1000, 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 4
+	o := Options{Density: 0.001, Layout: l, MergeSize: 1, MaxRatio: 10}
+	model := LAGSModel{Alpha: 1e-3, Beta: 1e-9}
+	// Groups in backward order: [last], [mid], [first]. Group 0 hides behind
+	// mid's backward time (1 s: cap 100), group 1 behind first's (k = 50),
+	// group 2 behind nothing (floor 1).
+	times := []time.Duration{time.Duration(6001210), time.Second, 0}
+	wantK := []int{100, 50, 1}
+	accs := make([][]float32, n)
+	outs := make([][]float32, n)
+	ress := make([][]float32, n)
+	stats := make([]Stats, n)
+	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+		if err := r.SetModel(model); err != nil {
+			return err
+		}
+		if err := r.SetBackwardTimes(times); err != nil {
+			return err
+		}
+		if got := r.GroupK(); !slices.Equal(got, wantK) {
+			return fmt.Errorf("GroupK %v, want %v", got, wantK)
+		}
+		accs[rank] = lagsRandom(5, rank, l.N)
+		outs[rank], ress[rank] = make([]float32, l.N), make([]float32, l.N)
+		var err error
+		stats[rank], err = r.Reduce(ctx, accs[rank], outs[rank], ress[rank])
+		return err
+	})
+	ref := lagsRef(accs, l, [][]int{{2}, {1}, {0}}, wantK)
+	for w := range n {
+		checkClose(t, "out", outs[w], ref.out, nil)
+		checkClose(t, "residual", ress[w], ref.res[w], nil)
+		if want := []int{1, 50, 100}; !slices.Equal(stats[w].LayerK, want) {
+			t.Fatalf("LayerK %v, want %v", stats[w].LayerK, want)
+		}
+	}
+}
+
+func TestLAGSErrors(t *testing.T) {
+	l, err := NewLayout([]string{"a", "b"}, []int{10, 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := local.New(1)
+	c := w.Comm(0)
+	for _, tc := range []struct {
+		name string
+		o    Options
+	}{
+		{"negative merge", Options{Density: 0.1, Layout: l, Comm: c, MergeSize: -1}},
+		{"ratio below 1", Options{Density: 0.1, Layout: l, Comm: c, MaxRatio: 0.5}},
+		{"ratio NaN", Options{Density: 0.1, Layout: l, Comm: c, MaxRatio: math.NaN()}},
+		{"cap below floor", Options{Density: 0.1, Layout: l, Comm: c, MaxRatio: 100}},
+		{"no comm", Options{Density: 0.1, Layout: l}},
+		{"bad density", Options{Density: 0, Layout: l, Comm: c}},
+		{"empty layout", Options{Density: 0.1, Comm: c}},
+	} {
+		if _, err := NewLAGS(tc.o); err == nil {
+			t.Errorf("%s: no error", tc.name)
+		} else {
+			t.Logf("%s: %v", tc.name, err)
+		}
+	}
+	r, err := NewLAGS(Options{Density: 0.1, Layout: l, Comm: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	buf := func(n int) []float32 { return make([]float32, n) }
+	if _, err := r.Reduce(ctx, buf(29), buf(30), buf(30)); err == nil {
+		t.Error("short acc accepted")
+	}
+	a := buf(30)
+	if _, err := r.Reduce(ctx, a, a, buf(30)); err == nil {
+		t.Error("out aliasing acc accepted")
+	}
+	if _, err := r.StartGroup(ctx, 5, buf(30), buf(30), buf(30)); err == nil {
+		t.Error("group 5 accepted")
+	}
+	if err := r.SetBackwardTimes([]time.Duration{1}); err == nil {
+		t.Error("one backward time for two tensors accepted")
+	}
+	if err := r.SetBackwardTimes([]time.Duration{1, -1}); err == nil {
+		t.Error("negative backward time accepted")
+	}
+	if err := r.SetModel(LAGSModel{Alpha: -1}); err == nil {
+		t.Error("negative alpha accepted")
+	}
+}
+
+// TestLAGSPeerFails checks that a worker that fails makes the others' Wait
+// return an error instead of hanging.
+func TestLAGSPeerFails(t *testing.T) {
+	l, err := FlatLayout(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	boom := errors.New("boom")
+	err = local.Run(ctx, 3, func(ctx context.Context, c comm.Communicator) error {
+		r, err := NewLAGS(Options{Density: 0.01, Layout: l, Comm: c})
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 1 {
+			return boom
+		}
+		acc := make([]float32, l.N)
+		_, err = r.Reduce(ctx, acc, make([]float32, l.N), acc)
+		if !errors.Is(err, comm.ErrAborted) {
+			return fmt.Errorf("rank %d: Reduce returned %v, want an ErrAborted error", c.Rank(), err)
+		}
+		return nil
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("Run returned %v, want boom", err)
+	}
+}
