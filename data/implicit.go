@@ -1,0 +1,337 @@
+package data
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+)
+
+// ImplicitConfig configures the implicit-feedback view of a ratings file.
+type ImplicitConfig struct {
+	// MinRatings drops users with fewer ratings (20 for ml-20m, as in NCF).
+	// Users with fewer than 2 ratings are always dropped: leave-one-out needs
+	// a test positive and at least one training positive.
+	MinRatings int
+	// EvalNegatives is the number of sampled negatives per user among the
+	// evaluation candidates; 0 means 99 (100 candidates with the positive,
+	// as in NCF). The DEFT code uses 100.
+	EvalNegatives int
+	// Seed fixes the evaluation candidates.
+	Seed uint64
+}
+
+// Implicit is a MovieLens data set as implicit feedback with a leave-one-out
+// split: users and items re-indexed densely (0..Users-1, 0..Items-1, in
+// ascending order of the original ids), every rating a positive, each user's
+// last interaction by timestamp the test positive and the others the training
+// positives.
+type Implicit struct {
+	Users, Items int
+	UserIDs      []int32 // original id of each user
+	ItemIDs      []int32 // original id of each item
+	// TrainUser[p], TrainItem[p] is training positive p; grouped by user in
+	// ascending order, each user's positives in time order.
+	TrainUser, TrainItem []int32
+	// TestItem[u] is user u's held-out positive.
+	TestItem []int32
+	// EvalNegatives is the number of negatives per user in Eval.
+	EvalNegatives int
+	// Eval holds Users×(1+EvalNegatives) evaluation candidates: for user u,
+	// Eval[u*(1+EvalNegatives)] is the test positive, followed by
+	// EvalNegatives distinct items the user has not rated (for data built
+	// from NCF files: the file's negatives, which may repeat).
+	Eval []int32
+	// rated[ratedOff[u]:ratedOff[u+1]] are the items user u rated (training
+	// and test), ascending and distinct.
+	ratedOff []int32
+	rated    []int32
+}
+
+// Rated returns the items user u has rated (training and test), ascending.
+// The slice must not be modified.
+func (d *Implicit) Rated(u int) []int32 { return d.rated[d.ratedOff[u]:d.ratedOff[u+1]] }
+
+// Candidates returns user u's evaluation candidates (positive first).
+func (d *Implicit) Candidates(u int) []int32 {
+	k := 1 + d.EvalNegatives
+	return d.Eval[u*k : (u+1)*k]
+}
+
+// unrated returns the k-th (0-based) item that user u has not rated: with
+// rated items r_0 < r_1 < ..., it is k plus the number of j with r_j - j <= k.
+func (d *Implicit) unrated(u int, k int32) int32 {
+	r := d.rated[d.ratedOff[u]:d.ratedOff[u+1]]
+	lo, hi := 0, len(r)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if r[m]-int32(m) <= k {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return k + int32(lo)
+}
+
+// NewImplicit builds the implicit-feedback data set from explicit ratings.
+// Duplicate (user, item) pairs keep their first interaction in time; ties in
+// time keep file order. The evaluation negatives of user u are drawn without
+// replacement, uniformly from the items u has not rated, with a generator
+// keyed by (cfg.Seed, u), so they are the same in every run with that seed.
+func NewImplicit(ratings []Rating, cfg ImplicitConfig) (*Implicit, error) {
+	if cfg.EvalNegatives < 0 || cfg.MinRatings < 0 {
+		return nil, fmt.Errorf("data: EvalNegatives %d and MinRatings %d must not be negative", cfg.EvalNegatives, cfg.MinRatings)
+	}
+	if cfg.EvalNegatives == 0 {
+		cfg.EvalNegatives = 99
+	}
+	if len(ratings) == 0 {
+		return nil, errors.New("data: no ratings")
+	}
+	// Order by user, then time, then file order.
+	order := make([]int32, len(ratings))
+	for i := range order {
+		order[i] = int32(i)
+	}
+	slices.SortFunc(order, func(a, b int32) int {
+		ra, rb := &ratings[a], &ratings[b]
+		if c := cmp.Compare(ra.User, rb.User); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(ra.Time, rb.Time); c != 0 {
+			return c
+		}
+		return cmp.Compare(a, b)
+	})
+	minR := max(cfg.MinRatings, 2)
+	// Per user: distinct items in time order.
+	type span struct{ lo, hi int }
+	var users []span
+	kept := order[:0:0]
+	seen := make(map[int32]struct{})
+	for lo := 0; lo < len(order); {
+		u := ratings[order[lo]].User
+		hi := lo
+		for hi < len(order) && ratings[order[hi]].User == u {
+			hi++
+		}
+		clear(seen)
+		start := len(kept)
+		for _, o := range order[lo:hi] {
+			if _, dup := seen[ratings[o].Item]; !dup {
+				seen[ratings[o].Item] = struct{}{}
+				kept = append(kept, o)
+			}
+		}
+		if len(kept)-start >= minR {
+			users = append(users, span{start, len(kept)})
+		} else {
+			kept = kept[:start]
+		}
+		lo = hi
+	}
+	if len(users) == 0 {
+		return nil, fmt.Errorf("data: no user has at least %d distinct rated items; lower MinRatings", minR)
+	}
+	itemSet := make(map[int32]int32)
+	for _, o := range kept {
+		itemSet[ratings[o].Item] = 0
+	}
+	d := &Implicit{Users: len(users), Items: len(itemSet), EvalNegatives: cfg.EvalNegatives}
+	d.ItemIDs = make([]int32, 0, len(itemSet))
+	for it := range itemSet {
+		d.ItemIDs = append(d.ItemIDs, it)
+	}
+	slices.Sort(d.ItemIDs)
+	for i, it := range d.ItemIDs {
+		itemSet[it] = int32(i)
+	}
+	d.UserIDs = make([]int32, len(users))
+	d.TestItem = make([]int32, len(users))
+	d.ratedOff = make([]int32, len(users)+1)
+	d.TrainUser = make([]int32, 0, len(kept)-len(users))
+	d.TrainItem = make([]int32, 0, len(kept)-len(users))
+	d.rated = make([]int32, 0, len(kept))
+	for u, s := range users {
+		d.UserIDs[u] = ratings[kept[s.lo]].User
+		for _, o := range kept[s.lo : s.hi-1] {
+			d.TrainUser = append(d.TrainUser, int32(u))
+			d.TrainItem = append(d.TrainItem, itemSet[ratings[o].Item])
+		}
+		d.TestItem[u] = itemSet[ratings[kept[s.hi-1]].Item]
+		start := len(d.rated)
+		for _, o := range kept[s.lo:s.hi] {
+			d.rated = append(d.rated, itemSet[ratings[o].Item])
+		}
+		slices.Sort(d.rated[start:])
+		d.ratedOff[u+1] = int32(len(d.rated))
+	}
+	if err := d.sampleEval(cfg.Seed); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// sampleEval draws each user's evaluation negatives (Floyd's algorithm over
+// the user's unrated items).
+func (d *Implicit) sampleEval(seed uint64) error {
+	k := 1 + d.EvalNegatives
+	d.Eval = make([]int32, d.Users*k)
+	chosen := make([]int32, 0, d.EvalNegatives)
+	for u := 0; u < d.Users; u++ {
+		free := d.Items - len(d.Rated(u))
+		if free < d.EvalNegatives {
+			return fmt.Errorf("data: user %d (original id %d) has rated %d of %d items, leaving %d unrated: too few for %d distinct evaluation negatives; lower EvalNegatives",
+				u, d.UserIDs[u], len(d.Rated(u)), d.Items, free, d.EvalNegatives)
+		}
+		r := newRNG(key(seed, tagEval, uint64(u)))
+		chosen = chosen[:0]
+		for j := free - d.EvalNegatives; j < free; j++ {
+			t := int32(r.intn(uint64(j + 1)))
+			if slices.Contains(chosen, t) {
+				t = int32(j)
+			}
+			chosen = append(chosen, t)
+		}
+		c := d.Eval[u*k : (u+1)*k]
+		c[0] = d.TestItem[u]
+		for i, t := range chosen {
+			c[1+i] = d.unrated(u, t)
+		}
+	}
+	return nil
+}
+
+// LoadMovieLens reads a MovieLens ratings file from dir, which is the
+// extracted folder (ml-100k/, ml-1m/, ml-20m/, ml-latest/...) or its parent
+// together with name: it looks for u.data, ratings.dat, then ratings.csv.
+// name ("ml-100k", "ml-1m", "ml-20m") is used for the folder and the download
+// hint.
+func LoadMovieLens(dir, name string, cfg ImplicitConfig) (*Implicit, error) {
+	var tried []string
+	for _, base := range []string{dir, filepath.Join(dir, name)} {
+		for _, f := range []string{"u.data", "ratings.dat", "ratings.csv"} {
+			p := filepath.Join(base, f)
+			tried = append(tried, p)
+			if st, err := os.Stat(p); err == nil && !st.IsDir() {
+				r, err := ReadRatings(p, FormatAuto)
+				if err != nil {
+					return nil, err
+				}
+				d, err := NewImplicit(r, cfg)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", p, err)
+				}
+				return d, nil
+			}
+		}
+	}
+	return nil, missing(fmt.Errorf("data: no ratings file (tried %v): %w", tried, fs.ErrNotExist), name, dir)
+}
+
+// LoadNCF reads NCF's preprocessed files prefix.train.rating,
+// prefix.test.rating and prefix.test.negative (e.g. prefix "Data/ml-1m"): ids
+// are used as they are (0-based, dense), the evaluation candidates are the
+// test positive followed by the file's negatives. Users = 1 + the largest user
+// id, Items = 1 + the largest item id in the three files.
+func LoadNCF(prefix string) (*Implicit, error) {
+	train, err := ReadRatings(prefix+".train.rating", FormatNCF)
+	if err != nil {
+		return nil, err
+	}
+	test, err := ReadRatings(prefix+".test.rating", FormatNCF)
+	if err != nil {
+		return nil, err
+	}
+	negs, err := ReadNCFNegatives(prefix + ".test.negative")
+	if err != nil {
+		return nil, err
+	}
+	return NewImplicitNCF(train, test, negs, prefix)
+}
+
+// NewImplicitNCF builds the data set from parsed NCF files (see LoadNCF);
+// name is used in errors. Every user must have exactly one test rating, its
+// negatives line must name the same (user, item), and every user must have at
+// least one training positive and one unrated item.
+func NewImplicitNCF(train, test []Rating, negs []NCFNegatives, name string) (*Implicit, error) {
+	if len(test) != len(negs) {
+		return nil, fmt.Errorf("data: %s: %d test ratings but %d negative lines: want one of each per user", name, len(test), len(negs))
+	}
+	users, items := len(test), 0
+	for _, r := range train {
+		items = max(items, int(r.Item)+1)
+	}
+	for i, r := range test {
+		if int(r.User) != i {
+			return nil, fmt.Errorf("data: %s.test.rating: line %d has user %d, want %d (one line per user, in order)", name, i+1, r.User, i)
+		}
+		if negs[i].User != r.User || negs[i].Item != r.Item {
+			return nil, fmt.Errorf("data: %s.test.negative: line %d is for (%d,%d), but the test rating is (%d,%d)", name, i+1, negs[i].User, negs[i].Item, r.User, r.Item)
+		}
+		items = max(items, int(r.Item)+1)
+		for _, n := range negs[i].Negatives {
+			items = max(items, int(n)+1)
+		}
+	}
+	d := &Implicit{Users: users, Items: items, EvalNegatives: len(negs[0].Negatives)}
+	d.UserIDs = make([]int32, users)
+	for i := range d.UserIDs {
+		d.UserIDs[i] = int32(i)
+	}
+	d.ItemIDs = make([]int32, items)
+	for i := range d.ItemIDs {
+		d.ItemIDs[i] = int32(i)
+	}
+	order := make([]int, len(train))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		ra, rb := train[order[a]], train[order[b]]
+		if ra.User != rb.User {
+			return ra.User < rb.User
+		}
+		return ra.Time < rb.Time
+	})
+	d.TestItem = make([]int32, users)
+	d.ratedOff = make([]int32, users+1)
+	k := 1 + d.EvalNegatives
+	d.Eval = make([]int32, users*k)
+	pos := 0
+	for u := 0; u < users; u++ {
+		start := len(d.rated)
+		for pos < len(order) && int(train[order[pos]].User) == u {
+			it := train[order[pos]].Item
+			d.TrainUser = append(d.TrainUser, int32(u))
+			d.TrainItem = append(d.TrainItem, it)
+			d.rated = append(d.rated, it)
+			pos++
+		}
+		if len(d.rated) == start {
+			return nil, fmt.Errorf("data: %s.train.rating: user %d has no training positive", name, u)
+		}
+		d.TestItem[u] = test[u].Item
+		d.rated = append(d.rated, test[u].Item)
+		rs := d.rated[start:]
+		slices.Sort(rs)
+		d.rated = d.rated[:start+len(slices.Compact(rs))]
+		if len(d.rated)-start >= items {
+			return nil, fmt.Errorf("data: %s: user %d has rated every item: no negatives can be sampled", name, u)
+		}
+		d.ratedOff[u+1] = int32(len(d.rated))
+		c := d.Eval[u*k : (u+1)*k]
+		c[0] = test[u].Item
+		copy(c[1:], negs[u].Negatives)
+	}
+	if pos != len(order) {
+		r := train[order[pos]]
+		return nil, fmt.Errorf("data: %s.train.rating: user %d out of range: the test files have %d users (0..%d)", name, r.User, users, users-1)
+	}
+	return d, nil
+}

@@ -1,0 +1,316 @@
+package data
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// RatingFormat is a MovieLens ratings file format.
+type RatingFormat int
+
+// The rating formats.
+const (
+	// FormatAuto picks the format from the file name (ReadRatings only).
+	FormatAuto RatingFormat = iota
+	// FormatUData is ml-100k's u.data: "user<TAB>item<TAB>rating<TAB>timestamp", 1-based ids.
+	FormatUData
+	// FormatDat is ml-1m's ratings.dat: "UserID::MovieID::Rating::Timestamp", 1-based ids.
+	FormatDat
+	// FormatCSV is ml-20m's and ml-latest's ratings.csv: a header
+	// "userId,movieId,rating,timestamp", then one rating per line, 1-based ids.
+	FormatCSV
+	// FormatNCF is NCF's preprocessed *.train.rating / *.test.rating:
+	// "user<TAB>item<TAB>rating<TAB>timestamp", 0-based ids.
+	FormatNCF
+)
+
+// String names the format.
+func (f RatingFormat) String() string {
+	switch f {
+	case FormatAuto:
+		return "auto"
+	case FormatUData:
+		return "u.data"
+	case FormatDat:
+		return "ratings.dat"
+	case FormatCSV:
+		return "ratings.csv"
+	case FormatNCF:
+		return "NCF .rating"
+	}
+	return fmt.Sprintf("RatingFormat(%d)", int(f))
+}
+
+func (f RatingFormat) layout() string {
+	switch f {
+	case FormatUData, FormatNCF:
+		return "user<TAB>item<TAB>rating<TAB>timestamp"
+	case FormatDat:
+		return "UserID::MovieID::Rating::Timestamp"
+	case FormatCSV:
+		return "userId,movieId,rating,timestamp"
+	}
+	return "?"
+}
+
+func (f RatingFormat) sep() []byte {
+	switch f {
+	case FormatDat:
+		return []byte("::")
+	case FormatCSV:
+		return []byte(",")
+	}
+	return []byte("\t")
+}
+
+// FormatOf returns the format of a ratings file from its name: u.data,
+// ratings.dat, *.csv, *.rating.
+func FormatOf(path string) (RatingFormat, error) {
+	base := filepath.Base(path)
+	switch {
+	case base == "u.data" || strings.HasPrefix(base, "u") && strings.HasSuffix(base, ".base") || strings.HasSuffix(base, ".test") && strings.HasPrefix(base, "u"):
+		return FormatUData, nil
+	case strings.HasSuffix(base, ".dat"):
+		return FormatDat, nil
+	case strings.HasSuffix(base, ".csv"):
+		return FormatCSV, nil
+	case strings.HasSuffix(base, ".rating"):
+		return FormatNCF, nil
+	}
+	return 0, fmt.Errorf("data: %s: cannot tell the ratings format from the name (want u.data, ratings.dat, ratings.csv or *.rating); pass the format explicitly", path)
+}
+
+// Rating is one explicit rating.
+type Rating struct {
+	User, Item int32 // ids as in the file
+	Rating     float32
+	Time       int64 // Unix seconds
+}
+
+// ReadRatings reads a ratings file; FormatAuto picks the format from the name.
+func ReadRatings(path string, format RatingFormat) ([]Rating, error) {
+	if format == FormatAuto {
+		var err error
+		if format, err = FormatOf(path); err != nil {
+			return nil, err
+		}
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	defer f.Close()
+	return ParseRatings(f, path, format)
+}
+
+// ParseRatings parses ratings in the given format from r; name is used in
+// errors. Blank lines are skipped; a malformed line, an id out of range
+// (below 1, or below 0 for FormatNCF, or above 2^31-1), a rating outside
+// [0, 5] or a negative timestamp is an error naming the line.
+func ParseRatings(r io.Reader, name string, format RatingFormat) ([]Rating, error) {
+	if format < FormatUData || format > FormatNCF {
+		return nil, fmt.Errorf("data: %s: unknown ratings format %v", name, format)
+	}
+	minID := int64(1)
+	if format == FormatNCF {
+		minID = 0
+	}
+	sep := format.sep()
+	var out []Rating
+	var fields [4][]byte
+	err := eachLine(r, name, func(line int, b []byte) error {
+		if len(bytes.TrimSpace(b)) == 0 {
+			return nil
+		}
+		if format == FormatCSV && len(out) == 0 && bytes.HasPrefix(b, []byte("userId")) {
+			if string(bytes.TrimSpace(b)) != "userId,movieId,rating,timestamp" {
+				return fmt.Errorf("header %q, want userId,movieId,rating,timestamp", b)
+			}
+			return nil
+		}
+		n := splitN(b, sep, fields[:])
+		if n != 4 {
+			return fmt.Errorf("%d fields, want 4 (%s)", n, format.layout())
+		}
+		var rt Rating
+		for k, lim := range [2]*int32{&rt.User, &rt.Item} {
+			v, err := strconv.ParseInt(string(fields[k]), 10, 64)
+			if err != nil {
+				return fmt.Errorf("%s %q is not an integer (%s)", [2]string{"user id", "item id"}[k], fields[k], format.layout())
+			}
+			if v < minID || v > math.MaxInt32 {
+				return fmt.Errorf("%s %d out of range (want %d..%d)", [2]string{"user id", "item id"}[k], v, minID, math.MaxInt32)
+			}
+			*lim = int32(v)
+		}
+		v, err := strconv.ParseFloat(string(fields[2]), 32)
+		if err != nil || math.IsNaN(v) || v < 0 || v > 5 {
+			return fmt.Errorf("rating %q, want a number in [0, 5]", fields[2])
+		}
+		rt.Rating = float32(v)
+		t, err := strconv.ParseInt(string(fields[3]), 10, 64)
+		if err != nil || t < 0 {
+			return fmt.Errorf("timestamp %q, want a non-negative integer (Unix seconds)", fields[3])
+		}
+		rt.Time = t
+		out = append(out, rt)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("data: %s: no ratings (want lines of %s)", name, format.layout())
+	}
+	return out, nil
+}
+
+// splitN splits b (without its line ending) at sep into dst and returns the
+// number of fields (which may exceed len(dst); extra fields are not stored).
+func splitN(b, sep []byte, dst [][]byte) int {
+	n := 0
+	for {
+		i := bytes.Index(b, sep)
+		f := b
+		if i >= 0 {
+			f = b[:i]
+		}
+		if n < len(dst) {
+			dst[n] = bytes.TrimSpace(f)
+		}
+		n++
+		if i < 0 {
+			return n
+		}
+		b = b[i+len(sep):]
+	}
+}
+
+// eachLine calls fn for each line of r without its line ending (\n or \r\n).
+// Errors are wrapped with the file name and line number. A NUL byte or a line
+// over 1 MiB is an error: the input is not a text file of the expected kind.
+func eachLine(r io.Reader, name string, fn func(line int, b []byte) error) error {
+	br := bufio.NewReaderSize(r, 256<<10)
+	line := 0
+	var long []byte
+	for {
+		b, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			long = append(long[:0], b...)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				b, err = br.ReadSlice('\n')
+				long = append(long, b...)
+				if len(long) > maxLineBytes {
+					return fmt.Errorf("data: %s: line %d is longer than %d bytes: not a text file of the expected format", name, line+1, maxLineBytes)
+				}
+			}
+			b = long
+		}
+		if err != nil && !errors.Is(err, io.EOF) {
+			return fmt.Errorf("data: %s: line %d: %w", name, line+1, err)
+		}
+		if len(b) == 0 && errors.Is(err, io.EOF) {
+			return nil
+		}
+		line++
+		if bytes.IndexByte(b, 0) >= 0 {
+			return fmt.Errorf("data: %s: line %d contains a NUL byte: a binary file, not text", name, line)
+		}
+		b = bytes.TrimSuffix(bytes.TrimSuffix(b, []byte("\n")), []byte("\r"))
+		if ferr := fn(line, b); ferr != nil {
+			return fmt.Errorf("data: %s: line %d: %w", name, line, ferr)
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+	}
+}
+
+// NCFNegatives is one line of an NCF *.test.negative file: the test pair and
+// the sampled negative items.
+type NCFNegatives struct {
+	User, Item int32
+	Negatives  []int32
+}
+
+// ReadNCFNegatives reads an NCF *.test.negative file.
+func ReadNCFNegatives(path string) ([]NCFNegatives, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	defer f.Close()
+	return ParseNCFNegatives(f, path)
+}
+
+// ParseNCFNegatives parses an NCF *.test.negative file: lines
+// "(user,item)<TAB>neg<TAB>neg...", 0-based ids, the same number of negatives
+// on every line. name is used in errors.
+func ParseNCFNegatives(r io.Reader, name string) ([]NCFNegatives, error) {
+	var out []NCFNegatives
+	var pool []int32
+	err := eachLine(r, name, func(line int, b []byte) error {
+		if len(bytes.TrimSpace(b)) == 0 {
+			return nil
+		}
+		head, rest, _ := bytes.Cut(b, []byte("\t"))
+		head = bytes.TrimSpace(head)
+		if len(head) < 5 || head[0] != '(' || head[len(head)-1] != ')' {
+			return fmt.Errorf("first field %q, want (user,item)", head)
+		}
+		us, is, ok := bytes.Cut(head[1:len(head)-1], []byte(","))
+		if !ok {
+			return fmt.Errorf("first field %q, want (user,item)", head)
+		}
+		var e NCFNegatives
+		var err error
+		if e.User, err = parseID(us, "user id"); err != nil {
+			return err
+		}
+		if e.Item, err = parseID(is, "item id"); err != nil {
+			return err
+		}
+		start := len(pool)
+		if rest = bytes.TrimSpace(rest); len(rest) > 0 {
+			for _, f := range bytes.Split(rest, []byte("\t")) {
+				id, err := parseID(f, "negative item id")
+				if err != nil {
+					return err
+				}
+				pool = append(pool, id)
+			}
+		}
+		e.Negatives = pool[start:len(pool):len(pool)]
+		if len(out) > 0 && len(e.Negatives) != len(out[0].Negatives) {
+			return fmt.Errorf("%d negatives, but the first line has %d: every line must have the same number", len(e.Negatives), len(out[0].Negatives))
+		}
+		out = append(out, e)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("data: %s: no lines (want (user,item)<TAB>negatives...)", name)
+	}
+	return out, nil
+}
+
+func parseID(b []byte, what string) (int32, error) {
+	v, err := strconv.ParseInt(string(bytes.TrimSpace(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s %q is not an integer", what, b)
+	}
+	if v < 0 || v > math.MaxInt32 {
+		return 0, fmt.Errorf("%s %d out of range (want 0..%d)", what, v, math.MaxInt32)
+	}
+	return int32(v), nil
+}

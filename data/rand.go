@@ -1,0 +1,116 @@
+package data
+
+import "math/bits"
+
+// mix64 is the SplitMix64 finaliser: a bijective, well-mixing hash of x.
+func mix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// key derives a 64-bit key from a seed and a list of integers (domain tags,
+// epoch, index); different argument lists give independent-looking keys.
+func key(seed uint64, parts ...uint64) uint64 {
+	k := mix64(seed ^ 0x5851f42d4c957f2d)
+	for _, p := range parts {
+		k = mix64(k ^ p)
+	}
+	return k
+}
+
+// Domain tags separate the random streams of different uses of one seed.
+const (
+	tagPerm uint64 = iota + 1
+	tagAugment
+	tagNegative
+	tagEval
+)
+
+// rng is a small SplitMix64 generator; the zero value is usable. It is not
+// safe for concurrent use; each goroutine derives its own.
+type rng struct{ s uint64 }
+
+func newRNG(k uint64) rng { return rng{s: k} }
+
+func (r *rng) next() uint64 {
+	r.s += 0x9e3779b97f4a7c15
+	x := r.s
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// intn returns a uniform integer in [0, n) for n > 0 (Lemire's method with
+// rejection, so there is no modulo bias).
+func (r *rng) intn(n uint64) uint64 {
+	hi, lo := bits.Mul64(r.next(), n)
+	if lo < n {
+		t := -n % n
+		for lo < t {
+			hi, lo = bits.Mul64(r.next(), n)
+		}
+	}
+	return hi
+}
+
+// Perm is a pseudo-random permutation of [0, N) keyed by a 64-bit key. It is
+// computed on demand (a four-round Feistel network with cycle walking) and
+// needs no memory, so shuffling 100 million MovieLens samples costs nothing up
+// front and every rank evaluates the same permutation independently.
+type Perm struct {
+	n     uint64
+	half  uint   // bits per Feistel half
+	mask  uint64 // (1<<half)-1
+	keys  [4]uint64
+	ident bool // n <= 1
+}
+
+// NewPerm returns the permutation of [0, n) for the given key. n must be >= 0.
+func NewPerm(n int, k uint64) Perm {
+	p := Perm{n: uint64(max(n, 0))}
+	if n <= 1 {
+		p.ident = true
+		return p
+	}
+	b := uint(bits.Len64(uint64(n - 1)))
+	if b < 2 {
+		b = 2
+	}
+	p.half = (b + 1) / 2
+	p.mask = 1<<p.half - 1
+	for i := range p.keys {
+		p.keys[i] = key(k, tagPerm, uint64(i))
+	}
+	return p
+}
+
+// Len returns N.
+func (p Perm) Len() int { return int(p.n) }
+
+// At returns the image of i (0 <= i < N).
+func (p Perm) At(i int) int {
+	if p.ident {
+		return i
+	}
+	x := uint64(i)
+	for {
+		x = p.feistel(x)
+		if x < p.n {
+			return int(x)
+		}
+	}
+}
+
+func (p Perm) feistel(x uint64) uint64 {
+	l, r := x>>p.half, x&p.mask
+	for _, k := range p.keys {
+		l, r = r, l^(mix64(r^k)&p.mask)
+	}
+	return l<<p.half | r
+}
+
+// PermKey returns the key of the training permutation of an epoch: the same
+// on every rank for the same seed and epoch, different for every epoch.
+func PermKey(seed uint64, epoch int) uint64 { return key(seed, tagPerm, uint64(epoch)) }
