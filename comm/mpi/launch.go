@@ -1,0 +1,96 @@
+package mpi
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+)
+
+// Launch describes how this process was started by a parallel launcher.
+type Launch struct {
+	// Launcher names the environment the launch was read from: "openmpi",
+	// "pmix", "pmi" or "slurm".
+	Launcher string
+	// Rank is this process's rank in the job; Size the number of processes,
+	// or 0 where the launcher does not say (PMIx alone): MPI tells after Open.
+	Rank, Size int
+	// LocalRank is the rank among the processes on this node, -1 if unknown.
+	LocalRank int
+}
+
+// Detect reports whether this process runs under an MPI launcher, reading the
+// environment: Open MPI's mpirun (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK), a
+// PMIx server (PMIX_RANK), a PMI launcher such as Hydra (PMI_RANK/PMI_SIZE)
+// or Slurm's srun (SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID). The launchers
+// other than mpirun also set their variables for programs that are not MPI
+// jobs, so they count only when an MPI library can be loaded (see LibEnv).
+// Detect loads nothing else and never initializes MPI.
+func Detect() (Launch, bool) {
+	l, ok, needLib := detectEnv(os.Getenv)
+	if !ok {
+		return Launch{}, false
+	}
+	if needLib && !libraryAvailable() {
+		return Launch{}, false
+	}
+	return l, true
+}
+
+// detectEnv parses the launcher variables from getenv. needLib says that the
+// variables alone do not prove an MPI job.
+func detectEnv(getenv func(string) string) (l Launch, ok, needLib bool) {
+	atoi := func(key string) (int, bool) {
+		v := getenv(key)
+		if v == "" {
+			return 0, false
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, false
+		}
+		return n, true
+	}
+	local := func(key string) int {
+		if n, ok := atoi(key); ok {
+			return n
+		}
+		return -1
+	}
+	valid := func(l Launch) bool { return l.Size == 0 || l.Rank < l.Size }
+	if r, ok := atoi("OMPI_COMM_WORLD_RANK"); ok {
+		s, _ := atoi("OMPI_COMM_WORLD_SIZE")
+		l = Launch{Launcher: "openmpi", Rank: r, Size: s, LocalRank: local("OMPI_COMM_WORLD_LOCAL_RANK")}
+		return l, valid(l), false
+	}
+	if r, ok := atoi("PMIX_RANK"); ok {
+		l = Launch{Launcher: "pmix", Rank: r, LocalRank: local("PMIX_LOCAL_RANK")}
+		if s, ok := atoi("PMIX_SIZE"); ok {
+			l.Size = s
+		}
+		return l, valid(l), true
+	}
+	if r, ok := atoi("PMI_RANK"); ok {
+		if s, ok := atoi("PMI_SIZE"); ok && s > 0 {
+			l = Launch{Launcher: "pmi", Rank: r, Size: s, LocalRank: local("MPI_LOCALRANKID")}
+			return l, valid(l), true
+		}
+	}
+	if r, ok := atoi("SLURM_PROCID"); ok {
+		if s, ok := atoi("SLURM_NTASKS"); ok && s > 0 {
+			l = Launch{Launcher: "slurm", Rank: r, Size: s, LocalRank: local("SLURM_LOCALID")}
+			return l, valid(l), true
+		}
+	}
+	return Launch{}, false, false
+}
+
+// String describes the launch for logs.
+func (l Launch) String() string {
+	return fmt.Sprintf("%s rank %d of %d (local rank %d)", l.Launcher, l.Rank, l.Size, l.LocalRank)
+}
+
+// libraryAvailable reports whether an MPI library can be loaded.
+func libraryAvailable() bool {
+	_, err := loadLib("")
+	return err == nil
+}
