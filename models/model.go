@@ -30,6 +30,9 @@ type Batch struct {
 	Labels []int
 	// Tokens are the LSTM input tokens, T*B values, time-major.
 	Tokens []int
+	// Steps is the number of LSTM time steps T in Tokens (0: the model's
+	// BPTT length).
+	Steps int
 	// Users and Items are the NCF (user, item) pairs, B values each.
 	Users, Items []int
 	// Targets are the NCF 0/1 labels, B values.

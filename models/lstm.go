@@ -1,0 +1,474 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// LSTMConfig configures the LSTM language model.
+type LSTMConfig struct {
+	// Vocab is the vocabulary size V.
+	Vocab int
+	// Embed and Hidden are the embedding and LSTM sizes (650 and 650 in the
+	// DEFT code). Tied weights need Embed == Hidden.
+	Embed, Hidden int
+	// Layers is the number of stacked LSTM layers (3).
+	Layers int
+	// Tied shares the decoder weight with the embedding (true).
+	Tied bool
+	// Dropout is applied to the embedding output, between LSTM layers and
+	// to the last LSTM output (0.4).
+	Dropout float64
+	// BPTT is the number of time steps per training batch (30).
+	BPTT int
+	// BatchSize is the number of parallel sequences (32 per worker).
+	BatchSize int
+	// Seed seeds the initialisation and the dropout masks.
+	Seed uint64
+}
+
+// DefaultLSTM is the DEFT code's configuration: 3 × 650, tied, dropout 0.4,
+// BPTT 30.
+func DefaultLSTM(vocab, batch int) LSTMConfig {
+	return LSTMConfig{Vocab: vocab, Embed: 650, Hidden: 650, Layers: 3, Tied: true, Dropout: 0.4, BPTT: 30, BatchSize: batch, Seed: 1}
+}
+
+// SmallLSTM is a preset for quick runs: 2 × 200, tied, dropout 0.2, BPTT 20.
+func SmallLSTM(vocab, batch int) LSTMConfig {
+	return LSTMConfig{Vocab: vocab, Embed: 200, Hidden: 200, Layers: 2, Tied: true, Dropout: 0.2, BPTT: 20, BatchSize: batch, Seed: 1}
+}
+
+func (c LSTMConfig) validate() error {
+	switch {
+	case c.Vocab < 1:
+		return badInput("LSTM: Vocab = %d; use ≥ 1", c.Vocab)
+	case c.Embed < 1 || c.Hidden < 1:
+		return badInput("LSTM: Embed = %d, Hidden = %d; both must be ≥ 1", c.Embed, c.Hidden)
+	case c.Tied && c.Embed != c.Hidden:
+		return badInput("LSTM: tied weights need Embed == Hidden (got %d and %d); set Tied=false or equal sizes", c.Embed, c.Hidden)
+	case c.Layers < 1:
+		return badInput("LSTM: Layers = %d; use ≥ 1", c.Layers)
+	case c.Dropout < 0 || c.Dropout >= 1:
+		return badInput("LSTM: Dropout = %g; use 0 ≤ p < 1", c.Dropout)
+	case c.BPTT < 1:
+		return badInput("LSTM: BPTT = %d; use ≥ 1", c.BPTT)
+	case c.BatchSize < 1:
+		return badInput("LSTM: BatchSize = %d; use ≥ 1", c.BatchSize)
+	}
+	return nil
+}
+
+// LSTM is the word-level language model of the DEFT code: Embedding →
+// dropout → L-layer LSTM (dropout between layers) → dropout → Linear
+// decoder, optionally tied to the embedding. Loss: cross-entropy averaged
+// over the BPTT×B tokens. The hidden state (h, c) of every layer is carried
+// from one training batch to the next as a constant (detached); ResetState
+// zeroes it.
+//
+// Parameter order (PyTorch names): encoder.weight [V E]; per layer l
+// rnn.weight_ih_l{l} [in 4H], rnn.weight_hh_l{l} [H 4H], rnn.bias_ih_l{l}
+// [4H], rnn.bias_hh_l{l} [4H]; decoder.weight [H V] (untied only);
+// decoder.bias [V]. Gates are ordered i, f, g, o as in PyTorch; LSTM
+// weights are stored [in 4H] (the transpose of PyTorch's layout); sizes and
+// order are PyTorch's, so the 3×650 tied model on WikiText-2's 28,869-word
+// vocabulary has 28,949,319 parameters.
+//
+// Initialisation as in the reference: encoder (and untied decoder) weights
+// U(−0.1, 0.1), decoder bias 0, LSTM weights and biases PyTorch's default
+// U(±1/√H).
+//
+// Batch: Tokens and Labels are time-major (index t*B+b), BPTT×B each for
+// training; Evaluate takes Steps×n tokens for any n ≥ 1 and Steps ≥ 1 (set
+// Batch.Steps; 0 means BPTT) and carries its own hidden state across
+// evaluation batches of the same n.
+type LSTM struct {
+	cfg  LSTMConfig
+	st   store
+	drop *dropoutRNG
+
+	tokens, targets *tensor.Dense
+	masks           []*tensor.Dense
+	state           []*tensor.Dense // h0, c0 per layer (B×H)
+	final           []*G.Node       // h_T, c_T per layer
+	tg              *trainGraph
+
+	evals     evalCache
+	evalState []*tensor.Dense
+	evalN     int
+}
+
+var _ Model = (*LSTM)(nil)
+
+// NewLSTM builds the LSTM language model for cfg.
+func NewLSTM(cfg LSTMConfig) (*LSTM, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m := &LSTM{cfg: cfg, drop: newDropoutRNG(cfg.Seed)}
+	V, E, H := cfg.Vocab, cfg.Embed, cfg.Hidden
+	m.st.add("encoder.weight", V, E)
+	for l := 0; l < cfg.Layers; l++ {
+		in := H
+		if l == 0 {
+			in = E
+		}
+		m.st.add(fmt.Sprintf("rnn.weight_ih_l%d", l), in, 4*H)
+		m.st.add(fmt.Sprintf("rnn.weight_hh_l%d", l), H, 4*H)
+		m.st.add(fmt.Sprintf("rnn.bias_ih_l%d", l), 4*H)
+		m.st.add(fmt.Sprintf("rnn.bias_hh_l%d", l), 4*H)
+	}
+	if !cfg.Tied {
+		m.st.add("decoder.weight", H, V)
+	}
+	m.st.add("decoder.bias", V)
+	m.st.alloc()
+	m.init(newInitRNG(cfg.Seed))
+
+	T, B := cfg.BPTT, cfg.BatchSize
+	g := G.NewGraph()
+	params := m.paramNodes(g)
+	m.tokens = tensor.New(tensor.WithShape(T*B), tensor.WithBacking(make([]int, T*B)))
+	m.targets = tensor.New(tensor.WithShape(T*B), tensor.WithBacking(make([]int, T*B)))
+	m.state = newState(cfg.Layers, B, H)
+	stateNodes := make([]*G.Node, len(m.state))
+	for i, s := range m.state {
+		stateNodes[i] = G.NodeFromAny(g, s, G.WithName(fmt.Sprintf("state%d", i)))
+	}
+	var masks []*G.Node
+	if cfg.Dropout > 0 {
+		for i := 0; i <= cfg.Layers; i++ {
+			w := H
+			if i == 0 {
+				w = E
+			}
+			t := tensor.New(tensor.WithShape(T*B, w), tensor.WithBacking(make([]float32, T*B*w)))
+			m.masks = append(m.masks, t)
+			masks = append(masks, G.NodeFromAny(g, t, G.WithName(fmt.Sprintf("dropmask%d", i))))
+		}
+	}
+	tok := G.NodeFromAny(g, m.tokens, G.WithName("tokens"))
+	logits, final, err := m.forward(params, tok, stateNodes, masks, T, B)
+	if err != nil {
+		return nil, err
+	}
+	m.final = final
+	tgt := G.NodeFromAny(g, m.targets, G.WithName("targets"))
+	loss, err := crossEntropy(logits, tgt, T*B, V)
+	if err != nil {
+		return nil, err
+	}
+	if m.tg, err = newTrainGraph(g, &m.st, params, loss); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func newState(layers, b, h int) []*tensor.Dense {
+	s := make([]*tensor.Dense, 2*layers)
+	for i := range s {
+		s[i] = tensor.New(tensor.WithShape(b, h), tensor.WithBacking(make([]float32, b*h)))
+	}
+	return s
+}
+
+func (m *LSTM) init(r *initRNG) {
+	k := 0
+	r.uniform(m.st.data(k), 0.1)
+	k++
+	bound := 1 / math.Sqrt(float64(m.cfg.Hidden))
+	for l := 0; l < m.cfg.Layers; l++ {
+		for j := 0; j < 4; j++ {
+			r.uniform(m.st.data(k), bound)
+			k++
+		}
+	}
+	if !m.cfg.Tied {
+		r.uniform(m.st.data(k), 0.1)
+		k++
+	}
+	fill(m.st.data(k), 0)
+}
+
+func (m *LSTM) paramNodes(g *G.ExprGraph) []*G.Node {
+	ps := make([]*G.Node, len(m.st.infos))
+	for i := range ps {
+		ps[i] = m.st.node(g, i)
+	}
+	return ps
+}
+
+// forward builds the logits (T*B × V) and the final states.
+func (m *LSTM) forward(p []*G.Node, tokens *G.Node, state []*G.Node, masks []*G.Node, T, B int) (logits *G.Node, final []*G.Node, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("models: LSTM graph: %v", r)
+		}
+	}()
+	H := m.cfg.Hidden
+	x := G.Must(G.ByIndices(p[0], tokens, 0)) // T*B × E
+	if masks != nil {
+		x = G.Must(G.HadamardProd(x, masks[0]))
+	}
+	k := 1
+	for l := 0; l < m.cfg.Layers; l++ {
+		wih, whh, bih, bhh := p[k], p[k+1], p[k+2], p[k+3]
+		k += 4
+		bias := G.Must(G.Add(bih, bhh))
+		xw := G.Must(linear(x, wih, bias)) // T*B × 4H
+		h, c := state[2*l], state[2*l+1]
+		outs := make([]*G.Node, T)
+		for t := 0; t < T; t++ {
+			xt := xw
+			if T > 1 {
+				xt = G.Must(G.Slice(xw, G.S(t*B, (t+1)*B)))
+			}
+			gates := G.Must(G.Add(xt, G.Must(G.Mul(h, whh))))
+			ig := G.Must(G.Sigmoid(G.Must(G.Slice(gates, nil, G.S(0, H)))))
+			fg := G.Must(G.Sigmoid(G.Must(G.Slice(gates, nil, G.S(H, 2*H)))))
+			gg := G.Must(G.Tanh(G.Must(G.Slice(gates, nil, G.S(2*H, 3*H)))))
+			og := G.Must(G.Sigmoid(G.Must(G.Slice(gates, nil, G.S(3*H, 4*H)))))
+			c = G.Must(G.Add(G.Must(G.HadamardProd(fg, c)), G.Must(G.HadamardProd(ig, gg))))
+			h = G.Must(G.HadamardProd(og, G.Must(G.Tanh(c))))
+			outs[t] = h
+		}
+		final = append(final, h, c)
+		if T > 1 {
+			x = G.Must(G.Concat(0, outs...))
+		} else {
+			x = outs[0]
+		}
+		if masks != nil {
+			x = G.Must(G.HadamardProd(x, masks[l+1]))
+		}
+	}
+	var dec *G.Node
+	if m.cfg.Tied {
+		dec = G.Must(G.Transpose(p[0]))
+	} else {
+		dec = p[k]
+		k++
+	}
+	logits = G.Must(linear(x, dec, p[k]))
+	return logits, final, nil
+}
+
+// crossEntropy is the mean over n rows of −log softmax(logits)[target].
+func crossEntropy(logits, targets *G.Node, n, classes int) (*G.Node, error) {
+	ls, err := G.LogSoftMax(logits, 1)
+	if err != nil {
+		return nil, fmt.Errorf("models: cross-entropy: %w", err)
+	}
+	flat := G.Must(G.Reshape(ls, tensor.Shape{n * classes, 1}))
+	picked := G.Must(G.ByIndices(flat, targets, 0))
+	return G.Neg(G.Must(G.Mean(picked)))
+}
+
+// Name implements Model.
+func (m *LSTM) Name() string { return "lstm" }
+
+// Config returns the configuration the model was built with.
+func (m *LSTM) Config() LSTMConfig { return m.cfg }
+
+// BatchSize implements Model.
+func (m *LSTM) BatchSize() int { return m.cfg.BatchSize }
+
+// Layout implements Model.
+func (m *LSTM) Layout() []ParamInfo { return m.st.layout() }
+
+// NumParams implements Model.
+func (m *LSTM) NumParams() int { return len(m.st.flat) }
+
+// Params implements Model.
+func (m *LSTM) Params() []float32 { return m.st.flat }
+
+// LoadParams implements Model.
+func (m *LSTM) LoadParams(src []float32) error { return m.st.load("LSTM LoadParams", src) }
+
+// StoreParams implements Model.
+func (m *LSTM) StoreParams(dst []float32) error { return m.st.save("LSTM StoreParams", dst) }
+
+// BufferLayout implements Model (no buffers; the hidden state is not
+// checkpointed because it is reset every epoch).
+func (m *LSTM) BufferLayout() []ParamInfo { return nil }
+
+// LoadBuffers implements Model.
+func (m *LSTM) LoadBuffers(src []float32) error {
+	if len(src) != 0 {
+		return badInput("LSTM has no buffers, got %d values", len(src))
+	}
+	return nil
+}
+
+// StoreBuffers implements Model.
+func (m *LSTM) StoreBuffers(dst []float32) error { return m.LoadBuffers(dst) }
+
+// ResetState implements Model: zeroes the training and evaluation hidden
+// states.
+func (m *LSTM) ResetState() {
+	for _, s := range m.state {
+		s.Zero()
+	}
+	for _, s := range m.evalState {
+		s.Zero()
+	}
+}
+
+// SetGradHook implements Model.
+func (m *LSTM) SetGradHook(h GradHook) error { return m.tg.setHook(h, nil, nil) }
+
+// Summary implements Model.
+func (m *LSTM) Summary() string {
+	c := m.cfg
+	return summaryTable(fmt.Sprintf("LSTM LM: vocab %d, embed %d, %d × %d, tied %v, dropout %g, BPTT %d, batch %d", c.Vocab, c.Embed, c.Layers, c.Hidden, c.Tied, c.Dropout, c.BPTT, c.BatchSize), m.st.infos, nil)
+}
+
+func (m *LSTM) checkTokens(name string, x []int, n int) error {
+	if len(x) != n {
+		return badInput("LSTM batch has %d %s, want %d (time-major steps × sequences)", len(x), name, n)
+	}
+	for i, v := range x {
+		if v < 0 || v >= m.cfg.Vocab {
+			return badInput("LSTM batch: %s[%d] = %d is outside the vocabulary [0, %d)", name, i, v, m.cfg.Vocab)
+		}
+	}
+	return nil
+}
+
+// TrainStep implements Model. The final hidden state becomes the initial
+// state of the next step.
+func (m *LSTM) TrainStep(ctx context.Context, b Batch, grad []float32) (StepResult, error) {
+	if err := checkCtx(ctx); err != nil {
+		return StepResult{}, err
+	}
+	if b.Steps != 0 && b.Steps != m.cfg.BPTT {
+		return StepResult{}, badInput("LSTM TrainStep: batch has %d steps, the model was built for BPTT %d", b.Steps, m.cfg.BPTT)
+	}
+	n := m.cfg.BPTT * m.cfg.BatchSize
+	if err := m.checkTokens("tokens", b.Tokens, n); err != nil {
+		return StepResult{}, err
+	}
+	if err := m.checkTokens("labels", b.Labels, n); err != nil {
+		return StepResult{}, err
+	}
+	copy(m.tokens.Data().([]int), b.Tokens)
+	V := m.cfg.Vocab
+	tg := m.targets.Data().([]int)
+	for i, y := range b.Labels {
+		tg[i] = i*V + y // index into the flattened log-probabilities
+	}
+	for _, t := range m.masks {
+		m.drop.mask(t.Data().([]float32), m.cfg.Dropout)
+	}
+	if err := m.tg.run(grad); err != nil {
+		return StepResult{}, err
+	}
+	if err := copyState(m.state, m.final); err != nil {
+		return StepResult{}, err
+	}
+	l, err := scalarValue(m.tg.loss)
+	return StepResult{Loss: l}, err
+}
+
+func copyState(dst []*tensor.Dense, src []*G.Node) error {
+	for i, n := range src {
+		t, ok := n.Value().(*tensor.Dense)
+		if !ok {
+			return fmt.Errorf("models: LSTM state %d has type %T", i, n.Value())
+		}
+		d := dst[i].Data().([]float32)
+		// The final h may be a view; Materialize copies what it covers.
+		v := t
+		if t.IsMaterializable() {
+			v = t.Materialize().(*tensor.Dense)
+		}
+		copy(d, v.Data().([]float32))
+	}
+	return nil
+}
+
+// Evaluate implements Model: LossSum is the summed cross-entropy over the
+// Steps×n tokens, Correct the number of top-1 hits.
+func (m *LSTM) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
+	if err := checkCtx(ctx); err != nil {
+		return EvalResult{}, err
+	}
+	T := b.Steps
+	if T == 0 {
+		T = m.cfg.BPTT
+	}
+	if T < 0 || len(b.Tokens) == 0 || len(b.Tokens)%T != 0 {
+		return EvalResult{}, badInput("LSTM Evaluate: %d tokens is not a positive multiple of %d steps", len(b.Tokens), T)
+	}
+	n := len(b.Tokens) / T
+	if err := m.checkTokens("tokens", b.Tokens, T*n); err != nil {
+		return EvalResult{}, err
+	}
+	if err := m.checkTokens("labels", b.Labels, T*n); err != nil {
+		return EvalResult{}, err
+	}
+	if n != m.evalN {
+		m.evalState = newState(m.cfg.Layers, n, m.cfg.Hidden)
+		m.evalN = n
+	}
+	eg, err := m.evals.get(T<<32|n, func() (*evalGraph, error) {
+		g := G.NewGraph()
+		eg := &evalGraph{ints: []*tensor.Dense{tensor.New(tensor.WithShape(T*n), tensor.WithBacking(make([]int, T*n)))}}
+		eg.floats = newState(m.cfg.Layers, n, m.cfg.Hidden)
+		sn := make([]*G.Node, len(eg.floats))
+		for i, s := range eg.floats {
+			sn[i] = G.NodeFromAny(g, s, G.WithName(fmt.Sprintf("state%d", i)))
+		}
+		tok := G.NodeFromAny(g, eg.ints[0], G.WithName("tokens"))
+		out, final, err := m.forward(m.paramNodes(g), tok, sn, nil, T, n)
+		if err != nil {
+			return nil, err
+		}
+		eg.out, eg.extra = out, final
+		eg.vm, err = newVM(g, G.EvalMode())
+		return eg, err
+	})
+	if err != nil {
+		return EvalResult{}, err
+	}
+	copy(eg.ints[0].Data().([]int), b.Tokens)
+	for i, s := range m.evalState {
+		copy(eg.floats[i].Data().([]float32), s.Data().([]float32))
+	}
+	logits, err := eg.run()
+	if err != nil {
+		return EvalResult{}, err
+	}
+	if err := copyState(m.evalState, eg.extra); err != nil {
+		return EvalResult{}, err
+	}
+	res := EvalResult{Count: T * n}
+	V := m.cfg.Vocab
+	for r := 0; r < T*n; r++ {
+		l, hit := softmaxCE(logits[r*V:(r+1)*V], b.Labels[r])
+		res.LossSum += l
+		if hit {
+			res.Correct++
+		}
+	}
+	return res, nil
+}
+
+// softmaxCE returns −log softmax(z)[y] in float64 and whether y is the
+// arg-max (first maximum).
+func softmaxCE(z []float32, y int) (float64, bool) {
+	mx, arg := z[0], 0
+	for i, v := range z {
+		if v > mx {
+			mx, arg = v, i
+		}
+	}
+	var s float64
+	for _, v := range z {
+		s += math.Exp(float64(v - mx))
+	}
+	return math.Log(s) - float64(z[y]-mx), arg == y
+}
