@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -36,6 +37,7 @@ type entry struct {
 
 // slot is the rendezvous of one collective call, shared by all ranks.
 type slot struct {
+	t0                 time.Time // when the last rank joined; written before arrived closes
 	entries            []entry
 	arrived, mid, done gate
 	left               atomic.Int32
@@ -117,7 +119,12 @@ func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body fun
 	w := c.w
 	s := w.slot(seq)
 	s.entries[c.rank] = e
-	s.arrived.arrive(w.n)
+	if int(s.arrived.count.Add(1)) == w.n {
+		if w.cfg.net != nil {
+			s.t0 = time.Now()
+		}
+		close(s.arrived.ch)
+	}
 	if err := c.wait(ctx, s.arrived.ch, what); err != nil {
 		return err
 	}
@@ -129,6 +136,10 @@ func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body fun
 		return err
 	}
 	w.leave(seq, s)
+	if net := w.cfg.net; net != nil {
+		cost := net.Cost(e.op, w.n, e.length, e.dtype.Size(), e.counts)
+		return w.sleepUntil(ctx, s.t0.Add(cost))
+	}
 	return nil
 }
 

@@ -5,15 +5,23 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 )
 
 // p2pReady is when a message of buf sent at start has arrived on the emulated
 // network; the zero time without emulation.
 func (w *World) p2pReady(start time.Time, buf comm.Buffer) time.Time {
-	return time.Time{}
+	if w.cfg.net == nil {
+		return time.Time{}
+	}
+	return start.Add(w.cfg.net.PointToPoint(int64(len(buf.Bytes()))))
 }
 
-// sleepUntil waits until t (precisely), the world is aborted or ctx ends.
+// sleepUntil waits until t (precisely), the world is aborted or ctx ends; the
+// zero t returns at once.
 func (w *World) sleepUntil(ctx context.Context, t time.Time) error {
-	return nil
+	if t.IsZero() {
+		return nil
+	}
+	return netmodel.SleepUntil(ctx, t, w.aborted, func() error { return w.abortErr })
 }

@@ -46,12 +46,24 @@ import (
 	"sync/atomic"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 )
 
 // Option configures a World.
 type Option func(*config)
 
 type config struct {
+	net *netmodel.Network
+}
+
+// WithNetwork makes every call of the world last as long as it would on the
+// modelled network net (see netmodel.Network.Cost): a collective ends its
+// modelled time after the last rank joined it, a message arrives its modelled
+// time after it was sent, and the in-process time already spent counts
+// towards it. Non-blocking calls elapse their delay in the background. An
+// invalid net (see netmodel.Network.Validate) makes Run fail and New panic.
+func WithNetwork(net netmodel.Network) Option {
+	return func(c *config) { n := net; c.net = &n }
 }
 
 // World is a set of n in-process ranks that communicate with each other.
@@ -86,6 +98,9 @@ func New(n int, opts ...Option) *World {
 	}
 	for _, o := range opts {
 		o(&w.cfg)
+	}
+	if err := w.cfg.validate(); err != nil {
+		panic("local.New: " + err.Error())
 	}
 	w.comms = make([]*rankComm, n)
 	for r := range w.comms {
@@ -144,6 +159,13 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 	if fn == nil {
 		return errors.New("local.Run: fn is nil")
 	}
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := cfg.validate(); err != nil {
+		return fmt.Errorf("local.Run: %w", err)
+	}
 	w := New(n, opts...)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -184,6 +206,15 @@ func runOne(ctx context.Context, w *World, r int, fn func(context.Context, comm.
 		}
 	}()
 	return fn(ctx, w.comms[r])
+}
+
+func (c *config) validate() error {
+	if c.net != nil {
+		if err := c.net.Validate(); err != nil {
+			return fmt.Errorf("WithNetwork: %w", err)
+		}
+	}
+	return nil
 }
 
 // rankComm is one rank's communicator.
