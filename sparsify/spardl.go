@@ -108,8 +108,10 @@ func spardlBruck(q, r int) []spardlBruckStep {
 //     in-team rank of team (team XOR 2^s), sparse sum, re-top-k to k. The
 //     paper keeps half of each dropped value on either side; after round s
 //     the same dropped value is held by 2^(s+1) workers, so each keeps
-//     1/2^(s+1) of it (equal to the paper's half for G = 2), which conserves
-//     the gradient.
+//     1/2^(s+1) of it (the paper's half in round 0), which conserves the
+//     gradient. The two rules differ only from G = 8 on: a value dropped in
+//     the last round can never be in the final selection, and only dropped
+//     values that are finally selected are kept (see the residual below).
 //   - Bruck all-gather of the final blocks within the team (spardlBruck).
 //   - Output: out at block j's final positions = value/P, zero elsewhere.
 //   - Residual (global residual collection): positions not in the final
