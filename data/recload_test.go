@@ -1,0 +1,340 @@
+package data
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func smallImplicit(t testing.TB, seed uint64, n, users, items int) *Implicit {
+	t.Helper()
+	r := rand.New(rand.NewPCG(seed, 1))
+	rs := randomRatings(r, n, users, items, 1)
+	d, err := NewImplicit(rs, ImplicitConfig{EvalNegatives: 5, Seed: seed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+type sample struct {
+	u, i int32
+	l    float32
+}
+
+func TestRecLoaderEvaluationOrderCoversEverything(t *testing.T) {
+	d := smallImplicit(t, 31, 400, 15, 60)
+	for _, neg := range []int{0, 1, 4} {
+		for _, size := range sizes {
+			for _, batch := range []int{1, 7, 64} {
+				var all []sample
+				for rank := 0; rank < size; rank++ {
+					l, err := NewRecLoader(d, LoaderConfig{Batch: batch, Rank: rank, Size: size, Seed: 3}, neg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for i := 0; i < l.Len(); i++ {
+						b, err := l.Batch(i)
+						if err != nil {
+							t.Fatal(err)
+						}
+						for k := 0; k < b.N; k++ {
+							all = append(all, sample{b.Users[k], b.Items[k], b.Labels[k]})
+						}
+					}
+					l.Close()
+				}
+				if len(all) != len(d.TrainUser)*(1+neg) {
+					t.Fatalf("neg=%d size=%d batch=%d: %d samples, want %d", neg, size, batch, len(all), len(d.TrainUser)*(1+neg))
+				}
+				// Every positive exactly once, every negative an unrated item of its user.
+				pos := map[[2]int32]int{}
+				negs := 0
+				for _, s := range all {
+					if s.l == 1 {
+						pos[[2]int32{s.u, s.i}]++
+						continue
+					}
+					negs++
+					if s.i < 0 || int(s.i) >= d.Items || slices.Contains(d.Rated(int(s.u)), s.i) {
+						t.Fatalf("negative (%d,%d) is rated or out of range", s.u, s.i)
+					}
+				}
+				for p := range d.TrainUser {
+					if pos[[2]int32{d.TrainUser[p], d.TrainItem[p]}] != 1 {
+						t.Fatalf("positive %d seen %d times", p, pos[[2]int32{d.TrainUser[p], d.TrainItem[p]}])
+					}
+				}
+				if negs != neg*len(d.TrainUser) {
+					t.Fatalf("%d negatives, want %d", negs, neg*len(d.TrainUser))
+				}
+			}
+		}
+	}
+}
+
+func TestRecLoaderTrainingShardsAndMix(t *testing.T) {
+	d := smallImplicit(t, 32, 3000, 40, 300)
+	const neg = 4
+	for _, size := range sizes {
+		for epoch := 0; epoch < 2; epoch++ {
+			seen := map[int]bool{}
+			for rank := 0; rank < size; rank++ {
+				for _, workers := range []int{1, 2} {
+					l, err := NewRecLoader(d, LoaderConfig{Batch: 16, Rank: rank, Size: size, Seed: 8, Train: true, Workers: workers}, neg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := l.SetEpoch(epoch); err != nil {
+						t.Fatal(err)
+					}
+					shard, _ := NewShard(l.Samples(), rank, size, 8, epoch, true)
+					if l.Len() != shard.Len()/16 {
+						t.Fatalf("%d batches, want %d", l.Len(), shard.Len()/16)
+					}
+					positives := 0
+					for i := 0; i < l.Len(); i++ {
+						b, _ := l.Batch(i)
+						for k := 0; k < b.N; k++ {
+							j := shard.At(i*16 + k)
+							if workers == 1 {
+								if seen[j] {
+									t.Fatalf("sample %d on two ranks", j)
+								}
+								seen[j] = true
+							}
+							// Reference: sample j is positive j/5 when j%5 == 0.
+							p := j / (1 + neg)
+							if b.Users[k] != d.TrainUser[p] {
+								t.Fatalf("sample %d: user %d, want %d", j, b.Users[k], d.TrainUser[p])
+							}
+							if j%(1+neg) == 0 {
+								if b.Labels[k] != 1 || b.Items[k] != d.TrainItem[p] {
+									t.Fatalf("sample %d: want positive", j)
+								}
+								positives++
+							} else if b.Labels[k] != 0 || slices.Contains(d.Rated(int(b.Users[k])), b.Items[k]) {
+								t.Fatalf("sample %d: want an unrated negative, got item %d label %v", j, b.Items[k], b.Labels[k])
+							}
+							if u, it, lab := l.Sample(epoch, j); u != b.Users[k] || it != b.Items[k] || lab != b.Labels[k] {
+								t.Fatal("Sample disagrees with Batch")
+							}
+						}
+					}
+					// The fix of the NCF bug: every rank sees about 1/5 positives.
+					if n := l.Len() * 16; n >= 400 {
+						if f := float64(positives) / float64(n); math.Abs(f-0.2) > 0.07 {
+							t.Errorf("size=%d rank=%d: %.2f positives, want about 0.2", size, rank, f)
+						}
+					}
+					l.Close()
+				}
+			}
+		}
+	}
+	// Negatives change with the epoch.
+	l, _ := NewRecLoader(d, LoaderConfig{Batch: 1, Size: 1, Seed: 8, Train: true}, neg)
+	defer l.Close()
+	same := 0
+	for j := 1; j < 1000; j += 5 {
+		_, a, _ := l.Sample(0, j)
+		_, b, _ := l.Sample(1, j)
+		if a == b {
+			same++
+		}
+	}
+	if same > 20 {
+		t.Errorf("negatives of epochs 0 and 1 agree in %d of 200 samples", same)
+	}
+}
+
+func TestRecLoaderNegativesUniform(t *testing.T) {
+	d := smallImplicit(t, 33, 300, 5, 80)
+	l, err := NewRecLoader(d, LoaderConfig{Batch: 1, Size: 1, Seed: 1, Train: true}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	// For user 0's first positive (sample 0), over many epochs, the negatives
+	// at sample 1 are uniform over the user's unrated items.
+	free := d.Items - len(d.Rated(0))
+	counts := map[int32]int{}
+	const draws = 40000
+	for e := 0; e < draws; e++ {
+		u, it, _ := l.Sample(e, 1)
+		if u != 0 {
+			t.Fatal("sample 1 is not user 0's")
+		}
+		counts[it]++
+	}
+	if len(counts) != free {
+		t.Fatalf("%d distinct negatives, want %d", len(counts), free)
+	}
+	exp := float64(draws) / float64(free)
+	var chi float64
+	for _, c := range counts {
+		chi += (float64(c) - exp) * (float64(c) - exp) / exp
+	}
+	df := float64(free - 1)
+	if chi > df+6*math.Sqrt(2*df) {
+		t.Errorf("chi-square %.1f for %v degrees of freedom", chi, df)
+	}
+}
+
+func TestRecLoaderAllocationFree(t *testing.T) {
+	d := smallImplicit(t, 34, 3000, 40, 300)
+	l, err := NewRecLoader(d, LoaderConfig{Batch: 8192, Size: 1, Train: true, Workers: 2}, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	i := 0
+	if a := testing.AllocsPerRun(20, func() { l.Batch(i % l.Len()); i++ }); a != 0 {
+		t.Errorf("Batch allocates %v times, want 0", a)
+	}
+	if _, err := NewRecLoader(d, LoaderConfig{Batch: 1, Size: 1}, -1); err == nil {
+		t.Error("negative negatives: no error")
+	}
+}
+
+func writeNCF(t *testing.T, prefix string, train, test []Rating, negs []NCFNegatives) {
+	t.Helper()
+	putFile(t, prefix+".train.rating", []byte(formatRatings(train, FormatNCF)))
+	putFile(t, prefix+".test.rating", []byte(formatRatings(test, FormatNCF)))
+	var b strings.Builder
+	for _, n := range negs {
+		fmt.Fprintf(&b, "(%d,%d)", n.User, n.Item)
+		for _, x := range n.Negatives {
+			fmt.Fprintf(&b, "\t%d", x)
+		}
+		b.WriteString("\n")
+	}
+	putFile(t, prefix+".test.negative", []byte(b.String()))
+}
+
+func TestLoadNCF(t *testing.T) {
+	prefix := filepath.Join(t.TempDir(), "ml-tiny")
+	train := []Rating{{0, 1, 5, 10}, {1, 0, 3, 7}, {0, 2, 4, 3}, {1, 2, 1, 1}}
+	test := []Rating{{0, 3, 5, 20}, {1, 4, 5, 20}}
+	negs := []NCFNegatives{{0, 3, []int32{0, 4, 4}}, {1, 4, []int32{1, 3, 5}}}
+	writeNCF(t, prefix, train, test, negs)
+	d, err := LoadNCF(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Users != 2 || d.Items != 6 || d.EvalNegatives != 3 {
+		t.Fatalf("users %d items %d negatives %d", d.Users, d.Items, d.EvalNegatives)
+	}
+	// Training positives grouped by user, in time order.
+	if !slices.Equal(d.TrainUser, []int32{0, 0, 1, 1}) || !slices.Equal(d.TrainItem, []int32{2, 1, 2, 0}) {
+		t.Fatalf("train %v %v", d.TrainUser, d.TrainItem)
+	}
+	if !slices.Equal(d.Candidates(1), []int32{4, 1, 3, 5}) || !slices.Equal(d.Rated(0), []int32{1, 2, 3}) {
+		t.Fatalf("candidates %v rated %v", d.Candidates(1), d.Rated(0))
+	}
+	// Mismatched files.
+	bad := []struct {
+		negs []NCFNegatives
+		want string
+	}{
+		{[]NCFNegatives{{0, 3, []int32{0}}, {1, 5, []int32{1}}}, "but the test rating is (1,4)"},
+		{[]NCFNegatives{{0, 3, []int32{0}}}, "2 test ratings but 1 negative lines"},
+	}
+	for _, c := range bad {
+		writeNCF(t, prefix, train, test, c.negs)
+		if _, err := LoadNCF(prefix); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: %v, want %q", c.negs, err, c.want)
+		}
+	}
+	writeNCF(t, prefix, append(train, Rating{User: 7, Item: 1}), test, negs)
+	if _, err := LoadNCF(prefix); err == nil || !strings.Contains(err.Error(), "user 7 out of range") {
+		t.Errorf("extra user: %v", err)
+	}
+	writeNCF(t, prefix, train[:1], test, negs)
+	if _, err := LoadNCF(prefix); err == nil || !strings.Contains(err.Error(), "user 1 has no training positive") {
+		t.Errorf("user without positives: %v", err)
+	}
+	if _, err := LoadNCF(filepath.Join(t.TempDir(), "none")); err == nil || !os.IsNotExist(unwrapAll(err)) {
+		t.Errorf("missing files: %v", err)
+	}
+}
+
+func unwrapAll(err error) error {
+	for {
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return err
+		}
+		err = u.Unwrap()
+	}
+}
+
+func TestParseNCFNegativesBad(t *testing.T) {
+	cases := []struct{ text, want string }{
+		{"", "no lines"},
+		{"0,1\t2\n", "want (user,item)"},
+		{"(0;1)\t2\n", "want (user,item)"},
+		{"(0,1)\t2\t3\n(1,2)\t4\n", "line 2: 1 negatives, but the first line has 2"},
+		{"(0,1)\tx\n", `negative item id "x"`},
+		{"(0,-1)\t3\n", "item id -1 out of range"},
+	}
+	for _, c := range cases {
+		_, err := ParseNCFNegatives(strings.NewReader(c.text), "x.test.negative")
+		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "x.test.negative") {
+			t.Errorf("%q: %v, want %q", c.text, err, c.want)
+		}
+	}
+}
+
+func TestRealMovieLens100K(t *testing.T) {
+	dir := needReal(t, "ml-100k")
+	rs, err := ReadRatings(filepath.Join(dir, "u.data"), FormatAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	users, items := map[int32]bool{}, map[int32]bool{}
+	for _, r := range rs {
+		users[r.User], items[r.Item] = true, true
+	}
+	if len(rs) != 100000 || len(users) != 943 || len(items) != 1682 {
+		t.Errorf("%d ratings, %d users, %d items; want 100000, 943, 1682", len(rs), len(users), len(items))
+	}
+	d, err := LoadMovieLens(realData, "ml-100k", ImplicitConfig{Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Users != 943 || d.Items != 1682 || len(d.TestItem) != 943 || len(d.TrainUser) != 100000-943 {
+		t.Errorf("split: %d users, %d items, %d test positives, %d training positives", d.Users, d.Items, len(d.TestItem), len(d.TrainUser))
+	}
+	if len(d.Eval) != 943*100 {
+		t.Errorf("%d evaluation candidates, want 94300", len(d.Eval))
+	}
+}
+
+func TestRealNCFml1mTestFiles(t *testing.T) {
+	dir := needReal(t, "ml-1m/ncf")
+	negs, err := ReadNCFNegatives(filepath.Join(dir, "ml-1m.test.negative"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	test, err := ReadRatings(filepath.Join(dir, "ml-1m.test.rating"), FormatAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(negs) != 6040 || len(test) != 6040 {
+		t.Fatalf("%d negative lines, %d test ratings; want 6040 each", len(negs), len(test))
+	}
+	for i, n := range negs {
+		if len(n.Negatives) != 99 || int(n.User) != i || n.User != test[i].User || n.Item != test[i].Item {
+			t.Fatalf("line %d: user %d item %d with %d negatives; test rating (%d,%d)", i+1, n.User, n.Item, len(n.Negatives), test[i].User, test[i].Item)
+		}
+	}
+	if _, err := LoadNCF(filepath.Join(dir, "ml-1m")); err == nil || !strings.Contains(err.Error(), "ml-1m.train.rating") {
+		t.Errorf("LoadNCF without the training file: %v", err)
+	}
+}
