@@ -41,6 +41,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -236,10 +237,15 @@ func (c *rankComm) Size() int { return c.w.n }
 // wait blocks until ch is closed, the world is aborted, or ctx ends; a context
 // that ends aborts the world, since the peers would otherwise wait forever.
 func (c *rankComm) wait(ctx context.Context, ch <-chan struct{}, what string) error {
-	select {
-	case <-ch:
-		return nil
-	default:
+	// Peers usually arrive within microseconds: yielding a few times is much
+	// cheaper than parking the goroutine and waking it up again.
+	for range spinYields {
+		select {
+		case <-ch:
+			return nil
+		default:
+		}
+		runtime.Gosched()
 	}
 	select {
 	case <-ch:
@@ -252,6 +258,9 @@ func (c *rankComm) wait(ctx context.Context, ch <-chan struct{}, what string) er
 		return err
 	}
 }
+
+// spinYields is how many times wait yields the processor before it blocks.
+const spinYields = 64
 
 // check returns an error if the world is already aborted or ctx has ended.
 func (c *rankComm) check(ctx context.Context, what string) error {

@@ -50,6 +50,23 @@ func (w *World) mailbox(k mailKey) *mailbox {
 	return b
 }
 
+// msgPool recycles the copies of messages sent before their receive was
+// posted, so that repeated large messages do not churn the garbage collector.
+var msgPool sync.Pool
+
+func getBytes(n int) []byte {
+	if p, ok := msgPool.Get().(*[]byte); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n)
+}
+
+func putBytes(b []byte) {
+	if cap(b) > 0 {
+		msgPool.Put(&b)
+	}
+}
+
 // deliver copies message m into the receive r and completes it.
 func (r *recvWait) deliver(dtype comm.DType, n int, data []byte, ready time.Time) {
 	switch {
@@ -106,6 +123,7 @@ func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
 		b.msgs[0] = message{}
 		b.msgs = b.msgs[1:]
 		r.deliver(m.dtype, m.n, m.data, m.ready)
+		putBytes(m.data)
 	} else {
 		b.waiters = append(b.waiters, r)
 	}
@@ -181,7 +199,9 @@ func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time) er
 		b.waiters = b.waiters[1:]
 		r.deliver(buf.DType(), buf.Len(), buf.Bytes(), ready)
 	} else {
-		b.msgs = append(b.msgs, message{dtype: buf.DType(), n: buf.Len(), data: append([]byte(nil), buf.Bytes()...), ready: ready})
+		data := getBytes(len(buf.Bytes()))
+		copy(data, buf.Bytes())
+		b.msgs = append(b.msgs, message{dtype: buf.DType(), n: buf.Len(), data: data, ready: ready})
 	}
 	b.mu.Unlock()
 	return nil

@@ -1,0 +1,183 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+)
+
+// slowNet makes costs large compared with the in-process time.
+var slowNet = netmodel.Network{Latency: 200 * time.Microsecond, Bandwidth: 1e8}
+
+// TestEmulatedCallsLastTheirModelledTime checks that no emulated call returns
+// before its modelled time (a lower bound, which holds on any machine), and
+// that results are still correct.
+func TestEmulatedCallsLastTheirModelledTime(t *testing.T) {
+	const n, m, calls = 3, 30_000, 4
+	cases := []struct {
+		name string
+		cost time.Duration
+		call func(ctx context.Context, c comm.Communicator) error
+	}{
+		{"allreduce", slowNet.Cost(comm.OpAllReduce, n, m, 4, nil), func(ctx context.Context, c comm.Communicator) error {
+			b := make(comm.Int32s, m)
+			for i := range b {
+				b[i] = int32(c.Rank())
+			}
+			if err := c.AllReduce(ctx, b); err != nil {
+				return err
+			}
+			if b[m-1] != 3 {
+				return fmt.Errorf("sum %d, want 3", b[m-1])
+			}
+			return nil
+		}},
+		{"allgather", slowNet.Cost(comm.OpAllGather, n, m, 4, nil), func(ctx context.Context, c comm.Communicator) error {
+			return c.AllGather(ctx, make(comm.Float32s, m), make(comm.Float32s, n*m))
+		}},
+		{"iallgatherv", slowNet.Cost(comm.OpAllGatherV, n, 0, 4, []int{m, 1, 0}), func(ctx context.Context, c comm.Communicator) error {
+			counts := []int{m, 1, 0}
+			q, err := c.IAllGatherV(ctx, make(comm.Float32s, counts[c.Rank()]), make(comm.Float32s, m+1), counts)
+			if err == nil {
+				_, err = q.Wait(ctx)
+			}
+			return err
+		}},
+		{"sendrecv ring", slowNet.PointToPoint(4 * m), func(ctx context.Context, c comm.Communicator) error {
+			r := c.Rank()
+			_, err := c.SendRecv(ctx, make(comm.Float32s, m), (r+1)%n, make(comm.Float32s, m), (r+n-1)%n, 0)
+			return err
+		}},
+		{"barrier", slowNet.BarrierTime(n), func(ctx context.Context, c comm.Communicator) error { return c.Barrier(ctx) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			err := Run(testCtx(t), n, func(ctx context.Context, c comm.Communicator) error {
+				for range calls {
+					if err := tc.call(ctx, c); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, WithNetwork(slowNet))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if el := time.Since(start); el < calls*tc.cost {
+				t.Fatalf("%d calls took %v, less than the modelled %d × %v", calls, el, calls, tc.cost)
+			}
+		})
+	}
+}
+
+// TestEmulatedOverlap checks that a non-blocking call's modelled time elapses
+// in the background, overlapping the caller's computation.
+func TestEmulatedOverlap(t *testing.T) {
+	net := netmodel.Network{Latency: 100 * time.Millisecond, Bandwidth: 1e9}
+	const work = 100 * time.Millisecond
+	start := time.Now()
+	err := Run(testCtx(t), 2, func(ctx context.Context, c comm.Communicator) error {
+		q, err := c.IAllReduce(ctx, make(comm.Float32s, 10))
+		if err != nil {
+			return err
+		}
+		time.Sleep(work) // the "backward pass"
+		_, err = q.Wait(ctx)
+		return err
+	}, WithNetwork(net))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cost := net.Cost(comm.OpAllReduce, 2, 10, 4, nil) // one α: 100 ms
+	el := time.Since(start)
+	if el < cost {
+		t.Fatalf("returned after %v, before the modelled %v", el, cost)
+	}
+	if el >= cost+work-10*time.Millisecond {
+		t.Fatalf("took %v: the modelled %v did not overlap the %v of work", el, cost, work)
+	}
+}
+
+func TestWithNetworkInvalid(t *testing.T) {
+	err := Run(context.Background(), 2, func(context.Context, comm.Communicator) error { return nil }, WithNetwork(netmodel.Network{}))
+	if err == nil {
+		t.Fatal("zero-bandwidth network accepted")
+	}
+}
+
+// TestEmulatedAbort checks that a long emulated delay is cut short by a
+// failing rank.
+func TestEmulatedAbort(t *testing.T) {
+	net := netmodel.Network{Latency: time.Hour, Bandwidth: 1e9}
+	start := time.Now()
+	err := Run(testCtx(t), 2, func(ctx context.Context, c comm.Communicator) error {
+		if c.Rank() == 1 {
+			time.Sleep(20 * time.Millisecond)
+			return fmt.Errorf("rank 1 gives up")
+		}
+		return c.Send(ctx, comm.Float32s{1}, 1, 0)
+	}, WithNetwork(net))
+	if err == nil || time.Since(start) > 5*time.Second {
+		t.Fatalf("got %v after %v", err, time.Since(start))
+	}
+}
+
+// BenchmarkEmulatedDelay measures how close emulated calls come to their
+// modelled time on a 10 Gbit/s, 50 µs network (two ranks). Metrics:
+// model-µs, measured-µs (mean per call on rank 0) and err-% (measured vs
+// model).
+func BenchmarkEmulatedDelay(b *testing.B) {
+	net := netmodel.Ethernet10G
+	for _, op := range []string{"allreduce", "sendrecv"} {
+		for _, bytes := range []int{1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20, 100 << 20} {
+			m := bytes / 4
+			b.Run(fmt.Sprintf("%s/%dKiB", op, bytes>>10), func(b *testing.B) {
+				var model time.Duration
+				var measured time.Duration
+				err := Run(context.Background(), 2, func(ctx context.Context, c comm.Communicator) error {
+					buf := make(comm.Float32s, m)
+					recv := make(comm.Float32s, m)
+					for i := range buf { // fault the pages in before timing
+						buf[i], recv[i] = 1, 1
+					}
+					r := c.Rank()
+					if err := c.Barrier(ctx); err != nil {
+						return err
+					}
+					start := time.Now()
+					for range b.N {
+						var err error
+						if op == "allreduce" {
+							err = c.AllReduce(ctx, buf)
+						} else {
+							_, err = c.SendRecv(ctx, buf, 1-r, recv, 1-r, 0)
+						}
+						if err != nil {
+							return err
+						}
+					}
+					if r == 0 {
+						measured = time.Since(start) / time.Duration(b.N)
+						if op == "allreduce" {
+							model = net.Cost(comm.OpAllReduce, 2, m, 4, nil)
+						} else {
+							model = net.PointToPoint(int64(bytes))
+						}
+					}
+					return nil
+				}, WithNetwork(net))
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.ReportMetric(float64(model)/1e3, "model-µs")
+				b.ReportMetric(float64(measured)/1e3, "measured-µs")
+				b.ReportMetric(100*(float64(measured)-float64(model))/float64(model), "err-%")
+			})
+		}
+	}
+}
