@@ -138,15 +138,37 @@ func deftPack(frags []deftFrag, kf []int, n int, lens, content []int32) {
 	copy(content[pos:], common)
 }
 
-// deftNorms writes the L2 norm of acc over each fragment into norms (float64
-// accumulation, each fragment summed sequentially, so the result does not
-// depend on the parallelism). Large vectors are split over all cores by
-// fragment.
+// deftNorm is the L2 norm of x with the squares summed in float64 into four
+// interleaved partial sums (element i into sum i mod 4, the last len(x) mod 4
+// elements into sum 0), combined as (s0+s1)+(s2+s3): four independent
+// dependency chains make it several times faster than one running sum. The
+// explicit conversions keep the compiler from fusing multiply and add, so the
+// result is the same on every platform.
+func deftNorm(x []float32) float64 {
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		a, b, c, d := float64(x[i]), float64(x[i+1]), float64(x[i+2]), float64(x[i+3])
+		s0 += float64(a * a)
+		s1 += float64(b * b)
+		s2 += float64(c * c)
+		s3 += float64(d * d)
+	}
+	for ; i < len(x); i++ {
+		a := float64(x[i])
+		s0 += float64(a * a)
+	}
+	return math.Sqrt((s0 + s1) + (s2 + s3))
+}
+
+// deftNorms writes deftNorm of acc over each fragment into norms (each
+// fragment summed by one goroutine, so the result does not depend on the
+// parallelism). Large vectors are split over all cores by fragment.
 func deftNorms(norms []float64, acc []float32, frags []deftFrag) {
 	p := runtime.GOMAXPROCS(0)
 	if p == 1 || len(acc) < 1<<18 || len(frags) < 2 {
 		for f, fr := range frags {
-			norms[f] = norm2(acc[fr.lo:fr.hi])
+			norms[f] = deftNorm(acc[fr.lo:fr.hi])
 		}
 		return
 	}
@@ -161,7 +183,7 @@ func deftNorms(norms []float64, acc []float32, frags []deftFrag) {
 			go func(a, b int) {
 				defer wg.Done()
 				for g := a; g < b; g++ {
-					norms[g] = norm2(acc[frags[g].lo:frags[g].hi])
+					norms[g] = deftNorm(acc[frags[g].lo:frags[g].hi])
 				}
 			}(start, f+1)
 			start, elems = f+1, 0

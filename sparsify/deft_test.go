@@ -47,15 +47,24 @@ func deftRefFragments(l Layout, n int) []deftRefFragment {
 	return fr
 }
 
-// deftRefNorms is the L2 norm of acc over each fragment.
+// deftRefNorms is the L2 norm of acc over each fragment, with the squares
+// summed in the documented order of deftNorm: element i of the fragment into
+// partial sum i mod 4, the last (size mod 4) elements into sum 0, and the
+// partial sums combined as (s0+s1)+(s2+s3).
 func deftRefNorms(acc []float32, fr []deftRefFragment) []float64 {
 	norms := make([]float64, len(fr))
 	for f, x := range fr {
-		var s float64
-		for _, v := range acc[x.lo:x.hi] {
-			s += float64(v) * float64(v)
+		var s [4]float64
+		size := x.hi - x.lo
+		for i := 0; i < size; i++ {
+			v := float64(acc[x.lo+i])
+			if i < size-size%4 {
+				s[i%4] += float64(v * v)
+			} else {
+				s[0] += float64(v * v)
+			}
 		}
-		norms[f] = math.Sqrt(s)
+		norms[f] = math.Sqrt((s[0] + s[1]) + (s[2] + s[3]))
 	}
 	return norms
 }
@@ -657,5 +666,33 @@ func TestDeftPeerMissing(t *testing.T) {
 	_, err = r.Reduce(ctx, acc, out, acc)
 	if err == nil || !(errors.Is(err, context.DeadlineExceeded) || errors.Is(err, comm.ErrAborted)) {
 		t.Fatalf("Reduce without peer: %v, want a deadline or abort error", err)
+	}
+}
+
+// TestDeftNorms: deftNorms (sequential and parallel paths) is bit-identical
+// to the documented summation order, and close to the plain norm.
+func TestDeftNorms(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	for _, N := range []int{1, 2, 3, 5, 7, 1000, 300_001} {
+		l, err := randomLayout(rng, N)
+		if err != nil {
+			t.Fatal(err)
+		}
+		acc := make([]float32, N)
+		deftGenScaled(rng, acc)
+		for _, n := range []int{1, 3, 16} {
+			frags := deftFragments(l, n)
+			got := make([]float64, len(frags))
+			deftNorms(got, acc, frags)
+			want := deftRefNorms(acc, deftRefFragments(l, n))
+			for f := range got {
+				if got[f] != want[f] {
+					t.Fatalf("N=%d n=%d fragment %d: norm %v, want %v", N, n, f, got[f], want[f])
+				}
+				if plain := norm2(acc[frags[f].lo:frags[f].hi]); math.Abs(got[f]-plain) > 1e-12*plain {
+					t.Fatalf("N=%d n=%d fragment %d: norm %v, plain norm %v", N, n, f, got[f], plain)
+				}
+			}
+		}
 	}
 }
