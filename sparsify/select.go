@@ -131,24 +131,21 @@ func TopK(dst []int32, x []float32, k int) []int32 {
 	t := s.kth
 	selParallel(n, p, func(c, lo, hi int) {
 		out := dst[off[c] : off[c]+gt[c]+allow[c]]
-		j, a := 0, allow[c]
-		if a == 0 {
-			for i, v := range x[lo:hi] {
-				if absBits(v) > t {
-					out[j] = int32(lo + i)
-					j++
-				}
-			}
+		if len(out) == 0 {
 			return
 		}
+		// Branch-free: write every index, advance only over selected ones,
+		// and stop as soon as the chunk's share is complete (so the
+		// speculative write never leaves out).
+		j, a := 0, allow[c]
 		for i, v := range x[lo:hi] {
 			key := absBits(v)
-			if key > t || (key == t && a > 0) {
-				if key == t {
-					a--
-				}
-				out[j] = int32(lo + i)
-				j++
+			out[j] = int32(lo + i)
+			tie := selB2I(key == t) & selB2I(a > 0)
+			j += selB2I(key > t) | tie
+			a -= tie
+			if j == len(out) {
+				break
 			}
 		}
 	})
@@ -200,11 +197,16 @@ func selFindKth(x []float32, k, p int) selKth {
 	ub := uint32(b)
 	selParallel(n, p, func(c, lo, hi int) {
 		out := s.cand[s.candOff[c]:s.candOff[c+1]]
-		j := 0
+		if len(out) == 0 {
+			return
+		}
+		j := 0 // branch-free as in TopK's last pass
 		for _, v := range x[lo:hi] {
-			if key := absBits(v); key>>selHiShift == ub {
-				out[j] = key
-				j++
+			key := absBits(v)
+			out[j] = key
+			j += selB2I(key>>selHiShift == ub)
+			if j == len(out) {
+				break
 			}
 		}
 	})
@@ -269,13 +271,7 @@ func SelectAbove(dst []int32, x []float32, t float32) []int32 {
 	n := len(x)
 	p := selChunks(n)
 	if p == 1 {
-		dst = dst[:0]
-		for i, v := range x {
-			if math.Float32frombits(absBits(v)) >= t {
-				dst = append(dst, int32(i))
-			}
-		}
-		return dst
+		return selAboveRange(dst[:0], x, 0, t)
 	}
 	// Each chunk appends to its own buffer; the buffers are then copied to
 	// dst in chunk order, so the result is ascending without sorting.
@@ -285,12 +281,7 @@ func SelectAbove(dst []int32, x []float32, t float32) []int32 {
 		if c == 0 {
 			buf = dst[:0] // chunk 0 writes in place
 		}
-		for i, v := range x[lo:hi] {
-			if math.Float32frombits(absBits(v)) >= t {
-				buf = append(buf, int32(lo+i))
-			}
-		}
-		parts[c] = buf
+		parts[c] = selAboveRange(buf, x[lo:hi], lo, t)
 	})
 	total := 0
 	for _, b := range parts {
@@ -301,6 +292,37 @@ func SelectAbove(dst []int32, x []float32, t float32) []int32 {
 		dst = append(dst, b...)
 	}
 	return dst
+}
+
+// selAboveBlock is the number of elements SelectAbove scans between capacity
+// checks.
+const selAboveBlock = 1024
+
+// selAboveRange appends base+i for every i with |x[i]| >= t to dst, branch
+// free: within a block of selAboveBlock elements every index is written and
+// only the selected ones are kept.
+func selAboveRange(dst []int32, x []float32, base int, t float32) []int32 {
+	for lo := 0; lo < len(x); lo += selAboveBlock {
+		blk := x[lo:min(lo+selAboveBlock, len(x))]
+		j := len(dst)
+		dst = slices.Grow(dst, len(blk))
+		buf := dst[:j+len(blk)]
+		for i, v := range blk {
+			buf[j] = int32(base + lo + i)
+			j += selB2I(math.Float32frombits(absBits(v)) >= t)
+		}
+		dst = buf[:j]
+	}
+	return dst
+}
+
+// selB2I is 1 for true and 0 for false; the compiler emits it without a
+// branch.
+func selB2I(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // RandomK returns dst[:0] extended with k distinct indices of [0, n),
@@ -320,7 +342,7 @@ func RandomK(dst []int32, n, k int, seed uint64) []int32 {
 		}
 		return dst
 	}
-	if k < n/64 {
+	if k < n/512 {
 		// Sparse: membership in a map, then sort.
 		seen := make(map[int32]struct{}, k)
 		for j := n - k; j < n; j++ {

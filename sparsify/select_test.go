@@ -209,7 +209,7 @@ func TestKthLargestAbsPanics(t *testing.T) {
 
 func TestRandomK(t *testing.T) {
 	for _, n := range []int{0, 1, 2, 5, 64, 100, 1000, 100003} {
-		for _, k := range []int{-1, 0, 1, 2, n / 100, n / 64, n/64 + 1, n / 2, n - 1, n, n + 3} {
+		for _, k := range []int{-1, 0, 1, 2, n / 100, n / 512, n/512 + 1, n / 2, n - 1, n, n + 3} {
 			for seed := range uint64(3) {
 				got := RandomK(nil, n, k, seed)
 				wantLen := max(0, min(k, n))

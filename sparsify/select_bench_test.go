@@ -1,0 +1,128 @@
+package sparsify
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+)
+
+// selBenchN is ResNet-18's (CIFAR variant) number of parameters.
+const selBenchN = 11_173_962
+
+var (
+	selBenchOnce sync.Once
+	selBenchX    []float32
+)
+
+// selBenchData is selBenchN standard-normal values, made once per process.
+func selBenchData() []float32 {
+	selBenchOnce.Do(func() {
+		r := rand.New(rand.NewPCG(1, 2))
+		selBenchX = make([]float32, selBenchN)
+		for i := range selBenchX {
+			selBenchX[i] = float32(r.NormFloat64())
+		}
+	})
+	return selBenchX
+}
+
+// selSumAbs is the yardstick: one streaming pass over x (sum of |x|), split
+// over the same chunks and goroutines as the selection passes, with eight
+// accumulators per chunk so that it is bound by memory, not by add latency.
+func selSumAbs(x []float32) float32 {
+	p := selChunks(len(x))
+	part := make([]float32, p)
+	selParallel(len(x), p, func(c, lo, hi int) {
+		var s [8]float32
+		y := x[lo:hi]
+		i := 0
+		for ; i+8 <= len(y); i += 8 {
+			s[0] += math.Float32frombits(absBits(y[i]))
+			s[1] += math.Float32frombits(absBits(y[i+1]))
+			s[2] += math.Float32frombits(absBits(y[i+2]))
+			s[3] += math.Float32frombits(absBits(y[i+3]))
+			s[4] += math.Float32frombits(absBits(y[i+4]))
+			s[5] += math.Float32frombits(absBits(y[i+5]))
+			s[6] += math.Float32frombits(absBits(y[i+6]))
+			s[7] += math.Float32frombits(absBits(y[i+7]))
+		}
+		for ; i < len(y); i++ {
+			s[0] += math.Float32frombits(absBits(y[i]))
+		}
+		part[c] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7]
+	})
+	var t float32
+	for _, v := range part {
+		t += v
+	}
+	return t
+}
+
+var selBenchSink float32
+
+// BenchmarkSelection measures the selection primitives on ResNet-18's size
+// against one streaming pass (Pass) over the same vector in the same run.
+func BenchmarkSelection(b *testing.B) {
+	x := selBenchData()
+	var dst []int32
+	b.Run("Pass", func(b *testing.B) {
+		b.SetBytes(int64(4 * len(x)))
+		for b.Loop() {
+			selBenchSink += selSumAbs(x)
+		}
+	})
+	for _, d := range []float64{0.01, 0.001} {
+		k := BudgetK(d, len(x))
+		thr := KthLargestAbs(x, k)
+		dst = make([]int32, 0, 2*k)
+		b.Run(fmt.Sprintf("SelectAbove/d=%g", d), func(b *testing.B) {
+			b.SetBytes(int64(4 * len(x)))
+			for b.Loop() {
+				dst = SelectAbove(dst, x, thr)
+			}
+		})
+		b.Run(fmt.Sprintf("TopK/d=%g", d), func(b *testing.B) {
+			b.SetBytes(int64(4 * len(x)))
+			for b.Loop() {
+				dst = TopK(dst, x, k)
+			}
+		})
+		b.Run(fmt.Sprintf("KthLargestAbs/d=%g", d), func(b *testing.B) {
+			b.SetBytes(int64(4 * len(x)))
+			for b.Loop() {
+				selBenchSink += KthLargestAbs(x, k)
+			}
+		})
+		b.Run(fmt.Sprintf("RandomK/d=%g", d), func(b *testing.B) {
+			for i := 0; b.Loop(); i++ {
+				dst = RandomK(dst, len(x), k, uint64(i))
+			}
+		})
+	}
+	// The sorting baseline: indices sorted by decreasing magnitude.
+	b.Run("SortTopK", func(b *testing.B) {
+		b.SetBytes(int64(4 * len(x)))
+		k := BudgetK(0.01, len(x))
+		idx := make([]int32, len(x))
+		for b.Loop() {
+			for i := range idx {
+				idx[i] = int32(i)
+			}
+			slices.SortFunc(idx, func(a, c int32) int {
+				ma, mc := absBits(x[a]), absBits(x[c])
+				switch {
+				case ma > mc:
+					return -1
+				case ma < mc:
+					return 1
+				}
+				return int(a - c)
+			})
+			dst = append(dst[:0], idx[:k]...)
+			slices.Sort(dst)
+		}
+	})
+}
