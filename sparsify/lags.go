@@ -368,7 +368,6 @@ func (l *LAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats,
 	st := CombineGroupStats(l.density, l.layout, l.groups, gs)
 	d := l.c.Totals().Sub(before)
 	st.BytesSent, st.BytesRecv, st.CommTime = d.BytesSent, d.BytesRecv, d.Time
-	st.ErrorNorm = norm2(residual)
 	return st, nil
 }
 

@@ -148,6 +148,15 @@ type spardlReducer struct {
 	endp   []float32 // C: R-SAG share of dropped values in the own block
 	sel    []int32
 	lenBuf [2]int32
+
+	// Reusable buffers: the lists in flight, the final block of every
+	// in-team rank, B-SAG's per-team buffers and its coalescing scratch
+	// (bsum and bseen are zero/false between calls).
+	cur, in spardlList
+	final   []spardlList
+	sagBufs []spardlList
+	bsum    []float32
+	bseen   []bool
 }
 
 func newSparDL(o Options) (Reducer, error) {
@@ -200,8 +209,13 @@ func newSparDL(o Options) (Reducer, error) {
 	s.srs = spardlSchedule(s.Q, s.r)
 	s.bruck = spardlBruck(s.Q, s.r)
 	s.work = make([]float32, s.Q*s.C)
+	s.final = make([]spardlList, s.Q)
 	if s.rsag {
 		s.endp = make([]float32, s.C)
+	} else if G > 1 {
+		s.sagBufs = make([]spardlList, G)
+		s.bsum = make([]float32, s.C)
+		s.bseen = make([]bool, s.C)
 	}
 	return s, nil
 }
@@ -328,15 +342,14 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 	clear(s.work[s.N:])
 
 	// Spar-Reduce-Scatter.
-	var cur, in spardlList
-	final := make([]spardlList, s.Q)
+	cur, in, final := &s.cur, &s.in, s.final
 	if len(s.srs) == 0 {
-		s.selectBlock(s.r, s.h, &cur, &selTime)
+		s.selectBlock(s.r, s.h, cur, &selTime)
 	} else {
-		s.selectBlock(s.srs[0].send, k, &cur, &selTime)
+		s.selectBlock(s.srs[0].send, k, cur, &selTime)
 	}
 	for i, st := range s.srs {
-		if err := s.exchange(ctx, spardlTagSRS, cur, s.global(s.team, st.dst), s.global(s.team, st.src), k, &in); err != nil {
+		if err := s.exchange(ctx, spardlTagSRS, *cur, s.global(s.team, st.dst), s.global(s.team, st.src), k, in); err != nil {
 			return Stats{}, fmt.Errorf("sparsify: spardl: reduce-scatter step %d: %w", i, err)
 		}
 		blk := s.work[st.recv*C : (st.recv+1)*C]
@@ -344,9 +357,9 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 			blk[j] += in.vals[t]
 		}
 		if i+1 < len(s.srs) {
-			s.selectBlock(s.srs[i+1].send, k, &cur, &selTime)
+			s.selectBlock(s.srs[i+1].send, k, cur, &selTime)
 		} else {
-			s.selectBlock(st.recv, s.h, &cur, &selTime) // st.recv == s.r
+			s.selectBlock(st.recv, s.h, cur, &selTime) // st.recv == s.r
 		}
 	}
 
@@ -354,24 +367,22 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 	if s.G > 1 {
 		var err error
 		if s.rsag {
-			err = s.rsagExchange(ctx, &cur, &selTime)
+			err = s.rsagExchange(ctx, cur, &selTime)
 		} else {
-			err = s.bsagExchange(ctx, &cur, &selTime)
+			err = s.bsagExchange(ctx, cur, &selTime)
 		}
 		if err != nil {
 			return Stats{}, fmt.Errorf("sparsify: spardl: spar-all-gather across %d teams: %w", s.G, err)
 		}
 	}
-	final[s.r] = cur
+	final[s.r] = *cur
 
 	// Bruck all-gather of the final blocks within the team.
 	for i, st := range s.bruck {
 		sb, rb := (s.r+st.sendBuf)%s.Q, (s.r+st.recvBuf)%s.Q
-		var got spardlList
-		if err := s.exchange(ctx, spardlTagBruck, final[sb], s.global(s.team, st.dst), s.global(s.team, st.src), k, &got); err != nil {
+		if err := s.exchange(ctx, spardlTagBruck, final[sb], s.global(s.team, st.dst), s.global(s.team, st.src), k, &final[rb]); err != nil {
 			return Stats{}, fmt.Errorf("sparsify: spardl: all-gather transfer %d: %w", i, err)
 		}
-		final[rb] = got
 	}
 
 	// Output and global residual collection.
@@ -421,18 +432,15 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 // same in-team rank across teams, sum in team order, top-k, h adaptation.
 func (s *spardlReducer) bsagExchange(ctx context.Context, cur *spardlList, selTime *time.Duration) error {
 	G := s.G
-	bufs := make([]spardlList, G) // buffer b holds team (team+b) mod G
+	bufs := s.sagBufs // buffer b holds team (team+b) mod G
 	bufs[0] = *cur
 	for i, st := range spardlBruck(G, s.team) {
-		var got spardlList
-		if err := s.exchange(ctx, spardlTagSAG, bufs[st.sendBuf], s.global(st.dst, s.r), s.global(st.src, s.r), s.C, &got); err != nil {
+		if err := s.exchange(ctx, spardlTagSAG, bufs[st.sendBuf], s.global(st.dst, s.r), s.global(st.src, s.r), s.C, &bufs[st.recvBuf]); err != nil {
 			return fmt.Errorf("transfer %d: %w", i, err)
 		}
-		bufs[st.recvBuf] = got
 	}
 	// Coalesce in team order 0..G−1 (bit-identical on every team).
-	sum := make([]float32, s.C)
-	seen := make([]bool, s.C)
+	sum, seen := s.bsum, s.bseen
 	var u []int32
 	for t := 0; t < G; t++ {
 		b := bufs[(t-s.team+G)%G]
@@ -449,6 +457,7 @@ func (s *spardlReducer) bsagExchange(ctx context.Context, cur *spardlList, selTi
 	res := spardlList{idx: u, vals: make([]float32, U)}
 	for i, j := range u {
 		res.vals[i] = sum[j]
+		sum[j], seen[j] = 0, false
 	}
 	// Values dropped here only land outside the final selection, where the
 	// residual is restored to acc: no end-procedure bookkeeping is needed.
