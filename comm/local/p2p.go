@@ -22,6 +22,7 @@ type message struct {
 
 // recvWait is a receive waiting for its message.
 type recvWait struct {
+	box   *mailbox
 	buf   comm.Buffer
 	src   int
 	tag   int
@@ -115,8 +116,8 @@ func (c *rankComm) send(ctx context.Context, start time.Time, buf comm.Buffer, d
 
 // post registers a receive: it takes the first waiting message or queues r.
 func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
-	r := &recvWait{buf: buf, src: src, tag: tag, done: make(chan struct{})}
 	b := c.w.mailbox(mailKey{src, c.rank, tag})
+	r := &recvWait{box: b, buf: buf, src: src, tag: tag, done: make(chan struct{})}
 	b.mu.Lock()
 	if len(b.msgs) > 0 {
 		m := b.msgs[0]
@@ -134,6 +135,16 @@ func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
 func (c *rankComm) finishRecv(ctx context.Context, r *recvWait) (int, error) {
 	what := fmt.Sprintf("in Recv from rank %d with tag %d", r.src, r.tag)
 	if err := c.wait(ctx, r.done, what); err != nil {
+		// Withdraw the receive so that no late message is copied into a
+		// buffer the caller owns again.
+		r.box.mu.Lock()
+		for i, q := range r.box.waiters {
+			if q == r {
+				r.box.waiters = append(r.box.waiters[:i], r.box.waiters[i+1:]...)
+				break
+			}
+		}
+		r.box.mu.Unlock()
 		return 0, err
 	}
 	if r.err != nil {
