@@ -1,0 +1,79 @@
+package sparsify
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+func init() { Register("randomk", newRandomkReducer) }
+
+// randomkReducer is "randomk", the random-k baseline with a shared index set:
+//
+//   - k = BudgetK(density, N) = ⌊ρN⌋ clamped to [1, N] indices of the flat
+//     gradient are drawn with RandomK from a seed that mixes Options.Seed and
+//     the call number, so every rank draws the same k indices (and a run
+//     repeats exactly for a seed); no indices cross the wire;
+//   - every worker all-reduces its own acc at those k indices (one AllReduce
+//     of k float32, the canonical summation order), out = sum/n there and 0
+//     elsewhere;
+//   - residual = acc with the k indices zeroed.
+//
+// It conserves the gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32
+// rounding. Stats: Selected = k, ActualDensity = k/N, Threshold = NaN,
+// SelectedPerWorker = nil (no counts are exchanged), SelectTime = the time to
+// draw the indices.
+type randomkReducer struct {
+	base sampBase
+	k    int
+	sel  []int32
+	vals []float32
+}
+
+func newRandomkReducer(o Options) (Reducer, error) {
+	return &randomkReducer{base: newSampBase("randomk", o), k: BudgetK(o.Density, o.Layout.N)}, nil
+}
+
+// Name returns "randomk".
+func (r *randomkReducer) Name() string { return "randomk" }
+
+// randomkSeed is the seed of the index draw at call iter.
+func randomkSeed(seed uint64, iter int) uint64 { return sampMix(seed ^ sampMix(uint64(iter))) }
+
+// Reduce draws the shared indices and all-reduces acc there.
+func (r *randomkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	b := &r.base
+	if err := b.checkArgs(acc, out, residual); err != nil {
+		return Stats{}, err
+	}
+	before := b.c.Totals()
+	t0 := time.Now()
+	r.sel = RandomK(r.sel, b.n, r.k, randomkSeed(b.o.Seed, b.iter))
+	selTime := time.Since(t0)
+	b.iter++
+	r.vals = r.vals[:0]
+	for _, j := range r.sel {
+		r.vals = append(r.vals, acc[j])
+	}
+	if err := b.c.AllReduce(ctx, comm.Float32s(r.vals)); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: randomk: all-reducing %d values: %w", len(r.vals), err)
+	}
+	clear(out)
+	inv := 1 / float32(b.c.Size())
+	for i, j := range r.sel {
+		out[j] = r.vals[i] * inv
+	}
+	if &residual[0] != &acc[0] {
+		copy(residual, acc)
+	}
+	for _, j := range r.sel {
+		residual[j] = 0
+	}
+	st := b.stats(before, selTime)
+	st.Selected = len(r.sel)
+	st.ActualDensity = float64(len(r.sel)) / float64(b.n)
+	st.ErrorNorm = norm2(residual)
+	return st, nil
+}

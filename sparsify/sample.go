@@ -1,0 +1,377 @@
+package sparsify
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+// Sampling-based selection: DGC's double sampling (reference notes 7.4) and
+// DRAGONN's sampled threshold with hashed insertion (reference notes 6.2),
+// with the MurmurHash3 they need and the seeded randomness both draw from.
+
+// murmur3Sum32 is MurmurHash3 x86_32 of data with the given seed (Austin
+// Appleby's public-domain algorithm: 4-byte little-endian blocks, tail,
+// length, fmix32).
+func murmur3Sum32(data []byte, seed uint32) uint32 {
+	const c1, c2 = 0xcc9e2d51, 0x1b873593
+	h := seed
+	n := len(data)
+	for len(data) >= 4 {
+		k := binary.LittleEndian.Uint32(data)
+		data = data[4:]
+		k *= c1
+		k = bits.RotateLeft32(k, 15)
+		k *= c2
+		h ^= k
+		h = bits.RotateLeft32(h, 13)
+		h = h*5 + 0xe6546b64
+	}
+	var k uint32
+	switch len(data) {
+	case 3:
+		k ^= uint32(data[2]) << 16
+		fallthrough
+	case 2:
+		k ^= uint32(data[1]) << 8
+		fallthrough
+	case 1:
+		k ^= uint32(data[0])
+		k *= c1
+		k = bits.RotateLeft32(k, 15)
+		k *= c2
+		h ^= k
+	}
+	h ^= uint32(n)
+	return murmur3Fmix32(h)
+}
+
+// murmur3Fmix32 is MurmurHash3's finalisation mix.
+func murmur3Fmix32(h uint32) uint32 {
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
+	return h
+}
+
+// murmur3Index is murmur3Sum32 of the 4-byte little-endian encoding of i:
+// the hash DRAGONN applies to an element index.
+func murmur3Index(i, seed uint32) uint32 {
+	k := i * 0xcc9e2d51
+	k = bits.RotateLeft32(k, 15)
+	k *= 0x1b873593
+	h := seed ^ k
+	h = bits.RotateLeft32(h, 13)
+	h = h*5 + 0xe6546b64
+	return murmur3Fmix32(h ^ 4)
+}
+
+// sampRNG is the random stream of one rank's sampling of one tensor at one
+// iteration: a PCG generator keyed by the job's seed and a SplitMix64 mix of
+// (rank, iteration, tensor). It depends on nothing else, so a run repeats
+// exactly for a seed and a resumed run draws what the uninterrupted one would
+// have drawn.
+func sampRNG(seed uint64, rank, iter, tensor int) *rand.Rand {
+	s := sampMix(sampMix(sampMix(uint64(rank))^uint64(iter)) ^ uint64(tensor))
+	return rand.New(rand.NewPCG(seed, s))
+}
+
+// sampMix is SplitMix64's output function.
+func sampMix(z uint64) uint64 {
+	z += 0x9e3779b97f4a7c15
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	return z ^ z>>31
+}
+
+// DGC's constants (synxlin/deep-gradient-compression defaults).
+const (
+	dgcSampleRatio = 0.01 // fraction of a tensor sampled
+	dgcUpper       = 1.3  // more than upper·nsel candidates: exact top-nsel among them
+	dgcLower       = 0.8  // fewer than lower·nsel: threshold ×= lower and retry
+	dgcMaxAdapt    = 10   // adaptation rounds
+)
+
+// dgcParams are DGC's per-tensor sampling constants, fixed by the tensor's
+// size and the compression ratio.
+type dgcParams struct {
+	numel      int
+	nsel       int // ⌈numel·ratio⌉ indices to send
+	numSamples int // strided samples per call
+	topSamples int // ⌈numSamples·ratio⌉: the threshold is the smallest of the top samples
+	stride     int // sample stride; 1 when the whole tensor is "sampled"
+}
+
+// dgcParamsFor computes the constants as the reference's initialisation
+// does: pct = ⌈0.01·numel⌉, cpr = ⌈2/ratio⌉; tensors of at most cpr elements
+// are sampled whole; otherwise stride = ⌈numel/max(pct,cpr)/32⌉·32 + 1,
+// lowered by 8 until numel/stride samples reach max(pct, cpr).
+func dgcParamsFor(numel int, ratio float64) dgcParams {
+	p := dgcParams{numel: numel, nsel: int(math.Ceil(float64(numel) * ratio))}
+	p.nsel = max(1, min(p.nsel, numel))
+	pct := int(math.Ceil(float64(numel) * dgcSampleRatio))
+	cpr := int(math.Ceil(2 / ratio))
+	if numel <= cpr {
+		p.stride, p.numSamples = 1, numel
+	} else {
+		want := max(pct, cpr)
+		p.stride = int(math.Ceil(float64(numel)/float64(want)/32))*32 + 1
+		p.numSamples = numel / p.stride
+		for p.numSamples < want && p.stride > 1 {
+			p.stride = max(1, p.stride-8)
+			p.numSamples = numel / p.stride
+		}
+	}
+	p.topSamples = max(1, min(p.numSamples, int(math.Ceil(float64(p.numSamples)*ratio))))
+	return p
+}
+
+// dgcScratch holds DGC's reusable buffers.
+type dgcScratch struct {
+	samples []float32
+	cand    []int32
+	vals    []float32
+	pick    []int32
+}
+
+// dgcSelect is DGC's double sampling on one tensor x (reference notes 7.4,
+// synxlin/deep-gradient-compression): the samples are x[start + j·stride]
+// for j < numSamples (start in [0, stride)); thr is the smallest magnitude of
+// the top topSamples samples; the candidates are {i : |x_i| >= thr}. Unless
+// the tensor was sampled whole, up to dgcMaxAdapt rounds follow: more than
+// 1.3·nsel candidates → keep the exact top-nsel of them by magnitude (ties to
+// lower indices) and stop; fewer than 0.8·nsel → thr ×= 0.8 and select again;
+// otherwise stop. Finally the first nsel candidates in index order are kept.
+// It returns dst[:0] extended with the selected indices of x, ascending, and
+// the final threshold.
+func dgcSelect(dst []int32, x []float32, p dgcParams, start int, s *dgcScratch) ([]int32, float32) {
+	s.samples = s.samples[:0]
+	for j := range p.numSamples {
+		s.samples = append(s.samples, x[start+j*p.stride])
+	}
+	thr := KthLargestAbs(s.samples, p.topSamples)
+	s.cand = SelectAbove(s.cand, x, thr)
+	if p.numel > p.numSamples {
+		for range dgcMaxAdapt {
+			n := len(s.cand)
+			if n > p.nsel {
+				if float64(n) > dgcUpper*float64(p.nsel) {
+					s.vals = s.vals[:0]
+					for _, i := range s.cand {
+						s.vals = append(s.vals, x[i])
+					}
+					s.pick = TopK(s.pick, s.vals, p.nsel)
+					for j, q := range s.pick {
+						s.cand[j] = s.cand[q] // q >= j: in-place compaction is safe
+					}
+					s.cand = s.cand[:len(s.pick)]
+				}
+				break
+			}
+			if float64(n) >= dgcLower*float64(p.nsel) {
+				break
+			}
+			thr *= dgcLower
+			s.cand = SelectAbove(s.cand, x, thr)
+		}
+	}
+	return append(dst[:0], s.cand[:min(p.nsel, len(s.cand))]...), thr
+}
+
+// DRAGONN's constants (zhuangwang93/dragonn, compressor atopk).
+const (
+	dragonnSmallTensor = 131072 // tensors this small use ratio 0.01
+	dragonnSmallRatio  = 0.01
+	dragonnSampleRatio = 0.01
+	dragonnSeedBase    = 43     // hash seed = 43 + call counter
+	dragonnSeedWrap    = 100000 // the call counter wraps to 0 here
+	dragonnSlotsPerSel = 4      // hash slots per index to select
+)
+
+// dragonnParams are DRAGONN's per-tensor constants.
+type dragonnParams struct {
+	numel  int
+	ratio  float64 // compression ratio after the small-tensor rule
+	ns     int     // samples (with replacement)
+	nsel   int     // target selections
+	ks     int     // the threshold is the ks-th largest sampled magnitude
+	nslots int     // hash table size, 4·nsel
+}
+
+// dragonnParamsFor computes the constants: ratio = 0.01 for tensors of at
+// most 131072 elements, ns = ⌊0.01·numel⌋, nsel = ⌊numel·ratio⌋, ks =
+// ⌈ns·ratio⌉, 4·nsel slots. Guards the reference lacks: ns and nsel are
+// raised to at least 1 (the reference takes a top-k of an empty sample or
+// divides by zero slots there).
+func dragonnParamsFor(numel int, ratio float64) dragonnParams {
+	if numel <= dragonnSmallTensor {
+		ratio = dragonnSmallRatio
+	}
+	p := dragonnParams{numel: numel, ratio: ratio}
+	p.ns = max(1, int(float64(numel)*dragonnSampleRatio))
+	p.nsel = max(1, int(float64(numel)*ratio))
+	p.ks = max(1, min(p.ns, int(math.Ceil(float64(p.ns)*ratio))))
+	p.nslots = dragonnSlotsPerSel * p.nsel
+	return p
+}
+
+// dragonnScratch holds DRAGONN's reusable buffers.
+type dragonnScratch struct {
+	samples []float32
+	cand    []int32
+	table   []uint32
+}
+
+// dragonnSelect is DRAGONN's selection on one tensor x: thr is the ks-th
+// largest magnitude of ns samples x[i] drawn uniformly with replacement from
+// rng; every i with |x_i| >= thr is hashed with MurmurHash3 x86_32 of its
+// 4-byte index and seed hashSeed into one of nslots slots, overwriting the
+// slot; the selection is the content of the occupied slots, in slot order.
+//
+// Two deliberate deviations from the GPU kernel: the candidates are inserted
+// sequentially in ascending index order, so on a collision the highest index
+// wins, deterministically (on the GPU an arbitrary thread wins); and a slot
+// stores index+1, so that element 0 can be selected (the reference stores the
+// index and reads 0 as "empty", so element 0 is never sent).
+func dragonnSelect(dst []int32, x []float32, p dragonnParams, rng *rand.Rand, hashSeed uint32, s *dragonnScratch) ([]int32, float32) {
+	s.samples = s.samples[:0]
+	for range p.ns {
+		s.samples = append(s.samples, x[rng.IntN(p.numel)])
+	}
+	thr := KthLargestAbs(s.samples, p.ks)
+	s.cand = SelectAbove(s.cand, x, thr)
+	s.table = slices.Grow(s.table[:0], p.nslots)[:p.nslots]
+	clear(s.table)
+	m := uint32(p.nslots)
+	for _, i := range s.cand {
+		s.table[murmur3Index(uint32(i), hashSeed)%m] = uint32(i) + 1
+	}
+	dst = dst[:0]
+	for _, v := range s.table {
+		if v != 0 {
+			dst = append(dst, int32(v-1))
+		}
+	}
+	return dst, thr
+}
+
+// sampBase is the state the sampling reducers (dgc, dragonn, randomk) share.
+type sampBase struct {
+	name    string
+	o       Options
+	c       *comm.Counter
+	n       int // elements of the flat gradient
+	iter    int // Reduce calls so far
+	counts  []int32
+	icounts []int
+	allIdx  []int32
+	allVal  []float32
+	stamp   []uint32 // stamp[j] == gen: index j already seen this call
+	gen     uint32
+}
+
+func newSampBase(name string, o Options) sampBase {
+	return sampBase{name: name, o: o, c: comm.NewCounter(o.Comm), n: o.Layout.N}
+}
+
+// checkArgs validates the lengths and the aliasing of Reduce's arguments.
+func (b *sampBase) checkArgs(acc, out, residual []float32) error {
+	if len(acc) != b.n || len(out) != b.n || len(residual) != b.n {
+		return fmt.Errorf("sparsify: %s: acc, out and residual have %d, %d and %d elements; the layout has %d: pass vectors of the layout's length",
+			b.name, len(acc), len(out), len(residual), b.n)
+	}
+	if &out[0] == &acc[0] || &out[0] == &residual[0] {
+		return fmt.Errorf("sparsify: %s: out must not be the same slice as acc or residual (only residual may alias acc)", b.name)
+	}
+	return nil
+}
+
+// stats fills the common Stats fields of a call that started when the
+// counter showed before and spent sel choosing indices.
+func (b *sampBase) stats(before comm.Totals, sel time.Duration) Stats {
+	d := b.c.Totals().Sub(before)
+	return Stats{
+		Density:    b.o.Density,
+		Threshold:  math.NaN(),
+		BytesSent:  d.BytesSent,
+		BytesRecv:  d.BytesRecv,
+		CommTime:   d.Time,
+		SelectTime: sel,
+	}
+}
+
+// sparseExchange all-gathers every worker's (index, value) pairs — one int32
+// count per worker with AllGather, then the int32 indices and the float32
+// values with AllGatherV — and adds, for every rank in order 0, 1, …, n−1,
+// its values at its indices into out (so every rank computes bit-identical
+// sums; out must be zero at every index a worker may send), then multiplies
+// every touched element by 1/n. idx are flat indices, distinct per worker.
+// It returns each worker's count and the number of distinct indices
+// received.
+func (b *sampBase) sparseExchange(ctx context.Context, idx []int32, val []float32, out []float32) ([]int, int, error) {
+	c := b.c
+	p := c.Size()
+	b.counts = slices.Grow(b.counts[:0], p)[:p]
+	if err := c.AllGather(ctx, comm.Int32s{int32(len(idx))}, comm.Int32s(b.counts)); err != nil {
+		return nil, 0, fmt.Errorf("gathering the %d workers' counts: %w", p, err)
+	}
+	b.icounts = slices.Grow(b.icounts[:0], p)[:p]
+	total := 0
+	for w, v := range b.counts {
+		if v < 0 || int(v) > b.n {
+			return nil, 0, fmt.Errorf("rank %d announced %d pairs for a gradient of %d elements: the workers disagree on the layout", w, v, b.n)
+		}
+		b.icounts[w] = int(v)
+		total += int(v)
+	}
+	b.allIdx = slices.Grow(b.allIdx[:0], total)[:total]
+	b.allVal = slices.Grow(b.allVal[:0], total)[:total]
+	if err := c.AllGatherV(ctx, comm.Int32s(idx), comm.Int32s(b.allIdx), b.icounts); err != nil {
+		return nil, 0, fmt.Errorf("gathering %d indices: %w", total, err)
+	}
+	if err := c.AllGatherV(ctx, comm.Float32s(val), comm.Float32s(b.allVal), b.icounts); err != nil {
+		return nil, 0, fmt.Errorf("gathering %d values: %w", total, err)
+	}
+	if len(b.stamp) != b.n {
+		b.stamp = make([]uint32, b.n)
+		b.gen = 0
+	}
+	b.gen++
+	if b.gen == 0 { // wrapped: reset the stamps
+		clear(b.stamp)
+		b.gen = 1
+	}
+	distinct := 0
+	for i, j := range b.allIdx {
+		if j < 0 || int(j) >= b.n {
+			return nil, 0, fmt.Errorf("received index %d outside [0, %d): the workers disagree on the layout", j, b.n)
+		}
+		if b.stamp[j] != b.gen {
+			b.stamp[j] = b.gen
+			distinct++
+		}
+		out[j] += b.allVal[i]
+	}
+	inv := 1 / float32(p)
+	b.gen++
+	if b.gen == 0 {
+		clear(b.stamp)
+		b.gen = 1
+	}
+	for _, j := range b.allIdx {
+		if b.stamp[j] != b.gen {
+			b.stamp[j] = b.gen
+			out[j] *= inv
+		}
+	}
+	return slices.Clone(b.icounts), distinct, nil
+}
