@@ -32,6 +32,14 @@ func randomizeParams(m Model, seed uint64, std float64) {
 // correct tensor.
 func gradCheck(t *testing.T, m Model, b Batch, samples int, eps, tol, atol float64) {
 	t.Helper()
+	gradCheckWith(t, m, b, samples, eps, tol, atol, nil)
+}
+
+// gradCheckWith is gradCheck with the finite differences taken of ref (the
+// loss at the model's current parameters, e.g. a float64 reference
+// implementation) instead of the model's own float32 loss.
+func gradCheckWith(t *testing.T, m Model, b Batch, samples int, eps, tol, atol float64, ref func() float64) {
+	t.Helper()
 	ctx := context.Background()
 	n := m.NumParams()
 	grad := make([]float32, n)
@@ -40,6 +48,9 @@ func gradCheck(t *testing.T, m Model, b Batch, samples int, eps, tol, atol float
 	}
 	scratch := make([]float32, n)
 	lossAt := func() float64 {
+		if ref != nil {
+			return ref()
+		}
 		r, err := m.TrainStep(ctx, b, scratch)
 		if err != nil {
 			t.Fatalf("TrainStep: %v", err)
