@@ -130,3 +130,20 @@ func BenchmarkSmallAllReduce(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSumInto measures the reduction kernel alone on one core: the sum
+// of n sources of m float32 (an all-reduce chunk of ResNet-18 on n ranks).
+// Bytes counted: the n·m·4 bytes read.
+func BenchmarkSumInto(b *testing.B) {
+	for _, n := range []int{2, 4, 8} {
+		m := resnet18Params / n
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			srcs := rankBufs(n, m)
+			b.SetBytes(int64(n * m * 4))
+			b.ResetTimer()
+			for range b.N {
+				sumInto(srcs[n-1], srcs)
+			}
+		})
+	}
+}

@@ -201,8 +201,10 @@ const sumTile = 1024
 
 // sumInto sets out[i] = ((srcs[0][i] + srcs[1][i]) + …) + srcs[m−1][i], left
 // to right. out may be the same memory as srcs[m−1] (but no other source).
+// Up to four sources are summed in one pass; more go through an L1-sized
+// stack tile, three sources at a time, always in the same left-to-right order.
 func sumInto[E float32 | int32 | int64](out []E, srcs [][]E) {
-	m := len(srcs)
+	m, n := len(srcs), len(out)
 	switch m {
 	case 0:
 		clear(out)
@@ -211,29 +213,59 @@ func sumInto[E float32 | int32 | int64](out []E, srcs [][]E) {
 		copy(out, srcs[0])
 		return
 	case 2:
-		a, b := srcs[0][:len(out)], srcs[1][:len(out)]
+		a, b := srcs[0][:n], srcs[1][:n]
 		for i := range out {
 			out[i] = a[i] + b[i]
 		}
 		return
+	case 3:
+		a, b, c := srcs[0][:n], srcs[1][:n], srcs[2][:n]
+		for i := range out {
+			out[i] = a[i] + b[i] + c[i]
+		}
+		return
+	case 4:
+		a, b, c, d := srcs[0][:n], srcs[1][:n], srcs[2][:n], srcs[3][:n]
+		for i := range out {
+			out[i] = a[i] + b[i] + c[i] + d[i]
+		}
+		return
 	}
 	var tmp [sumTile]E
-	for lo := 0; lo < len(out); lo += sumTile {
-		hi := min(lo+sumTile, len(out))
+	for lo := 0; lo < n; lo += sumTile {
+		hi := min(lo+sumTile, n)
 		t := tmp[:hi-lo]
-		a, b := srcs[0][lo:hi], srcs[1][lo:hi]
+		a, b, c := srcs[0][lo:hi], srcs[1][lo:hi], srcs[2][lo:hi]
+		a, b, c = a[:len(t)], b[:len(t)], c[:len(t)]
 		for i := range t {
-			t[i] = a[i] + b[i]
+			t[i] = a[i] + b[i] + c[i]
 		}
-		for k := 2; k < m-1; k++ {
-			s := srcs[k][lo:hi]
+		k := 3
+		for ; k+3 < m; k += 3 { // keep the last source for the final pass
+			a, b, c := srcs[k][lo:hi], srcs[k+1][lo:hi], srcs[k+2][lo:hi]
+			a, b, c = a[:len(t)], b[:len(t)], c[:len(t)]
 			for i := range t {
-				t[i] += s[i]
+				t[i] = t[i] + a[i] + b[i] + c[i]
 			}
 		}
-		last, o := srcs[m-1][lo:hi], out[lo:hi]
-		for i := range t {
-			o[i] = t[i] + last[i]
+		o := out[lo:hi]
+		o = o[:len(t)]
+		switch m - k {
+		case 1:
+			z := srcs[k][lo:hi][:len(t)]
+			for i := range t {
+				o[i] = t[i] + z[i]
+			}
+		case 2:
+			y, z := srcs[k][lo:hi][:len(t)], srcs[k+1][lo:hi][:len(t)]
+			for i := range t {
+				o[i] = t[i] + y[i] + z[i]
+			}
+		case 3:
+			x, y, z := srcs[k][lo:hi][:len(t)], srcs[k+1][lo:hi][:len(t)], srcs[k+2][lo:hi][:len(t)]
+			for i := range t {
+				o[i] = t[i] + x[i] + y[i] + z[i]
+			}
 		}
 	}
 }

@@ -149,7 +149,7 @@ func head(b comm.Buffer) any {
 }
 
 func TestAllReduceCanonical(t *testing.T) {
-	for n := 1; n <= 8; n++ {
+	for _, n := range []int{1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 16} {
 		for _, m := range sizesFor(n) {
 			if m < 0 {
 				continue
@@ -286,7 +286,7 @@ func TestAllGatherV(t *testing.T) {
 }
 
 func TestReduceScatter(t *testing.T) {
-	for n := 1; n <= 8; n++ {
+	for _, n := range []int{1, 2, 3, 4, 5, 6, 7, 8, 10, 16} {
 		for _, maxc := range []int{0, 1, 7, 5000} {
 			for _, dt := range dtypes {
 				t.Run(fmt.Sprintf("n%d/max%d/%s", n, maxc, dt), func(t *testing.T) {
