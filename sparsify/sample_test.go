@@ -1,0 +1,324 @@
+package sparsify
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"testing"
+)
+
+// sampRefMurmur is a plain MurmurHash3 x86_32 written from the algorithm's
+// description, byte by byte, as an independent reference.
+func sampRefMurmur(data []byte, seed uint32) uint32 {
+	rotl := func(x uint32, r uint) uint32 { return x<<r | x>>(32-r) }
+	mix := func(k uint32) uint32 {
+		k *= 0xcc9e2d51
+		k = rotl(k, 15)
+		return k * 0x1b873593
+	}
+	h := seed
+	nblocks := len(data) / 4
+	for b := 0; b < nblocks; b++ {
+		k := uint32(data[4*b]) | uint32(data[4*b+1])<<8 | uint32(data[4*b+2])<<16 | uint32(data[4*b+3])<<24
+		h ^= mix(k)
+		h = rotl(h, 13)
+		h = h*5 + 0xe6546b64
+	}
+	tail := data[4*nblocks:]
+	if len(tail) > 0 {
+		var k uint32
+		for i := len(tail) - 1; i >= 0; i-- {
+			k = k<<8 | uint32(tail[i])
+		}
+		h ^= mix(k)
+	}
+	h ^= uint32(len(data))
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	h ^= h >> 16
+	return h
+}
+
+func TestMurmur3Vectors(t *testing.T) {
+	// Published MurmurHash3 x86_32 test vectors.
+	cases := []struct {
+		data string
+		seed uint32
+		want uint32
+	}{
+		{"", 0, 0},
+		{"", 1, 0x514E28B7},
+		{"", 0xffffffff, 0x81F16F39},
+		{"\x00\x00\x00\x00", 0, 0x2362F9DE},
+		{"\xff\xff\xff\xff", 0, 0x76293B50},
+		{"\x21\x43\x65\x87", 0, 0xF55B516B},
+		{"\x21\x43\x65\x87", 0x5082EDEE, 0x2362F9DE},
+		{"\x21\x43\x65", 0, 0x7E4A8634},
+		{"\x21\x43", 0, 0xA0F7B07A},
+		{"\x21", 0, 0x72661CF4},
+		{"aaaa", 0x9747b28c, 0x5A97808A},
+		{"Hello, world!", 0x9747b28c, 0x24884CBA},
+		{"The quick brown fox jumps over the lazy dog", 0x9747b28c, 0x2FA826CD},
+	}
+	for _, c := range cases {
+		if got := murmur3Sum32([]byte(c.data), c.seed); got != c.want {
+			t.Errorf("murmur3Sum32(%q, %#x) = %#08x, want %#08x", c.data, c.seed, got, c.want)
+		}
+		if got := sampRefMurmur([]byte(c.data), c.seed); got != c.want {
+			t.Errorf("test reference murmur(%q, %#x) = %#08x, want %#08x", c.data, c.seed, got, c.want)
+		}
+	}
+}
+
+func TestMurmur3MatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for range 2000 {
+		data := make([]byte, r.IntN(40))
+		for i := range data {
+			data[i] = byte(r.Uint32())
+		}
+		seed := r.Uint32()
+		if got, want := murmur3Sum32(data, seed), sampRefMurmur(data, seed); got != want {
+			t.Fatalf("murmur3Sum32(%x, %#x) = %#x, want %#x", data, seed, got, want)
+		}
+	}
+	// The 4-byte index hash is the byte hash of the little-endian index.
+	for _, i := range []uint32{0, 1, 2, 255, 256, 1 << 24, 1<<31 - 1, 0xdeadbeef} {
+		for _, seed := range []uint32{0, 43, 44, 43 + 99999} {
+			b := []byte{byte(i), byte(i >> 8), byte(i >> 16), byte(i >> 24)}
+			if got, want := murmur3Index(i, seed), sampRefMurmur(b, seed); got != want {
+				t.Fatalf("murmur3Index(%d, %d) = %#x, want %#x", i, seed, got, want)
+			}
+		}
+	}
+}
+
+// FuzzMurmur3 compares the hash with the byte-wise reference on any input.
+func FuzzMurmur3(f *testing.F) {
+	f.Add([]byte("Hello, world!"), uint32(0x9747b28c))
+	f.Add([]byte{}, uint32(1))
+	f.Fuzz(func(t *testing.T, data []byte, seed uint32) {
+		if got, want := murmur3Sum32(data, seed), sampRefMurmur(data, seed); got != want {
+			t.Fatalf("murmur3Sum32(%x, %#x) = %#x, want %#x", data, seed, got, want)
+		}
+		if len(data) == 4 {
+			i := uint32(data[0]) | uint32(data[1])<<8 | uint32(data[2])<<16 | uint32(data[3])<<24
+			if got, want := murmur3Index(i, seed), sampRefMurmur(data, seed); got != want {
+				t.Fatalf("murmur3Index(%d, %#x) = %#x, want %#x", i, seed, got, want)
+			}
+		}
+	})
+}
+
+// sampRefKth is the k-th largest magnitude by sorting.
+func sampRefKth(v []float32, k int) float32 {
+	m := make([]float64, len(v))
+	for i, x := range v {
+		m[i] = math.Abs(float64(x))
+	}
+	sort.Sort(sort.Reverse(sort.Float64Slice(m)))
+	return float32(m[k-1])
+}
+
+// sampRefAbove is the ascending list of i with |x_i| >= thr.
+func sampRefAbove(x []float32, thr float32) []int32 {
+	var out []int32
+	for i, v := range x {
+		if float32(math.Abs(float64(v))) >= thr {
+			out = append(out, int32(i))
+		}
+	}
+	return out
+}
+
+// dgcRefParams recomputes DGC's constants the way the reference's
+// initialisation reads.
+func dgcRefParams(numel int, ratio float64) (nsel, numSamples, topSamples, stride int) {
+	pct := int(math.Ceil(float64(numel) * 0.01))
+	cpr := int(math.Ceil(2 / ratio))
+	if numel <= cpr {
+		stride, numSamples = 1, numel
+	} else {
+		stride = int(math.Ceil(float64(numel)/float64(max(pct, cpr))/32))*32 + 1
+		numSamples = numel / stride
+		for numSamples < max(pct, cpr) {
+			stride -= 8
+			numSamples = numel / stride
+		}
+	}
+	topSamples = int(math.Ceil(float64(numSamples) * ratio))
+	nsel = int(math.Ceil(float64(numel) * ratio))
+	return
+}
+
+// dgcRefSelect is DGC's double sampling written plainly: sort-based
+// thresholds and top-k, linear scans.
+func dgcRefSelect(x []float32, ratio float64, start int) ([]int32, float32) {
+	numel := len(x)
+	nsel, numSamples, topSamples, stride := dgcRefParams(numel, ratio)
+	var samples []float32
+	for j := range numSamples {
+		samples = append(samples, x[start+j*stride])
+	}
+	thr := sampRefKth(samples, topSamples)
+	idx := sampRefAbove(x, thr)
+	if numel > numSamples {
+		for range 10 {
+			if len(idx) > nsel {
+				if float64(len(idx)) > 1.3*float64(nsel) {
+					vals := make([]float32, len(idx))
+					for i, j := range idx {
+						vals[i] = x[j]
+					}
+					pick := selRefTopK(vals, nsel)
+					sel := make([]int32, len(pick))
+					for i, q := range pick {
+						sel[i] = idx[q]
+					}
+					idx = sel
+				}
+				break
+			}
+			if float64(len(idx)) >= 0.8*float64(nsel) {
+				break
+			}
+			thr *= 0.8
+			idx = sampRefAbove(x, thr)
+		}
+	}
+	if len(idx) > nsel {
+		idx = idx[:nsel]
+	}
+	return idx, thr
+}
+
+func TestDGCParams(t *testing.T) {
+	for _, numel := range []int{1, 2, 39, 40, 41, 100, 1000, 4097, 65536, 1 << 20, 2359296, 11173962} {
+		for _, ratio := range []float64{1e-9, 0.001, 0.01, 0.05, 0.3, 1} {
+			p := dgcParamsFor(numel, ratio)
+			nsel, ns, top, stride := dgcRefParams(numel, ratio)
+			nsel = max(1, min(nsel, numel))
+			if p.nsel != nsel || p.numSamples != ns || p.topSamples != top || p.stride != stride {
+				t.Errorf("dgcParamsFor(%d, %g) = %+v, want nsel %d samples %d top %d stride %d", numel, ratio, p, nsel, ns, top, stride)
+			}
+			if p.stride < 1 || p.numSamples < 1 || p.numSamples*p.stride > numel || p.topSamples < 1 || p.topSamples > p.numSamples {
+				t.Errorf("dgcParamsFor(%d, %g) = %+v: samples out of range", numel, ratio, p)
+			}
+		}
+	}
+}
+
+func TestDGCSelectMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	var s dgcScratch
+	for _, numel := range []int{1, 2, 3, 41, 97, 1000, 4099, 30011} {
+		for _, ratio := range []float64{0.001, 0.01, 0.05, 0.3, 1} {
+			for name, gen := range selGen {
+				x := gen(r, numel)
+				p := dgcParamsFor(numel, ratio)
+				start := r.IntN(p.stride)
+				got, gthr := dgcSelect(nil, x, p, start, &s)
+				want, wthr := dgcRefSelect(x, ratio, start)
+				if !slices.Equal(got, want) || gthr != wthr {
+					t.Fatalf("%s numel=%d ratio=%g start=%d: got %d indices thr %v, want %d thr %v (first diff %d)",
+						name, numel, ratio, start, len(got), gthr, len(want), wthr, selFirstDiff(got, want))
+				}
+				if len(got) == 0 || len(got) > p.nsel {
+					t.Fatalf("%s numel=%d ratio=%g: %d indices, want 1..%d", name, numel, ratio, len(got), p.nsel)
+				}
+			}
+		}
+	}
+}
+
+// dragonnRefSelect is DRAGONN's selection written plainly, with the fixes of
+// dragonnSelect (slot value index+1, insertion in index order), from the
+// sample indices drawn by rng exactly as the method draws them.
+func dragonnRefSelect(x []float32, ratio float64, rng *rand.Rand, hashSeed uint32) ([]int32, float32) {
+	numel := len(x)
+	if numel <= 131072 {
+		ratio = 0.01
+	}
+	ns := max(1, int(float64(numel)*0.01))
+	nsel := max(1, int(float64(numel)*ratio))
+	ks := int(math.Ceil(float64(ns) * ratio))
+	samples := make([]float32, ns)
+	for i := range samples {
+		samples[i] = x[rng.IntN(numel)]
+	}
+	thr := sampRefKth(samples, max(1, ks))
+	table := make([]int64, 4*nsel) // -1: empty
+	for i := range table {
+		table[i] = -1
+	}
+	for i, v := range x {
+		if float32(math.Abs(float64(v))) >= thr {
+			b := []byte{byte(i), byte(i >> 8), byte(i >> 16), byte(i >> 24)}
+			table[sampRefMurmur(b, hashSeed)%uint32(len(table))] = int64(i)
+		}
+	}
+	var out []int32
+	for _, v := range table {
+		if v >= 0 {
+			out = append(out, int32(v))
+		}
+	}
+	return out, thr
+}
+
+func TestDragonnSelectMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	var s dragonnScratch
+	for _, numel := range []int{1, 2, 3, 99, 100, 101, 1000, 4099, 140000} {
+		if testing.Short() && numel > 5000 {
+			continue
+		}
+		for _, ratio := range []float64{0.001, 0.01, 0.3, 1} {
+			for name, gen := range selGen {
+				x := gen(r, numel)
+				seed := uint32(43 + r.IntN(100000))
+				p := dragonnParamsFor(numel, ratio)
+				got, gthr := dragonnSelect(nil, x, p, rand.New(rand.NewPCG(1, uint64(numel))), seed, &s)
+				want, wthr := dragonnRefSelect(x, ratio, rand.New(rand.NewPCG(1, uint64(numel))), seed)
+				if !slices.Equal(got, want) || gthr != wthr {
+					t.Fatalf("%s numel=%d ratio=%g: got %d indices thr %v, want %d thr %v (first diff %d)",
+						name, numel, ratio, len(got), gthr, len(want), wthr, selFirstDiff(got, want))
+				}
+				if len(got) == 0 || len(got) > p.nslots {
+					t.Fatalf("%s numel=%d: %d indices, want 1..%d", name, numel, len(got), p.nslots)
+				}
+			}
+		}
+	}
+}
+
+// TestDragonnSelectsIndexZero checks the fix of the reference's bug: element
+// 0 must be selectable (the reference reads slot value 0 as "empty"). With
+// one element, the sample is that element, it is the only candidate, and
+// nothing can collide with it.
+func TestDragonnSelectsIndexZero(t *testing.T) {
+	x := []float32{-5}
+	p := dragonnParamsFor(len(x), 0.01)
+	got, thr := dragonnSelect(nil, x, p, rand.New(rand.NewPCG(1, 1)), 43, &dragonnScratch{})
+	if !slices.Equal(got, []int32{0}) || thr != 5 {
+		t.Fatalf("dragonnSelect([-5]) = %v (thr %v), want [0] (thr 5)", got, thr)
+	}
+}
+
+// TestDragonnParamsGuards checks the guards against ns = 0 and nsel = 0.
+func TestDragonnParamsGuards(t *testing.T) {
+	for _, numel := range []int{1, 50, 99, 100, 131072, 131073, 204801} {
+		for _, ratio := range []float64{1e-9, 0.001, 0.01, 0.5, 1} {
+			p := dragonnParamsFor(numel, ratio)
+			if p.ns < 1 || p.nsel < 1 || p.ks < 1 || p.ks > p.ns || p.nslots != 4*p.nsel {
+				t.Errorf("dragonnParamsFor(%d, %g) = %+v", numel, ratio, p)
+			}
+			if numel <= 131072 && p.ratio != 0.01 {
+				t.Errorf("dragonnParamsFor(%d, %g): ratio %g, want 0.01 for small tensors", numel, ratio, p.ratio)
+			}
+		}
+	}
+}
