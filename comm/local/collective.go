@@ -41,6 +41,7 @@ type slot struct {
 	entries            []entry
 	arrived, mid, done gate
 	left               atomic.Int32
+	joined             []atomic.Bool
 }
 
 func (w *World) slot(seq uint64) *slot {
@@ -48,7 +49,7 @@ func (w *World) slot(seq uint64) *slot {
 	defer w.mu.Unlock()
 	s := w.slots[seq]
 	if s == nil {
-		s = &slot{entries: make([]entry, w.n)}
+		s = &slot{entries: make([]entry, w.n), joined: make([]atomic.Bool, w.n)}
 		s.arrived.ch = make(chan struct{})
 		s.mid.ch = make(chan struct{})
 		s.done.ch = make(chan struct{})
@@ -119,13 +120,22 @@ func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body fun
 	w := c.w
 	s := w.slot(seq)
 	s.entries[c.rank] = e
+	s.joined[c.rank].Store(true)
 	if int(s.arrived.count.Add(1)) == w.n {
 		if w.cfg.net != nil {
 			s.t0 = time.Now()
 		}
 		close(s.arrived.ch)
 	}
-	if err := c.wait(ctx, s.arrived.ch, what); err != nil {
+	missing := func() int {
+		for r := range w.n {
+			if w.exited[r].Load() && !s.joined[r].Load() {
+				return r
+			}
+		}
+		return -1
+	}
+	if err := c.waitFor(ctx, s.arrived.ch, what, missing); err != nil {
 		return err
 	}
 	if err := s.mismatch(seq); err != nil {

@@ -82,6 +82,15 @@ type World struct {
 
 	bg    sync.WaitGroup // background goroutines of non-blocking calls
 	comms []*rankComm
+
+	// Ranks whose worker function returned under Run and whose non-blocking
+	// calls have all finished: they will make no more calls. Guarded by mu,
+	// except exited, which is read without it; exitCh is closed and replaced
+	// whenever a rank exits.
+	fnDone  []bool
+	pending []int
+	exited  []atomic.Bool
+	exitCh  chan struct{}
 }
 
 // New creates a world of n ranks (n >= 1). Use Comm to get each rank's
@@ -96,6 +105,10 @@ func New(n int, opts ...Option) *World {
 		aborted: make(chan struct{}),
 		slots:   make(map[uint64]*slot),
 		boxes:   make(map[mailKey]*mailbox),
+		fnDone:  make([]bool, n),
+		pending: make([]int, n),
+		exited:  make([]atomic.Bool, n),
+		exitCh:  make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(&w.cfg)
@@ -184,6 +197,7 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 				}
 				w.Abort(r, err)
 			}
+			w.finish(r)
 		}()
 	}
 	wg.Wait()
@@ -198,6 +212,22 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 		}
 	}
 	return nil
+}
+
+// finish records that rank r's worker function returned.
+func (w *World) finish(r int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fnDone[r] = true
+	w.maybeExitLocked(r)
+}
+
+func (w *World) maybeExitLocked(r int) {
+	if w.fnDone[r] && w.pending[r] == 0 && !w.exited[r].Load() {
+		w.exited[r].Store(true)
+		close(w.exitCh)
+		w.exitCh = make(chan struct{})
+	}
 }
 
 func runOne(ctx context.Context, w *World, r int, fn func(context.Context, comm.Communicator) error) (err error) {
@@ -237,6 +267,12 @@ func (c *rankComm) Size() int { return c.w.n }
 // wait blocks until ch is closed, the world is aborted, or ctx ends; a context
 // that ends aborts the world, since the peers would otherwise wait forever.
 func (c *rankComm) wait(ctx context.Context, ch <-chan struct{}, what string) error {
+	return c.waitFor(ctx, ch, what, nil)
+}
+
+// waitFor is wait that also fails when missing reports a rank (>= 0) whose
+// worker has returned and that therefore can never close ch.
+func (c *rankComm) waitFor(ctx context.Context, ch <-chan struct{}, what string, missing func() int) error {
 	// Peers usually arrive within microseconds: yielding a few times is much
 	// cheaper than parking the goroutine and waking it up again.
 	for range spinYields {
@@ -247,15 +283,37 @@ func (c *rankComm) wait(ctx context.Context, ch <-chan struct{}, what string) er
 		}
 		runtime.Gosched()
 	}
-	select {
-	case <-ch:
-		return nil
-	case <-c.w.aborted:
-		return fmt.Errorf("local: rank %d %s: %w", c.rank, what, c.w.abortErr)
-	case <-ctx.Done():
-		err := fmt.Errorf("local: rank %d %s: %w", c.rank, what, ctx.Err())
-		c.w.Abort(c.rank, err)
-		return err
+	w := c.w
+	for {
+		w.mu.Lock()
+		exitCh := w.exitCh
+		w.mu.Unlock()
+		if missing != nil {
+			select {
+			case <-w.aborted: // the abort, not its consequence, is the news
+				return fmt.Errorf("local: rank %d %s: %w", c.rank, what, w.abortErr)
+			default:
+			}
+			if r := missing(); r >= 0 {
+				select {
+				case <-ch: // completed just before rank r exited
+					return nil
+				default:
+				}
+				return fmt.Errorf("local: rank %d %s: rank %d has returned from its worker function and will never make the matching call: every rank must make the same collective calls, and every receive needs a send", c.rank, what, r)
+			}
+		}
+		select {
+		case <-ch:
+			return nil
+		case <-w.aborted:
+			return fmt.Errorf("local: rank %d %s: %w", c.rank, what, w.abortErr)
+		case <-ctx.Done():
+			err := fmt.Errorf("local: rank %d %s: %w", c.rank, what, ctx.Err())
+			w.Abort(c.rank, err)
+			return err
+		case <-exitCh:
+		}
 	}
 }
 
@@ -309,9 +367,19 @@ func doneRequest(c *rankComm, n int, err error) *request {
 // async runs f in the background and returns its request.
 func (c *rankComm) async(what string, f func() (int, error)) *request {
 	r := &request{c: c, done: make(chan struct{}), what: what}
-	c.w.bg.Add(1)
+	w := c.w
+	w.bg.Add(1)
+	w.mu.Lock()
+	w.pending[c.rank]++
+	w.mu.Unlock()
 	go func() {
-		defer c.w.bg.Done()
+		defer w.bg.Done()
+		defer func() {
+			w.mu.Lock()
+			w.pending[c.rank]--
+			w.maybeExitLocked(c.rank)
+			w.mu.Unlock()
+		}()
 		r.n, r.err = f()
 		if r.err != nil {
 			r.n = 0

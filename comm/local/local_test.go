@@ -786,3 +786,48 @@ func TestManyCollectives(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestEarlyReturn checks that a rank whose worker returns without making a
+// call its peers wait for makes them fail instead of hang, while messages it
+// sent before returning are still delivered.
+func TestEarlyReturn(t *testing.T) {
+	for _, n := range []int{2, 3, 5} {
+		errs := make([]error, n)
+		err := Run(testCtx(t), n, func(ctx context.Context, c comm.Communicator) error {
+			r := c.Rank()
+			if r == 1 {
+				if err := c.Send(ctx, comm.Int32s{7}, 0, 3); err != nil {
+					return err
+				}
+				q, err := c.IAllReduce(ctx, make(comm.Int32s, 4)) // joined, never waited
+				if err != nil {
+					return err
+				}
+				_ = q
+				return nil
+			}
+			if err := c.AllReduce(ctx, make(comm.Int32s, 4)); err != nil {
+				return fmt.Errorf("first all-reduce: %w", err)
+			}
+			if r == 0 {
+				time.Sleep(10 * time.Millisecond)
+				b := make(comm.Int32s, 1)
+				if _, err := c.Recv(ctx, b, 1, 3); err != nil || b[0] != 7 {
+					return fmt.Errorf("message sent before the return: %v %v", b, err)
+				}
+				_, errs[r] = c.Recv(ctx, b, 1, 3)
+				return nil
+			}
+			errs[r] = c.Barrier(ctx)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("n=%d: %v", n, err)
+		}
+		for r, e := range errs {
+			if r != 1 && (e == nil || !strings.Contains(e.Error(), "rank 1 has returned")) {
+				t.Fatalf("n=%d rank %d: got %v, want an error saying rank 1 returned", n, r, e)
+			}
+		}
+	}
+}

@@ -134,7 +134,13 @@ func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
 
 func (c *rankComm) finishRecv(ctx context.Context, r *recvWait) (int, error) {
 	what := fmt.Sprintf("in Recv from rank %d with tag %d", r.src, r.tag)
-	if err := c.wait(ctx, r.done, what); err != nil {
+	missing := func() int {
+		if c.w.exited[r.src].Load() {
+			return r.src
+		}
+		return -1
+	}
+	if err := c.waitFor(ctx, r.done, what, missing); err != nil {
 		// Withdraw the receive so that no late message is copied into a
 		// buffer the caller owns again.
 		r.box.mu.Lock()
