@@ -63,7 +63,6 @@ type gtopkReducer struct {
 	midx []int32 // merged candidates
 	mval []float32
 	pick []int32
-	inG  []bool
 }
 
 func newGtopkReducer(o Options) (Reducer, error) {
@@ -134,21 +133,23 @@ func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 		return Stats{}, fmt.Errorf("sparsify: gtopk: broadcasting the %d global values: %w", k, err)
 	}
 	clear(out)
-	r.inG = baselineGrow(r.inG, b.n)
-	clear(r.inG)
 	inv := 1 / float32(p)
 	for i, j := range r.idx {
-		if j < 0 || int(j) >= b.n || r.inG[j] {
-			return Stats{}, fmt.Errorf("sparsify: gtopk: rank 0 broadcast index %d, outside [0, %d) or repeated: the workers disagree on the layout", j, b.n)
+		if j < 0 || int(j) >= b.n || (i > 0 && j <= r.idx[i-1]) {
+			return Stats{}, fmt.Errorf("sparsify: gtopk: rank 0 broadcast index %d at position %d, not ascending within [0, %d): the workers disagree on the layout", j, i, b.n)
 		}
-		r.inG[j] = true
 		out[j] = r.val[i] * inv
 	}
 	if &residual[0] != &acc[0] {
 		copy(residual, acc)
 	}
+	// Zero the residual at own selection ∩ global set; both are ascending.
+	g := 0
 	for _, j := range r.sel {
-		if r.inG[j] {
+		for g < len(r.idx) && r.idx[g] < j {
+			g++
+		}
+		if g < len(r.idx) && r.idx[g] == j {
 			residual[j] = 0
 		}
 	}

@@ -1,11 +1,15 @@
 package sparsify
 
 import (
+	"context"
 	"errors"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 )
 
@@ -82,5 +86,60 @@ func TestTinyDensityClampsToOne(t *testing.T) {
 				t.Fatalf("%s rank %d: Selected = %d at density 1e-12, want 1", m, w, st.Selected)
 			}
 		}
+	}
+}
+
+// TestBaselinesFailFast: when one worker fails, the others' Reduce returns
+// an error instead of waiting forever; a cancelled context is an error
+// wrapping context.Canceled.
+func TestBaselinesFailFast(t *testing.T) {
+	boom := errors.New("rank 1 gave up")
+	for _, m := range []string{"dense", "topk", "topka", "gtopk", "cltk", "threshold"} {
+		t.Run(m, func(t *testing.T) {
+			l, _ := FlatLayout(100)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			start := time.Now()
+			var abortedSeen atomic.Int32
+			err := local.Run(ctx, 4, func(ctx context.Context, c comm.Communicator) error {
+				r, err := New(m, Options{Density: 0.1, Layout: l, Comm: c})
+				if err != nil {
+					return err
+				}
+				if c.Rank() == 1 {
+					return boom
+				}
+				acc, out := make([]float32, 100), make([]float32, 100)
+				acc[c.Rank()] = 1
+				_, err = r.Reduce(ctx, acc, out, acc)
+				if errors.Is(err, comm.ErrAborted) {
+					abortedSeen.Add(1)
+				}
+				return err
+			})
+			if !errors.Is(err, boom) {
+				t.Fatalf("Run returned %v, want rank 1's error", err)
+			}
+			if d := time.Since(start); d > 20*time.Second {
+				t.Fatalf("took %v", d)
+			}
+			if abortedSeen.Load() == 0 {
+				t.Fatal("no other rank saw comm.ErrAborted")
+			}
+		})
+		t.Run(m+"/cancelled", func(t *testing.T) {
+			l, _ := FlatLayout(10)
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			w := local.New(2)
+			r, err := New(m, Options{Density: 0.1, Layout: l, Comm: w.Comm(0)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			acc, out := make([]float32, 10), make([]float32, 10)
+			if _, err := r.Reduce(ctx, acc, out, acc); !errors.Is(err, context.Canceled) {
+				t.Fatalf("Reduce with a cancelled context: %v, want context.Canceled", err)
+			}
+		})
 	}
 }

@@ -93,6 +93,8 @@ type topkaReducer struct {
 	gvals []float32
 	gidx  []int32
 	seen  []bool
+	// touched lists the distinct gathered indices of the current call.
+	touched []int32
 }
 
 func newTopkaReducer(o Options) (Reducer, error) {
@@ -131,24 +133,32 @@ func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	for _, j := range r.sel {
 		residual[j] = 0
 	}
+	// seen is all false between calls: only the gathered indices are set
+	// and then reset, so no pass over N is needed for it.
+	if len(r.seen) != b.n {
+		r.seen = make([]bool, b.n)
+	}
 	clear(out)
-	r.seen = baselineGrow(r.seen, b.n)
-	clear(r.seen)
-	distinct := 0
+	r.touched = r.touched[:0]
 	for p, j := range r.gidx {
 		if j < 0 || int(j) >= b.n {
+			for _, q := range r.touched {
+				r.seen[q] = false
+			}
 			return Stats{}, fmt.Errorf("sparsify: topka: worker %d sent index %d outside [0, %d): the workers disagree on the layout", p/k, j, b.n)
 		}
 		out[j] += r.gvals[p]
 		if !r.seen[j] {
 			r.seen[j] = true
-			distinct++
+			r.touched = append(r.touched, j)
 		}
 	}
 	inv := 1 / float32(n)
-	for i := range out {
-		out[i] *= inv
+	for _, j := range r.touched {
+		out[j] *= inv
+		r.seen[j] = false
 	}
+	distinct := len(r.touched)
 	st := b.stats(before, selTime)
 	st.Selected = k
 	st.ActualDensity = float64(distinct) / float64(b.n)

@@ -297,3 +297,69 @@ func blSingleComm(t *testing.T) comm.Communicator {
 	t.Helper()
 	return local.New(1).Comm(0)
 }
+
+// blBenchN is the size of the benchmark gradient: 11,173,962 elements, the
+// parameter count of the CIFAR ResNet-18.
+const blBenchN = 11173962
+
+// blBenchReduce measures one Reduce call of every one of n in-process
+// workers (run concurrently, as in training) per benchmark iteration, on
+// fixed random accs of blBenchN elements.
+func blBenchReduce(b *testing.B, method string, n int, density float64, lambda float64) {
+	l, err := FlatLayout(blBenchN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	world := local.New(n)
+	rs := make([]Reducer, n)
+	accs, outs, resids := make([][]float32, n), make([][]float32, n), make([][]float32, n)
+	for w := range n {
+		if rs[w], err = New(method, Options{Density: density, Layout: l, Comm: world.Comm(w), Lambda: lambda}); err != nil {
+			b.Fatal(err)
+		}
+		accs[w] = make([]float32, blBenchN)
+		genNormal(harnessRNG(42, 0, w), accs[w])
+		outs[w], resids[w] = make([]float32, blBenchN), make([]float32, blBenchN)
+	}
+	stats := make([]Stats, n)
+	run := func() {
+		errs := make(chan error, n)
+		for w := range n {
+			go func() {
+				var err error
+				stats[w], err = rs[w].Reduce(b.Context(), accs[w], outs[w], resids[w])
+				errs <- err
+			}()
+		}
+		for range n {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	run() // warm up buffers
+	b.ResetTimer()
+	var sel, com float64
+	for range b.N {
+		run()
+		sel += stats[0].SelectTime.Seconds()
+		com += stats[0].CommTime.Seconds()
+	}
+	b.ReportMetric(float64(stats[0].BytesSent), "B-sent/op")
+	b.ReportMetric(stats[0].ActualDensity, "actual-density")
+	b.ReportMetric(sel/float64(b.N)*1e3, "select-ms/op")
+	b.ReportMetric(com/float64(b.N)*1e3, "comm-ms/op")
+}
+
+// BenchmarkBaselineReduce: 4 workers, N = 11,173,962, density 0.01, standard
+// normal accs. threshold runs with λ = 2.5758, which selects 1% of standard
+// normal values (the default 1/(2√k) ≈ 0.0015 would select almost all).
+func BenchmarkBaselineReduce(b *testing.B) {
+	for _, m := range []string{"topk", "topka", "dense", "cltk", "gtopk", "threshold"} {
+		lambda := 0.0
+		if m == "threshold" {
+			lambda = 2.5758
+		}
+		b.Run(m+"/n=4/N=11173962/rho=0.01", func(b *testing.B) { blBenchReduce(b, m, 4, 0.01, lambda) })
+	}
+}
