@@ -1,11 +1,17 @@
 package sparsify
 
 import (
+	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
 )
 
 // sampRefMurmur is a plain MurmurHash3 x86_32 written from the algorithm's
@@ -319,6 +325,133 @@ func TestDragonnParamsGuards(t *testing.T) {
 			if numel <= 131072 && p.ratio != 0.01 {
 				t.Errorf("dragonnParamsFor(%d, %g): ratio %g, want 0.01 for small tensors", numel, ratio, p.ratio)
 			}
+		}
+	}
+}
+
+// sampRefCanonicalSum is the element-wise sum over ranks of vals (one slice
+// per rank) in the communicator's documented canonical order: the buffer is
+// cut into n chunks by comm.ChunkBounds and chunk j is summed left to right
+// in rank order j+1, …, n−1, 0, …, j.
+func sampRefCanonicalSum(vals [][]float32) []float32 {
+	n := len(vals)
+	L := len(vals[0])
+	sum := make([]float32, L)
+	for j := range n {
+		q, rem := L/n, L%n
+		lo := j*q + min(j, rem)
+		hi := lo + q
+		if j < rem {
+			hi++
+		}
+		for i := lo; i < hi; i++ {
+			s := vals[(j+1)%n][i]
+			for d := 2; d <= n; d++ {
+				s += vals[(j+d)%n][i]
+			}
+			sum[i] = s
+		}
+	}
+	return sum
+}
+
+// sampRefSparseDecode is the decode of a sparse all-gather written plainly:
+// for each rank in order, add its values at its indices, then multiply every
+// touched element by 1/n. It returns out (zero elsewhere) and the number of
+// distinct indices.
+func sampRefSparseDecode(N int, accs [][]float32, sels [][]int32) ([]float32, int) {
+	out := make([]float32, N)
+	touched := map[int32]bool{}
+	for w, sel := range sels {
+		for _, j := range sel {
+			out[j] += accs[w][j]
+			touched[j] = true
+		}
+	}
+	inv := 1 / float32(len(sels))
+	for j := range touched {
+		out[j] *= inv
+	}
+	return out, len(touched)
+}
+
+// sampRefExpect is what one worker's Reduce must return.
+type sampRefExpect struct {
+	out, residual []float32
+	selected      int
+	perWorker     []int
+	layerK        []int
+	density       float64
+	threshold     float64 // NaN: must be NaN
+	calls         []harnessCall
+}
+
+// sampCheck compares one worker's result at one iteration with e.
+func sampCheck(t *testing.T, res *harnessResult, it, w int, e sampRefExpect) {
+	t.Helper()
+	what := fmt.Sprintf("%s n=%d N=%d it=%d rank %d", res.Cfg.Method, res.Cfg.Workers, res.Layout.N, it, w)
+	checkClose(t, what+" out", res.Out[it][w], e.out, nil)
+	checkClose(t, what+" residual", res.Residual[it][w], e.residual, nil)
+	st := res.Stats[it][w]
+	if st.Selected != e.selected {
+		t.Fatalf("%s: Selected = %d, want %d", what, st.Selected, e.selected)
+	}
+	if !slices.Equal(st.SelectedPerWorker, e.perWorker) {
+		t.Fatalf("%s: SelectedPerWorker = %v, want %v", what, st.SelectedPerWorker, e.perWorker)
+	}
+	if !slices.Equal(st.LayerK, e.layerK) {
+		t.Fatalf("%s: LayerK = %v, want %v", what, st.LayerK, e.layerK)
+	}
+	if st.ActualDensity != e.density {
+		t.Fatalf("%s: ActualDensity = %v, want %v", what, st.ActualDensity, e.density)
+	}
+	if st.Density != res.Cfg.Density {
+		t.Fatalf("%s: Density = %v, want %v", what, st.Density, res.Cfg.Density)
+	}
+	if math.IsNaN(e.threshold) != math.IsNaN(st.Threshold) || (!math.IsNaN(e.threshold) && st.Threshold != e.threshold) {
+		t.Fatalf("%s: Threshold = %v, want %v", what, st.Threshold, e.threshold)
+	}
+	var en float64
+	for _, v := range e.residual {
+		en += float64(v) * float64(v)
+	}
+	if d := math.Abs(st.ErrorNorm - math.Sqrt(en)); d > 1e-9*(1+math.Sqrt(en)) {
+		t.Fatalf("%s: ErrorNorm = %v, want %v", what, st.ErrorNorm, math.Sqrt(en))
+	}
+	sent, recv := expectTraffic(res.Cfg.Workers, w, e.calls)
+	if st.BytesSent != sent || st.BytesRecv != recv {
+		t.Fatalf("%s: bytes sent/received %d/%d, want %d/%d", what, st.BytesSent, st.BytesRecv, sent, recv)
+	}
+	if st.SelectTime < 0 || st.CommTime < 0 {
+		t.Fatalf("%s: negative times %v %v", what, st.SelectTime, st.CommTime)
+	}
+}
+
+// sampExchangeCalls are the calls of sampBase.sparseExchange.
+func sampExchangeCalls(counts []int) []harnessCall {
+	return []harnessCall{
+		{Op: comm.OpAllGather, Elems: 1, ESize: 4},
+		{Op: comm.OpAllGatherV, ESize: 4, Counts: counts},
+		{Op: comm.OpAllGatherV, ESize: 4, Counts: counts},
+	}
+}
+
+// sampSingleComm is a one-rank communicator for argument checks.
+func sampSingleComm() comm.Communicator { return local.New(1).Comm(0) }
+
+func TestSamplingReducersRejectBadArguments(t *testing.T) {
+	for _, m := range []string{"dgc", "dragonn", "randomk"} {
+		l, _ := FlatLayout(10)
+		r, err := New(m, Options{Density: 0.3, Layout: l, Comm: sampSingleComm()})
+		if err != nil {
+			t.Fatalf("New(%s): %v", m, err)
+		}
+		acc := make([]float32, 10)
+		if _, err := r.Reduce(context.Background(), acc, acc, make([]float32, 10)); err == nil {
+			t.Errorf("%s: Reduce with out == acc did not fail", m)
+		}
+		if _, err := r.Reduce(context.Background(), acc, make([]float32, 9), acc); err == nil || !strings.Contains(err.Error(), "layout has 10") {
+			t.Errorf("%s: Reduce with a short out: error %v, want one naming the layout's length", m, err)
 		}
 	}
 }
