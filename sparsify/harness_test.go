@@ -404,3 +404,49 @@ func expectTraffic(n, r int, calls []harnessCall) (sent, recv int64) {
 	}
 	return sent, recv
 }
+
+// harnessRecorder is a testing.TB that records Fatalf instead of stopping,
+// to test that the checkers can fail.
+type harnessRecorder struct {
+	testing.TB
+	failed string
+}
+
+func (r *harnessRecorder) Helper() {}
+func (r *harnessRecorder) Fatalf(format string, args ...any) {
+	if r.failed == "" {
+		r.failed = fmt.Sprintf(format, args...)
+	}
+}
+
+// TestHarnessCheckersCanFail: the checkers accept a correct run and reject
+// one with a changed residual or a rank whose out differs; runs are
+// deterministic in the seed.
+func TestHarnessCheckersCanFail(t *testing.T) {
+	cfg := harnessConfig{Method: "dense", Workers: 3, N: 20, Density: 1, Seed: 4, Iters: 2, Feedback: true}
+	res := mustRunHarness(t, cfg)
+	again := mustRunHarness(t, cfg)
+	checkClose(t, "deterministic acc", again.Acc[1][2], res.Acc[1][2], nil)
+	rec := &harnessRecorder{TB: t}
+	checkConservation(rec, res)
+	checkOutputsAgree(rec, res)
+	if rec.failed != "" {
+		t.Fatalf("correct run rejected: %s", rec.failed)
+	}
+	res.Residual[1][2][7] += 1e-3
+	checkConservation(rec, res)
+	if rec.failed == "" {
+		t.Fatal("checkConservation accepted a changed residual")
+	}
+	rec.failed = ""
+	res.Out[0][1][3] = math.Nextafter32(res.Out[0][1][3], 10)
+	checkOutputsAgree(rec, res)
+	if rec.failed == "" {
+		t.Fatal("checkOutputsAgree accepted differing outputs")
+	}
+	rec.failed = ""
+	checkClose(rec, "x", []float32{1, 2}, []float32{1, 2.1}, []float64{0.01, 0.01})
+	if rec.failed == "" {
+		t.Fatal("checkClose accepted 2 for 2.1 with tolerance 0.01")
+	}
+}

@@ -363,3 +363,28 @@ func BenchmarkBaselineReduce(b *testing.B) {
 		b.Run(m+"/n=4/N=11173962/rho=0.01", func(b *testing.B) { blBenchReduce(b, m, 4, 0.01, lambda) })
 	}
 }
+
+// TestBaselinesIgnoreTensorBoundaries: the baselines work on the flat vector,
+// so a multi-tensor layout (with size-1 tensors) gives bit-identical results
+// to the flat layout of the same size.
+func TestBaselinesIgnoreTensorBoundaries(t *testing.T) {
+	rng := harnessRNG(21, 0, 0)
+	for _, m := range []string{"dense", "topk", "topka", "gtopk", "cltk", "threshold"} {
+		for _, n := range []int{1, 2, 4} {
+			l, err := randomLayout(rng, 301)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := harnessConfig{Method: m, Workers: n, N: 301, Density: 0.05, Seed: 8, Iters: 2, Feedback: true}
+			flat := mustRunHarness(t, cfg)
+			cfg.Layout = l
+			multi := mustRunHarness(t, cfg)
+			for it := range 2 {
+				for w := range n {
+					checkClose(t, fmt.Sprintf("%s n=%d it=%d rank %d out", m, n, it, w), multi.Out[it][w], flat.Out[it][w], nil)
+					checkClose(t, fmt.Sprintf("%s n=%d it=%d rank %d residual", m, n, it, w), multi.Residual[it][w], flat.Residual[it][w], nil)
+				}
+			}
+		}
+	}
+}
