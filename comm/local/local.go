@@ -28,6 +28,10 @@
 // stack), calls World.Abort, or sees its context cancelled inside a call, the
 // world is aborted: every pending and later call of every rank returns at once
 // an error that wraps comm.ErrAborted and names the failing rank and its error.
+// A rank whose worker function returns normally under Run makes no more calls:
+// a peer waiting for it in a collective it never joined, or in a receive of a
+// message it never sent, gets an error saying so instead of hanging. (Worlds
+// built with New and driven by the caller rely on World.Abort and contexts.)
 //
 // # Network emulation
 //
