@@ -49,6 +49,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
@@ -58,7 +59,15 @@ import (
 type Option func(*config)
 
 type config struct {
-	net *netmodel.Network
+	net     *netmodel.Network
+	timeout time.Duration
+}
+
+// WithTimeout makes a call that has waited d for its peers fail with an
+// error saying so, and abort the world (a rank is stuck or skipped a call).
+// Zero, the default, waits as long as the context allows.
+func WithTimeout(d time.Duration) Option {
+	return func(c *config) { c.timeout = d }
 }
 
 // WithNetwork makes every call of the world last as long as it would on the
@@ -244,6 +253,9 @@ func runOne(ctx context.Context, w *World, r int, fn func(context.Context, comm.
 }
 
 func (c *config) validate() error {
+	if c.timeout < 0 {
+		return fmt.Errorf("WithTimeout: %v is negative: use a positive duration, or 0 for no timeout", c.timeout)
+	}
 	if c.net != nil {
 		if err := c.net.Validate(); err != nil {
 			return fmt.Errorf("WithNetwork: %w", err)
@@ -288,6 +300,12 @@ func (c *rankComm) waitFor(ctx context.Context, ch <-chan struct{}, what string,
 		runtime.Gosched()
 	}
 	w := c.w
+	var timeout <-chan time.Time
+	if w.cfg.timeout > 0 {
+		t := time.NewTimer(w.cfg.timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
 	for {
 		w.mu.Lock()
 		exitCh := w.exitCh
@@ -317,6 +335,10 @@ func (c *rankComm) waitFor(ctx context.Context, ch <-chan struct{}, what string,
 			w.Abort(c.rank, err)
 			return err
 		case <-exitCh:
+		case <-timeout:
+			err := fmt.Errorf("local: rank %d %s: no progress for %v (WithTimeout): a peer is stuck or skipped the matching call", c.rank, what, w.cfg.timeout)
+			w.Abort(c.rank, err)
+			return err
 		}
 	}
 }

@@ -831,3 +831,23 @@ func TestEarlyReturn(t *testing.T) {
 		}
 	}
 }
+
+func TestTimeout(t *testing.T) {
+	start := time.Now()
+	err := Run(testCtx(t), 3, func(ctx context.Context, c comm.Communicator) error {
+		if c.Rank() == 2 {
+			time.Sleep(300 * time.Millisecond) // stuck, but not returned
+			return c.Barrier(ctx)
+		}
+		return c.Barrier(ctx)
+	}, WithTimeout(50*time.Millisecond))
+	if err == nil || !strings.Contains(err.Error(), "no progress for 50ms") {
+		t.Fatalf("got %v, want a timeout error", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v", d)
+	}
+	if err := Run(context.Background(), 2, func(context.Context, comm.Communicator) error { return nil }, WithTimeout(-1)); err == nil {
+		t.Fatal("negative timeout accepted")
+	}
+}
