@@ -113,7 +113,13 @@ func (c *Comm) allReduceOp(buf comm.Buffer) (op, error) {
 func (c *Comm) start(ctx context.Context, o op, n int, early bool) (comm.Request, error) {
 	if o == nil {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("mpi: call not started: %w", err)
+		}
+		c.e.mu.Lock()
+		closed := c.e.pending == nil
+		c.e.mu.Unlock()
+		if closed {
+			return nil, fmt.Errorf("mpi: the communicator is closed")
 		}
 		return c.e.doneRequest("no-op", n, nil), nil
 	}

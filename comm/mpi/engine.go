@@ -29,6 +29,7 @@ type engine struct {
 	dead    chan struct{} // closed when the goroutine has ended
 	collSeq uint32        // collective sequence number (engine goroutine only)
 	version string        // MPI_Get_library_version, set by init
+	tmpFree [][]byte      // reusable ring receive buffers (engine goroutine only)
 
 	// pending counts operations submitted but not finished (read by Close's
 	// error message).
@@ -320,4 +321,23 @@ func (e *engine) abort(a abortMsg) {
 	call(e.l.abort, e.world, uintptr(a.code))
 	// MPI_Abort does not return; if it does, make sure the job still ends.
 	os.Exit(a.code)
+}
+
+// getTmp returns a scratch buffer of n bytes, reusing a free one if possible.
+func (e *engine) getTmp(n int) []byte {
+	for i, b := range e.tmpFree {
+		if cap(b) >= n {
+			e.tmpFree[i] = e.tmpFree[len(e.tmpFree)-1]
+			e.tmpFree = e.tmpFree[:len(e.tmpFree)-1]
+			return b[:n]
+		}
+	}
+	return make([]byte, n)
+}
+
+// putTmp returns a buffer of getTmp; a few are kept for the next ring.
+func (e *engine) putTmp(b []byte) {
+	if len(e.tmpFree) < 4*e.window {
+		e.tmpFree = append(e.tmpFree, b)
+	}
 }

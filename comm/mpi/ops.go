@@ -179,10 +179,14 @@ func (o *ringOp) start(e *engine) error {
 	o.sendDone = make([]bool, len(o.sends))
 	o.recvDone = make([]bool, len(o.recvs))
 	o.recvSlot = make([]int, len(o.recvs))
-	nslot := min(o.window, len(o.recvs))
+	nslot := min(o.window, o.recvStart[min(T, o.n-1)]) // reduce-scatter receives
+	slot := 0
+	for _, m := range o.recvs[:o.recvStart[min(T, o.n-1)]] {
+		slot = max(slot, m.hi-m.lo)
+	}
 	o.tmp = make([][]byte, nslot)
 	for i := range o.tmp {
-		o.tmp[i] = make([]byte, o.segElems*o.esz)
+		o.tmp[i] = e.getTmp(slot * o.esz)
 		o.freeSlots = append(o.freeSlots, i)
 	}
 	_, err := o.post(e)
@@ -303,6 +307,10 @@ func (o *ringOp) progress(e *engine) (done, moved bool, n int, err error) {
 	}
 	moved = moved || m
 	if o.nSendDone == len(o.sends) && o.nRecvDone == len(o.recvs) {
+		for _, b := range o.tmp {
+			e.putTmp(b)
+		}
+		o.tmp = nil
 		n := o.bounds[o.n]
 		if o.out != nil {
 			n = o.bounds[o.r+1] - o.bounds[o.r]

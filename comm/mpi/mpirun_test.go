@@ -1,0 +1,194 @@
+package mpi
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+)
+
+// The tests in this file run this test binary under a real mpirun. The
+// launcher tests (TestMPIRun*) start `mpirun -np N <test binary>
+// -test.run=^TestMPIWorker$` with the scenario in the environment;
+// TestMPIWorker, which skips unless it was started that way, does the checks
+// inside each MPI process.
+
+const (
+	scenarioEnv = "SPARSEGRAD_MPI_TEST_SCENARIO"
+	segEnv      = "SPARSEGRAD_MPI_TEST_SEGMENT"
+	okMarker    = "MPI-WORKER-OK"
+)
+
+// mpirun runs the worker scenario on np processes and returns the combined
+// output, the exit error and the wall time.
+func mpirun(t *testing.T, np int, scenario string, timeout time.Duration, env ...string) (string, error, time.Duration) {
+	t.Helper()
+	path, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("skipping: mpirun not found in PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev) to run the MPI tests")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	args := []string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np),
+		os.Args[0], "-test.run=^TestMPIWorker$", "-test.v", "-test.timeout=" + (timeout - 5*time.Second).String()}
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Env = append(os.Environ(), append(env, scenarioEnv+"="+scenario)...)
+	// mpirun's children must die with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	start := time.Now()
+	err = cmd.Run()
+	d := time.Since(start)
+	if ctx.Err() != nil {
+		t.Fatalf("mpirun -np %d (%s) did not finish within %v; output:\n%s", np, scenario, timeout, out.String())
+	}
+	return out.String(), err, d
+}
+
+func TestMPIRunCalls(t *testing.T) {
+	nps := []int{1, 2, 3, 4}
+	if testing.Short() {
+		nps = []int{2}
+	}
+	for _, np := range nps {
+		for _, seg := range []string{"", "4096"} {
+			if seg != "" && np != 3 && np != 4 {
+				continue
+			}
+			t.Run(fmt.Sprintf("np=%d/segment=%s", np, seg), func(t *testing.T) {
+				out, err, d := mpirun(t, np, "calls", 150*time.Second, segEnv+"="+seg)
+				if err != nil || strings.Count(out, okMarker) != np || strings.Contains(out, "--- FAIL") {
+					t.Fatalf("mpirun -np %d failed (%v) after %v; output:\n%s", np, err, d, out)
+				}
+				t.Logf("np=%d: %v", np, d.Round(time.Millisecond))
+			})
+		}
+	}
+}
+
+func TestMPIRunDeadPeer(t *testing.T) {
+	for _, sc := range []string{"exit", "kill"} {
+		t.Run(sc, func(t *testing.T) {
+			if testing.Short() && sc == "kill" {
+				t.Skip("short mode")
+			}
+			out, err, d := mpirun(t, 3, "dead-"+sc, 60*time.Second)
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("mpirun returned %v, want a non-zero exit; output:\n%s", err, out)
+			}
+			if d > 30*time.Second {
+				t.Errorf("the job took %v to end after a peer died, want < 30s", d)
+			}
+			if strings.Contains(out, "SURVIVOR-SUCCESS") {
+				t.Errorf("a survivor reported success although its peer died; output:\n%s", out)
+			}
+			t.Logf("mpirun exit code %d after %v", ee.ExitCode(), d.Round(time.Millisecond))
+		})
+	}
+}
+
+func TestMPIRunAbort(t *testing.T) {
+	tests := []struct {
+		scenario string
+		want     []string
+	}{
+		{"go-error", []string{"rank 1 of 3 failed", "injected failure"}},
+		{"panic", []string{"rank 2 of 3 failed", "panic: injected panic"}},
+		{"ctx-timeout", []string{"rank 0 of 3", "context deadline exceeded", "aborted"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.scenario, func(t *testing.T) {
+			if testing.Short() && tc.scenario != "go-error" {
+				t.Skip("short mode")
+			}
+			out, err, d := mpirun(t, 3, tc.scenario, 60*time.Second)
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+				t.Fatalf("mpirun returned %v, want a non-zero exit; output:\n%s", err, out)
+			}
+			if d > 30*time.Second {
+				t.Errorf("the job took %v to end, want < 30s", d)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out, w) {
+					t.Errorf("output does not contain %q:\n%s", w, out)
+				}
+			}
+			if strings.Contains(out, "SURVIVOR-SUCCESS") {
+				t.Errorf("a survivor reported success; output:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestMPIWorker is the body of the launcher tests; it runs only inside
+// mpirun.
+func TestMPIWorker(t *testing.T) {
+	scenario := os.Getenv(scenarioEnv)
+	if scenario == "" {
+		t.Skip("runs only under mpirun, started by the TestMPIRun* tests")
+	}
+	if _, ok := Detect(); !ok {
+		t.Fatal("started for an MPI scenario but Detect finds no launcher")
+	}
+	ctx := context.Background()
+	switch scenario {
+	case "calls":
+		workerCalls(t)
+	case "reducers":
+		workerReducers(t)
+	case "go-error", "panic":
+		_ = Run(ctx, func(ctx context.Context, c comm.Communicator) error {
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
+			if scenario == "go-error" && c.Rank() == 1 {
+				return errors.New("injected failure")
+			}
+			if scenario == "panic" && c.Rank() == 2 {
+				panic("injected panic")
+			}
+			err := c.AllReduce(ctx, make(comm.Float32s, 1000))
+			fmt.Println("SURVIVOR-SUCCESS", c.Rank(), err)
+			return err
+		})
+	case "dead-exit", "dead-kill", "ctx-timeout":
+		c, err := Open(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Barrier(ctx); err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case scenario == "dead-exit" && c.Rank() == 1:
+			os.Exit(3)
+		case scenario == "dead-kill" && c.Rank() == 1:
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		case scenario == "ctx-timeout" && c.Rank() == 0:
+			tctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			_, err := c.Recv(tctx, make(comm.Float32s, 4), 1, 7) // never sent
+			t.Logf("Recv returned %v", err)
+			time.Sleep(20 * time.Second) // the abort must end the process first
+			fmt.Println("SURVIVOR-SUCCESS", c.Rank())
+			return
+		}
+		err = c.AllReduce(ctx, make(comm.Float32s, 1000))
+		fmt.Println("SURVIVOR-SUCCESS", c.Rank(), err)
+	default:
+		t.Fatalf("unknown scenario %q", scenario)
+	}
+}
