@@ -93,9 +93,11 @@ func lagsBenchReduce(b *testing.B, method string, n int, l Layout, edit func(*Op
 
 func BenchmarkLAGSReduce(b *testing.B) {
 	l := lagsResNet18Layout(b)
-	for _, merge := range []int{0, 1} {
-		b.Run(fmt.Sprintf("workers=4/N=%d/merge=%d", l.N, merge), func(b *testing.B) {
-			lagsBenchReduce(b, "lags", 4, l, func(o *Options) { o.MergeSize = merge })
-		})
+	for _, n := range []int{1, 4} {
+		for _, merge := range []int{0, 1} {
+			b.Run(fmt.Sprintf("workers=%d/N=%d/merge=%d", n, l.N, merge), func(b *testing.B) {
+				lagsBenchReduce(b, "lags", n, l, func(o *Options) { o.MergeSize = merge })
+			})
+		}
 	}
 }

@@ -8,11 +8,11 @@ import (
 func BenchmarkSparDLReduce(b *testing.B) {
 	l := lagsResNet18Layout(b)
 	for _, c := range []struct {
-		teams int
-		sag   string
-	}{{1, ""}, {2, "bruck"}, {2, "rsag"}} {
-		b.Run(fmt.Sprintf("workers=4/N=%d/teams=%d%s", l.N, c.teams, c.sag), func(b *testing.B) {
-			lagsBenchReduce(b, "spardl", 4, l, func(o *Options) { o.Teams, o.SAG = c.teams, c.sag })
+		n, teams int
+		sag      string
+	}{{1, 1, ""}, {4, 1, ""}, {4, 2, "bruck"}, {4, 2, "rsag"}} {
+		b.Run(fmt.Sprintf("workers=%d/N=%d/teams=%d%s", c.n, l.N, c.teams, c.sag), func(b *testing.B) {
+			lagsBenchReduce(b, "spardl", c.n, l, func(o *Options) { o.Teams, o.SAG = c.teams, c.sag })
 		})
 	}
 }
