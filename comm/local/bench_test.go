@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 )
@@ -144,6 +145,68 @@ func BenchmarkSumInto(b *testing.B) {
 			for range b.N {
 				sumInto(srcs[n-1], srcs)
 			}
+		})
+	}
+}
+
+// interleaved times op and the memcpy yardstick alternately, b.N times each,
+// so that both see the same machine load, and reports op-GB/s, memcpy-GB/s
+// and ratio-% (op bandwidth / memcpy bandwidth) for the given bytes per call.
+func interleaved(b *testing.B, n, m int, bytes int64, op func() error) {
+	src, dst := rankBufs(n, m), rankBufs(n, m)
+	var tOp, tCopy time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t := time.Now()
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+		tOp += time.Since(t)
+		t = time.Now()
+		memcpyRanks(dst, src, 1)
+		tCopy += time.Since(t)
+	}
+	gbs := func(d time.Duration) float64 { return float64(bytes) * float64(b.N) / d.Seconds() / 1e9 }
+	b.ReportMetric(gbs(tOp), "op-GB/s")
+	b.ReportMetric(gbs(tCopy), "memcpy-GB/s")
+	b.ReportMetric(100*gbs(tOp)/gbs(tCopy), "ratio-%")
+}
+
+// BenchmarkAllReduceVsMemcpy interleaves all-reduces of ResNet-18's size on
+// n ranks with the memcpy yardstick (bytes as in BenchmarkAllReduce).
+func BenchmarkAllReduceVsMemcpy(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		m := resnet18Params
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			bufs := rankBufs(n, m)
+			interleaved(b, n, m, int64(n*m*4), func() error {
+				return Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+					return c.AllReduce(ctx, comm.Float32s(bufs[c.Rank()]))
+				})
+			})
+		})
+	}
+}
+
+// BenchmarkAllGatherVVsMemcpy interleaves all-gather-vs of ResNet-18's size
+// on n ranks with the memcpy yardstick (bytes as in BenchmarkAllGatherV).
+func BenchmarkAllGatherVVsMemcpy(b *testing.B) {
+	for _, n := range []int{2, 4} {
+		m := resnet18Params
+		counts := make([]int, n)
+		send := make([][]float32, n)
+		for r := range counts {
+			lo, hi := comm.ChunkBounds(m, n, r)
+			counts[r] = hi - lo
+			send[r] = make([]float32, counts[r])
+		}
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			recv := rankBufs(n, m)
+			interleaved(b, n, m, int64(n*m*4), func() error {
+				return Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+					return c.AllGatherV(ctx, comm.Float32s(send[c.Rank()]), comm.Float32s(recv[c.Rank()]), counts)
+				})
+			})
 		})
 	}
 }
