@@ -390,7 +390,7 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 	if &residual[0] != &acc[0] {
 		copy(residual, acc)
 	}
-	inv := float32(s.P)
+	pf := float32(s.P)
 	distinct := 0
 	for j, l := range final {
 		base := j * C
@@ -401,7 +401,7 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 				continue
 			}
 			distinct++
-			out[pos] = l.vals[t] / inv
+			out[pos] = l.vals[t] / pf
 			v := s.work[pos]
 			if own {
 				v += s.endp[x]
