@@ -374,3 +374,20 @@ func RandomK(dst []int32, n, k int, seed uint64) []int32 {
 	}
 	return dst
 }
+
+// selAccumulate adds scale·g to r element-wise (Memory.Accumulate's pass over
+// one chunk) and returns base plus the index of the first element of r that
+// became NaN or ±Inf, or −1 if all are finite.
+func selAccumulate(r, g []float32, scale float32, base int) int {
+	g = g[:len(r)]
+	first := -1
+	for i := range r {
+		v := r[i] + scale*g[i]
+		r[i] = v
+		// All exponent bits set: NaN or infinite.
+		if math.Float32bits(v)&0x7f800000 == 0x7f800000 && first < 0 {
+			first = base + i
+		}
+	}
+	return first
+}

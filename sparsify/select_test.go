@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 )
 
@@ -253,6 +254,51 @@ func TestRandomKUniform(t *testing.T) {
 		// 199 degrees of freedom: mean 199, sd ≈ 20; 300 is a > 4.5 sd excursion.
 		if chi > 300 {
 			t.Errorf("RandomK(n=%d, k=%d): chi-squared %.1f over %d seeds, indices not uniform", n, k, chi, trials)
+		}
+	}
+}
+
+// TestAccumulateParallel compares the fused parallel Memory.Accumulate with a
+// plain loop, and checks that the first non-finite element is named, for
+// sizes on both sides of the parallel cutoff.
+func TestAccumulateParallel(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 22))
+	for _, n := range []int{1, 5, selParallelMin - 1, selParallelMin, 3*selParallelMin + 5} {
+		for _, lrScaled := range []bool{false, true} {
+			m := NewMemory(n, lrScaled)
+			g := make([]float32, n)
+			for i := range g {
+				m.Residual[i] = float32(r.NormFloat64())
+				g[i] = float32(r.NormFloat64())
+			}
+			want := slices.Clone(m.Residual)
+			scale := float32(1)
+			if lrScaled {
+				scale = 0.1
+			}
+			for i := range want {
+				want[i] += scale * g[i]
+			}
+			acc, err := m.Accumulate(g, 0.1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(acc, want) {
+				t.Fatalf("n=%d lrScaled=%v: Accumulate differs from the plain loop", n, lrScaled)
+			}
+			// Two bad elements, the later one in an earlier position of its
+			// chunk: the error must name the first.
+			bad1, bad2 := n-1, n/2
+			if n > 1 {
+				bad1, bad2 = n/2+n/4, n/2
+			}
+			g2 := make([]float32, n)
+			g2[bad1] = float32(math.Inf(-1))
+			g2[bad2] = float32(math.NaN())
+			_, err = m.Accumulate(g2, 1)
+			if first := min(bad1, bad2); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("element %d ", first)) {
+				t.Fatalf("n=%d: error %v, want one naming element %d", n, err, first)
+			}
 		}
 	}
 }

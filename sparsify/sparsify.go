@@ -15,7 +15,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -225,12 +224,15 @@ func (m *Memory) Accumulate(grad []float32, lr float32) ([]float32, error) {
 	if m.LRScaled {
 		scale = lr
 	}
+	// One fused pass (add and check), split over all cores for large
+	// vectors; each chunk reports its first non-finite element.
 	r := m.Residual
-	for i, g := range grad {
-		r[i] += scale * g
-	}
-	for i, v := range r {
-		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+	p := selChunks(len(r))
+	bad := make([]int, p)
+	selParallel(len(r), p, func(c, lo, hi int) { bad[c] = selAccumulate(r[lo:hi], grad[lo:hi], scale, lo) })
+	for _, i := range bad {
+		if i >= 0 {
+			v := r[i]
 			return nil, fmt.Errorf("sparsify: error-compensated gradient element %d is %v: the gradient diverged (lower the learning rate or clip gradients)", i, v)
 		}
 	}
