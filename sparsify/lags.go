@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 )
 
 func init() { Register("lags", newLAGSReducer) }
@@ -124,6 +125,17 @@ type LAGSModel struct {
 	// SparPerElement is the sparsification cost per group element, in
 	// seconds.
 	SparPerElement float64
+}
+
+// LAGSModelFromNetwork is the LAGSModel of an emulated or projected network
+// (Alpha = its latency, Beta = 1/its bandwidth) with the given
+// sparsification cost per element in seconds. The model always uses the
+// ring all-gather's (n−1)·α latency term, whatever net.AllGather selects.
+func LAGSModelFromNetwork(net netmodel.Network, sparPerElement float64) (LAGSModel, error) {
+	if err := net.Validate(); err != nil {
+		return LAGSModel{}, fmt.Errorf("sparsify: lags: %w", err)
+	}
+	return LAGSModel{Alpha: net.Latency.Seconds(), Beta: 1 / net.Bandwidth, SparPerElement: sparPerElement}, nil
 }
 
 // LAGSDefaultModel is the network of the LAGS/OMGS reference code's

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 )
 
 // lagsRefGroups forms merge groups the obvious way: tensors from last to
@@ -504,5 +505,18 @@ func TestLAGSPeerFails(t *testing.T) {
 	})
 	if !errors.Is(err, boom) {
 		t.Fatalf("Run returned %v, want boom", err)
+	}
+}
+
+func TestLAGSModelFromNetwork(t *testing.T) {
+	m, err := LAGSModelFromNetwork(netmodel.Network{Latency: 50 * time.Microsecond, Bandwidth: 1.25e9}, 1e-9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (LAGSModel{Alpha: 50e-6, Beta: 1 / 1.25e9, SparPerElement: 1e-9}); math.Abs(m.Alpha-want.Alpha) > 1e-15 || m.Beta != want.Beta || m.SparPerElement != want.SparPerElement {
+		t.Fatalf("model %+v, want %+v", m, want)
+	}
+	if _, err := LAGSModelFromNetwork(netmodel.Network{Latency: time.Microsecond}, 0); err == nil {
+		t.Fatal("zero bandwidth accepted")
 	}
 }
