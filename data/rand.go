@@ -56,15 +56,15 @@ func (r *rng) intn(n uint64) uint64 {
 }
 
 // Perm is a pseudo-random permutation of [0, N) keyed by a 64-bit key. It is
-// computed on demand (a four-round Feistel network with cycle walking) and
-// needs no memory, so shuffling 100 million MovieLens samples costs nothing up
-// front and every rank evaluates the same permutation independently.
+// computed on demand (a four-round, possibly unbalanced Feistel network over
+// the smallest power of two >= N, with cycle walking) and needs no memory, so
+// shuffling 100 million MovieLens samples costs nothing up front and every
+// rank evaluates the same permutation independently.
 type Perm struct {
-	n     uint64
-	half  uint   // bits per Feistel half
-	mask  uint64 // (1<<half)-1
-	keys  [4]uint64
-	ident bool // n <= 1
+	n      uint64
+	lo, hi uint // bit widths of the two Feistel halves (lo + hi bits in all)
+	keys   [4]uint64
+	ident  bool // n <= 1
 }
 
 // NewPerm returns the permutation of [0, n) for the given key. n must be >= 0.
@@ -78,8 +78,8 @@ func NewPerm(n int, k uint64) Perm {
 	if b < 2 {
 		b = 2
 	}
-	p.half = (b + 1) / 2
-	p.mask = 1<<p.half - 1
+	p.lo = b / 2
+	p.hi = b - p.lo
 	for i := range p.keys {
 		p.keys[i] = key(k, tagPerm, uint64(i))
 	}
@@ -103,12 +103,17 @@ func (p Perm) At(i int) int {
 	}
 }
 
+// feistel is a bijection of [0, 2^(lo+hi)). The state is (l, r) with r in
+// the low wl bits; a round maps (l, r) to (r, l ^ F(r)), swapping the widths,
+// and after an even number of rounds the widths are back where they began.
 func (p Perm) feistel(x uint64) uint64 {
-	l, r := x>>p.half, x&p.mask
+	wl, wr := p.hi, p.lo // widths of l and r
+	l, r := x>>wr, x&(1<<wr-1)
 	for _, k := range p.keys {
-		l, r = r, l^(mix64(r^k)&p.mask)
+		l, r = r, l^(mix64(r^k)&(1<<wl-1))
+		wl, wr = wr, wl
 	}
-	return l<<p.half | r
+	return l<<wr | r
 }
 
 // PermKey returns the key of the training permutation of an epoch: the same
