@@ -851,3 +851,23 @@ func TestTimeout(t *testing.T) {
 		t.Fatal("negative timeout accepted")
 	}
 }
+
+// TestSendRecvUnreceived checks that a SendRecv whose message is never
+// received fails once the destination returned, instead of hanging.
+func TestSendRecvUnreceived(t *testing.T) {
+	var got error
+	err := Run(testCtx(t), 2, func(ctx context.Context, c comm.Communicator) error {
+		if c.Rank() == 1 {
+			return c.Send(ctx, comm.Float32s{1}, 0, 0)
+		}
+		time.Sleep(10 * time.Millisecond)
+		_, got = c.SendRecv(ctx, comm.Float32s{2, 3}, 1, make(comm.Float32s, 1), 1, 0)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got == nil || !strings.Contains(got.Error(), "rank 1 has returned") {
+		t.Fatalf("got %v, want an error saying rank 1 returned", got)
+	}
+}

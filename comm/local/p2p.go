@@ -18,6 +18,9 @@ type message struct {
 	n     int
 	data  []byte
 	ready time.Time // with network emulation: when the message has arrived
+	// consumed, if not nil, marks a message whose data are the sender's own
+	// buffer (no copy): it is closed once the receive copied them out.
+	consumed chan struct{}
 }
 
 // recvWait is a receive waiting for its message.
@@ -108,9 +111,7 @@ func (c *rankComm) send(ctx context.Context, start time.Time, buf comm.Buffer, d
 		return err
 	}
 	ready := c.w.p2pReady(start, buf)
-	if err := c.sendNoWait(buf, dst, tag, ready); err != nil {
-		return err
-	}
+	c.sendNoWait(buf, dst, tag, ready, false)
 	return c.w.sleepUntil(ctx, ready)
 }
 
@@ -124,7 +125,11 @@ func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
 		b.msgs[0] = message{}
 		b.msgs = b.msgs[1:]
 		r.deliver(m.dtype, m.n, m.data, m.ready)
-		putBytes(m.data)
+		if m.consumed != nil {
+			close(m.consumed)
+		} else {
+			putBytes(m.data)
+		}
 	} else {
 		b.waiters = append(b.waiters, r)
 	}
@@ -194,34 +199,69 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 	if err := c.check(ctx, "in SendRecv"); err != nil {
 		return 0, err
 	}
+	// The receive is posted before the send is offered, so the send need not
+	// be copied: a peer doing the same can always take it, and two ranks
+	// exchanging cannot deadlock.
 	r := c.post(recv, src, tag)
-	// The send's modelled time overlaps the receive's.
-	start := time.Now()
+	start := time.Now() // the send's modelled time overlaps the receive's
 	ready := c.w.p2pReady(start, send)
-	if err := c.sendNoWait(send, dst, tag, ready); err != nil {
-		return 0, err
-	}
+	box, consumed := c.sendNoWait(send, dst, tag, ready, true)
 	n, err := c.finishRecv(ctx, r)
+	if err == nil && consumed != nil {
+		missing := func() int {
+			if c.w.exited[dst].Load() {
+				return dst
+			}
+			return -1
+		}
+		err = c.waitFor(ctx, consumed, fmt.Sprintf("in SendRecv, sending to rank %d with tag %d", dst, tag), missing)
+	}
 	if err != nil {
+		if consumed != nil {
+			box.withdraw(consumed)
+		}
 		return 0, err
 	}
 	return n, c.w.sleepUntil(ctx, ready)
 }
 
-func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time) error {
+// sendNoWait delivers buf to the first waiting receive from this rank to dst
+// with tag, or queues it. A queued message is a copy, unless byRef: then it
+// refers to buf itself, and the returned mailbox and channel (closed once the
+// receive copied it out) let the caller wait for that or withdraw it.
+func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time, byRef bool) (*mailbox, chan struct{}) {
 	b := c.w.mailbox(mailKey{c.rank, dst, tag})
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if len(b.waiters) > 0 {
 		r := b.waiters[0]
 		b.waiters = b.waiters[1:]
 		r.deliver(buf.DType(), buf.Len(), buf.Bytes(), ready)
-	} else {
-		data := getBytes(len(buf.Bytes()))
-		copy(data, buf.Bytes())
-		b.msgs = append(b.msgs, message{dtype: buf.DType(), n: buf.Len(), data: data, ready: ready})
+		return nil, nil
 	}
-	b.mu.Unlock()
-	return nil
+	m := message{dtype: buf.DType(), n: buf.Len(), ready: ready}
+	if byRef {
+		m.data = buf.Bytes()
+		m.consumed = make(chan struct{})
+	} else {
+		m.data = getBytes(len(buf.Bytes()))
+		copy(m.data, buf.Bytes())
+	}
+	b.msgs = append(b.msgs, m)
+	return b, m.consumed
+}
+
+// withdraw removes the by-reference message marked by consumed from b if no
+// receive has taken it yet.
+func (b *mailbox) withdraw(consumed chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i, m := range b.msgs {
+		if m.consumed == consumed {
+			b.msgs = append(b.msgs[:i], b.msgs[i+1:]...)
+			return
+		}
+	}
 }
 
 // ISend starts Send and returns at once.
@@ -236,9 +276,7 @@ func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (co
 		return nil, err
 	}
 	ready := c.w.p2pReady(time.Now(), buf)
-	if err := c.sendNoWait(buf, dst, tag, ready); err != nil {
-		return nil, err
-	}
+	c.sendNoWait(buf, dst, tag, ready, false)
 	return &sendRequest{c: c, ready: ready, n: buf.Len()}, nil
 }
 

@@ -8,10 +8,10 @@ import (
 )
 
 // spinTail is how long before a deadline SleepUntil stops trusting the
-// timer and spins: Go timers on Linux wake up tens of microseconds late, more
-// on a loaded machine; modelled small-message times are only tens of
-// microseconds long.
-const spinTail = 250 * time.Microsecond
+// timer and spins. Go's timers wake up to about a millisecond late (the
+// runtime's poller waits in whole milliseconds), more on a loaded machine,
+// while modelled message times go down to tens of microseconds.
+const spinTail = 2 * time.Millisecond
 
 // SleepUntil waits until the wall clock reaches t, precisely: a timer for all
 // but the last spinTail, then a spin that yields the processor. It returns
