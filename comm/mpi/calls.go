@@ -10,6 +10,16 @@ import (
 
 const maxCount = math.MaxInt32 // MPI counts are C ints
 
+// largeMessage is the size in bytes above which a point-to-point message is
+// polled without pause (its transfer advances only inside MPI calls).
+const largeMessage = 256 << 10
+
+// ringMin is the size in bytes from which AllGather(V) and the integer
+// AllReduce use the pipelined ring instead of the library's non-blocking
+// collectives, which are slow for large buffers (Open MPI's libnbc) but have
+// lower latency for small ones.
+const ringMin = 64 << 10
+
 func checkBuf(what, name string, b comm.Buffer) error {
 	if b == nil {
 		return fmt.Errorf("mpi: %s: %s buffer is nil; pass an empty comm.Float32s{} for no data", what, name)
@@ -80,6 +90,15 @@ func (c *Comm) ring(what string, src, out []byte, dt comm.DType, bounds []int, a
 	return o
 }
 
+// chunks are the block offsets of comm.ChunkBounds.
+func chunks(L, n int) []int {
+	b := make([]int, n+1)
+	for j := 0; j < n; j++ {
+		_, b[j+1] = comm.ChunkBounds(L, n, j)
+	}
+	return b
+}
+
 // allReduceOp builds the op of AllReduce and IAllReduce.
 func (c *Comm) allReduceOp(buf comm.Buffer) (op, error) {
 	const what = "AllReduce"
@@ -91,18 +110,17 @@ func (c *Comm) allReduceOp(buf comm.Buffer) (op, error) {
 		if n == 1 || L == 0 {
 			return nil, nil
 		}
-		bounds := make([]int, n+1)
-		for j := 0; j < n; j++ {
-			_, bounds[j+1] = comm.ChunkBounds(L, n, j)
-		}
-		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), nil, buf.DType(), bounds, true), nil
+		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), nil, buf.DType(), chunks(L, n), true), nil
 	}
 	if n == 1 || L == 0 {
 		return nil, nil
 	}
+	if L*buf.DType().Size() >= ringMin {
+		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), nil, buf.DType(), chunks(L, n), true), nil
+	}
 	b := buf.Bytes()
 	return &reqOp{
-		what: fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), nreq: 1, n: L, recvIdx: -1, keep: []any{b},
+		what: fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), nreq: 1, n: L, recvIdx: -1, keep: []any{b}, poll: true,
 		post: func(e *engine, reqs []uintptr) int32 {
 			return call(e.l.iallreduce, 1 /* MPI_IN_PLACE */, bufPtr(b), uintptr(L), e.l.typeOf(buf.DType()), e.l.opSum, e.coll, ptr(&reqs[0]))
 		},
@@ -219,6 +237,18 @@ func (c *Comm) allGatherVOp(what string, send, recv comm.Buffer, counts []int) (
 		copy(recv.Bytes(), send.Bytes())
 		return nil, total, nil
 	}
+	sb, rb := send.Bytes(), recv.Bytes()
+	dt := send.DType()
+	if total*dt.Size() >= ringMin {
+		bounds := make([]int, c.Size()+1)
+		for j, k := range counts {
+			bounds[j+1] = bounds[j] + k
+		}
+		copy(rb[bounds[c.Rank()]*dt.Size():], sb)
+		o := c.ring(fmt.Sprintf("%s of %d %v", what, total, dt), rb, nil, dt, bounds, true)
+		o.gatherOnly = true
+		return o, total, nil
+	}
 	cnt := make([]int32, len(counts))
 	displ := make([]int32, len(counts))
 	off := 0
@@ -226,11 +256,9 @@ func (c *Comm) allGatherVOp(what string, send, recv comm.Buffer, counts []int) (
 		cnt[r], displ[r] = int32(n), int32(off)
 		off += n
 	}
-	sb, rb := send.Bytes(), recv.Bytes()
-	dt := send.DType()
 	return &reqOp{
 		what: fmt.Sprintf("%s of %d %v", what, total, dt), nreq: 1, n: total, recvIdx: -1,
-		keep: []any{sb, rb, cnt, displ},
+		keep: []any{sb, rb, cnt, displ}, poll: true,
 		post: func(e *engine, reqs []uintptr) int32 {
 			t := e.l.typeOf(dt)
 			return call(e.l.iallgatherv, bufPtr(sb), uintptr(len(sb)/dt.Size()), t, bufPtr(rb), ptr(&cnt[0]), ptr(&displ[0]), t, e.coll, ptr(&reqs[0]))
@@ -310,7 +338,7 @@ func (c *Comm) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
 	}
 	b, dt := buf.Bytes(), buf.DType()
 	_, err := c.do(ctx, &reqOp{
-		what: fmt.Sprintf("Broadcast of %d %v from rank %d", buf.Len(), dt, root), nreq: 1, n: buf.Len(), recvIdx: -1, keep: []any{b},
+		what: fmt.Sprintf("Broadcast of %d %v from rank %d", buf.Len(), dt, root), nreq: 1, n: buf.Len(), recvIdx: -1, keep: []any{b}, poll: true,
 		post: func(e *engine, reqs []uintptr) int32 {
 			return call(e.l.ibcast, bufPtr(b), uintptr(len(b)/dt.Size()), e.l.typeOf(dt), uintptr(root), e.coll, ptr(&reqs[0]))
 		},
@@ -346,6 +374,7 @@ func (c *Comm) sendOp(what string, buf comm.Buffer, dst, tag int) (op, error) {
 	dt := buf.DType()
 	return &reqOp{
 		what: fmt.Sprintf("%s of %d %v to rank %d tag %d", what, buf.Len(), dt, dst, tag), nreq: 1, n: buf.Len(), recvIdx: -1, keep: []any{b},
+		poll: len(b) > largeMessage,
 		post: func(e *engine, reqs []uintptr) int32 {
 			return call(e.l.isend, bufPtr(b), uintptr(len(b)/dt.Size()), e.l.typeOf(dt), uintptr(dst), uintptr(tag), e.p2p, ptr(&reqs[0]))
 		},
@@ -391,7 +420,7 @@ func (c *Comm) recvOp(what string, buf comm.Buffer, src, tag int) (*reqOp, error
 	b, dt := buf.Bytes(), buf.DType()
 	return &reqOp{
 		what: fmt.Sprintf("%s of up to %d %v from rank %d tag %d", what, buf.Len(), dt, src, tag), nreq: 1,
-		recvIdx: 0, recvT: dt, recvCap: buf.Len(), peer: src, keep: []any{b},
+		recvIdx: 0, recvT: dt, recvCap: buf.Len(), peer: src, keep: []any{b}, poll: len(b) > largeMessage,
 		post: func(e *engine, reqs []uintptr) int32 {
 			return call(e.l.irecv, bufPtr(b), uintptr(buf.Len()), e.l.typeOf(dt), uintptr(src), uintptr(tag), e.p2p, ptr(&reqs[0]))
 		},
@@ -432,7 +461,7 @@ func (c *Comm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv com
 	o := &reqOp{
 		what:    fmt.Sprintf("SendRecv of %d %v to rank %d and up to %d from rank %d, tag %d", send.Len(), send.DType(), dst, recv.Len(), src, tag),
 		nreq:    2,
-		recvIdx: 0, recvT: ro.recvT, recvCap: ro.recvCap, peer: src, keep: []any{s.keep, ro.keep},
+		recvIdx: 0, recvT: ro.recvT, recvCap: ro.recvCap, peer: src, keep: []any{s.keep, ro.keep}, poll: s.poll || ro.poll,
 		post: func(e *engine, reqs []uintptr) int32 {
 			if rc := ro.post(e, reqs[0:1]); rc != mpiSuccess {
 				return rc

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -182,6 +183,7 @@ func (e *engine) loop(ready chan<- initResult) {
 	var stopTimer <-chan time.Time
 	idle := 0
 	sleep := time.Duration(0)
+	var idleSince time.Time
 	startTask := func(t *task) {
 		if err := t.op.start(e); err != nil {
 			t.req.complete(0, err)
@@ -253,22 +255,44 @@ func (e *engine) loop(ready chan<- initResult) {
 			moved = true
 		}
 		// Operations are only tested, never waited on, so that many can
-		// progress together; back off when nothing happens for a while so
-		// that a rank waiting for a slow peer does not burn its core.
+		// progress together. MPI moves data only inside its calls, so the
+		// engine polls; when nothing has completed for a while it yields,
+		// and sleeps (so that a rank waiting for a slow peer does not burn
+		// its core) unless an operation whose progress is invisible until
+		// it completes (a library collective, a large message) is active.
 		if moved {
 			idle, sleep = 0, 0
 			continue
 		}
+		if idle == 0 {
+			idleSince = time.Now()
+		}
 		idle++
-		switch {
-		case idle < 256:
-		case idle < 4096:
-			runtime.Gosched()
-		default:
-			sleep = min(max(2*sleep, 5*time.Microsecond), 500*time.Microsecond)
+		if idle < 64 {
+			continue
+		}
+		if idle%64 == 0 && time.Since(idleSince) > 5*time.Millisecond && !anyBusy(active) {
+			sleep = min(max(2*sleep, 20*time.Microsecond), 200*time.Microsecond)
 			time.Sleep(sleep)
+			continue
+		}
+		// Yield the core, not just the goroutine: with more ranks than
+		// cores, the peer this rank waits for needs it.
+		runtime.Gosched()
+		syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+	}
+}
+
+// busyOp is implemented by ops that must be polled without pause.
+type busyOp interface{ busy() bool }
+
+func anyBusy(active []*task) bool {
+	for _, t := range active {
+		if b, ok := t.op.(busyOp); ok && b.busy() {
+			return true
 		}
 	}
+	return false
 }
 
 func (e *engine) init() error {

@@ -46,6 +46,7 @@ type lib struct {
 	commGetAttr, errorString, getLibraryVersion              uintptr
 	isend, irecv, test, getCount                             uintptr
 	iallreduce, iallgather, iallgatherv, ibcast, ibarrier    uintptr
+	allreduce                                                uintptr // blocking, for benchmarks
 
 	commWorld, tFloat, tInt32, tInt64, opSum, errorsReturn uintptr
 
@@ -108,7 +109,7 @@ func bindLib(h uintptr, name string) (*lib, error) {
 		{&l.getLibraryVersion, "MPI_Get_library_version"},
 		{&l.isend, "MPI_Isend"}, {&l.irecv, "MPI_Irecv"}, {&l.test, "MPI_Test"}, {&l.getCount, "MPI_Get_count"},
 		{&l.iallreduce, "MPI_Iallreduce"}, {&l.iallgather, "MPI_Iallgather"}, {&l.iallgatherv, "MPI_Iallgatherv"},
-		{&l.ibcast, "MPI_Ibcast"}, {&l.ibarrier, "MPI_Ibarrier"},
+		{&l.ibcast, "MPI_Ibcast"}, {&l.ibarrier, "MPI_Ibarrier"}, {&l.allreduce, "MPI_Allreduce"},
 		// Predefined handles of the Open MPI ABI.
 		{&l.commWorld, "ompi_mpi_comm_world"}, {&l.tFloat, "ompi_mpi_float"}, {&l.tInt32, "ompi_mpi_int"},
 		{&l.tInt64, "ompi_mpi_long_long_int"}, {&l.opSum, "ompi_mpi_op_sum"},

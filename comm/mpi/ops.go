@@ -22,7 +22,10 @@ type reqOp struct {
 	recvCap int
 	peer    int // source rank of the receive, for messages
 
-	keep   []any // Go memory MPI uses until completion (buffers, count arrays)
+	keep []any // Go memory MPI uses until completion (buffers, count arrays)
+	// poll marks ops whose progress is invisible until they complete: the
+	// engine polls them without sleeping.
+	poll   bool
 	reqs   []uintptr
 	done   []bool
 	ndone  int
@@ -31,6 +34,8 @@ type reqOp struct {
 }
 
 func (o *reqOp) describe() string { return o.what }
+
+func (o *reqOp) busy() bool { return o.poll }
 
 func (o *reqOp) start(e *engine) error {
 	o.reqs = make([]uintptr, o.nreq)
@@ -92,18 +97,19 @@ func (o *reqOp) progress(e *engine) (done, moved bool, n int, err error) {
 // receives posted ahead. Messages between a pair of ranks on one tag match in
 // posting order, which is the same on both sides.
 type ringOp struct {
-	what      string
-	dt        comm.DType
-	esz       int
-	n, r      int
-	bounds    []int  // n+1 block offsets in elements
-	src       []byte // own contributions, read only (== work for all-reduce)
-	work      []byte // where reduced blocks are written (indexed like src)
-	out       []byte // reduce-scatter only: receives block r
-	allGather bool
-	segElems  int
-	window    int
-	tag       int
+	what       string
+	dt         comm.DType
+	esz        int
+	n, r       int
+	bounds     []int  // n+1 block offsets in elements
+	src        []byte // own contributions, read only (== work for all-reduce)
+	work       []byte // where reduced blocks are written (indexed like src)
+	out        []byte // reduce-scatter only: receives block r
+	allGather  bool   // run the all-gather phase
+	gatherOnly bool   // skip the reduce-scatter phase (AllGather(V)): work already holds block r
+	segElems   int
+	window     int
+	tag        int
 
 	sends, recvs         []ringMsg
 	sendStart, recvStart []int // index of the first message of each step
@@ -129,11 +135,15 @@ func (o *ringOp) describe() string { return o.what }
 
 func mod(a, n int) int { return ((a % n) + n) % n }
 
-func (o *ringOp) steps() int {
-	if o.allGather {
-		return 2 * (o.n - 1)
+// steps returns the range [first, end) of the steps this ring runs.
+func (o *ringOp) steps() (first, end int) {
+	switch {
+	case o.gatherOnly:
+		return o.n - 1, 2 * (o.n - 1)
+	case o.allGather:
+		return 0, 2 * (o.n - 1)
 	}
-	return o.n - 1
+	return 0, o.n - 1
 }
 
 func (o *ringOp) sendBlock(t int) int {
@@ -164,14 +174,16 @@ func (o *ringOp) start(e *engine) error {
 	// number gives every ring its own tag on every rank.
 	e.collSeq++
 	o.tag = int(e.collSeq & tagLimit)
-	T := o.steps()
+	first, T := o.steps()
 	o.sendStart = make([]int, T+1)
 	o.recvStart = make([]int, T+1)
 	for t := 0; t < T; t++ {
 		o.sendStart[t] = len(o.sends)
-		o.sends = o.segments(o.sends, t, o.sendBlock(t))
 		o.recvStart[t] = len(o.recvs)
-		o.recvs = o.segments(o.recvs, t, o.recvBlock(t))
+		if t >= first {
+			o.sends = o.segments(o.sends, t, o.sendBlock(t))
+			o.recvs = o.segments(o.recvs, t, o.recvBlock(t))
+		}
 	}
 	o.sendStart[T], o.recvStart[T] = len(o.sends), len(o.recvs)
 	o.sendReq = make([]uintptr, len(o.sends))
@@ -216,9 +228,11 @@ func (o *ringOp) post(e *engine) (bool, error) {
 		} else {
 			// All-gather: the region was sent in reduce-scatter step
 			// t−(n−1); it may be overwritten only once that send is done.
-			j := o.sendStart[m.t-(o.n-1)] + (i - o.recvStart[m.t])
-			if !o.sendDone[j] {
-				break
+			if !o.gatherOnly {
+				j := o.sendStart[m.t-(o.n-1)] + (i - o.recvStart[m.t])
+				if !o.sendDone[j] {
+					break
+				}
 			}
 			dst = o.region(o.work, m.lo, m.hi)
 		}
@@ -236,6 +250,8 @@ func (o *ringOp) post(e *engine) (bool, error) {
 		var src []byte
 		if m.t == 0 {
 			src = o.region(o.src, m.lo, m.hi)
+		} else if o.gatherOnly && m.t == o.n-1 {
+			src = o.region(o.work, m.lo, m.hi) // own block, copied in
 		} else {
 			j := o.recvStart[m.t-1] + (i - o.sendStart[m.t])
 			if !o.recvDone[j] {
@@ -312,7 +328,7 @@ func (o *ringOp) progress(e *engine) (done, moved bool, n int, err error) {
 		}
 		o.tmp = nil
 		n := o.bounds[o.n]
-		if o.out != nil {
+		if o.out != nil && !o.allGather {
 			n = o.bounds[o.r+1] - o.bounds[o.r]
 		}
 		return true, true, n, nil
