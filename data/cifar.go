@@ -152,6 +152,12 @@ func LoadCIFAR(root string, kind CIFARKind, split Split) (*CIFAR, error) {
 		dir = filepath.Join(root, kind.DirName())
 	}
 	out := &CIFAR{Kind: kind}
+	total := want * len(names)
+	out.Pixels = make([]byte, 0, total*CIFARPixels)
+	out.Labels = make([]int32, 0, total)
+	if kind == CIFAR100 {
+		out.Coarse = make([]int32, 0, total)
+	}
 	for _, name := range names {
 		path := filepath.Join(dir, name)
 		part, err := ReadCIFARFile(path, kind)
