@@ -202,8 +202,8 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 	// The receive is posted before the send is offered, so the send need not
 	// be copied: a peer doing the same can always take it, and two ranks
 	// exchanging cannot deadlock.
-	r := c.post(recv, src, tag)
 	start := time.Now() // the send's modelled time overlaps the receive's
+	r := c.post(recv, src, tag)
 	ready := c.w.p2pReady(start, send)
 	box, consumed := c.sendNoWait(send, dst, tag, ready, true)
 	n, err := c.finishRecv(ctx, r)
