@@ -129,20 +129,25 @@ func TestEmulatedAbort(t *testing.T) {
 }
 
 // BenchmarkEmulatedDelay measures how close emulated calls come to their
-// modelled time on a 10 Gbit/s, 50 µs network (two ranks). Metrics: model-µs;
+// modelled time on a 10 Gbit/s, 50 µs network (two ranks, and four for
+// allreduce-n4). Metrics: model-µs;
 // median-µs and mean-µs, the median and mean duration of one call on rank 0;
 // err-%, the median's deviation from the model. The median is reported
 // because on a shared machine a few calls are stretched by the operating
 // system descheduling the process, which no in-process emulation can prevent.
 func BenchmarkEmulatedDelay(b *testing.B) {
 	net := netmodel.Ethernet10G
-	for _, op := range []string{"allreduce", "sendrecv"} {
+	for _, op := range []string{"allreduce", "sendrecv", "allreduce-n4"} {
 		for _, bytes := range []int{1 << 10, 10 << 10, 100 << 10, 1 << 20, 10 << 20, 100 << 20} {
 			m := bytes / 4
+			n := 2
+			if op == "allreduce-n4" {
+				n = 4
+			}
 			b.Run(fmt.Sprintf("%s/%dKiB", op, bytes>>10), func(b *testing.B) {
 				var model time.Duration
 				durs := make([]time.Duration, 0, b.N)
-				err := Run(context.Background(), 2, func(ctx context.Context, c comm.Communicator) error {
+				err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
 					buf := make(comm.Float32s, m)
 					recv := make(comm.Float32s, m)
 					for i := range buf { // fault the pages in before timing
@@ -155,7 +160,7 @@ func BenchmarkEmulatedDelay(b *testing.B) {
 						}
 						start := time.Now()
 						var err error
-						if op == "allreduce" {
+						if op != "sendrecv" {
 							err = c.AllReduce(ctx, buf)
 						} else {
 							_, err = c.SendRecv(ctx, buf, 1-r, recv, 1-r, 0)
@@ -168,8 +173,8 @@ func BenchmarkEmulatedDelay(b *testing.B) {
 						}
 					}
 					if r == 0 {
-						if op == "allreduce" {
-							model = net.Cost(comm.OpAllReduce, 2, m, 4, nil)
+						if op != "sendrecv" {
+							model = net.Cost(comm.OpAllReduce, n, m, 4, nil)
 						} else {
 							model = net.PointToPoint(int64(bytes))
 						}
