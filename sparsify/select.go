@@ -136,7 +136,23 @@ func TopK(dst []int32, x []float32, k int) []int32 {
 		}
 		// Branch-free: write every index, advance only over selected ones,
 		// and stop as soon as the chunk's share is complete (so the
-		// speculative write never leaves out).
+		// speculative write never leaves out). A chunk that takes all or
+		// none of its ties selects key >= t or key >= t+1.
+		if allow[c] == eq[c] || allow[c] == 0 {
+			tt := t
+			if allow[c] == 0 {
+				tt++ // t < 2^31, no overflow
+			}
+			j := 0
+			for i, v := range x[lo:hi] {
+				out[j] = int32(lo + i)
+				j += selB2I(absBits(v) >= tt)
+				if j == len(out) {
+					break
+				}
+			}
+			return
+		}
 		j, a := 0, allow[c]
 		for i, v := range x[lo:hi] {
 			key := absBits(v)
