@@ -199,6 +199,12 @@ func TestCIFARLoaderMatchesReference(t *testing.T) {
 					seen := map[int32]bool{}
 					for rank := 0; rank < size; rank++ {
 						l, err := NewCIFARLoader(ds, LoaderConfig{Batch: batch, Rank: rank, Size: size, Seed: 99, Train: train, Workers: 2})
+						if train && n/size < batch {
+							if err == nil {
+								t.Fatalf("size=%d batch=%d: no full batch but no error", size, batch)
+							}
+							continue
+						}
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -364,5 +370,16 @@ func TestRealCIFAR10(t *testing.T) {
 		if m := s / float64(c.Len()*1024) / 255; math.Abs(m-float64(mean[ch])) > 1e-3 {
 			t.Errorf("channel %d mean %.4f, want %.4f", ch, m, mean[ch])
 		}
+	}
+}
+
+func TestLoaderTooSmallForOneBatch(t *testing.T) {
+	ds := &CIFAR{Pixels: make([]byte, 10*CIFARPixels), Labels: make([]int32, 10)}
+	_, err := NewCIFARLoader(ds, LoaderConfig{Batch: 4, Size: 3, Train: true})
+	if err == nil || !strings.Contains(err.Error(), "fewer than the batch size 4") {
+		t.Fatalf("%v", err)
+	}
+	if l, err := NewCIFARLoader(ds, LoaderConfig{Batch: 4, Size: 3}); err != nil || l.Len() != 1 {
+		t.Fatalf("evaluation loader: %v", err)
 	}
 }

@@ -53,6 +53,10 @@ func NewRecLoader(ds *Implicit, cfg LoaderConfig, negatives int) (*RecLoader, er
 	if err := l.SetEpoch(0); err != nil {
 		return nil, err
 	}
+	if cfg.Train && l.Len() == 0 {
+		l.Close()
+		return nil, fmt.Errorf("data: each of %d workers gets %d samples per epoch, fewer than the batch size %d: no full batch to train on; lower the batch size or the number of workers", cfg.Size, l.shard.Len(), cfg.Batch)
+	}
 	return l, nil
 }
 
