@@ -696,3 +696,53 @@ func TestDeftNorms(t *testing.T) {
 		}
 	}
 }
+
+// deftResNet18Layout is the layout of the CIFAR ResNet-18 of the DEFT/MiCRO
+// code (notes 8.1): its 62 parameter tensors in PyTorch parameters() order,
+// 11,173,962 elements.
+func deftResNet18Layout() (Layout, error) {
+	var names []string
+	var sizes []int
+	add := func(name string, size int) {
+		names = append(names, name)
+		sizes = append(sizes, size)
+	}
+	bn := func(prefix string, c int) {
+		add(prefix+".weight", c)
+		add(prefix+".bias", c)
+	}
+	add("conv1.weight", 64*3*3*3)
+	bn("bn1", 64)
+	in := 64
+	for stage, out := range []int{64, 128, 256, 512} {
+		for block := range 2 {
+			p := fmt.Sprintf("layer%d.%d", stage+1, block)
+			cin := out
+			if block == 0 {
+				cin = in
+			}
+			add(p+".conv1.weight", out*cin*3*3)
+			bn(p+".bn1", out)
+			add(p+".conv2.weight", out*out*3*3)
+			bn(p+".bn2", out)
+			if block == 0 && cin != out {
+				add(p+".shortcut.0.weight", out*cin)
+				bn(p+".shortcut.1", out)
+			}
+		}
+		in = out
+	}
+	add("linear.weight", 512*10)
+	add("linear.bias", 10)
+	return NewLayout(names, sizes)
+}
+
+func TestDeftResNet18Layout(t *testing.T) {
+	l, err := deftResNet18Layout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Tensors) != 62 || l.N != 11_173_962 {
+		t.Fatalf("ResNet-18 layout has %d tensors and %d elements, want 62 and 11173962", len(l.Tensors), l.N)
+	}
+}

@@ -1,3 +1,5 @@
+//go:build unix
+
 package sparsify
 
 import (
@@ -25,15 +27,11 @@ func BenchmarkMicroSelect(b *testing.B) {
 		var dst []int32
 		b.Run(fmt.Sprintf("rho=%g/partition", density), func(b *testing.B) {
 			b.SetBytes(int64(4 * len(part)))
-			for b.Loop() {
-				dst = SelectAbove(dst, part, thr)
-			}
+			deftBenchLoop(b, func() { dst = SelectAbove(dst, part, thr) })
 		})
 		b.Run(fmt.Sprintf("rho=%g/full", density), func(b *testing.B) {
 			b.SetBytes(int64(4 * len(acc)))
-			for b.Loop() {
-				dst = SelectAbove(dst, acc, thr)
-			}
+			deftBenchLoop(b, func() { dst = SelectAbove(dst, acc, thr) })
 		})
 	}
 }
