@@ -67,9 +67,9 @@ func (c *Comm) checkPeer(what, role string, peer int) error {
 	return nil
 }
 
-func checkTag(what string, tag int) error {
-	if tag < 0 || tag > tagLimit {
-		return fmt.Errorf("mpi: %s: tag %d is outside [0, %d], the range every MPI library accepts", what, tag, tagLimit)
+func (c *Comm) checkTag(what string, tag int) error {
+	if tag < 0 || tag > c.e.tagUB {
+		return fmt.Errorf("mpi: %s: tag %d is outside [0, %d], the tags this MPI library accepts (MPI_TAG_UB)", what, tag, c.e.tagUB)
 	}
 	return nil
 }
@@ -367,7 +367,7 @@ func (c *Comm) sendOp(what string, buf comm.Buffer, dst, tag int) (op, error) {
 	if err := c.checkPeer(what, "destination", dst); err != nil {
 		return nil, err
 	}
-	if err := checkTag(what, tag); err != nil {
+	if err := c.checkTag(what, tag); err != nil {
 		return nil, err
 	}
 	b := append([]byte(nil), buf.Bytes()...)
@@ -414,7 +414,7 @@ func (c *Comm) recvOp(what string, buf comm.Buffer, src, tag int) (*reqOp, error
 	if err := c.checkPeer(what, "source", src); err != nil {
 		return nil, err
 	}
-	if err := checkTag(what, tag); err != nil {
+	if err := c.checkTag(what, tag); err != nil {
 		return nil, err
 	}
 	b, dt := buf.Bytes(), buf.DType()

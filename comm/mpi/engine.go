@@ -30,6 +30,7 @@ type engine struct {
 	dead    chan struct{} // closed when the goroutine has ended
 	collSeq uint32        // collective sequence number (engine goroutine only)
 	version string        // MPI_Get_library_version, set by init
+	tagUB   int           // largest tag (MPI_TAG_UB), set by init
 	tmpFree [][]byte      // reusable ring receive buffers (engine goroutine only)
 
 	// pending counts operations submitted but not finished (read by Close's
@@ -312,6 +313,12 @@ func (e *engine) init() error {
 		return fmt.Errorf("mpi: MPI_Comm_size: %s", l.errString(rc))
 	}
 	e.rank, e.size = int(sc.rank), int(sc.size)
+	// MPI_TAG_UB: the attribute value is a pointer to the library's int.
+	e.tagUB = tagLimit
+	if rc := call(l.commGetAttr, e.world, mpiTagUBKey, ptr(&sc.attr), ptr(&sc.flag)); rc == mpiSuccess && sc.flag != 0 && sc.attr != 0 {
+		call(l.memcpy, ptr(&sc.tagUB), sc.attr, 4)
+		e.tagUB = max(tagLimit, int(sc.tagUB))
+	}
 	e.version = l.version()
 	for _, dst := range []*uintptr{&e.coll, &e.p2p} {
 		if rc := call(l.commDup, e.world, ptr(dst)); rc != mpiSuccess {

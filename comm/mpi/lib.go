@@ -47,6 +47,7 @@ type lib struct {
 	isend, irecv, test, getCount                             uintptr
 	iallreduce, iallgather, iallgatherv, ibcast, ibarrier    uintptr
 	allreduce                                                uintptr // blocking, for benchmarks
+	memcpy                                                   uintptr // libc's, to read attribute values
 
 	commWorld, tFloat, tInt32, tInt64, opSum, errorsReturn uintptr
 
@@ -59,6 +60,8 @@ type lib struct {
 
 type scratch struct {
 	provided, rank, size, flag, count, n int32
+	tagUB                                int32
+	attr                                 uintptr
 	errBuf                               [mpiMaxErrorString + 1]byte
 	verBuf                               [8192]byte
 }
@@ -109,7 +112,7 @@ func bindLib(h uintptr, name string) (*lib, error) {
 		{&l.getLibraryVersion, "MPI_Get_library_version"},
 		{&l.isend, "MPI_Isend"}, {&l.irecv, "MPI_Irecv"}, {&l.test, "MPI_Test"}, {&l.getCount, "MPI_Get_count"},
 		{&l.iallreduce, "MPI_Iallreduce"}, {&l.iallgather, "MPI_Iallgather"}, {&l.iallgatherv, "MPI_Iallgatherv"},
-		{&l.ibcast, "MPI_Ibcast"}, {&l.ibarrier, "MPI_Ibarrier"}, {&l.allreduce, "MPI_Allreduce"},
+		{&l.ibcast, "MPI_Ibcast"}, {&l.ibarrier, "MPI_Ibarrier"}, {&l.allreduce, "MPI_Allreduce"}, {&l.memcpy, "memcpy"},
 		// Predefined handles of the Open MPI ABI.
 		{&l.commWorld, "ompi_mpi_comm_world"}, {&l.tFloat, "ompi_mpi_float"}, {&l.tInt32, "ompi_mpi_int"},
 		{&l.tInt64, "ompi_mpi_long_long_int"}, {&l.opSum, "ompi_mpi_op_sum"},

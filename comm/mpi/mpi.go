@@ -74,7 +74,8 @@ const (
 )
 
 // tagLimit is the largest tag every MPI implementation accepts (MPI_TAG_UB is
-// at least 32767).
+// at least 32767); the ring's internal tags stay below it. User tags may go up
+// to the library's MPI_TAG_UB (2^31−1 for Open MPI's ob1).
 const tagLimit = 32767
 
 var (
@@ -163,6 +164,9 @@ func (c *Comm) Rank() int { return c.e.rank }
 
 // Size is the number of processes in MPI_COMM_WORLD.
 func (c *Comm) Size() int { return c.e.size }
+
+// TagUB is the largest tag Send and Recv accept (the library's MPI_TAG_UB).
+func (c *Comm) TagUB() int { return c.e.tagUB }
 
 // Version is the MPI library's version line.
 func (c *Comm) Version() string { return c.version }
