@@ -1,8 +1,10 @@
 package models
 
 import (
+	"fmt"
 	"sync"
 
+	iblas "github.com/sparsegrad/sparsegrad/internal/blas"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 	G "gorgonia.org/gorgonia"
@@ -40,4 +42,39 @@ func sgemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []fl
 	impl := blasF32
 	blasMu.RUnlock()
 	impl.Sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)
+}
+
+// BLAS modes accepted by ConfigureBLAS.
+const (
+	BLASAuto     = "auto"     // OpenBLAS when installed, gonum otherwise
+	BLASOpenBLAS = "openblas" // OpenBLAS or an error
+	BLASGonum    = "gonum"    // gonum's pure-Go BLAS
+)
+
+// ConfigureBLAS selects the BLAS of every model in the process and returns
+// a one-line description of the choice (for logs). OpenBLAS is loaded at run
+// time (internal/blas), so no build flag or library is needed to build; in
+// "auto" mode a missing library silently selects gonum. threads > 0 sets
+// OpenBLAS's thread count (0 leaves OpenBLAS's default: one per core).
+func ConfigureBLAS(mode string, threads int) (string, error) {
+	switch mode {
+	case BLASGonum:
+		UseBLAS(gonum.Implementation{})
+		return "gonum (pure Go)", nil
+	case BLASAuto, BLASOpenBLAS, "":
+		o, err := iblas.Load()
+		if err != nil {
+			if mode == BLASOpenBLAS {
+				return "", fmt.Errorf("models: %w", err)
+			}
+			UseBLAS(gonum.Implementation{})
+			return "gonum (pure Go; OpenBLAS not found)", nil
+		}
+		if threads > 0 {
+			o.SetThreads(threads)
+		}
+		UseBLAS(o)
+		return fmt.Sprintf("OpenBLAS %s (%s, %d threads)", o.Path(), o.Config(), o.Threads()), nil
+	}
+	return "", badInput("unknown BLAS %q; use %q, %q or %q", mode, BLASAuto, BLASOpenBLAS, BLASGonum)
 }

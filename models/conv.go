@@ -17,12 +17,15 @@ import (
 // Why not Gorgonia's Conv2d: its filter gradient is wrong in float32 on
 // small inputs (a finite-difference check of Gorgonia v0.9.18's Conv2d on a
 // 2×2×1×1 input and a 3×2×3×3 filter gives 1.3158 where the exact value is
-// 1.3108; see TestConvMatchesReference), and its layout (im2col to NHWC
-// patches, GEMM, then a transpose back to NCHW) spends most of a ResNet
-// step in single-threaded im2col and transposes. This op computes, per
-// image, Y[b] = W·col(X[b]) straight into NCHW (no transpose), runs images
-// in parallel on GOMAXPROCS goroutines with per-goroutine scratch buffers,
-// and calls the package BLAS (OpenBLAS when loaded) for every product.
+// 1.3108, which a float64 reference and the finite difference agree on),
+// and its layout (im2col to NHWC patches, GEMM, then a transpose back to
+// NCHW) spends most of a ResNet step in single-threaded im2col and
+// transposes. This op unfolds all images side by side into one K×(B·N)
+// patch matrix and calls the package BLAS (OpenBLAS when loaded) for one
+// large product per call, so that a multi-threaded BLAS uses every core,
+// while im2col, col2im and the layout permutations run on GOMAXPROCS
+// goroutines with reused scratch buffers. TestConvMatchesReference checks
+// it against the definition.
 
 // conv2dOp: inputs X [B Ci H W], W [Co Ci k k]; output [B Co Ho Wo].
 type conv2dOp struct {
@@ -153,7 +156,10 @@ func f32s(v G.Value) ([]float32, tensor.Shape, error) {
 	return d, t.Shape(), nil
 }
 
-// Do implements gorgonia.Op: the forward convolution.
+// Do implements gorgonia.Op: the forward convolution. All images are
+// unfolded side by side into one K×(B·N) patch matrix (in parallel), one
+// GEMM computes Yᵗ = W·COL (Co×(B·N)), and a parallel permutation writes
+// it out as NCHW. One large GEMM lets a multi-threaded BLAS use every core.
 func (op conv2dOp) Do(vals ...G.Value) (G.Value, error) {
 	x, xs, err := f32s(vals[0])
 	if err != nil {
@@ -165,13 +171,31 @@ func (op conv2dOp) Do(vals ...G.Value) (G.Value, error) {
 	}
 	g := op.geom(xs, ws)
 	N := g.Ho * g.Wo
+	BN := g.B * N
+	img := g.Ci * g.H * g.W
+	col := getScratch(g.K * BN)
+	defer scratchPool.Put(col)
+	parallelFor(g.B, func(b int) { op.im2col(x[b*img:(b+1)*img], g, (*col)[b*N:], BN) })
+	yt := getScratch(g.Co * BN)
+	defer scratchPool.Put(yt)
+	sgemm(false, false, g.Co, BN, g.K, 1, w, g.K, *col, BN, 0, *yt, BN)
 	out := make([]float32, g.B*g.Co*N)
-	parallelImages(g.B, g.K*N, func(b int, col []float32) {
-		op.im2col(x[b*g.Ci*g.H*g.W:(b+1)*g.Ci*g.H*g.W], g, col)
-		// Y[b] (Co×N) = W (Co×K) · col (K×N)
-		sgemm(false, false, g.Co, N, g.K, 1, w, g.K, col, N, 0, out[b*g.Co*N:(b+1)*g.Co*N], N)
+	parallelFor(g.B, func(b int) {
+		for co := 0; co < g.Co; co++ {
+			copy(out[(b*g.Co+co)*N:(b*g.Co+co+1)*N], (*yt)[co*BN+b*N:co*BN+(b+1)*N])
+		}
 	})
 	return tensor.New(tensor.WithShape(g.B, g.Co, g.Ho, g.Wo), tensor.WithBacking(out)), nil
+}
+
+// transposeDY writes dY [B Co N] as dYᵗ [Co B·N].
+func transposeDY(dy, dyt []float32, B, Co, N int) {
+	BN := B * N
+	parallelFor(B, func(b int) {
+		for co := 0; co < Co; co++ {
+			copy(dyt[co*BN+b*N:co*BN+(b+1)*N], dy[(b*Co+co)*N:(b*Co+co+1)*N])
+		}
+	})
 }
 
 // InferShape implements gorgonia.Op.
@@ -195,7 +219,8 @@ func (op convGradInputOp) WriteHash(h hash.Hash) { fmt.Fprint(h, op.String(), op
 // Hashcode implements gorgonia.Op.
 func (op convGradInputOp) Hashcode() uint32 { return opHash(fmt.Sprint(op.String(), op.xShape)) }
 
-// Do implements gorgonia.Op: dX = col2im(Wᵀ·dY).
+// Do implements gorgonia.Op: dX = col2im(Wᵀ·dYᵗ), one GEMM for the
+// whole batch, col2im in parallel over images.
 func (op convGradInputOp) Do(vals ...G.Value) (G.Value, error) {
 	w, ws, err := f32s(vals[0])
 	if err != nil {
@@ -207,13 +232,17 @@ func (op convGradInputOp) Do(vals ...G.Value) (G.Value, error) {
 	}
 	g := op.geom(op.xShape, ws)
 	N := g.Ho * g.Wo
+	BN := g.B * N
 	img := g.Ci * g.H * g.W
+	dyt := getScratch(g.Co * BN)
+	defer scratchPool.Put(dyt)
+	transposeDY(dy, *dyt, g.B, g.Co, N)
+	col := getScratch(g.K * BN)
+	defer scratchPool.Put(col)
+	// COL (K×BN) = Wᵀ (K×Co) · dYᵗ (Co×BN)
+	sgemm(true, false, g.K, BN, g.Co, 1, w, g.K, *dyt, BN, 0, *col, BN)
 	dx := make([]float32, g.B*img)
-	parallelImages(g.B, g.K*N, func(b int, col []float32) {
-		// col (K×N) = Wᵀ (K×Co) · dY[b] (Co×N)
-		sgemm(true, false, g.K, N, g.Co, 1, w, g.K, dy[b*g.Co*N:(b+1)*g.Co*N], N, 0, col, N)
-		op.col2im(col, g, dx[b*img:(b+1)*img])
-	})
+	parallelFor(g.B, func(b int) { op.col2im((*col)[b*N:], BN, g, dx[b*img:(b+1)*img]) })
 	return tensor.New(tensor.WithShape(op.xShape...), tensor.WithBacking(dx)), nil
 }
 
@@ -238,9 +267,7 @@ func (op convGradFilterOp) WriteHash(h hash.Hash) { fmt.Fprint(h, op.String(), o
 // Hashcode implements gorgonia.Op.
 func (op convGradFilterOp) Hashcode() uint32 { return opHash(fmt.Sprint(op.String(), op.wShape)) }
 
-// Do implements gorgonia.Op: dW = Σ_b dY[b]·col(X[b])ᵀ, summed per worker
-// and then across workers in worker order (deterministic for a fixed
-// GOMAXPROCS).
+// Do implements gorgonia.Op: dW = dYᵗ·COLᵀ, one GEMM over the batch.
 func (op convGradFilterOp) Do(vals ...G.Value) (G.Value, error) {
 	x, xs, err := f32s(vals[0])
 	if err != nil {
@@ -252,36 +279,31 @@ func (op convGradFilterOp) Do(vals ...G.Value) (G.Value, error) {
 	}
 	g := op.geom(xs, op.wShape)
 	N := g.Ho * g.Wo
+	BN := g.B * N
 	img := g.Ci * g.H * g.W
-	nw := workers(g.B)
-	partial := make([][]float32, nw)
-	for i := range partial {
-		partial[i] = make([]float32, g.Co*g.K)
-	}
-	parallelImagesW(g.B, g.K*N, func(wk, b int, col []float32) {
-		op.im2col(x[b*img:(b+1)*img], g, col)
-		// dW (Co×K) += dY[b] (Co×N) · colᵀ (N×K)
-		sgemm(false, true, g.Co, g.K, N, 1, dy[b*g.Co*N:(b+1)*g.Co*N], N, col, N, 1, partial[wk], g.K)
-	})
-	dw := partial[0]
-	for _, p := range partial[1:] {
-		for i, v := range p {
-			dw[i] += v
-		}
-	}
+	col := getScratch(g.K * BN)
+	defer scratchPool.Put(col)
+	parallelFor(g.B, func(b int) { op.im2col(x[b*img:(b+1)*img], g, (*col)[b*N:], BN) })
+	dyt := getScratch(g.Co * BN)
+	defer scratchPool.Put(dyt)
+	transposeDY(dy, *dyt, g.B, g.Co, N)
+	dw := make([]float32, g.Co*g.K)
+	// dW (Co×K) = dYᵗ (Co×BN) · COLᵀ (BN×K)
+	sgemm(false, true, g.Co, g.K, BN, 1, *dyt, BN, *col, BN, 0, dw, g.K)
 	return tensor.New(tensor.WithShape(op.wShape...), tensor.WithBacking(dw)), nil
 }
 
-// im2col writes the K×N patch matrix of one image: row (c, ky, kx), column
-// (oy, ox); padded positions are 0.
-func (op conv2dOp) im2col(x []float32, g convGeom, col []float32) {
+// im2col writes the K×N patch matrix of one image into col, whose rows
+// are ld apart: row (c, ky, kx), column (oy, ox); padded positions are 0.
+func (op conv2dOp) im2col(x []float32, g convGeom, col []float32, ld int) {
 	k, s, p := op.k, op.stride, op.pad
 	N := g.Ho * g.Wo
 	for c := 0; c < g.Ci; c++ {
 		xc := x[c*g.H*g.W : (c+1)*g.H*g.W]
 		for ky := 0; ky < k; ky++ {
 			for kx := 0; kx < k; kx++ {
-				row := col[((c*k+ky)*k+kx)*N : ((c*k+ky)*k+kx+1)*N]
+				r := ((c*k+ky)*k + kx) * ld
+				row := col[r : r+N]
 				for oy := 0; oy < g.Ho; oy++ {
 					iy := oy*s - p + ky
 					dst := row[oy*g.Wo : (oy+1)*g.Wo]
@@ -322,9 +344,9 @@ func (op conv2dOp) im2col(x []float32, g convGeom, col []float32) {
 	}
 }
 
-// col2im accumulates the K×N patch matrix into one image gradient dx
-// (which it zeroes first).
-func (op conv2dOp) col2im(col []float32, g convGeom, dx []float32) {
+// col2im accumulates the K×N patch matrix of one image (rows ld apart)
+// into its gradient dx (which it zeroes first).
+func (op conv2dOp) col2im(col []float32, ld int, g convGeom, dx []float32) {
 	clear(dx)
 	k, s, p := op.k, op.stride, op.pad
 	N := g.Ho * g.Wo
@@ -332,7 +354,8 @@ func (op conv2dOp) col2im(col []float32, g convGeom, dx []float32) {
 		xc := dx[c*g.H*g.W : (c+1)*g.H*g.W]
 		for ky := 0; ky < k; ky++ {
 			for kx := 0; kx < k; kx++ {
-				row := col[((c*k+ky)*k+kx)*N : ((c*k+ky)*k+kx+1)*N]
+				r := ((c*k+ky)*k + kx) * ld
+				row := col[r : r+N]
 				for oy := 0; oy < g.Ho; oy++ {
 					iy := oy*s - p + ky
 					if iy < 0 || iy >= g.H {
@@ -364,7 +387,7 @@ func workers(n int) int {
 	return w
 }
 
-// scratch buffers reused across calls (one per worker slot).
+// scratch buffers reused across calls.
 var scratchPool = sync.Pool{New: func() any { return new([]float32) }}
 
 func getScratch(n int) *[]float32 {
@@ -376,22 +399,13 @@ func getScratch(n int) *[]float32 {
 	return p
 }
 
-// parallelImages runs f for every image b, on workers(n) goroutines, each
-// with its own scratch slice of the given size.
-func parallelImages(n, scratch int, f func(b int, col []float32)) {
-	parallelImagesW(n, scratch, func(_, b int, col []float32) { f(b, col) })
-}
-
-// parallelImagesW is parallelImages that also passes the worker index;
-// worker wk handles images wk, wk+nw, ….
-func parallelImagesW(n, scratch int, f func(wk, b int, col []float32)) {
+// parallelFor runs f(0..n-1) on workers(n) goroutines (strided).
+func parallelFor(n int, f func(i int)) {
 	nw := workers(n)
 	if nw == 1 {
-		p := getScratch(scratch)
-		for b := 0; b < n; b++ {
-			f(0, b, *p)
+		for i := 0; i < n; i++ {
+			f(i)
 		}
-		scratchPool.Put(p)
 		return
 	}
 	var wg sync.WaitGroup
@@ -399,11 +413,9 @@ func parallelImagesW(n, scratch int, f func(wk, b int, col []float32)) {
 		wg.Add(1)
 		go func(wk int) {
 			defer wg.Done()
-			p := getScratch(scratch)
-			for b := wk; b < n; b += nw {
-				f(wk, b, *p)
+			for i := wk; i < n; i += nw {
+				f(i)
 			}
-			scratchPool.Put(p)
 		}(wk)
 	}
 	wg.Wait()

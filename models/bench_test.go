@@ -1,0 +1,127 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+
+	iblas "github.com/sparsegrad/sparsegrad/internal/blas"
+)
+
+// TestMain runs the package's tests with the BLAS named by
+// SPARSEGRAD_TEST_BLAS (auto, openblas or gonum; default gonum).
+func TestMain(m *testing.M) {
+	mode := os.Getenv("SPARSEGRAD_TEST_BLAS")
+	if mode == "" {
+		mode = BLASGonum
+	}
+	desc, err := ConfigureBLAS(mode, 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	fmt.Fprintln(os.Stderr, "models tests: BLAS =", desc)
+	os.Exit(m.Run())
+}
+
+// withBLAS runs f once per available BLAS, restoring the test default.
+func withBLAS(b *testing.B, f func(b *testing.B)) {
+	for _, mode := range []string{BLASGonum, BLASOpenBLAS} {
+		b.Run(mode, func(b *testing.B) {
+			desc, err := ConfigureBLAS(mode, 0)
+			if errors.Is(err, iblas.ErrNotFound) {
+				b.Skip(err)
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Log(desc)
+			f(b)
+		})
+	}
+	def := os.Getenv("SPARSEGRAD_TEST_BLAS")
+	if def == "" {
+		def = BLASGonum
+	}
+	ConfigureBLAS(def, 0)
+}
+
+func benchStep(b *testing.B, m Model, batch Batch, hook bool) {
+	grad := make([]float32, m.NumParams())
+	if hook {
+		if err := m.SetGradHook(func(int, []float32) {}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	if _, err := m.TrainStep(ctx, batch, grad); err != nil { // warm-up
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := m.TrainStep(ctx, batch, grad); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Milliseconds())/float64(b.N), "ms/step")
+}
+
+// BenchmarkResNet18Step is one forward+backward of the full-size CIFAR
+// ResNet-18 at batch 32.
+func BenchmarkResNet18Step(b *testing.B) {
+	withBLAS(b, func(b *testing.B) {
+		m, err := NewResNet(DefaultResNet18(10, 32))
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchStep(b, m, randomImages(rand.New(rand.NewPCG(1, 1)), m.cfg, 32), false)
+	})
+}
+
+// BenchmarkLSTMStep is one training step of the DEFT LSTM (3×650, tied,
+// WikiText-2 vocabulary 28,869, BPTT 30, batch 32).
+func BenchmarkLSTMStep(b *testing.B) {
+	withBLAS(b, func(b *testing.B) {
+		m, err := NewLSTM(DefaultLSTM(28869, 32))
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchStep(b, m, randomTokens(rand.New(rand.NewPCG(1, 1)), 28869, 30*32), false)
+	})
+}
+
+// BenchmarkNCFStep is one training step of the DEFT NeuMF on ml-20m sizes
+// with the per-worker batch of 16 workers (2^20/16 = 65,536 pairs).
+func BenchmarkNCFStep(b *testing.B) {
+	withBLAS(b, func(b *testing.B) {
+		m, err := NewNCF(DefaultNCF(138493, 26744, 65536))
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchStep(b, m, randomPairs(rand.New(rand.NewPCG(1, 1)), 138493, 26744, 65536), false)
+	})
+}
+
+// BenchmarkHookOverhead compares a training step with and without the
+// gradient hook (current BLAS), for a small ResNet and the small LSTM.
+func BenchmarkHookOverhead(b *testing.B) {
+	for _, hook := range []bool{false, true} {
+		b.Run(fmt.Sprintf("resnet18-batch8/hook=%v", hook), func(b *testing.B) {
+			m, err := NewResNet(DefaultResNet18(10, 8))
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchStep(b, m, randomImages(rand.New(rand.NewPCG(1, 1)), m.cfg, 8), hook)
+		})
+		b.Run(fmt.Sprintf("lstm-small/hook=%v", hook), func(b *testing.B) {
+			m, err := NewLSTM(SmallLSTM(10000, 20))
+			if err != nil {
+				b.Fatal(err)
+			}
+			benchStep(b, m, randomTokens(rand.New(rand.NewPCG(1, 1)), 10000, 20*20), hook)
+		})
+	}
+}

@@ -1,0 +1,105 @@
+package models
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+// TestGradHook checks, for every model, that with a hook installed the
+// gradients are bitwise the same as without, that the hook fires exactly
+// once per parameter tensor with that tensor's slice of the flat gradient
+// (already filled when it fires), and that the first tensors to become
+// final are the last layers (backward order).
+func TestGradHook(t *testing.T) {
+	ctx := context.Background()
+	type tc struct {
+		name  string
+		build func() (Model, Batch)
+	}
+	cases := []tc{
+		{"ncf", func() (Model, Batch) {
+			m, _ := NewNCF(NCFConfig{Users: 6, Items: 7, Factors: 3, Layers: []int{4, 3, 2}, BatchSize: 5, Seed: 1})
+			return m, randomPairs(rand.New(rand.NewPCG(1, 1)), 6, 7, 5)
+		}},
+		{"lstm", func() (Model, Batch) {
+			m, _ := NewLSTM(LSTMConfig{Vocab: 7, Embed: 4, Hidden: 4, Layers: 2, Tied: true, BPTT: 3, BatchSize: 2, Seed: 1})
+			return m, randomTokens(rand.New(rand.NewPCG(1, 1)), 7, 6)
+		}},
+		{"resnet", func() (Model, Batch) {
+			cfg := tinyResNet(3, 1)
+			m, _ := NewResNet(cfg)
+			return m, randomImages(rand.New(rand.NewPCG(1, 1)), cfg, 3)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m, b := c.build()
+			m2, _ := c.build()
+			want := make([]float32, m.NumParams())
+			if _, err := m.TrainStep(ctx, b, want); err != nil {
+				t.Fatal(err)
+			}
+			var order []int
+			got := make([]float32, m.NumParams())
+			lay := m2.Layout()
+			err := m2.SetGradHook(func(i int, g []float32) {
+				p := lay[i]
+				if len(g) != p.Size || &g[0] != &got[p.Offset] {
+					t.Errorf("hook %d: slice is not the tensor's part of the flat gradient", i)
+				}
+				if !slices.Equal(g, want[p.Offset:p.Offset+p.Size]) {
+					t.Errorf("hook %d (%s): gradient not final when the hook fired", i, p.Name)
+				}
+				order = append(order, i)
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for step := 0; step < 2; step++ {
+				order = order[:0]
+				clear(got)
+				if _, err := m2.TrainStep(ctx, b, got); err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got, want) {
+					t.Fatal("gradients differ with the hook installed")
+				}
+				seen := make([]int, len(lay))
+				for _, i := range order {
+					seen[i]++
+				}
+				for i, n := range seen {
+					if n != 1 {
+						t.Fatalf("tensor %d (%s) fired %d times", i, lay[i].Name, n)
+					}
+				}
+				if step == 0 {
+					// Recompute want for the LSTM (its state moved on) and
+					// the ResNet (running statistics do not affect the
+					// gradient, but keep both models in lock-step).
+					if _, err := m.TrainStep(ctx, b, want); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			t.Logf("firing order: %v", order)
+			last := len(lay) - 1
+			if pos := slices.Index(order, last); pos > len(order)/2 {
+				t.Errorf("last tensor %s fired at position %d of %d; backward order should finish it early", lay[last].Name, pos, len(order))
+			}
+			// Removing the hook restores the plain path.
+			if err := m2.SetGradHook(nil); err != nil {
+				t.Fatal(err)
+			}
+			n := len(order)
+			if _, err := m2.TrainStep(ctx, b, got); err != nil {
+				t.Fatal(err)
+			}
+			if len(order) != n {
+				t.Fatal("hook fired after removal")
+			}
+		})
+	}
+}
