@@ -275,8 +275,7 @@ type sampBase struct {
 	icounts []int
 	allIdx  []int32
 	allVal  []float32
-	stamp   []uint32 // stamp[j] == gen: index j already seen this call
-	gen     uint32
+	seen    []uint64 // bitmap of N bits, all clear between calls
 }
 
 func newSampBase(name string, o Options) sampBase {
@@ -341,35 +340,30 @@ func (b *sampBase) sparseExchange(ctx context.Context, idx []int32, val []float3
 	if err := c.AllGatherV(ctx, comm.Float32s(val), comm.Float32s(b.allVal), b.icounts); err != nil {
 		return nil, 0, fmt.Errorf("gathering %d values: %w", total, err)
 	}
-	if len(b.stamp) != b.n {
-		b.stamp = make([]uint32, b.n)
-		b.gen = 0
-	}
-	b.gen++
-	if b.gen == 0 { // wrapped: reset the stamps
-		clear(b.stamp)
-		b.gen = 1
+	// A bitmap of N bits (small enough to stay in cache, unlike a second
+	// vector of N elements) marks the indices seen; the second loop scales
+	// each of them once and clears its bit again.
+	if len(b.seen) != (b.n+63)/64 {
+		b.seen = make([]uint64, (b.n+63)/64)
 	}
 	distinct := 0
 	for i, j := range b.allIdx {
 		if j < 0 || int(j) >= b.n {
+			clear(b.seen)
 			return nil, 0, fmt.Errorf("received index %d outside [0, %d): the workers disagree on the layout", j, b.n)
 		}
-		if b.stamp[j] != b.gen {
-			b.stamp[j] = b.gen
+		w, bit := j>>6, uint64(1)<<(j&63)
+		if b.seen[w]&bit == 0 {
+			b.seen[w] |= bit
 			distinct++
 		}
 		out[j] += b.allVal[i]
 	}
 	inv := 1 / float32(p)
-	b.gen++
-	if b.gen == 0 {
-		clear(b.stamp)
-		b.gen = 1
-	}
 	for _, j := range b.allIdx {
-		if b.stamp[j] != b.gen {
-			b.stamp[j] = b.gen
+		w, bit := j>>6, uint64(1)<<(j&63)
+		if b.seen[w]&bit != 0 {
+			b.seen[w] &^= bit
 			out[j] *= inv
 		}
 	}

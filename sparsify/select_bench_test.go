@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm/local"
 )
 
 // selBenchN is ResNet-18's (CIFAR variant) number of parameters.
@@ -148,4 +150,91 @@ func BenchmarkSelection(b *testing.B) {
 			slices.Sort(dst)
 		}
 	})
+}
+
+// sampResNet18Layout is the CIFAR ResNet-18's 62 parameter tensors in
+// parameter order (11,173,962 elements), for the reducer benchmarks.
+func sampResNet18Layout(b *testing.B) Layout {
+	var names []string
+	var sizes []int
+	add := func(name string, size int) { names, sizes = append(names, name), append(sizes, size) }
+	add("conv1.weight", 64*27)
+	add("bn1.weight", 64)
+	add("bn1.bias", 64)
+	in := 64
+	for s, out := range []int{64, 128, 256, 512} {
+		for blk := range 2 {
+			cin := out
+			if blk == 0 {
+				cin = in
+			}
+			p := fmt.Sprintf("layer%d.%d.", s+1, blk)
+			add(p+"conv1.weight", out*cin*9)
+			add(p+"bn1.weight", out)
+			add(p+"bn1.bias", out)
+			add(p+"conv2.weight", out*out*9)
+			add(p+"bn2.weight", out)
+			add(p+"bn2.bias", out)
+			if blk == 0 && cin != out {
+				add(p+"shortcut.0.weight", out*cin)
+				add(p+"shortcut.1.weight", out)
+				add(p+"shortcut.1.bias", out)
+			}
+		}
+		in = out
+	}
+	add("linear.weight", 5120)
+	add("linear.bias", 10)
+	l, err := NewLayout(names, sizes)
+	if err != nil || l.N != selBenchN || len(l.Tensors) != 62 {
+		b.Fatalf("ResNet-18 layout: N = %d, %d tensors, %v", l.N, len(l.Tensors), err)
+	}
+	return l
+}
+
+// BenchmarkSamplingReduce measures one Reduce call of each of 4 in-process
+// workers (run concurrently) per iteration on the ResNet-18 layout, for dgc,
+// dragonn (no warm-up, default MinTensor) and randomk.
+func BenchmarkSamplingReduce(b *testing.B) {
+	const n = 4
+	l := sampResNet18Layout(b)
+	x := selBenchData()
+	for _, m := range []string{"dgc", "dragonn", "randomk"} {
+		for _, d := range []float64{0.01, 0.001} {
+			b.Run(fmt.Sprintf("%s/d=%g", m, d), func(b *testing.B) {
+				world := local.New(n)
+				rs := make([]Reducer, n)
+				outs, res := make([][]float32, n), make([][]float32, n)
+				for w := range n {
+					var err error
+					rs[w], err = New(m, Options{Density: d, Layout: l, Comm: world.Comm(w), Seed: 1, Warmup: -1})
+					if err != nil {
+						b.Fatal(err)
+					}
+					outs[w], res[w] = make([]float32, l.N), make([]float32, l.N)
+				}
+				stats := make([]Stats, n)
+				var sel, com time.Duration
+				for b.Loop() {
+					var wg sync.WaitGroup
+					errs := make([]error, n)
+					for w := range n {
+						wg.Go(func() { stats[w], errs[w] = rs[w].Reduce(b.Context(), x, outs[w], res[w]) })
+					}
+					wg.Wait()
+					for _, err := range errs {
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+					sel += stats[0].SelectTime
+					com += stats[0].CommTime
+				}
+				b.ReportMetric(float64(sel.Microseconds())/1e3/float64(b.N), "select-ms/op")
+				b.ReportMetric(float64(com.Microseconds())/1e3/float64(b.N), "comm-ms/op")
+				b.ReportMetric(float64(stats[0].BytesSent), "B-sent/op")
+				b.ReportMetric(stats[0].ActualDensity, "actual-density")
+			})
+		}
+	}
 }
