@@ -228,6 +228,10 @@ type deftReducer struct {
 //     minimum of 1, the sum of the k_f can exceed k, by exactly the number of
 //     non-empty fragments visited after the budget reached 0, hence at most
 //     (number of non-empty fragments − 1); it never exceeds k otherwise.
+//     The union over workers is Σ over binned fragments of the owner's k_f
+//     plus the sizes of the common fragments: when all workers hold the same
+//     acc it equals that total, but because the allocations are local (as in
+//     the reference) workers with different accs can together send more.
 //   - The leader, rank t mod n, packs the fragments into n bins by LPT
 //     (deftPack, cost size·log2 k_f) using its own k_f, fully selected
 //     fragments going to a common list, and broadcasts the bin lengths and
