@@ -48,7 +48,11 @@ type dgcReducer struct {
 }
 
 func newDGCReducer(o Options) (Reducer, error) {
-	r := &dgcReducer{base: newSampBase("dgc", o)}
+	base, err := newSampBase("dgc", o)
+	if err != nil {
+		return nil, err
+	}
+	r := &dgcReducer{base: base}
 	for t, tn := range o.Layout.Tensors {
 		r.params = append(r.params, dgcParamsFor(tn.Size, o.Density))
 		if tn.Size > o.Layout.Tensors[r.largest].Size {

@@ -78,7 +78,11 @@ type dragonnReducer struct {
 }
 
 func newDragonnReducer(o Options) (Reducer, error) {
-	r := &dragonnReducer{base: newSampBase("dragonn", o), minTensor: o.MinTensor, warmup: o.Warmup}
+	base, err := newSampBase("dragonn", o)
+	if err != nil {
+		return nil, err
+	}
+	r := &dragonnReducer{base: base, minTensor: o.MinTensor, warmup: o.Warmup}
 	switch {
 	case r.minTensor == 0:
 		r.minTensor = dragonnDefaultMinTensor

@@ -33,7 +33,11 @@ type randomkReducer struct {
 }
 
 func newRandomkReducer(o Options) (Reducer, error) {
-	return &randomkReducer{base: newSampBase("randomk", o), k: BudgetK(o.Density, o.Layout.N)}, nil
+	base, err := newSampBase("randomk", o)
+	if err != nil {
+		return nil, err
+	}
+	return &randomkReducer{base: base, k: BudgetK(o.Density, o.Layout.N)}, nil
 }
 
 // Name returns "randomk".

@@ -278,8 +278,11 @@ type sampBase struct {
 	seen    []uint64 // bitmap of N bits, all clear between calls
 }
 
-func newSampBase(name string, o Options) sampBase {
-	return sampBase{name: name, o: o, c: comm.NewCounter(o.Comm), n: o.Layout.N}
+func newSampBase(name string, o Options) (sampBase, error) {
+	if o.Layout.N > math.MaxInt32 {
+		return sampBase{}, fmt.Errorf("sparsify: %s: the gradient has %d elements but indices travel as int32: at most %d elements are supported", name, o.Layout.N, math.MaxInt32)
+	}
+	return sampBase{name: name, o: o, c: comm.NewCounter(o.Comm), n: o.Layout.N}, nil
 }
 
 // checkArgs validates the lengths and the aliasing of Reduce's arguments.

@@ -455,3 +455,16 @@ func TestSamplingReducersRejectBadArguments(t *testing.T) {
 		}
 	}
 }
+
+// TestSamplingReducersRejectHugeLayouts checks the int32 index limit: a
+// layout of 2^31 elements is refused with an error naming the limit (the
+// layout is only described, never allocated).
+func TestSamplingReducersRejectHugeLayouts(t *testing.T) {
+	l := Layout{Tensors: []Tensor{{Name: "huge", Size: 1 << 31}}, N: 1 << 31}
+	for _, m := range []string{"dgc", "dragonn", "randomk"} {
+		_, err := New(m, Options{Density: 0.01, Layout: l, Comm: sampSingleComm()})
+		if err == nil || !strings.Contains(err.Error(), "int32") {
+			t.Errorf("%s: New with 2^31 elements: error %v, want one naming the int32 limit", m, err)
+		}
+	}
+}
