@@ -297,3 +297,41 @@ func TestImplicitErrors(t *testing.T) {
 		t.Error("negative EvalNegatives: no error")
 	}
 }
+
+func TestAtoi(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{{"0", 0, true}, {"42", 42, true}, {"-7", -7, true}, {"+3", 3, true}, {"", 0, false}, {"-", 0, false}, {"1.5", 0, false},
+		{"123456789012345678", 123456789012345678, true}, {"1234567890123456789", 0, false}, {" 1", 0, false}} {
+		v, ok := atoi([]byte(c.in))
+		if v != c.want || ok != c.ok {
+			t.Errorf("atoi(%q) = %d, %v; want %d, %v", c.in, v, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestOrderByUserTimeBothPaths(t *testing.T) {
+	r := rand.New(rand.NewPCG(25, 26))
+	for _, spread := range []int32{1, 10000000} { // dense ids: counting sort; sparse: global sort
+		rs := randomRatings(r, 500, 30, 40, 1)
+		for i := range rs {
+			rs[i].User *= spread
+		}
+		got := orderByUserTime(rs)
+		want := make([]int32, len(rs))
+		for i := range want {
+			want[i] = int32(i)
+		}
+		slices.SortStableFunc(want, func(a, b int32) int {
+			if c := cmp.Compare(rs[a].User, rs[b].User); c != 0 {
+				return c
+			}
+			return cmp.Compare(rs[a].Time, rs[b].Time)
+		})
+		if !slices.Equal(got, want) {
+			t.Fatalf("spread %d: order differs from a stable sort", spread)
+		}
+	}
+}
