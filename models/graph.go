@@ -259,10 +259,9 @@ func (tg *trainGraph) setHook(h GradHook, save func() []float32, restore func([]
 type evalGraph struct {
 	vm     G.VM
 	out    *G.Node
-	ints   []*tensor.Dense  // integer inputs (ids, tokens)
-	floats []*tensor.Dense  // float inputs (images, state)
-	extra  []*G.Node        // further outputs a model reads (LSTM state)
-	bn     []*G.BatchNormOp // BatchNorm ops of this graph (ResNet)
+	ints   []*tensor.Dense // integer inputs (ids, tokens)
+	floats []*tensor.Dense // float inputs (images, state)
+	extra  []*G.Node       // further outputs a model reads (LSTM state)
 }
 
 // run executes the graph and returns the output values (the slice is only

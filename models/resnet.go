@@ -80,9 +80,10 @@ func (c ResNetConfig) validate() error {
 // conv and linear weights U(±1/√fan_in), linear bias U(±1/√fan_in), BN
 // weight 1 and bias 0, running mean 0 and variance 1.
 //
-// BatchNorm: training mode normalises with the batch statistics (biased
-// variance) and updates running = (1−m)·running + m·batch (unbiased
-// variance), m = 0.1; Evaluate uses the running statistics.
+// BatchNorm (the package's fused op, bn.go): training mode normalises with
+// the batch statistics (biased variance) and updates running =
+// (1−m)·running + m·batch (unbiased variance), m = 0.1; Evaluate uses the
+// running statistics.
 //
 // Batch: Images (B×3×S×S, NCHW) and Labels (B class ids).
 type ResNet struct {
@@ -93,7 +94,6 @@ type ResNet struct {
 	images *tensor.Dense
 	labels *tensor.Dense
 	tg     *trainGraph
-	bnOps  []*G.BatchNormOp
 
 	evals evalCache
 }
@@ -125,11 +125,10 @@ func NewResNet(cfg ResNetConfig) (*ResNet, error) {
 	g := G.NewGraph()
 	params := m.paramNodes(g)
 	x := G.NodeFromAny(g, m.images, G.WithName("images"))
-	logits, ops, err := m.forward(params, x)
+	logits, err := m.forward(params, x, true)
 	if err != nil {
 		return nil, err
 	}
-	m.bnOps = ops
 	y := G.NodeFromAny(g, m.labels, G.WithName("labels"))
 	loss, err := crossEntropy(logits, y, B, cfg.Classes)
 	if err != nil {
@@ -138,10 +137,6 @@ func NewResNet(cfg ResNetConfig) (*ResNet, error) {
 	if m.tg, err = newTrainGraph(g, &m.st, params, loss); err != nil {
 		return nil, err
 	}
-	// Compiling reset the running statistics to 0/1 (their initial values);
-	// from now on the buffer store is the single source of truth and is
-	// copied into the ops' own tensors around every run.
-	m.pullStats(m.bnOps)
 	return m, nil
 }
 
@@ -205,21 +200,16 @@ func (m *ResNet) init(r *initRNG) {
 
 func (m *ResNet) paramNodes(g *G.ExprGraph) []*G.Node {
 	ps := make([]*G.Node, len(m.st.infos))
-	for i, p := range m.st.infos {
-		if len(p.Shape) == 1 && p.Name != "linear.bias" {
-			// BN γ/β as [1 C 1 1] views of the same memory.
-			t := tensor.New(tensor.WithShape(1, p.Size, 1, 1), tensor.WithBacking(m.st.data(i)))
-			ps[i] = G.NodeFromAny(g, t, G.WithName(p.Name))
-			continue
-		}
+	for i := range ps {
 		ps[i] = m.st.node(g, i)
 	}
 	return ps
 }
 
-// forward builds the logits (B × classes) and returns the BatchNorm ops in
-// buffer order.
-func (m *ResNet) forward(p []*G.Node, x *G.Node) (logits *G.Node, ops []*G.BatchNormOp, err error) {
+// forward builds the logits (B × classes); training selects BatchNorm's
+// mode. The BatchNorm layers update (training) or read (evaluation) the
+// running statistics in the buffer store directly.
+func (m *ResNet) forward(p []*G.Node, x *G.Node, training bool) (logits *G.Node, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("models: ResNet graph: %v", r)
@@ -231,16 +221,14 @@ func (m *ResNet) forward(p []*G.Node, x *G.Node) (logits *G.Node, ops []*G.Batch
 	conv := func(x *G.Node, w *G.Node, stride int) *G.Node {
 		return G.Must(conv2d(x, w, stride))
 	}
+	nbn := 0
 	bn := func(x *G.Node) *G.Node {
 		gamma, beta := next(), next()
-		y, _, _, op, err := G.BatchNorm(x, gamma, beta, c.Momentum, c.Epsilon)
-		if err != nil {
-			panic(err)
-		}
-		ops = append(ops, op)
-		return y
+		st := &bnState{eps: c.Epsilon, momentum: c.Momentum, training: training, runMean: m.bn.data(2 * nbn), runVar: m.bn.data(2*nbn + 1)}
+		nbn++
+		return G.Must(batchNorm(x, gamma, beta, st))
 	}
-	h := G.Must(G.Rectify(bn(conv(x, next(), 1))))
+	h := G.Must(reluNode(bn(conv(x, next(), 1))))
 	in := c.Width
 	for s := 0; s < 4; s++ {
 		out := c.Width << s
@@ -249,13 +237,13 @@ func (m *ResNet) forward(p []*G.Node, x *G.Node) (logits *G.Node, ops []*G.Batch
 			if s > 0 && b == 0 {
 				stride = 2
 			}
-			y := G.Must(G.Rectify(bn(conv(h, next(), stride))))
+			y := G.Must(reluNode(bn(conv(h, next(), stride))))
 			y = bn(conv(y, next(), 1))
 			sc := h
 			if stride != 1 || in != out {
 				sc = bn(conv(h, next(), stride))
 			}
-			h = G.Must(G.Rectify(G.Must(G.Add(y, sc))))
+			h = G.Must(reluNode(G.Must(G.Add(y, sc))))
 			in = out
 		}
 	}
@@ -273,28 +261,7 @@ func (m *ResNet) forward(p []*G.Node, x *G.Node) (logits *G.Node, ops []*G.Batch
 	}
 	w, bias := next(), next()
 	logits = G.Must(linear(pooled, w, bias))
-	return logits, ops, nil
-}
-
-// pushStats copies the buffer store into the ops' running statistics.
-func (m *ResNet) pushStats(ops []*G.BatchNormOp) error {
-	for i, op := range ops {
-		mean := tensor.New(tensor.WithShape(m.bn.infos[2*i].Size), tensor.WithBacking(m.bn.data(2*i)))
-		v := tensor.New(tensor.WithShape(m.bn.infos[2*i+1].Size), tensor.WithBacking(m.bn.data(2*i+1)))
-		if err := op.SetStats(mean, v); err != nil {
-			return fmt.Errorf("models: setting BatchNorm statistics of %s: %w", m.bn.infos[2*i].Name, err)
-		}
-	}
-	return nil
-}
-
-// pullStats copies the ops' running statistics into the buffer store.
-func (m *ResNet) pullStats(ops []*G.BatchNormOp) {
-	for i, op := range ops {
-		mean, v := op.Stats()
-		copy(m.bn.data(2*i), mean.Data().([]float32))
-		copy(m.bn.data(2*i+1), v.Data().([]float32))
-	}
+	return logits, nil
 }
 
 // Name implements Model.
@@ -349,7 +316,7 @@ func (m *ResNet) ResetState() {}
 
 // SetGradHook implements Model.
 func (m *ResNet) SetGradHook(h GradHook) error {
-	return m.tg.setHook(h, nil, func([]float32) { m.pushStats(m.bnOps) })
+	return m.tg.setHook(h, nil, nil)
 }
 
 // Summary implements Model.
@@ -389,13 +356,9 @@ func (m *ResNet) TrainStep(ctx context.Context, b Batch, grad []float32) (StepRe
 	for i, y := range b.Labels {
 		lb[i] = i*C + y
 	}
-	if err := m.pushStats(m.bnOps); err != nil {
-		return StepResult{}, err
-	}
 	if err := m.tg.run(grad); err != nil {
 		return StepResult{}, err
 	}
-	m.pullStats(m.bnOps)
 	l, err := scalarValue(m.tg.loss)
 	return StepResult{Loss: l}, err
 }
@@ -417,11 +380,11 @@ func (m *ResNet) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
 		g := G.NewGraph()
 		eg := &evalGraph{floats: []*tensor.Dense{tensor.New(tensor.WithShape(n, 3, S, S), tensor.WithBacking(make([]float32, n*3*S*S)))}}
 		x := G.NodeFromAny(g, eg.floats[0], G.WithName("images"))
-		out, ops, err := m.forward(m.paramNodes(g), x)
+		out, err := m.forward(m.paramNodes(g), x, false)
 		if err != nil {
 			return nil, err
 		}
-		eg.out, eg.bn = out, ops
+		eg.out = out
 		eg.vm, err = newVM(g, G.EvalMode())
 		return eg, err
 	})
@@ -429,9 +392,6 @@ func (m *ResNet) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
 		return EvalResult{}, err
 	}
 	copy(eg.floats[0].Data().([]float32), b.Images)
-	if err := m.pushStats(eg.bn); err != nil {
-		return EvalResult{}, err
-	}
 	logits, err := eg.run()
 	if err != nil {
 		return EvalResult{}, err
