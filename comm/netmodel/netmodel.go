@@ -33,7 +33,7 @@
 // doubling / Bruck / the binomial tree, bandwidth-bound large ones the ring /
 // scatter-allgather. For all-reduce the switch is at the m where
 // lg n·(α + m/β) = 2(n−1)α + 2(n−1)/n·m/β, i.e. for n > 2 a power of two
-// m* = β·α·(2(n−1) − lg n) / (lg n − 2(n−1)/n) (n = 4: m* = 8αβ, 62.5 kB at
+// m* = β·α·(2(n−1) − lg n) / (lg n − 2(n−1)/n) (n = 4: m* = 8αβ, 500 kB at
 // 50 µs and 10 Gbit/s); below m* recursive doubling wins. For n = 2 recursive
 // doubling (one exchange, α + m/β) always beats the ring (2α + m/β). The
 // Algorithm fields of Network fix an algorithm instead.

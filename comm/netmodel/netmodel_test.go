@@ -185,3 +185,22 @@ func TestSleepUntil(t *testing.T) {
 		t.Fatalf("abort: got %v", err)
 	}
 }
+
+// TestAllReduceSwitch checks the documented crossover m* = 8αβ for n = 4 on
+// Ethernet10G (500 kB): recursive doubling below, ring above.
+func TestAllReduceSwitch(t *testing.T) {
+	net := Ethernet10G
+	for _, tc := range []struct {
+		m    int64
+		ring bool
+	}{{1000, false}, {499_000, false}, {501_000, true}, {10_000_000, true}} {
+		got := net.AllReduceTime(4, tc.m)
+		want := net.AllReduceRecursiveDoubling(4, tc.m)
+		if tc.ring {
+			want = net.AllReduceRing(4, tc.m)
+		}
+		if got != want {
+			t.Errorf("m=%d: auto %v, want %v (ring=%v)", tc.m, got, want, tc.ring)
+		}
+	}
+}
