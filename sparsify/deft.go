@@ -138,28 +138,8 @@ func deftPack(frags []deftFrag, kf []int, n int, lens, content []int32) {
 	copy(content[pos:], common)
 }
 
-// deftNorm is the L2 norm of x with the squares summed in float64 into four
-// interleaved partial sums (element i into sum i mod 4, the last len(x) mod 4
-// elements into sum 0), combined as (s0+s1)+(s2+s3): four independent
-// dependency chains make it several times faster than one running sum. The
-// explicit conversions keep the compiler from fusing multiply and add, so the
-// result is the same on every platform.
-func deftNorm(x []float32) float64 {
-	var s0, s1, s2, s3 float64
-	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		a, b, c, d := float64(x[i]), float64(x[i+1]), float64(x[i+2]), float64(x[i+3])
-		s0 += float64(a * a)
-		s1 += float64(b * b)
-		s2 += float64(c * c)
-		s3 += float64(d * d)
-	}
-	for ; i < len(x); i++ {
-		a := float64(x[i])
-		s0 += float64(a * a)
-	}
-	return math.Sqrt((s0 + s1) + (s2 + s3))
-}
+// deftNorm is the L2 norm of x: the square root of sumSquares(x).
+func deftNorm(x []float32) float64 { return math.Sqrt(sumSquares(x)) }
 
 // deftNorms writes deftNorm of acc over each fragment into norms (each
 // fragment summed by one goroutine, so the result does not depend on the

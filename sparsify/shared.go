@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -86,11 +87,50 @@ func unionReduce(ctx context.Context, c comm.Communicator, acc, out, residual []
 	return nil
 }
 
-// norm2 is the Euclidean norm of x, accumulated in float64.
+// sumSquares is the sum of x[i]² in float64, accumulated in four interleaved
+// partial sums (element i into sum i mod 4, the last len(x) mod 4 elements
+// into sum 0) combined as (s0+s1)+(s2+s3): four independent dependency chains
+// make it several times faster than one running sum. The explicit conversions
+// keep the compiler from fusing multiply and add, so the result is the same on
+// every platform.
+func sumSquares(x []float32) float64 {
+	var s0, s1, s2, s3 float64
+	i := 0
+	for ; i+4 <= len(x); i += 4 {
+		a, b, c, d := float64(x[i]), float64(x[i+1]), float64(x[i+2]), float64(x[i+3])
+		s0 += float64(a * a)
+		s1 += float64(b * b)
+		s2 += float64(c * c)
+		s3 += float64(d * d)
+	}
+	for ; i < len(x); i++ {
+		a := float64(x[i])
+		s0 += float64(a * a)
+	}
+	return (s0 + s1) + (s2 + s3)
+}
+
+// norm2Block is the number of elements norm2 sums per block.
+const norm2Block = 1 << 16
+
+// norm2 is the Euclidean norm of x. The squares are summed in float64 per
+// block of norm2Block elements (four interleaved partial sums, as deftNorm),
+// blocks on all cores, and the block sums are added in block order, so the
+// result does not depend on the number of cores.
 func norm2(x []float32) float64 {
+	nb := (len(x) + norm2Block - 1) / norm2Block
+	if nb <= 1 {
+		return math.Sqrt(sumSquares(x))
+	}
+	sums := make([]float64, nb)
+	selParallel(nb, min(nb, runtime.GOMAXPROCS(0)), func(_, lo, hi int) {
+		for b := lo; b < hi; b++ {
+			sums[b] = sumSquares(x[b*norm2Block : min(len(x), (b+1)*norm2Block)])
+		}
+	})
 	var s float64
-	for _, v := range x {
-		s += float64(v) * float64(v)
+	for _, v := range sums {
+		s += v
 	}
 	return math.Sqrt(s)
 }
