@@ -18,9 +18,11 @@
 // barrier keeps every buffer alive until all copies are done.
 //
 // Point-to-point messages are matched by (source, destination, tag) in issue
-// order. Send copies the message into a mailbox (or straight into a receive
-// that is already waiting) and returns, so pairs of ranks exchanging with each
-// other cannot deadlock.
+// order. Send and ISend copy the message into a mailbox (or straight into a
+// receive that is already waiting) and return, so pairs of ranks exchanging
+// with each other cannot deadlock. SendRecv, which posts its receive first,
+// lends its send buffer instead of copying it and returns once the
+// destination has copied it out.
 //
 // # Failures
 //

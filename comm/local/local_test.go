@@ -871,3 +871,43 @@ func TestSendRecvUnreceived(t *testing.T) {
 		t.Fatalf("got %v, want an error saying rank 1 returned", got)
 	}
 }
+
+// TestMailboxesForgotten checks that channels with ever new tags do not
+// accumulate mailboxes once their messages are received.
+func TestMailboxesForgotten(t *testing.T) {
+	w := New(2)
+	ctx := testCtx(t)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	for r := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := w.Comm(r)
+			for tag := range 1000 {
+				if r == 0 {
+					if err := c.Send(ctx, comm.Int32s{int32(tag)}, 1, tag); err != nil {
+						errs[r] = err
+						return
+					}
+					continue
+				}
+				b := make(comm.Int32s, 1)
+				if _, err := c.Recv(ctx, b, 0, tag); err != nil || b[0] != int32(tag) {
+					errs[r] = fmt.Errorf("tag %d: %v %v", tag, b, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	w.mu.Lock()
+	left := len(w.boxes)
+	w.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d mailboxes left after all messages were received", left)
+	}
+}

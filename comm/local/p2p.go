@@ -38,20 +38,47 @@ type recvWait struct {
 // mailbox holds, for one (src, dst, tag), the messages not yet received and
 // the receives not yet matched; at most one of the two lists is non-empty.
 type mailbox struct {
+	key     mailKey
+	dead    bool // removed from World.boxes; guarded by mu
 	mu      sync.Mutex
 	msgs    []message
 	waiters []*recvWait
 }
 
-func (w *World) mailbox(k mailKey) *mailbox {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	b := w.boxes[k]
-	if b == nil {
-		b = &mailbox{}
-		w.boxes[k] = b
+// lockBox returns the mailbox of k, locked, creating it if needed.
+func (w *World) lockBox(k mailKey) *mailbox {
+	for {
+		w.mu.Lock()
+		b := w.boxes[k]
+		if b == nil {
+			b = &mailbox{key: k}
+			w.boxes[k] = b
+		}
+		w.mu.Unlock()
+		b.mu.Lock()
+		if !b.dead {
+			return b
+		}
+		b.mu.Unlock() // removed meanwhile: look it up again
 	}
-	return b
+}
+
+// unlockBox unlocks b and forgets it if it is empty, so that channels with
+// ever new tags do not accumulate.
+func (w *World) unlockBox(b *mailbox) {
+	empty := len(b.msgs) == 0 && len(b.waiters) == 0
+	b.mu.Unlock()
+	if !empty {
+		return
+	}
+	w.mu.Lock()
+	b.mu.Lock()
+	if len(b.msgs) == 0 && len(b.waiters) == 0 && !b.dead {
+		b.dead = true
+		delete(w.boxes, b.key)
+	}
+	b.mu.Unlock()
+	w.mu.Unlock()
 }
 
 // msgPool recycles the copies of messages sent before their receive was
@@ -117,9 +144,8 @@ func (c *rankComm) send(ctx context.Context, start time.Time, buf comm.Buffer, d
 
 // post registers a receive: it takes the first waiting message or queues r.
 func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
-	b := c.w.mailbox(mailKey{src, c.rank, tag})
+	b := c.w.lockBox(mailKey{src, c.rank, tag})
 	r := &recvWait{box: b, buf: buf, src: src, tag: tag, done: make(chan struct{})}
-	b.mu.Lock()
 	if len(b.msgs) > 0 {
 		m := b.msgs[0]
 		b.msgs[0] = message{}
@@ -133,7 +159,7 @@ func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
 	} else {
 		b.waiters = append(b.waiters, r)
 	}
-	b.mu.Unlock()
+	c.w.unlockBox(b)
 	return r
 }
 
@@ -230,9 +256,8 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 // refers to buf itself, and the returned mailbox and channel (closed once the
 // receive copied it out) let the caller wait for that or withdraw it.
 func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time, byRef bool) (*mailbox, chan struct{}) {
-	b := c.w.mailbox(mailKey{c.rank, dst, tag})
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	b := c.w.lockBox(mailKey{c.rank, dst, tag})
+	defer c.w.unlockBox(b)
 	if len(b.waiters) > 0 {
 		r := b.waiters[0]
 		b.waiters = b.waiters[1:]
