@@ -362,6 +362,11 @@ func BenchmarkBaselineReduce(b *testing.B) {
 		}
 		b.Run(m+"/n=4/N=11173962/rho=0.01", func(b *testing.B) { blBenchReduce(b, m, 4, 0.01, lambda) })
 	}
+	// One worker: the local computation alone (no traffic), which is what
+	// each rank pays per call besides communication.
+	for _, m := range []string{"topk", "topka"} {
+		b.Run(m+"/n=1/N=11173962/rho=0.01", func(b *testing.B) { blBenchReduce(b, m, 1, 0.01, 0) })
+	}
 }
 
 // TestBaselinesIgnoreTensorBoundaries: the baselines work on the flat vector,
