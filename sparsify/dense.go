@@ -51,11 +51,10 @@ func (r *denseReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	return st, nil
 }
 
-// baselineBase is the state every baseline reducer shares: its name, options,
-// the counting communicator and the sizes.
+// baselineBase is the state every baseline reducer shares: its name, the
+// counting communicator and the sizes.
 type baselineBase struct {
 	name    string
-	o       Options
 	c       *comm.Counter
 	n       int // elements of the flat gradient
 	k       int // BudgetK(density, n)
@@ -65,7 +64,6 @@ type baselineBase struct {
 func newBaselineBase(name string, o Options) baselineBase {
 	return baselineBase{
 		name:    name,
-		o:       o,
 		c:       comm.NewCounter(o.Comm),
 		n:       o.Layout.N,
 		k:       BudgetK(o.Density, o.Layout.N),
