@@ -62,10 +62,12 @@ func TestMPIRunCalls(t *testing.T) {
 		nps = []int{2}
 	}
 	for _, np := range nps {
-		for _, seg := range []string{"", "4096"} {
-			if seg != "" && np != 3 && np != 4 {
-				continue
-			}
+		// Small segments make many pipelined messages per block.
+		segs := map[int][]string{3: {"", "16384"}, 4: {"", "65536"}}[np]
+		if segs == nil {
+			segs = []string{""}
+		}
+		for _, seg := range segs {
 			t.Run(fmt.Sprintf("np=%d/segment=%s", np, seg), func(t *testing.T) {
 				out, err, d := mpirun(t, np, "calls", 150*time.Second, segEnv+"="+seg)
 				if err != nil || strings.Count(out, okMarker) != np || strings.Contains(out, "--- FAIL") {
@@ -190,5 +192,33 @@ func TestMPIWorker(t *testing.T) {
 		fmt.Println("SURVIVOR-SUCCESS", c.Rank(), err)
 	default:
 		t.Fatalf("unknown scenario %q", scenario)
+	}
+}
+
+// TestMPIRunWithoutCgo builds a program with CGO_ENABLED=0 and runs it under
+// mpirun: the backend must not need cgo.
+func TestMPIRunWithoutCgo(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short mode: builds a program")
+	}
+	mpirunPath, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("skipping: mpirun not found in PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev) to run the MPI tests")
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("skipping: the go tool is not in PATH")
+	}
+	bin := t.TempDir() + "/nocgo"
+	build := exec.Command(goTool, "build", "-o", bin, "./testdata/nocgo")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, mpirunPath, "--oversubscribe", "--allow-run-as-root", "-np", "3", bin).CombinedOutput()
+	if err != nil || strings.Count(string(out), "NOCGO-OK") != 3 {
+		t.Fatalf("mpirun of the CGO_ENABLED=0 binary: %v\n%s", err, out)
 	}
 }

@@ -192,4 +192,3 @@ func TestReducersWorker(t *testing.T) {
 		fmt.Printf("%s rank %d of %d: %d reducers\n", okMarker, rank, n, len(names))
 	}
 }
-
