@@ -113,7 +113,7 @@ func (s *slot) mismatch(seq uint64) error {
 // collective runs one collective call of this rank: it publishes e, waits for
 // every rank, checks that the calls match, and runs body.
 func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body func(s *slot) error) error {
-	what := fmt.Sprintf("in %s (collective #%d)", e.describe(), seq)
+	what := func() string { return fmt.Sprintf("in %s (collective #%d)", e.describe(), seq) }
 	if err := c.check(ctx, what); err != nil {
 		return err
 	}
@@ -156,7 +156,7 @@ func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body fun
 // phase counts this rank in g and waits for every rank.
 func (c *rankComm) phase(ctx context.Context, g *gate) error {
 	g.arrive(c.w.n)
-	return c.wait(ctx, g.ch, "waiting for peers")
+	return c.wait(ctx, g.ch, lit("waiting for peers"))
 }
 
 func validDType(what string, b comm.Buffer) error {
@@ -326,7 +326,7 @@ func (c *rankComm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer) error {
 	n := c.w.n
 	if n == 1 {
-		return c.check(ctx, "in AllReduce")
+		return c.check(ctx, lit("in AllReduce"))
 	}
 	e := entry{op: comm.OpAllReduce, dtype: buf.DType(), send: buf, length: buf.Len()}
 	return c.collective(ctx, seq, e, func(s *slot) error {
@@ -370,7 +370,7 @@ func (c *rankComm) allGather(ctx context.Context, seq uint64, send, recv comm.Bu
 	n, m := c.w.n, send.Len()
 	if n == 1 {
 		copyElems(recv, 0, send, 0, m)
-		return c.check(ctx, "in AllGather")
+		return c.check(ctx, lit("in AllGather"))
 	}
 	e := entry{op: comm.OpAllGather, dtype: send.DType(), send: send, recv: recv, length: m}
 	return c.collective(ctx, seq, e, func(s *slot) error {
@@ -412,7 +412,7 @@ func (c *rankComm) allGatherV(ctx context.Context, seq uint64, send, recv comm.B
 	n := c.w.n
 	if n == 1 {
 		copyElems(recv, 0, send, 0, send.Len())
-		return c.check(ctx, "in AllGatherV")
+		return c.check(ctx, lit("in AllGatherV"))
 	}
 	e := entry{op: comm.OpAllGatherV, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts)}
 	return c.collective(ctx, seq, e, func(s *slot) error {
@@ -437,7 +437,7 @@ func (c *rankComm) Broadcast(ctx context.Context, buf comm.Buffer, root int) err
 	c.seq++
 	n := c.w.n
 	if n == 1 {
-		return c.check(ctx, "in Broadcast")
+		return c.check(ctx, lit("in Broadcast"))
 	}
 	e := entry{op: comm.OpBroadcast, dtype: buf.DType(), send: buf, length: buf.Len(), root: root}
 	return c.collective(ctx, seq, e, func(s *slot) error {
@@ -468,7 +468,7 @@ func (c *rankComm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, co
 	n := c.w.n
 	if n == 1 {
 		copyElems(recv, 0, send, 0, send.Len())
-		return c.check(ctx, "in ReduceScatter")
+		return c.check(ctx, lit("in ReduceScatter"))
 	}
 	e := entry{op: comm.OpReduceScatter, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts)}
 	return c.collective(ctx, seq, e, func(s *slot) error {
@@ -487,7 +487,7 @@ func (c *rankComm) Barrier(ctx context.Context) error {
 	seq := c.seq
 	c.seq++
 	if c.w.n == 1 {
-		return c.check(ctx, "in Barrier")
+		return c.check(ctx, lit("in Barrier"))
 	}
 	return c.collective(ctx, seq, entry{op: comm.OpBarrier}, func(*slot) error { return nil })
 }

@@ -284,13 +284,13 @@ func (c *rankComm) Size() int { return c.w.n }
 
 // wait blocks until ch is closed, the world is aborted, or ctx ends; a context
 // that ends aborts the world, since the peers would otherwise wait forever.
-func (c *rankComm) wait(ctx context.Context, ch <-chan struct{}, what string) error {
+func (c *rankComm) wait(ctx context.Context, ch <-chan struct{}, what what) error {
 	return c.waitFor(ctx, ch, what, nil)
 }
 
 // waitFor is wait that also fails when missing reports a rank (>= 0) whose
 // worker has returned and that therefore can never close ch.
-func (c *rankComm) waitFor(ctx context.Context, ch <-chan struct{}, what string, missing func() int) error {
+func (c *rankComm) waitFor(ctx context.Context, ch <-chan struct{}, what what, missing func() int) error {
 	// Peers usually arrive within microseconds: yielding a few times is much
 	// cheaper than parking the goroutine and waking it up again.
 	for range spinYields {
@@ -315,7 +315,7 @@ func (c *rankComm) waitFor(ctx context.Context, ch <-chan struct{}, what string,
 		if missing != nil {
 			select {
 			case <-w.aborted: // the abort, not its consequence, is the news
-				return fmt.Errorf("local: rank %d %s: %w", c.rank, what, w.abortErr)
+				return fmt.Errorf("local: rank %d %s: %w", c.rank, what(), w.abortErr)
 			default:
 			}
 			if r := missing(); r >= 0 {
@@ -324,21 +324,21 @@ func (c *rankComm) waitFor(ctx context.Context, ch <-chan struct{}, what string,
 					return nil
 				default:
 				}
-				return fmt.Errorf("local: rank %d %s: rank %d has returned from its worker function and will never make the matching call: every rank must make the same collective calls, and every receive needs a send", c.rank, what, r)
+				return fmt.Errorf("local: rank %d %s: rank %d has returned from its worker function and will never make the matching call: every rank must make the same collective calls, and every receive needs a send", c.rank, what(), r)
 			}
 		}
 		select {
 		case <-ch:
 			return nil
 		case <-w.aborted:
-			return fmt.Errorf("local: rank %d %s: %w", c.rank, what, w.abortErr)
+			return fmt.Errorf("local: rank %d %s: %w", c.rank, what(), w.abortErr)
 		case <-ctx.Done():
-			err := fmt.Errorf("local: rank %d %s: %w", c.rank, what, ctx.Err())
+			err := fmt.Errorf("local: rank %d %s: %w", c.rank, what(), ctx.Err())
 			w.Abort(c.rank, err)
 			return err
 		case <-exitCh:
 		case <-timeout:
-			err := fmt.Errorf("local: rank %d %s: no progress for %v (WithTimeout): a peer is stuck or skipped the matching call", c.rank, what, w.cfg.timeout)
+			err := fmt.Errorf("local: rank %d %s: no progress for %v (WithTimeout): a peer is stuck or skipped the matching call", c.rank, what(), w.cfg.timeout)
 			w.Abort(c.rank, err)
 			return err
 		}
@@ -348,15 +348,22 @@ func (c *rankComm) waitFor(ctx context.Context, ch <-chan struct{}, what string,
 // spinYields is how many times wait yields the processor before it blocks.
 const spinYields = 64
 
+// what describes a call for error messages; it is only evaluated on errors,
+// so that the success path formats nothing.
+type what func() string
+
+// lit is a what of a fixed text.
+func lit(s string) what { return func() string { return s } }
+
 // check returns an error if the world is already aborted or ctx has ended.
-func (c *rankComm) check(ctx context.Context, what string) error {
+func (c *rankComm) check(ctx context.Context, what what) error {
 	select {
 	case <-c.w.aborted:
-		return fmt.Errorf("local: rank %d %s: %w", c.rank, what, c.w.abortErr)
+		return fmt.Errorf("local: rank %d %s: %w", c.rank, what(), c.w.abortErr)
 	default:
 	}
 	if err := ctx.Err(); err != nil {
-		err = fmt.Errorf("local: rank %d %s: %w", c.rank, what, err)
+		err = fmt.Errorf("local: rank %d %s: %w", c.rank, what(), err)
 		c.w.Abort(c.rank, err)
 		return err
 	}
@@ -373,7 +380,7 @@ type request struct {
 }
 
 func (r *request) Wait(ctx context.Context) (int, error) {
-	if err := r.c.wait(ctx, r.done, "waiting for "+r.what); err != nil {
+	if err := r.c.wait(ctx, r.done, func() string { return "waiting for " + r.what }); err != nil {
 		// The call itself may have finished with a more precise error.
 		select {
 		case <-r.done:

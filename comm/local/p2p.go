@@ -133,7 +133,7 @@ func (c *rankComm) Send(ctx context.Context, buf comm.Buffer, dst, tag int) erro
 }
 
 func (c *rankComm) send(ctx context.Context, start time.Time, buf comm.Buffer, dst, tag int) error {
-	what := fmt.Sprintf("in Send to rank %d with tag %d", dst, tag)
+	what := func() string { return fmt.Sprintf("in Send to rank %d with tag %d", dst, tag) }
 	if err := c.check(ctx, what); err != nil {
 		return err
 	}
@@ -164,7 +164,7 @@ func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
 }
 
 func (c *rankComm) finishRecv(ctx context.Context, r *recvWait) (int, error) {
-	what := fmt.Sprintf("in Recv from rank %d with tag %d", r.src, r.tag)
+	what := func() string { return fmt.Sprintf("in Recv from rank %d with tag %d", r.src, r.tag) }
 	missing := func() int {
 		if c.w.exited[r.src].Load() {
 			return r.src
@@ -205,7 +205,7 @@ func (c *rankComm) Recv(ctx context.Context, buf comm.Buffer, src, tag int) (int
 	if err := c.checkRecv(buf, src); err != nil {
 		return 0, err
 	}
-	if err := c.check(ctx, fmt.Sprintf("in Recv from rank %d with tag %d", src, tag)); err != nil {
+	if err := c.check(ctx, func() string { return fmt.Sprintf("in Recv from rank %d with tag %d", src, tag) }); err != nil {
 		return 0, err
 	}
 	return c.finishRecv(ctx, c.post(buf, src, tag))
@@ -222,7 +222,7 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 	if err := c.checkRecv(recv, src); err != nil {
 		return 0, err
 	}
-	if err := c.check(ctx, "in SendRecv"); err != nil {
+	if err := c.check(ctx, lit("in SendRecv")); err != nil {
 		return 0, err
 	}
 	// The receive is posted before the send is offered, so the send need not
@@ -240,7 +240,7 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 			}
 			return -1
 		}
-		err = c.waitFor(ctx, consumed, fmt.Sprintf("in SendRecv, sending to rank %d with tag %d", dst, tag), missing)
+		err = c.waitFor(ctx, consumed, func() string { return fmt.Sprintf("in SendRecv, sending to rank %d with tag %d", dst, tag) }, missing)
 	}
 	if err != nil {
 		if consumed != nil {
@@ -297,7 +297,7 @@ func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (co
 	if err := c.checkPeer("ISend: destination", dst); err != nil {
 		return nil, err
 	}
-	if err := c.check(ctx, fmt.Sprintf("in ISend to rank %d with tag %d", dst, tag)); err != nil {
+	if err := c.check(ctx, func() string { return fmt.Sprintf("in ISend to rank %d with tag %d", dst, tag) }); err != nil {
 		return nil, err
 	}
 	ready := c.w.p2pReady(time.Now(), buf)
@@ -314,7 +314,7 @@ type sendRequest struct {
 }
 
 func (r *sendRequest) Wait(ctx context.Context) (int, error) {
-	if err := r.c.check(ctx, "waiting for ISend"); err != nil {
+	if err := r.c.check(ctx, lit("waiting for ISend")); err != nil {
 		return 0, err
 	}
 	if err := r.c.w.sleepUntil(ctx, r.ready); err != nil {
@@ -329,7 +329,7 @@ func (c *rankComm) IRecv(ctx context.Context, buf comm.Buffer, src, tag int) (co
 	if err := c.checkRecv(buf, src); err != nil {
 		return nil, err
 	}
-	if err := c.check(ctx, fmt.Sprintf("in IRecv from rank %d with tag %d", src, tag)); err != nil {
+	if err := c.check(ctx, func() string { return fmt.Sprintf("in IRecv from rank %d with tag %d", src, tag) }); err != nil {
 		return nil, err
 	}
 	return &recvRequest{c: c, r: c.post(buf, src, tag)}, nil
