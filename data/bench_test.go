@@ -96,6 +96,7 @@ func BenchmarkBPTTBatch(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		l.Batch(i % l.Len())
 	}
@@ -108,6 +109,7 @@ func BenchmarkParseRatings(b *testing.B) {
 	text := []byte(formatRatings(randomRatings(r, 100000, 943, 1682, 1), FormatUData))
 	b.SetBytes(int64(len(text)))
 	b.ReportAllocs()
+	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if _, err := ParseRatings(bytesReader(text), "bench", FormatUData); err != nil {
 			b.Fatal(err)

@@ -281,5 +281,8 @@ func ReadCIFARClassNames(path string) ([]string, error) {
 
 // missing wraps a not-found error with a download hint.
 func missing(err error, name, dir string) error {
+	if _, lerr := LookupSource(name); lerr != nil {
+		return fmt.Errorf("%w; the %s data set is not in %s and has no automatic download: fetch and extract it there by hand", err, name, dir)
+	}
 	return fmt.Errorf("%w; the %s data set is not in %s: download it with the -download flag or data.Download(ctx, %q, %q)", err, name, dir, name, dir)
 }

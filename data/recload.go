@@ -29,6 +29,7 @@ type RecLoader struct {
 	cfg   LoaderConfig
 	neg   int
 	epoch int
+	negK  uint64 // negKey(epoch)
 	shard Shard
 	batch RecBatch
 	pool  *pool
@@ -72,7 +73,7 @@ func (l *RecLoader) SetEpoch(epoch int) error {
 	if err != nil {
 		return err
 	}
-	l.epoch, l.shard = epoch, s
+	l.epoch, l.shard, l.negK = epoch, s, l.negKey(epoch)
 	return nil
 }
 
@@ -88,13 +89,20 @@ func (l *RecLoader) Len() int {
 
 // Sample returns training sample j (0 <= j < Samples()) of epoch.
 func (l *RecLoader) Sample(epoch, j int) (user, item int32, label float32) {
+	return l.sample(l.negKey(epoch), j)
+}
+
+// negKey is the key of an epoch's negative sampling.
+func (l *RecLoader) negKey(epoch int) uint64 { return key(l.cfg.Seed, tagNegative, uint64(epoch)) }
+
+func (l *RecLoader) sample(negK uint64, j int) (user, item int32, label float32) {
 	p := j / (1 + l.neg)
 	u := l.ds.TrainUser[p]
 	if j%(1+l.neg) == 0 {
 		return u, l.ds.TrainItem[p], 1
 	}
 	free := l.ds.Items - int(l.ds.ratedOff[u+1]-l.ds.ratedOff[u])
-	r := newRNG(key(l.cfg.Seed, tagNegative, uint64(epoch), uint64(j)))
+	r := newRNG(mix64(negK ^ uint64(j)))
 	return u, l.ds.unrated(int(u), int32(r.intn(uint64(free)))), 0
 }
 
@@ -117,6 +125,6 @@ func (l *RecLoader) fill(lo, hi int) {
 	b := &l.batch
 	us, is, ls := b.Users[:cap(b.Users)], b.Items[:cap(b.Items)], b.Labels[:cap(b.Labels)]
 	for k := lo; k < hi; k++ {
-		us[k], is[k], ls[k] = l.Sample(l.epoch, l.shard.At(l.cur+k))
+		us[k], is[k], ls[k] = l.sample(l.negK, l.shard.At(l.cur+k))
 	}
 }

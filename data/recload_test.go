@@ -338,3 +338,22 @@ func TestRealNCFml1mTestFiles(t *testing.T) {
 		t.Errorf("LoadNCF without the training file: %v", err)
 	}
 }
+
+func TestLoadMovieLensMissing(t *testing.T) {
+	dir := t.TempDir()
+	for name, want := range map[string]string{"ml-1m": `data.Download(ctx, "ml-1m"`, "ml-latest": "no automatic download"} {
+		_, err := LoadMovieLens(dir, name, ImplicitConfig{})
+		if !os.IsNotExist(unwrapAll(err)) && !strings.Contains(fmt.Sprint(err), "not exist") || !strings.Contains(fmt.Sprint(err), want) {
+			t.Errorf("%s: %v, want a not-found error containing %q", name, err, want)
+		}
+	}
+	putFile(t, filepath.Join(dir, "ml-latest", "ratings.csv"), []byte("userId,movieId,rating,timestamp\n1,1,4.0,1\n1,2,3.5,2\n2,2,1.0,1\n2,3,1.0,1\n"))
+	d, err := LoadMovieLens(dir, "ml-latest", ImplicitConfig{EvalNegatives: 1})
+	if err != nil || d.Users != 2 || d.Items != 3 {
+		t.Fatalf("%v %+v", err, d)
+	}
+	putFile(t, filepath.Join(dir, "ml-1m", "ratings.dat"), []byte("1::1::5::1\n1::x::5::1\n"))
+	if _, err := LoadMovieLens(dir, "ml-1m", ImplicitConfig{}); err == nil || !strings.Contains(err.Error(), "ratings.dat: line 2") {
+		t.Errorf("malformed ratings.dat: %v", err)
+	}
+}
