@@ -279,7 +279,9 @@ type rankComm struct {
 //	c.(interface{ Abort(error) }).Abort(err)
 func (c *rankComm) Abort(err error) { c.w.Abort(c.rank, err) }
 
+// Rank is this worker's rank.
 func (c *rankComm) Rank() int { return c.rank }
+// Size is the number of ranks of the world.
 func (c *rankComm) Size() int { return c.w.n }
 
 // wait blocks until ch is closed, the world is aborted, or ctx ends; a context
@@ -379,6 +381,7 @@ type request struct {
 	what string
 }
 
+// Wait blocks until the call completed and returns its result.
 func (r *request) Wait(ctx context.Context) (int, error) {
 	if err := r.c.wait(ctx, r.done, func() string { return "waiting for " + r.what }); err != nil {
 		// The call itself may have finished with a more precise error.

@@ -313,6 +313,7 @@ type sendRequest struct {
 	n     int
 }
 
+// Wait returns the message length once the modelled transfer is over.
 func (r *sendRequest) Wait(ctx context.Context) (int, error) {
 	if err := r.c.check(ctx, lit("waiting for ISend")); err != nil {
 		return 0, err
@@ -340,4 +341,5 @@ type recvRequest struct {
 	r *recvWait
 }
 
+// Wait blocks until the message arrived and returns its length.
 func (q *recvRequest) Wait(ctx context.Context) (int, error) { return q.c.finishRecv(ctx, q.r) }

@@ -68,6 +68,7 @@ const (
 	BinomialTree
 )
 
+// String names the algorithm.
 func (a Algorithm) String() string {
 	switch a {
 	case Auto:
