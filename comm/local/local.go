@@ -281,6 +281,7 @@ func (c *rankComm) Abort(err error) { c.w.Abort(c.rank, err) }
 
 // Rank is this worker's rank.
 func (c *rankComm) Rank() int { return c.rank }
+
 // Size is the number of ranks of the world.
 func (c *rankComm) Size() int { return c.w.n }
 
