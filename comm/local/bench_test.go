@@ -210,3 +210,26 @@ func BenchmarkAllGatherVVsMemcpy(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSendRecv exchanges messages between pairs of ranks (the pattern of
+// SparDL's and gTop-k's rounds). Bytes counted: the bytes each rank sends.
+func BenchmarkSendRecv(b *testing.B) {
+	for _, size := range []int{16, 1 << 18} {
+		b.Run(fmt.Sprintf("floats=%d", size), func(b *testing.B) {
+			b.SetBytes(int64(size * 4))
+			err := Run(context.Background(), 2, func(ctx context.Context, c comm.Communicator) error {
+				send, recv := make(comm.Float32s, size), make(comm.Float32s, size)
+				peer := 1 - c.Rank()
+				for range b.N {
+					if _, err := c.SendRecv(ctx, send, peer, recv, peer, 0); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
