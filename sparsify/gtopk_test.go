@@ -170,3 +170,55 @@ func TestGtopkRejectsNonPowerOfTwo(t *testing.T) {
 		}
 	}
 }
+
+// FuzzBaselinesMatchReference runs one baseline on fuzzed small-integer accs
+// (data[i] mod 9 − 4, filled rank after rank) and compares it with its
+// reference. The seed corpus runs in every go test.
+func FuzzBaselinesMatchReference(f *testing.F) {
+	f.Add(uint8(0), uint8(2), uint16(5), uint8(1), []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10})
+	f.Add(uint8(4), uint8(4), uint16(3), uint8(50), []byte{8, 0, 0, 8, 4, 4, 4, 4, 0, 0, 4, 4})
+	f.Add(uint8(3), uint8(3), uint16(1), uint8(100), []byte{})
+	f.Add(uint8(5), uint8(5), uint16(30), uint8(20), []byte("the quick brown fox jumps over the lazy dog"))
+	methods := []string{"topk", "topka", "cltk", "threshold", "dense", "gtopk"}
+	f.Fuzz(func(t *testing.T, mi, nw uint8, size uint16, pct uint8, data []byte) {
+		m := methods[int(mi)%len(methods)]
+		n := 1 + int(nw)%8
+		if m == "gtopk" {
+			n = gtopkPrevPow2(n)
+		}
+		N := 1 + int(size)%200
+		density := float64(1+int(pct)%100) / 100
+		res := mustRunHarness(t, harnessConfig{Method: m, Workers: n, N: N, Density: density, Iters: 2, Feedback: true,
+			Fill: func(it, rank int, x []float32) {
+				for i := range x {
+					v := 0
+					if len(data) > 0 {
+						v = int(data[((it*n+rank)*N+i)%len(data)])%9 - 4
+					}
+					x[i] = float32(v)
+				}
+			}})
+		k := BudgetK(density, N)
+		for it := range 2 {
+			var e blExpect
+			switch m {
+			case "topk":
+				e = blRefTopk(res.Acc[it], k)
+			case "topka":
+				e = blRefTopka(res.Acc[it], k)
+			case "cltk":
+				e = blRefCltk(res.Acc[it], k, it)
+			case "threshold":
+				e = blRefThreshold(res.Acc[it], k, 0)
+			case "dense":
+				e = blRefDense(res.Acc[it])
+			case "gtopk":
+				e = blRefGtopk(res.Acc[it], k)
+			}
+			blCheck(t, res, it, e)
+		}
+		if m != "gtopk" {
+			checkConservation(t, res)
+		}
+	})
+}
