@@ -1,0 +1,214 @@
+// Command train trains one model data-parallel with a gradient sparsifier and
+// writes a run directory (run.json, metrics.jsonl, checkpoints/, report.html).
+//
+//	train [flags]                      train one model, write a run directory
+//	train report [-o FILE] RUN_DIR...  compare runs in one HTML report
+//
+// -workers N runs N simulated workers in one process; under mpirun each
+// process is one worker (mpirun -np 4 train ... gives the same per-step losses
+// as train -workers 4 ... for the same seed). Run `train -help` for the flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "train:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+// run is the command with its arguments (without the program name).
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "report" {
+		return runReport(args[1:], stderr)
+	}
+	fs, c, summary := newFlags(stderr)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report subcommand)", fs.Arg(0))
+	}
+	cfg, err := c.config()
+	if err != nil {
+		return err
+	}
+	if *summary {
+		return printSummary(ctx, cfg, stdout)
+	}
+	return train.Run(ctx, cfg, train.Options{
+		Stdout: stdout, Progress: stderr,
+		CommandLine: append([]string{"train"}, args...),
+		Report:      writeReport,
+	})
+}
+
+// flagValues holds the parsed flags that need conversion.
+type flagValues struct {
+	cfg         train.Config
+	seed        string
+	bandwidth   float64
+	decayEpochs string
+}
+
+func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
+	fs := flag.NewFlagSet("train", flag.ContinueOnError)
+	fs.SetOutput(out)
+	v := &flagValues{}
+	c := &v.cfg
+	fs.StringVar(&c.Model, "model", "ncf", "model: resnet18, lstm or ncf")
+	fs.StringVar(&c.Dataset, "dataset", "", "data set: cifar10|cifar100 (resnet18), wikitext2 (lstm), ml-100k|ml-1m|ml-20m (ncf); default the model's first")
+	fs.StringVar(&c.DataDir, "data-dir", "", "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)")
+	fs.BoolVar(&c.Download, "download", false, "download the data set into -data-dir first (verified by checksum)")
+	fs.StringVar(&c.Preset, "preset", "", "model size: lstm small (2×200, default) or default (3×650); ncf paper (8 factors, default on ml-100k/ml-1m) or default (MLPerf)")
+	fs.StringVar(&c.Sparsifier, "sparsifier", "dense", "gradient sparsifier: "+strings.Join(sparsify.Names(), ", "))
+	fs.Float64Var(&c.Density, "density", 0.01, "setup density ρ: fraction of the gradient each worker sends")
+	fs.Float64Var(&c.Lambda, "lambda", 0, "threshold: hard threshold λ (0: 1/(2√k) every call)")
+	fs.IntVar(&c.Teams, "teams", 0, "spardl: number of teams G (default 1)")
+	fs.StringVar(&c.SAG, "sag", "", "spardl: spar-all-gather across teams, bruck (default) or rsag")
+	fs.IntVar(&c.MergeSize, "merge-size", 0, "lags: merge threshold in elements (default 8192; 1: one group per tensor)")
+	fs.Float64Var(&c.MaxRatio, "max-ratio", 0, "lags: compression-ratio bound c_u of the adaptive per-group density (0: off)")
+	fs.IntVar(&c.MinTensor, "min-tensor", 0, "dragonn: compress only tensors with more elements (default 204800)")
+	fs.IntVar(&c.DragonnWarmup, "dragonn-warmup", 0, "dragonn: dense warm-up iterations (default 200)")
+	fs.StringVar(&c.Pipeline, "pipeline", "auto", "lags pipelining with the backward pass: auto (on for lags without -clip), on, off")
+	fs.IntVar(&c.Workers, "workers", 1, "simulated workers in this process (under mpirun: one worker per process)")
+	fs.IntVar(&c.Epochs, "epochs", 0, "epochs (default resnet18 200, lstm 90, ncf 20)")
+	fs.IntVar(&c.Steps, "steps", 0, "stop after this many iterations (0: no limit)")
+	fs.IntVar(&c.Batch, "batch", 0, "per-worker batch size (default resnet18 32, lstm 32 sequences, ncf 256)")
+	fs.IntVar(&c.EvalBatch, "eval-batch", 0, "per-worker evaluation batch (resnet18 250 images, lstm 10 sequences, ncf 64 users)")
+	fs.IntVar(&c.MaxEvalBatches, "max-eval-batches", 0, "evaluate on at most this many batches per worker (0: the whole split)")
+	fs.Float64Var(&c.LR, "lr", 0, "learning rate (default resnet18 0.05, lstm 20, ncf 0.001)")
+	fs.StringVar(&v.seed, "seed", "42", "random seed (initialisation, shuffling, augmentation, negatives, dropout)")
+	fs.StringVar(&c.Optimizer, "optimizer", "", "sgd (PyTorch semantics: momentum, weight decay) or adam (default for ncf)")
+	fs.Float64Var(&c.Momentum, "momentum", 0, "SGD momentum (default resnet18 0.9, lstm 0)")
+	fs.Float64Var(&c.WeightDecay, "wd", 0, "SGD weight decay (default resnet18 1e-4; BatchNorm .bnN. parameters exempt)")
+	fs.Float64Var(&c.Beta1, "beta1", 0, "Adam β1 (default 0.9)")
+	fs.Float64Var(&c.Beta2, "beta2", 0, "Adam β2 (default 0.999)")
+	fs.Float64Var(&c.Eps, "eps", 0, "Adam ε (default 1e-8)")
+	fs.Float64Var(&c.WarmupEpochs, "warmup-epochs", 0, "linear learning-rate warm-up length in epochs")
+	fs.StringVar(&v.decayEpochs, "decay-epochs", "", "comma-separated epochs where the learning rate is multiplied by -decay-factor (default resnet18 150, lstm 45,80; \"none\" for none)")
+	fs.Float64Var(&c.DecayFactor, "decay-factor", 0, "step decay factor (default 0.1)")
+	fs.Float64Var(&c.Clip, "clip", 0, "clip each worker's gradient norm before error feedback (default lstm 0.4)")
+	fs.BoolVar(&c.NoAugment, "no-augment", false, "turn off CIFAR crops and flips")
+	fs.StringVar(&c.Out, "out", "", "run directory to write (run.json, metrics.jsonl, checkpoints/, report.html)")
+	fs.StringVar(&c.Resume, "resume", "", "continue the run in this directory from its last checkpoint")
+	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda")
+	fs.DurationVar(&c.NetLatency, "net-latency", 0, "emulated network latency per message, e.g. 50us (with -net-bandwidth; simulated workers only)")
+	fs.Float64Var(&v.bandwidth, "net-bandwidth", 0, "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)")
+	fs.IntVar(&c.LogEvery, "log-every", 1, "write a step record every this many steps")
+	fs.IntVar(&c.EvalEvery, "eval-every", 0, "also evaluate every this many steps (0: every epoch only)")
+	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 1, "write a checkpoint every this many epochs")
+	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto (OpenBLAS if installed), openblas or gonum")
+	fs.IntVar(&c.BLASThreads, "blas-threads", 0, "OpenBLAS threads (0: cores / simulated workers)")
+	fs.BoolVar(&c.Quiet, "quiet", false, "no progress output")
+	summary := fs.Bool("summary", false, "print the model's layer table and parameter count, then exit")
+	fs.Usage = func() {
+		fmt.Fprintf(out, `Usage:
+  train [flags]                      train one model, write a run directory
+  train report [-o FILE] RUN_DIR...  compare runs in one HTML report
+
+Defaults follow the papers' code per model (PyTorch SGD semantics; see package train).
+Examples:
+  train -model ncf -dataset ml-100k -workers 4 -sparsifier deft -density 0.1 -out runs/ncf-deft
+  mpirun -np 4 train -model ncf -sparsifier topk -density 0.1 -out runs/ncf-topk-mpi
+
+Flags:
+`)
+		fs.PrintDefaults()
+	}
+	return fs, v, summary
+}
+
+// config converts the parsed flags.
+func (v *flagValues) config() (train.Config, error) {
+	c := v.cfg
+	seed, err := strconv.ParseUint(v.seed, 10, 64)
+	if err != nil {
+		return c, fmt.Errorf("-seed %q: want a non-negative integer", v.seed)
+	}
+	c.Seed = seed
+	if v.bandwidth < 0 {
+		return c, fmt.Errorf("-net-bandwidth %v: want a positive number of Gbit/s", v.bandwidth)
+	}
+	c.NetBandwidth = v.bandwidth * 1e9 / 8
+	switch v.decayEpochs {
+	case "":
+	case "none":
+		c.DecayEpochs = []int{}
+	default:
+		for _, f := range strings.Split(v.decayEpochs, ",") {
+			e, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil {
+				return c, fmt.Errorf("-decay-epochs %q: want comma-separated epoch numbers, e.g. 150,200", v.decayEpochs)
+			}
+			c.DecayEpochs = append(c.DecayEpochs, e)
+		}
+	}
+	return c, nil
+}
+
+func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {
+	cfg = cfg.Defaults()
+	if cfg.Out == "" {
+		cfg.Out = "-" // not written
+	}
+	if err := cfg.Validate(false); err != nil {
+		return err
+	}
+	ds, err := train.LoadDataset(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	m, err := train.NewModel(cfg, ds, cfg.Seed)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, m.Summary())
+	fmt.Fprintf(out, "%s: %d parameters in %d tensors\n", m.Name(), m.NumParams(), len(m.Layout()))
+	return nil
+}
+
+func runReport(args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("train report", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	out := fs.String("o", "compare.html", "HTML file to write")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "Usage: train report [-o FILE] RUN_DIR...")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() == 0 {
+		return errors.New("train report: give at least one run directory (train report [-o FILE] RUN_DIR...)")
+	}
+	for _, d := range fs.Args() {
+		if _, err := os.Stat(d); err != nil {
+			return fmt.Errorf("train report: run directory: %w", err)
+		}
+	}
+	return compareReports(*out, fs.Args())
+}
+
+var _ = time.Second

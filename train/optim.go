@@ -1,0 +1,196 @@
+package train
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+
+	"github.com/sparsegrad/sparsegrad/models"
+)
+
+// Optimizer updates parameters in place from the averaged gradient.
+type Optimizer interface {
+	// Step applies one update with learning rate lr.
+	Step(params, grad []float32, lr float64)
+	// State returns the optimizer's state vectors and step count (for
+	// checkpoints); the slices are live.
+	State() (vecs [][]float32, steps int64)
+	// SetState restores what State returned.
+	SetState(vecs [][]float32, steps int64) error
+}
+
+// bnParam matches the BatchNorm parameters the reference harness exempts
+// from weight decay (".bn1.weight", ".bn2.bias", ...).
+var bnParam = regexp.MustCompile(`.*\.bn\d+\.(weight|bias)$`)
+
+// SGD is stochastic gradient descent with momentum and weight decay in
+// PyTorch's semantics: d = g + wd·w (wd 0 for parameters matching
+// `.*\.bn\d+\.(weight|bias)`, as in the DEFT/MiCRO harness); buf = d on the
+// first step, buf = m·buf + d afterwards; w −= lr·buf. This is not the
+// DEFT/MiCRO harness's "nesterov" (w −= lr·(d + buf)), which doubles the step.
+type SGD struct {
+	Momentum float64
+	decay    []float32 // per-element weight decay
+	buf      []float32
+	steps    int64
+}
+
+// NewSGD returns SGD for the given parameter layout.
+func NewSGD(layout []models.ParamInfo, momentum, wd float64) *SGD {
+	n := 0
+	for _, p := range layout {
+		n = max(n, p.Offset+p.Size)
+	}
+	s := &SGD{Momentum: momentum}
+	if wd != 0 {
+		s.decay = make([]float32, n)
+		for _, p := range layout {
+			if bnParam.MatchString(p.Name) {
+				continue
+			}
+			for i := p.Offset; i < p.Offset+p.Size; i++ {
+				s.decay[i] = float32(wd)
+			}
+		}
+	}
+	if momentum != 0 {
+		s.buf = make([]float32, n)
+	}
+	return s
+}
+
+// Step implements Optimizer.
+func (s *SGD) Step(w, g []float32, lr float64) {
+	l := float32(lr)
+	m := float32(s.Momentum)
+	first := s.steps == 0
+	s.steps++
+	for i := range w {
+		d := g[i]
+		if s.decay != nil {
+			d += s.decay[i] * w[i]
+		}
+		if s.buf != nil {
+			if first {
+				s.buf[i] = d
+			} else {
+				s.buf[i] = m*s.buf[i] + d
+			}
+			d = s.buf[i]
+		}
+		w[i] -= l * d
+	}
+}
+
+// State implements Optimizer.
+func (s *SGD) State() ([][]float32, int64) {
+	if s.buf == nil {
+		return nil, s.steps
+	}
+	return [][]float32{s.buf}, s.steps
+}
+
+// SetState implements Optimizer.
+func (s *SGD) SetState(v [][]float32, steps int64) error {
+	want := 0
+	if s.buf != nil {
+		want = 1
+	}
+	if len(v) != want || (want == 1 && len(v[0]) != len(s.buf)) {
+		return fmt.Errorf("train: SGD state has %d vectors, want %d of %d values (checkpoint from another model or optimizer?)", len(v), want, len(s.buf))
+	}
+	if want == 1 {
+		copy(s.buf, v[0])
+	}
+	s.steps = steps
+	return nil
+}
+
+// Adam is PyTorch's Adam without weight decay: m = β1·m + (1−β1)·g,
+// v = β2·v + (1−β2)·g², w −= lr·(m/(1−β1^t)) / (√(v/(1−β2^t)) + ε).
+type Adam struct {
+	Beta1, Beta2, Eps float64
+	m, v              []float32
+	steps             int64
+}
+
+// NewAdam returns Adam for n parameters.
+func NewAdam(n int, beta1, beta2, eps float64) *Adam {
+	return &Adam{Beta1: beta1, Beta2: beta2, Eps: eps, m: make([]float32, n), v: make([]float32, n)}
+}
+
+// Step implements Optimizer.
+func (a *Adam) Step(w, g []float32, lr float64) {
+	a.steps++
+	t := float64(a.steps)
+	bc1 := 1 - math.Pow(a.Beta1, t)
+	bc2 := 1 - math.Pow(a.Beta2, t)
+	b1, b2 := float32(a.Beta1), float32(a.Beta2)
+	step := float32(lr / bc1)
+	sq := float32(math.Sqrt(bc2))
+	eps := float32(a.Eps)
+	for i := range w {
+		gi := g[i]
+		a.m[i] = b1*a.m[i] + (1-b1)*gi
+		a.v[i] = b2*a.v[i] + (1-b2)*gi*gi
+		den := float32(math.Sqrt(float64(a.v[i])))/sq + eps
+		w[i] -= step * a.m[i] / den
+	}
+}
+
+// State implements Optimizer.
+func (a *Adam) State() ([][]float32, int64) { return [][]float32{a.m, a.v}, a.steps }
+
+// SetState implements Optimizer.
+func (a *Adam) SetState(v [][]float32, steps int64) error {
+	if len(v) != 2 || len(v[0]) != len(a.m) || len(v[1]) != len(a.v) {
+		return fmt.Errorf("train: Adam state has %d vectors, want 2 of %d values (checkpoint from another model or optimizer?)", len(v), len(a.m))
+	}
+	copy(a.m, v[0])
+	copy(a.v, v[1])
+	a.steps = steps
+	return nil
+}
+
+// Schedule is a learning-rate schedule: linear warm-up over WarmupIters
+// iterations (iteration i uses base·(i+1)/WarmupIters), then step decay: the
+// rate is multiplied by Factor at the start of every epoch in DecayEpochs.
+type Schedule struct {
+	Base        float64
+	WarmupIters int
+	DecayEpochs []int
+	Factor      float64
+}
+
+// At returns the learning rate of global iteration it (0-based) in epoch
+// (0-based).
+func (s Schedule) At(it, epoch int) float64 {
+	lr := s.Base
+	for _, e := range s.DecayEpochs {
+		if epoch >= e {
+			lr *= s.Factor
+		}
+	}
+	if it < s.WarmupIters {
+		lr *= float64(it+1) / float64(s.WarmupIters)
+	}
+	return lr
+}
+
+// ClipNorm scales g so that its Euclidean norm is at most maxNorm, as
+// torch.nn.utils.clip_grad_norm_ does (factor maxNorm/(norm+1e-6) when the
+// norm exceeds maxNorm), and returns the norm before clipping.
+func ClipNorm(g []float32, maxNorm float64) float64 {
+	var s float64
+	for _, x := range g {
+		s += float64(x) * float64(x)
+	}
+	norm := math.Sqrt(s)
+	if norm > maxNorm {
+		f := float32(maxNorm / (norm + 1e-6))
+		for i := range g {
+			g[i] *= f
+		}
+	}
+	return norm
+}

@@ -1,0 +1,396 @@
+package train
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/data"
+	"github.com/sparsegrad/sparsegrad/models"
+)
+
+// Dataset is a loaded data set shared read-only by the workers of a process.
+type Dataset struct {
+	Name  string
+	CIFAR struct {
+		Kind        data.CIFARKind
+		Train, Test *data.CIFAR
+	}
+	Wiki *data.WikiText
+	Rec  *data.Implicit
+}
+
+// downloadName maps -dataset names to data.Download names.
+var downloadName = map[string]string{
+	"cifar10": "cifar10", "cifar100": "cifar100", "wikitext2": "wikitext2",
+	"ml-100k": "ml-100k", "ml-1m": "ml-1m", "ml-20m": "ml-20m",
+}
+
+// LoadDataset reads the configured data set from c.DataDir, downloading it
+// first with c.Download.
+func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
+	if c.Download {
+		if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
+			return nil, fmt.Errorf("train: creating -data-dir: %w", err)
+		}
+		if err := data.Download(ctx, downloadName[c.Dataset], c.DataDir); err != nil {
+			return nil, fmt.Errorf("train: downloading %s into %s: %w", c.Dataset, c.DataDir, err)
+		}
+	}
+	d := &Dataset{Name: c.Dataset}
+	hint := func(err error) error {
+		if errors.Is(err, fs.ErrNotExist) && !c.Download {
+			return fmt.Errorf("train: data set %s not found under -data-dir %s (pass -download to fetch it, or -data-dir to point at it): %w", c.Dataset, c.DataDir, err)
+		}
+		return fmt.Errorf("train: loading %s: %w", c.Dataset, err)
+	}
+	switch c.Dataset {
+	case "cifar10", "cifar100":
+		kind := data.CIFAR10
+		if c.Dataset == "cifar100" {
+			kind = data.CIFAR100
+		}
+		d.CIFAR.Kind = kind
+		var err error
+		if d.CIFAR.Train, err = data.LoadCIFAR(c.DataDir, kind, data.Train); err != nil {
+			return nil, hint(err)
+		}
+		d.CIFAR.Test, err = data.LoadCIFAR(c.DataDir, kind, data.Test)
+		if err != nil && kind == data.CIFAR10 {
+			// A partial copy of the test set (e.g. the first 1,000 images).
+			for _, p := range []string{filepath.Join(c.DataDir, kind.DirName(), "test_batch.first1000.bin"), filepath.Join(c.DataDir, "test_batch.first1000.bin")} {
+				if t, err2 := data.ReadCIFARFile(p, kind); err2 == nil {
+					d.CIFAR.Test, err = t, nil
+					break
+				}
+			}
+		}
+		if err != nil {
+			return nil, hint(err)
+		}
+	case "wikitext2":
+		w, err := data.LoadWikiText(c.DataDir)
+		if err != nil {
+			return nil, hint(err)
+		}
+		d.Wiki = w
+	case "ml-100k", "ml-1m", "ml-20m":
+		cfg := data.ImplicitConfig{Seed: c.Seed}
+		if c.Dataset == "ml-20m" {
+			cfg.MinRatings = 20
+		}
+		r, err := data.LoadMovieLens(c.DataDir, c.Dataset, cfg)
+		if err != nil {
+			return nil, hint(err)
+		}
+		d.Rec = r
+	default:
+		return nil, fmt.Errorf("%w: unknown dataset %q", ErrConfig, c.Dataset)
+	}
+	return d, nil
+}
+
+// NewModel builds the configured model for the data set with the given seed.
+func NewModel(c Config, d *Dataset, seed uint64) (models.Model, error) {
+	switch c.Model {
+	case "resnet18":
+		cfg := models.DefaultResNet18(d.CIFAR.Kind.Classes(), c.Batch)
+		cfg.Seed = seed
+		return models.NewResNet(cfg)
+	case "lstm":
+		var cfg models.LSTMConfig
+		if c.Preset == "small" {
+			cfg = models.SmallLSTM(d.Wiki.Vocab.Len(), c.Batch)
+		} else {
+			cfg = models.DefaultLSTM(d.Wiki.Vocab.Len(), c.Batch)
+		}
+		cfg.Seed = seed
+		return models.NewLSTM(cfg)
+	case "ncf":
+		var cfg models.NCFConfig
+		if c.Preset == "paper" {
+			cfg = models.NCFPaperNCF(d.Rec.Users, d.Rec.Items, c.Batch)
+		} else {
+			cfg = models.DefaultNCF(d.Rec.Users, d.Rec.Items, c.Batch)
+		}
+		cfg.Seed = seed
+		return models.NewNCF(cfg)
+	}
+	return nil, fmt.Errorf("%w: unknown model %q", ErrConfig, c.Model)
+}
+
+// metric is one evaluation result.
+type metric struct {
+	Name  string
+	Value float64
+}
+
+// task is one rank's view of the data: training batches and evaluation.
+type task interface {
+	// Len is the number of training batches per epoch.
+	Len() int
+	SetEpoch(e int) error
+	// Batch returns training batch i of the epoch and its sample count.
+	Batch(i int) (models.Batch, int, error)
+	// Evaluate evaluates m on this rank's share and combines the shares
+	// over c (every rank gets the same result; the primary metric first).
+	Evaluate(ctx context.Context, m models.Model, c comm.Communicator) ([]metric, error)
+	Close()
+}
+
+func newTask(c Config, d *Dataset, rank, size int) (task, error) {
+	lc := data.LoaderConfig{Batch: c.Batch, Rank: rank, Size: size, Seed: c.Seed, Train: true, NoAugment: c.NoAugment}
+	switch c.Model {
+	case "resnet18":
+		tr, err := data.NewCIFARLoader(d.CIFAR.Train, lc)
+		if err != nil {
+			return nil, fmt.Errorf("train: CIFAR training loader: %w", err)
+		}
+		ec := lc
+		ec.Train, ec.Batch = false, c.EvalBatch
+		te, err := data.NewCIFARLoader(d.CIFAR.Test, ec)
+		if err != nil {
+			tr.Close()
+			return nil, fmt.Errorf("train: CIFAR test loader: %w", err)
+		}
+		return &cifarTask{tr: tr, te: te, maxEval: c.MaxEvalBatches}, nil
+	case "lstm":
+		tr, err := data.NewBPTTLoader(d.Wiki.Train, data.BPTTConfig{Batch: c.Batch, BPTT: bpttOf(c), Rank: rank, Size: size})
+		if err != nil {
+			return nil, fmt.Errorf("train: WikiText-2 training loader: %w", err)
+		}
+		va, err := data.NewBPTTLoader(d.Wiki.Valid, data.BPTTConfig{Batch: c.EvalBatch, BPTT: bpttOf(c), Rank: rank, Size: size})
+		if err != nil {
+			return nil, fmt.Errorf("train: WikiText-2 validation loader: %w", err)
+		}
+		full := (tr.Rows() - 1) / bpttOf(c) // the model trains on full windows only
+		if full < 1 {
+			return nil, fmt.Errorf("train: WikiText-2 training split too short for %d workers × batch %d with BPTT %d", size, c.Batch, bpttOf(c))
+		}
+		return &lmTask{tr: tr, va: va, full: full, maxEval: c.MaxEvalBatches}, nil
+	case "ncf":
+		tr, err := data.NewRecLoader(d.Rec, lc, 4)
+		if err != nil {
+			return nil, fmt.Errorf("train: MovieLens training loader: %w", err)
+		}
+		return &recTask{tr: tr, ds: d.Rec, rank: rank, size: size, usersPerBatch: c.EvalBatch, maxEval: c.MaxEvalBatches}, nil
+	}
+	return nil, fmt.Errorf("%w: unknown model %q", ErrConfig, c.Model)
+}
+
+func bpttOf(c Config) int {
+	if c.Preset == "small" {
+		return models.SmallLSTM(1, 1).BPTT
+	}
+	return models.DefaultLSTM(1, 1).BPTT
+}
+
+// sumOver adds every rank's vals element-wise in rank order (the same on
+// every rank and every backend).
+func sumOver(ctx context.Context, c comm.Communicator, vals []float64) ([]float64, error) {
+	n := c.Size()
+	send := make(comm.Int64s, len(vals))
+	for i, v := range vals {
+		send[i] = int64(math.Float64bits(v))
+	}
+	recv := make(comm.Int64s, n*len(vals))
+	if err := c.AllGather(ctx, send, recv); err != nil {
+		return nil, fmt.Errorf("train: combining evaluation results: %w", err)
+	}
+	out := make([]float64, len(vals))
+	for r := 0; r < n; r++ {
+		for i := range vals {
+			out[i] += math.Float64frombits(uint64(recv[r*len(vals)+i]))
+		}
+	}
+	return out, nil
+}
+
+type cifarTask struct {
+	tr, te  *data.CIFARLoader
+	maxEval int
+	labels  []int
+}
+
+func (t *cifarTask) Len() int             { return t.tr.Len() }
+func (t *cifarTask) SetEpoch(e int) error { return t.tr.SetEpoch(e) }
+func (t *cifarTask) Close()               { t.tr.Close(); t.te.Close() }
+
+func (t *cifarTask) Batch(i int) (models.Batch, int, error) {
+	b, err := t.tr.Batch(i)
+	if err != nil {
+		return models.Batch{}, 0, err
+	}
+	t.labels = toInts(t.labels, b.Labels)
+	return models.Batch{Images: b.X, Labels: t.labels}, b.N, nil
+}
+
+func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, c comm.Communicator) ([]metric, error) {
+	var r models.EvalResult
+	var labels []int
+	for i := 0; i < t.te.Len() && (t.maxEval == 0 || i < t.maxEval); i++ {
+		b, err := t.te.Batch(i)
+		if err != nil {
+			return nil, err
+		}
+		labels = toInts(labels, b.Labels)
+		er, err := m.Evaluate(ctx, models.Batch{Images: b.X[:b.N*data.CIFARPixels], Labels: labels})
+		if err != nil {
+			return nil, fmt.Errorf("train: evaluating: %w", err)
+		}
+		r.Add(er)
+	}
+	s, err := sumOver(ctx, c, []float64{float64(r.Correct), float64(r.Count), r.LossSum})
+	if err != nil {
+		return nil, err
+	}
+	return []metric{{"accuracy", s[0] / s[1]}, {"loss", s[2] / s[1]}}, nil
+}
+
+type lmTask struct {
+	tr, va         *data.BPTTLoader
+	full           int
+	maxEval        int
+	tokens, labels []int
+}
+
+func (t *lmTask) Len() int           { return t.full }
+func (t *lmTask) SetEpoch(int) error { return nil }
+func (t *lmTask) Close()             {}
+
+func (t *lmTask) Batch(i int) (models.Batch, int, error) {
+	b, err := t.tr.Batch(i)
+	if err != nil {
+		return models.Batch{}, 0, err
+	}
+	t.tokens = toInts(t.tokens, b.Input)
+	t.labels = toInts(t.labels, b.Target)
+	return models.Batch{Tokens: t.tokens, Labels: t.labels, Steps: b.Steps}, b.Steps * b.Batch, nil
+}
+
+func (t *lmTask) Evaluate(ctx context.Context, m models.Model, c comm.Communicator) ([]metric, error) {
+	m.ResetState()
+	var r models.EvalResult
+	var tok, lab []int
+	for i := 0; i < t.va.Len() && (t.maxEval == 0 || i < t.maxEval); i++ {
+		b, err := t.va.Batch(i)
+		if err != nil {
+			return nil, err
+		}
+		tok = toInts(tok, b.Input)
+		lab = toInts(lab, b.Target)
+		er, err := m.Evaluate(ctx, models.Batch{Tokens: tok, Labels: lab, Steps: b.Steps})
+		if err != nil {
+			return nil, fmt.Errorf("train: evaluating: %w", err)
+		}
+		r.Add(er)
+	}
+	m.ResetState()
+	s, err := sumOver(ctx, c, []float64{r.LossSum, float64(r.Count), float64(r.Correct)})
+	if err != nil {
+		return nil, err
+	}
+	return []metric{{"perplexity", models.Perplexity(s[0], int(s[1]))}, {"loss", s[0] / s[1]}, {"accuracy", s[2] / s[1]}}, nil
+}
+
+type recTask struct {
+	tr            *data.RecLoader
+	ds            *data.Implicit
+	rank, size    int
+	usersPerBatch int
+	maxEval       int
+	users, items  []int
+	targets       []float32
+}
+
+func (t *recTask) Len() int             { return t.tr.Len() }
+func (t *recTask) SetEpoch(e int) error { return t.tr.SetEpoch(e) }
+func (t *recTask) Close()               { t.tr.Close() }
+
+func (t *recTask) Batch(i int) (models.Batch, int, error) {
+	b, err := t.tr.Batch(i)
+	if err != nil {
+		return models.Batch{}, 0, err
+	}
+	t.users = toInts(t.users, b.Users)
+	t.items = toInts(t.items, b.Items)
+	t.targets = append(t.targets[:0], b.Labels...)
+	return models.Batch{Users: t.users, Items: t.items, Targets: t.targets}, b.N, nil
+}
+
+// Evaluate ranks each of this rank's users' candidates (users rank,
+// rank+size, ...) with the test positive last, as models.RankHit expects.
+func (t *recTask) Evaluate(ctx context.Context, m models.Model, c comm.Communicator) ([]metric, error) {
+	var hits, ndcg, count float64
+	var users, items []int
+	var spans [][]int
+	batches := 0
+	flush := func() error {
+		if len(users) == 0 {
+			return nil
+		}
+		er, err := m.Evaluate(ctx, models.Batch{Users: users, Items: items})
+		if err != nil {
+			return fmt.Errorf("train: evaluating: %w", err)
+		}
+		off := 0
+		for _, cand := range spans {
+			h, nd, err := models.RankHit(cand, er.Scores[off:off+len(cand)], 10)
+			if err != nil {
+				return fmt.Errorf("train: ranking: %w", err)
+			}
+			hits += h
+			ndcg += nd
+			count++
+			off += len(cand)
+		}
+		users, items, spans = users[:0], items[:0], spans[:0]
+		batches++
+		return nil
+	}
+	for u := t.rank; u < t.ds.Users; u += t.size {
+		if t.maxEval > 0 && batches >= t.maxEval {
+			break
+		}
+		cand := t.ds.Candidates(u)
+		// Negatives first, the positive last.
+		span := make([]int, 0, len(cand))
+		for _, it := range cand[1:] {
+			span = append(span, int(it))
+		}
+		span = append(span, int(cand[0]))
+		for _, it := range span {
+			users = append(users, u)
+			items = append(items, it)
+		}
+		spans = append(spans, span)
+		if len(spans) == t.usersPerBatch {
+			if err := flush(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if t.maxEval == 0 || batches < t.maxEval {
+		if err := flush(); err != nil {
+			return nil, err
+		}
+	}
+	s, err := sumOver(ctx, c, []float64{hits, ndcg, count})
+	if err != nil {
+		return nil, err
+	}
+	return []metric{{"hr10", s[0] / s[2]}, {"ndcg10", s[1] / s[2]}}, nil
+}
+
+func toInts(dst []int, src []int32) []int {
+	dst = dst[:0]
+	for _, v := range src {
+		dst = append(dst, int(v))
+	}
+	return dst
+}

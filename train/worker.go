@@ -1,0 +1,587 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// worker is one rank's training loop.
+type worker struct {
+	r      *runner
+	cfg    Config
+	c      comm.Communicator
+	rank   int
+	size   int
+	log    *slog.Logger
+	m      models.Model
+	task   task
+	layout sparsify.Layout
+	red    sparsify.Reducer
+	mem    *sparsify.Memory
+	opt    Optimizer
+	grad   []float32
+	out    []float32
+
+	// Gradient hook state (reset every step).
+	firstFinal time.Time
+	finalAt    []time.Time
+
+	// LAGS pipelining.
+	pipe    bool
+	gred    sparsify.GroupReducer
+	groups  []sparsify.Group
+	groupOf []int
+	arrived []int
+	next    int
+	ready   []bool
+	ch      chan int
+	pend    []sparsify.Pending
+	perr    error
+	setBwd  bool
+
+	metrics *metricsWriter
+	prog    *progress
+}
+
+// stepLocal is what one rank measured in one step.
+type stepLocal struct {
+	loss                                    float64
+	tf, tb, tsel, tcomm, tupd, titer, twait time.Duration
+	sent, recv                              int64
+	errNorm, actual, threshold              float64
+	samples                                 int
+}
+
+func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
+	cfg := r.cfg
+	w := &worker{r: r, cfg: cfg, c: c, rank: c.Rank(), size: c.Size()}
+	if err := os.MkdirAll(filepath.Join(cfg.Out, "checkpoints"), 0o755); err != nil {
+		return fmt.Errorf("train: creating the run directory: %w", err)
+	}
+	lg, closer, err := rankLogger(cfg.Out, w.rank)
+	if err != nil {
+		return err
+	}
+	defer closer.Close()
+	w.log = lg
+	defer func() {
+		if err != nil {
+			w.log.Error("training failed", "err", err)
+		}
+	}()
+	if err := w.setup(ctx); err != nil {
+		return err
+	}
+	defer w.task.Close()
+	defer w.metrics.close()
+	return w.loop(ctx)
+}
+
+func (w *worker) setup(ctx context.Context) error {
+	cfg := w.cfg
+	// Dropout masks differ per rank; the initial parameters are rank 0's.
+	m, err := NewModel(cfg, w.r.ds, cfg.Seed+uint64(w.rank))
+	if err != nil {
+		return fmt.Errorf("train: building %s: %w", cfg.Model, err)
+	}
+	w.m = m
+	n := m.NumParams()
+	w.grad = make([]float32, n)
+	w.out = make([]float32, n)
+	var names []string
+	var sizes []int
+	for _, p := range m.Layout() {
+		names = append(names, p.Name)
+		sizes = append(sizes, p.Size)
+	}
+	if w.layout, err = sparsify.NewLayout(names, sizes); err != nil {
+		return fmt.Errorf("train: layout of %s: %w", cfg.Model, err)
+	}
+	w.red, err = sparsify.New(cfg.Sparsifier, sparsify.Options{
+		Density: cfg.Density, Layout: w.layout, Comm: w.c, Seed: cfg.Seed,
+		Lambda: cfg.Lambda, Teams: cfg.Teams, SAG: cfg.SAG, MergeSize: cfg.MergeSize, MaxRatio: cfg.MaxRatio,
+		MinTensor: cfg.MinTensor, Warmup: cfg.DragonnWarmup,
+	})
+	if err != nil {
+		return fmt.Errorf("train: -sparsifier %s: %w", cfg.Sparsifier, err)
+	}
+	w.mem = sparsify.NewMemory(n, false)
+	switch cfg.Optimizer {
+	case "sgd":
+		w.opt = NewSGD(m.Layout(), cfg.Momentum, cfg.WeightDecay)
+	case "adam":
+		w.opt = NewAdam(n, cfg.Beta1, cfg.Beta2, cfg.Eps)
+	}
+	w.pipe = cfg.PipelineOn()
+	if w.pipe {
+		gr, ok := w.red.(sparsify.GroupReducer)
+		if !ok {
+			return fmt.Errorf("%w: -sparsifier %s cannot be pipelined (no group reduction)", ErrConfig, cfg.Sparsifier)
+		}
+		w.gred = gr
+		w.groups = gr.Groups()
+		w.groupOf = make([]int, len(w.layout.Tensors))
+		for g, gg := range w.groups {
+			for _, t := range gg.Tensors {
+				w.groupOf[t] = g
+			}
+		}
+		w.arrived = make([]int, len(w.groups))
+		w.ready = make([]bool, len(w.groups))
+		w.pend = make([]sparsify.Pending, len(w.groups))
+	}
+	w.finalAt = make([]time.Time, len(w.layout.Tensors))
+	// The hook times the forward/backward split (and drives pipelining).
+	// Installing it may rebuild the model's program, so it comes before the
+	// parameters are synchronised.
+	if err := m.SetGradHook(w.hook); err != nil {
+		return fmt.Errorf("train: installing the gradient hook: %w", err)
+	}
+	if err := w.c.Broadcast(ctx, comm.Float32s(m.Params()), 0); err != nil {
+		return fmt.Errorf("train: broadcasting the initial parameters: %w", err)
+	}
+	if nb := sumSizes(m.BufferLayout()); nb > 0 {
+		b := make([]float32, nb)
+		if err := m.StoreBuffers(b); err != nil {
+			return err
+		}
+		if err := w.c.Broadcast(ctx, comm.Float32s(b), 0); err != nil {
+			return fmt.Errorf("train: broadcasting the initial buffers: %w", err)
+		}
+		if err := m.LoadBuffers(b); err != nil {
+			return err
+		}
+	}
+	if w.task, err = newTask(cfg, w.r.ds, w.rank, w.size); err != nil {
+		return err
+	}
+	if w.rank == 0 {
+		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
+			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe,
+			Versions: versions(w.r.blas), Machine: machine(), Resumed: cfg.Resume}
+		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
+			w.task.Close()
+			return fmt.Errorf("train: writing run.json: %w", err)
+		}
+		if w.metrics, err = openMetrics(filepath.Join(cfg.Out, "metrics.jsonl"), cfg.Resume != ""); err != nil {
+			w.task.Close()
+			return err
+		}
+		if !cfg.Quiet {
+			w.prog = newProgress(w.r.opt.Progress, w.r.opt.Stdout)
+		}
+	}
+	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe, "blas", w.r.blas)
+	return nil
+}
+
+func sumSizes(l []models.ParamInfo) int {
+	n := 0
+	for _, p := range l {
+		n += p.Size
+	}
+	return n
+}
+
+// hook runs on the model's goroutine when tensor idx's gradient is final.
+func (w *worker) hook(idx int, _ []float32) {
+	now := time.Now()
+	if w.firstFinal.IsZero() {
+		w.firstFinal = now
+	}
+	w.finalAt[idx] = now
+	if !w.pipe {
+		return
+	}
+	g := w.groupOf[idx]
+	w.arrived[g]++
+	if w.arrived[g] == len(w.groups[g].Tensors) {
+		w.ready[g] = true
+	}
+	for w.next < len(w.groups) && w.ready[w.next] {
+		w.ch <- w.next
+		w.next++
+	}
+}
+
+// pipeline accumulates and starts every group it receives, in order.
+func (w *worker) pipeline(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
+	for g := range w.ch {
+		if w.perr != nil {
+			continue
+		}
+		gg := w.groups[g]
+		mm := sparsify.Memory{Residual: w.mem.Residual[gg.Lo:gg.Hi]}
+		if _, err := mm.Accumulate(w.grad[gg.Lo:gg.Hi], 1); err != nil {
+			w.perr = fmt.Errorf("train: gradient of merge group %d (elements %d..%d): %w", g, gg.Lo, gg.Hi, err)
+			continue
+		}
+		p, err := w.gred.StartGroup(ctx, g, w.mem.Residual, w.out, w.mem.Residual)
+		if err != nil {
+			w.perr = fmt.Errorf("train: starting merge group %d: %w", g, err)
+			continue
+		}
+		w.pend[g] = p
+	}
+}
+
+// step runs one iteration on batch b with learning rate lr.
+func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLocal, error) {
+	var s stepLocal
+	w.firstFinal = time.Time{}
+	var done chan struct{}
+	if w.pipe {
+		for i := range w.arrived {
+			w.arrived[i], w.ready[i], w.pend[i] = 0, false, nil
+		}
+		w.next, w.perr = 0, nil
+		w.ch = make(chan int, len(w.groups))
+		done = make(chan struct{})
+		go w.pipeline(ctx, done)
+	}
+	t0 := time.Now()
+	res, err := w.m.TrainStep(ctx, b, w.grad)
+	t1 := time.Now()
+	if w.pipe {
+		close(w.ch)
+		<-done
+	}
+	if err != nil {
+		if w.pipe {
+			w.drain(ctx)
+		}
+		return s, fmt.Errorf("train: %s step: %w", w.cfg.Model, err)
+	}
+	s.loss = res.Loss
+	if w.firstFinal.IsZero() {
+		s.tf = t1.Sub(t0)
+	} else {
+		s.tf, s.tb = w.firstFinal.Sub(t0), t1.Sub(w.firstFinal)
+	}
+	var st sparsify.Stats
+	if w.pipe {
+		if w.perr != nil {
+			w.drain(ctx)
+			return s, w.perr
+		}
+		gs := make([]sparsify.GroupStats, len(w.groups))
+		for g, p := range w.pend {
+			if p == nil {
+				w.drain(ctx)
+				return s, fmt.Errorf("train: merge group %d was never started (its gradients were not all reported by the model)", g)
+			}
+			if gs[g], err = p.Wait(ctx); err != nil {
+				w.pend[g] = nil
+				w.drain(ctx)
+				return s, fmt.Errorf("train: reducing merge group %d: %w", g, err)
+			}
+			w.pend[g] = nil
+		}
+		st = sparsify.CombineGroupStats(w.cfg.Density, w.layout, w.groups, gs)
+	} else {
+		if w.cfg.Clip > 0 {
+			ClipNorm(w.grad, w.cfg.Clip)
+		}
+		acc, err := w.mem.Accumulate(w.grad, 1)
+		if err != nil {
+			return s, fmt.Errorf("train: error feedback: %w", err)
+		}
+		if st, err = w.red.Reduce(ctx, acc, w.out, acc); err != nil {
+			return s, fmt.Errorf("train: reducing with %s: %w", w.cfg.Sparsifier, err)
+		}
+	}
+	t2 := time.Now()
+	s.twait = t2.Sub(t1)
+	w.opt.Step(w.m.Params(), w.out, lr)
+	t3 := time.Now()
+	s.tupd = t3.Sub(t2)
+	s.titer = t3.Sub(t0)
+	s.tsel, s.tcomm = st.SelectTime, st.CommTime
+	s.sent, s.recv = st.BytesSent, st.BytesRecv
+	s.errNorm, s.actual, s.threshold = st.ErrorNorm, st.ActualDensity, st.Threshold
+	return s, nil
+}
+
+// drain waits for the groups still in flight after a failure.
+func (w *worker) drain(ctx context.Context) {
+	for g, p := range w.pend {
+		if p != nil {
+			p.Wait(ctx)
+			w.pend[g] = nil
+		}
+	}
+}
+
+// setBackwardTimes gives LAGS' adaptive density the per-tensor backward
+// times of the first step: the time between consecutive "final" events,
+// the maximum over ranks.
+func (w *worker) setBackwardTimes(ctx context.Context) error {
+	l, ok := w.red.(*sparsify.LAGS)
+	if !ok || w.cfg.MaxRatio == 0 {
+		return nil
+	}
+	nt := len(w.layout.Tensors)
+	send := make(comm.Int64s, nt)
+	prev := w.firstFinal
+	// Tensors become final in descending layout order.
+	for i := nt - 1; i >= 0; i-- {
+		if !w.finalAt[i].IsZero() && !prev.IsZero() {
+			send[i] = int64(w.finalAt[i].Sub(prev))
+			if send[i] < 0 {
+				send[i] = 0
+			}
+			prev = w.finalAt[i]
+		}
+	}
+	recv := make(comm.Int64s, nt*w.size)
+	if err := w.c.AllGather(ctx, send, recv); err != nil {
+		return fmt.Errorf("train: combining backward times: %w", err)
+	}
+	d := make([]time.Duration, nt)
+	for r := 0; r < w.size; r++ {
+		for i := range d {
+			d[i] = max(d[i], time.Duration(recv[r*nt+i]))
+		}
+	}
+	return l.SetBackwardTimes(d)
+}
+
+const nFields = 15
+
+// gather combines the ranks' step measurements into a record (the same on
+// every rank).
+func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr float64) (StepRecord, error) {
+	v := [nFields]float64{s.loss, s.tf.Seconds(), s.tb.Seconds(), s.tsel.Seconds(), s.tcomm.Seconds(), s.tupd.Seconds(),
+		s.titer.Seconds(), float64(s.sent), float64(s.recv), s.errNorm, s.actual, s.threshold, s.twait.Seconds(), float64(s.samples), 0}
+	send := make(comm.Int64s, nFields)
+	for i, x := range v {
+		send[i] = int64(math.Float64bits(x))
+	}
+	recv := make(comm.Int64s, nFields*w.size)
+	if err := w.c.AllGather(ctx, send, recv); err != nil {
+		return StepRecord{}, fmt.Errorf("train: combining step statistics: %w", err)
+	}
+	at := func(r, i int) float64 { return math.Float64frombits(uint64(recv[r*nFields+i])) }
+	var sum, mx [nFields]float64
+	for r := 0; r < w.size; r++ {
+		for i := 0; i < nFields; i++ {
+			x := at(r, i)
+			sum[i] += x
+			if r == 0 || x > mx[i] {
+				mx[i] = x
+			}
+		}
+	}
+	n := float64(w.size)
+	rec := StepRecord{Type: "step", Epoch: epoch + 1, Step: step, Loss: Num(sum[0] / n), LR: Num(lr),
+		Density: Num(w.cfg.Density), ActualDensity: Num(at(0, 10)), ErrorNorm: Num(sum[9] / n),
+		BytesSent: Num(sum[7] / n), BytesRecv: Num(sum[8] / n),
+		TForward: Num(mx[1]), TBackward: Num(mx[2]), TSelect: Num(mx[3]), TComm: Num(mx[4]), TUpdate: Num(mx[5]),
+		TIter: Num(mx[6]), TWait: Num(mx[12]), Samples: int(sum[13]), Workers: w.size,
+		Wall: Num(time.Since(w.r.start).Seconds())}
+	if w.cfg.Sparsifier == "dense" {
+		rec.Density = 1
+	}
+	if th := at(0, 11); !math.IsNaN(th) {
+		t := Num(th)
+		rec.Threshold = &t
+	}
+	return rec, nil
+}
+
+// evaluate runs the evaluation and (rank 0) records it.
+func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error) {
+	ms, err := w.task.Evaluate(ctx, w.m, w.c)
+	if err != nil {
+		return nil, err
+	}
+	if w.rank == 0 {
+		wall := Num(time.Since(w.r.start).Seconds())
+		for _, m := range ms {
+			if err := w.metrics.write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value)}); err != nil {
+				return nil, err
+			}
+		}
+		if w.prog != nil {
+			w.prog.eval(epoch+1, step, ms)
+		}
+	}
+	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ms)
+	return ms, nil
+}
+
+// checkpoint writes rank 0's state (rank 0 only) and refreshes the report.
+func (w *worker) checkpoint(epoch, batch, step int) error {
+	if w.rank != 0 {
+		return nil
+	}
+	ck := &Checkpoint{Model: w.cfg.Model, Dataset: w.cfg.Dataset, Epoch: epoch, Batch: batch, Step: step,
+		Params: append([]float32(nil), w.m.Params()...)}
+	if nb := sumSizes(w.m.BufferLayout()); nb > 0 {
+		ck.Buffers = make([]float32, nb)
+		if err := w.m.StoreBuffers(ck.Buffers); err != nil {
+			return err
+		}
+	}
+	ck.Opt, ck.OptSteps = w.opt.State()
+	path := filepath.Join(w.cfg.Out, "checkpoints", fmt.Sprintf("step-%09d.ckpt", step))
+	if err := WriteCheckpoint(path, ck); err != nil {
+		return err
+	}
+	w.log.Info("checkpoint written", "path", path)
+	return nil
+}
+
+func (w *worker) report() {
+	if w.rank != 0 || w.r.opt.Report == nil {
+		return
+	}
+	if err := w.r.opt.Report(w.cfg.Out); err != nil {
+		w.log.Warn("report not written", "err", err)
+		if w.prog != nil {
+			fmt.Fprintf(w.prog.out, "warning: report.html not written: %v\n", err)
+		}
+	}
+}
+
+// resume loads the checkpoint of cfg.Resume and returns where to continue.
+func (w *worker) resume() (epoch, batch, step int, err error) {
+	path, err := LatestCheckpoint(w.cfg.Resume)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	ck, err := ReadCheckpoint(path)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	if ck.Model != w.cfg.Model || ck.Dataset != w.cfg.Dataset {
+		return 0, 0, 0, fmt.Errorf("%w: -resume %s holds a %s/%s checkpoint, not %s/%s; pass the same -model and -dataset", ErrConfig, w.cfg.Resume, ck.Model, ck.Dataset, w.cfg.Model, w.cfg.Dataset)
+	}
+	if err := w.m.LoadParams(ck.Params); err != nil {
+		return 0, 0, 0, fmt.Errorf("train: checkpoint %s does not fit the model (different preset?): %w", path, err)
+	}
+	if len(ck.Buffers) > 0 {
+		if err := w.m.LoadBuffers(ck.Buffers); err != nil {
+			return 0, 0, 0, fmt.Errorf("train: checkpoint %s: %w", path, err)
+		}
+	}
+	if err := w.opt.SetState(ck.Opt, ck.OptSteps); err != nil {
+		return 0, 0, 0, fmt.Errorf("train: checkpoint %s: %w", path, err)
+	}
+	w.log.Info("resumed", "checkpoint", path, "epoch", ck.Epoch+1, "batch", ck.Batch, "step", ck.Step)
+	return ck.Epoch, ck.Batch, ck.Step, nil
+}
+
+func (w *worker) loop(ctx context.Context) error {
+	cfg := w.cfg
+	perEpoch := w.task.Len()
+	sched := Schedule{Base: cfg.LR, WarmupIters: int(cfg.WarmupEpochs * float64(perEpoch)), DecayEpochs: cfg.DecayEpochs, Factor: cfg.DecayFactor}
+	startEpoch, startBatch, step := 0, 0, 0
+	if cfg.Resume != "" {
+		var err error
+		if startEpoch, startBatch, step, err = w.resume(); err != nil {
+			return err
+		}
+	}
+	lastEval := -1
+	for epoch := startEpoch; epoch < cfg.Epochs; epoch++ {
+		if cfg.Steps > 0 && step >= cfg.Steps {
+			break
+		}
+		if err := w.task.SetEpoch(epoch); err != nil {
+			return fmt.Errorf("train: epoch %d: %w", epoch+1, err)
+		}
+		w.m.ResetState()
+		if w.prog != nil {
+			w.prog.startEpoch(epoch+1, cfg.Epochs, perEpoch-startBatch)
+		}
+		var lastLoss float64
+		for i := startBatch; i < perEpoch; i++ {
+			if cfg.Steps > 0 && step >= cfg.Steps {
+				if w.prog != nil {
+					w.prog.endEpoch()
+				}
+				if lastEval != step {
+					if _, err := w.evaluate(ctx, epoch, step); err != nil {
+						return err
+					}
+				}
+				if err := w.checkpoint(epoch, i, step); err != nil {
+					return err
+				}
+				w.report()
+				return nil
+			}
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("train: stopped at step %d: %w", step, err)
+			}
+			lr := sched.At(step, epoch)
+			b, ns, err := w.task.Batch(i)
+			if err != nil {
+				return fmt.Errorf("train: batch %d of epoch %d: %w", i, epoch+1, err)
+			}
+			s, err := w.step(ctx, b, lr)
+			if err != nil {
+				return fmt.Errorf("train: step %d (epoch %d): %w", step+1, epoch+1, err)
+			}
+			s.samples = ns
+			step++
+			if step == 1 {
+				if err := w.setBackwardTimes(ctx); err != nil {
+					return err
+				}
+			}
+			lastLoss = s.loss
+			last := i == perEpoch-1 || step == cfg.Steps
+			if step%cfg.LogEvery == 0 || last {
+				rec, err := w.gather(ctx, s, epoch, step, lr)
+				if err != nil {
+					return err
+				}
+				lastLoss = float64(rec.Loss)
+				if w.rank == 0 {
+					if err := w.metrics.write(rec); err != nil {
+						return err
+					}
+					if w.r.opt.LossSink != nil {
+						w.r.opt.LossSink(step, float64(rec.Loss))
+					}
+				}
+			}
+			if w.prog != nil {
+				w.prog.add(ns*w.size, lastLoss)
+			}
+			if cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0 && !last {
+				if _, err := w.evaluate(ctx, epoch, step); err != nil {
+					return err
+				}
+				lastEval = step
+			}
+		}
+		startBatch = 0
+		if w.prog != nil {
+			w.prog.endEpoch()
+		}
+		if _, err := w.evaluate(ctx, epoch, step); err != nil {
+			return err
+		}
+		lastEval = step
+		if (epoch+1)%cfg.CheckpointEvery == 0 || epoch+1 == cfg.Epochs {
+			if err := w.checkpoint(epoch+1, 0, step); err != nil {
+				return err
+			}
+		}
+		w.report()
+	}
+	return nil
+}
