@@ -54,6 +54,28 @@ func TestEmulatedCallsLastTheirModelledTime(t *testing.T) {
 			return err
 		}},
 		{"barrier", slowNet.BarrierTime(n), func(ctx context.Context, c comm.Communicator) error { return c.Barrier(ctx) }},
+		{"broadcast", slowNet.BroadcastTime(n, 4*m), func(ctx context.Context, c comm.Communicator) error {
+			return c.Broadcast(ctx, make(comm.Int64s, m/2), 2)
+		}},
+		{"reducescatter", slowNet.Cost(comm.OpReduceScatter, n, 0, 4, []int{m, m, m}), func(ctx context.Context, c comm.Communicator) error {
+			return c.ReduceScatter(ctx, make(comm.Float32s, 3*m), make(comm.Float32s, m), []int{m, m, m})
+		}},
+		{"isend irecv ring", slowNet.PointToPoint(4 * m), func(ctx context.Context, c comm.Communicator) error {
+			r := c.Rank()
+			qr, err := c.IRecv(ctx, make(comm.Int32s, m), (r+n-1)%n, 5)
+			if err != nil {
+				return err
+			}
+			qs, err := c.ISend(ctx, make(comm.Int32s, m), (r+1)%n, 5)
+			if err != nil {
+				return err
+			}
+			if _, err := qs.Wait(ctx); err != nil {
+				return err
+			}
+			_, err = qr.Wait(ctx)
+			return err
+		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
