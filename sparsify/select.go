@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"unsafe"
 )
 
 // Selection primitives: exact top-k by magnitude, the k-th largest magnitude,
@@ -43,6 +44,13 @@ const (
 
 // absBits is the bit pattern of |v|; see the comment above on NaN.
 func absBits(v float32) uint32 { return math.Float32bits(v) &^ (1 << 31) }
+
+// selBits views x's memory as IEEE-754 bit patterns (no copy), so that the
+// passes load integers directly instead of moving floats between register
+// files.
+func selBits(x []float32) []uint32 {
+	return unsafe.Slice((*uint32)(unsafe.Pointer(unsafe.SliceData(x))), len(x))
+}
 
 // selChunks is the number of chunks the passes over n elements use.
 func selChunks(n int) int {
@@ -143,19 +151,12 @@ func TopK(dst []int32, x []float32, k int) []int32 {
 			if allow[c] == 0 {
 				tt++ // t < 2^31, no overflow
 			}
-			j := 0
-			for i, v := range x[lo:hi] {
-				out[j] = int32(lo + i)
-				j += selB2I(absBits(v) >= tt)
-				if j == len(out) {
-					break
-				}
-			}
+			selWriteAtLeast(out, selBits(x[lo:hi]), lo, tt)
 			return
 		}
 		j, a := 0, allow[c]
-		for i, v := range x[lo:hi] {
-			key := absBits(v)
+		for i, v := range selBits(x[lo:hi]) {
+			key := v &^ (1 << 31)
 			out[j] = int32(lo + i)
 			tie := selB2I(key == t) & selB2I(a > 0)
 			j += selB2I(key > t) | tie
@@ -217,8 +218,8 @@ func selFindKth(x []float32, k, p int) selKth {
 			return
 		}
 		j := 0 // branch-free as in TopK's last pass
-		for _, v := range x[lo:hi] {
-			key := absBits(v)
+		for _, v := range selBits(x[lo:hi]) {
+			key := v &^ (1 << 31)
 			out[j] = key
 			j += selB2I(key>>selHiShift == ub)
 			if j == len(out) {
@@ -234,18 +235,51 @@ func selFindKth(x []float32, k, p int) selKth {
 // sub-histograms break the store-to-load dependency between equal buckets.
 func selHistogram(h *[selBuckets]uint32, x []float32) {
 	var sub [4][selBuckets]uint32
+	u := selBits(x)
 	i := 0
-	for ; i+4 <= len(x); i += 4 {
-		sub[0][absBits(x[i])>>selHiShift]++
-		sub[1][absBits(x[i+1])>>selHiShift]++
-		sub[2][absBits(x[i+2])>>selHiShift]++
-		sub[3][absBits(x[i+3])>>selHiShift]++
+	for ; i+4 <= len(u); i += 4 {
+		q := u[i : i+4 : i+4]
+		sub[0][q[0]<<1>>(selHiShift+1)]++
+		sub[1][q[1]<<1>>(selHiShift+1)]++
+		sub[2][q[2]<<1>>(selHiShift+1)]++
+		sub[3][q[3]<<1>>(selHiShift+1)]++
 	}
-	for ; i < len(x); i++ {
-		sub[0][absBits(x[i])>>selHiShift]++
+	for ; i < len(u); i++ {
+		sub[0][u[i]<<1>>(selHiShift+1)]++
 	}
 	for b := range h {
 		h[b] = sub[0][b] + sub[1][b] + sub[2][b] + sub[3][b]
+	}
+}
+
+// selWriteAtLeast writes, in ascending order, base+i for every i whose key
+// u[i] &^ signbit is >= t into out, which must have exactly as many slots as
+// there are such i. Branch-free: every index is written, the position
+// advances only over selected ones, and the loop stops when out is full.
+func selWriteAtLeast(out []int32, u []uint32, base int, t uint32) {
+	if len(out) == 0 {
+		return
+	}
+	j := 0
+	idx := int32(base)
+	i := 0
+	// Four at a time while at least four slots are left.
+	for ; i+4 <= len(u) && j+4 <= len(out); i += 4 {
+		q := u[i : i+4 : i+4]
+		out[j] = idx
+		j += selB2I(q[0]&^(1<<31) >= t)
+		out[j] = idx + 1
+		j += selB2I(q[1]&^(1<<31) >= t)
+		out[j] = idx + 2
+		j += selB2I(q[2]&^(1<<31) >= t)
+		out[j] = idx + 3
+		j += selB2I(q[3]&^(1<<31) >= t)
+		idx += 4
+	}
+	for ; i < len(u) && j < len(out); i++ {
+		out[j] = idx
+		idx++
+		j += selB2I(u[i]&^(1<<31) >= t)
 	}
 }
 
@@ -318,14 +352,41 @@ const selAboveBlock = 1024
 // free: within a block of selAboveBlock elements every index is written and
 // only the selected ones are kept.
 func selAboveRange(dst []int32, x []float32, base int, t float32) []int32 {
-	for lo := 0; lo < len(x); lo += selAboveBlock {
-		blk := x[lo:min(lo+selAboveBlock, len(x))]
+	if t != t { // NaN selects nothing
+		return dst
+	}
+	// |v| >= t  ⟺  tb <= key(v) <= key(+Inf) for non-NaN v, with tb = bits(t)
+	// for t > 0 and 0 otherwise; NaN keys lie above key(+Inf). One unsigned
+	// comparison tests both bounds.
+	tb := uint32(0)
+	if t > 0 {
+		tb = math.Float32bits(t)
+	}
+	span := uint32(0x7f800000) - tb
+	u := selBits(x)
+	for lo := 0; lo < len(u); lo += selAboveBlock {
+		blk := u[lo:min(lo+selAboveBlock, len(u))]
 		j := len(dst)
-		dst = slices.Grow(dst, len(blk))
-		buf := dst[:j+len(blk)]
-		for i, v := range blk {
-			buf[j] = int32(base + lo + i)
-			j += selB2I(math.Float32frombits(absBits(v)) >= t)
+		dst = slices.Grow(dst, len(blk)+4)
+		buf := dst[:j+len(blk)+4]
+		idx := int32(base + lo)
+		i := 0
+		for ; i+4 <= len(blk); i += 4 {
+			q := blk[i : i+4 : i+4]
+			buf[j] = idx
+			j += selB2I(q[0]&^(1<<31)-tb <= span)
+			buf[j] = idx + 1
+			j += selB2I(q[1]&^(1<<31)-tb <= span)
+			buf[j] = idx + 2
+			j += selB2I(q[2]&^(1<<31)-tb <= span)
+			buf[j] = idx + 3
+			j += selB2I(q[3]&^(1<<31)-tb <= span)
+			idx += 4
+		}
+		for ; i < len(blk); i++ {
+			buf[j] = idx
+			idx++
+			j += selB2I(blk[i]&^(1<<31)-tb <= span)
 		}
 		dst = buf[:j]
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,23 +67,39 @@ func selSumAbs(x []float32) float32 {
 
 var selBenchSink float32
 
+// selCPUTime is the CPU time (user + system) this process has used.
+func selCPUTime() time.Duration {
+	var r syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &r); err != nil {
+		return 0
+	}
+	return time.Duration(r.Utime.Nano() + r.Stime.Nano())
+}
+
 // selBenchVsPass runs op in the benchmark loop and, after each call, one
-// yardstick pass (selSumAbs) outside the timer; it reports the ratio of op's
-// time to the pass's as the metric "x-pass", so that the ratio is measured
-// under the same machine load as op itself.
+// yardstick pass (selSumAbs) outside the timer. It reports the ratio of op's
+// wall time to the pass's as "x-pass", measured under the same machine load
+// as op itself, and the ratio of their CPU times as "x-pass-cpu" (on a
+// shared machine wall time also measures the contention; CPU time measures
+// the work).
 func selBenchVsPass(b *testing.B, x []float32, op func()) {
-	var opT, passT time.Duration
+	var opT, passT, opC, passC time.Duration
 	for b.Loop() {
+		c0 := selCPUTime()
 		t0 := time.Now()
 		op()
 		t1 := time.Now()
+		c1 := selCPUTime()
 		b.StopTimer()
 		selBenchSink += selSumAbs(x)
 		passT += time.Since(t1)
+		passC += selCPUTime() - c1
 		b.StartTimer()
 		opT += t1.Sub(t0)
+		opC += c1 - c0
 	}
 	b.ReportMetric(float64(opT)/float64(passT), "x-pass")
+	b.ReportMetric(float64(opC)/float64(passC), "x-pass-cpu")
 }
 
 // BenchmarkSelection measures the selection primitives on ResNet-18's size
