@@ -1,6 +1,9 @@
 package data
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // RecBatch is a batch of (user, item, label) training samples. Its slices are
 // owned by the loader and overwritten by the next call.
@@ -32,6 +35,7 @@ type RecLoader struct {
 	negK  uint64 // negKey(epoch)
 	shard Shard
 	batch RecBatch
+	keys  []uint64 // per batch: sample index << 24 | position, for cache-friendly assembly
 	pool  *pool
 	cur   int
 }
@@ -50,6 +54,9 @@ func NewRecLoader(ds *Implicit, cfg LoaderConfig, negatives int) (*RecLoader, er
 	}
 	l := &RecLoader{ds: ds, cfg: cfg, neg: negatives}
 	l.batch = RecBatch{Users: make([]int32, cfg.Batch), Items: make([]int32, cfg.Batch), Labels: make([]float32, cfg.Batch)}
+	if cfg.Batch <= 1<<24 && l.Samples() < 1<<40 {
+		l.keys = make([]uint64, cfg.Batch)
+	}
 	l.pool = newPool(cfg.Workers, l.fill)
 	if err := l.SetEpoch(0); err != nil {
 		return nil, err
@@ -121,10 +128,26 @@ func (l *RecLoader) Batch(i int) (*RecBatch, error) {
 	return b, nil
 }
 
+// fill assembles samples lo..hi-1 of the current batch. The samples are
+// computed in order of their sample index, so that the training positives,
+// and each user's rated items, are read in memory order with reuse instead of
+// at random; the results go to their shuffled positions.
 func (l *RecLoader) fill(lo, hi int) {
 	b := &l.batch
 	us, is, ls := b.Users[:cap(b.Users)], b.Items[:cap(b.Items)], b.Labels[:cap(b.Labels)]
-	for k := lo; k < hi; k++ {
-		us[k], is[k], ls[k] = l.sample(l.negK, l.shard.At(l.cur+k))
+	if l.keys == nil {
+		for k := lo; k < hi; k++ {
+			us[k], is[k], ls[k] = l.sample(l.negK, l.shard.At(l.cur+k))
+		}
+		return
+	}
+	keys := l.keys[lo:hi]
+	for k := range keys {
+		keys[k] = uint64(l.shard.At(l.cur+lo+k))<<24 | uint64(lo+k)
+	}
+	slices.Sort(keys)
+	for _, key := range keys {
+		k := int(key & (1<<24 - 1))
+		us[k], is[k], ls[k] = l.sample(l.negK, int(key>>24))
 	}
 }
