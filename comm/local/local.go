@@ -21,8 +21,9 @@
 // order. Send and ISend copy the message into a mailbox (or straight into a
 // receive that is already waiting) and return, so pairs of ranks exchanging
 // with each other cannot deadlock. SendRecv, which posts its receive first,
-// lends its send buffer instead of copying it and returns once the
-// destination has copied it out.
+// queues its send by reference while its receive is pending and copies it
+// only if the destination has not taken it by the time the receive is done:
+// in the usual pairwise exchange no intermediate copy is made.
 //
 // # Failures
 //

@@ -233,20 +233,16 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 	ready := c.w.p2pReady(start, send)
 	box, consumed := c.sendNoWait(send, dst, tag, ready, true)
 	n, err := c.finishRecv(ctx, r)
-	if err == nil && consumed != nil {
-		missing := func() int {
-			if c.w.exited[dst].Load() {
-				return dst
-			}
-			return -1
-		}
-		err = c.waitFor(ctx, consumed, func() string { return fmt.Sprintf("in SendRecv, sending to rank %d with tag %d", dst, tag) }, missing)
-	}
 	if err != nil {
 		if consumed != nil {
 			box.withdraw(consumed)
 		}
 		return 0, err
+	}
+	if consumed != nil {
+		// Not taken yet: leave a copy behind, as Send would have, so that
+		// SendRecv never waits for the destination.
+		box.detach(consumed)
 	}
 	return n, c.w.sleepUntil(ctx, ready)
 }
@@ -274,6 +270,21 @@ func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time, by
 	}
 	b.msgs = append(b.msgs, m)
 	return b, m.consumed
+}
+
+// detach replaces the data of the by-reference message marked by consumed, if
+// it is still queued, by a copy, so that the sender may reuse its buffer.
+func (b *mailbox) detach(consumed chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for i := range b.msgs {
+		if m := &b.msgs[i]; m.consumed == consumed {
+			data := getBytes(len(m.data))
+			copy(data, m.data)
+			m.data, m.consumed = data, nil
+			return
+		}
+	}
 }
 
 // withdraw removes the by-reference message marked by consumed from b if no
