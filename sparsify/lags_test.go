@@ -235,7 +235,7 @@ func TestLAGSGroupsFormation(t *testing.T) {
 }
 
 // lagsRunWorld runs fn on n in-process workers, each with its own *LAGS.
-func lagsRunWorld(t *testing.T, n int, o Options, fn func(ctx context.Context, rank int, l *LAGS) error) {
+func lagsRunWorld(t *testing.T, n int, o Options, fn func(ctx context.Context, rank int, l *LAGS) error, opts ...local.Option) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -247,7 +247,7 @@ func lagsRunWorld(t *testing.T, n int, o Options, fn func(ctx context.Context, r
 			return err
 		}
 		return fn(ctx, c.Rank(), l)
-	})
+	}, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -518,5 +518,45 @@ func TestLAGSModelFromNetwork(t *testing.T) {
 	}
 	if _, err := LAGSModelFromNetwork(netmodel.Network{Latency: time.Microsecond}, 0); err == nil {
 		t.Fatal("zero bandwidth accepted")
+	}
+}
+
+// TestLAGSPipelineEmulatedNetwork runs groups in flight on an emulated
+// network (non-blocking calls then complete in the background, later) and
+// checks the result against the reference.
+func TestLAGSPipelineEmulatedNetwork(t *testing.T) {
+	l, err := NewLayout([]string{"a", "b", "c", "d"}, []int{500, 3, 1200, 77})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	o := Options{Density: 0.02, Layout: l, MergeSize: 1}
+	net := netmodel.Network{Latency: 2 * time.Millisecond, Bandwidth: 1e8}
+	accs, outs, ress := make([][]float32, n), make([][]float32, n), make([][]float32, n)
+	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+		accs[rank] = lagsRandom(21, rank, l.N)
+		acc := slices.Clone(accs[rank])
+		out := make([]float32, l.N)
+		var ps []Pending
+		for g := range r.Groups() {
+			p, err := r.StartGroup(ctx, g, acc, out, acc)
+			if err != nil {
+				return err
+			}
+			ps = append(ps, p)
+			time.Sleep(time.Millisecond) // the next group's backward pass
+		}
+		for _, p := range ps {
+			if _, err := p.Wait(ctx); err != nil {
+				return err
+			}
+		}
+		outs[rank], ress[rank] = out, acc
+		return nil
+	}, local.WithNetwork(net))
+	ref := lagsRef(accs, l, lagsRefGroups(l, 1), lagsUniformK(l, lagsRefGroups(l, 1), o.Density))
+	for w := range n {
+		checkClose(t, "out", outs[w], ref.out, nil)
+		checkClose(t, "residual", ress[w], ref.res[w], nil)
 	}
 }
