@@ -3,6 +3,7 @@ module github.com/sparsegrad/sparsegrad
 go 1.26.8
 
 require (
+	github.com/go-echarts/go-echarts/v2 v2.6.7
 	gorgonia.org/cu v0.9.6
 	gorgonia.org/gorgonia v0.9.18
 	gorgonia.org/tensor v0.9.24
