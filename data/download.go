@@ -16,6 +16,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,21 +32,40 @@ type Source struct {
 	Archive string // "tar.gz" or "zip"
 	Dir     string // folder the archive extracts to; it is moved into place as dir/Dir
 	Note    string // provenance of the checksum
+	// Files maps paths inside Dir to the SHA-256 of the official file; they
+	// are checked after extraction, before the folder is moved into place.
+	Files map[string]string
 }
 
 // sources is the table of official archives and their published checksums.
-// No SHA-256 is listed: the publishers give MD5 only, and this project does
-// not list digests it cannot trace to a publisher. Every download is checked
-// against the listed digest(s); Download refuses a source with none.
+// No archive SHA-256 is listed: the publishers give MD5 only, and this project
+// does not list digests it cannot trace to a publisher. Every download is
+// checked against the listed digest(s); Download refuses a source with none.
+// Files lists the SHA-256 of extracted files where the project holds a
+// verified copy of the official file (the shared data README: CIFAR-10 training
+// batches, WikiText-2 token files, ml-100k u.data).
 var sources = []Source{
 	{Name: "cifar10", URL: "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz", MD5: "c32a1d4ab5d03f1284b67883e8d87530", Archive: "tar.gz", Dir: "cifar-10-batches-bin",
-		Note: "MD5 published on https://www.cs.toronto.edu/~kriz/cifar.html"},
+		Note: "MD5 published on https://www.cs.toronto.edu/~kriz/cifar.html",
+		Files: map[string]string{
+			"data_batch_1.bin": "cee916563c9f80d84e3cc88e17fdc0941787f1244f00a67874d45b261883ada5",
+			"data_batch_2.bin": "a591ca11fa1708a91ee40f54b3da4784ccd871ecf2137de63f51ada8b3fa57ed",
+			"data_batch_3.bin": "bbe8596564c0f86427f876058170b84dac6670ddf06d79402899d93ceea26f67",
+			"data_batch_4.bin": "014e562d6e23c72197cc727519169a60359f5eccd8945ad5a09d710285ff4e48",
+			"data_batch_5.bin": "755304fc0b379caeae8c14f0dac912fbc7d6cd469eb67a1029a08a39453a9add",
+		}},
 	{Name: "cifar100", URL: "https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz", MD5: "03b5dce01913d631647c71ecec9e9cb8", Archive: "tar.gz", Dir: "cifar-100-binary",
 		Note: "MD5 published on https://www.cs.toronto.edu/~kriz/cifar.html"},
 	{Name: "wikitext2", URL: "https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-2-v1.zip", MD5: "542ccefacc6c27f945fb54453812b3cd", Archive: "zip", Dir: "wikitext-2",
-		Note: "no checksum is published by the authors; MD5 as used by torchtext's WikiText2 loader for this URL (the original S3 location may no longer serve the file: pass a mirror with DownloadOptions.URL, the checksum still applies)"},
+		Note: "no checksum is published by the authors; MD5 as used by torchtext's WikiText2 loader for this URL (the original S3 location may no longer serve the file: pass a mirror with DownloadOptions.URL, the checksum still applies)",
+		Files: map[string]string{
+			"wiki.train.tokens": "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f",
+			"wiki.valid.tokens": "f0737ed31fc1329026e95cb8b98e19c2a182c39c240ab909dc31abf2f8af58e8",
+			"wiki.test.tokens":  "d790b833ef8cf03a90db7bf1271b7520b83c45ce07ba3c1a9699df81e239eca0",
+		}},
 	{Name: "ml-100k", URL: "https://files.grouplens.org/datasets/movielens/ml-100k.zip", MD5: "0e33842e24a9c977be4e0107933c0723", Archive: "zip", Dir: "ml-100k",
-		Note: "MD5 published by GroupLens (ml-100k.zip.md5)"},
+		Note:  "MD5 published by GroupLens (ml-100k.zip.md5)",
+		Files: map[string]string{"u.data": "06416e597f82b7342361e41163890c81036900f418ad91315590814211dca490"}},
 	{Name: "ml-1m", URL: "https://files.grouplens.org/datasets/movielens/ml-1m.zip", MD5: "c4d9eecfca2ab87c1945afe126590906", Archive: "zip", Dir: "ml-1m",
 		Note: "MD5 published by GroupLens (ml-1m.zip.md5)"},
 	{Name: "ml-20m", URL: "https://files.grouplens.org/datasets/movielens/ml-20m.zip", MD5: "cd245b17a1ae2cc31bb14903e1204af3", Archive: "zip", Dir: "ml-20m",
@@ -157,6 +177,9 @@ func DownloadSource(ctx context.Context, src Source, dir string, opt DownloadOpt
 	got := filepath.Join(x, src.Dir)
 	if st, err := os.Stat(got); err != nil || !st.IsDir() {
 		return fmt.Errorf("data: download %s: the archive from %s has no folder %s/ at its top level: not the expected archive", src.Name, url, src.Dir)
+	}
+	if err := VerifyFiles(got, src.Files); err != nil {
+		return fmt.Errorf("data: download %s from %s: extracted files differ from the official ones: %w", src.Name, url, err)
 	}
 	if err := os.Rename(got, final); err != nil {
 		if _, serr := os.Stat(final); serr == nil {
@@ -391,4 +414,39 @@ func unzip(zr *zip.Reader, dst string, limit int64) error {
 		return errors.New("the archive holds no files")
 	}
 	return nil
+}
+
+// VerifyFiles checks the SHA-256 of files (paths relative to dir, as in
+// Source.Files). A missing file or a different digest is an error naming the
+// file.
+func VerifyFiles(dir string, files map[string]string) error {
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		p := filepath.Join(dir, filepath.FromSlash(n))
+		got, err := fileSHA256(p)
+		if err != nil {
+			return fmt.Errorf("data: verifying %s: %w", p, err)
+		}
+		if !strings.EqualFold(got, files[n]) {
+			return fmt.Errorf("data: %s has SHA-256 %s, want %s: not the official file", p, got, files[n])
+		}
+	}
+	return nil
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -146,7 +146,8 @@ func TestDownload(t *testing.T) {
 
 	t.Run("tar.gz with SHA-256", func(t *testing.T) {
 		dir := t.TempDir()
-		src := Source{Name: "c", URL: srv.URL + "/ok.tar.gz", SHA256: tgzSHA, Archive: "tar.gz", Dir: "cifar-10-batches-bin"}
+		src := Source{Name: "c", URL: srv.URL + "/ok.tar.gz", SHA256: tgzSHA, Archive: "tar.gz", Dir: "cifar-10-batches-bin",
+			Files: map[string]string{"data_batch_1.bin": mustSHA([]byte("pixels"))}}
 		var progress bytes.Buffer
 		opt := quiet()
 		opt.Progress = &progress
@@ -201,6 +202,10 @@ func TestDownload(t *testing.T) {
 		{"tar.gz is a zip", Source{URL: "/ok.zip", SHA256: zipSHA, Archive: "tar.gz", Dir: "ml-100k"}, nil, "not a gzip file"},
 		{"extraction limit", Source{URL: "/ok.zip", SHA256: zipSHA, Archive: "zip", Dir: "ml-100k"},
 			func(o *DownloadOptions) { o.MaxExtract = 3 }, "extraction limit"},
+		{"extracted file differs", Source{URL: "/ok.tar.gz", MD5: tgzMD5, Archive: "tar.gz", Dir: "cifar-10-batches-bin",
+			Files: map[string]string{"batches.meta.txt": mustSHA([]byte("airplane\n")), "data_batch_1.bin": mustSHA([]byte("pixelz"))}}, nil, "not the official file"},
+		{"extracted file missing", Source{URL: "/ok.tar.gz", MD5: tgzMD5, Archive: "tar.gz", Dir: "cifar-10-batches-bin",
+			Files: map[string]string{"data_batch_2.bin": mustSHA([]byte("pixels"))}}, nil, "data_batch_2.bin: no such file"},
 		{"no checksum", Source{URL: "/ok.zip", Archive: "zip", Dir: "ml-100k"}, nil, "no checksum known"},
 		{"bad folder name", Source{URL: "/ok.zip", MD5: zipMD5, Archive: "zip", Dir: "../x"}, nil, "bad target folder"},
 	}
@@ -280,5 +285,34 @@ func TestSourcesTable(t *testing.T) {
 	}
 	if err := Download(context.Background(), "imagenet", t.TempDir()); err == nil {
 		t.Error("Download(imagenet): no error")
+	}
+}
+
+func TestSourcesFilesMatchRealCopies(t *testing.T) {
+	needReal(t, "")
+	if testing.Short() {
+		t.Skip("hashes 170 MB; skipped with -short")
+	}
+	renamed := map[string]string{"wiki.train.tokens": "train.txt", "wiki.valid.tokens": "valid.txt", "wiki.test.tokens": "test.txt"}
+	checked := 0
+	for _, s := range Sources() {
+		dir := filepath.Join(realData, s.Dir)
+		if _, err := os.Stat(dir); err != nil {
+			continue
+		}
+		files := map[string]string{}
+		for n, sum := range s.Files {
+			if r, ok := renamed[n]; ok {
+				n = r // the shared copy uses other names
+			}
+			files[n] = sum
+		}
+		if err := VerifyFiles(dir, files); err != nil {
+			t.Errorf("%s: %v", s.Name, err)
+		}
+		checked += len(files)
+	}
+	if checked != 9 {
+		t.Errorf("checked %d files, want 9", checked)
 	}
 }
