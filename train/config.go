@@ -53,6 +53,12 @@ type Config struct {
 	// unless gradient clipping needs the whole gradient first).
 	Pipeline string `json:"pipeline"`
 
+	// PhaseTimes is "auto", "on" or "off": measure the forward/backward split
+	// through the models' gradient hook, which costs time per step (about
+	// doubles NCF's tiny steps; auto: on except for ncf). Without it
+	// t_forward and t_backward are null and t_compute holds both.
+	PhaseTimes string `json:"phase_times"`
+
 	// Workers is the number of simulated workers in one process (ignored
 	// under mpirun, where each process is one worker).
 	Workers int `json:"workers"`
@@ -159,6 +165,9 @@ func (c Config) Defaults() Config {
 	}
 	if c.Workers == 0 {
 		c.Workers = 1
+	}
+	if c.PhaseTimes == "" {
+		c.PhaseTimes = "auto"
 	}
 	if c.Device == "" {
 		c.Device = "cpu"
@@ -267,6 +276,17 @@ func (c Config) PipelineOn() bool {
 	return false
 }
 
+// PhaseTimesOn reports whether the forward/backward split is measured.
+func (c Config) PhaseTimesOn() bool {
+	switch c.PhaseTimes {
+	case "on":
+		return true
+	case "auto":
+		return c.Model != "ncf"
+	}
+	return false
+}
+
 // Validate checks c (after Defaults) and returns an error wrapping ErrConfig
 // that says what is wrong and how to fix it. underMPI tells whether the run
 // is a process of an mpirun job.
@@ -342,11 +362,22 @@ func (c Config) Validate(underMPI bool) error {
 	default:
 		bad("-pipeline %q: use auto, on or off", c.Pipeline)
 	}
+	switch c.PhaseTimes {
+	case "auto", "on", "off":
+	default:
+		bad("-phase-times %q: use auto, on or off", c.PhaseTimes)
+	}
 	if c.Workers < 1 {
 		bad("-workers %d must be >= 1", c.Workers)
 	}
 	if c.Workers > 1024 {
 		bad("-workers %d is more than 1024 simulated workers; use mpirun for large jobs", c.Workers)
+	}
+	if !underMPI && c.Sparsifier == "gtopk" && c.Workers&(c.Workers-1) != 0 {
+		bad("-sparsifier gtopk needs a power-of-two number of workers (its reduction tree pairs them), not -workers %d", c.Workers)
+	}
+	if !underMPI && c.Teams > 1 && c.Workers%c.Teams != 0 {
+		bad("-teams %d must divide the number of workers %d (SparDL's teams are equal)", c.Teams, c.Workers)
 	}
 	if underMPI && c.Workers > 1 {
 		bad("-workers %d under mpirun: each mpirun process is one worker; use mpirun -np %d instead", c.Workers, c.Workers)

@@ -32,7 +32,9 @@ func (x Num) MarshalJSON() ([]byte, error) {
 // TSelect and TComm are the reducer's selection and communication times
 // (under LAGS pipelining TComm is the sum of the groups' request durations,
 // which overlap the backward pass and each other); TWait is the time from
-// the end of the backward pass until the averaged gradient was complete.
+// the end of the backward pass until the averaged gradient was complete;
+// TCompute is the model's whole forward and backward step. TForward and
+// TBackward are null when the split is not measured (Config.PhaseTimes).
 type StepRecord struct {
 	Type          string `json:"type"`
 	Epoch         int    `json:"epoch"`
@@ -52,6 +54,7 @@ type StepRecord struct {
 	TUpdate       Num    `json:"t_update"`
 	TIter         Num    `json:"t_iter"`
 	TWait         Num    `json:"t_wait"`
+	TCompute      Num    `json:"t_compute"`
 	Samples       int    `json:"samples"`
 	Workers       int    `json:"workers"`
 	Wall          Num    `json:"wall"`

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -100,9 +101,20 @@ func Run(ctx context.Context, c Config, o Options) error {
 	if o.Progress == nil {
 		o.Progress = os.Stderr
 	}
+	// Workers sharing this machine share its cores. The default BLAS thread
+	// count depends only on that number, so that -workers N and mpirun -np N
+	// on one machine use the same count: OpenBLAS's results depend on it.
 	workersHere := c.Workers
-	if o.Comm != nil || underMPI {
+	if o.Comm != nil {
 		workersHere = 1
+	} else if underMPI {
+		workersHere = 1
+		if l, ok := mpi.Detect(); ok && l.Size > 0 {
+			workersHere = l.Size
+		}
+		if v, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_SIZE")); err == nil && v > 0 {
+			workersHere = v
+		}
 	}
 	threads := c.BLASThreads
 	if threads == 0 {

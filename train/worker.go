@@ -56,6 +56,7 @@ type worker struct {
 type stepLocal struct {
 	loss                                    float64
 	tf, tb, tsel, tcomm, tupd, titer, twait time.Duration
+	tcompute                                time.Duration
 	sent, recv                              int64
 	errNorm, actual, threshold              float64
 	samples                                 int
@@ -140,11 +141,13 @@ func (w *worker) setup(ctx context.Context) error {
 		w.pend = make([]sparsify.Pending, len(w.groups))
 	}
 	w.finalAt = make([]time.Time, len(w.layout.Tensors))
-	// The hook times the forward/backward split (and drives pipelining).
+	// The hook times the forward/backward split and drives pipelining.
 	// Installing it may rebuild the model's program, so it comes before the
 	// parameters are synchronised.
-	if err := m.SetGradHook(w.hook); err != nil {
-		return fmt.Errorf("train: installing the gradient hook: %w", err)
+	if w.pipe || cfg.PhaseTimesOn() {
+		if err := m.SetGradHook(w.hook); err != nil {
+			return fmt.Errorf("train: installing the gradient hook: %w", err)
+		}
 	}
 	if err := w.c.Broadcast(ctx, comm.Float32s(m.Params()), 0); err != nil {
 		return fmt.Errorf("train: broadcasting the initial parameters: %w", err)
@@ -263,8 +266,9 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 		return s, fmt.Errorf("train: %s step: %w", w.cfg.Model, err)
 	}
 	s.loss = res.Loss
+	s.tcompute = t1.Sub(t0)
 	if w.firstFinal.IsZero() {
-		s.tf = t1.Sub(t0)
+		s.tf, s.tb = -1, -1 // not measured
 	} else {
 		s.tf, s.tb = w.firstFinal.Sub(t0), t1.Sub(w.firstFinal)
 	}
@@ -362,7 +366,7 @@ const nFields = 15
 // every rank).
 func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr float64) (StepRecord, error) {
 	v := [nFields]float64{s.loss, s.tf.Seconds(), s.tb.Seconds(), s.tsel.Seconds(), s.tcomm.Seconds(), s.tupd.Seconds(),
-		s.titer.Seconds(), float64(s.sent), float64(s.recv), s.errNorm, s.actual, s.threshold, s.twait.Seconds(), float64(s.samples), 0}
+		s.titer.Seconds(), float64(s.sent), float64(s.recv), s.errNorm, s.actual, s.threshold, s.twait.Seconds(), float64(s.samples), s.tcompute.Seconds()}
 	send := make(comm.Int64s, nFields)
 	for i, x := range v {
 		send[i] = int64(math.Float64bits(x))
@@ -387,10 +391,13 @@ func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr fl
 		Density: Num(w.cfg.Density), ActualDensity: Num(at(0, 10)), ErrorNorm: Num(sum[9] / n),
 		BytesSent: Num(sum[7] / n), BytesRecv: Num(sum[8] / n),
 		TForward: Num(mx[1]), TBackward: Num(mx[2]), TSelect: Num(mx[3]), TComm: Num(mx[4]), TUpdate: Num(mx[5]),
-		TIter: Num(mx[6]), TWait: Num(mx[12]), Samples: int(sum[13]), Workers: w.size,
+		TIter: Num(mx[6]), TCompute: Num(mx[14]), TWait: Num(mx[12]), Samples: int(sum[13]), Workers: w.size,
 		Wall: Num(time.Since(w.r.start).Seconds())}
 	if w.cfg.Sparsifier == "dense" {
 		rec.Density = 1
+	}
+	if s.tf < 0 {
+		rec.TForward, rec.TBackward = Num(math.NaN()), Num(math.NaN())
 	}
 	if th := at(0, 11); !math.IsNaN(th) {
 		t := Num(th)

@@ -92,6 +92,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.IntVar(&c.MinTensor, "min-tensor", 0, "dragonn: compress only tensors with more elements (default 204800)")
 	fs.IntVar(&c.DragonnWarmup, "dragonn-warmup", 0, "dragonn: dense warm-up iterations (default 200)")
 	fs.StringVar(&c.Pipeline, "pipeline", "auto", "lags pipelining with the backward pass: auto (on for lags without -clip), on, off")
+	fs.StringVar(&c.PhaseTimes, "phase-times", "auto", "measure the forward/backward split through the gradient hook: auto (on except ncf, where it doubles the step time), on, off")
 	fs.IntVar(&c.Workers, "workers", 1, "simulated workers in this process (under mpirun: one worker per process)")
 	fs.IntVar(&c.Epochs, "epochs", 0, "epochs (default resnet18 200, lstm 90, ncf 20)")
 	fs.IntVar(&c.Steps, "steps", 0, "stop after this many iterations (0: no limit)")

@@ -1,0 +1,304 @@
+package train
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// sharedData is the real data of the project's shared folder.
+func sharedData(t testing.TB, probe string) string {
+	t.Helper()
+	d := filepath.Join("..", "..", "shared", "data")
+	if _, err := os.Stat(filepath.Join(d, probe)); err != nil {
+		t.Skipf("skipping: real data %s not found under %s", probe, d)
+	}
+	return d
+}
+
+func ncfConfig(t testing.TB, workers, steps int) Config {
+	return Config{Model: "ncf", Dataset: "ml-100k", DataDir: sharedData(t, "ml-100k/u.data"), Workers: workers, Steps: steps,
+		Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 2}
+}
+
+func runLosses(t *testing.T, c Config) []float64 {
+	t.Helper()
+	var losses []float64
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if err := Run(ctx, c, Options{LossSink: func(_ int, l float64) { losses = append(losses, l) }}); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return losses
+}
+
+// TestDenseMatchesReference compares the trainer (dense reduction, in-process
+// workers) with a plain data-parallel loop written here: every worker's
+// gradient on its own batch, averaged in float64, one Adam step, the same on
+// every worker.
+func TestDenseMatchesReference(t *testing.T) {
+	ws := []int{1, 2, 3, 5}
+	if testing.Short() {
+		ws = []int{1, 3}
+	}
+	const steps = 4
+	for _, n := range ws {
+		c := ncfConfig(t, n, steps)
+		c.LR = 0.01
+		got := runLosses(t, c)
+		if len(got) != steps {
+			t.Fatalf("n=%d: %d losses, want %d", n, len(got), steps)
+		}
+		c = c.Defaults()
+		ds, err := LoadDataset(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ms := make([]models.Model, n)
+		tasks := make([]task, n)
+		for r := range ms {
+			if ms[r], err = NewModel(c, ds, c.Seed+uint64(r)); err != nil {
+				t.Fatal(err)
+			}
+			if tasks[r], err = newTask(c, ds, r, n); err != nil {
+				t.Fatal(err)
+			}
+			defer tasks[r].Close()
+			tasks[r].SetEpoch(0)
+			ms[r].LoadParams(ms[0].Params())
+		}
+		np := ms[0].NumParams()
+		adam := NewAdam(np, c.Beta1, c.Beta2, c.Eps)
+		params := append([]float32(nil), ms[0].Params()...)
+		grad := make([]float32, np)
+		for s := 0; s < steps; s++ {
+			sum := make([]float64, np)
+			loss := 0.0
+			for r := range ms {
+				b, _, err := tasks[r].Batch(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := ms[r].TrainStep(context.Background(), b, grad)
+				if err != nil {
+					t.Fatal(err)
+				}
+				loss += res.Loss
+				for i, g := range grad {
+					sum[i] += float64(g)
+				}
+			}
+			loss /= float64(n)
+			if math.Abs(loss-got[s]) > 1e-5*(1+math.Abs(loss)) {
+				t.Fatalf("n=%d step %d: trainer loss %v, reference %v", n, s+1, got[s], loss)
+			}
+			avg := make([]float32, np)
+			for i := range avg {
+				avg[i] = float32(sum[i] / float64(n))
+			}
+			adam.Step(params, avg, c.LR)
+			for r := range ms {
+				ms[r].LoadParams(params)
+			}
+		}
+		// The loss must move: a trainer that never updates would fail above
+		// only if the reference moved, so check that it did.
+		if got[0] == got[steps-1] {
+			t.Fatalf("n=%d: loss did not change over %d steps: %v", n, steps, got)
+		}
+	}
+}
+
+// TestPipelinedEqualsSequential: LAGS reduces the same groups whether they
+// are started during the backward pass or after it, so the losses and the
+// final parameters are bit-identical.
+func TestPipelinedEqualsSequential(t *testing.T) {
+	var losses [2][]float64
+	var params [2][]float32
+	for i, mode := range []string{"on", "off"} {
+		c := ncfConfig(t, 3, 6)
+		c.Sparsifier, c.Density, c.MergeSize, c.Pipeline = "lags", 0.05, 1000, mode
+		losses[i] = runLosses(t, c)
+		p, err := LatestCheckpoint(c.Out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ck, err := ReadCheckpoint(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		params[i] = ck.Params
+		var info RunInfo
+		b, _ := os.ReadFile(filepath.Join(c.Out, "run.json"))
+		if err := json.Unmarshal(b, &info); err != nil {
+			t.Fatal(err)
+		}
+		if info.Pipelined != (mode == "on") {
+			t.Fatalf("pipeline %s: run.json says pipelined=%v", mode, info.Pipelined)
+		}
+	}
+	if !slices.Equal(losses[0], losses[1]) {
+		t.Fatalf("pipelined losses %v, sequential %v", losses[0], losses[1])
+	}
+	if !slices.Equal(params[0], params[1]) {
+		t.Fatal("pipelined and sequential runs ended with different parameters")
+	}
+}
+
+// readMetrics parses metrics.jsonl into generic records.
+func readMetrics(t *testing.T, dir string) []map[string]any {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var recs []map[string]any
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatalf("bad metrics line %q: %v", sc.Text(), err)
+		}
+		recs = append(recs, m)
+	}
+	return recs
+}
+
+var stepKeys = []string{"epoch", "step", "loss", "lr", "density", "actual_density", "error_norm", "bytes_sent", "bytes_recv",
+	"t_forward", "t_backward", "t_select", "t_comm", "t_update", "t_iter"}
+
+// TestEverySparsifierAwkwardSizes trains a few steps with every registered
+// method on awkward worker counts and k = 1, and checks the records.
+func TestEverySparsifierAwkwardSizes(t *testing.T) {
+	ws := []int{1, 2, 3, 5, 16}
+	if testing.Short() {
+		ws = []int{3}
+	}
+	for _, name := range sparsify.Names() {
+		for _, n := range ws {
+			c := ncfConfig(t, n, 2)
+			c.Sparsifier, c.Density = name, 1e-6 // k = 1
+			if name == "gtopk" && n&(n-1) != 0 {
+				if err := c.Defaults().Validate(false); err == nil || !strings.Contains(err.Error(), "power-of-two") {
+					t.Fatalf("gtopk with %d workers: %v", n, err)
+				}
+				continue
+			}
+			if name == "dragonn" {
+				c.MinTensor, c.DragonnWarmup = 1000, 1
+			}
+			if err := Run(context.Background(), c, Options{}); err != nil {
+				t.Fatalf("%s, %d workers: %v", name, n, err)
+			}
+			recs := readMetrics(t, c.Out)
+			steps := 0
+			for _, r := range recs {
+				if r["type"] != "step" {
+					continue
+				}
+				steps++
+				for _, k := range stepKeys {
+					if _, ok := r[k]; !ok {
+						t.Fatalf("%s/%d: step record lacks %q: %v", name, n, k, r)
+					}
+				}
+				ad, _ := r["actual_density"].(float64)
+				// A hard threshold may select nothing; the others send >= k = 1.
+				if !(ad >= 0 && ad <= 1) || (ad == 0 && name != "threshold") || (name == "dense" && ad != 1) {
+					t.Fatalf("%s/%d: actual density %v", name, n, ad)
+				}
+				if n == 1 && r["bytes_sent"].(float64) != 0 {
+					t.Fatalf("%s: one worker sent %v bytes", name, r["bytes_sent"])
+				}
+				if w := r["workers"].(float64); int(w) != n {
+					t.Fatalf("%s: workers %v, want %d", name, w, n)
+				}
+			}
+			if steps != 2 {
+				t.Fatalf("%s/%d: %d step records, want 2", name, n, steps)
+			}
+		}
+	}
+}
+
+func TestRunDirectoryAndResume(t *testing.T) {
+	c := ncfConfig(t, 2, 5)
+	c.Sparsifier, c.Density = "topk", 0.1
+	c.LogEvery = 2
+	if err := Run(context.Background(), c, Options{CommandLine: []string{"train", "-x"}}); err != nil {
+		t.Fatal(err)
+	}
+	var info RunInfo
+	b, err := os.ReadFile(filepath.Join(c.Out, "run.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &info); err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Model != "ncf" || info.Workers != 2 || info.Machine.Cores < 1 || info.Params < 1 || info.Versions.Go == "" || info.CommandLine[1] != "-x" {
+		t.Fatalf("run.json: %+v", info)
+	}
+	recs := readMetrics(t, c.Out)
+	var steps []float64
+	var evals []string
+	for _, r := range recs {
+		switch r["type"] {
+		case "step":
+			steps = append(steps, r["step"].(float64))
+		case "eval":
+			evals = append(evals, r["metric"].(string))
+			v := r["value"].(float64)
+			if !(v >= 0 && v <= 1) {
+				t.Fatalf("eval %v out of [0, 1]", r)
+			}
+		}
+	}
+	if !slices.Equal(steps, []float64{2, 4, 5}) || !slices.Equal(evals, []string{"hr10", "ndcg10"}) {
+		t.Fatalf("steps %v, evals %v", steps, evals)
+	}
+	if _, err := os.Stat(filepath.Join(c.Out, "checkpoints", "step-000000005.ckpt")); err != nil {
+		t.Fatal(err)
+	}
+	// Resume to step 8: the step count continues and metrics are appended.
+	r := c
+	r.Out, r.Resume, r.Steps = "", c.Out, 8
+	if err := Run(context.Background(), r, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	steps = nil
+	for _, m := range readMetrics(t, c.Out) {
+		if m["type"] == "step" {
+			steps = append(steps, m["step"].(float64))
+		}
+	}
+	if !slices.Equal(steps, []float64{2, 4, 5, 6, 8}) {
+		t.Fatalf("steps after resume %v", steps)
+	}
+	// A checkpoint of another model is refused.
+	bad := ncfConfig(t, 1, 1)
+	bad.Model, bad.Dataset, bad.DataDir = "lstm", "wikitext2", sharedData(t, "wikitext-2/train.txt")
+	bad.Resume, bad.Out = c.Out, ""
+	if err := Run(context.Background(), bad, Options{}); err == nil || !strings.Contains(err.Error(), "checkpoint") {
+		t.Fatalf("resuming an NCF run as an LSTM: %v", err)
+	}
+}
+
+func TestMissingDataSaysHowToFix(t *testing.T) {
+	c := Config{Model: "ncf", Dataset: "ml-100k", DataDir: t.TempDir(), Out: t.TempDir(), Quiet: true}
+	err := Run(context.Background(), c, Options{})
+	if err == nil || !strings.Contains(err.Error(), "-download") {
+		t.Fatalf("err = %v", err)
+	}
+}
