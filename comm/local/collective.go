@@ -37,11 +37,11 @@ type entry struct {
 
 // slot is the rendezvous of one collective call, shared by all ranks.
 type slot struct {
-	t0                 time.Time // when the last rank joined; written before arrived closes
-	entries            []entry
-	arrived, mid, done gate
-	left               atomic.Int32
-	joined             []atomic.Bool
+	t0            time.Time // when the last rank joined; written before arrived closes
+	entries       []entry
+	arrived, done gate
+	left          atomic.Int32
+	joined        []atomic.Bool
 }
 
 func (w *World) slot(seq uint64) *slot {
@@ -51,7 +51,6 @@ func (w *World) slot(seq uint64) *slot {
 	if s == nil {
 		s = &slot{entries: make([]entry, w.n), joined: make([]atomic.Bool, w.n)}
 		s.arrived.ch = make(chan struct{})
-		s.mid.ch = make(chan struct{})
 		s.done.ch = make(chan struct{})
 		w.slots[seq] = s
 	}
@@ -304,6 +303,53 @@ func reduceTyped[E float32 | int32 | int64](out comm.Buffer, bufs func(r int) co
 	sumInto(view[E](out), srcs)
 }
 
+// allTile is the number of elements reduceAll sums at a time before storing
+// them into every rank's buffer.
+const allTile = 2048
+
+// reduceAll sums chunk [lo, hi) of every rank's buffer bufs(r) in the
+// canonical order j+1, …, n−1, 0, …, j and stores the sum into chunk [lo, hi)
+// of every rank's buffer. Only rank j touches chunk j of any buffer, so no
+// other rank reads or writes that memory meanwhile; each tile is summed
+// completely before it is stored.
+func reduceAll(dtype comm.DType, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
+	switch dtype {
+	case comm.Float32:
+		reduceAllTyped[float32](bufs, n, j, lo, hi)
+	case comm.Int32:
+		reduceAllTyped[int32](bufs, n, j, lo, hi)
+	case comm.Int64:
+		reduceAllTyped[int64](bufs, n, j, lo, hi)
+	}
+}
+
+func reduceAllTyped[E float32 | int32 | int64](bufs func(r int) comm.Buffer, n, j, lo, hi int) {
+	if hi <= lo {
+		return
+	}
+	srcs := make([][]E, n) // in summation order
+	dsts := make([][]E, n) // in rank order
+	part := make([][]E, n)
+	for k := 1; k <= n; k++ {
+		srcs[k-1] = view[E](bufs((j + k) % n))[lo:hi]
+	}
+	for r := range n {
+		dsts[r] = view[E](bufs(r))[lo:hi]
+	}
+	var tmp [allTile]E
+	for t0 := 0; t0 < hi-lo; t0 += allTile {
+		t1 := min(t0+allTile, hi-lo)
+		for k := range srcs {
+			part[k] = srcs[k][t0:t1]
+		}
+		t := tmp[:t1-t0]
+		sumInto(t, part)
+		for _, d := range dsts {
+			copy(d[t0:t1], t)
+		}
+	}
+}
+
 // copyElems copies elements [lo, hi) of src into dst at offset at.
 func copyElems(dst comm.Buffer, at int, src comm.Buffer, lo, hi int) {
 	if hi <= lo {
@@ -330,18 +376,8 @@ func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer) e
 	}
 	e := entry{op: comm.OpAllReduce, dtype: buf.DType(), send: buf, length: buf.Len()}
 	return c.collective(ctx, seq, e, func(s *slot) error {
-		j, length := c.rank, buf.Len()
-		lo, hi := comm.ChunkBounds(length, n, j)
-		reduceBlock(e.dtype, buf.Slice(lo, hi), func(r int) comm.Buffer { return s.entries[r].send }, n, j, lo, hi)
-		if err := c.phase(ctx, &s.mid); err != nil {
-			return err
-		}
-		for o := range n {
-			if o != j {
-				lo, hi := comm.ChunkBounds(length, n, o)
-				copyElems(buf, lo, s.entries[o].send, lo, hi)
-			}
-		}
+		lo, hi := comm.ChunkBounds(buf.Len(), n, c.rank)
+		reduceAll(e.dtype, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
 		return c.phase(ctx, &s.done)
 	})
 }
