@@ -10,12 +10,13 @@
 // order), publish their buffers in a shared slot, and then move the data
 // themselves by reading their peers' buffers directly: there is no per-element
 // channel traffic and no intermediate copy. An all-reduce of length L on n
-// ranks works like a ring reduce-scatter followed by an all-gather, done in
-// shared memory: rank j sums chunk j (comm.ChunkBounds) of every rank's buffer
-// in the canonical order j+1, …, n−1, 0, …, j into its own buffer (only rank j
-// ever reads rank j's chunk j, so this is safe in place), all ranks meet at a
-// barrier, each rank copies the other chunks from their owners, and a final
-// barrier keeps every buffer alive until all copies are done.
+// ranks is a reduce-scatter and an all-gather fused into one pass over shared
+// memory: rank j sums chunk j (comm.ChunkBounds) of every rank's buffer in the
+// canonical order j+1, …, n−1, 0, …, j, a cache-sized tile at a time, and
+// stores each summed tile into chunk j of every rank's buffer. Only rank j
+// touches chunk j of any buffer, so this is safe in place; a final barrier
+// keeps every buffer in use until all ranks are done. In all, n·L elements are
+// read and n·L written, the same as one copy of every buffer.
 //
 // Point-to-point messages are matched by (source, destination, tag) in issue
 // order. Send and ISend copy the message into a mailbox (or straight into a
