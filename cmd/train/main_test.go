@@ -1,0 +1,188 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// mainEnv makes the test binary act as the train command (for mpirun).
+const mainEnv = "SPARSEGRAD_TRAIN_AS_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func sharedData(t *testing.T) string {
+	t.Helper()
+	d := filepath.Join("..", "..", "..", "shared", "data")
+	if _, err := os.Stat(filepath.Join(d, "ml-100k", "u.data")); err != nil {
+		t.Skipf("skipping: real data not found under %s", d)
+	}
+	abs, _ := filepath.Abs(d)
+	return abs
+}
+
+func TestFlagsRejectBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		expect string
+	}{
+		{[]string{"-device", "cuda", "-out", "x"}, "built without GPU support"},
+		{[]string{"-sparsifier", "topk", "-pipeline", "on", "-out", "x"}, "-pipeline on needs -sparsifier lags"},
+		{[]string{"-sparsifier", "bogus", "-out", "x"}, "unknown -sparsifier"},
+		{[]string{"-workers", "-1", "-out", "x"}, "-workers"},
+		{[]string{"-net-latency", "1ms", "-out", "x"}, "give both"},
+		{[]string{"-seed", "-3", "-out", "x"}, "-seed"},
+		{[]string{"-decay-epochs", "a,b", "-out", "x"}, "-decay-epochs"},
+		{[]string{"-model", "lstm", "-dataset", "ml-100k", "-out", "x"}, "cannot train on"},
+		{[]string{"-out", "x", "extra"}, "unexpected argument"},
+		{[]string{}, "-out DIR"},
+		{[]string{"-nosuchflag"}, "not defined"},
+		{[]string{"report"}, "at least one run directory"},
+		{[]string{"report", "/does/not/exist"}, "no such file"},
+	} {
+		var out bytes.Buffer
+		err := run(context.Background(), tc.args, &out, &out)
+		if err == nil || !strings.Contains(err.Error()+out.String(), tc.expect) {
+			t.Errorf("%v: err %v (output %q), want %q", tc.args, err, out.String(), tc.expect)
+		}
+	}
+}
+
+func TestHelpListsFlags(t *testing.T) {
+	var out bytes.Buffer
+	run(context.Background(), []string{"-help"}, &out, &out)
+	for _, f := range []string{"-model", "-dataset", "-data-dir", "-download", "-sparsifier", "-density", "-workers", "-epochs", "-steps",
+		"-batch", "-lr", "-seed", "-out", "-resume", "-device", "-net-latency", "-net-bandwidth", "-summary", "-quiet",
+		"-lambda", "-teams", "-merge-size", "-max-ratio", "-min-tensor", "-dragonn-warmup", "-log-every", "-eval-every", "train report"} {
+		if !strings.Contains(out.String(), f) {
+			t.Errorf("-help lacks %s", f)
+		}
+	}
+}
+
+func TestSummary(t *testing.T) {
+	d := sharedData(t)
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-model", "ncf", "-data-dir", d, "-summary"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "parameters") || !strings.Contains(out.String(), "mf_user_embed.weight") {
+		t.Fatalf("summary:\n%s", out.String())
+	}
+}
+
+// losses reads the per-step losses of a run directory.
+func losses(t *testing.T, dir string) []float64 {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var ls []float64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var r struct {
+			Type string  `json:"type"`
+			Loss float64 `json:"loss"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Type == "step" {
+			ls = append(ls, r.Loss)
+		}
+	}
+	return ls
+}
+
+// TestMPIMatchesInProcess runs the command under a real mpirun -np N and
+// with -workers N in one process, and requires identical per-step losses.
+func TestMPIMatchesInProcess(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+	}
+	d := sharedData(t)
+	cases := []struct {
+		np         int
+		sparsifier string
+	}{{4, "deft"}, {3, "topk"}, {2, "lags"}}
+	if testing.Short() {
+		cases = cases[:1]
+	}
+	for _, tc := range cases {
+		t.Run(fmt.Sprintf("np=%d/%s", tc.np, tc.sparsifier), func(t *testing.T) {
+			common := []string{"-model", "ncf", "-dataset", "ml-100k", "-data-dir", d, "-steps", "12", "-sparsifier", tc.sparsifier,
+				"-density", "0.05", "-quiet", "-max-eval-batches", "1", "-seed", "7"}
+			inproc := filepath.Join(t.TempDir(), "inproc")
+			var out bytes.Buffer
+			if err := run(context.Background(), append(common, "-workers", strconv.Itoa(tc.np), "-out", inproc), &out, &out); err != nil {
+				t.Fatalf("in-process: %v\n%s", err, out.String())
+			}
+			viaMPI := filepath.Join(t.TempDir(), "mpi")
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			args := append([]string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(tc.np), os.Args[0]}, append(common, "-out", viaMPI)...)
+			cmd := exec.CommandContext(ctx, mpirun, args...)
+			cmd.Env = append(os.Environ(), mainEnv+"=1")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+			b, err := cmd.CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("mpirun did not finish in time:\n%s", b)
+			}
+			if err != nil {
+				t.Fatalf("mpirun: %v\n%s", err, b)
+			}
+			a, m := losses(t, inproc), losses(t, viaMPI)
+			if len(a) != 12 || !slices.Equal(a, m) {
+				t.Fatalf("losses differ:\nin-process %v\nmpirun     %v", a, m)
+			}
+			var info struct {
+				Backend string `json:"backend"`
+				Workers int    `json:"workers"`
+			}
+			rb, _ := os.ReadFile(filepath.Join(viaMPI, "run.json"))
+			json.Unmarshal(rb, &info)
+			if info.Backend != "mpi" || info.Workers != tc.np {
+				t.Fatalf("run.json of the mpirun job: %+v", info)
+			}
+		})
+	}
+}
+
+// TestMPIRejectsWorkers: -workers with mpirun is refused before training.
+func TestMPIRejectsWorkers(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("skipping: mpirun not found")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, mpirun, "--oversubscribe", "--allow-run-as-root", "-np", "2", os.Args[0], "-workers", "2", "-out", t.TempDir())
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	b, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(b), "mpirun -np 2") {
+		t.Fatalf("err %v, output:\n%s", err, b)
+	}
+}
