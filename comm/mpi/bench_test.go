@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -39,7 +40,12 @@ func mpiBench(b *testing.B) *Comm {
 		b.Fatal("under mpirun, run benchmarks with -test.benchtime=Nx so that every rank iterates the same number of times")
 	}
 	if benchComm == nil {
-		c, err := Open(context.Background())
+		// SPARSEGRAD_MPI_BENCH_SEGMENT and _WINDOW tune the ring, for
+		// experiments.
+		var cfg Config
+		cfg.SegmentBytes, _ = strconv.Atoi(os.Getenv("SPARSEGRAD_MPI_BENCH_SEGMENT"))
+		cfg.Window, _ = strconv.Atoi(os.Getenv("SPARSEGRAD_MPI_BENCH_WINDOW"))
+		c, err := OpenConfig(context.Background(), cfg)
 		if err != nil {
 			b.Fatal(err)
 		}

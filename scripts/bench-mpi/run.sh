@@ -51,25 +51,33 @@ C
 mpicc -O2 -o "$tmp/allreduce" "$tmp/allreduce.c"
 go test -c -o "$tmp/mpi.test" ./comm/mpi
 
-echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; $(mpirun --version | head -1); $(go version)"
-echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p') (family $(lscpu | sed -n 's/^CPU family: *//p') model $(lscpu | sed -n 's/^Model: *//p')), $(nproc) cores, $(free -g | awk '/^Mem:/ { print $2 }') GiB; $(mpirun --version | head -1); $(go version)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 # ns/op of a Go benchmark line whose name starts with $1.
 nsop() { awk -v name="$1" 'index($1, name) == 1 { for (i = 2; i < NF; i++) if ($(i+1) == "ns/op") { print $i; exit } }'; }
 copy_ns=$("$tmp/mpi.test" -test.run '^$' -test.bench '^BenchmarkMemcpy$' -test.benchtime=${ITERS}x | nsop BenchmarkMemcpy)
 add_ns=$("$tmp/mpi.test" -test.run '^$' -test.bench '^BenchmarkAddF32$' -test.benchtime=${ITERS}x | nsop BenchmarkAddF32)
 
-printf '\n%-4s %-28s %12s %10s\n' np "operation ($LEN float32)" "ms/op" "vs C"
+printf '\n%-4s %-32s %12s %10s\n' np "operation ($LEN float32)" "ms/op" "vs C"
 for np in $NPS; do
 	c_ns=$("${MPIRUN[@]}" -np "$np" "$tmp/allreduce" "$LEN" "$ITERS" | sed -n 's/.*ns\/op=//p')
+	# Open MPI's own ring algorithms, forced (4: ring, 5: segmented ring).
+	tuned() { "${MPIRUN[@]}" --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm "$1" -np "$np" "$tmp/allreduce" "$LEN" "$ITERS" | sed -n 's/.*ns\/op=//p'; }
+	c4_ns=$(tuned 4)
+	c5_ns=$(tuned 5)
 	out=$("${MPIRUN[@]}" -np "$np" "$tmp/mpi.test" -test.run '^$' -test.bench 'AllReduce|AllGatherV' -test.benchtime=${ITERS}x)
 	ring_ns=$(echo "$out" | nsop "BenchmarkAllReduce/ring/np=$np")
 	raw_ns=$(echo "$out" | nsop "BenchmarkAllReduce/mpi/np=$np")
 	agv_ns=$(echo "$out" | nsop "BenchmarkAllGatherV/np=$np")
-	row() { awk -v np="$np" -v name="$1" -v ns="$2" -v c="$c_ns" 'BEGIN { printf "%-4s %-28s %12.2f %9.2fx\n", np, name, ns/1e6, ns/c }'; }
-	row "C MPI_Allreduce" "$c_ns"
+	row() { awk -v np="$np" -v name="$1" -v ns="$2" -v c="$c_ns" 'BEGIN { printf "%-4s %-32s %12.2f %9.2fx\n", np, name, ns/1e6, ns/c }'; }
+	row "C MPI_Allreduce (default)" "$c_ns"
+	row "C MPI_Allreduce (alg 4 ring)" "$c4_ns"
+	row "C MPI_Allreduce (alg 5 segring)" "$c5_ns"
 	row "Go AllReduce (ring)" "$ring_ns"
 	row "Go raw MPI_Allreduce" "$raw_ns"
 	row "Go AllGatherV" "$agv_ns"
 	row "memcpy (1 process)" "$copy_ns"
 	row "addF32 (1 process)" "$add_ns"
 done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "vs C: time relative to the default C MPI_Allreduce of the same process count (lower is faster)"
