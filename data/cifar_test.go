@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -381,5 +382,39 @@ func TestLoaderTooSmallForOneBatch(t *testing.T) {
 	}
 	if l, err := NewCIFARLoader(ds, LoaderConfig{Batch: 4, Size: 3}); err != nil || l.Len() != 1 {
 		t.Fatalf("evaluation loader: %v", err)
+	}
+}
+
+func TestCIFARLoaderDeterministic(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	raw, _, _ := makeCIFAR(r, CIFAR10, 200)
+	ds, err := ParseCIFAR(bytes.NewReader(raw), "mem", CIFAR10, int64(len(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch := func(seed uint64, epoch, workers int) []float32 {
+		l, err := NewCIFARLoader(ds, LoaderConfig{Batch: 50, Rank: 1, Size: 3, Seed: seed, Train: true, Workers: workers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		if err := l.SetEpoch(epoch); err != nil {
+			t.Fatal(err)
+		}
+		b, err := l.Batch(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Clone(b.X)
+	}
+	a := batch(1, 2, 1)
+	if !slices.Equal(a, batch(1, 2, 2)) || !slices.Equal(a, batch(1, 2, 3)) {
+		t.Error("batch depends on the number of goroutines")
+	}
+	if !slices.Equal(a, batch(1, 2, 1)) {
+		t.Error("batch differs between runs with the same seed and epoch")
+	}
+	if slices.Equal(a, batch(1, 3, 1)) || slices.Equal(a, batch(2, 2, 1)) {
+		t.Error("batch does not change with the epoch or the seed")
 	}
 }
