@@ -55,9 +55,24 @@ type StepRecord struct {
 	TIter         Num    `json:"t_iter"`
 	TWait         Num    `json:"t_wait"`
 	TCompute      Num    `json:"t_compute"`
-	Samples       int    `json:"samples"`
-	Workers       int    `json:"workers"`
-	Wall          Num    `json:"wall"`
+	// LayerK is rank 0's number of selected elements per tensor, for
+	// methods that allocate the budget per tensor (absent otherwise).
+	LayerK []int `json:"layer_k,omitempty"`
+	// Ops are rank 0's communicator counters of the reducer's calls since
+	// the previous step record, per operation (comm.Op names).
+	Ops     map[string]OpCount `json:"ops,omitempty"`
+	Samples int                `json:"samples"`
+	Workers int                `json:"workers"`
+	Wall    Num                `json:"wall"`
+}
+
+// OpCount is the traffic of one communicator operation in a step record.
+type OpCount struct {
+	Calls     int64 `json:"calls"`
+	Elements  int64 `json:"elements"`
+	BytesSent int64 `json:"bytes_sent"`
+	BytesRecv int64 `json:"bytes_recv"`
+	Time      Num   `json:"time"`
 }
 
 // EvalRecord is one line of metrics.jsonl with "type":"eval": Metric is

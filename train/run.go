@@ -55,6 +55,8 @@ type RunInfo struct {
 	Versions    Versions  `json:"versions"`
 	Machine     Machine   `json:"machine"`
 	Resumed     string    `json:"resumed_from,omitempty"`
+	// LayerNames are the layout's tensor names, in order.
+	LayerNames []string `json:"layer_names"`
 }
 
 // Versions are the software versions of a run.

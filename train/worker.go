@@ -19,6 +19,8 @@ type worker struct {
 	r      *runner
 	cfg    Config
 	c      comm.Communicator
+	cnt    *comm.Counter // the reducer's communicator, counted
+	prevOp []comm.OpStats
 	rank   int
 	size   int
 	log    *slog.Logger
@@ -59,6 +61,7 @@ type stepLocal struct {
 	tcompute                                time.Duration
 	sent, recv                              int64
 	errNorm, actual, threshold              float64
+	layerK                                  []int
 	samples                                 int
 }
 
@@ -95,6 +98,8 @@ func (w *worker) setup(ctx context.Context) error {
 		return fmt.Errorf("train: building %s: %w", cfg.Model, err)
 	}
 	w.m = m
+	w.cnt = comm.NewCounter(w.c)
+	w.prevOp = make([]comm.OpStats, len(comm.Ops()))
 	n := m.NumParams()
 	w.grad = make([]float32, n)
 	w.out = make([]float32, n)
@@ -108,7 +113,7 @@ func (w *worker) setup(ctx context.Context) error {
 		return fmt.Errorf("train: layout of %s: %w", cfg.Model, err)
 	}
 	w.red, err = sparsify.New(cfg.Sparsifier, sparsify.Options{
-		Density: cfg.Density, Layout: w.layout, Comm: w.c, Seed: cfg.Seed,
+		Density: cfg.Density, Layout: w.layout, Comm: w.cnt, Seed: cfg.Seed,
 		Lambda: cfg.Lambda, Teams: cfg.Teams, SAG: cfg.SAG, MergeSize: cfg.MergeSize, MaxRatio: cfg.MaxRatio,
 		MinTensor: cfg.MinTensor, Warmup: cfg.DragonnWarmup,
 	})
@@ -170,7 +175,7 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe,
-			Versions: versions(w.r.blas), Machine: machine(), Resumed: cfg.Resume}
+			Versions: versions(w.r.blas), Machine: machine(), Resumed: cfg.Resume, LayerNames: names}
 		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
 			w.task.Close()
 			return fmt.Errorf("train: writing run.json: %w", err)
@@ -313,6 +318,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 	s.tsel, s.tcomm = st.SelectTime, st.CommTime
 	s.sent, s.recv = st.BytesSent, st.BytesRecv
 	s.errNorm, s.actual, s.threshold = st.ErrorNorm, st.ActualDensity, st.Threshold
+	s.layerK = st.LayerK
 	return s, nil
 }
 
@@ -398,6 +404,17 @@ func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr fl
 	}
 	if s.tf < 0 {
 		rec.TForward, rec.TBackward = Num(math.NaN()), Num(math.NaN())
+	}
+	rec.LayerK = s.layerK
+	rec.Ops = map[string]OpCount{}
+	for i, op := range comm.Ops() {
+		st := w.cnt.Stats(op)
+		p := w.prevOp[i]
+		if st.Calls != p.Calls {
+			rec.Ops[op.String()] = OpCount{Calls: st.Calls - p.Calls, Elements: st.Elements - p.Elements,
+				BytesSent: st.BytesSent - p.BytesSent, BytesRecv: st.BytesRecv - p.BytesRecv, Time: Num((st.Time - p.Time).Seconds())}
+		}
+		w.prevOp[i] = st
 	}
 	if th := at(0, 11); !math.IsNaN(th) {
 		t := Num(th)
