@@ -157,7 +157,7 @@ func NewLSTM(cfg LSTMConfig) (*LSTM, error) {
 	}
 	m.final = final
 	tgt := G.NodeFromAny(g, m.targets, G.WithName("targets"))
-	loss, err := crossEntropy(logits, tgt, T*B, V)
+	loss, err := softmaxCrossEntropy(logits, tgt)
 	if err != nil {
 		return nil, err
 	}
@@ -256,17 +256,6 @@ func (m *LSTM) forward(p []*G.Node, tokens *G.Node, state []*G.Node, masks []*G.
 	return logits, final, nil
 }
 
-// crossEntropy is the mean over n rows of −log softmax(logits)[target].
-func crossEntropy(logits, targets *G.Node, n, classes int) (*G.Node, error) {
-	ls, err := G.LogSoftMax(logits, 1)
-	if err != nil {
-		return nil, fmt.Errorf("models: cross-entropy: %w", err)
-	}
-	flat := G.Must(G.Reshape(ls, tensor.Shape{n * classes, 1}))
-	picked := G.Must(G.ByIndices(flat, targets, 0))
-	return G.Neg(G.Must(G.Mean(picked)))
-}
-
 // Name implements Model.
 func (m *LSTM) Name() string { return "lstm" }
 
@@ -355,11 +344,7 @@ func (m *LSTM) TrainStep(ctx context.Context, b Batch, grad []float32) (StepResu
 		return StepResult{}, err
 	}
 	copy(m.tokens.Data().([]int), b.Tokens)
-	V := m.cfg.Vocab
-	tg := m.targets.Data().([]int)
-	for i, y := range b.Labels {
-		tg[i] = i*V + y // index into the flattened log-probabilities
-	}
+	copy(m.targets.Data().([]int), b.Labels)
 	for _, t := range m.masks {
 		m.drop.mask(t.Data().([]float32), m.cfg.Dropout)
 	}

@@ -130,7 +130,7 @@ func NewResNet(cfg ResNetConfig) (*ResNet, error) {
 		return nil, err
 	}
 	y := G.NodeFromAny(g, m.labels, G.WithName("labels"))
-	loss, err := crossEntropy(logits, y, B, cfg.Classes)
+	loss, err := softmaxCrossEntropy(logits, y)
 	if err != nil {
 		return nil, err
 	}
@@ -351,11 +351,7 @@ func (m *ResNet) TrainStep(ctx context.Context, b Batch, grad []float32) (StepRe
 		return StepResult{}, err
 	}
 	copy(m.images.Data().([]float32), b.Images)
-	C := m.cfg.Classes
-	lb := m.labels.Data().([]int)
-	for i, y := range b.Labels {
-		lb[i] = i*C + y
-	}
+	copy(m.labels.Data().([]int), b.Labels)
 	if err := m.tg.run(grad); err != nil {
 		return StepResult{}, err
 	}
