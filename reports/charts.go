@@ -1,0 +1,641 @@
+package reports
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/go-echarts/go-echarts/v2/charts"
+	"github.com/go-echarts/go-echarts/v2/opts"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+)
+
+// seriesSpec is one series of a chart: Points on a value x axis, or Values
+// aligned with the chart's categories.
+type seriesSpec struct {
+	Name    string    `json:"name"`
+	Bar     bool      `json:"bar,omitempty"`
+	Points  []point   `json:"points,omitempty"`
+	Values  []float64 `json:"values,omitempty"`
+	Stack   string    `json:"stack,omitempty"`
+	Dashed  bool      `json:"dashed,omitempty"`
+	Symbols bool      `json:"symbols,omitempty"`
+}
+
+// chartSpec is what one chart shows, before it becomes an ECharts option.
+type chartSpec struct {
+	ID         string       `json:"id"`
+	Title      string       `json:"title"`
+	Subtitle   string       `json:"subtitle,omitempty"`
+	XName      string       `json:"x_name"`
+	YName      string       `json:"y_name"`
+	Categories []string     `json:"categories,omitempty"`
+	Series     []seriesSpec `json:"series"`
+}
+
+// option builds the chart's ECharts option with go-echarts.
+func (c *chartSpec) option() map[string]any {
+	xType := "value"
+	if c.Categories != nil {
+		xType = "category"
+	}
+	bars := false
+	for _, s := range c.Series {
+		bars = bars || s.Bar
+	}
+	global := []charts.GlobalOpts{
+		charts.WithInitializationOpts(opts.Initialization{ChartID: c.ID}),
+		charts.WithTitleOpts(opts.Title{Title: c.Title, Subtitle: c.Subtitle}),
+		charts.WithTooltipOpts(opts.Tooltip{Show: opts.Bool(true), Trigger: "axis"}),
+		charts.WithLegendOpts(opts.Legend{Show: opts.Bool(true), Type: "scroll", Bottom: "0"}),
+		charts.WithXAxisOpts(opts.XAxis{Type: xType, Name: c.XName, NameLocation: "middle", NameGap: 28, Scale: opts.Bool(xType == "value")}),
+		charts.WithYAxisOpts(opts.YAxis{Type: "value", Name: c.YName, NameLocation: "middle", NameGap: 52, Scale: opts.Bool(!bars)}),
+		charts.WithGridOpts(opts.Grid{Left: "78", Right: "24", Top: "64", Bottom: "72"}),
+		charts.WithAnimation(false),
+	}
+	if xType == "value" {
+		global = append(global, charts.WithDataZoomOpts(opts.DataZoom{Type: "inside"}))
+	}
+	// Bars and lines share a rectangular chart; Line carries both.
+	ch := charts.NewLine()
+	ch.SetGlobalOptions(global...)
+	if c.Categories != nil {
+		ch.SetXAxis(c.Categories)
+	}
+	for _, s := range c.Series {
+		var so []charts.SeriesOpts
+		if s.Dashed {
+			so = append(so, charts.WithLineStyleOpts(opts.LineStyle{Type: "dashed"}))
+		}
+		if s.Bar {
+			bar := charts.NewBar()
+			data := make([]opts.BarData, len(s.Values))
+			for i, v := range s.Values {
+				data[i] = opts.BarData{Value: num(v)}
+			}
+			bar.AddSeries(s.Name, data, append(so, charts.WithBarChartOpts(opts.BarChart{Stack: s.Stack}))...)
+			ch.Overlap(bar)
+			continue
+		}
+		so = append(so, charts.WithLineChartOpts(opts.LineChart{ShowSymbol: opts.Bool(s.Symbols), Stack: s.Stack}))
+		var data []opts.LineData
+		if c.Categories != nil {
+			data = make([]opts.LineData, len(s.Values))
+			for i, v := range s.Values {
+				data[i] = opts.LineData{Value: num(v)}
+			}
+		} else {
+			data = make([]opts.LineData, len(s.Points))
+			for i, p := range s.Points {
+				data[i] = opts.LineData{Value: [2]num{num(p.X), num(p.Y)}}
+			}
+		}
+		ch.AddSeries(s.Name, data, so...)
+	}
+	ch.Validate()
+	return ch.JSON()
+}
+
+// optionJSON is the chart's option as JSON with <, > and & escaped, safe
+// inside an HTML script element.
+func (c *chartSpec) optionJSON() ([]byte, error) {
+	b, err := json.Marshal(c.option())
+	if err != nil {
+		return nil, fmt.Errorf("reports: encoding chart %s: %w", c.ID, err)
+	}
+	return b, nil
+}
+
+// line makes a line series from step records.
+func stepSeries(name string, steps []Step, f func(*Step) float64, scale float64, maxPts int) seriesSpec {
+	pts := make([]point, 0, len(steps))
+	for i := range steps {
+		pts = append(pts, point{float64(steps[i].Step), f(&steps[i]) * scale})
+	}
+	return seriesSpec{Name: name, Points: downsample(finite(pts), maxPts)}
+}
+
+// epochX returns the x position of an evaluation on an epoch axis: epoch e
+// spans (e−1, e], and an evaluation within it is placed by its step between
+// the last logged steps of epochs e−1 and e.
+func epochX(r *Run) func(epoch, step int) float64 {
+	last := map[int]int{}
+	for _, s := range r.Steps {
+		if s.Step > last[s.Epoch] {
+			last[s.Epoch] = s.Step
+		}
+	}
+	return func(epoch, step int) float64 {
+		hi, ok := last[epoch]
+		lo := last[epoch-1]
+		if !ok || step >= hi || hi <= lo || step <= lo {
+			return float64(epoch)
+		}
+		return float64(epoch-1) + float64(step-lo)/float64(hi-lo)
+	}
+}
+
+// metricGroups returns r's metric names grouped by chart, primary first.
+func metricGroups(names []string) (groups []string, members map[string][]string) {
+	members = map[string][]string{}
+	for _, n := range names {
+		g := metricOf(n).group
+		if _, ok := members[g]; !ok {
+			groups = append(groups, g)
+		}
+		members[g] = append(members[g], n)
+	}
+	return groups, members
+}
+
+// metricCharts are the test metric vs epoch and vs wall time charts, one pair
+// per group of metrics; each run in runs gives one series per metric.
+func metricCharts(runs []*Run, labels []string, maxPts int) []chartSpec {
+	var names []string
+	seen := map[string]bool{}
+	for _, r := range runs {
+		for _, n := range r.metricNames() {
+			if !seen[n] {
+				seen[n] = true
+				names = append(names, n)
+			}
+		}
+	}
+	groups, members := metricGroups(names)
+	maxWall := 0.0
+	for _, r := range runs {
+		for _, e := range r.Evals {
+			if isFinite(e.Wall) && e.Wall > maxWall {
+				maxWall = e.Wall
+			}
+		}
+	}
+	tu := timeUnit(maxWall)
+	var out []chartSpec
+	for gi, g := range groups {
+		ms := members[g]
+		info := metricOf(ms[0])
+		yName := info.label
+		if len(ms) > 1 {
+			yName = "test metric"
+		}
+		if info.unit != "" {
+			yName += " (" + info.unit + ")"
+		}
+		ep := chartSpec{ID: "metric-epoch-" + strconv.Itoa(gi), Title: title(ms) + " vs epoch", XName: "epoch", YName: yName}
+		wall := chartSpec{ID: "metric-wall-" + strconv.Itoa(gi), Title: title(ms) + " vs wall time", XName: "wall time (" + tu.name + ")", YName: yName}
+		for ri, r := range runs {
+			ex := epochX(r)
+			for _, m := range ms {
+				mi := metricOf(m)
+				var pe, pw []point
+				for _, e := range r.Evals {
+					if e.Metric != m {
+						continue
+					}
+					pe = append(pe, point{ex(e.Epoch, e.Step), e.Value * mi.scale})
+					pw = append(pw, point{e.Wall / tu.div, e.Value * mi.scale})
+				}
+				if len(pe) == 0 {
+					continue
+				}
+				name := mi.label
+				if labels != nil {
+					name = labels[ri]
+					if len(ms) > 1 {
+						name += " " + mi.label
+					}
+				}
+				ep.Series = append(ep.Series, seriesSpec{Name: name, Points: downsample(finite(pe), maxPts), Symbols: true})
+				wall.Series = append(wall.Series, seriesSpec{Name: name, Points: downsample(finite(pw), maxPts), Symbols: true})
+			}
+		}
+		out = append(out, ep, wall)
+	}
+	return out
+}
+
+func title(metrics []string) string {
+	if len(metrics) == 1 {
+		return metricOf(metrics[0]).label
+	}
+	s := ""
+	for i, m := range metrics {
+		if i > 0 {
+			s += ", "
+		}
+		s += metricOf(m).label
+	}
+	return s
+}
+
+// runCharts are the charts of one run's report.
+func runCharts(r *Run, maxPts int) []chartSpec {
+	out := metricCharts([]*Run{r}, nil, maxPts)
+	if len(r.Steps) == 0 {
+		return out
+	}
+	out = append(out, chartSpec{ID: "loss", Title: "Training loss", XName: "iteration", YName: "loss (mean over workers)",
+		Series: []seriesSpec{stepSeries("training loss", r.Steps, func(s *Step) float64 { return s.Loss }, 1, maxPts)}})
+	out = append(out, chartSpec{ID: "density", Title: "Setup vs actual density", XName: "iteration", YName: "density (fraction of gradient elements)",
+		Subtitle: "actual = |union of the indices sent| / N",
+		Series: []seriesSpec{
+			stepSeries("setup density", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts),
+			stepSeries("actual density", r.Steps, func(s *Step) float64 { return s.ActualDensity }, 1, maxPts),
+		}})
+	out = append(out, chartSpec{ID: "error", Title: "Error (mean residual norm)", XName: "iteration", YName: "mean over workers of ‖residual‖₂",
+		Series: []seriesSpec{stepSeries("error", r.Steps, func(s *Step) float64 { return s.ErrorNorm }, 1, maxPts)}})
+	if r.hasThreshold() {
+		out = append(out, thresholdChart(r, maxPts))
+	}
+	out = append(out, timeChart(r, maxPts))
+	out = append(out, bytesChart([]*Run{r}, nil, maxPts))
+	if c, ok := layerKChart(r); ok {
+		out = append(out, c)
+	}
+	if c, ok := projectionChart([]*Run{r}, nil); ok {
+		out = append(out, c)
+	}
+	return out
+}
+
+// errorScale is the MiCRO paper's Fig. 8 scaling factor: Σ threshold / Σ
+// error over the steps that have both (NaN if none).
+func errorScale(steps []Step) float64 {
+	st, se := 0.0, 0.0
+	for _, s := range steps {
+		if isFinite(s.Threshold) && isFinite(s.ErrorNorm) {
+			st += s.Threshold
+			se += s.ErrorNorm
+		}
+	}
+	if se == 0 {
+		return math.NaN()
+	}
+	return st / se
+}
+
+func thresholdChart(r *Run, maxPts int) chartSpec {
+	k := errorScale(r.Steps)
+	c := chartSpec{ID: "threshold", Title: "Threshold and scaled error", XName: "iteration", YName: "threshold (|gradient element|)",
+		Series: []seriesSpec{stepSeries("threshold", r.Steps, func(s *Step) float64 { return s.Threshold }, 1, maxPts)}}
+	if isFinite(k) {
+		c.Subtitle = "error × " + strconv.FormatFloat(k, 'g', 4, 64) + " (Σ threshold / Σ error, as MiCRO's Fig. 8)"
+		c.Series = append(c.Series, stepSeries("scaled error", r.Steps, func(s *Step) float64 { return s.ErrorNorm }, k, maxPts))
+	}
+	return c
+}
+
+// timeBars is the most bars of the time breakdown chart.
+const timeBars = 200
+
+// phases returns the time breakdown's phases for r: forward and backward
+// separately when measured, else their sum (t_compute).
+func phases(r *Run) (names []string, get []func(*Step) float64) {
+	split := false
+	for _, s := range r.Steps {
+		if isFinite(s.TForward) {
+			split = true
+			break
+		}
+	}
+	if split {
+		names = []string{"forward", "backward"}
+		get = []func(*Step) float64{func(s *Step) float64 { return s.TForward }, func(s *Step) float64 { return s.TBackward }}
+	} else {
+		names = []string{"forward + backward"}
+		get = []func(*Step) float64{func(s *Step) float64 { return s.TCompute }}
+	}
+	names = append(names, "selection", "communication", "update")
+	get = append(get, func(s *Step) float64 { return s.TSelect }, func(s *Step) float64 { return s.TComm }, func(s *Step) float64 { return s.TUpdate })
+	return names, get
+}
+
+func timeChart(r *Run, maxPts int) chartSpec {
+	names, get := phases(r)
+	du := durUnit(r.mean(func(s *Step) float64 { return s.TIter }))
+	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", XName: "iteration", YName: "time (" + du.name + ", slowest worker)"}
+	var ranges [][2]int
+	for i, n := range names {
+		vals := make([]float64, len(r.Steps))
+		for j := range r.Steps {
+			vals[j] = get[i](&r.Steps[j]) / du.div
+		}
+		means, rg := bucketMeans(vals, timeBars)
+		ranges = rg
+		c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: means})
+	}
+	for _, rg := range ranges {
+		a, b := r.Steps[rg[0]].Step, r.Steps[rg[1]-1].Step
+		if a == b {
+			c.Categories = append(c.Categories, strconv.Itoa(a))
+		} else {
+			c.Categories = append(c.Categories, strconv.Itoa(a)+"–"+strconv.Itoa(b))
+		}
+	}
+	if len(ranges) < len(r.Steps) {
+		c.Subtitle = "mean over the logged iterations of each bar"
+	}
+	return c
+}
+
+func bytesChart(runs []*Run, labels []string, maxPts int) chartSpec {
+	mx := 0.0
+	for _, r := range runs {
+		for _, s := range r.Steps {
+			if isFinite(s.BytesSent) && s.BytesSent > mx {
+				mx = s.BytesSent
+			}
+			if isFinite(s.BytesRecv) && s.BytesRecv > mx {
+				mx = s.BytesRecv
+			}
+		}
+	}
+	u := bytesUnit(mx)
+	c := chartSpec{ID: "bytes", Title: "Bytes per iteration", XName: "iteration", YName: u.name + " per worker per iteration"}
+	for i, r := range runs {
+		if labels == nil {
+			c.Series = append(c.Series,
+				stepSeries("sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts),
+				stepSeries("received", r.Steps, func(s *Step) float64 { return s.BytesRecv }, 1/u.div, maxPts))
+		} else {
+			c.Series = append(c.Series, stepSeries(labels[i]+" sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts))
+		}
+	}
+	return c
+}
+
+// layerKSamples is the number of steps DEFT's per-layer k chart shows.
+const layerKSamples = 5
+
+func layerKChart(r *Run) (chartSpec, bool) {
+	var with []int
+	layers := 0
+	for i, s := range r.Steps {
+		if len(s.LayerK) > 0 {
+			with = append(with, i)
+			if len(s.LayerK) > layers {
+				layers = len(s.LayerK)
+			}
+		}
+	}
+	if len(with) == 0 {
+		return chartSpec{}, false
+	}
+	c := chartSpec{ID: "layerk", Title: "Per-layer k", XName: "tensor (layout order)", YName: "elements selected"}
+	for l := 0; l < layers; l++ {
+		name := strconv.Itoa(l)
+		if l < len(r.Info.LayerNames) && r.Info.LayerNames[l] != "" {
+			name = r.Info.LayerNames[l]
+		}
+		c.Categories = append(c.Categories, name)
+	}
+	n := min(layerKSamples, len(with))
+	prev := -1
+	for j := 0; j < n; j++ {
+		idx := 0
+		if n > 1 {
+			idx = j * (len(with) - 1) / (n - 1)
+		}
+		if idx == prev {
+			continue
+		}
+		prev = idx
+		s := r.Steps[with[idx]]
+		vals := make([]float64, layers)
+		for l := range vals {
+			vals[l] = math.NaN()
+			if l < len(s.LayerK) {
+				vals[l] = float64(s.LayerK[l])
+			}
+		}
+		c.Series = append(c.Series, seriesSpec{Name: "iteration " + strconv.Itoa(s.Step), Bar: true, Values: vals})
+	}
+	return c, true
+}
+
+// Projection settings: the worker counts and networks of the projected
+// communication time chart.
+var (
+	projWorkers  = []int{2, 4, 8, 16, 32, 64, 128, 256}
+	projNetworks = []struct {
+		name string
+		gbit float64
+	}{{"1 Gbit/s", 1}, {"10 Gbit/s", 10}, {"25 Gbit/s", 25}, {"100 Gbit/s", 100}}
+	projLatency = 50 * time.Microsecond
+)
+
+// opStats sums the "ops" counters of r's step records; n is the number of
+// records that had them.
+func opStats(r *Run) (stats map[comm.Op]comm.OpStats, n int) {
+	byName := map[string]comm.Op{}
+	for _, op := range comm.Ops() {
+		byName[op.String()] = op
+	}
+	stats = map[comm.Op]comm.OpStats{}
+	for _, s := range r.Steps {
+		if s.Ops == nil {
+			continue
+		}
+		n++
+		for name, c := range s.Ops {
+			op, ok := byName[name]
+			if !ok {
+				continue
+			}
+			st := stats[op]
+			st.Calls += c.Calls
+			st.Elements += c.Elements
+			st.BytesSent += c.BytesSent
+			st.BytesRecv += c.BytesRecv
+			st.Time += time.Duration(c.Time * float64(time.Second))
+			stats[op] = st
+		}
+	}
+	return stats, n
+}
+
+// projectPerStep is the projected communication time of one logged step of
+// r on `to` workers over net, in seconds.
+func projectPerStep(r *Run, stats map[comm.Op]comm.OpStats, n, to int, net netmodel.Network) (float64, error) {
+	from := r.Info.Workers
+	if from < 1 && len(r.Steps) > 0 {
+		from = r.Steps[0].Workers
+	}
+	p, err := netmodel.Project(stats, from, to, net)
+	if err != nil {
+		return math.NaN(), err
+	}
+	return p.Total.Seconds() / float64(n), nil
+}
+
+// projectionChart projects the runs' communication to other worker counts
+// and bandwidths; with one run, one series per network, with several, one
+// series per run at 10 Gbit/s. It is absent when no run has "ops".
+func projectionChart(runs []*Run, labels []string) (chartSpec, bool) {
+	c := chartSpec{ID: "projection", Title: "Projected communication time", XName: "workers"}
+	for _, w := range projWorkers {
+		c.Categories = append(c.Categories, strconv.Itoa(w))
+	}
+	type line struct {
+		name string
+		vals []float64
+	}
+	var lines []line
+	mx := 0.0
+	for ri, r := range runs {
+		stats, n := opStats(r)
+		if n == 0 {
+			continue
+		}
+		nets := projNetworks
+		if labels != nil {
+			nets = projNetworks[1:2]
+		}
+		for _, pn := range nets {
+			net := netmodel.Network{Latency: projLatency, Bandwidth: pn.gbit * 1e9 / 8}
+			l := line{name: pn.name}
+			if labels != nil {
+				l.name = labels[ri]
+			}
+			for _, w := range projWorkers {
+				v, err := projectPerStep(r, stats, n, w, net)
+				if err != nil {
+					v = math.NaN()
+				}
+				if isFinite(v) && v > mx {
+					mx = v
+				}
+				l.vals = append(l.vals, v)
+			}
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		return chartSpec{}, false
+	}
+	du := durUnit(mx)
+	c.YName = "communication per iteration (" + du.name + ")"
+	c.Subtitle = "α-β model (comm/netmodel), α = 50 µs, from the per-operation counters of the logged iterations"
+	if labels != nil {
+		c.Subtitle += "; 10 Gbit/s"
+	}
+	for _, l := range lines {
+		vals := make([]float64, len(l.vals))
+		for i, v := range l.vals {
+			vals[i] = v / du.div
+		}
+		c.Series = append(c.Series, seriesSpec{Name: l.name, Values: vals, Symbols: true})
+	}
+	return c, true
+}
+
+// compareCharts are the overlays of a comparison page.
+func compareCharts(runs []*Run, labels []string, onlyWorkers bool, maxPts int) []chartSpec {
+	out := metricCharts(runs, labels, maxPts)
+	loss := chartSpec{ID: "loss", Title: "Training loss", XName: "iteration", YName: "loss (mean over workers)"}
+	dens := chartSpec{ID: "density", Title: "Setup vs actual density", XName: "iteration", YName: "density (fraction of gradient elements)", Subtitle: "dashed: setup density"}
+	errc := chartSpec{ID: "error", Title: "Error (mean residual norm)", XName: "iteration", YName: "mean over workers of ‖residual‖₂"}
+	thr := chartSpec{ID: "threshold", Title: "Threshold", XName: "iteration", YName: "threshold (|gradient element|)"}
+	for i, r := range runs {
+		loss.Series = append(loss.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.Loss }, 1, maxPts))
+		dens.Series = append(dens.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.ActualDensity }, 1, maxPts))
+		setup := stepSeries(labels[i]+" (setup)", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts)
+		setup.Dashed = true
+		dens.Series = append(dens.Series, setup)
+		errc.Series = append(errc.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.ErrorNorm }, 1, maxPts))
+		if r.hasThreshold() {
+			thr.Series = append(thr.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.Threshold }, 1, maxPts))
+		}
+	}
+	out = append(out, loss, dens, errc)
+	if len(thr.Series) > 0 {
+		out = append(out, thr)
+	}
+	out = append(out, compareTimeChart(runs, labels), bytesChart(runs, labels, maxPts))
+	if c, ok := projectionChart(runs, labels); ok {
+		out = append(out, c)
+	}
+	if onlyWorkers {
+		if c, ok := speedupChart(runs); ok {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// compareTimeChart stacks each run's mean phase times.
+func compareTimeChart(runs []*Run, labels []string) chartSpec {
+	mx := 0.0
+	for _, r := range runs {
+		if v := r.mean(func(s *Step) float64 { return s.TIter }); isFinite(v) && v > mx {
+			mx = v
+		}
+	}
+	du := durUnit(mx)
+	c := chartSpec{ID: "time", Title: "Mean time breakdown per iteration", XName: "run", YName: "time (" + du.name + ", slowest worker)", Categories: labels}
+	idx := map[string]int{}
+	for ri, r := range runs {
+		names, get := phases(r)
+		for i, n := range names {
+			j, ok := idx[n]
+			if !ok {
+				j = len(c.Series)
+				idx[n] = j
+				vals := make([]float64, len(runs))
+				for k := range vals {
+					vals[k] = math.NaN()
+				}
+				c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: vals})
+			}
+			c.Series[j].Values[ri] = r.mean(get[i]) / du.div
+		}
+	}
+	return c
+}
+
+// speedupChart is the DEFT paper's Fig. 9 for runs that differ only in
+// their worker count: the speedup of selection and of throughput over the
+// run with the fewest workers, with linear speedup for reference.
+func speedupChart(runs []*Run) (chartSpec, bool) {
+	type pt struct {
+		w         int
+		sel, thru float64
+	}
+	var pts []pt
+	for _, r := range runs {
+		sel := r.mean(func(s *Step) float64 { return s.TSelect })
+		thru := r.mean(func(s *Step) float64 {
+			if s.TIter > 0 {
+				return float64(s.Samples) / s.TIter
+			}
+			return math.NaN()
+		})
+		pts = append(pts, pt{r.Info.Workers, sel, thru})
+	}
+	sort.SliceStable(pts, func(i, j int) bool { return pts[i].w < pts[j].w })
+	if len(pts) < 2 || pts[0].w < 1 || pts[0].w == pts[len(pts)-1].w {
+		return chartSpec{}, false
+	}
+	b := pts[0]
+	c := chartSpec{ID: "speedup", Title: "Speedup by scale-out", XName: "workers", YName: "speedup over " + strconv.Itoa(b.w) + " worker(s)",
+		Subtitle: "selection: mean t_select ratio (DEFT's Fig. 9); throughput: samples/s ratio"}
+	var sel, thru, lin []float64
+	for _, p := range pts {
+		c.Categories = append(c.Categories, strconv.Itoa(p.w))
+		sel = append(sel, b.sel/p.sel)
+		thru = append(thru, p.thru/b.thru)
+		lin = append(lin, float64(p.w)/float64(b.w))
+	}
+	c.Series = []seriesSpec{
+		{Name: "selection", Values: sel, Symbols: true},
+		{Name: "throughput", Values: thru, Symbols: true},
+		{Name: "linear", Values: lin, Dashed: true},
+	}
+	return c, true
+}

@@ -1,0 +1,469 @@
+package reports
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Options change how a page is written. The zero value is the default.
+type Options struct {
+	// AssetsURL, when set, makes the page load the ECharts script from this
+	// URL (the script itself, or a folder holding echarts.min.js) instead of
+	// inlining it; such a page needs that URL to be reachable. The default
+	// page is self-contained.
+	AssetsURL string
+	// MaxPoints is the number of points above which a series is downsampled
+	// (0: DefaultMaxPoints).
+	MaxPoints int
+	// Target is the comparison's target value of the primary test metric,
+	// in the metric's recorded units (accuracy as a fraction); 0 picks the
+	// best value that every compared run reaches.
+	Target float64
+}
+
+// WriteRun writes runDir/report.html from runDir/run.json and
+// runDir/metrics.jsonl, with the ECharts script inlined.
+func WriteRun(runDir string) error {
+	return WriteRunWith(context.Background(), runDir, Options{})
+}
+
+// Compare writes one HTML page to out comparing the runs, refusing runs of
+// different models.
+func Compare(out string, runDirs []string) error {
+	return CompareWith(context.Background(), out, runDirs, Options{})
+}
+
+// script returns the inline script or the script URL o asks for.
+func (o Options) script(ctx context.Context) ([]byte, string, error) {
+	if o.AssetsURL != "" {
+		if err := checkAssetsURL(o.AssetsURL); err != nil {
+			return nil, "", err
+		}
+		return nil, assetsScript(o.AssetsURL), nil
+	}
+	b, err := ECharts(ctx)
+	return b, "", err
+}
+
+func (o Options) maxPoints() int {
+	if o.MaxPoints > 0 {
+		return o.MaxPoints
+	}
+	return DefaultMaxPoints
+}
+
+// WriteRunWith is WriteRun with options.
+func WriteRunWith(ctx context.Context, runDir string, o Options) error {
+	r, err := ReadRun(runDir)
+	if err != nil {
+		return err
+	}
+	b, err := RunPage(ctx, r, o)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(filepath.Join(runDir, "report.html"), b); err != nil {
+		return fmt.Errorf("reports: writing the report: %w", err)
+	}
+	return nil
+}
+
+// RunPage returns the HTML page of one run.
+func RunPage(ctx context.Context, r *Run, o Options) ([]byte, error) {
+	script, url, err := o.script(ctx)
+	if err != nil {
+		return nil, err
+	}
+	specs := runCharts(r, o.maxPoints())
+	var notes []string
+	if len(r.Steps) == 0 {
+		notes = append(notes, "No iteration has been logged yet.")
+	}
+	return render(runTitle(r), notes, []table{runTable(r)}, specs, script, url)
+}
+
+func runTitle(r *Run) string {
+	c := r.Info.Config
+	return fmt.Sprintf("%s on %s with %s, %d workers — %s", c.Model, c.Dataset, c.Sparsifier, r.Info.Workers, r.name())
+}
+
+// fmtG formats a number for a table ("—" if NaN).
+func fmtG(v float64, digits int) string {
+	if !isFinite(v) {
+		return "—"
+	}
+	return strconv.FormatFloat(v, 'g', digits, 64)
+}
+
+func fmtBytes(v float64) string {
+	if !isFinite(v) {
+		return "—"
+	}
+	u := bytesUnit(v)
+	return strconv.FormatFloat(v/u.div, 'f', 3, 64) + " " + u.name
+}
+
+func fmtDur(sec float64) string {
+	if !isFinite(sec) {
+		return "—"
+	}
+	return time.Duration(sec * float64(time.Second)).Round(time.Millisecond).String()
+}
+
+func fmtMetric(name string, v float64) string {
+	if !isFinite(v) {
+		return "—"
+	}
+	mi := metricOf(name)
+	s := strconv.FormatFloat(v*mi.scale, 'f', 2, 64)
+	if mi.unit != "" {
+		s += " " + mi.unit
+	}
+	return s
+}
+
+// generalKeys are the configuration keys that are not a method's options.
+var generalKeys = map[string]bool{
+	"model": true, "dataset": true, "data_dir": true, "download": true, "preset": true, "sparsifier": true, "density": true,
+	"workers": true, "epochs": true, "steps": true, "batch": true, "eval_batch": true, "lr": true, "seed": true,
+	"optimizer": true, "momentum": true, "weight_decay": true, "beta1": true, "beta2": true, "eps": true,
+	"warmup_epochs": true, "decay_epochs": true, "decay_factor": true, "clip": true, "no_augment": true, "out": true,
+	"resume": true, "device": true, "net_latency": true, "net_bandwidth": true, "log_every": true, "eval_every": true,
+	"max_eval_batches": true, "blas": true, "blas_threads": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
+}
+
+// ignoredKeys do not tell compared runs apart.
+var ignoredKeys = map[string]bool{
+	"out": true, "data_dir": true, "resume": true, "quiet": true, "log_every": true, "eval_every": true,
+	"checkpoint_every": true, "download": true, "max_eval_batches": true, "blas_threads": true, "phase_times": true,
+}
+
+// cfgString formats a configuration value compactly.
+func cfgString(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case nil:
+		return "null"
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Sprint(v)
+	}
+	return string(b)
+}
+
+func isZero(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case string:
+		return x == ""
+	case float64:
+		return x == 0
+	case bool:
+		return !x
+	case []any:
+		return len(x) == 0
+	case map[string]any:
+		return len(x) == 0
+	}
+	return false
+}
+
+// methodOptions lists the run's non-default method options as k=v
+// (pipeline only for LAGS, the one method it applies to).
+func methodOptions(cfg map[string]any) string {
+	var keys []string
+	for k, v := range cfg {
+		if k == "pipeline" && cfg["sparsifier"] != "lags" {
+			continue
+		}
+		if !generalKeys[k] && !isZero(v) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + cfgString(cfg[k])
+	}
+	if len(parts) == 0 {
+		return "(defaults)"
+	}
+	return strings.Join(parts, " ")
+}
+
+func runTable(r *Run) table {
+	c := r.Info.Config
+	rows := [][]string{
+		{"run directory", r.Dir},
+		{"model", c.Model},
+		{"dataset", c.Dataset},
+		{"sparsifier", c.Sparsifier},
+		{"method options", methodOptions(r.Config)},
+		{"workers", strconv.Itoa(r.Info.Workers)},
+		{"setup density", fmtG(c.Density, 4)},
+		{"device", c.Device},
+		{"seed", strconv.FormatUint(c.Seed, 10)},
+		{"backend", r.Info.Backend},
+		{"duration", fmtDur(r.duration())},
+	}
+	for _, m := range r.metricNames() {
+		f, b := r.finalBest(m)
+		rows = append(rows, []string{"final " + metricOf(m).label, fmtMetric(m, f)}, []string{"best " + metricOf(m).label, fmtMetric(m, b)})
+	}
+	rows = append(rows,
+		[]string{"mean actual density", fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4)},
+		[]string{"total bytes sent per worker", fmtBytes(r.totalBytesSent())},
+	)
+	names, get := phases(r)
+	names = append(names, "iteration")
+	get = append(get, func(s *Step) float64 { return s.TIter })
+	var parts []string
+	for i, n := range names {
+		parts = append(parts, n+" "+fmtG(r.mean(get[i])*1e3, 4)+" ms")
+	}
+	rows = append(rows,
+		[]string{"mean time per phase", strings.Join(parts, " · ")},
+		[]string{"logged iterations", strconv.Itoa(len(r.Steps))},
+		[]string{"machine", strings.TrimSpace(r.Info.Machine.CPU + " " + r.Info.Machine.GPU)},
+		[]string{"command line", strings.Join(r.Info.CommandLine, " ")},
+	)
+	if !r.Info.Start.IsZero() {
+		rows = append(rows, []string{"start", r.Info.Start.UTC().Format(time.RFC3339)})
+	}
+	return table{Caption: "Run", Rows: rows}
+}
+
+// CompareWith is Compare with options.
+func CompareWith(ctx context.Context, out string, runDirs []string, o Options) error {
+	if len(runDirs) == 0 {
+		return errors.New("reports: no run directory to compare; give one or more directories written by train -out")
+	}
+	runs := make([]*Run, len(runDirs))
+	for i, d := range runDirs {
+		r, err := ReadRun(d)
+		if err != nil {
+			return err
+		}
+		runs[i] = r
+	}
+	b, err := ComparePage(ctx, runs, o)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(out, b); err != nil {
+		return fmt.Errorf("reports: writing the comparison: %w", err)
+	}
+	return nil
+}
+
+// checkSameModel refuses runs of different models.
+func checkSameModel(runs []*Run) error {
+	for _, r := range runs[1:] {
+		if r.Info.Config.Model != runs[0].Info.Config.Model {
+			return fmt.Errorf("reports: cannot compare runs of different models: %s trained %q but %s trained %q; compare runs of one model per page",
+				runs[0].Dir, runs[0].Info.Config.Model, r.Dir, r.Info.Config.Model)
+		}
+	}
+	return nil
+}
+
+// configView is a run's configuration as strings, with the actual worker
+// count, for telling runs apart.
+func configView(r *Run) map[string]string {
+	m := map[string]string{}
+	for k, v := range r.Config {
+		if !ignoredKeys[k] {
+			m[k] = cfgString(v)
+		}
+	}
+	m["workers"] = strconv.Itoa(r.Info.Workers)
+	return m
+}
+
+// differing returns the configuration keys whose values differ between
+// runs, the most telling first.
+func differing(runs []*Run) []string {
+	views := make([]map[string]string, len(runs))
+	keys := map[string]bool{}
+	for i, r := range runs {
+		views[i] = configView(r)
+		for k := range views[i] {
+			keys[k] = true
+		}
+	}
+	var diff []string
+	for k := range keys {
+		v0, ok0 := views[0][k]
+		for _, v := range views[1:] {
+			if vi, ok := v[k]; ok != ok0 || vi != v0 {
+				diff = append(diff, k)
+				break
+			}
+		}
+	}
+	first := map[string]int{"sparsifier": 0, "density": 1, "workers": 2}
+	sort.Slice(diff, func(i, j int) bool {
+		pi, oki := first[diff[i]]
+		pj, okj := first[diff[j]]
+		switch {
+		case oki && okj:
+			return pi < pj
+		case oki != okj:
+			return oki
+		}
+		return diff[i] < diff[j]
+	})
+	return diff
+}
+
+// runLabels names the runs by the options that differ (their directory
+// names when none does), made unique.
+func runLabels(runs []*Run, diff []string) []string {
+	labels := make([]string, len(runs))
+	for i, r := range runs {
+		v := configView(r)
+		var parts []string
+		for _, k := range diff {
+			val, ok := v[k]
+			if !ok {
+				val = "—"
+			}
+			parts = append(parts, k+"="+val)
+		}
+		labels[i] = strings.Join(parts, " ")
+		if labels[i] == "" {
+			labels[i] = r.name()
+		}
+	}
+	count := map[string]int{}
+	for _, l := range labels {
+		count[l]++
+	}
+	for i, l := range labels {
+		if count[l] > 1 {
+			labels[i] = l + " (" + runs[i].name() + " #" + strconv.Itoa(i+1) + ")"
+		}
+	}
+	return labels
+}
+
+// reach is when a run first reached the target.
+type reach struct {
+	run         int
+	ok          bool
+	wall        float64
+	epoch, step int
+	best        float64
+}
+
+// timeToTarget finds, for each run, its first evaluation of metric at least
+// as good as target.
+func timeToTarget(runs []*Run, metric string, target float64) []reach {
+	higher := metricOf(metric).higher
+	out := make([]reach, len(runs))
+	for i, r := range runs {
+		out[i] = reach{run: i}
+		_, out[i].best = r.finalBest(metric)
+		for _, e := range r.Evals {
+			if e.Metric != metric || !isFinite(e.Value) {
+				continue
+			}
+			if (higher && e.Value >= target) || (!higher && e.Value <= target) {
+				out[i].ok, out[i].wall, out[i].epoch, out[i].step = true, e.Wall, e.Epoch, e.Step
+				break
+			}
+		}
+	}
+	sort.SliceStable(out, func(a, b int) bool {
+		if out[a].ok != out[b].ok {
+			return out[a].ok
+		}
+		return out[a].ok && out[a].wall < out[b].wall
+	})
+	return out
+}
+
+// autoTarget is the best value every run with metric reaches: the worst of
+// the runs' best values.
+func autoTarget(runs []*Run, metric string) float64 {
+	higher := metricOf(metric).higher
+	t := math.NaN()
+	for _, r := range runs {
+		_, b := r.finalBest(metric)
+		if !isFinite(b) {
+			continue
+		}
+		if !isFinite(t) || (higher && b < t) || (!higher && b > t) {
+			t = b
+		}
+	}
+	return t
+}
+
+// ComparePage returns the HTML page comparing runs (of one model).
+func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
+	if len(runs) == 0 {
+		return nil, errors.New("reports: no run to compare")
+	}
+	if err := checkSameModel(runs); err != nil {
+		return nil, err
+	}
+	script, url, err := o.script(ctx)
+	if err != nil {
+		return nil, err
+	}
+	diff := differing(runs)
+	labels := runLabels(runs, diff)
+	onlyWorkers := len(diff) == 1 && diff[0] == "workers"
+	specs := compareCharts(runs, labels, onlyWorkers, o.maxPoints())
+
+	metric := ""
+	for _, r := range runs {
+		if metric = r.primary(); metric != "" {
+			break
+		}
+	}
+	runsTab := table{Caption: "Runs", Head: []string{"run", "directory", "sparsifier", "workers", "setup density", "final " + metricOf(metric).label,
+		"best " + metricOf(metric).label, "mean actual density", "bytes sent per worker", "mean iteration", "duration"}}
+	for i, r := range runs {
+		f, b := r.finalBest(metric)
+		runsTab.Rows = append(runsTab.Rows, []string{labels[i], r.Dir, r.Info.Config.Sparsifier, strconv.Itoa(r.Info.Workers),
+			fmtG(r.Info.Config.Density, 4), fmtMetric(metric, f), fmtMetric(metric, b),
+			fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4), fmtBytes(r.totalBytesSent()),
+			fmtDur(r.mean(func(s *Step) float64 { return s.TIter })), fmtDur(r.duration())})
+	}
+	tables := []table{runsTab}
+	notes := []string{"Model " + runs[0].Info.Config.Model + "; runs differ in: " + strings.Join(diff, ", ") + "."}
+	if len(diff) == 0 {
+		notes[0] = "Model " + runs[0].Info.Config.Model + "; the runs have the same options (named by directory)."
+	}
+	if metric != "" {
+		target := o.Target
+		if target == 0 {
+			target = autoTarget(runs, metric)
+		}
+		rank := table{Caption: "Time to reach " + metricOf(metric).label + " " + fmtMetric(metric, target),
+			Head: []string{"rank", "run", "wall time", "epoch", "iteration", "best"}}
+		for i, re := range timeToTarget(runs, metric, target) {
+			row := []string{strconv.Itoa(i + 1), labels[re.run], "not reached", "—", "—", fmtMetric(metric, re.best)}
+			if re.ok {
+				row[2], row[3], row[4] = fmtDur(re.wall), strconv.Itoa(re.epoch), strconv.Itoa(re.step)
+			}
+			rank.Rows = append(rank.Rows, row)
+		}
+		tables = append(tables, rank)
+	}
+	title := fmt.Sprintf("Comparison of %d runs of %s", len(runs), runs[0].Info.Config.Model)
+	return render(title, notes, tables, specs, script, url)
+}

@@ -1,0 +1,374 @@
+package reports
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Run is the content of one run directory.
+type Run struct {
+	// Dir is the directory the run was read from.
+	Dir string
+	// Info is the part of run.json the reports use.
+	Info RunInfo
+	// Config is run.json's "config" object as decoded JSON, for the header
+	// table and for telling compared runs apart.
+	Config map[string]any
+	// Steps are the "step" records in file order.
+	Steps []Step
+	// Evals are the "eval" records in file order.
+	Evals []Eval
+}
+
+// RunInfo is the part of run.json the reports use.
+type RunInfo struct {
+	Config      RunConfig `json:"config"`
+	CommandLine []string  `json:"command_line"`
+	Start       time.Time `json:"start"`
+	Backend     string    `json:"backend"`
+	Workers     int       `json:"workers"`
+	Params      int       `json:"params"`
+	Tensors     int       `json:"tensors"`
+	Machine     struct {
+		Hostname string `json:"hostname"`
+		CPU      string `json:"cpu"`
+		GPU      string `json:"gpu"`
+		Cores    int    `json:"cores"`
+	} `json:"machine"`
+	// LayerNames optionally names the layout's tensors (DEFT's per-layer k).
+	LayerNames []string `json:"layer_names"`
+}
+
+// RunConfig is the part of run.json's "config" the reports use.
+type RunConfig struct {
+	Model      string  `json:"model"`
+	Dataset    string  `json:"dataset"`
+	Sparsifier string  `json:"sparsifier"`
+	Density    float64 `json:"density"`
+	Workers    int     `json:"workers"`
+	Seed       uint64  `json:"seed"`
+	Device     string  `json:"device"`
+	Batch      int     `json:"batch"`
+	Epochs     int     `json:"epochs"`
+	LogEvery   int     `json:"log_every"`
+}
+
+// Step is one "step" record of metrics.jsonl. Numbers that are absent or
+// null are NaN.
+type Step struct {
+	Epoch, Step                                 int
+	Loss, LR, Density, ActualDensity, ErrorNorm float64
+	// Threshold is NaN for methods without one.
+	Threshold                                    float64
+	BytesSent, BytesRecv                         float64
+	TForward, TBackward, TSelect, TComm, TUpdate float64
+	TIter, TWait, TCompute                       float64
+	Samples, Workers                             int
+	Wall                                         float64
+	// LayerK is the selected elements per tensor (DEFT), nil if absent.
+	LayerK []int
+	// Ops are rank 0's per-operation counters of this step, nil if absent.
+	Ops map[string]OpCount
+}
+
+// OpCount is the "ops" entry of one communicator operation in a step record.
+type OpCount struct {
+	Calls     int64   `json:"calls"`
+	Elements  int64   `json:"elements"`
+	BytesSent int64   `json:"bytes_sent"`
+	BytesRecv int64   `json:"bytes_recv"`
+	Time      float64 `json:"time"`
+}
+
+// Eval is one "eval" record of metrics.jsonl.
+type Eval struct {
+	Epoch, Step int
+	Wall        float64
+	Metric      string
+	Value       float64
+}
+
+// record is the union of the fields of the metrics.jsonl record types.
+type record struct {
+	Type          string             `json:"type"`
+	Epoch         int                `json:"epoch"`
+	Step          int                `json:"step"`
+	Loss          *float64           `json:"loss"`
+	LR            *float64           `json:"lr"`
+	Density       *float64           `json:"density"`
+	ActualDensity *float64           `json:"actual_density"`
+	ErrorNorm     *float64           `json:"error_norm"`
+	Threshold     *float64           `json:"threshold"`
+	BytesSent     *float64           `json:"bytes_sent"`
+	BytesRecv     *float64           `json:"bytes_recv"`
+	TForward      *float64           `json:"t_forward"`
+	TBackward     *float64           `json:"t_backward"`
+	TSelect       *float64           `json:"t_select"`
+	TComm         *float64           `json:"t_comm"`
+	TUpdate       *float64           `json:"t_update"`
+	TIter         *float64           `json:"t_iter"`
+	TWait         *float64           `json:"t_wait"`
+	TCompute      *float64           `json:"t_compute"`
+	Samples       int                `json:"samples"`
+	Workers       int                `json:"workers"`
+	Wall          *float64           `json:"wall"`
+	LayerK        []int              `json:"layer_k"`
+	Ops           map[string]OpCount `json:"ops"`
+	Metric        string             `json:"metric"`
+	Value         *float64           `json:"value"`
+}
+
+func val(p *float64) float64 {
+	if p == nil {
+		return math.NaN()
+	}
+	return *p
+}
+
+// ReadRun reads run.json and metrics.jsonl of runDir. A metrics file that
+// does not exist yet (a run that has not logged a step) gives a run without
+// records; a last line without its newline that does not parse (a file being
+// written) is ignored.
+func ReadRun(runDir string) (*Run, error) {
+	r := &Run{Dir: runDir}
+	b, err := os.ReadFile(filepath.Join(runDir, "run.json"))
+	if err != nil {
+		return nil, fmt.Errorf("reports: reading the run directory %s (a directory written by train -out, with run.json and metrics.jsonl): %w", runDir, err)
+	}
+	if err := json.Unmarshal(b, &r.Info); err != nil {
+		return nil, fmt.Errorf("reports: %s: run.json is not valid: %w", runDir, err)
+	}
+	var raw struct {
+		Config map[string]any `json:"config"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return nil, fmt.Errorf("reports: %s: run.json is not valid: %w", runDir, err)
+	}
+	r.Config = raw.Config
+	if r.Config == nil {
+		return nil, fmt.Errorf("reports: %s: run.json has no \"config\" object; is it a run.json written by train?", runDir)
+	}
+	if r.Info.Workers == 0 {
+		r.Info.Workers = r.Info.Config.Workers
+	}
+	f, err := os.Open(filepath.Join(runDir, "metrics.jsonl"))
+	if errors.Is(err, os.ErrNotExist) {
+		return r, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reports: %s: %w", runDir, err)
+	}
+	defer f.Close()
+	r.Steps, r.Evals, err = ParseMetrics(f)
+	if err != nil {
+		return nil, fmt.Errorf("reports: %s: metrics.jsonl: %w", runDir, err)
+	}
+	return r, nil
+}
+
+// ParseMetrics reads metrics.jsonl records: "step" and "eval" lines are
+// returned in file order, other record types and blank lines are skipped. A
+// line that is not a JSON object is an error naming its line number, except
+// an unterminated last line (a record being written), which is skipped.
+func ParseMetrics(rd io.Reader) ([]Step, []Eval, error) {
+	br := bufio.NewReaderSize(rd, 1<<16)
+	var steps []Step
+	var evals []Eval
+	for line := 1; ; line++ {
+		b, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// A long line (e.g. layer_k of a large model): collect it whole.
+			long := append([]byte(nil), b...)
+			for errors.Is(err, bufio.ErrBufferFull) {
+				b, err = br.ReadSlice('\n')
+				long = append(long, b...)
+			}
+			b = long
+		}
+		last := err != nil
+		if err != nil && !errors.Is(err, io.EOF) {
+			return nil, nil, fmt.Errorf("line %d: %w", line, err)
+		}
+		b = bytes.TrimSpace(b)
+		if len(b) > 0 {
+			var rec record
+			if perr := json.Unmarshal(b, &rec); perr != nil {
+				if last {
+					break // an unterminated last line: still being written
+				}
+				return nil, nil, fmt.Errorf("line %d is not a metrics record (a JSON object per line): %w", line, perr)
+			}
+			switch rec.Type {
+			case "step":
+				steps = append(steps, Step{Epoch: rec.Epoch, Step: rec.Step, Loss: val(rec.Loss), LR: val(rec.LR),
+					Density: val(rec.Density), ActualDensity: val(rec.ActualDensity), ErrorNorm: val(rec.ErrorNorm),
+					Threshold: val(rec.Threshold), BytesSent: val(rec.BytesSent), BytesRecv: val(rec.BytesRecv),
+					TForward: val(rec.TForward), TBackward: val(rec.TBackward), TSelect: val(rec.TSelect),
+					TComm: val(rec.TComm), TUpdate: val(rec.TUpdate), TIter: val(rec.TIter), TWait: val(rec.TWait),
+					TCompute: val(rec.TCompute), Samples: rec.Samples, Workers: rec.Workers, Wall: val(rec.Wall),
+					LayerK: rec.LayerK, Ops: rec.Ops})
+			case "eval":
+				if rec.Metric == "" {
+					return nil, nil, fmt.Errorf("line %d: eval record without \"metric\"", line)
+				}
+				evals = append(evals, Eval{Epoch: rec.Epoch, Step: rec.Step, Wall: val(rec.Wall), Metric: rec.Metric, Value: val(rec.Value)})
+			}
+		}
+		if last {
+			break
+		}
+	}
+	return steps, evals, nil
+}
+
+// metricInfo describes how an evaluation metric is shown.
+type metricInfo struct {
+	label  string
+	unit   string  // axis unit, "" for none
+	scale  float64 // shown value = scale × recorded value
+	higher bool    // larger is better
+	group  string  // metrics of one group share a chart
+}
+
+func metricOf(name string) metricInfo {
+	switch name {
+	case "accuracy":
+		return metricInfo{"test accuracy", "%", 100, true, "fraction"}
+	case "hr10":
+		return metricInfo{"HR@10", "%", 100, true, "fraction"}
+	case "ndcg10":
+		return metricInfo{"NDCG@10", "%", 100, true, "fraction"}
+	case "perplexity":
+		return metricInfo{"test perplexity", "", 1, false, "perplexity"}
+	case "loss":
+		return metricInfo{"test loss", "", 1, false, "loss"}
+	}
+	low := strings.ToLower(name)
+	lower := strings.Contains(low, "loss") || strings.Contains(low, "perplexity") || strings.Contains(low, "error")
+	return metricInfo{name, "", 1, !lower, "other:" + name}
+}
+
+// metricNames returns the names of r's eval metrics, the primary one (the
+// one the header and the ranking use) first.
+func (r *Run) metricNames() []string {
+	seen := map[string]bool{}
+	var names []string
+	for _, e := range r.Evals {
+		if !seen[e.Metric] {
+			seen[e.Metric] = true
+			names = append(names, e.Metric)
+		}
+	}
+	pref := map[string]int{"accuracy": 0, "perplexity": 1, "hr10": 2, "ndcg10": 3, "loss": 5}
+	rank := func(n string) int {
+		if p, ok := pref[n]; ok {
+			return p
+		}
+		return 4
+	}
+	sort.SliceStable(names, func(i, j int) bool { return rank(names[i]) < rank(names[j]) })
+	return names
+}
+
+// primary returns the primary metric's name ("" without evaluations).
+func (r *Run) primary() string {
+	if n := r.metricNames(); len(n) > 0 {
+		return n[0]
+	}
+	return ""
+}
+
+// final and best return the last and the best value of metric (NaN if none).
+func (r *Run) finalBest(metric string) (final, best float64) {
+	final, best = math.NaN(), math.NaN()
+	better := metricOf(metric).higher
+	for _, e := range r.Evals {
+		if e.Metric != metric || math.IsNaN(e.Value) {
+			continue
+		}
+		final = e.Value
+		if math.IsNaN(best) || (better && e.Value > best) || (!better && e.Value < best) {
+			best = e.Value
+		}
+	}
+	return final, best
+}
+
+// duration is the largest wall time recorded (seconds; NaN if none).
+func (r *Run) duration() float64 {
+	d := math.NaN()
+	for _, s := range r.Steps {
+		if !math.IsNaN(s.Wall) && !(s.Wall <= d) {
+			d = s.Wall
+		}
+	}
+	for _, e := range r.Evals {
+		if !math.IsNaN(e.Wall) && !(e.Wall <= d) {
+			d = e.Wall
+		}
+	}
+	return d
+}
+
+// totalBytesSent estimates the bytes one worker sent over the whole run:
+// each record's bytes stand for the steps since the previous record (step
+// records may be written every log_every steps only).
+func (r *Run) totalBytesSent() float64 {
+	total, prev := 0.0, 0
+	any := false
+	for _, s := range r.Steps {
+		span := s.Step - prev
+		if span < 1 {
+			span = 1
+		}
+		prev = s.Step
+		if !math.IsNaN(s.BytesSent) {
+			total += s.BytesSent * float64(span)
+			any = true
+		}
+	}
+	if !any {
+		return math.NaN()
+	}
+	return total
+}
+
+// mean is the mean of the finite values of f over the steps (NaN if none).
+func (r *Run) mean(f func(*Step) float64) float64 {
+	sum, n := 0.0, 0
+	for i := range r.Steps {
+		if v := f(&r.Steps[i]); !math.IsNaN(v) && !math.IsInf(v, 0) {
+			sum += v
+			n++
+		}
+	}
+	if n == 0 {
+		return math.NaN()
+	}
+	return sum / float64(n)
+}
+
+// hasThreshold reports whether any step recorded a threshold.
+func (r *Run) hasThreshold() bool {
+	for _, s := range r.Steps {
+		if !math.IsNaN(s.Threshold) {
+			return true
+		}
+	}
+	return false
+}
+
+// name is the run's short name: its directory's base name.
+func (r *Run) name() string {
+	return filepath.Base(filepath.Clean(r.Dir))
+}
