@@ -245,14 +245,14 @@ func (m *LSTM) forward(p []*G.Node, tokens *G.Node, state []*G.Node, masks []*G.
 			x = G.Must(G.HadamardProd(x, masks[l+1]))
 		}
 	}
-	var dec *G.Node
 	if m.cfg.Tied {
-		dec = G.Must(G.Transpose(p[0]))
-	} else {
-		dec = p[k]
-		k++
+		// x·Eᵀ without materialising the transpose of E [V E].
+		xe := G.Must(matMulT(x, p[0]))
+		b2 := G.Must(G.Reshape(p[k], tensor.Shape{1, m.cfg.Vocab}))
+		logits = G.Must(G.BroadcastAdd(xe, b2, nil, []byte{0}))
+		return logits, final, nil
 	}
-	logits = G.Must(linear(x, dec, p[k]))
+	logits = G.Must(linear(x, p[k], p[k+1]))
 	return logits, final, nil
 }
 
