@@ -76,10 +76,12 @@ func WithTimeout(d time.Duration) Option {
 
 // WithNetwork makes every call of the world last as long as it would on the
 // modelled network net (see netmodel.Network.Cost): a collective ends its
-// modelled time after the last rank joined it, a message arrives its modelled
-// time after it was sent, and the in-process time already spent counts
-// towards it. Non-blocking calls elapse their delay in the background. An
-// invalid net (see netmodel.Network.Validate) makes Run fail and New panic.
+// modelled time after the last rank joined it; a message arrives its modelled
+// time after its send started, and Send, SendRecv and ISend's Wait return
+// then too (the sender is busy while its bytes are on the wire). The
+// in-process time already spent counts towards the modelled time.
+// Non-blocking calls elapse their delay in the background. An invalid net
+// (see netmodel.Network.Validate) makes Run fail and New panic.
 func WithNetwork(net netmodel.Network) Option {
 	return func(c *config) { n := net; c.net = &n }
 }
