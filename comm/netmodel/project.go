@@ -62,10 +62,14 @@ func Payload(op comm.Op, n int, st comm.OpStats) float64 {
 // Projection is the estimated communication time of a run per Op, and in
 // total, on another worker count and network.
 type Projection struct {
+	// Workers is the worker count projected to.
 	Workers int
-	Net     Network
-	PerOp   map[comm.Op]time.Duration
-	Total   time.Duration
+	// Net is the network projected to.
+	Net Network
+	// PerOp is the projected time of each op's calls.
+	PerOp map[comm.Op]time.Duration
+	// Total is the sum of PerOp.
+	Total time.Duration
 }
 
 // Project estimates how long the communication that one rank recorded in
