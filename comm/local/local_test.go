@@ -919,3 +919,42 @@ func TestMailboxesForgotten(t *testing.T) {
 		t.Fatalf("%d mailboxes left after all messages were received", left)
 	}
 }
+
+// TestManyRanks runs 64 ranks through an all-reduce and an all-gather-v
+// (more ranks than elements, so most chunks are empty).
+func TestManyRanks(t *testing.T) {
+	const n, m = 64, 37
+	rng := rand.New(rand.NewPCG(64, 37))
+	in := make([]comm.Buffer, n)
+	got := make([]comm.Buffer, n)
+	for r := range in {
+		in[r] = randBuf(comm.Float32, m, rng)
+		got[r] = clone(in[r])
+	}
+	want := refSum(in, chunkOf(m, n))
+	counts := randCounts(n, 3, rng)
+	total := 0
+	var wantV []byte
+	for r, c := range counts {
+		total += c
+		wantV = append(wantV, in[r].Slice(0, c).Bytes()...)
+	}
+	outV := make([]comm.Buffer, n)
+	err := Run(testCtx(t), n, func(ctx context.Context, c comm.Communicator) error {
+		r := c.Rank()
+		outV[r] = newBuf(comm.Float32, total)
+		if err := c.AllGatherV(ctx, in[r].Slice(0, counts[r]), outV[r], counts); err != nil {
+			return err
+		}
+		return c.AllReduce(ctx, got[r])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range n {
+		equalBits(t, fmt.Sprintf("rank %d", r), got[r], want)
+		if !bytes.Equal(outV[r].Bytes(), wantV) {
+			t.Fatalf("rank %d: all-gather-v differs", r)
+		}
+	}
+}
