@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -280,7 +279,7 @@ func (e *engine) loop(ready chan<- initResult) {
 		// Yield the core, not just the goroutine: with more ranks than
 		// cores, the peer this rank waits for needs it.
 		runtime.Gosched()
-		syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		osYield()
 	}
 }
 

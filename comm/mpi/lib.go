@@ -81,9 +81,7 @@ func loadLib(path string) (*lib, error) {
 	}
 	var tried []string
 	for _, name := range names {
-		// RTLD_GLOBAL: Open MPI's plugins (mca_*.so) resolve their symbols
-		// against libmpi and libopen-pal, which must therefore be global.
-		h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		h, err := dlopen(name)
 		if err != nil {
 			tried = append(tried, fmt.Sprintf("%s: %v", name, err))
 			continue
@@ -119,7 +117,7 @@ func bindLib(h uintptr, name string) (*lib, error) {
 		{&l.errorsReturn, "ompi_mpi_errors_return"},
 	}
 	for _, s := range syms {
-		p, err := purego.Dlsym(h, s.name)
+		p, err := dlsym(h, s.name)
 		if err != nil || p == 0 {
 			return nil, fmt.Errorf("%w: %s does not export %s, so it is not an Open MPI 4/5 library (this backend uses the Open MPI ABI; MPICH and Intel MPI are not supported); point %s at Open MPI's libmpi.so",
 				ErrNoLibrary, name, s.name, LibEnv)

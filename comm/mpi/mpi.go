@@ -38,6 +38,10 @@
 // calls MPI_Abort, which ends every process of the job; mpirun exits non-zero.
 // When a process dies (exits without MPI_Finalize, or is killed), mpirun
 // terminates the others. No call therefore waits forever for a dead peer.
+//
+// A call whose context has already ended when it is made returns an error
+// wrapping ctx.Err() without starting: the rank is then out of step with the
+// others, so return the error and exit (Run aborts the job for you).
 package mpi
 
 import (
