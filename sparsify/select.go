@@ -217,15 +217,7 @@ func selFindKth(x []float32, k, p int) selKth {
 		if len(out) == 0 {
 			return
 		}
-		j := 0 // branch-free as in TopK's last pass
-		for _, v := range selBits(x[lo:hi]) {
-			key := v &^ (1 << 31)
-			out[j] = key
-			j += selB2I(key>>selHiShift == ub)
-			if j == len(out) {
-				break
-			}
-		}
+		selCollectBucket(out, selBits(x[lo:hi]), ub)
 	})
 	s.kth = selKthOfKeys(slices.Clone(s.cand), need)
 	return s
@@ -249,6 +241,30 @@ func selHistogram(h *[selBuckets]uint32, x []float32) {
 	}
 	for b := range h {
 		h[b] = sub[0][b] + sub[1][b] + sub[2][b] + sub[3][b]
+	}
+}
+
+// selCollectBucket copies into out, in order, the keys u[i] &^ signbit whose
+// first-pass bucket is ub; out must have exactly as many slots as there are
+// such keys. Branch-free like selWriteAtLeast.
+func selCollectBucket(out []uint32, u []uint32, ub uint32) {
+	j, i := 0, 0
+	for ; i+4 <= len(u) && j+4 <= len(out); i += 4 {
+		q := u[i : i+4 : i+4]
+		k0, k1, k2, k3 := q[0]&^(1<<31), q[1]&^(1<<31), q[2]&^(1<<31), q[3]&^(1<<31)
+		out[j] = k0
+		j += selB2I(k0>>selHiShift == ub)
+		out[j] = k1
+		j += selB2I(k1>>selHiShift == ub)
+		out[j] = k2
+		j += selB2I(k2>>selHiShift == ub)
+		out[j] = k3
+		j += selB2I(k3>>selHiShift == ub)
+	}
+	for ; i < len(u) && j < len(out); i++ {
+		k := u[i] &^ (1 << 31)
+		out[j] = k
+		j += selB2I(k>>selHiShift == ub)
 	}
 }
 
