@@ -77,8 +77,10 @@ func (t Totals) Sub(u Totals) Totals {
 // per-rank lengths of AllGatherV and ReduceScatter. esize is the element size
 // in bytes; root is Broadcast's root.
 //
-//   - AllReduce (ring): each rank sends and receives 2(n−1) of the n chunks of
-//     the ring, i.e. about 2(n−1)/n of the buffer.
+//   - AllReduce (ring reduce-scatter then ring all-gather): rank r sends
+//     2L − c_r − c_{r+1} and receives 2L − c_{r−1} − c_r bytes, where L is the
+//     buffer's size and c_i that of chunk i (ChunkBounds): about 2(n−1)/n of
+//     the buffer each way.
 //   - AllGather (ring): (n−1)·elems sent and received.
 //   - AllGatherV (ring): rank r forwards every block except rank r+1's and
 //     receives every block except its own.
@@ -100,15 +102,15 @@ func Traffic(op Op, n, r, elems, esize, root int, counts []int) (sent, recv int6
 	}
 	switch op {
 	case OpAllReduce:
-		var s int64
-		for c := 0; c < n; c++ {
-			lo, hi := ChunkBounds(elems, n, c)
-			s += b(hi - lo)
+		// Reduce-scatter: rank r sends every chunk but its own and receives
+		// every chunk but rank r−1's; all-gather: it forwards every chunk but
+		// rank r+1's and receives every chunk but its own.
+		c := func(i int) int64 {
+			lo, hi := ChunkBounds(elems, n, (i+n)%n)
+			return b(hi - lo)
 		}
-		// Each rank sends all chunks but one in each of the two phases.
-		own0, own1 := ChunkBounds(elems, n, r)
-		s = 2 * (s - b(own1-own0))
-		return s, s
+		all := b(elems)
+		return 2*all - c(r) - c(r+1), 2*all - c(r-1) - c(r)
 	case OpAllGather:
 		return b((n - 1) * elems), b((n - 1) * elems)
 	case OpAllGatherV:

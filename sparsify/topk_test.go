@@ -214,25 +214,34 @@ func TestTopkBytesHandComputed(t *testing.T) {
 				res := mustRunHarness(t, harnessConfig{Method: method, Workers: n, N: N, Density: density, Seed: 7})
 				u := int(math.Round(res.Stats[0][0].ActualDensity * N))
 				for r := range n {
-					var want int64
+					var wantSent, wantRecv int64
 					if n > 1 {
 						switch method {
 						case "topk":
 							// count all-gather: 8 bytes from each of the other n−1 ranks;
 							// index all-gather: k int64 from each; ring all-reduce of u
-							// float32: every chunk but one's own, twice.
-							own := u / n
-							if r < u%n {
-								own++
+							// float32: reduce-scatter sends every chunk but rank r's and
+							// receives every chunk but rank r−1's; the all-gather sends
+							// every chunk but rank r+1's and receives every chunk but r's.
+							chunk := func(i int) int {
+								i = (i + n) % n
+								c := u / n
+								if i < u%n {
+									c++
+								}
+								return c
 							}
-							want = int64(8*(n-1) + 8*k*(n-1) + 2*4*(u-own))
+							gather := int64(8*(n-1) + 8*k*(n-1))
+							wantSent = gather + int64(4*(2*u-chunk(r)-chunk(r+1)))
+							wantRecv = gather + int64(4*(2*u-chunk(r-1)-chunk(r)))
 						case "topka":
-							want = int64(2 * 4 * k * (n - 1))
+							wantSent = int64(2 * 4 * k * (n - 1))
+							wantRecv = wantSent
 						}
 					}
 					st := res.Stats[0][r]
-					if st.BytesSent != want || st.BytesRecv != want {
-						t.Fatalf("rank %d: sent/received %d/%d bytes, want %d", r, st.BytesSent, st.BytesRecv, want)
+					if st.BytesSent != wantSent || st.BytesRecv != wantRecv {
+						t.Fatalf("rank %d: sent/received %d/%d bytes, want %d/%d", r, st.BytesSent, st.BytesRecv, wantSent, wantRecv)
 					}
 				}
 			})
