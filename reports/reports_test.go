@@ -813,3 +813,43 @@ func TestLargeRun(t *testing.T) {
 		t.Errorf("page of %d bytes, want under 5 MB", size)
 	}
 }
+
+// TestReadMetricsIncremental grows a metrics file in random pieces (cut
+// anywhere, also inside a record), rewrites it, and checks each read against
+// a fresh parse of the whole file.
+func TestReadMetricsIncremental(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(td("micro-4w"), "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	check := func(content []byte) {
+		t.Helper()
+		if err := os.WriteFile(path, content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ws, we, werr := ParseMetrics(bytes.NewReader(content))
+		gs, ge, gerr := readMetrics(path)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("after %d bytes: error %v, fresh parse %v", len(content), gerr, werr)
+		}
+		if len(gs) != len(ws) || len(ge) != len(we) {
+			t.Fatalf("after %d bytes: %d steps %d evals, fresh parse %d %d", len(content), len(gs), len(ge), len(ws), len(we))
+		}
+		for i := range ws {
+			if gs[i].Step != ws[i].Step || !sameFloat(gs[i].Loss, ws[i].Loss) {
+				t.Fatalf("step %d differs", i)
+			}
+		}
+	}
+	for round := 0; round < 3; round++ {
+		for n := 0; n < len(src); n += 1 + rng.IntN(300) {
+			check(src[:n])
+		}
+		check(src)
+		// A rewritten file (a new run in the same directory).
+		check(src[len(src)/2:])
+		check(bytes.ReplaceAll(src, []byte(`"step":1,`), []byte(`"step":9,`)))
+	}
+}

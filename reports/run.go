@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -161,19 +162,105 @@ func ReadRun(runDir string) (*Run, error) {
 	if r.Info.Workers == 0 {
 		r.Info.Workers = r.Info.Config.Workers
 	}
-	f, err := os.Open(filepath.Join(runDir, "metrics.jsonl"))
-	if errors.Is(err, os.ErrNotExist) {
-		return r, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reports: %s: %w", runDir, err)
-	}
-	defer f.Close()
-	r.Steps, r.Evals, err = ParseMetrics(f)
+	r.Steps, r.Evals, err = readMetrics(filepath.Join(runDir, "metrics.jsonl"))
 	if err != nil {
 		return nil, fmt.Errorf("reports: %s: metrics.jsonl: %w", runDir, err)
 	}
 	return r, nil
+}
+
+// metricsCache keeps the records already parsed of the metrics files read
+// last, so that a report refreshed every epoch parses only the new lines.
+var metricsCache struct {
+	sync.Mutex
+	files map[string]*cachedMetrics
+	order []string
+}
+
+// metricsCacheFiles is the number of files metricsCache remembers.
+const metricsCacheFiles = 4
+
+type cachedMetrics struct {
+	p    metricsParser
+	size int64  // bytes of complete lines parsed
+	head []byte // the file's first bytes, to notice a rewritten file
+}
+
+const headBytes = 4096
+
+// forget drops key from metricsCache (locked by the caller).
+func forget(key string) {
+	delete(metricsCache.files, key)
+	for i, k := range metricsCache.order {
+		if k == key {
+			metricsCache.order = append(metricsCache.order[:i], metricsCache.order[i+1:]...)
+			break
+		}
+	}
+}
+
+// readMetrics returns the records of the metrics file at path (none if it
+// does not exist), parsing only what was appended since the last call when
+// the file only grew.
+func readMetrics(path string) ([]Step, []Eval, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	head := make([]byte, headBytes)
+	nh, err := io.ReadFull(f, head)
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, io.EOF) {
+		return nil, nil, err
+	}
+	head = head[:nh]
+	key, err := filepath.Abs(path)
+	if err != nil {
+		key = path
+	}
+
+	metricsCache.Lock()
+	defer metricsCache.Unlock()
+	c := metricsCache.files[key]
+	// The cache holds if what it read is still the file's beginning: its
+	// head is a prefix of the current one and the file is not shorter.
+	st, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if c == nil || len(c.head) > nh || !bytes.Equal(c.head, head[:len(c.head)]) || st.Size() < c.size {
+		c = &cachedMetrics{}
+	}
+	if _, err := f.Seek(c.size, io.SeekStart); err != nil {
+		return nil, nil, err
+	}
+	n, tail, err := c.p.parse(f)
+	if err != nil {
+		forget(key)
+		return nil, nil, err
+	}
+	c.size += n
+	c.head = head
+	if metricsCache.files == nil {
+		metricsCache.files = map[string]*cachedMetrics{}
+	}
+	forget(key)
+	metricsCache.files[key] = c
+	metricsCache.order = append(metricsCache.order, key)
+	if len(metricsCache.order) > metricsCacheFiles {
+		forget(metricsCache.order[0])
+	}
+	// Copies: the cache appends to its own slices later.
+	steps := append([]Step(nil), c.p.steps...)
+	evals := append([]Eval(nil), c.p.evals...)
+	if tail != nil {
+		steps = append(steps, tail.steps...)
+		evals = append(evals, tail.evals...)
+	}
+	return steps, evals, nil
 }
 
 // ParseMetrics reads metrics.jsonl records: "step" and "eval" lines are
@@ -181,10 +268,32 @@ func ReadRun(runDir string) (*Run, error) {
 // line that is not a JSON object is an error naming its line number, except
 // an unterminated last line (a record being written), which is skipped.
 func ParseMetrics(rd io.Reader) ([]Step, []Eval, error) {
+	p := metricsParser{}
+	_, tail, err := p.parse(rd)
+	if err != nil {
+		return nil, nil, err
+	}
+	if tail != nil {
+		p.steps = append(p.steps, tail.steps...)
+		p.evals = append(p.evals, tail.evals...)
+	}
+	return p.steps, p.evals, nil
+}
+
+// metricsParser accumulates the records of a metrics file that may be read
+// in several pieces, each starting where the previous complete line ended.
+type metricsParser struct {
+	steps []Step
+	evals []Eval
+	lines int // complete lines parsed so far
+}
+
+// parse reads records from rd until its end and returns the number of bytes
+// of complete (newline-terminated) lines consumed; a valid last record
+// without its newline is returned in tail, not added to p.
+func (p *metricsParser) parse(rd io.Reader) (consumed int64, tail *metricsParser, err error) {
 	br := bufio.NewReaderSize(rd, 1<<16)
-	var steps []Step
-	var evals []Eval
-	for line := 1; ; line++ {
+	for {
 		b, err := br.ReadSlice('\n')
 		if errors.Is(err, bufio.ErrBufferFull) {
 			// A long line (e.g. layer_k of a large model): collect it whole.
@@ -196,39 +305,58 @@ func ParseMetrics(rd io.Reader) ([]Step, []Eval, error) {
 			b = long
 		}
 		last := err != nil
+		line := p.lines + 1
 		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, nil, fmt.Errorf("line %d: %w", line, err)
+			return consumed, nil, fmt.Errorf("line %d: %w", line, err)
 		}
+		n := int64(len(b))
 		b = bytes.TrimSpace(b)
 		if len(b) > 0 {
 			var rec record
 			if perr := json.Unmarshal(b, &rec); perr != nil {
 				if last {
-					break // an unterminated last line: still being written
+					return consumed, nil, nil // an unterminated last line: still being written
 				}
-				return nil, nil, fmt.Errorf("line %d is not a metrics record (a JSON object per line): %w", line, perr)
+				return consumed, nil, fmt.Errorf("line %d is not a metrics record (a JSON object per line): %w", line, perr)
 			}
-			switch rec.Type {
-			case "step":
-				steps = append(steps, Step{Epoch: rec.Epoch, Step: rec.Step, Loss: val(rec.Loss), LR: val(rec.LR),
-					Density: val(rec.Density), ActualDensity: val(rec.ActualDensity), ErrorNorm: val(rec.ErrorNorm),
-					Threshold: val(rec.Threshold), BytesSent: val(rec.BytesSent), BytesRecv: val(rec.BytesRecv),
-					TForward: val(rec.TForward), TBackward: val(rec.TBackward), TSelect: val(rec.TSelect),
-					TComm: val(rec.TComm), TUpdate: val(rec.TUpdate), TIter: val(rec.TIter), TWait: val(rec.TWait),
-					TCompute: val(rec.TCompute), Samples: rec.Samples, Workers: rec.Workers, Wall: val(rec.Wall),
-					LayerK: rec.LayerK, Ops: rec.Ops})
-			case "eval":
-				if rec.Metric == "" {
-					return nil, nil, fmt.Errorf("line %d: eval record without \"metric\"", line)
+			if last {
+				// A complete record without its newline: returned apart, so
+				// that it is read again with the next piece of the file.
+				tail = &metricsParser{}
+				if err := tail.add(rec, line); err != nil {
+					return consumed, nil, err
 				}
-				evals = append(evals, Eval{Epoch: rec.Epoch, Step: rec.Step, Wall: val(rec.Wall), Metric: rec.Metric, Value: val(rec.Value)})
+				return consumed, tail, nil
+			}
+			if err := p.add(rec, line); err != nil {
+				return consumed, nil, err
 			}
 		}
 		if last {
-			break
+			return consumed, nil, nil
 		}
+		consumed += n
+		p.lines++
 	}
-	return steps, evals, nil
+}
+
+func (p *metricsParser) add(rec record, line int) error {
+	switch rec.Type {
+	case "step":
+		p.steps = append(p.steps, Step{Epoch: rec.Epoch, Step: rec.Step, Loss: val(rec.Loss), LR: val(rec.LR),
+			Density: val(rec.Density), ActualDensity: val(rec.ActualDensity), ErrorNorm: val(rec.ErrorNorm),
+			Threshold: val(rec.Threshold), BytesSent: val(rec.BytesSent), BytesRecv: val(rec.BytesRecv),
+			TForward: val(rec.TForward), TBackward: val(rec.TBackward), TSelect: val(rec.TSelect),
+			TComm: val(rec.TComm), TUpdate: val(rec.TUpdate), TIter: val(rec.TIter), TWait: val(rec.TWait),
+			TCompute: val(rec.TCompute), Samples: rec.Samples, Workers: rec.Workers, Wall: val(rec.Wall),
+			LayerK: rec.LayerK, Ops: rec.Ops})
+	case "eval":
+		if rec.Metric == "" {
+			return fmt.Errorf("line %d: eval record without \"metric\"", line)
+		}
+		p.evals = append(p.evals, Eval{Epoch: rec.Epoch, Step: rec.Step, Wall: val(rec.Wall), Metric: rec.Metric, Value: val(rec.Value)})
+	}
+	return nil
 }
 
 // metricInfo describes how an evaluation metric is shown.
