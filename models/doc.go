@@ -11,9 +11,18 @@
 // a training step into a caller-owned flat []float32 in the same order, and
 // stores its non-trainable buffers (BatchNorm running statistics) flat too.
 //
-// Matrix products go through the BLAS chosen by UseBLAS: OpenBLAS loaded at
-// run time when the shared library is installed (see the internal/blas
-// package), gonum's pure-Go BLAS otherwise.
+// Matrix products go through the BLAS chosen by ConfigureBLAS (or UseBLAS):
+// OpenBLAS loaded at run time when the shared library is installed (see the
+// internal/blas package; no cgo and no build flag), gonum's pure-Go BLAS
+// otherwise.
+//
+// Where Gorgonia's own ops were wrong or slow, the graphs use the package's
+// custom Gorgonia ops (a fork of Gorgonia is never needed): convolution
+// (conv.go; Gorgonia's Conv2d filter gradient is wrong), fused BatchNorm
+// and ReLU (bn.go), fused softmax cross-entropy (xent.go) and a product
+// with a transposed operand for the tied LSTM decoder (matmul.go). Every
+// model is checked against a plain float64 re-implementation in its tests
+// and by finite differences.
 //
 // The package knows nothing about sparsification or communication.
 package models

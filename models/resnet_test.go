@@ -191,6 +191,22 @@ func TestResNetParamCount(t *testing.T) {
 		if len(m.Layout()) != 62 || len(m.BufferLayout()) != 40 {
 			t.Errorf("%d parameter tensors and %d buffers, want 62 and 40", len(m.Layout()), len(m.BufferLayout()))
 		}
+		lay := m.Layout()
+		for _, want := range []struct {
+			i     int
+			name  string
+			shape []int
+		}{
+			{0, "conv1.weight", []int{64, 3, 3, 3}},
+			{1, "bn1.weight", []int{64}},
+			{21, "layer2.0.shortcut.0.weight", []int{128, 64, 1, 1}},
+			{60, "linear.weight", []int{512, c.classes}},
+			{61, "linear.bias", []int{c.classes}},
+		} {
+			if lay[want.i].Name != want.name || !slices.Equal(lay[want.i].Shape, want.shape) {
+				t.Errorf("tensor %d = %s %v, want %s %v", want.i, lay[want.i].Name, lay[want.i].Shape, want.name, want.shape)
+			}
+		}
 	}
 }
 
