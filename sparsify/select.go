@@ -346,6 +346,9 @@ func SelectAbove(dst []int32, x []float32, t float32) []int32 {
 		var buf []int32
 		if c == 0 {
 			buf = dst[:0] // chunk 0 writes in place
+		} else if cap(dst) > 0 {
+			// dst's capacity (from earlier calls) estimates the output.
+			buf = make([]int32, 0, cap(dst)/p+selAboveBlock)
 		}
 		parts[c] = selAboveRange(buf, x[lo:hi], lo, t)
 	})
