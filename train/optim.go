@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"runtime"
+	"sync"
 
 	"github.com/sparsegrad/sparsegrad/models"
 )
@@ -65,21 +67,47 @@ func (s *SGD) Step(w, g []float32, lr float64) {
 	m := float32(s.Momentum)
 	first := s.steps == 0
 	s.steps++
-	for i := range w {
-		d := g[i]
+	parallel(len(w), func(lo, hi int) {
+		w, g := w[lo:hi], g[lo:hi:hi]
+		var dec, buf []float32
 		if s.decay != nil {
-			d += s.decay[i] * w[i]
+			dec = s.decay[lo:hi:hi]
 		}
 		if s.buf != nil {
-			if first {
-				s.buf[i] = d
-			} else {
-				s.buf[i] = m*s.buf[i] + d
-			}
-			d = s.buf[i]
+			buf = s.buf[lo:hi:hi]
 		}
-		w[i] -= l * d
-	}
+		switch {
+		case buf == nil && dec == nil:
+			for i := range w {
+				w[i] -= l * g[i]
+			}
+		case buf == nil:
+			for i := range w {
+				w[i] -= l * (g[i] + dec[i]*w[i])
+			}
+		case first:
+			for i := range w {
+				d := g[i]
+				if dec != nil {
+					d += dec[i] * w[i]
+				}
+				buf[i] = d
+				w[i] -= l * d
+			}
+		case dec == nil:
+			for i := range w {
+				b := m*buf[i] + g[i]
+				buf[i] = b
+				w[i] -= l * b
+			}
+		default:
+			for i := range w {
+				b := m*buf[i] + g[i] + dec[i]*w[i]
+				buf[i] = b
+				w[i] -= l * b
+			}
+		}
+	})
 }
 
 // State implements Optimizer.
@@ -129,13 +157,17 @@ func (a *Adam) Step(w, g []float32, lr float64) {
 	step := float32(lr / bc1)
 	sq := float32(math.Sqrt(bc2))
 	eps := float32(a.Eps)
-	for i := range w {
-		gi := g[i]
-		a.m[i] = b1*a.m[i] + (1-b1)*gi
-		a.v[i] = b2*a.v[i] + (1-b2)*gi*gi
-		den := float32(math.Sqrt(float64(a.v[i])))/sq + eps
-		w[i] -= step * a.m[i] / den
-	}
+	parallel(len(w), func(lo, hi int) {
+		w, g, m, v := w[lo:hi], g[lo:hi:hi], a.m[lo:hi:hi], a.v[lo:hi:hi]
+		for i := range w {
+			gi := g[i]
+			mi := b1*m[i] + (1-b1)*gi
+			vi := b2*v[i] + (1-b2)*gi*gi
+			m[i], v[i] = mi, vi
+			den := float32(math.Sqrt(float64(vi)))/sq + eps
+			w[i] -= step * mi / den
+		}
+	})
 }
 
 // State implements Optimizer.
@@ -193,4 +225,28 @@ func ClipNorm(g []float32, maxNorm float64) float64 {
 		}
 	}
 	return norm
+}
+
+// parallelMin is the length below which element-wise loops run on one
+// goroutine.
+const parallelMin = 1 << 16
+
+// parallel calls f on contiguous chunks of [0, n), on all cores for large n.
+func parallel(n int, f func(lo, hi int)) {
+	p := runtime.GOMAXPROCS(0)
+	if n < parallelMin || p == 1 {
+		f(0, n)
+		return
+	}
+	p = min(p, n/(parallelMin/4))
+	var wg sync.WaitGroup
+	for c := 0; c < p; c++ {
+		lo, hi := c*n/p, (c+1)*n/p
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(lo, hi)
+		}()
+	}
+	wg.Wait()
 }

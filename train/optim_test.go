@@ -23,7 +23,7 @@ func close32(a, b float32, tol float64) bool {
 // TestSGDMatchesPyTorchFormula runs SGD against the formula of torch.optim.SGD
 // written out in float64 for several steps.
 func TestSGDMatchesPyTorchFormula(t *testing.T) {
-	for _, n := range []int{0, 1, 3, 17, 1000} {
+	for _, n := range []int{0, 1, 3, 17, 1000, 1<<18 + 3} {
 		for _, mom := range []float64{0, 0.9} {
 			for _, wd := range []float64{0, 1e-2} {
 				r := rand.New(rand.NewPCG(uint64(n), 7))
@@ -66,7 +66,7 @@ func TestSGDMatchesPyTorchFormula(t *testing.T) {
 }
 
 func TestAdamMatchesPyTorchFormula(t *testing.T) {
-	for _, n := range []int{0, 1, 5, 333} {
+	for _, n := range []int{0, 1, 5, 333, 1<<17 + 1} {
 		r := rand.New(rand.NewPCG(uint64(n), 9))
 		a := NewAdam(n, 0.25, 0.5, 1e-8)
 		w := randVec(r, n)

@@ -33,7 +33,9 @@ func (x Num) MarshalJSON() ([]byte, error) {
 // (under LAGS pipelining TComm is the sum of the groups' request durations,
 // which overlap the backward pass and each other); TWait is the time from
 // the end of the backward pass until the averaged gradient was complete;
-// TCompute is the model's whole forward and backward step. TForward and
+// TCompute is the model's whole forward and backward step; TCommWall the
+// wall time from the start of the reduction (under pipelining: of the first
+// group, during the backward pass) until the averaged gradient was complete. TForward and
 // TBackward are null when the split is not measured (Config.PhaseTimes).
 type StepRecord struct {
 	Type          string `json:"type"`
@@ -55,6 +57,7 @@ type StepRecord struct {
 	TIter         Num    `json:"t_iter"`
 	TWait         Num    `json:"t_wait"`
 	TCompute      Num    `json:"t_compute"`
+	TCommWall     Num    `json:"t_comm_wall"`
 	// LayerK is rank 0's number of selected elements per tensor, for
 	// methods that allocate the budget per tensor (absent otherwise).
 	LayerK []int `json:"layer_k,omitempty"`

@@ -48,6 +48,7 @@ type worker struct {
 	ch      chan int
 	pend    []sparsify.Pending
 	perr    error
+	started time.Time // first group started this step
 	setBwd  bool
 
 	metrics *metricsWriter
@@ -59,6 +60,7 @@ type stepLocal struct {
 	loss                                    float64
 	tf, tb, tsel, tcomm, tupd, titer, twait time.Duration
 	tcompute                                time.Duration
+	tcommWall                               time.Duration
 	sent, recv                              int64
 	errNorm, actual, threshold              float64
 	layerK                                  []int
@@ -234,6 +236,9 @@ func (w *worker) pipeline(ctx context.Context, done chan<- struct{}) {
 			w.perr = fmt.Errorf("train: gradient of merge group %d (elements %d..%d): %w", g, gg.Lo, gg.Hi, err)
 			continue
 		}
+		if w.started.IsZero() {
+			w.started = time.Now()
+		}
 		p, err := w.gred.StartGroup(ctx, g, w.mem.Residual, w.out, w.mem.Residual)
 		if err != nil {
 			w.perr = fmt.Errorf("train: starting merge group %d: %w", g, err)
@@ -252,7 +257,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 		for i := range w.arrived {
 			w.arrived[i], w.ready[i], w.pend[i] = 0, false, nil
 		}
-		w.next, w.perr = 0, nil
+		w.next, w.perr, w.started = 0, nil, time.Time{}
 		w.ch = make(chan int, len(w.groups))
 		done = make(chan struct{})
 		go w.pipeline(ctx, done)
@@ -305,11 +310,15 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 		if err != nil {
 			return s, fmt.Errorf("train: error feedback: %w", err)
 		}
+		w.started = time.Now()
 		if st, err = w.red.Reduce(ctx, acc, w.out, acc); err != nil {
 			return s, fmt.Errorf("train: reducing with %s: %w", w.cfg.Sparsifier, err)
 		}
 	}
 	t2 := time.Now()
+	if !w.started.IsZero() {
+		s.tcommWall = t2.Sub(w.started)
+	}
 	s.twait = t2.Sub(t1)
 	w.opt.Step(w.m.Params(), w.out, lr)
 	t3 := time.Now()
@@ -366,13 +375,13 @@ func (w *worker) setBackwardTimes(ctx context.Context) error {
 	return l.SetBackwardTimes(d)
 }
 
-const nFields = 15
+const nFields = 16
 
 // gather combines the ranks' step measurements into a record (the same on
 // every rank).
 func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr float64) (StepRecord, error) {
 	v := [nFields]float64{s.loss, s.tf.Seconds(), s.tb.Seconds(), s.tsel.Seconds(), s.tcomm.Seconds(), s.tupd.Seconds(),
-		s.titer.Seconds(), float64(s.sent), float64(s.recv), s.errNorm, s.actual, s.threshold, s.twait.Seconds(), float64(s.samples), s.tcompute.Seconds()}
+		s.titer.Seconds(), float64(s.sent), float64(s.recv), s.errNorm, s.actual, s.threshold, s.twait.Seconds(), float64(s.samples), s.tcompute.Seconds(), s.tcommWall.Seconds()}
 	send := make(comm.Int64s, nFields)
 	for i, x := range v {
 		send[i] = int64(math.Float64bits(x))
@@ -397,7 +406,7 @@ func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr fl
 		Density: Num(w.cfg.Density), ActualDensity: Num(at(0, 10)), ErrorNorm: Num(sum[9] / n),
 		BytesSent: Num(sum[7] / n), BytesRecv: Num(sum[8] / n),
 		TForward: Num(mx[1]), TBackward: Num(mx[2]), TSelect: Num(mx[3]), TComm: Num(mx[4]), TUpdate: Num(mx[5]),
-		TIter: Num(mx[6]), TCompute: Num(mx[14]), TWait: Num(mx[12]), Samples: int(sum[13]), Workers: w.size,
+		TIter: Num(mx[6]), TCompute: Num(mx[14]), TCommWall: Num(mx[15]), TWait: Num(mx[12]), Samples: int(sum[13]), Workers: w.size,
 		Wall: Num(time.Since(w.r.start).Seconds())}
 	if w.cfg.Sparsifier == "dense" {
 		rec.Density = 1
