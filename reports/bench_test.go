@@ -1,6 +1,7 @@
 package reports
 
 import (
+	"bytes"
 	"context"
 	"math/rand/v2"
 	"os"
@@ -28,12 +29,15 @@ func bigRun(b *testing.B) string {
 }
 
 // BenchmarkReadRun100k parses the run.json and metrics.jsonl of a
-// 100,000-step run (about 60 MB of JSON lines).
+// 100,000-step run (about 77 MB of JSON lines), cold (no cached records).
 func BenchmarkReadRun100k(b *testing.B) {
 	dir := bigRun(b)
 	st, _ := os.Stat(filepath.Join(dir, "metrics.jsonl"))
 	b.SetBytes(st.Size())
 	for b.Loop() {
+		metricsCache.Lock()
+		forget(filepath.Join(dir, "metrics.jsonl"))
+		metricsCache.Unlock()
 		if _, err := ReadRun(dir); err != nil {
 			b.Fatal(err)
 		}
@@ -78,5 +82,44 @@ func BenchmarkDownsample1M(b *testing.B) {
 	b.SetBytes(int64(len(pts)) * 16)
 	for b.Loop() {
 		downsample(pts, DefaultMaxPoints)
+	}
+}
+
+// BenchmarkWriteRunEpoch is a report refresh of train on a 100,000-step run
+// after one more epoch of 400 steps was appended: only the new lines are
+// parsed (the run was read before), then charts, page and file.
+func BenchmarkWriteRunEpoch(b *testing.B) {
+	if _, err := ECharts(context.Background()); err != nil {
+		b.Skip(err)
+	}
+	src := bigRun(b)
+	dir := b.TempDir()
+	for _, f := range []string{"run.json", "metrics.jsonl"} {
+		data, err := os.ReadFile(filepath.Join(src, f))
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
+	data, _ := os.ReadFile(filepath.Join(src, "metrics.jsonl"))
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	epoch := bytes.Join(lines[:400], nil)
+	if err := WriteRun(dir); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		b.StopTimer()
+		f, err := os.OpenFile(filepath.Join(dir, "metrics.jsonl"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		f.Write(epoch)
+		f.Close()
+		b.StartTimer()
+		if err := WriteRun(dir); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -579,21 +579,25 @@ func compareTimeChart(runs []*Run, labels []string) chartSpec {
 	}
 	du := durUnit(mx)
 	c := chartSpec{ID: "time", Title: "Mean time breakdown per iteration", XName: "run", YName: "time (" + du.name + ", slowest worker)", Categories: labels}
-	idx := map[string]int{}
+	// One series per phase, in the order of the data path, whichever
+	// phases the runs measured.
+	order := []string{"forward", "backward", "forward + backward", "selection", "communication", "update"}
+	vals := map[string][]float64{}
 	for ri, r := range runs {
 		names, get := phases(r)
 		for i, n := range names {
-			j, ok := idx[n]
-			if !ok {
-				j = len(c.Series)
-				idx[n] = j
-				vals := make([]float64, len(runs))
-				for k := range vals {
-					vals[k] = math.NaN()
+			if vals[n] == nil {
+				vals[n] = make([]float64, len(runs))
+				for k := range vals[n] {
+					vals[n][k] = math.NaN()
 				}
-				c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: vals})
 			}
-			c.Series[j].Values[ri] = r.mean(get[i]) / du.div
+			vals[n][ri] = r.mean(get[i]) / du.div
+		}
+	}
+	for _, n := range order {
+		if v, ok := vals[n]; ok {
+			c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: v})
 		}
 	}
 	return c

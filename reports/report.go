@@ -241,7 +241,13 @@ func runTable(r *Run) table {
 	if !r.Info.Start.IsZero() {
 		rows = append(rows, []string{"start", r.Info.Start.UTC().Format(time.RFC3339)})
 	}
-	return table{Caption: "Run", Rows: rows}
+	kept := rows[:0]
+	for _, row := range rows {
+		if row[1] != "" {
+			kept = append(kept, row)
+		}
+	}
+	return table{Caption: "Run", Rows: kept}
 }
 
 // CompareWith is Compare with options.

@@ -848,8 +848,9 @@ func TestReadMetricsIncremental(t *testing.T) {
 			check(src[:n])
 		}
 		check(src)
-		// A rewritten file (a new run in the same directory).
-		check(src[len(src)/2:])
+		// A rewritten file of the same size (a new run in the same
+		// directory), then a shorter, corrupt one.
 		check(bytes.ReplaceAll(src, []byte(`"step":1,`), []byte(`"step":9,`)))
+		check(src[len(src)/2:])
 	}
 }

@@ -14,7 +14,7 @@ type point struct{ X, Y float64 }
 
 // finite drops the points whose x or y is NaN or infinite.
 func finite(pts []point) []point {
-	out := pts[:0:0]
+	out := make([]point, 0, len(pts))
 	for _, p := range pts {
 		if isFinite(p.X) && isFinite(p.Y) {
 			out = append(out, p)
