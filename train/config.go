@@ -66,6 +66,9 @@ type Config struct {
 	Epochs int `json:"epochs"`
 	// Steps stops training after this many iterations (0: no limit).
 	Steps int `json:"steps"`
+	// MaxTime stops training (with a final evaluation and checkpoint) once
+	// this much wall time has passed since the start (0: no limit).
+	MaxTime time.Duration `json:"max_time"`
 	// Batch is the per-worker batch size.
 	Batch int `json:"batch"`
 	// EvalBatch is the per-worker evaluation batch size (NCF: users per
@@ -384,6 +387,9 @@ func (c Config) Validate(underMPI bool) error {
 	}
 	if c.Epochs < 1 {
 		bad("-epochs %d must be >= 1", c.Epochs)
+	}
+	if c.MaxTime < 0 {
+		bad("-max-time %v must be >= 0 (0: no limit)", c.MaxTime)
 	}
 	if c.Steps < 0 {
 		bad("-steps %d must be >= 0 (0: no limit)", c.Steps)

@@ -515,6 +515,22 @@ func (w *worker) resume() (epoch, batch, step int, err error) {
 	return ck.Epoch, ck.Batch, ck.Step, nil
 }
 
+// timeUp reports, identically on every rank, whether rank 0's clock has
+// passed Config.MaxTime.
+func (w *worker) timeUp(ctx context.Context) (bool, error) {
+	if w.cfg.MaxTime <= 0 {
+		return false, nil
+	}
+	flag := comm.Int32s{0}
+	if w.rank == 0 && time.Since(w.r.start) >= w.cfg.MaxTime {
+		flag[0] = 1
+	}
+	if err := w.c.Broadcast(ctx, flag, 0); err != nil {
+		return false, fmt.Errorf("train: agreeing on the time limit: %w", err)
+	}
+	return flag[0] == 1, nil
+}
+
 func (w *worker) loop(ctx context.Context) error {
 	cfg := w.cfg
 	perEpoch := w.task.Len()
@@ -540,7 +556,11 @@ func (w *worker) loop(ctx context.Context) error {
 		}
 		var lastLoss float64
 		for i := startBatch; i < perEpoch; i++ {
-			if cfg.Steps > 0 && step >= cfg.Steps {
+			timeUp, err := w.timeUp(ctx)
+			if err != nil {
+				return err
+			}
+			if (cfg.Steps > 0 && step >= cfg.Steps) || timeUp {
 				if w.prog != nil {
 					w.prog.endEpoch()
 				}

@@ -96,6 +96,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.IntVar(&c.Workers, "workers", 1, "simulated workers in this process (under mpirun: one worker per process)")
 	fs.IntVar(&c.Epochs, "epochs", 0, "epochs (default resnet18 200, lstm 90, ncf 20)")
 	fs.IntVar(&c.Steps, "steps", 0, "stop after this many iterations (0: no limit)")
+	fs.DurationVar(&c.MaxTime, "max-time", 0, "stop after this much wall time, e.g. 30m, with a final evaluation and checkpoint (0: no limit)")
 	fs.IntVar(&c.Batch, "batch", 0, "per-worker batch size (default resnet18 32, lstm 32 sequences, ncf 256)")
 	fs.IntVar(&c.EvalBatch, "eval-batch", 0, "per-worker evaluation batch (resnet18 250 images, lstm 10 sequences, ncf 64 users)")
 	fs.IntVar(&c.MaxEvalBatches, "max-eval-batches", 0, "evaluate on at most this many batches per worker (0: the whole split)")
