@@ -148,3 +148,32 @@ func BenchmarkAddF32(b *testing.B) {
 		addF32(y, x, y)
 	}
 }
+
+// BenchmarkLatency measures small calls, which sparse reducers make often.
+func BenchmarkLatency(b *testing.B) {
+	c := mpiBench(b)
+	ctx := context.Background()
+	n, r := c.Size(), c.Rank()
+	x := make(comm.Float32s, 1000)
+	y := make(comm.Float32s, 1000)
+	idx := make(comm.Int32s, 100)
+	all := make(comm.Int32s, 100*n)
+	cases := []struct {
+		name string
+		fn   func() error
+	}{
+		{"Barrier", func() error { return c.Barrier(ctx) }},
+		{"AllReduce1000", func() error { return c.AllReduce(ctx, x) }},
+		{"AllGather100", func() error { return c.AllGather(ctx, idx, all) }},
+		{"SendRecv1000", func() error { _, err := c.SendRecv(ctx, x, (r+1)%n, y, (r-1+n)%n, 3); return err }},
+	}
+	for _, tc := range cases {
+		b.Run(fmt.Sprintf("%s/np=%d", tc.name, n), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if err := tc.fn(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

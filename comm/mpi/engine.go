@@ -30,6 +30,7 @@ type engine struct {
 	collSeq uint32        // collective sequence number (engine goroutine only)
 	version string        // MPI_Get_library_version, set by init
 	tagUB   int           // largest tag (MPI_TAG_UB), set by init
+	yield   bool          // give the core away when idle (oversubscribed node)
 	tmpFree [][]byte      // reusable ring receive buffers (engine goroutine only)
 
 	// pending counts operations submitted but not finished (read by Close's
@@ -276,10 +277,12 @@ func (e *engine) loop(ready chan<- initResult) {
 			time.Sleep(sleep)
 			continue
 		}
-		// Yield the core, not just the goroutine: with more ranks than
-		// cores, the peer this rank waits for needs it.
+		// With more ranks than cores, yield the core, not just the
+		// goroutine: the peer this rank waits for needs it.
 		runtime.Gosched()
-		osYield()
+		if e.yield {
+			osYield()
+		}
 	}
 }
 
@@ -370,4 +373,11 @@ func (e *engine) putTmp(b []byte) {
 	if len(e.tmpFree) < 4*e.window {
 		e.tmpFree = append(e.tmpFree, b)
 	}
+}
+
+// oversubscribed reports whether this node runs more ranks than it has cores,
+// as mpirun tells its processes (or as the user asks with Open MPI's
+// mpi_yield_when_idle).
+func oversubscribed() bool {
+	return os.Getenv("OMPI_MCA_mpi_oversubscribe") == "1" || os.Getenv("OMPI_MCA_mpi_yield_when_idle") == "1"
 }

@@ -15,7 +15,11 @@
 // One goroutine, locked to its OS thread, makes every MPI call of the process
 // (MPI_THREAD_FUNNELED). Calls are queued to it and started in submission
 // order with non-blocking MPI primitives, so several non-blocking operations
-// progress together; a blocking call is a non-blocking one plus Wait.
+// progress together; a blocking call is a non-blocking one plus Wait. The
+// goroutine polls MPI while operations are active (MPI moves data only inside
+// its calls); it sleeps briefly after 5 ms without progress unless a library
+// collective or a large message is in flight, and it yields its core
+// (sched_yield) when mpirun reports the node oversubscribed.
 // Collectives use a duplicate of MPI_COMM_WORLD, user point-to-point messages
 // another, so they never match each other.
 //
@@ -144,6 +148,7 @@ func OpenConfig(ctx context.Context, cfg Config) (*Comm, error) {
 		abortCh: make(chan abortMsg),
 		stopCh:  make(chan stopMsg),
 		dead:    make(chan struct{}),
+		yield:   oversubscribed(),
 		pending: map[*task]struct{}{},
 	}
 	ready := make(chan initResult, 1)

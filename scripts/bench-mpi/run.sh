@@ -17,7 +17,7 @@ for tool in mpirun mpicc go; do
 done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-MPIRUN=(mpirun --oversubscribe --allow-run-as-root --bind-to none)
+MPIRUN=(mpirun --oversubscribe --allow-run-as-root)
 
 cat >"$tmp/allreduce.c" <<'C'
 #include <mpi.h>
@@ -66,6 +66,10 @@ for np in $NPS; do
 	c4_ns=$(tuned 4)
 	c5_ns=$(tuned 5)
 	out=$("${MPIRUN[@]}" -np "$np" "$tmp/mpi.test" -test.run '^$' -test.bench 'AllReduce|AllGatherV' -test.benchtime=${ITERS}x)
+	# Small calls: rank 0's output only.
+	rm -rf "$tmp/lat"
+	"${MPIRUN[@]}" --output-filename "$tmp/lat" -np "$np" "$tmp/mpi.test" -test.run '^$' -test.bench 'Latency' -test.benchtime=1000x >/dev/null
+	lat=$(cat "$tmp"/lat/*/rank.0/stdout)
 	ring_ns=$(echo "$out" | nsop "BenchmarkAllReduce/ring/np=$np")
 	raw_ns=$(echo "$out" | nsop "BenchmarkAllReduce/mpi/np=$np")
 	agv_ns=$(echo "$out" | nsop "BenchmarkAllGatherV/np=$np")
@@ -76,6 +80,9 @@ for np in $NPS; do
 	row "Go AllReduce (ring)" "$ring_ns"
 	row "Go raw MPI_Allreduce" "$raw_ns"
 	row "Go AllGatherV" "$agv_ns"
+	for op in Barrier AllReduce1000 AllGather100 SendRecv1000; do
+		awk -v np="$np" -v name="BenchmarkLatency/$op/np=$np" 'index($1, name) == 1 { for (i = 2; i < NF; i++) if ($(i+1) == "ns/op") printf "%-4s %-32s %12.3f\n", np, "Go " substr(name, 18, length(name) - 17 - length(np) - 4), $i/1e6 }' <<<"$lat"
+	done
 	row "memcpy (1 process)" "$copy_ns"
 	row "addF32 (1 process)" "$add_ns"
 done
