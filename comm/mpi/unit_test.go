@@ -3,6 +3,7 @@ package mpi
 import (
 	"errors"
 	"math/rand/v2"
+	"os"
 	"strings"
 	"testing"
 
@@ -153,5 +154,32 @@ func TestRingSchedule(t *testing.T) {
 				holder = mod(holder+1, n)
 			}
 		}
+	}
+}
+
+func TestLibEnvOverride(t *testing.T) {
+	t.Setenv(LibEnv, "/nonexistent/dir/libmpi-custom.so")
+	_, err := loadLib("")
+	if !errors.Is(err, ErrNoLibrary) || !strings.Contains(err.Error(), "libmpi-custom.so") {
+		t.Fatalf("with %s set to a missing file: err = %v, want ErrNoLibrary naming the file", LibEnv, err)
+	}
+	if libraryAvailable() {
+		t.Errorf("libraryAvailable() = true although %s names a missing file", LibEnv)
+	}
+	if _, ok := Detect(); ok && os.Getenv("OMPI_COMM_WORLD_RANK") == "" {
+		t.Errorf("Detect found a launch with no launcher variables set")
+	}
+	// The override also finds a real library (where Open MPI is installed).
+	t.Setenv(LibEnv, "")
+	if _, err := loadLib(""); err != nil {
+		t.Skipf("no Open MPI library here (%v); the rest needs one", err)
+	}
+	l, err := loadLib("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(LibEnv, l.path)
+	if _, err := loadLib(""); err != nil {
+		t.Fatalf("with %s=%s: %v", LibEnv, l.path, err)
 	}
 }
