@@ -287,9 +287,9 @@ func (o *ringOp) progress(e *engine) (done, moved bool, n int, err error) {
 			dst := o.work
 			lo, hi := m.lo, m.hi
 			if o.out != nil && m.t == o.n-2 {
-				dst, lo, hi = o.out, 0, m.hi-m.lo
-				lo += m.lo - o.bounds[o.r]
-				hi += m.lo - o.bounds[o.r]
+				// Reduce-scatter's last step completes block r: into recv.
+				off := o.bounds[o.r]
+				dst, lo, hi = o.out, m.lo-off, m.hi-off
 			}
 			// acc holds ranks j+1..r−1 in order; add rank r's value last.
 			add(o.dt, o.region(dst, lo, hi), acc, o.region(o.src, m.lo, m.hi))
