@@ -154,17 +154,12 @@ func (c *Comm) do(ctx context.Context, o op, n int) (int, error) {
 
 // AllReduce sums buf over all ranks in place, float32 in the canonical order.
 func (c *Comm) AllReduce(ctx context.Context, buf comm.Buffer) error {
-	_, err := c.IAllReduceWait(ctx, buf)
-	return err
-}
-
-// IAllReduceWait is AllReduce returning the element count (used by tests).
-func (c *Comm) IAllReduceWait(ctx context.Context, buf comm.Buffer) (int, error) {
 	r, err := c.IAllReduce(ctx, buf)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	return r.Wait(ctx)
+	_, err = r.Wait(ctx)
+	return err
 }
 
 // IAllReduce starts AllReduce.
