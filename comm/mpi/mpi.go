@@ -109,7 +109,9 @@ var _ comm.Communicator = (*Comm)(nil)
 func Open(ctx context.Context) (*Comm, error) { return OpenConfig(ctx, Config{}) }
 
 // OpenConfig loads the MPI library and initializes MPI. It may be called once
-// per process (MPI cannot be initialized twice). If ctx ends before MPI_Init
+// per process (MPI cannot be initialized twice). Close the Comm before the
+// process exits: under mpirun, a process that ends without MPI_Finalize makes
+// the whole job fail (Run closes it for you). If ctx ends before MPI_Init
 // returns, OpenConfig returns an error wrapping ctx.Err() and the process
 // should exit. Without a launcher (see Detect), Open MPI starts a singleton
 // job of size 1.
