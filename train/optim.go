@@ -32,9 +32,15 @@ var bnParam = regexp.MustCompile(`.*\.bn\d+\.(weight|bias)$`)
 // DEFT/MiCRO harness's "nesterov" (w −= lr·(d + buf)), which doubles the step.
 type SGD struct {
 	Momentum float64
-	decay    []float32 // per-element weight decay
+	decay    []decaySpan // weight decay per run of elements, ascending
 	buf      []float32
 	steps    int64
+}
+
+// decaySpan is a run [lo, hi) of parameters with one weight decay.
+type decaySpan struct {
+	lo, hi int
+	wd     float32
 }
 
 // NewSGD returns SGD for the given parameter layout.
@@ -44,15 +50,15 @@ func NewSGD(layout []models.ParamInfo, momentum, wd float64) *SGD {
 		n = max(n, p.Offset+p.Size)
 	}
 	s := &SGD{Momentum: momentum}
-	if wd != 0 {
-		s.decay = make([]float32, n)
-		for _, p := range layout {
-			if bnParam.MatchString(p.Name) {
-				continue
-			}
-			for i := p.Offset; i < p.Offset+p.Size; i++ {
-				s.decay[i] = float32(wd)
-			}
+	for _, p := range layout {
+		d := float32(wd)
+		if bnParam.MatchString(p.Name) {
+			d = 0
+		}
+		if k := len(s.decay); k > 0 && s.decay[k-1].hi == p.Offset && s.decay[k-1].wd == d {
+			s.decay[k-1].hi = p.Offset + p.Size
+		} else if p.Size > 0 {
+			s.decay = append(s.decay, decaySpan{p.Offset, p.Offset + p.Size, d})
 		}
 	}
 	if momentum != 0 {
@@ -68,46 +74,42 @@ func (s *SGD) Step(w, g []float32, lr float64) {
 	first := s.steps == 0
 	s.steps++
 	parallel(len(w), func(lo, hi int) {
-		w, g := w[lo:hi], g[lo:hi:hi]
-		var dec, buf []float32
-		if s.decay != nil {
-			dec = s.decay[lo:hi:hi]
-		}
-		if s.buf != nil {
-			buf = s.buf[lo:hi:hi]
-		}
-		switch {
-		case buf == nil && dec == nil:
-			for i := range w {
-				w[i] -= l * g[i]
-			}
-		case buf == nil:
-			for i := range w {
-				w[i] -= l * (g[i] + dec[i]*w[i])
-			}
-		case first:
-			for i := range w {
-				d := g[i]
-				if dec != nil {
-					d += dec[i] * w[i]
-				}
-				buf[i] = d
-				w[i] -= l * d
-			}
-		case dec == nil:
-			for i := range w {
-				b := m*buf[i] + g[i]
-				buf[i] = b
-				w[i] -= l * b
-			}
-		default:
-			for i := range w {
-				b := m*buf[i] + g[i] + dec[i]*w[i]
-				buf[i] = b
-				w[i] -= l * b
+		for _, sp := range s.decay {
+			a, b := max(lo, sp.lo), min(hi, sp.hi)
+			if a < b {
+				s.span(w[a:b], g[a:b:b], s.bufAt(a, b), sp.wd, l, m, first)
 			}
 		}
 	})
+}
+
+func (s *SGD) bufAt(a, b int) []float32 {
+	if s.buf == nil {
+		return nil
+	}
+	return s.buf[a:b:b]
+}
+
+// span updates one run of parameters with a constant weight decay.
+func (s *SGD) span(w, g, buf []float32, wd, l, m float32, first bool) {
+	switch {
+	case buf == nil:
+		for i := range w {
+			w[i] -= l * (g[i] + wd*w[i])
+		}
+	case first:
+		for i := range w {
+			d := g[i] + wd*w[i]
+			buf[i] = d
+			w[i] -= l * d
+		}
+	default:
+		for i := range w {
+			b := m*buf[i] + g[i] + wd*w[i]
+			buf[i] = b
+			w[i] -= l * b
+		}
+	}
 }
 
 // State implements Optimizer.
