@@ -3,6 +3,7 @@ package reports
 import (
 	"bytes"
 	"context"
+	"flag"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -13,19 +14,32 @@ import (
 var (
 	bigOnce sync.Once
 	bigDir  string
+	bigErr  error
 )
 
-// bigRun writes a 100,000-step run once per test binary.
-func bigRun(b *testing.B) string {
+// bigRun writes a 100,000-step run once per test binary (TestMain removes
+// it); tests that share it also share its parsed records (readMetrics).
+func bigRun(t testing.TB) string {
+	t.Helper()
 	bigOnce.Do(func() {
-		d, err := os.MkdirTemp("", "reports-bench-")
-		if err != nil {
-			b.Fatal(err)
+		bigDir, bigErr = os.MkdirTemp("", "reports-big-")
+		if bigErr == nil {
+			writeBigRun(t, bigDir, 100000)
 		}
-		writeBigRun(b, d, 100000)
-		bigDir = d
 	})
+	if bigErr != nil {
+		t.Fatal(bigErr)
+	}
 	return bigDir
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if bigDir != "" {
+		os.RemoveAll(bigDir)
+	}
+	os.Exit(code)
 }
 
 // BenchmarkReadRun100k parses the run.json and metrics.jsonl of a

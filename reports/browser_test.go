@@ -308,9 +308,7 @@ func TestBrowser(t *testing.T) {
 		{name: "compare-methods", runs: []string{td("deft-4w"), td("deft-8w"), td("micro-4w")}, screens: true},
 		{name: "compare-workers", runs: []string{td("deft-4w"), td("deft-8w")}},
 	}
-	big := filepath.Join(dir, "big")
-	writeBigRun(t, big, 100000)
-	cases = append(cases, browserCase{name: "run-100k", runs: []string{big}, screens: true})
+	cases = append(cases, browserCase{name: "run-100k", runs: []string{bigRun(t)}, screens: true})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
