@@ -107,22 +107,7 @@ func TopK(dst []int32, x []float32, k int) []int32 {
 	p := selChunks(n)
 	s := selFindKth(x, k, p)
 
-	// Per chunk: how many keys > T it holds, how many equal T, and from
-	// those, its output offset and tie allowance.
-	gt := make([]int, p)
-	eq := make([]int, p)
-	for c := range p {
-		for b := s.bucket + 1; b < selBuckets; b++ {
-			gt[c] += int(s.hists[c][b])
-		}
-		for _, key := range s.cand[s.candOff[c]:s.candOff[c+1]] {
-			if key > s.kth {
-				gt[c]++
-			} else if key == s.kth {
-				eq[c]++
-			}
-		}
-	}
+	gt, eq := s.gt, s.eq
 	ties := k
 	for c := range p {
 		ties -= gt[c]
@@ -176,27 +161,29 @@ func KthLargestAbs(x []float32, k int) float32 {
 	if k < 1 || k > len(x) {
 		panic("sparsify: KthLargestAbs: k must be in [1, len(x)]")
 	}
-	s := selFindKth(x, k, selChunks(len(x)))
-	return math.Float32frombits(s.kth)
+	return math.Float32frombits(selFindKth(x, k, selChunks(len(x))).kth)
 }
 
-// selKth is the outcome of the first two passes of the radix select.
+// selKth is the outcome of the selection passes: the k-th largest key and,
+// per chunk, how many keys lie above it and how many equal it.
 type selKth struct {
-	hists   [][selBuckets]uint32 // per-chunk first-pass histograms
-	bucket  int                  // first-pass bucket of the k-th largest key
-	cand    []uint32             // keys of that bucket, chunk by chunk
-	candOff []int                // chunk c's keys are cand[candOff[c]:candOff[c+1]]
-	kth     uint32               // the k-th largest key
+	kth    uint32
+	gt, eq []int
 }
 
 // selFindKth finds the k-th largest key of x (1 <= k <= len(x)) over p chunks.
+// After the first histogram pass, a boundary bucket of moderate size is copied
+// out and finished by radix rounds over the copy; a huge one (many equal or
+// nearly equal magnitudes, e.g. the zeros of an embedding gradient) is
+// finished by two more histogram passes over x instead, which allocate
+// nothing in proportion to the input.
 func selFindKth(x []float32, k, p int) selKth {
 	n := len(x)
-	s := selKth{hists: make([][selBuckets]uint32, p)}
-	selParallel(n, p, func(c, lo, hi int) { selHistogram(&s.hists[c], x[lo:hi]) })
+	hists := make([][selBuckets]uint32, p)
+	selParallel(n, p, func(c, lo, hi int) { selHistogram(&hists[c], x[lo:hi]) })
 	var total [selBuckets]int
 	for c := range p {
-		for b, v := range s.hists[c] {
+		for b, v := range hists[c] {
 			total[b] += int(v)
 		}
 	}
@@ -205,22 +192,109 @@ func selFindKth(x []float32, k, p int) selKth {
 	for ; b > 0 && total[b] < need; b-- {
 		need -= total[b]
 	}
-	s.bucket = b
-	s.candOff = make([]int, p+1)
+	s := selKth{gt: make([]int, p), eq: make([]int, p)}
 	for c := range p {
-		s.candOff[c+1] = s.candOff[c] + int(s.hists[c][b])
+		for bb := b + 1; bb < selBuckets; bb++ {
+			s.gt[c] += int(hists[c][bb])
+		}
 	}
-	s.cand = make([]uint32, s.candOff[p])
+	if total[b] > max(selHugeBucket, n/16) {
+		selFinishByHistograms(&s, x, p, uint32(b), need)
+		return s
+	}
+	candOff := make([]int, p+1)
+	for c := range p {
+		candOff[c+1] = candOff[c] + int(hists[c][b])
+	}
+	cand := make([]uint32, candOff[p])
 	ub := uint32(b)
 	selParallel(n, p, func(c, lo, hi int) {
-		out := s.cand[s.candOff[c]:s.candOff[c+1]]
+		out := cand[candOff[c]:candOff[c+1]]
 		if len(out) == 0 {
 			return
 		}
 		selCollectBucket(out, selBits(x[lo:hi]), ub)
 	})
-	s.kth = selKthOfKeys(slices.Clone(s.cand), need)
+	s.kth = selKthOfKeys(slices.Clone(cand), need)
+	for c := range p {
+		for _, key := range cand[candOff[c]:candOff[c+1]] {
+			if key > s.kth {
+				s.gt[c]++
+			} else if key == s.kth {
+				s.eq[c]++
+			}
+		}
+	}
 	return s
+}
+
+// selHugeBucket is the smallest boundary-bucket size for which selFindKth
+// uses histogram passes instead of copying the bucket's keys.
+const selHugeBucket = 1 << 18
+
+// selFinishByHistograms completes selFindKth for a huge boundary bucket ub
+// (whose keys' bits 30..20 are fixed) with two histogram passes over x: key
+// bits 19..9 of the keys in ub, then bits 8..0 of the keys that also match
+// the chosen middle bits. It adds to s.gt and sets s.eq and s.kth.
+func selFinishByHistograms(s *selKth, x []float32, p int, ub uint32, need int) {
+	const (
+		midShift, midBits = 9, 11
+		lowBits           = 9
+	)
+	n := len(x)
+	mid := make([][1 << midBits]uint32, p)
+	selParallel(n, p, func(c, lo, hi int) {
+		h := &mid[c]
+		for _, v := range selBits(x[lo:hi]) {
+			key := v &^ (1 << 31)
+			if key>>selHiShift == ub {
+				h[key>>midShift&(1<<midBits-1)]++
+			}
+		}
+	})
+	var tmid [1 << midBits]int
+	for c := range p {
+		for m, v := range mid[c] {
+			tmid[m] += int(v)
+		}
+	}
+	m := 1<<midBits - 1
+	for ; m > 0 && tmid[m] < need; m-- {
+		need -= tmid[m]
+	}
+	for c := range p {
+		for mm := m + 1; mm < 1<<midBits; mm++ {
+			s.gt[c] += int(mid[c][mm])
+		}
+	}
+	prefix := ub<<selHiShift | uint32(m)<<midShift // bits 30..9 of the k-th key
+	low := make([][1 << lowBits]uint32, p)
+	selParallel(n, p, func(c, lo, hi int) {
+		h := &low[c]
+		for _, v := range selBits(x[lo:hi]) {
+			key := v &^ (1 << 31)
+			if key>>midShift == prefix>>midShift {
+				h[key&(1<<lowBits-1)]++
+			}
+		}
+	})
+	var tlow [1 << lowBits]int
+	for c := range p {
+		for l, v := range low[c] {
+			tlow[l] += int(v)
+		}
+	}
+	l := 1<<lowBits - 1
+	for ; l > 0 && tlow[l] < need; l-- {
+		need -= tlow[l]
+	}
+	for c := range p {
+		for ll := l + 1; ll < 1<<lowBits; ll++ {
+			s.gt[c] += int(low[c][ll])
+		}
+		s.eq[c] = int(low[c][l])
+	}
+	s.kth = prefix | uint32(l)
 }
 
 // selHistogram counts the first-pass buckets of x into h. Four interleaved
@@ -304,10 +378,12 @@ func selWriteAtLeast(out []int32, u []uint32, base int, t uint32) {
 // bits; keys is reordered.
 func selKthOfKeys(keys []uint32, need int) uint32 {
 	// Rounds over bits [shift, shift+width) from the high end down.
+	rounds := 0
 	for _, r := range [...]struct{ shift, width uint }{{9, 11}, {0, 9}} {
 		if len(keys) <= 64 {
 			break
 		}
+		rounds++
 		var h [1 << 11]int
 		mask := uint32(1)<<r.width - 1
 		for _, key := range keys {
@@ -325,6 +401,12 @@ func selKthOfKeys(keys []uint32, need int) uint32 {
 			}
 		}
 		keys = keys[:j]
+	}
+	if rounds == 2 {
+		// Both rounds ran, so every bit of the remaining keys is fixed: they
+		// are all equal (many ties, e.g. zeros). Sorting them would cost
+		// O(m log m) for nothing.
+		return keys[0]
 	}
 	slices.Sort(keys)
 	return keys[len(keys)-need]
