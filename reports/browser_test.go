@@ -304,7 +304,7 @@ func TestBrowser(t *testing.T) {
 		{name: "run-micro", runs: []string{td("micro-4w")}, screens: true},
 		{name: "run-deft", runs: []string{td("deft-4w")}},
 		{name: "run-lstm", runs: []string{td("lstm-topk")}},
-		{name: "run-xss", runs: []string{td("ncf-xss")}},
+		{name: "run-xss", runs: []string{td("ncf-xss")}, screens: true},
 		{name: "compare-methods", runs: []string{td("deft-4w"), td("deft-8w"), td("micro-4w")}, screens: true},
 		{name: "compare-workers", runs: []string{td("deft-4w"), td("deft-8w")}},
 	}
