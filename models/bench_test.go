@@ -8,6 +8,7 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	iblas "github.com/sparsegrad/sparsegrad/internal/blas"
 )
@@ -139,4 +140,102 @@ func cpuSeconds() float64 {
 		return 0
 	}
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// BenchmarkHookAB alternates steps with and without the hook on one model
+// (both tape machines compiled; pairs in the order off,on then on,off), so
+// that both see the same machine load and position,
+// and reports the CPU time per step of each.
+func BenchmarkHookAB(b *testing.B) {
+	for _, name := range []string{"resnet18-batch8", "lstm-small"} {
+		b.Run(name, func(b *testing.B) {
+			var m Model
+			var batch Batch
+			if name == "lstm-small" {
+				l, err := NewLSTM(SmallLSTM(10000, 20))
+				if err != nil {
+					b.Fatal(err)
+				}
+				m, batch = l, randomTokens(rand.New(rand.NewPCG(1, 1)), 10000, 20*20)
+			} else {
+				r, err := NewResNet(DefaultResNet18(10, 8))
+				if err != nil {
+					b.Fatal(err)
+				}
+				m, batch = r, randomImages(rand.New(rand.NewPCG(1, 1)), r.cfg, 8)
+			}
+			grad := make([]float32, m.NumParams())
+			ctx := context.Background()
+			var cpu [2]float64
+			for i := 0; i < 2*b.N+2; i++ {
+				on := (i%2 == 1) != ((i/2)%2 == 1) // pairs off,on then on,off
+				var h GradHook
+				if on {
+					h = func(int, []float32) {}
+				}
+				if err := m.SetGradHook(h); err != nil {
+					b.Fatal(err)
+				}
+				c0 := cpuSeconds()
+				if _, err := m.TrainStep(ctx, batch, grad); err != nil {
+					b.Fatal(err)
+				}
+				if i >= 2 { // the first pair warms both machines up
+					k := 0
+					if on {
+						k = 1
+					}
+					cpu[k] += cpuSeconds() - c0
+				}
+			}
+			b.ReportMetric(cpu[0]/float64(b.N), "cpu-s/step-nohook")
+			b.ReportMetric(cpu[1]/float64(b.N), "cpu-s/step-hook")
+			b.ReportMetric(100*(cpu[1]-cpu[0])/cpu[0], "%overhead")
+		})
+	}
+}
+
+// BenchmarkResNet18BLASAB alternates full-size ResNet-18 steps (batch 32)
+// between gonum and OpenBLAS (pairs in the order gonum,OpenBLAS then
+// OpenBLAS,gonum, after one warm-up pair), so that both see the same load
+// on a shared machine, and reports the wall and CPU time of each and the
+// speed-up.
+func BenchmarkResNet18BLASAB(b *testing.B) {
+	if _, err := iblas.Load(); err != nil {
+		b.Skip(err)
+	}
+	m, err := NewResNet(DefaultResNet18(10, 32))
+	if err != nil {
+		b.Fatal(err)
+	}
+	batch := randomImages(rand.New(rand.NewPCG(1, 1)), m.cfg, 32)
+	grad := make([]float32, m.NumParams())
+	ctx := context.Background()
+	var wall, cpu [2]float64
+	defer ConfigureBLAS(BLASGonum, 0)
+	for i := 0; i < 2*b.N+2; i++ {
+		k := 0
+		if (i%2 == 1) != ((i/2)%2 == 1) {
+			k = 1
+		}
+		mode := []string{BLASGonum, BLASOpenBLAS}[k]
+		if _, err := ConfigureBLAS(mode, 0); err != nil {
+			b.Fatal(err)
+		}
+		c0, t0 := cpuSeconds(), time.Now()
+		if _, err := m.TrainStep(ctx, batch, grad); err != nil {
+			b.Fatal(err)
+		}
+		if i >= 2 {
+			wall[k] += time.Since(t0).Seconds()
+			cpu[k] += cpuSeconds() - c0
+		}
+	}
+	n := float64(b.N)
+	b.ReportMetric(wall[0]/n, "s/step-gonum")
+	b.ReportMetric(wall[1]/n, "s/step-openblas")
+	b.ReportMetric(cpu[0]/n, "cpu-s/step-gonum")
+	b.ReportMetric(cpu[1]/n, "cpu-s/step-openblas")
+	b.ReportMetric(wall[0]/wall[1], "speedup-wall")
+	b.ReportMetric(cpu[0]/cpu[1], "speedup-cpu")
 }

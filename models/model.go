@@ -108,7 +108,9 @@ type Model interface {
 	StoreBuffers(dst []float32) error
 	// TrainStep runs forward and backward on b in training mode and writes
 	// the gradient of the mean loss into grad (length NumParams), in
-	// parameter order. It does not change the parameters.
+	// parameter order. It does not change the parameters. ctx is checked
+	// before the step starts; a started step runs to completion (Gorgonia's
+	// tape machine cannot be interrupted).
 	TrainStep(ctx context.Context, b Batch, grad []float32) (StepResult, error)
 	// Evaluate runs the forward pass in evaluation mode (no dropout,
 	// BatchNorm with running statistics). The batch may have any size ≥ 1.
