@@ -24,6 +24,7 @@ import (
 type bnState struct {
 	eps, momentum float64
 	training      bool
+	relu          bool // apply ReLU to the output (BN followed by ReLU)
 	runMean       []float32
 	runVar        []float32
 	mean, invstd  []float32 // batch statistics of the last training forward
@@ -90,12 +91,16 @@ func (op bnOp) DiffWRT(int) []bool { return []bool{true, true, true} }
 func (op bnOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	x, gamma := inputs[0], inputs[1]
 	out := make(G.Nodes, 3)
+	args := G.Nodes{x, gamma, grad}
+	if op.s.relu {
+		args = append(args, output) // the ReLU mask
+	}
 	for i := range out {
 		shape := x.Shape().Clone()
 		if i > 0 {
 			shape = inputs[i].Shape().Clone()
 		}
-		n, err := G.ApplyOp(bnGradOp{s: op.s, which: i, shape: shape}, x, gamma, grad)
+		n, err := G.ApplyOp(bnGradOp{s: op.s, which: i, shape: shape}, args...)
 		if err != nil {
 			return nil, err
 		}
@@ -160,6 +165,12 @@ func (op bnOp) Do(vals ...G.Value) (G.Value, error) {
 		for b := 0; b < B; b++ {
 			src := x[(b*C+c)*HW : (b*C+c+1)*HW]
 			dst := y[(b*C+c)*HW : (b*C+c+1)*HW]
+			if s.relu {
+				for i, v := range src {
+					dst[i] = max(v*scale+shift, 0)
+				}
+				continue
+			}
 			for i, v := range src {
 				dst[i] = v*scale + shift
 			}
@@ -168,15 +179,25 @@ func (op bnOp) Do(vals ...G.Value) (G.Value, error) {
 	return tensor.New(tensor.WithShape(xs...), tensor.WithBacking(y)), nil
 }
 
-// Arity implements gorgonia.Op.
-func (op bnGradOp) Arity() int { return 3 }
+// Arity implements gorgonia.Op: (x, γ, dy), plus the forward output y
+// when the layer applies ReLU.
+func (op bnGradOp) Arity() int {
+	if op.s.relu {
+		return 4
+	}
+	return 3
+}
 
 // Type implements gorgonia.Op.
 func (op bnGradOp) Type() hm.Type {
+	ret := hm.Type(t1())
 	if op.which == 0 {
-		return hm.NewFnType(t4(), t1(), t4(), t4())
+		ret = t4()
 	}
-	return hm.NewFnType(t4(), t1(), t4(), t1())
+	if op.s.relu {
+		return hm.NewFnType(t4(), t1(), t4(), t4(), ret)
+	}
+	return hm.NewFnType(t4(), t1(), t4(), ret)
 }
 
 // InferShape implements gorgonia.Op.
@@ -224,10 +245,16 @@ func (op bnGradOp) Do(vals ...G.Value) (G.Value, error) {
 	if err != nil {
 		return nil, err
 	}
+	s := op.s
+	var y []float32 // forward output when ReLU is fused: dy counts only where y > 0
+	if s.relu {
+		if y, _, err = f32s(vals[3]); err != nil {
+			return nil, err
+		}
+	}
 	B, C := xs[0], xs[1]
 	HW := len(x) / (B * C)
 	n := float64(B * HW)
-	s := op.s
 	out := make([]float32, op.shape.TotalSize())
 	parallelFor(C, func(c int) {
 		mean, invstd := s.mean[c], s.invstd[c]
@@ -235,11 +262,14 @@ func (op bnGradOp) Do(vals ...G.Value) (G.Value, error) {
 			mean = s.runMean[c]
 			invstd = float32(1 / math.Sqrt(float64(s.runVar[c])+s.eps))
 		}
+		k := gamma[c] * invstd
 		if op.which == 0 && !s.training {
-			k := gamma[c] * invstd
 			for b := 0; b < B; b++ {
 				o := (b*C + c) * HW
 				for i, g := range dy[o : o+HW] {
+					if y != nil && y[o+i] <= 0 {
+						g = 0
+					}
 					out[o+i] = g * k
 				}
 			}
@@ -250,6 +280,9 @@ func (op bnGradOp) Do(vals ...G.Value) (G.Value, error) {
 			o := (b*C + c) * HW
 			xr := x[o : o+HW]
 			for i, g := range dy[o : o+HW] {
+				if y != nil && y[o+i] <= 0 {
+					continue
+				}
 				sdy += float64(g)
 				sdyx += float64(g) * float64((xr[i]-mean)*invstd)
 			}
@@ -260,12 +293,14 @@ func (op bnGradOp) Do(vals ...G.Value) (G.Value, error) {
 		case 2:
 			out[c] = float32(sdy)
 		default:
-			k := gamma[c] * invstd
 			mdy, mdyx := float32(sdy/n), float32(sdyx/n)
 			for b := 0; b < B; b++ {
 				o := (b*C + c) * HW
 				xr := x[o : o+HW]
 				for i, g := range dy[o : o+HW] {
+					if y != nil && y[o+i] <= 0 {
+						g = 0
+					}
 					xh := (xr[i] - mean) * invstd
 					out[o+i] = k * (g - mdy - xh*mdyx)
 				}

@@ -222,13 +222,15 @@ func (m *ResNet) forward(p []*G.Node, x *G.Node, training bool) (logits *G.Node,
 		return G.Must(conv2d(x, w, stride))
 	}
 	nbn := 0
-	bn := func(x *G.Node) *G.Node {
+	bnAct := func(x *G.Node, relu bool) *G.Node {
 		gamma, beta := next(), next()
-		st := &bnState{eps: c.Epsilon, momentum: c.Momentum, training: training, runMean: m.bn.data(2 * nbn), runVar: m.bn.data(2*nbn + 1)}
+		st := &bnState{eps: c.Epsilon, momentum: c.Momentum, training: training, relu: relu, runMean: m.bn.data(2 * nbn), runVar: m.bn.data(2*nbn + 1)}
 		nbn++
 		return G.Must(batchNorm(x, gamma, beta, st))
 	}
-	h := G.Must(reluNode(bn(conv(x, next(), 1))))
+	bn := func(x *G.Node) *G.Node { return bnAct(x, false) }
+	bnRelu := func(x *G.Node) *G.Node { return bnAct(x, true) } // BN then ReLU, fused
+	h := bnRelu(conv(x, next(), 1))
 	in := c.Width
 	for s := 0; s < 4; s++ {
 		out := c.Width << s
@@ -237,7 +239,7 @@ func (m *ResNet) forward(p []*G.Node, x *G.Node, training bool) (logits *G.Node,
 			if s > 0 && b == 0 {
 				stride = 2
 			}
-			y := G.Must(reluNode(bn(conv(h, next(), stride))))
+			y := bnRelu(conv(h, next(), stride))
 			y = bn(conv(y, next(), 1))
 			sc := h
 			if stride != 1 || in != out {
