@@ -29,6 +29,21 @@
 //   - "type":"eval": epoch, step, wall, metric ("accuracy", "perplexity",
 //     "hr10", "ndcg10", "loss" or another name), value.
 //
+// # The ECharts script
+//
+// By default a page inlines dist/echarts.min.js of the npm package echarts,
+// version EChartsVersion, checked against EChartsSHA256, so that it opens
+// with no network. The script is never part of the repository: ECharts reads
+// it from the file the environment variable SPARSEGRAD_ECHARTS names, else
+// from the user's cache directory (os.UserCacheDir()/sparsegrad), else runs
+// `npm pack echarts@5.6.0` once (tarball checked against the registry's
+// integrity string) and caches it. Without npm: download
+// https://registry.npmjs.org/echarts/-/echarts-5.6.0.tgz, extract
+// package/dist/echarts.min.js and set SPARSEGRAD_ECHARTS to its path; or set
+// Options.AssetsURL (train's -report-assets URL) to load the script from a
+// CDN, e.g. https://cdn.jsdelivr.net/npm/echarts@5.6.0/dist/echarts.min.js —
+// such a page needs that URL to be reachable.
+//
 // Series longer than Options.MaxPoints (default 5,000) are downsampled keeping
 // each bucket's minimum and maximum, so a long run's page stays small.
 package reports
