@@ -440,8 +440,12 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 			break
 		}
 	}
-	runsTab := table{Caption: "Runs", Head: []string{"run", "directory", "sparsifier", "workers", "setup density", "final " + metricOf(metric).label,
-		"best " + metricOf(metric).label, "mean actual density", "bytes sent per worker", "mean iteration", "duration"}}
+	mlabel := "test metric"
+	if metric != "" {
+		mlabel = metricOf(metric).label
+	}
+	runsTab := table{Caption: "Runs", Head: []string{"run", "directory", "sparsifier", "workers", "setup density", "final " + mlabel,
+		"best " + mlabel, "mean actual density", "bytes sent per worker", "mean iteration", "duration"}}
 	for i, r := range runs {
 		f, b := r.finalBest(metric)
 		runsTab.Rows = append(runsTab.Rows, []string{labels[i], r.Dir, r.Info.Config.Sparsifier, strconv.Itoa(r.Info.Workers),

@@ -849,3 +849,51 @@ func TestReadMetricsIncremental(t *testing.T) {
 		check(src[len(src)/2:])
 	}
 }
+
+func TestEpochX(t *testing.T) {
+	// Epoch 1 logs steps 1..4, epoch 2 steps 5..8 (every other step logged).
+	r := &Run{Steps: []Step{{Epoch: 1, Step: 2}, {Epoch: 1, Step: 4}, {Epoch: 2, Step: 6}, {Epoch: 2, Step: 8}}}
+	ex := epochX(r)
+	for _, c := range []struct {
+		epoch, step int
+		want        float64
+	}{
+		{1, 4, 1},    // end of epoch 1
+		{1, 2, 0.5},  // half-way through epoch 1
+		{2, 6, 1.5},  // half-way through epoch 2
+		{2, 8, 2},    // end of epoch 2
+		{2, 9, 2},    // past the last logged step: the epoch
+		{3, 10, 3},   // an epoch without logged steps
+		{1, 0, 1},    // before any step
+		{2, 4, 2},    // a step of the previous epoch: the epoch
+		{0, 0, 0},    // nonsense stays put
+		{2, 7, 1.75}, // three quarters through epoch 2
+	} {
+		if got := ex(c.epoch, c.step); !sameFloat(got, c.want) {
+			t.Errorf("epochX(%d, %d) = %v, want %v", c.epoch, c.step, got, c.want)
+		}
+	}
+}
+
+func TestCompareWithoutEvaluations(t *testing.T) {
+	dir := t.TempDir()
+	var dirs []string
+	for i, w := range []int{1, 2, 3, 5, 16} {
+		d := filepath.Join(dir, "r"+string(rune('a'+i)))
+		os.MkdirAll(d, 0o755)
+		os.WriteFile(filepath.Join(d, "run.json"), []byte(`{"config":{"model":"ncf","sparsifier":"topk","workers":`+fmt.Sprint(w)+`},"workers":`+fmt.Sprint(w)+`}`), 0o644)
+		os.WriteFile(filepath.Join(d, "metrics.jsonl"), []byte(`{"type":"step","epoch":1,"step":1,"loss":1,"t_select":0.001,"t_iter":0.01,"samples":`+fmt.Sprint(8*w)+`,"workers":`+fmt.Sprint(w)+`}`+"\n"), 0o644)
+		dirs = append(dirs, d)
+	}
+	out := filepath.Join(dir, "c.html")
+	if err := CompareWith(context.Background(), out, dirs, offline); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(out)
+	if !bytes.Contains(b, []byte("final test metric")) || bytes.Contains(b, []byte("Time to reach")) {
+		t.Error("a comparison without evaluations should have no ranking")
+	}
+	if !bytes.Contains(b, []byte(`id="speedup"`)) {
+		t.Error("runs that differ only in workers lack the speedup chart")
+	}
+}
