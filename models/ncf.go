@@ -34,9 +34,9 @@ func DefaultNCF(users, items, batch int) NCFConfig {
 	return NCFConfig{Users: users, Items: items, Factors: 64, Layers: []int{256, 256, 128, 64}, Dropout: 0.5, BatchSize: batch, Seed: 1}
 }
 
-// NCFPaperNCF is the NCF paper's preset for small data (ml-100k, ml-1m):
+// PaperNCF is the NCF paper's preset for small data (ml-100k, ml-1m):
 // 8 factors, MLP [64 32 16 8], no dropout.
-func NCFPaperNCF(users, items, batch int) NCFConfig {
+func PaperNCF(users, items, batch int) NCFConfig {
 	return NCFConfig{Users: users, Items: items, Factors: 8, Layers: []int{64, 32, 16, 8}, Dropout: 0, BatchSize: batch, Seed: 1}
 }
 

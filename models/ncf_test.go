@@ -74,7 +74,7 @@ func TestNCFParamCount(t *testing.T) {
 	}{
 		{"deft-ml20m", DefaultNCF(138493, 26744, 4), 31832577},
 		// (943+1682)·8 + (943+1682)·32 + 64·32+32 + 32·16+16 + 16·8+8 + 16+1.
-		{"paper-ml100k", NCFPaperNCF(943, 1682, 4), 2625*8 + 2625*32 + 64*32 + 32 + 32*16 + 16 + 16*8 + 8 + 16 + 1},
+		{"paper-ml100k", PaperNCF(943, 1682, 4), 2625*8 + 2625*32 + 64*32 + 32 + 32*16 + 16 + 16*8 + 8 + 16 + 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -186,7 +186,7 @@ func TestNCFTrainStepKeepsParams(t *testing.T) {
 }
 
 func TestNCFOverfit(t *testing.T) {
-	cfg := NCFPaperNCF(30, 40, 64)
+	cfg := PaperNCF(30, 40, 64)
 	cfg.Seed = 2
 	m, err := NewNCF(cfg)
 	if err != nil {
