@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/data"
@@ -95,8 +96,29 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 	return d, nil
 }
 
+// graphMu serialises building Gorgonia graphs: Gorgonia's graph construction
+// updates package-level state without locking (encoding.NewGroup, reached
+// from e.g. Rectify), so in-process workers must not build models or their
+// lazily built evaluation graphs at the same time.
+var graphMu sync.Mutex
+
 // NewModel builds the configured model for the data set with the given seed.
+// It may be called from several goroutines.
 func NewModel(c Config, d *Dataset, seed uint64) (models.Model, error) {
+	graphMu.Lock()
+	defer graphMu.Unlock()
+	return newModel(c, d, seed)
+}
+
+// evaluate is m.Evaluate under graphMu (Evaluate builds a graph for each new
+// batch size).
+func evaluate(ctx context.Context, m models.Model, b models.Batch) (models.EvalResult, error) {
+	graphMu.Lock()
+	defer graphMu.Unlock()
+	return m.Evaluate(ctx, b)
+}
+
+func newModel(c Config, d *Dataset, seed uint64) (models.Model, error) {
 	switch c.Model {
 	case "resnet18":
 		cfg := models.DefaultResNet18(d.CIFAR.Kind.Classes(), c.Batch)
@@ -114,7 +136,7 @@ func NewModel(c Config, d *Dataset, seed uint64) (models.Model, error) {
 	case "ncf":
 		var cfg models.NCFConfig
 		if c.Preset == "paper" {
-			cfg = models.NCFPaperNCF(d.Rec.Users, d.Rec.Items, c.Batch)
+			cfg = models.PaperNCF(d.Rec.Users, d.Rec.Items, c.Batch)
 		} else {
 			cfg = models.DefaultNCF(d.Rec.Users, d.Rec.Items, c.Batch)
 		}
@@ -239,7 +261,7 @@ func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, c comm.Communi
 			return nil, err
 		}
 		labels = toInts(labels, b.Labels)
-		er, err := m.Evaluate(ctx, models.Batch{Images: b.X[:b.N*data.CIFARPixels], Labels: labels})
+		er, err := evaluate(ctx, m, models.Batch{Images: b.X[:b.N*data.CIFARPixels], Labels: labels})
 		if err != nil {
 			return nil, fmt.Errorf("train: evaluating: %w", err)
 		}
@@ -284,7 +306,7 @@ func (t *lmTask) Evaluate(ctx context.Context, m models.Model, c comm.Communicat
 		}
 		tok = toInts(tok, b.Input)
 		lab = toInts(lab, b.Target)
-		er, err := m.Evaluate(ctx, models.Batch{Tokens: tok, Labels: lab, Steps: b.Steps})
+		er, err := evaluate(ctx, m, models.Batch{Tokens: tok, Labels: lab, Steps: b.Steps})
 		if err != nil {
 			return nil, fmt.Errorf("train: evaluating: %w", err)
 		}
@@ -334,7 +356,7 @@ func (t *recTask) Evaluate(ctx context.Context, m models.Model, c comm.Communica
 		if len(users) == 0 {
 			return nil
 		}
-		er, err := m.Evaluate(ctx, models.Batch{Users: users, Items: items})
+		er, err := evaluate(ctx, m, models.Batch{Users: users, Items: items})
 		if err != nil {
 			return fmt.Errorf("train: evaluating: %w", err)
 		}

@@ -152,7 +152,10 @@ func (w *worker) setup(ctx context.Context) error {
 	// Installing it may rebuild the model's program, so it comes before the
 	// parameters are synchronised.
 	if w.pipe || cfg.PhaseTimesOn() {
-		if err := m.SetGradHook(w.hook); err != nil {
+		graphMu.Lock()
+		err := m.SetGradHook(w.hook)
+		graphMu.Unlock()
+		if err != nil {
 			return fmt.Errorf("train: installing the gradient hook: %w", err)
 		}
 	}
