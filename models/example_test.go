@@ -1,0 +1,44 @@
+package models_test
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/sparsegrad/sparsegrad/models"
+)
+
+// A training loop's use of a model: build it for a batch size, run a step
+// into a flat gradient, update the flat parameters in place, evaluate.
+func Example() {
+	if _, err := models.ConfigureBLAS(models.BLASAuto, 0); err != nil { // OpenBLAS if installed
+		panic(err)
+	}
+	m, err := models.NewNCF(models.PaperNCF(4, 5, 3))
+	if err != nil {
+		panic(err)
+	}
+	grad := make([]float32, m.NumParams())
+	// The hook learns when each tensor's gradient is final (backward order).
+	var order []string
+	lay := m.Layout()
+	m.SetGradHook(func(i int, g []float32) { order = append(order, lay[i].Name) })
+	b := models.Batch{Users: []int{0, 1, 3}, Items: []int{4, 2, 0}, Targets: []float32{1, 0, 1}}
+	if _, err := m.TrainStep(context.Background(), b, grad); err != nil {
+		panic(err)
+	}
+	p := m.Params()
+	for i := range p {
+		p[i] -= 0.1 * grad[i] // plain SGD on the live parameter vector
+	}
+	ev, err := m.Evaluate(context.Background(), models.Batch{Users: []int{2}, Items: []int{1}})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(m.NumParams(), len(lay), lay[0].Name, lay[0].Shape)
+	fmt.Println("first final gradient:", order[0], "last:", order[len(order)-1])
+	fmt.Println(len(ev.Scores), "score")
+	// Output:
+	// 3121 12 mf_user_embed.weight [4 8]
+	// first final gradient: final.bias last: mf_user_embed.weight
+	// 1 score
+}
