@@ -28,14 +28,14 @@ func init() { Register("cltk", newCltkReducer) }
 // the ring all-reduce of k float32 (comm.Traffic). It conserves the gradient:
 // Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
 type cltkReducer struct {
-	base baselineBase
+	base base
 	t    int
 	sel  []int32
 	wire []int64
 }
 
 func newCltkReducer(o Options) (Reducer, error) {
-	return &cltkReducer{base: newBaselineBase("cltk", o)}, nil
+	return &cltkReducer{base: newBase("cltk", o)}, nil
 }
 
 // Name returns "cltk".
@@ -53,7 +53,7 @@ func (r *cltkReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 	r.t++
 	before := b.c.Totals()
 	var selTime time.Duration
-	r.wire = baselineGrow(r.wire, b.k)
+	r.wire = grow(r.wire, b.k)
 	if b.c.Rank() == leader {
 		t0 := time.Now()
 		r.sel = TopK(r.sel, acc, b.k)
@@ -65,7 +65,7 @@ func (r *cltkReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 	if err := b.c.Broadcast(ctx, comm.Int64s(r.wire), leader); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: cltk: broadcasting %d indices from leader %d: %w", b.k, leader, err)
 	}
-	r.sel = baselineGrow(r.sel, b.k)
+	r.sel = grow(r.sel, b.k)
 	for i, v := range r.wire {
 		if v < 0 || v >= int64(b.n) || (i > 0 && v <= r.wire[i-1]) {
 			return Stats{}, fmt.Errorf("sparsify: cltk: leader %d sent index %d at position %d, not ascending within [0, %d): the workers disagree on the layout or density", leader, v, i, b.n)

@@ -237,22 +237,7 @@ type deftReducer struct {
 // more elements than the fragment has and crash; a NaN or infinite acc is an
 // error instead of a silent garbage allocation.
 func newDeft(o Options) (Reducer, error) {
-	if o.Comm == nil {
-		return nil, fmt.Errorf("sparsify: deft: no communicator given")
-	}
 	n := o.Comm.Size()
-	if n < 1 {
-		return nil, fmt.Errorf("sparsify: deft: communicator has %d ranks; DEFT needs at least 1", n)
-	}
-	if o.Layout.N <= 0 || len(o.Layout.Tensors) == 0 {
-		return nil, fmt.Errorf("sparsify: deft: empty layout; build it with NewLayout from the model's parameters")
-	}
-	if o.Layout.N > math.MaxInt32 {
-		return nil, fmt.Errorf("sparsify: deft: layout has %d elements; DEFT sends int32 fragment ids and indices, so at most %d are supported (shard the model)", o.Layout.N, math.MaxInt32)
-	}
-	if !(o.Density > 0 && o.Density <= 1) {
-		return nil, fmt.Errorf("sparsify: deft: density %v is outside (0, 1]", o.Density)
-	}
 	d := &deftReducer{o: o, c: comm.NewCounter(o.Comm), n: n, r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}
 	d.frags = deftFragments(o.Layout, n)
 	L := len(d.frags)
@@ -275,16 +260,12 @@ func (d *deftReducer) Name() string { return "deft" }
 // Reduce runs one DEFT iteration; see newDeft.
 func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
 	N := d.o.Layout.N
-	if len(acc) != N || len(out) != N || len(residual) != N {
-		return Stats{}, fmt.Errorf("sparsify: deft: acc, out and residual have %d, %d and %d elements; the layout has %d", len(acc), len(out), len(residual), N)
-	}
-	if &out[0] == &acc[0] || &out[0] == &residual[0] {
-		return Stats{}, fmt.Errorf("sparsify: deft: out must not be the same slice as acc or residual (residual may alias acc)")
+	if err := checkReduceArgs("deft", N, acc, out, residual); err != nil {
+		return Stats{}, err
 	}
 	t := d.t
 	d.t++
 	before := d.c.Totals()
-	st := Stats{Density: d.o.Density, Threshold: math.NaN()}
 
 	// Norms and the local allocation.
 	t0 := time.Now()
@@ -367,6 +348,7 @@ func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
 	}
 
+	st := callStats(d.c, before, d.o.Density, selTime)
 	st.Selected = len(mine)
 	st.SelectedPerWorker = counts
 	st.ActualDensity = float64(len(union)) / float64(N)
@@ -375,8 +357,5 @@ func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 		st.LayerK[sort.SearchInts(d.starts, int(j)+1)-1]++
 	}
 	st.ErrorNorm = norm2(residual)
-	st.SelectTime = selTime
-	diff := d.c.Totals().Sub(before)
-	st.BytesSent, st.BytesRecv, st.CommTime = diff.BytesSent, diff.BytesRecv, diff.Time
 	return st, nil
 }

@@ -620,10 +620,10 @@ func TestDeftErrors(t *testing.T) {
 	if _, err := New("deft", Options{Density: 0, Layout: l, Comm: c}); err == nil {
 		t.Error("density 0 accepted")
 	}
-	if _, err := newDeft(Options{Density: 0.5, Layout: l}); err == nil {
+	if _, err := New("deft", Options{Density: 0.5, Layout: l}); err == nil {
 		t.Error("missing communicator accepted")
 	}
-	if _, err := newDeft(Options{Density: 0.5, Comm: c}); err == nil {
+	if _, err := New("deft", Options{Density: 0.5, Comm: c}); err == nil {
 		t.Error("empty layout accepted")
 	}
 	r, err := New("deft", Options{Density: 0.5, Layout: l, Comm: c})

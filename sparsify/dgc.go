@@ -38,7 +38,7 @@ func init() { Register("dgc", newDGCReducer) }
 // indices / N, Threshold = the final threshold of the largest tensor (the
 // first of equal size).
 type dgcReducer struct {
-	base    sampBase
+	base    base
 	params  []dgcParams
 	largest int // tensor whose threshold Stats reports
 	scratch dgcScratch
@@ -48,11 +48,7 @@ type dgcReducer struct {
 }
 
 func newDGCReducer(o Options) (Reducer, error) {
-	base, err := newSampBase("dgc", o)
-	if err != nil {
-		return nil, err
-	}
-	r := &dgcReducer{base: base}
+	r := &dgcReducer{base: newBase("dgc", o)}
 	for t, tn := range o.Layout.Tensors {
 		r.params = append(r.params, dgcParamsFor(tn.Size, o.Density))
 		if tn.Size > o.Layout.Tensors[r.largest].Size {
@@ -92,11 +88,10 @@ func (r *dgcReducer) Reduce(ctx context.Context, acc, out, residual []float32) (
 		}
 		layerK[t] = len(r.sel)
 		for _, i := range r.sel {
-			j := int32(tn.Offset) + i
-			r.idx = append(r.idx, j)
-			r.val = append(r.val, acc[j])
+			r.idx = append(r.idx, int32(tn.Offset)+i)
 		}
 	}
+	r.val = valuesAt(r.val, acc, r.idx)
 	selTime := time.Since(t0)
 	b.iter++
 	clear(out)
@@ -104,12 +99,7 @@ func (r *dgcReducer) Reduce(ctx context.Context, acc, out, residual []float32) (
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
 	}
-	if &residual[0] != &acc[0] {
-		copy(residual, acc)
-	}
-	for _, j := range r.idx {
-		residual[j] = 0
-	}
+	residualWithout(residual, acc, r.idx)
 	st := b.stats(before, selTime)
 	st.Selected = len(r.idx)
 	st.SelectedPerWorker = counts

@@ -65,7 +65,7 @@ const (
 // warm-up), Threshold = the threshold of the largest compressed tensor (NaN
 // when none was compressed).
 type dragonnReducer struct {
-	base      sampBase
+	base      base
 	minTensor int
 	warmup    int
 	params    []dragonnParams
@@ -78,11 +78,7 @@ type dragonnReducer struct {
 }
 
 func newDragonnReducer(o Options) (Reducer, error) {
-	base, err := newSampBase("dragonn", o)
-	if err != nil {
-		return nil, err
-	}
-	r := &dragonnReducer{base: base, minTensor: o.MinTensor, warmup: o.Warmup}
+	r := &dragonnReducer{base: newBase("dragonn", o), minTensor: o.MinTensor, warmup: o.Warmup}
 	switch {
 	case r.minTensor == 0:
 		r.minTensor = dragonnDefaultMinTensor
@@ -147,11 +143,10 @@ func (r *dragonnReducer) Reduce(ctx context.Context, acc, out, residual []float3
 		}
 		layerK[t] = len(r.sel)
 		for _, i := range r.sel {
-			j := int32(tn.Offset) + i
-			r.idx = append(r.idx, j)
-			r.val = append(r.val, acc[j])
+			r.idx = append(r.idx, int32(tn.Offset)+i)
 		}
 	}
+	r.val = valuesAt(r.val, acc, r.idx)
 	selTime := time.Since(t0)
 	b.iter++
 	clear(out)
@@ -171,9 +166,7 @@ func (r *dragonnReducer) Reduce(ctx context.Context, acc, out, residual []float3
 		counts = make([]int, b.c.Size())
 	}
 	inv := 1 / float32(b.c.Size())
-	if &residual[0] != &acc[0] {
-		copy(residual, acc)
-	}
+	residualWithout(residual, acc, r.idx)
 	d := 0
 	for t, tn := range tensors {
 		if comp[t] {
@@ -184,9 +177,6 @@ func (r *dragonnReducer) Reduce(ctx context.Context, acc, out, residual []float3
 		}
 		clear(residual[tn.Offset : tn.Offset+tn.Size])
 		d += tn.Size
-	}
-	for _, j := range r.idx {
-		residual[j] = 0
 	}
 	for w := range counts {
 		counts[w] += denseN

@@ -54,7 +54,7 @@ const gtopkTag = 0x67746b00
 // Stats: Selected = k, ActualDensity = k/N (the global set, which is what the
 // broadcast carries; tree messages carry k indices each), Threshold = NaN.
 type gtopkReducer struct {
-	base baselineBase
+	base base
 	sel  []int32
 	idx  []int32 // current candidates (ascending indices)
 	val  []float32
@@ -70,7 +70,7 @@ func newGtopkReducer(o Options) (Reducer, error) {
 	if p < 1 || p&(p-1) != 0 {
 		return nil, fmt.Errorf("sparsify: gtopk: %d workers; gTop-k's tree needs a power-of-two number of workers (1, 2, 4, 8, 16, ...): use %d or %d workers, or another method", p, gtopkPrevPow2(p), 2*gtopkPrevPow2(p))
 	}
-	return &gtopkReducer{base: newBaselineBase("gtopk", o)}, nil
+	return &gtopkReducer{base: newBase("gtopk", o)}, nil
 }
 
 // gtopkPrevPow2 is the largest power of two <= p (1 for p < 1).
@@ -101,8 +101,8 @@ func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	for _, j := range r.sel {
 		r.val = append(r.val, acc[j])
 	}
-	r.ridx = baselineGrow(r.ridx, k)
-	r.rval = baselineGrow(r.rval, k)
+	r.ridx = grow(r.ridx, k)
+	r.rval = grow(r.rval, k)
 	rank, p := b.c.Rank(), b.c.Size()
 	for step := 1; step < p; step *= 2 {
 		if rank%step != 0 {

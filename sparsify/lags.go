@@ -2,7 +2,6 @@ package sparsify
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -215,14 +214,8 @@ func newLAGSReducer(o Options) (Reducer, error) { return NewLAGS(o) }
 // NewLAGS builds the LAGS reducer from o (see LAGS). It is what New("lags", o)
 // returns, typed, for callers that need SetBackwardTimes or SetModel.
 func NewLAGS(o Options) (*LAGS, error) {
-	if o.Comm == nil {
-		return nil, errors.New("sparsify: lags: no communicator given")
-	}
-	if !(o.Density > 0 && o.Density <= 1) {
-		return nil, fmt.Errorf("sparsify: lags: density %v is outside (0, 1]", o.Density)
-	}
-	if o.Layout.N <= 0 || len(o.Layout.Tensors) == 0 {
-		return nil, errors.New("sparsify: lags: empty layout; build it with NewLayout from the model's parameters")
+	if err := checkOptions("lags", o); err != nil {
+		return nil, err
 	}
 	if o.MergeSize < 0 {
 		return nil, fmt.Errorf("sparsify: lags: MergeSize %d is negative; use 0 for the default %d or 1 for one group per tensor", o.MergeSize, LAGSDefaultMergeSize)
@@ -415,14 +408,7 @@ func CombineGroupStats(density float64, l Layout, groups []Group, gs []GroupStat
 }
 
 func (l *LAGS) checkArgs(acc, out, residual []float32) error {
-	N := l.layout.N
-	if len(acc) != N || len(out) != N || len(residual) != N {
-		return fmt.Errorf("sparsify: lags: acc, out and residual have %d, %d and %d elements; the layout has %d", len(acc), len(out), len(residual), N)
-	}
-	if &out[0] == &acc[0] || &out[0] == &residual[0] {
-		return errors.New("sparsify: lags: out must not be the same slice as acc or residual; give it its own buffer")
-	}
-	return nil
+	return checkReduceArgs("lags", l.layout.N, acc, out, residual)
 }
 
 // StartGroup selects and starts the communication of group g (see
@@ -451,20 +437,12 @@ func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float
 	t0 := time.Now()
 	b.sel = TopK(b.sel, a, k)
 	selTime := time.Since(t0)
-	b.vals = lagsGrow(b.vals, k)
-	for i, j := range b.sel {
-		b.vals[i] = a[j]
-	}
-	if &res[0] != &a[0] {
-		copy(res, a)
-	}
-	for _, j := range b.sel {
-		res[j] = 0
-	}
+	b.vals = valuesAt(b.vals, a, b.sel)
+	residualWithout(res, a, b.sel)
 	p := &lagsPending{l: l, g: g, k: k, out: out[gr.Lo:gr.Hi], res: res, selTime: selTime, start: time.Now()}
 	p.tensorK = lagsTensorK(l.layout, gr, b.sel)
-	b.allVals = lagsGrow(b.allVals, l.n*k)
-	b.allIdx = lagsGrow(b.allIdx, l.n*k)
+	b.allVals = grow(b.allVals, l.n*k)
+	b.allIdx = grow(b.allIdx, l.n*k)
 	var err error
 	p.rv, err = l.c.IAllGather(ctx, comm.Float32s(b.vals), comm.Float32s(b.allVals))
 	if err == nil {

@@ -80,23 +80,7 @@ type microReducer struct {
 // here the count is recorded for every worker count, so one worker follows
 // the same controller as many.
 func newMicro(o Options) (Reducer, error) {
-	if o.Comm == nil {
-		return nil, fmt.Errorf("sparsify: micro: no communicator given")
-	}
-	n := o.Comm.Size()
-	if n < 1 {
-		return nil, fmt.Errorf("sparsify: micro: communicator has %d ranks; MiCRO needs at least 1", n)
-	}
-	if o.Layout.N <= 0 {
-		return nil, fmt.Errorf("sparsify: micro: empty layout; build it with NewLayout from the model's parameters")
-	}
-	if o.Layout.N > math.MaxInt32 {
-		return nil, fmt.Errorf("sparsify: micro: layout has %d elements; indices are int32, so at most %d are supported (shard the model)", o.Layout.N, math.MaxInt32)
-	}
-	if !(o.Density > 0 && o.Density <= 1) {
-		return nil, fmt.Errorf("sparsify: micro: density %v is outside (0, 1]", o.Density)
-	}
-	return &microReducer{o: o, c: comm.NewCounter(o.Comm), n: n, r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}, nil
+	return &microReducer{o: o, c: comm.NewCounter(o.Comm), n: o.Comm.Size(), r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}, nil
 }
 
 // Name returns "micro".
@@ -105,11 +89,8 @@ func (m *microReducer) Name() string { return "micro" }
 // Reduce runs one MiCRO iteration; see newMicro.
 func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
 	N := m.o.Layout.N
-	if len(acc) != N || len(out) != N || len(residual) != N {
-		return Stats{}, fmt.Errorf("sparsify: micro: acc, out and residual have %d, %d and %d elements; the layout has %d", len(acc), len(out), len(residual), N)
-	}
-	if &out[0] == &acc[0] || &out[0] == &residual[0] {
-		return Stats{}, fmt.Errorf("sparsify: micro: out must not be the same slice as acc or residual (residual may alias acc)")
+	if err := checkReduceArgs("micro", N, acc, out, residual); err != nil {
+		return Stats{}, err
 	}
 	t := m.t
 	m.t++
@@ -149,17 +130,11 @@ func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	}
 	m.kPrev = len(union)
 
-	diff := m.c.Totals().Sub(before)
-	return Stats{
-		Density:           m.o.Density,
-		ActualDensity:     float64(len(union)) / float64(N),
-		Selected:          len(mine),
-		SelectedPerWorker: counts,
-		ErrorNorm:         norm2(residual),
-		Threshold:         m.thr,
-		BytesSent:         diff.BytesSent,
-		BytesRecv:         diff.BytesRecv,
-		SelectTime:        selTime,
-		CommTime:          diff.Time,
-	}, nil
+	st := callStats(m.c, before, m.o.Density, selTime)
+	st.ActualDensity = float64(len(union)) / float64(N)
+	st.Selected = len(mine)
+	st.SelectedPerWorker = counts
+	st.ErrorNorm = norm2(residual)
+	st.Threshold = m.thr
+	return st, nil
 }

@@ -293,10 +293,10 @@ func TestMicroErrors(t *testing.T) {
 	if _, err := New("micro", Options{Density: 1.5, Layout: l, Comm: c}); err == nil {
 		t.Error("density 1.5 accepted")
 	}
-	if _, err := newMicro(Options{Density: 0.5, Layout: l}); err == nil {
+	if _, err := New("micro", Options{Density: 0.5, Layout: l}); err == nil {
 		t.Error("missing communicator accepted")
 	}
-	if _, err := newMicro(Options{Density: 0.5, Comm: c}); err == nil {
+	if _, err := New("micro", Options{Density: 0.5, Comm: c}); err == nil {
 		t.Error("empty layout accepted")
 	}
 	r, err := New("micro", Options{Density: 0.5, Layout: l, Comm: c})

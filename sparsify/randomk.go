@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/sparsegrad/sparsegrad/comm"
 )
 
 func init() { Register("randomk", newRandomkReducer) }
@@ -26,18 +24,12 @@ func init() { Register("randomk", newRandomkReducer) }
 // SelectedPerWorker = nil (no counts are exchanged), SelectTime = the time to
 // draw the indices.
 type randomkReducer struct {
-	base sampBase
-	k    int
+	base base
 	sel  []int32
-	vals []float32
 }
 
 func newRandomkReducer(o Options) (Reducer, error) {
-	base, err := newSampBase("randomk", o)
-	if err != nil {
-		return nil, err
-	}
-	return &randomkReducer{base: base, k: BudgetK(o.Density, o.Layout.N)}, nil
+	return &randomkReducer{base: newBase("randomk", o)}, nil
 }
 
 // Name returns "randomk".
@@ -54,26 +46,11 @@ func (r *randomkReducer) Reduce(ctx context.Context, acc, out, residual []float3
 	}
 	before := b.c.Totals()
 	t0 := time.Now()
-	r.sel = RandomK(r.sel, b.n, r.k, randomkSeed(b.o.Seed, b.iter))
+	r.sel = RandomK(r.sel, b.n, b.k, randomkSeed(b.o.Seed, b.iter))
 	selTime := time.Since(t0)
 	b.iter++
-	r.vals = r.vals[:0]
-	for _, j := range r.sel {
-		r.vals = append(r.vals, acc[j])
-	}
-	if err := b.c.AllReduce(ctx, comm.Float32s(r.vals)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: randomk: all-reducing %d values: %w", len(r.vals), err)
-	}
-	clear(out)
-	inv := 1 / float32(b.c.Size())
-	for i, j := range r.sel {
-		out[j] = r.vals[i] * inv
-	}
-	if &residual[0] != &acc[0] {
-		copy(residual, acc)
-	}
-	for _, j := range r.sel {
-		residual[j] = 0
+	if err := unionReduce(ctx, b.c, acc, out, residual, r.sel); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: randomk: %w", err)
 	}
 	st := b.stats(before, selTime)
 	st.Selected = len(r.sel)

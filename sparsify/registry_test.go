@@ -57,6 +57,11 @@ func TestNewErrors(t *testing.T) {
 		{"zero-size tensor", "threshold", Options{Density: 0.1, Comm: c, Layout: Layout{N: 3, Tensors: []Tensor{{"a", 3, 0}, {"b", 0, 3}}}}, []string{`"b"`, "size 0"}},
 		{"gtopk on 3 workers", "gtopk", Options{Density: 0.1, Layout: good, Comm: local.New(3).Comm(0)}, []string{"3 workers", "power-of-two", "2 or 4"}},
 		{"threshold lambda", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Lambda: -1}, []string{"lambda -1"}},
+		// Regression: hand-built layouts whose offsets or N disagree with
+		// the tensor sizes were accepted and made Reduce index out of range.
+		{"offset gap", "topk", Options{Density: 0.1, Comm: c, Layout: Layout{N: 5, Tensors: []Tensor{{"a", 2, 0}, {"b", 3, 3}}}}, []string{`"b"`, "starts at element 3", "end at 2", "NewLayout"}},
+		{"N too small", "dgc", Options{Density: 0.1, Comm: c, Layout: Layout{N: 4, Tensors: []Tensor{{"a", 2, 0}, {"b", 3, 2}}}}, []string{"5 elements", "N is 4", "NewLayout"}},
+		{"N too large", "deft", Options{Density: 0.1, Comm: c, Layout: Layout{N: 9, Tensors: []Tensor{{"a", 2, 0}, {"b", 3, 2}}}}, []string{"5 elements", "N is 9"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -139,6 +144,24 @@ func TestBaselinesFailFast(t *testing.T) {
 			acc, out := make([]float32, 10), make([]float32, 10)
 			if _, err := r.Reduce(ctx, acc, out, acc); !errors.Is(err, context.Canceled) {
 				t.Fatalf("Reduce with a cancelled context: %v, want context.Canceled", err)
+			}
+		})
+	}
+}
+
+// TestNewRejectsHugeLayouts is a regression test: every method sends or
+// stores indices as int32, but only dgc, dragonn, randomk, deft and micro
+// refused a layout of more than math.MaxInt32 elements; topk, topka, cltk,
+// threshold, gtopk, lags and spardl accepted it (and would have wrapped the
+// indices). The layout is only described, never allocated.
+func TestNewRejectsHugeLayouts(t *testing.T) {
+	l := Layout{Tensors: []Tensor{{Name: "huge", Size: 1 << 31}}, N: 1 << 31}
+	c := blSingleComm(t)
+	for _, m := range Names() {
+		t.Run(m, func(t *testing.T) {
+			r, err := New(m, Options{Density: 0.01, Layout: l, Comm: c})
+			if err == nil || !strings.Contains(err.Error(), "int32") || !strings.Contains(err.Error(), "2147483648 elements") {
+				t.Fatalf("New with 2^31 elements: reducer %T, error %v; want one naming the element count and the int32 limit", r, err)
 			}
 		})
 	}

@@ -1,16 +1,11 @@
 package sparsify
 
 import (
-	"context"
 	"encoding/binary"
-	"fmt"
 	"math"
 	"math/bits"
 	"math/rand/v2"
 	"slices"
-	"time"
-
-	"github.com/sparsegrad/sparsegrad/comm"
 )
 
 // Sampling-based selection: DGC's double sampling (reference notes 7.4) and
@@ -262,113 +257,4 @@ func dragonnSelect(dst []int32, x []float32, p dragonnParams, rng *rand.Rand, ha
 		}
 	}
 	return dst, thr
-}
-
-// sampBase is the state the sampling reducers (dgc, dragonn, randomk) share.
-type sampBase struct {
-	name    string
-	o       Options
-	c       *comm.Counter
-	n       int // elements of the flat gradient
-	iter    int // Reduce calls so far
-	counts  []int32
-	icounts []int
-	allIdx  []int32
-	allVal  []float32
-	seen    []uint64 // bitmap of N bits, all clear between calls
-}
-
-func newSampBase(name string, o Options) (sampBase, error) {
-	if o.Layout.N > math.MaxInt32 {
-		return sampBase{}, fmt.Errorf("sparsify: %s: the gradient has %d elements but indices travel as int32: at most %d elements are supported", name, o.Layout.N, math.MaxInt32)
-	}
-	return sampBase{name: name, o: o, c: comm.NewCounter(o.Comm), n: o.Layout.N}, nil
-}
-
-// checkArgs validates the lengths and the aliasing of Reduce's arguments.
-func (b *sampBase) checkArgs(acc, out, residual []float32) error {
-	if len(acc) != b.n || len(out) != b.n || len(residual) != b.n {
-		return fmt.Errorf("sparsify: %s: acc, out and residual have %d, %d and %d elements; the layout has %d: pass vectors of the layout's length",
-			b.name, len(acc), len(out), len(residual), b.n)
-	}
-	if &out[0] == &acc[0] || &out[0] == &residual[0] {
-		return fmt.Errorf("sparsify: %s: out must not be the same slice as acc or residual (only residual may alias acc)", b.name)
-	}
-	return nil
-}
-
-// stats fills the common Stats fields of a call that started when the
-// counter showed before and spent sel choosing indices.
-func (b *sampBase) stats(before comm.Totals, sel time.Duration) Stats {
-	d := b.c.Totals().Sub(before)
-	return Stats{
-		Density:    b.o.Density,
-		Threshold:  math.NaN(),
-		BytesSent:  d.BytesSent,
-		BytesRecv:  d.BytesRecv,
-		CommTime:   d.Time,
-		SelectTime: sel,
-	}
-}
-
-// sparseExchange all-gathers every worker's (index, value) pairs — one int32
-// count per worker with AllGather, then the int32 indices and the float32
-// values with AllGatherV — and adds, for every rank in order 0, 1, …, n−1,
-// its values at its indices into out (so every rank computes bit-identical
-// sums; out must be zero at every index a worker may send), then multiplies
-// every touched element by 1/n. idx are flat indices, distinct per worker.
-// It returns each worker's count and the number of distinct indices
-// received.
-func (b *sampBase) sparseExchange(ctx context.Context, idx []int32, val []float32, out []float32) ([]int, int, error) {
-	c := b.c
-	p := c.Size()
-	b.counts = slices.Grow(b.counts[:0], p)[:p]
-	if err := c.AllGather(ctx, comm.Int32s{int32(len(idx))}, comm.Int32s(b.counts)); err != nil {
-		return nil, 0, fmt.Errorf("gathering the %d workers' counts: %w", p, err)
-	}
-	b.icounts = slices.Grow(b.icounts[:0], p)[:p]
-	total := 0
-	for w, v := range b.counts {
-		if v < 0 || int(v) > b.n {
-			return nil, 0, fmt.Errorf("rank %d announced %d pairs for a gradient of %d elements: the workers disagree on the layout", w, v, b.n)
-		}
-		b.icounts[w] = int(v)
-		total += int(v)
-	}
-	b.allIdx = slices.Grow(b.allIdx[:0], total)[:total]
-	b.allVal = slices.Grow(b.allVal[:0], total)[:total]
-	if err := c.AllGatherV(ctx, comm.Int32s(idx), comm.Int32s(b.allIdx), b.icounts); err != nil {
-		return nil, 0, fmt.Errorf("gathering %d indices: %w", total, err)
-	}
-	if err := c.AllGatherV(ctx, comm.Float32s(val), comm.Float32s(b.allVal), b.icounts); err != nil {
-		return nil, 0, fmt.Errorf("gathering %d values: %w", total, err)
-	}
-	// A bitmap of N bits (small enough to stay in cache, unlike a second
-	// vector of N elements) marks the indices seen; the second loop scales
-	// each of them once and clears its bit again.
-	if len(b.seen) != (b.n+63)/64 {
-		b.seen = make([]uint64, (b.n+63)/64)
-	}
-	distinct := 0
-	for i, j := range b.allIdx {
-		if j < 0 || int(j) >= b.n {
-			clear(b.seen)
-			return nil, 0, fmt.Errorf("received index %d outside [0, %d): the workers disagree on the layout", j, b.n)
-		}
-		w, bit := j>>6, uint64(1)<<(j&63)
-		if b.seen[w]&bit == 0 {
-			b.seen[w] |= bit
-			distinct++
-		}
-		out[j] += b.allVal[i]
-	}
-	inv := 1 / float32(p)
-	for _, j := range b.allIdx {
-		w, bit := j>>6, uint64(1)<<(j&63)
-		if b.seen[w]&bit != 0 {
-			b.seen[w] &^= bit
-			out[j] *= inv
-		}
-	}
-	return slices.Clone(b.icounts), distinct, nil
 }

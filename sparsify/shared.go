@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 )
@@ -66,10 +67,7 @@ func sortedUnion(lists [][]int32) []int32 {
 // summed over workers, out receives sum/n at the union and zero elsewhere, and
 // residual becomes acc with the whole union zeroed. residual may alias acc.
 func unionReduce(ctx context.Context, c comm.Communicator, acc, out, residual []float32, union []int32) error {
-	vals := make([]float32, len(union))
-	for i, j := range union {
-		vals[i] = acc[j]
-	}
+	vals := valuesAt(nil, acc, union)
 	if err := c.AllReduce(ctx, comm.Float32s(vals)); err != nil {
 		return fmt.Errorf("all-reducing %d selected values: %w", len(vals), err)
 	}
@@ -78,12 +76,7 @@ func unionReduce(ctx context.Context, c comm.Communicator, acc, out, residual []
 	for i, j := range union {
 		out[j] = vals[i] * inv
 	}
-	if &residual[0] != &acc[0] {
-		copy(residual, acc)
-	}
-	for _, j := range union {
-		residual[j] = 0
-	}
+	residualWithout(residual, acc, union)
 	return nil
 }
 
@@ -133,4 +126,167 @@ func norm2(x []float32) float64 {
 		s += v
 	}
 	return math.Sqrt(s)
+}
+
+// valuesAt returns dst[:0] extended with x[j] for every j of idx, in order.
+func valuesAt(dst, x []float32, idx []int32) []float32 {
+	dst = dst[:0]
+	for _, j := range idx {
+		dst = append(dst, x[j])
+	}
+	return dst
+}
+
+// residualWithout sets residual to acc with the elements at idx zeroed: the
+// error feedback of a worker that sent its own values at idx. residual may be
+// the same slice as acc.
+func residualWithout(residual, acc []float32, idx []int32) {
+	if len(acc) > 0 && &residual[0] != &acc[0] {
+		copy(residual, acc)
+	}
+	for _, j := range idx {
+		residual[j] = 0
+	}
+}
+
+// grow returns s resliced to length n, reallocated when its capacity is too
+// small (the contents are unspecified).
+func grow[E any](s []E, n int) []E {
+	if cap(s) < n {
+		return make([]E, n)
+	}
+	return s[:n]
+}
+
+// checkReduceArgs validates the lengths and the aliasing of the arguments of
+// a Reduce call of method name over a layout of n elements.
+func checkReduceArgs(name string, n int, acc, out, residual []float32) error {
+	if len(acc) != n || len(out) != n || len(residual) != n {
+		return fmt.Errorf("sparsify: %s: acc, out and residual have %d, %d and %d elements; the layout has %d: pass vectors of the layout's length",
+			name, len(acc), len(out), len(residual), n)
+	}
+	if &out[0] == &acc[0] || &out[0] == &residual[0] {
+		return fmt.Errorf("sparsify: %s: out must not be the same slice as acc or residual (only residual may alias acc); give it its own buffer", name)
+	}
+	return nil
+}
+
+// callStats returns the Stats fields every method fills alike for a call
+// that started when c showed before and spent sel choosing indices: the
+// density, the traffic and times, and Threshold NaN.
+func callStats(c *comm.Counter, before comm.Totals, density float64, sel time.Duration) Stats {
+	d := c.Totals().Sub(before)
+	return Stats{
+		Density:    density,
+		Threshold:  math.NaN(),
+		BytesSent:  d.BytesSent,
+		BytesRecv:  d.BytesRecv,
+		CommTime:   d.Time,
+		SelectTime: sel,
+	}
+}
+
+// base is the state the single-shot reducers (dense, topk, topka, threshold,
+// cltk, gtopk, randomk, dgc, dragonn) share.
+type base struct {
+	name string
+	o    Options
+	c    *comm.Counter
+	n    int // elements of the flat gradient
+	k    int // BudgetK(o.Density, n)
+	iter int // Reduce calls so far (for methods that count them)
+
+	// Scratch of sparseExchange; seen is a bitmap of n bits, all clear
+	// between calls.
+	counts  []int32
+	icounts []int
+	allIdx  []int32
+	allVal  []float32
+	seen    []uint64
+}
+
+func newBase(name string, o Options) base {
+	return base{name: name, o: o, c: comm.NewCounter(o.Comm), n: o.Layout.N, k: BudgetK(o.Density, o.Layout.N)}
+}
+
+// checkArgs validates Reduce's arguments (checkReduceArgs).
+func (b *base) checkArgs(acc, out, residual []float32) error {
+	return checkReduceArgs(b.name, b.n, acc, out, residual)
+}
+
+// stats returns callStats for this reducer.
+func (b *base) stats(before comm.Totals, sel time.Duration) Stats {
+	return callStats(b.c, before, b.o.Density, sel)
+}
+
+// sparseExchange all-gathers every worker's (index, value) pairs — one int32
+// count per worker with AllGather, then the int32 indices and the float32
+// values with AllGatherV — and decodes them into out with addMean. idx are
+// flat indices, distinct per worker; out must be zero at every index a worker
+// may send. It returns each worker's count and the number of distinct
+// indices received.
+func (b *base) sparseExchange(ctx context.Context, idx []int32, val []float32, out []float32) ([]int, int, error) {
+	c := b.c
+	p := c.Size()
+	b.counts = grow(b.counts, p)
+	if err := c.AllGather(ctx, comm.Int32s{int32(len(idx))}, comm.Int32s(b.counts)); err != nil {
+		return nil, 0, fmt.Errorf("gathering the %d workers' counts: %w", p, err)
+	}
+	b.icounts = grow(b.icounts, p)
+	total := 0
+	for w, v := range b.counts {
+		if v < 0 || int(v) > b.n {
+			return nil, 0, fmt.Errorf("rank %d announced %d pairs for a gradient of %d elements: the workers disagree on the layout", w, v, b.n)
+		}
+		b.icounts[w] = int(v)
+		total += int(v)
+	}
+	b.allIdx = grow(b.allIdx, total)
+	b.allVal = grow(b.allVal, total)
+	if err := c.AllGatherV(ctx, comm.Int32s(idx), comm.Int32s(b.allIdx), b.icounts); err != nil {
+		return nil, 0, fmt.Errorf("gathering %d indices: %w", total, err)
+	}
+	if err := c.AllGatherV(ctx, comm.Float32s(val), comm.Float32s(b.allVal), b.icounts); err != nil {
+		return nil, 0, fmt.Errorf("gathering %d values: %w", total, err)
+	}
+	distinct, err := b.addMean(out, b.allIdx, b.allVal)
+	if err != nil {
+		return nil, 0, err
+	}
+	return slices.Clone(b.icounts), distinct, nil
+}
+
+// addMean is the decode of the sparse all-gathers: it adds every gathered
+// value into out at its index, in the order given (rank 0's pairs first, so
+// every rank computes bit-identical sums), then multiplies every touched
+// element once by 1/n (n workers). out must be zero at every index of idx.
+// It returns the number of distinct indices; an index outside [0, N) is an
+// error. A bitmap of N bits (small enough to stay in cache, unlike a second
+// vector of N elements) marks the indices seen; the second loop clears it.
+func (b *base) addMean(out []float32, idx []int32, val []float32) (int, error) {
+	if len(b.seen) != (b.n+63)/64 {
+		b.seen = make([]uint64, (b.n+63)/64)
+	}
+	distinct := 0
+	for i, j := range idx {
+		if j < 0 || int(j) >= b.n {
+			clear(b.seen)
+			return 0, fmt.Errorf("received index %d (pair %d) outside [0, %d): the workers disagree on the layout", j, i, b.n)
+		}
+		w, bit := j>>6, uint64(1)<<(j&63)
+		if b.seen[w]&bit == 0 {
+			b.seen[w] |= bit
+			distinct++
+		}
+		out[j] += val[i]
+	}
+	inv := 1 / float32(b.c.Size())
+	for _, j := range idx {
+		w, bit := j>>6, uint64(1)<<(j&63)
+		if b.seen[w]&bit != 0 {
+			b.seen[w] &^= bit
+			out[j] *= inv
+		}
+	}
+	return distinct, nil
 }

@@ -2,9 +2,7 @@ package sparsify
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"time"
@@ -160,15 +158,6 @@ type spardlReducer struct {
 }
 
 func newSparDL(o Options) (Reducer, error) {
-	if o.Comm == nil {
-		return nil, errors.New("sparsify: spardl: no communicator given")
-	}
-	if !(o.Density > 0 && o.Density <= 1) {
-		return nil, fmt.Errorf("sparsify: spardl: density %v is outside (0, 1]", o.Density)
-	}
-	if o.Layout.N <= 0 {
-		return nil, errors.New("sparsify: spardl: empty layout; build it with NewLayout from the model's parameters")
-	}
 	P := o.Comm.Size()
 	G := o.Teams
 	if G == 0 {
@@ -267,8 +256,8 @@ func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst
 	if m < 0 || m > maxLen {
 		return fmt.Errorf("rank %d announced %d pairs, outside [0, %d] (ranks disagree on the options or the data is corrupt)", src, m, maxLen)
 	}
-	into.idx = lagsGrow(into.idx, m)
-	into.vals = lagsGrow(into.vals, m)
+	into.idx = grow(into.idx, m)
+	into.vals = grow(into.vals, m)
 	if n, err = s.c.SendRecv(ctx, comm.Int32s(l.idx), dst, comm.Int32s(into.idx), src, tag+1); err != nil {
 		return fmt.Errorf("exchanging %d indices with ranks %d/%d: %w", len(l.idx), dst, src, err)
 	}
@@ -296,7 +285,7 @@ func (s *spardlReducer) selectBlock(b, k int, l *spardlList, selTime *time.Durat
 	t0 := time.Now()
 	l.idx = TopK(l.idx, blk, k)
 	*selTime += time.Since(t0)
-	l.vals = lagsGrow(l.vals, len(l.idx))
+	l.vals = grow(l.vals, len(l.idx))
 	for i, j := range l.idx {
 		l.vals[i] = blk[j]
 		blk[j] = 0
@@ -329,11 +318,8 @@ func (s *spardlReducer) trimTopK(l *spardlList, k int, selTime *time.Duration, d
 
 // Reduce runs SparDL (see spardlReducer).
 func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	if len(acc) != s.N || len(out) != s.N || len(residual) != s.N {
-		return Stats{}, fmt.Errorf("sparsify: spardl: acc, out and residual have %d, %d and %d elements; the layout has %d", len(acc), len(out), len(residual), s.N)
-	}
-	if &out[0] == &acc[0] || &out[0] == &residual[0] {
-		return Stats{}, errors.New("sparsify: spardl: out must not be the same slice as acc or residual; give it its own buffer")
+	if err := checkReduceArgs("spardl", s.N, acc, out, residual); err != nil {
+		return Stats{}, err
 	}
 	before := s.c.Totals()
 	var selTime time.Duration
@@ -409,19 +395,11 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 			residual[pos] = v
 		}
 	}
-	d := s.c.Totals().Sub(before)
-	st := Stats{
-		Density:           s.density,
-		ActualDensity:     float64(distinct) / float64(s.N),
-		Selected:          len(final[s.r].idx),
-		SelectedPerWorker: make([]int, s.P),
-		ErrorNorm:         norm2(residual),
-		Threshold:         math.NaN(),
-		BytesSent:         d.BytesSent,
-		BytesRecv:         d.BytesRecv,
-		SelectTime:        selTime,
-		CommTime:          d.Time,
-	}
+	st := callStats(s.c, before, s.density, selTime)
+	st.ActualDensity = float64(distinct) / float64(s.N)
+	st.Selected = len(final[s.r].idx)
+	st.SelectedPerWorker = make([]int, s.P)
+	st.ErrorNorm = norm2(residual)
 	for w := range st.SelectedPerWorker {
 		st.SelectedPerWorker[w] = len(final[w%s.Q].idx)
 	}

@@ -537,10 +537,10 @@ func TestSparDLErrors(t *testing.T) {
 		}
 	}
 	w := local.New(1)
-	if _, err := newSparDL(Options{Density: 0.1, Comm: w.Comm(0)}); err == nil {
+	if _, err := New("spardl", Options{Density: 0.1, Comm: w.Comm(0)}); err == nil {
 		t.Error("empty layout accepted")
 	}
-	if _, err := newSparDL(Options{Density: 1.5, Layout: l, Comm: w.Comm(0)}); err == nil {
+	if _, err := New("spardl", Options{Density: 1.5, Layout: l, Comm: w.Comm(0)}); err == nil {
 		t.Error("density 1.5 accepted")
 	}
 	r, err := New("spardl", Options{Density: 0.1, Layout: l, Comm: w.Comm(0)})

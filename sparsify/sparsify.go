@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -162,7 +163,10 @@ func Names() []string {
 var ErrUnknownMethod = errors.New("sparsify: unknown method")
 
 // New builds the reducer registered under name after checking the options
-// every method shares.
+// every method shares: a communicator of at least one rank, a density in
+// (0, 1], a non-empty layout of positive tensor sizes and at most
+// math.MaxInt32 elements (indices travel as int32). The constructors rely on
+// these checks.
 func New(name string, o Options) (Reducer, error) {
 	registryMu.RLock()
 	c, ok := registry[name]
@@ -170,21 +174,43 @@ func New(name string, o Options) (Reducer, error) {
 	if !ok {
 		return nil, fmt.Errorf("%w %q; valid names: %s", ErrUnknownMethod, name, strings.Join(Names(), ", "))
 	}
-	if o.Comm == nil {
-		return nil, fmt.Errorf("sparsify: %s: no communicator given", name)
-	}
-	if !(o.Density > 0 && o.Density <= 1) { // also rejects NaN
-		return nil, fmt.Errorf("sparsify: %s: density %v is outside (0, 1]", name, o.Density)
-	}
-	if o.Layout.N <= 0 || len(o.Layout.Tensors) == 0 {
-		return nil, fmt.Errorf("sparsify: %s: empty layout; build it with NewLayout from the model's parameters", name)
-	}
-	for _, t := range o.Layout.Tensors {
-		if t.Size <= 0 {
-			return nil, fmt.Errorf("sparsify: %s: tensor %q has size %d; every tensor must have at least one element", name, t.Name, t.Size)
-		}
+	if err := checkOptions(name, o); err != nil {
+		return nil, err
 	}
 	return c(o)
+}
+
+// checkOptions checks the options every method shares (see New).
+func checkOptions(name string, o Options) error {
+	if o.Comm == nil {
+		return fmt.Errorf("sparsify: %s: no communicator given", name)
+	}
+	if o.Comm.Size() < 1 {
+		return fmt.Errorf("sparsify: %s: communicator has %d ranks; every method needs at least 1", name, o.Comm.Size())
+	}
+	if !(o.Density > 0 && o.Density <= 1) { // also rejects NaN
+		return fmt.Errorf("sparsify: %s: density %v is outside (0, 1]", name, o.Density)
+	}
+	if o.Layout.N <= 0 || len(o.Layout.Tensors) == 0 {
+		return fmt.Errorf("sparsify: %s: empty layout; build it with NewLayout from the model's parameters", name)
+	}
+	if o.Layout.N > math.MaxInt32 {
+		return fmt.Errorf("sparsify: %s: layout has %d elements but indices travel as int32: at most %d elements are supported (shard the model)", name, o.Layout.N, math.MaxInt32)
+	}
+	end := 0
+	for _, t := range o.Layout.Tensors {
+		if t.Size <= 0 {
+			return fmt.Errorf("sparsify: %s: tensor %q has size %d; every tensor must have at least one element", name, t.Name, t.Size)
+		}
+		if t.Offset != end {
+			return fmt.Errorf("sparsify: %s: tensor %q starts at element %d but the tensors before it end at %d; build the layout with NewLayout", name, t.Name, t.Offset, end)
+		}
+		end += t.Size
+	}
+	if end != o.Layout.N {
+		return fmt.Errorf("sparsify: %s: the layout's tensors have %d elements but its N is %d; build the layout with NewLayout", name, end, o.Layout.N)
+	}
+	return nil
 }
 
 // BudgetK is the number of elements a density ρ gives over n elements:

@@ -29,7 +29,7 @@ func init() { Register("threshold", newThresholdReducer) }
 // count, ActualDensity = |U|/N, Threshold = λ. It conserves the gradient:
 // Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
 type thresholdReducer struct {
-	base   baselineBase
+	base   base
 	lambda float64 // 0: default
 	sel    []int32
 }
@@ -38,7 +38,7 @@ func newThresholdReducer(o Options) (Reducer, error) {
 	if math.IsNaN(o.Lambda) || math.IsInf(o.Lambda, 0) || o.Lambda < 0 || o.Lambda > math.MaxFloat32 {
 		return nil, fmt.Errorf("sparsify: threshold: lambda %v is invalid; use a finite float32 value > 0, or 0 for the default 1/(2√k)", o.Lambda)
 	}
-	return &thresholdReducer{base: newBaselineBase("threshold", o), lambda: o.Lambda}, nil
+	return &thresholdReducer{base: newBase("threshold", o), lambda: o.Lambda}, nil
 }
 
 // Name returns "threshold".

@@ -31,12 +31,12 @@ func init() {
 // ActualDensity = |U|/N grows with n for independent accs. It conserves the
 // gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
 type topkReducer struct {
-	base baselineBase
+	base base
 	sel  []int32
 }
 
 func newTopkReducer(o Options) (Reducer, error) {
-	return &topkReducer{base: newBaselineBase("topk", o)}, nil
+	return &topkReducer{base: newBase("topk", o)}, nil
 }
 
 // Name returns "topk".
@@ -87,7 +87,7 @@ func (r *topkReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 // not part of this reducer (a trainer can run "dense" first). It conserves
 // the gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
 type topkaReducer struct {
-	base  baselineBase
+	base  base
 	sel   []int32
 	vals  []float32
 	gvals []float32
@@ -98,7 +98,7 @@ type topkaReducer struct {
 }
 
 func newTopkaReducer(o Options) (Reducer, error) {
-	return &topkaReducer{base: newBaselineBase("topka", o)}, nil
+	return &topkaReducer{base: newBase("topka", o)}, nil
 }
 
 // Name returns "topka".
@@ -119,8 +119,8 @@ func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	for _, j := range r.sel {
 		r.vals = append(r.vals, acc[j])
 	}
-	r.gvals = baselineGrow(r.gvals, n*k)
-	r.gidx = baselineGrow(r.gidx, n*k)
+	r.gvals = grow(r.gvals, n*k)
+	r.gidx = grow(r.gidx, n*k)
 	if err := b.c.AllGather(ctx, comm.Float32s(r.vals), comm.Float32s(r.gvals)); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d values per worker: %w", k, err)
 	}
