@@ -10,14 +10,15 @@ import (
 	"gorgonia.org/tensor"
 )
 
-// Fused spatial BatchNorm (normalisation + affine γ, β) and ReLU as custom
-// Gorgonia ops. Gorgonia's BatchNorm normalises in one op and then applies
-// γ and β with broadcasting ops that materialise repeated copies of γ and β
-// and clone their inputs; its ReLU is a comparison plus a multiplication.
-// Together those were about a quarter of a ResNet-18 step on the CPU
+// Fused spatial BatchNorm (normalisation + affine γ, β, optionally followed
+// by ReLU) and the residual add+ReLU, as custom Gorgonia ops. Gorgonia's
+// BatchNorm normalises in one op and then applies γ and β with
+// broadcasting ops that materialise repeated copies of γ and β and clone
+// their inputs; its ReLU is a comparison plus a multiplication. Together
+// those were about a quarter of a ResNet-18 step on the CPU
 // (docs/bench/models.md). These ops do each in one parallel pass over
-// channels (BatchNorm) or elements (ReLU). Their results are checked
-// against a float64 reference in resnet_test.go.
+// channels (BatchNorm) or elements (add+ReLU). Their results are checked
+// against a float64 reference and by finite differences in resnet_test.go.
 
 // bnState is one BatchNorm layer's state, shared by its forward op and its
 // gradient ops. runMean and runVar alias the model's buffer store.
@@ -310,17 +311,10 @@ func (op bnGradOp) Do(vals ...G.Value) (G.Value, error) {
 	return tensor.New(tensor.WithShape(op.shape...), tensor.WithBacking(out)), nil
 }
 
-// reluOp is max(x, 0); reluGradOp(y, dy) is dy where y > 0, else 0.
+// reluOp holds the boilerplate shared by the elementwise ops below
+// (addReluOp embeds it); reluGradOp(y, dy) is dy where y > 0, else 0.
 type reluOp struct{}
 type reluGradOp struct{}
-
-func reluNode(x *G.Node) (*G.Node, error) { return G.ApplyOp(reluOp{}, x) }
-
-// Arity implements gorgonia.Op.
-func (reluOp) Arity() int { return 1 }
-
-// Type implements gorgonia.Op.
-func (reluOp) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a) }
 
 // InferShape implements gorgonia.Op.
 func (reluOp) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
@@ -340,28 +334,6 @@ func (reluOp) CallsExtern() bool { return false }
 // OverwritesInput implements gorgonia.Op.
 func (reluOp) OverwritesInput() int { return -1 }
 
-// WriteHash implements gorgonia.Op.
-func (reluOp) WriteHash(h hash.Hash) { fmt.Fprint(h, "ReLU") }
-
-// Hashcode implements gorgonia.Op.
-func (reluOp) Hashcode() uint32 { return opHash("ReLU") }
-
-func (reluOp) String() string { return "ReLU" }
-
-// DiffWRT implements gorgonia.SDOp.
-func (reluOp) DiffWRT(int) []bool { return []bool{true} }
-
-// SymDiff implements gorgonia.SDOp.
-func (reluOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
-	d, err := G.ApplyOp(reluGradOp{}, output, grad)
-	return G.Nodes{d}, err
-}
-
-// DoDiff is not supported (the tape machine uses SymDiff).
-func (reluOp) DoDiff(G.ExecutionContext, G.Nodes, *G.Node) error {
-	return fmt.Errorf("models: relu supports symbolic differentiation only")
-}
-
 // chunks splits n elements into parallel pieces of at least 32 Ki.
 func chunks(n int, f func(lo, hi int)) {
 	const minChunk = 32 << 10
@@ -373,23 +345,6 @@ func chunks(n int, f func(lo, hi int)) {
 			f(lo, hi)
 		}
 	})
-}
-
-// Do implements gorgonia.Op.
-func (reluOp) Do(vals ...G.Value) (G.Value, error) {
-	x, xs, err := f32s(vals[0])
-	if err != nil {
-		return nil, err
-	}
-	y := make([]float32, len(x))
-	chunks(len(x), func(lo, hi int) {
-		for i, v := range x[lo:hi] {
-			if v > 0 {
-				y[lo+i] = v
-			}
-		}
-	})
-	return tensor.New(tensor.WithShape(xs...), tensor.WithBacking(y)), nil
 }
 
 // Arity implements gorgonia.Op.
@@ -447,4 +402,58 @@ func (reluGradOp) Do(vals ...G.Value) (G.Value, error) {
 		}
 	})
 	return tensor.New(tensor.WithShape(ys...), tensor.WithBacking(dx)), nil
+}
+
+// addReluOp is max(a+b, 0) (a residual block's output); its gradient with
+// respect to both inputs is reluGradOp(output, dy).
+type addReluOp struct{ reluOp }
+
+func addRelu(a, b *G.Node) (*G.Node, error) {
+	if !a.Shape().Eq(b.Shape()) {
+		return nil, fmt.Errorf("models: addRelu of shapes %v and %v", a.Shape(), b.Shape())
+	}
+	return G.ApplyOp(addReluOp{}, a, b)
+}
+
+// Arity implements gorgonia.Op.
+func (addReluOp) Arity() int { return 2 }
+
+// Type implements gorgonia.Op.
+func (addReluOp) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
+
+// WriteHash implements gorgonia.Op.
+func (addReluOp) WriteHash(h hash.Hash) { fmt.Fprint(h, "AddReLU") }
+
+// Hashcode implements gorgonia.Op.
+func (addReluOp) Hashcode() uint32 { return opHash("AddReLU") }
+
+func (addReluOp) String() string { return "AddReLU" }
+
+// DiffWRT implements gorgonia.SDOp.
+func (addReluOp) DiffWRT(int) []bool { return []bool{true, true} }
+
+// SymDiff implements gorgonia.SDOp.
+func (addReluOp) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
+	d, err := G.ApplyOp(reluGradOp{}, output, grad)
+	return G.Nodes{d, d}, err
+}
+
+// Do implements gorgonia.Op.
+func (addReluOp) Do(vals ...G.Value) (G.Value, error) {
+	a, as, err := f32s(vals[0])
+	if err != nil {
+		return nil, err
+	}
+	b, _, err := f32s(vals[1])
+	if err != nil {
+		return nil, err
+	}
+	y := make([]float32, len(a))
+	chunks(len(a), func(lo, hi int) {
+		bb := b[lo:hi]
+		for i, v := range a[lo:hi] {
+			y[lo+i] = max(v+bb[i], 0)
+		}
+	})
+	return tensor.New(tensor.WithShape(as...), tensor.WithBacking(y)), nil
 }

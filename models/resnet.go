@@ -245,7 +245,7 @@ func (m *ResNet) forward(p []*G.Node, x *G.Node, training bool) (logits *G.Node,
 			if stride != 1 || in != out {
 				sc = bn(conv(h, next(), stride))
 			}
-			h = G.Must(reluNode(G.Must(G.Add(y, sc))))
+			h = G.Must(addRelu(y, sc))
 			in = out
 		}
 	}
