@@ -327,17 +327,11 @@ func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
 	}
-	usize := 0
-	for _, c := range counts {
-		usize += c
-	}
+	ncommon := 0
 	for _, f := range common {
-		usize += d.frags[f].size()
+		ncommon += d.frags[f].size()
 	}
-	union := make([]int32, 0, usize)
-	for _, l := range lists {
-		union = append(union, l...)
-	}
+	union := concatLists(lists, ncommon) // disjoint fragments: no duplicates
 	for _, f := range common {
 		fr := d.frags[f]
 		for j := fr.lo; j < fr.hi; j++ {

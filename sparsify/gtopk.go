@@ -189,22 +189,7 @@ func (r *gtopkReducer) recv(ctx context.Context, src, k int) error {
 // index): values at common indices are added (own + received), then the k
 // largest magnitudes are kept, ties to lower indices.
 func (r *gtopkReducer) merge(k int) {
-	r.midx, r.mval = r.midx[:0], r.mval[:0]
-	a, b := 0, 0
-	for a < len(r.idx) || b < len(r.ridx) {
-		switch {
-		case b == len(r.ridx) || (a < len(r.idx) && r.idx[a] < r.ridx[b]):
-			r.midx, r.mval = append(r.midx, r.idx[a]), append(r.mval, r.val[a])
-			a++
-		case a == len(r.idx) || r.ridx[b] < r.idx[a]:
-			r.midx, r.mval = append(r.midx, r.ridx[b]), append(r.mval, r.rval[b])
-			b++
-		default:
-			r.midx, r.mval = append(r.midx, r.idx[a]), append(r.mval, r.val[a]+r.rval[b])
-			a++
-			b++
-		}
-	}
+	r.midx, r.mval = mergeSum(r.midx[:0], r.mval[:0], r.idx, r.val, r.ridx, r.rval)
 	r.pick = TopK(r.pick, r.mval, k)
 	r.idx, r.val = r.idx[:0], r.val[:0]
 	for _, q := range r.pick {

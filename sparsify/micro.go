@@ -117,14 +117,7 @@ func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
 	}
-	total := 0
-	for _, c := range counts {
-		total += c
-	}
-	union := make([]int32, 0, total)
-	for _, l := range lists {
-		union = append(union, l...)
-	}
+	union := concatLists(lists, 0) // disjoint partitions: no duplicates
 	if err := unionReduce(ctx, m.c, acc, out, residual, union); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
 	}

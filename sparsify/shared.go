@@ -49,7 +49,15 @@ func gatherIndices(ctx context.Context, c comm.Communicator, mine []int32) ([][]
 
 // sortedUnion returns the sorted distinct indices of all lists.
 func sortedUnion(lists [][]int32) []int32 {
-	total := 0
+	u := concatLists(lists, 0)
+	slices.Sort(u)
+	return slices.Compact(u)
+}
+
+// concatLists returns the concatenation of lists in a new slice with room
+// for extra more elements.
+func concatLists(lists [][]int32, extra int) []int32 {
+	total := extra
 	for _, l := range lists {
 		total += len(l)
 	}
@@ -57,8 +65,30 @@ func sortedUnion(lists [][]int32) []int32 {
 	for _, l := range lists {
 		u = append(u, l...)
 	}
-	slices.Sort(u)
-	return slices.Compact(u)
+	return u
+}
+
+// mergeSum appends to dstIdx and dstVal the sparse sum of the lists (aIdx,
+// aVal) and (bIdx, bVal), whose indices are ascending and distinct: the union
+// of the indices, ascending, with a's value plus b's value where both have
+// one.
+func mergeSum(dstIdx []int32, dstVal []float32, aIdx []int32, aVal []float32, bIdx []int32, bVal []float32) ([]int32, []float32) {
+	i, j := 0, 0
+	for i < len(aIdx) || j < len(bIdx) {
+		switch {
+		case j == len(bIdx) || (i < len(aIdx) && aIdx[i] < bIdx[j]):
+			dstIdx, dstVal = append(dstIdx, aIdx[i]), append(dstVal, aVal[i])
+			i++
+		case i == len(aIdx) || bIdx[j] < aIdx[i]:
+			dstIdx, dstVal = append(dstIdx, bIdx[j]), append(dstVal, bVal[j])
+			j++
+		default:
+			dstIdx, dstVal = append(dstIdx, aIdx[i]), append(dstVal, aVal[i]+bVal[j])
+			i++
+			j++
+		}
+	}
+	return dstIdx, dstVal
 }
 
 // unionReduce is the shared-union all-reduce of the DEFT/MiCRO reference code:

@@ -486,21 +486,7 @@ func (s *spardlReducer) rsagExchange(ctx context.Context, cur *spardlList, selTi
 // addition is commutative, so both partners of an exchange compute the same
 // result.
 func spardlMerge(a, b spardlList) spardlList {
-	out := spardlList{idx: make([]int32, 0, len(a.idx)+len(b.idx)), vals: make([]float32, 0, len(a.idx)+len(b.idx))}
-	i, j := 0, 0
-	for i < len(a.idx) || j < len(b.idx) {
-		switch {
-		case j >= len(b.idx) || (i < len(a.idx) && a.idx[i] < b.idx[j]):
-			out.idx, out.vals = append(out.idx, a.idx[i]), append(out.vals, a.vals[i])
-			i++
-		case i >= len(a.idx) || b.idx[j] < a.idx[i]:
-			out.idx, out.vals = append(out.idx, b.idx[j]), append(out.vals, b.vals[j])
-			j++
-		default:
-			out.idx, out.vals = append(out.idx, a.idx[i]), append(out.vals, a.vals[i]+b.vals[j])
-			i++
-			j++
-		}
-	}
-	return out
+	n := len(a.idx) + len(b.idx)
+	idx, vals := mergeSum(make([]int32, 0, n), make([]float32, 0, n), a.idx, a.vals, b.idx, b.vals)
+	return spardlList{idx: idx, vals: vals}
 }
