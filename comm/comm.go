@@ -61,6 +61,7 @@ func (d DType) Size() int {
 	return 0
 }
 
+// String returns the type's name ("float32", "int32", "int64").
 func (d DType) String() string {
 	switch d {
 	case Float32:
@@ -95,18 +96,41 @@ type Int32s []int32
 // Int64s is a Buffer of int64 elements.
 type Int64s []int64
 
-func (b Float32s) Len() int              { return len(b) }
-func (b Float32s) DType() DType          { return Float32 }
-func (b Float32s) Bytes() []byte         { return bytesOf(b) }
+// Len returns the number of elements.
+func (b Float32s) Len() int { return len(b) }
+
+// DType returns Float32.
+func (b Float32s) DType() DType { return Float32 }
+
+// Bytes returns the elements' memory viewed as bytes (no copy).
+func (b Float32s) Bytes() []byte { return bytesOf(b) }
+
+// Slice returns elements [i, j) (no copy).
 func (b Float32s) Slice(i, j int) Buffer { return b[i:j] }
-func (b Int32s) Len() int                { return len(b) }
-func (b Int32s) DType() DType            { return Int32 }
-func (b Int32s) Bytes() []byte           { return bytesOf(b) }
-func (b Int32s) Slice(i, j int) Buffer   { return b[i:j] }
-func (b Int64s) Len() int                { return len(b) }
-func (b Int64s) DType() DType            { return Int64 }
-func (b Int64s) Bytes() []byte           { return bytesOf(b) }
-func (b Int64s) Slice(i, j int) Buffer   { return b[i:j] }
+
+// Len returns the number of elements.
+func (b Int32s) Len() int { return len(b) }
+
+// DType returns Int32.
+func (b Int32s) DType() DType { return Int32 }
+
+// Bytes returns the elements' memory viewed as bytes (no copy).
+func (b Int32s) Bytes() []byte { return bytesOf(b) }
+
+// Slice returns elements [i, j) (no copy).
+func (b Int32s) Slice(i, j int) Buffer { return b[i:j] }
+
+// Len returns the number of elements.
+func (b Int64s) Len() int { return len(b) }
+
+// DType returns Int64.
+func (b Int64s) DType() DType { return Int64 }
+
+// Bytes returns the elements' memory viewed as bytes (no copy).
+func (b Int64s) Bytes() []byte { return bytesOf(b) }
+
+// Slice returns elements [i, j) (no copy).
+func (b Int64s) Slice(i, j int) Buffer { return b[i:j] }
 
 func bytesOf[E float32 | int32 | int64](s []E) []byte {
 	if len(s) == 0 {

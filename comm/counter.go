@@ -26,6 +26,7 @@ const (
 
 var opNames = [numOps]string{"allreduce", "allgather", "allgatherv", "broadcast", "reducescatter", "send", "recv", "sendrecv", "barrier"}
 
+// String returns the op's name, e.g. "allreduce".
 func (o Op) String() string {
 	if o < numOps {
 		return opNames[o]
@@ -278,11 +279,14 @@ func (c *Counter) Barrier(ctx context.Context) error {
 	return err
 }
 
+// countedRequest is a non-blocking request whose Wait records the call in a
+// Counter.
 type countedRequest struct {
 	Request
 	done func(n int)
 }
 
+// Wait waits for the request and records its traffic.
 func (r countedRequest) Wait(ctx context.Context) (int, error) {
 	n, err := r.Request.Wait(ctx)
 	r.done(n)
