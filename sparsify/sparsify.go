@@ -1,14 +1,3 @@
-// Package sparsify owns the gradient sparsification methods: the flat-gradient
-// Layout, the error-feedback Memory, the selection primitives (exact top-k,
-// threshold, sampled thresholds, hashing, random-k), and one Reducer per method
-// (DEFT, MiCRO, LAGS-SGD, DRAGONN, SparDL and the baselines) that turns a
-// worker's error-compensated gradient into the averaged sparse gradient and the
-// new residual over a comm.Communicator. A registry maps method names to
-// constructors.
-//
-// The behaviour of each method follows its authors' code as described in the
-// project's reference notes; every deliberate deviation is stated in the
-// method's doc comment.
 package sparsify
 
 import (

@@ -1,0 +1,76 @@
+// Package sparsify owns the gradient sparsification methods: the flat-gradient
+// Layout, the error-feedback Memory, the selection primitives (exact TopK,
+// SelectAbove, KthLargestAbs, RandomK), and one Reducer per method that turns
+// a worker's error-compensated gradient acc into the gradient averaged over
+// the workers (out) and the worker's new residual, over a comm.Communicator.
+// A registry maps method names to constructors: New(name, Options) checks the
+// options every method shares and builds the reducer; Names lists them.
+//
+// # Methods
+//
+// Every method follows its authors' code as described in the project's
+// reference notes (shared/notes/reference-behaviour.md, section given below).
+// Its full description (k, wire format, bytes, Stats fields) and every
+// deliberate deviation are in the doc comment of its reducer type, in the
+// file named below; the deviations are summarised here. Common to all: the
+// budget is BudgetK, ⌊ρN⌋ clamped to at least 1 (the reference code crashes
+// or sends nothing when it rounds to 0), top-k ties go to lower indices (the
+// reference leaves them unspecified), the sums are added in rank order or
+// the communicator's canonical order so every rank gets bit-identical
+// results, and indices travel as int32 (at most math.MaxInt32 elements).
+//
+//   - "dense" (dense.go, denseReducer): all-reduce average of acc; residual 0.
+//     No deviation.
+//   - "topk" (topk.go, topkReducer; notes 7.1): each worker's exact top-k,
+//     index lists all-gathered, the union all-reduced. No other deviation.
+//   - "topka" (topk.go, topkaReducer; notes 7.2, 7.8): TopkA of Ok-Topk, the
+//     DEFT/MiCRO code's CLI "gtopk": all-gather of k (value, index) pairs per
+//     worker. Deviations: indices as int32 (the DEFT/MiCRO copy sends int64);
+//     Ok-Topk's dense warm-up is left to the trainer.
+//   - "threshold" (threshold.go, thresholdReducer; notes 7.5): |acc| >= λ
+//     (default 1/(2√k)), union all-reduced. Deviation: λ is rounded to
+//     float32 once and reported as such.
+//   - "cltk" (cltk.go, cltkReducer; notes 7.3): CLT-k, a rotating leader's
+//     top-k indices broadcast, every worker's values there all-reduced. No
+//     other deviation.
+//   - "gtopk" (gtopk.go, gtopkReducer; notes 7.7): Shi et al.'s gTop-k tree
+//     merge, power-of-two worker counts. Deviations: indices and values as
+//     two messages (int32, float32) instead of indices packed as float32
+//     (exact only below 2^24); merged candidates have distinct indices.
+//   - "randomk" (randomk.go, randomkReducer): k random indices shared by all
+//     ranks (seeded), no indices on the wire. Baseline without a reference.
+//   - "dgc" (dgc.go, dgcReducer; notes 7.4): Deep Gradient Compression's
+//     per-tensor double sampling, sparse all-gather. Deviations: DGC's
+//     momentum correction and masking (optimizer features) are not part of
+//     the reducer; the samples' random start is seeded per rank, iteration
+//     and tensor.
+//   - "dragonn" (dragonn.go, dragonnReducer; notes 6): DRAGONN's sampled
+//     threshold with hashed insertion, small tensors dense, dense warm-up.
+//     Deviations (fixes): values are summed and divided by the number of
+//     workers (the reference overwrites and does not divide); error feedback
+//     is always on; element 0 can be selected; hash collisions resolve
+//     deterministically (highest index wins); ns and nsel are at least 1.
+//   - "deft" (deft.go, newDeft; notes 2): DEFT's fragments, norm-proportional
+//     per-fragment budgets and LPT bin packing by a rotating leader.
+//     Deviations: the remaining norm is re-summed instead of decremented;
+//     empty fragments (N < n² only) get no budget instead of crashing; a NaN
+//     or infinite acc is an error.
+//   - "micro" (micro.go, newMicro; notes 3): MiCRO's rotating disjoint
+//     partitions with a shared threshold controller. Deviations: with one
+//     worker the global count is recorded as with many (the reference's
+//     threshold decays every call); empty partitions (N < n) are guarded.
+//   - "lags" (lags.go, LAGS; notes 5): per merge group
+//     top-k and all-gathers, pipelined through GroupReducer, optional
+//     adaptive density. Deviations: a group's elements are taken in layout
+//     order (the reference concatenates them in backward order: only tie
+//     order differs); when no ratio hides the communication, Density is used.
+//   - "spardl" (spardl.go, spardlReducer; notes 4): sparse
+//     reduce-scatter within teams, B-SAG or R-SAG across teams, Bruck
+//     all-gather, global residual collection. Deviations: the flat vector is
+//     blocked in layout order (the reference reverses the parameters); R-SAG
+//     keeps 1/2^(s+1) of a value dropped in round s (the paper's half in
+//     round 0), which conserves the gradient.
+//
+// Every method except gtopk conserves the gradient: Σ_w residual_w + n·out =
+// Σ_w acc_w up to float32 rounding.
+package sparsify
