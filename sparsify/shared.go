@@ -24,6 +24,9 @@ func gatherIndices(ctx context.Context, c comm.Communicator, mine []int32) ([][]
 	maxc := 0
 	counts := make([]int, n)
 	for i, v := range cnt {
+		if v < 0 || v > math.MaxInt32 {
+			return nil, nil, fmt.Errorf("rank %d announced %d indices, outside [0, %d]: the workers disagree on the layout or the data is corrupt", i, v, math.MaxInt32)
+		}
 		counts[i] = int(v)
 		maxc = max(maxc, int(v))
 	}
@@ -96,7 +99,14 @@ func mergeSum(dstIdx []int32, dstVal []float32, aIdx []int32, aVal []float32, bI
 // must be identical on all ranks and free of duplicates), the values are
 // summed over workers, out receives sum/n at the union and zero elsewhere, and
 // residual becomes acc with the whole union zeroed. residual may alias acc.
+// An index of union outside acc is an error (the union is made of peers'
+// indices).
 func unionReduce(ctx context.Context, c comm.Communicator, acc, out, residual []float32, union []int32) error {
+	for _, j := range union {
+		if j < 0 || int(j) >= len(acc) {
+			return fmt.Errorf("index %d of the union is outside [0, %d): the workers disagree on the layout or the data is corrupt", j, len(acc))
+		}
+	}
 	vals := valuesAt(nil, acc, union)
 	if err := c.AllReduce(ctx, comm.Float32s(vals)); err != nil {
 		return fmt.Errorf("all-reducing %d selected values: %w", len(vals), err)

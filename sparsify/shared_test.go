@@ -242,3 +242,50 @@ func TestUnionReduce(t *testing.T) {
 		}
 	}
 }
+
+// TestGatherIndicesRejectsBadCounts is a regression test: a peer that
+// announces a negative index count (corrupt data or a different build) made
+// gatherIndices slice out of range and panic; it must be an error naming the
+// rank. Rank 1 plays the peer with real AllGather calls.
+func TestGatherIndicesRejectsBadCounts(t *testing.T) {
+	for _, bad := range []int64{-5, math.MaxInt32 + 1} {
+		var got error
+		err := local.Run(context.Background(), 2, func(ctx context.Context, c comm.Communicator) error {
+			if c.Rank() == 1 {
+				cnt := make([]int64, 2)
+				if err := c.AllGather(ctx, comm.Int64s{bad}, comm.Int64s(cnt)); err != nil {
+					return err
+				}
+				return c.Barrier(ctx) // fails with the abort rank 0 causes
+			}
+			_, _, got = gatherIndices(ctx, c, []int32{3})
+			return got
+		})
+		if err == nil || got == nil {
+			t.Fatalf("count %d: Run error %v, gatherIndices error %v; want both", bad, err, got)
+		}
+		if !strings.Contains(got.Error(), "rank 1") || !strings.Contains(got.Error(), fmt.Sprint(bad)) {
+			t.Errorf("count %d: error %q does not name rank 1 and the count", bad, got)
+		}
+	}
+}
+
+// TestUnionReduceRejectsBadIndex is a regression test: an index outside the
+// gradient in the gathered union (sent by a peer with another layout) made
+// unionReduce index out of range and panic; it must be an error, raised
+// before any communication, with out and residual untouched.
+func TestUnionReduceRejectsBadIndex(t *testing.T) {
+	c := local.New(1).Comm(0)
+	for _, j := range []int32{-1, 4, math.MaxInt32} {
+		acc := []float32{1, 2, 3, 4}
+		out := []float32{9, 9, 9, 9}
+		res := make([]float32, 4)
+		err := unionReduce(context.Background(), c, acc, out, res, []int32{0, j})
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprint(j)) || !strings.Contains(err.Error(), "[0, 4)") {
+			t.Fatalf("index %d: error %v, want one naming the index and the range", j, err)
+		}
+		if !slices.Equal(out, []float32{9, 9, 9, 9}) || !slices.Equal(res, make([]float32, 4)) {
+			t.Errorf("index %d: out %v, residual %v modified", j, out, res)
+		}
+	}
+}
