@@ -164,7 +164,7 @@ func newSparDL(o Options) (Reducer, error) {
 		G = 1
 	}
 	if G < 0 || P%G != 0 {
-		return nil, fmt.Errorf("sparsify: spardl: %d teams do not divide %d workers; Teams must be one of %s", o.Teams, P, spardlDivisors(P))
+		return nil, fmt.Errorf("sparsify: spardl: %d teams do not divide %d workers; Teams must be one of %s", o.Teams, P, spardlDivisors(P, false))
 	}
 	s := &spardlReducer{
 		c:       comm.NewCounter(o.Comm),
@@ -179,7 +179,7 @@ func newSparDL(o Options) (Reducer, error) {
 	case "", "bruck", "bsag", "b-sag":
 	case "rsag", "r-sag":
 		if G&(G-1) != 0 {
-			return nil, fmt.Errorf("sparsify: spardl: R-SAG needs a power-of-two number of teams, got %d; use SAG \"bruck\" or Teams in %s", G, spardlPow2Divisors(P))
+			return nil, fmt.Errorf("sparsify: spardl: R-SAG needs a power-of-two number of teams, got %d; use SAG \"bruck\" or Teams in %s", G, spardlDivisors(P, true))
 		}
 		s.rsag = true
 	default:
@@ -209,20 +209,12 @@ func newSparDL(o Options) (Reducer, error) {
 	return s, nil
 }
 
-func spardlDivisors(p int) string {
+// spardlDivisors lists the divisors of p (only the powers of two if pow2)
+// for error messages, e.g. "{1, 2, 4}".
+func spardlDivisors(p int, pow2 bool) string {
 	var d []string
 	for i := 1; i <= p; i++ {
-		if p%i == 0 {
-			d = append(d, fmt.Sprint(i))
-		}
-	}
-	return "{" + strings.Join(d, ", ") + "}"
-}
-
-func spardlPow2Divisors(p int) string {
-	var d []string
-	for i := 1; i <= p; i *= 2 {
-		if p%i == 0 {
+		if p%i == 0 && (!pow2 || i&(i-1) == 0) {
 			d = append(d, fmt.Sprint(i))
 		}
 	}
