@@ -97,10 +97,7 @@ func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	selTime := time.Since(t0)
 	k := len(r.sel)
 	r.idx = append(r.idx[:0], r.sel...)
-	r.val = r.val[:0]
-	for _, j := range r.sel {
-		r.val = append(r.val, acc[j])
-	}
+	r.val = valuesAt(r.val, acc, r.sel)
 	r.ridx = grow(r.ridx, k)
 	r.rval = grow(r.rval, k)
 	rank, p := b.c.Rank(), b.c.Size()

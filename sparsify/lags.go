@@ -481,14 +481,6 @@ func lagsTensorK(lay Layout, gr Group, sel []int32) []int {
 	return tk
 }
 
-// lagsGrow returns s resized to n, reallocating only when needed.
-func lagsGrow[E any](s []E, n int) []E {
-	if cap(s) < n {
-		return make([]E, n)
-	}
-	return s[:n]
-}
-
 // lagsPending is one group's reduction in flight.
 type lagsPending struct {
 	l       *LAGS

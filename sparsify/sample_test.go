@@ -427,7 +427,7 @@ func sampCheck(t *testing.T, res *harnessResult, it, w int, e sampRefExpect) {
 	}
 }
 
-// sampExchangeCalls are the calls of sampBase.sparseExchange.
+// sampExchangeCalls are the calls of base.sparseExchange.
 func sampExchangeCalls(counts []int) []harnessCall {
 	return []harnessCall{
 		{Op: comm.OpAllGather, Elems: 1, ESize: 4},

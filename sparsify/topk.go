@@ -92,9 +92,6 @@ type topkaReducer struct {
 	vals  []float32
 	gvals []float32
 	gidx  []int32
-	seen  []bool
-	// touched lists the distinct gathered indices of the current call.
-	touched []int32
 }
 
 func newTopkaReducer(o Options) (Reducer, error) {
@@ -115,10 +112,7 @@ func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	r.sel = TopK(r.sel, acc, b.k)
 	selTime := time.Since(t0)
 	k, n := len(r.sel), b.c.Size()
-	r.vals = r.vals[:0]
-	for _, j := range r.sel {
-		r.vals = append(r.vals, acc[j])
-	}
+	r.vals = valuesAt(r.vals, acc, r.sel)
 	r.gvals = grow(r.gvals, n*k)
 	r.gidx = grow(r.gidx, n*k)
 	if err := b.c.AllGather(ctx, comm.Float32s(r.vals), comm.Float32s(r.gvals)); err != nil {
@@ -127,50 +121,15 @@ func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	if err := b.c.AllGather(ctx, comm.Int32s(r.sel), comm.Int32s(r.gidx)); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d indices per worker: %w", k, err)
 	}
-	if &residual[0] != &acc[0] {
-		copy(residual, acc)
-	}
-	for _, j := range r.sel {
-		residual[j] = 0
-	}
-	// seen is all false between calls: only the gathered indices are set
-	// and then reset, so no pass over N is needed for it.
-	if len(r.seen) != b.n {
-		r.seen = make([]bool, b.n)
-	}
+	residualWithout(residual, acc, r.sel)
 	clear(out)
-	r.touched = r.touched[:0]
-	for p, j := range r.gidx {
-		if j < 0 || int(j) >= b.n {
-			for _, q := range r.touched {
-				r.seen[q] = false
-			}
-			return Stats{}, fmt.Errorf("sparsify: topka: worker %d sent index %d outside [0, %d): the workers disagree on the layout", p/k, j, b.n)
-		}
-		out[j] += r.gvals[p]
-		if !r.seen[j] {
-			r.seen[j] = true
-			r.touched = append(r.touched, j)
-		}
+	distinct, err := b.addMean(out, r.gidx, r.gvals)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: topka: %w", err)
 	}
-	inv := 1 / float32(n)
-	for _, j := range r.touched {
-		out[j] *= inv
-		r.seen[j] = false
-	}
-	distinct := len(r.touched)
 	st := b.stats(before, selTime)
 	st.Selected = k
 	st.ActualDensity = float64(distinct) / float64(b.n)
 	st.ErrorNorm = norm2(residual)
 	return st, nil
-}
-
-// baselineGrow returns s resliced to length n, reallocated when its capacity is
-// too small (the contents are unspecified).
-func baselineGrow[E any](s []E, n int) []E {
-	if cap(s) < n {
-		return make([]E, n)
-	}
-	return s[:n]
 }
