@@ -18,6 +18,10 @@
 // reference leaves them unspecified), the sums are added in rank order or
 // the communicator's canonical order so every rank gets bit-identical
 // results, and indices travel as int32 (at most math.MaxInt32 elements).
+// The average is the float32 sum times 1/n for every method but lags and
+// spardl (which divide by n, as their references do): where the reference
+// divides (section 1's "sum / n"), the result can differ in the last bit
+// when n is not a power of two.
 //
 //   - "dense" (dense.go, denseReducer): all-reduce average of acc; residual 0.
 //     No deviation.
