@@ -35,8 +35,8 @@ type thresholdReducer struct {
 }
 
 func newThresholdReducer(o Options) (Reducer, error) {
-	if math.IsNaN(o.Lambda) || math.IsInf(o.Lambda, 0) || o.Lambda < 0 || o.Lambda > math.MaxFloat32 {
-		return nil, fmt.Errorf("sparsify: threshold: lambda %v is invalid; use a finite float32 value > 0, or 0 for the default 1/(2√k)", o.Lambda)
+	if math.IsNaN(o.Lambda) || math.IsInf(o.Lambda, 0) || o.Lambda < 0 || o.Lambda > math.MaxFloat32 || (o.Lambda > 0 && float32(o.Lambda) == 0) {
+		return nil, fmt.Errorf("sparsify: threshold: lambda %v is invalid; use a value that is > 0 as a float32 (between 1.4e-45 and 3.4e38), or 0 for the default 1/(2√k)", o.Lambda)
 	}
 	return &thresholdReducer{base: newBase("threshold", o), lambda: o.Lambda}, nil
 }
