@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync"
 	"unsafe"
+
+	"github.com/sparsegrad/sparsegrad/comm"
 )
 
 // Selection primitives: exact top-k by magnitude, the k-th largest magnitude,
@@ -60,19 +62,9 @@ func selChunks(n int) int {
 	return max(1, min(runtime.GOMAXPROCS(0), n/(selParallelMin/2)))
 }
 
-// selChunkBounds returns chunk c of n elements cut into p near-equal parts.
-func selChunkBounds(n, p, c int) (lo, hi int) {
-	q, r := n/p, n%p
-	lo = c*q + min(c, r)
-	hi = lo + q
-	if c < r {
-		hi++
-	}
-	return lo, hi
-}
-
-// selParallel runs f(c, lo, hi) for each of p chunks of n elements, on p
-// goroutines when p > 1, and returns when all are done.
+// selParallel runs f(c, lo, hi) for each of p chunks of n elements (cut by
+// comm.ChunkBounds), on p goroutines when p > 1, and returns when all are
+// done.
 func selParallel(n, p int, f func(c, lo, hi int)) {
 	if p == 1 {
 		f(0, 0, n)
@@ -80,7 +72,7 @@ func selParallel(n, p int, f func(c, lo, hi int)) {
 	}
 	var wg sync.WaitGroup
 	for c := range p {
-		lo, hi := selChunkBounds(n, p, c)
+		lo, hi := comm.ChunkBounds(n, p, c)
 		wg.Go(func() { f(c, lo, hi) })
 	}
 	wg.Wait()
