@@ -5,10 +5,24 @@ import (
 	"fmt"
 	"log"
 	"strconv"
+	"sync"
 
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
+
+// buildMu serialises building and compiling Gorgonia graphs: Gorgonia's
+// graph construction updates package-level state without locking (e.g.
+// encoding.NewGroup, reached from Rectify), so models built concurrently in
+// several goroutines (in-process workers) would race. Running compiled
+// graphs needs no lock.
+var buildMu sync.Mutex
+
+// building locks buildMu and returns its unlock (use: defer building()()).
+func building() func() {
+	buildMu.Lock()
+	return buildMu.Unlock
+}
 
 // trainGraph is a compiled training graph: parameters bound to a store,
 // the symbolic gradients of a scalar loss, and the tape machine(s) that run
@@ -237,6 +251,7 @@ func (tg *trainGraph) setHook(h GradHook, save func() []float32, restore func([]
 	if h == nil || tg.hookVM != nil {
 		return nil
 	}
+	defer building()()
 	tg.tap = newHookTap(tg)
 	var saved []float32
 	if save != nil {
@@ -296,7 +311,9 @@ func (c *evalCache) get(n int, build func() (*evalGraph, error)) (*evalGraph, er
 			return c.graphs[i], nil
 		}
 	}
+	unlock := building()
 	eg, err := build()
+	unlock()
 	if err != nil {
 		return nil, err
 	}

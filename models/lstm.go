@@ -105,6 +105,7 @@ var _ Model = (*LSTM)(nil)
 
 // NewLSTM builds the LSTM language model for cfg.
 func NewLSTM(cfg LSTMConfig) (*LSTM, error) {
+	defer building()()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

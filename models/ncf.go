@@ -96,6 +96,7 @@ var _ Model = (*NCF)(nil)
 
 // NewNCF builds NeuMF for cfg.
 func NewNCF(cfg NCFConfig) (*NCF, error) {
+	defer building()()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}

@@ -110,6 +110,7 @@ type convSpec struct {
 
 // NewResNet builds ResNet-18 for cfg.
 func NewResNet(cfg ResNetConfig) (*ResNet, error) {
+	defer building()()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
