@@ -23,7 +23,23 @@
 //     seed+rank.
 //   - The learning-rate warm-up is linear per iteration from lr/warm-up
 //     iterations to lr (the reference code starts at lr/P or scales lr up).
+//   - The LSTM's hidden state is reset before and after every evaluation
+//     (also the training state when -eval-every evaluates mid-epoch); the
+//     reference resets it only at epoch starts.
+//   - Evaluation covers every rank's share of the split (CIFAR test images,
+//     WikiText-2 validation columns, MovieLens users) and combines the
+//     ranks' sums, so the metric is the whole split's, not rank 0's.
+//   - The local gradient clipping of the LSTM (-clip) needs the whole
+//     gradient before error feedback, so it cannot be combined with LAGS
+//     pipelining (-pipeline auto turns pipelining off then).
 //   - Checkpoints hold rank 0's parameters, buffers and optimizer state, not
 //     the error-feedback residuals of every rank: a resumed run continues
 //     from the epoch boundary with zero residuals.
+//
+// # Reproducibility
+//
+// In-process workers and mpirun processes give bit-identical losses when
+// every worker uses the same number of BLAS threads (OpenBLAS's results
+// depend on it); the default thread count, cores / workers on the machine,
+// is the same in both cases on one machine.
 package train
