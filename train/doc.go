@@ -15,9 +15,10 @@
 //
 //   - Momentum: PyTorch's SGD (buf = m·buf + g + wd·w; w −= lr·buf), not the
 //     DEFT/MiCRO harness's "nesterov" (g + buf, which doubles the first step
-//     and, with momentum 0, every step). Learning rates taken from that
-//     harness are therefore effectively half as large here; the defaults
-//     below are chosen for these semantics.
+//     and, with momentum 0, every step). With momentum 0 the harness's steps
+//     are twice PyTorch's for the same learning rate (with momentum 0.9 about
+//     1.1× in the steady state); Config.Defaults is chosen for PyTorch's
+//     semantics.
 //   - Initial parameters are rank 0's, broadcast to all ranks (as PyTorch's
 //     DistributedDataParallel does); every rank seeds its dropout masks with
 //     seed+rank.
