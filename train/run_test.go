@@ -302,3 +302,34 @@ func TestMissingDataSaysHowToFix(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+func TestEvalEveryAndMaxTime(t *testing.T) {
+	c := ncfConfig(t, 2, 5)
+	c.EvalEvery = 2
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var at []float64
+	for _, r := range readMetrics(t, c.Out) {
+		if r["type"] == "eval" && r["metric"] == "hr10" {
+			at = append(at, r["step"].(float64))
+		}
+	}
+	if !slices.Equal(at, []float64{2, 4, 5}) {
+		t.Fatalf("evaluations at steps %v, want 2, 4, 5", at)
+	}
+	// A time limit that has passed stops before the first step, still with
+	// an evaluation and a checkpoint.
+	c = ncfConfig(t, 2, 0)
+	c.MaxTime = time.Nanosecond
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	recs := readMetrics(t, c.Out)
+	if len(recs) != 2 || recs[0]["type"] != "eval" {
+		t.Fatalf("records after a passed time limit: %v", recs)
+	}
+	if _, err := LatestCheckpoint(c.Out); err != nil {
+		t.Fatal(err)
+	}
+}
