@@ -333,3 +333,16 @@ func TestEvalEveryAndMaxTime(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDivergenceIsAnError: a learning rate that overflows the parameters
+// makes the next gradient non-finite, which stops the run with an error that
+// names the problem instead of training on NaN.
+func TestDivergenceIsAnError(t *testing.T) {
+	c := ncfConfig(t, 2, 10)
+	c.Optimizer, c.LR = "sgd", 1e38
+	err := Run(context.Background(), c, Options{})
+	if err == nil || !(strings.Contains(err.Error(), "NaN") || strings.Contains(err.Error(), "Inf") || strings.Contains(err.Error(), "infinite")) {
+		t.Fatalf("err = %v", err)
+	}
+	t.Log(err)
+}
