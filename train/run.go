@@ -97,6 +97,9 @@ func Run(ctx context.Context, c Config, o Options) error {
 	if c.Out == "" {
 		c.Out = c.Resume
 	}
+	if err := checkFreshOut(c, o, underMPI); err != nil {
+		return err
+	}
 	if o.Stdout == nil {
 		o.Stdout = os.Stdout
 	}
@@ -220,3 +223,27 @@ func rankLogger(runDir string, rank int) (*slog.Logger, io.Closer, error) {
 }
 
 var errStop = errors.New("train: stop")
+
+// checkFreshOut refuses to start a new run in a directory that already holds
+// one, so that a repeated command never overwrites earlier results. Only the
+// rank that writes run.json checks (the others could see the file it has just
+// written).
+func checkFreshOut(c Config, o Options, underMPI bool) error {
+	if c.Resume != "" {
+		return nil
+	}
+	switch {
+	case o.Comm != nil:
+		if o.Comm.Rank() != 0 {
+			return nil
+		}
+	case underMPI:
+		if l, ok := mpi.Detect(); ok && l.Rank != 0 {
+			return nil
+		}
+	}
+	if _, err := os.Stat(filepath.Join(c.Out, "run.json")); err == nil {
+		return fmt.Errorf("%w: -out %s already holds a run (run.json); pass another -out, continue it with -resume %s, or delete the folder", ErrConfig, c.Out, c.Out)
+	}
+	return nil
+}

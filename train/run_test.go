@@ -2,8 +2,10 @@ package train
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
@@ -285,6 +287,17 @@ func TestRunDirectoryAndResume(t *testing.T) {
 	}
 	if !slices.Equal(steps, []float64{2, 4, 5, 6, 8}) {
 		t.Fatalf("steps after resume %v", steps)
+	}
+	// A new run into the same directory is refused before it writes anything.
+	before, err := os.ReadFile(filepath.Join(c.Out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(context.Background(), c, Options{}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "already holds a run") {
+		t.Fatalf("a second run into %s: %v, want a refusal", c.Out, err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(c.Out, "metrics.jsonl")); !bytes.Equal(before, after) {
+		t.Fatal("the refused run changed metrics.jsonl")
 	}
 	// A checkpoint of another model is refused.
 	bad := ncfConfig(t, 1, 1)

@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/data"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -32,7 +33,11 @@ func main() {
 	stop()
 	if err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "train:", err)
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "train:") {
+				msg = "train: " + msg
+			}
+			fmt.Fprintln(os.Stderr, msg)
 		}
 		os.Exit(2)
 	}
@@ -124,7 +129,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto (OpenBLAS if installed), openblas or gonum")
 	fs.IntVar(&c.BLASThreads, "blas-threads", 0, "OpenBLAS threads (0: cores / simulated workers)")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress output")
-	summary := fs.Bool("summary", false, "print the model's layer table and parameter count, then exit")
+	summary := fs.Bool("summary", false, "print the model's layer table and parameter count, then exit (NCF and LSTM read the data set for their sizes)")
 	fs.Usage = func() {
 		fmt.Fprintf(out, `Usage:
   train [flags]                      train one model, write a run directory
@@ -178,9 +183,19 @@ func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {
 	if err := cfg.Validate(false); err != nil {
 		return err
 	}
-	ds, err := train.LoadDataset(ctx, cfg)
-	if err != nil {
-		return err
+	// ResNet-18's shape depends only on the number of classes; NCF's and the
+	// LSTM's depend on the data (users and items, vocabulary), which is read.
+	ds := &train.Dataset{Name: cfg.Dataset}
+	switch {
+	case cfg.Model == "resnet18" && cfg.Dataset == "cifar100":
+		ds.CIFAR.Kind = data.CIFAR100
+	case cfg.Model == "resnet18":
+		ds.CIFAR.Kind = data.CIFAR10
+	default:
+		var err error
+		if ds, err = train.LoadDataset(ctx, cfg); err != nil {
+			return err
+		}
 	}
 	m, err := train.NewModel(cfg, ds, cfg.Seed)
 	if err != nil {

@@ -221,3 +221,19 @@ func TestRunWritesReportAndCompare(t *testing.T) {
 		t.Fatalf("comparison page: %v, %d bytes", err, len(b))
 	}
 }
+
+// TestSummaryResNetNeedsNoData checks that ResNet-18's summary is printed
+// without a data set (its shape depends only on the number of classes), with
+// the parameter counts of the reference code.
+func TestSummaryResNetNeedsNoData(t *testing.T) {
+	for _, tc := range []struct{ dataset, want string }{
+		{"cifar10", "resnet18: 11173962 parameters"},
+		{"cifar100", "resnet18: 11220132 parameters"},
+	} {
+		var out bytes.Buffer
+		err := run(context.Background(), []string{"-model", "resnet18", "-dataset", tc.dataset, "-data-dir", t.TempDir(), "-summary"}, &out, &out)
+		if err != nil || !strings.Contains(out.String(), tc.want) {
+			t.Fatalf("%s: err %v, output:\n%s", tc.dataset, err, out.String())
+		}
+	}
+}
