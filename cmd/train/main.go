@@ -20,7 +20,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/sparsegrad/sparsegrad/data"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -129,6 +128,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto (OpenBLAS if installed), openblas or gonum")
 	fs.IntVar(&c.BLASThreads, "blas-threads", 0, "OpenBLAS threads (0: cores / simulated workers)")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress output")
+	addReportAssetsFlag(fs)
 	summary := fs.Bool("summary", false, "print the model's layer table and parameter count, then exit (NCF and LSTM read the data set for their sizes)")
 	fs.Usage = func() {
 		fmt.Fprintf(out, `Usage:
@@ -210,6 +210,8 @@ func runReport(args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("train report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	out := fs.String("o", "compare.html", "HTML file to write")
+	addReportAssetsFlag(fs)
+	fs.Float64Var(&reportTarget, "target", 0, "metric value for the time-to-target ranking (0: the best value every run reaches)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: train report [-o FILE] RUN_DIR...")
 		fs.PrintDefaults()
@@ -227,5 +229,3 @@ func runReport(args []string, stderr io.Writer) error {
 	}
 	return compareReports(*out, fs.Args())
 }
-
-var _ = time.Second

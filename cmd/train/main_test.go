@@ -220,6 +220,17 @@ func TestRunWritesReportAndCompare(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), "<html") {
 		t.Fatalf("comparison page: %v, %d bytes", err, len(b))
 	}
+	// -report-assets makes the page load ECharts from the given URL instead
+	// of inlining it.
+	const cdn = "https://cdn.example.org/echarts.min.js"
+	small := filepath.Join(base, "cdn.html")
+	if err := run(context.Background(), append([]string{"report", "-o", small, "-report-assets", cdn, "-target", "0.3"}, dirs...), &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	c, err := os.ReadFile(small)
+	if err != nil || !strings.Contains(string(c), cdn) || len(c) >= len(b)/2 {
+		t.Fatalf("page with -report-assets: %v, %d bytes (inline page %d bytes), URL present: %v", err, len(c), len(b), strings.Contains(string(c), cdn))
+	}
 }
 
 // TestSummaryResNetNeedsNoData checks that ResNet-18's summary is printed

@@ -1,9 +1,30 @@
 package main
 
-import "github.com/sparsegrad/sparsegrad/reports"
+import (
+	"context"
+	"flag"
+
+	"github.com/sparsegrad/sparsegrad/reports"
+)
+
+// reportAssets is the -report-assets flag of train and train report: where
+// report pages load ECharts from (empty: inline the pinned, checksum-verified
+// copy, so pages work offline).
+var reportAssets string
+
+// reportTarget is train report's -target flag.
+var reportTarget float64
+
+func addReportAssetsFlag(fs *flag.FlagSet) {
+	fs.StringVar(&reportAssets, "report-assets", "", "URL of echarts.min.js for report pages, e.g. a CDN (default: inline the pinned copy, fetched once with npm or from $SPARSEGRAD_ECHARTS; pages then work offline)")
+}
 
 // writeReport writes runDir/report.html.
-func writeReport(runDir string) error { return reports.WriteRun(runDir) }
+func writeReport(runDir string) error {
+	return reports.WriteRunWith(context.Background(), runDir, reports.Options{AssetsURL: reportAssets})
+}
 
 // compareReports writes one HTML file comparing runs.
-func compareReports(out string, runDirs []string) error { return reports.Compare(out, runDirs) }
+func compareReports(out string, runDirs []string) error {
+	return reports.CompareWith(context.Background(), out, runDirs, reports.Options{AssetsURL: reportAssets, Target: reportTarget})
+}
