@@ -75,8 +75,9 @@ func (t Totals) Sub(u Totals) Totals {
 // what byte statistics and projections count, whatever the backend does
 // internally. elems is the call's buffer length (AllReduce, Broadcast), the
 // send length (AllGather), or the message length (Send, Recv); counts are the
-// per-rank lengths of AllGatherV and ReduceScatter. esize is the element size
-// in bytes; root is Broadcast's root.
+// per-rank lengths of AllGatherV and ReduceScatter (one per rank; missing
+// entries count as 0, extra ones are ignored, so malformed counts never make
+// it panic). esize is the element size in bytes; root is Broadcast's root.
 //
 //   - AllReduce (ring reduce-scatter then ring all-gather): rank r sends
 //     2L − c_r − c_{r+1} and receives 2L − c_{r−1} − c_r bytes, where L is the
@@ -115,17 +116,11 @@ func Traffic(op Op, n, r, elems, esize, root int, counts []int) (sent, recv int6
 	case OpAllGather:
 		return b((n - 1) * elems), b((n - 1) * elems)
 	case OpAllGatherV:
-		total := 0
-		for _, c := range counts {
-			total += c
-		}
-		return b(total - counts[(r+1)%n]), b(total - counts[r])
+		total := countsTotal(counts, n)
+		return b(total - countAt(counts, (r+1)%n)), b(total - countAt(counts, r))
 	case OpReduceScatter:
-		total := 0
-		for _, c := range counts {
-			total += c
-		}
-		return b(total - counts[r]), b(total - counts[(r-1+n)%n])
+		total := countsTotal(counts, n)
+		return b(total - countAt(counts, r)), b(total - countAt(counts, (r-1+n)%n))
 	case OpBroadcast:
 		v := (r - root + n) % n
 		children := 0
@@ -146,17 +141,46 @@ func Traffic(op Op, n, r, elems, esize, root int, counts []int) (sent, recv int6
 	return 0, 0
 }
 
-// Counter wraps a Communicator and counts, per Op, calls, payload, bytes (as
-// Traffic defines them) and time. It is itself a Communicator. Its statistics
-// may be read from any goroutine.
+// countAt is counts[i], or 0 when counts has no entry i.
+func countAt(counts []int, i int) int {
+	if i < 0 || i >= len(counts) {
+		return 0
+	}
+	return counts[i]
+}
+
+// countsTotal is the sum of the first n entries of counts.
+func countsTotal(counts []int, n int) int {
+	total := 0
+	for _, c := range counts[:min(n, len(counts))] {
+		total += c
+	}
+	return total
+}
+
+// Counter wraps a Communicator and counts, per Op, the calls that succeeded:
+// calls, payload, bytes (as Traffic defines them) and time. A call the
+// backend fails is not counted; its error is returned unchanged. It is itself
+// a Communicator and forwards every method explicitly (it does not embed the
+// interface, so a method added to Communicator must be added here, counted,
+// before the package compiles). Its statistics may be read from any
+// goroutine.
 type Counter struct {
-	Communicator
+	c     Communicator
 	mu    sync.Mutex
 	stats [numOps]OpStats
 }
 
+var _ Communicator = (*Counter)(nil)
+
 // NewCounter wraps c.
-func NewCounter(c Communicator) *Counter { return &Counter{Communicator: c} }
+func NewCounter(c Communicator) *Counter { return &Counter{c: c} }
+
+// Rank forwards to the wrapped communicator.
+func (c *Counter) Rank() int { return c.c.Rank() }
+
+// Size forwards to the wrapped communicator.
+func (c *Counter) Size() int { return c.c.Size() }
 
 // Stats returns the statistics of op so far.
 func (c *Counter) Stats(op Op) OpStats {
@@ -197,7 +221,12 @@ func (c *Counter) add(op Op, elems int, sent, recv int64, d time.Duration) {
 	c.mu.Unlock()
 }
 
-func (c *Counter) record(op Op, buf Buffer, elems, root int, counts []int, start time.Time) {
+// record counts a call of op that succeeded (err == nil) and does nothing
+// otherwise.
+func (c *Counter) record(err error, op Op, buf Buffer, elems, root int, counts []int, start time.Time) {
+	if err != nil {
+		return
+	}
 	es := 0
 	if buf != nil {
 		es = buf.DType().Size()
@@ -209,91 +238,92 @@ func (c *Counter) record(op Op, buf Buffer, elems, root int, counts []int, start
 // AllReduce counts and forwards the call.
 func (c *Counter) AllReduce(ctx context.Context, buf Buffer) error {
 	t := time.Now()
-	err := c.Communicator.AllReduce(ctx, buf)
-	c.record(OpAllReduce, buf, buf.Len(), 0, nil, t)
+	err := c.c.AllReduce(ctx, buf)
+	c.record(err, OpAllReduce, buf, buf.Len(), 0, nil, t)
 	return err
 }
 
 // AllGather counts and forwards the call.
 func (c *Counter) AllGather(ctx context.Context, send, recv Buffer) error {
 	t := time.Now()
-	err := c.Communicator.AllGather(ctx, send, recv)
-	c.record(OpAllGather, send, send.Len(), 0, nil, t)
+	err := c.c.AllGather(ctx, send, recv)
+	c.record(err, OpAllGather, send, send.Len(), 0, nil, t)
 	return err
 }
 
 // AllGatherV counts and forwards the call.
 func (c *Counter) AllGatherV(ctx context.Context, send, recv Buffer, counts []int) error {
 	t := time.Now()
-	err := c.Communicator.AllGatherV(ctx, send, recv, counts)
-	c.record(OpAllGatherV, send, send.Len(), 0, counts, t)
+	err := c.c.AllGatherV(ctx, send, recv, counts)
+	c.record(err, OpAllGatherV, send, send.Len(), 0, counts, t)
 	return err
 }
 
 // Broadcast counts and forwards the call.
 func (c *Counter) Broadcast(ctx context.Context, buf Buffer, root int) error {
 	t := time.Now()
-	err := c.Communicator.Broadcast(ctx, buf, root)
-	c.record(OpBroadcast, buf, buf.Len(), root, nil, t)
+	err := c.c.Broadcast(ctx, buf, root)
+	c.record(err, OpBroadcast, buf, buf.Len(), root, nil, t)
 	return err
 }
 
 // ReduceScatter counts and forwards the call.
 func (c *Counter) ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error {
 	t := time.Now()
-	err := c.Communicator.ReduceScatter(ctx, send, recv, counts)
-	c.record(OpReduceScatter, send, send.Len(), 0, counts, t)
+	err := c.c.ReduceScatter(ctx, send, recv, counts)
+	c.record(err, OpReduceScatter, send, send.Len(), 0, counts, t)
 	return err
 }
 
 // Send counts and forwards the call.
 func (c *Counter) Send(ctx context.Context, buf Buffer, dst, tag int) error {
 	t := time.Now()
-	err := c.Communicator.Send(ctx, buf, dst, tag)
-	c.record(OpSend, buf, buf.Len(), 0, nil, t)
+	err := c.c.Send(ctx, buf, dst, tag)
+	c.record(err, OpSend, buf, buf.Len(), 0, nil, t)
 	return err
 }
 
 // Recv counts and forwards the call; the received length is counted.
 func (c *Counter) Recv(ctx context.Context, buf Buffer, src, tag int) (int, error) {
 	t := time.Now()
-	n, err := c.Communicator.Recv(ctx, buf, src, tag)
-	c.record(OpRecv, buf, n, 0, nil, t)
+	n, err := c.c.Recv(ctx, buf, src, tag)
+	c.record(err, OpRecv, buf, n, 0, nil, t)
 	return n, err
 }
 
 // SendRecv counts and forwards the call.
 func (c *Counter) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffer, src, tag int) (int, error) {
 	t := time.Now()
-	n, err := c.Communicator.SendRecv(ctx, send, dst, recv, src, tag)
-	es := send.DType().Size()
-	c.add(OpSendRecv, send.Len(), int64(send.Len()*es), int64(n*recv.DType().Size()), time.Since(t))
+	n, err := c.c.SendRecv(ctx, send, dst, recv, src, tag)
+	if err == nil {
+		c.add(OpSendRecv, send.Len(), int64(send.Len()*send.DType().Size()), int64(n*recv.DType().Size()), time.Since(t))
+	}
 	return n, err
 }
 
 // Barrier counts and forwards the call.
 func (c *Counter) Barrier(ctx context.Context) error {
 	t := time.Now()
-	err := c.Communicator.Barrier(ctx)
-	c.record(OpBarrier, nil, 0, 0, nil, t)
+	err := c.c.Barrier(ctx)
+	c.record(err, OpBarrier, nil, 0, 0, nil, t)
 	return err
 }
 
 // countedRequest is a non-blocking request whose Wait records the call in a
 // Counter.
 type countedRequest struct {
-	Request
-	done func(n int)
+	req  Request
+	done func(err error, n int)
 }
 
-// Wait waits for the request and records its traffic.
+// Wait waits for the request and, if it succeeded, records its traffic.
 func (r countedRequest) Wait(ctx context.Context) (int, error) {
-	n, err := r.Request.Wait(ctx)
-	r.done(n)
+	n, err := r.req.Wait(ctx)
+	r.done(err, n)
 	return n, err
 }
 
-func (c *Counter) wrap(req Request, err error, done func(n int)) (Request, error) {
+func (c *Counter) wrap(req Request, err error, done func(err error, n int)) (Request, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -303,34 +333,34 @@ func (c *Counter) wrap(req Request, err error, done func(n int)) (Request, error
 // IAllReduce counts and forwards the call; its time runs until Wait returns.
 func (c *Counter) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
 	t := time.Now()
-	req, err := c.Communicator.IAllReduce(ctx, buf)
-	return c.wrap(req, err, func(int) { c.record(OpAllReduce, buf, buf.Len(), 0, nil, t) })
+	req, err := c.c.IAllReduce(ctx, buf)
+	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllReduce, buf, buf.Len(), 0, nil, t) })
 }
 
 // IAllGather counts and forwards the call.
 func (c *Counter) IAllGather(ctx context.Context, send, recv Buffer) (Request, error) {
 	t := time.Now()
-	req, err := c.Communicator.IAllGather(ctx, send, recv)
-	return c.wrap(req, err, func(int) { c.record(OpAllGather, send, send.Len(), 0, nil, t) })
+	req, err := c.c.IAllGather(ctx, send, recv)
+	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllGather, send, send.Len(), 0, nil, t) })
 }
 
 // IAllGatherV counts and forwards the call.
 func (c *Counter) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
 	t := time.Now()
-	req, err := c.Communicator.IAllGatherV(ctx, send, recv, counts)
-	return c.wrap(req, err, func(int) { c.record(OpAllGatherV, send, send.Len(), 0, counts, t) })
+	req, err := c.c.IAllGatherV(ctx, send, recv, counts)
+	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllGatherV, send, send.Len(), 0, counts, t) })
 }
 
 // ISend counts and forwards the call.
 func (c *Counter) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {
 	t := time.Now()
-	req, err := c.Communicator.ISend(ctx, buf, dst, tag)
-	return c.wrap(req, err, func(int) { c.record(OpSend, buf, buf.Len(), 0, nil, t) })
+	req, err := c.c.ISend(ctx, buf, dst, tag)
+	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpSend, buf, buf.Len(), 0, nil, t) })
 }
 
 // IRecv counts and forwards the call.
 func (c *Counter) IRecv(ctx context.Context, buf Buffer, src, tag int) (Request, error) {
 	t := time.Now()
-	req, err := c.Communicator.IRecv(ctx, buf, src, tag)
-	return c.wrap(req, err, func(n int) { c.record(OpRecv, buf, n, 0, nil, t) })
+	req, err := c.c.IRecv(ctx, buf, src, tag)
+	return c.wrap(req, err, func(err error, n int) { c.record(err, OpRecv, buf, n, 0, nil, t) })
 }

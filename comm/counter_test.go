@@ -2,6 +2,8 @@ package comm_test
 
 import (
 	"context"
+	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -232,5 +234,224 @@ func TestCounter(t *testing.T) {
 		if cnt.Totals() != (comm.Totals{}) {
 			t.Errorf("rank %d: Reset left %+v", r, cnt.Totals())
 		}
+	}
+}
+
+// TestCounterBackendErrorNotCounted: a call the backend refuses (here counts
+// of the wrong length, which comm.Traffic cannot price) returns the backend's
+// error and is not counted; it must not panic.
+func TestCounterBackendErrorNotCounted(t *testing.T) {
+	const n = 3
+	cases := []struct {
+		name string
+		call func(ctx context.Context, c *comm.Counter) error
+	}{
+		{"allgatherv short counts", func(ctx context.Context, c *comm.Counter) error {
+			return c.AllGatherV(ctx, make(comm.Float32s, 1), make(comm.Float32s, 1), []int{1})
+		}},
+		{"reducescatter short counts", func(ctx context.Context, c *comm.Counter) error {
+			return c.ReduceScatter(ctx, make(comm.Float32s, 1), make(comm.Float32s, 1), []int{1})
+		}},
+		{"iallgatherv short counts", func(ctx context.Context, c *comm.Counter) error {
+			q, err := c.IAllGatherV(ctx, make(comm.Float32s, 1), make(comm.Float32s, 1), []int{1})
+			if err != nil {
+				return err
+			}
+			_, err = q.Wait(ctx)
+			return err
+		}},
+		{"allgather wrong recv length", func(ctx context.Context, c *comm.Counter) error {
+			return c.AllGather(ctx, make(comm.Float32s, 2), make(comm.Float32s, 1))
+		}},
+		{"send to a rank that does not exist", func(ctx context.Context, c *comm.Counter) error {
+			return c.Send(ctx, make(comm.Float32s, 2), n+4, 0)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w := local.New(n)
+			cnt := comm.NewCounter(w.Comm(0))
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						t.Fatalf("panicked instead of returning the backend's error: %v", p)
+					}
+				}()
+				err = tc.call(context.Background(), cnt)
+			}()
+			if err == nil {
+				t.Fatal("no error for a call the backend must refuse")
+			}
+			if tot := cnt.Totals(); tot != (comm.Totals{}) {
+				t.Errorf("failed call was counted: %+v", tot)
+			}
+		})
+	}
+}
+
+// TestTrafficCountsShorterThanRanks: Traffic prices malformed counts (fewer
+// entries than ranks) without panicking, missing entries counting as 0.
+func TestTrafficCountsShorterThanRanks(t *testing.T) {
+	for _, op := range []comm.Op{comm.OpAllGatherV, comm.OpReduceScatter} {
+		for _, counts := range [][]int{nil, {5}, {1, 2}} {
+			for r := range 3 {
+				s, v := comm.Traffic(op, 3, r, 0, 4, 0, counts)
+				full := append(append([]int(nil), counts...), make([]int, 3-len(counts))...)
+				ws, wv := comm.Traffic(op, 3, r, 0, 4, 0, full)
+				if s != ws || v != wv {
+					t.Errorf("%v counts %v rank %d: (%d, %d), want (%d, %d) as with %v", op, counts, r, s, v, ws, wv, full)
+				}
+			}
+		}
+	}
+}
+
+// fakeComm is a one-rank Communicator that records the names of the methods
+// called and succeeds at everything.
+type fakeComm struct{ calls []string }
+
+type fakeReq struct{ n int }
+
+func (q fakeReq) Wait(context.Context) (int, error) { return q.n, nil }
+
+func (f *fakeComm) Rank() int { f.calls = append(f.calls, "Rank"); return 0 }
+func (f *fakeComm) Size() int { f.calls = append(f.calls, "Size"); return 1 }
+func (f *fakeComm) AllReduce(context.Context, comm.Buffer) error {
+	f.calls = append(f.calls, "AllReduce")
+	return nil
+}
+func (f *fakeComm) AllGather(context.Context, comm.Buffer, comm.Buffer) error {
+	f.calls = append(f.calls, "AllGather")
+	return nil
+}
+func (f *fakeComm) AllGatherV(context.Context, comm.Buffer, comm.Buffer, []int) error {
+	f.calls = append(f.calls, "AllGatherV")
+	return nil
+}
+func (f *fakeComm) Broadcast(context.Context, comm.Buffer, int) error {
+	f.calls = append(f.calls, "Broadcast")
+	return nil
+}
+func (f *fakeComm) ReduceScatter(context.Context, comm.Buffer, comm.Buffer, []int) error {
+	f.calls = append(f.calls, "ReduceScatter")
+	return nil
+}
+func (f *fakeComm) Send(context.Context, comm.Buffer, int, int) error {
+	f.calls = append(f.calls, "Send")
+	return nil
+}
+func (f *fakeComm) Recv(_ context.Context, b comm.Buffer, _, _ int) (int, error) {
+	f.calls = append(f.calls, "Recv")
+	return b.Len(), nil
+}
+func (f *fakeComm) SendRecv(_ context.Context, _ comm.Buffer, _ int, b comm.Buffer, _, _ int) (int, error) {
+	f.calls = append(f.calls, "SendRecv")
+	return b.Len(), nil
+}
+func (f *fakeComm) Barrier(context.Context) error { f.calls = append(f.calls, "Barrier"); return nil }
+func (f *fakeComm) IAllReduce(_ context.Context, b comm.Buffer) (comm.Request, error) {
+	f.calls = append(f.calls, "IAllReduce")
+	return fakeReq{b.Len()}, nil
+}
+func (f *fakeComm) IAllGather(_ context.Context, _, b comm.Buffer) (comm.Request, error) {
+	f.calls = append(f.calls, "IAllGather")
+	return fakeReq{b.Len()}, nil
+}
+func (f *fakeComm) IAllGatherV(_ context.Context, _, b comm.Buffer, _ []int) (comm.Request, error) {
+	f.calls = append(f.calls, "IAllGatherV")
+	return fakeReq{b.Len()}, nil
+}
+func (f *fakeComm) ISend(_ context.Context, b comm.Buffer, _, _ int) (comm.Request, error) {
+	f.calls = append(f.calls, "ISend")
+	return fakeReq{b.Len()}, nil
+}
+func (f *fakeComm) IRecv(_ context.Context, b comm.Buffer, _, _ int) (comm.Request, error) {
+	f.calls = append(f.calls, "IRecv")
+	return fakeReq{b.Len()}, nil
+}
+
+// TestCounterCountsEveryMethod calls every method of the Communicator
+// interface, found by reflection, on a Counter and checks that the call
+// reached the backend and was counted under its Op. A method added to the
+// interface fails here until it is added to the table below (and forwarded
+// and counted by Counter).
+func TestCounterCountsEveryMethod(t *testing.T) {
+	// The Op each method is counted under; Rank and Size are not calls.
+	want := map[string]comm.Op{
+		"AllReduce": comm.OpAllReduce, "IAllReduce": comm.OpAllReduce,
+		"AllGather": comm.OpAllGather, "IAllGather": comm.OpAllGather,
+		"AllGatherV": comm.OpAllGatherV, "IAllGatherV": comm.OpAllGatherV,
+		"Broadcast":     comm.OpBroadcast,
+		"ReduceScatter": comm.OpReduceScatter,
+		"Send":          comm.OpSend, "ISend": comm.OpSend,
+		"Recv": comm.OpRecv, "IRecv": comm.OpRecv,
+		"SendRecv": comm.OpSendRecv,
+		"Barrier":  comm.OpBarrier,
+	}
+	notCalls := map[string]bool{"Rank": true, "Size": true}
+
+	// Counter must not embed the interface: an embedded interface forwards
+	// a method added later without counting it.
+	ct := reflect.TypeOf(comm.Counter{})
+	for i := range ct.NumField() {
+		if f := ct.Field(i); f.Anonymous {
+			t.Errorf("Counter embeds %s: forward every method explicitly instead", f.Type)
+		}
+	}
+
+	ctx := context.Background()
+	iface := reflect.TypeOf((*comm.Communicator)(nil)).Elem()
+	for i := range iface.NumMethod() {
+		m := iface.Method(i)
+		t.Run(m.Name, func(t *testing.T) {
+			fake := &fakeComm{}
+			cnt := comm.NewCounter(fake)
+			args := make([]reflect.Value, m.Type.NumIn())
+			for j := range args {
+				switch in := m.Type.In(j); in {
+				case reflect.TypeOf((*context.Context)(nil)).Elem():
+					args[j] = reflect.ValueOf(ctx)
+				case reflect.TypeOf((*comm.Buffer)(nil)).Elem():
+					args[j] = reflect.ValueOf(comm.Buffer(make(comm.Float32s, 2)))
+				case reflect.TypeOf(0):
+					args[j] = reflect.ValueOf(0)
+				case reflect.TypeOf([]int(nil)):
+					args[j] = reflect.ValueOf([]int{2})
+				default:
+					t.Fatalf("parameter %d of %s has type %s, which this test cannot fill: extend it", j, m.Name, in)
+				}
+			}
+			res := reflect.ValueOf(cnt).MethodByName(m.Name).Call(args)
+			if !slices.Contains(fake.calls, m.Name) {
+				t.Fatalf("Counter.%s did not reach the backend's %s (it called %v)", m.Name, m.Name, fake.calls)
+			}
+			for _, r := range res {
+				if q, ok := r.Interface().(comm.Request); ok && q != nil {
+					if _, err := q.Wait(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err, ok := r.Interface().(error); ok && err != nil {
+					t.Fatal(err)
+				}
+			}
+			if notCalls[m.Name] {
+				if tot := cnt.Totals(); tot.Calls != 0 {
+					t.Errorf("%s counted as a call", m.Name)
+				}
+				return
+			}
+			op, ok := want[m.Name]
+			if !ok {
+				t.Fatalf("interface method %s is not in this test's table: decide under which Op Counter counts it", m.Name)
+			}
+			if got := cnt.Stats(op).Calls; got != 1 {
+				t.Errorf("%s: %d calls counted under %v, want 1", m.Name, got, op)
+			}
+			if tot := cnt.Totals(); tot.Calls != 1 {
+				t.Errorf("%s: %d calls counted in all, want 1", m.Name, tot.Calls)
+			}
+		})
 	}
 }
