@@ -323,7 +323,7 @@ func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 	d.mine = mine
 	selTime += time.Since(t1)
 
-	lists, counts, err := gatherIndices(ctx, d.c, mine)
+	lists, counts, err := gatherIndices(ctx, d.c, mine, N)
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
 	}

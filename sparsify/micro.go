@@ -113,7 +113,7 @@ func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 	m.mine = mine
 	selTime := time.Since(t0)
 
-	lists, counts, err := gatherIndices(ctx, m.c, mine)
+	lists, counts, err := gatherIndices(ctx, m.c, mine, N)
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
 	}

@@ -13,9 +13,11 @@ import (
 
 // gatherIndices all-gathers every worker's selected indices in the wire format
 // of the DEFT/MiCRO reference code: one int64 count per worker, then every
-// worker's list padded to the largest count, as int64. It returns each worker's
-// list (slices of one buffer) and the counts.
-func gatherIndices(ctx context.Context, c comm.Communicator, mine []int32) ([][]int32, []int, error) {
+// worker's list padded to the largest count, as int64. A count outside
+// [0, N] (N is the gradient's length) is an error raised before anything is
+// allocated for the lists. It returns each worker's list (slices of one
+// buffer) and the counts.
+func gatherIndices(ctx context.Context, c comm.Communicator, mine []int32, N int) ([][]int32, []int, error) {
 	n := c.Size()
 	cnt := make([]int64, n)
 	if err := c.AllGather(ctx, comm.Int64s{int64(len(mine))}, comm.Int64s(cnt)); err != nil {
@@ -24,8 +26,8 @@ func gatherIndices(ctx context.Context, c comm.Communicator, mine []int32) ([][]
 	maxc := 0
 	counts := make([]int, n)
 	for i, v := range cnt {
-		if v < 0 || v > math.MaxInt32 {
-			return nil, nil, fmt.Errorf("rank %d announced %d indices, outside [0, %d]: the workers disagree on the layout or the data is corrupt", i, v, math.MaxInt32)
+		if v < 0 || v > int64(N) {
+			return nil, nil, fmt.Errorf("rank %d announced %d indices for a gradient of %d elements (outside [0, %d]): the workers disagree on the layout or the data is corrupt", i, v, N, N)
 		}
 		counts[i] = int(v)
 		maxc = max(maxc, int(v))

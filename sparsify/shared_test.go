@@ -172,7 +172,7 @@ func TestGatherIndices(t *testing.T) {
 				}
 				err := local.Run(t.Context(), n, func(ctx context.Context, c comm.Communicator) error {
 					cc := comm.NewCounter(c)
-					got, counts, err := gatherIndices(ctx, cc, lists[c.Rank()])
+					got, counts, err := gatherIndices(ctx, cc, lists[c.Rank()], 1<<30)
 					if err != nil {
 						return err
 					}
@@ -245,28 +245,34 @@ func TestUnionReduce(t *testing.T) {
 
 // TestGatherIndicesRejectsBadCounts is a regression test: a peer that
 // announces a negative index count (corrupt data or a different build) made
-// gatherIndices slice out of range and panic; it must be an error naming the
-// rank. Rank 1 plays the peer with real AllGather calls.
+// gatherIndices slice out of range and panic, and one that announced more
+// indices than the gradient has (up to MaxInt32) made it allocate n·count
+// elements; both must be an error naming the rank and the count, raised
+// before the indices are gathered. Rank 1 plays the peer with a real
+// AllGather call.
 func TestGatherIndicesRejectsBadCounts(t *testing.T) {
-	for _, bad := range []int64{-5, math.MaxInt32 + 1} {
-		var got error
-		err := local.Run(context.Background(), 2, func(ctx context.Context, c comm.Communicator) error {
-			if c.Rank() == 1 {
-				cnt := make([]int64, 2)
-				if err := c.AllGather(ctx, comm.Int64s{bad}, comm.Int64s(cnt)); err != nil {
-					return err
+	const N = 10
+	for _, bad := range []int64{-5, N + 1, 1 << 20, math.MaxInt32 + 1} {
+		t.Run(fmt.Sprint(bad), func(t *testing.T) {
+			var got error
+			err := local.Run(context.Background(), 2, func(ctx context.Context, c comm.Communicator) error {
+				if c.Rank() == 1 {
+					cnt := make([]int64, 2)
+					if err := c.AllGather(ctx, comm.Int64s{bad}, comm.Int64s(cnt)); err != nil {
+						return err
+					}
+					return c.Barrier(ctx) // fails with the abort rank 0 causes
 				}
-				return c.Barrier(ctx) // fails with the abort rank 0 causes
+				_, _, got = gatherIndices(ctx, c, []int32{3}, N)
+				return got
+			})
+			if err == nil || got == nil {
+				t.Fatalf("count %d: Run error %v, gatherIndices error %v; want both", bad, err, got)
 			}
-			_, _, got = gatherIndices(ctx, c, []int32{3})
-			return got
+			if !strings.Contains(got.Error(), "rank 1") || !strings.Contains(got.Error(), fmt.Sprint(bad)) || !strings.Contains(got.Error(), fmt.Sprint(N)) {
+				t.Errorf("count %d: error %q does not name rank 1, the count and the gradient length %d", bad, got, N)
+			}
 		})
-		if err == nil || got == nil {
-			t.Fatalf("count %d: Run error %v, gatherIndices error %v; want both", bad, err, got)
-		}
-		if !strings.Contains(got.Error(), "rank 1") || !strings.Contains(got.Error(), fmt.Sprint(bad)) {
-			t.Errorf("count %d: error %q does not name rank 1 and the count", bad, got)
-		}
 	}
 }
 

@@ -60,7 +60,7 @@ func (r *thresholdReducer) Reduce(ctx context.Context, acc, out, residual []floa
 	t0 := time.Now()
 	r.sel = SelectAbove(r.sel, acc, lam32)
 	selTime := time.Since(t0)
-	lists, counts, err := gatherIndices(ctx, b.c, r.sel)
+	lists, counts, err := gatherIndices(ctx, b.c, r.sel, b.n)
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
 	}

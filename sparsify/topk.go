@@ -53,7 +53,7 @@ func (r *topkReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 	t0 := time.Now()
 	r.sel = TopK(r.sel, acc, b.k)
 	selTime := time.Since(t0)
-	lists, counts, err := gatherIndices(ctx, b.c, r.sel)
+	lists, counts, err := gatherIndices(ctx, b.c, r.sel, b.n)
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
 	}
