@@ -18,8 +18,9 @@
 // reference leaves them unspecified), the sums are added in rank order or
 // the communicator's canonical order so every rank gets bit-identical
 // results, and indices travel as int32 (at most math.MaxInt32 elements).
-// The average is the float32 sum times 1/n for every method but lags and
-// spardl (which divide by n, as their references do): where the reference
+// The average is the float32 sum times 1/n for every method but lags,
+// spardl, topkdsa and oktopk (which divide by n, as their references do):
+// where the reference
 // divides (section 1's "sum / n"), the result can differ in the last bit
 // when n is not a power of two.
 //
@@ -31,6 +32,28 @@
 //     DEFT/MiCRO code's CLI "gtopk": all-gather of k (value, index) pairs per
 //     worker. Deviations: indices as int32 (the DEFT/MiCRO copy sends int64);
 //     Ok-Topk's dense warm-up is left to the trainer.
+//   - "topkdsa" (topkdsa.go, topkDSAReducer; notes 7.8): TopkDSA of the
+//     Ok-Topk code (SparDL's TopDSA baseline): top-k sent to the owners of P
+//     contiguous regions, owners sum, sparse or dense all-gather of the sums;
+//     dense warm-up (Options.Warmup, default 512). Deviations (fixes): the
+//     k selected elements are the ones sent (the reference sends only |acc|
+//     strictly above the k-th largest yet zeroes all k in the residual, so
+//     with k = 1 it sends nothing); the last region takes N − (P−1)⌊N/P⌋
+//     elements (the reference's remainder is wrong for N mod P >= ⌊N/P⌋ and
+//     divides by zero for N < P); indices travel as int32, not as float32
+//     (exact only below 2^24); regions cut the layout order, not the
+//     reversed parameter order.
+//   - "oktopk" (oktopk.go, okTopkReducer; notes 7.8): Ok-Topk: local
+//     threshold exact every 32 sparse calls and otherwise reused and raised,
+//     regions re-balanced every 64, owners sum, global threshold exact every
+//     32 and otherwise adapted, residual zeroed only where sent and globally
+//     selected; dense warm-up (Options.Warmup, default 512). Deviations
+//     (fixes): the schedule counts from the end of the warm-up (the same for
+//     the reference's 512); boundary proposals summed as int64 (the
+//     reference's int32 overflows once P·N > 2^31); a worker with nothing
+//     selected proposes the equal split and an empty global candidate set
+//     keeps the global threshold (the reference crashes on both); indices
+//     travel as int32, not as float32; layout order as for topkdsa.
 //   - "threshold" (threshold.go, thresholdReducer; notes 7.5): |acc| >= λ
 //     (default 1/(2√k)), union all-reduced. Deviation: λ is rounded to
 //     float32 once and reported as such.

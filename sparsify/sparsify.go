@@ -113,7 +113,9 @@ type Options struct {
 	// MinTensor is DRAGONN's size threshold: only tensors with more elements
 	// are compressed (default 204800).
 	MinTensor int
-	// Warmup is DRAGONN's number of initial dense iterations (default 200).
+	// Warmup is the number of initial dense iterations of dragonn (default
+	// 200) and of oktopk and topkdsa (default 512, the Ok-Topk code's); a
+	// negative value means none.
 	Warmup int
 }
 
