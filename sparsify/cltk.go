@@ -16,7 +16,8 @@ func init() { Register("cltk", newCltkReducer) }
 //   - the leader of call t (counting from 0 on each reducer) is rank t mod n;
 //     it selects the exact top-k of its own acc, k = BudgetK(density, N) =
 //     ⌊ρN⌋ clamped to [1, N] (ties to lower indices);
-//   - the leader broadcasts the k indices as int64 (the reference format);
+//   - the leader broadcasts the k indices as int32 (the package's wire format;
+//     the reference sends int64);
 //   - every worker all-reduces its own acc at those indices (float32); out =
 //     sum/n there and 0 elsewhere; every worker's residual is acc with those
 //     indices zeroed.
@@ -24,14 +25,14 @@ func init() { Register("cltk", newCltkReducer) }
 // Stats: Selected = k on every rank (every rank sends its values at the k
 // leader-chosen indices; only the leader spends SelectTime),
 // SelectedPerWorker = nil, ActualDensity = k/N, which never exceeds the
-// budget whatever n is. Bytes: the binomial-tree broadcast of 8k bytes plus
+// budget whatever n is. Bytes: the binomial-tree broadcast of 4k bytes plus
 // the ring all-reduce of k float32 (comm.Traffic). It conserves the gradient:
 // Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
 type cltkReducer struct {
 	base base
 	t    int
 	sel  []int32
-	wire []int64
+	wire []int32
 }
 
 func newCltkReducer(o Options) (Reducer, error) {
@@ -58,19 +59,17 @@ func (r *cltkReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 		t0 := time.Now()
 		r.sel = TopK(r.sel, acc, b.k)
 		selTime = time.Since(t0)
-		for i, j := range r.sel {
-			r.wire[i] = int64(j)
-		}
+		copy(r.wire, r.sel)
 	}
-	if err := b.c.Broadcast(ctx, comm.Int64s(r.wire), leader); err != nil {
+	if err := b.c.Broadcast(ctx, comm.Int32s(r.wire), leader); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: cltk: broadcasting %d indices from leader %d: %w", b.k, leader, err)
 	}
 	r.sel = grow(r.sel, b.k)
 	for i, v := range r.wire {
-		if v < 0 || v >= int64(b.n) || (i > 0 && v <= r.wire[i-1]) {
+		if v < 0 || int(v) >= b.n || (i > 0 && v <= r.wire[i-1]) {
 			return Stats{}, fmt.Errorf("sparsify: cltk: leader %d sent index %d at position %d, not ascending within [0, %d): the workers disagree on the layout or density", leader, v, i, b.n)
 		}
-		r.sel[i] = int32(v)
+		r.sel[i] = v
 	}
 	if err := unionReduce(ctx, b.c, acc, out, residual, r.sel); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: cltk: %w", err)

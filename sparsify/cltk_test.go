@@ -22,7 +22,7 @@ func blRefCltk(accs [][]float32, k, it int) blExpect {
 	}
 	e.calls = func(int) []harnessCall {
 		return []harnessCall{
-			{Op: comm.OpBroadcast, Elems: k, ESize: 8, Root: leader},
+			{Op: comm.OpBroadcast, Elems: k, ESize: 4, Root: leader},
 			{Op: comm.OpAllReduce, Elems: k, ESize: 4},
 		}
 	}

@@ -217,8 +217,10 @@ type deftReducer struct {
 //     fragments going to a common list, and broadcasts the bin lengths and
 //     contents (two int32 broadcasts, as in the reference).
 //   - Worker r takes bin (t mod n + r) mod n and selects the TopK of every
-//     fragment of it with its own k_f; counts (int64) and the padded index
-//     lists (int64) are all-gathered; the union is their concatenation plus
+//     fragment of it with its own k_f; counts and index lists are
+//     all-gathered in the package's wire format (int32 counts, then the
+//     int32 lists with AllGatherV; the reference sends int64 counts and
+//     int64 lists padded to the largest); the union is their concatenation plus
 //     every index of every common fragment (disjoint by construction); the
 //     union is all-reduced with each worker's own values (unionReduce), out is
 //     the average on the union and 0 elsewhere, the residual is acc with the

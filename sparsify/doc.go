@@ -17,7 +17,14 @@
 // or sends nothing when it rounds to 0), top-k ties go to lower indices (the
 // reference leaves them unspecified), the sums are added in rank order or
 // the communicator's canonical order so every rank gets bit-identical
-// results, and indices travel as int32 (at most math.MaxInt32 elements).
+// results, and sparse data has one wire format (at most math.MaxInt32
+// elements): indices and counts as int32, values as float32, lists unpadded
+// (AllGatherV); where the reference code sends int64 counts and index lists
+// padded to the largest count (topk, threshold, cltk, micro, deft) or packs
+// indices into floats, the bytes here are those of the int32 format, so byte
+// charts compare methods, not encodings. Stats' byte counts are measured on
+// the buffers each call actually hands to the communicator (comm.Counter),
+// not computed from a formula.
 // The average is the float32 sum times 1/n for every method but lags,
 // spardl, topkdsa and oktopk (which divide by n, as their references do):
 // where the reference

@@ -76,7 +76,8 @@ type GroupStats struct {
 	// of the group, in the order of Group.Tensors.
 	TensorK []int
 	// BytesSent and BytesRecv are this worker's traffic for the group's two
-	// all-gathers (comm.Traffic's ring convention).
+	// all-gathers, measured by the group's own comm.Counter on the buffers
+	// actually handed to the communicator (comm.Traffic's ring convention).
 	BytesSent, BytesRecv int64
 	// SelectTime is the top-k time; CommTime runs from the start of the
 	// all-gathers to the end of Wait.
@@ -167,7 +168,10 @@ var LAGSDefaultModel = LAGSModel{Alpha: 4 * 0.436e-3, Beta: 9e-9}
 //     max(predicted, ρ)). A group with much backward time behind it gets the
 //     cap 1/c_u, the last group (nothing left to hide behind) gets Density.
 //     Until SetBackwardTimes is called every group uses Density.
-//   - Byte accounting: the per-group comm.Traffic of the two all-gathers.
+//   - Byte accounting: each group has its own comm.Counter, so the bytes of
+//     a group's two all-gathers are measured on the buffers actually sent
+//     (comm.Traffic of their lengths and types), also when several groups
+//     are in flight at once; Reduce's bytes are the sum over groups.
 //
 // Pipelining: LAGS implements GroupReducer; the trainer calls StartGroup for
 // each group as soon as its gradients are final and waits for all before the
@@ -182,8 +186,8 @@ var LAGSDefaultModel = LAGSModel{Alpha: 4 * 0.436e-3, Beta: 9e-9}
 // the reducer is unchanged. The reference code's default is the raw-gradient
 // memory (LRScaled false).
 type LAGS struct {
-	c        *comm.Counter
-	n, rank  int
+	gc       []*comm.Counter // one per group: bytes measured per group
+	n        int
 	layout   Layout
 	density  float64
 	maxRatio float64
@@ -233,9 +237,7 @@ func NewLAGS(o Options) (*LAGS, error) {
 		merge = LAGSDefaultMergeSize
 	}
 	l := &LAGS{
-		c:        comm.NewCounter(o.Comm),
 		n:        o.Comm.Size(),
-		rank:     o.Comm.Rank(),
 		layout:   o.Layout,
 		density:  o.Density,
 		maxRatio: o.MaxRatio,
@@ -244,6 +246,10 @@ func NewLAGS(o Options) (*LAGS, error) {
 		seen:     make([]bool, o.Layout.N),
 	}
 	l.pending = make([]bool, len(l.groups))
+	l.gc = make([]*comm.Counter, len(l.groups))
+	for g := range l.gc {
+		l.gc[g] = comm.NewCounter(o.Comm)
+	}
 	l.bufs = make([]lagsBufs, len(l.groups))
 	l.ks = make([]int, len(l.groups))
 	l.recomputeK()
@@ -345,7 +351,7 @@ func (l *LAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats,
 	if err := l.checkArgs(acc, out, residual); err != nil {
 		return Stats{}, err
 	}
-	before := l.c.Totals()
+	before := l.totals()
 	ps := make([]Pending, len(l.groups))
 	var firstErr error
 	for g := range l.groups {
@@ -371,9 +377,22 @@ func (l *LAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats,
 		return Stats{}, firstErr
 	}
 	st := CombineGroupStats(l.density, l.layout, l.groups, gs)
-	d := l.c.Totals().Sub(before)
+	d := l.totals().Sub(before)
 	st.BytesSent, st.BytesRecv, st.CommTime = d.BytesSent, d.BytesRecv, d.Time
 	return st, nil
+}
+
+// totals sums the statistics of every group's counter.
+func (l *LAGS) totals() comm.Totals {
+	var t comm.Totals
+	for _, c := range l.gc {
+		u := c.Totals()
+		t.Calls += u.Calls
+		t.BytesSent += u.BytesSent
+		t.BytesRecv += u.BytesRecv
+		t.Time += u.Time
+	}
+	return t
 }
 
 // CombineGroupStats sums the GroupStats of one iteration's groups (groups as
@@ -439,14 +458,14 @@ func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float
 	selTime := time.Since(t0)
 	b.vals = valuesAt(b.vals, a, b.sel)
 	residualWithout(res, a, b.sel)
-	p := &lagsPending{l: l, g: g, k: k, out: out[gr.Lo:gr.Hi], res: res, selTime: selTime, start: time.Now()}
+	p := &lagsPending{l: l, g: g, k: k, out: out[gr.Lo:gr.Hi], res: res, selTime: selTime, before: l.gc[g].Totals(), start: time.Now()}
 	p.tensorK = lagsTensorK(l.layout, gr, b.sel)
 	b.allVals = grow(b.allVals, l.n*k)
 	b.allIdx = grow(b.allIdx, l.n*k)
 	var err error
-	p.rv, err = l.c.IAllGather(ctx, comm.Float32s(b.vals), comm.Float32s(b.allVals))
+	p.rv, err = l.gc[g].IAllGather(ctx, comm.Float32s(b.vals), comm.Float32s(b.allVals))
 	if err == nil {
-		p.ri, err = l.c.IAllGather(ctx, comm.Int32s(b.sel), comm.Int32s(b.allIdx))
+		p.ri, err = l.gc[g].IAllGather(ctx, comm.Int32s(b.sel), comm.Int32s(b.allIdx))
 	}
 	if err != nil {
 		if p.rv != nil {
@@ -490,6 +509,7 @@ type lagsPending struct {
 	rv, ri  comm.Request
 	tensorK []int
 	selTime time.Duration
+	before  comm.Totals // the group's counter at the start
 	start   time.Time
 	once    sync.Once
 }
@@ -552,7 +572,7 @@ func (p *lagsPending) wait(ctx context.Context) (GroupStats, error) {
 	if bad != nil {
 		return GroupStats{}, bad
 	}
-	sent, recv := comm.Traffic(comm.OpAllGather, l.n, l.rank, p.k, 4, 0, nil)
+	moved := l.gc[p.g].Totals().Sub(p.before)
 	var sq float64
 	for _, v := range p.res {
 		sq += float64(v) * float64(v)
@@ -563,8 +583,8 @@ func (p *lagsPending) wait(ctx context.Context) (GroupStats, error) {
 		Distinct:   len(touched),
 		ResidualSq: sq,
 		TensorK:    p.tensorK,
-		BytesSent:  2 * sent,
-		BytesRecv:  2 * recv,
+		BytesSent:  moved.BytesSent,
+		BytesRecv:  moved.BytesRecv,
 		SelectTime: p.selTime,
 		CommTime:   commTime,
 	}, nil

@@ -64,7 +64,9 @@ type microReducer struct {
 //     comparison does); if none, the single index s + (t mod (e−s)) of its
 //     partition [s, e); a worker with an empty partition (only when N < n)
 //     selects nothing (the reference's modulo by zero is guarded).
-//   - Counts (int64) and padded indices (int64) are all-gathered; the union
+//   - Counts and indices are all-gathered in the package's wire format
+//     (int32 counts, then the int32 lists with AllGatherV; the reference
+//     sends int64 counts and int64 lists padded to the largest); the union
 //     is their concatenation (disjoint); it is all-reduced with each worker's
 //     own values (unionReduce): out is the average on the union, 0 elsewhere,
 //     and the residual is acc with the union zeroed. The global count |union|

@@ -11,43 +11,51 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-// gatherIndices all-gathers every worker's selected indices in the wire format
-// of the DEFT/MiCRO reference code: one int64 count per worker, then every
-// worker's list padded to the largest count, as int64. A count outside
-// [0, N] (N is the gradient's length) is an error raised before anything is
-// allocated for the lists. It returns each worker's list (slices of one
-// buffer) and the counts.
-func gatherIndices(ctx context.Context, c comm.Communicator, mine []int32, N int) ([][]int32, []int, error) {
+// gatherCounts all-gathers every worker's count (one int32 each, the first
+// message of the sparse wire format) into counts32 and returns them as ints
+// in counts (both reused when large enough). A count outside [0, N] (N is the
+// gradient's length) is an error naming the rank, raised before anything is
+// allocated for the data; what names the counted items in errors.
+func gatherCounts(ctx context.Context, c comm.Communicator, mine, N int, counts32 []int32, counts []int, what string) ([]int32, []int, error) {
 	n := c.Size()
-	cnt := make([]int64, n)
-	if err := c.AllGather(ctx, comm.Int64s{int64(len(mine))}, comm.Int64s(cnt)); err != nil {
-		return nil, nil, fmt.Errorf("gathering index counts: %w", err)
+	counts32 = grow(counts32, n)
+	if err := c.AllGather(ctx, comm.Int32s{int32(mine)}, comm.Int32s(counts32)); err != nil {
+		return counts32, counts, fmt.Errorf("gathering the %d workers' %s counts: %w", n, what, err)
 	}
-	maxc := 0
-	counts := make([]int, n)
-	for i, v := range cnt {
-		if v < 0 || v > int64(N) {
-			return nil, nil, fmt.Errorf("rank %d announced %d indices for a gradient of %d elements (outside [0, %d]): the workers disagree on the layout or the data is corrupt", i, v, N, N)
+	counts = grow(counts, n)
+	for w, v := range counts32 {
+		if v < 0 || int(v) > N {
+			return counts32, counts, fmt.Errorf("rank %d announced %d %s for a gradient of %d elements (outside [0, %d]): the workers disagree on the layout or the data is corrupt", w, v, what, N, N)
 		}
-		counts[i] = int(v)
-		maxc = max(maxc, int(v))
+		counts[w] = int(v)
 	}
-	send := make([]int64, maxc)
-	for i, v := range mine {
-		send[i] = int64(v)
+	return counts32, counts, nil
+}
+
+// gatherIndices all-gathers every worker's selected indices in the package's
+// one wire format for sparse data: one int32 count per worker (AllGather,
+// gatherCounts: a count outside [0, N] is an error), then the int32 indices,
+// unpadded (AllGatherV). (The DEFT/MiCRO reference code sends int64 counts
+// and int64 lists padded to the largest count; see the package doc.) It
+// returns each worker's list (slices of one buffer) and the counts.
+func gatherIndices(ctx context.Context, c comm.Communicator, mine []int32, N int) ([][]int32, []int, error) {
+	_, counts, err := gatherCounts(ctx, c, len(mine), N, nil, nil, "indices")
+	if err != nil {
+		return nil, nil, err
 	}
-	recv := make([]int64, n*maxc)
-	if err := c.AllGather(ctx, comm.Int64s(send), comm.Int64s(recv)); err != nil {
-		return nil, nil, fmt.Errorf("gathering indices: %w", err)
+	total := 0
+	for _, v := range counts {
+		total += v
 	}
-	flat := make([]int32, 0, n*maxc)
-	all := make([][]int32, n)
-	for w := range n {
-		start := len(flat)
-		for _, v := range recv[w*maxc : w*maxc+counts[w]] {
-			flat = append(flat, int32(v))
-		}
-		all[w] = flat[start:len(flat):len(flat)]
+	flat := make([]int32, total)
+	if err := c.AllGatherV(ctx, comm.Int32s(mine), comm.Int32s(flat), counts); err != nil {
+		return nil, nil, fmt.Errorf("gathering %d indices: %w", total, err)
+	}
+	all := make([][]int32, len(counts))
+	pos := 0
+	for w, v := range counts {
+		all[w] = flat[pos : pos+v : pos+v]
+		pos += v
 	}
 	return all, counts, nil
 }
@@ -261,27 +269,22 @@ func (b *base) stats(before comm.Totals, sel time.Duration) Stats {
 	return callStats(b.c, before, b.o.Density, sel)
 }
 
-// sparseExchange all-gathers every worker's (index, value) pairs — one int32
-// count per worker with AllGather, then the int32 indices and the float32
-// values with AllGatherV — and decodes them into out with addMean. idx are
+// sparseExchange all-gathers every worker's (index, value) pairs in the
+// package's one wire format — one int32 count per worker with AllGather
+// (gatherCounts), then the int32 indices and the float32 values with
+// AllGatherV — and decodes them into out with addMean. idx are
 // flat indices, distinct per worker; out must be zero at every index a worker
 // may send. It returns each worker's count and the number of distinct
 // indices received.
 func (b *base) sparseExchange(ctx context.Context, idx []int32, val []float32, out []float32) ([]int, int, error) {
 	c := b.c
-	p := c.Size()
-	b.counts = grow(b.counts, p)
-	if err := c.AllGather(ctx, comm.Int32s{int32(len(idx))}, comm.Int32s(b.counts)); err != nil {
-		return nil, 0, fmt.Errorf("gathering the %d workers' counts: %w", p, err)
+	var err error
+	if b.counts, b.icounts, err = gatherCounts(ctx, c, len(idx), b.n, b.counts, b.icounts, "pairs"); err != nil {
+		return nil, 0, err
 	}
-	b.icounts = grow(b.icounts, p)
 	total := 0
-	for w, v := range b.counts {
-		if v < 0 || int(v) > b.n {
-			return nil, 0, fmt.Errorf("rank %d announced %d pairs for a gradient of %d elements: the workers disagree on the layout", w, v, b.n)
-		}
-		b.icounts[w] = int(v)
-		total += int(v)
+	for _, v := range b.icounts {
+		total += v
 	}
 	b.allIdx = grow(b.allIdx, total)
 	b.allVal = grow(b.allVal, total)

@@ -18,8 +18,9 @@ func init() { Register("threshold", newThresholdReducer) }
 //     λ is rounded to float32 once and that value is used and reported as
 //     Stats.Threshold;
 //   - each worker selects every index with |acc| >= λ over the flat vector;
-//   - counts and index lists are all-gathered in the reference wire format
-//     (int64 counts, int64 indices padded to the largest count);
+//   - counts and index lists are all-gathered in the package's wire format
+//     (int32 counts, then the int32 lists with AllGatherV; the reference
+//     sends int64 counts and int64 lists padded to the largest count);
 //   - the union U (sorted, distinct) is formed; every worker all-reduces its
 //     own acc at U (float32); out = sum/n on U, 0 elsewhere; every worker's
 //     residual is acc with U zeroed. If no worker selects anything, out = 0

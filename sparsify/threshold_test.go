@@ -16,7 +16,6 @@ func blRefThreshold(accs [][]float32, k int, lambda float64) blExpect {
 	}
 	lam := float32(lambda)
 	var sels [][]int32
-	maxc := 0
 	var counts []int
 	for _, a := range accs {
 		var s []int32
@@ -27,7 +26,6 @@ func blRefThreshold(accs [][]float32, k int, lambda float64) blExpect {
 		}
 		sels = append(sels, s)
 		counts = append(counts, len(s))
-		maxc = max(maxc, len(s))
 	}
 	u := blUnion(sels)
 	e := blRefUnion(accs, u)
@@ -36,8 +34,8 @@ func blRefThreshold(accs [][]float32, k int, lambda float64) blExpect {
 	e.threshold = float64(lam)
 	e.calls = func(int) []harnessCall {
 		return []harnessCall{
-			{Op: comm.OpAllGather, Elems: 1, ESize: 8},
-			{Op: comm.OpAllGather, Elems: maxc, ESize: 8},
+			{Op: comm.OpAllGather, Elems: 1, ESize: 4},
+			{Op: comm.OpAllGatherV, ESize: 4, Counts: counts},
 			{Op: comm.OpAllReduce, Elems: len(u), ESize: 4},
 		}
 	}

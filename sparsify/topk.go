@@ -19,14 +19,15 @@ func init() {
 //   - k = BudgetK(density, N) = ⌊ρN⌋ clamped to [1, N], over the whole flat
 //     acc of each worker; the indices are the exact top-k by magnitude (ties
 //     to lower indices; the reference leaves tie order unspecified);
-//   - the index lists are all-gathered in the reference wire format (one
-//     int64 count per worker, then the lists padded to the largest count, as
-//     int64);
+//   - the index lists are all-gathered in the package's wire format (one
+//     int32 count per worker, then the int32 lists, unpadded, with
+//     AllGatherV; the reference sends int64 counts and int64 lists padded to
+//     the largest count);
 //   - the union U (sorted, distinct) is formed; every worker all-reduces its
 //     own acc at every index of U (float32), out = sum/n on U and 0
 //     elsewhere, and every worker's residual is acc with all of U zeroed.
 //
-// Bytes per call and worker (n > 1): 8(n−1) + 8(n−1)k for the two
+// Bytes per call and worker (n > 1): 4(n−1) + 4(n−1)k for the two
 // all-gathers plus the ring all-reduce of |U| float32 (comm.Traffic).
 // ActualDensity = |U|/N grows with n for independent accs. It conserves the
 // gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.

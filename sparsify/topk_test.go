@@ -123,8 +123,8 @@ func blRefTopk(accs [][]float32, k int) blExpect {
 	}
 	e.calls = func(int) []harnessCall {
 		return []harnessCall{
-			{Op: comm.OpAllGather, Elems: 1, ESize: 8},
-			{Op: comm.OpAllGather, Elems: k, ESize: 8},
+			{Op: comm.OpAllGather, Elems: 1, ESize: 4},
+			{Op: comm.OpAllGatherV, ESize: 4, Counts: e.perWorker},
 			{Op: comm.OpAllReduce, Elems: len(u), ESize: 4},
 		}
 	}
@@ -218,8 +218,8 @@ func TestTopkBytesHandComputed(t *testing.T) {
 					if n > 1 {
 						switch method {
 						case "topk":
-							// count all-gather: 8 bytes from each of the other n−1 ranks;
-							// index all-gather: k int64 from each; ring all-reduce of u
+							// count all-gather: 4 bytes from each of the other n−1 ranks;
+							// index all-gather: k int32 from each; ring all-reduce of u
 							// float32: reduce-scatter sends every chunk but rank r's and
 							// receives every chunk but rank r−1's; the all-gather sends
 							// every chunk but rank r+1's and receives every chunk but r's.
@@ -231,7 +231,7 @@ func TestTopkBytesHandComputed(t *testing.T) {
 								}
 								return c
 							}
-							gather := int64(8*(n-1) + 8*k*(n-1))
+							gather := int64(4*(n-1) + 4*k*(n-1))
 							wantSent = gather + int64(4*(2*u-chunk(r)-chunk(r+1)))
 							wantRecv = gather + int64(4*(2*u-chunk(r-1)-chunk(r)))
 						case "topka":
