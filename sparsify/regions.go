@@ -82,13 +82,17 @@ func okCountAbove(x []float32, t float32) int {
 	return total
 }
 
-// okPending is a non-blocking call of the region exchange: want is the
-// number of elements it must report (-1: any).
+// okPending is a non-blocking call of the region exchange: what it moves
+// (one of okWhat), with which rank, and for a receive the number of
+// elements it must report.
 type okPending struct {
-	q    comm.Request
-	want int
-	what string
+	q          comm.Request
+	what, peer int
+	want       int
 }
+
+// okWhat describes the kinds of okPending in errors.
+var okWhat = [...]string{"sending the pair count to", "receiving the pair count from", "sending indices to", "receiving indices from", "sending values to", "receiving values from"}
 
 // okWaitAll waits for every request, even after one fails (so no buffer is
 // left in use), and returns the first error.
@@ -96,11 +100,14 @@ func okWaitAll(ctx context.Context, reqs []okPending) error {
 	var first error
 	for _, r := range reqs {
 		n, err := r.q.Wait(ctx)
+		if first != nil {
+			continue
+		}
 		switch {
-		case err != nil && first == nil:
-			first = fmt.Errorf("%s: %w", r.what, err)
-		case err == nil && r.want >= 0 && n != r.want && first == nil:
-			first = fmt.Errorf("%s: got %d elements, announced %d (the workers disagree on the layout or the data is corrupt)", r.what, n, r.want)
+		case err != nil:
+			first = fmt.Errorf("%s rank %d: %w", okWhat[r.what], r.peer, err)
+		case r.what%2 == 1 && n != r.want:
+			first = fmt.Errorf("%s rank %d: got %d elements, announced %d (the workers disagree on the layout or the data is corrupt)", okWhat[r.what], r.peer, n, r.want)
 		}
 	}
 	return first
@@ -198,14 +205,14 @@ func (g *okRegions) scatterReduce(ctx context.Context, acc []float32, sel []int3
 		src := (r - i + p) % p
 		var q comm.Request
 		if q, err = g.c.IRecv(ctx, comm.Int32s(g.rsize[src:src+1]), src, okTagCount); err == nil {
-			reqs = append(reqs, okPending{q, 1, fmt.Sprintf("receiving the pair count from rank %d", src)})
+			reqs = append(reqs, okPending{q, 1, src, 1})
 		}
 	}
 	for i := 1; i < p && err == nil; i++ {
 		dst := (r + i) % p
 		var q comm.Request
 		if q, err = g.c.ISend(ctx, comm.Int32s(g.ssize[dst:dst+1]), dst, okTagCount); err == nil {
-			reqs = append(reqs, okPending{q, -1, fmt.Sprintf("sending the pair count to rank %d", dst)})
+			reqs = append(reqs, okPending{q, 0, dst, 0})
 		}
 	}
 	werr := okWaitAll(ctx, reqs)
@@ -249,19 +256,19 @@ func (g *okRegions) scatterReduce(ctx context.Context, acc []float32, sel []int3
 			if err != nil {
 				return err
 			}
-			g.reqs = append(g.reqs, okPending{q, len(ri), fmt.Sprintf("receiving %d indices from rank %d", len(ri), src)})
+			g.reqs = append(g.reqs, okPending{q, 3, src, len(ri)})
 			if q, err = g.c.IRecv(ctx, comm.Float32s(rv), src, okTagVal); err != nil {
 				return err
 			}
-			g.reqs = append(g.reqs, okPending{q, len(rv), fmt.Sprintf("receiving %d values from rank %d", len(rv), src)})
+			g.reqs = append(g.reqs, okPending{q, 5, src, len(rv)})
 			if q, err = g.c.ISend(ctx, comm.Int32s(si), dst, okTagIdx); err != nil {
 				return err
 			}
-			g.reqs = append(g.reqs, okPending{q, -1, fmt.Sprintf("sending %d indices to rank %d", len(si), dst)})
+			g.reqs = append(g.reqs, okPending{q, 2, dst, 0})
 			if q, err = g.c.ISend(ctx, comm.Float32s(sv), dst, okTagVal); err != nil {
 				return err
 			}
-			g.reqs = append(g.reqs, okPending{q, -1, fmt.Sprintf("sending %d values to rank %d", len(sv), dst)})
+			g.reqs = append(g.reqs, okPending{q, 4, dst, 0})
 		}
 		return nil
 	}
