@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/big"
 	"runtime"
 	"slices"
 	"sort"
@@ -43,48 +44,197 @@ func deftFragments(l Layout, n int) []deftFrag {
 	return fr
 }
 
-// deftAllocate fills kf with DEFT's per-fragment budgets for a global budget k
-// from the fragments' norms: fragments are visited in descending-norm order
-// (stable: ties in fragment order), each gets
+// deftAllocate fills kf with DEFT's per-fragment budgets for a global budget
+// k from the fragments' norms. The allocation is exact: the k_f sum to the
+// budget K = max(k, number of non-empty fragments) — every non-empty fragment
+// gets at least 1, as in the reference, which is all that can raise the total
+// above k — and 1 <= k_f <= size_f (0 for an empty fragment). The k_f are the
+// largest-remainder rounding of the shares
 //
-//	q    = remain_k · norm[f] / remain_norm   (0 when remain_norm is 0)
-//	k_f  = min(size_f, max(1, ⌊q⌋))
+//	x_f = clamp(λ·norm_f, 1, size_f),  λ such that Σ_f x_f = K,
 //
-// and remain_k −= k_f. remain_norm is the sum of the norms of the fragments
-// not yet visited, summed afresh (from the last visited backwards) instead of
-// by repeated subtraction as in the reference code, so that rounding can never
-// make norm[f] exceed remain_norm and a fragment exceed the remaining budget.
-// Empty fragments get 0. order and suffix are scratch of length len(frags).
-func deftAllocate(kf []int, frags []deftFrag, norms []float64, k int, order []int, suffix []float64) {
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(norms[b], norms[a]) })
-	s := 0.0
-	for i := len(order) - 1; i >= 0; i-- {
-		s = norms[order[i]] + s
-		suffix[i] = s
-	}
-	remain := k
-	for i, f := range order {
-		size := frags[f].size()
-		q := 0.0
-		if suffix[i] > 0 {
-			q = float64(remain) * norms[f] / suffix[i]
+// that is, proportional to the norms, bounded by the fragments' sizes, a
+// share a fragment cannot take going to the others in proportion to their
+// norms. Each k_f is ⌊x_f⌋, and the K − Σ⌊x_f⌋ units left (fewer than the
+// fragments with a fractional share) go one each to the fragments with the
+// largest fractional parts, ties to the larger norm, then the lower fragment
+// number. Fragments whose norm is 0 get 1, unless the others cannot take
+// K − (their number) even at their full sizes: then they share the rest in
+// proportion to their sizes, by the same rule. Norms must be finite and >= 0
+// and k at most the fragments' total size (BudgetK guarantees it).
+//
+// λ, the shares and the remainders are computed exactly, in integers (the
+// float64 norms scaled to big integers), so the total cannot lose a unit to
+// rounding. The reference code instead visits the fragments in descending
+// norm order giving each max(1, ⌊remain_k·norm_f/remain_norm⌋) capped at its
+// size: floating-point rounding can floor a last share of 3 to 2, a fragment
+// visited late that is smaller than its share loses the difference, and
+// fragments visited after the budget ran out still get 1 each, so its total
+// can be below or above k.
+func deftAllocate(kf []int, frags []deftFrag, norms []float64, k int) {
+	var pos, zero []int // non-empty fragments by norm > 0 and norm == 0
+	capPos, m := 0, 0
+	for f, fr := range frags {
+		kf[f] = 0
+		if fr.size() == 0 {
+			continue
 		}
-		var v int
+		m++
+		if norms[f] > 0 {
+			pos = append(pos, f)
+			capPos += fr.size()
+		} else {
+			zero = append(zero, f)
+		}
+	}
+	budget := max(k, m)
+	// Descending norm, ties to the lower fragment number: the order of the
+	// lower breakpoints and of ties between equal remainders.
+	slices.SortStableFunc(pos, func(a, b int) int { return cmp.Compare(norms[b], norms[a]) })
+	if budget-len(zero) <= capPos {
+		deftShare(kf, frags, pos, deftWeights(pos, norms), budget-len(zero))
+		for _, f := range zero {
+			kf[f] = 1
+		}
+		return
+	}
+	for _, f := range pos {
+		kf[f] = frags[f].size()
+	}
+	sizes := make([]*big.Int, len(zero))
+	for i, f := range zero {
+		sizes[i] = big.NewInt(int64(frags[f].size()))
+	}
+	deftShare(kf, frags, zero, sizes, budget-capPos)
+}
+
+// deftWeights returns the norms of the fragments idx (all > 0 and finite)
+// as big integers with the same ratios: each norm is mant·2^exp with an
+// integer mant of 53 bits, and every one is shifted to the smallest exp.
+func deftWeights(idx []int, norms []float64) []*big.Int {
+	mant := make([]int64, len(idx))
+	exp := make([]int, len(idx))
+	emin := math.MaxInt
+	for i, f := range idx {
+		fr, e := math.Frexp(norms[f])
+		mant[i], exp[i] = int64(math.Ldexp(fr, 53)), e-53
+		emin = min(emin, exp[i])
+	}
+	w := make([]*big.Int, len(idx))
+	for i := range idx {
+		w[i] = new(big.Int).Lsh(big.NewInt(mant[i]), uint(exp[i]-emin))
+	}
+	return w
+}
+
+// deftEvent is a breakpoint of the share function: fragment idx[i] leaves its
+// lower bound 1 (upper false) or reaches its upper bound size (upper true) at
+// λ = bound/w[i].
+type deftEvent struct {
+	i     int
+	bound int64
+	upper bool
+}
+
+// deftShare sets kf[idx[i]] for every i to the largest-remainder rounding of
+// clamp(λ·w[i], 1, size) with Σ = budget (see deftAllocate), in exact
+// integer arithmetic. idx is in tie-break order, every w[i] > 0, and
+// len(idx) <= budget <= Σ sizes.
+func deftShare(kf []int, frags []deftFrag, idx []int, w []*big.Int, budget int) {
+	sumHi := 0
+	for _, f := range idx {
+		sumHi += frags[f].size()
+	}
+	switch {
+	case budget <= len(idx):
+		for _, f := range idx {
+			kf[f] = 1
+		}
+		return
+	case budget >= sumHi:
+		for _, f := range idx {
+			kf[f] = frags[f].size()
+		}
+		return
+	}
+	// Breakpoints in ascending λ: a/w[i] < b/w[j] ⇔ a·w[j] < b·w[i]. At
+	// equal λ lower events come first, so a fragment of size 1 enters and
+	// leaves in that order.
+	ev := make([]deftEvent, 0, 2*len(idx))
+	for i, f := range idx {
+		ev = append(ev, deftEvent{i, 1, false}, deftEvent{i, int64(frags[f].size()), true})
+	}
+	var x, y big.Int
+	slices.SortStableFunc(ev, func(a, b deftEvent) int {
+		x.Mul(big.NewInt(a.bound), w[b.i])
+		y.Mul(big.NewInt(b.bound), w[a.i])
+		if c := x.Cmp(&y); c != 0 {
+			return c
+		}
 		switch {
-		case size == 0:
-			v = 0
-		case q >= float64(size):
-			v = size
-		case q >= 1:
-			v = int(q)
-		default:
-			v = 1
+		case !a.upper && b.upper:
+			return -1
+		case a.upper && !b.upper:
+			return 1
 		}
-		kf[f] = v
-		remain -= v
+		return 0
+	})
+	// Sweep: Σ_f clamp(λ·w_f, 1, size_f) = fixed + λ·wsum between
+	// breakpoints. Stop at the first breakpoint where it reaches the budget;
+	// λ = (budget − fixed)/wsum lies in the interval before it. It is
+	// reached at the last breakpoint at the latest (the sum is then sumHi >
+	// budget), with wsum > 0 (the sum was below budget at the breakpoint
+	// before and grew since).
+	state := make([]int8, len(idx)) // 0 lower bound, 1 proportional, 2 upper bound
+	fixed := int64(len(idx))
+	var wsum, lhs, rhs big.Int
+	for _, e := range ev {
+		if wsum.Sign() > 0 {
+			// fixed + (bound/w_e)·wsum >= budget ⇔ bound·wsum >= (budget − fixed)·w_e
+			lhs.Mul(big.NewInt(e.bound), &wsum)
+			rhs.Mul(big.NewInt(int64(budget)-fixed), w[e.i])
+			if lhs.Cmp(&rhs) >= 0 {
+				break
+			}
+		}
+		if e.upper {
+			state[e.i] = 2
+			fixed += e.bound
+			wsum.Sub(&wsum, w[e.i])
+		} else {
+			state[e.i] = 1
+			fixed--
+			wsum.Add(&wsum, w[e.i])
+		}
+	}
+	// Shares: x_i = r·w_i/wsum with r = budget − fixed; floor and remainder
+	// (over the common denominator wsum) in integers.
+	r := big.NewInt(int64(budget) - fixed)
+	total := int(fixed)
+	rem := make([]*big.Int, len(idx))
+	var frac []int // positions with a fractional share
+	var q big.Int
+	for i, f := range idx {
+		switch state[i] {
+		case 0:
+			kf[f] = 1
+		case 2:
+			kf[f] = frags[f].size()
+		default:
+			rem[i] = new(big.Int)
+			q.QuoRem(new(big.Int).Mul(r, w[i]), &wsum, rem[i])
+			kf[f] = int(q.Int64())
+			total += kf[f]
+			if rem[i].Sign() > 0 {
+				frac = append(frac, i)
+			}
+		}
+	}
+	// The units left are Σ fractional parts, an integer below len(frac);
+	// each fragment with a fraction has room for one more (x_i <= size).
+	slices.SortStableFunc(frac, func(a, b int) int { return rem[b].Cmp(rem[a]) })
+	for _, i := range frac[:budget-total] {
+		kf[idx[i]]++
 	}
 }
 
@@ -185,9 +335,7 @@ type deftReducer struct {
 	starts []int
 
 	norms   []float64
-	suffix  []float64
 	kf      []int
-	order   []int
 	lens    []int32
 	content []int32
 	mine    []int32
@@ -203,11 +351,11 @@ type deftReducer struct {
 //     are one fragment each.
 //   - Each call: the global budget is k = BudgetK(Density, N) (⌊ρN⌋, clamped
 //     to at least 1); every worker computes the L2 norms of its own acc per
-//     fragment (not synchronised) and splits k greedily in proportion to them
-//     (deftAllocate: minimum 1, cap at the fragment size). Because of the
-//     minimum of 1, the sum of the k_f can exceed k, by exactly the number of
-//     non-empty fragments visited after the budget reached 0, hence at most
-//     (number of non-empty fragments − 1); it never exceeds k otherwise.
+//     fragment (not synchronised) and splits k in proportion to them
+//     (deftAllocate: minimum 1, cap at the fragment size, what a capped
+//     fragment cannot take going to the others, largest-remainder rounding
+//     in exact integer arithmetic). The k_f sum to exactly k, or to the
+//     number of non-empty fragments when that is larger (the minimum of 1).
 //     The union over workers is Σ over binned fragments of the owner's k_f
 //     plus the sizes of the common fragments: when all workers hold the same
 //     acc it equals that total, but because the allocations are local (as in
@@ -232,8 +380,12 @@ type deftReducer struct {
 // layout tensor i in the union, Threshold NaN. SelectTime covers the norms,
 // the allocation, the packing (on the leader) and the top-k selections.
 //
-// Deviations from the reference code: remain_norm is re-summed instead of
-// decremented (see deftAllocate; differs only by rounding); empty fragments
+// Deviations from the reference code: the allocation is exact (see
+// deftAllocate: the reference's sequential greedy floors each share of the
+// remaining budget in floating point, so its total can fall short of k by
+// rounding or by fragments visited late that are smaller than their share,
+// or exceed it when the budget runs out before every fragment got its
+// minimum of 1); empty fragments
 // (tensors with fewer than n elements but more than N/n, only when N < n²) get
 // k_f = 0 and land in the common list, where the reference would ask top-k for
 // more elements than the fragment has and crash; a NaN or infinite acc is an
@@ -244,9 +396,7 @@ func newDeft(o Options) (Reducer, error) {
 	d.frags = deftFragments(o.Layout, n)
 	L := len(d.frags)
 	d.norms = make([]float64, L)
-	d.suffix = make([]float64, L)
 	d.kf = make([]int, L)
-	d.order = make([]int, L)
 	d.lens = make([]int32, n)
 	d.content = make([]int32, L)
 	d.starts = make([]int, len(o.Layout.Tensors))
@@ -278,7 +428,7 @@ func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 			return Stats{}, fmt.Errorf("sparsify: deft: acc holds NaN or infinite values in fragment %d (tensor %q, elements %d..%d): the gradient diverged (lower the learning rate or clip gradients)", f, d.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi)
 		}
 	}
-	deftAllocate(d.kf, d.frags, d.norms, d.k, d.order, d.suffix)
+	deftAllocate(d.kf, d.frags, d.norms, d.k)
 	cycle := t % d.n
 	if d.r == cycle {
 		deftPack(d.frags, d.kf, d.n, d.lens, d.content)

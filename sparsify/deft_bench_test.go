@@ -58,7 +58,7 @@ func deftBenchBins(l Layout, acc []float32, n int, density float64) ([]deftFrag,
 	norms := make([]float64, L)
 	kf := make([]int, L)
 	deftNorms(norms, acc, frags)
-	deftAllocate(kf, frags, norms, BudgetK(density, l.N), make([]int, L), make([]float64, L))
+	deftAllocate(kf, frags, norms, BudgetK(density, l.N))
 	lens, content := make([]int32, n), make([]int32, L)
 	deftPack(frags, kf, n, lens, content)
 	bins := make([][]int32, n)
@@ -135,11 +135,10 @@ func BenchmarkDeftSelect(b *testing.B) {
 		b.Run(fmt.Sprintf("rho=%g/worker-max", density), func(b *testing.B) {
 			L := len(frags)
 			norms, kf2 := make([]float64, L), make([]int, L)
-			order, suffix := make([]int, L), make([]float64, L)
 			lens, content := make([]int32, n), make([]int32, L)
 			deftBenchLoop(b, func() {
 				deftNorms(norms, acc, frags)
-				deftAllocate(kf2, frags, norms, k, order, suffix)
+				deftAllocate(kf2, frags, norms, k)
 				deftPack(frags, kf2, n, lens, content)
 				scratch, mine = deftBenchSelectBin(acc, frags, kf2, bins[slow], scratch, mine)
 			})
@@ -159,6 +158,27 @@ func BenchmarkDeftNorms(b *testing.B) {
 	norms := make([]float64, len(frags))
 	b.SetBytes(int64(4 * l.N))
 	deftBenchLoop(b, func() { deftNorms(norms, acc, frags) })
+}
+
+// BenchmarkDeftAllocate is the exact per-fragment budget allocation every
+// DEFT worker makes each iteration, on the ResNet-18 layout's fragments for
+// 16 workers with the stand-in gradient's norms.
+func BenchmarkDeftAllocate(b *testing.B) {
+	l, err := deftResNet18Layout()
+	if err != nil {
+		b.Fatal(err)
+	}
+	frags := deftFragments(l, 16)
+	norms := make([]float64, len(frags))
+	deftNorms(norms, deftBenchGrad(l), frags)
+	kf := make([]int, len(frags))
+	for _, density := range []float64{0.001, 0.01} {
+		k := BudgetK(density, l.N)
+		b.Run(fmt.Sprintf("rho=%g", density), func(b *testing.B) {
+			b.ReportMetric(float64(len(frags)), "frags")
+			deftBenchLoop(b, func() { deftAllocate(kf, frags, norms, k) })
+		})
+	}
 }
 
 // BenchmarkDeftReduce is a whole DEFT iteration on the ResNet-18 layout with

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/big"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -69,43 +70,156 @@ func deftRefNorms(acc []float32, fr []deftRefFragment) []float64 {
 	return norms
 }
 
-// deftRefAllocate is the greedy allocation; it also returns the number of
-// non-empty fragments visited when the remaining budget was already <= 0.
-func deftRefAllocate(norms []float64, sizes []int, k int) (kf []int, late int) {
-	L := len(norms)
-	order := make([]int, L)
-	for i := range order {
-		order[i] = i
+// deftRefAllocate is the exact allocation of deftAllocate, written from its
+// definition: K = max(k, non-empty fragments); the fragments with norm > 0
+// share K − (zero-norm fragments) as clamp(λ·norm, 1, size), or, when they
+// cannot take it at full size, take their sizes and the zero-norm fragments
+// share the rest as clamp(λ·size, 1, size); shares are floored and the units
+// left go to the largest fractional parts (ties: larger norm, then lower
+// fragment number).
+func deftRefAllocate(norms []float64, sizes []int, k int) []int {
+	kf := make([]int, len(norms))
+	var pos, zero []int
+	capPos, m := 0, 0
+	for f, s := range sizes {
+		if s == 0 {
+			continue
+		}
+		m++
+		if norms[f] > 0 {
+			pos = append(pos, f)
+			capPos += s
+		} else {
+			zero = append(zero, f)
+		}
 	}
-	sort.SliceStable(order, func(a, b int) bool { return norms[order[a]] > norms[order[b]] })
-	kf = make([]int, L)
-	remain := k
-	for i, f := range order {
-		remainNorm := 0.0
-		for j := L - 1; j >= i; j-- {
-			remainNorm += norms[order[j]]
+	K := max(k, m)
+	sort.SliceStable(pos, func(a, b int) bool { return norms[pos[a]] > norms[pos[b]] })
+	if K-len(zero) <= capPos {
+		// The norms as integers with the same ratios: every float64 is a
+		// dyadic rational, so multiplying by the largest denominator (a
+		// power of two) makes them all integers.
+		rs := make([]*big.Rat, len(pos))
+		den := big.NewInt(1)
+		for i, f := range pos {
+			rs[i] = new(big.Rat).SetFloat64(norms[f])
+			if rs[i].Denom().Cmp(den) > 0 {
+				den = rs[i].Denom()
+			}
 		}
-		tmp := 0
-		if remainNorm > 0 {
-			tmp = int(float64(remain) * norms[f] / remainNorm)
+		w := make([]*big.Int, len(pos))
+		for i, r := range rs {
+			w[i] = new(big.Int).Mul(r.Num(), new(big.Int).Quo(den, r.Denom()))
 		}
-		size := sizes[f]
-		var v int
+		deftRefShare(kf, sizes, pos, w, K-len(zero))
+		for _, f := range zero {
+			kf[f] = 1
+		}
+		return kf
+	}
+	for _, f := range pos {
+		kf[f] = sizes[f]
+	}
+	w := make([]*big.Int, len(zero))
+	for i, f := range zero {
+		w[i] = big.NewInt(int64(sizes[f]))
+	}
+	deftRefShare(kf, sizes, zero, w, K-capPos)
+	return kf
+}
+
+// deftRefShare is the rounded share of budget over fragments idx with
+// integer weights w: see deftRefAllocate. λ is handled as a fraction p/q.
+func deftRefShare(kf, sizes, idx []int, w []*big.Int, budget int) {
+	mul := func(a, b *big.Int) *big.Int { return new(big.Int).Mul(a, b) }
+	i64 := func(v int) *big.Int { return big.NewInt(int64(v)) }
+	// state of fragment i at λ = p/q: -1 at its lower bound 1 (λ·w <= 1),
+	// +1 at its upper bound (λ·w >= size), 0 in between.
+	state := func(p, q *big.Int, i int) int {
+		x := mul(p, w[i])
 		switch {
-		case size == 0:
-			v = 0
-		case size < tmp:
-			v = size
-		default:
-			v = max(1, tmp)
+		case x.Cmp(mul(i64(sizes[idx[i]]), q)) >= 0:
+			return 1
+		case x.Cmp(q) <= 0:
+			return -1
 		}
-		if remain <= 0 && size > 0 {
-			late++
-		}
-		kf[f] = v
-		remain -= v
+		return 0
 	}
-	return kf, late
+	// reaches: Σ_i clamp(λ·w_i, 1, size_i) >= budget at λ = p/q.
+	reaches := func(p, q *big.Int) bool {
+		c, wm := 0, new(big.Int)
+		for i, f := range idx {
+			switch state(p, q, i) {
+			case -1:
+				c++
+			case 1:
+				c += sizes[f]
+			default:
+				wm.Add(wm, w[i])
+			}
+		}
+		lhs := new(big.Int).Add(mul(i64(c), q), mul(p, wm))
+		return lhs.Cmp(mul(i64(budget), q)) >= 0
+	}
+	// Breakpoints bound/w_i as fractions, sorted, and a binary search for
+	// the first one where the (non-decreasing) share sum reaches the budget.
+	type frac struct{ p, q *big.Int }
+	bps := []frac{{big.NewInt(0), big.NewInt(1)}}
+	for i, f := range idx {
+		bps = append(bps, frac{i64(1), w[i]}, frac{i64(sizes[f]), w[i]})
+	}
+	sort.Slice(bps, func(a, b int) bool { return mul(bps[a].p, bps[b].q).Cmp(mul(bps[b].p, bps[a].q)) < 0 })
+	j := sort.Search(len(bps), func(j int) bool { return reaches(bps[j].p, bps[j].q) })
+	st := make([]int, len(idx))
+	if j == 0 {
+		for i := range st {
+			st[i] = -1 // budget == len(idx): everything at 1
+		}
+	} else {
+		// The fragments' states in the open interval (bps[j−1], bps[j]),
+		// taken at its midpoint.
+		a, b := bps[j-1], bps[j]
+		p := new(big.Int).Add(mul(a.p, b.q), mul(b.p, a.q))
+		q := mul(big.NewInt(2), mul(a.q, b.q))
+		for i := range st {
+			st[i] = state(p, q, i)
+		}
+	}
+	// λ = (budget − fixed)/Σ w of the fragments in between.
+	fixed, wm := 0, new(big.Int)
+	for i, f := range idx {
+		switch st[i] {
+		case -1:
+			fixed++
+		case 1:
+			fixed += sizes[f]
+		default:
+			wm.Add(wm, w[i])
+		}
+	}
+	type share struct {
+		i   int
+		rem *big.Int
+	}
+	var shares []share
+	total := 0
+	for i, f := range idx {
+		switch st[i] {
+		case -1:
+			kf[f] = 1
+		case 1:
+			kf[f] = sizes[f]
+		default:
+			q, r := new(big.Int).QuoRem(mul(i64(budget-fixed), w[i]), wm, new(big.Int))
+			kf[f] = int(q.Int64())
+			shares = append(shares, share{i, r})
+		}
+		total += kf[f]
+	}
+	sort.SliceStable(shares, func(a, b int) bool { return shares[a].rem.Cmp(shares[b].rem) > 0 })
+	for _, sh := range shares[:budget-total] {
+		kf[idx[sh.i]]++
+	}
 }
 
 // deftRefPack is LPT: L times, the unused fragment of largest cost (first on
@@ -161,7 +275,6 @@ func deftRefTopK(x []float32, k int) []int {
 // deftRefIter is what one iteration of all workers must produce.
 type deftRefIter struct {
 	kf       [][]int // per worker
-	late     []int   // per worker
 	bins     [][]int
 	common   []int
 	counts   []int
@@ -182,9 +295,8 @@ func deftRefStep(t int, accs [][]float32, l Layout, density float64) deftRefIter
 	}
 	var it deftRefIter
 	for w := range n {
-		kf, late := deftRefAllocate(deftRefNorms(accs[w], fr), sizes, k)
+		kf := deftRefAllocate(deftRefNorms(accs[w], fr), sizes, k)
 		it.kf = append(it.kf, kf)
-		it.late = append(it.late, late)
 	}
 	leader := t % n
 	it.bins, it.common = deftRefPack(sizes, it.kf[leader], n)
@@ -275,7 +387,8 @@ func deftGenZeroBlocks(rng *rand.Rand, x []float32) {
 func deftCheckAgainstRef(t *testing.T, res *harnessResult) {
 	t.Helper()
 	n, l := res.Cfg.Workers, res.Layout
-	L := len(deftRefFragments(l, n))
+	frs := deftRefFragments(l, n)
+	L := len(frs)
 	k := max(1, min(int(res.Cfg.Density*float64(l.N)), l.N))
 	for it := range res.Acc {
 		ref := deftRefStep(it, res.Acc[it], l, res.Cfg.Density)
@@ -315,15 +428,17 @@ func deftCheckAgainstRef(t *testing.T, res *harnessResult) {
 			if st.BytesSent != sent || st.BytesRecv != recv {
 				t.Fatalf("%s: bytes sent/received %d/%d, want %d/%d", what, st.BytesSent, st.BytesRecv, sent, recv)
 			}
-			// The budget: this worker's own allocation exceeds k by exactly
-			// the fragments visited after the budget ran out, and by at
-			// most (non-empty fragments − 1).
-			total := 0
-			for _, v := range ref.kf[w] {
+			// The budget: this worker's own allocation sums to k exactly,
+			// or to the number of non-empty fragments when that is larger.
+			total, nonEmpty := 0, 0
+			for f, v := range ref.kf[w] {
 				total += v
+				if frs[f].hi > frs[f].lo {
+					nonEmpty++
+				}
 			}
-			if ref.late[w] > 0 && total != k+ref.late[w] || ref.late[w] == 0 && total > k {
-				t.Fatalf("%s: allocation total %d with k=%d and %d late fragments", what, total, k, ref.late[w])
+			if total != max(k, nonEmpty) {
+				t.Fatalf("%s: allocation total %d, want max(k=%d, %d non-empty fragments)", what, total, k, nonEmpty)
 			}
 		}
 		// No overlap: the union is the sum of the bin selections plus the
@@ -447,8 +562,8 @@ func TestDeftFragments(t *testing.T) {
 	}
 }
 
-// TestDeftAllocateBound checks deftAllocate against the reference on random
-// norms (with zeros and ties) and the exact bound on the total.
+// TestDeftAllocateBound checks deftAllocate against the exact reference on
+// random norms (with zeros and ties) and the exact total.
 func TestDeftAllocateBound(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for trial := range 3000 {
@@ -481,10 +596,13 @@ func TestDeftAllocateBound(t *testing.T) {
 				norms[f] = 0
 			}
 		}
-		k := 1 + rng.IntN(max(1, N))
+		if N == 0 {
+			continue // no budget can be allocated (k <= N is deftAllocate's precondition)
+		}
+		k := 1 + rng.IntN(N)
 		kf := make([]int, L)
-		deftAllocate(kf, frags, norms, k, make([]int, L), make([]float64, L))
-		want, late := deftRefAllocate(norms, sizes, k)
+		deftAllocate(kf, frags, norms, k)
+		want := deftRefAllocate(norms, sizes, k)
 		if !slices.Equal(kf, want) {
 			t.Fatalf("trial %d: allocation %v, want %v (norms %v sizes %v k %d)", trial, kf, want, norms, sizes, k)
 		}
@@ -495,11 +613,8 @@ func TestDeftAllocateBound(t *testing.T) {
 				t.Fatalf("trial %d: fragment %d of size %d got %d", trial, f, sizes[f], v)
 			}
 		}
-		if late > 0 && total != k+late || late == 0 && total > k {
-			t.Fatalf("trial %d: total %d, k %d, late %d", trial, total, k, late)
-		}
-		if nonEmpty > 0 && total > k+nonEmpty-1 {
-			t.Fatalf("trial %d: total %d exceeds k + nonempty − 1 = %d", trial, total, k+nonEmpty-1)
+		if total != max(k, nonEmpty) {
+			t.Fatalf("trial %d: total %d, want max(k=%d, %d non-empty fragments)", trial, total, k, nonEmpty)
 		}
 	}
 }
@@ -553,8 +668,8 @@ func TestDeftPackMatchesReference(t *testing.T) {
 }
 
 // TestDeftIdenticalAccBudget: when every worker has the same acc (so all
-// allocations agree), the union is exactly the allocation's total, at most
-// k + (non-empty fragments − 1).
+// allocations agree), the union is exactly the allocation's total, which is
+// the budget max(k, non-empty fragments).
 func TestDeftIdenticalAccBudget(t *testing.T) {
 	l, err := NewLayout([]string{"a", "b", "c", "d"}, []int{1, 700, 45, 2001})
 	if err != nil {
@@ -585,7 +700,7 @@ func TestDeftIdenticalAccBudget(t *testing.T) {
 					for i := range acc {
 						acc[i] += float32(rng.NormFloat64() * math.Pow(10, -float64((i/100)%3)))
 					}
-					kf, _ := deftRefAllocate(deftRefNorms(acc, fr), sizes, k)
+					kf := deftRefAllocate(deftRefNorms(acc, fr), sizes, k)
 					total := 0
 					for _, v := range kf {
 						total += v
@@ -598,8 +713,8 @@ func TestDeftIdenticalAccBudget(t *testing.T) {
 					if u != total {
 						return fmt.Errorf("iteration %d: union %d, want the allocation's total %d", it, u, total)
 					}
-					if u > k+nonEmpty-1 {
-						return fmt.Errorf("iteration %d: union %d exceeds k + nonempty − 1 = %d", it, u, k+nonEmpty-1)
+					if u != max(k, nonEmpty) {
+						return fmt.Errorf("iteration %d: union %d, want the budget max(k=%d, %d non-empty fragments)", it, u, k, nonEmpty)
 					}
 				}
 				return nil
