@@ -140,8 +140,61 @@ func LAGSModelFromNetwork(net netmodel.Network, sparPerElement float64) (LAGSMod
 
 // LAGSDefaultModel is the network of the LAGS/OMGS reference code's
 // predictor (utils.py: α = 4·0.436 ms, β = 4·9e-9 s per float32 element, i.e.
-// about 1 GbE), with a free sparsifier.
+// about 1 GbE), with a free sparsifier. LAGS does not use it unless it is
+// set with SetModel: it models the run's declared or measured network.
 var LAGSDefaultModel = LAGSModel{Alpha: 4 * 0.436e-3, Beta: 9e-9}
+
+// The all-gathers LAGS times to measure the network when none is declared:
+// lagsMeasureReps each of 1 and of lagsMeasureElems float32 per rank.
+const (
+	lagsMeasureElems = 1 << 14
+	lagsMeasureReps  = 5
+)
+
+// lagsMeasure measures the network under c for LAGSModel: it times
+// all-gathers of 1 and lagsMeasureElems float32 per rank (the fastest of
+// lagsMeasureReps each), takes the slowest rank's times (all-gathered, so
+// every rank computes the same model) and fits the ring all-gather's cost
+// (n−1)·(α + m·β) for m bytes per rank: β from the difference of the two
+// sizes, α from the small one, both clamped at 0. With one rank there is
+// nothing to measure: the zero model. SparPerElement is 0.
+func lagsMeasure(ctx context.Context, c comm.Communicator) (LAGSModel, error) {
+	n := c.Size()
+	if n == 1 {
+		return LAGSModel{}, nil
+	}
+	fastest := func(m int) (float64, error) {
+		send, recv := make(comm.Float32s, m), make(comm.Float32s, n*m)
+		best := math.Inf(1)
+		for range lagsMeasureReps {
+			t0 := time.Now()
+			if err := c.AllGather(ctx, send, recv); err != nil {
+				return 0, fmt.Errorf("sparsify: lags: measuring the network with all-gathers of %d elements: %w", m, err)
+			}
+			best = min(best, time.Since(t0).Seconds())
+		}
+		return best, nil
+	}
+	t1, err := fastest(1)
+	if err != nil {
+		return LAGSModel{}, err
+	}
+	tm, err := fastest(lagsMeasureElems)
+	if err != nil {
+		return LAGSModel{}, err
+	}
+	all := make(comm.Float32s, 2*n)
+	if err := c.AllGather(ctx, comm.Float32s{float32(t1), float32(tm)}, all); err != nil {
+		return LAGSModel{}, fmt.Errorf("sparsify: lags: combining the network measurements: %w", err)
+	}
+	for r := range n {
+		t1, tm = max(t1, float64(all[2*r])), max(tm, float64(all[2*r+1]))
+	}
+	steps := float64(n - 1)
+	beta := max(0, (tm-t1)/(steps*4*float64(lagsMeasureElems-1)))
+	alpha := max(0, t1/steps-4*beta)
+	return LAGSModel{Alpha: alpha, Beta: beta}, nil
+}
 
 // LAGS is the LAGS-SGD reducer ("lags", Shi et al., ECAI'20), as the
 // reference code HKBU-HPML/OMGS-SGD implements it:
@@ -168,10 +221,22 @@ var LAGSDefaultModel = LAGSModel{Alpha: 4 * 0.436e-3, Beta: 9e-9}
 //     max(predicted, ρ)). A group with much backward time behind it gets the
 //     cap 1/c_u, the last group (nothing left to hide behind) gets Density.
 //     Until SetBackwardTimes is called every group uses Density.
+//   - The network of the model is the one the run declares or emulates,
+//     Options.Network (the trainer passes -net-latency and -net-bandwidth),
+//     with a free sparsifier (LAGSModelFromNetwork). When none is declared
+//     (as under mpirun, where the network is real) and the adaptive rule is
+//     on, LAGS measures the network it runs on, once, in the first
+//     StartGroup (or Reduce) after SetBackwardTimes: lagsMeasure times
+//     all-gathers on the reducer's communicator, every rank adopting the
+//     slowest rank's times so that all compute the same k. Until then every
+//     group uses Density. SetModel overrides either. The reference code's
+//     built-in 1 GbE constants (LAGSDefaultModel) are not used by default.
 //   - Byte accounting: each group has its own comm.Counter, so the bytes of
 //     a group's two all-gathers are measured on the buffers actually sent
 //     (comm.Traffic of their lengths and types), also when several groups
-//     are in flight at once; Reduce's bytes are the sum over groups.
+//     are in flight at once; Reduce's bytes are the sum over groups. The
+//     network measurement's all-gathers are counted in the group whose
+//     StartGroup made them.
 //
 // Pipelining: LAGS implements GroupReducer; the trainer calls StartGroup for
 // each group as soon as its gradients are final and waits for all before the
@@ -193,9 +258,12 @@ type LAGS struct {
 	maxRatio float64
 	groups   []Group
 	model    LAGSModel
-	backward []time.Duration // per layout tensor, nil until set
-	ks       []int           // current k per group
-	seen     []bool          // length N, all false between calls
+	// haveModel: the model is declared (Options.Network, SetModel) or
+	// measured; until then the adaptive rule is off.
+	haveModel bool
+	backward  []time.Duration // per layout tensor, nil until set
+	ks        []int           // current k per group
+	seen      []bool          // length N, all false between calls
 
 	mu      sync.Mutex
 	pending []bool // per group: started, not yet waited for
@@ -245,6 +313,13 @@ func NewLAGS(o Options) (*LAGS, error) {
 		model:    LAGSDefaultModel,
 		seen:     make([]bool, o.Layout.N),
 	}
+	if o.Network != (netmodel.Network{}) {
+		m, err := LAGSModelFromNetwork(o.Network, 0)
+		if err != nil {
+			return nil, fmt.Errorf("sparsify: lags: Options.Network: %w", err)
+		}
+		l.model, l.haveModel = m, true
+	}
 	l.pending = make([]bool, len(l.groups))
 	l.gc = make([]*comm.Counter, len(l.groups))
 	for g := range l.gc {
@@ -268,15 +343,16 @@ func (l *LAGS) Groups() []Group { return l.groups }
 func (l *LAGS) GroupK() []int { return append([]int(nil), l.ks...) }
 
 // SetModel sets the network and sparsification cost model of the adaptive
-// density (default LAGSDefaultModel). Every rank must set the same model. It
-// must not be called while groups are in flight.
+// density, replacing the declared (Options.Network) or measured one. Every
+// rank must set the same model. It must not be called while groups are in
+// flight.
 func (l *LAGS) SetModel(m LAGSModel) error {
 	for _, v := range []float64{m.Alpha, m.Beta, m.SparPerElement} {
 		if !(v >= 0) || math.IsInf(v, 0) {
 			return fmt.Errorf("sparsify: lags: model %+v has a negative, infinite or NaN parameter; every parameter is a time in seconds >= 0", m)
 		}
 	}
-	l.model = m
+	l.model, l.haveModel = m, true
 	l.recomputeK()
 	return nil
 }
@@ -304,8 +380,14 @@ func (l *LAGS) SetBackwardTimes(perTensor []time.Duration) error {
 // recomputeK sets l.ks from the options, the model and the backward times.
 func (l *LAGS) recomputeK() {
 	for g, gr := range l.groups {
-		l.ks[g] = lagsGroupK(gr.Size(), l.density, l.maxRatio, l.n, l.model, l.hideTime(g), l.backward != nil)
+		l.ks[g] = lagsGroupK(gr.Size(), l.density, l.maxRatio, l.n, l.model, l.hideTime(g), l.backward != nil && l.haveModel)
 	}
+}
+
+// needsMeasurement reports whether the adaptive rule waits for a measured
+// network: it is on, the backward times are known, and no model is.
+func (l *LAGS) needsMeasurement() bool {
+	return l.maxRatio > 0 && l.backward != nil && !l.haveModel
 }
 
 // hideTime is t_comp for group g: the backward time of group g+1 (0 for the
@@ -447,6 +529,16 @@ func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float
 	l.pending[g] = true
 	l.mu.Unlock()
 
+	before := l.gc[g].Totals()
+	if l.needsMeasurement() {
+		m, err := lagsMeasure(ctx, l.gc[g])
+		if err != nil {
+			l.done(g)
+			return nil, err
+		}
+		l.model, l.haveModel = m, true
+		l.recomputeK()
+	}
 	gr := l.groups[g]
 	k := l.ks[g]
 	b := &l.bufs[g]
@@ -458,7 +550,7 @@ func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float
 	selTime := time.Since(t0)
 	b.vals = valuesAt(b.vals, a, b.sel)
 	residualWithout(res, a, b.sel)
-	p := &lagsPending{l: l, g: g, k: k, out: out[gr.Lo:gr.Hi], res: res, selTime: selTime, before: l.gc[g].Totals(), start: time.Now()}
+	p := &lagsPending{l: l, g: g, k: k, out: out[gr.Lo:gr.Hi], res: res, selTime: selTime, before: before, start: time.Now()}
 	p.tensorK = lagsTensorK(l.layout, gr, b.sel)
 	b.allVals = grow(b.allVals, l.n*k)
 	b.allIdx = grow(b.allIdx, l.n*k)
@@ -509,7 +601,7 @@ type lagsPending struct {
 	rv, ri  comm.Request
 	tensorK []int
 	selTime time.Duration
-	before  comm.Totals // the group's counter at the start
+	before  comm.Totals // the group's counter at the start of StartGroup
 	start   time.Time
 	once    sync.Once
 }

@@ -560,3 +560,74 @@ func TestLAGSPipelineEmulatedNetwork(t *testing.T) {
 		checkClose(t, "residual", ress[w], ref.res[w], nil)
 	}
 }
+
+// TestLAGSNetworkOfTheRun: the adaptive density models the network the run
+// declares (Options.Network, what the trainer also emulates) or, when none
+// is declared, the network LAGS measures on its communicator — never the
+// reference code's built-in 1 GbE constants. The measured case runs on an
+// emulated slow network (2 ms, 4 MB/s) that the reducer is not told about.
+func TestLAGSNetworkOfTheRun(t *testing.T) {
+	const n = 2
+	l, err := NewLayout([]string{"t0", "t1", "t2"}, []int{50000, 50000, 50000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	net := netmodel.Network{Latency: 2 * time.Millisecond, Bandwidth: 4e6}
+	// Groups in backward order: [t2] hides behind t1's backward time, [t1]
+	// behind t0's, [t0] behind nothing. On net, per k: 8(n−1)/4e6 = 2 µs,
+	// fixed 2(n−1)·2 ms = 4 ms: k = 20000 and 10000, and the floor 50 (ρ
+	// = 0.001). The 1 GbE constants would give the cap 33333 to both.
+	times := []time.Duration{24 * time.Millisecond, 44 * time.Millisecond, 0}
+	model, err := LAGSModelFromNetwork(net, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const density, ratio = 0.001, 1.5
+	var want []int
+	for g, tc := range []float64{0.044, 0.024, 0} {
+		want = append(want, lagsGroupK(50000, density, ratio, n, model, tc, true))
+		if g < 2 && want[g] >= 33333 {
+			t.Fatalf("test setup: group %d gets the cap on net", g)
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		declared bool
+		tol      float64 // relative tolerance on each group's k
+	}{
+		{"declared", true, 0},
+		// Measuring on a shared machine can only find the network slower
+		// than emulated, so k only smaller; 30 % is 3 ms of extra latency.
+		{"measured", false, 0.3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{Density: density, Layout: l, MergeSize: 1, MaxRatio: ratio}
+			if tc.declared {
+				o.Network = net
+			}
+			got := make([][]int, n)
+			lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+				if err := r.SetBackwardTimes(times); err != nil {
+					return err
+				}
+				acc := lagsRandom(3, rank, l.N)
+				if _, err := r.Reduce(ctx, acc, make([]float32, l.N), make([]float32, l.N)); err != nil {
+					return err
+				}
+				got[rank] = r.GroupK()
+				return nil
+			}, local.WithNetwork(net))
+			for rank := range n {
+				if !slices.Equal(got[rank], got[0]) {
+					t.Fatalf("rank %d has per-group k %v, rank 0 %v: every rank must agree", rank, got[rank], got[0])
+				}
+			}
+			t.Logf("per-group k %v, the emulated network's %v", got[0], want)
+			for g := range want {
+				if d := math.Abs(float64(got[0][g]-want[g])) / float64(want[g]); d > tc.tol {
+					t.Fatalf("per-group k %v, want %v (the emulated network's) within %g", got[0], want, tc.tol)
+				}
+			}
+		})
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 )
 
 // Tensor is one parameter tensor of the flat gradient.
@@ -110,6 +111,11 @@ type Options struct {
 	// MaxRatio is LAGS' compression-ratio upper bound c_u for the adaptive
 	// per-layer density (0: adaptive choice off, every layer uses Density).
 	MaxRatio float64
+	// Network is the network the run declares or emulates (the trainer's
+	// -net-latency and -net-bandwidth), which LAGS' adaptive density models.
+	// The zero value declares none: LAGS then measures the network it runs
+	// on (see LAGS). Every rank must pass the same value.
+	Network netmodel.Network
 	// MinTensor is DRAGONN's size threshold: only tensors with more elements
 	// are compressed (default 204800).
 	MinTensor int

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -118,6 +119,7 @@ func (w *worker) setup(ctx context.Context) error {
 		Density: cfg.Density, Layout: w.layout, Comm: w.cnt, Seed: cfg.Seed,
 		Lambda: cfg.Lambda, Teams: cfg.Teams, SAG: cfg.SAG, MergeSize: cfg.MergeSize, MaxRatio: cfg.MaxRatio,
 		MinTensor: cfg.MinTensor, Warmup: cfg.DragonnWarmup,
+		Network: netmodel.Network{Latency: cfg.NetLatency, Bandwidth: cfg.NetBandwidth},
 	})
 	if err != nil {
 		return fmt.Errorf("train: -sparsifier %s: %w", cfg.Sparsifier, err)
