@@ -36,6 +36,11 @@ func init() { Register("topkdsa", newTopkDSAReducer) }
 //     of out in the dense case), 0 elsewhere.
 //   - residual = acc with this worker's top-k zeroed.
 //
+// The SparDL paper costs TopDSA as SparCML's recursive exchange, whose
+// volume grows with every step and which needs extra steps for a
+// non-power-of-two P; the Ok-Topk code followed here sends every pair
+// straight to its region's owner, for any P.
+//
 // Deliberate deviations from the reference, each a fix:
 //
 //   - The reference zeroes the top-k in the residual but sends only the
