@@ -27,9 +27,8 @@
 // not computed from a formula.
 // The average is the float32 sum times 1/n for every method but lags,
 // spardl, topkdsa and oktopk (which divide by n, as their references do):
-// where the reference
-// divides (section 1's "sum / n"), the result can differ in the last bit
-// when n is not a power of two.
+// where the reference divides (section 1's "sum / n"), the result can differ
+// in the last bit when n is not a power of two.
 //
 //   - "dense" (dense.go, denseReducer): all-reduce average of acc; residual 0.
 //     No deviation.
