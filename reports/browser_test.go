@@ -307,6 +307,8 @@ func TestBrowser(t *testing.T) {
 		{name: "run-xss", runs: []string{td("ncf-xss")}, screens: true},
 		{name: "compare-methods", runs: []string{td("deft-4w"), td("deft-8w"), td("micro-4w")}, screens: true},
 		{name: "compare-workers", runs: []string{td("deft-4w"), td("deft-8w")}},
+		{name: "run-lags", runs: []string{td("lags-4w")}},
+		{name: "compare-lags-deft", runs: []string{td("lags-4w"), td("deft-4w")}},
 	}
 	cases = append(cases, browserCase{name: "run-100k", runs: []string{bigRun(t)}, screens: true})
 	for _, c := range cases {

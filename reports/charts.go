@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-echarts/go-echarts/v2/charts"
@@ -254,6 +256,9 @@ func runCharts(r *Run, maxPts int) []chartSpec {
 		out = append(out, thresholdChart(r, maxPts))
 	}
 	out = append(out, timeChart(r, maxPts))
+	if c, ok := overlapChart(r, maxPts); ok {
+		out = append(out, c)
+	}
 	out = append(out, bytesChart([]*Run{r}, nil, maxPts))
 	if c, ok := layerKChart(r); ok {
 		out = append(out, c)
@@ -294,8 +299,21 @@ func thresholdChart(r *Run, maxPts int) chartSpec {
 // timeBars is the most bars of the time breakdown chart.
 const timeBars = 200
 
+// pipelined reports whether step s's reduction started during the backward
+// pass (LAGS pipelining): its wall time (t_comm_wall) then exceeds the part
+// left exposed after the backward pass (t_wait). Records without
+// t_comm_wall are taken as sequential.
+func pipelined(s *Step) bool {
+	return isFinite(s.TCommWall) && isFinite(s.TWait) && s.TCommWall > s.TWait
+}
+
 // phases returns the time breakdown's phases for r: forward and backward
-// separately when measured, else their sum (t_compute).
+// separately when measured, else their sum (t_compute), then selection,
+// communication and update. For a pipelined step (see pipelined) the
+// selection and the communication hidden behind the backward pass are part
+// of the backward time, so selection is 0 and communication is the exposed
+// part, t_wait; t_comm, the sum of the overlapping calls' durations, would
+// count time twice. Otherwise they are t_select and t_comm.
 func phases(r *Run) (names []string, get []func(*Step) float64) {
 	split := false
 	for _, s := range r.Steps {
@@ -312,8 +330,54 @@ func phases(r *Run) (names []string, get []func(*Step) float64) {
 		get = []func(*Step) float64{func(s *Step) float64 { return s.TCompute }}
 	}
 	names = append(names, "selection", "communication", "update")
-	get = append(get, func(s *Step) float64 { return s.TSelect }, func(s *Step) float64 { return s.TComm }, func(s *Step) float64 { return s.TUpdate })
+	get = append(get,
+		func(s *Step) float64 {
+			if pipelined(s) {
+				return 0
+			}
+			return s.TSelect
+		},
+		func(s *Step) float64 {
+			if pipelined(s) {
+				return s.TWait
+			}
+			return s.TComm
+		},
+		func(s *Step) float64 { return s.TUpdate })
 	return names, get
+}
+
+// anyPipelined reports whether any step of r is pipelined.
+func anyPipelined(r *Run) bool {
+	for i := range r.Steps {
+		if pipelined(&r.Steps[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// overlapChart shows, per iteration, the communication's wall time
+// (t_comm_wall: from the start of the reduction until the averaged gradient
+// was complete), the part of it left exposed after the backward pass
+// (t_wait) and the sum of the communicator calls' durations (t_comm, which
+// overlapping calls inflate): what LAGS pipelining hides. It is absent when
+// no step recorded t_comm_wall.
+func overlapChart(r *Run, maxPts int) (chartSpec, bool) {
+	if !slices.ContainsFunc(r.Steps, func(s Step) bool { return isFinite(s.TCommWall) }) {
+		return chartSpec{}, false
+	}
+	du := durUnit(r.mean(func(s *Step) float64 { return max(s.TCommWall, s.TWait, s.TComm) }))
+	scale := 1 / du.div
+	c := chartSpec{ID: "overlap", Title: "Communication: wall time and exposed part", XName: "iteration",
+		YName:    "time (" + du.name + ", slowest worker)",
+		Subtitle: "wall time from the start of the reduction; exposed: after the backward pass",
+		Series: []seriesSpec{
+			stepSeries("communication wall time (t_comm_wall)", r.Steps, func(s *Step) float64 { return s.TCommWall }, scale, maxPts),
+			stepSeries("exposed after the backward pass (t_wait)", r.Steps, func(s *Step) float64 { return s.TWait }, scale, maxPts),
+			stepSeries("sum of the calls' durations (t_comm)", r.Steps, func(s *Step) float64 { return s.TComm }, scale, maxPts),
+		}}
+	return c, true
 }
 
 func timeChart(r *Run, maxPts int) chartSpec {
@@ -340,6 +404,12 @@ func timeChart(r *Run, maxPts int) chartSpec {
 	}
 	if len(ranges) < len(r.Steps) {
 		c.Subtitle = "mean over the logged iterations of each bar"
+	}
+	if anyPipelined(r) {
+		if c.Subtitle != "" {
+			c.Subtitle += "; "
+		}
+		c.Subtitle += "pipelined: selection and hidden communication are in backward, communication is the exposed part"
 	}
 	return c
 }
@@ -430,6 +500,69 @@ var (
 	projLatency = 50 * time.Microsecond
 )
 
+// projectionValid lists the methods whose communication the projection can
+// carry to other worker counts: every worker's payload per call and the
+// number of calls per iteration do not depend on the worker count, which is
+// what netmodel.Project assumes (it replays each operation's recorded calls
+// with each rank's recorded payload).
+var projectionValid = map[string]bool{
+	"dense": true, "topka": true, "randomk": true, "cltk": true, "dgc": true, "dragonn": true, "lags": true,
+}
+
+// projectionCaveats says, for the methods whose traffic does depend on the
+// worker count, why their projection would be wrong (comm/netmodel's
+// Project doc names SparDL, gTop-k and DEFT; the others follow from how the
+// methods communicate).
+var projectionCaveats = map[string]string{
+	"spardl":    "SparDL's number of communication rounds grows with log₂ of the worker count",
+	"gtopk":     "gTop-k's tree has log₂(workers) rounds",
+	"deft":      "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count",
+	"topk":      "the union of the workers' top-k indices, which every worker all-reduces, grows with the worker count",
+	"threshold": "the union of the workers' selections, which every worker all-reduces, grows with the worker count",
+	"micro":     "each worker selects within its 1/n share of the gradient, so its part of the index all-gather shrinks as the worker count grows",
+	"topkdsa":   "every worker sends one message to every other worker, so the number of messages grows with the worker count",
+	"oktopk":    "every worker sends one message to every other worker, so the number of messages grows with the worker count",
+}
+
+// projectionCaveat returns whether the projection is valid for method and,
+// if not, why.
+func projectionCaveat(method string) (why string, ok bool) {
+	if projectionValid[method] {
+		return "", true
+	}
+	if why, known := projectionCaveats[method]; known {
+		return why, false
+	}
+	return "the projection is not known to be valid for " + strconv.Quote(method) + " (its traffic may depend on the worker count)", false
+}
+
+// projectionNote is the page note naming the runs that have per-operation
+// counters but are left out of the projection chart, and why; "" if none.
+// labels name the runs of a comparison (nil for one run).
+func projectionNote(runs []*Run, labels []string) string {
+	var out []string
+	for i, r := range runs {
+		if _, n := opStats(r); n == 0 {
+			continue
+		}
+		m := r.Info.Config.Sparsifier
+		why, ok := projectionCaveat(m)
+		if ok {
+			continue
+		}
+		name := m
+		if labels != nil && labels[i] != m {
+			name = labels[i] + " (" + m + ")"
+		}
+		out = append(out, name+": "+why)
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "The projected communication time leaves out " + strings.Join(out, "; ") +
+		". The projection replays each operation's recorded calls with each worker's recorded payload (comm/netmodel.Project), which is wrong for such methods: measure them at the worker counts of interest instead."
+}
+
 // opStats sums the "ops" counters of r's step records; n is the number of
 // records that had them.
 func opStats(r *Run) (stats map[comm.Op]comm.OpStats, n int) {
@@ -453,7 +586,9 @@ func opStats(r *Run) (stats map[comm.Op]comm.OpStats, n int) {
 			st.Elements += c.Elements
 			st.BytesSent += c.BytesSent
 			st.BytesRecv += c.BytesRecv
-			st.Time += time.Duration(c.Time * float64(time.Second))
+			if t := float64(c.Time); isFinite(t) { // null (NaN) when not measured
+				st.Time += time.Duration(t * float64(time.Second))
+			}
 			stats[op] = st
 		}
 	}
@@ -476,7 +611,9 @@ func projectPerStep(r *Run, stats map[comm.Op]comm.OpStats, n, to int, net netmo
 
 // projectionChart projects the runs' communication to other worker counts
 // and bandwidths; with one run, one series per network, with several, one
-// series per run at 10 Gbit/s. It is absent when no run has "ops".
+// series per run at 10 Gbit/s. Runs of methods the projection is not valid
+// for (projectionCaveat) are left out (projectionNote says so on the page).
+// It is absent when no run is left with "ops".
 func projectionChart(runs []*Run, labels []string) (chartSpec, bool) {
 	c := chartSpec{ID: "projection", Title: "Projected communication time", XName: "workers"}
 	for _, w := range projWorkers {
@@ -489,6 +626,9 @@ func projectionChart(runs []*Run, labels []string) (chartSpec, bool) {
 	var lines []line
 	mx := 0.0
 	for ri, r := range runs {
+		if _, ok := projectionCaveat(r.Info.Config.Sparsifier); !ok {
+			continue
+		}
 		stats, n := opStats(r)
 		if n == 0 {
 			continue

@@ -13,21 +13,30 @@
 // "command_line"; optional "layer_names" (one name per tensor of the
 // layout, for DEFT's per-layer k chart).
 //
-// metrics.jsonl, one JSON object per line; lines of other types are ignored:
+// metrics.jsonl, one JSON object per line, in the schema package metrics
+// declares (the one definition train writes with: metrics.Step for
+// "type":"step", metrics.Eval for "type":"eval"); lines of other types are
+// ignored, absent or null numbers read as NaN. TestReadsEveryMetricsField
+// checks that every field of that schema reaches Step and Eval. What the
+// charts make of them:
 //
-//   - "type":"step": epoch, step, loss, density, actual_density, error_norm,
-//     threshold (absent where the method has none), bytes_sent, bytes_recv,
-//     t_forward, t_backward, t_select, t_comm, t_update, t_iter, t_compute
-//     (seconds; null where not measured), samples, workers, wall (seconds
-//     since the start), and optionally "layer_k" (selected elements per
-//     tensor, layout order) and "ops": per communicator operation (names as
-//     comm.Op.String: "allreduce", "allgather", "allgatherv", "broadcast",
-//     "reducescatter", "send", "recv", "sendrecv", "barrier") the counters of
-//     rank 0 during that step: {"calls", "elements", "bytes_sent",
-//     "bytes_recv", "time" (seconds)}. The projected communication time chart
-//     appears only when "ops" is present.
-//   - "type":"eval": epoch, step, wall, metric ("accuracy", "perplexity",
-//     "hr10", "ndcg10", "loss" or another name), value.
+//   - step records give the loss, setup and actual density, error and
+//     threshold charts, the bytes chart, DEFT's per-layer k chart
+//     ("layer_k"), and the time breakdown: forward and backward (or their
+//     sum t_compute), selection (t_select), communication (t_comm) and
+//     update; for a pipelined step, whose reduction started during the
+//     backward pass (t_comm_wall > t_wait), selection and the hidden
+//     communication are part of the backward time, so the communication bar
+//     is the exposed part t_wait and selection is 0. When t_comm_wall is
+//     recorded, an overlap chart shows it against t_wait and t_comm.
+//   - "ops" (rank 0's per-operation communicator counters) gives the
+//     projected communication time at other worker counts and bandwidths
+//     (comm/netmodel.Project), drawn only for the methods whose per-worker
+//     payload and number of calls do not depend on the worker count (dense,
+//     topka, randomk, cltk, dgc, dragonn, lags); the page says why the others
+//     are left out (SparDL's and gTop-k's log₂ n rounds, unions or
+//     per-worker shares that change with n, one message per peer).
+//   - eval records give the test-metric charts and the time-to-target table.
 //
 // # The ECharts script
 //

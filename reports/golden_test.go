@@ -23,6 +23,8 @@ func TestGolden(t *testing.T) {
 		{"run-ncf-xss", []string{"ncf-xss"}},
 		{"compare-methods", []string{"deft-4w", "deft-8w", "micro-4w"}},
 		{"compare-workers", []string{"deft-4w", "deft-8w"}},
+		{"run-lags-4w", []string{"lags-4w"}},
+		{"compare-lags-deft", []string{"lags-4w", "deft-4w"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

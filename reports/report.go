@@ -87,6 +87,9 @@ func RunPage(ctx context.Context, r *Run, o Options) ([]byte, error) {
 	if len(r.Steps) == 0 {
 		notes = append(notes, "No iteration has been logged yet.")
 	}
+	if n := projectionNote([]*Run{r}, nil); n != "" {
+		notes = append(notes, n)
+	}
 	return render(runTitle(r), notes, []table{runTable(r)}, specs, script, url)
 }
 
@@ -457,6 +460,9 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 	notes := []string{"Model " + runs[0].Info.Config.Model + "; runs differ in: " + strings.Join(diff, ", ") + "."}
 	if len(diff) == 0 {
 		notes[0] = "Model " + runs[0].Info.Config.Model + "; the runs have the same options (named by directory)."
+	}
+	if n := projectionNote(runs, labels); n != "" {
+		notes = append(notes, n)
 	}
 	if metric != "" {
 		target := o.Target

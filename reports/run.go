@@ -10,10 +10,13 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/metrics"
 )
 
 // Run is the content of one run directory.
@@ -64,8 +67,9 @@ type RunConfig struct {
 	LogEvery   int     `json:"log_every"`
 }
 
-// Step is one "step" record of metrics.jsonl. Numbers that are absent or
-// null are NaN.
+// Step is one "step" record of metrics.jsonl (metrics.Step, which defines
+// the fields), with numbers as float64. Numbers that are absent or null are
+// NaN.
 type Step struct {
 	Epoch, Step                                 int
 	Loss, LR, Density, ActualDensity, ErrorNorm float64
@@ -74,8 +78,10 @@ type Step struct {
 	BytesSent, BytesRecv                         float64
 	TForward, TBackward, TSelect, TComm, TUpdate float64
 	TIter, TWait, TCompute                       float64
-	Samples, Workers                             int
-	Wall                                         float64
+	// TCommWall is the wall time of the reduction (metrics.Step.TCommWall).
+	TCommWall        float64
+	Samples, Workers int
+	Wall             float64
 	// LayerK is the selected elements per tensor (DEFT), nil if absent.
 	LayerK []int
 	// Ops are rank 0's per-operation counters of this step, nil if absent.
@@ -83,15 +89,9 @@ type Step struct {
 }
 
 // OpCount is the "ops" entry of one communicator operation in a step record.
-type OpCount struct {
-	Calls     int64   `json:"calls"`
-	Elements  int64   `json:"elements"`
-	BytesSent int64   `json:"bytes_sent"`
-	BytesRecv int64   `json:"bytes_recv"`
-	Time      float64 `json:"time"`
-}
+type OpCount = metrics.OpCount
 
-// Eval is one "eval" record of metrics.jsonl.
+// Eval is one "eval" record of metrics.jsonl (metrics.Eval).
 type Eval struct {
 	Epoch, Step int
 	Wall        float64
@@ -99,41 +99,44 @@ type Eval struct {
 	Value       float64
 }
 
-// record is the union of the fields of the metrics.jsonl record types.
+// record is what one line of metrics.jsonl decodes into: the step schema of
+// package metrics plus the fields only eval records have (the shared ones,
+// type, epoch, step and wall, are the step's). Decoding starts from
+// nanRecord, so that numbers a line does not give are NaN.
 type record struct {
-	Type          string             `json:"type"`
-	Epoch         int                `json:"epoch"`
-	Step          int                `json:"step"`
-	Loss          *float64           `json:"loss"`
-	LR            *float64           `json:"lr"`
-	Density       *float64           `json:"density"`
-	ActualDensity *float64           `json:"actual_density"`
-	ErrorNorm     *float64           `json:"error_norm"`
-	Threshold     *float64           `json:"threshold"`
-	BytesSent     *float64           `json:"bytes_sent"`
-	BytesRecv     *float64           `json:"bytes_recv"`
-	TForward      *float64           `json:"t_forward"`
-	TBackward     *float64           `json:"t_backward"`
-	TSelect       *float64           `json:"t_select"`
-	TComm         *float64           `json:"t_comm"`
-	TUpdate       *float64           `json:"t_update"`
-	TIter         *float64           `json:"t_iter"`
-	TWait         *float64           `json:"t_wait"`
-	TCompute      *float64           `json:"t_compute"`
-	Samples       int                `json:"samples"`
-	Workers       int                `json:"workers"`
-	Wall          *float64           `json:"wall"`
-	LayerK        []int              `json:"layer_k"`
-	Ops           map[string]OpCount `json:"ops"`
-	Metric        string             `json:"metric"`
-	Value         *float64           `json:"value"`
+	metrics.Step
+	Metric string      `json:"metric"`
+	Value  metrics.Num `json:"value"`
 }
 
-func val(p *float64) float64 {
+// nanRecord is a record whose every number is NaN.
+var nanRecord = func() record {
+	r := record{}
+	setNaN(reflect.ValueOf(&r).Elem())
+	return r
+}()
+
+// setNaN sets every metrics.Num field of the struct v, and of the structs
+// it embeds, to NaN.
+func setNaN(v reflect.Value) {
+	num := reflect.TypeOf(metrics.Num(0))
+	for i := range v.NumField() {
+		f := v.Field(i)
+		switch {
+		case f.Type() == num:
+			f.SetFloat(math.NaN())
+		case v.Type().Field(i).Anonymous && f.Kind() == reflect.Struct:
+			setNaN(f)
+		}
+	}
+}
+
+// val is the value of a Num that may be absent.
+func val(p *metrics.Num) float64 {
 	if p == nil {
 		return math.NaN()
 	}
-	return *p
+	return float64(*p)
 }
 
 // ReadRun reads run.json and metrics.jsonl of runDir. A metrics file that
@@ -312,7 +315,7 @@ func (p *metricsParser) parse(rd io.Reader) (consumed int64, tail *metricsParser
 		n := int64(len(b))
 		b = bytes.TrimSpace(b)
 		if len(b) > 0 {
-			var rec record
+			rec := nanRecord
 			if perr := json.Unmarshal(b, &rec); perr != nil {
 				if last {
 					return consumed, nil, nil // an unterminated last line: still being written
@@ -342,19 +345,19 @@ func (p *metricsParser) parse(rd io.Reader) (consumed int64, tail *metricsParser
 
 func (p *metricsParser) add(rec record, line int) error {
 	switch rec.Type {
-	case "step":
-		p.steps = append(p.steps, Step{Epoch: rec.Epoch, Step: rec.Step, Loss: val(rec.Loss), LR: val(rec.LR),
-			Density: val(rec.Density), ActualDensity: val(rec.ActualDensity), ErrorNorm: val(rec.ErrorNorm),
-			Threshold: val(rec.Threshold), BytesSent: val(rec.BytesSent), BytesRecv: val(rec.BytesRecv),
-			TForward: val(rec.TForward), TBackward: val(rec.TBackward), TSelect: val(rec.TSelect),
-			TComm: val(rec.TComm), TUpdate: val(rec.TUpdate), TIter: val(rec.TIter), TWait: val(rec.TWait),
-			TCompute: val(rec.TCompute), Samples: rec.Samples, Workers: rec.Workers, Wall: val(rec.Wall),
-			LayerK: rec.LayerK, Ops: rec.Ops})
-	case "eval":
+	case metrics.TypeStep:
+		p.steps = append(p.steps, Step{Epoch: rec.Epoch, Step: rec.Step.Step, Loss: float64(rec.Loss), LR: float64(rec.LR),
+			Density: float64(rec.Density), ActualDensity: float64(rec.ActualDensity), ErrorNorm: float64(rec.ErrorNorm),
+			Threshold: val(rec.Threshold), BytesSent: float64(rec.BytesSent), BytesRecv: float64(rec.BytesRecv),
+			TForward: float64(rec.TForward), TBackward: float64(rec.TBackward), TSelect: float64(rec.TSelect),
+			TComm: float64(rec.TComm), TUpdate: float64(rec.TUpdate), TIter: float64(rec.TIter), TWait: float64(rec.TWait),
+			TCompute: float64(rec.TCompute), TCommWall: float64(rec.TCommWall), Samples: rec.Samples, Workers: rec.Workers,
+			Wall: float64(rec.Wall), LayerK: rec.LayerK, Ops: rec.Ops})
+	case metrics.TypeEval:
 		if rec.Metric == "" {
 			return fmt.Errorf("line %d: eval record without \"metric\"", line)
 		}
-		p.evals = append(p.evals, Eval{Epoch: rec.Epoch, Step: rec.Step, Wall: val(rec.Wall), Metric: rec.Metric, Value: val(rec.Value)})
+		p.evals = append(p.evals, Eval{Epoch: rec.Epoch, Step: rec.Step.Step, Wall: float64(rec.Wall), Metric: rec.Metric, Value: float64(rec.Value)})
 	}
 	return nil
 }

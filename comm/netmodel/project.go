@@ -86,9 +86,12 @@ type Projection struct {
 //     methods (Top-k, DRAGONN, the index exchange of DEFT) scale worse than
 //     dense all-reduce at large n.
 //   - The number of calls is kept. Methods whose call count depends on n
-//     (SparDL's log₂ n rounds, gTop-k's tree) or whose payload does (the
-//     union of DEFT's indices grows with n) must be re-measured at a few n,
-//     or the caller adjusts stats first.
+//     (SparDL's log₂ n rounds, gTop-k's tree, TopkDSA's and Ok-Topk's one
+//     message per peer) or whose payload does (the union of DEFT's, Top-k's
+//     or the threshold baseline's indices grows with n; MiCRO's per-worker
+//     share of the budget shrinks) must be re-measured at a few n, or the
+//     caller adjusts stats first (package reports leaves them out of its
+//     projection chart).
 //
 // It returns an error if the worker counts or net are invalid.
 func Project(stats map[comm.Op]comm.OpStats, from, to int, net Network) (Projection, error) {

@@ -1,0 +1,233 @@
+package reports
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"math"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/metrics"
+)
+
+// fillDistinct sets every exported field of the struct v points to a value
+// no other field has (numbers 1.5, 2.5, ...; Type to typ).
+func fillDistinct(t *testing.T, v reflect.Value, typ string) {
+	t.Helper()
+	next := 1.0
+	for i := range v.NumField() {
+		f := v.Field(i)
+		next++
+		switch {
+		case v.Type().Field(i).Name == "Type":
+			f.SetString(typ)
+		case f.Kind() == reflect.String:
+			f.SetString("metric-" + strings.Repeat("x", int(next)))
+		case f.Kind() == reflect.Int:
+			f.SetInt(int64(next))
+		case f.Kind() == reflect.Float64:
+			f.SetFloat(next + 0.5)
+		case f.Kind() == reflect.Pointer && f.Type().Elem().Kind() == reflect.Float64:
+			p := reflect.New(f.Type().Elem())
+			p.Elem().SetFloat(next + 0.5)
+			f.Set(p)
+		case f.Kind() == reflect.Slice && f.Type().Elem().Kind() == reflect.Int:
+			f.Set(reflect.ValueOf([]int{int(next), int(next) + 1}))
+		case f.Type() == reflect.TypeOf(map[string]metrics.OpCount(nil)):
+			f.Set(reflect.ValueOf(map[string]metrics.OpCount{"allgatherv": {Calls: 3, Elements: 5, BytesSent: 7, BytesRecv: 11, Time: 0.25}}))
+		default:
+			t.Fatalf("field %s of %s has type %s, which this test cannot fill: extend it", v.Type().Field(i).Name, v.Type(), f.Type())
+		}
+	}
+}
+
+// checkSameFields asserts that every field of want (a metrics record) but
+// Type has a field of the same name in got (what reports made of it) with
+// the same value.
+func checkSameFields(t *testing.T, want, got reflect.Value) {
+	t.Helper()
+	for i := range want.NumField() {
+		sf := want.Type().Field(i)
+		if sf.Name == "Type" {
+			continue
+		}
+		tag := strings.Split(sf.Tag.Get("json"), ",")[0]
+		g := got.FieldByName(sf.Name)
+		if !g.IsValid() {
+			t.Errorf("%s.%s (json %q), which train writes, is not read by reports: add it to %s", want.Type(), sf.Name, tag, got.Type())
+			continue
+		}
+		w := want.Field(i)
+		if w.Kind() == reflect.Pointer {
+			w = w.Elem()
+		}
+		switch {
+		case w.Kind() == reflect.Float64:
+			if g.Kind() != reflect.Float64 || g.Float() != w.Float() {
+				t.Errorf("%s (json %q): wrote %v, reports read %v", sf.Name, tag, w.Interface(), g.Interface())
+			}
+		case !reflect.DeepEqual(w.Interface(), g.Interface()):
+			t.Errorf("%s (json %q): wrote %v, reports read %v", sf.Name, tag, w.Interface(), g.Interface())
+		}
+	}
+}
+
+// TestReadsEveryMetricsField is the contract between the writer and the
+// reader of metrics.jsonl: a step and an eval record with every field of
+// package metrics' schema set are encoded as train encodes them, parsed by
+// ParseMetrics, and every field must arrive.
+func TestReadsEveryMetricsField(t *testing.T) {
+	var step metrics.Step
+	fillDistinct(t, reflect.ValueOf(&step).Elem(), metrics.TypeStep)
+	var eval metrics.Eval
+	fillDistinct(t, reflect.ValueOf(&eval).Elem(), metrics.TypeEval)
+	var buf bytes.Buffer
+	for _, rec := range []any{step, eval} {
+		b, err := json.Marshal(rec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf.Write(append(b, '\n'))
+	}
+	steps, evals, err := ParseMetrics(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(steps) != 1 || len(evals) != 1 {
+		t.Fatalf("%d steps and %d evals, want one each", len(steps), len(evals))
+	}
+	checkSameFields(t, reflect.ValueOf(step), reflect.ValueOf(steps[0]))
+	checkSameFields(t, reflect.ValueOf(eval), reflect.ValueOf(evals[0]))
+	// An absent threshold (methods without one) reads as NaN.
+	step.Threshold = nil
+	b, _ := json.Marshal(step)
+	steps, _, err = ParseMetrics(bytes.NewReader(append(b, '\n')))
+	if err != nil || len(steps) != 1 || !math.IsNaN(steps[0].Threshold) {
+		t.Fatalf("without a threshold: %v, %+v", err, steps)
+	}
+}
+
+// TestProjectionOnlyWhereValid: the projected communication time is drawn
+// only for methods whose traffic per worker and call count do not depend on
+// the worker count; for the others (SparDL's and gTop-k's log₂ n rounds,
+// unions and per-worker shares that change with n, one message per peer) the
+// chart leaves the run out and the page says why.
+func TestProjectionOnlyWhereValid(t *testing.T) {
+	cases := []struct {
+		method string
+		valid  bool
+		why    string // part of the page's note when not valid
+	}{
+		{"dense", true, ""},
+		{"topka", true, ""},
+		{"randomk", true, ""},
+		{"cltk", true, ""},
+		{"dgc", true, ""},
+		{"dragonn", true, ""},
+		{"lags", true, ""},
+		{"spardl", false, "rounds"},
+		{"gtopk", false, "rounds"},
+		{"deft", false, "union"},
+		{"topk", false, "union"},
+		{"threshold", false, "union"},
+		{"micro", false, "share"},
+		{"topkdsa", false, "message"},
+		{"oktopk", false, "message"},
+		{"newmethod", false, "not known"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.method, func(t *testing.T) {
+			r := mustRead(t, td("micro-4w"))
+			r.Info.Config.Sparsifier = tc.method
+			has := false
+			for _, c := range runCharts(r, DefaultMaxPoints) {
+				has = has || c.ID == "projection"
+			}
+			if has != tc.valid {
+				t.Fatalf("projection chart drawn: %v, want %v", has, tc.valid)
+			}
+			page, err := RunPage(context.Background(), r, offline)
+			if err != nil {
+				t.Fatal(err)
+			}
+			note := strings.Contains(string(page), "projected communication time leaves out")
+			if note == tc.valid || !tc.valid && !strings.Contains(string(page), tc.why) {
+				t.Errorf("note about the projection present: %v (want %v, naming %q)", note, !tc.valid, tc.why)
+			}
+		})
+	}
+	// A comparison keeps the valid runs' lines and names the others.
+	a, b := mustRead(t, td("micro-4w")), mustRead(t, td("deft-4w"))
+	a.Info.Config.Sparsifier = "topka"
+	c, ok := projectionChart([]*Run{a, b}, []string{"topka", "deft"})
+	if !ok || len(c.Series) != 1 || c.Series[0].Name != "topka" {
+		t.Fatalf("comparison projection %v %+v, want only the topka line", ok, c.Series)
+	}
+	if n := projectionNote([]*Run{a, b}, []string{"topka", "deft"}); !strings.Contains(n, "deft") || strings.Contains(n, "topka") {
+		t.Errorf("comparison note %q, want it to name deft only", n)
+	}
+}
+
+// TestCommWallCharts: t_comm_wall is used where it belongs. A pipelined step
+// (its reduction started during the backward pass: t_comm_wall > t_wait) has
+// its selection and hidden communication inside the backward time, so the
+// time breakdown stacks the exposed communication (t_wait) and no separate
+// selection, and its bars add up to the iteration rather than counting the
+// overlapping calls' durations (t_comm); a sequential step keeps t_select
+// and t_comm. The overlap chart shows t_comm_wall against t_wait and t_comm.
+func TestCommWallCharts(t *testing.T) {
+	seq := Step{Step: 1, TCompute: 0.5, TSelect: 0.1, TComm: 0.2, TUpdate: 0.05, TWait: 0.32, TCommWall: 0.31, TIter: 0.87,
+		TForward: math.NaN(), TBackward: math.NaN()}
+	pipe := Step{Step: 2, TCompute: 0.6, TSelect: 0.1, TComm: 0.9, TUpdate: 0.05, TWait: 0.05, TCommWall: 0.4, TIter: 0.7,
+		TForward: math.NaN(), TBackward: math.NaN()}
+	old := Step{Step: 3, TCompute: 0.5, TSelect: 0.1, TComm: 0.2, TUpdate: 0.05, TWait: 0.3, TCommWall: math.NaN(), TIter: 0.85,
+		TForward: math.NaN(), TBackward: math.NaN()}
+	r := &Run{Steps: []Step{seq, pipe, old}}
+	names, get := phases(r)
+	want := map[string][]float64{
+		"forward + backward": {0.5, 0.6, 0.5},
+		"selection":          {0.1, 0, 0.1},
+		"communication":      {0.2, 0.05, 0.2},
+		"update":             {0.05, 0.05, 0.05},
+	}
+	if len(names) != len(want) {
+		t.Fatalf("phases %v", names)
+	}
+	for i, n := range names {
+		for j := range r.Steps {
+			if got := get[i](&r.Steps[j]); !sameFloat(got, want[n][j]) {
+				t.Errorf("step %d phase %s = %v, want %v", r.Steps[j].Step, n, got, want[n][j])
+			}
+		}
+	}
+	var overlap *chartSpec
+	for _, c := range runCharts(r, DefaultMaxPoints) {
+		if c.ID == "overlap" {
+			overlap = &c
+		}
+	}
+	if overlap == nil {
+		t.Fatal("no overlap chart for steps with t_comm_wall")
+	}
+	series := map[string][]point{}
+	for _, s := range overlap.Series {
+		series[s.Name] = s.Points
+	}
+	check := func(name string, want []point) {
+		t.Helper()
+		if got := series[name]; len(got) != len(want) || !slices.Equal(got, want) {
+			t.Errorf("overlap series %q = %v, want %v", name, got, want)
+		}
+	}
+	check("communication wall time (t_comm_wall)", []point{{1, 310}, {2, 400}})
+	check("exposed after the backward pass (t_wait)", []point{{1, 320}, {2, 50}, {3, 300}})
+	check("sum of the calls' durations (t_comm)", []point{{1, 200}, {2, 900}, {3, 200}})
+	for _, c := range runCharts(&Run{Steps: []Step{old}}, DefaultMaxPoints) {
+		if c.ID == "overlap" {
+			t.Error("overlap chart for a run without t_comm_wall")
+		}
+	}
+}
