@@ -82,23 +82,26 @@ func TestTrafficRing(t *testing.T) {
 }
 
 // TestTrafficAllReduce compares with a reduce-scatter ring followed by an
-// all-gather ring over the ChunkBounds chunks. Traffic charges every rank
-// 2(L − own chunk) both ways; the simulation matches exactly when the chunks
-// are equal, and in total (over ranks) always.
+// all-gather ring over the ChunkBounds chunks, rank by rank, for equal and
+// uneven chunks (L not a multiple of n, L < n, L = 0), and in total (over
+// ranks) with 2(n−1)L.
 func TestTrafficAllReduce(t *testing.T) {
-	for _, tc := range []struct{ n, elems int }{{2, 8}, {4, 8}, {4, 4}, {3, 7}, {5, 11}, {16, 33}, {3, 1}, {4, 0}} {
+	for _, tc := range []struct{ n, elems int }{
+		{2, 8}, {4, 8}, {4, 4}, // equal chunks
+		{3, 7}, {5, 11}, {16, 33}, {2, 3}, {4, 6}, {7, 100}, {16, 255}, // uneven chunks
+		{3, 1}, {5, 2}, {16, 15}, {4, 0}, // fewer elements than ranks
+	} {
 		blocks := make([]int, tc.n)
 		for c := range blocks {
 			lo, hi := comm.ChunkBounds(tc.elems, tc.n, c)
 			blocks[c] = hi - lo
 		}
-		even := tc.elems%tc.n == 0
 		var ts, tv, ws, wv int64
 		for r := range tc.n {
 			s, v := comm.Traffic(comm.OpAllReduce, tc.n, r, tc.elems, 4, 0, nil)
 			s1, v1 := ringVolume(comm.OpReduceScatter, blocks, r, 4)
 			s2, v2 := ringVolume(comm.OpAllGather, blocks, r, 4)
-			if even && (s != s1+s2 || v != v1+v2) {
+			if s != s1+s2 || v != v1+v2 {
 				t.Errorf("n%d L%d rank %d: Traffic (%d, %d), ring (%d, %d)", tc.n, tc.elems, r, s, v, s1+s2, v1+v2)
 			}
 			ts, tv, ws, wv = ts+s, tv+v, ws+s1+s2, wv+v1+v2
