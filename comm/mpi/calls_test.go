@@ -613,5 +613,3 @@ func ones(n int) []int {
 	}
 	return o
 }
-
-func workerReducers(t *testing.T) { t.Skip("reducer conformance not written yet") }

@@ -22,7 +22,10 @@ import (
 // launcher tests (TestMPIRun*) start `mpirun -np N <test binary>
 // -test.run=^TestMPIWorker$` with the scenario in the environment;
 // TestMPIWorker, which skips unless it was started that way, does the checks
-// inside each MPI process.
+// inside each MPI process. The reducers' conformance under mpirun (every
+// method bit-identical to in-process workers) lives with the reducers, in
+// package sparsify (TestReducersUnderMPI), since package comm must not know
+// about sparsifiers.
 
 const (
 	scenarioEnv = "SPARSEGRAD_MPI_TEST_SCENARIO"
@@ -151,8 +154,6 @@ func TestMPIWorker(t *testing.T) {
 	switch scenario {
 	case "calls":
 		workerCalls(t)
-	case "reducers":
-		workerReducers(t)
 	case "go-error", "panic":
 		_ = Run(ctx, func(ctx context.Context, c comm.Communicator) error {
 			if err := c.Barrier(ctx); err != nil {
