@@ -11,18 +11,19 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/internal/realdata"
 )
 
 // realData is the shared folder of real data sets, relative to this package.
 const realData = "../../shared/data"
 
+// needReal returns the real data path sub; missing data skips the test, or
+// fails it under SPARSEGRAD_DATA=require (realdata.Dir). The tests read
+// ../shared/data relative to the repository root.
 func needReal(t testing.TB, sub string) string {
 	t.Helper()
-	p := filepath.Join(realData, sub)
-	if _, err := os.Stat(p); err != nil {
-		t.Skipf("real data %s not present (%v): skipping; the tests read ../shared/data relative to the repository root", p, err)
-	}
-	return p
+	return filepath.Join(realdata.Dir(t, realData, sub), sub)
 }
 
 // makeCIFAR returns n random records of kind in the binary format and the

@@ -14,18 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/internal/realdata"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
-// sharedData is the real data of the project's shared folder.
+// sharedData is the real data of the project's shared folder; a missing
+// probe skips the test, or fails it under SPARSEGRAD_DATA=require
+// (realdata.Dir).
 func sharedData(t testing.TB, probe string) string {
 	t.Helper()
-	d := filepath.Join("..", "..", "shared", "data")
-	if _, err := os.Stat(filepath.Join(d, probe)); err != nil {
-		t.Skipf("skipping: real data %s not found under %s", probe, d)
-	}
-	return d
+	return realdata.Dir(t, filepath.Join("..", "..", "shared", "data"), probe)
 }
 
 func ncfConfig(t testing.TB, workers, steps int) Config {

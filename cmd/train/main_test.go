@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/realdata"
 )
 
 // mainEnv makes the test binary act as the train command (for mpirun).
@@ -28,12 +30,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// sharedData is the real data of the project's shared folder, as an
+// absolute path; missing data skips the test, or fails it under
+// SPARSEGRAD_DATA=require (realdata.Dir).
 func sharedData(t *testing.T) string {
 	t.Helper()
-	d := filepath.Join("..", "..", "..", "shared", "data")
-	if _, err := os.Stat(filepath.Join(d, "ml-100k", "u.data")); err != nil {
-		t.Skipf("skipping: real data not found under %s", d)
-	}
+	d := realdata.Dir(t, filepath.Join("..", "..", "..", "shared", "data"), filepath.Join("ml-100k", "u.data"))
 	abs, _ := filepath.Abs(d)
 	return abs
 }
