@@ -23,9 +23,9 @@ import (
 // -test.run=^TestMPIWorker$` with the scenario in the environment;
 // TestMPIWorker, which skips unless it was started that way, does the checks
 // inside each MPI process. The reducers' conformance under mpirun (every
-// method bit-identical to in-process workers) lives with the reducers, in
-// package sparsify (TestReducersUnderMPI), since package comm must not know
-// about sparsifiers.
+// registered method bit-identical to in-process workers) is in package
+// comm/mpi/conformance (TestReducersUnderMPIRun), so that the backend's own
+// tests do not depend on the reducers.
 
 const (
 	scenarioEnv = "SPARSEGRAD_MPI_TEST_SCENARIO"
