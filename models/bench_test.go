@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/device"
 	iblas "github.com/sparsegrad/sparsegrad/internal/blas"
+	"github.com/sparsegrad/sparsegrad/ops"
 )
 
 // TestMain runs the package's tests with the BLAS named by
@@ -18,9 +20,9 @@ import (
 func TestMain(m *testing.M) {
 	mode := os.Getenv("SPARSEGRAD_TEST_BLAS")
 	if mode == "" {
-		mode = BLASGonum
+		mode = ops.BLASGonum
 	}
-	desc, err := ConfigureBLAS(mode, 0)
+	desc, err := ops.ConfigureBLAS(mode, 0)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -31,9 +33,9 @@ func TestMain(m *testing.M) {
 
 // withBLAS runs f once per available BLAS, restoring the test default.
 func withBLAS(b *testing.B, f func(b *testing.B)) {
-	for _, mode := range []string{BLASGonum, BLASOpenBLAS} {
+	for _, mode := range []string{ops.BLASGonum, ops.BLASOpenBLAS} {
 		b.Run(mode, func(b *testing.B) {
-			desc, err := ConfigureBLAS(mode, 0)
+			desc, err := ops.ConfigureBLAS(mode, 0)
 			if errors.Is(err, iblas.ErrNotFound) {
 				b.Skip(err)
 			}
@@ -46,17 +48,19 @@ func withBLAS(b *testing.B, f func(b *testing.B)) {
 	}
 	def := os.Getenv("SPARSEGRAD_TEST_BLAS")
 	if def == "" {
-		def = BLASGonum
+		def = ops.BLASGonum
 	}
-	ConfigureBLAS(def, 0)
+	ops.ConfigureBLAS(def, 0)
 }
 
-func benchStep(b *testing.B, m Model, batch Batch, hook bool) {
+func benchStep(b *testing.B, mm Model, batch Batch, hook bool) {
+	m, err := hostOf(mm, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
 	grad := make([]float32, m.NumParams())
 	if hook {
-		if err := m.SetGradHook(func(int, []float32) {}); err != nil {
-			b.Fatal(err)
-		}
+		m.SetGradHook(func(int, device.Event) {})
 	}
 	ctx := context.Background()
 	if _, err := m.TrainStep(ctx, batch, grad); err != nil { // warm-up
@@ -143,7 +147,7 @@ func cpuSeconds() float64 {
 }
 
 // BenchmarkHookAB alternates steps with and without the hook on one model
-// (both tape machines compiled; pairs in the order off,on then on,off), so
+// (pairs in the order off,on then on,off), so
 // that both see the same machine load and position,
 // and reports the CPU time per step of each.
 func BenchmarkHookAB(b *testing.B) {
@@ -164,20 +168,22 @@ func BenchmarkHookAB(b *testing.B) {
 				}
 				m, batch = r, randomImages(rand.New(rand.NewPCG(1, 1)), r.cfg, 8)
 			}
+			h, err := hostOf(m, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
 			grad := make([]float32, m.NumParams())
 			ctx := context.Background()
 			var cpu [2]float64
 			for i := 0; i < 2*b.N+2; i++ {
 				on := (i%2 == 1) != ((i/2)%2 == 1) // pairs off,on then on,off
-				var h GradHook
+				var hook GradHook
 				if on {
-					h = func(int, []float32) {}
+					hook = func(int, device.Event) {}
 				}
-				if err := m.SetGradHook(h); err != nil {
-					b.Fatal(err)
-				}
+				m.SetGradHook(hook)
 				c0 := cpuSeconds()
-				if _, err := m.TrainStep(ctx, batch, grad); err != nil {
+				if _, err := h.TrainStep(ctx, batch, grad); err != nil {
 					b.Fatal(err)
 				}
 				if i >= 2 { // the first pair warms both machines up
@@ -204,22 +210,22 @@ func BenchmarkResNet18BLASAB(b *testing.B) {
 	if _, err := iblas.Load(); err != nil {
 		b.Skip(err)
 	}
-	m, err := NewResNet(DefaultResNet18(10, 32))
+	m, err := hostOf(NewResNet(DefaultResNet18(10, 32)))
 	if err != nil {
 		b.Fatal(err)
 	}
-	batch := randomImages(rand.New(rand.NewPCG(1, 1)), m.cfg, 32)
+	batch := randomImages(rand.New(rand.NewPCG(1, 1)), m.Model.(*ResNet).cfg, 32)
 	grad := make([]float32, m.NumParams())
 	ctx := context.Background()
 	var wall, cpu [2]float64
-	defer ConfigureBLAS(BLASGonum, 0)
+	defer ops.ConfigureBLAS(ops.BLASGonum, 0)
 	for i := 0; i < 2*b.N+2; i++ {
 		k := 0
 		if (i%2 == 1) != ((i/2)%2 == 1) {
 			k = 1
 		}
-		mode := []string{BLASGonum, BLASOpenBLAS}[k]
-		if _, err := ConfigureBLAS(mode, 0); err != nil {
+		mode := []string{ops.BLASGonum, ops.BLASOpenBLAS}[k]
+		if _, err := ops.ConfigureBLAS(mode, 0); err != nil {
 			b.Fatal(err)
 		}
 		c0, t0 := cpuSeconds(), time.Now()

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // TestConcurrentModels builds, trains and evaluates several models of each
@@ -13,22 +15,22 @@ import (
 // that every worker gets the same gradients as a model run alone; under
 // -race it also checks that no Gorgonia global state is shared unguarded.
 func TestConcurrentModels(t *testing.T) {
-	build := []func() (Model, Batch, Batch, error){
-		func() (Model, Batch, Batch, error) {
-			m, err := NewNCF(NCFConfig{Users: 6, Items: 7, Factors: 3, Layers: []int{8, 6, 5, 4, 3, 2}, Dropout: 0.5, BatchSize: 5, Seed: 1})
+	build := []func() (*host, Batch, Batch, error){
+		func() (*host, Batch, Batch, error) {
+			m, err := hostOf(NewNCF(NCFConfig{Users: 6, Items: 7, Factors: 3, Layers: []int{8, 6, 5, 4, 3, 2}, Dropout: 0.5, BatchSize: 5, Seed: 1}))
 			b := randomPairs(rand.New(rand.NewPCG(1, 1)), 6, 7, 5)
 			return m, b, Batch{Users: b.Users[:2], Items: b.Items[:2]}, err
 		},
-		func() (Model, Batch, Batch, error) {
-			m, err := NewLSTM(LSTMConfig{Vocab: 7, Embed: 4, Hidden: 4, Layers: 2, Tied: true, Dropout: 0.2, BPTT: 3, BatchSize: 2, Seed: 1})
+		func() (*host, Batch, Batch, error) {
+			m, err := hostOf(NewLSTM(LSTMConfig{Vocab: 7, Embed: 4, Hidden: 4, Layers: 2, Tied: true, Dropout: 0.2, BPTT: 3, BatchSize: 2, Seed: 1}))
 			b := randomTokens(rand.New(rand.NewPCG(1, 1)), 7, 6)
 			e := b
 			e.Steps = 1
 			return m, b, e, err
 		},
-		func() (Model, Batch, Batch, error) {
+		func() (*host, Batch, Batch, error) {
 			cfg := tinyResNet(2, 1)
-			m, err := NewResNet(cfg)
+			m, err := hostOf(NewResNet(cfg))
 			b := randomImages(rand.New(rand.NewPCG(1, 1)), cfg, 2)
 			return m, b, randomImages(rand.New(rand.NewPCG(2, 2)), cfg, 1), err
 		},
@@ -55,10 +57,7 @@ func TestConcurrentModels(t *testing.T) {
 					return
 				}
 				if w%2 == 1 {
-					if err := m.SetGradHook(func(int, []float32) {}); err != nil {
-						errs[w] = err
-						return
-					}
+					m.SetGradHook(func(int, device.Event) {})
 				}
 				got := make([]float32, m.NumParams())
 				if _, err := m.TrainStep(ctx, b, got); err != nil {

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/ops"
 )
 
 // The per-step results of every model, recorded by the implementation that
@@ -39,8 +41,8 @@ type goldenSpec struct {
 	long  bool
 	steps int
 	build func() (Model, error)
-	batch func(r *rand.Rand, m Model) Batch
-	eval  func(r *rand.Rand, m Model) Batch
+	batch func(r *rand.Rand, m *host) Batch
+	eval  func(r *rand.Rand, m *host) Batch
 }
 
 func hashF32(x []float32) uint64 {
@@ -62,9 +64,9 @@ func normF32(x []float32) float64 {
 	return math.Sqrt(s)
 }
 
-func resnetBatch(n int) func(r *rand.Rand, m Model) Batch {
-	return func(r *rand.Rand, m Model) Batch {
-		c := m.(*ResNet).Config()
+func resnetBatch(n int) func(r *rand.Rand, m *host) Batch {
+	return func(r *rand.Rand, m *host) Batch {
+		c := m.Model.(*ResNet).Config()
 		b := Batch{Images: make([]float32, n*3*c.ImageSize*c.ImageSize), Labels: make([]int, n)}
 		for i := range b.Images {
 			b.Images[i] = float32(r.NormFloat64())
@@ -76,9 +78,9 @@ func resnetBatch(n int) func(r *rand.Rand, m Model) Batch {
 	}
 }
 
-func lstmBatch(steps, n int) func(r *rand.Rand, m Model) Batch {
-	return func(r *rand.Rand, m Model) Batch {
-		c := m.(*LSTM).Config()
+func lstmBatch(steps, n int) func(r *rand.Rand, m *host) Batch {
+	return func(r *rand.Rand, m *host) Batch {
+		c := m.Model.(*LSTM).Config()
 		b := Batch{Tokens: make([]int, steps*n), Labels: make([]int, steps*n), Steps: steps}
 		for i := range b.Tokens {
 			b.Tokens[i] = r.IntN(c.Vocab)
@@ -88,9 +90,9 @@ func lstmBatch(steps, n int) func(r *rand.Rand, m Model) Batch {
 	}
 }
 
-func ncfBatch(n int) func(r *rand.Rand, m Model) Batch {
-	return func(r *rand.Rand, m Model) Batch {
-		c := m.(*NCF).Config()
+func ncfBatch(n int) func(r *rand.Rand, m *host) Batch {
+	return func(r *rand.Rand, m *host) Batch {
+		c := m.Model.(*NCF).Config()
 		b := Batch{Users: make([]int, n), Items: make([]int, n), Targets: make([]float32, n)}
 		for i := 0; i < n; i++ {
 			b.Users[i], b.Items[i] = r.IntN(c.Users), r.IntN(c.Items)
@@ -105,7 +107,10 @@ func goldenSpecs() []goldenSpec {
 	midRes := ResNetConfig{Classes: 7, Width: 8, Blocks: [4]int{2, 1, 2, 1}, ImageSize: 16, BatchSize: 6, Momentum: 0.1, Epsilon: 1e-5, Seed: 4}
 	tinyL := LSTMConfig{Vocab: 37, Embed: 12, Hidden: 12, Layers: 2, Tied: true, Dropout: 0.25, BPTT: 5, BatchSize: 3, Seed: 5}
 	untiedL := LSTMConfig{Vocab: 41, Embed: 9, Hidden: 14, Layers: 3, Tied: false, Dropout: 0, BPTT: 4, BatchSize: 2, Seed: 6}
-	oneStepL := LSTMConfig{Vocab: 23, Embed: 8, Hidden: 8, Layers: 1, Tied: true, Dropout: 0.1, BPTT: 1, BatchSize: 5, Seed: 7}
+	// No dropout here: with BPTT 1 and dropout the tape machine overwrote
+	// the hidden state carried to the next batch during the backward pass
+	// (an old bug; TestLSTMDropoutMatchesReference).
+	oneStepL := LSTMConfig{Vocab: 23, Embed: 8, Hidden: 8, Layers: 1, Tied: true, Dropout: 0, BPTT: 1, BatchSize: 5, Seed: 7}
 	tinyN := NCFConfig{Users: 20, Items: 30, Factors: 4, Layers: []int{8, 6, 4}, Dropout: 0.5, BatchSize: 16, Seed: 8}
 	paperN := PaperNCF(50, 70, 64)
 	paperN.Seed = 9
@@ -127,7 +132,7 @@ func goldenSpecs() []goldenSpec {
 // deterministic random batches, then evaluates once.
 func runGolden(t *testing.T, s goldenSpec) goldenCase {
 	t.Helper()
-	m, err := s.build()
+	m, err := hostOf(s.build())
 	if err != nil {
 		t.Fatalf("%s: %v", s.name, err)
 	}
@@ -170,7 +175,7 @@ func sumSize(l []ParamInfo) int {
 }
 
 func TestGoldenSteps(t *testing.T) {
-	if b := os.Getenv("SPARSEGRAD_TEST_BLAS"); b != "" && b != BLASGonum {
+	if b := os.Getenv("SPARSEGRAD_TEST_BLAS"); b != "" && b != ops.BLASGonum {
 		t.Skipf("the recorded results are gonum's; this run uses SPARSEGRAD_TEST_BLAS=%s", b)
 	}
 	write := os.Getenv("SPARSEGRAD_WRITE_GOLDEN") == "1"

@@ -5,11 +5,45 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
+
+// host is a model driven with host vectors, as the tests do: it owns the
+// parameters (initialised by the model) and passes them to every step.
+type host struct {
+	Model
+	params []float32
+}
+
+// hostOf wraps a freshly built model.
+func hostOf(m Model, err error) (*host, error) {
+	if err != nil {
+		return nil, err
+	}
+	p := make([]float32, m.NumParams())
+	if err := m.InitParams(p); err != nil {
+		return nil, err
+	}
+	return &host{Model: m, params: p}, nil
+}
+
+// Params returns the live host parameters.
+func (h *host) Params() []float32 { return h.params }
+
+// TrainStep runs a training step with the host parameters into grad.
+func (h *host) TrainStep(ctx context.Context, b Batch, grad []float32) (StepResult, error) {
+	return h.Model.TrainStep(ctx, b, device.Host(h.params), device.Host(grad))
+}
+
+// Evaluate evaluates with the host parameters.
+func (h *host) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
+	return h.Model.Evaluate(ctx, b, device.Host(h.params))
+}
 
 // randomizeParams overwrites the parameters with N(0, std²) values so that
 // gradients are well away from zero in finite-difference checks.
-func randomizeParams(m Model, seed uint64, std float64) {
+func randomizeParams(m *host, seed uint64, std float64) {
 	r := rand.New(rand.NewPCG(seed, 99))
 	p := m.Params()
 	for i := range p {
@@ -30,7 +64,7 @@ func randomizeParams(m Model, seed uint64, std float64) {
 // ReLU kinks crossed by a ±eps step would break this; random inputs make
 // that rare, and the per-tensor norm keeps one unlucky entry from failing a
 // correct tensor.
-func gradCheck(t *testing.T, m Model, b Batch, samples int, eps, tol, atol float64) {
+func gradCheck(t *testing.T, m *host, b Batch, samples int, eps, tol, atol float64) {
 	t.Helper()
 	gradCheckWith(t, m, b, samples, eps, tol, atol, nil)
 }
@@ -38,7 +72,7 @@ func gradCheck(t *testing.T, m Model, b Batch, samples int, eps, tol, atol float
 // gradCheckWith is gradCheck with the finite differences taken of ref (the
 // loss at the model's current parameters, e.g. a float64 reference
 // implementation) instead of the model's own float32 loss.
-func gradCheckWith(t *testing.T, m Model, b Batch, samples int, eps, tol, atol float64, ref func() float64) {
+func gradCheckWith(t *testing.T, m *host, b Batch, samples int, eps, tol, atol float64, ref func() float64) {
 	t.Helper()
 	ctx := context.Background()
 	n := m.NumParams()
@@ -100,7 +134,7 @@ func gradCheckWith(t *testing.T, m Model, b Batch, samples int, eps, tol, atol f
 
 // sgd runs steps plain SGD steps on a fixed batch and returns the first and
 // last losses.
-func sgd(t *testing.T, m Model, b Batch, lr float32, steps int) (first, last float64) {
+func sgd(t *testing.T, m *host, b Batch, lr float32, steps int) (first, last float64) {
 	t.Helper()
 	grad := make([]float32, m.NumParams())
 	for s := 0; s < steps; s++ {

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/ops"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
@@ -29,6 +32,8 @@ type LSTMConfig struct {
 	BatchSize int
 	// Seed seeds the initialisation and the dropout masks.
 	Seed uint64
+	// Backend runs the model's programs (nil: the CPU).
+	Backend engine.Backend `json:"-"`
 }
 
 // DefaultLSTM is the DEFT code's configuration: 3 × 650, tied, dropout 0.4,
@@ -52,7 +57,7 @@ func (c LSTMConfig) validate() error {
 		return badInput("LSTM: tied weights need Embed == Hidden (got %d and %d); set Tied=false or equal sizes", c.Embed, c.Hidden)
 	case c.Layers < 1:
 		return badInput("LSTM: Layers = %d; use ≥ 1", c.Layers)
-	case c.Dropout < 0 || c.Dropout >= 1:
+	case !(c.Dropout >= 0 && c.Dropout < 1):
 		return badInput("LSTM: Dropout = %g; use 0 ≤ p < 1", c.Dropout)
 	case c.BPTT < 1:
 		return badInput("LSTM: BPTT = %d; use ≥ 1", c.BPTT)
@@ -85,25 +90,27 @@ func (c LSTMConfig) validate() error {
 // training; Evaluate takes Steps×n tokens for any n ≥ 1 and Steps ≥ 1 (set
 // Batch.Steps; 0 means BPTT) and carries its own hidden state across
 // evaluation batches of the same n.
+//
+// Dropout masks are drawn on the host from the model's seeded stream (so a
+// run is reproducible on every device) and are inputs of the program.
 type LSTM struct {
 	cfg  LSTMConfig
-	st   store
 	drop *dropoutRNG
+	net
 
-	tokens, targets *tensor.Dense
-	masks           []*tensor.Dense
-	state           []*tensor.Dense // h0, c0 per layer (B×H)
-	final           []*G.Node       // h_T, c_T per layer
-	tg              *trainGraph
-
-	evals     evalCache
-	evalState []*tensor.Dense
+	nMasks    int
+	evalState device.Buffer // h, c of every layer for evaluation batches of evalN sequences
 	evalN     int
 }
 
 var _ Model = (*LSTM)(nil)
 
-// NewLSTM builds the LSTM language model for cfg.
+// Input order of the training program: tokens, targets, the 2L state
+// tensors (h0, c0 per layer), then the dropout masks.
+const lstmTokens, lstmTargets, lstmState = 0, 1, 2
+
+// NewLSTM builds the LSTM language model for cfg and compiles its training
+// program.
 func NewLSTM(cfg LSTMConfig) (*LSTM, error) {
 	defer building()()
 	if err := cfg.validate(); err != nil {
@@ -111,34 +118,31 @@ func NewLSTM(cfg LSTMConfig) (*LSTM, error) {
 	}
 	m := &LSTM{cfg: cfg, drop: newDropoutRNG(cfg.Seed)}
 	V, E, H := cfg.Vocab, cfg.Embed, cfg.Hidden
-	m.st.add("encoder.weight", V, E)
+	m.params.add("encoder.weight", V, E)
 	for l := 0; l < cfg.Layers; l++ {
 		in := H
 		if l == 0 {
 			in = E
 		}
-		m.st.add(fmt.Sprintf("rnn.weight_ih_l%d", l), in, 4*H)
-		m.st.add(fmt.Sprintf("rnn.weight_hh_l%d", l), H, 4*H)
-		m.st.add(fmt.Sprintf("rnn.bias_ih_l%d", l), 4*H)
-		m.st.add(fmt.Sprintf("rnn.bias_hh_l%d", l), 4*H)
+		m.params.add(fmt.Sprintf("rnn.weight_ih_l%d", l), in, 4*H)
+		m.params.add(fmt.Sprintf("rnn.weight_hh_l%d", l), H, 4*H)
+		m.params.add(fmt.Sprintf("rnn.bias_ih_l%d", l), 4*H)
+		m.params.add(fmt.Sprintf("rnn.bias_hh_l%d", l), 4*H)
 	}
 	if !cfg.Tied {
-		m.st.add("decoder.weight", H, V)
+		m.params.add("decoder.weight", H, V)
 	}
-	m.st.add("decoder.bias", V)
-	m.st.alloc()
-	m.init(newInitRNG(cfg.Seed))
+	m.params.add("decoder.bias", V)
+	if err := m.net.init(cfg.Backend); err != nil {
+		return nil, err
+	}
 
 	T, B := cfg.BPTT, cfg.BatchSize
 	g := G.NewGraph()
-	params := m.paramNodes(g)
-	m.tokens = tensor.New(tensor.WithShape(T*B), tensor.WithBacking(make([]int, T*B)))
-	m.targets = tensor.New(tensor.WithShape(T*B), tensor.WithBacking(make([]int, T*B)))
-	m.state = newState(cfg.Layers, B, H)
-	stateNodes := make([]*G.Node, len(m.state))
-	for i, s := range m.state {
-		stateNodes[i] = G.NodeFromAny(g, s, G.WithName(fmt.Sprintf("state%d", i)))
-	}
+	params := m.params.nodes(g)
+	tok := G.NewVector(g, tensor.Int, G.WithShape(T*B), G.WithName("tokens"))
+	tgt := G.NewVector(g, tensor.Int, G.WithShape(T*B), G.WithName("targets"))
+	state := stateNodes(g, cfg.Layers, B, H)
 	var masks []*G.Node
 	if cfg.Dropout > 0 {
 		for i := 0; i <= cfg.Layers; i++ {
@@ -146,60 +150,56 @@ func NewLSTM(cfg LSTMConfig) (*LSTM, error) {
 			if i == 0 {
 				w = E
 			}
-			t := tensor.New(tensor.WithShape(T*B, w), tensor.WithBacking(make([]float32, T*B*w)))
-			m.masks = append(m.masks, t)
-			masks = append(masks, G.NodeFromAny(g, t, G.WithName(fmt.Sprintf("dropmask%d", i))))
+			masks = append(masks, G.NewMatrix(g, tensor.Float32, G.WithShape(T*B, w), G.WithName(fmt.Sprintf("dropmask%d", i))))
 		}
 	}
-	tok := G.NodeFromAny(g, m.tokens, G.WithName("tokens"))
-	logits, final, err := m.forward(params, tok, stateNodes, masks, T, B)
+	m.nMasks = len(masks)
+	logits, final, err := m.forward(params, tok, state, masks, T, B)
 	if err != nil {
 		return nil, err
 	}
-	m.final = final
-	tgt := G.NodeFromAny(g, m.targets, G.WithName("targets"))
-	loss, err := softmaxCrossEntropy(logits, tgt)
+	loss, err := ops.CrossEntropy(logits, tgt)
 	if err != nil {
 		return nil, err
 	}
-	if m.tg, err = newTrainGraph(g, &m.st, params, loss); err != nil {
+	inputs := append(append([]*G.Node{tok, tgt}, state...), masks...)
+	if err := m.compileTrain(g, params, nil, inputs, loss, final...); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-func newState(layers, b, h int) []*tensor.Dense {
-	s := make([]*tensor.Dense, 2*layers)
+// stateNodes returns the inputs h0, c0 of every layer.
+func stateNodes(g *G.ExprGraph, layers, b, h int) []*G.Node {
+	s := make([]*G.Node, 2*layers)
 	for i := range s {
-		s[i] = tensor.New(tensor.WithShape(b, h), tensor.WithBacking(make([]float32, b*h)))
+		s[i] = G.NewMatrix(g, tensor.Float32, G.WithShape(b, h), G.WithName(fmt.Sprintf("state%d", i)))
 	}
 	return s
 }
 
-func (m *LSTM) init(r *initRNG) {
+// InitParams implements Model.
+func (m *LSTM) InitParams(dst []float32) error {
+	if len(dst) != m.NumParams() {
+		return badInput("LSTM InitParams: %d values, the model has %d parameters", len(dst), m.NumParams())
+	}
+	r := newInitRNG(m.cfg.Seed)
 	k := 0
-	r.uniform(m.st.data(k), 0.1)
+	r.uniform(m.params.part(dst, k), 0.1)
 	k++
 	bound := 1 / math.Sqrt(float64(m.cfg.Hidden))
 	for l := 0; l < m.cfg.Layers; l++ {
 		for j := 0; j < 4; j++ {
-			r.uniform(m.st.data(k), bound)
+			r.uniform(m.params.part(dst, k), bound)
 			k++
 		}
 	}
 	if !m.cfg.Tied {
-		r.uniform(m.st.data(k), 0.1)
+		r.uniform(m.params.part(dst, k), 0.1)
 		k++
 	}
-	fill(m.st.data(k), 0)
-}
-
-func (m *LSTM) paramNodes(g *G.ExprGraph) []*G.Node {
-	ps := make([]*G.Node, len(m.st.infos))
-	for i := range ps {
-		ps[i] = m.st.node(g, i)
-	}
-	return ps
+	fill(m.params.part(dst, k), 0)
+	return nil
 }
 
 // forward builds the logits (T*B × V) and the final states.
@@ -226,6 +226,9 @@ func (m *LSTM) forward(p []*G.Node, tokens *G.Node, state []*G.Node, masks []*G.
 			xt := xw
 			if T > 1 {
 				xt = G.Must(G.Slice(xw, G.S(t*B, (t+1)*B)))
+				if B == 1 { // Gorgonia drops an axis sliced to one element
+					xt = G.Must(G.Reshape(xt, tensor.Shape{1, 4 * H}))
+				}
 			}
 			gates := G.Must(G.Add(xt, G.Must(G.Mul(h, whh))))
 			ig := G.Must(G.Sigmoid(G.Must(G.Slice(gates, nil, G.S(0, H)))))
@@ -248,7 +251,7 @@ func (m *LSTM) forward(p []*G.Node, tokens *G.Node, state []*G.Node, masks []*G.
 	}
 	if m.cfg.Tied {
 		// x·Eᵀ without materialising the transpose of E [V E].
-		xe := G.Must(matMulT(x, p[0]))
+		xe := G.Must(ops.MulT(x, p[0]))
 		b2 := G.Must(G.Reshape(p[k], tensor.Shape{1, m.cfg.Vocab}))
 		logits = G.Must(G.BroadcastAdd(xe, b2, nil, []byte{0}))
 		return logits, final, nil
@@ -266,54 +269,27 @@ func (m *LSTM) Config() LSTMConfig { return m.cfg }
 // BatchSize implements Model.
 func (m *LSTM) BatchSize() int { return m.cfg.BatchSize }
 
-// Layout implements Model.
-func (m *LSTM) Layout() []ParamInfo { return m.st.layout() }
-
-// NumParams implements Model.
-func (m *LSTM) NumParams() int { return len(m.st.flat) }
-
-// Params implements Model.
-func (m *LSTM) Params() []float32 { return m.st.flat }
-
-// LoadParams implements Model.
-func (m *LSTM) LoadParams(src []float32) error { return m.st.load("LSTM LoadParams", src) }
-
-// StoreParams implements Model.
-func (m *LSTM) StoreParams(dst []float32) error { return m.st.save("LSTM StoreParams", dst) }
-
-// BufferLayout implements Model (no buffers; the hidden state is not
+// LoadBuffers implements Model (no buffers; the hidden state is not
 // checkpointed because it is reset every epoch).
-func (m *LSTM) BufferLayout() []ParamInfo { return nil }
-
-// LoadBuffers implements Model.
-func (m *LSTM) LoadBuffers(src []float32) error {
-	if len(src) != 0 {
-		return badInput("LSTM has no buffers, got %d values", len(src))
-	}
-	return nil
-}
-
-// StoreBuffers implements Model.
-func (m *LSTM) StoreBuffers(dst []float32) error { return m.LoadBuffers(dst) }
+func (m *LSTM) LoadBuffers(src []float32) error { return m.loadBuffers(src) }
 
 // ResetState implements Model: zeroes the training and evaluation hidden
 // states.
 func (m *LSTM) ResetState() {
-	for _, s := range m.state {
-		s.Zero()
+	dev := m.Device()
+	s := m.train.Stream()
+	for i := 0; i < 2*m.cfg.Layers; i++ {
+		dev.Math().Fill(s, m.train.Input(lstmState+i), 0)
 	}
-	for _, s := range m.evalState {
-		s.Zero()
+	if m.evalState.Len() > 0 {
+		dev.Math().Fill(s, m.evalState, 0)
 	}
 }
-
-// SetGradHook implements Model.
-func (m *LSTM) SetGradHook(h GradHook) error { return m.tg.setHook(h, nil, nil) }
 
 // Summary implements Model.
 func (m *LSTM) Summary() string {
 	c := m.cfg
-	return summaryTable(fmt.Sprintf("LSTM LM: vocab %d, embed %d, %d × %d, tied %v, dropout %g, BPTT %d, batch %d", c.Vocab, c.Embed, c.Layers, c.Hidden, c.Tied, c.Dropout, c.BPTT, c.BatchSize), m.st.infos, nil)
+	return summaryTable(fmt.Sprintf("LSTM LM: vocab %d, embed %d, %d × %d, tied %v, dropout %g, BPTT %d, batch %d", c.Vocab, c.Embed, c.Layers, c.Hidden, c.Tied, c.Dropout, c.BPTT, c.BatchSize), m.params.infos, nil)
 }
 
 func (m *LSTM) checkTokens(name string, x []int, n int) error {
@@ -330,7 +306,7 @@ func (m *LSTM) checkTokens(name string, x []int, n int) error {
 
 // TrainStep implements Model. The final hidden state becomes the initial
 // state of the next step.
-func (m *LSTM) TrainStep(ctx context.Context, b Batch, grad []float32) (StepResult, error) {
+func (m *LSTM) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer) (StepResult, error) {
 	if err := checkCtx(ctx); err != nil {
 		return StepResult{}, err
 	}
@@ -344,41 +320,33 @@ func (m *LSTM) TrainStep(ctx context.Context, b Batch, grad []float32) (StepResu
 	if err := m.checkTokens("labels", b.Labels, n); err != nil {
 		return StepResult{}, err
 	}
-	copy(m.tokens.Data().([]int), b.Tokens)
-	copy(m.targets.Data().([]int), b.Labels)
-	for _, t := range m.masks {
-		m.drop.mask(t.Data().([]float32), m.cfg.Dropout)
-	}
-	if err := m.tg.run(grad); err != nil {
+	if err := m.setInts(m.train, lstmTokens, b.Tokens); err != nil {
 		return StepResult{}, err
 	}
-	if err := copyState(m.state, m.final); err != nil {
+	if err := m.setInts(m.train, lstmTargets, b.Labels); err != nil {
 		return StepResult{}, err
 	}
-	l, err := scalarValue(m.tg.loss)
-	return StepResult{Loss: l}, err
-}
-
-func copyState(dst []*tensor.Dense, src []*G.Node) error {
-	for i, n := range src {
-		t, ok := n.Value().(*tensor.Dense)
-		if !ok {
-			return fmt.Errorf("models: LSTM state %d has type %T", i, n.Value())
+	for i := 0; i < m.nMasks; i++ {
+		if err := m.fillInput(m.train, lstmState+2*m.cfg.Layers+i, func(d []float32) { m.drop.mask(d, m.cfg.Dropout) }); err != nil {
+			return StepResult{}, err
 		}
-		d := dst[i].Data().([]float32)
-		// The final h may be a view; Materialize copies what it covers.
-		v := t
-		if t.IsMaterializable() {
-			v = t.Materialize().(*tensor.Dense)
-		}
-		copy(d, v.Data().([]float32))
 	}
-	return nil
+	res, err := m.runTrain(ctx, params, grad)
+	if err != nil {
+		return StepResult{}, err
+	}
+	s := m.train.Stream()
+	for i := 0; i < 2*m.cfg.Layers; i++ {
+		if err := s.Copy(m.train.Input(lstmState+i), m.train.Output(1+i)); err != nil {
+			return StepResult{}, err
+		}
+	}
+	return res, nil
 }
 
 // Evaluate implements Model: LossSum is the summed cross-entropy over the
 // Steps×n tokens, Correct the number of top-1 hits.
-func (m *LSTM) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
+func (m *LSTM) Evaluate(ctx context.Context, b Batch, params device.Buffer) (EvalResult, error) {
 	if err := checkCtx(ctx); err != nil {
 		return EvalResult{}, err
 	}
@@ -396,39 +364,48 @@ func (m *LSTM) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
 	if err := m.checkTokens("labels", b.Labels, T*n); err != nil {
 		return EvalResult{}, err
 	}
+	L, H := m.cfg.Layers, m.cfg.Hidden
 	if n != m.evalN {
-		m.evalState = newState(m.cfg.Layers, n, m.cfg.Hidden)
-		m.evalN = n
-	}
-	eg, err := m.evals.get(T<<32|n, func() (*evalGraph, error) {
-		g := G.NewGraph()
-		eg := &evalGraph{ints: []*tensor.Dense{tensor.New(tensor.WithShape(T*n), tensor.WithBacking(make([]int, T*n)))}}
-		eg.floats = newState(m.cfg.Layers, n, m.cfg.Hidden)
-		sn := make([]*G.Node, len(eg.floats))
-		for i, s := range eg.floats {
-			sn[i] = G.NodeFromAny(g, s, G.WithName(fmt.Sprintf("state%d", i)))
+		m.Device().Free(m.evalState)
+		st, err := m.Device().Alloc(device.Float32, 2*L*n*H)
+		if err != nil {
+			return EvalResult{}, fmt.Errorf("models: LSTM evaluation state: %w", err)
 		}
-		tok := G.NodeFromAny(g, eg.ints[0], G.WithName("tokens"))
-		out, final, err := m.forward(m.paramNodes(g), tok, sn, nil, T, n)
+		m.evalState, m.evalN = st, n
+	}
+	e, err := m.evals.get(T<<32|n, func() (*engine.Executor, error) {
+		g := G.NewGraph()
+		params := m.params.nodes(g)
+		tok := G.NewVector(g, tensor.Int, G.WithShape(T*n), G.WithName("tokens"))
+		state := stateNodes(g, L, n, H)
+		out, final, err := m.forward(params, tok, state, nil, T, n)
 		if err != nil {
 			return nil, err
 		}
-		eg.out, eg.extra = out, final
-		eg.vm, err = newVM(g, G.EvalMode())
-		return eg, err
+		return m.compileEval(g, params, nil, append([]*G.Node{tok}, state...), append([]*G.Node{out}, final...))
 	})
 	if err != nil {
 		return EvalResult{}, err
 	}
-	copy(eg.ints[0].Data().([]int), b.Tokens)
-	for i, s := range m.evalState {
-		copy(eg.floats[i].Data().([]float32), s.Data().([]float32))
-	}
-	logits, err := eg.run()
-	if err != nil {
+	if err := m.setInts(e, 0, b.Tokens); err != nil {
 		return EvalResult{}, err
 	}
-	if err := copyState(m.evalState, eg.extra); err != nil {
+	s := e.Stream()
+	for i := 0; i < 2*L; i++ {
+		if err := s.Copy(e.Input(1+i), m.evalState.Slice(i*n*H, (i+1)*n*H)); err != nil {
+			return EvalResult{}, err
+		}
+	}
+	if err := m.runEval(ctx, e, params); err != nil {
+		return EvalResult{}, err
+	}
+	for i := 0; i < 2*L; i++ {
+		if err := s.Copy(m.evalState.Slice(i*n*H, (i+1)*n*H), e.Output(1+i)); err != nil {
+			return EvalResult{}, err
+		}
+	}
+	logits, err := m.readFloat32s(e, e.Output(0))
+	if err != nil {
 		return EvalResult{}, err
 	}
 	res := EvalResult{Count: T * n}

@@ -7,14 +7,18 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func sigm(x float64) float64 { return 1 / (1 + math.Exp(-x)) }
 
 // refLSTM is a plain float64 re-implementation of the LSTM LM forward pass
-// (no dropout) from the PyTorch definitions. state holds h, c per layer
-// (B×H each, updated in place). It returns the mean cross-entropy.
-func refLSTM(cfg LSTMConfig, lay []ParamInfo, p []float32, tokens, labels []int, T, B int, state [][]float64) (meanCE float64, logits [][]float64) {
+// from the PyTorch definitions. state holds h, c per layer (B×H each,
+// updated in place); masks, when not nil, are the dropout masks of the
+// embedding output and of every layer's output (T·B rows each). It returns
+// the mean cross-entropy.
+func refLSTM(cfg LSTMConfig, lay []ParamInfo, p []float32, tokens, labels []int, T, B int, state [][]float64, masks ...[]float32) (meanCE float64, logits [][]float64) {
 	get := func(i int) []float32 { return p[lay[i].Offset : lay[i].Offset+lay[i].Size] }
 	V, E, H := cfg.Vocab, cfg.Embed, cfg.Hidden
 	x := make([][]float64, T*B)
@@ -23,6 +27,20 @@ func refLSTM(cfg LSTMConfig, lay []ParamInfo, p []float32, tokens, labels []int,
 		for j := 0; j < E; j++ {
 			x[r][j] = float64(get(0)[tok*E+j])
 		}
+	}
+	mask := func(x [][]float64, m []float32) {
+		if m == nil {
+			return
+		}
+		w := len(x[0])
+		for r := range x {
+			for j := range x[r] {
+				x[r][j] *= float64(m[r*w+j])
+			}
+		}
+	}
+	if masks != nil {
+		mask(x, masks[0])
 	}
 	k := 1
 	for l := 0; l < cfg.Layers; l++ {
@@ -57,6 +75,9 @@ func refLSTM(cfg LSTMConfig, lay []ParamInfo, p []float32, tokens, labels []int,
 			copy(h, nh)
 		}
 		x = out
+		if masks != nil {
+			mask(x, masks[l+1])
+		}
 	}
 	var dec func(j, v int) float64
 	if cfg.Tied {
@@ -130,7 +151,7 @@ func TestLSTMMatchesReference(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			m, err := NewLSTM(c.cfg)
+			m, err := hostOf(NewLSTM(c.cfg))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -199,32 +220,31 @@ func TestLSTMGradCheck(t *testing.T) {
 		{Vocab: 4, Embed: 2, Hidden: 2, Layers: 1, Tied: true, BPTT: 1, BatchSize: 1, Seed: 3},
 	}
 	for _, cfg := range cases {
-		m, err := NewLSTM(cfg)
+		l, err := NewLSTM(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
+		m, _ := hostOf(l, nil)
 		randomizeParams(m, cfg.Seed, 0.6)
 		b := randomTokens(rand.New(rand.NewPCG(cfg.Seed, 9)), cfg.Vocab, cfg.BPTT*cfg.BatchSize)
 		// A non-zero carried state makes the check cover h0/c0 paths; keep
 		// it fixed across the finite-difference evaluations.
-		for _, s := range m.state {
-			d := s.Data().([]float32)
-			for i := range d {
-				d[i] = float32(i%3) * 0.3
+		saved := make([][]float32, 2*cfg.Layers)
+		for i := range saved {
+			d := l.train.Input(lstmState + i).Float32s()
+			for j := range d {
+				d[j] = float32(j%3) * 0.3
 			}
+			saved[i] = slices.Clone(d)
 		}
-		saved := make([][]float32, len(m.state))
-		for i, s := range m.state {
-			saved[i] = slices.Clone(s.Data().([]float32))
-		}
-		gradCheckLSTM(t, m, b, saved)
+		gradCheckLSTM(t, m, l, b, saved)
 	}
 }
 
 // gradCheckLSTM runs gradCheck with the carried state restored before every
 // evaluation.
-func gradCheckLSTM(t *testing.T, m *LSTM, b Batch, saved [][]float32) {
-	w := &stateRestorer{LSTM: m, saved: saved}
+func gradCheckLSTM(t *testing.T, m *host, l *LSTM, b Batch, saved [][]float32) {
+	w := &host{Model: &stateRestorer{LSTM: l, saved: saved}, params: m.params}
 	gradCheck(t, w, b, 8, 1e-2, 5e-3, 1e-4)
 }
 
@@ -233,16 +253,16 @@ type stateRestorer struct {
 	saved [][]float32
 }
 
-func (s *stateRestorer) TrainStep(ctx context.Context, b Batch, grad []float32) (StepResult, error) {
-	for i, st := range s.state {
-		copy(st.Data().([]float32), s.saved[i])
+func (s *stateRestorer) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer) (StepResult, error) {
+	for i, st := range s.saved {
+		copy(s.train.Input(lstmState+i).Float32s(), st)
 	}
-	return s.LSTM.TrainStep(ctx, b, grad)
+	return s.LSTM.TrainStep(ctx, b, params, grad)
 }
 
 func TestLSTMOverfit(t *testing.T) {
 	cfg := LSTMConfig{Vocab: 20, Embed: 16, Hidden: 16, Layers: 2, Tied: true, Dropout: 0.1, BPTT: 5, BatchSize: 4, Seed: 4}
-	m, err := NewLSTM(cfg)
+	m, err := hostOf(NewLSTM(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +294,7 @@ func TestLSTMBadInput(t *testing.T) {
 	if _, err := NewLSTM(LSTMConfig{Vocab: 5, Embed: 3, Hidden: 4, Layers: 1, Tied: true, BPTT: 2, BatchSize: 1}); !errors.Is(err, ErrBadInput) {
 		t.Errorf("tied with Embed≠Hidden: err = %v", err)
 	}
-	m, err := NewLSTM(LSTMConfig{Vocab: 5, Embed: 3, Hidden: 3, Layers: 1, Tied: true, BPTT: 2, BatchSize: 2})
+	m, err := hostOf(NewLSTM(LSTMConfig{Vocab: 5, Embed: 3, Hidden: 3, Layers: 1, Tied: true, BPTT: 2, BatchSize: 2}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,5 +310,50 @@ func TestLSTMBadInput(t *testing.T) {
 	}
 	if _, err := m.Evaluate(context.Background(), Batch{Tokens: []int{1, 2, 3}, Labels: []int{1, 2, 3}, Steps: 2}); !errors.Is(err, ErrBadInput) {
 		t.Errorf("eval tokens not a multiple of steps: err = %v", err)
+	}
+}
+
+// TestLSTMDropoutMatchesReference checks a training step with dropout
+// against the float64 reference fed the model's own masks: the loss, and
+// the hidden state carried to the next batch. With BPTT 1 the tape machine
+// that ran the models before the engine overwrote the carried h during the
+// backward pass (the golden results for that case were recorded without
+// dropout for this reason).
+func TestLSTMDropoutMatchesReference(t *testing.T) {
+	for _, cfg := range []LSTMConfig{
+		{Vocab: 9, Embed: 6, Hidden: 6, Layers: 1, Tied: true, Dropout: 0.5, BPTT: 1, BatchSize: 5, Seed: 3},
+		{Vocab: 11, Embed: 4, Hidden: 5, Layers: 2, Dropout: 0.3, BPTT: 3, BatchSize: 2, Seed: 4},
+	} {
+		l, err := NewLSTM(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, _ := hostOf(l, nil)
+		randomizeParams(m, cfg.Seed, 0.6)
+		r := rand.New(rand.NewPCG(2, 2))
+		state := zeroState(cfg, cfg.BatchSize)
+		for step := 0; step < 2; step++ {
+			b := randomTokens(r, cfg.Vocab, cfg.BPTT*cfg.BatchSize)
+			got, err := m.TrainStep(context.Background(), b, make([]float32, m.NumParams()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			masks := make([][]float32, cfg.Layers+1)
+			for i := range masks {
+				masks[i] = l.train.Input(lstmState + 2*cfg.Layers + i).Float32s()
+			}
+			want, _ := refLSTM(cfg, m.Layout(), m.Params(), b.Tokens, b.Labels, cfg.BPTT, cfg.BatchSize, state, masks...)
+			if !closeRel(got.Loss, want, 1e-5) {
+				t.Fatalf("%+v step %d: loss %v, reference %v", cfg, step, got.Loss, want)
+			}
+			for i := range state {
+				carried := l.train.Input(lstmState + i).Float32s()
+				for j, v := range carried {
+					if !closeRel(float64(v), state[i][j], 1e-5) {
+						t.Fatalf("%+v step %d: carried state %d[%d] = %v, reference %v", cfg, step, i, j, v, state[i][j])
+					}
+				}
+			}
+		}
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"strings"
 	"text/tabwriter"
+	"time"
 
+	"github.com/sparsegrad/sparsegrad/device"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
@@ -44,6 +46,9 @@ type StepResult struct {
 	// Loss is the mean loss over the batch (the value that was
 	// differentiated).
 	Loss float64
+	// Forward and Backward are the durations of the step's two parts on the
+	// model's device.
+	Forward, Backward time.Duration
 }
 
 // EvalResult is the outcome of one evaluation batch. Results of several
@@ -74,15 +79,21 @@ func (r *EvalResult) Add(o EvalResult) {
 func (r EvalResult) MeanLoss() float64 { return r.LossSum / float64(r.Count) }
 
 // GradHook is called during a training step's backward pass, once per
-// parameter tensor, at the moment that tensor's gradient is final. index is
-// the tensor's position in the layout; grad is that tensor's part of the
-// caller's flat gradient slice, already filled. It runs on the goroutine
-// executing the graph: it must return quickly (hand the work off) and must
-// not call back into the model.
-type GradHook func(index int, grad []float32)
+// parameter tensor, when that tensor's gradient is final: index is the
+// tensor's position in the layout, and its part of the gradient vector
+// holds the gradient once ready has completed (at once on the CPU). It runs
+// on the goroutine executing the step: it must return quickly (hand the
+// work off) and must not call back into the model.
+type GradHook func(index int, ready device.Event)
 
-// Model is what the trainer sees of a model. A Model is not safe for
-// concurrent use; data-parallel workers each build their own.
+// Model is one data-parallel worker's instance of a network on a device:
+// its compiled programs and the state that belongs to the worker
+// (BatchNorm's running statistics, the LSTM's hidden state, the dropout
+// stream). The parameters, the gradient and any optimizer state belong to
+// the caller, who passes the parameter and gradient vectors (device
+// buffers of NumParams float32s on the model's device, in layout order) to
+// every step; several models may share one parameter vector. A Model is not
+// safe for concurrent use.
 type Model interface {
 	// Name is the model's name ("resnet18", "lstm", "ncf").
 	Name() string
@@ -93,33 +104,37 @@ type Model interface {
 	Layout() []ParamInfo
 	// NumParams is the total number of parameters (the flat length).
 	NumParams() int
-	// Params returns the live flat parameter vector: writing to it changes
-	// the model (the optimizer may update it in place).
-	Params() []float32
-	// LoadParams copies src (length NumParams) into the parameters.
-	LoadParams(src []float32) error
-	// StoreParams copies the parameters into dst (length NumParams).
-	StoreParams(dst []float32) error
+	// Device is the device the model runs on.
+	Device() device.Device
+	// InitParams writes the initial parameters (a deterministic function of
+	// the model's seed) into dst (host memory, NumParams values).
+	InitParams(dst []float32) error
 	// BufferLayout lists the non-trainable buffers (BatchNorm running means
 	// and variances); empty for models without buffers.
 	BufferLayout() []ParamInfo
-	// LoadBuffers and StoreBuffers copy the flat buffer vector.
+	// Buffers is the live buffer vector on the model's device (empty for
+	// models without buffers); training steps update it.
+	Buffers() device.Buffer
+	// LoadBuffers and StoreBuffers copy the buffer vector from and to host
+	// memory.
 	LoadBuffers(src []float32) error
 	StoreBuffers(dst []float32) error
 	// TrainStep runs forward and backward on b in training mode and writes
-	// the gradient of the mean loss into grad (length NumParams), in
-	// parameter order. It does not change the parameters. ctx is checked
-	// before the step starts; a started step runs to completion (Gorgonia's
-	// tape machine cannot be interrupted).
-	TrainStep(ctx context.Context, b Batch, grad []float32) (StepResult, error)
+	// the gradient of the mean loss into grad, in parameter order. It does
+	// not change params. ctx is checked before the step starts; a started
+	// step runs to completion.
+	TrainStep(ctx context.Context, b Batch, params, grad device.Buffer) (StepResult, error)
 	// Evaluate runs the forward pass in evaluation mode (no dropout,
 	// BatchNorm with running statistics). The batch may have any size ≥ 1.
-	Evaluate(ctx context.Context, b Batch) (EvalResult, error)
+	Evaluate(ctx context.Context, b Batch, params device.Buffer) (EvalResult, error)
 	// SetGradHook installs (or, with nil, removes) the gradient hook.
-	SetGradHook(h GradHook) error
+	SetGradHook(h GradHook)
 	// ResetState clears recurrent state carried across batches (the LSTM's
 	// hidden state; a no-op for the others). Call it at each epoch start.
 	ResetState()
+	// ArenaBytes is the device memory of the model's training program
+	// (activations, gradients of activations, scratch).
+	ArenaBytes() int
 	// Summary is a human-readable layer table with the parameter count.
 	Summary() string
 }
@@ -131,62 +146,36 @@ func badInput(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadInput, fmt.Sprintf(format, args...))
 }
 
-// store is a flat float32 vector split into named tensors that back
-// Gorgonia nodes directly (no copies between the flat view and the graph).
-type store struct {
-	flat    []float32
-	infos   []ParamInfo
-	tensors []*tensor.Dense
+// tensors is a list of named tensors laid out one after the other in a
+// flat vector (the parameters or the buffers of a model).
+type tensors struct {
+	infos []ParamInfo
 }
 
-func (s *store) add(name string, shape ...int) int {
+func (s *tensors) add(name string, shape ...int) int {
 	size := 1
 	for _, d := range shape {
 		size *= d
 	}
-	off := 0
-	if n := len(s.infos); n > 0 {
-		off = s.infos[n-1].Offset + s.infos[n-1].Size
-	}
-	s.infos = append(s.infos, ParamInfo{Name: name, Shape: append([]int(nil), shape...), Size: size, Offset: off})
+	s.infos = append(s.infos, ParamInfo{Name: name, Shape: append([]int(nil), shape...), Size: size, Offset: s.size()})
 	return len(s.infos) - 1
 }
 
-// alloc allocates the flat vector once every tensor was added.
-func (s *store) alloc() {
-	n := 0
-	if k := len(s.infos); k > 0 {
-		n = s.infos[k-1].Offset + s.infos[k-1].Size
+// size is the length of the flat vector.
+func (s *tensors) size() int {
+	if n := len(s.infos); n > 0 {
+		return s.infos[n-1].Offset + s.infos[n-1].Size
 	}
-	s.flat = make([]float32, n)
-	s.tensors = make([]*tensor.Dense, len(s.infos))
-	for i, p := range s.infos {
-		s.tensors[i] = tensor.New(tensor.WithShape(p.Shape...), tensor.WithBacking(s.flat[p.Offset:p.Offset+p.Size:p.Offset+p.Size]))
-	}
+	return 0
 }
 
-func (s *store) data(i int) []float32 {
+// part returns tensor i's part of a flat vector.
+func (s *tensors) part(flat []float32, i int) []float32 {
 	p := s.infos[i]
-	return s.flat[p.Offset : p.Offset+p.Size]
+	return flat[p.Offset : p.Offset+p.Size]
 }
 
-func (s *store) load(what string, src []float32) error {
-	if len(src) != len(s.flat) {
-		return badInput("%s: got %d values, the model has %d; pass a slice of exactly that length", what, len(src), len(s.flat))
-	}
-	copy(s.flat, src)
-	return nil
-}
-
-func (s *store) save(what string, dst []float32) error {
-	if len(dst) != len(s.flat) {
-		return badInput("%s: destination has %d values, the model has %d; pass a slice of exactly that length", what, len(dst), len(s.flat))
-	}
-	copy(dst, s.flat)
-	return nil
-}
-
-func (s *store) layout() []ParamInfo {
+func (s *tensors) layout() []ParamInfo {
 	out := make([]ParamInfo, len(s.infos))
 	for i, p := range s.infos {
 		p.Shape = append([]int(nil), p.Shape...)
@@ -195,10 +184,14 @@ func (s *store) layout() []ParamInfo {
 	return out
 }
 
-// node creates a graph node bound to tensor i of the store.
-func (s *store) node(g *G.ExprGraph, i int) *G.Node {
-	p := s.infos[i]
-	return G.NodeFromAny(g, s.tensors[i], G.WithName(p.Name))
+// nodes creates one graph input per tensor, with the tensor's name and
+// shape (the engine binds them to the flat vector).
+func (s *tensors) nodes(g *G.ExprGraph) []*G.Node {
+	ns := make([]*G.Node, len(s.infos))
+	for i, p := range s.infos {
+		ns[i] = G.NewTensor(g, tensor.Float32, len(p.Shape), G.WithShape(p.Shape...), G.WithName(p.Name))
+	}
+	return ns
 }
 
 // summaryTable renders a layer table.

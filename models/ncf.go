@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
@@ -26,6 +28,8 @@ type NCFConfig struct {
 	BatchSize int
 	// Seed seeds the initialisation and the dropout masks.
 	Seed uint64
+	// Backend runs the model's programs (nil: the CPU).
+	Backend engine.Backend `json:"-"`
 }
 
 // DefaultNCF is the DEFT/MLPerf configuration for the given data set sizes
@@ -48,7 +52,7 @@ func (c NCFConfig) validate() error {
 		return badInput("NCF: Factors = %d; use ≥ 1 (64 in the DEFT code)", c.Factors)
 	case len(c.Layers) < 1 || c.Layers[0] < 2 || c.Layers[0]%2 != 0:
 		return badInput("NCF: Layers = %v; Layers[0] must be an even number ≥ 2 (e.g. [256 256 128 64])", c.Layers)
-	case c.Dropout < 0 || c.Dropout >= 1:
+	case !(c.Dropout >= 0 && c.Dropout < 1):
 		return badInput("NCF: Dropout = %g; use 0 ≤ p < 1", c.Dropout)
 	case c.BatchSize < 1:
 		return badInput("NCF: BatchSize = %d; use ≥ 1", c.BatchSize)
@@ -81,20 +85,15 @@ func (c NCFConfig) validate() error {
 // Evaluate returns the logits in Scores and the summed BCE in LossSum.
 type NCF struct {
 	cfg  NCFConfig
-	st   store
 	drop *dropoutRNG
+	net
 
-	users, items *tensor.Dense
-	targets      *tensor.Dense
-	masks        []*tensor.Dense
-	tg           *trainGraph
-
-	evals evalCache
+	nMasks int
 }
 
 var _ Model = (*NCF)(nil)
 
-// NewNCF builds NeuMF for cfg.
+// NewNCF builds NeuMF for cfg and compiles its training program.
 func NewNCF(cfg NCFConfig) (*NCF, error) {
 	defer building()()
 	if err := cfg.validate(); err != nil {
@@ -103,73 +102,68 @@ func NewNCF(cfg NCFConfig) (*NCF, error) {
 	cfg.Layers = append([]int(nil), cfg.Layers...)
 	m := &NCF{cfg: cfg, drop: newDropoutRNG(cfg.Seed)}
 	half := cfg.Layers[0] / 2
-	m.st.add("mf_user_embed.weight", cfg.Users, cfg.Factors)
-	m.st.add("mf_item_embed.weight", cfg.Items, cfg.Factors)
-	m.st.add("mlp_user_embed.weight", cfg.Users, half)
-	m.st.add("mlp_item_embed.weight", cfg.Items, half)
+	m.params.add("mf_user_embed.weight", cfg.Users, cfg.Factors)
+	m.params.add("mf_item_embed.weight", cfg.Items, cfg.Factors)
+	m.params.add("mlp_user_embed.weight", cfg.Users, half)
+	m.params.add("mlp_item_embed.weight", cfg.Items, half)
 	for j := 1; j < len(cfg.Layers); j++ {
-		m.st.add(fmt.Sprintf("mlp.%d.weight", j-1), cfg.Layers[j-1], cfg.Layers[j])
-		m.st.add(fmt.Sprintf("mlp.%d.bias", j-1), cfg.Layers[j])
+		m.params.add(fmt.Sprintf("mlp.%d.weight", j-1), cfg.Layers[j-1], cfg.Layers[j])
+		m.params.add(fmt.Sprintf("mlp.%d.bias", j-1), cfg.Layers[j])
 	}
 	last := cfg.Layers[len(cfg.Layers)-1]
-	m.st.add("final.weight", cfg.Factors+last, 1)
-	m.st.add("final.bias", 1)
-	m.st.alloc()
-	m.init(newInitRNG(cfg.Seed))
+	m.params.add("final.weight", cfg.Factors+last, 1)
+	m.params.add("final.bias", 1)
+	if err := m.net.init(cfg.Backend); err != nil {
+		return nil, err
+	}
 
 	B := cfg.BatchSize
-	m.users = tensor.New(tensor.WithShape(B), tensor.WithBacking(make([]int, B)))
-	m.items = tensor.New(tensor.WithShape(B), tensor.WithBacking(make([]int, B)))
-	m.targets = tensor.New(tensor.WithShape(B, 1), tensor.WithBacking(make([]float32, B)))
 	g := G.NewGraph()
-	params := m.paramNodes(g)
+	params := m.params.nodes(g)
 	var masks []*G.Node
 	if cfg.Dropout > 0 {
 		for j := 1; j < len(cfg.Layers); j++ {
-			t := tensor.New(tensor.WithShape(B, cfg.Layers[j]), tensor.WithBacking(make([]float32, B*cfg.Layers[j])))
-			m.masks = append(m.masks, t)
-			masks = append(masks, G.NodeFromAny(g, t, G.WithName(fmt.Sprintf("dropmask%d", j))))
+			masks = append(masks, G.NewMatrix(g, tensor.Float32, G.WithShape(B, cfg.Layers[j]), G.WithName(fmt.Sprintf("dropmask%d", j))))
 		}
 	}
-	u := G.NodeFromAny(g, m.users, G.WithName("users"))
-	it := G.NodeFromAny(g, m.items, G.WithName("items"))
+	m.nMasks = len(masks)
+	u := G.NewVector(g, tensor.Int, G.WithShape(B), G.WithName("users"))
+	it := G.NewVector(g, tensor.Int, G.WithShape(B), G.WithName("items"))
+	y := G.NewMatrix(g, tensor.Float32, G.WithShape(B, 1), G.WithName("targets"))
 	logit, err := m.forward(params, u, it, masks)
 	if err != nil {
 		return nil, err
 	}
-	y := G.NodeFromAny(g, m.targets, G.WithName("targets"))
 	loss, err := bceWithLogits(logit, y)
 	if err != nil {
 		return nil, err
 	}
-	if m.tg, err = newTrainGraph(g, &m.st, params, loss); err != nil {
+	if err := m.compileTrain(g, params, nil, append([]*G.Node{u, it, y}, masks...), loss); err != nil {
 		return nil, err
 	}
 	return m, nil
 }
 
-func (m *NCF) init(r *initRNG) {
+// InitParams implements Model.
+func (m *NCF) InitParams(dst []float32) error {
+	if len(dst) != m.NumParams() {
+		return badInput("NCF InitParams: %d values, the model has %d parameters", len(dst), m.NumParams())
+	}
+	r := newInitRNG(m.cfg.Seed)
 	for i := 0; i < 4; i++ {
-		r.normal(m.st.data(i), 0.01)
+		r.normal(m.params.part(dst, i), 0.01)
 	}
 	L := m.cfg.Layers
 	k := 4
 	for j := 1; j < len(L); j++ {
-		r.uniform(m.st.data(k), math.Sqrt(6/float64(L[j-1]+L[j])))
-		r.uniform(m.st.data(k+1), torchDefaultBound(L[j-1]))
+		r.uniform(m.params.part(dst, k), math.Sqrt(6/float64(L[j-1]+L[j])))
+		r.uniform(m.params.part(dst, k+1), torchDefaultBound(L[j-1]))
 		k += 2
 	}
 	in := m.cfg.Factors + L[len(L)-1]
-	r.uniform(m.st.data(k), math.Sqrt(3/float64(in)))
-	r.uniform(m.st.data(k+1), torchDefaultBound(in))
-}
-
-func (m *NCF) paramNodes(g *G.ExprGraph) []*G.Node {
-	ps := make([]*G.Node, len(m.st.infos))
-	for i := range ps {
-		ps[i] = m.st.node(g, i)
-	}
-	return ps
+	r.uniform(m.params.part(dst, k), math.Sqrt(3/float64(in)))
+	r.uniform(m.params.part(dst, k+1), torchDefaultBound(in))
+	return nil
 }
 
 // forward builds the logits (B×1); masks may be nil (no dropout).
@@ -231,45 +225,16 @@ func (m *NCF) Config() NCFConfig { c := m.cfg; c.Layers = append([]int(nil), c.L
 // BatchSize implements Model.
 func (m *NCF) BatchSize() int { return m.cfg.BatchSize }
 
-// Layout implements Model.
-func (m *NCF) Layout() []ParamInfo { return m.st.layout() }
-
-// NumParams implements Model.
-func (m *NCF) NumParams() int { return len(m.st.flat) }
-
-// Params implements Model.
-func (m *NCF) Params() []float32 { return m.st.flat }
-
-// LoadParams implements Model.
-func (m *NCF) LoadParams(src []float32) error { return m.st.load("NCF LoadParams", src) }
-
-// StoreParams implements Model.
-func (m *NCF) StoreParams(dst []float32) error { return m.st.save("NCF StoreParams", dst) }
-
-// BufferLayout implements Model (NCF has no buffers).
-func (m *NCF) BufferLayout() []ParamInfo { return nil }
-
-// LoadBuffers implements Model.
-func (m *NCF) LoadBuffers(src []float32) error {
-	if len(src) != 0 {
-		return badInput("NCF has no buffers, got %d values", len(src))
-	}
-	return nil
-}
-
-// StoreBuffers implements Model.
-func (m *NCF) StoreBuffers(dst []float32) error { return m.LoadBuffers(dst) }
+// LoadBuffers implements Model (NCF has no buffers).
+func (m *NCF) LoadBuffers(src []float32) error { return m.loadBuffers(src) }
 
 // ResetState implements Model (no state).
 func (m *NCF) ResetState() {}
 
-// SetGradHook implements Model.
-func (m *NCF) SetGradHook(h GradHook) error { return m.tg.setHook(h, nil, nil) }
-
 // Summary implements Model.
 func (m *NCF) Summary() string {
 	c := m.cfg
-	return summaryTable(fmt.Sprintf("NeuMF: %d users, %d items, GMF %d, MLP %v, dropout %g, batch %d", c.Users, c.Items, c.Factors, c.Layers, c.Dropout, c.BatchSize), m.st.infos, nil)
+	return summaryTable(fmt.Sprintf("NeuMF: %d users, %d items, GMF %d, MLP %v, dropout %g, batch %d", c.Users, c.Items, c.Factors, c.Layers, c.Dropout, c.BatchSize), m.params.infos, nil)
 }
 
 func (m *NCF) checkPairs(b Batch, n int, needTargets bool) error {
@@ -291,29 +256,33 @@ func (m *NCF) checkPairs(b Batch, n int, needTargets bool) error {
 }
 
 // TrainStep implements Model.
-func (m *NCF) TrainStep(ctx context.Context, b Batch, grad []float32) (StepResult, error) {
+func (m *NCF) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer) (StepResult, error) {
 	if err := checkCtx(ctx); err != nil {
 		return StepResult{}, err
 	}
 	if err := m.checkPairs(b, m.cfg.BatchSize, true); err != nil {
 		return StepResult{}, err
 	}
-	copy(m.users.Data().([]int), b.Users)
-	copy(m.items.Data().([]int), b.Items)
-	copy(m.targets.Data().([]float32), b.Targets)
-	for _, t := range m.masks {
-		m.drop.mask(t.Data().([]float32), m.cfg.Dropout)
-	}
-	if err := m.tg.run(grad); err != nil {
+	if err := m.setInts(m.train, 0, b.Users); err != nil {
 		return StepResult{}, err
 	}
-	l, err := scalarValue(m.tg.loss)
-	return StepResult{Loss: l}, err
+	if err := m.setInts(m.train, 1, b.Items); err != nil {
+		return StepResult{}, err
+	}
+	if err := setFloat32s(m.train, 2, b.Targets); err != nil {
+		return StepResult{}, err
+	}
+	for i := 0; i < m.nMasks; i++ {
+		if err := m.fillInput(m.train, 3+i, func(d []float32) { m.drop.mask(d, m.cfg.Dropout) }); err != nil {
+			return StepResult{}, err
+		}
+	}
+	return m.runTrain(ctx, params, grad)
 }
 
 // Evaluate implements Model: Scores are the logits, LossSum the summed BCE
 // (Targets may be omitted, then LossSum and Count are 0).
-func (m *NCF) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
+func (m *NCF) Evaluate(ctx context.Context, b Batch, params device.Buffer) (EvalResult, error) {
 	if err := checkCtx(ctx); err != nil {
 		return EvalResult{}, err
 	}
@@ -324,28 +293,30 @@ func (m *NCF) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
 	if err := m.checkPairs(b, n, len(b.Targets) > 0); err != nil {
 		return EvalResult{}, err
 	}
-	eg, err := m.evals.get(n, func() (*evalGraph, error) {
+	e, err := m.evals.get(n, func() (*engine.Executor, error) {
 		g := G.NewGraph()
-		eg := &evalGraph{ints: []*tensor.Dense{
-			tensor.New(tensor.WithShape(n), tensor.WithBacking(make([]int, n))),
-			tensor.New(tensor.WithShape(n), tensor.WithBacking(make([]int, n))),
-		}}
-		u := G.NodeFromAny(g, eg.ints[0], G.WithName("users"))
-		it := G.NodeFromAny(g, eg.ints[1], G.WithName("items"))
-		out, err := m.forward(m.paramNodes(g), u, it, nil)
+		params := m.params.nodes(g)
+		u := G.NewVector(g, tensor.Int, G.WithShape(n), G.WithName("users"))
+		it := G.NewVector(g, tensor.Int, G.WithShape(n), G.WithName("items"))
+		out, err := m.forward(params, u, it, nil)
 		if err != nil {
 			return nil, err
 		}
-		eg.out = out
-		eg.vm, err = newVM(g, G.EvalMode())
-		return eg, err
+		return m.compileEval(g, params, nil, []*G.Node{u, it}, []*G.Node{out})
 	})
 	if err != nil {
 		return EvalResult{}, err
 	}
-	copy(eg.ints[0].Data().([]int), b.Users)
-	copy(eg.ints[1].Data().([]int), b.Items)
-	logits, err := eg.run()
+	if err := m.setInts(e, 0, b.Users); err != nil {
+		return EvalResult{}, err
+	}
+	if err := m.setInts(e, 1, b.Items); err != nil {
+		return EvalResult{}, err
+	}
+	if err := m.runEval(ctx, e, params); err != nil {
+		return EvalResult{}, err
+	}
+	logits, err := m.readFloat32s(e, e.Output(0))
 	if err != nil {
 		return EvalResult{}, err
 	}

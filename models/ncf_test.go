@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // refNCFLogits is a plain re-implementation of NeuMF's forward pass
@@ -102,7 +104,7 @@ func TestNCFParamCount(t *testing.T) {
 func TestNCFMatchesReference(t *testing.T) {
 	for _, B := range []int{1, 2, 3, 5, 16} {
 		cfg := NCFConfig{Users: 7, Items: 11, Factors: 3, Layers: []int{6, 5, 2}, BatchSize: B, Seed: uint64(B)}
-		m, err := NewNCF(cfg)
+		m, err := hostOf(NewNCF(cfg))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -147,7 +149,7 @@ func TestNCFMatchesReference(t *testing.T) {
 func TestNCFGradCheck(t *testing.T) {
 	for _, B := range []int{1, 3, 8} {
 		cfg := NCFConfig{Users: 5, Items: 7, Factors: 3, Layers: []int{4, 6, 3}, BatchSize: B, Seed: 3}
-		m, err := NewNCF(cfg)
+		m, err := hostOf(NewNCF(cfg))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -158,7 +160,7 @@ func TestNCFGradCheck(t *testing.T) {
 }
 
 func TestNCFTrainStepKeepsParams(t *testing.T) {
-	m, err := NewNCF(NCFConfig{Users: 9, Items: 9, Factors: 4, Layers: []int{8, 4}, Dropout: 0.5, BatchSize: 6, Seed: 5})
+	m, err := hostOf(NewNCF(NCFConfig{Users: 9, Items: 9, Factors: 4, Layers: []int{8, 4}, Dropout: 0.5, BatchSize: 6, Seed: 5}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,8 +174,8 @@ func TestNCFTrainStepKeepsParams(t *testing.T) {
 		t.Fatal("TrainStep changed the parameters")
 	}
 	// Same seed → same initial parameters; different seed → different.
-	m2, _ := NewNCF(NCFConfig{Users: 9, Items: 9, Factors: 4, Layers: []int{8, 4}, Dropout: 0.5, BatchSize: 6, Seed: 5})
-	m3, _ := NewNCF(NCFConfig{Users: 9, Items: 9, Factors: 4, Layers: []int{8, 4}, Dropout: 0.5, BatchSize: 6, Seed: 6})
+	m2, _ := hostOf(NewNCF(NCFConfig{Users: 9, Items: 9, Factors: 4, Layers: []int{8, 4}, Dropout: 0.5, BatchSize: 6, Seed: 5}))
+	m3, _ := hostOf(NewNCF(NCFConfig{Users: 9, Items: 9, Factors: 4, Layers: []int{8, 4}, Dropout: 0.5, BatchSize: 6, Seed: 6}))
 	if !slices.Equal(before, m2.Params()) || slices.Equal(before, m3.Params()) {
 		t.Fatal("initialisation is not a function of the seed")
 	}
@@ -188,7 +190,7 @@ func TestNCFTrainStepKeepsParams(t *testing.T) {
 func TestNCFOverfit(t *testing.T) {
 	cfg := PaperNCF(30, 40, 64)
 	cfg.Seed = 2
-	m, err := NewNCF(cfg)
+	m, err := hostOf(NewNCF(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +209,7 @@ func TestNCFBadInput(t *testing.T) {
 	if _, err := NewNCF(NCFConfig{Users: 3, Items: 3, Factors: 2, Layers: []int{5}, BatchSize: 1}); !errors.Is(err, ErrBadInput) {
 		t.Errorf("odd Layers[0]: err = %v", err)
 	}
-	m, err := NewNCF(NCFConfig{Users: 3, Items: 3, Factors: 2, Layers: []int{4, 2}, BatchSize: 2})
+	m, err := hostOf(NewNCF(NCFConfig{Users: 3, Items: 3, Factors: 2, Layers: []int{4, 2}, BatchSize: 2}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,7 +237,10 @@ func TestNCFBadInput(t *testing.T) {
 	if _, err := m.Evaluate(context.Background(), Batch{}); !errors.Is(err, ErrBadInput) {
 		t.Errorf("empty eval batch: err = %v", err)
 	}
-	if err := m.LoadParams(make([]float32, 2)); !errors.Is(err, ErrBadInput) {
-		t.Errorf("short LoadParams: err = %v", err)
+	if err := m.InitParams(make([]float32, 2)); !errors.Is(err, ErrBadInput) {
+		t.Errorf("short InitParams: err = %v", err)
+	}
+	if _, err := m.Model.Evaluate(context.Background(), ok, device.Host(make([]float32, 5))); !errors.Is(err, ErrBadInput) {
+		t.Errorf("short parameter vector: err = %v", err)
 	}
 }

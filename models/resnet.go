@@ -6,6 +6,9 @@ import (
 	"math"
 	"strings"
 
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/ops"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
@@ -28,6 +31,8 @@ type ResNetConfig struct {
 	Momentum, Epsilon float64
 	// Seed seeds the initialisation.
 	Seed uint64
+	// Backend runs the model's programs (nil: the CPU).
+	Backend engine.Backend `json:"-"`
 }
 
 // DefaultResNet18 is the CIFAR ResNet-18 of the DEFT code (11,173,962
@@ -46,7 +51,7 @@ func (c ResNetConfig) validate() error {
 		return badInput("ResNet: ImageSize = %d; use a multiple of 8 (32 for CIFAR)", c.ImageSize)
 	case c.BatchSize < 1:
 		return badInput("ResNet: BatchSize = %d; use ≥ 1", c.BatchSize)
-	case c.Momentum <= 0 || c.Momentum > 1 || c.Epsilon <= 0:
+	case !(c.Momentum > 0 && c.Momentum <= 1) || !(c.Epsilon > 0):
 		return badInput("ResNet: BatchNorm momentum %g / epsilon %g; use 0 < momentum ≤ 1 and epsilon > 0 (0.1, 1e-5)", c.Momentum, c.Epsilon)
 	}
 	for i, b := range c.Blocks {
@@ -80,35 +85,20 @@ func (c ResNetConfig) validate() error {
 // conv and linear weights U(±1/√fan_in), linear bias U(±1/√fan_in), BN
 // weight 1 and bias 0, running mean 0 and variance 1.
 //
-// BatchNorm (the package's fused op, bn.go): training mode normalises with
-// the batch statistics (biased variance) and updates running =
-// (1−m)·running + m·batch (unbiased variance), m = 0.1; Evaluate uses the
-// running statistics.
+// BatchNorm (package ops): training mode normalises with the batch
+// statistics (biased variance) and updates running = (1−m)·running +
+// m·batch (unbiased variance), m = 0.1; Evaluate uses the running
+// statistics.
 //
 // Batch: Images (B×3×S×S, NCHW) and Labels (B class ids).
 type ResNet struct {
 	cfg ResNetConfig
-	st  store
-	bn  store // running means and variances (buffers)
-
-	images *tensor.Dense
-	labels *tensor.Dense
-	tg     *trainGraph
-
-	evals evalCache
+	net
 }
 
 var _ Model = (*ResNet)(nil)
 
-// resnetSpec records, per layer of the built graph, which parameters it uses.
-type convSpec struct {
-	w           int // parameter index of the weight
-	gamma, beta int // BN parameters
-	stride      int
-	k           int // kernel size
-}
-
-// NewResNet builds ResNet-18 for cfg.
+// NewResNet builds ResNet-18 for cfg and compiles its training program.
 func NewResNet(cfg ResNetConfig) (*ResNet, error) {
 	defer building()()
 	if err := cfg.validate(); err != nil {
@@ -116,26 +106,32 @@ func NewResNet(cfg ResNetConfig) (*ResNet, error) {
 	}
 	m := &ResNet{cfg: cfg}
 	m.layout()
-	m.st.alloc()
-	m.bn.alloc()
-	m.init(newInitRNG(cfg.Seed))
-
+	if err := m.net.init(cfg.Backend); err != nil {
+		return nil, err
+	}
 	B, S := cfg.BatchSize, cfg.ImageSize
-	m.images = tensor.New(tensor.WithShape(B, 3, S, S), tensor.WithBacking(make([]float32, B*3*S*S)))
-	m.labels = tensor.New(tensor.WithShape(B), tensor.WithBacking(make([]int, B)))
 	g := G.NewGraph()
-	params := m.paramNodes(g)
-	x := G.NodeFromAny(g, m.images, G.WithName("images"))
-	logits, err := m.forward(params, x, true)
+	params, buffers := m.params.nodes(g), m.bufs.nodes(g)
+	x := G.NewTensor(g, tensor.Float32, 4, G.WithShape(B, 3, S, S), G.WithName("images"))
+	y := G.NewVector(g, tensor.Int, G.WithShape(B), G.WithName("labels"))
+	logits, err := m.forward(params, buffers, x, true)
 	if err != nil {
 		return nil, err
 	}
-	y := G.NodeFromAny(g, m.labels, G.WithName("labels"))
-	loss, err := softmaxCrossEntropy(logits, y)
+	loss, err := ops.CrossEntropy(logits, y)
 	if err != nil {
 		return nil, err
 	}
-	if m.tg, err = newTrainGraph(g, &m.st, params, loss); err != nil {
+	if err := m.compileTrain(g, params, buffers, []*G.Node{x, y}, loss); err != nil {
+		return nil, err
+	}
+	bufs := make([]float32, m.bufs.size())
+	for i, p := range m.bufs.infos {
+		if strings.HasSuffix(p.Name, "_var") {
+			fill(m.bufs.part(bufs, i), 1)
+		}
+	}
+	if err := m.loadBuffers(bufs); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -145,12 +141,12 @@ func NewResNet(cfg ResNetConfig) (*ResNet, error) {
 func (m *ResNet) layout() {
 	c := m.cfg
 	bn := func(name string, ch int) {
-		m.st.add(name+".weight", ch)
-		m.st.add(name+".bias", ch)
-		m.bn.add(name+".running_mean", ch)
-		m.bn.add(name+".running_var", ch)
+		m.params.add(name+".weight", ch)
+		m.params.add(name+".bias", ch)
+		m.bufs.add(name+".running_mean", ch)
+		m.bufs.add(name+".running_var", ch)
 	}
-	m.st.add("conv1.weight", c.Width, 3, 3, 3)
+	m.params.add("conv1.weight", c.Width, 3, 3, 3)
 	bn("bn1", c.Width)
 	in := c.Width
 	for s := 0; s < 4; s++ {
@@ -161,24 +157,29 @@ func (m *ResNet) layout() {
 				stride = 2
 			}
 			p := fmt.Sprintf("layer%d.%d", s+1, b)
-			m.st.add(p+".conv1.weight", out, in, 3, 3)
+			m.params.add(p+".conv1.weight", out, in, 3, 3)
 			bn(p+".bn1", out)
-			m.st.add(p+".conv2.weight", out, out, 3, 3)
+			m.params.add(p+".conv2.weight", out, out, 3, 3)
 			bn(p+".bn2", out)
 			if stride != 1 || in != out {
-				m.st.add(p+".shortcut.0.weight", out, in, 1, 1)
+				m.params.add(p+".shortcut.0.weight", out, in, 1, 1)
 				bn(p+".shortcut.1", out)
 			}
 			in = out
 		}
 	}
-	m.st.add("linear.weight", in, c.Classes)
-	m.st.add("linear.bias", c.Classes)
+	m.params.add("linear.weight", in, c.Classes)
+	m.params.add("linear.bias", c.Classes)
 }
 
-func (m *ResNet) init(r *initRNG) {
-	for i, p := range m.st.infos {
-		d := m.st.data(i)
+// InitParams implements Model.
+func (m *ResNet) InitParams(dst []float32) error {
+	if len(dst) != m.NumParams() {
+		return badInput("ResNet InitParams: %d values, the model has %d parameters", len(dst), m.NumParams())
+	}
+	r := newInitRNG(m.cfg.Seed)
+	for i, p := range m.params.infos {
+		d := m.params.part(dst, i)
 		switch {
 		case len(p.Shape) == 4: // conv
 			r.uniform(d, torchDefaultBound(p.Shape[1]*p.Shape[2]*p.Shape[3]))
@@ -192,25 +193,13 @@ func (m *ResNet) init(r *initRNG) {
 			fill(d, 0)
 		}
 	}
-	for i, p := range m.bn.infos {
-		if strings.HasSuffix(p.Name, "_var") {
-			fill(m.bn.data(i), 1)
-		}
-	}
-}
-
-func (m *ResNet) paramNodes(g *G.ExprGraph) []*G.Node {
-	ps := make([]*G.Node, len(m.st.infos))
-	for i := range ps {
-		ps[i] = m.st.node(g, i)
-	}
-	return ps
+	return nil
 }
 
 // forward builds the logits (B × classes); training selects BatchNorm's
-// mode. The BatchNorm layers update (training) or read (evaluation) the
-// running statistics in the buffer store directly.
-func (m *ResNet) forward(p []*G.Node, x *G.Node, training bool) (logits *G.Node, err error) {
+// mode (batch statistics, running statistics updated) or evaluation mode
+// (running statistics).
+func (m *ResNet) forward(p, bufs []*G.Node, x *G.Node, training bool) (logits *G.Node, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("models: ResNet graph: %v", r)
@@ -220,14 +209,14 @@ func (m *ResNet) forward(p []*G.Node, x *G.Node, training bool) (logits *G.Node,
 	k := 0
 	next := func() *G.Node { k++; return p[k-1] }
 	conv := func(x *G.Node, w *G.Node, stride int) *G.Node {
-		return G.Must(conv2d(x, w, stride))
+		return G.Must(ops.Conv(x, w, stride, w.Shape()[2]/2))
 	}
 	nbn := 0
 	bnAct := func(x *G.Node, relu bool) *G.Node {
 		gamma, beta := next(), next()
-		st := &bnState{eps: c.Epsilon, momentum: c.Momentum, training: training, relu: relu, runMean: m.bn.data(2 * nbn), runVar: m.bn.data(2*nbn + 1)}
+		rm, rv := bufs[2*nbn], bufs[2*nbn+1]
 		nbn++
-		return G.Must(batchNorm(x, gamma, beta, st))
+		return G.Must(ops.BatchNormalize(x, gamma, beta, rm, rv, ops.BatchNormConfig{Eps: c.Epsilon, Momentum: c.Momentum, ReLU: relu, Training: training}))
 	}
 	bn := func(x *G.Node) *G.Node { return bnAct(x, false) }
 	bnRelu := func(x *G.Node) *G.Node { return bnAct(x, true) } // BN then ReLU, fused
@@ -246,7 +235,7 @@ func (m *ResNet) forward(p []*G.Node, x *G.Node, training bool) (logits *G.Node,
 			if stride != 1 || in != out {
 				sc = bn(conv(h, next(), stride))
 			}
-			h = G.Must(addRelu(y, sc))
+			h = G.Must(ops.AddRelu(y, sc))
 			in = out
 		}
 	}
@@ -276,56 +265,29 @@ func (m *ResNet) Config() ResNetConfig { return m.cfg }
 // BatchSize implements Model.
 func (m *ResNet) BatchSize() int { return m.cfg.BatchSize }
 
-// Layout implements Model.
-func (m *ResNet) Layout() []ParamInfo { return m.st.layout() }
-
-// NumParams implements Model.
-func (m *ResNet) NumParams() int { return len(m.st.flat) }
-
-// Params implements Model.
-func (m *ResNet) Params() []float32 { return m.st.flat }
-
-// LoadParams implements Model.
-func (m *ResNet) LoadParams(src []float32) error { return m.st.load("ResNet LoadParams", src) }
-
-// StoreParams implements Model.
-func (m *ResNet) StoreParams(dst []float32) error { return m.st.save("ResNet StoreParams", dst) }
-
-// BufferLayout implements Model: running_mean and running_var of every
-// BatchNorm.
-func (m *ResNet) BufferLayout() []ParamInfo { return m.bn.layout() }
-
 // LoadBuffers implements Model. Running variances must be ≥ 0 and no
 // value may be NaN.
 func (m *ResNet) LoadBuffers(src []float32) error {
-	if len(src) == len(m.bn.flat) {
-		for j, p := range m.bn.infos {
+	if len(src) == m.bufs.size() {
+		for j, p := range m.bufs.infos {
 			isVar := strings.HasSuffix(p.Name, "_var")
-			for i, v := range src[p.Offset : p.Offset+p.Size] {
+			for i, v := range m.bufs.part(src, j) {
 				if math.IsNaN(float64(v)) || (isVar && v < 0) {
 					return badInput("ResNet LoadBuffers: %s[%d] = %v is not a valid BatchNorm statistic (tensor %d)", p.Name, i, v, j)
 				}
 			}
 		}
 	}
-	return m.bn.load("ResNet LoadBuffers", src)
+	return m.loadBuffers(src)
 }
-
-// StoreBuffers implements Model.
-func (m *ResNet) StoreBuffers(dst []float32) error { return m.bn.save("ResNet StoreBuffers", dst) }
 
 // ResetState implements Model (no recurrent state).
 func (m *ResNet) ResetState() {}
 
-// SetGradHook implements Model.
-func (m *ResNet) SetGradHook(h GradHook) error {
-	return m.tg.setHook(h, nil, nil)
-}
-
 // Summary implements Model.
 func (m *ResNet) Summary() string {
 	c := m.cfg
-	return summaryTable(fmt.Sprintf("ResNet-18 (CIFAR): %d classes, width %d, blocks %v, %d×%d input, batch %d", c.Classes, c.Width, c.Blocks, c.ImageSize, c.ImageSize, c.BatchSize), m.st.infos, m.bn.infos)
+	return summaryTable(fmt.Sprintf("ResNet-18 (CIFAR): %d classes, width %d, blocks %v, %d×%d input, batch %d", c.Classes, c.Width, c.Blocks, c.ImageSize, c.ImageSize, c.BatchSize), m.params.infos, m.bufs.infos)
 }
 
 func (m *ResNet) checkBatch(b Batch, n int) error {
@@ -346,24 +308,24 @@ func (m *ResNet) checkBatch(b Batch, n int) error {
 
 // TrainStep implements Model. It also updates the BatchNorm running
 // statistics.
-func (m *ResNet) TrainStep(ctx context.Context, b Batch, grad []float32) (StepResult, error) {
+func (m *ResNet) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer) (StepResult, error) {
 	if err := checkCtx(ctx); err != nil {
 		return StepResult{}, err
 	}
 	if err := m.checkBatch(b, m.cfg.BatchSize); err != nil {
 		return StepResult{}, err
 	}
-	copy(m.images.Data().([]float32), b.Images)
-	copy(m.labels.Data().([]int), b.Labels)
-	if err := m.tg.run(grad); err != nil {
+	if err := setFloat32s(m.train, 0, b.Images); err != nil {
 		return StepResult{}, err
 	}
-	l, err := scalarValue(m.tg.loss)
-	return StepResult{Loss: l}, err
+	if err := m.setInts(m.train, 1, b.Labels); err != nil {
+		return StepResult{}, err
+	}
+	return m.runTrain(ctx, params, grad)
 }
 
 // Evaluate implements Model: BatchNorm uses the running statistics.
-func (m *ResNet) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
+func (m *ResNet) Evaluate(ctx context.Context, b Batch, params device.Buffer) (EvalResult, error) {
 	if err := checkCtx(ctx); err != nil {
 		return EvalResult{}, err
 	}
@@ -375,23 +337,26 @@ func (m *ResNet) Evaluate(ctx context.Context, b Batch) (EvalResult, error) {
 		return EvalResult{}, err
 	}
 	S := m.cfg.ImageSize
-	eg, err := m.evals.get(n, func() (*evalGraph, error) {
+	e, err := m.evals.get(n, func() (*engine.Executor, error) {
 		g := G.NewGraph()
-		eg := &evalGraph{floats: []*tensor.Dense{tensor.New(tensor.WithShape(n, 3, S, S), tensor.WithBacking(make([]float32, n*3*S*S)))}}
-		x := G.NodeFromAny(g, eg.floats[0], G.WithName("images"))
-		out, err := m.forward(m.paramNodes(g), x, false)
+		params, buffers := m.params.nodes(g), m.bufs.nodes(g)
+		x := G.NewTensor(g, tensor.Float32, 4, G.WithShape(n, 3, S, S), G.WithName("images"))
+		out, err := m.forward(params, buffers, x, false)
 		if err != nil {
 			return nil, err
 		}
-		eg.out = out
-		eg.vm, err = newVM(g, G.EvalMode())
-		return eg, err
+		return m.compileEval(g, params, buffers, []*G.Node{x}, []*G.Node{out})
 	})
 	if err != nil {
 		return EvalResult{}, err
 	}
-	copy(eg.floats[0].Data().([]float32), b.Images)
-	logits, err := eg.run()
+	if err := setFloat32s(e, 0, b.Images); err != nil {
+		return EvalResult{}, err
+	}
+	if err := m.runEval(ctx, e, params); err != nil {
+		return EvalResult{}, err
+	}
+	logits, err := m.readFloat32s(e, e.Output(0))
 	if err != nil {
 		return EvalResult{}, err
 	}

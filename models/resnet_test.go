@@ -217,14 +217,14 @@ func TestResNetMatchesReference(t *testing.T) {
 			cfg.Blocks = [4]int{2, 1, 1, 2} // identity shortcuts in stage 1 and 4
 			cfg.Classes = 1
 		}
-		m, err := NewResNet(cfg)
+		m, err := hostOf(NewResNet(cfg))
 		if err != nil {
 			t.Fatal(err)
 		}
 		randomizeParams(m, uint64(B), 0.5)
 		r := rand.New(rand.NewPCG(uint64(B), 4))
 		b := randomImages(r, cfg, B)
-		buf := make([]float32, len(m.bn.flat))
+		buf := make([]float32, m.Buffers().Len())
 		m.StoreBuffers(buf)
 		want, wantBuf := refResNet(cfg, m.Layout(), m.BufferLayout(), m.Params(), buf, b.Images, B, true)
 		var wantLoss float64
@@ -275,13 +275,13 @@ func TestResNetMatchesReference(t *testing.T) {
 func TestResNetGradCheck(t *testing.T) {
 	for _, B := range []int{2, 3} {
 		cfg := tinyResNet(B, 7)
-		m, err := NewResNet(cfg)
+		m, err := hostOf(NewResNet(cfg))
 		if err != nil {
 			t.Fatal(err)
 		}
 		randomizeParams(m, 3+uint64(B), 0.5)
 		b := randomImages(rand.New(rand.NewPCG(uint64(B), 8)), cfg, B)
-		buf := make([]float32, len(m.bn.flat))
+		buf := make([]float32, m.Buffers().Len())
 		m.StoreBuffers(buf)
 		ref := func() float64 {
 			z, _ := refResNet(cfg, m.Layout(), m.BufferLayout(), m.Params(), buf, b.Images, B, true)
@@ -302,7 +302,7 @@ func TestResNetOverfit(t *testing.T) {
 	cfg := tinyResNet(8, 3)
 	cfg.Width = 4
 	cfg.Classes = 4
-	m, err := NewResNet(cfg)
+	m, err := hostOf(NewResNet(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,7 +322,7 @@ func TestResNetBadInput(t *testing.T) {
 		t.Errorf("batch 1 with a 1×1 last map: err = %v", err)
 	}
 	cfg := tinyResNet(2, 1)
-	m, err := NewResNet(cfg)
+	m, err := hostOf(NewResNet(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestResNetBadInput(t *testing.T) {
 	if _, err := m.TrainStep(context.Background(), b, grad); !errors.Is(err, ErrBadInput) {
 		t.Errorf("short images: err = %v", err)
 	}
-	buf := make([]float32, len(m.bn.flat))
+	buf := make([]float32, m.Buffers().Len())
 	m.StoreBuffers(buf)
 	buf[m.BufferLayout()[1].Offset] = -1
 	if err := m.LoadBuffers(buf); !errors.Is(err, ErrBadInput) {

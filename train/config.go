@@ -53,12 +53,6 @@ type Config struct {
 	// unless gradient clipping needs the whole gradient first).
 	Pipeline string `json:"pipeline"`
 
-	// PhaseTimes is "auto", "on" or "off": measure the forward/backward split
-	// through the models' gradient hook, which costs time per step (about
-	// doubles NCF's tiny steps; auto: on except for ncf). Without it
-	// t_forward and t_backward are null and t_compute holds both.
-	PhaseTimes string `json:"phase_times"`
-
 	// Workers is the number of simulated workers in one process (ignored
 	// under mpirun, where each process is one worker).
 	Workers int `json:"workers"`
@@ -83,6 +77,8 @@ type Config struct {
 	Optimizer string `json:"optimizer"`
 	// Momentum is SGD's momentum.
 	Momentum float64 `json:"momentum"`
+	// Nesterov uses Nesterov momentum (PyTorch's nesterov=True).
+	Nesterov bool `json:"nesterov,omitempty"`
 	// WeightDecay is SGD's L2 coefficient (not applied to BatchNorm
 	// parameters whose name matches ".bnN.", as in the reference harness).
 	WeightDecay float64 `json:"weight_decay"`
@@ -168,9 +164,6 @@ func (c Config) Defaults() Config {
 	}
 	if c.Workers == 0 {
 		c.Workers = 1
-	}
-	if c.PhaseTimes == "" {
-		c.PhaseTimes = "auto"
 	}
 	if c.Device == "" {
 		c.Device = "cpu"
@@ -279,17 +272,6 @@ func (c Config) PipelineOn() bool {
 	return false
 }
 
-// PhaseTimesOn reports whether the forward/backward split is measured.
-func (c Config) PhaseTimesOn() bool {
-	switch c.PhaseTimes {
-	case "on":
-		return true
-	case "auto":
-		return c.Model != "ncf"
-	}
-	return false
-}
-
 // Validate checks c (after Defaults) and returns an error wrapping ErrConfig
 // that says what is wrong and how to fix it. underMPI tells whether the run
 // is a process of an mpirun job.
@@ -365,11 +347,7 @@ func (c Config) Validate(underMPI bool) error {
 	default:
 		bad("-pipeline %q: use auto, on or off", c.Pipeline)
 	}
-	switch c.PhaseTimes {
-	case "auto", "on", "off":
-	default:
-		bad("-phase-times %q: use auto, on or off", c.PhaseTimes)
-	}
+
 	if c.Workers < 1 {
 		bad("-workers %d must be >= 1", c.Workers)
 	}
@@ -408,6 +386,9 @@ func (c Config) Validate(underMPI bool) error {
 		if c.Momentum < 0 || c.Momentum >= 1 {
 			bad("-momentum %v must be in [0, 1)", c.Momentum)
 		}
+		if c.Nesterov && c.Momentum == 0 {
+			bad("-nesterov needs a momentum; pass -momentum 0.9 (or leave out -nesterov)")
+		}
 	case "adam":
 		if c.Beta1 < 0 || c.Beta1 >= 1 || c.Beta2 < 0 || c.Beta2 >= 1 {
 			bad("-beta1 %v and -beta2 %v must be in [0, 1)", c.Beta1, c.Beta2)
@@ -415,8 +396,8 @@ func (c Config) Validate(underMPI bool) error {
 		if !(c.Eps > 0) {
 			bad("-eps %v must be > 0", c.Eps)
 		}
-		if c.Momentum != 0 {
-			bad("-momentum applies to -optimizer sgd only; Adam uses -beta1")
+		if c.Momentum != 0 || c.Nesterov {
+			bad("-momentum and -nesterov apply to -optimizer sgd only; Adam uses -beta1")
 		}
 	default:
 		bad("-optimizer %q: use sgd or adam", c.Optimizer)

@@ -61,7 +61,7 @@ func TestValidateRejects(t *testing.T) {
 		{"steps", func(c *Config) { c.Steps = -1 }, false, "-steps"},
 		{"batch", func(c *Config) { c.Batch = -1 }, false, "-batch"},
 		{"lr", func(c *Config) { c.LR = -0.1 }, false, "-lr"},
-		{"momentum with adam", func(c *Config) { c.Momentum = 0.9 }, false, "-momentum applies"},
+		{"momentum with adam", func(c *Config) { c.Momentum = 0.9 }, false, "-momentum and -nesterov apply"},
 		{"bad optimizer", func(c *Config) { c.Optimizer = "rmsprop" }, false, "-optimizer"},
 		{"decay factor", func(c *Config) { c.DecayFactor = 2 }, false, "-decay-factor"},
 		{"cuda", func(c *Config) { c.Device = "cuda" }, false, "built without GPU support"},
@@ -73,7 +73,7 @@ func TestValidateRejects(t *testing.T) {
 		{"preset", func(c *Config) { c.Preset = "small" }, false, "not an NCF preset"},
 		{"gtopk 3 workers", func(c *Config) { c.Sparsifier = "gtopk"; c.Workers = 3 }, false, "power-of-two"},
 		{"teams divide", func(c *Config) { c.Sparsifier = "spardl"; c.Teams = 2; c.Workers = 3 }, false, "must divide"},
-		{"phase times", func(c *Config) { c.PhaseTimes = "x" }, false, "-phase-times"},
+		{"nesterov without momentum", func(c *Config) { c.Model, c.Optimizer, c.Momentum, c.Nesterov = "lstm", "sgd", 0, true }, false, "-nesterov"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{Model: "ncf", Out: "x"}.Defaults()

@@ -9,8 +9,10 @@ import (
 
 // The per-step mean losses of short real-data runs, recorded by the trainer
 // that ran the models on Gorgonia's tape machine with host-slice optimizers
-// (commit 36ec39a), gonum BLAS. The device-neutral trainer must reproduce
-// them bit for bit. Regenerate only deliberately:
+// (models and train of commit 36ec39a, with comm and sparsify of commit
+// 113fd1c, whose exact DEFT budget allocation changed DEFT's selections),
+// gonum BLAS. The device-neutral trainer must reproduce them bit for bit.
+// Regenerate only deliberately:
 // SPARSEGRAD_WRITE_GOLDEN=1 go test -run TestGoldenRuns ./train
 const goldenRunsFile = "testdata/golden-runs.json"
 

@@ -4,19 +4,20 @@ import (
 	"fmt"
 	"math"
 	"regexp"
-	"runtime"
-	"sync"
 
+	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
 )
 
-// Optimizer updates parameters in place from the averaged gradient.
+// Optimizer updates a parameter vector in place from the averaged
+// gradient; both are device vectors, and the update runs on their device's
+// stream with the device's math (Go loops on the CPU, kernels on a GPU).
 type Optimizer interface {
 	// Step applies one update with learning rate lr.
-	Step(params, grad []float32, lr float64)
-	// State returns the optimizer's state vectors and step count (for
-	// checkpoints); the slices are live.
-	State() (vecs [][]float32, steps int64)
+	Step(params, grad device.Buffer, lr float64) error
+	// State copies the optimizer's state vectors to host memory (for
+	// checkpoints) and returns them with the step count.
+	State() (vecs [][]float32, steps int64, err error)
 	// SetState restores what State returned.
 	SetState(vecs [][]float32, steps int64) error
 }
@@ -25,15 +26,17 @@ type Optimizer interface {
 // from weight decay (".bn1.weight", ".bn2.bias", ...).
 var bnParam = regexp.MustCompile(`.*\.bn\d+\.(weight|bias)$`)
 
-// SGD is stochastic gradient descent with momentum and weight decay in
-// PyTorch's semantics: d = g + wd·w (wd 0 for parameters matching
-// `.*\.bn\d+\.(weight|bias)`, as in the DEFT/MiCRO harness); buf = d on the
-// first step, buf = m·buf + d afterwards; w −= lr·buf. This is not the
-// DEFT/MiCRO harness's "nesterov" (w −= lr·(d + buf)), which doubles the step.
+// SGD is stochastic gradient descent with momentum, optional Nesterov
+// momentum and weight decay in PyTorch's semantics (device.SGDStep): weight
+// decay 0 for parameters matching `.*\.bn\d+\.(weight|bias)`, as in the
+// DEFT/MiCRO harness. This is not the DEFT/MiCRO harness's "nesterov"
+// (w −= lr·(d + buf) without the momentum factor), which doubles the step.
 type SGD struct {
 	Momentum float64
+	Nesterov bool
+	s        device.Stream
 	decay    []decaySpan // weight decay per run of elements, ascending
-	buf      []float32
+	buf      device.Buffer
 	steps    int64
 }
 
@@ -43,147 +46,155 @@ type decaySpan struct {
 	wd     float32
 }
 
-// NewSGD returns SGD for the given parameter layout.
-func NewSGD(layout []models.ParamInfo, momentum, wd float64) *SGD {
+// NewSGD returns SGD for the given parameter layout, with its momentum
+// buffer on the stream's device.
+func NewSGD(s device.Stream, layout []models.ParamInfo, momentum, wd float64, nesterov bool) (*SGD, error) {
 	n := 0
 	for _, p := range layout {
 		n = max(n, p.Offset+p.Size)
 	}
-	s := &SGD{Momentum: momentum}
+	o := &SGD{Momentum: momentum, Nesterov: nesterov, s: s}
 	for _, p := range layout {
 		d := float32(wd)
 		if bnParam.MatchString(p.Name) {
 			d = 0
 		}
-		if k := len(s.decay); k > 0 && s.decay[k-1].hi == p.Offset && s.decay[k-1].wd == d {
-			s.decay[k-1].hi = p.Offset + p.Size
+		if k := len(o.decay); k > 0 && o.decay[k-1].hi == p.Offset && o.decay[k-1].wd == d {
+			o.decay[k-1].hi = p.Offset + p.Size
 		} else if p.Size > 0 {
-			s.decay = append(s.decay, decaySpan{p.Offset, p.Offset + p.Size, d})
+			o.decay = append(o.decay, decaySpan{p.Offset, p.Offset + p.Size, d})
 		}
 	}
 	if momentum != 0 {
-		s.buf = make([]float32, n)
+		b, err := s.Device().Alloc(device.Float32, n)
+		if err != nil {
+			return nil, fmt.Errorf("train: SGD momentum buffer: %w", err)
+		}
+		o.buf = b
 	}
-	return s
+	return o, nil
 }
 
 // Step implements Optimizer.
-func (s *SGD) Step(w, g []float32, lr float64) {
-	l := float32(lr)
-	m := float32(s.Momentum)
-	first := s.steps == 0
-	s.steps++
-	parallel(len(w), func(lo, hi int) {
-		for _, sp := range s.decay {
-			a, b := max(lo, sp.lo), min(hi, sp.hi)
-			if a < b {
-				s.span(w[a:b], g[a:b:b], s.bufAt(a, b), sp.wd, l, m, first)
-			}
+func (o *SGD) Step(w, g device.Buffer, lr float64) error {
+	p := device.SGDStep{LR: float32(lr), Momentum: float32(o.Momentum), Nesterov: o.Nesterov, First: o.steps == 0}
+	o.steps++
+	m := o.s.Device().Math()
+	for _, sp := range o.decay {
+		p.WeightDecay = sp.wd
+		var buf device.Buffer
+		if o.Momentum != 0 {
+			buf = o.buf.Slice(sp.lo, sp.hi)
 		}
-	})
-}
-
-func (s *SGD) bufAt(a, b int) []float32 {
-	if s.buf == nil {
-		return nil
-	}
-	return s.buf[a:b:b]
-}
-
-// span updates one run of parameters with a constant weight decay.
-func (s *SGD) span(w, g, buf []float32, wd, l, m float32, first bool) {
-	switch {
-	case buf == nil:
-		for i := range w {
-			w[i] -= l * (g[i] + wd*w[i])
-		}
-	case first:
-		for i := range w {
-			d := g[i] + wd*w[i]
-			buf[i] = d
-			w[i] -= l * d
-		}
-	default:
-		for i := range w {
-			b := m*buf[i] + g[i] + wd*w[i]
-			buf[i] = b
-			w[i] -= l * b
+		if err := m.SGD(o.s, p, w.Slice(sp.lo, sp.hi), g.Slice(sp.lo, sp.hi), buf); err != nil {
+			return fmt.Errorf("train: SGD step: %w", err)
 		}
 	}
-}
-
-// State implements Optimizer.
-func (s *SGD) State() ([][]float32, int64) {
-	if s.buf == nil {
-		return nil, s.steps
-	}
-	return [][]float32{s.buf}, s.steps
-}
-
-// SetState implements Optimizer.
-func (s *SGD) SetState(v [][]float32, steps int64) error {
-	want := 0
-	if s.buf != nil {
-		want = 1
-	}
-	if len(v) != want || (want == 1 && len(v[0]) != len(s.buf)) {
-		return fmt.Errorf("train: SGD state has %d vectors, want %d of %d values (checkpoint from another model or optimizer?)", len(v), want, len(s.buf))
-	}
-	if want == 1 {
-		copy(s.buf, v[0])
-	}
-	s.steps = steps
 	return nil
 }
 
-// Adam is PyTorch's Adam without weight decay: m = β1·m + (1−β1)·g,
-// v = β2·v + (1−β2)·g², w −= lr·(m/(1−β1^t)) / (√(v/(1−β2^t)) + ε).
+// State implements Optimizer.
+func (o *SGD) State() ([][]float32, int64, error) {
+	if o.Momentum == 0 {
+		return nil, o.steps, nil
+	}
+	v, err := toHost(o.s, o.buf)
+	return [][]float32{v}, o.steps, err
+}
+
+// SetState implements Optimizer.
+func (o *SGD) SetState(v [][]float32, steps int64) error {
+	want := 0
+	if o.Momentum != 0 {
+		want = 1
+	}
+	if len(v) != want || (want == 1 && len(v[0]) != o.buf.Len()) {
+		return fmt.Errorf("train: SGD state has %d vectors, want %d of %d values (checkpoint from another model or optimizer?)", len(v), want, o.buf.Len())
+	}
+	if want == 1 {
+		if err := fromHost(o.s, o.buf, v[0]); err != nil {
+			return err
+		}
+	}
+	o.steps = steps
+	return nil
+}
+
+// Adam is PyTorch's Adam without weight decay (device.AdamStep).
 type Adam struct {
 	Beta1, Beta2, Eps float64
-	m, v              []float32
+	s                 device.Stream
+	m, v              device.Buffer
 	steps             int64
 }
 
-// NewAdam returns Adam for n parameters.
-func NewAdam(n int, beta1, beta2, eps float64) *Adam {
-	return &Adam{Beta1: beta1, Beta2: beta2, Eps: eps, m: make([]float32, n), v: make([]float32, n)}
+// NewAdam returns Adam for n parameters, its moments on the stream's
+// device.
+func NewAdam(s device.Stream, n int, beta1, beta2, eps float64) (*Adam, error) {
+	a := &Adam{Beta1: beta1, Beta2: beta2, Eps: eps, s: s}
+	var err error
+	if a.m, err = s.Device().Alloc(device.Float32, n); err != nil {
+		return nil, fmt.Errorf("train: Adam moments: %w", err)
+	}
+	if a.v, err = s.Device().Alloc(device.Float32, n); err != nil {
+		return nil, fmt.Errorf("train: Adam moments: %w", err)
+	}
+	return a, nil
 }
 
 // Step implements Optimizer.
-func (a *Adam) Step(w, g []float32, lr float64) {
+func (a *Adam) Step(w, g device.Buffer, lr float64) error {
 	a.steps++
 	t := float64(a.steps)
 	bc1 := 1 - math.Pow(a.Beta1, t)
 	bc2 := 1 - math.Pow(a.Beta2, t)
-	b1, b2 := float32(a.Beta1), float32(a.Beta2)
-	step := float32(lr / bc1)
-	sq := float32(math.Sqrt(bc2))
-	eps := float32(a.Eps)
-	parallel(len(w), func(lo, hi int) {
-		w, g, m, v := w[lo:hi], g[lo:hi:hi], a.m[lo:hi:hi], a.v[lo:hi:hi]
-		for i := range w {
-			gi := g[i]
-			mi := b1*m[i] + (1-b1)*gi
-			vi := b2*v[i] + (1-b2)*gi*gi
-			m[i], v[i] = mi, vi
-			den := float32(math.Sqrt(float64(vi)))/sq + eps
-			w[i] -= step * mi / den
-		}
-	})
+	p := device.AdamStep{StepSize: float32(lr / bc1), Beta1: float32(a.Beta1), Beta2: float32(a.Beta2), Eps: float32(a.Eps), SqrtBC2: float32(math.Sqrt(bc2))}
+	if err := a.s.Device().Math().Adam(a.s, p, w, g, a.m, a.v); err != nil {
+		return fmt.Errorf("train: Adam step: %w", err)
+	}
+	return nil
 }
 
 // State implements Optimizer.
-func (a *Adam) State() ([][]float32, int64) { return [][]float32{a.m, a.v}, a.steps }
+func (a *Adam) State() ([][]float32, int64, error) {
+	m, err := toHost(a.s, a.m)
+	if err != nil {
+		return nil, 0, err
+	}
+	v, err := toHost(a.s, a.v)
+	return [][]float32{m, v}, a.steps, err
+}
 
 // SetState implements Optimizer.
 func (a *Adam) SetState(v [][]float32, steps int64) error {
-	if len(v) != 2 || len(v[0]) != len(a.m) || len(v[1]) != len(a.v) {
-		return fmt.Errorf("train: Adam state has %d vectors, want 2 of %d values (checkpoint from another model or optimizer?)", len(v), len(a.m))
+	if len(v) != 2 || len(v[0]) != a.m.Len() || len(v[1]) != a.v.Len() {
+		return fmt.Errorf("train: Adam state has %d vectors, want 2 of %d values (checkpoint from another model or optimizer?)", len(v), a.m.Len())
 	}
-	copy(a.m, v[0])
-	copy(a.v, v[1])
+	if err := fromHost(a.s, a.m, v[0]); err != nil {
+		return err
+	}
+	if err := fromHost(a.s, a.v, v[1]); err != nil {
+		return err
+	}
 	a.steps = steps
 	return nil
+}
+
+// toHost returns a copy of a device vector in host memory.
+func toHost(s device.Stream, b device.Buffer) ([]float32, error) {
+	h := make([]float32, b.Len())
+	if err := s.Copy(device.Host(h), b); err != nil {
+		return nil, err
+	}
+	return h, s.Synchronize()
+}
+
+// fromHost copies host values into a device vector.
+func fromHost(s device.Stream, b device.Buffer, h []float32) error {
+	if err := s.Copy(b, device.Host(h)); err != nil {
+		return err
+	}
+	return s.Synchronize()
 }
 
 // Schedule is a learning-rate schedule: linear warm-up over WarmupIters
@@ -211,44 +222,21 @@ func (s Schedule) At(it, epoch int) float64 {
 	return lr
 }
 
-// ClipNorm scales g so that its Euclidean norm is at most maxNorm, as
-// torch.nn.utils.clip_grad_norm_ does (factor maxNorm/(norm+1e-6) when the
-// norm exceeds maxNorm), and returns the norm before clipping.
-func ClipNorm(g []float32, maxNorm float64) float64 {
-	var s float64
-	for _, x := range g {
-		s += float64(x) * float64(x)
+// ClipNorm scales the gradient g so that its Euclidean norm is at most
+// maxNorm, as torch.nn.utils.clip_grad_norm_ does (factor
+// maxNorm/(norm+1e-6) when the norm exceeds maxNorm), and returns the norm
+// before clipping.
+func ClipNorm(s device.Stream, g device.Buffer, maxNorm float64) (float64, error) {
+	m := s.Device().Math()
+	ss, err := m.SumSquares(s, g)
+	if err != nil {
+		return 0, fmt.Errorf("train: gradient norm: %w", err)
 	}
-	norm := math.Sqrt(s)
+	norm := math.Sqrt(ss)
 	if norm > maxNorm {
-		f := float32(maxNorm / (norm + 1e-6))
-		for i := range g {
-			g[i] *= f
+		if err := m.Scale(s, g, float32(maxNorm/(norm+1e-6))); err != nil {
+			return 0, fmt.Errorf("train: clipping: %w", err)
 		}
 	}
-	return norm
-}
-
-// parallelMin is the length below which element-wise loops run on one
-// goroutine.
-const parallelMin = 1 << 16
-
-// parallel calls f on contiguous chunks of [0, n), on all cores for large n.
-func parallel(n int, f func(lo, hi int)) {
-	p := runtime.GOMAXPROCS(0)
-	if n < parallelMin || p == 1 {
-		f(0, n)
-		return
-	}
-	p = min(p, n/(parallelMin/4))
-	var wg sync.WaitGroup
-	for c := 0; c < p; c++ {
-		lo, hi := c*n/p, (c+1)*n/p
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(lo, hi)
-		}()
-	}
-	wg.Wait()
+	return norm, nil
 }

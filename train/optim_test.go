@@ -3,8 +3,10 @@ package train
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
+	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
 )
 
@@ -28,7 +30,10 @@ func TestSGDMatchesPyTorchFormula(t *testing.T) {
 			for _, wd := range []float64{0, 1e-2} {
 				r := rand.New(rand.NewPCG(uint64(n), 7))
 				layout := []models.ParamInfo{{Name: "layer1.0.bn1.weight", Offset: 0, Size: n / 2}, {Name: "conv1.weight", Offset: n / 2, Size: n - n/2}}
-				s := NewSGD(layout, mom, wd)
+				s, err := NewSGD(device.CPU.Stream(), layout, mom, wd, false)
+				if err != nil {
+					t.Fatal(err)
+				}
 				w := randVec(r, n)
 				ref := make([]float64, n)
 				buf := make([]float64, n)
@@ -38,7 +43,9 @@ func TestSGDMatchesPyTorchFormula(t *testing.T) {
 				for step := 0; step < 5; step++ {
 					g := randVec(r, n)
 					lr := 0.1 / float64(step+1)
-					s.Step(w, g, lr)
+					if err := s.Step(device.Host(w), device.Host(g), lr); err != nil {
+						t.Fatal(err)
+					}
 					for i := range ref {
 						d := float64(g[i])
 						if i >= n/2 { // the BN half is exempt from weight decay
@@ -68,7 +75,10 @@ func TestSGDMatchesPyTorchFormula(t *testing.T) {
 func TestAdamMatchesPyTorchFormula(t *testing.T) {
 	for _, n := range []int{0, 1, 5, 333, 1<<17 + 1} {
 		r := rand.New(rand.NewPCG(uint64(n), 9))
-		a := NewAdam(n, 0.25, 0.5, 1e-8)
+		a, err := NewAdam(device.CPU.Stream(), n, 0.25, 0.5, 1e-8)
+		if err != nil {
+			t.Fatal(err)
+		}
 		w := randVec(r, n)
 		ref := make([]float64, n)
 		m := make([]float64, n)
@@ -79,7 +89,9 @@ func TestAdamMatchesPyTorchFormula(t *testing.T) {
 		for step := 1; step <= 6; step++ {
 			g := randVec(r, n)
 			lr := 0.01
-			a.Step(w, g, lr)
+			if err := a.Step(device.Host(w), device.Host(g), lr); err != nil {
+				t.Fatal(err)
+			}
 			for i := range ref {
 				gi := float64(g[i])
 				m[i] = 0.25*m[i] + 0.75*gi
@@ -99,17 +111,24 @@ func TestAdamMatchesPyTorchFormula(t *testing.T) {
 
 func TestOptimizerStateRoundTrip(t *testing.T) {
 	layout := []models.ParamInfo{{Name: "a", Size: 4}}
-	s := NewSGD(layout, 0.9, 0)
-	s.Step(make([]float32, 4), []float32{1, 2, 3, 4}, 0.1)
-	v, n := s.State()
-	s2 := NewSGD(layout, 0.9, 0)
+	st := device.CPU.Stream()
+	s, _ := NewSGD(st, layout, 0.9, 0, false)
+	s.Step(device.Host(make([]float32, 4)), device.Host([]float32{1, 2, 3, 4}), 0.1)
+	v, n, err := s.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, _ := NewSGD(st, layout, 0.9, 0, false)
 	if err := s2.SetState(v, n); err != nil {
 		t.Fatal(err)
+	}
+	if v2, n2, _ := s2.State(); !slices.Equal(v2[0], v[0]) || n2 != n || v[0][3] != 4 {
+		t.Fatalf("SGD state %v/%d after a round trip of %v/%d", v2, n2, v, n)
 	}
 	if err := s2.SetState(nil, 0); err == nil {
 		t.Fatal("SGD accepted a state without its momentum buffer")
 	}
-	a := NewAdam(4, 0.9, 0.999, 1e-8)
+	a, _ := NewAdam(st, 4, 0.9, 0.999, 1e-8)
 	if err := a.SetState([][]float32{{1}}, 1); err == nil {
 		t.Fatal("Adam accepted a state of the wrong size")
 	}
@@ -131,13 +150,20 @@ func TestSchedule(t *testing.T) {
 
 func TestClipNorm(t *testing.T) {
 	g := []float32{3, 4}
-	if n := ClipNorm(g, 10); n != 5 || g[0] != 3 {
+	clip := func(g []float32, max float64) float64 {
+		n, err := ClipNorm(device.CPU.Stream(), device.Host(g), max)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := clip(g, 10); n != 5 || g[0] != 3 {
 		t.Fatalf("no-op clip changed the gradient: %v %v", n, g)
 	}
-	if n := ClipNorm(g, 1); n != 5 || !close32(g[0], 0.6, 1e-5) || !close32(g[1], 0.8, 1e-5) {
+	if n := clip(g, 1); n != 5 || !close32(g[0], 0.6, 1e-5) || !close32(g[1], 0.8, 1e-5) {
 		t.Fatalf("clip to 1: norm %v, g %v", n, g)
 	}
-	if n := ClipNorm(nil, 1); n != 0 {
+	if n := clip(nil, 1); n != 0 {
 		t.Fatalf("empty: %v", n)
 	}
 }

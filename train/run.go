@@ -19,7 +19,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/comm/mpi"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
-	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/ops"
 )
 
 // Options are the parts of a run that are not configuration.
@@ -125,7 +125,7 @@ func Run(ctx context.Context, c Config, o Options) error {
 	if threads == 0 {
 		threads = max(1, runtime.NumCPU()/workersHere)
 	}
-	blasDesc, err := models.ConfigureBLAS(c.BLAS, threads)
+	blasDesc, err := ops.ConfigureBLAS(c.BLAS, threads)
 	if err != nil {
 		return fmt.Errorf("train: -blas %s: %w", c.BLAS, err)
 	}

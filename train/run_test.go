@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/internal/realdata"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -68,7 +69,7 @@ func TestDenseMatchesReference(t *testing.T) {
 		ms := make([]models.Model, n)
 		tasks := make([]task, n)
 		for r := range ms {
-			if ms[r], err = NewModel(c, ds, c.Seed+uint64(r)); err != nil {
+			if ms[r], err = NewModel(c, ds, c.Seed+uint64(r), nil); err != nil {
 				t.Fatal(err)
 			}
 			if tasks[r], err = newTask(c, ds, r, n); err != nil {
@@ -76,11 +77,17 @@ func TestDenseMatchesReference(t *testing.T) {
 			}
 			defer tasks[r].Close()
 			tasks[r].SetEpoch(0)
-			ms[r].LoadParams(ms[0].Params())
 		}
+		// Every worker steps from the same parameters: rank 0's initial ones.
 		np := ms[0].NumParams()
-		adam := NewAdam(np, c.Beta1, c.Beta2, c.Eps)
-		params := append([]float32(nil), ms[0].Params()...)
+		adam, err := NewAdam(device.CPU.Stream(), np, c.Beta1, c.Beta2, c.Eps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		params := make([]float32, np)
+		if err := ms[0].InitParams(params); err != nil {
+			t.Fatal(err)
+		}
 		grad := make([]float32, np)
 		for s := 0; s < steps; s++ {
 			sum := make([]float64, np)
@@ -90,7 +97,7 @@ func TestDenseMatchesReference(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				res, err := ms[r].TrainStep(context.Background(), b, grad)
+				res, err := ms[r].TrainStep(context.Background(), b, device.Host(params), device.Host(grad))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -107,9 +114,8 @@ func TestDenseMatchesReference(t *testing.T) {
 			for i := range avg {
 				avg[i] = float32(sum[i] / float64(n))
 			}
-			adam.Step(params, avg, c.LR)
-			for r := range ms {
-				ms[r].LoadParams(params)
+			if err := adam.Step(device.Host(params), device.Host(avg), c.LR); err != nil {
+				t.Fatal(err)
 			}
 		}
 		// The loss must move: a trainer that never updates would fail above

@@ -8,10 +8,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/data"
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/models"
 )
 
@@ -96,33 +97,13 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 	return d, nil
 }
 
-// graphMu serialises building Gorgonia graphs: Gorgonia's graph construction
-// updates package-level state without locking (encoding.NewGroup, reached
-// from e.g. Rectify), so in-process workers must not build models or their
-// lazily built evaluation graphs at the same time.
-var graphMu sync.Mutex
-
-// NewModel builds the configured model for the data set with the given seed.
-// It may be called from several goroutines.
-func NewModel(c Config, d *Dataset, seed uint64) (models.Model, error) {
-	graphMu.Lock()
-	defer graphMu.Unlock()
-	return newModel(c, d, seed)
-}
-
-// evaluate is m.Evaluate under graphMu (Evaluate builds a graph for each new
-// batch size).
-func evaluate(ctx context.Context, m models.Model, b models.Batch) (models.EvalResult, error) {
-	graphMu.Lock()
-	defer graphMu.Unlock()
-	return m.Evaluate(ctx, b)
-}
-
-func newModel(c Config, d *Dataset, seed uint64) (models.Model, error) {
+// NewModel builds the model c describes for data set d, initialised from
+// seed, running on be (nil: the CPU).
+func NewModel(c Config, d *Dataset, seed uint64, be engine.Backend) (models.Model, error) {
 	switch c.Model {
 	case "resnet18":
 		cfg := models.DefaultResNet18(d.CIFAR.Kind.Classes(), c.Batch)
-		cfg.Seed = seed
+		cfg.Seed, cfg.Backend = seed, be
 		return models.NewResNet(cfg)
 	case "lstm":
 		var cfg models.LSTMConfig
@@ -131,7 +112,7 @@ func newModel(c Config, d *Dataset, seed uint64) (models.Model, error) {
 		} else {
 			cfg = models.DefaultLSTM(d.Wiki.Vocab.Len(), c.Batch)
 		}
-		cfg.Seed = seed
+		cfg.Seed, cfg.Backend = seed, be
 		return models.NewLSTM(cfg)
 	case "ncf":
 		var cfg models.NCFConfig
@@ -140,7 +121,7 @@ func newModel(c Config, d *Dataset, seed uint64) (models.Model, error) {
 		} else {
 			cfg = models.DefaultNCF(d.Rec.Users, d.Rec.Items, c.Batch)
 		}
-		cfg.Seed = seed
+		cfg.Seed, cfg.Backend = seed, be
 		return models.NewNCF(cfg)
 	}
 	return nil, fmt.Errorf("%w: unknown model %q", ErrConfig, c.Model)
@@ -161,7 +142,7 @@ type task interface {
 	Batch(i int) (models.Batch, int, error)
 	// Evaluate evaluates m on this rank's share and combines the shares
 	// over c (every rank gets the same result; the primary metric first).
-	Evaluate(ctx context.Context, m models.Model, c comm.Communicator) ([]metric, error)
+	Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator) ([]metric, error)
 	Close()
 }
 
@@ -252,7 +233,7 @@ func (t *cifarTask) Batch(i int) (models.Batch, int, error) {
 	return models.Batch{Images: b.X, Labels: t.labels}, b.N, nil
 }
 
-func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, c comm.Communicator) ([]metric, error) {
+func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator) ([]metric, error) {
 	var r models.EvalResult
 	var labels []int
 	for i := 0; i < t.te.Len() && (t.maxEval == 0 || i < t.maxEval); i++ {
@@ -261,7 +242,7 @@ func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, c comm.Communi
 			return nil, err
 		}
 		labels = toInts(labels, b.Labels)
-		er, err := evaluate(ctx, m, models.Batch{Images: b.X[:b.N*data.CIFARPixels], Labels: labels})
+		er, err := m.Evaluate(ctx, models.Batch{Images: b.X[:b.N*data.CIFARPixels], Labels: labels}, params)
 		if err != nil {
 			return nil, fmt.Errorf("train: evaluating: %w", err)
 		}
@@ -295,7 +276,7 @@ func (t *lmTask) Batch(i int) (models.Batch, int, error) {
 	return models.Batch{Tokens: t.tokens, Labels: t.labels, Steps: b.Steps}, b.Steps * b.Batch, nil
 }
 
-func (t *lmTask) Evaluate(ctx context.Context, m models.Model, c comm.Communicator) ([]metric, error) {
+func (t *lmTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator) ([]metric, error) {
 	m.ResetState()
 	var r models.EvalResult
 	var tok, lab []int
@@ -306,7 +287,7 @@ func (t *lmTask) Evaluate(ctx context.Context, m models.Model, c comm.Communicat
 		}
 		tok = toInts(tok, b.Input)
 		lab = toInts(lab, b.Target)
-		er, err := evaluate(ctx, m, models.Batch{Tokens: tok, Labels: lab, Steps: b.Steps})
+		er, err := m.Evaluate(ctx, models.Batch{Tokens: tok, Labels: lab, Steps: b.Steps}, params)
 		if err != nil {
 			return nil, fmt.Errorf("train: evaluating: %w", err)
 		}
@@ -347,7 +328,7 @@ func (t *recTask) Batch(i int) (models.Batch, int, error) {
 
 // Evaluate ranks each of this rank's users' candidates (users rank,
 // rank+size, ...) with the test positive last, as models.RankHit expects.
-func (t *recTask) Evaluate(ctx context.Context, m models.Model, c comm.Communicator) ([]metric, error) {
+func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator) ([]metric, error) {
 	var hits, ndcg, count float64
 	var users, items []int
 	var spans [][]int
@@ -356,7 +337,7 @@ func (t *recTask) Evaluate(ctx context.Context, m models.Model, c comm.Communica
 		if len(users) == 0 {
 			return nil
 		}
-		er, err := evaluate(ctx, m, models.Batch{Users: users, Items: items})
+		er, err := m.Evaluate(ctx, models.Batch{Users: users, Items: items}, params)
 		if err != nil {
 			return fmt.Errorf("train: evaluating: %w", err)
 		}

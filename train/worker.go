@@ -11,6 +11,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -31,12 +32,16 @@ type worker struct {
 	red    sparsify.Reducer
 	mem    *sparsify.Memory
 	opt    Optimizer
-	grad   []float32
-	out    []float32
+
+	// The worker's vectors on its device: the parameters and the gradient,
+	// which after error feedback also holds the reducer's output (the
+	// averaged sparse gradient the optimizer applies).
+	stream         device.Stream
+	params, grad   device.Buffer
+	hparams, hgrad []float32 // host views of params and grad (the vectors themselves on the CPU)
 
 	// Gradient hook state (reset every step).
-	firstFinal time.Time
-	finalAt    []time.Time
+	finalEv []device.Event
 
 	// LAGS pipelining.
 	pipe    bool
@@ -95,17 +100,27 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 
 func (w *worker) setup(ctx context.Context) error {
 	cfg := w.cfg
+	be, err := w.r.exec(w.rank)
+	if err != nil {
+		return err
+	}
 	// Dropout masks differ per rank; the initial parameters are rank 0's.
-	m, err := NewModel(cfg, w.r.ds, cfg.Seed+uint64(w.rank))
+	m, err := NewModel(cfg, w.r.ds, cfg.Seed+uint64(w.rank), be)
 	if err != nil {
 		return fmt.Errorf("train: building %s: %w", cfg.Model, err)
 	}
 	w.m = m
+	w.stream = be.Device().Stream()
 	w.cnt = comm.NewCounter(w.c)
 	w.prevOp = make([]comm.OpStats, len(comm.Ops()))
 	n := m.NumParams()
-	w.grad = make([]float32, n)
-	w.out = make([]float32, n)
+	if w.params, err = be.Device().Alloc(device.Float32, n); err != nil {
+		return fmt.Errorf("train: allocating the parameters: %w", err)
+	}
+	if w.grad, err = be.Device().Alloc(device.Float32, n); err != nil {
+		return fmt.Errorf("train: allocating the gradient: %w", err)
+	}
+	w.hparams, w.hgrad = hostView(w.params), hostView(w.grad)
 	var names []string
 	var sizes []int
 	for _, p := range m.Layout() {
@@ -127,9 +142,12 @@ func (w *worker) setup(ctx context.Context) error {
 	w.mem = sparsify.NewMemory(n, false)
 	switch cfg.Optimizer {
 	case "sgd":
-		w.opt = NewSGD(m.Layout(), cfg.Momentum, cfg.WeightDecay)
+		w.opt, err = NewSGD(w.stream, m.Layout(), cfg.Momentum, cfg.WeightDecay, cfg.Nesterov)
 	case "adam":
-		w.opt = NewAdam(n, cfg.Beta1, cfg.Beta2, cfg.Eps)
+		w.opt, err = NewAdam(w.stream, n, cfg.Beta1, cfg.Beta2, cfg.Eps)
+	}
+	if err != nil {
+		return err
 	}
 	w.pipe = cfg.PipelineOn()
 	if w.pipe {
@@ -149,20 +167,20 @@ func (w *worker) setup(ctx context.Context) error {
 		w.ready = make([]bool, len(w.groups))
 		w.pend = make([]sparsify.Pending, len(w.groups))
 	}
-	w.finalAt = make([]time.Time, len(w.layout.Tensors))
-	// The hook times the forward/backward split and drives pipelining.
-	// Installing it may rebuild the model's program, so it comes before the
-	// parameters are synchronised.
-	if w.pipe || cfg.PhaseTimesOn() {
-		graphMu.Lock()
-		err := m.SetGradHook(w.hook)
-		graphMu.Unlock()
-		if err != nil {
-			return fmt.Errorf("train: installing the gradient hook: %w", err)
-		}
+	w.finalEv = make([]device.Event, len(w.layout.Tensors))
+	// The hook drives pipelining and measures LAGS' per-tensor backward
+	// times.
+	if w.pipe || w.lagsAdaptive() {
+		m.SetGradHook(w.hook)
 	}
-	if err := w.c.Broadcast(ctx, comm.Float32s(m.Params()), 0); err != nil {
+	if err := m.InitParams(w.hparams); err != nil {
+		return err
+	}
+	if err := w.c.Broadcast(ctx, comm.Float32s(w.hparams), 0); err != nil {
 		return fmt.Errorf("train: broadcasting the initial parameters: %w", err)
+	}
+	if err := w.upload(w.params, w.hparams); err != nil {
+		return err
 	}
 	if nb := sumSizes(m.BufferLayout()); nb > 0 {
 		b := make([]float32, nb)
@@ -207,13 +225,60 @@ func sumSizes(l []models.ParamInfo) int {
 	return n
 }
 
-// hook runs on the model's goroutine when tensor idx's gradient is final.
-func (w *worker) hook(idx int, _ []float32) {
-	now := time.Now()
-	if w.firstFinal.IsZero() {
-		w.firstFinal = now
+// hostView returns the host memory of a device vector: the vector's own
+// memory on the CPU, staging of its size elsewhere (the reducers work on
+// host memory until they run on devices; see the package doc).
+func hostView(b device.Buffer) []float32 {
+	if b.IsHost() {
+		return b.Float32s()
 	}
-	w.finalAt[idx] = now
+	return make([]float32, b.Len())
+}
+
+// download copies a device vector into its host view (nothing on the CPU).
+func (w *worker) download(h []float32, b device.Buffer) error {
+	if b.IsHost() {
+		return nil
+	}
+	if err := w.stream.Copy(device.Host(h), b); err != nil {
+		return err
+	}
+	return w.stream.Synchronize()
+}
+
+// upload copies a host view into its device vector (nothing on the CPU).
+func (w *worker) upload(b device.Buffer, h []float32) error {
+	if b.IsHost() {
+		return nil
+	}
+	return w.stream.Copy(b, device.Host(h))
+}
+
+// downloadGroup copies a merge group's gradients to host memory once the
+// device has finished them.
+func (w *worker) downloadGroup(gg sparsify.Group) error {
+	for _, t := range gg.Tensors {
+		if err := w.finalEv[t].Synchronize(); err != nil {
+			return err
+		}
+	}
+	if err := w.stream.Copy(device.Host(w.hgrad[gg.Lo:gg.Hi]), w.grad.Slice(gg.Lo, gg.Hi)); err != nil {
+		return err
+	}
+	return w.stream.Synchronize()
+}
+
+// lagsAdaptive reports whether LAGS chooses per-layer densities from
+// measured backward times.
+func (w *worker) lagsAdaptive() bool {
+	_, ok := w.red.(*sparsify.LAGS)
+	return ok && w.cfg.MaxRatio != 0
+}
+
+// hook runs on the model's goroutine when tensor idx's gradient is final
+// (in the gradient vector once ready has completed).
+func (w *worker) hook(idx int, ready device.Event) {
+	w.finalEv[idx] = ready
 	if !w.pipe {
 		return
 	}
@@ -236,15 +301,23 @@ func (w *worker) pipeline(ctx context.Context, done chan<- struct{}) {
 			continue
 		}
 		gg := w.groups[g]
+		if !w.grad.IsHost() {
+			if err := w.downloadGroup(gg); err != nil {
+				w.perr = err
+				continue
+			}
+		}
 		mm := sparsify.Memory{Residual: w.mem.Residual[gg.Lo:gg.Hi]}
-		if _, err := mm.Accumulate(w.grad[gg.Lo:gg.Hi], 1); err != nil {
+		if _, err := mm.Accumulate(w.hgrad[gg.Lo:gg.Hi], 1); err != nil {
 			w.perr = fmt.Errorf("train: gradient of merge group %d (elements %d..%d): %w", g, gg.Lo, gg.Hi, err)
 			continue
 		}
 		if w.started.IsZero() {
 			w.started = time.Now()
 		}
-		p, err := w.gred.StartGroup(ctx, g, w.mem.Residual, w.out, w.mem.Residual)
+		// The reducer's output overwrites the group's gradient, which
+		// error feedback has just consumed.
+		p, err := w.gred.StartGroup(ctx, g, w.mem.Residual, w.hgrad, w.mem.Residual)
 		if err != nil {
 			w.perr = fmt.Errorf("train: starting merge group %d: %w", g, err)
 			continue
@@ -256,7 +329,7 @@ func (w *worker) pipeline(ctx context.Context, done chan<- struct{}) {
 // step runs one iteration on batch b with learning rate lr.
 func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLocal, error) {
 	var s stepLocal
-	w.firstFinal = time.Time{}
+	clear(w.finalEv)
 	var done chan struct{}
 	if w.pipe {
 		for i := range w.arrived {
@@ -268,7 +341,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 		go w.pipeline(ctx, done)
 	}
 	t0 := time.Now()
-	res, err := w.m.TrainStep(ctx, b, w.grad)
+	res, err := w.trainStep(ctx, b)
 	t1 := time.Now()
 	if w.pipe {
 		close(w.ch)
@@ -282,11 +355,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 	}
 	s.loss = res.Loss
 	s.tcompute = t1.Sub(t0)
-	if w.firstFinal.IsZero() {
-		s.tf, s.tb = -1, -1 // not measured
-	} else {
-		s.tf, s.tb = w.firstFinal.Sub(t0), t1.Sub(w.firstFinal)
-	}
+	s.tf, s.tb = res.Forward, res.Backward
 	var st sparsify.Stats
 	if w.pipe {
 		if w.perr != nil {
@@ -309,23 +378,38 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 		st = sparsify.CombineGroupStats(w.cfg.Density, w.layout, w.groups, gs)
 	} else {
 		if w.cfg.Clip > 0 {
-			ClipNorm(w.grad, w.cfg.Clip)
+			if _, err := ClipNorm(w.stream, w.grad, w.cfg.Clip); err != nil {
+				return s, err
+			}
 		}
-		acc, err := w.mem.Accumulate(w.grad, 1)
+		if err := w.download(w.hgrad, w.grad); err != nil {
+			return s, err
+		}
+		acc, err := w.mem.Accumulate(w.hgrad, 1)
 		if err != nil {
 			return s, fmt.Errorf("train: error feedback: %w", err)
 		}
 		w.started = time.Now()
-		if st, err = w.red.Reduce(ctx, acc, w.out, acc); err != nil {
+		// The reducer's output overwrites the gradient, which error
+		// feedback has just consumed.
+		if st, err = w.red.Reduce(ctx, acc, w.hgrad, acc); err != nil {
 			return s, fmt.Errorf("train: reducing with %s: %w", w.cfg.Sparsifier, err)
 		}
+	}
+	if err := w.upload(w.grad, w.hgrad); err != nil {
+		return s, err
 	}
 	t2 := time.Now()
 	if !w.started.IsZero() {
 		s.tcommWall = t2.Sub(w.started)
 	}
 	s.twait = t2.Sub(t1)
-	w.opt.Step(w.m.Params(), w.out, lr)
+	if err := w.opt.Step(w.params, w.grad, lr); err != nil {
+		return s, err
+	}
+	if err := w.stream.Synchronize(); err != nil {
+		return s, err
+	}
 	t3 := time.Now()
 	s.tupd = t3.Sub(t2)
 	s.titer = t3.Sub(t0)
@@ -334,6 +418,11 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 	s.errNorm, s.actual, s.threshold = st.ErrorNorm, st.ActualDensity, st.Threshold
 	s.layerK = st.LayerK
 	return s, nil
+}
+
+// trainStep runs the model's forward and backward pass into the gradient.
+func (w *worker) trainStep(ctx context.Context, b models.Batch) (models.StepResult, error) {
+	return w.m.TrainStep(ctx, b, w.params, w.grad)
 }
 
 // drain waits for the groups still in flight after a failure.
@@ -356,16 +445,22 @@ func (w *worker) setBackwardTimes(ctx context.Context) error {
 	}
 	nt := len(w.layout.Tensors)
 	send := make(comm.Int64s, nt)
-	prev := w.firstFinal
-	// Tensors become final in descending layout order.
+	var prev time.Time
+	// Tensors become final in descending layout order; the first to be
+	// final is the start of the measured backward pass.
 	for i := nt - 1; i >= 0; i-- {
-		if !w.finalAt[i].IsZero() && !prev.IsZero() {
-			send[i] = int64(w.finalAt[i].Sub(prev))
-			if send[i] < 0 {
-				send[i] = 0
-			}
-			prev = w.finalAt[i]
+		ev := w.finalEv[i]
+		if ev == nil {
+			continue
 		}
+		if err := ev.Synchronize(); err != nil {
+			return err
+		}
+		at := ev.Time()
+		if !prev.IsZero() {
+			send[i] = max(int64(at.Sub(prev)), 0)
+		}
+		prev = at
 	}
 	recv := make(comm.Int64s, nt*w.size)
 	if err := w.c.AllGather(ctx, send, recv); err != nil {
@@ -416,9 +511,6 @@ func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr fl
 	if w.cfg.Sparsifier == "dense" {
 		rec.Density = 1
 	}
-	if s.tf < 0 {
-		rec.TForward, rec.TBackward = Num(math.NaN()), Num(math.NaN())
-	}
 	rec.LayerK = s.layerK
 	rec.Ops = map[string]OpCount{}
 	for i, op := range comm.Ops() {
@@ -439,7 +531,7 @@ func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr fl
 
 // evaluate runs the evaluation and (rank 0) records it.
 func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error) {
-	ms, err := w.task.Evaluate(ctx, w.m, w.c)
+	ms, err := w.task.Evaluate(ctx, w.m, w.params, w.c)
 	if err != nil {
 		return nil, err
 	}
@@ -463,15 +555,21 @@ func (w *worker) checkpoint(epoch, batch, step int) error {
 	if w.rank != 0 {
 		return nil
 	}
+	if err := w.download(w.hparams, w.params); err != nil {
+		return err
+	}
 	ck := &Checkpoint{Model: w.cfg.Model, Dataset: w.cfg.Dataset, Epoch: epoch, Batch: batch, Step: step,
-		Params: append([]float32(nil), w.m.Params()...)}
+		Params: append([]float32(nil), w.hparams...)}
 	if nb := sumSizes(w.m.BufferLayout()); nb > 0 {
 		ck.Buffers = make([]float32, nb)
 		if err := w.m.StoreBuffers(ck.Buffers); err != nil {
 			return err
 		}
 	}
-	ck.Opt, ck.OptSteps = w.opt.State()
+	var err error
+	if ck.Opt, ck.OptSteps, err = w.opt.State(); err != nil {
+		return err
+	}
 	path := filepath.Join(w.cfg.Out, "checkpoints", fmt.Sprintf("step-%09d.ckpt", step))
 	if err := WriteCheckpoint(path, ck); err != nil {
 		return err
@@ -505,8 +603,12 @@ func (w *worker) resume() (epoch, batch, step int, err error) {
 	if ck.Model != w.cfg.Model || ck.Dataset != w.cfg.Dataset {
 		return 0, 0, 0, fmt.Errorf("%w: -resume %s holds a %s/%s checkpoint, not %s/%s; pass the same -model and -dataset", ErrConfig, w.cfg.Resume, ck.Model, ck.Dataset, w.cfg.Model, w.cfg.Dataset)
 	}
-	if err := w.m.LoadParams(ck.Params); err != nil {
-		return 0, 0, 0, fmt.Errorf("train: checkpoint %s does not fit the model (different preset?): %w", path, err)
+	if len(ck.Params) != len(w.hparams) {
+		return 0, 0, 0, fmt.Errorf("%w: checkpoint %s holds %d parameters, the model has %d (different preset?)", ErrConfig, path, len(ck.Params), len(w.hparams))
+	}
+	copy(w.hparams, ck.Params)
+	if err := w.upload(w.params, w.hparams); err != nil {
+		return 0, 0, 0, err
 	}
 	if len(ck.Buffers) > 0 {
 		if err := w.m.LoadBuffers(ck.Buffers); err != nil {

@@ -96,7 +96,6 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.IntVar(&c.MinTensor, "min-tensor", 0, "dragonn: compress only tensors with more elements (default 204800)")
 	fs.IntVar(&c.DragonnWarmup, "dragonn-warmup", 0, "dragonn: dense warm-up iterations (default 200)")
 	fs.StringVar(&c.Pipeline, "pipeline", "auto", "lags pipelining with the backward pass: auto (on for lags without -clip), on, off")
-	fs.StringVar(&c.PhaseTimes, "phase-times", "auto", "measure the forward/backward split through the gradient hook: auto (on except ncf, where it doubles the step time), on, off")
 	fs.IntVar(&c.Workers, "workers", 1, "simulated workers in this process (under mpirun: one worker per process)")
 	fs.IntVar(&c.Epochs, "epochs", 0, "epochs (default resnet18 200, lstm 90, ncf 20)")
 	fs.IntVar(&c.Steps, "steps", 0, "stop after this many iterations (0: no limit)")
@@ -108,6 +107,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.StringVar(&v.seed, "seed", "42", "random seed (initialisation, shuffling, augmentation, negatives, dropout)")
 	fs.StringVar(&c.Optimizer, "optimizer", "", "sgd (PyTorch semantics: momentum, weight decay) or adam (default for ncf)")
 	fs.Float64Var(&c.Momentum, "momentum", 0, "SGD momentum (default resnet18 0.9, lstm 0)")
+	fs.BoolVar(&c.Nesterov, "nesterov", false, "SGD with Nesterov momentum (PyTorch's nesterov=True)")
 	fs.Float64Var(&c.WeightDecay, "wd", 0, "SGD weight decay (default resnet18 1e-4; BatchNorm .bnN. parameters exempt)")
 	fs.Float64Var(&c.Beta1, "beta1", 0, "Adam β1 (default 0.9)")
 	fs.Float64Var(&c.Beta2, "beta2", 0, "Adam β2 (default 0.999)")
@@ -197,7 +197,7 @@ func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {
 			return err
 		}
 	}
-	m, err := train.NewModel(cfg, ds, cfg.Seed)
+	m, err := train.NewModel(cfg, ds, cfg.Seed, nil)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package models
+package ops
 
 import (
 	"fmt"
@@ -15,7 +15,7 @@ var (
 	blasF32 blas.Float32 = gonum.Implementation{}
 )
 
-// UseBLAS makes every matrix product of the models — Gorgonia's MatMul and
+// UseBLAS makes every matrix product of the package — Gorgonia's MatMul and
 // MatVecMul (through tensor's standard engine, which Gorgonia's Use also
 // switches) and this package's convolution — use b. The default is gonum's
 // pure-Go implementation. It is process-wide; call it before building or
@@ -27,7 +27,7 @@ func UseBLAS(b G.BLAS) {
 	blasF32 = b
 }
 
-// CurrentBLAS returns the BLAS the models use.
+// CurrentBLAS returns the BLAS in use.
 func CurrentBLAS() G.BLAS { return G.WhichBLAS() }
 
 func sgemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
@@ -51,7 +51,7 @@ const (
 	BLASGonum    = "gonum"    // gonum's pure-Go BLAS
 )
 
-// ConfigureBLAS selects the BLAS of every model in the process and returns
+// ConfigureBLAS selects the BLAS of every matrix product in the process and returns
 // a one-line description of the choice (for logs). OpenBLAS is loaded at run
 // time (internal/blas), so no build flag or library is needed to build; in
 // "auto" mode a missing library silently selects gonum. threads > 0 sets
@@ -65,7 +65,7 @@ func ConfigureBLAS(mode string, threads int) (string, error) {
 		o, err := iblas.Load()
 		if err != nil {
 			if mode == BLASOpenBLAS {
-				return "", fmt.Errorf("models: %w", err)
+				return "", fmt.Errorf("ops: %w", err)
 			}
 			UseBLAS(gonum.Implementation{})
 			return "gonum (pure Go; OpenBLAS not found)", nil
@@ -76,5 +76,5 @@ func ConfigureBLAS(mode string, threads int) (string, error) {
 		UseBLAS(o)
 		return fmt.Sprintf("OpenBLAS %s (%s, %d threads)", o.Path(), o.Config(), o.Threads()), nil
 	}
-	return "", badInput("unknown BLAS %q; use %q, %q or %q", mode, BLASAuto, BLASOpenBLAS, BLASGonum)
+	return "", fmt.Errorf("ops: unknown BLAS %q; use %q, %q or %q", mode, BLASAuto, BLASOpenBLAS, BLASGonum)
 }

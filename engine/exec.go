@@ -1,0 +1,390 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/ops"
+)
+
+// Backend is a device's kernel table.
+type Backend interface {
+	// Device is the device the kernels run on.
+	Device() device.Device
+	// Kernel prepares instruction in of p for this device, or says why the
+	// device cannot run it.
+	Kernel(p *Program, in *Instr) (Kernel, error)
+}
+
+// Kernel runs one instruction of a program on a stream of its device.
+type Kernel interface {
+	// Workspace is the scratch the kernel needs, in bytes.
+	Workspace() int
+	// Run computes out from in; ws is Workspace() bytes of scratch (a
+	// float32 buffer).
+	Run(s device.Stream, in []device.Buffer, out, ws device.Buffer) error
+}
+
+// Bindings are the caller-owned vectors a run reads and writes: the
+// parameters, the gradient (ignored by forward-only programs) and the
+// buffers (BatchNorm's running statistics), each a float32 vector laid out
+// as the program's ParamOffsets and BufferOffsets say.
+type Bindings struct {
+	Params, Grads, Buffers device.Buffer
+}
+
+// GradHook is called during a run when parameter param's gradient is
+// final: the gradient vector holds it once ready has completed. It runs on
+// the goroutine executing the program, so it must return quickly.
+type GradHook func(param int, ready device.Event)
+
+// Timing is the duration of a run's two parts.
+type Timing struct {
+	// Forward covers the instructions of the outputs (the loss), Backward
+	// the rest (the gradients).
+	Forward, Backward time.Duration
+}
+
+// Executor is a program loaded on a device: its kernels, its arena and the
+// storage of its inputs, constants and outputs. An executor is not safe for
+// concurrent use.
+type Executor struct {
+	p       *Program
+	dev     device.Device
+	stream  device.Stream
+	kernels []Kernel
+	arena   device.Buffer
+	offsets []int // byte offset in the arena of every base value held there
+	wsOff   []int // byte offset of each instruction's workspace
+	bound   Bindings
+	ready   bool // bufs of bound values resolved for bound
+	bufs    []device.Buffer
+	args    [][]device.Buffer
+	wsb     []device.Buffer
+	peak    int
+}
+
+// arenaAlign is the alignment of every value in the arena, in bytes.
+const arenaAlign = 256
+
+// New loads p on a backend: it prepares every kernel, plans the arena by
+// liveness (values whose lifetimes do not overlap share memory), allocates
+// it on the backend's device, and sets the constants. s is the stream the
+// executor runs on (nil: the device's default stream).
+func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
+	dev := be.Device()
+	if s == nil {
+		s = dev.Stream()
+	}
+	e := &Executor{p: p, dev: dev, stream: s}
+	e.kernels = make([]Kernel, len(p.Instrs))
+	for j := range p.Instrs {
+		k, err := be.Kernel(p, &p.Instrs[j])
+		if err != nil {
+			return nil, fmt.Errorf("engine: %s: %w", p.Instrs[j].Node, err)
+		}
+		e.kernels[j] = k
+	}
+	initK := make([]Kernel, len(p.Init))
+	for j := range p.Init {
+		k, err := be.Kernel(p, &p.Init[j])
+		if err != nil {
+			return nil, fmt.Errorf("engine: %s: %w", p.Init[j].Node, err)
+		}
+		initK[j] = k
+	}
+	size := e.plan()
+	arena, err := dev.Alloc(device.Float32, (size+3)/4)
+	if err != nil {
+		return nil, fmt.Errorf("engine: allocating %d MiB for the program's values: %w", size>>20, err)
+	}
+	e.arena = arena
+	e.bufs = make([]device.Buffer, len(p.Values))
+	for i := range p.Values {
+		if e.inArena(i) {
+			v := &p.Values[i]
+			e.bufs[i] = arena.View(deviceType(v.DType), e.offsets[i], v.Size())
+		}
+	}
+	e.resolveViews(false)
+	e.wsb = make([]device.Buffer, len(p.Instrs))
+	for j, k := range e.kernels {
+		e.wsb[j] = arena.View(device.Float32, e.wsOff[j], k.Workspace()/4)
+	}
+	for j, in := range p.Init {
+		if err := initK[j].Run(s, nil, e.bufs[in.Out], device.Buffer{}); err != nil {
+			return nil, fmt.Errorf("engine: setting %s: %w", in.Node, err)
+		}
+	}
+	e.args = make([][]device.Buffer, len(p.Instrs))
+	for j, in := range p.Instrs {
+		e.args[j] = make([]device.Buffer, len(in.In))
+	}
+	return e, nil
+}
+
+func deviceType(d ops.DType) device.DType {
+	switch d {
+	case ops.Float64:
+		return device.Float64
+	case ops.Int64:
+		return device.Int64
+	}
+	return device.Float32
+}
+
+// inArena reports whether value i is a base value stored in the arena.
+func (e *Executor) inArena(i int) bool {
+	switch e.p.Values[i].Kind {
+	case Temp, Input, Const:
+		return true
+	}
+	return false
+}
+
+// Close frees the arena.
+func (e *Executor) Close() error { return e.dev.Free(e.arena) }
+
+// ArenaBytes is the size of the executor's arena: the peak memory of its
+// values and scratch.
+func (e *Executor) ArenaBytes() int { return e.peak }
+
+// Program is the executed program.
+func (e *Executor) Program() *Program { return e.p }
+
+// Device is the executor's device.
+func (e *Executor) Device() device.Device { return e.dev }
+
+// Stream is the stream the executor runs on.
+func (e *Executor) Stream() device.Stream { return e.stream }
+
+// Input returns the storage of input i (Spec.Inputs order), for the caller
+// to fill before a run.
+func (e *Executor) Input(i int) device.Buffer { return e.bufs[e.p.InputIDs[i]] }
+
+// Output returns the value of output i (Spec.Outputs order) after a run.
+func (e *Executor) Output(i int) device.Buffer { return e.bufs[e.p.OutputIDs[i]] }
+
+// plan assigns arena offsets: persistent values first, then the others and
+// every instruction's workspace by liveness, best fit. It returns the arena
+// size in bytes.
+func (e *Executor) plan() int {
+	p := e.p
+	e.offsets = make([]int, len(p.Values))
+	e.wsOff = make([]int, len(p.Instrs))
+	var a allocator
+	for i := range p.Values {
+		v := &p.Values[i]
+		if e.inArena(i) && (v.Persistent || v.Kind != Temp) {
+			e.offsets[i] = a.alloc(v.Bytes())
+		}
+	}
+	// Values by the instruction that first writes them, and by the last
+	// instruction that reads them.
+	defs := make([][]int, len(p.Instrs))
+	frees := make([][]int, len(p.Instrs))
+	for i := range p.Values {
+		v := &p.Values[i]
+		if !e.inArena(i) || v.Persistent || v.Kind != Temp || v.Def < 0 {
+			continue
+		}
+		defs[v.Def] = append(defs[v.Def], i)
+		last := max(v.LastUse, v.Def)
+		frees[last] = append(frees[last], i)
+	}
+	for j := range p.Instrs {
+		for _, i := range defs[j] {
+			e.offsets[i] = a.alloc(p.Values[i].Bytes())
+		}
+		ws := e.kernels[j].Workspace()
+		e.wsOff[j] = a.alloc(ws)
+		a.free(e.wsOff[j], ws)
+		for _, i := range frees[j] {
+			a.free(e.offsets[i], p.Values[i].Bytes())
+		}
+	}
+	e.peak = a.top
+	return a.top
+}
+
+// allocator is a best-fit allocator over one growing region.
+type allocator struct {
+	spans []span // free spans, sorted by offset, coalesced
+	top   int
+}
+
+type span struct{ off, size int }
+
+func roundUp(n int) int { return (n + arenaAlign - 1) / arenaAlign * arenaAlign }
+
+func (a *allocator) alloc(n int) int {
+	n = roundUp(n)
+	if n == 0 {
+		return 0
+	}
+	best := -1
+	for i, s := range a.spans {
+		if s.size >= n && (best < 0 || s.size < a.spans[best].size) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		s := &a.spans[best]
+		off := s.off
+		s.off += n
+		s.size -= n
+		if s.size == 0 {
+			a.spans = append(a.spans[:best], a.spans[best+1:]...)
+		}
+		return off
+	}
+	// Grow, absorbing a free span that ends at the top.
+	if k := len(a.spans); k > 0 && a.spans[k-1].off+a.spans[k-1].size == a.top {
+		off := a.spans[k-1].off
+		a.spans = a.spans[:k-1]
+		a.top = off + n
+		return off
+	}
+	off := a.top
+	a.top += n
+	return off
+}
+
+func (a *allocator) free(off, n int) {
+	n = roundUp(n)
+	if n == 0 {
+		return
+	}
+	i := sort.Search(len(a.spans), func(i int) bool { return a.spans[i].off > off })
+	a.spans = append(a.spans, span{})
+	copy(a.spans[i+1:], a.spans[i:])
+	a.spans[i] = span{off, n}
+	// Merge with the next, then the previous span.
+	if i+1 < len(a.spans) && a.spans[i].off+a.spans[i].size == a.spans[i+1].off {
+		a.spans[i].size += a.spans[i+1].size
+		a.spans = append(a.spans[:i+1], a.spans[i+2:]...)
+	}
+	if i > 0 && a.spans[i-1].off+a.spans[i-1].size == a.spans[i].off {
+		a.spans[i-1].size += a.spans[i].size
+		a.spans = append(a.spans[:i], a.spans[i+1:]...)
+	}
+}
+
+// resolveViews sets the buffers of views (of arena values, or, when bound
+// is set, of every value).
+func (e *Executor) resolveViews(bound bool) {
+	for i := range e.p.Values {
+		v := &e.p.Values[i]
+		if v.Kind != View {
+			continue
+		}
+		if !bound && !e.inArena(int(v.Base)) {
+			continue
+		}
+		base := e.bufs[v.Base]
+		e.bufs[i] = base.Slice(v.Offset, v.Offset+v.Size())
+	}
+}
+
+// bind resolves the values bound to b.
+func (e *Executor) bind(b Bindings) error {
+	p := e.p
+	check := func(what string, buf device.Buffer, n int) error {
+		if n == 0 {
+			return nil
+		}
+		if buf.Len() != n || buf.DType() != device.Float32 {
+			return fmt.Errorf("engine: the %s vector is %v, the program needs %d float32s", what, buf, n)
+		}
+		return nil
+	}
+	if err := check("parameter", b.Params, p.ParamSize); err != nil {
+		return err
+	}
+	if len(p.GradIDs) > 0 {
+		if err := check("gradient", b.Grads, p.ParamSize); err != nil {
+			return err
+		}
+	}
+	if err := check("buffer", b.Buffers, p.BufferSize); err != nil {
+		return err
+	}
+	for i := range p.Values {
+		v := &p.Values[i]
+		switch v.Kind {
+		case Param:
+			o := p.ParamOffsets[v.Index]
+			e.bufs[i] = b.Params.Slice(o, o+v.Size())
+		case Grad:
+			o := p.ParamOffsets[v.Index]
+			e.bufs[i] = b.Grads.Slice(o, o+v.Size())
+		case Buffer:
+			o := p.BufferOffsets[v.Index]
+			e.bufs[i] = b.Buffers.Slice(o, o+v.Size())
+		}
+	}
+	e.resolveViews(true)
+	for j, in := range p.Instrs {
+		for k, id := range in.In {
+			e.args[j][k] = e.bufs[id]
+		}
+	}
+	e.bound, e.ready = b, true
+	return nil
+}
+
+// Run executes the program once with the caller's vectors: it fills the
+// gradient (for a training program), updates the buffers where the program
+// does, and leaves the outputs readable. hook, when not nil, is called as
+// each parameter's gradient becomes final, in program order. Run returns
+// after the device has finished the work.
+func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, error) {
+	if err := ctx.Err(); err != nil {
+		return Timing{}, fmt.Errorf("engine: %w", err)
+	}
+	if !e.ready || b != e.bound {
+		if err := e.bind(b); err != nil {
+			return Timing{}, err
+		}
+	}
+	p, s := e.p, e.stream
+	start, err := s.Record()
+	if err != nil {
+		return Timing{}, err
+	}
+	mid := start
+	for j, k := range e.kernels {
+		if j == p.Forward && j > 0 {
+			if mid, err = s.Record(); err != nil {
+				return Timing{}, err
+			}
+		}
+		in := &p.Instrs[j]
+		if err := k.Run(s, e.args[j], e.bufs[in.Out], e.wsb[j]); err != nil {
+			return Timing{}, fmt.Errorf("engine: %s: %w", in.Node, err)
+		}
+		if hook != nil && len(in.Final) > 0 {
+			ev, err := s.Record()
+			if err != nil {
+				return Timing{}, err
+			}
+			for _, q := range in.Final {
+				hook(q, ev)
+			}
+		}
+	}
+	end, err := s.Record()
+	if err != nil {
+		return Timing{}, err
+	}
+	if len(p.Instrs) == p.Forward {
+		mid = end
+	}
+	if err := end.Synchronize(); err != nil {
+		return Timing{}, err
+	}
+	return Timing{Forward: mid.Time().Sub(start.Time()), Backward: end.Time().Sub(mid.Time())}, nil
+}

@@ -1,0 +1,284 @@
+package models
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
+	G "gorgonia.org/gorgonia"
+)
+
+// buildMu serialises building Gorgonia graphs and differentiating them:
+// Gorgonia's graph construction updates package-level state without
+// locking (e.g. encoding.NewGroup, reached from Rectify), so models built
+// concurrently in several goroutines (in-process workers) would race.
+// Running compiled programs needs no lock.
+var buildMu sync.Mutex
+
+// building locks buildMu and returns its unlock (use: defer building()()).
+func building() func() {
+	buildMu.Lock()
+	return buildMu.Unlock
+}
+
+// net is what the three models share: the layouts, the buffer vector on
+// the device, the compiled training program, the evaluation programs (per
+// batch shape) and the staging of host inputs.
+type net struct {
+	be      engine.Backend
+	params  tensors
+	bufs    tensors
+	bufVec  device.Buffer
+	train   *engine.Executor
+	hook    GradHook
+	evals   evalCache
+	i64     []int64   // staging for integer inputs
+	f32     []float32 // staging for reading outputs
+	engHook engine.GradHook
+}
+
+// init prepares the net for a backend (nil: the CPU).
+func (n *net) init(be engine.Backend) error {
+	if be == nil {
+		be = engine.CPU
+	}
+	n.be = be
+	if nb := n.bufs.size(); nb > 0 {
+		b, err := n.be.Device().Alloc(device.Float32, nb)
+		if err != nil {
+			return fmt.Errorf("models: allocating the buffers: %w", err)
+		}
+		n.bufVec = b
+	}
+	n.engHook = func(i int, ev device.Event) {
+		if n.hook != nil {
+			n.hook(i, ev)
+		}
+	}
+	return nil
+}
+
+// compileTrain differentiates loss with respect to params and compiles the
+// training program (outputs: the loss first, then extra).
+func (n *net) compileTrain(g *G.ExprGraph, params, buffers, inputs []*G.Node, loss *G.Node, extra ...*G.Node) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("models: building the training graph failed: %v", r)
+		}
+	}()
+	grads, err := G.Grad(loss, params...)
+	if err != nil {
+		return fmt.Errorf("models: symbolic differentiation failed: %w", err)
+	}
+	p, err := engine.Compile(g, engine.Spec{Params: params, Grads: grads, Buffers: buffers, Inputs: inputs, Outputs: append([]*G.Node{loss}, extra...)})
+	if err != nil {
+		return fmt.Errorf("models: compiling the training graph: %w", err)
+	}
+	n.train, err = engine.New(p, n.be, nil)
+	if err != nil {
+		return fmt.Errorf("models: loading the training program: %w", err)
+	}
+	return nil
+}
+
+// compileEval compiles a forward-only program.
+func (n *net) compileEval(g *G.ExprGraph, params, buffers, inputs, outputs []*G.Node) (e *engine.Executor, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("models: building the evaluation graph failed: %v", r)
+		}
+	}()
+	p, err := engine.Compile(g, engine.Spec{Params: params, Buffers: buffers, Inputs: inputs, Outputs: outputs})
+	if err != nil {
+		return nil, fmt.Errorf("models: compiling the evaluation graph: %w", err)
+	}
+	return engine.New(p, n.be, nil)
+}
+
+// Device implements Model.
+func (n *net) Device() device.Device { return n.be.Device() }
+
+// Layout implements Model.
+func (n *net) Layout() []ParamInfo { return n.params.layout() }
+
+// NumParams implements Model.
+func (n *net) NumParams() int { return n.params.size() }
+
+// BufferLayout implements Model.
+func (n *net) BufferLayout() []ParamInfo { return n.bufs.layout() }
+
+// Buffers implements Model.
+func (n *net) Buffers() device.Buffer { return n.bufVec }
+
+// SetGradHook implements Model.
+func (n *net) SetGradHook(h GradHook) { n.hook = h }
+
+// ArenaBytes implements Model.
+func (n *net) ArenaBytes() int { return n.train.ArenaBytes() }
+
+// StoreBuffers implements Model.
+func (n *net) StoreBuffers(dst []float32) error {
+	if len(dst) != n.bufs.size() {
+		return badInput("StoreBuffers: destination has %d values, the model has %d buffers; pass a slice of exactly that length", len(dst), n.bufs.size())
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	s := n.train.Stream()
+	if err := s.Copy(device.Host(dst), n.bufVec); err != nil {
+		return err
+	}
+	return s.Synchronize()
+}
+
+// loadBuffers copies src into the buffer vector.
+func (n *net) loadBuffers(src []float32) error {
+	if len(src) != n.bufs.size() {
+		return badInput("LoadBuffers: got %d values, the model has %d buffers; pass a slice of exactly that length", len(src), n.bufs.size())
+	}
+	if len(src) == 0 {
+		return nil
+	}
+	s := n.train.Stream()
+	if err := s.Copy(n.bufVec, device.Host(src)); err != nil {
+		return err
+	}
+	return s.Synchronize()
+}
+
+// checkVectors verifies the caller's parameter (and gradient) vectors.
+func (n *net) checkVectors(params, grad device.Buffer, withGrad bool) error {
+	check := func(what string, b device.Buffer) error {
+		if b.Len() != n.params.size() || b.DType() != device.Float32 {
+			return badInput("%s vector is %v; pass %d float32s on %v", what, b, n.params.size(), n.Device())
+		}
+		return nil
+	}
+	if err := check("parameter", params); err != nil {
+		return err
+	}
+	if withGrad {
+		return check("gradient", grad)
+	}
+	return nil
+}
+
+// runTrain runs the training program and reads the loss (output 0).
+func (n *net) runTrain(ctx context.Context, params, grad device.Buffer) (StepResult, error) {
+	if err := n.checkVectors(params, grad, true); err != nil {
+		return StepResult{}, err
+	}
+	t, err := n.train.Run(ctx, engine.Bindings{Params: params, Grads: grad, Buffers: n.bufVec}, n.engHook)
+	if err != nil {
+		return StepResult{}, fmt.Errorf("models: training step: %w", err)
+	}
+	loss, err := n.readFloat32s(n.train, n.train.Output(0))
+	if err != nil {
+		return StepResult{}, err
+	}
+	return StepResult{Loss: float64(loss[0]), Forward: t.Forward, Backward: t.Backward}, nil
+}
+
+// runEval runs an evaluation program.
+func (n *net) runEval(ctx context.Context, e *engine.Executor, params device.Buffer) error {
+	if err := n.checkVectors(params, device.Buffer{}, false); err != nil {
+		return err
+	}
+	if _, err := e.Run(ctx, engine.Bindings{Params: params, Buffers: n.bufVec}, nil); err != nil {
+		return fmt.Errorf("models: evaluation: %w", err)
+	}
+	return nil
+}
+
+// readFloat32s returns a float32 value of e in host memory (the value
+// itself on the CPU, a copy otherwise; valid until the next read).
+func (n *net) readFloat32s(e *engine.Executor, b device.Buffer) ([]float32, error) {
+	if b.IsHost() {
+		return b.Float32s(), nil
+	}
+	if cap(n.f32) < b.Len() {
+		n.f32 = make([]float32, b.Len())
+	}
+	h := n.f32[:b.Len()]
+	s := e.Stream()
+	if err := s.Copy(device.Host(h), b); err != nil {
+		return nil, err
+	}
+	return h, s.Synchronize()
+}
+
+// setFloat32s writes host values into input i of e.
+func setFloat32s(e *engine.Executor, i int, src []float32) error {
+	dst := e.Input(i)
+	if dst.IsHost() {
+		copy(dst.Float32s(), src)
+		return nil
+	}
+	return e.Stream().Copy(dst, device.Host(src))
+}
+
+// setInts writes host ints into integer input i of e.
+func (n *net) setInts(e *engine.Executor, i int, src []int) error {
+	dst := e.Input(i)
+	if dst.IsHost() {
+		d := dst.Int64s()
+		for j, v := range src {
+			d[j] = int64(v)
+		}
+		return nil
+	}
+	if cap(n.i64) < len(src) {
+		n.i64 = make([]int64, len(src))
+	}
+	h := n.i64[:len(src)]
+	for j, v := range src {
+		h[j] = int64(v)
+	}
+	return e.Stream().Copy(dst, device.Host(h))
+}
+
+// evalCache keeps the evaluation programs of the two most recently used
+// batch shapes.
+type evalCache struct {
+	keys  []int
+	execs []*engine.Executor
+}
+
+func (c *evalCache) get(key int, build func() (*engine.Executor, error)) (*engine.Executor, error) {
+	for i, k := range c.keys {
+		if k == key {
+			return c.execs[i], nil
+		}
+	}
+	unlock := building()
+	e, err := build()
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	if len(c.keys) == 2 {
+		c.execs[0].Close()
+		c.keys, c.execs = c.keys[1:], c.execs[1:]
+	}
+	c.keys = append(c.keys, key)
+	c.execs = append(c.execs, e)
+	return e, nil
+}
+
+// fillInput writes input i of e through fill, which receives a host slice
+// of the input's length (the input itself on the CPU, staging otherwise).
+func (n *net) fillInput(e *engine.Executor, i int, fill func(dst []float32)) error {
+	dst := e.Input(i)
+	if dst.IsHost() {
+		fill(dst.Float32s())
+		return nil
+	}
+	if cap(n.f32) < dst.Len() {
+		n.f32 = make([]float32, dst.Len())
+	}
+	h := n.f32[:dst.Len()]
+	fill(h)
+	return e.Stream().Copy(dst, device.Host(h))
+}

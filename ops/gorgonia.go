@@ -1,0 +1,165 @@
+package ops
+
+import (
+	"fmt"
+	"hash"
+	"hash/fnv"
+
+	"github.com/chewxy/hm"
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// gop holds the Gorgonia Op methods that are the same for every op of the
+// package: outputs are fresh values, no op calls external code or
+// overwrites an input as Gorgonia understands it (BatchNormStats' update of
+// the running statistics is a side effect on bound values, see Mutator).
+type gop struct{}
+
+// ReturnsPtr implements gorgonia.Op.
+func (gop) ReturnsPtr() bool { return false }
+
+// CallsExtern implements gorgonia.Op.
+func (gop) CallsExtern() bool { return false }
+
+// OverwritesInput implements gorgonia.Op.
+func (gop) OverwritesInput() int { return -1 }
+
+// describe is the text every op hashes: its type and all its fields, so two
+// ops hash alike exactly when they are the same descriptor.
+func describe(op any) string { return fmt.Sprintf("%T%+v", op, op) }
+
+func writeHash(h hash.Hash, op any) { fmt.Fprint(h, describe(op)) }
+
+func hashOf(op any) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(describe(op)))
+	return h.Sum32()
+}
+
+func tensorType(dims int) hm.Type {
+	if dims == 0 {
+		return hm.TypeVariable('a')
+	}
+	return G.TensorType{Dims: dims, Of: hm.TypeVariable('a')}
+}
+
+func typedTensor(dims int, dt tensor.Dtype) hm.Type {
+	if dims == 0 {
+		return dt
+	}
+	return G.TensorType{Dims: dims, Of: dt}
+}
+
+func shapesOf(name string, ds []G.DimSizer, n int) ([]tensor.Shape, error) {
+	if len(ds) != n {
+		return nil, fmt.Errorf("ops: %s takes %d inputs, got %d shapes", name, n, len(ds))
+	}
+	out := make([]tensor.Shape, n)
+	for i, d := range ds {
+		s, ok := d.(tensor.Shape)
+		if !ok {
+			return nil, fmt.Errorf("ops: %s input %d has no shape (%v)", name, i, d)
+		}
+		out[i] = s
+	}
+	return out, nil
+}
+
+// shaper is what doCPU needs of an op besides its kernel.
+type shaper interface {
+	InferShape(...G.DimSizer) (tensor.Shape, error)
+}
+
+// doCPU runs k's CPU kernel on Gorgonia values (the ops' Do): it converts
+// the inputs to Args (views are materialised, Go ints become int64),
+// allocates the output and scratch, and wraps the result as a Gorgonia
+// value. Inputs that the op mutates must be plain dense tensors, which
+// Args alias.
+func doCPU(k interface {
+	Kernel
+	shaper
+}, vals []G.Value) (G.Value, error) {
+	args := make([]Arg, len(vals))
+	ds := make([]G.DimSizer, len(vals))
+	for i, v := range vals {
+		a, err := argOf(v)
+		if err != nil {
+			return nil, fmt.Errorf("ops: %v input %d: %w", k, i, err)
+		}
+		args[i] = a
+		ds[i] = tensor.Shape(a.Shape)
+	}
+	shape, err := k.InferShape(ds...)
+	if err != nil {
+		return nil, err
+	}
+	out := Arg{Shape: []int(shape)}
+	n := shape.TotalSize()
+	switch k.OutType() {
+	case Float32:
+		out.F32 = make([]float32, n)
+	case Float64:
+		out.F64 = make([]float64, n)
+	default:
+		return nil, fmt.Errorf("ops: %v has output type %v, which Do cannot produce", k, k.OutType())
+	}
+	shapes := make([][]int, len(args))
+	for i, a := range args {
+		shapes[i] = a.Shape
+	}
+	ws := make([]float32, k.Workspace(shapes))
+	if err := k.CPU(args, out, ws); err != nil {
+		return nil, err
+	}
+	if shape.IsScalar() {
+		if out.F32 != nil {
+			return G.NewF32(out.F32[0]), nil
+		}
+		return G.NewF64(out.F64[0]), nil
+	}
+	if out.F32 != nil {
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(out.F32)), nil
+	}
+	return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(out.F64)), nil
+}
+
+// argOf views a Gorgonia value as a kernel argument.
+func argOf(v G.Value) (Arg, error) {
+	switch t := v.(type) {
+	case *G.F32:
+		return Arg{F32: []float32{float32(*t)}}, nil
+	case *G.F64:
+		return Arg{F64: []float64{float64(*t)}}, nil
+	case *tensor.Dense:
+		if t.IsMaterializable() {
+			t = t.Materialize().(*tensor.Dense)
+		}
+		a := Arg{Shape: []int(t.Shape().Clone())}
+		if t.Shape().IsScalar() {
+			a.Shape = nil
+		}
+		switch d := t.Data().(type) {
+		case []float32:
+			a.F32 = d
+		case float32:
+			a.F32 = []float32{d}
+		case []float64:
+			a.F64 = d
+		case float64:
+			a.F64 = []float64{d}
+		case []int:
+			a.I64 = make([]int64, len(d))
+			for i, x := range d {
+				a.I64[i] = int64(x)
+			}
+		default:
+			return Arg{}, fmt.Errorf("unsupported element type %T", d)
+		}
+		return a, nil
+	}
+	return Arg{}, fmt.Errorf("unsupported value type %T", v)
+}
+
+// hashWriter is the hash Gorgonia passes to WriteHash.
+type hashWriter = hash.Hash

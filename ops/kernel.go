@@ -1,0 +1,144 @@
+package ops
+
+import (
+	"fmt"
+	"runtime"
+	"sync"
+)
+
+// Arg is one tensor argument of a CPU kernel: its data in host memory (the
+// slice of its element type; the others are nil) and its shape (empty for a
+// scalar).
+type Arg struct {
+	F32   []float32
+	F64   []float64
+	I64   []int64
+	Shape []int
+}
+
+// Size is the number of elements of the argument's shape.
+func (a Arg) Size() int { return shapeSize(a.Shape) }
+
+// DType is the element type of an op's output (or input).
+type DType uint8
+
+// The element types of op values.
+const (
+	Float32 DType = iota + 1
+	Float64
+	Int64
+)
+
+// String returns the type's name.
+func (d DType) String() string {
+	switch d {
+	case Float32:
+		return "float32"
+	case Float64:
+		return "float64"
+	case Int64:
+		return "int64"
+	}
+	return fmt.Sprintf("DType(%d)", uint8(d))
+}
+
+// Kernel is implemented by every descriptor of the package.
+type Kernel interface {
+	// CPU computes the output from the inputs into out, whose memory and
+	// shape the caller provides (its contents on entry are undefined). ws
+	// holds at least Workspace(input shapes) float32s of scratch.
+	CPU(in []Arg, out Arg, ws []float32) error
+	// Workspace is the number of float32s of scratch CPU needs for inputs
+	// of the given shapes.
+	Workspace(in [][]int) int
+	// OutType is the output's element type.
+	OutType() DType
+}
+
+// Mutator is implemented by ops that also write some of their inputs (the
+// running statistics BatchNormStats updates). An executor must not let such
+// an input share storage with anything else that is live.
+type Mutator interface {
+	Mutates() []int
+}
+
+func shapeSize(s []int) int {
+	n := 1
+	for _, d := range s {
+		n *= d
+	}
+	return n
+}
+
+func sameShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// checkArgs verifies the number of inputs and that every float32 input holds
+// as many values as its shape says.
+func checkArgs(name string, in []Arg, n int) error {
+	if len(in) != n {
+		return fmt.Errorf("ops: %s takes %d inputs, got %d", name, n, len(in))
+	}
+	for i, a := range in {
+		l := len(a.F32) + len(a.F64) + len(a.I64)
+		if l != a.Size() {
+			return fmt.Errorf("ops: %s input %d holds %d values for shape %v", name, i, l, a.Shape)
+		}
+	}
+	return nil
+}
+
+// workers is the number of goroutines used for n independent pieces.
+func workers(n int) int {
+	return max(1, min(runtime.GOMAXPROCS(0), n))
+}
+
+// parallelFor runs f(0..n-1) on workers(n) goroutines (strided). Each f(i)
+// must touch only its own part of the output, so results do not depend on
+// the number of goroutines.
+func parallelFor(n int, f func(i int)) {
+	nw := workers(n)
+	if nw == 1 {
+		for i := 0; i < n; i++ {
+			f(i)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	for wk := 0; wk < nw; wk++ {
+		wg.Add(1)
+		go func(wk int) {
+			defer wg.Done()
+			for i := wk; i < n; i += nw {
+				f(i)
+			}
+		}(wk)
+	}
+	wg.Wait()
+}
+
+// chunks splits n elements into parallel pieces of at least 32 Ki.
+func chunks(n int, f func(lo, hi int)) {
+	const minChunk = 32 << 10
+	parts := workers((n + minChunk - 1) / minChunk)
+	step := (n + parts - 1) / max(parts, 1)
+	if parts <= 1 {
+		f(0, n)
+		return
+	}
+	parallelFor(parts, func(p int) {
+		lo, hi := p*step, min(n, (p+1)*step)
+		if lo < hi {
+			f(lo, hi)
+		}
+	})
+}

@@ -1,0 +1,139 @@
+package ops
+
+import (
+	"fmt"
+
+	"github.com/chewxy/hm"
+	G "gorgonia.org/gorgonia"
+	"gorgonia.org/tensor"
+)
+
+// AddReLU is y = max(a+b, 0) elementwise (a residual block's output); its
+// gradient with respect to both inputs is ReLUGrad(y, dy). Gorgonia's ReLU
+// is a comparison and a multiplication, each a full pass with a fresh
+// output; this is one pass.
+type AddReLU struct{ gop }
+
+// ReLUGrad is dx = dy where y > 0, else 0, for inputs (y, dy).
+type ReLUGrad struct{ gop }
+
+// AddRelu returns max(a+b, 0).
+func AddRelu(a, b *G.Node) (*G.Node, error) {
+	if !a.Shape().Eq(b.Shape()) {
+		return nil, fmt.Errorf("ops: AddReLU of shapes %v and %v", a.Shape(), b.Shape())
+	}
+	return G.ApplyOp(AddReLU{}, a, b)
+}
+
+func sameAs(name string, ds []G.DimSizer) (tensor.Shape, error) {
+	s, err := shapesOf(name, ds, 2)
+	if err != nil {
+		return nil, err
+	}
+	if !s[0].Eq(s[1]) {
+		return nil, fmt.Errorf("ops: %s of shapes %v and %v", name, s[0], s[1])
+	}
+	return s[0].Clone(), nil
+}
+
+// Arity implements gorgonia.Op.
+func (AddReLU) Arity() int { return 2 }
+
+// Type implements gorgonia.Op.
+func (AddReLU) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
+
+// InferShape implements gorgonia.Op.
+func (AddReLU) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return sameAs("AddReLU", ds) }
+
+// WriteHash implements gorgonia.Op.
+func (op AddReLU) WriteHash(h hashWriter) { writeHash(h, op) }
+
+// Hashcode implements gorgonia.Op.
+func (op AddReLU) Hashcode() uint32 { return hashOf(op) }
+
+func (AddReLU) String() string { return "AddReLU" }
+
+// DiffWRT implements gorgonia.SDOp.
+func (AddReLU) DiffWRT(int) []bool { return []bool{true, true} }
+
+// SymDiff implements gorgonia.SDOp.
+func (AddReLU) SymDiff(_ G.Nodes, output, grad *G.Node) (G.Nodes, error) {
+	d, err := G.ApplyOp(ReLUGrad{}, output, grad)
+	return G.Nodes{d, d}, err
+}
+
+// Do implements gorgonia.Op with the CPU kernel.
+func (op AddReLU) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
+
+// OutType implements Kernel.
+func (AddReLU) OutType() DType { return Float32 }
+
+// Workspace implements Kernel.
+func (AddReLU) Workspace([][]int) int { return 0 }
+
+// CPU implements Kernel.
+func (AddReLU) CPU(in []Arg, out Arg, _ []float32) error {
+	if err := checkArgs("AddReLU", in, 2); err != nil {
+		return err
+	}
+	a, b, y := in[0].F32, in[1].F32, out.F32
+	chunks(len(a), func(lo, hi int) {
+		bb := b[lo:hi]
+		for i, v := range a[lo:hi] {
+			y[lo+i] = max(v+bb[i], 0)
+		}
+	})
+	return nil
+}
+
+// Arity implements gorgonia.Op.
+func (ReLUGrad) Arity() int { return 2 }
+
+// Type implements gorgonia.Op.
+func (ReLUGrad) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
+
+// InferShape implements gorgonia.Op.
+func (ReLUGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return sameAs("ReLUGrad", ds) }
+
+// WriteHash implements gorgonia.Op.
+func (op ReLUGrad) WriteHash(h hashWriter) { writeHash(h, op) }
+
+// Hashcode implements gorgonia.Op.
+func (op ReLUGrad) Hashcode() uint32 { return hashOf(op) }
+
+func (ReLUGrad) String() string { return "ReLUGrad" }
+
+// DiffWRT implements gorgonia.SDOp (no second derivatives).
+func (ReLUGrad) DiffWRT(int) []bool { return []bool{false, false} }
+
+// SymDiff implements gorgonia.SDOp.
+func (ReLUGrad) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
+	return nil, fmt.Errorf("ops: no second derivative of ReLU")
+}
+
+// Do implements gorgonia.Op with the CPU kernel.
+func (op ReLUGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
+
+// OutType implements Kernel.
+func (ReLUGrad) OutType() DType { return Float32 }
+
+// Workspace implements Kernel.
+func (ReLUGrad) Workspace([][]int) int { return 0 }
+
+// CPU implements Kernel.
+func (ReLUGrad) CPU(in []Arg, out Arg, _ []float32) error {
+	if err := checkArgs("ReLUGrad", in, 2); err != nil {
+		return err
+	}
+	y, dy, dx := in[0].F32, in[1].F32, out.F32
+	chunks(len(y), func(lo, hi int) {
+		for i, v := range y[lo:hi] {
+			if v > 0 {
+				dx[lo+i] = dy[lo+i]
+			} else {
+				dx[lo+i] = 0
+			}
+		}
+	})
+	return nil
+}
