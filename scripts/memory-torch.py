@@ -3,7 +3,8 @@
 
 The PyTorch side of docs/bench/memory.md: the same models, batch sizes,
 optimizers and thread count as models/memory_test.go (TestPeakMemory), on
-random data, 3 training steps, each case in a fresh process.
+random data, 5 training steps (the median step time after the first is
+reported), each case in a fresh process.
 
     python3 scripts/memory-torch.py            # every case
     python3 scripts/memory-torch.py resnet18-b32
@@ -151,11 +152,12 @@ def child(name):
     torch.set_num_threads(os.cpu_count())
     torch.manual_seed(1)
     train_step = build(name)
-    last = 0.0
-    for _ in range(3):
+    times = []
+    for _ in range(5):
         t0 = time.perf_counter()
         train_step()
-        last = time.perf_counter() - t0
+        times.append(time.perf_counter() - t0)
+    last = sorted(times[1:])[len(times[1:]) // 2]  # the median after the first (warm-up)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"model": name, "peak_rss_mb": round(peak_mb, 1), "step_s": round(last, 4),
                       "torch": torch.__version__, "threads": torch.get_num_threads()}))
