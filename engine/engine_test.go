@@ -478,8 +478,8 @@ func TestCompileErrors(t *testing.T) {
 // CPU kernels' goroutines need), far less than the arena.
 func TestRunAllocatesNoBuffers(t *testing.T) {
 	g := G.NewGraph()
-	x := G.NewMatrix(g, tensor.Float32, G.WithShape(256, 256), G.WithName("x"))
-	w := G.NewMatrix(g, tensor.Float32, G.WithShape(256, 256), G.WithName("w"))
+	x := G.NewMatrix(g, tensor.Float32, G.WithShape(512, 512), G.WithName("x"))
+	w := G.NewMatrix(g, tensor.Float32, G.WithShape(512, 512), G.WithName("w"))
 	y := mustN(G.HadamardProd(mustN(G.Tanh(x)), x))
 	z := mustN(G.Mul(y, w))
 	loss := mustN(G.Sum(mustN(G.HadamardProd(z, mustN(G.Sigmoid(z))))))

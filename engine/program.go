@@ -206,7 +206,7 @@ func Compile(g *G.ExprGraph, spec Spec) (*Program, error) {
 		}
 	}
 	c.p.Forward = len(fwd)
-	c.p.Instrs = append(fwd, bwd...)
+	c.p.Instrs = append(c.p.schedule(fwd), c.p.schedule(bwd)...)
 	for _, o := range spec.Outputs {
 		id, ok := c.ids[o]
 		if !ok {
@@ -447,38 +447,28 @@ func (c *compiler) paramSize(i int) int {
 	return c.p.ParamSize - c.p.ParamOffsets[i]
 }
 
-// elementwise reports whether op computes each output element from the
-// input elements at the same position only, so that its output may share
-// an input's storage.
-func elementwise(op ops.Kernel) bool {
-	switch op.(type) {
-	case ops.Binary, ops.Unary, ops.AddReLU, ops.ReLUGrad:
-		return true
-	}
-	return false
-}
-
-// inPlace lets elementwise instructions overwrite an input that is not
-// read afterwards: the output becomes a view of the input's storage, or,
-// when the output is a gradient in the caller's vector, the input is
-// computed there in the first place.
+// inPlace lets instructions whose op allows it (ops.InPlacer) overwrite an
+// input that is not read afterwards: the output becomes a view of the
+// input's storage, or, when the output is a gradient in the caller's
+// vector, the input is computed there in the first place.
 func (p *Program) inPlace() {
 	p.liveness()
 	for j := range p.Instrs {
 		in := &p.Instrs[j]
-		if !elementwise(in.Op) {
+		ip, ok := in.Op.(ops.InPlacer)
+		if !ok {
 			continue
 		}
 		out := &p.Values[in.Out]
 		if out.Kind != Temp && out.Kind != Grad {
 			continue
 		}
-		for k, id := range in.In {
-			if b, ok := in.Op.(ops.Binary); ok && ((k == 0 && b.ScalarA) || (k == 1 && b.ScalarB)) {
-				continue
-			}
+		for _, k := range ip.InPlace() {
+			// The input's storage: its own, or that of the value it views
+			// whole (a reshape).
+			id, off := p.Root(in.In[k])
 			v := &p.Values[id]
-			if v.Kind != Temp || v.Persistent || v.Def < 0 || v.LastUse != j || v.Bytes() != out.Bytes() || v.DType != out.DType {
+			if off != 0 || v.Kind != Temp || v.Persistent || v.Def < 0 || v.LastUse != j || v.Bytes() != out.Bytes() || v.DType != out.DType {
 				continue
 			}
 			if out.Kind == Temp {
@@ -491,6 +481,127 @@ func (p *Program) inPlace() {
 			break
 		}
 	}
+}
+
+// schedule reorders instructions (a valid topological order in) to keep
+// little memory alive: it repeatedly runs, among the instructions whose
+// operands are computed, the one that frees the most memory net of what it
+// allocates (ties: the earliest in the given order). Gorgonia's order sums
+// a parameter's gradient contributions at the very end, after all of them
+// were computed (an LSTM's 30 per-step contributions to a recurrent
+// weight's gradient stay alive together); here each partial sum runs as
+// soon as its operands exist. The sums are the same operations in the same
+// association, so results do not change. Instructions that share a value an
+// op mutates keep their order.
+func (p *Program) schedule(in []Instr) []Instr {
+	n := len(in)
+	if n < 2 {
+		return in
+	}
+	root := func(id ValueID) ValueID { r, _ := p.Root(id); return r }
+	producer := map[ValueID]int{} // root value → instruction (last writer) in this segment
+	deps := make([][]int, n)       // deps[j]: instructions j waits for
+	users := map[ValueID][]int{}   // root value → instructions reading it
+	lastTouch := map[ValueID]int{} // mutated value → last instruction touching it
+	mutated := map[ValueID]bool{}
+	for j := range in {
+		if m, ok := in[j].Op.(ops.Mutator); ok {
+			for _, k := range m.Mutates() {
+				mutated[root(in[j].In[k])] = true
+			}
+		}
+	}
+	for j := range in {
+		seen := map[int]bool{}
+		add := func(d int) {
+			if d >= 0 && d != j && !seen[d] {
+				seen[d] = true
+				deps[j] = append(deps[j], d)
+			}
+		}
+		for _, id := range in[j].In {
+			r := root(id)
+			if d, ok := producer[r]; ok {
+				add(d)
+			}
+			users[r] = append(users[r], j)
+			if mutated[r] {
+				if d, ok := lastTouch[r]; ok {
+					add(d)
+				}
+				lastTouch[r] = j
+			}
+		}
+		producer[root(in[j].Out)] = j
+	}
+	rdeps := make([][]int, n)
+	pending := make([]int, n)
+	for j, ds := range deps {
+		pending[j] = len(ds)
+		for _, d := range ds {
+			rdeps[d] = append(rdeps[d], j)
+		}
+	}
+	remaining := map[ValueID]int{} // root value → reads not yet scheduled
+	for r, us := range users {
+		remaining[r] = len(us)
+	}
+	temp := func(r ValueID) bool {
+		v := &p.Values[r]
+		return v.Kind == Temp && !v.Persistent
+	}
+	gain := func(j int) int {
+		g := 0
+		if r := root(in[j].Out); temp(r) && producer[r] == j {
+			g -= p.Values[r].Bytes()
+		}
+		counted := map[ValueID]bool{}
+		for _, id := range in[j].In {
+			r := root(id)
+			if counted[r] || !temp(r) {
+				continue
+			}
+			counted[r] = true
+			reads := 0
+			for _, u := range users[r] {
+				if u == j {
+					reads++
+				}
+			}
+			if remaining[r] == reads {
+				g += p.Values[r].Bytes()
+			}
+		}
+		return g
+	}
+	var ready []int
+	for j := range in {
+		if pending[j] == 0 {
+			ready = append(ready, j)
+		}
+	}
+	out := make([]Instr, 0, n)
+	for len(ready) > 0 {
+		best := 0
+		bg := gain(ready[0])
+		for i := 1; i < len(ready); i++ {
+			if g := gain(ready[i]); g > bg || (g == bg && ready[i] < ready[best]) {
+				best, bg = i, g
+			}
+		}
+		j := ready[best]
+		ready = append(ready[:best], ready[best+1:]...)
+		out = append(out, in[j])
+		for _, id := range in[j].In {
+			remaining[root(id)]--
+		}
+		for _, k := range rdeps[j] {
+			if pending[k]--; pending[k] == 0 {
+				ready = append(ready, k)
+			}
+		}
+	}
+	return out
 }
 
 // alias makes value from a view of the whole of value to (a base value of

@@ -45,6 +45,6 @@ func Example() {
 	fmt.Println(len(ev.Scores), "score")
 	// Output:
 	// 3121 12 mf_user_embed.weight [4 8]
-	// first final gradient: final.bias last: mf_user_embed.weight
+	// first final gradient: final.weight last: mlp.0.weight
 	// 1 score
 }

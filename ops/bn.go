@@ -330,6 +330,9 @@ func (op BatchNorm) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals
 // OutType implements Kernel.
 func (BatchNorm) OutType() DType { return Float32 }
 
+// InPlace implements InPlacer: y may overwrite x.
+func (BatchNorm) InPlace() []int { return []int{0} }
+
 // Workspace implements Kernel.
 func (BatchNorm) Workspace([][]int) int { return 0 }
 
@@ -491,6 +494,9 @@ func (op BatchNormGradInput) Do(vals ...G.Value) (G.Value, error) { return doCPU
 
 // OutType implements Kernel.
 func (BatchNormGradInput) OutType() DType { return Float32 }
+
+// InPlace implements InPlacer: dx may overwrite dy.
+func (BatchNormGradInput) InPlace() []int { return []int{2} }
 
 // Workspace implements Kernel.
 func (BatchNormGradInput) Workspace([][]int) int { return 0 }

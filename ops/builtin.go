@@ -80,6 +80,19 @@ type Binary struct {
 // OutType implements Kernel.
 func (Binary) OutType() DType { return Float32 }
 
+// InPlace implements InPlacer: the output may overwrite an operand that is
+// not a broadcast scalar.
+func (op Binary) InPlace() []int {
+	var in []int
+	if !op.ScalarA {
+		in = append(in, 0)
+	}
+	if !op.ScalarB {
+		in = append(in, 1)
+	}
+	return in
+}
+
 // Workspace implements Kernel.
 func (Binary) Workspace([][]int) int { return 0 }
 
@@ -202,6 +215,9 @@ type Unary struct{ Fn UnaryFn }
 
 // OutType implements Kernel.
 func (Unary) OutType() DType { return Float32 }
+
+// InPlace implements InPlacer.
+func (Unary) InPlace() []int { return []int{0} }
 
 // Workspace implements Kernel.
 func (Unary) Workspace([][]int) int { return 0 }

@@ -55,6 +55,15 @@ type Kernel interface {
 	OutType() DType
 }
 
+// InPlacer is implemented by ops whose output may share the storage of
+// some of their inputs: each output element is computed from input elements
+// at the same position (and from values fixed before the loop), so
+// overwriting an input while computing is harmless. An executor may let the
+// output overwrite such an input when nothing reads the input afterwards.
+type InPlacer interface {
+	InPlace() []int
+}
+
 // Mutator is implemented by ops that also write some of their inputs (the
 // running statistics BatchNormStats updates). An executor must not let such
 // an input share storage with anything else that is live.

@@ -68,6 +68,9 @@ func (op AddReLU) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) 
 // OutType implements Kernel.
 func (AddReLU) OutType() DType { return Float32 }
 
+// InPlace implements InPlacer.
+func (AddReLU) InPlace() []int { return []int{0, 1} }
+
 // Workspace implements Kernel.
 func (AddReLU) Workspace([][]int) int { return 0 }
 
@@ -116,6 +119,9 @@ func (op ReLUGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals)
 
 // OutType implements Kernel.
 func (ReLUGrad) OutType() DType { return Float32 }
+
+// InPlace implements InPlacer.
+func (ReLUGrad) InPlace() []int { return []int{0, 1} }
 
 // Workspace implements Kernel.
 func (ReLUGrad) Workspace([][]int) int { return 0 }

@@ -224,6 +224,11 @@ func (op SoftmaxCrossEntropyGrad) Do(vals ...G.Value) (G.Value, error) { return 
 // OutType implements Kernel.
 func (SoftmaxCrossEntropyGrad) OutType() DType { return Float32 }
 
+// InPlace implements InPlacer: each element of the gradient is computed
+// from the logit at its position (the target's element is corrected after
+// its row is written).
+func (SoftmaxCrossEntropyGrad) InPlace() []int { return []int{0} }
+
 // Workspace implements Kernel.
 func (SoftmaxCrossEntropyGrad) Workspace([][]int) int { return 0 }
 
