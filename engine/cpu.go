@@ -15,6 +15,8 @@ type cpuBackend struct{}
 
 func (cpuBackend) Device() device.Device { return device.CPU }
 
+func (cpuBackend) Stream() device.Stream { return device.CPU.Stream() }
+
 func (cpuBackend) Kernel(p *Program, in *Instr) (Kernel, error) {
 	k := &cpuKernel{op: in.Op, args: make([]ops.Arg, len(in.In)), shapes: make([][]int, len(in.In))}
 	for i, id := range in.In {

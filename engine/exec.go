@@ -14,6 +14,9 @@ import (
 type Backend interface {
 	// Device is the device the kernels run on.
 	Device() device.Device
+	// Stream is the stream programs loaded through this backend run on
+	// unless New is given another.
+	Stream() device.Stream
 	// Kernel prepares instruction in of p for this device, or says why the
 	// device cannot run it.
 	Kernel(p *Program, in *Instr) (Kernel, error)
@@ -73,11 +76,11 @@ const arenaAlign = 256
 // New loads p on a backend: it prepares every kernel, plans the arena by
 // liveness (values whose lifetimes do not overlap share memory), allocates
 // it on the backend's device, and sets the constants. s is the stream the
-// executor runs on (nil: the device's default stream).
+// executor runs on (nil: the backend's stream).
 func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
 	dev := be.Device()
 	if s == nil {
-		s = dev.Stream()
+		s = be.Stream()
 	}
 	e := &Executor{p: p, dev: dev, stream: s}
 	e.kernels = make([]Kernel, len(p.Instrs))
@@ -118,6 +121,9 @@ func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
 		if err := initK[j].Run(s, nil, e.bufs[in.Out], device.Buffer{}); err != nil {
 			return nil, fmt.Errorf("engine: setting %s: %w", in.Node, err)
 		}
+	}
+	if err := s.Synchronize(); err != nil {
+		return nil, err
 	}
 	e.args = make([][]device.Buffer, len(p.Instrs))
 	for j, in := range p.Instrs {

@@ -238,6 +238,7 @@ func runTable(r *Run) table {
 	rows = append(rows,
 		[]string{"mean time per phase", strings.Join(parts, " · ")},
 		[]string{"logged iterations", strconv.Itoa(len(r.Steps))},
+		[]string{"device", r.device()},
 		[]string{"machine", strings.TrimSpace(r.Info.Machine.CPU + " " + r.Info.Machine.GPU)},
 		[]string{"command line", strings.Join(r.Info.CommandLine, " ")},
 	)

@@ -43,6 +43,7 @@ type RunInfo struct {
 	Workers     int       `json:"workers"`
 	Params      int       `json:"params"`
 	Tensors     int       `json:"tensors"`
+	Device      string    `json:"device"`
 	Machine     struct {
 		Hostname string `json:"hostname"`
 		CPU      string `json:"cpu"`
@@ -502,4 +503,13 @@ func (r *Run) hasThreshold() bool {
 // name is the run's short name: its directory's base name.
 func (r *Run) name() string {
 	return filepath.Base(filepath.Clean(r.Dir))
+}
+
+// device names where the run's model ran: run.json's device, else the
+// configured one (runs recorded before the device was written).
+func (r *Run) device() string {
+	if r.Info.Device != "" {
+		return r.Info.Device
+	}
+	return r.Info.Config.Device
 }

@@ -105,6 +105,10 @@ type Config struct {
 	Resume string `json:"resume,omitempty"`
 	// Device is "cpu" or "cuda".
 	Device string `json:"device"`
+	// TF32 lets a GPU use TF32 tensor-core math in matrix products and
+	// convolutions (faster; float32 products keep about 10 bits of
+	// mantissa).
+	TF32 bool `json:"tf32,omitempty"`
 	// NetLatency and NetBandwidth (bytes/s) emulate a network (both or
 	// neither; in-process workers only).
 	NetLatency   time.Duration `json:"net_latency"`
@@ -422,8 +426,10 @@ func (c Config) Validate(underMPI bool) error {
 	}
 	switch c.Device {
 	case "cpu":
+		if c.TF32 {
+			bad("-tf32 applies to -device cuda only")
+		}
 	case "cuda":
-		bad("-device cuda: this binary was built without GPU support (the cuda package is not part of this build yet); use -device cpu")
 	default:
 		bad("-device %q: use cpu or cuda", c.Device)
 	}

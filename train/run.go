@@ -52,6 +52,9 @@ type RunInfo struct {
 	Params      int       `json:"params"`
 	Tensors     int       `json:"tensors"`
 	Pipelined   bool      `json:"pipelined"`
+	// Device is where rank 0's model ran ("cpu", or the GPU, e.g.
+	// "cuda:0 (NVIDIA H100 80GB HBM3, …)").
+	Device string `json:"device"`
 	Versions    Versions  `json:"versions"`
 	Machine     Machine   `json:"machine"`
 	Resumed     string    `json:"resumed_from,omitempty"`
@@ -98,6 +101,9 @@ func Run(ctx context.Context, c Config, o Options) error {
 		c.Out = c.Resume
 	}
 	if err := checkFreshOut(c, o, underMPI); err != nil {
+		return err
+	}
+	if err := checkDevice(c); err != nil {
 		return err
 	}
 	if o.Stdout == nil {
@@ -162,10 +168,11 @@ type runner struct {
 	blas    string
 	backend string
 	start   time.Time
+	gpus    gpus
 }
 
 func machine() Machine {
-	m := Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU(), GPU: "none (CPU build)"}
+	m := Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
 	m.Hostname, _ = os.Hostname()
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {

@@ -110,7 +110,7 @@ func (w *worker) setup(ctx context.Context) error {
 		return fmt.Errorf("train: building %s: %w", cfg.Model, err)
 	}
 	w.m = m
-	w.stream = be.Device().Stream()
+	w.stream = be.Stream()
 	w.cnt = comm.NewCounter(w.c)
 	w.prevOp = make([]comm.OpStats, len(comm.Ops()))
 	n := m.NumParams()
@@ -200,7 +200,10 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe,
-			Versions: versions(w.r.blas), Machine: machine(), Resumed: cfg.Resume, LayerNames: names}
+			Versions: versions(w.r.blas), Machine: machine(), Resumed: cfg.Resume, LayerNames: names, Device: be.Device().String()}
+		if be.Device().Kind() == device.CUDAKind {
+			info.Machine.GPU = be.Device().String()
+		}
 		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
 			w.task.Close()
 			return fmt.Errorf("train: writing run.json: %w", err)

@@ -1,0 +1,319 @@
+package cuda
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/ops"
+)
+
+// Backend runs the engine's programs on a GPU: every op of package ops as a
+// kernel of the package, a cuBLAS product or a cuDNN convolution. Each
+// backend has a stream of its own: workers sharing a GPU each take a
+// backend, and their work may overlap.
+type Backend struct {
+	d *Device
+	s *Stream
+}
+
+var _ engine.Backend = (*Backend)(nil)
+
+// NewBackend returns an engine backend of d with a new stream.
+func NewBackend(d *Device) (*Backend, error) {
+	s, err := d.newStream()
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{d: d, s: s}, nil
+}
+
+// Device implements engine.Backend.
+func (b *Backend) Device() device.Device { return b.d }
+
+// Stream implements engine.Backend.
+func (b *Backend) Stream() device.Stream { return b.s }
+
+// gpuKernel is one prepared instruction.
+type gpuKernel struct {
+	ws  int
+	run func(s *Stream, in []device.Buffer, out, ws device.Buffer) error
+}
+
+func (k *gpuKernel) Workspace() int { return k.ws }
+
+func (k *gpuKernel) Run(s device.Stream, in []device.Buffer, out, ws device.Buffer) error {
+	cs, ok := s.(*Stream)
+	if !ok {
+		return fmt.Errorf("cuda: %T is not a CUDA stream", s)
+	}
+	return k.run(cs, in, out, ws)
+}
+
+func shapeSize(s []int) int {
+	n := 1
+	for _, d := range s {
+		n *= d
+	}
+	return n
+}
+
+// splitAxis returns the element counts before, along and after axis.
+func splitAxis(s []int, axis int) (outer, n, inner int) {
+	outer, inner = 1, 1
+	for i, d := range s {
+		switch {
+		case i < axis:
+			outer *= d
+		case i == axis:
+			n = d
+		default:
+			inner *= d
+		}
+	}
+	return
+}
+
+// Kernel implements engine.Backend.
+func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, error) {
+	shapes := make([][]int, len(in.In))
+	for i, id := range in.In {
+		shapes[i] = p.Values[id].Shape
+	}
+	oshape := p.Values[in.Out].Shape
+	n := shapeSize(oshape)
+	k := func(f func(s *Stream, in []device.Buffer, out, ws device.Buffer) error) (engine.Kernel, error) {
+		return &gpuKernel{run: f}, nil
+	}
+	switch op := in.Op.(type) {
+	case ops.Binary:
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().i32(int(op.Op)).buf(x[0]).buf(x[1]).buf(y).i64(n).flag(op.ScalarA).flag(op.ScalarB).runN("k_binary", n)
+		})
+	case ops.Unary:
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().i32(int(op.Fn)).buf(x[0]).buf(y).i64(n).runN("k_unary", n)
+		})
+	case ops.AddReLU:
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).runN("k_add_relu", n)
+		})
+	case ops.ReLUGrad:
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).runN("k_relu_grad", n)
+		})
+	case ops.MatMul:
+		a, bs := shapes[0], shapes[1]
+		m, nn, kk := op.Dims(a, bs)
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.sgemm(op.TransA, op.TransB, m, nn, kk, x[0], a[1], x[1], bs[1], y, nn)
+		})
+	case ops.MatMulT:
+		nr, kk, m := shapes[0][0], shapes[0][1], shapes[1][0]
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.sgemm(false, true, nr, m, kk, x[0], kk, x[1], kk, y, m)
+		})
+	case ops.MatMulTGrad:
+		a, d := shapes[0], shapes[1]
+		nr, m, kk := d[0], d[1], a[1]
+		if op.Which == 0 { // dx [N K] = dy [N M] · w [M K]
+			return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+				return s.sgemm(false, false, nr, kk, m, x[1], m, x[0], kk, y, kk)
+			})
+		}
+		// dw [M K] = dyᵀ [M N] · x [N K]
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.sgemm(true, false, m, kk, nr, x[1], m, x[0], kk, y, kk)
+		})
+	case ops.Broadcast:
+		outer, reps, inner := splitAxis(oshape, op.Axis)
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(reps).i64(inner).runN("k_broadcast", n)
+		})
+	case ops.Sum:
+		return b.sum(op, shapes[0])
+	case ops.Slice:
+		outer, axis, inner := splitAxis(shapes[0], op.Axis)
+		w := (op.End - op.Start) * inner
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(w).runN("k_slice", outer*w)
+		})
+	case ops.SliceIncr:
+		outer, axis, inner := splitAxis(oshape, op.Axis)
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(op.End).runN("k_slice_incr", n)
+		})
+	case ops.Concat:
+		outer, total, inner := splitAxis(oshape, op.Axis)
+		total *= inner
+		ws := make([]int, len(shapes))
+		for i, sh := range shapes {
+			ws[i] = shapeSize(sh) / max(outer, 1)
+		}
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			off := 0
+			for i, xi := range x {
+				if err := s.args().buf(xi).buf(y).i64(outer).i64(ws[i]).i64(total).i64(off).runN("k_concat_part", outer*ws[i]); err != nil {
+					return err
+				}
+				off += ws[i]
+			}
+			return nil
+		})
+	case ops.Gather:
+		rows := shapeSize(shapes[1])
+		d := shapeSize(shapes[0]) / max(shapes[0][0], 1)
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).runN("k_gather", rows*d)
+		})
+	case ops.GatherGrad:
+		rows := shapeSize(shapes[1])
+		d := n / max(oshape[0], 1)
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			if err := s.fill32(y, 0); err != nil {
+				return err
+			}
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).runN("k_gather_grad", rows*d)
+		})
+	case ops.Copy:
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error { return s.Copy(y, x[0]) })
+	case ops.Const:
+		return k(func(s *Stream, _ []device.Buffer, y, _ device.Buffer) error {
+			return s.fill32(y, float32bits(op.Value))
+		})
+	case ops.Conv2d, ops.Conv2dGradInput, ops.Conv2dGradFilter:
+		return b.conv(in.Op, shapes, oshape)
+	case ops.BatchNormStats:
+		B, C, HW := bnDims(shapes[0])
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(B).i32(C).i32(HW).f64(op.Eps).f64(op.Momentum).run("k_bn_stats", C)
+		})
+	case ops.BatchNormRunningStats:
+		C := shapeSize(shapes[0])
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i32(C).f64(op.Eps).runN("k_bn_running_stats", C)
+		})
+	case ops.BatchNorm:
+		B, C, HW := bnDims(shapes[0])
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).runN("k_bn_apply", n)
+		})
+	case ops.BatchNormGradSums:
+		B, C, HW := bnDims(shapes[0])
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			var relu device.Buffer
+			if op.ReLU {
+				relu = x[3]
+			}
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(relu).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).run("k_bn_grad_sums", C)
+		})
+	case ops.BatchNormGradInput:
+		B, C, HW := bnDims(shapes[0])
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			var relu device.Buffer
+			if op.ReLU {
+				relu = x[5]
+			}
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(x[4]).buf(relu).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).runN("k_bn_grad_input", n)
+		})
+	case ops.BatchNormGradParam:
+		C := shapes[0][1]
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(y).i32(C).i32(op.Which).runN("k_bn_grad_param", C)
+		})
+	case ops.LogSumExp:
+		N, C := shapes[0][0], shapes[0][1]
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(y).i32(N).i32(C).run("k_logsumexp", N)
+		})
+	case ops.SoftmaxCrossEntropy:
+		N, C := shapes[0][0], shapes[0][1]
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(N).i32(C).run("k_xent_loss", 1)
+		})
+	case ops.SoftmaxCrossEntropyGrad:
+		N, C := shapes[0][0], shapes[0][1]
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(N).i32(C).runN("k_xent_grad", N*C)
+		})
+	}
+	return nil, fmt.Errorf("cuda: no GPU kernel for %v (%T)", in.Op, in.Op)
+}
+
+func bnDims(s []int) (B, C, HW int) {
+	B, C, HW = s[0], s[1], 1
+	for _, d := range s[2:] {
+		HW *= d
+	}
+	return
+}
+
+func float32bits(v float32) uint32 { return *(*uint32)(unsafe.Pointer(&v)) }
+
+// sum reduces along the op's axes as the CPU kernel does: all axes
+// sequentially from zero; otherwise one axis at a time (first axis: the
+// rows added in order to row 0; last axis: each row's elements in order
+// from zero), intermediate results in the workspace.
+func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
+	if err := op.Check(in); err != nil {
+		return nil, err
+	}
+	total := shapeSize(in)
+	all := len(op.Axes) == len(in)
+	for i, a := range op.Axes {
+		all = all && a == i
+	}
+	type step struct {
+		first      bool
+		rows, cols int
+	}
+	var steps []step
+	if all {
+		steps = []step{{false, 1, total}}
+	} else {
+		shape := append([]int(nil), in...)
+		size := total
+		for i, a := range op.Axes {
+			a -= i
+			if a == 0 && len(shape) > 1 {
+				steps = append(steps, step{true, shape[0], size / shape[0]})
+			} else {
+				steps = append(steps, step{false, size / shape[a], shape[a]})
+			}
+			size /= shape[a]
+			shape = append(shape[:a], shape[a+1:]...)
+		}
+	}
+	if len(steps) > 2 {
+		return nil, fmt.Errorf("cuda: Sum of %v along %v needs more than two reductions; not supported on the GPU", in, op.Axes)
+	}
+	ws := 0
+	if len(steps) > 1 {
+		ws = 4 * total
+	}
+	return &gpuKernel{ws: ws, run: func(s *Stream, x []device.Buffer, y, w device.Buffer) error {
+		src := x[0]
+		for i, st := range steps {
+			dst := y
+			if i < len(steps)-1 {
+				n := st.cols
+				if !st.first {
+					n = st.rows
+				}
+				dst = w.Slice(0, n)
+			}
+			var err error
+			if st.first {
+				err = s.args().buf(src).buf(dst).i64(st.rows).i64(st.cols).runN("k_sum_first", st.cols)
+			} else {
+				err = s.args().buf(src).buf(dst).i64(st.rows).i64(st.cols).runN("k_sum_last", st.rows)
+			}
+			if err != nil {
+				return err
+			}
+			src = dst
+		}
+		return nil
+	}}, nil
+}

@@ -1,0 +1,107 @@
+package cuda
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+var cublas struct {
+	create      func(h *uintptr) int32
+	destroy     func(h uintptr) int32
+	setStream   func(h, s uintptr) int32
+	setMathMode func(h uintptr, mode int32) int32
+	getVersion  func(h uintptr, v *int32) int32
+	sgemm       func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32
+}
+
+var (
+	cublasOnce sync.Once
+	cublasErr  error
+)
+
+const (
+	cublasOpN = 0
+	cublasOpT = 1
+	// cublasDefaultMath computes float32 products in float32;
+	// cublasTF32Math allows TF32 tensor cores.
+	cublasDefaultMath = 0
+	cublasTF32Math    = 3
+)
+
+func loadCUBLAS() error {
+	cublasOnce.Do(func() {
+		h, _, err := libCUBLAS.open()
+		if err != nil {
+			cublasErr = err
+			return
+		}
+		cublasErr = bind(libCUBLAS.what, h, map[string]any{
+			"cublasCreate_v2":     &cublas.create,
+			"cublasDestroy_v2":    &cublas.destroy,
+			"cublasSetStream_v2":  &cublas.setStream,
+			"cublasSetMathMode":   &cublas.setMathMode,
+			"cublasGetVersion_v2": &cublas.getVersion,
+			"cublasSgemm_v2":      &cublas.sgemm,
+		})
+	})
+	return cublasErr
+}
+
+func cublasError(call string, r int32) error {
+	if r == 0 {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: cuBLAS status %d", call, r)
+}
+
+// blasHandle returns the stream's cuBLAS handle, bound to the stream (the
+// device's context current).
+func (s *Stream) blasHandle() (uintptr, error) {
+	if s.blas != 0 {
+		return s.blas, nil
+	}
+	if err := loadCUBLAS(); err != nil {
+		return 0, err
+	}
+	var h uintptr
+	if err := cublasError("cublasCreate", cublas.create(&h)); err != nil {
+		return 0, err
+	}
+	if err := cublasError("cublasSetStream", cublas.setStream(h, s.h)); err != nil {
+		return 0, err
+	}
+	mode := int32(cublasDefaultMath)
+	if s.d.opts.TF32 {
+		mode = cublasTF32Math
+	}
+	if err := cublasError("cublasSetMathMode", cublas.setMathMode(h, mode)); err != nil {
+		return 0, err
+	}
+	s.blas = h
+	return h, nil
+}
+
+// sgemm computes C = op(A)·op(B) for row-major float32 matrices on the
+// stream: C is m×n, op(A) m×k, op(B) k×n, with leading dimensions (row
+// lengths) lda, ldb, ldc. cuBLAS is column-major, so it computes
+// Cᵀ = op(B)ᵀ·op(A)ᵀ, which is the same memory.
+func (s *Stream) sgemm(tA, tB bool, m, n, k int, a device.Buffer, lda int, b device.Buffer, ldb int, c device.Buffer, ldc int) error {
+	if m == 0 || n == 0 {
+		return nil
+	}
+	defer s.d.enter()()
+	h, err := s.blasHandle()
+	if err != nil {
+		return err
+	}
+	op := func(t bool) int32 {
+		if t {
+			return cublasOpT
+		}
+		return cublasOpN
+	}
+	alpha, beta := float32(1), float32(0)
+	return cublasError("cublasSgemm", cublas.sgemm(h, op(tB), op(tA), int32(n), int32(m), int32(k), &alpha, b.Addr(), int32(ldb), a.Addr(), int32(lda), &beta, c.Addr(), int32(ldc)))
+}

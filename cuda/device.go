@@ -1,0 +1,375 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+// Options configure a device.
+type Options struct {
+	// TF32 lets cuBLAS and cuDNN use TF32 tensor-core math for float32
+	// products and convolutions (faster, about 10 bits of mantissa). Off,
+	// float32 products are computed in float32.
+	TF32 bool
+}
+
+// Device is one NVIDIA GPU: a device.Device whose buffers are GPU memory.
+type Device struct {
+	ordinal int
+	dev     int32
+	ctx     uintptr
+	name    string
+	cc      [2]int
+	sms     int
+	opts    Options
+
+	mod  *module
+	def  *Stream
+	math *gpuMath
+
+	anchorMu sync.Mutex
+	anchor   *anchor
+
+	closeOnce sync.Once
+}
+
+// anchor maps device event times to the host clock: an event known to have
+// completed at a host time. Events keep the anchor they were recorded
+// against alive; its CUDA event is destroyed when no event uses it.
+type anchor struct {
+	ev   uintptr
+	host time.Time
+}
+
+var _ device.Device = (*Device)(nil)
+
+// Count returns the number of GPUs the driver sees (an error wrapping
+// device.ErrUnavailable when the driver is missing).
+func Count() (int, error) {
+	if err := loadDriver(); err != nil {
+		return 0, err
+	}
+	var n int32
+	if err := check("cuDeviceGetCount", drv.cuDeviceGetCount(&n)); err != nil {
+		return 0, fmt.Errorf("%w: %w", device.ErrUnavailable, err)
+	}
+	return int(n), nil
+}
+
+// Open opens GPU ordinal: it makes its primary context, compiles (or loads
+// from the cache) the package's kernels for it, and creates its default
+// stream. Errors wrap device.ErrUnavailable when the GPU or a library is
+// missing, and say how to fix it.
+func Open(ordinal int, opts Options) (*Device, error) {
+	n, err := Count()
+	if err != nil {
+		return nil, err
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("%w: %w (the CUDA driver found no device); check nvidia-smi and CUDA_VISIBLE_DEVICES", device.ErrUnavailable, errNoGPU)
+	}
+	if ordinal < 0 || ordinal >= n {
+		return nil, fmt.Errorf("%w: GPU %d does not exist; this machine has %d GPU(s) (0..%d)", device.ErrUnavailable, ordinal, n, n-1)
+	}
+	d := &Device{ordinal: ordinal, opts: opts}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := check("cuDeviceGet", drv.cuDeviceGet(&d.dev, int32(ordinal))); err != nil {
+		return nil, err
+	}
+	if err := check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(&d.ctx, d.dev)); err != nil {
+		return nil, err
+	}
+	if err := check("cuCtxSetCurrent", drv.cuCtxSetCurrent(d.ctx)); err != nil {
+		return nil, err
+	}
+	name := make([]byte, 256)
+	drv.cuDeviceGetName(&name[0], int32(len(name)), d.dev)
+	d.name = goString(&name[0])
+	var v int32
+	drv.cuDeviceGetAttribute(&v, attrComputeCapabilityMaj, d.dev)
+	d.cc[0] = int(v)
+	drv.cuDeviceGetAttribute(&v, attrComputeCapabilityMin, d.dev)
+	d.cc[1] = int(v)
+	drv.cuDeviceGetAttribute(&v, attrMultiprocessorCount, d.dev)
+	d.sms = int(v)
+	image, _, err := Compile(kernelSource, d.cc[0], d.cc[1])
+	if err != nil {
+		return nil, errNoCompiler(err)
+	}
+	if d.mod, err = loadModule(image); err != nil {
+		return nil, err
+	}
+	if d.def, err = d.newStream(); err != nil {
+		return nil, err
+	}
+	d.math = &gpuMath{d: d}
+	if err := d.refreshAnchor(); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// enter locks the calling goroutine to its OS thread and makes the
+// device's context current there; call the returned function when done.
+func (d *Device) enter() func() {
+	runtime.LockOSThread()
+	drv.cuCtxSetCurrent(d.ctx)
+	return runtime.UnlockOSThread
+}
+
+// Kind implements device.Device.
+func (d *Device) Kind() device.Kind { return device.CUDAKind }
+
+// String implements device.Device.
+func (d *Device) String() string {
+	return fmt.Sprintf("cuda:%d (%s, compute capability %d.%d, %d SMs)", d.ordinal, d.name, d.cc[0], d.cc[1], d.sms)
+}
+
+// Name is the GPU's product name.
+func (d *Device) Name() string { return d.name }
+
+// Ordinal is the GPU's index.
+func (d *Device) Ordinal() int { return d.ordinal }
+
+// Options returns the options the device was opened with.
+func (d *Device) Options() Options { return d.opts }
+
+// MemInfo returns the free and total memory of the GPU in bytes.
+func (d *Device) MemInfo() (free, total uint64, err error) {
+	defer d.enter()()
+	err = check("cuMemGetInfo", drv.cuMemGetInfo(&free, &total))
+	return
+}
+
+// Alloc implements device.Device: zeroed GPU memory.
+func (d *Device) Alloc(dt device.DType, n int) (device.Buffer, error) {
+	if n < 0 || dt.Size() == 0 {
+		return device.Buffer{}, fmt.Errorf("cuda: cannot allocate %d elements of %v", n, dt)
+	}
+	if n == 0 {
+		return device.NewDeviceBuffer(d, dt, 0, 0), nil
+	}
+	defer d.enter()()
+	bytes := uint64(n) * uint64(dt.Size())
+	var p uint64
+	if err := check("cuMemAlloc", drv.cuMemAlloc(&p, bytes)); err != nil {
+		free, total, _ := d.memInfoLocked()
+		return device.Buffer{}, fmt.Errorf("cuda: allocating %d MiB on %v (%d of %d MiB free): %w", bytes>>20, d, free>>20, total>>20, err)
+	}
+	if err := check("cuMemsetD8Async", drv.cuMemsetD8Async(p, 0, bytes, 0)); err != nil {
+		return device.Buffer{}, err
+	}
+	if err := check("cuStreamSynchronize", drv.cuStreamSynchronize(0)); err != nil {
+		return device.Buffer{}, err
+	}
+	return device.NewDeviceBuffer(d, dt, n, uintptr(p)), nil
+}
+
+func (d *Device) memInfoLocked() (free, total uint64, err error) {
+	err = check("cuMemGetInfo", drv.cuMemGetInfo(&free, &total))
+	return
+}
+
+// Free implements device.Device.
+func (d *Device) Free(b device.Buffer) error {
+	if b.Addr() == 0 {
+		return nil
+	}
+	if b.Device() != device.Device(d) {
+		return fmt.Errorf("cuda: freeing %v on %v", b, d)
+	}
+	defer d.enter()()
+	return check("cuMemFree", drv.cuMemFree(uint64(b.Addr())))
+}
+
+// Stream implements device.Device.
+func (d *Device) Stream() device.Stream { return d.def }
+
+// NewStream implements device.Device.
+func (d *Device) NewStream() (device.Stream, error) { return d.newStream() }
+
+func (d *Device) newStream() (*Stream, error) {
+	defer d.enter()()
+	s := &Stream{d: d}
+	if err := check("cuStreamCreate", drv.cuStreamCreate(&s.h, streamNonBlocking)); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Math implements device.Device.
+func (d *Device) Math() device.Math { return d.math }
+
+// Close implements device.Device: it releases the primary context.
+func (d *Device) Close() error {
+	var err error
+	d.closeOnce.Do(func() {
+		defer d.enter()()
+		drv.cuCtxSynchronize()
+		err = check("cuDevicePrimaryCtxRelease", drv.cuDevicePrimaryCtxRelease(d.dev))
+	})
+	return err
+}
+
+// refreshAnchor records a new anchor event and waits for it, so that
+// event times are measured against a recent reference (float32
+// milliseconds lose precision over long spans).
+func (d *Device) refreshAnchor() error {
+	defer d.enter()()
+	var ev uintptr
+	if err := check("cuEventCreate", drv.cuEventCreate(&ev, eventDefault)); err != nil {
+		return err
+	}
+	if err := check("cuEventRecord", drv.cuEventRecord(ev, 0)); err != nil {
+		return err
+	}
+	if err := check("cuEventSynchronize", drv.cuEventSynchronize(ev)); err != nil {
+		return err
+	}
+	a := &anchor{ev: ev, host: time.Now()}
+	runtime.AddCleanup(a, func(ev uintptr) {
+		defer d.enter()()
+		drv.cuEventDestroy(ev)
+	}, ev)
+	d.anchorMu.Lock()
+	d.anchor = a
+	d.anchorMu.Unlock()
+	return nil
+}
+
+// currentAnchor returns the anchor, refreshing it when it is old.
+func (d *Device) currentAnchor() *anchor {
+	d.anchorMu.Lock()
+	a := d.anchor
+	d.anchorMu.Unlock()
+	if time.Since(a.host) > 10*time.Second && d.refreshAnchor() == nil {
+		d.anchorMu.Lock()
+		a = d.anchor
+		d.anchorMu.Unlock()
+	}
+	return a
+}
+
+// Stream is a CUDA stream of one device (non-blocking with respect to the
+// legacy default stream). It is not safe for concurrent use.
+type Stream struct {
+	d     *Device
+	h     uintptr
+	blas  uintptr // cuBLAS handle bound to the stream (lazy)
+	dnn   uintptr // cuDNN handle bound to the stream (lazy)
+	slots [32]uint64
+	ptrs  [32]unsafe.Pointer
+	part  device.Buffer // scratch of reductions (lazy)
+}
+
+var _ device.Stream = (*Stream)(nil)
+
+// Device implements device.Stream.
+func (s *Stream) Device() device.Device { return s.d }
+
+// Copy implements device.Stream.
+func (s *Stream) Copy(dst, src device.Buffer) error {
+	if err := device.CheckSame("copy", dst, src); err != nil {
+		return err
+	}
+	n := uint64(dst.Bytes())
+	if n == 0 {
+		return nil
+	}
+	dh, sh := dst.IsHost(), src.IsHost()
+	if dh && sh {
+		copy(dst.HostBytes(), src.HostBytes())
+		return nil
+	}
+	for _, b := range []device.Buffer{dst, src} {
+		if !b.IsHost() && b.Device() != device.Device(s.d) {
+			return fmt.Errorf("cuda: copy between %v and %v on a stream of %v", src, dst, s.d)
+		}
+	}
+	defer s.d.enter()()
+	switch {
+	case dh:
+		return check("cuMemcpyDtoHAsync", drv.cuMemcpyDtoHAsync(unsafe.Pointer(&dst.HostBytes()[0]), uint64(src.Addr()), n, s.h))
+	case sh:
+		return check("cuMemcpyHtoDAsync", drv.cuMemcpyHtoDAsync(uint64(dst.Addr()), unsafe.Pointer(&src.HostBytes()[0]), n, s.h))
+	}
+	return check("cuMemcpyDtoDAsync", drv.cuMemcpyDtoDAsync(uint64(dst.Addr()), uint64(src.Addr()), n, s.h))
+}
+
+// Synchronize implements device.Stream.
+func (s *Stream) Synchronize() error {
+	defer s.d.enter()()
+	return check("cuStreamSynchronize", drv.cuStreamSynchronize(s.h))
+}
+
+// Record implements device.Stream.
+func (s *Stream) Record() (device.Event, error) {
+	a := s.d.currentAnchor()
+	defer s.d.enter()()
+	e := &Event{d: s.d, anchor: a}
+	if err := check("cuEventCreate", drv.cuEventCreate(&e.h, eventDefault)); err != nil {
+		return nil, err
+	}
+	if err := check("cuEventRecord", drv.cuEventRecord(e.h, s.h)); err != nil {
+		drv.cuEventDestroy(e.h)
+		return nil, err
+	}
+	runtime.AddCleanup(e, func(h uintptr) {
+		defer s.d.enter()()
+		drv.cuEventDestroy(h)
+	}, e.h)
+	return e, nil
+}
+
+// Wait implements device.Stream.
+func (s *Stream) Wait(ev device.Event) error {
+	e, ok := ev.(*Event)
+	if !ok {
+		// A host event (completed) needs no waiting.
+		return ev.Synchronize()
+	}
+	defer s.d.enter()()
+	return check("cuStreamWaitEvent", drv.cuStreamWaitEvent(s.h, e.h, 0))
+}
+
+// Event is a CUDA event.
+type Event struct {
+	d      *Device
+	h      uintptr
+	anchor *anchor
+	mu     sync.Mutex
+	at     time.Time
+}
+
+// Synchronize implements device.Event.
+func (e *Event) Synchronize() error {
+	defer e.d.enter()()
+	return check("cuEventSynchronize", drv.cuEventSynchronize(e.h))
+}
+
+// Time implements device.Event: the anchor's host time plus the device
+// time elapsed from the anchor to the event.
+func (e *Event) Time() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.at.IsZero() {
+		return e.at
+	}
+	defer e.d.enter()()
+	var ms float32
+	if r := drv.cuEventElapsedTime(&ms, e.anchor.ev, e.h); r != 0 {
+		return time.Time{}
+	}
+	e.at = e.anchor.host.Add(time.Duration(float64(ms) * float64(time.Millisecond)))
+	return e.at
+}
+
+// errNotDevice is returned for buffers that are not this device's memory.
+var errNotDevice = errors.New("cuda: not a buffer of this GPU")

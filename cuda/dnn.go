@@ -1,0 +1,139 @@
+package cuda
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+var cudnn struct {
+	create             func(h *uintptr) int32
+	setStream          func(h, s uintptr) int32
+	getVersion         func() uint64
+	getErrorString     func(st int32) *byte
+	createTensor       func(d *uintptr) int32
+	setTensor4d        func(d uintptr, format, dtype, n, c, h, w int32) int32
+	createFilter       func(d *uintptr) int32
+	setFilter4d        func(d uintptr, dtype, format, k, c, h, w int32) int32
+	createConv         func(d *uintptr) int32
+	setConv2d          func(d uintptr, padH, padW, u, v, dilH, dilW, mode, dtype int32) int32
+	setConvMath        func(d uintptr, math int32) int32
+	fwdAlgo            func(h, x, w, conv, y uintptr, req int32, ret *int32, perf unsafe.Pointer) int32
+	fwdWorkspace       func(h, x, w, conv, y uintptr, algo int32, size *uint64) int32
+	forward            func(h uintptr, alpha unsafe.Pointer, xd, x, wd, w, conv uintptr, algo int32, ws uintptr, wsSize uint64, beta unsafe.Pointer, yd, y uintptr) int32
+	bwdDataAlgo        func(h, w, dy, conv, dx uintptr, req int32, ret *int32, perf unsafe.Pointer) int32
+	bwdDataWorkspace   func(h, w, dy, conv, dx uintptr, algo int32, size *uint64) int32
+	backwardData       func(h uintptr, alpha unsafe.Pointer, wd, w, dyd, dy, conv uintptr, algo int32, ws uintptr, wsSize uint64, beta unsafe.Pointer, dxd, dx uintptr) int32
+	bwdFilterAlgo      func(h, x, dy, conv, dw uintptr, req int32, ret *int32, perf unsafe.Pointer) int32
+	bwdFilterWorkspace func(h, x, dy, conv, dw uintptr, algo int32, size *uint64) int32
+	backwardFilter     func(h uintptr, alpha unsafe.Pointer, xd, x, dyd, dy, conv uintptr, algo int32, ws uintptr, wsSize uint64, beta unsafe.Pointer, dwd, dw uintptr) int32
+}
+
+var (
+	cudnnOnce sync.Once
+	cudnnErr  error
+)
+
+// cuDNN enums.
+const (
+	cudnnNCHW          = 0
+	cudnnFloat         = 0
+	cudnnCrossCorr     = 1
+	cudnnDefaultMath   = 0
+	cudnnFMAMath       = 3
+	cudnnDeterministic = 1
+)
+
+func loadCUDNN() error {
+	cudnnOnce.Do(func() {
+		h, _, err := libCUDNN.open()
+		if err != nil {
+			cudnnErr = err
+			return
+		}
+		cudnnErr = bind(libCUDNN.what, h, map[string]any{
+			"cudnnCreate":                                    &cudnn.create,
+			"cudnnSetStream":                                 &cudnn.setStream,
+			"cudnnGetVersion":                                &cudnn.getVersion,
+			"cudnnGetErrorString":                            &cudnn.getErrorString,
+			"cudnnCreateTensorDescriptor":                    &cudnn.createTensor,
+			"cudnnSetTensor4dDescriptor":                     &cudnn.setTensor4d,
+			"cudnnCreateFilterDescriptor":                    &cudnn.createFilter,
+			"cudnnSetFilter4dDescriptor":                     &cudnn.setFilter4d,
+			"cudnnCreateConvolutionDescriptor":               &cudnn.createConv,
+			"cudnnSetConvolution2dDescriptor":                &cudnn.setConv2d,
+			"cudnnSetConvolutionMathType":                    &cudnn.setConvMath,
+			"cudnnGetConvolutionForwardAlgorithm_v7":         &cudnn.fwdAlgo,
+			"cudnnGetConvolutionForwardWorkspaceSize":        &cudnn.fwdWorkspace,
+			"cudnnConvolutionForward":                        &cudnn.forward,
+			"cudnnGetConvolutionBackwardDataAlgorithm_v7":    &cudnn.bwdDataAlgo,
+			"cudnnGetConvolutionBackwardDataWorkspaceSize":   &cudnn.bwdDataWorkspace,
+			"cudnnConvolutionBackwardData":                   &cudnn.backwardData,
+			"cudnnGetConvolutionBackwardFilterAlgorithm_v7":  &cudnn.bwdFilterAlgo,
+			"cudnnGetConvolutionBackwardFilterWorkspaceSize": &cudnn.bwdFilterWorkspace,
+			"cudnnConvolutionBackwardFilter":                 &cudnn.backwardFilter,
+		})
+		if cudnnErr == nil && cudnn.getVersion() < 90000 {
+			cudnnErr = fmt.Errorf("cuda: cuDNN %d is too old; install cuDNN 9 (pip install nvidia-cudnn-cu13)", cudnn.getVersion())
+		}
+	})
+	return cudnnErr
+}
+
+func cudnnError(call string, st int32) error {
+	if st == 0 {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: %s (cuDNN status %d)", call, goString(cudnn.getErrorString(st)), st)
+}
+
+// dnnHandle returns the stream's cuDNN handle, bound to the stream (the
+// device's context current).
+func (s *Stream) dnnHandle() (uintptr, error) {
+	if s.dnn != 0 {
+		return s.dnn, nil
+	}
+	if err := loadCUDNN(); err != nil {
+		return 0, err
+	}
+	var h uintptr
+	if err := cudnnError("cudnnCreate", cudnn.create(&h)); err != nil {
+		return 0, err
+	}
+	if err := cudnnError("cudnnSetStream", cudnn.setStream(h, s.h)); err != nil {
+		return 0, err
+	}
+	s.dnn = h
+	return h, nil
+}
+
+// algoPerf is cudnnConvolution{Fwd,BwdData,BwdFilter}AlgoPerf_t (the three
+// have one layout): algo, status, time (ms), memory (bytes), determinism,
+// math type, 3 reserved ints.
+type algoPerf struct {
+	algo, status int32
+	time         float32
+	_            int32
+	memory       uint64
+	determinism  int32
+	mathType     int32
+	_            [3]int32
+}
+
+// pickAlgo returns the first algorithm of cuDNN's ranked list that
+// succeeded, preferring a deterministic one.
+func pickAlgo(perf []algoPerf, n int32) (int32, bool) {
+	best := int32(-1)
+	for _, p := range perf[:n] {
+		if p.status != 0 {
+			continue
+		}
+		if p.determinism == cudnnDeterministic {
+			return p.algo, true
+		}
+		if best < 0 {
+			best = p.algo
+		}
+	}
+	return best, best >= 0
+}

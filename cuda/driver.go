@@ -1,0 +1,171 @@
+package cuda
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+// The CUDA driver API, bound at run time. Handles are opaque pointers;
+// device addresses are 64-bit integers.
+
+type cuResult int32
+
+// The driver's function table.
+var drv struct {
+	cuInit                    func(flags uint32) cuResult
+	cuDriverGetVersion        func(v *int32) cuResult
+	cuDeviceGetCount          func(n *int32) cuResult
+	cuDeviceGet               func(d *int32, ordinal int32) cuResult
+	cuDeviceGetName           func(name *byte, n int32, d int32) cuResult
+	cuDeviceGetAttribute      func(v *int32, attr int32, d int32) cuResult
+	cuDeviceTotalMem          func(bytes *uint64, d int32) cuResult
+	cuDevicePrimaryCtxRetain  func(ctx *uintptr, d int32) cuResult
+	cuDevicePrimaryCtxRelease func(d int32) cuResult
+	cuCtxSetCurrent           func(ctx uintptr) cuResult
+	cuCtxSynchronize          func() cuResult
+	cuMemAlloc                func(ptr *uint64, bytes uint64) cuResult
+	cuMemFree                 func(ptr uint64) cuResult
+	cuMemGetInfo              func(free, total *uint64) cuResult
+	cuMemcpyHtoDAsync         func(dst uint64, src unsafe.Pointer, bytes uint64, s uintptr) cuResult
+	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uint64, bytes uint64, s uintptr) cuResult
+	cuMemcpyDtoDAsync         func(dst, src uint64, bytes uint64, s uintptr) cuResult
+	cuMemsetD8Async           func(dst uint64, v uint8, n uint64, s uintptr) cuResult
+	cuMemsetD32Async          func(dst uint64, v uint32, n uint64, s uintptr) cuResult
+	cuStreamCreate            func(s *uintptr, flags uint32) cuResult
+	cuStreamDestroy           func(s uintptr) cuResult
+	cuStreamSynchronize       func(s uintptr) cuResult
+	cuStreamWaitEvent         func(s, e uintptr, flags uint32) cuResult
+	cuEventCreate             func(e *uintptr, flags uint32) cuResult
+	cuEventDestroy            func(e uintptr) cuResult
+	cuEventRecord             func(e, s uintptr) cuResult
+	cuEventSynchronize        func(e uintptr) cuResult
+	cuEventElapsedTime        func(ms *float32, start, end uintptr) cuResult
+	cuModuleLoadData          func(m *uintptr, image unsafe.Pointer) cuResult
+	cuModuleUnload            func(m uintptr) cuResult
+	cuModuleGetFunction       func(f *uintptr, m uintptr, name *byte) cuResult
+	cuLaunchKernel            func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) cuResult
+	cuGetErrorName            func(r cuResult, s **byte) cuResult
+	cuGetErrorString          func(r cuResult, s **byte) cuResult
+}
+
+// Device attributes (CUdevice_attribute).
+const (
+	attrMaxThreadsPerBlock   = 1
+	attrMultiprocessorCount  = 16
+	attrComputeCapabilityMaj = 75
+	attrComputeCapabilityMin = 76
+)
+
+const (
+	streamNonBlocking = 1 // CU_STREAM_NON_BLOCKING
+	eventDefault      = 0 // CU_EVENT_DEFAULT: timing enabled
+)
+
+// loadDriver loads libcuda and initialises it, once per process.
+func loadDriver() error {
+	driverOnce.Do(func() {
+		h, _, err := libCUDA.open()
+		if err != nil {
+			driverErr = err
+			return
+		}
+		fns := map[string]any{
+			"cuInit":                       &drv.cuInit,
+			"cuDriverGetVersion":           &drv.cuDriverGetVersion,
+			"cuDeviceGetCount":             &drv.cuDeviceGetCount,
+			"cuDeviceGet":                  &drv.cuDeviceGet,
+			"cuDeviceGetName":              &drv.cuDeviceGetName,
+			"cuDeviceGetAttribute":         &drv.cuDeviceGetAttribute,
+			"cuDeviceTotalMem_v2":          &drv.cuDeviceTotalMem,
+			"cuDevicePrimaryCtxRetain":     &drv.cuDevicePrimaryCtxRetain,
+			"cuDevicePrimaryCtxRelease_v2": &drv.cuDevicePrimaryCtxRelease,
+			"cuCtxSetCurrent":              &drv.cuCtxSetCurrent,
+			"cuCtxSynchronize":             &drv.cuCtxSynchronize,
+			"cuMemAlloc_v2":                &drv.cuMemAlloc,
+			"cuMemFree_v2":                 &drv.cuMemFree,
+			"cuMemGetInfo_v2":              &drv.cuMemGetInfo,
+			"cuMemcpyHtoDAsync_v2":         &drv.cuMemcpyHtoDAsync,
+			"cuMemcpyDtoHAsync_v2":         &drv.cuMemcpyDtoHAsync,
+			"cuMemcpyDtoDAsync_v2":         &drv.cuMemcpyDtoDAsync,
+			"cuMemsetD8Async":              &drv.cuMemsetD8Async,
+			"cuMemsetD32Async":             &drv.cuMemsetD32Async,
+			"cuStreamCreate":               &drv.cuStreamCreate,
+			"cuStreamDestroy_v2":           &drv.cuStreamDestroy,
+			"cuStreamSynchronize":          &drv.cuStreamSynchronize,
+			"cuStreamWaitEvent":            &drv.cuStreamWaitEvent,
+			"cuEventCreate":                &drv.cuEventCreate,
+			"cuEventDestroy_v2":            &drv.cuEventDestroy,
+			"cuEventRecord":                &drv.cuEventRecord,
+			"cuEventSynchronize":           &drv.cuEventSynchronize,
+			"cuEventElapsedTime_v2":        &drv.cuEventElapsedTime,
+			"cuModuleLoadData":             &drv.cuModuleLoadData,
+			"cuModuleUnload":               &drv.cuModuleUnload,
+			"cuModuleGetFunction":          &drv.cuModuleGetFunction,
+			"cuLaunchKernel":               &drv.cuLaunchKernel,
+			"cuGetErrorName":               &drv.cuGetErrorName,
+			"cuGetErrorString":             &drv.cuGetErrorString,
+		}
+		if err := bindDriver(h, fns); err != nil {
+			driverErr = err
+			return
+		}
+		if r := drv.cuInit(0); r != 0 {
+			driverErr = fmt.Errorf("%w: the CUDA driver did not initialise: %v; check that the GPU is visible (nvidia-smi) and that the driver matches the kernel module", device.ErrUnavailable, r)
+		}
+	})
+	return driverErr
+}
+
+// bindDriver binds the driver's functions; cuEventElapsedTime_v2 exists
+// only in CUDA 12.8 and later, so the plain name is the fallback.
+func bindDriver(h uintptr, fns map[string]any) error {
+	elapsed := fns["cuEventElapsedTime_v2"]
+	delete(fns, "cuEventElapsedTime_v2")
+	if err := bind(libCUDA.what, h, fns); err != nil {
+		return err
+	}
+	if err := bind(libCUDA.what, h, map[string]any{"cuEventElapsedTime_v2": elapsed}); err != nil {
+		return bind(libCUDA.what, h, map[string]any{"cuEventElapsedTime": elapsed})
+	}
+	return nil
+}
+
+// cString returns a NUL-terminated copy of s.
+func cString(s string) *byte {
+	b := append([]byte(s), 0)
+	return &b[0]
+}
+
+// goString reads a NUL-terminated C string.
+func goString(p *byte) string {
+	if p == nil {
+		return ""
+	}
+	var b []byte
+	for q := unsafe.Pointer(p); *(*byte)(q) != 0; q = unsafe.Add(q, 1) {
+		b = append(b, *(*byte)(q))
+	}
+	return string(b)
+}
+
+func (r cuResult) String() string {
+	var name, desc *byte
+	if drv.cuGetErrorName != nil {
+		drv.cuGetErrorName(r, &name)
+		drv.cuGetErrorString(r, &desc)
+	}
+	if name == nil {
+		return fmt.Sprintf("CUDA error %d", int32(r))
+	}
+	return fmt.Sprintf("%s (%d): %s", goString(name), int32(r), goString(desc))
+}
+
+// check turns a driver result into an error naming the call.
+func check(call string, r cuResult) error {
+	if r == 0 {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: %v", call, r)
+}

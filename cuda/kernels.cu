@@ -1,0 +1,356 @@
+// The project's CUDA kernels, compiled at run time by NVRTC (package cuda).
+// Every kernel is extern "C" (unmangled names) and uses grid-stride loops,
+// so any launch size covers any length. Element counts are long long.
+// Formulas follow the CPU kernels of package ops; reductions that the CPU
+// accumulates in float64 accumulate in double here too.
+
+typedef long long i64;
+
+#define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
+
+// ---- elementwise ----------------------------------------------------------
+
+// Binary operations: 1 +, 2 −, 3 ×, 4 ÷, 5 ≥ (1 or 0), 6 > (1 or 0).
+__device__ __forceinline__ float binop(int op, float a, float b) {
+    switch (op) {
+    case 1: return a + b;
+    case 2: return a - b;
+    case 3: return a * b;
+    case 4: return a / b;
+    case 5: return a >= b ? 1.0f : 0.0f;
+    case 6: return a > b ? 1.0f : 0.0f;
+    }
+    return __int_as_float(0x7fc00000);
+}
+
+// y = a op b; sa (sb) marks a (b) as a scalar applied to every element.
+extern "C" __global__ void k_binary(int op, const float* a, const float* b, float* y, i64 n, int sa, int sb) {
+    GRID_STRIDE(i, n) {
+        float x = sa ? a[0] : a[i];
+        float z = sb ? b[0] : b[i];
+        y[i] = binop(op, x, z);
+    }
+}
+
+// Elementwise functions: 1 neg, 2 sigmoid, 3 tanh, 4 softplus (Gorgonia's
+// float32 cut-offs, the core evaluated in double).
+extern "C" __global__ void k_unary(int fn, const float* x, float* y, i64 n) {
+    GRID_STRIDE(i, n) {
+        float v = x[i];
+        float r;
+        switch (fn) {
+        case 1: r = -v; break;
+        case 2: r = v < -88.0f ? 0.0f : (v > 15.0f ? 1.0f : (float)(1.0 / (1.0 + exp(-(double)v)))); break;
+        case 3: r = tanhf(v); break;
+        case 4: r = v < -103.0f ? 0.0f : (v > 14.0f ? v : (float)log1p(exp((double)v))); break;
+        default: r = __int_as_float(0x7fc00000);
+        }
+        y[i] = r;
+    }
+}
+
+extern "C" __global__ void k_add_relu(const float* a, const float* b, float* y, i64 n) {
+    GRID_STRIDE(i, n) { y[i] = fmaxf(a[i] + b[i], 0.0f); }
+}
+
+extern "C" __global__ void k_relu_grad(const float* y, const float* dy, float* dx, i64 n) {
+    GRID_STRIDE(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+// ---- layout ---------------------------------------------------------------
+
+// y[o][r][i] = x[o][i] for r < reps (broadcasting an axis of size 1).
+extern "C" __global__ void k_broadcast(const float* x, float* y, i64 outer, i64 reps, i64 inner) {
+    i64 n = outer * reps * inner;
+    GRID_STRIDE(t, n) {
+        i64 i = t % inner;
+        i64 o = t / (reps * inner);
+        y[t] = x[o * inner + i];
+    }
+}
+
+// y[o][j] = x[o][start*inner + j] for j < w (a slice along an axis).
+extern "C" __global__ void k_slice(const float* x, float* y, i64 outer, i64 axis, i64 inner, i64 start, i64 w) {
+    i64 n = outer * w;
+    GRID_STRIDE(t, n) {
+        i64 o = t / w, j = t % w;
+        y[t] = x[o * axis * inner + start * inner + j];
+    }
+}
+
+// y zero except y[o][start*inner + j] = g[o][j] (a slice's gradient).
+extern "C" __global__ void k_slice_incr(const float* g, float* y, i64 outer, i64 axis, i64 inner, i64 start, i64 end) {
+    i64 n = outer * axis * inner;
+    GRID_STRIDE(t, n) {
+        i64 o = t / (axis * inner), r = t % (axis * inner);
+        i64 a = r / inner;
+        float v = 0.0f;
+        if (a >= start && a < end) {
+            v = g[o * (end - start) * inner + (r - start * inner)];
+        }
+        y[t] = v;
+    }
+}
+
+// One input of a concatenation: y[o][off + j] = x[o][j], rows of total.
+extern "C" __global__ void k_concat_part(const float* x, float* y, i64 outer, i64 w, i64 total, i64 off) {
+    i64 n = outer * w;
+    GRID_STRIDE(t, n) {
+        i64 o = t / w, j = t % w;
+        y[o * total + off + j] = x[t];
+    }
+}
+
+// Rows of x by index: y[i][j] = x[idx[i]][j].
+extern "C" __global__ void k_gather(const float* x, const i64* idx, float* y, i64 rows, i64 d) {
+    i64 n = rows * d;
+    GRID_STRIDE(t, n) {
+        i64 i = t / d, j = t % d;
+        y[t] = x[idx[i] * d + j];
+    }
+}
+
+// The gradient of a gather, into y (zeroed by the caller): row idx[i]
+// accumulates g's row i. Atomic adds: the order of a row's contributions is
+// not fixed, so repeated indices round differently than on the CPU.
+extern "C" __global__ void k_gather_grad(const float* g, const i64* idx, float* y, i64 rows, i64 d) {
+    i64 n = rows * d;
+    GRID_STRIDE(t, n) {
+        i64 i = t / d, j = t % d;
+        atomicAdd(&y[idx[i] * d + j], g[t]);
+    }
+}
+
+// ---- reductions -----------------------------------------------------------
+
+// Σ over the first axis: y[j] = x[0][j] + x[1][j] + … in row order (the
+// CPU's order: one thread per column).
+extern "C" __global__ void k_sum_first(const float* x, float* y, i64 rows, i64 cols) {
+    GRID_STRIDE(j, cols) {
+        float s = x[j];
+        for (i64 r = 1; r < rows; r++) s += x[r * cols + j];
+        y[j] = s;
+    }
+}
+
+// Σ over the last axis: y[r] = 0 + x[r][0] + x[r][1] + … in order.
+extern "C" __global__ void k_sum_last(const float* x, float* y, i64 rows, i64 cols) {
+    GRID_STRIDE(r, rows) {
+        float s = 0.0f;
+        for (i64 j = 0; j < cols; j++) s += x[r * cols + j];
+        y[r] = s;
+    }
+}
+
+// Block-wide sum of a double (blockDim.x a power of two, at most 1024).
+__device__ double block_sum(double v) {
+    __shared__ double part[1024];
+    part[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    double r = part[0];
+    __syncthreads();
+    return r;
+}
+
+__device__ float block_max(float v) {
+    __shared__ float part[1024];
+    part[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] = fmaxf(part[threadIdx.x], part[threadIdx.x + s]);
+        __syncthreads();
+    }
+    float r = part[0];
+    __syncthreads();
+    return r;
+}
+
+// Partial Σx² of a float vector in double: one partial per block.
+extern "C" __global__ void k_sumsq_partial(const float* x, i64 n, double* part) {
+    double s = 0.0;
+    GRID_STRIDE(i, n) { double v = x[i]; s += v * v; }
+    s = block_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// Σ of the partials (one block).
+extern "C" __global__ void k_sum_partials(const double* part, int n, double* out) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += part[i];
+    s = block_sum(s);
+    if (threadIdx.x == 0) out[0] = s;
+}
+
+// ---- BatchNorm (one block per channel) ------------------------------------
+
+// Batch statistics of channel c of x [B C HW]: stats[c] = mean,
+// stats[C+c] = 1/√(var+eps) (biased variance), and the running statistics'
+// update (unbiased variance).
+extern "C" __global__ void k_bn_stats(const float* x, float* rm, float* rv, double* stats, int B, int C, int HW, double eps, double mom) {
+    int c = blockIdx.x;
+    i64 n = (i64)B * HW;
+    double s = 0.0;
+    for (i64 t = threadIdx.x; t < n; t += blockDim.x) {
+        i64 b = t / HW, i = t % HW;
+        s += (double)x[(b * C + c) * HW + i];
+    }
+    double mean = block_sum(s) / (double)n;
+    double ss = 0.0;
+    for (i64 t = threadIdx.x; t < n; t += blockDim.x) {
+        i64 b = t / HW, i = t % HW;
+        double d = (double)x[(b * C + c) * HW + i] - mean;
+        ss += d * d;
+    }
+    ss = block_sum(ss);
+    if (threadIdx.x == 0) {
+        stats[c] = mean;
+        stats[C + c] = 1.0 / sqrt(ss / (double)n + eps);
+        rm[c] = (float)((1.0 - mom) * (double)rm[c] + mom * mean);
+        rv[c] = (float)((1.0 - mom) * (double)rv[c] + mom * ss / (double)(n - 1));
+    }
+}
+
+extern "C" __global__ void k_bn_running_stats(const float* rm, const float* rv, double* stats, int C, double eps) {
+    GRID_STRIDE(c, C) {
+        stats[c] = (double)rm[c];
+        stats[C + c] = 1.0 / sqrt((double)rv[c] + eps);
+    }
+}
+
+// y = x·scale + shift per channel, scale = float(γ·invstd), shift =
+// β − float(mean)·scale; ReLU when relu.
+extern "C" __global__ void k_bn_apply(const float* x, const float* gamma, const float* beta, const double* stats, float* y, int B, int C, int HW, int relu) {
+    i64 n = (i64)B * C * HW;
+    GRID_STRIDE(t, n) {
+        int c = (int)((t / HW) % C);
+        float scale = (float)((double)gamma[c] * stats[C + c]);
+        float shift = beta[c] - (float)stats[c] * scale;
+        float v = x[t] * scale + shift;
+        y[t] = relu ? fmaxf(v, 0.0f) : v;
+    }
+}
+
+// sums[c] = Σdy, sums[C+c] = Σdy·x̂ over channel c (dy zero where y ≤ 0
+// when relu), x̂ = (x − mean)·invstd in float.
+extern "C" __global__ void k_bn_grad_sums(const float* x, const float* dy, const double* stats, const float* y, double* sums, int B, int C, int HW, int relu) {
+    int c = blockIdx.x;
+    i64 n = (i64)B * HW;
+    float mean = (float)stats[c], invstd = (float)stats[C + c];
+    double sdy = 0.0, sdyx = 0.0;
+    for (i64 t = threadIdx.x; t < n; t += blockDim.x) {
+        i64 b = t / HW, i = t % HW;
+        i64 o = (b * C + c) * HW + i;
+        if (relu && y[o] <= 0.0f) continue;
+        double g = dy[o];
+        sdy += g;
+        sdyx += g * (double)((x[o] - mean) * invstd);
+    }
+    sdy = block_sum(sdy);
+    sdyx = block_sum(sdyx);
+    if (threadIdx.x == 0) {
+        sums[c] = sdy;
+        sums[C + c] = sdyx;
+    }
+}
+
+// dx = γ·invstd·(dy − Σdy/n − x̂·Σdy·x̂/n), dy zero where y ≤ 0 when relu.
+extern "C" __global__ void k_bn_grad_input(const float* x, const float* gamma, const float* dy, const double* stats, const double* sums, const float* y, float* dx, int B, int C, int HW, int relu) {
+    i64 n = (i64)B * C * HW;
+    double cnt = (double)B * HW;
+    GRID_STRIDE(t, n) {
+        int c = (int)((t / HW) % C);
+        float mean = (float)stats[c], invstd = (float)stats[C + c];
+        float k = gamma[c] * invstd;
+        float mdy = (float)(sums[c] / cnt), mdyx = (float)(sums[C + c] / cnt);
+        float g = dy[t];
+        if (relu && y[t] <= 0.0f) g = 0.0f;
+        float xh = (x[t] - mean) * invstd;
+        dx[t] = k * (g - mdy - xh * mdyx);
+    }
+}
+
+extern "C" __global__ void k_bn_grad_param(const double* sums, float* out, int C, int which) {
+    GRID_STRIDE(c, C) { out[c] = (float)sums[which * C + c]; }
+}
+
+// ---- softmax cross-entropy (one block per row for the row reductions) -----
+
+extern "C" __global__ void k_logsumexp(const float* z, double* lse, int N, int C) {
+    int r = blockIdx.x;
+    const float* row = z + (i64)r * C;
+    float m = __int_as_float(0xff800000); // -inf
+    for (int j = threadIdx.x; j < C; j += blockDim.x) m = fmaxf(m, row[j]);
+    m = block_max(m);
+    double s = 0.0;
+    for (int j = threadIdx.x; j < C; j += blockDim.x) s += exp((double)(row[j] - m));
+    s = block_sum(s);
+    if (threadIdx.x == 0) lse[r] = (double)m + log(s);
+}
+
+// The mean over rows of lse − z[y] (one block).
+extern "C" __global__ void k_xent_loss(const float* z, const i64* y, const double* lse, float* loss, int N, int C) {
+    double s = 0.0;
+    for (int r = threadIdx.x; r < N; r += blockDim.x) s += lse[r] - (double)z[(i64)r * C + y[r]];
+    s = block_sum(s);
+    if (threadIdx.x == 0) loss[0] = (float)(s / (double)N);
+}
+
+// out = g·(softmax(z) − onehot(y))/N; may run in place over z.
+extern "C" __global__ void k_xent_grad(const float* z, const i64* y, const double* lse, const float* g, float* out, int N, int C) {
+    double k = (double)g[0] / (double)N;
+    i64 n = (i64)N * C;
+    GRID_STRIDE(t, n) {
+        int r = (int)(t / C), j = (int)(t % C);
+        float v = (float)(exp((double)z[t] - lse[r]) * k);
+        if ((i64)j == y[r]) v -= (float)k;
+        out[t] = v;
+    }
+}
+
+// ---- optimizers and vector math -------------------------------------------
+
+// One SGD step (device.SGDStep); buf may be null when momentum is 0.
+extern "C" __global__ void k_sgd(float* w, const float* g, float* buf, i64 n, float lr, float mom, float wd, int nesterov, int first) {
+    GRID_STRIDE(i, n) {
+        float d = g[i] + wd * w[i];
+        if (buf == 0) {
+            w[i] -= lr * d;
+        } else if (first) {
+            buf[i] = d;
+            w[i] -= lr * (nesterov ? d + mom * d : d);
+        } else if (nesterov) {
+            float b = mom * buf[i] + d;
+            buf[i] = b;
+            w[i] -= lr * (d + mom * b);
+        } else {
+            float b = mom * buf[i] + g[i] + wd * w[i];
+            buf[i] = b;
+            w[i] -= lr * b;
+        }
+    }
+}
+
+// One Adam step (device.AdamStep).
+extern "C" __global__ void k_adam(float* w, const float* g, float* m, float* v, i64 n, float step, float b1, float b2, float eps, float sqbc2) {
+    GRID_STRIDE(i, n) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float den = sqrtf(vi) / sqbc2 + eps;
+        w[i] -= step * mi / den;
+    }
+}
+
+extern "C" __global__ void k_scale(float* x, i64 n, float a) {
+    GRID_STRIDE(i, n) { x[i] *= a; }
+}
+
+extern "C" __global__ void k_add(float* y, const float* x, i64 n) {
+    GRID_STRIDE(i, n) { y[i] += x[i]; }
+}
