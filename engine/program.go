@@ -499,7 +499,7 @@ func (p *Program) schedule(in []Instr) []Instr {
 		return in
 	}
 	root := func(id ValueID) ValueID { r, _ := p.Root(id); return r }
-	producer := map[ValueID]int{} // root value → instruction (last writer) in this segment
+	producer := map[ValueID]int{}  // root value → instruction (last writer) in this segment
 	deps := make([][]int, n)       // deps[j]: instructions j waits for
 	users := map[ValueID][]int{}   // root value → instructions reading it
 	lastTouch := map[ValueID]int{} // mutated value → last instruction touching it

@@ -54,10 +54,10 @@ type RunInfo struct {
 	Pipelined   bool      `json:"pipelined"`
 	// Device is where rank 0's model ran ("cpu", or the GPU, e.g.
 	// "cuda:0 (NVIDIA H100 80GB HBM3, …)").
-	Device string `json:"device"`
-	Versions    Versions  `json:"versions"`
-	Machine     Machine   `json:"machine"`
-	Resumed     string    `json:"resumed_from,omitempty"`
+	Device   string   `json:"device"`
+	Versions Versions `json:"versions"`
+	Machine  Machine  `json:"machine"`
+	Resumed  string   `json:"resumed_from,omitempty"`
 	// LayerNames are the layout's tensor names, in order.
 	LayerNames []string `json:"layer_names"`
 }
