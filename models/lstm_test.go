@@ -357,3 +357,29 @@ func TestLSTMDropoutMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// TestLSTMEvaluateOneSequence evaluates a single sequence over several
+// steps (slicing one row per step used to drop an axis and crash the
+// tape machine) against the reference.
+func TestLSTMEvaluateOneSequence(t *testing.T) {
+	cfg := LSTMConfig{Vocab: 9, Embed: 5, Hidden: 5, Layers: 2, Tied: true, BPTT: 3, BatchSize: 2, Seed: 8}
+	m, err := hostOf(NewLSTM(cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	randomizeParams(m, 8, 0.6)
+	r := rand.New(rand.NewPCG(8, 8))
+	state := zeroState(cfg, 1)
+	for call := 0; call < 2; call++ {
+		b := randomTokens(r, cfg.Vocab, 4)
+		b.Steps = 4
+		want, _ := refLSTM(cfg, m.Layout(), m.Params(), b.Tokens, b.Labels, 4, 1, state)
+		ev, err := m.Evaluate(context.Background(), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Count != 4 || !closeRel(ev.LossSum/4, want, 1e-5) {
+			t.Fatalf("call %d: loss %v/%d, reference %v", call, ev.LossSum, ev.Count, want)
+		}
+	}
+}
