@@ -1,0 +1,89 @@
+package cuda_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/models"
+)
+
+// BenchmarkGPUStep is one training step on the GPU — forward, backward and
+// the optimizer's update, all on the device — of each model at the sizes
+// docs/bench/gpu.md compares with PyTorch (scripts/gpu-step-torch.py):
+//
+//	go test -run XXX -bench GPUStep -benchtime 50x ./cuda
+func BenchmarkGPUStep(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
+	cases := []struct {
+		name  string
+		build func() (models.Model, error)
+		batch models.Batch
+		adam  bool
+	}{
+		{"resnet18-b128", func() (models.Model, error) {
+			c := models.DefaultResNet18(10, 128)
+			c.Backend = backend(b)
+			return models.NewResNet(c)
+		}, models.Batch{Images: randVec(r, 128*3*32*32, 1), Labels: randInts(r, 128, 10)}, false},
+		{"lstm-default-b32", func() (models.Model, error) {
+			c := models.DefaultLSTM(33278, 32)
+			c.Backend = backend(b)
+			return models.NewLSTM(c)
+		}, models.Batch{Tokens: randInts(r, 30*32, 33278), Labels: randInts(r, 30*32, 33278)}, false},
+		{"ncf-default-b256", func() (models.Model, error) {
+			c := models.DefaultNCF(138493, 26744, 256)
+			c.Backend = backend(b)
+			return models.NewNCF(c)
+		}, models.Batch{Users: randInts(r, 256, 138493), Items: randInts(r, 256, 26744), Targets: randTargets(r, 256)}, true},
+		{"ncf-default-b65536", func() (models.Model, error) {
+			c := models.DefaultNCF(138493, 26744, 65536)
+			c.Backend = backend(b)
+			return models.NewNCF(c)
+		}, models.Batch{Users: randInts(r, 65536, 138493), Items: randInts(r, 65536, 26744), Targets: randTargets(r, 65536)}, true},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			m, err := c.build()
+			if err != nil {
+				b.Fatal(err)
+			}
+			d := m.Device()
+			s := d.Stream()
+			host := make([]float32, m.NumParams())
+			m.InitParams(host)
+			params := upload(b, s, host)
+			grad, _ := d.Alloc(device.Float32, m.NumParams())
+			s1, _ := d.Alloc(device.Float32, m.NumParams())
+			s2, _ := d.Alloc(device.Float32, m.NumParams())
+			math := d.Math()
+			step := func() {
+				if _, err := m.TrainStep(context.Background(), c.batch, params, grad); err != nil {
+					b.Fatal(err)
+				}
+				var err error
+				if c.adam {
+					err = math.Adam(s, device.AdamStep{StepSize: 1e-3, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8, SqrtBC2: 1}, params, grad, s1, s2)
+				} else {
+					err = math.SGD(s, device.SGDStep{LR: 1e-3, Momentum: 0.9, WeightDecay: 1e-4}, params, grad, s1)
+				}
+				if err == nil {
+					err = s.Synchronize()
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range 3 { // warm-up: kernels loaded, cuDNN and cuBLAS initialised
+				step()
+			}
+			b.ResetTimer()
+			for b.Loop() {
+				step()
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N), "ms/step")
+			b.ReportMetric(float64(m.ArenaBytes())/(1<<20), "arena-MiB")
+		})
+	}
+}
