@@ -8,7 +8,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("cltk", newCltkReducer) }
+func init() { Register(Method{Name: "cltk", New: newCltkReducer}) }
 
 // cltkReducer is "cltk", CLT-k of the DEFT/MiCRO code (CLTKReducer,
 // reference notes 7.3):

@@ -15,7 +15,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("deft", newDeft) }
+func init() { Register(Method{Name: "deft", New: newDeft}) }
 
 // deftFrag is one fragment of DEFT's layout: the elements [lo, hi) of the flat
 // gradient, which belong to layout tensor number tensor.

@@ -7,7 +7,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("dense", newDenseReducer) }
+func init() { Register(Method{Name: "dense", New: newDenseReducer}) }
 
 // denseReducer is the "dense" baseline: a plain all-reduce average of acc.
 //

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-func init() { Register("dgc", newDGCReducer) }
+func init() { Register(Method{Name: "dgc", New: newDGCReducer}) }
 
 // dgcReducer is "dgc", Deep Gradient Compression's sampled-threshold
 // sparsifier as in the reference DGC code (synxlin/deep-gradient-compression,

@@ -3,8 +3,10 @@
 // SelectAbove, KthLargestAbs, RandomK), and one Reducer per method that turns
 // a worker's error-compensated gradient acc into the gradient averaged over
 // the workers (out) and the worker's new residual, over a comm.Communicator.
-// A registry maps method names to constructors: New(name, Options) checks the
-// options every method shares and builds the reducer; Names lists them.
+// A registry maps method names to their declarations (Method: constructor
+// and options; Register, Lookup, Methods): New(name, Options) checks the
+// options every method shares and the method's own options (Options.Params)
+// and builds the reducer; Names lists the methods.
 //
 // # Methods
 //
@@ -41,7 +43,7 @@
 //   - "topkdsa" (topkdsa.go, topkDSAReducer; notes 7.8): TopkDSA of the
 //     Ok-Topk code (SparDL's TopDSA baseline): top-k sent to the owners of P
 //     contiguous regions, owners sum, sparse or dense all-gather of the sums;
-//     dense warm-up (Options.Warmup, default 512). Deviations (fixes): the
+//     dense warm-up (option dense_warmup, default 512). Deviations (fixes): the
 //     k selected elements are the ones sent (the reference sends only |acc|
 //     strictly above the k-th largest yet zeroes all k in the residual, so
 //     with k = 1 it sends nothing); the last region takes N − (P−1)⌊N/P⌋
@@ -53,7 +55,7 @@
 //     threshold exact every 32 sparse calls and otherwise reused and raised,
 //     regions re-balanced every 64, owners sum, global threshold exact every
 //     32 and otherwise adapted, residual zeroed only where sent and globally
-//     selected; dense warm-up (Options.Warmup, default 512). Deviations
+//     selected; dense warm-up (option dense_warmup, default 512). Deviations
 //     (fixes): the schedule counts from the end of the warm-up (the same for
 //     the reference's 512); boundary proposals summed as int64 (the
 //     reference's int32 overflows once P·N > 2^31); a worker with nothing
@@ -108,4 +110,45 @@
 //
 // Every method except gtopk conserves the gradient: Σ_w residual_w + n·out =
 // Σ_w acc_w up to float32 rounding.
+//
+// # Method options
+//
+// Each method declares its own options once, beside its reducer, in the
+// Method it registers (Params, see Param: name, flag, kind, default, valid
+// range, doc). Options.Params holds them by name; New fills in the defaults
+// of absent ones and refuses options the method does not declare and values
+// outside their range (NaN and ±Inf included). The trainer (package train,
+// command train) derives its flags, help text and configuration checks from
+// the same declarations, so adding a method with options touches only the
+// method's file and its tests. dense_warmup is one option shared by dragonn,
+// oktopk and topkdsa, each with its own default: it means the same for the
+// three (dense all-reduce iterations before sparsifying), and a run uses one
+// method, so one flag, -dense-warmup, sets the warm-up of whichever runs.
+//
+// The list below is generated from the declarations (go generate
+// ./sparsify; TestOptionsDoc fails when it is out of date); each entry is
+// method: name (trainer flag), kind, valid values, default, meaning.
+//
+//   - dragonn: min_tensor (-min-tensor), int, [0, 2147483647], default
+//     204800: compress only tensors with more elements (0: every tensor).
+//   - dragonn: dense_warmup (-dense-warmup), int, [0, 2147483647], default
+//     200: dense all-reduce iterations before sparsifying (0: none).
+//   - lags: merge_size (-merge-size), int, [1, 2147483647], default 8192:
+//     merge threshold in elements (1: one group per tensor).
+//   - lags: max_ratio (-max-ratio), float, 0 (off) or >= 1, default 0:
+//     compression-ratio bound c_u of the adaptive per-group density.
+//   - oktopk: dense_warmup (-dense-warmup), int, [0, 2147483647], default
+//     512: dense all-reduce iterations before sparsifying (0: none).
+//   - spardl: teams (-teams), int, [1, 2147483647], default 1: number of
+//     teams G (must divide the number of workers).
+//   - spardl: sag (-sag), string, bruck or rsag, default bruck:
+//     spar-all-gather across teams: Bruck (B-SAG) or recursive doubling
+//     (R-SAG, a power-of-two number of teams).
+//   - threshold: lambda (-lambda), float, [0, 3.4028234663852886e+38] (0:
+//     1/(2√k), recomputed every call), default 0: hard threshold λ: every
+//     element with |acc| >= λ is sent.
+//   - topkdsa: dense_warmup (-dense-warmup), int, [0, 2147483647], default
+//     512: dense all-reduce iterations before sparsifying (0: none).
 package sparsify
+
+//go:generate go test -run ^TestOptionsDoc$ -update-options-doc .

@@ -9,7 +9,13 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("dragonn", newDragonnReducer) }
+func init() {
+	Register(Method{Name: "dragonn", New: newDragonnReducer, Params: []Param{
+		{Name: "min_tensor", Flag: "min-tensor", Kind: Int, Default: dragonnDefaultMinTensor, Min: 0, Max: math.MaxInt32,
+			Doc: "compress only tensors with more elements (0: every tensor)"},
+		denseWarmupParam(dragonnDefaultWarmup),
+	}})
+}
 
 // Defaults of DRAGONN's options (reference notes 6.1: the README's
 // --threshold 204800 and --compress-iter 200).
@@ -23,9 +29,9 @@ const (
 // notes 6):
 //
 //   - Efficiency-aware tensor selection: a layout tensor is compressed iff it
-//     has more than Options.MinTensor elements (0: 204800; negative: every
-//     tensor) and the call is at least the Options.Warmup-th (0: 200;
-//     negative: from the first call). All other tensors are averaged densely:
+//     has more than min_tensor elements (option min_tensor, default 204800;
+//     0: every tensor) and the call is at least the dense_warmup-th (option
+//     dense_warmup, default 200; 0: from the first call). All other tensors are averaged densely:
 //     one AllReduce of their concatenation, divided by n.
 //   - Per compressed tensor (dragonnSelect): ratio = ρ, forced to 0.01 for
 //     tensors of at most 131072 elements; ns = ⌊0.01·numel⌋ samples drawn
@@ -78,19 +84,7 @@ type dragonnReducer struct {
 }
 
 func newDragonnReducer(o Options) (Reducer, error) {
-	r := &dragonnReducer{base: newBase("dragonn", o), minTensor: o.MinTensor, warmup: o.Warmup}
-	switch {
-	case r.minTensor == 0:
-		r.minTensor = dragonnDefaultMinTensor
-	case r.minTensor < 0:
-		r.minTensor = 0
-	}
-	switch {
-	case r.warmup == 0:
-		r.warmup = dragonnDefaultWarmup
-	case r.warmup < 0:
-		r.warmup = 0
-	}
+	r := &dragonnReducer{base: newBase("dragonn", o), minTensor: o.Params.Int("min_tensor"), warmup: o.Params.Int("dense_warmup")}
 	for _, tn := range o.Layout.Tensors {
 		r.params = append(r.params, dragonnParamsFor(tn.Size, o.Density))
 	}

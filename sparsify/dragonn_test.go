@@ -107,14 +107,14 @@ func (d *dragonnRefRun) expect(l Layout, accs [][]float32, ratio float64, seed u
 func TestDragonnMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(13, 14))
 	type variant struct {
-		name              string
-		minTensor, warmup int // Options values
-		resMin, resWarm   int // resolved
+		name            string
+		opts            Values // Options.Params
+		resMin, resWarm int    // resolved
 	}
 	variants := []variant{
-		{"all-compressed", -1, -1, 0, 0},
-		{"mixed-warmup1", 40, 1, 40, 1},
-		{"defaults-dense", 0, 0, 204800, 200},
+		{"all-compressed", Values{"min_tensor": 0, "dense_warmup": 0}, 0, 0},
+		{"mixed-warmup1", Values{"min_tensor": 40, "dense_warmup": 1}, 40, 1},
+		{"defaults-dense", nil, 204800, 200},
 	}
 	for ci, c := range standardCases() {
 		for _, v := range variants {
@@ -125,7 +125,7 @@ func TestDragonnMatchesReference(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/%s", c, v.name), func(t *testing.T) {
 				cfg := harnessConfig{Method: "dragonn", Workers: c.Workers, Layout: l, Density: c.Density, Iters: 3,
 					Seed: uint64(ci), Feedback: true, InPlace: ci%2 == 0, Gen: genNormal,
-					Options: func(o *Options) { o.MinTensor, o.Warmup = v.minTensor, v.warmup }}
+					Options: func(o *Options) { o.Params = v.opts }}
 				if ci%3 == 0 {
 					cfg.Gen = genSmallInts
 				}
@@ -152,7 +152,7 @@ func TestDragonnHashSeedWraps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := New("dragonn", Options{Density: 0.05, Layout: l, Comm: sampSingleComm(), MinTensor: -1, Warmup: -1})
+	r, err := New("dragonn", Options{Density: 0.05, Layout: l, Comm: sampSingleComm(), Params: Values{"min_tensor": 0, "dense_warmup": 0}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func TestDragonnWarmupIsDense(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := harnessConfig{Method: "dragonn", Workers: 3, Layout: l, Density: 0.01, Iters: 3, Seed: 1,
-		Options: func(o *Options) { o.MinTensor, o.Warmup = 100, 2 }}
+		Options: func(o *Options) { o.Params = Values{"min_tensor": 100, "dense_warmup": 2} }}
 	res := mustRunHarness(t, cfg)
 	for it := range 3 {
 		for w := range 3 {

@@ -8,7 +8,9 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("gtopk", newGtopkReducer) }
+func init() {
+	Register(Method{Name: "gtopk", New: newGtopkReducer, CheckWorkers: gtopkCheckWorkers})
+}
 
 // gtopkTag is the point-to-point tag of gTop-k's tree messages (the values
 // travel with gtopkTag+1).
@@ -66,11 +68,15 @@ type gtopkReducer struct {
 }
 
 func newGtopkReducer(o Options) (Reducer, error) {
-	p := o.Comm.Size()
-	if p < 1 || p&(p-1) != 0 {
-		return nil, fmt.Errorf("sparsify: gtopk: %d workers; gTop-k's tree needs a power-of-two number of workers (1, 2, 4, 8, 16, ...): use %d or %d workers, or another method", p, gtopkPrevPow2(p), 2*gtopkPrevPow2(p))
-	}
 	return &gtopkReducer{base: newBase("gtopk", o)}, nil
+}
+
+// gtopkCheckWorkers refuses worker counts that are not powers of two.
+func gtopkCheckWorkers(p int, _ Values) error {
+	if p < 1 || p&(p-1) != 0 {
+		return fmt.Errorf("sparsify: gtopk: %d workers; gTop-k's tree needs a power-of-two number of workers (1, 2, 4, 8, 16, ...): use %d or %d workers, or another method", p, gtopkPrevPow2(p), 2*gtopkPrevPow2(p))
+	}
+	return nil
 }
 
 // gtopkPrevPow2 is the largest power of two <= p (1 for p < 1).

@@ -87,7 +87,7 @@ type harnessConfig struct {
 	// Seed seeds the accs and is passed as Options.Seed.
 	Seed uint64
 	// Options, if set, edits the options after Comm, Layout, Density and
-	// Seed are filled in (Lambda, Teams, ...).
+	// Seed are filled in (Params, ...).
 	Options func(*Options)
 	// Feedback: acc(t) = residual(t−1) + gen() instead of acc(t) = gen().
 	Feedback bool

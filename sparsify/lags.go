@@ -11,10 +11,17 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 )
 
-func init() { Register("lags", newLAGSReducer) }
+func init() {
+	Register(Method{Name: "lags", New: newLAGSReducer, Params: []Param{
+		{Name: "merge_size", Flag: "merge-size", Kind: Int, Default: LAGSDefaultMergeSize, Min: 1, Max: math.MaxInt32,
+			Doc: "merge threshold in elements (1: one group per tensor)"},
+		{Name: "max_ratio", Flag: "max-ratio", Kind: Float, Default: 0.0, Min: 1, Max: math.Inf(1), Zero: "off",
+			Doc: "compression-ratio bound c_u of the adaptive per-group density"},
+	}})
+}
 
-// LAGSDefaultMergeSize is the merge threshold, in elements, that LAGS uses
-// when Options.MergeSize is 0 (the reference scripts' default).
+// LAGSDefaultMergeSize is the default of LAGS' option merge_size, the merge
+// threshold in elements (the reference scripts' default).
 const LAGSDefaultMergeSize = 8192
 
 // Group is one merge group of a layout: consecutive tensors whose gradients
@@ -199,8 +206,8 @@ func lagsMeasure(ctx context.Context, c comm.Communicator) (LAGSModel, error) {
 // LAGS is the LAGS-SGD reducer ("lags", Shi et al., ECAI'20), as the
 // reference code HKBU-HPML/OMGS-SGD implements it:
 //
-//   - The layout is cut into merge groups (LAGSGroups with Options.MergeSize,
-//     default LAGSDefaultMergeSize; MergeSize 1 gives one group per tensor).
+//   - The layout is cut into merge groups (LAGSGroups with the option
+//     merge_size, default LAGSDefaultMergeSize; 1 gives one group per tensor).
 //   - Per group of m elements: k = max(int(m·ρ_g), 1), exact top-k (TopK) of
 //     the group's acc; the residual is acc with this worker's selection
 //     zeroed; two all-gathers (float32 values, int32 group-local indices, k
@@ -208,8 +215,8 @@ func lagsMeasure(ctx context.Context, c comm.Communicator) (LAGSModel, error) {
 //     added in rank order)/n. Elements are taken in flat (layout) order within
 //     a group, where the reference concatenates the group's tensors in
 //     backward order: only the order of equal-magnitude ties differs.
-//   - ρ_g is Options.Density unless the adaptive rule is on (Options.MaxRatio
-//     = c_u > 0). The paper's eq. 19 picks the compression ratio c = m/k of
+//   - ρ_g is Options.Density unless the adaptive rule is on (the option
+//     max_ratio = c_u > 0). The paper's eq. 19 picks the compression ratio c = m/k of
 //     layer l as c^(l) = max{c_u, min{c | t_comm(c) + t_spar ≤ t_comp^(l−1)}}:
 //     the least compression whose modelled communication and sparsification
 //     hide behind the backward time of the next group, but never less
@@ -281,35 +288,32 @@ type lagsBufs struct {
 
 var _ GroupReducer = (*LAGS)(nil)
 
-func newLAGSReducer(o Options) (Reducer, error) { return NewLAGS(o) }
+func newLAGSReducer(o Options) (Reducer, error) { return newLAGS(o) }
 
-// NewLAGS builds the LAGS reducer from o (see LAGS). It is what New("lags", o)
-// returns, typed, for callers that need SetBackwardTimes or SetModel.
+// NewLAGS builds the LAGS reducer from o (see LAGS) after New's checks. It
+// is what New("lags", o) returns, typed, for callers that need
+// SetBackwardTimes or SetModel.
 func NewLAGS(o Options) (*LAGS, error) {
-	if err := checkOptions("lags", o); err != nil {
+	m, _ := Lookup("lags")
+	o, err := prepare(m, o)
+	if err != nil {
 		return nil, err
 	}
-	if o.MergeSize < 0 {
-		return nil, fmt.Errorf("sparsify: lags: MergeSize %d is negative; use 0 for the default %d or 1 for one group per tensor", o.MergeSize, LAGSDefaultMergeSize)
-	}
-	if o.MaxRatio != 0 {
-		if !(o.MaxRatio >= 1) || math.IsInf(o.MaxRatio, 0) {
-			return nil, fmt.Errorf("sparsify: lags: MaxRatio %v is not a compression ratio (elements per selected element); use a value >= 1, e.g. 1000, or 0 to turn the adaptive density off", o.MaxRatio)
-		}
-		if 1/o.MaxRatio < o.Density {
-			return nil, fmt.Errorf("sparsify: lags: MaxRatio %v caps the per-group density at 1/%v = %v, below the floor Density %v; use MaxRatio <= %v or a lower Density", o.MaxRatio, o.MaxRatio, 1/o.MaxRatio, o.Density, 1/o.Density)
-		}
-	}
-	merge := o.MergeSize
-	if merge == 0 {
-		merge = LAGSDefaultMergeSize
+	return newLAGS(o)
+}
+
+// newLAGS builds LAGS from prepared options (see prepare).
+func newLAGS(o Options) (*LAGS, error) {
+	maxRatio := o.Params.Float("max_ratio") // 0 or >= 1 (declared)
+	if maxRatio != 0 && 1/maxRatio < o.Density {
+		return nil, fmt.Errorf("sparsify: lags: max_ratio %v caps the per-group density at 1/%v = %v, below the floor Density %v; use max_ratio <= %v or a lower Density", maxRatio, maxRatio, 1/maxRatio, o.Density, 1/o.Density)
 	}
 	l := &LAGS{
 		n:        o.Comm.Size(),
 		layout:   o.Layout,
 		density:  o.Density,
-		maxRatio: o.MaxRatio,
-		groups:   LAGSGroups(o.Layout, merge),
+		maxRatio: maxRatio,
+		groups:   LAGSGroups(o.Layout, o.Params.Int("merge_size")),
 		model:    LAGSDefaultModel,
 		seen:     make([]bool, o.Layout.N),
 	}
@@ -376,6 +380,11 @@ func (l *LAGS) SetBackwardTimes(perTensor []time.Duration) error {
 	l.recomputeK()
 	return nil
 }
+
+// Adaptive reports whether the adaptive per-group density is on (the option
+// max_ratio is not 0): only then do the backward times of SetBackwardTimes
+// matter.
+func (l *LAGS) Adaptive() bool { return l.maxRatio > 0 }
 
 // recomputeK sets l.ks from the options, the model and the backward times.
 func (l *LAGS) recomputeK() {

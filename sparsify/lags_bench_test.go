@@ -96,7 +96,7 @@ func BenchmarkLAGSReduce(b *testing.B) {
 	for _, n := range []int{1, 4} {
 		for _, merge := range []int{0, 1} {
 			b.Run(fmt.Sprintf("workers=%d/N=%d/merge=%d", n, l.N, merge), func(b *testing.B) {
-				lagsBenchReduce(b, "lags", n, l, func(o *Options) { o.MergeSize = merge })
+				lagsBenchReduce(b, "lags", n, l, func(o *Options) { o.Params = lagsMerge(merge) })
 			})
 		}
 	}

@@ -143,6 +143,14 @@ func lagsCheck(t *testing.T, res *harnessResult, merge int, ks func(groups [][]i
 	}
 }
 
+// lagsMerge is the option merge_size, absent (the default) for 0.
+func lagsMerge(merge int) Values {
+	if merge == 0 {
+		return nil
+	}
+	return Values{"merge_size": merge}
+}
+
 func TestLAGSMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	for ci, c := range standardCases() {
@@ -158,7 +166,7 @@ func TestLAGSMatchesReference(t *testing.T) {
 			cfg := harnessConfig{
 				Method: "lags", Workers: c.Workers, Layout: layout, Density: c.Density,
 				Iters: 2, Seed: uint64(ci*10 + merge), Feedback: true, InPlace: ci%2 == 0,
-				Options: func(o *Options) { o.MergeSize = merge },
+				Options: func(o *Options) { o.Params = lagsMerge(merge) },
 			}
 			if ci%3 == 1 {
 				cfg.Gen = genSmallInts // many magnitude ties
@@ -266,7 +274,7 @@ func TestLAGSStartGroupInFlight(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			o := Options{Density: 0.05, Layout: l, MergeSize: 1}
+			o := Options{Density: 0.05, Layout: l, Params: Values{"merge_size": 1}}
 			lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
 				acc := lagsRandom(11, rank, l.N)
 				out1, res1 := make([]float32, l.N), make([]float32, l.N)
@@ -389,7 +397,7 @@ func TestLAGSAdaptiveReduce(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 4
-	o := Options{Density: 0.001, Layout: l, MergeSize: 1, MaxRatio: 10}
+	o := Options{Density: 0.001, Layout: l, Params: Values{"merge_size": 1, "max_ratio": 10.0}}
 	model := LAGSModel{Alpha: 1e-3, Beta: 1e-9}
 	// Groups in backward order: [last], [mid], [first]. Group 0 hides behind
 	// mid's backward time (1 s: cap 100), group 1 behind first's (k = 50),
@@ -437,10 +445,13 @@ func TestLAGSErrors(t *testing.T) {
 		name string
 		o    Options
 	}{
-		{"negative merge", Options{Density: 0.1, Layout: l, Comm: c, MergeSize: -1}},
-		{"ratio below 1", Options{Density: 0.1, Layout: l, Comm: c, MaxRatio: 0.5}},
-		{"ratio NaN", Options{Density: 0.1, Layout: l, Comm: c, MaxRatio: math.NaN()}},
-		{"cap below floor", Options{Density: 0.1, Layout: l, Comm: c, MaxRatio: 100}},
+		{"negative merge", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"merge_size": -1}}},
+		{"merge 0", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"merge_size": 0}}},
+		{"ratio below 1", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": 0.5}}},
+		{"ratio NaN", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": math.NaN()}}},
+		{"ratio Inf", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": math.Inf(1)}}},
+		{"cap below floor", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": 100.0}}},
+		{"option of another method", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"teams": 2}}},
 		{"no comm", Options{Density: 0.1, Layout: l}},
 		{"bad density", Options{Density: 0, Layout: l, Comm: c}},
 		{"empty layout", Options{Density: 0.1, Comm: c}},
@@ -530,7 +541,7 @@ func TestLAGSPipelineEmulatedNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 3
-	o := Options{Density: 0.02, Layout: l, MergeSize: 1}
+	o := Options{Density: 0.02, Layout: l, Params: Values{"merge_size": 1}}
 	net := netmodel.Network{Latency: 2 * time.Millisecond, Bandwidth: 1e8}
 	accs, outs, ress := make([][]float32, n), make([][]float32, n), make([][]float32, n)
 	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
@@ -601,7 +612,7 @@ func TestLAGSNetworkOfTheRun(t *testing.T) {
 		{"measured", false, 0.3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			o := Options{Density: density, Layout: l, MergeSize: 1, MaxRatio: ratio}
+			o := Options{Density: density, Layout: l, Params: Values{"merge_size": 1, "max_ratio": ratio}}
 			if tc.declared {
 				o.Network = net
 			}

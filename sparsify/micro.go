@@ -9,7 +9,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("micro", newMicro) }
+func init() { Register(Method{Name: "micro", New: newMicro}) }
 
 // The constants of MiCRO's threshold controller (kljp/micro, notes 3.3).
 const (

@@ -9,7 +9,9 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("oktopk", newOkTopkReducer) }
+func init() {
+	Register(Method{Name: "oktopk", New: newOkTopkReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+}
 
 // Constants of Ok-Topk's schedule and threshold controllers
 // (Shigangli/Ok-Topk, VGG/allreducer.py and VGG/compression.py).
@@ -28,8 +30,8 @@ const (
 // the GaussianCompressor helpers of VGG/compression.py; reference notes 7.8),
 // on the whole flat vector as one group:
 //
-//   - Dense warm-up: the first Options.Warmup calls (0: 512, the reference's;
-//     negative: none) are a dense all-reduce, out = Σ_w acc_w / P and
+//   - Dense warm-up: the first dense_warmup calls (option dense_warmup,
+//     default 512, the reference's; 0: none) are a dense all-reduce, out = Σ_w acc_w / P and
 //     residual = 0. The periodic schedule below counts the sparse calls
 //     s = 0, 1, … after the warm-up.
 //   - k = BudgetK(ρ, N). Local threshold: when s mod 32 = 0 it is the exact
@@ -108,7 +110,7 @@ type okTopkReducer struct {
 }
 
 func newOkTopkReducer(o Options) (Reducer, error) {
-	r := &okTopkReducer{base: newBase("oktopk", o), warmup: okWarmupIters(o.Warmup)}
+	r := &okTopkReducer{base: newBase("oktopk", o), warmup: o.Params.Int("dense_warmup")}
 	r.reg = newOkRegions(r.base.c, r.base.n)
 	return r, nil
 }

@@ -21,7 +21,7 @@ func okBenchReduce(b *testing.B, method string, n int) {
 	reducers := make([]Reducer, n)
 	accs, outs, ress := make([][]float32, n), make([][]float32, n), make([][]float32, n)
 	for r := range n {
-		red, err := New(method, Options{Density: 0.01, Layout: l, Comm: w.Comm(r), Warmup: -1})
+		red, err := New(method, Options{Density: 0.01, Layout: l, Comm: w.Comm(r), Params: Values{"dense_warmup": 0}})
 		if err != nil {
 			b.Fatal(err)
 		}

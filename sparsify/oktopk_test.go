@@ -39,13 +39,7 @@ type okRef struct {
 }
 
 func newOkRef(method string, p, n int, density float64, warmup int) *okRef {
-	r := &okRef{method: method, p: p, n: n, k: BudgetK(density, n), lthr: make([]float64, p)}
-	switch {
-	case warmup == 0:
-		r.warmup = 512
-	case warmup > 0:
-		r.warmup = warmup
-	}
+	r := &okRef{method: method, p: p, n: n, k: BudgetK(density, n), lthr: make([]float64, p), warmup: warmup}
 	r.offs = make([]int, p+1)
 	for j := 0; j < p; j++ {
 		r.offs[j] = j * (n / p)
@@ -382,11 +376,11 @@ func TestOkMethodsMatchReference(t *testing.T) {
 	gens := []harnessGen{genNormal, genSmallInts, genSparse, genZero}
 	for _, method := range []string{"topkdsa", "oktopk"} {
 		for ci, c := range standardCases() {
-			warmup := []int{-1, 1, 2}[ci%3]
+			warmup := []int{0, 1, 2}[ci%3]
 			t.Run(fmt.Sprintf("%s/%s/warmup=%d", method, c, warmup), func(t *testing.T) {
 				okCompare(t, harnessConfig{
 					Method: method, Workers: c.Workers, N: c.N, Density: c.Density,
-					Iters: 4, Seed: uint64(2000 + ci), Options: func(o *Options) { o.Warmup = warmup },
+					Iters: 4, Seed: uint64(2000 + ci), Options: func(o *Options) { o.Params = Values{"dense_warmup": warmup} },
 					Feedback: ci%2 == 0, InPlace: ci%3 == 1, Gen: gens[ci%len(gens)],
 				}, warmup)
 			})
@@ -422,8 +416,8 @@ func TestOkTopkScheduleMatchesReference(t *testing.T) {
 			}
 			okCompare(t, harnessConfig{
 				Method: "oktopk", Workers: c.n, N: c.N, Density: c.density, Iters: 140, Seed: uint64(30 + ci),
-				Options: func(o *Options) { o.Warmup = -1 }, Feedback: true, Fill: c.fill,
-			}, -1)
+				Options: func(o *Options) { o.Params = Values{"dense_warmup": 0} }, Feedback: true, Fill: c.fill,
+			}, 0)
 		})
 	}
 }
@@ -492,7 +486,7 @@ func TestOkMethodsHandComputed(t *testing.T) {
 			n, N := len(tc.accs), len(tc.accs[0])
 			res := mustRunHarness(t, harnessConfig{
 				Method: tc.method, Workers: n, N: N, Density: tc.density,
-				Options: func(o *Options) { o.Warmup = -1 },
+				Options: func(o *Options) { o.Params = Values{"dense_warmup": 0} },
 				Fill:    func(_, rank int, x []float32) { copy(x, tc.accs[rank]) },
 			})
 			for w := range n {
@@ -510,16 +504,19 @@ func TestOkMethodsHandComputed(t *testing.T) {
 	}
 }
 
-// TestOkMethodsWarmup: Warmup 0 gives the reference's 512 dense calls,
-// a positive value that many, a negative value none; dense calls average
-// and leave no residual.
+// TestOkMethodsWarmup: without the option dense_warmup the reference's 512
+// calls are dense, with it that many (0: none); dense calls average and
+// leave no residual.
 func TestOkMethodsWarmup(t *testing.T) {
 	for _, method := range []string{"topkdsa", "oktopk"} {
-		for _, tc := range []struct{ opt, dense int }{{0, 512}, {3, 3}, {-1, 0}} {
-			t.Run(fmt.Sprintf("%s/Warmup=%d", method, tc.opt), func(t *testing.T) {
+		for _, tc := range []struct {
+			opt   Values
+			dense int
+		}{{nil, 512}, {Values{"dense_warmup": 3}, 3}, {Values{"dense_warmup": 0}, 0}} {
+			t.Run(fmt.Sprintf("%s/%v", method, tc.opt), func(t *testing.T) {
 				res := mustRunHarness(t, harnessConfig{
 					Method: method, Workers: 2, N: 40, Density: 0.1, Iters: tc.dense + 2, Seed: 5, Feedback: true,
-					Options: func(o *Options) { o.Warmup = tc.opt },
+					Options: func(o *Options) { o.Params = tc.opt },
 				})
 				for it, sts := range res.Stats {
 					for w, st := range sts {
@@ -542,7 +539,7 @@ func TestTopkDSABudget(t *testing.T) {
 		t.Run(c.String(), func(t *testing.T) {
 			k := BudgetK(c.Density, c.N)
 			res := mustRunHarness(t, harnessConfig{Method: "topkdsa", Workers: c.Workers, N: c.N, Density: c.Density,
-				Iters: 5, Seed: 11, Feedback: true, Options: func(o *Options) { o.Warmup = -1 }})
+				Iters: 5, Seed: 11, Feedback: true, Options: func(o *Options) { o.Params = Values{"dense_warmup": 0} }})
 			for it := range res.Stats {
 				nz := 0
 				for _, v := range res.Out[it][0] {
@@ -585,7 +582,7 @@ func TestOkTopkBudget(t *testing.T) {
 	}{{false, 0, 1.25}, {true, iters - 32, 2}} {
 		t.Run(fmt.Sprintf("feedback=%v", tc.feedback), func(t *testing.T) {
 			res := mustRunHarness(t, harnessConfig{Method: "oktopk", Workers: n, N: N, Density: density, Iters: iters, Seed: 12,
-				Feedback: tc.feedback, Options: func(o *Options) { o.Warmup = -1 }})
+				Feedback: tc.feedback, Options: func(o *Options) { o.Params = Values{"dense_warmup": 0} }})
 			var local, global float64
 			for it := range iters {
 				g := 0
@@ -628,7 +625,7 @@ func TestOkMethodsIgnoreTensorBoundaries(t *testing.T) {
 				t.Fatal(err)
 			}
 			cfg := harnessConfig{Method: m, Workers: n, N: 301, Density: 0.05, Seed: 8, Iters: 3, Feedback: true,
-				Options: func(o *Options) { o.Warmup = 1 }}
+				Options: func(o *Options) { o.Params = Values{"dense_warmup": 1} }}
 			flat := mustRunHarness(t, cfg)
 			cfg.Layout = l
 			multi := mustRunHarness(t, cfg)
@@ -666,14 +663,14 @@ func TestOkMethodsBadArgumentsAndFailures(t *testing.T) {
 				t.Fatalf("Name() = %q", r.Name())
 			}
 		})
-		for _, warmup := range []int{-1, 1} {
+		for _, warmup := range []int{0, 1} {
 			t.Run(fmt.Sprintf("%s/dead-peer/warmup=%d", m, warmup), func(t *testing.T) {
 				l, _ := FlatLayout(100)
 				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 				defer cancel()
 				var aborted atomic.Int32
 				err := local.Run(ctx, 5, func(ctx context.Context, c comm.Communicator) error {
-					r, err := New(m, Options{Density: 0.1, Layout: l, Comm: c, Warmup: warmup})
+					r, err := New(m, Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"dense_warmup": warmup}})
 					if err != nil {
 						return err
 					}
@@ -704,7 +701,7 @@ func TestOkMethodsBadArgumentsAndFailures(t *testing.T) {
 			l, _ := FlatLayout(10)
 			ctx, cancel := context.WithCancel(t.Context())
 			cancel()
-			r, err := New(m, Options{Density: 0.1, Layout: l, Comm: local.New(2).Comm(0), Warmup: -1})
+			r, err := New(m, Options{Density: 0.1, Layout: l, Comm: local.New(2).Comm(0), Params: Values{"dense_warmup": 0}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -752,7 +749,9 @@ func TestOkHelpers(t *testing.T) {
 	if got, want := okCountAbove(big, 1), len(okRefAbove(big, 1)); got != want {
 		t.Fatalf("okCountAbove on %d elements = %d, want %d", len(big), got, want)
 	}
-	if w := okWarmupIters(0); w != 512 {
-		t.Fatalf("default warm-up %d, want 512", w)
+	for _, m := range []string{"oktopk", "topkdsa"} {
+		if p, _ := mustLookup(t, m).Param("dense_warmup"); p.Default != 512 {
+			t.Fatalf("%s: default warm-up %v, want 512", m, p.Default)
+		}
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-func init() { Register("randomk", newRandomkReducer) }
+func init() { Register(Method{Name: "randomk", New: newRandomkReducer}) }
 
 // randomkReducer is "randomk", the random-k baseline with a shared index set:
 //

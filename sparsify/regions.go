@@ -31,16 +31,14 @@ const (
 	okTagVal   = 0x6F02
 )
 
-// okWarmupIters is the warm-up length for Options.Warmup: 0 selects the
-// reference's 512, a negative value none.
-func okWarmupIters(w int) int {
-	switch {
-	case w == 0:
-		return okDefaultWarmup
-	case w < 0:
-		return 0
-	}
-	return w
+// denseWarmupParam declares the option dense_warmup with a method's
+// default: the number of initial calls that all-reduce the gradient densely
+// before the method sparsifies. dragonn, oktopk and topkdsa share it (one
+// option, one flag, each method with its own default): a run uses one
+// method, and the warm-up means the same for all three.
+func denseWarmupParam(def int) Param {
+	return Param{Name: "dense_warmup", Flag: "dense-warmup", Kind: Int, Default: def, Min: 0, Max: math.MaxInt32,
+		Doc: "dense all-reduce iterations before sparsifying (0: none)"}
 }
 
 // okEqualSplit sets offs (length p+1) to the Ok-Topk code's equal split of n

@@ -34,7 +34,7 @@ func TestRegisterTwicePanics(t *testing.T) {
 			t.Fatal("registering \"topk\" again did not panic")
 		}
 	}()
-	Register("topk", newTopkReducer)
+	Register(Method{Name: "topk", New: newTopkReducer})
 }
 
 func TestNewErrors(t *testing.T) {
@@ -56,10 +56,10 @@ func TestNewErrors(t *testing.T) {
 		{"empty layout", "topk", Options{Density: 0.1, Comm: c}, []string{"empty layout", "NewLayout"}},
 		{"zero-size tensor", "threshold", Options{Density: 0.1, Comm: c, Layout: Layout{N: 3, Tensors: []Tensor{{"a", 3, 0}, {"b", 0, 3}}}}, []string{`"b"`, "size 0"}},
 		{"gtopk on 3 workers", "gtopk", Options{Density: 0.1, Layout: good, Comm: local.New(3).Comm(0)}, []string{"3 workers", "power-of-two", "2 or 4"}},
-		{"threshold lambda", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Lambda: -1}, []string{"lambda -1"}},
+		{"threshold lambda", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Params: Values{"lambda": -1.0}}, []string{"lambda", "-1 is outside"}},
 		// Regression: a positive λ that rounds to 0 as a float32 selected
 		// every element (|acc| >= 0) instead of being refused.
-		{"threshold lambda underflows float32", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Lambda: 1e-50}, []string{"lambda 1e-50", "float32"}},
+		{"threshold lambda underflows float32", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Params: Values{"lambda": 1e-50}}, []string{"lambda 1e-50", "float32"}},
 		// Regression: hand-built layouts whose offsets or N disagree with
 		// the tensor sizes were accepted and made Reduce index out of range.
 		{"offset gap", "topk", Options{Density: 0.1, Comm: c, Layout: Layout{N: 5, Tensors: []Tensor{{"a", 2, 0}, {"b", 3, 3}}}}, []string{`"b"`, "starts at element 3", "end at 2", "NewLayout"}},

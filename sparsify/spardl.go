@@ -3,6 +3,7 @@ package sparsify
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -10,7 +11,27 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("spardl", newSparDL) }
+func init() {
+	Register(Method{Name: "spardl", New: newSparDL, CheckWorkers: spardlCheckWorkers, Params: []Param{
+		{Name: "teams", Flag: "teams", Kind: Int, Default: 1, Min: 1, Max: math.MaxInt32,
+			Doc: "number of teams G (must divide the number of workers)"},
+		{Name: "sag", Flag: "sag", Kind: String, Default: "bruck", Choices: []string{"bruck", "rsag"},
+			Doc: "spar-all-gather across teams: Bruck (B-SAG) or recursive doubling (R-SAG, a power-of-two number of teams)"},
+	}})
+}
+
+// spardlCheckWorkers refuses team counts that do not divide the workers,
+// and R-SAG with a number of teams that is not a power of two.
+func spardlCheckWorkers(P int, p Values) error {
+	G := p.Int("teams")
+	if P%G != 0 {
+		return fmt.Errorf("sparsify: spardl: %d teams do not divide %d workers; use teams in %s", G, P, spardlDivisors(P, false))
+	}
+	if p.Text("sag") == "rsag" && G&(G-1) != 0 {
+		return fmt.Errorf("sparsify: spardl: R-SAG needs a power-of-two number of teams, got %d; use sag bruck or teams in %s", G, spardlDivisors(P, true))
+	}
+	return nil
+}
 
 // Message tags of SparDL's point-to-point phases; each message is sent as
 // three messages (length, indices, values) with consecutive tags.
@@ -80,7 +101,7 @@ func spardlBruck(q, r int) []spardlBruckStep {
 // spardlReducer is SparDL ("spardl", Zhao et al., arXiv 2304.00737), as the
 // reference code ZJU-DAILY/SparDL (allreducer.py) implements it, with teams:
 //
-//   - The P workers form G = Options.Teams teams (default 1; G must divide
+//   - The P workers form G = teams teams (option teams, default 1; G must divide
 //     P) of Q = P/G workers; worker p is in-team rank r = p mod Q of team
 //     p div Q. The flat acc is zero-padded to Q·C, C = ceil(N/Q), and cut
 //     into Q blocks of C. k = BudgetK(ρ, C) = max(int(C·ρ), 1) pairs per
@@ -93,7 +114,7 @@ func spardlBruck(q, r int) []spardlBruckStep {
 //     it did not send stays in the worker's working copy (in-procedure
 //     residual). After the last step the own block r is reduced to its top-h
 //     (h = k unless B-SAG adapts it).
-//   - G > 1, B-SAG (Options.SAG "bruck", the default): Bruck all-gather of
+//   - G > 1, B-SAG (option sag "bruck", the default): Bruck all-gather of
 //     the h-pair final blocks across the teams (same in-team rank), sum in
 //     team order (so every team gets bit-identical sums), keep the top-k if
 //     more than k distinct indices U result, and adapt h for the next call
@@ -101,7 +122,7 @@ func spardlBruck(q, r int) []spardlBruckStep {
 //     on the second agreeing call, otherwise it reverses and halves;
 //     h = max(h + h_step, int(k/G)), clamped to [1, C]; initially
 //     h = int(C·ρ/G), h_step = int((C·ρ − h)/100).
-//   - G > 1, R-SAG (Options.SAG "rsag", G a power of two): log2 G rounds of
+//   - G > 1, R-SAG (option sag "rsag", G a power of two): log2 G rounds of
 //     pairwise exchange of the (at most k-pair) final block with the same
 //     in-team rank of team (team XOR 2^s), sparse sum, re-top-k to k. The
 //     paper keeps half of each dropped value on either side; after round s
@@ -159,13 +180,7 @@ type spardlReducer struct {
 
 func newSparDL(o Options) (Reducer, error) {
 	P := o.Comm.Size()
-	G := o.Teams
-	if G == 0 {
-		G = 1
-	}
-	if G < 0 || P%G != 0 {
-		return nil, fmt.Errorf("sparsify: spardl: %d teams do not divide %d workers; Teams must be one of %s", o.Teams, P, spardlDivisors(P, false))
-	}
+	G := o.Params.Int("teams") // divides P (spardlCheckWorkers)
 	s := &spardlReducer{
 		c:       comm.NewCounter(o.Comm),
 		P:       P,
@@ -175,16 +190,7 @@ func newSparDL(o Options) (Reducer, error) {
 		N:       o.Layout.N,
 		density: o.Density,
 	}
-	switch strings.ToLower(o.SAG) {
-	case "", "bruck", "bsag", "b-sag":
-	case "rsag", "r-sag":
-		if G&(G-1) != 0 {
-			return nil, fmt.Errorf("sparsify: spardl: R-SAG needs a power-of-two number of teams, got %d; use SAG \"bruck\" or Teams in %s", G, spardlDivisors(P, true))
-		}
-		s.rsag = true
-	default:
-		return nil, fmt.Errorf("sparsify: spardl: unknown SAG %q; valid: \"bruck\" (default) or \"rsag\"", o.SAG)
-	}
+	s.rsag = o.Params.Text("sag") == "rsag" // with a power-of-two G (spardlCheckWorkers)
 	s.team, s.r = s.rank/s.Q, s.rank%s.Q
 	s.C = (s.N + s.Q - 1) / s.Q
 	s.k = BudgetK(o.Density, s.C)

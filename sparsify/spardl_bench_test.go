@@ -10,9 +10,9 @@ func BenchmarkSparDLReduce(b *testing.B) {
 	for _, c := range []struct {
 		n, teams int
 		sag      string
-	}{{1, 1, ""}, {4, 1, ""}, {4, 2, "bruck"}, {4, 2, "rsag"}} {
+	}{{1, 1, "bruck"}, {4, 1, "bruck"}, {4, 2, "bruck"}, {4, 2, "rsag"}} {
 		b.Run(fmt.Sprintf("workers=%d/N=%d/teams=%d%s", c.n, l.N, c.teams, c.sag), func(b *testing.B) {
-			lagsBenchReduce(b, "spardl", c.n, l, func(o *Options) { o.Teams, o.SAG = c.teams, c.sag })
+			lagsBenchReduce(b, "spardl", c.n, l, func(o *Options) { o.Params = Values{"teams": c.teams, "sag": c.sag} })
 		})
 	}
 }

@@ -275,9 +275,9 @@ func spardlCheck(t *testing.T, c spardlCase, seed uint64) {
 		Method: "spardl", Workers: c.P, N: c.N, Density: c.density, Iters: c.iters, Seed: seed,
 		Feedback: true, InPlace: c.inPlace, Gen: c.gen,
 		Options: func(o *Options) {
-			o.Teams = c.G
+			o.Params = Values{"teams": c.G}
 			if c.rsag {
-				o.SAG = "rsag"
+				o.Params["sag"] = "rsag"
 			}
 			s := &spardlSpy{Communicator: o.Comm, maxPairs: map[int]int{}, msgs: map[int]int{}}
 			spies[o.Comm.Rank()] = s
@@ -523,13 +523,14 @@ func TestSparDLErrors(t *testing.T) {
 		teams int
 		sag   string
 	}{
-		{"teams do not divide", 4, 3, ""},
-		{"negative teams", 4, -2, ""},
+		{"teams do not divide", 4, 3, "bruck"},
+		{"negative teams", 4, -2, "bruck"},
+		{"zero teams", 4, 0, "bruck"},
 		{"rsag with 3 teams", 6, 3, "rsag"},
 		{"unknown sag", 4, 2, "ring"},
 	} {
 		w := local.New(tc.P)
-		_, err := New("spardl", Options{Density: 0.1, Layout: l, Comm: w.Comm(0), Teams: tc.teams, SAG: tc.sag})
+		_, err := New("spardl", Options{Density: 0.1, Layout: l, Comm: w.Comm(0), Params: Values{"teams": tc.teams, "sag": tc.sag}})
 		if err == nil {
 			t.Errorf("%s: no error", tc.name)
 		} else {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -87,7 +88,7 @@ type Reducer interface {
 	Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error)
 }
 
-// Options configure a reducer. Zero values select each method's defaults.
+// Options configure a reducer.
 type Options struct {
 	// Density is the fraction ρ ∈ (0, 1] of the N elements to send.
 	Density float64
@@ -98,31 +99,17 @@ type Options struct {
 	// Seed seeds the methods that draw random numbers; it must be the same on
 	// every rank.
 	Seed uint64
-	// Lambda is the hard threshold λ of "threshold" (0: 1/(2√k), recomputed
-	// every call, as the MiCRO repository does).
-	Lambda float64
-	// Teams is SparDL's number of teams G (default 1).
-	Teams int
-	// SAG selects SparDL's spar-all-gather across teams: "bruck" (default) or
-	// "rsag" (recursive doubling; G must be a power of two).
-	SAG string
-	// MergeSize is LAGS' merge threshold in elements (default 8192).
-	MergeSize int
-	// MaxRatio is LAGS' compression-ratio upper bound c_u for the adaptive
-	// per-layer density (0: adaptive choice off, every layer uses Density).
-	MaxRatio float64
 	// Network is the network the run declares or emulates (the trainer's
 	// -net-latency and -net-bandwidth), which LAGS' adaptive density models.
 	// The zero value declares none: LAGS then measures the network it runs
 	// on (see LAGS). Every rank must pass the same value.
 	Network netmodel.Network
-	// MinTensor is DRAGONN's size threshold: only tensors with more elements
-	// are compressed (default 204800).
-	MinTensor int
-	// Warmup is the number of initial dense iterations of dragonn (default
-	// 200) and of oktopk and topkdsa (default 512, the Ok-Topk code's); a
-	// negative value means none.
-	Warmup int
+	// Params are the method's own options, by name, as the method declares
+	// them (Method.Params; listed in the package documentation under
+	// "Method options"). An absent option takes its declared default; an
+	// option the method does not declare, or a value outside its declared
+	// range, makes New fail. Every rank must pass the same values.
+	Params Values
 }
 
 // Constructor builds a reducer from options.
@@ -130,18 +117,41 @@ type Constructor func(Options) (Reducer, error)
 
 var (
 	registryMu sync.RWMutex
-	registry   = map[string]Constructor{}
+	registry   = map[string]Method{}
 )
 
-// Register adds a method under name. It panics if the name is taken, like
-// database/sql.Register.
-func Register(name string, c Constructor) {
+// Register adds a method. It panics, like database/sql.Register, if the
+// name is taken, the method has no constructor, or an option declaration is
+// invalid (no name, flag or doc; a default outside its range or of another
+// kind; a name another method declares with another flag or kind).
+func Register(m Method) {
 	registryMu.Lock()
 	defer registryMu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic("sparsify: Register called twice for " + name)
+	if _, dup := registry[m.Name]; dup {
+		panic("sparsify: Register called twice for " + m.Name)
 	}
-	registry[name] = c
+	if m.Name == "" || m.New == nil {
+		panic(fmt.Sprintf("sparsify: Register: method %q needs a name and a constructor", m.Name))
+	}
+	seen := map[string]bool{}
+	for _, p := range m.Params {
+		if err := p.validate(); err != nil {
+			panic(fmt.Sprintf("sparsify: Register %s: %v", m.Name, err))
+		}
+		if seen[p.Name] {
+			panic(fmt.Sprintf("sparsify: Register %s: option %s declared twice", m.Name, p.Name))
+		}
+		seen[p.Name] = true
+		for _, o := range registry {
+			for _, q := range o.Params {
+				if (q.Name == p.Name) != (q.Flag == p.Flag) || (q.Name == p.Name && q.Kind != p.Kind) {
+					panic(fmt.Sprintf("sparsify: Register %s: option %s (-%s, %v) clashes with %s's option %s (-%s, %v): one name, one flag, one kind", m.Name, p.Name, p.Flag, p.Kind, o.Name, q.Name, q.Flag, q.Kind))
+				}
+			}
+		}
+	}
+	m.Params = slices.Clone(m.Params)
+	registry[m.Name] = m
 }
 
 // Names lists the registered methods in sorted order.
@@ -156,25 +166,63 @@ func Names() []string {
 	return names
 }
 
+// Methods lists the registered methods' declarations, sorted by name.
+func Methods() []Method {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	ms := make([]Method, 0, len(registry))
+	for _, m := range registry {
+		ms = append(ms, m)
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
+	return ms
+}
+
+// Lookup returns the declaration of the method registered under name.
+func Lookup(name string) (Method, bool) {
+	registryMu.RLock()
+	defer registryMu.RUnlock()
+	m, ok := registry[name]
+	return m, ok
+}
+
 // ErrUnknownMethod is wrapped by New's error for a name that is not registered.
 var ErrUnknownMethod = errors.New("sparsify: unknown method")
 
 // New builds the reducer registered under name after checking the options
 // every method shares: a communicator of at least one rank, a density in
 // (0, 1], a non-empty layout of positive tensor sizes and at most
-// math.MaxInt32 elements (indices travel as int32). The constructors rely on
-// these checks.
+// math.MaxInt32 elements (indices travel as int32); then it resolves
+// Options.Params against the method's declarations (Method.Resolve) and runs
+// the method's worker-count check. The constructors rely on these checks.
 func New(name string, o Options) (Reducer, error) {
-	registryMu.RLock()
-	c, ok := registry[name]
-	registryMu.RUnlock()
+	m, ok := Lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("%w %q; valid names: %s", ErrUnknownMethod, name, strings.Join(Names(), ", "))
 	}
-	if err := checkOptions(name, o); err != nil {
+	o, err := prepare(m, o)
+	if err != nil {
 		return nil, err
 	}
-	return c(o)
+	return m.New(o)
+}
+
+// prepare runs New's checks and returns o with its Params resolved.
+func prepare(m Method, o Options) (Options, error) {
+	if err := checkOptions(m.Name, o); err != nil {
+		return o, err
+	}
+	p, err := m.Resolve(o.Params)
+	if err != nil {
+		return o, err
+	}
+	o.Params = p
+	if m.CheckWorkers != nil {
+		if err := m.CheckWorkers(o.Comm.Size(), p); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
 }
 
 // checkOptions checks the options every method shares (see New).

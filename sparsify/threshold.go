@@ -7,12 +7,18 @@ import (
 	"time"
 )
 
-func init() { Register("threshold", newThresholdReducer) }
+func init() {
+	Register(Method{Name: "threshold", New: newThresholdReducer, Params: []Param{{
+		Name: "lambda", Flag: "lambda", Kind: Float, Default: 0.0, Min: 0, Max: math.MaxFloat32,
+		Zero: "1/(2√k), recomputed every call",
+		Doc:  "hard threshold λ: every element with |acc| >= λ is sent",
+	}}})
+}
 
 // thresholdReducer is "threshold", the hard-threshold baseline of the
 // DEFT/MiCRO code (ThreshReducer, reference notes 7.5):
 //
-//   - λ = Options.Lambda, or, when it is 0, λ = 1/(2√k) with k =
+//   - λ = the option lambda, or, when it is 0, λ = 1/(2√k) with k =
 //     BudgetK(density, N) = ⌊ρN⌋ clamped to [1, N], recomputed every call as
 //     the MiCRO repository does (the clamp avoids its division by zero);
 //     λ is rounded to float32 once and that value is used and reported as
@@ -36,10 +42,11 @@ type thresholdReducer struct {
 }
 
 func newThresholdReducer(o Options) (Reducer, error) {
-	if math.IsNaN(o.Lambda) || math.IsInf(o.Lambda, 0) || o.Lambda < 0 || o.Lambda > math.MaxFloat32 || (o.Lambda > 0 && float32(o.Lambda) == 0) {
-		return nil, fmt.Errorf("sparsify: threshold: lambda %v is invalid; use a value that is > 0 as a float32 (between 1.4e-45 and 3.4e38), or 0 for the default 1/(2√k)", o.Lambda)
+	lambda := o.Params.Float("lambda") // in [0, MaxFloat32] (declared)
+	if lambda > 0 && float32(lambda) == 0 {
+		return nil, fmt.Errorf("sparsify: threshold: lambda %v is invalid; use a value that is > 0 as a float32 (between 1.4e-45 and 3.4e38), or 0 for the default 1/(2√k)", lambda)
 	}
-	return &thresholdReducer{base: newBase("threshold", o), lambda: o.Lambda}, nil
+	return &thresholdReducer{base: newBase("threshold", o), lambda: lambda}, nil
 }
 
 // Name returns "threshold".

@@ -54,8 +54,8 @@ func TestThresholdMatchesReferenceGivenLambda(t *testing.T) {
 	for _, lam := range []float64{2, 1.5, 3, 1e9} {
 		t.Run("", func(t *testing.T) {
 			blProperty(t, "threshold", standardCases(), func(accs [][]float32, k, _ int, o Options) blExpect {
-				return blRefThreshold(accs, k, o.Lambda)
-			}, true, func(o *Options) { o.Lambda = lam })
+				return blRefThreshold(accs, k, o.Params["lambda"].(float64))
+			}, true, func(o *Options) { o.Params = Values{"lambda": lam} })
 		})
 	}
 }
@@ -63,7 +63,7 @@ func TestThresholdMatchesReferenceGivenLambda(t *testing.T) {
 func TestThresholdRejectsBadLambda(t *testing.T) {
 	l, _ := FlatLayout(10)
 	for _, lam := range []float64{-1, math.NaN(), math.Inf(1), 1e39} {
-		_, err := New("threshold", Options{Density: 0.1, Layout: l, Comm: blSingleComm(t), Lambda: lam})
+		_, err := New("threshold", Options{Density: 0.1, Layout: l, Comm: blSingleComm(t), Params: Values{"lambda": lam}})
 		if err == nil || !strings.Contains(err.Error(), "lambda") {
 			t.Fatalf("lambda %v: error %v, want one naming lambda", lam, err)
 		}

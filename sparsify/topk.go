@@ -9,8 +9,8 @@ import (
 )
 
 func init() {
-	Register("topk", newTopkReducer)
-	Register("topka", newTopkaReducer)
+	Register(Method{Name: "topk", New: newTopkReducer})
+	Register(Method{Name: "topka", New: newTopkaReducer})
 }
 
 // topkReducer is the "topk" baseline of the DEFT/MiCRO code (TopKReducer,

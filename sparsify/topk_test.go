@@ -322,8 +322,12 @@ func blBenchReduce(b *testing.B, method string, n int, density float64, lambda f
 	world := local.New(n)
 	rs := make([]Reducer, n)
 	accs, outs, resids := make([][]float32, n), make([][]float32, n), make([][]float32, n)
+	params := Values{}
+	if lambda != 0 {
+		params["lambda"] = lambda
+	}
 	for w := range n {
-		if rs[w], err = New(method, Options{Density: density, Layout: l, Comm: world.Comm(w), Lambda: lambda}); err != nil {
+		if rs[w], err = New(method, Options{Density: density, Layout: l, Comm: world.Comm(w), Params: params}); err != nil {
 			b.Fatal(err)
 		}
 		accs[w] = make([]float32, blBenchN)

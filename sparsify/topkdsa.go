@@ -9,7 +9,9 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 )
 
-func init() { Register("topkdsa", newTopkDSAReducer) }
+func init() {
+	Register(Method{Name: "topkdsa", New: newTopkDSAReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+}
 
 // topkDSAReducer is "topkdsa", TopkDSA (Renggli et al.'s SparCML dynamic
 // sparse all-reduce as the Ok-Topk code implements it: Shigangli/Ok-Topk,
@@ -17,8 +19,8 @@ func init() { Register("topkdsa", newTopkDSAReducer) }
 // VGG/compression.py, the method the SparDL paper compares against as
 // TopDSA; reference notes 7.8), on the whole flat vector as one group:
 //
-//   - Dense warm-up: the first Options.Warmup calls (0: 512, the Ok-Topk
-//     code's for every sparse method; negative: none) are a dense
+//   - Dense warm-up: the first dense_warmup calls (option dense_warmup,
+//     default 512, the Ok-Topk code's for every sparse method; 0: none) are a dense
 //     all-reduce, out = Σ_w acc_w / P and residual = 0.
 //   - k = BudgetK(ρ, N); each worker selects the exact top-k of its acc (ties
 //     to lower indices); the threshold is the k-th largest |acc|.
@@ -76,7 +78,7 @@ type topkDSAReducer struct {
 }
 
 func newTopkDSAReducer(o Options) (Reducer, error) {
-	r := &topkDSAReducer{base: newBase("topkdsa", o), warmup: okWarmupIters(o.Warmup)}
+	r := &topkDSAReducer{base: newBase("topkdsa", o), warmup: o.Params.Int("dense_warmup")}
 	r.reg = newOkRegions(r.base.c, r.base.n)
 	return r, nil
 }

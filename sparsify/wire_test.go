@@ -103,7 +103,9 @@ func TestWireFormatAndMeasuredBytes(t *testing.T) {
 						spy := &dtypeSpy{Communicator: c}
 						spies[c.Rank()] = spy
 						meter := comm.NewCounter(spy)
-						o := Options{Density: d, Layout: layout, Comm: meter, Seed: seed, MinTensor: -1, Warmup: -1, MergeSize: 500}
+						m, _ := Lookup(name)
+						o := Options{Density: d, Layout: layout, Comm: meter, Seed: seed,
+							Params: m.Applicable(Values{"min_tensor": 0, "dense_warmup": 0, "merge_size": 500})}
 						r, err := New(name, o)
 						if err != nil {
 							return err

@@ -3,6 +3,7 @@ package train
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"slices"
@@ -15,8 +16,12 @@ import (
 // ErrConfig is wrapped by every error Validate returns.
 var ErrConfig = errors.New("train: invalid configuration")
 
-// Config is the resolved configuration of one run. Zero values select the
-// per-model defaults of Defaults.
+// Config is the configuration of one run. Unset values (empty strings,
+// unset Optionals, a nil DecayEpochs, absent method options) select the
+// per-model defaults of Defaults; a value that is set, zero included, is
+// kept. After Defaults every Optional is set and MethodOptions holds every
+// option of the method, so run.json records the whole configuration and
+// reads back into an equal Config.
 type Config struct {
 	// Model is "resnet18", "lstm" or "ncf".
 	Model string `json:"model"`
@@ -33,69 +38,62 @@ type Config struct {
 
 	// Sparsifier is a sparsify registry name ("dense" for none).
 	Sparsifier string `json:"sparsifier"`
-	// Density is the setup density ρ.
-	Density float64 `json:"density"`
-	// Lambda is the hard threshold λ of "threshold" (0: the method's default).
-	Lambda float64 `json:"lambda,omitempty"`
-	// Teams is SparDL's number of teams.
-	Teams int `json:"teams,omitempty"`
-	// SAG is SparDL's spar-all-gather ("bruck" or "rsag").
-	SAG string `json:"sag,omitempty"`
-	// MergeSize is LAGS' merge threshold in elements.
-	MergeSize int `json:"merge_size,omitempty"`
-	// MaxRatio is LAGS' compression-ratio bound c_u (0: adaptive density off).
-	MaxRatio float64 `json:"max_ratio,omitempty"`
-	// MinTensor is DRAGONN's size threshold in elements.
-	MinTensor int `json:"min_tensor,omitempty"`
-	// DragonnWarmup is DRAGONN's number of dense warm-up iterations.
-	DragonnWarmup int `json:"dragonn_warmup,omitempty"`
+	// Density is the setup density ρ (default 0.01).
+	Density Optional[float64] `json:"density,omitzero"`
+	// MethodOptions are the sparsifier's own options by name, as the method
+	// declares them (sparsify.Method.Params; the command line has one flag
+	// per option): absent ones take the method's defaults, options of other
+	// methods are refused.
+	MethodOptions sparsify.Values `json:"method_options,omitempty"`
 	// Pipeline is "auto", "on" or "off": LAGS pipelining (auto: on for lags
 	// unless gradient clipping needs the whole gradient first).
 	Pipeline string `json:"pipeline"`
 
-	// Workers is the number of simulated workers in one process (ignored
-	// under mpirun, where each process is one worker).
-	Workers int `json:"workers"`
+	// Workers is the number of simulated workers in one process (default 1;
+	// under mpirun each process is one worker and Workers must be 1).
+	Workers Optional[int] `json:"workers,omitzero"`
 	// Epochs is the number of epochs.
-	Epochs int `json:"epochs"`
+	Epochs Optional[int] `json:"epochs,omitzero"`
 	// Steps stops training after this many iterations (0: no limit).
 	Steps int `json:"steps"`
 	// MaxTime stops training (with a final evaluation and checkpoint) once
 	// this much wall time has passed since the start (0: no limit).
 	MaxTime time.Duration `json:"max_time"`
 	// Batch is the per-worker batch size.
-	Batch int `json:"batch"`
+	Batch Optional[int] `json:"batch,omitzero"`
 	// EvalBatch is the per-worker evaluation batch size (NCF: users per
 	// evaluation batch).
-	EvalBatch int `json:"eval_batch"`
+	EvalBatch Optional[int] `json:"eval_batch,omitzero"`
 	// LR is the base learning rate.
-	LR float64 `json:"lr"`
-	// Seed seeds initialisation, shuffling, augmentation, negatives, dropout.
-	Seed uint64 `json:"seed"`
+	LR Optional[float64] `json:"lr,omitzero"`
+	// Seed seeds initialisation, shuffling, augmentation, negatives, dropout
+	// (default 42).
+	Seed Optional[uint64] `json:"seed,omitzero"`
 
 	// Optimizer is "sgd" or "adam".
 	Optimizer string `json:"optimizer"`
-	// Momentum is SGD's momentum.
-	Momentum float64 `json:"momentum"`
+	// Momentum is SGD's momentum (SGD only).
+	Momentum Optional[float64] `json:"momentum,omitzero"`
 	// Nesterov uses Nesterov momentum (PyTorch's nesterov=True).
 	Nesterov bool `json:"nesterov,omitempty"`
-	// WeightDecay is SGD's L2 coefficient (not applied to BatchNorm
-	// parameters whose name matches ".bnN.", as in the reference harness).
-	WeightDecay float64 `json:"weight_decay"`
-	// Beta1, Beta2 and Eps are Adam's.
-	Beta1 float64 `json:"beta1,omitempty"`
-	Beta2 float64 `json:"beta2,omitempty"`
-	Eps   float64 `json:"eps,omitempty"`
+	// WeightDecay is SGD's L2 coefficient (SGD only; not applied to
+	// BatchNorm parameters whose name matches ".bnN.", as in the reference
+	// harness).
+	WeightDecay Optional[float64] `json:"weight_decay,omitzero"`
+	// Beta1, Beta2 and Eps are Adam's (Adam only).
+	Beta1 Optional[float64] `json:"beta1,omitzero"`
+	Beta2 Optional[float64] `json:"beta2,omitzero"`
+	Eps   Optional[float64] `json:"eps,omitzero"`
 	// WarmupEpochs is the length of the linear learning-rate warm-up.
 	WarmupEpochs float64 `json:"warmup_epochs"`
 	// DecayEpochs are the epochs at which the learning rate is multiplied by
-	// DecayFactor.
+	// DecayFactor (nil: the model's; empty: none).
 	DecayEpochs []int `json:"decay_epochs"`
-	// DecayFactor is the step decay factor.
-	DecayFactor float64 `json:"decay_factor"`
+	// DecayFactor is the step decay factor (default 0.1).
+	DecayFactor Optional[float64] `json:"decay_factor,omitzero"`
 	// Clip is the local gradient-norm clipping threshold applied before error
 	// feedback (0: off).
-	Clip float64 `json:"clip"`
+	Clip Optional[float64] `json:"clip,omitzero"`
 	// NoAugment turns CIFAR augmentation off.
 	NoAugment bool `json:"no_augment,omitempty"`
 
@@ -113,8 +111,8 @@ type Config struct {
 	// neither; in-process workers only).
 	NetLatency   time.Duration `json:"net_latency"`
 	NetBandwidth float64       `json:"net_bandwidth"`
-	// LogEvery writes a step record every this many steps.
-	LogEvery int `json:"log_every"`
+	// LogEvery writes a step record every this many steps (default 1).
+	LogEvery Optional[int] `json:"log_every,omitzero"`
 	// EvalEvery evaluates every this many steps too (0: only every epoch).
 	EvalEvery int `json:"eval_every"`
 	// MaxEvalBatches bounds the batches (per worker) of one evaluation (0: all).
@@ -126,7 +124,7 @@ type Config struct {
 	// Quiet turns progress output off.
 	Quiet bool `json:"quiet"`
 	// CheckpointEvery writes a checkpoint every this many epochs (default 1).
-	CheckpointEvery int `json:"checkpoint_every"`
+	CheckpointEvery Optional[int] `json:"checkpoint_every,omitzero"`
 }
 
 // Models lists the supported models.
@@ -139,9 +137,12 @@ var Datasets = map[string][]string{
 	"ncf":      {"ml-100k", "ml-1m", "ml-20m"},
 }
 
-// Defaults fills the zero fields of c with the model's defaults (taken from
-// the papers' code, adapted to PyTorch's momentum semantics) and returns it.
-// Fields the user set are kept.
+// Defaults fills the unset fields of c with the model's defaults (taken
+// from the papers' code, adapted to PyTorch's momentum semantics) and
+// returns it. Fields the user set are kept, zero included. The optimizer's
+// own values are filled only for the optimizer in use (momentum and weight
+// decay for SGD, β1, β2 and ε for Adam), the method options only for the
+// sparsifier in use.
 func (c Config) Defaults() Config {
 	if c.Model == "" {
 		c.Model = "ncf"
@@ -157,45 +158,27 @@ func (c Config) Defaults() Config {
 			c.DataDir = "./data"
 		}
 	}
-	if c.Sparsifier == "" {
-		c.Sparsifier = "dense"
-	}
-	if c.Density == 0 {
-		c.Density = 0.01
-	}
-	if c.Pipeline == "" {
-		c.Pipeline = "auto"
-	}
-	if c.Workers == 0 {
-		c.Workers = 1
-	}
-	if c.Device == "" {
-		c.Device = "cpu"
-	}
-	if c.LogEvery == 0 {
-		c.LogEvery = 1
-	}
-	if c.BLAS == "" {
-		c.BLAS = "auto"
-	}
-	if c.CheckpointEvery == 0 {
-		c.CheckpointEvery = 1
-	}
-	if c.Seed == 0 {
-		c.Seed = 42
-	}
+	def(&c.Sparsifier, "dense")
+	c.Density.orDefault(0.01)
+	def(&c.Pipeline, "auto")
+	c.Workers.orDefault(1)
+	def(&c.Device, "cpu")
+	c.LogEvery.orDefault(1)
+	def(&c.BLAS, "auto")
+	c.CheckpointEvery.orDefault(1)
+	c.Seed.orDefault(42)
+	var momentum, wd, clip float64
 	switch c.Model {
 	case "resnet18":
 		// DEFT run.py: lr 0.05, momentum 0.9, wd 1e-4, batch 32 per worker,
 		// 200 epochs, ×0.1 at 150.
 		def(&c.Preset, "default")
-		defI(&c.Batch, 32)
-		defI(&c.EvalBatch, 250)
-		defF(&c.LR, 0.05)
+		c.Batch.orDefault(32)
+		c.EvalBatch.orDefault(250)
+		c.LR.orDefault(0.05)
 		def(&c.Optimizer, "sgd")
-		defF(&c.Momentum, 0.9)
-		defF(&c.WeightDecay, 1e-4)
-		defI(&c.Epochs, 200)
+		momentum, wd = 0.9, 1e-4
+		c.Epochs.orDefault(200)
 		if c.DecayEpochs == nil {
 			c.DecayEpochs = []int{150}
 		}
@@ -204,12 +187,12 @@ func (c Config) Defaults() Config {
 		// and 80. lr 20 is the PyTorch word-language-model example's rate for
 		// undoubled SGD (the DEFT harness's lr 15 is doubled by its quirk).
 		def(&c.Preset, "small")
-		defI(&c.Batch, 32)
-		defI(&c.EvalBatch, 10)
-		defF(&c.LR, 20)
+		c.Batch.orDefault(32)
+		c.EvalBatch.orDefault(10)
+		c.LR.orDefault(20)
 		def(&c.Optimizer, "sgd")
-		defF(&c.Clip, 0.4)
-		defI(&c.Epochs, 90)
+		clip = 0.4
+		c.Epochs.orDefault(90)
 		if c.DecayEpochs == nil {
 			c.DecayEpochs = []int{45, 80}
 		}
@@ -223,43 +206,37 @@ func (c Config) Defaults() Config {
 		} else {
 			def(&c.Preset, "paper")
 		}
-		defI(&c.Batch, 256)
-		defI(&c.EvalBatch, 64)
-		defF(&c.LR, 0.001)
+		c.Batch.orDefault(256)
+		c.EvalBatch.orDefault(64)
+		c.LR.orDefault(0.001)
 		def(&c.Optimizer, "adam")
-		defF(&c.Beta1, 0.9)
-		defF(&c.Beta2, 0.999)
-		defF(&c.Eps, 1e-8)
-		defI(&c.Epochs, 20)
+		c.Epochs.orDefault(20)
 	}
-	if c.DecayFactor == 0 {
-		c.DecayFactor = 0.1
+	c.Clip.orDefault(clip)
+	switch c.Optimizer {
+	case "sgd":
+		c.Momentum.orDefault(momentum)
+		c.WeightDecay.orDefault(wd)
+	case "adam":
+		c.Beta1.orDefault(0.9)
+		c.Beta2.orDefault(0.999)
+		c.Eps.orDefault(1e-8)
 	}
-	if c.Optimizer == "adam" {
-		defF(&c.Beta1, 0.9)
-		defF(&c.Beta2, 0.999)
-		defF(&c.Eps, 1e-8)
-	}
+	c.DecayFactor.orDefault(0.1)
 	if c.DecayEpochs == nil {
 		c.DecayEpochs = []int{}
+	}
+	if m, ok := sparsify.Lookup(c.Sparsifier); ok {
+		c.MethodOptions = m.Defaults(c.MethodOptions)
+	}
+	if len(c.MethodOptions) == 0 {
+		c.MethodOptions = nil
 	}
 	return c
 }
 
 func def(p *string, v string) {
 	if *p == "" {
-		*p = v
-	}
-}
-
-func defI(p *int, v int) {
-	if *p == 0 {
-		*p = v
-	}
-}
-
-func defF(p *float64, v float64) {
-	if *p == 0 {
 		*p = v
 	}
 }
@@ -271,7 +248,7 @@ func (c Config) PipelineOn() bool {
 	case "on":
 		return true
 	case "auto":
-		return c.Sparsifier == "lags" && c.Clip == 0
+		return c.Sparsifier == "lags" && c.Clip.Value() == 0
 	}
 	return false
 }
@@ -283,6 +260,49 @@ func (c Config) Validate(underMPI bool) error {
 	var errs []error
 	bad := func(format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...))
+	}
+	// Every number must be finite before any range check reads it.
+	finite := true
+	for _, f := range []struct {
+		flag string
+		v    float64
+	}{
+		{"density", c.Density.Value()}, {"lr", c.LR.Value()}, {"momentum", c.Momentum.Value()}, {"wd", c.WeightDecay.Value()},
+		{"beta1", c.Beta1.Value()}, {"beta2", c.Beta2.Value()}, {"eps", c.Eps.Value()}, {"warmup-epochs", c.WarmupEpochs},
+		{"decay-factor", c.DecayFactor.Value()}, {"clip", c.Clip.Value()}, {"net-bandwidth", c.NetBandwidth},
+	} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			bad("-%s %v is not a finite number", f.flag, f.v)
+			finite = false
+		}
+	}
+	if !finite {
+		return errors.Join(errs...)
+	}
+	for _, f := range []struct {
+		flag string
+		v    Optional[int]
+	}{
+		{"workers", c.Workers}, {"epochs", c.Epochs}, {"batch", c.Batch}, {"eval-batch", c.EvalBatch},
+		{"log-every", c.LogEvery}, {"checkpoint-every", c.CheckpointEvery},
+	} {
+		if v, ok := f.v.Get(); !ok || v < 1 {
+			bad("-%s %v must be >= 1", f.flag, f.v)
+		}
+	}
+	for _, f := range []struct {
+		flag string
+		v    Optional[float64]
+	}{{"density", c.Density}, {"lr", c.LR}, {"decay-factor", c.DecayFactor}, {"clip", c.Clip}} {
+		if !f.v.IsSet() {
+			bad("-%s is unset; call Config.Defaults before Validate", f.flag)
+		}
+	}
+	if !c.Seed.IsSet() {
+		bad("-seed is unset; call Config.Defaults before Validate")
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
 	if !slices.Contains(Models, c.Model) {
 		bad("unknown -model %q; use one of %s", c.Model, strings.Join(Models, ", "))
@@ -303,41 +323,14 @@ func (c Config) Validate(underMPI bool) error {
 			bad("-preset %q is not a ResNet-18 preset; use default", c.Preset)
 		}
 	}
-	if !slices.Contains(sparsify.Names(), c.Sparsifier) {
+	if d := c.Density.Value(); !(d > 0 && d <= 1) {
+		bad("-density %v is outside (0, 1]; pass e.g. -density 0.01", d)
+	}
+	method, known := sparsify.Lookup(c.Sparsifier)
+	if !known {
 		bad("unknown -sparsifier %q; use one of %s", c.Sparsifier, strings.Join(sparsify.Names(), ", "))
-	}
-	if !(c.Density > 0 && c.Density <= 1) {
-		bad("-density %v is outside (0, 1]; pass e.g. -density 0.01", c.Density)
-	}
-	if c.Lambda < 0 || math.IsNaN(c.Lambda) {
-		bad("-lambda %v must be >= 0 (0: the method's default 1/(2√k))", c.Lambda)
-	}
-	if c.Lambda != 0 && c.Sparsifier != "threshold" {
-		bad("-lambda applies only to -sparsifier threshold, not %s", c.Sparsifier)
-	}
-	if (c.Teams != 0 || c.SAG != "") && c.Sparsifier != "spardl" {
-		bad("-teams and -sag apply only to -sparsifier spardl, not %s", c.Sparsifier)
-	}
-	if c.Teams < 0 {
-		bad("-teams %d must be >= 1", c.Teams)
-	}
-	if c.SAG != "" && c.SAG != "bruck" && c.SAG != "rsag" {
-		bad("-sag %q: use bruck or rsag", c.SAG)
-	}
-	if (c.MergeSize != 0 || c.MaxRatio != 0) && c.Sparsifier != "lags" {
-		bad("-merge-size and -max-ratio apply only to -sparsifier lags, not %s", c.Sparsifier)
-	}
-	if c.MergeSize < 0 {
-		bad("-merge-size %d must be >= 0", c.MergeSize)
-	}
-	if c.MaxRatio != 0 && c.MaxRatio < 1 {
-		bad("-max-ratio %v is a compression ratio c_u = m/k and must be >= 1 (or 0 for off)", c.MaxRatio)
-	}
-	if (c.MinTensor != 0 || c.DragonnWarmup != 0) && c.Sparsifier != "dragonn" {
-		bad("-min-tensor and -dragonn-warmup apply only to -sparsifier dragonn, not %s", c.Sparsifier)
-	}
-	if c.MinTensor < 0 || c.DragonnWarmup < 0 {
-		bad("-min-tensor and -dragonn-warmup must be >= 0")
+	} else {
+		c.validateMethodOptions(method, underMPI, bad)
 	}
 	switch c.Pipeline {
 	case "auto", "off":
@@ -345,30 +338,19 @@ func (c Config) Validate(underMPI bool) error {
 		if c.Sparsifier != "lags" {
 			bad("-pipeline on needs -sparsifier lags (the only reducer that reduces layer groups during the backward pass), not %s", c.Sparsifier)
 		}
-		if c.Clip > 0 {
+		if c.Clip.Value() > 0 {
 			bad("-pipeline on cannot be combined with -clip %v: clipping needs the whole gradient before error feedback; pass -clip 0 or -pipeline off", c.Clip)
 		}
 	default:
 		bad("-pipeline %q: use auto, on or off", c.Pipeline)
 	}
 
-	if c.Workers < 1 {
-		bad("-workers %d must be >= 1", c.Workers)
+	workers := c.Workers.Value()
+	if workers > 1024 {
+		bad("-workers %d is more than 1024 simulated workers; use mpirun for large jobs", workers)
 	}
-	if c.Workers > 1024 {
-		bad("-workers %d is more than 1024 simulated workers; use mpirun for large jobs", c.Workers)
-	}
-	if !underMPI && c.Sparsifier == "gtopk" && c.Workers&(c.Workers-1) != 0 {
-		bad("-sparsifier gtopk needs a power-of-two number of workers (its reduction tree pairs them), not -workers %d", c.Workers)
-	}
-	if !underMPI && c.Teams > 1 && c.Workers%c.Teams != 0 {
-		bad("-teams %d must divide the number of workers %d (SparDL's teams are equal)", c.Teams, c.Workers)
-	}
-	if underMPI && c.Workers > 1 {
-		bad("-workers %d under mpirun: each mpirun process is one worker; use mpirun -np %d instead", c.Workers, c.Workers)
-	}
-	if c.Epochs < 1 {
-		bad("-epochs %d must be >= 1", c.Epochs)
+	if underMPI && workers > 1 {
+		bad("-workers %d under mpirun: each mpirun process is one worker; use mpirun -np %d instead", workers, workers)
 	}
 	if c.MaxTime < 0 {
 		bad("-max-time %v must be >= 0 (0: no limit)", c.MaxTime)
@@ -376,38 +358,35 @@ func (c Config) Validate(underMPI bool) error {
 	if c.Steps < 0 {
 		bad("-steps %d must be >= 0 (0: no limit)", c.Steps)
 	}
-	if c.Batch < 1 {
-		bad("-batch %d must be >= 1", c.Batch)
-	}
-	if c.EvalBatch < 1 {
-		bad("-eval-batch %d must be >= 1", c.EvalBatch)
-	}
-	if !(c.LR > 0) || math.IsInf(c.LR, 0) {
+	if !(c.LR.Value() > 0) {
 		bad("-lr %v must be a positive number", c.LR)
 	}
 	switch c.Optimizer {
 	case "sgd":
-		if c.Momentum < 0 || c.Momentum >= 1 {
-			bad("-momentum %v must be in [0, 1)", c.Momentum)
+		if m := c.Momentum.Value(); m < 0 || m >= 1 {
+			bad("-momentum %v must be in [0, 1)", m)
 		}
-		if c.Nesterov && c.Momentum == 0 {
+		if c.Nesterov && c.Momentum.Value() == 0 {
 			bad("-nesterov needs a momentum; pass -momentum 0.9 (or leave out -nesterov)")
 		}
-	case "adam":
-		if c.Beta1 < 0 || c.Beta1 >= 1 || c.Beta2 < 0 || c.Beta2 >= 1 {
-			bad("-beta1 %v and -beta2 %v must be in [0, 1)", c.Beta1, c.Beta2)
+		if c.WeightDecay.Value() < 0 {
+			bad("-wd %v must be >= 0", c.WeightDecay)
 		}
-		if !(c.Eps > 0) {
+		if c.Beta1.IsSet() || c.Beta2.IsSet() || c.Eps.IsSet() {
+			bad("-beta1, -beta2 and -eps apply to -optimizer adam only; SGD uses -momentum")
+		}
+	case "adam":
+		if b1, b2 := c.Beta1.Value(), c.Beta2.Value(); b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1 {
+			bad("-beta1 %v and -beta2 %v must be in [0, 1)", b1, b2)
+		}
+		if !(c.Eps.Value() > 0) {
 			bad("-eps %v must be > 0", c.Eps)
 		}
-		if c.Momentum != 0 || c.Nesterov {
-			bad("-momentum and -nesterov apply to -optimizer sgd only; Adam uses -beta1")
+		if c.Momentum.IsSet() || c.Nesterov || c.WeightDecay.IsSet() {
+			bad("-momentum, -nesterov and -wd apply to -optimizer sgd only; Adam uses -beta1 (and has no weight decay)")
 		}
 	default:
 		bad("-optimizer %q: use sgd or adam", c.Optimizer)
-	}
-	if c.WeightDecay < 0 {
-		bad("-wd %v must be >= 0", c.WeightDecay)
 	}
 	if c.WarmupEpochs < 0 {
 		bad("-warmup-epochs %v must be >= 0", c.WarmupEpochs)
@@ -418,10 +397,10 @@ func (c Config) Validate(underMPI bool) error {
 			break
 		}
 	}
-	if !(c.DecayFactor > 0 && c.DecayFactor <= 1) {
-		bad("-decay-factor %v must be in (0, 1]", c.DecayFactor)
+	if f := c.DecayFactor.Value(); !(f > 0 && f <= 1) {
+		bad("-decay-factor %v must be in (0, 1]", f)
 	}
-	if c.Clip < 0 {
+	if c.Clip.Value() < 0 {
 		bad("-clip %v must be >= 0 (0: off)", c.Clip)
 	}
 	switch c.Device {
@@ -436,20 +415,14 @@ func (c Config) Validate(underMPI bool) error {
 	if (c.NetLatency != 0) != (c.NetBandwidth != 0) {
 		bad("-net-latency and -net-bandwidth emulate a network together; give both (e.g. -net-latency 50us -net-bandwidth 10) or neither")
 	}
-	if c.NetLatency < 0 || c.NetBandwidth < 0 || math.IsInf(c.NetBandwidth, 0) || math.IsNaN(c.NetBandwidth) {
+	if c.NetLatency < 0 || c.NetBandwidth < 0 {
 		bad("-net-latency and -net-bandwidth must be positive")
 	}
 	if underMPI && c.NetBandwidth != 0 {
 		bad("-net-latency/-net-bandwidth emulate a network between simulated workers; under mpirun the real network is used, drop them")
 	}
-	if c.LogEvery < 1 {
-		bad("-log-every %d must be >= 1", c.LogEvery)
-	}
 	if c.EvalEvery < 0 || c.MaxEvalBatches < 0 {
 		bad("-eval-every and -max-eval-batches must be >= 0")
-	}
-	if c.CheckpointEvery < 1 {
-		bad("-checkpoint-every %d must be >= 1", c.CheckpointEvery)
 	}
 	switch c.BLAS {
 	case "auto", "openblas", "gonum":
@@ -463,4 +436,40 @@ func (c Config) Validate(underMPI bool) error {
 		bad("no run directory: pass -out DIR (or -resume DIR to continue a run)")
 	}
 	return errors.Join(errs...)
+}
+
+// validateMethodOptions checks MethodOptions against the method's
+// declarations, and, in one process, the method's worker-count constraints.
+func (c Config) validateMethodOptions(m sparsify.Method, underMPI bool, bad func(string, ...any)) {
+	valid := true
+	for _, name := range slices.Sorted(maps.Keys(c.MethodOptions)) {
+		v := c.MethodOptions[name]
+		p, ok := m.Param(name)
+		if !ok {
+			valid = false
+			if ms := sparsify.MethodsWithParam(name); len(ms) > 0 {
+				q, _ := sparsify.Lookup(ms[0])
+				p, _ := q.Param(name)
+				bad("-%s applies only to -sparsifier %s, not %s", p.Flag, strings.Join(ms, " or "), m.Name)
+			} else {
+				bad("unknown method option %q (no sparsifier has it)", name)
+			}
+			continue
+		}
+		if _, err := p.Check(v); err != nil {
+			valid = false
+			bad("-%s: %v (%s: %s)", p.Flag, err, m.Name, p.Doc)
+		}
+	}
+	if !valid || underMPI || m.CheckWorkers == nil {
+		return
+	}
+	resolved, err := m.Resolve(c.MethodOptions)
+	if err != nil {
+		bad("%v", err)
+		return
+	}
+	if err := m.CheckWorkers(c.Workers.Value(), resolved); err != nil {
+		bad("-workers %d: %v", c.Workers.Value(), err)
+	}
 }

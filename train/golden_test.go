@@ -28,15 +28,15 @@ func goldenRunConfigs(t *testing.T) []struct {
 } {
 	ncf := func(workers, steps int, sp string) Config {
 		c := ncfConfig(t, workers, steps)
-		c.Sparsifier, c.Density = sp, 0.05
+		c.Sparsifier, c.Density = sp, Set(0.05)
 		return c
 	}
 	sgdNCF := ncf(3, 12, "dense")
-	sgdNCF.Optimizer, sgdNCF.Momentum, sgdNCF.WeightDecay, sgdNCF.LR = "sgd", 0.9, 1e-4, 0.05
-	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: sharedData(t, "wikitext-2/train.txt"), Preset: "small", Workers: 2, Steps: 3,
-		Batch: 4, Sparsifier: "topk", Density: 0.01, Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
-	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: sharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: 2, Steps: 2,
-		Batch: 4, EvalBatch: 8, Sparsifier: "dense", Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
+	sgdNCF.Optimizer, sgdNCF.Momentum, sgdNCF.WeightDecay, sgdNCF.LR = "sgd", Set(0.9), Set(1e-4), Set(0.05)
+	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: sharedData(t, "wikitext-2/train.txt"), Preset: "small", Workers: Set(2), Steps: 3,
+		Batch: Set(4), Sparsifier: "topk", Density: Set(0.01), Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
+	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: sharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(2), Steps: 2,
+		Batch: Set(4), EvalBatch: Set(8), Sparsifier: "dense", Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
 	return []struct {
 		name string
 		long bool

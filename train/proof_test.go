@@ -37,8 +37,8 @@ func TestActualDensityML100k16Workers(t *testing.T) {
 	} {
 		steps, from := tc.steps, tc.from
 		c := ncfConfig(t, 16, steps)
-		c.LogEvery = 1
-		c.Sparsifier, c.Density = tc.name, rho
+		c.LogEvery = Set(1)
+		c.Sparsifier, c.Density = tc.name, Set(rho)
 		if err := Run(context.Background(), c, Options{}); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}

@@ -115,7 +115,7 @@ func Run(ctx context.Context, c Config, o Options) error {
 	// Workers sharing this machine share its cores. The default BLAS thread
 	// count depends only on that number, so that -workers N and mpirun -np N
 	// on one machine use the same count: OpenBLAS's results depend on it.
-	workersHere := c.Workers
+	workersHere := c.Workers.Value()
 	if o.Comm != nil {
 		workersHere = 1
 	} else if underMPI {
@@ -157,7 +157,7 @@ func Run(ctx context.Context, c Config, o Options) error {
 			}
 			opts = append(opts, local.WithNetwork(net))
 		}
-		return local.Run(ctx, c.Workers, r.worker, opts...)
+		return local.Run(ctx, c.Workers.Value(), r.worker, opts...)
 	}
 }
 

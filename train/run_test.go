@@ -29,7 +29,7 @@ func sharedData(t testing.TB, probe string) string {
 }
 
 func ncfConfig(t testing.TB, workers, steps int) Config {
-	return Config{Model: "ncf", Dataset: "ml-100k", DataDir: sharedData(t, "ml-100k/u.data"), Workers: workers, Steps: steps,
+	return Config{Model: "ncf", Dataset: "ml-100k", DataDir: sharedData(t, "ml-100k/u.data"), Workers: Set(workers), Steps: steps,
 		Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 2}
 }
 
@@ -56,7 +56,7 @@ func TestDenseMatchesReference(t *testing.T) {
 	const steps = 4
 	for _, n := range ws {
 		c := ncfConfig(t, n, steps)
-		c.LR = 0.01
+		c.LR = Set(0.01)
 		got := runLosses(t, c)
 		if len(got) != steps {
 			t.Fatalf("n=%d: %d losses, want %d", n, len(got), steps)
@@ -69,7 +69,7 @@ func TestDenseMatchesReference(t *testing.T) {
 		ms := make([]models.Model, n)
 		tasks := make([]task, n)
 		for r := range ms {
-			if ms[r], err = NewModel(c, ds, c.Seed+uint64(r), nil); err != nil {
+			if ms[r], err = NewModel(c, ds, c.Seed.Value()+uint64(r), nil); err != nil {
 				t.Fatal(err)
 			}
 			if tasks[r], err = newTask(c, ds, r, n); err != nil {
@@ -80,7 +80,7 @@ func TestDenseMatchesReference(t *testing.T) {
 		}
 		// Every worker steps from the same parameters: rank 0's initial ones.
 		np := ms[0].NumParams()
-		adam, err := NewAdam(device.CPU.Stream(), np, c.Beta1, c.Beta2, c.Eps)
+		adam, err := NewAdam(device.CPU.Stream(), np, c.Beta1.Value(), c.Beta2.Value(), c.Eps.Value())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,7 +114,7 @@ func TestDenseMatchesReference(t *testing.T) {
 			for i := range avg {
 				avg[i] = float32(sum[i] / float64(n))
 			}
-			if err := adam.Step(device.Host(params), device.Host(avg), c.LR); err != nil {
+			if err := adam.Step(device.Host(params), device.Host(avg), c.LR.Value()); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -134,7 +134,8 @@ func TestPipelinedEqualsSequential(t *testing.T) {
 	var params [2][]float32
 	for i, mode := range []string{"on", "off"} {
 		c := ncfConfig(t, 3, 6)
-		c.Sparsifier, c.Density, c.MergeSize, c.Pipeline = "lags", 0.05, 1000, mode
+		c.Sparsifier, c.Density, c.Pipeline = "lags", Set(0.05), mode
+		c.MethodOptions = sparsify.Values{"merge_size": 1000}
 		losses[i] = runLosses(t, c)
 		p, err := LatestCheckpoint(c.Out)
 		if err != nil {
@@ -195,7 +196,7 @@ func TestEverySparsifierAwkwardSizes(t *testing.T) {
 	for _, name := range sparsify.Names() {
 		for _, n := range ws {
 			c := ncfConfig(t, n, 2)
-			c.Sparsifier, c.Density = name, 1e-6 // k = 1
+			c.Sparsifier, c.Density = name, Set(1e-6) // k = 1
 			if name == "gtopk" && n&(n-1) != 0 {
 				if err := c.Defaults().Validate(false); err == nil || !strings.Contains(err.Error(), "power-of-two") {
 					t.Fatalf("gtopk with %d workers: %v", n, err)
@@ -203,7 +204,7 @@ func TestEverySparsifierAwkwardSizes(t *testing.T) {
 				continue
 			}
 			if name == "dragonn" {
-				c.MinTensor, c.DragonnWarmup = 1000, 1
+				c.MethodOptions = sparsify.Values{"min_tensor": 1000, "dense_warmup": 1}
 			}
 			if err := Run(context.Background(), c, Options{}); err != nil {
 				t.Fatalf("%s, %d workers: %v", name, n, err)
@@ -241,8 +242,8 @@ func TestEverySparsifierAwkwardSizes(t *testing.T) {
 
 func TestRunDirectoryAndResume(t *testing.T) {
 	c := ncfConfig(t, 2, 5)
-	c.Sparsifier, c.Density = "topk", 0.1
-	c.LogEvery = 2
+	c.Sparsifier, c.Density = "topk", Set(0.1)
+	c.LogEvery = Set(2)
 	if err := Run(context.Background(), c, Options{CommandLine: []string{"train", "-x"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +358,7 @@ func TestEvalEveryAndMaxTime(t *testing.T) {
 // names the problem instead of training on NaN.
 func TestDivergenceIsAnError(t *testing.T) {
 	c := ncfConfig(t, 2, 10)
-	c.Optimizer, c.LR = "sgd", 1e38
+	c.Optimizer, c.LR = "sgd", Set(1e38)
 	err := Run(context.Background(), c, Options{})
 	if err == nil || !(strings.Contains(err.Error(), "NaN") || strings.Contains(err.Error(), "Inf") || strings.Contains(err.Error(), "infinite")) {
 		t.Fatalf("err = %v", err)

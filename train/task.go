@@ -82,7 +82,7 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 		}
 		d.Wiki = w
 	case "ml-100k", "ml-1m", "ml-20m":
-		cfg := data.ImplicitConfig{Seed: c.Seed}
+		cfg := data.ImplicitConfig{Seed: c.Seed.Value()}
 		if c.Dataset == "ml-20m" {
 			cfg.MinRatings = 20
 		}
@@ -102,24 +102,24 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 func NewModel(c Config, d *Dataset, seed uint64, be engine.Backend) (models.Model, error) {
 	switch c.Model {
 	case "resnet18":
-		cfg := models.DefaultResNet18(d.CIFAR.Kind.Classes(), c.Batch)
+		cfg := models.DefaultResNet18(d.CIFAR.Kind.Classes(), c.Batch.Value())
 		cfg.Seed, cfg.Backend = seed, be
 		return models.NewResNet(cfg)
 	case "lstm":
 		var cfg models.LSTMConfig
 		if c.Preset == "small" {
-			cfg = models.SmallLSTM(d.Wiki.Vocab.Len(), c.Batch)
+			cfg = models.SmallLSTM(d.Wiki.Vocab.Len(), c.Batch.Value())
 		} else {
-			cfg = models.DefaultLSTM(d.Wiki.Vocab.Len(), c.Batch)
+			cfg = models.DefaultLSTM(d.Wiki.Vocab.Len(), c.Batch.Value())
 		}
 		cfg.Seed, cfg.Backend = seed, be
 		return models.NewLSTM(cfg)
 	case "ncf":
 		var cfg models.NCFConfig
 		if c.Preset == "paper" {
-			cfg = models.PaperNCF(d.Rec.Users, d.Rec.Items, c.Batch)
+			cfg = models.PaperNCF(d.Rec.Users, d.Rec.Items, c.Batch.Value())
 		} else {
-			cfg = models.DefaultNCF(d.Rec.Users, d.Rec.Items, c.Batch)
+			cfg = models.DefaultNCF(d.Rec.Users, d.Rec.Items, c.Batch.Value())
 		}
 		cfg.Seed, cfg.Backend = seed, be
 		return models.NewNCF(cfg)
@@ -147,7 +147,7 @@ type task interface {
 }
 
 func newTask(c Config, d *Dataset, rank, size int) (task, error) {
-	lc := data.LoaderConfig{Batch: c.Batch, Rank: rank, Size: size, Seed: c.Seed, Train: true, NoAugment: c.NoAugment}
+	lc := data.LoaderConfig{Batch: c.Batch.Value(), Rank: rank, Size: size, Seed: c.Seed.Value(), Train: true, NoAugment: c.NoAugment}
 	switch c.Model {
 	case "resnet18":
 		tr, err := data.NewCIFARLoader(d.CIFAR.Train, lc)
@@ -155,7 +155,7 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 			return nil, fmt.Errorf("train: CIFAR training loader: %w", err)
 		}
 		ec := lc
-		ec.Train, ec.Batch = false, c.EvalBatch
+		ec.Train, ec.Batch = false, c.EvalBatch.Value()
 		te, err := data.NewCIFARLoader(d.CIFAR.Test, ec)
 		if err != nil {
 			tr.Close()
@@ -163,17 +163,17 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 		}
 		return &cifarTask{tr: tr, te: te, maxEval: c.MaxEvalBatches}, nil
 	case "lstm":
-		tr, err := data.NewBPTTLoader(d.Wiki.Train, data.BPTTConfig{Batch: c.Batch, BPTT: bpttOf(c), Rank: rank, Size: size})
+		tr, err := data.NewBPTTLoader(d.Wiki.Train, data.BPTTConfig{Batch: c.Batch.Value(), BPTT: bpttOf(c), Rank: rank, Size: size})
 		if err != nil {
 			return nil, fmt.Errorf("train: WikiText-2 training loader: %w", err)
 		}
-		va, err := data.NewBPTTLoader(d.Wiki.Valid, data.BPTTConfig{Batch: c.EvalBatch, BPTT: bpttOf(c), Rank: rank, Size: size})
+		va, err := data.NewBPTTLoader(d.Wiki.Valid, data.BPTTConfig{Batch: c.EvalBatch.Value(), BPTT: bpttOf(c), Rank: rank, Size: size})
 		if err != nil {
 			return nil, fmt.Errorf("train: WikiText-2 validation loader: %w", err)
 		}
 		full := (tr.Rows() - 1) / bpttOf(c) // the model trains on full windows only
 		if full < 1 {
-			return nil, fmt.Errorf("train: WikiText-2 training split too short for %d workers × batch %d with BPTT %d", size, c.Batch, bpttOf(c))
+			return nil, fmt.Errorf("train: WikiText-2 training split too short for %d workers × batch %d with BPTT %d", size, c.Batch.Value(), bpttOf(c))
 		}
 		return &lmTask{tr: tr, va: va, full: full, maxEval: c.MaxEvalBatches}, nil
 	case "ncf":
@@ -181,7 +181,7 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 		if err != nil {
 			return nil, fmt.Errorf("train: MovieLens training loader: %w", err)
 		}
-		return &recTask{tr: tr, ds: d.Rec, rank: rank, size: size, usersPerBatch: c.EvalBatch, maxEval: c.MaxEvalBatches}, nil
+		return &recTask{tr: tr, ds: d.Rec, rank: rank, size: size, usersPerBatch: c.EvalBatch.Value(), maxEval: c.MaxEvalBatches}, nil
 	}
 	return nil, fmt.Errorf("%w: unknown model %q", ErrConfig, c.Model)
 }

@@ -105,7 +105,7 @@ func (w *worker) setup(ctx context.Context) error {
 		return err
 	}
 	// Dropout masks differ per rank; the initial parameters are rank 0's.
-	m, err := NewModel(cfg, w.r.ds, cfg.Seed+uint64(w.rank), be)
+	m, err := NewModel(cfg, w.r.ds, cfg.Seed.Value()+uint64(w.rank), be)
 	if err != nil {
 		return fmt.Errorf("train: building %s: %w", cfg.Model, err)
 	}
@@ -131,9 +131,8 @@ func (w *worker) setup(ctx context.Context) error {
 		return fmt.Errorf("train: layout of %s: %w", cfg.Model, err)
 	}
 	w.red, err = sparsify.New(cfg.Sparsifier, sparsify.Options{
-		Density: cfg.Density, Layout: w.layout, Comm: w.cnt, Seed: cfg.Seed,
-		Lambda: cfg.Lambda, Teams: cfg.Teams, SAG: cfg.SAG, MergeSize: cfg.MergeSize, MaxRatio: cfg.MaxRatio,
-		MinTensor: cfg.MinTensor, Warmup: cfg.DragonnWarmup,
+		Density: cfg.Density.Value(), Layout: w.layout, Comm: w.cnt, Seed: cfg.Seed.Value(),
+		Params:  cfg.MethodOptions,
 		Network: netmodel.Network{Latency: cfg.NetLatency, Bandwidth: cfg.NetBandwidth},
 	})
 	if err != nil {
@@ -142,9 +141,9 @@ func (w *worker) setup(ctx context.Context) error {
 	w.mem = sparsify.NewMemory(n, false)
 	switch cfg.Optimizer {
 	case "sgd":
-		w.opt, err = NewSGD(w.stream, m.Layout(), cfg.Momentum, cfg.WeightDecay, cfg.Nesterov)
+		w.opt, err = NewSGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
 	case "adam":
-		w.opt, err = NewAdam(w.stream, n, cfg.Beta1, cfg.Beta2, cfg.Eps)
+		w.opt, err = NewAdam(w.stream, n, cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
 	}
 	if err != nil {
 		return err
@@ -274,8 +273,8 @@ func (w *worker) downloadGroup(gg sparsify.Group) error {
 // lagsAdaptive reports whether LAGS chooses per-layer densities from
 // measured backward times.
 func (w *worker) lagsAdaptive() bool {
-	_, ok := w.red.(*sparsify.LAGS)
-	return ok && w.cfg.MaxRatio != 0
+	l, ok := w.red.(*sparsify.LAGS)
+	return ok && l.Adaptive()
 }
 
 // hook runs on the model's goroutine when tensor idx's gradient is final
@@ -378,10 +377,10 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 			}
 			w.pend[g] = nil
 		}
-		st = sparsify.CombineGroupStats(w.cfg.Density, w.layout, w.groups, gs)
+		st = sparsify.CombineGroupStats(w.cfg.Density.Value(), w.layout, w.groups, gs)
 	} else {
-		if w.cfg.Clip > 0 {
-			if _, err := ClipNorm(w.stream, w.grad, w.cfg.Clip); err != nil {
+		if w.cfg.Clip.Value() > 0 {
+			if _, err := ClipNorm(w.stream, w.grad, w.cfg.Clip.Value()); err != nil {
 				return s, err
 			}
 		}
@@ -443,7 +442,7 @@ func (w *worker) drain(ctx context.Context) {
 // the maximum over ranks.
 func (w *worker) setBackwardTimes(ctx context.Context) error {
 	l, ok := w.red.(*sparsify.LAGS)
-	if !ok || w.cfg.MaxRatio == 0 {
+	if !ok || !l.Adaptive() {
 		return nil
 	}
 	nt := len(w.layout.Tensors)
@@ -506,7 +505,7 @@ func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr fl
 	}
 	n := float64(w.size)
 	rec := StepRecord{Type: "step", Epoch: epoch + 1, Step: step, Loss: Num(sum[0] / n), LR: Num(lr),
-		Density: Num(w.cfg.Density), ActualDensity: Num(at(0, 10)), ErrorNorm: Num(sum[9] / n),
+		Density: Num(w.cfg.Density.Value()), ActualDensity: Num(at(0, 10)), ErrorNorm: Num(sum[9] / n),
 		BytesSent: Num(sum[7] / n), BytesRecv: Num(sum[8] / n),
 		TForward: Num(mx[1]), TBackward: Num(mx[2]), TSelect: Num(mx[3]), TComm: Num(mx[4]), TUpdate: Num(mx[5]),
 		TIter: Num(mx[6]), TCompute: Num(mx[14]), TCommWall: Num(mx[15]), TWait: Num(mx[12]), Samples: int(sum[13]), Workers: w.size,
@@ -644,7 +643,7 @@ func (w *worker) timeUp(ctx context.Context) (bool, error) {
 func (w *worker) loop(ctx context.Context) error {
 	cfg := w.cfg
 	perEpoch := w.task.Len()
-	sched := Schedule{Base: cfg.LR, WarmupIters: int(cfg.WarmupEpochs * float64(perEpoch)), DecayEpochs: cfg.DecayEpochs, Factor: cfg.DecayFactor}
+	sched := Schedule{Base: cfg.LR.Value(), WarmupIters: int(cfg.WarmupEpochs * float64(perEpoch)), DecayEpochs: cfg.DecayEpochs, Factor: cfg.DecayFactor.Value()}
 	startEpoch, startBatch, step := 0, 0, 0
 	if cfg.Resume != "" {
 		var err error
@@ -653,7 +652,7 @@ func (w *worker) loop(ctx context.Context) error {
 		}
 	}
 	lastEval := -1
-	for epoch := startEpoch; epoch < cfg.Epochs; epoch++ {
+	for epoch := startEpoch; epoch < cfg.Epochs.Value(); epoch++ {
 		if cfg.Steps > 0 && step >= cfg.Steps {
 			break
 		}
@@ -662,7 +661,7 @@ func (w *worker) loop(ctx context.Context) error {
 		}
 		w.m.ResetState()
 		if w.prog != nil {
-			w.prog.startEpoch(epoch+1, cfg.Epochs, perEpoch-startBatch)
+			w.prog.startEpoch(epoch+1, cfg.Epochs.Value(), perEpoch-startBatch)
 		}
 		var lastLoss float64
 		for i := startBatch; i < perEpoch; i++ {
@@ -706,7 +705,7 @@ func (w *worker) loop(ctx context.Context) error {
 			}
 			lastLoss = s.loss
 			last := i == perEpoch-1 || step == cfg.Steps
-			if step%cfg.LogEvery == 0 || last {
+			if step%cfg.LogEvery.Value() == 0 || last {
 				rec, err := w.gather(ctx, s, epoch, step, lr)
 				if err != nil {
 					return err
@@ -739,7 +738,7 @@ func (w *worker) loop(ctx context.Context) error {
 			return err
 		}
 		lastEval = step
-		if (epoch+1)%cfg.CheckpointEvery == 0 || epoch+1 == cfg.Epochs {
+		if (epoch+1)%cfg.CheckpointEvery.Value() == 0 || epoch+1 == cfg.Epochs.Value() {
 			if err := w.checkpoint(epoch+1, 0, step); err != nil {
 				return err
 			}

@@ -71,7 +71,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // flagValues holds the parsed flags that need conversion.
 type flagValues struct {
 	cfg         train.Config
-	seed        string
 	bandwidth   float64
 	decayEpochs string
 }
@@ -81,69 +80,66 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.SetOutput(out)
 	v := &flagValues{}
 	c := &v.cfg
+	f64 := func(p *train.Optional[float64], name, usage string) { fs.Var(optFloat{p}, name, usage) }
+	i64 := func(p *train.Optional[int], name, usage string) { fs.Var(optInt{p}, name, usage) }
 	fs.StringVar(&c.Model, "model", "ncf", "model: resnet18, lstm or ncf")
 	fs.StringVar(&c.Dataset, "dataset", "", "data set: cifar10|cifar100 (resnet18), wikitext2 (lstm), ml-100k|ml-1m|ml-20m (ncf); default the model's first")
 	fs.StringVar(&c.DataDir, "data-dir", "", "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)")
 	fs.BoolVar(&c.Download, "download", false, "download the data set into -data-dir first (verified by checksum)")
 	fs.StringVar(&c.Preset, "preset", "", "model size: lstm small (2×200, default) or default (3×650); ncf paper (8 factors, default on ml-100k/ml-1m) or default (MLPerf)")
-	fs.StringVar(&c.Sparsifier, "sparsifier", "dense", "gradient sparsifier: "+strings.Join(sparsify.Names(), ", "))
-	fs.Float64Var(&c.Density, "density", 0.01, "setup density ρ: fraction of the gradient each worker sends")
-	fs.Float64Var(&c.Lambda, "lambda", 0, "threshold: hard threshold λ (0: 1/(2√k) every call)")
-	fs.IntVar(&c.Teams, "teams", 0, "spardl: number of teams G (default 1)")
-	fs.StringVar(&c.SAG, "sag", "", "spardl: spar-all-gather across teams, bruck (default) or rsag")
-	fs.IntVar(&c.MergeSize, "merge-size", 0, "lags: merge threshold in elements (default 8192; 1: one group per tensor)")
-	fs.Float64Var(&c.MaxRatio, "max-ratio", 0, "lags: compression-ratio bound c_u of the adaptive per-group density (0: off)")
-	fs.IntVar(&c.MinTensor, "min-tensor", 0, "dragonn: compress only tensors with more elements (default 204800)")
-	fs.IntVar(&c.DragonnWarmup, "dragonn-warmup", 0, "dragonn: dense warm-up iterations (default 200)")
+	fs.StringVar(&c.Sparsifier, "sparsifier", "dense", "gradient sparsifier: "+strings.Join(sparsify.Names(), ", ")+"; its own options are listed below")
+	f64(&c.Density, "density", "setup density ρ in (0, 1]: fraction of the gradient each worker sends (default 0.01)")
 	fs.StringVar(&c.Pipeline, "pipeline", "auto", "lags pipelining with the backward pass: auto (on for lags without -clip), on, off")
-	fs.IntVar(&c.Workers, "workers", 1, "simulated workers in this process (under mpirun: one worker per process)")
-	fs.IntVar(&c.Epochs, "epochs", 0, "epochs (default resnet18 200, lstm 90, ncf 20)")
+	i64(&c.Workers, "workers", "simulated workers in this process (default 1; under mpirun: one worker per process)")
+	i64(&c.Epochs, "epochs", "epochs (default resnet18 200, lstm 90, ncf 20)")
 	fs.IntVar(&c.Steps, "steps", 0, "stop after this many iterations (0: no limit)")
 	fs.DurationVar(&c.MaxTime, "max-time", 0, "stop after this much wall time, e.g. 30m, with a final evaluation and checkpoint (0: no limit)")
-	fs.IntVar(&c.Batch, "batch", 0, "per-worker batch size (default resnet18 32, lstm 32 sequences, ncf 256)")
-	fs.IntVar(&c.EvalBatch, "eval-batch", 0, "per-worker evaluation batch (resnet18 250 images, lstm 10 sequences, ncf 64 users)")
+	i64(&c.Batch, "batch", "per-worker batch size (default resnet18 32, lstm 32 sequences, ncf 256)")
+	i64(&c.EvalBatch, "eval-batch", "per-worker evaluation batch (default resnet18 250 images, lstm 10 sequences, ncf 64 users)")
 	fs.IntVar(&c.MaxEvalBatches, "max-eval-batches", 0, "evaluate on at most this many batches per worker (0: the whole split)")
-	fs.Float64Var(&c.LR, "lr", 0, "learning rate (default resnet18 0.05, lstm 20, ncf 0.001)")
-	fs.StringVar(&v.seed, "seed", "42", "random seed (initialisation, shuffling, augmentation, negatives, dropout)")
+	f64(&c.LR, "lr", "learning rate (default resnet18 0.05, lstm 20, ncf 0.001)")
+	fs.Var(optUint{&c.Seed}, "seed", "random seed, 0 included (initialisation, shuffling, augmentation, negatives, dropout; default 42)")
 	fs.StringVar(&c.Optimizer, "optimizer", "", "sgd (PyTorch semantics: momentum, weight decay) or adam (default for ncf)")
-	fs.Float64Var(&c.Momentum, "momentum", 0, "SGD momentum (default resnet18 0.9, lstm 0)")
+	f64(&c.Momentum, "momentum", "SGD momentum in [0, 1) (default resnet18 0.9, else 0)")
 	fs.BoolVar(&c.Nesterov, "nesterov", false, "SGD with Nesterov momentum (PyTorch's nesterov=True)")
-	fs.Float64Var(&c.WeightDecay, "wd", 0, "SGD weight decay (default resnet18 1e-4; BatchNorm .bnN. parameters exempt)")
-	fs.Float64Var(&c.Beta1, "beta1", 0, "Adam β1 (default 0.9)")
-	fs.Float64Var(&c.Beta2, "beta2", 0, "Adam β2 (default 0.999)")
-	fs.Float64Var(&c.Eps, "eps", 0, "Adam ε (default 1e-8)")
-	fs.Float64Var(&c.WarmupEpochs, "warmup-epochs", 0, "linear learning-rate warm-up length in epochs")
+	f64(&c.WeightDecay, "wd", "SGD weight decay (default resnet18 1e-4, else 0; BatchNorm .bnN. parameters exempt)")
+	f64(&c.Beta1, "beta1", "Adam β1 in [0, 1) (default 0.9)")
+	f64(&c.Beta2, "beta2", "Adam β2 in [0, 1) (default 0.999)")
+	f64(&c.Eps, "eps", "Adam ε > 0 (default 1e-8)")
+	fs.Var(finiteFloat{&c.WarmupEpochs}, "warmup-epochs", "linear learning-rate warm-up length in epochs (default 0)")
 	fs.StringVar(&v.decayEpochs, "decay-epochs", "", "comma-separated epochs where the learning rate is multiplied by -decay-factor (default resnet18 150, lstm 45,80; \"none\" for none)")
-	fs.Float64Var(&c.DecayFactor, "decay-factor", 0, "step decay factor (default 0.1)")
-	fs.Float64Var(&c.Clip, "clip", 0, "clip each worker's gradient norm before error feedback (default lstm 0.4)")
+	f64(&c.DecayFactor, "decay-factor", "step decay factor in (0, 1] (default 0.1)")
+	f64(&c.Clip, "clip", "clip each worker's gradient norm before error feedback; 0: off (default lstm 0.4, else 0)")
 	fs.BoolVar(&c.NoAugment, "no-augment", false, "turn off CIFAR crops and flips")
 	fs.StringVar(&c.Out, "out", "", "run directory to write (run.json, metrics.jsonl, checkpoints/, report.html)")
 	fs.StringVar(&c.Resume, "resume", "", "continue the run in this directory from its last checkpoint")
 	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda (NVIDIA GPUs; in-process workers share the GPUs, each with a stream of its own)")
 	fs.BoolVar(&c.TF32, "tf32", false, "GPU: allow TF32 tensor-core math in matrix products and convolutions (faster, about 10-bit mantissa)")
 	fs.DurationVar(&c.NetLatency, "net-latency", 0, "emulated network latency per message, e.g. 50us (with -net-bandwidth; simulated workers only)")
-	fs.Float64Var(&v.bandwidth, "net-bandwidth", 0, "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)")
-	fs.IntVar(&c.LogEvery, "log-every", 1, "write a step record every this many steps")
+	fs.Var(finiteFloat{&v.bandwidth}, "net-bandwidth", "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)")
+	i64(&c.LogEvery, "log-every", "write a step record every this many steps (default 1)")
 	fs.IntVar(&c.EvalEvery, "eval-every", 0, "also evaluate every this many steps (0: every epoch only)")
-	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 1, "write a checkpoint every this many epochs")
+	i64(&c.CheckpointEvery, "checkpoint-every", "write a checkpoint every this many epochs (default 1)")
 	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto (OpenBLAS if installed), openblas or gonum")
 	fs.IntVar(&c.BLASThreads, "blas-threads", 0, "OpenBLAS threads (0: cores / simulated workers)")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress output")
 	addReportAssetsFlag(fs)
 	summary := fs.Bool("summary", false, "print the model's layer table and parameter count, then exit (NCF and LSTM read the data set for their sizes)")
+	method := addMethodFlags(fs, &c.MethodOptions)
 	fs.Usage = func() {
 		fmt.Fprintf(out, `Usage:
   train [flags]                      train one model, write a run directory
   train report [-o FILE] RUN_DIR...  compare runs in one HTML report
 
-Defaults follow the papers' code per model (PyTorch SGD semantics; see package train).
+Defaults follow the papers' code per model (PyTorch SGD semantics; see package train);
+a flag given as 0 is 0, not the default.
 Examples:
   train -model ncf -dataset ml-100k -workers 4 -sparsifier deft -density 0.1 -out runs/ncf-deft
   mpirun -np 4 train -model ncf -sparsifier topk -density 0.1 -out runs/ncf-topk-mpi
 
 Flags:
 `)
-		fs.PrintDefaults()
+		printFlags(out, fs, method)
 	}
 	return fs, v, summary
 }
@@ -151,11 +147,6 @@ Flags:
 // config converts the parsed flags.
 func (v *flagValues) config() (train.Config, error) {
 	c := v.cfg
-	seed, err := strconv.ParseUint(v.seed, 10, 64)
-	if err != nil {
-		return c, fmt.Errorf("-seed %q: want a non-negative integer", v.seed)
-	}
-	c.Seed = seed
 	if v.bandwidth < 0 {
 		return c, fmt.Errorf("-net-bandwidth %v: want a positive number of Gbit/s", v.bandwidth)
 	}
@@ -198,7 +189,7 @@ func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {
 			return err
 		}
 	}
-	m, err := train.NewModel(cfg, ds, cfg.Seed, nil)
+	m, err := train.NewModel(cfg, ds, cfg.Seed.Value(), nil)
 	if err != nil {
 		return err
 	}
@@ -207,19 +198,26 @@ func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {
 	return nil
 }
 
-func runReport(args []string, stderr io.Writer) error {
+// reportFlags are the flags of train report.
+func reportFlags(stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("train report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	out := fs.String("o", "compare.html", "HTML file to write")
+	fs.String("o", "compare.html", "HTML file to write")
 	addReportAssetsFlag(fs)
-	fs.Float64Var(&reportTarget, "target", 0, "metric value for the time-to-target ranking (0: the best value every run reaches)")
+	fs.Var(finiteFloat{&reportTarget}, "target", "metric value for the time-to-target ranking (0: the best value every run reaches)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "Usage: train report [-o FILE] RUN_DIR...")
-		fs.PrintDefaults()
+		printFlags(stderr, fs, nil)
 	}
+	return fs
+}
+
+func runReport(args []string, stderr io.Writer) error {
+	fs := reportFlags(stderr)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	out := fs.Lookup("o").Value.(flag.Getter).Get().(string)
 	if fs.NArg() == 0 {
 		return errors.New("train report: give at least one run directory (train report [-o FILE] RUN_DIR...)")
 	}
@@ -228,5 +226,5 @@ func runReport(args []string, stderr io.Writer) error {
 			return fmt.Errorf("train report: run directory: %w", err)
 		}
 	}
-	return compareReports(*out, fs.Args())
+	return compareReports(out, fs.Args())
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/internal/realdata"
+	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // mainEnv makes the test binary act as the train command (for mpirun).
@@ -72,9 +73,20 @@ func TestHelpListsFlags(t *testing.T) {
 	run(context.Background(), []string{"-help"}, &out, &out)
 	for _, f := range []string{"-model", "-dataset", "-data-dir", "-download", "-sparsifier", "-density", "-workers", "-epochs", "-steps",
 		"-batch", "-lr", "-seed", "-out", "-resume", "-device", "-net-latency", "-net-bandwidth", "-summary", "-quiet",
-		"-lambda", "-teams", "-merge-size", "-max-ratio", "-min-tensor", "-dragonn-warmup", "-log-every", "-eval-every", "train report"} {
+		"-lambda", "-teams", "-merge-size", "-max-ratio", "-min-tensor", "-dense-warmup", "-log-every", "-eval-every", "train report"} {
 		if !strings.Contains(out.String(), f) {
 			t.Errorf("-help lacks %s", f)
+		}
+	}
+	// Every option a sparsifier declares is a flag whose help comes from the
+	// declaration: the methods, the range and each method's default.
+	for _, p := range sparsify.AllParams() {
+		for _, d := range p.Decls {
+			for _, w := range []string{"-" + p.Flag + " " + p.Kind.String(), d.Method, d.Range(), d.Format(d.Default)} {
+				if !strings.Contains(out.String(), w) {
+					t.Errorf("-help lacks %q of %s's option %s:\n%s", w, d.Method, p.Name, out.String())
+				}
+			}
 		}
 	}
 }

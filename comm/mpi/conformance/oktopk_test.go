@@ -83,8 +83,8 @@ func TestOkMethodsUnderMPIRun(t *testing.T) {
 // okRun runs method for iters calls on c with error feedback and returns
 // out and residual of every call (as bytes) and the last call's Stats.
 func okRun(ctx context.Context, method string, density float64, iters int, l sparsify.Layout, c comm.Communicator) ([][]byte, sparsify.Stats, error) {
-	o := options(l, c)
-	o.Density, o.Warmup = density, 2
+	o := options(method, l, c)
+	o.Density, o.Params["dense_warmup"] = density, 2
 	r, err := sparsify.New(method, o)
 	if err != nil {
 		return nil, sparsify.Stats{}, err

@@ -78,8 +78,12 @@ func layout(t *testing.T) sparsify.Layout {
 	return l
 }
 
-func options(l sparsify.Layout, c comm.Communicator) sparsify.Options {
-	return sparsify.Options{Density: 0.02, Layout: l, Comm: c, Seed: 42, MinTensor: 100, Warmup: 1, MergeSize: 2000}
+// options are the options of method: every method gets the same ones,
+// restricted to those it declares.
+func options(method string, l sparsify.Layout, c comm.Communicator) sparsify.Options {
+	m, _ := sparsify.Lookup(method)
+	return sparsify.Options{Density: 0.02, Layout: l, Comm: c, Seed: 42,
+		Params: m.Applicable(sparsify.Values{"min_tensor": 100, "dense_warmup": 1, "merge_size": 2000})}
 }
 
 // grad is rank q's gradient at iteration it; every rank can build every
@@ -108,7 +112,7 @@ type result struct {
 
 // runReducer runs name for iters iterations on c with error feedback.
 func runReducer(ctx context.Context, name string, l sparsify.Layout, c comm.Communicator) result {
-	r, err := sparsify.New(name, options(l, c))
+	r, err := sparsify.New(name, options(name, l, c))
 	if err != nil {
 		return result{err: err}
 	}
@@ -151,7 +155,7 @@ func TestReducersWorker(t *testing.T) {
 			// at 3) rejects it on every rank alike, and on the local
 			// backend too.
 			lerr := local.Run(ctx, n, func(ctx context.Context, lc comm.Communicator) error {
-				_, err := sparsify.New(name, options(l, lc))
+				_, err := sparsify.New(name, options(name, l, lc))
 				return err
 			})
 			if lerr == nil {

@@ -1,0 +1,201 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// resolved parses args as the train command does and returns the resolved
+// configuration (defaults applied) as run.json's "config" object.
+func resolved(t *testing.T, args ...string) map[string]any {
+	t.Helper()
+	var out bytes.Buffer
+	fs, v, _ := newFlags(&out)
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("%v: %v\n%s", args, err, out.String())
+	}
+	c, err := v.config()
+	if err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	b, err := json.Marshal(c.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// TestExplicitZeroIsKept: a flag given as 0 is 0, not "use the default"
+// (momentum, weight decay, clipping, seed, a method's dense warm-up), and a
+// flag not given still takes the model's default.
+func TestExplicitZeroIsKept(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		key  string // in run.json's config; "a.b" is key b of object a
+		want float64
+	}{
+		{"resnet momentum 0", []string{"-model", "resnet18", "-momentum", "0"}, "momentum", 0},
+		{"resnet momentum default", []string{"-model", "resnet18"}, "momentum", 0.9},
+		{"resnet wd 0", []string{"-model", "resnet18", "-wd", "0"}, "weight_decay", 0},
+		{"resnet wd default", []string{"-model", "resnet18"}, "weight_decay", 1e-4},
+		{"lstm clip 0", []string{"-model", "lstm", "-clip", "0"}, "clip", 0},
+		{"lstm clip default", []string{"-model", "lstm"}, "clip", 0.4},
+		{"seed 0", []string{"-seed", "0"}, "seed", 0},
+		{"seed default", nil, "seed", 42},
+		{"adam beta1 0", []string{"-beta1", "0"}, "beta1", 0},
+		{"dragonn warm-up 0", []string{"-sparsifier", "dragonn", "-dense-warmup", "0"}, "method_options.dense_warmup", 0},
+		{"dragonn warm-up default", []string{"-sparsifier", "dragonn"}, "method_options.dense_warmup", 200},
+		{"oktopk warm-up 0", []string{"-sparsifier", "oktopk", "-dense-warmup", "0"}, "method_options.dense_warmup", 0},
+		{"oktopk warm-up default", []string{"-sparsifier", "oktopk"}, "method_options.dense_warmup", 512},
+		{"dragonn min tensor 0", []string{"-sparsifier", "dragonn", "-min-tensor", "0"}, "method_options.min_tensor", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := resolved(t, append(tc.args, "-out", "x")...)
+			var v any = m
+			for _, k := range strings.Split(tc.key, ".") {
+				o, ok := v.(map[string]any)
+				if !ok {
+					t.Fatalf("config has no %s: %v", tc.key, m)
+				}
+				v = o[k]
+			}
+			if f, ok := v.(float64); !ok || f != tc.want {
+				t.Fatalf("%s = %v, want %v (config %v)", tc.key, v, tc.want, m)
+			}
+		})
+	}
+}
+
+// TestZeroAdvisedByAnErrorWorks: the error that refuses -clip with LAGS
+// pipelining advises -clip 0, which must then be accepted for the LSTM
+// (whose default clip is 0.4).
+func TestZeroAdvisedByAnErrorWorks(t *testing.T) {
+	var out bytes.Buffer
+	args := []string{"-model", "lstm", "-sparsifier", "lags", "-pipeline", "on", "-out", "x"}
+	err := run(context.Background(), args, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "-clip 0") {
+		t.Fatalf("lstm with -pipeline on: %v, want advice to pass -clip 0", err)
+	}
+	fs, v, _ := newFlags(&out)
+	if err := fs.Parse(append(args, "-clip", "0")); err != nil {
+		t.Fatal(err)
+	}
+	c, err := v.config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Defaults().Validate(false); err != nil {
+		t.Fatalf("with -clip 0: %v", err)
+	}
+}
+
+// floatFlags are the float flags of train.
+var floatFlags = []string{"density", "lr", "momentum", "wd", "beta1", "beta2", "eps", "warmup-epochs", "decay-factor", "clip",
+	"net-bandwidth", "lambda", "max-ratio"}
+
+// TestFloatFlagsRejectNonFinite: every float flag refuses NaN and ±Inf with
+// a message that names the flag.
+func TestFloatFlagsRejectNonFinite(t *testing.T) {
+	for _, f := range floatFlags {
+		for _, bad := range []string{"NaN", "nan", "Inf", "+Inf", "-Inf", "infinity"} {
+			var out bytes.Buffer
+			err := run(context.Background(), []string{"-" + f, bad, "-out", "x", "-summary"}, &out, &out)
+			if err == nil || !strings.Contains(err.Error(), "-"+f) || !strings.Contains(err.Error(), "finite") {
+				t.Errorf("-%s %s: err %v, want an error naming -%s and saying it is not finite", f, bad, err, f)
+			}
+		}
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"report", "-target", "NaN", "x"}, &out, &out); err == nil || !strings.Contains(err.Error(), "-target") || !strings.Contains(err.Error(), "finite") {
+		t.Errorf("report -target NaN: %v", err)
+	}
+}
+
+// TestNoUncheckedFloatFlag: no flag of train or train report is a plain
+// flag.Float64 (which accepts NaN and ±Inf); TestFloatFlagsRejectNonFinite
+// lists every float flag.
+func TestNoUncheckedFloatFlag(t *testing.T) {
+	fs, _, _ := newFlags(io.Discard)
+	rs := reportFlags(io.Discard)
+	tested := map[string]bool{}
+	for _, f := range floatFlags {
+		tested[f] = true
+	}
+	for _, set := range []*flag.FlagSet{fs, rs} {
+		set.VisitAll(func(f *flag.Flag) {
+			if fmt.Sprintf("%T", f.Value) == "*flag.float64Value" {
+				t.Errorf("-%s is a plain float flag; use finiteFloat or optFloat", f.Name)
+			}
+			if tv, ok := f.Value.(typedValue); ok && tv.Type() == "float" && !tested[f.Name] && f.Name != "target" {
+				t.Errorf("float flag -%s is missing from TestFloatFlagsRejectNonFinite", f.Name)
+			}
+		})
+	}
+}
+
+// echoReducer is a method registered by the test below: dense averaging
+// that records the option it was built with.
+type echoReducer struct {
+	sparsify.Reducer
+	gain float64
+}
+
+var echoGains = make(chan float64, 64)
+
+// TestNewMethodNeedsNoTrainerChange: a method registered with an option
+// gets its flag, its help, its validation and its value in the reducer's
+// options without any change to train or cmd/train.
+func TestNewMethodNeedsNoTrainerChange(t *testing.T) {
+	if _, ok := sparsify.Lookup("zz-echo"); ok {
+		t.Skip("zz-echo is registered already (-count > 1)")
+	}
+	sparsify.Register(sparsify.Method{Name: "zz-echo", Params: []sparsify.Param{{
+		Name: "zz_gain", Flag: "zz-gain", Kind: sparsify.Float, Default: 0.5, Min: 0, Max: 1, Doc: "a test option",
+	}}, New: func(o sparsify.Options) (sparsify.Reducer, error) {
+		d, err := sparsify.New("dense", sparsify.Options{Density: o.Density, Layout: o.Layout, Comm: o.Comm})
+		echoGains <- o.Params.Float("zz_gain")
+		return echoReducer{d, o.Params.Float("zz_gain")}, err
+	}})
+	var help bytes.Buffer
+	run(context.Background(), []string{"-help"}, &help, &help)
+	if !strings.Contains(help.String(), "-zz-gain float\n    \tzz-echo: a test option; [0, 1] (default 0.5)") {
+		t.Errorf("-help does not list the new option:\n%s", help.String())
+	}
+	if m := resolved(t, "-sparsifier", "zz-echo", "-out", "x"); fmt.Sprint(m["method_options"]) != "map[zz_gain:0.5]" {
+		t.Errorf("default not recorded: %v", m["method_options"])
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-sparsifier", "zz-echo", "-zz-gain", "2", "-out", "x"}, &out, &out); err == nil ||
+		!strings.Contains(err.Error(), "-zz-gain: 2 is outside the valid range: [0, 1]") {
+		t.Errorf("-zz-gain 2: %v", err)
+	}
+	if err := run(context.Background(), []string{"-sparsifier", "topk", "-zz-gain", "0.1", "-out", "x"}, &out, &out); err == nil ||
+		!strings.Contains(err.Error(), "-zz-gain applies only to -sparsifier zz-echo, not topk") {
+		t.Errorf("-zz-gain with topk: %v", err)
+	}
+	d := sharedData(t)
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := run(context.Background(), []string{"-data-dir", d, "-sparsifier", "zz-echo", "-zz-gain", "0", "-workers", "2", "-steps", "1",
+		"-max-eval-batches", "1", "-quiet", "-out", dir}, &out, &out); err != nil {
+		t.Fatalf("training with the new method: %v\n%s", err, out.String())
+	}
+	for range 2 {
+		if g := <-echoGains; g != 0 {
+			t.Fatalf("the reducer was built with zz_gain %v, want the 0 given", g)
+		}
+	}
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
+)
+
+// The flag values of this file keep "not given" apart from zero: a flag
+// that is not on the command line leaves its train.Optional unset (the
+// model's default applies), and a method option that is not given stays out
+// of the method options. Every float flag refuses NaN and ±Inf.
+
+// errNotFinite is the reason a float flag refuses NaN and ±Inf.
+var errNotFinite = errors.New("not a finite number")
+
+// typedValue is a flag value that names its type for the help text.
+type typedValue interface {
+	flag.Value
+	Type() string
+}
+
+// parseFinite parses a float flag, refusing NaN and ±Inf.
+func parseFinite(s string) (float64, error) {
+	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a number", s)
+	}
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return 0, fmt.Errorf("%s is %w", s, errNotFinite)
+	}
+	return v, nil
+}
+
+// finiteFloat is a float64 flag that refuses NaN and ±Inf.
+type finiteFloat struct{ p *float64 }
+
+func (f finiteFloat) Set(s string) error {
+	v, err := parseFinite(s)
+	if err != nil {
+		return err
+	}
+	*f.p = v
+	return nil
+}
+
+func (f finiteFloat) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(*f.p, 'g', -1, 64)
+}
+
+func (finiteFloat) Type() string { return "float" }
+
+// optFloat is an optional float flag: set only when given.
+type optFloat struct{ p *train.Optional[float64] }
+
+func (f optFloat) Set(s string) error {
+	v, err := parseFinite(s)
+	if err != nil {
+		return err
+	}
+	*f.p = train.Set(v)
+	return nil
+}
+
+func (f optFloat) String() string {
+	if f.p == nil || !f.p.IsSet() {
+		return ""
+	}
+	return strconv.FormatFloat(f.p.Value(), 'g', -1, 64)
+}
+
+func (optFloat) Type() string { return "float" }
+
+// optInt is an optional int flag.
+type optInt struct{ p *train.Optional[int] }
+
+func (f optInt) Set(s string) error {
+	v, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", s)
+	}
+	*f.p = train.Set(v)
+	return nil
+}
+
+func (f optInt) String() string {
+	if f.p == nil || !f.p.IsSet() {
+		return ""
+	}
+	return strconv.Itoa(f.p.Value())
+}
+
+func (optInt) Type() string { return "int" }
+
+// optUint is an optional non-negative integer flag.
+type optUint struct{ p *train.Optional[uint64] }
+
+func (f optUint) Set(s string) error {
+	v, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return fmt.Errorf("%q: want a non-negative integer", s)
+	}
+	*f.p = train.Set(v)
+	return nil
+}
+
+func (f optUint) String() string {
+	if f.p == nil || !f.p.IsSet() {
+		return ""
+	}
+	return strconv.FormatUint(f.p.Value(), 10)
+}
+
+func (optUint) Type() string { return "uint" }
+
+// methodFlag sets one method option (sparsify.Param) in a set of method
+// options; the method's declared range is checked with the rest of the
+// configuration (train.Config.Validate), once the sparsifier is known.
+type methodFlag struct {
+	p   sparsify.SharedParam
+	dst *sparsify.Values
+}
+
+func (f methodFlag) Set(s string) error {
+	var v any
+	switch f.p.Kind {
+	case sparsify.Int:
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number", s)
+		}
+		v = n
+	case sparsify.Float:
+		x, err := parseFinite(s)
+		if err != nil {
+			return err
+		}
+		v = x
+	default:
+		v = s
+	}
+	if *f.dst == nil {
+		*f.dst = sparsify.Values{}
+	}
+	(*f.dst)[f.p.Name] = v
+	return nil
+}
+
+func (f methodFlag) String() string {
+	if f.dst == nil || *f.dst == nil {
+		return ""
+	}
+	if v, ok := (*f.dst)[f.p.Name]; ok {
+		return fmt.Sprint(v)
+	}
+	return ""
+}
+
+func (f methodFlag) Type() string { return f.p.Kind.String() }
+
+// addMethodFlags defines one flag per method option that any registered
+// sparsifier declares, from the declarations (sparsify.AllParams), and
+// returns their names.
+func addMethodFlags(fs *flag.FlagSet, dst *sparsify.Values) map[string]bool {
+	names := map[string]bool{}
+	for _, p := range sparsify.AllParams() {
+		fs.Var(methodFlag{p: p, dst: dst}, p.Flag, p.Usage())
+		names[p.Flag] = true
+	}
+	return names
+}
+
+// printFlags writes the flags of fs as flag.PrintDefaults does, with the
+// types of this file's values, the method options in a section of their
+// own.
+func printFlags(out io.Writer, fs *flag.FlagSet, method map[string]bool) {
+	print := func(f *flag.Flag) {
+		name, usage := flag.UnquoteUsage(f)
+		if tv, ok := f.Value.(typedValue); ok {
+			name = tv.Type()
+		}
+		line := "  -" + f.Name
+		if name != "" {
+			line += " " + name
+		}
+		usage = strings.ReplaceAll(usage, "\n", "\n    \t")
+		fmt.Fprintf(out, "%s\n    \t%s", line, usage)
+		if _, typed := f.Value.(typedValue); !typed && f.DefValue != "" && f.DefValue != "false" && f.DefValue != "0" && f.DefValue != "0s" {
+			if name == "string" {
+				fmt.Fprintf(out, " (default %q)", f.DefValue)
+			} else {
+				fmt.Fprintf(out, " (default %v)", f.DefValue)
+			}
+		}
+		fmt.Fprintln(out)
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !method[f.Name] {
+			print(f)
+		}
+	})
+	if len(method) == 0 {
+		return
+	}
+	fmt.Fprintln(out, "\nSparsifier options (each applies to the sparsifiers named; declared beside each method, see go doc ./sparsify):")
+	fs.VisitAll(func(f *flag.Flag) {
+		if method[f.Name] {
+			print(f)
+		}
+	})
+}
