@@ -361,15 +361,21 @@ func TestGPUModelStepsMatchCPU(t *testing.T) {
 	lstm.Dropout = 0 // the masks are drawn per model
 	ncf := models.DefaultNCF(500, 700, 256)
 	ncf.Dropout = 0
+	if cuda.Emulated() { // the emulator runs kernels on CPU threads: smaller models
+		resnet.Width, resnet.BatchSize = 8, 4
+		lstm.Hidden, lstm.Embed, lstm.BatchSize = 24, 24, 3
+	}
+	B := resnet.BatchSize
+	lb := lstm.BatchSize
 	cases := []struct {
 		name  string
 		build func(engine.Backend) (models.Model, error)
 		batch models.Batch
 	}{
 		{"resnet18", func(b engine.Backend) (models.Model, error) { c := resnet; c.Backend = b; return models.NewResNet(c) },
-			models.Batch{Images: randVec(r, 16*3*32*32, 1), Labels: randInts(r, 16, 10)}},
+			models.Batch{Images: randVec(r, B*3*32*32, 1), Labels: randInts(r, B, 10)}},
 		{"lstm", func(b engine.Backend) (models.Model, error) { c := lstm; c.Backend = b; return models.NewLSTM(c) },
-			models.Batch{Tokens: randInts(r, 20*8, 1000), Labels: randInts(r, 20*8, 1000)}},
+			models.Batch{Tokens: randInts(r, 20*lb, 1000), Labels: randInts(r, 20*lb, 1000)}},
 		{"ncf", func(b engine.Backend) (models.Model, error) { c := ncf; c.Backend = b; return models.NewNCF(c) },
 			models.Batch{Users: randInts(r, 256, 500), Items: randInts(r, 256, 700), Targets: randTargets(r, 256)}},
 	}

@@ -1,0 +1,433 @@
+package cuda
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+// The GPU emulator. On a machine without a GPU, the package's tests run
+// the whole GPU path — Open, the backend, the engine, the models — against
+// fakes of the driver, cuBLAS and cuDNN whose device memory lives in a
+// helper process. That process runs the real kernels.cu, compiled with g++
+// against testdata/emu/emu.h, on CPU threads (blocks in turn, the threads
+// of a block on real threads), and reference loops for SGEMM (with cuBLAS'
+// column-major arguments) and the convolutions (with cuDNN's). What it
+// proves: the kernels' indexing and arithmetic, the launch arguments, the
+// cuBLAS and cuDNN argument conventions, the memory traffic. What it cannot
+// prove: anything about the real driver, cuBLAS, cuDNN, timing or
+// concurrency on a GPU.
+//
+// SPARSEGRAD_CUDA_EMULATOR=off disables it (the GPU tests then skip without
+// a GPU).
+
+// emulated reports whether the tests run on the emulator.
+var emulated bool
+
+func TestMain(m *testing.M) {
+	if err := maybeEmulate(); err != nil {
+		fmt.Fprintln(os.Stderr, "cuda tests:", err)
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
+}
+
+// Emulated tells the external tests whether they run on the emulator.
+func Emulated() bool { return emulated }
+
+func maybeEmulate() error {
+	if os.Getenv("SPARSEGRAD_CUDA_EMULATOR") == "off" {
+		return nil
+	}
+	if _, err := Count(); err == nil {
+		return nil // a real driver: test the real thing
+	}
+	if _, _, err := NVRTCVersion(); err != nil {
+		return nil // Open needs NVRTC; the GPU tests skip, TestKernelsCompile says why
+	}
+	srv, err := buildEmulator()
+	if err != nil {
+		return fmt.Errorf("building the GPU emulator: %w", err)
+	}
+	installFakes(srv)
+	emulated = true
+	fmt.Fprintln(os.Stderr, "cuda tests: no GPU; running the GPU path on the emulator (kernels.cu compiled with g++, run on CPU threads)")
+	return nil
+}
+
+// kernelSig is one kernel's parameters' sizes in bytes, in order.
+type kernelSig []int
+
+var sigRE = regexp.MustCompile(`extern "C" __global__ void (\w+)\(([^)]*)\)`)
+
+// parseKernels reads every kernel's signature from the source.
+func parseKernels(src string) (map[string]kernelSig, map[string][]string, error) {
+	sigs, types := map[string]kernelSig{}, map[string][]string{}
+	for _, m := range sigRE.FindAllStringSubmatch(src, -1) {
+		var sig kernelSig
+		var ts []string
+		for _, p := range strings.Split(m[2], ",") {
+			p = strings.TrimSpace(p)
+			i := strings.LastIndexAny(p, " *")
+			typ := strings.TrimSpace(p[:i+1])
+			switch {
+			case strings.Contains(typ, "*"), typ == "i64", typ == "double":
+				sig = append(sig, 8)
+			case typ == "int", typ == "float":
+				sig = append(sig, 4)
+			default:
+				return nil, nil, fmt.Errorf("kernel %s: parameter type %q", m[1], typ)
+			}
+			ts = append(ts, typ)
+		}
+		sigs[m[1]], types[m[1]] = sig, ts
+	}
+	return sigs, types, nil
+}
+
+// emu is the client of the emulator process.
+type emu struct {
+	mu   sync.Mutex
+	w    *bufio.Writer
+	r    *bufio.Reader
+	sigs map[string]kernelSig
+
+	handles   uintptr
+	fnNames   map[uintptr]string
+	events    map[uintptr]time.Time
+	tensors   map[uintptr][4]int32 // cuDNN tensor and filter descriptors
+	convs     map[uintptr][2]int32 // pad, stride
+	allocated uint64
+}
+
+func buildEmulator() (*emu, error) {
+	gxx, err := exec.LookPath("g++")
+	if err != nil {
+		return nil, fmt.Errorf("g++ not found (Debian: apt-get install g++): %w", err)
+	}
+	sigs, types, err := parseKernels(kernelSource)
+	if err != nil {
+		return nil, err
+	}
+	dir, err := os.MkdirTemp("", "sparsegrad-emu")
+	if err != nil {
+		return nil, err
+	}
+	var inc strings.Builder
+	inc.WriteString("static void registerKernels() {\n")
+	for name, ts := range types {
+		fmt.Fprintf(&inc, "  kernels[%q] = [](Params& p) {\n", name)
+		var args []string
+		for i, t := range ts {
+			fmt.Fprintf(&inc, "    auto a%d = p.next<%s>();\n", i, t)
+			args = append(args, fmt.Sprintf("a%d", i))
+		}
+		fmt.Fprintf(&inc, "    %s(%s);\n  };\n", name, strings.Join(args, ", "))
+	}
+	inc.WriteString("}\n")
+	if err := os.WriteFile(filepath.Join(dir, "dispatch.inc"), []byte(inc.String()), 0o644); err != nil {
+		return nil, err
+	}
+	src, _ := filepath.Abs("testdata/emu")
+	pkg, _ := filepath.Abs(".")
+	bin := filepath.Join(dir, "emu")
+	cmd := exec.Command(gxx, "-std=c++20", "-O2", "-pthread", "-I", src, "-I", pkg, "-I", dir, "-o", bin, filepath.Join(src, "server.cpp"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("g++: %w\n%s", err, out)
+	}
+	proc := exec.Command(bin)
+	stdin, err := proc.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := proc.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	proc.Stderr = os.Stderr
+	if err := proc.Start(); err != nil {
+		return nil, err
+	}
+	return &emu{w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
+		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100}, nil
+}
+
+// call sends one request and reads the status and n bytes of reply.
+func (e *emu) call(op byte, n int, fields ...any) ([]byte, error) {
+	e.w.WriteByte(op)
+	for _, f := range fields {
+		switch v := f.(type) {
+		case []byte:
+			e.w.Write(v)
+		default:
+			binary.Write(e.w, binary.LittleEndian, v)
+		}
+	}
+	if err := e.w.Flush(); err != nil {
+		return nil, err
+	}
+	st, err := e.r.ReadByte()
+	if err != nil {
+		return nil, err
+	}
+	if st != 0 {
+		return nil, fmt.Errorf("emulator: request %d failed with status %d", op, st)
+	}
+	out := make([]byte, n)
+	_, err = io.ReadFull(e.r, out)
+	return out, err
+}
+
+func (e *emu) must(op byte, n int, fields ...any) []byte {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out, err := e.call(op, n, fields...)
+	if err != nil {
+		panic(err)
+	}
+	return out
+}
+
+func (e *emu) handle() uintptr {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.handles++
+	return e.handles
+}
+
+// installFakes points the driver, cuBLAS and cuDNN tables at the emulator.
+func installFakes(e *emu) {
+	ok := cuResult(0)
+	// maybeEmulate tried the real driver first.
+	driverOnce, driverErr = sync.Once{}, nil
+	driverOnce.Do(func() {
+		drv.cuInit = func(uint32) cuResult { return ok }
+		drv.cuDriverGetVersion = func(v *int32) cuResult { *v = 13000; return ok }
+		drv.cuDeviceGetCount = func(n *int32) cuResult { *n = 1; return ok }
+		drv.cuDeviceGet = func(d *int32, o int32) cuResult { *d = o; return ok }
+		drv.cuDeviceGetName = func(name *byte, n int32, _ int32) cuResult {
+			b := unsafe.Slice(name, n)
+			copy(b, "Emulated GPU (kernels on CPU threads)\x00")
+			return ok
+		}
+		drv.cuDeviceGetAttribute = func(v *int32, attr int32, _ int32) cuResult {
+			switch attr {
+			case attrComputeCapabilityMaj:
+				*v = 9
+			case attrComputeCapabilityMin:
+				*v = 0
+			case attrMultiprocessorCount:
+				*v = 2
+			default:
+				*v = 1024
+			}
+			return ok
+		}
+		drv.cuDeviceTotalMem = func(b *uint64, _ int32) cuResult { *b = 8 << 30; return ok }
+		drv.cuDevicePrimaryCtxRetain = func(c *uintptr, _ int32) cuResult { *c = 1; return ok }
+		drv.cuDevicePrimaryCtxRelease = func(int32) cuResult { return ok }
+		drv.cuCtxSetCurrent = func(uintptr) cuResult { return ok }
+		drv.cuCtxSynchronize = func() cuResult { return ok }
+		drv.cuMemAlloc = func(p *uint64, n uint64) cuResult {
+			*p = binary.LittleEndian.Uint64(e.must(1, 8, n))
+			return ok
+		}
+		drv.cuMemFree = func(p uint64) cuResult { e.must(2, 0, p); return ok }
+		drv.cuMemGetInfo = func(f, t *uint64) cuResult { *f, *t = 7<<30, 8<<30; return ok }
+		drv.cuMemcpyHtoDAsync = func(dst uint64, src unsafe.Pointer, n uint64, _ uintptr) cuResult {
+			e.must(3, 0, dst, n, unsafe.Slice((*byte)(src), n))
+			return ok
+		}
+		drv.cuMemcpyDtoHAsync = func(dst unsafe.Pointer, src uint64, n uint64, _ uintptr) cuResult {
+			copy(unsafe.Slice((*byte)(dst), n), e.must(4, int(n), src, n))
+			return ok
+		}
+		drv.cuMemcpyDtoDAsync = func(dst, src, n uint64, _ uintptr) cuResult { e.must(5, 0, dst, src, n); return ok }
+		drv.cuMemsetD8Async = func(dst uint64, v uint8, n uint64, _ uintptr) cuResult {
+			if n%4 != 0 {
+				return 1
+			}
+			e.must(6, 0, dst, uint32(v)*0x01010101, n/4)
+			return ok
+		}
+		drv.cuMemsetD32Async = func(dst uint64, v uint32, n uint64, _ uintptr) cuResult { e.must(6, 0, dst, v, n); return ok }
+		drv.cuStreamCreate = func(s *uintptr, _ uint32) cuResult { *s = e.handle(); return ok }
+		drv.cuStreamDestroy = func(uintptr) cuResult { return ok }
+		drv.cuStreamSynchronize = func(uintptr) cuResult { return ok }
+		drv.cuStreamWaitEvent = func(_, _ uintptr, _ uint32) cuResult { return ok }
+		drv.cuEventCreate = func(ev *uintptr, _ uint32) cuResult { *ev = e.handle(); return ok }
+		drv.cuEventDestroy = func(h uintptr) cuResult {
+			e.mu.Lock()
+			delete(e.events, h)
+			e.mu.Unlock()
+			return ok
+		}
+		drv.cuEventRecord = func(h, _ uintptr) cuResult {
+			e.mu.Lock()
+			e.events[h] = time.Now()
+			e.mu.Unlock()
+			return ok
+		}
+		drv.cuEventSynchronize = func(uintptr) cuResult { return ok }
+		drv.cuEventElapsedTime = func(ms *float32, a, b uintptr) cuResult {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			ta, oka := e.events[a]
+			tb, okb := e.events[b]
+			if !oka || !okb {
+				return 600 // CUDA_ERROR_NOT_READY
+			}
+			*ms = float32(tb.Sub(ta).Seconds() * 1e3)
+			return ok
+		}
+		drv.cuModuleLoadData = func(m *uintptr, _ unsafe.Pointer) cuResult { *m = 1; return ok }
+		drv.cuModuleUnload = func(uintptr) cuResult { return ok }
+		drv.cuModuleGetFunction = func(f *uintptr, _ uintptr, name *byte) cuResult {
+			n := goString(name)
+			if _, found := e.sigs[n]; !found {
+				return 500 // CUDA_ERROR_NOT_FOUND
+			}
+			h := e.handle()
+			e.mu.Lock()
+			e.fnNames[h] = n
+			e.mu.Unlock()
+			*f = h
+			return ok
+		}
+		drv.cuLaunchKernel = func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, _ uintptr, params, _ unsafe.Pointer) cuResult {
+			e.mu.Lock()
+			name := e.fnNames[f]
+			e.mu.Unlock()
+			if gy != 1 || gz != 1 || by != 1 || bz != 1 || shared != 0 || gx == 0 || bx == 0 || bx > 1024 {
+				return 1 // CUDA_ERROR_INVALID_VALUE
+			}
+			sig := e.sigs[name]
+			ptrs := unsafe.Slice((*unsafe.Pointer)(params), len(sig))
+			fields := []any{uint32(len(name)), []byte(name), gx, bx, uint32(len(sig))}
+			for i, n := range sig {
+				fields = append(fields, uint32(n), append([]byte(nil), unsafe.Slice((*byte)(ptrs[i]), n)...))
+			}
+			e.must(7, 0, fields...)
+			return ok
+		}
+		drv.cuGetErrorName = func(cuResult, **byte) cuResult { return ok }
+		drv.cuGetErrorString = func(cuResult, **byte) cuResult { return ok }
+	})
+	cublasOnce.Do(func() {
+		cublas.create = func(h *uintptr) int32 { *h = e.handle(); return 0 }
+		cublas.destroy = func(uintptr) int32 { return 0 }
+		cublas.setStream = func(_, _ uintptr) int32 { return 0 }
+		cublas.setMathMode = func(uintptr, int32) int32 { return 0 }
+		cublas.getVersion = func(_ uintptr, v *int32) int32 { *v = 130000; return 0 }
+		cublas.sgemm = func(_ uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32 {
+			e.must(8, 0, ta, tb, m, n, k, *alpha, uint64(a), lda, uint64(b), ldb, *beta, uint64(c), ldc)
+			return 0
+		}
+	})
+	cudnnOnce.Do(func() {
+		cudnn.create = func(h *uintptr) int32 { *h = e.handle(); return 0 }
+		cudnn.setStream = func(_, _ uintptr) int32 { return 0 }
+		cudnn.getVersion = func() uint64 { return 90100 }
+		cudnn.getErrorString = func(int32) *byte { return nil }
+		newDesc := func(d *uintptr) int32 { *d = e.handle(); return 0 }
+		cudnn.createTensor, cudnn.createFilter, cudnn.createConv = newDesc, newDesc, newDesc
+		cudnn.setTensor4d = func(d uintptr, format, dtype, n, c, h, w int32) int32 {
+			if format != cudnnNCHW || dtype != cudnnFloat {
+				return 3 // CUDNN_STATUS_BAD_PARAM
+			}
+			e.mu.Lock()
+			e.tensors[d] = [4]int32{n, c, h, w}
+			e.mu.Unlock()
+			return 0
+		}
+		cudnn.setFilter4d = func(d uintptr, dtype, format, k, c, h, w int32) int32 {
+			if format != cudnnNCHW || dtype != cudnnFloat || h != w {
+				return 3
+			}
+			e.mu.Lock()
+			e.tensors[d] = [4]int32{k, c, h, w}
+			e.mu.Unlock()
+			return 0
+		}
+		cudnn.setConv2d = func(d uintptr, padH, padW, u, v, dilH, dilW, mode, dtype int32) int32 {
+			if padH != padW || u != v || dilH != 1 || dilW != 1 || mode != cudnnCrossCorr || dtype != cudnnFloat {
+				return 3
+			}
+			e.mu.Lock()
+			e.convs[d] = [2]int32{padH, u}
+			e.mu.Unlock()
+			return 0
+		}
+		cudnn.setConvMath = func(uintptr, int32) int32 { return 0 }
+		algo := func(ret *int32, perf unsafe.Pointer) int32 {
+			p := (*algoPerf)(perf)
+			*p = algoPerf{algo: 0, status: 0, determinism: cudnnDeterministic}
+			*ret = 1
+			return 0
+		}
+		cudnn.fwdAlgo = func(_, _, _, _, _ uintptr, _ int32, ret *int32, perf unsafe.Pointer) int32 { return algo(ret, perf) }
+		cudnn.bwdDataAlgo, cudnn.bwdFilterAlgo = cudnn.fwdAlgo, cudnn.fwdAlgo
+		noWS := func(_, _, _, _, _ uintptr, _ int32, size *uint64) int32 { *size = 0; return 0 }
+		cudnn.fwdWorkspace, cudnn.bwdDataWorkspace, cudnn.bwdFilterWorkspace = noWS, noWS, noWS
+		// conv runs one convolution: the shapes of x (N C H W) and of the
+		// filter (K C R R), the convolution's padding and stride.
+		conv := func(which int32, xd, wd, cd uintptr, x, w, y uintptr) int32 {
+			e.mu.Lock()
+			xs, ws, cs := e.tensors[xd], e.tensors[wd], e.convs[cd]
+			e.mu.Unlock()
+			if xs[1] != ws[1] {
+				return 3
+			}
+			e.must(9, 0, which, xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], cs[0], cs[1], uint64(x), uint64(w), uint64(y))
+			return 0
+		}
+		cudnn.forward = func(_ uintptr, alpha unsafe.Pointer, xd, x, wd, w, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, _, y uintptr) int32 {
+			if *(*float32)(alpha) != 1 || *(*float32)(beta) != 0 {
+				return 3
+			}
+			return conv(0, xd, wd, cd, x, w, y)
+		}
+		cudnn.backwardData = func(_ uintptr, alpha unsafe.Pointer, wd, w, _, dy, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, dxd, dx uintptr) int32 {
+			if *(*float32)(alpha) != 1 || *(*float32)(beta) != 0 {
+				return 3
+			}
+			return conv(1, dxd, wd, cd, dx, w, dy)
+		}
+		cudnn.backwardFilter = func(_ uintptr, alpha unsafe.Pointer, xd, x, _, dy, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, dwd, dw uintptr) int32 {
+			if *(*float32)(alpha) != 1 || *(*float32)(beta) != 0 {
+				return 3
+			}
+			return conv(2, xd, dwd, cd, x, dw, dy)
+		}
+	})
+}
+
+// TestEmulatorKernelsParse checks that every kernel's signature is
+// understood (the emulator and its launch marshalling depend on it).
+func TestEmulatorKernelsParse(t *testing.T) {
+	sigs, _, err := parseKernels(kernelSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sigs) < 25 {
+		t.Fatalf("found %d kernels", len(sigs))
+	}
+	if !emulated {
+		t.Skip("a real GPU or no NVRTC: the emulator is not in use")
+	}
+	_ = math.Pi
+	_ = device.CPU
+}
