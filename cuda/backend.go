@@ -20,9 +20,17 @@ type Backend struct {
 
 var _ engine.Backend = (*Backend)(nil)
 
-// NewBackend returns an engine backend of d with a new stream.
+// NewBackend returns an engine backend of d with a new stream (and the
+// stream's cuBLAS handle: handles are made before any graph capture, which
+// must not allocate).
 func NewBackend(d *Device) (*Backend, error) {
 	s, err := d.newStream()
+	if err != nil {
+		return nil, err
+	}
+	unlock := d.enter()
+	_, err = s.blasHandle()
+	unlock()
 	if err != nil {
 		return nil, err
 	}

@@ -267,6 +267,8 @@ type Stream struct {
 	slots [32]uint64
 	ptrs  [32]unsafe.Pointer
 	part  device.Buffer // scratch of reductions (lazy)
+	// capturing is set while work is captured into a graph (Capture).
+	capturing bool
 }
 
 var _ device.Stream = (*Stream)(nil)
@@ -311,13 +313,27 @@ func (s *Stream) Synchronize() error {
 
 // Record implements device.Stream.
 func (s *Stream) Record() (device.Event, error) {
-	a := s.d.currentAnchor()
+	var a *anchor
+	if s.capturing { // no synchronisation while capturing
+		s.d.anchorMu.Lock()
+		a = s.d.anchor
+		s.d.anchorMu.Unlock()
+	} else {
+		a = s.d.currentAnchor()
+	}
 	defer s.d.enter()()
 	e := &Event{d: s.d, anchor: a}
 	if err := check("cuEventCreate", drv.cuEventCreate(&e.h, eventDefault)); err != nil {
 		return nil, err
 	}
-	if err := check("cuEventRecord", drv.cuEventRecord(e.h, s.h)); err != nil {
+	var r cuResult
+	if s.capturing {
+		// In a graph, the record is a node that runs on every replay.
+		r = drv.cuEventRecordWithFlags(e.h, s.h, eventRecordExternal)
+	} else {
+		r = drv.cuEventRecord(e.h, s.h)
+	}
+	if err := check("cuEventRecord", r); err != nil {
 		drv.cuEventDestroy(e.h)
 		return nil, err
 	}
@@ -339,13 +355,13 @@ func (s *Stream) Wait(ev device.Event) error {
 	return check("cuStreamWaitEvent", drv.cuStreamWaitEvent(s.h, e.h, 0))
 }
 
-// Event is a CUDA event.
+// Event is a CUDA event. An event recorded while a graph was captured is
+// recorded again by every replay of the graph; it then stands for the most
+// recent replay.
 type Event struct {
 	d      *Device
 	h      uintptr
 	anchor *anchor
-	mu     sync.Mutex
-	at     time.Time
 }
 
 // Synchronize implements device.Event.
@@ -357,18 +373,12 @@ func (e *Event) Synchronize() error {
 // Time implements device.Event: the anchor's host time plus the device
 // time elapsed from the anchor to the event.
 func (e *Event) Time() time.Time {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if !e.at.IsZero() {
-		return e.at
-	}
 	defer e.d.enter()()
 	var ms float32
 	if r := drv.cuEventElapsedTime(&ms, e.anchor.ev, e.h); r != 0 {
 		return time.Time{}
 	}
-	e.at = e.anchor.host.Add(time.Duration(float64(ms) * float64(time.Millisecond)))
-	return e.at
+	return e.anchor.host.Add(time.Duration(float64(ms) * float64(time.Millisecond)))
 }
 
 // errNotDevice is returned for buffers that are not this device's memory.

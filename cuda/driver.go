@@ -46,6 +46,13 @@ var drv struct {
 	cuModuleUnload            func(m uintptr) cuResult
 	cuModuleGetFunction       func(f *uintptr, m uintptr, name *byte) cuResult
 	cuLaunchKernel            func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params unsafe.Pointer, extra unsafe.Pointer) cuResult
+	cuEventRecordWithFlags    func(e, s uintptr, flags uint32) cuResult
+	cuStreamBeginCapture      func(s uintptr, mode int32) cuResult
+	cuStreamEndCapture        func(s uintptr, g *uintptr) cuResult
+	cuGraphInstantiate        func(exec *uintptr, g uintptr, flags uint64) cuResult
+	cuGraphLaunch             func(exec, s uintptr) cuResult
+	cuGraphExecDestroy        func(exec uintptr) cuResult
+	cuGraphDestroy            func(g uintptr) cuResult
 	cuGetErrorName            func(r cuResult, s **byte) cuResult
 	cuGetErrorString          func(r cuResult, s **byte) cuResult
 }
@@ -59,8 +66,10 @@ const (
 )
 
 const (
-	streamNonBlocking = 1 // CU_STREAM_NON_BLOCKING
-	eventDefault      = 0 // CU_EVENT_DEFAULT: timing enabled
+	streamNonBlocking   = 1 // CU_STREAM_NON_BLOCKING
+	eventDefault        = 0 // CU_EVENT_DEFAULT: timing enabled
+	eventRecordExternal = 1 // CU_EVENT_RECORD_EXTERNAL: a captured record is a node of the graph
+	captureRelaxed      = 2 // CU_STREAM_CAPTURE_MODE_RELAXED
 )
 
 // loadDriver loads libcuda and initialises it, once per process.
@@ -104,6 +113,13 @@ func loadDriver() error {
 			"cuModuleUnload":               &drv.cuModuleUnload,
 			"cuModuleGetFunction":          &drv.cuModuleGetFunction,
 			"cuLaunchKernel":               &drv.cuLaunchKernel,
+			"cuEventRecordWithFlags":       &drv.cuEventRecordWithFlags,
+			"cuStreamBeginCapture_v2":      &drv.cuStreamBeginCapture,
+			"cuStreamEndCapture":           &drv.cuStreamEndCapture,
+			"cuGraphInstantiateWithFlags":  &drv.cuGraphInstantiate,
+			"cuGraphLaunch":                &drv.cuGraphLaunch,
+			"cuGraphExecDestroy":           &drv.cuGraphExecDestroy,
+			"cuGraphDestroy":               &drv.cuGraphDestroy,
 			"cuGetErrorName":               &drv.cuGetErrorName,
 			"cuGetErrorString":             &drv.cuGetErrorString,
 		}

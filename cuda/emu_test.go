@@ -111,6 +111,37 @@ type emu struct {
 	tensors   map[uintptr][4]int32 // cuDNN tensor and filter descriptors
 	convs     map[uintptr][2]int32 // pad, stride
 	allocated uint64
+
+	// Graph capture: the work issued on a capturing stream is recorded;
+	// graphs and their instances are lists of that work.
+	capturing map[uintptr][]func()
+	graphs    map[uintptr][]func()
+	libStream map[uintptr]uintptr // cuBLAS and cuDNN handles → their stream
+}
+
+// exec runs f now, or records it when stream s is capturing a graph.
+func (e *emu) exec(s uintptr, f func()) {
+	e.mu.Lock()
+	if ops, ok := e.capturing[s]; ok {
+		e.capturing[s] = append(ops, f)
+		e.mu.Unlock()
+		return
+	}
+	e.mu.Unlock()
+	f()
+}
+
+func (e *emu) isCapturing(s uintptr) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_, ok := e.capturing[s]
+	return ok
+}
+
+func (e *emu) streamOf(h uintptr) uintptr {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.libStream[h]
 }
 
 func buildEmulator() (*emu, error) {
@@ -162,7 +193,8 @@ func buildEmulator() (*emu, error) {
 		return nil, err
 	}
 	return &emu{w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
-		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100}, nil
+		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
+		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}}, nil
 }
 
 // call sends one request and reads the status and n bytes of reply.
@@ -247,15 +279,25 @@ func installFakes(e *emu) {
 		}
 		drv.cuMemFree = func(p uint64) cuResult { e.must(2, 0, p); return ok }
 		drv.cuMemGetInfo = func(f, t *uint64) cuResult { *f, *t = 7<<30, 8<<30; return ok }
-		drv.cuMemcpyHtoDAsync = func(dst uint64, src unsafe.Pointer, n uint64, _ uintptr) cuResult {
+		// Copies from or to pageable host memory cannot be captured.
+		drv.cuMemcpyHtoDAsync = func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) cuResult {
+			if e.isCapturing(s) {
+				return 900 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+			}
 			e.must(3, 0, dst, n, unsafe.Slice((*byte)(src), n))
 			return ok
 		}
-		drv.cuMemcpyDtoHAsync = func(dst unsafe.Pointer, src uint64, n uint64, _ uintptr) cuResult {
+		drv.cuMemcpyDtoHAsync = func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) cuResult {
+			if e.isCapturing(s) {
+				return 900
+			}
 			copy(unsafe.Slice((*byte)(dst), n), e.must(4, int(n), src, n))
 			return ok
 		}
-		drv.cuMemcpyDtoDAsync = func(dst, src, n uint64, _ uintptr) cuResult { e.must(5, 0, dst, src, n); return ok }
+		drv.cuMemcpyDtoDAsync = func(dst, src, n uint64, s uintptr) cuResult {
+			e.exec(s, func() { e.must(5, 0, dst, src, n) })
+			return ok
+		}
 		drv.cuMemsetD8Async = func(dst uint64, v uint8, n uint64, _ uintptr) cuResult {
 			if n%4 != 0 {
 				return 1
@@ -263,7 +305,10 @@ func installFakes(e *emu) {
 			e.must(6, 0, dst, uint32(v)*0x01010101, n/4)
 			return ok
 		}
-		drv.cuMemsetD32Async = func(dst uint64, v uint32, n uint64, _ uintptr) cuResult { e.must(6, 0, dst, v, n); return ok }
+		drv.cuMemsetD32Async = func(dst uint64, v uint32, n uint64, s uintptr) cuResult {
+			e.exec(s, func() { e.must(6, 0, dst, v, n) })
+			return ok
+		}
 		drv.cuStreamCreate = func(s *uintptr, _ uint32) cuResult { *s = e.handle(); return ok }
 		drv.cuStreamDestroy = func(uintptr) cuResult { return ok }
 		drv.cuStreamSynchronize = func(uintptr) cuResult { return ok }
@@ -275,9 +320,65 @@ func installFakes(e *emu) {
 			e.mu.Unlock()
 			return ok
 		}
-		drv.cuEventRecord = func(h, _ uintptr) cuResult {
+		record := func(h uintptr) {
 			e.mu.Lock()
 			e.events[h] = time.Now()
+			e.mu.Unlock()
+		}
+		drv.cuEventRecord = func(h, s uintptr) cuResult {
+			if e.isCapturing(s) {
+				return 900 // a plain record is not a node of the graph
+			}
+			record(h)
+			return ok
+		}
+		drv.cuEventRecordWithFlags = func(h, s uintptr, flags uint32) cuResult {
+			if flags != eventRecordExternal {
+				return 1
+			}
+			e.exec(s, func() { record(h) })
+			return ok
+		}
+		drv.cuStreamBeginCapture = func(s uintptr, mode int32) cuResult {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			if _, ok := e.capturing[s]; ok || mode != captureRelaxed {
+				return 1
+			}
+			e.capturing[s] = []func(){}
+			return ok
+		}
+		drv.cuStreamEndCapture = func(s uintptr, g *uintptr) cuResult {
+			e.mu.Lock()
+			ops, found := e.capturing[s]
+			delete(e.capturing, s)
+			e.mu.Unlock()
+			if !found {
+				return 1
+			}
+			h := e.handle()
+			e.mu.Lock()
+			e.graphs[h] = ops
+			e.mu.Unlock()
+			*g = h
+			return ok
+		}
+		drv.cuGraphInstantiate = func(exec *uintptr, g uintptr, _ uint64) cuResult { *exec = g; return ok }
+		drv.cuGraphLaunch = func(exec, s uintptr) cuResult {
+			e.mu.Lock()
+			ops := e.graphs[exec]
+			e.mu.Unlock()
+			e.exec(s, func() {
+				for _, f := range ops {
+					f()
+				}
+			})
+			return ok
+		}
+		drv.cuGraphExecDestroy = func(uintptr) cuResult { return ok }
+		drv.cuGraphDestroy = func(g uintptr) cuResult {
+			e.mu.Lock()
+			delete(e.graphs, g)
 			e.mu.Unlock()
 			return ok
 		}
@@ -307,7 +408,7 @@ func installFakes(e *emu) {
 			*f = h
 			return ok
 		}
-		drv.cuLaunchKernel = func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, _ uintptr, params, _ unsafe.Pointer) cuResult {
+		drv.cuLaunchKernel = func(f uintptr, gx, gy, gz, bx, by, bz, shared uint32, s uintptr, params, _ unsafe.Pointer) cuResult {
 			e.mu.Lock()
 			name := e.fnNames[f]
 			e.mu.Unlock()
@@ -320,7 +421,7 @@ func installFakes(e *emu) {
 			for i, n := range sig {
 				fields = append(fields, uint32(n), append([]byte(nil), unsafe.Slice((*byte)(ptrs[i]), n)...))
 			}
-			e.must(7, 0, fields...)
+			e.exec(s, func() { e.must(7, 0, fields...) })
 			return ok
 		}
 		drv.cuGetErrorName = func(cuResult, **byte) cuResult { return ok }
@@ -329,17 +430,28 @@ func installFakes(e *emu) {
 	cublasOnce.Do(func() {
 		cublas.create = func(h *uintptr) int32 { *h = e.handle(); return 0 }
 		cublas.destroy = func(uintptr) int32 { return 0 }
-		cublas.setStream = func(_, _ uintptr) int32 { return 0 }
+		cublas.setStream = func(h, s uintptr) int32 {
+			e.mu.Lock()
+			e.libStream[h] = s
+			e.mu.Unlock()
+			return 0
+		}
 		cublas.setMathMode = func(uintptr, int32) int32 { return 0 }
 		cublas.getVersion = func(_ uintptr, v *int32) int32 { *v = 130000; return 0 }
-		cublas.sgemm = func(_ uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32 {
-			e.must(8, 0, ta, tb, m, n, k, *alpha, uint64(a), lda, uint64(b), ldb, *beta, uint64(c), ldc)
+		cublas.sgemm = func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32 {
+			al, be := *alpha, *beta
+			e.exec(e.streamOf(h), func() { e.must(8, 0, ta, tb, m, n, k, al, uint64(a), lda, uint64(b), ldb, be, uint64(c), ldc) })
 			return 0
 		}
 	})
 	cudnnOnce.Do(func() {
 		cudnn.create = func(h *uintptr) int32 { *h = e.handle(); return 0 }
-		cudnn.setStream = func(_, _ uintptr) int32 { return 0 }
+		cudnn.setStream = func(h, s uintptr) int32 {
+			e.mu.Lock()
+			e.libStream[h] = s
+			e.mu.Unlock()
+			return 0
+		}
 		cudnn.getVersion = func() uint64 { return 90100 }
 		cudnn.getErrorString = func(int32) *byte { return nil }
 		newDesc := func(d *uintptr) int32 { *d = e.handle(); return 0 }
@@ -384,33 +496,35 @@ func installFakes(e *emu) {
 		cudnn.fwdWorkspace, cudnn.bwdDataWorkspace, cudnn.bwdFilterWorkspace = noWS, noWS, noWS
 		// conv runs one convolution: the shapes of x (N C H W) and of the
 		// filter (K C R R), the convolution's padding and stride.
-		conv := func(which int32, xd, wd, cd uintptr, x, w, y uintptr) int32 {
+		conv := func(h uintptr, which int32, xd, wd, cd uintptr, x, w, y uintptr) int32 {
 			e.mu.Lock()
 			xs, ws, cs := e.tensors[xd], e.tensors[wd], e.convs[cd]
 			e.mu.Unlock()
 			if xs[1] != ws[1] {
 				return 3
 			}
-			e.must(9, 0, which, xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], cs[0], cs[1], uint64(x), uint64(w), uint64(y))
+			e.exec(e.streamOf(h), func() {
+				e.must(9, 0, which, xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], cs[0], cs[1], uint64(x), uint64(w), uint64(y))
+			})
 			return 0
 		}
-		cudnn.forward = func(_ uintptr, alpha unsafe.Pointer, xd, x, wd, w, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, _, y uintptr) int32 {
+		cudnn.forward = func(h uintptr, alpha unsafe.Pointer, xd, x, wd, w, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, _, y uintptr) int32 {
 			if *(*float32)(alpha) != 1 || *(*float32)(beta) != 0 {
 				return 3
 			}
-			return conv(0, xd, wd, cd, x, w, y)
+			return conv(h, 0, xd, wd, cd, x, w, y)
 		}
-		cudnn.backwardData = func(_ uintptr, alpha unsafe.Pointer, wd, w, _, dy, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, dxd, dx uintptr) int32 {
+		cudnn.backwardData = func(h uintptr, alpha unsafe.Pointer, wd, w, _, dy, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, dxd, dx uintptr) int32 {
 			if *(*float32)(alpha) != 1 || *(*float32)(beta) != 0 {
 				return 3
 			}
-			return conv(1, dxd, wd, cd, dx, w, dy)
+			return conv(h, 1, dxd, wd, cd, dx, w, dy)
 		}
-		cudnn.backwardFilter = func(_ uintptr, alpha unsafe.Pointer, xd, x, _, dy, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, dwd, dw uintptr) int32 {
+		cudnn.backwardFilter = func(h uintptr, alpha unsafe.Pointer, xd, x, _, dy, cd uintptr, _ int32, _ uintptr, _ uint64, beta unsafe.Pointer, dwd, dw uintptr) int32 {
 			if *(*float32)(alpha) != 1 || *(*float32)(beta) != 0 {
 				return 3
 			}
-			return conv(2, xd, dwd, cd, x, dw, dy)
+			return conv(h, 2, xd, dwd, cd, x, dw, dy)
 		}
 	})
 }

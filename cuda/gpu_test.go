@@ -321,6 +321,24 @@ func TestGPUOpsMatchCPU(t *testing.T) {
 				if _, err := e.Run(context.Background(), engine.Bindings{Params: pv, Grads: gv, Buffers: bv}, nil); err != nil {
 					t.Fatal(err)
 				}
+				if b.Device().Kind() == device.CUDAKind {
+					if err := e.CaptureError(); err != nil || !e.Replaying() {
+						t.Fatalf("the program is not replayed as a CUDA graph: %v", err)
+					}
+					// A second run replays the graph: the same results
+					// from the same inputs (the running statistics
+					// restored first).
+					first := download(t, s, gv)
+					if err := s.Copy(bv, device.Host(bufs)); err != nil {
+						t.Fatal(err)
+					}
+					if _, err := e.Run(context.Background(), engine.Bindings{Params: pv, Grads: gv, Buffers: bv}, nil); err != nil {
+						t.Fatal(err)
+					}
+					if e := relErr(download(t, s, gv), first); e > 1e-6 {
+						t.Fatalf("a replay differs from the first run: relative error %g", e)
+					}
+				}
 				for i := range p.OutputIDs {
 					out = append(out, download(t, s, e.Output(i)))
 				}
@@ -402,12 +420,15 @@ func TestGPUModelStepsMatchCPU(t *testing.T) {
 				if b.Device().Kind() == device.CPUKind {
 					params, grad = device.Host(host), device.Host(make([]float32, m.NumParams()))
 				}
-				res, err := m.TrainStep(context.Background(), c.batch, params, grad)
-				if err != nil {
-					t.Fatal(err)
+				var res models.StepResult
+				for step := 0; step < 2; step++ { // the second step replays the captured program on a GPU
+					m.ResetState()
+					if res, err = m.TrainStep(context.Background(), c.batch, params, grad); err != nil {
+						t.Fatal(err)
+					}
+					t.Logf("%v step %d: loss %.6f, forward %v, backward %v", b.Device(), step, res.Loss, res.Forward, res.Backward)
 				}
 				losses[k], grads[k] = res.Loss, download(t, s, grad)
-				t.Logf("%v: loss %.6f, forward %v, backward %v", b.Device(), res.Loss, res.Forward, res.Backward)
 			}
 			if math.Abs(losses[0]-losses[1]) > 1e-4*math.Abs(losses[0]) {
 				t.Errorf("loss: CPU %v, GPU %v", losses[0], losses[1])

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -30,6 +31,25 @@ type Kernel interface {
 	// float32 buffer).
 	Run(s device.Stream, in []device.Buffer, out, ws device.Buffer) error
 }
+
+// Capturer is implemented by streams that can record the work a function
+// issues and replay it with one call (CUDA graphs). An executor captures
+// its program on the first run (and again when the bindings change) and
+// replays it afterwards; the hooks then receive events recorded inside
+// the replay.
+type Capturer interface {
+	Capture(f func() error) (Replay, error)
+}
+
+// Replay is captured work.
+type Replay interface {
+	Launch() error
+	Close() error
+}
+
+// ErrNoCapture is returned by a Capturer that does not capture (disabled);
+// the executor then issues every kernel of every run itself.
+var ErrNoCapture = errors.New("engine: capture not available")
 
 // Bindings are the caller-owned vectors a run reads and writes: the
 // parameters, the gradient (ignored by forward-only programs) and the
@@ -68,6 +88,25 @@ type Executor struct {
 	args    [][]device.Buffer
 	wsb     []device.Buffer
 	peak    int
+
+	// Captured runs (Capturer streams).
+	replay     Replay
+	noCapture  bool
+	captureErr error
+	captured   issued
+	eager      issued
+}
+
+// issued is what issuing a program's work recorded: the events of the
+// forward/backward boundaries and of the gradients as they become final.
+type issued struct {
+	start, mid, end device.Event
+	finals          []finalEvent
+}
+
+type finalEvent struct {
+	param int
+	ev    device.Event
 }
 
 // arenaAlign is the alignment of every value in the arena, in bytes.
@@ -313,11 +352,20 @@ func (e *Executor) bind(b Bindings) error {
 	return nil
 }
 
+// CaptureError is why the executor runs its kernels one by one on a stream
+// that can capture (nil when it replays captured runs, or never tried).
+func (e *Executor) CaptureError() error { return e.captureErr }
+
+// Replaying reports whether the executor replays a captured run.
+func (e *Executor) Replaying() bool { return e.replay != nil }
+
 // Run executes the program once with the caller's vectors: it fills the
 // gradient (for a training program), updates the buffers where the program
 // does, and leaves the outputs readable. hook, when not nil, is called as
-// each parameter's gradient becomes final, in program order. Run returns
-// after the device has finished the work.
+// each parameter's gradient becomes final, in program order (on a stream
+// that replays captured runs, right after the replay is launched, with
+// events that complete when the gradient does). Run returns after the
+// device has finished the work.
 func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, error) {
 	if err := ctx.Err(); err != nil {
 		return Timing{}, fmt.Errorf("engine: %w", err)
@@ -326,42 +374,89 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 		if err := e.bind(b); err != nil {
 			return Timing{}, err
 		}
+		if e.replay != nil {
+			e.replay.Close()
+			e.replay = nil
+		}
 	}
-	p, s := e.p, e.stream
-	start, err := s.Record()
-	if err != nil {
+	is := &e.eager
+	if c, ok := e.stream.(Capturer); ok && !e.noCapture {
+		if e.replay == nil {
+			var rec issued
+			rep, err := c.Capture(func() error { return e.issue(&rec, nil) })
+			if err != nil {
+				// Run kernel by kernel from now on.
+				e.noCapture = true
+				if !errors.Is(err, ErrNoCapture) {
+					e.captureErr = err
+				}
+			} else {
+				e.replay, e.captured = rep, rec
+			}
+		}
+		if e.replay != nil {
+			if err := e.replay.Launch(); err != nil {
+				return Timing{}, fmt.Errorf("engine: replaying the program: %w", err)
+			}
+			is = &e.captured
+			if hook != nil {
+				for _, f := range is.finals {
+					hook(f.param, f.ev)
+				}
+			}
+		}
+	}
+	if e.replay == nil {
+		if err := e.issue(is, hook); err != nil {
+			return Timing{}, err
+		}
+	}
+	if err := is.end.Synchronize(); err != nil {
 		return Timing{}, err
 	}
-	mid := start
+	return Timing{Forward: is.mid.Time().Sub(is.start.Time()), Backward: is.end.Time().Sub(is.mid.Time())}, nil
+}
+
+// issue issues every instruction on the executor's stream with events at
+// the start, at the forward/backward boundary, at the end and after every
+// instruction that finishes a gradient; hook, when not nil, is called with
+// each gradient's event as it is issued.
+func (e *Executor) issue(is *issued, hook GradHook) error {
+	p, s := e.p, e.stream
+	var err error
+	if is.start, err = s.Record(); err != nil {
+		return err
+	}
+	is.mid = is.start
+	is.finals = is.finals[:0]
 	for j, k := range e.kernels {
 		if j == p.Forward && j > 0 {
-			if mid, err = s.Record(); err != nil {
-				return Timing{}, err
+			if is.mid, err = s.Record(); err != nil {
+				return err
 			}
 		}
 		in := &p.Instrs[j]
 		if err := k.Run(s, e.args[j], e.bufs[in.Out], e.wsb[j]); err != nil {
-			return Timing{}, fmt.Errorf("engine: %s: %w", in.Node, err)
+			return fmt.Errorf("engine: %s: %w", in.Node, err)
 		}
-		if hook != nil && len(in.Final) > 0 {
+		if len(in.Final) > 0 {
 			ev, err := s.Record()
 			if err != nil {
-				return Timing{}, err
+				return err
 			}
 			for _, q := range in.Final {
-				hook(q, ev)
+				is.finals = append(is.finals, finalEvent{q, ev})
+				if hook != nil {
+					hook(q, ev)
+				}
 			}
 		}
 	}
-	end, err := s.Record()
-	if err != nil {
-		return Timing{}, err
+	if is.end, err = s.Record(); err != nil {
+		return err
 	}
 	if len(p.Instrs) == p.Forward {
-		mid = end
+		is.mid = is.end
 	}
-	if err := end.Synchronize(); err != nil {
-		return Timing{}, err
-	}
-	return Timing{Forward: mid.Time().Sub(start.Time()), Backward: end.Time().Sub(mid.Time())}, nil
+	return nil
 }
