@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The GPU checks of the device-neutral core and the cuda package, in one
+# command for a GPU machine (the `device` tool runs it in the repository
+# root). Build first on any x86-64 machine (no GPU or CUDA needed):
+#
+#   scripts/gpu-verify.sh build      # writes .device/bin/{cuda.test,train}
+#
+# then carry .device to the GPU machine and run there:
+#
+#   scripts/gpu-verify.sh check      # every op and model step against the CPU, graphs, train -device cuda
+#   scripts/gpu-verify.sh bench      # step times: ours, then PyTorch eager, same GPU, TF32 off
+#
+# Results go to $OUT (or ./gpu-results). The shared data folder does not
+# travel: checks that need real data read it from .device/data (copy the
+# ml-100k folder there before carrying; CIFAR-10 is larger than one carry).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-gpu-results}
+mkdir -p "$out"
+case "${1:-}" in
+build)
+  mkdir -p .device/bin
+  go test -c -o .device/bin/cuda.test ./cuda
+  go build -o .device/bin/train ./cmd/train
+  ls -la .device/bin
+  ;;
+check)
+  nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+  # Every GPU test must run (SPARSEGRAD_GPU=require: no skipping).
+  (cd cuda && SPARSEGRAD_GPU=require SPARSEGRAD_DATA_DIR=../.device/data ../.device/bin/cuda.test -test.v -test.count=1 -test.timeout 20m) 2>&1 | tee "$out/cuda-tests.txt"
+  ;;
+bench)
+  (cd cuda && ../.device/bin/cuda.test -test.run XXX -test.bench GPUStep -test.benchtime 50x -test.timeout 20m) 2>&1 | tee "$out/go-steps.txt"
+  python3 scripts/gpu-step-torch.py --steps 50 2>&1 | tee "$out/torch-steps.txt"
+  ;;
+*)
+  echo "usage: $0 build|check|bench" >&2
+  exit 2
+  ;;
+esac
