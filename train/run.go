@@ -19,6 +19,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/comm/mpi"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
 
@@ -31,8 +32,12 @@ type Options struct {
 	Progress io.Writer
 	// CommandLine is recorded in run.json.
 	CommandLine []string
-	// Report, when set, writes runDir/report.html; it is called by rank 0
-	// after every epoch and at the end (reports.WriteRun).
+	// Report, when set, writes runDir/report.html (reports.WriteRun). Rank
+	// 0 calls it off the training path: from a goroutine of its own after
+	// every epoch (never two calls at once; epochs that end during a call
+	// give one more call, not one each), and once more when training has
+	// ended (also after an error, not after an interruption). Its errors are
+	// logged and printed as warnings; they do not stop training.
 	Report func(runDir string) error
 	// Comm, when set, makes this process one worker of that communicator
 	// instead of starting Config.Workers in-process workers or detecting
@@ -40,6 +45,9 @@ type Options struct {
 	Comm comm.Communicator
 	// LossSink, when set, receives rank 0's per-step mean loss (tests).
 	LossSink func(step int, loss float64)
+	// wrapModel, when set, replaces each worker's model by what it returns
+	// (tests: models that fail or panic).
+	wrapModel func(models.Model) models.Model
 }
 
 // RunInfo is the content of run.json.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -18,18 +17,20 @@ import (
 
 // worker is one rank's training loop.
 type worker struct {
-	r      *runner
-	cfg    Config
-	c      comm.Communicator
-	cnt    *comm.Counter // the reducer's communicator, counted
-	prevOp []comm.OpStats
-	rank   int
-	size   int
-	log    *slog.Logger
-	m      models.Model
-	task   task
+	r    *runner
+	cfg  Config
+	c    comm.Communicator
+	rank int
+	size int
+	log  *slog.Logger
+	m    models.Model
+	task task
+
+	// The reducer, its counted communicator and the error-feedback memory.
 	layout sparsify.Layout
 	red    sparsify.Reducer
+	cnt    *comm.Counter
+	ops    *opDeltas
 	mem    *sparsify.Memory
 	opt    Optimizer
 
@@ -40,37 +41,14 @@ type worker struct {
 	params, grad   device.Buffer
 	hparams, hgrad []float32 // host views of params and grad (the vectors themselves on the CPU)
 
-	// Gradient hook state (reset every step).
-	finalEv []device.Event
-
-	// LAGS pipelining.
-	pipe    bool
-	gred    sparsify.GroupReducer
-	groups  []sparsify.Group
-	groupOf []int
-	arrived []int
-	next    int
-	ready   []bool
-	ch      chan int
-	pend    []sparsify.Pending
-	perr    error
-	started time.Time // first group started this step
-	setBwd  bool
-
-	metrics *metricsWriter
-	prog    *progress
-}
-
-// stepLocal is what one rank measured in one step.
-type stepLocal struct {
-	loss                                    float64
-	tf, tb, tsel, tcomm, tupd, titer, twait time.Duration
-	tcompute                                time.Duration
-	tcommWall                               time.Duration
-	sent, recv                              int64
-	errNorm, actual, threshold              float64
-	layerK                                  []int
-	samples                                 int
+	// final holds, for the step being run, the event at which each tensor's
+	// gradient became final (the gradient hook's record; LAGS' adaptive
+	// density reads the backward times from it).
+	final []device.Event
+	// pipe pipelines LAGS' groups with the backward pass (nil when off).
+	pipe *pipeline
+	// out is rank 0's metrics, progress and report (nil on other ranks).
+	out *output
 }
 
 func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
@@ -94,8 +72,18 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 		return err
 	}
 	defer w.task.Close()
-	defer w.metrics.close()
-	return w.loop(ctx)
+	// The final report is written when training ends, also after an error
+	// (its metrics show where), but not when the run was interrupted or a
+	// panic unwinds the worker; the report's goroutine ends either way.
+	returned := false
+	defer func() {
+		if cerr := w.out.close(returned && ctx.Err() == nil); cerr != nil && err == nil {
+			err = fmt.Errorf("train: closing metrics.jsonl: %w", cerr)
+		}
+	}()
+	err = w.loop(ctx)
+	returned = true
+	return err
 }
 
 func (w *worker) setup(ctx context.Context) error {
@@ -109,10 +97,13 @@ func (w *worker) setup(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("train: building %s: %w", cfg.Model, err)
 	}
+	if w.r.opt.wrapModel != nil {
+		m = w.r.opt.wrapModel(m)
+	}
 	w.m = m
 	w.stream = be.Stream()
 	w.cnt = comm.NewCounter(w.c)
-	w.prevOp = make([]comm.OpStats, len(comm.Ops()))
+	w.ops = newOpDeltas(w.cnt)
 	n := m.NumParams()
 	if w.params, err = be.Device().Alloc(device.Float32, n); err != nil {
 		return fmt.Errorf("train: allocating the parameters: %w", err)
@@ -148,28 +139,17 @@ func (w *worker) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	w.pipe = cfg.PipelineOn()
-	if w.pipe {
+	if cfg.PipelineOn() {
 		gr, ok := w.red.(sparsify.GroupReducer)
 		if !ok {
 			return fmt.Errorf("%w: -sparsifier %s cannot be pipelined (no group reduction)", ErrConfig, cfg.Sparsifier)
 		}
-		w.gred = gr
-		w.groups = gr.Groups()
-		w.groupOf = make([]int, len(w.layout.Tensors))
-		for g, gg := range w.groups {
-			for _, t := range gg.Tensors {
-				w.groupOf[t] = g
-			}
-		}
-		w.arrived = make([]int, len(w.groups))
-		w.ready = make([]bool, len(w.groups))
-		w.pend = make([]sparsify.Pending, len(w.groups))
+		w.pipe = newPipeline(gr, len(w.layout.Tensors))
 	}
-	w.finalEv = make([]device.Event, len(w.layout.Tensors))
+	w.final = make([]device.Event, len(w.layout.Tensors))
 	// The hook drives pipelining and measures LAGS' per-tensor backward
 	// times.
-	if w.pipe || w.lagsAdaptive() {
+	if w.pipe != nil || w.lagsAdaptive() {
 		m.SetGradHook(w.hook)
 	}
 	if err := m.InitParams(w.hparams); err != nil {
@@ -198,7 +178,7 @@ func (w *worker) setup(ctx context.Context) error {
 	}
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
-			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe,
+			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe != nil,
 			Versions: versions(w.r.blas), Machine: machine(), Resumed: cfg.Resume, LayerNames: names, Device: be.Device().String()}
 		if be.Device().Kind() == device.CUDAKind {
 			info.Machine.GPU = be.Device().String()
@@ -207,15 +187,21 @@ func (w *worker) setup(ctx context.Context) error {
 			w.task.Close()
 			return fmt.Errorf("train: writing run.json: %w", err)
 		}
-		if w.metrics, err = openMetrics(filepath.Join(cfg.Out, "metrics.jsonl"), cfg.Resume != ""); err != nil {
+		mw, err := openMetrics(filepath.Join(cfg.Out, "metrics.jsonl"), cfg.Resume != "")
+		if err != nil {
 			w.task.Close()
 			return err
 		}
+		w.out = &output{metrics: mw, log: w.log, sink: w.r.opt.LossSink, console: &syncWriter{w: w.r.opt.Stdout}}
 		if !cfg.Quiet {
-			w.prog = newProgress(w.r.opt.Progress, w.r.opt.Stdout)
+			w.out.prog = newProgress(w.r.opt.Progress, w.out.console)
+		}
+		if report := w.r.opt.Report; report != nil {
+			o := w.out
+			w.out.rep = newReporter(func() error { return report(cfg.Out) }, func(err error) { o.warn("report.html not written", err) })
 		}
 	}
-	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe, "blas", w.r.blas)
+	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe != nil, "blas", w.r.blas)
 	return nil
 }
 
@@ -260,7 +246,7 @@ func (w *worker) upload(b device.Buffer, h []float32) error {
 // device has finished them.
 func (w *worker) downloadGroup(gg sparsify.Group) error {
 	for _, t := range gg.Tensors {
-		if err := w.finalEv[t].Synchronize(); err != nil {
+		if err := w.final[t].Synchronize(); err != nil {
 			return err
 		}
 	}
@@ -280,107 +266,75 @@ func (w *worker) lagsAdaptive() bool {
 // hook runs on the model's goroutine when tensor idx's gradient is final
 // (in the gradient vector once ready has completed).
 func (w *worker) hook(idx int, ready device.Event) {
-	w.finalEv[idx] = ready
-	if !w.pipe {
-		return
-	}
-	g := w.groupOf[idx]
-	w.arrived[g]++
-	if w.arrived[g] == len(w.groups[g].Tensors) {
-		w.ready[g] = true
-	}
-	for w.next < len(w.groups) && w.ready[w.next] {
-		w.ch <- w.next
-		w.next++
+	w.final[idx] = ready
+	if w.pipe != nil {
+		w.pipe.tensorFinal(idx)
 	}
 }
 
-// pipeline accumulates and starts every group it receives, in order.
-func (w *worker) pipeline(ctx context.Context, done chan<- struct{}) {
-	defer close(done)
-	for g := range w.ch {
-		if w.perr != nil {
-			continue
+// startGroup runs on the pipeline's goroutine: merge group g's gradients
+// are final; it adds them to the error-feedback memory and starts the
+// group's reduction, whose output overwrites the group's gradient (which
+// error feedback has just consumed).
+func (w *worker) startGroup(ctx context.Context, g int) (sparsify.Pending, error) {
+	gg := w.pipe.groups[g]
+	if !w.grad.IsHost() {
+		if err := w.downloadGroup(gg); err != nil {
+			return nil, err
 		}
-		gg := w.groups[g]
-		if !w.grad.IsHost() {
-			if err := w.downloadGroup(gg); err != nil {
-				w.perr = err
-				continue
-			}
-		}
-		mm := sparsify.Memory{Residual: w.mem.Residual[gg.Lo:gg.Hi]}
-		if _, err := mm.Accumulate(w.hgrad[gg.Lo:gg.Hi], 1); err != nil {
-			w.perr = fmt.Errorf("train: gradient of merge group %d (elements %d..%d): %w", g, gg.Lo, gg.Hi, err)
-			continue
-		}
-		if w.started.IsZero() {
-			w.started = time.Now()
-		}
-		// The reducer's output overwrites the group's gradient, which
-		// error feedback has just consumed.
-		p, err := w.gred.StartGroup(ctx, g, w.mem.Residual, w.hgrad, w.mem.Residual)
-		if err != nil {
-			w.perr = fmt.Errorf("train: starting merge group %d: %w", g, err)
-			continue
-		}
-		w.pend[g] = p
 	}
+	mm := sparsify.Memory{Residual: w.mem.Residual[gg.Lo:gg.Hi]}
+	if _, err := mm.Accumulate(w.hgrad[gg.Lo:gg.Hi], 1); err != nil {
+		return nil, fmt.Errorf("train: gradient of merge group %d (elements %d..%d): %w", g, gg.Lo, gg.Hi, err)
+	}
+	w.pipe.reducing()
+	p, err := w.pipe.gred.StartGroup(ctx, g, w.mem.Residual, w.hgrad, w.mem.Residual)
+	if err != nil {
+		return nil, fmt.Errorf("train: starting merge group %d: %w", g, err)
+	}
+	return p, nil
 }
 
 // step runs one iteration on batch b with learning rate lr.
-func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLocal, error) {
-	var s stepLocal
-	clear(w.finalEv)
-	var done chan struct{}
-	if w.pipe {
-		for i := range w.arrived {
-			w.arrived[i], w.ready[i], w.pend[i] = 0, false, nil
-		}
-		w.next, w.perr, w.started = 0, nil, time.Time{}
-		w.ch = make(chan int, len(w.groups))
-		done = make(chan struct{})
-		go w.pipeline(ctx, done)
+func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStats, error) {
+	var s stepStats
+	clear(w.final)
+	var res models.StepResult
+	var t1 time.Time
+	pass := func() error {
+		var err error
+		res, err = w.m.TrainStep(ctx, b, w.params, w.grad)
+		t1 = time.Now()
+		return err
 	}
 	t0 := time.Now()
-	res, err := w.trainStep(ctx, b)
-	t1 := time.Now()
-	if w.pipe {
-		close(w.ch)
-		<-done
+	var err error
+	if w.pipe != nil {
+		err = w.pipe.run(pass, func(g int) (sparsify.Pending, error) { return w.startGroup(ctx, g) })
+	} else {
+		err = pass()
 	}
 	if err != nil {
-		if w.pipe {
-			w.drain(ctx)
+		if w.pipe != nil {
+			w.pipe.drain(ctx)
 		}
 		return s, fmt.Errorf("train: %s step: %w", w.cfg.Model, err)
 	}
-	s.loss = res.Loss
-	s.tcompute = t1.Sub(t0)
-	s.tf, s.tb = res.Forward, res.Backward
+	s.Loss = res.Loss
+	s.Compute = t1.Sub(t0)
+	s.Forward, s.Backward = res.Forward, res.Backward
 	var st sparsify.Stats
-	if w.pipe {
-		if w.perr != nil {
-			w.drain(ctx)
-			return s, w.perr
+	var started time.Time
+	if w.pipe != nil {
+		gs, err := w.pipe.wait(ctx)
+		if err != nil {
+			return s, err
 		}
-		gs := make([]sparsify.GroupStats, len(w.groups))
-		for g, p := range w.pend {
-			if p == nil {
-				w.drain(ctx)
-				return s, fmt.Errorf("train: merge group %d was never started (its gradients were not all reported by the model)", g)
-			}
-			if gs[g], err = p.Wait(ctx); err != nil {
-				w.pend[g] = nil
-				w.drain(ctx)
-				return s, fmt.Errorf("train: reducing merge group %d: %w", g, err)
-			}
-			w.pend[g] = nil
-		}
-		st = sparsify.CombineGroupStats(w.cfg.Density.Value(), w.layout, w.groups, gs)
+		st = sparsify.CombineGroupStats(w.cfg.Density.Value(), w.layout, w.pipe.groups, gs)
+		started = w.pipe.started
 	} else {
-		if w.cfg.Clip.Value() > 0 {
-			if _, err := ClipNorm(w.stream, w.grad, w.cfg.Clip.Value()); err != nil {
+		if clip := w.cfg.Clip.Value(); clip > 0 {
+			if _, err := ClipNorm(w.stream, w.grad, clip); err != nil {
 				return s, err
 			}
 		}
@@ -391,7 +345,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 		if err != nil {
 			return s, fmt.Errorf("train: error feedback: %w", err)
 		}
-		w.started = time.Now()
+		started = time.Now()
 		// The reducer's output overwrites the gradient, which error
 		// feedback has just consumed.
 		if st, err = w.red.Reduce(ctx, acc, w.hgrad, acc); err != nil {
@@ -402,10 +356,10 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 		return s, err
 	}
 	t2 := time.Now()
-	if !w.started.IsZero() {
-		s.tcommWall = t2.Sub(w.started)
+	if !started.IsZero() {
+		s.CommWall = t2.Sub(started)
 	}
-	s.twait = t2.Sub(t1)
+	s.Wait = t2.Sub(t1)
 	if err := w.opt.Step(w.params, w.grad, lr); err != nil {
 		return s, err
 	}
@@ -413,28 +367,13 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepLoca
 		return s, err
 	}
 	t3 := time.Now()
-	s.tupd = t3.Sub(t2)
-	s.titer = t3.Sub(t0)
-	s.tsel, s.tcomm = st.SelectTime, st.CommTime
-	s.sent, s.recv = st.BytesSent, st.BytesRecv
-	s.errNorm, s.actual, s.threshold = st.ErrorNorm, st.ActualDensity, st.Threshold
-	s.layerK = st.LayerK
+	s.Update = t3.Sub(t2)
+	s.Iter = t3.Sub(t0)
+	s.Select, s.Comm = st.SelectTime, st.CommTime
+	s.Sent, s.Recv = float64(st.BytesSent), float64(st.BytesRecv)
+	s.ErrorNorm, s.ActualDensity, s.Threshold = st.ErrorNorm, st.ActualDensity, st.Threshold
+	s.LayerK = st.LayerK
 	return s, nil
-}
-
-// trainStep runs the model's forward and backward pass into the gradient.
-func (w *worker) trainStep(ctx context.Context, b models.Batch) (models.StepResult, error) {
-	return w.m.TrainStep(ctx, b, w.params, w.grad)
-}
-
-// drain waits for the groups still in flight after a failure.
-func (w *worker) drain(ctx context.Context) {
-	for g, p := range w.pend {
-		if p != nil {
-			p.Wait(ctx)
-			w.pend[g] = nil
-		}
-	}
 }
 
 // setBackwardTimes gives LAGS' adaptive density the per-tensor backward
@@ -451,7 +390,7 @@ func (w *worker) setBackwardTimes(ctx context.Context) error {
 	// Tensors become final in descending layout order; the first to be
 	// final is the start of the measured backward pass.
 	for i := nt - 1; i >= 0; i-- {
-		ev := w.finalEv[i]
+		ev := w.final[i]
 		if ev == nil {
 			continue
 		}
@@ -477,57 +416,19 @@ func (w *worker) setBackwardTimes(ctx context.Context) error {
 	return l.SetBackwardTimes(d)
 }
 
-const nFields = 16
-
-// gather combines the ranks' step measurements into a record (the same on
+// gather combines the ranks' step statistics into a record (the same on
 // every rank).
-func (w *worker) gather(ctx context.Context, s stepLocal, epoch, step int, lr float64) (StepRecord, error) {
-	v := [nFields]float64{s.loss, s.tf.Seconds(), s.tb.Seconds(), s.tsel.Seconds(), s.tcomm.Seconds(), s.tupd.Seconds(),
-		s.titer.Seconds(), float64(s.sent), float64(s.recv), s.errNorm, s.actual, s.threshold, s.twait.Seconds(), float64(s.samples), s.tcompute.Seconds(), s.tcommWall.Seconds()}
-	send := make(comm.Int64s, nFields)
-	for i, x := range v {
-		send[i] = int64(math.Float64bits(x))
+func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr float64) (StepRecord, error) {
+	all, err := gatherStats(ctx, w.c, s)
+	if err != nil {
+		return StepRecord{}, err
 	}
-	recv := make(comm.Int64s, nFields*w.size)
-	if err := w.c.AllGather(ctx, send, recv); err != nil {
-		return StepRecord{}, fmt.Errorf("train: combining step statistics: %w", err)
-	}
-	at := func(r, i int) float64 { return math.Float64frombits(uint64(recv[r*nFields+i])) }
-	var sum, mx [nFields]float64
-	for r := 0; r < w.size; r++ {
-		for i := 0; i < nFields; i++ {
-			x := at(r, i)
-			sum[i] += x
-			if r == 0 || x > mx[i] {
-				mx[i] = x
-			}
-		}
-	}
-	n := float64(w.size)
-	rec := StepRecord{Type: "step", Epoch: epoch + 1, Step: step, Loss: Num(sum[0] / n), LR: Num(lr),
-		Density: Num(w.cfg.Density.Value()), ActualDensity: Num(at(0, 10)), ErrorNorm: Num(sum[9] / n),
-		BytesSent: Num(sum[7] / n), BytesRecv: Num(sum[8] / n),
-		TForward: Num(mx[1]), TBackward: Num(mx[2]), TSelect: Num(mx[3]), TComm: Num(mx[4]), TUpdate: Num(mx[5]),
-		TIter: Num(mx[6]), TCompute: Num(mx[14]), TCommWall: Num(mx[15]), TWait: Num(mx[12]), Samples: int(sum[13]), Workers: w.size,
-		Wall: Num(time.Since(w.r.start).Seconds())}
+	density := w.cfg.Density.Value()
 	if w.cfg.Sparsifier == "dense" {
-		rec.Density = 1
+		density = 1
 	}
-	rec.LayerK = s.layerK
-	rec.Ops = map[string]OpCount{}
-	for i, op := range comm.Ops() {
-		st := w.cnt.Stats(op)
-		p := w.prevOp[i]
-		if st.Calls != p.Calls {
-			rec.Ops[op.String()] = OpCount{Calls: st.Calls - p.Calls, Elements: st.Elements - p.Elements,
-				BytesSent: st.BytesSent - p.BytesSent, BytesRecv: st.BytesRecv - p.BytesRecv, Time: Num((st.Time - p.Time).Seconds())}
-		}
-		w.prevOp[i] = st
-	}
-	if th := at(0, 11); !math.IsNaN(th) {
-		t := Num(th)
-		rec.Threshold = &t
-	}
+	rec := stepRecord(all, epoch, step, w.size, lr, density, time.Since(w.r.start))
+	rec.Ops = w.ops.next()
 	return rec, nil
 }
 
@@ -537,22 +438,14 @@ func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error
 	if err != nil {
 		return nil, err
 	}
-	if w.rank == 0 {
-		wall := Num(time.Since(w.r.start).Seconds())
-		for _, m := range ms {
-			if err := w.metrics.write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value)}); err != nil {
-				return nil, err
-			}
-		}
-		if w.prog != nil {
-			w.prog.eval(epoch+1, step, ms)
-		}
+	if err := w.out.eval(epoch, step, Num(time.Since(w.r.start).Seconds()), ms); err != nil {
+		return nil, err
 	}
 	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ms)
 	return ms, nil
 }
 
-// checkpoint writes rank 0's state (rank 0 only) and refreshes the report.
+// checkpoint writes rank 0's state (rank 0 only).
 func (w *worker) checkpoint(epoch, batch, step int) error {
 	if w.rank != 0 {
 		return nil
@@ -578,18 +471,6 @@ func (w *worker) checkpoint(epoch, batch, step int) error {
 	}
 	w.log.Info("checkpoint written", "path", path)
 	return nil
-}
-
-func (w *worker) report() {
-	if w.rank != 0 || w.r.opt.Report == nil {
-		return
-	}
-	if err := w.r.opt.Report(w.cfg.Out); err != nil {
-		w.log.Warn("report not written", "err", err)
-		if w.prog != nil {
-			fmt.Fprintf(w.prog.out, "warning: report.html not written: %v\n", err)
-		}
-	}
 }
 
 // resume loads the checkpoint of cfg.Resume and returns where to continue.
@@ -660,8 +541,9 @@ func (w *worker) loop(ctx context.Context) error {
 			return fmt.Errorf("train: epoch %d: %w", epoch+1, err)
 		}
 		w.m.ResetState()
-		if w.prog != nil {
-			w.prog.startEpoch(epoch+1, cfg.Epochs.Value(), perEpoch-startBatch)
+		prog := w.out.progress()
+		if prog != nil {
+			prog.startEpoch(epoch+1, cfg.Epochs.Value(), perEpoch-startBatch)
 		}
 		var lastLoss float64
 		for i := startBatch; i < perEpoch; i++ {
@@ -670,19 +552,15 @@ func (w *worker) loop(ctx context.Context) error {
 				return err
 			}
 			if (cfg.Steps > 0 && step >= cfg.Steps) || timeUp {
-				if w.prog != nil {
-					w.prog.endEpoch()
+				if prog != nil {
+					prog.endEpoch()
 				}
 				if lastEval != step {
 					if _, err := w.evaluate(ctx, epoch, step); err != nil {
 						return err
 					}
 				}
-				if err := w.checkpoint(epoch, i, step); err != nil {
-					return err
-				}
-				w.report()
-				return nil
+				return w.checkpoint(epoch, i, step)
 			}
 			if err := ctx.Err(); err != nil {
 				return fmt.Errorf("train: stopped at step %d: %w", step, err)
@@ -696,14 +574,14 @@ func (w *worker) loop(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("train: step %d (epoch %d): %w", step+1, epoch+1, err)
 			}
-			s.samples = ns
+			s.Samples = ns
 			step++
 			if step == 1 {
 				if err := w.setBackwardTimes(ctx); err != nil {
 					return err
 				}
 			}
-			lastLoss = s.loss
+			lastLoss = s.Loss
 			last := i == perEpoch-1 || step == cfg.Steps
 			if step%cfg.LogEvery.Value() == 0 || last {
 				rec, err := w.gather(ctx, s, epoch, step, lr)
@@ -711,17 +589,12 @@ func (w *worker) loop(ctx context.Context) error {
 					return err
 				}
 				lastLoss = float64(rec.Loss)
-				if w.rank == 0 {
-					if err := w.metrics.write(rec); err != nil {
-						return err
-					}
-					if w.r.opt.LossSink != nil {
-						w.r.opt.LossSink(step, float64(rec.Loss))
-					}
+				if err := w.out.step(rec); err != nil {
+					return err
 				}
 			}
-			if w.prog != nil {
-				w.prog.add(ns*w.size, lastLoss)
+			if prog != nil {
+				prog.add(ns*w.size, lastLoss)
 			}
 			if cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0 && !last {
 				if _, err := w.evaluate(ctx, epoch, step); err != nil {
@@ -731,8 +604,8 @@ func (w *worker) loop(ctx context.Context) error {
 			}
 		}
 		startBatch = 0
-		if w.prog != nil {
-			w.prog.endEpoch()
+		if prog != nil {
+			prog.endEpoch()
 		}
 		if _, err := w.evaluate(ctx, epoch, step); err != nil {
 			return err
@@ -743,7 +616,9 @@ func (w *worker) loop(ctx context.Context) error {
 				return err
 			}
 		}
-		w.report()
+		// The report of the epochs so far is written in the background;
+		// the final one when the worker returns.
+		w.out.refreshReport()
 	}
 	return nil
 }

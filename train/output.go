@@ -1,0 +1,161 @@
+package train
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+)
+
+// output is what rank 0 writes besides checkpoints: the metrics file, the
+// console progress and the HTML report. The other ranks have none (a nil
+// *output, whose methods do nothing).
+type output struct {
+	metrics *metricsWriter
+	prog    *progress // nil with Config.Quiet
+	rep     *reporter // nil without Options.Report
+	log     *slog.Logger
+	sink    func(step int, loss float64)
+	// console is the progress lines' writer, shared with the report's
+	// warnings (written from the report's goroutine).
+	console *syncWriter
+}
+
+// step records a step.
+func (o *output) step(rec StepRecord) error {
+	if o == nil {
+		return nil
+	}
+	if err := o.metrics.write(rec); err != nil {
+		return err
+	}
+	if o.sink != nil {
+		o.sink(rec.Step, float64(rec.Loss))
+	}
+	return nil
+}
+
+// eval records an evaluation.
+func (o *output) eval(epoch, step int, wall Num, ms []metric) error {
+	if o == nil {
+		return nil
+	}
+	for _, m := range ms {
+		if err := o.metrics.write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value)}); err != nil {
+			return err
+		}
+	}
+	if o.prog != nil {
+		o.prog.eval(epoch+1, step, ms)
+	}
+	return nil
+}
+
+// progress returns the console progress (nil when there is none).
+func (o *output) progress() *progress {
+	if o == nil {
+		return nil
+	}
+	return o.prog
+}
+
+// refreshReport asks for a report of the run so far, without waiting.
+func (o *output) refreshReport() {
+	if o != nil {
+		o.rep.refresh()
+	}
+}
+
+// close closes the metrics file and, when final, writes the final report
+// (after any refresh still running); either way no report goroutine is
+// left.
+func (o *output) close(final bool) error {
+	if o == nil {
+		return nil
+	}
+	err := o.metrics.close()
+	o.rep.finish(final)
+	return err
+}
+
+// warn reports a problem that does not stop training: in the rank's log and
+// on the console.
+func (o *output) warn(msg string, err error) {
+	o.log.Warn(msg, "err", err)
+	if o.prog != nil {
+		fmt.Fprintf(o.console, "warning: %s: %v\n", msg, err)
+	}
+}
+
+// syncWriter serialises writes of several goroutines.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(b []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(b)
+}
+
+// reporter writes report.html off the training critical path. refresh asks
+// for a report and returns at once; one goroutine writes the reports, one
+// at a time, and a refresh asked for while one is being written is
+// coalesced into one more; finish waits for that goroutine to end and then
+// writes the final report itself. So training never waits for a report
+// (which may fetch ECharts with npm) until the run has ended, and two
+// writers never touch report.html at once. Errors are reported to warn.
+type reporter struct {
+	write func() error
+	warn  func(error)
+	req   chan struct{} // holds at most one pending refresh
+	done  chan struct{} // closed when the goroutine has ended
+}
+
+// newReporter starts the reporter's goroutine.
+func newReporter(write func() error, warn func(error)) *reporter {
+	r := &reporter{write: write, warn: warn, req: make(chan struct{}, 1), done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		for range r.req {
+			r.writeOne()
+		}
+	}()
+	return r
+}
+
+func (r *reporter) writeOne() {
+	if err := r.write(); err != nil {
+		r.warn(err)
+	}
+}
+
+// refresh asks for a report of the run so far and returns at once.
+func (r *reporter) refresh() {
+	if r == nil {
+		return
+	}
+	select {
+	case r.req <- struct{}{}:
+	default: // one is pending already: it will see the same or newer data
+	}
+}
+
+// finish ends the goroutine (a refresh being written completes, a pending
+// one is dropped) and then, when final, writes the final report. It must
+// be called once.
+func (r *reporter) finish(final bool) {
+	if r == nil {
+		return
+	}
+	select {
+	case <-r.req:
+	default:
+	}
+	close(r.req)
+	<-r.done
+	if final {
+		r.writeOne()
+	}
+}
