@@ -184,7 +184,7 @@ func addMethodFlags(fs *flag.FlagSet, dst *sparsify.Values) map[string]bool {
 // types of this file's values, the method options in a section of their
 // own.
 func printFlags(out io.Writer, fs *flag.FlagSet, method map[string]bool) {
-	print := func(f *flag.Flag) {
+	show := func(f *flag.Flag) {
 		name, usage := flag.UnquoteUsage(f)
 		if tv, ok := f.Value.(typedValue); ok {
 			name = tv.Type()
@@ -206,7 +206,7 @@ func printFlags(out io.Writer, fs *flag.FlagSet, method map[string]bool) {
 	}
 	fs.VisitAll(func(f *flag.Flag) {
 		if !method[f.Name] {
-			print(f)
+			show(f)
 		}
 	})
 	if len(method) == 0 {
@@ -215,7 +215,7 @@ func printFlags(out io.Writer, fs *flag.FlagSet, method map[string]bool) {
 	fmt.Fprintln(out, "\nSparsifier options (each applies to the sparsifiers named; declared beside each method, see go doc ./sparsify):")
 	fs.VisitAll(func(f *flag.Flag) {
 		if method[f.Name] {
-			print(f)
+			show(f)
 		}
 	})
 }
