@@ -27,7 +27,7 @@ build)
 check)
   nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
   # Every GPU test must run (SPARSEGRAD_GPU=require: no skipping).
-  (cd cuda && SPARSEGRAD_GPU=require SPARSEGRAD_DATA_DIR=../.device/data ../.device/bin/cuda.test -test.v -test.count=1 -test.timeout 20m) 2>&1 | tee "$out/cuda-tests.txt"
+  (cd cuda && SPARSEGRAD_GPU=require TRAIN_DATA_DIR=$PWD/../.device/data ../.device/bin/cuda.test -test.v -test.count=1 -test.timeout 20m) 2>&1 | tee "$out/cuda-tests.txt"
   ;;
 bench)
   (cd cuda && ../.device/bin/cuda.test -test.run XXX -test.bench GPUStep -test.benchtime 50x -test.timeout 20m) 2>&1 | tee "$out/go-steps.txt"

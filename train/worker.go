@@ -47,6 +47,10 @@ type worker struct {
 	final []device.Event
 	// pipe pipelines LAGS' groups with the backward pass (nil when off).
 	pipe *pipeline
+	// xfer is the stream that copies pipelined groups to host memory on a
+	// GPU, beside the compute stream, so that a group's download waits
+	// for its own gradients only, not for the rest of the backward pass.
+	xfer device.Stream
 	// out is rank 0's metrics, progress and report (nil on other ranks).
 	out *output
 }
@@ -145,6 +149,11 @@ func (w *worker) setup(ctx context.Context) error {
 			return fmt.Errorf("%w: -sparsifier %s cannot be pipelined (no group reduction)", ErrConfig, cfg.Sparsifier)
 		}
 		w.pipe = newPipeline(gr, len(w.layout.Tensors))
+		if !w.grad.IsHost() {
+			if w.xfer, err = be.Device().NewStream(); err != nil {
+				return fmt.Errorf("train: a copy stream for pipelining: %w", err)
+			}
+		}
 	}
 	w.final = make([]device.Event, len(w.layout.Tensors))
 	// The hook drives pipelining and measures LAGS' per-tensor backward
@@ -242,18 +251,19 @@ func (w *worker) upload(b device.Buffer, h []float32) error {
 	return w.stream.Copy(b, device.Host(h))
 }
 
-// downloadGroup copies a merge group's gradients to host memory once the
-// device has finished them.
+// downloadGroup copies a merge group's gradients to host memory on the copy
+// stream, once the device has finished them, while the compute stream goes
+// on with the backward pass.
 func (w *worker) downloadGroup(gg sparsify.Group) error {
 	for _, t := range gg.Tensors {
-		if err := w.final[t].Synchronize(); err != nil {
+		if err := w.xfer.Wait(w.final[t]); err != nil {
 			return err
 		}
 	}
-	if err := w.stream.Copy(device.Host(w.hgrad[gg.Lo:gg.Hi]), w.grad.Slice(gg.Lo, gg.Hi)); err != nil {
+	if err := w.xfer.Copy(device.Host(w.hgrad[gg.Lo:gg.Hi]), w.grad.Slice(gg.Lo, gg.Hi)); err != nil {
 		return err
 	}
-	return w.stream.Synchronize()
+	return w.xfer.Synchronize()
 }
 
 // lagsAdaptive reports whether LAGS chooses per-layer densities from
