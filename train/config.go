@@ -91,6 +91,10 @@ type Config struct {
 	DecayEpochs []int `json:"decay_epochs"`
 	// DecayFactor is the step decay factor (default 0.1).
 	DecayFactor Optional[float64] `json:"decay_factor,omitzero"`
+	// LRSchedule is "step" (default: WarmupEpochs of linear warm-up, then
+	// step decay at DecayEpochs) or "onecycle" (the one-cycle policy with LR
+	// as its peak; see Schedule).
+	LRSchedule string `json:"lr_schedule"`
 	// Clip is the local gradient-norm clipping threshold applied before error
 	// feedback (0: off).
 	Clip Optional[float64] `json:"clip,omitzero"`
@@ -168,6 +172,10 @@ func (c Config) Defaults() Config {
 	c.CheckpointEvery.orDefault(1)
 	c.Seed.orDefault(42)
 	var momentum, wd, clip float64
+	def(&c.LRSchedule, "step")
+	if c.LRSchedule == "onecycle" && c.DecayEpochs == nil {
+		c.DecayEpochs = []int{} // not the model's step decay
+	}
 	switch c.Model {
 	case "resnet18":
 		// DEFT run.py: lr 0.05, momentum 0.9, wd 1e-4, batch 32 per worker,
@@ -222,7 +230,9 @@ func (c Config) Defaults() Config {
 		c.Beta2.orDefault(0.999)
 		c.Eps.orDefault(1e-8)
 	}
-	c.DecayFactor.orDefault(0.1)
+	if c.LRSchedule == "step" {
+		c.DecayFactor.orDefault(0.1)
+	}
 	if c.DecayEpochs == nil {
 		c.DecayEpochs = []int{}
 	}
@@ -293,10 +303,13 @@ func (c Config) Validate(underMPI bool) error {
 	for _, f := range []struct {
 		flag string
 		v    Optional[float64]
-	}{{"density", c.Density}, {"lr", c.LR}, {"decay-factor", c.DecayFactor}, {"clip", c.Clip}} {
+	}{{"density", c.Density}, {"lr", c.LR}, {"clip", c.Clip}} {
 		if !f.v.IsSet() {
 			bad("-%s is unset; call Config.Defaults before Validate", f.flag)
 		}
+	}
+	if c.LRSchedule != "onecycle" && !c.DecayFactor.IsSet() {
+		bad("-decay-factor is unset; call Config.Defaults before Validate")
 	}
 	if !c.Seed.IsSet() {
 		bad("-seed is unset; call Config.Defaults before Validate")
@@ -391,13 +404,25 @@ func (c Config) Validate(underMPI bool) error {
 	if c.WarmupEpochs < 0 {
 		bad("-warmup-epochs %v must be >= 0", c.WarmupEpochs)
 	}
+	switch c.LRSchedule {
+	case "step":
+	case "onecycle":
+		if len(c.DecayEpochs) > 0 || c.DecayFactor.IsSet() {
+			bad("-decay-epochs and -decay-factor apply to -lr-schedule step; onecycle anneals by itself (drop them)")
+		}
+		if c.WarmupEpochs >= float64(c.Epochs.Value()) {
+			bad("-warmup-epochs %v: with -lr-schedule onecycle the rise must end before the last epoch (-epochs %d)", c.WarmupEpochs, c.Epochs.Value())
+		}
+	default:
+		bad("-lr-schedule %q: use step or onecycle", c.LRSchedule)
+	}
 	for _, e := range c.DecayEpochs {
 		if e < 1 {
 			bad("-decay-epochs %v: epochs must be >= 1", c.DecayEpochs)
 			break
 		}
 	}
-	if f := c.DecayFactor.Value(); !(f > 0 && f <= 1) {
+	if f := c.DecayFactor.Value(); c.LRSchedule == "step" && !(f > 0 && f <= 1) {
 		bad("-decay-factor %v must be in (0, 1]", f)
 	}
 	if c.Clip.Value() < 0 {

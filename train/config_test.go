@@ -72,6 +72,8 @@ func TestDefaultsKeepExplicitZero(t *testing.T) {
 			func(c Config) any { return c.MethodOptions["min_tensor"] }, 0},
 		{"lags max ratio", Config{Sparsifier: "lags", MethodOptions: sparsify.Values{"max_ratio": 0.0}},
 			func(c Config) any { return c.MethodOptions["max_ratio"] }, 0.0},
+		{"resnet18 onecycle drops the step decay", Config{Model: "resnet18", LRSchedule: "onecycle"},
+			func(c Config) any { return len(c.DecayEpochs) + btoi(c.DecayFactor.IsSet()) }, 0},
 		{"lstm lags pipelined with clip 0", Config{Model: "lstm", Sparsifier: "lags", Pipeline: "on", Clip: Set(0.0)},
 			func(c Config) any { return c.PipelineOn() }, true},
 	} {
@@ -140,6 +142,12 @@ func TestValidateRejects(t *testing.T) {
 		{"bad optimizer", func(c *Config) { c.Optimizer = "rmsprop" }, false, "-optimizer"},
 		{"decay factor", func(c *Config) { c.DecayFactor = Set(2.0) }, false, "-decay-factor"},
 		{"decay factor 0", func(c *Config) { c.DecayFactor = Set(0.0) }, false, "-decay-factor 0"},
+		{"lr schedule", func(c *Config) { c.LRSchedule = "cosine" }, false, "-lr-schedule \"cosine\": use step or onecycle"},
+		{"onecycle with decay epochs", func(c *Config) { c.LRSchedule = "onecycle"; c.DecayEpochs = []int{3} }, false, "apply to -lr-schedule step"},
+		{"onecycle with decay factor", func(c *Config) { c.LRSchedule = "onecycle" }, false, "apply to -lr-schedule step"},
+		{"onecycle rise too long", func(c *Config) {
+			c.LRSchedule, c.DecayFactor, c.WarmupEpochs = "onecycle", Optional[float64]{}, float64(c.Epochs.Value())
+		}, false, "the rise must end before the last epoch"},
 		{"device", func(c *Config) { c.Device = "tpu" }, false, "-device"},
 		{"latency only", func(c *Config) { c.NetLatency = time.Millisecond }, false, "give both"},
 		{"net under mpi", func(c *Config) { c.NetLatency = time.Millisecond; c.NetBandwidth = 1e9 }, true, "under mpirun"},
@@ -290,4 +298,11 @@ func TestOptionalJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(`"x"`), &o); err == nil {
 		t.Error("a string unmarshalled into Optional[int]")
 	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -197,19 +197,32 @@ func fromHost(s device.Stream, b device.Buffer, h []float32) error {
 	return s.Synchronize()
 }
 
-// Schedule is a learning-rate schedule: linear warm-up over WarmupIters
-// iterations (iteration i uses base·(i+1)/WarmupIters), then step decay: the
-// rate is multiplied by Factor at the start of every epoch in DecayEpochs.
+// Schedule is a learning-rate schedule. By default it is linear warm-up over
+// WarmupIters iterations (iteration i uses base·(i+1)/WarmupIters), then
+// step decay: the rate is multiplied by Factor at the start of every epoch in
+// DecayEpochs.
+//
+// With OneCycleIters > 0 it is the one-cycle policy (Smith & Topin, "Super-
+// Convergence", 2019) over that many iterations, as PyTorch's OneCycleLR
+// with its defaults: the rate rises from Base/25 to Base over the first
+// WarmupIters iterations (30 % of the cycle when WarmupIters is 0), then
+// falls to Base/25/10⁴ at the cycle's last iteration, both halves on a
+// cosine; later iterations keep the final rate. Unlike OneCycleLR it leaves
+// the momentum constant.
 type Schedule struct {
-	Base        float64
-	WarmupIters int
-	DecayEpochs []int
-	Factor      float64
+	Base          float64
+	WarmupIters   int
+	DecayEpochs   []int
+	Factor        float64
+	OneCycleIters int
 }
 
 // At returns the learning rate of global iteration it (0-based) in epoch
 // (0-based).
 func (s Schedule) At(it, epoch int) float64 {
+	if s.OneCycleIters > 0 {
+		return s.oneCycle(it)
+	}
 	lr := s.Base
 	for _, e := range s.DecayEpochs {
 		if epoch >= e {
@@ -220,6 +233,34 @@ func (s Schedule) At(it, epoch int) float64 {
 		lr *= float64(it+1) / float64(s.WarmupIters)
 	}
 	return lr
+}
+
+// oneCycle is At for the one-cycle policy. As in OneCycleLR, the rise ends
+// at iteration up and the fall at the cycle's last iteration, each a cosine
+// between its end points.
+func (s Schedule) oneCycle(it int) float64 {
+	initial := s.Base / 25
+	final := initial / 1e4
+	last := float64(s.OneCycleIters - 1)
+	up := float64(s.WarmupIters) - 1
+	if s.WarmupIters == 0 {
+		up = 0.3*float64(s.OneCycleIters) - 1
+	}
+	anneal := func(from, to, pct float64) float64 {
+		pct = min(max(pct, 0), 1)
+		return to + (from-to)/2*(math.Cos(math.Pi*pct)+1)
+	}
+	x := float64(it)
+	if x <= up {
+		if up <= 0 {
+			return s.Base
+		}
+		return anneal(initial, s.Base, x/up)
+	}
+	if last <= up {
+		return final
+	}
+	return anneal(s.Base, final, (x-up)/(last-up))
 }
 
 // ClipNorm scales the gradient g so that its Euclidean norm is at most

@@ -148,6 +148,38 @@ func TestSchedule(t *testing.T) {
 	}
 }
 
+// TestOneCycle compares the one-cycle schedule with PyTorch 1.13's
+// OneCycleLR (max_lr 0.4, defaults otherwise, cycle_momentum off), whose
+// rates these are, printed by torch for a few cycle lengths and rise
+// fractions (pct_start; WarmupIters = pct_start·total).
+func TestOneCycle(t *testing.T) {
+	for _, tc := range []struct {
+		total, warmup int
+		want          map[int]float64
+	}{
+		{100, 0, map[int]float64{0: 0.016000000000000014, 14: 0.19760532955159985, 28: 0.39887448777363704, 42: 0.36691478308565756,
+			56: 0.2702754837164093, 70: 0.14679364371614145, 84: 0.04363512897158001, 98: 0.0002029858861903152, 99: 1.6e-06}},
+		{7, 0, map[int]float64{0: 0.016000000000000014, 1: 0.3922226509339835, 2: 0.36761775050788426, 3: 0.26907353459221806,
+			4: 0.14309551029586282, 5: 0.03971871675730624, 6: 1.6e-06}},
+		{1000, 150, map[int]float64{0: 0.016000000000000014, 142: 0.397912598384452, 284: 0.37561634715174114, 426: 0.3040269933554621,
+			568: 0.2044356083807191, 710: 0.10365045058259621, 852: 0.028801121073631634, 994: 3.574977178982453e-05, 999: 1.6e-06}},
+		{3, 0, map[int]float64{0: 0.39776617418036475, 1: 0.18505484106679002, 2: 1.6e-06}},
+	} {
+		s := Schedule{Base: 0.4, WarmupIters: tc.warmup, OneCycleIters: tc.total, DecayEpochs: []int{1}, Factor: 0.1}
+		for it, want := range tc.want {
+			if got := s.At(it, it/10); math.Abs(got-want) > 1e-12*want+1e-15 {
+				t.Errorf("cycle %d (rise %d): At(%d) = %v, PyTorch %v", tc.total, tc.warmup, it, got, want)
+			}
+		}
+		if got := s.At(tc.total+5, 99); math.Abs(got-1.6e-6) > 1e-18 {
+			t.Errorf("cycle %d: after the cycle At = %v, want the final rate 1.6e-6", tc.total, got)
+		}
+	}
+	if got := (Schedule{Base: 1, OneCycleIters: 1}).At(0, 0); got != 1.0/25/1e4 {
+		t.Errorf("one-iteration cycle: %v", got)
+	}
+}
+
 func TestClipNorm(t *testing.T) {
 	g := []float32{3, 4}
 	clip := func(g []float32, max float64) float64 {

@@ -365,3 +365,28 @@ func TestDivergenceIsAnError(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestOneCycleRun trains with -lr-schedule onecycle and -steps 12: the cycle
+// spans the 12 steps (not the epochs), starting at lr/25, peaking at lr and
+// ending at lr/25/10⁴, as metrics.jsonl records.
+func TestOneCycleRun(t *testing.T) {
+	const steps, lr = 12, 0.01
+	c := ncfConfig(t, 2, steps)
+	c.LRSchedule, c.LR, c.LogEvery = "onecycle", Set(lr), Set(1)
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var lrs []float64
+	for _, r := range readMetrics(t, c.Out) {
+		if r["type"] == "step" {
+			lrs = append(lrs, r["lr"].(float64))
+		}
+	}
+	if len(lrs) != steps {
+		t.Fatalf("%d step records, want %d", len(lrs), steps)
+	}
+	near := func(got, want float64) bool { return math.Abs(got-want) <= 1e-9*want }
+	if peak := slices.Max(lrs); !near(lrs[0], lr/25) || !near(lrs[steps-1], lr/25/1e4) || peak > lr || peak < 0.9*lr {
+		t.Fatalf("learning rates %v: want lr/25 first, a peak near lr, lr/25/1e4 last", lrs)
+	}
+}

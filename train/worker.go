@@ -535,6 +535,14 @@ func (w *worker) loop(ctx context.Context) error {
 	cfg := w.cfg
 	perEpoch := w.task.Len()
 	sched := Schedule{Base: cfg.LR.Value(), WarmupIters: int(cfg.WarmupEpochs * float64(perEpoch)), DecayEpochs: cfg.DecayEpochs, Factor: cfg.DecayFactor.Value()}
+	if cfg.LRSchedule == "onecycle" {
+		// One cycle over the whole run: -epochs, or -steps when it ends
+		// the run earlier (-max-time cannot be foreseen).
+		sched.OneCycleIters = cfg.Epochs.Value() * perEpoch
+		if cfg.Steps > 0 {
+			sched.OneCycleIters = min(sched.OneCycleIters, cfg.Steps)
+		}
+	}
 	startEpoch, startBatch, step := 0, 0, 0
 	if cfg.Resume != "" {
 		var err error
