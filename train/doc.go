@@ -11,6 +11,17 @@
 // its data shard, dropout seed and reducer the same way and every sum goes
 // through the communicators' canonical order.
 //
+// # Devices
+//
+// Config.Device "cuda" runs each worker's model on an NVIDIA GPU (package
+// cuda): in-process worker r uses GPU r mod the GPUs found, with a stream
+// of its own; under mpirun a process uses the GPU of its local rank. The
+// parameters, the gradient, the optimizer state and gradient clipping stay
+// on the device. Error feedback and the reducers still run on the host:
+// each step the gradient is copied to host memory, reduced there and the
+// result copied back (with LAGS pipelining, group by group on a copy stream
+// beside the backward pass). Moving them onto the device is the next step.
+//
 // # Deviations from the reference code (on purpose)
 //
 //   - Momentum: PyTorch's SGD (buf = m·buf + g + wd·w; w −= lr·buf), not the
