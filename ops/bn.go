@@ -402,14 +402,6 @@ func (op BatchNormGradSums) String() string {
 	return fmt.Sprintf("BatchNormGradSums{relu=%v}", op.ReLU)
 }
 
-// DiffWRT implements gorgonia.SDOp (no second derivatives).
-func (op BatchNormGradSums) DiffWRT(int) []bool { return make([]bool, op.Arity()) }
-
-// SymDiff implements gorgonia.SDOp.
-func (BatchNormGradSums) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
-	return nil, fmt.Errorf("ops: no second derivative of BatchNorm")
-}
-
 // Do implements gorgonia.Op with the CPU kernel.
 func (op BatchNormGradSums) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
@@ -481,14 +473,6 @@ func (op BatchNormGradInput) String() string {
 	return fmt.Sprintf("BatchNormGradInput{relu=%v}", op.ReLU)
 }
 
-// DiffWRT implements gorgonia.SDOp (no second derivatives).
-func (op BatchNormGradInput) DiffWRT(int) []bool { return make([]bool, op.Arity()) }
-
-// SymDiff implements gorgonia.SDOp.
-func (BatchNormGradInput) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
-	return nil, fmt.Errorf("ops: no second derivative of BatchNorm")
-}
-
 // Do implements gorgonia.Op with the CPU kernel.
 func (op BatchNormGradInput) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
@@ -557,14 +541,6 @@ func (op BatchNormGradParam) WriteHash(h hashWriter) { writeHash(h, op) }
 func (op BatchNormGradParam) Hashcode() uint32 { return hashOf(op) }
 
 func (op BatchNormGradParam) String() string { return fmt.Sprintf("BatchNormGradParam{%d}", op.Which) }
-
-// DiffWRT implements gorgonia.SDOp (no second derivatives).
-func (BatchNormGradParam) DiffWRT(int) []bool { return []bool{false} }
-
-// SymDiff implements gorgonia.SDOp.
-func (BatchNormGradParam) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
-	return nil, fmt.Errorf("ops: no second derivative of BatchNorm")
-}
 
 // Do implements gorgonia.Op with the CPU kernel.
 func (op BatchNormGradParam) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }

@@ -195,14 +195,6 @@ func (op Conv2dGradInput) Hashcode() uint32 { return hashOf(op) }
 
 func (op Conv2dGradInput) String() string { return "Conv2dGradInput" + op.Conv.String()[6:] }
 
-// DiffWRT implements gorgonia.SDOp (no second derivatives).
-func (Conv2dGradInput) DiffWRT(int) []bool { return []bool{false, false} }
-
-// SymDiff implements gorgonia.SDOp.
-func (Conv2dGradInput) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
-	return nil, fmt.Errorf("ops: no second derivative of Conv2d")
-}
-
 // Do implements gorgonia.Op with the CPU kernel.
 func (op Conv2dGradInput) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
@@ -254,14 +246,6 @@ func (op Conv2dGradFilter) WriteHash(h hashWriter) { writeHash(h, op) }
 func (op Conv2dGradFilter) Hashcode() uint32 { return hashOf(op) }
 
 func (op Conv2dGradFilter) String() string { return "Conv2dGradFilter" + op.Conv.String()[6:] }
-
-// DiffWRT implements gorgonia.SDOp (no second derivatives).
-func (Conv2dGradFilter) DiffWRT(int) []bool { return []bool{false, false} }
-
-// SymDiff implements gorgonia.SDOp.
-func (Conv2dGradFilter) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
-	return nil, fmt.Errorf("ops: no second derivative of Conv2d")
-}
 
 // Do implements gorgonia.Op with the CPU kernel.
 func (op Conv2dGradFilter) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }

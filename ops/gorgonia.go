@@ -14,6 +14,9 @@ import (
 // package: outputs are fresh values, no op calls external code or
 // overwrites an input as Gorgonia understands it (BatchNormStats' update of
 // the running statistics is a side effect on bound values, see Mutator).
+// The gradient ops (Conv2dGradInput, BatchNormGradSums, ReLUGrad, …) do not
+// implement gorgonia.SDOp: they only appear in backward passes, which
+// nothing differentiates again.
 type gop struct{}
 
 // ReturnsPtr implements gorgonia.Op.

@@ -122,14 +122,6 @@ func (op MatMulTGrad) Hashcode() uint32 { return hashOf(op) }
 
 func (op MatMulTGrad) String() string { return fmt.Sprintf("MatMulTGrad%d", op.Which) }
 
-// DiffWRT implements gorgonia.SDOp (no second derivatives).
-func (MatMulTGrad) DiffWRT(int) []bool { return []bool{false, false} }
-
-// SymDiff implements gorgonia.SDOp.
-func (MatMulTGrad) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
-	return nil, fmt.Errorf("ops: no second derivative of MatMulT")
-}
-
 // Do implements gorgonia.Op with the CPU kernel.
 func (op MatMulTGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 

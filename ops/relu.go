@@ -106,14 +106,6 @@ func (op ReLUGrad) Hashcode() uint32 { return hashOf(op) }
 
 func (ReLUGrad) String() string { return "ReLUGrad" }
 
-// DiffWRT implements gorgonia.SDOp (no second derivatives).
-func (ReLUGrad) DiffWRT(int) []bool { return []bool{false, false} }
-
-// SymDiff implements gorgonia.SDOp.
-func (ReLUGrad) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
-	return nil, fmt.Errorf("ops: no second derivative of ReLU")
-}
-
 // Do implements gorgonia.Op with the CPU kernel.
 func (op ReLUGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 

@@ -210,14 +210,6 @@ func (op SoftmaxCrossEntropyGrad) Hashcode() uint32 { return hashOf(op) }
 
 func (SoftmaxCrossEntropyGrad) String() string { return "SoftmaxCrossEntropyGrad" }
 
-// DiffWRT implements gorgonia.SDOp (no second derivatives).
-func (SoftmaxCrossEntropyGrad) DiffWRT(int) []bool { return []bool{false, false, false, false} }
-
-// SymDiff implements gorgonia.SDOp.
-func (SoftmaxCrossEntropyGrad) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
-	return nil, fmt.Errorf("ops: no second derivative of the cross-entropy")
-}
-
 // Do implements gorgonia.Op with the CPU kernel.
 func (op SoftmaxCrossEntropyGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
