@@ -59,30 +59,6 @@ func (k *gpuKernel) Run(s device.Stream, in []device.Buffer, out, ws device.Buff
 	return k.run(cs, in, out, ws)
 }
 
-func shapeSize(s []int) int {
-	n := 1
-	for _, d := range s {
-		n *= d
-	}
-	return n
-}
-
-// splitAxis returns the element counts before, along and after axis.
-func splitAxis(s []int, axis int) (outer, n, inner int) {
-	outer, inner = 1, 1
-	for i, d := range s {
-		switch {
-		case i < axis:
-			outer *= d
-		case i == axis:
-			n = d
-		default:
-			inner *= d
-		}
-	}
-	return
-}
-
 // Kernel implements engine.Backend.
 func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, error) {
 	shapes := make([][]int, len(in.In))
@@ -90,7 +66,7 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 		shapes[i] = p.Values[id].Shape
 	}
 	oshape := p.Values[in.Out].Shape
-	n := shapeSize(oshape)
+	n := ops.Elems(oshape)
 	k := func(f func(s *Stream, in []device.Buffer, out, ws device.Buffer) error) (engine.Kernel, error) {
 		return &gpuKernel{run: f}, nil
 	}
@@ -135,29 +111,29 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 			return s.sgemm(true, false, m, kk, nr, x[1], m, x[0], kk, y, kk)
 		})
 	case ops.Broadcast:
-		outer, reps, inner := splitAxis(oshape, op.Axis)
+		outer, reps, inner := ops.SplitAxis(oshape, op.Axis)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			return s.args().buf(x[0]).buf(y).i64(outer).i64(reps).i64(inner).runN("k_broadcast", n)
 		})
 	case ops.Sum:
 		return b.sum(op, shapes[0])
 	case ops.Slice:
-		outer, axis, inner := splitAxis(shapes[0], op.Axis)
+		outer, axis, inner := ops.SplitAxis(shapes[0], op.Axis)
 		w := (op.End - op.Start) * inner
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(w).runN("k_slice", outer*w)
 		})
 	case ops.SliceIncr:
-		outer, axis, inner := splitAxis(oshape, op.Axis)
+		outer, axis, inner := ops.SplitAxis(oshape, op.Axis)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(op.End).runN("k_slice_incr", n)
 		})
 	case ops.Concat:
-		outer, total, inner := splitAxis(oshape, op.Axis)
+		outer, total, inner := ops.SplitAxis(oshape, op.Axis)
 		total *= inner
 		ws := make([]int, len(shapes))
 		for i, sh := range shapes {
-			ws[i] = shapeSize(sh) / max(outer, 1)
+			ws[i] = ops.Elems(sh) / max(outer, 1)
 		}
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			off := 0
@@ -170,13 +146,13 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 			return nil
 		})
 	case ops.Gather:
-		rows := shapeSize(shapes[1])
-		d := shapeSize(shapes[0]) / max(shapes[0][0], 1)
+		rows := ops.Elems(shapes[1])
+		d := ops.Elems(shapes[0]) / max(shapes[0][0], 1)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).runN("k_gather", rows*d)
 		})
 	case ops.GatherGrad:
-		rows := shapeSize(shapes[1])
+		rows := ops.Elems(shapes[1])
 		d := n / max(oshape[0], 1)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			if err := s.fill32(y, 0); err != nil {
@@ -198,7 +174,7 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(B).i32(C).i32(HW).f64(op.Eps).f64(op.Momentum).run("k_bn_stats", C)
 		})
 	case ops.BatchNormRunningStats:
-		C := shapeSize(shapes[0])
+		C := ops.Elems(shapes[0])
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			return s.args().buf(x[0]).buf(x[1]).buf(y).i32(C).f64(op.Eps).runN("k_bn_running_stats", C)
 		})
@@ -267,7 +243,7 @@ func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
 	if err := op.Check(in); err != nil {
 		return nil, err
 	}
-	total := shapeSize(in)
+	total := ops.Elems(in)
 	all := len(op.Axes) == len(in)
 	for i, a := range op.Axes {
 		all = all && a == i

@@ -3,7 +3,6 @@ package cuda_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -14,10 +13,9 @@ import (
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/internal/graphcases"
 	"github.com/sparsegrad/sparsegrad/models"
-	"github.com/sparsegrad/sparsegrad/ops"
 	G "gorgonia.org/gorgonia"
-	"gorgonia.org/tensor"
 )
 
 // The tests of this file need an NVIDIA GPU. Without one they skip, saying
@@ -196,66 +194,6 @@ func TestGPUMathMatchesCPU(t *testing.T) {
 	}
 }
 
-// opCase is a small graph exercising some ops forward and backward.
-type opCase struct {
-	name   string
-	params [][]int
-	ints   [][2]int // integer inputs: length, bound
-	bufs   int      // pairs of 4-channel running statistics
-	build  func(p, in []*G.Node) (*G.Node, []*G.Node)
-}
-
-func must(n *G.Node, err error) *G.Node {
-	if err != nil {
-		panic(err)
-	}
-	return n
-}
-
-func opCases() []opCase {
-	weighted := func(x *G.Node) *G.Node { return must(G.Sum(must(G.HadamardProd(x, must(G.Tanh(x)))))) }
-	return []opCase{
-		{"elementwise", [][]int{{3, 50}, {3, 50}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			a, b := p[0], p[1]
-			s := must(G.Add(a, b))
-			d := must(G.Sub(s, must(G.HadamardProd(a, b))))
-			q := must(G.HadamardDiv(d, must(G.Add(must(G.HadamardProd(b, b)), G.NewConstant(float32(1))))))
-			r := must(G.Rectify(must(G.Sub(G.NewConstant(float32(0.5)), q))))
-			return weighted(must(G.Add(must(G.Sigmoid(must(G.Neg(q)))), must(G.Softplus(r))))), []*G.Node{s}
-		}},
-		{"matmul-linear", [][]int{{7, 33}, {33, 20}, {20}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			xw := must(G.Mul(p[0], p[1]))
-			y := must(G.BroadcastAdd(xw, must(G.Reshape(p[2], tensor.Shape{1, 20})), nil, []byte{0}))
-			return weighted(y), []*G.Node{y}
-		}},
-		{"reductions-layout", [][]int{{6, 40}, {8, 5}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			a := must(G.Sum(p[0], 0))
-			b := must(G.Mean(p[1], 1))
-			rows := must(G.Slice(p[0], G.S(1, 4)))
-			cols := must(G.Slice(p[0], nil, G.S(10, 30)))
-			cat := must(G.Concat(1, cols, must(G.Slice(p[0], nil, G.S(0, 5)))))
-			cat0 := must(G.Concat(0, rows, rows))
-			l := must(G.Add(must(G.Add(weighted(a), weighted(b))), must(G.Mean(p[1]))))
-			return must(G.Add(must(G.Add(l, weighted(cat))), weighted(cat0))), []*G.Node{cat}
-		}},
-		{"gather", [][]int{{50, 8}}, [][2]int{{30, 50}}, 0, func(p, in []*G.Node) (*G.Node, []*G.Node) {
-			return weighted(must(G.ByIndices(p[0], in[0], 0))), nil
-		}},
-		{"conv-bn-relu-xent", [][]int{{4, 3, 9, 9}, {8, 3, 3, 3}, {8}, {8}, {8, 3, 1, 1}, {11, 8}}, [][2]int{{11, 4}}, 2, func(p, in []*G.Node) (*G.Node, []*G.Node) {
-			y := must(ops.Conv(p[0], p[1], 1, 1))
-			yb := must(ops.BatchNormalize(y, p[2], p[3], in[1], in[2], ops.BatchNormConfig{Eps: 1e-5, Momentum: 0.1, ReLU: true, Training: true}))
-			s := must(ops.Conv(p[0], p[4], 2, 0))
-			sb := must(ops.BatchNormalize(s, p[2], p[3], in[3], in[4], ops.BatchNormConfig{Eps: 1e-5, Momentum: 0.1, Training: true}))
-			z := must(ops.AddRelu(yb, yb))
-			flat := must(G.Reshape(z, tensor.Shape{4, 648}))
-			x4 := must(G.Slice(flat, nil, G.S(0, 8)))
-			logits := must(ops.MulT(p[5], x4)) // [11 4]
-			ce := must(ops.CrossEntropy(logits, in[0]))
-			return must(G.Add(must(G.Add(weighted(flat), ce)), weighted(sb))), []*G.Node{logits}
-		}},
-	}
-}
-
 // TestGPUOpsMatchCPU compiles every case once and runs the program on the
 // CPU and on the GPU with the same parameters and inputs: the loss, the
 // outputs, every gradient and the updated running statistics agree within
@@ -264,36 +202,21 @@ func opCases() []opCase {
 // The CPU half runs without a GPU too, so the cases themselves are checked
 // on every machine.
 func TestGPUOpsMatchCPU(t *testing.T) {
-	for _, c := range opCases() {
-		t.Run(c.name, func(t *testing.T) {
-			g := G.NewGraph()
-			var ps, is, bs []*G.Node
-			for i, s := range c.params {
-				ps = append(ps, G.NewTensor(g, tensor.Float32, len(s), G.WithShape(s...), G.WithName(fmt.Sprintf("p%d", i))))
-			}
-			for i, s := range c.ints {
-				is = append(is, G.NewVector(g, tensor.Int, G.WithShape(s[0]), G.WithName(fmt.Sprintf("i%d", i))))
-			}
-			for i := range 2 * c.bufs {
-				bs = append(bs, G.NewVector(g, tensor.Float32, G.WithShape(4*2), G.WithName(fmt.Sprintf("b%d", i))))
-			}
-			loss, outs := c.build(ps, append(slices.Clone(is), bs...))
-			grads, err := G.Grad(loss, ps...)
+	for _, c := range graphcases.Cases() {
+		t.Run(c.Name, func(t *testing.T) {
+			g, err := graphcases.New(c)
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := engine.Compile(g, engine.Spec{Params: ps, Grads: grads, Buffers: bs, Inputs: is, Outputs: append([]*G.Node{loss}, outs...)})
+			p, err := engine.Compile(g.G, engine.Spec{Params: g.Params, Grads: g.Grads, Buffers: g.Bufs, Inputs: g.Ints, Outputs: append([]*G.Node{g.Loss}, g.Outs...)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			r := rand.New(rand.NewPCG(3, 3))
 			params := randVec(r, p.ParamSize, 0.5)
-			bufs := make([]float32, p.BufferSize)
-			for i := range bufs {
-				bufs[i] = float32(i%2) + 0.1
-			}
+			bufs := c.Buffers()
 			var ints [][]int64
-			for _, s := range c.ints {
+			for _, s := range c.Ints {
 				v := make([]int64, s[0])
 				for i := range v {
 					v[i] = int64(r.IntN(s[1]))

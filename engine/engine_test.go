@@ -13,21 +13,11 @@ import (
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/graphcases"
 	"github.com/sparsegrad/sparsegrad/ops"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
-
-// graphCase builds a graph from parameter nodes and returns a scalar loss
-// plus extra outputs; the engine must reproduce Gorgonia's tape machine bit
-// for bit on it (loss, outputs and the gradient of every parameter).
-type graphCase struct {
-	name   string
-	params [][]int // shapes
-	ints   [][]int // integer inputs: {n, max}
-	bufs   int     // running-statistics pairs (4 channels each), appended to the build's ints argument
-	build  func(p []*G.Node, ints []*G.Node) (loss *G.Node, outs []*G.Node)
-}
 
 func mustN(n *G.Node, err error) *G.Node {
 	if err != nil {
@@ -36,83 +26,14 @@ func mustN(n *G.Node, err error) *G.Node {
 	return n
 }
 
-func graphCases() []graphCase {
-	sum := func(x *G.Node) *G.Node { return mustN(G.Sum(x)) }
-	// weighted makes the loss depend on every element differently, so that
-	// gradients are not all ones.
-	weighted := func(x *G.Node) *G.Node { return sum(mustN(G.HadamardProd(x, mustN(G.Tanh(x))))) }
-	return []graphCase{
-		{"elementwise", [][]int{{3, 5}, {3, 5}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			a, b := p[0], p[1]
-			s := mustN(G.Add(a, b))
-			d := mustN(G.Sub(s, mustN(G.HadamardProd(a, b))))
-			q := mustN(G.HadamardDiv(d, mustN(G.Add(mustN(G.HadamardProd(b, b)), G.NewConstant(float32(1))))))
-			return weighted(mustN(G.Sigmoid(mustN(G.Neg(q))))), []*G.Node{s}
-		}},
-		{"scalar-tensor", [][]int{{4, 3}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			one := G.NewConstant(float32(1))
-			a := mustN(G.Sub(one, p[0])) // scalar − tensor
-			b := mustN(G.HadamardProd(a, G.NewConstant(float32(0.5))))
-			c := mustN(G.Div(b, G.NewConstant(float32(3)))) // tensor ÷ scalar
-			return weighted(mustN(G.Softplus(c))), nil
-		}},
-		{"relu-tanh", [][]int{{6, 4}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			return weighted(mustN(G.Tanh(mustN(G.Rectify(p[0]))))), nil
-		}},
-		{"matmul", [][]int{{3, 4}, {4, 5}, {5, 4}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			ab := mustN(G.Mul(p[0], p[1])) // [3 5]; its gradients are A×Bᵀ and Aᵀ×B
-			abc := mustN(G.Mul(ab, p[2]))  // [3 4]
-			return weighted(abc), []*G.Node{ab}
-		}},
-		{"linear-broadcast", [][]int{{5, 3}, {3, 4}, {4}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			xw := mustN(G.Mul(p[0], p[1]))
-			b := mustN(G.Reshape(p[2], tensor.Shape{1, 4}))
-			y := mustN(G.BroadcastAdd(xw, b, nil, []byte{0}))
-			return weighted(y), []*G.Node{y}
-		}},
-		{"broadcast-axis1", [][]int{{5, 1}, {5, 3}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			return weighted(mustN(G.BroadcastAdd(p[0], p[1], []byte{1}, nil))), nil
-		}},
-		{"sums-mean", [][]int{{4, 6}, {7, 3}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			a := mustN(G.Sum(p[0], 0))  // first axis
-			b := mustN(G.Mean(p[1], 1)) // last axis
-			c := mustN(G.Mean(p[0]))    // all axes
-			return mustN(G.Add(mustN(G.Add(weighted(a), weighted(b))), c)), []*G.Node{a, b}
-		}},
-		{"slices-concat", [][]int{{6, 8}}, nil, 0, func(p, _ []*G.Node) (*G.Node, []*G.Node) {
-			r := mustN(G.Slice(p[0], G.S(2, 5)))      // rows: a view
-			c := mustN(G.Slice(p[0], nil, G.S(3, 7))) // columns: a copy
-			one := mustN(G.Slice(p[0], G.S(1, 2)))    // one row: Gorgonia drops the axis
-			cat0 := mustN(G.Concat(0, r, r))
-			cat1 := mustN(G.Concat(1, c, mustN(G.Slice(p[0], nil, G.S(0, 2)))))
-			return mustN(G.Add(mustN(G.Add(weighted(cat0), weighted(cat1))), weighted(one))), []*G.Node{r, cat1}
-		}},
-		{"gather", [][]int{{9, 4}}, [][]int{{7, 9}}, 0, func(p, ints []*G.Node) (*G.Node, []*G.Node) {
-			e := mustN(G.ByIndices(p[0], ints[0], 0))
-			return weighted(e), []*G.Node{e}
-		}},
-		{"project-ops", [][]int{{2, 3, 5, 5}, {4, 3, 3, 3}, {4}, {4}, {4, 3, 3, 3}, {7, 4}}, [][]int{{7, 2}}, 2, func(p, ints []*G.Node) (*G.Node, []*G.Node) {
-			y := mustN(ops.Conv(p[0], p[1], 1, 1))
-			yb := mustN(ops.BatchNormalize(y, p[2], p[3], ints[1], ints[2], ops.BatchNormConfig{Eps: 1e-5, Momentum: 0.1, ReLU: true, Training: true}))
-			y2 := mustN(ops.Conv(p[0], p[4], 2, 1))
-			yb2 := mustN(ops.BatchNormalize(y2, p[2], p[3], ints[3], ints[4], ops.BatchNormConfig{Eps: 1e-3, Momentum: 0.5, Training: true}))
-			z := mustN(ops.AddRelu(yb, yb))
-			flat := mustN(G.Reshape(z, tensor.Shape{2, 100}))
-			x7 := mustN(ops.MulT(p[5], mustN(G.Slice(flat, nil, G.S(0, 4)))))
-			ce := mustN(ops.CrossEntropy(x7, ints[0]))
-			return mustN(G.Add(mustN(G.Add(weighted(flat), ce)), weighted(yb2))), []*G.Node{yb}
-		}},
-	}
-}
-
 // runBoth builds c's graph twice and runs it on Gorgonia's tape machine and
 // on the engine, returning the loss, outputs and parameter gradients of
 // each.
-func runBoth(t *testing.T, c graphCase, seed uint64) (tape, eng [][]float32) {
+func runBoth(t *testing.T, c graphcases.Case, seed uint64) (tape, eng [][]float32) {
 	t.Helper()
 	r := rand.New(rand.NewPCG(seed, 1))
 	var vals [][]float32
-	for _, s := range c.params {
+	for _, s := range c.Params {
 		v := make([]float32, tensor.Shape(s).TotalSize())
 		for i := range v {
 			v[i] = float32(r.NormFloat64())
@@ -120,7 +41,7 @@ func runBoth(t *testing.T, c graphCase, seed uint64) (tape, eng [][]float32) {
 		vals = append(vals, v)
 	}
 	var ivals [][]int
-	for _, s := range c.ints {
+	for _, s := range c.Ints {
 		v := make([]int, s[0])
 		for i := range v {
 			v[i] = r.IntN(s[1])
@@ -135,7 +56,7 @@ func runBoth(t *testing.T, c graphCase, seed uint64) (tape, eng [][]float32) {
 		// vector kernels round differently for differently aligned rows.
 		flat := slices.Concat(vals...)
 		off := 0
-		for i, s := range c.params {
+		for i, s := range c.Params {
 			n := len(vals[i])
 			ps = append(ps, G.NodeFromAny(g, tensor.New(tensor.WithShape(s...), tensor.WithBacking(flat[off:off+n:off+n])), G.WithName(fmt.Sprintf("p%d", i))))
 			off += n
@@ -143,11 +64,15 @@ func runBoth(t *testing.T, c graphCase, seed uint64) (tape, eng [][]float32) {
 		for i, v := range ivals {
 			is = append(is, G.NodeFromAny(g, tensor.New(tensor.WithShape(len(v)), tensor.WithBacking(slices.Clone(v))), G.WithName(fmt.Sprintf("i%d", i))))
 		}
-		tapeBufs := initBuffers(c.bufs)
-		for i := range 2 * c.bufs {
-			is = append(is, G.NodeFromAny(g, tensor.New(tensor.WithShape(4), tensor.WithBacking(tapeBufs[4*i:4*i+4])), G.WithName(fmt.Sprintf("b%d", i))))
+		tapeBufs := c.Buffers()
+		for i := range 2 * c.Bufs {
+			ch := c.Channels
+			is = append(is, G.NodeFromAny(g, tensor.New(tensor.WithShape(ch), tensor.WithBacking(tapeBufs[ch*i:ch*(i+1)])), G.WithName(fmt.Sprintf("b%d", i))))
 		}
-		loss, outs := c.build(ps, is)
+		loss, outs, err := c.On(ps, is)
+		if err != nil {
+			t.Fatal(err)
+		}
 		grads, err := G.Grad(loss, ps...)
 		if err != nil {
 			t.Fatal(err)
@@ -187,10 +112,10 @@ func runBoth(t *testing.T, c graphCase, seed uint64) (tape, eng [][]float32) {
 				in[j] = int64(x)
 			}
 		}
-		bufs := initBuffers(c.bufs)
+		bufs := c.Buffers()
 		for run := 0; run < 2; run++ { // a second run reuses the arena
 			if run == 1 {
-				bufs = initBuffers(c.bufs) // BatchNorm updated them
+				bufs = c.Buffers() // BatchNorm updated them
 			}
 			if _, err := e.Run(context.Background(), Bindings{Params: device.Host(flat), Grads: device.Host(grad), Buffers: device.Host(bufs)}, nil); err != nil {
 				t.Fatal(err)
@@ -199,7 +124,7 @@ func runBoth(t *testing.T, c graphCase, seed uint64) (tape, eng [][]float32) {
 		for i := range 1 + nout {
 			eng = append(eng, slices.Clone(e.Output(i).Float32s()))
 		}
-		for i := range c.params {
+		for i := range c.Params {
 			o := p.ParamOffsets[i]
 			eng = append(eng, grad[o:o+len(vals[i])])
 		}
@@ -208,41 +133,16 @@ func runBoth(t *testing.T, c graphCase, seed uint64) (tape, eng [][]float32) {
 	return tape, eng
 }
 
-// initBuffers returns n pairs of 4-channel running statistics (mean 0.1·i,
-// variance 1+0.1·i).
-func initBuffers(n int) []float32 {
-	b := make([]float32, 8*n)
-	for i := range b {
-		b[i] = 0.1 * float32(i%4)
-		if (i/4)%2 == 1 {
-			b[i]++
-		}
-	}
-	return b
-}
-
 // compileCase builds c's graph for the engine (parameters bound to one
 // vector, integer inputs, running statistics as buffers) and loads it on the
 // CPU.
-func compileCase(t *testing.T, c graphCase) (*Program, *Executor) {
+func compileCase(t *testing.T, c graphcases.Case) (*Program, *Executor) {
 	t.Helper()
-	g := G.NewGraph()
-	var ps, is, bs []*G.Node
-	for i, s := range c.params {
-		ps = append(ps, G.NewTensor(g, tensor.Float32, len(s), G.WithShape(s...), G.WithName(fmt.Sprintf("p%d", i))))
-	}
-	for i, s := range c.ints {
-		is = append(is, G.NewVector(g, tensor.Int, G.WithShape(s[0]), G.WithName(fmt.Sprintf("i%d", i))))
-	}
-	for i := range 2 * c.bufs {
-		bs = append(bs, G.NewVector(g, tensor.Float32, G.WithShape(4), G.WithName(fmt.Sprintf("b%d", i))))
-	}
-	loss, outs := c.build(ps, append(slices.Clone(is), bs...))
-	grads, err := G.Grad(loss, ps...)
+	g, err := graphcases.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := Compile(g, Spec{Params: ps, Grads: grads, Buffers: bs, Inputs: is, Outputs: append([]*G.Node{loss}, outs...)})
+	p, err := Compile(g.G, Spec{Params: g.Params, Grads: g.Grads, Buffers: g.Bufs, Inputs: g.Ints, Outputs: append([]*G.Node{g.Loss}, g.Outs...)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,8 +176,8 @@ func valueF32(t *testing.T, v G.Value) []float32 {
 }
 
 func TestEngineMatchesTapeMachine(t *testing.T) {
-	for _, c := range graphCases() {
-		t.Run(c.name, func(t *testing.T) {
+	for _, c := range graphcases.Cases() {
+		t.Run(c.Name, func(t *testing.T) {
 			for seed := uint64(1); seed <= 3; seed++ {
 				tape, eng := runBoth(t, c, seed)
 				if len(tape) != len(eng) {
@@ -330,7 +230,7 @@ func checkPlan(p *Program) error {
 // would turn the result into NaN or change it. It also checks that values
 // share memory: the arena is smaller than all values together.
 func TestArenaLiveness(t *testing.T) {
-	c := graphCases()[len(graphCases())-1]
+	c := graphcases.Named("conv-bn-relu-xent")
 	_, want := runBoth(t, c, 5)
 	p, e := compileCase(t, c)
 	total := 0
@@ -348,14 +248,14 @@ func TestArenaLiveness(t *testing.T) {
 	t.Logf("arena %d bytes for %d bytes of values", e.ArenaBytes(), total)
 	r := rand.New(rand.NewPCG(5, 1))
 	var flat []float32
-	for _, s := range c.params {
+	for _, s := range c.Params {
 		for range tensor.Shape(s).TotalSize() {
 			flat = append(flat, float32(r.NormFloat64()))
 		}
 	}
-	idx := make([]int64, c.ints[0][0])
+	idx := make([]int64, c.Ints[0][0])
 	for j := range idx {
-		idx[j] = int64(r.IntN(c.ints[0][1]))
+		idx[j] = int64(r.IntN(c.Ints[0][1]))
 	}
 	grad := make([]float32, len(flat))
 	for run := 0; run < 3; run++ {
@@ -370,7 +270,7 @@ func TestArenaLiveness(t *testing.T) {
 				t.Fatal(j, err)
 			}
 		}
-		bufs := initBuffers(c.bufs)
+		bufs := c.Buffers()
 		if _, err := e.Run(context.Background(), Bindings{Params: device.Host(flat), Grads: device.Host(grad), Buffers: device.Host(bufs)}, nil); err != nil {
 			t.Fatal(err)
 		}

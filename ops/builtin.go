@@ -289,7 +289,7 @@ func (op Broadcast) CPU(in []Arg, out Arg, _ []float32) error {
 	if err := checkArgs("Broadcast", in, 1); err != nil {
 		return err
 	}
-	outer, n, inner := splitAxis(out.Shape, op.Axis)
+	outer, n, inner := SplitAxis(out.Shape, op.Axis)
 	x, y := in[0].F32, out.F32
 	if len(x) != outer*inner {
 		return fmt.Errorf("ops: broadcast of %v along axis %d to %v", in[0].Shape, op.Axis, out.Shape)
@@ -303,9 +303,9 @@ func (op Broadcast) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// splitAxis returns the number of elements before, along and after axis of
+// SplitAxis returns the number of elements before, along and after axis of
 // shape s.
-func splitAxis(s []int, axis int) (outer, n, inner int) {
+func SplitAxis(s []int, axis int) (outer, n, inner int) {
 	outer, inner = 1, 1
 	for i, d := range s {
 		switch {
@@ -336,7 +336,7 @@ func (op Sum) Workspace(in [][]int) int {
 	if op.all(len(in[0])) || len(op.Axes) <= 1 {
 		return 0
 	}
-	return shapeSize(in[0])
+	return Elems(in[0])
 }
 
 func (op Sum) all(dims int) bool {
@@ -432,7 +432,7 @@ func (op Slice) CPU(in []Arg, out Arg, _ []float32) error {
 	if err := checkArgs("Slice", in, 1); err != nil {
 		return err
 	}
-	outer, n, inner := splitAxis(in[0].Shape, op.Axis)
+	outer, n, inner := SplitAxis(in[0].Shape, op.Axis)
 	if op.Start < 0 || op.End > n || op.Start > op.End {
 		return fmt.Errorf("ops: slice [%d:%d] of axis %d of %v", op.Start, op.End, op.Axis, in[0].Shape)
 	}
@@ -460,7 +460,7 @@ func (op SliceIncr) CPU(in []Arg, out Arg, _ []float32) error {
 	if len(in) != 1 {
 		return fmt.Errorf("ops: SliceIncr takes 1 input, got %d", len(in))
 	}
-	outer, n, inner := splitAxis(out.Shape, op.Axis)
+	outer, n, inner := SplitAxis(out.Shape, op.Axis)
 	w := (op.End - op.Start) * inner
 	g, y := in[0].F32, out.F32
 	if len(g) != outer*w {
@@ -486,7 +486,7 @@ func (Concat) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op Concat) CPU(in []Arg, out Arg, _ []float32) error {
-	outer, _, _ := splitAxis(out.Shape, op.Axis)
+	outer, _, _ := SplitAxis(out.Shape, op.Axis)
 	y, at := out.F32, 0
 	for o := 0; o < outer; o++ {
 		for _, a := range in {

@@ -17,7 +17,7 @@ type Arg struct {
 }
 
 // Size is the number of elements of the argument's shape.
-func (a Arg) Size() int { return shapeSize(a.Shape) }
+func (a Arg) Size() int { return Elems(a.Shape) }
 
 // DType is the element type of an op's output (or input).
 type DType uint8
@@ -71,7 +71,8 @@ type Mutator interface {
 	Mutates() []int
 }
 
-func shapeSize(s []int) int {
+// Elems is the number of elements of a tensor of shape s (1 for a scalar).
+func Elems(s []int) int {
 	n := 1
 	for _, d := range s {
 		n *= d
