@@ -271,6 +271,11 @@ func (c Config) Validate(underMPI bool) error {
 	bad := func(format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...))
 	}
+	// An unknown model has no defaults: say only that, not what its missing
+	// defaults would make wrong.
+	if !slices.Contains(Models, c.Model) {
+		return fmt.Errorf("%w: unknown -model %q; use one of %s", ErrConfig, c.Model, strings.Join(Models, ", "))
+	}
 	// Every number must be finite before any range check reads it.
 	finite := true
 	for _, f := range []struct {
@@ -317,9 +322,7 @@ func (c Config) Validate(underMPI bool) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if !slices.Contains(Models, c.Model) {
-		bad("unknown -model %q; use one of %s", c.Model, strings.Join(Models, ", "))
-	} else if !slices.Contains(Datasets[c.Model], c.Dataset) {
+	if !slices.Contains(Datasets[c.Model], c.Dataset) {
 		bad("-model %s cannot train on -dataset %q; use one of %s", c.Model, c.Dataset, strings.Join(Datasets[c.Model], ", "))
 	}
 	switch c.Model {

@@ -14,6 +14,8 @@ type output struct {
 	metrics *metricsWriter
 	prog    *progress // nil with Config.Quiet
 	rep     *reporter // nil without Options.Report
+	// reportPath is where rep writes the report, printed when the run ends.
+	reportPath string
 	log     *slog.Logger
 	sink    func(step int, loss float64)
 	// console is the progress lines' writer, shared with the report's
@@ -28,6 +30,9 @@ func (o *output) step(rec StepRecord) error {
 	}
 	if err := o.metrics.write(rec); err != nil {
 		return err
+	}
+	if o.prog != nil {
+		o.prog.logged(float64(rec.Loss))
 	}
 	if o.sink != nil {
 		o.sink(rec.Step, float64(rec.Loss))
@@ -67,14 +72,16 @@ func (o *output) refreshReport() {
 }
 
 // close closes the metrics file and, when final, writes the final report
-// (after any refresh still running); either way no report goroutine is
-// left.
+// (after any refresh still running) and prints where it is; either way no
+// report goroutine is left.
 func (o *output) close(final bool) error {
 	if o == nil {
 		return nil
 	}
 	err := o.metrics.close()
-	o.rep.finish(final)
+	if o.rep.finish(final) && o.prog != nil {
+		fmt.Fprintf(o.console, "report: %s (open it in a browser)\n", o.reportPath)
+	}
 	return err
 }
 
@@ -125,10 +132,13 @@ func newReporter(write func() error, warn func(error)) *reporter {
 	return r
 }
 
-func (r *reporter) writeOne() {
+// writeOne writes a report and reports whether it was written.
+func (r *reporter) writeOne() bool {
 	if err := r.write(); err != nil {
 		r.warn(err)
+		return false
 	}
+	return true
 }
 
 // refresh asks for a report of the run so far and returns at once.
@@ -143,11 +153,11 @@ func (r *reporter) refresh() {
 }
 
 // finish ends the goroutine (a refresh being written completes, a pending
-// one is dropped) and then, when final, writes the final report. It must
-// be called once.
-func (r *reporter) finish(final bool) {
+// one is dropped) and then, when final, writes the final report; it
+// reports whether the final report was written. It must be called once.
+func (r *reporter) finish(final bool) bool {
 	if r == nil {
-		return
+		return false
 	}
 	select {
 	case <-r.req:
@@ -155,7 +165,5 @@ func (r *reporter) finish(final bool) {
 	}
 	close(r.req)
 	<-r.done
-	if final {
-		r.writeOne()
-	}
+	return final && r.writeOne()
 }

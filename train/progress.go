@@ -22,7 +22,12 @@ type progress struct {
 	epochs  int
 	samples int
 	start   time.Time
-	loss    float64
+	// last is the latest step's loss; lossSum and lossN add up the losses
+	// of the epoch's logged steps (the records of metrics.jsonl, means over
+	// the workers), whose mean the epoch line prints.
+	last    float64
+	lossSum float64
+	lossN   int
 }
 
 // isTerminal reports whether w is a character device (a terminal).
@@ -41,6 +46,7 @@ func newProgress(barOut, out io.Writer) *progress {
 
 func (p *progress) startEpoch(epoch, epochs, steps int) {
 	p.epoch, p.epochs, p.samples, p.start = epoch, epochs, 0, time.Now()
+	p.last, p.lossSum, p.lossN = 0, 0, 0
 	if p.term {
 		p.bar = progressbar.NewOptions(steps,
 			progressbar.OptionSetWriter(p.barOut),
@@ -54,23 +60,42 @@ func (p *progress) startEpoch(epoch, epochs, steps int) {
 	}
 }
 
+// logged adds the loss of a logged step (mean over the workers) to the
+// epoch's mean.
+func (p *progress) logged(loss float64) {
+	p.lossSum += loss
+	p.lossN++
+}
+
+// meanLoss is the mean loss of the epoch's logged steps so far (the latest
+// step's loss before any was logged).
+func (p *progress) meanLoss() float64 {
+	if p.lossN == 0 {
+		return p.last
+	}
+	return p.lossSum / float64(p.lossN)
+}
+
 func (p *progress) add(samples int, loss float64) {
 	p.samples += samples
-	p.loss = loss
+	p.last = loss
 	if p.bar != nil {
 		rate := float64(p.samples) / time.Since(p.start).Seconds()
-		p.bar.Describe(fmt.Sprintf("epoch %d/%d loss %.4f %.0f samples/s", p.epoch, p.epochs, loss, rate))
+		p.bar.Describe(fmt.Sprintf("epoch %d/%d mean loss %.4f %.0f samples/s", p.epoch, p.epochs, p.meanLoss(), rate))
 		p.bar.Add(1)
 	}
 }
 
+// endEpoch prints the epoch's line: the mean loss of its steps (not the
+// last step's, whose batch-to-batch noise made a healthy run look as if it
+// diverged), throughput and duration.
 func (p *progress) endEpoch() {
 	if p.bar != nil {
 		p.bar.Finish()
 		p.bar = nil
 	}
 	d := time.Since(p.start)
-	fmt.Fprintf(p.out, "epoch %d/%d: loss %.4f, %.0f samples/s, %v\n", p.epoch, p.epochs, p.loss, float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
+	fmt.Fprintf(p.out, "epoch %d/%d: mean loss %.4f, %.0f samples/s, %v\n", p.epoch, p.epochs, p.meanLoss(), float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
 }
 
 func (p *progress) eval(epoch, step int, ms []metric) {

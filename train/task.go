@@ -47,7 +47,7 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 	d := &Dataset{Name: c.Dataset}
 	hint := func(err error) error {
 		if errors.Is(err, fs.ErrNotExist) && !c.Download {
-			return fmt.Errorf("train: data set %s not found under -data-dir %s (pass -download to fetch it, or -data-dir to point at it): %w", c.Dataset, c.DataDir, err)
+			return &missingDataError{dataset: c.Dataset, dir: c.DataDir, err: err}
 		}
 		return fmt.Errorf("train: loading %s: %w", c.Dataset, err)
 	}
@@ -96,6 +96,21 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 	}
 	return d, nil
 }
+
+// missingDataError is a data set that is not under -data-dir. Its message
+// is the command line's: where it looked and the flag that fixes it; the
+// data package's error (which files were tried, and how to download from
+// Go) is its Unwrap.
+type missingDataError struct {
+	dataset, dir string
+	err          error
+}
+
+func (e *missingDataError) Error() string {
+	return fmt.Sprintf("train: data set %s not found in -data-dir %s; add -download to fetch it into that folder (checked by SHA-256), or set -data-dir to the folder that holds it", e.dataset, e.dir)
+}
+
+func (e *missingDataError) Unwrap() error { return e.err }
 
 // NewModel builds the model c describes for data set d, initialised from
 // seed, running on be (nil: the CPU).

@@ -208,6 +208,7 @@ func (w *worker) setup(ctx context.Context) error {
 		if report := w.r.opt.Report; report != nil {
 			o := w.out
 			w.out.rep = newReporter(func() error { return report(cfg.Out) }, func(err error) { o.warn("report.html not written", err) })
+			w.out.reportPath = filepath.Join(cfg.Out, "report.html")
 		}
 	}
 	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe != nil, "blas", w.r.blas)

@@ -17,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,25 +32,91 @@ func main() {
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	if err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			msg := err.Error()
-			if !strings.HasPrefix(msg, "train:") {
-				msg = "train: " + msg
-			}
-			fmt.Fprintln(os.Stderr, msg)
+		msg := err.Error()
+		if !strings.HasPrefix(msg, "train:") {
+			msg = "train: " + msg
 		}
+		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(2)
 	}
+}
+
+// parseFlags parses args with fs. -help (or -h) prints the usage to
+// stdout and returns flag.ErrHelp; any other mistake returns one line that
+// names it, suggests the flag that was probably meant and points at -help,
+// instead of the flag package's full usage (over a hundred lines, which
+// scrolled the error itself off the screen).
+func parseFlags(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	usage := fs.Usage
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.Usage = usage
+	if errors.Is(err, flag.ErrHelp) {
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("%w%s; %s -help lists the flags", err, suggestFlag(fs, err), fs.Name())
+	}
+	return nil
+}
+
+// suggestFlag returns " (did you mean -NAME?)" for an undefined flag whose
+// name is close to one of fs's, else "".
+func suggestFlag(fs *flag.FlagSet, err error) string {
+	const prefix = "flag provided but not defined: -"
+	msg := err.Error()
+	if !strings.HasPrefix(msg, prefix) {
+		return ""
+	}
+	typed := strings.TrimLeft(strings.TrimPrefix(msg, prefix), "-")
+	best, bestD := "", 3 // at most two edits away
+	fs.VisitAll(func(f *flag.Flag) {
+		d := editDistance(typed, f.Name)
+		if strings.HasPrefix(f.Name, typed) && len(typed) >= 3 {
+			d = min(d, 1)
+		}
+		if d < bestD {
+			best, bestD = f.Name, d
+		}
+	})
+	if best == "" {
+		return ""
+	}
+	return " (did you mean -" + best + "?)"
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // run is the command with its arguments (without the program name).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "report" {
-		return runReport(args[1:], stderr)
+		return helpIsNoError(runReport(args[1:], stdout))
 	}
 	fs, c, summary := newFlags(stderr)
-	if err := fs.Parse(args); err != nil {
-		return err
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return helpIsNoError(err)
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report subcommand)", fs.Arg(0))
@@ -66,6 +133,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		CommandLine: append([]string{"train"}, args...),
 		Report:      writeReport,
 	})
+}
+
+// helpIsNoError turns flag.ErrHelp (the usage was asked for, and printed)
+// into success: train -help exits 0.
+func helpIsNoError(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
 }
 
 // flagValues holds the parsed flags that need conversion.
@@ -128,9 +204,9 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	summary := fs.Bool("summary", false, "print the model's layer table and parameter count, then exit (NCF and LSTM read the data set for their sizes)")
 	method := addMethodFlags(fs, &c.MethodOptions)
 	fs.Usage = func() {
-		fmt.Fprintf(out, `Usage:
+		fmt.Fprintf(fs.Output(), `Usage:
   train [flags]                      train one model, write a run directory
-  train report [-o FILE] RUN_DIR...  compare runs in one HTML report
+  train report [-o FILE] RUN_DIR...  compare runs in one HTML report (train report -help)
 
 Defaults follow the papers' code per model (PyTorch SGD semantics; see package train);
 a flag given as 0 is 0, not the default.
@@ -140,7 +216,7 @@ Examples:
 
 Flags:
 `)
-		printFlags(out, fs, method)
+		printFlags(fs.Output(), fs, method)
 	}
 	return fs, v, summary
 }
@@ -199,33 +275,100 @@ func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {
 	return nil
 }
 
+// reportUsage is train report's synopsis.
+const reportUsage = "train report [-o FILE] [-target VALUE] RUN_DIR..."
+
 // reportFlags are the flags of train report.
 func reportFlags(stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("train report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.String("o", "compare.html", "HTML file to write")
+	fs.String("o", "", "HTML file to write (default: compare.html in the folder holding the run directories)")
 	addReportAssetsFlag(fs)
 	fs.Var(finiteFloat{&reportTarget}, "target", "metric value for the time-to-target ranking (0: the best value every run reaches)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "Usage: train report [-o FILE] RUN_DIR...")
-		printFlags(stderr, fs, nil)
+		fmt.Fprintf(fs.Output(), "Usage: %s\n\nWrites one HTML page comparing the runs (flags may come before or after the run directories).\n\nFlags:\n", reportUsage)
+		printFlags(fs.Output(), fs, nil)
 	}
 	return fs
 }
 
-func runReport(args []string, stderr io.Writer) error {
-	fs := reportFlags(stderr)
-	if err := fs.Parse(args); err != nil {
+// parseInterspersed parses flags and positional arguments in any order
+// (train report runs/a runs/b -o cmp.html as well as train report -o
+// cmp.html runs/a runs/b); after "--" everything is positional.
+func parseInterspersed(fs *flag.FlagSet, args []string, stdout io.Writer) ([]string, error) {
+	var pos []string
+	for {
+		if err := parseFlags(fs, args, stdout); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+// defaultCompareOut is where train report writes without -o: compare.html
+// in the folder that holds the run directories (their deepest common
+// parent), so that a comparison lands beside the runs, not in whatever
+// folder the command was started from.
+func defaultCompareOut(runDirs []string) (string, error) {
+	var common []string
+	for i, d := range runDirs {
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return "", err
+		}
+		parts := strings.Split(filepath.Dir(filepath.Clean(abs)), string(filepath.Separator))
+		if i == 0 {
+			common = parts
+			continue
+		}
+		n := 0
+		for n < len(common) && n < len(parts) && common[n] == parts[n] {
+			n++
+		}
+		common = common[:n]
+	}
+	dir := strings.Join(common, string(filepath.Separator))
+	if dir == "" {
+		dir = string(filepath.Separator)
+	}
+	out := filepath.Join(dir, "compare.html")
+	if rel, err := filepath.Rel(".", out); err == nil && !strings.HasPrefix(rel, "..") {
+		out = rel
+	}
+	return out, nil
+}
+
+func runReport(args []string, stdout io.Writer) error {
+	fs := reportFlags(stdout)
+	dirs, err := parseInterspersed(fs, args, stdout)
+	if err != nil {
 		return err
 	}
-	out := fs.Lookup("o").Value.(flag.Getter).Get().(string)
-	if fs.NArg() == 0 {
-		return errors.New("train report: give at least one run directory (train report [-o FILE] RUN_DIR...)")
+	if len(dirs) == 0 {
+		return fmt.Errorf("train report: give at least one run directory (%s)", reportUsage)
 	}
-	for _, d := range fs.Args() {
+	for _, d := range dirs {
 		if _, err := os.Stat(d); err != nil {
 			return fmt.Errorf("train report: run directory: %w", err)
 		}
 	}
-	return compareReports(out, fs.Args())
+	out := fs.Lookup("o").Value.String()
+	if out == "" {
+		if out, err = defaultCompareOut(dirs); err != nil {
+			return fmt.Errorf("train report: %w", err)
+		}
+	}
+	if err := compareReports(out, dirs); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s (%d runs); open it in a browser\n", out, len(dirs))
+	return nil
 }

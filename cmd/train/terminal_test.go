@@ -1,0 +1,265 @@
+package main
+
+// Tests of what a person sees in the terminal: each runs the train command
+// as a separate process (this test binary acting as main) and reads its
+// exit status, standard output and standard error.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cmdResult is what one command left on the terminal.
+type cmdResult struct {
+	stdout, stderr string
+	code           int
+}
+
+func (r cmdResult) String() string {
+	return fmt.Sprintf("exit %d\n--- stdout:\n%s--- stderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// trainCmd runs `train args...` in dir (the test's folder when empty).
+func trainCmd(t *testing.T, dir string, args ...string) cmdResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	exe, err := filepath.Abs(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	r := cmdResult{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	default:
+		t.Fatalf("train %v: %v", args, err)
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("train %v did not finish in time:\n%v", args, r)
+	}
+	return r
+}
+
+// lines returns the non-empty lines of s.
+func lines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.TrimSpace(l) != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// TestHelpExitsZero: asking for help is not an error; the usage goes to
+// standard output (so that `train -help | less` works).
+func TestHelpExitsZero(t *testing.T) {
+	for _, args := range [][]string{{"-help"}, {"-h"}, {"report", "-help"}} {
+		r := trainCmd(t, t.TempDir(), args...)
+		if r.code != 0 || !strings.Contains(r.stdout, "Usage") || r.stderr != "" {
+			t.Errorf("train %v:\n%v", args, r)
+		}
+	}
+}
+
+// TestMistakesAreOneLine: a mistyped flag, a flag without its value, an
+// unknown model and a missing data set each give exit status 2 and one
+// line on standard error that names the mistake and its fix, and nothing
+// else (no usage above it, no knock-on errors, no Go function to call).
+func TestMistakesAreOneLine(t *testing.T) {
+	empty := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want []string // in the one line
+	}{
+		{[]string{"-worker", "4", "-out", "x"}, []string{"-worker", "did you mean -workers?", "train -help"}},
+		{[]string{"-sparsfier", "topk", "-out", "x"}, []string{"did you mean -sparsifier?"}},
+		{[]string{"-out", "x", "-density"}, []string{"flag needs an argument: -density"}},
+		{[]string{"-model", "bogus", "-out", "x"}, []string{`unknown -model "bogus"`, "resnet18, lstm, ncf"}},
+		{[]string{"-model", "ncf", "-data-dir", empty, "-out", "x"}, []string{"ml-100k", empty, "-download"}},
+		{[]string{"-model", "lstm", "-data-dir", empty, "-out", "x"}, []string{"wikitext2", empty, "-download"}},
+		{[]string{"-model", "resnet18", "-data-dir", empty, "-out", "x"}, []string{"cifar10", empty, "-download"}},
+		{[]string{"-density", "0", "-out", "x"}, []string{"-density 0", "(0, 1]"}},
+		{[]string{"-workers", "0", "-out", "x"}, []string{"-workers 0", ">= 1"}},
+		{[]string{"report", "-x", "runs/a"}, []string{"-x", "train report -help"}},
+	} {
+		dir := t.TempDir()
+		r := trainCmd(t, dir, tc.args...)
+		ls := lines(r.stderr)
+		if r.code != 2 || len(ls) != 1 || r.stdout != "" {
+			t.Errorf("train %v: want exit 2 and one line on stderr, got\n%v", tc.args, r)
+			continue
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(ls[0], w) {
+				t.Errorf("train %v: %q lacks %q", tc.args, ls[0], w)
+			}
+		}
+		for _, bad := range []string{"data.Download", "ctx", "Config.Defaults", "unset"} {
+			if strings.Contains(ls[0], bad) {
+				t.Errorf("train %v: %q mentions %q, which means nothing on the command line", tc.args, ls[0], bad)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, "x")); err == nil {
+			t.Errorf("train %v: a refused command left a run folder", tc.args)
+		}
+	}
+}
+
+// stepLosses returns the step records' losses of a run directory by epoch.
+func stepLosses(t *testing.T, dir string) map[int][]float64 {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[int][]float64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var r struct {
+			Type  string  `json:"type"`
+			Epoch int     `json:"epoch"`
+			Loss  float64 `json:"loss"`
+		}
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Type == "step" {
+			out[r.Epoch] = append(out[r.Epoch], r.Loss)
+		}
+	}
+	return out
+}
+
+var epochLine = regexp.MustCompile(`(?m)^epoch (\d+)/\d+: mean loss ([0-9.]+),`)
+
+// TestRunTellsTheTruth trains NCF on ml-100k for two short epochs (a large
+// batch) and reads the terminal: each epoch's line
+// gives the mean loss of the epoch's steps as metrics.jsonl records them
+// (not the last step's), and the last line says where the report is.
+func TestRunTellsTheTruth(t *testing.T) {
+	d := sharedData(t)
+	base := t.TempDir()
+	// 99,057 training ratings × 5 samples per rating / (2 workers × 8192):
+	// about 30 steps per epoch.
+	r := trainCmd(t, base, "-model", "ncf", "-dataset", "ml-100k", "-data-dir", d, "-workers", "2", "-batch", "8192",
+		"-epochs", "2", "-sparsifier", "topk", "-density", "0.1", "-out", "run")
+	if r.code != 0 {
+		t.Fatalf("training failed:\n%v", r)
+	}
+	if strings.Contains(r.stdout, "report.html not written") && strings.Contains(r.stdout, "ECharts") && !requireBrowser() {
+		t.Skipf("the reports package cannot obtain ECharts here:\n%v", r)
+	}
+	byEpoch := stepLosses(t, filepath.Join(base, "run"))
+	ms := epochLine.FindAllStringSubmatch(r.stdout, -1)
+	if len(ms) != 2 {
+		t.Fatalf("want two epoch lines, got:\n%v", r)
+	}
+	for _, m := range ms {
+		e, _ := strconv.Atoi(m[1])
+		printed, _ := strconv.ParseFloat(m[2], 64)
+		ls := byEpoch[e]
+		if len(ls) < 10 {
+			t.Fatalf("epoch %d has %d step records", e, len(ls))
+		}
+		sum := 0.0
+		for _, l := range ls {
+			sum += l
+		}
+		mean, last := sum/float64(len(ls)), ls[len(ls)-1]
+		if math.Abs(printed-mean) > 0.00006 {
+			t.Errorf("epoch %d: printed loss %v, but the mean of its %d steps is %.5f (last step %.5f)", e, printed, len(ls), mean, last)
+		}
+		if math.Abs(mean-last) < 0.0002 {
+			t.Logf("epoch %d: the mean and the last loss nearly coincide (%.5f, %.5f); the check above cannot tell them apart", e, mean, last)
+		}
+	}
+	ls := lines(r.stdout)
+	want := "report: " + filepath.Join("run", "report.html")
+	if len(ls) == 0 || !strings.HasPrefix(ls[len(ls)-1], want) {
+		t.Fatalf("the last line does not say where the report is (want %q):\n%v", want, r)
+	}
+	if _, err := os.Stat(filepath.Join(base, "run", "report.html")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func requireBrowser() bool { return os.Getenv("REPORTS_BROWSER") == "require" }
+
+// TestReportCommand: train report takes its flags before or after the run
+// directories, prints the page it wrote, and without -o writes
+// compare.html beside the runs, not into the folder it was started from.
+func TestReportCommand(t *testing.T) {
+	d := sharedData(t)
+	base := t.TempDir()
+	runs := filepath.Join(base, "runs")
+	for _, s := range []string{"dense", "topk"} {
+		r := trainCmd(t, base, "-model", "ncf", "-data-dir", d, "-workers", "2", "-steps", "3", "-sparsifier", s,
+			"-density", "0.1", "-max-eval-batches", "1", "-quiet", "-out", filepath.Join("runs", s))
+		if r.code != 0 {
+			t.Fatalf("%s:\n%v", s, r)
+		}
+	}
+	a, b := filepath.Join(runs, "dense"), filepath.Join(runs, "topk")
+	for _, args := range [][]string{
+		{"report", "-o", "flags-first.html", a, b},
+		{"report", a, b, "-o", "flags-last.html"},
+		{"report", a, "-o", "flags-between.html", b},
+	} {
+		out := args[slices.Index(args, "-o")+1]
+		r := trainCmd(t, base, args...)
+		if r.code != 0 {
+			t.Fatalf("train %v:\n%v", args, r)
+		}
+		if got := strings.TrimSpace(r.stdout); !strings.HasPrefix(got, "wrote "+out) {
+			t.Errorf("train %v printed %q, want it to name %s", args, got, out)
+		}
+		page, err := os.ReadFile(filepath.Join(base, out))
+		if err != nil {
+			t.Fatalf("train %v: %v", args, err)
+		}
+		// Both runs are on the page (the directories appear in its table).
+		if !bytes.Contains(page, []byte(a)) || !bytes.Contains(page, []byte(b)) {
+			t.Errorf("train %v: the page lacks one of the runs", args)
+		}
+	}
+	elsewhere := t.TempDir()
+	r := trainCmd(t, elsewhere, "report", a, b)
+	if r.code != 0 {
+		t.Fatalf("train report without -o:\n%v", r)
+	}
+	want := filepath.Join(runs, "compare.html")
+	if !strings.Contains(r.stdout, "wrote "+want) {
+		t.Errorf("train report without -o printed %q, want it to name %s", r.stdout, want)
+	}
+	if _, err := os.Stat(want); err != nil {
+		t.Errorf("no comparison beside the runs: %v", err)
+	}
+	if es, _ := os.ReadDir(elsewhere); len(es) != 0 {
+		t.Errorf("train report without -o wrote into the folder it was started from: %v", es)
+	}
+}
