@@ -16,8 +16,8 @@ type output struct {
 	rep     *reporter // nil without Options.Report
 	// reportPath is where rep writes the report, printed when the run ends.
 	reportPath string
-	log     *slog.Logger
-	sink    func(step int, loss float64)
+	log        *slog.Logger
+	sink       func(step int, loss float64)
 	// console is the progress lines' writer, shared with the report's
 	// warnings (written from the report's goroutine).
 	console *syncWriter
