@@ -2,9 +2,11 @@ package cuda_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
+	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
 )
@@ -84,6 +86,76 @@ func BenchmarkGPUStep(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/1e3/float64(b.N), "ms/step")
 			b.ReportMetric(float64(m.ArenaBytes())/(1<<20), "arena-MiB")
+		})
+	}
+}
+
+// BenchmarkGPUSelect times the sparsification primitives on a ResNet-18
+// sized gradient (11,173,962 float32, normal values) against the bandwidth
+// floor, for docs/bench/gpu-select.md (PyTorch's side:
+// scripts/gpu-select-torch.py):
+//
+//	go test -run XXX -bench GPUSelect -benchtime 200x ./cuda
+//
+// copy-d2d is the device-to-device copy of the gradient (its bytes read +
+// written per second are the bandwidth the threshold selection is measured
+// against); topk-ρ is the exact top-k with values at density ρ;
+// select-above-ρ is the threshold selection with the threshold of density ρ.
+func BenchmarkGPUSelect(b *testing.B) {
+	if cuda.Emulated() {
+		b.Skip("the emulator's speed means nothing")
+	}
+	const n = 11173962
+	d := gpu(b)
+	s := d.Stream()
+	sp := d.Sparse()
+	r := rand.New(rand.NewPCG(2, 2))
+	x := upload(b, s, randVec(r, n, 1))
+	y, _ := d.Alloc(device.Float32, n)
+	idx, _ := d.Alloc(device.Int32, n)
+	val, _ := d.Alloc(device.Float32, n)
+	sync := func() {
+		if err := s.Synchronize(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	bench := func(name string, bytes float64, f func() error) {
+		b.Run(name, func(b *testing.B) {
+			for range 3 {
+				if err := f(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			sync()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := f(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			sync()
+			per := b.Elapsed().Seconds() / float64(b.N)
+			b.ReportMetric(per*1e6, "µs/op")
+			if bytes > 0 {
+				b.ReportMetric(bytes/per/1e9, "GB/s")
+			}
+		})
+	}
+	bench("copy-d2d", 8*n, func() error { return s.Copy(y, x) })
+	for _, rho := range []float64{0.01, 0.001} {
+		k := int(rho * n)
+		bench(fmt.Sprintf("topk-%g", rho), 0, func() error {
+			_, err := sp.TopK(s, idx, val, x, k)
+			return err
+		})
+		t, err := sp.KthLargestAbs(s, x, k)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// Bytes: x read twice (count, write), indices and values written.
+		bench(fmt.Sprintf("select-above-%g", rho), 8*n+8*float64(k), func() error {
+			_, err := sp.SelectAbove(s, idx, val, x, t)
+			return err
 		})
 	}
 }

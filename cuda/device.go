@@ -267,6 +267,7 @@ type Stream struct {
 	slots [32]uint64
 	ptrs  [32]unsafe.Pointer
 	part  device.Buffer // scratch of reductions (lazy)
+	sel   *selScratch   // scratch of the sparsification primitives (lazy)
 	// capturing is set while work is captured into a graph (Capture).
 	capturing bool
 }

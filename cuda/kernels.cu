@@ -354,3 +354,304 @@ extern "C" __global__ void k_scale(float* x, i64 n, float a) {
 extern "C" __global__ void k_add(float* y, const float* x, i64 n) {
     GRID_STRIDE(i, n) { y[i] += x[i]; }
 }
+
+// ---- sparsification -------------------------------------------------------
+//
+// Selection by magnitude works on keys: the IEEE-754 bits of |v| (the sign
+// bit cleared), monotone in |v| for every non-NaN float; NaN keys lie above
+// +Inf's. These kernels follow package sparsify's CPU primitives exactly:
+// the same k-th largest key by radix select (bits 30..20, 19..10, 9..0), the
+// same ties (the lowest indices), the same ascending output, so that a GPU
+// and a CPU pick the same index sets.
+//
+// Selections that write index lists in order work on tiles of SEL_TILE
+// consecutive elements, one block (of 256 threads, 16 consecutive elements
+// each) per tile: count per tile, scan the counts (one block), write.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define SEL_ITEMS 16
+#define SEL_TILE (256 * SEL_ITEMS)
+#define KEY_INF 0x7f800000u
+
+__device__ __forceinline__ u32 abs_key(u32 bits) { return bits & 0x7fffffffu; }
+
+// Inclusive scans of a[0..255] and b[0..255] in shared memory (256 threads).
+__device__ void scan256x2(u32* a, u32* b) {
+    for (int off = 1; off < 256; off <<= 1) {
+        u32 va = threadIdx.x >= (unsigned)off ? a[threadIdx.x - off] : 0;
+        u32 vb = threadIdx.x >= (unsigned)off ? b[threadIdx.x - off] : 0;
+        __syncthreads();
+        a[threadIdx.x] += va;
+        b[threadIdx.x] += vb;
+        __syncthreads();
+    }
+}
+
+// Starts a radix select for the k-th largest key: state = {prefix 0, need k},
+// hist (2048 counters) zeroed.
+extern "C" __global__ void k_sel_init(u32* state, int k, u32* hist) {
+    for (int b = threadIdx.x; b < 2048; b += blockDim.x) hist[b] = 0;
+    if (threadIdx.x == 0) {
+        state[0] = 0;
+        state[1] = (u32)k;
+    }
+}
+
+// One radix round: hist[(key >> shift) & (2^nbits − 1)] counts the keys
+// whose bits above shift+nbits equal those of state[0] (the bits fixed by the
+// earlier rounds).
+extern "C" __global__ void k_sel_hist(const float* x, i64 n, int shift, int nbits, const u32* state, u32* hist) {
+    __shared__ u32 h[2048];
+    int nb = 1 << nbits;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) h[b] = 0;
+    __syncthreads();
+    int hi = shift + nbits;
+    u32 want = hi >= 31 ? 0u : state[0] >> hi;
+    u32 mask = (u32)nb - 1u;
+    const u32* u = (const u32*)x;
+    GRID_STRIDE(i, n) {
+        u32 key = abs_key(u[i]);
+        if (hi >= 31 || (key >> hi) == want) atomicAdd(&h[(key >> shift) & mask], 1u);
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < nb; b += blockDim.x)
+        if (h[b]) atomicAdd(&hist[b], h[b]);
+}
+
+// Picks the round's bucket (one block): the highest bucket b with
+// Σ_{b' >= b} hist[b'] >= need; state[0] gains b << shift, state[1] becomes the
+// rank of the k-th key inside b; hist is zeroed for the next round.
+extern "C" __global__ void k_sel_pick(u32* hist, int shift, int nbits, u32* state) {
+    __shared__ u32 suf[256], dummy[256];
+    int nb = 1 << nbits;
+    int per = nb / 256; // buckets per thread, from the top: thread t owns [nb-(t+1)·per, nb-t·per)
+    int top = nb - threadIdx.x * per;
+    u32 s = 0;
+    for (int b = top - 1; b >= top - per; b--) s += hist[b];
+    suf[threadIdx.x] = s;
+    dummy[threadIdx.x] = 0;
+    __syncthreads();
+    scan256x2(suf, dummy); // suf[t] = keys in the buckets of threads 0..t (from the top)
+    u32 need = state[1];
+    u32 before = threadIdx.x == 0 ? 0u : suf[threadIdx.x - 1];
+    __syncthreads();
+    if (before < need && suf[threadIdx.x] >= need) {
+        u32 r = need - before;
+        int b = top - 1;
+        for (; b > top - per && hist[b] < r; b--) r -= hist[b];
+        state[0] |= (u32)b << shift;
+        state[1] = r;
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = 0;
+}
+
+// Per-tile counts (one block per tile): mode 0 (top-k) counts keys above
+// and equal to the k-th key state[0]; mode 1 (threshold) counts keys in
+// [state[0], KEY_INF] (|x| >= t, never NaN); mode 2 counts non-zero words.
+// counts[2t] = above (or selected), counts[2t+1] = equal.
+extern "C" __global__ void k_sel_count(const float* x, i64 n, const u32* state, int mode, u32* counts) {
+    __shared__ u32 c[2];
+    if (threadIdx.x < 2) c[threadIdx.x] = 0;
+    __syncthreads();
+    i64 base = (i64)blockIdx.x * SEL_TILE;
+    i64 lim = n - base < SEL_TILE ? n - base : SEL_TILE;
+    u32 t = state[0];
+    const u32* u = (const u32*)x + base;
+    u32 gt = 0, eq = 0;
+    for (i64 j = threadIdx.x; j < lim; j += blockDim.x) {
+        u32 w = u[j];
+        u32 key = abs_key(w);
+        if (mode == 0) {
+            gt += key > t;
+            eq += key == t;
+        } else if (mode == 1) {
+            gt += key >= t && key <= KEY_INF;
+        } else {
+            gt += w != 0;
+        }
+    }
+    if (gt) atomicAdd(&c[0], gt);
+    if (eq) atomicAdd(&c[1], eq);
+    __syncthreads();
+    if (threadIdx.x < 2) counts[2 * blockIdx.x + threadIdx.x] = c[threadIdx.x];
+}
+
+// Scans the tile counts (one block): offs[2t] is where tile t writes,
+// offs[2t+1] how many of its ties it takes (the k-th key's ties go to the
+// lowest indices: need − (ties in earlier tiles), clamped); total[0] is the
+// number of elements selected.
+extern "C" __global__ void k_sel_offsets(const u32* counts, int tiles, const u32* state, int mode, u32* offs, u32* total) {
+    __shared__ u32 sg[256], se[256];
+    int per = (tiles + 255) / 256;
+    int lo = threadIdx.x * per, hi = lo + per < tiles ? lo + per : tiles;
+    u32 g = 0, e = 0;
+    for (int t = lo; t < hi; t++) {
+        g += counts[2 * t];
+        e += counts[2 * t + 1];
+    }
+    sg[threadIdx.x] = g;
+    se[threadIdx.x] = e;
+    __syncthreads();
+    scan256x2(sg, se);
+    u32 need = mode == 0 ? state[1] : 0u;
+    u32 gb = sg[threadIdx.x] - g, eb = se[threadIdx.x] - e; // exclusive
+    for (int t = lo; t < hi; t++) {
+        u32 tg = counts[2 * t], te = counts[2 * t + 1];
+        u32 take = need > eb ? need - eb : 0u;
+        offs[2 * t] = gb + (eb < need ? eb : need);
+        offs[2 * t + 1] = take < te ? take : te;
+        gb += tg;
+        eb += te;
+    }
+    if (threadIdx.x == 255) {
+        u32 te = se[255];
+        total[0] = sg[255] + (te < need ? te : need);
+    }
+}
+
+// Writes the selection of each tile (one block per tile) at its offset, in
+// ascending index order: idx gets the indices (mode 2: the non-zero words
+// minus one), val (when not null) the elements.
+extern "C" __global__ void k_sel_write(const float* x, i64 n, const u32* state, int mode, const u32* offs, int* idx, float* val) {
+    __shared__ u32 w[SEL_TILE + SEL_TILE / SEL_ITEMS]; // one pad word per thread's run: no bank conflicts
+    __shared__ u32 sg[256], se[256];
+    i64 base = (i64)blockIdx.x * SEL_TILE;
+    int lim = n - base < SEL_TILE ? (int)(n - base) : SEL_TILE;
+    const u32* u = (const u32*)x + base;
+    for (int j = threadIdx.x; j < lim; j += blockDim.x) w[j + j / SEL_ITEMS] = u[j];
+    __syncthreads();
+    u32 t = state[0];
+    int j0 = threadIdx.x * SEL_ITEMS;
+    int j1 = j0 + SEL_ITEMS < lim ? j0 + SEL_ITEMS : lim;
+    u32 g = 0, e = 0;
+    for (int j = j0; j < j1; j++) {
+        u32 v = w[j + j / SEL_ITEMS];
+        u32 key = abs_key(v);
+        if (mode == 0) {
+            g += key > t;
+            e += key == t;
+        } else if (mode == 1) {
+            g += key >= t && key <= KEY_INF;
+        } else {
+            g += v != 0;
+        }
+    }
+    sg[threadIdx.x] = g;
+    se[threadIdx.x] = e;
+    __syncthreads();
+    scan256x2(sg, se);
+    u32 off = offs[2 * blockIdx.x], allow = offs[2 * blockIdx.x + 1];
+    u32 gb = sg[threadIdx.x] - g, eb = se[threadIdx.x] - e;
+    u32 mine = allow > eb ? allow - eb : 0u; // ties this thread takes
+    if (mine > e) mine = e;
+    u32 pos = off + gb + (eb < allow ? eb : allow);
+    for (int j = j0; j < j1; j++) {
+        u32 v = w[j + j / SEL_ITEMS];
+        u32 key = abs_key(v);
+        int sel;
+        if (mode == 0) {
+            sel = key > t || (key == t && mine > 0);
+            if (key == t && mine > 0) mine--;
+        } else if (mode == 1) {
+            sel = key >= t && key <= KEY_INF;
+        } else {
+            sel = v != 0;
+        }
+        if (sel) {
+            idx[pos] = mode == 2 ? (int)(v - 1u) : (int)(base + j);
+            if (val) val[pos] = __uint_as_float(v);
+            pos++;
+        }
+    }
+}
+
+// r += scale·g; first[0] = min(first[0], i) for every r[i] that becomes NaN
+// or ±Inf (the caller sets first[0] to n beforehand).
+extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float scale, u64* first) {
+    GRID_STRIDE(i, n) {
+        float v = r[i] + scale * g[i];
+        r[i] = v;
+        if ((__float_as_uint(v) & KEY_INF) == KEY_INF) atomicMin(first, (u64)i);
+    }
+}
+
+// Partial Σx² in double of pieces [lo[p], lo[p+1]) of x, one block per
+// piece (pieces never straddle a segment, so the segment sums below add
+// whole pieces).
+extern "C" __global__ void k_piece_sumsq(const float* x, const i64* lo, double* part) {
+    i64 a = lo[blockIdx.x], b = lo[blockIdx.x + 1];
+    double s = 0.0;
+    for (i64 i = a + threadIdx.x; i < b; i += blockDim.x) {
+        double v = x[i];
+        s += v * v;
+    }
+    s = block_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// out[s] = Σ of the partials of segment s's pieces [first[s], first[s+1]),
+// one block per segment.
+extern "C" __global__ void k_segment_sum(const double* part, const int* first, double* out) {
+    double s = 0.0;
+    for (int p = first[blockIdx.x] + threadIdx.x; p < first[blockIdx.x + 1]; p += blockDim.x) s += part[p];
+    s = block_sum(s);
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+// dst[j] = x[idx[j]].
+extern "C" __global__ void k_gather_idx(float* dst, const float* x, const int* idx, i64 n) {
+    GRID_STRIDE(j, n) { dst[j] = x[idx[j]]; }
+}
+
+// dst[j] = x[start + j·stride].
+extern "C" __global__ void k_gather_strided(float* dst, const float* x, i64 start, i64 stride, i64 n) {
+    GRID_STRIDE(j, n) { dst[j] = x[start + j * stride]; }
+}
+
+// dst[idx[j]] += scale·val[j] for distinct indices (one list).
+extern "C" __global__ void k_scatter_add(float* dst, const int* idx, const float* val, float scale, i64 n) {
+    GRID_STRIDE(j, n) { dst[idx[j]] += scale * val[j]; }
+}
+
+// dst[idx[j]] = v.
+extern "C" __global__ void k_scatter_fill(float* dst, const int* idx, float v, i64 n) {
+    GRID_STRIDE(j, n) { dst[idx[j]] = v; }
+}
+
+// MurmurHash3 x86_32 of the 4-byte little-endian index i (package
+// sparsify's murmur3Index).
+__device__ __forceinline__ u32 rotl32(u32 x, int r) { return (x << r) | (x >> (32 - r)); }
+__device__ u32 murmur3_index(u32 i, u32 seed) {
+    u32 k = i * 0xcc9e2d51u;
+    k = rotl32(k, 15);
+    k *= 0x1b873593u;
+    u32 h = seed ^ k;
+    h = rotl32(h, 13);
+    h = h * 5u + 0xe6546b64u;
+    h ^= 4u;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    return h;
+}
+
+// DRAGONN's hashed insertion: every index idx[j] goes to slot
+// murmur3(idx[j], seed) mod m, which keeps the highest index + 1 (so a
+// collision resolves as the CPU's sequential insertion in ascending order
+// does).
+extern "C" __global__ void k_hash_insert(const int* idx, i64 n, int seed, u32* table, int m) {
+    GRID_STRIDE(j, n) {
+        u32 i = (u32)idx[j];
+        atomicMax(&table[murmur3_index(i, (u32)seed) % (u32)m], i + 1u);
+    }
+}
+
+// idx[i] = i.
+extern "C" __global__ void k_iota(int* idx, i64 n) {
+    GRID_STRIDE(i, n) { idx[i] = (int)i; }
+}

@@ -8,7 +8,7 @@
 # then carry .device to the GPU machine and run there:
 #
 #   scripts/gpu-verify.sh check      # every op and model step against the CPU, graphs, train -device cuda
-#   scripts/gpu-verify.sh bench      # step times: ours, then PyTorch eager, same GPU, TF32 off
+#   scripts/gpu-verify.sh bench      # step and selection times: ours, then PyTorch eager, same GPU, TF32 off
 #   scripts/gpu-verify.sh cifar      # ResNet-18 on CIFAR-10, one GPU, dense, one-cycle (the 93 % in 10 min proof)
 #
 # Results go to $OUT (or ./gpu-results). The shared data folder does not
@@ -35,6 +35,8 @@ check)
 bench)
   (cd cuda && ../.device/bin/cuda.test -test.run XXX -test.bench GPUStep -test.benchtime 50x -test.timeout 20m) 2>&1 | tee "$out/go-steps.txt"
   python3 scripts/gpu-step-torch.py --steps 50 2>&1 | tee "$out/torch-steps.txt"
+  (cd cuda && ../.device/bin/cuda.test -test.run XXX -test.bench GPUSelect -test.benchtime 200x -test.timeout 10m) 2>&1 | tee "$out/go-select.txt"
+  python3 scripts/gpu-select-torch.py --reps 200 2>&1 | tee "$out/torch-select.txt"
   ;;
 cifar)
   # One cycle over 30 epochs peaking at 0.4 for batch 512 (0.1 per 128

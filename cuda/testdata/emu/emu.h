@@ -32,8 +32,40 @@ inline float __int_as_float(int i) {
     return f;
 }
 
+inline float __uint_as_float(unsigned u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
 inline float atomicAdd(float* p, float v) {
     return std::atomic_ref<float>(*p).fetch_add(v);
+}
+
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    return std::atomic_ref<unsigned>(*p).fetch_add(v);
+}
+
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+    std::atomic_ref<unsigned> a(*p);
+    unsigned old = a.load();
+    while (old < v && !a.compare_exchange_weak(old, v)) {
+    }
+    return old;
+}
+
+inline unsigned long long atomicMin(unsigned long long* p, unsigned long long v) {
+    std::atomic_ref<unsigned long long> a(*p);
+    unsigned long long old = a.load();
+    while (old > v && !a.compare_exchange_weak(old, v)) {
+    }
+    return old;
 }
 
 // exp, log, log1p, sqrt (double) and fmaxf, sqrtf, tanhf (float) come

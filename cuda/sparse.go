@@ -1,0 +1,479 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+// Sparse holds the sparsification primitives on a GPU: the passes over the
+// whole gradient that package sparsify's reducers make (accumulation with a
+// finiteness check, per-segment norms, exact top-k, threshold selection,
+// gathers and scatters, DRAGONN's hashed insertion), computed where the
+// gradient is. Each gives what sparsify's CPU primitive gives for the same
+// input: the same index sets in the same (ascending) order, ties at the k-th
+// magnitude to the lowest indices, sums within float32 (norms: float64)
+// rounding. Only counts and a few numbers per call come back to the host.
+//
+// Index buffers are device.Int32. A call's work is issued on the stream it
+// is given; calls that return a number synchronize that stream.
+type Sparse struct{ d *Device }
+
+// Sparse returns the device's sparsification primitives.
+func (d *Device) Sparse() *Sparse { return &Sparse{d: d} }
+
+// ErrCapacity is wrapped by SelectAbove's error when the index (or value)
+// buffer is shorter than the selection; the count it returns says how long
+// it must be.
+var ErrCapacity = errors.New("cuda: output buffer too short")
+
+// selTile is SEL_TILE of kernels.cu: the elements of one block of the
+// ordered selections.
+const selTile = 256 * 16
+
+// selScratch is a stream's reusable memory for the primitives.
+type selScratch struct {
+	state, hist, counts, offs, total device.Buffer // Int32, used as u32
+	first                            device.Buffer // Int64: Accumulate's first bad index
+	pieces                           device.Buffer // Int64: piece bounds
+	pieceFirst                       device.Buffer // Int32: each segment's first piece
+	parts, sums                      device.Buffer // Float64
+	table                            device.Buffer // Int32: DRAGONN's slots
+}
+
+// grow returns *b, reallocated on d with at least n elements of dt.
+func grow(d *Device, b *device.Buffer, dt device.DType, n int) (device.Buffer, error) {
+	if b.Len() >= n && b.Len() > 0 {
+		return b.Slice(0, n), nil
+	}
+	if b.Len() > 0 {
+		if err := d.Free(*b); err != nil {
+			return device.Buffer{}, err
+		}
+		*b = device.Buffer{}
+	}
+	nb, err := d.Alloc(dt, max(n, 1))
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	*b = nb
+	return nb.Slice(0, n), nil
+}
+
+func (o *Sparse) stream(s device.Stream) (*Stream, error) {
+	cs, ok := s.(*Stream)
+	if !ok || cs.d != o.d {
+		return nil, fmt.Errorf("cuda: %T is not a stream of %v", s, o.d)
+	}
+	if cs.sel == nil {
+		cs.sel = &selScratch{}
+		sc := cs.sel
+		for _, a := range []struct {
+			b  *device.Buffer
+			dt device.DType
+			n  int
+		}{{&sc.state, device.Int32, 2}, {&sc.hist, device.Int32, 2048}, {&sc.total, device.Int32, 1}, {&sc.first, device.Int64, 1}} {
+			if _, err := grow(o.d, a.b, a.dt, a.n); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return cs, nil
+}
+
+// check that b is a buffer of this GPU of type dt, at least n long.
+func (o *Sparse) check(op, name string, b device.Buffer, dt device.DType, n int) error {
+	if b.DType() != dt {
+		return fmt.Errorf("cuda: %s: %s is %v, want %v", op, name, b.DType(), dt)
+	}
+	if b.Len() < n {
+		return fmt.Errorf("cuda: %s: %s has %d elements, want at least %d", op, name, b.Len(), n)
+	}
+	if b.Len() > 0 && (b.IsHost() || b.Device() != device.Device(o.d)) {
+		return fmt.Errorf("cuda: %s: %s is not memory of %v", op, name, o.d)
+	}
+	return nil
+}
+
+// readU32 copies n 32-bit words of b to the host (synchronizing s).
+func readU32(s *Stream, b device.Buffer, n int) ([]int32, error) {
+	out := make([]int32, n)
+	if err := s.Copy(device.Host(out), b.Slice(0, n)); err != nil {
+		return nil, err
+	}
+	return out, s.Synchronize()
+}
+
+// Accumulate adds scale·g to r element-wise (sparsify.Memory.Accumulate's
+// pass) and returns the index of the first element of r that became NaN or
+// ±Inf, or −1.
+func (o *Sparse) Accumulate(s device.Stream, r, g device.Buffer, scale float32) (int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	n := r.Len()
+	if err := o.check("Accumulate", "r", r, device.Float32, 0); err != nil {
+		return 0, err
+	}
+	if err := o.check("Accumulate", "g", g, device.Float32, n); err != nil {
+		return 0, err
+	}
+	if n == 0 {
+		return -1, nil
+	}
+	first := cs.sel.first
+	if err := cs.Copy(first, device.Host([]int64{int64(n)})); err != nil {
+		return 0, err
+	}
+	if err := cs.args().buf(r).buf(g).i64(n).f32(scale).buf(first).runN("k_accumulate", n); err != nil {
+		return 0, err
+	}
+	var f [1]int64
+	if err := cs.Copy(device.Host(f[:]), first); err != nil {
+		return 0, err
+	}
+	if err := cs.Synchronize(); err != nil {
+		return 0, err
+	}
+	if f[0] >= int64(n) {
+		return -1, nil
+	}
+	return int(f[0]), nil
+}
+
+// pieceLen is the elements of one block of SegmentSumSquares.
+const pieceLen = 1 << 16
+
+// SegmentSumSquares returns Σ x[i]² in float64 over each segment
+// [bounds[j], bounds[j+1]) of x (bounds ascending, within [0, len(x)]).
+func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []int) ([]float64, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.check("SegmentSumSquares", "x", x, device.Float32, 0); err != nil {
+		return nil, err
+	}
+	nseg := len(bounds) - 1
+	if nseg <= 0 {
+		return nil, nil
+	}
+	// Pieces of at most pieceLen elements that never straddle a segment.
+	var lo []int64
+	first := make([]int32, nseg+1)
+	for j := range nseg {
+		a, b := bounds[j], bounds[j+1]
+		if a < 0 || b < a || b > x.Len() {
+			return nil, fmt.Errorf("cuda: SegmentSumSquares: segment %d is [%d, %d) of %d elements", j, a, b, x.Len())
+		}
+		first[j] = int32(len(lo))
+		for p := a; p < b; p += pieceLen {
+			lo = append(lo, int64(p))
+		}
+	}
+	first[nseg] = int32(len(lo))
+	np := len(lo)
+	lo = append(lo, int64(bounds[nseg]))
+	sc := cs.sel
+	pieces, err := grow(o.d, &sc.pieces, device.Int64, np+1)
+	if err != nil {
+		return nil, err
+	}
+	pf, err := grow(o.d, &sc.pieceFirst, device.Int32, nseg+1)
+	if err != nil {
+		return nil, err
+	}
+	parts, err := grow(o.d, &sc.parts, device.Float64, max(np, 1))
+	if err != nil {
+		return nil, err
+	}
+	sums, err := grow(o.d, &sc.sums, device.Float64, nseg)
+	if err != nil {
+		return nil, err
+	}
+	// Segments are contiguous, so a piece ends where the next one starts
+	// (lo[np] is the last segment's end).
+	if err := cs.Copy(pieces, device.Host(lo)); err != nil {
+		return nil, err
+	}
+	if err := cs.Copy(pf, device.Host(first)); err != nil {
+		return nil, err
+	}
+	if np > 0 {
+		if err := cs.args().buf(x).buf(pieces).buf(parts).run("k_piece_sumsq", np); err != nil {
+			return nil, err
+		}
+	}
+	if err := cs.args().buf(parts).buf(pf).buf(sums).run("k_segment_sum", nseg); err != nil {
+		return nil, err
+	}
+	out := make([]float64, nseg)
+	if err := cs.Copy(device.Host(out), sums); err != nil {
+		return nil, err
+	}
+	return out, cs.Synchronize()
+}
+
+// selectTiles runs the ordered selection of mode over x: per-tile counts,
+// their scan and (when idx is not nil) the write. It returns the number
+// selected, read back only when count is set (top-k knows it).
+func (o *Sparse) selectTiles(cs *Stream, x device.Buffer, mode int, idx, val device.Buffer, count bool) (int, error) {
+	n := x.Len()
+	tiles := (n + selTile - 1) / selTile
+	sc := cs.sel
+	counts, err := grow(o.d, &sc.counts, device.Int32, 2*tiles)
+	if err != nil {
+		return 0, err
+	}
+	offs, err := grow(o.d, &sc.offs, device.Int32, 2*tiles)
+	if err != nil {
+		return 0, err
+	}
+	if err := cs.args().buf(x).i64(n).buf(sc.state).i32(mode).buf(counts).run("k_sel_count", tiles); err != nil {
+		return 0, err
+	}
+	if err := cs.args().buf(counts).i32(tiles).buf(sc.state).i32(mode).buf(offs).buf(sc.total).run("k_sel_offsets", 1); err != nil {
+		return 0, err
+	}
+	total := -1
+	if count {
+		t, err := readU32(cs, sc.total, 1)
+		if err != nil {
+			return 0, err
+		}
+		total = int(uint32(t[0]))
+		if idx.Len() < total || (val.Len() > 0 && val.Len() < total) {
+			return total, fmt.Errorf("%w: %d elements selected, the index buffer holds %d and the value buffer %d", ErrCapacity, total, idx.Len(), val.Len())
+		}
+	}
+	var valArg device.Buffer
+	if val.Len() > 0 {
+		valArg = val
+	}
+	return total, cs.args().buf(x).i64(n).buf(sc.state).i32(mode).buf(offs).buf(idx).buf(valArg).run("k_sel_write", tiles)
+}
+
+// findKth runs the three radix rounds that leave the k-th largest key of x
+// in state[0] and the number of its ties to take in state[1].
+func (o *Sparse) findKth(cs *Stream, x device.Buffer, k int) error {
+	sc := cs.sel
+	if err := cs.args().buf(sc.state).i32(k).buf(sc.hist).run("k_sel_init", 1); err != nil {
+		return err
+	}
+	for _, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
+		if err := cs.args().buf(x).i64(x.Len()).i32(r.shift).i32(r.bits).buf(sc.state).buf(sc.hist).runN("k_sel_hist", x.Len()); err != nil {
+			return err
+		}
+		if err := cs.args().buf(sc.hist).i32(r.shift).i32(r.bits).buf(sc.state).run("k_sel_pick", 1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// TopK writes the indices of the k largest-magnitude elements of x into
+// idx[:k], ascending (ties at the k-th magnitude to the lowest indices, NaN
+// above every number), and the elements into val[:k] unless val is empty.
+// k is clamped to [0, len(x)]; it returns the clamped k (sparsify.TopK).
+func (o *Sparse) TopK(s device.Stream, idx, val, x device.Buffer, k int) (int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	n := x.Len()
+	k = max(0, min(k, n))
+	if err := o.check("TopK", "x", x, device.Float32, 0); err != nil {
+		return 0, err
+	}
+	if err := o.check("TopK", "idx", idx, device.Int32, k); err != nil {
+		return 0, err
+	}
+	if val.Len() > 0 {
+		if err := o.check("TopK", "val", val, device.Float32, k); err != nil {
+			return 0, err
+		}
+	}
+	if k == 0 {
+		return 0, nil
+	}
+	if k == n {
+		if err := cs.args().buf(idx).i64(n).runN("k_iota", n); err != nil {
+			return 0, err
+		}
+		if val.Len() > 0 {
+			return k, cs.Copy(val.Slice(0, n), x)
+		}
+		return k, nil
+	}
+	if err := o.findKth(cs, x, k); err != nil {
+		return 0, err
+	}
+	_, err = o.selectTiles(cs, x, 0, idx, val, false)
+	return k, err
+}
+
+// KthLargestAbs returns the k-th largest |x[i]|, 1 <= k <= len(x)
+// (sparsify.KthLargestAbs).
+func (o *Sparse) KthLargestAbs(s device.Stream, x device.Buffer, k int) (float32, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	if err := o.check("KthLargestAbs", "x", x, device.Float32, 0); err != nil {
+		return 0, err
+	}
+	if k < 1 || k > x.Len() {
+		return 0, fmt.Errorf("cuda: KthLargestAbs: k = %d must be in [1, %d]", k, x.Len())
+	}
+	if err := o.findKth(cs, x, k); err != nil {
+		return 0, err
+	}
+	st, err := readU32(cs, cs.sel.state, 1)
+	if err != nil {
+		return 0, err
+	}
+	return math.Float32frombits(uint32(st[0])), nil
+}
+
+// SelectAbove writes the indices i with |x[i]| >= t into idx, ascending
+// (NaN never selected; a NaN t selects nothing), and the elements into val
+// unless val is empty, and returns how many. When a buffer is too short it
+// writes nothing and returns the count with an error wrapping ErrCapacity
+// (sparsify.SelectAbove).
+func (o *Sparse) SelectAbove(s device.Stream, idx, val, x device.Buffer, t float32) (int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	if err := o.check("SelectAbove", "x", x, device.Float32, 0); err != nil {
+		return 0, err
+	}
+	if err := o.check("SelectAbove", "idx", idx, device.Int32, 0); err != nil {
+		return 0, err
+	}
+	if val.Len() > 0 {
+		if err := o.check("SelectAbove", "val", val, device.Float32, 0); err != nil {
+			return 0, err
+		}
+	}
+	if x.Len() == 0 || t != t {
+		return 0, nil
+	}
+	key := uint32(0) // t <= 0: every number
+	if t > 0 {
+		key = math.Float32bits(t)
+	}
+	if err := cs.fill32(cs.sel.state.Slice(0, 1), key); err != nil {
+		return 0, err
+	}
+	return o.selectTiles(cs, x, 1, idx, val, true)
+}
+
+// Gather sets dst[j] = x[idx[j]] for j < len(dst).
+func (o *Sparse) Gather(s device.Stream, dst, x, idx device.Buffer) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := dst.Len()
+	if err := o.check("Gather", "dst", dst, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("Gather", "x", x, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("Gather", "idx", idx, device.Int32, n); err != nil {
+		return err
+	}
+	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN("k_gather_idx", n)
+}
+
+// GatherStrided sets dst[j] = x[start + j·stride] for j < len(dst).
+func (o *Sparse) GatherStrided(s device.Stream, dst, x device.Buffer, start, stride int) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := dst.Len()
+	if err := o.check("GatherStrided", "dst", dst, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("GatherStrided", "x", x, device.Float32, 0); err != nil {
+		return err
+	}
+	if n > 0 && (start < 0 || stride < 1 || start+(n-1)*stride >= x.Len()) {
+		return fmt.Errorf("cuda: GatherStrided: %d elements from %d by %d leave the %d of x", n, start, stride, x.Len())
+	}
+	return cs.args().buf(dst).buf(x).i64(start).i64(stride).i64(n).runN("k_gather_strided", n)
+}
+
+// ScatterAdd adds scale·val[j] to dst[idx[j]] for j < len(idx); the indices
+// must be distinct.
+func (o *Sparse) ScatterAdd(s device.Stream, dst, idx, val device.Buffer, scale float32) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := idx.Len()
+	if err := o.check("ScatterAdd", "dst", dst, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("ScatterAdd", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	if err := o.check("ScatterAdd", "val", val, device.Float32, n); err != nil {
+		return err
+	}
+	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter_add", n)
+}
+
+// ScatterFill sets dst[idx[j]] = v for j < len(idx).
+func (o *Sparse) ScatterFill(s device.Stream, dst, idx device.Buffer, v float32) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := idx.Len()
+	if err := o.check("ScatterFill", "dst", dst, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("ScatterFill", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	return cs.args().buf(dst).buf(idx).f32(v).i64(n).runN("k_scatter_fill", n)
+}
+
+// HashSelect is DRAGONN's hashed insertion: every candidate index goes to
+// slot murmur3(index, seed) mod slots, a collision keeping the highest
+// index; it writes the occupied slots' indices into idx in slot order and
+// returns how many (sparsify's dragonnSelect after its threshold).
+func (o *Sparse) HashSelect(s device.Stream, idx, cand device.Buffer, seed uint32, slots int) (int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	if err := o.check("HashSelect", "cand", cand, device.Int32, 0); err != nil {
+		return 0, err
+	}
+	if err := o.check("HashSelect", "idx", idx, device.Int32, 0); err != nil {
+		return 0, err
+	}
+	if slots < 1 || slots > math.MaxInt32 {
+		return 0, fmt.Errorf("cuda: HashSelect: %d slots", slots)
+	}
+	table, err := grow(o.d, &cs.sel.table, device.Int32, slots)
+	if err != nil {
+		return 0, err
+	}
+	if err := cs.fill32(table, 0); err != nil {
+		return 0, err
+	}
+	if err := cs.args().buf(cand).i64(cand.Len()).i32(int(int32(seed))).buf(table).i32(slots).runN("k_hash_insert", cand.Len()); err != nil {
+		return 0, err
+	}
+	// The table read as words: mode 2 writes each non-zero word minus one.
+	return o.selectTiles(cs, table.View(device.Float32, 0, slots), 2, idx, device.Buffer{}, true)
+}

@@ -1,0 +1,372 @@
+package cuda_test
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/cuda"
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// The sparsification primitives on the GPU against package sparsify's CPU
+// primitives (and, for what sparsify does not export, plain loops written
+// here) on the same inputs: the same index sets in the same order, values
+// equal.
+
+// sparseInput returns n elements of one of several kinds: normal values,
+// values with many ties (a few distinct magnitudes), mostly zeros, and
+// normal values with ±Inf and NaN sprinkled in (nan).
+func sparseInput(r *rand.Rand, kind string, n int) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		switch kind {
+		case "normal", "nan":
+			x[i] = float32(r.NormFloat64())
+		case "ties":
+			x[i] = float32(r.IntN(7)-3) * 0.25
+		case "zeros":
+			if r.IntN(50) == 0 {
+				x[i] = float32(r.NormFloat64())
+			}
+		}
+	}
+	if kind == "nan" && n > 0 {
+		for range 1 + n/1000 {
+			x[r.IntN(n)] = float32(math.Inf(1 - 2*r.IntN(2)))
+			x[r.IntN(n)] = float32(math.NaN())
+		}
+	}
+	return x
+}
+
+func allocInt32(t testing.TB, d device.Device, n int) device.Buffer {
+	t.Helper()
+	b, err := d.Alloc(device.Int32, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func downloadInt32(t testing.TB, s device.Stream, b device.Buffer) []int32 {
+	t.Helper()
+	h := make([]int32, b.Len())
+	if err := s.Copy(device.Host(h), b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// sparseSizes are the lengths tested: empty, tiny, one tile (4096
+// elements) and around it, several tiles.
+func sparseSizes() []int { return []int{0, 1, 2, 5, 33, 4095, 4096, 4097, 20000} }
+
+func TestGPUTopKMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(7, 7))
+	for _, n := range sparseSizes() {
+		for _, kind := range []string{"normal", "ties", "zeros", "nan"} {
+			x := sparseInput(r, kind, n)
+			xb := upload(t, s, x)
+			idx := allocInt32(t, d, n)
+			val := upload(t, s, make([]float32, n))
+			ks := []int{0, 1, 2, n / 100, n / 3, n - 1, n, n + 3}
+			for _, k := range ks {
+				if k < 0 {
+					continue
+				}
+				name := fmt.Sprintf("%s/n=%d/k=%d", kind, n, k)
+				want := sparsify.TopK(nil, x, k)
+				got, err := sp.TopK(s, idx, val, xb, k)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if got != len(want) {
+					t.Fatalf("%s: TopK returned %d, want %d", name, got, len(want))
+				}
+				gi := downloadInt32(t, s, idx)[:got]
+				if !slices.Equal(gi, want) {
+					t.Fatalf("%s: indices differ from the CPU's (first GPU %v, CPU %v)", name, head(gi), head(want))
+				}
+				gv := download(t, s, val)[:got]
+				wv := make([]float32, len(want))
+				for j, i := range want {
+					wv[j] = x[i]
+				}
+				if !sameBits(gv, wv) {
+					t.Fatalf("%s: values differ", name)
+				}
+				if k >= 1 && k <= n {
+					g, err := sp.KthLargestAbs(s, xb, k)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if w := sparsify.KthLargestAbs(x, k); math.Float32bits(g) != math.Float32bits(w) {
+						t.Fatalf("%s: KthLargestAbs %v, CPU %v", name, g, w)
+					}
+				}
+			}
+			// Without values.
+			if n > 0 {
+				if _, err := sp.TopK(s, idx, device.Buffer{}, xb, 1); err != nil {
+					t.Fatal(err)
+				}
+				if g, w := downloadInt32(t, s, idx)[0], sparsify.TopK(nil, x, 1)[0]; g != w {
+					t.Fatalf("%s/n=%d: top-1 without values: %d, CPU %d", kind, n, g, w)
+				}
+			}
+			for _, b := range []device.Buffer{xb, idx, val} {
+				d.Free(b)
+			}
+		}
+	}
+}
+
+func head(x []int32) []int32 { return x[:min(len(x), 8)] }
+
+func TestGPUSelectAboveMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(8, 8))
+	for _, n := range sparseSizes() {
+		for _, kind := range []string{"normal", "ties", "zeros", "nan"} {
+			x := sparseInput(r, kind, n)
+			xb := upload(t, s, x)
+			idx := allocInt32(t, d, n)
+			val := upload(t, s, make([]float32, n))
+			nan := float32(math.NaN())
+			for _, th := range []float32{0, -1, 0.25, 0.5, 1.5, 3, float32(math.Inf(1)), nan, 1e-30} {
+				name := fmt.Sprintf("%s/n=%d/t=%v", kind, n, th)
+				want := sparsify.SelectAbove(nil, x, th)
+				got, err := sp.SelectAbove(s, idx, val, xb, th)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				if got != len(want) {
+					t.Fatalf("%s: %d selected, CPU %d", name, got, len(want))
+				}
+				if gi := downloadInt32(t, s, idx)[:got]; !slices.Equal(gi, want) {
+					t.Fatalf("%s: indices differ from the CPU's (first GPU %v, CPU %v)", name, head(gi), head(want))
+				}
+				wv := make([]float32, len(want))
+				for j, i := range want {
+					wv[j] = x[i]
+				}
+				if !sameBits(download(t, s, val)[:got], wv) {
+					t.Fatalf("%s: values differ", name)
+				}
+			}
+			if n > 10 && kind == "normal" {
+				// Too short an output: the count, ErrCapacity, nothing written.
+				want := len(sparsify.SelectAbove(nil, x, 0.5))
+				got, err := sp.SelectAbove(s, idx.Slice(0, want-1), device.Buffer{}, xb, 0.5)
+				if !errors.Is(err, cuda.ErrCapacity) || got != want {
+					t.Fatalf("n=%d: short buffer: %d, %v; want %d and ErrCapacity", n, got, err, want)
+				}
+			}
+			for _, b := range []device.Buffer{xb, idx, val} {
+				d.Free(b)
+			}
+		}
+	}
+}
+
+func TestGPUAccumulateAndNorms(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, n := range sparseSizes() {
+		res := randVec(r, n, 1)
+		g := randVec(r, n, 3)
+		rb, gb := upload(t, s, res), upload(t, s, g)
+		const scale = float32(0.37)
+		first, err := sp.Accumulate(s, rb, gb, scale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := slices.Clone(res)
+		for i := range want {
+			want[i] += scale * g[i]
+		}
+		if first != -1 || !sameBits(download(t, s, rb), want) {
+			t.Fatalf("n=%d: accumulate: first bad %d, or values differ", n, first)
+		}
+		// Segment norms: empty segments, one segment, many.
+		for _, bounds := range [][]int{{0, n}, {0, 0, n / 3, n / 3, n}, {n / 2, n}, segments(r, n)} {
+			got, err := sp.SegmentSumSquares(s, rb, bounds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for j := range len(bounds) - 1 {
+				var w float64
+				for _, v := range want[bounds[j]:bounds[j+1]] {
+					w += float64(v) * float64(v)
+				}
+				if math.Abs(got[j]-w) > 1e-12*w {
+					t.Fatalf("n=%d segment %d %v: Σx² = %v, want %v", n, j, bounds[j:j+2], got[j], w)
+				}
+			}
+		}
+		if n > 3 {
+			// A value that overflows, and a NaN after it: the first is named.
+			g2 := make([]float32, n)
+			g2[n-1] = float32(math.NaN())
+			g2[n/2] = 3e38
+			res2 := make([]float32, n)
+			res2[n/2] = 3e38
+			rb2, gb2 := upload(t, s, res2), upload(t, s, g2)
+			first, err := sp.Accumulate(s, rb2, gb2, 1)
+			if err != nil || first != n/2 {
+				t.Fatalf("n=%d: first non-finite %d (%v), want %d", n, first, err, n/2)
+			}
+			d.Free(rb2)
+			d.Free(gb2)
+		}
+		d.Free(rb)
+		d.Free(gb)
+	}
+}
+
+// segments cuts [0, n) at random points.
+func segments(r *rand.Rand, n int) []int {
+	b := []int{0, n}
+	for range 6 {
+		b = append(b, r.IntN(n+1))
+	}
+	slices.Sort(b)
+	return b
+}
+
+func TestGPUGatherScatter(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(10, 10))
+	n := 5000
+	x := randVec(r, n, 1)
+	xb := upload(t, s, x)
+	idx := sparsify.RandomK(nil, n, 700, 3)
+	ib := allocInt32(t, d, len(idx))
+	if err := s.Copy(ib, device.Host(idx)); err != nil {
+		t.Fatal(err)
+	}
+	vb := upload(t, s, make([]float32, len(idx)))
+	if err := sp.Gather(s, vb, xb, ib); err != nil {
+		t.Fatal(err)
+	}
+	gv := download(t, s, vb)
+	for j, i := range idx {
+		if gv[j] != x[i] {
+			t.Fatalf("gather %d: %v, want %v", j, gv[j], x[i])
+		}
+	}
+	sb := upload(t, s, make([]float32, 40))
+	if err := sp.GatherStrided(s, sb, xb, 3, 123); err != nil {
+		t.Fatal(err)
+	}
+	for j, v := range download(t, s, sb) {
+		if v != x[3+j*123] {
+			t.Fatalf("strided gather %d: %v, want %v", j, v, x[3+j*123])
+		}
+	}
+	if err := sp.GatherStrided(s, sb, xb, 3, 130); err == nil {
+		t.Fatal("a strided gather past the end was accepted")
+	}
+	dst := randVec(r, n, 1)
+	db := upload(t, s, dst)
+	if err := sp.ScatterAdd(s, db, ib, vb, -0.5); err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Clone(dst)
+	for j, i := range idx {
+		want[i] += -0.5 * gv[j]
+	}
+	if !sameBits(download(t, s, db), want) {
+		t.Fatal("scatter-add differs")
+	}
+	if err := sp.ScatterFill(s, db, ib, 0); err != nil {
+		t.Fatal(err)
+	}
+	for _, i := range idx {
+		want[i] = 0
+	}
+	if !sameBits(download(t, s, db), want) {
+		t.Fatal("scatter-fill differs")
+	}
+}
+
+// murmur3 is MurmurHash3 x86_32 of the 4-byte little-endian i, written
+// from the algorithm's description (the reference for HashSelect).
+func murmur3(i, seed uint32) uint32 {
+	k := i * 0xcc9e2d51
+	k = bits.RotateLeft32(k, 15) * 0x1b873593
+	h := bits.RotateLeft32(seed^k, 13)*5 + 0xe6546b64
+	h ^= 4
+	h ^= h >> 16
+	h *= 0x85ebca6b
+	h ^= h >> 13
+	h *= 0xc2b2ae35
+	return h ^ h>>16
+}
+
+func TestGPUHashSelect(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	// A known value of MurmurHash3 x86_32: "\x00\x00\x00\x00" with seed 0
+	// hashes to 0x2362f9de.
+	if h := murmur3(0, 0); h != 0x2362f9de {
+		t.Fatalf("reference murmur3(0, 0) = %#x", h)
+	}
+	for _, tc := range []struct{ n, cand, slots int }{{1000, 50, 200}, {1000, 300, 40}, {100000, 9000, 1}, {10, 0, 4}} {
+		cand := sparsify.RandomK(nil, tc.n, tc.cand, uint64(tc.slots))
+		table := make([]uint32, tc.slots)
+		const seed = 47
+		for _, i := range cand { // ascending: the highest index wins a slot
+			table[murmur3(uint32(i), seed)%uint32(tc.slots)] = uint32(i) + 1
+		}
+		var want []int32
+		for _, v := range table {
+			if v != 0 {
+				want = append(want, int32(v-1))
+			}
+		}
+		cb := allocInt32(t, d, max(len(cand), 1)).Slice(0, len(cand))
+		if err := s.Copy(cb, device.Host(cand)); err != nil {
+			t.Fatal(err)
+		}
+		ob := allocInt32(t, d, tc.slots)
+		got, err := sp.HashSelect(s, ob, cb, seed, tc.slots)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gi := downloadInt32(t, s, ob)[:got]; !slices.Equal(gi, want) {
+			t.Fatalf("%+v: HashSelect %v…, want %v…", tc, head(gi), head(want))
+		}
+	}
+}
