@@ -1,0 +1,499 @@
+package advise
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/metrics"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
+)
+
+// Config says what Measure measures.
+type Config struct {
+	// Train is the model to measure: model, data set, data folder, size
+	// preset, device, batch, BLAS, seed as train.Config has them; the
+	// sparsifier, worker count, output folder and budget are Measure's.
+	Train train.Config
+	// Densities are the densities to measure selections and unions at.
+	Densities []float64
+	// Methods are the methods whose selection to measure (default: every
+	// registered method).
+	Methods []string
+	// Params are method options, by name; each method takes those it
+	// declares (dense_warmup is always 0: the warm-up is not the selection).
+	Params sparsify.Values
+	// Steps is the number of training steps timed (default 12; the first is
+	// not counted).
+	Steps int
+	// GradWorkers is the number of workers whose gradients are measured
+	// (default 4).
+	GradWorkers int
+	// Log receives one line per stage (nil: none).
+	Log io.Writer
+}
+
+// Measure measures on this machine what the predictions need: one worker's
+// training step (a short dense run of train.Run on the real data: forward,
+// backward and update, the median over Steps−1 steps), the gradients of
+// GradWorkers workers after three dense steps (in-process workers, their
+// all-reduce buffers copied), each method's selection time on two
+// in-process workers fed with those gradients, the union of the workers'
+// top-k and threshold selections on them, and the in-process collectives.
+// It writes only into a temporary folder, which it removes.
+func Measure(ctx context.Context, c Config) (*Host, error) {
+	if c.Steps == 0 {
+		c.Steps = 12
+	}
+	if c.Steps < 2 {
+		return nil, fmt.Errorf("advise: %d timed steps: want at least 2 (the first is not counted)", c.Steps)
+	}
+	if c.GradWorkers == 0 {
+		c.GradWorkers = 4
+	}
+	if c.GradWorkers < 2 {
+		return nil, fmt.Errorf("advise: %d gradient workers: want at least 2 to measure unions", c.GradWorkers)
+	}
+	if len(c.Methods) == 0 {
+		c.Methods = Methods()
+	}
+	for _, d := range c.Densities {
+		if !(d > 0 && d <= 1) {
+			return nil, fmt.Errorf("advise: density %v: want a fraction in (0, 1]", d)
+		}
+	}
+	logf := func(format string, a ...any) {
+		if c.Log != nil {
+			fmt.Fprintf(c.Log, format+"\n", a...)
+		}
+	}
+	tmp, err := os.MkdirTemp("", "sparsegrad-advise-")
+	if err != nil {
+		return nil, fmt.Errorf("advise: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+
+	base := c.Train
+	base.Sparsifier, base.MethodOptions = "dense", nil
+	base.Density = train.Optional[float64]{}
+	base.Workers = train.Set(1)
+	base.Epochs = train.Set(1 << 20)
+	base.MaxTime, base.EvalEvery, base.MaxEvalBatches = 0, 0, 1
+	base.Quiet, base.Resume = true, ""
+	base.LogEvery = train.Set(1)
+	base.NetLatency, base.NetBandwidth = 0, 0
+	base = base.Defaults()
+
+	h := &Host{Model: base.Model, Dataset: base.Dataset, Preset: base.Preset, Device: base.Device, Batch: base.Batch.Value(),
+		Cores: runtime.NumCPU(), CPU: cpuName(), GradWorkers: c.GradWorkers, GradStep: 3}
+
+	logf("timing %d training steps of %s on one worker (%s)", c.Steps, base.Model, base.Device)
+	tc := base
+	tc.Steps = c.Steps
+	tc.Out = filepath.Join(tmp, "timing")
+	if err := train.Run(ctx, tc, train.Options{Stdout: io.Discard, Progress: io.Discard}); err != nil {
+		return nil, fmt.Errorf("advise: timing a training step: %w", err)
+	}
+	if err := h.readTiming(filepath.Join(tc.Out, "metrics.jsonl")); err != nil {
+		return nil, err
+	}
+
+	logf("capturing the gradients of %d workers at step %d", c.GradWorkers, h.GradStep)
+	grads, info, err := captureGradients(ctx, base, c.GradWorkers, h.GradStep, filepath.Join(tmp, "grads"))
+	if err != nil {
+		return nil, err
+	}
+	h.Names, h.Sizes, h.N = info.names, info.sizes, info.n
+	layout, err := sparsify.NewLayout(h.Names, h.Sizes)
+	if err != nil {
+		return nil, fmt.Errorf("advise: the model's layout: %w", err)
+	}
+
+	h.NormPass = normPass(grads[0])
+	for _, d := range c.Densities {
+		h.Unions = append(h.Unions, unions(grads, d))
+	}
+
+	for _, d := range c.Densities {
+		for _, m := range c.Methods {
+			if m == "dense" {
+				continue
+			}
+			logf("selection of %s at density %g", m, d)
+			s, err := measureSelection(ctx, m, d, layout, grads, filterParams(m, c.Params))
+			if err != nil {
+				return nil, err
+			}
+			h.Selections = append(h.Selections, s)
+		}
+	}
+	logf("in-process collectives")
+	if h.HostLatency, h.HostBandwidth, err = hostCollectives(ctx, h.N); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// readTiming sets the step times from a run's metrics: the medians over
+// the steps after the first.
+func (h *Host) readTiming(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("advise: reading the timing run: %w", err)
+	}
+	defer f.Close()
+	var fw, bw, cp, up []float64
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<16), 1<<26)
+	for sc.Scan() {
+		var s metrics.Step
+		if err := json.Unmarshal(sc.Bytes(), &s); err != nil || s.Type != metrics.TypeStep || s.Step < 2 {
+			continue
+		}
+		fw = append(fw, float64(s.TForward))
+		bw = append(bw, float64(s.TBackward))
+		cp = append(cp, float64(s.TCompute))
+		up = append(up, float64(s.TUpdate))
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("advise: reading the timing run: %w", err)
+	}
+	if len(cp) == 0 {
+		return errors.New("advise: the timing run logged no step after the first")
+	}
+	h.Forward, h.Backward, h.Compute, h.Update, h.Steps = median(fw), median(bw), median(cp), median(up), len(cp)+1
+	return nil
+}
+
+// median of the finite values (NaN if none).
+func median(v []float64) float64 {
+	var f []float64
+	for _, x := range v {
+		if !math.IsNaN(x) && !math.IsInf(x, 0) {
+			f = append(f, x)
+		}
+	}
+	if len(f) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(f)
+	if len(f)%2 == 1 {
+		return f[len(f)/2]
+	}
+	return (f[len(f)/2-1] + f[len(f)/2]) / 2
+}
+
+// capture is one worker's communicator that keeps a copy of the last
+// all-reduced buffer of n float32s (the dense reducer's gradient).
+type capture struct {
+	comm.Communicator
+	n    int
+	mu   sync.Mutex
+	last []float32
+}
+
+// AllReduce copies a gradient-sized buffer before reducing it.
+func (c *capture) AllReduce(ctx context.Context, buf comm.Buffer) error {
+	if f, ok := buf.(comm.Float32s); ok && (c.n == 0 || len(f) == c.n) && len(f) > 1 {
+		c.mu.Lock()
+		c.last = append(c.last[:0], f...)
+		c.mu.Unlock()
+	}
+	return c.Communicator.AllReduce(ctx, buf)
+}
+
+type layoutInfo struct {
+	names []string
+	sizes []int
+	n     int
+}
+
+// captureGradients trains base densely on p in-process workers for steps
+// steps (one train.Run per worker over a shared comm/local world) and
+// returns each worker's gradient of the last step and the model's layout
+// (from the run's run.json).
+func captureGradients(ctx context.Context, base train.Config, p, steps int, out string) ([][]float32, layoutInfo, error) {
+	w := local.New(p)
+	caps := make([]*capture, p)
+	errs := make([]error, p)
+	var wg sync.WaitGroup
+	cfg := base
+	cfg.Steps = steps
+	cfg.Out = out
+	cfg.BLASThreads = max(1, runtime.NumCPU()/p)
+	for r := range p {
+		caps[r] = &capture{Communicator: w.Comm(r)}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = train.Run(ctx, cfg, train.Options{Stdout: io.Discard, Progress: io.Discard, Comm: caps[r]})
+			if errs[r] != nil {
+				w.Abort(r, errs[r])
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return nil, layoutInfo{}, fmt.Errorf("advise: measuring gradients on %d workers: %w", p, err)
+	}
+	var info train.RunInfo
+	b, err := os.ReadFile(filepath.Join(out, "run.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &info)
+	}
+	if err != nil {
+		return nil, layoutInfo{}, fmt.Errorf("advise: reading the gradient run's layout: %w", err)
+	}
+	grads := make([][]float32, p)
+	for r, c := range caps {
+		if len(c.last) != info.Params {
+			return nil, layoutInfo{}, fmt.Errorf("advise: worker %d all-reduced no gradient of %d elements (got %d): the dense reducer changed how it communicates", r, info.Params, len(c.last))
+		}
+		grads[r] = c.last
+	}
+	li := layoutInfo{names: info.LayerNames, n: info.Params}
+	li.sizes, err = layerSizes(ctx, base, info)
+	if err != nil {
+		return nil, layoutInfo{}, err
+	}
+	return grads, li, nil
+}
+
+// layerSizes returns the sizes of the model's tensors, in layout order.
+func layerSizes(ctx context.Context, c train.Config, info train.RunInfo) ([]int, error) {
+	ds, err := train.LoadDataset(ctx, c)
+	if err != nil {
+		return nil, fmt.Errorf("advise: %w", err)
+	}
+	m, err := train.NewModel(c, ds, c.Seed.Value(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("advise: building %s: %w", c.Model, err)
+	}
+	var sizes []int
+	for _, p := range m.Layout() {
+		sizes = append(sizes, p.Size)
+	}
+	total := 0
+	for _, s := range sizes {
+		total += s
+	}
+	if total != info.Params || len(sizes) != len(info.LayerNames) {
+		return nil, fmt.Errorf("advise: the model's layout (%d tensors, %d parameters) differs from the run's (%d, %d)", len(sizes), total, len(info.LayerNames), info.Params)
+	}
+	return sizes, nil
+}
+
+// normPass times one pass of Σx² over g (the fastest of three).
+func normPass(g []float32) float64 {
+	best := math.Inf(1)
+	var sink float64
+	for range 3 {
+		t0 := time.Now()
+		var s0, s1, s2, s3 float64
+		i := 0
+		for ; i+4 <= len(g); i += 4 {
+			s0 += float64(g[i]) * float64(g[i])
+			s1 += float64(g[i+1]) * float64(g[i+1])
+			s2 += float64(g[i+2]) * float64(g[i+2])
+			s3 += float64(g[i+3]) * float64(g[i+3])
+		}
+		for ; i < len(g); i++ {
+			s0 += float64(g[i]) * float64(g[i])
+		}
+		sink += s0 + s1 + s2 + s3
+		best = min(best, time.Since(t0).Seconds())
+	}
+	_ = sink
+	return best
+}
+
+// unions measures the growth of the union of the workers' top-k and
+// threshold selections at density d.
+func unions(grads [][]float32, d float64) Union {
+	N := len(grads[0])
+	k := sparsify.BudgetK(d, N)
+	lam := float32(1 / (2 * math.Sqrt(float64(k))))
+	u := Union{Density: d}
+	seenTop := make([]bool, N)
+	seenThr := make([]bool, N)
+	nTop, nThr := 0, 0
+	var sel []int32
+	for _, g := range grads {
+		sel = sparsify.TopK(sel, g, k)
+		for _, j := range sel {
+			if !seenTop[j] {
+				seenTop[j] = true
+				nTop++
+			}
+		}
+		sel = sparsify.SelectAbove(sel, g, lam)
+		for _, j := range sel {
+			if !seenThr[j] {
+				seenThr[j] = true
+				nThr++
+			}
+		}
+		u.TopK = append(u.TopK, float64(nTop)/float64(N))
+		u.Threshold = append(u.Threshold, float64(nThr)/float64(N))
+	}
+	return u
+}
+
+// selectionWorkers is the number of in-process workers selections are
+// measured on.
+const selectionWorkers = 2
+
+// measureSelection runs method on selectionWorkers in-process workers, each
+// fed with a measured gradient (a fresh copy every call), and returns the
+// slowest rank's selection time (CLT-k's leader, DEFT's packer): the median
+// of 5 calls after one, or for oktopk the mean over its 32-call schedule
+// (one exact threshold, 31 reused).
+func measureSelection(ctx context.Context, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
+	m, _ := sparsify.Lookup(method)
+	if params == nil {
+		params = sparsify.Values{}
+	}
+	if _, ok := m.Param("dense_warmup"); ok {
+		params["dense_warmup"] = 0
+	}
+	calls := 6
+	if method == "oktopk" {
+		calls = 32
+	}
+	times := make([]float64, calls) // per call, the slowest rank's
+	var mu sync.Mutex
+	err := local.Run(ctx, selectionWorkers, func(ctx context.Context, c comm.Communicator) error {
+		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: 1, Params: params})
+		if err != nil {
+			return err
+		}
+		g := grads[c.Rank()%len(grads)]
+		acc := make([]float32, l.N)
+		out := make([]float32, l.N)
+		res := make([]float32, l.N)
+		for i := range calls {
+			copy(acc, g)
+			st, err := red.Reduce(ctx, acc, out, res)
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			times[i] = max(times[i], st.SelectTime.Seconds())
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return Selection{}, fmt.Errorf("advise: measuring the selection of %s: %w", method, err)
+	}
+	s := Selection{Method: method, Density: d, Workers: selectionWorkers}
+	if method == "oktopk" {
+		for _, t := range times {
+			s.Seconds += t / float64(len(times))
+		}
+	} else {
+		s.Seconds = median(times[1:])
+	}
+	return s, nil
+}
+
+// hostCollectives fits α and β to two in-process workers' all-reduces of
+// one element and of n elements (the fastest of several each).
+func hostCollectives(ctx context.Context, n int) (time.Duration, float64, error) {
+	var t1, tn float64
+	err := local.Run(ctx, 2, func(ctx context.Context, c comm.Communicator) error {
+		fastest := func(m, reps int) (float64, error) {
+			buf := make(comm.Float32s, m)
+			best := math.Inf(1)
+			for range reps {
+				if err := c.Barrier(ctx); err != nil {
+					return 0, err
+				}
+				t0 := time.Now()
+				if err := c.AllReduce(ctx, buf); err != nil {
+					return 0, err
+				}
+				best = min(best, time.Since(t0).Seconds())
+			}
+			return best, nil
+		}
+		a, err := fastest(1, 50)
+		if err != nil {
+			return err
+		}
+		b, err := fastest(max(n, 1<<16), 5)
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			t1, tn = a, b
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("advise: measuring the in-process collectives: %w", err)
+	}
+	bw := float64(4*max(n, 1<<16)) / max(tn-t1, 1e-9)
+	return time.Duration(t1 * 1e9), bw, nil
+}
+
+func cpuName() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "model name") {
+			if i := strings.IndexByte(l, ':'); i >= 0 {
+				return strings.TrimSpace(l[i+1:])
+			}
+		}
+	}
+	return runtime.GOARCH
+}
+
+// WriteHost writes h as JSON to path (through a temporary file).
+func WriteHost(path string, h *Host) error {
+	b, err := json.MarshalIndent(h, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("advise: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("advise: %w", err)
+	}
+	return nil
+}
+
+// ReadHost reads what WriteHost wrote.
+func ReadHost(path string) (*Host, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("advise: %w", err)
+	}
+	var h Host
+	if err := json.Unmarshal(b, &h); err != nil {
+		return nil, fmt.Errorf("advise: %s is not a measurement file: %w", path, err)
+	}
+	if h.N == 0 || len(h.Sizes) == 0 {
+		return nil, fmt.Errorf("advise: %s holds no model layout; delete it to measure again", path)
+	}
+	return &h, nil
+}

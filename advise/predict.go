@@ -1,0 +1,390 @@
+package advise
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// Host is what Measure found on this machine for one model: the inputs of
+// every prediction. Times are in seconds. It is written as JSON (a sweep
+// keeps it in its folder, so that its predictions do not change when it is
+// continued).
+type Host struct {
+	Model   string `json:"model"`
+	Dataset string `json:"dataset"`
+	Preset  string `json:"preset"`
+	Device  string `json:"device"`
+	// Batch is the per-worker batch of the measured step.
+	Batch int `json:"batch"`
+	// Names and Sizes are the model's layout (tensor names and sizes, in
+	// layout order); N is the number of parameters.
+	Names []string `json:"names"`
+	Sizes []int    `json:"sizes"`
+	N     int      `json:"n"`
+	// Cores and CPU describe the machine.
+	Cores int    `json:"cores"`
+	CPU   string `json:"cpu"`
+	// Forward, Backward, Compute and Update are one worker's step times
+	// (median over the measured steps): Compute the forward and backward
+	// pass, Update the optimizer step (with the copies around the reducer).
+	Forward  float64 `json:"forward"`
+	Backward float64 `json:"backward"`
+	Compute  float64 `json:"compute"`
+	Update   float64 `json:"update"`
+	// Steps is the number of training steps timed.
+	Steps int `json:"steps"`
+	// Selections are each method's measured selection time per call.
+	Selections []Selection `json:"selections"`
+	// NormPass is the time of one pass of Σx² over the gradient (DEFT's
+	// fragment norms, which every worker computes over all of it).
+	NormPass float64 `json:"norm_pass"`
+	// Unions are the measured unions of the workers' selections on real
+	// gradients, per density.
+	Unions []Union `json:"unions"`
+	// GradWorkers and GradStep say which gradients were measured: those of
+	// GradWorkers workers at training step GradStep (dense training from
+	// the model's initialisation).
+	GradWorkers int `json:"grad_workers"`
+	GradStep    int `json:"grad_step"`
+	// HostLatency and HostBandwidth (bytes/s) are the in-process
+	// collectives of this machine, fitted to two-rank all-reduces: the
+	// network of simulated workers without an emulated one.
+	HostLatency   time.Duration `json:"host_latency"`
+	HostBandwidth float64       `json:"host_bandwidth"`
+}
+
+// Selection is one method's selection cost, measured on the model's layout
+// with real gradients on Workers in-process workers (rank 0's
+// sparsify.Stats.SelectTime: the median of several calls, for oktopk the mean
+// over its 32-call schedule).
+type Selection struct {
+	Method  string  `json:"method"`
+	Density float64 `json:"density"`
+	Workers int     `json:"workers"`
+	Seconds float64 `json:"seconds"`
+}
+
+// Union is the growth of the union of the workers' selections with the
+// number of workers, measured on real gradients at one density.
+type Union struct {
+	Density float64 `json:"density"`
+	// TopK[p−1] is |∪ of the first p workers' top-k| / N; Threshold[p−1]
+	// the same for |g| >= 1/(2√k) (the threshold method's default λ).
+	TopK      []float64 `json:"topk"`
+	Threshold []float64 `json:"threshold"`
+}
+
+// Setting is one configuration to predict.
+type Setting struct {
+	// Method is a sparsify registry name.
+	Method string
+	// Workers is P.
+	Workers int
+	// Density is ρ.
+	Density float64
+	// Params are the method's options (absent ones take their defaults).
+	Params sparsify.Values
+	// Net is the cluster network. The zero value means the host's
+	// in-process collectives (simulated workers without emulation).
+	Net netmodel.Network
+	// Simulated predicts a run of Workers simulated workers on this
+	// machine (train -workers P): they share its cores, so the local phases
+	// take max(1, P/cores) times as long, and an emulated network never makes
+	// a call faster than the in-process one. Otherwise every worker has a
+	// machine of its own (a cluster).
+	Simulated bool
+}
+
+// Prediction is the projected iteration of one method. Times are in
+// seconds.
+type Prediction struct {
+	Method  string  `json:"method"`
+	Workers int     `json:"workers"`
+	Density float64 `json:"density"`
+	Compute float64 `json:"compute"`
+	Select  float64 `json:"select"`
+	Comm    float64 `json:"comm"`
+	Update  float64 `json:"update"`
+	// Iter is the time per iteration: the sum of the phases, except that
+	// LAGS' pipelined communication hides behind the backward pass.
+	Iter float64 `json:"iter"`
+	// Speedup is dense's Iter over this Iter (set by Rank).
+	Speedup float64 `json:"speedup,omitempty"`
+	// ActualDensity is the expected |U|/N.
+	ActualDensity float64 `json:"actual_density"`
+	// BytesSent is one worker's expected traffic per iteration.
+	BytesSent float64 `json:"bytes_sent"`
+	// Caveats say where the projection is weak for this method.
+	Caveats []string `json:"caveats,omitempty"`
+}
+
+// selection returns the measured selection cost of method at density.
+func (h *Host) selection(method string, density float64) (Selection, bool) {
+	for _, s := range h.Selections {
+		if s.Method == method && s.Density == density {
+			return s, true
+		}
+	}
+	return Selection{}, false
+}
+
+func (h *Host) union(density float64) (Union, bool) {
+	for _, u := range h.Unions {
+		if u.Density == density {
+			return u, true
+		}
+	}
+	return Union{}, false
+}
+
+// growth fits u(p)/u(1) = p^γ to the measured unions (least squares of the
+// logarithms through the origin) and returns γ (1 when nothing was
+// measured beyond one worker: independent selections).
+func growth(u []float64) float64 {
+	var num, den float64
+	for p := 2; p <= len(u); p++ {
+		if u[0] <= 0 || u[p-1] <= 0 {
+			continue
+		}
+		lp := math.Log(float64(p))
+		num += math.Log(u[p-1]/u[0]) * lp
+		den += lp * lp
+	}
+	if den == 0 {
+		return 1
+	}
+	return min(max(num/den, 0), 1)
+}
+
+// unionAt extrapolates the union of P workers' selections of sel elements
+// each (out of N) with growth exponent γ: sel·P^γ, at most what P
+// independent selections would give, N·(1 − (1 − sel/N)^P).
+func unionAt(sel float64, N, P int, gamma float64) float64 {
+	if sel <= 0 {
+		return 0
+	}
+	f := min(sel/float64(N), 1)
+	indep := float64(N) * (1 - math.Pow(1-f, float64(P)))
+	return max(min(sel*math.Pow(float64(P), gamma), indep), min(sel, float64(N)))
+}
+
+// Predict projects one setting from the host's measurements. It returns an
+// error if the method cannot run on that many workers (gTop-k's powers of
+// two, SparDL's teams) or if the host lacks a measurement the method needs.
+func Predict(h *Host, s Setting) (Prediction, error) {
+	m, ok := sparsify.Lookup(s.Method)
+	if !ok {
+		return Prediction{}, fmt.Errorf("advise: unknown method %q; use one of %v", s.Method, sparsify.Names())
+	}
+	params, err := m.Resolve(s.Params)
+	if err != nil {
+		return Prediction{}, fmt.Errorf("advise: %s: %w", s.Method, err)
+	}
+	P := s.Workers
+	if P < 1 {
+		return Prediction{}, fmt.Errorf("advise: %d workers: want at least 1", P)
+	}
+	if m.CheckWorkers != nil {
+		if err := m.CheckWorkers(P, params); err != nil {
+			return Prediction{}, err
+		}
+	}
+	N := h.N
+	K := sparsify.BudgetK(s.Density, N)
+	pr := Prediction{Method: s.Method, Workers: P, Density: s.Density, Compute: h.Compute, Update: h.Update}
+	sh := Shape{Sizes: h.Sizes, N: N, P: P, Density: s.Density, K: K, Params: params}
+	var uTop, uThr []float64
+	if s.Method != "dense" {
+		u, ok := h.union(s.Density)
+		if !ok {
+			return Prediction{}, fmt.Errorf("advise: %s: no union measured at density %g; measure that density (Measure's densities)", s.Method, s.Density)
+		}
+		uTop, uThr = u.TopK, u.Threshold
+		sel, ok := h.selection(s.Method, s.Density)
+		if !ok {
+			return Prediction{}, fmt.Errorf("advise: %s: no selection time measured at density %g", s.Method, s.Density)
+		}
+		pr.Select = sel.Seconds
+		switch s.Method {
+		case "deft":
+			// Every worker computes the norms of the whole gradient; the
+			// top-k runs over its bin, about N/P elements.
+			pr.Select = h.NormPass + max(sel.Seconds-h.NormPass, 0)*float64(sel.Workers)/float64(P)
+		case "micro":
+			pr.Select = sel.Seconds * float64(sel.Workers) / float64(P)
+		}
+	}
+	gTop := growth(uTop)
+	topkUnion := func(sel float64) float64 { return unionAt(sel, N, P, gTop) }
+	kf := float64(K)
+	switch s.Method {
+	case "dense":
+		sh.Sel, sh.Union = float64(N), float64(N)
+	case "topk", "topka", "topkdsa", "lags":
+		sh.Sel, sh.Union = kf, topkUnion(kf)
+	case "threshold":
+		sh.Sel = uThr[0] * float64(N)
+		sh.Union = unionAt(sh.Sel, N, P, growth(uThr))
+	case "dgc":
+		for _, sz := range h.Sizes {
+			sh.Sel += math.Max(1, math.Ceil(float64(sz)*s.Density))
+		}
+		sh.Union = topkUnion(sh.Sel)
+	case "dragonn":
+		dense, _ := dragonnSplit(sh)
+		sparse := 0.0
+		for _, sz := range h.Sizes {
+			if sz > params.Int("min_tensor") {
+				sparse += float64(max(int(float64(sz)*s.Density), 1))
+			}
+		}
+		sh.Sel = float64(dense) + sparse
+		sh.Union = float64(dense) + topkUnion(sparse)
+	case "deft", "micro":
+		sh.Sel, sh.Union = kf/float64(P), kf
+	case "oktopk":
+		sh.Sel, sh.Union = kf, kf
+	default: // cltk, randomk, gtopk, spardl
+		sh.Sel, sh.Union = kf, kf
+	}
+	if s.Method == "spardl" {
+		C := (N + P - 1) / P
+		sh.Union = min(float64(P*sparsify.BudgetK(s.Density, C)), float64(N))
+	}
+	calls, err := Plan(s.Method, sh)
+	if err != nil {
+		return Prediction{}, err
+	}
+	hostNet := netmodel.Network{Latency: h.HostLatency, Bandwidth: h.HostBandwidth}
+	if hostNet.Bandwidth <= 0 {
+		hostNet.Bandwidth = math.Inf(1)
+	}
+	net := s.Net
+	if net.Bandwidth == 0 {
+		net = hostNet
+	}
+	pr.Comm = CommTime(calls, P, net).Seconds()
+	if s.Simulated {
+		share := max(1, float64(P)/float64(max(h.Cores, 1)))
+		pr.Compute *= share
+		pr.Select *= share
+		pr.Update *= share
+		pr.Comm = max(pr.Comm, CommTime(calls, P, hostNet).Seconds())
+	}
+	pr.ActualDensity = sh.Union / float64(N)
+	pr.BytesSent = Bytes(calls, P)
+	pr.Iter = pr.Compute + pr.Select + pr.Comm + pr.Update
+	if s.Method == "lags" {
+		bw := h.Backward
+		if !(bw > 0) {
+			bw = pr.Compute
+		} else if s.Simulated {
+			bw *= max(1, float64(P)/float64(max(h.Cores, 1)))
+		}
+		pr.Iter = pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update
+	}
+	pr.Caveats = caveats(h, s, params, pr, K)
+	return pr, nil
+}
+
+// caveats says where the projection of pr is weak.
+func caveats(h *Host, s Setting, params sparsify.Values, pr Prediction, K int) []string {
+	var c []string
+	ratio := pr.ActualDensity / s.Density
+	switch s.Method {
+	case "topk", "topka", "topkdsa", "threshold", "dgc", "dragonn", "lags":
+		if s.Workers > 1 && ratio > 1.5 {
+			c = append(c, fmt.Sprintf("actual density builds up with the workers: about %.1f× ρ here (union of the workers' selections, extrapolated from %d workers' real gradients)", ratio, h.GradWorkers))
+		}
+	}
+	switch s.Method {
+	case "micro":
+		c = append(c, "its threshold takes a few hundred iterations to settle; until then it sends less than ρ")
+	case "threshold":
+		if u, ok := h.union(s.Density); ok && len(u.Threshold) > 0 {
+			c = append(c, fmt.Sprintf("λ = 1/(2√k) is fixed: its density follows the gradients' magnitude (one worker: %.2g× ρ on the measured gradients of step %d)", u.Threshold[0]*float64(h.N)/float64(K), h.GradStep))
+		}
+	case "topkdsa":
+		c = append(c, "regions are equal-sized: the owner of the largest gradients receives more pairs than the average modelled here")
+		if 2*pr.ActualDensity*float64(h.N) >= float64(2*h.N/3) {
+			c = append(c, "the union is so large that it gathers the regions densely")
+		}
+	case "lags":
+		c = append(c, "assumes the pipeline hides the communication behind the backward pass")
+	case "spardl":
+		c = append(c, fmt.Sprintf("%d point-to-point exchanges one after another: latency grows linearly with the workers", 2*(s.Workers-1)))
+	case "gtopk":
+		c = append(c, "the tree's merges at the root are counted as at 2 workers")
+	case "dgc":
+		c = append(c, "DGC's momentum correction is not part of the reducer")
+	}
+	switch s.Method {
+	case "topkdsa", "oktopk":
+		c = append(c, "one message to every peer, charged one after another (the α-β model knows no congestion)")
+	}
+	for _, p := range []string{"dense_warmup"} {
+		if v, ok := params[p]; ok && params.Int(p) > 0 {
+			c = append(c, fmt.Sprintf("the first %v iterations are dense all-reduce (-dense-warmup)", v))
+		}
+	}
+	return c
+}
+
+// Rank predicts every method of methods for the other settings of base
+// (Method is ignored) and returns the predictions fastest first, with
+// each one's speedup over dense (dense is always predicted, listed or not,
+// to compute it), and the methods that cannot run there with the reason.
+func Rank(h *Host, base Setting, methods []string) ([]Prediction, map[string]error, error) {
+	s := base
+	s.Method = "dense"
+	s.Params = nil
+	dense, err := Predict(h, s)
+	if err != nil {
+		return nil, nil, err
+	}
+	var out []Prediction
+	skipped := map[string]error{}
+	for _, m := range methods {
+		s := base
+		s.Method = m
+		s.Params = filterParams(m, base.Params)
+		p := dense
+		if m != "dense" {
+			if p, err = Predict(h, s); err != nil {
+				skipped[m] = err
+				continue
+			}
+		}
+		p.Speedup = dense.Iter / p.Iter
+		out = append(out, p)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Iter < out[j].Iter })
+	return out, skipped, nil
+}
+
+// filterParams keeps the options of v that method declares.
+func filterParams(method string, v sparsify.Values) sparsify.Values {
+	m, ok := sparsify.Lookup(method)
+	if !ok || v == nil {
+		return nil
+	}
+	return m.Applicable(v)
+}
+
+// DenseWins reports whether dense all-reduce is predicted to be the
+// fastest of ranked (as Rank orders them).
+func DenseWins(ranked []Prediction) bool {
+	return len(ranked) > 0 && ranked[0].Method == "dense"
+}
+
+// Methods are the methods the advisor ranks by default: every registered
+// method.
+func Methods() []string {
+	return slices.Clone(sparsify.Names())
+}

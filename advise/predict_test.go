@@ -1,0 +1,217 @@
+package advise
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// synthHost is a made-up machine and model: two tensors, fixed step and
+// selection times, and unions that grow exactly as √P (γ = 1/2).
+func synthHost() *Host {
+	const rho = 0.01
+	return &Host{Model: "synthetic", Sizes: []int{600_000, 400_000}, Names: []string{"a", "b"}, N: 1_000_000, Cores: 2,
+		Forward: 0.04, Backward: 0.06, Compute: 0.1, Update: 0.01,
+		Selections: []Selection{
+			{"topk", rho, 2, 0.02}, {"topka", rho, 2, 0.021}, {"cltk", rho, 2, 0.019}, {"randomk", rho, 2, 0.001},
+		},
+		Unions:      []Union{{Density: rho, TopK: []float64{rho, rho * math.Sqrt(2), rho * math.Sqrt(3), rho * 2}}},
+		GradWorkers: 4, HostLatency: time.Microsecond, HostBandwidth: 5e9}
+}
+
+// The plain reference: the α-β formulas written out for each collective,
+// with Auto's choice of the faster algorithm.
+func refLg(n int) float64 { return float64(bits.Len(uint(n - 1))) }
+
+func refAllReduce(P int, m, a, b float64) float64 {
+	if P == 1 {
+		return 0
+	}
+	ring := 2*float64(P-1)*a + 2*float64(P-1)/float64(P)*m/b
+	steps := math.Floor(math.Log2(float64(P)))
+	if P&(P-1) != 0 {
+		steps += 2
+	}
+	return math.Min(ring, steps*(a+m/b))
+}
+
+func refAllGather(P int, m, a, b float64) float64 { // m bytes per rank
+	if P == 1 {
+		return 0
+	}
+	return math.Min(float64(P-1)*a+float64(P-1)*m/b, refLg(P)*a+float64(P-1)*m/b)
+}
+
+func refBroadcast(P int, m, a, b float64) float64 {
+	if P == 1 {
+		return 0
+	}
+	return math.Min(refLg(P)*(a+m/b), (refLg(P)+float64(P-1))*a+2*float64(P-1)/float64(P)*m/b)
+}
+
+// refIter is the reference time per iteration of the four methods of
+// synthHost on P workers over (α, β): compute + selection + the method's
+// collectives + update.
+func refIter(method string, P int, a, b float64) float64 {
+	const N, K = 1_000_000.0, 10_000.0
+	base := 0.1 + 0.01
+	switch method {
+	case "dense":
+		return base + refAllReduce(P, 4*N, a, b)
+	case "randomk":
+		return base + 0.001 + refAllReduce(P, 4*K, a, b)
+	case "cltk":
+		return base + 0.019 + refBroadcast(P, 4*K, a, b) + refAllReduce(P, 4*K, a, b)
+	case "topka":
+		return base + 0.021 + 2*refAllGather(P, 4*K, a, b)
+	case "topk":
+		u := math.Min(K*math.Sqrt(float64(P)), N*(1-math.Pow(1-K/N, float64(P))))
+		return base + 0.02 + refAllGather(P, 4, a, b) + refAllGather(P, 4*K, a, b) + refAllReduce(P, 4*u, a, b)
+	}
+	panic(method)
+}
+
+// TestRankMatchesReference ranks four methods and dense on a synthetic
+// host for awkward worker counts and two networks and compares every
+// predicted iteration time, the order and the speedups with the plain
+// reference computation, and "dense wins" with the reference's verdict.
+func TestRankMatchesReference(t *testing.T) {
+	h := synthHost()
+	methods := []string{"topk", "topka", "cltk", "randomk", "dense"}
+	sawDenseWin, sawSparseWin := false, false
+	for _, gbit := range []float64{1, 10, 100, 400} {
+		net := netmodel.Network{Latency: 50 * time.Microsecond, Bandwidth: gbit * 1e9 / 8}
+		for _, P := range []int{1, 2, 3, 5, 16, 64, 256} {
+			name := fmt.Sprintf("%g Gbit/s, P=%d", gbit, P)
+			got, skipped, err := Rank(h, Setting{Workers: P, Density: 0.01, Net: net}, methods)
+			if err != nil || len(skipped) > 0 {
+				t.Fatalf("%s: %v %v", name, err, skipped)
+			}
+			type ref struct {
+				m    string
+				iter float64
+			}
+			var want []ref
+			for _, m := range methods {
+				want = append(want, ref{m, refIter(m, P, net.Latency.Seconds(), net.Bandwidth)})
+			}
+			sort.SliceStable(want, func(i, j int) bool { return want[i].iter < want[j].iter })
+			dense := refIter("dense", P, net.Latency.Seconds(), net.Bandwidth)
+			if len(got) != len(want) {
+				t.Fatalf("%s: %d predictions, want %d", name, len(got), len(want))
+			}
+			for i := range want {
+				g := got[i]
+				if g.Method != want[i].m && math.Abs(g.Iter-want[i].iter) > 1e-9 {
+					t.Errorf("%s: rank %d is %s (%.6g s), reference says %s (%.6g s)", name, i+1, g.Method, g.Iter, want[i].m, want[i].iter)
+				}
+				r := refIter(g.Method, P, net.Latency.Seconds(), net.Bandwidth)
+				if math.Abs(g.Iter-r) > 1e-9*r+2e-8 { // the model rounds each call to nanoseconds
+					t.Errorf("%s: %s iteration %.9g s, reference %.9g s", name, g.Method, g.Iter, r)
+				}
+				if math.Abs(g.Speedup-dense/r) > 1e-6*dense/r {
+					t.Errorf("%s: %s speedup %.6g, reference %.6g", name, g.Method, g.Speedup, dense/r)
+				}
+			}
+			if DenseWins(got) != (want[0].m == "dense") {
+				t.Errorf("%s: DenseWins = %v, but the reference's fastest is %s", name, DenseWins(got), want[0].m)
+			}
+			if want[0].m == "dense" {
+				sawDenseWin = true
+			} else {
+				sawSparseWin = true
+			}
+		}
+	}
+	if !sawDenseWin || !sawSparseWin {
+		t.Errorf("the synthetic case should have settings where dense wins (%v) and where it loses (%v)", sawDenseWin, sawSparseWin)
+	}
+}
+
+// TestPredictDensityBuildUp checks the expected actual density: top-k's
+// union grows as measured (√P here, capped by independent selections),
+// CLT-k's and random-k's stay at ρ, and the build-up caveat appears only
+// where the union grows.
+func TestPredictDensityBuildUp(t *testing.T) {
+	h := synthHost()
+	for _, P := range []int{1, 2, 3, 16, 256} {
+		for _, m := range []string{"topk", "cltk", "randomk"} {
+			p, err := Predict(h, Setting{Method: m, Workers: P, Density: 0.01, Net: netmodel.Ethernet10G})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := 0.01
+			if m == "topk" {
+				want = math.Min(0.01*math.Sqrt(float64(P)), 1-math.Pow(0.99, float64(P)))
+			}
+			if math.Abs(p.ActualDensity-want) > 1e-12 {
+				t.Errorf("%s P=%d: actual density %.6g, want %.6g", m, P, p.ActualDensity, want)
+			}
+			hasBuildUp := false
+			for _, c := range p.Caveats {
+				hasBuildUp = hasBuildUp || containsAll(c, "builds up")
+			}
+			if hasBuildUp != (want > 0.015) {
+				t.Errorf("%s P=%d: build-up caveat %v with actual density %.3g: %q", m, P, hasBuildUp, want, p.Caveats)
+			}
+		}
+	}
+}
+
+// TestPredictRefuses checks the errors: unknown method, missing
+// measurements, impossible worker counts.
+func TestPredictRefuses(t *testing.T) {
+	h := synthHost()
+	for _, c := range []struct {
+		s    Setting
+		want string
+	}{
+		{Setting{Method: "nosuch", Workers: 4, Density: 0.01}, "unknown method"},
+		{Setting{Method: "topk", Workers: 0, Density: 0.01}, "want at least 1"},
+		{Setting{Method: "topk", Workers: 4, Density: 0.05}, "no union measured at density 0.05"},
+		{Setting{Method: "deft", Workers: 4, Density: 0.01}, "no selection time measured"},
+		{Setting{Method: "gtopk", Workers: 3, Density: 0.01}, "power"},
+		{Setting{Method: "spardl", Workers: 6, Density: 0.01, Params: sparsify.Values{"teams": 4}}, "teams"},
+	} {
+		_, err := Predict(h, c.s)
+		if err == nil || !containsAll(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want one saying %q", c.s, err, c.want)
+		}
+	}
+}
+
+func containsAll(s string, parts ...string) bool {
+	for _, p := range parts {
+		if !strings.Contains(s, p) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestGrowth checks the union exponent fit on exact power laws and its
+// clamping to [0, 1].
+func TestGrowth(t *testing.T) {
+	for _, g := range []float64{0, 0.3, 0.5, 0.82, 1} {
+		u := make([]float64, 8)
+		for p := range u {
+			u[p] = 0.01 * math.Pow(float64(p+1), g)
+		}
+		if got := growth(u); math.Abs(got-g) > 1e-12 {
+			t.Errorf("γ = %g: fitted %g", g, got)
+		}
+	}
+	if got := growth([]float64{0.1, 0.05}); got != 0 {
+		t.Errorf("shrinking union: γ = %g, want 0", got)
+	}
+	if got := growth([]float64{0.01}); got != 1 {
+		t.Errorf("one worker: γ = %g, want 1 (nothing measured: independent)", got)
+	}
+}
