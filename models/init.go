@@ -42,10 +42,14 @@ func torchDefaultBound(fanIn int) float64 { return 1 / math.Sqrt(float64(fanIn))
 // dropoutRNG draws inverted-dropout masks. Masks are inputs of the graph
 // (Gorgonia's own Dropout seeds itself from the clock, which would make
 // runs irreproducible).
-type dropoutRNG struct{ r *rand.Rand }
+type dropoutRNG struct {
+	r   *rand.Rand
+	src *rand.PCG // r's source, whose state checkpoints save (stateful.go)
+}
 
 func newDropoutRNG(seed uint64) *dropoutRNG {
-	return &dropoutRNG{r: rand.New(rand.NewPCG(seed, 0x64726f70))} // "drop"
+	src := rand.NewPCG(seed, 0x64726f70) // "drop"
+	return &dropoutRNG{r: rand.New(src), src: src}
 }
 
 // mask fills m with 0 (probability p) or 1/(1-p).
