@@ -41,6 +41,7 @@ var drv struct {
 	cuEventDestroy            func(e uintptr) cuResult
 	cuEventRecord             func(e, s uintptr) cuResult
 	cuEventSynchronize        func(e uintptr) cuResult
+	cuEventQuery              func(e uintptr) cuResult
 	cuEventElapsedTime        func(ms *float32, start, end uintptr) cuResult
 	cuModuleLoadData          func(m *uintptr, image unsafe.Pointer) cuResult
 	cuModuleUnload            func(m uintptr) cuResult
@@ -70,6 +71,9 @@ const (
 	eventDefault        = 0 // CU_EVENT_DEFAULT: timing enabled
 	eventRecordExternal = 1 // CU_EVENT_RECORD_EXTERNAL: a captured record is a node of the graph
 	captureRelaxed      = 2 // CU_STREAM_CAPTURE_MODE_RELAXED
+	eventNoTiming       = 2 // CU_EVENT_DISABLE_TIMING
+
+	errNotReady cuResult = 600 // CUDA_ERROR_NOT_READY
 )
 
 // loadDriver loads libcuda and initialises it, once per process.
@@ -108,6 +112,7 @@ func loadDriver() error {
 			"cuEventDestroy_v2":            &drv.cuEventDestroy,
 			"cuEventRecord":                &drv.cuEventRecord,
 			"cuEventSynchronize":           &drv.cuEventSynchronize,
+			"cuEventQuery":                 &drv.cuEventQuery,
 			"cuEventElapsedTime_v2":        &drv.cuEventElapsedTime,
 			"cuModuleLoadData":             &drv.cuModuleLoadData,
 			"cuModuleUnload":               &drv.cuModuleUnload,

@@ -63,6 +63,7 @@ func maybeEmulate() error {
 		return fmt.Errorf("building the GPU emulator: %w", err)
 	}
 	installFakes(srv)
+	installNCCLFakes(srv)
 	emulated = true
 	fmt.Fprintln(os.Stderr, "cuda tests: no GPU; running the GPU path on the emulator (kernels.cu compiled with g++, run on CPU threads)")
 	return nil
@@ -117,6 +118,11 @@ type emu struct {
 	capturing map[uintptr][]func()
 	graphs    map[uintptr][]func()
 	libStream map[uintptr]uintptr // cuBLAS and cuDNN handles → their stream
+
+	// Work that completes later (the fake NCCL's transfers): per stream,
+	// and what each recorded event waits for.
+	pending    map[uintptr][]pending
+	eventWaits map[uintptr][]pending
 }
 
 // exec runs f now, or records it when stream s is capturing a graph.
@@ -194,7 +200,8 @@ func buildEmulator() (*emu, error) {
 	}
 	return &emu{w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
 		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
-		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}}, nil
+		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{},
+		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}}, nil
 }
 
 // call sends one request and reads the status and n bytes of reply.
@@ -248,7 +255,7 @@ func installFakes(e *emu) {
 	driverOnce.Do(func() {
 		drv.cuInit = func(uint32) cuResult { return ok }
 		drv.cuDriverGetVersion = func(v *int32) cuResult { *v = 13000; return ok }
-		drv.cuDeviceGetCount = func(n *int32) cuResult { *n = 1; return ok }
+		drv.cuDeviceGetCount = func(n *int32) cuResult { *n = int32(emuGPUs); return ok }
 		drv.cuDeviceGet = func(d *int32, o int32) cuResult { *d = o; return ok }
 		drv.cuDeviceGetName = func(name *byte, n int32, _ int32) cuResult {
 			b := unsafe.Slice(name, n)
@@ -311,12 +318,18 @@ func installFakes(e *emu) {
 		}
 		drv.cuStreamCreate = func(s *uintptr, _ uint32) cuResult { *s = e.handle(); return ok }
 		drv.cuStreamDestroy = func(uintptr) cuResult { return ok }
-		drv.cuStreamSynchronize = func(uintptr) cuResult { return ok }
-		drv.cuStreamWaitEvent = func(_, _ uintptr, _ uint32) cuResult { return ok }
+		drv.cuStreamSynchronize = func(s uintptr) cuResult { waitAll(e.eventPending(s)); return ok }
+		drv.cuStreamWaitEvent = func(s, h uintptr, _ uint32) cuResult {
+			e.mu.Lock()
+			e.pending[s] = append(e.pending[s], e.eventWaits[h]...)
+			e.mu.Unlock()
+			return ok
+		}
 		drv.cuEventCreate = func(ev *uintptr, _ uint32) cuResult { *ev = e.handle(); return ok }
 		drv.cuEventDestroy = func(h uintptr) cuResult {
 			e.mu.Lock()
 			delete(e.events, h)
+			delete(e.eventWaits, h)
 			e.mu.Unlock()
 			return ok
 		}
@@ -330,6 +343,19 @@ func installFakes(e *emu) {
 				return 900 // a plain record is not a node of the graph
 			}
 			record(h)
+			w := e.eventPending(s)
+			e.mu.Lock()
+			e.eventWaits[h] = w
+			e.mu.Unlock()
+			return ok
+		}
+		drv.cuEventQuery = func(h uintptr) cuResult {
+			e.mu.Lock()
+			w := e.eventWaits[h]
+			e.mu.Unlock()
+			if !allDone(w) {
+				return errNotReady
+			}
 			return ok
 		}
 		drv.cuEventRecordWithFlags = func(h, s uintptr, flags uint32) cuResult {
@@ -382,7 +408,13 @@ func installFakes(e *emu) {
 			e.mu.Unlock()
 			return ok
 		}
-		drv.cuEventSynchronize = func(uintptr) cuResult { return ok }
+		drv.cuEventSynchronize = func(h uintptr) cuResult {
+			e.mu.Lock()
+			w := e.eventWaits[h]
+			e.mu.Unlock()
+			waitAll(w)
+			return ok
+		}
 		drv.cuEventElapsedTime = func(ms *float32, a, b uintptr) cuResult {
 			e.mu.Lock()
 			defer e.mu.Unlock()

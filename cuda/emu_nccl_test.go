@@ -1,0 +1,323 @@
+package cuda
+
+import (
+	"encoding/binary"
+	"math"
+	"sync"
+)
+
+// The emulator's NCCL: ranks of one process on emulated GPUs (the emulator
+// shows emuGPUs devices, all sharing its memory). Every transfer is posted
+// without blocking and completes when its peers have posted theirs, so
+// streams and events behave as on a GPU: the completion event of a
+// transfer is not ready until every rank has issued its part, and a rank
+// whose peer never calls waits until its context ends and aborts. Sums add
+// the ranks' contributions in rank order (real NCCL uses its own order).
+
+// emuGPUs is the number of GPUs the emulator shows.
+var emuGPUs = 1
+
+// pending is work posted on a stream that completes later.
+type pending chan struct{}
+
+// emuComm is one communicator of the fake NCCL.
+type emuComm struct {
+	size    int
+	joined  int
+	ready   chan struct{}
+	mu      sync.Mutex
+	seq     []int               // each rank's next collective number
+	rv      map[int]*rendezvous // collective number → contributions
+	p2p     map[[2]int][]p2pMsg // (src, dst) → sends not yet received
+	waiting map[[2]int][]p2pRecv
+}
+
+type rendezvous struct {
+	args []ncclArgs
+	done []pending
+	n    int
+}
+
+type ncclArgs struct {
+	kind              byte // 'a' all-reduce, 'g' all-gather, 'b' broadcast, 'r' reduce, 's' reduce-scatter
+	send, recv, count uint64
+	dt, root          int32
+}
+
+type p2pMsg struct{ data []byte }
+
+type p2pRecv struct {
+	buf, bytes uint64
+	done       pending
+}
+
+type emuRank struct {
+	c    *emuComm
+	rank int
+}
+
+// installNCCLFakes points the NCCL table at the fake.
+func installNCCLFakes(e *emu) {
+	ncclOnce.Do(func() {})
+	ncclErr = nil
+	var mu sync.Mutex
+	comms := map[NCCLID]*emuComm{}
+	ranks := map[uintptr]*emuRank{}
+	post := func(s uintptr) pending {
+		p := make(pending)
+		e.mu.Lock()
+		e.pending[s] = append(e.pending[s], p)
+		e.mu.Unlock()
+		return p
+	}
+	elem := func(dt int32) uint64 {
+		if dt == ncclInt64 || dt == ncclFloat64 {
+			return 8
+		}
+		return 4
+	}
+	read := func(addr, n uint64) []byte { return e.must(4, int(n), addr, n) }
+	write := func(addr uint64, b []byte) {
+		if len(b) > 0 {
+			e.must(3, 0, addr, uint64(len(b)), b)
+		}
+	}
+	// sum adds b into a (rank order: a holds the ranks before b's).
+	sum := func(dt int32, a, b []byte) {
+		for i := 0; i < len(a); i += int(elem(dt)) {
+			switch dt {
+			case ncclFloat32:
+				v := math.Float32frombits(binary.LittleEndian.Uint32(a[i:])) + math.Float32frombits(binary.LittleEndian.Uint32(b[i:]))
+				binary.LittleEndian.PutUint32(a[i:], math.Float32bits(v))
+			case ncclFloat64:
+				v := math.Float64frombits(binary.LittleEndian.Uint64(a[i:])) + math.Float64frombits(binary.LittleEndian.Uint64(b[i:]))
+				binary.LittleEndian.PutUint64(a[i:], math.Float64bits(v))
+			case ncclInt32:
+				binary.LittleEndian.PutUint32(a[i:], binary.LittleEndian.Uint32(a[i:])+binary.LittleEndian.Uint32(b[i:]))
+			case ncclInt64:
+				binary.LittleEndian.PutUint64(a[i:], binary.LittleEndian.Uint64(a[i:])+binary.LittleEndian.Uint64(b[i:]))
+			}
+		}
+	}
+	// run performs a complete collective (every rank's arguments present).
+	run := func(args []ncclArgs) {
+		a0 := args[0]
+		es := elem(a0.dt)
+		switch a0.kind {
+		case 'a', 'r', 's':
+			total := a0.count * es
+			if a0.kind == 's' {
+				total *= uint64(len(args))
+			}
+			acc := read(args[0].send, total)
+			for _, a := range args[1:] {
+				sum(a0.dt, acc, read(a.send, total))
+			}
+			for r, a := range args {
+				switch a0.kind {
+				case 'a':
+					write(a.recv, acc)
+				case 'r':
+					if int32(r) == a0.root {
+						write(a.recv, acc)
+					}
+				case 's':
+					n := a0.count * es
+					write(a.recv, acc[uint64(r)*n:uint64(r+1)*n])
+				}
+			}
+		case 'g':
+			n := a0.count * es
+			var all []byte
+			for _, a := range args {
+				all = append(all, read(a.send, n)...)
+			}
+			for _, a := range args {
+				write(a.recv, all)
+			}
+		case 'b':
+			data := read(args[a0.root].send, a0.count*es)
+			for _, a := range args {
+				write(a.recv, data)
+			}
+		}
+	}
+	// collective posts rank r's part of its next collective.
+	collective := func(h, s uintptr, a ncclArgs) int32 {
+		mu.Lock()
+		rk, ok := ranks[h]
+		mu.Unlock()
+		if !ok {
+			return 4 // ncclInvalidArgument
+		}
+		if e.isCapturing(s) {
+			return 5 // ncclInvalidUsage: not in graphs here
+		}
+		c := rk.c
+		p := post(s)
+		c.mu.Lock()
+		k := c.seq[rk.rank]
+		c.seq[rk.rank]++
+		v := c.rv[k]
+		if v == nil {
+			v = &rendezvous{args: make([]ncclArgs, c.size), done: make([]pending, c.size)}
+			c.rv[k] = v
+		}
+		v.args[rk.rank], v.done[rk.rank] = a, p
+		v.n++
+		complete := v.n == c.size
+		if complete {
+			delete(c.rv, k)
+		}
+		c.mu.Unlock()
+		if complete {
+			go func() {
+				run(v.args)
+				for _, d := range v.done {
+					close(d)
+				}
+			}()
+		}
+		return 0
+	}
+	nccl.getVersion = func(v *int32) int32 { *v = 22105; return 0 }
+	nccl.getUniqueID = func(id *NCCLID) int32 {
+		binary.LittleEndian.PutUint64(id[:], uint64(e.handle())+1<<40)
+		return 0
+	}
+	nccl.commInitRank = func(h *uintptr, n int32, id *NCCLID, rank int32) int32 {
+		if n < 1 || rank < 0 || rank >= n {
+			return 4
+		}
+		mu.Lock()
+		c := comms[*id]
+		if c == nil {
+			c = &emuComm{size: int(n), ready: make(chan struct{}), seq: make([]int, n), rv: map[int]*rendezvous{},
+				p2p: map[[2]int][]p2pMsg{}, waiting: map[[2]int][]p2pRecv{}}
+			comms[*id] = c
+		}
+		if c.size != int(n) {
+			mu.Unlock()
+			return 4
+		}
+		c.joined++
+		if c.joined == c.size {
+			close(c.ready)
+		}
+		hh := e.handle()
+		ranks[hh] = &emuRank{c: c, rank: int(rank)}
+		mu.Unlock()
+		<-c.ready // NCCL's initialisation is collective
+		*h = hh
+		return 0
+	}
+	nccl.commDestroy = func(h uintptr) int32 {
+		mu.Lock()
+		delete(ranks, h)
+		mu.Unlock()
+		return 0
+	}
+	nccl.commAbort = nccl.commDestroy
+	nccl.commGetAsyncError = func(_ uintptr, r *int32) int32 { *r = 0; return 0 }
+	nccl.getErrorString = func(int32) *byte { return nil }
+	nccl.groupStart = func() int32 { return 0 }
+	nccl.groupEnd = func() int32 { return 0 }
+	nccl.allReduce = func(send, recv, count uint64, dt, op int32, h, s uintptr) int32 {
+		if op != ncclSum {
+			return 4
+		}
+		return collective(h, s, ncclArgs{kind: 'a', send: send, recv: recv, count: count, dt: dt})
+	}
+	nccl.allGather = func(send, recv, count uint64, dt int32, h, s uintptr) int32 {
+		return collective(h, s, ncclArgs{kind: 'g', send: send, recv: recv, count: count, dt: dt})
+	}
+	nccl.broadcast = func(send, recv, count uint64, dt, root int32, h, s uintptr) int32 {
+		return collective(h, s, ncclArgs{kind: 'b', send: send, recv: recv, count: count, dt: dt, root: root})
+	}
+	nccl.reduce = func(send, recv, count uint64, dt, op, root int32, h, s uintptr) int32 {
+		return collective(h, s, ncclArgs{kind: 'r', send: send, recv: recv, count: count, dt: dt, root: root})
+	}
+	nccl.reduceScatter = func(send, recv, count uint64, dt, op int32, h, s uintptr) int32 {
+		return collective(h, s, ncclArgs{kind: 's', send: send, recv: recv, count: count, dt: dt})
+	}
+	// Point to point: a send copies its data out at once; a receive
+	// completes when the matching send (in issue order) is there.
+	deliver := func(c *emuComm, key [2]int) {
+		for len(c.p2p[key]) > 0 && len(c.waiting[key]) > 0 {
+			m, w := c.p2p[key][0], c.waiting[key][0]
+			c.p2p[key], c.waiting[key] = c.p2p[key][1:], c.waiting[key][1:]
+			go func() {
+				write(w.buf, m.data[:min(uint64(len(m.data)), w.bytes)])
+				close(w.done)
+			}()
+		}
+	}
+	nccl.send = func(buf, count uint64, dt, peer int32, h, s uintptr) int32 {
+		mu.Lock()
+		rk := ranks[h]
+		mu.Unlock()
+		if rk == nil || int(peer) >= rk.c.size {
+			return 4
+		}
+		data := read(buf, count*elem(dt))
+		p := post(s)
+		close(p)
+		c := rk.c
+		c.mu.Lock()
+		key := [2]int{rk.rank, int(peer)}
+		c.p2p[key] = append(c.p2p[key], p2pMsg{data: data})
+		deliver(c, key)
+		c.mu.Unlock()
+		return 0
+	}
+	nccl.recv = func(buf, count uint64, dt, peer int32, h, s uintptr) int32 {
+		mu.Lock()
+		rk := ranks[h]
+		mu.Unlock()
+		if rk == nil || int(peer) >= rk.c.size {
+			return 4
+		}
+		c := rk.c
+		p := post(s)
+		c.mu.Lock()
+		key := [2]int{int(peer), rk.rank}
+		c.waiting[key] = append(c.waiting[key], p2pRecv{buf: buf, bytes: count * elem(dt), done: p})
+		deliver(c, key)
+		c.mu.Unlock()
+		return 0
+	}
+}
+
+// eventPending is what an event recorded on stream s waits for: the work
+// posted there that has not completed.
+func (e *emu) eventPending(s uintptr) []pending {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var open []pending
+	for _, p := range e.pending[s] {
+		select {
+		case <-p:
+		default:
+			open = append(open, p)
+		}
+	}
+	e.pending[s] = open
+	return append([]pending(nil), open...)
+}
+
+func allDone(ps []pending) bool {
+	for _, p := range ps {
+		select {
+		case <-p:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+func waitAll(ps []pending) {
+	for _, p := range ps {
+		<-p
+	}
+}

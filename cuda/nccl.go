@@ -1,0 +1,611 @@
+package cuda
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+// NCCL, loaded at run time like the other NVIDIA libraries (libnccl.so.2,
+// also from the pip wheel nvidia-nccl-cu13's nvidia/nccl/lib).
+
+var libNCCL = library{what: "NCCL", names: []string{"libnccl.so.2", "libnccl.so"}, prefix: "libnccl.so",
+	install: "install the pip wheel nvidia-nccl-cu13 (pip install nvidia-nccl-cu13; -cu12 for CUDA 12) or NCCL from NVIDIA (Debian/Ubuntu: libnccl2), or set " + EnvLibs}
+
+// The NCCL function table. Device addresses are uint64, handles uintptr.
+var nccl struct {
+	getVersion        func(v *int32) int32
+	getUniqueID       func(id *NCCLID) int32
+	commInitRank      func(comm *uintptr, nranks int32, id *NCCLID, rank int32) int32
+	commDestroy       func(comm uintptr) int32
+	commAbort         func(comm uintptr) int32
+	commGetAsyncError func(comm uintptr, r *int32) int32
+	getErrorString    func(r int32) *byte
+	allReduce         func(send, recv, count uint64, dt, op int32, comm, stream uintptr) int32
+	broadcast         func(send, recv, count uint64, dt, root int32, comm, stream uintptr) int32
+	reduce            func(send, recv, count uint64, dt, op, root int32, comm, stream uintptr) int32
+	allGather         func(send, recv, count uint64, dt int32, comm, stream uintptr) int32
+	reduceScatter     func(send, recv, count uint64, dt, op int32, comm, stream uintptr) int32
+	send              func(buf, count uint64, dt, peer int32, comm, stream uintptr) int32
+	recv              func(buf, count uint64, dt, peer int32, comm, stream uintptr) int32
+	groupStart        func() int32
+	groupEnd          func() int32
+}
+
+var (
+	ncclOnce sync.Once
+	ncclErr  error
+)
+
+// loadNCCL loads libnccl and binds its functions, once per process.
+func loadNCCL() error {
+	ncclOnce.Do(func() {
+		h, _, err := libNCCL.open()
+		if err != nil {
+			ncclErr = err
+			return
+		}
+		ncclErr = bind(libNCCL.what, h, map[string]any{
+			"ncclGetVersion":        &nccl.getVersion,
+			"ncclGetUniqueId":       &nccl.getUniqueID,
+			"ncclCommDestroy":       &nccl.commDestroy,
+			"ncclCommAbort":         &nccl.commAbort,
+			"ncclCommGetAsyncError": &nccl.commGetAsyncError,
+			"ncclGetErrorString":    &nccl.getErrorString,
+			"ncclAllReduce":         &nccl.allReduce,
+			"ncclBroadcast":         &nccl.broadcast,
+			"ncclReduce":            &nccl.reduce,
+			"ncclAllGather":         &nccl.allGather,
+			"ncclReduceScatter":     &nccl.reduceScatter,
+			"ncclSend":              &nccl.send,
+			"ncclRecv":              &nccl.recv,
+			"ncclGroupStart":        &nccl.groupStart,
+			"ncclGroupEnd":          &nccl.groupEnd,
+		})
+		if ncclErr != nil {
+			return
+		}
+		// ncclCommInitRank takes the 128-byte unique id by value: the x86-64
+		// System V ABI passes it in memory, in the stack slots that follow
+		// the six integer registers, so it is called with the three integer
+		// arguments, three unused registers, and the id's 16 words.
+		fn, err := purego.Dlsym(h, "ncclCommInitRank")
+		if err != nil {
+			ncclErr = fmt.Errorf("%w: NCCL lacks ncclCommInitRank: %v", device.ErrUnavailable, err)
+			return
+		}
+		nccl.commInitRank = func(comm *uintptr, nranks int32, id *NCCLID, rank int32) int32 {
+			return callWithID(fn, comm, nranks, id, rank)
+		}
+	})
+	return ncclErr
+}
+
+// callWithID calls the C function fn(void **comm, int nranks, ncclUniqueId
+// id, int rank) — the id by value — as the x86-64 System V ABI wants it:
+// the integer arguments in the first registers (comm, nranks, rank; three
+// unused), the 128-byte struct in memory, in the stack slots the seventh
+// and later integer arguments occupy.
+func callWithID(fn uintptr, comm *uintptr, nranks int32, id *NCCLID, rank int32) int32 {
+	args := []uintptr{uintptr(unsafe.Pointer(comm)), uintptr(nranks), uintptr(rank), 0, 0, 0}
+	for i := 0; i < len(id); i += 8 {
+		args = append(args, uintptr(*(*uint64)(unsafe.Pointer(&id[i]))))
+	}
+	r, _, _ := purego.SyscallN(fn, args...)
+	return int32(r)
+}
+
+// ncclResult is an ncclResult_t.
+type ncclResult int32
+
+const (
+	ncclSuccess    = 0
+	ncclInProgress = 7
+)
+
+func (r ncclResult) Error() string {
+	msg := ""
+	if nccl.getErrorString != nil {
+		msg = goString(nccl.getErrorString(int32(r)))
+	}
+	return fmt.Sprintf("NCCL error %d: %s", int32(r), msg)
+}
+
+func ncclCheck(call string, r int32) error {
+	if r == ncclSuccess {
+		return nil
+	}
+	return fmt.Errorf("cuda: %s: %w", call, ncclResult(r))
+}
+
+// NCCL's data types and reduction (ncclDataType_t, ncclRedOp_t).
+const (
+	ncclInt32   = 2
+	ncclInt64   = 4
+	ncclFloat32 = 7
+	ncclFloat64 = 8
+	ncclSum     = 0
+)
+
+func ncclType(dt device.DType) (int32, error) {
+	switch dt {
+	case device.Float32:
+		return ncclFloat32, nil
+	case device.Float64:
+		return ncclFloat64, nil
+	case device.Int32:
+		return ncclInt32, nil
+	case device.Int64:
+		return ncclInt64, nil
+	}
+	return 0, fmt.Errorf("cuda: NCCL has no type for %v", dt)
+}
+
+// NCCLID is NCCL's unique id of a communicator (ncclUniqueId): one rank
+// creates it with NewNCCLID and hands it to the others (over MPI, or in
+// memory for ranks of one process).
+type NCCLID [128]byte
+
+// NCCLVersion returns NCCL's version code (e.g. 22105 for 2.21.5).
+func NCCLVersion() (int, error) {
+	if err := loadNCCL(); err != nil {
+		return 0, err
+	}
+	var v int32
+	if err := ncclCheck("ncclGetVersion", nccl.getVersion(&v)); err != nil {
+		return 0, err
+	}
+	return int(v), nil
+}
+
+// NewNCCLID returns a fresh unique id.
+func NewNCCLID() (NCCLID, error) {
+	var id NCCLID
+	if err := loadNCCL(); err != nil {
+		return id, err
+	}
+	if err := ncclCheck("ncclGetUniqueId", nccl.getUniqueID(&id)); err != nil {
+		return id, err
+	}
+	return id, nil
+}
+
+// ErrNCCLAborted is wrapped by the errors of an NCCL communicator that was
+// aborted (after a cancelled call, an expired deadline or an error reported
+// by NCCL); the communicator cannot be used again.
+var ErrNCCLAborted = errors.New("cuda: the NCCL communicator was aborted")
+
+// NCCL is one rank of an NCCL communicator: one GPU per rank, collectives
+// and point-to-point transfers on device buffers, issued on the
+// communicator's own stream. Each call returns once its transfer has
+// completed on the GPU (its results are in the buffers), or with an error
+// after aborting the communicator (ncclCommAbort) when ctx is done or NCCL
+// reports an asynchronous error — never waiting forever on a dead peer.
+// Work other streams must finish first is ordered with After.
+//
+// NCCL has neither tags nor message lengths: Recv receives exactly
+// len(buf) elements from the matching Send, and transfers between two ranks
+// are matched in the order they were issued.
+//
+// An NCCL is not safe for concurrent use.
+type NCCL struct {
+	d          *Device
+	h          uintptr
+	s          *Stream
+	done       uintptr // event recorded after each call
+	rank, size int
+	aborted    error
+	scratch    device.Buffer // Barrier's word
+}
+
+// NewNCCL joins rank rank of the size-rank communicator id on GPU d. Every
+// rank must call it (concurrently: it returns when all have joined); a
+// GPU may hold only one rank of a communicator. When ctx ends first, it
+// returns an error (the joining goes on in the background until NCCL gives
+// up or the process ends).
+func NewNCCL(ctx context.Context, d *Device, id NCCLID, rank, size int) (*NCCL, error) {
+	if err := loadNCCL(); err != nil {
+		return nil, err
+	}
+	if size < 1 || rank < 0 || rank >= size {
+		return nil, fmt.Errorf("cuda: NCCL rank %d of %d", rank, size)
+	}
+	c := &NCCL{d: d, rank: rank, size: size}
+	s, err := d.newStream()
+	if err != nil {
+		return nil, err
+	}
+	c.s = s
+	if err := func() error {
+		defer d.enter()()
+		return check("cuEventCreate", drv.cuEventCreate(&c.done, eventNoTiming))
+	}(); err != nil {
+		return nil, err
+	}
+	if c.scratch, err = d.Alloc(device.Int32, 1); err != nil {
+		return nil, err
+	}
+	type result struct {
+		h   uintptr
+		err error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		defer d.enter()()
+		var h uintptr
+		err := ncclCheck("ncclCommInitRank", nccl.commInitRank(&h, int32(size), &id, int32(rank)))
+		ch <- result{h, err}
+	}()
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return nil, fmt.Errorf("%w (rank %d of %d on %v)", r.err, rank, size, d)
+		}
+		c.h = r.h
+		return c, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("cuda: joining NCCL rank %d of %d on %v: %w (have all ranks started?)", rank, size, d, ctx.Err())
+	}
+}
+
+// Rank is this rank.
+func (c *NCCL) Rank() int { return c.rank }
+
+// Size is the number of ranks.
+func (c *NCCL) Size() int { return c.size }
+
+// Stream is the stream the communicator's transfers run on.
+func (c *NCCL) Stream() *Stream { return c.s }
+
+// After makes the next transfers wait (on the GPU) for ev: work of another
+// stream that produces their input.
+func (c *NCCL) After(ev device.Event) error { return c.s.Wait(ev) }
+
+// Close destroys the communicator (after an abort, only frees it).
+func (c *NCCL) Close() error {
+	defer c.d.enter()()
+	var err error
+	if c.h != 0 {
+		if c.aborted != nil {
+			err = ncclCheck("ncclCommAbort", nccl.commAbort(c.h))
+		} else {
+			err = ncclCheck("ncclCommDestroy", nccl.commDestroy(c.h))
+		}
+		c.h = 0
+	}
+	drv.cuEventDestroy(c.done)
+	return errors.Join(err, c.d.Free(c.scratch))
+}
+
+// call issues one transfer (f, with the device's context current) and
+// waits for it.
+func (c *NCCL) call(ctx context.Context, what string, f func() int32) error {
+	if err := c.start(what, f); err != nil {
+		return err
+	}
+	return c.wait(ctx, what)
+}
+
+// start issues f and records the completion event after it.
+func (c *NCCL) start(what string, f func() int32) error {
+	if c.aborted != nil {
+		return c.aborted
+	}
+	defer c.d.enter()()
+	if err := ncclCheck(what, f()); err != nil {
+		return c.abort(err)
+	}
+	return check("cuEventRecord", drv.cuEventRecord(c.done, c.s.h))
+}
+
+// wait waits for the completion event of the last transfer issued.
+func (c *NCCL) wait(ctx context.Context, what string) error { return c.waitEvent(ctx, what, c.done) }
+
+// waitEvent polls event ev until the transfers before it are done, ctx
+// ends or NCCL reports an error; the last two abort the communicator.
+func (c *NCCL) waitEvent(ctx context.Context, what string, ev uintptr) error {
+	if c.aborted != nil {
+		return c.aborted
+	}
+	pause := 2 * time.Microsecond
+	for {
+		r, async := c.query(ev)
+		switch {
+		case r == 0:
+			return nil
+		case r != errNotReady:
+			return c.abort(check("cuEventQuery after "+what, r))
+		case async != ncclSuccess && async != ncclInProgress:
+			return c.abort(fmt.Errorf("cuda: %s: %w", what, ncclResult(async)))
+		}
+		select {
+		case <-ctx.Done():
+			return c.abort(fmt.Errorf("cuda: %s: %w", what, ctx.Err()))
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, time.Millisecond)
+	}
+}
+
+func (c *NCCL) query(ev uintptr) (cuResult, int32) {
+	defer c.d.enter()()
+	r := drv.cuEventQuery(ev)
+	var async int32
+	if r == errNotReady {
+		nccl.commGetAsyncError(c.h, &async)
+	}
+	return r, async
+}
+
+// abort aborts the communicator for cause and returns the error every
+// later call returns too.
+func (c *NCCL) abort(cause error) error {
+	if c.aborted == nil {
+		c.aborted = fmt.Errorf("%w (rank %d of %d): %w", ErrNCCLAborted, c.rank, c.size, cause)
+		func() {
+			defer c.d.enter()()
+			nccl.commAbort(c.h)
+		}()
+		c.h = 0
+	}
+	return c.aborted
+}
+
+// args checks that the buffers are this GPU's memory of one NCCL type.
+func (c *NCCL) args(what string, bufs ...device.Buffer) (int32, error) {
+	var dt device.DType
+	for _, b := range bufs {
+		if b.Len() == 0 {
+			continue
+		}
+		if b.IsHost() || b.Device() != device.Device(c.d) {
+			return 0, fmt.Errorf("cuda: NCCL %s: %v is not memory of %v", what, b, c.d)
+		}
+		if dt != 0 && b.DType() != dt {
+			return 0, fmt.Errorf("cuda: NCCL %s: buffers of %v and %v", what, dt, b.DType())
+		}
+		dt = b.DType()
+	}
+	if dt == 0 {
+		dt = device.Float32
+	}
+	return ncclType(dt)
+}
+
+func addr(b device.Buffer) uint64 { return uint64(b.Addr()) }
+
+// AllReduce sums buf over the ranks, in place (NCCL's order of addition).
+func (c *NCCL) AllReduce(ctx context.Context, buf device.Buffer) error {
+	dt, err := c.args("AllReduce", buf)
+	if err != nil || buf.Len() == 0 {
+		return err
+	}
+	return c.call(ctx, "ncclAllReduce", func() int32 {
+		return nccl.allReduce(addr(buf), addr(buf), uint64(buf.Len()), dt, ncclSum, c.h, c.s.h)
+	})
+}
+
+// AllGather concatenates every rank's send into recv in rank order.
+func (c *NCCL) AllGather(ctx context.Context, send, recv device.Buffer) error {
+	dt, err := c.args("AllGather", send, recv)
+	if err != nil {
+		return err
+	}
+	if recv.Len() != c.size*send.Len() {
+		return fmt.Errorf("cuda: NCCL AllGather: recv has %d elements, want %d·%d", recv.Len(), c.size, send.Len())
+	}
+	if send.Len() == 0 {
+		return nil
+	}
+	return c.call(ctx, "ncclAllGather", func() int32 {
+		return nccl.allGather(addr(send), addr(recv), uint64(send.Len()), dt, c.h, c.s.h)
+	})
+}
+
+// AllGatherV is AllGather with counts[r] elements from rank r: one
+// broadcast per rank, grouped.
+func (c *NCCL) AllGatherV(ctx context.Context, send, recv device.Buffer, counts []int) error {
+	dt, err := c.args("AllGatherV", send, recv)
+	if err != nil {
+		return err
+	}
+	offs, total, err := c.blocks("AllGatherV", counts)
+	if err != nil {
+		return err
+	}
+	if send.Len() != counts[c.rank] || recv.Len() != total {
+		return fmt.Errorf("cuda: NCCL AllGatherV: send %d and recv %d elements, counts %v", send.Len(), recv.Len(), counts)
+	}
+	if total == 0 {
+		return nil
+	}
+	return c.call(ctx, "ncclBroadcast (AllGatherV)", func() int32 {
+		if r := nccl.groupStart(); r != ncclSuccess {
+			return r
+		}
+		for r, n := range counts {
+			if n == 0 {
+				continue
+			}
+			src := uint64(0)
+			if r == c.rank {
+				src = addr(send)
+			}
+			if res := nccl.broadcast(src, addr(recv)+uint64(offs[r]*recv.DType().Size()), uint64(n), dt, int32(r), c.h, c.s.h); res != ncclSuccess {
+				nccl.groupEnd()
+				return res
+			}
+		}
+		return nccl.groupEnd()
+	})
+}
+
+// blocks returns the offsets and total of counts (one per rank).
+func (c *NCCL) blocks(what string, counts []int) ([]int, int, error) {
+	if len(counts) != c.size {
+		return nil, 0, fmt.Errorf("cuda: NCCL %s: %d counts for %d ranks", what, len(counts), c.size)
+	}
+	offs := make([]int, c.size)
+	total := 0
+	for r, n := range counts {
+		if n < 0 {
+			return nil, 0, fmt.Errorf("cuda: NCCL %s: count %d of rank %d", what, n, r)
+		}
+		offs[r] = total
+		total += n
+	}
+	return offs, total, nil
+}
+
+// Broadcast copies root's buf into every rank's buf.
+func (c *NCCL) Broadcast(ctx context.Context, buf device.Buffer, root int) error {
+	dt, err := c.args("Broadcast", buf)
+	if err != nil || buf.Len() == 0 {
+		return err
+	}
+	if root < 0 || root >= c.size {
+		return fmt.Errorf("cuda: NCCL Broadcast: root %d of %d ranks", root, c.size)
+	}
+	return c.call(ctx, "ncclBroadcast", func() int32 {
+		return nccl.broadcast(addr(buf), addr(buf), uint64(buf.Len()), dt, int32(root), c.h, c.s.h)
+	})
+}
+
+// ReduceScatter sums send (sum(counts) elements) over the ranks and leaves
+// block Rank() in recv: ncclReduceScatter when the blocks are equal,
+// otherwise one ncclReduce per block, grouped.
+func (c *NCCL) ReduceScatter(ctx context.Context, send, recv device.Buffer, counts []int) error {
+	dt, err := c.args("ReduceScatter", send, recv)
+	if err != nil {
+		return err
+	}
+	offs, total, err := c.blocks("ReduceScatter", counts)
+	if err != nil {
+		return err
+	}
+	if send.Len() != total || recv.Len() != counts[c.rank] {
+		return fmt.Errorf("cuda: NCCL ReduceScatter: send %d and recv %d elements, counts %v", send.Len(), recv.Len(), counts)
+	}
+	if total == 0 {
+		return nil
+	}
+	equal := true
+	for _, n := range counts {
+		equal = equal && n == counts[0]
+	}
+	if equal {
+		return c.call(ctx, "ncclReduceScatter", func() int32 {
+			return nccl.reduceScatter(addr(send), addr(recv), uint64(counts[0]), dt, ncclSum, c.h, c.s.h)
+		})
+	}
+	es := uint64(send.DType().Size())
+	return c.call(ctx, "ncclReduce (ReduceScatter)", func() int32 {
+		if r := nccl.groupStart(); r != ncclSuccess {
+			return r
+		}
+		for r, n := range counts {
+			if n == 0 {
+				continue
+			}
+			dst := uint64(0)
+			if r == c.rank {
+				dst = addr(recv)
+			}
+			if res := nccl.reduce(addr(send)+uint64(offs[r])*es, dst, uint64(n), dt, ncclSum, int32(r), c.h, c.s.h); res != ncclSuccess {
+				nccl.groupEnd()
+				return res
+			}
+		}
+		return nccl.groupEnd()
+	})
+}
+
+// Send sends buf to rank dst.
+func (c *NCCL) Send(ctx context.Context, buf device.Buffer, dst int) error {
+	return c.SendRecv(ctx, buf, dst, device.Buffer{}, -1)
+}
+
+// Recv receives len(buf) elements from rank src.
+func (c *NCCL) Recv(ctx context.Context, buf device.Buffer, src int) error {
+	return c.SendRecv(ctx, device.Buffer{}, -1, buf, src)
+}
+
+// SendRecv sends send to dst and receives recv from src together (a
+// negative rank or an empty buffer leaves that half out).
+func (c *NCCL) SendRecv(ctx context.Context, send device.Buffer, dst int, recv device.Buffer, src int) error {
+	dt, err := c.args("SendRecv", send, recv)
+	if err != nil {
+		return err
+	}
+	for _, p := range []int{dst, src} {
+		if p >= c.size {
+			return fmt.Errorf("cuda: NCCL SendRecv: rank %d of %d", p, c.size)
+		}
+	}
+	doSend, doRecv := dst >= 0 && send.Len() > 0, src >= 0 && recv.Len() > 0
+	if !doSend && !doRecv {
+		return nil
+	}
+	return c.call(ctx, "ncclSend/ncclRecv", func() int32 {
+		if r := nccl.groupStart(); r != ncclSuccess {
+			return r
+		}
+		if doSend {
+			if r := nccl.send(addr(send), uint64(send.Len()), dt, int32(dst), c.h, c.s.h); r != ncclSuccess {
+				nccl.groupEnd()
+				return r
+			}
+		}
+		if doRecv {
+			if r := nccl.recv(addr(recv), uint64(recv.Len()), dt, int32(src), c.h, c.s.h); r != ncclSuccess {
+				nccl.groupEnd()
+				return r
+			}
+		}
+		return nccl.groupEnd()
+	})
+}
+
+// Barrier returns once every rank has entered it (an all-reduce of one
+// word).
+func (c *NCCL) Barrier(ctx context.Context) error { return c.AllReduce(ctx, c.scratch) }
+
+// NCCLRequest is a transfer started by one of the I methods.
+type NCCLRequest struct {
+	c    *NCCL
+	what string
+	ev   device.Event
+}
+
+// Wait waits for the transfer (aborting the communicator when ctx ends
+// first or NCCL fails).
+func (r *NCCLRequest) Wait(ctx context.Context) error {
+	return r.c.waitEvent(ctx, r.what, r.ev.(*Event).h)
+}
+
+// IAllReduce starts AllReduce; the buffer must not be touched until Wait
+// returns.
+func (c *NCCL) IAllReduce(buf device.Buffer) (*NCCLRequest, error) {
+	dt, err := c.args("AllReduce", buf)
+	if err != nil {
+		return nil, err
+	}
+	if buf.Len() > 0 {
+		if err := c.start("ncclAllReduce", func() int32 {
+			return nccl.allReduce(addr(buf), addr(buf), uint64(buf.Len()), dt, ncclSum, c.h, c.s.h)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	ev, err := c.s.Record()
+	if err != nil {
+		return nil, err
+	}
+	return &NCCLRequest{c: c, what: "ncclAllReduce", ev: ev}, nil
+}
