@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
@@ -43,6 +45,9 @@ type Config struct {
 	// GradWorkers is the number of workers whose gradients are measured
 	// (default 4).
 	GradWorkers int
+	// HostWorkers are the numbers of simulated workers whose in-process
+	// collectives to measure (default 2; a sweep passes its worker counts).
+	HostWorkers []int
 	// Log receives one line per stage (nil: none).
 	Log io.Writer
 }
@@ -141,9 +146,20 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			h.Selections = append(h.Selections, s)
 		}
 	}
-	logf("in-process collectives")
-	if h.HostLatency, h.HostBandwidth, err = hostCollectives(ctx, h.N); err != nil {
-		return nil, err
+	hw := c.HostWorkers
+	if len(hw) == 0 {
+		hw = []int{2}
+	}
+	for _, p := range hw {
+		if p < 2 {
+			continue
+		}
+		logf("in-process collectives of %d workers", p)
+		n, err := hostCollectives(ctx, p, h.N)
+		if err != nil {
+			return nil, err
+		}
+		h.HostNets = append(h.HostNets, n)
 	}
 	return h, nil
 }
@@ -156,7 +172,7 @@ func (h *Host) readTiming(path string) error {
 		return fmt.Errorf("advise: reading the timing run: %w", err)
 	}
 	defer f.Close()
-	var fw, bw, cp, up []float64
+	var fw, bw, cp, up, ot []float64
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<16), 1<<26)
 	for sc.Scan() {
@@ -168,6 +184,7 @@ func (h *Host) readTiming(path string) error {
 		bw = append(bw, float64(s.TBackward))
 		cp = append(cp, float64(s.TCompute))
 		up = append(up, float64(s.TUpdate))
+		ot = append(ot, max(float64(s.TWait)-float64(s.TSelect)-float64(s.TComm), 0))
 	}
 	if err := sc.Err(); err != nil {
 		return fmt.Errorf("advise: reading the timing run: %w", err)
@@ -175,7 +192,7 @@ func (h *Host) readTiming(path string) error {
 	if len(cp) == 0 {
 		return errors.New("advise: the timing run logged no step after the first")
 	}
-	h.Forward, h.Backward, h.Compute, h.Update, h.Steps = median(fw), median(bw), median(cp), median(up), len(cp)+1
+	h.Forward, h.Backward, h.Compute, h.Update, h.Other, h.Steps = median(fw), median(bw), median(cp), median(up), median(ot), len(cp)+1
 	return nil
 }
 
@@ -361,7 +378,8 @@ const selectionWorkers = 2
 // fed with a measured gradient (a fresh copy every call), and returns the
 // slowest rank's selection time (CLT-k's leader, DEFT's packer): the median
 // of 5 calls after one, or for oktopk the mean over its 32-call schedule
-// (one exact threshold, 31 reused).
+// (one exact threshold, 31 reused); and the same of the rest of the call
+// outside selection and communication.
 func measureSelection(ctx context.Context, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
 	m, _ := sparsify.Lookup(method)
 	if params == nil {
@@ -375,6 +393,7 @@ func measureSelection(ctx context.Context, method string, d float64, l sparsify.
 		calls = 32
 	}
 	times := make([]float64, calls) // per call, the slowest rank's
+	others := make([]float64, calls)
 	var mu sync.Mutex
 	err := local.Run(ctx, selectionWorkers, func(ctx context.Context, c comm.Communicator) error {
 		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: 1, Params: params})
@@ -387,12 +406,15 @@ func measureSelection(ctx context.Context, method string, d float64, l sparsify.
 		res := make([]float32, l.N)
 		for i := range calls {
 			copy(acc, g)
+			t0 := time.Now()
 			st, err := red.Reduce(ctx, acc, out, res)
+			wall := time.Since(t0)
 			if err != nil {
 				return err
 			}
 			mu.Lock()
 			times[i] = max(times[i], st.SelectTime.Seconds())
+			others[i] = max(others[i], (wall - st.SelectTime - st.CommTime).Seconds())
 			mu.Unlock()
 		}
 		return nil
@@ -402,23 +424,28 @@ func measureSelection(ctx context.Context, method string, d float64, l sparsify.
 	}
 	s := Selection{Method: method, Density: d, Workers: selectionWorkers}
 	if method == "oktopk" {
-		for _, t := range times {
+		for i, t := range times {
 			s.Seconds += t / float64(len(times))
+			s.Other += others[i] / float64(len(times))
 		}
 	} else {
-		s.Seconds = median(times[1:])
+		s.Seconds, s.Other = median(times[1:]), median(others[1:])
 	}
 	return s, nil
 }
 
-// hostCollectives fits α and β to two in-process workers' all-reduces of
-// one element and of n elements (the fastest of several each).
-func hostCollectives(ctx context.Context, n int) (time.Duration, float64, error) {
+// hostCollectives fits an α-β network to p in-process workers'
+// all-reduces of one element and of the whole gradient (n elements, at
+// least 64k): α such that the modelled one-element all-reduce takes its
+// measured time, β such that the gradient's does. Each time is the median
+// of several calls, each started after a barrier.
+func hostCollectives(ctx context.Context, p, n int) (HostNet, error) {
+	m := max(n, 1<<16)
 	var t1, tn float64
-	err := local.Run(ctx, 2, func(ctx context.Context, c comm.Communicator) error {
-		fastest := func(m, reps int) (float64, error) {
+	err := local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
+		timed := func(m, reps int) (float64, error) {
 			buf := make(comm.Float32s, m)
-			best := math.Inf(1)
+			var ts []float64
 			for range reps {
 				if err := c.Barrier(ctx); err != nil {
 					return 0, err
@@ -427,15 +454,15 @@ func hostCollectives(ctx context.Context, n int) (time.Duration, float64, error)
 				if err := c.AllReduce(ctx, buf); err != nil {
 					return 0, err
 				}
-				best = min(best, time.Since(t0).Seconds())
+				ts = append(ts, time.Since(t0).Seconds())
 			}
-			return best, nil
+			return median(ts), nil
 		}
-		a, err := fastest(1, 50)
+		a, err := timed(1, 31)
 		if err != nil {
 			return err
 		}
-		b, err := fastest(max(n, 1<<16), 5)
+		b, err := timed(m, 7)
 		if err != nil {
 			return err
 		}
@@ -445,10 +472,21 @@ func hostCollectives(ctx context.Context, n int) (time.Duration, float64, error)
 		return nil
 	})
 	if err != nil {
-		return 0, 0, fmt.Errorf("advise: measuring the in-process collectives: %w", err)
+		return HostNet{}, fmt.Errorf("advise: measuring the in-process collectives of %d workers: %w", p, err)
 	}
-	bw := float64(4*max(n, 1<<16)) / max(tn-t1, 1e-9)
-	return time.Duration(t1 * 1e9), bw, nil
+	// Small messages take recursive doubling: steps·α.
+	steps := float64(bits.Len(uint(p)) - 1)
+	if p&(p-1) != 0 {
+		steps += 2
+	}
+	alpha := t1 / steps
+	// Large ones the ring: 2(p−1)α + 2(p−1)/p·m/β, or recursive doubling
+	// if that is faster (p = 2).
+	bytes := 4 * float64(m)
+	ringBW := 2 * float64(p-1) / float64(p) * bytes / max(tn-2*float64(p-1)*alpha, 1e-9)
+	rdBW := steps * bytes / max(tn-steps*alpha, 1e-9)
+	net := netmodel.Network{Latency: time.Duration(alpha * 1e9), Bandwidth: min(ringBW, rdBW)}
+	return HostNet{Workers: p, Latency: net.Latency, Bandwidth: net.Bandwidth}, nil
 }
 
 func cpuName() string {

@@ -37,6 +37,9 @@ type Host struct {
 	Backward float64 `json:"backward"`
 	Compute  float64 `json:"compute"`
 	Update   float64 `json:"update"`
+	// Other is the rest of a dense step outside the phases: error feedback,
+	// the copies around the reducer (t_wait − t_select − t_comm).
+	Other float64 `json:"other"`
 	// Steps is the number of training steps timed.
 	Steps int `json:"steps"`
 	// Selections are each method's measured selection time per call.
@@ -52,11 +55,48 @@ type Host struct {
 	// the model's initialisation).
 	GradWorkers int `json:"grad_workers"`
 	GradStep    int `json:"grad_step"`
-	// HostLatency and HostBandwidth (bytes/s) are the in-process
-	// collectives of this machine, fitted to two-rank all-reduces: the
-	// network of simulated workers without an emulated one.
-	HostLatency   time.Duration `json:"host_latency"`
-	HostBandwidth float64       `json:"host_bandwidth"`
+	// HostNets are this machine's in-process collectives as α-β networks,
+	// fitted to all-reduces among simulated workers: the network of
+	// simulated workers without an emulated one, which they are never faster
+	// than with one.
+	HostNets []HostNet `json:"host_nets"`
+}
+
+// HostNet is the in-process collectives of Workers simulated workers as an
+// α-β network: Latency makes the all-reduce of one element take its
+// measured time (the median of several: with more workers than cores a
+// collective waits for the scheduler), Bandwidth (bytes/s) that of the whole
+// gradient.
+type HostNet struct {
+	Workers   int           `json:"workers"`
+	Latency   time.Duration `json:"latency"`
+	Bandwidth float64       `json:"bandwidth"`
+}
+
+// hostNet returns the in-process network measured for P workers, or for
+// the largest measured count below P, or the smallest measured (zero cost
+// if none was measured).
+func (h *Host) hostNet(P int) netmodel.Network {
+	best := -1
+	for i, n := range h.HostNets {
+		if best < 0 {
+			best = i
+			continue
+		}
+		b := h.HostNets[best].Workers
+		switch {
+		case b == P:
+		case n.Workers <= P && (b > P || n.Workers > b): // the largest at most P
+			best = i
+		case b > P && n.Workers < b: // none at most P yet: the smallest
+			best = i
+		}
+	}
+	if best < 0 {
+		return netmodel.Network{Bandwidth: math.Inf(1)}
+	}
+	n := h.HostNets[best]
+	return netmodel.Network{Latency: n.Latency, Bandwidth: n.Bandwidth}
 }
 
 // Selection is one method's selection cost, measured on the model's layout
@@ -68,6 +108,9 @@ type Selection struct {
 	Density float64 `json:"density"`
 	Workers int     `json:"workers"`
 	Seconds float64 `json:"seconds"`
+	// Other is the reducer's work outside selection and communication
+	// (decoding, the residual), measured the same way.
+	Other float64 `json:"other"`
 }
 
 // Union is the growth of the union of the workers' selections with the
@@ -111,6 +154,9 @@ type Prediction struct {
 	Select  float64 `json:"select"`
 	Comm    float64 `json:"comm"`
 	Update  float64 `json:"update"`
+	// Other is the rest of the step: error feedback, copies, the reducer's
+	// decoding.
+	Other float64 `json:"other"`
 	// Iter is the time per iteration: the sum of the phases, except that
 	// LAGS' pipelined communication hides behind the backward pass.
 	Iter float64 `json:"iter"`
@@ -197,7 +243,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	}
 	N := h.N
 	K := sparsify.BudgetK(s.Density, N)
-	pr := Prediction{Method: s.Method, Workers: P, Density: s.Density, Compute: h.Compute, Update: h.Update}
+	pr := Prediction{Method: s.Method, Workers: P, Density: s.Density, Compute: h.Compute, Update: h.Update, Other: h.Other}
 	sh := Shape{Sizes: h.Sizes, N: N, P: P, Density: s.Density, K: K, Params: params}
 	var uTop, uThr []float64
 	if s.Method != "dense" {
@@ -211,6 +257,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 			return Prediction{}, fmt.Errorf("advise: %s: no selection time measured at density %g", s.Method, s.Density)
 		}
 		pr.Select = sel.Seconds
+		pr.Other += sel.Other
 		switch s.Method {
 		case "deft":
 			// Every worker computes the norms of the whole gradient; the
@@ -261,10 +308,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	if err != nil {
 		return Prediction{}, err
 	}
-	hostNet := netmodel.Network{Latency: h.HostLatency, Bandwidth: h.HostBandwidth}
-	if hostNet.Bandwidth <= 0 {
-		hostNet.Bandwidth = math.Inf(1)
-	}
+	hostNet := h.hostNet(P)
 	net := s.Net
 	if net.Bandwidth == 0 {
 		net = hostNet
@@ -275,11 +319,12 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		pr.Compute *= share
 		pr.Select *= share
 		pr.Update *= share
+		pr.Other *= share
 		pr.Comm = max(pr.Comm, CommTime(calls, P, hostNet).Seconds())
 	}
 	pr.ActualDensity = sh.Union / float64(N)
 	pr.BytesSent = Bytes(calls, P)
-	pr.Iter = pr.Compute + pr.Select + pr.Comm + pr.Update
+	pr.Iter = pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other
 	if s.Method == "lags" {
 		bw := h.Backward
 		if !(bw > 0) {
@@ -287,7 +332,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		} else if s.Simulated {
 			bw *= max(1, float64(P)/float64(max(h.Cores, 1)))
 		}
-		pr.Iter = pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update
+		pr.Iter = pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
 	}
 	pr.Caveats = caveats(h, s, params, pr, K)
 	return pr, nil

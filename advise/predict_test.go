@@ -18,12 +18,12 @@ import (
 func synthHost() *Host {
 	const rho = 0.01
 	return &Host{Model: "synthetic", Sizes: []int{600_000, 400_000}, Names: []string{"a", "b"}, N: 1_000_000, Cores: 2,
-		Forward: 0.04, Backward: 0.06, Compute: 0.1, Update: 0.01,
+		Forward: 0.04, Backward: 0.06, Compute: 0.1, Update: 0.01, Other: 0.003,
 		Selections: []Selection{
-			{"topk", rho, 2, 0.02}, {"topka", rho, 2, 0.021}, {"cltk", rho, 2, 0.019}, {"randomk", rho, 2, 0.001},
+			{"topk", rho, 2, 0.02, 0.002}, {"topka", rho, 2, 0.021, 0.001}, {"cltk", rho, 2, 0.019, 0.0005}, {"randomk", rho, 2, 0.001, 0},
 		},
 		Unions:      []Union{{Density: rho, TopK: []float64{rho, rho * math.Sqrt(2), rho * math.Sqrt(3), rho * 2}}},
-		GradWorkers: 4, HostLatency: time.Microsecond, HostBandwidth: 5e9}
+		GradWorkers: 4, HostNets: []HostNet{{2, time.Microsecond, 5e9}}}
 }
 
 // The plain reference: the α-β formulas written out for each collective,
@@ -58,22 +58,22 @@ func refBroadcast(P int, m, a, b float64) float64 {
 
 // refIter is the reference time per iteration of the four methods of
 // synthHost on P workers over (α, β): compute + selection + the method's
-// collectives + update.
+// collectives + update + the rest of the step and of the reducer.
 func refIter(method string, P int, a, b float64) float64 {
 	const N, K = 1_000_000.0, 10_000.0
-	base := 0.1 + 0.01
+	base := 0.1 + 0.01 + 0.003 // compute, update, the rest of the step
 	switch method {
 	case "dense":
 		return base + refAllReduce(P, 4*N, a, b)
 	case "randomk":
 		return base + 0.001 + refAllReduce(P, 4*K, a, b)
 	case "cltk":
-		return base + 0.019 + refBroadcast(P, 4*K, a, b) + refAllReduce(P, 4*K, a, b)
+		return base + 0.019 + 0.0005 + refBroadcast(P, 4*K, a, b) + refAllReduce(P, 4*K, a, b)
 	case "topka":
-		return base + 0.021 + 2*refAllGather(P, 4*K, a, b)
+		return base + 0.021 + 0.001 + 2*refAllGather(P, 4*K, a, b)
 	case "topk":
 		u := math.Min(K*math.Sqrt(float64(P)), N*(1-math.Pow(1-K/N, float64(P))))
-		return base + 0.02 + refAllGather(P, 4, a, b) + refAllGather(P, 4*K, a, b) + refAllReduce(P, 4*u, a, b)
+		return base + 0.02 + 0.002 + refAllGather(P, 4, a, b) + refAllGather(P, 4*K, a, b) + refAllReduce(P, 4*u, a, b)
 	}
 	panic(method)
 }
@@ -213,5 +213,19 @@ func TestGrowth(t *testing.T) {
 	}
 	if got := growth([]float64{0.01}); got != 1 {
 		t.Errorf("one worker: γ = %g, want 1 (nothing measured: independent)", got)
+	}
+}
+
+// TestHostNet checks which in-process measurement a worker count uses: its
+// own, else the largest below it, else the smallest.
+func TestHostNet(t *testing.T) {
+	h := &Host{HostNets: []HostNet{{8, 8, 1}, {2, 2, 1}, {4, 4, 1}}}
+	for P, want := range map[int]time.Duration{1: 2, 2: 2, 3: 2, 4: 4, 5: 4, 8: 8, 64: 8} {
+		if got := h.hostNet(P).Latency; got != want {
+			t.Errorf("P=%d: the measurement of %d workers, want %d", P, got, want)
+		}
+	}
+	if n := (&Host{}).hostNet(4); n.Latency != 0 || !math.IsInf(n.Bandwidth, 1) {
+		t.Errorf("nothing measured: %+v, want a free network", n)
 	}
 }

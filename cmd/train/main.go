@@ -3,6 +3,8 @@
 //
 //	train [flags]                      train one model, write a run directory
 //	train report [-o FILE] RUN_DIR...  compare runs in one HTML report
+//	train sweep -preset NAME -out DIR  run a grid of trainings, one comparison page
+//	train advise -model M -workers P -net-bandwidth B  rank the sparsifiers for a cluster
 //
 // -workers N runs N simulated workers in one process; under mpirun each
 // process is one worker (mpirun -np 4 train ... gives the same per-step losses
@@ -113,6 +115,9 @@ func editDistance(a, b string) int {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "report" {
 		return helpIsNoError(runReport(args[1:], stdout))
+	}
+	if len(args) > 0 && (args[0] == "sweep" || args[0] == "advise") {
+		return helpIsNoError(runSubcommand(ctx, args[0], args[1:], stdout, stderr))
 	}
 	fs, c, summary := newFlags(stderr)
 	if err := parseFlags(fs, args, stdout); err != nil {

@@ -1,0 +1,144 @@
+package advise
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+)
+
+// FormatSeconds formats a duration in seconds for a table: µs, ms or s
+// with three significant digits.
+func FormatSeconds(s float64) string {
+	switch {
+	case math.IsNaN(s) || math.IsInf(s, 0):
+		return "—"
+	case s == 0:
+		return "0"
+	case s < 1e-3:
+		return strconv.FormatFloat(s*1e6, 'g', 3, 64) + " µs"
+	case s < 1:
+		return strconv.FormatFloat(s*1e3, 'g', 3, 64) + " ms"
+	}
+	return strconv.FormatFloat(s, 'g', 3, 64) + " s"
+}
+
+// NetName describes a network for people: "10 Gbit/s, 50µs".
+func NetName(net netmodel.Network) string {
+	if net.Bandwidth == 0 {
+		return "in-process (no network)"
+	}
+	return strconv.FormatFloat(net.Bandwidth*8/1e9, 'g', 4, 64) + " Gbit/s, " + net.Latency.String() + " latency"
+}
+
+// WriteTable writes the ranked predictions of one setting (as Rank returns
+// them) as a text table, the caveats under it, the verdict (whether dense
+// all-reduce wins) and the methods that cannot run there.
+func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped map[string]error) error {
+	fmt.Fprintf(w, "%s on %s, %d workers, %s, density %g\n", h.Model, h.Dataset, s.Workers, NetName(s.Net), s.Density)
+	fmt.Fprintf(w, "measured here: one step %s (forward+backward) + %s (update) on %s, batch %d per worker\n\n",
+		FormatSeconds(h.Compute), FormatSeconds(h.Update), h.Device, h.Batch)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "rank\tmethod\tselection\tcommunication\titeration\tvs dense\tactual density\tsent/worker\t")
+	var notes []string
+	for i, p := range ranked {
+		speed := strconv.FormatFloat(p.Speedup, 'f', 2, 64) + "×"
+		dens := strconv.FormatFloat(p.ActualDensity, 'g', 3, 64)
+		if p.Method != "dense" {
+			dens += " (" + strconv.FormatFloat(p.ActualDensity/p.Density, 'f', 1, 64) + "× ρ)"
+		}
+		mark := ""
+		if len(p.Caveats) > 0 {
+			mark = " *"
+			for _, c := range p.Caveats {
+				notes = append(notes, p.Method+": "+c)
+			}
+		}
+		fmt.Fprintf(tw, "%d\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", i+1, p.Method, mark, FormatSeconds(p.Select), FormatSeconds(p.Comm),
+			FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, Verdict(ranked))
+	if len(notes) > 0 {
+		fmt.Fprintln(w, "\n* caveats:")
+		for _, n := range notes {
+			fmt.Fprintln(w, "  - "+n)
+		}
+	}
+	if len(skipped) > 0 {
+		names := make([]string, 0, len(skipped))
+		for m := range skipped {
+			names = append(names, m)
+		}
+		sort.Strings(names)
+		fmt.Fprintln(w, "\nnot ranked:")
+		for _, m := range names {
+			fmt.Fprintf(w, "  - %s: %v\n", m, skipped[m])
+		}
+	}
+	_, err := fmt.Fprintln(w)
+	return err
+}
+
+// Verdict says in one sentence which method wins and whether sparsifying
+// pays off at all.
+func Verdict(ranked []Prediction) string {
+	if len(ranked) == 0 {
+		return "No method could be ranked."
+	}
+	best := ranked[0]
+	if best.Method == "dense" {
+		if len(ranked) == 1 {
+			return "Dense all-reduce is the only method ranked."
+		}
+		second := ranked[1]
+		return fmt.Sprintf("Dense all-reduce wins: no sparsifier is predicted to be faster per iteration here (the best, %s, takes %.2f× as long), so sparsifying does not pay off on this network.",
+			second.Method, second.Iter/best.Iter)
+	}
+	return fmt.Sprintf("%s is predicted fastest: %.2f× the iterations per second of dense all-reduce (%s vs %s per iteration). Time per iteration only: check on the sweep page that it converges as well as dense.",
+		best.Method, best.Speedup, FormatSeconds(best.Iter), FormatSeconds(best.Iter*best.Speedup))
+}
+
+func fmtBytes(b float64) string {
+	switch {
+	case b >= 1e9:
+		return strconv.FormatFloat(b/1e9, 'f', 2, 64) + " GB"
+	case b >= 1e6:
+		return strconv.FormatFloat(b/1e6, 'f', 2, 64) + " MB"
+	case b >= 1e3:
+		return strconv.FormatFloat(b/1e3, 'f', 1, 64) + " kB"
+	}
+	return strconv.FormatFloat(b, 'f', 0, 64) + " B"
+}
+
+// ParseNetworks turns lists of bandwidths (Gbit/s) and one latency into
+// networks, refusing values the model cannot use.
+func ParseNetworks(gbits []float64, latency time.Duration) ([]netmodel.Network, error) {
+	var out []netmodel.Network
+	for _, g := range gbits {
+		n := netmodel.Network{Latency: latency, Bandwidth: g * 1e9 / 8}
+		if err := n.Validate(); err != nil {
+			return nil, fmt.Errorf("advise: bandwidth %v Gbit/s, latency %v: %w", g, latency, err)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// joinInts formats a list of ints as "a, b, c".
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/advise"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
+)
+
+// adviseFlags are the flags of train advise.
+type adviseFlags struct {
+	workers      []int
+	gbits        []float64
+	latency      time.Duration
+	densities    []float64
+	sparsifiers  []string
+	measurements string
+	modelSize    string
+	base         train.Config
+	method       sparsify.Values
+}
+
+func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
+	fs := flag.NewFlagSet("train advise", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	v := &adviseFlags{densities: []float64{0.01}}
+	c := &v.base
+	fs.StringVar(&c.Model, "model", "ncf", "model: resnet18, lstm or ncf")
+	fs.StringVar(&c.Dataset, "dataset", "", "data set (default the model's first); NCF and the LSTM read it for their sizes, every model for one step")
+	fs.StringVar(&c.DataDir, "data-dir", "", "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)")
+	fs.StringVar(&v.modelSize, "model-size", "", "model size, train's -preset: lstm small or default; ncf paper or default")
+	fs.Var(optInt{&c.Batch}, "batch", "per-worker batch size (default the model's)")
+	fs.StringVar(&c.Device, "device", "cpu", "where one worker's step is measured: cpu or cuda")
+	fs.BoolVar(&c.TF32, "tf32", false, "GPU: allow TF32 tensor-core math")
+	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto, openblas or gonum")
+	fs.Var(listValue[int]{&v.workers, parseWorkers, "list"}, "workers", "worker counts P of the cluster, comma-separated, e.g. 16,64,256")
+	fs.Var(listValue[float64]{&v.gbits, parseGbit, "list"}, "net-bandwidth", "the cluster network's bandwidth in Gbit/s, comma-separated, e.g. 10,100")
+	fs.DurationVar(&v.latency, "net-latency", 50*time.Microsecond, "the cluster network's latency per message")
+	fs.Var(listValue[float64]{&v.densities, parseFraction, "list"}, "density", "densities ρ to rank at, comma-separated")
+	fs.Var(listValue[string]{&v.sparsifiers, parseName, "list"}, "sparsifiers", "methods to rank (default all): "+strings.Join(sparsify.Names(), ", "))
+	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")
+	method := addMethodFlags(fs, &v.method)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage:
+  train advise -model M -workers P -net-bandwidth B [-net-latency L] [-device cuda] [flags]
+
+Measures on this machine one training step of the model, each method's selection
+on the model's real gradients and the in-process collectives, projects every
+method's time per iteration at P workers on the network (α-β model), and prints
+them ranked, saying plainly when dense all-reduce wins.
+
+Flags:
+`)
+		printFlags(fs.Output(), fs, method)
+	}
+	return fs, v
+}
+
+// runAdvise is train advise.
+func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, v := newAdviseFlags(stderr)
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("train advise: unexpected argument %q: advise takes only flags", fs.Arg(0))
+	}
+	if len(v.workers) == 0 {
+		return errors.New("train advise: give -workers P, the cluster's worker count (e.g. -workers 16,64)")
+	}
+	if len(v.gbits) == 0 {
+		return errors.New("train advise: give -net-bandwidth B in Gbit/s, the cluster network's (e.g. -net-bandwidth 10)")
+	}
+	nets, err := advise.ParseNetworks(v.gbits, v.latency)
+	if err != nil {
+		return fmt.Errorf("train %w", err)
+	}
+	methods := v.sparsifiers
+	if len(methods) == 0 {
+		methods = advise.Methods()
+	}
+	for _, m := range methods {
+		if _, ok := sparsify.Lookup(m); !ok {
+			return fmt.Errorf("train advise: unknown sparsifier %q in -sparsifiers; use %s", m, strings.Join(sparsify.Names(), ", "))
+		}
+	}
+	c := v.base
+	c.Preset = v.modelSize
+	h, err := adviseHost(ctx, c, v, methods, stderr)
+	if err != nil {
+		return err
+	}
+	for _, d := range v.densities {
+		for _, net := range nets {
+			for _, P := range v.workers {
+				s := advise.Setting{Workers: P, Density: d, Net: net, Params: v.method}
+				ranked, skipped, err := advise.Rank(h, s, methods)
+				if err != nil {
+					return fmt.Errorf("train %w", err)
+				}
+				if err := advise.WriteTable(stdout, h, s, ranked, skipped); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// adviseHost reads the measurements file or measures (and writes it).
+func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []string, stderr io.Writer) (*advise.Host, error) {
+	if v.measurements != "" {
+		h, err := advise.ReadHost(v.measurements)
+		switch {
+		case err == nil:
+			def := c.Defaults()
+			if h.Model != def.Model || h.Dataset != def.Dataset || h.Device != def.Device {
+				return nil, fmt.Errorf("train advise: %s holds measurements of %s on %s (%s), not of %s on %s (%s); use another -measurements file",
+					v.measurements, h.Model, h.Dataset, h.Device, def.Model, def.Dataset, def.Device)
+			}
+			fmt.Fprintf(stderr, "using the measurements in %s\n", v.measurements)
+			return h, nil
+		case !errors.Is(err, os.ErrNotExist):
+			return nil, fmt.Errorf("train %w", err)
+		}
+	}
+	h, err := advise.Measure(ctx, advise.Config{Train: c, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+	if err != nil {
+		if strings.HasPrefix(err.Error(), "train:") {
+			return nil, err
+		}
+		return nil, fmt.Errorf("train %w", err)
+	}
+	if v.measurements != "" {
+		if err := advise.WriteHost(v.measurements, h); err != nil {
+			return nil, fmt.Errorf("train %w", err)
+		}
+	}
+	return h, nil
+}

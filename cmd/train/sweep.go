@@ -1,0 +1,423 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/reports"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/sweep"
+	"github.com/sparsegrad/sparsegrad/train"
+)
+
+// listValue is a comma-separated list flag.
+type listValue[T any] struct {
+	v     *[]T
+	parse func(string) (T, error)
+	kind  string
+}
+
+func (l listValue[T]) Set(s string) error {
+	var out []T
+	for _, f := range strings.Split(s, ",") {
+		x, err := l.parse(strings.TrimSpace(f))
+		if err != nil {
+			return err
+		}
+		out = append(out, x)
+	}
+	*l.v = out
+	return nil
+}
+
+func (l listValue[T]) String() string {
+	if l.v == nil {
+		return ""
+	}
+	s := make([]string, len(*l.v))
+	for i, x := range *l.v {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l listValue[T]) Type() string { return l.kind }
+
+func parseWorkers(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%q: want a worker count >= 1", s)
+	}
+	return n, nil
+}
+
+func parseFraction(s string) (float64, error) {
+	x, err := parseFinite(s)
+	if err != nil {
+		return 0, err
+	}
+	if !(x > 0 && x <= 1) {
+		return 0, fmt.Errorf("%s: want a fraction in (0, 1], e.g. 0.01", s)
+	}
+	return x, nil
+}
+
+func parseGbit(s string) (float64, error) {
+	x, err := parseFinite(s)
+	if err != nil {
+		return 0, err
+	}
+	if !(x > 0) {
+		return 0, fmt.Errorf("%s: want a bandwidth > 0 in Gbit/s, e.g. 10", s)
+	}
+	return x, nil
+}
+
+func parseName(s string) (string, error) {
+	if s == "" {
+		return "", errors.New("empty name in the list")
+	}
+	return s, nil
+}
+
+// sweepFlags are the flags of train sweep.
+type sweepFlags struct {
+	preset      string
+	out         string
+	sparsifiers []string
+	workers     []int
+	densities   []float64
+	gbits       []float64
+	latency     time.Duration
+	modelSize   string
+	dryRun      bool
+	noPredict   bool
+	base        train.Config
+	method      sparsify.Values
+}
+
+func newSweepFlags(stderr io.Writer) (*flag.FlagSet, *sweepFlags) {
+	fs := flag.NewFlagSet("train sweep", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	v := &sweepFlags{}
+	c := &v.base
+	fs.StringVar(&v.preset, "preset", "", "a named sweep (the papers' comparisons, sized for a small machine): "+strings.Join(sweep.PresetNames(), ", ")+"; \"list\" describes them. Flags given too override the preset's values")
+	fs.StringVar(&v.out, "out", "", "output folder: one run folder per grid point under runs/, the comparison page sweep.html")
+	fs.Var(listValue[string]{&v.sparsifiers, parseName, "list"}, "sparsifiers", "comma-separated sparsifiers: "+strings.Join(sparsify.Names(), ", "))
+	fs.Var(listValue[int]{&v.workers, parseWorkers, "list"}, "workers", "comma-separated worker counts, e.g. 2,4,8,16 (simulated workers in this process)")
+	fs.Var(listValue[float64]{&v.densities, parseFraction, "list"}, "density", "comma-separated densities ρ, e.g. 0.01,0.001 (dense runs once)")
+	fs.Var(listValue[float64]{&v.gbits, parseGbit, "list"}, "net-bandwidth", "comma-separated emulated network bandwidths in Gbit/s (with -net-latency); default none")
+	fs.DurationVar(&v.latency, "net-latency", 50*time.Microsecond, "latency of the emulated networks")
+	fs.StringVar(&c.Model, "model", "ncf", "model: resnet18, lstm or ncf")
+	fs.StringVar(&c.Dataset, "dataset", "", "data set (default the model's first)")
+	fs.StringVar(&c.DataDir, "data-dir", "", "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)")
+	fs.StringVar(&v.modelSize, "model-size", "", "model size, train's -preset: lstm small or default; ncf paper or default")
+	fs.IntVar(&c.Steps, "steps", 0, "budget per run: iterations (0: no limit)")
+	fs.DurationVar(&c.MaxTime, "max-time", 0, "budget per run: wall time, e.g. 2m (0: no limit)")
+	fs.Var(optInt{&c.Epochs}, "epochs", "budget per run: epochs (default the model's)")
+	fs.Var(optInt{&c.Batch}, "batch", "per-worker batch size (default the model's)")
+	fs.Var(optFloat{&c.LR}, "lr", "learning rate (default the model's)")
+	fs.Var(optUint{&c.Seed}, "seed", "random seed of every run (default 42)")
+	fs.IntVar(&c.EvalEvery, "eval-every", 0, "also evaluate every this many iterations (0: every epoch)")
+	fs.Var(optInt{&c.LogEvery}, "log-every", "write a step record every this many iterations (default 1)")
+	fs.IntVar(&c.MaxEvalBatches, "max-eval-batches", 0, "evaluate on at most this many batches per worker (0: the whole split)")
+	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda")
+	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto, openblas or gonum")
+	fs.BoolVar(&v.dryRun, "dry-run", false, "print each run's train command (for running them elsewhere, e.g. under mpirun) and run nothing")
+	fs.BoolVar(&v.noPredict, "no-predict", false, "leave the advisor's predictions (and measuring this machine) out of the page")
+	addReportAssetsFlag(fs)
+	method := addMethodFlags(fs, &v.method)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), `Usage:
+  train sweep -preset NAME -data-dir DIR -out DIR [flags]
+  train sweep -sparsifiers a,b -workers 2,4 -density 0.01 -steps N -out DIR [flags]
+  train sweep -preset list
+
+Runs a grid of trainings (sparsifiers × worker counts × densities × networks) of one
+model one after another, skipping runs already complete in -out (an interrupted sweep
+continues), and writes -out/sweep.html comparing them.
+
+Flags:
+`)
+		printFlags(fs.Output(), fs, method)
+	}
+	return fs, v
+}
+
+// spec builds the sweep's grid from the preset and the flags given.
+func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var s sweep.Spec
+	var pr *sweep.Preset
+	if v.preset != "" {
+		p, err := sweep.LookupPreset(v.preset)
+		if err != nil {
+			return s, nil, err
+		}
+		s, pr = p.Spec, &p
+		s.Base.DataDir = v.base.DataDir
+		s.MethodOptions = maps(s.MethodOptions)
+	}
+	b, c := &s.Base, v.base
+	str := func(name string, dst *string, val string) {
+		if set[name] || v.preset == "" {
+			*dst = val
+		}
+	}
+	str("model", &b.Model, c.Model)
+	str("dataset", &b.Dataset, c.Dataset)
+	str("data-dir", &b.DataDir, c.DataDir)
+	str("model-size", &b.Preset, v.modelSize)
+	str("device", &b.Device, c.Device)
+	str("blas", &b.BLAS, c.BLAS)
+	if set["model"] && !set["dataset"] {
+		b.Dataset = "" // the model's first, not the preset's
+	}
+	if set["steps"] || v.preset == "" {
+		b.Steps = c.Steps
+	}
+	if set["max-time"] || v.preset == "" {
+		b.MaxTime = c.MaxTime
+	}
+	if set["eval-every"] || v.preset == "" {
+		b.EvalEvery = c.EvalEvery
+	}
+	if set["max-eval-batches"] || v.preset == "" {
+		b.MaxEvalBatches = c.MaxEvalBatches
+	}
+	for _, o := range []struct {
+		name string
+		dst  *train.Optional[int]
+		val  train.Optional[int]
+	}{{"epochs", &b.Epochs, c.Epochs}, {"batch", &b.Batch, c.Batch}, {"log-every", &b.LogEvery, c.LogEvery}} {
+		if set[o.name] {
+			*o.dst = o.val
+		}
+	}
+	if set["lr"] {
+		b.LR = c.LR
+	}
+	if set["seed"] {
+		b.Seed = c.Seed
+	}
+	if set["sparsifiers"] || v.preset == "" {
+		s.Sparsifiers = v.sparsifiers
+	}
+	if set["workers"] || v.preset == "" {
+		s.Workers = v.workers
+	}
+	if set["density"] || v.preset == "" {
+		s.Densities = v.densities
+	}
+	if set["net-bandwidth"] || v.preset == "" {
+		nets, err := sweepNetworks(v.gbits, v.latency)
+		if err != nil {
+			return s, nil, err
+		}
+		s.Networks = nets
+	} else if set["net-latency"] {
+		for i := range s.Networks {
+			s.Networks[i].Latency = v.latency
+		}
+	}
+	if s.MethodOptions == nil && len(v.method) > 0 {
+		s.MethodOptions = sparsify.Values{}
+	}
+	for k, x := range v.method {
+		s.MethodOptions[k] = x
+	}
+	if v.preset == "" && b.Steps == 0 && b.MaxTime == 0 && !b.Epochs.IsSet() {
+		return s, nil, errors.New("train sweep: give a budget per run: -steps N, -max-time D or -epochs N (or a -preset)")
+	}
+	if len(s.Sparsifiers) == 0 {
+		return s, nil, errors.New("train sweep: give -sparsifiers (e.g. topk,deft) or a -preset")
+	}
+	if len(s.Workers) == 0 {
+		return s, nil, errors.New("train sweep: give -workers (e.g. 2,4,8) or a -preset")
+	}
+	return s, pr, nil
+}
+
+func maps(v sparsify.Values) sparsify.Values {
+	if v == nil {
+		return nil
+	}
+	out := sparsify.Values{}
+	for k, x := range v {
+		out[k] = x
+	}
+	return out
+}
+
+func sweepNetworks(gbits []float64, latency time.Duration) ([]netmodel.Network, error) {
+	var nets []netmodel.Network
+	for _, g := range gbits {
+		n := netmodel.Network{Latency: latency, Bandwidth: g * 1e9 / 8}
+		if err := n.Validate(); err != nil {
+			return nil, fmt.Errorf("train sweep: -net-bandwidth %v, -net-latency %v: %w", g, latency, err)
+		}
+		nets = append(nets, n)
+	}
+	return nets, nil
+}
+
+// runSubcommand runs train sweep or train advise.
+func runSubcommand(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	if name == "sweep" {
+		return runSweep(ctx, args, stdout, stderr)
+	}
+	return runAdvise(ctx, args, stdout, stderr)
+}
+
+// runSweep is train sweep.
+func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, v := newSweepFlags(stderr)
+	if err := parseFlags(fs, args, stdout); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("train sweep: unexpected argument %q: the sweep takes only flags", fs.Arg(0))
+	}
+	if v.preset == "list" {
+		return listPresets(stdout)
+	}
+	s, pr, err := v.spec(fs)
+	if err != nil {
+		return err
+	}
+	if v.out == "" {
+		return errors.New("train sweep: give -out DIR, the folder of the sweep's runs and page (an existing one continues its sweep)")
+	}
+	if v.dryRun {
+		pts, skipped, err := s.Points()
+		if err != nil {
+			return err
+		}
+		for _, p := range pts {
+			fmt.Fprintln(stdout, strings.Join(trainCommand(p, v.out), " "))
+		}
+		for _, sk := range skipped {
+			fmt.Fprintf(stdout, "# not run: %s: %v\n", sk.Name, sk.Reason)
+		}
+		return nil
+	}
+	o := sweep.Options{Log: stdout, Report: reports.Options{AssetsURL: reportAssets}, NoPredict: v.noPredict,
+		CommandLine: append([]string{"train", "sweep"}, args...)}
+	if pr != nil {
+		o.Title = "Sweep " + pr.Name + ": " + pr.Paper
+		o.Notes = []string{pr.Doc, "Full-size version (for a machine with many cores or GPUs): " + pr.FullSize}
+	}
+	res, err := sweep.Run(ctx, s, v.out, o)
+	if err != nil {
+		if !strings.HasPrefix(err.Error(), "sweep:") && !strings.HasPrefix(err.Error(), "train") {
+			return fmt.Errorf("train sweep: %w", err)
+		}
+		return fmt.Errorf("train %w", err)
+	}
+	fmt.Fprintf(stdout, "%d runs: %d run now, %d already complete; open %s\n", res.Ran+res.Complete, res.Ran, res.Complete, res.Page)
+	return nil
+}
+
+// trainCommand is the train command line of one point.
+func trainCommand(p sweep.Point, out string) []string {
+	c := p.Config
+	a := []string{"train", "-model", c.Model}
+	add := func(flag, val string) { a = append(a, flag, val) }
+	if c.Dataset != "" {
+		add("-dataset", c.Dataset)
+	}
+	if c.DataDir != "" {
+		add("-data-dir", c.DataDir)
+	}
+	if c.Preset != "" {
+		add("-preset", c.Preset)
+	}
+	add("-sparsifier", c.Sparsifier)
+	if c.Density.IsSet() {
+		add("-density", strconv.FormatFloat(c.Density.Value(), 'g', -1, 64))
+	}
+	add("-workers", strconv.Itoa(c.Workers.Value()))
+	if c.Steps > 0 {
+		add("-steps", strconv.Itoa(c.Steps))
+	}
+	if c.MaxTime > 0 {
+		add("-max-time", c.MaxTime.String())
+	}
+	for _, o := range []struct {
+		flag string
+		v    train.Optional[int]
+	}{{"-epochs", c.Epochs}, {"-batch", c.Batch}, {"-log-every", c.LogEvery}, {"-checkpoint-every", c.CheckpointEvery}} {
+		if o.v.IsSet() {
+			add(o.flag, strconv.Itoa(o.v.Value()))
+		}
+	}
+	if c.LR.IsSet() {
+		add("-lr", strconv.FormatFloat(c.LR.Value(), 'g', -1, 64))
+	}
+	if c.Seed.IsSet() {
+		add("-seed", strconv.FormatUint(c.Seed.Value(), 10))
+	}
+	if c.EvalEvery > 0 {
+		add("-eval-every", strconv.Itoa(c.EvalEvery))
+	}
+	if c.MaxEvalBatches > 0 {
+		add("-max-eval-batches", strconv.Itoa(c.MaxEvalBatches))
+	}
+	if c.Device != "" && c.Device != "cpu" {
+		add("-device", c.Device)
+	}
+	if c.NetBandwidth > 0 {
+		add("-net-latency", c.NetLatency.String())
+		add("-net-bandwidth", strconv.FormatFloat(c.NetBandwidth*8/1e9, 'g', -1, 64))
+	}
+	m, _ := sparsify.Lookup(c.Sparsifier)
+	var names []string
+	for k := range c.MethodOptions {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		if pa, ok := m.Param(k); ok {
+			add("-"+pa.Flag, fmt.Sprint(c.MethodOptions[k]))
+		}
+	}
+	add("-out", out+"/runs/"+p.Name)
+	return a
+}
+
+// listPresets describes the presets.
+func listPresets(w io.Writer) error {
+	for _, name := range sweep.PresetNames() {
+		p := sweep.Presets[name]
+		s := p.Spec
+		budget := ""
+		switch {
+		case s.Base.Steps > 0:
+			budget = strconv.Itoa(s.Base.Steps) + " iterations"
+		case s.Base.MaxTime > 0:
+			budget = s.Base.MaxTime.String()
+		}
+		nets := "in-process"
+		if len(s.Networks) > 0 {
+			var n []string
+			for _, x := range s.Networks {
+				n = append(n, strconv.FormatFloat(x.Bandwidth*8/1e9, 'g', 4, 64)+" Gbit/s "+x.Latency.String())
+			}
+			nets = "emulated " + strings.Join(n, ", ")
+		}
+		fmt.Fprintf(w, "%s — %s\n  %s\n  grid: %s × workers %v × density %v, %s network, %s per run, %s on %s (about %.0f minutes on 2 cores)\n  full size: %s\n\n",
+			p.Name, p.Paper, p.Doc, strings.Join(s.Sparsifiers, ", "), s.Workers, s.Densities, nets, budget, s.Base.Model, s.Base.Dataset,
+			math.Ceil(p.Minutes), p.FullSize)
+	}
+	return nil
+}

@@ -1,0 +1,465 @@
+package reports
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// SweepRun is one run of a sweep: its directory, its place in the grid and,
+// when known, the advisor's prediction of its time per iteration.
+type SweepRun struct {
+	// Dir is the run directory (run.json, metrics.jsonl).
+	Dir string
+	// Method, Workers and Density are the run's grid coordinates; Network
+	// names its emulated network ("" for none).
+	Method  string
+	Workers int
+	Density float64
+	Network string
+	// Predicted is the advisor's projection of the run (nil: none).
+	Predicted *PredictedIter
+}
+
+// PredictedIter is a projected iteration, in seconds, and the expected
+// actual density.
+// Other is the rest of the iteration (error feedback, copies, decoding),
+// which no measured phase holds.
+type PredictedIter struct {
+	Compute, Select, Comm, Update, Other, Iter float64
+	ActualDensity                              float64
+}
+
+// SweepInfo is what a sweep page shows.
+type SweepInfo struct {
+	// Title heads the page; Notes are paragraphs under it.
+	Title string
+	Notes []string
+	// Runs are the sweep's runs, in grid order.
+	Runs []SweepRun
+}
+
+// sweepSkip is the number of logged iterations at the start of a run that
+// the sweep's per-run figures leave out (start-up: first allocations,
+// caches, thresholds far from their target).
+const sweepSkip = 5
+
+// measuredPhases are a run's phase times per iteration: the medians over
+// the logged iterations after the first sweepSkip (all of them if there are
+// fewer). Communication is the exposed part (t_wait) for a pipelined run.
+type measuredPhases struct {
+	Compute, Select, Comm, Update, Iter float64
+	// Density is the mean actual density over the second half of the
+	// logged iterations (MiCRO's threshold settles first).
+	Density float64
+}
+
+func medianOf(steps []Step, f func(*Step) float64) float64 {
+	var v []float64
+	for i := range steps {
+		if x := f(&steps[i]); isFinite(x) {
+			v = append(v, x)
+		}
+	}
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+func phasesOf(r *Run) measuredPhases {
+	steps := r.Steps
+	if len(steps) > 2*sweepSkip {
+		steps = steps[sweepSkip:]
+	}
+	m := measuredPhases{
+		Compute: medianOf(steps, func(s *Step) float64 { return s.TCompute }),
+		Select: medianOf(steps, func(s *Step) float64 {
+			if pipelined(s) {
+				return 0
+			}
+			return s.TSelect
+		}),
+		Comm: medianOf(steps, func(s *Step) float64 {
+			if pipelined(s) {
+				return s.TWait
+			}
+			return s.TComm
+		}),
+		Update: medianOf(steps, func(s *Step) float64 { return s.TUpdate }),
+		Iter:   medianOf(steps, func(s *Step) float64 { return s.TIter }),
+	}
+	half := &Run{Steps: r.Steps[len(r.Steps)/2:]}
+	m.Density = half.mean(func(s *Step) float64 { return s.ActualDensity })
+	return m
+}
+
+// sweepKey groups a sweep's runs into one line per method, density and
+// network (the worker count is the x axis).
+func sweepKey(sr SweepRun, multiDensity, multiNet bool) string {
+	k := sr.Method
+	if multiDensity && sr.Method != "dense" {
+		k += " ρ=" + strconv.FormatFloat(sr.Density, 'g', 4, 64)
+	}
+	if multiNet {
+		if sr.Network == "" {
+			k += " (in-process)"
+		} else {
+			k += " (" + sr.Network + ")"
+		}
+	}
+	return k
+}
+
+func sweepLabel(sr SweepRun, multiDensity, multiNet bool) string {
+	return sweepKey(sr, multiDensity, multiNet) + " ×" + strconv.Itoa(sr.Workers)
+}
+
+// SweepPage returns the comparison page of a sweep: actual density,
+// selection time and the time per iteration by phase against the worker
+// count, error and threshold against iterations, convergence against
+// epochs and wall time, and the advisor's predicted time per iteration
+// against the measured one, all from the runs' records.
+func SweepPage(ctx context.Context, info SweepInfo, o Options) ([]byte, error) {
+	if len(info.Runs) == 0 {
+		return nil, errors.New("reports: a sweep page needs at least one run")
+	}
+	runs := make([]*Run, len(info.Runs))
+	for i, sr := range info.Runs {
+		r, err := ReadRun(sr.Dir)
+		if err != nil {
+			return nil, err
+		}
+		runs[i] = r
+	}
+	if err := checkSameModel(runs); err != nil {
+		return nil, err
+	}
+	script, url, err := o.script(ctx)
+	if err != nil {
+		return nil, err
+	}
+	specs, tables, notes := sweepContent(info, runs, o.maxPoints())
+	title := info.Title
+	if title == "" {
+		title = fmt.Sprintf("Sweep of %d runs of %s", len(runs), runs[0].Info.Config.Model)
+	}
+	return render(title, append(slices.Clone(info.Notes), notes...), tables, specs, script, url)
+}
+
+// WriteSweep writes the sweep page to out.
+func WriteSweep(ctx context.Context, out string, info SweepInfo, o Options) error {
+	b, err := SweepPage(ctx, info, o)
+	if err != nil {
+		return err
+	}
+	if err := writeAtomic(out, b); err != nil {
+		return fmt.Errorf("reports: writing the sweep page: %w", err)
+	}
+	return nil
+}
+
+// sweepContent builds the charts, tables and notes of a sweep page.
+func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table, []string) {
+	dens, nets := map[float64]bool{}, map[string]bool{}
+	for _, sr := range info.Runs {
+		if sr.Method != "dense" {
+			dens[sr.Density] = true
+		}
+		nets[sr.Network] = true
+	}
+	multiD, multiN := len(dens) > 1, len(nets) > 1
+	ph := make([]measuredPhases, len(runs))
+	labels := make([]string, len(runs))
+	for i, r := range runs {
+		ph[i] = phasesOf(r)
+		labels[i] = sweepLabel(info.Runs[i], multiD, multiN)
+	}
+	// Lines against the worker count, one per method (and density, network).
+	var keys []string
+	byKey := map[string][]int{}
+	workerSet := map[int]bool{}
+	for i, sr := range info.Runs {
+		k := sweepKey(sr, multiD, multiN)
+		if _, ok := byKey[k]; !ok {
+			keys = append(keys, k)
+		}
+		byKey[k] = append(byKey[k], i)
+		workerSet[sr.Workers] = true
+	}
+	var workers []int
+	for w := range workerSet {
+		workers = append(workers, w)
+	}
+	sort.Ints(workers)
+	var cats []string
+	for _, w := range workers {
+		cats = append(cats, strconv.Itoa(w))
+	}
+	against := func(id, title, sub, yName string, f func(i int) float64, scale float64, only func(i int) bool) chartSpec {
+		c := chartSpec{ID: id, Title: title, Subtitle: sub, XName: "workers", YName: yName, Categories: cats}
+		for _, k := range keys {
+			vals := make([]float64, len(workers))
+			any := false
+			for j := range vals {
+				vals[j] = math.NaN()
+			}
+			for _, i := range byKey[k] {
+				if only != nil && !only(i) {
+					continue
+				}
+				j := sort.SearchInts(workers, info.Runs[i].Workers)
+				vals[j] = f(i) * scale
+				any = any || isFinite(vals[j])
+			}
+			if any {
+				c.Series = append(c.Series, seriesSpec{Name: k, Values: vals, Symbols: true})
+			}
+		}
+		return c
+	}
+	var specs []chartSpec
+	dc := against("sweep-density", "Actual density against workers", "mean over the second half of each run's iterations (DEFT's Fig. 1)",
+		"actual density (fraction of the gradient)", func(i int) float64 { return ph[i].Density }, 1, func(i int) bool { return info.Runs[i].Method != "dense" })
+	for _, d := range sortedKeys(dens) {
+		vals := make([]float64, len(workers))
+		for j := range vals {
+			vals[j] = d
+		}
+		dc.Series = append(dc.Series, seriesSpec{Name: "setup ρ=" + strconv.FormatFloat(d, 'g', 4, 64), Values: vals, Dashed: true})
+	}
+	if len(dc.Series) > len(dens) {
+		specs = append(specs, dc)
+	}
+	maxSel := 0.0
+	for i := range ph {
+		if isFinite(ph[i].Select) {
+			maxSel = max(maxSel, ph[i].Select)
+		}
+	}
+	su := durUnit(maxSel)
+	sc := against("sweep-select", "Selection time against workers", "median per iteration, slowest worker (DEFT, MiCRO)",
+		"selection ("+su.name+")", func(i int) float64 { return ph[i].Select }, 1/su.div, func(i int) bool { return info.Runs[i].Method != "dense" })
+	if len(sc.Series) > 0 {
+		specs = append(specs, sc)
+	}
+	specs = append(specs, sweepPhaseChart(info, ph, labels, nets))
+	errc := chartSpec{ID: "sweep-error", Title: "Error against iterations", XName: "iteration", YName: "mean over workers of ‖residual‖₂", Subtitle: "MiCRO's Fig. 8"}
+	thr := chartSpec{ID: "sweep-threshold", Title: "Threshold against iterations", XName: "iteration", YName: "threshold (|gradient element|)"}
+	for i, r := range runs {
+		if info.Runs[i].Method == "dense" {
+			continue
+		}
+		errc.Series = append(errc.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.ErrorNorm }, 1, maxPts))
+		if r.hasThreshold() {
+			thr.Series = append(thr.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.Threshold }, 1, maxPts))
+		}
+	}
+	if len(errc.Series) > 0 {
+		specs = append(specs, errc)
+	}
+	if len(thr.Series) > 0 {
+		specs = append(specs, thr)
+	}
+	specs = append(specs, metricCharts(runs, labels, maxPts)...)
+	tables, notes := sweepTables(info, runs, ph, labels)
+	if c, ok := predictionChart(info, ph, labels); ok {
+		specs = append(specs, c)
+	}
+	return specs, tables, notes
+}
+
+func sortedKeys(m map[float64]bool) []float64 {
+	var k []float64
+	for x := range m {
+		k = append(k, x)
+	}
+	sort.Float64s(k)
+	return k
+}
+
+// sweepPhaseChart stacks each run's median phase times, grouped by method
+// and ordered by worker count (SparDL's and LAGS' breakdowns).
+func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets map[string]bool) chartSpec {
+	order := make([]int, len(ph))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool {
+		ra, rb := info.Runs[order[a]], info.Runs[order[b]]
+		if ra.Method != rb.Method {
+			return ra.Method < rb.Method
+		}
+		if ra.Network != rb.Network {
+			return ra.Network < rb.Network
+		}
+		if ra.Density != rb.Density {
+			return ra.Density < rb.Density
+		}
+		return ra.Workers < rb.Workers
+	})
+	mx := 0.0
+	for _, p := range ph {
+		if isFinite(p.Iter) {
+			mx = max(mx, p.Iter)
+		}
+	}
+	du := durUnit(mx)
+	var netNames []string
+	for n := range nets {
+		if n == "" {
+			n = "in-process (no emulated network)"
+		}
+		netNames = append(netNames, n)
+	}
+	sort.Strings(netNames)
+	c := chartSpec{ID: "sweep-phases", Title: "Time per iteration by phase", XName: "run (method ×workers)",
+		YName: "time (" + du.name + ", slowest worker, median)", Subtitle: "network: " + strings.Join(netNames, "; ")}
+	names := []string{"forward + backward", "selection", "communication", "update"}
+	get := []func(measuredPhases) float64{
+		func(p measuredPhases) float64 { return p.Compute }, func(p measuredPhases) float64 { return p.Select },
+		func(p measuredPhases) float64 { return p.Comm }, func(p measuredPhases) float64 { return p.Update },
+	}
+	for _, i := range order {
+		c.Categories = append(c.Categories, labels[i])
+	}
+	for k, n := range names {
+		vals := make([]float64, len(order))
+		for j, i := range order {
+			vals[j] = get[k](ph[i]) / du.div
+		}
+		c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: vals})
+	}
+	return c
+}
+
+// relErr is (predicted − measured) / measured.
+func relErr(pred, meas float64) float64 {
+	if !isFinite(pred) || !isFinite(meas) || meas == 0 {
+		return math.NaN()
+	}
+	return (pred - meas) / meas
+}
+
+func fmtPct(x float64) string {
+	if !isFinite(x) {
+		return "—"
+	}
+	return strconv.FormatFloat(100*x, 'f', 0, 64) + " %"
+}
+
+// sweepTables are the runs table and the predicted-against-measured table,
+// with a note summarising the prediction error.
+func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []string) ([]table, []string) {
+	metric := ""
+	for _, r := range runs {
+		if metric = r.primary(); metric != "" {
+			break
+		}
+	}
+	mlabel := "test metric"
+	if metric != "" {
+		mlabel = metricOf(metric).label
+	}
+	rt := table{Caption: "Runs", Head: []string{"run", "directory", "workers", "setup density", "network", "final " + mlabel,
+		"mean actual density (2nd half)", "iteration (median)", "iterations logged", "duration"}}
+	pt := table{Caption: "Advisor's prediction against the measurement (time per iteration)", Head: []string{"run",
+		"measured iteration", "predicted iteration", "error", "compute meas./pred.", "selection meas./pred.",
+		"communication meas./pred.", "update meas./pred.", "rest pred.", "actual density meas./pred."}}
+	var errs []float64
+	worst, worstI := 0.0, -1
+	for i, r := range runs {
+		sr := info.Runs[i]
+		f, _ := r.finalBest(metric)
+		net := sr.Network
+		if net == "" {
+			net = "in-process"
+		}
+		rt.Rows = append(rt.Rows, []string{labels[i], r.Dir, strconv.Itoa(sr.Workers), fmtG(sr.Density, 4), net, fmtMetric(metric, f),
+			fmtG(ph[i].Density, 4), fmtDur(ph[i].Iter), strconv.Itoa(len(r.Steps)), fmtDur(r.duration())})
+		p := sr.Predicted
+		if p == nil {
+			continue
+		}
+		e := relErr(p.Iter, ph[i].Iter)
+		if isFinite(e) {
+			errs = append(errs, math.Abs(e))
+			if math.Abs(e) > worst {
+				worst, worstI = math.Abs(e), i
+			}
+		}
+		pair := func(m, q float64) string { return fmtMs(m) + " / " + fmtMs(q) }
+		pt.Rows = append(pt.Rows, []string{labels[i], fmtMs(ph[i].Iter), fmtMs(p.Iter), fmtPct(e),
+			pair(ph[i].Compute, p.Compute), pair(ph[i].Select, p.Select), pair(ph[i].Comm, p.Comm), pair(ph[i].Update, p.Update), fmtMs(p.Other),
+			fmtG(ph[i].Density, 3) + " / " + fmtG(p.ActualDensity, 3)})
+	}
+	tables := []table{rt}
+	var notes []string
+	if len(pt.Rows) > 0 {
+		tables = append(tables, pt)
+		mean, med := 0.0, 0.0
+		for _, e := range errs {
+			mean += e / float64(len(errs))
+		}
+		if len(errs) > 0 {
+			s := slices.Clone(errs)
+			slices.Sort(s)
+			med = s[len(s)/2]
+			if len(s)%2 == 0 {
+				med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+			}
+			notes = append(notes, fmt.Sprintf("Advisor's error on the time per iteration over %d runs: mean |error| %s, median %s, worst %s (%s). Measured: the median over each run's logged iterations after the first %d; predicted: train advise's model fed with this machine's measurements, for simulated workers sharing its cores.",
+				len(errs), fmtPct(mean), fmtPct(med), fmtPct(worst), labels[worstI], sweepSkip))
+		}
+	}
+	return tables, notes
+}
+
+func fmtMs(s float64) string {
+	if !isFinite(s) {
+		return "—"
+	}
+	return strconv.FormatFloat(s*1e3, 'g', 3, 64) + " ms"
+}
+
+// predictionChart shows the predicted and the measured time per iteration
+// of every run with a prediction.
+func predictionChart(info SweepInfo, ph []measuredPhases, labels []string) (chartSpec, bool) {
+	var cats []string
+	var meas, pred []float64
+	mx := 0.0
+	for i, sr := range info.Runs {
+		if sr.Predicted == nil {
+			continue
+		}
+		cats = append(cats, labels[i])
+		meas = append(meas, ph[i].Iter)
+		pred = append(pred, sr.Predicted.Iter)
+		if isFinite(ph[i].Iter) {
+			mx = max(mx, ph[i].Iter)
+		}
+		if isFinite(sr.Predicted.Iter) {
+			mx = max(mx, sr.Predicted.Iter)
+		}
+	}
+	if len(cats) == 0 {
+		return chartSpec{}, false
+	}
+	du := durUnit(mx)
+	for i := range meas {
+		meas[i] /= du.div
+		pred[i] /= du.div
+	}
+	return chartSpec{ID: "sweep-predicted", Title: "Predicted against measured time per iteration", XName: "run (method ×workers)",
+		YName: "time per iteration (" + du.name + ")", Subtitle: "train advise's model for simulated workers on this machine", Categories: cats,
+		Series: []seriesSpec{{Name: "measured", Bar: true, Values: meas}, {Name: "predicted", Bar: true, Values: pred}}}, true
+}

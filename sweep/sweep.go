@@ -1,0 +1,495 @@
+// Package sweep owns parameter sweeps: a grid of training runs —
+// sparsifiers × worker counts × densities (× emulated networks) — of one
+// model on one data set with one budget per run, run one after another in
+// this process with train.Run, each into a folder of its own under the
+// sweep's output folder. A run that completed is never run again, so an
+// interrupted sweep continues where it stopped. When the runs are done it
+// writes one comparison page (reports.WriteSweep) with the figures the
+// papers are built on and the advisor's (package advise) predicted time per
+// iteration of every run against the measured one. Named presets
+// (Presets) are the papers' main comparisons, sized for a small machine.
+//
+// # The output folder
+//
+//	OUT/runs/NAME/          one train run directory per grid point (run.json, metrics.jsonl, ...)
+//	OUT/runs/NAME/sweep-started.json   written before the run starts
+//	OUT/runs/NAME/sweep-complete.json  written when it has completed
+//	OUT/measurements.json  the advisor's measurements of this machine (kept, so that
+//	                        a continued sweep predicts with the same numbers)
+//	OUT/sweep.html          the comparison page
+//
+// NAME is method-wP-dρ (dense: dense-wP), with -NETWORK appended when the
+// grid has networks. A run folder with sweep-started.json but without
+// sweep-complete.json was interrupted: it is deleted and run again (runs
+// are deterministic for a seed). A run folder without sweep-started.json
+// was not made by the sweep and is never touched: the sweep stops and says
+// so. A completed run whose recorded configuration differs from what the
+// grid now asks for (e.g. a larger budget) stops the sweep too, naming the
+// difference: use another output folder, or delete that run.
+package sweep
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/advise"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/reports"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
+)
+
+// Spec is a grid of runs.
+type Spec struct {
+	// Base is the configuration every run shares: model, data set, data
+	// folder, batch, learning rate, seed, device, logging, and the budget
+	// (Steps, MaxTime or Epochs). Its Sparsifier, Density, Workers, network,
+	// Out and method options are set per run.
+	Base train.Config
+	// Sparsifiers, Workers and Densities span the grid (dense runs once per
+	// worker count and network, whatever the densities).
+	Sparsifiers []string
+	Workers     []int
+	Densities   []float64
+	// Networks are emulated networks (netmodel.Network; only Latency and
+	// Bandwidth are used); empty: one, none (in-process communication).
+	Networks []netmodel.Network
+	// MethodOptions are method options by name; each run takes the ones
+	// its method declares.
+	MethodOptions sparsify.Values
+}
+
+// Point is one run of a grid.
+type Point struct {
+	// Name is the run's folder name under OUT/runs.
+	Name    string
+	Method  string
+	Workers int
+	Density float64
+	// Net is the emulated network (zero: none).
+	Net netmodel.Network
+	// Config is the run's configuration (Out not set).
+	Config train.Config
+}
+
+// Skipped is a grid point that cannot run, with the reason.
+type Skipped struct {
+	Name   string
+	Reason error
+}
+
+// netLabel names a network in folder names: 1gbit-50us.
+func netLabel(n netmodel.Network) string {
+	if n.Bandwidth == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(n.Bandwidth*8/1e9, 'g', 4, 64) + "gbit-" + strings.ReplaceAll(n.Latency.String(), "µ", "u")
+}
+
+// Points expands the grid, in the order it runs: by network, method, worker
+// count and density. Points a method cannot run (gTop-k on a worker count
+// that is not a power of two, SparDL's teams that do not divide it) are
+// returned apart. It refuses an empty grid, unknown methods, worker counts
+// below 1, densities outside (0, 1], invalid networks and method options
+// that apply to no method of the grid.
+func (s Spec) Points() ([]Point, []Skipped, error) {
+	if len(s.Sparsifiers) == 0 || len(s.Workers) == 0 {
+		return nil, nil, errors.New("sweep: the grid is empty: give at least one sparsifier and one worker count")
+	}
+	hasSparse := slices.ContainsFunc(s.Sparsifiers, func(m string) bool { return m != "dense" })
+	if hasSparse && len(s.Densities) == 0 {
+		return nil, nil, errors.New("sweep: give at least one density for the sparsifiers")
+	}
+	for _, w := range s.Workers {
+		if w < 1 {
+			return nil, nil, fmt.Errorf("sweep: %d workers: every worker count must be at least 1", w)
+		}
+	}
+	for _, d := range s.Densities {
+		if !(d > 0 && d <= 1) {
+			return nil, nil, fmt.Errorf("sweep: density %v: want a fraction in (0, 1], e.g. 0.01", d)
+		}
+	}
+	nets := s.Networks
+	if len(nets) == 0 {
+		nets = []netmodel.Network{{}}
+	}
+	for _, n := range nets {
+		if n.Bandwidth == 0 && n.Latency == 0 {
+			continue
+		}
+		if err := (netmodel.Network{Latency: n.Latency, Bandwidth: n.Bandwidth}).Validate(); err != nil {
+			return nil, nil, fmt.Errorf("sweep: network: %w", err)
+		}
+	}
+	used := map[string]bool{}
+	for _, m := range s.Sparsifiers {
+		meth, ok := sparsify.Lookup(m)
+		if !ok {
+			return nil, nil, fmt.Errorf("sweep: unknown sparsifier %q; use one of %s", m, strings.Join(sparsify.Names(), ", "))
+		}
+		for k := range meth.Applicable(s.MethodOptions) {
+			used[k] = true
+		}
+	}
+	for k := range s.MethodOptions {
+		if !used[k] {
+			return nil, nil, fmt.Errorf("sweep: the option %s applies to %s, none of which is in the grid", k, strings.Join(sparsify.MethodsWithParam(k), ", "))
+		}
+	}
+	var pts []Point
+	var skipped []Skipped
+	for _, n := range nets {
+		for _, m := range s.Sparsifiers {
+			meth, _ := sparsify.Lookup(m)
+			params := meth.Applicable(s.MethodOptions)
+			dens := s.Densities
+			if m == "dense" {
+				dens = []float64{1}
+			}
+			for _, w := range s.Workers {
+				for _, d := range dens {
+					p := Point{Method: m, Workers: w, Density: d, Net: netmodel.Network{Latency: n.Latency, Bandwidth: n.Bandwidth}}
+					p.Name = m + "-w" + strconv.Itoa(w)
+					if m != "dense" {
+						p.Name += "-d" + strconv.FormatFloat(d, 'g', -1, 64)
+					}
+					if l := netLabel(p.Net); l != "" {
+						p.Name += "-" + l
+					}
+					c := s.Base
+					c.Sparsifier = m
+					c.Workers = train.Set(w)
+					c.Density = train.Optional[float64]{}
+					if m != "dense" {
+						c.Density = train.Set(d)
+					}
+					c.MethodOptions = params
+					c.NetLatency, c.NetBandwidth = p.Net.Latency, p.Net.Bandwidth
+					c.Out, c.Resume = "", ""
+					p.Config = c
+					if meth.CheckWorkers != nil {
+						resolved, err := meth.Resolve(params)
+						if err != nil {
+							return nil, nil, fmt.Errorf("sweep: %s: %w", m, err)
+						}
+						if err := meth.CheckWorkers(w, resolved); err != nil {
+							skipped = append(skipped, Skipped{p.Name, err})
+							continue
+						}
+					}
+					pts = append(pts, p)
+				}
+			}
+		}
+	}
+	if len(pts) == 0 {
+		return nil, skipped, errors.New("sweep: no point of the grid can run (see the skipped points)")
+	}
+	return pts, skipped, nil
+}
+
+// Options are the parts of a sweep that are not the grid.
+type Options struct {
+	// Log receives the sweep's progress, one line per run (nil: none).
+	Log io.Writer
+	// Report are the options of the comparison page (ECharts' source).
+	Report reports.Options
+	// CommandLine is recorded in every run's run.json.
+	CommandLine []string
+	// NoPredict leaves the advisor's predictions (and its measurements of
+	// this machine) out.
+	NoPredict bool
+	// Title heads the page (default: the sweep's model and size).
+	Title string
+	// Notes are paragraphs under the page's title (e.g. a preset's
+	// description).
+	Notes []string
+}
+
+// Result says what a sweep did.
+type Result struct {
+	// Ran counts the runs run now, Complete those found complete.
+	Ran, Complete int
+	// Unrunnable are the grid points the methods cannot run.
+	Unrunnable []Skipped
+	// Page is the comparison page's path.
+	Page string
+}
+
+const (
+	startedFile  = "sweep-started.json"
+	completeFile = "sweep-complete.json"
+)
+
+// marker is the content of the started and complete files.
+type marker struct {
+	Point  string       `json:"point"`
+	Config train.Config `json:"config"`
+	Time   time.Time    `json:"time"`
+}
+
+// comparable is c without what does not change a run's results: where the
+// data and the output live, progress output.
+func comparable(c train.Config) train.Config {
+	c.DataDir, c.Out, c.Resume, c.Quiet, c.Download = "", "", "", false, false
+	return c
+}
+
+// sameConfig compares two configurations as their JSON (what run.json and
+// the markers hold).
+func sameConfig(a, b train.Config) (bool, error) {
+	ja, err := json.Marshal(comparable(a))
+	if err != nil {
+		return false, err
+	}
+	jb, err := json.Marshal(comparable(b))
+	if err != nil {
+		return false, err
+	}
+	return string(ja) == string(jb), nil
+}
+
+// configDiff names the JSON fields whose values differ.
+func configDiff(a, b train.Config) string {
+	var ma, mb map[string]any
+	ja, _ := json.Marshal(comparable(a))
+	jb, _ := json.Marshal(comparable(b))
+	json.Unmarshal(ja, &ma)
+	json.Unmarshal(jb, &mb)
+	var d []string
+	for k, v := range ma {
+		if w, ok := mb[k]; !ok || fmt.Sprint(v) != fmt.Sprint(w) {
+			d = append(d, fmt.Sprintf("%s %v, now %v", k, v, mb[k]))
+		}
+	}
+	for k, w := range mb {
+		if _, ok := ma[k]; !ok {
+			d = append(d, fmt.Sprintf("%s unset, now %v", k, w))
+		}
+	}
+	slices.Sort(d)
+	return strings.Join(d, "; ")
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func readMarker(path string) (*marker, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var m marker
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("sweep: %s is not a sweep marker: %w", path, err)
+	}
+	return &m, nil
+}
+
+// state is what a run folder holds.
+type state int
+
+const (
+	absent      state = iota
+	interrupted       // started by the sweep, not completed
+	complete
+)
+
+// runState inspects the folder of p.
+func runState(dir string, p Point) (state, error) {
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return absent, nil
+	} else if err != nil {
+		return absent, fmt.Errorf("sweep: %w", err)
+	}
+	if m, err := readMarker(filepath.Join(dir, completeFile)); err == nil {
+		same, err := sameConfig(m.Config, p.Config)
+		if err != nil {
+			return absent, err
+		}
+		if !same {
+			return absent, fmt.Errorf("sweep: %s completed with other settings than this grid asks for (%s); use another -out, or delete that folder to run it again", dir, configDiff(m.Config, p.Config))
+		}
+		return complete, nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return absent, err
+	}
+	if _, err := os.Stat(filepath.Join(dir, startedFile)); err == nil {
+		return interrupted, nil
+	}
+	return absent, fmt.Errorf("sweep: %s exists but was not made by this sweep (no %s); it is left alone: move it away or use another -out", dir, startedFile)
+}
+
+// Run runs the grid into out, skipping the runs already complete there,
+// then writes out/sweep.html. It returns when every run is done or ctx is
+// cancelled (the run in progress is then left for the next call to start
+// again).
+func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
+	pts, unrunnable, err := s.Points()
+	res := Result{Unrunnable: unrunnable}
+	if err != nil {
+		return res, err
+	}
+	logf := func(format string, a ...any) {
+		if o.Log != nil {
+			fmt.Fprintf(o.Log, format+"\n", a...)
+		}
+	}
+	for _, sk := range unrunnable {
+		logf("skip %s: %v", sk.Name, sk.Reason)
+	}
+	runsDir := filepath.Join(out, "runs")
+	if err := os.MkdirAll(runsDir, 0o755); err != nil {
+		return res, fmt.Errorf("sweep: creating %s: %w", runsDir, err)
+	}
+	// Check every folder first, so that a conflict stops the sweep before
+	// anything runs.
+	states := make([]state, len(pts))
+	for i, p := range pts {
+		if states[i], err = runState(filepath.Join(runsDir, p.Name), p); err != nil {
+			return res, err
+		}
+	}
+	var host *advise.Host
+	if !o.NoPredict {
+		if host, err = measurements(ctx, s, filepath.Join(out, "measurements.json"), logf); err != nil {
+			return res, err
+		}
+	}
+	for i, p := range pts {
+		dir := filepath.Join(runsDir, p.Name)
+		tag := fmt.Sprintf("[%d/%d] %s", i+1, len(pts), p.Name)
+		switch states[i] {
+		case complete:
+			res.Complete++
+			logf("%s: complete, skipped", tag)
+			continue
+		case interrupted:
+			logf("%s: interrupted earlier; starting it again", tag)
+			if err := os.RemoveAll(dir); err != nil {
+				return res, fmt.Errorf("sweep: removing the interrupted run %s: %w", dir, err)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return res, interruptedErr(err, res, len(pts))
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return res, fmt.Errorf("sweep: %w", err)
+		}
+		if err := writeJSON(filepath.Join(dir, startedFile), marker{Point: p.Name, Config: p.Config, Time: time.Now().UTC()}); err != nil {
+			return res, fmt.Errorf("sweep: %w", err)
+		}
+		c := p.Config
+		c.Out = dir
+		c.Quiet = true
+		logf("%s: running", tag)
+		t0 := time.Now()
+		cl := append(slices.Clone(o.CommandLine), "# point "+p.Name)
+		if err := train.Run(ctx, c, train.Options{Stdout: io.Discard, Progress: io.Discard, CommandLine: cl}); err != nil {
+			if ctx.Err() != nil {
+				return res, interruptedErr(ctx.Err(), res, len(pts))
+			}
+			return res, fmt.Errorf("sweep: run %s: %w", p.Name, err)
+		}
+		if err := writeJSON(filepath.Join(dir, completeFile), marker{Point: p.Name, Config: p.Config, Time: time.Now().UTC()}); err != nil {
+			return res, fmt.Errorf("sweep: %w", err)
+		}
+		res.Ran++
+		logf("%s: done in %v", tag, time.Since(t0).Round(time.Millisecond))
+	}
+	res.Page = filepath.Join(out, "sweep.html")
+	info := reports.SweepInfo{Title: o.Title, Notes: o.Notes}
+	for _, p := range pts {
+		sr := reports.SweepRun{Dir: filepath.Join(runsDir, p.Name), Method: p.Method, Workers: p.Workers, Density: p.Density}
+		if p.Net.Bandwidth > 0 {
+			sr.Network = advise.NetName(p.Net)
+		}
+		if host != nil {
+			pr, err := advise.Predict(host, advise.Setting{Method: p.Method, Workers: p.Workers, Density: p.Density,
+				Params: p.Config.MethodOptions, Net: p.Net, Simulated: true})
+			if err != nil {
+				logf("no prediction for %s: %v", p.Name, err)
+			} else {
+				sr.Predicted = &reports.PredictedIter{Compute: pr.Compute, Select: pr.Select, Comm: pr.Comm, Update: pr.Update, Other: pr.Other,
+					Iter: pr.Iter, ActualDensity: pr.ActualDensity}
+			}
+		}
+		info.Runs = append(info.Runs, sr)
+	}
+	if len(unrunnable) > 0 {
+		var names []string
+		for _, sk := range unrunnable {
+			names = append(names, sk.Name+" ("+sk.Reason.Error()+")")
+		}
+		info.Notes = append(info.Notes, "Not run: "+strings.Join(names, "; ")+".")
+	}
+	if err := reports.WriteSweep(ctx, res.Page, info, o.Report); err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+func interruptedErr(err error, res Result, total int) error {
+	return fmt.Errorf("sweep: interrupted (%w) with %d of %d runs complete; run the same command again to continue", err, res.Ran+res.Complete, total)
+}
+
+// measurements returns the advisor's measurements of this machine for the
+// sweep's model: those of an earlier call if path holds them for the same
+// model and covers the grid's densities, else new ones (written to path).
+func measurements(ctx context.Context, s Spec, path string, logf func(string, ...any)) (*advise.Host, error) {
+	base := s.Base.Defaults()
+	if h, err := advise.ReadHost(path); err == nil {
+		ok := h.Model == base.Model && h.Dataset == base.Dataset && h.Device == base.Device && h.Preset == base.Preset && h.Batch == base.Batch.Value()
+		for _, w := range s.Workers {
+			ok = ok && (w < 2 || slices.ContainsFunc(h.HostNets, func(n advise.HostNet) bool { return n.Workers == w }))
+		}
+		for _, d := range s.Densities {
+			ok = ok && slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d })
+		}
+		for _, m := range s.Sparsifiers {
+			for _, d := range s.Densities {
+				ok = ok && (m == "dense" || slices.ContainsFunc(h.Selections, func(x advise.Selection) bool { return x.Method == m && x.Density == d }))
+			}
+		}
+		if ok {
+			logf("using the measurements of this machine in %s", path)
+			return h, nil
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	logf("measuring this machine for the advisor's predictions (one step of %s, selections, collectives)", base.Model)
+	methods := []string{"dense"} // none to measure but dense (not the default: all)
+	for _, m := range s.Sparsifiers {
+		if m != "dense" {
+			methods = append(methods, m)
+		}
+	}
+	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers})
+	if err != nil {
+		return nil, err
+	}
+	if err := advise.WriteHost(path, h); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
