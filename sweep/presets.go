@@ -35,7 +35,7 @@ type Preset struct {
 // every 100 iterations.
 func ncfBase(steps, logEvery int) train.Config {
 	return train.Config{Model: "ncf", Dataset: "ml-100k", Steps: steps, Epochs: train.Set(1000),
-		EvalEvery: 100, LogEvery: train.Set(logEvery), CheckpointEvery: train.Set(1000)}
+		EvalEvery: 100, LogEvery: train.Set(logEvery)}
 }
 
 // Presets are the named sweeps of train sweep -preset.

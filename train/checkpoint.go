@@ -4,155 +4,417 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"math"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
 )
 
-const ckptMagic = "SGCKPT01"
+// A checkpoint is a folder runDir/checkpoints/step-NNNNNNNNN holding
+// everything a run needs to continue exactly as if it had not stopped:
+//
+//   - shared.ckpt, written by rank 0: the position (epoch, batch, step), the
+//     configuration, the wall time so far, the parameters and the optimizer
+//     state (the same on every rank), and the size and checksum of every
+//     rank's part;
+//   - rank-NNNN.ckpt, one per rank, written by that rank (on its own
+//     machine under mpirun): its error-feedback residual, its batch-norm
+//     statistics, its reducer's state (sparsify.Stateful) and its model's
+//     state (models.Stateful: dropout stream, LSTM hidden state).
+//
+// Every file is written to a temporary file, synced, renamed and its
+// folder synced. Rank 0 writes shared.ckpt only after every rank has
+// written its part, so a folder with shared.ckpt is complete: a crash
+// while checkpointing leaves the previous checkpoint as the newest
+// complete one. On resume rank 0 reads shared.ckpt and broadcasts it, and
+// every rank reads only its own part, so no shared file system is needed.
+//
+// Each file is a ckptMagic header, the length of a JSON header, a CRC-32C of
+// the header and the data, the JSON header (the file's kind, its metadata
+// and the names and sizes of its sections) and the sections' bytes.
 
-// Checkpoint is the state a run leaves at an epoch boundary (or where -steps
-// stopped it): rank 0's parameters, buffers and optimizer state.
+const (
+	ckptMagic      = "SGCKPT02"
+	ckptFormat     = 2
+	ckptSharedName = "shared.ckpt"
+	ckptStepPrefix = "step-"
+	// ckptKeep is the number of complete checkpoints a run keeps: the
+	// newest and the one before it.
+	ckptKeep = 2
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Checkpoint is the shared part of a checkpoint (shared.ckpt).
 type Checkpoint struct {
-	Model   string `json:"model"`
-	Dataset string `json:"dataset"`
+	// Config is the run's configuration when the checkpoint was written.
+	Config Config `json:"config"`
+	// Workers is the number of ranks.
+	Workers int `json:"workers"`
 	// Epoch is the 0-based epoch to continue in and Batch the batch of that
 	// epoch to continue from; Step is the number of iterations done.
-	Epoch, Batch, Step int
-	OptSteps           int64 `json:"opt_steps"`
-	Params             []float32
-	Buffers            []float32
-	Opt                [][]float32
+	Epoch int `json:"epoch"`
+	Batch int `json:"batch"`
+	Step  int `json:"step"`
+	// EvalDue says that an evaluation was due at Step (an epoch's end or
+	// -eval-every) and is to be run first by a resumed run; EvalEpoch is
+	// the 0-based epoch it belongs to.
+	EvalDue   bool `json:"eval_due"`
+	EvalEpoch int  `json:"eval_epoch"`
+	// Elapsed is the run's wall time when the checkpoint was written
+	// (across earlier resumes).
+	Elapsed  time.Duration `json:"elapsed_ns"`
+	OptSteps int64         `json:"opt_steps"`
+	// Shards are the size and CRC-32C of every rank's part, by rank.
+	Shards []ShardInfo `json:"shards"`
+	// Written is when the checkpoint was written.
+	Written time.Time `json:"written"`
+
+	Params []float32   `json:"-"`
+	Opt    [][]float32 `json:"-"`
 }
 
+// ShardInfo identifies one rank's part of a checkpoint.
+type ShardInfo struct {
+	Bytes int64  `json:"bytes"`
+	CRC   uint32 `json:"crc32c"`
+}
+
+// Shard is one rank's part of a checkpoint (rank-NNNN.ckpt).
+type Shard struct {
+	Rank    int `json:"rank"`
+	Workers int `json:"workers"`
+	Step    int `json:"step"`
+
+	Residual []float32 `json:"-"`
+	Buffers  []float32 `json:"-"`
+	Reducer  []byte    `json:"-"`
+	Model    []byte    `json:"-"`
+}
+
+// ckptHeader is a file's JSON header.
 type ckptHeader struct {
-	Model    string `json:"model"`
-	Dataset  string `json:"dataset"`
-	Epoch    int    `json:"epoch"`
-	Batch    int    `json:"batch"`
-	Step     int    `json:"step"`
-	OptSteps int64  `json:"opt_steps"`
-	Params   int    `json:"params"`
-	Buffers  int    `json:"buffers"`
-	Opt      []int  `json:"opt"`
+	Format   int             `json:"format"`
+	Kind     string          `json:"kind"` // "shared" or "rank"
+	Meta     json.RawMessage `json:"meta"`
+	Sections []ckptSection   `json:"sections"`
 }
 
-// WriteCheckpoint writes ck to path atomically (a temporary file, synced,
-// then renamed), so a crash never leaves a half-written checkpoint.
-func WriteCheckpoint(path string, ck *Checkpoint) error {
-	h := ckptHeader{Model: ck.Model, Dataset: ck.Dataset, Epoch: ck.Epoch, Batch: ck.Batch, Step: ck.Step,
-		OptSteps: ck.OptSteps, Params: len(ck.Params), Buffers: len(ck.Buffers)}
-	for _, v := range ck.Opt {
-		h.Opt = append(h.Opt, len(v))
+type ckptSection struct {
+	Name  string `json:"name"`
+	Bytes int    `json:"bytes"`
+}
+
+// encodeFile lays out a checkpoint file.
+func encodeFile(kind string, meta any, names []string, data [][]byte) ([]byte, error) {
+	mj, err := json.Marshal(meta)
+	if err != nil {
+		return nil, err
+	}
+	h := ckptHeader{Format: ckptFormat, Kind: kind, Meta: mj}
+	for i, n := range names {
+		h.Sections = append(h.Sections, ckptSection{n, len(data[i])})
 	}
 	hj, err := json.Marshal(h)
 	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.WriteString(ckptMagic)
+	var pre [8]byte
+	binary.LittleEndian.PutUint32(pre[:], uint32(len(hj)))
+	b.Write(pre[:]) // the CRC is filled in below
+	b.Write(hj)
+	for _, d := range data {
+		b.Write(d)
+	}
+	out := b.Bytes()
+	binary.LittleEndian.PutUint32(out[12:], crc32.Checksum(out[16:], castagnoli))
+	return out, nil
+}
+
+// decodeFile checks a checkpoint file of the given kind and returns its
+// metadata and sections by name. name names the file in errors.
+func decodeFile(b []byte, kind, name string) (json.RawMessage, map[string][]byte, error) {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%s is not a valid checkpoint file: %s", name, fmt.Sprintf(format, a...))
+	}
+	if len(b) < 16 || string(b[:8]) != ckptMagic {
+		if len(b) >= 8 && string(b[:6]) == ckptMagic[:6] {
+			return nil, nil, bad("format %q; this build reads %s (written by another version)", b[:8], ckptMagic)
+		}
+		return nil, nil, bad("missing the %s header (truncated or not a checkpoint)", ckptMagic)
+	}
+	hl := int64(binary.LittleEndian.Uint32(b[8:]))
+	if hl > int64(len(b)-16) {
+		return nil, nil, bad("truncated header (%d bytes, the file has %d)", hl, len(b)-16)
+	}
+	if got, want := crc32.Checksum(b[16:], castagnoli), binary.LittleEndian.Uint32(b[12:]); got != want {
+		return nil, nil, bad("checksum mismatch (the file is corrupted or truncated)")
+	}
+	var h ckptHeader
+	if err := json.Unmarshal(b[16:16+hl], &h); err != nil {
+		return nil, nil, bad("header: %v", err)
+	}
+	if h.Format != ckptFormat {
+		return nil, nil, bad("format %d; this build reads %d", h.Format, ckptFormat)
+	}
+	if h.Kind != kind {
+		return nil, nil, bad("a %q part, not a %q part", h.Kind, kind)
+	}
+	body := b[16+hl:]
+	secs := map[string][]byte{}
+	off := 0
+	for _, s := range h.Sections {
+		if s.Bytes < 0 || s.Bytes > len(body)-off {
+			return nil, nil, bad("section %q of %d bytes runs past the end of the file", s.Name, s.Bytes)
+		}
+		if _, dup := secs[s.Name]; dup {
+			return nil, nil, bad("section %q twice", s.Name)
+		}
+		secs[s.Name] = body[off : off+s.Bytes]
+		off += s.Bytes
+	}
+	if off != len(body) {
+		return nil, nil, bad("%d bytes after the last section", len(body)-off)
+	}
+	return h.Meta, secs, nil
+}
+
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func bytesF32(b []byte) ([]float32, error) {
+	if len(b)%4 != 0 {
+		return nil, fmt.Errorf("%d bytes is not a whole number of float32s", len(b))
+	}
+	v := make([]float32, len(b)/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v, nil
+}
+
+// encodeShared lays out shared.ckpt.
+func encodeShared(ck *Checkpoint) ([]byte, error) {
+	names := []string{"params"}
+	data := [][]byte{f32Bytes(ck.Params)}
+	for i, v := range ck.Opt {
+		names = append(names, "opt."+strconv.Itoa(i))
+		data = append(data, f32Bytes(v))
+	}
+	return encodeFile("shared", ck, names, data)
+}
+
+// parseShared reads shared.ckpt's bytes; name names the file in errors.
+func parseShared(b []byte, name string) (*Checkpoint, error) {
+	meta, secs, err := decodeFile(b, "shared", name)
+	if err != nil {
+		return nil, err
+	}
+	ck := &Checkpoint{}
+	if err := json.Unmarshal(meta, ck); err != nil {
+		return nil, fmt.Errorf("%s is not a valid checkpoint file: metadata: %w", name, err)
+	}
+	if ck.Workers < 1 || len(ck.Shards) != ck.Workers || ck.Step < 0 || ck.Epoch < 0 || ck.Batch < 0 || ck.Elapsed < 0 {
+		return nil, fmt.Errorf("%s is not a valid checkpoint file: impossible position or worker count (%d workers, %d parts, step %d)", name, ck.Workers, len(ck.Shards), ck.Step)
+	}
+	vec := func(n string) ([]float32, error) {
+		s, ok := secs[n]
+		if !ok {
+			return nil, fmt.Errorf("%s is not a valid checkpoint file: no %s section", name, n)
+		}
+		v, err := bytesF32(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s is not a valid checkpoint file: section %s: %w", name, n, err)
+		}
+		return v, nil
+	}
+	if ck.Params, err = vec("params"); err != nil {
+		return nil, err
+	}
+	for i := 0; ; i++ {
+		n := "opt." + strconv.Itoa(i)
+		if _, ok := secs[n]; !ok {
+			if len(secs) != 1+i {
+				return nil, fmt.Errorf("%s is not a valid checkpoint file: %d unknown sections", name, len(secs)-1-i)
+			}
+			break
+		}
+		v, err := vec(n)
+		if err != nil {
+			return nil, err
+		}
+		ck.Opt = append(ck.Opt, v)
+	}
+	return ck, nil
+}
+
+// encodeShard lays out rank-NNNN.ckpt.
+func encodeShard(s *Shard) ([]byte, error) {
+	return encodeFile("rank", s, []string{"residual", "buffers", "reducer", "model"},
+		[][]byte{f32Bytes(s.Residual), f32Bytes(s.Buffers), s.Reducer, s.Model})
+}
+
+// parseShard reads a rank's part; name names the file in errors.
+func parseShard(b []byte, name string) (*Shard, error) {
+	meta, secs, err := decodeFile(b, "rank", name)
+	if err != nil {
+		return nil, err
+	}
+	s := &Shard{}
+	if err := json.Unmarshal(meta, s); err != nil {
+		return nil, fmt.Errorf("%s is not a valid checkpoint file: metadata: %w", name, err)
+	}
+	for _, n := range []string{"residual", "buffers", "reducer", "model"} {
+		if _, ok := secs[n]; !ok {
+			return nil, fmt.Errorf("%s is not a valid checkpoint file: no %s section", name, n)
+		}
+	}
+	if len(secs) != 4 {
+		return nil, fmt.Errorf("%s is not a valid checkpoint file: %d unknown sections", name, len(secs)-4)
+	}
+	if s.Residual, err = bytesF32(secs["residual"]); err == nil {
+		s.Buffers, err = bytesF32(secs["buffers"])
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s is not a valid checkpoint file: %w", name, err)
+	}
+	s.Reducer = bytes.Clone(secs["reducer"])
+	s.Model = bytes.Clone(secs["model"])
+	if s.Workers < 1 || s.Rank < 0 || s.Rank >= s.Workers || s.Step < 0 {
+		return nil, fmt.Errorf("%s is not a valid checkpoint file: rank %d of %d workers", name, s.Rank, s.Workers)
+	}
+	return s, nil
+}
+
+// stepDir is the folder of the checkpoint at step.
+func stepDir(runDir string, step int) string {
+	return filepath.Join(runDir, "checkpoints", fmt.Sprintf("%s%09d", ckptStepPrefix, step))
+}
+
+// shardName is the file of rank's part.
+func shardName(rank int) string { return fmt.Sprintf("rank-%04d.ckpt", rank) }
+
+// writeFileAtomic writes b to path: a temporary file in the same folder,
+// synced, renamed over path, and the folder synced. On an error path is
+// unchanged (whatever it held before) and no temporary file is left.
+func writeFileAtomic(path string, b []byte) error {
+	if ckptWriteHook != nil {
+		if err := ckptWriteHook(path); err != nil {
+			return err
+		}
+	}
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
+	if err != nil {
 		return err
 	}
-	var body bytes.Buffer
-	for _, v := range append([][]float32{ck.Params, ck.Buffers}, ck.Opt...) {
-		b := make([]byte, 4*len(v))
-		for i, x := range v {
-			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-		}
-		body.Write(b)
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".ckpt-*")
-	if err != nil {
-		return fmt.Errorf("train: writing checkpoint: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	var pre [16]byte
-	copy(pre[:8], ckptMagic)
-	binary.LittleEndian.PutUint32(pre[8:], uint32(len(hj)))
-	binary.LittleEndian.PutUint32(pre[12:], crc32.ChecksumIEEE(body.Bytes()))
-	for _, b := range [][]byte{pre[:], hj, body.Bytes()} {
-		if _, err := tmp.Write(b); err != nil {
+	ok := false
+	defer func() {
+		if !ok {
 			tmp.Close()
-			return fmt.Errorf("train: writing checkpoint: %w", err)
+			os.Remove(tmp.Name())
 		}
+	}()
+	if _, err := tmp.Write(b); err != nil {
+		return err
 	}
 	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("train: writing checkpoint: %w", err)
+		return err
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("train: writing checkpoint: %w", err)
+		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("train: writing checkpoint: %w", err)
+		return err
+	}
+	ok = true
+	return syncDir(dir)
+}
+
+// ckptWriteHook, when set (tests), is called before every checkpoint file
+// is written and can fail it (a full disk).
+var ckptWriteHook func(path string) error
+
+// syncDir makes a folder's entries (a rename, a new file) durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
+		return err
 	}
 	return nil
 }
 
-// ReadCheckpoint reads a checkpoint written by WriteCheckpoint. A truncated
-// or corrupted file is an error naming the file.
-func ReadCheckpoint(path string) (*Checkpoint, error) {
-	b, err := os.ReadFile(path)
+// checkpointSteps lists the steps of the checkpoint folders under runDir,
+// newest first (complete or not).
+func checkpointSteps(runDir string) ([]int, error) {
+	ents, err := os.ReadDir(filepath.Join(runDir, "checkpoints"))
 	if err != nil {
-		return nil, fmt.Errorf("train: reading checkpoint: %w", err)
+		return nil, err
 	}
-	return parseCheckpoint(b, path)
+	var steps []int
+	for _, e := range ents {
+		s, ok := strings.CutPrefix(e.Name(), ckptStepPrefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		if n, err := strconv.Atoi(s); err == nil && n >= 0 {
+			steps = append(steps, n)
+		}
+	}
+	slices.Sort(steps)
+	slices.Reverse(steps)
+	return steps, nil
 }
 
-func parseCheckpoint(b []byte, name string) (*Checkpoint, error) {
-	bad := func(what string) error {
-		return fmt.Errorf("train: %s is not a valid checkpoint: %s", name, what)
-	}
-	if len(b) < 16 || string(b[:8]) != ckptMagic {
-		return nil, bad("missing the " + ckptMagic + " header")
-	}
-	hl := int(binary.LittleEndian.Uint32(b[8:]))
-	sum := binary.LittleEndian.Uint32(b[12:])
-	if hl > len(b)-16 {
-		return nil, bad("truncated header")
-	}
-	var h ckptHeader
-	if err := json.Unmarshal(b[16:16+hl], &h); err != nil {
-		return nil, bad("header: " + err.Error())
-	}
-	body := b[16+hl:]
-	sizes := append([]int{h.Params, h.Buffers}, h.Opt...)
-	total := 0
-	for _, s := range sizes {
-		if s < 0 || s > len(body)/4 {
-			return nil, bad("vector sizes do not match the file size (truncated?)")
-		}
-		total += s
-	}
-	if total*4 != len(body) {
-		return nil, bad(fmt.Sprintf("%d bytes of data, header says %d (truncated?)", len(body), total*4))
-	}
-	if crc32.ChecksumIEEE(body) != sum {
-		return nil, bad("checksum mismatch (corrupted)")
-	}
-	vecs := make([][]float32, len(sizes))
-	off := 0
-	for i, s := range sizes {
-		v := make([]float32, s)
-		for j := range v {
-			v[j] = math.Float32frombits(binary.LittleEndian.Uint32(body[off+4*j:]))
-		}
-		off += 4 * s
-		vecs[i] = v
-	}
-	return &Checkpoint{Model: h.Model, Dataset: h.Dataset, Epoch: h.Epoch, Batch: h.Batch, Step: h.Step,
-		OptSteps: h.OptSteps, Params: vecs[0], Buffers: vecs[1], Opt: vecs[2:]}, nil
-}
-
-// LatestCheckpoint returns the path of the newest checkpoint in runDir's
-// checkpoints folder.
+// LatestCheckpoint returns the folder of the newest complete checkpoint of
+// the run in runDir (one whose shared.ckpt rank 0 has written).
 func LatestCheckpoint(runDir string) (string, error) {
-	m, err := filepath.Glob(filepath.Join(runDir, "checkpoints", "step-*.ckpt"))
-	if err != nil {
+	steps, err := checkpointSteps(runDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
-	if len(m) == 0 {
-		return "", fmt.Errorf("train: no checkpoint in %s: %w", filepath.Join(runDir, "checkpoints"), os.ErrNotExist)
+	for _, s := range steps {
+		d := stepDir(runDir, s)
+		if _, err := os.Stat(filepath.Join(d, ckptSharedName)); err == nil {
+			return d, nil
+		}
 	}
-	sort.Strings(m)
-	return m[len(m)-1], nil
+	return "", fmt.Errorf("no complete checkpoint in %s: %w", filepath.Join(runDir, "checkpoints"), os.ErrNotExist)
+}
+
+// ReadCheckpoint reads the shared part of the checkpoint in folder dir.
+func ReadCheckpoint(dir string) (*Checkpoint, error) {
+	p := filepath.Join(dir, ckptSharedName)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("reading checkpoint: %w", err)
+	}
+	return parseShared(b, p)
+}
+
+// ReadShard reads rank's part of the checkpoint in folder dir.
+func ReadShard(dir string, rank int) (*Shard, error) {
+	p := filepath.Join(dir, shardName(rank))
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("reading this rank's part of the checkpoint: %w", err)
+	}
+	return parseShard(b, p)
 }

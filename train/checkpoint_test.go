@@ -1,82 +1,168 @@
 package train
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
-func TestCheckpointRoundTrip(t *testing.T) {
-	dir := t.TempDir()
-	os.MkdirAll(filepath.Join(dir, "checkpoints"), 0o755)
-	for _, ck := range []*Checkpoint{
-		{Model: "ncf", Dataset: "ml-100k", Epoch: 2, Batch: 5, Step: 77, OptSteps: 77, Params: []float32{1, -2, 3.5}, Buffers: []float32{}, Opt: [][]float32{{1, 2, 3}, {4, 5, 6}}},
-		{Model: "lstm", Dataset: "wikitext2", Params: []float32{}, Buffers: []float32{}, Opt: [][]float32{}},
-	} {
-		p := filepath.Join(dir, "checkpoints", "step-000000001.ckpt")
-		if err := WriteCheckpoint(p, ck); err != nil {
-			t.Fatal(err)
-		}
-		got, err := ReadCheckpoint(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(got, ck) {
-			t.Fatalf("round trip: got %+v, want %+v", got, ck)
-		}
-		if l, err := LatestCheckpoint(dir); err != nil || l != p {
-			t.Fatalf("LatestCheckpoint = %q, %v", l, err)
+func sampleCheckpoint() (*Checkpoint, *Shard) {
+	ck := &Checkpoint{Config: Config{Model: "ncf", Dataset: "ml-100k", Sparsifier: "micro", Density: Set(0.1)}, Workers: 2,
+		Epoch: 2, Batch: 5, Step: 77, EvalDue: true, EvalEpoch: 1, Elapsed: 3 * time.Second, OptSteps: 77,
+		Shards: []ShardInfo{{10, 1}, {20, 2}}, Written: time.Unix(1700000000, 0).UTC(),
+		Params: []float32{1, -2, 3.5}, Opt: [][]float32{{1, 2, 3}, {4, 5, 6}}}
+	sh := &Shard{Rank: 1, Workers: 2, Step: 77, Residual: []float32{0.5, 0, -1}, Buffers: []float32{},
+		Reducer: []byte("state"), Model: []byte{}}
+	return ck, sh
+}
+
+// TestCheckpointFilesRoundTrip: both parts read back as written, and every
+// damage (empty, another magic, an older format, truncation anywhere, a
+// flipped bit anywhere, another kind) is refused with a message naming the
+// file.
+func TestCheckpointFilesRoundTrip(t *testing.T) {
+	ck, sh := sampleCheckpoint()
+	b, err := encodeShared(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := parseShared(b, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, ck) {
+		t.Fatalf("shared part: got %+v, want %+v", got, ck)
+	}
+	sb, err := encodeShard(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := parseShard(sb, "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(gs, sh) {
+		t.Fatalf("rank part: got %+v, want %+v", gs, sh)
+	}
+	if _, err := parseShard(b, "x.ckpt"); err == nil || !strings.Contains(err.Error(), `a "shared" part`) {
+		t.Errorf("a shared part read as a rank's: %v", err)
+	}
+	old := append([]byte("SGCKPT01"), b[8:]...)
+	for name, bad := range map[string][]byte{"empty": nil, "magic": append([]byte("XXXXXXXX"), b[8:]...), "old format": old} {
+		if _, err := parseShared(bad, "x.ckpt"); err == nil || !strings.Contains(err.Error(), "x.ckpt is not a valid checkpoint file") {
+			t.Errorf("%s: %v", name, err)
 		}
 	}
-	b, _ := os.ReadFile(filepath.Join(dir, "checkpoints", "step-000000001.ckpt"))
-	for name, bad := range map[string][]byte{
-		"empty":     nil,
-		"magic":     append([]byte("XXXXXXXX"), b[8:]...),
-		"truncated": b[:len(b)-4],
-	} {
-		if _, err := parseCheckpoint(bad, name); err == nil || !strings.Contains(err.Error(), "not a valid checkpoint") {
-			t.Errorf("%s: err %v", name, err)
+	if _, err := parseShared(old, "x.ckpt"); !strings.Contains(err.Error(), "another version") {
+		t.Errorf("old format: %v", err)
+	}
+	for n := range len(b) {
+		if _, err := parseShared(b[:n], "x"); err == nil {
+			t.Fatalf("truncated to %d of %d bytes: accepted", n, len(b))
 		}
 	}
-	// A flipped bit in the data is caught by the checksum.
-	ck := &Checkpoint{Model: "ncf", Params: []float32{1, 2}}
-	p := filepath.Join(dir, "c.ckpt")
-	WriteCheckpoint(p, ck)
-	b, _ = os.ReadFile(p)
-	b[len(b)-1] ^= 1
-	if _, err := parseCheckpoint(b, "flip"); err == nil || !strings.Contains(err.Error(), "checksum") {
-		t.Errorf("bit flip: %v", err)
-	}
-	if _, err := LatestCheckpoint(t.TempDir()); err == nil {
-		t.Error("LatestCheckpoint found a checkpoint in an empty folder")
+	for i := range len(b) {
+		for bit := range 8 {
+			f := bytes.Clone(b)
+			f[i] ^= 1 << bit
+			if _, err := parseShared(f, "x"); err == nil {
+				t.Fatalf("bit %d of byte %d flipped: accepted", bit, i)
+			}
+		}
 	}
 }
 
+// TestWriteFileAtomic: a write that fails leaves the file as it was and no
+// temporary file behind; a good one replaces it.
+func TestWriteFileAtomic(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "f")
+	if err := writeFileAtomic(p, []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ckptWriteHook = nil }()
+	ckptWriteHook = func(string) error { return os.ErrPermission }
+	if err := writeFileAtomic(p, []byte("two")); err == nil {
+		t.Fatal("hook's error lost")
+	}
+	ckptWriteHook = nil
+	// A folder where the file should be: the rename fails.
+	q := filepath.Join(dir, "d")
+	os.MkdirAll(filepath.Join(q, "x"), 0o755)
+	if err := writeFileAtomic(q, []byte("x")); err == nil {
+		t.Fatal("renaming over a folder succeeded")
+	}
+	if b, _ := os.ReadFile(p); string(b) != "one" {
+		t.Fatalf("file holds %q", b)
+	}
+	if err := writeFileAtomic(p, []byte("three")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(p); string(b) != "three" {
+		t.Fatalf("file holds %q", b)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 2 {
+		t.Fatalf("left in the folder: %v", ents)
+	}
+}
+
+// TestLatestCheckpoint picks the newest folder holding a shared part.
+func TestLatestCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := LatestCheckpoint(dir); err == nil {
+		t.Fatal("a checkpoint in an empty folder")
+	}
+	for _, s := range []int{5, 10, 20} {
+		os.MkdirAll(stepDir(dir, s), 0o755)
+	}
+	os.WriteFile(filepath.Join(stepDir(dir, 5), ckptSharedName), nil, 0o644)
+	os.WriteFile(filepath.Join(stepDir(dir, 10), ckptSharedName), nil, 0o644)
+	os.WriteFile(filepath.Join(stepDir(dir, 20), shardName(0)), nil, 0o644) // incomplete
+	if got, err := LatestCheckpoint(dir); err != nil || got != stepDir(dir, 10) {
+		t.Fatalf("LatestCheckpoint = %q, %v", got, err)
+	}
+}
+
+// FuzzParseCheckpoint: the readers of both parts never panic, and what they
+// accept writes back to the same bytes (nothing is half-read).
 func FuzzParseCheckpoint(f *testing.F) {
-	dir := f.TempDir()
-	p := filepath.Join(dir, "c.ckpt")
-	WriteCheckpoint(p, &Checkpoint{Model: "ncf", Params: []float32{1, 2}, Opt: [][]float32{{3}}})
-	b, _ := os.ReadFile(p)
+	ck, sh := sampleCheckpoint()
+	b, _ := encodeShared(ck)
 	f.Add(b)
+	sb, _ := encodeShard(sh)
+	f.Add(sb)
 	f.Add([]byte(ckptMagic))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		ck, err := parseCheckpoint(b, "fuzz")
-		if err != nil {
-			return
+		if ck, err := parseShared(b, "fuzz"); err == nil {
+			back, err := encodeShared(ck)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ck2, err := parseShared(back, "back")
+			if err != nil {
+				t.Fatalf("re-encoded shared part refused: %v", err)
+			}
+			if again, _ := encodeShared(ck2); !bytes.Equal(again, back) {
+				t.Fatal("the shared part does not read back as written")
+			}
 		}
-		// Whatever parses must round-trip.
-		q := filepath.Join(t.TempDir(), "r.ckpt")
-		if err := WriteCheckpoint(q, ck); err != nil {
-			t.Fatal(err)
-		}
-		ck2, err := ReadCheckpoint(q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(ck2.Params) != len(ck.Params) || len(ck2.Opt) != len(ck.Opt) {
-			t.Fatalf("round trip changed sizes")
+		if sh, err := parseShard(b, "fuzz"); err == nil {
+			back, err := encodeShard(sh)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sh2, err := parseShard(back, "back")
+			if err != nil {
+				t.Fatalf("re-encoded rank part refused: %v", err)
+			}
+			if again, _ := encodeShard(sh2); !bytes.Equal(again, back) {
+				t.Fatal("the rank part does not read back as written")
+			}
 		}
 	})
 }

@@ -127,8 +127,14 @@ type Config struct {
 	BLASThreads int    `json:"blas_threads"`
 	// Quiet turns progress output off.
 	Quiet bool `json:"quiet"`
-	// CheckpointEvery writes a checkpoint every this many epochs (default 1).
-	CheckpointEvery Optional[int] `json:"checkpoint_every,omitzero"`
+	// CheckpointEvery writes a checkpoint every this many steps too (0:
+	// only at the end of every epoch, where one is always written, and
+	// where the run stops).
+	CheckpointEvery int `json:"checkpoint_every"`
+	// CheckEvery compares a hash of every worker's parameters every this
+	// many steps and stops the run when they differ (0: never; checkpoints
+	// always compare them).
+	CheckEvery int `json:"check_every,omitempty"`
 }
 
 // Models lists the supported models.
@@ -169,7 +175,6 @@ func (c Config) Defaults() Config {
 	def(&c.Device, "cpu")
 	c.LogEvery.orDefault(1)
 	def(&c.BLAS, "auto")
-	c.CheckpointEvery.orDefault(1)
 	c.Seed.orDefault(42)
 	var momentum, wd, clip float64
 	def(&c.LRSchedule, "step")
@@ -299,7 +304,7 @@ func (c Config) Validate(underMPI bool) error {
 		v    Optional[int]
 	}{
 		{"workers", c.Workers}, {"epochs", c.Epochs}, {"batch", c.Batch}, {"eval-batch", c.EvalBatch},
-		{"log-every", c.LogEvery}, {"checkpoint-every", c.CheckpointEvery},
+		{"log-every", c.LogEvery},
 	} {
 		if v, ok := f.v.Get(); !ok || v < 1 {
 			bad("-%s %v must be >= 1", f.flag, f.v)
@@ -451,6 +456,12 @@ func (c Config) Validate(underMPI bool) error {
 	}
 	if c.EvalEvery < 0 || c.MaxEvalBatches < 0 {
 		bad("-eval-every and -max-eval-batches must be >= 0")
+	}
+	if c.CheckpointEvery < 0 {
+		bad("-checkpoint-every %d must be >= 0 (steps between checkpoints; 0: at the end of every epoch only)", c.CheckpointEvery)
+	}
+	if c.CheckEvery < 0 {
+		bad("-check-every %d must be >= 0 (0: off)", c.CheckEvery)
 	}
 	switch c.BLAS {
 	case "auto", "openblas", "gonum":

@@ -9,10 +9,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -45,6 +47,18 @@ type Options struct {
 	Comm comm.Communicator
 	// LossSink, when set, receives rank 0's per-step mean loss (tests).
 	LossSink func(step int, loss float64)
+	// Stop, when closed, stops the run after the current step, with a
+	// checkpoint; Run then returns an error wrapping ErrInterrupted.
+	Stop <-chan struct{}
+	// Signals makes SIGINT and SIGTERM stop the run as Stop does (a
+	// second one ends the process at once), for commands.
+	Signals bool
+	// Given names the command-line flags that were given (without the
+	// dash). With Config.Resume, the configuration comes from the run's
+	// run.json, and only the given flags change it (where a resumed run may
+	// change it) or contradict it (an error). Nil means every field of the
+	// Config that is not zero was given.
+	Given map[string]bool
 	// wrapModel, when set, replaces each worker's model by what it returns
 	// (tests: models that fail or panic).
 	wrapModel func(models.Model) models.Model
@@ -65,7 +79,8 @@ type RunInfo struct {
 	Device   string   `json:"device"`
 	Versions Versions `json:"versions"`
 	Machine  Machine  `json:"machine"`
-	Resumed  string   `json:"resumed_from,omitempty"`
+	// Resumes lists the times the run was resumed, oldest first.
+	Resumes []ResumeRecord `json:"resumes,omitempty"`
 	// LayerNames are the layout's tensor names, in order.
 	LayerNames []string `json:"layer_names"`
 }
@@ -98,21 +113,147 @@ func UnderMPI() bool {
 
 // Run trains as c says. Without Options.Comm it starts c.Workers workers in
 // this process over comm/local, or, when this process runs under mpirun, one
-// worker over comm/mpi. It returns when training ends or ctx is cancelled.
-func Run(ctx context.Context, c Config, o Options) error {
-	c = c.Defaults()
+// worker over comm/mpi. It returns when training ends, when ctx is cancelled
+// or when Options.Stop (or a signal, see Options.Signals) stops it. With
+// c.Resume it continues the run in that folder from its newest complete
+// checkpoint, configured by the run's run.json (see Options.Given).
+//
+// Its errors carry one "train: " prefix. The error of a job that started
+// training says what happened, at which step, the last checkpoint and the
+// command that resumes; under mpirun it is printed by rank 0 only (the
+// others' errors say Reported).
+func Run(ctx context.Context, c Config, o Options) (err error) {
 	underMPI := o.Comm == nil && UnderMPI()
-	if err := c.Validate(underMPI); err != nil {
+	defer func() { err = finalError(err) }()
+	var prev *RunInfo
+	if c.Resume != "" {
+		if underMPI {
+			return runMPI(ctx, c, o, nil)
+		}
+		if c, prev, err = resumeConfig(c, o.Given, false); err != nil {
+			return err
+		}
+	}
+	r, err := prepare(ctx, c, o, underMPI)
+	if err != nil {
 		return err
+	}
+	r.prev = prev
+	switch {
+	case o.Comm != nil:
+		r.backend, r.size = "given", o.Comm.Size()
+		defer r.watchStop()()
+		return r.worker(ctx, o.Comm)
+	case underMPI:
+		return runMPI(ctx, c, o, r)
+	default:
+		r.backend, r.size = "local", r.cfg.Workers.Value()
+		var opts []local.Option
+		if r.cfg.NetBandwidth > 0 {
+			net := netmodel.Network{Latency: r.cfg.NetLatency, Bandwidth: r.cfg.NetBandwidth}
+			if err := net.Validate(); err != nil {
+				return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
+			}
+			opts = append(opts, local.WithNetwork(net))
+		}
+		defer r.watchStop()()
+		return local.Run(ctx, r.cfg.Workers.Value(), r.worker, opts...)
+	}
+}
+
+// runMPI runs this process's worker under mpirun. With r nil (a resume) the
+// configuration is resolved first: rank 0 reads the run's run.json and
+// broadcasts the result, so the other ranks need no copy of it (no shared
+// file system). Errors every rank returns at the same point (an agreed
+// stop, a failed checkpoint, a refused resume) end every rank normally;
+// other errors abort the job (mpi.Run).
+func runMPI(ctx context.Context, c Config, o Options, r *runner) error {
+	var agreed error
+	err := mpi.Run(ctx, func(ctx context.Context, cm comm.Communicator) error {
+		if r == nil {
+			var err error
+			if r, err = prepareResumeMPI(ctx, cm, c, o); err != nil {
+				agreed = err
+				return nil
+			}
+		}
+		r.backend, r.size = "mpi", cm.Size()
+		defer r.watchStop()()
+		err := r.worker(ctx, cm)
+		var ce collectiveError
+		if errors.As(err, &ce) || errors.Is(err, ErrConfig) {
+			agreed = err
+			if cm.Rank() != 0 {
+				agreed = reported{err}
+			}
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return agreed
+}
+
+// prepareResumeMPI resolves a resume's configuration on rank 0 and
+// broadcasts it (or rank 0's error), then prepares the run on every rank.
+func prepareResumeMPI(ctx context.Context, cm comm.Communicator, c Config, o Options) (*runner, error) {
+	var b []byte
+	var rerr error
+	var prev *RunInfo
+	if cm.Rank() == 0 {
+		var rc Config
+		if rc, prev, rerr = resumeConfig(c, o.Given, true); rerr == nil {
+			b, rerr = json.Marshal(rc)
+		}
+		if rerr != nil {
+			b = []byte(errString(rerr))
+		}
+	}
+	st := comm.Int64s{0}
+	if rerr != nil {
+		st[0] = 1
+	}
+	if err := cm.Broadcast(ctx, st, 0); err != nil {
+		return nil, err
+	}
+	b, err := broadcastBytes(ctx, cm, b, 0)
+	if err != nil {
+		return nil, err
+	}
+	if st[0] != 0 {
+		if cm.Rank() == 0 {
+			return nil, rerr
+		}
+		return nil, reported{fmt.Errorf("%w: %s", ErrConfig, b)}
+	}
+	var rc Config
+	if err := json.Unmarshal(b, &rc); err != nil {
+		return nil, fmt.Errorf("resuming: the configuration rank 0 sent: %w", err)
+	}
+	r, err := prepare(ctx, rc, o, true)
+	if err != nil {
+		return nil, err
+	}
+	r.prev = prev
+	return r, nil
+}
+
+// prepare checks the configuration and loads the data of a run.
+func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, error) {
+	c = c.Defaults()
+	if err := c.Validate(underMPI); err != nil {
+		return nil, err
 	}
 	if c.Out == "" {
 		c.Out = c.Resume
 	}
 	if err := checkFreshOut(c, o, underMPI); err != nil {
-		return err
+		return nil, err
 	}
 	if err := checkDevice(c); err != nil {
-		return err
+		return nil, err
 	}
 	if o.Stdout == nil {
 		o.Stdout = os.Stdout
@@ -141,33 +282,90 @@ func Run(ctx context.Context, c Config, o Options) error {
 	}
 	blasDesc, err := ops.ConfigureBLAS(c.BLAS, threads)
 	if err != nil {
-		return fmt.Errorf("train: -blas %s: %w", c.BLAS, err)
+		return nil, fmt.Errorf("-blas %s: %w", c.BLAS, err)
 	}
 	ds, err := LoadDataset(ctx, c)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	r := &runner{cfg: c, opt: o, ds: ds, blas: blasDesc, start: time.Now()}
-	switch {
-	case o.Comm != nil:
-		r.backend = "given"
-		return r.worker(ctx, o.Comm)
-	case underMPI:
-		r.backend = "mpi"
-		return mpi.Run(ctx, r.worker)
-	default:
-		r.backend = "local"
-		var opts []local.Option
-		if c.NetBandwidth > 0 {
-			net := netmodel.Network{Latency: c.NetLatency, Bandwidth: c.NetBandwidth}
-			if err := net.Validate(); err != nil {
-				return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
-			}
-			opts = append(opts, local.WithNetwork(net))
+	return &runner{cfg: c, opt: o, ds: ds, blas: blasDesc, start: time.Now()}, nil
+}
+
+// watchStop starts what makes the run stop on request (Options.Stop,
+// Options.Signals) and returns the function that ends it.
+func (r *runner) watchStop() func() {
+	stop := make(chan struct{})
+	r.stop = stop
+	var undo []func()
+	if r.opt.Signals {
+		rank0 := true
+		if l, ok := mpi.Detect(); ok && r.backend == "mpi" {
+			rank0 = l.Rank == 0
 		}
-		return local.Run(ctx, c.Workers.Value(), r.worker, opts...)
+		undo = append(undo, r.handleSignals(stop, r.opt.Progress, rank0))
+	}
+	if r.opt.Stop != nil {
+		done := make(chan struct{})
+		go func() {
+			select {
+			case <-r.opt.Stop:
+				r.stopOnce.Do(func() { close(stop) })
+			case <-done:
+			}
+		}()
+		undo = append(undo, func() { close(done) })
+	}
+	return func() {
+		for _, u := range undo {
+			u()
+		}
 	}
 }
+
+// reported is an error of a rank other than 0 under mpirun that rank 0
+// reports for the job.
+type reported struct{ error }
+
+func (e reported) Unwrap() error { return e.error }
+
+// Reported reports whether err is one that another process of the job
+// (rank 0 under mpirun) prints: the caller exits non-zero without printing
+// it again.
+func Reported(err error) bool {
+	var r reported
+	return errors.As(err, &r)
+}
+
+// finalError gives Run's error one "train: " prefix, and the error of a
+// job that started training its own message (jobError), not the
+// in-process backend's "rank N:" around it.
+func finalError(err error) error {
+	if err == nil {
+		return nil
+	}
+	var je *jobError
+	if errors.As(err, &je) {
+		if Reported(err) {
+			return reported{je}
+		}
+		return je
+	}
+	msg := onePrefix(err)
+	msg = localRank.ReplaceAllString(msg, "")
+	return &prefixed{msg: "train: " + msg, err: err}
+}
+
+// localRank matches the "rank N: " comm/local puts before a worker's error.
+var localRank = regexp.MustCompile(`^rank \d+: `)
+
+// prefixed is an error with its message rewritten.
+type prefixed struct {
+	msg string
+	err error
+}
+
+func (e *prefixed) Error() string { return e.msg }
+func (e *prefixed) Unwrap() error { return e.err }
 
 type runner struct {
 	cfg     Config
@@ -175,8 +373,17 @@ type runner struct {
 	ds      *Dataset
 	blas    string
 	backend string
+	size    int // the job's ranks
 	start   time.Time
 	gpus    gpus
+	// prev is the run.json of the run being resumed.
+	prev *RunInfo
+	// stop is closed when the run is asked to stop (watchStop);
+	// stopOnce closes it once.
+	stop     chan struct{}
+	stopOnce sync.Once
+	// status is what messages about the job say of it.
+	status runStatus
 }
 
 func machine() Machine {

@@ -276,7 +276,7 @@ func TestRunDirectoryAndResume(t *testing.T) {
 	if !slices.Equal(steps, []float64{2, 4, 5}) || !slices.Equal(evals, []string{"hr10", "ndcg10"}) {
 		t.Fatalf("steps %v, evals %v", steps, evals)
 	}
-	if _, err := os.Stat(filepath.Join(c.Out, "checkpoints", "step-000000005.ckpt")); err != nil {
+	if _, err := os.Stat(filepath.Join(c.Out, "checkpoints", "step-000000005", "shared.ckpt")); err != nil {
 		t.Fatal(err)
 	}
 	// Resume to step 8: the step count continues and metrics are appended.
@@ -305,11 +305,11 @@ func TestRunDirectoryAndResume(t *testing.T) {
 	if after, _ := os.ReadFile(filepath.Join(c.Out, "metrics.jsonl")); !bytes.Equal(before, after) {
 		t.Fatal("the refused run changed metrics.jsonl")
 	}
-	// A checkpoint of another model is refused.
+	// Resuming it as another model is refused, saying what differs.
 	bad := ncfConfig(t, 1, 1)
 	bad.Model, bad.Dataset, bad.DataDir = "lstm", "wikitext2", sharedData(t, "wikitext-2/train.txt")
 	bad.Resume, bad.Out = c.Out, ""
-	if err := Run(context.Background(), bad, Options{}); err == nil || !strings.Contains(err.Error(), "checkpoint") {
+	if err := Run(context.Background(), bad, Options{}); err == nil || !strings.Contains(err.Error(), "-model lstm: the run has ncf") {
 		t.Fatalf("resuming an NCF run as an LSTM: %v", err)
 	}
 }

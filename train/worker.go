@@ -2,10 +2,14 @@ package train
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -53,11 +57,27 @@ type worker struct {
 	xfer device.Stream
 	// out is rank 0's metrics, progress and report (nil on other ranks).
 	out *output
+	// start is when the run started: its records' wall times count from
+	// it (a resumed run's from before its resume, see restore).
+	start time.Time
+	// res is the state of checkpoints and resumes.
+	res resilience
 }
 
 func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	cfg := r.cfg
-	w := &worker{r: r, cfg: cfg, c: c, rank: c.Rank(), size: c.Size()}
+	w := &worker{r: r, cfg: cfg, c: c, rank: c.Rank(), size: c.Size(), start: r.start, res: resilience{lastStep: -1, prevStep: -1}}
+	// A panic of this worker ends the job with an error naming the rank
+	// and step (its stack goes to the rank's log).
+	defer func() {
+		if p := recover(); p != nil {
+			if w.log != nil {
+				w.log.Error("panic", "value", p, "stack", string(debug.Stack()))
+			}
+			err = &jobError{msg: fmt.Sprintf("rank %d panicked at step %d: %v (stack in %s). %s; resume with: %s", w.rank, w.r.status.step.Load()+1, p,
+				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.r.lastCheckpoint(), w.r.resumeCommand())}
+		}
+	}()
 	if err := os.MkdirAll(filepath.Join(cfg.Out, "checkpoints"), 0o755); err != nil {
 		return fmt.Errorf("train: creating the run directory: %w", err)
 	}
@@ -188,7 +208,15 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe != nil,
-			Versions: versions(w.r.blas), Machine: machine(), Resumed: cfg.Resume, LayerNames: names, Device: be.Device().String()}
+			Versions: versions(w.r.blas), Machine: machine(), LayerNames: names, Device: be.Device().String()}
+		info.Config.Resume = ""
+		if prev := w.r.prev; prev != nil {
+			// One run across resumes: its start and command, and the
+			// resumes so far (restore fills in this one's checkpoint).
+			info.Start, info.CommandLine = prev.Start, prev.CommandLine
+			info.Resumes = append(slices.Clone(prev.Resumes), ResumeRecord{At: time.Now().UTC(), CommandLine: w.r.opt.CommandLine})
+		}
+		w.res.info = &info
 		if be.Device().Kind() == device.CUDAKind {
 			info.Machine.GPU = be.Device().String()
 		}
@@ -296,7 +324,7 @@ func (w *worker) startGroup(ctx context.Context, g int) (sparsify.Pending, error
 	}
 	mm := sparsify.Memory{Residual: w.mem.Residual[gg.Lo:gg.Hi]}
 	if _, err := mm.Accumulate(w.hgrad[gg.Lo:gg.Hi], 1); err != nil {
-		return nil, fmt.Errorf("train: gradient of merge group %d (elements %d..%d): %w", g, gg.Lo, gg.Hi, err)
+		return nil, w.accumulateError(err, gg.Lo, gg.Hi)
 	}
 	w.pipe.reducing()
 	p, err := w.pipe.gred.StartGroup(ctx, g, w.mem.Residual, w.hgrad, w.mem.Residual)
@@ -354,7 +382,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 		}
 		acc, err := w.mem.Accumulate(w.hgrad, 1)
 		if err != nil {
-			return s, fmt.Errorf("train: error feedback: %w", err)
+			return s, w.accumulateError(err, 0, len(w.hgrad))
 		}
 		started = time.Now()
 		// The reducer's output overwrites the gradient, which error
@@ -362,6 +390,9 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 		if st, err = w.red.Reduce(ctx, acc, w.hgrad, acc); err != nil {
 			return s, fmt.Errorf("train: reducing with %s: %w", w.cfg.Sparsifier, err)
 		}
+	}
+	if math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0) {
+		return s, fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss)
 	}
 	if err := w.upload(w.grad, w.hgrad); err != nil {
 		return s, err
@@ -438,7 +469,7 @@ func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr fl
 	if w.cfg.Sparsifier == "dense" {
 		density = 1
 	}
-	rec := stepRecord(all, epoch, step, w.size, lr, density, time.Since(w.r.start))
+	rec := stepRecord(all, epoch, step, w.size, lr, density, time.Since(w.start))
 	rec.Ops = w.ops.next()
 	return rec, nil
 }
@@ -449,87 +480,11 @@ func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error
 	if err != nil {
 		return nil, err
 	}
-	if err := w.out.eval(epoch, step, Num(time.Since(w.r.start).Seconds()), ms); err != nil {
+	if err := w.out.eval(epoch, step, Num(time.Since(w.start).Seconds()), ms); err != nil {
 		return nil, err
 	}
 	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ms)
 	return ms, nil
-}
-
-// checkpoint writes rank 0's state (rank 0 only).
-func (w *worker) checkpoint(epoch, batch, step int) error {
-	if w.rank != 0 {
-		return nil
-	}
-	if err := w.download(w.hparams, w.params); err != nil {
-		return err
-	}
-	ck := &Checkpoint{Model: w.cfg.Model, Dataset: w.cfg.Dataset, Epoch: epoch, Batch: batch, Step: step,
-		Params: append([]float32(nil), w.hparams...)}
-	if nb := sumSizes(w.m.BufferLayout()); nb > 0 {
-		ck.Buffers = make([]float32, nb)
-		if err := w.m.StoreBuffers(ck.Buffers); err != nil {
-			return err
-		}
-	}
-	var err error
-	if ck.Opt, ck.OptSteps, err = w.opt.State(); err != nil {
-		return err
-	}
-	path := filepath.Join(w.cfg.Out, "checkpoints", fmt.Sprintf("step-%09d.ckpt", step))
-	if err := WriteCheckpoint(path, ck); err != nil {
-		return err
-	}
-	w.log.Info("checkpoint written", "path", path)
-	return nil
-}
-
-// resume loads the checkpoint of cfg.Resume and returns where to continue.
-func (w *worker) resume() (epoch, batch, step int, err error) {
-	path, err := LatestCheckpoint(w.cfg.Resume)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	ck, err := ReadCheckpoint(path)
-	if err != nil {
-		return 0, 0, 0, err
-	}
-	if ck.Model != w.cfg.Model || ck.Dataset != w.cfg.Dataset {
-		return 0, 0, 0, fmt.Errorf("%w: -resume %s holds a %s/%s checkpoint, not %s/%s; pass the same -model and -dataset", ErrConfig, w.cfg.Resume, ck.Model, ck.Dataset, w.cfg.Model, w.cfg.Dataset)
-	}
-	if len(ck.Params) != len(w.hparams) {
-		return 0, 0, 0, fmt.Errorf("%w: checkpoint %s holds %d parameters, the model has %d (different preset?)", ErrConfig, path, len(ck.Params), len(w.hparams))
-	}
-	copy(w.hparams, ck.Params)
-	if err := w.upload(w.params, w.hparams); err != nil {
-		return 0, 0, 0, err
-	}
-	if len(ck.Buffers) > 0 {
-		if err := w.m.LoadBuffers(ck.Buffers); err != nil {
-			return 0, 0, 0, fmt.Errorf("train: checkpoint %s: %w", path, err)
-		}
-	}
-	if err := w.opt.SetState(ck.Opt, ck.OptSteps); err != nil {
-		return 0, 0, 0, fmt.Errorf("train: checkpoint %s: %w", path, err)
-	}
-	w.log.Info("resumed", "checkpoint", path, "epoch", ck.Epoch+1, "batch", ck.Batch, "step", ck.Step)
-	return ck.Epoch, ck.Batch, ck.Step, nil
-}
-
-// timeUp reports, identically on every rank, whether rank 0's clock has
-// passed Config.MaxTime.
-func (w *worker) timeUp(ctx context.Context) (bool, error) {
-	if w.cfg.MaxTime <= 0 {
-		return false, nil
-	}
-	flag := comm.Int32s{0}
-	if w.rank == 0 && time.Since(w.r.start) >= w.cfg.MaxTime {
-		flag[0] = 1
-	}
-	if err := w.c.Broadcast(ctx, flag, 0); err != nil {
-		return false, fmt.Errorf("train: agreeing on the time limit: %w", err)
-	}
-	return flag[0] == 1, nil
 }
 
 func (w *worker) loop(ctx context.Context) error {
@@ -544,60 +499,125 @@ func (w *worker) loop(ctx context.Context) error {
 			sched.OneCycleIters = min(sched.OneCycleIters, cfg.Steps)
 		}
 	}
-	startEpoch, startBatch, step := 0, 0, 0
+	pos := position{}
 	if cfg.Resume != "" {
 		var err error
-		if startEpoch, startBatch, step, err = w.resume(); err != nil {
+		if pos, err = w.restore(ctx); err != nil {
 			return err
 		}
 	}
-	lastEval := -1
-	for epoch := startEpoch; epoch < cfg.Epochs.Value(); epoch++ {
+	step := pos.step
+	w.r.status.step.Store(int64(step))
+	lastEval, lastCkpt := -1, -1
+	if cfg.Resume != "" {
+		lastCkpt = step
+		if w.res.evaluated {
+			lastEval = step
+		}
+	}
+	// save writes a checkpoint of p unless one of this step exists; a
+	// checkpoint that cannot be written is a warning (the previous one is
+	// intact) unless the run stops for it (final).
+	save := func(p position, final bool) error {
+		if lastCkpt == p.step {
+			return nil
+		}
+		err := w.checkpoint(ctx, p)
+		var ce *ckptError
+		if errors.As(err, &ce) && !final {
+			w.log.Warn("checkpoint not written", "err", err)
+			if w.out != nil {
+				fmt.Fprintf(w.out.console, "warning: %v\n", err)
+			}
+			return nil
+		}
+		if err == nil {
+			lastCkpt = p.step
+		}
+		return err
+	}
+	// An evaluation due at the checkpoint resumed from comes first.
+	if pos.evalDue {
+		if _, err := w.evaluate(ctx, pos.evalEpoch, step); err != nil {
+			return w.failed(err, step)
+		}
+		lastEval = step
+	}
+	startBatch := pos.batch
+	for epoch := pos.epoch; epoch < cfg.Epochs.Value(); epoch++ {
 		if cfg.Steps > 0 && step >= cfg.Steps {
 			break
 		}
 		if err := w.task.SetEpoch(epoch); err != nil {
-			return fmt.Errorf("train: epoch %d: %w", epoch+1, err)
+			return fmt.Errorf("epoch %d: %w", epoch+1, err)
 		}
 		w.m.ResetState()
+		if w.res.modelState != nil {
+			// The resumed epoch continues the checkpoint's model state.
+			if err := w.m.(models.Stateful).LoadState(w.res.modelState); err != nil {
+				return err
+			}
+			w.res.modelState = nil
+		}
 		prog := w.out.progress()
 		if prog != nil {
 			prog.startEpoch(epoch+1, cfg.Epochs.Value(), perEpoch-startBatch)
 		}
 		var lastLoss float64
 		for i := startBatch; i < perEpoch; i++ {
-			timeUp, err := w.timeUp(ctx)
+			here := position{epoch: epoch, batch: i, step: step}
+			timeUp, stop, err := w.agree(ctx)
 			if err != nil {
-				return err
+				return w.failed(err, step)
+			}
+			if stop {
+				if prog != nil {
+					prog.endEpoch()
+				}
+				if err := save(here, true); err != nil {
+					return w.failed(collective(err), step)
+				}
+				return w.failed(collective(ErrInterrupted), step)
 			}
 			if (cfg.Steps > 0 && step >= cfg.Steps) || timeUp {
 				if prog != nil {
 					prog.endEpoch()
 				}
+				// The checkpoint first: an interrupted evaluation must
+				// not lose the steps done.
+				if err := save(here, false); err != nil {
+					return w.failed(collective(err), step)
+				}
 				if lastEval != step {
 					if _, err := w.evaluate(ctx, epoch, step); err != nil {
-						return err
+						return w.failed(err, step)
 					}
 				}
-				return w.checkpoint(epoch, i, step)
+				return nil
 			}
 			if err := ctx.Err(); err != nil {
-				return fmt.Errorf("train: stopped at step %d: %w", step, err)
+				return w.failed(fmt.Errorf("stopped: %w", err), step)
 			}
 			lr := sched.At(step, epoch)
 			b, ns, err := w.task.Batch(i)
 			if err != nil {
-				return fmt.Errorf("train: batch %d of epoch %d: %w", i, epoch+1, err)
+				return w.failed(fmt.Errorf("batch %d of epoch %d: %w", i, epoch+1, err), step)
 			}
 			s, err := w.step(ctx, b, lr)
 			if err != nil {
-				return fmt.Errorf("train: step %d (epoch %d): %w", step+1, epoch+1, err)
+				return w.failed(fmt.Errorf("step %d (epoch %d): %w", step+1, epoch+1, err), step)
 			}
 			s.Samples = ns
 			step++
+			w.r.status.step.Store(int64(step))
 			if step == 1 {
 				if err := w.setBackwardTimes(ctx); err != nil {
-					return err
+					return w.failed(err, step)
+				}
+			}
+			if cfg.CheckEvery > 0 && step%cfg.CheckEvery == 0 {
+				if err := w.checkParams(ctx, step); err != nil {
+					return w.failed(collective(err), step)
 				}
 			}
 			lastLoss = s.Loss
@@ -605,19 +625,26 @@ func (w *worker) loop(ctx context.Context) error {
 			if step%cfg.LogEvery.Value() == 0 || last {
 				rec, err := w.gather(ctx, s, epoch, step, lr)
 				if err != nil {
-					return err
+					return w.failed(err, step)
 				}
 				lastLoss = float64(rec.Loss)
 				if err := w.out.step(rec); err != nil {
-					return err
+					return w.failed(err, step)
 				}
 			}
 			if prog != nil {
 				prog.add(ns*w.size, lastLoss)
 			}
-			if cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0 && !last {
+			evalNow := cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0 && !last
+			if cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0 && !last {
+				// Before the evaluation, which a resumed run then redoes.
+				if err := save(position{epoch: epoch, batch: i + 1, step: step, evalDue: evalNow, evalEpoch: epoch}, false); err != nil {
+					return w.failed(collective(err), step)
+				}
+			}
+			if evalNow {
 				if _, err := w.evaluate(ctx, epoch, step); err != nil {
-					return err
+					return w.failed(err, step)
 				}
 				lastEval = step
 			}
@@ -626,15 +653,15 @@ func (w *worker) loop(ctx context.Context) error {
 		if prog != nil {
 			prog.endEpoch()
 		}
+		// The checkpoint before the evaluation, which an interruption
+		// may cut short (a resumed run then evaluates first).
+		if err := save(position{epoch: epoch + 1, batch: 0, step: step, evalDue: true, evalEpoch: epoch}, false); err != nil {
+			return w.failed(collective(err), step)
+		}
 		if _, err := w.evaluate(ctx, epoch, step); err != nil {
-			return err
+			return w.failed(err, step)
 		}
 		lastEval = step
-		if (epoch+1)%cfg.CheckpointEvery.Value() == 0 || epoch+1 == cfg.Epochs.Value() {
-			if err := w.checkpoint(epoch+1, 0, step); err != nil {
-				return err
-			}
-		}
 		// The report of the epochs so far is written in the background;
 		// the final one when the worker returns.
 		w.out.refreshReport()

@@ -30,9 +30,17 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := context.Background(), func() {}
+	if len(os.Args) > 1 && !strings.HasPrefix(os.Args[1], "-") {
+		// The subcommands end on Ctrl-C; training stops after its step
+		// with a checkpoint (train.Options.Signals).
+		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	}
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	if train.Reported(err) {
+		os.Exit(2) // rank 0 of the mpirun job prints it
+	}
 	if err != nil {
 		msg := err.Error()
 		if !strings.HasPrefix(msg, "train:") {
@@ -133,10 +141,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if *summary {
 		return printSummary(ctx, cfg, stdout)
 	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	return train.Run(ctx, cfg, train.Options{
 		Stdout: stdout, Progress: stderr,
 		CommandLine: append([]string{"train"}, args...),
 		Report:      writeReport,
+		Signals:     true,
+		Given:       given,
 	})
 }
 
@@ -201,7 +213,8 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.Var(finiteFloat{&v.bandwidth}, "net-bandwidth", "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)")
 	i64(&c.LogEvery, "log-every", "write a step record every this many steps (default 1)")
 	fs.IntVar(&c.EvalEvery, "eval-every", 0, "also evaluate every this many steps (0: every epoch only)")
-	i64(&c.CheckpointEvery, "checkpoint-every", "write a checkpoint every this many epochs (default 1)")
+	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 0, "also write a checkpoint every this many steps (0: at the end of every epoch only, and where the run stops)")
+	fs.IntVar(&c.CheckEvery, "check-every", 0, "compare a hash of the workers' parameters every this many steps and stop if they differ (0: only at checkpoints)")
 	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto (OpenBLAS if installed), openblas or gonum")
 	fs.IntVar(&c.BLASThreads, "blas-threads", 0, "OpenBLAS threads (0: cores / simulated workers)")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress output")

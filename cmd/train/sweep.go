@@ -356,7 +356,7 @@ func trainCommand(p sweep.Point, out string) []string {
 	for _, o := range []struct {
 		flag string
 		v    train.Optional[int]
-	}{{"-epochs", c.Epochs}, {"-batch", c.Batch}, {"-log-every", c.LogEvery}, {"-checkpoint-every", c.CheckpointEvery}} {
+	}{{"-epochs", c.Epochs}, {"-batch", c.Batch}, {"-log-every", c.LogEvery}} {
 		if o.v.IsSet() {
 			add(o.flag, strconv.Itoa(o.v.Value()))
 		}

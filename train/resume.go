@@ -1,0 +1,249 @@
+package train
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// ResumeRecord is one resume of a run, as run.json lists them.
+type ResumeRecord struct {
+	// At is when the resumed run started.
+	At time.Time `json:"at"`
+	// Step is the step of the checkpoint it continued from.
+	Step int `json:"step"`
+	// Checkpoint is that checkpoint's folder.
+	Checkpoint string `json:"checkpoint"`
+	// CommandLine is the resuming command.
+	CommandLine []string `json:"command_line"`
+}
+
+// resumeMayChange are the configuration keys (run.json's) a resumed run may
+// set to other values than the run had: how long it runs, where its data
+// lives, how it reports and checkpoints, and what executes it. Every other
+// key decides the training itself and must match.
+var resumeMayChange = map[string]bool{
+	"steps": true, "epochs": true, "max_time": true, "quiet": true, "data_dir": true, "download": true,
+	"checkpoint_every": true, "check_every": true, "blas": true, "blas_threads": true, "eval_every": true,
+	"log_every": true, "max_eval_batches": true, "device": true, "tf32": true,
+}
+
+// flagOf is the command-line flag of a run.json configuration key.
+func flagOf(key string) string {
+	switch key {
+	case "weight_decay":
+		return "wd"
+	}
+	if name, ok := strings.CutPrefix(key, "method_options."); ok {
+		for _, m := range sparsify.Methods() {
+			if p, ok := m.Param(name); ok {
+				return p.Flag
+			}
+		}
+		return name
+	}
+	return strings.ReplaceAll(key, "_", "-")
+}
+
+// configMap flattens a configuration into run.json's keys, the method
+// options as "method_options.NAME".
+func configMap(c Config) (map[string]any, error) {
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	m := map[string]any{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	if mo, ok := m["method_options"].(map[string]any); ok {
+		for k, v := range mo {
+			m["method_options."+k] = v
+		}
+	}
+	delete(m, "method_options")
+	return m, nil
+}
+
+// readRunInfo reads dir/run.json.
+func readRunInfo(dir string) (*RunInfo, error) {
+	p := filepath.Join(dir, "run.json")
+	b, err := os.ReadFile(p)
+	if errors.Is(err, fs.ErrNotExist) {
+		if _, serr := os.Stat(dir); serr != nil {
+			return nil, fmt.Errorf("%w: -resume %s: no such folder; give the run directory a run wrote with -out", ErrConfig, dir)
+		}
+		return nil, fmt.Errorf("%w: -resume %s: no run.json there: not a run directory (give the folder a run wrote with -out)", ErrConfig, dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("-resume %s: %w", dir, err)
+	}
+	info := &RunInfo{}
+	if err := json.Unmarshal(b, info); err != nil {
+		return nil, fmt.Errorf("-resume %s: run.json is damaged: %w", dir, err)
+	}
+	return info, nil
+}
+
+// resumeConfig returns the configuration that continues the run in
+// given.Resume: the configuration of its run.json, with the values of the
+// keys the caller gave changed where a resumed run may change them
+// (resumeMayChange). A given value that contradicts the run (another
+// sparsifier, density, model, worker count, ...) is refused with what
+// differs. set names the command-line flags that were given; nil means
+// every key whose value in given is not zero (callers of Run). The run's
+// worker count is run.json's "workers"; under mpirun (mpi) a run of one
+// process per worker continues with Workers 1.
+func resumeConfig(given Config, set map[string]bool, mpi bool) (Config, *RunInfo, error) {
+	dir := given.Resume
+	info, err := readRunInfo(dir)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	if given.Out != "" && filepath.Clean(given.Out) != filepath.Clean(dir) {
+		return Config{}, nil, fmt.Errorf("%w: -out %s with -resume %s: a resumed run continues in its own folder; drop -out", ErrConfig, given.Out, dir)
+	}
+	saved := info.Config
+	sm, err := configMap(saved)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	gm, err := configMap(given)
+	if err != nil {
+		return Config{}, nil, err
+	}
+	// The run's worker count is its number of ranks.
+	sm["workers"] = float64(info.Workers)
+	gw, gwSet := given.Workers.Get()
+	isSet := func(k string, v any) bool {
+		if set != nil {
+			return set[flagOf(k)]
+		}
+		return !zeroJSON(v)
+	}
+	onecycle := saved.LRSchedule == "onecycle"
+	var diffs []string
+	merged := saved
+	var changedKeys []string
+	for _, k := range slices.Sorted(maps.Keys(gm)) {
+		v := gm[k]
+		if k == "out" || k == "resume" || k == "workers" || !isSet(k, v) {
+			continue
+		}
+		if reflect.DeepEqual(v, sm[k]) {
+			continue
+		}
+		if resumeMayChange[k] && !(onecycle && (k == "steps" || k == "epochs")) {
+			changedKeys = append(changedKeys, k)
+			continue
+		}
+		why := ""
+		if onecycle && (k == "steps" || k == "epochs") {
+			why = " (the one-cycle schedule spans the run's -epochs or -steps)"
+		}
+		diffs = append(diffs, fmt.Sprintf("-%s %s: the run has %s%s", flagOf(k), showJSON(v), showJSON(sm[k]), why))
+	}
+	if gwSet && (set == nil || set["workers"]) && gw != info.Workers && !(mpi && gw == 1) {
+		diffs = append(diffs, fmt.Sprintf("-workers %d: the run has %d workers", gw, info.Workers))
+	}
+	if len(diffs) > 0 {
+		return Config{}, nil, fmt.Errorf("%w: -resume %s continues the run as it was configured; these flags contradict its run.json:\n  %s\n(drop them to continue the run, or start a new run with -out)", ErrConfig, dir, strings.Join(diffs, "\n  "))
+	}
+	// Take the changed keys from given, field by field through JSON.
+	if len(changedKeys) > 0 {
+		mm, _ := configMap(merged)
+		for _, k := range changedKeys {
+			mm[k] = gm[k]
+		}
+		delete(mm, "workers")
+		b, _ := json.Marshal(mm)
+		var back Config
+		if err := json.Unmarshal(b, &back); err != nil {
+			return Config{}, nil, fmt.Errorf("-resume %s: %w", dir, err)
+		}
+		back.MethodOptions, back.Workers = merged.MethodOptions, merged.Workers
+		merged = back
+	}
+	merged.Workers = Set(info.Workers)
+	if mpi {
+		merged.Workers = Set(1)
+	}
+	merged.Resume, merged.Out = dir, dir
+	return merged, info, nil
+}
+
+// zeroJSON reports whether a decoded JSON value is its type's zero.
+func zeroJSON(v any) bool {
+	switch x := v.(type) {
+	case nil:
+		return true
+	case bool:
+		return !x
+	case float64:
+		return x == 0
+	case string:
+		return x == ""
+	case []any:
+		return false // an empty list is a choice (e.g. no decay)
+	case map[string]any:
+		return len(x) == 0
+	}
+	return false
+}
+
+// showJSON formats a decoded JSON value for a message.
+func showJSON(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "(none)"
+	case string:
+		return x
+	}
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// checkpointMismatch compares a checkpoint's configuration and worker
+// count with the run's and says what differs (empty: nothing that
+// matters).
+func checkpointMismatch(ck *Checkpoint, c Config, workers int) ([]string, error) {
+	var diffs []string
+	if ck.Workers != workers {
+		diffs = append(diffs, fmt.Sprintf("workers: the checkpoint has %d, this run %d", ck.Workers, workers))
+	}
+	a, err := configMap(ck.Config)
+	if err != nil {
+		return nil, err
+	}
+	b, err := configMap(c)
+	if err != nil {
+		return nil, err
+	}
+	delete(a, "workers")
+	delete(b, "workers")
+	keys := slices.Sorted(maps.Keys(a))
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	for _, k := range keys {
+		if k == "out" || k == "resume" || resumeMayChange[k] {
+			continue
+		}
+		if !reflect.DeepEqual(a[k], b[k]) {
+			diffs = append(diffs, fmt.Sprintf("-%s: the checkpoint has %s, this run %s", flagOf(k), showJSON(a[k]), showJSON(b[k])))
+		}
+	}
+	return diffs, nil
+}
