@@ -578,27 +578,42 @@ extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float s
     }
 }
 
-// Partial Σx² in double of pieces [lo[p], lo[p+1]) of x, one block per
-// piece (pieces never straddle a segment, so the segment sums below add
-// whole pieces).
+// Σx² in double of pieces [lo[p], lo[p+1]) of x (at most 4096 elements,
+// never straddling a segment), one block per piece, added exactly as the
+// CPU does (package sparsify's sumSquares): element i of the piece into
+// partial sum i mod 4, the last (len mod 4) elements into sum 0, combined
+// as (s0+s1)+(s2+s3). Four threads run the four chains.
 extern "C" __global__ void k_piece_sumsq(const float* x, const i64* lo, double* part) {
+    __shared__ double s[4];
     i64 a = lo[blockIdx.x], b = lo[blockIdx.x + 1];
-    double s = 0.0;
-    for (i64 i = a + threadIdx.x; i < b; i += blockDim.x) {
-        double v = x[i];
-        s += v * v;
+    i64 len = b - a, main = len - len % 4;
+    int t = threadIdx.x;
+    if (t < 4) {
+        double acc = 0.0;
+        for (i64 i = t; i < main; i += 4) {
+            double v = x[a + i];
+            acc += v * v;
+        }
+        if (t == 0) {
+            for (i64 i = main; i < len; i++) {
+                double v = x[a + i];
+                acc += v * v;
+            }
+        }
+        s[t] = acc;
     }
-    s = block_sum(s);
-    if (threadIdx.x == 0) part[blockIdx.x] = s;
+    __syncthreads();
+    if (t == 0) part[blockIdx.x] = (s[0] + s[1]) + (s[2] + s[3]);
 }
 
-// out[s] = Σ of the partials of segment s's pieces [first[s], first[s+1]),
-// one block per segment.
-extern "C" __global__ void k_segment_sum(const double* part, const int* first, double* out) {
-    double s = 0.0;
-    for (int p = first[blockIdx.x] + threadIdx.x; p < first[blockIdx.x + 1]; p += blockDim.x) s += part[p];
-    s = block_sum(s);
-    if (threadIdx.x == 0) out[blockIdx.x] = s;
+// out[s] = the partials of segment s's pieces [first[s], first[s+1]) added
+// in order from zero (one thread per segment, as the CPU adds them).
+extern "C" __global__ void k_segment_sum(const double* part, const int* first, double* out, int nseg) {
+    GRID_STRIDE(sg, nseg) {
+        double s = 0.0;
+        for (int p = first[sg]; p < first[sg + 1]; p++) s += part[p];
+        out[sg] = s;
+    }
 }
 
 // dst[j] = x[idx[j]].

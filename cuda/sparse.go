@@ -144,11 +144,15 @@ func (o *Sparse) Accumulate(s device.Stream, r, g device.Buffer, scale float32) 
 	return int(f[0]), nil
 }
 
-// pieceLen is the elements of one block of SegmentSumSquares.
-const pieceLen = 1 << 16
+// pieceLen is the elements of one block of SegmentSumSquares: the CPU's
+// block (sparsify's segBlock).
+const pieceLen = 4096
 
 // SegmentSumSquares returns Σ x[i]² in float64 over each segment
-// [bounds[j], bounds[j+1]) of x (bounds ascending, within [0, len(x)]).
+// [bounds[j], bounds[j+1]) of x (bounds ascending, within [0, len(x)]),
+// bit for bit as package sparsify sums it: blocks of 4096 elements from the
+// segment's start (one GPU block each, four interleaved partial sums), the
+// block sums added in order.
 func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []int) ([]float64, error) {
 	cs, err := o.stream(s)
 	if err != nil {
@@ -207,7 +211,7 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 			return nil, err
 		}
 	}
-	if err := cs.args().buf(parts).buf(pf).buf(sums).run("k_segment_sum", nseg); err != nil {
+	if err := cs.args().buf(parts).buf(pf).buf(sums).i32(nseg).runN("k_segment_sum", nseg); err != nil {
 		return nil, err
 	}
 	out := make([]float64, nseg)

@@ -19,6 +19,9 @@ import (
 // here) on the same inputs: the same index sets in the same order, values
 // equal.
 
+// cuda.Sparse is the GPU's sparsify.Ops.
+var _ sparsify.Ops = (*cuda.Sparse)(nil)
+
 // sparseInput returns n elements of one of several kinds: normal values,
 // values with many ties (a few distinct magnitudes), mostly zeros, and
 // normal values with ±Inf and NaN sprinkled in (nan).
@@ -216,9 +219,14 @@ func TestGPUAccumulateAndNorms(t *testing.T) {
 		if first != -1 || !sameBits(download(t, s, rb), want) {
 			t.Fatalf("n=%d: accumulate: first bad %d, or values differ", n, first)
 		}
-		// Segment norms: empty segments, one segment, many.
+		// Segment sums of squares: empty segments, one segment, many; the
+		// same bits as the CPU's, and close to a plain sum.
 		for _, bounds := range [][]int{{0, n}, {0, 0, n / 3, n / 3, n}, {n / 2, n}, segments(r, n)} {
 			got, err := sp.SegmentSumSquares(s, rb, bounds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cpu, err := sparsify.CPUOps().SegmentSumSquares(nil, device.Host(want), bounds)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -227,8 +235,8 @@ func TestGPUAccumulateAndNorms(t *testing.T) {
 				for _, v := range want[bounds[j]:bounds[j+1]] {
 					w += float64(v) * float64(v)
 				}
-				if math.Abs(got[j]-w) > 1e-12*w {
-					t.Fatalf("n=%d segment %d %v: Σx² = %v, want %v", n, j, bounds[j:j+2], got[j], w)
+				if got[j] != cpu[j] || math.Abs(got[j]-w) > 1e-12*w {
+					t.Fatalf("n=%d segment %d %v: Σx² = %v, CPU %v, plain %v", n, j, bounds[j:j+2], got[j], cpu[j], w)
 				}
 			}
 		}
@@ -367,6 +375,11 @@ func TestGPUHashSelect(t *testing.T) {
 		}
 		if gi := downloadInt32(t, s, ob)[:got]; !slices.Equal(gi, want) {
 			t.Fatalf("%+v: HashSelect %v…, want %v…", tc, head(gi), head(want))
+		}
+		cpuOut := make([]int32, tc.slots)
+		nc, err := sparsify.CPUOps().HashSelect(nil, device.Host(cpuOut), device.Host(cand), seed, tc.slots)
+		if err != nil || !slices.Equal(cpuOut[:nc], want) {
+			t.Fatalf("%+v: the CPU's HashSelect %v… (%v), want %v…", tc, head(cpuOut[:nc]), err, head(want))
 		}
 	}
 }

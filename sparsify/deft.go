@@ -288,8 +288,9 @@ func deftPack(frags []deftFrag, kf []int, n int, lens, content []int32) {
 	copy(content[pos:], common)
 }
 
-// deftNorm is the L2 norm of x: the square root of sumSquares(x).
-func deftNorm(x []float32) float64 { return math.Sqrt(sumSquares(x)) }
+// deftNorm is the L2 norm of x: the square root of segmentSumSquares(x),
+// which a GPU computes bit for bit alike (Ops.SegmentSumSquares).
+func deftNorm(x []float32) float64 { return math.Sqrt(segmentSumSquares(x)) }
 
 // deftNorms writes deftNorm of acc over each fragment into norms (each
 // fragment summed by one goroutine, so the result does not depend on the

@@ -49,23 +49,29 @@ func deftRefFragments(l Layout, n int) []deftRefFragment {
 }
 
 // deftRefNorms is the L2 norm of acc over each fragment, with the squares
-// summed in the documented order of deftNorm: element i of the fragment into
-// partial sum i mod 4, the last (size mod 4) elements into sum 0, and the
-// partial sums combined as (s0+s1)+(s2+s3).
+// summed in the documented order of deftNorm (segmentSumSquares).
 func deftRefNorms(acc []float32, fr []deftRefFragment) []float64 {
 	norms := make([]float64, len(fr))
 	for f, x := range fr {
-		var s [4]float64
-		size := x.hi - x.lo
-		for i := 0; i < size; i++ {
-			v := float64(acc[x.lo+i])
-			if i < size-size%4 {
-				s[i%4] += float64(v * v)
-			} else {
-				s[0] += float64(v * v)
+		// Blocks of 4096 elements from the fragment's start; in each, four
+		// partial sums (element i of the block into sum i mod 4, the last
+		// size mod 4 into sum 0) combined as (s0+s1)+(s2+s3); the block
+		// sums added in order from zero.
+		var total float64
+		for lo := x.lo; lo < x.hi; lo += 4096 {
+			var s [4]float64
+			size := min(x.hi-lo, 4096)
+			for i := 0; i < size; i++ {
+				v := float64(acc[lo+i])
+				if i < size-size%4 {
+					s[i%4] += float64(v * v)
+				} else {
+					s[0] += float64(v * v)
+				}
 			}
+			total += (s[0] + s[1]) + (s[2] + s[3])
 		}
-		norms[f] = math.Sqrt((s[0] + s[1]) + (s[2] + s[3]))
+		norms[f] = math.Sqrt(total)
 	}
 	return norms
 }

@@ -245,16 +245,6 @@ func dragonnSelect(dst []int32, x []float32, p dragonnParams, rng *rand.Rand, ha
 	thr := KthLargestAbs(s.samples, p.ks)
 	s.cand = SelectAbove(s.cand, x, thr)
 	s.table = slices.Grow(s.table[:0], p.nslots)[:p.nslots]
-	clear(s.table)
-	m := uint32(p.nslots)
-	for _, i := range s.cand {
-		s.table[murmur3Index(uint32(i), hashSeed)%m] = uint32(i) + 1
-	}
-	dst = dst[:0]
-	for _, v := range s.table {
-		if v != 0 {
-			dst = append(dst, int32(v-1))
-		}
-	}
+	dst = hashSelect(dst, s.cand, hashSeed, s.table)
 	return dst, thr
 }

@@ -296,16 +296,10 @@ func (m *Memory) Accumulate(grad []float32, lr float32) ([]float32, error) {
 		scale = lr
 	}
 	// One fused pass (add and check), split over all cores for large
-	// vectors; each chunk reports its first non-finite element.
+	// vectors.
 	r := m.Residual
-	p := selChunks(len(r))
-	bad := make([]int, p)
-	selParallel(len(r), p, func(c, lo, hi int) { bad[c] = selAccumulate(r[lo:hi], grad[lo:hi], scale, lo) })
-	for _, i := range bad {
-		if i >= 0 {
-			v := r[i]
-			return nil, fmt.Errorf("sparsify: error-compensated gradient element %d is %v: the gradient diverged (lower the learning rate or clip gradients)", i, v)
-		}
+	if i := accumulate(r, grad, scale); i >= 0 {
+		return nil, fmt.Errorf("sparsify: error-compensated gradient element %d is %v: the gradient diverged (lower the learning rate or clip gradients)", i, r[i])
 	}
 	return r, nil
 }

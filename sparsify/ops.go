@@ -1,0 +1,325 @@
+package sparsify
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+// Ops are the passes over whole vectors that the reducers make — the O(N)
+// part of sparsification — on one device: CPUOps here, a GPU's in package
+// cuda (cuda.Sparse), which gives the same results for the same input (the
+// same index sets in the same order; the same bits, sums of squares
+// included). The reducers' control (budgets, bin packing, thresholds,
+// schedules) stays host-side Go; only counts and a few numbers per tensor
+// come back from the device.
+//
+// Buffers are device.Float32 vectors and device.Int32 index lists of the
+// Ops' device; a call's work is issued on stream s (on the CPU it is done
+// when the call returns; calls that return numbers synchronize s).
+type Ops interface {
+	// Accumulate adds scale·g to r element-wise and returns the index of
+	// the first element of r that became NaN or ±Inf, or −1.
+	Accumulate(s device.Stream, r, g device.Buffer, scale float32) (int, error)
+	// SegmentSumSquares returns, for each segment [bounds[j], bounds[j+1])
+	// of x, SegmentSumSquares of the CPU (see segmentSumSquares): blocks of
+	// 4096 elements from the segment's start, each summed in float64 in
+	// four interleaved partial sums, added in block order.
+	SegmentSumSquares(s device.Stream, x device.Buffer, bounds []int) ([]float64, error)
+	// TopK writes the indices of the k largest-magnitude elements of x into
+	// idx[:k] in ascending order (ties to the lowest indices) and, unless
+	// val is empty, the elements into val[:k]; k is clamped to [0, len(x)]
+	// and returned (see TopK).
+	TopK(s device.Stream, idx, val, x device.Buffer, k int) (int, error)
+	// KthLargestAbs returns the k-th largest |x[i]| (see KthLargestAbs).
+	KthLargestAbs(s device.Stream, x device.Buffer, k int) (float32, error)
+	// SelectAbove writes the indices with |x[i]| >= t into idx, ascending,
+	// and unless val is empty the elements into val, and returns how many;
+	// when a buffer is too short it writes nothing and returns the count
+	// with an error (see SelectAbove).
+	SelectAbove(s device.Stream, idx, val, x device.Buffer, t float32) (int, error)
+	// Gather sets dst[j] = x[idx[j]] for j < len(dst).
+	Gather(s device.Stream, dst, x, idx device.Buffer) error
+	// GatherStrided sets dst[j] = x[start + j·stride] for j < len(dst).
+	GatherStrided(s device.Stream, dst, x device.Buffer, start, stride int) error
+	// ScatterAdd adds scale·val[j] to dst[idx[j]] for j < len(idx)
+	// (distinct indices).
+	ScatterAdd(s device.Stream, dst, idx, val device.Buffer, scale float32) error
+	// ScatterFill sets dst[idx[j]] = v for j < len(idx).
+	ScatterFill(s device.Stream, dst, idx device.Buffer, v float32) error
+	// HashSelect is DRAGONN's hashed insertion of the candidate indices
+	// into slots slots (murmur3 of the index with seed; on a collision the
+	// highest index stays): it writes the occupied slots' indices into idx
+	// in slot order and returns how many.
+	HashSelect(s device.Stream, idx, cand device.Buffer, seed uint32, slots int) (int, error)
+}
+
+// ErrCapacity is wrapped by the error of an Ops call whose output buffer is
+// too short; the call returns the count the buffer must hold.
+var ErrCapacity = errors.New("sparsify: output buffer too short")
+
+// CPUOps returns the CPU's Ops: package sparsify's own primitives.
+func CPUOps() Ops { return cpuOps{} }
+
+type cpuOps struct{}
+
+// f32 and i32 return the host memory of b, checking its type and length.
+func f32(op, name string, b device.Buffer, n int) ([]float32, error) {
+	if b.Len() == 0 {
+		if n > 0 {
+			return nil, fmt.Errorf("sparsify: %s: %s is empty, want %d elements", op, name, n)
+		}
+		return nil, nil
+	}
+	if !b.IsHost() || b.DType() != device.Float32 || b.Len() < n {
+		return nil, fmt.Errorf("sparsify: %s: %s is %v, want host float32 of at least %d elements", op, name, b, n)
+	}
+	return b.Float32s(), nil
+}
+
+func i32(op, name string, b device.Buffer, n int) ([]int32, error) {
+	if b.Len() == 0 {
+		if n > 0 {
+			return nil, fmt.Errorf("sparsify: %s: %s is empty, want %d elements", op, name, n)
+		}
+		return nil, nil
+	}
+	if !b.IsHost() || b.DType() != device.Int32 || b.Len() < n {
+		return nil, fmt.Errorf("sparsify: %s: %s is %v, want host int32 of at least %d elements", op, name, b, n)
+	}
+	return b.Int32s(), nil
+}
+
+func (cpuOps) Accumulate(_ device.Stream, r, g device.Buffer, scale float32) (int, error) {
+	rr, err := f32("Accumulate", "r", r, 0)
+	if err != nil {
+		return 0, err
+	}
+	gg, err := f32("Accumulate", "g", g, len(rr))
+	if err != nil {
+		return 0, err
+	}
+	return accumulate(rr, gg, scale), nil
+}
+
+// accumulate adds scale·g to r on all cores and returns the first index of r
+// that became NaN or ±Inf, or −1.
+func accumulate(r, g []float32, scale float32) int {
+	p := selChunks(len(r))
+	bad := make([]int, p)
+	selParallel(len(r), p, func(c, lo, hi int) { bad[c] = selAccumulate(r[lo:hi], g[lo:hi], scale, lo) })
+	for _, i := range bad {
+		if i >= 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+func (cpuOps) SegmentSumSquares(_ device.Stream, x device.Buffer, bounds []int) ([]float64, error) {
+	xx, err := f32("SegmentSumSquares", "x", x, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(bounds) < 2 {
+		return nil, nil
+	}
+	out := make([]float64, len(bounds)-1)
+	for j := range out {
+		a, b := bounds[j], bounds[j+1]
+		if a < 0 || b < a || b > len(xx) {
+			return nil, fmt.Errorf("sparsify: SegmentSumSquares: segment %d is [%d, %d) of %d elements", j, a, b, len(xx))
+		}
+		out[j] = segmentSumSquares(xx[a:b])
+	}
+	return out, nil
+}
+
+// segBlock is the block of segmentSumSquares.
+const segBlock = 4096
+
+// segmentSumSquares is Σ x[i]² in float64 as every device computes it:
+// sumSquares of each block of segBlock elements, the block sums added in
+// order from zero. (The fixed blocks let a GPU sum the blocks in parallel
+// and still add exactly what the CPU adds.)
+func segmentSumSquares(x []float32) float64 {
+	var s float64
+	for lo := 0; lo < len(x); lo += segBlock {
+		s += sumSquares(x[lo:min(len(x), lo+segBlock)])
+	}
+	return s
+}
+
+func (cpuOps) TopK(_ device.Stream, idx, val, x device.Buffer, k int) (int, error) {
+	xx, err := f32("TopK", "x", x, 0)
+	if err != nil {
+		return 0, err
+	}
+	k = max(0, min(k, len(xx)))
+	ii, err := i32("TopK", "idx", idx, k)
+	if err != nil {
+		return 0, err
+	}
+	var vv []float32
+	if val.Len() > 0 {
+		if vv, err = f32("TopK", "val", val, k); err != nil {
+			return 0, err
+		}
+	}
+	sel := TopK(ii[:0:k], xx, k)
+	for j, i := range sel {
+		if vv != nil {
+			vv[j] = xx[i]
+		}
+	}
+	return len(sel), nil
+}
+
+func (cpuOps) KthLargestAbs(_ device.Stream, x device.Buffer, k int) (float32, error) {
+	xx, err := f32("KthLargestAbs", "x", x, 0)
+	if err != nil {
+		return 0, err
+	}
+	if k < 1 || k > len(xx) {
+		return 0, fmt.Errorf("sparsify: KthLargestAbs: k = %d must be in [1, %d]", k, len(xx))
+	}
+	return KthLargestAbs(xx, k), nil
+}
+
+func (cpuOps) SelectAbove(_ device.Stream, idx, val, x device.Buffer, t float32) (int, error) {
+	xx, err := f32("SelectAbove", "x", x, 0)
+	if err != nil {
+		return 0, err
+	}
+	sel := SelectAbove(nil, xx, t)
+	if idx.Len() < len(sel) || (val.Len() > 0 && val.Len() < len(sel)) {
+		return len(sel), fmt.Errorf("%w: %d elements selected, the index buffer holds %d and the value buffer %d", ErrCapacity, len(sel), idx.Len(), val.Len())
+	}
+	ii, err := i32("SelectAbove", "idx", idx, len(sel))
+	if err != nil {
+		return 0, err
+	}
+	copy(ii, sel)
+	if val.Len() > 0 {
+		vv, err := f32("SelectAbove", "val", val, len(sel))
+		if err != nil {
+			return 0, err
+		}
+		for j, i := range sel {
+			vv[j] = xx[i]
+		}
+	}
+	return len(sel), nil
+}
+
+func (cpuOps) Gather(_ device.Stream, dst, x, idx device.Buffer) error {
+	d, err := f32("Gather", "dst", dst, 0)
+	if err != nil {
+		return err
+	}
+	xx, err := f32("Gather", "x", x, 0)
+	if err != nil {
+		return err
+	}
+	ii, err := i32("Gather", "idx", idx, len(d))
+	if err != nil {
+		return err
+	}
+	for j := range d {
+		d[j] = xx[ii[j]]
+	}
+	return nil
+}
+
+func (cpuOps) GatherStrided(_ device.Stream, dst, x device.Buffer, start, stride int) error {
+	d, err := f32("GatherStrided", "dst", dst, 0)
+	if err != nil {
+		return err
+	}
+	xx, err := f32("GatherStrided", "x", x, 0)
+	if err != nil {
+		return err
+	}
+	if len(d) > 0 && (start < 0 || stride < 1 || start+(len(d)-1)*stride >= len(xx)) {
+		return fmt.Errorf("sparsify: GatherStrided: %d elements from %d by %d leave the %d of x", len(d), start, stride, len(xx))
+	}
+	for j := range d {
+		d[j] = xx[start+j*stride]
+	}
+	return nil
+}
+
+func (cpuOps) ScatterAdd(_ device.Stream, dst, idx, val device.Buffer, scale float32) error {
+	d, err := f32("ScatterAdd", "dst", dst, 0)
+	if err != nil {
+		return err
+	}
+	ii, err := i32("ScatterAdd", "idx", idx, 0)
+	if err != nil {
+		return err
+	}
+	vv, err := f32("ScatterAdd", "val", val, len(ii))
+	if err != nil {
+		return err
+	}
+	for j, i := range ii {
+		d[i] += scale * vv[j]
+	}
+	return nil
+}
+
+func (cpuOps) ScatterFill(_ device.Stream, dst, idx device.Buffer, v float32) error {
+	d, err := f32("ScatterFill", "dst", dst, 0)
+	if err != nil {
+		return err
+	}
+	ii, err := i32("ScatterFill", "idx", idx, 0)
+	if err != nil {
+		return err
+	}
+	for _, i := range ii {
+		d[i] = v
+	}
+	return nil
+}
+
+func (cpuOps) HashSelect(_ device.Stream, idx, cand device.Buffer, seed uint32, slots int) (int, error) {
+	cc, err := i32("HashSelect", "cand", cand, 0)
+	if err != nil {
+		return 0, err
+	}
+	if slots < 1 || slots > math.MaxInt32 {
+		return 0, fmt.Errorf("sparsify: HashSelect: %d slots", slots)
+	}
+	sel := hashSelect(nil, cc, seed, make([]uint32, slots))
+	if idx.Len() < len(sel) {
+		return len(sel), fmt.Errorf("%w: %d slots occupied, the index buffer holds %d", ErrCapacity, len(sel), idx.Len())
+	}
+	ii, err := i32("HashSelect", "idx", idx, len(sel))
+	if err != nil {
+		return 0, err
+	}
+	copy(ii, sel)
+	return len(sel), nil
+}
+
+// hashSelect inserts the candidate indices (ascending) into table (cleared
+// first) at murmur3Index(i, seed) mod len(table), each slot keeping the last,
+// that is the highest, index, and returns dst[:0] extended with the occupied
+// slots' indices in slot order.
+func hashSelect(dst, cand []int32, seed uint32, table []uint32) []int32 {
+	clear(table)
+	m := uint32(len(table))
+	for _, i := range cand {
+		table[murmur3Index(uint32(i), seed)%m] = uint32(i) + 1
+	}
+	dst = dst[:0]
+	for _, v := range table {
+		if v != 0 {
+			dst = append(dst, int32(v-1))
+		}
+	}
+	return dst
+}
