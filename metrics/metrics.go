@@ -126,4 +126,15 @@ type Eval struct {
 	Wall   Num    `json:"wall"`
 	Metric string `json:"metric"`
 	Value  Num    `json:"value"`
+	// Split is the data split evaluated: "test" or "validation" (absent in
+	// records written before it was recorded).
+	Split string `json:"split,omitempty"`
+	// Evaluated is what the evaluation covered and SplitSize what the whole
+	// split holds, both over all workers, in Unit ("images", "tokens",
+	// "users"); Evaluated < SplitSize is an evaluation on a sample of the
+	// split (-max-eval-batches, or a run shorter than an epoch). Absent
+	// (0) when not recorded.
+	Evaluated int    `json:"evaluated,omitempty"`
+	SplitSize int    `json:"split_size,omitempty"`
+	Unit      string `json:"unit,omitempty"`
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-echarts/go-echarts/v2/charts"
 	"github.com/go-echarts/go-echarts/v2/opts"
@@ -38,35 +39,131 @@ type chartSpec struct {
 	YName      string       `json:"y_name"`
 	Categories []string     `json:"categories,omitempty"`
 	Series     []seriesSpec `json:"series"`
+	// Horizontal puts the categories on the y axis, top to bottom (bars
+	// grow to the right), every one labelled.
+	Horizontal bool `json:"horizontal,omitempty"`
+	// AllLabels labels every category (a "\n" in a category breaks its
+	// label into lines) instead of as many as fit.
+	AllLabels bool `json:"all_labels,omitempty"`
+	// YMax, when > 0, is the top of the value axis: what lies above is cut
+	// off (the subtitle says what).
+	YMax float64 `json:"y_max,omitempty"`
+	// Wide makes the chart span the page's width.
+	Wide bool `json:"wide,omitempty"`
+}
+
+// Layout of a chart, in CSS pixels: the page's grid gives a chart at least
+// chartMinWidth; legends wrap onto as many rows as their items need (a
+// scrolling legend hid runs behind its arrows).
+const (
+	chartHeight     = 400
+	chartMinWidth   = 600 // the narrowest a chart gets (the page's grid: minmax(620px, 1fr), less padding)
+	legendRowPx     = 22
+	labelLinePx     = 14
+	charPx          = 7.0 // average width of a 12 px legend or axis character
+	legendItemPx    = 25 + 5 + 10
+	horizBandPx     = 16 // height of one category of a horizontal chart
+	horizBaseHeight = 120
+)
+
+// legendRows is the number of rows a legend of these names takes in a
+// chart of the given width (ECharts wraps a plain legend's items).
+func legendRows(names []string, width float64) int {
+	rows, x := 1, 0.0
+	for _, n := range names {
+		w := legendItemPx + charPx*float64(utf8.RuneCountInString(n))
+		if x > 0 && x+w > width {
+			rows++
+			x = 0
+		}
+		x += w
+	}
+	return rows
+}
+
+// labelLines is the most lines of a category label.
+func (c *chartSpec) labelLines() int {
+	n := 1
+	if c.AllLabels && !c.Horizontal {
+		for _, l := range c.Categories {
+			n = max(n, strings.Count(l, "\n")+1)
+		}
+	}
+	return n
+}
+
+// width is the chart's width to lay out for.
+func (c *chartSpec) width() float64 {
+	if c.Wide {
+		return 2 * chartMinWidth
+	}
+	return chartMinWidth
+}
+
+// legendNames are the names the legend shows.
+func (c *chartSpec) legendNames() []string {
+	var ns []string
+	for _, s := range c.Series {
+		ns = append(ns, s.Name)
+	}
+	return ns
+}
+
+// height is the chart's height: room for every legend row and label line.
+func (c *chartSpec) height() int {
+	rows := legendRows(c.legendNames(), c.width())
+	h := chartHeight + legendRowPx*(rows-1) + labelLinePx*(c.labelLines()-1)
+	if c.Horizontal {
+		h = max(h, horizBaseHeight+legendRowPx*rows+horizBandPx*len(c.Categories))
+	}
+	return h
 }
 
 // option builds the chart's ECharts option with go-echarts.
 func (c *chartSpec) option() map[string]any {
-	xType := "value"
+	catType, valType := "value", "value"
 	if c.Categories != nil {
-		xType = "category"
+		catType = "category"
 	}
 	bars := false
 	for _, s := range c.Series {
 		bars = bars || s.Bar
 	}
+	rows := legendRows(c.legendNames(), c.width())
+	bottom := 50 + legendRowPx*rows + labelLinePx*(c.labelLines()-1)
+	xAxis := opts.XAxis{Type: catType, Name: c.XName, NameLocation: "middle", NameGap: 28 + labelLinePx*(c.labelLines()-1), Scale: opts.Bool(catType == "value")}
+	yAxis := opts.YAxis{Type: valType, Name: c.YName, NameLocation: "middle", NameGap: 52, Scale: opts.Bool(!bars)}
+	grid := opts.Grid{Left: "78", Right: "24", Top: "64", Bottom: strconv.Itoa(bottom)}
+	if c.AllLabels {
+		xAxis.AxisLabel = &opts.AxisLabel{Interval: "0"}
+	}
+	if c.YMax > 0 {
+		yAxis.Max = c.YMax
+	}
+	if c.Horizontal {
+		// Categories down the y axis, in order from the top, every one
+		// labelled; the value axis along the bottom.
+		xAxis = opts.XAxis{Type: "value", Name: c.YName, NameLocation: "middle", NameGap: 28}
+		yAxis = opts.YAxis{Type: "category", Data: c.Categories, Inverse: opts.Bool(true), AxisLabel: &opts.AxisLabel{Interval: "0"}}
+		grid = opts.Grid{Left: "16", Right: "32", Top: "64", Bottom: strconv.Itoa(bottom), ContainLabel: opts.Bool(true)}
+	}
 	global := []charts.GlobalOpts{
 		charts.WithInitializationOpts(opts.Initialization{ChartID: c.ID}),
 		charts.WithTitleOpts(opts.Title{Title: c.Title, Subtitle: c.Subtitle}),
 		charts.WithTooltipOpts(opts.Tooltip{Show: opts.Bool(true), Trigger: "axis"}),
-		charts.WithLegendOpts(opts.Legend{Show: opts.Bool(true), Type: "scroll", Bottom: "0"}),
-		charts.WithXAxisOpts(opts.XAxis{Type: xType, Name: c.XName, NameLocation: "middle", NameGap: 28, Scale: opts.Bool(xType == "value")}),
-		charts.WithYAxisOpts(opts.YAxis{Type: "value", Name: c.YName, NameLocation: "middle", NameGap: 52, Scale: opts.Bool(!bars)}),
-		charts.WithGridOpts(opts.Grid{Left: "78", Right: "24", Top: "64", Bottom: "72"}),
+		charts.WithLegendOpts(opts.Legend{Show: opts.Bool(true), Type: "plain", Bottom: "0"}),
+		charts.WithXAxisOpts(xAxis),
+		charts.WithYAxisOpts(yAxis),
+		charts.WithGridOpts(grid),
 		charts.WithAnimation(false),
 	}
-	if xType == "value" {
+	if catType == "value" {
 		global = append(global, charts.WithDataZoomOpts(opts.DataZoom{Type: "inside"}))
 	}
 	// Bars and lines share a rectangular chart; Line carries both.
 	ch := charts.NewLine()
 	ch.SetGlobalOptions(global...)
-	if c.Categories != nil {
+	if c.Categories != nil && !c.Horizontal {
 		ch.SetXAxis(c.Categories)
 	}
 	for _, s := range c.Series {
@@ -178,19 +275,36 @@ func metricCharts(runs []*Run, labels []string, maxPts int) []chartSpec {
 		}
 	}
 	tu := timeUnit(maxWall)
+	split := splitOf(runs)
+	// A subtitle for evaluations of a sample of the split.
+	var sampled []string
+	for ri, r := range runs {
+		if e := r.partialEval(); e != nil {
+			s := e.sample()
+			if labels != nil {
+				s = labels[ri] + ": " + s
+			}
+			sampled = append(sampled, s)
+		}
+	}
+	sub := ""
+	if len(sampled) > 0 {
+		sub = "on a sample of the " + split + " split: " + strings.Join(sampled, "; ")
+	}
 	var out []chartSpec
 	for gi, g := range groups {
 		ms := members[g]
 		info := metricOf(ms[0])
-		yName := info.label
+		yName := onSplit(split, ms[0])
 		if len(ms) > 1 {
-			yName = "test metric"
+			yName = split + " metric"
 		}
 		if info.unit != "" {
 			yName += " (" + info.unit + ")"
 		}
-		ep := chartSpec{ID: "metric-epoch-" + strconv.Itoa(gi), Title: title(ms) + " vs epoch", XName: "epoch", YName: yName}
-		wall := chartSpec{ID: "metric-wall-" + strconv.Itoa(gi), Title: title(ms) + " vs wall time", XName: "wall time (" + tu.name + ")", YName: yName}
+		t := split + " " + title(ms)
+		ep := chartSpec{ID: "metric-epoch-" + strconv.Itoa(gi), Title: t + " vs epoch", Subtitle: sub, XName: "epoch", YName: yName}
+		wall := chartSpec{ID: "metric-wall-" + strconv.Itoa(gi), Title: t + " vs wall time", Subtitle: sub, XName: "wall time (" + tu.name + ")", YName: yName}
 		for ri, r := range runs {
 			ex := epochX(r)
 			for _, m := range ms {
@@ -307,46 +421,6 @@ func pipelined(s *Step) bool {
 	return isFinite(s.TCommWall) && isFinite(s.TWait) && s.TCommWall > s.TWait
 }
 
-// phases returns the time breakdown's phases for r: forward and backward
-// separately when measured, else their sum (t_compute), then selection,
-// communication and update. For a pipelined step (see pipelined) the
-// selection and the communication hidden behind the backward pass are part
-// of the backward time, so selection is 0 and communication is the exposed
-// part, t_wait; t_comm, the sum of the overlapping calls' durations, would
-// count time twice. Otherwise they are t_select and t_comm.
-func phases(r *Run) (names []string, get []func(*Step) float64) {
-	split := false
-	for _, s := range r.Steps {
-		if isFinite(s.TForward) {
-			split = true
-			break
-		}
-	}
-	if split {
-		names = []string{"forward", "backward"}
-		get = []func(*Step) float64{func(s *Step) float64 { return s.TForward }, func(s *Step) float64 { return s.TBackward }}
-	} else {
-		names = []string{"forward + backward"}
-		get = []func(*Step) float64{func(s *Step) float64 { return s.TCompute }}
-	}
-	names = append(names, "selection", "communication", "update")
-	get = append(get,
-		func(s *Step) float64 {
-			if pipelined(s) {
-				return 0
-			}
-			return s.TSelect
-		},
-		func(s *Step) float64 {
-			if pipelined(s) {
-				return s.TWait
-			}
-			return s.TComm
-		},
-		func(s *Step) float64 { return s.TUpdate })
-	return names, get
-}
-
 // anyPipelined reports whether any step of r is pipelined.
 func anyPipelined(r *Run) bool {
 	for i := range r.Steps {
@@ -355,6 +429,89 @@ func anyPipelined(r *Run) bool {
 		}
 	}
 	return false
+}
+
+// isPipelined reports whether r reduced its gradient during the backward
+// pass (LAGS pipelining): run.json says so, or, for runs recorded before
+// it did, a step's reduction outlasted its exposed part.
+func (r *Run) isPipelined() bool {
+	return r.Info.Pipelined || anyPipelined(r)
+}
+
+// overlapped is the part of step s's reduction that ran during the
+// backward pass: its wall time less the part left exposed after the
+// backward pass (0 when the reduction started after it; NaN when not
+// recorded).
+func overlapped(s *Step) float64 {
+	if !isFinite(s.TCommWall) || !isFinite(s.TWait) {
+		return math.NaN()
+	}
+	return max(0, s.TCommWall-s.TWait)
+}
+
+// minus is a − b, at least 0, and a when b is NaN.
+func minus(a, b float64) float64 {
+	if !isFinite(b) {
+		return a
+	}
+	return max(0, a-b)
+}
+
+// The phases of the time breakdown.
+const (
+	phaseForward  = "forward"
+	phaseBackward = "backward"
+	phaseCompute  = "forward + backward"
+	phaseHidden   = "communication overlapped with backward"
+	phaseSelect   = "selection"
+	phaseComm     = "communication"
+	phaseExposed  = "communication, exposed"
+	phaseUpdate   = "update"
+)
+
+// phaseOrder is the order of the phases in a chart (the data path's).
+var phaseOrder = []string{phaseForward, phaseBackward, phaseCompute, phaseHidden, phaseSelect, phaseComm, phaseExposed, phaseUpdate}
+
+// phases returns the time breakdown's phases for r, which add up to an
+// iteration: forward and backward separately when measured, else their sum
+// (t_compute), then selection, communication and update (t_select, t_comm,
+// t_update). A pipelined run (isPipelined) reduces its layer groups during
+// the backward pass, concurrently: the sum of its calls' durations (t_comm)
+// counts overlapping time several times over, so its communication is
+// shown as two parts, the one overlapped with the backward pass (taken out
+// of the backward time) and the one left exposed after it (t_wait, which
+// also holds the last groups' selection).
+func phases(r *Run) (names []string, get []func(*Step) float64) {
+	split := false
+	for _, s := range r.Steps {
+		if isFinite(s.TForward) {
+			split = true
+			break
+		}
+	}
+	pipe := r.isPipelined()
+	switch {
+	case split && pipe:
+		names = []string{phaseForward, phaseBackward}
+		get = []func(*Step) float64{func(s *Step) float64 { return s.TForward }, func(s *Step) float64 { return minus(s.TBackward, overlapped(s)) }}
+	case split:
+		names = []string{phaseForward, phaseBackward}
+		get = []func(*Step) float64{func(s *Step) float64 { return s.TForward }, func(s *Step) float64 { return s.TBackward }}
+	case pipe:
+		names = []string{phaseCompute}
+		get = []func(*Step) float64{func(s *Step) float64 { return minus(s.TCompute, overlapped(s)) }}
+	default:
+		names = []string{phaseCompute}
+		get = []func(*Step) float64{func(s *Step) float64 { return s.TCompute }}
+	}
+	if pipe {
+		names = append(names, phaseHidden, phaseExposed, phaseUpdate)
+		get = append(get, overlapped, func(s *Step) float64 { return s.TWait }, func(s *Step) float64 { return s.TUpdate })
+		return names, get
+	}
+	names = append(names, phaseSelect, phaseComm, phaseUpdate)
+	get = append(get, func(s *Step) float64 { return s.TSelect }, func(s *Step) float64 { return s.TComm }, func(s *Step) float64 { return s.TUpdate })
+	return names, get
 }
 
 // overlapChart shows, per iteration, the communication's wall time
@@ -367,7 +524,7 @@ func overlapChart(r *Run, maxPts int) (chartSpec, bool) {
 	if !slices.ContainsFunc(r.Steps, func(s Step) bool { return isFinite(s.TCommWall) }) {
 		return chartSpec{}, false
 	}
-	du := durUnit(r.mean(func(s *Step) float64 { return max(s.TCommWall, s.TWait, s.TComm) }))
+	du := durUnit(r.median(func(s *Step) float64 { return max(s.TCommWall, s.TWait, s.TComm) }))
 	scale := 1 / du.div
 	c := chartSpec{ID: "overlap", Title: "Communication: wall time and exposed part", XName: "iteration",
 		YName:    "time (" + du.name + ", slowest worker)",
@@ -380,19 +537,39 @@ func overlapChart(r *Run, maxPts int) (chartSpec, bool) {
 	return c, true
 }
 
+// timeChart stacks, per bar, the median of each phase over the iterations
+// the bar stands for (one slow iteration does not move it), with the 10th
+// and 90th percentiles of the iteration time as lines when bars stand for
+// several iterations. When a few bars tower over the rest (the first
+// iteration, a pause), the value axis stops above the 95th percentile of
+// the bars and the subtitle names what it cut off, so that the typical
+// iteration stays readable.
 func timeChart(r *Run, maxPts int) chartSpec {
 	names, get := phases(r)
-	du := durUnit(r.mean(func(s *Step) float64 { return s.TIter }))
+	iter := func(s *Step) float64 { return s.TIter }
+	du := durUnit(r.median(iter))
 	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", XName: "iteration", YName: "time (" + du.name + ", slowest worker)"}
-	var ranges [][2]int
-	for i, n := range names {
+	col := func(f func(*Step) float64) []float64 {
 		vals := make([]float64, len(r.Steps))
 		for j := range r.Steps {
-			vals[j] = get[i](&r.Steps[j]) / du.div
+			vals[j] = f(&r.Steps[j]) / du.div
 		}
-		means, rg := bucketMeans(vals, timeBars)
+		return vals
+	}
+	var ranges [][2]int
+	var totals []float64
+	for i, n := range names {
+		meds, rg := bucketQuantiles(col(get[i]), timeBars, 0.5)
 		ranges = rg
-		c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: means})
+		if totals == nil {
+			totals = make([]float64, len(meds))
+		}
+		for b, v := range meds {
+			if isFinite(v) {
+				totals[b] += v
+			}
+		}
+		c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: meds})
 	}
 	for _, rg := range ranges {
 		a, b := r.Steps[rg[0]].Step, r.Steps[rg[1]-1].Step
@@ -402,16 +579,66 @@ func timeChart(r *Run, maxPts int) chartSpec {
 			c.Categories = append(c.Categories, strconv.Itoa(a)+"–"+strconv.Itoa(b))
 		}
 	}
+	var notes []string
+	tops := totals
 	if len(ranges) < len(r.Steps) {
-		c.Subtitle = "mean over the logged iterations of each bar"
+		lo, _ := bucketQuantiles(col(iter), timeBars, 0.1)
+		hi, _ := bucketQuantiles(col(iter), timeBars, 0.9)
+		c.Series = append(c.Series,
+			seriesSpec{Name: "iteration, 90th percentile", Values: hi, Dashed: true},
+			seriesSpec{Name: "iteration, 10th percentile", Values: lo, Dashed: true})
+		notes = append(notes, "bars: median of each phase over the iterations of a bar; dashed: 10th and 90th percentile of the iteration time")
+		tops = hi
 	}
-	if anyPipelined(r) {
-		if c.Subtitle != "" {
-			c.Subtitle += "; "
-		}
-		c.Subtitle += "pipelined: selection and hidden communication are in backward, communication is the exposed part"
+	if r.isPipelined() {
+		notes = append(notes, "pipelined: the communication overlapped with the backward pass is taken out of backward; exposed: what is left after it")
 	}
+	if cut, what := cutOff(tops, c.Categories, du); cut > 0 {
+		c.YMax = cut
+		notes = append(notes, what)
+	}
+	c.Subtitle = strings.Join(notes, "; ")
 	return c
+}
+
+// cutOff returns where the value axis of a chart of bars of heights tops
+// should stop so that a few towering bars do not flatten the others, and a
+// note naming the bars cut off; 0 when no bar towers (or there are too few
+// bars to tell).
+func cutOff(tops []float64, cats []string, du unit) (float64, string) {
+	if len(tops) < 20 {
+		return 0, ""
+	}
+	cut := niceCeil(1.25 * quantile(tops, 0.95))
+	var over []string
+	for i, v := range tops {
+		if isFinite(v) && v > cut {
+			over = append(over, cats[i]+": "+strconv.FormatFloat(v, 'g', 3, 64)+" "+du.name)
+		}
+	}
+	if len(over) == 0 || !(cut > 0) {
+		return 0, ""
+	}
+	more := ""
+	if len(over) > 3 {
+		more = " and " + strconv.Itoa(len(over)-3) + " more"
+		over = over[:3]
+	}
+	return cut, "cut off at " + strconv.FormatFloat(cut, 'g', 3, 64) + " " + du.name + ": iteration " + strings.Join(over, ", ") + more
+}
+
+// niceCeil rounds x > 0 up to 1, 2, 2.5 or 5 times a power of ten.
+func niceCeil(x float64) float64 {
+	if !(x > 0) || !isFinite(x) {
+		return x
+	}
+	p := math.Pow(10, math.Floor(math.Log10(x)))
+	for _, m := range []float64{1, 2, 2.5, 5, 10} {
+		if m*p >= x*(1-1e-12) {
+			return m * p
+		}
+	}
+	return 10 * p
 }
 
 func bytesChart(runs []*Run, labels []string, maxPts int) chartSpec {
@@ -441,7 +668,7 @@ func bytesChart(runs []*Run, labels []string, maxPts int) chartSpec {
 }
 
 // layerKSamples is the number of steps DEFT's per-layer k chart shows.
-const layerKSamples = 5
+const layerKSamples = 3
 
 func layerKChart(r *Run) (chartSpec, bool) {
 	var with []int
@@ -457,9 +684,11 @@ func layerKChart(r *Run) (chartSpec, bool) {
 	if len(with) == 0 {
 		return chartSpec{}, false
 	}
-	c := chartSpec{ID: "layerk", Title: "Per-layer k", XName: "tensor (layout order)", YName: "elements selected"}
+	// One bar group per tensor, named, down the page in layout order.
+	c := chartSpec{ID: "layerk", Title: "Per-layer k: elements selected per tensor", YName: "elements selected (rank 0)",
+		Subtitle: "tensors in layout order; bars: sampled iterations", Horizontal: true, Wide: true}
 	for l := 0; l < layers; l++ {
-		name := strconv.Itoa(l)
+		name := "tensor " + strconv.Itoa(l)
 		if l < len(r.Info.LayerNames) && r.Info.LayerNames[l] != "" {
 			name = r.Info.LayerNames[l]
 		}
@@ -709,21 +938,27 @@ func compareCharts(runs []*Run, labels []string, onlyWorkers bool, maxPts int) [
 	return out
 }
 
-// compareTimeChart stacks each run's mean phase times.
+// compareTimeChart stacks each run's median phase times (phases), one bar
+// per run, every bar labelled with its run (one line per option that
+// differs).
 func compareTimeChart(runs []*Run, labels []string) chartSpec {
 	mx := 0.0
 	for _, r := range runs {
-		if v := r.mean(func(s *Step) float64 { return s.TIter }); isFinite(v) && v > mx {
+		if v := r.median(func(s *Step) float64 { return s.TIter }); isFinite(v) && v > mx {
 			mx = v
 		}
 	}
 	du := durUnit(mx)
-	c := chartSpec{ID: "time", Title: "Mean time breakdown per iteration", XName: "run", YName: "time (" + du.name + ", slowest worker)", Categories: labels}
-	// One series per phase, in the order of the data path, whichever
-	// phases the runs measured.
-	order := []string{"forward", "backward", "forward + backward", "selection", "communication", "update"}
+	cats := make([]string, len(labels))
+	for i, l := range labels {
+		cats[i] = strings.ReplaceAll(l, " ", "\n")
+	}
+	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", Subtitle: "median of each phase over the logged iterations",
+		XName: "run", YName: "time (" + du.name + ", slowest worker)", Categories: cats, AllLabels: true}
 	vals := map[string][]float64{}
+	pipe := false
 	for ri, r := range runs {
+		pipe = pipe || r.isPipelined()
 		names, get := phases(r)
 		for i, n := range names {
 			if vals[n] == nil {
@@ -732,13 +967,16 @@ func compareTimeChart(runs []*Run, labels []string) chartSpec {
 					vals[n][k] = math.NaN()
 				}
 			}
-			vals[n][ri] = r.mean(get[i]) / du.div
+			vals[n][ri] = r.median(get[i]) / du.div
 		}
 	}
-	for _, n := range order {
+	for _, n := range phaseOrder {
 		if v, ok := vals[n]; ok {
 			c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: v})
 		}
+	}
+	if pipe {
+		c.Subtitle += "; pipelined runs: communication overlapped with backward and the exposed rest"
 	}
 	return c
 }

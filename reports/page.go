@@ -17,12 +17,19 @@ type table struct {
 	Rows    [][]string
 }
 
+// pageChart is a chart's place on the page.
+type pageChart struct {
+	ID     string
+	Height int
+	Wide   bool
+}
+
 // page is what the template renders.
 type page struct {
 	Title     string
 	Notes     []string
 	Tables    []table
-	Charts    []chartSpec
+	Charts    []pageChart
 	CSP       string
 	Script    template.JS // inline ECharts, or empty with ScriptURL
 	ScriptURL string
@@ -47,6 +54,7 @@ table.kv td:first-child{background:#f7f7f7;font-weight:600;white-space:nowrap}
 .note{color:#555;font-size:0.9em}
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(620px,1fr));gap:1em;margin-top:1em}
 .chart{height:400px;border:1px solid #e3e3e3}
+.chart.wide{grid-column:1/-1}
 .chart.missing{height:auto;padding:1em;color:#a00}
 </style>
 {{if .ScriptURL}}<script src="{{.ScriptURL}}"></script>{{else}}<script>{{.Script}}</script>{{end}}
@@ -61,7 +69,7 @@ table.kv td:first-child{background:#f7f7f7;font-weight:600;white-space:nowrap}
 {{end}}</tbody></table>
 {{end}}
 <div class="charts">
-{{range .Charts}}<div class="chart" id="{{.ID}}"></div>
+{{range .Charts}}<div class="chart{{if .Wide}} wide{{end}}" id="{{.ID}}" style="height:{{.Height}}px"></div>
 {{end}}</div>
 <script type="application/json" id="report-options">{{.Options}}</script>
 <script>{{.Init}}</script>
@@ -139,7 +147,10 @@ func render(title string, notes []string, tables []table, specs []chartSpec, scr
 	if err != nil {
 		return nil, fmt.Errorf("reports: encoding the charts: %w", err)
 	}
-	p := page{Title: title, Notes: notes, Tables: tables, Charts: specs, Options: template.JS(opt), Init: template.JS(initJS)}
+	p := page{Title: title, Notes: notes, Tables: tables, Options: template.JS(opt), Init: template.JS(initJS)}
+	for i := range specs {
+		p.Charts = append(p.Charts, pageChart{ID: specs[i].ID, Height: specs[i].height(), Wide: specs[i].Wide})
+	}
 	scriptSrc := "'unsafe-inline'"
 	if scriptURL != "" {
 		p.ScriptURL = scriptURL

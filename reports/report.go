@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,6 +89,9 @@ func RunPage(ctx context.Context, r *Run, o Options) ([]byte, error) {
 	if len(r.Steps) == 0 {
 		notes = append(notes, "No iteration has been logged yet.")
 	}
+	if n := r.sampleNote(); n != "" {
+		notes = append(notes, n)
+	}
 	if n := projectionNote([]*Run{r}, nil); n != "" {
 		notes = append(notes, n)
 	}
@@ -133,6 +138,27 @@ func fmtMetric(name string, v float64) string {
 	return s
 }
 
+// fmtMillis formats seconds as milliseconds ("—" if NaN).
+func fmtMillis(sec float64) string {
+	if !isFinite(sec) {
+		return "—"
+	}
+	return strconv.FormatFloat(sec*1e3, 'g', 4, 64) + " ms"
+}
+
+// fmtEval formats an evaluation's value, saying when it was measured on a
+// sample of the split ("—" if e is nil).
+func fmtEval(name string, e *Eval) string {
+	if e == nil {
+		return "—"
+	}
+	s := fmtMetric(name, e.Value)
+	if smp := e.sample(); smp != "" {
+		s += " (sample: " + smp + ")"
+	}
+	return s
+}
+
 // generalKeys are the configuration keys that are not a method's options.
 var generalKeys = map[string]bool{
 	"model": true, "dataset": true, "data_dir": true, "download": true, "preset": true, "sparsifier": true, "density": true,
@@ -141,6 +167,7 @@ var generalKeys = map[string]bool{
 	"warmup_epochs": true, "decay_epochs": true, "decay_factor": true, "clip": true, "no_augment": true, "out": true,
 	"resume": true, "device": true, "net_latency": true, "net_bandwidth": true, "log_every": true, "eval_every": true,
 	"max_eval_batches": true, "blas": true, "blas_threads": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
+	"lr_schedule": true, "nesterov": true, "tf32": true, "max_time": true, "method_options": true,
 }
 
 // ignoredKeys do not tell compared runs apart.
@@ -182,25 +209,31 @@ func isZero(v any) bool {
 	return false
 }
 
-// methodOptions lists the run's non-default method options as k=v
-// (pipeline only for LAGS, the one method it applies to).
+// methodOptions lists the run's method options as k=v: run.json's
+// "method_options" (every option of the method, as resolved), the options
+// of runs recorded before they were grouped there (top-level keys that are
+// no general option, when not zero), and pipeline for LAGS, the one method
+// it applies to.
 func methodOptions(cfg map[string]any) string {
-	var keys []string
+	opts := map[string]any{}
+	if mo, ok := cfg["method_options"].(map[string]any); ok {
+		maps.Copy(opts, mo)
+	}
 	for k, v := range cfg {
 		if k == "pipeline" && cfg["sparsifier"] != "lags" {
 			continue
 		}
 		if !generalKeys[k] && !isZero(v) {
-			keys = append(keys, k)
+			opts[k] = v
 		}
 	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(opts))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
-		parts[i] = k + "=" + cfgString(cfg[k])
+		parts[i] = k + "=" + cfgString(opts[k])
 	}
 	if len(parts) == 0 {
-		return "(defaults)"
+		return "(none)"
 	}
 	return strings.Join(parts, " ")
 }
@@ -215,28 +248,39 @@ func runTable(r *Run) table {
 		{"method options", methodOptions(r.Config)},
 		{"workers", strconv.Itoa(r.Info.Workers)},
 		{"setup density", fmtG(c.Density, 4)},
-		{"device", c.Device},
 		{"seed", strconv.FormatUint(c.Seed, 10)},
 		{"backend", r.Info.Backend},
 		{"duration", fmtDur(r.duration())},
 	}
 	for _, m := range r.metricNames() {
-		f, b := r.finalBest(m)
-		rows = append(rows, []string{"final " + metricOf(m).label, fmtMetric(m, f)}, []string{"best " + metricOf(m).label, fmtMetric(m, b)})
+		f, b := r.finalBestEval(m)
+		rows = append(rows, []string{"final " + onSplit(r.split(), m), fmtEval(m, f)}, []string{"best " + onSplit(r.split(), m), fmtEval(m, b)})
 	}
 	rows = append(rows,
 		[]string{"mean actual density", fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4)},
 		[]string{"total bytes sent per worker", fmtBytes(r.totalBytesSent())},
 	)
 	names, get := phases(r)
-	names = append(names, "iteration")
-	get = append(get, func(s *Step) float64 { return s.TIter })
 	var parts []string
 	for i, n := range names {
-		parts = append(parts, n+" "+fmtG(r.mean(get[i])*1e3, 4)+" ms")
+		parts = append(parts, n+" "+fmtMillis(r.median(get[i])))
+	}
+	iter := func(s *Step) float64 { return s.TIter }
+	var iters []float64
+	for i := range r.Steps {
+		iters = append(iters, r.Steps[i].TIter)
 	}
 	rows = append(rows,
-		[]string{"mean time per phase", strings.Join(parts, " · ")},
+		[]string{"time per iteration", "median " + fmtMillis(r.median(iter)) + " (10th–90th percentile " + fmtMillis(quantile(iters, 0.1)) + "–" +
+			fmtMillis(quantile(iters, 0.9)) + ", mean " + fmtMillis(r.mean(iter)) + ")"},
+		[]string{"median time per phase", strings.Join(parts, " · ")},
+	)
+	if r.isPipelined() {
+		rows = append(rows, []string{"communication (pipelined)", "exposed after the backward pass " + fmtMillis(r.median(func(s *Step) float64 { return s.TWait })) +
+			", overlapped with the backward pass " + fmtMillis(r.median(overlapped)) + " per iteration (medians); the calls' durations add up to " +
+			fmtMillis(r.median(func(s *Step) float64 { return s.TComm })) + " because the layer groups' calls overlap one another"})
+	}
+	rows = append(rows,
 		[]string{"logged iterations", strconv.Itoa(len(r.Steps))},
 		[]string{"device", r.device()},
 		[]string{"machine", strings.TrimSpace(r.Info.Machine.CPU + " " + r.Info.Machine.GPU)},
@@ -444,16 +488,17 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 			break
 		}
 	}
-	mlabel := "test metric"
+	split := splitOf(runs)
+	mlabel := split + " metric"
 	if metric != "" {
-		mlabel = metricOf(metric).label
+		mlabel = onSplit(split, metric)
 	}
 	runsTab := table{Caption: "Runs", Head: []string{"run", "directory", "sparsifier", "workers", "setup density", "final " + mlabel,
 		"best " + mlabel, "mean actual density", "bytes sent per worker", "mean iteration", "duration"}}
 	for i, r := range runs {
-		f, b := r.finalBest(metric)
+		f, b := r.finalBestEval(metric)
 		runsTab.Rows = append(runsTab.Rows, []string{labels[i], r.Dir, r.Info.Config.Sparsifier, strconv.Itoa(r.Info.Workers),
-			fmtG(r.Info.Config.Density, 4), fmtMetric(metric, f), fmtMetric(metric, b),
+			fmtG(r.Info.Config.Density, 4), fmtEval(metric, f), fmtEval(metric, b),
 			fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4), fmtBytes(r.totalBytesSent()),
 			fmtDur(r.mean(func(s *Step) float64 { return s.TIter })), fmtDur(r.duration())})
 	}
@@ -461,6 +506,11 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 	notes := []string{"Model " + runs[0].Info.Config.Model + "; runs differ in: " + strings.Join(diff, ", ") + "."}
 	if len(diff) == 0 {
 		notes[0] = "Model " + runs[0].Info.Config.Model + "; the runs have the same options (named by directory)."
+	}
+	for i, r := range runs {
+		if e := r.partialEval(); e != nil {
+			notes = append(notes, "Run "+labels[i]+": the "+split+" metrics are measured on a sample of the split ("+e.sample()+"); they are estimates, noisier than an evaluation of the whole split.")
+		}
 	}
 	if n := projectionNote(runs, labels); n != "" {
 		notes = append(notes, n)
@@ -470,7 +520,7 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 		if target == 0 {
 			target = autoTarget(runs, metric)
 		}
-		rank := table{Caption: "Time to reach " + metricOf(metric).label + " " + fmtMetric(metric, target),
+		rank := table{Caption: "Time to reach " + onSplit(split, metric) + " " + fmtMetric(metric, target),
 			Head: []string{"rank", "run", "wall time", "epoch", "iteration", "best"}}
 		for i, re := range timeToTarget(runs, metric, target) {
 			row := []string{strconv.Itoa(i + 1), labels[re.run], "not reached", "—", "—", fmtMetric(metric, re.best)}

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -44,7 +45,10 @@ type RunInfo struct {
 	Params      int       `json:"params"`
 	Tensors     int       `json:"tensors"`
 	Device      string    `json:"device"`
-	Machine     struct {
+	// Pipelined tells that LAGS reduced the gradient's layer groups
+	// during the backward pass.
+	Pipelined bool `json:"pipelined"`
+	Machine   struct {
 		Hostname string `json:"hostname"`
 		CPU      string `json:"cpu"`
 		GPU      string `json:"gpu"`
@@ -98,7 +102,17 @@ type Eval struct {
 	Wall        float64
 	Metric      string
 	Value       float64
+	// Split is the split evaluated ("test", "validation"; "" when not
+	// recorded).
+	Split string
+	// Evaluated and SplitSize count what the evaluation covered and what
+	// the split holds, in Unit (0 when not recorded).
+	Evaluated, SplitSize int
+	Unit                 string
 }
+
+// partial reports whether e evaluated a sample of its split.
+func (e *Eval) partial() bool { return e.SplitSize > 0 && e.Evaluated < e.SplitSize }
 
 // record is what one line of metrics.jsonl decodes into: the step schema of
 // package metrics plus the fields only eval records have (the shared ones,
@@ -106,8 +120,12 @@ type Eval struct {
 // nanRecord, so that numbers a line does not give are NaN.
 type record struct {
 	metrics.Step
-	Metric string      `json:"metric"`
-	Value  metrics.Num `json:"value"`
+	Metric    string      `json:"metric"`
+	Value     metrics.Num `json:"value"`
+	Split     string      `json:"split"`
+	Evaluated int         `json:"evaluated"`
+	SplitSize int         `json:"split_size"`
+	Unit      string      `json:"unit"`
 }
 
 // nanRecord is a record whose every number is NaN.
@@ -358,14 +376,15 @@ func (p *metricsParser) add(rec record, line int) error {
 		if rec.Metric == "" {
 			return fmt.Errorf("line %d: eval record without \"metric\"", line)
 		}
-		p.evals = append(p.evals, Eval{Epoch: rec.Epoch, Step: rec.Step.Step, Wall: float64(rec.Wall), Metric: rec.Metric, Value: float64(rec.Value)})
+		p.evals = append(p.evals, Eval{Epoch: rec.Epoch, Step: rec.Step.Step, Wall: float64(rec.Wall), Metric: rec.Metric, Value: float64(rec.Value),
+			Split: rec.Split, Evaluated: rec.Evaluated, SplitSize: rec.SplitSize, Unit: rec.Unit})
 	}
 	return nil
 }
 
 // metricInfo describes how an evaluation metric is shown.
 type metricInfo struct {
-	label  string
+	label  string  // without the split: onSplit adds it
 	unit   string  // axis unit, "" for none
 	scale  float64 // shown value = scale × recorded value
 	higher bool    // larger is better
@@ -375,19 +394,108 @@ type metricInfo struct {
 func metricOf(name string) metricInfo {
 	switch name {
 	case "accuracy":
-		return metricInfo{"test accuracy", "%", 100, true, "fraction"}
+		return metricInfo{"accuracy", "%", 100, true, "fraction"}
 	case "hr10":
 		return metricInfo{"HR@10", "%", 100, true, "fraction"}
 	case "ndcg10":
 		return metricInfo{"NDCG@10", "%", 100, true, "fraction"}
 	case "perplexity":
-		return metricInfo{"test perplexity", "", 1, false, "perplexity"}
+		return metricInfo{"perplexity", "", 1, false, "perplexity"}
 	case "loss":
-		return metricInfo{"test loss", "", 1, false, "loss"}
+		return metricInfo{"loss", "", 1, false, "loss"}
 	}
 	low := strings.ToLower(name)
 	lower := strings.Contains(low, "loss") || strings.Contains(low, "perplexity") || strings.Contains(low, "error")
 	return metricInfo{name, "", 1, !lower, "other:" + name}
+}
+
+// split returns the split r's evaluations ran on: as recorded, else (runs
+// recorded before the split was) the one train evaluates for the run's data
+// set: WikiText-2's validation split, the test split otherwise.
+func (r *Run) split() string {
+	for _, e := range r.Evals {
+		if e.Split != "" {
+			return e.Split
+		}
+	}
+	if r.Info.Config.Dataset == "wikitext2" {
+		return "validation"
+	}
+	return "test"
+}
+
+// splitOf is the split of runs' evaluations, "evaluation" when they differ.
+func splitOf(runs []*Run) string {
+	s := ""
+	for _, r := range runs {
+		if len(r.Evals) == 0 {
+			continue
+		}
+		switch rs := r.split(); {
+		case s == "":
+			s = rs
+		case s != rs:
+			return "evaluation"
+		}
+	}
+	if s == "" {
+		return "test"
+	}
+	return s
+}
+
+// onSplit names a metric with its split, e.g. "validation perplexity".
+func onSplit(split, metric string) string {
+	return split + " " + metricOf(metric).label
+}
+
+// sample describes the sample a partial evaluation covered, e.g. "17,500
+// of 217,646 tokens", and "" for an evaluation of the whole split (or one
+// recorded without its counts).
+func (e *Eval) sample() string {
+	if !e.partial() {
+		return ""
+	}
+	return thousands(e.Evaluated) + " of " + thousands(e.SplitSize) + " " + e.Unit
+}
+
+// partialEval returns r's last evaluation of a sample of its split (nil if
+// every evaluation covered the whole split).
+func (r *Run) partialEval() *Eval {
+	for i := len(r.Evals) - 1; i >= 0; i-- {
+		if r.Evals[i].partial() {
+			return &r.Evals[i]
+		}
+	}
+	return nil
+}
+
+// sampleNote is the page's note on r's partial evaluations ("" if none).
+func (r *Run) sampleNote() string {
+	e := r.partialEval()
+	if e == nil {
+		return ""
+	}
+	return "The " + r.split() + " metrics are measured on a sample of the " + r.split() + " split (" + e.sample() +
+		"; a run shorter than an epoch evaluates a sample unless -max-eval-batches sets the size): they are estimates, noisier than an evaluation of the whole split."
+}
+
+// thousands formats n with commas between groups of three digits.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
 }
 
 // metricNames returns the names of r's eval metrics, the primary one (the
@@ -422,15 +530,26 @@ func (r *Run) primary() string {
 
 // final and best return the last and the best value of metric (NaN if none).
 func (r *Run) finalBest(metric string) (final, best float64) {
+	f, b := r.finalBestEval(metric)
 	final, best = math.NaN(), math.NaN()
+	if f != nil {
+		final, best = f.Value, b.Value
+	}
+	return final, best
+}
+
+// finalBestEval returns the last and the best evaluation of metric (nil if
+// none).
+func (r *Run) finalBestEval(metric string) (final, best *Eval) {
 	better := metricOf(metric).higher
-	for _, e := range r.Evals {
+	for i := range r.Evals {
+		e := &r.Evals[i]
 		if e.Metric != metric || math.IsNaN(e.Value) {
 			continue
 		}
-		final = e.Value
-		if math.IsNaN(best) || (better && e.Value > best) || (!better && e.Value < best) {
-			best = e.Value
+		final = e
+		if best == nil || (better && e.Value > best.Value) || (!better && e.Value < best.Value) {
+			best = e
 		}
 	}
 	return final, best
@@ -488,6 +607,16 @@ func (r *Run) mean(f func(*Step) float64) float64 {
 		return math.NaN()
 	}
 	return sum / float64(n)
+}
+
+// median is the median of the finite values of f over the steps (NaN if
+// none).
+func (r *Run) median(f func(*Step) float64) float64 {
+	vals := make([]float64, len(r.Steps))
+	for i := range r.Steps {
+		vals[i] = f(&r.Steps[i])
+	}
+	return quantile(vals, 0.5)
 }
 
 // hasThreshold reports whether any step recorded a threshold.

@@ -171,38 +171,64 @@ func TestProjectionOnlyWhereValid(t *testing.T) {
 	}
 }
 
-// TestCommWallCharts: t_comm_wall is used where it belongs. A pipelined step
-// (its reduction started during the backward pass: t_comm_wall > t_wait) has
-// its selection and hidden communication inside the backward time, so the
-// time breakdown stacks the exposed communication (t_wait) and no separate
-// selection, and its bars add up to the iteration rather than counting the
-// overlapping calls' durations (t_comm); a sequential step keeps t_select
-// and t_comm. The overlap chart shows t_comm_wall against t_wait and t_comm.
+// TestCommWallCharts: t_comm_wall is used where it belongs. A pipelined run
+// (run.json's "pipelined", or, for older records, a step whose reduction
+// outlasted its exposed part: t_comm_wall > t_wait) reduces during the
+// backward pass with overlapping calls, so its time breakdown shows the
+// communication overlapped with the backward pass (taken out of the
+// compute time) and the exposed rest (t_wait), which add up to the
+// iteration, instead of the calls' summed durations (t_comm, which count
+// overlapping time several times); a sequential run keeps t_select and
+// t_comm. The overlap chart shows t_comm_wall against t_wait and t_comm.
 func TestCommWallCharts(t *testing.T) {
+	nan := math.NaN()
 	seq := Step{Step: 1, TCompute: 0.5, TSelect: 0.1, TComm: 0.2, TUpdate: 0.05, TWait: 0.32, TCommWall: 0.31, TIter: 0.87,
-		TForward: math.NaN(), TBackward: math.NaN()}
+		TForward: nan, TBackward: nan}
 	pipe := Step{Step: 2, TCompute: 0.6, TSelect: 0.1, TComm: 0.9, TUpdate: 0.05, TWait: 0.05, TCommWall: 0.4, TIter: 0.7,
-		TForward: math.NaN(), TBackward: math.NaN()}
-	old := Step{Step: 3, TCompute: 0.5, TSelect: 0.1, TComm: 0.2, TUpdate: 0.05, TWait: 0.3, TCommWall: math.NaN(), TIter: 0.85,
-		TForward: math.NaN(), TBackward: math.NaN()}
-	r := &Run{Steps: []Step{seq, pipe, old}}
-	names, get := phases(r)
-	want := map[string][]float64{
-		"forward + backward": {0.5, 0.6, 0.5},
-		"selection":          {0.1, 0, 0.1},
-		"communication":      {0.2, 0.05, 0.2},
-		"update":             {0.05, 0.05, 0.05},
-	}
-	if len(names) != len(want) {
-		t.Fatalf("phases %v", names)
-	}
-	for i, n := range names {
-		for j := range r.Steps {
-			if got := get[i](&r.Steps[j]); !sameFloat(got, want[n][j]) {
-				t.Errorf("step %d phase %s = %v, want %v", r.Steps[j].Step, n, got, want[n][j])
+		TForward: nan, TBackward: nan}
+	late := Step{Step: 3, TCompute: 0.6, TSelect: 0.1, TComm: 0.9, TUpdate: 0.05, TWait: 0.3, TCommWall: 0.29, TIter: 0.95,
+		TForward: nan, TBackward: nan} // a pipelined step whose groups all started after the backward pass
+	old := Step{Step: 4, TCompute: 0.5, TSelect: 0.1, TComm: 0.2, TUpdate: 0.05, TWait: 0.3, TCommWall: nan, TIter: 0.85,
+		TForward: nan, TBackward: nan}
+	split := Step{Step: 5, TForward: 0.2, TBackward: 0.4, TCompute: 0.6, TSelect: 0.1, TComm: 0.9, TUpdate: 0.05, TWait: 0.05, TCommWall: 0.4, TIter: 0.7}
+	for _, tc := range []struct {
+		name string
+		run  *Run
+		want map[string][]float64 // per phase, per step
+		sums bool                 // the phases add up to t_iter
+	}{
+		{"sequential", &Run{Steps: []Step{seq, old}}, map[string][]float64{
+			phaseCompute: {0.5, 0.5}, phaseSelect: {0.1, 0.1}, phaseComm: {0.2, 0.2}, phaseUpdate: {0.05, 0.05}}, false},
+		{"pipelined, from run.json", &Run{Info: RunInfo{Pipelined: true}, Steps: []Step{pipe, late, old}}, map[string][]float64{
+			phaseCompute: {0.25, 0.6, 0.5}, phaseHidden: {0.35, 0, nan}, phaseExposed: {0.05, 0.3, 0.3}, phaseUpdate: {0.05, 0.05, 0.05}}, false},
+		{"pipelined, older record", &Run{Steps: []Step{pipe, late}}, map[string][]float64{
+			phaseCompute: {0.25, 0.6}, phaseHidden: {0.35, 0}, phaseExposed: {0.05, 0.3}, phaseUpdate: {0.05, 0.05}}, true},
+		{"pipelined, forward and backward", &Run{Info: RunInfo{Pipelined: true}, Steps: []Step{split}}, map[string][]float64{
+			phaseForward: {0.2}, phaseBackward: {0.05}, phaseHidden: {0.35}, phaseExposed: {0.05}, phaseUpdate: {0.05}}, true},
+	} {
+		names, get := phases(tc.run)
+		if len(names) != len(tc.want) {
+			t.Fatalf("%s: phases %v, want %d", tc.name, names, len(tc.want))
+		}
+		for j := range tc.run.Steps {
+			sum := 0.0
+			for i, n := range names {
+				w, ok := tc.want[n]
+				if !ok {
+					t.Fatalf("%s: unexpected phase %q", tc.name, n)
+				}
+				got := get[i](&tc.run.Steps[j])
+				if !sameFloat(got, w[j]) && math.Abs(got-w[j]) > 1e-12 {
+					t.Errorf("%s: step %d phase %s = %v, want %v", tc.name, tc.run.Steps[j].Step, n, got, w[j])
+				}
+				sum += got
+			}
+			if tc.sums && math.Abs(sum-tc.run.Steps[j].TIter) > 1e-12 {
+				t.Errorf("%s: step %d: the phases add up to %v, the iteration took %v", tc.name, tc.run.Steps[j].Step, sum, tc.run.Steps[j].TIter)
 			}
 		}
 	}
+	r := &Run{Steps: []Step{seq, pipe, old}}
 	var overlap *chartSpec
 	for _, c := range runCharts(r, DefaultMaxPoints) {
 		if c.ID == "overlap" {
@@ -223,8 +249,8 @@ func TestCommWallCharts(t *testing.T) {
 		}
 	}
 	check("communication wall time (t_comm_wall)", []point{{1, 310}, {2, 400}})
-	check("exposed after the backward pass (t_wait)", []point{{1, 320}, {2, 50}, {3, 300}})
-	check("sum of the calls' durations (t_comm)", []point{{1, 200}, {2, 900}, {3, 200}})
+	check("exposed after the backward pass (t_wait)", []point{{1, 320}, {2, 50}, {4, 300}})
+	check("sum of the calls' durations (t_comm)", []point{{1, 200}, {2, 900}, {4, 200}})
 	for _, c := range runCharts(&Run{Steps: []Step{old}}, DefaultMaxPoints) {
 		if c.ID == "overlap" {
 			t.Error("overlap chart for a run without t_comm_wall")

@@ -2,6 +2,7 @@ package reports
 
 import (
 	"math"
+	"slices"
 	"strconv"
 )
 
@@ -93,6 +94,38 @@ func bucketMeans(vals []float64, max int) (means []float64, ranges [][2]int) {
 		ranges = append(ranges, [2]int{lo, hi})
 	}
 	return means, ranges
+}
+
+// bucketQuantiles is bucketMeans with the q-quantile of each bucket's
+// finite values (q = 0.5: the median, which one slow iteration in a bucket
+// does not move) instead of the mean; the buckets are bucketMeans'.
+func bucketQuantiles(vals []float64, max int, q float64) (qs []float64, ranges [][2]int) {
+	_, ranges = bucketMeans(vals, max)
+	for _, rg := range ranges {
+		qs = append(qs, quantile(vals[rg[0]:rg[1]], q))
+	}
+	return qs, ranges
+}
+
+// quantile returns the q-quantile (0 ≤ q ≤ 1) of the finite values of vals,
+// interpolating linearly between order statistics (NaN if none).
+func quantile(vals []float64, q float64) float64 {
+	xs := make([]float64, 0, len(vals))
+	for _, v := range vals {
+		if isFinite(v) {
+			xs = append(xs, v)
+		}
+	}
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(xs)
+	pos := q * float64(len(xs)-1)
+	i := int(pos)
+	if i >= len(xs)-1 {
+		return xs[len(xs)-1]
+	}
+	return xs[i] + (pos-float64(i))*(xs[i+1]-xs[i])
 }
 
 // num is a number in a chart's data: it encodes with 6 significant digits

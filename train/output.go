@@ -41,17 +41,18 @@ func (o *output) step(rec StepRecord) error {
 }
 
 // eval records an evaluation.
-func (o *output) eval(epoch, step int, wall Num, ms []metric) error {
+func (o *output) eval(epoch, step int, wall Num, ev evaluation) error {
 	if o == nil {
 		return nil
 	}
-	for _, m := range ms {
-		if err := o.metrics.write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value)}); err != nil {
+	for _, m := range ev.metrics {
+		if err := o.metrics.write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value),
+			Split: ev.split, Evaluated: ev.count, SplitSize: ev.total, Unit: ev.unit}); err != nil {
 			return err
 		}
 	}
 	if o.prog != nil {
-		o.prog.eval(epoch+1, step, ms)
+		o.prog.eval(epoch+1, step, ev)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ type progress struct {
 	out     io.Writer
 	term    bool
 	bar     *progressbar.ProgressBar
+	evalBar *progressbar.ProgressBar // an evaluation's (the epoch's bar is drawn again after it)
 	epoch   int
 	epochs  int
 	samples int
@@ -98,10 +100,62 @@ func (p *progress) endEpoch() {
 	fmt.Fprintf(p.out, "epoch %d/%d: mean loss %.4f, %.0f samples/s, %v\n", p.epoch, p.epochs, p.meanLoss(), float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
 }
 
-func (p *progress) eval(epoch, step int, ms []metric) {
+// startEval starts the progress bar of an evaluation of batches batches
+// (on a terminal) and returns the function to call after each batch (nil
+// when there is nothing to draw).
+func (p *progress) startEval(batches int) func() {
+	if p == nil || !p.term {
+		return nil
+	}
+	p.evalBar = progressbar.NewOptions(batches,
+		progressbar.OptionSetWriter(p.barOut),
+		progressbar.OptionSetDescription(fmt.Sprintf("evaluating, epoch %d/%d", p.epoch, p.epochs)),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionShowDescriptionAtLineEnd(),
+		progressbar.OptionClearOnFinish(),
+	)
+	bar := p.evalBar
+	return func() { bar.Add(1) }
+}
+
+// endEval removes the evaluation's progress bar.
+func (p *progress) endEval() {
+	if p != nil && p.evalBar != nil {
+		p.evalBar.Finish()
+		p.evalBar = nil
+	}
+}
+
+// eval prints an evaluation's line: the metrics, the split, and, for an
+// evaluation of a sample of the split, how much of it was covered.
+func (p *progress) eval(epoch, step int, ev evaluation) {
 	var parts []string
-	for _, m := range ms {
+	for _, m := range ev.metrics {
 		parts = append(parts, fmt.Sprintf("%s %.4f", m.Name, m.Value))
 	}
-	fmt.Fprintf(p.out, "eval epoch %d step %d: %s\n", epoch, step, strings.Join(parts, ", "))
+	on := ev.split
+	if ev.partial() {
+		on = fmt.Sprintf("%s sample: %s of %s %s; -max-eval-batches sets the size", ev.split, thousands(ev.count), thousands(ev.total), ev.unit)
+	}
+	fmt.Fprintf(p.out, "eval epoch %d step %d (%s): %s\n", epoch, step, on, strings.Join(parts, ", "))
+}
+
+// thousands formats n with commas between groups of three digits.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
 }

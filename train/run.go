@@ -38,7 +38,7 @@ type Options struct {
 	// 0 calls it off the training path: from a goroutine of its own after
 	// every epoch (never two calls at once; epochs that end during a call
 	// give one more call, not one each), and once more when training has
-	// ended (also after an error, not after an interruption). Its errors are
+	// ended (also after an error or an interruption). Its errors are
 	// logged and printed as warnings; they do not stop training.
 	Report func(runDir string) error
 	// Comm, when set, makes this process one worker of that communicator

@@ -148,6 +148,55 @@ type metric struct {
 	Value float64
 }
 
+// evaluation is the outcome of one evaluation (the same on every rank):
+// its metrics, the primary one first, and what they were computed on.
+type evaluation struct {
+	metrics []metric
+	// split is the split evaluated ("test" or "validation"), unit what
+	// count and total count ("images", "tokens", "users").
+	split, unit string
+	// count is what the evaluation covered, total what the whole split
+	// holds (over all ranks): count < total is a sample.
+	count, total int
+}
+
+// partial reports whether the evaluation covered only a sample of its
+// split.
+func (e evaluation) partial() bool { return e.count < e.total }
+
+// ShortRunEvalBatches is the least number of batches per worker that a run
+// ending within its first epoch evaluates when -max-eval-batches is not
+// given (see evalBound).
+const ShortRunEvalBatches = 50
+
+// evalBound returns the most batches per worker one evaluation covers (0:
+// all). -max-eval-batches N is N. Without it a run that ends within its
+// first epoch (-steps below the steps of an epoch) evaluates at most
+// max(ShortRunEvalBatches, -steps) batches per worker: an evaluation batch
+// costs a fraction of a training step, so the evaluation takes no longer
+// than the training it follows, instead of minutes on the whole split
+// after a few seconds of training (the LSTM's validation split is some 600
+// batches). Such an evaluation is recorded, printed and reported as a
+// sample.
+func evalBound(c Config, perEpoch int) int {
+	if c.MaxEvalBatches > 0 {
+		return c.MaxEvalBatches
+	}
+	if c.Steps > 0 && c.Steps < perEpoch {
+		return max(ShortRunEvalBatches, c.Steps)
+	}
+	return 0
+}
+
+// bounded is the number of evaluation batches of a split of n batches
+// under the bound limit (0: none).
+func bounded(n, limit int) int {
+	if limit > 0 && limit < n {
+		return limit
+	}
+	return n
+}
+
 // task is one rank's view of the data: training batches and evaluation.
 type task interface {
 	// Len is the number of training batches per epoch.
@@ -156,8 +205,11 @@ type task interface {
 	// Batch returns training batch i of the epoch and its sample count.
 	Batch(i int) (models.Batch, int, error)
 	// Evaluate evaluates m on this rank's share and combines the shares
-	// over c (every rank gets the same result; the primary metric first).
-	Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator) ([]metric, error)
+	// over c (every rank gets the same result); tick, when not nil, is
+	// called after each of this rank's batches.
+	Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, tick func()) (evaluation, error)
+	// EvalBatches is the number of batches of this rank's evaluation.
+	EvalBatches() int
 	Close()
 }
 
@@ -176,7 +228,7 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 			tr.Close()
 			return nil, fmt.Errorf("train: CIFAR test loader: %w", err)
 		}
-		return &cifarTask{tr: tr, te: te, maxEval: c.MaxEvalBatches}, nil
+		return &cifarTask{tr: tr, te: te, maxEval: evalBound(c, tr.Len()), total: d.CIFAR.Test.Len()}, nil
 	case "lstm":
 		tr, err := data.NewBPTTLoader(d.Wiki.Train, data.BPTTConfig{Batch: c.Batch.Value(), BPTT: bpttOf(c), Rank: rank, Size: size})
 		if err != nil {
@@ -190,13 +242,16 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 		if full < 1 {
 			return nil, fmt.Errorf("train: WikiText-2 training split too short for %d workers × batch %d with BPTT %d", size, c.Batch.Value(), bpttOf(c))
 		}
-		return &lmTask{tr: tr, va: va, full: full, maxEval: c.MaxEvalBatches}, nil
+		// A whole evaluation predicts the next token of every row but the
+		// last, in every rank's columns.
+		total := (va.Rows() - 1) * c.EvalBatch.Value() * size
+		return &lmTask{tr: tr, va: va, full: full, maxEval: evalBound(c, full), total: total}, nil
 	case "ncf":
 		tr, err := data.NewRecLoader(d.Rec, lc, 4)
 		if err != nil {
 			return nil, fmt.Errorf("train: MovieLens training loader: %w", err)
 		}
-		return &recTask{tr: tr, ds: d.Rec, rank: rank, size: size, usersPerBatch: c.EvalBatch.Value(), maxEval: c.MaxEvalBatches}, nil
+		return &recTask{tr: tr, ds: d.Rec, rank: rank, size: size, usersPerBatch: c.EvalBatch.Value(), maxEval: evalBound(c, tr.Len())}, nil
 	}
 	return nil, fmt.Errorf("%w: unknown model %q", ErrConfig, c.Model)
 }
@@ -232,6 +287,7 @@ func sumOver(ctx context.Context, c comm.Communicator, vals []float64) ([]float6
 type cifarTask struct {
 	tr, te  *data.CIFARLoader
 	maxEval int
+	total   int // test images
 	labels  []int
 }
 
@@ -248,32 +304,39 @@ func (t *cifarTask) Batch(i int) (models.Batch, int, error) {
 	return models.Batch{Images: b.X, Labels: t.labels}, b.N, nil
 }
 
-func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator) ([]metric, error) {
+func (t *cifarTask) EvalBatches() int { return bounded(t.te.Len(), t.maxEval) }
+
+func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, tick func()) (evaluation, error) {
 	var r models.EvalResult
 	var labels []int
-	for i := 0; i < t.te.Len() && (t.maxEval == 0 || i < t.maxEval); i++ {
+	for i := range t.EvalBatches() {
 		b, err := t.te.Batch(i)
 		if err != nil {
-			return nil, err
+			return evaluation{}, err
 		}
 		labels = toInts(labels, b.Labels)
 		er, err := m.Evaluate(ctx, models.Batch{Images: b.X[:b.N*data.CIFARPixels], Labels: labels}, params)
 		if err != nil {
-			return nil, fmt.Errorf("train: evaluating: %w", err)
+			return evaluation{}, fmt.Errorf("train: evaluating: %w", err)
 		}
 		r.Add(er)
+		if tick != nil {
+			tick()
+		}
 	}
 	s, err := sumOver(ctx, c, []float64{float64(r.Correct), float64(r.Count), r.LossSum})
 	if err != nil {
-		return nil, err
+		return evaluation{}, err
 	}
-	return []metric{{"accuracy", s[0] / s[1]}, {"loss", s[2] / s[1]}}, nil
+	return evaluation{metrics: []metric{{"accuracy", s[0] / s[1]}, {"loss", s[2] / s[1]}},
+		split: "test", unit: "images", count: int(s[1]), total: t.total}, nil
 }
 
 type lmTask struct {
 	tr, va         *data.BPTTLoader
 	full           int
 	maxEval        int
+	total          int // tokens a whole evaluation predicts
 	tokens, labels []int
 }
 
@@ -291,29 +354,35 @@ func (t *lmTask) Batch(i int) (models.Batch, int, error) {
 	return models.Batch{Tokens: t.tokens, Labels: t.labels, Steps: b.Steps}, b.Steps * b.Batch, nil
 }
 
-func (t *lmTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator) ([]metric, error) {
+func (t *lmTask) EvalBatches() int { return bounded(t.va.Len(), t.maxEval) }
+
+func (t *lmTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, tick func()) (evaluation, error) {
 	m.ResetState()
 	var r models.EvalResult
 	var tok, lab []int
-	for i := 0; i < t.va.Len() && (t.maxEval == 0 || i < t.maxEval); i++ {
+	for i := range t.EvalBatches() {
 		b, err := t.va.Batch(i)
 		if err != nil {
-			return nil, err
+			return evaluation{}, err
 		}
 		tok = toInts(tok, b.Input)
 		lab = toInts(lab, b.Target)
 		er, err := m.Evaluate(ctx, models.Batch{Tokens: tok, Labels: lab, Steps: b.Steps}, params)
 		if err != nil {
-			return nil, fmt.Errorf("train: evaluating: %w", err)
+			return evaluation{}, fmt.Errorf("train: evaluating: %w", err)
 		}
 		r.Add(er)
+		if tick != nil {
+			tick()
+		}
 	}
 	m.ResetState()
 	s, err := sumOver(ctx, c, []float64{r.LossSum, float64(r.Count), float64(r.Correct)})
 	if err != nil {
-		return nil, err
+		return evaluation{}, err
 	}
-	return []metric{{"perplexity", models.Perplexity(s[0], int(s[1]))}, {"loss", s[0] / s[1]}, {"accuracy", s[2] / s[1]}}, nil
+	return evaluation{metrics: []metric{{"perplexity", models.Perplexity(s[0], int(s[1]))}, {"loss", s[0] / s[1]}, {"accuracy", s[2] / s[1]}},
+		split: "validation", unit: "tokens", count: int(s[1]), total: t.total}, nil
 }
 
 type recTask struct {
@@ -341,9 +410,17 @@ func (t *recTask) Batch(i int) (models.Batch, int, error) {
 	return models.Batch{Users: t.users, Items: t.items, Targets: t.targets}, b.N, nil
 }
 
+func (t *recTask) EvalBatches() int {
+	users := 0
+	if t.rank < t.ds.Users {
+		users = (t.ds.Users - t.rank + t.size - 1) / t.size
+	}
+	return bounded((users+t.usersPerBatch-1)/t.usersPerBatch, t.maxEval)
+}
+
 // Evaluate ranks each of this rank's users' candidates (users rank,
 // rank+size, ...) with the test positive last, as models.RankHit expects.
-func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator) ([]metric, error) {
+func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, tick func()) (evaluation, error) {
 	var hits, ndcg, count float64
 	var users, items []int
 	var spans [][]int
@@ -369,6 +446,9 @@ func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Bu
 		}
 		users, items, spans = users[:0], items[:0], spans[:0]
 		batches++
+		if tick != nil {
+			tick()
+		}
 		return nil
 	}
 	for u := t.rank; u < t.ds.Users; u += t.size {
@@ -389,20 +469,21 @@ func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Bu
 		spans = append(spans, span)
 		if len(spans) == t.usersPerBatch {
 			if err := flush(); err != nil {
-				return nil, err
+				return evaluation{}, err
 			}
 		}
 	}
 	if t.maxEval == 0 || batches < t.maxEval {
 		if err := flush(); err != nil {
-			return nil, err
+			return evaluation{}, err
 		}
 	}
 	s, err := sumOver(ctx, c, []float64{hits, ndcg, count})
 	if err != nil {
-		return nil, err
+		return evaluation{}, err
 	}
-	return []metric{{"hr10", s[0] / s[2]}, {"ndcg10", s[1] / s[2]}}, nil
+	return evaluation{metrics: []metric{{"hr10", s[0] / s[2]}, {"ndcg10", s[1] / s[2]}},
+		split: "test", unit: "users", count: int(s[2]), total: t.ds.Users}, nil
 }
 
 func toInts(dst []int, src []int32) []int {

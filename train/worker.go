@@ -97,11 +97,12 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	}
 	defer w.task.Close()
 	// The final report is written when training ends, also after an error
-	// (its metrics show where), but not when the run was interrupted or a
-	// panic unwinds the worker; the report's goroutine ends either way.
+	// or an interruption (its metrics show how far the run got), but not
+	// when a panic unwinds the worker; the report's goroutine ends either
+	// way.
 	returned := false
 	defer func() {
-		if cerr := w.out.close(returned && ctx.Err() == nil); cerr != nil && err == nil {
+		if cerr := w.out.close(returned); cerr != nil && err == nil {
 			err = fmt.Errorf("train: closing metrics.jsonl: %w", cerr)
 		}
 	}()
@@ -474,17 +475,19 @@ func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr fl
 	return rec, nil
 }
 
-// evaluate runs the evaluation and (rank 0) records it.
+// evaluate runs the evaluation (rank 0: with a progress bar) and (rank 0)
+// records it.
 func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error) {
-	ms, err := w.task.Evaluate(ctx, w.m, w.params, w.c)
+	ev, err := w.task.Evaluate(ctx, w.m, w.params, w.c, w.out.progress().startEval(w.task.EvalBatches()))
+	w.out.progress().endEval()
 	if err != nil {
 		return nil, err
 	}
-	if err := w.out.eval(epoch, step, Num(time.Since(w.start).Seconds()), ms); err != nil {
+	if err := w.out.eval(epoch, step, Num(time.Since(w.start).Seconds()), ev); err != nil {
 		return nil, err
 	}
-	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ms)
-	return ms, nil
+	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ev.metrics, "split", ev.split, "evaluated", ev.count, "of", ev.total)
+	return ev.metrics, nil
 }
 
 func (w *worker) loop(ctx context.Context) error {

@@ -1,0 +1,278 @@
+package reports
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// pageText renders r's page (the script from a URL, so that the page is
+// small) and returns its HTML.
+func pageText(t *testing.T, runs ...*Run) string {
+	t.Helper()
+	o := Options{AssetsURL: "echarts.min.js"}
+	var b []byte
+	var err error
+	if len(runs) == 1 {
+		b, err = RunPage(context.Background(), runs[0], o)
+	} else {
+		b, err = ComparePage(context.Background(), runs, o)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// chartTexts returns every title, subtitle and axis name of specs.
+func chartTexts(specs []chartSpec) string {
+	var b strings.Builder
+	for _, c := range specs {
+		fmt.Fprintf(&b, "%s\n%s\n%s\n%s\n", c.Title, c.Subtitle, c.XName, c.YName)
+	}
+	return b.String()
+}
+
+// TestSplitIsNamed: the LSTM is evaluated on WikiText-2's validation split
+// and its page says "validation", never "test"; runs recorded before the
+// split was (lstm-topk) are named from their data set; NCF and ResNet-18
+// evaluate test splits.
+func TestSplitIsNamed(t *testing.T) {
+	lstm := mustRead(t, td("lstm-topk"))
+	for _, e := range lstm.Evals {
+		if e.Split != "" {
+			t.Fatal("lstm-topk is meant to be an old record without splits")
+		}
+	}
+	page := pageText(t, lstm)
+	texts := chartTexts(runCharts(lstm, DefaultMaxPoints))
+	for _, s := range []string{page, texts} {
+		if strings.Contains(s, "test perplexity") || strings.Contains(s, "test metric") || strings.Contains(s, "test loss") {
+			t.Errorf("the LSTM's page calls its validation metrics test metrics")
+		}
+	}
+	if !strings.Contains(page, "final validation perplexity") || !strings.Contains(texts, "validation perplexity vs epoch") {
+		t.Errorf("the LSTM's page does not name the validation split:\n%s", texts)
+	}
+	// A recorded split wins over the guess from the data set.
+	lstm.Evals[0].Split = "test"
+	if got := lstm.split(); got != "test" {
+		t.Errorf("recorded split ignored: %q", got)
+	}
+	if page := pageText(t, mustRead(t, td("deft-4w"))); !strings.Contains(page, "final test accuracy") {
+		t.Error("ResNet-18's page does not name its test split")
+	}
+}
+
+// sampledRun is an LSTM run whose second evaluation covered a sample of
+// the validation split.
+func sampledRun(t *testing.T) *Run {
+	r := mustRead(t, td("lstm-topk"))
+	for i := range r.Evals {
+		r.Evals[i].Split, r.Evals[i].Unit, r.Evals[i].SplitSize, r.Evals[i].Evaluated = "validation", "tokens", 217646, 217646
+	}
+	last := r.Evals[len(r.Evals)-1].Step
+	for i := range r.Evals {
+		if r.Evals[i].Step == last {
+			r.Evals[i].Evaluated = 35000
+		}
+	}
+	return r
+}
+
+// TestPartialEvaluationIsLabelled: an evaluation of a sample of the split
+// says so beside its value, in a note and on the metric charts, on the
+// run's page and on a comparison; a run evaluated on the whole split has
+// none of it.
+func TestPartialEvaluationIsLabelled(t *testing.T) {
+	r := sampledRun(t)
+	const sample = "35,000 of 217,646 tokens"
+	var final string
+	for _, row := range runTable(r).Rows {
+		if row[0] == "final validation perplexity" {
+			final = row[1]
+		}
+	}
+	if !strings.Contains(final, "(sample: "+sample+")") {
+		t.Errorf("final value %q does not say it is a sample", final)
+	}
+	page := pageText(t, r)
+	if !strings.Contains(page, "sample of the validation split ("+sample) {
+		t.Error("the run's page has no note on the sample")
+	}
+	for _, c := range runCharts(r, DefaultMaxPoints) {
+		if strings.HasPrefix(c.ID, "metric-") && !strings.Contains(c.Subtitle, sample) {
+			t.Errorf("chart %s: subtitle %q does not say the metric is measured on a sample", c.ID, c.Subtitle)
+		}
+	}
+	whole := mustRead(t, td("lstm-topk"))
+	cmp := pageText(t, r, whole)
+	if !strings.Contains(cmp, "(sample: "+sample+")") || strings.Count(cmp, "measured on a sample") != 1 {
+		t.Error("the comparison does not label exactly the one sampled run")
+	}
+	if strings.Contains(pageText(t, whole), "sample") {
+		t.Error("a run without sampled evaluations is labelled as sampled")
+	}
+}
+
+// TestLegendsNeverPage: no chart's legend scrolls (paging hid runs behind
+// arrows); each chart is tall enough for its legend's rows, however many
+// runs a comparison has and however long their labels.
+func TestLegendsNeverPage(t *testing.T) {
+	var runs []*Run
+	for i := range 9 {
+		r := mustRead(t, td("deft-4w"))
+		r.Config = map[string]any{"model": "resnet18", "sparsifier": "deft", "density": 0.001 * float64(i+1), "seed": 7,
+			"method_options": map[string]any{"some_long_option_name": i}}
+		runs = append(runs, r)
+	}
+	labels := runLabels(runs, differing(runs))
+	if len(labels[0]) < 40 {
+		t.Fatalf("labels %q are meant to be long", labels)
+	}
+	specs := compareCharts(runs, labels, false, DefaultMaxPoints)
+	for _, c := range specs {
+		lg, err := json.Marshal(c.option()["legend"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(lg), "scroll") {
+			t.Errorf("chart %s: scrolling legend %s", c.ID, string(lg))
+		}
+		rows := legendRows(c.legendNames(), c.width())
+		if len(c.Series) > 6 && rows < 2 {
+			t.Errorf("chart %s: %d long legend items on one row", c.ID, len(c.Series))
+		}
+		if c.height() < chartHeight+legendRowPx*(rows-1) {
+			t.Errorf("chart %s: height %d for %d legend rows", c.ID, c.height(), rows)
+		}
+	}
+	// The estimate itself: 10 items of 40 characters need several rows of
+	// 600 px; 2 short ones fit on one.
+	if n := legendRows(strings.Split(strings.Repeat(strings.Repeat("x", 40)+",", 10), ",")[:10], 600); n < 5 {
+		t.Errorf("legendRows of ten 40-character items = %d, want ≥ 5", n)
+	}
+	if n := legendRows([]string{"sent", "received"}, 600); n != 1 {
+		t.Errorf("legendRows of two short items = %d", n)
+	}
+}
+
+// TestCompareTimeChartLabelsEveryRun: the stacked time chart of a
+// comparison names every run under its bar (one line per differing
+// option), not as many as fit.
+func TestCompareTimeChartLabelsEveryRun(t *testing.T) {
+	runs := []*Run{mustRead(t, td("deft-4w")), mustRead(t, td("deft-8w")), mustRead(t, td("micro-4w")), mustRead(t, td("lags-4w"))}
+	labels := runLabels(runs, differing(runs))
+	c := compareTimeChart(runs, labels)
+	if !c.AllLabels || len(c.Categories) != len(runs) {
+		t.Fatalf("categories %q, all labels %v", c.Categories, c.AllLabels)
+	}
+	for i, cat := range c.Categories {
+		if strings.ReplaceAll(cat, "\n", " ") != labels[i] {
+			t.Errorf("bar %d is labelled %q, want %q", i, cat, labels[i])
+		}
+	}
+	b, err := json.Marshal(c.option()["xAxis"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x := string(b); !strings.Contains(x, `"interval":"0"`) {
+		t.Errorf("the x axis may skip labels: %s", x)
+	}
+}
+
+// timedRun is a run of n steps of 10 ms (4 forward, 4 backward, 1
+// communication, 1 update) with the steps of slow taking 5 s.
+func timedRun(n int, slow ...int) *Run {
+	r := &Run{}
+	for i := 1; i <= n; i++ {
+		s := Step{Step: i, TForward: 0.004, TBackward: 0.004, TSelect: 0, TComm: 0.001, TUpdate: 0.001, TIter: 0.01,
+			TWait: 0.001, TCompute: 0.008, TCommWall: math.NaN()}
+		for _, k := range slow {
+			if k == i {
+				s.TBackward, s.TIter = 4.994, 5
+			}
+		}
+		r.Steps = append(r.Steps, s)
+	}
+	return r
+}
+
+// TestTimeBreakdownResistsOutliers: one iteration of 5 s among 10 ms ones
+// neither moves the bar it shares with others (medians) nor flattens the
+// chart (the axis stops above the typical bars, and the subtitle names the
+// one it cut off); the header gives medians too.
+func TestTimeBreakdownResistsOutliers(t *testing.T) {
+	// 1,000 steps in 200 bars of 5: the slow step shares its bar.
+	c := timeChart(timedRun(1000, 333), DefaultMaxPoints)
+	for _, s := range c.Series {
+		if s.Name != phaseBackward {
+			continue
+		}
+		for i, v := range s.Values {
+			if math.Abs(v-4) > 1e-9 { // ms
+				t.Errorf("bar %s: backward %v ms, want the median 4 ms", c.Categories[i], v)
+			}
+		}
+	}
+	if !strings.Contains(c.Subtitle, "median") || !strings.Contains(c.Subtitle, "percentile") {
+		t.Errorf("subtitle %q does not say what the bars and lines are", c.Subtitle)
+	}
+	// 100 steps, one bar each: the slow step's bar is cut off.
+	c = timeChart(timedRun(100, 1), DefaultMaxPoints)
+	if !(c.YMax > 10 && c.YMax < 100) {
+		t.Errorf("axis top %v ms, want it just above the 10 ms bars", c.YMax)
+	}
+	if !strings.Contains(c.Subtitle, "cut off") || !strings.Contains(c.Subtitle, "iteration 1: 5e+03 ms") {
+		t.Errorf("subtitle %q does not name the bar it cut off", c.Subtitle)
+	}
+	// No outlier, no cut.
+	if c := timeChart(timedRun(100), DefaultMaxPoints); c.YMax != 0 || strings.Contains(c.Subtitle, "cut off") {
+		t.Errorf("uniform run: axis top %v, subtitle %q", c.YMax, c.Subtitle)
+	}
+	var perIter string
+	for _, row := range runTable(timedRun(100, 1)).Rows {
+		if row[0] == "time per iteration" {
+			perIter = row[1]
+		}
+	}
+	if !strings.HasPrefix(perIter, "median 10 ms") {
+		t.Errorf("time per iteration %q, want the median first", perIter)
+	}
+}
+
+// TestPipelinedHeader: a pipelined LAGS run's header gives the exposed and
+// the overlapped communication apart, and its per-phase times add up to
+// about an iteration instead of counting overlapping calls several times.
+func TestPipelinedHeader(t *testing.T) {
+	r := mustRead(t, td("lags-4w"))
+	r.Info.Pipelined = true
+	var comm, perPhase string
+	for _, row := range runTable(r).Rows {
+		switch row[0] {
+		case "communication (pipelined)":
+			comm = row[1]
+		case "median time per phase":
+			perPhase = row[1]
+		}
+	}
+	for _, w := range []string{"exposed after the backward pass", "overlapped with the backward pass", "calls' durations add up to"} {
+		if !strings.Contains(comm, w) {
+			t.Errorf("pipelined communication %q lacks %q", comm, w)
+		}
+	}
+	if !strings.Contains(perPhase, phaseHidden) || !strings.Contains(perPhase, phaseExposed) || strings.Contains(perPhase, "selection") {
+		t.Errorf("median time per phase %q", perPhase)
+	}
+	names, get := phases(r)
+	sum, iter := 0.0, r.median(func(s *Step) float64 { return s.TIter })
+	for i := range names {
+		sum += r.median(get[i])
+	}
+	if sum > 1.3*iter {
+		t.Errorf("the phases' medians add up to %v s, the iteration's is %v s", sum, iter)
+	}
+}

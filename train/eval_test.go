@@ -1,0 +1,199 @@
+package train
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/models"
+)
+
+func TestEvalBound(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		maxEval, steps, epochs int // epochs: steps per epoch
+		want                   int
+	}{
+		{"whole run: the whole split", 0, 0, 100, 0},
+		{"-steps of a whole epoch", 0, 100, 100, 0},
+		{"-steps beyond an epoch", 0, 250, 100, 0},
+		{"a few steps: the least sample", 0, 5, 2000, ShortRunEvalBatches},
+		{"one step", 0, 1, 2000, ShortRunEvalBatches},
+		{"more steps: as many batches as steps", 0, 700, 2000, 700},
+		{"-max-eval-batches wins", 3, 5, 2000, 3},
+		{"-max-eval-batches on a whole run", 7, 0, 100, 7},
+	} {
+		c := Config{MaxEvalBatches: tc.maxEval, Steps: tc.steps}
+		if got := evalBound(c, tc.epochs); got != tc.want {
+			t.Errorf("%s: evalBound = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// evalRecords reads the eval records of a run directory.
+func evalRecords(t *testing.T, dir string) []EvalRecord {
+	t.Helper()
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []EvalRecord
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		var r EvalRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Type == "eval" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+var evalLineRe = regexp.MustCompile(`(?m)^eval epoch \d+ step \d+ \((.*)\): (.*)$`)
+
+// TestShortLSTMRunEvaluatesALabelledSample: a few LSTM steps are followed
+// by an evaluation of a bounded sample of the validation split (not its
+// some 600 batches per worker), which metrics.jsonl records with its size
+// and the terminal line names as a sample.
+func TestShortLSTMRunEvaluatesALabelledSample(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains the LSTM and evaluates 100 batches (about 15 s)")
+	}
+	dir := sharedData(t, filepath.Join("wikitext-2", "valid.txt"))
+	const workers = 2
+	c := Config{Model: "lstm", DataDir: dir, Workers: Set(workers), Steps: 2, Out: t.TempDir(), BLAS: "gonum"}
+	var out bytes.Buffer
+	start := time.Now()
+	if err := Run(context.Background(), c, Options{Stdout: &out, Progress: &out}); err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	t.Logf("2 steps and the evaluation took %v", time.Since(start).Round(time.Millisecond))
+	// What a whole evaluation would cover: the validation tokens cut into
+	// eval-batch × workers columns, every row but the last predicted.
+	ds, err := LoadDataset(context.Background(), c.Defaults())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols := c.Defaults().EvalBatch.Value() * workers
+	total := (len(ds.Wiki.Valid)/cols - 1) * cols
+	bptt := models.SmallLSTM(1, 1).BPTT
+	evaluated := ShortRunEvalBatches * bptt * cols // each worker's first 50 full windows
+	evs := evalRecords(t, c.Out)
+	if len(evs) == 0 {
+		t.Fatal("no eval record")
+	}
+	for _, e := range evs {
+		if e.Split != "validation" || e.Unit != "tokens" || e.SplitSize != total || e.Evaluated != evaluated {
+			t.Errorf("eval record %+v: want split validation, %d of %d tokens", e, evaluated, total)
+		}
+	}
+	m := evalLineRe.FindStringSubmatch(out.String())
+	if m == nil {
+		t.Fatalf("no evaluation line in:\n%s", out.String())
+	}
+	want := "validation sample: " + thousands(evaluated) + " of " + thousands(total) + " tokens"
+	if !strings.HasPrefix(m[1], want) || !strings.Contains(m[1], "-max-eval-batches") {
+		t.Errorf("evaluation line %q: want it to say %q and how to change it", m[0], want)
+	}
+}
+
+// TestWholeEvaluationIsLabelledWhole: an evaluation of the whole split
+// records it so (evaluated = split size) for odd worker counts, and the
+// line names the split without calling it a sample; -max-eval-batches
+// makes a sample of the size asked for.
+func TestWholeEvaluationIsLabelledWhole(t *testing.T) {
+	for _, workers := range []int{1, 3, 5} {
+		c := ncfConfig(t, workers, 3)
+		c.MaxEvalBatches = 0
+		c.Quiet = false
+		var out bytes.Buffer
+		if err := Run(context.Background(), c, Options{Stdout: &out, Progress: &out}); err != nil {
+			t.Fatal(err)
+		}
+		evs := evalRecords(t, c.Out)
+		if len(evs) != 2 { // hr10, ndcg10
+			t.Fatalf("%d workers: %d eval records", workers, len(evs))
+		}
+		for _, e := range evs {
+			if e.Split != "test" || e.Unit != "users" || e.SplitSize != 943 || e.Evaluated != 943 {
+				t.Errorf("%d workers: eval record %+v: want all 943 test users", workers, e)
+			}
+		}
+		if m := evalLineRe.FindStringSubmatch(out.String()); m == nil || m[1] != "test" {
+			t.Errorf("%d workers: evaluation line %q, want \"(test)\"", workers, m)
+		}
+
+		c = ncfConfig(t, workers, 3) // -max-eval-batches 2, 64 users per batch
+		evs = evalRecords(t, runDir(t, c))
+		want := 0
+		for r := range workers {
+			want += min(2*64, (943-r+workers-1)/workers)
+		}
+		if evs[0].Evaluated != want || evs[0].SplitSize != 943 {
+			t.Errorf("%d workers, -max-eval-batches 2: %+v, want %d of 943 users", workers, evs[0], want)
+		}
+	}
+}
+
+// runDir runs c and returns its run directory.
+func runDir(t *testing.T, c Config) string {
+	t.Helper()
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	return c.Out
+}
+
+// cancellingModel cancels the run when its evaluation starts and then
+// behaves as an evaluation interrupted by Ctrl-C.
+type cancellingModel struct {
+	models.Model
+	cancel context.CancelFunc
+}
+
+func (m *cancellingModel) Evaluate(ctx context.Context, b models.Batch, params device.Buffer) (models.EvalResult, error) {
+	m.cancel()
+	<-ctx.Done()
+	return models.EvalResult{}, ctx.Err()
+}
+
+// TestInterruptedEvaluationKeepsTheSteps: an interruption during the
+// evaluation that follows the last step (here: of -steps 3) leaves the
+// checkpoint of those steps and writes the report of the run so far.
+func TestInterruptedEvaluationKeepsTheSteps(t *testing.T) {
+	c := ncfConfig(t, 2, 3)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reports := 0
+	err := Run(ctx, c, Options{
+		wrapModel: func(m models.Model) models.Model { return &cancellingModel{Model: m, cancel: cancel} },
+		Report:    func(string) error { reports++; return nil },
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run: %v, want the interruption", err)
+	}
+	ck, err := LatestCheckpoint(c.Out)
+	if err != nil {
+		t.Fatalf("no checkpoint after the interrupted evaluation: %v", err)
+	}
+	if strings.TrimSuffix(filepath.Base(ck), ".ckpt") != fmt.Sprintf("step-%09d", 3) {
+		t.Errorf("checkpoint %s, want the one of step 3", ck)
+	}
+	if reports == 0 {
+		t.Error("no report written after the interrupted evaluation")
+	}
+}
