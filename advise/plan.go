@@ -215,12 +215,17 @@ func CommTime(calls []Call, P int, net netmodel.Network) time.Duration {
 	return time.Duration(total)
 }
 
-// Bytes is the number of bytes one worker sends per iteration under the
-// calls (comm.Traffic's accounting, rank 0, equal contributions).
+// Bytes is the number of bytes a worker sends per iteration under the
+// calls, on average over the workers (comm.Traffic's accounting, equal
+// contributions; a broadcast's root sends more than the others).
 func Bytes(calls []Call, P int) float64 {
 	var total float64
 	for _, cl := range calls {
 		e := int(math.Round(cl.Elems))
+		if cl.Op == comm.OpSendRecv { // what comm.Counter counts: the message sent
+			total += float64(4*e) * cl.Count
+			continue
+		}
 		var counts []int
 		if cl.Op == comm.OpAllGatherV || cl.Op == comm.OpReduceScatter {
 			counts = make([]int, P)
@@ -228,8 +233,12 @@ func Bytes(calls []Call, P int) float64 {
 				counts[i] = e
 			}
 		}
-		sent, _ := comm.Traffic(cl.Op, P, 0, e, 4, 0, counts)
-		total += float64(sent) * cl.Count
+		var sum float64
+		for r := range P {
+			sent, _ := comm.Traffic(cl.Op, P, r, e, 4, 0, counts)
+			sum += float64(sent)
+		}
+		total += sum / float64(P) * cl.Count
 	}
 	return total
 }

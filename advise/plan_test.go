@@ -207,3 +207,35 @@ func TestPlanDetectsWrongTraffic(t *testing.T) {
 		t.Errorf("the right plan failed: %v", e)
 	}
 }
+
+// TestBytesMatchesCounters checks Bytes, a worker's traffic per
+// iteration, against comm.Counter's byte counts of the real reducers (the
+// mean over ranks, exact for the methods whose payloads are fixed by k and
+// N, with the mean selection for DEFT, whose workers select different
+// counts).
+func TestBytesMatchesCounters(t *testing.T) {
+	sizes := []int{1000, 37, 2500, 130, 7, 1}
+	N := 3675
+	for _, method := range []string{"dense", "topka", "cltk", "randomk", "spardl", "topk", "deft"} {
+		for _, P := range []int{2, 3, 5, 16} {
+			m, _ := sparsify.Lookup(method)
+			params, _ := m.Resolve(nil)
+			got := runReducer(t, method, sizes, P, 0.05, nil, 2)
+			var sent, sel float64
+			for r := range P {
+				for _, s := range got.ops[r] {
+					sent += float64(s.BytesSent) / float64(P)
+				}
+				sel += float64(got.stats[r].Selected) / float64(P)
+			}
+			calls, err := Plan(method, Shape{Sizes: sizes, N: N, P: P, Density: 0.05, K: sparsify.BudgetK(0.05, N),
+				Sel: sel, Union: got.stats[0].ActualDensity * float64(N), Params: params})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b := Bytes(calls, P); math.Abs(b-sent) > 4*float64(P) { // Bytes rounds the mean contribution to whole elements
+				t.Errorf("%s P=%d: Bytes %v, the counters %v", method, P, b, sent)
+			}
+		}
+	}
+}

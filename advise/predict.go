@@ -342,6 +342,12 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 func caveats(h *Host, s Setting, params sparsify.Values, pr Prediction, K int) []string {
 	var c []string
 	ratio := pr.ActualDensity / s.Density
+	if s.Method == "dragonn" {
+		if dense, _ := dragonnSplit(Shape{Sizes: h.Sizes, Params: params}); dense == h.N {
+			c = append(c, fmt.Sprintf("no tensor has more than min_tensor = %d elements: DRAGONN averages every one densely (-min-tensor)", params.Int("min_tensor")))
+			ratio = 0
+		}
+	}
 	switch s.Method {
 	case "topk", "topka", "topkdsa", "threshold", "dgc", "dragonn", "lags":
 		if s.Workers > 1 && ratio > 1.5 {

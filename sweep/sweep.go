@@ -404,10 +404,11 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 		logf("%s: running", tag)
 		t0 := time.Now()
 		cl := append(slices.Clone(o.CommandLine), "# point "+p.Name)
-		if err := train.Run(ctx, c, train.Options{Stdout: io.Discard, Progress: io.Discard, CommandLine: cl}); err != nil {
-			if ctx.Err() != nil {
-				return res, interruptedErr(ctx.Err(), res, len(pts))
-			}
+		err := train.Run(ctx, c, train.Options{Stdout: io.Discard, Progress: io.Discard, CommandLine: cl})
+		if ctx.Err() != nil { // an interrupted run may end without an error
+			return res, interruptedErr(ctx.Err(), res, len(pts))
+		}
+		if err != nil {
 			return res, fmt.Errorf("sweep: run %s: %w", p.Name, err)
 		}
 		if err := writeJSON(filepath.Join(dir, completeFile), marker{Point: p.Name, Config: p.Config, Time: time.Now().UTC()}); err != nil {

@@ -132,7 +132,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return helpIsNoError(err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report subcommand)", fs.Arg(0))
+		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report, sweep and advise subcommands)", fs.Arg(0))
 	}
 	cfg, err := c.config()
 	if err != nil {
@@ -225,6 +225,8 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 		fmt.Fprintf(fs.Output(), `Usage:
   train [flags]                      train one model, write a run directory
   train report [-o FILE] RUN_DIR...  compare runs in one HTML report (train report -help)
+  train sweep -preset NAME -out DIR  run a grid of trainings, one comparison page (train sweep -help)
+  train advise -workers P -net-bandwidth B  rank the sparsifiers for a cluster (train advise -help)
 
 Defaults follow the papers' code per model (PyTorch SGD semantics; see package train);
 a flag given as 0 is 0, not the default.

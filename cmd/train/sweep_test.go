@@ -1,0 +1,181 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/sweep"
+)
+
+// TestSweepAndAdviseRejectBadInput reads the one-line errors a person gets
+// for mistakes on the sweep and advise command lines.
+func TestSweepAndAdviseRejectBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		args   []string
+		expect string
+	}{
+		{[]string{"sweep", "-preset", "nope", "-out", "x"}, `unknown preset "nope"; use one of deft-buildup, micro-threshold, spardl-scaling`},
+		{[]string{"sweep", "-preset", "deft-buildup"}, "give -out DIR"},
+		{[]string{"sweep", "-sparsifiers", "topk", "-workers", "2", "-density", "0.01", "-out", "x"}, "give a budget per run"},
+		{[]string{"sweep", "-sparsifiers", "topk", "-workers", "2", "-density", "0,1", "-steps", "5", "-out", "x"}, "want a fraction in (0, 1]"},
+		{[]string{"sweep", "-sparsifiers", "topk", "-workers", "0", "-steps", "5", "-out", "x"}, "want a worker count >= 1"},
+		{[]string{"sweep", "-sparsifiers", "topq", "-workers", "2", "-density", "0.1", "-steps", "5", "-out", "x"}, `unknown sparsifier "topq"`},
+		{[]string{"sweep", "-workers", "2", "-steps", "5", "-out", "x"}, "give -sparsifiers"},
+		{[]string{"sweep", "-preset", "deft-buildup", "-out", "x", "extra"}, `unexpected argument "extra"`},
+		{[]string{"sweep", "-worker", "2"}, "did you mean -workers?"},
+		{[]string{"advise", "-net-bandwidth", "10"}, "give -workers P"},
+		{[]string{"advise", "-workers", "16"}, "give -net-bandwidth B"},
+		{[]string{"advise", "-workers", "16", "-net-bandwidth", "-3"}, "want a bandwidth > 0"},
+		{[]string{"advise", "-workers", "16", "-net-bandwidth", "10", "-sparsifiers", "topk,nope"}, `unknown sparsifier "nope"`},
+		{[]string{"advise", "-workers", "16", "-net-bandwidth", "10", "-device", "cuda"}, "install the NVIDIA driver"}, // no GPU here (CI neither)
+	} {
+		var out bytes.Buffer
+		err := run(context.Background(), tc.args, &out, &out)
+		if err == nil || !strings.Contains(err.Error()+out.String(), tc.expect) {
+			t.Errorf("%v: err %v (output %q), want %q", tc.args, err, out.String(), tc.expect)
+		}
+	}
+}
+
+// TestSweepPresetList reads train sweep -preset list: every preset with its
+// paper, its grid and its full-size command.
+func TestSweepPresetList(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"sweep", "-preset", "list"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range sweep.PresetNames() {
+		p := sweep.Presets[name]
+		for _, want := range []string{name + " — " + p.Paper, "full size: " + p.FullSize, "ncf on ml-100k"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("-preset list lacks %q:\n%s", want, out.String())
+			}
+		}
+	}
+}
+
+// TestSweepHelp reads train sweep -help and train advise -help.
+func TestSweepHelp(t *testing.T) {
+	for sub, flags := range map[string][]string{
+		"sweep":  {"-preset", "-sparsifiers", "-workers", "-density", "-net-bandwidth", "-steps", "-max-time", "-out", "-dry-run", "-dense-warmup"},
+		"advise": {"-model", "-workers", "-net-bandwidth", "-net-latency", "-device", "-density", "-sparsifiers", "-measurements"},
+	} {
+		var out bytes.Buffer
+		if err := run(context.Background(), []string{sub, "-help"}, &out, &out); err != nil {
+			t.Errorf("%s -help: %v", sub, err)
+		}
+		for _, f := range flags {
+			if !strings.Contains(out.String(), f+" ") && !strings.Contains(out.String(), f+"\n") {
+				t.Errorf("train %s -help lacks %s:\n%s", sub, f, out.String())
+			}
+		}
+	}
+}
+
+// TestSweepDryRun checks that -dry-run prints one train command per point,
+// with the preset's values and the flags given overriding them, and runs
+// nothing.
+func TestSweepDryRun(t *testing.T) {
+	out := t.TempDir()
+	var buf bytes.Buffer
+	err := run(context.Background(), []string{"sweep", "-preset", "spardl-scaling", "-workers", "2,3", "-steps", "7", "-data-dir", "/data", "-out", out, "-dry-run"}, &buf, &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	// 6 methods × 2 worker counts, gtopk not on 3 workers.
+	if len(lines) != 12 || !strings.HasPrefix(lines[len(lines)-1], "# not run: gtopk-w3-d0.01-1gbit-50us") {
+		t.Fatalf("dry run printed:\n%s", buf.String())
+	}
+	want := "train -model ncf -dataset ml-100k -data-dir /data -sparsifier topkdsa -density 0.01 -workers 3 -steps 7 -epochs 1000 -log-every 1 -eval-every 100 -net-latency 50µs -net-bandwidth 1 -dense-warmup 0 -out " + out + "/runs/topkdsa-w3-d0.01-1gbit-50us"
+	if !strings.Contains(buf.String(), want+"\n") {
+		t.Errorf("dry run lacks\n%s\nin\n%s", want, buf.String())
+	}
+	if entries, _ := os.ReadDir(out); len(entries) != 0 {
+		t.Errorf("the dry run wrote %d entries into -out", len(entries))
+	}
+}
+
+// TestSweepCommand runs a small sweep with the command (two methods × two
+// worker counts of NCF on the real MovieLens-100K, with the advisor's
+// predictions) and reads what it prints and the page's predicted against
+// measured table; a second call skips every run.
+func TestSweepCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains NCF four times and measures this machine (about 15 s)")
+	}
+	data := sharedData(t)
+	out := filepath.Join(t.TempDir(), "sw")
+	args := []string{"sweep", "-sparsifiers", "topk,deft", "-workers", "2,4", "-density", "0.05", "-steps", "40", "-eval-every", "20",
+		"-max-eval-batches", "2", "-data-dir", data, "-out", out}
+	var buf bytes.Buffer
+	if err := run(context.Background(), args, &buf, &buf); err != nil {
+		t.Fatalf("%v\n%s", err, buf.String())
+	}
+	page := filepath.Join(out, "sweep.html")
+	if !strings.Contains(buf.String(), "4 runs: 4 run now, 0 already complete; open "+page) {
+		t.Errorf("output:\n%s", buf.String())
+	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every run has a predicted and a measured time per iteration and an error.
+	row := regexp.MustCompile(`<tr><td>(topk|deft) ×(2|4)</td><td>[0-9.]+ ms</td><td>[0-9.]+ ms</td><td>-?[0-9]+ %</td>`)
+	if n := len(row.FindAll(b, -1)); n != 4 {
+		t.Errorf("the page has %d predicted-against-measured rows, want 4", n)
+	}
+	buf.Reset()
+	if err := run(context.Background(), args, &buf, &buf); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "4 runs: 0 run now, 4 already complete") || !strings.Contains(buf.String(), "using the measurements of this machine") {
+		t.Errorf("second call:\n%s", buf.String())
+	}
+}
+
+// TestAdviseCommand ranks the methods for NCF at 16 and 64 workers on
+// 1 and 100 Gbit/s and reads the tables: every method ranked or said why not,
+// dense's speedup 1.00×, and a verdict for each setting.
+func TestAdviseCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measures this machine (about 8 s)")
+	}
+	data := sharedData(t)
+	meas := filepath.Join(t.TempDir(), "m.json")
+	args := []string{"advise", "-model", "ncf", "-data-dir", data, "-workers", "16,64", "-net-bandwidth", "1,100", "-measurements", meas}
+	var out, errOut bytes.Buffer
+	if err := run(context.Background(), args, &out, &errOut); err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	txt := out.String()
+	tables := strings.Count(txt, "ncf on ml-100k, ")
+	if tables != 4 {
+		t.Fatalf("%d tables, want 4:\n%s", tables, txt)
+	}
+	if n := strings.Count(txt, "Dense all-reduce wins") + strings.Count(txt, "is predicted fastest"); n != 4 {
+		t.Errorf("%d verdicts, want 4:\n%s", n, txt)
+	}
+	if n := len(regexp.MustCompile(`(?m)^\d+ +dense +.* 1\.00× `).FindAllString(txt, -1)); n != 4 {
+		t.Errorf("dense rows with speedup 1.00×: %d, want 4:\n%s", n, txt)
+	}
+	if !strings.Contains(txt, "gtopk") && !strings.Contains(txt, "not ranked") {
+		t.Errorf("gtopk neither ranked nor excused:\n%s", txt)
+	}
+	if !strings.Contains(txt, "builds up with the workers") {
+		t.Errorf("no density build-up caveat for top-k at 64 workers:\n%s", txt)
+	}
+	// The measurements are kept: a second call does not measure again.
+	var out2, err2 bytes.Buffer
+	if err := run(context.Background(), args, &out2, &err2); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(err2.String(), "using the measurements in "+meas) || out2.String() != txt {
+		t.Errorf("second call measured again or printed other tables:\n%s", err2.String())
+	}
+}
