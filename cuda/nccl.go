@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
@@ -263,9 +265,6 @@ func (c *NCCL) Size() int { return c.size }
 // Stream is the stream the communicator's transfers run on.
 func (c *NCCL) Stream() *Stream { return c.s }
 
-// After makes the next transfers wait (on the GPU) for ev: work of another
-// stream that produces their input.
-func (c *NCCL) After(ev device.Event) error { return c.s.Wait(ev) }
 
 // Close destroys the communicator (after an abort, only frees it).
 func (c *NCCL) Close() error {
@@ -357,75 +356,174 @@ func (c *NCCL) abort(cause error) error {
 	return c.aborted
 }
 
-// args checks that the buffers are this GPU's memory of one NCCL type.
-func (c *NCCL) args(what string, bufs ...device.Buffer) (int32, error) {
+// xfer is one transfer, checked and ready to issue: f issues it (the
+// device's context current); n is what a request's Wait returns.
+type xfer struct {
+	what string
+	f    func() int32
+	n    int
+}
+
+// bufs returns the device memory of comm.Device buffers of this GPU, of one
+// NCCL type, and makes the communicator's stream wait for the work issued on
+// their streams so far.
+func (c *NCCL) bufs(what string, bs ...comm.Buffer) ([]device.Buffer, int32, error) {
+	out := make([]device.Buffer, len(bs))
 	var dt device.DType
-	for _, b := range bufs {
-		if b.Len() == 0 {
+	for i, b := range bs {
+		d, ok := b.(comm.Device)
+		if !ok {
+			if b != nil && b.Len() > 0 {
+				return nil, 0, fmt.Errorf("cuda: NCCL %s: %T is host memory; NCCL moves GPU memory: pass comm.Device buffers (or use -comm mpi, which stages them)", what, b)
+			}
 			continue
 		}
-		if b.IsHost() || b.Device() != device.Device(c.d) {
-			return 0, fmt.Errorf("cuda: NCCL %s: %v is not memory of %v", what, b, c.d)
+		if d.Buf.Len() == 0 {
+			continue
 		}
-		if dt != 0 && b.DType() != dt {
-			return 0, fmt.Errorf("cuda: NCCL %s: buffers of %v and %v", what, dt, b.DType())
+		if d.Buf.IsHost() || d.Buf.Device() != device.Device(c.d) {
+			return nil, 0, fmt.Errorf("cuda: NCCL %s: %v is not memory of %v", what, d.Buf, c.d)
 		}
-		dt = b.DType()
+		if dt != 0 && d.Buf.DType() != dt {
+			return nil, 0, fmt.Errorf("cuda: NCCL %s: buffers of %v and %v", what, dt, d.Buf.DType())
+		}
+		dt = d.Buf.DType()
+		out[i] = d.Buf
+		if d.Stream != nil && d.Stream != device.Stream(c.s) {
+			ev, err := d.Stream.Record()
+			if err != nil {
+				return nil, 0, err
+			}
+			if err := c.s.Wait(ev); err != nil {
+				return nil, 0, err
+			}
+		}
 	}
 	if dt == 0 {
 		dt = device.Float32
 	}
-	return ncclType(dt)
+	t, err := ncclType(dt)
+	return out, t, err
 }
 
 func addr(b device.Buffer) uint64 { return uint64(b.Addr()) }
 
-// AllReduce sums buf over the ranks, in place (NCCL's order of addition).
-func (c *NCCL) AllReduce(ctx context.Context, buf device.Buffer) error {
-	dt, err := c.args("AllReduce", buf)
-	if err != nil || buf.Len() == 0 {
+// run issues x and waits for it (nothing for a nil x).
+func (c *NCCL) run(ctx context.Context, x *xfer, err error) error {
+	if err != nil || x == nil {
 		return err
 	}
-	return c.call(ctx, "ncclAllReduce", func() int32 {
-		return nccl.allReduce(addr(buf), addr(buf), uint64(buf.Len()), dt, ncclSum, c.h, c.s.h)
-	})
+	return c.call(ctx, x.what, x.f)
+}
+
+// istart issues x and returns its request.
+func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
+	if err != nil {
+		return nil, err
+	}
+	if x != nil {
+		if err := c.start(x.what, x.f); err != nil {
+			return nil, err
+		}
+	}
+	ev, err := c.s.Record()
+	if err != nil {
+		return nil, err
+	}
+	r := &ncclRequest{c: c, ev: ev.(*Event)}
+	if x != nil {
+		r.what, r.n = x.what, x.n
+	}
+	return r, nil
+}
+
+// ncclRequest is a transfer started by one of the I methods.
+type ncclRequest struct {
+	c    *NCCL
+	what string
+	ev   *Event
+	n    int
+}
+
+// Wait waits for the transfer (aborting the communicator when ctx ends
+// first or NCCL fails) and returns the elements received.
+func (r *ncclRequest) Wait(ctx context.Context) (int, error) {
+	if err := r.c.waitEvent(ctx, r.what, r.ev.h); err != nil {
+		return 0, err
+	}
+	return r.n, nil
+}
+
+var _ comm.Communicator = (*NCCL)(nil)
+
+func (c *NCCL) allReduce(buf comm.Buffer) (*xfer, error) {
+	b, dt, err := c.bufs("AllReduce", buf)
+	if err != nil || b[0].Len() == 0 {
+		return nil, err
+	}
+	return &xfer{"ncclAllReduce", func() int32 {
+		return nccl.allReduce(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, ncclSum, c.h, c.s.h)
+	}, b[0].Len()}, nil
+}
+
+// AllReduce sums buf over the ranks, in place (NCCL's order of addition,
+// not the canonical order of package comm: close to the other backends'
+// sums, not bit-identical).
+func (c *NCCL) AllReduce(ctx context.Context, buf comm.Buffer) error {
+	x, err := c.allReduce(buf)
+	return c.run(ctx, x, err)
+}
+
+// IAllReduce starts AllReduce.
+func (c *NCCL) IAllReduce(_ context.Context, buf comm.Buffer) (comm.Request, error) {
+	return c.istart(c.allReduce(buf))
+}
+
+func (c *NCCL) allGather(send, recv comm.Buffer) (*xfer, error) {
+	b, dt, err := c.bufs("AllGather", send, recv)
+	if err != nil {
+		return nil, err
+	}
+	if recv.Len() != c.size*send.Len() {
+		return nil, fmt.Errorf("cuda: NCCL AllGather: recv has %d elements, want %d·%d", recv.Len(), c.size, send.Len())
+	}
+	if send.Len() == 0 {
+		return nil, nil
+	}
+	return &xfer{"ncclAllGather", func() int32 {
+		return nccl.allGather(addr(b[0]), addr(b[1]), uint64(b[0].Len()), dt, c.h, c.s.h)
+	}, recv.Len()}, nil
 }
 
 // AllGather concatenates every rank's send into recv in rank order.
-func (c *NCCL) AllGather(ctx context.Context, send, recv device.Buffer) error {
-	dt, err := c.args("AllGather", send, recv)
-	if err != nil {
-		return err
-	}
-	if recv.Len() != c.size*send.Len() {
-		return fmt.Errorf("cuda: NCCL AllGather: recv has %d elements, want %d·%d", recv.Len(), c.size, send.Len())
-	}
-	if send.Len() == 0 {
-		return nil
-	}
-	return c.call(ctx, "ncclAllGather", func() int32 {
-		return nccl.allGather(addr(send), addr(recv), uint64(send.Len()), dt, c.h, c.s.h)
-	})
+func (c *NCCL) AllGather(ctx context.Context, send, recv comm.Buffer) error {
+	x, err := c.allGather(send, recv)
+	return c.run(ctx, x, err)
 }
 
-// AllGatherV is AllGather with counts[r] elements from rank r: one
-// broadcast per rank, grouped.
-func (c *NCCL) AllGatherV(ctx context.Context, send, recv device.Buffer, counts []int) error {
-	dt, err := c.args("AllGatherV", send, recv)
+// IAllGather starts AllGather.
+func (c *NCCL) IAllGather(_ context.Context, send, recv comm.Buffer) (comm.Request, error) {
+	return c.istart(c.allGather(send, recv))
+}
+
+func (c *NCCL) allGatherV(send, recv comm.Buffer, counts []int) (*xfer, error) {
+	b, dt, err := c.bufs("AllGatherV", send, recv)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	offs, total, err := c.blocks("AllGatherV", counts)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if send.Len() != counts[c.rank] || recv.Len() != total {
-		return fmt.Errorf("cuda: NCCL AllGatherV: send %d and recv %d elements, counts %v", send.Len(), recv.Len(), counts)
+		return nil, fmt.Errorf("cuda: NCCL AllGatherV: send %d and recv %d elements, counts %v", send.Len(), recv.Len(), counts)
 	}
 	if total == 0 {
-		return nil
+		return nil, nil
 	}
-	return c.call(ctx, "ncclBroadcast (AllGatherV)", func() int32 {
+	counts = slices.Clone(counts)
+	es := uint64(b[1].DType().Size())
+	return &xfer{"ncclBroadcast (AllGatherV)", func() int32 {
 		if r := nccl.groupStart(); r != ncclSuccess {
 			return r
 		}
@@ -435,15 +533,27 @@ func (c *NCCL) AllGatherV(ctx context.Context, send, recv device.Buffer, counts 
 			}
 			src := uint64(0)
 			if r == c.rank {
-				src = addr(send)
+				src = addr(b[0])
 			}
-			if res := nccl.broadcast(src, addr(recv)+uint64(offs[r]*recv.DType().Size()), uint64(n), dt, int32(r), c.h, c.s.h); res != ncclSuccess {
+			if res := nccl.broadcast(src, addr(b[1])+uint64(offs[r])*es, uint64(n), dt, int32(r), c.h, c.s.h); res != ncclSuccess {
 				nccl.groupEnd()
 				return res
 			}
 		}
 		return nccl.groupEnd()
-	})
+	}, total}, nil
+}
+
+// AllGatherV is AllGather with counts[r] elements from rank r: one
+// broadcast per rank, grouped.
+func (c *NCCL) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) error {
+	x, err := c.allGatherV(send, recv, counts)
+	return c.run(ctx, x, err)
+}
+
+// IAllGatherV starts AllGatherV.
+func (c *NCCL) IAllGatherV(_ context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
+	return c.istart(c.allGatherV(send, recv, counts))
 }
 
 // blocks returns the offsets and total of counts (one per rank).
@@ -464,24 +574,24 @@ func (c *NCCL) blocks(what string, counts []int) ([]int, int, error) {
 }
 
 // Broadcast copies root's buf into every rank's buf.
-func (c *NCCL) Broadcast(ctx context.Context, buf device.Buffer, root int) error {
-	dt, err := c.args("Broadcast", buf)
-	if err != nil || buf.Len() == 0 {
+func (c *NCCL) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
+	b, dt, err := c.bufs("Broadcast", buf)
+	if err != nil || b[0].Len() == 0 {
 		return err
 	}
 	if root < 0 || root >= c.size {
 		return fmt.Errorf("cuda: NCCL Broadcast: root %d of %d ranks", root, c.size)
 	}
 	return c.call(ctx, "ncclBroadcast", func() int32 {
-		return nccl.broadcast(addr(buf), addr(buf), uint64(buf.Len()), dt, int32(root), c.h, c.s.h)
+		return nccl.broadcast(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, int32(root), c.h, c.s.h)
 	})
 }
 
 // ReduceScatter sums send (sum(counts) elements) over the ranks and leaves
 // block Rank() in recv: ncclReduceScatter when the blocks are equal,
-// otherwise one ncclReduce per block, grouped.
-func (c *NCCL) ReduceScatter(ctx context.Context, send, recv device.Buffer, counts []int) error {
-	dt, err := c.args("ReduceScatter", send, recv)
+// otherwise one ncclReduce per block, grouped (NCCL's order of addition).
+func (c *NCCL) ReduceScatter(ctx context.Context, send, recv comm.Buffer, counts []int) error {
+	b, dt, err := c.bufs("ReduceScatter", send, recv)
 	if err != nil {
 		return err
 	}
@@ -501,10 +611,10 @@ func (c *NCCL) ReduceScatter(ctx context.Context, send, recv device.Buffer, coun
 	}
 	if equal {
 		return c.call(ctx, "ncclReduceScatter", func() int32 {
-			return nccl.reduceScatter(addr(send), addr(recv), uint64(counts[0]), dt, ncclSum, c.h, c.s.h)
+			return nccl.reduceScatter(addr(b[0]), addr(b[1]), uint64(counts[0]), dt, ncclSum, c.h, c.s.h)
 		})
 	}
-	es := uint64(send.DType().Size())
+	es := uint64(b[0].DType().Size())
 	return c.call(ctx, "ncclReduce (ReduceScatter)", func() int32 {
 		if r := nccl.groupStart(); r != ncclSuccess {
 			return r
@@ -515,9 +625,9 @@ func (c *NCCL) ReduceScatter(ctx context.Context, send, recv device.Buffer, coun
 			}
 			dst := uint64(0)
 			if r == c.rank {
-				dst = addr(recv)
+				dst = addr(b[1])
 			}
-			if res := nccl.reduce(addr(send)+uint64(offs[r])*es, dst, uint64(n), dt, ncclSum, int32(r), c.h, c.s.h); res != ncclSuccess {
+			if res := nccl.reduce(addr(b[0])+uint64(offs[r])*es, dst, uint64(n), dt, ncclSum, int32(r), c.h, c.s.h); res != ncclSuccess {
 				nccl.groupEnd()
 				return res
 			}
@@ -526,86 +636,86 @@ func (c *NCCL) ReduceScatter(ctx context.Context, send, recv device.Buffer, coun
 	})
 }
 
-// Send sends buf to rank dst.
-func (c *NCCL) Send(ctx context.Context, buf device.Buffer, dst int) error {
-	return c.SendRecv(ctx, buf, dst, device.Buffer{}, -1)
-}
-
-// Recv receives len(buf) elements from rank src.
-func (c *NCCL) Recv(ctx context.Context, buf device.Buffer, src int) error {
-	return c.SendRecv(ctx, device.Buffer{}, -1, buf, src)
-}
-
-// SendRecv sends send to dst and receives recv from src together (a
-// negative rank or an empty buffer leaves that half out).
-func (c *NCCL) SendRecv(ctx context.Context, send device.Buffer, dst int, recv device.Buffer, src int) error {
-	dt, err := c.args("SendRecv", send, recv)
+// sendRecv prepares a send to dst and a receive from src, grouped (a
+// negative rank or an empty buffer leaves that half out). NCCL has no tags
+// and no message lengths: a receive takes exactly len(recv) elements.
+func (c *NCCL) sendRecv(send comm.Buffer, dst int, recv comm.Buffer, src int) (*xfer, error) {
+	b, dt, err := c.bufs("SendRecv", send, recv)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, p := range []int{dst, src} {
 		if p >= c.size {
-			return fmt.Errorf("cuda: NCCL SendRecv: rank %d of %d", p, c.size)
+			return nil, fmt.Errorf("cuda: NCCL SendRecv: rank %d of %d", p, c.size)
 		}
 	}
-	doSend, doRecv := dst >= 0 && send.Len() > 0, src >= 0 && recv.Len() > 0
+	doSend, doRecv := dst >= 0 && b[0].Len() > 0, src >= 0 && b[1].Len() > 0
 	if !doSend && !doRecv {
-		return nil
+		return nil, nil
 	}
-	return c.call(ctx, "ncclSend/ncclRecv", func() int32 {
+	n := 0
+	if doRecv {
+		n = b[1].Len()
+	}
+	return &xfer{"ncclSend/ncclRecv", func() int32 {
 		if r := nccl.groupStart(); r != ncclSuccess {
 			return r
 		}
 		if doSend {
-			if r := nccl.send(addr(send), uint64(send.Len()), dt, int32(dst), c.h, c.s.h); r != ncclSuccess {
+			if r := nccl.send(addr(b[0]), uint64(b[0].Len()), dt, int32(dst), c.h, c.s.h); r != ncclSuccess {
 				nccl.groupEnd()
 				return r
 			}
 		}
 		if doRecv {
-			if r := nccl.recv(addr(recv), uint64(recv.Len()), dt, int32(src), c.h, c.s.h); r != ncclSuccess {
+			if r := nccl.recv(addr(b[1]), uint64(b[1].Len()), dt, int32(src), c.h, c.s.h); r != ncclSuccess {
 				nccl.groupEnd()
 				return r
 			}
 		}
 		return nccl.groupEnd()
-	})
+	}, n}, nil
+}
+
+// Send sends buf to rank dst (tag ignored: NCCL matches transfers between
+// two ranks in issue order).
+func (c *NCCL) Send(ctx context.Context, buf comm.Buffer, dst, _ int) error {
+	x, err := c.sendRecv(buf, dst, nil, -1)
+	return c.run(ctx, x, err)
+}
+
+// Recv receives exactly len(buf) elements from rank src and returns
+// len(buf).
+func (c *NCCL) Recv(ctx context.Context, buf comm.Buffer, src, _ int) (int, error) {
+	x, err := c.sendRecv(nil, -1, buf, src)
+	if err := c.run(ctx, x, err); err != nil {
+		return 0, err
+	}
+	return buf.Len(), nil
+}
+
+// SendRecv sends send to dst and receives len(recv) elements from src
+// together.
+func (c *NCCL) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv comm.Buffer, src, _ int) (int, error) {
+	x, err := c.sendRecv(send, dst, recv, src)
+	if err := c.run(ctx, x, err); err != nil {
+		return 0, err
+	}
+	return recv.Len(), nil
+}
+
+// ISend starts Send.
+func (c *NCCL) ISend(_ context.Context, buf comm.Buffer, dst, _ int) (comm.Request, error) {
+	return c.istart(c.sendRecv(buf, dst, nil, -1))
+}
+
+// IRecv starts Recv.
+func (c *NCCL) IRecv(_ context.Context, buf comm.Buffer, src, _ int) (comm.Request, error) {
+	return c.istart(c.sendRecv(nil, -1, buf, src))
 }
 
 // Barrier returns once every rank has entered it (an all-reduce of one
 // word).
-func (c *NCCL) Barrier(ctx context.Context) error { return c.AllReduce(ctx, c.scratch) }
-
-// NCCLRequest is a transfer started by one of the I methods.
-type NCCLRequest struct {
-	c    *NCCL
-	what string
-	ev   device.Event
-}
-
-// Wait waits for the transfer (aborting the communicator when ctx ends
-// first or NCCL fails).
-func (r *NCCLRequest) Wait(ctx context.Context) error {
-	return r.c.waitEvent(ctx, r.what, r.ev.(*Event).h)
-}
-
-// IAllReduce starts AllReduce; the buffer must not be touched until Wait
-// returns.
-func (c *NCCL) IAllReduce(buf device.Buffer) (*NCCLRequest, error) {
-	dt, err := c.args("AllReduce", buf)
-	if err != nil {
-		return nil, err
-	}
-	if buf.Len() > 0 {
-		if err := c.start("ncclAllReduce", func() int32 {
-			return nccl.allReduce(addr(buf), addr(buf), uint64(buf.Len()), dt, ncclSum, c.h, c.s.h)
-		}); err != nil {
-			return nil, err
-		}
-	}
-	ev, err := c.s.Record()
-	if err != nil {
-		return nil, err
-	}
-	return &NCCLRequest{c: c, what: "ncclAllReduce", ev: ev}, nil
+func (c *NCCL) Barrier(ctx context.Context) error {
+	return c.AllReduce(ctx, comm.OnDevice(c.scratch, c.s))
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ebitengine/purego"
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
@@ -102,7 +103,7 @@ func onEvery(t *testing.T, size int, f func(r int) error) {
 	}
 }
 
-func put[E float32 | float64 | int32 | int64](t *testing.T, d *Device, x []E) device.Buffer {
+func put[E float32 | float64 | int32 | int64](t *testing.T, d *Device, x []E) comm.Device {
 	t.Helper()
 	var dt device.DType
 	switch any(x).(type) {
@@ -125,11 +126,12 @@ func put[E float32 | float64 | int32 | int64](t *testing.T, d *Device, x []E) de
 	if err := d.def.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
-	return b
+	return comm.OnDevice(b, d.def)
 }
 
-func get[E float32 | float64 | int32 | int64](t *testing.T, d *Device, b device.Buffer) []E {
+func get[E float32 | float64 | int32 | int64](t *testing.T, d *Device, cb comm.Buffer) []E {
 	t.Helper()
+	b := cb.(comm.Device).Buf
 	x := make([]E, b.Len())
 	if err := d.def.Copy(device.Host(x), b); err != nil {
 		t.Fatal(err)
@@ -275,7 +277,7 @@ func TestNCCLConformance(t *testing.T) {
 				next, prev := (r+1)%size, (r+size-1)%size
 				send := put(t, devs[r], xs[r][:7])
 				recv := put(t, devs[r], make([]float32, 7))
-				if err := comms[r].SendRecv(ctx, send, next, recv, prev); err != nil {
+				if _, err := comms[r].SendRecv(ctx, send, next, recv, prev, 0); err != nil {
 					return err
 				}
 				if got := get[float32](t, devs[r], recv); !slices.Equal(got, xs[prev][:7]) {
@@ -284,11 +286,11 @@ func TestNCCLConformance(t *testing.T) {
 				if size > 1 {
 					switch r {
 					case 0:
-						if err := comms[r].Send(ctx, send, size-1); err != nil {
+						if err := comms[r].Send(ctx, send, size-1, 0); err != nil {
 							return err
 						}
 					case size - 1:
-						if err := comms[r].Recv(ctx, recv, 0); err != nil {
+						if _, err := comms[r].Recv(ctx, recv, 0, 0); err != nil {
 							return err
 						}
 						if got := get[float32](t, devs[r], recv); !slices.Equal(got, xs[0][:7]) {
@@ -300,12 +302,12 @@ func TestNCCLConformance(t *testing.T) {
 					return err
 				}
 				b := put(t, devs[r], xs[r])
-				req, err := comms[r].IAllReduce(b)
+				req, err := comms[r].IAllReduce(ctx, b)
 				if err != nil {
 					return err
 				}
-				if err := req.Wait(ctx); err != nil {
-					return err
+				if n, err := req.Wait(ctx); err != nil || n != b.Len() {
+					return fmt.Errorf("rank %d: non-blocking all-reduce: %d, %v", r, n, err)
 				}
 				if !close32(get[float32](t, devs[r], b), sum) {
 					return fmt.Errorf("rank %d: non-blocking all-reduce differs", r)
@@ -314,11 +316,10 @@ func TestNCCLConformance(t *testing.T) {
 			})
 
 			// Misuse is refused before anything is issued.
-			host := device.Host(make([]float32, 4))
-			if err := comms[0].AllReduce(ctx, host); err == nil {
+			if err := comms[0].AllReduce(ctx, comm.Float32s(make([]float32, 4))); err == nil {
 				t.Error("an all-reduce of host memory was accepted")
 			}
-			if err := comms[0].AllGatherV(ctx, device.Buffer{}, device.Buffer{}, []int{1}); size > 1 && err == nil {
+			if err := comms[0].AllGatherV(ctx, comm.Float32s(nil), comm.Float32s(nil), []int{1}); size > 1 && err == nil {
 				t.Error("all-gather-v with one count for several ranks was accepted")
 			}
 		})
