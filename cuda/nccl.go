@@ -265,7 +265,6 @@ func (c *NCCL) Size() int { return c.size }
 // Stream is the stream the communicator's transfers run on.
 func (c *NCCL) Stream() *Stream { return c.s }
 
-
 // Close destroys the communicator (after an abort, only frees it).
 func (c *NCCL) Close() error {
 	defer c.d.enter()()

@@ -166,4 +166,3 @@ func TestStagedDeviceBuffers(t *testing.T) {
 		w.Comm(0).AllGather(context.Background(), b, comm.OnDevice(upload(t, d.Stream(), make([]float32, 4)), d.Stream()))
 	}()
 }
-
