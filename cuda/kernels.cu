@@ -670,3 +670,18 @@ extern "C" __global__ void k_hash_insert(const int* idx, i64 n, int seed, u32* t
 extern "C" __global__ void k_iota(int* idx, i64 n) {
     GRID_STRIDE(i, n) { idx[i] = (int)i; }
 }
+
+// dst[idx[j]] = val[j]·scale.
+extern "C" __global__ void k_scatter(float* dst, const int* idx, const float* val, float scale, i64 n) {
+    GRID_STRIDE(j, n) { dst[idx[j]] = val[j] * scale; }
+}
+
+// mark[idx[j]] = 1 for the indices in [0, lim); bad[0] = min(bad[0], j) for
+// the others (the caller sets bad[0] to n beforehand).
+extern "C" __global__ void k_mark(float* mark, const int* idx, i64 n, i64 lim, u64* bad) {
+    GRID_STRIDE(j, n) {
+        int i = idx[j];
+        if (i < 0 || (i64)i >= lim) atomicMin(bad, (u64)j);
+        else mark[i] = 1.0f;
+    }
+}

@@ -41,6 +41,7 @@ type selScratch struct {
 	pieceFirst                       device.Buffer // Int32: each segment's first piece
 	parts, sums                      device.Buffer // Float64
 	table                            device.Buffer // Int32: DRAGONN's slots
+	mark                             device.Buffer // Float32: Union's marks, zero between calls
 }
 
 // grow returns *b, reallocated on d with at least n elements of dt.
@@ -448,6 +449,87 @@ func (o *Sparse) ScatterFill(s device.Stream, dst, idx device.Buffer, v float32)
 		return err
 	}
 	return cs.args().buf(dst).buf(idx).f32(v).i64(n).runN("k_scatter_fill", n)
+}
+
+// Scatter sets dst[idx[j]] = val[j]·scale for j < len(idx).
+func (o *Sparse) Scatter(s device.Stream, dst, idx, val device.Buffer, scale float32) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := idx.Len()
+	if err := o.check("Scatter", "dst", dst, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("Scatter", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	if err := o.check("Scatter", "val", val, device.Float32, n); err != nil {
+		return err
+	}
+	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter", n)
+}
+
+// Union writes the distinct indices of idx, ascending, into out and
+// returns how many: each index marks its element of an n-element vector
+// (kept zero between calls), the marks are selected in order and cleared
+// again. An index outside [0, n) is an error naming it.
+func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	m := idx.Len()
+	if err := o.check("Union", "idx", idx, device.Int32, 0); err != nil {
+		return 0, err
+	}
+	if err := o.check("Union", "out", out, device.Int32, m); err != nil {
+		return 0, err
+	}
+	if m == 0 {
+		return 0, nil
+	}
+	sc := cs.sel
+	if sc.mark.Len() < n {
+		if sc.mark.Len() > 0 {
+			o.d.Free(sc.mark)
+		}
+		if sc.mark, err = o.d.Alloc(device.Float32, n); err != nil { // zeroed
+			return 0, err
+		}
+	}
+	mark := sc.mark.Slice(0, n)
+	if err := cs.Copy(sc.first, device.Host([]int64{int64(m)})); err != nil {
+		return 0, err
+	}
+	if err := cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(sc.first).runN("k_mark", m); err != nil {
+		return 0, err
+	}
+	var bad [1]int64
+	if err := cs.Copy(device.Host(bad[:]), sc.first); err != nil {
+		return 0, err
+	}
+	if err := cs.Synchronize(); err != nil {
+		return 0, err
+	}
+	if bad[0] < int64(m) {
+		// Some marks may be set: clear all of them.
+		if err := cs.fill32(mark, 0); err != nil {
+			return 0, err
+		}
+		var v [1]int32
+		cs.Copy(device.Host(v[:]), idx.Slice(int(bad[0]), int(bad[0])+1))
+		cs.Synchronize()
+		return 0, fmt.Errorf("cuda: Union: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", v[0], bad[0], n)
+	}
+	if err := cs.fill32(sc.state.Slice(0, 1), math.Float32bits(0.5)); err != nil {
+		return 0, err
+	}
+	u, err := o.selectTiles(cs, mark, 1, out, device.Buffer{}, true)
+	if err != nil {
+		return u, err
+	}
+	return u, o.ScatterFill(s, mark, out.Slice(0, u), 0)
 }
 
 // HashSelect is DRAGONN's hashed insertion: every candidate index goes to

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/cuda"
@@ -381,5 +382,69 @@ func TestGPUHashSelect(t *testing.T) {
 		if err != nil || !slices.Equal(cpuOut[:nc], want) {
 			t.Fatalf("%+v: the CPU's HashSelect %v… (%v), want %v…", tc, head(cpuOut[:nc]), err, head(want))
 		}
+	}
+}
+
+func TestGPUUnionAndScatter(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	cpu := sparsify.CPUOps()
+	r := rand.New(rand.NewPCG(11, 11))
+	for _, tc := range []struct{ n, m int }{{10, 0}, {10, 1}, {100, 300}, {5000, 2000}, {20000, 20000}} {
+		idx := make([]int32, tc.m)
+		for j := range idx {
+			idx[j] = r.Int32N(int32(tc.n))
+		}
+		ib := allocInt32(t, d, max(tc.m, 1)).Slice(0, tc.m)
+		if err := s.Copy(ib, device.Host(idx)); err != nil {
+			t.Fatal(err)
+		}
+		ob := allocInt32(t, d, max(tc.m, 1))
+		for rep := range 2 { // the second call finds the marks cleared
+			got, err := sp.Union(s, ob, ib, tc.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]int32, tc.m)
+			nw, err := cpu.Union(nil, device.Host(want), device.Host(idx), tc.n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if gi := downloadInt32(t, s, ob)[:got]; got != nw || !slices.Equal(gi, want[:nw]) {
+				t.Fatalf("%+v call %d: union of %d: %v…, CPU %v…", tc, rep, got, head(gi), head(want[:nw]))
+			}
+		}
+		// Scatter the union's positions with scaled values.
+		if tc.m > 0 {
+			u, _ := cpu.Union(nil, device.Host(slices.Clone(idx)), device.Host(idx), tc.n)
+			uniq := make([]int32, tc.m)
+			cpu.Union(nil, device.Host(uniq), device.Host(idx), tc.n)
+			val := randVec(r, u, 1)
+			dst := randVec(r, tc.n, 1)
+			db, vb := upload(t, s, dst), upload(t, s, val)
+			ub := allocInt32(t, d, u)
+			s.Copy(ub, device.Host(uniq[:u]))
+			if err := sp.Scatter(s, db, ub, vb, -0.25); err != nil {
+				t.Fatal(err)
+			}
+			if err := cpu.Scatter(nil, device.Host(dst), device.Host(uniq[:u]), device.Host(val), -0.25); err != nil {
+				t.Fatal(err)
+			}
+			if !sameBits(download(t, s, db), dst) {
+				t.Fatalf("%+v: scatter differs", tc)
+			}
+		}
+	}
+	// An index outside [0, n) is named, and later unions are unharmed.
+	ib := allocInt32(t, d, 3)
+	s.Copy(ib, device.Host([]int32{1, 7, 2}))
+	ob := allocInt32(t, d, 3)
+	if _, err := sp.Union(s, ob, ib, 5); err == nil || !strings.Contains(err.Error(), "index 7") {
+		t.Fatalf("union with index 7 of 5: %v", err)
+	}
+	s.Copy(ib, device.Host([]int32{3, 1, 3}))
+	if got, err := sp.Union(s, ob, ib, 5); err != nil || got != 2 || !slices.Equal(downloadInt32(t, s, ob)[:2], []int32{1, 3}) {
+		t.Fatalf("union after an error: %d, %v", got, err)
 	}
 }

@@ -11,7 +11,7 @@ import (
 // sum, and that it does not depend on the number of cores.
 func TestNorm2Large(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
-	for _, n := range []int{norm2Block - 1, norm2Block, norm2Block + 1, 5*norm2Block + 123} {
+	for _, n := range []int{segBlock - 1, segBlock, segBlock + 1, 64 * segBlock, 300*segBlock + 123} {
 		x := make([]float32, n)
 		var want float64
 		for i := range x {

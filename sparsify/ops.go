@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
+	"slices"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
@@ -49,6 +51,12 @@ type Ops interface {
 	ScatterAdd(s device.Stream, dst, idx, val device.Buffer, scale float32) error
 	// ScatterFill sets dst[idx[j]] = v for j < len(idx).
 	ScatterFill(s device.Stream, dst, idx device.Buffer, v float32) error
+	// Scatter sets dst[idx[j]] = scale·val[j] for j < len(idx).
+	Scatter(s device.Stream, dst, idx, val device.Buffer, scale float32) error
+	// Union writes the distinct indices of idx, ascending, into out (at
+	// least len(idx) long) and returns how many; an index outside [0, n)
+	// is an error naming it.
+	Union(s device.Stream, out, idx device.Buffer, n int) (int, error)
 	// HashSelect is DRAGONN's hashed insertion of the candidate indices
 	// into slots slots (murmur3 of the index with seed; on a collision the
 	// highest index stays): it writes the occupied slots' indices into idx
@@ -145,9 +153,22 @@ const segBlock = 4096
 // order from zero. (The fixed blocks let a GPU sum the blocks in parallel
 // and still add exactly what the CPU adds.)
 func segmentSumSquares(x []float32) float64 {
+	nb := (len(x) + segBlock - 1) / segBlock
 	var s float64
-	for lo := 0; lo < len(x); lo += segBlock {
-		s += sumSquares(x[lo:min(len(x), lo+segBlock)])
+	if nb < 64 {
+		for lo := 0; lo < len(x); lo += segBlock {
+			s += sumSquares(x[lo:min(len(x), lo+segBlock)])
+		}
+		return s
+	}
+	sums := make([]float64, nb)
+	selParallel(nb, min(nb/16, runtime.GOMAXPROCS(0)), func(_, lo, hi int) {
+		for b := lo; b < hi; b++ {
+			sums[b] = sumSquares(x[b*segBlock : min(len(x), (b+1)*segBlock)])
+		}
+	})
+	for _, v := range sums {
+		s += v
 	}
 	return s
 }
@@ -283,6 +304,44 @@ func (cpuOps) ScatterFill(_ device.Stream, dst, idx device.Buffer, v float32) er
 		d[i] = v
 	}
 	return nil
+}
+
+func (cpuOps) Scatter(_ device.Stream, dst, idx, val device.Buffer, scale float32) error {
+	d, err := f32("Scatter", "dst", dst, 0)
+	if err != nil {
+		return err
+	}
+	ii, err := i32("Scatter", "idx", idx, 0)
+	if err != nil {
+		return err
+	}
+	vv, err := f32("Scatter", "val", val, len(ii))
+	if err != nil {
+		return err
+	}
+	for j, i := range ii {
+		d[i] = vv[j] * scale
+	}
+	return nil
+}
+
+func (cpuOps) Union(_ device.Stream, out, idx device.Buffer, n int) (int, error) {
+	ii, err := i32("Union", "idx", idx, 0)
+	if err != nil {
+		return 0, err
+	}
+	oo, err := i32("Union", "out", out, len(ii))
+	if err != nil {
+		return 0, err
+	}
+	for j, i := range ii {
+		if i < 0 || int(i) >= n {
+			return 0, fmt.Errorf("sparsify: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", i, j, n)
+		}
+	}
+	u := append(oo[:0], ii...)
+	slices.Sort(u)
+	return len(slices.Compact(u)), nil
 }
 
 func (cpuOps) HashSelect(_ device.Stream, idx, cand device.Buffer, seed uint32, slots int) (int, error) {

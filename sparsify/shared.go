@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"runtime"
 	"slices"
 	"time"
 
@@ -153,30 +152,11 @@ func sumSquares(x []float32) float64 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// norm2Block is the number of elements norm2 sums per block.
-const norm2Block = 1 << 16
-
-// norm2 is the Euclidean norm of x. The squares are summed in float64 per
-// block of norm2Block elements (four interleaved partial sums, as deftNorm),
-// blocks on all cores, and the block sums are added in block order, so the
-// result does not depend on the number of cores.
-func norm2(x []float32) float64 {
-	nb := (len(x) + norm2Block - 1) / norm2Block
-	if nb <= 1 {
-		return math.Sqrt(sumSquares(x))
-	}
-	sums := make([]float64, nb)
-	selParallel(nb, min(nb, runtime.GOMAXPROCS(0)), func(_, lo, hi int) {
-		for b := lo; b < hi; b++ {
-			sums[b] = sumSquares(x[b*norm2Block : min(len(x), (b+1)*norm2Block)])
-		}
-	})
-	var s float64
-	for _, v := range sums {
-		s += v
-	}
-	return math.Sqrt(s)
-}
+// norm2 is the Euclidean norm of x: the square root of
+// segmentSumSquares(x), which sums blocks on all cores for large x and adds
+// them in block order, so the result depends neither on the number of cores
+// nor on the device (Ops.SegmentSumSquares).
+func norm2(x []float32) float64 { return math.Sqrt(segmentSumSquares(x)) }
 
 // valuesAt returns dst[:0] extended with x[j] for every j of idx, in order.
 func valuesAt(dst, x []float32, idx []int32) []float32 {

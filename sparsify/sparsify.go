@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 )
 
@@ -104,6 +105,12 @@ type Options struct {
 	// The zero value declares none: LAGS then measures the network it runs
 	// on (see LAGS). Every rank must pass the same value.
 	Network netmodel.Network
+	// Stream is the stream of the device whose memory a DeviceReducer's
+	// ReduceOn works in (nil: the CPU's), and Ops that device's vector
+	// operations (nil: CPUOps; a GPU's come from package cuda, cuda.Sparse).
+	// The communicator must then take comm.Device buffers of that device.
+	Stream device.Stream
+	Ops    Ops
 	// Params are the method's own options, by name, as the method declares
 	// them (Method.Params; listed in the package documentation under
 	// "Method options"). An absent option takes its declared default; an
@@ -235,6 +242,9 @@ func checkOptions(name string, o Options) error {
 	}
 	if !(o.Density > 0 && o.Density <= 1) { // also rejects NaN
 		return fmt.Errorf("sparsify: %s: density %v is outside (0, 1]", name, o.Density)
+	}
+	if o.Stream != nil && o.Stream.Device().Kind() != device.CPUKind && o.Ops == nil {
+		return fmt.Errorf("sparsify: %s: Options.Stream is on %v but no Ops of that device were given (Options.Ops; cuda.Device.Sparse for a GPU)", name, o.Stream.Device())
 	}
 	if o.Layout.N <= 0 || len(o.Layout.Tensors) == 0 {
 		return fmt.Errorf("sparsify: %s: empty layout; build it with NewLayout from the model's parameters", name)

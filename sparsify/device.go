@@ -1,0 +1,151 @@
+package sparsify
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+// Reduction in device memory. A reducer that implements DeviceReducer keeps
+// its logic in one place for every device: its passes over whole vectors
+// go through the Ops of its device (Options.Ops) on its stream
+// (Options.Stream), its messages are comm.Device buffers of that device, and
+// only counts and a few numbers per call come back to the host. Its Reduce
+// of host slices is ReduceOn over host memory with the CPU's Ops, so the
+// CPU path and the GPU path are the same code, and give the same index sets
+// and the same bits wherever the communicator adds in the canonical order
+// (package comm; NCCL adds in its own order, see comm).
+//
+// On a GPU, the communicator must take device buffers: NCCL (package cuda),
+// or comm.Staged over comm/local or comm/mpi.
+
+// DeviceReducer is a Reducer that also reduces vectors in its device's
+// memory.
+type DeviceReducer interface {
+	Reducer
+	// ReduceOn is Reduce on vectors of the reducer's device (Options.Stream's,
+	// the CPU's by default), issued on Options.Stream: when it returns, out
+	// and residual are written for the work issued on that stream
+	// afterwards.
+	ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error)
+}
+
+// vecs is a reducer's device: its stream, Ops and math, and its scratch
+// buffers there.
+type vecs struct {
+	s   device.Stream
+	d   device.Device
+	ops Ops
+	m   device.Math
+}
+
+// newVecs returns the device of options o (the CPU's when o.Stream is nil).
+func newVecs(o Options) vecs {
+	s := o.Stream
+	if s == nil {
+		s = device.CPU.Stream()
+	}
+	ops := o.Ops
+	if ops == nil {
+		ops = CPUOps()
+	}
+	return vecs{s: s, d: s.Device(), ops: ops, m: s.Device().Math()}
+}
+
+// onCPU reports whether the vectors live in host memory.
+func (v *vecs) onCPU() bool { return v.d.Kind() == device.CPUKind }
+
+// scratch returns the first n elements of *b, a buffer of the device
+// reallocated (contents lost) when shorter than n.
+func (v *vecs) scratch(b *device.Buffer, dt device.DType, n int) (device.Buffer, error) {
+	if b.Len() >= n && b.DType() == dt && b.Len() > 0 {
+		return b.Slice(0, n), nil
+	}
+	if b.Len() > 0 {
+		if err := v.d.Free(*b); err != nil {
+			return device.Buffer{}, err
+		}
+		*b = device.Buffer{}
+	}
+	nb, err := v.d.Alloc(dt, max(n, 1, b.Len()*3/2))
+	if err != nil {
+		return device.Buffer{}, fmt.Errorf("allocating %d scratch elements on %v: %w", n, v.d, err)
+	}
+	*b = nb
+	return nb.Slice(0, n), nil
+}
+
+// cb returns b as a communicator buffer ordered by the stream.
+func (v *vecs) cb(b device.Buffer) comm.Buffer { return comm.OnDevice(b, v.s) }
+
+// upload copies host values into b (a buffer of the device).
+func (v *vecs) upload(b device.Buffer, h []int32) error {
+	if len(h) == 0 {
+		return nil
+	}
+	return v.s.Copy(b.Slice(0, len(h)), device.Host(h))
+}
+
+// download copies the first len(h) elements of b to the host (the stream
+// is synchronized).
+func (v *vecs) download(h []int32, b device.Buffer) error {
+	if len(h) == 0 {
+		return nil
+	}
+	if err := v.s.Copy(device.Host(h), b.Slice(0, len(h))); err != nil {
+		return err
+	}
+	return v.s.Synchronize()
+}
+
+// checkOn validates ReduceOn's arguments: vectors of the layout's length on
+// the reducer's device, out not aliasing acc or residual.
+func (v *vecs) checkOn(name string, n int, acc, out, residual device.Buffer) error {
+	for _, a := range []struct {
+		what string
+		b    device.Buffer
+	}{{"acc", acc}, {"out", out}, {"residual", residual}} {
+		if a.b.Len() != n || a.b.DType() != device.Float32 {
+			return fmt.Errorf("sparsify: %s: %s is %v; the layout has %d float32 elements: pass vectors of the layout's length", name, a.what, a.b, n)
+		}
+		if a.b.IsHost() != v.onCPU() || (!a.b.IsHost() && a.b.Device() != v.d) {
+			return fmt.Errorf("sparsify: %s: %s is %v, not memory of the reducer's device %v (Options.Stream)", name, a.what, a.b, v.d)
+		}
+	}
+	if sameMemory(out, acc) || sameMemory(out, residual) {
+		return fmt.Errorf("sparsify: %s: out must not be the same vector as acc or residual (only residual may alias acc); give it its own buffer", name)
+	}
+	return nil
+}
+
+// sameMemory reports whether two vectors start at the same element.
+func sameMemory(a, b device.Buffer) bool {
+	if a.Len() == 0 || b.Len() == 0 || a.IsHost() != b.IsHost() {
+		return false
+	}
+	if a.IsHost() {
+		return &a.HostBytes()[0] == &b.HostBytes()[0]
+	}
+	return a.Addr() == b.Addr()
+}
+
+// hostArgs checks that a reducer built for the CPU is called with host
+// slices (Reduce) and returns them as host vectors.
+func (v *vecs) hostArgs(name string, acc, out, residual []float32) (device.Buffer, device.Buffer, device.Buffer, error) {
+	if !v.onCPU() {
+		return device.Buffer{}, device.Buffer{}, device.Buffer{}, fmt.Errorf("sparsify: %s: the reducer works on %v; call ReduceOn with vectors there, not Reduce with host slices", name, v.d)
+	}
+	return device.Host(acc), device.Host(out), device.Host(residual), nil
+}
+
+// errorNorm is ‖x‖₂ as every device computes it (Ops.SegmentSumSquares).
+func (v *vecs) errorNorm(x device.Buffer) (float64, error) {
+	ss, err := v.ops.SegmentSumSquares(v.s, x, []int{0, x.Len()})
+	if err != nil {
+		return 0, err
+	}
+	return math.Sqrt(ss[0]), nil
+}
