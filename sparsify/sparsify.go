@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
-	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // Tensor is one parameter tensor of the flat gradient.
