@@ -110,6 +110,23 @@ const checkerJS = `<script>
             }
           } catch (e) { r.error = String(e); }
         }
+        // Where ECharts laid out the legend and the plot (internal but
+        // stable views of ECharts 5): the legend must lie below the plot
+        // and inside the chart, every item drawn.
+        try {
+          var inst = echarts.getInstanceByDom(d);
+          var lm = inst.getModel().getComponent("legend");
+          if (lm) {
+            var lg = inst.getViewOfComponentModel(lm).group, lr = lg.getBoundingRect();
+            r.legendTop = lg.y + lr.y; r.legendBottom = lg.y + lr.y + lr.height;
+            r.legendItems = lm.getData().length;
+            r.legendType = lm.get("type") || "plain";
+          }
+          var gm = inst.getModel().getComponent("grid");
+          if (gm && gm.coordinateSystem) { var gr = gm.coordinateSystem.getRect(); r.plotBottom = gr.y + gr.height; }
+          r.boxHeight = d.clientHeight;
+          r.series = inst.getOption().series.length;
+        } catch (e) { r.error = "layout: " + e; }
         res.charts.push(r);
       });
       var pre = document.createElement("pre");
@@ -129,6 +146,11 @@ type chartCheck struct {
 	Coloured int    `json:"coloured"`
 	Inked    int    `json:"inked"`
 	Error    string `json:"error"`
+	// The legend's and the plot's layout, in CSS pixels from the chart's
+	// top.
+	LegendTop, LegendBottom, PlotBottom float64
+	LegendItems, Series, BoxHeight      int
+	LegendType                          string
 }
 
 type pageCheck struct {
@@ -215,12 +237,20 @@ func problems(pc pageCheck, want []chartSpec) []string {
 			p = append(p, c.ID+": canvas "+itoa(c.Width)+"×"+itoa(c.Height))
 		case c.Coloured < 30:
 			p = append(p, c.ID+": blank plot area ("+itoa(c.Coloured)+" coloured pixels, "+itoa(c.Inked)+" inked)")
+		case c.LegendType != "plain" || c.LegendItems != c.Series:
+			p = append(p, c.ID+": a "+c.LegendType+" legend of "+itoa(c.LegendItems)+" items for "+itoa(c.Series)+" series")
+		case c.LegendBottom > float64(c.BoxHeight)+1:
+			p = append(p, c.ID+": the legend ends below the chart ("+ftoa(c.LegendBottom)+" px of "+itoa(c.BoxHeight)+")")
+		case c.LegendTop < c.PlotBottom+20:
+			p = append(p, c.ID+": the legend ("+ftoa(c.LegendTop)+" px) runs into the plot and its axis labels ("+ftoa(c.PlotBottom)+" px)")
 		}
 	}
 	return p
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', 0, 64) }
 
 // screenshot saves a PNG of the page (not the checked copy).
 func screenshot(t *testing.T, chromium, pagePath, name string, height int) string {
@@ -310,7 +340,8 @@ func TestBrowser(t *testing.T) {
 		{name: "run-lags", runs: []string{td("lags-4w")}},
 		{name: "compare-lags-deft", runs: []string{td("lags-4w"), td("deft-4w")}},
 	}
-	cases = append(cases, browserCase{name: "run-100k", runs: []string{bigRun(t)}, screens: true})
+	cases = append(cases, browserCase{name: "run-100k", runs: []string{bigRun(t)}, screens: true},
+		browserCase{name: "compare-many", runs: manyRuns(t, 9), screens: true})
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -329,6 +360,47 @@ func TestBrowser(t *testing.T) {
 			}
 		})
 	}
+}
+
+// manyRuns writes n copies of deft-4w whose configurations differ in their
+// density and in a method option with a long name, so that a comparison's
+// labels are long and its legends many.
+func manyRuns(t *testing.T, n int) []string {
+	t.Helper()
+	base := t.TempDir()
+	var dirs []string
+	for i := range n {
+		dir := filepath.Join(base, "deft-"+itoa(i))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join("testdata", "runs", "deft-4w", "run.json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var info map[string]any
+		if err := json.Unmarshal(b, &info); err != nil {
+			t.Fatal(err)
+		}
+		cfg := info["config"].(map[string]any)
+		cfg["density"] = 0.001 * float64(i+1)
+		cfg["method_options"] = map[string]any{"a_rather_long_method_option_name": i}
+		if b, err = json.Marshal(info); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "run.json"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		m, err := os.ReadFile(filepath.Join("testdata", "runs", "deft-4w", "metrics.jsonl"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "metrics.jsonl"), m, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		dirs = append(dirs, dir)
+	}
+	return dirs
 }
 
 // TestBrowserDetects makes sure the browser check can fail: a page that

@@ -28,6 +28,9 @@ type seriesSpec struct {
 	Stack   string    `json:"stack,omitempty"`
 	Dashed  bool      `json:"dashed,omitempty"`
 	Symbols bool      `json:"symbols,omitempty"`
+	// Color, when set, draws the series in this colour with a thin line
+	// (a reference line beside the data, e.g. a percentile).
+	Color string `json:"color,omitempty"`
 }
 
 // chartSpec is what one chart shows, before it becomes an ECharts option.
@@ -59,6 +62,7 @@ const (
 	chartHeight     = 400
 	chartMinWidth   = 600 // the narrowest a chart gets (the page's grid: minmax(620px, 1fr), less padding)
 	legendRowPx     = 22
+	subtitleLinePx  = 16
 	labelLinePx     = 14
 	charPx          = 7.0 // average width of a 12 px legend or axis character
 	legendItemPx    = 25 + 5 + 10
@@ -81,15 +85,71 @@ func legendRows(names []string, width float64) int {
 	return rows
 }
 
-// labelLines is the most lines of a category label.
+// labelLines is the most lines of a category label (its "\n"-separated
+// lines, each broken to the bar's width).
 func (c *chartSpec) labelLines() int {
 	n := 1
 	if c.AllLabels && !c.Horizontal {
+		per := max(1, int(float64(c.bandWidth())/charPx))
 		for _, l := range c.Categories {
-			n = max(n, strings.Count(l, "\n")+1)
+			lines := 0
+			for _, part := range strings.Split(l, "\n") {
+				lines += max(1, (utf8.RuneCountInString(part)+per-1)/per)
+			}
+			n = max(n, lines)
 		}
 	}
 	return n
+}
+
+// subtitleCharsPerLine is how many characters of a subtitle fit on a line.
+func (c *chartSpec) subtitleCharsPerLine() int { return int((c.width() - 30) / 6.5) }
+
+// subtitleLines returns the subtitle broken into lines that fit the
+// chart's width (ECharts does not wrap it).
+func (c *chartSpec) subtitleLines() []string {
+	if c.Subtitle == "" {
+		return nil
+	}
+	return wrapWords(c.Subtitle, c.subtitleCharsPerLine())
+}
+
+// wrapWords breaks s into lines of at most width characters, at spaces
+// (a longer word gets a line of its own).
+func wrapWords(s string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case utf8.RuneCountInString(line)+1+utf8.RuneCountInString(w) > width:
+			lines = append(lines, line)
+			line = w
+		default:
+			line += " " + w
+		}
+	}
+	if line != "" {
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// title is the chart's title and subtitle, the subtitle broken into lines
+// (with a line height, without which ECharts draws them over each other).
+func (c *chartSpec) title() opts.Title {
+	t := opts.Title{Title: c.Title, Subtitle: strings.Join(c.subtitleLines(), "\n")}
+	if len(c.subtitleLines()) > 1 {
+		t.SubtitleStyle = &opts.TextStyle{LineHeight: subtitleLinePx}
+	}
+	return t
+}
+
+// extraTop is the room (px) a subtitle of more than one line adds above
+// the plot.
+func (c *chartSpec) extraTop() int {
+	return subtitleLinePx * max(0, len(c.subtitleLines())-1)
 }
 
 // width is the chart's width to lay out for.
@@ -112,7 +172,7 @@ func (c *chartSpec) legendNames() []string {
 // height is the chart's height: room for every legend row and label line.
 func (c *chartSpec) height() int {
 	rows := legendRows(c.legendNames(), c.width())
-	h := chartHeight + legendRowPx*(rows-1) + labelLinePx*(c.labelLines()-1)
+	h := chartHeight + legendRowPx*(rows-1) + labelLinePx*(c.labelLines()-1) + c.extraTop()
 	if c.Horizontal {
 		h = max(h, horizBaseHeight+legendRowPx*rows+horizBandPx*len(c.Categories))
 	}
@@ -133,7 +193,8 @@ func (c *chartSpec) option() map[string]any {
 	bottom := 50 + legendRowPx*rows + labelLinePx*(c.labelLines()-1)
 	xAxis := opts.XAxis{Type: catType, Name: c.XName, NameLocation: "middle", NameGap: 28 + labelLinePx*(c.labelLines()-1), Scale: opts.Bool(catType == "value")}
 	yAxis := opts.YAxis{Type: valType, Name: c.YName, NameLocation: "middle", NameGap: 52, Scale: opts.Bool(!bars)}
-	grid := opts.Grid{Left: "78", Right: "24", Top: "64", Bottom: strconv.Itoa(bottom)}
+	top := strconv.Itoa(64 + c.extraTop())
+	grid := opts.Grid{Left: "78", Right: "24", Top: top, Bottom: strconv.Itoa(bottom)}
 	if c.AllLabels {
 		xAxis.AxisLabel = &opts.AxisLabel{Interval: "0"}
 	}
@@ -145,11 +206,11 @@ func (c *chartSpec) option() map[string]any {
 		// labelled; the value axis along the bottom.
 		xAxis = opts.XAxis{Type: "value", Name: c.YName, NameLocation: "middle", NameGap: 28}
 		yAxis = opts.YAxis{Type: "category", Data: c.Categories, Inverse: opts.Bool(true), AxisLabel: &opts.AxisLabel{Interval: "0"}}
-		grid = opts.Grid{Left: "16", Right: "32", Top: "64", Bottom: strconv.Itoa(bottom), ContainLabel: opts.Bool(true)}
+		grid = opts.Grid{Left: "16", Right: "32", Top: top, Bottom: strconv.Itoa(bottom), ContainLabel: opts.Bool(true)}
 	}
 	global := []charts.GlobalOpts{
 		charts.WithInitializationOpts(opts.Initialization{ChartID: c.ID}),
-		charts.WithTitleOpts(opts.Title{Title: c.Title, Subtitle: c.Subtitle}),
+		charts.WithTitleOpts(c.title()),
 		charts.WithTooltipOpts(opts.Tooltip{Show: opts.Bool(true), Trigger: "axis"}),
 		charts.WithLegendOpts(opts.Legend{Show: opts.Bool(true), Type: "plain", Bottom: "0"}),
 		charts.WithXAxisOpts(xAxis),
@@ -168,7 +229,14 @@ func (c *chartSpec) option() map[string]any {
 	}
 	for _, s := range c.Series {
 		var so []charts.SeriesOpts
-		if s.Dashed {
+		switch {
+		case s.Color != "":
+			ls := opts.LineStyle{Color: s.Color, Width: 1}
+			if s.Dashed {
+				ls.Type = "dashed"
+			}
+			so = append(so, charts.WithLineStyleOpts(ls), charts.WithItemStyleOpts(opts.ItemStyle{Color: s.Color}))
+		case s.Dashed:
 			so = append(so, charts.WithLineStyleOpts(opts.LineStyle{Type: "dashed"}))
 		}
 		if s.Bar {
@@ -197,7 +265,37 @@ func (c *chartSpec) option() map[string]any {
 		ch.AddSeries(s.Name, data, so...)
 	}
 	ch.Validate()
-	return ch.JSON()
+	opt := ch.JSON()
+	if c.AllLabels && !c.Horizontal && len(c.Categories) > 0 {
+		// Every category labelled, long lines broken to the bar's width
+		// (go-echarts has no option for the width and the breaking).
+		opt["xAxis"] = patchJSON(opt["xAxis"], func(axes []map[string]any) {
+			for _, a := range axes {
+				a["axisLabel"] = map[string]any{"interval": 0, "lineHeight": labelLinePx, "width": c.bandWidth(), "overflow": "break"}
+			}
+		})
+	}
+	return opt
+}
+
+// bandWidth is the width (px) a category label may take.
+func (c *chartSpec) bandWidth() int {
+	return max(40, int(c.width()-110)/max(1, len(c.Categories))-8)
+}
+
+// patchJSON converts v to the JSON value it encodes as, lets edit change
+// it, and returns the result (v itself if it is not an array of objects).
+func patchJSON(v any, edit func([]map[string]any)) any {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return v
+	}
+	var m []map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		return v
+	}
+	edit(m)
+	return m
 }
 
 // optionJSON is the chart's option as JSON with <, > and & escaped, safe
@@ -585,8 +683,8 @@ func timeChart(r *Run, maxPts int) chartSpec {
 		lo, _ := bucketQuantiles(col(iter), timeBars, 0.1)
 		hi, _ := bucketQuantiles(col(iter), timeBars, 0.9)
 		c.Series = append(c.Series,
-			seriesSpec{Name: "iteration, 90th percentile", Values: hi, Dashed: true},
-			seriesSpec{Name: "iteration, 10th percentile", Values: lo, Dashed: true})
+			seriesSpec{Name: "iteration, 90th percentile", Values: hi, Dashed: true, Color: "#555555"},
+			seriesSpec{Name: "iteration, 10th percentile", Values: lo, Dashed: true, Color: "#aaaaaa"})
 		notes = append(notes, "bars: median of each phase over the iterations of a bar; dashed: 10th and 90th percentile of the iteration time")
 		tops = hi
 	}
@@ -620,9 +718,9 @@ func cutOff(tops []float64, cats []string, du unit) (float64, string) {
 		return 0, ""
 	}
 	more := ""
-	if len(over) > 3 {
-		more = " and " + strconv.Itoa(len(over)-3) + " more"
-		over = over[:3]
+	if len(over) > 2 {
+		more = " and " + strconv.Itoa(len(over)-2) + " more"
+		over = over[:2]
 	}
 	return cut, "cut off at " + strconv.FormatFloat(cut, 'g', 3, 64) + " " + du.name + ": iteration " + strings.Join(over, ", ") + more
 }
@@ -769,21 +867,38 @@ func projectionCaveat(method string) (why string, ok bool) {
 // counters but are left out of the projection chart, and why; "" if none.
 // labels name the runs of a comparison (nil for one run).
 func projectionNote(runs []*Run, labels []string) string {
-	var out []string
+	// The runs left out, by method (in the order first met).
+	var methods []string
+	left := map[string][]string{}
 	for i, r := range runs {
 		if _, n := opStats(r); n == 0 {
 			continue
 		}
 		m := r.Info.Config.Sparsifier
-		why, ok := projectionCaveat(m)
-		if ok {
+		if _, ok := projectionCaveat(m); ok {
 			continue
 		}
-		name := m
-		if labels != nil && labels[i] != m {
-			name = labels[i] + " (" + m + ")"
+		if _, seen := left[m]; !seen {
+			methods = append(methods, m)
 		}
-		out = append(out, name+": "+why)
+		name := m
+		if labels != nil {
+			name = labels[i]
+		}
+		left[m] = append(left[m], name)
+	}
+	var out []string
+	for _, m := range methods {
+		why, _ := projectionCaveat(m)
+		names := left[m]
+		switch {
+		case len(names) > 2:
+			out = append(out, "the "+strconv.Itoa(len(names))+" "+m+" runs: "+why)
+		case names[0] == m && len(names) == 1:
+			out = append(out, m+": "+why)
+		default:
+			out = append(out, strings.Join(names, " and ")+" ("+m+"): "+why)
+		}
 	}
 	if len(out) == 0 {
 		return ""

@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // pageText renders r's page (the script from a URL, so that the page is
@@ -126,7 +127,7 @@ func TestLegendsNeverPage(t *testing.T) {
 	for i := range 9 {
 		r := mustRead(t, td("deft-4w"))
 		r.Config = map[string]any{"model": "resnet18", "sparsifier": "deft", "density": 0.001 * float64(i+1), "seed": 7,
-			"method_options": map[string]any{"some_long_option_name": i}}
+			"method_options": map[string]any{"a_rather_long_method_option_name": i}}
 		runs = append(runs, r)
 	}
 	labels := runLabels(runs, differing(runs))
@@ -179,7 +180,7 @@ func TestCompareTimeChartLabelsEveryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x := string(b); !strings.Contains(x, `"interval":"0"`) {
+	if x := string(b); !strings.Contains(x, `"interval":0`) || !strings.Contains(x, `"overflow":"break"`) {
 		t.Errorf("the x axis may skip labels: %s", x)
 	}
 }
@@ -274,5 +275,29 @@ func TestPipelinedHeader(t *testing.T) {
 	}
 	if sum > 1.3*iter {
 		t.Errorf("the phases' medians add up to %v s, the iteration's is %v s", sum, iter)
+	}
+}
+
+// TestResumedRunSaysSo: the header of a resumed run lists its resumes.
+func TestResumedRunSaysSo(t *testing.T) {
+	r := mustRead(t, td("micro-4w"))
+	var resumed string
+	for _, row := range runTable(r).Rows {
+		if row[0] == "resumed" {
+			t.Fatalf("a run never resumed has a resumed row: %q", row[1])
+		}
+	}
+	r.Info.Resumes = append(r.Info.Resumes, struct {
+		At          time.Time `json:"at"`
+		Step        int       `json:"step"`
+		CommandLine []string  `json:"command_line"`
+	}{time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), 788, []string{"train", "-resume", "runs/x"}})
+	for _, row := range runTable(r).Rows {
+		if row[0] == "resumed" {
+			resumed = row[1]
+		}
+	}
+	if !strings.Contains(resumed, "iteration 788") || !strings.Contains(resumed, "2026-01-02T03:04:05Z") || !strings.Contains(resumed, "train -resume runs/x") {
+		t.Errorf("resumed row %q", resumed)
 	}
 }

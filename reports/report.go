@@ -100,7 +100,11 @@ func RunPage(ctx context.Context, r *Run, o Options) ([]byte, error) {
 
 func runTitle(r *Run) string {
 	c := r.Info.Config
-	return fmt.Sprintf("%s on %s with %s, %d workers — %s", c.Model, c.Dataset, c.Sparsifier, r.Info.Workers, r.name())
+	workers := strconv.Itoa(r.Info.Workers) + " workers"
+	if r.Info.Workers == 1 {
+		workers = "1 worker"
+	}
+	return fmt.Sprintf("%s on %s with %s, %s — %s", c.Model, c.Dataset, c.Sparsifier, workers, r.name())
 }
 
 // fmtG formats a number for a table ("—" if NaN).
@@ -289,6 +293,14 @@ func runTable(r *Run) table {
 	if !r.Info.Start.IsZero() {
 		rows = append(rows, []string{"start", r.Info.Start.UTC().Format(time.RFC3339)})
 	}
+	var resumes []string
+	for _, re := range r.Info.Resumes {
+		resumes = append(resumes, "from the checkpoint of iteration "+strconv.Itoa(re.Step)+" at "+re.At.UTC().Format(time.RFC3339)+
+			" ("+strings.Join(re.CommandLine, " ")+")")
+	}
+	if len(resumes) > 0 {
+		rows = append(rows, []string{"resumed", strings.Join(resumes, "; ")})
+	}
 	kept := rows[:0]
 	for _, row := range rows {
 		if row[1] != "" {
@@ -333,10 +345,17 @@ func checkSameModel(runs []*Run) error {
 }
 
 // configView is a run's configuration as strings, with the actual worker
-// count, for telling runs apart.
+// count and the method's options (run.json's "method_options") as keys of
+// their own, for telling runs apart.
 func configView(r *Run) map[string]string {
 	m := map[string]string{}
 	for k, v := range r.Config {
+		if mo, ok := v.(map[string]any); ok && k == "method_options" {
+			for mk, mv := range mo {
+				m[mk] = cfgString(mv)
+			}
+			continue
+		}
 		if !ignoredKeys[k] {
 			m[k] = cfgString(v)
 		}
@@ -382,18 +401,17 @@ func differing(runs []*Run) []string {
 }
 
 // runLabels names the runs by the options that differ (their directory
-// names when none does), made unique.
+// names when none does), made unique. An option a run does not have (that
+// of another method) is left out of its label.
 func runLabels(runs []*Run, diff []string) []string {
 	labels := make([]string, len(runs))
 	for i, r := range runs {
 		v := configView(r)
 		var parts []string
 		for _, k := range diff {
-			val, ok := v[k]
-			if !ok {
-				val = "—"
+			if val, ok := v[k]; ok {
+				parts = append(parts, k+"="+val)
 			}
-			parts = append(parts, k+"="+val)
 		}
 		labels[i] = strings.Join(parts, " ")
 		if labels[i] == "" {

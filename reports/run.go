@@ -56,6 +56,12 @@ type RunInfo struct {
 	} `json:"machine"`
 	// LayerNames optionally names the layout's tensors (DEFT's per-layer k).
 	LayerNames []string `json:"layer_names"`
+	// Resumes lists the times the run was resumed, oldest first.
+	Resumes []struct {
+		At          time.Time `json:"at"`
+		Step        int       `json:"step"`
+		CommandLine []string  `json:"command_line"`
+	} `json:"resumes"`
 }
 
 // RunConfig is the part of run.json's "config" the reports use.
@@ -477,7 +483,7 @@ func (r *Run) sampleNote() string {
 		return ""
 	}
 	return "The " + r.split() + " metrics are measured on a sample of the " + r.split() + " split (" + e.sample() +
-		"; a run shorter than an epoch evaluates a sample unless -max-eval-batches sets the size): they are estimates, noisier than an evaluation of the whole split."
+		"; -max-eval-batches, or a run shorter than an epoch, evaluates a sample): they are estimates, noisier than an evaluation of the whole split."
 }
 
 // thousands formats n with commas between groups of three digits.
@@ -509,7 +515,8 @@ func (r *Run) metricNames() []string {
 			names = append(names, e.Metric)
 		}
 	}
-	pref := map[string]int{"accuracy": 0, "perplexity": 1, "hr10": 2, "ndcg10": 3, "loss": 5}
+	// The LSTM's perplexity before its token accuracy; CIFAR's accuracy.
+	pref := map[string]int{"perplexity": 0, "accuracy": 1, "hr10": 2, "ndcg10": 3, "loss": 5}
 	rank := func(n string) int {
 		if p, ok := pref[n]; ok {
 			return p

@@ -302,11 +302,11 @@ const reportUsage = "train report [-o FILE] [-target VALUE] RUN_DIR..."
 func reportFlags(stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("train report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.String("o", "", "HTML file to write (default: compare.html in the folder holding the run directories)")
+	fs.String("o", "", "HTML file to write (default: compare.html in the folder holding the run directories; RUN_DIR/report.html for one run)")
 	addReportAssetsFlag(fs)
 	fs.Var(finiteFloat{&reportTarget}, "target", "metric value for the time-to-target ranking (0: the best value every run reaches)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: %s\n\nWrites one HTML page comparing the runs (flags may come before or after the run directories).\n\nFlags:\n", reportUsage)
+		fmt.Fprintf(fs.Output(), "Usage: %s\n\nWrites one HTML page comparing the runs; with one run directory, that run's own page\n(RUN_DIR/report.html unless -o names another file). Flags may come before or after the\nrun directories.\n\nFlags:\n", reportUsage)
 		printFlags(fs.Output(), fs, nil)
 	}
 	return fs
@@ -360,8 +360,10 @@ func defaultCompareOut(runDirs []string) (string, error) {
 		dir = string(filepath.Separator)
 	}
 	out := filepath.Join(dir, "compare.html")
-	if rel, err := filepath.Rel(".", out); err == nil && !strings.HasPrefix(rel, "..") {
-		out = rel
+	if wd, err := os.Getwd(); err == nil {
+		if rel, err := filepath.Rel(wd, out); err == nil && !strings.HasPrefix(rel, "..") {
+			out = rel
+		}
 	}
 	return out, nil
 }
@@ -381,6 +383,17 @@ func runReport(args []string, stdout io.Writer) error {
 		}
 	}
 	out := fs.Lookup("o").Value.String()
+	if len(dirs) == 1 {
+		// One run: its own page, rewritten (e.g. by a newer version).
+		if out == "" {
+			out = filepath.Join(dirs[0], "report.html")
+		}
+		if err := runPage(out, dirs[0]); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s (the report of %s); open it in a browser\n", out, dirs[0])
+		return nil
+	}
 	if out == "" {
 		if out, err = defaultCompareOut(dirs); err != nil {
 			return fmt.Errorf("train report: %w", err)

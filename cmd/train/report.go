@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
+	"os"
 
 	"github.com/sparsegrad/sparsegrad/reports"
 )
@@ -22,6 +24,23 @@ func addReportAssetsFlag(fs *flag.FlagSet) {
 // writeReport writes runDir/report.html.
 func writeReport(runDir string) error {
 	return reports.WriteRunWith(context.Background(), runDir, reports.Options{AssetsURL: reportAssets})
+}
+
+// runPage writes the page of the run in runDir to out.
+func runPage(out, runDir string) error {
+	r, err := reports.ReadRun(runDir)
+	if err != nil {
+		return err
+	}
+	b, err := reports.RunPage(context.Background(), r, reports.Options{AssetsURL: reportAssets})
+	if err != nil {
+		return err
+	}
+	tmp := out + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("train report: %w", err)
+	}
+	return os.Rename(tmp, out)
 }
 
 // compareReports writes one HTML file comparing runs.

@@ -212,7 +212,8 @@ func requireBrowser() bool { return os.Getenv("REPORTS_BROWSER") == "require" }
 
 // TestReportCommand: train report takes its flags before or after the run
 // directories, prints the page it wrote, and without -o writes
-// compare.html beside the runs, not into the folder it was started from.
+// compare.html beside the runs, not into the folder it was started from;
+// given one run, it rewrites that run's page.
 func TestReportCommand(t *testing.T) {
 	d := sharedData(t)
 	base := t.TempDir()
@@ -246,6 +247,17 @@ func TestReportCommand(t *testing.T) {
 		if !bytes.Contains(page, []byte(a)) || !bytes.Contains(page, []byte(b)) {
 			t.Errorf("train %v: the page lacks one of the runs", args)
 		}
+	}
+	// One run: its own page, rewritten in place.
+	page := filepath.Join(a, "report.html")
+	if err := os.Remove(page); err != nil {
+		t.Fatal(err)
+	}
+	if r := trainCmd(t, base, "report", a); r.code != 0 || !strings.Contains(r.stdout, "wrote "+page) {
+		t.Errorf("train report with one run:\n%v", r)
+	}
+	if _, err := os.Stat(page); err != nil {
+		t.Errorf("train report with one run did not rewrite its page: %v", err)
 	}
 	elsewhere := t.TempDir()
 	r := trainCmd(t, elsewhere, "report", a, b)
