@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() { Register(Method{Name: "cltk", New: newCltkReducer}) }
@@ -31,8 +31,6 @@ func init() { Register(Method{Name: "cltk", New: newCltkReducer}) }
 type cltkReducer struct {
 	base base
 	t    int
-	sel  []int32
-	wire []int32
 }
 
 func newCltkReducer(o Options) (Reducer, error) {
@@ -45,38 +43,50 @@ func (r *cltkReducer) Name() string { return "cltk" }
 // Reduce lets this call's leader choose the indices and all-reduces every
 // worker's acc at them.
 func (r *cltkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (r *cltkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	n := b.c.Size()
 	leader := r.t % n
 	r.t++
 	before := b.c.Totals()
-	var selTime time.Duration
-	r.wire = grow(r.wire, b.k)
-	if b.c.Rank() == leader {
-		t0 := time.Now()
-		r.sel = TopK(r.sel, acc, b.k)
-		selTime = time.Since(t0)
-		copy(r.wire, r.sel)
+	wire, err := v.scratch(&b.dSel, device.Int32, b.k)
+	if err != nil {
+		return Stats{}, err
 	}
-	if err := b.c.Broadcast(ctx, comm.Int32s(r.wire), leader); err != nil {
+	var selTime time.Duration
+	if b.c.Rank() == leader {
+		if selTime, err = b.timed(func() error {
+			_, err := v.ops.TopK(v.s, wire, device.Buffer{}, acc, b.k)
+			return err
+		}); err != nil {
+			return Stats{}, fmt.Errorf("sparsify: cltk: %w", err)
+		}
+	}
+	if err := b.c.Broadcast(ctx, v.cb(wire), leader); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: cltk: broadcasting %d indices from leader %d: %w", b.k, leader, err)
 	}
-	r.sel = grow(r.sel, b.k)
-	for i, v := range r.wire {
-		if v < 0 || int(v) >= b.n || (i > 0 && v <= r.wire[i-1]) {
-			return Stats{}, fmt.Errorf("sparsify: cltk: leader %d sent index %d at position %d, not ascending within [0, %d): the workers disagree on the layout or density", leader, v, i, b.n)
-		}
-		r.sel[i] = v
+	// The leader's list, checked: distinct indices within [0, N).
+	sel, err := b.union(wire)
+	if err != nil || sel.Len() != b.k {
+		return Stats{}, fmt.Errorf("sparsify: cltk: leader %d sent %d indices of which %d are distinct within [0, %d) (%v): the workers disagree on the layout or density", leader, b.k, sel.Len(), b.n, err)
 	}
-	if err := unionReduce(ctx, b.c, acc, out, residual, r.sel); err != nil {
+	if err := b.unionReduceOn(ctx, acc, out, residual, sel); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: cltk: %w", err)
 	}
-	st := b.stats(before, selTime)
+	st, err := b.finish(before, selTime, residual)
 	st.Selected = b.k
 	st.ActualDensity = float64(b.k) / float64(b.n)
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() { Register(Method{Name: "dense", New: newDenseReducer}) }
@@ -28,20 +28,33 @@ func (r *denseReducer) Name() string { return "dense" }
 
 // Reduce all-reduces acc and averages it; the residual is zeroed.
 func (r *denseReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (r *denseReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := b.c.Totals()
-	copy(out, acc)
-	if err := b.c.AllReduce(ctx, comm.Float32s(out)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dense: all-reducing %d values: %w", len(out), err)
+	if err := v.s.Copy(out, acc); err != nil {
+		return Stats{}, err
 	}
-	inv := 1 / float32(b.c.Size())
-	for i := range out {
-		out[i] *= inv
+	if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dense: all-reducing %d values: %w", out.Len(), err)
 	}
-	clear(residual)
+	if err := v.m.Scale(v.s, out, 1/float32(b.c.Size())); err != nil {
+		return Stats{}, err
+	}
+	if err := v.m.Fill(v.s, residual, 0); err != nil {
+		return Stats{}, err
+	}
 	st := b.stats(before, 0)
 	st.ActualDensity = 1
 	st.Selected = b.n

@@ -3,7 +3,8 @@ package sparsify
 import (
 	"context"
 	"fmt"
-	"time"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() { Register(Method{Name: "randomk", New: newRandomkReducer}) }
@@ -40,21 +41,39 @@ func randomkSeed(seed uint64, iter int) uint64 { return sampMix(seed ^ sampMix(u
 
 // Reduce draws the shared indices and all-reduces acc there.
 func (r *randomkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device. The k indices are
+// drawn on the host (every rank draws the same) and copied to the device.
+func (r *randomkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := b.c.Totals()
-	t0 := time.Now()
-	r.sel = RandomK(r.sel, b.n, b.k, randomkSeed(b.o.Seed, b.iter))
-	selTime := time.Since(t0)
+	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+	if err != nil {
+		return Stats{}, err
+	}
+	selTime, err := b.timed(func() error {
+		r.sel = RandomK(r.sel, b.n, b.k, randomkSeed(b.o.Seed, b.iter))
+		return v.upload(sel, r.sel)
+	})
+	if err != nil {
+		return Stats{}, err
+	}
 	b.iter++
-	if err := unionReduce(ctx, b.c, acc, out, residual, r.sel); err != nil {
+	if err := b.unionReduceOn(ctx, acc, out, residual, sel.Slice(0, len(r.sel))); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: randomk: %w", err)
 	}
-	st := b.stats(before, selTime)
+	st, err := b.finish(before, selTime, residual)
 	st.Selected = len(r.sel)
 	st.ActualDensity = float64(len(r.sel)) / float64(b.n)
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // gatherCounts all-gathers every worker's count (one int32 each, the first
@@ -233,10 +234,141 @@ type base struct {
 	allIdx  []int32
 	allVal  []float32
 	seen    []uint64
+
+	// The device (Options.Stream) and its scratch, of the reducers that
+	// implement DeviceReducer.
+	v                   vecs
+	dCounts, dSel, dAll device.Buffer // Int32
+	dUnion              device.Buffer // Int32
+	dVal, dAllVal       device.Buffer // Float32
 }
 
 func newBase(name string, o Options) base {
-	return base{name: name, o: o, c: comm.NewCounter(o.Comm), n: o.Layout.N, k: BudgetK(o.Density, o.Layout.N)}
+	return base{name: name, o: o, c: comm.NewCounter(o.Comm), n: o.Layout.N, k: BudgetK(o.Density, o.Layout.N), v: newVecs(o)}
+}
+
+// gatherCountsOn is gatherCounts through the device: every worker's count
+// (one int32 each) all-gathered in device memory and read back.
+func (b *base) gatherCountsOn(ctx context.Context, mine int, what string) ([]int, error) {
+	n := b.c.Size()
+	v := &b.v
+	all, err := v.scratch(&b.dCounts, device.Int32, n+1)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.upload(all.Slice(n, n+1), []int32{int32(mine)}); err != nil {
+		return nil, err
+	}
+	if err := b.c.AllGather(ctx, v.cb(all.Slice(n, n+1)), v.cb(all.Slice(0, n))); err != nil {
+		return nil, fmt.Errorf("gathering the %d workers' %s counts: %w", n, what, err)
+	}
+	b.counts = grow(b.counts, n)
+	if err := v.download(b.counts, all); err != nil {
+		return nil, err
+	}
+	counts := make([]int, n)
+	for w, c := range b.counts {
+		if c < 0 || int(c) > b.n {
+			return nil, fmt.Errorf("rank %d announced %d %s for a gradient of %d elements (outside [0, %d]): the workers disagree on the layout or the data is corrupt", w, c, what, b.n, b.n)
+		}
+		counts[w] = int(c)
+	}
+	return counts, nil
+}
+
+// gatherIndicesOn is gatherIndices through the device: the counts, then
+// every worker's indices (mine: an Int32 vector of the device) concatenated
+// in rank order in device memory.
+func (b *base) gatherIndicesOn(ctx context.Context, mine device.Buffer) (device.Buffer, []int, error) {
+	counts, err := b.gatherCountsOn(ctx, mine.Len(), "indices")
+	if err != nil {
+		return device.Buffer{}, nil, err
+	}
+	total := 0
+	for _, c := range counts {
+		total += c
+	}
+	all, err := b.v.scratch(&b.dAll, device.Int32, total)
+	if err != nil {
+		return device.Buffer{}, nil, err
+	}
+	if err := b.c.AllGatherV(ctx, b.v.cb(mine), b.v.cb(all), counts); err != nil {
+		return device.Buffer{}, nil, fmt.Errorf("gathering %d indices: %w", total, err)
+	}
+	return all, counts, nil
+}
+
+// union returns the sorted distinct indices of idx in device scratch.
+func (b *base) union(idx device.Buffer) (device.Buffer, error) {
+	u, err := b.v.scratch(&b.dUnion, device.Int32, idx.Len())
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	m, err := b.v.ops.Union(b.v.s, u, idx, b.n)
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	return u.Slice(0, m), nil
+}
+
+// unionReduceOn is unionReduce through the device: every worker's acc at
+// union (sorted, distinct, the same on every rank) all-reduced, out =
+// sum/n there and 0 elsewhere, residual = acc with union zeroed.
+func (b *base) unionReduceOn(ctx context.Context, acc, out, residual, union device.Buffer) error {
+	v := &b.v
+	vals, err := v.scratch(&b.dVal, device.Float32, union.Len())
+	if err != nil {
+		return err
+	}
+	if err := v.ops.Gather(v.s, vals, acc, union); err != nil {
+		return err
+	}
+	if err := b.c.AllReduce(ctx, v.cb(vals)); err != nil {
+		return fmt.Errorf("all-reducing %d selected values: %w", vals.Len(), err)
+	}
+	if err := v.m.Fill(v.s, out, 0); err != nil {
+		return err
+	}
+	if err := v.ops.Scatter(v.s, out, union, vals, 1/float32(b.c.Size())); err != nil {
+		return err
+	}
+	return b.residualWithout(residual, acc, union)
+}
+
+// residualWithout sets residual to acc with the elements at idx zeroed
+// (residual may be acc).
+func (b *base) residualWithout(residual, acc, idx device.Buffer) error {
+	v := &b.v
+	if !sameMemory(residual, acc) {
+		if err := v.s.Copy(residual, acc); err != nil {
+			return err
+		}
+	}
+	return v.ops.ScatterFill(v.s, residual, idx, 0)
+}
+
+// timed runs f and returns how long it took on the device (the stream is
+// synchronized).
+func (b *base) timed(f func() error) (time.Duration, error) {
+	t0 := time.Now()
+	if err := f(); err != nil {
+		return 0, err
+	}
+	if !b.v.onCPU() {
+		if err := b.v.s.Synchronize(); err != nil {
+			return 0, err
+		}
+	}
+	return time.Since(t0), nil
+}
+
+// finish completes the Stats of a call: traffic and times, and the error
+// norm of residual.
+func (b *base) finish(before comm.Totals, sel time.Duration, residual device.Buffer) (Stats, error) {
+	st := b.stats(before, sel)
+	var err error
+	st.ErrorNorm, err = b.v.errorNorm(residual)
+	return st, err
 }
 
 // checkArgs validates Reduce's arguments (checkReduceArgs).
@@ -314,4 +446,32 @@ func (b *base) addMean(out []float32, idx []int32, val []float32) (int, error) {
 		}
 	}
 	return distinct, nil
+}
+
+// addMeanOn is addMean through the device: out is set to zero, every
+// worker's list (counts[w] pairs, or each pairs when counts is nil; indices
+// distinct within a list) is added in rank order, and the sum multiplied
+// by 1/n. It returns the number of distinct indices; one outside [0, N) is
+// an error, raised before anything is written.
+func (b *base) addMeanOn(out, idx, val device.Buffer, counts []int, each int) (int, error) {
+	v := &b.v
+	u, err := b.union(idx)
+	if err != nil {
+		return 0, err
+	}
+	if err := v.m.Fill(v.s, out, 0); err != nil {
+		return 0, err
+	}
+	off := 0
+	for w := range b.c.Size() {
+		c := each
+		if counts != nil {
+			c = counts[w]
+		}
+		if err := v.ops.ScatterAdd(v.s, out, idx.Slice(off, off+c), val.Slice(off, off+c), 1); err != nil {
+			return 0, err
+		}
+		off += c
+	}
+	return u.Len(), v.m.Scale(v.s, out, 1/float32(b.c.Size()))
 }

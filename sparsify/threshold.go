@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
@@ -38,7 +39,6 @@ func init() {
 type thresholdReducer struct {
 	base   base
 	lambda float64 // 0: default
-	sel    []int32
 }
 
 func newThresholdReducer(o Options) (Reducer, error) {
@@ -55,8 +55,18 @@ func (r *thresholdReducer) Name() string { return "threshold" }
 // Reduce selects |acc| >= λ, gathers every worker's indices and all-reduces
 // the union.
 func (r *thresholdReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (r *thresholdReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	lam := r.lambda
@@ -65,22 +75,34 @@ func (r *thresholdReducer) Reduce(ctx context.Context, acc, out, residual []floa
 	}
 	lam32 := float32(lam)
 	before := b.c.Totals()
-	t0 := time.Now()
-	r.sel = SelectAbove(r.sel, acc, lam32)
-	selTime := time.Since(t0)
-	lists, counts, err := gatherIndices(ctx, b.c, r.sel, b.n)
+	sel, err := v.scratch(&b.dSel, device.Int32, b.n)
+	if err != nil {
+		return Stats{}, err
+	}
+	m := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		m, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, lam32)
+		return err
+	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
 	}
-	union := sortedUnion(lists)
-	if err := unionReduce(ctx, b.c, acc, out, residual, union); err != nil {
+	all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, m))
+	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
 	}
-	st := b.stats(before, selTime)
-	st.Selected = len(r.sel)
+	union, err := b.union(all)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
+	}
+	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
+	}
+	st, err := b.finish(before, selTime, residual)
+	st.Selected = m
 	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(len(union)) / float64(b.n)
+	st.ActualDensity = float64(union.Len()) / float64(b.n)
 	st.Threshold = float64(lam32)
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
 }

@@ -3,9 +3,8 @@ package sparsify
 import (
 	"context"
 	"fmt"
-	"time"
 
-	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
@@ -33,7 +32,6 @@ func init() {
 // gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
 type topkReducer struct {
 	base base
-	sel  []int32
 }
 
 func newTopkReducer(o Options) (Reducer, error) {
@@ -46,28 +44,50 @@ func (r *topkReducer) Name() string { return "topk" }
 // Reduce selects this worker's top-k, gathers every worker's indices and
 // all-reduces the union.
 func (r *topkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (r *topkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := b.c.Totals()
-	t0 := time.Now()
-	r.sel = TopK(r.sel, acc, b.k)
-	selTime := time.Since(t0)
-	lists, counts, err := gatherIndices(ctx, b.c, r.sel, b.n)
+	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+	if err != nil {
+		return Stats{}, err
+	}
+	k := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
+		return err
+	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
 	}
-	union := sortedUnion(lists)
-	if err := unionReduce(ctx, b.c, acc, out, residual, union); err != nil {
+	all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, k))
+	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
 	}
-	st := b.stats(before, selTime)
-	st.Selected = len(r.sel)
+	union, err := b.union(all)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
+	}
+	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
+	}
+	st, err := b.finish(before, selTime, residual)
+	st.Selected = k
 	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(len(union)) / float64(b.n)
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	st.ActualDensity = float64(union.Len()) / float64(b.n)
+	return st, err
 }
 
 // topkaReducer is "topka", the sparse all-gather Top-k (TopkA of Ok-Topk,
@@ -88,11 +108,7 @@ func (r *topkReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 // not part of this reducer (a trainer can run "dense" first). It conserves
 // the gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
 type topkaReducer struct {
-	base  base
-	sel   []int32
-	vals  []float32
-	gvals []float32
-	gidx  []int32
+	base base
 }
 
 func newTopkaReducer(o Options) (Reducer, error) {
@@ -104,33 +120,62 @@ func (r *topkaReducer) Name() string { return "topka" }
 
 // Reduce selects this worker's top-k and all-gathers (value, index) pairs.
 func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (r *topkaReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := b.c.Totals()
-	t0 := time.Now()
-	r.sel = TopK(r.sel, acc, b.k)
-	selTime := time.Since(t0)
-	k, n := len(r.sel), b.c.Size()
-	r.vals = valuesAt(r.vals, acc, r.sel)
-	r.gvals = grow(r.gvals, n*k)
-	r.gidx = grow(r.gidx, n*k)
-	if err := b.c.AllGather(ctx, comm.Float32s(r.vals), comm.Float32s(r.gvals)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d values per worker: %w", k, err)
+	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+	if err != nil {
+		return Stats{}, err
 	}
-	if err := b.c.AllGather(ctx, comm.Int32s(r.sel), comm.Int32s(r.gidx)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d indices per worker: %w", k, err)
+	vals, err := v.scratch(&b.dVal, device.Float32, b.k)
+	if err != nil {
+		return Stats{}, err
 	}
-	residualWithout(residual, acc, r.sel)
-	clear(out)
-	distinct, err := b.addMean(out, r.gidx, r.gvals)
+	k := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		k, err = v.ops.TopK(v.s, sel, vals, acc, b.k)
+		return err
+	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topka: %w", err)
 	}
-	st := b.stats(before, selTime)
+	n := b.c.Size()
+	gvals, err := v.scratch(&b.dAllVal, device.Float32, n*k)
+	if err != nil {
+		return Stats{}, err
+	}
+	gidx, err := v.scratch(&b.dAll, device.Int32, n*k)
+	if err != nil {
+		return Stats{}, err
+	}
+	if err := b.c.AllGather(ctx, v.cb(vals.Slice(0, k)), v.cb(gvals)); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d values per worker: %w", k, err)
+	}
+	if err := b.c.AllGather(ctx, v.cb(sel.Slice(0, k)), v.cb(gidx)); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d indices per worker: %w", k, err)
+	}
+	if err := b.residualWithout(residual, acc, sel.Slice(0, k)); err != nil {
+		return Stats{}, err
+	}
+	distinct, err := b.addMeanOn(out, gidx, gvals, nil, k)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: topka: %w", err)
+	}
+	st, err := b.finish(before, selTime, residual)
 	st.Selected = k
 	st.ActualDensity = float64(distinct) / float64(b.n)
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
 }

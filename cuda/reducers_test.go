@@ -1,0 +1,148 @@
+package cuda_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// TestGPUReducersMatchCPU runs every method that reduces in device memory
+// (sparsify.DeviceReducer) on the GPU — each in-process worker on its own
+// stream, the workers sharing the GPU and talking through comm.Staged — and
+// on the CPU, on the same inputs, for 1, 2, 3 and 5 workers and three calls
+// in a row: out, residual and the statistics are bit-identical.
+func TestGPUReducersMatchCPU(t *testing.T) {
+	d := gpu(t)
+	names := []string{}
+	for _, name := range sparsify.Names() {
+		l, _ := sparsify.FlatLayout(10)
+		r, err := sparsify.New(name, sparsify.Options{Density: 0.5, Layout: l, Comm: local.New(1).Comm(0)})
+		if err != nil {
+			continue
+		}
+		if _, ok := r.(sparsify.DeviceReducer); ok {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		t.Fatal("no method reduces in device memory")
+	}
+	t.Logf("methods: %v", names)
+	layout, err := sparsify.NewLayout([]string{"a", "b", "c"}, []int{1000, 37, 2500})
+	if err != nil {
+		t.Fatal(err)
+	}
+	N := layout.N
+	for _, name := range names {
+		for _, n := range []int{1, 2, 3, 5} {
+			t.Run(fmt.Sprintf("%s/%d", name, n), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(n), 21))
+				const calls = 3
+				accs := make([][][]float32, calls)
+				for c := range accs {
+					accs[c] = make([][]float32, n)
+					for w := range n {
+						accs[c][w] = make([]float32, N)
+						for i := range accs[c][w] {
+							accs[c][w][i] = float32(rng.IntN(41)-20) * 0.125 // many ties
+						}
+					}
+				}
+				type result struct {
+					out, res [][]float32
+					st       []sparsify.Stats
+				}
+				run := func(onGPU bool) []result {
+					w := local.New(n)
+					results := make([]result, calls)
+					for c := range results {
+						results[c] = result{out: make([][]float32, n), res: make([][]float32, n), st: make([]sparsify.Stats, n)}
+					}
+					errs := make([]error, n)
+					var wg sync.WaitGroup
+					for rank := range n {
+						wg.Go(func() {
+							errs[rank] = func() error {
+								ctx := context.Background()
+								o := sparsify.Options{Density: 0.05, Layout: layout, Comm: w.Comm(rank), Seed: 5}
+								var s device.Stream
+								if onGPU {
+									var err error
+									if s, err = d.NewStream(); err != nil {
+										return err
+									}
+									o.Comm, o.Stream, o.Ops = comm.Staged(o.Comm), s, d.Sparse()
+								}
+								r, err := sparsify.New(name, o)
+								if err != nil {
+									return err
+								}
+								residual := make([]float32, N)
+								var res, out device.Buffer
+								if onGPU {
+									res, out = upload(t, s, residual), upload(t, s, residual)
+								}
+								for c := range calls {
+									for i, g := range accs[c][rank] {
+										residual[i] += g
+									}
+									var st sparsify.Stats
+									var outH []float32
+									if onGPU {
+										if err := s.Copy(res, device.Host(residual)); err != nil {
+											return err
+										}
+										if st, err = r.(sparsify.DeviceReducer).ReduceOn(ctx, res, out, res); err != nil {
+											return err
+										}
+										residual, outH = download(t, s, res), download(t, s, out)
+									} else {
+										outH = make([]float32, N)
+										if st, err = r.Reduce(ctx, residual, outH, residual); err != nil {
+											return err
+										}
+									}
+									results[c].out[rank] = outH
+									results[c].res[rank] = slices.Clone(residual)
+									results[c].st[rank] = st
+								}
+								return nil
+							}()
+						})
+					}
+					wg.Wait()
+					if err := errors.Join(errs...); err != nil {
+						t.Fatal(err)
+					}
+					return results
+				}
+				cpu, gpuR := run(false), run(true)
+				for c := range calls {
+					for rank := range n {
+						if !sameBits(gpuR[c].out[rank], cpu[c].out[rank]) {
+							t.Fatalf("call %d rank %d: out differs", c, rank)
+						}
+						if !sameBits(gpuR[c].res[rank], cpu[c].res[rank]) {
+							t.Fatalf("call %d rank %d: residual differs", c, rank)
+						}
+						a, b := gpuR[c].st[rank], cpu[c].st[rank]
+						if a.Selected != b.Selected || a.ActualDensity != b.ActualDensity || a.ErrorNorm != b.ErrorNorm ||
+							!slices.Equal(a.SelectedPerWorker, b.SelectedPerWorker) || a.BytesSent != b.BytesSent || a.BytesRecv != b.BytesRecv ||
+							!(a.Threshold == b.Threshold || (a.Threshold != a.Threshold && b.Threshold != b.Threshold)) {
+							t.Fatalf("call %d rank %d: stats %+v, CPU %+v", c, rank, a, b)
+						}
+					}
+				}
+			})
+		}
+	}
+}
