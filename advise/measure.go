@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
@@ -223,9 +224,16 @@ type capture struct {
 	last []float32
 }
 
-// AllReduce copies a gradient-sized buffer before reducing it.
+// AllReduce copies a float32 buffer in host memory (comm.Float32s, or a
+// comm.Device buffer there) of more than one element before reducing it.
 func (c *capture) AllReduce(ctx context.Context, buf comm.Buffer) error {
-	if f, ok := buf.(comm.Float32s); ok && (c.n == 0 || len(f) == c.n) && len(f) > 1 {
+	host := true
+	if d, ok := buf.(comm.Device); ok {
+		host = d.Buf.IsHost()
+	}
+	if n := buf.Len(); host && buf.DType() == comm.Float32 && n > 1 && (c.n == 0 || n == c.n) {
+		b := buf.Bytes()
+		f := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), n)
 		c.mu.Lock()
 		c.last = append(c.last[:0], f...)
 		c.mu.Unlock()

@@ -51,7 +51,9 @@ const sweepSkip = 5
 
 // measuredPhases are a run's phase times per iteration: the medians over
 // the logged iterations after the first sweepSkip (all of them if there are
-// fewer). Communication is the exposed part (t_wait) for a pipelined run.
+// fewer). Communication is the exposed part (t_wait) for a pipelined run,
+// else the calls' summed time t_comm, at most the iteration's time outside
+// the other phases.
 type measuredPhases struct {
 	Compute, Select, Comm, Update, Iter float64
 	// Density is the mean actual density over the second half of the
@@ -93,7 +95,10 @@ func phasesOf(r *Run) measuredPhases {
 			if pipelined(s) {
 				return s.TWait
 			}
-			return s.TComm
+			// Non-blocking calls in flight together (TopkDSA's and
+			// Ok-Topk's messages to every peer) sum to more than the time
+			// they took: at most what the iteration leaves.
+			return min(s.TComm, max(0, s.TIter-s.TCompute-s.TSelect-s.TUpdate))
 		}),
 		Update: medianOf(steps, func(s *Step) float64 { return s.TUpdate }),
 		Iter:   medianOf(steps, func(s *Step) float64 { return s.TIter }),

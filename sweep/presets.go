@@ -45,7 +45,7 @@ var Presets = map[string]Preset{
 		Paper: "DEFT (Yoon & Oh, ICPP'23), Fig. 1 and the selection-time scaling",
 		Doc: "Top-k's actual density builds up with the number of workers (the union of their selections), " +
 			"DEFT's, CLT-k's and MiCRO's stays at the setup density; DEFT's and MiCRO's selection time falls as the workers share the gradient.",
-		Spec: Spec{Base: ncfBase(400, 2), Sparsifiers: []string{"topk", "deft", "cltk", "micro"},
+		Spec: Spec{Base: ncfBase(1000, 2), Sparsifiers: []string{"topk", "deft", "cltk", "micro"},
 			Workers: []int{2, 4, 8, 16}, Densities: []float64{0.01}},
 		FullSize: "train sweep -preset deft-buildup -model resnet18 -dataset cifar10 -workers 2,4,8,16,32 -density 0.01 -steps 0 -epochs 200 -eval-every 0 -log-every 10 -device cuda -out sweeps/deft-buildup-resnet18",
 		Minutes:  2,
