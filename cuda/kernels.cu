@@ -685,3 +685,8 @@ extern "C" __global__ void k_mark(float* mark, const int* idx, i64 n, i64 lim, u
         else mark[i] = 1.0f;
     }
 }
+
+// idx[j] += off.
+extern "C" __global__ void k_shift(int* idx, int off, i64 n) {
+    GRID_STRIDE(j, n) { idx[j] += off; }
+}

@@ -470,6 +470,18 @@ func (o *Sparse) Scatter(s device.Stream, dst, idx, val device.Buffer, scale flo
 	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter", n)
 }
 
+// Shift adds off to every index of idx.
+func (o *Sparse) Shift(s device.Stream, idx device.Buffer, off int) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	if err := o.check("Shift", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	return cs.args().buf(idx).i32(off).i64(idx.Len()).runN("k_shift", idx.Len())
+}
+
 // Union writes the distinct indices of idx, ascending, into out and
 // returns how many: each index marks its element of an n-element vector
 // (kept zero between calls), the marks are selected in order and cleared

@@ -4,7 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() { Register(Method{Name: "dgc", New: newDGCReducer}) }
@@ -15,7 +16,7 @@ func init() { Register(Method{Name: "dgc", New: newDGCReducer}) }
 //
 //   - Every layout tensor is compressed on its own, as DGC compresses each
 //     named parameter: nsel = ⌈numel·ρ⌉ (DGC's rounding, not BudgetK's floor;
-//     at least 1), chosen by dgcSelect's double sampling: strided samples of
+//     at least 1), chosen by dgcSelectOn's double sampling: strided samples of
 //     about 1 % of the tensor (at least ⌈2/ρ⌉; tensors of at most ⌈2/ρ⌉
 //     elements are sampled whole), a threshold from the top ⌈samples·ρ⌉
 //     samples, selection of |x| >= thr, then up to 10 adaptation rounds (more
@@ -41,10 +42,10 @@ type dgcReducer struct {
 	base    base
 	params  []dgcParams
 	largest int // tensor whose threshold Stats reports
-	scratch dgcScratch
-	sel     []int32
-	idx     []int32
-	val     []float32
+
+	samp        samples
+	dIdx, dCand device.Buffer // Int32
+	dVal        device.Buffer // Float32
 }
 
 func newDGCReducer(o Options) (Reducer, error) {
@@ -64,48 +65,141 @@ func (r *dgcReducer) Name() string { return "dgc" }
 // Reduce selects per tensor by double sampling, all-gathers the pairs and
 // averages them.
 func (r *dgcReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device. The sampling's
+// threshold and the adaptation rounds' counts come back to the host; where
+// the reference takes the exact top-nsel of the candidates it takes the
+// top-nsel of the tensor, the same set (the candidates, more than nsel,
+// hold every element at least as large as the nsel-th largest).
+func (r *dgcReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := b.c.Totals()
-	t0 := time.Now()
 	rank := b.c.Rank()
-	r.idx, r.val = r.idx[:0], r.val[:0]
 	layerK := make([]int, len(r.params))
 	thr := math.NaN()
-	for t, tn := range b.o.Layout.Tensors {
-		p := r.params[t]
-		x := acc[tn.Offset : tn.Offset+tn.Size]
-		start := 0
-		if p.stride > 1 {
-			start = sampRNG(b.o.Seed, rank, b.iter, t).IntN(p.stride)
+	pos := 0
+	selTime, err := b.timed(func() error {
+		maxSize, total := 0, 0
+		for t, tn := range b.o.Layout.Tensors {
+			maxSize = max(maxSize, tn.Size)
+			total += r.params[t].nsel
 		}
-		var th float32
-		r.sel, th = dgcSelect(r.sel, x, p, start, &r.scratch)
-		if t == r.largest {
-			thr = float64(th)
+		idx, err := v.scratch(&r.dIdx, device.Int32, total)
+		if err != nil {
+			return err
 		}
-		layerK[t] = len(r.sel)
-		for _, i := range r.sel {
-			r.idx = append(r.idx, int32(tn.Offset)+i)
+		cand, err := v.scratch(&r.dCand, device.Int32, maxSize)
+		if err != nil {
+			return err
 		}
-	}
-	r.val = valuesAt(r.val, acc, r.idx)
-	selTime := time.Since(t0)
-	b.iter++
-	clear(out)
-	counts, distinct, err := b.sparseExchange(ctx, r.idx, r.val, out)
+		for t, tn := range b.o.Layout.Tensors {
+			p := r.params[t]
+			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
+			start := 0
+			if p.stride > 1 {
+				start = sampRNG(b.o.Seed, rank, b.iter, t).IntN(p.stride)
+			}
+			take, th, err := dgcSelectOn(v, &r.samp, cand, x, p, start)
+			if err != nil {
+				return err
+			}
+			if t == r.largest {
+				thr = float64(th)
+			}
+			layerK[t] = take
+			dst := idx.Slice(pos, pos+take)
+			if err := v.s.Copy(dst, cand.Slice(0, take)); err != nil {
+				return err
+			}
+			if err := v.ops.Shift(v.s, dst, tn.Offset); err != nil {
+				return err
+			}
+			pos += take
+		}
+		val, err := v.scratch(&r.dVal, device.Float32, pos)
+		if err != nil {
+			return err
+		}
+		return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
+	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
 	}
-	residualWithout(residual, acc, r.idx)
-	st := b.stats(before, selTime)
-	st.Selected = len(r.idx)
+	b.iter++
+	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
+	counts, distinct, err := b.sparseExchangeOn(ctx, idx, val, out)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
+	}
+	if err := b.residualWithout(residual, acc, idx); err != nil {
+		return Stats{}, err
+	}
+	st, err := b.finish(before, selTime, residual)
+	st.Selected = pos
 	st.SelectedPerWorker = counts
 	st.LayerK = layerK
 	st.ActualDensity = float64(distinct) / float64(b.n)
 	st.Threshold = thr
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
+}
+
+// dgcSelectOn is DGC's double sampling on one tensor x of the device
+// (reference notes 7.4, synxlin/deep-gradient-compression): the samples are
+// x[start + j·stride] for j < numSamples (start in [0, stride)); thr is the
+// smallest magnitude of the top topSamples samples; the candidates are
+// {i : |x_i| >= thr}. Unless the tensor was sampled whole, up to
+// dgcMaxAdapt rounds follow: more than 1.3·nsel candidates → keep the exact
+// top-nsel of them by magnitude (ties to lower indices) and stop; fewer than
+// 0.8·nsel → thr ×= 0.8 and select again; otherwise stop. Finally the first
+// nsel candidates in index order are kept. It writes the selected indices of
+// x, ascending, into cand (at least len(x) long) and returns how many and
+// the final threshold. The top-nsel of the candidates is taken as the
+// top-nsel of x: the same set, since the candidates, more than nsel, hold
+// every element at least as large as the nsel-th largest.
+func dgcSelectOn(v *vecs, sc *samples, cand, x device.Buffer, p dgcParams, start int) (int, float32, error) {
+	smp, err := v.scratch(&sc.dVal, device.Float32, p.numSamples)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := v.ops.GatherStrided(v.s, smp, x, start, p.stride); err != nil {
+		return 0, 0, err
+	}
+	th, err := v.ops.KthLargestAbs(v.s, smp, p.topSamples)
+	if err != nil {
+		return 0, 0, err
+	}
+	m, err := v.ops.SelectAbove(v.s, cand, device.Buffer{}, x, th)
+	if err != nil {
+		return 0, 0, err
+	}
+	if p.numel > p.numSamples {
+		for range dgcMaxAdapt {
+			if m > p.nsel {
+				if float64(m) > dgcUpper*float64(p.nsel) {
+					if m, err = v.ops.TopK(v.s, cand, device.Buffer{}, x, p.nsel); err != nil {
+						return 0, 0, err
+					}
+				}
+				break
+			}
+			if float64(m) >= dgcLower*float64(p.nsel) {
+				break
+			}
+			th *= dgcLower
+			if m, err = v.ops.SelectAbove(v.s, cand, device.Buffer{}, x, th); err != nil {
+				return 0, 0, err
+			}
+		}
+	}
+	return min(p.nsel, m), th, nil
 }

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
+	"math/rand/v2"
 
-	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
@@ -33,7 +33,7 @@ const (
 //     0: every tensor) and the call is at least the dense_warmup-th (option
 //     dense_warmup, default 200; 0: from the first call). All other tensors are averaged densely:
 //     one AllReduce of their concatenation, divided by n.
-//   - Per compressed tensor (dragonnSelect): ratio = ρ, forced to 0.01 for
+//   - Per compressed tensor (dragonnSelectOn): ratio = ρ, forced to 0.01 for
 //     tensors of at most 131072 elements; ns = ⌊0.01·numel⌋ samples drawn
 //     uniformly with replacement (from Options.Seed, the rank, the iteration
 //     and the tensor: identical across runs for a seed); threshold = the
@@ -76,11 +76,10 @@ type dragonnReducer struct {
 	warmup    int
 	params    []dragonnParams
 	calls     int // compress calls so far, modulo 100000
-	scratch   dragonnScratch
-	sel       []int32
-	idx       []int32
-	val       []float32
-	dense     []float32
+
+	samp         samples
+	dIdx, dCand  device.Buffer // Int32
+	dVal, dDense device.Buffer // Float32
 }
 
 func newDragonnReducer(o Options) (Reducer, error) {
@@ -103,84 +102,195 @@ func (r *dragonnReducer) compressed(size int) bool {
 // Reduce compresses the large tensors after warm-up, all-gathers their pairs
 // and all-reduces the rest.
 func (r *dragonnReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device. The sample
+// positions are drawn on the host and copied to the device; the threshold
+// and the counts come back.
+func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := b.c.Totals()
-	t0 := time.Now()
 	rank := b.c.Rank()
 	tensors := b.o.Layout.Tensors
-	r.idx, r.val, r.dense = r.idx[:0], r.val[:0], r.dense[:0]
 	layerK := make([]int, len(tensors))
 	thr := math.NaN()
 	largest := -1
-	denseN := 0
+	denseN, pos := 0, 0
 	comp := make([]bool, len(tensors))
+	maxSize, total := 0, 0
 	for t, tn := range tensors {
 		comp[t] = r.compressed(tn.Size)
-	}
-	for t, tn := range tensors {
-		x := acc[tn.Offset : tn.Offset+tn.Size]
-		if !comp[t] {
-			r.dense = append(r.dense, x...)
-			layerK[t] = tn.Size
+		if comp[t] {
+			maxSize = max(maxSize, tn.Size)
+			total += r.params[t].nslots
+		} else {
 			denseN += tn.Size
-			continue
-		}
-		seed := uint32(dragonnSeedBase + r.calls)
-		r.calls = (r.calls + 1) % dragonnSeedWrap
-		var th float32
-		r.sel, th = dragonnSelect(r.sel, x, r.params[t], sampRNG(b.o.Seed, rank, b.iter, t), seed, &r.scratch)
-		if largest < 0 || tn.Size > tensors[largest].Size {
-			largest, thr = t, float64(th)
-		}
-		layerK[t] = len(r.sel)
-		for _, i := range r.sel {
-			r.idx = append(r.idx, int32(tn.Offset)+i)
 		}
 	}
-	r.val = valuesAt(r.val, acc, r.idx)
-	selTime := time.Since(t0)
+	selTime, err := b.timed(func() error {
+		idx, err := v.scratch(&r.dIdx, device.Int32, total)
+		if err != nil {
+			return err
+		}
+		cand, err := v.scratch(&r.dCand, device.Int32, maxSize)
+		if err != nil {
+			return err
+		}
+		for t, tn := range tensors {
+			if !comp[t] {
+				layerK[t] = tn.Size
+				continue
+			}
+			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
+			seed := uint32(dragonnSeedBase + r.calls)
+			r.calls = (r.calls + 1) % dragonnSeedWrap
+			p := r.params[t]
+			dst := idx.Slice(pos, pos+p.nslots)
+			m, th, err := dragonnSelectOn(v, &r.samp, dst, cand, x, p, sampRNG(b.o.Seed, rank, b.iter, t), seed)
+			if err != nil {
+				return err
+			}
+			if largest < 0 || tn.Size > tensors[largest].Size {
+				largest, thr = t, float64(th)
+			}
+			layerK[t] = m
+			if err := v.ops.Shift(v.s, dst.Slice(0, m), tn.Offset); err != nil {
+				return err
+			}
+			pos += m // the next tensor's indices follow these
+		}
+		val, err := v.scratch(&r.dVal, device.Float32, pos)
+		if err != nil {
+			return err
+		}
+		return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
+	}
 	b.iter++
-	clear(out)
-	if len(r.dense) > 0 {
-		if err := b.c.AllReduce(ctx, comm.Float32s(r.dense)); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: dragonn: all-reducing %d values of the uncompressed tensors: %w", len(r.dense), err)
+	n := b.c.Size()
+	// The uncompressed tensors, concatenated and all-reduced.
+	var dense device.Buffer
+	if denseN > 0 {
+		if dense, err = v.scratch(&r.dDense, device.Float32, denseN); err != nil {
+			return Stats{}, err
+		}
+		d := 0
+		for t, tn := range tensors {
+			if !comp[t] {
+				if err := v.s.Copy(dense.Slice(d, d+tn.Size), acc.Slice(tn.Offset, tn.Offset+tn.Size)); err != nil {
+					return Stats{}, err
+				}
+				d += tn.Size
+			}
+		}
+		if err := b.c.AllReduce(ctx, v.cb(dense)); err != nil {
+			return Stats{}, fmt.Errorf("sparsify: dragonn: all-reducing %d values of the uncompressed tensors: %w", denseN, err)
 		}
 	}
+	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
 	var counts []int
 	distinct := 0
 	if denseN < b.n { // some tensor is compressed (the same on every rank)
-		var err error
-		if counts, distinct, err = b.sparseExchange(ctx, r.idx, r.val, out); err != nil {
+		if counts, distinct, err = b.sparseExchangeOn(ctx, idx, val, out); err != nil {
 			return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
 		}
 	} else {
-		counts = make([]int, b.c.Size())
+		counts = make([]int, n)
+		if err := v.m.Fill(v.s, out, 0); err != nil {
+			return Stats{}, err
+		}
 	}
-	inv := 1 / float32(b.c.Size())
-	residualWithout(residual, acc, r.idx)
+	if err := b.residualWithout(residual, acc, idx); err != nil {
+		return Stats{}, err
+	}
 	d := 0
 	for t, tn := range tensors {
 		if comp[t] {
 			continue
 		}
-		for i := range tn.Size {
-			out[tn.Offset+i] = r.dense[d+i] * inv
+		o := out.Slice(tn.Offset, tn.Offset+tn.Size)
+		if err := v.s.Copy(o, dense.Slice(d, d+tn.Size)); err != nil {
+			return Stats{}, err
 		}
-		clear(residual[tn.Offset : tn.Offset+tn.Size])
+		if err := v.m.Scale(v.s, o, 1/float32(n)); err != nil {
+			return Stats{}, err
+		}
+		if err := v.m.Fill(v.s, residual.Slice(tn.Offset, tn.Offset+tn.Size), 0); err != nil {
+			return Stats{}, err
+		}
 		d += tn.Size
 	}
 	for w := range counts {
 		counts[w] += denseN
 	}
-	st := b.stats(before, selTime)
-	st.Selected = len(r.idx) + denseN
+	st, err := b.finish(before, selTime, residual)
+	st.Selected = pos + denseN
 	st.SelectedPerWorker = counts
 	st.LayerK = layerK
 	st.ActualDensity = float64(distinct+denseN) / float64(b.n)
 	st.Threshold = thr
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
+}
+
+// samples is the scratch of a sampled selection: the positions drawn on
+// the host, and the positions and values on the device.
+type samples struct {
+	pos  []int32
+	dPos device.Buffer // Int32
+	dVal device.Buffer // Float32
+}
+
+// dragonnSelectOn is DRAGONN's selection on one tensor x of the device: thr
+// is the ks-th largest magnitude of ns samples x[i] drawn uniformly with
+// replacement from rng (on the host); every i with |x_i| >= thr (written
+// into cand, at least len(x) long) is hashed with MurmurHash3 x86_32 of its
+// 4-byte index and seed hashSeed into one of nslots slots, a collision
+// keeping the highest index (Ops.HashSelect); the occupied slots' indices,
+// in slot order, are written into out (at least nslots long). It returns how
+// many and thr.
+//
+// Two deliberate deviations from the GPU kernel of the reference: collisions
+// resolve deterministically (the highest index wins; there an arbitrary
+// thread wins); and element 0 can be selected (the reference stores the
+// index and reads 0 as "empty", so element 0 is never sent).
+func dragonnSelectOn(v *vecs, sc *samples, out, cand, x device.Buffer, p dragonnParams, rng *rand.Rand, hashSeed uint32) (int, float32, error) {
+	sc.pos = sc.pos[:0]
+	for range p.ns {
+		sc.pos = append(sc.pos, int32(rng.IntN(p.numel)))
+	}
+	pos, err := v.scratch(&sc.dPos, device.Int32, p.ns)
+	if err != nil {
+		return 0, 0, err
+	}
+	val, err := v.scratch(&sc.dVal, device.Float32, p.ns)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := v.upload(pos, sc.pos); err != nil {
+		return 0, 0, err
+	}
+	if err := v.ops.Gather(v.s, val, x, pos); err != nil {
+		return 0, 0, err
+	}
+	thr, err := v.ops.KthLargestAbs(v.s, val, p.ks)
+	if err != nil {
+		return 0, 0, err
+	}
+	m, err := v.ops.SelectAbove(v.s, cand, device.Buffer{}, x, thr)
+	if err != nil {
+		return 0, 0, err
+	}
+	k, err := v.ops.HashSelect(v.s, out, cand.Slice(0, m), hashSeed, p.nslots)
+	return k, thr, err
 }

@@ -53,6 +53,8 @@ type Ops interface {
 	ScatterFill(s device.Stream, dst, idx device.Buffer, v float32) error
 	// Scatter sets dst[idx[j]] = scale·val[j] for j < len(idx).
 	Scatter(s device.Stream, dst, idx, val device.Buffer, scale float32) error
+	// Shift adds off to every index of idx.
+	Shift(s device.Stream, idx device.Buffer, off int) error
 	// Union writes the distinct indices of idx, ascending, into out (at
 	// least len(idx) long) and returns how many; an index outside [0, n)
 	// is an error naming it.
@@ -321,6 +323,17 @@ func (cpuOps) Scatter(_ device.Stream, dst, idx, val device.Buffer, scale float3
 	}
 	for j, i := range ii {
 		d[i] = vv[j] * scale
+	}
+	return nil
+}
+
+func (cpuOps) Shift(_ device.Stream, idx device.Buffer, off int) error {
+	ii, err := i32("Shift", "idx", idx, 0)
+	if err != nil {
+		return err
+	}
+	for j := range ii {
+		ii[j] += int32(off)
 	}
 	return nil
 }

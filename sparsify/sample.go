@@ -5,7 +5,6 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
-	"slices"
 )
 
 // Sampling-based selection: DGC's double sampling (reference notes 7.4) and
@@ -130,57 +129,7 @@ func dgcParamsFor(numel int, ratio float64) dgcParams {
 	return p
 }
 
-// dgcScratch holds DGC's reusable buffers.
-type dgcScratch struct {
-	samples []float32
-	cand    []int32
-	vals    []float32
-	pick    []int32
-}
 
-// dgcSelect is DGC's double sampling on one tensor x (reference notes 7.4,
-// synxlin/deep-gradient-compression): the samples are x[start + j·stride]
-// for j < numSamples (start in [0, stride)); thr is the smallest magnitude of
-// the top topSamples samples; the candidates are {i : |x_i| >= thr}. Unless
-// the tensor was sampled whole, up to dgcMaxAdapt rounds follow: more than
-// 1.3·nsel candidates → keep the exact top-nsel of them by magnitude (ties to
-// lower indices) and stop; fewer than 0.8·nsel → thr ×= 0.8 and select again;
-// otherwise stop. Finally the first nsel candidates in index order are kept.
-// It returns dst[:0] extended with the selected indices of x, ascending, and
-// the final threshold.
-func dgcSelect(dst []int32, x []float32, p dgcParams, start int, s *dgcScratch) ([]int32, float32) {
-	s.samples = s.samples[:0]
-	for j := range p.numSamples {
-		s.samples = append(s.samples, x[start+j*p.stride])
-	}
-	thr := KthLargestAbs(s.samples, p.topSamples)
-	s.cand = SelectAbove(s.cand, x, thr)
-	if p.numel > p.numSamples {
-		for range dgcMaxAdapt {
-			n := len(s.cand)
-			if n > p.nsel {
-				if float64(n) > dgcUpper*float64(p.nsel) {
-					s.vals = s.vals[:0]
-					for _, i := range s.cand {
-						s.vals = append(s.vals, x[i])
-					}
-					s.pick = TopK(s.pick, s.vals, p.nsel)
-					for j, q := range s.pick {
-						s.cand[j] = s.cand[q] // q >= j: in-place compaction is safe
-					}
-					s.cand = s.cand[:len(s.pick)]
-				}
-				break
-			}
-			if float64(n) >= dgcLower*float64(p.nsel) {
-				break
-			}
-			thr *= dgcLower
-			s.cand = SelectAbove(s.cand, x, thr)
-		}
-	}
-	return append(dst[:0], s.cand[:min(p.nsel, len(s.cand))]...), thr
-}
 
 // DRAGONN's constants (zhuangwang93/dragonn, compressor atopk).
 const (
@@ -219,32 +168,4 @@ func dragonnParamsFor(numel int, ratio float64) dragonnParams {
 	return p
 }
 
-// dragonnScratch holds DRAGONN's reusable buffers.
-type dragonnScratch struct {
-	samples []float32
-	cand    []int32
-	table   []uint32
-}
 
-// dragonnSelect is DRAGONN's selection on one tensor x: thr is the ks-th
-// largest magnitude of ns samples x[i] drawn uniformly with replacement from
-// rng; every i with |x_i| >= thr is hashed with MurmurHash3 x86_32 of its
-// 4-byte index and seed hashSeed into one of nslots slots, overwriting the
-// slot; the selection is the content of the occupied slots, in slot order.
-//
-// Two deliberate deviations from the GPU kernel: the candidates are inserted
-// sequentially in ascending index order, so on a collision the highest index
-// wins, deterministically (on the GPU an arbitrary thread wins); and a slot
-// stores index+1, so that element 0 can be selected (the reference stores the
-// index and reads 0 as "empty", so element 0 is never sent).
-func dragonnSelect(dst []int32, x []float32, p dragonnParams, rng *rand.Rand, hashSeed uint32, s *dragonnScratch) ([]int32, float32) {
-	s.samples = s.samples[:0]
-	for range p.ns {
-		s.samples = append(s.samples, x[rng.IntN(p.numel)])
-	}
-	thr := KthLargestAbs(s.samples, p.ks)
-	s.cand = SelectAbove(s.cand, x, thr)
-	s.table = slices.Grow(s.table[:0], p.nslots)[:p.nslots]
-	dst = hashSelect(dst, s.cand, hashSeed, s.table)
-	return dst, thr
-}

@@ -3,6 +3,7 @@ package sparsify
 import (
 	"context"
 	"fmt"
+	"github.com/sparsegrad/sparsegrad/device"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -219,14 +220,20 @@ func TestDGCParams(t *testing.T) {
 
 func TestDGCSelectMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
-	var s dgcScratch
+	v := newVecs(Options{})
+	var s samples
 	for _, numel := range []int{1, 2, 3, 41, 97, 1000, 4099, 30011} {
 		for _, ratio := range []float64{0.001, 0.01, 0.05, 0.3, 1} {
 			for name, gen := range selGen {
 				x := gen(r, numel)
 				p := dgcParamsFor(numel, ratio)
 				start := r.IntN(p.stride)
-				got, gthr := dgcSelect(nil, x, p, start, &s)
+				cand := make([]int32, numel)
+				m, gthr, err := dgcSelectOn(&v, &s, device.Host(cand), device.Host(x), p, start)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := cand[:m]
 				want, wthr := dgcRefSelect(x, ratio, start)
 				if !slices.Equal(got, want) || gthr != wthr {
 					t.Fatalf("%s numel=%d ratio=%g start=%d: got %d indices thr %v, want %d thr %v (first diff %d)",
@@ -241,7 +248,7 @@ func TestDGCSelectMatchesReference(t *testing.T) {
 }
 
 // dragonnRefSelect is DRAGONN's selection written plainly, with the fixes of
-// dragonnSelect (slot value index+1, insertion in index order), from the
+// dragonnSelectOn (slot value index+1, insertion in index order), from the
 // sample indices drawn by rng exactly as the method draws them.
 func dragonnRefSelect(x []float32, ratio float64, rng *rand.Rand, hashSeed uint32) ([]int32, float32) {
 	numel := len(x)
@@ -277,7 +284,8 @@ func dragonnRefSelect(x []float32, ratio float64, rng *rand.Rand, hashSeed uint3
 
 func TestDragonnSelectMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
-	var s dragonnScratch
+	v := newVecs(Options{})
+	var s samples
 	for _, numel := range []int{1, 2, 3, 99, 100, 101, 1000, 4099, 140000} {
 		if testing.Short() && numel > 5000 {
 			continue
@@ -287,7 +295,12 @@ func TestDragonnSelectMatchesReference(t *testing.T) {
 				x := gen(r, numel)
 				seed := uint32(43 + r.IntN(100000))
 				p := dragonnParamsFor(numel, ratio)
-				got, gthr := dragonnSelect(nil, x, p, rand.New(rand.NewPCG(1, uint64(numel))), seed, &s)
+				out, cand := make([]int32, p.nslots), make([]int32, numel)
+				m, gthr, err := dragonnSelectOn(&v, &s, device.Host(out), device.Host(cand), device.Host(x), p, rand.New(rand.NewPCG(1, uint64(numel))), seed)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := out[:m]
 				want, wthr := dragonnRefSelect(x, ratio, rand.New(rand.NewPCG(1, uint64(numel))), seed)
 				if !slices.Equal(got, want) || gthr != wthr {
 					t.Fatalf("%s numel=%d ratio=%g: got %d indices thr %v, want %d thr %v (first diff %d)",
@@ -308,9 +321,11 @@ func TestDragonnSelectMatchesReference(t *testing.T) {
 func TestDragonnSelectsIndexZero(t *testing.T) {
 	x := []float32{-5}
 	p := dragonnParamsFor(len(x), 0.01)
-	got, thr := dragonnSelect(nil, x, p, rand.New(rand.NewPCG(1, 1)), 43, &dragonnScratch{})
-	if !slices.Equal(got, []int32{0}) || thr != 5 {
-		t.Fatalf("dragonnSelect([-5]) = %v (thr %v), want [0] (thr 5)", got, thr)
+	v := newVecs(Options{})
+	out, cand := make([]int32, p.nslots), make([]int32, 1)
+	m, thr, err := dragonnSelectOn(&v, &samples{}, device.Host(out), device.Host(cand), device.Host(x), p, rand.New(rand.NewPCG(1, 1)), 43)
+	if got := out[:m]; err != nil || !slices.Equal(got, []int32{0}) || thr != 5 {
+		t.Fatalf("dragonnSelectOn([-5]) = %v (thr %v), want [0] (thr 5)", got, thr)
 	}
 }
 

@@ -475,3 +475,35 @@ func (b *base) addMeanOn(out, idx, val device.Buffer, counts []int, each int) (i
 	}
 	return u.Len(), v.m.Scale(v.s, out, 1/float32(b.c.Size()))
 }
+
+// sparseExchangeOn is sparseExchange through the device: the counts, then
+// every worker's int32 indices and float32 values (AllGatherV), decoded
+// into out with addMeanOn (out is overwritten: zero where nothing arrived).
+// It returns every worker's count and the number of distinct indices.
+func (b *base) sparseExchangeOn(ctx context.Context, idx, val, out device.Buffer) ([]int, int, error) {
+	counts, err := b.gatherCountsOn(ctx, idx.Len(), "pairs")
+	if err != nil {
+		return nil, 0, err
+	}
+	total := 0
+	for _, c := range counts {
+		total += c
+	}
+	v := &b.v
+	allIdx, err := v.scratch(&b.dAll, device.Int32, total)
+	if err != nil {
+		return nil, 0, err
+	}
+	allVal, err := v.scratch(&b.dAllVal, device.Float32, total)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := b.c.AllGatherV(ctx, v.cb(idx), v.cb(allIdx), counts); err != nil {
+		return nil, 0, fmt.Errorf("gathering %d indices: %w", total, err)
+	}
+	if err := b.c.AllGatherV(ctx, v.cb(val), v.cb(allVal), counts); err != nil {
+		return nil, 0, fmt.Errorf("gathering %d values: %w", total, err)
+	}
+	distinct, err := b.addMeanOn(out, allIdx, allVal, counts, 0)
+	return counts, distinct, err
+}
