@@ -129,8 +129,6 @@ func dgcParamsFor(numel int, ratio float64) dgcParams {
 	return p
 }
 
-
-
 // DRAGONN's constants (zhuangwang93/dragonn, compressor atopk).
 const (
 	dragonnSmallTensor = 131072 // tensors this small use ratio 0.01
@@ -167,5 +165,3 @@ func dragonnParamsFor(numel int, ratio float64) dragonnParams {
 	p.nslots = dragonnSlotsPerSel * p.nsel
 	return p
 }
-
-
