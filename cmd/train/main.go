@@ -233,6 +233,7 @@ a flag given as 0 is 0, not the default.
 Examples:
   train -model ncf -dataset ml-100k -workers 4 -sparsifier deft -density 0.1 -out runs/ncf-deft
   mpirun -np 4 train -model ncf -sparsifier topk -density 0.1 -out runs/ncf-topk-mpi
+    (mpirun needs --oversubscribe for more processes than cores, --allow-run-as-root as root)
 
 Flags:
 `)

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// readmeCommands returns the commands of README.md's code blocks, one per
+// command, continuation lines ("\" at the end) joined.
+func readmeCommands(readme string) []string {
+	var cmds []string
+	in := false
+	cur := ""
+	sc := bufio.NewScanner(strings.NewReader(readme))
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(strings.TrimSpace(line), "```") {
+			in = !in
+			cur = ""
+			continue
+		}
+		if !in {
+			continue
+		}
+		t := strings.TrimSpace(line)
+		if strings.HasSuffix(t, `\`) {
+			cur += strings.TrimSpace(strings.TrimSuffix(t, `\`)) + " "
+			continue
+		}
+		cur += t
+		if strings.TrimSpace(cur) != "" {
+			cmds = append(cmds, strings.TrimSpace(cur))
+		}
+		cur = ""
+	}
+	return cmds
+}
+
+func TestReadmeCommandsExtraction(t *testing.T) {
+	md := "text\n```\ngo run ./cmd/train -a \\\n    -b 1 -out x\n\nbin/train -help   # comment\n```\nmore `inline`\n```\nmpirun -np 4 \\\n  bin/train\n```\n"
+	want := []string{"go run ./cmd/train -a -b 1 -out x", "bin/train -help   # comment", "mpirun -np 4 bin/train"}
+	if got := readmeCommands(md); !slices.Equal(got, want) {
+		t.Fatalf("readmeCommands = %q, want %q", got, want)
+	}
+}
+
+// TestREADMECommands runs the README's main command, the build of
+// bin/train and its mpirun line exactly as written, in a fresh clone of
+// the repository next to a folder shared/ holding the real data (the
+// README's ../shared/data), and checks what they promise: the main run
+// ends by naming its report, the mpirun job of 4 processes writes a run
+// with the same per-step losses as the main command's 4 simulated workers.
+func TestREADMECommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("clones the repository, compiles it and trains twice (about 3 minutes on 2 cores)")
+	}
+	data := sharedData(t)
+	for _, tool := range []string{"git", "mpirun"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("SPARSEGRAD_DATA") == "require" {
+				t.Fatalf("%s not found; CI installs it (.ci/run)", tool)
+			}
+			t.Skipf("skipping: %s not found", tool)
+		}
+	}
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	clone := filepath.Join(base, "sparsegrad")
+	if b, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput(); err != nil {
+		t.Fatalf("git clone: %v\n%s", err, b)
+	}
+	if err := os.Symlink(filepath.Dir(data), filepath.Join(base, "shared")); err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile(filepath.Join(clone, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := readmeCommands(string(readme))
+	find := func(prefix string) string {
+		t.Helper()
+		for _, c := range cmds {
+			if strings.HasPrefix(c, prefix) {
+				return c
+			}
+		}
+		t.Fatalf("README.md has no command starting with %q", prefix)
+		return ""
+	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
+		return strings.HasPrefix(kv, mainEnv+"=") || strings.HasPrefix(kv, "TRAIN_DATA_DIR=")
+	})
+	run := func(cmd string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		c := exec.CommandContext(ctx, "bash", "-c", cmd)
+		c.Dir, c.Env = clone, env
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+		start := time.Now()
+		out, err := c.CombinedOutput()
+		t.Logf("%s\n  took %v", cmd, time.Since(start).Round(100*time.Millisecond))
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", cmd, err, out)
+		}
+		return string(out)
+	}
+
+	out := run(find("go run ./cmd/train"))
+	ls := lines(out)
+	if len(ls) == 0 || !strings.HasPrefix(ls[len(ls)-1], "report: runs/ncf-deft/report.html") {
+		t.Errorf("the main command does not end by naming its report:\n%s", out)
+	}
+	run(find("go build -o bin/train"))
+	run(find("mpirun "))
+	for _, dir := range []string{"ncf-deft", "ncf-mpi"} {
+		if _, err := os.Stat(filepath.Join(clone, "runs", dir, "report.html")); err != nil {
+			t.Errorf("runs/%s: %v", dir, err)
+		}
+	}
+	var info struct {
+		Backend string `json:"backend"`
+		Workers int    `json:"workers"`
+	}
+	b, err := os.ReadFile(filepath.Join(clone, "runs", "ncf-mpi", "run.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &info); err != nil || info.Backend != "mpi" || info.Workers != 4 {
+		t.Errorf("the mpirun job's run.json: %+v (%v), want 4 workers over mpi", info, err)
+	}
+	a, m := losses(t, filepath.Join(clone, "runs", "ncf-deft")), losses(t, filepath.Join(clone, "runs", "ncf-mpi"))
+	if len(a) == 0 || !slices.Equal(a, m) {
+		t.Errorf("the mpirun job's %d losses differ from the main command's %d", len(m), len(a))
+	}
+}
