@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/bits"
 	"os"
@@ -382,14 +383,18 @@ func unions(grads [][]float32, d float64) Union {
 // measured on.
 const selectionWorkers = 2
 
-// measureSelection runs method on selectionWorkers in-process workers, each
-// fed with a measured gradient (a fresh copy every call), and returns the
-// slowest rank's selection time (CLT-k's leader, DEFT's packer): the median
-// of 5 calls after one, or for oktopk the mean over its 32-call schedule
-// (one exact threshold, 31 reused); and the same of the rest of the call
-// outside selection and communication.
+// measureSelection measures method's selection on selectionWorkers
+// in-process workers, each fed with a measured gradient (a fresh copy every
+// call): the slowest rank's selection time (CLT-k's leader, DEFT's packer),
+// the median of 5 calls after one, or for oktopk the mean over its 32-call
+// schedule (one exact threshold, 31 reused). Other, the reducer's work
+// outside selection and communication (decoding, the residual), is measured
+// the same way on one worker, where the communication is nothing: with
+// several, a method's overlapping requests (LAGS') make their summed time
+// exceed the wall time they took.
 func measureSelection(ctx context.Context, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
 	m, _ := sparsify.Lookup(method)
+	params = maps.Clone(params)
 	if params == nil {
 		params = sparsify.Values{}
 	}
@@ -400,10 +405,34 @@ func measureSelection(ctx context.Context, method string, d float64, l sparsify.
 	if method == "oktopk" {
 		calls = 32
 	}
-	times := make([]float64, calls) // per call, the slowest rank's
-	others := make([]float64, calls)
+	summary := func(v []float64) float64 {
+		if method == "oktopk" {
+			s := 0.0
+			for _, x := range v {
+				s += x / float64(len(v))
+			}
+			return s
+		}
+		return median(v[1:])
+	}
+	sel, _, err := reduceCalls(ctx, method, selectionWorkers, calls, d, l, grads, params)
+	if err != nil {
+		return Selection{}, err
+	}
+	_, other, err := reduceCalls(ctx, method, 1, calls, d, l, grads, params)
+	if err != nil {
+		return Selection{}, err
+	}
+	return Selection{Method: method, Density: d, Workers: selectionWorkers, Seconds: summary(sel), Other: summary(other)}, nil
+}
+
+// reduceCalls runs calls Reduce calls of method on p in-process workers and
+// returns, per call, the slowest rank's selection time and its time
+// outside selection and communication.
+func reduceCalls(ctx context.Context, method string, p, calls int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (sel, other []float64, err error) {
+	sel, other = make([]float64, calls), make([]float64, calls)
 	var mu sync.Mutex
-	err := local.Run(ctx, selectionWorkers, func(ctx context.Context, c comm.Communicator) error {
+	err = local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
 		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: 1, Params: params})
 		if err != nil {
 			return err
@@ -421,25 +450,16 @@ func measureSelection(ctx context.Context, method string, d float64, l sparsify.
 				return err
 			}
 			mu.Lock()
-			times[i] = max(times[i], st.SelectTime.Seconds())
-			others[i] = max(others[i], (wall - st.SelectTime - st.CommTime).Seconds())
+			sel[i] = max(sel[i], st.SelectTime.Seconds())
+			other[i] = max(other[i], (wall - st.SelectTime - st.CommTime).Seconds())
 			mu.Unlock()
 		}
 		return nil
 	})
 	if err != nil {
-		return Selection{}, fmt.Errorf("advise: measuring the selection of %s: %w", method, err)
+		return nil, nil, fmt.Errorf("advise: measuring the selection of %s on %d workers: %w", method, p, err)
 	}
-	s := Selection{Method: method, Density: d, Workers: selectionWorkers}
-	if method == "oktopk" {
-		for i, t := range times {
-			s.Seconds += t / float64(len(times))
-			s.Other += others[i] / float64(len(times))
-		}
-	} else {
-		s.Seconds, s.Other = median(times[1:]), median(others[1:])
-	}
-	return s, nil
+	return sel, other, nil
 }
 
 // hostCollectives fits an α-β network to p in-process workers'

@@ -109,7 +109,7 @@ type Selection struct {
 	Workers int     `json:"workers"`
 	Seconds float64 `json:"seconds"`
 	// Other is the reducer's work outside selection and communication
-	// (decoding, the residual), measured the same way.
+	// (decoding, the residual), measured the same way on one worker.
 	Other float64 `json:"other"`
 }
 

@@ -229,3 +229,21 @@ func TestHostNet(t *testing.T) {
 		t.Errorf("nothing measured: %+v, want a free network", n)
 	}
 }
+
+// TestVerdict reads the verdict sentence for the three cases: dense wins,
+// a sparsifier barely wins, a sparsifier clearly wins.
+func TestVerdict(t *testing.T) {
+	dense := Prediction{Method: "dense", Iter: 0.1, Speedup: 1}
+	for _, c := range []struct {
+		ranked []Prediction
+		want   string
+	}{
+		{[]Prediction{dense, {Method: "topk", Iter: 0.12, Speedup: 0.1 / 0.12}}, "Dense all-reduce wins: no sparsifier is predicted to be faster per iteration here (the best, topk, takes 1.20× as long)"},
+		{[]Prediction{{Method: "deft", Iter: 0.098, Speedup: 0.1 / 0.098}, dense}, "Sparsifying barely pays off here: the fastest, deft, is only 1.02× dense all-reduce's speed (98 ms vs 100 ms per iteration)"},
+		{[]Prediction{{Method: "deft", Iter: 0.025, Speedup: 4}, dense}, "deft is predicted fastest: 4.00× the iterations per second of dense all-reduce (25 ms vs 100 ms per iteration)"},
+	} {
+		if got := Verdict(c.ranked); !strings.HasPrefix(got, c.want) {
+			t.Errorf("verdict %q, want it to start with %q", got, c.want)
+		}
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"math"
 	"sort"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -104,8 +103,13 @@ func Verdict(ranked []Prediction) string {
 		return fmt.Sprintf("Dense all-reduce wins: no sparsifier is predicted to be faster per iteration here (the best, %s, takes %.2f× as long), so sparsifying does not pay off on this network.",
 			second.Method, second.Iter/best.Iter)
 	}
+	dense := best.Iter * best.Speedup
+	if best.Speedup < 1.05 {
+		return fmt.Sprintf("Sparsifying barely pays off here: the fastest, %s, is only %.2f× dense all-reduce's speed (%s vs %s per iteration), less than these measurements can tell apart; the iteration is mostly computation.",
+			best.Method, best.Speedup, FormatSeconds(best.Iter), FormatSeconds(dense))
+	}
 	return fmt.Sprintf("%s is predicted fastest: %.2f× the iterations per second of dense all-reduce (%s vs %s per iteration). Time per iteration only: check on the sweep page that it converges as well as dense.",
-		best.Method, best.Speedup, FormatSeconds(best.Iter), FormatSeconds(best.Iter*best.Speedup))
+		best.Method, best.Speedup, FormatSeconds(best.Iter), FormatSeconds(dense))
 }
 
 func fmtBytes(b float64) string {
@@ -132,13 +136,4 @@ func ParseNetworks(gbits []float64, latency time.Duration) ([]netmodel.Network, 
 		out = append(out, n)
 	}
 	return out, nil
-}
-
-// joinInts formats a list of ints as "a, b, c".
-func joinInts(v []int) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = strconv.Itoa(x)
-	}
-	return strings.Join(s, ", ")
 }
