@@ -682,11 +682,32 @@ extern "C" __global__ void k_mark(float* mark, const int* idx, i64 n, i64 lim, u
     GRID_STRIDE(j, n) {
         int i = idx[j];
         if (i < 0 || (i64)i >= lim) atomicMin(bad, (u64)j);
-        else mark[i] = 1.0f;
+        else if (mark) mark[i] = 1.0f;
     }
 }
 
 // idx[j] += off.
 extern "C" __global__ void k_shift(int* idx, int off, i64 n) {
     GRID_STRIDE(j, n) { idx[j] += off; }
+}
+
+// idx[j] = start + j.
+extern "C" __global__ void k_iota_from(int* idx, int start, i64 n) {
+    GRID_STRIDE(j, n) { idx[j] = start + (int)j; }
+}
+
+// counts[s] += the indices in [bounds[s], bounds[s+1]) (binary search over
+// the nseg+1 ascending bounds).
+extern "C" __global__ void k_count_in(const int* idx, i64 n, const i64* bounds, int nseg, u32* counts) {
+    GRID_STRIDE(j, n) {
+        i64 i = idx[j];
+        if (i < bounds[0] || i >= bounds[nseg]) continue;
+        int lo = 0, hi = nseg; // bounds[lo] <= i < bounds[hi]
+        while (hi - lo > 1) {
+            int mid = (lo + hi) / 2;
+            if (bounds[mid] <= i) lo = mid;
+            else hi = mid;
+        }
+        atomicAdd(&counts[lo], 1u);
+    }
 }

@@ -139,7 +139,7 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 						}
 						a, b := gpuR[c].st[rank], cpu[c].st[rank]
 						if a.Selected != b.Selected || a.ActualDensity != b.ActualDensity || a.ErrorNorm != b.ErrorNorm ||
-							!slices.Equal(a.SelectedPerWorker, b.SelectedPerWorker) || a.BytesSent != b.BytesSent || a.BytesRecv != b.BytesRecv ||
+							!slices.Equal(a.SelectedPerWorker, b.SelectedPerWorker) || !slices.Equal(a.LayerK, b.LayerK) || a.BytesSent != b.BytesSent || a.BytesRecv != b.BytesRecv ||
 							!(a.Threshold == b.Threshold || (a.Threshold != a.Threshold && b.Threshold != b.Threshold)) {
 							t.Fatalf("call %d rank %d: stats %+v, CPU %+v", c, rank, a, b)
 						}

@@ -470,6 +470,115 @@ func (o *Sparse) Scatter(s device.Stream, dst, idx, val device.Buffer, scale flo
 	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter", n)
 }
 
+// Iota sets idx[j] = start + j.
+func (o *Sparse) Iota(s device.Stream, idx device.Buffer, start int) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	if err := o.check("Iota", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	return cs.args().buf(idx).i32(start).i64(idx.Len()).runN("k_iota_from", idx.Len())
+}
+
+// CountIn returns, for each segment [bounds[j], bounds[j+1]), how many
+// indices of idx lie in it.
+func (o *Sparse) CountIn(s device.Stream, idx device.Buffer, bounds []int) ([]int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.check("CountIn", "idx", idx, device.Int32, 0); err != nil {
+		return nil, err
+	}
+	nseg := len(bounds) - 1
+	if nseg <= 0 {
+		return nil, nil
+	}
+	sc := cs.sel
+	bb := make([]int64, len(bounds))
+	for j, v := range bounds {
+		bb[j] = int64(v)
+	}
+	db, err := grow(o.d, &sc.pieces, device.Int64, len(bb))
+	if err != nil {
+		return nil, err
+	}
+	cnt, err := grow(o.d, &sc.counts, device.Int32, nseg)
+	if err != nil {
+		return nil, err
+	}
+	if err := cs.Copy(db, device.Host(bb)); err != nil {
+		return nil, err
+	}
+	if err := cs.fill32(cnt, 0); err != nil {
+		return nil, err
+	}
+	if idx.Len() > 0 {
+		if err := cs.args().buf(idx).i64(idx.Len()).buf(db).i32(nseg).buf(cnt).runN("k_count_in", idx.Len()); err != nil {
+			return nil, err
+		}
+	}
+	h, err := readU32(cs, cnt, nseg)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, nseg)
+	for j, v := range h {
+		out[j] = int(uint32(v))
+	}
+	return out, nil
+}
+
+// InRange returns an error naming the first index of idx outside [0, n),
+// if any.
+func (o *Sparse) InRange(s device.Stream, idx device.Buffer, n int) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	if err := o.check("InRange", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	return o.rangeCheck(cs, device.Buffer{}, idx, n)
+}
+
+// rangeCheck runs k_mark over idx (marking mark unless it is empty) and
+// returns an error naming the first index outside [0, n).
+func (o *Sparse) rangeCheck(cs *Stream, mark, idx device.Buffer, n int) error {
+	m := idx.Len()
+	if m == 0 {
+		return nil
+	}
+	sc := cs.sel
+	if err := cs.Copy(sc.first, device.Host([]int64{int64(m)})); err != nil {
+		return err
+	}
+	if err := cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(sc.first).runN("k_mark", m); err != nil {
+		return err
+	}
+	var bad [1]int64
+	if err := cs.Copy(device.Host(bad[:]), sc.first); err != nil {
+		return err
+	}
+	if err := cs.Synchronize(); err != nil {
+		return err
+	}
+	if bad[0] >= int64(m) {
+		return nil
+	}
+	if mark.Len() > 0 { // some marks may be set: clear them all
+		if err := cs.fill32(mark, 0); err != nil {
+			return err
+		}
+	}
+	var v [1]int32
+	cs.Copy(device.Host(v[:]), idx.Slice(int(bad[0]), int(bad[0])+1))
+	cs.Synchronize()
+	return fmt.Errorf("cuda: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", v[0], bad[0], n)
+}
+
 // Shift adds off to every index of idx.
 func (o *Sparse) Shift(s device.Stream, idx device.Buffer, off int) error {
 	cs, err := o.stream(s)
@@ -511,28 +620,8 @@ func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, err
 		}
 	}
 	mark := sc.mark.Slice(0, n)
-	if err := cs.Copy(sc.first, device.Host([]int64{int64(m)})); err != nil {
+	if err := o.rangeCheck(cs, mark, idx, n); err != nil {
 		return 0, err
-	}
-	if err := cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(sc.first).runN("k_mark", m); err != nil {
-		return 0, err
-	}
-	var bad [1]int64
-	if err := cs.Copy(device.Host(bad[:]), sc.first); err != nil {
-		return 0, err
-	}
-	if err := cs.Synchronize(); err != nil {
-		return 0, err
-	}
-	if bad[0] < int64(m) {
-		// Some marks may be set: clear all of them.
-		if err := cs.fill32(mark, 0); err != nil {
-			return 0, err
-		}
-		var v [1]int32
-		cs.Copy(device.Host(v[:]), idx.Slice(int(bad[0]), int(bad[0])+1))
-		cs.Synchronize()
-		return 0, fmt.Errorf("cuda: Union: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", v[0], bad[0], n)
 	}
 	if err := cs.fill32(sc.state.Slice(0, 1), math.Float32bits(0.5)); err != nil {
 		return 0, err

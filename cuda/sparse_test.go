@@ -448,3 +448,46 @@ func TestGPUUnionAndScatter(t *testing.T) {
 		t.Fatalf("union after an error: %d, %v", got, err)
 	}
 }
+
+func TestGPUIndexOps(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	cpu := sparsify.CPUOps()
+	r := rand.New(rand.NewPCG(12, 12))
+	idx := make([]int32, 3000)
+	for j := range idx {
+		idx[j] = r.Int32N(9000) - 500 // some outside [0, 8000)
+	}
+	ib := allocInt32(t, d, len(idx))
+	s.Copy(ib, device.Host(idx))
+	for _, bounds := range [][]int{{0, 8000}, {0, 0, 100, 100, 5000, 8000}, {-500, 8500}, {}} {
+		got, err := sp.CountIn(s, ib, bounds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := cpu.CountIn(nil, device.Host(idx), bounds)
+		if !slices.Equal(got, want) {
+			t.Fatalf("CountIn %v: %v, CPU %v", bounds, got, want)
+		}
+	}
+	gerr, cerr := sp.InRange(s, ib, 8000), cpu.InRange(nil, device.Host(idx), 8000)
+	if gerr == nil || cerr == nil || strings.TrimPrefix(gerr.Error(), "cuda: ") != strings.TrimPrefix(cerr.Error(), "sparsify: ") {
+		t.Fatalf("InRange: GPU %v, CPU %v", gerr, cerr)
+	}
+	if err := sp.InRange(s, ib, 9000); err == nil && slices.Min(idx) < 0 {
+		t.Fatal("a negative index passed InRange")
+	}
+	if err := sp.Iota(s, ib.Slice(10, 20), 77); err != nil {
+		t.Fatal(err)
+	}
+	if got := downloadInt32(t, s, ib)[10:20]; got[0] != 77 || got[9] != 86 {
+		t.Fatalf("Iota: %v", got)
+	}
+	if err := sp.Shift(s, ib.Slice(10, 20), -7); err != nil {
+		t.Fatal(err)
+	}
+	if got := downloadInt32(t, s, ib)[10:20]; got[0] != 70 || got[9] != 79 {
+		t.Fatalf("Shift: %v", got)
+	}
+}

@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"math"
 	"math/big"
-	"runtime"
 	"slices"
-	"sort"
-	"sync"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() { Register(Method{Name: "deft", New: newDeft}) }
@@ -288,59 +286,24 @@ func deftPack(frags []deftFrag, kf []int, n int, lens, content []int32) {
 	copy(content[pos:], common)
 }
 
-// deftNorm is the L2 norm of x: the square root of segmentSumSquares(x),
-// which a GPU computes bit for bit alike (Ops.SegmentSumSquares).
-func deftNorm(x []float32) float64 { return math.Sqrt(segmentSumSquares(x)) }
-
-// deftNorms writes deftNorm of acc over each fragment into norms (each
-// fragment summed by one goroutine, so the result does not depend on the
-// parallelism). Large vectors are split over all cores by fragment.
-func deftNorms(norms []float64, acc []float32, frags []deftFrag) {
-	p := runtime.GOMAXPROCS(0)
-	if p == 1 || len(acc) < 1<<18 || len(frags) < 2 {
-		for f, fr := range frags {
-			norms[f] = deftNorm(acc[fr.lo:fr.hi])
-		}
-		return
-	}
-	// Cut the fragments into p groups of about equal element counts.
-	per := (len(acc) + p - 1) / p
-	var wg sync.WaitGroup
-	start, elems := 0, 0
-	for f := range frags {
-		elems += frags[f].size()
-		if elems >= per || f == len(frags)-1 {
-			wg.Add(1)
-			go func(a, b int) {
-				defer wg.Done()
-				for g := a; g < b; g++ {
-					norms[g] = deftNorm(acc[frags[g].lo:frags[g].hi])
-				}
-			}(start, f+1)
-			start, elems = f+1, 0
-		}
-	}
-	wg.Wait()
-}
-
 // deftReducer is DEFT (Yoon & Oh, ICPP'23): distributed execution of
 // fragmented top-k. See the "deft" entry of the package's method list and
 // newDeft.
 type deftReducer struct {
 	o      Options
 	c      *comm.Counter
+	b      base // device helpers (c is b.c)
 	n, r   int
 	k      int
 	frags  []deftFrag
 	t      int // iteration counter, 0 at the first call
 	starts []int
+	segs   []int // the fragments' bounds: fragment f is [segs[f], segs[f+1])
 
 	norms   []float64
 	kf      []int
 	lens    []int32
 	content []int32
-	mine    []int32
-	scratch []int32
 }
 
 // newDeft builds the "deft" reducer, DEFT as in the authors' DeftReducer
@@ -393,13 +356,19 @@ type deftReducer struct {
 // error instead of a silent garbage allocation.
 func newDeft(o Options) (Reducer, error) {
 	n := o.Comm.Size()
-	d := &deftReducer{o: o, c: comm.NewCounter(o.Comm), n: n, r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}
+	b := newBase("deft", o)
+	d := &deftReducer{o: o, c: b.c, b: b, n: n, r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}
 	d.frags = deftFragments(o.Layout, n)
 	L := len(d.frags)
 	d.norms = make([]float64, L)
 	d.kf = make([]int, L)
 	d.lens = make([]int32, n)
 	d.content = make([]int32, L)
+	// The fragments tile the layout in order.
+	for _, fr := range d.frags {
+		d.segs = append(d.segs, fr.lo)
+	}
+	d.segs = append(d.segs, o.Layout.N)
 	d.starts = make([]int, len(o.Layout.Tensors))
 	for i, t := range o.Layout.Tensors {
 		d.starts[i] = t.Offset
@@ -412,8 +381,21 @@ func (d *deftReducer) Name() string { return "deft" }
 
 // Reduce runs one DEFT iteration; see newDeft.
 func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := d.b.v.hostArgs("deft", acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return d.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device: the fragment norms
+// come back to the host, which allocates and packs; the bins travel through
+// device memory; each fragment's top-k is selected on the device.
+func (d *deftReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	N := d.o.Layout.N
-	if err := checkReduceArgs("deft", N, acc, out, residual); err != nil {
+	b := &d.b
+	v := &b.v
+	if err := v.checkOn("deft", N, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	t := d.t
@@ -422,9 +404,15 @@ func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 
 	// Norms and the local allocation.
 	t0 := time.Now()
-	deftNorms(d.norms, acc, d.frags)
-	for f, v := range d.norms {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
+	ss, err := v.ops.SegmentSumSquares(v.s, acc, d.segs)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
+	}
+	for f := range d.frags {
+		d.norms[f] = math.Sqrt(ss[f])
+	}
+	for f, nv := range d.norms {
+		if math.IsNaN(nv) || math.IsInf(nv, 0) {
 			fr := d.frags[f]
 			return Stats{}, fmt.Errorf("sparsify: deft: acc holds NaN or infinite values in fragment %d (tensor %q, elements %d..%d): the gradient diverged (lower the learning rate or clip gradients)", f, d.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi)
 		}
@@ -436,24 +424,39 @@ func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 	}
 	selTime := time.Since(t0)
 
-	// The leader's bins.
-	if err := d.c.Broadcast(ctx, comm.Int32s(d.lens), cycle); err != nil {
+	// The leader's bins, through device memory.
+	L := len(d.frags)
+	wire, err := v.scratch(&b.dCounts, device.Int32, d.n+L)
+	if err != nil {
+		return Stats{}, err
+	}
+	if d.r == cycle {
+		if err := v.upload(wire, append(append([]int32(nil), d.lens...), d.content...)); err != nil {
+			return Stats{}, err
+		}
+	}
+	if err := d.c.Broadcast(ctx, v.cb(wire.Slice(0, d.n)), cycle); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: deft: broadcasting bin lengths from leader %d: %w", cycle, err)
 	}
-	if err := d.c.Broadcast(ctx, comm.Int32s(d.content), cycle); err != nil {
+	if err := d.c.Broadcast(ctx, v.cb(wire.Slice(d.n, d.n+L)), cycle); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: deft: broadcasting bins from leader %d: %w", cycle, err)
 	}
-	L := len(d.frags)
+	if err := v.download(d.lens, wire); err != nil {
+		return Stats{}, err
+	}
+	if err := v.download(d.content, wire.Slice(d.n, d.n+L)); err != nil {
+		return Stats{}, err
+	}
 	binStart, total := 0, 0
 	myBin := (cycle + d.r) % d.n
-	for b, v := range d.lens {
-		if v < 0 || total+int(v) > L {
-			return Stats{}, fmt.Errorf("sparsify: deft: corrupt bins from leader %d (bin %d has length %d, %d fragments in all)", cycle, b, v, L)
+	for bb, nv := range d.lens {
+		if nv < 0 || total+int(nv) > L {
+			return Stats{}, fmt.Errorf("sparsify: deft: corrupt bins from leader %d (bin %d has length %d, %d fragments in all)", cycle, bb, nv, L)
 		}
-		if b == myBin {
+		if bb == myBin {
 			binStart = total
 		}
-		total += int(v)
+		total += int(nv)
 	}
 	for _, f := range d.content {
 		if f < 0 || int(f) >= L {
@@ -464,45 +467,72 @@ func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 	common := d.content[total:]
 
 	// Top-k of every fragment of my bin, with my own k_f.
-	t1 := time.Now()
-	mine := d.mine[:0]
+	want := 0
 	for _, f := range bin {
-		fr := d.frags[f]
-		d.scratch = TopK(d.scratch, acc[fr.lo:fr.hi], d.kf[f])
-		for _, j := range d.scratch {
-			mine = append(mine, j+int32(fr.lo))
-		}
+		want += d.kf[f]
 	}
-	d.mine = mine
-	selTime += time.Since(t1)
-
-	lists, counts, err := gatherIndices(ctx, d.c, mine, N)
+	mine, err := v.scratch(&b.dSel, device.Int32, want)
+	if err != nil {
+		return Stats{}, err
+	}
+	pos := 0
+	sel, err := b.timed(func() error {
+		for _, f := range bin {
+			fr := d.frags[f]
+			dst := mine.Slice(pos, pos+d.kf[f])
+			m, err := v.ops.TopK(v.s, dst, device.Buffer{}, acc.Slice(fr.lo, fr.hi), d.kf[f])
+			if err != nil {
+				return err
+			}
+			if err := v.ops.Shift(v.s, dst.Slice(0, m), fr.lo); err != nil {
+				return err
+			}
+			pos += m
+		}
+		return nil
+	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
 	}
+	selTime += sel
+
+	all, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, pos))
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
+	}
+	// The union: the gathered lists, then every index of every common
+	// fragment (disjoint fragments: no duplicates).
 	ncommon := 0
 	for _, f := range common {
 		ncommon += d.frags[f].size()
 	}
-	union := concatLists(lists, ncommon) // disjoint fragments: no duplicates
+	union, err := v.scratch(&b.dUnion, device.Int32, all.Len()+ncommon)
+	if err != nil {
+		return Stats{}, err
+	}
+	if err := v.s.Copy(union.Slice(0, all.Len()), all); err != nil {
+		return Stats{}, err
+	}
+	at := all.Len()
 	for _, f := range common {
 		fr := d.frags[f]
-		for j := fr.lo; j < fr.hi; j++ {
-			union = append(union, int32(j))
+		if err := v.ops.Iota(v.s, union.Slice(at, at+fr.size()), fr.lo); err != nil {
+			return Stats{}, err
 		}
+		at += fr.size()
 	}
-	if err := unionReduce(ctx, d.c, acc, out, residual, union); err != nil {
+	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
 	}
 
-	st := callStats(d.c, before, d.o.Density, selTime)
-	st.Selected = len(mine)
+	st, err := b.finish(before, selTime, residual)
+	st.Density = d.o.Density
+	st.Selected = pos
 	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(len(union)) / float64(N)
-	st.LayerK = make([]int, len(d.o.Layout.Tensors))
-	for _, j := range union {
-		st.LayerK[sort.SearchInts(d.starts, int(j)+1)-1]++
+	st.ActualDensity = float64(union.Len()) / float64(N)
+	tb := append(append([]int(nil), d.starts...), N)
+	if st.LayerK, err = v.ops.CountIn(v.s, union, tb); err != nil {
+		return Stats{}, err
 	}
-	st.ErrorNorm = norm2(residual)
 	return st, nil
 }

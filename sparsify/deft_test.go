@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sparsegrad/sparsegrad/device"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -864,5 +865,23 @@ func TestDeftResNet18Layout(t *testing.T) {
 	}
 	if len(l.Tensors) != 62 || l.N != 11_173_962 {
 		t.Fatalf("ResNet-18 layout has %d tensors and %d elements, want 62 and 11173962", len(l.Tensors), l.N)
+	}
+}
+
+// deftNorms writes the L2 norm of acc over each fragment into norms, as the
+// reducer computes them (Ops.SegmentSumSquares over the fragments, which
+// tile the layout in order).
+func deftNorms(norms []float64, acc []float32, frags []deftFrag) {
+	segs := make([]int, 0, len(frags)+1)
+	for _, fr := range frags {
+		segs = append(segs, fr.lo)
+	}
+	segs = append(segs, len(acc))
+	ss, err := CPUOps().SegmentSumSquares(nil, device.Host(acc), segs)
+	if err != nil {
+		panic(err)
+	}
+	for f := range frags {
+		norms[f] = math.Sqrt(ss[f])
 	}
 }

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() { Register(Method{Name: "micro", New: newMicro}) }
@@ -39,12 +39,12 @@ func microNextThreshold(thr float64, kPrev, k int) float64 {
 type microReducer struct {
 	o     Options
 	c     *comm.Counter
+	b     base // device helpers (c is b.c)
 	n, r  int
 	k     int
 	t     int     // iteration counter, 0 at the first call
 	thr   float64 // threshold of the last call
 	kPrev int     // global count of the last call
-	mine  []int32
 }
 
 // newMicro builds the "micro" reducer, MiCRO as in the authors'
@@ -82,7 +82,8 @@ type microReducer struct {
 // here the count is recorded for every worker count, so one worker follows
 // the same controller as many.
 func newMicro(o Options) (Reducer, error) {
-	return &microReducer{o: o, c: comm.NewCounter(o.Comm), n: o.Comm.Size(), r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}, nil
+	b := newBase("micro", o)
+	return &microReducer{o: o, c: b.c, b: b, n: o.Comm.Size(), r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}, nil
 }
 
 // Name returns "micro".
@@ -90,46 +91,66 @@ func (m *microReducer) Name() string { return "micro" }
 
 // Reduce runs one MiCRO iteration; see newMicro.
 func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := m.b.v.hostArgs("micro", acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return m.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (m *microReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	N := m.o.Layout.N
-	if err := checkReduceArgs("micro", N, acc, out, residual); err != nil {
+	b := &m.b
+	v := &b.v
+	if err := v.checkOn("micro", N, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	t := m.t
 	m.t++
 	before := m.c.Totals()
-
-	t0 := time.Now()
-	if t == 0 {
-		m.thr = 1 / (2 * math.Sqrt(float64(m.k)))
-	} else {
-		m.thr = microNextThreshold(m.thr, m.kPrev, m.k)
-	}
 	s, e := comm.ChunkBounds(N, m.n, (t%m.n+m.r)%m.n)
-	mine := SelectAbove(m.mine, acc[s:e], float32(m.thr))
-	for i := range mine {
-		mine[i] += int32(s)
+	mine, err := v.scratch(&b.dSel, device.Int32, max(e-s, 1))
+	if err != nil {
+		return Stats{}, err
 	}
-	if len(mine) == 0 && e > s {
-		mine = append(mine, int32(s+t%(e-s)))
-	}
-	m.mine = mine
-	selTime := time.Since(t0)
-
-	lists, counts, err := gatherIndices(ctx, m.c, mine, N)
+	cnt := 0
+	selTime, err := b.timed(func() error {
+		if t == 0 {
+			m.thr = 1 / (2 * math.Sqrt(float64(m.k)))
+		} else {
+			m.thr = microNextThreshold(m.thr, m.kPrev, m.k)
+		}
+		var err error
+		if cnt, err = v.ops.SelectAbove(v.s, mine, device.Buffer{}, acc.Slice(s, e), float32(m.thr)); err != nil {
+			return err
+		}
+		if err := v.ops.Shift(v.s, mine.Slice(0, cnt), s); err != nil {
+			return err
+		}
+		if cnt == 0 && e > s {
+			cnt = 1
+			return v.upload(mine, []int32{int32(s + t%(e-s))})
+		}
+		return nil
+	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
 	}
-	union := concatLists(lists, 0) // disjoint partitions: no duplicates
-	if err := unionReduce(ctx, m.c, acc, out, residual, union); err != nil {
+	union, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, cnt)) // disjoint partitions: no duplicates
+	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
 	}
-	m.kPrev = len(union)
+	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
+	}
+	m.kPrev = union.Len()
 
-	st := callStats(m.c, before, m.o.Density, selTime)
-	st.ActualDensity = float64(len(union)) / float64(N)
-	st.Selected = len(mine)
+	st, err := b.finish(before, selTime, residual)
+	st.Density = m.o.Density
+	st.ActualDensity = float64(union.Len()) / float64(N)
+	st.Selected = cnt
 	st.SelectedPerWorker = counts
-	st.ErrorNorm = norm2(residual)
 	st.Threshold = m.thr
-	return st, nil
+	return st, err
 }

@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"sort"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
@@ -53,6 +54,15 @@ type Ops interface {
 	ScatterFill(s device.Stream, dst, idx device.Buffer, v float32) error
 	// Scatter sets dst[idx[j]] = scale·val[j] for j < len(idx).
 	Scatter(s device.Stream, dst, idx, val device.Buffer, scale float32) error
+	// Iota sets idx[j] = start + j.
+	Iota(s device.Stream, idx device.Buffer, start int) error
+	// CountIn returns, for each segment [bounds[j], bounds[j+1]), how many
+	// indices of idx lie in it (bounds ascending; indices outside them are
+	// not counted).
+	CountIn(s device.Stream, idx device.Buffer, bounds []int) ([]int, error)
+	// InRange returns an error naming the first index of idx outside
+	// [0, n), if any.
+	InRange(s device.Stream, idx device.Buffer, n int) error
 	// Shift adds off to every index of idx.
 	Shift(s device.Stream, idx device.Buffer, off int) error
 	// Union writes the distinct indices of idx, ascending, into out (at
@@ -327,6 +337,53 @@ func (cpuOps) Scatter(_ device.Stream, dst, idx, val device.Buffer, scale float3
 	return nil
 }
 
+func (cpuOps) Iota(_ device.Stream, idx device.Buffer, start int) error {
+	ii, err := i32("Iota", "idx", idx, 0)
+	if err != nil {
+		return err
+	}
+	for j := range ii {
+		ii[j] = int32(start + j)
+	}
+	return nil
+}
+
+func (cpuOps) CountIn(_ device.Stream, idx device.Buffer, bounds []int) ([]int, error) {
+	ii, err := i32("CountIn", "idx", idx, 0)
+	if err != nil {
+		return nil, err
+	}
+	if len(bounds) < 2 {
+		return nil, nil
+	}
+	out := make([]int, len(bounds)-1)
+	for _, i := range ii {
+		if j := sort.SearchInts(bounds, int(i)+1) - 1; j >= 0 && j < len(out) {
+			out[j]++
+		}
+	}
+	return out, nil
+}
+
+func (cpuOps) InRange(_ device.Stream, idx device.Buffer, n int) error {
+	ii, err := i32("InRange", "idx", idx, 0)
+	if err != nil {
+		return err
+	}
+	for j, i := range ii {
+		if i < 0 || int(i) >= n {
+			return indexError(i, j, n)
+		}
+	}
+	return nil
+}
+
+// indexError is the error of an index i (element j of a list) outside
+// [0, n).
+func indexError(i int32, j, n int) error {
+	return fmt.Errorf("sparsify: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", i, j, n)
+}
+
 func (cpuOps) Shift(_ device.Stream, idx device.Buffer, off int) error {
 	ii, err := i32("Shift", "idx", idx, 0)
 	if err != nil {
@@ -349,7 +406,7 @@ func (cpuOps) Union(_ device.Stream, out, idx device.Buffer, n int) (int, error)
 	}
 	for j, i := range ii {
 		if i < 0 || int(i) >= n {
-			return 0, fmt.Errorf("sparsify: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", i, j, n)
+			return 0, indexError(i, j, n)
 		}
 	}
 	u := append(oo[:0], ii...)

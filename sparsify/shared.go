@@ -316,6 +316,9 @@ func (b *base) union(idx device.Buffer) (device.Buffer, error) {
 // sum/n there and 0 elsewhere, residual = acc with union zeroed.
 func (b *base) unionReduceOn(ctx context.Context, acc, out, residual, union device.Buffer) error {
 	v := &b.v
+	if err := v.ops.InRange(v.s, union, b.n); err != nil {
+		return err
+	}
 	vals, err := v.scratch(&b.dVal, device.Float32, union.Len())
 	if err != nil {
 		return err
