@@ -50,13 +50,14 @@ func (s *runStatus) checkpoint() (string, int) {
 	return s.ckpt, s.ckptStep
 }
 
-// lastCheckpoint says where the newest checkpoint is, for messages.
-func (r *runner) lastCheckpoint() string {
+// lastCheckpoint says where the newest checkpoint is and how to continue
+// from it, for messages; how is what precedes the command ("resume with").
+func (r *runner) lastCheckpoint(how string) string {
 	dir, step := r.status.checkpoint()
 	if dir == "" {
-		return "no checkpoint was written yet"
+		return "no checkpoint was written yet: run the same command again to start over"
 	}
-	return fmt.Sprintf("the last checkpoint is %s (step %d)", dir, step)
+	return fmt.Sprintf("the last checkpoint is %s (step %d); %s: %s", dir, step, how, r.resumeCommand())
 }
 
 // resumeCommand is the command that continues the run.
@@ -91,9 +92,20 @@ func onePrefix(err error) string {
 	return trainPrefix.ReplaceAllString(err.Error(), "$1")
 }
 
-// failed turns an error of the training loop at position p into the job's
-// error: what happened (on which rank, where that matters), at which step,
-// the last checkpoint and the command that resumes.
+// stepError is an error of training step n (1-based) of 0-based epoch.
+type stepError struct {
+	n, epoch int
+	err      error
+}
+
+func (e *stepError) Error() string {
+	return fmt.Sprintf("step %d (epoch %d): %v", e.n, e.epoch+1, e.err)
+}
+func (e *stepError) Unwrap() error { return e.err }
+
+// failed turns an error of the training loop after step steps into the
+// job's error: what happened (on which rank, where that matters), at which
+// step, the last checkpoint and the command that resumes.
 func (w *worker) failed(err error, step int) error {
 	var je *jobError
 	if err == nil || errors.As(err, &je) {
@@ -102,23 +114,42 @@ func (w *worker) failed(err error, step int) error {
 	if errors.Is(err, comm.ErrAborted) {
 		return err // another rank failed; its error is the job's
 	}
-	msg := onePrefix(err)
-	where := fmt.Sprintf("at step %d", step)
+	rank := ""
 	if w.size > 1 && !errors.Is(err, ErrInterrupted) && !errors.Is(err, ErrDiverged) && !errors.Is(err, ErrConfig) {
-		where += fmt.Sprintf(" on rank %d", w.rank)
+		var ce collectiveError
+		if !errors.As(err, &ce) {
+			rank = fmt.Sprintf(" on rank %d", w.rank)
+		}
 	}
-	var next string
+	how := "resume with"
+	if errors.Is(err, errNonFinite) {
+		how = "lower -lr or clip gradients (-clip), then resume with"
+	}
+	last := w.r.lastCheckpoint(how)
+	var se *stepError
+	var ce *ckptError
+	var what string
 	switch {
+	case errors.Is(err, ErrInterrupted) && errors.As(err, &ce):
+		what = fmt.Sprintf("interrupted after step %d, but the %v", step, onePrefix(ce))
+		if ce.prev != "" {
+			last = "resume with: " + w.r.resumeCommand()
+		} else {
+			last = ""
+		}
 	case errors.Is(err, ErrInterrupted):
-		return &jobError{msg: fmt.Sprintf("%s at step %d: %s; resume with: %s", msg, step, w.r.lastCheckpoint(), w.r.resumeCommand()), err: err}
-	case errors.Is(err, errNonFinite):
-		next = fmt.Sprintf("%s; lower -lr or clip gradients (-clip) before resuming with %s", w.r.lastCheckpoint(), w.r.resumeCommand())
+		what = fmt.Sprintf("interrupted after step %d", step)
+	case errors.As(err, &se):
+		what = fmt.Sprintf("step %d (epoch %d) failed%s: %s", se.n, se.epoch+1, rank, onePrefix(se.err))
 	case errors.Is(err, ErrConfig):
-		return &jobError{msg: msg, err: err}
+		return &jobError{msg: onePrefix(err), err: err}
 	default:
-		next = fmt.Sprintf("%s; resume with: %s", w.r.lastCheckpoint(), w.r.resumeCommand())
+		what = fmt.Sprintf("failed after step %d%s: %s", step, rank, onePrefix(err))
 	}
-	return &jobError{msg: fmt.Sprintf("%s %s: %s. %s", where, "failed", msg, next), err: err}
+	if last != "" {
+		what += "; " + last
+	}
+	return &jobError{msg: what, err: err}
 }
 
 // agree returns, identically on every rank, whether rank 0's clock has
@@ -161,11 +192,11 @@ func (w *worker) checkParams(ctx context.Context, step int) error {
 }
 
 func divergedError(differ []string, step int) error {
-	ranks := "rank " + differ[0]
+	ranks := "rank " + differ[0] + " differs"
 	if len(differ) > 1 {
-		ranks = "ranks " + strings.Join(differ, ", ")
+		ranks = "ranks " + strings.Join(differ, ", ") + " differ"
 	}
-	return fmt.Errorf("%w after step %d: %s differ from rank 0 (a nondeterministic reduction, a bug or a hardware fault)", ErrDiverged, step, ranks)
+	return fmt.Errorf("%w after step %d: %s from rank 0 (a nondeterministic reduction, a bug or a hardware fault)", ErrDiverged, step, ranks)
 }
 
 // stopRequested reports whether a stop was asked for (Options.Stop or a
@@ -174,18 +205,24 @@ func (r *runner) stopRequested() bool {
 	select {
 	case <-r.stop:
 		return true
+	case <-r.opt.Stop: // never ready when nil
+		return true
 	default:
 		return false
 	}
 }
 
-// handleSignals makes SIGINT and SIGTERM stop the run after the current
-// step with a checkpoint (it closes stop), and a second one end the process
-// at once. Only rank 0 (every process under mpirun gets the signals)
-// prints. It returns a function that undoes it.
+// handleSignals makes SIGINT, SIGTERM and SIGUSR1 stop the run after the
+// current step with a checkpoint (it closes stop), and a second one end the
+// process at once. Only rank 0 (every process under mpirun gets the
+// signals) prints. It returns a function that undoes it.
+//
+// Under mpirun, Ctrl-C makes mpirun send SIGTERM to every rank and kill
+// them a few seconds later, and so does a rank that dies; SIGUSR1 sent to
+// mpirun is forwarded to every rank and stops the job without that limit.
 func (r *runner) handleSignals(stop chan struct{}, console io.Writer, rank0 bool) func() {
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGUSR1)
 	done := make(chan struct{})
 	say := func(format string, a ...any) {
 		if rank0 {
@@ -199,23 +236,24 @@ func (r *runner) handleSignals(stop chan struct{}, console io.Writer, rank0 bool
 		case <-done:
 			return
 		}
-		from := ""
+		step := r.status.step.Load() + 1
 		if r.backend == "mpi" && s == syscall.SIGTERM {
-			from = " (mpirun sends it when the job is interrupted or a rank has died)"
+			say("\ntrain: terminated (SIGTERM) by mpirun during step %d: a rank died or the job was interrupted; if every rank is alive the job stops after this step with a checkpoint; %s\n",
+				step, r.lastCheckpoint("resume with"))
+		} else {
+			again := "Ctrl-C again exits at once"
+			if s != os.Interrupt {
+				again = "a second signal exits at once"
+			}
+			say("\ntrain: %s during step %d: stopping after it with a checkpoint (%s)\n", sigName(s), step, again)
 		}
-		again := "Ctrl-C again exits at once"
-		if s == syscall.SIGTERM {
-			again = "a second SIGTERM exits at once"
-		}
-		say("\ntrain: %v%s during step %d: finishing the step, then writing a checkpoint and stopping (%s)\n",
-			sigName(s), from, r.status.step.Load()+1, again)
 		r.stopOnce.Do(func() { close(stop) })
 		select {
 		case s = <-sigs:
 		case <-done:
 			return
 		}
-		say("train: %v again: exiting at once during step %d; %s; resume with: %s\n", sigName(s), r.status.step.Load()+1, r.lastCheckpoint(), r.resumeCommand())
+		say("train: %s again: exiting at once during step %d; %s\n", sigName(s), r.status.step.Load()+1, r.lastCheckpoint("resume with"))
 		code := 130
 		if s == syscall.SIGTERM {
 			code = 143
@@ -234,6 +272,8 @@ func sigName(s os.Signal) string {
 		return "interrupted (SIGINT)"
 	case syscall.SIGTERM:
 		return "terminated (SIGTERM)"
+	case syscall.SIGUSR1:
+		return "asked to stop (SIGUSR1)"
 	}
 	return s.String()
 }

@@ -173,7 +173,10 @@ func runMPI(ctx context.Context, c Config, o Options, r *runner) error {
 		if r == nil {
 			var err error
 			if r, err = prepareResumeMPI(ctx, cm, c, o); err != nil {
-				agreed = err
+				if cm.Rank() == 0 {
+					fmt.Fprintln(os.Stderr, finalError(err))
+				}
+				agreed = reported{err}
 				return nil
 			}
 		}
@@ -182,10 +185,12 @@ func runMPI(ctx context.Context, c Config, o Options, r *runner) error {
 		err := r.worker(ctx, cm)
 		var ce collectiveError
 		if errors.As(err, &ce) || errors.Is(err, ErrConfig) {
-			agreed = err
-			if cm.Rank() != 0 {
-				agreed = reported{err}
+			// Rank 0 says it now: mpirun may kill the job before Run
+			// returns (after Ctrl-C it does within seconds).
+			if cm.Rank() == 0 {
+				fmt.Fprintln(r.opt.Progress, finalError(err))
 			}
+			agreed = reported{err}
 			return nil
 		}
 		return err
@@ -303,17 +308,6 @@ func (r *runner) watchStop() func() {
 			rank0 = l.Rank == 0
 		}
 		undo = append(undo, r.handleSignals(stop, r.opt.Progress, rank0))
-	}
-	if r.opt.Stop != nil {
-		done := make(chan struct{})
-		go func() {
-			select {
-			case <-r.opt.Stop:
-				r.stopOnce.Do(func() { close(stop) })
-			case <-done:
-			}
-		}()
-		undo = append(undo, func() { close(done) })
 	}
 	return func() {
 		for _, u := range undo {

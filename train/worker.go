@@ -74,8 +74,8 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 			if w.log != nil {
 				w.log.Error("panic", "value", p, "stack", string(debug.Stack()))
 			}
-			err = &jobError{msg: fmt.Sprintf("rank %d panicked at step %d: %v (stack in %s). %s; resume with: %s", w.rank, w.r.status.step.Load()+1, p,
-				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.r.lastCheckpoint(), w.r.resumeCommand())}
+			err = &jobError{msg: fmt.Sprintf("step %d failed on rank %d: panic: %v (stack in %s); %s", w.r.status.step.Load()+1, w.rank, p,
+				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.r.lastCheckpoint("resume with"))}
 		}
 	}()
 	if err := os.MkdirAll(filepath.Join(cfg.Out, "checkpoints"), 0o755); err != nil {
@@ -578,7 +578,7 @@ func (w *worker) loop(ctx context.Context) error {
 					prog.endEpoch()
 				}
 				if err := save(here, true); err != nil {
-					return w.failed(collective(err), step)
+					return w.failed(collective(errors.Join(ErrInterrupted, err)), step)
 				}
 				return w.failed(collective(ErrInterrupted), step)
 			}
@@ -604,11 +604,11 @@ func (w *worker) loop(ctx context.Context) error {
 			lr := sched.At(step, epoch)
 			b, ns, err := w.task.Batch(i)
 			if err != nil {
-				return w.failed(fmt.Errorf("batch %d of epoch %d: %w", i, epoch+1, err), step)
+				return w.failed(&stepError{step + 1, epoch, fmt.Errorf("batch %d of the epoch: %w", i, err)}, step)
 			}
 			s, err := w.step(ctx, b, lr)
 			if err != nil {
-				return w.failed(fmt.Errorf("step %d (epoch %d): %w", step+1, epoch+1, err), step)
+				return w.failed(&stepError{step + 1, epoch, err}, step)
 			}
 			s.Samples = ns
 			step++

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/train"
+)
+
+// endOf is what a run directory's newest checkpoint and metrics say of where
+// the run ended: the parameters, optimizer state and every rank's part
+// (bytes), and every metrics record without its times.
+type endOf struct {
+	step    int
+	params  []uint32
+	opt     [][]uint32
+	shards  [][]byte
+	records []map[string]any
+}
+
+func bitsOf(v []float32) []uint32 {
+	b := make([]uint32, len(v))
+	for i, x := range v {
+		b[i] = math.Float32bits(x)
+	}
+	return b
+}
+
+func readEnd(t *testing.T, dir string) endOf {
+	t.Helper()
+	ckd, err := train.LatestCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := train.ReadCheckpoint(ckd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := endOf{step: ck.Step, params: bitsOf(ck.Params)}
+	for _, v := range ck.Opt {
+		e.opt = append(e.opt, bitsOf(v))
+	}
+	for r := range ck.Workers {
+		b, err := os.ReadFile(filepath.Join(ckd, fmt.Sprintf("rank-%04d.ckpt", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.shards = append(e.shards, b)
+	}
+	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 1<<24)
+	for sc.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+			t.Fatal(err)
+		}
+		for k := range m {
+			if k == "wall" || strings.HasPrefix(k, "t_") {
+				delete(m, k)
+			}
+		}
+		if ops, ok := m["ops"].(map[string]any); ok {
+			for _, o := range ops {
+				delete(o.(map[string]any), "time")
+			}
+		}
+		e.records = append(e.records, m)
+	}
+	return e
+}
+
+// sameEnds fails the test where the two ends differ.
+func sameEnds(t *testing.T, what string, a, b endOf) {
+	t.Helper()
+	switch {
+	case a.step != b.step:
+		t.Fatalf("%s: last checkpoints at steps %d and %d", what, a.step, b.step)
+	case !reflect.DeepEqual(a.params, b.params):
+		t.Fatalf("%s: parameters differ", what)
+	case !reflect.DeepEqual(a.opt, b.opt):
+		t.Fatalf("%s: optimizer state differs", what)
+	}
+	for r := range a.shards {
+		if !bytes.Equal(a.shards[r], b.shards[r]) {
+			t.Fatalf("%s: rank %d's checkpoint part (residual, batch-norm statistics, reducer and model state) differs", what, r)
+		}
+	}
+	if len(a.records) != len(b.records) {
+		t.Fatalf("%s: %d metrics records and %d", what, len(a.records), len(b.records))
+	}
+	for i := range a.records {
+		if !reflect.DeepEqual(a.records[i], b.records[i]) {
+			t.Fatalf("%s: metrics record %d differs:\n%v\n%v", what, i, a.records[i], b.records[i])
+		}
+	}
+}
+
+// startMain starts this test binary as the train command (or mpirun with
+// it) in a process group of its own.
+func startMain(t *testing.T, name string, args ...string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
+	return cmd, &out
+}
+
+// waitFor polls until ok or the deadline.
+func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for !ok() {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// stepsRecorded counts the step records of a run directory.
+func stepsRecorded(dir string) int {
+	b, _ := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	return bytes.Count(b, []byte(`"type":"step"`))
+}
+
+// exitIn waits for cmd to end within d and returns its exit code.
+func exitIn(t *testing.T, cmd *exec.Cmd, d time.Duration, out *bytes.Buffer) (int, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		t.Fatalf("the process did not end within %v:\n%s", d, out.String())
+	}
+	return cmd.ProcessState.ExitCode(), time.Since(start)
+}
+
+// resumeArgs train NCF with MiCRO (whose threshold is state) with
+// batches so large that an epoch is some 120 steps of 2 workers (80 of 3):
+// the runs cross epoch ends and their evaluations. (The dropout stream's
+// state is tested in package train, with -preset default.)
+var resumeArgs = []string{"-model", "ncf", "-dataset", "ml-100k", "-sparsifier", "micro", "-density", "0.05",
+	"-batch", "2048", "-quiet", "-max-eval-batches", "2", "-seed", "3"}
+
+// TestCtrlCThenResume: Ctrl-C (SIGINT) stops the command after its step
+// with a checkpoint and one message naming the step, the checkpoint and the
+// command that resumes, and a non-zero exit; that command, given only
+// -resume (and a step limit), completes the run bit for bit as an
+// uninterrupted one; a second Ctrl-C exits at once.
+func TestCtrlCThenResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long; runs in the full suite")
+	}
+	d := sharedData(t)
+	const steps = 300
+	straight := filepath.Join(t.TempDir(), "straight")
+	var out bytes.Buffer
+	if err := run(context.Background(), append(resumeArgs, "-data-dir", d, "-workers", "2", "-steps", strconv.Itoa(steps), "-out", straight), &out, &out); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	dir := filepath.Join(t.TempDir(), "run")
+	cmd, cout := startMain(t, os.Args[0], append(resumeArgs, "-data-dir", d, "-workers", "2", "-out", dir)...)
+	waitFor(t, time.Minute, "100 steps", func() bool { return stepsRecorded(dir) >= 100 })
+	cmd.Process.Signal(os.Interrupt)
+	code, took := exitIn(t, cmd, 30*time.Second, cout)
+	msg := cout.String()
+	t.Logf("exit %d after %v:\n%s", code, took, msg)
+	m := regexp.MustCompile(`train: interrupted after step (\d+); the last checkpoint is (\S+) \(step (\d+)\); resume with: train -resume (\S+)`).FindStringSubmatch(msg)
+	if code == 0 || m == nil || m[1] != m[3] || m[4] != dir || m[2] != filepath.Join(dir, "checkpoints", "step-"+strings.Repeat("0", 9-len(m[1]))+m[1]) {
+		t.Fatalf("exit %d, output:\n%s\nwant a non-zero exit and the interruption's message", code, msg)
+	}
+	if n, _ := strconv.Atoi(m[1]); n >= steps {
+		t.Fatalf("interrupted after step %d: too late for the test", n)
+	}
+	// The resume: only -resume, and the step limit of the straight run.
+	out.Reset()
+	if err := run(context.Background(), []string{"-resume", dir, "-steps", strconv.Itoa(steps)}, &out, &out); err != nil {
+		t.Fatalf("resume: %v\n%s", err, out.String())
+	}
+	sameEnds(t, "interrupted and resumed vs straight", readEnd(t, straight), readEnd(t, dir))
+
+	// A second Ctrl-C exits at once, in the middle of a step (the LSTM's
+	// take long enough for the second to arrive during the first's).
+	dir2 := filepath.Join(t.TempDir(), "twice")
+	cmd, cout = startMain(t, os.Args[0], "-model", "lstm", "-data-dir", d, "-quiet", "-out", dir2)
+	waitFor(t, 2*time.Minute, "a step", func() bool { return stepsRecorded(dir2) >= 1 })
+	cmd.Process.Signal(os.Interrupt)
+	waitFor(t, 10*time.Second, "the first Ctrl-C's message", func() bool { return strings.Contains(cout.String(), "Ctrl-C again") })
+	cmd.Process.Signal(os.Interrupt)
+	code, took = exitIn(t, cmd, 10*time.Second, cout)
+	t.Logf("two Ctrl-C: exit %d after %v:\n%s", code, took, cout.String())
+	if code != 130 || !strings.Contains(cout.String(), "again: exiting at once") || !strings.Contains(cout.String(), "no checkpoint was written yet") {
+		t.Fatalf("two Ctrl-C: exit %d, output:\n%s", code, cout.String())
+	}
+}
+
+// TestMPIKillThenResume: under a real mpirun, kill -9 of one rank ends the
+// whole job within 10 s, naming the rank; mpirun ... train -resume DIR then
+// completes the run, and its end (parameters, every rank's residual and
+// reducer state, metrics) equals that of a job that was never interrupted.
+func TestMPIKillThenResume(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long; runs in the full suite")
+	}
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+	}
+	d := sharedData(t)
+	const np, steps = 3, 300
+	mpi := []string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np), os.Args[0]}
+	mpiRun := func(args ...string) {
+		t.Helper()
+		cmd, out := startMain(t, mpirun, append(mpi, args...)...)
+		if code, _ := exitIn(t, cmd, 3*time.Minute, out); code != 0 {
+			t.Fatalf("mpirun %v: exit %d\n%s", args, code, out.String())
+		}
+	}
+	straight := filepath.Join(t.TempDir(), "straight")
+	mpiRun(append(resumeArgs, "-data-dir", d, "-steps", strconv.Itoa(steps), "-out", straight)...)
+
+	dir := filepath.Join(t.TempDir(), "killed")
+	cmd, out := startMain(t, mpirun, append(mpi, append(resumeArgs, "-data-dir", d, "-checkpoint-every", "50", "-out", dir)...)...)
+	waitFor(t, 2*time.Minute, "the checkpoint of step 100", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "checkpoints", "step-000000100", "shared.ckpt"))
+		return err == nil
+	})
+	victim := rankPID(t, cmd.Process.Pid, 1)
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	code, took := exitIn(t, cmd, 20*time.Second, out)
+	t.Logf("mpirun ended %v after kill -9 of rank 1, exit %d:\n%s", took, code, out.String())
+	if code == 0 || took > 10*time.Second {
+		t.Fatalf("mpirun exit %d %v after a rank was killed: want non-zero within 10 s", code, took)
+	}
+	if !regexp.MustCompile(`rank 1\b.*(signal 9|Killed)`).MatchString(out.String()) {
+		t.Fatalf("the output does not name the killed rank:\n%s", out.String())
+	}
+	if n := stepsRecorded(dir); n >= steps {
+		t.Fatalf("the killed job recorded %d steps: too late for the test", n)
+	}
+	mpiRun("-resume", dir, "-steps", strconv.Itoa(steps))
+	sameEnds(t, "killed and resumed vs straight (mpirun)", readEnd(t, straight), readEnd(t, dir))
+}
+
+// rankPID finds the process of MPI rank r among mpirun's descendants.
+func rankPID(t *testing.T, mpirunPID, r int) int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, []byte(mainEnv+"=1")) {
+			continue
+		}
+		if bytes.Contains(env, []byte("\x00OMPI_COMM_WORLD_RANK="+strconv.Itoa(r)+"\x00")) && descends(pid, mpirunPID) {
+			return pid
+		}
+	}
+	t.Fatalf("no process of rank %d under mpirun %d", r, mpirunPID)
+	return 0
+}
+
+// descends reports whether pid is a descendant of anc.
+func descends(pid, anc int) bool {
+	for pid > 1 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return false
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) < 2 {
+			return false
+		}
+		pid, _ = strconv.Atoi(f[1])
+		if pid == anc {
+			return true
+		}
+	}
+	return false
+}

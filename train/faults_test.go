@@ -1,0 +1,266 @@
+package train
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/models"
+)
+
+// poisonModel corrupts one rank's step: a NaN gradient element of a named
+// tensor, a NaN loss, or a changed parameter.
+type poisonModel struct {
+	models.Model
+	at, steps int
+	kind      string // "gradient", "loss" or "param"
+	tensor    string
+}
+
+func (m *poisonModel) TrainStep(ctx context.Context, b models.Batch, p, g device.Buffer) (models.StepResult, error) {
+	m.steps++
+	r, err := m.Model.TrainStep(ctx, b, p, g)
+	if m.steps == m.at {
+		switch m.kind {
+		case "gradient":
+			for _, l := range m.Layout() {
+				if l.Name == m.tensor {
+					g.Float32s()[l.Offset+3] = float32(math.NaN())
+				}
+			}
+		case "loss":
+			r.Loss = math.Inf(1)
+		case "param":
+			p.Float32s()[7] += 1
+		}
+	}
+	return r, err
+}
+
+// poisonSecond wraps the second worker built (some rank) in a poisonModel.
+func poisonSecond(kind string, at int, tensor string) Options {
+	var n atomic.Int32
+	return Options{wrapModel: func(m models.Model) models.Model {
+		if n.Add(1) == 2 {
+			return &poisonModel{Model: m, at: at, kind: kind, tensor: tensor}
+		}
+		return m
+	}}
+}
+
+// TestNonFiniteStopsNamingTheTensor: a NaN gradient element stops the run
+// at its step naming the tensor (layout name) and the last good
+// checkpoint, and no checkpoint of the broken state exists; a non-finite
+// loss does the same.
+func TestNonFiniteStopsNamingTheTensor(t *testing.T) {
+	for _, tc := range []struct {
+		kind, want string
+	}{
+		{"gradient", `step 5 \(epoch 1\) failed on rank \d: not finite: the gradient is NaN in tensor mlp\.1\.weight \(element 3 of it\); the last checkpoint is \S+step-000000004 \(step 4\); lower -lr or clip gradients \(-clip\), then resume with: train -resume `},
+		{"loss", `step 5 \(epoch 1\) failed on rank \d: not finite: the loss is \+Inf; the last checkpoint is \S+step-000000004 \(step 4\)`},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			c := ncfConfig(t, 3, 10)
+			c.Sparsifier, c.Density, c.CheckpointEvery = "topk", Set(0.1), 2
+			err := Run(context.Background(), c, poisonSecond(tc.kind, 5, "mlp.1.weight"))
+			if err == nil || !regexp.MustCompile(tc.want).MatchString(err.Error()) || !errors.Is(err, errNonFinite) {
+				t.Fatalf("err %v\nwant %s", err, tc.want)
+			}
+			if strings.Count(err.Error(), "train:") != 1 {
+				t.Fatalf("%q: want one train: prefix", err)
+			}
+			if got, _ := LatestCheckpoint(c.Out); filepath.Base(got) != "step-000000004" {
+				t.Fatalf("newest checkpoint %s, want the one of step 4", got)
+			}
+		})
+	}
+}
+
+// TestCheckEveryNamesTheDivergedRank: parameters that differ between ranks
+// stop the run at the next -check-every step, naming the rank; without
+// -check-every the next checkpoint catches them and is not written.
+func TestCheckEveryNamesTheDivergedRank(t *testing.T) {
+	c := ncfConfig(t, 3, 12)
+	c.CheckEvery = 3
+	err := Run(context.Background(), c, poisonSecond("param", 4, ""))
+	if !errors.Is(err, ErrDiverged) || !regexp.MustCompile(`parameters differ after step 6: rank \d differs from rank 0`).MatchString(err.Error()) {
+		t.Fatalf("err %v", err)
+	}
+	c = ncfConfig(t, 3, 12)
+	c.CheckpointEvery = 5
+	err = Run(context.Background(), c, poisonSecond("param", 7, ""))
+	if !errors.Is(err, ErrDiverged) || !strings.Contains(err.Error(), "after step 10") || !strings.Contains(err.Error(), "step-000000005 (step 5)") {
+		t.Fatalf("err %v", err)
+	}
+	if got, _ := LatestCheckpoint(c.Out); filepath.Base(got) != "step-000000005" {
+		t.Fatalf("newest checkpoint %s: a checkpoint of diverged parameters was written", got)
+	}
+}
+
+// TestCheckpointWriteFailureKeepsThePrevious: a full disk (one rank's
+// write fails with ENOSPC) or an unwritable checkpoint folder loses that
+// checkpoint only: the run says so, keeps the previous one complete and
+// goes on; the next checkpoint is written.
+func TestCheckpointWriteFailureKeepsThePrevious(t *testing.T) {
+	c := ncfConfig(t, 2, 9)
+	c.CheckpointEvery, c.Quiet = 2, false
+	defer func() { ckptWriteHook = nil }()
+	ckptWriteHook = func(path string) error {
+		if strings.Contains(path, "step-000000004") && strings.HasSuffix(path, shardName(1)) {
+			return &os.PathError{Op: "write", Path: path, Err: syscall.ENOSPC}
+		}
+		return nil
+	}
+	// A file where step 6's folder goes: it cannot be created.
+	os.MkdirAll(filepath.Join(c.Out, "checkpoints"), 0o755)
+	os.WriteFile(stepDir(c.Out, 6), []byte("in the way"), 0o644)
+	var out bytes.Buffer
+	if err := Run(context.Background(), c, Options{Stdout: &out, Progress: &out}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"warning: checkpoint of step 4 not written: rank 1: write " + filepath.Join(stepDir(c.Out, 4), shardName(1)) + ": no space left on device; the previous checkpoint " + stepDir(c.Out, 2) + " is intact",
+		"warning: checkpoint of step 6 not written:",
+		"not a directory; the previous checkpoint " + stepDir(c.Out, 2) + " is intact",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(stepDir(c.Out, 4))); err == nil {
+		t.Error("the failed checkpoint's folder was left")
+	}
+	if got, _ := LatestCheckpoint(c.Out); filepath.Base(got) != "step-000000009" {
+		t.Fatalf("newest checkpoint %s, want step 9's", got)
+	}
+	// The run resumes from its last checkpoint (the one of step 2 was
+	// kept until step 8's was written).
+	if _, err := os.Stat(filepath.Join(stepDir(c.Out, 8), ckptSharedName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stepDir(c.Out, 2)); err == nil {
+		t.Error("the checkpoint of step 2 was kept after two newer ones")
+	}
+}
+
+// TestInterruptWithUnwritableCheckpoint: when the checkpoint of an
+// interruption cannot be written, the run says so and points at the
+// previous one.
+func TestInterruptWithUnwritableCheckpoint(t *testing.T) {
+	c := ncfConfig(t, 2, 20)
+	c.CheckpointEvery = 3
+	defer func() { ckptWriteHook = nil }()
+	ckptWriteHook = func(path string) error {
+		if strings.Contains(path, "step-000000005") {
+			return &os.PathError{Op: "write", Path: path, Err: syscall.ENOSPC}
+		}
+		return nil
+	}
+	err := Run(context.Background(), c, stopAt(5))
+	want := "interrupted after step 5, but the checkpoint of step 5 not written: "
+	if !errors.Is(err, ErrInterrupted) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "the previous checkpoint "+stepDir(c.Out, 3)+" is intact; resume with: train -resume "+c.Out) {
+		t.Fatalf("err %v", err)
+	}
+}
+
+// TestBadCheckpointsAreRefused: a damaged shared part, a damaged or
+// foreign rank's part, and a checkpoint of another worker count are
+// refused saying what is wrong, and nothing is trained; a newer incomplete
+// checkpoint is passed over for the newest complete one, which the resume
+// names.
+func TestBadCheckpointsAreRefused(t *testing.T) {
+	c := ncfConfig(t, 2, 6)
+	c.CheckpointEvery = 2
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	copyRun := func() string {
+		d := t.TempDir()
+		if err := os.CopyFS(d, os.DirFS(c.Out)); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	resume := func(d string, o Options) error {
+		return Run(context.Background(), Config{Resume: d, Steps: 8}, o)
+	}
+	flip := func(p string, at int) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if at < 0 {
+			at += len(b)
+		}
+		b[at] ^= 0x10
+		os.WriteFile(p, b, 0o644)
+	}
+	for _, tc := range []struct {
+		name   string
+		damage func(d string)
+		want   string
+	}{
+		{"shared bit flip", func(d string) { flip(filepath.Join(stepDir(d, 6), ckptSharedName), -5) }, "shared.ckpt is not a valid checkpoint file: checksum mismatch"},
+		{"shared truncated", func(d string) { os.Truncate(filepath.Join(stepDir(d, 6), ckptSharedName), 100) }, "shared.ckpt is not a valid checkpoint file"},
+		{"rank part bit flip", func(d string) { flip(filepath.Join(stepDir(d, 6), shardName(1)), -9) }, filepath.Join("step-000000006", shardName(1)) + " is not the part the checkpoint lists"},
+		{"rank part of another checkpoint", func(d string) {
+			b, _ := os.ReadFile(filepath.Join(stepDir(d, 4), shardName(0)))
+			os.WriteFile(filepath.Join(stepDir(d, 6), shardName(0)), b, 0o644)
+		}, "is not the part the checkpoint lists"},
+		{"rank part missing", func(d string) { os.Remove(filepath.Join(stepDir(d, 6), shardName(1))) }, "rank 1: reading this rank's part"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := copyRun()
+			tc.damage(d)
+			before, _ := os.ReadFile(filepath.Join(d, "metrics.jsonl"))
+			err := resume(d, Options{})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want %q", err, tc.want)
+			}
+			if after, _ := os.ReadFile(filepath.Join(d, "metrics.jsonl")); !bytes.Equal(before, after) {
+				t.Fatal("a refused resume changed metrics.jsonl")
+			}
+		})
+	}
+	t.Run("newest incomplete", func(t *testing.T) {
+		d := copyRun()
+		os.MkdirAll(stepDir(d, 7), 0o755)
+		os.WriteFile(filepath.Join(stepDir(d, 7), shardName(0)), []byte("partial"), 0o644)
+		var out bytes.Buffer
+		// -quiet=false given on the command line overrides the run's -quiet.
+		o := Options{Stdout: &out, Progress: &out, Given: map[string]bool{"resume": true, "steps": true, "quiet": true}}
+		if err := Run(context.Background(), Config{Resume: d, Steps: 8, Quiet: false}, o); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(out.String(), "resuming from "+stepDir(d, 6)+" (step 6, epoch 1)") {
+			t.Fatalf("output:\n%s", out.String())
+		}
+		if _, err := os.Stat(stepDir(d, 7)); err == nil {
+			t.Fatal("the incomplete checkpoint's folder is left")
+		}
+	})
+	t.Run("other worker count", func(t *testing.T) {
+		d := copyRun()
+		// The run's record says 3 workers: the checkpoint's 2 differ.
+		b, _ := os.ReadFile(filepath.Join(d, "run.json"))
+		var info map[string]any
+		json.Unmarshal(b, &info)
+		info["workers"] = 3
+		b, _ = json.Marshal(info)
+		os.WriteFile(filepath.Join(d, "run.json"), b, 0o644)
+		err := resume(d, Options{})
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "workers: the checkpoint has 2, this run 3") {
+			t.Fatalf("err %v", err)
+		}
+	})
+}
