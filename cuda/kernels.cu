@@ -711,3 +711,8 @@ extern "C" __global__ void k_count_in(const int* idx, i64 n, const i64* bounds, 
         atomicAdd(&counts[lo], 1u);
     }
 }
+
+// x[i] /= d.
+extern "C" __global__ void k_div(float* x, float d, i64 n) {
+    GRID_STRIDE(i, n) { x[i] = x[i] / d; }
+}

@@ -470,6 +470,18 @@ func (o *Sparse) Scatter(s device.Stream, dst, idx, val device.Buffer, scale flo
 	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter", n)
 }
 
+// Div divides every element of x by d.
+func (o *Sparse) Div(s device.Stream, x device.Buffer, d float32) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	if err := o.check("Div", "x", x, device.Float32, 0); err != nil {
+		return err
+	}
+	return cs.args().buf(x).f32(d).i64(x.Len()).runN("k_div", x.Len())
+}
+
 // Iota sets idx[j] = start + j.
 func (o *Sparse) Iota(s device.Stream, idx device.Buffer, start int) error {
 	cs, err := o.stream(s)

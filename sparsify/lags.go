@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
@@ -116,6 +118,17 @@ type GroupReducer interface {
 	StartGroup(ctx context.Context, g int, acc, out, residual []float32) (Pending, error)
 }
 
+// DeviceGroupReducer is a GroupReducer that also reduces groups of vectors
+// in its device's memory (see DeviceReducer). StartGroupOn and the Waits of
+// its Pendings issue work on the reducer's stream and must not run
+// concurrently with each other.
+type DeviceGroupReducer interface {
+	GroupReducer
+	DeviceReducer
+	// StartGroupOn is StartGroup on vectors of the reducer's device.
+	StartGroupOn(ctx context.Context, g int, acc, out, residual device.Buffer) (Pending, error)
+}
+
 // LAGSModel is the α-β cost model LAGS' adaptive per-group density uses: the
 // time of one group's communication with k elements per worker on n workers
 // is that of two ring all-gathers (float32 values and int32 indices),
@@ -165,13 +178,20 @@ const (
 // (n−1)·(α + m·β) for m bytes per rank: β from the difference of the two
 // sizes, α from the small one, both clamped at 0. With one rank there is
 // nothing to measure: the zero model. SparPerElement is 0.
-func lagsMeasure(ctx context.Context, c comm.Communicator) (LAGSModel, error) {
+func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.Buffer) (LAGSModel, error) {
 	n := c.Size()
 	if n == 1 {
 		return LAGSModel{}, nil
 	}
+	mem, err := v.scratch(buf, device.Float32, (n+1)*lagsMeasureElems)
+	if err != nil {
+		return LAGSModel{}, err
+	}
+	if err := v.m.Fill(v.s, mem, 0); err != nil {
+		return LAGSModel{}, err
+	}
 	fastest := func(m int) (float64, error) {
-		send, recv := make(comm.Float32s, m), make(comm.Float32s, n*m)
+		send, recv := v.cb(mem.Slice(0, m)), v.cb(mem.Slice(lagsMeasureElems, lagsMeasureElems+n*m))
 		best := math.Inf(1)
 		for range lagsMeasureReps {
 			t0 := time.Now()
@@ -190,9 +210,19 @@ func lagsMeasure(ctx context.Context, c comm.Communicator) (LAGSModel, error) {
 	if err != nil {
 		return LAGSModel{}, err
 	}
-	all := make(comm.Float32s, 2*n)
-	if err := c.AllGather(ctx, comm.Float32s{float32(t1), float32(tm)}, all); err != nil {
+	mine := []float32{float32(t1), float32(tm)}
+	if err := v.s.Copy(mem.Slice(0, 2), device.Host(mine)); err != nil {
+		return LAGSModel{}, err
+	}
+	if err := c.AllGather(ctx, v.cb(mem.Slice(0, 2)), v.cb(mem.Slice(2, 2+2*n))); err != nil {
 		return LAGSModel{}, fmt.Errorf("sparsify: lags: combining the network measurements: %w", err)
+	}
+	all := make([]float32, 2*n)
+	if err := v.s.Copy(device.Host(all), mem.Slice(2, 2+2*n)); err != nil {
+		return LAGSModel{}, err
+	}
+	if err := v.s.Synchronize(); err != nil {
+		return LAGSModel{}, err
 	}
 	for r := range n {
 		t1, tm = max(t1, float64(all[2*r])), max(tm, float64(all[2*r+1]))
@@ -270,23 +300,23 @@ type LAGS struct {
 	haveModel bool
 	backward  []time.Duration // per layout tensor, nil until set
 	ks        []int           // current k per group
-	seen      []bool          // length N, all false between calls
 
 	mu      sync.Mutex
 	pending []bool // per group: started, not yet waited for
 	bufs    []lagsBufs
+
+	v        vecs
+	dMeasure device.Buffer
+	gb       base // device helpers of the decode (Union)
 }
 
-// lagsBufs are one group's reusable buffers.
+// lagsBufs are one group's reusable device buffers.
 type lagsBufs struct {
-	sel     []int32
-	vals    []float32
-	allVals []float32
-	allIdx  []int32
-	touched []int32
+	sel, allIdx   device.Buffer // Int32
+	vals, allVals device.Buffer // Float32
 }
 
-var _ GroupReducer = (*LAGS)(nil)
+var _ DeviceGroupReducer = (*LAGS)(nil)
 
 func newLAGSReducer(o Options) (Reducer, error) { return newLAGS(o) }
 
@@ -315,8 +345,9 @@ func newLAGS(o Options) (*LAGS, error) {
 		maxRatio: maxRatio,
 		groups:   LAGSGroups(o.Layout, o.Params.Int("merge_size")),
 		model:    LAGSDefaultModel,
-		seen:     make([]bool, o.Layout.N),
+		v:        newVecs(o),
 	}
+	l.gb = newBase("lags", o)
 	if o.Network != (netmodel.Network{}) {
 		m, err := LAGSModelFromNetwork(o.Network, 0)
 		if err != nil {
@@ -439,14 +470,23 @@ func lagsGroupK(m int, density, maxRatio float64, n int, model LAGSModel, tComp 
 // Reduce reduces every group: all started in backward order, then all waited
 // for.
 func (l *LAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	if err := l.checkArgs(acc, out, residual); err != nil {
+	a, o, res, err := l.v.hostArgs("lags", acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return l.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (l *LAGS) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
+	if err := l.v.checkOn("lags", l.layout.N, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := l.totals()
 	ps := make([]Pending, len(l.groups))
 	var firstErr error
 	for g := range l.groups {
-		p, err := l.StartGroup(ctx, g, acc, out, residual)
+		p, err := l.StartGroupOn(ctx, g, acc, out, residual)
 		if err != nil {
 			firstErr = err
 			break
@@ -517,17 +557,22 @@ func CombineGroupStats(density float64, l Layout, groups []Group, gs []GroupStat
 	return st
 }
 
-func (l *LAGS) checkArgs(acc, out, residual []float32) error {
-	return checkReduceArgs("lags", l.layout.N, acc, out, residual)
-}
-
 // StartGroup selects and starts the communication of group g (see
 // GroupReducer).
 func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float32) (Pending, error) {
+	a, o, res, err := l.v.hostArgs("lags", acc, out, residual)
+	if err != nil {
+		return nil, err
+	}
+	return l.StartGroupOn(ctx, g, a, o, res)
+}
+
+// StartGroupOn is StartGroup on vectors of the reducer's device.
+func (l *LAGS) StartGroupOn(ctx context.Context, g int, acc, out, residual device.Buffer) (Pending, error) {
 	if g < 0 || g >= len(l.groups) {
 		return nil, fmt.Errorf("sparsify: lags: group %d does not exist; the layout has groups 0..%d", g, len(l.groups)-1)
 	}
-	if err := l.checkArgs(acc, out, residual); err != nil {
+	if err := l.v.checkOn("lags", l.layout.N, acc, out, residual); err != nil {
 		return nil, err
 	}
 	l.mu.Lock()
@@ -540,7 +585,7 @@ func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float
 
 	before := l.gc[g].Totals()
 	if l.needsMeasurement() {
-		m, err := lagsMeasure(ctx, l.gc[g])
+		m, err := lagsMeasure(ctx, l.gc[g], &l.v, &l.dMeasure)
 		if err != nil {
 			l.done(g)
 			return nil, err
@@ -551,22 +596,47 @@ func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float
 	gr := l.groups[g]
 	k := l.ks[g]
 	b := &l.bufs[g]
-	a := acc[gr.Lo:gr.Hi]
-	res := residual[gr.Lo:gr.Hi]
-
-	t0 := time.Now()
-	b.sel = TopK(b.sel, a, k)
-	selTime := time.Since(t0)
-	b.vals = valuesAt(b.vals, a, b.sel)
-	residualWithout(res, a, b.sel)
-	p := &lagsPending{l: l, g: g, k: k, out: out[gr.Lo:gr.Hi], res: res, selTime: selTime, before: before, start: time.Now()}
-	p.tensorK = lagsTensorK(l.layout, gr, b.sel)
-	b.allVals = grow(b.allVals, l.n*k)
-	b.allIdx = grow(b.allIdx, l.n*k)
-	var err error
-	p.rv, err = l.gc[g].IAllGather(ctx, comm.Float32s(b.vals), comm.Float32s(b.allVals))
+	v := &l.v
+	a := acc.Slice(gr.Lo, gr.Hi)
+	res := residual.Slice(gr.Lo, gr.Hi)
+	fail := func(err error) (Pending, error) {
+		l.done(g)
+		return nil, fmt.Errorf("sparsify: lags: group %d: %w", g, err)
+	}
+	sel, err := v.scratch(&b.sel, device.Int32, k)
+	if err != nil {
+		return fail(err)
+	}
+	vals, err := v.scratch(&b.vals, device.Float32, k)
+	if err != nil {
+		return fail(err)
+	}
+	selTime, err := l.gb.timed(func() error {
+		var err error
+		k, err = v.ops.TopK(v.s, sel, vals, a, k)
+		return err
+	})
+	if err != nil {
+		return fail(err)
+	}
+	if err := l.gb.residualWithout(res, a, sel); err != nil {
+		return fail(err)
+	}
+	p := &lagsPending{l: l, g: g, k: k, out: out.Slice(gr.Lo, gr.Hi), res: res, selTime: selTime, before: before, start: time.Now()}
+	if p.tensorK, err = lagsTensorK(v, l.layout, gr, sel); err != nil {
+		return fail(err)
+	}
+	allVals, err := v.scratch(&b.allVals, device.Float32, l.n*k)
+	if err != nil {
+		return fail(err)
+	}
+	allIdx, err := v.scratch(&b.allIdx, device.Int32, l.n*k)
+	if err != nil {
+		return fail(err)
+	}
+	p.rv, err = l.gc[g].IAllGather(ctx, v.cb(vals), v.cb(allVals))
 	if err == nil {
-		p.ri, err = l.gc[g].IAllGather(ctx, comm.Int32s(b.sel), comm.Int32s(b.allIdx))
+		p.ri, err = l.gc[g].IAllGather(ctx, v.cb(sel), v.cb(allIdx))
 	}
 	if err != nil {
 		if p.rv != nil {
@@ -585,28 +655,39 @@ func (l *LAGS) done(g int) {
 	l.mu.Unlock()
 }
 
-// lagsTensorK counts the selected group-local indices sel (ascending) per
-// tensor of the group, in Group.Tensors order.
-func lagsTensorK(lay Layout, gr Group, sel []int32) []int {
+// lagsTensorK counts the selected group-local indices sel per tensor of
+// the group, in Group.Tensors order (which may be backward order; the
+// tensors are contiguous in the layout).
+func lagsTensorK(v *vecs, lay Layout, gr Group, sel device.Buffer) ([]int, error) {
+	order := slices.Clone(gr.Tensors)
+	slices.SortFunc(order, func(a, b int) int { return lay.Tensors[a].Offset - lay.Tensors[b].Offset })
+	bounds := make([]int, 0, len(order)+1)
+	for _, t := range order {
+		bounds = append(bounds, lay.Tensors[t].Offset-gr.Lo)
+	}
+	last := lay.Tensors[order[len(order)-1]]
+	bounds = append(bounds, last.Offset+last.Size-gr.Lo)
+	counts, err := v.ops.CountIn(v.s, sel, bounds)
+	if err != nil {
+		return nil, err
+	}
+	byTensor := make(map[int]int, len(order))
+	for i, t := range order {
+		byTensor[t] = counts[i]
+	}
 	tk := make([]int, len(gr.Tensors))
 	for i, t := range gr.Tensors {
-		tt := lay.Tensors[t]
-		lo, hi := int32(tt.Offset-gr.Lo), int32(tt.Offset+tt.Size-gr.Lo)
-		for _, j := range sel {
-			if j >= lo && j < hi {
-				tk[i]++
-			}
-		}
+		tk[i] = byTensor[t]
 	}
-	return tk
+	return tk, nil
 }
 
 // lagsPending is one group's reduction in flight.
 type lagsPending struct {
 	l       *LAGS
 	g, k    int
-	out     []float32 // the group's range
-	res     []float32 // the group's range
+	out     device.Buffer // the group's range
+	res     device.Buffer // the group's range
 	rv, ri  comm.Request
 	tensorK []int
 	selTime time.Duration
@@ -641,48 +722,40 @@ func (p *lagsPending) wait(ctx context.Context) (GroupStats, error) {
 	commTime := time.Since(p.start)
 	b := &l.bufs[p.g]
 	gr := l.groups[p.g]
-	size := int32(gr.Size())
-	seen := l.seen[gr.Lo:gr.Hi]
-	out := p.out
-	clear(out)
-	touched := b.touched[:0]
-	var bad error
+	v := &l.v
+	allIdx, allVals := b.allIdx.Slice(0, l.n*p.k), b.allVals.Slice(0, l.n*p.k)
+	// The decode: the group's range of out, Σ_w of every worker's values in
+	// rank order, divided by n. The union (with the range check) counts the
+	// distinct indices.
+	u, err := v.scratch(&l.gb.dUnion, device.Int32, allIdx.Len())
+	if err != nil {
+		return GroupStats{}, err
+	}
+	distinct, err := v.ops.Union(v.s, u, allIdx, gr.Size())
+	if err != nil {
+		return GroupStats{}, fmt.Errorf("sparsify: lags: group %d: a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", p.g, gr.Size(), err)
+	}
+	if err := v.m.Fill(v.s, p.out, 0); err != nil {
+		return GroupStats{}, err
+	}
 	for w := 0; w < l.n; w++ {
-		idx := b.allIdx[w*p.k : (w+1)*p.k]
-		vals := b.allVals[w*p.k : (w+1)*p.k]
-		for i, j := range idx {
-			if j < 0 || j >= size {
-				if bad == nil {
-					bad = fmt.Errorf("sparsify: lags: group %d: rank %d sent index %d outside the group's %d elements (ranks disagree on the layout or the data is corrupt)", p.g, w, j, size)
-				}
-				continue
-			}
-			if !seen[j] {
-				seen[j] = true
-				touched = append(touched, j)
-			}
-			out[j] += vals[i]
+		if err := v.ops.ScatterAdd(v.s, p.out, allIdx.Slice(w*p.k, (w+1)*p.k), allVals.Slice(w*p.k, (w+1)*p.k), 1); err != nil {
+			return GroupStats{}, err
 		}
 	}
-	nf := float32(l.n)
-	for _, j := range touched {
-		seen[j] = false
-		out[j] /= nf
-	}
-	b.touched = touched
-	if bad != nil {
-		return GroupStats{}, bad
+	if err := v.ops.Div(v.s, p.out, float32(l.n)); err != nil {
+		return GroupStats{}, err
 	}
 	moved := l.gc[p.g].Totals().Sub(p.before)
-	var sq float64
-	for _, v := range p.res {
-		sq += float64(v) * float64(v)
+	sq, err := v.ops.SegmentSumSquares(v.s, p.res, []int{0, p.res.Len()})
+	if err != nil {
+		return GroupStats{}, err
 	}
 	return GroupStats{
 		Group:      p.g,
 		K:          p.k,
-		Distinct:   len(touched),
-		ResidualSq: sq,
+		Distinct:   distinct,
+		ResidualSq: sq[0],
 		TensorK:    p.tensorK,
 		BytesSent:  moved.BytesSent,
 		BytesRecv:  moved.BytesRecv,

@@ -54,6 +54,8 @@ type Ops interface {
 	ScatterFill(s device.Stream, dst, idx device.Buffer, v float32) error
 	// Scatter sets dst[idx[j]] = scale·val[j] for j < len(idx).
 	Scatter(s device.Stream, dst, idx, val device.Buffer, scale float32) error
+	// Div divides every element of x by d (x[i] / d, not x[i]·(1/d)).
+	Div(s device.Stream, x device.Buffer, d float32) error
 	// Iota sets idx[j] = start + j.
 	Iota(s device.Stream, idx device.Buffer, start int) error
 	// CountIn returns, for each segment [bounds[j], bounds[j+1]), how many
@@ -333,6 +335,17 @@ func (cpuOps) Scatter(_ device.Stream, dst, idx, val device.Buffer, scale float3
 	}
 	for j, i := range ii {
 		d[i] = vv[j] * scale
+	}
+	return nil
+}
+
+func (cpuOps) Div(_ device.Stream, x device.Buffer, d float32) error {
+	xx, err := f32("Div", "x", x, 0)
+	if err != nil {
+		return err
+	}
+	for i := range xx {
+		xx[i] /= d
 	}
 	return nil
 }
