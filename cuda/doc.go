@@ -6,7 +6,11 @@
 // project's CUDA C kernels (embedded in the binary, compiled by NVRTC for
 // the GPU found and cached on disk), and the engine backend that runs every
 // op of package ops on the GPU (cuBLAS for matrix products, cuDNN for
-// convolutions, the project's kernels for the rest).
+// convolutions, the project's kernels for the rest); the sparsification
+// primitives of the reducers (Sparse, package sparsify's Ops on the GPU:
+// exact top-k by radix select, threshold selection, gathers and scatters,
+// unions, DRAGONN's hashing — the same index sets and bits as the CPU's);
+// and NCCL (NewNCCL), a comm.Communicator on GPU memory.
 //
 // # Finding the libraries
 //
@@ -23,9 +27,20 @@
 // # Numerics
 //
 // Kernels follow the CPU kernels' formulas in float32 (reductions
-// accumulate in float64 where the CPU does); sums run in a different order
-// than on the CPU, so results agree within float32 rounding, not bit for
-// bit. TF32 tensor-core math is off unless Options.TF32 is set.
+// accumulate in float64 where the CPU does); the model kernels' sums run in
+// a different order than on the CPU, so results agree within float32
+// rounding, not bit for bit. The sparsification primitives are exact: they
+// add in the CPU's order where they add at all. NCCL adds the ranks'
+// contributions in its own order, not package comm's canonical one. TF32
+// tensor-core math is off unless Options.TF32 is set.
+//
+// # Testing without a GPU
+//
+// On a machine without a GPU the package's tests run against an emulator
+// (emu_test.go): the real kernels.cu compiled with g++ and run on CPU
+// threads, behind fakes of the driver, cuBLAS, cuDNN and NCCL. It checks
+// the kernels, their launch arguments and the libraries' calling
+// conventions; it says nothing about speed or real hardware.
 //
 // # Threads
 //

@@ -8,6 +8,21 @@
 // options every method shares and the method's own options (Options.Params)
 // and builds the reducer; Names lists the methods.
 //
+// # Devices
+//
+// The reducers' passes over whole vectors go through Ops, with the CPU's
+// implementation here (CPUOps) and a GPU's in package cuda. A reducer that
+// implements DeviceReducer (and, for LAGS, DeviceGroupReducer) reduces
+// vectors in the memory of its device (Options.Stream and Options.Ops) with
+// ReduceOn, exchanging comm.Device buffers, with only counts and a few
+// numbers per tensor coming back to the host; its Reduce of host slices is
+// the same code over host memory. On the same inputs a GPU gives the same
+// index sets and the same bits as the CPU, wherever the communicator adds
+// in package comm's canonical order. dense, topk, topka, threshold, randomk,
+// cltk, dgc, dragonn, deft, micro and lags do; gtopk, spardl, oktopk and
+// topkdsa reduce host memory only (a trainer copies a GPU's gradient to the
+// host and back for them).
+//
 // # Methods
 //
 // Every method follows its authors' code as described in the project's
