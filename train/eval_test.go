@@ -71,11 +71,11 @@ var evalLineRe = regexp.MustCompile(`(?m)^eval epoch \d+ step \d+ \((.*)\): (.*)
 // and the terminal line names as a sample.
 func TestShortLSTMRunEvaluatesALabelledSample(t *testing.T) {
 	if testing.Short() {
-		t.Skip("trains the LSTM and evaluates 100 batches (about 15 s)")
+		t.Skip("trains the LSTM and evaluates 100 batches (about 15 s with OpenBLAS)")
 	}
 	dir := sharedData(t, filepath.Join("wikitext-2", "valid.txt"))
 	const workers = 2
-	c := Config{Model: "lstm", DataDir: dir, Workers: Set(workers), Steps: 2, Out: t.TempDir(), BLAS: "gonum"}
+	c := Config{Model: "lstm", DataDir: dir, Workers: Set(workers), Steps: 2, Out: t.TempDir()}
 	var out bytes.Buffer
 	start := time.Now()
 	if err := Run(context.Background(), c, Options{Stdout: &out, Progress: &out}); err != nil {
