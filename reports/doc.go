@@ -22,13 +22,19 @@
 //
 //   - step records give the loss, setup and actual density, error and
 //     threshold charts, the bytes chart, DEFT's per-layer k chart
-//     ("layer_k"), and the time breakdown: forward and backward (or their
-//     sum t_compute), selection (t_select), communication (t_comm) and
-//     update; for a pipelined step, whose reduction started during the
-//     backward pass (t_comm_wall > t_wait), selection and the hidden
-//     communication are part of the backward time, so the communication bar
-//     is the exposed part t_wait and selection is 0. When t_comm_wall is
-//     recorded, an overlap chart shows it against t_wait and t_comm.
+//     ("layer_k", every tensor named), and the time breakdown: forward and
+//     backward (or their sum t_compute), selection (t_select),
+//     communication (t_comm) and update, each bar the median of the
+//     iterations it stands for, with the 10th and 90th percentiles of the
+//     iteration time; a few towering bars are cut off and named. A
+//     pipelined run (run.json's "pipelined", or a step whose reduction
+//     outlasted its exposed part, t_comm_wall > t_wait) reduces during the
+//     backward pass with overlapping calls, so its communication is shown
+//     as the part overlapped with the backward pass (t_comm_wall − t_wait,
+//     taken out of the backward time) and the exposed rest (t_wait), never
+//     as t_comm, which counts overlapping time several times; the header
+//     says the same. When t_comm_wall is recorded, an overlap chart shows
+//     it against t_wait and t_comm.
 //   - "ops" (rank 0's per-operation communicator counters) gives the
 //     projected communication time at other worker counts and bandwidths
 //     (comm/netmodel.Project), drawn only for the methods whose per-worker
@@ -36,7 +42,14 @@
 //     topka, randomk, cltk, dgc, dragonn, lags); the page says why the others
 //     are left out (SparDL's and gTop-k's log₂ n rounds, unions or
 //     per-worker shares that change with n, one message per peer).
-//   - eval records give the test-metric charts and the time-to-target table.
+//   - eval records give the metric charts and the time-to-target table,
+//     named by the split evaluated ("split"; for records without it,
+//     WikiText-2's validation split, else the test split); an evaluation
+//     of a sample of the split ("evaluated" < "split_size") is labelled as
+//     one beside its value, on the charts and in a note.
+//
+// Legends never page: they wrap, and a chart grows to hold them; a
+// comparison's time chart labels every run.
 //
 // # The ECharts script
 //
