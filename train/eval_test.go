@@ -197,3 +197,31 @@ func TestInterruptedEvaluationKeepsTheSteps(t *testing.T) {
 		t.Error("no report written after the interrupted evaluation")
 	}
 }
+
+// TestEvalProgressBar: on a terminal an evaluation draws a bar of its
+// batches (the LSTM's whole validation split is minutes of them), beside
+// the epoch's bar, which it leaves alone; elsewhere it draws nothing.
+func TestEvalProgressBar(t *testing.T) {
+	var bars, lines bytes.Buffer
+	p := &progress{barOut: &bars, out: &lines, term: true}
+	p.startEpoch(1, 3, 10)
+	epochBar := p.bar
+	tick := p.startEval(4)
+	if tick == nil {
+		t.Fatal("no progress for an evaluation on a terminal")
+	}
+	for range 4 {
+		tick()
+	}
+	p.endEval()
+	if p.bar != epochBar || p.evalBar != nil {
+		t.Error("the evaluation's bar replaced the epoch's")
+	}
+	if !strings.Contains(bars.String(), "evaluating") {
+		t.Errorf("bar output %q", bars.String())
+	}
+	if (&progress{barOut: &bars, out: &lines}).startEval(4) != nil || (*progress)(nil).startEval(4) != nil {
+		t.Error("an evaluation bar without a terminal")
+	}
+	(*progress)(nil).endEval()
+}
