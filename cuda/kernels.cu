@@ -716,3 +716,22 @@ extern "C" __global__ void k_count_in(const int* idx, i64 n, const i64* bounds, 
 extern "C" __global__ void k_div(float* x, float d, i64 n) {
     GRID_STRIDE(i, n) { x[i] = x[i] / d; }
 }
+
+// dst[j] = x[idx[j]] (int32 elements).
+extern "C" __global__ void k_gather_int(int* dst, const int* x, const int* idx, i64 n) {
+    GRID_STRIDE(j, n) { dst[j] = x[idx[j]]; }
+}
+
+// A list into a dense sparse sum: first value at an index assigned (mark
+// set), later ones added. The list's indices are distinct.
+extern "C" __global__ void k_scatter_accum(float* dst, float* mark, const int* idx, const float* val, i64 n) {
+    GRID_STRIDE(j, n) {
+        int i = idx[j];
+        if (mark[i] == 0.0f) {
+            dst[i] = val[j];
+            mark[i] = 1.0f;
+        } else {
+            dst[i] += val[j];
+        }
+    }
+}

@@ -43,7 +43,11 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 	}
 	N := layout.N
 	for _, name := range names {
-		for _, n := range []int{1, 2, 3, 5} {
+		ns := []int{1, 2, 3, 5}
+		if name == "gtopk" { // a power-of-two tree
+			ns = []int{1, 2, 4}
+		}
+		for _, n := range ns {
 			t.Run(fmt.Sprintf("%s/%d", name, n), func(t *testing.T) {
 				rng := rand.New(rand.NewPCG(uint64(n), 21))
 				const calls = 3

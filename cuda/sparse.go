@@ -396,6 +396,25 @@ func (o *Sparse) Gather(s device.Stream, dst, x, idx device.Buffer) error {
 	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN("k_gather_idx", n)
 }
 
+// GatherIndex sets dst[j] = x[idx[j]] for int32 x.
+func (o *Sparse) GatherIndex(s device.Stream, dst, x, idx device.Buffer) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := dst.Len()
+	if err := o.check("GatherIndex", "dst", dst, device.Int32, 0); err != nil {
+		return err
+	}
+	if err := o.check("GatherIndex", "x", x, device.Int32, 0); err != nil {
+		return err
+	}
+	if err := o.check("GatherIndex", "idx", idx, device.Int32, n); err != nil {
+		return err
+	}
+	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN("k_gather_int", n)
+}
+
 // GatherStrided sets dst[j] = x[start + j·stride] for j < len(dst).
 func (o *Sparse) GatherStrided(s device.Stream, dst, x device.Buffer, start, stride int) error {
 	cs, err := o.stream(s)
@@ -433,6 +452,29 @@ func (o *Sparse) ScatterAdd(s device.Stream, dst, idx, val device.Buffer, scale 
 		return err
 	}
 	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter_add", n)
+}
+
+// ScatterAccum adds a list into a dense sparse sum: where mark[idx[j]] is 0
+// it sets dst[idx[j]] = val[j] and the mark, elsewhere it adds val[j].
+func (o *Sparse) ScatterAccum(s device.Stream, dst, mark, idx, val device.Buffer) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := idx.Len()
+	if err := o.check("ScatterAccum", "dst", dst, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("ScatterAccum", "mark", mark, device.Float32, dst.Len()); err != nil {
+		return err
+	}
+	if err := o.check("ScatterAccum", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	if err := o.check("ScatterAccum", "val", val, device.Float32, n); err != nil {
+		return err
+	}
+	return cs.args().buf(dst).buf(mark).buf(idx).buf(val).i64(n).runN("k_scatter_accum", n)
 }
 
 // ScatterFill sets dst[idx[j]] = v for j < len(idx).

@@ -149,3 +149,78 @@ func (v *vecs) errorNorm(x device.Buffer) (float64, error) {
 	}
 	return math.Sqrt(ss[0]), nil
 }
+
+// dense is the scratch of mergeOn and intersectOn on one device: a dense
+// vector of sums and one of marks, N elements each, zero between calls (a
+// fresh allocation is zero; every call clears what it set).
+type dense struct {
+	sum, mark device.Buffer // Float32
+	g         device.Buffer // Float32
+	pos       device.Buffer // Int32
+}
+
+// mergeOn writes the sparse sum of lists — pairs of an Int32 index vector
+// (distinct indices in [0, n)) and a Float32 value vector — into idx and
+// val, indices ascending, and returns its length: where several lists have
+// an index their values are added in list order, a lone value is kept as it
+// is (package sparsify's mergeSum, for any number of lists). idx and val
+// must hold the total length of the lists.
+func (v *vecs) mergeOn(sc *dense, n int, lists [][2]device.Buffer, idx, val device.Buffer) (int, error) {
+	sum, err := v.scratch(&sc.sum, device.Float32, n)
+	if err != nil {
+		return 0, err
+	}
+	mark, err := v.scratch(&sc.mark, device.Float32, n)
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range lists {
+		if err := v.ops.ScatterAccum(v.s, sum, mark, l[0], l[1]); err != nil {
+			return 0, err
+		}
+	}
+	m, err := v.ops.SelectAbove(v.s, idx, device.Buffer{}, mark, 0.5)
+	if err != nil {
+		return 0, err
+	}
+	u := idx.Slice(0, m)
+	if err := v.ops.Gather(v.s, val.Slice(0, m), sum, u); err != nil {
+		return 0, err
+	}
+	if err := v.ops.ScatterFill(v.s, sum, u, 0); err != nil {
+		return 0, err
+	}
+	return m, v.ops.ScatterFill(v.s, mark, u, 0)
+}
+
+// intersectOn writes the indices of b that are also in a (both Int32
+// vectors of distinct indices in [0, n)) into out, in b's order, and
+// returns how many; out must hold len(b).
+func (v *vecs) intersectOn(sc *dense, n int, a, b, out device.Buffer) (int, error) {
+	mark, err := v.scratch(&sc.mark, device.Float32, n)
+	if err != nil {
+		return 0, err
+	}
+	g, err := v.scratch(&sc.g, device.Float32, b.Len())
+	if err != nil {
+		return 0, err
+	}
+	pos, err := v.scratch(&sc.pos, device.Int32, b.Len())
+	if err != nil {
+		return 0, err
+	}
+	if err := v.ops.ScatterFill(v.s, mark, a, 1); err != nil {
+		return 0, err
+	}
+	if err := v.ops.Gather(v.s, g, mark, b); err != nil {
+		return 0, err
+	}
+	m, err := v.ops.SelectAbove(v.s, pos, device.Buffer{}, g, 0.5)
+	if err != nil {
+		return 0, err
+	}
+	if err := v.ops.GatherIndex(v.s, out.Slice(0, m), b, pos.Slice(0, m)); err != nil {
+		return 0, err
+	}
+	return m, v.ops.ScatterFill(v.s, mark, a, 0)
+}

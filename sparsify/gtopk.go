@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
@@ -57,14 +57,11 @@ const gtopkTag = 0x67746b00
 // broadcast carries; tree messages carry k indices each), Threshold = NaN.
 type gtopkReducer struct {
 	base base
-	sel  []int32
-	idx  []int32 // current candidates (ascending indices)
-	val  []float32
-	ridx []int32 // received candidates
-	rval []float32
-	midx []int32 // merged candidates
-	mval []float32
-	pick []int32
+	// Device scratch: own selection, current candidates, received ones,
+	// merged ones, the merge's dense scratch.
+	sel, cur, recv, merged, pick, inter device.Buffer // Int32
+	selVal, curVal, recvVal, mergedVal  device.Buffer // Float32
+	dn                                  dense
 }
 
 func newGtopkReducer(o Options) (Reducer, error) {
@@ -93,19 +90,52 @@ func (r *gtopkReducer) Name() string { return "gtopk" }
 
 // Reduce runs the gTop-k tree reduction and the final broadcast.
 func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device: the tree's
+// messages are device buffers, the merges are dense sums on the device
+// (mergeOn), a received or broadcast list is checked to hold k distinct
+// indices within [0, N).
+func (r *gtopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := b.c.Totals()
-	t0 := time.Now()
-	r.sel = TopK(r.sel, acc, b.k)
-	selTime := time.Since(t0)
-	k := len(r.sel)
-	r.idx = append(r.idx[:0], r.sel...)
-	r.val = valuesAt(r.val, acc, r.sel)
-	r.ridx = grow(r.ridx, k)
-	r.rval = grow(r.rval, k)
+	bufs := []struct {
+		b  *device.Buffer
+		dt device.DType
+		n  int
+	}{{&r.sel, device.Int32, b.k}, {&r.cur, device.Int32, b.k}, {&r.recv, device.Int32, b.k}, {&r.merged, device.Int32, 2 * b.k},
+		{&r.pick, device.Int32, b.k}, {&r.inter, device.Int32, b.k}, {&r.selVal, device.Float32, b.k}, {&r.curVal, device.Float32, b.k},
+		{&r.recvVal, device.Float32, b.k}, {&r.mergedVal, device.Float32, 2 * b.k}}
+	for _, bb := range bufs {
+		if _, err := v.scratch(bb.b, bb.dt, bb.n); err != nil {
+			return Stats{}, err
+		}
+	}
+	k := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		k, err = v.ops.TopK(v.s, r.sel, r.selVal, acc, b.k)
+		return err
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: gtopk: %w", err)
+	}
+	sel, cur, curVal := r.sel.Slice(0, k), r.cur.Slice(0, k), r.curVal.Slice(0, k)
+	if err := v.s.Copy(cur, sel); err != nil {
+		return Stats{}, err
+	}
+	if err := v.s.Copy(curVal, r.selVal.Slice(0, k)); err != nil {
+		return Stats{}, err
+	}
 	rank, p := b.c.Rank(), b.c.Size()
 	for step := 1; step < p; step *= 2 {
 		if rank%step != 0 {
@@ -113,90 +143,90 @@ func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 		}
 		if (rank/step)%2 == 1 {
 			dst := rank - step
-			if err := b.c.Send(ctx, comm.Int32s(r.idx), dst, gtopkTag); err != nil {
+			if err := b.c.Send(ctx, v.cb(cur), dst, gtopkTag); err != nil {
 				return Stats{}, fmt.Errorf("sparsify: gtopk: sending %d indices to rank %d: %w", k, dst, err)
 			}
-			if err := b.c.Send(ctx, comm.Float32s(r.val), dst, gtopkTag+1); err != nil {
+			if err := b.c.Send(ctx, v.cb(curVal), dst, gtopkTag+1); err != nil {
 				return Stats{}, fmt.Errorf("sparsify: gtopk: sending %d values to rank %d: %w", k, dst, err)
 			}
 			break
 		}
 		src := rank + step
-		if err := r.recv(ctx, src, k); err != nil {
+		ridx, rval := r.recv.Slice(0, k), r.recvVal.Slice(0, k)
+		if err := r.recvFrom(ctx, src, ridx, rval); err != nil {
 			return Stats{}, err
 		}
 		t1 := time.Now()
-		r.merge(k)
+		// Merge: values at common indices added (own + received), then the
+		// k largest magnitudes kept (ties to lower indices).
+		m, err := v.mergeOn(&r.dn, b.n, [][2]device.Buffer{{cur, curVal}, {ridx, rval}}, r.merged, r.mergedVal)
+		if err != nil {
+			return Stats{}, err
+		}
+		pick := r.pick.Slice(0, k)
+		if _, err := v.ops.TopK(v.s, pick, device.Buffer{}, r.mergedVal.Slice(0, m), k); err != nil {
+			return Stats{}, err
+		}
+		if err := v.ops.GatherIndex(v.s, cur, r.merged, pick); err != nil {
+			return Stats{}, err
+		}
+		if err := v.ops.Gather(v.s, curVal, r.mergedVal, pick); err != nil {
+			return Stats{}, err
+		}
+		if !v.onCPU() {
+			if err := v.s.Synchronize(); err != nil {
+				return Stats{}, err
+			}
+		}
 		selTime += time.Since(t1)
 	}
-	if err := b.c.Broadcast(ctx, comm.Int32s(r.idx), 0); err != nil {
+	if err := b.c.Broadcast(ctx, v.cb(cur), 0); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: gtopk: broadcasting the %d global indices: %w", k, err)
 	}
-	if err := b.c.Broadcast(ctx, comm.Float32s(r.val), 0); err != nil {
+	if err := b.c.Broadcast(ctx, v.cb(curVal), 0); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: gtopk: broadcasting the %d global values: %w", k, err)
 	}
-	clear(out)
-	inv := 1 / float32(p)
-	for i, j := range r.idx {
-		if j < 0 || int(j) >= b.n || (i > 0 && j <= r.idx[i-1]) {
-			return Stats{}, fmt.Errorf("sparsify: gtopk: rank 0 broadcast index %d at position %d, not ascending within [0, %d): the workers disagree on the layout", j, i, b.n)
-		}
-		out[j] = r.val[i] * inv
+	if err := b.checkList(cur, k, "rank 0 broadcast"); err != nil {
+		return Stats{}, err
 	}
-	if &residual[0] != &acc[0] {
-		copy(residual, acc)
+	if err := v.m.Fill(v.s, out, 0); err != nil {
+		return Stats{}, err
 	}
-	// Zero the residual at own selection ∩ global set; both are ascending.
-	g := 0
-	for _, j := range r.sel {
-		for g < len(r.idx) && r.idx[g] < j {
-			g++
-		}
-		if g < len(r.idx) && r.idx[g] == j {
-			residual[j] = 0
-		}
+	if err := v.ops.Scatter(v.s, out, cur, curVal, 1/float32(p)); err != nil {
+		return Stats{}, err
 	}
-	st := b.stats(before, selTime)
+	// The residual: acc with own selection ∩ global set zeroed.
+	m, err := v.intersectOn(&r.dn, b.n, cur, sel, r.inter)
+	if err != nil {
+		return Stats{}, err
+	}
+	if err := b.residualWithout(residual, acc, r.inter.Slice(0, m)); err != nil {
+		return Stats{}, err
+	}
+	st, err := b.finish(before, selTime, residual)
 	st.Selected = k
 	st.ActualDensity = float64(k) / float64(b.n)
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
 }
 
-// recv receives k candidates from rank src into ridx, rval.
-func (r *gtopkReducer) recv(ctx context.Context, src, k int) error {
-	c := r.base.c
-	m, err := c.Recv(ctx, comm.Int32s(r.ridx), src, gtopkTag)
+// recvFrom receives k candidates from rank src into idx and val and checks
+// them.
+func (r *gtopkReducer) recvFrom(ctx context.Context, src int, idx, val device.Buffer) error {
+	b := &r.base
+	k := idx.Len()
+	m, err := b.c.Recv(ctx, b.v.cb(idx), src, gtopkTag)
 	if err != nil {
 		return fmt.Errorf("sparsify: gtopk: receiving indices from rank %d: %w", src, err)
 	}
 	if m != k {
 		return fmt.Errorf("sparsify: gtopk: rank %d sent %d indices, want %d: the workers disagree on the layout or density", src, m, k)
 	}
-	m, err = c.Recv(ctx, comm.Float32s(r.rval), src, gtopkTag+1)
+	m, err = b.c.Recv(ctx, b.v.cb(val), src, gtopkTag+1)
 	if err != nil {
 		return fmt.Errorf("sparsify: gtopk: receiving values from rank %d: %w", src, err)
 	}
 	if m != k {
 		return fmt.Errorf("sparsify: gtopk: rank %d sent %d values, want %d: the workers disagree on the layout or density", src, m, k)
 	}
-	for i, j := range r.ridx {
-		if j < 0 || int(j) >= r.base.n || (i > 0 && j <= r.ridx[i-1]) {
-			return fmt.Errorf("sparsify: gtopk: rank %d sent index %d at position %d, not ascending within [0, %d): the workers disagree on the layout", src, j, i, r.base.n)
-		}
-	}
-	return nil
-}
-
-// merge merges the received candidates into the own ones (both ascending by
-// index): values at common indices are added (own + received), then the k
-// largest magnitudes are kept, ties to lower indices.
-func (r *gtopkReducer) merge(k int) {
-	r.midx, r.mval = mergeSum(r.midx[:0], r.mval[:0], r.idx, r.val, r.ridx, r.rval)
-	r.pick = TopK(r.pick, r.mval, k)
-	r.idx, r.val = r.idx[:0], r.val[:0]
-	for _, q := range r.pick {
-		r.idx = append(r.idx, r.midx[q])
-		r.val = append(r.val, r.mval[q])
-	}
+	return b.checkList(idx, k, fmt.Sprintf("rank %d sent", src))
 }

@@ -45,11 +45,19 @@ type Ops interface {
 	SelectAbove(s device.Stream, idx, val, x device.Buffer, t float32) (int, error)
 	// Gather sets dst[j] = x[idx[j]] for j < len(dst).
 	Gather(s device.Stream, dst, x, idx device.Buffer) error
+	// GatherIndex is Gather of int32 elements: dst[j] = x[idx[j]].
+	GatherIndex(s device.Stream, dst, x, idx device.Buffer) error
 	// GatherStrided sets dst[j] = x[start + j·stride] for j < len(dst).
 	GatherStrided(s device.Stream, dst, x device.Buffer, start, stride int) error
 	// ScatterAdd adds scale·val[j] to dst[idx[j]] for j < len(idx)
 	// (distinct indices).
 	ScatterAdd(s device.Stream, dst, idx, val device.Buffer, scale float32) error
+	// ScatterAccum adds a list into a sparse sum kept densely: for each j,
+	// where mark[idx[j]] is 0 it sets dst[idx[j]] = val[j] and the mark to
+	// 1, elsewhere it adds val[j] (distinct indices within the list). A
+	// list's value is thus kept as it is where no earlier list had one (a
+	// −0 stays −0), as a merge of sorted lists keeps it.
+	ScatterAccum(s device.Stream, dst, mark, idx, val device.Buffer) error
 	// ScatterFill sets dst[idx[j]] = v for j < len(idx).
 	ScatterFill(s device.Stream, dst, idx device.Buffer, v float32) error
 	// Scatter sets dst[idx[j]] = scale·val[j] for j < len(idx).
@@ -268,6 +276,25 @@ func (cpuOps) Gather(_ device.Stream, dst, x, idx device.Buffer) error {
 	return nil
 }
 
+func (cpuOps) GatherIndex(_ device.Stream, dst, x, idx device.Buffer) error {
+	d, err := i32("GatherIndex", "dst", dst, 0)
+	if err != nil {
+		return err
+	}
+	xx, err := i32("GatherIndex", "x", x, 0)
+	if err != nil {
+		return err
+	}
+	ii, err := i32("GatherIndex", "idx", idx, len(d))
+	if err != nil {
+		return err
+	}
+	for j := range d {
+		d[j] = xx[ii[j]]
+	}
+	return nil
+}
+
 func (cpuOps) GatherStrided(_ device.Stream, dst, x device.Buffer, start, stride int) error {
 	d, err := f32("GatherStrided", "dst", dst, 0)
 	if err != nil {
@@ -301,6 +328,33 @@ func (cpuOps) ScatterAdd(_ device.Stream, dst, idx, val device.Buffer, scale flo
 	}
 	for j, i := range ii {
 		d[i] += scale * vv[j]
+	}
+	return nil
+}
+
+func (cpuOps) ScatterAccum(_ device.Stream, dst, mark, idx, val device.Buffer) error {
+	d, err := f32("ScatterAccum", "dst", dst, 0)
+	if err != nil {
+		return err
+	}
+	mk, err := f32("ScatterAccum", "mark", mark, len(d))
+	if err != nil {
+		return err
+	}
+	ii, err := i32("ScatterAccum", "idx", idx, 0)
+	if err != nil {
+		return err
+	}
+	vv, err := f32("ScatterAccum", "val", val, len(ii))
+	if err != nil {
+		return err
+	}
+	for j, i := range ii {
+		if mk[i] == 0 {
+			d[i], mk[i] = vv[j], 1
+		} else {
+			d[i] += vv[j]
+		}
 	}
 	return nil
 }

@@ -510,3 +510,16 @@ func (b *base) sparseExchangeOn(ctx context.Context, idx, val, out device.Buffer
 	distinct, err := b.addMeanOn(out, allIdx, allVal, counts, 0)
 	return counts, distinct, err
 }
+
+// checkList checks that idx holds k distinct indices within [0, N) (what
+// names the list's sender in the error).
+func (b *base) checkList(idx device.Buffer, k int, what string) error {
+	u, err := b.union(idx)
+	if err != nil {
+		return fmt.Errorf("sparsify: %s: %s indices outside [0, %d): the workers disagree on the layout: %w", b.name, what, b.n, err)
+	}
+	if u.Len() != k {
+		return fmt.Errorf("sparsify: %s: %s %d indices of which %d are distinct: the workers disagree on the layout or the data is corrupt", b.name, what, k, u.Len())
+	}
+	return nil
+}
