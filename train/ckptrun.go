@@ -207,9 +207,9 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 			if werr == nil {
 				werr = errNonFinite
 			}
-			return fmt.Errorf("%s (no checkpoint of this state was written): %w", msg, errors.Join(werr, errNonFinite))
+			return collective(fmt.Errorf("%s (no checkpoint of this state was written): %w", msg, errors.Join(werr, errNonFinite)))
 		}
-		return &ckptError{step: p.step, prev: w.res.last, msg: msg, err: werr}
+		return collective(&ckptError{step: p.step, prev: w.res.last, msg: msg, err: werr})
 	}
 	var differ []string
 	for r := 1; r < w.size; r++ {
@@ -220,7 +220,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 	if len(differ) > 0 {
 		os.Remove(part)
 		os.Remove(dir)
-		return divergedError(differ, p.step)
+		return collective(divergedError(differ, p.step))
 	}
 	// Every part is written: rank 0 completes the checkpoint.
 	var serr error
@@ -241,7 +241,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		}
 		os.Remove(part)
 		os.Remove(dir)
-		return &ckptError{step: p.step, prev: w.res.last, msg: "rank 0: " + string(m), err: serr}
+		return collective(&ckptError{step: p.step, prev: w.res.last, msg: "rank 0: " + string(m), err: serr})
 	}
 	prevStep := w.res.lastStep
 	w.res.last, w.res.prevStep, w.res.lastStep = dir, prevStep, p.step
@@ -340,15 +340,17 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	if err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
+	// From here to the agreement on every rank's part, every rank returns
+	// the same errors at the same point (collective).
 	switch st[0] {
 	case 1:
-		return position{}, errors.New(string(raw))
+		return position{}, collective(errors.New(string(raw)))
 	case 2:
-		return position{}, fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(string(raw), ErrConfig.Error()+": "))
+		return position{}, collective(fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(string(raw), ErrConfig.Error()+": ")))
 	}
 	ck, err := parseShared(raw, ckptSharedName)
 	if err != nil {
-		return position{}, err
+		return position{}, collective(err)
 	}
 	dir := stepDir(w.cfg.Out, ck.Step)
 	perr := w.loadShard(ck, dir)
@@ -372,7 +374,7 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 					parts = append(parts, fmt.Sprintf("rank %d: %s", r, msgs[r]))
 				}
 			}
-			return position{}, fmt.Errorf("%w: the checkpoint %s cannot be resumed: %s", ErrConfig, dir, strings.Join(parts, "; "))
+			return position{}, collective(fmt.Errorf("%w: the checkpoint %s cannot be resumed: %s", ErrConfig, dir, strings.Join(parts, "; ")))
 		}
 	}
 	// Every part checks out: load the shared state.

@@ -48,9 +48,34 @@
 //   - The local gradient clipping of the LSTM (-clip) needs the whole
 //     gradient before error feedback, so it cannot be combined with LAGS
 //     pipelining (-pipeline auto turns pipelining off then).
-//   - Checkpoints hold rank 0's parameters, buffers and optimizer state, not
-//     the error-feedback residuals of every rank: a resumed run continues
-//     from the epoch boundary with zero residuals.
+//
+// # Checkpoints, resumes and faults
+//
+// A checkpoint (checkpoint.go) holds everything a run needs to continue
+// exactly: rank 0's shared part (parameters, optimizer state, position,
+// wall time, configuration) and every rank's own part (error-feedback
+// residual, batch-norm statistics, the reducer's state through
+// sparsify.Stateful, the model's dropout stream and LSTM hidden state
+// through models.Stateful). One is written at the end of every epoch, every
+// Config.CheckpointEvery steps, where the run stops (-steps, -max-time) and
+// when it is interrupted; the newest two are kept. Config.Resume continues
+// from the newest complete one: on the CPU, a run stopped after step k and
+// resumed ends bit for bit where the uninterrupted run ends (parameters,
+// every rank's state, every metric but the times), for every sparsifier,
+// in one process and under mpirun (docs/results/resume-equivalence.md).
+// metrics.jsonl loses the records written after the checkpoint (a run
+// that died wrote them; the resumed run writes them again), and the wall
+// time goes on from the checkpoint's, so the record is one run.
+//
+// Options.Stop, SIGINT and SIGTERM (Options.Signals) stop the run after
+// the current step, with a checkpoint; the ranks agree on the step to stop
+// at with one small all-reduce per step, which also carries -max-time. A
+// failing or panicking worker ends the job; a NaN or infinite loss or
+// gradient stops it naming the tensor; parameters that differ between the
+// ranks stop it at the next Config.CheckEvery step or checkpoint (no
+// checkpoint of such a state is written). Every error that ends a started
+// job names the step, the rank where it matters, the last checkpoint and
+// the command that resumes.
 //
 // # Reproducibility
 //

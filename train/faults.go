@@ -186,7 +186,7 @@ func (w *worker) checkParams(ctx context.Context, step int) error {
 		}
 	}
 	if len(differ) > 0 {
-		return divergedError(differ, step)
+		return collective(divergedError(differ, step))
 	}
 	return nil
 }
@@ -297,6 +297,17 @@ func (w *worker) accumulateError(err error, lo, hi int) error {
 type collectiveError struct{ error }
 
 func (e collectiveError) Unwrap() error { return e.error }
+
+// interruptedBut is the error of an interruption whose checkpoint failed
+// with err: collective when err is.
+func interruptedBut(err error) error {
+	j := errors.Join(ErrInterrupted, err)
+	var ce collectiveError
+	if errors.As(err, &ce) {
+		return collective(j)
+	}
+	return j
+}
 
 // collective marks err as one every rank returns (nil stays nil).
 func collective(err error) error {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -263,4 +264,29 @@ func TestBadCheckpointsAreRefused(t *testing.T) {
 			t.Fatalf("err %v", err)
 		}
 	})
+}
+
+// TestRunInUseIsRefused: a run directory another process is training in
+// (its lock held) cannot be resumed or written into.
+func TestRunInUseIsRefused(t *testing.T) {
+	c := ncfConfig(t, 2, 2)
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := lockRun(c.Out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(filepath.Join(c.Out, "metrics.jsonl"))
+	err = Run(context.Background(), Config{Resume: c.Out, Steps: 4}, Options{})
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), fmt.Sprintf("is in use by another train process (pid %d)", os.Getpid())) {
+		t.Fatalf("err %v", err)
+	}
+	if after, _ := os.ReadFile(filepath.Join(c.Out, "metrics.jsonl")); !bytes.Equal(before, after) {
+		t.Fatal("the refused resume changed metrics.jsonl")
+	}
+	unlock()
+	if err := Run(context.Background(), Config{Resume: c.Out, Steps: 4}, Options{}); err != nil {
+		t.Fatal(err)
+	}
 }

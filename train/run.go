@@ -184,7 +184,7 @@ func runMPI(ctx context.Context, c Config, o Options, r *runner) error {
 		defer r.watchStop()()
 		err := r.worker(ctx, cm)
 		var ce collectiveError
-		if errors.As(err, &ce) || errors.Is(err, ErrConfig) {
+		if errors.As(err, &ce) {
 			// Rank 0 says it now: mpirun may kill the job before Run
 			// returns (after Ctrl-C it does within seconds).
 			if cm.Rank() == 0 {

@@ -81,6 +81,13 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	if err := os.MkdirAll(filepath.Join(cfg.Out, "checkpoints"), 0o755); err != nil {
 		return fmt.Errorf("train: creating the run directory: %w", err)
 	}
+	if w.rank == 0 {
+		unlock, err := lockRun(cfg.Out)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+	}
 	lg, closer, err := rankLogger(cfg.Out, w.rank)
 	if err != nil {
 		return err
@@ -578,7 +585,7 @@ func (w *worker) loop(ctx context.Context) error {
 					prog.endEpoch()
 				}
 				if err := save(here, true); err != nil {
-					return w.failed(collective(errors.Join(ErrInterrupted, err)), step)
+					return w.failed(interruptedBut(err), step)
 				}
 				return w.failed(collective(ErrInterrupted), step)
 			}
@@ -589,7 +596,7 @@ func (w *worker) loop(ctx context.Context) error {
 				// The checkpoint first: an interrupted evaluation must
 				// not lose the steps done.
 				if err := save(here, false); err != nil {
-					return w.failed(collective(err), step)
+					return w.failed(err, step)
 				}
 				if lastEval != step {
 					if _, err := w.evaluate(ctx, epoch, step); err != nil {
@@ -620,7 +627,7 @@ func (w *worker) loop(ctx context.Context) error {
 			}
 			if cfg.CheckEvery > 0 && step%cfg.CheckEvery == 0 {
 				if err := w.checkParams(ctx, step); err != nil {
-					return w.failed(collective(err), step)
+					return w.failed(err, step)
 				}
 			}
 			lastLoss = s.Loss
@@ -642,7 +649,7 @@ func (w *worker) loop(ctx context.Context) error {
 			if cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0 && !last {
 				// Before the evaluation, which a resumed run then redoes.
 				if err := save(position{epoch: epoch, batch: i + 1, step: step, evalDue: evalNow, evalEpoch: epoch}, false); err != nil {
-					return w.failed(collective(err), step)
+					return w.failed(err, step)
 				}
 			}
 			if evalNow {
@@ -659,7 +666,7 @@ func (w *worker) loop(ctx context.Context) error {
 		// The checkpoint before the evaluation, which an interruption
 		// may cut short (a resumed run then evaluates first).
 		if err := save(position{epoch: epoch + 1, batch: 0, step: step, evalDue: true, evalEpoch: epoch}, false); err != nil {
-			return w.failed(collective(err), step)
+			return w.failed(err, step)
 		}
 		if _, err := w.evaluate(ctx, epoch, step); err != nil {
 			return w.failed(err, step)

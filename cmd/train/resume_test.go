@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
 
@@ -311,4 +312,63 @@ func descends(pid, anc int) bool {
 		}
 	}
 	return false
+}
+
+// TestMPIResumeEverySparsifier: for every sparsifier, mpirun -np 3 (gtopk:
+// 2) train -steps 4, then mpirun ... train -resume DIR -steps 8, ends bit for
+// bit where 8 uninterrupted steps of in-process workers end (parameters,
+// optimizer state, every rank's part, every metric but the times; the
+// first job's final evaluation at step 4 is the one extra record).
+func TestMPIResumeEverySparsifier(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long; runs in the full suite")
+	}
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+	}
+	d := sharedData(t)
+	for _, name := range sparsify.Names() {
+		t.Run(name, func(t *testing.T) {
+			np := "3"
+			if name == "gtopk" {
+				np = "2"
+			}
+			args := []string{"-model", "ncf", "-dataset", "ml-100k", "-data-dir", d, "-sparsifier", name, "-density", "0.05",
+				"-quiet", "-max-eval-batches", "2", "-seed", "5"}
+			if m, _ := sparsify.Lookup(name); m.Params != nil {
+				if _, ok := m.Param("dense_warmup"); ok {
+					args = append(args, "-dense-warmup", "3") // the warm-up ends before the stop
+				}
+			}
+			if name == "dragonn" {
+				args = append(args, "-min-tensor", "0")
+			}
+			straight := filepath.Join(t.TempDir(), "straight")
+			var out bytes.Buffer
+			if err := run(context.Background(), append(args, "-workers", np, "-steps", "8", "-out", straight), &out, &out); err != nil {
+				t.Fatalf("%v\n%s", err, out.String())
+			}
+			dir := filepath.Join(t.TempDir(), "mpi")
+			mpi := []string{"--oversubscribe", "--allow-run-as-root", "-np", np, os.Args[0]}
+			for _, a := range [][]string{append(args, "-steps", "4", "-out", dir), {"-resume", dir, "-steps", "8"}} {
+				cmd, out := startMain(t, mpirun, append(mpi, a...)...)
+				if code, _ := exitIn(t, cmd, 2*time.Minute, out); code != 0 {
+					t.Fatalf("mpirun %v: exit %d\n%s", a, code, out.String())
+				}
+			}
+			got := readEnd(t, dir)
+			var recs []map[string]any
+			for _, r := range got.records {
+				if !(r["type"] == "eval" && r["step"] == 4.0) {
+					recs = append(recs, r)
+				}
+			}
+			if len(recs) == len(got.records) {
+				t.Fatal("no evaluation at step 4 in the stopped job's record")
+			}
+			got.records = recs
+			sameEnds(t, "mpirun 4 steps + resume vs 8 in-process steps", readEnd(t, straight), got)
+		})
+	}
 }

@@ -1,0 +1,45 @@
+//go:build unix
+
+package train
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// lockRun takes the run directory's lock (an exclusive flock on dir/.lock,
+// which holds the owner's pid), so that two processes never write one run:
+// a -resume of a run that is still training, or two commands with one
+// -out. It returns the function that releases it. The lock ends with the
+// process, also when it is killed.
+func lockRun(dir string) (func(), error) {
+	p := filepath.Join(dir, ".lock")
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("locking the run directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		b := make([]byte, 32)
+		n, _ := f.ReadAt(b, 0)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			who := "another train process"
+			if pid, perr := strconv.Atoi(strings.TrimSpace(string(b[:n]))); perr == nil {
+				who += fmt.Sprintf(" (pid %d)", pid)
+			}
+			return nil, fmt.Errorf("%w: %s is in use by %s; wait for it to end or stop it (Ctrl-C) before resuming", ErrConfig, dir, who)
+		}
+		return nil, fmt.Errorf("locking the run directory: %w", err)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
