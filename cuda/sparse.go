@@ -223,8 +223,8 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 }
 
 // selectTiles runs the ordered selection of mode over x: per-tile counts,
-// their scan and (when idx is not nil) the write. It returns the number
-// selected, read back only when count is set (top-k knows it).
+// their scan and, unless idx is empty (a count only), the write. It returns
+// the number selected, read back only when count is set (top-k knows it).
 func (o *Sparse) selectTiles(cs *Stream, x device.Buffer, mode int, idx, val device.Buffer, count bool) (int, error) {
 	n := x.Len()
 	tiles := (n + selTile - 1) / selTile
@@ -250,6 +250,9 @@ func (o *Sparse) selectTiles(cs *Stream, x device.Buffer, mode int, idx, val dev
 			return 0, err
 		}
 		total = int(uint32(t[0]))
+		if idx.Len() == 0 && val.Len() == 0 {
+			return total, nil
+		}
 		if idx.Len() < total || (val.Len() > 0 && val.Len() < total) {
 			return total, fmt.Errorf("%w: %d elements selected, the index buffer holds %d and the value buffer %d", ErrCapacity, total, idx.Len(), val.Len())
 		}
@@ -374,7 +377,34 @@ func (o *Sparse) SelectAbove(s device.Stream, idx, val, x device.Buffer, t float
 	if err := cs.fill32(cs.sel.state.Slice(0, 1), key); err != nil {
 		return 0, err
 	}
-	return o.selectTiles(cs, x, 1, idx, val, true)
+	n, err := o.selectTiles(cs, x, 1, idx, val, true)
+	if err == nil && n > 0 && idx.Len() == 0 {
+		err = fmt.Errorf("%w: %d elements selected, the index buffer is empty", ErrCapacity, n)
+	}
+	return n, err
+}
+
+// CountAbove returns the number of elements with |x[i]| >= t (NaN never
+// counted): SelectAbove's counting passes without the write.
+func (o *Sparse) CountAbove(s device.Stream, x device.Buffer, t float32) (int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	if err := o.check("CountAbove", "x", x, device.Float32, 0); err != nil {
+		return 0, err
+	}
+	if x.Len() == 0 || t != t {
+		return 0, nil
+	}
+	key := uint32(0)
+	if t > 0 {
+		key = math.Float32bits(t)
+	}
+	if err := cs.fill32(cs.sel.state.Slice(0, 1), key); err != nil {
+		return 0, err
+	}
+	return o.selectTiles(cs, x, 1, device.Buffer{}, device.Buffer{}, true)
 }
 
 // Gather sets dst[j] = x[idx[j]] for j < len(dst).

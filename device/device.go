@@ -178,7 +178,13 @@ func (b Buffer) Slice(i, j int) Buffer {
 	s.n = j - i
 	off := uintptr(i * b.dt.Size())
 	if b.host != nil {
-		s.host = unsafe.Add(b.host, off)
+		// An empty slice holds no pointer: one past the end of host memory
+		// would point into another object (or free memory) as far as the
+		// garbage collector can tell.
+		s.host = nil
+		if s.n > 0 {
+			s.host = unsafe.Add(b.host, off)
+		}
 	} else if b.addr != 0 {
 		s.addr = b.addr + off
 	}
@@ -198,13 +204,14 @@ func (b Buffer) mustHost(dt DType) {
 	if b.dt != dt && b.n > 0 {
 		panic(fmt.Sprintf("device: %v buffer used as %v", b.dt, dt))
 	}
-	if !b.IsHost() {
+	if b.n > 0 && !b.IsHost() { // an empty buffer holds no memory to read
 		panic(fmt.Sprintf("device: %v is not host memory", b))
 	}
 }
 
 // Float32s returns the elements of a host float32 buffer as a slice that
-// aliases it. It panics for other types and for device memory.
+// aliases it. It panics for other types and for device memory (an empty
+// buffer gives nil wherever it is).
 func (b Buffer) Float32s() []float32 {
 	b.mustHost(Float32)
 	if b.n == 0 {
@@ -242,11 +249,11 @@ func (b Buffer) Int64s() []int64 {
 
 // HostBytes returns a host buffer's memory as bytes (no copy).
 func (b Buffer) HostBytes() []byte {
+	if b.n == 0 { // an empty buffer holds no memory, wherever it is
+		return nil
+	}
 	if !b.IsHost() {
 		panic(fmt.Sprintf("device: %v is not host memory", b))
-	}
-	if b.n == 0 {
-		return nil
 	}
 	return unsafe.Slice((*byte)(b.host), b.Bytes())
 }
@@ -294,7 +301,9 @@ func (b Buffer) View(dt DType, byteOffset, n int) Buffer {
 	}
 	v := Buffer{dev: b.dev, dt: dt, n: n}
 	if b.host != nil {
-		v.host = unsafe.Add(b.host, byteOffset)
+		if n > 0 { // no pointer past the end (see Slice)
+			v.host = unsafe.Add(b.host, byteOffset)
+		}
 	} else if b.addr != 0 {
 		v.addr = b.addr + uintptr(byteOffset)
 	}

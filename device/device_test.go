@@ -254,3 +254,35 @@ func BenchmarkSumSquares(b *testing.B) {
 		m.SumSquares(s, Host(g))
 	}
 }
+
+// TestEmptySliceHoldsNoPointer: an empty slice or view at the end of host
+// memory must not point one past its end (the garbage collector would see a
+// pointer into another object).
+func TestEmptySliceHoldsNoPointer(t *testing.T) {
+	b := Host(make([]float32, 4))
+	for _, e := range []Buffer{b.Slice(4, 4), b.Slice(2, 2), b.View(Int32, 16, 0)} {
+		if e.Len() != 0 || e.host != nil || !e.IsHost() || e.HostBytes() != nil {
+			t.Fatalf("empty slice %v: host pointer %v", e, e.host)
+		}
+	}
+	if s := b.Slice(1, 3); s.Len() != 2 || &s.Float32s()[0] != &b.Float32s()[1] {
+		t.Fatal("a non-empty slice lost its memory")
+	}
+}
+
+// TestEmptyDeviceBufferReadsAsNil: an empty slice of device memory has no
+// memory to read: its host views are nil, not a panic (a communicator of
+// host memory is handed such slices when a peer sends nothing).
+func TestEmptyDeviceBufferReadsAsNil(t *testing.T) {
+	b := NewDeviceBuffer(nil, Float32, 8, 0x1000)
+	e := b.Slice(3, 3)
+	if e.IsHost() || e.HostBytes() != nil || e.Float32s() != nil {
+		t.Fatalf("empty device slice %v", e)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("the host view of 8 device floats did not panic")
+		}
+	}()
+	b.Float32s()
+}

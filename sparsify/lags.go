@@ -307,13 +307,13 @@ type LAGS struct {
 
 	v        vecs
 	dMeasure device.Buffer
-	gb       base // device helpers of the decode (Union)
+	gb       base // device helpers of the selection (timing, residual)
 }
 
 // lagsBufs are one group's reusable device buffers.
 type lagsBufs struct {
-	sel, allIdx   device.Buffer // Int32
-	vals, allVals device.Buffer // Float32
+	sel, allIdx, union device.Buffer // Int32
+	vals, allVals      device.Buffer // Float32
 }
 
 var _ DeviceGroupReducer = (*LAGS)(nil)
@@ -727,7 +727,9 @@ func (p *lagsPending) wait(ctx context.Context) (GroupStats, error) {
 	// The decode: the group's range of out, Σ_w of every worker's values in
 	// rank order, divided by n. The union (with the range check) counts the
 	// distinct indices.
-	u, err := v.scratch(&l.gb.dUnion, device.Int32, allIdx.Len())
+	// The union's scratch is the group's own: groups are waited for
+	// concurrently.
+	u, err := v.scratch(&b.union, device.Int32, allIdx.Len())
 	if err != nil {
 		return GroupStats{}, err
 	}

@@ -3,10 +3,8 @@ package sparsify
 import (
 	"context"
 	"fmt"
-	"math"
-	"time"
 
-	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
@@ -101,41 +99,56 @@ type okTopkReducer struct {
 	reg    okRegions
 	lthr   float64 // local threshold (the reference's Python float)
 	gthr   float64 // global threshold
-	sel    []int32 // L
-	gsel   []int32 // own region's gathered sums (region-relative)
-	gval   []float32
-	pick   []int32
-	set    []int32 // G (flat, ascending)
 	bounds []int64
+
+	sel, gsel, pick, set, inter, prop device.Buffer // Int32
+	gval, vals                        device.Buffer // Float32
+	dBounds                           device.Buffer // Int64
+	dn                                dense
 }
 
 func newOkTopkReducer(o Options) (Reducer, error) {
 	r := &okTopkReducer{base: newBase("oktopk", o), warmup: o.Params.Int("dense_warmup")}
-	r.reg = newOkRegions(r.base.c, r.base.n)
+	r.reg = newOkRegions(&r.base)
 	return r, nil
 }
 
 // Name returns "oktopk".
 func (r *okTopkReducer) Name() string { return "oktopk" }
 
-// okRaiseThreshold is Ok-Topk's reuse of the previous local threshold thr:
+// raiseThreshold is Ok-Topk's reuse of the previous local threshold thr:
 // multiplied by 1.03 while more than ⌊4k/3⌋ elements of acc have |acc| > thr
 // (compared as float32), at most okMaxRaises times.
-func okRaiseThreshold(acc []float32, thr float64, k int) float64 {
+func (r *okTopkReducer) raiseThreshold(acc device.Buffer, thr float64, k int) (float64, error) {
+	v := &r.base.v
 	limit := 4 * k / 3
 	for range okMaxRaises {
-		if okCountAbove(acc, float32(thr)) <= limit {
+		n, err := v.ops.CountAbove(v.s, acc, okAbove(float32(thr)))
+		if err != nil {
+			return 0, err
+		}
+		if n <= limit {
 			break
 		}
 		thr *= okRaise
 	}
-	return thr
+	return thr, nil
 }
 
 // Reduce runs one Ok-Topk iteration (see okTopkReducer).
 func (r *okTopkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (r *okTopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	if b.iter < r.warmup {
@@ -147,130 +160,215 @@ func (r *okTopkReducer) Reduce(ctx context.Context, acc, out, residual []float32
 	s := b.iter - r.warmup
 	b.iter++
 	k := b.k
-	var selTime time.Duration
+	sel, err := v.scratch(&r.sel, device.Int32, b.n)
+	if err != nil {
+		return Stats{}, err
+	}
 
 	// Local threshold and selection L.
-	t0 := time.Now()
-	if s%okLocalRecompute == 0 {
-		r.lthr = float64(KthLargestAbs(acc, k))
-	} else {
-		r.lthr = okRaiseThreshold(acc, r.lthr, k)
+	var thr float32
+	nsel := 0
+	selTime, err := b.timed(func() error {
+		if s%okLocalRecompute == 0 {
+			t, err := v.ops.KthLargestAbs(v.s, acc, k)
+			if err != nil {
+				return err
+			}
+			r.lthr = float64(t)
+		} else {
+			var err error
+			if r.lthr, err = r.raiseThreshold(acc, r.lthr, k); err != nil {
+				return err
+			}
+		}
+		thr = float32(r.lthr)
+		var err error
+		nsel, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, okAbove(thr))
+		return err
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
 	}
-	thr := float32(r.lthr)
-	r.sel = SelectAbove(r.sel, acc, okAbove(thr))
-	okSince(&selTime, t0)
+	sel = sel.Slice(0, nsel)
 
 	if s%okRepartition == 0 {
-		if err := r.rebalance(ctx); err != nil {
+		if err := r.rebalance(ctx, sel); err != nil {
 			return Stats{}, fmt.Errorf("sparsify: oktopk: re-balancing the regions: %w", err)
 		}
 	}
-	if nl := float64(len(r.sel)); nl < 2*float64(k)/3 {
+	if nl := float64(nsel); nl < 2*float64(k)/3 {
 		r.lthr /= okLocalScale
 	} else if nl > 5*float64(k)/4 {
 		r.lthr *= okLocalScale
 	}
 
-	if err := r.reg.scatterReduce(ctx, acc, r.sel); err != nil {
+	if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
 	}
 
 	// Global selection.
 	recompute := s%okGlobalRecompute == 0
 	red := r.reg.reduced
-	t1 := time.Now()
-	if recompute {
-		r.gsel = SelectAbove(r.gsel, red, okAbove(0))
-	} else {
-		r.gsel = SelectAbove(r.gsel, red, okAbove(float32(r.gthr)))
+	m := 0
+	t1, err := b.timed(func() error {
+		gsel, err := v.scratch(&r.gsel, device.Int32, red.Len())
+		if err != nil {
+			return err
+		}
+		t := okAbove(0)
+		if !recompute {
+			t = okAbove(float32(r.gthr))
+		}
+		if m, err = v.ops.SelectAbove(v.s, gsel, device.Buffer{}, red, t); err != nil {
+			return err
+		}
+		gval, err := v.scratch(&r.gval, device.Float32, m)
+		if err != nil {
+			return err
+		}
+		return v.ops.Gather(v.s, gval, red, gsel.Slice(0, m))
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
 	}
-	r.gval = valuesAt(r.gval, red, r.gsel)
-	okSince(&selTime, t1)
-	total, err := r.reg.gatherCounts(ctx, len(r.gsel))
+	selTime += t1
+	total, err := r.reg.gatherCounts(ctx, m)
 	if err == nil {
-		err = r.reg.gatherPairs(ctx, r.gsel, r.gval, total)
+		err = r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total)
 	}
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
 	}
-	allIdx, allVal := r.reg.allIdx, r.reg.allVal
-	clear(out)
-	pf := float32(b.c.Size())
-	r.set = r.set[:0]
+	allIdx, allVal := r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total)
+	if err := v.m.Fill(v.s, out, 0); err != nil {
+		return Stats{}, err
+	}
+	var set device.Buffer
 	if recompute {
-		t2 := time.Now()
-		kk := min(total, k)
-		r.pick = TopK(r.pick, allVal, kk)
-		if kk > 0 {
-			m := float32(math.Inf(1))
-			for _, q := range r.pick {
-				m = min(m, math.Float32frombits(absBits(allVal[q])))
+		t2, err := b.timed(func() error {
+			kk := min(total, k)
+			pick, err := v.scratch(&r.pick, device.Int32, kk)
+			if err != nil {
+				return err
 			}
-			r.gthr = float64(m)
+			if set, err = v.scratch(&r.set, device.Int32, kk); err != nil {
+				return err
+			}
+			vals, err := v.scratch(&r.vals, device.Float32, kk)
+			if err != nil {
+				return err
+			}
+			if kk > 0 {
+				if _, err := v.ops.TopK(v.s, pick, vals, allVal, kk); err != nil {
+					return err
+				}
+				g, err := v.ops.KthLargestAbs(v.s, allVal, kk) // the smallest kept magnitude
+				if err != nil {
+					return err
+				}
+				r.gthr = float64(g)
+			}
+			if err := v.ops.GatherIndex(v.s, set, allIdx, pick); err != nil {
+				return err
+			}
+			return v.ops.Scatter(v.s, out, set, vals, 1)
+		})
+		if err != nil {
+			return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
 		}
-		for _, q := range r.pick {
-			j := allIdx[q]
-			out[j] = allVal[q] / pf
-			r.set = append(r.set, j)
-		}
-		okSince(&selTime, t2)
+		selTime += t2
 	} else {
-		for i, j := range allIdx {
-			out[j] = allVal[i] / pf
+		if err := v.ops.Scatter(v.s, out, allIdx, allVal, 1); err != nil {
+			return Stats{}, err
 		}
-		r.set = append(r.set, allIdx...)
+		set = allIdx
 		if g := float64(total); g < 2*float64(k)/3 {
 			r.gthr /= okGlobalScale
 		} else if g > 4*float64(k)/3 {
 			r.gthr *= okGlobalScale
 		}
 	}
-
-	// residual = acc with L ∩ G zeroed; both are ascending.
-	if &residual[0] != &acc[0] {
-		copy(residual, acc)
-	}
-	g := 0
-	for _, j := range r.sel {
-		for g < len(r.set) && r.set[g] < j {
-			g++
-		}
-		if g < len(r.set) && r.set[g] == j {
-			residual[j] = 0
-		}
+	if err := v.ops.Div(v.s, out, float32(b.c.Size())); err != nil {
+		return Stats{}, err
 	}
 
-	st := b.stats(before, selTime)
+	// residual = acc with L ∩ G zeroed.
+	inter, err := v.scratch(&r.inter, device.Int32, nsel)
+	if err != nil {
+		return Stats{}, err
+	}
+	ni, err := v.intersectOn(&r.dn, b.n, set, sel, inter)
+	if err != nil {
+		return Stats{}, err
+	}
+	if err := b.residualWithout(residual, acc, inter.Slice(0, ni)); err != nil {
+		return Stats{}, err
+	}
+
+	st, err := b.finish(before, selTime, residual)
 	st.Threshold = float64(thr)
-	st.Selected = len(r.sel)
+	st.Selected = nsel
 	st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
 	st.ActualDensity = float64(total) / float64(b.n)
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
 }
 
-// rebalance sets the region boundaries from the workers' selections L: each
-// proposes the indices at positions ⌊|L|/P⌋·i of L (the equal split i·⌊N/P⌋
-// when L is empty), the proposals are summed over the workers as int64 and
-// divided by P.
-func (r *okTopkReducer) rebalance(ctx context.Context) error {
+// rebalance sets the region boundaries from the workers' selections L
+// (sel, ascending): each proposes the indices at positions ⌊|L|/P⌋·i of L
+// (the equal split i·⌊N/P⌋ when L is empty), the proposals are summed over
+// the workers as int64 and divided by P.
+func (r *okTopkReducer) rebalance(ctx context.Context, sel device.Buffer) error {
 	g := &r.reg
+	v := &r.base.v
 	p, n := g.p, g.n
 	if p == 1 {
 		g.offs[0], g.offs[1] = 0, n
 		return nil
 	}
 	r.bounds = grow(r.bounds, p-1)
-	m := len(r.sel)
-	for i := 1; i < p; i++ {
-		if m == 0 {
+	m := sel.Len()
+	if m == 0 {
+		for i := 1; i < p; i++ {
 			r.bounds[i-1] = int64(i * (n / p))
-		} else {
-			r.bounds[i-1] = int64(r.sel[(m/p)*i])
+		}
+	} else {
+		pos := make([]int32, p-1)
+		for i := 1; i < p; i++ {
+			pos[i-1] = int32((m / p) * i)
+		}
+		dp, err := v.scratch(&r.prop, device.Int32, 2*(p-1))
+		if err != nil {
+			return err
+		}
+		if err := v.upload(dp, pos); err != nil {
+			return err
+		}
+		if err := v.ops.GatherIndex(v.s, dp.Slice(p-1, 2*(p-1)), sel, dp.Slice(0, p-1)); err != nil {
+			return err
+		}
+		at := make([]int32, p-1)
+		if err := v.download(at, dp.Slice(p-1, 2*(p-1))); err != nil {
+			return err
+		}
+		for i, j := range at {
+			r.bounds[i] = int64(j)
 		}
 	}
-	if err := g.c.AllReduce(ctx, comm.Int64s(r.bounds)); err != nil {
+	db, err := v.scratch(&r.dBounds, device.Int64, p-1)
+	if err != nil {
+		return err
+	}
+	if err := v.s.Copy(db, device.Host(r.bounds)); err != nil {
+		return err
+	}
+	if err := g.c.AllReduce(ctx, v.cb(db)); err != nil {
 		return fmt.Errorf("all-reducing %d boundary proposals: %w", p-1, err)
+	}
+	if err := v.s.Copy(device.Host(r.bounds), db); err != nil {
+		return err
+	}
+	if err := v.s.Synchronize(); err != nil {
+		return err
 	}
 	g.offs[0] = 0
 	for i := 1; i < p; i++ {

@@ -3,6 +3,7 @@ package sparsify
 import (
 	"context"
 	"fmt"
+	"github.com/sparsegrad/sparsegrad/device"
 	"sync"
 	"testing"
 
@@ -79,7 +80,7 @@ func BenchmarkOkMethodsReduce(b *testing.B) {
 // N = 11,173,962 standard-normal values at density 0.01: "recompute" is the
 // exact threshold (KthLargestAbs) then the strict SelectAbove (every 32nd
 // call), "reuse" the count of the reused threshold then SelectAbove (the
-// other calls, when no raise is needed), "count" okCountAbove alone.
+// other calls, when no raise is needed), "count" the count alone.
 func BenchmarkOkTopkLocalSelect(b *testing.B) {
 	x := selBenchData()
 	k := BudgetK(0.01, len(x))
@@ -95,14 +96,14 @@ func BenchmarkOkTopkLocalSelect(b *testing.B) {
 	b.Run("reuse", func(b *testing.B) {
 		b.SetBytes(int64(4 * len(x)))
 		for b.Loop() {
-			_ = okRaiseThreshold(x, float64(thr), k)
+			_, _ = CPUOps().CountAbove(nil, device.Host(x), okAbove(thr))
 			dst = SelectAbove(dst, x, okAbove(thr))
 		}
 	})
 	b.Run("count", func(b *testing.B) {
 		b.SetBytes(int64(4 * len(x)))
 		for b.Loop() {
-			_ = okCountAbove(x, thr)
+			_, _ = CPUOps().CountAbove(nil, device.Host(x), okAbove(thr))
 		}
 	})
 }

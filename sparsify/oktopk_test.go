@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sparsegrad/sparsegrad/device"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -740,14 +741,14 @@ func TestOkHelpers(t *testing.T) {
 		if got := SelectAbove(nil, x, okAbove(thr)); !slices.Equal(got, want) {
 			t.Fatalf("SelectAbove(okAbove(%v)) = %v, want %v", thr, got, want)
 		}
-		if got := okCountAbove(x, thr); got != len(want) {
-			t.Fatalf("okCountAbove(%v) = %d, want %d", thr, got, len(want))
+		if got, _ := CPUOps().CountAbove(nil, device.Host(x), okAbove(thr)); got != len(want) {
+			t.Fatalf("CountAbove(okAbove(%v)) = %d, want %d", thr, got, len(want))
 		}
 	}
 	big := make([]float32, 1<<18)
 	genNormal(harnessRNG(3, 0, 0), big)
-	if got, want := okCountAbove(big, 1), len(okRefAbove(big, 1)); got != want {
-		t.Fatalf("okCountAbove on %d elements = %d, want %d", len(big), got, want)
+	if got, _ := CPUOps().CountAbove(nil, device.Host(big), okAbove(1)); got != len(okRefAbove(big, 1)) {
+		t.Fatalf("CountAbove on %d elements = %d, want %d", len(big), got, len(okRefAbove(big, 1)))
 	}
 	for _, m := range []string{"oktopk", "topkdsa"} {
 		if p, _ := mustLookup(t, m).Param("dense_warmup"); p.Default != 512 {

@@ -43,6 +43,9 @@ type Ops interface {
 	// when a buffer is too short it writes nothing and returns the count
 	// with an error (see SelectAbove).
 	SelectAbove(s device.Stream, idx, val, x device.Buffer, t float32) (int, error)
+	// CountAbove returns the number of elements with |x[i]| >= t (NaN
+	// never counted), SelectAbove's count without the indices.
+	CountAbove(s device.Stream, x device.Buffer, t float32) (int, error)
 	// Gather sets dst[j] = x[idx[j]] for j < len(dst).
 	Gather(s device.Stream, dst, x, idx device.Buffer) error
 	// GatherIndex is Gather of int32 elements: dst[j] = x[idx[j]].
@@ -255,6 +258,35 @@ func (cpuOps) SelectAbove(_ device.Stream, idx, val, x device.Buffer, t float32)
 		}
 	}
 	return len(sel), nil
+}
+
+func (cpuOps) CountAbove(_ device.Stream, x device.Buffer, t float32) (int, error) {
+	xx, err := f32("CountAbove", "x", x, 0)
+	if err != nil {
+		return 0, err
+	}
+	if t != t {
+		return 0, nil
+	}
+	key := uint32(0)
+	if t > 0 {
+		key = math.Float32bits(t)
+	}
+	p := selChunks(len(xx))
+	counts := make([]int, p)
+	selParallel(len(xx), p, func(c, lo, hi int) {
+		n := 0
+		for _, v := range selBits(xx[lo:hi]) {
+			k := v &^ (1 << 31)
+			n += selB2I(k >= key && k <= 0x7f800000)
+		}
+		counts[c] = n
+	})
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	return total, nil
 }
 
 func (cpuOps) Gather(_ device.Stream, dst, x, idx device.Buffer) error {

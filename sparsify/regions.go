@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // The region machinery that TopkDSA ("topkdsa") and Ok-Topk ("oktopk") share
@@ -60,26 +61,6 @@ func okEqualSplit(offs []int, n, p int) {
 // comparison. okAbove(0) selects the non-zero elements.
 func okAbove(t float32) float32 { return math.Nextafter32(t, float32(math.Inf(1))) }
 
-// okCountAbove is the number of elements with |x[i]| > t (t >= 0, x finite),
-// on all cores for large x.
-func okCountAbove(x []float32, t float32) int {
-	tb := math.Float32bits(t)
-	p := selChunks(len(x))
-	counts := make([]int, p)
-	selParallel(len(x), p, func(c, lo, hi int) {
-		n := 0
-		for _, v := range selBits(x[lo:hi]) {
-			n += selB2I(v&^(1<<31) > tb)
-		}
-		counts[c] = n
-	})
-	total := 0
-	for _, n := range counts {
-		total += n
-	}
-	return total
-}
-
 // okPending is a non-blocking call of the region exchange: what it moves
 // (one of okWhat), with which rank, and for a receive the number of
 // elements it must report.
@@ -111,9 +92,11 @@ func okWaitAll(ctx context.Context, reqs []okPending) error {
 	return first
 }
 
-// okRegions is one worker's region state and scratch.
+// okRegions is one worker's region state and scratch (on the reducer's
+// device).
 type okRegions struct {
 	c    *comm.Counter
+	v    *vecs
 	p, r int
 	n    int   // elements of the flat vector
 	offs []int // region j is [offs[j], offs[j+1])
@@ -121,31 +104,33 @@ type okRegions struct {
 	// Send side: the pairs for region d are sIdx/sVal[sStart[d]:sStart[d+1]],
 	// indices relative to the region's start.
 	sStart []int
-	sIdx   []int32
-	sVal   []float32
-	ssize  []int32 // per destination rank
-	rsize  []int32 // per source rank
+	sIdx   device.Buffer // Int32
+	sVal   device.Buffer // Float32
+	ssize  []int32       // per destination rank
+	rsize  []int32       // per source rank
+	dsize  device.Buffer // Int32: ssize then rsize, for the messages
 	// Receive side, by step i (source (r−i) mod p): rIdx/rVal[rOff[i]:rOff[i+1]].
 	rOff []int
-	rIdx []int32
-	rVal []float32
+	rIdx device.Buffer // Int32
+	rVal device.Buffer // Float32
 	reqs []okPending
 
 	// reduced is the sum of every worker's pairs in the own region.
-	reduced []float32
+	reduced device.Buffer // Float32
 
 	// Phase 2: every owner's pairs, flat indices, in rank order.
-	cnt    []int32
 	counts []int
 	sizes  []int
-	allIdx []int32
-	allVal []float32
+	allIdx device.Buffer // Int32
+	allVal device.Buffer // Float32
+	b      *base         // gatherCountsOn, checkList
 }
 
-func newOkRegions(c *comm.Counter, n int) okRegions {
-	g := okRegions{c: c, p: c.Size(), r: c.Rank(), n: n}
+func newOkRegions(b *base) okRegions {
+	c := b.c
+	g := okRegions{c: c, v: &b.v, b: b, p: c.Size(), r: c.Rank(), n: b.n}
 	g.offs = make([]int, g.p+1)
-	okEqualSplit(g.offs, n, g.p)
+	okEqualSplit(g.offs, b.n, g.p)
 	return g
 }
 
@@ -173,43 +158,64 @@ func (g *okRegions) regionSizes() []int {
 // steps is in flight the previous group's pairs are added, in step order, so
 // the owner's sums are in the fixed order r, r−1, …, r+1 (mod p) on every
 // backend.
-func (g *okRegions) scatterReduce(ctx context.Context, acc []float32, sel []int32) error {
-	p, r := g.p, g.r
+func (g *okRegions) scatterReduce(ctx context.Context, acc, sel device.Buffer) error {
+	p, r, v := g.p, g.r, g.v
+	counts, err := v.ops.CountIn(v.s, sel, g.offs)
+	if err != nil {
+		return err
+	}
 	g.sStart = grow(g.sStart, p+1)
-	g.sIdx = grow(g.sIdx, len(sel))
-	g.sVal = grow(g.sVal, len(sel))
 	j := 0
 	for d := range p {
 		g.sStart[d] = j
-		lo, hi := int32(g.offs[d]), int32(g.offs[d+1])
-		for j < len(sel) && sel[j] < hi {
-			g.sIdx[j] = sel[j] - lo
-			g.sVal[j] = acc[sel[j]]
-			j++
-		}
+		j += counts[d]
 	}
 	g.sStart[p] = j
+	if g.sIdx, err = v.scratch(&g.sIdx, device.Int32, sel.Len()); err != nil {
+		return err
+	}
+	if g.sVal, err = v.scratch(&g.sVal, device.Float32, sel.Len()); err != nil {
+		return err
+	}
+	sIdx, sVal := g.sIdx.Slice(0, sel.Len()), g.sVal.Slice(0, sel.Len())
+	if err := v.s.Copy(sIdx, sel); err != nil {
+		return err
+	}
+	if err := v.ops.Gather(v.s, sVal, acc, sel); err != nil {
+		return err
+	}
+	for d := range p {
+		if err := v.ops.Shift(v.s, sIdx.Slice(g.sStart[d], g.sStart[d+1]), -g.offs[d]); err != nil {
+			return err
+		}
+	}
 
-	// Counts (all-to-all).
+	// Counts (all-to-all), through device memory.
 	g.ssize = grow(g.ssize, p)
 	g.rsize = grow(g.rsize, p)
 	for d := range p {
 		g.ssize[d] = int32(g.sStart[d+1] - g.sStart[d])
 	}
-	g.rsize[r] = g.ssize[r]
+	dsize, err := v.scratch(&g.dsize, device.Int32, 2*p)
+	if err != nil {
+		return err
+	}
+	if err := v.upload(dsize, g.ssize); err != nil {
+		return err
+	}
+	rsz := dsize.Slice(p, 2*p)
 	reqs := g.reqs[:0]
-	var err error
 	for i := 1; i < p && err == nil; i++ {
 		src := (r - i + p) % p
 		var q comm.Request
-		if q, err = g.c.IRecv(ctx, comm.Int32s(g.rsize[src:src+1]), src, okTagCount); err == nil {
+		if q, err = g.c.IRecv(ctx, v.cb(rsz.Slice(src, src+1)), src, okTagCount); err == nil {
 			reqs = append(reqs, okPending{q, 1, src, 1})
 		}
 	}
 	for i := 1; i < p && err == nil; i++ {
 		dst := (r + i) % p
 		var q comm.Request
-		if q, err = g.c.ISend(ctx, comm.Int32s(g.ssize[dst:dst+1]), dst, okTagCount); err == nil {
+		if q, err = g.c.ISend(ctx, v.cb(dsize.Slice(dst, dst+1)), dst, okTagCount); err == nil {
 			reqs = append(reqs, okPending{q, 0, dst, 0})
 		}
 	}
@@ -221,6 +227,10 @@ func (g *okRegions) scatterReduce(ctx context.Context, acc []float32, sel []int3
 	if werr != nil {
 		return fmt.Errorf("exchanging pair counts: %w", werr)
 	}
+	if err := v.download(g.rsize, rsz); err != nil {
+		return err
+	}
+	g.rsize[r] = g.ssize[r]
 	own := g.size(r)
 	g.rOff = grow(g.rOff, p+1)
 	g.rOff[0] = 0
@@ -233,37 +243,49 @@ func (g *okRegions) scatterReduce(ctx context.Context, acc []float32, sel []int3
 		g.rOff[i+1] = g.rOff[i] + m
 	}
 	total := g.rOff[p]
-	g.rIdx = grow(g.rIdx, total)
-	g.rVal = grow(g.rVal, total)
-	g.reduced = grow(g.reduced, own)
-	clear(g.reduced)
+	if g.rIdx, err = v.scratch(&g.rIdx, device.Int32, total); err != nil {
+		return err
+	}
+	if g.rVal, err = v.scratch(&g.rVal, device.Float32, total); err != nil {
+		return err
+	}
+	if g.reduced, err = v.scratch(&g.reduced, device.Float32, own); err != nil {
+		return err
+	}
+	if err := v.m.Fill(v.s, g.reduced, 0); err != nil {
+		return err
+	}
 
 	th := min(okThrottle, p)
 	groups := (p + th - 1) / th
 	post := func(grp int) error {
 		for i := grp * th; i < min(p, (grp+1)*th); i++ {
-			ri, rv := g.rIdx[g.rOff[i]:g.rOff[i+1]], g.rVal[g.rOff[i]:g.rOff[i+1]]
+			ri, rv := g.rIdx.Slice(g.rOff[i], g.rOff[i+1]), g.rVal.Slice(g.rOff[i], g.rOff[i+1])
 			if i == 0 {
-				copy(ri, g.sIdx[g.sStart[r]:g.sStart[r+1]])
-				copy(rv, g.sVal[g.sStart[r]:g.sStart[r+1]])
+				if err := v.s.Copy(ri, sIdx.Slice(g.sStart[r], g.sStart[r+1])); err != nil {
+					return err
+				}
+				if err := v.s.Copy(rv, sVal.Slice(g.sStart[r], g.sStart[r+1])); err != nil {
+					return err
+				}
 				continue
 			}
 			src, dst := (r-i+p)%p, (r+i)%p
-			si, sv := g.sIdx[g.sStart[dst]:g.sStart[dst+1]], g.sVal[g.sStart[dst]:g.sStart[dst+1]]
-			q, err := g.c.IRecv(ctx, comm.Int32s(ri), src, okTagIdx)
+			si, sv := sIdx.Slice(g.sStart[dst], g.sStart[dst+1]), sVal.Slice(g.sStart[dst], g.sStart[dst+1])
+			q, err := g.c.IRecv(ctx, v.cb(ri), src, okTagIdx)
 			if err != nil {
 				return err
 			}
-			g.reqs = append(g.reqs, okPending{q, 3, src, len(ri)})
-			if q, err = g.c.IRecv(ctx, comm.Float32s(rv), src, okTagVal); err != nil {
+			g.reqs = append(g.reqs, okPending{q, 3, src, ri.Len()})
+			if q, err = g.c.IRecv(ctx, v.cb(rv), src, okTagVal); err != nil {
 				return err
 			}
-			g.reqs = append(g.reqs, okPending{q, 5, src, len(rv)})
-			if q, err = g.c.ISend(ctx, comm.Int32s(si), dst, okTagIdx); err != nil {
+			g.reqs = append(g.reqs, okPending{q, 5, src, rv.Len()})
+			if q, err = g.c.ISend(ctx, v.cb(si), dst, okTagIdx); err != nil {
 				return err
 			}
 			g.reqs = append(g.reqs, okPending{q, 2, dst, 0})
-			if q, err = g.c.ISend(ctx, comm.Float32s(sv), dst, okTagVal); err != nil {
+			if q, err = g.c.ISend(ctx, v.cb(sv), dst, okTagVal); err != nil {
 				return err
 			}
 			g.reqs = append(g.reqs, okPending{q, 4, dst, 0})
@@ -294,14 +316,15 @@ func (g *okRegions) scatterReduce(ctx context.Context, acc []float32, sel []int3
 // addGroup adds the received pairs of the steps of group grp to g.reduced,
 // in step order.
 func (g *okRegions) addGroup(grp, th int) error {
-	own := int32(len(g.reduced))
+	v := g.v
+	own := g.reduced.Len()
 	for i := grp * th; i < min(g.p, (grp+1)*th); i++ {
-		idx, val := g.rIdx[g.rOff[i]:g.rOff[i+1]], g.rVal[g.rOff[i]:g.rOff[i+1]]
-		for t, j := range idx {
-			if j < 0 || j >= own {
-				return fmt.Errorf("rank %d sent index %d outside its region of %d elements (the workers disagree on the layout or the data is corrupt)", (g.r-i+g.p)%g.p, j, own)
-			}
-			g.reduced[j] += val[t]
+		idx, val := g.rIdx.Slice(g.rOff[i], g.rOff[i+1]), g.rVal.Slice(g.rOff[i], g.rOff[i+1])
+		if err := v.ops.InRange(v.s, idx, own); err != nil {
+			return fmt.Errorf("rank %d sent an index outside its region of %d elements (the workers disagree on the layout or the data is corrupt): %w", (g.r-i+g.p)%g.p, own, err)
+		}
+		if err := v.ops.ScatterAdd(v.s, g.reduced, idx, val, 1); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -311,46 +334,53 @@ func (g *okRegions) addGroup(grp, th int) error {
 // into g.counts and returns their sum; an owner's count above its region's
 // size is an error.
 func (g *okRegions) gatherCounts(ctx context.Context, mine int) (int, error) {
-	g.cnt = grow(g.cnt, g.p)
-	if err := g.c.AllGather(ctx, comm.Int32s{int32(mine)}, comm.Int32s(g.cnt)); err != nil {
+	counts, err := g.b.gatherCountsOn(ctx, mine, "pairs")
+	if err != nil {
 		return 0, fmt.Errorf("gathering the owners' pair counts: %w", err)
 	}
-	g.counts = grow(g.counts, g.p)
+	g.counts = counts
 	total := 0
-	for w, v := range g.cnt {
-		if v < 0 || int(v) > g.size(w) {
-			return 0, fmt.Errorf("rank %d announced %d pairs for its region of %d elements (the workers disagree on the layout or the data is corrupt)", w, v, g.size(w))
+	for w, c := range counts {
+		if c > g.size(w) {
+			return 0, fmt.Errorf("rank %d announced %d pairs for its region of %d elements (the workers disagree on the layout or the data is corrupt)", w, c, g.size(w))
 		}
-		g.counts[w] = int(v)
-		total += int(v)
+		total += c
 	}
 	return total, nil
 }
 
 // gatherPairs all-gathers every owner's pairs (idx region-relative and
-// strictly ascending, val; g.counts from gatherCounts) with AllGatherV, the
-// indices as int32 and the values as float32, into g.allIdx (flat indices,
-// ascending over all owners) and g.allVal.
-func (g *okRegions) gatherPairs(ctx context.Context, idx []int32, val []float32, total int) error {
-	g.allIdx = grow(g.allIdx, total)
-	g.allVal = grow(g.allVal, total)
-	if err := g.c.AllGatherV(ctx, comm.Int32s(idx), comm.Int32s(g.allIdx), g.counts); err != nil {
+// distinct, val; g.counts from gatherCounts) with AllGatherV, the indices
+// as int32 and the values as float32, into g.allIdx (flat indices, by owner)
+// and g.allVal.
+func (g *okRegions) gatherPairs(ctx context.Context, idx, val device.Buffer, total int) error {
+	v := g.v
+	var err error
+	if g.allIdx, err = v.scratch(&g.allIdx, device.Int32, total); err != nil {
+		return err
+	}
+	if g.allVal, err = v.scratch(&g.allVal, device.Float32, total); err != nil {
+		return err
+	}
+	if err := g.c.AllGatherV(ctx, v.cb(idx), v.cb(g.allIdx), g.counts); err != nil {
 		return fmt.Errorf("gathering %d indices: %w", total, err)
 	}
-	if err := g.c.AllGatherV(ctx, comm.Float32s(val), comm.Float32s(g.allVal), g.counts); err != nil {
+	if err := g.c.AllGatherV(ctx, v.cb(val), v.cb(g.allVal), g.counts); err != nil {
 		return fmt.Errorf("gathering %d values: %w", total, err)
 	}
 	at := 0
 	for w, m := range g.counts {
-		lo, size := int32(g.offs[w]), int32(g.size(w))
-		prev := int32(-1)
-		for i := at; i < at+m; i++ {
-			j := g.allIdx[i]
-			if j <= prev || j >= size {
-				return fmt.Errorf("rank %d sent index %d (pair %d), not ascending within its region of %d elements (the workers disagree on the layout or the data is corrupt)", w, j, i-at, size)
-			}
-			prev = j
-			g.allIdx[i] = j + lo
+		list := g.allIdx.Slice(at, at+m)
+		u, err := v.scratch(&g.b.dUnion, device.Int32, m)
+		if err != nil {
+			return err
+		}
+		d, err := v.ops.Union(v.s, u, list, g.size(w))
+		if err != nil || d != m {
+			return fmt.Errorf("rank %d sent %d indices for its region of %d elements of which %d are distinct within it (the workers disagree on the layout or the data is corrupt; %v)", w, m, g.size(w), d, err)
+		}
+		if err := v.ops.Shift(v.s, list, g.offs[w]); err != nil {
+			return err
 		}
 		at += m
 	}
@@ -360,17 +390,21 @@ func (g *okRegions) gatherPairs(ctx context.Context, idx []int32, val []float32,
 // okDenseReduce is the dense warm-up iteration of the Ok-Topk code: out =
 // (Σ_w acc_w)/P (all-reduce in the communicator's canonical order, then a
 // division, as the reference), residual = 0.
-func okDenseReduce(ctx context.Context, b *base, acc, out, residual []float32) (Stats, error) {
+func okDenseReduce(ctx context.Context, b *base, acc, out, residual device.Buffer) (Stats, error) {
+	v := &b.v
 	before := b.c.Totals()
-	copy(out, acc)
-	if err := b.c.AllReduce(ctx, comm.Float32s(out)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: %s: dense warm-up iteration %d: all-reducing %d values: %w", b.name, b.iter, len(out), err)
+	if err := v.s.Copy(out, acc); err != nil {
+		return Stats{}, err
 	}
-	pf := float32(b.c.Size())
-	for i := range out {
-		out[i] /= pf
+	if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: %s: dense warm-up iteration %d: all-reducing %d values: %w", b.name, b.iter, out.Len(), err)
 	}
-	clear(residual)
+	if err := v.ops.Div(v.s, out, float32(b.c.Size())); err != nil {
+		return Stats{}, err
+	}
+	if err := v.m.Fill(v.s, residual, 0); err != nil {
+		return Stats{}, err
+	}
 	st := b.stats(before, 0)
 	st.ActualDensity = 1
 	st.Selected = b.n

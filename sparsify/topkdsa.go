@@ -3,10 +3,8 @@ package sparsify
 import (
 	"context"
 	"fmt"
-	"math"
-	"time"
 
-	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
@@ -72,14 +70,14 @@ type topkDSAReducer struct {
 	base   base
 	warmup int
 	reg    okRegions
-	sel    []int32
-	gsel   []int32
-	gval   []float32
+	sel    device.Buffer // Int32
+	gsel   device.Buffer // Int32
+	gval   device.Buffer // Float32
 }
 
 func newTopkDSAReducer(o Options) (Reducer, error) {
 	r := &topkDSAReducer{base: newBase("topkdsa", o), warmup: o.Params.Int("dense_warmup")}
-	r.reg = newOkRegions(r.base.c, r.base.n)
+	r.reg = newOkRegions(&r.base)
 	return r, nil
 }
 
@@ -88,64 +86,103 @@ func (r *topkDSAReducer) Name() string { return "topkdsa" }
 
 // Reduce runs one TopkDSA iteration (see topkDSAReducer).
 func (r *topkDSAReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}
+
+// ReduceOn is Reduce on vectors of the reducer's device.
+func (r *topkDSAReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
-	if err := b.checkArgs(acc, out, residual); err != nil {
+	v := &b.v
+	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	if b.iter < r.warmup {
 		st, err := okDenseReduce(ctx, b, acc, out, residual)
 		b.iter++
+		if err == nil {
+			st.ErrorNorm = 0
+		}
 		return st, err
 	}
 	b.iter++
 	before := b.c.Totals()
-	var selTime time.Duration
-	t0 := time.Now()
-	r.sel = TopK(r.sel, acc, b.k)
-	thr := float32(math.Inf(1))
-	for _, j := range r.sel {
-		thr = min(thr, math.Float32frombits(absBits(acc[j])))
+	sel, err := v.scratch(&r.sel, device.Int32, b.k)
+	if err != nil {
+		return Stats{}, err
 	}
-	okSince(&selTime, t0)
-
-	if err := r.reg.scatterReduce(ctx, acc, r.sel); err != nil {
+	var thr float32
+	k := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		if k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k); err != nil {
+			return err
+		}
+		thr, err = v.ops.KthLargestAbs(v.s, acc, k) // the smallest selected magnitude
+		return err
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
+	}
+	sel = sel.Slice(0, k)
+	if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
 	}
 	red := r.reg.reduced
-	t1 := time.Now()
-	r.gsel = SelectAbove(r.gsel, red, okAbove(0))
-	r.gval = valuesAt(r.gval, red, r.gsel)
-	okSince(&selTime, t1)
-	total, err := r.reg.gatherCounts(ctx, len(r.gsel))
+	m := 0
+	t1, err := b.timed(func() error {
+		gsel, err := v.scratch(&r.gsel, device.Int32, red.Len())
+		if err != nil {
+			return err
+		}
+		if m, err = v.ops.SelectAbove(v.s, gsel, device.Buffer{}, red, okAbove(0)); err != nil {
+			return err
+		}
+		gval, err := v.scratch(&r.gval, device.Float32, m)
+		if err != nil {
+			return err
+		}
+		return v.ops.Gather(v.s, gval, red, gsel.Slice(0, m))
+	})
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
+	}
+	selTime += t1
+	total, err := r.reg.gatherCounts(ctx, m)
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
 	}
 	pf := float32(b.c.Size())
 	density := 1.0
 	if 2*total < 2*b.n/3 {
-		if err := r.reg.gatherPairs(ctx, r.gsel, r.gval, total); err != nil {
+		if err := r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total); err != nil {
 			return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
 		}
-		clear(out)
-		for i, j := range r.reg.allIdx {
-			out[j] = r.reg.allVal[i] / pf
+		if err := v.m.Fill(v.s, out, 0); err != nil {
+			return Stats{}, err
+		}
+		if err := v.ops.Scatter(v.s, out, r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total), 1); err != nil {
+			return Stats{}, err
 		}
 		density = float64(total) / float64(b.n)
 	} else {
-		if err := b.c.AllGatherV(ctx, comm.Float32s(red), comm.Float32s(out), r.reg.regionSizes()); err != nil {
+		if err := b.c.AllGatherV(ctx, v.cb(red), v.cb(out), r.reg.regionSizes()); err != nil {
 			return Stats{}, fmt.Errorf("sparsify: topkdsa: gathering the %d region sums densely: %w", b.n, err)
 		}
-		for i := range out {
-			out[i] /= pf
-		}
 	}
-	residualWithout(residual, acc, r.sel)
-
-	st := b.stats(before, selTime)
+	if err := v.ops.Div(v.s, out, pf); err != nil {
+		return Stats{}, err
+	}
+	if err := b.residualWithout(residual, acc, sel); err != nil {
+		return Stats{}, err
+	}
+	st, err := b.finish(before, selTime, residual)
 	st.Threshold = float64(thr)
-	st.Selected = len(r.sel)
+	st.Selected = k
 	st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
 	st.ActualDensity = density
-	st.ErrorNorm = norm2(residual)
-	return st, nil
+	return st, err
 }
