@@ -434,6 +434,9 @@ func (w *worker) findCheckpoint() ([]byte, error) {
 	dir, err := LatestCheckpoint(w.cfg.Resume)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
+			if old, _ := filepath.Glob(filepath.Join(w.cfg.Resume, "checkpoints", "step-*.ckpt")); len(old) > 0 {
+				return nil, fmt.Errorf("%w: -resume %s: its checkpoints (%s, ...) are of an older version that kept only rank 0's parameters and optimizer state; they cannot continue the run exactly: start it again with -out", ErrConfig, w.cfg.Resume, filepath.Base(old[0]))
+			}
 			return nil, fmt.Errorf("%w: -resume %s: the run has no complete checkpoint to continue from (it stopped before its first one); start it again with -out", ErrConfig, w.cfg.Resume)
 		}
 		return nil, err

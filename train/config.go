@@ -57,7 +57,8 @@ type Config struct {
 	// Steps stops training after this many iterations (0: no limit).
 	Steps int `json:"steps"`
 	// MaxTime stops training (with a final evaluation and checkpoint) once
-	// this much wall time has passed since the start (0: no limit).
+	// this much wall time has passed since the start (0: no limit); a
+	// resumed run counts the training time before its resume.
 	MaxTime time.Duration `json:"max_time"`
 	// Batch is the per-worker batch size.
 	Batch Optional[int] `json:"batch,omitzero"`

@@ -233,6 +233,18 @@ func TestBadCheckpointsAreRefused(t *testing.T) {
 			}
 		})
 	}
+	t.Run("no checkpoint", func(t *testing.T) {
+		d := copyRun()
+		os.RemoveAll(filepath.Join(d, "checkpoints"))
+		if err := resume(d, Options{}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "no complete checkpoint") {
+			t.Fatalf("err %v", err)
+		}
+		os.MkdirAll(filepath.Join(d, "checkpoints"), 0o755)
+		os.WriteFile(filepath.Join(d, "checkpoints", "step-000000006.ckpt"), []byte("SGCKPT01"), 0o644)
+		if err := resume(d, Options{}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "older version") {
+			t.Fatalf("err %v", err)
+		}
+	})
 	t.Run("newest incomplete", func(t *testing.T) {
 		d := copyRun()
 		os.MkdirAll(stepDir(d, 7), 0o755)
