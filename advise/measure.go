@@ -389,9 +389,10 @@ const selectionWorkers = 2
 // the median of 5 calls after one, or for oktopk the mean over its 32-call
 // schedule (one exact threshold, 31 reused). Other, the reducer's work
 // outside selection and communication (decoding, the residual), is measured
-// the same way on one worker, where the communication is nothing: with
-// several, a method's overlapping requests (LAGS') make their summed time
-// exceed the wall time they took.
+// the same way on one worker, as the call's time outside selection: there
+// the communication is nothing, where with several workers it cannot be
+// told apart (LAGS' requests overlap, so their summed time exceeds the wall
+// time they took).
 func measureSelection(ctx context.Context, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
 	m, _ := sparsify.Lookup(method)
 	params = maps.Clone(params)
@@ -428,7 +429,8 @@ func measureSelection(ctx context.Context, method string, d float64, l sparsify.
 
 // reduceCalls runs calls Reduce calls of method on p in-process workers and
 // returns, per call, the slowest rank's selection time and its time
-// outside selection and communication.
+// outside selection (with one worker: outside selection and communication,
+// which is then a copy at most).
 func reduceCalls(ctx context.Context, method string, p, calls int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (sel, other []float64, err error) {
 	sel, other = make([]float64, calls), make([]float64, calls)
 	var mu sync.Mutex
@@ -451,7 +453,7 @@ func reduceCalls(ctx context.Context, method string, p, calls int, d float64, l 
 			}
 			mu.Lock()
 			sel[i] = max(sel[i], st.SelectTime.Seconds())
-			other[i] = max(other[i], (wall - st.SelectTime - st.CommTime).Seconds())
+			other[i] = max(other[i], (wall - st.SelectTime).Seconds())
 			mu.Unlock()
 		}
 		return nil

@@ -403,8 +403,7 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 		c.Quiet = true
 		logf("%s: running", tag)
 		t0 := time.Now()
-		cl := append(slices.Clone(o.CommandLine), "# point "+p.Name)
-		err := train.Run(ctx, c, train.Options{Stdout: io.Discard, Progress: io.Discard, CommandLine: cl})
+		err := train.Run(ctx, c, train.Options{Stdout: io.Discard, Progress: io.Discard, CommandLine: o.CommandLine})
 		if ctx.Err() != nil { // an interrupted run may end without an error
 			return res, interruptedErr(ctx.Err(), res, len(pts))
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -122,9 +123,14 @@ func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []s
 		switch {
 		case err == nil:
 			def := c.Defaults()
-			if h.Model != def.Model || h.Dataset != def.Dataset || h.Device != def.Device {
-				return nil, fmt.Errorf("train advise: %s holds measurements of %s on %s (%s), not of %s on %s (%s); use another -measurements file",
-					v.measurements, h.Model, h.Dataset, h.Device, def.Model, def.Dataset, def.Device)
+			if h.Model != def.Model || h.Dataset != def.Dataset || h.Device != def.Device || h.Preset != def.Preset || h.Batch != def.Batch.Value() {
+				return nil, fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
+					v.measurements, h.Model, h.Preset, h.Dataset, h.Batch, h.Device, def.Model, def.Preset, def.Dataset, def.Batch.Value(), def.Device)
+			}
+			for _, d := range v.densities {
+				if !slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d }) {
+					return nil, fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
+				}
 			}
 			fmt.Fprintf(stderr, "using the measurements in %s\n", v.measurements)
 			return h, nil
