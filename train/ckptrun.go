@@ -103,6 +103,9 @@ func (w *worker) paramHash() (uint32, error) {
 
 // shard collects this rank's part of a checkpoint.
 func (w *worker) shard(step int) (*Shard, error) {
+	if err := w.download(w.mem.Residual, w.resid); err != nil { // on a GPU
+		return nil, err
+	}
 	s := &Shard{Rank: w.rank, Workers: w.size, Step: step, Residual: w.mem.Residual, Reducer: sparsify.SaveState(w.red)}
 	if i := firstNonFinite(s.Residual); i >= 0 {
 		return nil, w.nonFinite("error-feedback residual", s.Residual, i)
@@ -506,7 +509,7 @@ func (w *worker) loadShard(ck *Checkpoint, dir string) error {
 		}
 	}
 	copy(w.mem.Residual, s.Residual)
-	return nil
+	return w.upload(w.resid, w.mem.Residual) // on a GPU
 }
 
 // errString is err's message ("" for nil).
