@@ -292,17 +292,22 @@ func sortedKeys(m map[float64]bool) []float64 {
 	return k
 }
 
-// sweepPhaseChart stacks each run's median phase times, grouped by method
-// and ordered by worker count (SparDL's and LAGS' breakdowns).
-func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets map[string]bool) chartSpec {
-	order := make([]int, len(ph))
+// sweepOrder is the order of the runs in the per-run charts: grouped by
+// method in the grid's order, then by network and density, by worker
+// count within.
+func sweepOrder(info SweepInfo) []int {
+	order := make([]int, len(info.Runs))
+	methodAt := map[string]int{} // a method's place in the grid
 	for i := range order {
 		order[i] = i
+		if _, ok := methodAt[info.Runs[i].Method]; !ok {
+			methodAt[info.Runs[i].Method] = len(methodAt)
+		}
 	}
 	sort.SliceStable(order, func(a, b int) bool {
 		ra, rb := info.Runs[order[a]], info.Runs[order[b]]
 		if ra.Method != rb.Method {
-			return ra.Method < rb.Method
+			return methodAt[ra.Method] < methodAt[rb.Method]
 		}
 		if ra.Network != rb.Network {
 			return ra.Network < rb.Network
@@ -312,6 +317,14 @@ func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets 
 		}
 		return ra.Workers < rb.Workers
 	})
+	return order
+}
+
+// sweepPhaseChart stacks each run's median phase times, one bar per run
+// down the page, every run named, in sweepOrder (SparDL's and LAGS'
+// breakdowns).
+func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets map[string]bool) chartSpec {
+	order := sweepOrder(info)
 	mx := 0.0
 	for _, p := range ph {
 		if isFinite(p.Iter) {
@@ -328,7 +341,8 @@ func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets 
 	}
 	sort.Strings(netNames)
 	c := chartSpec{ID: "sweep-phases", Title: "Time per iteration by phase", XName: "run (method ×workers)",
-		YName: "time (" + du.name + ", slowest worker, median)", Subtitle: "network: " + strings.Join(netNames, "; ")}
+		YName: "time (" + du.name + ", slowest worker, median)", Subtitle: "network: " + strings.Join(netNames, "; "),
+		Horizontal: true, Wide: true}
 	names := []string{"forward + backward", "selection", "communication", "update"}
 	get := []func(measuredPhases) float64{
 		func(p measuredPhases) float64 { return p.Compute }, func(p measuredPhases) float64 { return p.Select },
@@ -437,12 +451,14 @@ func fmtMs(s float64) string {
 }
 
 // predictionChart shows the predicted and the measured time per iteration
-// of every run with a prediction.
+// of every run with a prediction, one pair of bars per run down the page,
+// in sweepOrder (as the phase chart).
 func predictionChart(info SweepInfo, ph []measuredPhases, labels []string) (chartSpec, bool) {
 	var cats []string
 	var meas, pred []float64
 	mx := 0.0
-	for i, sr := range info.Runs {
+	for _, i := range sweepOrder(info) {
+		sr := info.Runs[i]
 		if sr.Predicted == nil {
 			continue
 		}
@@ -466,5 +482,6 @@ func predictionChart(info SweepInfo, ph []measuredPhases, labels []string) (char
 	}
 	return chartSpec{ID: "sweep-predicted", Title: "Predicted against measured time per iteration", XName: "run (method ×workers)",
 		YName: "time per iteration (" + du.name + ")", Subtitle: "train advise's model for simulated workers on this machine", Categories: cats,
-		Series: []seriesSpec{{Name: "measured", Bar: true, Values: meas}, {Name: "predicted", Bar: true, Values: pred}}}, true
+		Series:     []seriesSpec{{Name: "measured", Bar: true, Values: meas}, {Name: "predicted", Bar: true, Values: pred}},
+		Horizontal: true, Wide: true}, true
 }

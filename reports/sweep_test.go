@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -127,7 +128,11 @@ func categories(opt map[string]any) []string {
 // names.
 func unitScale(t *testing.T, opt map[string]any) float64 {
 	t.Helper()
-	name := opt["yAxis"].([]any)[0].(map[string]any)["name"].(string)
+	ax := opt["yAxis"].([]any)[0].(map[string]any)
+	if ax["type"] == "category" { // a horizontal chart: values along x
+		ax = opt["xAxis"].([]any)[0].(map[string]any)
+	}
+	name := ax["name"].(string)
 	for _, u := range []struct {
 		s string
 		f float64
@@ -187,18 +192,18 @@ func TestSweepPage(t *testing.T) {
 	}
 
 	ph := opts["sweep-phases"]
-	cats := categories(ph)
-	if !slices.Equal(cats, []string{"deft ×4", "deft ×8", "lags ×4", "micro ×4"}) {
+	cats, _ := axisCategories(ph)
+	if !slices.Equal(cats, []string{"deft ×4", "deft ×8", "micro ×4", "lags ×4"}) {
 		t.Errorf("phase chart's runs %v", cats)
 	}
 	pv := seriesValues(ph)
-	if got, want := pv["forward + backward"][2]/unitScale(t, ph), plainPhase(steps["lags-4w"], "t_compute"); !near(got, want) {
+	if got, want := pv["forward + backward"][3]/unitScale(t, ph), plainPhase(steps["lags-4w"], "t_compute"); !near(got, want) {
 		t.Errorf("compute of lags ×4: %v, want %v", got, want)
 	}
 
 	pc := opts["sweep-predicted"]
-	if !slices.Equal(categories(pc), []string{"deft ×4", "deft ×8", "micro ×4"}) {
-		t.Errorf("prediction chart's runs %v (lags has no prediction)", categories(pc))
+	if cats, _ := axisCategories(pc); !slices.Equal(cats, []string{"deft ×4", "deft ×8", "micro ×4"}) {
+		t.Errorf("prediction chart's runs %v (lags has no prediction)", cats)
 	}
 	pr := seriesValues(pc)
 	measDeft4 := plainPhase(steps["deft-4w"], "t_iter")
@@ -240,40 +245,117 @@ func TestSweepPageRefuses(t *testing.T) {
 	}
 }
 
-// TestBrowserSweep opens the sweep page in headless Chromium (offline)
-// and checks that every chart draws, with the browser test's checker.
+// TestBrowserSweep opens the sweep pages (the small case and a 24-run one)
+// in headless Chromium (offline) and checks that every chart draws, with
+// the browser test's checker.
 func TestBrowserSweep(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts headless Chromium")
 	}
 	chromium := findChromium(t)
 	echartsOrSkip(t)
-	info := sweepCase()
-	page, err := SweepPage(context.Background(), info, Options{})
+	for _, tc := range []struct {
+		name string
+		info SweepInfo
+	}{{"sweep", sweepCase()}, {"sweep-24-runs", bigSweepCase()}} {
+		t.Run(tc.name, func(t *testing.T) {
+			info := tc.info
+			page, err := SweepPage(context.Background(), info, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := filepath.Join(t.TempDir(), "sweep.html")
+			if err := os.WriteFile(p, page, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			var runs []*Run
+			for _, r := range info.Runs {
+				rr, err := ReadRun(r.Dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				runs = append(runs, rr)
+			}
+			specs, _, _ := sweepContent(info, runs, DefaultMaxPoints)
+			start := time.Now()
+			pc := runChecked(t, chromium, p)
+			t.Logf("sweep page checked in %v: %d charts", time.Since(start).Round(time.Millisecond), len(pc.Charts))
+			height := 0
+			for i, ch := range pc.Charts {
+				t.Logf("  %-16s %4d×%-4d coloured %6d", ch.ID, ch.Width, ch.Height, ch.Coloured)
+				if i < len(specs) {
+					height += specs[i].height() + 40
+				}
+			}
+			if ps := problems(pc, specs); len(ps) > 0 {
+				t.Errorf("sweep page:\n  %s", strings.Join(ps, "\n  "))
+			}
+			screenshot(t, chromium, p, tc.name, height+1500)
+		})
+	}
+}
+
+// bigSweepCase is a sweep the size of the spardl-scaling preset: six
+// methods × four worker counts, in grid order (not alphabetical), every
+// run with a prediction (the test runs' records stand in for each).
+func bigSweepCase() SweepInfo {
+	dirs := []string{"deft-4w", "deft-8w", "micro-4w", "lags-4w"}
+	info := SweepInfo{Title: "big sweep"}
+	for mi, m := range []string{"dense", "topka", "topkdsa", "oktopk", "gtopk", "spardl"} {
+		for wi, w := range []int{2, 4, 8, 16} {
+			info.Runs = append(info.Runs, SweepRun{Dir: filepath.Join("testdata", "runs", dirs[(mi+wi)%len(dirs)]), Method: m, Workers: w, Density: 0.01,
+				Network: "1 Gbit/s, 50µs latency", Predicted: &PredictedIter{Iter: 0.001 * float64(1+mi+wi)}})
+		}
+	}
+	return info
+}
+
+// axisCategories returns a chart's category axis (x or y) and its label
+// interval ("" when ECharts chooses how many labels fit).
+func axisCategories(opt map[string]any) ([]string, string) {
+	for _, ax := range []string{"xAxis", "yAxis"} {
+		for _, a := range opt[ax].([]any) {
+			am := a.(map[string]any)
+			if am["type"] != "category" {
+				continue
+			}
+			var c []string
+			for _, x := range am["data"].([]any) {
+				c = append(c, x.(string))
+			}
+			iv := ""
+			if l, ok := am["axisLabel"].(map[string]any); ok && l["interval"] != nil {
+				iv = fmt.Sprint(l["interval"])
+			}
+			return c, iv
+		}
+	}
+	return nil, ""
+}
+
+// TestSweepPageLabelsEveryRun: in a sweep of 24 runs the phase breakdown
+// and the predicted-against-measured chart name every run on their axis
+// (ECharts showed every fifth label of 24 bars), in the same order (the
+// grid's, method by method), so that a bar can be told from its neighbours
+// and found in the other chart.
+func TestSweepPageLabelsEveryRun(t *testing.T) {
+	info := bigSweepCase()
+	page, err := SweepPage(context.Background(), info, Options{AssetsURL: "echarts.min.js"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := filepath.Join(t.TempDir(), "sweep.html")
-	if err := os.WriteFile(p, page, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var runs []*Run
+	var want []string
 	for _, r := range info.Runs {
-		rr, err := ReadRun(r.Dir)
-		if err != nil {
-			t.Fatal(err)
+		want = append(want, r.Method+" ×"+strconv.Itoa(r.Workers))
+	}
+	opts := pageOptions(t, page)
+	for _, id := range []string{"sweep-phases", "sweep-predicted"} {
+		cats, interval := axisCategories(opts[id])
+		if !slices.Equal(cats, want) {
+			t.Errorf("%s: runs %v, want the grid's order %v", id, cats, want)
 		}
-		runs = append(runs, rr)
+		if interval != "0" {
+			t.Errorf("%s: the category axis labels every %q run, want every one (interval 0)", id, interval)
+		}
 	}
-	specs, _, _ := sweepContent(info, runs, DefaultMaxPoints)
-	start := time.Now()
-	pc := runChecked(t, chromium, p)
-	t.Logf("sweep page checked in %v: %d charts", time.Since(start).Round(time.Millisecond), len(pc.Charts))
-	for _, ch := range pc.Charts {
-		t.Logf("  %-16s %4d×%-4d coloured %6d", ch.ID, ch.Width, ch.Height, ch.Coloured)
-	}
-	if ps := problems(pc, specs); len(ps) > 0 {
-		t.Errorf("sweep page:\n  %s", strings.Join(ps, "\n  "))
-	}
-	screenshot(t, chromium, p, "sweep", 430*((len(specs)+1)/2)+900)
 }
