@@ -220,6 +220,10 @@ func unionAt(sel float64, N, P int, gamma float64) float64 {
 	return max(min(sel*math.Pow(float64(P), gamma), indep), min(sel, float64(N)))
 }
 
+// okRecompute is Ok-Topk's period of exact threshold re-estimation
+// (sparsify's oktopk: every 32 sparse calls).
+const okRecompute = 32
+
 // Predict projects one setting from the host's measurements. It returns an
 // error if the method cannot run on that many workers (gTop-k's powers of
 // two, SparDL's teams) or if the host lacks a measurement the method needs.
@@ -296,7 +300,11 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	case "deft", "micro":
 		sh.Sel, sh.Union = kf/float64(P), kf
 	case "oktopk":
-		sh.Sel, sh.Union = kf, kf
+		// Its controllers keep the local and the global selection near k,
+		// but every okRecompute-th call gathers every non-zero region sum:
+		// the union of the workers' local selections.
+		sh.Sel = kf
+		sh.Union = ((okRecompute-1)*kf + topkUnion(kf)) / okRecompute
 	default: // cltk, randomk, gtopk, spardl
 		sh.Sel, sh.Union = kf, kf
 	}
@@ -366,6 +374,8 @@ func caveats(h *Host, s Setting, params sparsify.Values, pr Prediction, K int) [
 		if 2*pr.ActualDensity*float64(h.N) >= float64(2*h.N/3) {
 			c = append(c, "the union is so large that it gathers the regions densely")
 		}
+	case "oktopk":
+		c = append(c, "its threshold controllers take a few hundred sparse iterations to settle; until then it sends more than this (up to about 2× ρ in 200-iteration NCF runs)")
 	case "lags":
 		c = append(c, "assumes the pipeline hides the communication behind the backward pass")
 	case "spardl":

@@ -247,3 +247,22 @@ func TestVerdict(t *testing.T) {
 		}
 	}
 }
+
+// TestPredictOkTopkDensity: Ok-Topk gathers about k pairs per call, but
+// every 32nd call gathers all the non-zero region sums, the union of the
+// workers' local selections (√P·k on synthHost): the expected actual
+// density is the average over the 32 calls.
+func TestPredictOkTopkDensity(t *testing.T) {
+	h := synthHost()
+	h.Selections = append(h.Selections, Selection{"oktopk", 0.01, 2, 0.02, 0.001})
+	for _, P := range []int{1, 2, 3, 16, 256} {
+		p, err := Predict(h, Setting{Method: "oktopk", Workers: P, Density: 0.01, Net: netmodel.Ethernet10G})
+		if err != nil {
+			t.Fatal(err)
+		}
+		union := math.Min(0.01*math.Sqrt(float64(P)), 1-math.Pow(0.99, float64(P)))
+		if want := (31*0.01 + union) / 32; math.Abs(p.ActualDensity-want) > 1e-12 {
+			t.Errorf("P=%d: actual density %.6g, want %.6g", P, p.ActualDensity, want)
+		}
+	}
+}

@@ -50,7 +50,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		speed := strconv.FormatFloat(p.Speedup, 'f', 2, 64) + "×"
 		dens := strconv.FormatFloat(p.ActualDensity, 'g', 3, 64)
 		if p.Method != "dense" {
-			dens += " (" + strconv.FormatFloat(p.ActualDensity/p.Density, 'f', 1, 64) + "× ρ)"
+			dens += " (" + fmtRatio(p.ActualDensity/p.Density) + "× ρ)"
 		}
 		mark := ""
 		if len(p.Caveats) > 0 {
@@ -110,6 +110,18 @@ func Verdict(ranked []Prediction) string {
 	}
 	return fmt.Sprintf("%s is predicted fastest: %.2f× the iterations per second of dense all-reduce (%s vs %s per iteration). Time per iteration only: check on the sweep page that it converges as well as dense.",
 		best.Method, best.Speedup, FormatSeconds(best.Iter), FormatSeconds(dense))
+}
+
+// fmtRatio formats a density's ratio to ρ: two significant digits below
+// 0.95 (a method that sends less than ρ), one decimal up to 10, none above.
+func fmtRatio(r float64) string {
+	switch {
+	case r >= 9.95:
+		return strconv.FormatFloat(r, 'f', 0, 64)
+	case r >= 0.95:
+		return strconv.FormatFloat(r, 'f', 1, 64)
+	}
+	return strconv.FormatFloat(r, 'g', 2, 64)
 }
 
 func fmtBytes(b float64) string {

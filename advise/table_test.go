@@ -1,0 +1,31 @@
+package advise
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// TestWriteTableDensityRatio reads the actual-density column: the ratio to
+// ρ keeps two significant digits when the method sends less than ρ (the
+// hard threshold's 0.027× read "0.0× ρ"), one decimal from 1× up and none
+// from 10× up.
+func TestWriteTableDensityRatio(t *testing.T) {
+	h := synthHost()
+	ranked := []Prediction{
+		{Method: "threshold", Density: 0.01, ActualDensity: 0.000269, Iter: 0.1, Speedup: 1.2},
+		{Method: "topk", Density: 0.01, ActualDensity: 0.0954, Iter: 0.11, Speedup: 1.1},
+		{Method: "deft", Density: 0.01, ActualDensity: 0.00999, Iter: 0.115, Speedup: 1.05},
+		{Method: "dragonn", Density: 0.01, ActualDensity: 1, Iter: 0.12, Speedup: 1.01},
+		{Method: "dense", Density: 0.01, ActualDensity: 1, Iter: 0.121, Speedup: 1},
+	}
+	var b bytes.Buffer
+	if err := WriteTable(&b, h, Setting{Workers: 16, Density: 0.01}, ranked, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"0.000269 (0.027× ρ)", "0.0954 (9.5× ρ)", "0.00999 (1.0× ρ)", "1 (100× ρ)"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the table lacks %q:\n%s", want, b.String())
+		}
+	}
+}
