@@ -104,6 +104,11 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	base.LogEvery = train.Set(1)
 	base.NetLatency, base.NetBandwidth = 0, 0
 	base = base.Defaults()
+	vc := base // checked before anything is measured (each measurement sets its own Out)
+	vc.Out = tmp
+	if err := vc.Validate(false); err != nil {
+		return nil, fmt.Errorf("advise: %w", err)
+	}
 
 	h := &Host{Model: base.Model, Dataset: base.Dataset, Preset: base.Preset, Device: base.Device, Batch: base.Batch.Value(),
 		Cores: runtime.NumCPU(), CPU: cpuName(), GradWorkers: c.GradWorkers, GradStep: 3}

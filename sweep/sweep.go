@@ -99,8 +99,9 @@ func netLabel(n netmodel.Network) string {
 // count and density. Points a method cannot run (gTop-k on a worker count
 // that is not a power of two, SparDL's teams that do not divide it) are
 // returned apart. It refuses an empty grid, unknown methods, worker counts
-// below 1, densities outside (0, 1], invalid networks and method options
-// that apply to no method of the grid.
+// below 1, densities outside (0, 1], invalid networks, method options
+// that apply to no method of the grid and any point whose configuration
+// train would refuse (train.Config.Validate), before anything runs.
 func (s Spec) Points() ([]Point, []Skipped, error) {
 	if len(s.Sparsifiers) == 0 || len(s.Workers) == 0 {
 		return nil, nil, errors.New("sweep: the grid is empty: give at least one sparsifier and one worker count")
@@ -186,6 +187,11 @@ func (s Spec) Points() ([]Point, []Skipped, error) {
 							skipped = append(skipped, Skipped{p.Name, err})
 							continue
 						}
+					}
+					vc := c.Defaults() // checked before any run starts
+					vc.Out = filepath.Join("runs", p.Name)
+					if err := vc.Validate(false); err != nil {
+						return nil, nil, fmt.Errorf("sweep: %s: %w", p.Name, err)
 					}
 					pts = append(pts, p)
 				}

@@ -80,6 +80,9 @@ func TestPointsRefuse(t *testing.T) {
 		{func(s *Spec) { s.MethodOptions = sparsify.Values{"merge_size": 10} }, "merge_size applies to lags"},
 		{func(s *Spec) { s.Networks = []netmodel.Network{{Latency: time.Millisecond}} }, "bandwidth"},
 		{func(s *Spec) { s.Sparsifiers, s.Workers = []string{"gtopk"}, []int{3} }, "no point of the grid"},
+		// What train would refuse is refused before anything runs.
+		{func(s *Spec) { s.Base.Model = "vgg" }, `topk-w2-d0.01: train: invalid configuration: unknown -model "vgg"`},
+		{func(s *Spec) { s.Base.LR = train.Set(-1.0) }, "-lr -1 must be a positive number"},
 	} {
 		s := base
 		c.edit(&s)

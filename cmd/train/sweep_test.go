@@ -33,11 +33,18 @@ func TestSweepAndAdviseRejectBadInput(t *testing.T) {
 		{[]string{"advise", "-workers", "16", "-net-bandwidth", "-3"}, "want a bandwidth > 0"},
 		{[]string{"advise", "-workers", "16", "-net-bandwidth", "10", "-sparsifiers", "topk,nope"}, `unknown sparsifier "nope"`},
 		{[]string{"advise", "-workers", "16", "-net-bandwidth", "10", "-device", "cuda"}, "install the NVIDIA driver"}, // no GPU here (CI neither)
+		// An unknown model is refused before anything is measured or run.
+		{[]string{"advise", "-model", "vgg", "-workers", "16", "-net-bandwidth", "10"}, `unknown -model "vgg"; use one of resnet18, lstm, ncf`},
+		{[]string{"sweep", "-model", "vgg", "-sparsifiers", "topk", "-workers", "2", "-density", "0.1", "-steps", "5", "-out", filepath.Join(t.TempDir(), "x")}, `unknown -model "vgg"; use one of resnet18, lstm, ncf`},
+		{[]string{"sweep", "-sparsifiers", "topk", "-workers", "2", "-density", "0.1", "-steps", "5", "-lr", "-1", "-out", filepath.Join(t.TempDir(), "x")}, `sweep: topk-w2-d0.1: train: invalid configuration: -lr -1`},
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), tc.args, &out, &out)
 		if err == nil || !strings.Contains(err.Error()+out.String(), tc.expect) {
 			t.Errorf("%v: err %v (output %q), want %q", tc.args, err, out.String(), tc.expect)
+		}
+		if strings.Contains(tc.expect, "unknown -model") && out.Len() > 0 {
+			t.Errorf("%v: measured this machine before refusing: %q", tc.args, out.String())
 		}
 	}
 }
