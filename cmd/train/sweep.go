@@ -377,7 +377,7 @@ func trainCommand(p sweep.Point, out string) []string {
 		add("-device", c.Device)
 	}
 	if c.NetBandwidth > 0 {
-		add("-net-latency", c.NetLatency.String())
+		add("-net-latency", strings.ReplaceAll(c.NetLatency.String(), "µ", "u")) // 50us: typed on any keyboard
 		add("-net-bandwidth", strconv.FormatFloat(c.NetBandwidth*8/1e9, 'g', -1, 64))
 	}
 	m, _ := sparsify.Lookup(c.Sparsifier)

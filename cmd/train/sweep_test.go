@@ -99,7 +99,7 @@ func TestSweepDryRun(t *testing.T) {
 	if len(lines) != 12 || !strings.HasPrefix(lines[len(lines)-1], "# not run: gtopk-w3-d0.01-1gbit-50us") {
 		t.Fatalf("dry run printed:\n%s", buf.String())
 	}
-	want := "train -model ncf -dataset ml-100k -data-dir /data -sparsifier topkdsa -density 0.01 -workers 3 -steps 7 -epochs 1000 -log-every 1 -eval-every 100 -net-latency 50µs -net-bandwidth 1 -dense-warmup 0 -out " + out + "/runs/topkdsa-w3-d0.01-1gbit-50us"
+	want := "train -model ncf -dataset ml-100k -data-dir /data -sparsifier topkdsa -density 0.01 -workers 3 -steps 7 -epochs 1000 -log-every 1 -eval-every 100 -net-latency 50us -net-bandwidth 1 -dense-warmup 0 -out " + out + "/runs/topkdsa-w3-d0.01-1gbit-50us"
 	if !strings.Contains(buf.String(), want+"\n") {
 		t.Errorf("dry run lacks\n%s\nin\n%s", want, buf.String())
 	}
