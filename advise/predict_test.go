@@ -230,8 +230,9 @@ func TestHostNet(t *testing.T) {
 	}
 }
 
-// TestVerdict reads the verdict sentence for the three cases: dense wins,
-// a sparsifier barely wins, a sparsifier clearly wins.
+// TestVerdict reads the verdict sentence for the four cases: dense wins,
+// dense wins by less than 5 % (it read "the best takes 1.00× as long"), a
+// sparsifier barely wins, a sparsifier clearly wins.
 func TestVerdict(t *testing.T) {
 	dense := Prediction{Method: "dense", Iter: 0.1, Speedup: 1}
 	for _, c := range []struct {
@@ -239,6 +240,7 @@ func TestVerdict(t *testing.T) {
 		want   string
 	}{
 		{[]Prediction{dense, {Method: "topk", Iter: 0.12, Speedup: 0.1 / 0.12}}, "Dense all-reduce wins: no sparsifier is predicted to be faster per iteration here (the best, topk, takes 1.20× as long)"},
+		{[]Prediction{dense, {Method: "randomk", Iter: 0.1001, Speedup: 0.1 / 0.1001}}, "Dense all-reduce wins, narrowly: the best sparsifier, randomk, is predicted at 100 ms per iteration against dense's 100 ms (1.001× as long)"},
 		{[]Prediction{{Method: "deft", Iter: 0.098, Speedup: 0.1 / 0.098}, dense}, "Sparsifying barely pays off here: the fastest, deft, is only 1.02× dense all-reduce's speed (98 ms vs 100 ms per iteration)"},
 		{[]Prediction{{Method: "deft", Iter: 0.025, Speedup: 4}, dense}, "deft is predicted fastest: 4.00× the iterations per second of dense all-reduce (25 ms vs 100 ms per iteration)"},
 	} {

@@ -100,6 +100,10 @@ func Verdict(ranked []Prediction) string {
 			return "Dense all-reduce is the only method ranked."
 		}
 		second := ranked[1]
+		if r := second.Iter / best.Iter; r < 1.05 {
+			return fmt.Sprintf("Dense all-reduce wins, narrowly: the best sparsifier, %s, is predicted at %s per iteration against dense's %s (%.3f× as long), less than these measurements can tell apart; sparsifying does not pay off on this network.",
+				second.Method, FormatSeconds(second.Iter), FormatSeconds(best.Iter), r)
+		}
 		return fmt.Sprintf("Dense all-reduce wins: no sparsifier is predicted to be faster per iteration here (the best, %s, takes %.2f× as long), so sparsifying does not pay off on this network.",
 			second.Method, second.Iter/best.Iter)
 	}
