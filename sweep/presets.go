@@ -25,7 +25,8 @@ type Preset struct {
 	// many cores or GPUs; on a cluster of separate machines run each point
 	// of its -dry-run under mpirun instead.
 	FullSize string
-	// Minutes is about how long Spec takes on a 2-core machine.
+	// Minutes is about how long Spec takes on a 2-core machine shared with
+	// a light load (docs/results/sweep-presets-ncf.md: 304, 141 and 204 s).
 	Minutes float64
 }
 
@@ -48,7 +49,7 @@ var Presets = map[string]Preset{
 		Spec: Spec{Base: ncfBase(1000, 2), Sparsifiers: []string{"topk", "deft", "cltk", "micro"},
 			Workers: []int{2, 4, 8, 16}, Densities: []float64{0.01}},
 		FullSize: "train sweep -preset deft-buildup -model resnet18 -dataset cifar10 -workers 2,4,8,16,32 -density 0.01 -steps 0 -epochs 200 -eval-every 0 -log-every 10 -device cuda -out sweeps/deft-buildup-resnet18",
-		Minutes:  2,
+		Minutes:  5,
 	},
 	"spardl-scaling": {
 		Name:  "spardl-scaling",
@@ -61,7 +62,7 @@ var Presets = map[string]Preset{
 			Networks:      []netmodel.Network{{Latency: 50 * time.Microsecond, Bandwidth: 1e9 / 8}},
 			MethodOptions: sparsify.Values{"dense_warmup": 0}},
 		FullSize: "train sweep -preset spardl-scaling -model resnet18 -dataset cifar10 -workers 4,8,16,32 -density 0.01 -net-bandwidth 10 -net-latency 50us -dense-warmup 512 -steps 2000 -device cuda -out sweeps/spardl-scaling-resnet18",
-		Minutes:  2,
+		Minutes:  2.5,
 	},
 	"micro-threshold": {
 		Name:  "micro-threshold",
@@ -71,7 +72,7 @@ var Presets = map[string]Preset{
 		Spec: Spec{Base: ncfBase(1500, 5), Sparsifiers: []string{"micro", "threshold", "topk", "deft"},
 			Workers: []int{4, 8}, Densities: []float64{0.01}},
 		FullSize: "train sweep -preset micro-threshold -model lstm -dataset wikitext2 -workers 4,8,16 -density 0.001 -steps 0 -epochs 90 -eval-every 0 -log-every 10 -device cuda -out sweeps/micro-threshold-lstm",
-		Minutes:  2,
+		Minutes:  3.5,
 	},
 }
 
