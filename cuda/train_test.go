@@ -10,15 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/internal/realdata"
+	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
 
 // TestTrainOnGPU runs the trainer with -device cuda — two in-process
-// workers sharing the GPU, each with its own stream, the gradient staged
-// through host memory for the reducer, the optimizer on the device — and
-// with -device cpu on the same real data and seed: the per-step mean
-// losses agree within float32 rounding.
+// workers sharing the GPU, each with its own stream, error feedback and
+// the reducer in GPU memory (messages staged through host memory), the
+// optimizer on the device — and with -device cpu on the same real data and
+// seed: the per-step mean losses agree within float32 rounding.
 func TestTrainOnGPU(t *testing.T) {
 	gpu(t)
 	dir := os.Getenv("TRAIN_DATA_DIR") // the GPU machine's copy (scripts/gpu-verify.sh)
@@ -26,14 +28,27 @@ func TestTrainOnGPU(t *testing.T) {
 		dir = filepath.Join("..", "..", "shared", "data")
 	}
 	dir = realdata.Dir(t, dir, "ml-100k/u.data")
-	// lags pipelines its merge groups with the backward pass (on the GPU
-	// each group is copied to host memory on a stream of its own).
-	for _, sp := range []string{"dense", "topk", "lags"} {
+	// Every sparsifier, two workers sharing the GPU (each on its own
+	// stream). lags pipelines its merge groups with the backward pass (on
+	// the GPU each group's error feedback and reduction run on a
+	// communication stream of its own as soon as its gradients are final).
+	methods := sparsify.Names()
+	if testing.Short() {
+		methods = []string{"dense", "topk", "lags", "spardl"}
+	}
+	for _, sp := range methods {
+		m, _ := sparsify.Lookup(sp)
 		var losses [2][]float64
 		for k, dev := range []string{"cpu", "cuda"} {
 			out := t.TempDir()
 			c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Workers: train.Set(2), Steps: 4, Sparsifier: sp, Density: train.Set(0.05),
 				Device: dev, Out: out, Pipeline: "auto", Clip: train.Set(0.0), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
+			if _, ok := m.Param("dense_warmup"); ok { // sparse from the first step
+				c.MethodOptions = sparsify.Values{"dense_warmup": 0}
+			}
+			if sp == "dragonn" {
+				c.MethodOptions = sparsify.Values{"dense_warmup": 0, "min_tensor": 0}
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			err := train.Run(ctx, c, train.Options{LossSink: func(_ int, l float64) { losses[k] = append(losses[k], l) }})
 			cancel()
@@ -56,6 +71,10 @@ func TestTrainOnGPU(t *testing.T) {
 			if info.Pipelined != (sp == "lags") {
 				t.Fatalf("%s on %s: pipelined %v", sp, dev, info.Pipelined)
 			}
+			// Every method but spardl selects and reduces in GPU memory.
+			if want := map[bool]string{true: "host", false: "device"}[sp == "spardl" && dev == "cuda"]; info.ReduceIn != want {
+				t.Fatalf("%s on %s: reduce_in %q, want %q", sp, dev, info.ReduceIn, want)
+			}
 		}
 		if len(losses[0]) != 4 || len(losses[1]) != 4 {
 			t.Fatalf("%s: %d and %d losses", sp, len(losses[0]), len(losses[1]))
@@ -66,5 +85,83 @@ func TestTrainOnGPU(t *testing.T) {
 			}
 		}
 		t.Logf("%s: CPU %v, GPU %v", sp, losses[0], losses[1])
+	}
+}
+
+// TestTrainOverNCCL: -comm nccl, one GPU per worker (on the emulator: two
+// emulated GPUs and its NCCL), moves the reducers' device buffers over
+// NCCL and everything else over the in-process backend (comm.Route), with
+// the losses of -device cpu; with fewer GPUs than workers -comm nccl is
+// refused and -comm auto falls back to staging through host memory.
+func TestTrainOverNCCL(t *testing.T) {
+	gpu(t)
+	dir := os.Getenv("TRAIN_DATA_DIR")
+	if dir == "" {
+		dir = filepath.Join("..", "..", "shared", "data")
+	}
+	dir = realdata.Dir(t, dir, "ml-100k/u.data")
+	n, err := cuda.Count()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cuda.EmulateGPUs(t, 2) {
+		n = 2
+	}
+	if _, err := cuda.NCCLVersion(); err != nil {
+		if os.Getenv("SPARSEGRAD_GPU") != "require" {
+			t.Skipf("no NCCL: %v", err)
+		}
+		t.Fatal(err)
+	}
+	run := func(sp, dev, cm string, workers int) ([]float64, train.RunInfo, error) {
+		out := t.TempDir()
+		c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Workers: train.Set(workers), Steps: 3, Sparsifier: sp, Density: train.Set(0.05),
+			Device: dev, Comm: cm, Out: out, Clip: train.Set(0.0), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
+		var losses []float64
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		err := train.Run(ctx, c, train.Options{LossSink: func(_ int, l float64) { losses = append(losses, l) }})
+		var info train.RunInfo
+		if err == nil {
+			raw, rerr := os.ReadFile(filepath.Join(out, "run.json"))
+			if rerr != nil {
+				t.Fatal(rerr)
+			}
+			if rerr := json.Unmarshal(raw, &info); rerr != nil {
+				t.Fatal(rerr)
+			}
+		}
+		return losses, info, err
+	}
+	// Collectives (dense, topk), point-to-point (gtopk), host memory
+	// beside NCCL (spardl), pipelined groups (lags).
+	for _, sp := range []string{"dense", "topk", "gtopk", "spardl", "lags"} {
+		want, _, err := run(sp, "cpu", "auto", n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, info, err := run(sp, "cuda", "nccl", n)
+		if err != nil {
+			t.Fatalf("%s: %v", sp, err)
+		}
+		if info.Comm != "nccl" {
+			t.Fatalf("%s: run.json comm %q, want nccl", sp, info.Comm)
+		}
+		if len(got) != len(want) || len(got) != 3 {
+			t.Fatalf("%s: %d and %d losses", sp, len(want), len(got))
+		}
+		for i := range want {
+			if math.Abs(got[i]-want[i]) > 1e-4*math.Abs(want[i]) {
+				t.Errorf("%s step %d: CPU loss %v, GPU over NCCL %v", sp, i+1, want[i], got[i])
+			}
+		}
+		t.Logf("%s over NCCL on %d GPUs: CPU %v, GPU %v", sp, n, want, got)
+	}
+	// More workers than GPUs.
+	if _, _, err := run("topk", "cuda", "nccl", n+1); err == nil || !strings.Contains(err.Error(), "needs a GPU per worker") || !strings.Contains(err.Error(), "-comm local") {
+		t.Fatalf("-comm nccl with %d workers on %d GPUs: %v", n+1, n, err)
+	}
+	if _, info, err := run("topk", "cuda", "auto", n+1); err != nil || info.Comm != "local" {
+		t.Fatalf("-comm auto with %d workers on %d GPUs: comm %q, %v", n+1, n, info.Comm, err)
 	}
 }

@@ -10,6 +10,7 @@
 #   scripts/gpu-verify.sh check      # every op and model step against the CPU, graphs, train -device cuda
 #   scripts/gpu-verify.sh bench      # step and selection times: ours, then PyTorch eager, same GPU, TF32 off
 #   scripts/gpu-verify.sh cifar      # ResNet-18 on CIFAR-10, one GPU, dense, one-cycle (the 93 % in 10 min proof)
+#   scripts/gpu-verify.sh methods    # ResNet-18, 4 workers on one GPU, per sparsifier; mpirun -comm mpi vs -workers
 #
 # Results go to $OUT (or ./gpu-results). The shared data folder does not
 # travel: checks that need real data read it from .device/data (copy the
@@ -45,8 +46,22 @@ cifar)
   .device/bin/train -device cuda -model resnet18 -data-dir .device/data -batch 512 -eval-batch 1000 \
     -lr-schedule onecycle -lr 0.4 -nesterov -wd 5e-4 -epochs 30 -max-time 10m -out "$out/resnet18-cifar10" 2>&1 | tee "$out/resnet18-cifar10.txt"
   ;;
+methods)
+  # Four workers sharing the GPU (device buffers staged through host
+  # memory), 60 steps each: report.html's time breakdown shows each
+  # method's selection and communication share of the iteration.
+  for sp in dense deft micro topk spardl lags; do
+    .device/bin/train -device cuda -model resnet18 -data-dir .device/data -workers 4 -sparsifier "$sp" -density 0.01 \
+      -steps 60 -max-eval-batches 2 -quiet -out "$out/methods/$sp" 2>&1 | tail -3 | tee "$out/methods-$sp.txt"
+  done
+  # The same losses in one process and under mpirun (-comm mpi, staged).
+  .device/bin/train -device cuda -model ncf -data-dir .device/data -workers 2 -sparsifier topk -steps 20 -quiet -out "$out/np2-local" > /dev/null
+  mpirun --allow-run-as-root --oversubscribe -np 2 .device/bin/train -device cuda -comm mpi -model ncf -data-dir .device/data \
+    -sparsifier topk -steps 20 -quiet -out "$out/np2-mpi" > /dev/null
+  diff <(grep -o '"loss":[^,]*' "$out/np2-local/metrics.jsonl") <(grep -o '"loss":[^,]*' "$out/np2-mpi/metrics.jsonl") && echo "mpirun -comm mpi: same losses as -workers 2"
+  ;;
 *)
-  echo "usage: $0 build|check|bench|cifar" >&2
+  echo "usage: $0 build|check|bench|cifar|methods" >&2
   exit 2
   ;;
 esac

@@ -108,6 +108,13 @@ type Config struct {
 	Resume string `json:"resume,omitempty"`
 	// Device is "cpu" or "cuda".
 	Device string `json:"device"`
+	// Comm is the communication backend: "auto" (the default), "local"
+	// (in-process workers), "mpi" (under mpirun) or "nccl" (-device cuda,
+	// one GPU per worker). On a GPU, local and mpi stage device buffers
+	// through host memory (any number of workers per GPU); auto picks nccl
+	// when every worker has a GPU of its own and NCCL loads, else local or
+	// mpi.
+	Comm string `json:"comm,omitempty"`
 	// TF32 lets a GPU use TF32 tensor-core math in matrix products and
 	// convolutions (faster; float32 products keep about 10 bits of
 	// mantissa).
@@ -174,6 +181,7 @@ func (c Config) Defaults() Config {
 	def(&c.Pipeline, "auto")
 	c.Workers.orDefault(1)
 	def(&c.Device, "cpu")
+	def(&c.Comm, "auto")
 	c.LogEvery.orDefault(1)
 	def(&c.BLAS, "auto")
 	c.Seed.orDefault(42)
@@ -445,6 +453,23 @@ func (c Config) Validate(underMPI bool) error {
 	case "cuda":
 	default:
 		bad("-device %q: use cpu or cuda", c.Device)
+	}
+	switch c.Comm {
+	case "auto":
+	case "local":
+		if underMPI {
+			bad("-comm local runs workers in one process; under mpirun use -comm mpi (or nccl with -device cuda)")
+		}
+	case "mpi":
+		if !underMPI {
+			bad("-comm mpi needs the job started by mpirun (mpirun -np N train ...); in one process use -comm local")
+		}
+	case "nccl":
+		if c.Device != "cuda" {
+			bad("-comm nccl moves GPU memory; it needs -device cuda")
+		}
+	default:
+		bad("-comm %q: use auto, local, mpi or nccl", c.Comm)
 	}
 	if (c.NetLatency != 0) != (c.NetBandwidth != 0) {
 		bad("-net-latency and -net-bandwidth emulate a network together; give both (e.g. -net-latency 50us -net-bandwidth 10) or neither")

@@ -1,20 +1,26 @@
 package train
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
 	"sync"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/engine"
 )
 
 // gpus are the GPUs this process has opened, by ordinal, shared by its
-// in-process workers.
+// in-process workers, and the NCCL unique id of its in-process workers.
 type gpus struct {
 	mu   sync.Mutex
 	devs map[int]*cuda.Device
+
+	idOnce sync.Once
+	id     cuda.NCCLID
+	idErr  error
 }
 
 // open returns GPU ordinal, opening it on first use.
@@ -83,4 +89,88 @@ func (r *runner) exec(rank int) (engine.Backend, error) {
 		return be, nil
 	}
 	return nil, fmt.Errorf("%w: unknown -device %q; use cpu or cuda", ErrConfig, r.cfg.Device)
+}
+
+// localGPUs returns the GPUs of this machine and the workers of this job on
+// it: the in-process workers, or under mpirun the ranks on this node.
+func (r *runner) localGPUs() (gpus, workers int, err error) {
+	if gpus, err = cuda.Count(); err != nil {
+		return 0, 0, err
+	}
+	workers = r.size
+	if r.backend == "mpi" {
+		workers = 1
+		if v, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_SIZE")); err == nil {
+			workers = v
+		}
+	}
+	return gpus, workers, nil
+}
+
+// commOnGPU connects a worker whose vectors are on GPU g to its peers for
+// device buffers, as -comm says: NCCL beside host for device buffers
+// (comm.Route) when every worker has a GPU of its own, else host with
+// device buffers staged through host memory (comm.Staged). It returns the
+// communicator, the backend's name and the NCCL communicator to close (nil
+// without NCCL).
+func (r *runner) commOnGPU(ctx context.Context, host comm.Communicator, g *cuda.Device) (comm.Communicator, string, *cuda.NCCL, error) {
+	staged := func() (comm.Communicator, string, *cuda.NCCL, error) { return comm.Staged(host), r.backend, nil, nil }
+	want := r.cfg.Comm
+	if want != "nccl" && want != "auto" {
+		return staged()
+	}
+	n, workers, err := r.localGPUs()
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("train: -comm %s: %w", want, err)
+	}
+	if workers > n {
+		if want == "auto" {
+			return staged()
+		}
+		return nil, "", nil, fmt.Errorf("%w: -comm nccl needs a GPU per worker (NCCL refuses two ranks on one GPU): %d workers on this machine, %d GPUs; use -comm %s (the workers share the GPUs, device buffers staged through host memory)",
+			ErrConfig, workers, n, map[bool]string{true: "mpi", false: "local"}[r.backend == "mpi"])
+	}
+	if _, err := cuda.NCCLVersion(); err != nil {
+		if want == "auto" {
+			return staged()
+		}
+		return nil, "", nil, fmt.Errorf("train: -comm nccl: %w", err)
+	}
+	// The unique id: one per process in-process, rank 0's over the host
+	// communicator under mpirun.
+	var id cuda.NCCLID
+	if r.backend == "mpi" {
+		var b []byte // empty when rank 0 has no id: every rank fails
+		var idErr error
+		if host.Rank() == 0 {
+			if id, idErr = cuda.NewNCCLID(); idErr == nil {
+				b = id[:]
+			}
+		}
+		if b, err = broadcastBytes(ctx, host, b, 0); err != nil {
+			return nil, "", nil, fmt.Errorf("train: -comm nccl: sending the NCCL id: %w", err)
+		}
+		if idErr != nil {
+			return nil, "", nil, fmt.Errorf("train: -comm nccl: %w", idErr)
+		}
+		if len(b) != len(id) {
+			return nil, "", nil, fmt.Errorf("train: -comm nccl: rank 0 could not create an NCCL id (see its log)")
+		}
+		copy(id[:], b)
+	} else {
+		r.gpus.idOnce.Do(func() { r.gpus.id, r.gpus.idErr = cuda.NewNCCLID() })
+		if id, err = r.gpus.id, r.gpus.idErr; err != nil {
+			return nil, "", nil, fmt.Errorf("train: -comm nccl: %w", err)
+		}
+	}
+	nc, err := cuda.NewNCCL(ctx, g, id, host.Rank(), host.Size())
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("train: -comm nccl: %w", err)
+	}
+	c, err := comm.Route(host, nc)
+	if err != nil {
+		nc.Close()
+		return nil, "", nil, err
+	}
+	return c, "nccl", nc, nil
 }

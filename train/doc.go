@@ -17,10 +17,22 @@
 // cuda): in-process worker r uses GPU r mod the GPUs found, with a stream
 // of its own; under mpirun a process uses the GPU of its local rank. The
 // parameters, the gradient, the optimizer state and gradient clipping stay
-// on the device. Error feedback and the reducers still run on the host:
-// each step the gradient is copied to host memory, reduced there and the
-// result copied back (with LAGS pipelining, group by group on a copy stream
-// beside the backward pass). Moving them onto the device is the next step.
+// on the device, and so do error feedback (the residual is a device
+// vector) and every reducer that reduces device memory
+// (sparsify.DeviceReducer, with the GPU's kernels, cuda.Device.Sparse):
+// all but spardl, whose reduction copies the error-compensated gradient to
+// host memory and back. With LAGS pipelining each merge group's error
+// feedback and reduction run on a communication stream of the worker as
+// soon as the group's gradients are final, beside the backward pass.
+//
+// Config.Comm picks the backend of the reducers' device buffers: NCCL
+// (package cuda) when every worker has a GPU of its own, the others' calls
+// (host buffers) on the in-process or MPI backend (comm.Route); or the
+// in-process or MPI backend with device buffers staged through host memory
+// (comm.Staged), for any number of workers per GPU. Staged, a run adds in
+// the communicators' canonical order, so -workers N and mpirun -np N give
+// the same bits on the GPU as each other; NCCL sums in an order of its own
+// (close, not bit-identical).
 //
 // # Deviations from the reference code (on purpose)
 //

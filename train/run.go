@@ -76,7 +76,15 @@ type RunInfo struct {
 	Pipelined   bool      `json:"pipelined"`
 	// Device is where rank 0's model ran ("cpu", or the GPU, e.g.
 	// "cuda:0 (NVIDIA H100 80GB HBM3, …)").
-	Device   string   `json:"device"`
+	Device string `json:"device"`
+	// ReduceIn is where the sparsifier selects and reduces: "device" (the
+	// memory of Device, GPU kernels on a GPU) or "host" (spardl on a GPU:
+	// the error-compensated gradient is copied to host memory and back).
+	ReduceIn string `json:"reduce_in"`
+	// Comm is the backend that moved the sparsifier's messages: "local",
+	// "mpi" or "given" (on a GPU: device buffers staged through host
+	// memory), or "nccl" (device memory).
+	Comm     string   `json:"comm"`
 	Versions Versions `json:"versions"`
 	Machine  Machine  `json:"machine"`
 	// Resumes lists the times the run was resumed, oldest first.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -35,8 +36,23 @@ type worker struct {
 	red    sparsify.Reducer
 	cnt    *comm.Counter
 	ops    *opDeltas
-	mem    *sparsify.Memory
 	opt    Optimizer
+	// dred is red when it reduces in the memory of the worker's device
+	// (every method but spardl, which reduces host memory: on a GPU the
+	// error-compensated gradient is copied to the host and back for it).
+	dred sparsify.DeviceReducer
+	// vops are the vector operations of the worker's device (error
+	// feedback's accumulation).
+	vops sparsify.Ops
+	// resid is the error-feedback residual on the worker's device; mem's
+	// Residual is its host view (resid itself on the CPU, a copy made for
+	// checkpoints and spardl on a GPU).
+	resid device.Buffer
+	mem   *sparsify.Memory
+	// commName is the backend of device buffers (run.json's comm); nccl
+	// is the NCCL communicator to close (nil without).
+	commName string
+	nccl     *cuda.NCCL
 
 	// The worker's vectors on its device: the parameters and the gradient,
 	// which after error feedback also holds the reducer's output (the
@@ -51,10 +67,12 @@ type worker struct {
 	final []device.Event
 	// pipe pipelines LAGS' groups with the backward pass (nil when off).
 	pipe *pipeline
-	// xfer is the stream that copies pipelined groups to host memory on a
-	// GPU, beside the compute stream, so that a group's download waits
-	// for its own gradients only, not for the rest of the backward pass.
-	xfer device.Stream
+	// xfer is, on a GPU, the communication stream of pipelined groups,
+	// beside the compute stream: a group's error feedback and reduction
+	// wait for its own gradients only, not for the rest of the backward
+	// pass. pgred is the pipelined reducer there.
+	xfer  device.Stream
+	pgred sparsify.DeviceGroupReducer
 	// out is rank 0's metrics, progress and report (nil on other ranks).
 	out *output
 	// start is when the run started: its records' wall times count from
@@ -99,7 +117,11 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 			w.log.Error("training failed", "err", err)
 		}
 	}()
-	if err := w.setup(ctx); err != nil {
+	err = w.setup(ctx)
+	if w.nccl != nil {
+		defer w.nccl.Close()
+	}
+	if err != nil {
 		return err
 	}
 	defer w.task.Close()
@@ -134,16 +156,33 @@ func (w *worker) setup(ctx context.Context) error {
 	}
 	w.m = m
 	w.stream = be.Stream()
+	dev := be.Device()
+	// The reducers' vector operations and the communicator for device
+	// memory: on a GPU, its kernels, and device buffers staged through host
+	// memory over the run's communicator (in-process or MPI).
+	w.vops = sparsify.CPUOps()
+	w.commName = w.r.backend
+	var redOps sparsify.Ops
+	if g, ok := dev.(*cuda.Device); ok {
+		w.vops, redOps = g.Sparse(), g.Sparse()
+		if w.c, w.commName, w.nccl, err = w.r.commOnGPU(ctx, w.c, g); err != nil {
+			return err
+		}
+	}
 	w.cnt = comm.NewCounter(w.c)
 	w.ops = newOpDeltas(w.cnt)
 	n := m.NumParams()
-	if w.params, err = be.Device().Alloc(device.Float32, n); err != nil {
+	if w.params, err = dev.Alloc(device.Float32, n); err != nil {
 		return fmt.Errorf("train: allocating the parameters: %w", err)
 	}
-	if w.grad, err = be.Device().Alloc(device.Float32, n); err != nil {
+	if w.grad, err = dev.Alloc(device.Float32, n); err != nil {
 		return fmt.Errorf("train: allocating the gradient: %w", err)
 	}
+	if w.resid, err = dev.Alloc(device.Float32, n); err != nil {
+		return fmt.Errorf("train: allocating the error-feedback residual: %w", err)
+	}
 	w.hparams, w.hgrad = hostView(w.params), hostView(w.grad)
+	w.mem = &sparsify.Memory{Residual: hostView(w.resid)}
 	var names []string
 	var sizes []int
 	for _, p := range m.Layout() {
@@ -153,15 +192,26 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.layout, err = sparsify.NewLayout(names, sizes); err != nil {
 		return fmt.Errorf("train: layout of %s: %w", cfg.Model, err)
 	}
+	// A pipelined reducer works on the copy stream (its groups start while
+	// the compute stream goes on with the backward pass); the others on the
+	// compute stream.
+	redStream := w.stream
+	if cfg.PipelineOn() && !w.grad.IsHost() {
+		if w.xfer, err = dev.NewStream(); err != nil {
+			return fmt.Errorf("train: a communication stream for pipelining: %w", err)
+		}
+		redStream = w.xfer
+	}
 	w.red, err = sparsify.New(cfg.Sparsifier, sparsify.Options{
 		Density: cfg.Density.Value(), Layout: w.layout, Comm: w.cnt, Seed: cfg.Seed.Value(),
 		Params:  cfg.MethodOptions,
 		Network: netmodel.Network{Latency: cfg.NetLatency, Bandwidth: cfg.NetBandwidth},
+		Stream:  redStream, Ops: redOps,
 	})
 	if err != nil {
 		return fmt.Errorf("train: -sparsifier %s: %w", cfg.Sparsifier, err)
 	}
-	w.mem = sparsify.NewMemory(n, false)
+	w.dred, _ = w.red.(sparsify.DeviceReducer)
 	switch cfg.Optimizer {
 	case "sgd":
 		w.opt, err = NewSGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
@@ -177,9 +227,9 @@ func (w *worker) setup(ctx context.Context) error {
 			return fmt.Errorf("%w: -sparsifier %s cannot be pipelined (no group reduction)", ErrConfig, cfg.Sparsifier)
 		}
 		w.pipe = newPipeline(gr, len(w.layout.Tensors))
-		if !w.grad.IsHost() {
-			if w.xfer, err = be.Device().NewStream(); err != nil {
-				return fmt.Errorf("train: a copy stream for pipelining: %w", err)
+		if w.xfer != nil {
+			if w.pgred, ok = gr.(sparsify.DeviceGroupReducer); !ok {
+				return fmt.Errorf("%w: -sparsifier %s cannot be pipelined on %v (its groups reduce host memory only)", ErrConfig, cfg.Sparsifier, dev)
 			}
 		}
 	}
@@ -216,7 +266,10 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe != nil,
-			Versions: versions(w.r.blas), Machine: machine(), LayerNames: names, Device: be.Device().String()}
+			Versions: versions(w.r.blas), Machine: machine(), LayerNames: names, Device: be.Device().String(), ReduceIn: "device", Comm: w.commName}
+		if w.dred == nil && !w.grad.IsHost() {
+			info.ReduceIn = "host"
+		}
 		info.Config.Resume = ""
 		if prev := w.r.prev; prev != nil {
 			// One run across resumes: its start and command, and the
@@ -260,8 +313,8 @@ func sumSizes(l []models.ParamInfo) int {
 }
 
 // hostView returns the host memory of a device vector: the vector's own
-// memory on the CPU, staging of its size elsewhere (the reducers work on
-// host memory until they run on devices; see the package doc).
+// memory on the CPU, staging of its size elsewhere (for what only the host
+// does: initial parameters, checkpoints, spardl's reduction).
 func hostView(b device.Buffer) []float32 {
 	if b.IsHost() {
 		return b.Float32s()
@@ -288,19 +341,28 @@ func (w *worker) upload(b device.Buffer, h []float32) error {
 	return w.stream.Copy(b, device.Host(h))
 }
 
-// downloadGroup copies a merge group's gradients to host memory on the copy
-// stream, once the device has finished them, while the compute stream goes
-// on with the backward pass.
-func (w *worker) downloadGroup(gg sparsify.Group) error {
-	for _, t := range gg.Tensors {
-		if err := w.xfer.Wait(w.final[t]); err != nil {
-			return err
-		}
+// accumulate adds the gradient's elements [lo, hi) to the error-feedback
+// residual on stream st, which then holds the error-compensated gradient;
+// a non-finite result is an error naming the tensor.
+func (w *worker) accumulate(st device.Stream, lo, hi int) error {
+	bad, err := w.vops.Accumulate(st, w.resid.Slice(lo, hi), w.grad.Slice(lo, hi), 1)
+	if err != nil {
+		return fmt.Errorf("train: error feedback: %w", err)
 	}
-	if err := w.xfer.Copy(device.Host(w.hgrad[gg.Lo:gg.Hi]), w.grad.Slice(gg.Lo, gg.Hi)); err != nil {
+	if bad < 0 {
+		return nil
+	}
+	// The explanation reads both vectors on the host.
+	if err := st.Synchronize(); err != nil {
 		return err
 	}
-	return w.xfer.Synchronize()
+	if err := w.download(w.hgrad, w.grad); err != nil {
+		return err
+	}
+	if err := w.download(w.mem.Residual, w.resid); err != nil {
+		return err
+	}
+	return w.accumulateError(fmt.Errorf("element %d of the error-compensated gradient is not finite", lo+bad), lo, hi)
 }
 
 // lagsAdaptive reports whether LAGS chooses per-layer densities from
@@ -325,17 +387,29 @@ func (w *worker) hook(idx int, ready device.Event) {
 // error feedback has just consumed).
 func (w *worker) startGroup(ctx context.Context, g int) (sparsify.Pending, error) {
 	gg := w.pipe.groups[g]
-	if !w.grad.IsHost() {
-		if err := w.downloadGroup(gg); err != nil {
+	var p sparsify.Pending
+	var err error
+	if w.pgred != nil {
+		// On the GPU, on the communication stream, after the group's
+		// gradients.
+		for _, t := range gg.Tensors {
+			if err := w.xfer.Wait(w.final[t]); err != nil {
+				return nil, err
+			}
+		}
+		if err := w.accumulate(w.xfer, gg.Lo, gg.Hi); err != nil {
 			return nil, err
 		}
+		w.pipe.reducing()
+		p, err = w.pgred.StartGroupOn(ctx, g, w.resid, w.grad, w.resid)
+	} else {
+		mm := sparsify.Memory{Residual: w.mem.Residual[gg.Lo:gg.Hi]}
+		if _, err := mm.Accumulate(w.hgrad[gg.Lo:gg.Hi], 1); err != nil {
+			return nil, w.accumulateError(err, gg.Lo, gg.Hi)
+		}
+		w.pipe.reducing()
+		p, err = w.pipe.gred.StartGroup(ctx, g, w.mem.Residual, w.hgrad, w.mem.Residual)
 	}
-	mm := sparsify.Memory{Residual: w.mem.Residual[gg.Lo:gg.Hi]}
-	if _, err := mm.Accumulate(w.hgrad[gg.Lo:gg.Hi], 1); err != nil {
-		return nil, w.accumulateError(err, gg.Lo, gg.Hi)
-	}
-	w.pipe.reducing()
-	p, err := w.pipe.gred.StartGroup(ctx, g, w.mem.Residual, w.hgrad, w.mem.Residual)
 	if err != nil {
 		return nil, fmt.Errorf("train: starting merge group %d: %w", g, err)
 	}
@@ -379,31 +453,36 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 		}
 		st = sparsify.CombineGroupStats(w.cfg.Density.Value(), w.layout, w.pipe.groups, gs)
 		started = w.pipe.started
+		if w.pgred != nil {
+			// The update waits for the groups' outputs.
+			ev, err := w.xfer.Record()
+			if err == nil {
+				err = w.stream.Wait(ev)
+			}
+			if err != nil {
+				return s, err
+			}
+		} else if err := w.upload(w.grad, w.hgrad); err != nil {
+			return s, err
+		}
 	} else {
 		if clip := w.cfg.Clip.Value(); clip > 0 {
 			if _, err := ClipNorm(w.stream, w.grad, clip); err != nil {
 				return s, err
 			}
 		}
-		if err := w.download(w.hgrad, w.grad); err != nil {
+		if err := w.accumulate(w.stream, 0, w.grad.Len()); err != nil {
 			return s, err
-		}
-		acc, err := w.mem.Accumulate(w.hgrad, 1)
-		if err != nil {
-			return s, w.accumulateError(err, 0, len(w.hgrad))
 		}
 		started = time.Now()
 		// The reducer's output overwrites the gradient, which error
 		// feedback has just consumed.
-		if st, err = w.red.Reduce(ctx, acc, w.hgrad, acc); err != nil {
+		if st, err = w.reduce(ctx); err != nil {
 			return s, fmt.Errorf("train: reducing with %s: %w", w.cfg.Sparsifier, err)
 		}
 	}
 	if math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0) {
 		return s, fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss)
-	}
-	if err := w.upload(w.grad, w.hgrad); err != nil {
-		return s, err
 	}
 	t2 := time.Now()
 	if !started.IsZero() {
@@ -424,6 +503,26 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 	s.ErrorNorm, s.ActualDensity, s.Threshold = st.ErrorNorm, st.ActualDensity, st.Threshold
 	s.LayerK = st.LayerK
 	return s, nil
+}
+
+// reduce reduces the error-compensated gradient (the residual) into the
+// gradient and the new residual: in the device's memory, or for a reducer
+// of host memory (spardl) through host copies of both.
+func (w *worker) reduce(ctx context.Context) (sparsify.Stats, error) {
+	if w.dred != nil {
+		return w.dred.ReduceOn(ctx, w.resid, w.grad, w.resid)
+	}
+	if err := w.download(w.mem.Residual, w.resid); err != nil {
+		return sparsify.Stats{}, err
+	}
+	st, err := w.red.Reduce(ctx, w.mem.Residual, w.hgrad, w.mem.Residual)
+	if err != nil {
+		return st, err
+	}
+	if err := w.upload(w.grad, w.hgrad); err != nil {
+		return st, err
+	}
+	return st, w.upload(w.resid, w.mem.Residual)
 }
 
 // setBackwardTimes gives LAGS' adaptive density the per-tensor backward

@@ -208,6 +208,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.StringVar(&c.Out, "out", "", "run directory to write (run.json, metrics.jsonl, checkpoints/, report.html)")
 	fs.StringVar(&c.Resume, "resume", "", "continue the run in this directory from its last checkpoint")
 	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda (NVIDIA GPUs; in-process workers share the GPUs, each with a stream of its own)")
+	fs.StringVar(&c.Comm, "comm", "auto", "communication backend: local (in-process workers), mpi (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when every worker has a GPU of its own, else local or mpi; on a GPU those stage device buffers through host memory)")
 	fs.BoolVar(&c.TF32, "tf32", false, "GPU: allow TF32 tensor-core math in matrix products and convolutions (faster, about 10-bit mantissa)")
 	fs.DurationVar(&c.NetLatency, "net-latency", 0, "emulated network latency per message, e.g. 50us (with -net-bandwidth; simulated workers only)")
 	fs.Var(finiteFloat{&v.bandwidth}, "net-bandwidth", "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)")
