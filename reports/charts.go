@@ -711,7 +711,7 @@ func cutOff(tops []float64, cats []string, du unit) (float64, string) {
 	var over []string
 	for i, v := range tops {
 		if isFinite(v) && v > cut {
-			over = append(over, cats[i]+": "+strconv.FormatFloat(v, 'g', 3, 64)+" "+du.name)
+			over = append(over, cats[i]+": "+fmtPlain(v, 3)+" "+du.name)
 		}
 	}
 	if len(over) == 0 || !(cut > 0) {
@@ -722,7 +722,7 @@ func cutOff(tops []float64, cats []string, du unit) (float64, string) {
 		more = " and " + strconv.Itoa(len(over)-2) + " more"
 		over = over[:2]
 	}
-	return cut, "cut off at " + strconv.FormatFloat(cut, 'g', 3, 64) + " " + du.name + ": iteration " + strings.Join(over, ", ") + more
+	return cut, "cut off at " + fmtPlain(cut, 3) + " " + du.name + ": iteration " + strings.Join(over, ", ") + more
 }
 
 // niceCeil rounds x > 0 up to 1, 2, 2.5 or 5 times a power of ten.
@@ -865,8 +865,11 @@ func projectionCaveat(method string) (why string, ok bool) {
 
 // projectionNote is the page note naming the runs that have per-operation
 // counters but are left out of the projection chart, and why; "" if none.
-// labels name the runs of a comparison (nil for one run).
-func projectionNote(runs []*Run, labels []string) string {
+// labels name the runs of a comparison (nil for one run). drawn says
+// whether the page has the chart: a page without one (every run left out,
+// e.g. the page of one DEFT run) says only that none is drawn and why, not
+// what a chart the reader cannot see leaves out.
+func projectionNote(runs []*Run, labels []string, drawn bool) string {
 	// The runs left out, by method (in the order first met).
 	var methods []string
 	left := map[string][]string{}
@@ -902,6 +905,10 @@ func projectionNote(runs []*Run, labels []string) string {
 	}
 	if len(out) == 0 {
 		return ""
+	}
+	if !drawn {
+		return "No projected communication time at other worker counts is drawn (" + strings.Join(out, "; ") +
+			"); measure it at the worker counts of interest instead."
 	}
 	return "The projected communication time leaves out " + strings.Join(out, "; ") +
 		". The projection replays each operation's recorded calls with each worker's recorded payload (comm/netmodel.Project), which is wrong for such methods: measure them at the worker counts of interest instead."

@@ -227,7 +227,7 @@ func TestTimeBreakdownResistsOutliers(t *testing.T) {
 	if !(c.YMax > 10 && c.YMax < 100) {
 		t.Errorf("axis top %v ms, want it just above the 10 ms bars", c.YMax)
 	}
-	if !strings.Contains(c.Subtitle, "cut off") || !strings.Contains(c.Subtitle, "iteration 1: 5e+03 ms") {
+	if !strings.Contains(c.Subtitle, "cut off") || !strings.Contains(c.Subtitle, "iteration 1: 5,000 ms") {
 		t.Errorf("subtitle %q does not name the bar it cut off", c.Subtitle)
 	}
 	// No outlier, no cut.
@@ -299,5 +299,34 @@ func TestResumedRunSaysSo(t *testing.T) {
 	}
 	if !strings.Contains(resumed, "iteration 788") || !strings.Contains(resumed, "2026-01-02T03:04:05Z") || !strings.Contains(resumed, "train -resume runs/x") {
 		t.Errorf("resumed row %q", resumed)
+	}
+}
+
+// TestFmtPlain: numbers a person reads on a page have no exponent
+// ("5e+04 µs" and "1.234e+04 ms" were printed) and keep their significant
+// digits.
+func TestFmtPlain(t *testing.T) {
+	for _, tc := range []struct {
+		v      float64
+		digits int
+		want   string
+	}{
+		{50000, 3, "50,000"},
+		{54423.7, 3, "54,400"},
+		{12345.6, 4, "12,350"},
+		{2563.2, 4, "2,563"},
+		{999.96, 4, "1,000"},
+		{4.2724, 4, "4.272"},
+		{0.00012345, 3, "0.000123"},
+		{0, 3, "0"},
+		{-1234567, 3, "-1,230,000"},
+		{math.NaN(), 3, "—"},
+	} {
+		if got := fmtPlain(tc.v, tc.digits); got != tc.want {
+			t.Errorf("fmtPlain(%v, %d) = %q, want %q", tc.v, tc.digits, got, tc.want)
+		}
+	}
+	if got := fmtMillis(12.3456); got != "12,350 ms" {
+		t.Errorf("fmtMillis(12.3456 s) = %q, want 12,350 ms", got)
 	}
 }

@@ -92,7 +92,8 @@ func RunPage(ctx context.Context, r *Run, o Options) ([]byte, error) {
 	if n := r.sampleNote(); n != "" {
 		notes = append(notes, n)
 	}
-	if n := projectionNote([]*Run{r}, nil); n != "" {
+	_, drawn := projectionChart([]*Run{r}, nil)
+	if n := projectionNote([]*Run{r}, nil, drawn); n != "" {
 		notes = append(notes, n)
 	}
 	return render(runTitle(r), notes, []table{runTable(r)}, specs, script, url)
@@ -147,7 +148,37 @@ func fmtMillis(sec float64) string {
 	if !isFinite(sec) {
 		return "—"
 	}
-	return strconv.FormatFloat(sec*1e3, 'g', 4, 64) + " ms"
+	return fmtPlain(sec*1e3, 4) + " ms"
+}
+
+// fmtPlain formats v with digits significant digits as a person writes it:
+// no exponent ("12,340", not "1.234e+04"; "0.01234"), thousands separated by
+// commas.
+func fmtPlain(v float64, digits int) string {
+	if !isFinite(v) {
+		return "—"
+	}
+	r, err := strconv.ParseFloat(strconv.FormatFloat(v, 'g', digits, 64), 64)
+	if err != nil {
+		return strconv.FormatFloat(v, 'g', digits, 64)
+	}
+	s := strconv.FormatFloat(r, 'f', -1, 64)
+	sign := ""
+	if strings.HasPrefix(s, "-") {
+		sign, s = "-", s[1:]
+	}
+	whole, frac, _ := strings.Cut(s, ".")
+	var b strings.Builder
+	for i, c := range whole {
+		if i > 0 && (len(whole)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if frac != "" {
+		return sign + b.String() + "." + frac
+	}
+	return sign + b.String()
 }
 
 // fmtEval formats an evaluation's value, saying when it was measured on a
@@ -530,7 +561,8 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 			notes = append(notes, "Run "+labels[i]+": the "+split+" metrics are measured on a sample of the split ("+e.sample()+"); they are estimates, noisier than an evaluation of the whole split.")
 		}
 	}
-	if n := projectionNote(runs, labels); n != "" {
+	_, drawn := projectionChart(runs, labels)
+	if n := projectionNote(runs, labels, drawn); n != "" {
 		notes = append(notes, n)
 	}
 	if metric != "" {

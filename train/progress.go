@@ -23,7 +23,11 @@ type progress struct {
 	epoch   int
 	epochs  int
 	samples int
-	start   time.Time
+	// steps is the number of steps the epoch has left when it starts
+	// (all of them, or the rest of an epoch a resumed run continues) and
+	// done the number taken so far.
+	steps, done int
+	start       time.Time
 	// last is the latest step's loss; lossSum and lossN add up the losses
 	// of the epoch's logged steps (the records of metrics.jsonl, means over
 	// the workers), whose mean the epoch line prints.
@@ -48,6 +52,7 @@ func newProgress(barOut, out io.Writer) *progress {
 
 func (p *progress) startEpoch(epoch, epochs, steps int) {
 	p.epoch, p.epochs, p.samples, p.start = epoch, epochs, 0, time.Now()
+	p.steps, p.done = steps, 0
 	p.last, p.lossSum, p.lossN = 0, 0, 0
 	if p.term {
 		p.bar = progressbar.NewOptions(steps,
@@ -80,6 +85,7 @@ func (p *progress) meanLoss() float64 {
 
 func (p *progress) add(samples int, loss float64) {
 	p.samples += samples
+	p.done++
 	p.last = loss
 	if p.bar != nil {
 		rate := float64(p.samples) / time.Since(p.start).Seconds()
@@ -90,14 +96,24 @@ func (p *progress) add(samples int, loss float64) {
 
 // endEpoch prints the epoch's line: the mean loss of its steps (not the
 // last step's, whose batch-to-batch noise made a healthy run look as if it
-// diverged), throughput and duration.
+// diverged), throughput and duration. An epoch the run left before its
+// end (-steps, -max-time, an interruption) says so and how far it got, so
+// that "epoch 1/90" after 20 steps is not read as a whole epoch; one left
+// before its first step prints nothing.
 func (p *progress) endEpoch() {
 	if p.bar != nil {
 		p.bar.Finish()
 		p.bar = nil
 	}
+	if p.done == 0 && p.steps > 0 {
+		return // the run stopped before the epoch's first step: no line
+	}
 	d := time.Since(p.start)
-	fmt.Fprintf(p.out, "epoch %d/%d: mean loss %.4f, %.0f samples/s, %v\n", p.epoch, p.epochs, p.meanLoss(), float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
+	what := fmt.Sprintf("epoch %d/%d", p.epoch, p.epochs)
+	if p.done < p.steps {
+		what += fmt.Sprintf(", stopped after %s (%s left in the epoch)", plural(p.done, "step"), thousands(p.steps-p.done))
+	}
+	fmt.Fprintf(p.out, "%s: mean loss %.4f, %.0f samples/s, %v\n", what, p.meanLoss(), float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
 }
 
 // startEval starts the progress bar of an evaluation of batches batches
@@ -140,6 +156,14 @@ func (p *progress) eval(epoch, step int, ev evaluation) {
 		on = fmt.Sprintf("%s sample: %s of %s %s; -max-eval-batches sets the size", ev.split, thousands(ev.count), thousands(ev.total), ev.unit)
 	}
 	fmt.Fprintf(p.out, "eval epoch %d step %d (%s): %s\n", epoch, step, on, strings.Join(parts, ", "))
+}
+
+// plural is "1 step", "2 steps", "1,000 steps".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return thousands(n) + " " + what + "s"
 }
 
 // thousands formats n with commas between groups of three digits.

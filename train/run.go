@@ -141,6 +141,9 @@ func Run(ctx context.Context, c Config, o Options) (err error) {
 		if c, prev, err = resumeConfig(c, o.Given, false); err != nil {
 			return err
 		}
+		if err := checkNotComplete(c.Defaults(), progOf(o)); err != nil {
+			return err
+		}
 	}
 	r, err := prepare(ctx, c, o, underMPI)
 	if err != nil {
@@ -218,6 +221,9 @@ func prepareResumeMPI(ctx context.Context, cm comm.Communicator, c Config, o Opt
 	if cm.Rank() == 0 {
 		var rc Config
 		if rc, prev, rerr = resumeConfig(c, o.Given, true); rerr == nil {
+			rerr = checkNotComplete(rc.Defaults(), fmt.Sprintf("mpirun -np %d %s", cm.Size(), progOf(o)))
+		}
+		if rerr == nil {
 			b, rerr = json.Marshal(rc)
 		}
 		if rerr != nil {

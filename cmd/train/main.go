@@ -43,7 +43,7 @@ func main() {
 	}
 	if err != nil {
 		msg := err.Error()
-		if !strings.HasPrefix(msg, "train:") {
+		if !strings.HasPrefix(msg, "train:") && !strings.HasPrefix(msg, "train report:") {
 			msg = "train: " + msg
 		}
 		fmt.Fprintln(os.Stderr, msg)
@@ -145,7 +145,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	return train.Run(ctx, cfg, train.Options{
 		Stdout: stdout, Progress: stderr,
-		CommandLine: append([]string{"train"}, args...),
+		CommandLine: append([]string{progName()}, args...),
 		Report:      writeReport,
 		Signals:     true,
 		Given:       given,
@@ -380,8 +380,10 @@ func runReport(args []string, stdout io.Writer) error {
 		return fmt.Errorf("train report: give at least one run directory (%s)", reportUsage)
 	}
 	for _, d := range dirs {
-		if _, err := os.Stat(d); err != nil {
-			return fmt.Errorf("train report: run directory: %w", err)
+		if _, err := os.Stat(d); errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("train report: %s: no such folder; give run directories written by train -out", d)
+		} else if err != nil {
+			return fmt.Errorf("train report: %w", err)
 		}
 	}
 	out := fs.Lookup("o").Value.String()

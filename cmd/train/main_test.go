@@ -58,7 +58,7 @@ func TestFlagsRejectBadInput(t *testing.T) {
 		{[]string{}, "-out DIR"},
 		{[]string{"-nosuchflag"}, "not defined"},
 		{[]string{"report"}, "at least one run directory"},
-		{[]string{"report", "/does/not/exist"}, "no such file"},
+		{[]string{"report", "/does/not/exist"}, "/does/not/exist: no such folder"},
 	} {
 		var out bytes.Buffer
 		err := run(context.Background(), tc.args, &out, &out)

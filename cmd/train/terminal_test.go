@@ -105,6 +105,7 @@ func TestMistakesAreOneLine(t *testing.T) {
 		{[]string{"-density", "0", "-out", "x"}, []string{"-density 0", "(0, 1]"}},
 		{[]string{"-workers", "0", "-out", "x"}, []string{"-workers 0", ">= 1"}},
 		{[]string{"report", "-x", "runs/a"}, []string{"-x", "train report -help"}},
+		{[]string{"report", "runs/a", "runs/b"}, []string{"train report: runs/a: no such folder", "train -out"}},
 	} {
 		dir := t.TempDir()
 		r := trainCmd(t, dir, tc.args...)
@@ -118,7 +119,10 @@ func TestMistakesAreOneLine(t *testing.T) {
 				t.Errorf("train %v: %q lacks %q", tc.args, ls[0], w)
 			}
 		}
-		for _, bad := range []string{"data.Download", "ctx", "Config.Defaults", "unset"} {
+		if strings.Count(ls[0], "train: ")+strings.Count(ls[0], "train report: ") != 1 {
+			t.Errorf("train %v: %q does not carry exactly one prefix", tc.args, ls[0])
+		}
+		for _, bad := range []string{"data.Download", "ctx", "Config.Defaults", "unset", "stat "} {
 			if strings.Contains(ls[0], bad) {
 				t.Errorf("train %v: %q mentions %q, which means nothing on the command line", tc.args, ls[0], bad)
 			}
@@ -273,5 +277,78 @@ func TestReportCommand(t *testing.T) {
 	}
 	if es, _ := os.ReadDir(elsewhere); len(es) != 0 {
 		t.Errorf("train report without -o wrote into the folder it was started from: %v", es)
+	}
+}
+
+// TestProgNameOf: the command a message tells a person to type starts as
+// they started train.
+func TestProgNameOf(t *testing.T) {
+	repo := func(p string) bool { return p == filepath.Join("cmd", "train") }
+	none := func(string) bool { return false }
+	for _, tc := range []struct {
+		arg0  string
+		isDir func(string) bool
+		want  string
+	}{
+		{"bin/train", none, "bin/train"},
+		{"./train", none, "./train"},
+		{"train", none, "train"},
+		{"/usr/local/bin/train", none, "/usr/local/bin/train"},
+		{"/tmp/go-build123/b001/exe/train", repo, "go run ./cmd/train"},
+		{"/tmp/go-build123/b001/exe/train", none, "train"},
+		{"/tmp/go-build9/b001/train.test", repo, "train"},
+		{"bin/mytrainer", none, "train"},
+	} {
+		if got := progNameOf(tc.arg0, tc.isDir); got != tc.want {
+			t.Errorf("progNameOf(%q) = %q, want %q", tc.arg0, got, tc.want)
+		}
+	}
+}
+
+// TestResumeCommandAsTyped: a person who ran bin/train is told to resume
+// with bin/train (a bare "train" is not on their PATH), and run.json
+// records the command as they typed it.
+func TestResumeCommandAsTyped(t *testing.T) {
+	d := sharedData(t)
+	base := t.TempDir()
+	exe, err := filepath.Abs(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(base, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(exe, filepath.Join(base, "bin", "train")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join("bin", "train"), "-model", "ncf", "-dataset", "ml-100k", "-data-dir", d, "-workers", "2",
+		"-sparsifier", "topk", "-density", "0.1", "-batch", "64", "-quiet", "-out", "run")
+	cmd.Dir = base
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	dir := filepath.Join(base, "run")
+	waitFor(t, 2*time.Minute, "a few steps", func() bool { return stepsRecorded(dir) >= 3 })
+	cmd.Process.Signal(os.Interrupt)
+	code, _ := exitIn(t, cmd, time.Minute, &out)
+	if want := "resume with: bin/train -resume run"; code == 0 || !strings.Contains(out.String(), want) {
+		t.Fatalf("exit %d, want a non-zero exit and %q in:\n%s", code, want, out.String())
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "run.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		CommandLine []string `json:"command_line"`
+	}
+	if err := json.Unmarshal(b, &info); err != nil {
+		t.Fatal(err)
+	}
+	if len(info.CommandLine) == 0 || info.CommandLine[0] != "bin/train" {
+		t.Errorf("run.json records the command line %q, want it to start with bin/train", info.CommandLine)
 	}
 }
