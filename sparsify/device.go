@@ -78,6 +78,25 @@ func (v *vecs) scratch(b *device.Buffer, dt device.DType, n int) (device.Buffer,
 	return nb.Slice(0, n), nil
 }
 
+// compactAbove writes the positions of x's elements whose magnitude exceeds
+// t, ascending, into *sel and their values into *val (scratch buffers,
+// grown as needed) and returns how many there are.
+func (v *vecs) compactAbove(sel, val *device.Buffer, x device.Buffer, t float32) (int, error) {
+	s, err := v.scratch(sel, device.Int32, x.Len())
+	if err != nil {
+		return 0, err
+	}
+	m, err := v.ops.SelectAbove(v.s, s, device.Buffer{}, x, t)
+	if err != nil {
+		return 0, err
+	}
+	vv, err := v.scratch(val, device.Float32, m)
+	if err != nil {
+		return 0, err
+	}
+	return m, v.ops.Gather(v.s, vv, x, s.Slice(0, m))
+}
+
 // cb returns b as a communicator buffer ordered by the stream.
 func (v *vecs) cb(b device.Buffer) comm.Buffer { return comm.OnDevice(b, v.s) }
 

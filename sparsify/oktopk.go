@@ -211,22 +211,13 @@ func (r *okTopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.
 	red := r.reg.reduced
 	m := 0
 	t1, err := b.timed(func() error {
-		gsel, err := v.scratch(&r.gsel, device.Int32, red.Len())
-		if err != nil {
-			return err
-		}
 		t := okAbove(0)
 		if !recompute {
 			t = okAbove(float32(r.gthr))
 		}
-		if m, err = v.ops.SelectAbove(v.s, gsel, device.Buffer{}, red, t); err != nil {
-			return err
-		}
-		gval, err := v.scratch(&r.gval, device.Float32, m)
-		if err != nil {
-			return err
-		}
-		return v.ops.Gather(v.s, gval, red, gsel.Slice(0, m))
+		var err error
+		m, err = v.compactAbove(&r.gsel, &r.gval, red, t)
+		return err
 	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)

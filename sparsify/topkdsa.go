@@ -134,18 +134,9 @@ func (r *topkDSAReducer) ReduceOn(ctx context.Context, acc, out, residual device
 	red := r.reg.reduced
 	m := 0
 	t1, err := b.timed(func() error {
-		gsel, err := v.scratch(&r.gsel, device.Int32, red.Len())
-		if err != nil {
-			return err
-		}
-		if m, err = v.ops.SelectAbove(v.s, gsel, device.Buffer{}, red, okAbove(0)); err != nil {
-			return err
-		}
-		gval, err := v.scratch(&r.gval, device.Float32, m)
-		if err != nil {
-			return err
-		}
-		return v.ops.Gather(v.s, gval, red, gsel.Slice(0, m))
+		var err error
+		m, err = v.compactAbove(&r.gsel, &r.gval, red, okAbove(0))
+		return err
 	})
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
