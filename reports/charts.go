@@ -639,9 +639,11 @@ func overlapChart(r *Run, maxPts int) (chartSpec, bool) {
 // the bar stands for (one slow iteration does not move it), with the 10th
 // and 90th percentiles of the iteration time as lines when bars stand for
 // several iterations. When a few bars tower over the rest (the first
-// iteration, a pause), the value axis stops above the 95th percentile of
-// the bars and the subtitle names what it cut off, so that the typical
-// iteration stays readable.
+// iteration, a pause), or the 90th percentile of a few bars does (a loaded
+// machine's slow iterations), the value axis stops above the 95th
+// percentile of the bars and the median of the 90th percentiles, and the
+// subtitle names what it cut off, so that the typical iteration stays
+// readable.
 func timeChart(r *Run, maxPts int) chartSpec {
 	names, get := phases(r)
 	iter := func(s *Step) float64 { return s.TIter }
@@ -678,7 +680,10 @@ func timeChart(r *Run, maxPts int) chartSpec {
 		}
 	}
 	var notes []string
-	tops := totals
+	// The axis is sized for the typical bar and the typical 90th
+	// percentile; what rises above that (a bar, or the percentile line of
+	// a bar holding a few slow iterations) is cut off and named.
+	tops, level := totals, quantile(totals, 0.95)
 	if len(ranges) < len(r.Steps) {
 		lo, _ := bucketQuantiles(col(iter), timeBars, 0.1)
 		hi, _ := bucketQuantiles(col(iter), timeBars, 0.9)
@@ -686,12 +691,16 @@ func timeChart(r *Run, maxPts int) chartSpec {
 			seriesSpec{Name: "iteration, 90th percentile", Values: hi, Dashed: true, Color: "#555555"},
 			seriesSpec{Name: "iteration, 10th percentile", Values: lo, Dashed: true, Color: "#aaaaaa"})
 		notes = append(notes, "bars: median of each phase over the iterations of a bar; dashed: 10th and 90th percentile of the iteration time")
-		tops = hi
+		tops = make([]float64, len(hi))
+		for i := range hi {
+			tops[i] = max(totals[i], hi[i])
+		}
+		level = max(level, quantile(hi, 0.5))
 	}
 	if r.isPipelined() {
 		notes = append(notes, "pipelined: the communication overlapped with the backward pass is taken out of backward; exposed: what is left after it")
 	}
-	if cut, what := cutOff(tops, c.Categories, du); cut > 0 {
+	if cut, what := cutOff(tops, level, c.Categories, du); cut > 0 {
 		c.YMax = cut
 		notes = append(notes, what)
 	}
@@ -699,15 +708,15 @@ func timeChart(r *Run, maxPts int) chartSpec {
 	return c
 }
 
-// cutOff returns where the value axis of a chart of bars of heights tops
-// should stop so that a few towering bars do not flatten the others, and a
-// note naming the bars cut off; 0 when no bar towers (or there are too few
-// bars to tell).
-func cutOff(tops []float64, cats []string, du unit) (float64, string) {
+// cutOff returns where the value axis of a chart whose bars reach tops
+// should stop so that a few towering bars do not flatten the others (a
+// little above level, the typical height), and a note naming the bars cut
+// off; 0 when no bar towers (or there are too few bars to tell).
+func cutOff(tops []float64, level float64, cats []string, du unit) (float64, string) {
 	if len(tops) < 20 {
 		return 0, ""
 	}
-	cut := niceCeil(1.25 * quantile(tops, 0.95))
+	cut := niceCeil(1.25 * level)
 	var over []string
 	for i, v := range tops {
 		if isFinite(v) && v > cut {

@@ -26,7 +26,8 @@
 //     backward (or their sum t_compute), selection (t_select),
 //     communication (t_comm) and update, each bar the median of the
 //     iterations it stands for, with the 10th and 90th percentiles of the
-//     iteration time; a few towering bars are cut off and named. A
+//     iteration time; a few towering bars or percentiles are cut off and
+//     named. A
 //     pipelined run (run.json's "pipelined", or a step whose reduction
 //     outlasted its exposed part, t_comm_wall > t_wait) reduces during the
 //     backward pass with overlapping calls, so its communication is shown

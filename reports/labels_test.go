@@ -234,6 +234,21 @@ func TestTimeBreakdownResistsOutliers(t *testing.T) {
 	if c := timeChart(timedRun(100), DefaultMaxPoints); c.YMax != 0 || strings.Contains(c.Subtitle, "cut off") {
 		t.Errorf("uniform run: axis top %v, subtitle %q", c.YMax, c.Subtitle)
 	}
+	// A loaded machine: one slow iteration in each of 30 of the 200 bars.
+	// Their medians stay 10 ms but their 90th percentiles reach seconds;
+	// the axis stays sized for the typical bar (it stopped at 5 s, where
+	// the 10 ms bars were a sliver), and the subtitle names what it cuts.
+	var slow []int
+	for b := 0; b < 30; b++ {
+		slow = append(slow, 5*6*b+3)
+	}
+	c = timeChart(timedRun(1000, slow...), DefaultMaxPoints)
+	if !(c.YMax >= 10 && c.YMax <= 25) {
+		t.Errorf("30 bars with a slow iteration each: axis top %v ms, want it just above the 10 ms bars", c.YMax)
+	}
+	if !strings.Contains(c.Subtitle, "cut off") || !strings.Contains(c.Subtitle, "and 28 more") {
+		t.Errorf("subtitle %q does not name the percentiles it cut off", c.Subtitle)
+	}
 	var perIter string
 	for _, row := range runTable(timedRun(100, 1)).Rows {
 		if row[0] == "time per iteration" {
