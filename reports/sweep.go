@@ -403,8 +403,8 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 		if net == "" {
 			net = "in-process"
 		}
-		rt.Rows = append(rt.Rows, []string{labels[i], r.Dir, strconv.Itoa(sr.Workers), fmtG(sr.Density, 4), net, fmtMetric(metric, f),
-			fmtG(ph[i].Density, 4), fmtDur(ph[i].Iter), strconv.Itoa(len(r.Steps)), fmtDur(r.duration())})
+		rt.Rows = append(rt.Rows, []string{labels[i], r.Dir, strconv.Itoa(sr.Workers), fmtPlain(sr.Density, 4), net, fmtMetric(metric, f),
+			fmtPlain(ph[i].Density, 4), fmtDur(ph[i].Iter), strconv.Itoa(len(r.Steps)), fmtDur(r.duration())})
 		p := sr.Predicted
 		if p == nil {
 			continue
@@ -419,7 +419,7 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 		pair := func(m, q float64) string { return fmtMs(m) + " / " + fmtMs(q) }
 		pt.Rows = append(pt.Rows, []string{labels[i], fmtMs(ph[i].Iter), fmtMs(p.Iter), fmtPct(e),
 			pair(ph[i].Compute, p.Compute), pair(ph[i].Select, p.Select), pair(ph[i].Comm, p.Comm), pair(ph[i].Update, p.Update), fmtMs(p.Other),
-			fmtG(ph[i].Density, 3) + " / " + fmtG(p.ActualDensity, 3)})
+			fmtPlain(ph[i].Density, 3) + " / " + fmtPlain(p.ActualDensity, 3)})
 	}
 	tables := []table{rt}
 	var notes []string
@@ -447,7 +447,7 @@ func fmtMs(s float64) string {
 	if !isFinite(s) {
 		return "—"
 	}
-	return strconv.FormatFloat(s*1e3, 'g', 3, 64) + " ms"
+	return fmtPlain(s*1e3, 3) + " ms"
 }
 
 // predictionChart shows the predicted and the measured time per iteration

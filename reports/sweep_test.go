@@ -359,3 +359,24 @@ func TestSweepPageLabelsEveryRun(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepTablesWithoutExponents: a run of seconds per iteration (a
+// ResNet-18 step on a CPU) and one of microseconds read as plain numbers
+// in the sweep's tables ('1.17e+04 ms' before).
+func TestSweepTablesWithoutExponents(t *testing.T) {
+	info := sweepCase()
+	info.Runs[0].Predicted = &PredictedIter{Compute: 11.4, Select: 2e-6, Comm: 0.0749, Update: 0.0493, Other: 0.0216, Iter: 11.658, ActualDensity: 1.2e-5}
+	page, err := SweepPage(context.Background(), info, Options{AssetsURL: "echarts.min.js"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	txt := string(page)
+	for _, want := range []string{"<td>11,700 ms</td>", "11,400 ms", "0.002 ms", "0.000012"} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
+	if m := regexp.MustCompile(`<td>[^<]*[0-9]e(&#43;|[+-])[0-9][^<]*</td>`).FindString(txt); m != "" {
+		t.Errorf("a table cell with an exponent: %s", m)
+	}
+}
