@@ -117,8 +117,14 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	tc := base
 	tc.Steps = c.Steps
 	tc.Out = filepath.Join(tmp, "timing")
+	cpu0, wall0 := processCPU(), time.Now()
 	if err := train.Run(ctx, tc, train.Options{Stdout: io.Discard, Progress: io.Discard}); err != nil {
 		return nil, fmt.Errorf("advise: timing a training step: %w", err)
+	}
+	if cpu := processCPU() - cpu0; cpu0 > 0 && cpu > 0 {
+		// The cores the steps kept busy (the start-up of the run counts too,
+		// which matters only where a step takes milliseconds).
+		h.StepCores = min(cpu.Seconds()/time.Since(wall0).Seconds(), float64(h.Cores))
 	}
 	if err := h.readTiming(filepath.Join(tc.Out, "metrics.jsonl")); err != nil {
 		return nil, err

@@ -30,6 +30,10 @@ type Host struct {
 	// Cores and CPU describe the machine.
 	Cores int    `json:"cores"`
 	CPU   string `json:"cpu"`
+	// StepCores is how many cores one worker's training steps kept busy:
+	// the process's CPU time over the wall time of the timed steps (the
+	// convolutions and matrix products run on every core). 0: unknown.
+	StepCores float64 `json:"step_cores,omitempty"`
 	// Forward, Backward, Compute and Update are one worker's step times
 	// (median over the measured steps): Compute the forward and backward
 	// pass, Update the optimizer step (with the copies around the reducer).
@@ -137,9 +141,10 @@ type Setting struct {
 	// in-process collectives (simulated workers without emulation).
 	Net netmodel.Network
 	// Simulated predicts a run of Workers simulated workers on this
-	// machine (train -workers P): they share its cores, so the local phases
-	// take max(1, P/cores) times as long, and an emulated network never makes
-	// a call faster than the in-process one. Otherwise every worker has a
+	// machine (train -workers P): they share its cores, so the training
+	// step takes max(1, P·StepCores/cores) times as long, selection and
+	// the rest max(1, P/cores), and an emulated network never makes a call
+	// faster than the in-process one. Otherwise every worker has a
 	// machine of its own (a cluster).
 	Simulated bool
 }
@@ -218,6 +223,16 @@ func unionAt(sel float64, N, P int, gamma float64) float64 {
 	f := min(sel/float64(N), 1)
 	indep := float64(N) * (1 - math.Pow(1-f, float64(P)))
 	return max(min(sel*math.Pow(float64(P), gamma), indep), min(sel, float64(N)))
+}
+
+// stepShare is how many times longer one of P simulated workers' training
+// step takes than one worker's alone: they share the machine's cores, and
+// each step keeps StepCores of them busy (at least 1: unknown, or a
+// single-threaded step).
+func (h *Host) stepShare(P int) float64 {
+	c := float64(max(h.Cores, 1))
+	used := min(max(h.StepCores, 1), c)
+	return max(1, float64(P)*used/c)
 }
 
 // okRecompute is Ok-Topk's period of exact threshold re-estimation
@@ -324,9 +339,10 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	pr.Comm = CommTime(calls, P, net).Seconds()
 	if s.Simulated {
 		share := max(1, float64(P)/float64(max(h.Cores, 1)))
-		pr.Compute *= share
+		step := h.stepShare(P)
+		pr.Compute *= step
 		pr.Select *= share
-		pr.Update *= share
+		pr.Update *= step
 		pr.Other *= share
 		pr.Comm = max(pr.Comm, CommTime(calls, P, hostNet).Seconds())
 	}
@@ -338,7 +354,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		if !(bw > 0) {
 			bw = pr.Compute
 		} else if s.Simulated {
-			bw *= max(1, float64(P)/float64(max(h.Cores, 1)))
+			bw *= h.stepShare(P)
 		}
 		pr.Iter = pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
 	}

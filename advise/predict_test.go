@@ -268,3 +268,35 @@ func TestPredictOkTopkDensity(t *testing.T) {
 		}
 	}
 }
+
+// TestPredictSimulatedParallelStep: P simulated workers share the
+// machine's cores, so a step that keeps StepCores cores busy takes
+// max(1, P·StepCores/Cores) times one worker's (ResNet-18's convolutions
+// use both cores of a 2-core machine: 2 workers take twice as long each,
+// which the model priced as no slowdown), and a single-threaded one
+// max(1, P/Cores); an unknown StepCores (older measurement files) counts
+// as 1.
+func TestPredictSimulatedParallelStep(t *testing.T) {
+	for _, tc := range []struct {
+		stepCores float64
+		P         int
+		share     float64
+	}{{2, 2, 2}, {2, 4, 4}, {2, 1, 1}, {1, 2, 1}, {1, 4, 2}, {0, 4, 2}, {1.5, 4, 3}} {
+		h := synthHost()
+		h.StepCores = tc.stepCores
+		p, err := Predict(h, Setting{Method: "dense", Workers: tc.P, Density: 0.01, Simulated: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := h.Compute * tc.share; math.Abs(p.Compute-want) > 1e-12 {
+			t.Errorf("StepCores %v, %d workers: compute %v, want %v (×%v)", tc.stepCores, tc.P, p.Compute, want, tc.share)
+		}
+		if want := h.Update * tc.share; math.Abs(p.Update-want) > 1e-12 {
+			t.Errorf("StepCores %v, %d workers: update %v, want %v (×%v)", tc.stepCores, tc.P, p.Update, want, tc.share)
+		}
+		// Selection and the rest stay single-threaded: P/Cores.
+		if want := h.Other * max(1, float64(tc.P)/2); math.Abs(p.Other-want) > 1e-12 {
+			t.Errorf("StepCores %v, %d workers: other %v, want %v", tc.stepCores, tc.P, p.Other, want)
+		}
+	}
+}
