@@ -44,8 +44,11 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 	N := layout.N
 	for _, name := range names {
 		ns := []int{1, 2, 3, 5}
-		if name == "gtopk" { // a power-of-two tree
+		switch name {
+		case "gtopk": // a power-of-two tree
 			ns = []int{1, 2, 4}
+		case "spardl": // one team; and 6 workers in 2 teams (B-SAG), 4 in 2 (R-SAG)
+			ns = []int{1, 2, 3, 5, 6, 4}
 		}
 		for _, n := range ns {
 			t.Run(fmt.Sprintf("%s/%d", name, n), func(t *testing.T) {
@@ -83,6 +86,13 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 									o.Params = sparsify.Values{"min_tensor": 100, "dense_warmup": 1}
 								case "oktopk", "topkdsa": // sparse from the second call
 									o.Params = sparsify.Values{"dense_warmup": 1}
+								case "spardl":
+									switch n {
+									case 6:
+										o.Params = sparsify.Values{"teams": 2}
+									case 4:
+										o.Params = sparsify.Values{"teams": 2, "sag": "rsag"}
+									}
 								}
 								var s device.Stream
 								if onGPU {

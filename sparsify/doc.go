@@ -18,10 +18,7 @@
 // numbers per tensor coming back to the host; its Reduce of host slices is
 // the same code over host memory. On the same inputs a GPU gives the same
 // index sets and the same bits as the CPU, wherever the communicator adds
-// in package comm's canonical order. dense, topk, topka, topkdsa, oktopk,
-// gtopk, threshold, randomk, cltk, dgc, dragonn, deft, micro and lags do;
-// spardl reduces host memory only (a trainer copies a GPU's gradient to the
-// host and back for it).
+// in package comm's canonical order. Every method does.
 //
 // # Methods
 //

@@ -4,11 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"strings"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
@@ -148,7 +148,14 @@ func spardlBruck(q, r int) []spardlBruckStep {
 // result / N; Selected = size of this worker's final block; SelectedPerWorker
 // = the final block size of every worker's block (all P workers);
 // SelectTime = time spent in top-k selections.
+//
+// Every pass runs through Ops on the reducer's device (ReduceOn; Reduce is
+// ReduceOn on host memory); only the list lengths (one int32 per transfer)
+// travel in host memory. Sparse sums keep a value that only one list holds
+// as it is and add common ones in list order (mergeOn), as the merge of
+// sorted lists does.
 type spardlReducer struct {
+	b       base
 	c       *comm.Counter
 	P, rank int
 	G, Q    int
@@ -163,26 +170,27 @@ type spardlReducer struct {
 	srs   []spardlStep
 	bruck []spardlBruckStep
 
-	work   []float32 // Q·C: padded working copy of acc (and in-procedure residual)
-	endp   []float32 // C: R-SAG share of dropped values in the own block
-	sel    []int32
+	work   device.Buffer // Q·C: padded working copy of acc (and in-procedure residual)
+	endp   device.Buffer // C: R-SAG share of dropped values in the own block
 	lenBuf [2]int32
 
-	// Reusable buffers: the lists in flight, the final block of every
-	// in-team rank, B-SAG's per-team buffers and its coalescing scratch
-	// (bsum and bseen are zero/false between calls).
-	cur, in spardlList
-	final   []spardlList
-	sagBufs []spardlList
-	bsum    []float32
-	bseen   []bool
+	// Reusable lists on the device: those in flight, the final block of
+	// every in-team rank, B-SAG's per-team buffers, a merge's or trim's
+	// result, and the scratch of trims, merges and the output.
+	cur, in, res spardlList
+	final        []spardlList
+	sagBufs      []spardlList
+	dn           dense
+	sel, gidx    device.Buffer // Int32
+	drop, tmp    device.Buffer // Float32
+	tmp2         device.Buffer // Float32
 }
 
 func newSparDL(o Options) (Reducer, error) {
 	P := o.Comm.Size()
 	G := o.Params.Int("teams") // divides P (spardlCheckWorkers)
 	s := &spardlReducer{
-		c:       comm.NewCounter(o.Comm),
+		b:       newBase("spardl", o),
 		P:       P,
 		rank:    o.Comm.Rank(),
 		G:       G,
@@ -190,6 +198,7 @@ func newSparDL(o Options) (Reducer, error) {
 		N:       o.Layout.N,
 		density: o.Density,
 	}
+	s.c = s.b.c
 	s.rsag = o.Params.Text("sag") == "rsag" // with a power-of-two G (spardlCheckWorkers)
 	s.team, s.r = s.rank/s.Q, s.rank%s.Q
 	s.C = (s.N + s.Q - 1) / s.Q
@@ -203,14 +212,18 @@ func newSparDL(o Options) (Reducer, error) {
 	}
 	s.srs = spardlSchedule(s.Q, s.r)
 	s.bruck = spardlBruck(s.Q, s.r)
-	s.work = make([]float32, s.Q*s.C)
+	v := &s.b.v
+	var err error
+	if s.work, err = v.d.Alloc(device.Float32, s.Q*s.C); err != nil {
+		return nil, fmt.Errorf("sparsify: spardl: %w", err)
+	}
 	s.final = make([]spardlList, s.Q)
 	if s.rsag {
-		s.endp = make([]float32, s.C)
+		if s.endp, err = v.d.Alloc(device.Float32, s.C); err != nil {
+			return nil, fmt.Errorf("sparsify: spardl: %w", err)
+		}
 	} else if G > 1 {
 		s.sagBufs = make([]spardlList, G)
-		s.bsum = make([]float32, s.C)
-		s.bseen = make([]bool, s.C)
 	}
 	return s, nil
 }
@@ -230,10 +243,39 @@ func spardlDivisors(p int, pow2 bool) string {
 // Name returns "spardl".
 func (s *spardlReducer) Name() string { return "spardl" }
 
-// spardlList is a sparse block: ascending block-local indices and values.
+// spardlList is a sparse block in device memory: n ascending block-local
+// indices and their values, in buffers of at least n elements.
 type spardlList struct {
-	idx  []int32
-	vals []float32
+	idx, vals device.Buffer
+	n         int
+}
+
+// I and V are the list's indices and values.
+func (l spardlList) I() device.Buffer { return l.idx.Slice(0, l.n) }
+func (l spardlList) V() device.Buffer { return l.vals.Slice(0, l.n) }
+
+// resize makes l hold n pairs (contents undefined where it grew).
+func (l *spardlList) resize(v *vecs, n int) error {
+	if _, err := v.scratch(&l.idx, device.Int32, n); err != nil {
+		return err
+	}
+	if _, err := v.scratch(&l.vals, device.Float32, n); err != nil {
+		return err
+	}
+	l.n = n
+	return nil
+}
+
+// copyList makes dst a copy of src in dst's own buffers.
+func (s *spardlReducer) copyList(dst *spardlList, src spardlList) error {
+	v := &s.b.v
+	if err := dst.resize(v, src.n); err != nil {
+		return err
+	}
+	if err := v.s.Copy(dst.I(), src.I()); err != nil {
+		return err
+	}
+	return v.s.Copy(dst.V(), src.V())
 }
 
 // global is the global rank of in-team rank r of team t.
@@ -242,7 +284,8 @@ func (s *spardlReducer) global(t, r int) int { return t*s.Q + r }
 // exchange sends l to global rank dst and receives a list of at most maxLen
 // pairs from global rank src into into (grown as needed).
 func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst, src, maxLen int, into *spardlList) error {
-	s.lenBuf[0] = int32(len(l.idx))
+	v := &s.b.v
+	s.lenBuf[0] = int32(l.n)
 	n, err := s.c.SendRecv(ctx, comm.Int32s(s.lenBuf[0:1]), dst, comm.Int32s(s.lenBuf[1:2]), src, tag)
 	if err != nil {
 		return fmt.Errorf("exchanging lengths with ranks %d/%d: %w", dst, src, err)
@@ -254,96 +297,150 @@ func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst
 	if m < 0 || m > maxLen {
 		return fmt.Errorf("rank %d announced %d pairs, outside [0, %d] (ranks disagree on the options or the data is corrupt)", src, m, maxLen)
 	}
-	into.idx = grow(into.idx, m)
-	into.vals = grow(into.vals, m)
-	if n, err = s.c.SendRecv(ctx, comm.Int32s(l.idx), dst, comm.Int32s(into.idx), src, tag+1); err != nil {
-		return fmt.Errorf("exchanging %d indices with ranks %d/%d: %w", len(l.idx), dst, src, err)
+	if err := into.resize(v, m); err != nil {
+		return err
+	}
+	if n, err = s.c.SendRecv(ctx, v.cb(l.I()), dst, v.cb(into.I()), src, tag+1); err != nil {
+		return fmt.Errorf("exchanging %d indices with ranks %d/%d: %w", l.n, dst, src, err)
 	}
 	if n != m {
 		return fmt.Errorf("rank %d sent %d indices after announcing %d", src, n, m)
 	}
-	if n, err = s.c.SendRecv(ctx, comm.Float32s(l.vals), dst, comm.Float32s(into.vals), src, tag+2); err != nil {
-		return fmt.Errorf("exchanging %d values with ranks %d/%d: %w", len(l.vals), dst, src, err)
+	if n, err = s.c.SendRecv(ctx, v.cb(l.V()), dst, v.cb(into.V()), src, tag+2); err != nil {
+		return fmt.Errorf("exchanging %d values with ranks %d/%d: %w", l.n, dst, src, err)
 	}
 	if n != m {
 		return fmt.Errorf("rank %d sent %d values after announcing %d", src, n, m)
 	}
-	for _, j := range into.idx {
-		if j < 0 || int(j) >= s.C {
-			return fmt.Errorf("rank %d sent block index %d outside [0, %d) (ranks disagree on the layout or the data is corrupt)", src, j, s.C)
-		}
+	if err := v.ops.InRange(v.s, into.I(), s.C); err != nil {
+		return fmt.Errorf("rank %d sent a block index outside [0, %d) (ranks disagree on the layout or the data is corrupt): %w", src, s.C, err)
 	}
 	return nil
 }
 
 // selectBlock replaces l with the top-k of block b of the working copy and
 // zeroes the selection there (what is sent is no longer held).
-func (s *spardlReducer) selectBlock(b, k int, l *spardlList, selTime *time.Duration) {
-	blk := s.work[b*s.C : (b+1)*s.C]
-	t0 := time.Now()
-	l.idx = TopK(l.idx, blk, k)
-	*selTime += time.Since(t0)
-	l.vals = grow(l.vals, len(l.idx))
-	for i, j := range l.idx {
-		l.vals[i] = blk[j]
-		blk[j] = 0
+func (s *spardlReducer) selectBlock(b, k int, l *spardlList, selTime *time.Duration) error {
+	v := &s.b.v
+	blk := s.work.Slice(b*s.C, (b+1)*s.C)
+	if err := l.resize(v, min(k, s.C)); err != nil {
+		return err
 	}
+	t, err := s.b.timed(func() error {
+		var err error
+		l.n, err = v.ops.TopK(v.s, l.idx, l.vals, blk, k)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	*selTime += t
+	return v.ops.ScatterFill(v.s, blk, l.I(), 0)
 }
 
-// trimTopK keeps the k largest-magnitude entries of l (ties to lower index)
-// and calls drop for every removed entry.
-func (s *spardlReducer) trimTopK(l *spardlList, k int, selTime *time.Duration, drop func(j int32, v float32)) {
-	if len(l.idx) <= k {
-		return
+// trimTopK keeps the k largest-magnitude entries of l (ties to lower index);
+// with share != 0 it adds share × every removed value to endp at its index.
+func (s *spardlReducer) trimTopK(l *spardlList, k int, selTime *time.Duration, share float32) error {
+	if l.n <= k {
+		return nil
 	}
-	t0 := time.Now()
-	s.sel = TopK(s.sel, l.vals, k)
-	*selTime += time.Since(t0)
-	w, next := 0, 0
-	for i := range l.idx {
-		if next < len(s.sel) && int(s.sel[next]) == i {
-			l.idx[w], l.vals[w] = l.idx[i], l.vals[i]
-			w++
-			next++
-			continue
+	v := &s.b.v
+	sel, err := v.scratch(&s.sel, device.Int32, k)
+	if err != nil {
+		return err
+	}
+	t, err := s.b.timed(func() error {
+		var err error
+		k, err = v.ops.TopK(v.s, sel, device.Buffer{}, l.V(), k)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	*selTime += t
+	sel = sel.Slice(0, k)
+	if share != 0 {
+		// The removed values: the list's with the kept ones zeroed (adding
+		// share·0 leaves endp as it is).
+		drop, err := v.scratch(&s.drop, device.Float32, l.n)
+		if err != nil {
+			return err
 		}
-		if drop != nil {
-			drop(l.idx[i], l.vals[i])
+		if err := v.s.Copy(drop, l.V()); err != nil {
+			return err
+		}
+		if err := v.ops.ScatterFill(v.s, drop, sel, 0); err != nil {
+			return err
+		}
+		if err := v.ops.ScatterAdd(v.s, s.endp, l.I(), drop, share); err != nil {
+			return err
 		}
 	}
-	l.idx, l.vals = l.idx[:w], l.vals[:w]
+	if err := s.res.resize(v, k); err != nil {
+		return err
+	}
+	if err := v.ops.GatherIndex(v.s, s.res.I(), l.I(), sel); err != nil {
+		return err
+	}
+	if err := v.ops.Gather(v.s, s.res.V(), l.V(), sel); err != nil {
+		return err
+	}
+	return s.copyList(l, s.res)
 }
 
-// Reduce runs SparDL (see spardlReducer).
+// Reduce runs SparDL (see spardlReducer) on host memory.
 func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
 	if err := checkReduceArgs("spardl", s.N, acc, out, residual); err != nil {
+		return Stats{}, err
+	}
+	a, o, r, err := s.b.v.hostArgs("spardl", acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return s.ReduceOn(ctx, a, o, r)
+}
+
+// ReduceOn runs SparDL on vectors of the reducer's device.
+func (s *spardlReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
+	v := &s.b.v
+	if err := v.checkOn("spardl", s.N, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
 	before := s.c.Totals()
 	var selTime time.Duration
 	C, k := s.C, s.k
-	copy(s.work, acc)
-	clear(s.work[s.N:])
+	if err := v.s.Copy(s.work.Slice(0, s.N), acc); err != nil {
+		return Stats{}, err
+	}
+	if s.N < s.work.Len() {
+		if err := v.m.Fill(v.s, s.work.Slice(s.N, s.work.Len()), 0); err != nil {
+			return Stats{}, err
+		}
+	}
+	fail := func(err error) (Stats, error) { return Stats{}, fmt.Errorf("sparsify: spardl: %w", err) }
 
 	// Spar-Reduce-Scatter.
 	cur, in, final := &s.cur, &s.in, s.final
-	if len(s.srs) == 0 {
-		s.selectBlock(s.r, s.h, cur, &selTime)
-	} else {
-		s.selectBlock(s.srs[0].send, k, cur, &selTime)
+	first, firstK := s.r, s.h
+	if len(s.srs) > 0 {
+		first, firstK = s.srs[0].send, k
+	}
+	if err := s.selectBlock(first, firstK, cur, &selTime); err != nil {
+		return fail(err)
 	}
 	for i, st := range s.srs {
 		if err := s.exchange(ctx, spardlTagSRS, *cur, s.global(s.team, st.dst), s.global(s.team, st.src), k, in); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: spardl: reduce-scatter step %d: %w", i, err)
+			return fail(fmt.Errorf("reduce-scatter step %d: %w", i, err))
 		}
-		blk := s.work[st.recv*C : (st.recv+1)*C]
-		for t, j := range in.idx {
-			blk[j] += in.vals[t]
+		if err := v.ops.ScatterAdd(v.s, s.work.Slice(st.recv*C, (st.recv+1)*C), in.I(), in.V(), 1); err != nil {
+			return fail(err)
 		}
+		next, nextK := st.recv, s.h // st.recv == s.r after the last step
 		if i+1 < len(s.srs) {
-			s.selectBlock(s.srs[i+1].send, k, cur, &selTime)
-		} else {
-			s.selectBlock(st.recv, s.h, cur, &selTime) // st.recv == s.r
+			next, nextK = s.srs[i+1].send, k
+		}
+		if err := s.selectBlock(next, nextK, cur, &selTime); err != nil {
+			return fail(err)
 		}
 	}
 
@@ -356,7 +453,7 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 			err = s.bsagExchange(ctx, cur, &selTime)
 		}
 		if err != nil {
-			return Stats{}, fmt.Errorf("sparsify: spardl: spar-all-gather across %d teams: %w", s.G, err)
+			return fail(fmt.Errorf("spar-all-gather across %d teams: %w", s.G, err))
 		}
 	}
 	final[s.r] = *cur
@@ -365,41 +462,84 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 	for i, st := range s.bruck {
 		sb, rb := (s.r+st.sendBuf)%s.Q, (s.r+st.recvBuf)%s.Q
 		if err := s.exchange(ctx, spardlTagBruck, final[sb], s.global(s.team, st.dst), s.global(s.team, st.src), k, &final[rb]); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: spardl: all-gather transfer %d: %w", i, err)
+			return fail(fmt.Errorf("all-gather transfer %d: %w", i, err))
 		}
 	}
 
 	// Output and global residual collection.
-	clear(out)
-	if &residual[0] != &acc[0] {
-		copy(residual, acc)
+	if err := v.m.Fill(v.s, out, 0); err != nil {
+		return fail(err)
 	}
-	pf := float32(s.P)
+	if !sameMemory(residual, acc) {
+		if err := v.s.Copy(residual, acc); err != nil {
+			return fail(err)
+		}
+	}
 	distinct := 0
 	for j, l := range final {
 		base := j * C
-		own := j == s.r && s.endp != nil
-		for t, x := range l.idx {
-			pos := base + int(x)
-			if pos >= s.N {
-				continue
+		// The block's positions below N (past it: the padding).
+		m := l.n
+		if base+C > s.N {
+			cnt, err := v.ops.CountIn(v.s, l.I(), []int{0, max(s.N-base, 0)})
+			if err != nil {
+				return fail(err)
 			}
-			distinct++
-			out[pos] = l.vals[t] / pf
-			v := s.work[pos]
-			if own {
-				v += s.endp[x]
+			m = cnt[0]
+		}
+		if m == 0 {
+			continue
+		}
+		distinct += m
+		gi, err := v.scratch(&s.gidx, device.Int32, m)
+		if err != nil {
+			return fail(err)
+		}
+		if err := v.s.Copy(gi, l.idx.Slice(0, m)); err != nil {
+			return fail(err)
+		}
+		if err := v.ops.Shift(v.s, gi, base); err != nil {
+			return fail(err)
+		}
+		if err := v.ops.Scatter(v.s, out, gi, l.vals.Slice(0, m), 1); err != nil {
+			return fail(err)
+		}
+		held, err := v.scratch(&s.tmp, device.Float32, m)
+		if err != nil {
+			return fail(err)
+		}
+		if err := v.ops.Gather(v.s, held, s.work, gi); err != nil {
+			return fail(err)
+		}
+		if j == s.r && s.rsag && s.G > 1 {
+			share, err := v.scratch(&s.tmp2, device.Float32, m)
+			if err != nil {
+				return fail(err)
 			}
-			residual[pos] = v
+			if err := v.ops.Gather(v.s, share, s.endp, l.idx.Slice(0, m)); err != nil {
+				return fail(err)
+			}
+			if _, err := v.ops.Accumulate(v.s, held, share, 1); err != nil {
+				return fail(err)
+			}
+		}
+		if err := v.ops.Scatter(v.s, residual, gi, held, 1); err != nil {
+			return fail(err)
 		}
 	}
-	st := callStats(s.c, before, s.density, selTime)
+	if err := v.ops.Div(v.s, out, float32(s.P)); err != nil {
+		return fail(err)
+	}
+	st, err := s.b.finish(before, selTime, residual)
+	if err != nil {
+		return fail(err)
+	}
+	st.Density = s.density
 	st.ActualDensity = float64(distinct) / float64(s.N)
-	st.Selected = len(final[s.r].idx)
+	st.Selected = final[s.r].n
 	st.SelectedPerWorker = make([]int, s.P)
-	st.ErrorNorm = norm2(residual)
 	for w := range st.SelectedPerWorker {
-		st.SelectedPerWorker[w] = len(final[w%s.Q].idx)
+		st.SelectedPerWorker[w] = final[w%s.Q].n
 	}
 	return st, nil
 }
@@ -407,6 +547,7 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 // bsagExchange is B-SAG: Bruck all-gather of the h-pair final blocks of the
 // same in-team rank across teams, sum in team order, top-k, h adaptation.
 func (s *spardlReducer) bsagExchange(ctx context.Context, cur *spardlList, selTime *time.Duration) error {
+	v := &s.b.v
 	G := s.G
 	bufs := s.sagBufs // buffer b holds team (team+b) mod G
 	bufs[0] = *cur
@@ -416,29 +557,32 @@ func (s *spardlReducer) bsagExchange(ctx context.Context, cur *spardlList, selTi
 		}
 	}
 	// Coalesce in team order 0..G−1 (bit-identical on every team).
-	sum, seen := s.bsum, s.bseen
-	var u []int32
-	for t := 0; t < G; t++ {
+	lists := make([][2]device.Buffer, G)
+	total := 0
+	for t := range G {
 		b := bufs[(t-s.team+G)%G]
-		for i, j := range b.idx {
-			if !seen[j] {
-				seen[j] = true
-				u = append(u, j)
-			}
-			sum[j] += b.vals[i]
-		}
+		lists[t] = [2]device.Buffer{b.I(), b.V()}
+		total += b.n
 	}
-	slices.Sort(u)
-	U := len(u)
-	res := spardlList{idx: u, vals: make([]float32, U)}
-	for i, j := range u {
-		res.vals[i] = sum[j]
-		sum[j], seen[j] = 0, false
+	if err := s.res.resize(v, total); err != nil {
+		return err
 	}
+	U, err := v.mergeOn(&s.dn, s.C, lists, s.res.idx, s.res.vals)
+	if err != nil {
+		return err
+	}
+	s.res.n = U
 	// Values dropped here only land outside the final selection, where the
 	// residual is restored to acc: no end-procedure bookkeeping is needed.
-	s.trimTopK(&res, s.k, selTime, nil)
-	*cur = res
+	if err := s.copyList(&s.in, s.res); err != nil {
+		return err
+	}
+	if err := s.trimTopK(&s.in, s.k, selTime, 0); err != nil {
+		return err
+	}
+	if err := s.copyList(cur, s.in); err != nil {
+		return err
+	}
 
 	// Adapt h for the next call (the reference's rule).
 	if (U > s.k) != (s.hStep > 0) {
@@ -465,26 +609,31 @@ func (s *spardlReducer) bsagExchange(ctx context.Context, cur *spardlList, selTi
 // k after each sparse sum; each worker keeps 1/2^(s+1) of the values dropped
 // in round s.
 func (s *spardlReducer) rsagExchange(ctx context.Context, cur *spardlList, selTime *time.Duration) error {
-	clear(s.endp)
-	var got spardlList
+	v := &s.b.v
+	if err := v.m.Fill(v.s, s.endp, 0); err != nil {
+		return err
+	}
 	for round, gap := 0, 1; gap < s.G; round, gap = round+1, gap*2 {
 		peer := s.global(s.team^gap, s.r)
-		if err := s.exchange(ctx, spardlTagSAG, *cur, peer, peer, s.k, &got); err != nil {
+		if err := s.exchange(ctx, spardlTagSAG, *cur, peer, peer, s.k, &s.in); err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
-		merged := spardlMerge(*cur, got)
-		share := 1 / float32(2*gap)
-		s.trimTopK(&merged, s.k, selTime, func(j int32, v float32) { s.endp[j] += v * share })
-		*cur = merged
+		// The sparse sum of own and received (commutative, so both
+		// partners compute the same), re-sparsified.
+		if err := s.res.resize(v, cur.n+s.in.n); err != nil {
+			return err
+		}
+		m, err := v.mergeOn(&s.dn, s.C, [][2]device.Buffer{{cur.I(), cur.V()}, {s.in.I(), s.in.V()}}, s.res.idx, s.res.vals)
+		if err != nil {
+			return err
+		}
+		s.res.n = m
+		if err := s.copyList(cur, s.res); err != nil {
+			return err
+		}
+		if err := s.trimTopK(cur, s.k, selTime, 1/float32(2*gap)); err != nil {
+			return err
+		}
 	}
 	return nil
-}
-
-// spardlMerge is the sparse sum of two lists with ascending indices. Float32
-// addition is commutative, so both partners of an exchange compute the same
-// result.
-func spardlMerge(a, b spardlList) spardlList {
-	n := len(a.idx) + len(b.idx)
-	idx, vals := mergeSum(make([]int32, 0, n), make([]float32, 0, n), a.idx, a.vals, b.idx, b.vals)
-	return spardlList{idx: idx, vals: vals}
 }

@@ -18,10 +18,10 @@
 // of its own; under mpirun a process uses the GPU of its local rank. The
 // parameters, the gradient, the optimizer state and gradient clipping stay
 // on the device, and so do error feedback (the residual is a device
-// vector) and every reducer that reduces device memory
-// (sparsify.DeviceReducer, with the GPU's kernels, cuda.Device.Sparse):
-// all but spardl, whose reduction copies the error-compensated gradient to
-// host memory and back. With LAGS pipelining each merge group's error
+// vector) and the reducers (sparsify.DeviceReducer, with the GPU's
+// kernels, cuda.Device.Sparse; a registered method that reduces host
+// memory only gets the error-compensated gradient copied to the host and
+// back). With LAGS pipelining each merge group's error
 // feedback and reduction run on a communication stream of the worker as
 // soon as the group's gradients are final, beside the backward pass.
 //

@@ -78,8 +78,9 @@ type RunInfo struct {
 	// "cuda:0 (NVIDIA H100 80GB HBM3, …)").
 	Device string `json:"device"`
 	// ReduceIn is where the sparsifier selects and reduces: "device" (the
-	// memory of Device, GPU kernels on a GPU) or "host" (spardl on a GPU:
-	// the error-compensated gradient is copied to host memory and back).
+	// memory of Device, GPU kernels on a GPU; every built-in method) or
+	// "host" (a method that reduces host memory only, on a GPU: the
+	// error-compensated gradient is copied to host memory and back).
 	ReduceIn string `json:"reduce_in"`
 	// Comm is the backend that moved the sparsifier's messages: "local",
 	// "mpi" or "given" (on a GPU: device buffers staged through host

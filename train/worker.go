@@ -38,8 +38,9 @@ type worker struct {
 	ops    *opDeltas
 	opt    Optimizer
 	// dred is red when it reduces in the memory of the worker's device
-	// (every method but spardl, which reduces host memory: on a GPU the
-	// error-compensated gradient is copied to the host and back for it).
+	// (every built-in method; for a registered method that reduces host
+	// memory only, the error-compensated gradient is copied to the host
+	// and back on a GPU).
 	dred sparsify.DeviceReducer
 	// vops are the vector operations of the worker's device (error
 	// feedback's accumulation).
@@ -507,7 +508,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 
 // reduce reduces the error-compensated gradient (the residual) into the
 // gradient and the new residual: in the device's memory, or for a reducer
-// of host memory (spardl) through host copies of both.
+// of host memory only through host copies of both.
 func (w *worker) reduce(ctx context.Context) (sparsify.Stats, error) {
 	if w.dred != nil {
 		return w.dred.ReduceOn(ctx, w.resid, w.grad, w.resid)
