@@ -61,7 +61,7 @@ var Presets = map[string]Preset{
 			Workers: []int{2, 4, 8, 16}, Densities: []float64{0.01},
 			Networks:      []netmodel.Network{{Latency: 50 * time.Microsecond, Bandwidth: 1e9 / 8}},
 			MethodOptions: sparsify.Values{"dense_warmup": 0}},
-		FullSize: "train sweep -preset spardl-scaling -model resnet18 -dataset cifar10 -workers 4,8,16,32 -density 0.01 -net-bandwidth 10 -net-latency 50us -dense-warmup 512 -steps 2000 -device cuda -out sweeps/spardl-scaling-resnet18",
+		FullSize: "train sweep -preset spardl-scaling -model resnet18 -dataset cifar10 -workers 4,8,16,32 -density 0.01 -net-bandwidth 10 -net-latency 50us -dense-warmup 512 -steps 2000 -eval-every 0 -device cuda -out sweeps/spardl-scaling-resnet18",
 		Minutes:  2.5,
 	},
 	"micro-threshold": {

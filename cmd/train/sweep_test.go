@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -184,5 +185,44 @@ func TestAdviseCommand(t *testing.T) {
 	}
 	if !strings.Contains(err2.String(), "using the measurements in "+meas) || out2.String() != txt {
 		t.Errorf("second call measured again or printed other tables:\n%s", err2.String())
+	}
+}
+
+// TestPresetFullSizeCommands runs each preset's documented full-size
+// command (train sweep -preset list, docs/results) with -dry-run: it must
+// parse and expand to runs of the model, device and density it names
+// (over the preset's NCF values).
+func TestPresetFullSizeCommands(t *testing.T) {
+	for _, name := range sweep.PresetNames() {
+		p := sweep.Presets[name]
+		args := strings.Fields(p.FullSize)
+		if args[0] != "train" || args[1] != "sweep" {
+			t.Fatalf("%s: full-size command %q does not start with train sweep", name, p.FullSize)
+		}
+		for i, a := range args {
+			if a == "-out" {
+				args[i+1] = filepath.Join(t.TempDir(), "sw")
+			}
+		}
+		var out bytes.Buffer
+		if err := run(context.Background(), append(args[1:], "-dry-run"), &out, &out); err != nil {
+			t.Fatalf("%s: %v\n%s", name, err, out.String())
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		model := args[slices.Index(args, "-model")+1]
+		for _, l := range lines {
+			if strings.HasPrefix(l, "#") {
+				continue
+			}
+			if !strings.Contains(l, " -model "+model+" ") || !strings.Contains(l, " -device cuda ") {
+				t.Errorf("%s: run %q is not the full-size one", name, l)
+			}
+			if d := args[slices.Index(args, "-density")+1]; !strings.Contains(l, "-sparsifier dense ") && !strings.Contains(l, " -density "+d+" ") {
+				t.Errorf("%s: run %q lacks -density %s", name, l, d)
+			}
+		}
+		if len(lines) < 4 {
+			t.Errorf("%s: %d runs:\n%s", name, len(lines), out.String())
+		}
 	}
 }
