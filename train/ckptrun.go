@@ -214,16 +214,14 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		}
 		return collective(&ckptError{step: p.step, prev: w.res.last, msg: msg, err: werr})
 	}
-	var differ []string
-	for r := 1; r < w.size; r++ {
-		if all[4*r+3] != all[3] {
-			differ = append(differ, fmt.Sprint(r))
-		}
+	hashes := make([]int64, w.size)
+	for r := range w.size {
+		hashes[r] = all[4*r+3]
 	}
-	if len(differ) > 0 {
+	if err := diverged(hashes, p.step); err != nil {
 		os.Remove(part)
 		os.Remove(dir)
-		return collective(divergedError(differ, p.step))
+		return collective(err)
 	}
 	// Every part is written: rank 0 completes the checkpoint.
 	var serr error
@@ -377,7 +375,7 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 					parts = append(parts, fmt.Sprintf("rank %d: %s", r, msgs[r]))
 				}
 			}
-			return position{}, collective(fmt.Errorf("%w: the checkpoint %s cannot be resumed: %s", ErrConfig, dir, strings.Join(parts, "; ")))
+			return position{}, collective(fmt.Errorf("%w: the checkpoint %s cannot be resumed: %s; %s", ErrConfig, dir, strings.Join(parts, "; "), fallBack(w.cfg.Out, dir)))
 		}
 	}
 	// Every part checks out: load the shared state.
@@ -451,7 +449,7 @@ func (w *worker) findCheckpoint() ([]byte, error) {
 	}
 	ck, err := parseShared(raw, p)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v; move that checkpoint folder away to resume from the one before it", ErrConfig, err)
+		return nil, fmt.Errorf("%w: %v; %s", ErrConfig, err, fallBack(w.cfg.Resume, dir))
 	}
 	if len(ck.Params) != len(w.hparams) {
 		return nil, fmt.Errorf("%w: checkpoint %s holds %d parameters, the model has %d (another model or preset)", ErrConfig, dir, len(ck.Params), len(w.hparams))
@@ -464,6 +462,25 @@ func (w *worker) findCheckpoint() ([]byte, error) {
 		return nil, fmt.Errorf("%w: checkpoint %s is of another configuration:\n  %s", ErrConfig, dir, strings.Join(diffs, "\n  "))
 	}
 	return raw, nil
+}
+
+// fallBack says how to resume runDir when its checkpoint in folder bad,
+// the newest complete one, cannot be used: from the complete one before it,
+// if there is one (on this machine).
+func fallBack(runDir, bad string) string {
+	steps, _ := checkpointSteps(runDir)
+	seen := false
+	for _, s := range steps { // newest first
+		d := stepDir(runDir, s)
+		if !seen {
+			seen = d == bad
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(d, ckptSharedName)); err == nil {
+			return fmt.Sprintf("move %s away to resume from the one before it, %s (step %d)", bad, d, s)
+		}
+	}
+	return "there is no earlier complete checkpoint: start the run again with another -out"
 }
 
 // loadShard reads, checks and loads this rank's part of checkpoint ck in

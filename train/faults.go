@@ -55,9 +55,19 @@ func (s *runStatus) checkpoint() (string, int) {
 func (r *runner) lastCheckpoint(how string) string {
 	dir, step := r.status.checkpoint()
 	if dir == "" {
-		return "no checkpoint was written yet: run the same command again to start over"
+		return r.noCheckpoint("")
 	}
 	return fmt.Sprintf("the last checkpoint is %s (step %d); %s: %s", dir, step, how, r.resumeCommand())
+}
+
+// noCheckpoint is the advice for a run that stopped before its first
+// checkpoint, fix (when not "") first: the same command is refused (its
+// -out holds this run), and -resume has nothing to continue from.
+func (r *runner) noCheckpoint(fix string) string {
+	if fix != "" {
+		fix += ", then "
+	}
+	return fmt.Sprintf("no checkpoint was written yet: %sstart the run again with another -out (or delete %s first)", fix, r.cfg.Out)
 }
 
 // resumeCommand is the command that continues the run.
@@ -122,10 +132,16 @@ func (w *worker) failed(err error, step int) error {
 		}
 	}
 	how := "resume with"
+	last := ""
 	if errors.Is(err, errNonFinite) {
 		how = "lower -lr or clip gradients (-clip), then resume with"
+		if dir, _ := w.r.status.checkpoint(); dir == "" {
+			last = w.r.noCheckpoint("lower -lr or clip gradients (-clip)")
+		}
 	}
-	last := w.r.lastCheckpoint(how)
+	if last == "" {
+		last = w.r.lastCheckpoint(how)
+	}
 	var se *stepError
 	var ce *ckptError
 	var what string
@@ -179,24 +195,45 @@ func (w *worker) checkParams(ctx context.Context, step int) error {
 	if err := w.c.AllGather(ctx, comm.Int64s{int64(h)}, all); err != nil {
 		return fmt.Errorf("comparing the workers' parameters: %w", err)
 	}
-	var differ []string
-	for r := 1; r < w.size; r++ {
-		if all[r] != all[0] {
+	return collective(diverged(all, step))
+}
+
+// diverged returns, when the ranks' parameter hashes are not all equal,
+// the error that names the ranks whose parameters differ from the most
+// common ones (from rank 0's on a tie), and nil otherwise.
+func diverged(hashes []int64, step int) error {
+	count := map[int64]int{}
+	for _, h := range hashes {
+		count[h]++
+	}
+	if len(count) <= 1 {
+		return nil
+	}
+	ref := hashes[0]
+	for _, h := range hashes { // in rank order: the lowest rank wins a tie
+		if count[h] > count[ref] {
+			ref = h
+		}
+	}
+	var differ, agree []string
+	for r, h := range hashes {
+		if h == ref {
+			agree = append(agree, fmt.Sprint(r))
+		} else {
 			differ = append(differ, fmt.Sprint(r))
 		}
 	}
-	if len(differ) > 0 {
-		return collective(divergedError(differ, step))
+	ranks := func(l []string) string {
+		if len(l) == 1 {
+			return "rank " + l[0]
+		}
+		return "ranks " + strings.Join(l, ", ")
 	}
-	return nil
-}
-
-func divergedError(differ []string, step int) error {
-	ranks := "rank " + differ[0] + " differs"
+	verb := "differs"
 	if len(differ) > 1 {
-		ranks = "ranks " + strings.Join(differ, ", ") + " differ"
+		verb = "differ"
 	}
-	return fmt.Errorf("%w after step %d: %s from rank 0 (a nondeterministic reduction, a bug or a hardware fault)", ErrDiverged, step, ranks)
+	return fmt.Errorf("%w after step %d: %s %s from %s (a nondeterministic reduction, a bug or a hardware fault)", ErrDiverged, step, ranks(differ), verb, ranks(agree))
 }
 
 // stopRequested reports whether a stop was asked for (Options.Stop or a

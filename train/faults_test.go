@@ -87,6 +87,30 @@ func TestNonFiniteStopsNamingTheTensor(t *testing.T) {
 	}
 }
 
+// TestNonFiniteBeforeAnyCheckpoint: a NaN before the first checkpoint
+// says so and gives advice that works: the same command is refused (its
+// -out holds the failed run), so the message says to change the learning
+// rate and start again with another -out or after deleting the folder;
+// doing the latter trains.
+func TestNonFiniteBeforeAnyCheckpoint(t *testing.T) {
+	c := ncfConfig(t, 2, 4)
+	c.Sparsifier, c.Density = "topk", Set(0.1)
+	err := Run(context.Background(), c, poisonSecond("gradient", 2, "mlp.1.weight"))
+	want := `step 2 \(epoch 1\) failed on rank \d: not finite: the gradient is NaN in tensor mlp\.1\.weight \(element 3 of it\); no checkpoint was written yet: lower -lr or clip gradients \(-clip\), then start the run again with another -out \(or delete ` + regexp.QuoteMeta(c.Out) + ` first\)$`
+	if err == nil || !regexp.MustCompile(want).MatchString(err.Error()) {
+		t.Fatalf("err %v\nwant %s", err, want)
+	}
+	if err := Run(context.Background(), c, Options{}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("the same command again: %v, want it refused (so the message must not offer it)", err)
+	}
+	if err := os.RemoveAll(c.Out); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatalf("after deleting the folder, as the message says: %v", err)
+	}
+}
+
 // TestCheckEveryNamesTheDivergedRank: parameters that differ between ranks
 // stop the run at the next -check-every step, naming the rank; without
 // -check-every the next checkpoint catches them and is not written.
@@ -94,7 +118,7 @@ func TestCheckEveryNamesTheDivergedRank(t *testing.T) {
 	c := ncfConfig(t, 3, 12)
 	c.CheckEvery = 3
 	err := Run(context.Background(), c, poisonSecond("param", 4, ""))
-	if !errors.Is(err, ErrDiverged) || !regexp.MustCompile(`parameters differ after step 6: rank \d differs from rank 0`).MatchString(err.Error()) {
+	if !errors.Is(err, ErrDiverged) || !regexp.MustCompile(`parameters differ after step 6: rank (\d) differs from ranks (\d), (\d) `).MatchString(err.Error()) {
 		t.Fatalf("err %v", err)
 	}
 	c = ncfConfig(t, 3, 12)
@@ -105,6 +129,38 @@ func TestCheckEveryNamesTheDivergedRank(t *testing.T) {
 	}
 	if got, _ := LatestCheckpoint(c.Out); filepath.Base(got) != "step-000000005" {
 		t.Fatalf("newest checkpoint %s: a checkpoint of diverged parameters was written", got)
+	}
+}
+
+// TestDivergedNamesTheOddRanks: the ranks named are those whose
+// parameters differ from the most common ones (rank 0's group on a tie),
+// so that one bad rank 0 is named as such rather than every other rank.
+func TestDivergedNamesTheOddRanks(t *testing.T) {
+	for _, tc := range []struct {
+		hashes []int64
+		want   string // "" when none differ
+	}{
+		{[]int64{7}, ""},
+		{[]int64{7, 7, 7}, ""},
+		{[]int64{7, 8}, "rank 1 differs from rank 0"},
+		{[]int64{7, 8, 8}, "rank 0 differs from ranks 1, 2"},
+		{[]int64{7, 7, 8}, "rank 2 differs from ranks 0, 1"},
+		{[]int64{7, 8, 9}, "ranks 1, 2 differ from rank 0"},
+		{[]int64{7, 7, 8, 8, 9}, "ranks 2, 3, 4 differ from ranks 0, 1"},
+		{[]int64{5, 5, 5, 9, 5}, "rank 3 differs from ranks 0, 1, 2, 4"},
+		{[]int64{9, 5, 5, 5, 5}, "rank 0 differs from ranks 1, 2, 3, 4"},
+	} {
+		err := diverged(tc.hashes, 6)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%v: %v, want none", tc.hashes, err)
+			}
+			continue
+		}
+		want := "the workers' parameters differ after step 6: " + tc.want + " (a nondeterministic reduction, a bug or a hardware fault)"
+		if err == nil || !errors.Is(err, ErrDiverged) || err.Error() != want {
+			t.Errorf("%v: %v\nwant %s", tc.hashes, err, want)
+		}
 	}
 }
 
@@ -231,8 +287,35 @@ func TestBadCheckpointsAreRefused(t *testing.T) {
 			if after, _ := os.ReadFile(filepath.Join(d, "metrics.jsonl")); !bytes.Equal(before, after) {
 				t.Fatal("a refused resume changed metrics.jsonl")
 			}
+			// The message says which checkpoint to move away and which one
+			// the resume then takes; doing so resumes from it.
+			hint := "move " + stepDir(d, 6) + " away to resume from the one before it, " + stepDir(d, 4) + " (step 4)"
+			if !strings.Contains(err.Error(), hint) {
+				t.Fatalf("err %v\nlacks %q", err, hint)
+			}
+			if err := os.Rename(stepDir(d, 6), filepath.Join(t.TempDir(), "damaged")); err != nil {
+				t.Fatal(err)
+			}
+			var out bytes.Buffer
+			o := Options{Stdout: &out, Progress: &out, Given: map[string]bool{"resume": true, "steps": true, "quiet": true}}
+			if err := Run(context.Background(), Config{Resume: d, Steps: 8, Quiet: false}, o); err != nil {
+				t.Fatalf("resume after moving the damaged checkpoint away: %v", err)
+			}
+			if !strings.Contains(out.String(), "resuming from "+stepDir(d, 4)+" (step 4, epoch 1)") {
+				t.Fatalf("output:\n%s", out.String())
+			}
 		})
 	}
+	t.Run("no earlier checkpoint", func(t *testing.T) {
+		d := copyRun()
+		os.RemoveAll(stepDir(d, 4))
+		flip(filepath.Join(stepDir(d, 6), ckptSharedName), -5)
+		err := resume(d, Options{})
+		want := "checksum mismatch (the file is corrupted or truncated); there is no earlier complete checkpoint: start the run again with another -out"
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("err %v\nwant %q", err, want)
+		}
+	})
 	t.Run("no checkpoint", func(t *testing.T) {
 		d := copyRun()
 		os.RemoveAll(filepath.Join(d, "checkpoints"))

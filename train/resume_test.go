@@ -177,7 +177,8 @@ func straightAndSplit(t *testing.T, c Config, k int) (endState, endState) {
 // optimizer state, every rank's residual, batch-norm statistics, reducer
 // and model state, and every metric but the times. The split falls inside
 // an epoch, after the methods' warm-ups have started, and the resumed run
-// is given only -resume (its configuration comes from run.json).
+// is given only -resume (its configuration comes from run.json). The full
+// suite also resumes MiCRO and Ok-Topk with 1 and 5 workers.
 func TestResumeIsExact(t *testing.T) {
 	names := sparsify.Names()
 	if testing.Short() {
@@ -191,6 +192,22 @@ func TestResumeIsExact(t *testing.T) {
 				t.Fatalf("resumed run differs from the straight one: %s", msg)
 			}
 		})
+	}
+	// Other worker counts: one (no peers), and five (uneven shares).
+	if testing.Short() {
+		return
+	}
+	for _, n := range []int{1, 5} {
+		for _, name := range []string{"micro", "oktopk"} {
+			t.Run(fmt.Sprintf("%s/workers=%d", name, n), func(t *testing.T) {
+				c := resumeConfigFor(t, name, 9)
+				c.Workers = Set(n)
+				straight, split := straightAndSplit(t, c, 4)
+				if msg := sameEnd(straight, split); msg != "" {
+					t.Fatalf("resumed run differs from the straight one: %s", msg)
+				}
+			})
+		}
 	}
 }
 
@@ -240,6 +257,8 @@ type failingModel struct {
 	models.Model
 	failAt, steps int
 	panics        bool
+	// at is set to when the step failed.
+	at *atomic.Pointer[time.Time]
 }
 
 func (m *failingModel) SaveState() ([]byte, error) { return m.Model.(models.Stateful).SaveState() }
@@ -248,6 +267,10 @@ func (m *failingModel) LoadState(b []byte) error   { return m.Model.(models.Stat
 func (m *failingModel) TrainStep(ctx context.Context, b models.Batch, p, g device.Buffer) (models.StepResult, error) {
 	m.steps++
 	if m.steps == m.failAt {
+		if m.at != nil {
+			now := time.Now()
+			m.at.Store(&now)
+		}
 		if m.panics {
 			panic("worker died")
 		}
@@ -277,18 +300,22 @@ func TestDeadWorkerThenResume(t *testing.T) {
 			s := c
 			s.Out = t.TempDir()
 			var rank atomic.Int32
-			start := time.Now()
+			var failedAt atomic.Pointer[time.Time]
 			err := Run(ctx, s, Options{wrapModel: func(m models.Model) models.Model {
 				if rank.Add(1) == 2 { // the second worker built
-					return &failingModel{Model: m, failAt: 8, panics: panics}
+					return &failingModel{Model: m, failAt: 8, panics: panics, at: &failedAt}
 				}
 				return m
 			}})
 			if err == nil {
 				t.Fatal("the job went on without a worker")
 			}
-			if d := time.Since(start); d > 10*time.Second {
-				t.Fatalf("the job took %v to end", d)
+			if at := failedAt.Load(); at == nil {
+				t.Fatal("the worker did not fail")
+			} else if d := time.Since(*at); d > 10*time.Second {
+				t.Fatalf("the job took %v to end after the worker failed", d)
+			} else {
+				t.Logf("the job ended %v after the worker failed", d)
 			}
 			msg := err.Error()
 			t.Log(msg)
