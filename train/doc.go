@@ -74,7 +74,11 @@
 // from the newest complete one: on the CPU, a run stopped after step k and
 // resumed ends bit for bit where the uninterrupted run ends (parameters,
 // every rank's state, every metric but the times), for every sparsifier,
-// in one process and under mpirun (docs/results/resume-equivalence.md).
+// in one process and under mpirun (docs/results/resume-equivalence.md). On
+// a GPU the residual is read from device memory for the checkpoint and
+// written back on resume. A damaged or foreign checkpoint is refused naming
+// the earlier one to resume from once it is moved away; one of another
+// configuration, naming each difference.
 // metrics.jsonl loses the records written after the checkpoint (a run
 // that died wrote them; the resumed run writes them again), and the wall
 // time goes on from the checkpoint's, so the record is one run.
@@ -84,8 +88,9 @@
 // at with one small all-reduce per step, which also carries -max-time. A
 // failing or panicking worker ends the job; a NaN or infinite loss or
 // gradient stops it naming the tensor; parameters that differ between the
-// ranks stop it at the next Config.CheckEvery step or checkpoint (no
-// checkpoint of such a state is written). Every error that ends a started
+// ranks stop it at the next Config.CheckEvery step or checkpoint, naming
+// the ranks that differ from the most common parameters (no checkpoint of
+// such a state is written). Every error that ends a started
 // job names the step, the rank where it matters, the last checkpoint and
 // the command that resumes.
 //

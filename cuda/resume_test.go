@@ -1,0 +1,162 @@
+package cuda_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/realdata"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
+)
+
+// TestResumeOnGPU: with -device cuda, where the error-feedback residual
+// lives in GPU memory, the checkpoint of a run stopped after step 2 holds
+// the residual the GPU had (the CPU run's, to rounding), and the resumed
+// run ends where the uninterrupted run ends, to rounding (parameters and
+// every rank's residual): the residual, the reducers' and the models'
+// state go through the checkpoint as on the CPU.
+func TestResumeOnGPU(t *testing.T) {
+	gpu(t)
+	dir := os.Getenv("TRAIN_DATA_DIR") // the GPU machine's copy (scripts/gpu-verify.sh)
+	if dir == "" {
+		dir = filepath.Join("..", "..", "shared", "data")
+	}
+	dir = realdata.Dir(t, dir, "ml-100k/u.data")
+	// micro: a threshold carried between steps; lags: pipelined groups
+	// reduced on the communication stream.
+	methods := []string{"micro", "lags"}
+	if testing.Short() {
+		methods = []string{"micro"}
+	}
+	for _, sp := range methods {
+		t.Run(sp, func(t *testing.T) {
+			c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Workers: train.Set(2), Steps: 4, Sparsifier: sp,
+				Density: train.Set(0.05), Device: "cuda", Pipeline: "auto", Quiet: true, BLAS: "gonum", MaxEvalBatches: 1,
+				MethodOptions: sparsify.Values{}}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+			defer cancel()
+			straight := c
+			straight.Out = t.TempDir()
+			if err := train.Run(ctx, straight, train.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			split := c
+			split.Out = t.TempDir()
+			stop := make(chan struct{})
+			var once atomic.Bool
+			err := train.Run(ctx, split, train.Options{Stop: stop, LossSink: func(step int, _ float64) {
+				if step >= 2 && once.CompareAndSwap(false, true) {
+					close(stop)
+				}
+			}})
+			if !errors.Is(err, train.ErrInterrupted) {
+				t.Fatalf("stopped run: %v, want an interruption", err)
+			}
+			// The checkpoint holds the residual the GPU had: the CPU's after
+			// the same steps, to float32 rounding (a stale host copy would
+			// be zeros or an older step's).
+			cpu := c
+			cpu.Device, cpu.Steps, cpu.Out = "cpu", 2, t.TempDir()
+			if err := train.Run(ctx, cpu, train.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			gd, err := train.LatestCheckpoint(split.Out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cd, err := train.LatestCheckpoint(cpu.Out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for r := range 2 {
+				g, err := train.ReadShard(gd, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := train.ReadShard(cd, r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := relDiff(g.Residual, want.Residual); g.Step != 2 || d > 1e-3 {
+					t.Fatalf("rank %d's checkpoint at step %d: residual off the CPU's by %.3g (relative): not the GPU's", r, g.Step, d)
+				}
+			}
+			if err := train.Run(ctx, train.Config{Resume: split.Out}, train.Options{}); err != nil {
+				t.Fatalf("resumed run: %v", err)
+			}
+			// The end: the GPU path is not bit-reproducible (two straight
+			// runs on the emulator differ in a few dozen residual values),
+			// so the resumed run must end as close to the straight one as
+			// float32 rounding allows; a residual, reducer or model state
+			// lost at the resume is orders of magnitude further.
+			a, b := readEnd(t, straight.Out), readEnd(t, split.Out)
+			if a.step != 4 || b.step != 4 {
+				t.Fatalf("last checkpoints at steps %d and %d, want 4", a.step, b.step)
+			}
+			if d := relDiff(a.params, b.params); d > 1e-5 {
+				t.Fatalf("parameters off the uninterrupted run's by %.3g (relative)", d)
+			}
+			for r := range a.residuals {
+				if d := relDiff(a.residuals[r], b.residuals[r]); d > 1e-3 {
+					t.Fatalf("rank %d's residual off the uninterrupted run's by %.3g (relative)", r, d)
+				}
+			}
+		})
+	}
+}
+
+// ckptEnd is a run's newest checkpoint: its parameters and every rank's
+// residual.
+type ckptEnd struct {
+	step      int
+	params    []float32
+	residuals [][]float32
+}
+
+func readEnd(t *testing.T, run string) ckptEnd {
+	t.Helper()
+	d, err := train.LatestCheckpoint(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := train.ReadCheckpoint(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := ckptEnd{step: ck.Step, params: ck.Params}
+	for r := range ck.Workers {
+		sh, err := train.ReadShard(d, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.residuals = append(e.residuals, sh.Residual)
+	}
+	return e
+}
+
+// relDiff is ‖a − b‖ / ‖b‖ (+Inf for vectors of other lengths, or b zero
+// and a not).
+func relDiff(a, b []float32) float64 {
+	if len(a) != len(b) {
+		return math.Inf(1)
+	}
+	var d2, n2 float64
+	for i := range b {
+		d := float64(a[i]) - float64(b[i])
+		d2 += d * d
+		n2 += float64(b[i]) * float64(b[i])
+	}
+	if n2 == 0 {
+		if d2 == 0 {
+			return 0
+		}
+		return math.Inf(1)
+	}
+	return math.Sqrt(d2 / n2)
+}
