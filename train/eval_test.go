@@ -159,11 +159,15 @@ func runDir(t *testing.T, c Config) string {
 }
 
 // cancellingModel cancels the run when its evaluation starts and then
-// behaves as an evaluation interrupted by Ctrl-C.
+// behaves as an evaluation interrupted by Ctrl-C. Its state is the wrapped
+// model's (NCF's dropout masks), so that its checkpoints resume.
 type cancellingModel struct {
 	models.Model
 	cancel context.CancelFunc
 }
+
+func (m *cancellingModel) SaveState() ([]byte, error) { return m.Model.(models.Stateful).SaveState() }
+func (m *cancellingModel) LoadState(b []byte) error   { return m.Model.(models.Stateful).LoadState(b) }
 
 func (m *cancellingModel) Evaluate(ctx context.Context, b models.Batch, params device.Buffer) (models.EvalResult, error) {
 	m.cancel()
@@ -173,7 +177,8 @@ func (m *cancellingModel) Evaluate(ctx context.Context, b models.Batch, params d
 
 // TestInterruptedEvaluationKeepsTheSteps: an interruption during the
 // evaluation that follows the last step (here: of -steps 3) leaves the
-// checkpoint of those steps and writes the report of the run so far.
+// checkpoint of those steps and writes the report of the run so far; a
+// resume then makes that evaluation.
 func TestInterruptedEvaluationKeepsTheSteps(t *testing.T) {
 	c := ncfConfig(t, 2, 3)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -195,6 +200,22 @@ func TestInterruptedEvaluationKeepsTheSteps(t *testing.T) {
 	}
 	if reports == 0 {
 		t.Error("no report written after the interrupted evaluation")
+	}
+	if evs := evalRecords(t, c.Out); len(evs) != 0 {
+		t.Fatalf("evaluations recorded before the resume: %+v", evs)
+	}
+	// -resume redoes the evaluation the interruption cut short.
+	if err := Run(context.Background(), Config{Resume: c.Out}, Options{}); err != nil {
+		t.Fatalf("resuming: %v", err)
+	}
+	evs := evalRecords(t, c.Out)
+	if len(evs) != 2 { // HR@10 and NDCG@10
+		t.Fatalf("evaluations after the resume: %+v, want one (two metrics) at step 3", evs)
+	}
+	for _, e := range evs {
+		if e.Step != 3 {
+			t.Fatalf("evaluations after the resume: %+v, want one at step 3", evs)
+		}
 	}
 }
 

@@ -694,7 +694,10 @@ func (w *worker) loop(ctx context.Context) error {
 					prog.endEpoch()
 				}
 				// The checkpoint first: an interrupted evaluation must
-				// not lose the steps done.
+				// not lose the steps done, and a resume then redoes it.
+				if lastEval != step {
+					here.evalDue, here.evalEpoch = true, epoch
+				}
 				if err := save(here, false); err != nil {
 					return w.failed(err, step)
 				}
