@@ -43,12 +43,24 @@ func main() {
 	}
 	if err != nil {
 		msg := err.Error()
-		if !strings.HasPrefix(msg, "train:") && !strings.HasPrefix(msg, "train report:") {
+		if !strings.HasPrefix(msg, "train:") && !hasSubcommandPrefix(msg) {
 			msg = "train: " + msg
 		}
 		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(2)
 	}
+}
+
+// hasSubcommandPrefix reports whether msg starts with a subcommand's own
+// prefix ("train report: ", "train sweep: ", "train advise: "), which then
+// is the one prefix.
+func hasSubcommandPrefix(msg string) bool {
+	for _, sub := range []string{"report", "sweep", "advise"} {
+		if strings.HasPrefix(msg, "train "+sub+":") {
+			return true
+		}
+	}
+	return false
 }
 
 // parseFlags parses args with fs. -help (or -h) prints the usage to

@@ -106,6 +106,8 @@ func TestMistakesAreOneLine(t *testing.T) {
 		{[]string{"-workers", "0", "-out", "x"}, []string{"-workers 0", ">= 1"}},
 		{[]string{"report", "-x", "runs/a"}, []string{"-x", "train report -help"}},
 		{[]string{"report", "runs/a", "runs/b"}, []string{"train report: runs/a: no such folder", "train -out"}},
+		{[]string{"advise", "-model", "ncf"}, []string{"train advise: give -workers P"}},
+		{[]string{"sweep", "-preset", "nope", "-out", "x"}, []string{`unknown preset "nope"`}},
 	} {
 		dir := t.TempDir()
 		r := trainCmd(t, dir, tc.args...)
@@ -119,7 +121,7 @@ func TestMistakesAreOneLine(t *testing.T) {
 				t.Errorf("train %v: %q lacks %q", tc.args, ls[0], w)
 			}
 		}
-		if strings.Count(ls[0], "train: ")+strings.Count(ls[0], "train report: ") != 1 {
+		if n := strings.Count(ls[0], "train: ") + strings.Count(ls[0], "train report: ") + strings.Count(ls[0], "train advise: ") + strings.Count(ls[0], "train sweep: "); n != 1 {
 			t.Errorf("train %v: %q does not carry exactly one prefix", tc.args, ls[0])
 		}
 		for _, bad := range []string{"data.Download", "ctx", "Config.Defaults", "unset", "stat "} {
