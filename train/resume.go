@@ -30,12 +30,15 @@ type ResumeRecord struct {
 
 // resumeMayChange are the configuration keys (run.json's) a resumed run may
 // set to other values than the run had: how long it runs, where its data
-// lives, how it reports and checkpoints, and what executes it. Every other
-// key decides the training itself and must match.
+// lives, how it reports and checkpoints, and what executes it; and the
+// learning rate and gradient clipping, which a run that diverged (a NaN
+// stops it) continues with from its last good checkpoint. Every other key
+// decides the training itself and must match.
 var resumeMayChange = map[string]bool{
 	"steps": true, "epochs": true, "max_time": true, "quiet": true, "data_dir": true, "download": true,
 	"checkpoint_every": true, "check_every": true, "blas": true, "blas_threads": true, "eval_every": true,
-	"log_every": true, "max_eval_batches": true, "device": true, "tf32": true,
+	"log_every": true, "max_eval_batches": true, "device": true, "tf32": true, "comm": true,
+	"lr": true, "clip": true,
 }
 
 // flagOf is the command-line flag of a run.json configuration key.

@@ -497,11 +497,13 @@ func TestResumeTakesRunJSON(t *testing.T) {
 	if ents, _ := os.ReadDir(empty); len(ents) != 0 {
 		t.Fatalf("a refused resume wrote %v", ents)
 	}
-	// -resume alone, with a longer run: allowed.
+	// -resume with a longer run and a lower learning rate (what the
+	// message of a divergence advises): allowed.
 	var first RunInfo
 	b, _ := os.ReadFile(filepath.Join(c.Out, "run.json"))
 	json.Unmarshal(b, &first)
-	if err := Run(ctx, Config{Resume: c.Out, Steps: 9}, Options{CommandLine: []string{"train", "-resume", c.Out, "-steps", "9"}}); err != nil {
+	lower := first.Config.LR.Value() / 2
+	if err := Run(ctx, Config{Resume: c.Out, Steps: 9, LR: Set(lower)}, Options{CommandLine: []string{"train", "-resume", c.Out, "-steps", "9"}}); err != nil {
 		t.Fatal(err)
 	}
 	var info RunInfo
@@ -511,7 +513,7 @@ func TestResumeTakesRunJSON(t *testing.T) {
 	}
 	if !info.Start.Equal(first.Start) || info.CommandLine[1] != "-first" || len(info.Resumes) != 1 || info.Resumes[0].Step != 6 ||
 		info.Resumes[0].Checkpoint != stepDir(c.Out, 6) || info.Resumes[0].CommandLine[1] != "-resume" || info.Config.Steps != 9 ||
-		info.Config.Sparsifier != "deft" || info.Workers != 3 {
+		info.Config.Sparsifier != "deft" || info.Workers != 3 || info.Config.LR.Value() != lower {
 		t.Fatalf("run.json after the resume: %+v", info)
 	}
 	var steps []float64
