@@ -152,14 +152,20 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).runN("k_gather", rows*d)
 		})
 	case ops.GatherGrad:
+		// Deterministic: the rows of each index added in order (see
+		// k_gather_grad), their links in the workspace.
 		rows := ops.Elems(shapes[1])
 		d := n / max(oshape[0], 1)
-		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+		return &gpuKernel{ws: 8 * max(rows, 1), run: func(s *Stream, x []device.Buffer, y, ws device.Buffer) error {
 			if err := s.fill32(y, 0); err != nil {
 				return err
 			}
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).runN("k_gather_grad", rows*d)
-		})
+			next := ws.View(device.Int64, 0, rows)
+			if err := s.args().buf(x[1]).buf(next).i64(rows).runN("k_gather_grad_next", rows); err != nil {
+				return err
+			}
+			return s.args().buf(x[0]).buf(x[1]).buf(next).buf(y).i64(rows).i64(d).runN("k_gather_grad", rows*d)
+		}}, nil
 	case ops.Copy:
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error { return s.Copy(y, x[0]) })
 	case ops.Const:

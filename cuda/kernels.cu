@@ -110,14 +110,40 @@ extern "C" __global__ void k_gather(const float* x, const i64* idx, float* y, i6
     }
 }
 
-// The gradient of a gather, into y (zeroed by the caller): row idx[i]
-// accumulates g's row i. Atomic adds: the order of a row's contributions is
-// not fixed, so repeated indices round differently than on the CPU.
-extern "C" __global__ void k_gather_grad(const float* g, const i64* idx, float* y, i64 rows, i64 d) {
+// The gradient of a gather, deterministic (no atomics), in two kernels.
+// k_gather_grad_next links the rows that share an index: next[i] is the
+// next row after i with idx[i] (rows if none), stored as is for the first
+// row of each index and as −1 − next for the others.
+extern "C" __global__ void k_gather_grad_next(const i64* idx, i64* next, i64 rows) {
+    GRID_STRIDE(i, rows) {
+        i64 r = idx[i], nx = rows;
+        bool first = true;
+        for (i64 t = 0; t < i; t++) {
+            if (idx[t] == r) { first = false; break; }
+        }
+        for (i64 t = i + 1; t < rows; t++) {
+            if (idx[t] == r) { nx = t; break; }
+        }
+        next[i] = first ? nx : -1 - nx;
+    }
+}
+
+// k_gather_grad writes into y (zeroed by the caller) at row idx[i] the sum
+// of g's rows with that index, added in row order from zero as the CPU
+// does (bit-identical): one thread per column of each index's first row
+// follows the chain k_gather_grad_next made.
+extern "C" __global__ void k_gather_grad(const float* g, const i64* idx, const i64* next, float* y, i64 rows, i64 d) {
     i64 n = rows * d;
     GRID_STRIDE(t, n) {
         i64 i = t / d, j = t % d;
-        atomicAdd(&y[idx[i] * d + j], g[t]);
+        if (next[i] < 0) continue;
+        float s = 0.0f;
+        for (i64 c = i; c < rows;) {
+            s += g[c * d + j];
+            i64 nx = next[c];
+            c = nx < 0 ? -1 - nx : nx;
+        }
+        y[idx[i] * d + j] = s;
     }
 }
 
