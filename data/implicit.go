@@ -123,7 +123,7 @@ func NewImplicit(ratings []Rating, cfg ImplicitConfig) (*Implicit, error) {
 		lo = hi
 	}
 	if len(users) == 0 {
-		return nil, fmt.Errorf("data: no user has at least %d distinct rated items; lower MinRatings", minR)
+		return nil, fmt.Errorf("data: no user has at least %d distinct rated items: the ratings file is truncated or not the data set it is named after; fetch it again (train -download)", minR)
 	}
 	itemSet := make(map[int32]int32)
 	for _, o := range kept {

@@ -286,7 +286,7 @@ func TestImplicitErrors(t *testing.T) {
 	if _, err := NewImplicit(nil, ImplicitConfig{}); err == nil {
 		t.Error("no ratings: no error")
 	}
-	if _, err := NewImplicit([]Rating{{User: 1, Item: 1}, {User: 1, Item: 1, Time: 2}}, ImplicitConfig{}); err == nil || !strings.Contains(err.Error(), "MinRatings") {
+	if _, err := NewImplicit([]Rating{{User: 1, Item: 1}, {User: 1, Item: 1, Time: 2}}, ImplicitConfig{}); err == nil || !strings.Contains(err.Error(), "truncated") || !strings.Contains(err.Error(), "-download") {
 		t.Errorf("one distinct item: %v", err)
 	}
 	rs := []Rating{{User: 1, Item: 1}, {User: 1, Item: 2}, {User: 2, Item: 3}, {User: 2, Item: 4}}
