@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -33,6 +34,17 @@ var downloadName = map[string]string{
 	"ml-100k": "ml-100k", "ml-1m": "ml-1m", "ml-20m": "ml-20m",
 }
 
+// terminalLog writes the download's progress messages for a person on
+// standard error: the message and its fields, without a time or a level.
+var terminalLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{
+	ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+		if len(groups) == 0 && (a.Key == slog.TimeKey || a.Key == slog.LevelKey) {
+			return slog.Attr{}
+		}
+		return a
+	},
+}))
+
 // LoadDataset reads the configured data set from c.DataDir, downloading it
 // first with c.Download.
 func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
@@ -40,7 +52,11 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 		if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
 			return nil, fmt.Errorf("train: creating -data-dir: %w", err)
 		}
-		if err := data.Download(ctx, downloadName[c.Dataset], c.DataDir); err != nil {
+		src, err := data.LookupSource(downloadName[c.Dataset])
+		if err == nil {
+			err = data.DownloadSource(ctx, src, c.DataDir, data.DownloadOptions{Logger: terminalLog})
+		}
+		if err != nil {
 			return nil, fmt.Errorf("train: downloading %s into %s: %w", c.Dataset, c.DataDir, err)
 		}
 	}
