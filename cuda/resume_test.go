@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/realdata"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -23,11 +20,7 @@ import (
 // state go through the checkpoint as on the CPU.
 func TestResumeOnGPU(t *testing.T) {
 	gpu(t)
-	dir := os.Getenv("TRAIN_DATA_DIR") // the GPU machine's copy (scripts/gpu-verify.sh)
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "data")
-	}
-	dir = realdata.Dir(t, dir, "ml-100k/u.data")
+	dir := ml100k(t)
 	// micro: a threshold carried between steps; lags: pipelined groups
 	// reduced on the communication stream.
 	methods := []string{"micro", "lags"}

@@ -16,6 +16,17 @@ import (
 	"github.com/sparsegrad/sparsegrad/train"
 )
 
+// ml100k returns the data folder holding MovieLens-100K: $TRAIN_DATA_DIR
+// (the GPU machine's copy, see scripts/gpu-verify.sh) or the shared one.
+func ml100k(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("TRAIN_DATA_DIR")
+	if dir == "" {
+		dir = filepath.Join("..", "..", "shared", "data")
+	}
+	return realdata.Dir(t, dir, "ml-100k/u.data")
+}
+
 // TestTrainOnGPU runs the trainer with -device cuda — two in-process
 // workers sharing the GPU, each with its own stream, error feedback and
 // the reducer in GPU memory (messages staged through host memory), the
@@ -23,11 +34,7 @@ import (
 // seed: the per-step mean losses agree within float32 rounding.
 func TestTrainOnGPU(t *testing.T) {
 	gpu(t)
-	dir := os.Getenv("TRAIN_DATA_DIR") // the GPU machine's copy (scripts/gpu-verify.sh)
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "data")
-	}
-	dir = realdata.Dir(t, dir, "ml-100k/u.data")
+	dir := ml100k(t)
 	// Every sparsifier, two workers sharing the GPU (each on its own
 	// stream). lags pipelines its merge groups with the backward pass (on
 	// the GPU each group's error feedback and reduction run on a
@@ -95,11 +102,7 @@ func TestTrainOnGPU(t *testing.T) {
 // refused and -comm auto falls back to staging through host memory.
 func TestTrainOverNCCL(t *testing.T) {
 	gpu(t)
-	dir := os.Getenv("TRAIN_DATA_DIR")
-	if dir == "" {
-		dir = filepath.Join("..", "..", "shared", "data")
-	}
-	dir = realdata.Dir(t, dir, "ml-100k/u.data")
+	dir := ml100k(t)
 	n, err := cuda.Count()
 	if err != nil {
 		t.Fatal(err)
