@@ -12,7 +12,28 @@ import (
 	"bytes"
 	"math"
 	"strconv"
+	"strings"
 )
+
+// Thousands formats n with commas between groups of three digits
+// ("217,630"), as the terminal and the reports show an evaluation's sample
+// and split sizes.
+func Thousands(n int) string {
+	s := strconv.Itoa(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
 
 // The values of a record's "type".
 const (

@@ -54,3 +54,14 @@ func TestStepRoundTrip(t *testing.T) {
 		t.Fatalf("round trip of %s gave %+v", b, back)
 	}
 }
+
+func TestThousands(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		want string
+	}{{0, "0"}, {7, "7"}, {999, "999"}, {1000, "1,000"}, {217630, "217,630"}, {-1234567, "-1,234,567"}, {-12, "-12"}} {
+		if got := Thousands(tc.n); got != tc.want {
+			t.Errorf("Thousands(%d) = %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -462,7 +461,7 @@ func (e *Eval) sample() string {
 	if !e.partial() {
 		return ""
 	}
-	return thousands(e.Evaluated) + " of " + thousands(e.SplitSize) + " " + e.Unit
+	return metrics.Thousands(e.Evaluated) + " of " + metrics.Thousands(e.SplitSize) + " " + e.Unit
 }
 
 // partialEval returns r's last evaluation of a sample of its split (nil if
@@ -484,24 +483,6 @@ func (r *Run) sampleNote() string {
 	}
 	return "The " + r.split() + " metrics are measured on a sample of the " + r.split() + " split (" + e.sample() +
 		"; -max-eval-batches, or a run shorter than an epoch, evaluates a sample): they are estimates, noisier than an evaluation of the whole split."
-}
-
-// thousands formats n with commas between groups of three digits.
-func thousands(n int) string {
-	s := strconv.Itoa(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
 }
 
 // metricNames returns the names of r's eval metrics, the primary one (the

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
 )
 
@@ -105,7 +106,7 @@ func TestShortLSTMRunEvaluatesALabelledSample(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no evaluation line in:\n%s", out.String())
 	}
-	want := "validation sample: " + thousands(evaluated) + " of " + thousands(total) + " tokens"
+	want := "validation sample: " + metrics.Thousands(evaluated) + " of " + metrics.Thousands(total) + " tokens"
 	if !strings.HasPrefix(m[1], want) || !strings.Contains(m[1], "-max-eval-batches") {
 		t.Errorf("evaluation line %q: want it to say %q and how to change it", m[0], want)
 	}

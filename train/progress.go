@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
+
+	"github.com/sparsegrad/sparsegrad/metrics"
 )
 
 // progress is rank 0's console output: a progress bar per epoch with the
@@ -111,7 +112,7 @@ func (p *progress) endEpoch() {
 	d := time.Since(p.start)
 	what := fmt.Sprintf("epoch %d/%d", p.epoch, p.epochs)
 	if p.done < p.steps {
-		what += fmt.Sprintf(", stopped after %s (%s left in the epoch)", plural(p.done, "step"), thousands(p.steps-p.done))
+		what += fmt.Sprintf(", stopped after %s (%s left in the epoch)", plural(p.done, "step"), metrics.Thousands(p.steps-p.done))
 	}
 	fmt.Fprintf(p.out, "%s: mean loss %.4f, %.0f samples/s, %v\n", what, p.meanLoss(), float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
 }
@@ -153,7 +154,7 @@ func (p *progress) eval(epoch, step int, ev evaluation) {
 	}
 	on := ev.split
 	if ev.partial() {
-		on = fmt.Sprintf("%s sample: %s of %s %s; -max-eval-batches sets the size", ev.split, thousands(ev.count), thousands(ev.total), ev.unit)
+		on = fmt.Sprintf("%s sample: %s of %s %s; -max-eval-batches sets the size", ev.split, metrics.Thousands(ev.count), metrics.Thousands(ev.total), ev.unit)
 	}
 	fmt.Fprintf(p.out, "eval epoch %d step %d (%s): %s\n", epoch, step, on, strings.Join(parts, ", "))
 }
@@ -163,23 +164,5 @@ func plural(n int, what string) string {
 	if n == 1 {
 		return "1 " + what
 	}
-	return thousands(n) + " " + what + "s"
-}
-
-// thousands formats n with commas between groups of three digits.
-func thousands(n int) string {
-	s := strconv.Itoa(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
-	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if neg {
-		return "-" + b.String()
-	}
-	return b.String()
+	return metrics.Thousands(n) + " " + what + "s"
 }
