@@ -71,7 +71,7 @@ type worker struct {
 	// xfer is, on a GPU, the communication stream of pipelined groups,
 	// beside the compute stream: a group's error feedback and reduction
 	// wait for its own gradients only, not for the rest of the backward
-	// pass. pgred is the pipelined reducer there.
+	// pass. pgred is the pipelined reducer (on either device).
 	xfer  device.Stream
 	pgred sparsify.DeviceGroupReducer
 	// out is rank 0's metrics, progress and report (nil on other ranks).
@@ -223,16 +223,11 @@ func (w *worker) setup(ctx context.Context) error {
 		return err
 	}
 	if cfg.PipelineOn() {
-		gr, ok := w.red.(sparsify.GroupReducer)
+		gr, ok := w.red.(sparsify.DeviceGroupReducer)
 		if !ok {
-			return fmt.Errorf("%w: -sparsifier %s cannot be pipelined (no group reduction)", ErrConfig, cfg.Sparsifier)
+			return fmt.Errorf("%w: -sparsifier %s cannot be pipelined (no group reduction in device memory)", ErrConfig, cfg.Sparsifier)
 		}
-		w.pipe = newPipeline(gr, len(w.layout.Tensors))
-		if w.xfer != nil {
-			if w.pgred, ok = gr.(sparsify.DeviceGroupReducer); !ok {
-				return fmt.Errorf("%w: -sparsifier %s cannot be pipelined on %v (its groups reduce host memory only)", ErrConfig, cfg.Sparsifier, dev)
-			}
-		}
+		w.pipe, w.pgred = newPipeline(gr, len(w.layout.Tensors)), gr
 	}
 	w.final = make([]device.Event, len(w.layout.Tensors))
 	// The hook drives pipelining and measures LAGS' per-tensor backward
@@ -388,29 +383,22 @@ func (w *worker) hook(idx int, ready device.Event) {
 // error feedback has just consumed).
 func (w *worker) startGroup(ctx context.Context, g int) (sparsify.Pending, error) {
 	gg := w.pipe.groups[g]
-	var p sparsify.Pending
-	var err error
-	if w.pgred != nil {
+	st := w.stream
+	if w.xfer != nil {
 		// On the GPU, on the communication stream, after the group's
 		// gradients.
+		st = w.xfer
 		for _, t := range gg.Tensors {
-			if err := w.xfer.Wait(w.final[t]); err != nil {
+			if err := st.Wait(w.final[t]); err != nil {
 				return nil, err
 			}
 		}
-		if err := w.accumulate(w.xfer, gg.Lo, gg.Hi); err != nil {
-			return nil, err
-		}
-		w.pipe.reducing()
-		p, err = w.pgred.StartGroupOn(ctx, g, w.resid, w.grad, w.resid)
-	} else {
-		mm := sparsify.Memory{Residual: w.mem.Residual[gg.Lo:gg.Hi]}
-		if _, err := mm.Accumulate(w.hgrad[gg.Lo:gg.Hi], 1); err != nil {
-			return nil, w.accumulateError(err, gg.Lo, gg.Hi)
-		}
-		w.pipe.reducing()
-		p, err = w.pipe.gred.StartGroup(ctx, g, w.mem.Residual, w.hgrad, w.mem.Residual)
 	}
+	if err := w.accumulate(st, gg.Lo, gg.Hi); err != nil {
+		return nil, err
+	}
+	w.pipe.reducing()
+	p, err := w.pgred.StartGroupOn(ctx, g, w.resid, w.grad, w.resid)
 	if err != nil {
 		return nil, fmt.Errorf("train: starting merge group %d: %w", g, err)
 	}
@@ -454,7 +442,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 		}
 		st = sparsify.CombineGroupStats(w.cfg.Density.Value(), w.layout, w.pipe.groups, gs)
 		started = w.pipe.started
-		if w.pgred != nil {
+		if w.xfer != nil {
 			// The update waits for the groups' outputs.
 			ev, err := w.xfer.Record()
 			if err == nil {
@@ -463,8 +451,6 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 			if err != nil {
 				return s, err
 			}
-		} else if err := w.upload(w.grad, w.hgrad); err != nil {
-			return s, err
 		}
 	} else {
 		if clip := w.cfg.Clip.Value(); clip > 0 {
