@@ -179,11 +179,14 @@ func stateNodes(g *G.ExprGraph, layers, b, h int) []*G.Node {
 }
 
 // InitParams implements Model.
-func (m *LSTM) InitParams(dst []float32) error {
+func (m *LSTM) InitParams(dst []float32) error { return m.initParams(dst, m.cfg.Seed) }
+
+// initParams writes the initial parameters of a model seeded with seed.
+func (m *LSTM) initParams(dst []float32, seed uint64) error {
 	if len(dst) != m.NumParams() {
 		return badInput("LSTM InitParams: %d values, the model has %d parameters", len(dst), m.NumParams())
 	}
-	r := newInitRNG(m.cfg.Seed)
+	r := newInitRNG(seed)
 	k := 0
 	r.uniform(m.params.part(dst, k), 0.1)
 	k++

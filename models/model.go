@@ -49,6 +49,10 @@ type StepResult struct {
 	// Forward and Backward are the durations of the step's two parts on the
 	// model's device.
 	Forward, Backward time.Duration
+	// Queued is the time the step waited for an executor shared with other
+	// workers (a Pool's worker); it is part of neither Forward nor
+	// Backward.
+	Queued time.Duration
 }
 
 // EvalResult is the outcome of one evaluation batch. Results of several

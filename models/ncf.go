@@ -145,11 +145,14 @@ func NewNCF(cfg NCFConfig) (*NCF, error) {
 }
 
 // InitParams implements Model.
-func (m *NCF) InitParams(dst []float32) error {
+func (m *NCF) InitParams(dst []float32) error { return m.initParams(dst, m.cfg.Seed) }
+
+// initParams writes the initial parameters of a model seeded with seed.
+func (m *NCF) initParams(dst []float32, seed uint64) error {
 	if len(dst) != m.NumParams() {
 		return badInput("NCF InitParams: %d values, the model has %d parameters", len(dst), m.NumParams())
 	}
-	r := newInitRNG(m.cfg.Seed)
+	r := newInitRNG(seed)
 	for i := 0; i < 4; i++ {
 		r.normal(m.params.part(dst, i), 0.01)
 	}

@@ -173,11 +173,14 @@ func (m *ResNet) layout() {
 }
 
 // InitParams implements Model.
-func (m *ResNet) InitParams(dst []float32) error {
+func (m *ResNet) InitParams(dst []float32) error { return m.initParams(dst, m.cfg.Seed) }
+
+// initParams writes the initial parameters of a model seeded with seed.
+func (m *ResNet) initParams(dst []float32, seed uint64) error {
 	if len(dst) != m.NumParams() {
 		return badInput("ResNet InitParams: %d values, the model has %d parameters", len(dst), m.NumParams())
 	}
-	r := newInitRNG(m.cfg.Seed)
+	r := newInitRNG(seed)
 	for i, p := range m.params.infos {
 		d := m.params.part(dst, i)
 		switch {
