@@ -113,6 +113,10 @@ type Step struct {
 	TWait     Num  `json:"t_wait"`
 	TCompute  Num  `json:"t_compute"`
 	TCommWall Num  `json:"t_comm_wall"`
+	// TQueue is the time the slowest worker's step waited for an executor
+	// shared with other simulated workers (0 when every worker has its
+	// own); it precedes TCompute, which does not include it.
+	TQueue Num `json:"t_queue"`
 	// LayerK is rank 0's number of selected elements per tensor, for
 	// methods that allocate the budget per tensor (absent otherwise).
 	LayerK []int `json:"layer_k,omitempty"`

@@ -565,15 +565,17 @@ const (
 	phaseComm     = "communication"
 	phaseExposed  = "communication, exposed"
 	phaseUpdate   = "update"
+	phaseQueue    = "waiting for a shared executor"
 )
 
 // phaseOrder is the order of the phases in a chart (the data path's).
-var phaseOrder = []string{phaseForward, phaseBackward, phaseCompute, phaseHidden, phaseSelect, phaseComm, phaseExposed, phaseUpdate}
+var phaseOrder = []string{phaseQueue, phaseForward, phaseBackward, phaseCompute, phaseHidden, phaseSelect, phaseComm, phaseExposed, phaseUpdate}
 
 // phases returns the time breakdown's phases for r, which add up to an
 // iteration: forward and backward separately when measured, else their sum
 // (t_compute), then selection, communication and update (t_select, t_comm,
-// t_update). A pipelined run (isPipelined) reduces its layer groups during
+// t_update); simulated workers' wait for a shared executor (t_queue) comes
+// first. A pipelined run (isPipelined) reduces its layer groups during
 // the backward pass, concurrently: the sum of its calls' durations (t_comm)
 // counts overlapping time several times over, so its communication is
 // shown as two parts, the one overlapped with the backward pass (taken out
@@ -588,6 +590,14 @@ func phases(r *Run) (names []string, get []func(*Step) float64) {
 		}
 	}
 	pipe := r.isPipelined()
+	defer func() {
+		// Simulated workers taking turns on shared executors wait for one
+		// before they compute.
+		if slices.ContainsFunc(r.Steps, func(s Step) bool { return s.TQueue > 0 }) {
+			names = append([]string{phaseQueue}, names...)
+			get = append([]func(*Step) float64{func(s *Step) float64 { return s.TQueue }}, get...)
+		}
+	}()
 	switch {
 	case split && pipe:
 		names = []string{phaseForward, phaseBackward}

@@ -89,7 +89,9 @@ type Step struct {
 	TForward, TBackward, TSelect, TComm, TUpdate float64
 	TIter, TWait, TCompute                       float64
 	// TCommWall is the wall time of the reduction (metrics.Step.TCommWall).
-	TCommWall        float64
+	TCommWall float64
+	// TQueue is the wait for a shared executor (metrics.Step.TQueue).
+	TQueue           float64
 	Samples, Workers int
 	Wall             float64
 	// LayerK is the selected elements per tensor (DEFT), nil if absent.
@@ -375,7 +377,7 @@ func (p *metricsParser) add(rec record, line int) error {
 			Threshold: val(rec.Threshold), BytesSent: float64(rec.BytesSent), BytesRecv: float64(rec.BytesRecv),
 			TForward: float64(rec.TForward), TBackward: float64(rec.TBackward), TSelect: float64(rec.TSelect),
 			TComm: float64(rec.TComm), TUpdate: float64(rec.TUpdate), TIter: float64(rec.TIter), TWait: float64(rec.TWait),
-			TCompute: float64(rec.TCompute), TCommWall: float64(rec.TCommWall), Samples: rec.Samples, Workers: rec.Workers,
+			TCompute: float64(rec.TCompute), TCommWall: float64(rec.TCommWall), TQueue: float64(rec.TQueue), Samples: rec.Samples, Workers: rec.Workers,
 			Wall: float64(rec.Wall), LayerK: rec.LayerK, Ops: rec.Ops})
 	case metrics.TypeEval:
 		if rec.Metric == "" {

@@ -378,13 +378,21 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 			return position{}, collective(fmt.Errorf("%w: the checkpoint %s cannot be resumed: %s; %s", ErrConfig, dir, strings.Join(parts, "; "), fallBack(w.cfg.Out, dir)))
 		}
 	}
-	// Every part checks out: load the shared state.
-	copy(w.hparams, ck.Params)
-	if err := w.upload(w.params, w.hparams); err != nil {
-		return position{}, err
+	// Every part checks out: load the shared state (simulated workers
+	// share it: rank 0 loads it, the others wait).
+	if w.opt != nil {
+		copy(w.hparams, ck.Params)
+		if err := w.upload(w.params, w.hparams); err != nil {
+			return position{}, err
+		}
+		if err := w.opt.SetState(ck.Opt, ck.OptSteps); err != nil {
+			return position{}, fmt.Errorf("checkpoint %s: %w", dir, err)
+		}
 	}
-	if err := w.opt.SetState(ck.Opt, ck.OptSteps); err != nil {
-		return position{}, fmt.Errorf("checkpoint %s: %w", dir, err)
+	if sim := w.r.sim; sim != nil {
+		if err := sim.bar.wait(ctx); err != nil {
+			return position{}, err
+		}
 	}
 	w.res.last, w.res.lastStep, w.res.prevStep = dir, ck.Step, -1
 	w.r.status.setCheckpoint(dir, ck.Step)

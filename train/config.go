@@ -133,6 +133,11 @@ type Config struct {
 	// (0: cores / in-process workers).
 	BLAS        string `json:"blas"`
 	BLASThreads int    `json:"blas_threads"`
+	// Executors is the number of models (executors) the in-process workers
+	// share on the CPU (0: one per core, at most Workers). The workers also
+	// share one parameter vector and optimizer; see the package doc,
+	// "Simulated workers". It does not change the results.
+	Executors int `json:"executors,omitempty"`
 	// Quiet turns progress output off.
 	Quiet bool `json:"quiet"`
 	// CheckpointEvery writes a checkpoint every this many steps too (0:
@@ -493,6 +498,12 @@ func (c Config) Validate(underMPI bool) error {
 	case "auto", "openblas", "gonum":
 	default:
 		bad("-blas %q: use auto, openblas or gonum", c.BLAS)
+	}
+	if c.Executors < 0 {
+		bad("-executors %d must be >= 0 (0: one per core)", c.Executors)
+	}
+	if underMPI && c.Executors > 1 {
+		bad("-executors %d under mpirun: each mpirun process is one worker with one executor; drop -executors", c.Executors)
 	}
 	if c.BLASThreads < 0 {
 		bad("-blas-threads %d must be >= 0", c.BLASThreads)

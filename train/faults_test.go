@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
 )
@@ -115,15 +117,25 @@ func TestNonFiniteBeforeAnyCheckpoint(t *testing.T) {
 // stop the run at the next -check-every step, naming the rank; without
 // -check-every the next checkpoint catches them and is not written.
 func TestCheckEveryNamesTheDivergedRank(t *testing.T) {
+	// Simulated workers share one parameter vector, which cannot diverge:
+	// the replicas here are separate runs over one in-process
+	// communicator, each with its own parameters, as under mpirun.
+	replicas := func(c Config, o Options) error {
+		return local.Run(context.Background(), c.Workers.Value(), func(ctx context.Context, cm comm.Communicator) error {
+			oo := o
+			oo.Comm = cm
+			return Run(ctx, c, oo)
+		})
+	}
 	c := ncfConfig(t, 3, 12)
 	c.CheckEvery = 3
-	err := Run(context.Background(), c, poisonSecond("param", 4, ""))
+	err := replicas(c, poisonSecond("param", 4, ""))
 	if !errors.Is(err, ErrDiverged) || !regexp.MustCompile(`parameters differ after step 6: rank (\d) differs from ranks (\d), (\d) `).MatchString(err.Error()) {
 		t.Fatalf("err %v", err)
 	}
 	c = ncfConfig(t, 3, 12)
 	c.CheckpointEvery = 5
-	err = Run(context.Background(), c, poisonSecond("param", 7, ""))
+	err = replicas(c, poisonSecond("param", 7, ""))
 	if !errors.Is(err, ErrDiverged) || !strings.Contains(err.Error(), "after step 10") || !strings.Contains(err.Error(), "step-000000005 (step 5)") {
 		t.Fatalf("err %v", err)
 	}

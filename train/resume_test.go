@@ -59,7 +59,7 @@ type endState struct {
 
 // timeKeys are the metrics fields that measure time (they differ between
 // any two runs).
-var timeKeys = []string{"wall", "t_forward", "t_backward", "t_select", "t_comm", "t_update", "t_iter", "t_wait", "t_compute", "t_comm_wall"}
+var timeKeys = []string{"wall", "t_forward", "t_backward", "t_select", "t_comm", "t_update", "t_iter", "t_wait", "t_compute", "t_comm_wall", "t_queue"}
 
 func readEndState(t *testing.T, dir string) endState {
 	t.Helper()

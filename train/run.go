@@ -85,9 +85,14 @@ type RunInfo struct {
 	// Comm is the backend that moved the sparsifier's messages: "local",
 	// "mpi" or "given" (on a GPU: device buffers staged through host
 	// memory), or "nccl" (device memory).
-	Comm     string   `json:"comm"`
-	Versions Versions `json:"versions"`
-	Machine  Machine  `json:"machine"`
+	Comm string `json:"comm"`
+	// Executors is the number of models (executors) the workers took
+	// turns on when they were simulated (several in-process workers on
+	// the CPU, sharing one copy of the parameters); 0 when every worker
+	// had its own model and parameters.
+	Executors int      `json:"executors,omitempty"`
+	Versions  Versions `json:"versions"`
+	Machine   Machine  `json:"machine"`
 	// Resumes lists the times the run was resumed, oldest first.
 	Resumes []ResumeRecord `json:"resumes,omitempty"`
 	// LayerNames are the layout's tensor names, in order.
@@ -160,6 +165,7 @@ func Run(ctx context.Context, c Config, o Options) (err error) {
 		return runMPI(ctx, c, o, r)
 	default:
 		r.backend, r.size = "local", r.cfg.Workers.Value()
+		r.sim = simulated(r.cfg, r.backend, r.size)
 		var opts []local.Option
 		if r.cfg.NetBandwidth > 0 {
 			net := netmodel.Network{Latency: r.cfg.NetLatency, Bandwidth: r.cfg.NetBandwidth}
@@ -393,6 +399,9 @@ type runner struct {
 	stopOnce sync.Once
 	// status is what messages about the job say of it.
 	status runStatus
+	// sim is what simulated workers share (nil unless several in-process
+	// workers run on the CPU).
+	sim *simulation
 }
 
 func machine() Machine {

@@ -22,6 +22,9 @@ type stepStats struct {
 	// wall time from the first group (or the whole gradient) entering the
 	// reducer to the reduced gradient.
 	Forward, Backward, Select, Comm, Update, Iter, Wait, Compute, CommWall time.Duration
+	// Queued is the time the step waited for an executor that simulated
+	// workers share (not part of Compute).
+	Queued time.Duration
 	// Sent and Recv are the bytes the rank's reducer sent and received.
 	Sent, Recv float64
 	// ErrorNorm is ‖residual‖₂ after the step.
@@ -80,6 +83,7 @@ var stepFields = []stepField{
 	durationField("wait", func(s *stepStats) *time.Duration { return &s.Wait }),
 	durationField("compute", func(s *stepStats) *time.Duration { return &s.Compute }),
 	durationField("comm_wall", func(s *stepStats) *time.Duration { return &s.CommWall }),
+	durationField("queued", func(s *stepStats) *time.Duration { return &s.Queued }),
 	floatField("sent", meanOf, func(s *stepStats) *float64 { return &s.Sent }),
 	floatField("recv", meanOf, func(s *stepStats) *float64 { return &s.Recv }),
 	floatField("error_norm", meanOf, func(s *stepStats) *float64 { return &s.ErrorNorm }),
@@ -160,7 +164,7 @@ func stepRecord(s stepStats, epoch, step, workers int, lr, density float64, wall
 		BytesSent: Num(s.Sent), BytesRecv: Num(s.Recv),
 		TForward: Num(s.Forward.Seconds()), TBackward: Num(s.Backward.Seconds()), TSelect: Num(s.Select.Seconds()),
 		TComm: Num(s.Comm.Seconds()), TUpdate: Num(s.Update.Seconds()), TIter: Num(s.Iter.Seconds()),
-		TCompute: Num(s.Compute.Seconds()), TCommWall: Num(s.CommWall.Seconds()), TWait: Num(s.Wait.Seconds()),
+		TCompute: Num(s.Compute.Seconds()), TCommWall: Num(s.CommWall.Seconds()), TWait: Num(s.Wait.Seconds()), TQueue: Num(s.Queued.Seconds()),
 		Samples: s.Samples, Workers: workers, Wall: Num(wall.Seconds()), LayerK: s.LayerK}
 	if !math.IsNaN(s.Threshold) {
 		t := Num(s.Threshold)

@@ -86,6 +86,13 @@ type worker struct {
 func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	cfg := r.cfg
 	w := &worker{r: r, cfg: cfg, c: c, rank: c.Rank(), size: c.Size(), start: r.start, res: resilience{lastStep: -1, prevStep: -1}}
+	// A simulated worker that fails (also in a panic, which the next
+	// deferred function turns into err) releases the others waiting for it.
+	defer func() {
+		if err != nil && r.sim != nil {
+			r.sim.bar.abort(err)
+		}
+	}()
 	// A panic of this worker ends the job with an error naming the rank
 	// and step (its stack goes to the rank's log).
 	defer func() {
@@ -148,7 +155,12 @@ func (w *worker) setup(ctx context.Context) error {
 		return err
 	}
 	// Dropout masks differ per rank; the initial parameters are rank 0's.
-	m, err := NewModel(cfg, w.r.ds, cfg.Seed.Value()+uint64(w.rank), be)
+	var m models.Model
+	if sim := w.r.sim; sim != nil {
+		m, err = sim.model(cfg, w.r.ds, w.rank, be)
+	} else {
+		m, err = NewModel(cfg, w.r.ds, cfg.Seed.Value()+uint64(w.rank), be)
+	}
 	if err != nil {
 		return fmt.Errorf("train: building %s: %w", cfg.Model, err)
 	}
@@ -173,8 +185,39 @@ func (w *worker) setup(ctx context.Context) error {
 	w.cnt = comm.NewCounter(w.c)
 	w.ops = newOpDeltas(w.cnt)
 	n := m.NumParams()
-	if w.params, err = dev.Alloc(device.Float32, n); err != nil {
-		return fmt.Errorf("train: allocating the parameters: %w", err)
+	newOpt := func() (Optimizer, error) {
+		switch cfg.Optimizer {
+		case "sgd":
+			return NewSGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
+		case "adam":
+			return NewAdam(w.stream, n, cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
+		}
+		return nil, fmt.Errorf("%w: unknown -optimizer %q", ErrConfig, cfg.Optimizer)
+	}
+	if sim := w.r.sim; sim != nil {
+		// One parameter vector and optimizer for all; rank 0 updates.
+		var opt Optimizer
+		w.params, opt, err = sim.shared(func() (device.Buffer, Optimizer, error) {
+			p, err := dev.Alloc(device.Float32, n)
+			if err != nil {
+				return device.Buffer{}, nil, fmt.Errorf("train: allocating the parameters: %w", err)
+			}
+			o, err := newOpt()
+			return p, o, err
+		})
+		if err != nil {
+			return err
+		}
+		if w.rank == 0 {
+			w.opt = opt
+		}
+	} else {
+		if w.params, err = dev.Alloc(device.Float32, n); err != nil {
+			return fmt.Errorf("train: allocating the parameters: %w", err)
+		}
+		if w.opt, err = newOpt(); err != nil {
+			return err
+		}
 	}
 	if w.grad, err = dev.Alloc(device.Float32, n); err != nil {
 		return fmt.Errorf("train: allocating the gradient: %w", err)
@@ -213,15 +256,6 @@ func (w *worker) setup(ctx context.Context) error {
 		return fmt.Errorf("train: -sparsifier %s: %w", cfg.Sparsifier, err)
 	}
 	w.dred, _ = w.red.(sparsify.DeviceReducer)
-	switch cfg.Optimizer {
-	case "sgd":
-		w.opt, err = NewSGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
-	case "adam":
-		w.opt, err = NewAdam(w.stream, n, cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
-	}
-	if err != nil {
-		return err
-	}
 	if cfg.PipelineOn() {
 		gr, ok := w.red.(sparsify.DeviceGroupReducer)
 		if !ok {
@@ -235,14 +269,26 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.pipe != nil || w.lagsAdaptive() {
 		m.SetGradHook(w.hook)
 	}
-	if err := m.InitParams(w.hparams); err != nil {
-		return err
-	}
-	if err := w.c.Broadcast(ctx, comm.Float32s(w.hparams), 0); err != nil {
-		return fmt.Errorf("train: broadcasting the initial parameters: %w", err)
-	}
-	if err := w.upload(w.params, w.hparams); err != nil {
-		return err
+	if sim := w.r.sim; sim != nil {
+		// Rank 0 writes the one copy; the others wait for it.
+		if w.rank == 0 {
+			if err := m.InitParams(w.hparams); err != nil {
+				return err
+			}
+		}
+		if err := sim.bar.wait(ctx); err != nil {
+			return err
+		}
+	} else {
+		if err := m.InitParams(w.hparams); err != nil {
+			return err
+		}
+		if err := w.c.Broadcast(ctx, comm.Float32s(w.hparams), 0); err != nil {
+			return fmt.Errorf("train: broadcasting the initial parameters: %w", err)
+		}
+		if err := w.upload(w.params, w.hparams); err != nil {
+			return err
+		}
 	}
 	if nb := sumSizes(m.BufferLayout()); nb > 0 {
 		b := make([]float32, nb)
@@ -263,6 +309,9 @@ func (w *worker) setup(ctx context.Context) error {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe != nil,
 			Versions: versions(w.r.blas), Machine: machine(), LayerNames: names, Device: be.Device().String(), ReduceIn: "device", Comm: w.commName}
+		if w.r.sim != nil {
+			info.Executors = w.r.sim.executors
+		}
 		if w.dred == nil && !w.grad.IsHost() {
 			info.ReduceIn = "host"
 		}
@@ -431,7 +480,8 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 		return s, fmt.Errorf("train: %s step: %w", w.cfg.Model, err)
 	}
 	s.Loss = res.Loss
-	s.Compute = t1.Sub(t0)
+	// The time waiting for a shared executor is not computing.
+	s.Compute, s.Queued = t1.Sub(t0)-res.Queued, res.Queued
 	s.Forward, s.Backward = res.Forward, res.Backward
 	var st sparsify.Stats
 	var started time.Time
@@ -476,7 +526,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 		s.CommWall = t2.Sub(started)
 	}
 	s.Wait = t2.Sub(t1)
-	if err := w.opt.Step(w.params, w.grad, lr); err != nil {
+	if err := w.update(ctx, lr); err != nil {
 		return s, err
 	}
 	if err := w.stream.Synchronize(); err != nil {
@@ -490,6 +540,26 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 	s.ErrorNorm, s.ActualDensity, s.Threshold = st.ErrorNorm, st.ActualDensity, st.Threshold
 	s.LayerK = st.LayerK
 	return s, nil
+}
+
+// update applies the reduced gradient to the parameters. Simulated
+// workers share the parameters: rank 0 updates them once every worker is
+// done with this step's, and no worker goes on before the update is done.
+func (w *worker) update(ctx context.Context, lr float64) error {
+	sim := w.r.sim
+	if sim == nil {
+		return w.opt.Step(w.params, w.grad, lr)
+	}
+	if err := sim.bar.wait(ctx); err != nil {
+		return err
+	}
+	if w.rank == 0 {
+		if err := w.opt.Step(w.params, w.grad, lr); err != nil {
+			sim.bar.abort(err)
+			return err
+		}
+	}
+	return sim.bar.wait(ctx)
 }
 
 // reduce reduces the error-compensated gradient (the residual) into the

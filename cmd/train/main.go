@@ -229,6 +229,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 0, "also write a checkpoint every this many steps (0: at the end of every epoch only, and where the run stops)")
 	fs.IntVar(&c.CheckEvery, "check-every", 0, "compare a hash of the workers' parameters every this many steps and stop if they differ (0: only at checkpoints)")
 	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto (OpenBLAS if installed), openblas or gonum")
+	fs.IntVar(&c.Executors, "executors", 0, "models the simulated workers of this process take turns on, on the CPU (0: one per core, at most -workers); they share one copy of the parameters either way")
 	fs.IntVar(&c.BLASThreads, "blas-threads", 0, "OpenBLAS threads (0: cores / simulated workers)")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress output")
 	addReportAssetsFlag(fs)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,20 +136,38 @@ func TestMPIMatchesInProcess(t *testing.T) {
 		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
 	}
 	d := sharedData(t)
+	// In-process workers share one parameter copy and take turns on
+	// fewer executors than workers (-executors 2 and, for 16 workers, the
+	// default); mpirun's processes each have their own.
 	cases := []struct {
 		np         int
 		sparsifier string
-	}{{4, "deft"}, {3, "topk"}, {2, "lags"}}
+		model      []string
+	}{{4, "deft", nil}, {3, "topk", nil}, {2, "lags", nil}, {16, "topk", nil},
+		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8"}},
+		{3, "micro", []string{"-model", "lstm", "-dataset", "wikitext2", "-preset", "small", "-batch", "4"}}}
 	if testing.Short() {
 		cases = cases[:1]
 	}
 	for _, tc := range cases {
-		t.Run(fmt.Sprintf("np=%d/%s", tc.np, tc.sparsifier), func(t *testing.T) {
-			common := []string{"-model", "ncf", "-dataset", "ml-100k", "-data-dir", d, "-steps", "12", "-sparsifier", tc.sparsifier,
-				"-density", "0.05", "-quiet", "-max-eval-batches", "1", "-seed", "7"}
+		model := tc.model
+		if model == nil {
+			model = []string{"-model", "ncf", "-dataset", "ml-100k"}
+		}
+		steps := 12
+		if tc.model != nil {
+			steps = 4
+		}
+		t.Run(fmt.Sprintf("np=%d/%s/%s", tc.np, model[1], tc.sparsifier), func(t *testing.T) {
+			common := append(slices.Clone(model), "-data-dir", d, "-steps", strconv.Itoa(steps), "-sparsifier", tc.sparsifier,
+				"-density", "0.05", "-quiet", "-max-eval-batches", "1", "-seed", "7", "-blas-threads", "1")
 			inproc := filepath.Join(t.TempDir(), "inproc")
 			var out bytes.Buffer
-			if err := run(context.Background(), append(common, "-workers", strconv.Itoa(tc.np), "-out", inproc), &out, &out); err != nil {
+			inArgs := append(slices.Clone(common), "-workers", strconv.Itoa(tc.np), "-out", inproc)
+			if tc.np < 16 {
+				inArgs = append(inArgs, "-executors", "2")
+			}
+			if err := run(context.Background(), inArgs, &out, &out); err != nil {
 				t.Fatalf("in-process: %v\n%s", err, out.String())
 			}
 			viaMPI := filepath.Join(t.TempDir(), "mpi")
@@ -167,7 +186,7 @@ func TestMPIMatchesInProcess(t *testing.T) {
 				t.Fatalf("mpirun: %v\n%s", err, b)
 			}
 			a, m := losses(t, inproc), losses(t, viaMPI)
-			if len(a) != 12 || !slices.Equal(a, m) {
+			if len(a) != steps || !slices.Equal(a, m) {
 				t.Fatalf("losses differ:\nin-process %v\nmpirun     %v", a, m)
 			}
 			var info struct {
@@ -178,6 +197,18 @@ func TestMPIMatchesInProcess(t *testing.T) {
 			json.Unmarshal(rb, &info)
 			if info.Backend != "mpi" || info.Workers != tc.np {
 				t.Fatalf("run.json of the mpirun job: %+v", info)
+			}
+			rb, _ = os.ReadFile(filepath.Join(inproc, "run.json"))
+			var sim struct {
+				Executors int `json:"executors"`
+			}
+			json.Unmarshal(rb, &sim)
+			want := 2
+			if tc.np == 16 {
+				want = min(16, runtime.NumCPU())
+			}
+			if sim.Executors != want {
+				t.Fatalf("run.json of the in-process run: %d executors", sim.Executors)
 			}
 		})
 	}
