@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -343,5 +344,49 @@ func TestFmtPlain(t *testing.T) {
 	}
 	if got := fmtMillis(12.3456); got != "12,350 ms" {
 		t.Errorf("fmtMillis(12.3456 s) = %q, want 12,350 ms", got)
+	}
+}
+
+// TestSimulatedRunSaysSo: the header of a run of simulated workers says
+// they were simulated and on how many executors, and the time breakdown
+// shows their wait for an executor first, so that the phases still add up
+// to the iteration; a run of workers with their own models shows neither.
+func TestSimulatedRunSaysSo(t *testing.T) {
+	r := timedRun(20)
+	row := func(r *Run, name string) string {
+		for _, row := range runTable(r).Rows {
+			if row[0] == name {
+				return row[1]
+			}
+		}
+		return ""
+	}
+	r.Info.Workers = 16
+	if w := row(r, "workers"); w != "16" {
+		t.Fatalf("workers of an ordinary run: %q", w)
+	}
+	if names, _ := phases(r); slices.Contains(names, phaseQueue) {
+		t.Fatal("a run without waits shows a wait for an executor")
+	}
+	r.Info.Executors = 2
+	for i := range r.Steps {
+		r.Steps[i].TQueue, r.Steps[i].TIter = 0.07, 0.08
+	}
+	if w := row(r, "workers"); !strings.Contains(w, "16, simulated in one process on 2 executors") {
+		t.Fatalf("workers of a simulated run: %q", w)
+	}
+	names, get := phases(r)
+	if names[0] != phaseQueue || get[0](&r.Steps[0]) != 0.07 {
+		t.Fatalf("phases %v: the wait for an executor should come first", names)
+	}
+	sum := 0.0
+	for i := range names {
+		sum += r.median(get[i])
+	}
+	if math.Abs(sum-0.08) > 1e-9 {
+		t.Fatalf("phases add up to %v, the iteration is 0.08", sum)
+	}
+	if c := timeChart(r, DefaultMaxPoints); c.Series[0].Name != phaseQueue {
+		t.Fatalf("time breakdown's first series %q", c.Series[0].Name)
 	}
 }

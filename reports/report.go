@@ -273,6 +273,21 @@ func methodOptions(cfg map[string]any) string {
 	return strings.Join(parts, " ")
 }
 
+// workersCell says how many workers ran, and for simulated workers (in one
+// process, sharing one copy of the parameters) how many executors served
+// them.
+func workersCell(info RunInfo) string {
+	w := strconv.Itoa(info.Workers)
+	if info.Executors > 0 {
+		ex := "executors"
+		if info.Executors == 1 {
+			ex = "executor"
+		}
+		return fmt.Sprintf("%s, simulated in one process on %d %s (models taking turns; one shared copy of the parameters)", w, info.Executors, ex)
+	}
+	return w
+}
+
 func runTable(r *Run) table {
 	c := r.Info.Config
 	rows := [][]string{
@@ -281,7 +296,7 @@ func runTable(r *Run) table {
 		{"dataset", c.Dataset},
 		{"sparsifier", c.Sparsifier},
 		{"method options", methodOptions(r.Config)},
-		{"workers", strconv.Itoa(r.Info.Workers)},
+		{"workers", workersCell(r.Info)},
 		{"setup density", fmtG(c.Density, 4)},
 		{"seed", strconv.FormatUint(c.Seed, 10)},
 		{"backend", r.Info.Backend},

@@ -47,6 +47,9 @@ type RunInfo struct {
 	// Pipelined tells that LAGS reduced the gradient's layer groups
 	// during the backward pass.
 	Pipelined bool `json:"pipelined"`
+	// Executors is the number of models simulated workers took turns on
+	// (0: every worker had its own model).
+	Executors int `json:"executors"`
 	Machine   struct {
 		Hostname string `json:"hostname"`
 		CPU      string `json:"cpu"`
