@@ -113,9 +113,11 @@ type Step struct {
 	TWait     Num  `json:"t_wait"`
 	TCompute  Num  `json:"t_compute"`
 	TCommWall Num  `json:"t_comm_wall"`
-	// TQueue is the time the slowest worker's step waited for an executor
-	// shared with other simulated workers (0 when every worker has its
-	// own); it precedes TCompute, which does not include it.
+	// TQueue is, for simulated workers taking turns on shared executors,
+	// the time the slowest worker's step waited for an executor and for the
+	// other workers' turns before the reduction (which simulated workers
+	// enter together, as a cluster's do); 0 when every worker has its own
+	// model. TCompute, TWait and the reducer's times do not include it.
 	TQueue Num `json:"t_queue"`
 	// LayerK is rank 0's number of selected elements per tensor, for
 	// methods that allocate the budget per tensor (absent otherwise).

@@ -22,8 +22,9 @@ type stepStats struct {
 	// wall time from the first group (or the whole gradient) entering the
 	// reducer to the reduced gradient.
 	Forward, Backward, Select, Comm, Update, Iter, Wait, Compute, CommWall time.Duration
-	// Queued is the time the step waited for an executor that simulated
-	// workers share (not part of Compute).
+	// Queued is the time a simulated worker's step waited for a shared
+	// executor and for the other workers' turns before the reduction (not
+	// part of Compute or Wait).
 	Queued time.Duration
 	// Sent and Recv are the bytes the rank's reducer sent and received.
 	Sent, Recv float64

@@ -482,6 +482,20 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 	s.Loss = res.Loss
 	// The time waiting for a shared executor is not computing.
 	s.Compute, s.Queued = t1.Sub(t0)-res.Queued, res.Queued
+	if sim := w.r.sim; sim != nil && w.pipe == nil {
+		// Simulated workers compute one after another but enter the
+		// reduction together, as a cluster's do: the reducer's times are
+		// then its own, not waits for the workers whose turn came later.
+		// The wait counts as queued. (Pipelined groups start during the
+		// backward pass; their calls wait for the other workers' turns.)
+		ta := time.Now()
+		if err := sim.bar.wait(ctx); err != nil {
+			return s, err
+		}
+		aligned := time.Since(ta)
+		s.Queued += aligned
+		t1 = t1.Add(aligned)
+	}
 	s.Forward, s.Backward = res.Forward, res.Backward
 	var st sparsify.Stats
 	var started time.Time
