@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -164,5 +165,40 @@ func TestBarrier(t *testing.T) {
 	}
 	if err := b.wait(context.Background()); !errors.Is(err, comm.ErrAborted) {
 		t.Fatalf("after a cancelled waiter: %v", err)
+	}
+}
+
+// TestSimulatedTimesAreTheirOwn: simulated workers taking turns on one
+// executor record their wait for it and for the others' turns as t_queue;
+// the reduction's times stay the reduction's (a worker whose turn came first
+// does not wait inside the all-reduce for the last one), and the phases
+// still add up to about the iteration.
+func TestSimulatedTimesAreTheirOwn(t *testing.T) {
+	c := ncfConfig(t, 4, 6)
+	c.Executors, c.Batch = 1, Set(16384)
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	var comp, comm, queue, iter, update, sel []float64
+	for _, r := range readMetrics(t, c.Out) {
+		if r["type"] != "step" || r["step"].(float64) == 1 {
+			continue
+		}
+		comp, comm = append(comp, r["t_compute"].(float64)), append(comm, r["t_comm"].(float64))
+		queue, iter = append(queue, r["t_queue"].(float64)), append(iter, r["t_iter"].(float64))
+		update, sel = append(update, r["t_update"].(float64)), append(sel, r["t_select"].(float64))
+	}
+	med := func(v []float64) float64 { v = slices.Clone(v); slices.Sort(v); return v[len(v)/2] }
+	if len(comp) < 3 {
+		t.Fatalf("%d step records", len(comp))
+	}
+	if med(queue) < 1.5*med(comp) {
+		t.Errorf("t_queue %.3f s with 4 workers on 1 executor, t_compute %.3f s: the slowest worker waits for about 3 turns", med(queue), med(comp))
+	}
+	if med(comm) > 0.5*med(comp) {
+		t.Errorf("t_comm %.3f s, t_compute %.3f s: the all-reduce's time holds waits for other workers' turns", med(comm), med(comp))
+	}
+	if sum := med(queue) + med(comp) + med(sel) + med(comm) + med(update); sum > 1.3*med(iter) || sum < 0.7*med(iter) {
+		t.Errorf("phases add up to %.3f s, the iteration takes %.3f s", sum, med(iter))
 	}
 }
