@@ -125,6 +125,34 @@ func TestFloatFlagsRejectNonFinite(t *testing.T) {
 	}
 }
 
+// TestEveryFloatFlagRefusesNonFinite: every flag of train, train report,
+// train sweep and train advise that takes a fractional number (a float, or a
+// list of them; recognised by accepting 0.5 and refusing a word, so a flag
+// added later is covered) refuses NaN, ±Inf and numbers beyond float64's
+// range, saying that the value is not finite.
+func TestEveryFloatFlagRefusesNonFinite(t *testing.T) {
+	trainFlags, _, _ := newFlags(io.Discard)
+	sweepFlags, _ := newSweepFlags(io.Discard)
+	adviseFlags, _ := newAdviseFlags(io.Discard)
+	for _, set := range []*flag.FlagSet{trainFlags, reportFlags(io.Discard), sweepFlags, adviseFlags} {
+		found := 0
+		set.VisitAll(func(f *flag.Flag) {
+			if f.Value.Set("0.5") != nil || f.Value.Set("half") == nil {
+				return // not a fractional number
+			}
+			found++
+			for _, bad := range []string{"NaN", "nan", "Inf", "-Inf", "+infinity", "1e400", "-1e400", "0x1p2000"} {
+				if err := f.Value.Set(bad); err == nil || !strings.Contains(err.Error(), "not a finite number") {
+					t.Errorf("%s -%s %s: %v, want an error saying it is not a finite number", set.Name(), f.Name, bad, err)
+				}
+			}
+		})
+		if found == 0 {
+			t.Errorf("%s: no float flag found (the test's recognition is broken)", set.Name())
+		}
+	}
+}
+
 // TestNoUncheckedFloatFlag: no flag of train or train report is a plain
 // flag.Float64 (which accepts NaN and ±Inf); TestFloatFlagsRejectNonFinite
 // lists every float flag.

@@ -27,9 +27,13 @@ type typedValue interface {
 	Type() string
 }
 
-// parseFinite parses a float flag, refusing NaN and ±Inf.
+// parseFinite parses a float flag, refusing NaN and ±Inf, and numbers
+// beyond float64's range (which would read as ±Inf).
 func parseFinite(s string) (float64, error) {
 	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if errors.Is(err, strconv.ErrRange) && math.IsInf(v, 0) {
+		return 0, fmt.Errorf("%s is beyond ±%.1e, the largest float64: %w", s, math.MaxFloat64, errNotFinite)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("%q is not a number", s)
 	}
