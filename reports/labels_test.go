@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/train"
 )
 
 // pageText renders r's page (the script from a URL, so that the page is
@@ -388,5 +391,25 @@ func TestSimulatedRunSaysSo(t *testing.T) {
 	}
 	if c := timeChart(r, DefaultMaxPoints); c.Series[0].Name != phaseQueue {
 		t.Fatalf("time breakdown's first series %q", c.Series[0].Name)
+	}
+}
+
+// TestEveryConfigKeyIsKnown: every key of train's run.json configuration is
+// a general option of the run, or pipeline (LAGS' option), so that the
+// header's method options list only the method's (comm=auto was listed as
+// one).
+func TestEveryConfigKeyIsKnown(t *testing.T) {
+	ty := reflect.TypeFor[train.Config]()
+	for i := range ty.NumField() {
+		key, _, _ := strings.Cut(ty.Field(i).Tag.Get("json"), ",")
+		if key == "" || key == "-" || key == "pipeline" {
+			continue
+		}
+		if !generalKeys[key] {
+			t.Errorf("run.json key %q (train.Config.%s) is not a general key: reports would list it as a method option", key, ty.Field(i).Name)
+		}
+	}
+	if got := methodOptions(map[string]any{"sparsifier": "topk", "comm": "auto", "executors": 2.0, "check_every": 5.0}); got != "(none)" {
+		t.Errorf("method options %q", got)
 	}
 }

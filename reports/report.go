@@ -203,12 +203,14 @@ var generalKeys = map[string]bool{
 	"resume": true, "device": true, "net_latency": true, "net_bandwidth": true, "log_every": true, "eval_every": true,
 	"max_eval_batches": true, "blas": true, "blas_threads": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
 	"lr_schedule": true, "nesterov": true, "tf32": true, "max_time": true, "method_options": true,
+	"comm": true, "executors": true, "check_every": true,
 }
 
 // ignoredKeys do not tell compared runs apart.
 var ignoredKeys = map[string]bool{
 	"out": true, "data_dir": true, "resume": true, "quiet": true, "log_every": true, "eval_every": true,
 	"checkpoint_every": true, "download": true, "max_eval_batches": true, "blas_threads": true, "phase_times": true,
+	"executors": true, "check_every": true,
 }
 
 // cfgString formats a configuration value compactly.
