@@ -112,31 +112,53 @@ type ckptSection struct {
 }
 
 // encodeFile lays out a checkpoint file.
-func encodeFile(kind string, meta any, names []string, data [][]byte) ([]byte, error) {
+func encodeFile(kind string, meta any, names []string, data []section) ([]byte, error) {
 	mj, err := json.Marshal(meta)
 	if err != nil {
 		return nil, err
 	}
 	h := ckptHeader{Format: ckptFormat, Kind: kind, Meta: mj}
+	total := 0
 	for i, n := range names {
-		h.Sections = append(h.Sections, ckptSection{n, len(data[i])})
+		h.Sections = append(h.Sections, ckptSection{n, data[i].size()})
+		total += data[i].size()
 	}
 	hj, err := json.Marshal(h)
 	if err != nil {
 		return nil, err
 	}
-	var b bytes.Buffer
-	b.WriteString(ckptMagic)
-	var pre [8]byte
-	binary.LittleEndian.PutUint32(pre[:], uint32(len(hj)))
-	b.Write(pre[:]) // the CRC is filled in below
-	b.Write(hj)
+	// One buffer of the file's size, the sections encoded into it: many
+	// workers of one process write their parts at once, so no section is
+	// copied twice.
+	out := make([]byte, 16+len(hj)+total)
+	copy(out, ckptMagic)
+	binary.LittleEndian.PutUint32(out[8:], uint32(len(hj))) // the CRC is filled in below
+	off := 16 + copy(out[16:], hj)
 	for _, d := range data {
-		b.Write(d)
+		off += d.put(out[off:])
 	}
-	out := b.Bytes()
 	binary.LittleEndian.PutUint32(out[12:], crc32.Checksum(out[16:], castagnoli))
 	return out, nil
+}
+
+// section is one section of a checkpoint file: bytes, or float32s stored
+// little-endian.
+type section struct {
+	b []byte
+	f []float32
+}
+
+func (s section) size() int { return len(s.b) + 4*len(s.f) }
+
+// put encodes s at the front of dst and returns its size.
+func (s section) put(dst []byte) int {
+	if s.f == nil {
+		return copy(dst, s.b)
+	}
+	for i, x := range s.f {
+		binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(x))
+	}
+	return 4 * len(s.f)
 }
 
 // decodeFile checks a checkpoint file of the given kind and returns its
@@ -187,14 +209,6 @@ func decodeFile(b []byte, kind, name string) (json.RawMessage, map[string][]byte
 	return h.Meta, secs, nil
 }
 
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
-}
-
 func bytesF32(b []byte) ([]float32, error) {
 	if len(b)%4 != 0 {
 		return nil, fmt.Errorf("%d bytes is not a whole number of float32s", len(b))
@@ -209,10 +223,10 @@ func bytesF32(b []byte) ([]float32, error) {
 // encodeShared lays out shared.ckpt.
 func encodeShared(ck *Checkpoint) ([]byte, error) {
 	names := []string{"params"}
-	data := [][]byte{f32Bytes(ck.Params)}
+	data := []section{{f: ck.Params}}
 	for i, v := range ck.Opt {
 		names = append(names, "opt."+strconv.Itoa(i))
-		data = append(data, f32Bytes(v))
+		data = append(data, section{f: v})
 	}
 	return encodeFile("shared", ck, names, data)
 }
@@ -264,7 +278,7 @@ func parseShared(b []byte, name string) (*Checkpoint, error) {
 // encodeShard lays out rank-NNNN.ckpt.
 func encodeShard(s *Shard) ([]byte, error) {
 	return encodeFile("rank", s, []string{"residual", "buffers", "reducer", "model"},
-		[][]byte{f32Bytes(s.Residual), f32Bytes(s.Buffers), s.Reducer, s.Model})
+		[]section{{f: s.Residual}, {f: s.Buffers}, {b: s.Reducer}, {b: s.Model}})
 }
 
 // parseShard reads a rank's part; name names the file in errors.
