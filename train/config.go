@@ -502,6 +502,9 @@ func (c Config) Validate(underMPI bool) error {
 	if c.Executors < 0 {
 		bad("-executors %d must be >= 0 (0: one per core)", c.Executors)
 	}
+	if c.Device == "cuda" && c.Executors > 0 {
+		bad("-executors %d with -device cuda: workers on GPUs keep a model each (on streams of their own); drop -executors", c.Executors)
+	}
 	if underMPI && c.Executors > 1 {
 		bad("-executors %d under mpirun: each mpirun process is one worker with one executor; drop -executors", c.Executors)
 	}

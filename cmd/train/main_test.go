@@ -53,6 +53,8 @@ func TestFlagsRejectBadInput(t *testing.T) {
 		{[]string{"-workers", "-1", "-out", "x"}, "-workers"},
 		{[]string{"-net-latency", "1ms", "-out", "x"}, "give both"},
 		{[]string{"-seed", "-3", "-out", "x"}, "-seed"},
+		{[]string{"-executors", "-1", "-out", "x"}, "-executors -1 must be >= 0"},
+		{[]string{"-device", "cuda", "-executors", "2", "-out", "x"}, "workers on GPUs keep a model each"},
 		{[]string{"-decay-epochs", "a,b", "-out", "x"}, "-decay-epochs"},
 		{[]string{"-model", "lstm", "-dataset", "ml-100k", "-out", "x"}, "cannot train on"},
 		{[]string{"-out", "x", "extra"}, "unexpected argument"},
