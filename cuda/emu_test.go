@@ -99,6 +99,51 @@ func parseKernels(src string) (map[string]kernelSig, map[string][]string, error)
 	return sigs, types, nil
 }
 
+// barrierKernels finds the kernels of src that reach __syncthreads, in
+// their own body or through the device functions they call: the emulator
+// runs their threads as fibers, and the others' threads as plain calls.
+func barrierKernels(src string) map[string]bool {
+	defs := regexp.MustCompile(`__(?:global|device)__[^;{(]*?(\w+)\(`).FindAllStringSubmatchIndex(src, -1)
+	bodies := map[string]string{}
+	for _, m := range defs {
+		name := src[m[2]:m[3]]
+		open := strings.IndexAny(src[m[1]:], "{;")
+		if open < 0 || src[m[1]+open] != '{' {
+			continue // a declaration
+		}
+		i, depth := m[1]+open, 0
+		for j := i; j < len(src); j++ {
+			if src[j] == '{' {
+				depth++
+			} else if src[j] == '}' {
+				if depth--; depth == 0 {
+					bodies[name] = src[i : j+1]
+					break
+				}
+			}
+		}
+	}
+	sync := map[string]bool{}
+	for name, b := range bodies {
+		sync[name] = strings.Contains(b, "__syncthreads")
+	}
+	for changed := true; changed; {
+		changed = false
+		for name, b := range bodies {
+			if sync[name] {
+				continue
+			}
+			for callee, s := range sync {
+				if s && regexp.MustCompile(`\b`+callee+`\s*\(`).MatchString(b) {
+					sync[name], changed = true, true
+					break
+				}
+			}
+		}
+	}
+	return sync
+}
+
 // emu is the client of the emulator process.
 type emu struct {
 	mu   sync.Mutex
@@ -163,16 +208,17 @@ func buildEmulator() (*emu, error) {
 	if err != nil {
 		return nil, err
 	}
+	barriers := barrierKernels(kernelSource)
 	var inc strings.Builder
 	inc.WriteString("static void registerKernels() {\n")
 	for name, ts := range types {
-		fmt.Fprintf(&inc, "  kernels[%q] = [](Params& p) {\n", name)
+		fmt.Fprintf(&inc, "  kernels[%q] = {%v, [](Params& p) -> std::function<void()> {\n", name, barriers[name])
 		var args []string
 		for i, t := range ts {
 			fmt.Fprintf(&inc, "    auto a%d = p.next<%s>();\n", i, t)
 			args = append(args, fmt.Sprintf("a%d", i))
 		}
-		fmt.Fprintf(&inc, "    %s(%s);\n  };\n", name, strings.Join(args, ", "))
+		fmt.Fprintf(&inc, "    return [=] { %s(%s); };\n  }};\n", name, strings.Join(args, ", "))
 	}
 	inc.WriteString("}\n")
 	if err := os.WriteFile(filepath.Join(dir, "dispatch.inc"), []byte(inc.String()), 0o644); err != nil {
@@ -570,6 +616,20 @@ func TestEmulatorKernelsParse(t *testing.T) {
 	}
 	if len(sigs) < 25 {
 		t.Fatalf("found %d kernels", len(sigs))
+	}
+	// The emulator runs the threads of kernels with barriers as fibers:
+	// every kernel is classified, and barriers reached through device
+	// functions count (block_sum, scan256x2).
+	sync := barrierKernels(kernelSource)
+	for name := range sigs {
+		if _, ok := sync[name]; !ok {
+			t.Errorf("kernel %s: its body was not found", name)
+		}
+	}
+	for name, want := range map[string]bool{"k_binary": false, "k_gather": false, "k_sel_count": true, "k_sel_pick": true, "k_bn_stats": true, "k_sum_partials": true, "k_iota": false} {
+		if sync[name] != want {
+			t.Errorf("kernel %s: reaches __syncthreads = %v, want %v", name, sync[name], want)
+		}
 	}
 	if !emulated {
 		t.Skip("a real GPU or no NVRTC: the emulator is not in use")
