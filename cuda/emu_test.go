@@ -163,6 +163,7 @@ type emu struct {
 	capturing map[uintptr][]func()
 	graphs    map[uintptr][]func()
 	libStream map[uintptr]uintptr // cuBLAS and cuDNN handles → their stream
+	planned   map[[3]uintptr]bool // library calls made once outside a capture
 
 	// Work that completes later (the fake NCCL's transfers): per stream,
 	// and what each recorded event waits for.
@@ -187,6 +188,24 @@ func (e *emu) isCapturing(s uintptr) bool {
 	defer e.mu.Unlock()
 	_, ok := e.capturing[s]
 	return ok
+}
+
+// plan models a library's first call with one configuration (a cuBLAS
+// handle; a cuDNN handle, convolution and direction): cuBLAS and cuDNN
+// choose and load kernels, and may allocate, on that call, which a stream
+// capture must not contain. It reports false when the first call comes
+// inside a capture.
+func (e *emu) plan(s uintptr, key [3]uintptr) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.planned[key] {
+		return true
+	}
+	if _, capturing := e.capturing[s]; capturing {
+		return false
+	}
+	e.planned[key] = true
+	return true
 }
 
 func (e *emu) streamOf(h uintptr) uintptr {
@@ -246,7 +265,7 @@ func buildEmulator() (*emu, error) {
 	}
 	return &emu{w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
 		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
-		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{},
+		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}, planned: map[[3]uintptr]bool{},
 		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}}, nil
 }
 
@@ -518,6 +537,9 @@ func installFakes(e *emu) {
 		cublas.getVersion = func(_ uintptr, v *int32) int32 { *v = 130000; return 0 }
 		cublas.sgemm = func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32 {
 			al, be := *alpha, *beta
+			if !e.plan(e.streamOf(h), [3]uintptr{h}) {
+				return 14 // CUBLAS_STATUS_INTERNAL_ERROR: cuBLAS' first call on a handle, inside a capture
+			}
 			e.exec(e.streamOf(h), func() { e.must(8, 0, ta, tb, m, n, k, al, uint64(a), lda, uint64(b), ldb, be, uint64(c), ldc) })
 			return 0
 		}
@@ -580,6 +602,9 @@ func installFakes(e *emu) {
 			e.mu.Unlock()
 			if xs[1] != ws[1] {
 				return 3
+			}
+			if !e.plan(e.streamOf(h), [3]uintptr{h, cd, uintptr(which) + 1}) {
+				return 8 // CUDNN_STATUS_EXECUTION_FAILED: planned inside a capture
 			}
 			e.exec(e.streamOf(h), func() {
 				e.must(9, 0, which, xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], cs[0], cs[1], uint64(x), uint64(w), uint64(y))

@@ -195,104 +195,157 @@ func TestGPUMathMatchesCPU(t *testing.T) {
 	}
 }
 
+// opCase is one graph case compiled, with its random parameters, buffers
+// and integer inputs.
+type opCase struct {
+	p      *engine.Program
+	params []float32
+	bufs   []float32
+	ints   [][]int64
+}
+
+func newOpCase(t *testing.T, c graphcases.Case) opCase {
+	t.Helper()
+	g, err := graphcases.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := engine.Compile(g.G, engine.Spec{Params: g.Params, Grads: g.Grads, Buffers: g.Bufs, Inputs: g.Ints, Outputs: append([]*G.Node{g.Loss}, g.Outs...)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 3))
+	oc := opCase{p: p, params: randVec(r, p.ParamSize, 0.5), bufs: c.Buffers()}
+	for _, s := range c.Ints {
+		v := make([]int64, s[0])
+		for i := range v {
+			v[i] = int64(r.IntN(s[1]))
+		}
+		oc.ints = append(oc.ints, v)
+	}
+	return oc
+}
+
+// opRun is what one run of a case left: its outputs, the gradient and the
+// updated running statistics.
+type opRun struct {
+	out       [][]float32
+	grad, buf []float32
+}
+
+// run loads the case on b and runs it runs times from the same inputs
+// (the running statistics restored before each run); each run's results
+// go to each, with the executor.
+func (oc opCase) run(t *testing.T, b engine.Backend, runs int, each func(i int, e *engine.Executor, r opRun)) {
+	t.Helper()
+	e, err := engine.New(oc.p, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s := b.Stream()
+	for i, v := range oc.ints {
+		if err := s.Copy(e.Input(i), device.Host(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pv := upload(t, s, oc.params)
+	gv, _ := b.Device().Alloc(device.Float32, oc.p.ParamSize)
+	bv := upload(t, s, oc.bufs)
+	if b.Device().Kind() == device.CPUKind {
+		pv, bv = device.Host(slices.Clone(oc.params)), device.Host(slices.Clone(oc.bufs))
+	}
+	for i := range runs {
+		if err := s.Copy(bv, device.Host(oc.bufs)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Run(context.Background(), engine.Bindings{Params: pv, Grads: gv, Buffers: bv}, nil); err != nil {
+			t.Fatalf("run %d: %v", i+1, err)
+		}
+		var r opRun
+		for j := range oc.p.OutputIDs {
+			r.out = append(r.out, download(t, s, e.Output(j)))
+		}
+		r.grad, r.buf = download(t, s, gv), download(t, s, bv)
+		each(i, e, r)
+	}
+}
+
 // TestGPUOpsMatchCPU compiles every case once and runs the program on the
 // CPU and on the GPU with the same parameters and inputs: the loss, the
 // outputs, every gradient and the updated running statistics agree within
-// 1e-4 relative (float32, TF32 off).
+// 1e-4 relative (float32, TF32 off). The GPU runs the program once,
+// kernel by kernel (TestGPUGraphReplay covers the replays), so this test
+// means the same with CUDA graphs off (SPARSEGRAD_CUDA_GRAPHS=0).
 //
 // The CPU half runs without a GPU too, so the cases themselves are checked
 // on every machine.
 func TestGPUOpsMatchCPU(t *testing.T) {
 	for _, c := range graphcases.Cases() {
 		t.Run(c.Name, func(t *testing.T) {
-			g, err := graphcases.New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := engine.Compile(g.G, engine.Spec{Params: g.Params, Grads: g.Grads, Buffers: g.Bufs, Inputs: g.Ints, Outputs: append([]*G.Node{g.Loss}, g.Outs...)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := rand.New(rand.NewPCG(3, 3))
-			params := randVec(r, p.ParamSize, 0.5)
-			bufs := c.Buffers()
-			var ints [][]int64
-			for _, s := range c.Ints {
-				v := make([]int64, s[0])
-				for i := range v {
-					v[i] = int64(r.IntN(s[1]))
-				}
-				ints = append(ints, v)
-			}
-			run := func(b engine.Backend) (out [][]float32, grad, buf []float32) {
-				e, err := engine.New(p, b, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				s := b.Stream()
-				for i, v := range ints {
-					if err := s.Copy(e.Input(i), device.Host(v)); err != nil {
-						t.Fatal(err)
-					}
-				}
-				pv := upload(t, s, params)
-				gv, _ := b.Device().Alloc(device.Float32, p.ParamSize)
-				bv := upload(t, s, bufs)
-				if b.Device().Kind() == device.CPUKind {
-					pv, bv = device.Host(slices.Clone(params)), device.Host(slices.Clone(bufs))
-				}
-				if _, err := e.Run(context.Background(), engine.Bindings{Params: pv, Grads: gv, Buffers: bv}, nil); err != nil {
-					t.Fatal(err)
-				}
-				if b.Device().Kind() == device.CUDAKind {
-					if err := e.CaptureError(); err != nil || !e.Replaying() {
-						t.Fatalf("the program is not replayed as a CUDA graph: %v", err)
-					}
-					// A second run replays the graph: the same results
-					// from the same inputs (the running statistics
-					// restored first).
-					first := download(t, s, gv)
-					if err := s.Copy(bv, device.Host(bufs)); err != nil {
-						t.Fatal(err)
-					}
-					if _, err := e.Run(context.Background(), engine.Bindings{Params: pv, Grads: gv, Buffers: bv}, nil); err != nil {
-						t.Fatal(err)
-					}
-					again := download(t, s, gv)
-					if e := relErr(again, first); e > 1e-6 {
-						t.Fatalf("a replay differs from the first run: relative error %g", e)
-					}
-					// A gather's gradient adds repeated rows in row
-					// order, without atomics: the same bits every run.
-					if strings.HasPrefix(c.Name, "gather") && !slices.Equal(again, first) {
-						t.Fatal("a gather's gradient changed between two runs of the same inputs")
-					}
-				}
-				for i := range p.OutputIDs {
-					out = append(out, download(t, s, e.Output(i)))
-				}
-				return out, download(t, s, gv), download(t, s, bv)
-			}
-			cpuOut, cpuGrad, cpuBuf := run(engine.CPU)
-			gpuOut, gpuGrad, gpuBuf := run(backend(t))
-			for i := range cpuOut {
-				if e := relErr(gpuOut[i], cpuOut[i]); e > 1e-4 {
+			oc := newOpCase(t, c)
+			var cpu, gpu opRun
+			oc.run(t, engine.CPU, 1, func(_ int, _ *engine.Executor, r opRun) { cpu = r })
+			oc.run(t, backend(t), 1, func(_ int, _ *engine.Executor, r opRun) { gpu = r })
+			for i := range cpu.out {
+				if e := relErr(gpu.out[i], cpu.out[i]); e > 1e-4 {
 					t.Errorf("output %d: relative error %g", i, e)
 				}
 			}
+			p := oc.p
 			for i, off := range p.ParamOffsets {
-				n := len(params) - off
+				n := len(oc.params) - off
 				if i+1 < len(p.ParamOffsets) {
 					n = p.ParamOffsets[i+1] - off
 				}
-				if e := relErr(gpuGrad[off:off+n], cpuGrad[off:off+n]); e > 1e-4 {
+				if e := relErr(gpu.grad[off:off+n], cpu.grad[off:off+n]); e > 1e-4 {
 					t.Errorf("gradient of parameter %d: relative error %g", i, e)
 				}
 			}
-			if e := relErr(gpuBuf, cpuBuf); e > 1e-4 {
+			if e := relErr(gpu.buf, cpu.buf); e > 1e-4 {
 				t.Errorf("running statistics: relative error %g", e)
 			}
+		})
+	}
+}
+
+// TestGPUGraphReplay runs every case three times on the GPU from the same
+// inputs: the first run issues its kernels one by one (cuBLAS and cuDNN
+// plan on their first call, which no capture may hold), the second
+// captures the program as a CUDA graph and replays it, the third replays
+// it again. The replays give the first run's results (within 1e-6; the
+// gather's gradient, summed without atomics, bit for bit).
+func TestGPUGraphReplay(t *testing.T) {
+	if os.Getenv(cuda.EnvGraphs) == "0" {
+		t.Skipf("%s=0 turns CUDA graphs off", cuda.EnvGraphs)
+	}
+	for _, c := range graphcases.Cases() {
+		t.Run(c.Name, func(t *testing.T) {
+			oc := newOpCase(t, c)
+			var first opRun
+			oc.run(t, backend(t), 3, func(i int, e *engine.Executor, r opRun) {
+				if i == 0 {
+					if e.Replaying() {
+						t.Fatal("the first run was captured: libraries would plan inside the capture")
+					}
+					first = r
+					return
+				}
+				if err := e.CaptureError(); err != nil || !e.Replaying() {
+					t.Fatalf("run %d is not a replay of a CUDA graph: %v", i+1, err)
+				}
+				for j := range r.out {
+					if d := relErr(r.out[j], first.out[j]); d > 1e-6 {
+						t.Errorf("run %d, output %d: relative error %g against the first run", i+1, j, d)
+					}
+				}
+				if d := relErr(r.grad, first.grad); d > 1e-6 {
+					t.Errorf("run %d: the gradient differs from the first run's: relative error %g", i+1, d)
+				}
+				if strings.HasPrefix(c.Name, "gather") && !slices.Equal(r.grad, first.grad) {
+					t.Errorf("run %d: a gather's gradient changed between two runs of the same inputs", i+1)
+				}
+			})
 		})
 	}
 }

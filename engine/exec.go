@@ -33,10 +33,12 @@ type Kernel interface {
 }
 
 // Capturer is implemented by streams that can record the work a function
-// issues and replay it with one call (CUDA graphs). An executor captures
-// its program on the first run (and again when the bindings change) and
-// replays it afterwards; the hooks then receive events recorded inside
-// the replay.
+// issues and replay it with one call (CUDA graphs). An executor runs its
+// program kernel by kernel the first time — libraries such as cuBLAS and
+// cuDNN plan and allocate on their first call, which a capture must not
+// contain — then captures it on the second run (and again when the
+// bindings change) and replays it afterwards; the hooks then receive
+// events recorded inside the replay.
 type Capturer interface {
 	Capture(f func() error) (Replay, error)
 }
@@ -92,6 +94,7 @@ type Executor struct {
 	// Captured runs (Capturer streams).
 	replay     Replay
 	noCapture  bool
+	warm       bool // one run issued kernel by kernel has completed
 	captureErr error
 	captured   issued
 	eager      issued
@@ -364,8 +367,10 @@ func (e *Executor) Replaying() bool { return e.replay != nil }
 // does, and leaves the outputs readable. hook, when not nil, is called as
 // each parameter's gradient becomes final, in program order (on a stream
 // that replays captured runs, right after the replay is launched, with
-// events that complete when the gradient does). Run returns after the
-// device has finished the work.
+// events that complete when the gradient does). On a stream that can
+// capture, the first run issues every kernel itself and the second
+// captures the program and replays it. Run returns after the device has
+// finished the work.
 func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, error) {
 	if err := ctx.Err(); err != nil {
 		return Timing{}, fmt.Errorf("engine: %w", err)
@@ -381,7 +386,7 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	}
 	is := &e.eager
 	if c, ok := e.stream.(Capturer); ok && !e.noCapture {
-		if e.replay == nil {
+		if e.replay == nil && e.warm {
 			var rec issued
 			rep, err := c.Capture(func() error { return e.issue(&rec, nil) })
 			if err != nil {
@@ -414,6 +419,7 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	if err := is.end.Synchronize(); err != nil {
 		return Timing{}, err
 	}
+	e.warm = true
 	return Timing{Forward: is.mid.Time().Sub(is.start.Time()), Backward: is.end.Time().Sub(is.mid.Time())}, nil
 }
 
