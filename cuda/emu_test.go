@@ -164,6 +164,11 @@ type emu struct {
 	graphs    map[uintptr][]func()
 	libStream map[uintptr]uintptr // cuBLAS and cuDNN handles → their stream
 	planned   map[[3]uintptr]bool // library calls made once outside a capture
+	// Copies from host memory not yet made: a copy reads its source when
+	// its stream reaches it (the next work, record or synchronisation on
+	// the stream), not when it is issued, as with pinned memory; a host
+	// buffer reused before then uploads its new contents.
+	uploads map[uintptr][]func()
 
 	// Work that completes later (the fake NCCL's transfers): per stream,
 	// and what each recorded event waits for.
@@ -180,6 +185,7 @@ func (e *emu) exec(s uintptr, f func()) {
 		return
 	}
 	e.mu.Unlock()
+	e.flush(s)
 	f()
 }
 
@@ -188,6 +194,17 @@ func (e *emu) isCapturing(s uintptr) bool {
 	defer e.mu.Unlock()
 	_, ok := e.capturing[s]
 	return ok
+}
+
+// flush makes the copies from host memory issued on stream s.
+func (e *emu) flush(s uintptr) {
+	e.mu.Lock()
+	ups := e.uploads[s]
+	delete(e.uploads, s)
+	e.mu.Unlock()
+	for _, u := range ups {
+		u()
+	}
 }
 
 // plan models a library's first call with one configuration (a cuBLAS
@@ -265,7 +282,7 @@ func buildEmulator() (*emu, error) {
 	}
 	return &emu{w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
 		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
-		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}, planned: map[[3]uintptr]bool{},
+		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}, planned: map[[3]uintptr]bool{}, uploads: map[uintptr][]func(){},
 		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}}, nil
 }
 
@@ -344,7 +361,18 @@ func installFakes(e *emu) {
 		drv.cuDevicePrimaryCtxRetain = func(c *uintptr, _ int32) cuResult { *c = 1; return ok }
 		drv.cuDevicePrimaryCtxRelease = func(int32) cuResult { return ok }
 		drv.cuCtxSetCurrent = func(uintptr) cuResult { return ok }
-		drv.cuCtxSynchronize = func() cuResult { return ok }
+		drv.cuCtxSynchronize = func() cuResult {
+			e.mu.Lock()
+			var streams []uintptr
+			for s := range e.uploads {
+				streams = append(streams, s)
+			}
+			e.mu.Unlock()
+			for _, s := range streams {
+				e.flush(s)
+			}
+			return ok
+		}
 		drv.cuMemAlloc = func(p *uint64, n uint64) cuResult {
 			*p = binary.LittleEndian.Uint64(e.must(1, 8, n))
 			return ok
@@ -356,13 +384,16 @@ func installFakes(e *emu) {
 			if e.isCapturing(s) {
 				return 900 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
 			}
-			e.must(3, 0, dst, n, unsafe.Slice((*byte)(src), n))
+			e.mu.Lock()
+			e.uploads[s] = append(e.uploads[s], func() { e.must(3, 0, dst, n, unsafe.Slice((*byte)(src), n)) })
+			e.mu.Unlock()
 			return ok
 		}
 		drv.cuMemcpyDtoHAsync = func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) cuResult {
 			if e.isCapturing(s) {
 				return 900
 			}
+			e.flush(s)
 			copy(unsafe.Slice((*byte)(dst), n), e.must(4, int(n), src, n))
 			return ok
 		}
@@ -383,7 +414,7 @@ func installFakes(e *emu) {
 		}
 		drv.cuStreamCreate = func(s *uintptr, _ uint32) cuResult { *s = e.handle(); return ok }
 		drv.cuStreamDestroy = func(uintptr) cuResult { return ok }
-		drv.cuStreamSynchronize = func(s uintptr) cuResult { waitAll(e.eventPending(s)); return ok }
+		drv.cuStreamSynchronize = func(s uintptr) cuResult { e.flush(s); waitAll(e.eventPending(s)); return ok }
 		drv.cuStreamWaitEvent = func(s, h uintptr, _ uint32) cuResult {
 			e.mu.Lock()
 			e.pending[s] = append(e.pending[s], e.eventWaits[h]...)
@@ -407,6 +438,7 @@ func installFakes(e *emu) {
 			if e.isCapturing(s) {
 				return 900 // a plain record is not a node of the graph
 			}
+			e.flush(s)
 			record(h)
 			w := e.eventPending(s)
 			e.mu.Lock()

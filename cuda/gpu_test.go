@@ -67,6 +67,9 @@ func upload(t testing.TB, s device.Stream, x []float32) device.Buffer {
 	if err := s.Copy(b, device.Host(x)); err != nil {
 		t.Fatal(err)
 	}
+	if err := s.Synchronize(); err != nil { // the copy has read x: the caller may change it
+		t.Fatal(err)
+	}
 	return b
 }
 

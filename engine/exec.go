@@ -87,6 +87,7 @@ type Executor struct {
 	bound   Bindings
 	ready   bool // bufs of bound values resolved for bound
 	bufs    []device.Buffer
+	stage   []device.Buffer // host staging of each input (device executors; lazy)
 	args    [][]device.Buffer
 	wsb     []device.Buffer
 	peak    int
@@ -212,6 +213,43 @@ func (e *Executor) Stream() device.Stream { return e.stream }
 // Input returns the storage of input i (Spec.Inputs order), for the caller
 // to fill before a run.
 func (e *Executor) Input(i int) device.Buffer { return e.bufs[e.p.InputIDs[i]] }
+
+// Staging returns host memory for input i that the caller fills and then
+// sends with Upload(i): one buffer per input, kept by the executor, so an
+// upload that may still be reading its staging (an asynchronous copy from
+// host memory) never shares it with another input's. On a host device it
+// is the input itself.
+func (e *Executor) Staging(i int) (device.Buffer, error) {
+	in := e.Input(i)
+	if in.IsHost() {
+		return in, nil
+	}
+	if e.stage == nil {
+		e.stage = make([]device.Buffer, len(e.p.InputIDs))
+	}
+	if e.stage[i].Len() != in.Len() {
+		b, err := device.CPU.Alloc(in.DType(), in.Len())
+		if err != nil {
+			return device.Buffer{}, fmt.Errorf("engine: staging input %d: %w", i, err)
+		}
+		e.stage[i] = b
+	}
+	return e.stage[i], nil
+}
+
+// Upload sends input i's staging (Staging) to the input on the executor's
+// stream; the copy is ordered before the next run. Nothing on a host device.
+func (e *Executor) Upload(i int) error {
+	in := e.Input(i)
+	if in.IsHost() {
+		return nil
+	}
+	st, err := e.Staging(i)
+	if err != nil {
+		return err
+	}
+	return e.stream.Copy(in, st)
+}
 
 // Output returns the value of output i (Spec.Outputs order) after a run.
 func (e *Executor) Output(i int) device.Buffer { return e.bufs[e.p.OutputIDs[i]] }
