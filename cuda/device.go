@@ -3,7 +3,9 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -140,6 +142,65 @@ func (d *Device) Ordinal() int { return d.ordinal }
 
 // Options returns the options the device was opened with.
 func (d *Device) Options() Options { return d.opts }
+
+// Report describes a GPU and the NVIDIA software the process runs on it:
+// what run.json records and train prints for -device cuda.
+type Report struct {
+	GPU               string `json:"gpu"`
+	Ordinal           int    `json:"ordinal"`
+	ComputeCapability string `json:"compute_capability"`
+	SMs               int    `json:"sms"`
+	MemoryMiB         int    `json:"memory_mib"`
+	// Driver is the kernel module's version (/proc/driver/nvidia/version),
+	// empty where it cannot be read.
+	Driver string `json:"driver,omitempty"`
+	TF32   bool   `json:"tf32"`
+	// Libraries are the libraries the package loaded, with their versions
+	// (the driver's is the CUDA version it supports).
+	Libraries []LibraryInfo `json:"libraries"`
+	// Files are the NVIDIA library files mapped into the process.
+	Files []string `json:"files"`
+}
+
+// Report describes d and the libraries loaded so far (call it once the
+// models are built: cuDNN and NCCL load on first use).
+func (d *Device) Report() Report {
+	r := Report{GPU: d.name, Ordinal: d.ordinal, ComputeCapability: fmt.Sprintf("%d.%d", d.cc[0], d.cc[1]), SMs: d.sms, TF32: d.opts.TF32}
+	if _, total, err := d.MemInfo(); err == nil {
+		r.MemoryMiB = int(total >> 20)
+	}
+	if b, err := os.ReadFile("/proc/driver/nvidia/version"); err == nil {
+		// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun …"
+		f := strings.Fields(string(b))
+		for i, w := range f {
+			if w == "Module" && i+1 < len(f) {
+				r.Driver = f[i+1]
+				break
+			}
+		}
+	}
+	r.Libraries, r.Files = Libraries()
+	return r
+}
+
+// String is the report in a few lines, for the terminal.
+func (r Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "GPU %d: %s (compute capability %s, %d SMs, %d MiB)", r.Ordinal, r.GPU, r.ComputeCapability, r.SMs, r.MemoryMiB)
+	if r.Driver != "" {
+		fmt.Fprintf(&b, ", driver %s", r.Driver)
+	}
+	if r.TF32 {
+		b.WriteString(", TF32 on")
+	}
+	for _, l := range r.Libraries {
+		fmt.Fprintf(&b, "\n  %s %s: %s", l.Name, l.Version, l.Path)
+		if len(l.Missing) > 0 {
+			fmt.Fprintf(&b, " (lacks %s)", strings.Join(l.Missing, ", "))
+		}
+	}
+	return b.String()
+}
 
 // MemInfo returns the free and total memory of the GPU in bytes.
 func (d *Device) MemInfo() (free, total uint64, err error) {

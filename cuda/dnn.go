@@ -46,12 +46,12 @@ const (
 
 func loadCUDNN() error {
 	cudnnOnce.Do(func() {
-		h, _, err := libCUDNN.open()
+		h, path, err := libCUDNN.open()
 		if err != nil {
 			cudnnErr = err
 			return
 		}
-		cudnnErr = bind(libCUDNN.what, h, map[string]any{
+		cudnnErr = bind(libCUDNN, path, h, map[string]any{
 			"cudnnCreate":                                    &cudnn.create,
 			"cudnnSetStream":                                 &cudnn.setStream,
 			"cudnnGetVersion":                                &cudnn.getVersion,
@@ -73,9 +73,15 @@ func loadCUDNN() error {
 			"cudnnGetConvolutionBackwardFilterWorkspaceSize": &cudnn.bwdFilterWorkspace,
 			"cudnnConvolutionBackwardFilter":                 &cudnn.backwardFilter,
 		})
-		if cudnnErr == nil && cudnn.getVersion() < 90000 {
-			cudnnErr = fmt.Errorf("cuda: cuDNN %d is too old; install cuDNN 9 (pip install nvidia-cudnn-cu13)", cudnn.getVersion())
+		if cudnnErr != nil {
+			return
 		}
+		v := cudnn.getVersion()
+		if v < 90000 {
+			cudnnErr = fmt.Errorf("cuda: cuDNN %d is too old; install cuDNN 9 (pip install nvidia-cudnn-cu13)", v)
+			return
+		}
+		setLibraryVersion(libCUDNN.what, fmt.Sprintf("%d.%d.%d", v/10000, v%10000/100, v%100))
 	})
 	return cudnnErr
 }
@@ -83,6 +89,9 @@ func loadCUDNN() error {
 func cudnnError(call string, st int32) error {
 	if st == 0 {
 		return nil
+	}
+	if st == missingSymbol {
+		return missingError(call)
 	}
 	return fmt.Errorf("cuda: %s: %s (cuDNN status %d)", call, goString(cudnn.getErrorString(st)), st)
 }

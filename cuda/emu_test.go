@@ -335,6 +335,10 @@ func installFakes(e *emu) {
 	// maybeEmulate tried the real driver first.
 	driverOnce, driverErr = sync.Once{}, nil
 	driverOnce.Do(func() {
+		for _, l := range []struct{ what, version string }{{libCUDA.what, "CUDA 13.0"}, {libCUBLAS.what, "13.0.0"}, {libCUDNN.what, "9.10.2"}} {
+			recordLibrary(l.what, "emulator", nil)
+			setLibraryVersion(l.what, l.version)
+		}
 		drv.cuInit = func(uint32) cuResult { return ok }
 		drv.cuDriverGetVersion = func(v *int32) cuResult { *v = 13000; return ok }
 		drv.cuDeviceGetCount = func(n *int32) cuResult { *n = int32(emuGPUs); return ok }

@@ -326,6 +326,10 @@ func (w *worker) setup(ctx context.Context) error {
 		if be.Device().Kind() == device.CUDAKind {
 			info.Machine.GPU = be.Device().String()
 		}
+		if g, ok := be.Device().(*cuda.Device); ok {
+			rep := g.Report()
+			info.CUDA = &rep
+		}
 		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
 			w.task.Close()
 			return fmt.Errorf("train: writing run.json: %w", err)
@@ -338,6 +342,9 @@ func (w *worker) setup(ctx context.Context) error {
 		w.out = &output{metrics: mw, log: w.log, sink: w.r.opt.LossSink, console: &syncWriter{w: w.r.opt.Stdout}}
 		if !cfg.Quiet {
 			w.out.prog = newProgress(w.r.opt.Progress, w.out.console)
+			if info.CUDA != nil {
+				fmt.Fprintln(w.out.console, info.CUDA)
+			}
 		}
 		if report := w.r.opt.Report; report != nil {
 			o := w.out
