@@ -19,6 +19,11 @@ type Options struct {
 	// products and convolutions (faster, about 10 bits of mantissa). Off,
 	// float32 products are computed in float32.
 	TF32 bool
+	// Deterministic restricts cuDNN to convolution algorithms whose
+	// results do not vary between runs (bit-reproducible GPU runs, at some
+	// cost in speed). Otherwise the fastest algorithm measured for each
+	// shape is used, which may add in a varying order.
+	Deterministic bool
 }
 
 // Device is one NVIDIA GPU: a device.Device whose buffers are GPU memory.
@@ -37,6 +42,10 @@ type Device struct {
 
 	anchorMu sync.Mutex
 	anchor   *anchor
+
+	convMu    sync.Mutex
+	convCache map[string]ConvChoice // the algorithm of each convolution shape
+	convLog   []ConvChoice
 
 	closeOnce sync.Once
 }
@@ -155,6 +164,10 @@ type Report struct {
 	// empty where it cannot be read.
 	Driver string `json:"driver,omitempty"`
 	TF32   bool   `json:"tf32"`
+	// Deterministic is Options.Deterministic.
+	Deterministic bool `json:"deterministic,omitempty"`
+	// Convolutions are the cuDNN algorithms chosen so far.
+	Convolutions []ConvChoice `json:"convolutions,omitempty"`
 	// Libraries are the libraries the package loaded, with their versions
 	// (the driver's is the CUDA version it supports).
 	Libraries []LibraryInfo `json:"libraries"`
@@ -165,7 +178,8 @@ type Report struct {
 // Report describes d and the libraries loaded so far (call it once the
 // models are built: cuDNN and NCCL load on first use).
 func (d *Device) Report() Report {
-	r := Report{GPU: d.name, Ordinal: d.ordinal, ComputeCapability: fmt.Sprintf("%d.%d", d.cc[0], d.cc[1]), SMs: d.sms, TF32: d.opts.TF32}
+	r := Report{GPU: d.name, Ordinal: d.ordinal, ComputeCapability: fmt.Sprintf("%d.%d", d.cc[0], d.cc[1]), SMs: d.sms, TF32: d.opts.TF32,
+		Deterministic: d.opts.Deterministic, Convolutions: d.ConvChoices()}
 	if _, total, err := d.MemInfo(); err == nil {
 		r.MemoryMiB = int(total >> 20)
 	}
@@ -192,6 +206,9 @@ func (r Report) String() string {
 	}
 	if r.TF32 {
 		b.WriteString(", TF32 on")
+	}
+	if r.Deterministic {
+		b.WriteString(", deterministic convolutions")
 	}
 	for _, l := range r.Libraries {
 		fmt.Fprintf(&b, "\n  %s %s: %s", l.Name, l.Version, l.Path)

@@ -627,6 +627,22 @@ func installFakes(e *emu) {
 			return 0
 		}
 		cudnn.fwdAlgo = func(_, _, _, _, _ uintptr, _ int32, ret *int32, perf unsafe.Pointer) int32 { return algo(ret, perf) }
+		// Find ranks by time: the fastest needs 2 GiB of scratch (over the
+		// limit), the next is not deterministic, a failed one, then a
+		// deterministic one (the emulator's convolution is the same for
+		// every algorithm).
+		find := func(_, _, _, _, _ uintptr, req int32, ret *int32, perf unsafe.Pointer) int32 {
+			ps := unsafe.Slice((*algoPerf)(perf), req)
+			list := []algoPerf{
+				{algo: 5, time: 0.1, memory: 2 << 30, determinism: cudnnDeterministic},
+				{algo: 1, time: 0.2, memory: 1 << 20},
+				{algo: 3, status: 9},
+				{algo: 0, time: 0.5, determinism: cudnnDeterministic},
+			}
+			*ret = int32(copy(ps, list))
+			return 0
+		}
+		cudnn.findFwd, cudnn.findBwdData, cudnn.findBwdFilter = find, find, find
 		cudnn.bwdDataAlgo, cudnn.bwdFilterAlgo = cudnn.fwdAlgo, cudnn.fwdAlgo
 		noWS := func(_, _, _, _, _ uintptr, _ int32, size *uint64) int32 { *size = 0; return 0 }
 		cudnn.fwdWorkspace, cudnn.bwdDataWorkspace, cudnn.bwdFilterWorkspace = noWS, noWS, noWS

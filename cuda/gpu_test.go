@@ -443,3 +443,46 @@ func randTargets(r *rand.Rand, n int) []float32 {
 	}
 	return v
 }
+
+// TestConvAlgorithmChoice: every convolution's algorithm is the fastest
+// that cuDNN measured (within the scratch limit), or, with
+// Options.Deterministic, the fastest deterministic one; the choices are
+// reported. On the emulator the candidates are known: the fastest needs
+// too much scratch, the next is not deterministic, the third failed.
+func TestConvAlgorithmChoice(t *testing.T) {
+	gpu(t)
+	var c graphcases.Case
+	for _, k := range graphcases.Cases() {
+		if k.Name == "conv-bn-relu-xent" {
+			c = k
+		}
+	}
+	oc := newOpCase(t, c)
+	for _, det := range []bool{false, true} {
+		d, err := cuda.Open(0, cuda.Options{Deterministic: det})
+		if err != nil {
+			t.Fatal(err)
+		}
+		be, err := cuda.NewBackend(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		oc.run(t, be, 1, func(int, *engine.Executor, opRun) {})
+		choices := d.ConvChoices()
+		if len(choices) != 6 { // two convolutions: forward, backward data, backward filter
+			t.Fatalf("deterministic %v: %d convolutions chosen: %+v", det, len(choices), choices)
+		}
+		for _, ch := range choices {
+			t.Logf("deterministic %v: %s: %s (%d) %.3f ms, %d bytes of scratch, deterministic %v, %d candidates", det, ch.Op, ch.AlgoName, ch.Algo, ch.Ms, ch.WorkspaceBytes, ch.Deterministic, ch.Candidates)
+			if !ch.Timed || ch.WorkspaceBytes > 1<<30 || (det && !ch.Deterministic) {
+				t.Errorf("deterministic %v: %s: %+v", det, ch.Op, ch)
+			}
+			if want := map[bool]int32{false: 1, true: 0}[det]; cuda.Emulated() && ch.Algo != want {
+				t.Errorf("deterministic %v: %s: algorithm %d, want %d", det, ch.Op, ch.Algo, want)
+			}
+		}
+		if r := d.Report(); len(r.Convolutions) != len(choices) || r.Deterministic != det {
+			t.Errorf("the report lacks the choices: %+v", r)
+		}
+	}
+}

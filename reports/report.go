@@ -202,7 +202,7 @@ var generalKeys = map[string]bool{
 	"warmup_epochs": true, "decay_epochs": true, "decay_factor": true, "clip": true, "no_augment": true, "out": true,
 	"resume": true, "device": true, "net_latency": true, "net_bandwidth": true, "log_every": true, "eval_every": true,
 	"max_eval_batches": true, "blas": true, "blas_threads": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
-	"lr_schedule": true, "nesterov": true, "tf32": true, "max_time": true, "method_options": true,
+	"lr_schedule": true, "nesterov": true, "tf32": true, "deterministic": true, "max_time": true, "method_options": true,
 	"comm": true, "executors": true, "check_every": true,
 }
 

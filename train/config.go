@@ -119,6 +119,10 @@ type Config struct {
 	// convolutions (faster; float32 products keep about 10 bits of
 	// mantissa).
 	TF32 bool `json:"tf32,omitempty"`
+	// Deterministic restricts a GPU's convolutions to deterministic cuDNN
+	// algorithms (bit-reproducible runs; otherwise the fastest algorithm
+	// measured for each shape, which may add in a varying order).
+	Deterministic bool `json:"deterministic,omitempty"`
 	// NetLatency and NetBandwidth (bytes/s) emulate a network (both or
 	// neither; in-process workers only).
 	NetLatency   time.Duration `json:"net_latency"`
@@ -454,6 +458,9 @@ func (c Config) Validate(underMPI bool) error {
 	case "cpu":
 		if c.TF32 {
 			bad("-tf32 applies to -device cuda only")
+		}
+		if c.Deterministic {
+			bad("-deterministic applies to -device cuda only (CPU runs are deterministic)")
 		}
 	case "cuda":
 	default:

@@ -222,6 +222,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda (NVIDIA GPUs; in-process workers share the GPUs, each with a stream of its own)")
 	fs.StringVar(&c.Comm, "comm", "auto", "communication backend: local (in-process workers), mpi (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when every worker has a GPU of its own, else local or mpi; on a GPU those stage device buffers through host memory)")
 	fs.BoolVar(&c.TF32, "tf32", false, "GPU: allow TF32 tensor-core math in matrix products and convolutions (faster, about 10-bit mantissa)")
+	fs.BoolVar(&c.Deterministic, "deterministic", false, "GPU: only deterministic cuDNN convolution algorithms (bit-reproducible runs, slower); otherwise the fastest measured per shape")
 	fs.DurationVar(&c.NetLatency, "net-latency", 0, "emulated network latency per message, e.g. 50us (with -net-bandwidth; simulated workers only)")
 	fs.Var(finiteFloat{&v.bandwidth}, "net-bandwidth", "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)")
 	i64(&c.LogEvery, "log-every", "write a step record every this many steps (default 1)")
