@@ -703,7 +703,7 @@ func TestEmulatorKernelsParse(t *testing.T) {
 			t.Errorf("kernel %s: its body was not found", name)
 		}
 	}
-	for name, want := range map[string]bool{"k_binary": false, "k_gather": false, "k_sel_count": true, "k_sel_pick": true, "k_bn_stats": true, "k_sum_partials": true, "k_iota": false} {
+	for name, want := range map[string]bool{"k_binary": false, "k_gather": false, "k_sel_count": true, "k_sel_pick": true, "k_bn_part": true, "k_sum_partials": true, "k_iota": false} {
 		if sync[name] != want {
 			t.Errorf("kernel %s: reaches __syncthreads = %v, want %v", name, sync[name], want)
 		}
