@@ -2,6 +2,7 @@ package cuda_test
 
 import (
 	"context"
+	"fmt"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -290,10 +291,15 @@ func TestGPUOpsMatchCPU(t *testing.T) {
 			var cpu, gpu opRun
 			oc.run(t, engine.CPU, 1, func(_ int, _ *engine.Executor, r opRun) { cpu = r })
 			oc.run(t, backend(t), 1, func(_ int, _ *engine.Executor, r opRun) { gpu = r })
-			for i := range cpu.out {
-				if e := relErr(gpu.out[i], cpu.out[i]); e > 1e-4 {
-					t.Errorf("output %d: relative error %g", i, e)
+			worst := 0.0
+			within := func(what string, e float64) {
+				worst = max(worst, e)
+				if e > 1e-4 {
+					t.Errorf("%s: relative error %g", what, e)
 				}
+			}
+			for i := range cpu.out {
+				within(fmt.Sprintf("output %d", i), relErr(gpu.out[i], cpu.out[i]))
 			}
 			p := oc.p
 			for i, off := range p.ParamOffsets {
@@ -301,13 +307,15 @@ func TestGPUOpsMatchCPU(t *testing.T) {
 				if i+1 < len(p.ParamOffsets) {
 					n = p.ParamOffsets[i+1] - off
 				}
-				if e := relErr(gpu.grad[off:off+n], cpu.grad[off:off+n]); e > 1e-4 {
-					t.Errorf("gradient of parameter %d: relative error %g", i, e)
-				}
+				within(fmt.Sprintf("gradient of parameter %d", i), relErr(gpu.grad[off:off+n], cpu.grad[off:off+n]))
 			}
-			if e := relErr(gpu.buf, cpu.buf); e > 1e-4 {
-				t.Errorf("running statistics: relative error %g", e)
+			within("running statistics", relErr(gpu.buf, cpu.buf))
+			var kinds []string
+			for _, in := range p.Instrs {
+				kinds = append(kinds, strings.TrimPrefix(fmt.Sprintf("%T", in.Op), "ops."))
 			}
+			slices.Sort(kinds)
+			t.Logf("%s: max relative error %.2e (outputs, gradients, running statistics); op kinds %v", c.Name, worst, slices.Compact(kinds))
 		})
 	}
 }
@@ -419,14 +427,21 @@ func TestGPUModelStepsMatchCPU(t *testing.T) {
 				}
 				losses[k], grads[k] = res.Loss, download(t, s, grad)
 			}
-			if math.Abs(losses[0]-losses[1]) > 1e-4*math.Abs(losses[0]) {
+			lossErr := math.Abs(losses[0]-losses[1]) / math.Abs(losses[0])
+			if lossErr > 1e-4 {
 				t.Errorf("loss: CPU %v, GPU %v", losses[0], losses[1])
 			}
+			worst, at := 0.0, ""
 			for _, p := range lay {
-				if e := relErr(grads[1][p.Offset:p.Offset+p.Size], grads[0][p.Offset:p.Offset+p.Size]); e > 1e-4 {
+				e := relErr(grads[1][p.Offset:p.Offset+p.Size], grads[0][p.Offset:p.Offset+p.Size])
+				if e > worst {
+					worst, at = e, p.Name
+				}
+				if e > 1e-4 {
 					t.Errorf("gradient of %s: relative error %g", p.Name, e)
 				}
 			}
+			t.Logf("%s: loss relative error %.2e; gradients: max relative error %.2e (%s) over %d tensors", c.name, lossErr, worst, at, len(lay))
 		})
 	}
 }
