@@ -110,9 +110,12 @@
 //     threshold decays every call); empty partitions (N < n) are guarded.
 //   - "lags" (lags.go, LAGS; notes 5): per merge group
 //     top-k and all-gathers, pipelined through GroupReducer, optional
-//     adaptive density. Deviations: a group's elements are taken in layout
-//     order (the reference concatenates them in backward order: only tie
-//     order differs); when no ratio hides the communication, Density is used.
+//     adaptive density (eq. 19 with c_u an upper bound on the compression,
+//     as the paper's text says: densities in [1/c_u, 1]; the formula as
+//     printed makes it a lower bound). Deviations: a group's elements are
+//     taken in layout order (the reference concatenates them in backward
+//     order: only tie order differs); when no ratio hides the
+//     communication, 1/c_u is used.
 //   - "spardl" (spardl.go, spardlReducer; notes 4): sparse
 //     reduce-scatter within teams, B-SAG or R-SAG across teams, Bruck
 //     all-gather, global residual collection. Deviations: the flat vector is
@@ -147,8 +150,9 @@
 //     200: dense all-reduce iterations before sparsifying (0: none).
 //   - lags: merge_size (-merge-size), int, [1, 2147483647], default 8192:
 //     merge threshold in elements (1: one group per tensor).
-//   - lags: max_ratio (-max-ratio), float, 0 (off) or >= 1, default 0:
-//     compression-ratio bound c_u of the adaptive per-group density.
+//   - lags: max_ratio (-max-ratio), float, 0 (off) or >= 1, default 0: upper
+//     bound c_u on the compression ratio of the adaptive per-group density
+//     (densities in [1/c_u, 1]).
 //   - oktopk: dense_warmup (-dense-warmup), int, [0, 2147483647], default
 //     512: dense all-reduce iterations before sparsifying (0: none).
 //   - spardl: teams (-teams), int, [1, 2147483647], default 1: number of

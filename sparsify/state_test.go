@@ -64,7 +64,7 @@ func stateCases(t *testing.T, layout Layout) []stateCase {
 	cs = append(cs,
 		stateCase{method: "spardl", workers: 4, params: Values{"teams": 2}},
 		stateCase{method: "spardl", workers: 4, params: Values{"teams": 2, "sag": "rsag"}},
-		stateCase{method: "lags", workers: 3, params: Values{"max_ratio": 2.0, "merge_size": 40},
+		stateCase{method: "lags", workers: 3, params: Values{"max_ratio": 20.0, "merge_size": 40},
 			network: netmodel.Network{Latency: time.Microsecond, Bandwidth: 1e9}, backward: back},
 	)
 	return cs
