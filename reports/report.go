@@ -349,6 +349,9 @@ func runTable(r *Run) table {
 	if len(resumes) > 0 {
 		rows = append(rows, []string{"resumed", strings.Join(resumes, "; ")})
 	}
+	for _, n := range r.Info.Notes {
+		rows = append(rows, []string{"note", n})
+	}
 	kept := rows[:0]
 	for _, row := range rows {
 		if row[1] != "" {

@@ -485,6 +485,10 @@ func (l *LAGS) SetBackwardTimes(perTensor []time.Duration) error {
 	return nil
 }
 
+// HasBackwardTimes reports whether SetBackwardTimes was called (or a state
+// with backward times restored).
+func (l *LAGS) HasBackwardTimes() bool { return l.backward != nil }
+
 // Adaptive reports whether the adaptive per-group density is on (the option
 // max_ratio is not 0): only then do the backward times of SetBackwardTimes
 // matter.

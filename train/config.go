@@ -48,6 +48,12 @@ type Config struct {
 	// Pipeline is "auto", "on" or "off": LAGS pipelining (auto: on for lags
 	// unless gradient clipping needs the whole gradient first).
 	Pipeline string `json:"pipeline"`
+	// ClipAt is where Clip clips: "local" (each worker's gradient, before
+	// error feedback, as the DEFT/MiCRO harness clips the LSTM), "aggregated"
+	// (the averaged gradient after the reduction, as the LAGS reference
+	// clips its LSTM runs; this keeps LAGS pipelining on) or "auto" (the
+	// default: aggregated for lags, local otherwise).
+	ClipAt string `json:"clip_at"`
 
 	// Workers is the number of simulated workers in one process (default 1;
 	// under mpirun each process is one worker and Workers must be 1).
@@ -184,6 +190,7 @@ func (c Config) Defaults() Config {
 	def(&c.Sparsifier, "dense")
 	c.Density.orDefault(0.01)
 	def(&c.Pipeline, "auto")
+	def(&c.ClipAt, "auto")
 	c.Workers.orDefault(1)
 	def(&c.Device, "cpu")
 	def(&c.Comm, "auto")
@@ -277,10 +284,21 @@ func (c Config) PipelineOn() bool {
 	case "on":
 		return true
 	case "auto":
-		return c.Sparsifier == "lags" && c.Clip.Value() == 0
+		return c.Sparsifier == "lags" && !c.ClipLocal()
 	}
 	return false
 }
+
+// ClipLocal reports whether the run clips each worker's gradient before
+// error feedback (Clip > 0 and ClipAt local, or auto with another method
+// than lags), which needs the whole gradient before the reduction starts.
+func (c Config) ClipLocal() bool {
+	return c.Clip.Value() > 0 && (c.ClipAt == "local" || (c.ClipAt != "aggregated" && c.Sparsifier != "lags"))
+}
+
+// ClipAggregated reports whether the run clips the averaged gradient after
+// the reduction (Clip > 0 and not ClipLocal).
+func (c Config) ClipAggregated() bool { return c.Clip.Value() > 0 && !c.ClipLocal() }
 
 // Validate checks c (after Defaults) and returns an error wrapping ErrConfig
 // that says what is wrong and how to fix it. underMPI tells whether the run
@@ -373,8 +391,8 @@ func (c Config) Validate(underMPI bool) error {
 		if c.Sparsifier != "lags" {
 			bad("-pipeline on needs -sparsifier lags (the only reducer that reduces layer groups during the backward pass), not %s", c.Sparsifier)
 		}
-		if c.Clip.Value() > 0 {
-			bad("-pipeline on cannot be combined with -clip %v: clipping needs the whole gradient before error feedback; pass -clip 0 or -pipeline off", c.Clip)
+		if c.ClipLocal() {
+			bad("-pipeline on cannot be combined with -clip %v -clip-at local: clipping each worker's gradient needs the whole gradient before error feedback; pass -clip-at aggregated (clip the averaged gradient, as the LAGS reference does), -clip 0 or -pipeline off", c.Clip)
 		}
 	default:
 		bad("-pipeline %q: use auto, on or off", c.Pipeline)
@@ -449,6 +467,11 @@ func (c Config) Validate(underMPI bool) error {
 	}
 	if c.Clip.Value() < 0 {
 		bad("-clip %v must be >= 0 (0: off)", c.Clip)
+	}
+	switch c.ClipAt {
+	case "auto", "local", "aggregated":
+	default:
+		bad("-clip-at %q: use auto, local or aggregated", c.ClipAt)
 	}
 	switch c.Device {
 	case "cpu":

@@ -81,6 +81,8 @@ type worker struct {
 	start time.Time
 	// res is the state of checkpoints and resumes.
 	res resilience
+	// lags profiles the backward pass for LAGS' adaptive density.
+	lags lagsProfile
 }
 
 func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
@@ -321,6 +323,7 @@ func (w *worker) setup(ctx context.Context) error {
 			// resumes so far (restore fills in this one's checkpoint).
 			info.Start, info.CommandLine = prev.Start, prev.CommandLine
 			info.Resumes = append(slices.Clone(prev.Resumes), ResumeRecord{At: time.Now().UTC(), CommandLine: w.r.opt.CommandLine})
+			info.Notes = slices.Clone(prev.Notes)
 		}
 		w.res.info = &info
 		if be.Device().Kind() == device.CUDAKind {
@@ -517,8 +520,8 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 			}
 		}
 	} else {
-		if clip := w.cfg.Clip.Value(); clip > 0 {
-			if _, err := ClipNorm(w.stream, w.grad, clip); err != nil {
+		if w.cfg.ClipLocal() {
+			if _, err := ClipNorm(w.stream, w.grad, w.cfg.Clip.Value()); err != nil {
 				return s, err
 			}
 		}
@@ -534,6 +537,12 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 	}
 	if math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0) {
 		return s, fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss)
+	}
+	if w.cfg.ClipAggregated() {
+		// The averaged gradient, the same on every worker.
+		if _, err := ClipNorm(w.stream, w.grad, w.cfg.Clip.Value()); err != nil {
+			return s, err
+		}
 	}
 	t2 := time.Now()
 	if !started.IsZero() {
@@ -596,46 +605,6 @@ func (w *worker) reduce(ctx context.Context) (sparsify.Stats, error) {
 	return st, w.upload(w.resid, w.mem.Residual)
 }
 
-// setBackwardTimes gives LAGS' adaptive density the per-tensor backward
-// times of the first step: the time between consecutive "final" events,
-// the maximum over ranks.
-func (w *worker) setBackwardTimes(ctx context.Context) error {
-	l, ok := w.red.(*sparsify.LAGS)
-	if !ok || !l.Adaptive() {
-		return nil
-	}
-	nt := len(w.layout.Tensors)
-	send := make(comm.Int64s, nt)
-	var prev time.Time
-	// Tensors become final in descending layout order; the first to be
-	// final is the start of the measured backward pass.
-	for i := nt - 1; i >= 0; i-- {
-		ev := w.final[i]
-		if ev == nil {
-			continue
-		}
-		if err := ev.Synchronize(); err != nil {
-			return err
-		}
-		at := ev.Time()
-		if !prev.IsZero() {
-			send[i] = max(int64(at.Sub(prev)), 0)
-		}
-		prev = at
-	}
-	recv := make(comm.Int64s, nt*w.size)
-	if err := w.c.AllGather(ctx, send, recv); err != nil {
-		return fmt.Errorf("train: combining backward times: %w", err)
-	}
-	d := make([]time.Duration, nt)
-	for r := 0; r < w.size; r++ {
-		for i := range d {
-			d[i] = max(d[i], time.Duration(recv[r*nt+i]))
-		}
-	}
-	return l.SetBackwardTimes(d)
-}
-
 // gather combines the ranks' step statistics into a record (the same on
 // every rank).
 func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr float64) (StepRecord, error) {
@@ -688,6 +657,15 @@ func (w *worker) loop(ctx context.Context) error {
 	}
 	step := pos.step
 	w.r.status.step.Store(int64(step))
+	total := cfg.Epochs.Value() * perEpoch
+	if cfg.Steps > 0 {
+		total = min(total, cfg.Steps)
+	}
+	for _, n := range methodNotes(cfg, w.layout, total) {
+		if err := w.note(n); err != nil {
+			return err
+		}
+	}
 	lastEval, lastCkpt := -1, -1
 	if cfg.Resume != "" {
 		lastCkpt = step
@@ -793,10 +771,8 @@ func (w *worker) loop(ctx context.Context) error {
 			s.Samples = ns
 			step++
 			w.r.status.step.Store(int64(step))
-			if step == 1 {
-				if err := w.setBackwardTimes(ctx); err != nil {
-					return w.failed(err, step)
-				}
+			if err := w.profileLAGS(ctx, step); err != nil {
+				return w.failed(err, step)
 			}
 			if cfg.CheckEvery > 0 && step%cfg.CheckEvery == 0 {
 				if err := w.checkParams(ctx, step); err != nil {
