@@ -92,11 +92,17 @@
 //     the reducer; the samples' random start is seeded per rank, iteration
 //     and tensor.
 //   - "dragonn" (dragonn.go, dragonnReducer; notes 6): DRAGONN's sampled
-//     threshold with hashed insertion, small tensors dense, dense warm-up.
-//     Deviations (fixes): values are summed and divided by the number of
-//     workers (the reference overwrites and does not divide); error feedback
-//     is always on; element 0 can be selected; hash collisions resolve
-//     deterministically (highest index wins); ns and nsel are at least 1.
+//     threshold with the threshold test and the hashed insertion fused into
+//     one pass (Ops.HashSelectAbove; no compaction of the candidates), small
+//     tensors dense, dense warm-up. Deviations (fixes): values are summed
+//     and divided by the number of workers (the reference overwrites and
+//     does not divide); error feedback is always on; element 0 can be
+//     selected; exact zeros never are (a zero sampled threshold flooded the
+//     slots with zeros); hash collisions resolve deterministically (highest
+//     index wins); ns and nsel are at least 1. Not implemented: the paper's
+//     cost model (its eq. 1) for which tensors to compress (a fixed
+//     min_tensor cut-off, the reference's) and the momentum-corrected error
+//     feedback the paper evaluated every method with.
 //   - "deft" (deft.go, newDeft; notes 2): DEFT's fragments, norm-proportional
 //     per-fragment budgets and LPT bin packing by a rotating leader.
 //     Deviations: the budget allocation is exact (proportional to the
