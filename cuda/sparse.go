@@ -717,6 +717,33 @@ func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, err
 	return u, o.ScatterFill(s, mark, out.Slice(0, u), 0)
 }
 
+// MomentumCorrect is DGC's momentum correction (sparsify's
+// Ops.MomentumCorrect), one kernel: vel[i] = acc[i], res[i] = acc[i] +
+// m·(acc[i] − the old vel[i]). res may be acc.
+func (o *Sparse) MomentumCorrect(s device.Stream, vel, res, acc device.Buffer, m float32) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := vel.Len()
+	if err := o.check("MomentumCorrect", "vel", vel, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("MomentumCorrect", "res", res, device.Float32, n); err != nil {
+		return err
+	}
+	if err := o.check("MomentumCorrect", "acc", acc, device.Float32, n); err != nil {
+		return err
+	}
+	if res.Len() != n || acc.Len() != n {
+		return fmt.Errorf("cuda: MomentumCorrect: vel, res and acc have %d, %d and %d elements", n, res.Len(), acc.Len())
+	}
+	if n == 0 {
+		return nil
+	}
+	return cs.args().buf(vel).buf(res).buf(acc).i64(n).f32(m).runN("k_dgc_momentum", n)
+}
+
 // HashSelectAbove is DRAGONN's one-pass selection (sparsify's
 // Ops.HashSelectAbove): one kernel over x compares every element with t and
 // hashes each selected index (|x_i| >= t, not an exact zero, not NaN) into

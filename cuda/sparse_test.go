@@ -403,6 +403,44 @@ func TestGPUHashSelectAbove(t *testing.T) {
 	}
 }
 
+// TestGPUMomentumCorrect: DGC's momentum-correction kernel gives the CPU's
+// bits (vel = acc, res = acc + m·(acc − old vel)), also in place (res =
+// acc).
+func TestGPUMomentumCorrect(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(15, 16))
+	for _, n := range []int{0, 1, 1000, 70001} {
+		for _, inPlace := range []bool{false, true} {
+			vel, acc := randVec(r, n, 1), randVec(r, n, 1)
+			const m = 0.9
+			cv, ca := slices.Clone(vel), slices.Clone(acc)
+			cr := ca
+			if !inPlace {
+				cr = make([]float32, n)
+			}
+			if err := sparsify.CPUOps().MomentumCorrect(nil, device.Host(cv), device.Host(cr), device.Host(ca), m); err != nil {
+				t.Fatal(err)
+			}
+			vb, ab := upload(t, s, append(vel, 0)).Slice(0, n), upload(t, s, append(acc, 0)).Slice(0, n)
+			rb := ab
+			if !inPlace {
+				rb = upload(t, s, make([]float32, n+1)).Slice(0, n)
+			}
+			if err := sp.MomentumCorrect(s, vb, rb, ab, m); err != nil {
+				t.Fatal(err)
+			}
+			if !sameBits(download(t, s, vb), cv) || !sameBits(download(t, s, rb), cr) {
+				t.Fatalf("n=%d in place %v: the kernel's velocity or residual differs from the CPU's", n, inPlace)
+			}
+		}
+	}
+	if err := sp.MomentumCorrect(s, upload(t, s, make([]float32, 3)), upload(t, s, make([]float32, 2)), upload(t, s, make([]float32, 3)), 0.9); err == nil {
+		t.Fatal("lengths 3, 2, 3 accepted")
+	}
+}
+
 func TestGPUUnionAndScatter(t *testing.T) {
 	d := gpu(t)
 	sp := d.Sparse()

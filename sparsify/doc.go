@@ -86,11 +86,16 @@
 //     (exact only below 2^24); merged candidates have distinct indices.
 //   - "randomk" (randomk.go, randomkReducer): k random indices shared by all
 //     ranks (seeded), no indices on the wire. Baseline without a reference.
-//   - "dgc" (dgc.go, dgcReducer; notes 7.4): Deep Gradient Compression's
-//     per-tensor double sampling, sparse all-gather. Deviations: DGC's
-//     momentum correction and masking (optimizer features) are not part of
-//     the reducer; the samples' random start is seeded per rank, iteration
-//     and tensor.
+//   - "dgc" (dgc.go, dgcReducer; notes 7.4): Deep Gradient Compression:
+//     per-tensor double sampling of the tensors of more than one dimension
+//     (1-D tensors all-reduced dense), momentum correction with
+//     momentum-factor masking (Options.Momentum, the optimizer's, which
+//     then applies momentum to weight decay only), the density warm-up over
+//     the first epochs (EpochScheduled), local clipping scaled by 1/√n
+//     (Method.ScaledClip, the trainer's), sparse all-gather. Deviations: the
+//     samples' random start is seeded per rank, iteration and tensor; the
+//     warm-up is the paper's 0.25^(e+1) (the reference's configuration
+//     ramps with ρ^(1/(E+1))).
 //   - "dragonn" (dragonn.go, dragonnReducer; notes 6): DRAGONN's sampled
 //     threshold with the threshold test and the hashed insertion fused into
 //     one pass (Ops.HashSelectAbove; no compaction of the candidates), small
@@ -129,7 +134,8 @@
 //     keeps 1/2^(s+1) of a value dropped in round s (the paper's half in
 //     round 0), which conserves the gradient.
 //
-// Every method except gtopk conserves the gradient: Σ_w residual_w + n·out =
+// Every method except gtopk and dgc with momentum correction conserves the
+// gradient: Σ_w residual_w + n·out =
 // Σ_w acc_w up to float32 rounding.
 //
 // # Method options
@@ -150,6 +156,9 @@
 // ./sparsify; TestOptionsDoc fails when it is out of date); each entry is
 // method: name (trainer flag), kind, valid values, default, meaning.
 //
+//   - dgc: sparsity_warmup (-sparsity-warmup), int, [0, 1000], default 4:
+//     epochs of DGC's density warm-up: density max(0.25^(e+1), ρ) in epoch e
+//     (0: none).
 //   - dragonn: min_tensor (-min-tensor), int, [0, 2147483647], default
 //     204800: compress only tensors with more elements (0: every tensor).
 //   - dragonn: dense_warmup (-dense-warmup), int, [0, 2147483647], default

@@ -101,9 +101,10 @@ type dragonnReducer struct {
 	params    []dragonnParams
 	calls     int // compress calls so far, modulo 100000
 
-	samp         samples
-	dIdx         device.Buffer // Int32
-	dVal, dDense device.Buffer // Float32
+	samp  samples
+	dIdx  device.Buffer // Int32
+	dVal  device.Buffer // Float32
+	dense denseParts
 }
 
 func newDragonnReducer(o Options) (Reducer, error) {
@@ -199,23 +200,8 @@ func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device
 	b.iter++
 	n := b.c.Size()
 	// The uncompressed tensors, concatenated and all-reduced.
-	var dense device.Buffer
-	if denseN > 0 {
-		if dense, err = v.scratch(&r.dDense, device.Float32, denseN); err != nil {
-			return Stats{}, err
-		}
-		d := 0
-		for t, tn := range tensors {
-			if !comp[t] {
-				if err := v.s.Copy(dense.Slice(d, d+tn.Size), acc.Slice(tn.Offset, tn.Offset+tn.Size)); err != nil {
-					return Stats{}, err
-				}
-				d += tn.Size
-			}
-		}
-		if err := b.c.AllReduce(ctx, v.cb(dense)); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: dragonn: all-reducing %d values of the uncompressed tensors: %w", denseN, err)
-		}
+	if _, err := r.dense.reduce(ctx, b, acc, comp); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
 	}
 	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
 	var counts []int
@@ -233,22 +219,8 @@ func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device
 	if err := b.residualWithout(residual, acc, idx); err != nil {
 		return Stats{}, err
 	}
-	d := 0
-	for t, tn := range tensors {
-		if comp[t] {
-			continue
-		}
-		o := out.Slice(tn.Offset, tn.Offset+tn.Size)
-		if err := v.s.Copy(o, dense.Slice(d, d+tn.Size)); err != nil {
-			return Stats{}, err
-		}
-		if err := v.m.Scale(v.s, o, 1/float32(n)); err != nil {
-			return Stats{}, err
-		}
-		if err := v.m.Fill(v.s, residual.Slice(tn.Offset, tn.Offset+tn.Size), 0); err != nil {
-			return Stats{}, err
-		}
-		d += tn.Size
+	if err := r.dense.write(b, out, residual, comp); err != nil {
+		return Stats{}, err
 	}
 	for w := range counts {
 		counts[w] += denseN

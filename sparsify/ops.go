@@ -83,6 +83,11 @@ type Ops interface {
 	// least len(idx) long) and returns how many; an index outside [0, n)
 	// is an error naming it.
 	Union(s device.Stream, out, idx device.Buffer, n int) (int, error)
+	// MomentumCorrect is DGC's momentum correction, element-wise (see the
+	// dgc method): with a = acc[i] (the velocity) and p = vel[i] (the
+	// previous masked velocity), it sets vel[i] = a and res[i] = a +
+	// m·(a − p) (the velocity plus m times the momentum). res may be acc.
+	MomentumCorrect(s device.Stream, vel, res, acc device.Buffer, m float32) error
 	// HashSelectAbove is DRAGONN's one-pass selection: every index i with
 	// |x[i]| >= t — never an exact zero, never NaN — is hashed, in the same
 	// pass that compares it, into slot murmur3(i, seed) mod slots (on a
@@ -514,6 +519,33 @@ func (cpuOps) Union(_ device.Stream, out, idx device.Buffer, n int) (int, error)
 	u := append(oo[:0], ii...)
 	slices.Sort(u)
 	return len(slices.Compact(u)), nil
+}
+
+func (cpuOps) MomentumCorrect(_ device.Stream, vel, res, acc device.Buffer, m float32) error {
+	vv, err := f32("MomentumCorrect", "vel", vel, 0)
+	if err != nil {
+		return err
+	}
+	rr, err := f32("MomentumCorrect", "res", res, len(vv))
+	if err != nil {
+		return err
+	}
+	aa, err := f32("MomentumCorrect", "acc", acc, len(vv))
+	if err != nil {
+		return err
+	}
+	if len(rr) != len(vv) || len(aa) != len(vv) {
+		return fmt.Errorf("sparsify: MomentumCorrect: vel, res and acc have %d, %d and %d elements", len(vv), len(rr), len(aa))
+	}
+	selParallel(len(vv), selChunks(len(vv)), func(_, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			a := aa[i]
+			u := a - vv[i]
+			vv[i] = a
+			rr[i] = a + float32(m*u) // no fused multiply-add: the GPU rounds the product too
+		}
+	})
+	return nil
 }
 
 func (cpuOps) HashSelectAbove(_ device.Stream, idx, x device.Buffer, t float32, seed uint32, slots int) (int, error) {

@@ -384,6 +384,9 @@ func (c Config) Validate(underMPI bool) error {
 		bad("unknown -sparsifier %q; use one of %s", c.Sparsifier, strings.Join(sparsify.Names(), ", "))
 	} else {
 		c.validateMethodOptions(method, underMPI, bad)
+		if method.CorrectsMomentum && c.Optimizer == "sgd" && c.Nesterov {
+			bad("-sparsifier %s applies the momentum itself (DGC's momentum correction, with plain momentum); drop -nesterov", c.Sparsifier)
+		}
 	}
 	switch c.Pipeline {
 	case "auto", "off":

@@ -85,9 +85,14 @@ func TestMethodNotes(t *testing.T) {
 			[]string{"lags: -max-ratio 100: the run's 10 steps end before the backward pass is profiled (steps 6–15)"}},
 		{"lags fixed", Config{Sparsifier: "lags", Density: Set(0.01), MethodOptions: sparsify.Values{"max_ratio": 0.0}}, 10, nil},
 		{"topk", Config{Sparsifier: "topk"}, 1, nil},
+		{"dgc within its warm-up", Config{Sparsifier: "dgc", Optimizer: "sgd", Momentum: Set(0.9), Density: Set(0.001), MethodOptions: sparsify.Values{"sparsity_warmup": 4}}, 400,
+			[]string{"dgc: the run's 400 steps end within the density warm-up (-sparsity-warmup 4 epochs of 100 steps)"}},
+		{"dgc after its warm-up", Config{Sparsifier: "dgc", Optimizer: "sgd", Momentum: Set(0.9), Density: Set(0.001), MethodOptions: sparsify.Values{"sparsity_warmup": 4}}, 401, nil},
+		{"dgc with adam", Config{Sparsifier: "dgc", Optimizer: "adam", MethodOptions: sparsify.Values{"sparsity_warmup": 0}}, 401,
+			[]string{"dgc: no SGD momentum to correct (-optimizer adam"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := methodNotes(tc.c, l, tc.total)
+			got := methodNotes(tc.c, l, tc.total, 100)
 			if len(got) != len(tc.want) {
 				t.Fatalf("notes %q, want %d starting %q", got, len(tc.want), tc.want)
 			}

@@ -33,10 +33,11 @@ func (w *worker) note(msg string) error {
 }
 
 // methodNotes are the notes of a configuration whose method does nothing,
-// or less than its name promises, in a run of total steps on layout: every
-// tensor below DRAGONN's size cut-off, a dense warm-up as long as the run,
-// LAGS' adaptive density never profiled.
-func methodNotes(cfg Config, layout sparsify.Layout, total int) []string {
+// or less than its name promises, in a run of total steps (perEpoch per
+// epoch) on layout: every tensor below DRAGONN's size cut-off, a dense
+// warm-up as long as the run, DGC's density warm-up as long as the run or
+// no momentum to correct, LAGS' adaptive density never profiled.
+func methodNotes(cfg Config, layout sparsify.Layout, total, perEpoch int) []string {
 	var notes []string
 	opts := cfg.MethodOptions
 	m, ok := sparsify.Lookup(cfg.Sparsifier)
@@ -69,6 +70,16 @@ func methodNotes(cfg Config, layout sparsify.Layout, total int) []string {
 			notes = append(notes, fmt.Sprintf("%s: the tensors of more than -min-tensor %d elements, %.1f %% of the %d parameters, are sparsified; the rest is all-reduced dense",
 				cfg.Sparsifier, mt, 100*float64(compressed)/float64(layout.N), layout.N))
 		}
+	}
+	if _, ok := m.Param("sparsity_warmup"); ok {
+		if e := opts.Int("sparsity_warmup"); e > 0 && total <= e*perEpoch {
+			notes = append(notes, fmt.Sprintf("%s: the run's %d steps end within the density warm-up (-sparsity-warmup %d epochs of %d steps): it never reaches -density %g",
+				cfg.Sparsifier, total, e, perEpoch, cfg.Density.Value()))
+		}
+	}
+	if m.CorrectsMomentum && (cfg.Optimizer != "sgd" || cfg.Momentum.Value() == 0) {
+		notes = append(notes, fmt.Sprintf("%s: no SGD momentum to correct (-optimizer %s, -momentum %g): plain error feedback, without DGC's momentum correction",
+			cfg.Sparsifier, cfg.Optimizer, cfg.Momentum.Value()))
 	}
 	if cfg.Sparsifier == "lags" && opts.Float("max_ratio") > 0 && total < lagsProfileWarmup+lagsProfileSteps {
 		notes = append(notes, fmt.Sprintf("lags: -max-ratio %g: the run's %d steps end before the backward pass is profiled (steps %d–%d), so every group uses -density %g and the adaptive density never acts",

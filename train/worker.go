@@ -187,9 +187,15 @@ func (w *worker) setup(ctx context.Context) error {
 	w.cnt = comm.NewCounter(w.c)
 	w.ops = newOpDeltas(w.cnt)
 	n := m.NumParams()
+	method, _ := sparsify.Lookup(cfg.Sparsifier)
 	newOpt := func() (Optimizer, error) {
 		switch cfg.Optimizer {
 		case "sgd":
+			if method.CorrectsMomentum {
+				// The reducer applies the momentum (DGC's momentum
+				// correction); the optimizer to the weight decay only.
+				return NewDecayOnlySGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value())
+			}
 			return NewSGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
 		case "adam":
 			return NewAdam(w.stream, n, cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
@@ -238,6 +244,13 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.layout, err = sparsify.NewLayout(names, sizes); err != nil {
 		return fmt.Errorf("train: layout of %s: %w", cfg.Model, err)
 	}
+	for i, p := range m.Layout() {
+		w.layout.Tensors[i].Dims = len(p.Shape)
+	}
+	var momentum float64
+	if method.CorrectsMomentum && cfg.Optimizer == "sgd" {
+		momentum = cfg.Momentum.Value()
+	}
 	// A pipelined reducer works on the copy stream (its groups start while
 	// the compute stream goes on with the backward pass); the others on the
 	// compute stream.
@@ -253,6 +266,7 @@ func (w *worker) setup(ctx context.Context) error {
 		Params:  cfg.MethodOptions,
 		Network: netmodel.Network{Latency: cfg.NetLatency, Bandwidth: cfg.NetBandwidth},
 		Stream:  redStream, Ops: redOps,
+		Momentum: momentum,
 	})
 	if err != nil {
 		return fmt.Errorf("train: -sparsifier %s: %w", cfg.Sparsifier, err)
@@ -306,6 +320,9 @@ func (w *worker) setup(ctx context.Context) error {
 	}
 	if w.task, err = newTask(cfg, w.r.ds, w.rank, w.size); err != nil {
 		return err
+	}
+	if e, ok := w.red.(sparsify.EpochScheduled); ok {
+		e.SetStepsPerEpoch(w.task.Len())
 	}
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
@@ -411,6 +428,16 @@ func (w *worker) accumulate(st device.Stream, lo, hi int) error {
 		return err
 	}
 	return w.accumulateError(fmt.Errorf("element %d of the error-compensated gradient is not finite", lo+bad), lo, hi)
+}
+
+// localClip is the threshold of local clipping: -clip, divided by √n for a
+// method that scales it (DGC's local gradient clipping,
+// sparsify.Method.ScaledClip).
+func (w *worker) localClip() float64 {
+	if m, _ := sparsify.Lookup(w.cfg.Sparsifier); m.ScaledClip {
+		return w.cfg.Clip.Value() / math.Sqrt(float64(w.size))
+	}
+	return w.cfg.Clip.Value()
 }
 
 // lagsAdaptive reports whether LAGS chooses per-layer densities from
@@ -521,7 +548,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 		}
 	} else {
 		if w.cfg.ClipLocal() {
-			if _, err := ClipNorm(w.stream, w.grad, w.cfg.Clip.Value()); err != nil {
+			if _, err := ClipNorm(w.stream, w.grad, w.localClip()); err != nil {
 				return s, err
 			}
 		}
@@ -661,7 +688,7 @@ func (w *worker) loop(ctx context.Context) error {
 	if cfg.Steps > 0 {
 		total = min(total, cfg.Steps)
 	}
-	for _, n := range methodNotes(cfg, w.layout, total) {
+	for _, n := range methodNotes(cfg, w.layout, total, perEpoch) {
 		if err := w.note(n); err != nil {
 			return err
 		}
