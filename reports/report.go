@@ -203,7 +203,7 @@ var generalKeys = map[string]bool{
 	"resume": true, "device": true, "net_latency": true, "net_bandwidth": true, "log_every": true, "eval_every": true,
 	"max_eval_batches": true, "blas": true, "blas_threads": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
 	"lr_schedule": true, "nesterov": true, "tf32": true, "max_time": true, "method_options": true,
-	"comm": true, "executors": true, "check_every": true,
+	"comm": true, "executors": true, "check_every": true, "clip_at": true,
 }
 
 // ignoredKeys do not tell compared runs apart.

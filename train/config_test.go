@@ -80,6 +80,14 @@ func TestDefaultsKeepExplicitZero(t *testing.T) {
 		// LSTM's default clipping keeps lags pipelined.
 		{"lstm lags default clip pipelines", Config{Model: "lstm", Sparsifier: "lags"},
 			func(c Config) any { return [3]bool{c.PipelineOn(), c.ClipAggregated(), c.ClipLocal()} }, [3]bool{true, true, false}},
+		// The papers' densities: LAGS' compression ratios 1000 (CNNs) and
+		// 250 (LSTM), DRAGONN's and DGC's 0.001; 0.01 otherwise.
+		{"lags resnet18 density", Config{Model: "resnet18", Sparsifier: "lags"}, func(c Config) any { return c.Density.Value() }, 0.001},
+		{"lags lstm density", Config{Model: "lstm", Sparsifier: "lags"}, func(c Config) any { return c.Density.Value() }, 0.004},
+		{"lags ncf density", Config{Model: "ncf", Sparsifier: "lags"}, func(c Config) any { return c.Density.Value() }, 0.01},
+		{"dragonn density", Config{Model: "ncf", Sparsifier: "dragonn"}, func(c Config) any { return c.Density.Value() }, 0.001},
+		{"dgc density", Config{Model: "resnet18", Sparsifier: "dgc"}, func(c Config) any { return c.Density.Value() }, 0.001},
+		{"topk density", Config{Model: "resnet18", Sparsifier: "topk"}, func(c Config) any { return c.Density.Value() }, 0.01},
 		{"lstm topk clips locally", Config{Model: "lstm", Sparsifier: "topk"},
 			func(c Config) any { return [3]bool{c.PipelineOn(), c.ClipAggregated(), c.ClipLocal()} }, [3]bool{false, false, true}},
 	} {

@@ -193,7 +193,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.BoolVar(&c.Download, "download", false, "download the data set into -data-dir first (verified by checksum)")
 	fs.StringVar(&c.Preset, "preset", "", "model size: lstm small (2×200, default) or default (3×650); ncf paper (8 factors, default on ml-100k/ml-1m) or default (MLPerf)")
 	fs.StringVar(&c.Sparsifier, "sparsifier", "dense", "gradient sparsifier: "+strings.Join(sparsify.Names(), ", ")+"; its own options are listed below")
-	f64(&c.Density, "density", "setup density ρ in (0, 1]: fraction of the gradient each worker sends (default 0.01)")
+	f64(&c.Density, "density", "setup density ρ in (0, 1]: fraction of the gradient each worker sends (default: the paper's for lags (0.001 resnet18, 0.004 lstm), dragonn and dgc (0.001); else 0.01)")
 	fs.StringVar(&c.Pipeline, "pipeline", "auto", "lags pipelining with the backward pass: auto (on for lags unless -clip-at local), on, off")
 	fs.StringVar(&c.ClipAt, "clip-at", "auto", "where -clip clips: local (each worker's gradient before error feedback), aggregated (the averaged gradient; keeps lags pipelining), auto (aggregated for lags, else local)")
 	i64(&c.Workers, "workers", "simulated workers in this process (default 1; under mpirun: one worker per process)")
