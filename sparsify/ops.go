@@ -579,60 +579,84 @@ func (cpuOps) HashSelectAbove(_ device.Stream, idx, x device.Buffer, t float32, 
 // hashTables are the CPU's hash tables of HashSelectAbove, reused.
 var hashTables = sync.Pool{New: func() any { return new([]uint32) }}
 
+// hashAboveKey is the smallest magnitude key (float32 bits without the
+// sign) HashSelectAbove selects at threshold t: the key of t, but at least
+// 1, so that exact zeros (keys 0) are never selected; NaN selects nothing.
+func hashAboveKey(t float32) uint32 {
+	if t != t {
+		return math.MaxUint32
+	}
+	return max(math.Float32bits(t)&0x7fffffff, 1)
+}
 
 // hashSelectAbove is DRAGONN's one-pass selection on the CPU: one pass over
-// x in chunks on all cores. Each chunk tests a block of selAboveBlock
-// elements at a time against the threshold (selAboveRange's branch-free
-// test, into a block-sized buffer that stays in the L1 cache: there is no
-// candidate list of the tensor's size and no second pass over it) and
-// hashes the block's selected indices (|x_i| >= t, x_i not 0, not NaN)
-// straight into their slots murmur3Index(i, seed) mod len(table), a slot
-// keeping the highest index. Each chunk inserts into a table of its own (the
-// first into table, cleared first), in ascending order, so the last write
-// is the highest index; the tables are then merged slot by slot, the later
-// chunk's index winning — the result of inserting every candidate in
-// ascending order (the GPU's kernel takes an atomic maximum instead). It
-// returns dst[:0] extended with the occupied slots' indices in slot order.
+// x in chunks on all cores, each element compared with the threshold and,
+// when selected (|x_i| >= t, x_i not 0, not NaN), hashed straight into its
+// slot murmur3Index(i, seed) mod len(table), a slot keeping the highest
+// index. Each chunk inserts into a table of its own (the first into table,
+// cleared first), in ascending order, so the last write is the highest
+// index; the tables are then merged slot by slot, the later chunk's index
+// winning — the result of inserting every candidate in ascending order (the
+// GPU's kernel takes an atomic maximum instead). It returns dst[:0]
+// extended with the occupied slots' indices in slot order. Nothing is
+// compacted but the table.
 func hashSelectAbove(dst []int32, x []float32, t float32, seed uint32, table []uint32) []int32 {
 	clear(table)
 	m := uint32(len(table))
-	// Exact zeros are never selected: |x| >= t' with t' the smallest
-	// positive float32 when t is not positive (NaN stays NaN: nothing).
-	if !(t > 0) && t == t {
-		t = math.SmallestNonzeroFloat32
-	}
-	p := selChunks(len(x))
-	var extra []*[]uint32
-	tables := [][]uint32{table}
-	for range p - 1 {
-		tp := hashTables.Get().(*[]uint32)
-		if cap(*tp) < len(table) {
-			*tp = make([]uint32, len(table))
+	lo := hashAboveKey(t)
+	if lo <= 0x7f800000 {
+		p := selChunks(len(x))
+		var extra []*[]uint32
+		tables := [][]uint32{table}
+		for range p - 1 {
+			tp := hashTables.Get().(*[]uint32)
+			if cap(*tp) < len(table) {
+				*tp = make([]uint32, len(table))
+			}
+			tb := (*tp)[:len(table)]
+			clear(tb)
+			extra = append(extra, tp)
+			tables = append(tables, tb)
 		}
-		tb := (*tp)[:len(table)]
-		clear(tb)
-		extra = append(extra, tp)
-		tables = append(tables, tb)
-	}
-	selParallel(len(x), p, func(c, a, b int) {
-		tb := tables[c]
-		buf := make([]int32, 0, selAboveBlock+4)
-		for lo := a; lo < b; lo += selAboveBlock {
-			buf = selAboveRange(buf[:0], x[lo:min(lo+selAboveBlock, b)], lo, t)
-			for _, i := range buf {
-				tb[murmur3Index(uint32(i), seed)%m] = uint32(i) + 1
+		// lo <= key <= +Inf as one unsigned comparison: key − lo wraps
+		// around below lo.
+		span := uint32(0x7f800000) - lo
+		selParallel(len(x), p, func(c, a, b int) {
+			tb := tables[c]
+			y := x[a:b]
+			i := 0
+			for ; i+4 <= len(y); i += 4 {
+				k0 := math.Float32bits(y[i])&0x7fffffff - lo
+				k1 := math.Float32bits(y[i+1])&0x7fffffff - lo
+				k2 := math.Float32bits(y[i+2])&0x7fffffff - lo
+				k3 := math.Float32bits(y[i+3])&0x7fffffff - lo
+				if min(k0, k1, k2, k3) > span {
+					continue
+				}
+				for j, k := range [4]uint32{k0, k1, k2, k3} {
+					if k <= span {
+						e := uint32(a + i + j)
+						tb[murmur3Index(e, seed)%m] = e + 1
+					}
+				}
+			}
+			for ; i < len(y); i++ {
+				if math.Float32bits(y[i])&0x7fffffff-lo <= span {
+					e := uint32(a + i)
+					tb[murmur3Index(e, seed)%m] = e + 1
+				}
+			}
+		})
+		for _, tb := range tables[1:] {
+			for s, e := range tb {
+				if e != 0 {
+					table[s] = e
+				}
 			}
 		}
-	})
-	for _, tb := range tables[1:] {
-		for s, e := range tb {
-			if e != 0 {
-				table[s] = e
-			}
+		for _, tp := range extra {
+			hashTables.Put(tp)
 		}
-	}
-	for _, tp := range extra {
-		hashTables.Put(tp)
 	}
 	dst = dst[:0]
 	for _, v := range table {

@@ -227,7 +227,8 @@ func BenchmarkSamplingReduce(b *testing.B) {
 				outs, res := make([][]float32, n), make([][]float32, n)
 				for w := range n {
 					var err error
-					rs[w], err = New(m, Options{Density: d, Layout: l, Comm: world.Comm(w), Seed: 1, Params: Values{"dense_warmup": 0}})
+					meth, _ := Lookup(m)
+					rs[w], err = New(m, Options{Density: d, Layout: l, Comm: world.Comm(w), Seed: 1, Params: meth.Applicable(Values{"dense_warmup": 0})})
 					if err != nil {
 						b.Fatal(err)
 					}
