@@ -240,23 +240,14 @@ func (r *dgcReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buf
 		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
 	}
 	b.iter++
-	n := b.c.Size()
 	denseN, err := r.dense.reduce(ctx, b, acc, r.comp)
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
 	}
 	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
-	var counts []int
-	distinct := 0
-	if r.compN > 0 {
-		if counts, distinct, err = b.sparseExchangeOn(ctx, idx, val, out); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
-		}
-	} else {
-		counts = make([]int, n)
-		if err := v.m.Fill(v.s, out, 0); err != nil {
-			return Stats{}, err
-		}
+	counts, distinct, err := b.sparseExchangeIfAny(ctx, r.compN > 0, idx, val, out)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
 	}
 	// The residual (and the velocity) of the compressed tensors.
 	if r.momentum > 0 {

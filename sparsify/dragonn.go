@@ -198,23 +198,14 @@ func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device
 		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
 	}
 	b.iter++
-	n := b.c.Size()
 	// The uncompressed tensors, concatenated and all-reduced.
 	if _, err := r.dense.reduce(ctx, b, acc, comp); err != nil {
 		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
 	}
 	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
-	var counts []int
-	distinct := 0
-	if denseN < b.n { // some tensor is compressed (the same on every rank)
-		if counts, distinct, err = b.sparseExchangeOn(ctx, idx, val, out); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
-		}
-	} else {
-		counts = make([]int, n)
-		if err := v.m.Fill(v.s, out, 0); err != nil {
-			return Stats{}, err
-		}
+	counts, distinct, err := b.sparseExchangeIfAny(ctx, denseN < b.n, idx, val, out) // some tensor is compressed (the same on every rank)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
 	}
 	if err := b.residualWithout(residual, acc, idx); err != nil {
 		return Stats{}, err

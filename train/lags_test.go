@@ -1,10 +1,7 @@
 package train
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -48,12 +45,8 @@ func TestLAGSProfilesAfterWarmup(t *testing.T) {
 	if slices.Equal(ks[last], ks[last-1]) {
 		t.Fatalf("step %d selected %v, as before: the adaptive density did not act after the profiled steps", last+1, ks[last])
 	}
-	var info RunInfo
-	b, err := os.ReadFile(filepath.Join(c.Out, "run.json"))
+	info, err := readRunInfo(c.Out)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &info); err != nil {
 		t.Fatal(err)
 	}
 	want := fmt.Sprintf("lags: adaptive density from steps %d–%d (after %d warm-up steps)", lagsProfileWarmup+1, last, lagsProfileWarmup)
