@@ -56,6 +56,9 @@ func TestTrainOnGPU(t *testing.T) {
 			if sp == "dragonn" {
 				c.MethodOptions = sparsify.Values{"dense_warmup": 0, "min_tensor": 0}
 			}
+			if m.CorrectsMomentum { // DGC's momentum correction, and the optimizer's momentum on weight decay only
+				c.Optimizer, c.Momentum, c.LR = "sgd", train.Set(0.9), train.Set(0.05)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			err := train.Run(ctx, c, train.Options{LossSink: func(_ int, l float64) { losses[k] = append(losses[k], l) }})
 			cancel()
