@@ -60,6 +60,9 @@ func TestTrainOnGPU(t *testing.T) {
 			}
 			var stdout bytes.Buffer
 			c.Quiet = dev == "cpu" // on the GPU: the terminal shows the GPU and its libraries
+			if m.CorrectsMomentum { // DGC's momentum correction, and the optimizer's momentum on weight decay only
+				c.Optimizer, c.Momentum, c.LR = "sgd", train.Set(0.9), train.Set(0.05)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			err := train.Run(ctx, c, train.Options{Stdout: &stdout, LossSink: func(_ int, l float64) { losses[k] = append(losses[k], l) }})
 			cancel()
