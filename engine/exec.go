@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/ops"
 )
 
 // Backend is a device's kernel table.
@@ -152,7 +151,7 @@ func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
 	for i := range p.Values {
 		if e.inArena(i) {
 			v := &p.Values[i]
-			e.bufs[i] = arena.View(deviceType(v.DType), e.offsets[i], v.Size())
+			e.bufs[i] = arena.View(v.DType, e.offsets[i], v.Size())
 		}
 	}
 	e.resolveViews(false)
@@ -173,16 +172,6 @@ func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
 		e.args[j] = make([]device.Buffer, len(in.In))
 	}
 	return e, nil
-}
-
-func deviceType(d ops.DType) device.DType {
-	switch d {
-	case ops.Float64:
-		return device.Float64
-	case ops.Int64:
-		return device.Int64
-	}
-	return device.Float32
 }
 
 // inArena reports whether value i is a base value stored in the arena.
