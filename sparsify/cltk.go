@@ -43,11 +43,7 @@ func (r *cltkReducer) Name() string { return "cltk" }
 // Reduce lets this call's leader choose the indices and all-reduces every
 // worker's acc at them.
 func (r *cltkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.

@@ -381,11 +381,7 @@ func (d *deftReducer) Name() string { return "deft" }
 
 // Reduce runs one DEFT iteration; see newDeft.
 func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := d.b.v.hostArgs("deft", acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return d.ReduceOn(ctx, a, o, res)
+	return d.b.v.reduceHost(ctx, d, "deft", acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device: the fragment norms

@@ -151,11 +151,7 @@ func (r *dgcReducer) paramsFor(ratio float64) []dgcParams {
 // Reduce selects per tensor by double sampling, all-gathers the pairs and
 // averages them.
 func (r *dgcReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device. The sampling's

@@ -127,11 +127,7 @@ func (r *dragonnReducer) compressed(size int) bool {
 // Reduce compresses the large tensors after warm-up, all-gathers their pairs
 // and all-reduces the rest.
 func (r *dragonnReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device. The sample

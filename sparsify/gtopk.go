@@ -90,11 +90,7 @@ func (r *gtopkReducer) Name() string { return "gtopk" }
 
 // Reduce runs the gTop-k tree reduction and the final broadcast.
 func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device: the tree's

@@ -549,11 +549,7 @@ func lagsGroupK(m int, density, maxRatio float64, n int, model LAGSModel, tComp 
 // Reduce reduces every group: all started in backward order, then all waited
 // for.
 func (l *LAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := l.v.hostArgs("lags", acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return l.ReduceOn(ctx, a, o, res)
+	return l.v.reduceHost(ctx, l, "lags", acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.

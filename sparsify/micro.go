@@ -91,11 +91,7 @@ func (m *microReducer) Name() string { return "micro" }
 
 // Reduce runs one MiCRO iteration; see newMicro.
 func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := m.b.v.hostArgs("micro", acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return m.ReduceOn(ctx, a, o, res)
+	return m.b.v.reduceHost(ctx, m, "micro", acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.

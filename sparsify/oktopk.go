@@ -139,11 +139,7 @@ func (r *okTopkReducer) raiseThreshold(acc device.Buffer, thr float64, k int) (f
 
 // Reduce runs one Ok-Topk iteration (see okTopkReducer).
 func (r *okTopkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.

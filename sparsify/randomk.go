@@ -41,11 +41,7 @@ func randomkSeed(seed uint64, iter int) uint64 { return sampMix(seed ^ sampMix(u
 
 // Reduce draws the shared indices and all-reduces acc there.
 func (r *randomkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device. The k indices are

@@ -393,11 +393,7 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 	if err := checkReduceArgs("spardl", s.N, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
-	a, o, r, err := s.b.v.hostArgs("spardl", acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return s.ReduceOn(ctx, a, o, r)
+	return s.b.v.reduceHost(ctx, s, "spardl", acc, out, residual)
 }
 
 // ReduceOn runs SparDL on vectors of the reducer's device.

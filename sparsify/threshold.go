@@ -55,11 +55,7 @@ func (r *thresholdReducer) Name() string { return "threshold" }
 // Reduce selects |acc| >= λ, gathers every worker's indices and all-reduces
 // the union.
 func (r *thresholdReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.

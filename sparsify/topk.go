@@ -44,11 +44,7 @@ func (r *topkReducer) Name() string { return "topk" }
 // Reduce selects this worker's top-k, gathers every worker's indices and
 // all-reduces the union.
 func (r *topkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
@@ -120,11 +116,7 @@ func (r *topkaReducer) Name() string { return "topka" }
 
 // Reduce selects this worker's top-k and all-gathers (value, index) pairs.
 func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.

@@ -89,11 +89,7 @@ func (r *topkDSAReducer) Name() string { return "topkdsa" }
 
 // Reduce runs one TopkDSA iteration (see topkDSAReducer).
 func (r *topkDSAReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
