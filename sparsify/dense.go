@@ -35,25 +35,22 @@ func (r *denseReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 func (r *denseReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	if err := v.s.Copy(out, acc); err != nil {
-		return Stats{}, err
-	}
-	if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dense: all-reducing %d values: %w", out.Len(), err)
-	}
-	if err := v.m.Scale(v.s, out, 1/float32(b.c.Size())); err != nil {
-		return Stats{}, err
-	}
-	if err := v.m.Fill(v.s, residual, 0); err != nil {
-		return Stats{}, err
-	}
-	st := b.stats(before, 0)
-	st.ActualDensity = 1
-	st.Selected = b.n
-	st.ErrorNorm = 0
-	return st, nil
+	return b.call(acc, out, residual, func(st *Stats) error {
+		if err := v.s.Copy(out, acc); err != nil {
+			return err
+		}
+		if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
+			return fmt.Errorf("all-reducing %d values: %w", out.Len(), err)
+		}
+		if err := v.m.Scale(v.s, out, 1/float32(b.c.Size())); err != nil {
+			return err
+		}
+		if err := v.m.Fill(v.s, residual, 0); err != nil {
+			return err
+		}
+		st.ActualDensity = 1
+		st.Selected = b.n
+		st.ErrorNorm = 0
+		return nil
+	})
 }

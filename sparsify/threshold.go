@@ -62,43 +62,41 @@ func (r *thresholdReducer) Reduce(ctx context.Context, acc, out, residual []floa
 func (r *thresholdReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	lam := r.lambda
-	if lam == 0 {
-		lam = 1 / (2 * math.Sqrt(float64(b.k)))
-	}
-	lam32 := float32(lam)
-	before := b.c.Totals()
-	sel, err := v.scratch(&b.dSel, device.Int32, b.n)
-	if err != nil {
-		return Stats{}, err
-	}
-	m := 0
-	selTime, err := b.timed(func() error {
-		var err error
-		m, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, lam32)
-		return err
+	return b.call(acc, out, residual, func(st *Stats) error {
+		lam := r.lambda
+		if lam == 0 {
+			lam = 1 / (2 * math.Sqrt(float64(b.k)))
+		}
+		lam32 := float32(lam)
+		sel, err := v.scratch(&b.dSel, device.Int32, b.n)
+		if err != nil {
+			return err
+		}
+		m := 0
+		selTime, err := b.timed(func() error {
+			var err error
+			m, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, lam32)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, m))
+		if err != nil {
+			return err
+		}
+		union, err := b.union(all)
+		if err != nil {
+			return err
+		}
+		if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Selected = m
+		st.SelectedPerWorker = counts
+		st.ActualDensity = float64(union.Len()) / float64(b.n)
+		st.Threshold = float64(lam32)
+		return nil
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
-	}
-	all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, m))
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
-	}
-	union, err := b.union(all)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
-	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = m
-	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(union.Len()) / float64(b.n)
-	st.Threshold = float64(lam32)
-	return st, err
 }

@@ -51,39 +51,37 @@ func (r *topkReducer) Reduce(ctx context.Context, acc, out, residual []float32) 
 func (r *topkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	k := 0
-	selTime, err := b.timed(func() error {
-		var err error
-		k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
-		return err
+	return b.call(acc, out, residual, func(st *Stats) error {
+		sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+		if err != nil {
+			return err
+		}
+		k := 0
+		selTime, err := b.timed(func() error {
+			var err error
+			k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, k))
+		if err != nil {
+			return err
+		}
+		union, err := b.union(all)
+		if err != nil {
+			return err
+		}
+		if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Selected = k
+		st.SelectedPerWorker = counts
+		st.ActualDensity = float64(union.Len()) / float64(b.n)
+		return nil
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
-	}
-	all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, k))
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
-	}
-	union, err := b.union(all)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
-	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = k
-	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(union.Len()) / float64(b.n)
-	return st, err
 }
 
 // topkaReducer is "topka", the sparse all-gather Top-k (TopkA of Ok-Topk,
@@ -123,51 +121,49 @@ func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 func (r *topkaReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	vals, err := v.scratch(&b.dVal, device.Float32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	k := 0
-	selTime, err := b.timed(func() error {
-		var err error
-		k, err = v.ops.TopK(v.s, sel, vals, acc, b.k)
-		return err
+	return b.call(acc, out, residual, func(st *Stats) error {
+		sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+		if err != nil {
+			return err
+		}
+		vals, err := v.scratch(&b.dVal, device.Float32, b.k)
+		if err != nil {
+			return err
+		}
+		k := 0
+		selTime, err := b.timed(func() error {
+			var err error
+			k, err = v.ops.TopK(v.s, sel, vals, acc, b.k)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		n := b.c.Size()
+		gvals, err := v.scratch(&b.dAllVal, device.Float32, n*k)
+		if err != nil {
+			return err
+		}
+		gidx, err := v.scratch(&b.dAll, device.Int32, n*k)
+		if err != nil {
+			return err
+		}
+		if err := b.c.AllGather(ctx, v.cb(vals.Slice(0, k)), v.cb(gvals)); err != nil {
+			return fmt.Errorf("gathering %d values per worker: %w", k, err)
+		}
+		if err := b.c.AllGather(ctx, v.cb(sel.Slice(0, k)), v.cb(gidx)); err != nil {
+			return fmt.Errorf("gathering %d indices per worker: %w", k, err)
+		}
+		if err := b.residualWithout(residual, acc, sel.Slice(0, k)); err != nil {
+			return err
+		}
+		distinct, err := b.addMeanOn(out, gidx, gvals, nil, k)
+		if err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Selected = k
+		st.ActualDensity = float64(distinct) / float64(b.n)
+		return nil
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: %w", err)
-	}
-	n := b.c.Size()
-	gvals, err := v.scratch(&b.dAllVal, device.Float32, n*k)
-	if err != nil {
-		return Stats{}, err
-	}
-	gidx, err := v.scratch(&b.dAll, device.Int32, n*k)
-	if err != nil {
-		return Stats{}, err
-	}
-	if err := b.c.AllGather(ctx, v.cb(vals.Slice(0, k)), v.cb(gvals)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d values per worker: %w", k, err)
-	}
-	if err := b.c.AllGather(ctx, v.cb(sel.Slice(0, k)), v.cb(gidx)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d indices per worker: %w", k, err)
-	}
-	if err := b.residualWithout(residual, acc, sel.Slice(0, k)); err != nil {
-		return Stats{}, err
-	}
-	distinct, err := b.addMeanOn(out, gidx, gvals, nil, k)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: %w", err)
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = k
-	st.ActualDensity = float64(distinct) / float64(b.n)
-	return st, err
 }
