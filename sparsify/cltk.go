@@ -8,7 +8,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "cltk", New: newCltkReducer}) }
+func init() { Register(Method{Name: "cltk", Projectable: true, New: newCltkReducer}) }
 
 // cltkReducer is "cltk", CLT-k of the DEFT/MiCRO code (CLTKReducer,
 // reference notes 7.3):

@@ -13,7 +13,9 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "deft", New: newDeft}) }
+func init() {
+	Register(Method{Name: "deft", NotProjectable: "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count", New: newDeft})
+}
 
 // deftFrag is one fragment of DEFT's layout: the elements [lo, hi) of the flat
 // gradient, which belong to layout tensor number tensor.

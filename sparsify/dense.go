@@ -7,7 +7,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "dense", New: newDenseReducer}) }
+func init() { Register(Method{Name: "dense", Projectable: true, New: newDenseReducer}) }
 
 // denseReducer is the "dense" baseline: a plain all-reduce average of acc.
 //

@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "dgc", New: newDGCReducer, CorrectsMomentum: true, ScaledClip: true, Params: []Param{
+	Register(Method{Name: "dgc", Projectable: true, New: newDGCReducer, CorrectsMomentum: true, ScaledClip: true, Params: []Param{
 		{Name: "sparsity_warmup", Flag: "sparsity-warmup", Kind: Int, Default: dgcDefaultWarmup, Min: 0, Max: 1000,
 			Doc: "epochs of DGC's density warm-up: density max(0.25^(e+1), ρ) in epoch e (0: none)"},
 	}})

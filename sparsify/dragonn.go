@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "dragonn", New: newDragonnReducer, Params: []Param{
+	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Params: []Param{
 		{Name: "min_tensor", Flag: "min-tensor", Kind: Int, Default: dragonnDefaultMinTensor, Min: 0, Max: math.MaxInt32,
 			Doc: "compress only tensors with more elements (0: every tensor)"},
 		denseWarmupParam(dragonnDefaultWarmup),

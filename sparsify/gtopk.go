@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "gtopk", New: newGtopkReducer, CheckWorkers: gtopkCheckWorkers})
+	Register(Method{Name: "gtopk", NotProjectable: "gTop-k's tree has log₂(workers) rounds", New: newGtopkReducer, CheckWorkers: gtopkCheckWorkers})
 }
 
 // gtopkTag is the point-to-point tag of gTop-k's tree messages (the values

@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "lags", New: newLAGSReducer, Params: []Param{
+	Register(Method{Name: "lags", Projectable: true, New: newLAGSReducer, Params: []Param{
 		{Name: "merge_size", Flag: "merge-size", Kind: Int, Default: LAGSDefaultMergeSize, Min: 1, Max: math.MaxInt32,
 			Doc: "merge threshold in elements (1: one group per tensor)"},
 		{Name: "max_ratio", Flag: "max-ratio", Kind: Float, Default: 0.0, Min: 1, Max: math.Inf(1), Zero: "off",

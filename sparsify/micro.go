@@ -8,7 +8,9 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "micro", New: newMicro}) }
+func init() {
+	Register(Method{Name: "micro", NotProjectable: "each worker selects within its 1/n share of the gradient, so its part of the index all-gather shrinks as the worker count grows", New: newMicro})
+}
 
 // The constants of MiCRO's threshold controller (kljp/micro, notes 3.3).
 const (

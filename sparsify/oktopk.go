@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "oktopk", New: newOkTopkReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "oktopk", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newOkTopkReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
 }
 
 // Constants of Ok-Topk's schedule and threshold controllers

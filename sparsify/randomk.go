@@ -6,7 +6,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "randomk", New: newRandomkReducer}) }
+func init() { Register(Method{Name: "randomk", Projectable: true, New: newRandomkReducer}) }
 
 // randomkReducer is "randomk", the random-k baseline with a shared index set:
 //

@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "spardl", New: newSparDL, CheckWorkers: spardlCheckWorkers, Params: []Param{
+	Register(Method{Name: "spardl", NotProjectable: "SparDL's number of communication rounds grows with log₂ of the worker count", New: newSparDL, CheckWorkers: spardlCheckWorkers, Params: []Param{
 		{Name: "teams", Flag: "teams", Kind: Int, Default: 1, Min: 1, Max: math.MaxInt32,
 			Doc: "number of teams G (must divide the number of workers)"},
 		{Name: "sag", Flag: "sag", Kind: String, Default: "bruck", Choices: []string{"bruck", "rsag"},

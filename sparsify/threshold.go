@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "threshold", New: newThresholdReducer, Params: []Param{{
+	Register(Method{Name: "threshold", NotProjectable: "the union of the workers' selections, which every worker all-reduces, grows with the worker count", New: newThresholdReducer, Params: []Param{{
 		Name: "lambda", Flag: "lambda", Kind: Float, Default: 0.0, Min: 0, Max: math.MaxFloat32,
 		Zero: "1/(2√k), recomputed every call",
 		Doc:  "hard threshold λ: every element with |acc| >= λ is sent",

@@ -8,8 +8,8 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "topk", New: newTopkReducer})
-	Register(Method{Name: "topka", New: newTopkaReducer})
+	Register(Method{Name: "topk", NotProjectable: "the union of the workers' top-k indices, which every worker all-reduces, grows with the worker count", New: newTopkReducer})
+	Register(Method{Name: "topka", Projectable: true, New: newTopkaReducer})
 }
 
 // topkReducer is the "topk" baseline of the DEFT/MiCRO code (TopKReducer,

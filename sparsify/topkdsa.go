@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "topkdsa", New: newTopkDSAReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSAReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
 }
 
 // topkDSAReducer is "topkdsa", TopkDSA (Renggli et al.'s SparCML dynamic
