@@ -129,6 +129,30 @@ type DeviceGroupReducer interface {
 	StartGroupOn(ctx context.Context, g int, acc, out, residual device.Buffer) (Pending, error)
 }
 
+// CostAdaptive is implemented by a group reducer that chooses each group's
+// density from the model's measured backward times and its own
+// sparsification cost (LAGS-SGD's eq. 19; *LAGS). A trainer profiles some
+// steps after a warm-up and hands both over once (every rank the same
+// values); a trainer needs no other knowledge of the method.
+type CostAdaptive interface {
+	GroupReducer
+	// Adaptive reports whether the densities follow the measurements
+	// (false: fixed densities, nothing to profile).
+	Adaptive() bool
+	// HasBackwardTimes reports whether the times were set (or restored).
+	HasBackwardTimes() bool
+	// TakeSparCost returns the sparsification time per element measured
+	// since the last call and starts a new measurement.
+	TakeSparCost() float64
+	// SetSparCost and SetBackwardTimes hand over the profile.
+	SetSparCost(perElement float64) error
+	SetBackwardTimes(perTensor []time.Duration) error
+	// GroupK is each group's current k.
+	GroupK() []int
+}
+
+var _ CostAdaptive = (*LAGS)(nil)
+
 // LAGSModel is the α-β cost model LAGS' adaptive per-group density uses: the
 // time of one group's communication with k elements per worker on n workers
 // is that of two ring all-gathers (float32 values and int32 indices),

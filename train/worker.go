@@ -447,10 +447,10 @@ func (w *worker) localClip() float64 {
 	return w.cfg.Clip.Value()
 }
 
-// lagsAdaptive reports whether LAGS chooses per-layer densities from
-// measured backward times.
+// lagsAdaptive reports whether the method chooses per-group densities from
+// measured backward times (LAGS-SGD's adaptive rule).
 func (w *worker) lagsAdaptive() bool {
-	l, ok := w.red.(*sparsify.LAGS)
+	l, ok := w.red.(sparsify.CostAdaptive)
 	return ok && l.Adaptive()
 }
 
