@@ -168,6 +168,28 @@ func valuesAt(dst, x []float32, idx []int32) []float32 {
 	return dst
 }
 
+// reduceSelected is the rest of a call of a method whose workers each
+// select their own indices (topk, threshold): every worker's selection
+// gathered, the union formed and all-reduced (unionReduceOn), and the
+// selection's statistics put in st.
+func (b *base) reduceSelected(ctx context.Context, acc, out, residual, sel device.Buffer, st *Stats) error {
+	all, counts, err := b.gatherIndicesOn(ctx, sel)
+	if err != nil {
+		return err
+	}
+	union, err := b.union(all)
+	if err != nil {
+		return err
+	}
+	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+		return err
+	}
+	st.Selected = sel.Len()
+	st.SelectedPerWorker = counts
+	st.ActualDensity = float64(union.Len()) / float64(b.n)
+	return nil
+}
+
 // residualWithout sets residual to acc with the elements at idx zeroed: the
 // error feedback of a worker that sent its own values at idx. residual may be
 // the same slice as acc.

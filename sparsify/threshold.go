@@ -81,22 +81,8 @@ func (r *thresholdReducer) ReduceOn(ctx context.Context, acc, out, residual devi
 		if err != nil {
 			return err
 		}
-		all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, m))
-		if err != nil {
-			return err
-		}
-		union, err := b.union(all)
-		if err != nil {
-			return err
-		}
-		if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-			return err
-		}
 		st.SelectTime = selTime
-		st.Selected = m
-		st.SelectedPerWorker = counts
-		st.ActualDensity = float64(union.Len()) / float64(b.n)
 		st.Threshold = float64(lam32)
-		return nil
+		return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, m), st)
 	})
 }

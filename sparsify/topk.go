@@ -65,22 +65,8 @@ func (r *topkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Bu
 		if err != nil {
 			return err
 		}
-		all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, k))
-		if err != nil {
-			return err
-		}
-		union, err := b.union(all)
-		if err != nil {
-			return err
-		}
-		if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-			return err
-		}
 		st.SelectTime = selTime
-		st.Selected = k
-		st.SelectedPerWorker = counts
-		st.ActualDensity = float64(union.Len()) / float64(b.n)
-		return nil
+		return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, k), st)
 	})
 }
 
