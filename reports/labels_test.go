@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/train"
 )
 
@@ -441,7 +442,7 @@ func TestEveryConfigKeyIsKnown(t *testing.T) {
 		if key == "" || key == "-" || key == "pipeline" {
 			continue
 		}
-		if !generalKeys[key] {
+		if !options.General(key) {
 			t.Errorf("run.json key %q (train.Config.%s) is not a general key: reports would list it as a method option", key, ty.Field(i).Name)
 		}
 	}
