@@ -201,7 +201,7 @@ var generalKeys = map[string]bool{
 	"optimizer": true, "momentum": true, "weight_decay": true, "beta1": true, "beta2": true, "eps": true,
 	"warmup_epochs": true, "decay_epochs": true, "decay_factor": true, "clip": true, "no_augment": true, "out": true,
 	"resume": true, "device": true, "net_latency": true, "net_bandwidth": true, "log_every": true, "eval_every": true,
-	"max_eval_batches": true, "blas": true, "blas_threads": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
+	"max_eval_batches": true, "blas": true, "blas_threads": true, "kernels": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
 	"lr_schedule": true, "nesterov": true, "tf32": true, "deterministic": true, "max_time": true, "method_options": true,
 	"comm": true, "executors": true, "check_every": true,
 }
@@ -335,6 +335,11 @@ func runTable(r *Run) table {
 	rows = append(rows,
 		[]string{"logged iterations", strconv.Itoa(len(r.Steps))},
 		[]string{"device", r.device()},
+	)
+	if k := r.Info.Versions.Kernels; k != "" {
+		rows = append(rows, []string{"CPU kernels", k})
+	}
+	rows = append(rows,
 		[]string{"machine", strings.TrimSpace(r.Info.Machine.CPU + " " + r.Info.Machine.GPU)},
 		[]string{"command line", strings.Join(r.Info.CommandLine, " ")},
 	)
