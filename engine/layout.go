@@ -109,6 +109,15 @@ func planDNN(p *Program, block int) *dnnPlan {
 					union(r, group[0])
 				}
 			}
+			// Weights and their gradients are read and written as OIHW.
+			switch in.Op.(type) {
+			case ops.Conv2d:
+				plain[root(in.In[1])] = true
+			case ops.Conv2dGradInput:
+				plain[root(in.In[0])] = true
+			case ops.Conv2dGradFilter:
+				plain[root(in.Out)] = true
+			}
 		case formatFree(in.Op):
 			for _, id := range in.In {
 				if sameInts(p.Values[id].Shape, out.Shape) {

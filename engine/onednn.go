@@ -649,13 +649,17 @@ func (c *dnnProgram) bnForward(j int, in *Instr, first *int) (Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := c.builder()
-	meanOff, varOff := b.alloc(4*C), b.alloc(4*C)
-	meanM, err := b.mem(mustDesc(c.lib.Desc([]int{C}, dnnl.TagA)), atWS, meanOff)
+	vec, err := c.lib.Desc([]int{C}, dnnl.TagA)
 	if err != nil {
 		return nil, err
 	}
-	varM, err := b.mem(mustDesc(c.lib.Desc([]int{C}, dnnl.TagA)), atWS, varOff)
+	b := c.builder()
+	meanOff, varOff := b.alloc(4*C), b.alloc(4*C)
+	meanM, err := b.mem(vec, atWS, meanOff)
+	if err != nil {
+		return nil, err
+	}
+	varM, err := b.mem(vec, atWS, varOff)
 	if err != nil {
 		return nil, err
 	}
@@ -680,11 +684,11 @@ func (c *dnnProgram) bnForward(j int, in *Instr, first *int) (Kernel, error) {
 		if err != nil {
 			return nil, err
 		}
-		gm, err := b.mem(mustDesc(c.lib.Desc([]int{C}, dnnl.TagA)), 1, 0)
+		gm, err := b.mem(vec, 1, 0)
 		if err != nil {
 			return nil, err
 		}
-		bm, err := b.mem(mustDesc(c.lib.Desc([]int{C}, dnnl.TagA)), 2, 0)
+		bm, err := b.mem(vec, 2, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -741,13 +745,6 @@ func (c *dnnProgram) bnForward(j int, in *Instr, first *int) (Kernel, error) {
 	return b.finish(), nil
 }
 
-func mustDesc(d *dnnl.MemDesc, err error) *dnnl.MemDesc {
-	if err != nil {
-		panic(err)
-	}
-	return d
-}
-
 // bnBackward is BatchNormGradInput's kernel (also computing the sums when
 // first ≥ 0, the merged BatchNormGradSums), or a standalone
 // BatchNormGradSums.
@@ -758,7 +755,10 @@ func (c *dnnProgram) bnBackward(in *Instr, first int) (Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	vec := mustDesc(c.lib.Desc([]int{C}, dnnl.TagA))
+	vec, err := c.lib.Desc([]int{C}, dnnl.TagA)
+	if err != nil {
+		return nil, err
+	}
 	b := c.builder()
 	meanOff, varOff := b.alloc(4*C), b.alloc(4*C)
 	dScaleOff, dShiftOff, shiftOff := b.alloc(4*C), b.alloc(4*C), b.alloc(4*C)

@@ -68,6 +68,14 @@ func resnetCases() []graphcases.Case {
 				// γ and β of the evaluation-mode layer get a gradient of their own.
 				return must(G.Add(weighted(flat), must(G.Add(weighted(p[8]), weighted(p[9]))))), []*G.Node{zb}
 			}},
+		// Weights computed from a parameter and shared by two convolutions
+		// (their gradient is a sum of two filter gradients), on 16 channels.
+		{Name: "shared-computed-weights", Params: [][]int{{2, 16, 5, 5}, {16, 16, 3, 3}}, Build: func(p, _ []*G.Node) (*G.Node, []*G.Node) {
+			w := must(G.HadamardProd(p[1], G.NewConstant(float32(0.5))))
+			y := must(ops.Conv(p[0], w, 1, 1))
+			z := must(ops.Conv(must(ops.AddRelu(y, p[0])), w, 1, 1))
+			return weighted(z), []*G.Node{w}
+		}},
 	}
 }
 
