@@ -5,7 +5,8 @@
 #   scripts/gpu-prepare          # .device: stripped binaries (gzip), ml-100k
 #
 # then run on the GPU machine, from the repository root, carrying .device
-# (the `device` tool: carry [".device"], timeout_s 420):
+# (the `device` tool: carry [".device/bin", ".device/data",
+# ".device/echarts.min.js", ".device/REVISION"], timeout_s 420):
 #
 #   scripts/gpu-verify.sh proof
 #
@@ -33,6 +34,31 @@
 # still returns the earlier results), and one file per step: eight files
 # in all. ONLY=3,5 runs only those steps (a rerun of what failed). No
 # `set -e`: a failing step does not stop the next.
+#
+# After the proof (scripts/gpu-prepare cifar first; CIFAR-10 travels in
+# three parts, the machine kept warm between the calls):
+#
+#   call 1: carry [".device/bin", ".device/data", ".device/echarts.min.js", ".device/REVISION",
+#           ".device/cifar/part-1", ".device/cifar/SHA256"]   scripts/gpu-verify.sh proof
+#   call 2: carry [".device/cifar/part-2"]                    true
+#   call 3: carry [".device/cifar/part-3"]                    scripts/gpu-verify.sh cifar
+#   call 4: (nothing carried)                                 scripts/gpu-verify.sh methods
+#
+#   cifar    joins the parts (checked against SHA256), times 30 steps at
+#            batch 512, sizes a one-cycle schedule to end within 5 minutes
+#            of training, trains ResNet-18 dense on one GPU (-max-time 5m),
+#            samples the GPU's utilisation every second meanwhile: cifar.txt
+#            (summary), cifar-steps.txt, the run's report.html, metrics.jsonl
+#            and run.json, gpu-util.txt
+#   methods  ResNet-18, 4 workers sharing the GPU, 60 steps of dense, deft,
+#            micro, topk, spardl, lags at ρ = 0.01: each method's selection
+#            and communication share of the iteration and actual density
+#            (methods.txt, methods-steps.txt, the runs' reports in
+#            methods-runs.tar.gz), and mpirun -np 2 -comm mpi against
+#            -workers 2 (same losses; mpi.txt)
+#
+# SPARSEGRAD_REHEARSE=1 runs cifar and methods on the CPU with a few steps
+# (scripts/gpu-rehearse plays the whole sequence of calls here).
 cd "$(dirname "$0")/.." || exit 2
 repo=$PWD
 out=${OUT:-gpu-results}
@@ -44,6 +70,9 @@ bin=/tmp/sparsegrad-bin
 export SPARSEGRAD_GPU=require TRAIN_DATA_DIR=$repo/.device/data PYTHONUNBUFFERED=1
 
 say() { echo "$*" | tee -a "$summary"; }
+# revision is the commit the binaries were built from (gpu-prepare writes
+# it: the machine's copy of the tree has no .git).
+revision() { cat .device/REVISION 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown; }
 elapsed() { echo $(($(date +%s) - t_start)); }
 want() { [ -z "${ONLY:-}" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 
@@ -101,7 +130,7 @@ probe() {
 
 proof() {
   : >"$summary"
-  say "sparsegrad GPU proof, $(date -u +%FT%TZ), revision $(git rev-parse --short HEAD 2>/dev/null || echo unknown), budget ${budget} s"
+  say "sparsegrad GPU proof, $(date -u +%FT%TZ), revision $(revision), budget ${budget} s"
   say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
   unpack
   local ct="$bin/ct" v="-test.v -test.count=1"
@@ -137,7 +166,7 @@ proof() {
 mpi_same_losses() {
   local mpirun
   mpirun=$(command -v mpirun) || { echo "no mpirun on this machine: step 7 cannot run here"; return 3; }
-  local args=(-device cuda -model ncf -dataset ml-100k -data-dir .device/data -sparsifier topk -density 0.05 -steps 20 -quiet)
+  local args=($(device_flags) -model ncf -dataset ml-100k -data-dir .device/data -sparsifier topk -density 0.05 -steps 20 -quiet)
   rm -rf /tmp/np2-local /tmp/np2-mpi
   "$bin/train" "${args[@]}" -workers 2 -out /tmp/np2-local || return 1
   "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin/train" "${args[@]}" -comm mpi -out /tmp/np2-mpi || return 1
@@ -145,13 +174,115 @@ mpi_same_losses() {
     echo "mpirun -np 2 -comm mpi: the losses of -workers 2, every step ($(grep -c '"loss"' /tmp/np2-mpi/metrics.jsonl) steps)"
 }
 
-export bin repo out
-export -f probe mpi_same_losses
+# rehearse is set for a stand-in run on the CPU.
+rehearse=${SPARSEGRAD_REHEARSE:-}
+device_flags() {
+  if [ -n "$rehearse" ]; then echo "-device cpu"; else echo "-device cuda"; fi
+}
+
+# join_cifar puts CIFAR-10 together from the carried parts, once.
+join_cifar() {
+  local dir=.device/data/cifar-10-batches-bin
+  if [ -f "$dir/data_batch_5.bin" ]; then return 0; fi
+  ls .device/cifar/part-* >/dev/null 2>&1 || { echo "no .device/cifar/part-*: carry the parts (scripts/gpu-prepare cifar)"; return 1; }
+  local got
+  got=$(cat .device/cifar/part-* | tee >(tar -xf - -C .device/data) | sha256sum | cut -d' ' -f1)
+  sleep 1 # the tar of the process substitution finishes
+  if [ "$got" != "$(cat .device/cifar/SHA256)" ]; then
+    echo "CIFAR-10's parts join to SHA-256 $got, not $(cat .device/cifar/SHA256): a part is missing or damaged ($(ls .device/cifar))"
+    rm -rf "$dir"
+    return 1
+  fi
+  echo "CIFAR-10 joined from $(ls .device/cifar/part-* | wc -l) parts, SHA-256 verified"
+}
+
+# median_iter prints the median t_iter (seconds) of a run's metrics.jsonl.
+median_iter() {
+  python3 -c 'import json,sys,statistics; v=[json.loads(l)["t_iter"] for l in open(sys.argv[1]) if "\"t_iter\"" in l]; print(statistics.median(v[3:] or v))' "$1"
+}
+
+cifar() {
+  summary=$out/cifar.txt
+  : >"$summary"
+  say "ResNet-18 on CIFAR-10, one GPU, dense, $(date -u +%FT%TZ), revision $(revision)"
+  unpack
+  budget=${SPARSEGRAD_GPU_BUDGET:-500}
+  run c "join CIFAR-10" 60 cifar-steps.txt join_cifar
+  export SPARSEGRAD_ECHARTS=$repo/.device/echarts.min.js
+  local batch=512 steps=30 budget_s=280 tmax=5m
+  [ -n "$rehearse" ] && batch=16 steps=3 budget_s=20 tmax=20s
+  # One-cycle (peak 0.4 for batch 512, i.e. 0.1 per 128 images), Nesterov
+  # momentum 0.9, weight decay 5e-4 (batch norm exempt), random crops and
+  # flips; the 1,000 test images of the data folder every epoch.
+  local common=(-model resnet18 -dataset cifar10 -data-dir .device/data -batch "$batch" -eval-batch 1000
+    -lr-schedule onecycle -lr 0.4 -nesterov -wd 5e-4 $(device_flags))
+  rm -rf /tmp/cifar-timing /tmp/resnet18-cifar10
+  run c "time $steps steps" 120 cifar-steps.txt "$bin/train" "${common[@]}" -steps "$steps" -quiet -out /tmp/cifar-timing
+  local t_iter per_epoch epochs
+  t_iter=$(median_iter /tmp/cifar-timing/metrics.jsonl 2>/dev/null || echo 0.1)
+  per_epoch=$(python3 -c "print($t_iter * (50000 // $batch) + 1.0)") # + evaluation
+  epochs=$(python3 -c "print(max(1, int($budget_s / $per_epoch)))")
+  say "median step $t_iter s at batch $batch: about $per_epoch s per epoch; $epochs epochs fit $budget_s s"
+  if [ -z "$rehearse" ]; then
+    nvidia-smi dmon -s u -d 1 >"$out/gpu-util.txt" 2>&1 &
+  fi
+  local dmon=$!
+  run c "train $epochs epochs (-max-time $tmax)" 420 cifar-steps.txt "$bin/train" "${common[@]}" -epochs "$epochs" -max-time "$tmax" -out /tmp/resnet18-cifar10
+  [ -z "$rehearse" ] && kill "$dmon" 2>/dev/null
+  for f in report.html metrics.jsonl run.json; do cp "/tmp/resnet18-cifar10/$f" "$out/" 2>/dev/null; done
+  {
+    echo "--- evaluations (the 1,000-image test sample)"
+    grep '"accuracy"' /tmp/resnet18-cifar10/metrics.jsonl 2>/dev/null | tail -5
+    echo "--- GPU utilisation while training (nvidia-smi dmon, sm %): mean over samples"
+    awk '$1 ~ /^[0-9]+$/ {s+=$2; n++} END {if (n) printf "%.1f %% busy over %d s: idle share %.1f %%\n", s/n, n, 100-s/n}' "$out/gpu-util.txt" 2>/dev/null
+  } >>"$summary"
+  say "done in $(elapsed) s"
+}
+
+methods() {
+  summary=$out/methods.txt
+  : >"$summary"
+  say "ResNet-18, 4 workers on one GPU, 60 steps per method, ρ = 0.01, $(date -u +%FT%TZ)"
+  unpack
+  join_cifar >/dev/null || { say "no CIFAR-10: run the cifar sequence first"; return 1; }
+  export SPARSEGRAD_ECHARTS=$repo/.device/echarts.min.js
+  local steps=60 batch=()
+  [ -n "$rehearse" ] && steps=2 batch=(-batch 2)
+  rm -rf /tmp/methods
+  for m in dense deft micro topk spardl lags; do
+    run m "$m" 120 methods-steps.txt "$bin/train" $(device_flags) -model resnet18 -dataset cifar10 -data-dir .device/data -workers 4 \
+      -sparsifier "$m" -density 0.01 -steps "$steps" "${batch[@]}" -max-eval-batches 1 -quiet -out "/tmp/methods/$m"
+  done
+  python3 - /tmp/methods >>"$summary" <<'PY'
+import json, os, statistics, sys
+root = sys.argv[1]
+print(f"{'method':8} {'t_iter ms':>10} {'select %':>9} {'comm %':>7} {'actual/setup density':>21}")
+for m in ["dense", "deft", "micro", "topk", "spardl", "lags"]:
+    try:
+        rs = [json.loads(l) for l in open(os.path.join(root, m, "metrics.jsonl")) if '"t_iter"' in l]
+    except OSError:
+        print(f"{m:8} (no run)")
+        continue
+    rs = rs[len(rs) // 6:] or rs  # after the first sixth (warm-up)
+    med = lambda k: statistics.median(r.get(k, 0) or 0 for r in rs)
+    it = med("t_iter")
+    dens = statistics.mean((r.get("actual_density") or 0) / (r.get("density") or 1) for r in rs)
+    print(f"{m:8} {1e3 * it:10.1f} {100 * med('t_select') / it:9.1f} {100 * med('t_comm') / it:7.1f} {dens:21.3f}")
+PY
+  tar -czf "$out/methods-runs.tar.gz" --exclude=checkpoints -C /tmp methods 2>/dev/null
+  run m "mpirun -comm mpi = -workers 2" 90 mpi.txt mpi_same_losses
+  say "done in $(elapsed) s"
+}
+
+export bin repo out rehearse
+export -f probe mpi_same_losses join_cifar device_flags
 
 case "${1:-}" in
 proof) proof ;;
+cifar) cifar ;;
+methods) methods ;;
 *)
-  echo "usage: $0 proof   (after scripts/gpu-prepare; see the comment at the top)" >&2
+  echo "usage: $0 proof|cifar|methods   (after scripts/gpu-prepare; see the comment at the top)" >&2
   exit 2
   ;;
 esac

@@ -102,6 +102,10 @@ type RunInfo struct {
 	Resumes []ResumeRecord `json:"resumes,omitempty"`
 	// LayerNames are the layout's tensor names, in order.
 	LayerNames []string `json:"layer_names"`
+	// Notes are what the run said about itself on the terminal that a
+	// reader of its results must know (a method that does nothing in this
+	// configuration, what an adaptive method measured), oldest first.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Versions are the software versions of a run.
