@@ -21,11 +21,7 @@ import (
 // kernels named by SPARSEGRAD_TEST_KERNELS (auto, onednn or im2col; default
 // im2col, the reference).
 func TestMain(m *testing.M) {
-	mode := os.Getenv("SPARSEGRAD_TEST_BLAS")
-	if mode == "" {
-		mode = ops.BLASGonum
-	}
-	desc, err := ops.ConfigureBLAS(mode, 0)
+	desc, err := ops.ConfigureBLAS(testBLAS(), 0)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
@@ -63,11 +59,15 @@ func withBLAS(b *testing.B, f func(b *testing.B)) {
 			f(b)
 		})
 	}
-	def := os.Getenv("SPARSEGRAD_TEST_BLAS")
-	if def == "" {
-		def = ops.BLASGonum
+	ops.ConfigureBLAS(testBLAS(), 0)
+}
+
+// testBLAS is the BLAS the tests run with.
+func testBLAS() string {
+	if b := os.Getenv("SPARSEGRAD_TEST_BLAS"); b != "" {
+		return b
 	}
-	ops.ConfigureBLAS(def, 0)
+	return ops.BLASGonum
 }
 
 func benchStep(b *testing.B, mm Model, batch Batch, hook bool) {
