@@ -451,40 +451,9 @@ func (c *dnnProgram) conv(in *Instr, op ops.Conv2d, x, w, y ValueID) (Kernel, er
 	if err != nil {
 		return nil, err
 	}
-	b := c.builder()
-	xu, err := c.userDesc(x)
-	if err != nil {
-		return nil, err
-	}
-	wu, err := c.plainWeights(ws)
-	if err != nil {
-		return nil, err
-	}
-	yu, err := c.userDesc(y)
-	if err != nil {
-		return nil, err
-	}
-	src, err := b.input(0, xu, pd.Query(dnnl.QuerySrc, 0))
-	if err != nil {
-		return nil, err
-	}
-	wm, err := b.input(1, wu, pd.Query(dnnl.QueryWeights, 0))
-	if err != nil {
-		return nil, err
-	}
-	dst, post, err := b.output(atOut, yu, pd.Query(dnnl.QueryDst, 0))
-	if err != nil {
-		return nil, err
-	}
-	if err := b.exec(pd, map[int]*memRef{dnnl.ArgSrc: src, dnnl.ArgWeights: wm, dnnl.ArgDst: dst}); err != nil {
-		return nil, err
-	}
-	if post != nil {
-		if err := post(); err != nil {
-			return nil, err
-		}
-	}
-	return b.finish(), nil
+	return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
+		dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
+		dnnArg{id: y, query: dnnl.QueryDst, arg: dnnl.ArgDst})
 }
 
 func (c *dnnProgram) convData(in *Instr, op ops.Conv2dGradInput) (Kernel, error) {
@@ -512,40 +481,9 @@ func (c *dnnProgram) convData(in *Instr, op ops.Conv2dGradInput) (Kernel, error)
 	if err != nil {
 		return nil, err
 	}
-	b := c.builder()
-	wu, err := c.plainWeights(ws)
-	if err != nil {
-		return nil, err
-	}
-	dyu, err := c.userDesc(dy)
-	if err != nil {
-		return nil, err
-	}
-	dxu, err := c.userDesc(dx)
-	if err != nil {
-		return nil, err
-	}
-	wm, err := b.input(0, wu, pd.Query(dnnl.QueryWeights, 0))
-	if err != nil {
-		return nil, err
-	}
-	dym, err := b.input(1, dyu, pd.Query(dnnl.QueryDiffDst, 0))
-	if err != nil {
-		return nil, err
-	}
-	dxm, post, err := b.output(atOut, dxu, pd.Query(dnnl.QueryDiffSrc, 0))
-	if err != nil {
-		return nil, err
-	}
-	if err := b.exec(pd, map[int]*memRef{dnnl.ArgWeights: wm, dnnl.ArgDiffDst: dym, dnnl.ArgDiffSrc: dxm}); err != nil {
-		return nil, err
-	}
-	if post != nil {
-		if err := post(); err != nil {
-			return nil, err
-		}
-	}
-	return b.finish(), nil
+	return c.twoToOne(pd, dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
+		dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
+		dnnArg{id: dx, query: dnnl.QueryDiffSrc, arg: dnnl.ArgDiffSrc})
 }
 
 func (c *dnnProgram) convWeights(in *Instr, op ops.Conv2dGradFilter) (Kernel, error) {
@@ -573,32 +511,53 @@ func (c *dnnProgram) convWeights(in *Instr, op ops.Conv2dGradFilter) (Kernel, er
 	if err != nil {
 		return nil, err
 	}
+	return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
+		dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
+		dnnArg{weights: ws, query: dnnl.QueryDiffWeights, arg: dnnl.ArgDiffWeights})
+}
+
+// dnnArg is one argument of a convolution primitive: the program's value
+// (or, for weights and their gradient, the shape of the plain OIHW
+// parameter they always are), what the primitive is asked for its format,
+// and oneDNN's argument index.
+type dnnArg struct {
+	id         ValueID
+	weights    []int
+	query, arg int
+}
+
+func (c *dnnProgram) argDesc(a dnnArg) (*dnnl.MemDesc, error) {
+	if a.weights != nil {
+		return c.plainWeights(a.weights)
+	}
+	return c.userDesc(a.id)
+}
+
+// twoToOne builds the kernel of pd reading the instruction's inputs 0 and
+// 1 (in0, in1) and writing its output, with the conversions their formats
+// need.
+func (c *dnnProgram) twoToOne(pd *dnnl.PrimDesc, in0, in1, out dnnArg) (Kernel, error) {
 	b := c.builder()
-	xu, err := c.userDesc(x)
+	args := map[int]*memRef{}
+	for i, a := range []dnnArg{in0, in1} {
+		u, err := c.argDesc(a)
+		if err != nil {
+			return nil, err
+		}
+		if args[a.arg], err = b.input(i, u, pd.Query(a.query, 0)); err != nil {
+			return nil, err
+		}
+	}
+	u, err := c.argDesc(out)
 	if err != nil {
 		return nil, err
 	}
-	dyu, err := c.userDesc(dy)
+	m, post, err := b.output(atOut, u, pd.Query(out.query, 0))
 	if err != nil {
 		return nil, err
 	}
-	wu, err := c.plainWeights(ws)
-	if err != nil {
-		return nil, err
-	}
-	xm, err := b.input(0, xu, pd.Query(dnnl.QuerySrc, 0))
-	if err != nil {
-		return nil, err
-	}
-	dym, err := b.input(1, dyu, pd.Query(dnnl.QueryDiffDst, 0))
-	if err != nil {
-		return nil, err
-	}
-	dwm, post, err := b.output(atOut, wu, pd.Query(dnnl.QueryDiffWeights, 0))
-	if err != nil {
-		return nil, err
-	}
-	if err := b.exec(pd, map[int]*memRef{dnnl.ArgSrc: xm, dnnl.ArgDiffDst: dym, dnnl.ArgDiffWeights: dwm}); err != nil {
+	args[out.arg] = m
+	if err := b.exec(pd, args); err != nil {
 		return nil, err
 	}
 	if post != nil {
