@@ -459,25 +459,7 @@ func (c *dnnProgram) conv(in *Instr, op ops.Conv2d, x, w, y ValueID) (Kernel, er
 func (c *dnnProgram) convData(in *Instr, op ops.Conv2dGradInput) (Kernel, error) {
 	w, dy, dx := in.In[0], in.In[1], in.Out
 	ws := c.p.Values[w].Shape
-	hint, err := c.convForwardDesc(op.Conv, dx, dy, ws)
-	if err != nil {
-		return nil, err
-	}
-	defer hint.Close()
-	dxd, err := c.primDesc(dx)
-	if err != nil {
-		return nil, err
-	}
-	dyd, err := c.primDesc(dy)
-	if err != nil {
-		return nil, err
-	}
-	wa, err := c.lib.Desc(ws, dnnl.TagAny)
-	if err != nil {
-		return nil, err
-	}
-	st, pad := convGeom(op.Conv)
-	pd, err := c.lib.ConvBackwardData(dxd, wa, dyd, st, pad, hint)
+	pd, err := c.convBackward(op.Conv, dx, dy, ws, c.lib.ConvBackwardData)
 	if err != nil {
 		return nil, err
 	}
@@ -489,7 +471,21 @@ func (c *dnnProgram) convData(in *Instr, op ops.Conv2dGradInput) (Kernel, error)
 func (c *dnnProgram) convWeights(in *Instr, op ops.Conv2dGradFilter) (Kernel, error) {
 	x, dy, dw := in.In[0], in.In[1], in.Out
 	ws := c.p.Values[dw].Shape
-	hint, err := c.convForwardDesc(op.Conv, x, dy, ws)
+	pd, err := c.convBackward(op.Conv, x, dy, ws, c.lib.ConvBackwardWeights)
+	if err != nil {
+		return nil, err
+	}
+	return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
+		dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
+		dnnArg{weights: ws, query: dnnl.QueryDiffWeights, arg: dnnl.ArgDiffWeights})
+}
+
+// convBackward makes a backward primitive of the convolution op from x
+// (its input or the input's gradient) to dy (its output's gradient) with
+// weights of shape ws, hinted by the forward primitive.
+func (c *dnnProgram) convBackward(op ops.Conv2d, x, dy ValueID, ws []int,
+	newPD func(x, w, dy *dnnl.MemDesc, stride, pad [2]int, hint *dnnl.PrimDesc) (*dnnl.PrimDesc, error)) (*dnnl.PrimDesc, error) {
+	hint, err := c.convForwardDesc(op, x, dy, ws)
 	if err != nil {
 		return nil, err
 	}
@@ -506,14 +502,8 @@ func (c *dnnProgram) convWeights(in *Instr, op ops.Conv2dGradFilter) (Kernel, er
 	if err != nil {
 		return nil, err
 	}
-	st, pad := convGeom(op.Conv)
-	pd, err := c.lib.ConvBackwardWeights(xd, wa, dyd, st, pad, hint)
-	if err != nil {
-		return nil, err
-	}
-	return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
-		dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
-		dnnArg{weights: ws, query: dnnl.QueryDiffWeights, arg: dnnl.ArgDiffWeights})
+	st, pad := convGeom(op)
+	return newPD(xd, wa, dyd, st, pad, hint)
 }
 
 // dnnArg is one argument of a convolution primitive: the program's value
