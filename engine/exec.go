@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"time"
 
@@ -20,6 +21,14 @@ type Backend interface {
 	// Kernel prepares instruction in of p for this device, or says why the
 	// device cannot run it.
 	Kernel(p *Program, in *Instr) (Kernel, error)
+}
+
+// Preparer is implemented by backends that look at a whole program before
+// preparing its kernels: Prepare returns the backend that prepares p's
+// kernels (for one executor). The CPU backend chooses the memory formats of
+// oneDNN's values there.
+type Preparer interface {
+	Prepare(p *Program) (Backend, error)
 }
 
 // Kernel runs one instruction of a program on a stream of its device.
@@ -77,6 +86,7 @@ type Timing struct {
 // concurrent use.
 type Executor struct {
 	p       *Program
+	be      Backend // the backend that prepared the kernels
 	dev     device.Device
 	stream  device.Stream
 	kernels []Kernel
@@ -119,12 +129,26 @@ const arenaAlign = 256
 // liveness (values whose lifetimes do not overlap share memory), allocates
 // it on the backend's device, and sets the constants. s is the stream the
 // executor runs on (nil: the backend's stream).
-func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
+func New(p *Program, be Backend, s device.Stream) (_ *Executor, err error) {
 	dev := be.Device()
 	if s == nil {
 		s = be.Stream()
 	}
-	e := &Executor{p: p, dev: dev, stream: s}
+	if pr, ok := be.(Preparer); ok {
+		b, err := pr.Prepare(p)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		be = b
+		if c, ok := b.(io.Closer); ok {
+			defer func() {
+				if err != nil {
+					c.Close()
+				}
+			}()
+		}
+	}
+	e := &Executor{p: p, dev: dev, stream: s, be: be}
 	e.kernels = make([]Kernel, len(p.Instrs))
 	for j := range p.Instrs {
 		k, err := be.Kernel(p, &p.Instrs[j])
@@ -183,8 +207,13 @@ func (e *Executor) inArena(i int) bool {
 	return false
 }
 
-// Close frees the arena.
-func (e *Executor) Close() error { return e.dev.Free(e.arena) }
+// Close frees the arena and what the kernels hold outside it.
+func (e *Executor) Close() error {
+	if c, ok := e.be.(io.Closer); ok {
+		c.Close()
+	}
+	return e.dev.Free(e.arena)
+}
 
 // ArenaBytes is the size of the executor's arena: the peak memory of its
 // values and scratch.

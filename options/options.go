@@ -91,6 +91,7 @@ var All = []Option{
 	{Key: "max_eval_batches", Resume: true, Incidental: true},
 	{Key: "blas", Resume: true},
 	{Key: "blas_threads", Resume: true, Incidental: true},
+	{Key: "kernels", Resume: true},
 	{Key: "executors", Resume: true, Incidental: true},
 	{Key: "quiet", Resume: true, Incidental: true},
 	{Key: "checkpoint_every", Resume: true, Incidental: true},

@@ -450,3 +450,24 @@ func TestEveryConfigKeyIsKnown(t *testing.T) {
 		t.Errorf("method options %q", got)
 	}
 }
+
+// TestRunSaysWhichKernelsRan: the run table names the CPU kernels run.json
+// records (oneDNN or im2col), and has no such row when none are recorded.
+func TestRunSaysWhichKernelsRan(t *testing.T) {
+	r := timedRun(5)
+	row := func() (string, bool) {
+		for _, row := range runTable(r).Rows {
+			if row[0] == "CPU kernels" {
+				return row[1], true
+			}
+		}
+		return "", false
+	}
+	if v, ok := row(); ok {
+		t.Fatalf("a run without kernels recorded shows %q", v)
+	}
+	r.Info.Versions.Kernels = "oneDNN 2.6.3 (libdnnl.so.2, OpenMP runtime, 2 threads, activations in nChw8c)"
+	if v, _ := row(); v != r.Info.Versions.Kernels {
+		t.Fatalf("CPU kernels row %q", v)
+	}
+}

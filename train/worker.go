@@ -327,7 +327,7 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe != nil,
-			Versions: versions(w.r.blas), Machine: machine(), LayerNames: names, Device: be.Device().String(), ReduceIn: "device", Comm: w.commName}
+			Versions: versions(w.r.blas, w.r.kernels), Machine: machine(), LayerNames: names, Device: be.Device().String(), ReduceIn: "device", Comm: w.commName}
 		if w.r.sim != nil {
 			info.Executors = w.r.sim.executors
 		}
@@ -372,7 +372,7 @@ func (w *worker) setup(ctx context.Context) error {
 			w.out.reportPath = filepath.Join(cfg.Out, "report.html")
 		}
 	}
-	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe != nil, "blas", w.r.blas)
+	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe != nil, "blas", w.r.blas, "kernels", w.r.kernels)
 	return nil
 }
 
