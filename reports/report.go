@@ -318,6 +318,11 @@ func runTable(r *Run) table {
 	rows = append(rows,
 		[]string{"logged iterations", strconv.Itoa(len(r.Steps))},
 		[]string{"device", r.device()},
+	)
+	if k := r.Info.Versions.Kernels; k != "" {
+		rows = append(rows, []string{"CPU kernels", k})
+	}
+	rows = append(rows,
 		[]string{"machine", strings.TrimSpace(r.Info.Machine.CPU + " " + r.Info.Machine.GPU)},
 		[]string{"command line", strings.Join(r.Info.CommandLine, " ")},
 	)
