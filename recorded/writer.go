@@ -27,9 +27,20 @@ func Create(dir string, m Manifest) (*Writer, error) {
 	if _, err := os.Stat(filepath.Join(dir, ManifestName)); err == nil {
 		return nil, fmt.Errorf("recorded: %s already holds a recording (%s); record into another folder or delete it", dir, ManifestName)
 	}
+	w, err := NewWriter(dir, m)
+	if err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("recorded: %w", err)
 	}
+	return w, nil
+}
+
+// NewWriter returns a writer of the files of a recording that another
+// writer created (the other ranks of a job: each writes its own files,
+// rank 0 creates and commits); it touches nothing on disk.
+func NewWriter(dir string, m Manifest) (*Writer, error) {
 	m.Format, m.Version, m.Files, m.Steps = FormatName, Version, FilePattern, 0
 	off := 0
 	for i := range m.Params {

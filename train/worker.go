@@ -81,6 +81,10 @@ type worker struct {
 	start time.Time
 	// res is the state of checkpoints and resumes.
 	res resilience
+	// rec records the gradients (-record-gradients; nil without), and
+	// stepNo is the step being run (from 1).
+	rec    *gradRecorder
+	stepNo int
 }
 
 func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
@@ -144,6 +148,9 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 		}
 	}()
 	err = w.loop(ctx)
+	if err == nil {
+		err = w.finishRecording(ctx)
+	}
 	returned = true
 	return err
 }
@@ -191,6 +198,8 @@ func (w *worker) setup(ctx context.Context) error {
 			return NewSGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
 		case "adam":
 			return NewAdam(w.stream, n, cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
+		case "none":
+			return noUpdate{}, nil
 		}
 		return nil, fmt.Errorf("%w: unknown -optimizer %q", ErrConfig, cfg.Optimizer)
 	}
@@ -305,12 +314,21 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.task, err = newTask(cfg, w.r.ds, w.rank, w.size); err != nil {
 		return err
 	}
+	if cfg.RecordGradients != "" {
+		if w.rec, err = newGradRecorder(cfg, m, w.rank, w.size, dev, versions(w.r.blas).Revision); err != nil {
+			w.task.Close()
+			return err
+		}
+	}
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe != nil,
 			Versions: versions(w.r.blas), Machine: machine(), LayerNames: names, Device: be.Device().String(), ReduceIn: "device", Comm: w.commName}
 		if w.r.sim != nil {
 			info.Executors = w.r.sim.executors
+		}
+		if rec := w.r.ds.Recording; rec != nil {
+			info.Replay, info.CannotShow = replayInfo(rec), ReplayCannotShow
 		}
 		if w.dred == nil && !w.grad.IsHost() {
 			info.ReduceIn = "host"
@@ -489,6 +507,18 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 	s.Loss = res.Loss
 	// The time waiting for a shared executor is not computing.
 	s.Compute, s.Queued = t1.Sub(t0)-res.Queued, res.Queued
+	if w.rec != nil {
+		if w.rank == 0 {
+			w.rec.times = append(w.rec.times, s.Compute.Seconds())
+		}
+		// Recording is not part of the step's times.
+		tr := time.Now()
+		if err := w.recordGradient(); err != nil {
+			return s, err
+		}
+		d := time.Since(tr)
+		t0, t1 = t0.Add(d), t1.Add(d)
+	}
 	if sim := w.r.sim; sim != nil && w.pipe == nil {
 		// Simulated workers compute one after another but enter the
 		// reduction together, as a cluster's do: the reducer's times are
@@ -539,7 +569,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 			return s, fmt.Errorf("train: reducing with %s: %w", w.cfg.Sparsifier, err)
 		}
 	}
-	if math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0) {
+	if (math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0)) && w.r.ds.Recording == nil { // a replay has no loss
 		return s, fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss)
 	}
 	t2 := time.Now()
@@ -662,6 +692,9 @@ func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr fl
 // evaluate runs the evaluation (rank 0: with a progress bar) and (rank 0)
 // records it.
 func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error) {
+	if w.r.ds.Recording != nil {
+		return nil, nil // a replay has nothing to evaluate
+	}
 	ev, err := w.task.Evaluate(ctx, w.m, w.params, w.c, w.out.progress().startEval(w.task.EvalBatches()))
 	w.out.progress().endEval()
 	if err != nil {
@@ -757,6 +790,13 @@ func (w *worker) loop(ctx context.Context) error {
 			if err != nil {
 				return w.failed(err, step)
 			}
+			if w.rank == 0 {
+				// Every rank has written the steps done (they have all
+				// agreed to go on after them).
+				if err := w.rec.commit(step); err != nil {
+					return w.failed(err, step)
+				}
+			}
 			if stop {
 				if prog != nil {
 					prog.endEpoch()
@@ -793,6 +833,7 @@ func (w *worker) loop(ctx context.Context) error {
 			if err != nil {
 				return w.failed(&stepError{step + 1, epoch, fmt.Errorf("batch %d of the epoch: %w", i, err)}, step)
 			}
+			w.stepNo = step + 1
 			s, err := w.step(ctx, b, lr)
 			if err != nil {
 				return w.failed(&stepError{step + 1, epoch, err}, step)
