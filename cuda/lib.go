@@ -198,18 +198,6 @@ func bind(lib library, path string, h uintptr, fns map[string]any) (err error) {
 	return nil
 }
 
-// has reports whether the library file bound for what has function name.
-func has(what, name string) bool {
-	libsMu.Lock()
-	defer libsMu.Unlock()
-	for _, l := range libs {
-		if l.Name == what {
-			return !slices.Contains(l.Missing, name)
-		}
-	}
-	return false
-}
-
 // stub makes *fn (a pointer to a function variable) a function that
 // returns missingSymbol as its first result (zero values otherwise).
 func stub(fn any) {

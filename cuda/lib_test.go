@@ -42,9 +42,6 @@ func TestBindToleratesMissingSymbols(t *testing.T) {
 	if i < 0 || loaded[i].Path != "libc.so.6" || !slices.Equal(loaded[i].Missing, []string{"sparsegrad_no_such_function"}) {
 		t.Fatalf("the library's record: %+v", loaded)
 	}
-	if has(lib.what, "sparsegrad_no_such_function") || !has(lib.what, "getpid") {
-		t.Fatal("has disagrees with the binding")
-	}
 }
 
 // TestCuDNNCompanionsByPattern: cuDNN 9's sub-libraries are found by
