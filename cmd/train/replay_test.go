@@ -54,3 +54,67 @@ func TestReplayCommand(t *testing.T) {
 		t.Errorf("train replay without -gradients: %v", err)
 	}
 }
+
+// TestSweepAndAdviseOfRecording: train sweep -gradients replays a
+// recording at each point of the grid (points beyond its workers are not
+// run, and say why), -dry-run prints train replay commands, and train
+// advise -gradients ranks the methods for the recorded model with a given
+// step time; flags about a model are refused beside -gradients.
+func TestSweepAndAdviseOfRecording(t *testing.T) {
+	data := sharedData(t)
+	dir := t.TempDir()
+	grads := filepath.Join(dir, "grads")
+	const cdn = "https://cdn.jsdelivr.net/npm/echarts@5.6.0/dist/echarts.min.js"
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-model", "ncf", "-data-dir", data, "-workers", "3", "-steps", "2", "-record-gradients", grads,
+		"-out", filepath.Join(dir, "trained"), "-quiet"}, &out, &out); err != nil {
+		t.Fatalf("train: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	sw := filepath.Join(dir, "sweep")
+	if err := run(context.Background(), []string{"sweep", "-gradients", grads, "-sparsifiers", "topk,deft", "-workers", "2,3,4", "-density", "0.05",
+		"-out", sw, "-report-assets", cdn}, &out, &out); err != nil {
+		t.Fatalf("sweep: %v\n%s", err, out.String())
+	}
+	if s := out.String(); !strings.Contains(s, "4 runs: 4 run now") || !strings.Contains(s, "skip topk-w4-d0.05: the recording holds the gradients of 3 workers") {
+		t.Errorf("sweep output:\n%s", s)
+	}
+	for _, name := range []string{"topk-w2-d0.05", "deft-w3-d0.05"} {
+		b, err := os.ReadFile(filepath.Join(sw, "runs", name, "run.json"))
+		if err != nil || !strings.Contains(string(b), `"replay"`) {
+			t.Errorf("%s is not a replay: %v", name, err)
+		}
+	}
+	page, err := os.ReadFile(filepath.Join(sw, "sweep.html"))
+	if err != nil || !strings.Contains(string(page), "Replays of the recorded gradients") {
+		t.Errorf("the sweep page does not say it replays: %v", err)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"sweep", "-gradients", grads, "-sparsifiers", "topk", "-workers", "2", "-density", "0.05", "-out", "x", "-dry-run"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "train replay -gradients " + grads + " -sparsifier topk -density 0.05 -workers 2 -out x/runs/topk-w2-d0.05"; strings.TrimSpace(out.String()) != want {
+		t.Errorf("dry run:\n%s\nwant\n%s", out.String(), want)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"advise", "-gradients", grads, "-step-time", "30ms", "-workers", "16,64", "-net-bandwidth", "10",
+		"-sparsifiers", "dense,topk,deft,micro,randomk"}, &out, &out); err != nil {
+		t.Fatalf("advise: %v\n%s", err, out.String())
+	}
+	s := out.String()
+	for _, want := range []string{"ncf on recorded gradients, 16 workers", "ncf on recorded gradients, 64 workers", "one step 30 ms (forward+backward, given with -step-time)",
+		"kind of model: recommender", "! not ranked", "randomk", "what is known about accuracy"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("advise output lacks %q:\n%s", want, s)
+		}
+	}
+	for _, args := range [][]string{
+		{"advise", "-gradients", grads, "-model", "ncf", "-workers", "16", "-net-bandwidth", "10"},
+		{"sweep", "-gradients", grads, "-lr", "0.1", "-sparsifiers", "topk", "-workers", "2", "-density", "0.1", "-out", "x"},
+	} {
+		err := run(context.Background(), args, &out, &out)
+		if err == nil || !strings.Contains(err.Error(), "with -gradients") {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
