@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"runtime"
 	"sync"
@@ -219,28 +218,7 @@ func vectorTimes(dev device.Device, ops sparsify.Ops, n int) (update, feedback f
 // the median of 5 calls after one (Ok-Topk: the mean over its 32-call
 // schedule), and the time outside selection on one worker.
 func selectionOn(ctx context.Context, dev device.Device, ops sparsify.Ops, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
-	meth, _ := sparsify.Lookup(method)
-	params = maps.Clone(params)
-	if params == nil {
-		params = sparsify.Values{}
-	}
-	if _, ok := meth.Param("dense_warmup"); ok {
-		params["dense_warmup"] = 0
-	}
-	calls := 6
-	if method == "oktopk" {
-		calls = okRecompute
-	}
-	summary := func(v []float64) float64 {
-		if method == "oktopk" {
-			s := 0.0
-			for _, x := range v {
-				s += x / float64(len(v))
-			}
-			return s
-		}
-		return median(v[1:])
-	}
+	params, calls, summary := selectionSchedule(method, params)
 	run := func(p int) (sel, other []float64, err error) {
 		sel, other = make([]float64, calls), make([]float64, calls)
 		var mu sync.Mutex

@@ -61,18 +61,8 @@ type RunInfo struct {
 	// Replay describes the recording a replay of recorded gradients
 	// (train replay) replayed; nil for a training run. CannotShow says what
 	// such a run's metrics leave out.
-	Replay *struct {
-		Dir        string  `json:"dir"`
-		Model      string  `json:"model"`
-		Source     string  `json:"source"`
-		Mode       string  `json:"mode"`
-		Workers    int     `json:"workers"`
-		Steps      int     `json:"steps"`
-		Batch      int     `json:"batch"`
-		StepTime   float64 `json:"step_time"`
-		StepDevice string  `json:"step_device"`
-	} `json:"replay"`
-	CannotShow string `json:"cannot_show"`
+	Replay     *metrics.Replay `json:"replay"`
+	CannotShow string          `json:"cannot_show"`
 	// Resumes lists the times the run was resumed, oldest first.
 	Resumes []struct {
 		At          time.Time `json:"at"`

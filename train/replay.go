@@ -14,6 +14,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/recorded"
 )
@@ -36,23 +37,7 @@ import (
 const RecordedModel = "recorded"
 
 // ReplayInfo is what run.json says of a replay's recording.
-type ReplayInfo struct {
-	// Dir is the recording's folder.
-	Dir string `json:"dir"`
-	// Model, Source, Mode, Workers, Steps and Batch are the manifest's.
-	Model   string `json:"model"`
-	Source  string `json:"source"`
-	Mode    string `json:"mode"`
-	Workers int    `json:"workers"`
-	Steps   int    `json:"steps"`
-	Batch   int    `json:"batch"`
-	// StepTime is the recording's measured time of one worker's forward
-	// and backward pass, StepDevice where it ran.
-	StepTime   float64 `json:"step_time"`
-	StepDevice string  `json:"step_device"`
-	// Software is the manifest's (torch and Python versions, ...).
-	Software map[string]string `json:"software,omitempty"`
-}
+type ReplayInfo = metrics.Replay
 
 // ReplayCannotShow lists what a replay's report leaves out and why.
 const ReplayCannotShow = "no loss, accuracy or other evaluation (the gradients are replayed, not computed: no model runs and no update is applied, so a sparsifier's effect on convergence is not seen); the compute time is the copy of the recorded gradient, not the model's step (the recording's measured step time is given instead); the gradients after step 1 are those the recording's own training produced, not what training with this sparsifier would have produced"

@@ -163,13 +163,7 @@ func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stder
 			if h.Recording != v.gradients || !strings.HasPrefix(h.Device, dev) {
 				return nil, fmt.Errorf("train advise: %s holds measurements of %s on %s, not of the recording %s on %s; use another -measurements file", v.measurements, h.Model, h.Device, v.gradients, dev)
 			}
-			for _, d := range v.densities {
-				if !slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d }) {
-					return nil, fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
-				}
-			}
-			fmt.Fprintf(stderr, "using the measurements in %s\n", v.measurements)
-			return h, nil
+			return h, coversDensities(h, v, stderr)
 		case !errors.Is(err, os.ErrNotExist):
 			return nil, fmt.Errorf("train %w", err)
 		}
@@ -185,6 +179,18 @@ func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stder
 		}
 	}
 	return h, nil
+}
+
+// coversDensities refuses measurements without -density's densities, and
+// says which file the advice comes from.
+func coversDensities(h *advise.Host, v *adviseFlags, stderr io.Writer) error {
+	for _, d := range v.densities {
+		if !slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d }) {
+			return fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
+		}
+	}
+	fmt.Fprintf(stderr, "using the measurements in %s\n", v.measurements)
+	return nil
 }
 
 // adviseHost reads the measurements file or measures (and writes it).
