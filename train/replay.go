@@ -50,10 +50,11 @@ func replayInfo(r *recorded.Recording) *ReplayInfo {
 }
 
 // ReplayDefaults fills the configuration of a replay from its recording:
-// the model, and unless they are set, the worker count (the recording's)
-// and the batch (the recording's, for the samples count). It returns c
-// unchanged when c is not a replay.
-func ReplayDefaults(c Config) (Config, error) {
+// the model, and unless they are set, the worker count (the recording's;
+// not under mpirun, where each process is one worker) and the batch (the
+// recording's, for the samples count). It returns c unchanged when c is
+// not a replay.
+func ReplayDefaults(c Config, underMPI bool) (Config, error) {
 	if c.Gradients == "" {
 		return c, nil
 	}
@@ -64,7 +65,9 @@ func ReplayDefaults(c Config) (Config, error) {
 	if c.Model == "" {
 		c.Model = RecordedModel
 	}
-	c.Workers.orDefault(rec.Manifest.Workers)
+	if !underMPI {
+		c.Workers.orDefault(rec.Manifest.Workers)
+	}
 	c.Batch.orDefault(max(rec.Manifest.Batch, 1))
 	return c, nil
 }

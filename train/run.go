@@ -276,7 +276,7 @@ func prepareResumeMPI(ctx context.Context, cm comm.Communicator, c Config, o Opt
 
 // prepare checks the configuration and loads the data of a run.
 func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, error) {
-	c, err := ReplayDefaults(c)
+	c, err := ReplayDefaults(c, underMPI)
 	if err != nil {
 		return nil, err
 	}

@@ -3,10 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestReplayCommand: train -record-gradients, then train replay of the
@@ -117,4 +123,81 @@ func TestSweepAndAdviseOfRecording(t *testing.T) {
 			t.Errorf("%v: %v", args, err)
 		}
 	}
+}
+
+// TestReplayUnderMPI: mpirun -np 3 train replay gives the in-process
+// replay's reduction (each process reads its own rank's files; the worker
+// count is mpirun's, not the recording's), and a resumed replay ends where
+// the uninterrupted one does.
+func TestReplayUnderMPI(t *testing.T) {
+	mpirun, err := exec.LookPath("mpirun")
+	if err != nil {
+		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+	}
+	data := sharedData(t)
+	dir := t.TempDir()
+	grads := filepath.Join(dir, "grads")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-model", "ncf", "-data-dir", data, "-workers", "3", "-steps", "4", "-record-gradients", grads,
+		"-sparsifier", "deft", "-density", "0.05", "-out", filepath.Join(dir, "trained"), "-quiet"}, &out, &out); err != nil {
+		t.Fatalf("train: %v\n%s", err, out.String())
+	}
+	common := []string{"replay", "-gradients", grads, "-sparsifier", "deft", "-density", "0.05", "-quiet"}
+	inproc := filepath.Join(dir, "inproc")
+	if err := run(context.Background(), append(slices.Clone(common), "-out", inproc), &out, &out); err != nil {
+		t.Fatalf("replay: %v\n%s", err, out.String())
+	}
+	viaMPI := filepath.Join(dir, "mpi")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, mpirun, append([]string{"--oversubscribe", "--allow-run-as-root", "-np", "3", os.Args[0]}, append(common, "-out", viaMPI)...)...)
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("mpirun train replay: %v\n%s", err, b)
+	}
+	// Stopped after 2 steps and resumed.
+	resumed := filepath.Join(dir, "resumed")
+	if err := run(context.Background(), append(slices.Clone(common), "-steps", "2", "-out", resumed), &out, &out); err != nil {
+		t.Fatalf("replay -steps 2: %v\n%s", err, out.String())
+	}
+	if err := run(context.Background(), []string{"replay", "-resume", resumed, "-steps", "4", "-quiet"}, &out, &out); err != nil {
+		t.Fatalf("replay -resume: %v\n%s", err, out.String())
+	}
+	want := reductions(t, inproc)
+	if len(want) != 4 {
+		t.Fatalf("%d replayed steps, want 4", len(want))
+	}
+	for name, d := range map[string]string{"mpirun": viaMPI, "resumed": resumed} {
+		if got := reductions(t, d); !slices.Equal(got, want) {
+			t.Errorf("%s: %v, in-process %v", name, got, want)
+		}
+	}
+}
+
+// reductions reads each step's actual density, bytes sent and error norm.
+func reductions(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r struct {
+			Type          string  `json:"type"`
+			Step          int     `json:"step"`
+			ActualDensity float64 `json:"actual_density"`
+			BytesSent     float64 `json:"bytes_sent"`
+			ErrorNorm     float64 `json:"error_norm"`
+		}
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Type == "step" {
+			out = append(out, fmt.Sprint(r.Step, r.ActualDensity, r.BytesSent, r.ErrorNorm))
+		}
+	}
+	return out
 }
