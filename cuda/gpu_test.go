@@ -2,8 +2,8 @@ package cuda_test
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"

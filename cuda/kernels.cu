@@ -762,14 +762,31 @@ __device__ u32 murmur3_index(u32 i, u32 seed) {
     return h;
 }
 
-// DRAGONN's hashed insertion: every index idx[j] goes to slot
-// murmur3(idx[j], seed) mod m, which keeps the highest index + 1 (so a
-// collision resolves as the CPU's sequential insertion in ascending order
-// does).
-extern "C" __global__ void k_hash_insert(const int* idx, i64 n, int seed, u32* table, int m) {
-    GRID_STRIDE(j, n) {
-        u32 i = (u32)idx[j];
-        atomicMax(&table[murmur3_index(i, (u32)seed) % (u32)m], i + 1u);
+// DRAGONN's one-pass selection: every element of x whose magnitude key
+// (its bits without the sign) is in [lo, KEY_INF] — |x_i| >= the threshold
+// and not NaN; lo >= 1 keeps exact zeros out — goes, in the same pass, to
+// slot murmur3(i, seed) mod m, which keeps the highest index + 1 (so a
+// collision resolves as the CPU's insertion in ascending order does). No
+// compaction of the candidates: the table is the only output.
+extern "C" __global__ void k_hash_select_above(const float* x, i64 n, int lo, int seed, u32* table, int m) {
+    const u32* u = (const u32*)x;
+    GRID_STRIDE(i, n) {
+        u32 key = abs_key(u[i]);
+        if (key >= (u32)lo && key <= KEY_INF) {
+            atomicMax(&table[murmur3_index((u32)i, (u32)seed) % (u32)m], (u32)i + 1u);
+        }
+    }
+}
+
+// DGC's momentum correction (sparsify's Ops.MomentumCorrect): with a =
+// acc[i] (the velocity) and p = vel[i] (the previous masked velocity),
+// vel[i] = a and res[i] = a + m·(a − p). res may be acc.
+extern "C" __global__ void k_dgc_momentum(float* vel, float* res, const float* acc, i64 n, float m) {
+    GRID_STRIDE(i, n) {
+        float a = acc[i];
+        float u = a - vel[i];
+        vel[i] = a;
+        res[i] = a + m * u;
     }
 }
 

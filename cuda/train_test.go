@@ -59,7 +59,10 @@ func TestTrainOnGPU(t *testing.T) {
 				c.MethodOptions = sparsify.Values{"dense_warmup": 0, "min_tensor": 0}
 			}
 			var stdout bytes.Buffer
-			c.Quiet = dev == "cpu" // on the GPU: the terminal shows the GPU and its libraries
+			c.Quiet = dev == "cpu"  // on the GPU: the terminal shows the GPU and its libraries
+			if m.CorrectsMomentum { // DGC's momentum correction, and the optimizer's momentum on weight decay only
+				c.Optimizer, c.Momentum, c.LR = "sgd", train.Set(0.9), train.Set(0.05)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			err := train.Run(ctx, c, train.Options{Stdout: &stdout, LossSink: func(_ int, l float64) { losses[k] = append(losses[k], l) }})
 			cancel()

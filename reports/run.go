@@ -63,6 +63,9 @@ type RunInfo struct {
 	// such a run's metrics leave out.
 	Replay     *metrics.Replay `json:"replay"`
 	CannotShow string          `json:"cannot_show"`
+	// Notes are what the run said about itself that a reader of its
+	// results must know (run.json's "notes").
+	Notes []string `json:"notes"`
 	// Resumes lists the times the run was resumed, oldest first.
 	Resumes []struct {
 		At          time.Time `json:"at"`

@@ -105,6 +105,10 @@ type RunInfo struct {
 	// and CannotShow what such a run's metrics leave out.
 	Replay     *ReplayInfo `json:"replay,omitempty"`
 	CannotShow string      `json:"cannot_show,omitempty"`
+	// Notes are what the run said about itself on the terminal that a
+	// reader of its results must know (a method that does nothing in this
+	// configuration, what an adaptive method measured), oldest first.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Versions are the software versions of a run.
