@@ -41,7 +41,8 @@ Cost: each capture copies the gradient to host memory and writes it; the
 folder takes P x S x (parameters x bytes per element): float32 ResNet-50
 (25.6 M parameters) is about 100 MB per worker and step, so 16 workers x 10
 steps is 16 GB. dtype=torch.bfloat16 or torch.float16 halves that (the
-values are rounded).
+values are rounded). steps_per_epoch=len(loader) // P (optional) lets a
+replay run epoch-based schedules, DGC's density warm-up, as training would.
 
 The step time is measured from the model's forward call to capture() (the
 loss and backward included, CUDA synchronised at both ends), one sample per
@@ -134,7 +135,7 @@ class Recorder:
     of a DistributedDataParallel model) over `steps` steps into folder
     `out`. See the module's doc."""
 
-    def __init__(self, out, model, workers=None, steps=10, batch=0, name=None, dtype=None):
+    def __init__(self, out, model, workers=None, steps=10, batch=0, name=None, dtype=None, steps_per_epoch=0):
         if steps < 1:
             raise ValueError("steps=%r: record at least one step" % (steps,))
         if dtype is not None and dtype not in _DTYPES:
@@ -173,6 +174,7 @@ class Recorder:
         self.manifest = {
             "format": FORMAT, "version": VERSION, "model": name or type(inner).__name__, "source": "pytorch",
             "mode": "ddp" if ddp else "simulated", "workers": self.workers, "steps": 0, "batch": int(batch or 0),
+            "steps_per_epoch": int(steps_per_epoch or 0),
             "step_time": {"seconds": 0.0, "device": _device_name(inner)},
             "params": params, "n": offset, "files": FILES,
             "software": {"torch": torch.__version__, "python": platform.python_version(), "sparsegrad_record": str(VERSION)},

@@ -65,6 +65,10 @@ type Manifest struct {
 	Steps   int `json:"steps"`
 	// Batch is one worker's mini-batch size (0: not known).
 	Batch int `json:"batch"`
+	// StepsPerEpoch is the recorded training's steps per epoch (0: not
+	// known); a replay's epoch-based schedules (DGC's density warm-up)
+	// count epochs with it.
+	StepsPerEpoch int `json:"steps_per_epoch,omitempty"`
 	// StepTime is one worker's measured forward and backward time.
 	StepTime StepTime `json:"step_time"`
 	// Params are the model's parameter tensors in layout order, N their
@@ -105,6 +109,9 @@ func (m *Manifest) Check(where string) error {
 	}
 	if m.Batch < 0 {
 		return bad("batch %d", m.Batch)
+	}
+	if m.StepsPerEpoch < 0 {
+		return bad("steps_per_epoch %d: want 0 (not known) or more", m.StepsPerEpoch)
 	}
 	if s := m.StepTime.Seconds; math.IsNaN(s) || math.IsInf(s, 0) || s < 0 {
 		return bad("step time %v seconds", s)

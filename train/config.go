@@ -608,8 +608,12 @@ func (c Config) checkReplay(bad func(string, ...any)) {
 	if c.Dataset != "" || c.Preset != "" {
 		bad("a replay reads no data set and has no preset (-dataset %q, -preset %q): the recording is its data", c.Dataset, c.Preset)
 	}
-	if c.Optimizer != "none" || c.Momentum.IsSet() || c.WeightDecay.IsSet() || c.Beta1.IsSet() || c.Beta2.IsSet() || c.Eps.IsSet() || c.Nesterov || c.LR.Value() != 0 {
-		bad("a replay applies no update: drop -optimizer, -lr, -momentum, -wd, -nesterov and Adam's flags")
+	m, _ := sparsify.Lookup(c.Sparsifier)
+	if c.Optimizer != "none" || (c.Momentum.IsSet() && !m.CorrectsMomentum) || c.WeightDecay.IsSet() || c.Beta1.IsSet() || c.Beta2.IsSet() || c.Eps.IsSet() || c.Nesterov || c.LR.Value() != 0 {
+		bad("a replay applies no update: drop -optimizer, -lr, -momentum (kept only for a method that applies the momentum itself, dgc), -wd, -nesterov and Adam's flags")
+	}
+	if v := c.Momentum.Value(); c.Momentum.IsSet() && !(v >= 0 && v < 1) {
+		bad("-momentum %v must be in [0, 1)", v)
 	}
 	if c.Epochs.Value() != 1 {
 		bad("-epochs %d: a replay makes one pass over the recorded steps (use -steps for fewer)", c.Epochs.Value())

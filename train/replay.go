@@ -17,6 +17,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/recorded"
+	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // A replay (Config.Gradients) runs the trainer on recorded gradients
@@ -51,9 +52,11 @@ func replayInfo(r *recorded.Recording) *ReplayInfo {
 
 // ReplayDefaults fills the configuration of a replay from its recording:
 // the model, and unless they are set, the worker count (the recording's;
-// not under mpirun, where each process is one worker) and the batch (the
-// recording's, for the samples count). It returns c unchanged when c is
-// not a replay.
+// not under mpirun, where each process is one worker), the batch (the
+// recording's, for the samples count) and, for a recording of train, its
+// gradient clipping (-clip) and, for a method that applies the momentum
+// itself (DGC's momentum correction), its SGD momentum (-momentum). It
+// returns c unchanged when c is not a replay.
 func ReplayDefaults(c Config, underMPI bool) (Config, error) {
 	if c.Gradients == "" {
 		return c, nil
@@ -67,6 +70,22 @@ func ReplayDefaults(c Config, underMPI bool) (Config, error) {
 	}
 	if !underMPI {
 		c.Workers.orDefault(rec.Manifest.Workers)
+	}
+	// A recording of this trainer holds the gradients before clipping and
+	// before the momentum: its run's clipping applies again, and so does
+	// its momentum in a method that corrects it.
+	var run struct {
+		Clip      *float64 `json:"clip"`
+		Optimizer string   `json:"optimizer"`
+		Momentum  *float64 `json:"momentum"`
+	}
+	if len(rec.Manifest.Run) > 0 && json.Unmarshal(rec.Manifest.Run, &run) == nil {
+		if run.Clip != nil {
+			c.Clip.orDefault(*run.Clip)
+		}
+		if m, _ := sparsify.Lookup(c.Sparsifier); m.CorrectsMomentum && run.Optimizer == "sgd" && run.Momentum != nil {
+			c.Momentum.orDefault(*run.Momentum)
+		}
 	}
 	c.Batch.orDefault(max(rec.Manifest.Batch, 1))
 	return c, nil
@@ -163,7 +182,7 @@ var recordMu sync.Mutex
 // newGradRecorder prepares worker rank's recording of m into c's
 // RecordGradients folder. Rank 0 refuses a folder that holds another
 // recording (a resumed run continues its own).
-func newGradRecorder(c Config, m models.Model, rank, size int, dev device.Device, rev string) (*gradRecorder, error) {
+func newGradRecorder(c Config, m models.Model, rank, size, perEpoch int, dev device.Device, rev string) (*gradRecorder, error) {
 	dir := c.RecordGradients
 	var params []recorded.Param
 	for _, p := range m.Layout() {
@@ -173,7 +192,7 @@ func newGradRecorder(c Config, m models.Model, rank, size int, dev device.Device
 	if err != nil {
 		return nil, err
 	}
-	man := recorded.Manifest{Model: c.Model, Source: "sparsegrad", Mode: "train", Workers: size, Batch: c.Batch.Value(), Params: params,
+	man := recorded.Manifest{Model: c.Model, Source: "sparsegrad", Mode: "train", Workers: size, Batch: c.Batch.Value(), StepsPerEpoch: perEpoch, Params: params,
 		Software: map[string]string{"sparsegrad": rev, "go": runtime.Version()}, Created: time.Now().UTC(), Run: run,
 		StepTime: recorded.StepTime{Device: dev.String()}}
 	var w *recorded.Writer

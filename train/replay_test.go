@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,10 +114,12 @@ func sameReduction(t *testing.T, what, trained, replayed string) {
 // densities, thresholds, bytes, operations and error norms bit for bit
 // (the replay feeds the reducers training's inputs exactly). LAGS is
 // replayed pipelined (the recorded model's hook), recorded unpipelined.
+// DGC trains with SGD momentum 0.9, which its momentum correction applies
+// and the replay takes from the recording.
 func TestReplayReproducesTraining(t *testing.T) {
 	names := sparsify.Names()
 	if testing.Short() {
-		names = []string{"topk", "deft", "lags", "threshold"}
+		names = []string{"topk", "deft", "lags", "threshold", "dgc"}
 	}
 	for _, name := range names {
 		t.Run(name, func(t *testing.T) {
@@ -125,6 +128,9 @@ func TestReplayReproducesTraining(t *testing.T) {
 			m, _ := sparsify.Lookup(name)
 			if _, ok := m.Param("dense_warmup"); ok {
 				c.MethodOptions = sparsify.Values{"dense_warmup": 0}
+			}
+			if m.CorrectsMomentum {
+				c.Optimizer, c.Momentum, c.LR = "sgd", Set(0.9), Set(0.01)
 			}
 			c.Pipeline = "off"
 			c.RecordGradients = filepath.Join(t.TempDir(), "grads")
@@ -137,7 +143,10 @@ func TestReplayReproducesTraining(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if m := rec.Manifest; m.Workers != 4 || m.Steps != 3 || m.Model != "ncf" || m.Batch != 256 || m.Mode != "train" || !(m.StepTime.Seconds > 0) || len(m.StepTime.Samples) != 3 {
+			// ml-100k's ratings less each user's held-out one, each with 4
+			// negatives, in batches of 256 on each of 4 workers: about 480
+			// steps per epoch.
+			if m := rec.Manifest; m.Workers != 4 || m.Steps != 3 || m.Model != "ncf" || m.Batch != 256 || m.Mode != "train" || !(m.StepTime.Seconds > 0) || len(m.StepTime.Samples) != 3 || m.StepsPerEpoch < 300 {
 				t.Fatalf("manifest %+v", m)
 			}
 			out := replayOf(t, c.RecordGradients, c)
@@ -152,6 +161,9 @@ func TestReplayReproducesTraining(t *testing.T) {
 			if name == "lags" && !info.Pipelined {
 				t.Errorf("lags was not replayed pipelined")
 			}
+			if m.CorrectsMomentum && (info.Config.Momentum.Value() != 0.9 || slices.ContainsFunc(info.Notes, func(n string) bool { return strings.Contains(n, "no SGD momentum") })) {
+				t.Errorf("%s replayed without the recording's momentum: momentum %v, notes %q", name, info.Config.Momentum, info.Notes)
+			}
 		})
 	}
 }
@@ -159,7 +171,8 @@ func TestReplayReproducesTraining(t *testing.T) {
 // TestReplayReproducesResNet18 is the proof on the project's ResNet-18:
 // two workers train three steps of CIFAR-10 with Top-k and with DEFT,
 // recording their gradients; the replays give the same densities and
-// bytes.
+// bytes. So does the LSTM, whose clipping the replay takes from the
+// recording.
 func TestReplayReproducesResNet18(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains ResNet-18 (about a minute); skipped in -short")
@@ -176,6 +189,14 @@ func TestReplayReproducesResNet18(t *testing.T) {
 		}
 		sameReduction(t, "resnet18 "+name, c.Out, replayOf(t, c.RecordGradients, c))
 	}
+	// The LSTM clips its gradients (-clip 0.4 by default) after they are
+	// recorded: the replay clips them again without being told.
+	c := Config{Model: "lstm", DataDir: sharedData(t, "wikitext-2/train.txt"), Workers: Set(2), Steps: 3, Batch: Set(4), Out: t.TempDir(), Quiet: true,
+		MaxEvalBatches: 1, Sparsifier: "topk", Density: Set(0.01), RecordGradients: filepath.Join(t.TempDir(), "grads")}
+	if err := Run(context.Background(), c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	sameReduction(t, "lstm topk", c.Out, replayOf(t, c.RecordGradients, c))
 }
 
 // TestReplayRefusals: a replay's impossible requests are one-line errors

@@ -257,7 +257,7 @@ func (w *worker) setup(ctx context.Context) error {
 		w.layout.Tensors[i].Dims = len(p.Shape)
 	}
 	var momentum float64
-	if method.CorrectsMomentum && cfg.Optimizer == "sgd" {
+	if method.CorrectsMomentum && (cfg.Optimizer == "sgd" || cfg.Gradients != "") { // a replay's momentum is the recording's
 		momentum = cfg.Momentum.Value()
 	}
 	// A pipelined reducer works on the copy stream (its groups start while
@@ -331,13 +331,19 @@ func (w *worker) setup(ctx context.Context) error {
 		return err
 	}
 	if cfg.RecordGradients != "" {
-		if w.rec, err = newGradRecorder(cfg, m, w.rank, w.size, dev, versions(w.r.blas).Revision); err != nil {
+		if w.rec, err = newGradRecorder(cfg, m, w.rank, w.size, w.task.Len(), dev, versions(w.r.blas).Revision); err != nil {
 			w.task.Close()
 			return err
 		}
 	}
 	if e, ok := w.red.(sparsify.EpochScheduled); ok {
-		e.SetStepsPerEpoch(w.task.Len())
+		perEpoch := w.task.Len()
+		if rec := w.r.ds.Recording; rec != nil {
+			// A replay's epochs are the recorded training's (0, not known:
+			// no epoch schedule), not its one pass over the recorded steps.
+			perEpoch = rec.Manifest.StepsPerEpoch
+		}
+		e.SetStepsPerEpoch(perEpoch)
 	}
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
@@ -728,7 +734,11 @@ func (w *worker) loop(ctx context.Context) error {
 	if cfg.Steps > 0 {
 		total = min(total, cfg.Steps)
 	}
-	for _, n := range methodNotes(cfg, w.layout, total, perEpoch) {
+	notesEpoch := perEpoch
+	if rec := w.r.ds.Recording; rec != nil {
+		notesEpoch = rec.Manifest.StepsPerEpoch // the recorded training's epochs
+	}
+	for _, n := range methodNotes(cfg, w.layout, total, notesEpoch) {
 		if err := w.note(n); err != nil {
 			return err
 		}

@@ -13,7 +13,7 @@ import (
 // replayFlags are the flags of train's own that a replay takes (the rest
 // are about a model, its data or its update, which a replay has not).
 var replayFlags = []string{
-	"sparsifier", "density", "pipeline", "workers", "steps", "max-time", "seed", "clip", "out", "resume", "device", "comm", "tf32",
+	"sparsifier", "density", "pipeline", "workers", "steps", "max-time", "seed", "clip", "clip-at", "momentum", "out", "resume", "device", "comm", "tf32",
 	"net-latency", "net-bandwidth", "log-every", "checkpoint-every", "check-every", "executors", "quiet", "report-assets",
 }
 
@@ -47,7 +47,9 @@ evolves as in training) and writes a run directory and report as training
 does: actual density, bytes, selection and communication time on this
 machine's -device, the error-feedback norm. A replay has no loss, accuracy or
 update: it shows what the sparsifier sends, not how the model converges.
--workers defaults to the recording's worker count; -steps to all its steps.
+-workers defaults to the recording's worker count; -steps to all its steps;
+for a recording of train, -clip to its run's and, for dgc (whose momentum
+correction is part of the reduction), -momentum to its run's SGD momentum.
 
 Flags:
 `)
