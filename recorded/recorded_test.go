@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -384,6 +385,59 @@ func TestManifestChecks(t *testing.T) {
 	if _, err := Open(dir); err == nil || !errors.Is(err, ErrFormat) {
 		t.Errorf("a damaged manifest: %v", err)
 	}
+	// A real recording whose manifest or first file is cut short, or
+	// whose manifest has something after it: one line each, naming the
+	// file and the fix.
+	rec := filepath.Join(t.TempDir(), "rec")
+	w, err := Create(rec, Manifest{Model: "toy", Source: "sparsegrad", Mode: "train", Workers: 2, Params: []Param{{Name: "w", Shape: []int{4, 8}, Size: 32}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		if err := w.Write(1, r, make([]float32, 32)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Commit(1, StepTime{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(rec); err != nil {
+		t.Fatal(err)
+	}
+	mp := filepath.Join(rec, ManifestName)
+	man, _ := os.ReadFile(mp)
+	first := filepath.Join(rec, fmt.Sprintf(FilePattern, 1, 0))
+	data, _ := os.ReadFile(first)
+	var other Manifest
+	json.Unmarshal(man, &other)
+	other.Params[0].Shape, other.Params[0].Size, other.N = []int{1 << 20, 8}, 8<<20, 8<<20
+	otherJSON, _ := json.Marshal(other)
+	for _, c := range []struct {
+		name, path string
+		b          []byte
+		want       []string
+	}{
+		{"manifest cut short", mp, man[:len(man)/2], []string{mp, "truncated", "record again"}},
+		{"manifest with junk after it", mp, append(slices.Clone(man), "{}"...), []string{mp, "after the manifest", "record again"}},
+		{"first file cut short", first, data[:len(data)-5], []string{first, "truncated", "record again"}},
+		{"first file without its data", first, data[:12], []string{first, "truncated", "record again"}},
+		{"manifest of another model", mp, otherJSON, []string{first, "8388608", "another model"}},
+	} {
+		orig, _ := os.ReadFile(c.path)
+		os.WriteFile(c.path, c.b, 0o644)
+		_, err := Open(rec)
+		os.WriteFile(c.path, orig, 0o644)
+		if err == nil || !errors.Is(err, ErrFormat) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("%s: %v; want one line, ErrFormat", c.name, err)
+			continue
+		}
+		t.Logf("%s: %v", c.name, err)
+		for _, s := range c.want {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("%s: %v; want it to say %q", c.name, err, s)
+			}
+		}
+	}
 	if _, err := Open(filepath.Join(dir, "nope")); err == nil || !strings.Contains(err.Error(), "no such folder") {
 		t.Errorf("a missing folder: %v", err)
 	}
@@ -424,6 +478,53 @@ func FuzzParseHeader(f *testing.F) {
 		}
 		if err := DecodeFile(b, params, make([]float32, off), "fuzz"); err != nil {
 			t.Fatalf("an accepted header does not decode: %v", err)
+		}
+	})
+}
+
+// FuzzManifest: no input panics the manifest's parser; an error is one
+// line wrapping ErrFormat, and a manifest it accepts lays its parameters
+// out one after another, N elements in all, and parses again the same
+// once written out.
+func FuzzManifest(f *testing.F) {
+	good, err := json.Marshal(Manifest{Format: FormatName, Version: Version, Files: FilePattern, Model: "m", Workers: 2, Steps: 3, Batch: 4,
+		StepsPerEpoch: 10, StepTime: StepTime{Seconds: 0.1, Device: "cpu"},
+		Params: []Param{{Name: "a", Shape: []int{2, 3}, Size: 6, DType: F32}, {Name: "b", Shape: []int{}, Offset: 6, Size: 1, DType: BF16}}, N: 7,
+		Run: json.RawMessage(`{"clip":0.4}`)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add(good[:len(good)/2])
+	f.Add([]byte(`{"format":"sparsegrad-gradients","version":1,"files":"step-%06d/rank-%05d.safetensors","workers":1,"params":[{"name":"x","shape":[0],"size":0,"dtype":"F16"}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseManifest(b, "manifest.json")
+		if err != nil {
+			if !errors.Is(err, ErrFormat) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("error not one line wrapping ErrFormat: %q", err)
+			}
+			return
+		}
+		off := 0
+		for _, p := range m.Params {
+			if p.Offset != off || p.Size < 0 || p.DType.Size() == 0 {
+				t.Fatalf("accepted parameter %+v at offset %d", p, off)
+			}
+			off += p.Size
+		}
+		if off != m.N || m.Workers < 1 || m.Steps < 0 {
+			t.Fatalf("accepted manifest %+v", m)
+		}
+		again, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m2, err := ParseManifest(again, "again")
+		if err != nil {
+			t.Fatalf("an accepted manifest written out does not parse: %v", err)
+		}
+		if m2.N != m.N || len(m2.Params) != len(m.Params) || m2.Workers != m.Workers || m2.Steps != m.Steps {
+			t.Fatalf("written out and parsed again: %+v, was %+v", m2, m)
 		}
 	})
 }

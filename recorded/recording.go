@@ -1,9 +1,12 @@
 package recorded
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -168,11 +171,7 @@ func Open(dir string) (*Recording, error) {
 		return nil, fmt.Errorf("recorded: %w", err)
 	}
 	r := &Recording{Dir: dir}
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	if err := dec.Decode(&r.Manifest); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrFormat, p, err)
-	}
-	if err := r.Manifest.Check(p); err != nil {
+	if r.Manifest, err = ParseManifest(b, p); err != nil {
 		return nil, err
 	}
 	if r.Manifest.Steps < 1 {
@@ -180,12 +179,82 @@ func Open(dir string) (*Recording, error) {
 	}
 	for _, s := range []int{1, r.Manifest.Steps} {
 		for _, rank := range []int{0, r.Manifest.Workers - 1} {
-			if _, err := os.Stat(r.Path(s, rank)); err != nil {
-				return nil, fmt.Errorf("%w: %s lists %d steps of %d workers, but %v", ErrFormat, p, r.Manifest.Steps, r.Manifest.Workers, err)
+			if err := r.checkFile(s, rank); err != nil {
+				return nil, err
 			}
 		}
 	}
 	return r, nil
+}
+
+// checkFile checks that the file of step and rank exists, that its header
+// lists as many tensors and elements as the manifest, and that its data
+// is all there (a replay finds a file cut short before it starts, and a
+// manifest of another model before it allocates its gradients).
+func (r *Recording) checkFile(step, rank int) error {
+	m := &r.Manifest
+	path := r.Path(step, rank)
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%w: %s lists %d steps of %d workers, but %v", ErrFormat, filepath.Join(r.Dir, ManifestName), m.Steps, m.Workers, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("recorded: %w", err)
+	}
+	var head [8]byte
+	if _, err := io.ReadFull(f, head[:]); err != nil {
+		return fmt.Errorf("%w: %s: %d bytes: truncated; record again", ErrFormat, path, st.Size())
+	}
+	n := binary.LittleEndian.Uint64(head[:])
+	b := head[:]
+	if n <= maxHeader {
+		b = make([]byte, 8+min(int64(n), st.Size()-8))
+		copy(b, head[:])
+		if _, err := io.ReadFull(f, b[8:]); err != nil {
+			return fmt.Errorf("recorded: reading %s: %w", path, err)
+		}
+	}
+	h, err := ParseHeader(b, st.Size())
+	if err != nil {
+		return fmt.Errorf("%s: %w; record again", path, err)
+	}
+	var elems int64
+	for _, t := range h.Tensors {
+		elems += t.Len()
+	}
+	if len(h.Tensors) != len(m.Params) || elems != int64(m.N) {
+		return fmt.Errorf("%w: %s holds %d tensors of %d elements in all; the manifest lists %d parameters of %d: files of another model", ErrFormat, path, len(h.Tensors), elems, len(m.Params), m.N)
+	}
+	return nil
+}
+
+// ParseManifest parses and checks a manifest (the contents of
+// manifest.json); where names it in errors.
+func ParseManifest(b []byte, where string) (Manifest, error) {
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&m); err != nil {
+		return Manifest{}, fmt.Errorf("%w: %s is not a valid manifest (%v): a damaged or truncated file; record again, or restore it from a copy", ErrFormat, where, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return Manifest{}, fmt.Errorf("%w: %s: data after the manifest's JSON object: a damaged file; record again, or restore it from a copy", ErrFormat, where)
+	}
+	if err := m.Check(where); err != nil {
+		return Manifest{}, err
+	}
+	return m, nil
+}
+
+// DataBytes is the size of one worker's gradient of one step in its
+// files' data (without the header).
+func (m *Manifest) DataBytes() int64 {
+	var n int64
+	for _, p := range m.Params {
+		n += int64(p.Size) * int64(p.DType.Size())
+	}
+	return n
 }
 
 // Path is the file of step (from 1) of rank (from 0).
