@@ -59,7 +59,8 @@ def simulated(name, dtype):
     model = TinyLM()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     out = os.path.join(OUT, name)
-    rec = sparsegrad_record.Recorder(out, model, workers=3, steps=2, batch=BATCH, name="tinylm", dtype=dtype)
+    rec = sparsegrad_record.Recorder(out, model, workers=3, steps=2, batch=BATCH, name="tinylm", dtype=dtype,
+                                     steps_per_epoch=7)
     g = torch.Generator().manual_seed(2)
     step, worker, grads = 1, 0, []
     for it in range(9):  # 2 steps of 3 workers, then plain training
