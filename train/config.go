@@ -624,6 +624,9 @@ func (c Config) checkReplay(bad func(string, ...any)) {
 	if c.RecordGradients != "" {
 		bad("-record-gradients in a replay would copy the recording; copy its folder instead")
 	}
+	if c.Sparsifier == "lags" && c.MethodOptions.Float("max_ratio") > 0 {
+		bad("-max-ratio %g: LAGS' adaptive density is chosen from the measured backward pass, which a replay does not run (its compute is a copy of the recorded gradient); leave -max-ratio out for a fixed density", c.MethodOptions.Float("max_ratio"))
+	}
 }
 
 // validateMethodOptions checks MethodOptions against the method's

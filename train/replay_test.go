@@ -226,6 +226,7 @@ func TestReplayRefusals(t *testing.T) {
 		{func(c *Config) { c.Epochs = Set(2) }, "one pass"},
 		{func(c *Config) { c.EvalEvery = 1 }, "no evaluation"},
 		{func(c *Config) { c.RecordGradients = "x" }, "copy its folder"},
+		{func(c *Config) { c.Sparsifier, c.MethodOptions = "lags", sparsify.Values{"max_ratio": 100.0} }, "backward pass, which a replay does not run"},
 		{func(rc *Config) { rc.Gradients = filepath.Join(c.Out, "nope") }, "no such folder"},
 		{func(rc *Config) { rc.Gradients = c.Out }, "not a recording"},
 	} {
