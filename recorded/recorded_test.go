@@ -393,11 +393,11 @@ func TestManifestChecks(t *testing.T) {
 	// whose manifest has something after it: one line each, naming the
 	// file and the fix.
 	rec := filepath.Join(t.TempDir(), "rec")
-	w, err := Create(rec, Manifest{Model: "toy", Source: "sparsegrad", Mode: "train", Workers: 2, Params: []Param{{Name: "w", Shape: []int{4, 8}, Size: 32}}})
+	w, err := Create(rec, Manifest{Model: "toy", Source: "sparsegrad", Mode: "train", Workers: 3, Params: []Param{{Name: "w", Shape: []int{4, 8}, Size: 32}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for r := range 2 {
+	for r := range 3 {
 		if err := w.Write(1, r, make([]float32, 32)); err != nil {
 			t.Fatal(err)
 		}
@@ -412,6 +412,7 @@ func TestManifestChecks(t *testing.T) {
 	man, _ := os.ReadFile(mp)
 	first := filepath.Join(rec, fmt.Sprintf(FilePattern, 1, 0))
 	data, _ := os.ReadFile(first)
+	middle := filepath.Join(rec, fmt.Sprintf(FilePattern, 1, 1))
 	var other Manifest
 	json.Unmarshal(man, &other)
 	other.Params[0].Shape, other.Params[0].Size, other.N = []int{1 << 20, 8}, 8<<20, 8<<20
@@ -425,6 +426,7 @@ func TestManifestChecks(t *testing.T) {
 		{"manifest with junk after it", mp, append(slices.Clone(man), "{}"...), []string{mp, "after the manifest", "record again"}},
 		{"first file cut short", first, data[:len(data)-5], []string{first, "truncated", "record again"}},
 		{"first file without its data", first, data[:12], []string{first, "truncated", "record again"}},
+		{"a middle file cut short", middle, data[:len(data)-1], []string{middle, "truncated", "record again"}},
 		{"manifest of another model", mp, otherJSON, []string{first, "8388608", "another model"}},
 	} {
 		orig, _ := os.ReadFile(c.path)

@@ -156,8 +156,8 @@ type Recording struct {
 	Manifest Manifest
 }
 
-// Open reads and checks dir's manifest, and that the first and the last
-// recorded step's files exist.
+// Open reads and checks dir's manifest, and every recorded file's header
+// against it (see checkFile).
 func Open(dir string) (*Recording, error) {
 	p := filepath.Join(dir, ManifestName)
 	b, err := os.ReadFile(p)
@@ -177,8 +177,8 @@ func Open(dir string) (*Recording, error) {
 	if r.Manifest.Steps < 1 {
 		return nil, fmt.Errorf("%w: %s: no complete step recorded yet", ErrFormat, p)
 	}
-	for _, s := range []int{1, r.Manifest.Steps} {
-		for _, rank := range []int{0, r.Manifest.Workers - 1} {
+	for s := 1; s <= r.Manifest.Steps; s++ {
+		for rank := range r.Manifest.Workers {
 			if err := r.checkFile(s, rank); err != nil {
 				return nil, err
 			}
@@ -189,8 +189,9 @@ func Open(dir string) (*Recording, error) {
 
 // checkFile checks that the file of step and rank exists, that its header
 // lists as many tensors and elements as the manifest, and that its data
-// is all there (a replay finds a file cut short before it starts, and a
-// manifest of another model before it allocates its gradients).
+// is all there (a replay finds a file cut short before it starts, not at
+// its step, and a manifest of another model before it allocates its
+// gradients). It reads the header only.
 func (r *Recording) checkFile(step, rank int) error {
 	m := &r.Manifest
 	path := r.Path(step, rank)
