@@ -394,6 +394,32 @@ func unions(grads [][]float32, d float64) Union {
 // measured on.
 const selectionWorkers = 2
 
+// selectionSchedule returns how a method's selection is timed: its options
+// with the dense warm-up off (the warm-up is not the selection), the
+// number of calls, and what of the calls' times counts (the median after
+// the first; Ok-Topk: the mean over its okRecompute-call schedule of one
+// exact threshold and reused ones).
+func selectionSchedule(method string, params sparsify.Values) (sparsify.Values, int, func([]float64) float64) {
+	m, _ := sparsify.Lookup(method)
+	params = maps.Clone(params)
+	if params == nil {
+		params = sparsify.Values{}
+	}
+	if _, ok := m.Param("dense_warmup"); ok {
+		params["dense_warmup"] = 0
+	}
+	if method == "oktopk" {
+		return params, okRecompute, func(v []float64) float64 {
+			s := 0.0
+			for _, x := range v {
+				s += x / float64(len(v))
+			}
+			return s
+		}
+	}
+	return params, 6, func(v []float64) float64 { return median(v[1:]) }
+}
+
 // measureSelection measures method's selection on selectionWorkers
 // in-process workers, each fed with a measured gradient (a fresh copy every
 // call): the slowest rank's selection time (CLT-k's leader, DEFT's packer),
@@ -405,28 +431,7 @@ const selectionWorkers = 2
 // told apart (LAGS' requests overlap, so their summed time exceeds the wall
 // time they took).
 func measureSelection(ctx context.Context, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
-	m, _ := sparsify.Lookup(method)
-	params = maps.Clone(params)
-	if params == nil {
-		params = sparsify.Values{}
-	}
-	if _, ok := m.Param("dense_warmup"); ok {
-		params["dense_warmup"] = 0
-	}
-	calls := 6
-	if method == "oktopk" {
-		calls = 32
-	}
-	summary := func(v []float64) float64 {
-		if method == "oktopk" {
-			s := 0.0
-			for _, x := range v {
-				s += x / float64(len(v))
-			}
-			return s
-		}
-		return median(v[1:])
-	}
+	params, calls, summary := selectionSchedule(method, params)
 	sel, _, err := reduceCalls(ctx, method, selectionWorkers, calls, d, l, grads, params)
 	if err != nil {
 		return Selection{}, err

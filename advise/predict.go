@@ -64,6 +64,17 @@ type Host struct {
 	// simulated workers without an emulated one, which they are never faster
 	// than with one.
 	HostNets []HostNet `json:"host_nets"`
+	// Kind is the kind of model (what is known about the methods'
+	// accuracy depends on it; "" reads as OtherKind).
+	Kind Kind `json:"kind,omitempty"`
+	// Recording is the folder of the recorded gradients measured (train
+	// advise -gradients), "" for a built-in model.
+	Recording string `json:"recording,omitempty"`
+	// StepSource says where Compute comes from when it was not measured
+	// here: "given" (-step-time) or "recorded" (the recording's own
+	// measurement, on StepDevice); "" when measured here.
+	StepSource string `json:"step_source,omitempty"`
+	StepDevice string `json:"step_device,omitempty"`
 }
 
 // HostNet is the in-process collectives of Workers simulated workers as an

@@ -38,40 +38,93 @@ func NetName(net netmodel.Network) string {
 
 // WriteTable writes the ranked predictions of one setting (as Rank returns
 // them) as a text table, the caveats under it, the verdict (whether dense
-// all-reduce wins) and the methods that cannot run there.
+// all-reduce wins) and the methods that cannot run there. The table ranks
+// only the methods whose convergence has been shown for the host's kind of
+// model (ShownFor); the others follow in a table of their own, by time
+// only, flagged, and the verdict is about the ranked ones. Under the tables
+// it says what is known about each method's accuracy.
 func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped map[string]error) error {
-	fmt.Fprintf(w, "%s on %s, %d workers, %s, density %g\n", h.Model, h.Dataset, s.Workers, NetName(s.Net), s.Density)
-	fmt.Fprintf(w, "measured here: one step %s (forward+backward) + %s (update) on %s, batch %d per worker\n\n",
-		FormatSeconds(h.Compute), FormatSeconds(h.Update), h.Device, h.Batch)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "rank\tmethod\tselection\tcommunication\titeration\tvs dense\tactual density\tsent/worker\t")
-	var notes []string
-	for i, p := range ranked {
-		speed := strconv.FormatFloat(p.Speedup, 'f', 2, 64) + "×"
-		dens := strconv.FormatFloat(p.ActualDensity, 'g', 3, 64)
-		if p.Method != "dense" {
-			dens += " (" + fmtRatio(p.ActualDensity/p.Density) + "× ρ)"
-		}
-		mark := ""
-		if len(p.Caveats) > 0 {
-			mark = " *"
-			for _, c := range p.Caveats {
-				notes = append(notes, p.Method+": "+c)
-			}
-		}
-		fmt.Fprintf(tw, "%d\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", i+1, p.Method, mark, FormatSeconds(p.Select), FormatSeconds(p.Comm),
-			FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent))
+	kind := h.Kind
+	if kind == "" {
+		kind = KindOf(h.Model, h.Names)
 	}
-	if err := tw.Flush(); err != nil {
+	fmt.Fprintf(w, "%s on %s, %d workers, %s, density %g\n", h.Model, h.Dataset, s.Workers, NetName(s.Net), s.Density)
+	switch h.StepSource {
+	case "given":
+		fmt.Fprintf(w, "one step %s (forward+backward, given with -step-time); measured here on %s: selection, update %s, error feedback; batch %d per worker\n",
+			FormatSeconds(h.Compute), h.Device, FormatSeconds(h.Update), h.Batch)
+	case "recorded":
+		fmt.Fprintf(w, "one step %s (forward+backward, measured when recording, on %s); measured here on %s: selection, update %s, error feedback; batch %d per worker\n",
+			FormatSeconds(h.Compute), h.StepDevice, h.Device, FormatSeconds(h.Update), h.Batch)
+	default:
+		fmt.Fprintf(w, "measured here: one step %s (forward+backward) + %s (update) on %s, batch %d per worker\n",
+			FormatSeconds(h.Compute), FormatSeconds(h.Update), h.Device, h.Batch)
+	}
+	fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models\n\n", kind)
+	var trusted, flagged []Prediction
+	for _, p := range ranked {
+		if ShownFor(p.Method, kind) {
+			trusted = append(trusted, p)
+		} else {
+			flagged = append(flagged, p)
+		}
+	}
+	var notes []string
+	table := func(ps []Prediction, rank bool) error {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		head := "rank\t"
+		if !rank {
+			head = "\t"
+		}
+		fmt.Fprintln(tw, head+"method\tselection\tcommunication\titeration\tvs dense\tactual density\tsent/worker\taccuracy\t")
+		for i, p := range ps {
+			speed := strconv.FormatFloat(p.Speedup, 'f', 2, 64) + "×"
+			dens := strconv.FormatFloat(p.ActualDensity, 'g', 3, 64)
+			if p.Method != "dense" {
+				dens += " (" + fmtRatio(p.ActualDensity/p.Density) + "× ρ)"
+			}
+			mark := ""
+			if len(p.Caveats) > 0 {
+				mark = " *"
+				for _, c := range p.Caveats {
+					notes = append(notes, p.Method+": "+c)
+				}
+			}
+			r := "!"
+			if rank {
+				r = strconv.Itoa(i + 1)
+			}
+			fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r, p.Method, mark, FormatSeconds(p.Select), FormatSeconds(p.Comm),
+				FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent), AccuracyCell(p.Method, kind))
+		}
+		return tw.Flush()
+	}
+	if err := table(trusted, true); err != nil {
 		return err
 	}
 	fmt.Fprintln(w)
-	fmt.Fprintln(w, Verdict(ranked))
+	fmt.Fprintln(w, Verdict(trusted))
+	if len(flagged) > 0 {
+		fmt.Fprintf(w, "\n! not ranked: convergence not shown for %s models (by time only; they may train to a worse model):\n", kind)
+		if err := table(flagged, false); err != nil {
+			return err
+		}
+		if len(trusted) > 0 && flagged[0].Iter < trusted[0].Iter {
+			fmt.Fprintf(w, "%s would be faster (%s per iteration) but is not ranked: %s\n", flagged[0].Method, FormatSeconds(flagged[0].Iter), accuracyWhy(flagged[0].Method, kind))
+		}
+	}
 	if len(notes) > 0 {
 		fmt.Fprintln(w, "\n* caveats:")
 		for _, n := range notes {
 			fmt.Fprintln(w, "  - "+n)
 		}
+	}
+	fmt.Fprintln(w, "\nwhat is known about accuracy:")
+	for _, p := range append(trusted, flagged...) {
+		if p.Method == "dense" {
+			continue
+		}
+		fmt.Fprintf(w, "  - %s: %s\n", p.Method, accuracyWhy(p.Method, kind))
 	}
 	if len(skipped) > 0 {
 		names := make([]string, 0, len(skipped))
@@ -86,6 +139,24 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	}
 	_, err := fmt.Fprintln(w)
 	return err
+}
+
+// accuracyWhy is one line of what is known about method's accuracy.
+func accuracyWhy(method string, k Kind) string {
+	kn := Known(method)
+	s := kn.Papers
+	if kn.Project != "" {
+		s += "; this project: " + kn.Project
+	} else {
+		s += "; not run to convergence by this project"
+	}
+	if kn.Warning != "" {
+		s += "; " + kn.Warning
+	}
+	if !ShownFor(method, k) && len(kn.Shown) > 0 {
+		s += " — nothing on " + string(k) + " models"
+	}
+	return s
 }
 
 // Verdict says in one sentence which method wins and whether sparsifying
@@ -112,7 +183,7 @@ func Verdict(ranked []Prediction) string {
 		return fmt.Sprintf("Sparsifying barely pays off here: the fastest, %s, is only %.2f× dense all-reduce's speed (%s vs %s per iteration), less than these measurements can tell apart; the iteration is mostly computation.",
 			best.Method, best.Speedup, FormatSeconds(best.Iter), FormatSeconds(dense))
 	}
-	return fmt.Sprintf("%s is predicted fastest: %.2f× the iterations per second of dense all-reduce (%s vs %s per iteration). Time per iteration only: check on the sweep page that it converges as well as dense.",
+	return fmt.Sprintf("%s is predicted fastest: %.2f× the iterations per second of dense all-reduce (%s vs %s per iteration). Its convergence is shown on such models (below), not on yours: check on the sweep page that it converges as well as dense.",
 		best.Method, best.Speedup, FormatSeconds(best.Iter), FormatSeconds(dense))
 }
 

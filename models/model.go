@@ -40,6 +40,9 @@ type Batch struct {
 	Users, Items []int
 	// Targets are the NCF 0/1 labels, B values.
 	Targets []float32
+	// Gradient is a recorded gradient (Recorded: a replay), NumParams
+	// values in layout order.
+	Gradient []float32
 }
 
 // StepResult is the outcome of one training step.

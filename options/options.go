@@ -96,6 +96,8 @@ var All = []Option{
 	{Key: "quiet", Resume: true, Incidental: true},
 	{Key: "checkpoint_every", Resume: true, Incidental: true},
 	{Key: "check_every", Resume: true, Incidental: true},
+	{Key: "gradients"},
+	{Key: "record_gradients", Incidental: true},
 	{Key: "phase_times", Incidental: true, Retired: "the phases' times are always recorded now"},
 }
 

@@ -455,8 +455,10 @@ func runCharts(r *Run, maxPts int) []chartSpec {
 	if len(r.Steps) == 0 {
 		return out
 	}
-	out = append(out, chartSpec{ID: "loss", Title: "Training loss", XName: "iteration", YName: "loss (mean over workers)",
-		Series: []seriesSpec{stepSeries("training loss", r.Steps, func(s *Step) float64 { return s.Loss }, 1, maxPts)}})
+	if r.Info.Replay == nil { // a replay has no loss
+		out = append(out, chartSpec{ID: "loss", Title: "Training loss", XName: "iteration", YName: "loss (mean over workers)",
+			Series: []seriesSpec{stepSeries("training loss", r.Steps, func(s *Step) float64 { return s.Loss }, 1, maxPts)}})
+	}
 	out = append(out, chartSpec{ID: "density", Title: "Setup vs actual density", XName: "iteration", YName: "density (fraction of gradient elements)",
 		Subtitle: "actual = |union of the indices sent| / N",
 		Series: []seriesSpec{

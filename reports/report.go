@@ -94,6 +94,9 @@ func RunPage(ctx context.Context, r *Run, o Options) ([]byte, error) {
 	if n := r.sampleNote(); n != "" {
 		notes = append(notes, n)
 	}
+	if n := r.replayNote(); n != "" {
+		notes = append(notes, n)
+	}
 	_, drawn := projectionChart([]*Run{r}, nil)
 	if n := projectionNote([]*Run{r}, nil, drawn); n != "" {
 		notes = append(notes, n)
@@ -106,6 +109,9 @@ func runTitle(r *Run) string {
 	workers := strconv.Itoa(r.Info.Workers) + " workers"
 	if r.Info.Workers == 1 {
 		workers = "1 worker"
+	}
+	if rp := r.Info.Replay; rp != nil {
+		return fmt.Sprintf("Replay of %s's recorded gradients with %s, %s — %s", rp.Model, c.Sparsifier, workers, r.name())
 	}
 	return fmt.Sprintf("%s on %s with %s, %s — %s", c.Model, c.Dataset, c.Sparsifier, workers, r.name())
 }
@@ -287,6 +293,11 @@ func runTable(r *Run) table {
 		{"backend", r.Info.Backend},
 		{"duration", fmtDur(r.duration())},
 	}
+	if rp := r.Info.Replay; rp != nil {
+		rows[1] = []string{"model", rp.Model + " (recorded gradients, replayed)"}
+		rows[2] = []string{"recording", fmt.Sprintf("%s: %d workers × %d steps, batch %d per worker, recorded by %s (%s)", rp.Dir, rp.Workers, rp.Steps, rp.Batch, rp.Source, rp.Mode)}
+		rows = append(rows, []string{"recorded step time", fmtMillis(rp.StepTime) + " forward and backward of one worker on " + rp.StepDevice + " (measured when recording; the compute times below are the replay's copies of the gradient)"})
+	}
 	for _, m := range r.metricNames() {
 		f, b := r.finalBestEval(m)
 		rows = append(rows, []string{"final " + onSplit(r.split(), m), fmtEval(m, f)}, []string{"best " + onSplit(r.split(), m), fmtEval(m, b)})
@@ -347,6 +358,15 @@ func runTable(r *Run) table {
 		}
 	}
 	return table{Caption: "Run", Rows: kept}
+}
+
+// replayNote says what a replay of recorded gradients cannot show ("" for
+// a training run).
+func (r *Run) replayNote() string {
+	if r.Info.Replay == nil {
+		return ""
+	}
+	return "A replay of recorded gradients: it shows what the sparsifier selects and sends on them (actual density, bytes, selection time, error feedback), not how training with it converges. It cannot show: " + r.Info.CannotShow + "."
 }
 
 // CompareWith is Compare with options.
@@ -563,6 +583,12 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 	notes := []string{"Model " + runs[0].Info.Config.Model + "; runs differ in: " + strings.Join(diff, ", ") + "."}
 	if len(diff) == 0 {
 		notes[0] = "Model " + runs[0].Info.Config.Model + "; the runs have the same options (named by directory)."
+	}
+	for _, r := range runs {
+		if n := r.replayNote(); n != "" {
+			notes = append(notes, "Recorded gradients of "+r.Info.Replay.Model+". "+n)
+			break
+		}
 	}
 	for i, r := range runs {
 		if e := r.partialEval(); e != nil {

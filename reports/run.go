@@ -63,6 +63,11 @@ type RunInfo struct {
 	} `json:"versions"`
 	// LayerNames optionally names the layout's tensors (DEFT's per-layer k).
 	LayerNames []string `json:"layer_names"`
+	// Replay describes the recording a replay of recorded gradients
+	// (train replay) replayed; nil for a training run. CannotShow says what
+	// such a run's metrics leave out.
+	Replay     *metrics.Replay `json:"replay"`
+	CannotShow string          `json:"cannot_show"`
 	// Notes are what the run said about itself that a reader of its
 	// results must know (run.json's "notes").
 	Notes []string `json:"notes"`

@@ -1,6 +1,8 @@
 // Package sweep owns parameter sweeps: a grid of training runs —
 // sparsifiers × worker counts × densities (× emulated networks) — of one
-// model on one data set with one budget per run, run one after another in
+// model on one data set with one budget per run (or replays of one
+// recording of gradients, train.Config.Gradients, at most its worker
+// count), run one after another in
 // this process with train.Run, each into a folder of its own under the
 // sweep's output folder. A run that completed is never run again, so an
 // interrupted sweep continues where it stopped. When the runs are done it
@@ -43,6 +45,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/advise"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/reports"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
@@ -132,6 +135,14 @@ func (s Spec) Points() ([]Point, []Skipped, error) {
 			return nil, nil, fmt.Errorf("sweep: network: %w", err)
 		}
 	}
+	recWorkers := 0 // a replay's recorded workers
+	if s.Base.Gradients != "" {
+		rec, err := recorded.Open(s.Base.Gradients)
+		if err != nil {
+			return nil, nil, fmt.Errorf("sweep: %w", err)
+		}
+		recWorkers = rec.Manifest.Workers
+	}
 	used := map[string]bool{}
 	for _, m := range s.Sparsifiers {
 		meth, ok := sparsify.Lookup(m)
@@ -178,6 +189,10 @@ func (s Spec) Points() ([]Point, []Skipped, error) {
 					c.NetLatency, c.NetBandwidth = p.Net.Latency, p.Net.Bandwidth
 					c.Out, c.Resume = "", ""
 					p.Config = c
+					if recWorkers > 0 && w > recWorkers {
+						skipped = append(skipped, Skipped{p.Name, fmt.Errorf("the recording holds the gradients of %d workers", recWorkers)})
+						continue
+					}
 					if meth.CheckWorkers != nil {
 						resolved, err := meth.Resolve(params)
 						if err != nil {
@@ -376,6 +391,12 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 		}
 	}
 	var host *advise.Host
+	if s.Base.Gradients != "" && !o.NoPredict {
+		// A replay's iteration is not the model's (its compute is a copy):
+		// predictions of simulated runs would compare nothing.
+		o.NoPredict = true
+		o.Notes = append(o.Notes, "Replays of the recorded gradients in "+s.Base.Gradients+": no loss or accuracy, and the time per iteration is not the model's (the compute is a copy of the recorded gradient); the advisor's predictions are left out (train advise -gradients predicts a cluster's iteration).")
+	}
 	if !o.NoPredict {
 		if host, err = measurements(ctx, s, filepath.Join(out, "measurements.json"), logf); err != nil {
 			return res, err

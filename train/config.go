@@ -32,6 +32,13 @@ type Config struct {
 	DataDir string `json:"data_dir"`
 	// Download fetches a missing data set into DataDir first.
 	Download bool `json:"download"`
+	// Gradients is a folder of recorded gradients (package recorded) to
+	// replay instead of training a model: Model is then "recorded", there
+	// is no data set, optimizer or evaluation (see ReplayDefaults).
+	Gradients string `json:"gradients,omitempty"`
+	// RecordGradients is a folder to record every worker's gradient of
+	// every step into (package recorded), for train replay.
+	RecordGradients string `json:"record_gradients,omitempty"`
 	// Preset selects the model size: "small" or "default" (LSTM), "paper"
 	// or "default" (NCF); ResNet-18 has only "default".
 	Preset string `json:"preset"`
@@ -183,6 +190,9 @@ var Datasets = map[string][]string{
 func (c Config) Defaults() Config {
 	if c.Model == "" {
 		c.Model = "ncf"
+		if c.Gradients != "" {
+			c.Model = RecordedModel
+		}
 	}
 	if c.Dataset == "" {
 		if ds := Datasets[c.Model]; len(ds) > 0 {
@@ -238,6 +248,16 @@ func (c Config) Defaults() Config {
 		c.Epochs.orDefault(90)
 		if c.DecayEpochs == nil {
 			c.DecayEpochs = []int{45, 80}
+		}
+	case RecordedModel:
+		// A replay: one pass over the recorded steps, no update.
+		def(&c.Optimizer, "none")
+		c.Batch.orDefault(1)
+		c.EvalBatch.orDefault(1)
+		c.LR.orDefault(0)
+		c.Epochs.orDefault(1)
+		if c.DecayEpochs == nil {
+			c.DecayEpochs = []int{}
 		}
 	case "ncf":
 		// NCF paper preset on the small MovieLens sets, Adam; 4 negatives
@@ -332,9 +352,13 @@ func (c Config) Validate(underMPI bool) error {
 	bad := func(format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrConfig}, a...)...))
 	}
+	replay := c.Model == RecordedModel || c.Gradients != ""
+	if replay {
+		c.checkReplay(bad)
+	}
 	// An unknown model has no defaults: say only that, not what its missing
 	// defaults would make wrong.
-	if !slices.Contains(Models, c.Model) {
+	if !replay && !slices.Contains(Models, c.Model) {
 		return fmt.Errorf("%w: unknown -model %q; use one of %s", ErrConfig, c.Model, strings.Join(Models, ", "))
 	}
 	// Every number must be finite before any range check reads it.
@@ -383,7 +407,7 @@ func (c Config) Validate(underMPI bool) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if !slices.Contains(Datasets[c.Model], c.Dataset) {
+	if !replay && !slices.Contains(Datasets[c.Model], c.Dataset) {
 		bad("-model %s cannot train on -dataset %q; use one of %s", c.Model, c.Dataset, strings.Join(Datasets[c.Model], ", "))
 	}
 	switch c.Model {
@@ -438,7 +462,7 @@ func (c Config) Validate(underMPI bool) error {
 	if c.Steps < 0 {
 		bad("-steps %d must be >= 0 (0: no limit)", c.Steps)
 	}
-	if !(c.LR.Value() > 0) {
+	if !replay && !(c.LR.Value() > 0) {
 		bad("-lr %v must be a positive number", c.LR)
 	}
 	switch c.Optimizer {
@@ -454,6 +478,10 @@ func (c Config) Validate(underMPI bool) error {
 		}
 		if c.Beta1.IsSet() || c.Beta2.IsSet() || c.Eps.IsSet() {
 			bad("-beta1, -beta2 and -eps apply to -optimizer adam only; SGD uses -momentum")
+		}
+	case "none":
+		if !replay {
+			bad("-optimizer none applies only to replays of recorded gradients (train replay); use sgd or adam")
 		}
 	case "adam":
 		if b1, b2 := c.Beta1.Value(), c.Beta2.Value(); b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1 {
@@ -572,7 +600,42 @@ func (c Config) Validate(underMPI bool) error {
 	if c.Out == "" && c.Resume == "" {
 		bad("no run directory: pass -out DIR (or -resume DIR to continue a run)")
 	}
+	if c.RecordGradients != "" && c.PipelineOn() {
+		bad("-record-gradients records the whole gradient after the backward pass: add -pipeline off (pipelining changes when the reduction starts, not the gradients)")
+	}
 	return errors.Join(errs...)
+}
+
+// checkReplay checks what only a replay (Config.Gradients) requires.
+func (c Config) checkReplay(bad func(string, ...any)) {
+	switch {
+	case c.Gradients == "":
+		bad("-model %s replays recorded gradients: give their folder (-gradients DIR)", RecordedModel)
+	case c.Model != RecordedModel:
+		bad("-gradients replays recorded gradients, not -model %s: leave -model out", c.Model)
+	}
+	if c.Dataset != "" || c.Preset != "" {
+		bad("a replay reads no data set and has no preset (-dataset %q, -preset %q): the recording is its data", c.Dataset, c.Preset)
+	}
+	m, _ := sparsify.Lookup(c.Sparsifier)
+	if c.Optimizer != "none" || (c.Momentum.IsSet() && !m.CorrectsMomentum) || c.WeightDecay.IsSet() || c.Beta1.IsSet() || c.Beta2.IsSet() || c.Eps.IsSet() || c.Nesterov || c.LR.Value() != 0 {
+		bad("a replay applies no update: drop -optimizer, -lr, -momentum (kept only for a method that applies the momentum itself, dgc), -wd, -nesterov and Adam's flags")
+	}
+	if v := c.Momentum.Value(); c.Momentum.IsSet() && !(v >= 0 && v < 1) {
+		bad("-momentum %v must be in [0, 1)", v)
+	}
+	if c.Epochs.Value() != 1 {
+		bad("-epochs %d: a replay makes one pass over the recorded steps (use -steps for fewer)", c.Epochs.Value())
+	}
+	if c.EvalEvery != 0 || c.MaxEvalBatches != 0 {
+		bad("a replay has no evaluation: drop -eval-every and -max-eval-batches")
+	}
+	if c.RecordGradients != "" {
+		bad("-record-gradients in a replay would copy the recording; copy its folder instead")
+	}
+	if c.Sparsifier == "lags" && c.MethodOptions.Float("max_ratio") > 0 {
+		bad("-max-ratio %g: LAGS' adaptive density is chosen from the measured backward pass, which a replay does not run (its compute is a copy of the recorded gradient); leave -max-ratio out for a fixed density", c.MethodOptions.Float("max_ratio"))
+	}
 }
 
 // validateMethodOptions checks MethodOptions against the method's

@@ -127,6 +127,20 @@
 // job names the step, the rank where it matters, the last checkpoint and
 // the command that resumes.
 //
+// # Replays and recorded gradients
+//
+// Config.Gradients replays a recording of gradients (package recorded:
+// from any PyTorch training, or from this trainer's Config.RecordGradients)
+// instead of training a model: the model is models.Recorded, whose step
+// writes the recorded gradient of the worker and step into the gradient
+// vector, and the data serves the recorded steps (replay.go); error
+// feedback, the reducers, the metrics, checkpoints, simulated workers and
+// mpirun are training's own. A replay applies no update, has no loss and
+// no evaluation, and its compute time is the copy of the gradient; run.json
+// says so ("replay", "cannot_show") and the report shows it. Recording this
+// trainer's gradients and replaying them with the same sparsifier gives the
+// training run's reduction bit for bit (TestReplayReproducesTraining).
+//
 // # Reproducibility
 //
 // In-process workers and mpirun processes give bit-identical losses when

@@ -72,12 +72,21 @@ func methodNotes(cfg Config, layout sparsify.Layout, total, perEpoch int) []stri
 		}
 	}
 	if _, ok := m.Param("sparsity_warmup"); ok {
-		if e := opts.Int("sparsity_warmup"); e > 0 && total <= e*perEpoch {
+		e := opts.Int("sparsity_warmup")
+		if e > 0 && perEpoch == 0 && cfg.Gradients != "" {
+			notes = append(notes, fmt.Sprintf("%s: the recording does not say its steps per epoch, so the replay has no density warm-up (-sparsity-warmup %d epochs): every step selects at -density %g",
+				cfg.Sparsifier, e, cfg.Density.Value()))
+		}
+		if e > 0 && total <= e*perEpoch {
 			notes = append(notes, fmt.Sprintf("%s: the run's %d steps end within the density warm-up (-sparsity-warmup %d epochs of %d steps): it never reaches -density %g",
 				cfg.Sparsifier, total, e, perEpoch, cfg.Density.Value()))
 		}
 	}
-	if m.CorrectsMomentum && (cfg.Optimizer != "sgd" || cfg.Momentum.Value() == 0) {
+	switch {
+	case m.CorrectsMomentum && cfg.Gradients != "" && cfg.Momentum.Value() == 0:
+		notes = append(notes, fmt.Sprintf("%s: no SGD momentum to correct (the recording's training gives none): plain error feedback, without DGC's momentum correction; pass -momentum 0.9 for a recording of SGD with momentum",
+			cfg.Sparsifier))
+	case m.CorrectsMomentum && cfg.Gradients == "" && (cfg.Optimizer != "sgd" || cfg.Momentum.Value() == 0):
 		notes = append(notes, fmt.Sprintf("%s: no SGD momentum to correct (-optimizer %s, -momentum %g): plain error feedback, without DGC's momentum correction",
 			cfg.Sparsifier, cfg.Optimizer, cfg.Momentum.Value()))
 	}

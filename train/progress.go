@@ -3,6 +3,7 @@ package train
 import (
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -90,7 +91,7 @@ func (p *progress) add(samples int, loss float64) {
 	p.last = loss
 	if p.bar != nil {
 		rate := float64(p.samples) / time.Since(p.start).Seconds()
-		p.bar.Describe(fmt.Sprintf("epoch %d/%d mean loss %.4f %.0f samples/s", p.epoch, p.epochs, p.meanLoss(), rate))
+		p.bar.Describe(fmt.Sprintf("epoch %d/%d %s%.0f samples/s", p.epoch, p.epochs, p.lossPart(" "), rate))
 		p.bar.Add(1)
 	}
 }
@@ -114,7 +115,17 @@ func (p *progress) endEpoch() {
 	if p.done < p.steps {
 		what += fmt.Sprintf(", stopped after %s (%s left in the epoch)", plural(p.done, "step"), metrics.Thousands(p.steps-p.done))
 	}
-	fmt.Fprintf(p.out, "%s: mean loss %.4f, %.0f samples/s, %v\n", what, p.meanLoss(), float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
+	fmt.Fprintf(p.out, "%s: %s%.0f samples/s, %v\n", what, p.lossPart(", "), float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
+}
+
+// lossPart is "mean loss L" and sep, or nothing in a run without a loss
+// (a replay of recorded gradients).
+func (p *progress) lossPart(sep string) string {
+	l := p.meanLoss()
+	if math.IsNaN(l) {
+		return ""
+	}
+	return fmt.Sprintf("mean loss %.4f%s", l, sep)
 }
 
 // startEval starts the progress bar of an evaluation of batches batches

@@ -102,6 +102,10 @@ type RunInfo struct {
 	Resumes []ResumeRecord `json:"resumes,omitempty"`
 	// LayerNames are the layout's tensor names, in order.
 	LayerNames []string `json:"layer_names"`
+	// Replay describes the recording a replay (Config.Gradients) replayed,
+	// and CannotShow what such a run's metrics leave out.
+	Replay     *ReplayInfo `json:"replay,omitempty"`
+	CannotShow string      `json:"cannot_show,omitempty"`
 	// Notes are what the run said about itself on the terminal that a
 	// reader of its results must know (a method that does nothing in this
 	// configuration, what an adaptive method measured), oldest first.
@@ -280,6 +284,10 @@ func prepareResumeMPI(ctx context.Context, cm comm.Communicator, c Config, o Opt
 
 // prepare checks the configuration and loads the data of a run.
 func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, error) {
+	c, err := ReplayDefaults(c, underMPI)
+	if err != nil {
+		return nil, err
+	}
 	c = c.Defaults()
 	if err := c.Validate(underMPI); err != nil {
 		return nil, err

@@ -15,6 +15,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/recorded"
 )
 
 // Dataset is a loaded data set shared read-only by the workers of a process.
@@ -26,6 +27,8 @@ type Dataset struct {
 	}
 	Wiki *data.WikiText
 	Rec  *data.Implicit
+	// Recording is a replay's recorded gradients.
+	Recording *recorded.Recording
 }
 
 // downloadName maps -dataset names to data.Download names.
@@ -48,6 +51,16 @@ var terminalLog = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{
 // LoadDataset reads the configured data set from c.DataDir, downloading it
 // first with c.Download.
 func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
+	if c.Model == RecordedModel {
+		rec, err := recorded.Open(c.Gradients)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		if err := checkReplay(c, rec, false, 0); err != nil {
+			return nil, err
+		}
+		return &Dataset{Name: rec.Manifest.Model, Recording: rec}, nil
+	}
 	if c.Download {
 		if err := os.MkdirAll(c.DataDir, 0o755); err != nil {
 			return nil, fmt.Errorf("train: creating -data-dir: %w", err)
@@ -132,6 +145,8 @@ func (e *missingDataError) Unwrap() error { return e.err }
 // seed, running on be (nil: the CPU).
 func NewModel(c Config, d *Dataset, seed uint64, be engine.Backend) (models.Model, error) {
 	switch c.Model {
+	case RecordedModel:
+		return newRecordedModel(d, be)
 	case "resnet18":
 		cfg := models.DefaultResNet18(d.CIFAR.Kind.Classes(), c.Batch.Value())
 		cfg.Seed, cfg.Backend = seed, be
@@ -232,6 +247,11 @@ type task interface {
 func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 	lc := data.LoaderConfig{Batch: c.Batch.Value(), Rank: rank, Size: size, Seed: c.Seed.Value(), Train: true, NoAugment: c.NoAugment}
 	switch c.Model {
+	case RecordedModel:
+		if err := checkReplay(c, d.Recording, true, size); err != nil {
+			return nil, err
+		}
+		return newReplayTask(c, d, rank), nil
 	case "resnet18":
 		// On a GPU the CPU waits for each step: it assembles (decodes,
 		// augments) the next batch meanwhile.

@@ -81,6 +81,10 @@ type worker struct {
 	start time.Time
 	// res is the state of checkpoints and resumes.
 	res resilience
+	// rec records the gradients (-record-gradients; nil without), and
+	// stepNo is the step being run (from 1).
+	rec    *gradRecorder
+	stepNo int
 	// lags profiles the backward pass for LAGS' adaptive density.
 	lags lagsProfile
 }
@@ -146,6 +150,9 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 		}
 	}()
 	err = w.loop(ctx)
+	if err == nil {
+		err = w.finishRecording(ctx)
+	}
 	returned = true
 	return err
 }
@@ -199,6 +206,8 @@ func (w *worker) setup(ctx context.Context) error {
 			return NewSGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
 		case "adam":
 			return NewAdam(w.stream, n, cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
+		case "none":
+			return noUpdate{}, nil
 		}
 		return nil, fmt.Errorf("%w: unknown -optimizer %q", ErrConfig, cfg.Optimizer)
 	}
@@ -248,7 +257,7 @@ func (w *worker) setup(ctx context.Context) error {
 		w.layout.Tensors[i].Dims = len(p.Shape)
 	}
 	var momentum float64
-	if method.CorrectsMomentum && cfg.Optimizer == "sgd" {
+	if method.CorrectsMomentum && (cfg.Optimizer == "sgd" || cfg.Gradients != "") { // a replay's momentum is the recording's
 		momentum = cfg.Momentum.Value()
 	}
 	// A pipelined reducer works on the copy stream (its groups start while
@@ -321,8 +330,20 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.task, err = newTask(cfg, w.r.ds, w.rank, w.size); err != nil {
 		return err
 	}
+	if cfg.RecordGradients != "" {
+		if w.rec, err = newGradRecorder(cfg, m, w.rank, w.size, w.task.Len(), dev, versions(w.r.blas, w.r.kernels).Revision); err != nil {
+			w.task.Close()
+			return err
+		}
+	}
 	if e, ok := w.red.(sparsify.EpochScheduled); ok {
-		e.SetStepsPerEpoch(w.task.Len())
+		perEpoch := w.task.Len()
+		if rec := w.r.ds.Recording; rec != nil {
+			// A replay's epochs are the recorded training's (0, not known:
+			// no epoch schedule), not its one pass over the recorded steps.
+			perEpoch = rec.Manifest.StepsPerEpoch
+		}
+		e.SetStepsPerEpoch(perEpoch)
 	}
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
@@ -330,6 +351,9 @@ func (w *worker) setup(ctx context.Context) error {
 			Versions: versions(w.r.blas, w.r.kernels), Machine: machine(), LayerNames: names, Device: be.Device().String(), ReduceIn: "device", Comm: w.commName}
 		if w.r.sim != nil {
 			info.Executors = w.r.sim.executors
+		}
+		if rec := w.r.ds.Recording; rec != nil {
+			info.Replay, info.CannotShow = replayInfo(rec), ReplayCannotShow
 		}
 		if w.dred == nil && !w.grad.IsHost() {
 			info.ReduceIn = "host"
@@ -519,6 +543,18 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 	s.Loss = res.Loss
 	// The time waiting for a shared executor is not computing.
 	s.Compute, s.Queued = t1.Sub(t0)-res.Queued, res.Queued
+	if w.rec != nil {
+		if w.rank == 0 {
+			w.rec.times = append(w.rec.times, s.Compute.Seconds())
+		}
+		// Recording is not part of the step's times.
+		tr := time.Now()
+		if err := w.recordGradient(); err != nil {
+			return s, err
+		}
+		d := time.Since(tr)
+		t0, t1 = t0.Add(d), t1.Add(d)
+	}
 	if sim := w.r.sim; sim != nil && w.pipe == nil {
 		// Simulated workers compute one after another but enter the
 		// reduction together, as a cluster's do: the reducer's times are
@@ -569,7 +605,7 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 			return s, fmt.Errorf("train: reducing with %s: %w", w.cfg.Sparsifier, err)
 		}
 	}
-	if math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0) {
+	if (math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0)) && w.r.ds.Recording == nil { // a replay has no loss
 		return s, fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss)
 	}
 	if w.cfg.ClipAggregated() {
@@ -658,6 +694,9 @@ func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr fl
 // evaluate runs the evaluation (rank 0: with a progress bar) and (rank 0)
 // records it.
 func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error) {
+	if w.r.ds.Recording != nil {
+		return nil, nil // a replay has nothing to evaluate
+	}
 	ev, err := w.task.Evaluate(ctx, w.m, w.params, w.c, w.out.progress().startEval(w.task.EvalBatches()))
 	w.out.progress().endEval()
 	if err != nil {
@@ -695,7 +734,11 @@ func (w *worker) loop(ctx context.Context) error {
 	if cfg.Steps > 0 {
 		total = min(total, cfg.Steps)
 	}
-	for _, n := range methodNotes(cfg, w.layout, total, perEpoch) {
+	notesEpoch := perEpoch
+	if rec := w.r.ds.Recording; rec != nil {
+		notesEpoch = rec.Manifest.StepsPerEpoch // the recorded training's epochs
+	}
+	for _, n := range methodNotes(cfg, w.layout, total, notesEpoch) {
 		if err := w.note(n); err != nil {
 			return err
 		}
@@ -762,6 +805,13 @@ func (w *worker) loop(ctx context.Context) error {
 			if err != nil {
 				return w.failed(err, step)
 			}
+			if w.rank == 0 {
+				// Every rank has written the steps done (they have all
+				// agreed to go on after them).
+				if err := w.rec.commit(step); err != nil {
+					return w.failed(err, step)
+				}
+			}
 			if stop {
 				if prog != nil {
 					prog.endEpoch()
@@ -798,6 +848,7 @@ func (w *worker) loop(ctx context.Context) error {
 			if err != nil {
 				return w.failed(&stepError{step + 1, epoch, fmt.Errorf("batch %d of the epoch: %w", i, err)}, step)
 			}
+			w.stepNo = step + 1
 			s, err := w.step(ctx, b, lr)
 			if err != nil {
 				return w.failed(&stepError{step + 1, epoch, err}, step)

@@ -25,6 +25,9 @@ type adviseFlags struct {
 	sparsifiers  []string
 	measurements string
 	modelSize    string
+	gradients    string
+	stepTime     time.Duration
+	kind         string
 	base         train.Config
 	method       sparsify.Values
 }
@@ -47,16 +50,23 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	fs.DurationVar(&v.latency, "net-latency", 50*time.Microsecond, "the cluster network's latency per message")
 	fs.Var(listValue[float64]{&v.densities, parseFraction, "list"}, "density", "densities ρ to rank at, comma-separated")
 	fs.Var(listValue[string]{&v.sparsifiers, parseName, "list"}, "sparsifiers", "methods to rank (default all): "+strings.Join(sparsify.Names(), ", "))
+	fs.StringVar(&v.gradients, "gradients", "", "folder of recorded gradients (python/sparsegrad_record.py, train -record-gradients): advise for that model instead of -model")
+	fs.DurationVar(&v.stepTime, "step-time", 0, "one worker's forward and backward time on the cluster's GPUs, e.g. 85ms (default: measured here, or the recording's measurement)")
+	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
 	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")
 	method := addMethodFlags(fs, &v.method)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), `Usage:
   train advise -model M -workers P -net-bandwidth B [-net-latency L] [-device cuda] [flags]
+  train advise -gradients DIR [-step-time 85ms] -workers P -net-bandwidth B [-device cuda] [flags]
 
-Measures on this machine one training step of the model, each method's selection
-on the model's real gradients and the in-process collectives, projects every
-method's time per iteration at P workers on the network (α-β model), and prints
-them ranked, saying plainly when dense all-reduce wins.
+Measures on this machine one training step of the model (or takes -step-time, or a
+recording's measured step), each method's selection on the model's real gradients
+(on -device) and the in-process collectives, projects every method's time per
+iteration at P workers on the network (α-β model), and prints them ranked, saying
+plainly when dense all-reduce wins. Only methods whose convergence a paper or this
+project has shown for the kind of model are ranked; the others are listed apart,
+flagged, with what is known about each method's accuracy.
 
 Flags:
 `)
@@ -93,11 +103,37 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return fmt.Errorf("train advise: unknown sparsifier %q in -sparsifiers; use %s", m, strings.Join(sparsify.Names(), ", "))
 		}
 	}
+	if v.kind != "" && !slices.Contains(advise.Kinds, advise.Kind(v.kind)) {
+		return fmt.Errorf("train advise: -kind %q: use one of cnn, rnn, transformer, recommender, mlp, other", v.kind)
+	}
+	if v.stepTime < 0 {
+		return fmt.Errorf("train advise: -step-time %v: want a positive duration, e.g. 85ms", v.stepTime)
+	}
 	c := v.base
 	c.Preset = v.modelSize
-	h, err := adviseHost(ctx, c, v, methods, stderr)
+	var h *advise.Host
+	if v.gradients != "" {
+		given := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		for _, f := range []string{"model", "dataset", "data-dir", "model-size", "batch", "blas", "tf32"} {
+			if given[f] {
+				return fmt.Errorf("train advise: -%s with -gradients: the recording is the model; drop -%s", f, f)
+			}
+		}
+		h, err = adviseRecorded(ctx, v, methods, stderr)
+	} else {
+		h, err = adviseHost(ctx, c, v, methods, stderr)
+	}
 	if err != nil {
 		return err
+	}
+	if v.stepTime > 0 && h.StepSource != "given" {
+		// The cluster's step replaces the one measured here.
+		scale := v.stepTime.Seconds() / h.Compute
+		h.Compute, h.Forward, h.Backward, h.StepSource = v.stepTime.Seconds(), h.Forward*scale, h.Backward*scale, "given"
+	}
+	if v.kind != "" {
+		h.Kind = advise.Kind(v.kind)
 	}
 	for _, d := range v.densities {
 		for _, net := range nets {
@@ -113,6 +149,47 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 	}
+	return nil
+}
+
+// adviseRecorded reads the measurements file of a recording or measures
+// (and writes it).
+func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stderr io.Writer) (*advise.Host, error) {
+	dev := v.base.Device
+	if v.measurements != "" {
+		h, err := advise.ReadHost(v.measurements)
+		switch {
+		case err == nil:
+			if h.Recording != v.gradients || !strings.HasPrefix(h.Device, dev) {
+				return nil, fmt.Errorf("train advise: %s holds measurements of %s on %s, not of the recording %s on %s; use another -measurements file", v.measurements, h.Model, h.Device, v.gradients, dev)
+			}
+			return h, coversDensities(h, v, stderr)
+		case !errors.Is(err, os.ErrNotExist):
+			return nil, fmt.Errorf("train %w", err)
+		}
+	}
+	h, err := advise.MeasureRecorded(ctx, advise.RecordedConfig{Dir: v.gradients, StepTime: v.stepTime, Device: dev, Kind: advise.Kind(v.kind),
+		Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+	if err != nil {
+		return nil, fmt.Errorf("train %w", err)
+	}
+	if v.measurements != "" {
+		if err := advise.WriteHost(v.measurements, h); err != nil {
+			return nil, fmt.Errorf("train %w", err)
+		}
+	}
+	return h, nil
+}
+
+// coversDensities refuses measurements without -density's densities, and
+// says which file the advice comes from.
+func coversDensities(h *advise.Host, v *adviseFlags, stderr io.Writer) error {
+	for _, d := range v.densities {
+		if !slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d }) {
+			return fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
+		}
+	}
+	fmt.Fprintf(stderr, "using the measurements in %s\n", v.measurements)
 	return nil
 }
 

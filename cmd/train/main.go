@@ -3,6 +3,7 @@
 //
 //	train [flags]                      train one model, write a run directory
 //	train report [-o FILE] RUN_DIR...  compare runs in one HTML report
+//	train replay -gradients DIR -sparsifier M -out RUN_DIR  a sparsifier on recorded gradients
 //	train sweep -preset NAME -out DIR  run a grid of trainings, one comparison page
 //	train advise -model M -workers P -net-bandwidth B  rank the sparsifiers for a cluster
 //
@@ -55,7 +56,7 @@ func main() {
 // prefix ("train report: ", "train sweep: ", "train advise: "), which then
 // is the one prefix.
 func hasSubcommandPrefix(msg string) bool {
-	for _, sub := range []string{"report", "sweep", "advise"} {
+	for _, sub := range []string{"report", "sweep", "advise", "replay"} {
 		if strings.HasPrefix(msg, "train "+sub+":") {
 			return true
 		}
@@ -136,6 +137,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "report" {
 		return helpIsNoError(runReport(args[1:], stdout))
 	}
+	if len(args) > 0 && args[0] == "replay" {
+		return helpIsNoError(runReplay(ctx, args[1:], stdout, stderr))
+	}
 	if len(args) > 0 && (args[0] == "sweep" || args[0] == "advise") {
 		return helpIsNoError(runSubcommand(ctx, args[0], args[1:], stdout, stderr))
 	}
@@ -144,7 +148,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return helpIsNoError(err)
 	}
 	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report, sweep and advise subcommands)", fs.Arg(0))
+		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report, replay, sweep and advise subcommands)", fs.Arg(0))
 	}
 	cfg, err := c.config()
 	if err != nil {
@@ -235,6 +239,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.IntVar(&c.BLASThreads, "blas-threads", 0, "OpenBLAS and oneDNN threads (0: cores / simulated workers)")
 	fs.StringVar(&c.Kernels, "kernels", "auto", "CPU convolutions and batch norms: auto (oneDNN if installed), onednn (Debian: apt-get install libdnnl2) or im2col")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress output")
+	fs.StringVar(&c.RecordGradients, "record-gradients", "", "record every worker's gradient of every step into this folder (safetensors + manifest.json, for train replay); needs -pipeline off with lags")
 	addReportAssetsFlag(fs)
 	summary := fs.Bool("summary", false, "print the model's layer table and parameter count, then exit (NCF and LSTM read the data set for their sizes)")
 	method := addMethodFlags(fs, &c.MethodOptions)
@@ -242,6 +247,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 		fmt.Fprintf(fs.Output(), `Usage:
   train [flags]                      train one model, write a run directory
   train report [-o FILE] RUN_DIR...  compare runs in one HTML report (train report -help)
+  train replay -gradients DIR -sparsifier M -out RUN_DIR  run a sparsifier on recorded gradients (train replay -help)
   train sweep -preset NAME -out DIR  run a grid of trainings, one comparison page (train sweep -help)
   train advise -workers P -net-bandwidth B  rank the sparsifiers for a cluster (train advise -help)
 

@@ -99,6 +99,7 @@ type sweepFlags struct {
 	gbits       []float64
 	latency     time.Duration
 	modelSize   string
+	gradients   string
 	dryRun      bool
 	noPredict   bool
 	base        train.Config
@@ -121,6 +122,7 @@ func newSweepFlags(stderr io.Writer) (*flag.FlagSet, *sweepFlags) {
 	fs.StringVar(&c.Dataset, "dataset", "", "data set (default the model's first)")
 	fs.StringVar(&c.DataDir, "data-dir", "", "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)")
 	fs.StringVar(&v.modelSize, "model-size", "", "model size, train's -preset: lstm small or default; ncf paper or default")
+	fs.StringVar(&v.gradients, "gradients", "", "a folder of recorded gradients instead of -model: every run replays them (train replay); -steps defaults to all recorded steps")
 	fs.IntVar(&c.Steps, "steps", 0, "budget per run: iterations (0: no limit)")
 	fs.DurationVar(&c.MaxTime, "max-time", 0, "budget per run: wall time, e.g. 2m (0: no limit)")
 	fs.Var(optInt{&c.Epochs}, "epochs", "budget per run: epochs (default the model's)")
@@ -140,6 +142,7 @@ func newSweepFlags(stderr io.Writer) (*flag.FlagSet, *sweepFlags) {
 		fmt.Fprintf(fs.Output(), `Usage:
   train sweep -preset NAME -data-dir DIR -out DIR [flags]
   train sweep -sparsifiers a,b -workers 2,4 -density 0.01 -steps N -out DIR [flags]
+  train sweep -gradients REC -sparsifiers a,b -workers 2,4 -density 0.01 -out DIR [flags]
   train sweep -preset list
 
 Runs a grid of trainings (sparsifiers × worker counts × densities × networks) of one
@@ -236,7 +239,16 @@ func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
 	for k, x := range v.method {
 		s.MethodOptions[k] = x
 	}
-	if v.preset == "" && b.Steps == 0 && b.MaxTime == 0 && !b.Epochs.IsSet() {
+	if v.gradients != "" {
+		// Replays of a recording: no model, data, update or evaluation.
+		for _, f := range []string{"model", "dataset", "data-dir", "model-size", "epochs", "batch", "lr", "eval-every", "max-eval-batches", "blas"} {
+			if set[f] {
+				return s, nil, fmt.Errorf("train sweep: -%s with -gradients: a replay has no model, data, update or evaluation; drop -%s", f, f)
+			}
+		}
+		*b = train.Config{Model: train.RecordedModel, Gradients: v.gradients, Steps: b.Steps, MaxTime: b.MaxTime, Seed: b.Seed, LogEvery: b.LogEvery, Device: b.Device}
+	}
+	if v.preset == "" && v.gradients == "" && b.Steps == 0 && b.MaxTime == 0 && !b.Epochs.IsSet() {
 		return s, nil, errors.New("train sweep: give a budget per run: -steps N, -max-time D or -epochs N (or a -preset)")
 	}
 	if len(s.Sparsifiers) == 0 {
@@ -332,6 +344,9 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 func trainCommand(p sweep.Point, out string) []string {
 	c := p.Config
 	a := []string{"train", "-model", c.Model}
+	if c.Gradients != "" {
+		a = []string{"train", "replay", "-gradients", c.Gradients}
+	}
 	add := func(flag, val string) { a = append(a, flag, val) }
 	if c.Dataset != "" {
 		add("-dataset", c.Dataset)

@@ -42,12 +42,15 @@ const (
 	OpenBLAS Need = "openblas"
 	// OneDNN: oneDNN's library (libdnnl), loaded at run time.
 	OneDNN Need = "onednn"
+	// Torch: a Python interpreter that imports torch (SPARSEGRAD_PYTHON,
+	// /usr/bin/python3 or python3 on PATH).
+	Torch Need = "torch"
 	// Git: the git tool.
 	Git Need = "git"
 )
 
 // needs lists every need, for the check of SPARSEGRAD_REQUIRE.
-var needs = []Need{MPI, Data, Browser, NVRTC, GPU, OpenBLAS, OneDNN, Git}
+var needs = []Need{MPI, Data, Browser, NVRTC, GPU, OpenBLAS, OneDNN, Torch, Git}
 
 // Env and RunEnv are the switches' environment variables.
 const (
@@ -62,6 +65,7 @@ var replaced = map[string]Need{
 	"REPORTS_BROWSER":  Browser,
 	"SPARSEGRAD_NVRTC": NVRTC,
 	"SPARSEGRAD_GPU":   GPU,
+	"SPARSEGRAD_TORCH": Torch,
 }
 
 // list parses a comma-separated list of names.

@@ -1,0 +1,202 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
+)
+
+// TestReplayCommand: train -record-gradients, then train replay of the
+// recording, as a user runs them: the replay's terminal output has no loss,
+// and its report says it is a replay, what it cannot show, the recorded
+// step time, and draws no loss chart.
+func TestReplayCommand(t *testing.T) {
+	data := sharedData(t)
+	dir := t.TempDir()
+	grads, trained, replayed := filepath.Join(dir, "grads"), filepath.Join(dir, "trained"), filepath.Join(dir, "replayed")
+	const cdn = "https://cdn.jsdelivr.net/npm/echarts@5.6.0/dist/echarts.min.js"
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-model", "ncf", "-data-dir", data, "-workers", "2", "-steps", "3", "-sparsifier", "topk", "-density", "0.05",
+		"-record-gradients", grads, "-out", trained, "-report-assets", cdn}, &out, &out); err != nil {
+		t.Fatalf("train: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"replay", "-gradients", grads, "-sparsifier", "topk", "-density", "0.05", "-out", replayed, "-report-assets", cdn}, &out, &out); err != nil {
+		t.Fatalf("train replay: %v\n%s", err, out.String())
+	}
+	if s := out.String(); strings.Contains(s, "NaN") || strings.Contains(s, "loss") || !strings.Contains(s, "report:") {
+		t.Errorf("replay's terminal output:\n%s", s)
+	}
+	b, err := os.ReadFile(filepath.Join(replayed, "report.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(b)
+	for _, want := range []string{"Replay of ncf&#39;s recorded gradients", "A replay of recorded gradients", "It cannot show: no loss", "recorded step time", "2 workers × 3 steps"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the replay's report lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "Training loss") {
+		t.Error("the replay's report draws a loss chart")
+	}
+	// The replay flags are only those a replay uses.
+	out.Reset()
+	err = run(context.Background(), []string{"replay", "-gradients", grads, "-lr", "0.1", "-out", filepath.Join(dir, "x")}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "-lr") {
+		t.Errorf("train replay -lr: %v", err)
+	}
+	err = run(context.Background(), []string{"replay", "-sparsifier", "topk", "-out", filepath.Join(dir, "y")}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "give -gradients DIR") {
+		t.Errorf("train replay without -gradients: %v", err)
+	}
+}
+
+// TestSweepAndAdviseOfRecording: train sweep -gradients replays a
+// recording at each point of the grid (points beyond its workers are not
+// run, and say why), -dry-run prints train replay commands, and train
+// advise -gradients ranks the methods for the recorded model with a given
+// step time; flags about a model are refused beside -gradients.
+func TestSweepAndAdviseOfRecording(t *testing.T) {
+	data := sharedData(t)
+	dir := t.TempDir()
+	grads := filepath.Join(dir, "grads")
+	const cdn = "https://cdn.jsdelivr.net/npm/echarts@5.6.0/dist/echarts.min.js"
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-model", "ncf", "-data-dir", data, "-workers", "3", "-steps", "2", "-record-gradients", grads,
+		"-out", filepath.Join(dir, "trained"), "-quiet"}, &out, &out); err != nil {
+		t.Fatalf("train: %v\n%s", err, out.String())
+	}
+	out.Reset()
+	sw := filepath.Join(dir, "sweep")
+	if err := run(context.Background(), []string{"sweep", "-gradients", grads, "-sparsifiers", "topk,deft", "-workers", "2,3,4", "-density", "0.05",
+		"-out", sw, "-report-assets", cdn}, &out, &out); err != nil {
+		t.Fatalf("sweep: %v\n%s", err, out.String())
+	}
+	if s := out.String(); !strings.Contains(s, "4 runs: 4 run now") || !strings.Contains(s, "skip topk-w4-d0.05: the recording holds the gradients of 3 workers") {
+		t.Errorf("sweep output:\n%s", s)
+	}
+	for _, name := range []string{"topk-w2-d0.05", "deft-w3-d0.05"} {
+		b, err := os.ReadFile(filepath.Join(sw, "runs", name, "run.json"))
+		if err != nil || !strings.Contains(string(b), `"replay"`) {
+			t.Errorf("%s is not a replay: %v", name, err)
+		}
+	}
+	page, err := os.ReadFile(filepath.Join(sw, "sweep.html"))
+	if err != nil || !strings.Contains(string(page), "Replays of the recorded gradients") {
+		t.Errorf("the sweep page does not say it replays: %v", err)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"sweep", "-gradients", grads, "-sparsifiers", "topk", "-workers", "2", "-density", "0.05", "-out", "x", "-dry-run"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "train replay -gradients " + grads + " -sparsifier topk -density 0.05 -workers 2 -out x/runs/topk-w2-d0.05"; strings.TrimSpace(out.String()) != want {
+		t.Errorf("dry run:\n%s\nwant\n%s", out.String(), want)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"advise", "-gradients", grads, "-step-time", "30ms", "-workers", "16,64", "-net-bandwidth", "10",
+		"-sparsifiers", "dense,topk,deft,micro,randomk"}, &out, &out); err != nil {
+		t.Fatalf("advise: %v\n%s", err, out.String())
+	}
+	s := out.String()
+	for _, want := range []string{"ncf on recorded gradients, 16 workers", "ncf on recorded gradients, 64 workers", "one step 30 ms (forward+backward, given with -step-time)",
+		"kind of model: recommender", "! not ranked", "randomk", "what is known about accuracy"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("advise output lacks %q:\n%s", want, s)
+		}
+	}
+	for _, args := range [][]string{
+		{"advise", "-gradients", grads, "-model", "ncf", "-workers", "16", "-net-bandwidth", "10"},
+		{"sweep", "-gradients", grads, "-lr", "0.1", "-sparsifiers", "topk", "-workers", "2", "-density", "0.1", "-out", "x"},
+	} {
+		err := run(context.Background(), args, &out, &out)
+		if err == nil || !strings.Contains(err.Error(), "with -gradients") {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
+// TestReplayUnderMPI: mpirun -np 3 train replay gives the in-process
+// replay's reduction (each process reads its own rank's files; the worker
+// count is mpirun's, not the recording's), and a resumed replay ends where
+// the uninterrupted one does.
+func TestReplayUnderMPI(t *testing.T) {
+	mpirun := testenv.MPIRun(t)
+	data := sharedData(t)
+	dir := t.TempDir()
+	grads := filepath.Join(dir, "grads")
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"-model", "ncf", "-data-dir", data, "-workers", "3", "-steps", "4", "-record-gradients", grads,
+		"-sparsifier", "deft", "-density", "0.05", "-out", filepath.Join(dir, "trained"), "-quiet"}, &out, &out); err != nil {
+		t.Fatalf("train: %v\n%s", err, out.String())
+	}
+	common := []string{"replay", "-gradients", grads, "-sparsifier", "deft", "-density", "0.05", "-quiet"}
+	inproc := filepath.Join(dir, "inproc")
+	if err := run(context.Background(), append(slices.Clone(common), "-out", inproc), &out, &out); err != nil {
+		t.Fatalf("replay: %v\n%s", err, out.String())
+	}
+	viaMPI := filepath.Join(dir, "mpi")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, mpirun, append([]string{"--oversubscribe", "--allow-run-as-root", "-np", "3", os.Args[0]}, append(common, "-out", viaMPI)...)...)
+	cmd.Env = append(os.Environ(), mainEnv+"=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("mpirun train replay: %v\n%s", err, b)
+	}
+	// Stopped after 2 steps and resumed.
+	resumed := filepath.Join(dir, "resumed")
+	if err := run(context.Background(), append(slices.Clone(common), "-steps", "2", "-out", resumed), &out, &out); err != nil {
+		t.Fatalf("replay -steps 2: %v\n%s", err, out.String())
+	}
+	if err := run(context.Background(), []string{"replay", "-resume", resumed, "-steps", "4", "-quiet"}, &out, &out); err != nil {
+		t.Fatalf("replay -resume: %v\n%s", err, out.String())
+	}
+	want := reductions(t, inproc)
+	if len(want) != 4 {
+		t.Fatalf("%d replayed steps, want 4", len(want))
+	}
+	for name, d := range map[string]string{"mpirun": viaMPI, "resumed": resumed} {
+		if got := reductions(t, d); !slices.Equal(got, want) {
+			t.Errorf("%s: %v, in-process %v", name, got, want)
+		}
+	}
+}
+
+// reductions reads each step's actual density, bytes sent and error norm.
+func reductions(t *testing.T, dir string) []string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r struct {
+			Type          string  `json:"type"`
+			Step          int     `json:"step"`
+			ActualDensity float64 `json:"actual_density"`
+			BytesSent     float64 `json:"bytes_sent"`
+			ErrorNorm     float64 `json:"error_norm"`
+		}
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Type == "step" {
+			out = append(out, fmt.Sprint(r.Step, r.ActualDensity, r.BytesSent, r.ErrorNorm))
+		}
+	}
+	return out
+}
