@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -380,6 +382,9 @@ func TestRunInUseIsRefused(t *testing.T) {
 	if err := Run(context.Background(), c, Options{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat(filepath.Join(c.Out, ".lock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a finished run left its lock file .lock (stat: %v)", err)
+	}
 	unlock, err := lockRun(c.Out)
 	if err != nil {
 		t.Fatal(err)
@@ -395,5 +400,50 @@ func TestRunInUseIsRefused(t *testing.T) {
 	unlock()
 	if err := Run(context.Background(), Config{Resume: c.Out, Steps: 4}, Options{}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(c.Out, ".lock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a finished resume left its lock file .lock (stat: %v)", err)
+	}
+}
+
+// TestLockRunExcludes: the lock file is removed on every unlock, and yet
+// two holders never overlap while processes (here: goroutines with open
+// files of their own) keep taking and releasing it.
+func TestLockRunExcludes(t *testing.T) {
+	dir := t.TempDir()
+	var holders, overlaps, taken atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 500 {
+				unlock, err := lockRun(dir)
+				if err != nil {
+					if !errors.Is(err, ErrConfig) {
+						t.Error(err)
+						return
+					}
+					continue
+				}
+				if holders.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				taken.Add(1)
+				runtime.Gosched()
+				holders.Add(-1)
+				unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if overlaps.Load() > 0 {
+		t.Fatalf("two holders of the lock at once, %d times", overlaps.Load())
+	}
+	if taken.Load() == 0 {
+		t.Fatal("the lock was never taken")
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".lock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf(".lock left after the last unlock (stat: %v)", err)
 	}
 }
