@@ -44,7 +44,8 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto, openblas or gonum")
 	fs.Var(listValue[int]{&v.workers, parseWorkers, "list"}, "workers", "worker counts P of the cluster, comma-separated, e.g. 16,64,256")
 	fs.Var(listValue[float64]{&v.gbits, parseGbit, "list"}, "net-bandwidth", "the cluster network's bandwidth in Gbit/s, comma-separated, e.g. 10,100")
-	fs.DurationVar(&v.latency, "net-latency", 50*time.Microsecond, "the cluster network's latency per message")
+	v.latency = 50 * time.Microsecond
+	fs.Var(durationFlag{&v.latency}, "net-latency", "the cluster network's latency per message (default 50µs)")
 	fs.Var(listValue[float64]{&v.densities, parseFraction, "list"}, "density", "densities ρ to rank at, comma-separated")
 	fs.Var(listValue[string]{&v.sparsifiers, parseName, "list"}, "sparsifiers", "methods to rank (default all): "+strings.Join(sparsify.Names(), ", "))
 	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")

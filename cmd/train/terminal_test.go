@@ -104,6 +104,8 @@ func TestMistakesAreOneLine(t *testing.T) {
 		{[]string{"-model", "resnet18", "-data-dir", empty, "-out", "x"}, []string{"cifar10", empty, "-download"}},
 		{[]string{"-density", "0", "-out", "x"}, []string{"-density 0", "(0, 1]"}},
 		{[]string{"-workers", "0", "-out", "x"}, []string{"-workers 0", ">= 1"}},
+		{[]string{"-net-latency", "abc", "-net-bandwidth", "10", "-out", "x"}, []string{"-net-latency", `"abc" is not a duration`, "50us"}},
+		{[]string{"-max-time", "5", "-out", "x"}, []string{"-max-time", `"5" has no unit`, "5m"}},
 		{[]string{"report", "-x", "runs/a"}, []string{"-x", "train report -help"}},
 		{[]string{"report", "runs/a", "runs/b"}, []string{"train report: runs/a: no such folder", "train -out"}},
 		{[]string{"advise", "-model", "ncf"}, []string{"train advise: give -workers P"}},
