@@ -40,6 +40,24 @@ type resilience struct {
 	evaluated bool
 	// info is rank 0's run.json.
 	info *RunInfo
+	// kept says that the run has something worth keeping: a new run has
+	// done a step or written a checkpoint, a resume has been accepted.
+	// Until then its log is in memory (runLog), and a new run that fails
+	// removes what it wrote (discardRun).
+	kept bool
+}
+
+// keep marks the run as worth keeping (resilience.kept) and writes its log
+// from now on; a log that cannot be written is a warning.
+func (w *worker) keep() {
+	if w.res.kept {
+		return
+	}
+	w.res.kept = true
+	w.r.kept.Store(true)
+	if err := w.rlog.keep(); err != nil && w.out != nil {
+		w.out.warn("no log", err)
+	}
 }
 
 // ckptError is a checkpoint that could not be written; the previous one is
@@ -254,6 +272,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 	}
 	prevStep := w.res.lastStep
 	w.res.last, w.res.prevStep, w.res.lastStep = dir, prevStep, p.step
+	w.keep()
 	w.r.status.setCheckpoint(dir, p.step)
 	w.log.Info("checkpoint written", "dir", dir, "step", p.step)
 	w.prune(prevStep)
@@ -431,6 +450,7 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	}
 	w.start = time.Now().Add(-time.Duration(e[0]))
 	w.res.evaluated = e[1] == 1
+	w.keep()
 	if info := w.res.info; info != nil && len(info.Resumes) > 0 {
 		r := &info.Resumes[len(info.Resumes)-1]
 		r.Step, r.Checkpoint = ck.Step, dir

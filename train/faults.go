@@ -132,12 +132,21 @@ func (w *worker) failed(err error, step int) error {
 		}
 	}
 	how := "resume with"
-	last := ""
+	last, fix := "", ""
 	if errors.Is(err, errNonFinite) {
 		how = "lower -lr or clip gradients (-clip), then resume with"
+		fix = "lower -lr or clip gradients (-clip)"
 		if dir, _ := w.r.status.checkpoint(); dir == "" {
-			last = w.r.noCheckpoint("lower -lr or clip gradients (-clip)")
+			last = w.r.noCheckpoint(fix)
 		}
+	}
+	if !w.res.kept && w.cfg.Resume == "" {
+		// Nothing of the run is kept (worker): the command works again.
+		last = "nothing of the run was kept: "
+		if fix != "" {
+			last += fix + ", then "
+		}
+		last += "run the same command again"
 	}
 	if last == "" {
 		last = w.r.lastCheckpoint(how)

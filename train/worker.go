@@ -81,6 +81,8 @@ type worker struct {
 	start time.Time
 	// res is the state of checkpoints and resumes.
 	res resilience
+	// rlog is the rank's log file (see runLog).
+	rlog *runLog
 }
 
 func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
@@ -93,17 +95,6 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 			r.sim.bar.abort(err)
 		}
 	}()
-	// A panic of this worker ends the job with an error naming the rank
-	// and step (its stack goes to the rank's log).
-	defer func() {
-		if p := recover(); p != nil {
-			if w.log != nil {
-				w.log.Error("panic", "value", p, "stack", string(debug.Stack()))
-			}
-			err = &jobError{msg: fmt.Sprintf("step %d failed on rank %d: panic: %v (stack in %s); %s", w.r.status.step.Load()+1, w.rank, p,
-				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.r.lastCheckpoint("resume with"))}
-		}
-	}()
 	if err := os.MkdirAll(filepath.Join(cfg.Out, "checkpoints"), 0o755); err != nil {
 		return fmt.Errorf("train: creating the run directory: %w", err)
 	}
@@ -114,12 +105,20 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 		}
 		defer unlock()
 	}
-	lg, closer, err := rankLogger(cfg.Out, w.rank)
-	if err != nil {
-		return err
-	}
-	defer closer.Close()
-	w.log = lg
+	rlog, lg := newRunLog(cfg.Out, w.rank)
+	defer rlog.Close()
+	w.log, w.rlog = lg, rlog
+	// A panic of this worker ends the job with an error naming the rank
+	// and step (its stack goes to the rank's log, which is then kept).
+	defer func() {
+		if p := recover(); p != nil {
+			w.r.panicked.Store(true)
+			w.rlog.keep()
+			w.log.Error("panic", "value", p, "stack", string(debug.Stack()))
+			err = &jobError{msg: fmt.Sprintf("step %d failed on rank %d: panic: %v (stack in %s); %s", w.r.status.step.Load()+1, w.rank, p,
+				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.r.lastCheckpoint("resume with"))}
+		}
+	}()
 	defer func() {
 		if err != nil {
 			w.log.Error("training failed", "err", err)
@@ -135,11 +134,12 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	defer w.task.Close()
 	// The final report is written when training ends, also after an error
 	// or an interruption (its metrics show how far the run got), but not
-	// when a panic unwinds the worker; the report's goroutine ends either
-	// way.
+	// when a panic unwinds the worker, nor for a run that keeps nothing (it
+	// failed before its first step, or its resume was refused); the
+	// report's goroutine ends either way.
 	returned := false
 	defer func() {
-		if cerr := w.out.close(returned); cerr != nil && err == nil {
+		if cerr := w.out.close(returned && w.res.kept); cerr != nil && err == nil {
 			err = fmt.Errorf("train: closing metrics.jsonl: %w", cerr)
 		}
 	}()
@@ -326,9 +326,13 @@ func (w *worker) setup(ctx context.Context) error {
 		if be.Device().Kind() == device.CUDAKind {
 			info.Machine.GPU = be.Device().String()
 		}
-		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
-			w.task.Close()
-			return fmt.Errorf("train: writing run.json: %w", err)
+		// A resume writes run.json once its checkpoint is accepted
+		// (restore): a refused resume changes nothing.
+		if cfg.Resume == "" {
+			if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
+				w.task.Close()
+				return fmt.Errorf("train: writing run.json: %w", err)
+			}
 		}
 		mw, err := openMetrics(filepath.Join(cfg.Out, "metrics.jsonl"), cfg.Resume != "")
 		if err != nil {
@@ -793,6 +797,7 @@ func (w *worker) loop(ctx context.Context) error {
 			s.Samples = ns
 			step++
 			w.r.status.step.Store(int64(step))
+			w.keep()
 			if step == 1 {
 				if err := w.setBackwardTimes(ctx); err != nil {
 					return w.failed(err, step)
