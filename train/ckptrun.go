@@ -63,10 +63,11 @@ func (w *worker) keep() {
 // ckptError is a checkpoint that could not be written; the previous one is
 // intact.
 type ckptError struct {
-	step int
-	prev string // "" when there is none
-	msg  string
-	err  error
+	step     int
+	prev     string // "" when there is none
+	prevStep int    // the step of prev
+	msg      string
+	err      error
 }
 
 func (e *ckptError) Error() string {
@@ -238,7 +239,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 			}
 			return collective(fmt.Errorf("%s (no checkpoint of this state was written): %w", msg, errors.Join(werr, errNonFinite)))
 		}
-		return collective(&ckptError{step: p.step, prev: w.res.last, msg: msg, err: werr})
+		return collective(&ckptError{step: p.step, prev: w.res.last, prevStep: w.res.lastStep, msg: msg, err: werr})
 	}
 	hashes := make([]int64, w.size)
 	for r := range w.size {
@@ -268,7 +269,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		}
 		os.Remove(part)
 		os.Remove(dir)
-		return collective(&ckptError{step: p.step, prev: w.res.last, msg: "rank 0: " + string(m), err: serr})
+		return collective(&ckptError{step: p.step, prev: w.res.last, prevStep: w.res.lastStep, msg: "rank 0: " + string(m), err: serr})
 	}
 	prevStep := w.res.lastStep
 	w.res.last, w.res.prevStep, w.res.lastStep = dir, prevStep, p.step

@@ -164,6 +164,20 @@ func (w *worker) failed(err error, step int) error {
 		}
 	case errors.Is(err, ErrInterrupted):
 		what = fmt.Sprintf("interrupted after step %d", step)
+	case errors.As(err, &ce):
+		// What the failed checkpoint loses, and from where to go on.
+		what = fmt.Sprintf("stopped after step %d: its checkpoint was not written: %s", step, ce.msg)
+		if ce.prev != "" {
+			lost := fmt.Sprintf("steps %d to %d are lost", ce.prevStep+1, step)
+			if step == ce.prevStep+1 {
+				lost = fmt.Sprintf("step %d is lost", step)
+			}
+			last = fmt.Sprintf("%s; the last checkpoint is %s (step %d); make room on the disk (or fix the folder), then resume with: %s",
+				lost, ce.prev, ce.prevStep, w.r.resumeCommand())
+		} else {
+			last = fmt.Sprintf("its %s are lost: no checkpoint was written; make room on the disk (or fix the folder), then start the run again with another -out (or delete %s first)",
+				plural(step, "step"), w.cfg.Out)
+		}
 	case errors.As(err, &se):
 		what = fmt.Sprintf("step %d (epoch %d) failed%s: %s", se.n, se.epoch+1, rank, onePrefix(se.err))
 	case errors.Is(err, ErrConfig):

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 )
 
@@ -14,10 +15,11 @@ type output struct {
 	metrics *metricsWriter
 	prog    *progress // nil with Config.Quiet
 	rep     *reporter // nil without Options.Report
-	// reportPath is where rep writes the report, printed when the run ends.
-	reportPath string
-	log        *slog.Logger
-	sink       func(step int, loss float64)
+	// reportPath is where rep writes the report, printed when the run ends;
+	// reportCmd the command that writes it again.
+	reportPath, reportCmd string
+	log                   *slog.Logger
+	sink                  func(step int, loss float64)
 	// console is the progress lines' writer, shared with the report's
 	// warnings (written from the report's goroutine).
 	console *syncWriter
@@ -93,6 +95,16 @@ func (o *output) warn(msg string, err error) {
 	if o.prog != nil {
 		fmt.Fprintf(o.console, "warning: %s: %v\n", msg, err)
 	}
+}
+
+// reportFailed warns that report.html could not be written, and removes
+// the one there: it shows an earlier state of the run, and must not pass
+// for the report of the run as it is now.
+func (o *output) reportFailed(err error) {
+	if os.Remove(o.reportPath) == nil {
+		err = fmt.Errorf("%w; the earlier report.html, of an older state of the run, was removed", err)
+	}
+	o.warn("report.html not written", fmt.Errorf("%w; once fixed, write it with: %s", err, o.reportCmd))
 }
 
 // syncWriter serialises writes of several goroutines.

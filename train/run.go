@@ -40,7 +40,8 @@ type Options struct {
 	// every epoch (never two calls at once; epochs that end during a call
 	// give one more call, not one each), and once more when training has
 	// ended (also after an error or an interruption). Its errors are
-	// logged and printed as warnings; they do not stop training.
+	// logged and printed as warnings; they do not stop training, but the
+	// report.html there (of an earlier state of the run) is removed.
 	Report func(runDir string) error
 	// Comm, when set, makes this process one worker of that communicator
 	// instead of starting Config.Workers in-process workers or detecting

@@ -2,7 +2,6 @@ package train
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -345,8 +344,9 @@ func (w *worker) setup(ctx context.Context) error {
 		}
 		if report := w.r.opt.Report; report != nil {
 			o := w.out
-			w.out.rep = newReporter(func() error { return report(cfg.Out) }, func(err error) { o.warn("report.html not written", err) })
+			w.out.rep = newReporter(func() error { return report(cfg.Out) }, o.reportFailed)
 			w.out.reportPath = filepath.Join(cfg.Out, "report.html")
+			w.out.reportCmd = progOf(w.r.opt) + " report " + cfg.Out
 		}
 	}
 	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe != nil, "blas", w.r.blas)
@@ -699,22 +699,15 @@ func (w *worker) loop(ctx context.Context) error {
 			lastEval = step
 		}
 	}
-	// save writes a checkpoint of p unless one of this step exists; a
-	// checkpoint that cannot be written is a warning (the previous one is
-	// intact) unless the run stops for it (final).
-	save := func(p position, final bool) error {
+	// save writes a checkpoint of p unless one of this step exists. A
+	// checkpoint that cannot be written (a full disk) stops the run: the
+	// previous one is intact, and training on would only add steps that
+	// cannot be kept.
+	save := func(p position) error {
 		if lastCkpt == p.step {
 			return nil
 		}
 		err := w.checkpoint(ctx, p)
-		var ce *ckptError
-		if errors.As(err, &ce) && !final {
-			w.log.Warn("checkpoint not written", "err", err)
-			if w.out != nil {
-				fmt.Fprintf(w.out.console, "warning: %v\n", err)
-			}
-			return nil
-		}
 		if err == nil {
 			lastCkpt = p.step
 		}
@@ -758,7 +751,7 @@ func (w *worker) loop(ctx context.Context) error {
 				if prog != nil {
 					prog.endEpoch()
 				}
-				if err := save(here, true); err != nil {
+				if err := save(here); err != nil {
 					return w.failed(interruptedBut(err), step)
 				}
 				return w.failed(collective(ErrInterrupted), step)
@@ -772,7 +765,7 @@ func (w *worker) loop(ctx context.Context) error {
 				if lastEval != step {
 					here.evalDue, here.evalEpoch = true, epoch
 				}
-				if err := save(here, false); err != nil {
+				if err := save(here); err != nil {
 					return w.failed(err, step)
 				}
 				if lastEval != step {
@@ -826,7 +819,7 @@ func (w *worker) loop(ctx context.Context) error {
 			evalNow := cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0 && !last
 			if cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0 && !last {
 				// Before the evaluation, which a resumed run then redoes.
-				if err := save(position{epoch: epoch, batch: i + 1, step: step, evalDue: evalNow, evalEpoch: epoch}, false); err != nil {
+				if err := save(position{epoch: epoch, batch: i + 1, step: step, evalDue: evalNow, evalEpoch: epoch}); err != nil {
 					return w.failed(err, step)
 				}
 			}
@@ -843,7 +836,7 @@ func (w *worker) loop(ctx context.Context) error {
 		}
 		// The checkpoint before the evaluation, which an interruption
 		// may cut short (a resumed run then evaluates first).
-		if err := save(position{epoch: epoch + 1, batch: 0, step: step, evalDue: true, evalEpoch: epoch}, false); err != nil {
+		if err := save(position{epoch: epoch + 1, batch: 0, step: step, evalDue: true, evalEpoch: epoch}); err != nil {
 			return w.failed(err, step)
 		}
 		if _, err := w.evaluate(ctx, epoch, step); err != nil {
