@@ -327,6 +327,26 @@ func (m *ResNet) TrainStep(ctx context.Context, b Batch, params, grad device.Buf
 	return m.runTrain(ctx, params, grad)
 }
 
+// evalProgram returns the function that compiles the evaluation program
+// of batches of n images.
+func (m *ResNet) evalProgram(n int) func() (*engine.Executor, error) {
+	return func() (*engine.Executor, error) {
+		S := m.cfg.ImageSize
+		g := G.NewGraph()
+		params, buffers := m.params.nodes(g), m.bufs.nodes(g)
+		x := G.NewTensor(g, tensor.Float32, 4, G.WithShape(n, 3, S, S), G.WithName("images"))
+		out, err := m.forward(params, buffers, x, false)
+		if err != nil {
+			return nil, err
+		}
+		return m.compileEval(g, params, buffers, []*G.Node{x}, []*G.Node{out})
+	}
+}
+
+// EvalBytes is the device memory of the evaluation of batches of n images
+// (the program's arena), computed without allocating it.
+func (m *ResNet) EvalBytes(n int) (int, error) { return m.evalBytes(m.evalProgram(n)) }
+
 // Evaluate implements Model: BatchNorm uses the running statistics.
 func (m *ResNet) Evaluate(ctx context.Context, b Batch, params device.Buffer) (EvalResult, error) {
 	if err := checkCtx(ctx); err != nil {
@@ -339,17 +359,7 @@ func (m *ResNet) Evaluate(ctx context.Context, b Batch, params device.Buffer) (E
 	if err := m.checkBatch(b, n); err != nil {
 		return EvalResult{}, err
 	}
-	S := m.cfg.ImageSize
-	e, err := m.evals.get(n, func() (*engine.Executor, error) {
-		g := G.NewGraph()
-		params, buffers := m.params.nodes(g), m.bufs.nodes(g)
-		x := G.NewTensor(g, tensor.Float32, 4, G.WithShape(n, 3, S, S), G.WithName("images"))
-		out, err := m.forward(params, buffers, x, false)
-		if err != nil {
-			return nil, err
-		}
-		return m.compileEval(g, params, buffers, []*G.Node{x}, []*G.Node{out})
-	})
+	e, err := m.evals.get(n, m.evalProgram(n))
 	if err != nil {
 		return EvalResult{}, err
 	}

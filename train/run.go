@@ -316,6 +316,23 @@ func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, 
 	if err != nil {
 		return nil, err
 	}
+	// Size the run before anything of it is allocated or written.
+	workers, local, size := c.Workers.Value(), 1, c.Workers.Value()
+	var sim *simulation
+	switch {
+	case o.Comm != nil:
+		workers, size = 1, o.Comm.Size()
+	case underMPI:
+		workers, local, size = 1, workersHere, 1
+		if l, ok := mpi.Detect(); ok && l.Size > 0 {
+			size = l.Size
+		}
+	default:
+		sim = simulated(c, "local", workers)
+	}
+	if err := checkFits(c, ds, workers, local, size, sim); err != nil {
+		return nil, err
+	}
 	r := &runner{cfg: c, opt: o, ds: ds, blas: blasDesc, start: time.Now()}
 	if c.Resume == "" {
 		_, serr := os.Stat(c.Out)

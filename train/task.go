@@ -263,7 +263,7 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 		total := (va.Rows() - 1) * c.EvalBatch.Value() * size
 		return &lmTask{tr: tr, va: va, full: full, maxEval: evalBound(c, full), total: total}, nil
 	case "ncf":
-		tr, err := data.NewRecLoader(d.Rec, lc, 4)
+		tr, err := data.NewRecLoader(d.Rec, lc, ncfNegatives)
 		if err != nil {
 			return nil, fmt.Errorf("train: MovieLens training loader: %w", err)
 		}
@@ -271,6 +271,9 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 	}
 	return nil, fmt.Errorf("%w: unknown model %q", ErrConfig, c.Model)
 }
+
+// ncfNegatives is the number of negatives NCF trains with per positive.
+const ncfNegatives = 4
 
 func bpttOf(c Config) int {
 	if c.Preset == "small" {
