@@ -40,6 +40,9 @@ type resilience struct {
 	evaluated bool
 	// info is rank 0's run.json.
 	info *RunInfo
+	// stepTime is the last step's time, evalPerBatch the last
+	// evaluation's time per batch (evalReserve).
+	stepTime, evalPerBatch time.Duration
 	// kept says that the run has something worth keeping: a new run has
 	// done a step or written a checkpoint, a resume has been accepted.
 	// Until then its log is in memory (runLog), and a new run that fails

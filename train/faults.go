@@ -192,10 +192,11 @@ func (w *worker) failed(err error, step int) error {
 }
 
 // agree returns, identically on every rank, whether rank 0's clock has
-// passed Config.MaxTime and whether any rank was asked to stop.
+// passed Config.MaxTime, less the time kept for the final evaluation
+// (evalReserve), and whether any rank was asked to stop.
 func (w *worker) agree(ctx context.Context) (timeUp, stop bool, err error) {
 	flags := comm.Int32s{0, 0}
-	if w.rank == 0 && w.cfg.MaxTime > 0 && time.Since(w.start) >= w.cfg.MaxTime {
+	if w.rank == 0 && w.cfg.MaxTime > 0 && time.Since(w.start)+w.evalReserve() >= w.cfg.MaxTime {
 		flags[0] = 1
 	}
 	if w.r.stopRequested() {

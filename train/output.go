@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"time"
 )
 
 // output is what rank 0 writes besides checkpoints: the metrics file, the
@@ -23,6 +24,8 @@ type output struct {
 	// console is the progress lines' writer, shared with the report's
 	// warnings (written from the report's goroutine).
 	console *syncWriter
+	// stopBeat ends the progress's heartbeat (nil without one).
+	stopBeat func()
 }
 
 // step records a step.
@@ -81,6 +84,9 @@ func (o *output) close(final bool) error {
 	if o == nil {
 		return nil
 	}
+	if o.stopBeat != nil {
+		o.stopBeat()
+	}
 	err := o.metrics.close()
 	if o.rep.finish(final) && o.prog != nil {
 		fmt.Fprintf(o.console, "report: %s (open it in a browser)\n", o.reportPath)
@@ -107,16 +113,28 @@ func (o *output) reportFailed(err error) {
 	o.warn("report.html not written", fmt.Errorf("%w; once fixed, write it with: %s", err, o.reportCmd))
 }
 
-// syncWriter serialises writes of several goroutines.
+// syncWriter serialises writes of several goroutines and remembers when
+// the last one was.
 type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu   sync.Mutex
+	w    io.Writer
+	last time.Time
 }
+
+func newSyncWriter(w io.Writer) *syncWriter { return &syncWriter{w: w, last: time.Now()} }
 
 func (s *syncWriter) Write(b []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.last = time.Now()
 	return s.w.Write(b)
+}
+
+// lastWrite is when the last write was (or the writer was made).
+func (s *syncWriter) lastWrite() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
 }
 
 // reporter writes report.html off the training critical path. refresh asks

@@ -338,9 +338,10 @@ func (w *worker) setup(ctx context.Context) error {
 			w.task.Close()
 			return err
 		}
-		w.out = &output{metrics: mw, log: w.log, sink: w.r.opt.LossSink, console: &syncWriter{w: w.r.opt.Stdout}}
+		w.out = &output{metrics: mw, log: w.log, sink: w.r.opt.LossSink, console: newSyncWriter(w.r.opt.Stdout)}
 		if !cfg.Quiet {
 			w.out.prog = newProgress(w.r.opt.Progress, w.out.console)
+			w.out.stopBeat = w.out.prog.beat(w.out.console)
 		}
 		if report := w.r.opt.Report; report != nil {
 			o := w.out
@@ -657,18 +658,67 @@ func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr fl
 }
 
 // evaluate runs the evaluation (rank 0: with a progress bar) and (rank 0)
-// records it.
+// records it. With -max-time it ends when the run's time is up, after the
+// batch that reached it (every rank evaluates at least one): an
+// evaluation the time cut short is recorded and printed as a sample of
+// the split, so that -max-time bounds the whole run.
 func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error) {
-	ev, err := w.task.Evaluate(ctx, w.m, w.params, w.c, w.out.progress().startEval(w.task.EvalBatches()))
+	tick := w.out.progress().startEval(w.task.EvalBatches())
+	var deadline time.Time
+	if w.cfg.MaxTime > 0 {
+		deadline = w.start.Add(w.cfg.MaxTime)
+	}
+	cut, n, t0 := false, 0, time.Now()
+	more := func() bool {
+		n++
+		if tick != nil {
+			tick()
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			cut = true
+			return false
+		}
+		return true
+	}
+	ev, err := w.task.Evaluate(ctx, w.m, w.params, w.c, more)
 	w.out.progress().endEval()
 	if err != nil {
 		return nil, err
 	}
+	if n > 0 {
+		w.res.evalPerBatch = time.Since(t0) / time.Duration(n)
+	}
+	if w.cfg.MaxTime > 0 {
+		// Whether any rank's time ran out (every rank evaluates here).
+		f := comm.Int32s{0}
+		if cut {
+			f[0] = 1
+		}
+		if err := w.c.AllReduce(ctx, f); err != nil {
+			return nil, fmt.Errorf("train: combining evaluation results: %w", err)
+		}
+		ev.timeUp = f[0] > 0
+	}
 	if err := w.out.eval(epoch, step, Num(time.Since(w.start).Seconds()), ev); err != nil {
 		return nil, err
 	}
-	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ev.metrics, "split", ev.split, "evaluated", ev.count, "of", ev.total)
+	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ev.metrics, "split", ev.split, "evaluated", ev.count, "of", ev.total, "time_up", ev.timeUp)
 	return ev.metrics, nil
+}
+
+// evalReserve is the time -max-time keeps for the final evaluation (rank
+// 0): training stops that long before the limit. It is the evaluation's
+// estimated duration, from the last evaluation's time per batch or, before
+// any, from the last step's time (an evaluation batch costs about a third
+// of a training step's time per sample: a forward pass only), and at most
+// a tenth of -max-time; an evaluation that takes longer is cut short
+// (evaluate).
+func (w *worker) evalReserve() time.Duration {
+	per := w.res.evalPerBatch
+	if per == 0 {
+		per = time.Duration(float64(w.res.stepTime) * float64(evalBatchSize(w.cfg, w.r.ds, w.size)) / float64(3*w.cfg.Batch.Value()))
+	}
+	return min(per*time.Duration(w.task.EvalBatches()), w.cfg.MaxTime/10)
 }
 
 func (w *worker) loop(ctx context.Context) error {
@@ -707,7 +757,9 @@ func (w *worker) loop(ctx context.Context) error {
 		if lastCkpt == p.step {
 			return nil
 		}
+		done := w.out.progress().during(fmt.Sprintf("writing the checkpoint of step %d", p.step))
 		err := w.checkpoint(ctx, p)
+		done()
 		if err == nil {
 			lastCkpt = p.step
 		}
@@ -788,6 +840,7 @@ func (w *worker) loop(ctx context.Context) error {
 				return w.failed(&stepError{step + 1, epoch, err}, step)
 			}
 			s.Samples = ns
+			w.res.stepTime = s.Iter
 			step++
 			w.r.status.step.Store(int64(step))
 			w.keep()
