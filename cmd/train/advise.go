@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -96,7 +97,7 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	c := v.base
 	c.Preset = v.modelSize
-	h, err := adviseHost(ctx, c, v, methods, stderr)
+	h, saveErr, err := adviseHost(ctx, c, v, methods, stderr)
 	if err != nil {
 		return err
 	}
@@ -114,42 +115,70 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 	}
-	return nil
+	// The tables come first: minutes of measuring are not lost with the
+	// file.
+	return saveErr
 }
 
-// adviseHost reads the measurements file or measures (and writes it).
-func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []string, stderr io.Writer) (*advise.Host, error) {
+// checkWritable says why the measurements file at path cannot be written,
+// before minutes of measuring (nil when it can): it creates and removes
+// the temporary file advise.WriteHost writes first, in the same folder.
+func checkWritable(path string) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("train advise: -measurements %s cannot be written (%v); give a file in a folder you can write to, or leave -measurements out", path, err)
+	}
+	f.Close()
+	return os.Remove(tmp)
+}
+
+// adviseHost reads the measurements file or measures (and writes it). The
+// file is checked before measuring; when it cannot be written after all
+// (saveErr: the disk filled up meanwhile), the measurements are still
+// returned, for the tables.
+func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []string, stderr io.Writer) (h *advise.Host, saveErr, err error) {
 	if v.measurements != "" {
+		if st, err := os.Stat(v.measurements); err == nil && st.IsDir() {
+			return nil, nil, fmt.Errorf("train advise: -measurements %s is a folder; give a file name, e.g. %s", v.measurements, filepath.Join(v.measurements, "measurements.json"))
+		}
 		h, err := advise.ReadHost(v.measurements)
 		switch {
 		case err == nil:
 			def := c.Defaults()
 			if h.Model != def.Model || h.Dataset != def.Dataset || h.Device != def.Device || h.Preset != def.Preset || h.Batch != def.Batch.Value() {
-				return nil, fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
+				return nil, nil, fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
 					v.measurements, h.Model, h.Preset, h.Dataset, h.Batch, h.Device, def.Model, def.Preset, def.Dataset, def.Batch.Value(), def.Device)
 			}
 			for _, d := range v.densities {
 				if !slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d }) {
-					return nil, fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
+					return nil, nil, fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
 				}
 			}
 			fmt.Fprintf(stderr, "using the measurements in %s\n", v.measurements)
-			return h, nil
+			return h, nil, nil
 		case !errors.Is(err, os.ErrNotExist):
-			return nil, fmt.Errorf("train %w", err)
+			if werr := checkWritable(v.measurements); werr != nil {
+				return nil, nil, werr // e.g. a path through a file
+			}
+			return nil, nil, fmt.Errorf("train %w", err)
+		}
+		if err := checkWritable(v.measurements); err != nil {
+			return nil, nil, err
 		}
 	}
-	h, err := advise.Measure(ctx, advise.Config{Train: c, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+	h, err = advise.Measure(ctx, advise.Config{Train: c, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "train:") {
-			return nil, err
+			return nil, nil, err
 		}
-		return nil, fmt.Errorf("train %w", err)
+		return nil, nil, fmt.Errorf("train %w", err)
 	}
 	if v.measurements != "" {
 		if err := advise.WriteHost(v.measurements, h); err != nil {
-			return nil, fmt.Errorf("train %w", err)
+			os.Remove(v.measurements + ".tmp")
+			return h, fmt.Errorf("train advise: the measurements were not saved to %s (%v): the tables above are from them; the next call measures again", v.measurements, err), nil
 		}
 	}
-	return h, nil
+	return h, nil, nil
 }
