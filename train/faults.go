@@ -78,7 +78,7 @@ func (r *runner) resumeCommand() string {
 	}
 	cmd := prog + " -resume " + r.cfg.Out
 	if r.backend == "mpi" {
-		cmd = fmt.Sprintf("mpirun -np %d %s", r.size, cmd)
+		cmd = mpiLauncher(r.size) + " " + cmd
 	}
 	return cmd
 }

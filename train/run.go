@@ -230,7 +230,7 @@ func prepareResumeMPI(ctx context.Context, cm comm.Communicator, c Config, o Opt
 	if cm.Rank() == 0 {
 		var rc Config
 		if rc, prev, rerr = resumeConfig(c, o.Given, true); rerr == nil {
-			rerr = checkNotComplete(rc.Defaults(), fmt.Sprintf("mpirun -np %d %s", cm.Size(), progOf(o)))
+			rerr = checkNotComplete(rc.Defaults(), mpiLauncher(cm.Size())+" "+progOf(o))
 		}
 		if rerr == nil {
 			b, rerr = json.Marshal(rc)
