@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/sparsegrad/sparsegrad/data"
@@ -30,13 +31,18 @@ import (
 )
 
 func main() {
+	// A standard output that closes (train ... | head) must not end the
+	// run without a word: with SIGPIPE notified, writes to it fail with
+	// EPIPE instead of killing the process, and stdoutWatch says so once
+	// on standard error while training goes on.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := context.Background(), func() {}
 	if len(os.Args) > 1 && !strings.HasPrefix(os.Args[1], "-") {
 		// The subcommands end on Ctrl-C; training stops after its step
 		// with a checkpoint (train.Options.Signals).
 		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	}
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], &stdoutWatch{w: os.Stdout, stderr: os.Stderr}, os.Stderr)
 	stop()
 	if train.Reported(err) {
 		os.Exit(2) // rank 0 of the mpirun job prints it
@@ -49,6 +55,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(2)
 	}
+}
+
+// stdoutWatch is standard output that says on stderr, once, when it has
+// been closed (its reader ended: train ... | head), and then drops what is
+// written to it: the command goes on (training, a sweep) and writes its
+// results to its folder as before.
+type stdoutWatch struct {
+	w      io.Writer
+	stderr io.Writer
+	closed atomic.Bool
+}
+
+func (s *stdoutWatch) Write(b []byte) (int, error) {
+	if s.closed.Load() {
+		return len(b), nil
+	}
+	n, err := s.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) && !s.closed.Swap(true) {
+		fmt.Fprintln(s.stderr, "train: standard output was closed (its reader ended, e.g. | head); the command goes on without printing its progress, and writes its results as usual (a run: to its folder, metrics.jsonl and report.html)")
+		return len(b), nil
+	}
+	return n, err
 }
 
 // hasSubcommandPrefix reports whether msg starts with a subcommand's own
