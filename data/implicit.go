@@ -225,6 +225,10 @@ func LoadMovieLens(dir, name string, cfg ImplicitConfig) (*Implicit, error) {
 	return nil, missing(fmt.Errorf("data: no ratings file (tried %v): %w", tried, fs.ErrNotExist), name, dir)
 }
 
+// ErrNotOfficial is wrapped by the error of a data set's file that is not
+// the official one (LoadMovieLens).
+var ErrNotOfficial = errors.New("not the official file")
+
 // officialRatings is the number of ratings of each official MovieLens data
 // set, as its README states it (ml-100k: "100,000 ratings (1-5) from 943
 // users on 1682 movies"; ml-1m: "1,000,209 anonymous ratings"; ml-20m:
@@ -247,9 +251,9 @@ func checkOfficial(name, path string, n int) error {
 	if src, err := LookupSource(name); err == nil && filepath.Base(filepath.Dir(path)) == src.Dir {
 		del = "delete the folder " + filepath.Dir(path)
 	}
-	fix := fmt.Sprintf("%s and download the official archive again (train -download, or data.Download(ctx, %q, dir))", del, name)
+	fix := del + " and download the official archive again"
 	if n != want {
-		return fmt.Errorf("data: %s holds %d ratings, the official %s file %d: it is cut short or not the official file; %s", path, n, name, want, fix)
+		return fmt.Errorf("data: %s holds %d ratings where the official %s file holds %d: %w (cut short, or another file); %s", path, n, name, want, ErrNotOfficial, fix)
 	}
 	src, err := LookupSource(name)
 	if err != nil {
@@ -261,7 +265,7 @@ func checkOfficial(name, path string, n int) error {
 			return fmt.Errorf("data: %w", err)
 		}
 		if !strings.EqualFold(got, sum) {
-			return fmt.Errorf("data: %s has SHA-256 %s, the official %s file %s: it was modified; %s", path, got, name, sum, fix)
+			return fmt.Errorf("data: %s has SHA-256 %s where the official %s file has %s: %w (changed); %s", path, got, name, sum, ErrNotOfficial, fix)
 		}
 	}
 	return nil

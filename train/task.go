@@ -65,6 +65,9 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 		if errors.Is(err, fs.ErrNotExist) && !c.Download {
 			return &missingDataError{dataset: c.Dataset, dir: c.DataDir, err: err}
 		}
+		if errors.Is(err, data.ErrNotOfficial) {
+			return fmt.Errorf("train: loading %s: %w (-download)", c.Dataset, err)
+		}
 		return fmt.Errorf("train: loading %s: %w", c.Dataset, err)
 	}
 	switch c.Dataset {
