@@ -8,11 +8,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/sparsegrad/sparsegrad/data"
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/metrics"
-	"github.com/sparsegrad/sparsegrad/models"
 )
 
 // memPart is one part of a run's memory: what it is, its bytes, and the
@@ -24,6 +24,45 @@ type memPart struct {
 	alt   string // another way to make it smaller (" or -executors")
 }
 
+// modelSizes are what the model of a run needs, as engine.Sizing plans
+// it: its parameters, its training arena at the run's batch and its
+// evaluation arena at the evaluation batch (models.*.EvalBytes).
+type modelSizes struct {
+	params, arena, eval int
+}
+
+// sizesCache holds modelSizes by everything they depend on: building a
+// model's graphs costs about a second for the LSTM, and a process that
+// runs many trainings (tests, sweeps) sizes each configuration once.
+var sizesCache sync.Map
+
+// sizeModel returns the sizes of c's model on ds with evaluation batches
+// of evalN, built through engine.Sizing (nothing is allocated).
+func sizeModel(c Config, ds *Dataset, evalN int) (modelSizes, error) {
+	key := fmt.Sprint(c.Model, c.Preset, c.Dataset, c.Batch.Value(), evalN, ds.CIFAR.Kind)
+	switch {
+	case ds.Rec != nil:
+		key += fmt.Sprint(" rec ", ds.Rec.Users, ds.Rec.Items)
+	case ds.Wiki != nil:
+		key += fmt.Sprint(" vocab ", ds.Wiki.Vocab.Len())
+	}
+	if v, ok := sizesCache.Load(key); ok {
+		return v.(modelSizes), nil
+	}
+	m, err := NewModel(c, ds, c.Seed.Value(), engine.Sizing(engine.CPU))
+	if err != nil {
+		return modelSizes{}, fmt.Errorf("train: building %s: %w", c.Model, err)
+	}
+	sz := modelSizes{params: m.NumParams(), arena: m.ArenaBytes()}
+	if es, ok := m.(interface{ EvalBytes(int) (int, error) }); ok && evalN > 0 {
+		if sz.eval, err = es.EvalBytes(evalN); err != nil {
+			return modelSizes{}, fmt.Errorf("train: building %s's evaluation: %w", c.Model, err)
+		}
+	}
+	sizesCache.Store(key, sz)
+	return sz, nil
+}
+
 // memoryNeed is the memory one process of a run allocates once its data
 // set is loaded, part by part: the models' programs (the executor plans
 // each arena: activations and scratch at the batch size; the evaluation's
@@ -33,21 +72,16 @@ type memPart struct {
 // checkpoints' buffers are not counted: it is a lower bound. workers is the
 // number of workers of this process, models the number of models they run
 // on (simulated workers take turns on a few), shared that they share one
-// copy of the parameters and optimizer. sized is the model built through
-// engine.Sizing at the run's batch size; size is the number of workers of
+// copy of the parameters and optimizer; size is the number of workers of
 // the job (which share the evaluation).
-func memoryNeed(c Config, ds *Dataset, sized models.Model, workers, size, nModels int, shared bool) ([]memPart, error) {
-	arena := int64(sized.ArenaBytes())
+func memoryNeed(c Config, ds *Dataset, workers, size, nModels int, shared bool) ([]memPart, error) {
 	evalN := evalBatchSize(c, ds, size)
-	evalArena := int64(0)
-	if es, ok := sized.(interface{ EvalBytes(int) (int, error) }); ok && evalN > 0 {
-		b, err := es.EvalBytes(evalN)
-		if err != nil {
-			return nil, err
-		}
-		evalArena = int64(b)
+	sz, err := sizeModel(c, ds, evalN)
+	if err != nil {
+		return nil, err
 	}
-	n := int64(sized.NumParams()) * 4
+	arena, evalArena := int64(sz.arena), int64(sz.eval)
+	n := int64(sz.params) * 4
 	copies := int64(workers) // of the parameters and the optimizer
 	if shared {
 		copies = 1
@@ -181,11 +215,11 @@ func checkFits(c Config, ds *Dataset, workers, local, size int, sim *simulation)
 	if err := checkBatchFits(c, ds, size); err != nil {
 		return err
 	}
-	sized, err := NewModel(c, ds, c.Seed.Value(), engine.Sizing(engine.CPU))
+	sz, err := sizeModel(c, ds, evalBatchSize(c, ds, size))
 	if err != nil {
-		return fmt.Errorf("train: building %s: %w", c.Model, err)
+		return err
 	}
-	if err := checkDensity(c, sized.NumParams()); err != nil {
+	if err := checkDensity(c, sz.params); err != nil {
 		return err
 	}
 	if c.Device != "cpu" {
@@ -199,7 +233,7 @@ func checkFits(c Config, ds *Dataset, workers, local, size int, sim *simulation)
 	if sim != nil {
 		nModels, shared = sim.executors, true
 	}
-	parts, err := memoryNeed(c, ds, sized, workers, size, nModels, shared)
+	parts, err := memoryNeed(c, ds, workers, size, nModels, shared)
 	if err != nil {
 		return err
 	}
@@ -245,11 +279,7 @@ func fittingBatch(c Config, ds *Dataset, workers, local, size, nModels int, shar
 	total := func(batch int) (int64, bool) {
 		cb := c
 		cb.Batch = Set(batch)
-		m, err := NewModel(cb, ds, c.Seed.Value(), engine.Sizing(engine.CPU))
-		if err != nil {
-			return 0, false
-		}
-		parts, err := memoryNeed(cb, ds, m, workers, size, nModels, shared)
+		parts, err := memoryNeed(cb, ds, workers, size, nModels, shared)
 		if err != nil {
 			return 0, false
 		}
