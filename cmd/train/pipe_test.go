@@ -20,9 +20,9 @@ import (
 func TestClosedStdoutSaysSoAndGoesOn(t *testing.T) {
 	d := sharedData(t)
 	out := filepath.Join(t.TempDir(), "run")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-model", "ncf", "-data-dir", d, "-batch", "4096", "-epochs", "3", "-out", out)
+	cmd := exec.CommandContext(ctx, os.Args[0], "-model", "ncf", "-data-dir", d, "-batch", "4096", "-epochs", "3", "-max-eval-batches", "2", "-out", out)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
