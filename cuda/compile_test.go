@@ -2,21 +2,22 @@ package cuda
 
 import (
 	"errors"
-	"os"
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // TestKernelsCompile compiles every kernel with the real NVRTC for the
 // architectures the project runs on (no GPU needed). CI installs NVRTC and
-// sets SPARSEGRAD_NVRTC=require, so a missing compiler fails there instead
+// sets SPARSEGRAD_REQUIRE=nvrtc, so a missing compiler fails there instead
 // of skipping.
 func TestKernelsCompile(t *testing.T) {
 	maj, min, err := NVRTCVersion()
-	if errors.Is(err, device.ErrUnavailable) && os.Getenv("SPARSEGRAD_NVRTC") != "require" {
-		t.Skipf("NVRTC is not installed (%v); set SPARSEGRAD_NVRTC=require to make this a failure", err)
+	if errors.Is(err, device.ErrUnavailable) {
+		testenv.Missing(t, testenv.NVRTC, fmt.Sprintf("NVRTC is not installed (%v)", err))
 	}
 	if err != nil {
 		t.Fatal(err)

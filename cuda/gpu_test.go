@@ -16,12 +16,13 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/internal/graphcases"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/models"
 	G "gorgonia.org/gorgonia"
 )
 
 // The tests of this file need an NVIDIA GPU. Without one they skip, saying
-// why; SPARSEGRAD_GPU=require (set on GPU machines) makes that a failure.
+// why; SPARSEGRAD_REQUIRE=gpu (set on GPU machines) makes that a failure.
 
 var (
 	gpuOnce sync.Once
@@ -33,8 +34,8 @@ func gpu(t testing.TB) *cuda.Device {
 	t.Helper()
 	gpuOnce.Do(func() { gpuDev, gpuErr = cuda.Open(0, cuda.Options{}) })
 	if gpuErr != nil {
-		if errors.Is(gpuErr, device.ErrUnavailable) && os.Getenv("SPARSEGRAD_GPU") != "require" {
-			t.Skipf("no usable GPU: %v", gpuErr)
+		if errors.Is(gpuErr, device.ErrUnavailable) {
+			testenv.Missing(t, testenv.GPU, fmt.Sprintf("no usable GPU: %v", gpuErr))
 		}
 		t.Fatal(gpuErr)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ebitengine/purego"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // TestBindToleratesMissingSymbols: a function the library file lacks does
@@ -69,12 +70,7 @@ func TestCuDNNCompanionsByPattern(t *testing.T) {
 // process (NVRTC runs without a GPU; CI installs it).
 func TestLibrariesReportsNVRTC(t *testing.T) {
 	major, minor, err := NVRTCVersion()
-	if err != nil {
-		if os.Getenv("SPARSEGRAD_NVRTC") == "require" {
-			t.Fatal(err)
-		}
-		t.Skipf("no NVRTC: %v", err)
-	}
+	testenv.Check(t, testenv.NVRTC, err, "no NVRTC")
 	loaded, files := Libraries()
 	i := slices.IndexFunc(loaded, func(l LibraryInfo) bool { return l.Name == libNVRTC.what })
 	if i < 0 {

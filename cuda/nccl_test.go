@@ -18,6 +18,7 @@ import (
 	"github.com/ebitengine/purego"
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // The NCCL communicator's conformance: every operation on every rank
@@ -36,17 +37,14 @@ func ncclRanks(t *testing.T) []int {
 		return []int{1, 2, 3}
 	}
 	if err := loadNCCL(); err != nil {
-		if errors.Is(err, device.ErrUnavailable) && os.Getenv("SPARSEGRAD_GPU") != "require" {
-			t.Skipf("no NCCL: %v", err)
+		if errors.Is(err, device.ErrUnavailable) {
+			testenv.Missing(t, testenv.GPU, fmt.Sprintf("no NCCL: %v", err))
 		}
 		t.Fatal(err)
 	}
 	n, err := Count()
 	if err != nil || n == 0 {
-		if os.Getenv("SPARSEGRAD_GPU") != "require" {
-			t.Skipf("no GPU: %v", err)
-		}
-		t.Fatal(err)
+		testenv.Missing(t, testenv.GPU, fmt.Sprintf("no GPU: %v", err))
 	}
 	var sizes []int
 	for s := 1; s <= n; s++ {

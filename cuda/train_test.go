@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -13,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/cuda"
-	"github.com/sparsegrad/sparsegrad/internal/realdata"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -26,7 +27,7 @@ func ml100k(t *testing.T) string {
 	if dir == "" {
 		dir = filepath.Join("..", "..", "shared", "data")
 	}
-	return realdata.Dir(t, dir, "ml-100k/u.data")
+	return testenv.DataDir(t, dir, "ml-100k/u.data")
 }
 
 // TestTrainOnGPU runs the trainer with -device cuda — two in-process
@@ -136,10 +137,7 @@ func TestTrainOverNCCL(t *testing.T) {
 		n = 2
 	}
 	if _, err := cuda.NCCLVersion(); err != nil {
-		if os.Getenv("SPARSEGRAD_GPU") != "require" {
-			t.Skipf("no NCCL: %v", err)
-		}
-		t.Fatal(err)
+		testenv.Missing(t, testenv.GPU, fmt.Sprintf("no NCCL: %v", err))
 	}
 	run := func(sp, dev, cm string, workers int) ([]float64, train.RunInfo, error) {
 		out := t.TempDir()

@@ -12,18 +12,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/realdata"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // realData is the shared folder of real data sets, relative to this package.
 const realData = "../../shared/data"
 
 // needReal returns the real data path sub; missing data skips the test, or
-// fails it under SPARSEGRAD_DATA=require (realdata.Dir). The tests read
+// fails it under SPARSEGRAD_REQUIRE=data (testenv.DataDir). The tests read
 // ../shared/data relative to the repository root.
 func needReal(t testing.TB, sub string) string {
 	t.Helper()
-	return filepath.Join(realdata.Dir(t, realData, sub), sub)
+	return filepath.Join(testenv.DataDir(t, realData, sub), sub)
 }
 
 // makeCIFAR returns n random records of kind in the binary format and the

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // Peak resident memory of one worker's training loop (model, gradient,
@@ -20,7 +22,7 @@ import (
 // the first step, each model in its own process.
 // Measurement only: run with
 //
-//	SPARSEGRAD_MEMORY=1 SPARSEGRAD_TEST_BLAS=openblas go test -run TestPeakMemory -v ./models
+//	SPARSEGRAD_RUN=memory SPARSEGRAD_TEST_BLAS=openblas go test -run TestPeakMemory -v ./models
 //
 // and compare with scripts/memory-torch.py (same models, batches and
 // threads in PyTorch); docs/bench/memory.md records both.
@@ -51,9 +53,7 @@ type memoryResult struct {
 }
 
 func TestPeakMemory(t *testing.T) {
-	if os.Getenv("SPARSEGRAD_MEMORY") != "1" {
-		t.Skip("measurement; set SPARSEGRAD_MEMORY=1")
-	}
+	testenv.OptIn(t, "memory", "the peak-memory measurement")
 	for _, c := range memoryCases() {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestPeakMemoryChild$", "-test.v")
 		cmd.Env = append(os.Environ(), "SPARSEGRAD_MEMORY_CHILD="+c.name)

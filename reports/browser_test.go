@@ -13,15 +13,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // The browser test opens generated pages in headless Chromium from file://
 // with networking disabled. It skips when no Chromium is installed, unless
-// REPORTS_BROWSER=require (as in CI), which makes a missing browser or
-// ECharts script a failure. REPORTS_SCREENSHOTS names a folder to keep the
-// screenshots in (default: the test's temporary folder).
-
-func requireBrowser() bool { return os.Getenv("REPORTS_BROWSER") == "require" }
+// SPARSEGRAD_REQUIRE names browser (as in CI), which makes a missing browser
+// or ECharts script a failure (testenv). REPORTS_SCREENSHOTS names a folder
+// to keep the screenshots in (default: the test's temporary folder).
 
 func findChromium(t *testing.T) string {
 	t.Helper()
@@ -34,10 +34,7 @@ func findChromium(t *testing.T) string {
 			return p
 		}
 	}
-	if requireBrowser() {
-		t.Fatal("REPORTS_BROWSER=require but no Chromium found; install Debian's chromium (apt-get install -y chromium) or set CHROMIUM to its path")
-	}
-	t.Skip("no Chromium installed (apt-get install -y chromium, or set CHROMIUM); skipping the browser test")
+	testenv.Missing(t, testenv.Browser, "no Chromium found: install Debian's chromium (apt-get install -y chromium) or set CHROMIUM to its path")
 	return ""
 }
 
@@ -46,12 +43,7 @@ func echartsOrSkip(t *testing.T) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	b, err := ECharts(ctx)
-	if err != nil {
-		if requireBrowser() {
-			t.Fatalf("REPORTS_BROWSER=require but the ECharts script is not available: %v", err)
-		}
-		t.Skipf("the ECharts script is not available (%v); skipping", err)
-	}
+	testenv.Check(t, testenv.Browser, err, "the ECharts script is not available")
 	return b
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files of testdata/golden")
@@ -702,7 +703,7 @@ func TestEscaping(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := tc.page()
 			if errors.Is(err, ErrNoECharts) {
-				t.Skip(err)
+				testenv.Missing(t, testenv.Browser, err.Error())
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -754,12 +755,7 @@ func TestAssetsURL(t *testing.T) {
 // named by SPARSEGRAD_ECHARTS with other content is refused.
 func TestECharts(t *testing.T) {
 	b, err := ECharts(context.Background())
-	if err != nil {
-		if requireBrowser() {
-			t.Fatal(err)
-		}
-		t.Skipf("ECharts not available: %v", err)
-	}
+	testenv.Check(t, testenv.Browser, err, "ECharts is not available")
 	if checkECharts(b, "x") != nil || len(b) < 500000 {
 		t.Fatalf("script of %d bytes fails its checksum", len(b))
 	}

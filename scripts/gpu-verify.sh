@@ -67,7 +67,7 @@ summary=$out/summary.txt
 budget=${SPARSEGRAD_GPU_BUDGET:-400}
 t_start=$(date +%s)
 bin=/tmp/sparsegrad-bin
-export SPARSEGRAD_GPU=require TRAIN_DATA_DIR=$repo/.device/data PYTHONUNBUFFERED=1
+export SPARSEGRAD_REQUIRE=gpu,nvrtc TRAIN_DATA_DIR=$repo/.device/data PYTHONUNBUFFERED=1
 
 say() { echo "$*" | tee -a "$summary"; }
 # revision is the commit the binaries were built from (gpu-prepare writes

@@ -97,12 +97,12 @@ func TestTinyDensityClampsToOne(t *testing.T) {
 	}
 }
 
-// TestBaselinesFailFast: when one worker fails, the others' Reduce returns
-// an error instead of waiting forever; a cancelled context is an error
-// wrapping context.Canceled.
-func TestBaselinesFailFast(t *testing.T) {
+// TestEveryMethodFailsFast: for every registered method, when one worker
+// fails, the others' Reduce returns an error instead of waiting forever; a
+// cancelled context is an error wrapping context.Canceled.
+func TestEveryMethodFailsFast(t *testing.T) {
 	boom := errors.New("rank 1 gave up")
-	for _, m := range []string{"dense", "topk", "topka", "gtopk", "cltk", "threshold"} {
+	for _, m := range Names() {
 		t.Run(m, func(t *testing.T) {
 			l, _ := FlatLayout(100)
 			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
-	"github.com/sparsegrad/sparsegrad/internal/realdata"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -93,10 +93,10 @@ func TestPointsRefuse(t *testing.T) {
 }
 
 // sharedData is the real data folder (missing: skip, or fail under
-// SPARSEGRAD_DATA=require).
+// SPARSEGRAD_REQUIRE=data).
 func sharedData(t *testing.T) string {
 	t.Helper()
-	d := realdata.Dir(t, filepath.Join("..", "..", "shared", "data"), filepath.Join("ml-100k", "u.data"))
+	d := testenv.DataDir(t, filepath.Join("..", "..", "shared", "data"), filepath.Join("ml-100k", "u.data"))
 	abs, _ := filepath.Abs(d)
 	return abs
 }

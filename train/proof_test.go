@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"os"
 	"strings"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // TestActualDensityML100k16Workers is the DEFT paper's Fig. 1 effect on real
@@ -16,9 +17,10 @@ import (
 // are over steps 51..150 (MiCRO: 601..800). The table is recorded in
 // docs/results/density-ml100k.md.
 func TestActualDensityML100k16Workers(t *testing.T) {
-	if testing.Short() || os.Getenv("SPARSEGRAD_PROOFS") == "" {
-		t.Skip("skipping the recorded 16-worker density proof (about 10 minutes on 2 cores); run it with SPARSEGRAD_PROOFS=1")
+	if testing.Short() {
+		t.Skip("the recorded 16-worker density proof takes about 10 minutes on 2 cores")
 	}
+	testenv.OptIn(t, "proofs", "the recorded 16-worker density proof (about 10 minutes on 2 cores)")
 	const rho = 0.01
 	var table strings.Builder
 	fmt.Fprintf(&table, "| method | steps averaged | mean actual density | ratio to ρ = %v |\n|---|---|---|---|\n", rho)

@@ -16,17 +16,17 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/realdata"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // sharedData is the real data of the project's shared folder; a missing
-// probe skips the test, or fails it under SPARSEGRAD_DATA=require
-// (realdata.Dir).
+// probe skips the test, or fails it under SPARSEGRAD_REQUIRE=data
+// (testenv.DataDir).
 func sharedData(t testing.TB, probe string) string {
 	t.Helper()
-	return realdata.Dir(t, filepath.Join("..", "..", "shared", "data"), probe)
+	return testenv.DataDir(t, filepath.Join("..", "..", "shared", "data"), probe)
 }
 
 func ncfConfig(t testing.TB, workers, steps int) Config {

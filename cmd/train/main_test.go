@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/realdata"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -34,10 +34,10 @@ func TestMain(m *testing.M) {
 
 // sharedData is the real data of the project's shared folder, as an
 // absolute path; missing data skips the test, or fails it under
-// SPARSEGRAD_DATA=require (realdata.Dir).
+// SPARSEGRAD_REQUIRE=data (testenv.DataDir).
 func sharedData(t *testing.T) string {
 	t.Helper()
-	d := realdata.Dir(t, filepath.Join("..", "..", "..", "shared", "data"), filepath.Join("ml-100k", "u.data"))
+	d := testenv.DataDir(t, filepath.Join("..", "..", "..", "shared", "data"), filepath.Join("ml-100k", "u.data"))
 	abs, _ := filepath.Abs(d)
 	return abs
 }
@@ -133,10 +133,7 @@ func losses(t *testing.T, dir string) []float64 {
 // TestMPIMatchesInProcess runs the command under a real mpirun -np N and
 // with -workers N in one process, and requires identical per-step losses.
 func TestMPIMatchesInProcess(t *testing.T) {
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
-	}
+	mpirun := testenv.MPIRun(t)
 	d := sharedData(t)
 	// In-process workers share one parameter copy and take turns on
 	// fewer executors than workers (-executors 2 and, for 16 workers, the
@@ -218,10 +215,7 @@ func TestMPIMatchesInProcess(t *testing.T) {
 
 // TestMPIRejectsWorkers: -workers with mpirun is refused before training.
 func TestMPIRejectsWorkers(t *testing.T) {
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found")
-	}
+	mpirun := testenv.MPIRun(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, mpirun, "--oversubscribe", "--allow-run-as-root", "-np", "2", os.Args[0], "-workers", "2", "-out", t.TempDir())
@@ -249,7 +243,7 @@ func TestRunWritesReportAndCompare(t *testing.T) {
 		}
 		if strings.Contains(out.String(), "report.html not written") {
 			if strings.Contains(out.String(), "ECharts") {
-				t.Skipf("skipping: the reports package cannot obtain ECharts here:\n%s", out.String())
+				testenv.Missing(t, testenv.Browser, "the reports package cannot obtain ECharts here:\n"+out.String())
 			}
 			t.Fatalf("report not written:\n%s", out.String())
 		}

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // TestMPIResumeCommandRunsAsPrinted: a job started with mpirun
@@ -20,10 +22,7 @@ func TestMPIResumeCommandRunsAsPrinted(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs mpirun three times")
 	}
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
-	}
+	mpirun := testenv.MPIRun(t)
 	d := sharedData(t)
 	// The test binary acts as train (mainEnv); named train, the commands
 	// it prints name it by its path.

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // readmeCommands returns the commands of README.md's code blocks, one per
@@ -64,14 +66,8 @@ func TestREADMECommands(t *testing.T) {
 		t.Skip("clones the repository, compiles it and trains twice (about 3 minutes on 2 cores)")
 	}
 	data := sharedData(t)
-	for _, tool := range []string{"git", "mpirun"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("SPARSEGRAD_DATA") == "require" {
-				t.Fatalf("%s not found; CI installs it (.ci/run)", tool)
-			}
-			t.Skipf("skipping: %s not found", tool)
-		}
-	}
+	testenv.Tool(t, testenv.Git, "git", "install git (apt-get install git)")
+	testenv.MPIRun(t)
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)

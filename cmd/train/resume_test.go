@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -232,10 +233,7 @@ func TestMPIKillThenResume(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long; runs in the full suite")
 	}
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
-	}
+	mpirun := testenv.MPIRun(t)
 	d := sharedData(t)
 	const np, steps = 3, 300
 	mpi := []string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np), os.Args[0]}
@@ -328,10 +326,7 @@ func TestMPIResumeEverySparsifier(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long; runs in the full suite")
 	}
-	mpirun, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found; install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
-	}
+	mpirun := testenv.MPIRun(t)
 	d := sharedData(t)
 	for _, name := range builtinSparsifiers {
 		t.Run(name, func(t *testing.T) {

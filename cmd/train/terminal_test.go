@@ -21,6 +21,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // cmdResult is what one command left on the terminal.
@@ -188,8 +190,8 @@ func TestRunTellsTheTruth(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("training failed:\n%v", r)
 	}
-	if strings.Contains(r.stdout, "report.html not written") && strings.Contains(r.stdout, "ECharts") && !requireBrowser() {
-		t.Skipf("the reports package cannot obtain ECharts here:\n%v", r)
+	if strings.Contains(r.stdout, "report.html not written") && strings.Contains(r.stdout, "ECharts") {
+		testenv.Missing(t, testenv.Browser, fmt.Sprintf("the reports package cannot obtain ECharts here:\n%v", r))
 	}
 	byEpoch := stepLosses(t, filepath.Join(base, "run"))
 	ms := epochLine.FindAllStringSubmatch(r.stdout, -1)
@@ -224,8 +226,6 @@ func TestRunTellsTheTruth(t *testing.T) {
 		t.Fatal(err)
 	}
 }
-
-func requireBrowser() bool { return os.Getenv("REPORTS_BROWSER") == "require" }
 
 // TestReportCommand: train report takes its flags before or after the run
 // directories, prints the page it wrote, and without -o writes

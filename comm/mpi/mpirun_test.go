@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // The tests in this file run this test binary under a real mpirun. The
@@ -37,10 +38,7 @@ const (
 // output, the exit error and the wall time.
 func mpirun(t *testing.T, np int, scenario string, timeout time.Duration, env ...string) (string, error, time.Duration) {
 	t.Helper()
-	path, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found in PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev) to run the MPI tests")
-	}
+	path := testenv.MPIRun(t)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	args := []string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np),
@@ -53,7 +51,7 @@ func mpirun(t *testing.T, np int, scenario string, timeout time.Duration, env ..
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	err = cmd.Run()
+	err := cmd.Run()
 	d := time.Since(start)
 	if ctx.Err() != nil {
 		t.Fatalf("mpirun -np %d (%s) did not finish within %v; output:\n%s", np, scenario, timeout, out.String())
@@ -204,13 +202,10 @@ func TestMPIRunWithoutCgo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short mode: builds a program")
 	}
-	mpirunPath, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found in PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev) to run the MPI tests")
-	}
+	mpirunPath := testenv.MPIRun(t)
 	goTool, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("skipping: the go tool is not in PATH")
+		t.Fatalf("the go tool is not on PATH (it runs this test): %v", err)
 	}
 	bin := t.TempDir() + "/nocgo"
 	build := exec.Command(goTool, "build", "-o", bin, "./testdata/nocgo")

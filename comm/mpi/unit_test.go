@@ -2,12 +2,14 @@ package mpi
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 func TestDetectEnv(t *testing.T) {
@@ -172,7 +174,7 @@ func TestLibEnvOverride(t *testing.T) {
 	// The override also finds a real library (where Open MPI is installed).
 	t.Setenv(LibEnv, "")
 	if _, err := loadLib(""); err != nil {
-		t.Skipf("no Open MPI library here (%v); the rest needs one", err)
+		testenv.Missing(t, testenv.MPI, fmt.Sprintf("no Open MPI library here (%v); the rest needs one (apt-get install openmpi-bin)", err))
 	}
 	l, err := loadLib("")
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )
@@ -16,7 +17,7 @@ func mustLoad(t testing.TB) *OpenBLAS {
 	o, err := Load()
 	if err != nil {
 		if errors.Is(err, ErrNotFound) {
-			t.Skipf("OpenBLAS not installed: %v", err)
+			testenv.Missing(t, testenv.OpenBLAS, fmt.Sprintf("OpenBLAS is not installed (apt-get install libopenblas0-pthread): %v", err))
 		}
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/comm/mpi"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -47,10 +48,7 @@ var okRuns = []struct {
 // destinations at a time, so they get longer runs here, and 5 processes (two
 // groups of destinations).
 func TestOkMethodsUnderMPIRun(t *testing.T) {
-	path, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found in PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev) to run the MPI tests")
-	}
+	path := testenv.MPIRun(t)
 	nps := []int{3, 5}
 	if testing.Short() {
 		nps = []int{5}

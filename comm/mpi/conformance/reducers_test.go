@@ -20,6 +20,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/comm/mpi"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -32,10 +33,7 @@ const (
 // TestReducersUnderMPIRun starts `mpirun -np N <this test binary>
 // -test.run=^TestReducersWorker$` for N = 2, 3, 4.
 func TestReducersUnderMPIRun(t *testing.T) {
-	path, err := exec.LookPath("mpirun")
-	if err != nil {
-		t.Skip("skipping: mpirun not found in PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev) to run the MPI tests")
-	}
+	path := testenv.MPIRun(t)
 	nps := []int{2, 3, 4}
 	if testing.Short() {
 		nps = []int{3}

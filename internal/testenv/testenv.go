@@ -1,0 +1,173 @@
+// Package testenv decides, in one place, what a test does when something it
+// needs from the machine is missing: a tool (mpirun, git, Chromium), a
+// library (OpenBLAS, NVRTC, a GPU with NCCL), the ECharts script or the
+// project's real data sets. By default such a test skips and says what to
+// install. The environment variable SPARSEGRAD_REQUIRE turns those skips
+// into failures: it lists the needs that must be met, separated by commas
+// (for example SPARSEGRAD_REQUIRE=mpi,data,browser,nvrtc,openblas,smalldisk,
+// as .ci/run sets, or SPARSEGRAD_REQUIRE=gpu on a GPU machine), or says "all".
+// An unknown name in it fails every test that asks, so that a typo cannot
+// turn the switch off.
+//
+// Long measurements that are not run by default are opted into by
+// SPARSEGRAD_RUN, a list of their names in the same form (OptIn).
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Need names something a test needs from the machine.
+type Need string
+
+// The needs a test can name. Each one's doc says what meets it.
+const (
+	// MPI: Open MPI's mpirun on PATH and its libmpi.
+	MPI Need = "mpi"
+	// Data: the real data sets in the shared data folder.
+	Data Need = "data"
+	// Browser: headless Chromium and the ECharts script from npm.
+	Browser Need = "browser"
+	// NVRTC: NVIDIA's run-time compiler (no GPU needed).
+	NVRTC Need = "nvrtc"
+	// GPU: an NVIDIA GPU with its driver, and NCCL.
+	GPU Need = "gpu"
+	// OpenBLAS: the OpenBLAS library, loaded at run time.
+	OpenBLAS Need = "openblas"
+	// OneDNN: oneDNN's library (libdnnl), loaded at run time.
+	OneDNN Need = "onednn"
+	// Git: the git tool.
+	Git Need = "git"
+	// SmallDisk: mounting a small tmpfs, a file system that fills up
+	// (internal/smalldisk; needs root).
+	SmallDisk Need = "smalldisk"
+)
+
+// needs lists every need, for the check of SPARSEGRAD_REQUIRE.
+var needs = []Need{MPI, Data, Browser, NVRTC, GPU, OpenBLAS, OneDNN, Git, SmallDisk}
+
+// Env and RunEnv are the switches' environment variables.
+const (
+	Env    = "SPARSEGRAD_REQUIRE"
+	RunEnv = "SPARSEGRAD_RUN"
+)
+
+// replaced are the switches SPARSEGRAD_REQUIRE replaced: setting one fails
+// the test instead of being ignored.
+var replaced = map[string]Need{
+	"SPARSEGRAD_DATA":      Data,
+	"REPORTS_BROWSER":      Browser,
+	"SPARSEGRAD_NVRTC":     NVRTC,
+	"SPARSEGRAD_GPU":       GPU,
+	"SPARSEGRAD_SMALLDISK": SmallDisk,
+}
+
+// list parses a comma-separated list of names.
+func list(v string) []string {
+	var out []string
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// settingError returns what is wrong with the environment's switches, or "".
+func settingError() string {
+	for old, n := range replaced {
+		if v := os.Getenv(old); v != "" {
+			return fmt.Sprintf("%s=%s is no longer read: set %s=%s instead (a list of needs, or all)", old, v, Env, n)
+		}
+	}
+	for _, s := range list(os.Getenv(Env)) {
+		if s != "all" && !slices.Contains(needs, Need(s)) {
+			return fmt.Sprintf("%s names %q, which is not a need: use a comma-separated list of %v, or all", Env, s, needs)
+		}
+	}
+	return ""
+}
+
+// Required reports whether SPARSEGRAD_REQUIRE makes a missing n a failure.
+// A wrong setting of the switches fails t.
+func Required(t testing.TB, n Need) bool {
+	t.Helper()
+	if msg := settingError(); msg != "" {
+		t.Fatal(msg)
+	}
+	for _, s := range list(os.Getenv(Env)) {
+		if s == "all" || Need(s) == n {
+			return true
+		}
+	}
+	return false
+}
+
+// Missing ends t because n is not met: it skips, or fails when
+// SPARSEGRAD_REQUIRE names n. why says what is missing and how to install
+// it.
+func Missing(t testing.TB, n Need, why string) {
+	t.Helper()
+	if Required(t, n) {
+		t.Fatalf("%s (and %s requires %s)", why, Env, n)
+	}
+	t.Skipf("skipping: %s; set %s=%s to make this a failure", why, Env, n)
+}
+
+// Check ends t through Missing when err is not nil; why prefixes err.
+func Check(t testing.TB, n Need, err error, why string) {
+	t.Helper()
+	if err != nil {
+		Missing(t, n, fmt.Sprintf("%s: %v", why, err))
+	}
+}
+
+// Tool returns the path of the program name on PATH, or ends t through
+// Missing with install, the way to get it.
+func Tool(t testing.TB, n Need, name, install string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		Missing(t, n, fmt.Sprintf("%s is not on PATH; %s", name, install))
+	}
+	return p
+}
+
+// MPIRun returns the path of Open MPI's mpirun, or ends t through Missing.
+func MPIRun(t testing.TB) string {
+	t.Helper()
+	return Tool(t, MPI, "mpirun", "install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+}
+
+// DataDir returns dir, the shared data folder as the caller's package sees
+// it, if every probe (a path relative to dir) exists; otherwise it ends t
+// through Missing.
+func DataDir(t testing.TB, dir string, probes ...string) string {
+	t.Helper()
+	for _, p := range probes {
+		path := filepath.Join(dir, p)
+		if _, err := os.Stat(path); err != nil {
+			Missing(t, Data, fmt.Sprintf("real data %s is missing (%v): put the data sets in the shared data folder (see data's Download and the README)", path, err))
+		}
+	}
+	return dir
+}
+
+// OptIn skips t unless SPARSEGRAD_RUN names name (or says all): for long
+// measurements and proofs that are not run by default. what says what the
+// test does and how long it takes.
+func OptIn(t testing.TB, name, what string) {
+	t.Helper()
+	for _, s := range list(os.Getenv(RunEnv)) {
+		if s == name || s == "all" {
+			return
+		}
+	}
+	t.Skipf("skipping %s; run it with %s=%s", what, RunEnv, name)
+}

@@ -1,0 +1,143 @@
+package testenv
+
+import (
+	"bytes"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// recorder stands for a test: it records how the helper ended it.
+type recorder struct {
+	testing.TB
+	ended string // "fatal", "skip" or ""
+	msg   string
+}
+
+func (r *recorder) Helper() {}
+func (r *recorder) Fatal(args ...any) {
+	if r.ended == "" {
+		r.ended, r.msg = "fatal", fmt.Sprint(args...)
+	}
+}
+func (r *recorder) Fatalf(f string, args ...any) { r.Fatal(fmt.Sprintf(f, args...)) }
+func (r *recorder) Skipf(f string, args ...any) {
+	if r.ended == "" {
+		r.ended, r.msg = "skip", fmt.Sprintf(f, args...)
+	}
+}
+
+// TestMissing: a missing need skips, fails when SPARSEGRAD_REQUIRE names it
+// (or says all), and any wrong setting fails whatever the need.
+func TestMissing(t *testing.T) {
+	for _, tc := range []struct {
+		env, old string
+		need     Need
+		want     string // how the test ends
+		msg      string // in its message
+	}{
+		{"", "", MPI, "skip", "SPARSEGRAD_REQUIRE=mpi"},
+		{"mpi", "", MPI, "fatal", "requires mpi"},
+		{"data, mpi ,browser", "", MPI, "fatal", "requires mpi"},
+		{"data,browser", "", MPI, "skip", "no thing"},
+		{"all", "", GPU, "fatal", "requires gpu"},
+		{"mpi,smalldisk", "", SmallDisk, "fatal", "requires smalldisk"},
+		{"mpi,dta", "", MPI, "fatal", `"dta", which is not a need`},
+		{"", "require", Data, "fatal", "SPARSEGRAD_DATA=require is no longer read: set SPARSEGRAD_REQUIRE=data"},
+	} {
+		t.Run(tc.env+"/"+tc.old, func(t *testing.T) {
+			t.Setenv(Env, tc.env)
+			t.Setenv("SPARSEGRAD_DATA", tc.old)
+			r := &recorder{}
+			Missing(r, tc.need, "no thing")
+			if r.ended != tc.want || !strings.Contains(r.msg, tc.msg) {
+				t.Fatalf("ended %q with %q, want %q with %q", r.ended, r.msg, tc.want, tc.msg)
+			}
+		})
+	}
+}
+
+// TestToolAndData: a program on PATH and data that exist end nothing;
+// missing ones end the test through Missing.
+func TestToolAndData(t *testing.T) {
+	t.Setenv(Env, "git")
+	r := &recorder{}
+	if p := Tool(r, Git, "go", "install Go"); p == "" || r.ended != "" {
+		t.Fatalf("go: %q, ended %q", p, r.ended)
+	}
+	Tool(r, Git, "no-such-program-sparsegrad", "install it")
+	if r.ended != "fatal" || !strings.Contains(r.msg, "no-such-program-sparsegrad is not on PATH; install it") {
+		t.Fatalf("ended %q with %q", r.ended, r.msg)
+	}
+	r = &recorder{}
+	dir := t.TempDir()
+	if DataDir(r, dir); r.ended != "" {
+		t.Fatalf("no probe: ended %q", r.ended)
+	}
+	DataDir(r, dir, "ml-100k/u.data")
+	if r.ended != "skip" || !strings.Contains(r.msg, "ml-100k/u.data is missing") {
+		t.Fatalf("ended %q with %q", r.ended, r.msg)
+	}
+}
+
+// TestOptIn: a measurement runs only when SPARSEGRAD_RUN names it.
+func TestOptIn(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		skip bool
+	}{{"", true}, {"memory", true}, {"proofs,memory", false}, {"all", false}} {
+		t.Setenv(RunEnv, tc.env)
+		r := &recorder{}
+		OptIn(r, "proofs", "the proof")
+		if (r.ended == "skip") != tc.skip || (tc.skip && !strings.Contains(r.msg, "SPARSEGRAD_RUN=proofs")) {
+			t.Errorf("%q: ended %q with %q", tc.env, r.ended, r.msg)
+		}
+	}
+}
+
+// TestOneSwitch: no file of the repository reads a replaced switch or looks
+// up mpirun itself, so that SPARSEGRAD_REQUIRE reaches every test that
+// needs something.
+func TestOneSwitch(t *testing.T) {
+	root := filepath.Join("..", "..")
+	var bad []string
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); n == ".git" || n == "testenv" || n == "node_modules" || (strings.HasPrefix(n, ".") && path != root) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		ext := filepath.Ext(path)
+		if ext != ".go" && ext != ".sh" && ext != "" && ext != ".md" {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for old := range replaced {
+			if bytes.Contains(b, []byte(old+"=")) || bytes.Contains(b, []byte(`"`+old+`"`)) {
+				bad = append(bad, path+": "+old)
+			}
+		}
+		for _, s := range []string{`LookPath("mpirun")`, `"SPARSEGRAD_PROOFS"`, `"SPARSEGRAD_MEMORY"`} {
+			if bytes.Contains(b, []byte(s)) {
+				bad = append(bad, path+": "+s)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bad) > 0 {
+		t.Fatalf("use internal/testenv instead of:\n%s", strings.Join(bad, "\n"))
+	}
+}
