@@ -32,47 +32,25 @@ package comm
 import (
 	"context"
 	"errors"
-	"fmt"
 	"unsafe"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // ErrAborted is wrapped by every error a call returns because another rank of
 // the job failed (returned an error, panicked, or died).
 var ErrAborted = errors.New("comm: job aborted")
 
-// DType is the element type of a Buffer.
-type DType uint8
+// DType is the element type of a Buffer: the project's one element type,
+// device.DType. The communicators move Float32, Int32 and Int64.
+type DType = device.DType
 
 // The element types the communicators move.
 const (
-	Float32 DType = iota + 1
-	Int32
-	Int64
+	Float32 = device.Float32
+	Int32   = device.Int32
+	Int64   = device.Int64
 )
-
-// Size is the size of one element in bytes.
-func (d DType) Size() int {
-	switch d {
-	case Float32, Int32:
-		return 4
-	case Int64:
-		return 8
-	}
-	return 0
-}
-
-// String returns the type's name ("float32", "int32", "int64").
-func (d DType) String() string {
-	switch d {
-	case Float32:
-		return "float32"
-	case Int32:
-		return "int32"
-	case Int64:
-		return "int64"
-	}
-	return fmt.Sprintf("DType(%d)", uint8(d))
-}
 
 // Buffer is a typed slice handed to a communicator: Float32s, Int32s or Int64s.
 // Converting a slice is free: comm.Float32s(x) shares x's memory.

@@ -30,18 +30,8 @@ func OnDevice(b device.Buffer, s device.Stream) Device { return Device{Buf: b, S
 // Len returns the number of elements.
 func (b Device) Len() int { return b.Buf.Len() }
 
-// DType returns the element type (0 for a type comm does not move).
-func (b Device) DType() DType {
-	switch b.Buf.DType() {
-	case device.Float32:
-		return Float32
-	case device.Int32:
-		return Int32
-	case device.Int64:
-		return Int64
-	}
-	return 0
-}
+// DType returns the element type of the device buffer.
+func (b Device) DType() DType { return b.Buf.DType() }
 
 // Bytes returns host memory viewed as bytes; it panics for device memory,
 // which only a backend that moves device memory (or Staged) can handle.

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/ops"
 )
 
 // Backend is a device's kernel table.
@@ -21,6 +21,14 @@ type Backend interface {
 	// Kernel prepares instruction in of p for this device, or says why the
 	// device cannot run it.
 	Kernel(p *Program, in *Instr) (Kernel, error)
+}
+
+// Preparer is implemented by backends that look at a whole program before
+// preparing its kernels: Prepare returns the backend that prepares p's
+// kernels (for one executor). The CPU backend chooses the memory formats of
+// oneDNN's values there.
+type Preparer interface {
+	Prepare(p *Program) (Backend, error)
 }
 
 // Kernel runs one instruction of a program on a stream of its device.
@@ -78,6 +86,7 @@ type Timing struct {
 // concurrent use.
 type Executor struct {
 	p       *Program
+	be      Backend // the backend that prepared the kernels
 	dev     device.Device
 	stream  device.Stream
 	kernels []Kernel
@@ -123,12 +132,26 @@ const arenaAlign = 256
 // liveness (values whose lifetimes do not overlap share memory), allocates
 // it on the backend's device, and sets the constants. s is the stream the
 // executor runs on (nil: the backend's stream).
-func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
+func New(p *Program, be Backend, s device.Stream) (_ *Executor, err error) {
 	dev := be.Device()
 	if s == nil {
 		s = be.Stream()
 	}
-	e := &Executor{p: p, dev: dev, stream: s}
+	if pr, ok := be.(Preparer); ok {
+		b, err := pr.Prepare(p)
+		if err != nil {
+			return nil, fmt.Errorf("engine: %w", err)
+		}
+		be = b
+		if c, ok := b.(io.Closer); ok {
+			defer func() {
+				if err != nil {
+					c.Close()
+				}
+			}()
+		}
+	}
+	e := &Executor{p: p, dev: dev, stream: s, be: be}
 	e.kernels = make([]Kernel, len(p.Instrs))
 	for j := range p.Instrs {
 		k, err := be.Kernel(p, &p.Instrs[j])
@@ -160,7 +183,7 @@ func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
 	for i := range p.Values {
 		if e.inArena(i) {
 			v := &p.Values[i]
-			e.bufs[i] = arena.View(deviceType(v.DType), e.offsets[i], v.Size())
+			e.bufs[i] = arena.View(v.DType, e.offsets[i], v.Size())
 		}
 	}
 	e.resolveViews(false)
@@ -181,16 +204,6 @@ func New(p *Program, be Backend, s device.Stream) (*Executor, error) {
 		e.args[j] = make([]device.Buffer, len(in.In))
 	}
 	return e, nil
-}
-
-func deviceType(d ops.DType) device.DType {
-	switch d {
-	case ops.Float64:
-		return device.Float64
-	case ops.Int64:
-		return device.Int64
-	}
-	return device.Float32
 }
 
 // sizing is the backend Sizing returns.
@@ -217,10 +230,13 @@ func (e *Executor) inArena(i int) bool {
 	return false
 }
 
-// Close frees the arena.
+// Close frees the arena and what the kernels hold outside it.
 func (e *Executor) Close() error {
 	if e.sizeOnly {
 		return nil
+	}
+	if c, ok := e.be.(io.Closer); ok {
+		c.Close()
 	}
 	return e.dev.Free(e.arena)
 }

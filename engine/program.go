@@ -72,14 +72,7 @@ func (v *Value) Size() int {
 }
 
 // Bytes is the size in bytes.
-func (v *Value) Bytes() int { return v.Size() * dtypeSize(v.DType) }
-
-func dtypeSize(d ops.DType) int {
-	if d == ops.Float32 {
-		return 4
-	}
-	return 8
-}
+func (v *Value) Bytes() int { return v.Size() * v.DType.Size() }
 
 // Instr is one instruction: Op computes Out from In.
 type Instr struct {

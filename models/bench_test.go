@@ -11,24 +11,37 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
 	iblas "github.com/sparsegrad/sparsegrad/internal/blas"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
 
 // TestMain runs the package's tests with the BLAS named by
-// SPARSEGRAD_TEST_BLAS (auto, openblas or gonum; default gonum).
+// SPARSEGRAD_TEST_BLAS (auto, openblas or gonum; default gonum) and the CPU
+// kernels named by SPARSEGRAD_TEST_KERNELS (auto, onednn or im2col; default
+// im2col, the reference).
 func TestMain(m *testing.M) {
-	mode := os.Getenv("SPARSEGRAD_TEST_BLAS")
-	if mode == "" {
-		mode = ops.BLASGonum
-	}
-	desc, err := ops.ConfigureBLAS(mode, 0)
+	desc, err := ops.ConfigureBLAS(testBLAS(), 0)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	fmt.Fprintln(os.Stderr, "models tests: BLAS =", desc)
+	kdesc, err := engine.ConfigureCPU(testKernels(), 0)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	fmt.Fprintln(os.Stderr, "models tests: CPU kernels =", kdesc)
 	os.Exit(m.Run())
+}
+
+// testKernels is the CPU kernel set the tests run with.
+func testKernels() string {
+	if k := os.Getenv("SPARSEGRAD_TEST_KERNELS"); k != "" {
+		return k
+	}
+	return engine.KernelsIm2col
 }
 
 // withBLAS runs f once per available BLAS, restoring the test default.
@@ -46,11 +59,15 @@ func withBLAS(b *testing.B, f func(b *testing.B)) {
 			f(b)
 		})
 	}
-	def := os.Getenv("SPARSEGRAD_TEST_BLAS")
-	if def == "" {
-		def = ops.BLASGonum
+	ops.ConfigureBLAS(testBLAS(), 0)
+}
+
+// testBLAS is the BLAS the tests run with.
+func testBLAS() string {
+	if b := os.Getenv("SPARSEGRAD_TEST_BLAS"); b != "" {
+		return b
 	}
-	ops.ConfigureBLAS(def, 0)
+	return ops.BLASGonum
 }
 
 func benchStep(b *testing.B, mm Model, batch Batch, hook bool) {

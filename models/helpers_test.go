@@ -2,11 +2,15 @@ package models
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // host is a model driven with host vectors, as the tests do: it owns the
@@ -159,4 +163,18 @@ func sgd(t *testing.T, m *host, b Batch, lr float32, steps int) (first, last flo
 
 func closeRel(a, b, tol float64) bool {
 	return math.Abs(a-b) <= tol*math.Max(1, math.Max(math.Abs(a), math.Abs(b)))
+}
+
+// useOneDNN switches the CPU kernels to oneDNN for the rest of the test
+// (restoring the package's test kernels afterwards); a missing oneDNN skips
+// the test unless SPARSEGRAD_TEST_KERNELS=onednn requires it.
+func useOneDNN(t *testing.T) {
+	t.Helper()
+	if _, err := engine.ConfigureCPU(engine.KernelsOneDNN, 0); err != nil {
+		if errors.Is(err, engine.ErrOneDNNNotFound) && testKernels() != engine.KernelsOneDNN {
+			testenv.Missing(t, testenv.OneDNN, fmt.Sprintf("oneDNN is not installed (apt-get install libdnnl2): %v", err))
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { engine.ConfigureCPU(testKernels(), 0) })
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/engine"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
@@ -88,7 +89,7 @@ func (r EvalResult) MeanLoss() float64 { return r.LossSum / float64(r.Count) }
 // holds the gradient once ready has completed (at once on the CPU). It runs
 // on the goroutine executing the step: it must return quickly (hand the
 // work off) and must not call back into the model.
-type GradHook func(index int, ready device.Event)
+type GradHook = engine.GradHook
 
 // Model is one data-parallel worker's instance of a network on a device:
 // its compiled programs and the state that belongs to the worker

@@ -27,15 +27,14 @@ func building() func() {
 // the device, the compiled training program and the evaluation programs
 // (per batch shape).
 type net struct {
-	be      engine.Backend
-	params  tensors
-	bufs    tensors
-	bufVec  device.Buffer
-	train   *engine.Executor
-	hook    GradHook
-	evals   evalCache
-	f32     []float32 // host copy of the outputs read (readFloat32s)
-	engHook engine.GradHook
+	be     engine.Backend
+	params tensors
+	bufs   tensors
+	bufVec device.Buffer
+	train  *engine.Executor
+	hook   GradHook
+	evals  evalCache
+	f32    []float32 // host copy of the outputs read (readFloat32s)
 }
 
 // init prepares the net for a backend (nil: the CPU).
@@ -50,11 +49,6 @@ func (n *net) init(be engine.Backend) error {
 			return fmt.Errorf("models: allocating the buffers: %w", err)
 		}
 		n.bufVec = b
-	}
-	n.engHook = func(i int, ev device.Event) {
-		if n.hook != nil {
-			n.hook(i, ev)
-		}
 	}
 	return nil
 }
@@ -183,7 +177,7 @@ func (n *net) runTrain(ctx context.Context, params, grad device.Buffer) (StepRes
 	if err := n.checkVectors(params, grad, true); err != nil {
 		return StepResult{}, err
 	}
-	t, err := n.train.Run(ctx, engine.Bindings{Params: params, Grads: grad, Buffers: n.bufVec}, n.engHook)
+	t, err := n.train.Run(ctx, engine.Bindings{Params: params, Grads: grad, Buffers: n.bufVec}, n.hook)
 	if err != nil {
 		return StepResult{}, fmt.Errorf("models: training step: %w", err)
 	}

@@ -129,15 +129,30 @@ func (op Conv2d) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 func (Conv2d) OutType() DType { return Float32 }
 
 // Workspace implements Kernel: the patch matrix and the product before
-// its permutation to NCHW.
+// its permutation to NCHW, for one chunk of images (ConvGeom.Chunk).
 func (op Conv2d) Workspace(in [][]int) int {
 	g := op.Geom(in[0], in[1])
-	return (g.K + g.Co) * g.B * g.Ho * g.Wo
+	return (g.K + g.Co) * g.Chunk() * g.Ho * g.Wo
 }
 
-// CPU implements Kernel. All images are unfolded side by side into one
-// K×(B·N) patch matrix (in parallel), one GEMM computes Yᵗ = W·COL
-// (Co×(B·N)), and a parallel permutation writes it out as NCHW.
+// convWorkspaceBudget bounds the scratch of the im2col kernels (bytes).
+var convWorkspaceBudget = 32 << 20
+
+// Chunk is the number of images the im2col kernels process at once: as
+// many as keep the patch matrix and the product within 32 MiB (at least
+// one), so that the workspace does not grow with the batch — an evaluation
+// of 250 images needs no more scratch than a training batch of 32. Chunks
+// change nothing in the forward pass and the input gradient (every output
+// column is its own dot products), and split the filter gradient's sum over
+// the batch into one partial sum per chunk.
+func (g ConvGeom) Chunk() int {
+	per := 4 * (g.K + g.Co) * g.Ho * g.Wo
+	return max(1, min(g.B, convWorkspaceBudget/max(per, 1)))
+}
+
+// CPU implements Kernel. The images of a chunk are unfolded side by side
+// into one K×(b·N) patch matrix (in parallel), one GEMM computes
+// Yᵗ = W·COL (Co×(b·N)), and a parallel permutation writes it out as NCHW.
 func (op Conv2d) CPU(in []Arg, out Arg, ws []float32) error {
 	if err := checkArgs("Conv2d", in, 2); err != nil {
 		return err
@@ -145,12 +160,17 @@ func (op Conv2d) CPU(in []Arg, out Arg, ws []float32) error {
 	g := op.Geom(in[0].Shape, in[1].Shape)
 	x, w, y := in[0].F32, in[1].F32, out.F32
 	N := g.Ho * g.Wo
-	BN := g.B * N
 	img := g.Ci * g.H * g.W
-	col, yt := ws[:g.K*BN], ws[g.K*BN:(g.K+g.Co)*BN]
-	parallelFor(g.B, func(b int) { op.im2col(x[b*img:(b+1)*img], g, col[b*N:], BN) })
-	sgemm(false, false, g.Co, BN, g.K, 1, w, g.K, col, BN, 0, yt, BN)
-	permuteOut(yt, y, g.B, g.Co, N)
+	cb := g.Chunk()
+	for b0 := 0; b0 < g.B; b0 += cb {
+		nb := min(cb, g.B-b0)
+		BN := nb * N
+		col, yt := ws[:g.K*BN], ws[g.K*BN:(g.K+g.Co)*BN]
+		xc := x[b0*img:]
+		parallelFor(nb, func(b int) { op.im2col(xc[b*img:(b+1)*img], g, col[b*N:], BN) })
+		sgemm(false, false, g.Co, BN, g.K, 1, w, g.K, col, BN, 0, yt, BN)
+		permuteOut(yt, y[b0*g.Co*N:], nb, g.Co, N)
+	}
 	return nil
 }
 
@@ -201,14 +221,15 @@ func (op Conv2dGradInput) Do(vals ...G.Value) (G.Value, error) { return doCPU(op
 // OutType implements Kernel.
 func (Conv2dGradInput) OutType() DType { return Float32 }
 
-// Workspace implements Kernel: dYᵗ and the patch-matrix gradient.
+// Workspace implements Kernel: dYᵗ and the patch-matrix gradient of one
+// chunk of images.
 func (op Conv2dGradInput) Workspace(in [][]int) int {
 	g := op.Conv.Geom(op.X[:], in[0])
-	return (g.K + g.Co) * g.B * g.Ho * g.Wo
+	return (g.K + g.Co) * g.Chunk() * g.Ho * g.Wo
 }
 
-// CPU implements Kernel: dX = col2im(Wᵀ·dYᵗ), one GEMM for the whole
-// batch, col2im in parallel over images.
+// CPU implements Kernel: dX = col2im(Wᵀ·dYᵗ), one GEMM per chunk of
+// images, col2im in parallel over images.
 func (op Conv2dGradInput) CPU(in []Arg, out Arg, ws []float32) error {
 	if err := checkArgs("Conv2dGradInput", in, 2); err != nil {
 		return err
@@ -216,13 +237,18 @@ func (op Conv2dGradInput) CPU(in []Arg, out Arg, ws []float32) error {
 	g := op.Conv.Geom(op.X[:], in[0].Shape)
 	w, dy, dx := in[0].F32, in[1].F32, out.F32
 	N := g.Ho * g.Wo
-	BN := g.B * N
 	img := g.Ci * g.H * g.W
-	dyt, col := ws[:g.Co*BN], ws[g.Co*BN:(g.Co+g.K)*BN]
-	transposeDY(dy, dyt, g.B, g.Co, N)
-	// COL (K×BN) = Wᵀ (K×Co) · dYᵗ (Co×BN)
-	sgemm(true, false, g.K, BN, g.Co, 1, w, g.K, dyt, BN, 0, col, BN)
-	parallelFor(g.B, func(b int) { op.Conv.col2im(col[b*N:], BN, g, dx[b*img:(b+1)*img]) })
+	cb := g.Chunk()
+	for b0 := 0; b0 < g.B; b0 += cb {
+		nb := min(cb, g.B-b0)
+		BN := nb * N
+		dyt, col := ws[:g.Co*BN], ws[g.Co*BN:(g.Co+g.K)*BN]
+		transposeDY(dy[b0*g.Co*N:], dyt, nb, g.Co, N)
+		// COL (K×BN) = Wᵀ (K×Co) · dYᵗ (Co×BN)
+		sgemm(true, false, g.K, BN, g.Co, 1, w, g.K, dyt, BN, 0, col, BN)
+		dxc := dx[b0*img:]
+		parallelFor(nb, func(b int) { op.Conv.col2im(col[b*N:], BN, g, dxc[b*img:(b+1)*img]) })
+	}
 	return nil
 }
 
@@ -253,13 +279,15 @@ func (op Conv2dGradFilter) Do(vals ...G.Value) (G.Value, error) { return doCPU(o
 // OutType implements Kernel.
 func (Conv2dGradFilter) OutType() DType { return Float32 }
 
-// Workspace implements Kernel: the patch matrix and dYᵗ.
+// Workspace implements Kernel: the patch matrix and dYᵗ of one chunk of
+// images.
 func (op Conv2dGradFilter) Workspace(in [][]int) int {
 	g := op.Conv.Geom(in[0], op.W[:])
-	return (g.K + g.Co) * g.B * g.Ho * g.Wo
+	return (g.K + g.Co) * g.Chunk() * g.Ho * g.Wo
 }
 
-// CPU implements Kernel: dW = dYᵗ·COLᵀ, one GEMM over the batch.
+// CPU implements Kernel: dW = dYᵗ·COLᵀ, one GEMM per chunk of images, each
+// chunk's product added to the previous chunks'.
 func (op Conv2dGradFilter) CPU(in []Arg, out Arg, ws []float32) error {
 	if err := checkArgs("Conv2dGradFilter", in, 2); err != nil {
 		return err
@@ -267,13 +295,22 @@ func (op Conv2dGradFilter) CPU(in []Arg, out Arg, ws []float32) error {
 	g := op.Conv.Geom(in[0].Shape, op.W[:])
 	x, dy, dw := in[0].F32, in[1].F32, out.F32
 	N := g.Ho * g.Wo
-	BN := g.B * N
 	img := g.Ci * g.H * g.W
-	col, dyt := ws[:g.K*BN], ws[g.K*BN:(g.K+g.Co)*BN]
-	parallelFor(g.B, func(b int) { op.Conv.im2col(x[b*img:(b+1)*img], g, col[b*N:], BN) })
-	transposeDY(dy, dyt, g.B, g.Co, N)
-	// dW (Co×K) = dYᵗ (Co×BN) · COLᵀ (BN×K)
-	sgemm(false, true, g.Co, g.K, BN, 1, dyt, BN, col, BN, 0, dw, g.K)
+	cb := g.Chunk()
+	for b0 := 0; b0 < g.B; b0 += cb {
+		nb := min(cb, g.B-b0)
+		BN := nb * N
+		col, dyt := ws[:g.K*BN], ws[g.K*BN:(g.K+g.Co)*BN]
+		xc := x[b0*img:]
+		parallelFor(nb, func(b int) { op.Conv.im2col(xc[b*img:(b+1)*img], g, col[b*N:], BN) })
+		transposeDY(dy[b0*g.Co*N:], dyt, nb, g.Co, N)
+		beta := float32(1)
+		if b0 == 0 {
+			beta = 0
+		}
+		// dW (Co×K) (+)= dYᵗ (Co×BN) · COLᵀ (BN×K)
+		sgemm(false, true, g.Co, g.K, BN, 1, dyt, BN, col, BN, beta, dw, g.K)
+	}
 	return nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // Arg is one tensor argument of a CPU kernel: its data in host memory (the
@@ -19,28 +21,16 @@ type Arg struct {
 // Size is the number of elements of the argument's shape.
 func (a Arg) Size() int { return Elems(a.Shape) }
 
-// DType is the element type of an op's output (or input).
-type DType uint8
+// DType is the element type of an op's output (or input): the project's
+// one element type, device.DType. Op values are Float32, Float64 or Int64.
+type DType = device.DType
 
 // The element types of op values.
 const (
-	Float32 DType = iota + 1
-	Float64
-	Int64
+	Float32 = device.Float32
+	Float64 = device.Float64
+	Int64   = device.Int64
 )
-
-// String returns the type's name.
-func (d DType) String() string {
-	switch d {
-	case Float32:
-		return "float32"
-	case Float64:
-		return "float64"
-	case Int64:
-		return "int64"
-	}
-	return fmt.Sprintf("DType(%d)", uint8(d))
-}
 
 // Kernel is implemented by every descriptor of the package.
 type Kernel interface {

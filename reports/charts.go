@@ -16,6 +16,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // seriesSpec is one series of a chart: Points on a value x axis, or Values
@@ -846,38 +847,17 @@ var (
 	projLatency = 50 * time.Microsecond
 )
 
-// projectionValid lists the methods whose communication the projection can
-// carry to other worker counts: every worker's payload per call and the
-// number of calls per iteration do not depend on the worker count, which is
-// what netmodel.Project assumes (it replays each operation's recorded calls
-// with each rank's recorded payload).
-var projectionValid = map[string]bool{
-	"dense": true, "topka": true, "randomk": true, "cltk": true, "dgc": true, "dragonn": true, "lags": true,
-}
-
-// projectionCaveats says, for the methods whose traffic does depend on the
-// worker count, why their projection would be wrong (comm/netmodel's
-// Project doc names SparDL, gTop-k and DEFT; the others follow from how the
-// methods communicate).
-var projectionCaveats = map[string]string{
-	"spardl":    "SparDL's number of communication rounds grows with log₂ of the worker count",
-	"gtopk":     "gTop-k's tree has log₂(workers) rounds",
-	"deft":      "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count",
-	"topk":      "the union of the workers' top-k indices, which every worker all-reduces, grows with the worker count",
-	"threshold": "the union of the workers' selections, which every worker all-reduces, grows with the worker count",
-	"micro":     "each worker selects within its 1/n share of the gradient, so its part of the index all-gather shrinks as the worker count grows",
-	"topkdsa":   "every worker sends one message to every other worker, so the number of messages grows with the worker count",
-	"oktopk":    "every worker sends one message to every other worker, so the number of messages grows with the worker count",
-}
-
-// projectionCaveat returns whether the projection is valid for method and,
-// if not, why.
+// projectionCaveat returns whether the projection is valid for method
+// and, if not, why: the method's registry entry says (sparsify.Method's
+// Projectable and NotProjectable); a method this program does not know is
+// not projected.
 func projectionCaveat(method string) (why string, ok bool) {
-	if projectionValid[method] {
+	m, known := sparsify.Lookup(method)
+	switch {
+	case known && m.Projectable:
 		return "", true
-	}
-	if why, known := projectionCaveats[method]; known {
-		return why, false
+	case known && m.NotProjectable != "":
+		return m.NotProjectable, false
 	}
 	return "the projection is not known to be valid for " + strconv.Quote(method) + " (its traffic may depend on the worker count)", false
 }

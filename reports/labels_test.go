@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/train"
 )
 
@@ -441,11 +442,32 @@ func TestEveryConfigKeyIsKnown(t *testing.T) {
 		if key == "" || key == "-" || key == "pipeline" {
 			continue
 		}
-		if !generalKeys[key] {
+		if !options.General(key) {
 			t.Errorf("run.json key %q (train.Config.%s) is not a general key: reports would list it as a method option", key, ty.Field(i).Name)
 		}
 	}
 	if got := methodOptions(map[string]any{"sparsifier": "topk", "comm": "auto", "executors": 2.0, "check_every": 5.0}); got != "(none)" {
 		t.Errorf("method options %q", got)
+	}
+}
+
+// TestRunSaysWhichKernelsRan: the run table names the CPU kernels run.json
+// records (oneDNN or im2col), and has no such row when none are recorded.
+func TestRunSaysWhichKernelsRan(t *testing.T) {
+	r := timedRun(5)
+	row := func() (string, bool) {
+		for _, row := range runTable(r).Rows {
+			if row[0] == "CPU kernels" {
+				return row[1], true
+			}
+		}
+		return "", false
+	}
+	if v, ok := row(); ok {
+		t.Fatalf("a run without kernels recorded shows %q", v)
+	}
+	r.Info.Versions.Kernels = "oneDNN 2.6.3 (libdnnl.so.2, OpenMP runtime, 2 threads, activations in nChw8c)"
+	if v, _ := row(); v != r.Info.Versions.Kernels {
+		t.Fatalf("CPU kernels row %q", v)
 	}
 }

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 // Options change how a page is written. The zero value is the default.
@@ -194,25 +196,6 @@ func fmtEval(name string, e *Eval) string {
 	return s
 }
 
-// generalKeys are the configuration keys that are not a method's options.
-var generalKeys = map[string]bool{
-	"model": true, "dataset": true, "data_dir": true, "download": true, "preset": true, "sparsifier": true, "density": true,
-	"workers": true, "epochs": true, "steps": true, "batch": true, "eval_batch": true, "lr": true, "seed": true,
-	"optimizer": true, "momentum": true, "weight_decay": true, "beta1": true, "beta2": true, "eps": true,
-	"warmup_epochs": true, "decay_epochs": true, "decay_factor": true, "clip": true, "no_augment": true, "out": true,
-	"resume": true, "device": true, "net_latency": true, "net_bandwidth": true, "log_every": true, "eval_every": true,
-	"max_eval_batches": true, "blas": true, "blas_threads": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
-	"lr_schedule": true, "nesterov": true, "tf32": true, "deterministic": true, "max_time": true, "method_options": true,
-	"comm": true, "executors": true, "check_every": true, "clip_at": true,
-}
-
-// ignoredKeys do not tell compared runs apart.
-var ignoredKeys = map[string]bool{
-	"out": true, "data_dir": true, "resume": true, "quiet": true, "log_every": true, "eval_every": true,
-	"checkpoint_every": true, "download": true, "max_eval_batches": true, "blas_threads": true, "phase_times": true,
-	"executors": true, "check_every": true,
-}
-
 // cfgString formats a configuration value compactly.
 func cfgString(v any) string {
 	switch x := v.(type) {
@@ -260,7 +243,7 @@ func methodOptions(cfg map[string]any) string {
 		if k == "pipeline" && cfg["sparsifier"] != "lags" {
 			continue
 		}
-		if !generalKeys[k] && !isZero(v) {
+		if !options.General(k) && !isZero(v) {
 			opts[k] = v
 		}
 	}
@@ -335,6 +318,11 @@ func runTable(r *Run) table {
 	rows = append(rows,
 		[]string{"logged iterations", strconv.Itoa(len(r.Steps))},
 		[]string{"device", r.device()},
+	)
+	if k := r.Info.Versions.Kernels; k != "" {
+		rows = append(rows, []string{"CPU kernels", k})
+	}
+	rows = append(rows,
 		[]string{"machine", strings.TrimSpace(r.Info.Machine.CPU + " " + r.Info.Machine.GPU)},
 		[]string{"command line", strings.Join(r.Info.CommandLine, " ")},
 	)
@@ -407,7 +395,7 @@ func configView(r *Run) map[string]string {
 			}
 			continue
 		}
-		if !ignoredKeys[k] {
+		if o, _ := options.Lookup(k); !o.Incidental {
 			m[k] = cfgString(v)
 		}
 	}

@@ -56,6 +56,11 @@ type RunInfo struct {
 		GPU      string `json:"gpu"`
 		Cores    int    `json:"cores"`
 	} `json:"machine"`
+	// Versions.Kernels says which CPU kernels ran the convolutions and
+	// batch norms (oneDNN or im2col; empty on GPUs and in older runs).
+	Versions struct {
+		Kernels string `json:"kernels"`
+	} `json:"versions"`
 	// LayerNames optionally names the layout's tensors (DEFT's per-layer k).
 	LayerNames []string `json:"layer_names"`
 	// Notes are what the run said about itself that a reader of its

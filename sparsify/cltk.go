@@ -8,7 +8,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "cltk", New: newCltkReducer}) }
+func init() { Register(Method{Name: "cltk", Projectable: true, New: newCltkReducer}) }
 
 // cltkReducer is "cltk", CLT-k of the DEFT/MiCRO code (CLTKReducer,
 // reference notes 7.3):
@@ -43,50 +43,44 @@ func (r *cltkReducer) Name() string { return "cltk" }
 // Reduce lets this call's leader choose the indices and all-reduces every
 // worker's acc at them.
 func (r *cltkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
 func (r *cltkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	n := b.c.Size()
-	leader := r.t % n
-	r.t++
-	before := b.c.Totals()
-	wire, err := v.scratch(&b.dSel, device.Int32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	var selTime time.Duration
-	if b.c.Rank() == leader {
-		if selTime, err = b.timed(func() error {
-			_, err := v.ops.TopK(v.s, wire, device.Buffer{}, acc, b.k)
+	return b.call(acc, out, residual, func(st *Stats) error {
+		n := b.c.Size()
+		leader := r.t % n
+		r.t++
+		wire, err := v.scratch(&b.dSel, device.Int32, b.k)
+		if err != nil {
 			return err
-		}); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: cltk: %w", err)
 		}
-	}
-	if err := b.c.Broadcast(ctx, v.cb(wire), leader); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: cltk: broadcasting %d indices from leader %d: %w", b.k, leader, err)
-	}
-	// The leader's list, checked: distinct indices within [0, N).
-	sel, err := b.union(wire)
-	if err != nil || sel.Len() != b.k {
-		return Stats{}, fmt.Errorf("sparsify: cltk: leader %d sent %d indices of which %d are distinct within [0, %d) (%v): the workers disagree on the layout or density", leader, b.k, sel.Len(), b.n, err)
-	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, sel); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: cltk: %w", err)
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = b.k
-	st.ActualDensity = float64(b.k) / float64(b.n)
-	return st, err
+		var selTime time.Duration
+		if b.c.Rank() == leader {
+			if selTime, err = b.timed(func() error {
+				_, err := v.ops.TopK(v.s, wire, device.Buffer{}, acc, b.k)
+				return err
+			}); err != nil {
+				return err
+			}
+		}
+		if err := b.c.Broadcast(ctx, v.cb(wire), leader); err != nil {
+			return fmt.Errorf("broadcasting %d indices from leader %d: %w", b.k, leader, err)
+		}
+		// The leader's list, checked: distinct indices within [0, N).
+		sel, err := b.union(wire)
+		if err != nil || sel.Len() != b.k {
+			return fmt.Errorf("leader %d sent %d indices of which %d are distinct within [0, %d) (%v): the workers disagree on the layout or density", leader, b.k, sel.Len(), b.n, err)
+		}
+		if err := b.unionReduceOn(ctx, acc, out, residual, sel); err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Selected = b.k
+		st.ActualDensity = float64(b.k) / float64(b.n)
+		return nil
+	})
 }

@@ -13,7 +13,9 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "deft", New: newDeft}) }
+func init() {
+	Register(Method{Name: "deft", NotProjectable: "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count", New: newDeft})
+}
 
 // deftFrag is one fragment of DEFT's layout: the elements [lo, hi) of the flat
 // gradient, which belong to layout tensor number tensor.
@@ -381,11 +383,7 @@ func (d *deftReducer) Name() string { return "deft" }
 
 // Reduce runs one DEFT iteration; see newDeft.
 func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := d.b.v.hostArgs("deft", acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return d.ReduceOn(ctx, a, o, res)
+	return d.b.v.reduceHost(ctx, d, "deft", acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device: the fragment norms

@@ -7,7 +7,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "dense", New: newDenseReducer}) }
+func init() { Register(Method{Name: "dense", Projectable: true, New: newDenseReducer}) }
 
 // denseReducer is the "dense" baseline: a plain all-reduce average of acc.
 //
@@ -28,36 +28,29 @@ func (r *denseReducer) Name() string { return "dense" }
 
 // Reduce all-reduces acc and averages it; the residual is zeroed.
 func (r *denseReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
 func (r *denseReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	if err := v.s.Copy(out, acc); err != nil {
-		return Stats{}, err
-	}
-	if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dense: all-reducing %d values: %w", out.Len(), err)
-	}
-	if err := v.m.Scale(v.s, out, 1/float32(b.c.Size())); err != nil {
-		return Stats{}, err
-	}
-	if err := v.m.Fill(v.s, residual, 0); err != nil {
-		return Stats{}, err
-	}
-	st := b.stats(before, 0)
-	st.ActualDensity = 1
-	st.Selected = b.n
-	st.ErrorNorm = 0
-	return st, nil
+	return b.call(acc, out, residual, func(st *Stats) error {
+		if err := v.s.Copy(out, acc); err != nil {
+			return err
+		}
+		if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
+			return fmt.Errorf("all-reducing %d values: %w", out.Len(), err)
+		}
+		if err := v.m.Scale(v.s, out, 1/float32(b.c.Size())); err != nil {
+			return err
+		}
+		if err := v.m.Fill(v.s, residual, 0); err != nil {
+			return err
+		}
+		st.ActualDensity = 1
+		st.Selected = b.n
+		st.ErrorNorm = 0
+		return nil
+	})
 }

@@ -243,3 +243,13 @@ func (v *vecs) intersectOn(sc *dense, n int, a, b, out device.Buffer) (int, erro
 	}
 	return m, v.ops.ScatterFill(v.s, mark, a, 0)
 }
+
+// reduceHost is the Reduce of every built-in reducer: host slices, checked
+// by hostArgs, handed to the reducer's ReduceOn.
+func (v *vecs) reduceHost(ctx context.Context, r DeviceReducer, name string, acc, out, residual []float32) (Stats, error) {
+	a, o, res, err := v.hostArgs(name, acc, out, residual)
+	if err != nil {
+		return Stats{}, err
+	}
+	return r.ReduceOn(ctx, a, o, res)
+}

@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "dgc", New: newDGCReducer, CorrectsMomentum: true, ScaledClip: true, Params: []Param{
+	Register(Method{Name: "dgc", Projectable: true, New: newDGCReducer, CorrectsMomentum: true, ScaledClip: true, Params: []Param{
 		{Name: "sparsity_warmup", Flag: "sparsity-warmup", Kind: Int, Default: dgcDefaultWarmup, Min: 0, Max: 1000,
 			Doc: "epochs of DGC's density warm-up: density max(0.25^(e+1), ρ) in epoch e (0: none)"},
 	}})
@@ -151,11 +151,7 @@ func (r *dgcReducer) paramsFor(ratio float64) []dgcParams {
 // Reduce selects per tensor by double sampling, all-gathers the pairs and
 // averages them.
 func (r *dgcReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device. The sampling's
@@ -166,140 +162,138 @@ func (r *dgcReducer) Reduce(ctx context.Context, acc, out, residual []float32) (
 func (r *dgcReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	if r.momentum > 0 && !r.hasVel {
-		var err error
-		if r.vel, err = v.scratch(&r.vel, device.Float32, b.n); err != nil {
-			return Stats{}, err
-		}
-		if err := v.m.Fill(v.s, r.vel, 0); err != nil {
-			return Stats{}, err
-		}
-		r.hasVel = true
-	}
-	before := b.c.Totals()
-	rank := b.c.Rank()
-	tensors := b.o.Layout.Tensors
-	params := r.paramsFor(r.ratio())
-	layerK := make([]int, len(tensors))
-	thr := math.NaN()
-	pos := 0
-	selTime, err := b.timed(func() error {
-		maxSize, total := 0, 0
-		for t, tn := range tensors {
-			if r.comp[t] {
-				maxSize = max(maxSize, tn.Size)
-				total += params[t].nsel
+	return b.call(acc, out, residual, func(st *Stats) error {
+		if r.momentum > 0 && !r.hasVel {
+			var err error
+			if r.vel, err = v.scratch(&r.vel, device.Float32, b.n); err != nil {
+				return err
 			}
-		}
-		idx, err := v.scratch(&r.dIdx, device.Int32, total)
-		if err != nil {
-			return err
-		}
-		cand, err := v.scratch(&r.dCa, device.Int32, maxSize)
-		if err != nil {
-			return err
-		}
-		for t, tn := range tensors {
-			if !r.comp[t] {
-				layerK[t] = tn.Size
-				continue
+			if err := v.m.Fill(v.s, r.vel, 0); err != nil {
+				return err
 			}
-			p := params[t]
-			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
-			start := 0
-			if p.stride > 1 {
-				start = sampRNG(b.o.Seed, rank, b.iter, t).IntN(p.stride)
+			r.hasVel = true
+		}
+		rank := b.c.Rank()
+		tensors := b.o.Layout.Tensors
+		params := r.paramsFor(r.ratio())
+		layerK := make([]int, len(tensors))
+		thr := math.NaN()
+		pos := 0
+		selTime, err := b.timed(func() error {
+			maxSize, total := 0, 0
+			for t, tn := range tensors {
+				if r.comp[t] {
+					maxSize = max(maxSize, tn.Size)
+					total += params[t].nsel
+				}
 			}
-			take, th, err := dgcSelectOn(v, &r.samp, cand, x, p, start)
+			idx, err := v.scratch(&r.dIdx, device.Int32, total)
 			if err != nil {
 				return err
 			}
-			if t == r.largest {
-				thr = float64(th)
-			}
-			layerK[t] = take
-			dst := idx.Slice(pos, pos+take)
-			if err := v.s.Copy(dst, cand.Slice(0, take)); err != nil {
+			cand, err := v.scratch(&r.dCa, device.Int32, maxSize)
+			if err != nil {
 				return err
 			}
-			if err := v.ops.Shift(v.s, dst, tn.Offset); err != nil {
+			for t, tn := range tensors {
+				if !r.comp[t] {
+					layerK[t] = tn.Size
+					continue
+				}
+				p := params[t]
+				x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
+				start := 0
+				if p.stride > 1 {
+					start = sampRNG(b.o.Seed, rank, b.iter, t).IntN(p.stride)
+				}
+				take, th, err := dgcSelectOn(v, &r.samp, cand, x, p, start)
+				if err != nil {
+					return err
+				}
+				if t == r.largest {
+					thr = float64(th)
+				}
+				layerK[t] = take
+				dst := idx.Slice(pos, pos+take)
+				if err := v.s.Copy(dst, cand.Slice(0, take)); err != nil {
+					return err
+				}
+				if err := v.ops.Shift(v.s, dst, tn.Offset); err != nil {
+					return err
+				}
+				pos += take
+			}
+			val, err := v.scratch(&r.dVal, device.Float32, pos)
+			if err != nil {
 				return err
 			}
-			pos += take
-		}
-		val, err := v.scratch(&r.dVal, device.Float32, pos)
+			return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
+		})
 		if err != nil {
 			return err
 		}
-		return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
+		b.iter++
+		denseN, err := r.dense.reduce(ctx, b, acc, r.comp)
+		if err != nil {
+			return err
+		}
+		idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
+		counts, distinct, err := b.sparseExchangeIfAny(ctx, r.compN > 0, idx, val, out)
+		if err != nil {
+			return err
+		}
+		// The residual (and the velocity) of the compressed tensors.
+		if r.momentum > 0 {
+			for t, tn := range tensors {
+				if r.comp[t] {
+					lo, hi := tn.Offset, tn.Offset+tn.Size
+					if err := v.ops.MomentumCorrect(v.s, r.vel.Slice(lo, hi), residual.Slice(lo, hi), acc.Slice(lo, hi), r.momentum); err != nil {
+						return err
+					}
+				}
+			}
+			if err := v.ops.ScatterFill(v.s, r.vel, idx, 0); err != nil {
+				return err
+			}
+			if err := v.ops.ScatterFill(v.s, residual, idx, 0); err != nil {
+				return err
+			}
+		} else if err := b.residualWithout(residual, acc, idx); err != nil {
+			return err
+		}
+		// The dense tensors: out = the average (with momentum: u ← m·u + avg,
+		// out = u), residual 0.
+		if err := r.dense.write(b, out, residual, r.comp); err != nil {
+			return err
+		}
+		if r.momentum > 0 {
+			for t, tn := range tensors {
+				if !r.comp[t] {
+					lo, hi := tn.Offset, tn.Offset+tn.Size
+					u, o := r.vel.Slice(lo, hi), out.Slice(lo, hi)
+					if err := v.m.Scale(v.s, u, r.momentum); err != nil {
+						return err
+					}
+					if err := v.m.Add(v.s, u, o); err != nil {
+						return err
+					}
+					if err := v.s.Copy(o, u); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		for w := range counts {
+			counts[w] += denseN
+		}
+		st.SelectTime = selTime
+		st.Selected = pos + denseN
+		st.SelectedPerWorker = counts
+		st.LayerK = layerK
+		st.ActualDensity = float64(distinct+denseN) / float64(b.n)
+		st.Threshold = thr
+		return nil
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
-	}
-	b.iter++
-	denseN, err := r.dense.reduce(ctx, b, acc, r.comp)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
-	}
-	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
-	counts, distinct, err := b.sparseExchangeIfAny(ctx, r.compN > 0, idx, val, out)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
-	}
-	// The residual (and the velocity) of the compressed tensors.
-	if r.momentum > 0 {
-		for t, tn := range tensors {
-			if r.comp[t] {
-				lo, hi := tn.Offset, tn.Offset+tn.Size
-				if err := v.ops.MomentumCorrect(v.s, r.vel.Slice(lo, hi), residual.Slice(lo, hi), acc.Slice(lo, hi), r.momentum); err != nil {
-					return Stats{}, err
-				}
-			}
-		}
-		if err := v.ops.ScatterFill(v.s, r.vel, idx, 0); err != nil {
-			return Stats{}, err
-		}
-		if err := v.ops.ScatterFill(v.s, residual, idx, 0); err != nil {
-			return Stats{}, err
-		}
-	} else if err := b.residualWithout(residual, acc, idx); err != nil {
-		return Stats{}, err
-	}
-	// The dense tensors: out = the average (with momentum: u ← m·u + avg,
-	// out = u), residual 0.
-	if err := r.dense.write(b, out, residual, r.comp); err != nil {
-		return Stats{}, err
-	}
-	if r.momentum > 0 {
-		for t, tn := range tensors {
-			if !r.comp[t] {
-				lo, hi := tn.Offset, tn.Offset+tn.Size
-				u, o := r.vel.Slice(lo, hi), out.Slice(lo, hi)
-				if err := v.m.Scale(v.s, u, r.momentum); err != nil {
-					return Stats{}, err
-				}
-				if err := v.m.Add(v.s, u, o); err != nil {
-					return Stats{}, err
-				}
-				if err := v.s.Copy(o, u); err != nil {
-					return Stats{}, err
-				}
-			}
-		}
-	}
-	for w := range counts {
-		counts[w] += denseN
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = pos + denseN
-	st.SelectedPerWorker = counts
-	st.LayerK = layerK
-	st.ActualDensity = float64(distinct+denseN) / float64(b.n)
-	st.Threshold = thr
-	return st, err
 }
 
 // denseParts is the dense path of the methods that compress only some

@@ -2,7 +2,6 @@ package sparsify
 
 import (
 	"context"
-	"fmt"
 	"math"
 	"math/rand/v2"
 
@@ -10,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "dragonn", New: newDragonnReducer, Params: []Param{
+	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Params: []Param{
 		{Name: "min_tensor", Flag: "min-tensor", Kind: Int, Default: dragonnDefaultMinTensor, Min: 0, Max: math.MaxInt32,
 			Doc: "compress only tensors with more elements (0: every tensor)"},
 		denseWarmupParam(dragonnDefaultWarmup),
@@ -127,11 +126,7 @@ func (r *dragonnReducer) compressed(size int) bool {
 // Reduce compresses the large tensors after warm-up, all-gathers their pairs
 // and all-reduces the rest.
 func (r *dragonnReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device. The sample
@@ -140,89 +135,87 @@ func (r *dragonnReducer) Reduce(ctx context.Context, acc, out, residual []float3
 func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	rank := b.c.Rank()
-	tensors := b.o.Layout.Tensors
-	layerK := make([]int, len(tensors))
-	thr := math.NaN()
-	largest := -1
-	denseN, pos := 0, 0
-	comp := make([]bool, len(tensors))
-	total := 0
-	for t, tn := range tensors {
-		comp[t] = r.compressed(tn.Size)
-		if comp[t] {
-			total += r.params[t].nslots
-		} else {
-			denseN += tn.Size
-		}
-	}
-	selTime, err := b.timed(func() error {
-		idx, err := v.scratch(&r.dIdx, device.Int32, total)
-		if err != nil {
-			return err
-		}
+	return b.call(acc, out, residual, func(st *Stats) error {
+		rank := b.c.Rank()
+		tensors := b.o.Layout.Tensors
+		layerK := make([]int, len(tensors))
+		thr := math.NaN()
+		largest := -1
+		denseN, pos := 0, 0
+		comp := make([]bool, len(tensors))
+		total := 0
 		for t, tn := range tensors {
-			if !comp[t] {
-				layerK[t] = tn.Size
-				continue
+			comp[t] = r.compressed(tn.Size)
+			if comp[t] {
+				total += r.params[t].nslots
+			} else {
+				denseN += tn.Size
 			}
-			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
-			seed := uint32(dragonnSeedBase + r.calls)
-			r.calls = (r.calls + 1) % dragonnSeedWrap
-			p := r.params[t]
-			dst := idx.Slice(pos, pos+p.nslots)
-			m, th, err := dragonnSelectOn(v, &r.samp, dst, x, p, sampRNG(b.o.Seed, rank, b.iter, t), seed)
+		}
+		selTime, err := b.timed(func() error {
+			idx, err := v.scratch(&r.dIdx, device.Int32, total)
 			if err != nil {
 				return err
 			}
-			if largest < 0 || tn.Size > tensors[largest].Size {
-				largest, thr = t, float64(th)
+			for t, tn := range tensors {
+				if !comp[t] {
+					layerK[t] = tn.Size
+					continue
+				}
+				x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
+				seed := uint32(dragonnSeedBase + r.calls)
+				r.calls = (r.calls + 1) % dragonnSeedWrap
+				p := r.params[t]
+				dst := idx.Slice(pos, pos+p.nslots)
+				m, th, err := dragonnSelectOn(v, &r.samp, dst, x, p, sampRNG(b.o.Seed, rank, b.iter, t), seed)
+				if err != nil {
+					return err
+				}
+				if largest < 0 || tn.Size > tensors[largest].Size {
+					largest, thr = t, float64(th)
+				}
+				layerK[t] = m
+				if err := v.ops.Shift(v.s, dst.Slice(0, m), tn.Offset); err != nil {
+					return err
+				}
+				pos += m // the next tensor's indices follow these
 			}
-			layerK[t] = m
-			if err := v.ops.Shift(v.s, dst.Slice(0, m), tn.Offset); err != nil {
+			val, err := v.scratch(&r.dVal, device.Float32, pos)
+			if err != nil {
 				return err
 			}
-			pos += m // the next tensor's indices follow these
-		}
-		val, err := v.scratch(&r.dVal, device.Float32, pos)
+			return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
+		})
 		if err != nil {
 			return err
 		}
-		return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
+		b.iter++
+		// The uncompressed tensors, concatenated and all-reduced.
+		if _, err := r.dense.reduce(ctx, b, acc, comp); err != nil {
+			return err
+		}
+		idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
+		counts, distinct, err := b.sparseExchangeIfAny(ctx, denseN < b.n, idx, val, out) // some tensor is compressed (the same on every rank)
+		if err != nil {
+			return err
+		}
+		if err := b.residualWithout(residual, acc, idx); err != nil {
+			return err
+		}
+		if err := r.dense.write(b, out, residual, comp); err != nil {
+			return err
+		}
+		for w := range counts {
+			counts[w] += denseN
+		}
+		st.SelectTime = selTime
+		st.Selected = pos + denseN
+		st.SelectedPerWorker = counts
+		st.LayerK = layerK
+		st.ActualDensity = float64(distinct+denseN) / float64(b.n)
+		st.Threshold = thr
+		return nil
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
-	}
-	b.iter++
-	// The uncompressed tensors, concatenated and all-reduced.
-	if _, err := r.dense.reduce(ctx, b, acc, comp); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
-	}
-	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
-	counts, distinct, err := b.sparseExchangeIfAny(ctx, denseN < b.n, idx, val, out) // some tensor is compressed (the same on every rank)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
-	}
-	if err := b.residualWithout(residual, acc, idx); err != nil {
-		return Stats{}, err
-	}
-	if err := r.dense.write(b, out, residual, comp); err != nil {
-		return Stats{}, err
-	}
-	for w := range counts {
-		counts[w] += denseN
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = pos + denseN
-	st.SelectedPerWorker = counts
-	st.LayerK = layerK
-	st.ActualDensity = float64(distinct+denseN) / float64(b.n)
-	st.Threshold = thr
-	return st, err
 }
 
 // samples is the scratch of a sampled selection: the positions drawn on

@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "gtopk", New: newGtopkReducer, CheckWorkers: gtopkCheckWorkers})
+	Register(Method{Name: "gtopk", NotProjectable: "gTop-k's tree has log₂(workers) rounds", New: newGtopkReducer, CheckWorkers: gtopkCheckWorkers})
 }
 
 // gtopkTag is the point-to-point tag of gTop-k's tree messages (the values
@@ -90,11 +90,7 @@ func (r *gtopkReducer) Name() string { return "gtopk" }
 
 // Reduce runs the gTop-k tree reduction and the final broadcast.
 func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device: the tree's
@@ -104,109 +100,107 @@ func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32)
 func (r *gtopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	bufs := []struct {
-		b  *device.Buffer
-		dt device.DType
-		n  int
-	}{{&r.sel, device.Int32, b.k}, {&r.cur, device.Int32, b.k}, {&r.recv, device.Int32, b.k}, {&r.merged, device.Int32, 2 * b.k},
-		{&r.pick, device.Int32, b.k}, {&r.inter, device.Int32, b.k}, {&r.selVal, device.Float32, b.k}, {&r.curVal, device.Float32, b.k},
-		{&r.recvVal, device.Float32, b.k}, {&r.mergedVal, device.Float32, 2 * b.k}}
-	for _, bb := range bufs {
-		if _, err := v.scratch(bb.b, bb.dt, bb.n); err != nil {
-			return Stats{}, err
-		}
-	}
-	k := 0
-	selTime, err := b.timed(func() error {
-		var err error
-		k, err = v.ops.TopK(v.s, r.sel, r.selVal, acc, b.k)
-		return err
-	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: gtopk: %w", err)
-	}
-	sel, cur, curVal := r.sel.Slice(0, k), r.cur.Slice(0, k), r.curVal.Slice(0, k)
-	if err := v.s.Copy(cur, sel); err != nil {
-		return Stats{}, err
-	}
-	if err := v.s.Copy(curVal, r.selVal.Slice(0, k)); err != nil {
-		return Stats{}, err
-	}
-	rank, p := b.c.Rank(), b.c.Size()
-	for step := 1; step < p; step *= 2 {
-		if rank%step != 0 {
-			break // dropped out in an earlier round
-		}
-		if (rank/step)%2 == 1 {
-			dst := rank - step
-			if err := b.c.Send(ctx, v.cb(cur), dst, gtopkTag); err != nil {
-				return Stats{}, fmt.Errorf("sparsify: gtopk: sending %d indices to rank %d: %w", k, dst, err)
+	return b.call(acc, out, residual, func(st *Stats) error {
+		bufs := []struct {
+			b  *device.Buffer
+			dt device.DType
+			n  int
+		}{{&r.sel, device.Int32, b.k}, {&r.cur, device.Int32, b.k}, {&r.recv, device.Int32, b.k}, {&r.merged, device.Int32, 2 * b.k},
+			{&r.pick, device.Int32, b.k}, {&r.inter, device.Int32, b.k}, {&r.selVal, device.Float32, b.k}, {&r.curVal, device.Float32, b.k},
+			{&r.recvVal, device.Float32, b.k}, {&r.mergedVal, device.Float32, 2 * b.k}}
+		for _, bb := range bufs {
+			if _, err := v.scratch(bb.b, bb.dt, bb.n); err != nil {
+				return err
 			}
-			if err := b.c.Send(ctx, v.cb(curVal), dst, gtopkTag+1); err != nil {
-				return Stats{}, fmt.Errorf("sparsify: gtopk: sending %d values to rank %d: %w", k, dst, err)
-			}
-			break
 		}
-		src := rank + step
-		ridx, rval := r.recv.Slice(0, k), r.recvVal.Slice(0, k)
-		if err := r.recvFrom(ctx, src, ridx, rval); err != nil {
-			return Stats{}, err
-		}
-		t1 := time.Now()
-		// Merge: values at common indices added (own + received), then the
-		// k largest magnitudes kept (ties to lower indices).
-		m, err := v.mergeOn(&r.dn, b.n, [][2]device.Buffer{{cur, curVal}, {ridx, rval}}, r.merged, r.mergedVal)
+		k := 0
+		selTime, err := b.timed(func() error {
+			var err error
+			k, err = v.ops.TopK(v.s, r.sel, r.selVal, acc, b.k)
+			return err
+		})
 		if err != nil {
-			return Stats{}, err
+			return err
 		}
-		pick := r.pick.Slice(0, k)
-		if _, err := v.ops.TopK(v.s, pick, device.Buffer{}, r.mergedVal.Slice(0, m), k); err != nil {
-			return Stats{}, err
+		sel, cur, curVal := r.sel.Slice(0, k), r.cur.Slice(0, k), r.curVal.Slice(0, k)
+		if err := v.s.Copy(cur, sel); err != nil {
+			return err
 		}
-		if err := v.ops.GatherIndex(v.s, cur, r.merged, pick); err != nil {
-			return Stats{}, err
+		if err := v.s.Copy(curVal, r.selVal.Slice(0, k)); err != nil {
+			return err
 		}
-		if err := v.ops.Gather(v.s, curVal, r.mergedVal, pick); err != nil {
-			return Stats{}, err
-		}
-		if !v.onCPU() {
-			if err := v.s.Synchronize(); err != nil {
-				return Stats{}, err
+		rank, p := b.c.Rank(), b.c.Size()
+		for step := 1; step < p; step *= 2 {
+			if rank%step != 0 {
+				break // dropped out in an earlier round
 			}
+			if (rank/step)%2 == 1 {
+				dst := rank - step
+				if err := b.c.Send(ctx, v.cb(cur), dst, gtopkTag); err != nil {
+					return fmt.Errorf("sending %d indices to rank %d: %w", k, dst, err)
+				}
+				if err := b.c.Send(ctx, v.cb(curVal), dst, gtopkTag+1); err != nil {
+					return fmt.Errorf("sending %d values to rank %d: %w", k, dst, err)
+				}
+				break
+			}
+			src := rank + step
+			ridx, rval := r.recv.Slice(0, k), r.recvVal.Slice(0, k)
+			if err := r.recvFrom(ctx, src, ridx, rval); err != nil {
+				return err
+			}
+			t1 := time.Now()
+			// Merge: values at common indices added (own + received), then the
+			// k largest magnitudes kept (ties to lower indices).
+			m, err := v.mergeOn(&r.dn, b.n, [][2]device.Buffer{{cur, curVal}, {ridx, rval}}, r.merged, r.mergedVal)
+			if err != nil {
+				return err
+			}
+			pick := r.pick.Slice(0, k)
+			if _, err := v.ops.TopK(v.s, pick, device.Buffer{}, r.mergedVal.Slice(0, m), k); err != nil {
+				return err
+			}
+			if err := v.ops.GatherIndex(v.s, cur, r.merged, pick); err != nil {
+				return err
+			}
+			if err := v.ops.Gather(v.s, curVal, r.mergedVal, pick); err != nil {
+				return err
+			}
+			if !v.onCPU() {
+				if err := v.s.Synchronize(); err != nil {
+					return err
+				}
+			}
+			selTime += time.Since(t1)
 		}
-		selTime += time.Since(t1)
-	}
-	if err := b.c.Broadcast(ctx, v.cb(cur), 0); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: gtopk: broadcasting the %d global indices: %w", k, err)
-	}
-	if err := b.c.Broadcast(ctx, v.cb(curVal), 0); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: gtopk: broadcasting the %d global values: %w", k, err)
-	}
-	if err := b.checkList(cur, k, "rank 0 broadcast"); err != nil {
-		return Stats{}, err
-	}
-	if err := v.m.Fill(v.s, out, 0); err != nil {
-		return Stats{}, err
-	}
-	if err := v.ops.Scatter(v.s, out, cur, curVal, 1/float32(p)); err != nil {
-		return Stats{}, err
-	}
-	// The residual: acc with own selection ∩ global set zeroed.
-	m, err := v.intersectOn(&r.dn, b.n, cur, sel, r.inter)
-	if err != nil {
-		return Stats{}, err
-	}
-	if err := b.residualWithout(residual, acc, r.inter.Slice(0, m)); err != nil {
-		return Stats{}, err
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = k
-	st.ActualDensity = float64(k) / float64(b.n)
-	return st, err
+		if err := b.c.Broadcast(ctx, v.cb(cur), 0); err != nil {
+			return fmt.Errorf("broadcasting the %d global indices: %w", k, err)
+		}
+		if err := b.c.Broadcast(ctx, v.cb(curVal), 0); err != nil {
+			return fmt.Errorf("broadcasting the %d global values: %w", k, err)
+		}
+		if err := b.checkList(cur, k, "rank 0 broadcast"); err != nil {
+			return err
+		}
+		if err := v.m.Fill(v.s, out, 0); err != nil {
+			return err
+		}
+		if err := v.ops.Scatter(v.s, out, cur, curVal, 1/float32(p)); err != nil {
+			return err
+		}
+		// The residual: acc with own selection ∩ global set zeroed.
+		m, err := v.intersectOn(&r.dn, b.n, cur, sel, r.inter)
+		if err != nil {
+			return err
+		}
+		if err := b.residualWithout(residual, acc, r.inter.Slice(0, m)); err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Selected = k
+		st.ActualDensity = float64(k) / float64(b.n)
+		return nil
+	})
 }
 
 // recvFrom receives k candidates from rank src into idx and val and checks
@@ -216,17 +210,17 @@ func (r *gtopkReducer) recvFrom(ctx context.Context, src int, idx, val device.Bu
 	k := idx.Len()
 	m, err := b.c.Recv(ctx, b.v.cb(idx), src, gtopkTag)
 	if err != nil {
-		return fmt.Errorf("sparsify: gtopk: receiving indices from rank %d: %w", src, err)
+		return fmt.Errorf("receiving indices from rank %d: %w", src, err)
 	}
 	if m != k {
-		return fmt.Errorf("sparsify: gtopk: rank %d sent %d indices, want %d: the workers disagree on the layout or density", src, m, k)
+		return fmt.Errorf("rank %d sent %d indices, want %d: the workers disagree on the layout or density", src, m, k)
 	}
 	m, err = b.c.Recv(ctx, b.v.cb(val), src, gtopkTag+1)
 	if err != nil {
-		return fmt.Errorf("sparsify: gtopk: receiving values from rank %d: %w", src, err)
+		return fmt.Errorf("receiving values from rank %d: %w", src, err)
 	}
 	if m != k {
-		return fmt.Errorf("sparsify: gtopk: rank %d sent %d values, want %d: the workers disagree on the layout or density", src, m, k)
+		return fmt.Errorf("rank %d sent %d values, want %d: the workers disagree on the layout or density", src, m, k)
 	}
 	return b.checkList(idx, k, fmt.Sprintf("rank %d sent", src))
 }

@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "lags", New: newLAGSReducer, Params: []Param{
+	Register(Method{Name: "lags", Projectable: true, New: newLAGSReducer, Params: []Param{
 		{Name: "merge_size", Flag: "merge-size", Kind: Int, Default: LAGSDefaultMergeSize, Min: 1, Max: math.MaxInt32,
 			Doc: "merge threshold in elements (1: one group per tensor)"},
 		{Name: "max_ratio", Flag: "max-ratio", Kind: Float, Default: 0.0, Min: 1, Max: math.Inf(1), Zero: "off",
@@ -128,6 +128,30 @@ type DeviceGroupReducer interface {
 	// StartGroupOn is StartGroup on vectors of the reducer's device.
 	StartGroupOn(ctx context.Context, g int, acc, out, residual device.Buffer) (Pending, error)
 }
+
+// CostAdaptive is implemented by a group reducer that chooses each group's
+// density from the model's measured backward times and its own
+// sparsification cost (LAGS-SGD's eq. 19; *LAGS). A trainer profiles some
+// steps after a warm-up and hands both over once (every rank the same
+// values); a trainer needs no other knowledge of the method.
+type CostAdaptive interface {
+	GroupReducer
+	// Adaptive reports whether the densities follow the measurements
+	// (false: fixed densities, nothing to profile).
+	Adaptive() bool
+	// HasBackwardTimes reports whether the times were set (or restored).
+	HasBackwardTimes() bool
+	// TakeSparCost returns the sparsification time per element measured
+	// since the last call and starts a new measurement.
+	TakeSparCost() float64
+	// SetSparCost and SetBackwardTimes hand over the profile.
+	SetSparCost(perElement float64) error
+	SetBackwardTimes(perTensor []time.Duration) error
+	// GroupK is each group's current k.
+	GroupK() []int
+}
+
+var _ CostAdaptive = (*LAGS)(nil)
 
 // LAGSModel is the α-β cost model LAGS' adaptive per-group density uses: the
 // time of one group's communication with k elements per worker on n workers
@@ -549,11 +573,7 @@ func lagsGroupK(m int, density, maxRatio float64, n int, model LAGSModel, tComp 
 // Reduce reduces every group: all started in backward order, then all waited
 // for.
 func (l *LAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := l.v.hostArgs("lags", acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return l.ReduceOn(ctx, a, o, res)
+	return l.v.reduceHost(ctx, l, "lags", acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.

@@ -2,14 +2,15 @@ package sparsify
 
 import (
 	"context"
-	"fmt"
 	"math"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "micro", New: newMicro}) }
+func init() {
+	Register(Method{Name: "micro", NotProjectable: "each worker selects within its 1/n share of the gradient, so its part of the index all-gather shrinks as the worker count grows", New: newMicro})
+}
 
 // The constants of MiCRO's threshold controller (kljp/micro, notes 3.3).
 const (
@@ -91,11 +92,7 @@ func (m *microReducer) Name() string { return "micro" }
 
 // Reduce runs one MiCRO iteration; see newMicro.
 func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := m.b.v.hostArgs("micro", acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return m.ReduceOn(ctx, a, o, res)
+	return m.b.v.reduceHost(ctx, m, "micro", acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
@@ -103,54 +100,51 @@ func (m *microReducer) ReduceOn(ctx context.Context, acc, out, residual device.B
 	N := m.o.Layout.N
 	b := &m.b
 	v := &b.v
-	if err := v.checkOn("micro", N, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	t := m.t
-	m.t++
-	before := m.c.Totals()
-	s, e := comm.ChunkBounds(N, m.n, (t%m.n+m.r)%m.n)
-	mine, err := v.scratch(&b.dSel, device.Int32, max(e-s, 1))
-	if err != nil {
-		return Stats{}, err
-	}
-	cnt := 0
-	selTime, err := b.timed(func() error {
-		if t == 0 {
-			m.thr = 1 / (2 * math.Sqrt(float64(m.k)))
-		} else {
-			m.thr = microNextThreshold(m.thr, m.kPrev, m.k)
-		}
-		var err error
-		if cnt, err = v.ops.SelectAbove(v.s, mine, device.Buffer{}, acc.Slice(s, e), float32(m.thr)); err != nil {
+	return b.call(acc, out, residual, func(st *Stats) error {
+		t := m.t
+		m.t++
+		s, e := comm.ChunkBounds(N, m.n, (t%m.n+m.r)%m.n)
+		mine, err := v.scratch(&b.dSel, device.Int32, max(e-s, 1))
+		if err != nil {
 			return err
 		}
-		if err := v.ops.Shift(v.s, mine.Slice(0, cnt), s); err != nil {
+		cnt := 0
+		selTime, err := b.timed(func() error {
+			if t == 0 {
+				m.thr = 1 / (2 * math.Sqrt(float64(m.k)))
+			} else {
+				m.thr = microNextThreshold(m.thr, m.kPrev, m.k)
+			}
+			var err error
+			if cnt, err = v.ops.SelectAbove(v.s, mine, device.Buffer{}, acc.Slice(s, e), float32(m.thr)); err != nil {
+				return err
+			}
+			if err := v.ops.Shift(v.s, mine.Slice(0, cnt), s); err != nil {
+				return err
+			}
+			if cnt == 0 && e > s {
+				cnt = 1
+				return v.upload(mine, []int32{int32(s + t%(e-s))})
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
-		if cnt == 0 && e > s {
-			cnt = 1
-			return v.upload(mine, []int32{int32(s + t%(e-s))})
+		union, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, cnt)) // disjoint partitions: no duplicates
+		if err != nil {
+			return err
 		}
+		if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+			return err
+		}
+		m.kPrev = union.Len()
+
+		st.SelectTime = selTime
+		st.ActualDensity = float64(union.Len()) / float64(N)
+		st.Selected = cnt
+		st.SelectedPerWorker = counts
+		st.Threshold = m.thr
 		return nil
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
-	}
-	union, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, cnt)) // disjoint partitions: no duplicates
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
-	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: micro: %w", err)
-	}
-	m.kPrev = union.Len()
-
-	st, err := b.finish(before, selTime, residual)
-	st.Density = m.o.Density
-	st.ActualDensity = float64(union.Len()) / float64(N)
-	st.Selected = cnt
-	st.SelectedPerWorker = counts
-	st.Threshold = m.thr
-	return st, err
 }

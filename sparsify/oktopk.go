@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "oktopk", New: newOkTopkReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "oktopk", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newOkTopkReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
 }
 
 // Constants of Ok-Topk's schedule and threshold controllers
@@ -139,171 +139,165 @@ func (r *okTopkReducer) raiseThreshold(acc device.Buffer, thr float64, k int) (f
 
 // Reduce runs one Ok-Topk iteration (see okTopkReducer).
 func (r *okTopkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
 func (r *okTopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	if b.iter < r.warmup {
-		st, err := okDenseReduce(ctx, b, acc, out, residual)
+	return b.call(acc, out, residual, func(st *Stats) error {
+		if b.iter < r.warmup {
+			err := okDense(ctx, b, acc, out, residual, st)
+			b.iter++
+			return err
+		}
+		s := b.iter - r.warmup
 		b.iter++
-		return st, err
-	}
-	before := b.c.Totals()
-	s := b.iter - r.warmup
-	b.iter++
-	k := b.k
-	sel, err := v.scratch(&r.sel, device.Int32, b.n)
-	if err != nil {
-		return Stats{}, err
-	}
-
-	// Local threshold and selection L.
-	var thr float32
-	nsel := 0
-	selTime, err := b.timed(func() error {
-		if s%okLocalRecompute == 0 {
-			t, err := v.ops.KthLargestAbs(v.s, acc, k)
-			if err != nil {
-				return err
-			}
-			r.lthr = float64(t)
-		} else {
-			var err error
-			if r.lthr, err = r.raiseThreshold(acc, r.lthr, k); err != nil {
-				return err
-			}
+		k := b.k
+		sel, err := v.scratch(&r.sel, device.Int32, b.n)
+		if err != nil {
+			return err
 		}
-		thr = float32(r.lthr)
-		var err error
-		nsel, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, okAbove(thr))
-		return err
-	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
-	}
-	sel = sel.Slice(0, nsel)
 
-	if s%okRepartition == 0 {
-		if err := r.rebalance(ctx, sel); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: oktopk: re-balancing the regions: %w", err)
-		}
-	}
-	if nl := float64(nsel); nl < 2*float64(k)/3 {
-		r.lthr /= okLocalScale
-	} else if nl > 5*float64(k)/4 {
-		r.lthr *= okLocalScale
-	}
-
-	if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
-	}
-
-	// Global selection.
-	recompute := s%okGlobalRecompute == 0
-	red := r.reg.reduced
-	m := 0
-	t1, err := b.timed(func() error {
-		t := okAbove(0)
-		if !recompute {
-			t = okAbove(float32(r.gthr))
-		}
-		var err error
-		m, err = v.compactAbove(&r.gsel, &r.gval, red, t)
-		return err
-	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
-	}
-	selTime += t1
-	total, err := r.reg.gatherCounts(ctx, m)
-	if err == nil {
-		err = r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total)
-	}
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
-	}
-	allIdx, allVal := r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total)
-	if err := v.m.Fill(v.s, out, 0); err != nil {
-		return Stats{}, err
-	}
-	var set device.Buffer
-	if recompute {
-		t2, err := b.timed(func() error {
-			kk := min(total, k)
-			pick, err := v.scratch(&r.pick, device.Int32, kk)
-			if err != nil {
-				return err
-			}
-			if set, err = v.scratch(&r.set, device.Int32, kk); err != nil {
-				return err
-			}
-			vals, err := v.scratch(&r.vals, device.Float32, kk)
-			if err != nil {
-				return err
-			}
-			if kk > 0 {
-				if _, err := v.ops.TopK(v.s, pick, vals, allVal, kk); err != nil {
-					return err
-				}
-				g, err := v.ops.KthLargestAbs(v.s, vals, kk) // the smallest kept magnitude
+		// Local threshold and selection L.
+		var thr float32
+		nsel := 0
+		selTime, err := b.timed(func() error {
+			if s%okLocalRecompute == 0 {
+				t, err := v.ops.KthLargestAbs(v.s, acc, k)
 				if err != nil {
 					return err
 				}
-				r.gthr = float64(g)
+				r.lthr = float64(t)
+			} else {
+				var err error
+				if r.lthr, err = r.raiseThreshold(acc, r.lthr, k); err != nil {
+					return err
+				}
 			}
-			if err := v.ops.GatherIndex(v.s, set, allIdx, pick); err != nil {
-				return err
-			}
-			return v.ops.Scatter(v.s, out, set, vals, 1)
+			thr = float32(r.lthr)
+			var err error
+			nsel, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, okAbove(thr))
+			return err
 		})
 		if err != nil {
-			return Stats{}, fmt.Errorf("sparsify: oktopk: %w", err)
+			return err
 		}
-		selTime += t2
-	} else {
-		if err := v.ops.Scatter(v.s, out, allIdx, allVal, 1); err != nil {
-			return Stats{}, err
-		}
-		set = allIdx
-		if g := float64(total); g < 2*float64(k)/3 {
-			r.gthr /= okGlobalScale
-		} else if g > 4*float64(k)/3 {
-			r.gthr *= okGlobalScale
-		}
-	}
-	if err := v.ops.Div(v.s, out, float32(b.c.Size())); err != nil {
-		return Stats{}, err
-	}
+		sel = sel.Slice(0, nsel)
 
-	// residual = acc with L ∩ G zeroed.
-	inter, err := v.scratch(&r.inter, device.Int32, nsel)
-	if err != nil {
-		return Stats{}, err
-	}
-	ni, err := v.intersectOn(&r.dn, b.n, set, sel, inter)
-	if err != nil {
-		return Stats{}, err
-	}
-	if err := b.residualWithout(residual, acc, inter.Slice(0, ni)); err != nil {
-		return Stats{}, err
-	}
+		if s%okRepartition == 0 {
+			if err := r.rebalance(ctx, sel); err != nil {
+				return fmt.Errorf("re-balancing the regions: %w", err)
+			}
+		}
+		if nl := float64(nsel); nl < 2*float64(k)/3 {
+			r.lthr /= okLocalScale
+		} else if nl > 5*float64(k)/4 {
+			r.lthr *= okLocalScale
+		}
 
-	st, err := b.finish(before, selTime, residual)
-	st.Threshold = float64(thr)
-	st.Selected = nsel
-	st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
-	st.ActualDensity = float64(total) / float64(b.n)
-	return st, err
+		if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
+			return err
+		}
+
+		// Global selection.
+		recompute := s%okGlobalRecompute == 0
+		red := r.reg.reduced
+		m := 0
+		t1, err := b.timed(func() error {
+			t := okAbove(0)
+			if !recompute {
+				t = okAbove(float32(r.gthr))
+			}
+			var err error
+			m, err = v.compactAbove(&r.gsel, &r.gval, red, t)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		selTime += t1
+		total, err := r.reg.gatherCounts(ctx, m)
+		if err == nil {
+			err = r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total)
+		}
+		if err != nil {
+			return err
+		}
+		allIdx, allVal := r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total)
+		if err := v.m.Fill(v.s, out, 0); err != nil {
+			return err
+		}
+		var set device.Buffer
+		if recompute {
+			t2, err := b.timed(func() error {
+				kk := min(total, k)
+				pick, err := v.scratch(&r.pick, device.Int32, kk)
+				if err != nil {
+					return err
+				}
+				if set, err = v.scratch(&r.set, device.Int32, kk); err != nil {
+					return err
+				}
+				vals, err := v.scratch(&r.vals, device.Float32, kk)
+				if err != nil {
+					return err
+				}
+				if kk > 0 {
+					if _, err := v.ops.TopK(v.s, pick, vals, allVal, kk); err != nil {
+						return err
+					}
+					g, err := v.ops.KthLargestAbs(v.s, vals, kk) // the smallest kept magnitude
+					if err != nil {
+						return err
+					}
+					r.gthr = float64(g)
+				}
+				if err := v.ops.GatherIndex(v.s, set, allIdx, pick); err != nil {
+					return err
+				}
+				return v.ops.Scatter(v.s, out, set, vals, 1)
+			})
+			if err != nil {
+				return err
+			}
+			selTime += t2
+		} else {
+			if err := v.ops.Scatter(v.s, out, allIdx, allVal, 1); err != nil {
+				return err
+			}
+			set = allIdx
+			if g := float64(total); g < 2*float64(k)/3 {
+				r.gthr /= okGlobalScale
+			} else if g > 4*float64(k)/3 {
+				r.gthr *= okGlobalScale
+			}
+		}
+		if err := v.ops.Div(v.s, out, float32(b.c.Size())); err != nil {
+			return err
+		}
+
+		// residual = acc with L ∩ G zeroed.
+		inter, err := v.scratch(&r.inter, device.Int32, nsel)
+		if err != nil {
+			return err
+		}
+		ni, err := v.intersectOn(&r.dn, b.n, set, sel, inter)
+		if err != nil {
+			return err
+		}
+		if err := b.residualWithout(residual, acc, inter.Slice(0, ni)); err != nil {
+			return err
+		}
+
+		st.SelectTime = selTime
+		st.Threshold = float64(thr)
+		st.Selected = nsel
+		st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
+		st.ActualDensity = float64(total) / float64(b.n)
+		return nil
+	})
 }
 
 // rebalance sets the region boundaries from the workers' selections L

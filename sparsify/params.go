@@ -278,6 +278,14 @@ type Method struct {
 	// the threshold by √n for n workers (DGC's §3.2: each worker's share of
 	// the global threshold if all had the same gradient distribution).
 	ScaledClip bool
+	// Projectable tells that the method's measured traffic can be carried
+	// to other worker counts and networks: every worker's payload per call
+	// and the number of calls per iteration do not depend on the worker
+	// count, which is what comm/netmodel's Project assumes. When it is
+	// false, NotProjectable says why (the reports print it beside the
+	// projection chart that leaves the method out).
+	Projectable    bool
+	NotProjectable string
 }
 
 // Param returns the method's declaration of the option name.

@@ -2,12 +2,11 @@ package sparsify
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "randomk", New: newRandomkReducer}) }
+func init() { Register(Method{Name: "randomk", Projectable: true, New: newRandomkReducer}) }
 
 // randomkReducer is "randomk", the random-k baseline with a shared index set:
 //
@@ -41,11 +40,7 @@ func randomkSeed(seed uint64, iter int) uint64 { return sampMix(seed ^ sampMix(u
 
 // Reduce draws the shared indices and all-reduces acc there.
 func (r *randomkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device. The k indices are
@@ -53,27 +48,25 @@ func (r *randomkReducer) Reduce(ctx context.Context, acc, out, residual []float3
 func (r *randomkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	selTime, err := b.timed(func() error {
-		r.sel = RandomK(r.sel, b.n, b.k, randomkSeed(b.o.Seed, b.iter))
-		return v.upload(sel, r.sel)
+	return b.call(acc, out, residual, func(st *Stats) error {
+		sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+		if err != nil {
+			return err
+		}
+		selTime, err := b.timed(func() error {
+			r.sel = RandomK(r.sel, b.n, b.k, randomkSeed(b.o.Seed, b.iter))
+			return v.upload(sel, r.sel)
+		})
+		if err != nil {
+			return err
+		}
+		b.iter++
+		if err := b.unionReduceOn(ctx, acc, out, residual, sel.Slice(0, len(r.sel))); err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Selected = len(r.sel)
+		st.ActualDensity = float64(len(r.sel)) / float64(b.n)
+		return nil
 	})
-	if err != nil {
-		return Stats{}, err
-	}
-	b.iter++
-	if err := b.unionReduceOn(ctx, acc, out, residual, sel.Slice(0, len(r.sel))); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: randomk: %w", err)
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = len(r.sel)
-	st.ActualDensity = float64(len(r.sel)) / float64(b.n)
-	return st, err
 }

@@ -412,28 +412,25 @@ func (g *okRegions) gatherPairs(ctx context.Context, idx, val device.Buffer, tot
 	return nil
 }
 
-// okDenseReduce is the dense warm-up iteration of the Ok-Topk code: out =
+// okDense is the dense warm-up iteration of the Ok-Topk code: out =
 // (Σ_w acc_w)/P (all-reduce in the communicator's canonical order, then a
 // division, as the reference), residual = 0.
-func okDenseReduce(ctx context.Context, b *base, acc, out, residual device.Buffer) (Stats, error) {
+func okDense(ctx context.Context, b *base, acc, out, residual device.Buffer, st *Stats) error {
 	v := &b.v
-	before := b.c.Totals()
 	if err := v.s.Copy(out, acc); err != nil {
-		return Stats{}, err
+		return err
 	}
 	if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: %s: dense warm-up iteration %d: all-reducing %d values: %w", b.name, b.iter, out.Len(), err)
+		return fmt.Errorf("dense warm-up iteration %d: all-reducing %d values: %w", b.iter, out.Len(), err)
 	}
 	if err := v.ops.Div(v.s, out, float32(b.c.Size())); err != nil {
-		return Stats{}, err
+		return err
 	}
 	if err := v.m.Fill(v.s, residual, 0); err != nil {
-		return Stats{}, err
+		return err
 	}
-	st := b.stats(before, 0)
-	st.ActualDensity = 1
-	st.Selected = b.n
-	return st, nil
+	st.ActualDensity, st.Selected, st.ErrorNorm = 1, b.n, 0
+	return nil
 }
 
 // okSince adds the time since t0 to *d.

@@ -169,3 +169,20 @@ func TestNewRejectsHugeLayouts(t *testing.T) {
 		})
 	}
 }
+
+// TestEveryMethodSaysWhetherItProjects: each built-in method declares
+// whether its traffic can be projected to other worker counts, with the
+// reason when not (the reports read it; a new method must decide).
+func TestEveryMethodSaysWhetherItProjects(t *testing.T) {
+	for _, m := range Methods() {
+		if !m.Projectable && m.NotProjectable == "" {
+			t.Errorf("%s declares neither Projectable nor NotProjectable", m.Name)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Register accepted a method both Projectable and with a reason it is not")
+		}
+	}()
+	Register(Method{Name: "zz-both", New: newDenseReducer, Projectable: true, NotProjectable: "x"})
+}

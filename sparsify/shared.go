@@ -168,6 +168,28 @@ func valuesAt(dst, x []float32, idx []int32) []float32 {
 	return dst
 }
 
+// reduceSelected is the rest of a call of a method whose workers each
+// select their own indices (topk, threshold): every worker's selection
+// gathered, the union formed and all-reduced (unionReduceOn), and the
+// selection's statistics put in st.
+func (b *base) reduceSelected(ctx context.Context, acc, out, residual, sel device.Buffer, st *Stats) error {
+	all, counts, err := b.gatherIndicesOn(ctx, sel)
+	if err != nil {
+		return err
+	}
+	union, err := b.union(all)
+	if err != nil {
+		return err
+	}
+	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+		return err
+	}
+	st.Selected = sel.Len()
+	st.SelectedPerWorker = counts
+	st.ActualDensity = float64(union.Len()) / float64(b.n)
+	return nil
+}
+
 // residualWithout sets residual to acc with the elements at idx zeroed: the
 // error feedback of a worker that sent its own values at idx. residual may be
 // the same slice as acc.
@@ -365,23 +387,41 @@ func (b *base) timed(f func() error) (time.Duration, error) {
 	return time.Since(t0), nil
 }
 
+// call is the frame of a single-shot reducer's ReduceOn: the work every
+// method's call shares, done once here (as database/sql does it for its
+// drivers). It checks the vectors (checkOn), counts the call's traffic,
+// and fills the Stats every method fills alike: the setup density, the
+// bytes and communication time, Threshold NaN and the residual's error
+// norm unless core set them. core does the method's work on the checked
+// vectors and fills the rest of st (SelectTime, Selected, ActualDensity
+// and what else the method knows); its error gets the method's prefix.
+func (b *base) call(acc, out, residual device.Buffer, core func(st *Stats) error) (Stats, error) {
+	if err := b.v.checkOn(b.name, b.n, acc, out, residual); err != nil {
+		return Stats{}, err
+	}
+	before := b.c.Totals()
+	st := Stats{Threshold: math.NaN(), ErrorNorm: math.NaN()}
+	if err := core(&st); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: %s: %w", b.name, err)
+	}
+	d := b.c.Totals().Sub(before)
+	st.Density, st.BytesSent, st.BytesRecv, st.CommTime = b.o.Density, d.BytesSent, d.BytesRecv, d.Time
+	if math.IsNaN(st.ErrorNorm) {
+		var err error
+		if st.ErrorNorm, err = b.v.errorNorm(residual); err != nil {
+			return Stats{}, fmt.Errorf("sparsify: %s: the residual's norm: %w", b.name, err)
+		}
+	}
+	return st, nil
+}
+
 // finish completes the Stats of a call: traffic and times, and the error
 // norm of residual.
 func (b *base) finish(before comm.Totals, sel time.Duration, residual device.Buffer) (Stats, error) {
-	st := b.stats(before, sel)
+	st := callStats(b.c, before, b.o.Density, sel)
 	var err error
 	st.ErrorNorm, err = b.v.errorNorm(residual)
 	return st, err
-}
-
-// checkArgs validates Reduce's arguments (checkReduceArgs).
-func (b *base) checkArgs(acc, out, residual []float32) error {
-	return checkReduceArgs(b.name, b.n, acc, out, residual)
-}
-
-// stats returns callStats for this reducer.
-func (b *base) stats(before comm.Totals, sel time.Duration) Stats {
-	return callStats(b.c, before, b.o.Density, sel)
 }
 
 // sparseExchange all-gathers every worker's (index, value) pairs in the
@@ -526,10 +566,10 @@ func (b *base) sparseExchangeIfAny(ctx context.Context, any bool, idx, val, out 
 func (b *base) checkList(idx device.Buffer, k int, what string) error {
 	u, err := b.union(idx)
 	if err != nil {
-		return fmt.Errorf("sparsify: %s: %s indices outside [0, %d): the workers disagree on the layout: %w", b.name, what, b.n, err)
+		return fmt.Errorf("%s indices outside [0, %d): the workers disagree on the layout: %w", what, b.n, err)
 	}
 	if u.Len() != k {
-		return fmt.Errorf("sparsify: %s: %s %d indices of which %d are distinct: the workers disagree on the layout or the data is corrupt", b.name, what, k, u.Len())
+		return fmt.Errorf("%s %d indices of which %d are distinct: the workers disagree on the layout or the data is corrupt", what, k, u.Len())
 	}
 	return nil
 }

@@ -12,7 +12,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "spardl", New: newSparDL, CheckWorkers: spardlCheckWorkers, Params: []Param{
+	Register(Method{Name: "spardl", NotProjectable: "SparDL's number of communication rounds grows with log₂ of the worker count", New: newSparDL, CheckWorkers: spardlCheckWorkers, Params: []Param{
 		{Name: "teams", Flag: "teams", Kind: Int, Default: 1, Min: 1, Max: math.MaxInt32,
 			Doc: "number of teams G (must divide the number of workers)"},
 		{Name: "sag", Flag: "sag", Kind: String, Default: "bruck", Choices: []string{"bruck", "rsag"},
@@ -393,11 +393,7 @@ func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32
 	if err := checkReduceArgs("spardl", s.N, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
-	a, o, r, err := s.b.v.hostArgs("spardl", acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return s.ReduceOn(ctx, a, o, r)
+	return s.b.v.reduceHost(ctx, s, "spardl", acc, out, residual)
 }
 
 // ReduceOn runs SparDL on vectors of the reducer's device.

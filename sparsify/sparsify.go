@@ -158,6 +158,9 @@ func Register(m Method) {
 	if m.Name == "" || m.New == nil {
 		panic(fmt.Sprintf("sparsify: Register: method %q needs a name and a constructor", m.Name))
 	}
+	if m.Projectable && m.NotProjectable != "" {
+		panic(fmt.Sprintf("sparsify: Register %s: Projectable with a reason it is not (NotProjectable)", m.Name))
+	}
 	seen := map[string]bool{}
 	for _, p := range m.Params {
 		if err := p.validate(); err != nil {

@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "threshold", New: newThresholdReducer, Params: []Param{{
+	Register(Method{Name: "threshold", NotProjectable: "the union of the workers' selections, which every worker all-reduces, grows with the worker count", New: newThresholdReducer, Params: []Param{{
 		Name: "lambda", Flag: "lambda", Kind: Float, Default: 0.0, Min: 0, Max: math.MaxFloat32,
 		Zero: "1/(2√k), recomputed every call",
 		Doc:  "hard threshold λ: every element with |acc| >= λ is sent",
@@ -55,54 +55,34 @@ func (r *thresholdReducer) Name() string { return "threshold" }
 // Reduce selects |acc| >= λ, gathers every worker's indices and all-reduces
 // the union.
 func (r *thresholdReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
 func (r *thresholdReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	lam := r.lambda
-	if lam == 0 {
-		lam = 1 / (2 * math.Sqrt(float64(b.k)))
-	}
-	lam32 := float32(lam)
-	before := b.c.Totals()
-	sel, err := v.scratch(&b.dSel, device.Int32, b.n)
-	if err != nil {
-		return Stats{}, err
-	}
-	m := 0
-	selTime, err := b.timed(func() error {
-		var err error
-		m, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, lam32)
-		return err
+	return b.call(acc, out, residual, func(st *Stats) error {
+		lam := r.lambda
+		if lam == 0 {
+			lam = 1 / (2 * math.Sqrt(float64(b.k)))
+		}
+		lam32 := float32(lam)
+		sel, err := v.scratch(&b.dSel, device.Int32, b.n)
+		if err != nil {
+			return err
+		}
+		m := 0
+		selTime, err := b.timed(func() error {
+			var err error
+			m, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, lam32)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Threshold = float64(lam32)
+		return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, m), st)
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
-	}
-	all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, m))
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
-	}
-	union, err := b.union(all)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
-	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: threshold: %w", err)
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = m
-	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(union.Len()) / float64(b.n)
-	st.Threshold = float64(lam32)
-	return st, err
 }

@@ -8,8 +8,8 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "topk", New: newTopkReducer})
-	Register(Method{Name: "topka", New: newTopkaReducer})
+	Register(Method{Name: "topk", NotProjectable: "the union of the workers' top-k indices, which every worker all-reduces, grows with the worker count", New: newTopkReducer})
+	Register(Method{Name: "topka", Projectable: true, New: newTopkaReducer})
 }
 
 // topkReducer is the "topk" baseline of the DEFT/MiCRO code (TopKReducer,
@@ -44,50 +44,30 @@ func (r *topkReducer) Name() string { return "topk" }
 // Reduce selects this worker's top-k, gathers every worker's indices and
 // all-reduces the union.
 func (r *topkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
 func (r *topkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	k := 0
-	selTime, err := b.timed(func() error {
-		var err error
-		k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
-		return err
+	return b.call(acc, out, residual, func(st *Stats) error {
+		sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+		if err != nil {
+			return err
+		}
+		k := 0
+		selTime, err := b.timed(func() error {
+			var err error
+			k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, k), st)
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
-	}
-	all, counts, err := b.gatherIndicesOn(ctx, sel.Slice(0, k))
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
-	}
-	union, err := b.union(all)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
-	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topk: %w", err)
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = k
-	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(union.Len()) / float64(b.n)
-	return st, err
 }
 
 // topkaReducer is "topka", the sparse all-gather Top-k (TopkA of Ok-Topk,
@@ -120,62 +100,56 @@ func (r *topkaReducer) Name() string { return "topka" }
 
 // Reduce selects this worker's top-k and all-gathers (value, index) pairs.
 func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
 func (r *topkaReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	vals, err := v.scratch(&b.dVal, device.Float32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	k := 0
-	selTime, err := b.timed(func() error {
-		var err error
-		k, err = v.ops.TopK(v.s, sel, vals, acc, b.k)
-		return err
+	return b.call(acc, out, residual, func(st *Stats) error {
+		sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+		if err != nil {
+			return err
+		}
+		vals, err := v.scratch(&b.dVal, device.Float32, b.k)
+		if err != nil {
+			return err
+		}
+		k := 0
+		selTime, err := b.timed(func() error {
+			var err error
+			k, err = v.ops.TopK(v.s, sel, vals, acc, b.k)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		n := b.c.Size()
+		gvals, err := v.scratch(&b.dAllVal, device.Float32, n*k)
+		if err != nil {
+			return err
+		}
+		gidx, err := v.scratch(&b.dAll, device.Int32, n*k)
+		if err != nil {
+			return err
+		}
+		if err := b.c.AllGather(ctx, v.cb(vals.Slice(0, k)), v.cb(gvals)); err != nil {
+			return fmt.Errorf("gathering %d values per worker: %w", k, err)
+		}
+		if err := b.c.AllGather(ctx, v.cb(sel.Slice(0, k)), v.cb(gidx)); err != nil {
+			return fmt.Errorf("gathering %d indices per worker: %w", k, err)
+		}
+		if err := b.residualWithout(residual, acc, sel.Slice(0, k)); err != nil {
+			return err
+		}
+		distinct, err := b.addMeanOn(out, gidx, gvals, nil, k)
+		if err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Selected = k
+		st.ActualDensity = float64(distinct) / float64(b.n)
+		return nil
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: %w", err)
-	}
-	n := b.c.Size()
-	gvals, err := v.scratch(&b.dAllVal, device.Float32, n*k)
-	if err != nil {
-		return Stats{}, err
-	}
-	gidx, err := v.scratch(&b.dAll, device.Int32, n*k)
-	if err != nil {
-		return Stats{}, err
-	}
-	if err := b.c.AllGather(ctx, v.cb(vals.Slice(0, k)), v.cb(gvals)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d values per worker: %w", k, err)
-	}
-	if err := b.c.AllGather(ctx, v.cb(sel.Slice(0, k)), v.cb(gidx)); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: gathering %d indices per worker: %w", k, err)
-	}
-	if err := b.residualWithout(residual, acc, sel.Slice(0, k)); err != nil {
-		return Stats{}, err
-	}
-	distinct, err := b.addMeanOn(out, gidx, gvals, nil, k)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topka: %w", err)
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Selected = k
-	st.ActualDensity = float64(distinct) / float64(b.n)
-	return st, err
 }

@@ -277,9 +277,10 @@ func TestTopkUnionGrowsWithWorkers(t *testing.T) {
 	}
 }
 
-// TestReducersRejectBadArguments: wrong lengths and out aliasing are errors.
+// TestReducersRejectBadArguments: for every registered method, wrong
+// lengths and out aliasing are errors.
 func TestReducersRejectBadArguments(t *testing.T) {
-	for _, method := range []string{"dense", "topk", "topka", "gtopk", "cltk", "threshold"} {
+	for _, method := range Names() {
 		t.Run(method, func(t *testing.T) {
 			l, _ := FlatLayout(10)
 			c := blSingleComm(t)

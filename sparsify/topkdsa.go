@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "topkdsa", New: newTopkDSAReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSAReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
 }
 
 // topkDSAReducer is "topkdsa", TopkDSA (Renggli et al.'s SparCML dynamic
@@ -89,100 +89,91 @@ func (r *topkDSAReducer) Name() string { return "topkdsa" }
 
 // Reduce runs one TopkDSA iteration (see topkDSAReducer).
 func (r *topkDSAReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := r.base.v.hostArgs(r.base.name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
+	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
 }
 
 // ReduceOn is Reduce on vectors of the reducer's device.
 func (r *topkDSAReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	b := &r.base
 	v := &b.v
-	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	if b.iter < r.warmup {
-		st, err := okDenseReduce(ctx, b, acc, out, residual)
-		b.iter++
-		if err == nil {
-			st.ErrorNorm = 0
-		}
-		return st, err
-	}
-	b.iter++
-	before := b.c.Totals()
-	sel, err := v.scratch(&r.sel, device.Int32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	vals, err := v.scratch(&r.vals, device.Float32, b.k)
-	if err != nil {
-		return Stats{}, err
-	}
-	var thr float32
-	k := 0
-	selTime, err := b.timed(func() error {
-		var err error
-		if k, err = v.ops.TopK(v.s, sel, vals, acc, b.k); err != nil {
+	return b.call(acc, out, residual, func(st *Stats) error {
+		if b.iter < r.warmup {
+			err := okDense(ctx, b, acc, out, residual, st)
+			b.iter++
 			return err
 		}
-		// The threshold is the smallest selected magnitude: a pass over
-		// the k selected values, not over acc again.
-		thr, err = v.ops.KthLargestAbs(v.s, vals.Slice(0, k), k)
-		return err
+		b.iter++
+		sel, err := v.scratch(&r.sel, device.Int32, b.k)
+		if err != nil {
+			return err
+		}
+		vals, err := v.scratch(&r.vals, device.Float32, b.k)
+		if err != nil {
+			return err
+		}
+		var thr float32
+		k := 0
+		selTime, err := b.timed(func() error {
+			var err error
+			if k, err = v.ops.TopK(v.s, sel, vals, acc, b.k); err != nil {
+				return err
+			}
+			// The threshold is the smallest selected magnitude: a pass over
+			// the k selected values, not over acc again.
+			thr, err = v.ops.KthLargestAbs(v.s, vals.Slice(0, k), k)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		sel = sel.Slice(0, k)
+		if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
+			return err
+		}
+		red := r.reg.reduced
+		m := 0
+		t1, err := b.timed(func() error {
+			var err error
+			m, err = v.compactAbove(&r.gsel, &r.gval, red, okAbove(0))
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		selTime += t1
+		total, err := r.reg.gatherCounts(ctx, m)
+		if err != nil {
+			return err
+		}
+		pf := float32(b.c.Size())
+		density := 1.0
+		if 2*total < 2*b.n/3 {
+			if err := r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total); err != nil {
+				return err
+			}
+			if err := v.m.Fill(v.s, out, 0); err != nil {
+				return err
+			}
+			if err := v.ops.Scatter(v.s, out, r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total), 1); err != nil {
+				return err
+			}
+			density = float64(total) / float64(b.n)
+		} else {
+			if err := b.c.AllGatherV(ctx, v.cb(red), v.cb(out), r.reg.regionSizes()); err != nil {
+				return fmt.Errorf("gathering the %d region sums densely: %w", b.n, err)
+			}
+		}
+		if err := v.ops.Div(v.s, out, pf); err != nil {
+			return err
+		}
+		if err := b.residualWithout(residual, acc, sel); err != nil {
+			return err
+		}
+		st.SelectTime = selTime
+		st.Threshold = float64(thr)
+		st.Selected = k
+		st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
+		st.ActualDensity = density
+		return nil
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
-	}
-	sel = sel.Slice(0, k)
-	if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
-	}
-	red := r.reg.reduced
-	m := 0
-	t1, err := b.timed(func() error {
-		var err error
-		m, err = v.compactAbove(&r.gsel, &r.gval, red, okAbove(0))
-		return err
-	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
-	}
-	selTime += t1
-	total, err := r.reg.gatherCounts(ctx, m)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
-	}
-	pf := float32(b.c.Size())
-	density := 1.0
-	if 2*total < 2*b.n/3 {
-		if err := r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: topkdsa: %w", err)
-		}
-		if err := v.m.Fill(v.s, out, 0); err != nil {
-			return Stats{}, err
-		}
-		if err := v.ops.Scatter(v.s, out, r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total), 1); err != nil {
-			return Stats{}, err
-		}
-		density = float64(total) / float64(b.n)
-	} else {
-		if err := b.c.AllGatherV(ctx, v.cb(red), v.cb(out), r.reg.regionSizes()); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: topkdsa: gathering the %d region sums densely: %w", b.n, err)
-		}
-	}
-	if err := v.ops.Div(v.s, out, pf); err != nil {
-		return Stats{}, err
-	}
-	if err := b.residualWithout(residual, acc, sel); err != nil {
-		return Stats{}, err
-	}
-	st, err := b.finish(before, selTime, residual)
-	st.Threshold = float64(thr)
-	st.Selected = k
-	st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
-	st.ActualDensity = density
-	return st, err
 }

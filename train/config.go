@@ -144,9 +144,12 @@ type Config struct {
 	// MaxEvalBatches bounds the batches (per worker) of one evaluation (0: all).
 	MaxEvalBatches int `json:"max_eval_batches,omitempty"`
 	// BLAS is "auto", "openblas" or "gonum"; BLASThreads its thread count
-	// (0: cores / in-process workers).
+	// and oneDNN's (0: cores / in-process workers).
 	BLAS        string `json:"blas"`
 	BLASThreads int    `json:"blas_threads"`
+	// Kernels are the CPU's convolution and batch-norm kernels: "auto"
+	// (oneDNN if installed), "onednn" or "im2col" (engine.ConfigureCPU).
+	Kernels string `json:"kernels,omitempty"`
 	// Executors is the number of models (executors) the in-process workers
 	// share on the CPU (0: one per core, at most Workers). The workers also
 	// share one parameter vector and optimizer; see the package doc,
@@ -204,6 +207,7 @@ func (c Config) Defaults() Config {
 	def(&c.Comm, "auto")
 	c.LogEvery.orDefault(1)
 	def(&c.BLAS, "auto")
+	def(&c.Kernels, "auto")
 	c.Seed.orDefault(42)
 	var momentum, wd, clip float64
 	def(&c.LRSchedule, "step")
@@ -550,6 +554,11 @@ func (c Config) Validate(underMPI bool) error {
 	case "auto", "openblas", "gonum":
 	default:
 		bad("-blas %q: use auto, openblas or gonum", c.BLAS)
+	}
+	switch c.Kernels {
+	case "auto", "onednn", "im2col":
+	default:
+		bad("-kernels %q: use auto, onednn or im2col", c.Kernels)
 	}
 	if c.Executors < 0 {
 		bad("-executors %d must be >= 0 (0: one per core)", c.Executors)

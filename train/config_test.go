@@ -169,6 +169,7 @@ func TestValidateRejects(t *testing.T) {
 		{"net under mpi", func(c *Config) { c.NetLatency = time.Millisecond; c.NetBandwidth = 1e9 }, true, "under mpirun"},
 		{"no out", func(c *Config) { c.Out = "" }, false, "-out DIR"},
 		{"blas", func(c *Config) { c.BLAS = "mkl" }, false, "-blas"},
+		{"kernels", func(c *Config) { c.Kernels = "mkldnn" }, false, "-kernels \"mkldnn\": use auto, onednn or im2col"},
 		{"preset", func(c *Config) { c.Preset = "small" }, false, "not an NCF preset"},
 		{"gtopk 3 workers", func(c *Config) { c.Sparsifier = "gtopk"; c.Workers = Set(3) }, false, "power-of-two"},
 		{"teams divide", func(c *Config) {

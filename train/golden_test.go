@@ -11,7 +11,8 @@ import (
 // that ran the models on Gorgonia's tape machine with host-slice optimizers
 // (models and train of commit 36ec39a, with comm and sparsify of commit
 // 113fd1c, whose exact DEFT budget allocation changed DEFT's selections),
-// gonum BLAS. The device-neutral trainer must reproduce them bit for bit.
+// gonum BLAS, the im2col kernels. The device-neutral trainer must reproduce
+// them bit for bit.
 // Regenerate only deliberately:
 // SPARSEGRAD_WRITE_GOLDEN=1 go test -run TestGoldenRuns ./train
 const goldenRunsFile = "testdata/golden-runs.json"
@@ -36,7 +37,7 @@ func goldenRunConfigs(t *testing.T) []struct {
 	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: sharedData(t, "wikitext-2/train.txt"), Preset: "small", Workers: Set(2), Steps: 3,
 		Batch: Set(4), Sparsifier: "topk", Density: Set(0.01), Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
 	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: sharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(2), Steps: 2,
-		Batch: Set(4), EvalBatch: Set(8), Sparsifier: "dense", Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
+		Batch: Set(4), EvalBatch: Set(8), Sparsifier: "dense", Out: t.TempDir(), Quiet: true, BLAS: "gonum", Kernels: "im2col", MaxEvalBatches: 1}
 	return []struct {
 		name string
 		long bool

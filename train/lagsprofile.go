@@ -37,7 +37,7 @@ type lagsProfile struct {
 // nothing for other methods, for a fixed density, and once the times are
 // set (also by a resumed checkpoint).
 func (w *worker) profileLAGS(ctx context.Context, step int) error {
-	l, ok := w.red.(*sparsify.LAGS)
+	l, ok := w.red.(sparsify.CostAdaptive)
 	if !ok || !l.Adaptive() || l.HasBackwardTimes() {
 		return nil
 	}

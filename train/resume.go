@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -28,24 +29,18 @@ type ResumeRecord struct {
 	CommandLine []string `json:"command_line"`
 }
 
-// resumeMayChange are the configuration keys (run.json's) a resumed run may
-// set to other values than the run had: how long it runs, where its data
-// lives, how it reports and checkpoints, and what executes it; and the
-// learning rate and gradient clipping, which a run that diverged (a NaN
-// stops it) continues with from its last good checkpoint. Every other key
-// decides the training itself and must match.
-var resumeMayChange = map[string]bool{
-	"steps": true, "epochs": true, "max_time": true, "quiet": true, "data_dir": true, "download": true,
-	"checkpoint_every": true, "check_every": true, "blas": true, "blas_threads": true, "executors": true, "eval_every": true,
-	"log_every": true, "max_eval_batches": true, "device": true, "tf32": true, "deterministic": true, "comm": true,
-	"lr": true, "clip": true,
+// resumeMayChange reports whether a resumed run may set the configuration
+// key (run.json's) to another value than the run had (options.Option's
+// Resume); every other key decides the training itself and must match.
+func resumeMayChange(key string) bool {
+	o, _ := options.Lookup(key)
+	return o.Resume
 }
 
 // flagOf is the command-line flag of a run.json configuration key.
 func flagOf(key string) string {
-	switch key {
-	case "weight_decay":
-		return "wd"
+	if o, ok := options.Lookup(key); ok {
+		return o.FlagName()
 	}
 	if name, ok := strings.CutPrefix(key, "method_options."); ok {
 		for _, m := range sparsify.Methods() {
@@ -146,7 +141,7 @@ func resumeConfig(given Config, set map[string]bool, mpi bool) (Config, *RunInfo
 		if reflect.DeepEqual(v, sm[k]) {
 			continue
 		}
-		if resumeMayChange[k] && !(onecycle && (k == "steps" || k == "epochs")) {
+		if resumeMayChange(k) && !(onecycle && (k == "steps" || k == "epochs")) {
 			changedKeys = append(changedKeys, k)
 			continue
 		}
@@ -241,7 +236,7 @@ func checkpointMismatch(ck *Checkpoint, c Config, workers int) ([]string, error)
 		}
 	}
 	for _, k := range keys {
-		if k == "out" || k == "resume" || resumeMayChange[k] {
+		if k == "out" || k == "resume" || resumeMayChange(k) {
 			continue
 		}
 		if !reflect.DeepEqual(a[k], b[k]) {

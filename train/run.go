@@ -23,6 +23,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/mpi"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/cuda"
+	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
@@ -115,7 +116,10 @@ type Versions struct {
 	Module   string `json:"module"`
 	Revision string `json:"revision,omitempty"`
 	BLAS     string `json:"blas"`
-	MPI      string `json:"mpi,omitempty"`
+	// Kernels are the CPU kernels that ran the convolutions and batch
+	// norms: oneDNN (version, library, threads, memory format) or im2col.
+	Kernels string `json:"kernels,omitempty"`
+	MPI     string `json:"mpi,omitempty"`
 }
 
 // Machine describes the computer of rank 0.
@@ -320,6 +324,14 @@ func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, 
 	if err != nil {
 		return nil, fmt.Errorf("-blas %s: %w", c.BLAS, err)
 	}
+	// The CPU's convolution and batch-norm kernels, with the same thread
+	// count: oneDNN's results depend on it too.
+	var kernelsDesc string
+	if c.Device != "cuda" {
+		if kernelsDesc, err = engine.ConfigureCPU(c.Kernels, threads); err != nil {
+			return nil, fmt.Errorf("-kernels %s: %w", c.Kernels, err)
+		}
+	}
 	ds, err := LoadDataset(ctx, c)
 	if err != nil {
 		return nil, err
@@ -341,7 +353,7 @@ func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, 
 	if err := checkFits(c, ds, workers, local, size, sim); err != nil {
 		return nil, err
 	}
-	r := &runner{cfg: c, opt: o, ds: ds, blas: blasDesc, start: time.Now()}
+	r := &runner{cfg: c, opt: o, ds: ds, blas: blasDesc, kernels: kernelsDesc, start: time.Now()}
 	if c.Resume == "" {
 		_, serr := os.Stat(c.Out)
 		r.created = errors.Is(serr, os.ErrNotExist)
@@ -419,6 +431,7 @@ type runner struct {
 	opt     Options
 	ds      *Dataset
 	blas    string
+	kernels string // the CPU kernels' description ("" on GPUs)
 	backend string
 	size    int // the job's ranks
 	start   time.Time
@@ -474,8 +487,8 @@ func machine() Machine {
 	return m
 }
 
-func versions(blas string) Versions {
-	v := Versions{Go: runtime.Version(), BLAS: blas}
+func versions(blas, kernels string) Versions {
+	v := Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		v.Module = bi.Main.Path + "@" + bi.Main.Version
 		for _, s := range bi.Settings {

@@ -326,7 +326,7 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe != nil,
-			Versions: versions(w.r.blas), Machine: machine(), LayerNames: names, Device: be.Device().String(), ReduceIn: "device", Comm: w.commName}
+			Versions: versions(w.r.blas, w.r.kernels), Machine: machine(), LayerNames: names, Device: be.Device().String(), ReduceIn: "device", Comm: w.commName}
 		if w.r.sim != nil {
 			info.Executors = w.r.sim.executors
 		}
@@ -377,7 +377,7 @@ func (w *worker) setup(ctx context.Context) error {
 			w.out.reportCmd = progOf(w.r.opt) + " report " + cfg.Out
 		}
 	}
-	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe != nil, "blas", w.r.blas)
+	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe != nil, "blas", w.r.blas, "kernels", w.r.kernels)
 	return nil
 }
 
@@ -452,10 +452,10 @@ func (w *worker) localClip() float64 {
 	return w.cfg.Clip.Value()
 }
 
-// lagsAdaptive reports whether LAGS chooses per-layer densities from
-// measured backward times.
+// lagsAdaptive reports whether the method chooses per-group densities from
+// measured backward times (LAGS-SGD's adaptive rule).
 func (w *worker) lagsAdaptive() bool {
-	l, ok := w.red.(*sparsify.LAGS)
+	l, ok := w.red.(sparsify.CostAdaptive)
 	return ok && l.Adaptive()
 }
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/internal/dnnl"
 	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -54,6 +55,7 @@ func TestFlagsRejectBadInput(t *testing.T) {
 		{[]string{"-net-latency", "1ms", "-out", "x"}, "give both"},
 		{[]string{"-seed", "-3", "-out", "x"}, "-seed"},
 		{[]string{"-executors", "-1", "-out", "x"}, "-executors -1 must be >= 0"},
+		{[]string{"-kernels", "mkl", "-out", "x"}, `-kernels "mkl": use auto, onednn or im2col`},
 		{[]string{"-device", "cuda", "-executors", "2", "-out", "x"}, "workers on GPUs keep a model each"},
 		{[]string{"-decay-epochs", "a,b", "-out", "x"}, "-decay-epochs"},
 		{[]string{"-model", "lstm", "-dataset", "ml-100k", "-out", "x"}, "cannot train on"},
@@ -76,7 +78,7 @@ func TestHelpListsFlags(t *testing.T) {
 	run(context.Background(), []string{"-help"}, &out, &out)
 	for _, f := range []string{"-model", "-dataset", "-data-dir", "-download", "-sparsifier", "-density", "-workers", "-epochs", "-steps",
 		"-batch", "-lr", "-seed", "-out", "-resume", "-device", "-net-latency", "-net-bandwidth", "-summary", "-quiet",
-		"-lambda", "-teams", "-merge-size", "-max-ratio", "-min-tensor", "-dense-warmup", "-log-every", "-eval-every", "train report"} {
+		"-lambda", "-teams", "-merge-size", "-max-ratio", "-min-tensor", "-dense-warmup", "-log-every", "-eval-every", "-kernels", "train report"} {
 		if !strings.Contains(out.String(), f) {
 			t.Errorf("-help lacks %s", f)
 		}
@@ -131,7 +133,9 @@ func losses(t *testing.T, dir string) []float64 {
 }
 
 // TestMPIMatchesInProcess runs the command under a real mpirun -np N and
-// with -workers N in one process, and requires identical per-step losses.
+// with -workers N in one process, and requires identical per-step losses
+// (ResNet-18 with both CPU kernel sets: oneDNN's results depend on its
+// thread count, which depends only on the workers per machine).
 func TestMPIMatchesInProcess(t *testing.T) {
 	mpirun := testenv.MPIRun(t)
 	d := sharedData(t)
@@ -143,7 +147,8 @@ func TestMPIMatchesInProcess(t *testing.T) {
 		sparsifier string
 		model      []string
 	}{{4, "deft", nil}, {3, "topk", nil}, {2, "lags", nil}, {16, "topk", nil},
-		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8"}},
+		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8", "-kernels", "im2col"}},
+		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8", "-kernels", "onednn"}},
 		{3, "micro", []string{"-model", "lstm", "-dataset", "wikitext2", "-preset", "small", "-batch", "4"}}}
 	if testing.Short() {
 		cases = cases[:1]
@@ -157,7 +162,14 @@ func TestMPIMatchesInProcess(t *testing.T) {
 		if tc.model != nil {
 			steps = 4
 		}
-		t.Run(fmt.Sprintf("np=%d/%s/%s", tc.np, model[1], tc.sparsifier), func(t *testing.T) {
+		name := fmt.Sprintf("np=%d/%s/%s", tc.np, model[1], tc.sparsifier)
+		if i := slices.Index(model, "-kernels"); i >= 0 {
+			name += "/" + model[i+1]
+		}
+		t.Run(name, func(t *testing.T) {
+			if slices.Contains(model, "onednn") {
+				skipWithoutOneDNN(t)
+			}
 			common := append(slices.Clone(model), "-data-dir", d, "-steps", strconv.Itoa(steps), "-sparsifier", tc.sparsifier,
 				"-density", "0.05", "-quiet", "-max-eval-batches", "1", "-seed", "7", "-blas-threads", "1")
 			inproc := filepath.Join(t.TempDir(), "inproc")
@@ -287,5 +299,14 @@ func TestSummaryResNetNeedsNoData(t *testing.T) {
 		if err != nil || !strings.Contains(out.String(), tc.want) {
 			t.Fatalf("%s: err %v, output:\n%s", tc.dataset, err, out.String())
 		}
+	}
+}
+
+// skipWithoutOneDNN skips a test that needs oneDNN where it is not
+// installed, unless SPARSEGRAD_TEST_KERNELS=onednn (CI) requires it.
+func skipWithoutOneDNN(t *testing.T) {
+	t.Helper()
+	if _, err := dnnl.Load(); err != nil && os.Getenv("SPARSEGRAD_TEST_KERNELS") != "onednn" {
+		testenv.Missing(t, testenv.OneDNN, fmt.Sprintf("oneDNN is not installed (apt-get install libdnnl2): %v", err))
 	}
 }
