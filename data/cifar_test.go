@@ -442,6 +442,37 @@ func TestLoaderTooSmallForOneBatch(t *testing.T) {
 	}
 }
 
+// TestLoadersSizeBeforeAllocating: a batch of 2^40 is refused for
+// training, and serves the whole split for evaluation, without allocating
+// 2^40 samples' buffers (which panicked or ran out of memory).
+func TestLoadersSizeBeforeAllocating(t *testing.T) {
+	const huge = 1 << 40
+	ds := &CIFAR{Pixels: make([]byte, 10*CIFARPixels), Labels: make([]int32, 10)}
+	if _, err := NewCIFARLoader(ds, LoaderConfig{Batch: huge, Size: 3, Train: true}); err == nil || !strings.Contains(err.Error(), "fewer than the batch size") {
+		t.Errorf("CIFAR training loader: %v", err)
+	}
+	l, err := NewCIFARLoader(ds, LoaderConfig{Batch: huge, Size: 3, Rank: 1})
+	if err != nil || l.Len() != 1 {
+		t.Fatalf("CIFAR evaluation loader: %v", err)
+	}
+	if b, err := l.Batch(0); err != nil || b.N != 3 || len(b.X) != 3*CIFARPixels {
+		t.Errorf("CIFAR evaluation batch: %v", err)
+	}
+	l.Close()
+	rec := smallImplicit(t, 31, 400, 15, 60)
+	if _, err := NewRecLoader(rec, LoaderConfig{Batch: huge, Size: 2, Train: true}, 4); err == nil || !strings.Contains(err.Error(), "fewer than the batch size") {
+		t.Errorf("MovieLens training loader: %v", err)
+	}
+	r, err := NewRecLoader(rec, LoaderConfig{Batch: huge, Size: 2}, 4)
+	if err != nil || r.Len() != 1 {
+		t.Fatalf("MovieLens evaluation loader: %v", err)
+	}
+	if b, err := r.Batch(0); err != nil || b.N != r.shard.Len() {
+		t.Errorf("MovieLens evaluation batch: %v", err)
+	}
+	r.Close()
+}
+
 func TestCIFARLoaderDeterministic(t *testing.T) {
 	r := rand.New(rand.NewPCG(15, 16))
 	raw, _, _ := makeCIFAR(r, CIFAR10, 200)

@@ -94,28 +94,30 @@ func NewCIFARLoader(ds *CIFAR, cfg LoaderConfig) (*CIFARLoader, error) {
 			l.lut[c][v] = (float32(v)/255 - mean[c]) / std[c]
 		}
 	}
+	if err := l.SetEpoch(0); err != nil {
+		return nil, err
+	}
+	if cfg.Train && l.Len() == 0 {
+		return nil, fmt.Errorf("data: each of %d workers gets %d samples per epoch, fewer than the batch size %d: no full batch to train on; lower the batch size or the number of workers", cfg.Size, l.shard.Len(), cfg.Batch)
+	}
+	// No batch holds more than the share (an evaluation batch larger than
+	// the split is the whole split): checked and sized before allocating.
+	n := min(cfg.Batch, l.shard.Len())
 	nbuf := 1
 	if cfg.Prefetch {
 		nbuf = 2
 	}
 	for b := range nbuf {
 		l.bufs[b] = ImageBatch{
-			X:      make([]float32, cfg.Batch*CIFARPixels),
-			Labels: make([]int32, cfg.Batch),
-			Index:  make([]int32, cfg.Batch),
+			X:      make([]float32, n*CIFARPixels),
+			Labels: make([]int32, n),
+			Index:  make([]int32, n),
 		}
 		if ds.Coarse != nil {
-			l.bufs[b].Coarse = make([]int32, cfg.Batch)
+			l.bufs[b].Coarse = make([]int32, n)
 		}
 	}
 	l.pool = newPool(cfg.Workers, l.fill)
-	if err := l.SetEpoch(0); err != nil {
-		return nil, err
-	}
-	if cfg.Train && l.Len() == 0 {
-		l.Close()
-		return nil, fmt.Errorf("data: each of %d workers gets %d samples per epoch, fewer than the batch size %d: no full batch to train on; lower the batch size or the number of workers", cfg.Size, l.shard.Len(), cfg.Batch)
-	}
 	return l, nil
 }
 

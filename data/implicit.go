@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 )
 
 // ImplicitConfig configures the implicit-feedback view of a ratings file.
@@ -210,6 +211,9 @@ func LoadMovieLens(dir, name string, cfg ImplicitConfig) (*Implicit, error) {
 				if err != nil {
 					return nil, err
 				}
+				if err := checkOfficial(name, p, len(r)); err != nil {
+					return nil, err
+				}
 				d, err := NewImplicit(r, cfg)
 				if err != nil {
 					return nil, fmt.Errorf("%s: %w", p, err)
@@ -219,6 +223,52 @@ func LoadMovieLens(dir, name string, cfg ImplicitConfig) (*Implicit, error) {
 		}
 	}
 	return nil, missing(fmt.Errorf("data: no ratings file (tried %v): %w", tried, fs.ErrNotExist), name, dir)
+}
+
+// ErrNotOfficial is wrapped by the error of a data set's file that is not
+// the official one (LoadMovieLens).
+var ErrNotOfficial = errors.New("not the official file")
+
+// officialRatings is the number of ratings of each official MovieLens data
+// set, as its README states it (ml-100k: "100,000 ratings (1-5) from 943
+// users on 1682 movies"; ml-1m: "1,000,209 anonymous ratings"; ml-20m:
+// "20000263 ratings").
+var officialRatings = map[string]int{"ml-100k": 100_000, "ml-1m": 1_000_209, "ml-20m": 20_000_263}
+
+// checkOfficial refuses the ratings file path, of n ratings, loaded as the
+// official data set name when it is not the official file: its number of
+// ratings differs from the published one, or its SHA-256 from the one
+// Source.Files lists (ml-100k's u.data). A copy cut short at a line
+// boundary parses without an error, and a run would train on it as if it
+// were the data set the papers use.
+func checkOfficial(name, path string, n int) error {
+	want, ok := officialRatings[name]
+	if !ok {
+		return nil
+	}
+	// Download does nothing where the data set's folder exists.
+	del := "delete it"
+	if src, err := LookupSource(name); err == nil && filepath.Base(filepath.Dir(path)) == src.Dir {
+		del = "delete the folder " + filepath.Dir(path)
+	}
+	fix := del + " and download the official archive again"
+	if n != want {
+		return fmt.Errorf("data: %s holds %d ratings where the official %s file holds %d: %w (cut short, or another file); %s", path, n, name, want, ErrNotOfficial, fix)
+	}
+	src, err := LookupSource(name)
+	if err != nil {
+		return nil
+	}
+	if sum, ok := src.Files[filepath.Base(path)]; ok {
+		got, err := fileSHA256(path)
+		if err != nil {
+			return fmt.Errorf("data: %w", err)
+		}
+		if !strings.EqualFold(got, sum) {
+			return fmt.Errorf("data: %s has SHA-256 %s where the official %s file has %s: %w (changed); %s", path, got, name, sum, ErrNotOfficial, fix)
+		}
+	}
+	return nil
 }
 
 // LoadNCF reads NCF's preprocessed files prefix.train.rating,

@@ -53,18 +53,20 @@ func NewRecLoader(ds *Implicit, cfg LoaderConfig, negatives int) (*RecLoader, er
 		return nil, fmt.Errorf("data: implicit data set has no training positives")
 	}
 	l := &RecLoader{ds: ds, cfg: cfg, neg: negatives}
-	l.batch = RecBatch{Users: make([]int32, cfg.Batch), Items: make([]int32, cfg.Batch), Labels: make([]float32, cfg.Batch)}
-	if cfg.Batch <= 1<<24 && l.Samples() < 1<<40 {
-		l.keys = make([]uint64, cfg.Batch)
-	}
-	l.pool = newPool(cfg.Workers, l.fill)
 	if err := l.SetEpoch(0); err != nil {
 		return nil, err
 	}
 	if cfg.Train && l.Len() == 0 {
-		l.Close()
 		return nil, fmt.Errorf("data: each of %d workers gets %d samples per epoch, fewer than the batch size %d: no full batch to train on; lower the batch size or the number of workers", cfg.Size, l.shard.Len(), cfg.Batch)
 	}
+	// No batch holds more than the share: checked and sized before
+	// allocating.
+	n := min(cfg.Batch, l.shard.Len())
+	l.batch = RecBatch{Users: make([]int32, n), Items: make([]int32, n), Labels: make([]float32, n)}
+	if n <= 1<<24 && l.Samples() < 1<<40 {
+		l.keys = make([]uint64, n)
+	}
+	l.pool = newPool(cfg.Workers, l.fill)
 	return l, nil
 }
 

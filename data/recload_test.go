@@ -1,6 +1,8 @@
 package data
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -336,6 +338,39 @@ func TestRealNCFml1mTestFiles(t *testing.T) {
 	}
 	if _, err := LoadNCF(filepath.Join(dir, "ml-1m")); err == nil || !strings.Contains(err.Error(), "ml-1m.train.rating") {
 		t.Errorf("LoadNCF without the training file: %v", err)
+	}
+}
+
+// TestLoadMovieLensRefusesACutCopy: a ratings file of an official data
+// set that is cut short at a line boundary (it parses) or modified is
+// refused, naming what it holds and what the official file holds; the
+// real ml-100k passes.
+func TestLoadMovieLensRefusesACutCopy(t *testing.T) {
+	dir := t.TempDir()
+	putFile(t, filepath.Join(dir, "ml-1m", "ratings.dat"), []byte("1::1::5::1\n1::2::5::2\n2::1::3::1\n2::3::4::2\n"))
+	if _, err := LoadMovieLens(dir, "ml-1m", ImplicitConfig{EvalNegatives: 1}); err == nil ||
+		!errors.Is(err, ErrNotOfficial) || !strings.HasSuffix(err.Error(), "ratings.dat holds 4 ratings where the official ml-1m file holds 1000209: not the official file (cut short, or another file); delete the folder "+filepath.Join(dir, "ml-1m")+" and download the official archive again") {
+		t.Errorf("a 4-line ml-1m: %v", err)
+	}
+	real := needReal(t, "ml-100k")
+	b, err := os.ReadFile(filepath.Join(real, "u.data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	cut := bytes.Join(lines[:99_000], nil)
+	putFile(t, filepath.Join(dir, "ml-100k", "u.data"), cut)
+	if _, err := LoadMovieLens(dir, "ml-100k", ImplicitConfig{Seed: 1}); err == nil || !strings.Contains(err.Error(), "u.data holds 99000 ratings where the official ml-100k file holds 100000: not the official file") {
+		t.Errorf("u.data cut at line 99,000: %v", err)
+	}
+	// All 100,000 lines, one rating changed.
+	changed := bytes.Replace(b, []byte("\t3\t"), []byte("\t4\t"), 1)
+	putFile(t, filepath.Join(dir, "ml-100k", "u.data"), changed)
+	if _, err := LoadMovieLens(dir, "ml-100k", ImplicitConfig{Seed: 1}); err == nil || !strings.Contains(err.Error(), "where the official ml-100k file has 06416e597f82b7342361e41163890c81036900f418ad91315590814211dca490: not the official file (changed)") {
+		t.Errorf("u.data with a rating changed: %v", err)
+	}
+	if _, err := LoadMovieLens(filepath.Dir(real), "ml-100k", ImplicitConfig{Seed: 1}); err != nil {
+		t.Errorf("the official u.data: %v", err)
 	}
 }
 

@@ -102,9 +102,12 @@ type Executor struct {
 	peak    int
 
 	// Captured runs (Capturer streams).
-	replay     Replay
-	noCapture  bool
-	warm       bool // one run issued kernel by kernel has completed
+	replay    Replay
+	noCapture bool
+	warm      bool // one run issued kernel by kernel has completed
+	// sizeOnly marks an executor loaded through Sizing: planned, with no
+	// arena.
+	sizeOnly   bool
 	captureErr error
 	captured   issued
 	eager      issued
@@ -166,6 +169,11 @@ func New(p *Program, be Backend, s device.Stream) (_ *Executor, err error) {
 		initK[j] = k
 	}
 	size := e.plan()
+	if _, ok := be.(sizing); ok {
+		e.sizeOnly = true
+		e.bufs = make([]device.Buffer, len(p.Values))
+		return e, nil
+	}
 	arena, err := dev.Alloc(device.Float32, (size+3)/4)
 	if err != nil {
 		return nil, fmt.Errorf("engine: allocating %d MiB for the program's values: %w", size>>20, err)
@@ -198,6 +206,21 @@ func New(p *Program, be Backend, s device.Stream) (_ *Executor, err error) {
 	return e, nil
 }
 
+// sizing is the backend Sizing returns.
+type sizing struct{ Backend }
+
+// Sizing returns a backend that prepares programs as be does but allocates
+// no memory for them: New plans the arena and returns an executor whose
+// ArenaBytes is the memory New would allocate on be, and which cannot run
+// (Run fails; its inputs and outputs are empty). It sizes a model's memory
+// before anything is allocated, e.g. to refuse a batch that cannot fit.
+func Sizing(be Backend) Backend {
+	if s, ok := be.(sizing); ok {
+		return s
+	}
+	return sizing{be}
+}
+
 // inArena reports whether value i is a base value stored in the arena.
 func (e *Executor) inArena(i int) bool {
 	switch e.p.Values[i].Kind {
@@ -209,6 +232,9 @@ func (e *Executor) inArena(i int) bool {
 
 // Close frees the arena and what the kernels hold outside it.
 func (e *Executor) Close() error {
+	if e.sizeOnly {
+		return nil
+	}
 	if c, ok := e.be.(io.Closer); ok {
 		c.Close()
 	}
@@ -430,6 +456,9 @@ func (e *Executor) Replaying() bool { return e.replay != nil }
 func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, error) {
 	if err := ctx.Err(); err != nil {
 		return Timing{}, fmt.Errorf("engine: %w", err)
+	}
+	if e.sizeOnly {
+		return Timing{}, errors.New("engine: a program loaded through Sizing has no memory and cannot run")
 	}
 	if !e.ready || b != e.bound {
 		if err := e.bind(b); err != nil {

@@ -347,6 +347,30 @@ func (m *LSTM) TrainStep(ctx context.Context, b Batch, params, grad device.Buffe
 	return res, nil
 }
 
+// evalProgram returns the function that compiles the evaluation program
+// of windows of T steps of n sequences.
+func (m *LSTM) evalProgram(T, n int) func() (*engine.Executor, error) {
+	return func() (*engine.Executor, error) {
+		g := G.NewGraph()
+		params := m.params.nodes(g)
+		tok := G.NewVector(g, tensor.Int, G.WithShape(T*n), G.WithName("tokens"))
+		state := stateNodes(g, m.cfg.Layers, n, m.cfg.Hidden)
+		out, final, err := m.forward(params, tok, state, nil, T, n)
+		if err != nil {
+			return nil, err
+		}
+		return m.compileEval(g, params, nil, append([]*G.Node{tok}, state...), append([]*G.Node{out}, final...))
+	}
+}
+
+// EvalBytes is the device memory of the evaluation of windows of BPTT
+// steps of n sequences (the program's arena and the hidden state carried
+// between windows), computed without allocating it.
+func (m *LSTM) EvalBytes(n int) (int, error) {
+	b, err := m.evalBytes(m.evalProgram(m.cfg.BPTT, n))
+	return b + 4*2*m.cfg.Layers*n*m.cfg.Hidden, err
+}
+
 // Evaluate implements Model: LossSum is the summed cross-entropy over the
 // Steps×n tokens, Correct the number of top-1 hits.
 func (m *LSTM) Evaluate(ctx context.Context, b Batch, params device.Buffer) (EvalResult, error) {
@@ -376,17 +400,7 @@ func (m *LSTM) Evaluate(ctx context.Context, b Batch, params device.Buffer) (Eva
 		}
 		m.evalState, m.evalN = st, n
 	}
-	e, err := m.evals.get(T<<32|n, func() (*engine.Executor, error) {
-		g := G.NewGraph()
-		params := m.params.nodes(g)
-		tok := G.NewVector(g, tensor.Int, G.WithShape(T*n), G.WithName("tokens"))
-		state := stateNodes(g, L, n, H)
-		out, final, err := m.forward(params, tok, state, nil, T, n)
-		if err != nil {
-			return nil, err
-		}
-		return m.compileEval(g, params, nil, append([]*G.Node{tok}, state...), append([]*G.Node{out}, final...))
-	})
+	e, err := m.evals.get(T<<32|n, m.evalProgram(T, n))
 	if err != nil {
 		return EvalResult{}, err
 	}

@@ -283,6 +283,26 @@ func (m *NCF) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer
 	return m.runTrain(ctx, params, grad)
 }
 
+// evalProgram returns the function that compiles the evaluation program
+// of batches of n (user, item) pairs.
+func (m *NCF) evalProgram(n int) func() (*engine.Executor, error) {
+	return func() (*engine.Executor, error) {
+		g := G.NewGraph()
+		params := m.params.nodes(g)
+		u := G.NewVector(g, tensor.Int, G.WithShape(n), G.WithName("users"))
+		it := G.NewVector(g, tensor.Int, G.WithShape(n), G.WithName("items"))
+		out, err := m.forward(params, u, it, nil)
+		if err != nil {
+			return nil, err
+		}
+		return m.compileEval(g, params, nil, []*G.Node{u, it}, []*G.Node{out})
+	}
+}
+
+// EvalBytes is the device memory of the evaluation of batches of n
+// (user, item) pairs (the program's arena), computed without allocating it.
+func (m *NCF) EvalBytes(n int) (int, error) { return m.evalBytes(m.evalProgram(n)) }
+
 // Evaluate implements Model: Scores are the logits, LossSum the summed BCE
 // (Targets may be omitted, then LossSum and Count are 0).
 func (m *NCF) Evaluate(ctx context.Context, b Batch, params device.Buffer) (EvalResult, error) {
@@ -296,17 +316,7 @@ func (m *NCF) Evaluate(ctx context.Context, b Batch, params device.Buffer) (Eval
 	if err := m.checkPairs(b, n, len(b.Targets) > 0); err != nil {
 		return EvalResult{}, err
 	}
-	e, err := m.evals.get(n, func() (*engine.Executor, error) {
-		g := G.NewGraph()
-		params := m.params.nodes(g)
-		u := G.NewVector(g, tensor.Int, G.WithShape(n), G.WithName("users"))
-		it := G.NewVector(g, tensor.Int, G.WithShape(n), G.WithName("items"))
-		out, err := m.forward(params, u, it, nil)
-		if err != nil {
-			return nil, err
-		}
-		return m.compileEval(g, params, nil, []*G.Node{u, it}, []*G.Node{out})
-	})
+	e, err := m.evals.get(n, m.evalProgram(n))
 	if err != nil {
 		return EvalResult{}, err
 	}

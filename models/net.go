@@ -90,6 +90,20 @@ func (n *net) compileEval(g *G.ExprGraph, params, buffers, inputs, outputs []*G.
 	return engine.New(p, n.be, nil)
 }
 
+// evalBytes is the arena of the evaluation program build compiles, planned
+// through engine.Sizing: nothing is allocated, nothing cached.
+func (n *net) evalBytes(build func() (*engine.Executor, error)) (int, error) {
+	defer building()()
+	be := n.be
+	n.be = engine.Sizing(be)
+	defer func() { n.be = be }()
+	e, err := build()
+	if err != nil {
+		return 0, err
+	}
+	return e.ArenaBytes(), nil
+}
+
 // Device implements Model.
 func (n *net) Device() device.Device { return n.be.Device() }
 

@@ -327,6 +327,13 @@ func (m *ResNet) TrainStep(ctx context.Context, b Batch, params, grad device.Buf
 	return m.runTrain(ctx, params, grad)
 }
 
+// EvalBytes is the device memory of the evaluation of batches of n images
+// (the program's arena, at most a training batch of them: Evaluate's
+// chunks), computed without allocating it.
+func (m *ResNet) EvalBytes(n int) (int, error) {
+	return m.evalBytes(m.evalCompile(min(n, m.cfg.BatchSize)))
+}
+
 // Evaluate implements Model: BatchNorm uses the running statistics. The
 // images go through in chunks of at most the training batch, so that an
 // evaluation of any size needs no more memory than a training step (a
@@ -377,8 +384,14 @@ func (m *ResNet) Evaluate(ctx context.Context, b Batch, params device.Buffer) (E
 
 // evalProgram is the evaluation program of n images (cached).
 func (m *ResNet) evalProgram(n int) (*engine.Executor, error) {
-	S := m.cfg.ImageSize
-	return m.evals.get(n, func() (*engine.Executor, error) {
+	return m.evals.get(n, m.evalCompile(n))
+}
+
+// evalCompile returns the function that compiles the evaluation program of
+// n images.
+func (m *ResNet) evalCompile(n int) func() (*engine.Executor, error) {
+	return func() (*engine.Executor, error) {
+		S := m.cfg.ImageSize
 		g := G.NewGraph()
 		params, buffers := m.params.nodes(g), m.bufs.nodes(g)
 		x := G.NewTensor(g, tensor.Float32, 4, G.WithShape(n, 3, S, S), G.WithName("images"))
@@ -387,5 +400,5 @@ func (m *ResNet) evalProgram(n int) (*engine.Executor, error) {
 			return nil, err
 		}
 		return m.compileEval(g, params, buffers, []*G.Node{x}, []*G.Node{out})
-	})
+	}
 }

@@ -500,7 +500,7 @@ func (r *Run) sampleNote() string {
 		return ""
 	}
 	return "The " + r.split() + " metrics are measured on a sample of the " + r.split() + " split (" + e.sample() +
-		"; -max-eval-batches, or a run shorter than an epoch, evaluates a sample): they are estimates, noisier than an evaluation of the whole split."
+		"; -max-eval-batches, a run shorter than an epoch, or -max-time running out, evaluates a sample): they are estimates, noisier than an evaluation of the whole split."
 }
 
 // metricNames returns the names of r's eval metrics, the primary one (the

@@ -40,15 +40,37 @@ type resilience struct {
 	evaluated bool
 	// info is rank 0's run.json.
 	info *RunInfo
+	// stepTime is the last step's time, evalPerBatch the last
+	// evaluation's time per batch (evalReserve).
+	stepTime, evalPerBatch time.Duration
+	// kept says that the run has something worth keeping: a new run has
+	// done a step or written a checkpoint, a resume has been accepted.
+	// Until then its log is in memory (runLog), and a new run that fails
+	// removes what it wrote (discardRun).
+	kept bool
+}
+
+// keep marks the run as worth keeping (resilience.kept) and writes its log
+// from now on; a log that cannot be written is a warning.
+func (w *worker) keep() {
+	if w.res.kept {
+		return
+	}
+	w.res.kept = true
+	w.r.kept.Store(true)
+	if err := w.rlog.keep(); err != nil && w.out != nil {
+		w.out.warn("no log", err)
+	}
 }
 
 // ckptError is a checkpoint that could not be written; the previous one is
 // intact.
 type ckptError struct {
-	step int
-	prev string // "" when there is none
-	msg  string
-	err  error
+	step     int
+	prev     string // "" when there is none
+	prevStep int    // the step of prev
+	msg      string
+	err      error
 }
 
 func (e *ckptError) Error() string {
@@ -224,7 +246,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 			}
 			return collective(fmt.Errorf("%s (no checkpoint of this state was written): %w", msg, errors.Join(werr, errNonFinite)))
 		}
-		return collective(&ckptError{step: p.step, prev: w.res.last, msg: msg, err: werr})
+		return collective(&ckptError{step: p.step, prev: w.res.last, prevStep: w.res.lastStep, msg: msg, err: werr})
 	}
 	hashes := make([]int64, w.size)
 	for r := range w.size {
@@ -254,10 +276,11 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		}
 		os.Remove(part)
 		os.Remove(dir)
-		return collective(&ckptError{step: p.step, prev: w.res.last, msg: "rank 0: " + string(m), err: serr})
+		return collective(&ckptError{step: p.step, prev: w.res.last, prevStep: w.res.lastStep, msg: "rank 0: " + string(m), err: serr})
 	}
 	prevStep := w.res.lastStep
 	w.res.last, w.res.prevStep, w.res.lastStep = dir, prevStep, p.step
+	w.keep()
 	w.r.status.setCheckpoint(dir, p.step)
 	w.log.Info("checkpoint written", "dir", dir, "step", p.step)
 	w.prune(prevStep)
@@ -435,6 +458,7 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	}
 	w.start = time.Now().Add(-time.Duration(e[0]))
 	w.res.evaluated = e[1] == 1
+	w.keep()
 	if info := w.res.info; info != nil && len(info.Resumes) > 0 {
 		r := &info.Resumes[len(info.Resumes)-1]
 		r.Step, r.Checkpoint = ck.Step, dir

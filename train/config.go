@@ -70,9 +70,12 @@ type Config struct {
 	Epochs Optional[int] `json:"epochs,omitzero"`
 	// Steps stops training after this many iterations (0: no limit).
 	Steps int `json:"steps"`
-	// MaxTime stops training (with a final evaluation and checkpoint) once
-	// this much wall time has passed since the start (0: no limit); a
-	// resumed run counts the training time before its resume.
+	// MaxTime bounds the run's wall time since its data set was loaded,
+	// its final evaluation included (0: no limit): training stops (with a
+	// checkpoint) early enough to leave the evaluation its estimated time,
+	// at most a tenth of MaxTime, and an evaluation still running when the
+	// time is up stops there (a sample of the split). A resumed run counts
+	// the training time before its resume.
 	MaxTime time.Duration `json:"max_time"`
 	// Batch is the per-worker batch size.
 	Batch Optional[int] `json:"batch,omitzero"`

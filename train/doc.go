@@ -111,7 +111,12 @@
 // a GPU the residual is read from device memory for the checkpoint and
 // written back on resume. A damaged or foreign checkpoint is refused naming
 // the earlier one to resume from once it is moved away; one of another
-// configuration, naming each difference.
+// configuration, naming each difference; a refused resume changes nothing
+// in the run's folder (run.json, logs and report are written once the
+// checkpoint is accepted). A checkpoint that cannot be written (a full
+// disk) stops the run, naming the steps lost and the previous checkpoint,
+// which stays intact; a new run that fails before its first step removes
+// what it wrote.
 // metrics.jsonl loses the records written after the checkpoint (a run
 // that died wrote them; the resumed run writes them again), and the wall
 // time goes on from the checkpoint's, so the record is one run.

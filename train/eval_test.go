@@ -222,7 +222,8 @@ func TestInterruptedEvaluationKeepsTheSteps(t *testing.T) {
 
 // TestEvalProgressBar: on a terminal an evaluation draws a bar of its
 // batches (the LSTM's whole validation split is minutes of them), beside
-// the epoch's bar, which it leaves alone; elsewhere it draws nothing.
+// the epoch's bar, which it leaves alone; elsewhere it draws nothing (and
+// counts the batches for the heartbeat).
 func TestEvalProgressBar(t *testing.T) {
 	var bars, lines bytes.Buffer
 	p := &progress{barOut: &bars, out: &lines, term: true}
@@ -242,8 +243,18 @@ func TestEvalProgressBar(t *testing.T) {
 	if !strings.Contains(bars.String(), "evaluating") {
 		t.Errorf("bar output %q", bars.String())
 	}
-	if (&progress{barOut: &bars, out: &lines}).startEval(4) != nil || (*progress)(nil).startEval(4) != nil {
-		t.Error("an evaluation bar without a terminal")
+	// Without a terminal the evaluation is counted (for the heartbeat's
+	// lines), not drawn.
+	bars.Reset()
+	plain := &progress{barOut: &bars, out: &lines}
+	tick = plain.startEval(4)
+	tick()
+	if plain.evalBar != nil || bars.Len() > 0 || !strings.Contains(plain.status(), "batch 1 of 4 done") {
+		t.Errorf("without a terminal: a bar (%q), or the status %q", bars.String(), plain.status())
+	}
+	plain.endEval()
+	if (*progress)(nil).startEval(4) != nil {
+		t.Error("a nil progress counts an evaluation")
 	}
 	(*progress)(nil).endEval()
 }

@@ -78,7 +78,7 @@ func (r *runner) resumeCommand() string {
 	}
 	cmd := prog + " -resume " + r.cfg.Out
 	if r.backend == "mpi" {
-		cmd = fmt.Sprintf("mpirun -np %d %s", r.size, cmd)
+		cmd = mpiLauncher(r.size) + " " + cmd
 	}
 	return cmd
 }
@@ -132,12 +132,21 @@ func (w *worker) failed(err error, step int) error {
 		}
 	}
 	how := "resume with"
-	last := ""
+	last, fix := "", ""
 	if errors.Is(err, errNonFinite) {
 		how = "lower -lr or clip gradients (-clip), then resume with"
+		fix = "lower -lr or clip gradients (-clip)"
 		if dir, _ := w.r.status.checkpoint(); dir == "" {
-			last = w.r.noCheckpoint("lower -lr or clip gradients (-clip)")
+			last = w.r.noCheckpoint(fix)
 		}
+	}
+	if !w.res.kept && w.cfg.Resume == "" {
+		// Nothing of the run is kept (worker): the command works again.
+		last = "nothing of the run was kept: "
+		if fix != "" {
+			last += fix + ", then "
+		}
+		last += "run the same command again"
 	}
 	if last == "" {
 		last = w.r.lastCheckpoint(how)
@@ -155,6 +164,20 @@ func (w *worker) failed(err error, step int) error {
 		}
 	case errors.Is(err, ErrInterrupted):
 		what = fmt.Sprintf("interrupted after step %d", step)
+	case errors.As(err, &ce):
+		// What the failed checkpoint loses, and from where to go on.
+		what = fmt.Sprintf("stopped after step %d: its checkpoint was not written: %s", step, ce.msg)
+		if ce.prev != "" {
+			lost := fmt.Sprintf("steps %d to %d are lost", ce.prevStep+1, step)
+			if step == ce.prevStep+1 {
+				lost = fmt.Sprintf("step %d is lost", step)
+			}
+			last = fmt.Sprintf("%s; the last checkpoint is %s (step %d); make room on the disk (or fix the folder), then resume with: %s",
+				lost, ce.prev, ce.prevStep, w.r.resumeCommand())
+		} else {
+			last = fmt.Sprintf("its %s are lost: no checkpoint was written; make room on the disk (or fix the folder), then start the run again with another -out (or delete %s first)",
+				plural(step, "step"), w.cfg.Out)
+		}
 	case errors.As(err, &se):
 		what = fmt.Sprintf("step %d (epoch %d) failed%s: %s", se.n, se.epoch+1, rank, onePrefix(se.err))
 	case errors.Is(err, ErrConfig):
@@ -169,10 +192,11 @@ func (w *worker) failed(err error, step int) error {
 }
 
 // agree returns, identically on every rank, whether rank 0's clock has
-// passed Config.MaxTime and whether any rank was asked to stop.
+// passed Config.MaxTime, less the time kept for the final evaluation
+// (evalReserve), and whether any rank was asked to stop.
 func (w *worker) agree(ctx context.Context) (timeUp, stop bool, err error) {
 	flags := comm.Int32s{0, 0}
-	if w.rank == 0 && w.cfg.MaxTime > 0 && time.Since(w.start) >= w.cfg.MaxTime {
+	if w.rank == 0 && w.cfg.MaxTime > 0 && time.Since(w.start)+w.evalReserve() >= w.cfg.MaxTime {
 		flags[0] = 1
 	}
 	if w.r.stopRequested() {

@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -176,50 +178,55 @@ func TestDivergedNamesTheOddRanks(t *testing.T) {
 	}
 }
 
-// TestCheckpointWriteFailureKeepsThePrevious: a full disk (one rank's
-// write fails with ENOSPC) or an unwritable checkpoint folder loses that
-// checkpoint only: the run says so, keeps the previous one complete and
-// goes on; the next checkpoint is written.
-func TestCheckpointWriteFailureKeepsThePrevious(t *testing.T) {
-	c := ncfConfig(t, 2, 9)
-	c.CheckpointEvery, c.Quiet = 2, false
-	defer func() { ckptWriteHook = nil }()
-	ckptWriteHook = func(path string) error {
-		if strings.Contains(path, "step-000000004") && strings.HasSuffix(path, shardName(1)) {
-			return &os.PathError{Op: "write", Path: path, Err: syscall.ENOSPC}
+// TestCheckpointWriteFailureStopsTheRun: a checkpoint that one rank
+// cannot write (here rank 1's part, by the test's hook; a full disk is
+// TestFullDiskStopsTheRun) or whose folder cannot be made stops the run
+// with an error that says what was lost and how to go on; the failed
+// checkpoint leaves no folder, the previous one stays the newest, and the
+// resume the message names completes the run.
+func TestCheckpointWriteFailureStopsTheRun(t *testing.T) {
+	t.Run("rank 1 cannot write", func(t *testing.T) {
+		c := ncfConfig(t, 2, 9)
+		c.CheckpointEvery = 2
+		defer func() { ckptWriteHook = nil }()
+		ckptWriteHook = func(path string) error {
+			if strings.Contains(path, "step-000000004") && strings.HasSuffix(path, shardName(1)) {
+				return &os.PathError{Op: "write", Path: path, Err: syscall.ENOSPC}
+			}
+			return nil
 		}
-		return nil
-	}
-	// A file where step 6's folder goes: it cannot be created.
-	os.MkdirAll(filepath.Join(c.Out, "checkpoints"), 0o755)
-	os.WriteFile(stepDir(c.Out, 6), []byte("in the way"), 0o644)
-	var out bytes.Buffer
-	if err := Run(context.Background(), c, Options{Stdout: &out, Progress: &out}); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{
-		"warning: checkpoint of step 4 not written: rank 1: write " + filepath.Join(stepDir(c.Out, 4), shardName(1)) + ": no space left on device; the previous checkpoint " + stepDir(c.Out, 2) + " is intact",
-		"warning: checkpoint of step 6 not written:",
-		"not a directory; the previous checkpoint " + stepDir(c.Out, 2) + " is intact",
-	} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+		err := Run(context.Background(), c, Options{})
+		want := "train: stopped after step 4: its checkpoint was not written: rank 1: write " + filepath.Join(stepDir(c.Out, 4), shardName(1)) +
+			": no space left on device; steps 3 to 4 are lost; the last checkpoint is " + stepDir(c.Out, 2) + " (step 2); make room on the disk (or fix the folder), then resume with: train -resume " + c.Out
+		if err == nil || err.Error() != want {
+			t.Fatalf("err\n%v\nwant\n%s", err, want)
 		}
-	}
-	if _, err := os.Stat(filepath.Join(stepDir(c.Out, 4))); err == nil {
-		t.Error("the failed checkpoint's folder was left")
-	}
-	if got, _ := LatestCheckpoint(c.Out); filepath.Base(got) != "step-000000009" {
-		t.Fatalf("newest checkpoint %s, want step 9's", got)
-	}
-	// The run resumes from its last checkpoint (the one of step 2 was
-	// kept until step 8's was written).
-	if _, err := os.Stat(filepath.Join(stepDir(c.Out, 8), ckptSharedName)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(stepDir(c.Out, 2)); err == nil {
-		t.Error("the checkpoint of step 2 was kept after two newer ones")
-	}
+		if _, err := os.Stat(stepDir(c.Out, 4)); err == nil {
+			t.Error("the failed checkpoint's folder was left")
+		}
+		if got, _ := LatestCheckpoint(c.Out); got != stepDir(c.Out, 2) {
+			t.Fatalf("newest checkpoint %s, want step 2's", got)
+		}
+		ckptWriteHook = nil
+		if err := Run(context.Background(), Config{Resume: c.Out}, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := LatestCheckpoint(c.Out); got != stepDir(c.Out, 9) {
+			t.Fatalf("after the resume the newest checkpoint is %s, want step 9's", got)
+		}
+	})
+	t.Run("no folder for step 6", func(t *testing.T) {
+		c := ncfConfig(t, 2, 9)
+		c.CheckpointEvery = 2
+		// A file where step 6's folder goes: it cannot be created.
+		os.MkdirAll(filepath.Join(c.Out, "checkpoints"), 0o755)
+		os.WriteFile(stepDir(c.Out, 6), []byte("in the way"), 0o644)
+		err := Run(context.Background(), c, Options{})
+		if err == nil || !strings.Contains(err.Error(), "stopped after step 6: its checkpoint was not written:") ||
+			!strings.Contains(err.Error(), "not a directory; steps 5 to 6 are lost; the last checkpoint is "+stepDir(c.Out, 4)+" (step 4)") {
+			t.Fatalf("err %v", err)
+		}
+	})
 }
 
 // TestInterruptWithUnwritableCheckpoint: when the checkpoint of an
@@ -380,6 +387,9 @@ func TestRunInUseIsRefused(t *testing.T) {
 	if err := Run(context.Background(), c, Options{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := os.Stat(filepath.Join(c.Out, ".lock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a finished run left its lock file .lock (stat: %v)", err)
+	}
 	unlock, err := lockRun(c.Out)
 	if err != nil {
 		t.Fatal(err)
@@ -395,5 +405,50 @@ func TestRunInUseIsRefused(t *testing.T) {
 	unlock()
 	if err := Run(context.Background(), Config{Resume: c.Out, Steps: 4}, Options{}); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(c.Out, ".lock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a finished resume left its lock file .lock (stat: %v)", err)
+	}
+}
+
+// TestLockRunExcludes: the lock file is removed on every unlock, and yet
+// two holders never overlap while processes (here: goroutines with open
+// files of their own) keep taking and releasing it.
+func TestLockRunExcludes(t *testing.T) {
+	dir := t.TempDir()
+	var holders, overlaps, taken atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 500 {
+				unlock, err := lockRun(dir)
+				if err != nil {
+					if !errors.Is(err, ErrConfig) {
+						t.Error(err)
+						return
+					}
+					continue
+				}
+				if holders.Add(1) > 1 {
+					overlaps.Add(1)
+				}
+				taken.Add(1)
+				runtime.Gosched()
+				holders.Add(-1)
+				unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if overlaps.Load() > 0 {
+		t.Fatalf("two holders of the lock at once, %d times", overlaps.Load())
+	}
+	if taken.Load() == 0 {
+		t.Fatal("the lock was never taken")
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".lock")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf(".lock left after the last unlock (stat: %v)", err)
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
+	"time"
 )
 
 // output is what rank 0 writes besides checkpoints: the metrics file, the
@@ -14,13 +16,16 @@ type output struct {
 	metrics *metricsWriter
 	prog    *progress // nil with Config.Quiet
 	rep     *reporter // nil without Options.Report
-	// reportPath is where rep writes the report, printed when the run ends.
-	reportPath string
-	log        *slog.Logger
-	sink       func(step int, loss float64)
+	// reportPath is where rep writes the report, printed when the run ends;
+	// reportCmd the command that writes it again.
+	reportPath, reportCmd string
+	log                   *slog.Logger
+	sink                  func(step int, loss float64)
 	// console is the progress lines' writer, shared with the report's
 	// warnings (written from the report's goroutine).
 	console *syncWriter
+	// stopBeat ends the progress's heartbeat (nil without one).
+	stopBeat func()
 }
 
 // step records a step.
@@ -79,6 +84,9 @@ func (o *output) close(final bool) error {
 	if o == nil {
 		return nil
 	}
+	if o.stopBeat != nil {
+		o.stopBeat()
+	}
 	err := o.metrics.close()
 	if o.rep.finish(final) && o.prog != nil {
 		fmt.Fprintf(o.console, "report: %s (open it in a browser)\n", o.reportPath)
@@ -95,16 +103,38 @@ func (o *output) warn(msg string, err error) {
 	}
 }
 
-// syncWriter serialises writes of several goroutines.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+// reportFailed warns that report.html could not be written, and removes
+// the one there: it shows an earlier state of the run, and must not pass
+// for the report of the run as it is now.
+func (o *output) reportFailed(err error) {
+	if os.Remove(o.reportPath) == nil {
+		err = fmt.Errorf("%w; the earlier report.html, of an older state of the run, was removed", err)
+	}
+	o.warn("report.html not written", fmt.Errorf("%w; once fixed, write it with: %s", err, o.reportCmd))
 }
+
+// syncWriter serialises writes of several goroutines and remembers when
+// the last one was.
+type syncWriter struct {
+	mu   sync.Mutex
+	w    io.Writer
+	last time.Time
+}
+
+func newSyncWriter(w io.Writer) *syncWriter { return &syncWriter{w: w, last: time.Now()} }
 
 func (s *syncWriter) Write(b []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.last = time.Now()
 	return s.w.Write(b)
+}
+
+// lastWrite is when the last write was (or the writer was made).
+func (s *syncWriter) lastWrite() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
 }
 
 // reporter writes report.html off the training critical path. refresh asks

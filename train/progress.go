@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/schollz/progressbar/v3"
@@ -13,18 +14,36 @@ import (
 	"github.com/sparsegrad/sparsegrad/metrics"
 )
 
+// heartbeat is the longest a run whose progress bars do not go to a
+// terminal (a log file, a pipe, a batch system) goes without a line on its
+// output: a long epoch, evaluation or checkpoint prints where it stands at
+// least this often, so that a quiet log never looks like a hung run.
+var heartbeat = 30 * time.Second
+
 // progress is rank 0's console output: a progress bar per epoch with the
 // loss and samples/s when bars go to a terminal, and one line per epoch and
-// evaluation otherwise.
+// evaluation otherwise, with a line at least every heartbeat during a long
+// phase.
 type progress struct {
 	barOut  io.Writer
 	out     io.Writer
 	term    bool
 	bar     *progressbar.ProgressBar
 	evalBar *progressbar.ProgressBar // an evaluation's (the epoch's bar is drawn again after it)
-	epoch   int
-	epochs  int
-	samples int
+	// mu guards what the heartbeat reads (the fields below, which the
+	// training goroutine writes).
+	mu sync.Mutex
+	// inEpoch is set between startEpoch and endEpoch; inEval during an
+	// evaluation of evalTotal batches, evalDone of them done since
+	// evalStart; phase names what else is going on ("" nothing said).
+	inEpoch, inEval     bool
+	evalDone, evalTotal int
+	evalStart           time.Time
+	phase               string
+	phaseStart          time.Time
+	epoch               int
+	epochs              int
+	samples             int
 	// steps is the number of steps the epoch has left when it starts
 	// (all of them, or the rest of an epoch a resumed run continues) and
 	// done the number taken so far.
@@ -53,9 +72,12 @@ func newProgress(barOut, out io.Writer) *progress {
 }
 
 func (p *progress) startEpoch(epoch, epochs, steps int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.epoch, p.epochs, p.samples, p.start = epoch, epochs, 0, time.Now()
 	p.steps, p.done = steps, 0
 	p.last, p.lossSum, p.lossN = 0, 0, 0
+	p.inEpoch = true
 	if p.term {
 		p.bar = progressbar.NewOptions(steps,
 			progressbar.OptionSetWriter(p.barOut),
@@ -72,6 +94,8 @@ func (p *progress) startEpoch(epoch, epochs, steps int) {
 // logged adds the loss of a logged step (mean over the workers) to the
 // epoch's mean.
 func (p *progress) logged(loss float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.lossSum += loss
 	p.lossN++
 }
@@ -86,6 +110,8 @@ func (p *progress) meanLoss() float64 {
 }
 
 func (p *progress) add(samples int, loss float64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	p.samples += samples
 	p.done++
 	p.last = loss
@@ -103,6 +129,9 @@ func (p *progress) add(samples int, loss float64) {
 // that "epoch 1/90" after 20 steps is not read as a whole epoch; one left
 // before its first step prints nothing.
 func (p *progress) endEpoch() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inEpoch = false
 	if p.bar != nil {
 		p.bar.Finish()
 		p.bar = nil
@@ -128,31 +157,116 @@ func (p *progress) lossPart(sep string) string {
 	return fmt.Sprintf("mean loss %.4f%s", l, sep)
 }
 
-// startEval starts the progress bar of an evaluation of batches batches
-// (on a terminal) and returns the function to call after each batch (nil
-// when there is nothing to draw).
+// startEval starts an evaluation of batches batches (its progress bar on
+// a terminal) and returns the function to call after each batch (nil for
+// a nil progress).
 func (p *progress) startEval(batches int) func() {
-	if p == nil || !p.term {
+	if p == nil {
 		return nil
 	}
-	p.evalBar = progressbar.NewOptions(batches,
-		progressbar.OptionSetWriter(p.barOut),
-		progressbar.OptionSetDescription(fmt.Sprintf("evaluating, epoch %d/%d", p.epoch, p.epochs)),
-		progressbar.OptionShowCount(),
-		progressbar.OptionSetPredictTime(true),
-		progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionShowDescriptionAtLineEnd(),
-		progressbar.OptionClearOnFinish(),
-	)
-	bar := p.evalBar
-	return func() { bar.Add(1) }
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inEval, p.evalDone, p.evalTotal, p.evalStart = true, 0, batches, time.Now()
+	var bar *progressbar.ProgressBar
+	if p.term {
+		p.evalBar = progressbar.NewOptions(batches,
+			progressbar.OptionSetWriter(p.barOut),
+			progressbar.OptionSetDescription(fmt.Sprintf("evaluating, epoch %d/%d", p.epoch, p.epochs)),
+			progressbar.OptionShowCount(),
+			progressbar.OptionSetPredictTime(true),
+			progressbar.OptionThrottle(100*time.Millisecond),
+			progressbar.OptionShowDescriptionAtLineEnd(),
+			progressbar.OptionClearOnFinish(),
+		)
+		bar = p.evalBar
+	}
+	return func() {
+		p.mu.Lock()
+		p.evalDone++
+		p.mu.Unlock()
+		if bar != nil {
+			bar.Add(1)
+		}
+	}
 }
 
-// endEval removes the evaluation's progress bar.
+// endEval ends the evaluation (removes its progress bar).
 func (p *progress) endEval() {
-	if p != nil && p.evalBar != nil {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inEval = false
+	if p.evalBar != nil {
 		p.evalBar.Finish()
 		p.evalBar = nil
+	}
+}
+
+// during says that the run is busy with what (e.g. "writing the
+// checkpoint of step 200") until the returned function is called; the
+// heartbeat names it.
+func (p *progress) during(what string) func() {
+	if p == nil {
+		return func() {}
+	}
+	p.mu.Lock()
+	p.phase, p.phaseStart = what, time.Now()
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		p.phase = ""
+		p.mu.Unlock()
+	}
+}
+
+// status is the heartbeat's line: where the run stands.
+func (p *progress) status() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	so := func(t time.Time) string { return time.Since(t).Round(time.Second).String() + " so far" }
+	switch {
+	case p.phase != "":
+		return fmt.Sprintf("%s, %s", p.phase, so(p.phaseStart))
+	case p.inEval:
+		return fmt.Sprintf("evaluating, epoch %d/%d: batch %s of %s done, %s", p.epoch, p.epochs, metrics.Thousands(p.evalDone), metrics.Thousands(p.evalTotal), so(p.evalStart))
+	case p.inEpoch:
+		return fmt.Sprintf("epoch %d/%d: step %s of %s done, mean loss %.4f, %.0f samples/s, %s", p.epoch, p.epochs, metrics.Thousands(p.done), metrics.Thousands(p.steps),
+			p.meanLoss(), float64(p.samples)/time.Since(p.start).Seconds(), so(p.start))
+	}
+	return "working"
+}
+
+// beat prints status on console whenever heartbeat has passed since its
+// last line, when the bars do not go to a terminal (where they show the
+// progress), until the returned function is called.
+func (p *progress) beat(console *syncWriter) func() {
+	if p == nil || p.term {
+		return func() {}
+	}
+	done := make(chan struct{})
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for {
+			wait := heartbeat - time.Since(console.lastWrite())
+			if wait <= 0 {
+				fmt.Fprintf(console, "... %s\n", p.status())
+				continue
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-done:
+				t.Stop()
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-ended
 	}
 }
 
@@ -165,7 +279,11 @@ func (p *progress) eval(epoch, step int, ev evaluation) {
 	}
 	on := ev.split
 	if ev.partial() {
-		on = fmt.Sprintf("%s sample: %s of %s %s; -max-eval-batches sets the size", ev.split, metrics.Thousands(ev.count), metrics.Thousands(ev.total), ev.unit)
+		why := "-max-eval-batches sets the size"
+		if ev.timeUp {
+			why = "-max-time left no time for the whole split"
+		}
+		on = fmt.Sprintf("%s sample: %s of %s %s; %s", ev.split, metrics.Thousands(ev.count), metrics.Thousands(ev.total), ev.unit, why)
 	}
 	fmt.Fprintf(p.out, "eval epoch %d step %d (%s): %s\n", epoch, step, on, strings.Join(parts, ", "))
 }

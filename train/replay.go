@@ -147,7 +147,7 @@ func (t *replayTask) Batch(i int) (models.Batch, int, error) {
 	return models.Batch{Gradient: t.buf}, t.batch, nil
 }
 
-func (t *replayTask) Evaluate(context.Context, models.Model, device.Buffer, comm.Communicator, func()) (evaluation, error) {
+func (t *replayTask) Evaluate(context.Context, models.Model, device.Buffer, comm.Communicator, func() bool) (evaluation, error) {
 	return evaluation{}, nil
 }
 

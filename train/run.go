@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -41,7 +42,8 @@ type Options struct {
 	// every epoch (never two calls at once; epochs that end during a call
 	// give one more call, not one each), and once more when training has
 	// ended (also after an error or an interruption). Its errors are
-	// logged and printed as warnings; they do not stop training.
+	// logged and printed as warnings; they do not stop training, but the
+	// report.html there (of an earlier state of the run) is removed.
 	Report func(runDir string) error
 	// Comm, when set, makes this process one worker of that communicator
 	// instead of starting Config.Workers in-process workers or detecting
@@ -176,7 +178,7 @@ func Run(ctx context.Context, c Config, o Options) (err error) {
 	case o.Comm != nil:
 		r.backend, r.size = "given", o.Comm.Size()
 		defer r.watchStop()()
-		return r.worker(ctx, o.Comm)
+		return r.discard(r.worker(ctx, o.Comm), o.Comm.Rank() == 0)
 	case underMPI:
 		return runMPI(ctx, c, o, r)
 	default:
@@ -191,7 +193,7 @@ func Run(ctx context.Context, c Config, o Options) (err error) {
 			opts = append(opts, local.WithNetwork(net))
 		}
 		defer r.watchStop()()
-		return local.Run(ctx, r.cfg.Workers.Value(), r.worker, opts...)
+		return r.discard(local.Run(ctx, r.cfg.Workers.Value(), r.worker, opts...), true)
 	}
 }
 
@@ -216,7 +218,7 @@ func runMPI(ctx context.Context, c Config, o Options, r *runner) error {
 		}
 		r.backend, r.size = "mpi", cm.Size()
 		defer r.watchStop()()
-		err := r.worker(ctx, cm)
+		err := r.discard(r.worker(ctx, cm), cm.Rank() == 0)
 		var ce collectiveError
 		if errors.As(err, &ce) {
 			// Rank 0 says it now: mpirun may kill the job before Run
@@ -244,7 +246,7 @@ func prepareResumeMPI(ctx context.Context, cm comm.Communicator, c Config, o Opt
 	if cm.Rank() == 0 {
 		var rc Config
 		if rc, prev, rerr = resumeConfig(c, o.Given, true); rerr == nil {
-			rerr = checkNotComplete(rc.Defaults(), fmt.Sprintf("mpirun -np %d %s", cm.Size(), progOf(o)))
+			rerr = checkNotComplete(rc.Defaults(), mpiLauncher(cm.Size())+" "+progOf(o))
 		}
 		if rerr == nil {
 			b, rerr = json.Marshal(rc)
@@ -342,7 +344,29 @@ func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, 
 	if err != nil {
 		return nil, err
 	}
-	return &runner{cfg: c, opt: o, ds: ds, blas: blasDesc, kernels: kernelsDesc, start: time.Now()}, nil
+	// Size the run before anything of it is allocated or written.
+	workers, local, size := c.Workers.Value(), 1, c.Workers.Value()
+	var sim *simulation
+	switch {
+	case o.Comm != nil:
+		workers, size = 1, o.Comm.Size()
+	case underMPI:
+		workers, local, size = 1, workersHere, 1
+		if l, ok := mpi.Detect(); ok && l.Size > 0 {
+			size = l.Size
+		}
+	default:
+		sim = simulated(c, "local", workers)
+	}
+	if err := checkFits(c, ds, workers, local, size, sim); err != nil {
+		return nil, err
+	}
+	r := &runner{cfg: c, opt: o, ds: ds, blas: blasDesc, kernels: kernelsDesc, start: time.Now()}
+	if c.Resume == "" {
+		_, serr := os.Stat(c.Out)
+		r.created = errors.Is(serr, os.ErrNotExist)
+	}
+	return r, nil
 }
 
 // watchStop starts what makes the run stop on request (Options.Stop,
@@ -431,6 +455,25 @@ type runner struct {
 	// sim is what simulated workers share (nil unless several in-process
 	// workers run on the CPU).
 	sim *simulation
+	// created says that this process found no -out folder (a new run
+	// creates it); kept that a worker of this process has something worth
+	// keeping (resilience.kept), panicked that one panicked (its log is
+	// kept): see discard.
+	created        bool
+	kept, panicked atomic.Bool
+}
+
+// discard removes, when the run ended with err before it had anything
+// worth keeping, what this process wrote for it (discardRun; rank0 says
+// that the process holds rank 0), and returns err. A new run that fails
+// before its first step so leaves nothing behind, and the same command
+// starts it again; a refused resume has written nothing in the first
+// place. It runs once per process, after its workers have returned.
+func (r *runner) discard(err error, rank0 bool) error {
+	if err != nil && r.cfg.Resume == "" && !r.kept.Load() && !r.panicked.Load() {
+		discardRun(r.cfg.Out, rank0, r.created)
+	}
+	return err
 }
 
 func machine() Machine {
@@ -478,17 +521,85 @@ func writeJSONAtomic(path string, v any) error {
 	return os.Rename(tmp, path)
 }
 
-// rankLogger returns a logger writing to runDir/logs/rank-N.log.
-func rankLogger(runDir string, rank int) (*slog.Logger, io.Closer, error) {
-	dir := filepath.Join(runDir, "logs")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, nil, fmt.Errorf("train: creating %s: %w", dir, err)
+// runLog is a rank's log, runDir/logs/rank-N.log. Until keep is called it
+// holds the lines in memory: a run that fails before its first step, or a
+// resume that is refused, leaves no log behind (nothing in the run's
+// folder changes); keep writes them and every later line to the file.
+type runLog struct {
+	mu   sync.Mutex
+	path string
+	buf  []byte
+	f    *os.File
+	err  error // of opening the file
+}
+
+// newRunLog returns the log of rank in runDir, in memory until kept, and a
+// logger that writes to it.
+func newRunLog(runDir string, rank int) (*runLog, *slog.Logger) {
+	l := &runLog{path: filepath.Join(runDir, "logs", fmt.Sprintf("rank-%d.log", rank))}
+	return l, slog.New(slog.NewTextHandler(l, nil)).With("rank", rank)
+}
+
+func (l *runLog) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		if l.err == nil {
+			l.buf = append(l.buf, b...)
+		}
+		return len(b), nil
 	}
-	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("rank-%d.log", rank)), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, nil, fmt.Errorf("train: opening the log of rank %d: %w", rank, err)
+	return l.f.Write(b)
+}
+
+// keep writes the lines so far to the file and the later ones as they
+// come; an error is returned once (the lines are then dropped).
+func (l *runLog) keep() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f != nil || l.err != nil {
+		return nil
 	}
-	return slog.New(slog.NewTextHandler(f, nil)).With("rank", rank), f, nil
+	if l.err = os.MkdirAll(filepath.Dir(l.path), 0o755); l.err == nil {
+		l.f, l.err = os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	}
+	if l.err == nil {
+		_, l.err = l.f.Write(l.buf)
+	}
+	l.buf = nil
+	if l.err != nil {
+		return fmt.Errorf("writing the log of the run: %w", l.err)
+	}
+	return nil
+}
+
+// Close closes the file (lines not kept are dropped).
+func (l *runLog) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = nil
+	if l.f == nil {
+		return nil
+	}
+	return l.f.Close()
+}
+
+// discardRun removes what a new run that failed before it had anything
+// worth keeping (its first step, a checkpoint) wrote in its folder dir:
+// rank 0's run.json, metrics.jsonl and report.html, the empty checkpoints/
+// and logs/ folders and, when the run created it (created), the folder.
+// Whatever else is there stays.
+func discardRun(dir string, rank0, created bool) {
+	if rank0 {
+		for _, f := range []string{"run.json", "metrics.jsonl", "report.html"} {
+			os.Remove(filepath.Join(dir, f))
+		}
+	}
+	os.Remove(filepath.Join(dir, "checkpoints")) // only when empty, as the rest
+	os.Remove(filepath.Join(dir, "logs"))
+	if created {
+		os.Remove(dir)
+	}
 }
 
 var errStop = errors.New("train: stop")

@@ -78,6 +78,9 @@ func LoadDataset(ctx context.Context, c Config) (*Dataset, error) {
 		if errors.Is(err, fs.ErrNotExist) && !c.Download {
 			return &missingDataError{dataset: c.Dataset, dir: c.DataDir, err: err}
 		}
+		if errors.Is(err, data.ErrNotOfficial) {
+			return fmt.Errorf("train: loading %s: %w (-download)", c.Dataset, err)
+		}
 		return fmt.Errorf("train: loading %s: %w", c.Dataset, err)
 	}
 	switch c.Dataset {
@@ -189,6 +192,8 @@ type evaluation struct {
 	// count is what the evaluation covered, total what the whole split
 	// holds (over all ranks): count < total is a sample.
 	count, total int
+	// timeUp says that -max-time cut the evaluation short (a sample).
+	timeUp bool
 }
 
 // partial reports whether the evaluation covered only a sample of its
@@ -236,9 +241,10 @@ type task interface {
 	// Batch returns training batch i of the epoch and its sample count.
 	Batch(i int) (models.Batch, int, error)
 	// Evaluate evaluates m on this rank's share and combines the shares
-	// over c (every rank gets the same result); tick, when not nil, is
-	// called after each of this rank's batches.
-	Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, tick func()) (evaluation, error)
+	// over c (every rank gets the same result); more, when not nil, is
+	// called after each of this rank's batches, and the rank evaluates no
+	// further batch once it returns false (the run's time is up).
+	Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, more func() bool) (evaluation, error)
 	// EvalBatches is the number of batches of this rank's evaluation.
 	EvalBatches() int
 	Close()
@@ -286,7 +292,7 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 		total := (va.Rows() - 1) * c.EvalBatch.Value() * size
 		return &lmTask{tr: tr, va: va, full: full, maxEval: evalBound(c, full), total: total}, nil
 	case "ncf":
-		tr, err := data.NewRecLoader(d.Rec, lc, 4)
+		tr, err := data.NewRecLoader(d.Rec, lc, ncfNegatives)
 		if err != nil {
 			return nil, fmt.Errorf("train: MovieLens training loader: %w", err)
 		}
@@ -294,6 +300,9 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 	}
 	return nil, fmt.Errorf("%w: unknown model %q", ErrConfig, c.Model)
 }
+
+// ncfNegatives is the number of negatives NCF trains with per positive.
+const ncfNegatives = 4
 
 func bpttOf(c Config) int {
 	if c.Preset == "small" {
@@ -345,7 +354,7 @@ func (t *cifarTask) Batch(i int) (models.Batch, int, error) {
 
 func (t *cifarTask) EvalBatches() int { return bounded(t.te.Len(), t.maxEval) }
 
-func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, tick func()) (evaluation, error) {
+func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, more func() bool) (evaluation, error) {
 	var r models.EvalResult
 	var labels []int
 	for i := range t.EvalBatches() {
@@ -359,8 +368,8 @@ func (t *cifarTask) Evaluate(ctx context.Context, m models.Model, params device.
 			return evaluation{}, fmt.Errorf("train: evaluating: %w", err)
 		}
 		r.Add(er)
-		if tick != nil {
-			tick()
+		if more != nil && !more() {
+			break
 		}
 	}
 	s, err := sumOver(ctx, c, []float64{float64(r.Correct), float64(r.Count), r.LossSum})
@@ -395,7 +404,7 @@ func (t *lmTask) Batch(i int) (models.Batch, int, error) {
 
 func (t *lmTask) EvalBatches() int { return bounded(t.va.Len(), t.maxEval) }
 
-func (t *lmTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, tick func()) (evaluation, error) {
+func (t *lmTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, more func() bool) (evaluation, error) {
 	m.ResetState()
 	var r models.EvalResult
 	var tok, lab []int
@@ -411,8 +420,8 @@ func (t *lmTask) Evaluate(ctx context.Context, m models.Model, params device.Buf
 			return evaluation{}, fmt.Errorf("train: evaluating: %w", err)
 		}
 		r.Add(er)
-		if tick != nil {
-			tick()
+		if more != nil && !more() {
+			break
 		}
 	}
 	m.ResetState()
@@ -459,11 +468,12 @@ func (t *recTask) EvalBatches() int {
 
 // Evaluate ranks each of this rank's users' candidates (users rank,
 // rank+size, ...) with the test positive last, as models.RankHit expects.
-func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, tick func()) (evaluation, error) {
+func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Buffer, c comm.Communicator, more func() bool) (evaluation, error) {
 	var hits, ndcg, count float64
 	var users, items []int
 	var spans [][]int
 	batches := 0
+	stopped := false
 	flush := func() error {
 		if len(users) == 0 {
 			return nil
@@ -485,13 +495,13 @@ func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Bu
 		}
 		users, items, spans = users[:0], items[:0], spans[:0]
 		batches++
-		if tick != nil {
-			tick()
+		if more != nil && !more() {
+			stopped = true
 		}
 		return nil
 	}
 	for u := t.rank; u < t.ds.Users; u += t.size {
-		if t.maxEval > 0 && batches >= t.maxEval {
+		if (t.maxEval > 0 && batches >= t.maxEval) || stopped {
 			break
 		}
 		cand := t.ds.Candidates(u)
@@ -512,7 +522,7 @@ func (t *recTask) Evaluate(ctx context.Context, m models.Model, params device.Bu
 			}
 		}
 	}
-	if t.maxEval == 0 || batches < t.maxEval {
+	if (t.maxEval == 0 || batches < t.maxEval) && !stopped {
 		if err := flush(); err != nil {
 			return evaluation{}, err
 		}

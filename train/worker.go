@@ -2,7 +2,6 @@ package train
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -85,6 +84,8 @@ type worker struct {
 	// stepNo is the step being run (from 1).
 	rec    *gradRecorder
 	stepNo int
+	// rlog is the rank's log file (see runLog).
+	rlog *runLog
 	// lags profiles the backward pass for LAGS' adaptive density.
 	lags lagsProfile
 }
@@ -99,17 +100,6 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 			r.sim.bar.abort(err)
 		}
 	}()
-	// A panic of this worker ends the job with an error naming the rank
-	// and step (its stack goes to the rank's log).
-	defer func() {
-		if p := recover(); p != nil {
-			if w.log != nil {
-				w.log.Error("panic", "value", p, "stack", string(debug.Stack()))
-			}
-			err = &jobError{msg: fmt.Sprintf("step %d failed on rank %d: panic: %v (stack in %s); %s", w.r.status.step.Load()+1, w.rank, p,
-				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.r.lastCheckpoint("resume with"))}
-		}
-	}()
 	if err := os.MkdirAll(filepath.Join(cfg.Out, "checkpoints"), 0o755); err != nil {
 		return fmt.Errorf("train: creating the run directory: %w", err)
 	}
@@ -120,12 +110,20 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 		}
 		defer unlock()
 	}
-	lg, closer, err := rankLogger(cfg.Out, w.rank)
-	if err != nil {
-		return err
-	}
-	defer closer.Close()
-	w.log = lg
+	rlog, lg := newRunLog(cfg.Out, w.rank)
+	defer rlog.Close()
+	w.log, w.rlog = lg, rlog
+	// A panic of this worker ends the job with an error naming the rank
+	// and step (its stack goes to the rank's log, which is then kept).
+	defer func() {
+		if p := recover(); p != nil {
+			w.r.panicked.Store(true)
+			w.rlog.keep()
+			w.log.Error("panic", "value", p, "stack", string(debug.Stack()))
+			err = &jobError{msg: fmt.Sprintf("step %d failed on rank %d: panic: %v (stack in %s); %s", w.r.status.step.Load()+1, w.rank, p,
+				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.r.lastCheckpoint("resume with"))}
+		}
+	}()
 	defer func() {
 		if err != nil {
 			w.log.Error("training failed", "err", err)
@@ -141,11 +139,12 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	defer w.task.Close()
 	// The final report is written when training ends, also after an error
 	// or an interruption (its metrics show how far the run got), but not
-	// when a panic unwinds the worker; the report's goroutine ends either
-	// way.
+	// when a panic unwinds the worker, nor for a run that keeps nothing (it
+	// failed before its first step, or its resume was refused); the
+	// report's goroutine ends either way.
 	returned := false
 	defer func() {
-		if cerr := w.out.close(returned); cerr != nil && err == nil {
+		if cerr := w.out.close(returned && w.res.kept); cerr != nil && err == nil {
 			err = fmt.Errorf("train: closing metrics.jsonl: %w", cerr)
 		}
 	}()
@@ -374,26 +373,32 @@ func (w *worker) setup(ctx context.Context) error {
 			rep := g.Report()
 			info.CUDA = &rep
 		}
-		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
-			w.task.Close()
-			return fmt.Errorf("train: writing run.json: %w", err)
+		// A resume writes run.json once its checkpoint is accepted
+		// (restore): a refused resume changes nothing.
+		if cfg.Resume == "" {
+			if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
+				w.task.Close()
+				return fmt.Errorf("train: writing run.json: %w", err)
+			}
 		}
 		mw, err := openMetrics(filepath.Join(cfg.Out, "metrics.jsonl"), cfg.Resume != "")
 		if err != nil {
 			w.task.Close()
 			return err
 		}
-		w.out = &output{metrics: mw, log: w.log, sink: w.r.opt.LossSink, console: &syncWriter{w: w.r.opt.Stdout}}
+		w.out = &output{metrics: mw, log: w.log, sink: w.r.opt.LossSink, console: newSyncWriter(w.r.opt.Stdout)}
 		if !cfg.Quiet {
 			w.out.prog = newProgress(w.r.opt.Progress, w.out.console)
+			w.out.stopBeat = w.out.prog.beat(w.out.console)
 			if info.CUDA != nil {
 				fmt.Fprintln(w.out.console, info.CUDA)
 			}
 		}
 		if report := w.r.opt.Report; report != nil {
 			o := w.out
-			w.out.rep = newReporter(func() error { return report(cfg.Out) }, func(err error) { o.warn("report.html not written", err) })
+			w.out.rep = newReporter(func() error { return report(cfg.Out) }, o.reportFailed)
 			w.out.reportPath = filepath.Join(cfg.Out, "report.html")
+			w.out.reportCmd = progOf(w.r.opt) + " report " + cfg.Out
 		}
 	}
 	w.log.Info("worker ready", "model", cfg.Model, "params", n, "sparsifier", cfg.Sparsifier, "workers", w.size, "pipelined", w.pipe != nil, "blas", w.r.blas, "kernels", w.r.kernels)
@@ -692,21 +697,70 @@ func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr fl
 }
 
 // evaluate runs the evaluation (rank 0: with a progress bar) and (rank 0)
-// records it.
+// records it. With -max-time it ends when the run's time is up, after the
+// batch that reached it (every rank evaluates at least one): an
+// evaluation the time cut short is recorded and printed as a sample of
+// the split, so that -max-time bounds the whole run.
 func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error) {
 	if w.r.ds.Recording != nil {
 		return nil, nil // a replay has nothing to evaluate
 	}
-	ev, err := w.task.Evaluate(ctx, w.m, w.params, w.c, w.out.progress().startEval(w.task.EvalBatches()))
+	tick := w.out.progress().startEval(w.task.EvalBatches())
+	var deadline time.Time
+	if w.cfg.MaxTime > 0 {
+		deadline = w.start.Add(w.cfg.MaxTime)
+	}
+	cut, n, t0 := false, 0, time.Now()
+	more := func() bool {
+		n++
+		if tick != nil {
+			tick()
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			cut = true
+			return false
+		}
+		return true
+	}
+	ev, err := w.task.Evaluate(ctx, w.m, w.params, w.c, more)
 	w.out.progress().endEval()
 	if err != nil {
 		return nil, err
 	}
+	if n > 0 {
+		w.res.evalPerBatch = time.Since(t0) / time.Duration(n)
+	}
+	if w.cfg.MaxTime > 0 {
+		// Whether any rank's time ran out (every rank evaluates here).
+		f := comm.Int32s{0}
+		if cut {
+			f[0] = 1
+		}
+		if err := w.c.AllReduce(ctx, f); err != nil {
+			return nil, fmt.Errorf("train: combining evaluation results: %w", err)
+		}
+		ev.timeUp = f[0] > 0
+	}
 	if err := w.out.eval(epoch, step, Num(time.Since(w.start).Seconds()), ev); err != nil {
 		return nil, err
 	}
-	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ev.metrics, "split", ev.split, "evaluated", ev.count, "of", ev.total)
+	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ev.metrics, "split", ev.split, "evaluated", ev.count, "of", ev.total, "time_up", ev.timeUp)
 	return ev.metrics, nil
+}
+
+// evalReserve is the time -max-time keeps for the final evaluation (rank
+// 0): training stops that long before the limit. It is the evaluation's
+// estimated duration, from the last evaluation's time per batch or, before
+// any, from the last step's time (an evaluation batch costs about a third
+// of a training step's time per sample: a forward pass only), and at most
+// a tenth of -max-time; an evaluation that takes longer is cut short
+// (evaluate).
+func (w *worker) evalReserve() time.Duration {
+	per := w.res.evalPerBatch
+	if per == 0 {
+		per = time.Duration(float64(w.res.stepTime) * float64(evalBatchSize(w.cfg, w.r.ds, w.size)) / float64(3*w.cfg.Batch.Value()))
+	}
+	return min(per*time.Duration(w.task.EvalBatches()), w.cfg.MaxTime/10)
 }
 
 func (w *worker) loop(ctx context.Context) error {
@@ -750,22 +804,17 @@ func (w *worker) loop(ctx context.Context) error {
 			lastEval = step
 		}
 	}
-	// save writes a checkpoint of p unless one of this step exists; a
-	// checkpoint that cannot be written is a warning (the previous one is
-	// intact) unless the run stops for it (final).
-	save := func(p position, final bool) error {
+	// save writes a checkpoint of p unless one of this step exists. A
+	// checkpoint that cannot be written (a full disk) stops the run: the
+	// previous one is intact, and training on would only add steps that
+	// cannot be kept.
+	save := func(p position) error {
 		if lastCkpt == p.step {
 			return nil
 		}
+		done := w.out.progress().during(fmt.Sprintf("writing the checkpoint of step %d", p.step))
 		err := w.checkpoint(ctx, p)
-		var ce *ckptError
-		if errors.As(err, &ce) && !final {
-			w.log.Warn("checkpoint not written", "err", err)
-			if w.out != nil {
-				fmt.Fprintf(w.out.console, "warning: %v\n", err)
-			}
-			return nil
-		}
+		done()
 		if err == nil {
 			lastCkpt = p.step
 		}
@@ -816,7 +865,7 @@ func (w *worker) loop(ctx context.Context) error {
 				if prog != nil {
 					prog.endEpoch()
 				}
-				if err := save(here, true); err != nil {
+				if err := save(here); err != nil {
 					return w.failed(interruptedBut(err), step)
 				}
 				return w.failed(collective(ErrInterrupted), step)
@@ -830,7 +879,7 @@ func (w *worker) loop(ctx context.Context) error {
 				if lastEval != step {
 					here.evalDue, here.evalEpoch = true, epoch
 				}
-				if err := save(here, false); err != nil {
+				if err := save(here); err != nil {
 					return w.failed(err, step)
 				}
 				if lastEval != step {
@@ -854,8 +903,10 @@ func (w *worker) loop(ctx context.Context) error {
 				return w.failed(&stepError{step + 1, epoch, err}, step)
 			}
 			s.Samples = ns
+			w.res.stepTime = s.Iter
 			step++
 			w.r.status.step.Store(int64(step))
+			w.keep()
 			if err := w.profileLAGS(ctx, step); err != nil {
 				return w.failed(err, step)
 			}
@@ -882,7 +933,7 @@ func (w *worker) loop(ctx context.Context) error {
 			evalNow := cfg.EvalEvery > 0 && step%cfg.EvalEvery == 0 && !last
 			if cfg.CheckpointEvery > 0 && step%cfg.CheckpointEvery == 0 && !last {
 				// Before the evaluation, which a resumed run then redoes.
-				if err := save(position{epoch: epoch, batch: i + 1, step: step, evalDue: evalNow, evalEpoch: epoch}, false); err != nil {
+				if err := save(position{epoch: epoch, batch: i + 1, step: step, evalDue: evalNow, evalEpoch: epoch}); err != nil {
 					return w.failed(err, step)
 				}
 			}
@@ -899,7 +950,7 @@ func (w *worker) loop(ctx context.Context) error {
 		}
 		// The checkpoint before the evaluation, which an interruption
 		// may cut short (a resumed run then evaluates first).
-		if err := save(position{epoch: epoch + 1, batch: 0, step: step, evalDue: true, evalEpoch: epoch}, false); err != nil {
+		if err := save(position{epoch: epoch + 1, batch: 0, step: step, evalDue: true, evalEpoch: epoch}); err != nil {
 			return w.failed(err, step)
 		}
 		if _, err := w.evaluate(ctx, epoch, step); err != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -47,7 +48,8 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto, openblas or gonum")
 	fs.Var(listValue[int]{&v.workers, parseWorkers, "list"}, "workers", "worker counts P of the cluster, comma-separated, e.g. 16,64,256")
 	fs.Var(listValue[float64]{&v.gbits, parseGbit, "list"}, "net-bandwidth", "the cluster network's bandwidth in Gbit/s, comma-separated, e.g. 10,100")
-	fs.DurationVar(&v.latency, "net-latency", 50*time.Microsecond, "the cluster network's latency per message")
+	v.latency = 50 * time.Microsecond
+	fs.Var(durationFlag{&v.latency}, "net-latency", "the cluster network's latency per message (default 50µs)")
 	fs.Var(listValue[float64]{&v.densities, parseFraction, "list"}, "density", "densities ρ to rank at, comma-separated")
 	fs.Var(listValue[string]{&v.sparsifiers, parseName, "list"}, "sparsifiers", "methods to rank (default all): "+strings.Join(sparsify.Names(), ", "))
 	fs.StringVar(&v.gradients, "gradients", "", "folder of recorded gradients (python/sparsegrad_record.py, train -record-gradients): advise for that model instead of -model")
@@ -112,6 +114,7 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	c := v.base
 	c.Preset = v.modelSize
 	var h *advise.Host
+	var saveErr error
 	if v.gradients != "" {
 		given := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
@@ -120,9 +123,9 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				return fmt.Errorf("train advise: -%s with -gradients: the recording is the model; drop -%s", f, f)
 			}
 		}
-		h, err = adviseRecorded(ctx, v, methods, stderr)
+		h, saveErr, err = adviseRecorded(ctx, v, methods, stderr)
 	} else {
-		h, err = adviseHost(ctx, c, v, methods, stderr)
+		h, saveErr, err = adviseHost(ctx, c, v, methods, stderr)
 	}
 	if err != nil {
 		return err
@@ -149,83 +152,100 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			}
 		}
 	}
-	return nil
+	// The tables come first: minutes of measuring are not lost with the
+	// file.
+	return saveErr
 }
 
 // adviseRecorded reads the measurements file of a recording or measures
-// (and writes it).
-func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stderr io.Writer) (*advise.Host, error) {
+// (and writes it; see measured).
+func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stderr io.Writer) (h *advise.Host, saveErr, err error) {
 	dev := v.base.Device
+	return measured(v, stderr, func(h *advise.Host) error {
+		if h.Recording != v.gradients || !strings.HasPrefix(h.Device, dev) {
+			return fmt.Errorf("train advise: %s holds measurements of %s on %s, not of the recording %s on %s; use another -measurements file", v.measurements, h.Model, h.Device, v.gradients, dev)
+		}
+		return nil
+	}, func() (*advise.Host, error) {
+		return advise.MeasureRecorded(ctx, advise.RecordedConfig{Dir: v.gradients, StepTime: v.stepTime, Device: dev, Kind: advise.Kind(v.kind),
+			Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+	})
+}
+
+// adviseHost reads the measurements file or measures this machine (and
+// writes it; see measured).
+func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []string, stderr io.Writer) (h *advise.Host, saveErr, err error) {
+	return measured(v, stderr, func(h *advise.Host) error {
+		def := c.Defaults()
+		if h.Model != def.Model || h.Dataset != def.Dataset || h.Device != def.Device || h.Preset != def.Preset || h.Batch != def.Batch.Value() {
+			return fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
+				v.measurements, h.Model, h.Preset, h.Dataset, h.Batch, h.Device, def.Model, def.Preset, def.Dataset, def.Batch.Value(), def.Device)
+		}
+		return nil
+	}, func() (*advise.Host, error) {
+		return advise.Measure(ctx, advise.Config{Train: c, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+	})
+}
+
+// measured returns the measurements of -measurements when the file exists
+// (fits says whether they are of this advice's model; they must cover
+// -density's densities), or measures and saves them there. The file is
+// checked before measuring; when it cannot be written after all (saveErr:
+// the disk filled up meanwhile), the measurements still come back, for the
+// tables.
+func measured(v *adviseFlags, stderr io.Writer, fits func(*advise.Host) error, measure func() (*advise.Host, error)) (h *advise.Host, saveErr, err error) {
 	if v.measurements != "" {
+		if st, err := os.Stat(v.measurements); err == nil && st.IsDir() {
+			return nil, nil, fmt.Errorf("train advise: -measurements %s is a folder; give a file name, e.g. %s", v.measurements, filepath.Join(v.measurements, "measurements.json"))
+		}
 		h, err := advise.ReadHost(v.measurements)
 		switch {
 		case err == nil:
-			if h.Recording != v.gradients || !strings.HasPrefix(h.Device, dev) {
-				return nil, fmt.Errorf("train advise: %s holds measurements of %s on %s, not of the recording %s on %s; use another -measurements file", v.measurements, h.Model, h.Device, v.gradients, dev)
-			}
-			return h, coversDensities(h, v, stderr)
-		case !errors.Is(err, os.ErrNotExist):
-			return nil, fmt.Errorf("train %w", err)
-		}
-	}
-	h, err := advise.MeasureRecorded(ctx, advise.RecordedConfig{Dir: v.gradients, StepTime: v.stepTime, Device: dev, Kind: advise.Kind(v.kind),
-		Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
-	if err != nil {
-		return nil, fmt.Errorf("train %w", err)
-	}
-	if v.measurements != "" {
-		if err := advise.WriteHost(v.measurements, h); err != nil {
-			return nil, fmt.Errorf("train %w", err)
-		}
-	}
-	return h, nil
-}
-
-// coversDensities refuses measurements without -density's densities, and
-// says which file the advice comes from.
-func coversDensities(h *advise.Host, v *adviseFlags, stderr io.Writer) error {
-	for _, d := range v.densities {
-		if !slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d }) {
-			return fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
-		}
-	}
-	fmt.Fprintf(stderr, "using the measurements in %s\n", v.measurements)
-	return nil
-}
-
-// adviseHost reads the measurements file or measures (and writes it).
-func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []string, stderr io.Writer) (*advise.Host, error) {
-	if v.measurements != "" {
-		h, err := advise.ReadHost(v.measurements)
-		switch {
-		case err == nil:
-			def := c.Defaults()
-			if h.Model != def.Model || h.Dataset != def.Dataset || h.Device != def.Device || h.Preset != def.Preset || h.Batch != def.Batch.Value() {
-				return nil, fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
-					v.measurements, h.Model, h.Preset, h.Dataset, h.Batch, h.Device, def.Model, def.Preset, def.Dataset, def.Batch.Value(), def.Device)
+			if err := fits(h); err != nil {
+				return nil, nil, err
 			}
 			for _, d := range v.densities {
 				if !slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d }) {
-					return nil, fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
+					return nil, nil, fmt.Errorf("train advise: %s holds no measurements at density %g; use another -measurements file (or delete it to measure again)", v.measurements, d)
 				}
 			}
 			fmt.Fprintf(stderr, "using the measurements in %s\n", v.measurements)
-			return h, nil
+			return h, nil, nil
 		case !errors.Is(err, os.ErrNotExist):
-			return nil, fmt.Errorf("train %w", err)
+			if werr := checkWritable(v.measurements); werr != nil {
+				return nil, nil, werr // e.g. a path through a file
+			}
+			return nil, nil, fmt.Errorf("train %w", err)
+		}
+		if err := checkWritable(v.measurements); err != nil {
+			return nil, nil, err
 		}
 	}
-	h, err := advise.Measure(ctx, advise.Config{Train: c, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+	h, err = measure()
 	if err != nil {
 		if strings.HasPrefix(err.Error(), "train:") {
-			return nil, err
+			return nil, nil, err
 		}
-		return nil, fmt.Errorf("train %w", err)
+		return nil, nil, fmt.Errorf("train %w", err)
 	}
 	if v.measurements != "" {
 		if err := advise.WriteHost(v.measurements, h); err != nil {
-			return nil, fmt.Errorf("train %w", err)
+			os.Remove(v.measurements + ".tmp")
+			return h, fmt.Errorf("train advise: the measurements were not saved to %s (%v): the tables above are from them; the next call measures again", v.measurements, err), nil
 		}
 	}
-	return h, nil
+	return h, nil, nil
+}
+
+// checkWritable says why the measurements file at path cannot be written,
+// before minutes of measuring (nil when it can): it creates and removes
+// the temporary file advise.WriteHost writes first, in the same folder.
+func checkWritable(path string) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return fmt.Errorf("train advise: -measurements %s cannot be written (%v); give a file in a folder you can write to, or leave -measurements out", path, err)
+	}
+	f.Close()
+	return os.Remove(tmp)
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
@@ -63,6 +64,32 @@ func (f finiteFloat) String() string {
 }
 
 func (finiteFloat) Type() string { return "float" }
+
+// durationFlag is a time.Duration flag whose error says what a duration
+// looks like (the flag package's own says only "parse error").
+type durationFlag struct{ p *time.Duration }
+
+func (f durationFlag) Set(s string) error {
+	s = strings.TrimSpace(s)
+	d, err := time.ParseDuration(s)
+	if err == nil {
+		*f.p = d
+		return nil
+	}
+	if _, ferr := strconv.ParseFloat(s, 64); ferr == nil {
+		return fmt.Errorf("%q has no unit: write e.g. %ss, %sm or %sms (units h, m, s, ms, us, ns)", s, s, s, s)
+	}
+	return fmt.Errorf("%q is not a duration: write a number and a unit, e.g. 50us, 2ms, 30s, 1h30m (units h, m, s, ms, us, ns)", s)
+}
+
+func (f durationFlag) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	return f.p.String()
+}
+
+func (durationFlag) Type() string { return "duration" }
 
 // optFloat is an optional float flag: set only when given.
 type optFloat struct{ p *train.Optional[float64] }

@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/sparsegrad/sparsegrad/data"
@@ -31,13 +32,18 @@ import (
 )
 
 func main() {
+	// A standard output that closes (train ... | head) must not end the
+	// run without a word: with SIGPIPE notified, writes to it fail with
+	// EPIPE instead of killing the process, and stdoutWatch says so once
+	// on standard error while training goes on.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	ctx, stop := context.Background(), func() {}
 	if len(os.Args) > 1 && !strings.HasPrefix(os.Args[1], "-") {
 		// The subcommands end on Ctrl-C; training stops after its step
 		// with a checkpoint (train.Options.Signals).
 		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	}
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	err := run(ctx, os.Args[1:], &stdoutWatch{w: os.Stdout, stderr: os.Stderr}, os.Stderr)
 	stop()
 	if train.Reported(err) {
 		os.Exit(2) // rank 0 of the mpirun job prints it
@@ -50,6 +56,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, msg)
 		os.Exit(2)
 	}
+}
+
+// stdoutWatch is standard output that says on stderr, once, when it has
+// been closed (its reader ended: train ... | head), and then drops what is
+// written to it: the command goes on (training, a sweep) and writes its
+// results to its folder as before.
+type stdoutWatch struct {
+	w      io.Writer
+	stderr io.Writer
+	closed atomic.Bool
+}
+
+func (s *stdoutWatch) Write(b []byte) (int, error) {
+	if s.closed.Load() {
+		return len(b), nil
+	}
+	n, err := s.w.Write(b)
+	if errors.Is(err, syscall.EPIPE) && !s.closed.Swap(true) {
+		fmt.Fprintln(s.stderr, "train: standard output was closed (its reader ended, e.g. | head); the command goes on without printing its progress, and writes its results as usual (a run: to its folder, metrics.jsonl and report.html)")
+		return len(b), nil
+	}
+	return n, err
 }
 
 // hasSubcommandPrefix reports whether msg starts with a subcommand's own
@@ -203,7 +231,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	i64(&c.Workers, "workers", "simulated workers in this process (default 1; under mpirun: one worker per process)")
 	i64(&c.Epochs, "epochs", "epochs (default resnet18 200, lstm 90, ncf 20)")
 	fs.IntVar(&c.Steps, "steps", 0, "stop after this many iterations (0: no limit)")
-	fs.DurationVar(&c.MaxTime, "max-time", 0, "stop after this much wall time, e.g. 30m, with a final evaluation and checkpoint (0: no limit)")
+	fs.Var(durationFlag{&c.MaxTime}, "max-time", "stop after this much wall time, e.g. 30m, with a final evaluation and checkpoint (0: no limit)")
 	i64(&c.Batch, "batch", "per-worker batch size (default resnet18 32, lstm 32 sequences, ncf 256)")
 	i64(&c.EvalBatch, "eval-batch", "per-worker evaluation batch (default resnet18 250 images, lstm 10 sequences, ncf 64 users)")
 	fs.IntVar(&c.MaxEvalBatches, "max-eval-batches", 0, "evaluate on at most this many batches per worker (0: the whole split)")
@@ -228,7 +256,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	fs.StringVar(&c.Comm, "comm", "auto", "communication backend: local (in-process workers), mpi (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when every worker has a GPU of its own, else local or mpi; on a GPU those stage device buffers through host memory)")
 	fs.BoolVar(&c.TF32, "tf32", false, "GPU: allow TF32 tensor-core math in matrix products and convolutions (faster, about 10-bit mantissa)")
 	fs.BoolVar(&c.Deterministic, "deterministic", false, "GPU: only deterministic cuDNN convolution algorithms (bit-reproducible runs, slower); otherwise the fastest measured per shape")
-	fs.DurationVar(&c.NetLatency, "net-latency", 0, "emulated network latency per message, e.g. 50us (with -net-bandwidth; simulated workers only)")
+	fs.Var(durationFlag{&c.NetLatency}, "net-latency", "emulated network latency per message, e.g. 50us (with -net-bandwidth; simulated workers only)")
 	fs.Var(finiteFloat{&v.bandwidth}, "net-bandwidth", "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)")
 	i64(&c.LogEvery, "log-every", "write a step record every this many steps (default 1)")
 	fs.IntVar(&c.EvalEvery, "eval-every", 0, "also evaluate every this many steps (0: every epoch only)")

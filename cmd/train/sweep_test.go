@@ -30,6 +30,8 @@ func TestSweepAndAdviseRejectBadInput(t *testing.T) {
 		{[]string{"sweep", "-preset", "deft-buildup", "-out", "x", "extra"}, `unexpected argument "extra"`},
 		{[]string{"sweep", "-worker", "2"}, "did you mean -workers?"},
 		{[]string{"advise", "-net-bandwidth", "10"}, "give -workers P"},
+		{[]string{"advise", "-workers", "16", "-net-bandwidth", "10", "-net-latency", "abc"}, `"abc" is not a duration: write a number and a unit, e.g. 50us`},
+		{[]string{"sweep", "-preset", "deft-buildup", "-net-latency", "fast", "-out", "x"}, `"fast" is not a duration`},
 		{[]string{"advise", "-workers", "16"}, "give -net-bandwidth B"},
 		{[]string{"advise", "-workers", "16", "-net-bandwidth", "-3"}, "want a bandwidth > 0"},
 		{[]string{"advise", "-workers", "16", "-net-bandwidth", "10", "-sparsifiers", "topk,nope"}, `unknown sparsifier "nope"`},

@@ -106,34 +106,45 @@ func TestMistakesAreOneLine(t *testing.T) {
 		{[]string{"-model", "resnet18", "-data-dir", empty, "-out", "x"}, []string{"cifar10", empty, "-download"}},
 		{[]string{"-density", "0", "-out", "x"}, []string{"-density 0", "(0, 1]"}},
 		{[]string{"-workers", "0", "-out", "x"}, []string{"-workers 0", ">= 1"}},
+		{[]string{"-net-latency", "abc", "-net-bandwidth", "10", "-out", "x"}, []string{"-net-latency", `"abc" is not a duration`, "50us"}},
+		{[]string{"-max-time", "5", "-out", "x"}, []string{"-max-time", `"5" has no unit`, "5m"}},
 		{[]string{"report", "-x", "runs/a"}, []string{"-x", "train report -help"}},
 		{[]string{"report", "runs/a", "runs/b"}, []string{"train report: runs/a: no such folder", "train -out"}},
 		{[]string{"advise", "-model", "ncf"}, []string{"train advise: give -workers P"}},
 		{[]string{"sweep", "-preset", "nope", "-out", "x"}, []string{`unknown preset "nope"`}},
 	} {
-		dir := t.TempDir()
-		r := trainCmd(t, dir, tc.args...)
-		ls := lines(r.stderr)
-		if r.code != 2 || len(ls) != 1 || r.stdout != "" {
-			t.Errorf("train %v: want exit 2 and one line on stderr, got\n%v", tc.args, r)
-			continue
+		oneLine(t, tc.args, tc.want)
+	}
+}
+
+// oneLine runs train args (with -out x, when they have it, relative to a
+// folder of its own) and checks that it exits 2 with one line on stderr
+// that holds every want, carries one prefix and no Go names, and leaves no
+// run folder x.
+func oneLine(t *testing.T, args, want []string) {
+	t.Helper()
+	dir := t.TempDir()
+	r := trainCmd(t, dir, args...)
+	ls := lines(r.stderr)
+	if r.code != 2 || len(ls) != 1 || r.stdout != "" {
+		t.Errorf("train %v: want exit 2 and one line on stderr, got\n%v", args, r)
+		return
+	}
+	for _, w := range want {
+		if !strings.Contains(ls[0], w) {
+			t.Errorf("train %v: %q lacks %q", args, ls[0], w)
 		}
-		for _, w := range tc.want {
-			if !strings.Contains(ls[0], w) {
-				t.Errorf("train %v: %q lacks %q", tc.args, ls[0], w)
-			}
+	}
+	if n := strings.Count(ls[0], "train: ") + strings.Count(ls[0], "train report: ") + strings.Count(ls[0], "train advise: ") + strings.Count(ls[0], "train sweep: "); n != 1 {
+		t.Errorf("train %v: %q does not carry exactly one prefix", args, ls[0])
+	}
+	for _, bad := range []string{"data.Download", "ctx", "Config.Defaults", "unset", "stat "} {
+		if strings.Contains(ls[0], bad) {
+			t.Errorf("train %v: %q mentions %q, which means nothing on the command line", args, ls[0], bad)
 		}
-		if n := strings.Count(ls[0], "train: ") + strings.Count(ls[0], "train report: ") + strings.Count(ls[0], "train advise: ") + strings.Count(ls[0], "train sweep: "); n != 1 {
-			t.Errorf("train %v: %q does not carry exactly one prefix", tc.args, ls[0])
-		}
-		for _, bad := range []string{"data.Download", "ctx", "Config.Defaults", "unset", "stat "} {
-			if strings.Contains(ls[0], bad) {
-				t.Errorf("train %v: %q mentions %q, which means nothing on the command line", tc.args, ls[0], bad)
-			}
-		}
-		if _, err := os.Stat(filepath.Join(dir, "x")); err == nil {
-			t.Errorf("train %v: a refused command left a run folder", tc.args)
-		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "x")); err == nil {
+		t.Errorf("train %v: a refused command left a run folder", args)
 	}
 }
 

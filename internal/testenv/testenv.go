@@ -4,8 +4,8 @@
 // project's real data sets. By default such a test skips and says what to
 // install. The environment variable SPARSEGRAD_REQUIRE turns those skips
 // into failures: it lists the needs that must be met, separated by commas
-// (for example SPARSEGRAD_REQUIRE=mpi,data,browser,nvrtc,openblas, which
-// .ci/run sets, or SPARSEGRAD_REQUIRE=gpu on a GPU machine), or says "all".
+// (for example SPARSEGRAD_REQUIRE=mpi,data,browser,nvrtc,openblas,smalldisk,
+// as .ci/run sets, or SPARSEGRAD_REQUIRE=gpu on a GPU machine), or says "all".
 // An unknown name in it fails every test that asks, so that a typo cannot
 // turn the switch off.
 //
@@ -47,10 +47,13 @@ const (
 	Torch Need = "torch"
 	// Git: the git tool.
 	Git Need = "git"
+	// SmallDisk: mounting a small tmpfs, a file system that fills up
+	// (internal/smalldisk; needs root).
+	SmallDisk Need = "smalldisk"
 )
 
 // needs lists every need, for the check of SPARSEGRAD_REQUIRE.
-var needs = []Need{MPI, Data, Browser, NVRTC, GPU, OpenBLAS, OneDNN, Torch, Git}
+var needs = []Need{MPI, Data, Browser, NVRTC, GPU, OpenBLAS, OneDNN, Torch, Git, SmallDisk}
 
 // Env and RunEnv are the switches' environment variables.
 const (
@@ -61,11 +64,12 @@ const (
 // replaced are the switches SPARSEGRAD_REQUIRE replaced: setting one fails
 // the test instead of being ignored.
 var replaced = map[string]Need{
-	"SPARSEGRAD_DATA":  Data,
-	"REPORTS_BROWSER":  Browser,
-	"SPARSEGRAD_NVRTC": NVRTC,
-	"SPARSEGRAD_GPU":   GPU,
-	"SPARSEGRAD_TORCH": Torch,
+	"SPARSEGRAD_DATA":      Data,
+	"REPORTS_BROWSER":      Browser,
+	"SPARSEGRAD_NVRTC":     NVRTC,
+	"SPARSEGRAD_GPU":       GPU,
+	"SPARSEGRAD_TORCH":     Torch,
+	"SPARSEGRAD_SMALLDISK": SmallDisk,
 }
 
 // list parses a comma-separated list of names.

@@ -44,6 +44,7 @@ func TestMissing(t *testing.T) {
 		{"data, mpi ,browser", "", MPI, "fatal", "requires mpi"},
 		{"data,browser", "", MPI, "skip", "no thing"},
 		{"all", "", GPU, "fatal", "requires gpu"},
+		{"mpi,smalldisk", "", SmallDisk, "fatal", "requires smalldisk"},
 		{"mpi,dta", "", MPI, "fatal", `"dta", which is not a need`},
 		{"", "require", Data, "fatal", "SPARSEGRAD_DATA=require is no longer read: set SPARSEGRAD_REQUIRE=data"},
 	} {
