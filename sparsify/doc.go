@@ -99,11 +99,12 @@
 //     deterministically (highest index wins); ns and nsel are at least 1.
 //   - "deft" (deft.go, newDeft; notes 2): DEFT's fragments, norm-proportional
 //     per-fragment budgets and LPT bin packing by a rotating leader.
-//     Deviations: the budget allocation is exact (proportional to the
-//     norms within [1, size], largest-remainder rounding in integers: the
-//     k_f sum to max(k, non-empty fragments), where the reference's
-//     floating-point greedy can lose or add units); empty fragments (N < n² only) get no budget instead of crashing; a NaN
-//     or infinite acc is an error.
+//     The budgets follow the authors' greedy rule (descending norm, each
+//     fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the
+//     total can end a little below or above k). Deviations: that share is
+//     computed exactly, where the reference's floating-point remain_norm can
+//     floor a share of 3 to 2; empty fragments (N < n² only) get no budget
+//     instead of crashing; a NaN or infinite acc is an error.
 //   - "micro" (micro.go, newMicro; notes 3): MiCRO's rotating disjoint
 //     partitions with a shared threshold controller. Deviations: with one
 //     worker the global count is recorded as with many (the reference's
