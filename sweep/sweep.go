@@ -87,8 +87,8 @@ type Skipped struct {
 	Reason error
 }
 
-// netLabel names a network in folder names: 1gbit-50us.
-func netLabel(n netmodel.Network) string {
+// NetLabel names a network in run folder names: 1gbit-50us ("" for none).
+func NetLabel(n netmodel.Network) string {
 	if n.Bandwidth == 0 {
 		return ""
 	}
@@ -164,7 +164,7 @@ func (s Spec) Points() ([]Point, []Skipped, error) {
 					if m != "dense" {
 						p.Name += "-d" + strconv.FormatFloat(d, 'g', -1, 64)
 					}
-					if l := netLabel(p.Net); l != "" {
+					if l := NetLabel(p.Net); l != "" {
 						p.Name += "-" + l
 					}
 					c := s.Base
