@@ -310,3 +310,18 @@ func TestPresetFullSizeCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestSweepDryRunFromGoRun: run with go run (whose binary is gone when the
+// jobs start), the dry run builds bin/train first and its jobs run that.
+func TestSweepDryRunFromGoRun(t *testing.T) {
+	s := sweep.Spec{Sparsifiers: []string{"topk"}, Workers: []int{4}, Densities: []float64{0.1}}
+	s.Base.Model, s.Base.Steps = "ncf", 3
+	var b bytes.Buffer
+	if err := printMPIJobs(&b, s, "o", "go run ./cmd/train", false); err != nil {
+		t.Fatal(err)
+	}
+	want := "go build -o bin/train ./cmd/train\nmpirun --oversubscribe -np 4 bin/train -model ncf -sparsifier topk -density 0.1 -steps 3 -out " + filepath.Join("o", "runs", "topk-w4-d0.1") + "\n"
+	if b.String() != want {
+		t.Fatalf("printed\n%s\nwant\n%s", b.String(), want)
+	}
+}
