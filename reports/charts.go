@@ -536,15 +536,15 @@ func (r *Run) isPipelined() bool {
 	return r.Info.Pipelined || anyPipelined(r)
 }
 
-// overlapped is the part of step s's reduction that ran during the
-// backward pass: its wall time less the part left exposed after the
-// backward pass (0 when the reduction started after it; NaN when not
-// recorded).
+// overlapped is the part of step s's backward pass that a pipelined
+// reduction ran alongside: its wall time less the part after the backward
+// pass, at most the forward and backward time (0 when the reduction started
+// after the pass or t_comm_wall was not recorded).
 func overlapped(s *Step) float64 {
 	if !isFinite(s.TCommWall) || !isFinite(s.TWait) {
-		return math.NaN()
+		return 0
 	}
-	return max(0, s.TCommWall-s.TWait)
+	return min(max(0, s.TCommWall-s.TWait), max(0, s.TCompute))
 }
 
 // minus is a − b, at least 0, and a when b is NaN.
@@ -557,30 +557,55 @@ func minus(a, b float64) float64 {
 
 // The phases of the time breakdown.
 const (
-	phaseForward  = "forward"
-	phaseBackward = "backward"
-	phaseCompute  = "forward + backward"
-	phaseHidden   = "communication overlapped with backward"
-	phaseSelect   = "selection"
-	phaseComm     = "communication"
-	phaseExposed  = "communication, exposed"
-	phaseUpdate   = "update"
-	phaseQueue    = "waiting for a shared executor"
+	phaseQueue     = "waiting for an executor and the other workers' turns"
+	phaseForward   = "forward"
+	phaseBackward  = "backward"
+	phaseCompute   = "forward + backward"
+	phaseAlongside = "backward, the reduction running alongside"
+	phaseSelect    = "selection"
+	phaseComm      = "communication"
+	phaseOther     = "error feedback and the reducer's other work"
+	phaseAfter     = "reduction after the backward pass"
+	phaseUpdate    = "update"
 )
 
 // phaseOrder is the order of the phases in a chart (the data path's).
-var phaseOrder = []string{phaseQueue, phaseForward, phaseBackward, phaseCompute, phaseHidden, phaseSelect, phaseComm, phaseExposed, phaseUpdate}
+var phaseOrder = []string{phaseQueue, phaseForward, phaseBackward, phaseCompute, phaseAlongside, phaseSelect, phaseComm, phaseOther, phaseAfter, phaseUpdate}
+
+// Phase is one part of an iteration in a run's time breakdown.
+type Phase struct {
+	Name    string
+	Seconds float64
+}
+
+// Breakdown returns the phases of the run's i-th step record as its report's
+// time breakdown stacks them; they add up to the step's t_iter (a record
+// holds one worker's times: metrics.Step).
+func (r *Run) Breakdown(i int) []Phase {
+	names, get := phases(r)
+	out := make([]Phase, len(names))
+	for j, n := range names {
+		out[j] = Phase{n, get[j](&r.Steps[i])}
+	}
+	return out
+}
 
 // phases returns the time breakdown's phases for r, which add up to an
-// iteration: forward and backward separately when measured, else their sum
-// (t_compute), then selection, communication and update (t_select, t_comm,
-// t_update); simulated workers' wait for a shared executor (t_queue) comes
-// first. A pipelined run (isPipelined) reduces its layer groups during
-// the backward pass, concurrently: the sum of its calls' durations (t_comm)
-// counts overlapping time several times over, so its communication is
-// shown as two parts, the one overlapped with the backward pass (taken out
-// of the backward time) and the one left exposed after it (t_wait, which
-// also holds the last groups' selection).
+// iteration (t_iter = t_queue + t_compute + t_wait + t_update, one worker's
+// times): simulated workers' wait for a shared executor and the other
+// workers' turns (t_queue) when there is any; forward and backward
+// separately when measured (backward then holds the rest of t_compute),
+// else their sum; then, for a sequential reduction, its parts within
+// t_wait: selection (t_select), communication (t_comm, at most what t_wait
+// leaves: calls in flight together sum to more than the time they took) and
+// the rest, error feedback and the reducer's other work (decoding, the
+// residual, copies); and the update (t_update). A pipelined run
+// (isPipelined) reduces its layer groups during the backward pass,
+// concurrently, so its selection and communication cannot be told apart
+// in time: its reduction shows as the part of the backward pass it ran
+// alongside (taken out of the backward time) and the part after the
+// backward pass (t_wait). Nothing shows as communication that was not a
+// communicator call.
 func phases(r *Run) (names []string, get []func(*Step) float64) {
 	split := false
 	for _, s := range r.Steps {
@@ -590,57 +615,59 @@ func phases(r *Run) (names []string, get []func(*Step) float64) {
 		}
 	}
 	pipe := r.isPipelined()
-	defer func() {
-		// Simulated workers taking turns on shared executors wait for one
-		// before they compute.
-		if slices.ContainsFunc(r.Steps, func(s Step) bool { return s.TQueue > 0 }) {
-			names = append([]string{phaseQueue}, names...)
-			get = append([]func(*Step) float64{func(s *Step) float64 { return s.TQueue }}, get...)
-		}
-	}()
-	switch {
-	case split && pipe:
-		names = []string{phaseForward, phaseBackward}
-		get = []func(*Step) float64{func(s *Step) float64 { return s.TForward }, func(s *Step) float64 { return minus(s.TBackward, overlapped(s)) }}
-	case split:
-		names = []string{phaseForward, phaseBackward}
-		get = []func(*Step) float64{func(s *Step) float64 { return s.TForward }, func(s *Step) float64 { return s.TBackward }}
-	case pipe:
-		names = []string{phaseCompute}
-		get = []func(*Step) float64{func(s *Step) float64 { return minus(s.TCompute, overlapped(s)) }}
-	default:
-		names = []string{phaseCompute}
-		get = []func(*Step) float64{func(s *Step) float64 { return s.TCompute }}
+	ov := func(s *Step) float64 { return 0 }
+	if pipe {
+		ov = overlapped
+	}
+	if slices.ContainsFunc(r.Steps, func(s Step) bool { return s.TQueue > 0 }) {
+		names = append(names, phaseQueue)
+		get = append(get, func(s *Step) float64 { return s.TQueue })
+	}
+	if split {
+		fw := func(s *Step) float64 { return min(s.TForward, s.TCompute) }
+		names = append(names, phaseForward, phaseBackward)
+		get = append(get, fw, func(s *Step) float64 { return minus(s.TCompute, fw(s)+ov(s)) })
+	} else {
+		names = append(names, phaseCompute)
+		get = append(get, func(s *Step) float64 { return minus(s.TCompute, ov(s)) })
 	}
 	if pipe {
-		names = append(names, phaseHidden, phaseExposed, phaseUpdate)
+		names = append(names, phaseAlongside, phaseAfter, phaseUpdate)
 		get = append(get, overlapped, func(s *Step) float64 { return s.TWait }, func(s *Step) float64 { return s.TUpdate })
 		return names, get
 	}
-	names = append(names, phaseSelect, phaseComm, phaseUpdate)
-	get = append(get, func(s *Step) float64 { return s.TSelect }, func(s *Step) float64 { return s.TComm }, func(s *Step) float64 { return s.TUpdate })
+	sel := func(s *Step) float64 { return min(s.TSelect, s.TWait) }
+	com := func(s *Step) float64 { return min(s.TComm, minus(s.TWait, sel(s))) }
+	names = append(names, phaseSelect, phaseComm, phaseOther, phaseUpdate)
+	get = append(get, sel, com, func(s *Step) float64 { return minus(s.TWait, sel(s)+com(s)) }, func(s *Step) float64 { return s.TUpdate })
 	return names, get
 }
 
-// overlapChart shows, per iteration, the communication's wall time
-// (t_comm_wall: from the start of the reduction until the averaged gradient
-// was complete), the part of it left exposed after the backward pass
-// (t_wait) and the sum of the communicator calls' durations (t_comm, which
-// overlapping calls inflate): what LAGS pipelining hides. It is absent when
-// no step recorded t_comm_wall.
+// overlapChart shows, per iteration of a pipelined run, the reduction's
+// wall time (t_comm_wall: from the first layer group entering the reducer
+// during the backward pass until the averaged gradient was complete), the
+// part of it after the backward pass (t_wait) and the sum of the
+// communicator calls' durations (t_comm, which overlapping calls inflate):
+// what LAGS pipelining hides. It is absent for a run that did not pipeline
+// (its reduction all comes after the backward pass: the time breakdown
+// shows its parts) or did not record t_comm_wall.
 func overlapChart(r *Run, maxPts int) (chartSpec, bool) {
-	if !slices.ContainsFunc(r.Steps, func(s Step) bool { return isFinite(s.TCommWall) }) {
+	if !r.isPipelined() || !slices.ContainsFunc(r.Steps, func(s Step) bool { return isFinite(s.TCommWall) }) {
 		return chartSpec{}, false
 	}
 	du := durUnit(r.median(func(s *Step) float64 { return max(s.TCommWall, s.TWait, s.TComm) }))
 	scale := 1 / du.div
-	c := chartSpec{ID: "overlap", Title: "Communication: wall time and exposed part", XName: "iteration",
-		YName:    "time (" + du.name + ", slowest worker)",
-		Subtitle: "wall time from the start of the reduction; exposed: after the backward pass",
+	sub := "wall time from the first layer group entering the reducer during the backward pass"
+	if r.Info.Workers == 1 {
+		sub += "; one worker: no communication, the reduction is selection and error feedback"
+	}
+	c := chartSpec{ID: "overlap", Title: "Pipelined reduction: wall time and after backward", XName: "iteration",
+		YName:    "time (" + du.name + ")",
+		Subtitle: sub,
 		Series: []seriesSpec{
-			stepSeries("communication wall time (t_comm_wall)", r.Steps, func(s *Step) float64 { return s.TCommWall }, scale, maxPts),
-			stepSeries("exposed after the backward pass (t_wait)", r.Steps, func(s *Step) float64 { return s.TWait }, scale, maxPts),
-			stepSeries("sum of the calls' durations (t_comm)", r.Steps, func(s *Step) float64 { return s.TComm }, scale, maxPts),
+			stepSeries("reduction's wall time (t_comm_wall)", r.Steps, func(s *Step) float64 { return s.TCommWall }, scale, maxPts),
+			stepSeries("after the backward pass (t_wait)", r.Steps, func(s *Step) float64 { return s.TWait }, scale, maxPts),
+			stepSeries("sum of the communicator calls' durations (t_comm)", r.Steps, func(s *Step) float64 { return s.TComm }, scale, maxPts),
 		}}
 	return c, true
 }
@@ -658,7 +685,7 @@ func timeChart(r *Run, maxPts int) chartSpec {
 	names, get := phases(r)
 	iter := func(s *Step) float64 { return s.TIter }
 	du := durUnit(r.median(iter))
-	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", XName: "iteration", YName: "time (" + du.name + ", slowest worker)"}
+	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", XName: "iteration", YName: "time (" + du.name + ", the worker the others waited for)"}
 	col := func(f func(*Step) float64) []float64 {
 		vals := make([]float64, len(r.Steps))
 		for j := range r.Steps {
@@ -708,7 +735,7 @@ func timeChart(r *Run, maxPts int) chartSpec {
 		level = max(level, quantile(hi, 0.5))
 	}
 	if r.isPipelined() {
-		notes = append(notes, "pipelined: the communication overlapped with the backward pass is taken out of backward; exposed: what is left after it")
+		notes = append(notes, "pipelined: the part of the backward pass the reduction ran alongside is shown apart, then the reduction after it")
 	}
 	if cut, what := cutOff(tops, level, c.Categories, du); cut > 0 {
 		c.YMax = cut
@@ -1095,7 +1122,7 @@ func compareTimeChart(runs []*Run, labels []string) chartSpec {
 		cats[i] = strings.ReplaceAll(l, " ", "\n")
 	}
 	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", Subtitle: "median of each phase over the logged iterations",
-		XName: "run", YName: "time (" + du.name + ", slowest worker)", Categories: cats, AllLabels: true}
+		XName: "run", YName: "time (" + du.name + ", the worker the others waited for)", Categories: cats, AllLabels: true}
 	vals := map[string][]float64{}
 	pipe := false
 	for ri, r := range runs {
@@ -1117,7 +1144,7 @@ func compareTimeChart(runs []*Run, labels []string) chartSpec {
 		}
 	}
 	if pipe {
-		c.Subtitle += "; pipelined runs: communication overlapped with backward and the exposed rest"
+		c.Subtitle += "; pipelined runs: the backward pass the reduction ran alongside, and the reduction after it"
 	}
 	return c
 }

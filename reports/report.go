@@ -328,8 +328,8 @@ func runTable(r *Run) table {
 		[]string{"median time per phase", strings.Join(parts, " · ")},
 	)
 	if r.isPipelined() {
-		rows = append(rows, []string{"communication (pipelined)", "exposed after the backward pass " + fmtMillis(r.median(func(s *Step) float64 { return s.TWait })) +
-			", overlapped with the backward pass " + fmtMillis(r.median(overlapped)) + " per iteration (medians); the calls' durations add up to " +
+		rows = append(rows, []string{"reduction (pipelined)", "alongside the backward pass " + fmtMillis(r.median(overlapped)) +
+			", after it " + fmtMillis(r.median(func(s *Step) float64 { return s.TWait })) + " per iteration (medians); the communicator calls' durations add up to " +
 			fmtMillis(r.median(func(s *Step) float64 { return s.TComm })) + " because the layer groups' calls overlap one another"})
 	}
 	rows = append(rows,

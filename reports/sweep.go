@@ -252,7 +252,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 		}
 	}
 	su := durUnit(maxSel)
-	sc := against("sweep-select", "Selection time against workers", "median per iteration, slowest worker (DEFT, MiCRO)",
+	sc := against("sweep-select", "Selection time against workers", "median per iteration, of the worker the others waited for (DEFT, MiCRO)",
 		"selection ("+su.name+")", func(i int) float64 { return ph[i].Select }, 1/su.div, func(i int) bool { return info.Runs[i].Method != "dense" })
 	if len(sc.Series) > 0 {
 		specs = append(specs, sc)
@@ -341,7 +341,7 @@ func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets 
 	}
 	sort.Strings(netNames)
 	c := chartSpec{ID: "sweep-phases", Title: "Time per iteration by phase", XName: "run (method ×workers)",
-		YName: "time (" + du.name + ", slowest worker, median)", Subtitle: "network: " + strings.Join(netNames, "; "),
+		YName: "time (" + du.name + ", the worker the others waited for, median)", Subtitle: "network: " + strings.Join(netNames, "; "),
 		Horizontal: true, Wide: true}
 	names := []string{"forward + backward", "selection", "communication", "update"}
 	get := []func(measuredPhases) float64{
