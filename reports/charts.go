@@ -31,6 +31,30 @@ type seriesSpec struct {
 	// Color, when set, draws the series in this colour with a thin line
 	// (a reference line beside the data, e.g. a percentile).
 	Color string `json:"color,omitempty"`
+	// Width, when > 0, is the line's width in pixels (layered).
+	Width float64 `json:"width,omitempty"`
+}
+
+// layered gives the lines of every chart of cs widths that shrink from the
+// first series to the last, so that a series drawn over an equal one (two
+// compared runs with the same losses: -workers N and mpirun -np N) leaves
+// it showing at the edges.
+func layered(cs []chartSpec) []chartSpec {
+	for ci := range cs {
+		var lines []int
+		for j, s := range cs[ci].Series {
+			if !s.Bar && s.Color == "" {
+				lines = append(lines, j)
+			}
+		}
+		if len(lines) < 2 {
+			continue
+		}
+		for k, j := range lines {
+			cs[ci].Series[j].Width = 1.5 + 3*float64(len(lines)-1-k)/float64(len(lines)-1)
+		}
+	}
+	return cs
 }
 
 // chartSpec is what one chart shows, before it becomes an ECharts option.
@@ -236,8 +260,12 @@ func (c *chartSpec) option() map[string]any {
 				ls.Type = "dashed"
 			}
 			so = append(so, charts.WithLineStyleOpts(ls), charts.WithItemStyleOpts(opts.ItemStyle{Color: s.Color}))
-		case s.Dashed:
-			so = append(so, charts.WithLineStyleOpts(opts.LineStyle{Type: "dashed"}))
+		case s.Dashed || s.Width > 0:
+			ls := opts.LineStyle{Width: float32(s.Width)}
+			if s.Dashed {
+				ls.Type = "dashed"
+			}
+			so = append(so, charts.WithLineStyleOpts(ls))
 		}
 		if s.Bar {
 			bar := charts.NewBar()
@@ -251,15 +279,21 @@ func (c *chartSpec) option() map[string]any {
 		}
 		so = append(so, charts.WithLineChartOpts(opts.LineChart{ShowSymbol: opts.Bool(s.Symbols), Stack: s.Stack}))
 		var data []opts.LineData
+		// Layered symbols shrink with their lines (an evaluation drawn
+		// over an equal one leaves a ring of it).
+		sym := 0
+		if s.Symbols && s.Width > 0 {
+			sym = int(math.Round(2 + 2*s.Width))
+		}
 		if c.Categories != nil {
 			data = make([]opts.LineData, len(s.Values))
 			for i, v := range s.Values {
-				data[i] = opts.LineData{Value: num(v)}
+				data[i] = opts.LineData{Value: num(v), SymbolSize: sym}
 			}
 		} else {
 			data = make([]opts.LineData, len(s.Points))
 			for i, p := range s.Points {
-				data[i] = opts.LineData{Value: [2]num{num(p.X), num(p.Y)}}
+				data[i] = opts.LineData{Value: [2]num{num(p.X), num(p.Y)}, SymbolSize: sym}
 			}
 		}
 		ch.AddSeries(s.Name, data, so...)
@@ -456,12 +490,19 @@ func runCharts(r *Run, maxPts int) []chartSpec {
 	}
 	out = append(out, chartSpec{ID: "loss", Title: "Training loss", XName: "iteration", YName: "loss (mean over workers)",
 		Series: []seriesSpec{stepSeries("training loss", r.Steps, func(s *Step) float64 { return s.Loss }, 1, maxPts)}})
+	// The setup density is drawn last and dashed: on top of an actual
+	// density equal to it, both stay visible.
+	setup := stepSeries("setup density", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts)
+	setup.Dashed = true
 	out = append(out, chartSpec{ID: "density", Title: "Setup vs actual density", XName: "iteration", YName: "density (fraction of gradient elements)",
-		Subtitle: "actual = |union of the indices sent| / N",
+		Subtitle: "actual = |union of the indices sent| / N; dashed: setup density",
 		Series: []seriesSpec{
-			stepSeries("setup density", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts),
 			stepSeries("actual density", r.Steps, func(s *Step) float64 { return s.ActualDensity }, 1, maxPts),
+			setup,
 		}})
+	if c, ok := ratioChart(r, maxPts); ok {
+		out = append(out, c)
+	}
 	out = append(out, chartSpec{ID: "error", Title: "Error (mean residual norm)", XName: "iteration", YName: "mean over workers of ‖residual‖₂",
 		Series: []seriesSpec{stepSeries("error", r.Steps, func(s *Step) float64 { return s.ErrorNorm }, 1, maxPts)}})
 	if r.hasThreshold() {
@@ -479,6 +520,21 @@ func runCharts(r *Run, maxPts int) []chartSpec {
 		out = append(out, c)
 	}
 	return out
+}
+
+// ratioChart is the actual density over the setup density per iteration
+// (what the papers plot: DEFT's Fig. 1 build-up), with 1 dashed; absent for
+// a run without a setup density below 1 (dense).
+func ratioChart(r *Run, maxPts int) (chartSpec, bool) {
+	if d := r.Info.Config.Density; !(d > 0 && d < 1) {
+		return chartSpec{}, false
+	}
+	ratio := stepSeries("actual ÷ setup density", r.Steps, func(s *Step) float64 { return s.ActualDensity / s.Density }, 1, maxPts)
+	one := stepSeries("1 (the setup density)", r.Steps, func(s *Step) float64 { return 1 }, 1, maxPts)
+	one.Dashed = true
+	return chartSpec{ID: "density-ratio", Title: "Actual density ÷ setup density", XName: "iteration", YName: "actual ÷ setup density",
+		Subtitle: "mean " + fmtRatio(r.densityRatio()) + "; above 1: the workers' selections together send more than ρ",
+		Series:   []seriesSpec{ratio, one}}, true
 }
 
 // errorScale is the MiCRO paper's Fig. 8 scaling factor: Σ threshold / Σ
@@ -545,6 +601,13 @@ func overlapped(s *Step) float64 {
 		return 0
 	}
 	return min(max(0, s.TCommWall-s.TWait), max(0, s.TCompute))
+}
+
+// dashed returns s drawn dashed (on top of an equal series before it, both
+// stay visible).
+func dashed(s seriesSpec) seriesSpec {
+	s.Dashed = true
+	return s
 }
 
 // minus is a − b, at least 0, and a when b is NaN.
@@ -657,7 +720,7 @@ func overlapChart(r *Run, maxPts int) (chartSpec, bool) {
 	}
 	du := durUnit(r.median(func(s *Step) float64 { return max(s.TCommWall, s.TWait, s.TComm) }))
 	scale := 1 / du.div
-	sub := "wall time from the first layer group entering the reducer during the backward pass"
+	sub := "wall time from the first layer group entering the reducer during the backward pass; dashed: after it"
 	if r.Info.Workers == 1 {
 		sub += "; one worker: no communication, the reduction is selection and error feedback"
 	}
@@ -666,7 +729,7 @@ func overlapChart(r *Run, maxPts int) (chartSpec, bool) {
 		Subtitle: sub,
 		Series: []seriesSpec{
 			stepSeries("reduction's wall time (t_comm_wall)", r.Steps, func(s *Step) float64 { return s.TCommWall }, scale, maxPts),
-			stepSeries("after the backward pass (t_wait)", r.Steps, func(s *Step) float64 { return s.TWait }, scale, maxPts),
+			dashed(stepSeries("after the backward pass (t_wait)", r.Steps, func(s *Step) float64 { return s.TWait }, scale, maxPts)),
 			stepSeries("sum of the communicator calls' durations (t_comm)", r.Steps, func(s *Step) float64 { return s.TComm }, scale, maxPts),
 		}}
 	return c, true
@@ -801,9 +864,12 @@ func bytesChart(runs []*Run, labels []string, maxPts int) chartSpec {
 	c := chartSpec{ID: "bytes", Title: "Bytes per iteration", XName: "iteration", YName: u.name + " per worker per iteration"}
 	for i, r := range runs {
 		if labels == nil {
-			c.Series = append(c.Series,
-				stepSeries("sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts),
-				stepSeries("received", r.Steps, func(s *Step) float64 { return s.BytesRecv }, 1/u.div, maxPts))
+			// Received is drawn dashed on top: where a collective sends
+			// what it receives, both lines stay visible.
+			recv := stepSeries("received", r.Steps, func(s *Step) float64 { return s.BytesRecv }, 1/u.div, maxPts)
+			recv.Dashed = true
+			c.Series = append(c.Series, stepSeries("sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts), recv)
+			c.Subtitle = "dashed: received"
 		} else {
 			c.Series = append(c.Series, stepSeries(labels[i]+" sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts))
 		}
@@ -1103,7 +1169,7 @@ func compareCharts(runs []*Run, labels []string, onlyWorkers bool, maxPts int) [
 			out = append(out, c)
 		}
 	}
-	return out
+	return layered(out)
 }
 
 // compareTimeChart stacks each run's median phase times (phases), one bar

@@ -280,7 +280,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 	if c, ok := predictionChart(info, ph, labels); ok {
 		specs = append(specs, c)
 	}
-	return specs, tables, notes
+	return layered(specs), tables, notes
 }
 
 func sortedKeys(m map[float64]bool) []float64 {
