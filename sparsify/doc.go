@@ -23,7 +23,8 @@
 // # Methods
 //
 // Every method follows its authors' code as described in the project's
-// reference notes (shared/notes/reference-behaviour.md, section given below).
+// reference notes (docs/reference-behaviour.md in the repository, section
+// given below).
 // Its full description (k, wire format, bytes, Stats fields) and every
 // deliberate deviation are in the doc comment of its reducer type, in the
 // file named below; the deviations are summarised here. Common to all: the
