@@ -435,7 +435,7 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 			if err != nil {
 				logf("no prediction for %s: %v", p.Name, err)
 			} else {
-				sr.Predicted = &reports.PredictedIter{Compute: pr.Compute, Select: pr.Select, Comm: pr.Comm, Update: pr.Update, Other: pr.Other,
+				sr.Predicted = &reports.PredictedIter{Queue: pr.Queue, Compute: pr.Compute, Select: pr.Select, Comm: pr.Comm, Update: pr.Update, Other: pr.Other,
 					Iter: pr.Iter, ActualDensity: pr.ActualDensity}
 			}
 		}
@@ -454,6 +454,17 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 	return res, nil
 }
 
+// runnable reports whether method can run on w workers with the options
+// given (gTop-k's powers of two, SparDL's teams).
+func runnable(method string, w int, opts sparsify.Values) bool {
+	m, ok := sparsify.Lookup(method)
+	if !ok || m.CheckWorkers == nil {
+		return ok
+	}
+	r, err := m.Resolve(m.Applicable(opts))
+	return err == nil && m.CheckWorkers(w, r) == nil
+}
+
 func interruptedErr(err error, res Result, total int) error {
 	return fmt.Errorf("sweep: interrupted (%w) with %d of %d runs complete; run the same command again to continue", err, res.Ran+res.Complete, total)
 }
@@ -466,7 +477,21 @@ func measurements(ctx context.Context, s Spec, path string, logf func(string, ..
 	if h, err := advise.ReadHost(path); err == nil {
 		ok := h.Model == base.Model && h.Dataset == base.Dataset && h.Device == base.Device && h.Preset == base.Preset && h.Batch == base.Batch.Value()
 		for _, w := range s.Workers {
-			ok = ok && (w < 2 || slices.ContainsFunc(h.HostNets, func(n advise.HostNet) bool { return n.Workers == w }))
+			ok = ok && (w < 2 || slices.ContainsFunc(h.HostNets, func(n advise.HostNet) bool { return n.Workers == w }) &&
+				slices.ContainsFunc(h.SimSteps, func(x advise.SimStep) bool { return x.Workers == w }))
+		}
+		// Every method's reducer on every worker count it can run on
+		// (gTop-k's and SparDL's counts aside).
+		for _, m := range append([]string{"dense"}, s.Sparsifiers...) {
+			for _, w := range s.Workers {
+				for _, d := range s.Densities {
+					if w >= 2 && runnable(m, w, s.MethodOptions) {
+						ok = ok && slices.ContainsFunc(h.SimReduces, func(x advise.SimReduce) bool {
+							return x.Method == m && x.Workers == w && (x.Density == d || m == "dense")
+						})
+					}
+				}
+			}
 		}
 		for _, d := range s.Densities {
 			ok = ok && slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d })
@@ -490,7 +515,7 @@ func measurements(ctx context.Context, s Spec, path string, logf func(string, ..
 			methods = append(methods, m)
 		}
 	}
-	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers})
+	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers, Simulated: true})
 	if err != nil {
 		return nil, err
 	}
