@@ -191,17 +191,19 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	if !c.Simulated {
 		return h, nil
 	}
+	methods := append([]string{"dense"}, slices.DeleteFunc(slices.Clone(c.Methods), func(m string) bool { return m == "dense" })...)
 	for _, p := range hw {
 		if p < 2 {
 			continue
 		}
-		logf("%d simulated workers: a short dense run", p)
-		st, err := simStep(ctx, base, p, filepath.Join(tmp, fmt.Sprintf("sim-%d", p)))
-		if err != nil {
-			return nil, err
+		// What runs on p workers: every method (gTop-k's and SparDL's
+		// counts aside) at every density, dense once.
+		type job struct {
+			method string
+			d      float64
+			params sparsify.Values
 		}
-		h.SimSteps = append(h.SimSteps, st)
-		methods := append([]string{"dense"}, slices.DeleteFunc(slices.Clone(c.Methods), func(m string) bool { return m == "dense" })...)
+		var jobs []job
 		for _, m := range methods {
 			dens := c.Densities
 			if m == "dense" {
@@ -211,55 +213,89 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			params := filterParams(m, c.Params)
 			if meth.CheckWorkers != nil {
 				if r, err := meth.Resolve(params); err != nil || meth.CheckWorkers(p, r) != nil {
-					continue // the method cannot run on p workers
+					continue
 				}
 			}
 			for _, d := range dens {
-				logf("%s at density %g on %d simulated workers", m, d, p)
-				sr, err := simReduce(ctx, m, p, d, layout, grads, params)
+				jobs = append(jobs, job{m, d, params})
+			}
+		}
+		// Interleaved rounds, so that a burst of load from other jobs of a
+		// shared machine hits every measurement a little instead of one
+		// entirely; each measurement is the median over all its rounds.
+		rounds, stepTime := simRounds(h, p)
+		logf("%d simulated workers: %d rounds of a dense run of about %v and every method's reducer", p, rounds, stepTime.Round(time.Second))
+		var steps []metrics.Step
+		calls := make([][][]callRec, len(jobs))
+		for round := range rounds {
+			st, err := simStepRecords(ctx, base, p, stepTime, filepath.Join(tmp, fmt.Sprintf("sim-%d-%d", p, round)))
+			if err != nil {
+				return nil, err
+			}
+			steps = append(steps, st...)
+			for j, jb := range jobs {
+				rs, err := simReduceCalls(ctx, jb.method, p, jb.d, layout, grads, jb.params, simReduceTime/time.Duration(rounds))
 				if err != nil {
 					return nil, err
 				}
-				h.SimReduces = append(h.SimReduces, sr)
+				calls[j] = append(calls[j], rs...)
 			}
+		}
+		st, err := simStep(p, steps, stepTime)
+		if err != nil {
+			return nil, err
+		}
+		h.SimSteps = append(h.SimSteps, st)
+		for j, jb := range jobs {
+			h.SimReduces = append(h.SimReduces, simReduce(jb.method, p, jb.d, calls[j]))
 		}
 	}
 	return h, nil
 }
 
-// simSteps is the number of steps of a SimStep run (the first is not
-// counted), and simMaxTime bounds its wall time (ResNet-18's steps take
-// seconds each on a few cores).
-const (
-	simSteps   = 40
-	simMaxTime = 90 * time.Second
-	// simReduceTime is about how long a SimReduce measurement takes.
-	simReduceTime = 3 * time.Second
-)
+// simReduceTime is about how long a method's reducer is timed on P
+// simulated workers, in all rounds.
+const simReduceTime = 3 * time.Second
 
-// simStep runs base on p simulated workers with dense all-reduce for
-// simSteps steps (at most simMaxTime) and returns the medians of its
-// records' phases after the first step.
-func simStep(ctx context.Context, base train.Config, p int, out string) (SimStep, error) {
+// simRounds returns how many interleaved rounds to measure P simulated
+// workers in and how long each round's dense run trains: about 12 of
+// their iterations in all (as the one worker's measured step
+// extrapolates them), at least 9 s, at most 4 minutes; three rounds where
+// that leaves each a few seconds, else one.
+func simRounds(h *Host, p int) (int, time.Duration) {
+	iter := h.Compute*math.Max(1, float64(p)*math.Max(h.StepCores, 1)/float64(max(h.Cores, 1))) + h.Update
+	total := time.Duration(min(max(12*iter, 9), 240) * float64(time.Second))
+	if iter < 1 {
+		return 3, total / 3
+	}
+	return 1, total
+}
+
+// simStepRecords runs base on p simulated workers with dense all-reduce
+// for about d (at least a few steps) and returns its step records after the
+// first.
+func simStepRecords(ctx context.Context, base train.Config, p int, d time.Duration, out string) ([]metrics.Step, error) {
 	c := base
 	c.Workers = train.Set(p)
-	c.Steps, c.MaxTime, c.Out = simSteps, simMaxTime, out
+	c.Steps, c.MaxTime, c.Out = 1<<20, d, out
 	if err := train.Run(ctx, c, train.Options{Stdout: io.Discard, Progress: io.Discard}); err != nil {
-		return SimStep{}, fmt.Errorf("advise: timing %d simulated workers: %w", p, err)
+		return nil, fmt.Errorf("advise: timing %d simulated workers: %w", p, err)
 	}
-	recs, err := stepRecords(filepath.Join(out, "metrics.jsonl"))
-	if err != nil {
-		return SimStep{}, err
-	}
+	return stepRecords(filepath.Join(out, "metrics.jsonl"))
+}
+
+// simStep is the SimStep of p workers from their runs' step records: the
+// medians of each phase.
+func simStep(p int, recs []metrics.Step, d time.Duration) (SimStep, error) {
 	var q, cp, w, up, it []float64
 	for _, s := range recs {
 		q, cp, w = append(q, float64(s.TQueue)), append(cp, float64(s.TCompute)), append(w, float64(s.TWait))
 		up, it = append(up, float64(s.TUpdate)), append(it, float64(s.TIter))
 	}
 	if len(it) == 0 {
-		return SimStep{}, fmt.Errorf("advise: the run of %d simulated workers logged no step after the first (a step took longer than %v)", p, simMaxTime)
+		return SimStep{}, fmt.Errorf("advise: the runs of %d simulated workers logged no step after the first (a step took longer than %v)", p, d)
 	}
-	return SimStep{Workers: p, Queue: median(q), Compute: median(cp), Wait: median(w), Update: median(up), Iter: median(it), Steps: len(it) + 1}, nil
+	return SimStep{Workers: p, Queue: median(q), Compute: median(cp), Wait: median(w), Update: median(up), Iter: median(it), Steps: len(it)}, nil
 }
 
 // stepRecords reads the step records of a run's metrics after the first.
@@ -285,14 +321,12 @@ func stepRecords(path string) ([]metrics.Step, error) {
 	return out, nil
 }
 
-// simReduce times method's reducer on p in-process workers, worker r fed
-// with gradient r mod len(grads) (a fresh copy every call, all workers
+// simReduceCalls times method's reducer on p in-process workers, worker r
+// fed with gradient r mod len(grads) (a fresh copy every call, all workers
 // starting together after a barrier, as simulated workers enter the
-// reduction). Per call it takes the times of the worker of the median
-// selection time and how much later than it the last worker left the
-// reducer; the result is the median of each over
-// the calls after the first (oktopk: the mean over its 32-call schedule).
-func simReduce(ctx context.Context, method string, p int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (SimReduce, error) {
+// reduction), for about d (6 to 40 calls; oktopk its 32-call schedule),
+// and returns the calls after the first, per rank.
+func simReduceCalls(ctx context.Context, method string, p int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values, budget time.Duration) ([][]callRec, error) {
 	params = maps.Clone(params)
 	if params == nil {
 		params = sparsify.Values{}
@@ -305,19 +339,27 @@ func simReduce(ctx context.Context, method string, p int, d float64, l sparsify.
 		if method == "oktopk" {
 			return okRecompute
 		}
-		// As many calls as take about simReduceTime: a loaded machine's
-		// noise averages out over more calls where they are cheap.
-		return min(40, max(6, int(simReduceTime/max(first, time.Microsecond))))
+		return min(40, max(6, int(budget/max(first, time.Microsecond))))
 	})
 	if err != nil {
-		return SimReduce{}, fmt.Errorf("advise: timing %s on %d simulated workers: %w", method, p, err)
+		return nil, fmt.Errorf("advise: timing %s on %d simulated workers: %w", method, p, err)
 	}
+	if method == "oktopk" {
+		return recs, nil // its schedule: every call counts
+	}
+	return recs[1:], nil
+}
+
+// simReduce is the SimReduce of method on p workers from its timed calls:
+// per call the times of the worker of the median selection time (in a
+// simulated run the worker the others wait for is the one whose turn came
+// last, whose reducer is any worker's and whose communication holds the
+// wait for slower selections) and how much later the last worker left the
+// reducer; the median of each over the calls (oktopk: the mean over its
+// schedules).
+func simReduce(method string, p int, d float64, recs [][]callRec) SimReduce {
 	var sel, cm, other, lag []float64
 	for _, call := range recs {
-		// The worker of the median selection: in a simulated run the worker
-		// the others wait for is the one whose turn came last, whose
-		// reducer is any worker's, and whose communication holds the wait
-		// for slower selections.
 		order := make([]int, p)
 		var last time.Duration
 		for r, x := range call {
@@ -330,13 +372,11 @@ func simReduce(ctx context.Context, method string, p int, d float64, l sparsify.
 		sel, cm = append(sel, x.sel.Seconds()), append(cm, c.Seconds())
 		other, lag = append(other, (x.wall-x.sel-c).Seconds()), append(lag, (last-x.wall).Seconds())
 	}
-	sum := func(v []float64) float64 {
-		if method == "oktopk" {
-			return meanOf(v)
-		}
-		return median(v[1:])
+	sum := median
+	if method == "oktopk" {
+		sum = meanOf
 	}
-	return SimReduce{Method: method, Density: d, Workers: p, Select: sum(sel), Comm: sum(cm), Other: sum(other), Lag: sum(lag)}, nil
+	return SimReduce{Method: method, Density: d, Workers: p, Select: sum(sel), Comm: sum(cm), Other: sum(other), Lag: sum(lag)}
 }
 
 func meanOf(v []float64) float64 {
