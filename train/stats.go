@@ -103,19 +103,29 @@ var stepFields = []stepField{
 // last spent it queueing) and would count a wait twice. vals are the
 // gathered fields, nf per rank in stepFields order.
 func criticalRank(vals func(r, i int) float64, n int) int {
-	idx := map[string]int{}
-	for i, f := range stepFields {
-		idx[f.name] = i
-	}
 	best, bestV := 0, math.Inf(-1)
 	for r := range n {
-		v := vals(r, idx["queued"]) + vals(r, idx["compute"]) + vals(r, idx["select"])
+		v := 0.0
+		for _, i := range criticalFields {
+			v += vals(r, i)
+		}
 		if v > bestV {
 			best, bestV = r, v
 		}
 	}
 	return best
 }
+
+// criticalFields are the positions in stepFields of the times that decide
+// the critical rank: queued, compute and select.
+var criticalFields = func() (idx []int) {
+	for i, f := range stepFields {
+		if f.name == "queued" || f.name == "compute" || f.name == "select" {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}()
 
 // gatherStats combines every rank's statistics as stepFields say (the same
 // result on every rank); LayerK is the local one.
