@@ -59,6 +59,10 @@ type Config struct {
 	// captured from as many workers as the largest of HostWorkers (4 at
 	// least, 16 at most), so that unions of many workers are real ones.
 	Simulated bool
+	// Networks are the emulated networks the simulated runs use (a
+	// sweep's; only Latency and Bandwidth count): each is measured apart.
+	// Empty: in-process communication only.
+	Networks []netmodel.Network
 	// Log receives one line per stage (nil: none).
 	Log io.Writer
 }
@@ -220,34 +224,45 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 				jobs = append(jobs, job{m, d, params})
 			}
 		}
-		// Interleaved rounds, so that a burst of load from other jobs of a
-		// shared machine hits every measurement a little instead of one
-		// entirely; each measurement is the median over all its rounds.
-		rounds, stepTime := simRounds(h, p)
-		logf("%d simulated workers: %d rounds of a dense run of about %v and every method's reducer", p, rounds, stepTime.Round(time.Second))
-		var steps []metrics.Step
-		calls := make([][][]callRec, len(jobs))
-		for round := range rounds {
-			st, err := simStepRecords(ctx, base, p, stepTime, filepath.Join(tmp, fmt.Sprintf("sim-%d-%d", p, round)))
-			if err != nil {
-				return nil, err
-			}
-			steps = append(steps, st...)
-			for j, jb := range jobs {
-				rs, err := simReduceCalls(ctx, jb.method, p, jb.d, layout, grads, jb.params, simReduceTime/time.Duration(rounds))
+		nets := c.Networks
+		if len(nets) == 0 {
+			nets = []netmodel.Network{{}}
+		}
+		for _, net := range nets {
+			net = netmodel.Network{Latency: net.Latency, Bandwidth: net.Bandwidth}
+			// Interleaved rounds, so that a burst of load from other jobs
+			// of a shared machine hits every measurement a little instead
+			// of one entirely; each measurement is the median over all its
+			// rounds.
+			rounds, stepTime := simRounds(h, p)
+			logf("%d simulated workers, %s: %d rounds of a dense run of about %v and every method's reducer", p, NetName(net), rounds, stepTime.Round(time.Second))
+			var steps []metrics.Step
+			calls := make([][][]callRec, len(jobs))
+			for round := range rounds {
+				st, err := simStepRecords(ctx, base, p, net, stepTime, filepath.Join(tmp, fmt.Sprintf("sim-%d-%d", p, round)))
 				if err != nil {
 					return nil, err
 				}
-				calls[j] = append(calls[j], rs...)
+				steps = append(steps, st...)
+				for j, jb := range jobs {
+					rs, err := simReduceCalls(ctx, jb.method, p, jb.d, net, layout, grads, jb.params, simReduceTime/time.Duration(rounds))
+					if err != nil {
+						return nil, err
+					}
+					calls[j] = append(calls[j], rs...)
+				}
 			}
-		}
-		st, err := simStep(p, steps, stepTime)
-		if err != nil {
-			return nil, err
-		}
-		h.SimSteps = append(h.SimSteps, st)
-		for j, jb := range jobs {
-			h.SimReduces = append(h.SimReduces, simReduce(jb.method, p, jb.d, calls[j]))
+			st, err := simStep(p, steps, stepTime)
+			if err != nil {
+				return nil, err
+			}
+			st.Latency, st.Bandwidth = net.Latency, net.Bandwidth
+			h.SimSteps = append(h.SimSteps, st)
+			for j, jb := range jobs {
+				sr := simReduce(jb.method, p, jb.d, calls[j])
+				sr.Latency, sr.Bandwidth = net.Latency, net.Bandwidth
+				h.SimReduces = append(h.SimReduces, sr)
+			}
 		}
 	}
 	return h, nil
@@ -272,11 +287,12 @@ func simRounds(h *Host, p int) (int, time.Duration) {
 }
 
 // simStepRecords runs base on p simulated workers with dense all-reduce
-// for about d (at least a few steps) and returns its step records after the
-// first.
-func simStepRecords(ctx context.Context, base train.Config, p int, d time.Duration, out string) ([]metrics.Step, error) {
+// over net (emulated; none if zero) for about d (at least a few steps) and
+// returns its step records after the first.
+func simStepRecords(ctx context.Context, base train.Config, p int, net netmodel.Network, d time.Duration, out string) ([]metrics.Step, error) {
 	c := base
 	c.Workers = train.Set(p)
+	c.NetLatency, c.NetBandwidth = net.Latency, net.Bandwidth
 	c.Steps, c.MaxTime, c.Out = 1<<20, d, out
 	if err := train.Run(ctx, c, train.Options{Stdout: io.Discard, Progress: io.Discard}); err != nil {
 		return nil, fmt.Errorf("advise: timing %d simulated workers: %w", p, err)
@@ -326,7 +342,7 @@ func stepRecords(path string) ([]metrics.Step, error) {
 // starting together after a barrier, as simulated workers enter the
 // reduction), for about d (6 to 40 calls; oktopk its 32-call schedule),
 // and returns the calls after the first, per rank.
-func simReduceCalls(ctx context.Context, method string, p int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values, budget time.Duration) ([][]callRec, error) {
+func simReduceCalls(ctx context.Context, method string, p int, d float64, net netmodel.Network, l sparsify.Layout, grads [][]float32, params sparsify.Values, budget time.Duration) ([][]callRec, error) {
 	params = maps.Clone(params)
 	if params == nil {
 		params = sparsify.Values{}
@@ -335,12 +351,16 @@ func simReduceCalls(ctx context.Context, method string, p int, d float64, l spar
 	if _, ok := m.Param("dense_warmup"); ok {
 		params["dense_warmup"] = 0
 	}
+	var opts []local.Option
+	if net.Bandwidth > 0 {
+		opts = append(opts, local.WithNetwork(net))
+	}
 	recs, err := timeReducer(ctx, method, p, d, l, grads, params, func(first time.Duration) int {
 		if method == "oktopk" {
 			return okRecompute
 		}
 		return min(40, max(6, int(budget/max(first, time.Microsecond))))
-	})
+	}, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("advise: timing %s on %d simulated workers: %w", method, p, err)
 	}
@@ -662,10 +682,10 @@ type callRec struct{ sel, comm, wall time.Duration }
 
 // timeReducer runs method's reducer on p in-process workers, worker r fed
 // with gradient r mod len(grads) (a fresh copy every call, every worker
-// starting the call after a barrier), and returns each call's times per
-// rank. calls says how many calls to make in all from the first call's
+// starting the call after a barrier), over a comm/local world made with
+// opts, and returns each call's times per rank. calls says how many calls to make in all from the first call's
 // wall time on rank 0 (the ranks agree on rank 0's choice).
-func timeReducer(ctx context.Context, method string, p int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values, calls func(first time.Duration) int) ([][]callRec, error) {
+func timeReducer(ctx context.Context, method string, p int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values, calls func(first time.Duration) int, opts ...local.Option) ([][]callRec, error) {
 	var recs [][]callRec // per call, per rank
 	var mu sync.Mutex
 	err := local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
@@ -712,7 +732,7 @@ func timeReducer(ctx context.Context, method string, p int, d float64, l sparsif
 			}
 		}
 		return nil
-	})
+	}, opts...)
 	return recs, err
 }
 

@@ -115,13 +115,17 @@ func (h *Host) hostNet(P int) netmodel.Network {
 // worker the others waited for) after the first step, in seconds. Wait is
 // the part after the backward pass: error feedback and the dense reducer.
 type SimStep struct {
-	Workers int     `json:"workers"`
-	Queue   float64 `json:"queue"`
-	Compute float64 `json:"compute"`
-	Wait    float64 `json:"wait"`
-	Update  float64 `json:"update"`
-	Iter    float64 `json:"iter"`
-	Steps   int     `json:"steps"`
+	Workers int `json:"workers"`
+	// Latency and Bandwidth are the emulated network of the run (zero:
+	// none).
+	Latency   time.Duration `json:"latency,omitempty"`
+	Bandwidth float64       `json:"bandwidth,omitempty"`
+	Queue     float64       `json:"queue"`
+	Compute   float64       `json:"compute"`
+	Wait      float64       `json:"wait"`
+	Update    float64       `json:"update"`
+	Iter      float64       `json:"iter"`
+	Steps     int           `json:"steps"`
 }
 
 // SimReduce is one method's reducer on Workers in-process workers of this
@@ -130,30 +134,36 @@ type SimStep struct {
 // for, and Lag, how much later the last worker left the reducer (the
 // update's barrier waits for it), in seconds (medians over the calls).
 type SimReduce struct {
-	Method  string  `json:"method"`
-	Density float64 `json:"density"`
-	Workers int     `json:"workers"`
-	Select  float64 `json:"select"`
-	Comm    float64 `json:"comm"`
-	Other   float64 `json:"other"`
-	Lag     float64 `json:"lag"`
+	// Latency and Bandwidth are the emulated network the reducer's calls
+	// took (zero: none).
+	Latency   time.Duration `json:"latency,omitempty"`
+	Bandwidth float64       `json:"bandwidth,omitempty"`
+	Method    string        `json:"method"`
+	Density   float64       `json:"density"`
+	Workers   int           `json:"workers"`
+	Select    float64       `json:"select"`
+	Comm      float64       `json:"comm"`
+	Other     float64       `json:"other"`
+	Lag       float64       `json:"lag"`
 }
 
-// simStep returns the SimStep of P workers, if measured.
-func (h *Host) simStep(P int) (SimStep, bool) {
+// SimStep returns the SimStep of P workers on net (emulated; zero: none),
+// if measured.
+func (h *Host) SimStep(P int, net netmodel.Network) (SimStep, bool) {
 	for _, s := range h.SimSteps {
-		if s.Workers == P {
+		if s.Workers == P && s.Latency == net.Latency && s.Bandwidth == net.Bandwidth {
 			return s, true
 		}
 	}
 	return SimStep{}, false
 }
 
-// simReduce returns the SimReduce of method at density on P workers, if
-// measured (dense's at any density).
-func (h *Host) simReduce(method string, density float64, P int) (SimReduce, bool) {
+// SimReduce returns the SimReduce of method at density on P workers on net,
+// if measured (dense's at any density).
+func (h *Host) SimReduce(method string, density float64, P int, net netmodel.Network) (SimReduce, bool) {
 	for _, s := range h.SimReduces {
-		if s.Method == method && s.Workers == P && (s.Density == density || method == "dense") {
+		if s.Method == method && s.Workers == P && (s.Density == density || method == "dense") &&
+			s.Latency == net.Latency && s.Bandwidth == net.Bandwidth {
 			return s, true
 		}
 	}
@@ -294,7 +304,8 @@ func unionAt(sel float64, N, P int, gamma float64) float64 {
 // taking turns on this machine's cores (train -workers P), by its step
 // record's phases (metrics.Step):
 //
-//   - measured at P (SimStep, SimReduce: a sweep's measurements): the wait
+//   - measured at P on the run's network (SimStep, SimReduce: a sweep's
+//     measurements): the wait
 //     for an executor and the others' turns, the worker's own forward and
 //     backward pass and the update as a short dense run of P workers had
 //     them, the update less how long that run's barrier waited for the
@@ -302,8 +313,7 @@ func unionAt(sel float64, N, P int, gamma float64) float64 {
 //     method's; the method's selection, communication and other work as
 //     its reducer took them on P in-process workers with the model's real
 //     gradients, plus the error feedback of the dense run (its t_wait less
-//     its reducer); on an emulated network a call lasts at least its α-β
-//     time, so communication is at least the network's; and the dense
+//     its reducer), all over the run's emulated network; and the dense
 //     run's Spread.
 //   - otherwise extrapolated from one worker: E = min(P, cores) executors
 //     run steps at once, each on 1/E of the cores and as many BLAS threads
@@ -314,17 +324,15 @@ func unionAt(sel float64, N, P int, gamma float64) float64 {
 //     communication is at least the in-process collectives'.
 func (h *Host) simulated(pr *Prediction, s Setting, calls []Call) {
 	P := s.Workers
-	st, okS := h.simStep(P)
-	sr, okR := h.simReduce(s.Method, s.Density, P)
-	dr, okD := h.simReduce("dense", 1, P)
+	net := netmodel.Network{Latency: s.Net.Latency, Bandwidth: s.Net.Bandwidth}
+	st, okS := h.SimStep(P, net)
+	sr, okR := h.SimReduce(s.Method, s.Density, P, net)
+	dr, okD := h.SimReduce("dense", 1, P, net)
 	if okS && okR && okD {
 		pr.Queue, pr.Compute = st.Queue, st.Compute
 		ef := max(0, st.Wait-(dr.Select+dr.Comm+dr.Other))
 		pr.Select, pr.Other = sr.Select, ef+sr.Other
 		pr.Comm = sr.Comm
-		if s.Net.Bandwidth > 0 {
-			pr.Comm = max(pr.Comm, CommTime(calls, P, s.Net).Seconds())
-		}
 		pr.Update = max(0, st.Update-dr.Lag) + sr.Lag
 		pr.Spread = max(0, st.Iter-(st.Queue+st.Compute+st.Wait+st.Update))
 		return

@@ -337,15 +337,27 @@ func TestPredictSimulatedMeasured(t *testing.T) {
 			t.Errorf("%s %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	// On a 1 Mbit/s network the modelled communication exceeds the
-	// measured in-process one.
+	// On an emulated network the measurements of that network count: the
+	// in-process ones do not stand for it.
 	slow := netmodel.Network{Latency: time.Millisecond, Bandwidth: 125e3}
 	q, err := Predict(h, Setting{Method: "topk", Workers: 4, Density: 0.01, Simulated: true, Net: slow})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q.Comm <= 0.02 || math.Abs(q.Comm-(q.Iter-(want.Iter-want.Comm))) > 1e-12 {
-		t.Errorf("on a slow emulated network: communication %v, iteration %v", q.Comm, q.Iter)
+	if q.Queue != (4/2-1)*h.Compute {
+		t.Errorf("on a network not measured: queue %v, want the extrapolation's one turn of %v", q.Queue, h.Compute)
+	}
+	h.SimSteps = append(h.SimSteps, SimStep{Workers: 4, Latency: slow.Latency, Bandwidth: slow.Bandwidth, Queue: 0.4, Compute: 0.12, Wait: 0.9, Update: 0.02, Iter: 1.44})
+	h.SimReduces = append(h.SimReduces,
+		SimReduce{Method: "dense", Density: 1, Workers: 4, Latency: slow.Latency, Bandwidth: slow.Bandwidth, Comm: 0.85, Other: 0.005, Lag: 0.004},
+		SimReduce{Method: "topk", Density: 0.01, Workers: 4, Latency: slow.Latency, Bandwidth: slow.Bandwidth, Select: 0.04, Comm: 0.3, Other: 0.003, Lag: 0.01})
+	q, err = Predict(h, Setting{Method: "topk", Workers: 4, Density: 0.01, Simulated: true, Net: slow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// error feedback 0.9 − 0.855 = 0.045 (+ 0.003); update 0.02 − 0.004 + 0.01; spread 0.
+	if q.Queue != 0.4 || q.Comm != 0.3 || math.Abs(q.Other-0.048) > 1e-12 || math.Abs(q.Update-0.026) > 1e-12 || math.Abs(q.Iter-(0.4+0.12+0.04+0.3+0.048+0.026)) > 1e-12 {
+		t.Errorf("on the measured network: %+v", q)
 	}
 	// No measurement at 8 workers: extrapolated.
 	r, err := Predict(h, Setting{Method: "topk", Workers: 8, Density: 0.01, Simulated: true})

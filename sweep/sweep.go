@@ -476,19 +476,27 @@ func measurements(ctx context.Context, s Spec, path string, logf func(string, ..
 	base := s.Base.Defaults()
 	if h, err := advise.ReadHost(path); err == nil {
 		ok := h.Model == base.Model && h.Dataset == base.Dataset && h.Device == base.Device && h.Preset == base.Preset && h.Batch == base.Batch.Value()
+		nets := s.Networks
+		if len(nets) == 0 {
+			nets = []netmodel.Network{{}}
+		}
 		for _, w := range s.Workers {
-			ok = ok && (w < 2 || slices.ContainsFunc(h.HostNets, func(n advise.HostNet) bool { return n.Workers == w }) &&
-				slices.ContainsFunc(h.SimSteps, func(x advise.SimStep) bool { return x.Workers == w }))
+			ok = ok && (w < 2 || slices.ContainsFunc(h.HostNets, func(n advise.HostNet) bool { return n.Workers == w }))
+			for _, n := range nets {
+				_, has := h.SimStep(w, n)
+				ok = ok && (w < 2 || has)
+			}
 		}
 		// Every method's reducer on every worker count it can run on
-		// (gTop-k's and SparDL's counts aside).
+		// (gTop-k's and SparDL's counts aside), on every network.
 		for _, m := range append([]string{"dense"}, s.Sparsifiers...) {
 			for _, w := range s.Workers {
 				for _, d := range s.Densities {
-					if w >= 2 && runnable(m, w, s.MethodOptions) {
-						ok = ok && slices.ContainsFunc(h.SimReduces, func(x advise.SimReduce) bool {
-							return x.Method == m && x.Workers == w && (x.Density == d || m == "dense")
-						})
+					for _, n := range nets {
+						if w >= 2 && runnable(m, w, s.MethodOptions) {
+							_, has := h.SimReduce(m, d, w, n)
+							ok = ok && has
+						}
 					}
 				}
 			}
@@ -515,7 +523,7 @@ func measurements(ctx context.Context, s Spec, path string, logf func(string, ..
 			methods = append(methods, m)
 		}
 	}
-	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers, Simulated: true})
+	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers, Simulated: true, Networks: s.Networks})
 	if err != nil {
 		return nil, err
 	}
