@@ -230,12 +230,6 @@ type Prediction struct {
 	// Other is the rest of the step: error feedback, copies, the reducer's
 	// decoding.
 	Other float64 `json:"other"`
-	// Spread is, for simulated workers measured at their count, how much
-	// longer the dense run's median iteration was than the sum of its
-	// phases' medians: slow moments (the scheduler, other jobs of the
-	// machine) that fall on a different phase in each iteration, which no
-	// phase's median holds but the iteration's does. Iter includes it.
-	Spread float64 `json:"spread,omitempty"`
 	// Iter is the time per iteration: the sum of the phases, except that
 	// LAGS' pipelined communication hides behind the backward pass.
 	Iter float64 `json:"iter"`
@@ -313,8 +307,7 @@ func unionAt(sel float64, N, P int, gamma float64) float64 {
 //     method's; the method's selection, communication and other work as
 //     its reducer took them on P in-process workers with the model's real
 //     gradients, plus the error feedback of the dense run (its t_wait less
-//     its reducer), all over the run's emulated network; and the dense
-//     run's Spread.
+//     its reducer), all over the run's emulated network.
 //   - otherwise extrapolated from one worker: E = min(P, cores) executors
 //     run steps at once, each on 1/E of the cores and as many BLAS threads
 //     as the trainer gives P workers, so a turn takes the step's CPU time
@@ -334,7 +327,6 @@ func (h *Host) simulated(pr *Prediction, s Setting, calls []Call) {
 		pr.Select, pr.Other = sr.Select, ef+sr.Other
 		pr.Comm = sr.Comm
 		pr.Update = max(0, st.Update-dr.Lag) + sr.Lag
-		pr.Spread = max(0, st.Iter-(st.Queue+st.Compute+st.Wait+st.Update))
 		return
 	}
 	C := float64(max(h.Cores, 1))
@@ -455,7 +447,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	}
 	pr.ActualDensity = sh.Union / float64(N)
 	pr.BytesSent = Bytes(calls, P)
-	pr.Iter = pr.Queue + pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other + pr.Spread
+	pr.Iter = pr.Queue + pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other
 	if s.Method == "lags" {
 		// The groups' selection and communication run alongside the
 		// backward pass (its share of the worker's own pass).
@@ -463,7 +455,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		if h.Backward > 0 && h.Compute > 0 {
 			bw *= min(1, h.Backward/h.Compute)
 		}
-		pr.Iter = pr.Queue + pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other + pr.Spread
+		pr.Iter = pr.Queue + pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
 	}
 	pr.Caveats = caveats(h, s, params, pr, K)
 	return pr, nil

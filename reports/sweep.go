@@ -34,11 +34,7 @@ type SweepRun struct {
 // Update the optimizer step; and the expected actual density.
 type PredictedIter struct {
 	Queue, Compute, Select, Comm, Other, Update, Iter float64
-	// Spread is the part of the iteration no phase holds: slow moments
-	// that fall on a different phase in each iteration (the median
-	// iteration less the sum of the phases' medians).
-	Spread        float64
-	ActualDensity float64
+	ActualDensity                                     float64
 }
 
 // SweepInfo is what a sweep page shows.
@@ -420,9 +416,6 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 		{"communication", func(m measuredPhases, _ *PredictedIter) float64 { return m.Comm }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Comm }},
 		{"error feedback and the reducer's other work", func(m measuredPhases, _ *PredictedIter) float64 { return m.Other }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Other }},
 		{"update", func(m measuredPhases, _ *PredictedIter) float64 { return m.Update }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Update }},
-		{"spread (the median iteration less the phases' medians)", func(m measuredPhases, _ *PredictedIter) float64 {
-			return m.Iter - (m.Queue + m.Compute + m.Select + m.Comm + m.Other + m.Update)
-		}, func(_ measuredPhases, p *PredictedIter) float64 { return p.Spread }},
 	}
 	head := []string{"run", "iteration meas. / pred.", "error"}
 	for _, tm := range terms {

@@ -435,7 +435,7 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 			if err != nil {
 				logf("no prediction for %s: %v", p.Name, err)
 			} else {
-				sr.Predicted = &reports.PredictedIter{Queue: pr.Queue, Compute: pr.Compute, Select: pr.Select, Comm: pr.Comm, Update: pr.Update, Other: pr.Other, Spread: pr.Spread,
+				sr.Predicted = &reports.PredictedIter{Queue: pr.Queue, Compute: pr.Compute, Select: pr.Select, Comm: pr.Comm, Update: pr.Update, Other: pr.Other,
 					Iter: pr.Iter, ActualDensity: pr.ActualDensity}
 			}
 		}
