@@ -133,7 +133,7 @@ func Plan(method string, s Shape) ([]Call, error) {
 		return []Call{c(comm.OpSendRecv, steps, 1), c(comm.OpSendRecv, 2*steps, kb)}, nil
 	case "topkdsa", "oktopk":
 		if s.P <= 1 {
-			return []Call{c(comm.OpAllGather, 1, 1), c(comm.OpAllGatherV, 2, s.Union)}, nil
+			return []Call{c(comm.OpAllGather, 1, 1), c(comm.OpAllGatherV, 1, 2*s.Union)}, nil
 		}
 		local := K
 		if method == "oktopk" {
@@ -151,7 +151,8 @@ func Plan(method string, s Shape) ([]Call, error) {
 		if method == "topkdsa" && 2*s.Union >= float64(2*s.N/3) {
 			return append(out, c(comm.OpAllGatherV, 1, float64(s.N)/P)), nil
 		}
-		out = append(out, c(comm.OpAllGatherV, 2, s.Union/P))
+		// The pairs in one message per owner: its indices, then its values.
+		out = append(out, c(comm.OpAllGatherV, 1, 2*s.Union/P))
 		if method == "oktopk" {
 			out = append(out, c(comm.OpAllReduce, 1.0/64, 2*(P-1))) // P−1 int64 boundaries every 64 calls
 		}

@@ -182,6 +182,11 @@ func (s *staged) out(st stage, n int) error {
 	if err := st.dev.Stream.Copy(st.dev.Buf.Slice(0, n), asDevice(st.host).Slice(0, n)); err != nil {
 		return fmt.Errorf("comm: Staged: copying the result to %v: %w", st.dev.Buf, err)
 	}
+	// The copy may read the host memory after it is issued: the memory
+	// goes back to the pool (and to the next call) only once it is done.
+	if err := st.dev.Stream.Synchronize(); err != nil {
+		return fmt.Errorf("comm: Staged: copying the result to %v: %w", st.dev.Buf, err)
+	}
 	return nil
 }
 

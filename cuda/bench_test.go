@@ -17,6 +17,9 @@ import (
 //
 //	go test -run XXX -bench GPUStep -benchtime 50x ./cuda
 func BenchmarkGPUStep(b *testing.B) {
+	if cuda.Emulated() {
+		b.Skip("the emulator's speed means nothing")
+	}
 	r := rand.New(rand.NewPCG(1, 1))
 	cases := []struct {
 		name  string

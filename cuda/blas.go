@@ -13,6 +13,7 @@ var cublas struct {
 	setStream   func(h, s uintptr) int32
 	setMathMode func(h uintptr, mode int32) int32
 	getVersion  func(h uintptr, v *int32) int32
+	getProperty func(prop int32, v *int32) int32
 	sgemm       func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32
 }
 
@@ -32,19 +33,24 @@ const (
 
 func loadCUBLAS() error {
 	cublasOnce.Do(func() {
-		h, _, err := libCUBLAS.open()
+		h, path, err := libCUBLAS.open()
 		if err != nil {
 			cublasErr = err
 			return
 		}
-		cublasErr = bind(libCUBLAS.what, h, map[string]any{
+		cublasErr = bind(libCUBLAS, path, h, map[string]any{
 			"cublasCreate_v2":     &cublas.create,
 			"cublasDestroy_v2":    &cublas.destroy,
 			"cublasSetStream_v2":  &cublas.setStream,
 			"cublasSetMathMode":   &cublas.setMathMode,
 			"cublasGetVersion_v2": &cublas.getVersion,
 			"cublasSgemm_v2":      &cublas.sgemm,
+			"cublasGetProperty":   &cublas.getProperty,
 		})
+		var v [3]int32 // MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+		if cublasErr == nil && cublas.getProperty(0, &v[0]) == 0 && cublas.getProperty(1, &v[1]) == 0 && cublas.getProperty(2, &v[2]) == 0 {
+			setLibraryVersion(libCUBLAS.what, fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]))
+		}
 	})
 	return cublasErr
 }
@@ -52,6 +58,9 @@ func loadCUBLAS() error {
 func cublasError(call string, r int32) error {
 	if r == 0 {
 		return nil
+	}
+	if r == missingSymbol {
+		return missingError(call)
 	}
 	return fmt.Errorf("cuda: %s: cuBLAS status %d", call, r)
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
@@ -16,9 +17,8 @@ type convDescs struct {
 }
 
 // conv prepares a convolution or one of its gradients with cuDNN: the
-// descriptors, the algorithm (cuDNN's ranking, a deterministic one
-// preferred) and its workspace. FMA math (no TF32) unless the device
-// allows TF32.
+// descriptors, the algorithm (chooseConvAlgo) and its workspace. FMA math
+// (no TF32) unless the device allows TF32.
 func (b *Backend) conv(op ops.Kernel, shapes [][]int, out []int) (engine.Kernel, error) {
 	if err := loadCUDNN(); err != nil {
 		return nil, err
@@ -72,58 +72,65 @@ func (b *Backend) conv(op ops.Kernel, shapes [][]int, out []int) (engine.Kernel,
 	if err := cudnnError("cudnnSetConvolutionMathType", cudnn.setConvMath(cd.conv, math)); err != nil {
 		return nil, err
 	}
-	var perf [16]algoPerf
-	var got int32
-	var size uint64
 	alpha, beta := float32(1), float32(0)
 	ap, bp := unsafe.Pointer(&alpha), unsafe.Pointer(&beta)
 	var run func(s *Stream, h uintptr, in []device.Buffer, out, ws device.Buffer) int32
+	var dir int
+	var find, heur func(req int32, ret *int32, perf unsafe.Pointer) int32
+	var wsSize func(algo int32, size *uint64) int32
 	switch op.(type) {
 	case ops.Conv2d:
-		if err := cudnnError("cudnnGetConvolutionForwardAlgorithm_v7", cudnn.fwdAlgo(h, cd.x, cd.w, cd.conv, cd.y, int32(len(perf)), &got, unsafe.Pointer(&perf[0]))); err != nil {
-			return nil, err
+		dir = 0
+		find = func(req int32, ret *int32, perf unsafe.Pointer) int32 {
+			return cudnn.findFwd(h, cd.x, cd.w, cd.conv, cd.y, req, ret, perf)
 		}
-		algo, ok := pickAlgo(perf[:], got)
-		if !ok {
-			return nil, fmt.Errorf("cuda: cuDNN has no forward algorithm for %v on %v", c, xs)
+		heur = func(req int32, ret *int32, perf unsafe.Pointer) int32 {
+			return cudnn.fwdAlgo(h, cd.x, cd.w, cd.conv, cd.y, req, ret, perf)
 		}
-		cd.algo = algo
-		if err := cudnnError("cudnnGetConvolutionForwardWorkspaceSize", cudnn.fwdWorkspace(h, cd.x, cd.w, cd.conv, cd.y, algo, &size)); err != nil {
-			return nil, err
+		wsSize = func(algo int32, size *uint64) int32 {
+			return cudnn.fwdWorkspace(h, cd.x, cd.w, cd.conv, cd.y, algo, size)
 		}
 		run = func(s *Stream, h uintptr, in []device.Buffer, out, ws device.Buffer) int32 {
 			return cudnn.forward(h, ap, cd.x, in[0].Addr(), cd.w, in[1].Addr(), cd.conv, cd.algo, ws.Addr(), uint64(ws.Bytes()), bp, cd.y, out.Addr())
 		}
 	case ops.Conv2dGradInput:
-		if err := cudnnError("cudnnGetConvolutionBackwardDataAlgorithm_v7", cudnn.bwdDataAlgo(h, cd.w, cd.y, cd.conv, cd.x, int32(len(perf)), &got, unsafe.Pointer(&perf[0]))); err != nil {
-			return nil, err
+		dir = 1
+		find = func(req int32, ret *int32, perf unsafe.Pointer) int32 {
+			return cudnn.findBwdData(h, cd.w, cd.y, cd.conv, cd.x, req, ret, perf)
 		}
-		algo, ok := pickAlgo(perf[:], got)
-		if !ok {
-			return nil, fmt.Errorf("cuda: cuDNN has no backward-data algorithm for %v on %v", c, xs)
+		heur = func(req int32, ret *int32, perf unsafe.Pointer) int32 {
+			return cudnn.bwdDataAlgo(h, cd.w, cd.y, cd.conv, cd.x, req, ret, perf)
 		}
-		cd.algo = algo
-		if err := cudnnError("cudnnGetConvolutionBackwardDataWorkspaceSize", cudnn.bwdDataWorkspace(h, cd.w, cd.y, cd.conv, cd.x, algo, &size)); err != nil {
-			return nil, err
+		wsSize = func(algo int32, size *uint64) int32 {
+			return cudnn.bwdDataWorkspace(h, cd.w, cd.y, cd.conv, cd.x, algo, size)
 		}
 		run = func(s *Stream, h uintptr, in []device.Buffer, out, ws device.Buffer) int32 {
 			return cudnn.backwardData(h, ap, cd.w, in[0].Addr(), cd.y, in[1].Addr(), cd.conv, cd.algo, ws.Addr(), uint64(ws.Bytes()), bp, cd.x, out.Addr())
 		}
 	case ops.Conv2dGradFilter:
-		if err := cudnnError("cudnnGetConvolutionBackwardFilterAlgorithm_v7", cudnn.bwdFilterAlgo(h, cd.x, cd.y, cd.conv, cd.w, int32(len(perf)), &got, unsafe.Pointer(&perf[0]))); err != nil {
-			return nil, err
+		dir = 2
+		find = func(req int32, ret *int32, perf unsafe.Pointer) int32 {
+			return cudnn.findBwdFilter(h, cd.x, cd.y, cd.conv, cd.w, req, ret, perf)
 		}
-		algo, ok := pickAlgo(perf[:], got)
-		if !ok {
-			return nil, fmt.Errorf("cuda: cuDNN has no backward-filter algorithm for %v on %v", c, xs)
+		heur = func(req int32, ret *int32, perf unsafe.Pointer) int32 {
+			return cudnn.bwdFilterAlgo(h, cd.x, cd.y, cd.conv, cd.w, req, ret, perf)
 		}
-		cd.algo = algo
-		if err := cudnnError("cudnnGetConvolutionBackwardFilterWorkspaceSize", cudnn.bwdFilterWorkspace(h, cd.x, cd.y, cd.conv, cd.w, algo, &size)); err != nil {
-			return nil, err
+		wsSize = func(algo int32, size *uint64) int32 {
+			return cudnn.bwdFilterWorkspace(h, cd.x, cd.y, cd.conv, cd.w, algo, size)
 		}
 		run = func(s *Stream, h uintptr, in []device.Buffer, out, ws device.Buffer) int32 {
 			return cudnn.backwardFilter(h, ap, cd.x, in[0].Addr(), cd.y, in[1].Addr(), cd.conv, cd.algo, ws.Addr(), uint64(ws.Bytes()), bp, cd.w, out.Addr())
 		}
+	}
+	what := fmt.Sprintf("%v x%v w%v y%v", op, xs, ws, ys)
+	choice, err := d.chooseConvAlgo(what, dir, find, heur)
+	if err != nil {
+		return nil, err
+	}
+	cd.algo = choice.Algo
+	var size uint64
+	if err := cudnnError("cudnnGetConvolutionWorkspaceSize", wsSize(cd.algo, &size)); err != nil {
+		return nil, err
 	}
 	name := fmt.Sprint(op)
 	return &gpuKernel{ws: int((size + 3) / 4 * 4), run: func(s *Stream, in []device.Buffer, out, ws device.Buffer) error {
@@ -134,4 +141,59 @@ func (b *Backend) conv(op ops.Kernel, shapes [][]int, out []int) (engine.Kernel,
 		}
 		return cudnnError(name, run(s, h, in, out, ws))
 	}}, nil
+}
+
+// chooseConvAlgo returns the algorithm of one convolution (what names it
+// and its shapes; dir: 0 forward, 1 backward data, 2 backward filter), as
+// PyTorch's cudnn.benchmark does: cuDNN times every algorithm on the GPU
+// (find) and the fastest that fits maxConvWorkspace is kept, once per
+// shape and device (the choice is cached). With Options.Deterministic
+// only deterministic algorithms qualify (bit-reproducible runs). Where
+// the timing call is missing or fails, cuDNN's heuristic ranking (heur)
+// decides, preferring a deterministic algorithm. Every choice is recorded
+// (Device.ConvChoices).
+func (d *Device) chooseConvAlgo(what string, dir int, find, heur func(req int32, ret *int32, perf unsafe.Pointer) int32) (ConvChoice, error) {
+	d.convMu.Lock()
+	defer d.convMu.Unlock()
+	if c, ok := d.convCache[what]; ok {
+		return c, nil
+	}
+	var perf [16]algoPerf
+	var got int32
+	choice := ConvChoice{Op: what, Timed: true}
+	p, ok := algoPerf{}, false
+	if find(int32(len(perf)), &got, unsafe.Pointer(&perf[0])) == 0 {
+		p, ok = pickAlgo(perf[:], got, d.opts.Deterministic)
+	}
+	if !ok {
+		choice.Timed = false
+		if err := cudnnError("cudnnGetConvolutionAlgorithm_v7 ("+what+")", heur(int32(len(perf)), &got, unsafe.Pointer(&perf[0]))); err != nil {
+			return ConvChoice{}, err
+		}
+		if p, ok = pickAlgo(perf[:], got, true); !ok && !d.opts.Deterministic {
+			p, ok = pickAlgo(perf[:], got, false)
+		}
+		if !ok {
+			return ConvChoice{}, fmt.Errorf("cuda: cuDNN has no usable algorithm for %s (deterministic only: %v)", what, d.opts.Deterministic)
+		}
+	}
+	choice.Algo, choice.AlgoName, choice.WorkspaceBytes = p.algo, convAlgoName(dir, p.algo), p.memory
+	choice.Deterministic, choice.Candidates = p.determinism == cudnnDeterministic, int(got)
+	if choice.Timed {
+		choice.Ms = p.time
+	}
+	if d.convCache == nil {
+		d.convCache = map[string]ConvChoice{}
+	}
+	d.convCache[what] = choice
+	d.convLog = append(d.convLog, choice)
+	return choice, nil
+}
+
+// ConvChoices returns the convolution algorithms chosen on the device so
+// far, in the order they were first needed.
+func (d *Device) ConvChoices() []ConvChoice {
+	d.convMu.Lock()
+	defer d.convMu.Unlock()
+	return slices.Clone(d.convLog)
 }

@@ -3,7 +3,9 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -17,6 +19,11 @@ type Options struct {
 	// products and convolutions (faster, about 10 bits of mantissa). Off,
 	// float32 products are computed in float32.
 	TF32 bool
+	// Deterministic restricts cuDNN to convolution algorithms whose
+	// results do not vary between runs (bit-reproducible GPU runs, at some
+	// cost in speed). Otherwise the fastest algorithm measured for each
+	// shape is used, which may add in a varying order.
+	Deterministic bool
 }
 
 // Device is one NVIDIA GPU: a device.Device whose buffers are GPU memory.
@@ -35,6 +42,10 @@ type Device struct {
 
 	anchorMu sync.Mutex
 	anchor   *anchor
+
+	convMu    sync.Mutex
+	convCache map[string]ConvChoice // the algorithm of each convolution shape
+	convLog   []ConvChoice
 
 	closeOnce sync.Once
 }
@@ -140,6 +151,73 @@ func (d *Device) Ordinal() int { return d.ordinal }
 
 // Options returns the options the device was opened with.
 func (d *Device) Options() Options { return d.opts }
+
+// Report describes a GPU and the NVIDIA software the process runs on it:
+// what run.json records and train prints for -device cuda.
+type Report struct {
+	GPU               string `json:"gpu"`
+	Ordinal           int    `json:"ordinal"`
+	ComputeCapability string `json:"compute_capability"`
+	SMs               int    `json:"sms"`
+	MemoryMiB         int    `json:"memory_mib"`
+	// Driver is the kernel module's version (/proc/driver/nvidia/version),
+	// empty where it cannot be read.
+	Driver string `json:"driver,omitempty"`
+	TF32   bool   `json:"tf32"`
+	// Deterministic is Options.Deterministic.
+	Deterministic bool `json:"deterministic,omitempty"`
+	// Convolutions are the cuDNN algorithms chosen so far.
+	Convolutions []ConvChoice `json:"convolutions,omitempty"`
+	// Libraries are the libraries the package loaded, with their versions
+	// (the driver's is the CUDA version it supports).
+	Libraries []LibraryInfo `json:"libraries"`
+	// Files are the NVIDIA library files mapped into the process.
+	Files []string `json:"files"`
+}
+
+// Report describes d and the libraries loaded so far (call it once the
+// models are built: cuDNN and NCCL load on first use).
+func (d *Device) Report() Report {
+	r := Report{GPU: d.name, Ordinal: d.ordinal, ComputeCapability: fmt.Sprintf("%d.%d", d.cc[0], d.cc[1]), SMs: d.sms, TF32: d.opts.TF32,
+		Deterministic: d.opts.Deterministic, Convolutions: d.ConvChoices()}
+	if _, total, err := d.MemInfo(); err == nil {
+		r.MemoryMiB = int(total >> 20)
+	}
+	if b, err := os.ReadFile("/proc/driver/nvidia/version"); err == nil {
+		// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun …"
+		f := strings.Fields(string(b))
+		for i, w := range f {
+			if w == "Module" && i+1 < len(f) {
+				r.Driver = f[i+1]
+				break
+			}
+		}
+	}
+	r.Libraries, r.Files = Libraries()
+	return r
+}
+
+// String is the report in a few lines, for the terminal.
+func (r Report) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "GPU %d: %s (compute capability %s, %d SMs, %d MiB)", r.Ordinal, r.GPU, r.ComputeCapability, r.SMs, r.MemoryMiB)
+	if r.Driver != "" {
+		fmt.Fprintf(&b, ", driver %s", r.Driver)
+	}
+	if r.TF32 {
+		b.WriteString(", TF32 on")
+	}
+	if r.Deterministic {
+		b.WriteString(", deterministic convolutions")
+	}
+	for _, l := range r.Libraries {
+		fmt.Fprintf(&b, "\n  %s %s: %s", l.Name, l.Version, l.Path)
+		if len(l.Missing) > 0 {
+			fmt.Fprintf(&b, " (lacks %s)", strings.Join(l.Missing, ", "))
+		}
+	}
+	return b.String()
+}
 
 // MemInfo returns the free and total memory of the GPU in bytes.
 func (d *Device) MemInfo() (free, total uint64, err error) {

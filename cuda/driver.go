@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/ebitengine/purego"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
@@ -79,7 +80,7 @@ const (
 // loadDriver loads libcuda and initialises it, once per process.
 func loadDriver() error {
 	driverOnce.Do(func() {
-		h, _, err := libCUDA.open()
+		h, path, err := libCUDA.open()
 		if err != nil {
 			driverErr = err
 			return
@@ -128,12 +129,17 @@ func loadDriver() error {
 			"cuGetErrorName":               &drv.cuGetErrorName,
 			"cuGetErrorString":             &drv.cuGetErrorString,
 		}
-		if err := bindDriver(h, fns); err != nil {
+		if err := bindDriver(h, path, fns); err != nil {
 			driverErr = err
 			return
 		}
 		if r := drv.cuInit(0); r != 0 {
 			driverErr = fmt.Errorf("%w: the CUDA driver did not initialise: %v; check that the GPU is visible (nvidia-smi) and that the driver matches the kernel module", device.ErrUnavailable, r)
+			return
+		}
+		var v int32
+		if drv.cuDriverGetVersion(&v) == 0 {
+			setLibraryVersion(libCUDA.what, fmt.Sprintf("CUDA %d.%d", v/1000, v%1000/10))
 		}
 	})
 	return driverErr
@@ -141,16 +147,13 @@ func loadDriver() error {
 
 // bindDriver binds the driver's functions; cuEventElapsedTime_v2 exists
 // only in CUDA 12.8 and later, so the plain name is the fallback.
-func bindDriver(h uintptr, fns map[string]any) error {
+func bindDriver(h uintptr, path string, fns map[string]any) error {
 	elapsed := fns["cuEventElapsedTime_v2"]
-	delete(fns, "cuEventElapsedTime_v2")
-	if err := bind(libCUDA.what, h, fns); err != nil {
-		return err
+	if _, err := purego.Dlsym(h, "cuEventElapsedTime_v2"); err != nil {
+		delete(fns, "cuEventElapsedTime_v2")
+		fns["cuEventElapsedTime"] = elapsed
 	}
-	if err := bind(libCUDA.what, h, map[string]any{"cuEventElapsedTime_v2": elapsed}); err != nil {
-		return bind(libCUDA.what, h, map[string]any{"cuEventElapsedTime": elapsed})
-	}
-	return nil
+	return bind(libCUDA, path, h, fns)
 }
 
 // cString returns a NUL-terminated copy of s.
@@ -172,6 +175,9 @@ func goString(p *byte) string {
 }
 
 func (r cuResult) String() string {
+	if r == missingSymbol {
+		return "not in the loaded CUDA driver (too old a driver?)"
+	}
 	var name, desc *byte
 	if drv.cuGetErrorName != nil {
 		drv.cuGetErrorName(r, &name)

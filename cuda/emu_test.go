@@ -99,6 +99,51 @@ func parseKernels(src string) (map[string]kernelSig, map[string][]string, error)
 	return sigs, types, nil
 }
 
+// barrierKernels finds the kernels of src that reach __syncthreads, in
+// their own body or through the device functions they call: the emulator
+// runs their threads as fibers, and the others' threads as plain calls.
+func barrierKernels(src string) map[string]bool {
+	defs := regexp.MustCompile(`__(?:global|device)__[^;{(]*?(\w+)\(`).FindAllStringSubmatchIndex(src, -1)
+	bodies := map[string]string{}
+	for _, m := range defs {
+		name := src[m[2]:m[3]]
+		open := strings.IndexAny(src[m[1]:], "{;")
+		if open < 0 || src[m[1]+open] != '{' {
+			continue // a declaration
+		}
+		i, depth := m[1]+open, 0
+		for j := i; j < len(src); j++ {
+			if src[j] == '{' {
+				depth++
+			} else if src[j] == '}' {
+				if depth--; depth == 0 {
+					bodies[name] = src[i : j+1]
+					break
+				}
+			}
+		}
+	}
+	sync := map[string]bool{}
+	for name, b := range bodies {
+		sync[name] = strings.Contains(b, "__syncthreads")
+	}
+	for changed := true; changed; {
+		changed = false
+		for name, b := range bodies {
+			if sync[name] {
+				continue
+			}
+			for callee, s := range sync {
+				if s && regexp.MustCompile(`\b`+callee+`\s*\(`).MatchString(b) {
+					sync[name], changed = true, true
+					break
+				}
+			}
+		}
+	}
+	return sync
+}
+
 // emu is the client of the emulator process.
 type emu struct {
 	mu   sync.Mutex
@@ -118,6 +163,12 @@ type emu struct {
 	capturing map[uintptr][]func()
 	graphs    map[uintptr][]func()
 	libStream map[uintptr]uintptr // cuBLAS and cuDNN handles → their stream
+	planned   map[[3]uintptr]bool // library calls made once outside a capture
+	// Copies from host memory not yet made: a copy reads its source when
+	// its stream reaches it (the next work, record or synchronisation on
+	// the stream), not when it is issued, as with pinned memory; a host
+	// buffer reused before then uploads its new contents.
+	uploads map[uintptr][]func()
 
 	// Work that completes later (the fake NCCL's transfers): per stream,
 	// and what each recorded event waits for.
@@ -134,6 +185,7 @@ func (e *emu) exec(s uintptr, f func()) {
 		return
 	}
 	e.mu.Unlock()
+	e.flush(s)
 	f()
 }
 
@@ -142,6 +194,35 @@ func (e *emu) isCapturing(s uintptr) bool {
 	defer e.mu.Unlock()
 	_, ok := e.capturing[s]
 	return ok
+}
+
+// flush makes the copies from host memory issued on stream s.
+func (e *emu) flush(s uintptr) {
+	e.mu.Lock()
+	ups := e.uploads[s]
+	delete(e.uploads, s)
+	e.mu.Unlock()
+	for _, u := range ups {
+		u()
+	}
+}
+
+// plan models a library's first call with one configuration (a cuBLAS
+// handle; a cuDNN handle, convolution and direction): cuBLAS and cuDNN
+// choose and load kernels, and may allocate, on that call, which a stream
+// capture must not contain. It reports false when the first call comes
+// inside a capture.
+func (e *emu) plan(s uintptr, key [3]uintptr) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.planned[key] {
+		return true
+	}
+	if _, capturing := e.capturing[s]; capturing {
+		return false
+	}
+	e.planned[key] = true
+	return true
 }
 
 func (e *emu) streamOf(h uintptr) uintptr {
@@ -163,16 +244,17 @@ func buildEmulator() (*emu, error) {
 	if err != nil {
 		return nil, err
 	}
+	barriers := barrierKernels(kernelSource)
 	var inc strings.Builder
 	inc.WriteString("static void registerKernels() {\n")
 	for name, ts := range types {
-		fmt.Fprintf(&inc, "  kernels[%q] = [](Params& p) {\n", name)
+		fmt.Fprintf(&inc, "  kernels[%q] = {%v, [](Params& p) -> std::function<void()> {\n", name, barriers[name])
 		var args []string
 		for i, t := range ts {
 			fmt.Fprintf(&inc, "    auto a%d = p.next<%s>();\n", i, t)
 			args = append(args, fmt.Sprintf("a%d", i))
 		}
-		fmt.Fprintf(&inc, "    %s(%s);\n  };\n", name, strings.Join(args, ", "))
+		fmt.Fprintf(&inc, "    return [=] { %s(%s); };\n  }};\n", name, strings.Join(args, ", "))
 	}
 	inc.WriteString("}\n")
 	if err := os.WriteFile(filepath.Join(dir, "dispatch.inc"), []byte(inc.String()), 0o644); err != nil {
@@ -200,7 +282,7 @@ func buildEmulator() (*emu, error) {
 	}
 	return &emu{w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
 		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
-		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{},
+		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}, planned: map[[3]uintptr]bool{}, uploads: map[uintptr][]func(){},
 		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}}, nil
 }
 
@@ -253,6 +335,10 @@ func installFakes(e *emu) {
 	// maybeEmulate tried the real driver first.
 	driverOnce, driverErr = sync.Once{}, nil
 	driverOnce.Do(func() {
+		for _, l := range []struct{ what, version string }{{libCUDA.what, "CUDA 13.0"}, {libCUBLAS.what, "13.0.0"}, {libCUDNN.what, "9.10.2"}} {
+			recordLibrary(l.what, "emulator", nil)
+			setLibraryVersion(l.what, l.version)
+		}
 		drv.cuInit = func(uint32) cuResult { return ok }
 		drv.cuDriverGetVersion = func(v *int32) cuResult { *v = 13000; return ok }
 		drv.cuDeviceGetCount = func(n *int32) cuResult { *n = int32(emuGPUs); return ok }
@@ -279,7 +365,18 @@ func installFakes(e *emu) {
 		drv.cuDevicePrimaryCtxRetain = func(c *uintptr, _ int32) cuResult { *c = 1; return ok }
 		drv.cuDevicePrimaryCtxRelease = func(int32) cuResult { return ok }
 		drv.cuCtxSetCurrent = func(uintptr) cuResult { return ok }
-		drv.cuCtxSynchronize = func() cuResult { return ok }
+		drv.cuCtxSynchronize = func() cuResult {
+			e.mu.Lock()
+			var streams []uintptr
+			for s := range e.uploads {
+				streams = append(streams, s)
+			}
+			e.mu.Unlock()
+			for _, s := range streams {
+				e.flush(s)
+			}
+			return ok
+		}
 		drv.cuMemAlloc = func(p *uint64, n uint64) cuResult {
 			*p = binary.LittleEndian.Uint64(e.must(1, 8, n))
 			return ok
@@ -291,13 +388,16 @@ func installFakes(e *emu) {
 			if e.isCapturing(s) {
 				return 900 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
 			}
-			e.must(3, 0, dst, n, unsafe.Slice((*byte)(src), n))
+			e.mu.Lock()
+			e.uploads[s] = append(e.uploads[s], func() { e.must(3, 0, dst, n, unsafe.Slice((*byte)(src), n)) })
+			e.mu.Unlock()
 			return ok
 		}
 		drv.cuMemcpyDtoHAsync = func(dst unsafe.Pointer, src uint64, n uint64, s uintptr) cuResult {
 			if e.isCapturing(s) {
 				return 900
 			}
+			e.flush(s)
 			copy(unsafe.Slice((*byte)(dst), n), e.must(4, int(n), src, n))
 			return ok
 		}
@@ -318,7 +418,7 @@ func installFakes(e *emu) {
 		}
 		drv.cuStreamCreate = func(s *uintptr, _ uint32) cuResult { *s = e.handle(); return ok }
 		drv.cuStreamDestroy = func(uintptr) cuResult { return ok }
-		drv.cuStreamSynchronize = func(s uintptr) cuResult { waitAll(e.eventPending(s)); return ok }
+		drv.cuStreamSynchronize = func(s uintptr) cuResult { e.flush(s); waitAll(e.eventPending(s)); return ok }
 		drv.cuStreamWaitEvent = func(s, h uintptr, _ uint32) cuResult {
 			e.mu.Lock()
 			e.pending[s] = append(e.pending[s], e.eventWaits[h]...)
@@ -342,6 +442,7 @@ func installFakes(e *emu) {
 			if e.isCapturing(s) {
 				return 900 // a plain record is not a node of the graph
 			}
+			e.flush(s)
 			record(h)
 			w := e.eventPending(s)
 			e.mu.Lock()
@@ -472,6 +573,9 @@ func installFakes(e *emu) {
 		cublas.getVersion = func(_ uintptr, v *int32) int32 { *v = 130000; return 0 }
 		cublas.sgemm = func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32 {
 			al, be := *alpha, *beta
+			if !e.plan(e.streamOf(h), [3]uintptr{h}) {
+				return 14 // CUBLAS_STATUS_INTERNAL_ERROR: cuBLAS' first call on a handle, inside a capture
+			}
 			e.exec(e.streamOf(h), func() { e.must(8, 0, ta, tb, m, n, k, al, uint64(a), lda, uint64(b), ldb, be, uint64(c), ldc) })
 			return 0
 		}
@@ -523,6 +627,22 @@ func installFakes(e *emu) {
 			return 0
 		}
 		cudnn.fwdAlgo = func(_, _, _, _, _ uintptr, _ int32, ret *int32, perf unsafe.Pointer) int32 { return algo(ret, perf) }
+		// Find ranks by time: the fastest needs 2 GiB of scratch (over the
+		// limit), the next is not deterministic, a failed one, then a
+		// deterministic one (the emulator's convolution is the same for
+		// every algorithm).
+		find := func(_, _, _, _, _ uintptr, req int32, ret *int32, perf unsafe.Pointer) int32 {
+			ps := unsafe.Slice((*algoPerf)(perf), req)
+			list := []algoPerf{
+				{algo: 5, time: 0.1, memory: 2 << 30, determinism: cudnnDeterministic},
+				{algo: 1, time: 0.2, memory: 1 << 20},
+				{algo: 3, status: 9},
+				{algo: 0, time: 0.5, determinism: cudnnDeterministic},
+			}
+			*ret = int32(copy(ps, list))
+			return 0
+		}
+		cudnn.findFwd, cudnn.findBwdData, cudnn.findBwdFilter = find, find, find
 		cudnn.bwdDataAlgo, cudnn.bwdFilterAlgo = cudnn.fwdAlgo, cudnn.fwdAlgo
 		noWS := func(_, _, _, _, _ uintptr, _ int32, size *uint64) int32 { *size = 0; return 0 }
 		cudnn.fwdWorkspace, cudnn.bwdDataWorkspace, cudnn.bwdFilterWorkspace = noWS, noWS, noWS
@@ -534,6 +654,9 @@ func installFakes(e *emu) {
 			e.mu.Unlock()
 			if xs[1] != ws[1] {
 				return 3
+			}
+			if !e.plan(e.streamOf(h), [3]uintptr{h, cd, uintptr(which) + 1}) {
+				return 8 // CUDNN_STATUS_EXECUTION_FAILED: planned inside a capture
 			}
 			e.exec(e.streamOf(h), func() {
 				e.must(9, 0, which, xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], cs[0], cs[1], uint64(x), uint64(w), uint64(y))
@@ -570,6 +693,20 @@ func TestEmulatorKernelsParse(t *testing.T) {
 	}
 	if len(sigs) < 25 {
 		t.Fatalf("found %d kernels", len(sigs))
+	}
+	// The emulator runs the threads of kernels with barriers as fibers:
+	// every kernel is classified, and barriers reached through device
+	// functions count (block_sum, scan256x2).
+	sync := barrierKernels(kernelSource)
+	for name := range sigs {
+		if _, ok := sync[name]; !ok {
+			t.Errorf("kernel %s: its body was not found", name)
+		}
+	}
+	for name, want := range map[string]bool{"k_binary": false, "k_gather": false, "k_sel_count": true, "k_sel_pick": true, "k_bn_part": true, "k_sum_partials": true, "k_iota": false} {
+		if sync[name] != want {
+			t.Errorf("kernel %s: reaches __syncthreads = %v, want %v", name, sync[name], want)
+		}
 	}
 	if !emulated {
 		t.Skip("a real GPU or no NVRTC: the emulator is not in use")

@@ -3,6 +3,7 @@ package cuda_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -65,6 +66,9 @@ func upload(t testing.TB, s device.Stream, x []float32) device.Buffer {
 		t.Fatal(err)
 	}
 	if err := s.Copy(b, device.Host(x)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil { // the copy has read x: the caller may change it
 		t.Fatal(err)
 	}
 	return b
@@ -195,104 +199,167 @@ func TestGPUMathMatchesCPU(t *testing.T) {
 	}
 }
 
+// opCase is one graph case compiled, with its random parameters, buffers
+// and integer inputs.
+type opCase struct {
+	p      *engine.Program
+	params []float32
+	bufs   []float32
+	ints   [][]int64
+}
+
+func newOpCase(t *testing.T, c graphcases.Case) opCase {
+	t.Helper()
+	g, err := graphcases.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := engine.Compile(g.G, engine.Spec{Params: g.Params, Grads: g.Grads, Buffers: g.Bufs, Inputs: g.Ints, Outputs: append([]*G.Node{g.Loss}, g.Outs...)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 3))
+	oc := opCase{p: p, params: randVec(r, p.ParamSize, 0.5), bufs: c.Buffers()}
+	for _, s := range c.Ints {
+		v := make([]int64, s[0])
+		for i := range v {
+			v[i] = int64(r.IntN(s[1]))
+		}
+		oc.ints = append(oc.ints, v)
+	}
+	return oc
+}
+
+// opRun is what one run of a case left: its outputs, the gradient and the
+// updated running statistics.
+type opRun struct {
+	out       [][]float32
+	grad, buf []float32
+}
+
+// run loads the case on b and runs it runs times from the same inputs
+// (the running statistics restored before each run); each run's results
+// go to each, with the executor.
+func (oc opCase) run(t *testing.T, b engine.Backend, runs int, each func(i int, e *engine.Executor, r opRun)) {
+	t.Helper()
+	e, err := engine.New(oc.p, b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	s := b.Stream()
+	for i, v := range oc.ints {
+		if err := s.Copy(e.Input(i), device.Host(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pv := upload(t, s, oc.params)
+	gv, _ := b.Device().Alloc(device.Float32, oc.p.ParamSize)
+	bv := upload(t, s, oc.bufs)
+	if b.Device().Kind() == device.CPUKind {
+		pv, bv = device.Host(slices.Clone(oc.params)), device.Host(slices.Clone(oc.bufs))
+	}
+	for i := range runs {
+		if err := s.Copy(bv, device.Host(oc.bufs)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Run(context.Background(), engine.Bindings{Params: pv, Grads: gv, Buffers: bv}, nil); err != nil {
+			t.Fatalf("run %d: %v", i+1, err)
+		}
+		var r opRun
+		for j := range oc.p.OutputIDs {
+			r.out = append(r.out, download(t, s, e.Output(j)))
+		}
+		r.grad, r.buf = download(t, s, gv), download(t, s, bv)
+		each(i, e, r)
+	}
+}
+
 // TestGPUOpsMatchCPU compiles every case once and runs the program on the
 // CPU and on the GPU with the same parameters and inputs: the loss, the
 // outputs, every gradient and the updated running statistics agree within
-// 1e-4 relative (float32, TF32 off).
+// 1e-4 relative (float32, TF32 off). The GPU runs the program once,
+// kernel by kernel (TestGPUGraphReplay covers the replays), so this test
+// means the same with CUDA graphs off (SPARSEGRAD_CUDA_GRAPHS=0).
 //
 // The CPU half runs without a GPU too, so the cases themselves are checked
 // on every machine.
 func TestGPUOpsMatchCPU(t *testing.T) {
 	for _, c := range graphcases.Cases() {
 		t.Run(c.Name, func(t *testing.T) {
-			g, err := graphcases.New(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := engine.Compile(g.G, engine.Spec{Params: g.Params, Grads: g.Grads, Buffers: g.Bufs, Inputs: g.Ints, Outputs: append([]*G.Node{g.Loss}, g.Outs...)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := rand.New(rand.NewPCG(3, 3))
-			params := randVec(r, p.ParamSize, 0.5)
-			bufs := c.Buffers()
-			var ints [][]int64
-			for _, s := range c.Ints {
-				v := make([]int64, s[0])
-				for i := range v {
-					v[i] = int64(r.IntN(s[1]))
-				}
-				ints = append(ints, v)
-			}
-			run := func(b engine.Backend) (out [][]float32, grad, buf []float32) {
-				e, err := engine.New(p, b, nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer e.Close()
-				s := b.Stream()
-				for i, v := range ints {
-					if err := s.Copy(e.Input(i), device.Host(v)); err != nil {
-						t.Fatal(err)
-					}
-				}
-				pv := upload(t, s, params)
-				gv, _ := b.Device().Alloc(device.Float32, p.ParamSize)
-				bv := upload(t, s, bufs)
-				if b.Device().Kind() == device.CPUKind {
-					pv, bv = device.Host(slices.Clone(params)), device.Host(slices.Clone(bufs))
-				}
-				if _, err := e.Run(context.Background(), engine.Bindings{Params: pv, Grads: gv, Buffers: bv}, nil); err != nil {
-					t.Fatal(err)
-				}
-				if b.Device().Kind() == device.CUDAKind {
-					if err := e.CaptureError(); err != nil || !e.Replaying() {
-						t.Fatalf("the program is not replayed as a CUDA graph: %v", err)
-					}
-					// A second run replays the graph: the same results
-					// from the same inputs (the running statistics
-					// restored first).
-					first := download(t, s, gv)
-					if err := s.Copy(bv, device.Host(bufs)); err != nil {
-						t.Fatal(err)
-					}
-					if _, err := e.Run(context.Background(), engine.Bindings{Params: pv, Grads: gv, Buffers: bv}, nil); err != nil {
-						t.Fatal(err)
-					}
-					again := download(t, s, gv)
-					if e := relErr(again, first); e > 1e-6 {
-						t.Fatalf("a replay differs from the first run: relative error %g", e)
-					}
-					// A gather's gradient adds repeated rows in row
-					// order, without atomics: the same bits every run.
-					if strings.HasPrefix(c.Name, "gather") && !slices.Equal(again, first) {
-						t.Fatal("a gather's gradient changed between two runs of the same inputs")
-					}
-				}
-				for i := range p.OutputIDs {
-					out = append(out, download(t, s, e.Output(i)))
-				}
-				return out, download(t, s, gv), download(t, s, bv)
-			}
-			cpuOut, cpuGrad, cpuBuf := run(engine.CPU)
-			gpuOut, gpuGrad, gpuBuf := run(backend(t))
-			for i := range cpuOut {
-				if e := relErr(gpuOut[i], cpuOut[i]); e > 1e-4 {
-					t.Errorf("output %d: relative error %g", i, e)
+			oc := newOpCase(t, c)
+			var cpu, gpu opRun
+			oc.run(t, engine.CPU, 1, func(_ int, _ *engine.Executor, r opRun) { cpu = r })
+			oc.run(t, backend(t), 1, func(_ int, _ *engine.Executor, r opRun) { gpu = r })
+			worst := 0.0
+			within := func(what string, e float64) {
+				worst = max(worst, e)
+				if e > 1e-4 {
+					t.Errorf("%s: relative error %g", what, e)
 				}
 			}
+			for i := range cpu.out {
+				within(fmt.Sprintf("output %d", i), relErr(gpu.out[i], cpu.out[i]))
+			}
+			p := oc.p
 			for i, off := range p.ParamOffsets {
-				n := len(params) - off
+				n := len(oc.params) - off
 				if i+1 < len(p.ParamOffsets) {
 					n = p.ParamOffsets[i+1] - off
 				}
-				if e := relErr(gpuGrad[off:off+n], cpuGrad[off:off+n]); e > 1e-4 {
-					t.Errorf("gradient of parameter %d: relative error %g", i, e)
+				within(fmt.Sprintf("gradient of parameter %d", i), relErr(gpu.grad[off:off+n], cpu.grad[off:off+n]))
+			}
+			within("running statistics", relErr(gpu.buf, cpu.buf))
+			var kinds []string
+			for _, in := range p.Instrs {
+				kinds = append(kinds, strings.TrimPrefix(fmt.Sprintf("%T", in.Op), "ops."))
+			}
+			slices.Sort(kinds)
+			t.Logf("%s: max relative error %.2e (outputs, gradients, running statistics); op kinds %v", c.Name, worst, slices.Compact(kinds))
+		})
+	}
+}
+
+// TestGPUGraphReplay runs every case three times on the GPU from the same
+// inputs: the first run issues its kernels one by one (cuBLAS and cuDNN
+// plan on their first call, which no capture may hold), the second
+// captures the program as a CUDA graph and replays it, the third replays
+// it again. The replays give the first run's results (within 1e-6; a
+// gather's gradient and batch norm, summed in a fixed order, bit for bit).
+func TestGPUGraphReplay(t *testing.T) {
+	if os.Getenv(cuda.EnvGraphs) == "0" {
+		t.Skipf("%s=0 turns CUDA graphs off", cuda.EnvGraphs)
+	}
+	for _, c := range graphcases.Cases() {
+		t.Run(c.Name, func(t *testing.T) {
+			oc := newOpCase(t, c)
+			var first opRun
+			oc.run(t, backend(t), 3, func(i int, e *engine.Executor, r opRun) {
+				if i == 0 {
+					if e.Replaying() {
+						t.Fatal("the first run was captured: libraries would plan inside the capture")
+					}
+					first = r
+					return
 				}
-			}
-			if e := relErr(gpuBuf, cpuBuf); e > 1e-4 {
-				t.Errorf("running statistics: relative error %g", e)
-			}
+				if err := e.CaptureError(); err != nil || !e.Replaying() {
+					t.Fatalf("run %d is not a replay of a CUDA graph: %v", i+1, err)
+				}
+				for j := range r.out {
+					if d := relErr(r.out[j], first.out[j]); d > 1e-6 {
+						t.Errorf("run %d, output %d: relative error %g against the first run", i+1, j, d)
+					}
+				}
+				if d := relErr(r.grad, first.grad); d > 1e-6 {
+					t.Errorf("run %d: the gradient differs from the first run's: relative error %g", i+1, d)
+				}
+				// A gather's gradient (rows added in order, no atomics) and
+				// batch norm's sums (partials added in a fixed order) are
+				// the same bits on every run.
+				if (strings.HasPrefix(c.Name, "gather") || strings.HasPrefix(c.Name, "bn-")) && (!slices.Equal(r.grad, first.grad) || !slices.Equal(r.buf, first.buf)) {
+					t.Errorf("run %d: the gradient or running statistics changed between two runs of the same inputs", i+1)
+				}
+			})
 		})
 	}
 }
@@ -360,14 +427,21 @@ func TestGPUModelStepsMatchCPU(t *testing.T) {
 				}
 				losses[k], grads[k] = res.Loss, download(t, s, grad)
 			}
-			if math.Abs(losses[0]-losses[1]) > 1e-4*math.Abs(losses[0]) {
+			lossErr := math.Abs(losses[0]-losses[1]) / math.Abs(losses[0])
+			if lossErr > 1e-4 {
 				t.Errorf("loss: CPU %v, GPU %v", losses[0], losses[1])
 			}
+			worst, at := 0.0, ""
 			for _, p := range lay {
-				if e := relErr(grads[1][p.Offset:p.Offset+p.Size], grads[0][p.Offset:p.Offset+p.Size]); e > 1e-4 {
+				e := relErr(grads[1][p.Offset:p.Offset+p.Size], grads[0][p.Offset:p.Offset+p.Size])
+				if e > worst {
+					worst, at = e, p.Name
+				}
+				if e > 1e-4 {
 					t.Errorf("gradient of %s: relative error %g", p.Name, e)
 				}
 			}
+			t.Logf("%s: loss relative error %.2e; gradients: max relative error %.2e (%s) over %d tensors", c.name, lossErr, worst, at, len(lay))
 		})
 	}
 }
@@ -386,4 +460,47 @@ func randTargets(r *rand.Rand, n int) []float32 {
 		v[i] = float32(r.IntN(2))
 	}
 	return v
+}
+
+// TestConvAlgorithmChoice: every convolution's algorithm is the fastest
+// that cuDNN measured (within the scratch limit), or, with
+// Options.Deterministic, the fastest deterministic one; the choices are
+// reported. On the emulator the candidates are known: the fastest needs
+// too much scratch, the next is not deterministic, the third failed.
+func TestConvAlgorithmChoice(t *testing.T) {
+	gpu(t)
+	var c graphcases.Case
+	for _, k := range graphcases.Cases() {
+		if k.Name == "conv-bn-relu-xent" {
+			c = k
+		}
+	}
+	oc := newOpCase(t, c)
+	for _, det := range []bool{false, true} {
+		d, err := cuda.Open(0, cuda.Options{Deterministic: det})
+		if err != nil {
+			t.Fatal(err)
+		}
+		be, err := cuda.NewBackend(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		oc.run(t, be, 1, func(int, *engine.Executor, opRun) {})
+		choices := d.ConvChoices()
+		if len(choices) != 6 { // two convolutions: forward, backward data, backward filter
+			t.Fatalf("deterministic %v: %d convolutions chosen: %+v", det, len(choices), choices)
+		}
+		for _, ch := range choices {
+			t.Logf("deterministic %v: %s: %s (%d) %.3f ms, %d bytes of scratch, deterministic %v, %d candidates", det, ch.Op, ch.AlgoName, ch.Algo, ch.Ms, ch.WorkspaceBytes, ch.Deterministic, ch.Candidates)
+			if !ch.Timed || ch.WorkspaceBytes > 1<<30 || (det && !ch.Deterministic) {
+				t.Errorf("deterministic %v: %s: %+v", det, ch.Op, ch)
+			}
+			if want := map[bool]int32{false: 1, true: 0}[det]; cuda.Emulated() && ch.Algo != want {
+				t.Errorf("deterministic %v: %s: algorithm %d, want %d", det, ch.Op, ch.Algo, want)
+			}
+		}
+		if r := d.Report(); len(r.Convolutions) != len(choices) || r.Deterministic != det {
+			t.Errorf("the report lacks the choices: %+v", r)
+		}
+	}
 }

@@ -5,6 +5,8 @@
 // accumulates in float64 accumulate in double here too.
 
 typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned long long u64;
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
 
@@ -110,40 +112,71 @@ extern "C" __global__ void k_gather(const float* x, const i64* idx, float* y, i6
     }
 }
 
-// The gradient of a gather, deterministic (no atomics), in two kernels.
-// k_gather_grad_next links the rows that share an index: next[i] is the
-// next row after i with idx[i] (rows if none), stored as is for the first
-// row of each index and as −1 − next for the others.
-extern "C" __global__ void k_gather_grad_next(const i64* idx, i64* next, i64 rows) {
-    GRID_STRIDE(i, rows) {
-        i64 r = idx[i], nx = rows;
-        bool first = true;
-        for (i64 t = 0; t < i; t++) {
-            if (idx[t] == r) { first = false; break; }
+// The gradient of a gather, deterministic (no atomics): the rows are
+// sorted by (index, row) — a bitonic sort of the keys index<<32 | row —
+// and each run of equal indices is added in row order from zero, as the
+// CPU does (bit-identical). O(rows·log² rows) work, not a scan of every
+// earlier row per row.
+
+// key[i] = idx[i] << 32 | i for the rows, the largest key (sorting last)
+// up to n, a power of two.
+extern "C" __global__ void k_gg_keys(const i64* idx, u64* key, i64 rows, i64 n) {
+    GRID_STRIDE(i, n) { key[i] = i < rows ? ((u64)idx[i] << 32) | (u64)i : ~0ull; }
+}
+
+// One step of a bitonic sort of key[0..n), n a power of two: stage k,
+// distance j (each thread one compare-exchange).
+extern "C" __global__ void k_bitonic_step(u64* key, i64 n, i64 k, i64 j) {
+    GRID_STRIDE(t, n / 2) {
+        i64 a = (t / j) * 2 * j + t % j, b = a + j;
+        bool up = (a & k) == 0;
+        u64 x = key[a], y = key[b];
+        if ((x > y) == up) {
+            key[a] = y;
+            key[b] = x;
         }
-        for (i64 t = i + 1; t < rows; t++) {
-            if (idx[t] == r) { nx = t; break; }
-        }
-        next[i] = first ? nx : -1 - nx;
     }
 }
 
-// k_gather_grad writes into y (zeroed by the caller) at row idx[i] the sum
-// of g's rows with that index, added in row order from zero as the CPU
-// does (bit-identical): one thread per column of each index's first row
-// follows the chain k_gather_grad_next made.
-extern "C" __global__ void k_gather_grad(const float* g, const i64* idx, const i64* next, float* y, i64 rows, i64 d) {
+// Bitonic steps inside tiles of 512 keys (one block of 256 threads each),
+// in shared memory: with k0 = 0 the stages 2..512 whole, else the steps of
+// stage k0 at distances 256..1.
+extern "C" __global__ void k_bitonic_tile(u64* key, i64 k0) {
+    __shared__ u64 sk[512];
+    i64 base = (i64)blockIdx.x * 512;
+    int t = threadIdx.x;
+    sk[t] = key[base + t];
+    sk[t + 256] = key[base + t + 256];
+    __syncthreads();
+    i64 k = k0 ? k0 : 2, last = k0 ? k0 : 512;
+    for (; k <= last; k <<= 1) {
+        for (int j = k0 ? 256 : (int)(k / 2); j > 0; j >>= 1) {
+            int a = (t / j) * 2 * j + t % j, b = a + j;
+            bool up = ((base + a) & k) == 0;
+            u64 x = sk[a], y = sk[b];
+            if ((x > y) == up) {
+                sk[a] = y;
+                sk[b] = x;
+            }
+            __syncthreads();
+        }
+    }
+    key[base + t] = sk[t];
+    key[base + t + 256] = sk[t + 256];
+}
+
+// y[v][j] (zeroed by the caller) = Σ of g's rows with index v, in row
+// order from zero: one thread per column of the first key of each run of
+// equal indices in the sorted keys.
+extern "C" __global__ void k_gather_grad(const float* g, const u64* key, float* y, i64 rows, i64 d) {
     i64 n = rows * d;
     GRID_STRIDE(t, n) {
-        i64 i = t / d, j = t % d;
-        if (next[i] < 0) continue;
+        i64 q = t / d, j = t % d;
+        u64 v = key[q] >> 32;
+        if (q > 0 && (key[q - 1] >> 32) == v) continue;
         float s = 0.0f;
-        for (i64 c = i; c < rows;) {
-            s += g[c * d + j];
-            i64 nx = next[c];
-            c = nx < 0 ? -1 - nx : nx;
-        }
-        y[idx[i] * d + j] = s;
+        for (i64 r = q; r < rows && (key[r] >> 32) == v; r++) s += g[(i64)(key[r] & 0xffffffffull) * d + j];
+        y[(i64)v * d + j] = s;
     }
 }
 
@@ -211,32 +244,70 @@ extern "C" __global__ void k_sum_partials(const double* part, int n, double* out
     if (threadIdx.x == 0) out[0] = s;
 }
 
-// ---- BatchNorm (one block per channel) ------------------------------------
+// ---- BatchNorm ------------------------------------------------------------
+//
+// The per-channel sums spread each channel over P blocks (P chosen by the
+// host so that the grid fills the GPU): block c·P + p sums part p of
+// channel c's n = B·HW elements (a contiguous range of them) into
+// part[c·P + p], and a second kernel adds each channel's P partials in
+// order. Every level adds in a fixed order, so the results are the same
+// bits on every run. Element offsets use 32-bit division (the host checks
+// n < 2^31).
 
-// Batch statistics of channel c of x [B C HW]: stats[c] = mean,
-// stats[C+c] = 1/√(var+eps) (biased variance), and the running statistics'
-// update (unbiased variance).
-extern "C" __global__ void k_bn_stats(const float* x, float* rm, float* rv, double* stats, int B, int C, int HW, double eps, double mom) {
-    int c = blockIdx.x;
-    i64 n = (i64)B * HW;
+// The channel, part and element range [lo, hi) of this block.
+__device__ __forceinline__ void bn_block(int B, int HW, int P, int* c, unsigned* lo, unsigned* hi) {
+    unsigned n = (unsigned)B * (unsigned)HW;
+    int p = blockIdx.x % P;
+    *c = blockIdx.x / P;
+    *lo = (unsigned)((u64)n * p / P);
+    *hi = (unsigned)((u64)n * (p + 1) / P);
+}
+
+// The offset in x [B C HW] of element t of channel c.
+__device__ __forceinline__ i64 bn_at(unsigned t, int c, int C, int HW) {
+    unsigned b = t / (unsigned)HW, i = t - b * (unsigned)HW;
+    return ((i64)b * C + c) * HW + i;
+}
+
+// part[c·P + p] = Σ x over part p of channel c of x [B C HW]; with mean
+// (not null), Σ (x − mean[c])² instead.
+extern "C" __global__ void k_bn_part(const float* x, const double* mean, double* part, int B, int C, int HW, int P) {
+    int c;
+    unsigned lo, hi;
+    bn_block(B, HW, P, &c, &lo, &hi);
+    double m = mean ? mean[c] : 0.0;
     double s = 0.0;
-    for (i64 t = threadIdx.x; t < n; t += blockDim.x) {
-        i64 b = t / HW, i = t % HW;
-        s += (double)x[(b * C + c) * HW + i];
+    for (unsigned t = lo + threadIdx.x; t < hi; t += blockDim.x) {
+        double v = (double)x[bn_at(t, c, C, HW)];
+        if (mean) {
+            v -= m;
+            v *= v;
+        }
+        s += v;
     }
-    double mean = block_sum(s) / (double)n;
-    double ss = 0.0;
-    for (i64 t = threadIdx.x; t < n; t += blockDim.x) {
-        i64 b = t / HW, i = t % HW;
-        double d = (double)x[(b * C + c) * HW + i] - mean;
-        ss += d * d;
+    s = block_sum(s);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+// stats[c] = (Σ_p part[c·P + p]) / n: each channel's mean.
+extern "C" __global__ void k_bn_mean(const double* part, double* stats, int C, int P, double n) {
+    GRID_STRIDE(c, C) {
+        double s = 0.0;
+        for (int p = 0; p < P; p++) s += part[c * P + p];
+        stats[c] = s / n;
     }
-    ss = block_sum(ss);
-    if (threadIdx.x == 0) {
-        stats[c] = mean;
-        stats[C + c] = 1.0 / sqrt(ss / (double)n + eps);
+}
+
+// From each channel's partial Σ(x − mean)²: stats[C+c] = 1/√(var+eps)
+// (biased variance) and the running statistics' update (unbiased).
+extern "C" __global__ void k_bn_var(const double* part, float* rm, float* rv, double* stats, int C, int P, double n, double eps, double mom) {
+    GRID_STRIDE(c, C) {
+        double ss = 0.0;
+        for (int p = 0; p < P; p++) ss += part[c * P + p];
+        double mean = stats[c];
+        stats[C + c] = 1.0 / sqrt(ss / n + eps);
         rm[c] = (float)((1.0 - mom) * (double)rm[c] + mom * mean);
-        rv[c] = (float)((1.0 - mom) * (double)rv[c] + mom * ss / (double)(n - 1));
+        rv[c] = (float)((1.0 - mom) * (double)rv[c] + mom * ss / (n - 1.0));
     }
 }
 
@@ -260,16 +331,16 @@ extern "C" __global__ void k_bn_apply(const float* x, const float* gamma, const 
     }
 }
 
-// sums[c] = Σdy, sums[C+c] = Σdy·x̂ over channel c (dy zero where y ≤ 0
-// when relu), x̂ = (x − mean)·invstd in float.
-extern "C" __global__ void k_bn_grad_sums(const float* x, const float* dy, const double* stats, const float* y, double* sums, int B, int C, int HW, int relu) {
-    int c = blockIdx.x;
-    i64 n = (i64)B * HW;
+// part[2(c·P+p)] = Σdy, part[2(c·P+p)+1] = Σdy·x̂ over part p of channel
+// c (dy zero where y ≤ 0 when relu), x̂ = (x − mean)·invstd in float.
+extern "C" __global__ void k_bn_grad_part(const float* x, const float* dy, const double* stats, const float* y, double* part, int B, int C, int HW, int P, int relu) {
+    int c;
+    unsigned lo, hi;
+    bn_block(B, HW, P, &c, &lo, &hi);
     float mean = (float)stats[c], invstd = (float)stats[C + c];
     double sdy = 0.0, sdyx = 0.0;
-    for (i64 t = threadIdx.x; t < n; t += blockDim.x) {
-        i64 b = t / HW, i = t % HW;
-        i64 o = (b * C + c) * HW + i;
+    for (unsigned t = lo + threadIdx.x; t < hi; t += blockDim.x) {
+        i64 o = bn_at(t, c, C, HW);
         if (relu && y[o] <= 0.0f) continue;
         double g = dy[o];
         sdy += g;
@@ -278,8 +349,21 @@ extern "C" __global__ void k_bn_grad_sums(const float* x, const float* dy, const
     sdy = block_sum(sdy);
     sdyx = block_sum(sdyx);
     if (threadIdx.x == 0) {
-        sums[c] = sdy;
-        sums[C + c] = sdyx;
+        part[2 * blockIdx.x] = sdy;
+        part[2 * blockIdx.x + 1] = sdyx;
+    }
+}
+
+// sums[c] = Σdy, sums[C+c] = Σdy·x̂: each channel's partials in order.
+extern "C" __global__ void k_bn_grad_sums(const double* part, double* sums, int C, int P) {
+    GRID_STRIDE(c, C) {
+        double a = 0.0, b = 0.0;
+        for (int p = 0; p < P; p++) {
+            a += part[2 * (c * P + p)];
+            b += part[2 * (c * P + p) + 1];
+        }
+        sums[c] = a;
+        sums[C + c] = b;
     }
 }
 
@@ -393,9 +477,6 @@ extern "C" __global__ void k_add(float* y, const float* x, i64 n) {
 // Selections that write index lists in order work on tiles of SEL_TILE
 // consecutive elements, one block (of 256 threads, 16 consecutive elements
 // each) per tile: count per tile, scan the counts (one block), write.
-
-typedef unsigned int u32;
-typedef unsigned long long u64;
 
 #define SEL_ITEMS 16
 #define SEL_TILE (256 * SEL_ITEMS)
@@ -681,14 +762,31 @@ __device__ u32 murmur3_index(u32 i, u32 seed) {
     return h;
 }
 
-// DRAGONN's hashed insertion: every index idx[j] goes to slot
-// murmur3(idx[j], seed) mod m, which keeps the highest index + 1 (so a
-// collision resolves as the CPU's sequential insertion in ascending order
-// does).
-extern "C" __global__ void k_hash_insert(const int* idx, i64 n, int seed, u32* table, int m) {
-    GRID_STRIDE(j, n) {
-        u32 i = (u32)idx[j];
-        atomicMax(&table[murmur3_index(i, (u32)seed) % (u32)m], i + 1u);
+// DRAGONN's one-pass selection: every element of x whose magnitude key
+// (its bits without the sign) is in [lo, KEY_INF] — |x_i| >= the threshold
+// and not NaN; lo >= 1 keeps exact zeros out — goes, in the same pass, to
+// slot murmur3(i, seed) mod m, which keeps the highest index + 1 (so a
+// collision resolves as the CPU's insertion in ascending order does). No
+// compaction of the candidates: the table is the only output.
+extern "C" __global__ void k_hash_select_above(const float* x, i64 n, int lo, int seed, u32* table, int m) {
+    const u32* u = (const u32*)x;
+    GRID_STRIDE(i, n) {
+        u32 key = abs_key(u[i]);
+        if (key >= (u32)lo && key <= KEY_INF) {
+            atomicMax(&table[murmur3_index((u32)i, (u32)seed) % (u32)m], (u32)i + 1u);
+        }
+    }
+}
+
+// DGC's momentum correction (sparsify's Ops.MomentumCorrect): with a =
+// acc[i] (the velocity) and p = vel[i] (the previous masked velocity),
+// vel[i] = a and res[i] = a + m·(a − p). res may be acc.
+extern "C" __global__ void k_dgc_momentum(float* vel, float* res, const float* acc, i64 n, float m) {
+    GRID_STRIDE(i, n) {
+        float a = acc[i];
+        float u = a - vel[i];
+        vel[i] = a;
+        res[i] = a + m * u;
     }
 }
 

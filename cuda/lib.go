@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"sort"
@@ -37,8 +38,11 @@ var (
 	libCUBLAS = library{what: "cuBLAS", names: []string{"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", "libcublas.so"}, prefix: "libcublas.so",
 		preload: []string{"libcublasLt.so"},
 		install: "install the CUDA toolkit or the pip wheel nvidia-cublas (pip install nvidia-cublas), or set " + EnvLibs}
+	// cuDNN 9 is a front library and sub-libraries (graph, engines,
+	// heuristics, ops, cnn, adv, and more in newer releases), all
+	// libcudnn_*.so.9*.
 	libCUDNN = library{what: "cuDNN 9", names: []string{"libcudnn.so.9"}, prefix: "libcudnn.so.9",
-		preload: []string{"libcudnn_graph.so.9", "libcudnn_engines_precompiled.so.9", "libcudnn_engines_runtime_compiled.so.9", "libcudnn_heuristic.so.9", "libcudnn_ops.so.9", "libcudnn_cnn.so.9", "libcudnn_adv.so.9"},
+		preload: []string{"libcudnn_*.so.9"},
 		install: "install the pip wheel nvidia-cudnn-cu13 (or -cu12 for CUDA 12), or cuDNN 9 from NVIDIA, or set " + EnvLibs}
 )
 
@@ -128,24 +132,52 @@ func (lib library) open() (handle uintptr, path string, err error) {
 	return 0, "", fmt.Errorf("%w: %s could not be loaded (%s); %s", device.ErrUnavailable, lib.what, msg, lib.install)
 }
 
-// preloadFrom loads the companion libraries found in dir, ignoring
-// failures (the main library reports what it still misses).
-func (lib library) preloadFrom(dir string) {
+// companions returns the companion libraries of lib in dir: the files
+// matching each preload pattern (with any suffix), sorted.
+func (lib library) companions(dir string) []string {
+	var files []string
 	for _, pre := range lib.preload {
 		m, _ := filepath.Glob(filepath.Join(dir, pre+"*"))
 		sort.Strings(m)
-		for _, p := range m {
-			purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
+		files = append(files, m...)
+	}
+	return files
+}
+
+// preloadFrom loads the companion libraries found in dir, in two passes
+// so that one that needs another loaded later still loads, ignoring
+// failures (the main library reports what it still misses).
+func (lib library) preloadFrom(dir string) {
+	var failed []string
+	for _, p := range lib.companions(dir) {
+		if _, err := purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL); err != nil {
+			failed = append(failed, p)
 		}
+	}
+	for _, p := range failed {
+		purego.Dlopen(p, purego.RTLD_NOW|purego.RTLD_GLOBAL)
 	}
 }
 
+// missingSymbol is what a function the loaded library lacks returns when
+// called (every bound function returns a status first): the error helpers
+// of each library turn it into an error naming the call.
+const missingSymbol = -7700
+
+// missingError is the error of a call to a function the library lacks.
+func missingError(call string) error {
+	return fmt.Errorf("cuda: %s: the loaded library has no such function (too old a version?); install a newer one or set %s", call, EnvLibs)
+}
+
 // bind registers every function pointer in fns (name → pointer to a Go
-// function variable) from library handle h.
-func bind(what string, h uintptr, fns map[string]any) (err error) {
+// function variable) from library lib, loaded from path as handle h. A
+// function the file lacks does not fail the loading (a run may never call
+// it): it becomes a stub that returns missingSymbol, and the library's
+// record lists it (Libraries).
+func bind(lib library, path string, h uintptr, fns map[string]any) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %s: binding symbols: %v", device.ErrUnavailable, what, r)
+			err = fmt.Errorf("%w: %s: binding symbols: %v", device.ErrUnavailable, lib.what, r)
 		}
 	}()
 	names := make([]string, 0, len(fns))
@@ -153,13 +185,122 @@ func bind(what string, h uintptr, fns map[string]any) (err error) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
+	var missing []string
 	for _, n := range names {
 		if _, err := purego.Dlsym(h, n); err != nil {
-			return fmt.Errorf("%w: %s lacks %s (too old a version?): %v", device.ErrUnavailable, what, n, err)
+			missing = append(missing, n)
+			stub(fns[n])
+			continue
 		}
 		purego.RegisterLibFunc(fns[n], h, n)
 	}
+	recordLibrary(lib.what, path, missing)
 	return nil
+}
+
+// stub makes *fn (a pointer to a function variable) a function that
+// returns missingSymbol as its first result (zero values otherwise).
+func stub(fn any) {
+	v := reflect.ValueOf(fn).Elem()
+	t := v.Type()
+	v.Set(reflect.MakeFunc(t, func([]reflect.Value) []reflect.Value {
+		out := make([]reflect.Value, t.NumOut())
+		for i := range out {
+			out[i] = reflect.Zero(t.Out(i))
+		}
+		if t.NumOut() > 0 {
+			switch k := t.Out(0).Kind(); {
+			case k >= reflect.Int && k <= reflect.Int64:
+				out[0] = reflect.ValueOf(int64(missingSymbol)).Convert(t.Out(0))
+			}
+		}
+		return out
+	}))
+}
+
+// LibraryInfo describes one NVIDIA library the process has loaded.
+type LibraryInfo struct {
+	// Name says which library ("cuDNN 9").
+	Name string `json:"name"`
+	// Version is the version the library reports ("9.10.2").
+	Version string `json:"version,omitempty"`
+	// Path is the file it was loaded from (a soname when the system's
+	// library path found it).
+	Path string `json:"path"`
+	// Missing lists the functions the package binds that the file lacks:
+	// calling one is an error naming it.
+	Missing []string `json:"missing,omitempty"`
+}
+
+var (
+	libsMu sync.Mutex
+	libs   []LibraryInfo
+)
+
+func recordLibrary(what, path string, missing []string) {
+	libsMu.Lock()
+	defer libsMu.Unlock()
+	for i := range libs {
+		if libs[i].Name == what {
+			libs[i].Path = path
+			libs[i].Missing = append(libs[i].Missing, missing...)
+			return
+		}
+	}
+	libs = append(libs, LibraryInfo{Name: what, Path: path, Missing: missing})
+}
+
+func setLibraryVersion(what, version string) {
+	libsMu.Lock()
+	defer libsMu.Unlock()
+	for i := range libs {
+		if libs[i].Name == what {
+			libs[i].Version = version
+		}
+	}
+}
+
+// Libraries returns the NVIDIA libraries the package has loaded so far
+// (the driver, NVRTC, cuBLAS, cuDNN, NCCL: each once first used), with
+// their versions, and every NVIDIA library file mapped into the process
+// (from /proc/self/maps: also the companions the libraries load
+// themselves, such as cuDNN's sub-libraries and cuBLASLt), resolved to
+// real paths.
+func Libraries() (loaded []LibraryInfo, files []string) {
+	libsMu.Lock()
+	loaded = slices.Clone(libs)
+	libsMu.Unlock()
+	b, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		return loaded, nil
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 {
+			continue
+		}
+		p := f[len(f)-1]
+		base := filepath.Base(p)
+		if !strings.Contains(base, ".so") || !isNVIDIALibrary(base) || seen[p] {
+			continue
+		}
+		seen[p] = true
+		files = append(files, p)
+	}
+	sort.Strings(files)
+	return loaded, files
+}
+
+// isNVIDIALibrary reports whether a file name is one of NVIDIA's CUDA
+// libraries.
+func isNVIDIALibrary(base string) bool {
+	for _, p := range []string{"libcuda.", "libnvrtc", "libcublas", "libcudnn", "libnccl", "libnvJitLink", "libnvidia-", "libcudart"} {
+		if strings.HasPrefix(base, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // once-loaded libraries, shared by every device of the process.

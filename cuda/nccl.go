@@ -48,12 +48,12 @@ var (
 // loadNCCL loads libnccl and binds its functions, once per process.
 func loadNCCL() error {
 	ncclOnce.Do(func() {
-		h, _, err := libNCCL.open()
+		h, path, err := libNCCL.open()
 		if err != nil {
 			ncclErr = err
 			return
 		}
-		ncclErr = bind(libNCCL.what, h, map[string]any{
+		ncclErr = bind(libNCCL, path, h, map[string]any{
 			"ncclGetVersion":        &nccl.getVersion,
 			"ncclGetUniqueId":       &nccl.getUniqueID,
 			"ncclCommDestroy":       &nccl.commDestroy,
@@ -72,6 +72,10 @@ func loadNCCL() error {
 		})
 		if ncclErr != nil {
 			return
+		}
+		var v int32
+		if nccl.getVersion(&v) == ncclSuccess {
+			setLibraryVersion(libNCCL.what, fmt.Sprintf("%d.%d.%d", v/10000, v%10000/100, v%100))
 		}
 		// ncclCommInitRank takes the 128-byte unique id by value: the x86-64
 		// System V ABI passes it in memory, in the stack slots that follow
@@ -122,6 +126,9 @@ func (r ncclResult) Error() string {
 func ncclCheck(call string, r int32) error {
 	if r == ncclSuccess {
 		return nil
+	}
+	if r == missingSymbol {
+		return missingError(call)
 	}
 	return fmt.Errorf("cuda: %s: %w", call, ncclResult(r))
 }

@@ -48,7 +48,7 @@ func loadNVRTC() error {
 			return
 		}
 		nvrtc.path = path
-		nvrtcErr = bind(libNVRTC.what, h, map[string]any{
+		nvrtcErr = bind(libNVRTC, path, h, map[string]any{
 			"nvrtcVersion":           &nvrtc.nvrtcVersion,
 			"nvrtcCreateProgram":     &nvrtc.nvrtcCreateProgram,
 			"nvrtcDestroyProgram":    &nvrtc.nvrtcDestroyProgram,
@@ -61,6 +61,10 @@ func loadNVRTC() error {
 			"nvrtcGetPTX":            &nvrtc.nvrtcGetPTX,
 			"nvrtcGetErrorString":    &nvrtc.nvrtcGetErrorString,
 		})
+		var a, b int32
+		if nvrtcErr == nil && nvrtc.nvrtcVersion(&a, &b) == 0 {
+			setLibraryVersion(libNVRTC.what, fmt.Sprintf("%d.%d", a, b))
+		}
 	})
 	return nvrtcErr
 }
@@ -79,6 +83,9 @@ func NVRTCVersion() (major, minor int, err error) {
 func nvrtcError(call string, r int32) error {
 	if r == 0 {
 		return nil
+	}
+	if r == missingSymbol {
+		return missingError(call)
 	}
 	return fmt.Errorf("cuda: %s: %s (NVRTC %d)", call, goString(nvrtc.nvrtcGetErrorString(r)), r)
 }

@@ -42,6 +42,9 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	N := layout.N
+	dgcLayout := layout
+	dgcLayout.Tensors = slices.Clone(layout.Tensors)
+	dgcLayout.Tensors[1].Dims = 1
 	for _, name := range names {
 		ns := []int{1, 2, 3, 5}
 		switch name {
@@ -86,6 +89,8 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 									o.Params = sparsify.Values{"min_tensor": 100, "dense_warmup": 1}
 								case "oktopk", "topkdsa": // sparse from the second call
 									o.Params = sparsify.Values{"dense_warmup": 1}
+								case "dgc": // momentum correction; "b" is 1-D (sent dense)
+									o.Momentum, o.Layout = 0.5, dgcLayout
 								case "spardl":
 									switch n {
 									case 6:

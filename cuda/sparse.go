@@ -717,23 +717,55 @@ func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, err
 	return u, o.ScatterFill(s, mark, out.Slice(0, u), 0)
 }
 
-// HashSelect is DRAGONN's hashed insertion: every candidate index goes to
-// slot murmur3(index, seed) mod slots, a collision keeping the highest
-// index; it writes the occupied slots' indices into idx in slot order and
-// returns how many (sparsify's dragonnSelect after its threshold).
-func (o *Sparse) HashSelect(s device.Stream, idx, cand device.Buffer, seed uint32, slots int) (int, error) {
+// MomentumCorrect is DGC's momentum correction (sparsify's
+// Ops.MomentumCorrect), one kernel: vel[i] = acc[i], res[i] = acc[i] +
+// m·(acc[i] − the old vel[i]). res may be acc.
+func (o *Sparse) MomentumCorrect(s device.Stream, vel, res, acc device.Buffer, m float32) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := vel.Len()
+	if err := o.check("MomentumCorrect", "vel", vel, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("MomentumCorrect", "res", res, device.Float32, n); err != nil {
+		return err
+	}
+	if err := o.check("MomentumCorrect", "acc", acc, device.Float32, n); err != nil {
+		return err
+	}
+	if res.Len() != n || acc.Len() != n {
+		return fmt.Errorf("cuda: MomentumCorrect: vel, res and acc have %d, %d and %d elements", n, res.Len(), acc.Len())
+	}
+	if n == 0 {
+		return nil
+	}
+	return cs.args().buf(vel).buf(res).buf(acc).i64(n).f32(m).runN("k_dgc_momentum", n)
+}
+
+// HashSelectAbove is DRAGONN's one-pass selection (sparsify's
+// Ops.HashSelectAbove): one kernel over x compares every element with t and
+// hashes each selected index (|x_i| >= t, not an exact zero, not NaN) into
+// slot murmur3(i, seed) mod slots, a collision keeping the highest index;
+// then the table (slots words, not the tensor) is compacted into idx in slot
+// order. Nothing comes back to the host but the count.
+func (o *Sparse) HashSelectAbove(s device.Stream, idx, x device.Buffer, t float32, seed uint32, slots int) (int, error) {
 	cs, err := o.stream(s)
 	if err != nil {
 		return 0, err
 	}
-	if err := o.check("HashSelect", "cand", cand, device.Int32, 0); err != nil {
+	if err := o.check("HashSelectAbove", "x", x, device.Float32, 0); err != nil {
 		return 0, err
 	}
-	if err := o.check("HashSelect", "idx", idx, device.Int32, 0); err != nil {
+	if err := o.check("HashSelectAbove", "idx", idx, device.Int32, 0); err != nil {
 		return 0, err
 	}
 	if slots < 1 || slots > math.MaxInt32 {
-		return 0, fmt.Errorf("cuda: HashSelect: %d slots", slots)
+		return 0, fmt.Errorf("cuda: HashSelectAbove: %d slots", slots)
+	}
+	if x.Len() > math.MaxInt32 {
+		return 0, fmt.Errorf("cuda: HashSelectAbove: %d elements; indices are int32", x.Len())
 	}
 	table, err := grow(o.d, &cs.sel.table, device.Int32, slots)
 	if err != nil {
@@ -742,8 +774,16 @@ func (o *Sparse) HashSelect(s device.Stream, idx, cand device.Buffer, seed uint3
 	if err := cs.fill32(table, 0); err != nil {
 		return 0, err
 	}
-	if err := cs.args().buf(cand).i64(cand.Len()).i32(int(int32(seed))).buf(table).i32(slots).runN("k_hash_insert", cand.Len()); err != nil {
-		return 0, err
+	if x.Len() > 0 {
+		// The smallest key selected: t's, at least 1 (no zeros); NaN
+		// selects nothing.
+		lo := uint32(math.MaxUint32)
+		if t == t {
+			lo = max(math.Float32bits(t)&0x7fffffff, 1)
+		}
+		if err := cs.args().buf(x).i64(x.Len()).i32(int(int32(lo))).i32(int(int32(seed))).buf(table).i32(slots).runN("k_hash_select_above", x.Len()); err != nil {
+			return 0, err
+		}
 	}
 	// The table read as words: mode 2 writes each non-zero word minus one.
 	return o.selectTiles(cs, table.View(device.Float32, 0, slots), 2, idx, device.Buffer{}, true)

@@ -343,7 +343,12 @@ func murmur3(i, seed uint32) uint32 {
 	return h ^ h>>16
 }
 
-func TestGPUHashSelect(t *testing.T) {
+// TestGPUHashSelectAbove: DRAGONN's one-pass kernel selects what the
+// algorithm's description gives — every index i with |x_i| >= t, never an
+// exact zero or NaN, inserted in ascending order at murmur3(i) mod slots,
+// the highest index keeping a slot — and what the CPU's one pass selects,
+// for positive and zero thresholds, sparse inputs, awkward sizes.
+func TestGPUHashSelectAbove(t *testing.T) {
 	d := gpu(t)
 	sp := d.Sparse()
 	s := d.Stream()
@@ -352,12 +357,28 @@ func TestGPUHashSelect(t *testing.T) {
 	if h := murmur3(0, 0); h != 0x2362f9de {
 		t.Fatalf("reference murmur3(0, 0) = %#x", h)
 	}
-	for _, tc := range []struct{ n, cand, slots int }{{1000, 50, 200}, {1000, 300, 40}, {100000, 9000, 1}, {10, 0, 4}} {
-		cand := sparsify.RandomK(nil, tc.n, tc.cand, uint64(tc.slots))
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, tc := range []struct {
+		n       int
+		density float64 // of the non-zeros
+		t       float32
+		slots   int
+	}{
+		{1000, 1, 1.5, 200}, {1000, 1, 0.5, 40}, {100003, 1, 2.5, 4001}, {100003, 0.005, 0, 4001},
+		{5000, 0, 0, 64}, {10, 1, 0, 4}, {1, 1, 0.1, 1}, {0, 1, 0, 4}, {4099, 0.3, float32(math.NaN()), 16},
+	} {
+		x := randVec(r, tc.n, 1)
+		for i := range x {
+			if r.Float64() >= tc.density {
+				x[i] = float32(math.Copysign(0, float64(r.IntN(2)*2-1)))
+			}
+		}
 		table := make([]uint32, tc.slots)
 		const seed = 47
-		for _, i := range cand { // ascending: the highest index wins a slot
-			table[murmur3(uint32(i), seed)%uint32(tc.slots)] = uint32(i) + 1
+		for i, v := range x { // ascending: the highest index wins a slot
+			if v != 0 && float32(math.Abs(float64(v))) >= tc.t {
+				table[murmur3(uint32(i), seed)%uint32(tc.slots)] = uint32(i) + 1
+			}
 		}
 		var want []int32
 		for _, v := range table {
@@ -365,23 +386,58 @@ func TestGPUHashSelect(t *testing.T) {
 				want = append(want, int32(v-1))
 			}
 		}
-		cb := allocInt32(t, d, max(len(cand), 1)).Slice(0, len(cand))
-		if err := s.Copy(cb, device.Host(cand)); err != nil {
-			t.Fatal(err)
-		}
+		xb := upload(t, s, append(x, 0)).Slice(0, tc.n)
 		ob := allocInt32(t, d, tc.slots)
-		got, err := sp.HashSelect(s, ob, cb, seed, tc.slots)
+		got, err := sp.HashSelectAbove(s, ob, xb, tc.t, seed, tc.slots)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if gi := downloadInt32(t, s, ob)[:got]; !slices.Equal(gi, want) {
-			t.Fatalf("%+v: HashSelect %v…, want %v…", tc, head(gi), head(want))
+			t.Fatalf("%+v: HashSelectAbove %d: %v…, want %d: %v…", tc, got, head(gi), len(want), head(want))
 		}
 		cpuOut := make([]int32, tc.slots)
-		nc, err := sparsify.CPUOps().HashSelect(nil, device.Host(cpuOut), device.Host(cand), seed, tc.slots)
+		nc, err := sparsify.CPUOps().HashSelectAbove(nil, device.Host(cpuOut), device.Host(x), tc.t, seed, tc.slots)
 		if err != nil || !slices.Equal(cpuOut[:nc], want) {
-			t.Fatalf("%+v: the CPU's HashSelect %v… (%v), want %v…", tc, head(cpuOut[:nc]), err, head(want))
+			t.Fatalf("%+v: the CPU's HashSelectAbove %v… (%v), want %v…", tc, head(cpuOut[:nc]), err, head(want))
 		}
+	}
+}
+
+// TestGPUMomentumCorrect: DGC's momentum-correction kernel gives the CPU's
+// bits (vel = acc, res = acc + m·(acc − old vel)), also in place (res =
+// acc).
+func TestGPUMomentumCorrect(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(15, 16))
+	for _, n := range []int{0, 1, 1000, 70001} {
+		for _, inPlace := range []bool{false, true} {
+			vel, acc := randVec(r, n, 1), randVec(r, n, 1)
+			const m = 0.9
+			cv, ca := slices.Clone(vel), slices.Clone(acc)
+			cr := ca
+			if !inPlace {
+				cr = make([]float32, n)
+			}
+			if err := sparsify.CPUOps().MomentumCorrect(nil, device.Host(cv), device.Host(cr), device.Host(ca), m); err != nil {
+				t.Fatal(err)
+			}
+			vb, ab := upload(t, s, append(vel, 0)).Slice(0, n), upload(t, s, append(acc, 0)).Slice(0, n)
+			rb := ab
+			if !inPlace {
+				rb = upload(t, s, make([]float32, n+1)).Slice(0, n)
+			}
+			if err := sp.MomentumCorrect(s, vb, rb, ab, m); err != nil {
+				t.Fatal(err)
+			}
+			if !sameBits(download(t, s, vb), cv) || !sameBits(download(t, s, rb), cr) {
+				t.Fatalf("n=%d in place %v: the kernel's velocity or residual differs from the CPU's", n, inPlace)
+			}
+		}
+	}
+	if err := sp.MomentumCorrect(s, upload(t, s, make([]float32, 3)), upload(t, s, make([]float32, 2)), upload(t, s, make([]float32, 3)), 0.9); err == nil {
+		t.Fatal("lengths 3, 2, 3 accepted")
 	}
 }
 

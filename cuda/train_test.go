@@ -1,11 +1,13 @@
 package cuda_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -56,8 +58,13 @@ func TestTrainOnGPU(t *testing.T) {
 			if sp == "dragonn" {
 				c.MethodOptions = sparsify.Values{"dense_warmup": 0, "min_tensor": 0}
 			}
+			var stdout bytes.Buffer
+			c.Quiet = dev == "cpu"  // on the GPU: the terminal shows the GPU and its libraries
+			if m.CorrectsMomentum { // DGC's momentum correction, and the optimizer's momentum on weight decay only
+				c.Optimizer, c.Momentum, c.LR = "sgd", train.Set(0.9), train.Set(0.05)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			err := train.Run(ctx, c, train.Options{LossSink: func(_ int, l float64) { losses[k] = append(losses[k], l) }})
+			err := train.Run(ctx, c, train.Options{Stdout: &stdout, LossSink: func(_ int, l float64) { losses[k] = append(losses[k], l) }})
 			cancel()
 			if err != nil {
 				t.Fatalf("%s on %s: %v", sp, dev, err)
@@ -74,6 +81,24 @@ func TestTrainOnGPU(t *testing.T) {
 			}
 			if got := strings.HasPrefix(info.Device, "cuda:"); got != (dev == "cuda") {
 				t.Fatalf("%s on %s: run.json device %q", sp, dev, info.Device)
+			}
+			// It also records the GPU, its driver and the libraries loaded,
+			// with versions, and the terminal says the same.
+			if dev == "cuda" {
+				if info.CUDA == nil || info.CUDA.GPU == "" || info.CUDA.SMs == 0 {
+					t.Fatalf("%s: run.json lacks the GPU: %+v", sp, info.CUDA)
+				}
+				for _, want := range []string{"CUDA driver", "cuBLAS"} { // NCF has no convolution: cuDNN is not loaded
+					i := slices.IndexFunc(info.CUDA.Libraries, func(l cuda.LibraryInfo) bool { return strings.Contains(l.Name, want) })
+					if i < 0 || info.CUDA.Libraries[i].Version == "" || info.CUDA.Libraries[i].Path == "" {
+						t.Fatalf("%s: run.json's libraries lack %s with its version and file: %+v", sp, want, info.CUDA.Libraries)
+					}
+				}
+				if !strings.Contains(stdout.String(), "GPU 0: "+info.CUDA.GPU) || !strings.Contains(stdout.String(), "cuBLAS") {
+					t.Fatalf("%s: the terminal does not show the GPU and its libraries:\n%s", sp, stdout.String())
+				}
+			} else if info.CUDA != nil {
+				t.Fatalf("a CPU run records a GPU: %+v", info.CUDA)
 			}
 			if info.Pipelined != (sp == "lags") {
 				t.Fatalf("%s on %s: pipelined %v", sp, dev, info.Pipelined)

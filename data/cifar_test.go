@@ -198,9 +198,10 @@ func TestCIFARLoaderMatchesReference(t *testing.T) {
 		for _, size := range sizes {
 			for _, batch := range []int{1, 4, 7} {
 				for _, train := range []bool{true, false} {
+					prefetch := batch == 4 // the next batch assembled in the background: the same batches
 					seen := map[int32]bool{}
 					for rank := 0; rank < size; rank++ {
-						l, err := NewCIFARLoader(ds, LoaderConfig{Batch: batch, Rank: rank, Size: size, Seed: 99, Train: train, Workers: 2})
+						l, err := NewCIFARLoader(ds, LoaderConfig{Batch: batch, Rank: rank, Size: size, Seed: 99, Train: train, Workers: 2, Prefetch: prefetch})
 						if train && n/size < batch {
 							if err == nil {
 								t.Fatalf("size=%d batch=%d: no full batch but no error", size, batch)
@@ -260,6 +261,61 @@ func TestCIFARLoaderMatchesReference(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestCIFARLoaderPrefetch: with Prefetch the loader serves the batches it
+// serves without, in any order of calls (a resume starts mid-epoch, a new
+// epoch interrupts one), and a batch asked for in order was assembled in
+// the background while the caller held the previous one.
+func TestCIFARLoaderPrefetch(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	raw, _, _ := makeCIFAR(r, CIFAR10, 120)
+	ds, err := ParseCIFAR(bytes.NewReader(raw), "mem", CIFAR10, int64(len(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := LoaderConfig{Batch: 8, Rank: 1, Size: 2, Seed: 5, Train: true, Workers: 3}
+	plain, err := NewCIFARLoader(ds, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	cfg.Prefetch = true
+	ahead, err := NewCIFARLoader(ds, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ahead.Close()
+	// (epoch, batch) calls: in order, a jump, back, a new epoch mid-way.
+	calls := [][2]int{{0, 0}, {0, 1}, {0, 2}, {0, 5}, {0, 6}, {0, 3}, {0, 4}, {1, 2}, {1, 3}, {1, 4}, {0, 0}, {0, 1}}
+	epoch := -1
+	for _, c := range calls {
+		if c[0] != epoch {
+			epoch = c[0]
+			if err := plain.SetEpoch(epoch); err != nil {
+				t.Fatal(err)
+			}
+			if err := ahead.SetEpoch(epoch); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want, err := plain.Batch(c[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ahead.Batch(c[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.N != want.N || !slices.Equal(got.X, want.X) || !slices.Equal(got.Labels, want.Labels) || !slices.Equal(got.Index, want.Index) {
+			t.Fatalf("epoch %d batch %d: the prefetching loader's batch differs", c[0], c[1])
+		}
+	}
+	// In order: every batch but the first of each run came from the
+	// background (0→1→2, 5→6, 3→4, 2→3→4, 0→1).
+	if ahead.prefetched != 7 {
+		t.Fatalf("%d batches were assembled in the background, want 7", ahead.prefetched)
 	}
 }
 

@@ -20,6 +20,10 @@ type LoaderConfig struct {
 	// Workers is the number of goroutines that assemble a batch; 0 means
 	// GOMAXPROCS.
 	Workers int
+	// Prefetch assembles the next batch in the background while the
+	// caller uses the one returned (CIFAR): for accelerators, whose steps
+	// leave the CPU idle. The batches are the same either way.
+	Prefetch bool
 }
 
 func (c LoaderConfig) check() error {
@@ -49,17 +53,29 @@ type ImageBatch struct {
 }
 
 // CIFARLoader serves one rank's batches of a CIFAR split. It is not safe for
-// concurrent use. Batch assembly reuses its buffers and allocates nothing.
+// concurrent use. Batch assembly reuses its buffers and allocates nothing
+// (with Prefetch: two buffers, one assembled while the other is used).
 type CIFARLoader struct {
 	ds      *CIFAR
 	cfg     LoaderConfig
 	epoch   int
 	shard   Shard
 	lut     [3][256]float32
-	batch   ImageBatch
+	bufs    [2]ImageBatch
+	last    int // the buffer Batch returned last
 	pool    *pool
-	cur     int // first shard position of the batch being assembled
 	augment bool
+	// The batch being assembled: its buffer and first shard position (set
+	// before each pool.run; one assembly at a time).
+	fillBuf *ImageBatch
+	cur     int
+	// The batch assembled in the background (Prefetch).
+	ahead struct {
+		pending     bool
+		epoch, i, b int
+		done        chan struct{}
+	}
+	prefetched int // batches served from the background (tests)
 }
 
 // NewCIFARLoader returns a loader for ds positioned at epoch 0. Call Close when
@@ -78,13 +94,19 @@ func NewCIFARLoader(ds *CIFAR, cfg LoaderConfig) (*CIFARLoader, error) {
 			l.lut[c][v] = (float32(v)/255 - mean[c]) / std[c]
 		}
 	}
-	l.batch = ImageBatch{
-		X:      make([]float32, cfg.Batch*CIFARPixels),
-		Labels: make([]int32, cfg.Batch),
-		Index:  make([]int32, cfg.Batch),
+	nbuf := 1
+	if cfg.Prefetch {
+		nbuf = 2
 	}
-	if ds.Coarse != nil {
-		l.batch.Coarse = make([]int32, cfg.Batch)
+	for b := range nbuf {
+		l.bufs[b] = ImageBatch{
+			X:      make([]float32, cfg.Batch*CIFARPixels),
+			Labels: make([]int32, cfg.Batch),
+			Index:  make([]int32, cfg.Batch),
+		}
+		if ds.Coarse != nil {
+			l.bufs[b].Coarse = make([]int32, cfg.Batch)
+		}
 	}
 	l.pool = newPool(cfg.Workers, l.fill)
 	if err := l.SetEpoch(0); err != nil {
@@ -97,11 +119,24 @@ func NewCIFARLoader(ds *CIFAR, cfg LoaderConfig) (*CIFARLoader, error) {
 	return l, nil
 }
 
-// Close stops the loader's goroutines.
-func (l *CIFARLoader) Close() { l.pool.close() }
+// Close stops the loader's goroutines (after a batch being prefetched).
+func (l *CIFARLoader) Close() {
+	l.settle()
+	l.pool.close()
+}
+
+// settle waits for the batch being assembled in the background, if any.
+func (l *CIFARLoader) settle() {
+	if l.ahead.done != nil {
+		<-l.ahead.done
+		l.ahead.done = nil
+	}
+}
 
 // SetEpoch selects the epoch whose permutation and augmentation Batch uses.
 func (l *CIFARLoader) SetEpoch(epoch int) error {
+	l.settle()
+	l.ahead.pending = false
 	s, err := NewShard(l.ds.Len(), l.cfg.Rank, l.cfg.Size, l.cfg.Seed, epoch, l.cfg.Train)
 	if err != nil {
 		return err
@@ -121,26 +156,57 @@ func (l *CIFARLoader) Len() int {
 }
 
 // Batch assembles batch i (0 <= i < Len) of the current epoch. The returned
-// batch is valid until the next call.
+// batch is valid until the next call. With Prefetch it is usually ready
+// (assembled while the caller used the previous one), and batch i+1 starts
+// in the background.
 func (l *CIFARLoader) Batch(i int) (*ImageBatch, error) {
 	if i < 0 || i >= l.Len() {
 		return nil, fmt.Errorf("data: batch %d out of range: epoch %d has %d batches on rank %d", i, l.epoch, l.Len(), l.cfg.Rank)
 	}
-	l.cur = i * l.cfg.Batch
-	n := min(l.cfg.Batch, l.shard.Len()-l.cur)
-	l.batch.N = n
-	l.pool.run(n, 16)
-	b := &l.batch
-	b.X, b.Labels, b.Index = b.X[:n*CIFARPixels], b.Labels[:n], b.Index[:n]
-	if b.Coarse != nil {
-		b.Coarse = b.Coarse[:n]
+	l.settle()
+	b := 0
+	if l.cfg.Prefetch {
+		b = 1 - l.last
 	}
-	return b, nil
+	if a := l.ahead; a.pending && a.epoch == l.epoch && a.i == i {
+		b = a.b
+		l.prefetched++
+	} else {
+		l.assemble(&l.bufs[b], i)
+	}
+	l.ahead.pending = false
+	l.last = b
+	if l.cfg.Prefetch && i+1 < l.Len() {
+		next := 1 - b
+		done := make(chan struct{})
+		l.ahead.pending, l.ahead.epoch, l.ahead.i, l.ahead.b, l.ahead.done = true, l.epoch, i+1, next, done
+		go func() {
+			defer close(done)
+			l.assemble(&l.bufs[next], i+1)
+		}()
+	}
+	return &l.bufs[b], nil
 }
 
-// fill assembles images lo..hi-1 of the current batch.
+// assemble fills buf with batch i of the current epoch.
+func (l *CIFARLoader) assemble(buf *ImageBatch, i int) {
+	l.fillBuf, l.cur = buf, i*l.cfg.Batch
+	n := min(l.cfg.Batch, l.shard.Len()-l.cur)
+	buf.N = n
+	buf.X, buf.Labels, buf.Index = buf.X[:cap(buf.X)], buf.Labels[:cap(buf.Labels)], buf.Index[:cap(buf.Index)]
+	if buf.Coarse != nil {
+		buf.Coarse = buf.Coarse[:cap(buf.Coarse)]
+	}
+	l.pool.run(n, 16)
+	buf.X, buf.Labels, buf.Index = buf.X[:n*CIFARPixels], buf.Labels[:n], buf.Index[:n]
+	if buf.Coarse != nil {
+		buf.Coarse = buf.Coarse[:n]
+	}
+}
+
+// fill assembles images lo..hi-1 of the batch being assembled.
 func (l *CIFARLoader) fill(lo, hi int) {
-	b := &l.batch
+	b := l.fillBuf
 	xs := b.X[:cap(b.X)]
 	for j := lo; j < hi; j++ {
 		idx := l.shard.At(l.cur + j)

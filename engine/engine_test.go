@@ -421,3 +421,76 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// capturing is a CPU stream that can "capture": it counts what the
+// executor asks of it. Capture issues f (on the CPU the work runs at once,
+// where a GPU would record it), a replay issues it again.
+type capturing struct {
+	device.Stream
+	captures, launches int
+}
+
+func (c *capturing) Capture(f func() error) (Replay, error) {
+	c.captures++
+	return &cpuReplay{c: c, f: f}, f()
+}
+
+type cpuReplay struct {
+	c *capturing
+	f func() error
+}
+
+func (r *cpuReplay) Launch() error {
+	r.c.launches++
+	return r.f()
+}
+
+func (r *cpuReplay) Close() error { return nil }
+
+// TestCaptureOnSecondRun: an executor on a stream that can capture runs
+// its first run kernel by kernel (libraries plan on their first call,
+// which a capture must not hold), captures on the second and replays from
+// then on; new bindings are captured again at once, and the hook sees
+// every gradient on every run, replayed or not.
+func TestCaptureOnSecondRun(t *testing.T) {
+	p, _ := compileCase(t, graphcases.Cases()[0])
+	s := &capturing{Stream: device.CPU.Stream()}
+	e, err := New(p, CPU, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	bind := func() Bindings {
+		params := make([]float32, p.ParamSize)
+		for i := range params {
+			params[i] = float32(i%7) * 0.1
+		}
+		return Bindings{Params: device.Host(params), Grads: device.Host(make([]float32, p.ParamSize)), Buffers: device.Host(make([]float32, p.BufferSize))}
+	}
+	b := bind()
+	var want []float32
+	for run, c := range []struct{ captures, launches int }{{0, 0}, {1, 1}, {1, 2}} {
+		hooked := 0
+		if _, err := e.Run(context.Background(), b, func(int, device.Event) { hooked++ }); err != nil {
+			t.Fatal(err)
+		}
+		if s.captures != c.captures || s.launches != c.launches || e.Replaying() != (run > 0) {
+			t.Fatalf("run %d: %d captures, %d launches, replaying %v; want %d, %d, %v", run+1, s.captures, s.launches, e.Replaying(), c.captures, c.launches, run > 0)
+		}
+		if hooked != len(p.ParamOffsets) {
+			t.Fatalf("run %d: the hook saw %d gradients of %d", run+1, hooked, len(p.ParamOffsets))
+		}
+		got := slices.Clone(b.Grads.Float32s())
+		if run == 0 {
+			want = got
+		} else if !slices.Equal(got, want) {
+			t.Fatalf("run %d: the gradient differs from the first run's", run+1)
+		}
+	}
+	if _, err := e.Run(context.Background(), bind(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if s.captures != 2 || s.launches != 3 {
+		t.Fatalf("after new bindings: %d captures, %d launches; want the program captured again at once (2, 3)", s.captures, s.launches)
+	}
+}

@@ -33,10 +33,12 @@ type Kernel interface {
 }
 
 // Capturer is implemented by streams that can record the work a function
-// issues and replay it with one call (CUDA graphs). An executor captures
-// its program on the first run (and again when the bindings change) and
-// replays it afterwards; the hooks then receive events recorded inside
-// the replay.
+// issues and replay it with one call (CUDA graphs). An executor runs its
+// program kernel by kernel the first time — libraries such as cuBLAS and
+// cuDNN plan and allocate on their first call, which a capture must not
+// contain — then captures it on the second run (and again when the
+// bindings change) and replays it afterwards; the hooks then receive
+// events recorded inside the replay.
 type Capturer interface {
 	Capture(f func() error) (Replay, error)
 }
@@ -85,6 +87,7 @@ type Executor struct {
 	bound   Bindings
 	ready   bool // bufs of bound values resolved for bound
 	bufs    []device.Buffer
+	stage   []device.Buffer // host staging of each input (device executors; lazy)
 	args    [][]device.Buffer
 	wsb     []device.Buffer
 	peak    int
@@ -92,6 +95,7 @@ type Executor struct {
 	// Captured runs (Capturer streams).
 	replay     Replay
 	noCapture  bool
+	warm       bool // one run issued kernel by kernel has completed
 	captureErr error
 	captured   issued
 	eager      issued
@@ -209,6 +213,43 @@ func (e *Executor) Stream() device.Stream { return e.stream }
 // Input returns the storage of input i (Spec.Inputs order), for the caller
 // to fill before a run.
 func (e *Executor) Input(i int) device.Buffer { return e.bufs[e.p.InputIDs[i]] }
+
+// Staging returns host memory for input i that the caller fills and then
+// sends with Upload(i): one buffer per input, kept by the executor, so an
+// upload that may still be reading its staging (an asynchronous copy from
+// host memory) never shares it with another input's. On a host device it
+// is the input itself.
+func (e *Executor) Staging(i int) (device.Buffer, error) {
+	in := e.Input(i)
+	if in.IsHost() {
+		return in, nil
+	}
+	if e.stage == nil {
+		e.stage = make([]device.Buffer, len(e.p.InputIDs))
+	}
+	if e.stage[i].Len() != in.Len() {
+		b, err := device.CPU.Alloc(in.DType(), in.Len())
+		if err != nil {
+			return device.Buffer{}, fmt.Errorf("engine: staging input %d: %w", i, err)
+		}
+		e.stage[i] = b
+	}
+	return e.stage[i], nil
+}
+
+// Upload sends input i's staging (Staging) to the input on the executor's
+// stream; the copy is ordered before the next run. Nothing on a host device.
+func (e *Executor) Upload(i int) error {
+	in := e.Input(i)
+	if in.IsHost() {
+		return nil
+	}
+	st, err := e.Staging(i)
+	if err != nil {
+		return err
+	}
+	return e.stream.Copy(in, st)
+}
 
 // Output returns the value of output i (Spec.Outputs order) after a run.
 func (e *Executor) Output(i int) device.Buffer { return e.bufs[e.p.OutputIDs[i]] }
@@ -364,8 +405,10 @@ func (e *Executor) Replaying() bool { return e.replay != nil }
 // does, and leaves the outputs readable. hook, when not nil, is called as
 // each parameter's gradient becomes final, in program order (on a stream
 // that replays captured runs, right after the replay is launched, with
-// events that complete when the gradient does). Run returns after the
-// device has finished the work.
+// events that complete when the gradient does). On a stream that can
+// capture, the first run issues every kernel itself and the second
+// captures the program and replays it. Run returns after the device has
+// finished the work.
 func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, error) {
 	if err := ctx.Err(); err != nil {
 		return Timing{}, fmt.Errorf("engine: %w", err)
@@ -381,7 +424,7 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	}
 	is := &e.eager
 	if c, ok := e.stream.(Capturer); ok && !e.noCapture {
-		if e.replay == nil {
+		if e.replay == nil && e.warm {
 			var rec issued
 			rep, err := c.Capture(func() error { return e.issue(&rec, nil) })
 			if err != nil {
@@ -414,6 +457,7 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	if err := is.end.Synchronize(); err != nil {
 		return Timing{}, err
 	}
+	e.warm = true
 	return Timing{Forward: is.mid.Time().Sub(is.start.Time()), Backward: is.end.Time().Sub(is.mid.Time())}, nil
 }
 

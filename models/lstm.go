@@ -323,14 +323,14 @@ func (m *LSTM) TrainStep(ctx context.Context, b Batch, params, grad device.Buffe
 	if err := m.checkTokens("labels", b.Labels, n); err != nil {
 		return StepResult{}, err
 	}
-	if err := m.setInts(m.train, lstmTokens, b.Tokens); err != nil {
+	if err := setInts(m.train, lstmTokens, b.Tokens); err != nil {
 		return StepResult{}, err
 	}
-	if err := m.setInts(m.train, lstmTargets, b.Labels); err != nil {
+	if err := setInts(m.train, lstmTargets, b.Labels); err != nil {
 		return StepResult{}, err
 	}
 	for i := 0; i < m.nMasks; i++ {
-		if err := m.fillInput(m.train, lstmState+2*m.cfg.Layers+i, func(d []float32) { m.drop.mask(d, m.cfg.Dropout) }); err != nil {
+		if err := fillFloat32s(m.train, lstmState+2*m.cfg.Layers+i, func(d []float32) { m.drop.mask(d, m.cfg.Dropout) }); err != nil {
 			return StepResult{}, err
 		}
 	}
@@ -390,7 +390,7 @@ func (m *LSTM) Evaluate(ctx context.Context, b Batch, params device.Buffer) (Eva
 	if err != nil {
 		return EvalResult{}, err
 	}
-	if err := m.setInts(e, 0, b.Tokens); err != nil {
+	if err := setInts(e, 0, b.Tokens); err != nil {
 		return EvalResult{}, err
 	}
 	s := e.Stream()

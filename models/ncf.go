@@ -266,17 +266,17 @@ func (m *NCF) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer
 	if err := m.checkPairs(b, m.cfg.BatchSize, true); err != nil {
 		return StepResult{}, err
 	}
-	if err := m.setInts(m.train, 0, b.Users); err != nil {
+	if err := setInts(m.train, 0, b.Users); err != nil {
 		return StepResult{}, err
 	}
-	if err := m.setInts(m.train, 1, b.Items); err != nil {
+	if err := setInts(m.train, 1, b.Items); err != nil {
 		return StepResult{}, err
 	}
 	if err := setFloat32s(m.train, 2, b.Targets); err != nil {
 		return StepResult{}, err
 	}
 	for i := 0; i < m.nMasks; i++ {
-		if err := m.fillInput(m.train, 3+i, func(d []float32) { m.drop.mask(d, m.cfg.Dropout) }); err != nil {
+		if err := fillFloat32s(m.train, 3+i, func(d []float32) { m.drop.mask(d, m.cfg.Dropout) }); err != nil {
 			return StepResult{}, err
 		}
 	}
@@ -310,10 +310,10 @@ func (m *NCF) Evaluate(ctx context.Context, b Batch, params device.Buffer) (Eval
 	if err != nil {
 		return EvalResult{}, err
 	}
-	if err := m.setInts(e, 0, b.Users); err != nil {
+	if err := setInts(e, 0, b.Users); err != nil {
 		return EvalResult{}, err
 	}
-	if err := m.setInts(e, 1, b.Items); err != nil {
+	if err := setInts(e, 1, b.Items); err != nil {
 		return EvalResult{}, err
 	}
 	if err := m.runEval(ctx, e, params); err != nil {

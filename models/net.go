@@ -24,8 +24,8 @@ func building() func() {
 }
 
 // net is what the three models share: the layouts, the buffer vector on
-// the device, the compiled training program, the evaluation programs (per
-// batch shape) and the staging of host inputs.
+// the device, the compiled training program and the evaluation programs
+// (per batch shape).
 type net struct {
 	be      engine.Backend
 	params  tensors
@@ -34,8 +34,7 @@ type net struct {
 	train   *engine.Executor
 	hook    GradHook
 	evals   evalCache
-	i64     []int64   // staging for integer inputs
-	f32     []float32 // staging for reading outputs
+	f32     []float32 // host copy of the outputs read (readFloat32s)
 	engHook engine.GradHook
 }
 
@@ -209,34 +208,39 @@ func (n *net) readFloat32s(e *engine.Executor, b device.Buffer) ([]float32, erro
 	return h, s.Synchronize()
 }
 
-// setFloat32s writes host values into input i of e.
+// setFloat32s writes host values into input i of e (through the input's
+// own staging on a device: src may be reused as soon as this returns).
 func setFloat32s(e *engine.Executor, i int, src []float32) error {
-	dst := e.Input(i)
-	if dst.IsHost() {
-		copy(dst.Float32s(), src)
-		return nil
-	}
-	return e.Stream().Copy(dst, device.Host(src))
+	return stageInput(e, i, func(dst device.Buffer) { copy(dst.Float32s(), src) })
 }
 
 // setInts writes host ints into integer input i of e.
-func (n *net) setInts(e *engine.Executor, i int, src []int) error {
-	dst := e.Input(i)
-	if dst.IsHost() {
+func setInts(e *engine.Executor, i int, src []int) error {
+	return stageInput(e, i, func(dst device.Buffer) {
 		d := dst.Int64s()
 		for j, v := range src {
 			d[j] = int64(v)
 		}
-		return nil
+	})
+}
+
+// fillFloat32s writes input i of e through f, which receives a host slice
+// of the input's length.
+func fillFloat32s(e *engine.Executor, i int, f func(dst []float32)) error {
+	return stageInput(e, i, func(dst device.Buffer) { f(dst.Float32s()) })
+}
+
+// stageInput writes input i of e through f: into the input itself on the CPU,
+// else into the input's staging, which is then uploaded. Every input has
+// its own staging, so an upload still reading one (an asynchronous copy
+// from host memory) is never overwritten by the next input's values.
+func stageInput(e *engine.Executor, i int, f func(dst device.Buffer)) error {
+	st, err := e.Staging(i)
+	if err != nil {
+		return err
 	}
-	if cap(n.i64) < len(src) {
-		n.i64 = make([]int64, len(src))
-	}
-	h := n.i64[:len(src)]
-	for j, v := range src {
-		h[j] = int64(v)
-	}
-	return e.Stream().Copy(dst, device.Host(h))
+	f(st)
+	return e.Upload(i)
 }
 
 // evalCache keeps the evaluation programs of the two most recently used
@@ -265,20 +269,4 @@ func (c *evalCache) get(key int, build func() (*engine.Executor, error)) (*engin
 	c.keys = append(c.keys, key)
 	c.execs = append(c.execs, e)
 	return e, nil
-}
-
-// fillInput writes input i of e through fill, which receives a host slice
-// of the input's length (the input itself on the CPU, staging otherwise).
-func (n *net) fillInput(e *engine.Executor, i int, fill func(dst []float32)) error {
-	dst := e.Input(i)
-	if dst.IsHost() {
-		fill(dst.Float32s())
-		return nil
-	}
-	if cap(n.f32) < dst.Len() {
-		n.f32 = make([]float32, dst.Len())
-	}
-	h := n.f32[:dst.Len()]
-	fill(h)
-	return e.Stream().Copy(dst, device.Host(h))
 }

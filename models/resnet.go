@@ -321,7 +321,7 @@ func (m *ResNet) TrainStep(ctx context.Context, b Batch, params, grad device.Buf
 	if err := setFloat32s(m.train, 0, b.Images); err != nil {
 		return StepResult{}, err
 	}
-	if err := m.setInts(m.train, 1, b.Labels); err != nil {
+	if err := setInts(m.train, 1, b.Labels); err != nil {
 		return StepResult{}, err
 	}
 	return m.runTrain(ctx, params, grad)

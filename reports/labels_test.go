@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -318,6 +320,40 @@ func TestResumedRunSaysSo(t *testing.T) {
 	}
 	if !strings.Contains(resumed, "iteration 788") || !strings.Contains(resumed, "2026-01-02T03:04:05Z") || !strings.Contains(resumed, "train -resume runs/x") {
 		t.Errorf("resumed row %q", resumed)
+	}
+}
+
+// TestRunNotes: the notes a run recorded in run.json (a method that does
+// nothing, what an adaptive method measured) are rows of the header.
+func TestRunNotes(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"run.json", "metrics.jsonl"} {
+		b, err := os.ReadFile(filepath.Join(td("micro-4w"), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f == "run.json" {
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			m["notes"] = []string{"dragonn: nothing is sparsified", "lags: adaptive density from steps 6–15"}
+			if b, err = json.Marshal(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var notes []string
+	for _, row := range runTable(mustRead(t, dir)).Rows {
+		if row[0] == "note" {
+			notes = append(notes, row[1])
+		}
+	}
+	if want := []string{"dragonn: nothing is sparsified", "lags: adaptive density from steps 6–15"}; !slices.Equal(notes, want) {
+		t.Fatalf("note rows %q, want %q", notes, want)
 	}
 }
 

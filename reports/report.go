@@ -219,8 +219,8 @@ var generalKeys = map[string]bool{
 	"warmup_epochs": true, "decay_epochs": true, "decay_factor": true, "clip": true, "no_augment": true, "out": true,
 	"resume": true, "device": true, "net_latency": true, "net_bandwidth": true, "log_every": true, "eval_every": true,
 	"max_eval_batches": true, "blas": true, "blas_threads": true, "quiet": true, "checkpoint_every": true, "phase_times": true,
-	"lr_schedule": true, "nesterov": true, "tf32": true, "max_time": true, "method_options": true,
-	"comm": true, "executors": true, "check_every": true,
+	"lr_schedule": true, "nesterov": true, "tf32": true, "deterministic": true, "max_time": true, "method_options": true,
+	"comm": true, "executors": true, "check_every": true, "clip_at": true,
 }
 
 // ignoredKeys do not tell compared runs apart.
@@ -365,6 +365,9 @@ func runTable(r *Run) table {
 	}
 	if len(resumes) > 0 {
 		rows = append(rows, []string{"resumed", strings.Join(resumes, "; ")})
+	}
+	for _, n := range r.Info.Notes {
+		rows = append(rows, []string{"note", n})
 	}
 	kept := rows[:0]
 	for _, row := range rows {

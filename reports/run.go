@@ -58,6 +58,9 @@ type RunInfo struct {
 	} `json:"machine"`
 	// LayerNames optionally names the layout's tensors (DEFT's per-layer k).
 	LayerNames []string `json:"layer_names"`
+	// Notes are what the run said about itself that a reader of its
+	// results must know (run.json's "notes").
+	Notes []string `json:"notes"`
 	// Resumes lists the times the run was resumed, oldest first.
 	Resumes []struct {
 		At          time.Time `json:"at"`

@@ -1,67 +1,288 @@
 #!/usr/bin/env bash
-# The GPU checks of the device-neutral core and the cuda package, in one
-# command for a GPU machine (the `device` tool runs it in the repository
-# root). Build first on any x86-64 machine (no GPU or CUDA needed):
+# The GPU checks, in one call of a GPU machine. Prepare on any x86-64
+# machine first (no GPU or CUDA needed):
 #
-#   scripts/gpu-verify.sh build      # writes .device/bin/{cuda.test,train}
+#   scripts/gpu-prepare          # .device: stripped binaries (gzip), ml-100k
 #
-# then carry .device to the GPU machine and run there:
+# then run on the GPU machine, from the repository root, carrying .device
+# (the `device` tool: carry [".device/bin", ".device/data",
+# ".device/echarts.min.js", ".device/REVISION"], timeout_s 420):
 #
-#   scripts/gpu-verify.sh check      # every op and model step against the CPU, graphs, train -device cuda
-#   scripts/gpu-verify.sh bench      # step and selection times: ours, then PyTorch eager, same GPU, TF32 off
-#   scripts/gpu-verify.sh cifar      # ResNet-18 on CIFAR-10, one GPU, dense, one-cycle (the 93 % in 10 min proof)
-#   scripts/gpu-verify.sh methods    # ResNet-18, 4 workers on one GPU, per sparsifier; mpirun -comm mpi vs -workers
+#   scripts/gpu-verify.sh proof
 #
-# Results go to $OUT (or ./gpu-results). The shared data folder does not
-# travel: checks that need real data read it from .device/data (copy the
-# ml-100k folder there before carrying). CIFAR-10 (150 MB) is larger than
-# one carry (64 MiB): carry .device/data/cifar-10-batches-bin in parts over
-# back-to-back calls on the warm machine (a path not named in a carry stays).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# proof runs, in order, each step with its own time limit and output file,
+# within a budget of SPARSEGRAD_GPU_BUDGET seconds (default 400: a step
+# that would not fit is skipped, and says so):
+#
+#   1 probe          nvidia-smi, the libraries loaded (files, versions),
+#                    the cuDNN algorithm of each ResNet-18 convolution
+#   2 correctness    every op kind forward and backward, graph replay, one
+#                    training step of each model, against the CPU (1e-4)
+#   3 selection      exact top-k (ρ = 0.01, 0.001) and threshold selection
+#                    on 11,173,962 elements, the CPU's index sets
+#   4 step time      ours (BenchmarkGPUStep), then PyTorch eager, same GPU,
+#                    same batches, TF32 off
+#   5 selection time ours (BenchmarkGPUSelect), then torch.topk, and the
+#                    device-to-device copy bandwidth
+#   6 the rest       the reducers against the CPU, training and resuming on
+#                    the GPU, NCCL
+#   7 mpirun         mpirun -np 2 -device cuda -comm mpi against -workers 2
+#                    (same losses), where the machine has mpirun
+#
+# Results go to $OUT (or ./gpu-results): summary.txt, written first and
+# appended after every step (so a late failure or the call's time limit
+# still returns the earlier results), and one file per step: eight files
+# in all. ONLY=3,5 runs only those steps (a rerun of what failed). No
+# `set -e`: a failing step does not stop the next.
+#
+# After the proof (scripts/gpu-prepare cifar first; CIFAR-10 travels in
+# three parts, the machine kept warm between the calls):
+#
+#   call 1: carry [".device/bin", ".device/data", ".device/echarts.min.js", ".device/REVISION",
+#           ".device/cifar/part-1", ".device/cifar/SHA256"]   scripts/gpu-verify.sh proof
+#   call 2: carry [".device/cifar/part-2"]                    true
+#   call 3: carry [".device/cifar/part-3"]                    scripts/gpu-verify.sh cifar
+#   call 4: (nothing carried)                                 scripts/gpu-verify.sh methods
+#
+#   cifar    joins the parts (checked against SHA256), times 30 steps at
+#            batch 512, sizes a one-cycle schedule to end within 5 minutes
+#            of training, trains ResNet-18 dense on one GPU (-max-time 5m),
+#            samples the GPU's utilisation every second meanwhile: cifar.txt
+#            (summary), cifar-steps.txt, the run's report.html, metrics.jsonl
+#            and run.json, gpu-util.txt
+#   methods  ResNet-18, 4 workers sharing the GPU, 60 steps of dense, deft,
+#            micro, topk, spardl, lags at ρ = 0.01: each method's selection
+#            and communication share of the iteration and actual density
+#            (methods.txt, methods-steps.txt, the runs' reports in
+#            methods-runs.tar.gz), and mpirun -np 2 -comm mpi against
+#            -workers 2 (same losses; mpi.txt)
+#
+# SPARSEGRAD_REHEARSE=1 runs cifar and methods on the CPU with a few steps
+# (scripts/gpu-rehearse plays the whole sequence of calls here).
+cd "$(dirname "$0")/.." || exit 2
+repo=$PWD
 out=${OUT:-gpu-results}
 mkdir -p "$out"
-case "${1:-}" in
-build)
-  mkdir -p .device/bin
-  go test -c -o .device/bin/cuda.test ./cuda
-  go build -o .device/bin/train ./cmd/train
-  ls -la .device/bin
-  ;;
-check)
-  nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
-  # Every GPU test must run (SPARSEGRAD_GPU=require: no skipping).
-  (cd cuda && SPARSEGRAD_GPU=require TRAIN_DATA_DIR=$PWD/../.device/data ../.device/bin/cuda.test -test.v -test.count=1 -test.timeout 20m) 2>&1 | tee "$out/cuda-tests.txt"
-  ;;
-bench)
-  (cd cuda && ../.device/bin/cuda.test -test.run XXX -test.bench GPUStep -test.benchtime 50x -test.timeout 20m) 2>&1 | tee "$out/go-steps.txt"
-  python3 scripts/gpu-step-torch.py --steps 50 2>&1 | tee "$out/torch-steps.txt"
-  (cd cuda && ../.device/bin/cuda.test -test.run XXX -test.bench GPUSelect -test.benchtime 200x -test.timeout 10m) 2>&1 | tee "$out/go-select.txt"
-  python3 scripts/gpu-select-torch.py --reps 200 2>&1 | tee "$out/torch-select.txt"
-  ;;
-cifar)
-  # One cycle over 30 epochs peaking at 0.4 for batch 512 (0.1 per 128
-  # images), SGD with Nesterov momentum 0.9 and weight decay 5e-4 (BatchNorm
-  # exempt), random crops and flips; -max-time stops it at 10 minutes.
-  .device/bin/train -device cuda -model resnet18 -data-dir .device/data -batch 512 -eval-batch 1000 \
-    -lr-schedule onecycle -lr 0.4 -nesterov -wd 5e-4 -epochs 30 -max-time 10m -out "$out/resnet18-cifar10" 2>&1 | tee "$out/resnet18-cifar10.txt"
-  ;;
-methods)
-  # Four workers sharing the GPU (device buffers staged through host
-  # memory), 60 steps each: report.html's time breakdown shows each
-  # method's selection and communication share of the iteration.
-  for sp in dense deft micro topk spardl lags; do
-    .device/bin/train -device cuda -model resnet18 -data-dir .device/data -workers 4 -sparsifier "$sp" -density 0.01 \
-      -steps 60 -max-eval-batches 2 -quiet -out "$out/methods/$sp" 2>&1 | tail -3 | tee "$out/methods-$sp.txt"
+summary=$out/summary.txt
+budget=${SPARSEGRAD_GPU_BUDGET:-400}
+t_start=$(date +%s)
+bin=/tmp/sparsegrad-bin
+export SPARSEGRAD_GPU=require TRAIN_DATA_DIR=$repo/.device/data PYTHONUNBUFFERED=1
+
+say() { echo "$*" | tee -a "$summary"; }
+# revision is the commit the binaries were built from (gpu-prepare writes
+# it: the machine's copy of the tree has no .git).
+revision() { cat .device/REVISION 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown; }
+elapsed() { echo $(($(date +%s) - t_start)); }
+want() { [ -z "${ONLY:-}" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+
+# run NUM NAME LIMIT FILE CMD...: CMD with its own time limit (cut to what
+# the budget has left), its output appended to FILE, one summary line.
+run() {
+  local num=$1 name=$2 limit=$3 file=$4
+  shift 4
+  local left=$((budget - $(elapsed) - 5))
+  if [ "$left" -lt 15 ]; then
+    say "$(printf '%s %-30s skipped: %d s of the %d s budget used' "$num" "$name" "$(elapsed)" "$budget")"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
+  local t0 rc verdict
+  t0=$(date +%s)
+  echo "\$ $*" >>"$out/$file"
+  # bash -c: the step may be one of this script's functions (exported).
+  timeout -k 5 "$limit" bash -c '"$@"' step "$@" >>"$out/$file" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ]; then
+    verdict=ok
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    verdict="TIMED OUT (${limit} s)"
+  else
+    verdict="FAILED (exit $rc)"
+  fi
+  say "$(printf '%s %-30s %-18s %4d s  %s' "$num" "$name" "$verdict" $(($(date +%s) - t0)) "$file")"
+}
+
+unpack() {
+  mkdir -p "$bin"
+  for b in cuda.test train; do
+    if [ ! -f ".device/bin/$b.gz" ]; then
+      say "missing .device/bin/$b.gz: run scripts/gpu-prepare first and carry .device"
+      exit 2
+    fi
+    gunzip -c ".device/bin/$b.gz" >"$bin/$b" && chmod +x "$bin/$b"
   done
-  # The same losses in one process and under mpirun (-comm mpi, staged).
-  .device/bin/train -device cuda -model ncf -data-dir .device/data -workers 2 -sparsifier topk -steps 20 -quiet -out "$out/np2-local" > /dev/null
-  mpirun --allow-run-as-root --oversubscribe -np 2 .device/bin/train -device cuda -comm mpi -model ncf -data-dir .device/data \
-    -sparsifier topk -steps 20 -quiet -out "$out/np2-mpi" > /dev/null
-  diff <(grep -o '"loss":[^,]*' "$out/np2-local/metrics.jsonl") <(grep -o '"loss":[^,]*' "$out/np2-mpi/metrics.jsonl") && echo "mpirun -comm mpi: same losses as -workers 2"
-  ;;
+  # The tests run in the package's folder, as go test runs them.
+  printf '#!/bin/sh\ncd %s/cuda && exec %s/cuda.test "$@"\n' "$repo" "$bin" >"$bin/ct"
+  chmod +x "$bin/ct"
+}
+
+probe() {
+  nvidia-smi
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv
+  echo "kernel: $(uname -r)"
+  ls -d /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null
+  ls /opt/*/.venv/lib/python3*/site-packages/nvidia/cudnn/lib 2>/dev/null
+  python3 -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), "NCCL", torch.cuda.nccl.version())'
+  echo "mpirun: $(command -v mpirun || echo none)"
+  "$bin/ct" -test.run '^(TestGPUProbe|TestLibrariesReportsNVRTC|TestGPUMemoryAndStreams)$' -test.v -test.count=1
+}
+
+proof() {
+  : >"$summary"
+  say "sparsegrad GPU proof, $(date -u +%FT%TZ), revision $(revision), budget ${budget} s"
+  say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+  unpack
+  local ct="$bin/ct" v="-test.v -test.count=1"
+  want 1 && run 1 probe 60 1-probe.txt probe
+  want 2 && run 2 "correctness (1e-4, TF32 off)" 150 2-correct.txt \
+    "$ct" -test.run '^(TestGPUMathMatchesCPU|TestGPUOpsMatchCPU|TestGPUGraphReplay|TestGPUModelStepsMatchCPU|TestConvAlgorithmChoice)$' $v
+  want 3 && run 3 "selection, 11,173,962 elements" 90 3-select.txt \
+    "$ct" -test.run '^(TestGPUSelectLarge|TestGPUTopKMatchesCPU|TestGPUSelectAboveMatchesCPU)$' $v
+  want 4 && run 4 "step time: ours" 100 4-steps.txt "$ct" -test.run '^$' -test.bench GPUStep -test.benchtime 30x
+  want 4 && run 4 "step time: PyTorch eager" 90 4-steps.txt python3 scripts/gpu-step-torch.py --steps 30 --warmup 5
+  want 5 && run 5 "selection time: ours" 60 5-select-speed.txt "$ct" -test.run '^$' -test.bench GPUSelect -test.benchtime 100x
+  want 5 && run 5 "selection time: torch.topk" 60 5-select-speed.txt python3 scripts/gpu-select-torch.py --reps 100
+  want 6 && run 6 "reducers, training, NCCL" 150 6-more.txt \
+    "$ct" -test.run '^(TestGPUReducersMatchCPU|TestTrainOnGPU|TestResumeOnGPU|TestTrainOverNCCL|TestStagedDeviceBuffers|TestNCCLConformance|TestNCCLIDPassedByValue|TestGPUAccumulateAndNorms|TestGPUGatherScatter|TestGPUHashSelect|TestGPUUnionAndScatter|TestGPUIndexOps)$' $v
+  want 7 && run 7 "mpirun -comm mpi = -workers 2" 90 7-mpi.txt mpi_same_losses
+  # The numbers the docs need, from the step files.
+  {
+    echo "--- errors (max relative, GPU against CPU)"
+    grep -h 'max relative error' "$out"/2-correct.txt 2>/dev/null | sed 's/^ *//'
+    echo "--- selections"
+    grep -h 'equal the CPU' "$out"/3-select.txt 2>/dev/null | sed 's/^ *//'
+    echo "--- times"
+    grep -hE 'ms/step|µs/op|"ms_per_step"|"us"' "$out"/4-steps.txt "$out"/5-select-speed.txt 2>/dev/null
+    echo "--- failures"
+    grep -hE '^\s*--- FAIL|^FAIL|panic:' "$out"/*.txt 2>/dev/null | grep -v summary | head -20
+  } >>"$summary"
+  say "done in $(elapsed) s"
+}
+
+# mpi_same_losses runs NCF with two workers on the GPU in one process and
+# under mpirun (-comm mpi: device buffers staged through host memory) and
+# compares every step's loss.
+mpi_same_losses() {
+  local mpirun
+  mpirun=$(command -v mpirun) || { echo "no mpirun on this machine: step 7 cannot run here"; return 3; }
+  local args=($(device_flags) -model ncf -dataset ml-100k -data-dir .device/data -sparsifier topk -density 0.05 -steps 20 -quiet)
+  rm -rf /tmp/np2-local /tmp/np2-mpi
+  "$bin/train" "${args[@]}" -workers 2 -out /tmp/np2-local || return 1
+  "$mpirun" --allow-run-as-root --oversubscribe -np 2 "$bin/train" "${args[@]}" -comm mpi -out /tmp/np2-mpi || return 1
+  diff <(grep -o '"loss":[^,]*' /tmp/np2-local/metrics.jsonl) <(grep -o '"loss":[^,]*' /tmp/np2-mpi/metrics.jsonl) &&
+    echo "mpirun -np 2 -comm mpi: the losses of -workers 2, every step ($(grep -c '"loss"' /tmp/np2-mpi/metrics.jsonl) steps)"
+}
+
+# rehearse is set for a stand-in run on the CPU.
+rehearse=${SPARSEGRAD_REHEARSE:-}
+device_flags() {
+  if [ -n "$rehearse" ]; then echo "-device cpu"; else echo "-device cuda"; fi
+}
+
+# join_cifar puts CIFAR-10 together from the carried parts, once.
+join_cifar() {
+  local dir=.device/data/cifar-10-batches-bin
+  if [ -f "$dir/data_batch_5.bin" ]; then return 0; fi
+  ls .device/cifar/part-* >/dev/null 2>&1 || { echo "no .device/cifar/part-*: carry the parts (scripts/gpu-prepare cifar)"; return 1; }
+  local got
+  got=$(cat .device/cifar/part-* | tee >(tar -xf - -C .device/data) | sha256sum | cut -d' ' -f1)
+  sleep 1 # the tar of the process substitution finishes
+  if [ "$got" != "$(cat .device/cifar/SHA256)" ]; then
+    echo "CIFAR-10's parts join to SHA-256 $got, not $(cat .device/cifar/SHA256): a part is missing or damaged ($(ls .device/cifar))"
+    rm -rf "$dir"
+    return 1
+  fi
+  echo "CIFAR-10 joined from $(ls .device/cifar/part-* | wc -l) parts, SHA-256 verified"
+}
+
+# median_iter prints the median t_iter (seconds) of a run's metrics.jsonl.
+median_iter() {
+  python3 -c 'import json,sys,statistics; v=[json.loads(l)["t_iter"] for l in open(sys.argv[1]) if "\"t_iter\"" in l]; print(statistics.median(v[3:] or v))' "$1"
+}
+
+cifar() {
+  summary=$out/cifar.txt
+  : >"$summary"
+  say "ResNet-18 on CIFAR-10, one GPU, dense, $(date -u +%FT%TZ), revision $(revision)"
+  unpack
+  budget=${SPARSEGRAD_GPU_BUDGET:-500}
+  run c "join CIFAR-10" 60 cifar-steps.txt join_cifar
+  export SPARSEGRAD_ECHARTS=$repo/.device/echarts.min.js
+  local batch=512 steps=30 budget_s=280 tmax=5m
+  [ -n "$rehearse" ] && batch=16 steps=3 budget_s=20 tmax=20s
+  # One-cycle (peak 0.4 for batch 512, i.e. 0.1 per 128 images), Nesterov
+  # momentum 0.9, weight decay 5e-4 (batch norm exempt), random crops and
+  # flips; the 1,000 test images of the data folder every epoch.
+  local common=(-model resnet18 -dataset cifar10 -data-dir .device/data -batch "$batch" -eval-batch 1000
+    -lr-schedule onecycle -lr 0.4 -nesterov -wd 5e-4 $(device_flags))
+  rm -rf /tmp/cifar-timing /tmp/resnet18-cifar10
+  run c "time $steps steps" 120 cifar-steps.txt "$bin/train" "${common[@]}" -steps "$steps" -quiet -out /tmp/cifar-timing
+  local t_iter per_epoch epochs
+  t_iter=$(median_iter /tmp/cifar-timing/metrics.jsonl 2>/dev/null || echo 0.1)
+  per_epoch=$(python3 -c "print($t_iter * (50000 // $batch) + 1.0)") # + evaluation
+  epochs=$(python3 -c "print(max(1, int($budget_s / $per_epoch)))")
+  say "median step $t_iter s at batch $batch: about $per_epoch s per epoch; $epochs epochs fit $budget_s s"
+  if [ -z "$rehearse" ]; then
+    nvidia-smi dmon -s u -d 1 >"$out/gpu-util.txt" 2>&1 &
+  fi
+  local dmon=$!
+  run c "train $epochs epochs (-max-time $tmax)" 420 cifar-steps.txt "$bin/train" "${common[@]}" -epochs "$epochs" -max-time "$tmax" -out /tmp/resnet18-cifar10
+  [ -z "$rehearse" ] && kill "$dmon" 2>/dev/null
+  for f in report.html metrics.jsonl run.json; do cp "/tmp/resnet18-cifar10/$f" "$out/" 2>/dev/null; done
+  {
+    echo "--- evaluations (the 1,000-image test sample)"
+    grep '"accuracy"' /tmp/resnet18-cifar10/metrics.jsonl 2>/dev/null | tail -5
+    echo "--- GPU utilisation while training (nvidia-smi dmon, sm %): mean over samples"
+    awk '$1 ~ /^[0-9]+$/ {s+=$2; n++} END {if (n) printf "%.1f %% busy over %d s: idle share %.1f %%\n", s/n, n, 100-s/n}' "$out/gpu-util.txt" 2>/dev/null
+  } >>"$summary"
+  say "done in $(elapsed) s"
+}
+
+methods() {
+  summary=$out/methods.txt
+  : >"$summary"
+  say "ResNet-18, 4 workers on one GPU, 60 steps per method, ρ = 0.01, $(date -u +%FT%TZ)"
+  unpack
+  join_cifar >/dev/null || { say "no CIFAR-10: run the cifar sequence first"; return 1; }
+  export SPARSEGRAD_ECHARTS=$repo/.device/echarts.min.js
+  local steps=60 batch=()
+  [ -n "$rehearse" ] && steps=2 batch=(-batch 2)
+  rm -rf /tmp/methods
+  for m in dense deft micro topk spardl lags; do
+    run m "$m" 120 methods-steps.txt "$bin/train" $(device_flags) -model resnet18 -dataset cifar10 -data-dir .device/data -workers 4 \
+      -sparsifier "$m" -density 0.01 -steps "$steps" "${batch[@]}" -max-eval-batches 1 -quiet -out "/tmp/methods/$m"
+  done
+  python3 - /tmp/methods >>"$summary" <<'PY'
+import json, os, statistics, sys
+root = sys.argv[1]
+print(f"{'method':8} {'t_iter ms':>10} {'select %':>9} {'comm %':>7} {'actual/setup density':>21}")
+for m in ["dense", "deft", "micro", "topk", "spardl", "lags"]:
+    try:
+        rs = [json.loads(l) for l in open(os.path.join(root, m, "metrics.jsonl")) if '"t_iter"' in l]
+    except OSError:
+        print(f"{m:8} (no run)")
+        continue
+    rs = rs[len(rs) // 6:] or rs  # after the first sixth (warm-up)
+    med = lambda k: statistics.median(r.get(k, 0) or 0 for r in rs)
+    it = med("t_iter")
+    dens = statistics.mean((r.get("actual_density") or 0) / (r.get("density") or 1) for r in rs)
+    print(f"{m:8} {1e3 * it:10.1f} {100 * med('t_select') / it:9.1f} {100 * med('t_comm') / it:7.1f} {dens:21.3f}")
+PY
+  tar -czf "$out/methods-runs.tar.gz" --exclude=checkpoints -C /tmp methods 2>/dev/null
+  run m "mpirun -comm mpi = -workers 2" 90 mpi.txt mpi_same_losses
+  say "done in $(elapsed) s"
+}
+
+export bin repo out rehearse
+export -f probe mpi_same_losses join_cifar device_flags
+
+case "${1:-}" in
+proof) proof ;;
+cifar) cifar ;;
+methods) methods ;;
 *)
-  echo "usage: $0 build|check|bench|cifar|methods" >&2
+  echo "usage: $0 proof|cifar|methods   (after scripts/gpu-prepare; see the comment at the top)" >&2
   exit 2
   ;;
 esac

@@ -8,52 +8,110 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "dgc", New: newDGCReducer}) }
-
-// dgcReducer is "dgc", Deep Gradient Compression's sampled-threshold
-// sparsifier as in the reference DGC code (synxlin/deep-gradient-compression,
-// reference notes 7.4), with a sparse all-gather and classic error feedback:
-//
-//   - Every layout tensor is compressed on its own, as DGC compresses each
-//     named parameter: nsel = ⌈numel·ρ⌉ (DGC's rounding, not BudgetK's floor;
-//     at least 1), chosen by dgcSelectOn's double sampling: strided samples of
-//     about 1 % of the tensor (at least ⌈2/ρ⌉; tensors of at most ⌈2/ρ⌉
-//     elements are sampled whole), a threshold from the top ⌈samples·ρ⌉
-//     samples, selection of |x| >= thr, then up to 10 adaptation rounds (more
-//     than 1.3·nsel candidates: exact top-nsel among them; fewer than
-//     0.8·nsel: thr ×= 0.8) and finally the first nsel candidates in index
-//     order. The stride's random start is drawn from Options.Seed, the rank,
-//     the iteration and the tensor (identical across runs for a seed).
-//   - Communication, one exchange per call for all tensors (like Horovod's
-//     tensor fusion): an AllGather of one int32 count per worker, then
-//     AllGatherV of the int32 flat indices and of the float32 values.
-//   - out = (Σ_w value_w)/n at every received index (summed in rank order,
-//     bit-identical on every rank), 0 elsewhere.
-//   - residual = acc with this worker's own sent entries zeroed (classic
-//     error feedback; the reference's DGC momentum correction and masking are
-//     optimizer features and are not part of the reducer).
-//
-// It conserves the gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32
-// rounding. Stats: Selected = own count, SelectedPerWorker = the gathered
-// counts, LayerK = own count per tensor, ActualDensity = distinct received
-// indices / N, Threshold = the final threshold of the largest tensor (the
-// first of equal size).
-type dgcReducer struct {
-	base    base
-	params  []dgcParams
-	largest int // tensor whose threshold Stats reports
-
-	samp        samples
-	dIdx, dCand device.Buffer // Int32
-	dVal        device.Buffer // Float32
+func init() {
+	Register(Method{Name: "dgc", New: newDGCReducer, CorrectsMomentum: true, ScaledClip: true, Params: []Param{
+		{Name: "sparsity_warmup", Flag: "sparsity-warmup", Kind: Int, Default: dgcDefaultWarmup, Min: 0, Max: 1000,
+			Doc: "epochs of DGC's density warm-up: density max(0.25^(e+1), ρ) in epoch e (0: none)"},
+	}})
 }
 
+// dgcDefaultWarmup is the default of dgc's option sparsity_warmup: the
+// paper's four epochs (sparsity 75 %, 93.75 %, 98.4375 %, 99.6 %, then
+// 99.9 %).
+const dgcDefaultWarmup = 4
+
+// dgcWarmupBase is the warm-up's density of epoch 0; epoch e has
+// dgcWarmupBase^(e+1).
+const dgcWarmupBase = 0.25
+
+// dgcReducer is "dgc", Deep Gradient Compression (Lin et al., ICLR'18) as
+// the paper and its reference code (synxlin/deep-gradient-compression,
+// reference notes 7.4) define it:
+//
+//   - Which tensors: those of more than one dimension are compressed; 1-D
+//     tensors (biases, batch-norm parameters) are all-reduced densely (the
+//     reference's `param.dim() > 1`). Layout.Tensors[i].Dims tells them
+//     apart; a tensor whose Dims is 0 (unknown) is compressed.
+//   - Momentum correction (Options.Momentum = m > 0, the optimizer's SGD
+//     momentum, which the trainer passes and then applies to weight decay
+//     only, as DGC's optimizer does): each worker keeps a momentum u and a
+//     velocity v per compressed element, u ← m·u + g, v ← v + u; the
+//     selection is made on v and sends v's values; momentum-factor masking
+//     then zeroes both u and v at the sent indices. The reducer's contract
+//     (acc = residual + gradient) carries this: the residual written for
+//     the next call is v + m·u (both masked), so that the next acc is the
+//     next v; the reducer keeps the masked v (Ops.MomentumCorrect), from
+//     which u = acc − v. For the dense tensors the momentum is applied to
+//     the average, u ← m·u + mean_w(g_w), out = u (the reference's
+//     compensate(accumulate=False)); their residual is 0. The output is
+//     thus the update direction with momentum applied. With m = 0 (Adam, or
+//     no momentum) it is plain error feedback: residual = acc with the sent
+//     entries zeroed.
+//   - Density warm-up (option sparsity_warmup = E epochs, default 4, the
+//     paper's; it needs the calls per epoch, SetStepsPerEpoch, which the
+//     trainer gives — without them there is no warm-up): epoch e < E uses
+//     density max(0.25^(e+1), ρ) — 0.25, 0.0625, 0.0156, 0.0039 — then ρ.
+//     (The reference's wm5 configuration ramps with ρ^(1/(E+1)) instead.)
+//   - Local gradient clipping is the trainer's (Method.ScaledClip: -clip
+//     clips each worker's gradient before error feedback at the threshold
+//     divided by √n, the paper's §3.2).
+//   - Per compressed tensor, nsel = ⌈numel·ρ_e⌉ (DGC's rounding, at least
+//     1), chosen by dgcSelectOn's double sampling: strided samples of about
+//     1 % of the tensor (at least ⌈2/ρ_e⌉; tensors of at most ⌈2/ρ_e⌉
+//     elements are sampled whole), a threshold from the top ⌈samples·ρ_e⌉
+//     samples, selection of |x| >= thr, then up to 10 adaptation rounds
+//     (more than 1.3·nsel candidates: exact top-nsel among them; fewer than
+//     0.8·nsel: thr ×= 0.8) and finally the first nsel candidates in index
+//     order. The stride's random start is drawn from Options.Seed, the
+//     rank, the iteration and the tensor (identical across runs for a
+//     seed).
+//   - Communication, one exchange per call for all compressed tensors (like
+//     Horovod's tensor fusion): an AllGather of one int32 count per worker,
+//     then AllGatherV of the int32 flat indices and of the float32 values;
+//     out = (Σ_w value_w)/n at every received index (summed in rank order,
+//     bit-identical on every rank), 0 elsewhere. The dense tensors: one
+//     AllReduce of their concatenation, divided by n.
+//
+// Without momentum it conserves the gradient: Σ_w residual_w + n·out = Σ_w
+// acc_w up to float32 rounding. Stats: Selected = own count (sparse pairs
+// plus dense elements), SelectedPerWorker = the gathered counts (plus the
+// dense elements), LayerK = own count per tensor, ActualDensity = (distinct
+// received indices + dense elements) / N, Threshold = the final threshold
+// of the largest compressed tensor (the first of equal size; NaN when none
+// is compressed).
+type dgcReducer struct {
+	base      base
+	momentum  float32
+	warmup    int // epochs
+	perEpoch  int // calls per epoch, 0 when unknown (no warm-up)
+	comp      []bool
+	compN     int // elements of the compressed tensors
+	largest   int // compressed tensor whose threshold Stats reports, -1 if none
+	params    map[float64][]dgcParams
+	dense     denseParts
+	vel       device.Buffer // Float32, N: masked velocity (compressed), momentum (dense)
+	hasVel    bool          // vel is allocated (momentum > 0)
+	samp      samples
+	dIdx, dCa device.Buffer // Int32
+	dVal      device.Buffer // Float32
+}
+
+var _ EpochScheduled = (*dgcReducer)(nil)
+
 func newDGCReducer(o Options) (Reducer, error) {
-	r := &dgcReducer{base: newBase("dgc", o)}
+	if !(o.Momentum >= 0 && o.Momentum < 1) {
+		return nil, fmt.Errorf("sparsify: dgc: Options.Momentum %v is outside [0, 1)", o.Momentum)
+	}
+	r := &dgcReducer{base: newBase("dgc", o), momentum: float32(o.Momentum), warmup: o.Params.Int("sparsity_warmup"),
+		params: map[float64][]dgcParams{}, largest: -1}
 	for t, tn := range o.Layout.Tensors {
-		r.params = append(r.params, dgcParamsFor(tn.Size, o.Density))
-		if tn.Size > o.Layout.Tensors[r.largest].Size {
-			r.largest = t
+		c := tn.Dims != 1
+		r.comp = append(r.comp, c)
+		if c {
+			r.compN += tn.Size
+			if r.largest < 0 || tn.Size > o.Layout.Tensors[r.largest].Size {
+				r.largest = t
+			}
 		}
 	}
 	return r, nil
@@ -61,6 +119,34 @@ func newDGCReducer(o Options) (Reducer, error) {
 
 // Name returns "dgc".
 func (r *dgcReducer) Name() string { return "dgc" }
+
+// SetStepsPerEpoch sets the calls per epoch the density warm-up counts
+// (EpochScheduled).
+func (r *dgcReducer) SetStepsPerEpoch(n int) { r.perEpoch = max(n, 0) }
+
+// ratio is the density of the current call: the warm-up's, then ρ.
+func (r *dgcReducer) ratio() float64 {
+	rho := r.base.o.Density
+	if r.perEpoch == 0 {
+		return rho
+	}
+	if e := r.base.iter / r.perEpoch; e < r.warmup {
+		return max(math.Pow(dgcWarmupBase, float64(e+1)), rho)
+	}
+	return rho
+}
+
+// paramsFor returns the per-tensor sampling constants at density ratio.
+func (r *dgcReducer) paramsFor(ratio float64) []dgcParams {
+	ps, ok := r.params[ratio]
+	if !ok {
+		for _, tn := range r.base.o.Layout.Tensors {
+			ps = append(ps, dgcParamsFor(tn.Size, ratio))
+		}
+		r.params[ratio] = ps
+	}
+	return ps
+}
 
 // Reduce selects per tensor by double sampling, all-gathers the pairs and
 // averages them.
@@ -83,27 +169,45 @@ func (r *dgcReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buf
 	if err := v.checkOn(b.name, b.n, acc, out, residual); err != nil {
 		return Stats{}, err
 	}
+	if r.momentum > 0 && !r.hasVel {
+		var err error
+		if r.vel, err = v.scratch(&r.vel, device.Float32, b.n); err != nil {
+			return Stats{}, err
+		}
+		if err := v.m.Fill(v.s, r.vel, 0); err != nil {
+			return Stats{}, err
+		}
+		r.hasVel = true
+	}
 	before := b.c.Totals()
 	rank := b.c.Rank()
-	layerK := make([]int, len(r.params))
+	tensors := b.o.Layout.Tensors
+	params := r.paramsFor(r.ratio())
+	layerK := make([]int, len(tensors))
 	thr := math.NaN()
 	pos := 0
 	selTime, err := b.timed(func() error {
 		maxSize, total := 0, 0
-		for t, tn := range b.o.Layout.Tensors {
-			maxSize = max(maxSize, tn.Size)
-			total += r.params[t].nsel
+		for t, tn := range tensors {
+			if r.comp[t] {
+				maxSize = max(maxSize, tn.Size)
+				total += params[t].nsel
+			}
 		}
 		idx, err := v.scratch(&r.dIdx, device.Int32, total)
 		if err != nil {
 			return err
 		}
-		cand, err := v.scratch(&r.dCand, device.Int32, maxSize)
+		cand, err := v.scratch(&r.dCa, device.Int32, maxSize)
 		if err != nil {
 			return err
 		}
-		for t, tn := range b.o.Layout.Tensors {
-			p := r.params[t]
+		for t, tn := range tensors {
+			if !r.comp[t] {
+				layerK[t] = tn.Size
+				continue
+			}
+			p := params[t]
 			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
 			start := 0
 			if p.stride > 1 {
@@ -136,21 +240,135 @@ func (r *dgcReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buf
 		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
 	}
 	b.iter++
-	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
-	counts, distinct, err := b.sparseExchangeOn(ctx, idx, val, out)
+	denseN, err := r.dense.reduce(ctx, b, acc, r.comp)
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
 	}
-	if err := b.residualWithout(residual, acc, idx); err != nil {
+	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
+	counts, distinct, err := b.sparseExchangeIfAny(ctx, r.compN > 0, idx, val, out)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dgc: %w", err)
+	}
+	// The residual (and the velocity) of the compressed tensors.
+	if r.momentum > 0 {
+		for t, tn := range tensors {
+			if r.comp[t] {
+				lo, hi := tn.Offset, tn.Offset+tn.Size
+				if err := v.ops.MomentumCorrect(v.s, r.vel.Slice(lo, hi), residual.Slice(lo, hi), acc.Slice(lo, hi), r.momentum); err != nil {
+					return Stats{}, err
+				}
+			}
+		}
+		if err := v.ops.ScatterFill(v.s, r.vel, idx, 0); err != nil {
+			return Stats{}, err
+		}
+		if err := v.ops.ScatterFill(v.s, residual, idx, 0); err != nil {
+			return Stats{}, err
+		}
+	} else if err := b.residualWithout(residual, acc, idx); err != nil {
 		return Stats{}, err
 	}
+	// The dense tensors: out = the average (with momentum: u ← m·u + avg,
+	// out = u), residual 0.
+	if err := r.dense.write(b, out, residual, r.comp); err != nil {
+		return Stats{}, err
+	}
+	if r.momentum > 0 {
+		for t, tn := range tensors {
+			if !r.comp[t] {
+				lo, hi := tn.Offset, tn.Offset+tn.Size
+				u, o := r.vel.Slice(lo, hi), out.Slice(lo, hi)
+				if err := v.m.Scale(v.s, u, r.momentum); err != nil {
+					return Stats{}, err
+				}
+				if err := v.m.Add(v.s, u, o); err != nil {
+					return Stats{}, err
+				}
+				if err := v.s.Copy(o, u); err != nil {
+					return Stats{}, err
+				}
+			}
+		}
+	}
+	for w := range counts {
+		counts[w] += denseN
+	}
 	st, err := b.finish(before, selTime, residual)
-	st.Selected = pos
+	st.Selected = pos + denseN
 	st.SelectedPerWorker = counts
 	st.LayerK = layerK
-	st.ActualDensity = float64(distinct) / float64(b.n)
+	st.ActualDensity = float64(distinct+denseN) / float64(b.n)
 	st.Threshold = thr
 	return st, err
+}
+
+// denseParts is the dense path of the methods that compress only some
+// tensors (dgc, dragonn): the other tensors' acc, concatenated, all-reduced
+// in one call; reduce before the sparse exchange, write after it.
+type denseParts struct {
+	buf device.Buffer // Float32: the concatenation, then its sum
+	n   int
+}
+
+// reduce copies the tensors t with comp[t] false out of acc, in layout
+// order, and all-reduces their concatenation (the sum over workers). It
+// returns their number of elements.
+func (d *denseParts) reduce(ctx context.Context, b *base, acc device.Buffer, comp []bool) (int, error) {
+	v := &b.v
+	d.n = 0
+	for t, tn := range b.o.Layout.Tensors {
+		if !comp[t] {
+			d.n += tn.Size
+		}
+	}
+	if d.n == 0 {
+		return 0, nil
+	}
+	dense, err := v.scratch(&d.buf, device.Float32, d.n)
+	if err != nil {
+		return 0, err
+	}
+	at := 0
+	for t, tn := range b.o.Layout.Tensors {
+		if !comp[t] {
+			if err := v.s.Copy(dense.Slice(at, at+tn.Size), acc.Slice(tn.Offset, tn.Offset+tn.Size)); err != nil {
+				return 0, err
+			}
+			at += tn.Size
+		}
+	}
+	if err := b.c.AllReduce(ctx, v.cb(dense)); err != nil {
+		return 0, fmt.Errorf("all-reducing %d values of the uncompressed tensors: %w", d.n, err)
+	}
+	return d.n, nil
+}
+
+// write sets out to the average (the sum times 1/n) and residual to 0 over
+// the tensors reduce all-reduced.
+func (d *denseParts) write(b *base, out, residual device.Buffer, comp []bool) error {
+	if d.n == 0 {
+		return nil
+	}
+	v := &b.v
+	inv := 1 / float32(b.c.Size())
+	at := 0
+	for t, tn := range b.o.Layout.Tensors {
+		if comp[t] {
+			continue
+		}
+		o := out.Slice(tn.Offset, tn.Offset+tn.Size)
+		if err := v.s.Copy(o, d.buf.Slice(at, at+tn.Size)); err != nil {
+			return err
+		}
+		if err := v.m.Scale(v.s, o, inv); err != nil {
+			return err
+		}
+		if err := v.m.Fill(v.s, residual.Slice(tn.Offset, tn.Offset+tn.Size), 0); err != nil {
+			return err
+		}
+		at += tn.Size
+	}
+	return nil
 }
 
 // dgcSelectOn is DGC's double sampling on one tensor x of the device

@@ -87,17 +87,28 @@
 //     (exact only below 2^24); merged candidates have distinct indices.
 //   - "randomk" (randomk.go, randomkReducer): k random indices shared by all
 //     ranks (seeded), no indices on the wire. Baseline without a reference.
-//   - "dgc" (dgc.go, dgcReducer; notes 7.4): Deep Gradient Compression's
-//     per-tensor double sampling, sparse all-gather. Deviations: DGC's
-//     momentum correction and masking (optimizer features) are not part of
-//     the reducer; the samples' random start is seeded per rank, iteration
-//     and tensor.
+//   - "dgc" (dgc.go, dgcReducer; notes 7.4): Deep Gradient Compression:
+//     per-tensor double sampling of the tensors of more than one dimension
+//     (1-D tensors all-reduced dense), momentum correction with
+//     momentum-factor masking (Options.Momentum, the optimizer's, which
+//     then applies momentum to weight decay only), the density warm-up over
+//     the first epochs (EpochScheduled), local clipping scaled by 1/√n
+//     (Method.ScaledClip, the trainer's), sparse all-gather. Deviations: the
+//     samples' random start is seeded per rank, iteration and tensor; the
+//     warm-up is the paper's 0.25^(e+1) (the reference's configuration
+//     ramps with ρ^(1/(E+1))).
 //   - "dragonn" (dragonn.go, dragonnReducer; notes 6): DRAGONN's sampled
-//     threshold with hashed insertion, small tensors dense, dense warm-up.
-//     Deviations (fixes): values are summed and divided by the number of
-//     workers (the reference overwrites and does not divide); error feedback
-//     is always on; element 0 can be selected; hash collisions resolve
-//     deterministically (highest index wins); ns and nsel are at least 1.
+//     threshold with the threshold test and the hashed insertion fused into
+//     one pass (Ops.HashSelectAbove; no compaction of the candidates), small
+//     tensors dense, dense warm-up. Deviations (fixes): values are summed
+//     and divided by the number of workers (the reference overwrites and
+//     does not divide); error feedback is always on; element 0 can be
+//     selected; exact zeros never are (a zero sampled threshold flooded the
+//     slots with zeros); hash collisions resolve deterministically (highest
+//     index wins); ns and nsel are at least 1. Not implemented: the paper's
+//     cost model (its eq. 1) for which tensors to compress (a fixed
+//     min_tensor cut-off, the reference's) and the momentum-corrected error
+//     feedback the paper evaluated every method with.
 //   - "deft" (deft.go, newDeft; notes 2): DEFT's fragments, norm-proportional
 //     per-fragment budgets and LPT bin packing by a rotating leader.
 //     The budgets follow the authors' greedy rule (descending norm, each
@@ -112,9 +123,12 @@
 //     threshold decays every call); empty partitions (N < n) are guarded.
 //   - "lags" (lags.go, LAGS; notes 5): per merge group
 //     top-k and all-gathers, pipelined through GroupReducer, optional
-//     adaptive density. Deviations: a group's elements are taken in layout
-//     order (the reference concatenates them in backward order: only tie
-//     order differs); when no ratio hides the communication, Density is used.
+//     adaptive density (eq. 19 with c_u an upper bound on the compression,
+//     as the paper's text says: densities in [1/c_u, 1]; the formula as
+//     printed makes it a lower bound). Deviations: a group's elements are
+//     taken in layout order (the reference concatenates them in backward
+//     order: only tie order differs); when no ratio hides the
+//     communication, 1/c_u is used.
 //   - "spardl" (spardl.go, spardlReducer; notes 4): sparse
 //     reduce-scatter within teams, B-SAG or R-SAG across teams, Bruck
 //     all-gather, global residual collection. Deviations: the flat vector is
@@ -122,7 +136,8 @@
 //     keeps 1/2^(s+1) of a value dropped in round s (the paper's half in
 //     round 0), which conserves the gradient.
 //
-// Every method except gtopk conserves the gradient: Σ_w residual_w + n·out =
+// Every method except gtopk and dgc with momentum correction conserves the
+// gradient: Σ_w residual_w + n·out =
 // Σ_w acc_w up to float32 rounding.
 //
 // # Method options
@@ -143,14 +158,18 @@
 // ./sparsify; TestOptionsDoc fails when it is out of date); each entry is
 // method: name (trainer flag), kind, valid values, default, meaning.
 //
+//   - dgc: sparsity_warmup (-sparsity-warmup), int, [0, 1000], default 4:
+//     epochs of DGC's density warm-up: density max(0.25^(e+1), ρ) in epoch e
+//     (0: none).
 //   - dragonn: min_tensor (-min-tensor), int, [0, 2147483647], default
 //     204800: compress only tensors with more elements (0: every tensor).
 //   - dragonn: dense_warmup (-dense-warmup), int, [0, 2147483647], default
 //     200: dense all-reduce iterations before sparsifying (0: none).
 //   - lags: merge_size (-merge-size), int, [1, 2147483647], default 8192:
 //     merge threshold in elements (1: one group per tensor).
-//   - lags: max_ratio (-max-ratio), float, 0 (off) or >= 1, default 0:
-//     compression-ratio bound c_u of the adaptive per-group density.
+//   - lags: max_ratio (-max-ratio), float, 0 (off) or >= 1, default 0: upper
+//     bound c_u on the compression ratio of the adaptive per-group density
+//     (densities in [1/c_u, 1]).
 //   - oktopk: dense_warmup (-dense-warmup), int, [0, 2147483647], default
 //     512: dense all-reduce iterations before sparsifying (0: none).
 //   - spardl: teams (-teams), int, [1, 2147483647], default 1: number of

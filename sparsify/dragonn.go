@@ -37,12 +37,15 @@ const (
 //     tensors of at most 131072 elements; ns = ⌊0.01·numel⌋ samples drawn
 //     uniformly with replacement (from Options.Seed, the rank, the iteration
 //     and the tensor: identical across runs for a seed); threshold = the
-//     ⌈ns·ratio⌉-th largest sampled magnitude; every element with |x| >= thr
-//     is hashed into 4·nsel slots (nsel = ⌊numel·ratio⌋) with MurmurHash3
-//     x86_32 of its 4-byte index, seed 43 + c, where c counts the compress
-//     calls (per tensor per iteration, on every rank alike) and wraps to 0 at
-//     100000; a slot keeps the last index written; the occupied slots are the
-//     selection (ns and nsel are raised to at least 1).
+//     ⌈ns·ratio⌉-th largest sampled magnitude; then one pass over the tensor
+//     (the paper's mechanism: the threshold test and the hash insert fused,
+//     no compaction of the candidates, Ops.HashSelectAbove) hashes every
+//     element with |x| >= thr, not an exact zero, into 4·nsel slots (nsel =
+//     ⌊numel·ratio⌋) with MurmurHash3 x86_32 of its 4-byte index, seed 43 +
+//     c, where c counts the compress calls (per tensor per iteration, on
+//     every rank alike) and wraps to 0 at 100000; a slot keeps the highest
+//     index written; the occupied slots are the selection (ns and nsel are
+//     raised to at least 1).
 //   - Communication (one exchange per call, as with --batching): AllGather of
 //     one int32 count per worker, AllGatherV of the int32 flat indices and of
 //     the float32 values.
@@ -60,8 +63,29 @@ const (
 //     worker's own sent values (0 at the sent indices and in dense tensors,
 //     acc elsewhere) — the reference's "residual" memory.
 //   - Element 0 of a tensor can be selected (the reference's table uses 0 for
-//     "empty"), and collisions are resolved deterministically: candidates are
-//     inserted in ascending index order, so the highest index wins.
+//     "empty"), and collisions are resolved deterministically: the highest
+//     index wins a slot (an atomic maximum), as inserting the candidates in
+//     ascending order would.
+//   - Exact zeros are never selected. The reference selects |x| >= thr; when
+//     the sampled threshold is 0 (a sparse gradient: the LSTM's embedding,
+//     NCF's on ml-20m, where most sampled elements are 0) every zero is a
+//     candidate, an all-zero tensor sends 4·nsel zeros and the zeros crowd
+//     the non-zeros out of the slots.
+//
+// What the project does not have of the paper:
+//
+//   - Its cost model (eq. 1: compress a tensor of d elements only when the
+//     compression time is below the communication time saved, T_comp(d) <
+//     T_full(d) − T_spr(d), with ring all-reduce and all-gather costs from
+//     the workers, the bandwidth and the latency). As the reference code
+//     does, the choice is the fixed min_tensor cut-off, whose default
+//     204800 was tuned for 16 V100s on 25 Gbit/s; on another cluster (or on
+//     this project's models, see the trainer's notes) it may compress too
+//     much or nothing.
+//   - The momentum-corrected error feedback (DGC's, Lin et al. 2017) with
+//     which the paper evaluated every method. Here DRAGONN uses plain error
+//     feedback and the optimizer's momentum after aggregation; the dgc
+//     method has DGC's momentum correction.
 //
 // With the sum decode it conserves the gradient: Σ_w residual_w + n·out =
 // Σ_w acc_w up to float32 rounding (the overwrite decode would not). Stats:
@@ -77,9 +101,10 @@ type dragonnReducer struct {
 	params    []dragonnParams
 	calls     int // compress calls so far, modulo 100000
 
-	samp         samples
-	dIdx, dCand  device.Buffer // Int32
-	dVal, dDense device.Buffer // Float32
+	samp  samples
+	dIdx  device.Buffer // Int32
+	dVal  device.Buffer // Float32
+	dense denseParts
 }
 
 func newDragonnReducer(o Options) (Reducer, error) {
@@ -126,11 +151,10 @@ func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device
 	largest := -1
 	denseN, pos := 0, 0
 	comp := make([]bool, len(tensors))
-	maxSize, total := 0, 0
+	total := 0
 	for t, tn := range tensors {
 		comp[t] = r.compressed(tn.Size)
 		if comp[t] {
-			maxSize = max(maxSize, tn.Size)
 			total += r.params[t].nslots
 		} else {
 			denseN += tn.Size
@@ -138,10 +162,6 @@ func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device
 	}
 	selTime, err := b.timed(func() error {
 		idx, err := v.scratch(&r.dIdx, device.Int32, total)
-		if err != nil {
-			return err
-		}
-		cand, err := v.scratch(&r.dCand, device.Int32, maxSize)
 		if err != nil {
 			return err
 		}
@@ -155,7 +175,7 @@ func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device
 			r.calls = (r.calls + 1) % dragonnSeedWrap
 			p := r.params[t]
 			dst := idx.Slice(pos, pos+p.nslots)
-			m, th, err := dragonnSelectOn(v, &r.samp, dst, cand, x, p, sampRNG(b.o.Seed, rank, b.iter, t), seed)
+			m, th, err := dragonnSelectOn(v, &r.samp, dst, x, p, sampRNG(b.o.Seed, rank, b.iter, t), seed)
 			if err != nil {
 				return err
 			}
@@ -178,58 +198,20 @@ func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device
 		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
 	}
 	b.iter++
-	n := b.c.Size()
 	// The uncompressed tensors, concatenated and all-reduced.
-	var dense device.Buffer
-	if denseN > 0 {
-		if dense, err = v.scratch(&r.dDense, device.Float32, denseN); err != nil {
-			return Stats{}, err
-		}
-		d := 0
-		for t, tn := range tensors {
-			if !comp[t] {
-				if err := v.s.Copy(dense.Slice(d, d+tn.Size), acc.Slice(tn.Offset, tn.Offset+tn.Size)); err != nil {
-					return Stats{}, err
-				}
-				d += tn.Size
-			}
-		}
-		if err := b.c.AllReduce(ctx, v.cb(dense)); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: dragonn: all-reducing %d values of the uncompressed tensors: %w", denseN, err)
-		}
+	if _, err := r.dense.reduce(ctx, b, acc, comp); err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
 	}
 	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
-	var counts []int
-	distinct := 0
-	if denseN < b.n { // some tensor is compressed (the same on every rank)
-		if counts, distinct, err = b.sparseExchangeOn(ctx, idx, val, out); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
-		}
-	} else {
-		counts = make([]int, n)
-		if err := v.m.Fill(v.s, out, 0); err != nil {
-			return Stats{}, err
-		}
+	counts, distinct, err := b.sparseExchangeIfAny(ctx, denseN < b.n, idx, val, out) // some tensor is compressed (the same on every rank)
+	if err != nil {
+		return Stats{}, fmt.Errorf("sparsify: dragonn: %w", err)
 	}
 	if err := b.residualWithout(residual, acc, idx); err != nil {
 		return Stats{}, err
 	}
-	d := 0
-	for t, tn := range tensors {
-		if comp[t] {
-			continue
-		}
-		o := out.Slice(tn.Offset, tn.Offset+tn.Size)
-		if err := v.s.Copy(o, dense.Slice(d, d+tn.Size)); err != nil {
-			return Stats{}, err
-		}
-		if err := v.m.Scale(v.s, o, 1/float32(n)); err != nil {
-			return Stats{}, err
-		}
-		if err := v.m.Fill(v.s, residual.Slice(tn.Offset, tn.Offset+tn.Size), 0); err != nil {
-			return Stats{}, err
-		}
-		d += tn.Size
+	if err := r.dense.write(b, out, residual, comp); err != nil {
+		return Stats{}, err
 	}
 	for w := range counts {
 		counts[w] += denseN
@@ -253,18 +235,29 @@ type samples struct {
 
 // dragonnSelectOn is DRAGONN's selection on one tensor x of the device: thr
 // is the ks-th largest magnitude of ns samples x[i] drawn uniformly with
-// replacement from rng (on the host); every i with |x_i| >= thr (written
-// into cand, at least len(x) long) is hashed with MurmurHash3 x86_32 of its
-// 4-byte index and seed hashSeed into one of nslots slots, a collision
-// keeping the highest index (Ops.HashSelect); the occupied slots' indices,
-// in slot order, are written into out (at least nslots long). It returns how
-// many and thr.
+// replacement from rng (on the host); then one pass over x
+// (Ops.HashSelectAbove) compares every element with thr and hashes each
+// selected index i (|x_i| >= thr, x_i not an exact zero) with MurmurHash3
+// x86_32 of its 4-byte index and seed hashSeed into one of nslots slots, a
+// collision keeping the highest index. The occupied slots' indices, in slot
+// order, are written into out (at least nslots long). It returns how many
+// and thr.
 //
-// Two deliberate deviations from the GPU kernel of the reference: collisions
+// This is the paper's mechanism: the threshold test and the hash insert
+// are one pass, with no compaction of the candidates (the GPU kernel writes
+// straight into the table; only the table, 4·nsel slots, is compacted). It
+// selects exactly what a threshold compaction followed by the insertion of
+// the candidates in ascending order selects.
+//
+// Deviations from the GPU kernel of the reference, each a fix: collisions
 // resolve deterministically (the highest index wins; there an arbitrary
-// thread wins); and element 0 can be selected (the reference stores the
-// index and reads 0 as "empty", so element 0 is never sent).
-func dragonnSelectOn(v *vecs, sc *samples, out, cand, x device.Buffer, p dragonnParams, rng *rand.Rand, hashSeed uint32) (int, float32, error) {
+// thread wins); element 0 can be selected (the reference stores the index
+// and reads 0 as "empty", so element 0 is never sent); and exact zeros are
+// never selected — the reference tests |x_i| >= thr, so when the sampled
+// threshold is 0 (a sparse gradient such as an embedding's: most samples
+// are 0) every zero is a candidate and zeros crowd the non-zeros out of the
+// slots.
+func dragonnSelectOn(v *vecs, sc *samples, out, x device.Buffer, p dragonnParams, rng *rand.Rand, hashSeed uint32) (int, float32, error) {
 	sc.pos = sc.pos[:0]
 	for range p.ns {
 		sc.pos = append(sc.pos, int32(rng.IntN(p.numel)))
@@ -287,10 +280,6 @@ func dragonnSelectOn(v *vecs, sc *samples, out, cand, x device.Buffer, p dragonn
 	if err != nil {
 		return 0, 0, err
 	}
-	m, err := v.ops.SelectAbove(v.s, cand, device.Buffer{}, x, thr)
-	if err != nil {
-		return 0, 0, err
-	}
-	k, err := v.ops.HashSelect(v.s, out, cand.Slice(0, m), hashSeed, p.nslots)
+	k, err := v.ops.HashSelectAbove(v.s, out, x, thr, hashSeed, p.nslots)
 	return k, thr, err
 }

@@ -18,7 +18,7 @@ func init() {
 		{Name: "merge_size", Flag: "merge-size", Kind: Int, Default: LAGSDefaultMergeSize, Min: 1, Max: math.MaxInt32,
 			Doc: "merge threshold in elements (1: one group per tensor)"},
 		{Name: "max_ratio", Flag: "max-ratio", Kind: Float, Default: 0.0, Min: 1, Max: math.Inf(1), Zero: "off",
-			Doc: "compression-ratio bound c_u of the adaptive per-group density"},
+			Doc: "upper bound c_u on the compression ratio of the adaptive per-group density (densities in [1/c_u, 1])"},
 	}})
 }
 
@@ -246,21 +246,34 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 //     a group, where the reference concatenates the group's tensors in
 //     backward order: only the order of equal-magnitude ties differs.
 //   - ρ_g is Options.Density unless the adaptive rule is on (the option
-//     max_ratio = c_u > 0). The paper's eq. 19 picks the compression ratio c = m/k of
-//     layer l as c^(l) = max{c_u, min{c | t_comm(c) + t_spar ≤ t_comp^(l−1)}}:
-//     the least compression whose modelled communication and sparsification
-//     hide behind the backward time of the next group, but never less
-//     compression than c_u. In densities: ρ_g = min(1/c_u, ρ_hide), where
-//     ρ_hide is the largest density hiding behind the next group's backward
-//     time (LAGSModel). The paper leaves open the case where no ratio hides
-//     (an empty set); we then use Options.Density, which is therefore the
-//     floor: ρ_g ∈ [Density, 1/c_u] (the reference stub likewise takes
-//     max(predicted, ρ)). A group with much backward time behind it gets the
-//     cap 1/c_u, the last group (nothing left to hide behind) gets Density.
-//     Until SetBackwardTimes is called every group uses Density.
+//     max_ratio = c_u > 0). The paper's text calls c_u "an upper bound of
+//     the compression ratio (e.g. c_u = 1000)" and picks the compression
+//     ratio c = m/k of layer l so that its communication and sparsification
+//     hide behind the backward computation of the layers still to come;
+//     its eq. 19 writes this c^(l) = max{c_u, min{c | t_comm(c) + t_spar ≤
+//     t_comp^(l−1)}}, which read literally makes c_u a lower bound (never
+//     less compression than c_u) and contradicts the text, and the
+//     convergence bound (Theorem 1) needs c bounded above. We follow the
+//     text: c^(l) = min{c_u, min{c | t_comm(c) + t_spar ≤ t_comp^(l−1)}},
+//     i.e. in densities ρ_g ∈ [1/c_u, 1]: the largest density whose
+//     modelled communication and sparsification (LAGSModel) hide behind the
+//     backward time of the next group, never less dense than 1/c_u (k =
+//     ⌈m/c_u⌉ at least); where nothing hides (the paper's set is empty) the
+//     most compression allowed, 1/c_u. A group with enough backward time
+//     behind it is sent dense; the last group (nothing left to hide behind)
+//     gets 1/c_u. (The reference code's stub takes max(predicted, ρ) with no
+//     cap and returns a constant 0.001; ADAPTIVE_SPARSE is off there.)
+//     Until SetBackwardTimes is called every group uses Options.Density,
+//     which must therefore be at least 1/c_u. Settings under which the rule
+//     cannot act are refused: c_u = 1 (only density 1, i.e. dense) and a
+//     layout that forms one merge group (nothing to hide behind).
+//   - t_spar is measured, not assumed: every group's selection (top-k and
+//     residual) and decoding times are recorded per element
+//     (MeasuredSparCost); the trainer hands the maximum over ranks, over the
+//     steps it profiles, to SetSparCost together with the backward times.
 //   - The network of the model is the one the run declares or emulates,
 //     Options.Network (the trainer passes -net-latency and -net-bandwidth),
-//     with a free sparsifier (LAGSModelFromNetwork). When none is declared
+//     with the measured sparsification cost (LAGSModelFromNetwork, SetSparCost). When none is declared
 //     (as under mpirun, where the network is real) and the adaptive rule is
 //     on, LAGS measures the network it runs on, once, in the first
 //     StartGroup (or Reduce) after SetBackwardTimes: lagsMeasure times
@@ -281,12 +294,20 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 // for; its CommTime is the sum of the requests' durations (from start to
 // Wait), which may exceed the wall time as requests overlap.
 //
-// Memory variant: the LAGS paper accumulates learning-rate-scaled gradients
-// (a_t = ε_{t−1} + η·g). The trainer selects it with NewMemory(N, true) and
-// Memory.Accumulate(grad, lr); the reduced output is then the update itself
-// (θ ← θ − out, with no further multiplication by the learning rate), and
-// the reducer is unchanged. The reference code's default is the raw-gradient
-// memory (LRScaled false).
+// Selection unit: LAGS selects over merge groups, the reference code's way
+// (consecutive tensors merged until merge_size elements, one top-k per
+// group), not per layer and then merged as the paper's §5 describes (a top-k
+// per layer, the sparse results buffered and sent together). merge_size 1
+// gives one group per tensor, the paper's per-layer selection (with one
+// message per layer).
+//
+// Memory: the LAGS paper (Algorithm 1, line 6) accumulates
+// learning-rate-scaled gradients (a_t = ε_{t−1} + η·g). The trainer does not
+// offer that variant: it accumulates raw gradients and applies the learning
+// rate after the reduction, as the reference code does. A library caller
+// can have it with NewMemory(N, true) and Memory.Accumulate(grad, lr) — the
+// reduced output is then the update itself (θ ← θ − out, with no further
+// multiplication by the learning rate) — and the reducer is unchanged.
 type LAGS struct {
 	gc       []*comm.Counter // one per group: bytes measured per group
 	n        int
@@ -308,6 +329,12 @@ type LAGS struct {
 	v        vecs
 	dMeasure device.Buffer
 	gb       base // device helpers of the selection (timing, residual)
+
+	// The sparsification time measured since the last TakeSparCost, and
+	// the group elements it covers.
+	sparMu    sync.Mutex
+	sparTime  time.Duration
+	sparElems int64
 }
 
 // lagsBufs are one group's reusable device buffers.
@@ -335,15 +362,23 @@ func NewLAGS(o Options) (*LAGS, error) {
 // newLAGS builds LAGS from prepared options (see prepare).
 func newLAGS(o Options) (*LAGS, error) {
 	maxRatio := o.Params.Float("max_ratio") // 0 or >= 1 (declared)
-	if maxRatio != 0 && 1/maxRatio < o.Density {
-		return nil, fmt.Errorf("sparsify: lags: max_ratio %v caps the per-group density at 1/%v = %v, below the floor Density %v; use max_ratio <= %v or a lower Density", maxRatio, maxRatio, 1/maxRatio, o.Density, 1/o.Density)
+	groups := LAGSGroups(o.Layout, o.Params.Int("merge_size"))
+	if maxRatio != 0 {
+		switch {
+		case maxRatio == 1:
+			return nil, fmt.Errorf("sparsify: lags: max_ratio 1 allows only density 1 (every group dense), so the adaptive rule has nothing to choose; use max_ratio > 1 (e.g. 1000, the paper's), 0 for a fixed density, or the dense method")
+		case o.Density*maxRatio < 1-1e-9:
+			return nil, fmt.Errorf("sparsify: lags: Density %v compresses more than max_ratio %v allows (the groups use Density until the backward times are measured); use Density >= 1/max_ratio = %v (e.g. %v) or a larger max_ratio", o.Density, maxRatio, 1/maxRatio, 1/maxRatio)
+		case len(groups) < 2:
+			return nil, fmt.Errorf("sparsify: lags: merge_size %d makes the %d elements one merge group, which has no later backward computation to hide behind, so max_ratio %v would always give density 1/%v; use a smaller merge_size (1: one group per tensor) or max_ratio 0", o.Params.Int("merge_size"), o.Layout.N, maxRatio, maxRatio)
+		}
 	}
 	l := &LAGS{
 		n:        o.Comm.Size(),
 		layout:   o.Layout,
 		density:  o.Density,
 		maxRatio: maxRatio,
-		groups:   LAGSGroups(o.Layout, o.Params.Int("merge_size")),
+		groups:   groups,
 		model:    LAGSDefaultModel,
 		v:        newVecs(o),
 	}
@@ -392,6 +427,44 @@ func (l *LAGS) SetModel(m LAGSModel) error {
 	return nil
 }
 
+// SetSparCost sets t_spar of the cost model, the sparsification time per
+// group element in seconds (selection, residual and decoding, as
+// TakeSparCost measures it), keeping the network. Every rank must set the
+// same value (e.g. the maximum over ranks). It must not be called while
+// groups are in flight.
+func (l *LAGS) SetSparCost(perElement float64) error {
+	if !(perElement >= 0) || math.IsInf(perElement, 0) {
+		return fmt.Errorf("sparsify: lags: sparsification cost %v s per element is negative, infinite or NaN; it is a time >= 0", perElement)
+	}
+	l.model.SparPerElement = perElement
+	l.recomputeK()
+	return nil
+}
+
+// TakeSparCost returns the sparsification time per group element measured
+// since the last call — every group's top-k selection and residual (in
+// StartGroup) and its decoding (in Wait), summed and divided by the sizes
+// of the groups reduced — and starts a new measurement. It returns 0 when
+// no group was reduced.
+func (l *LAGS) TakeSparCost() float64 {
+	l.sparMu.Lock()
+	defer l.sparMu.Unlock()
+	c := 0.0
+	if l.sparElems > 0 {
+		c = l.sparTime.Seconds() / float64(l.sparElems)
+	}
+	l.sparTime, l.sparElems = 0, 0
+	return c
+}
+
+// recordSpar adds one group's sparsification time d over m elements.
+func (l *LAGS) recordSpar(d time.Duration, m int) {
+	l.sparMu.Lock()
+	l.sparTime += d
+	l.sparElems += int64(m)
+	l.sparMu.Unlock()
+}
+
 // SetBackwardTimes gives the measured or declared backward (gradient
 // computation) time of every layout tensor, in layout order; the adaptive
 // density uses them from the next group started. Every rank must pass the
@@ -411,6 +484,10 @@ func (l *LAGS) SetBackwardTimes(perTensor []time.Duration) error {
 	l.recomputeK()
 	return nil
 }
+
+// HasBackwardTimes reports whether SetBackwardTimes was called (or a state
+// with backward times restored).
+func (l *LAGS) HasBackwardTimes() bool { return l.backward != nil }
 
 // Adaptive reports whether the adaptive per-group density is on (the option
 // max_ratio is not 0): only then do the backward times of SetBackwardTimes
@@ -443,28 +520,30 @@ func (l *LAGS) hideTime(g int) float64 {
 	return s.Seconds()
 }
 
-// lagsGroupK is the per-worker k of a group of m elements (see LAGS): the
-// floor max(int(m·density), 1) unless adaptive (maxRatio > 0 and times
-// known), in which case the largest k whose modelled communication and
-// sparsification fit in tComp seconds, clamped to [floor, max(int(m/maxRatio),
-// 1)].
+// lagsGroupK is the per-worker k of a group of m elements (see LAGS). In
+// the fixed mode (maxRatio 0), and in the adaptive mode until the backward
+// times are known (haveTimes false), it is max(int(m·density), 1). In the
+// adaptive mode it is eq. 19 with c_u = maxRatio an upper bound on the
+// compression: the largest k whose modelled communication and
+// sparsification fit in tComp seconds (the least compression that hides),
+// clamped to [⌈m/c_u⌉, m]; when nothing hides (the paper's empty set) it is
+// ⌈m/c_u⌉, the most compression c_u allows.
 func lagsGroupK(m int, density, maxRatio float64, n int, model LAGSModel, tComp float64, haveTimes bool) int {
-	floor := min(max(int(float64(m)*density), 1), m)
 	if maxRatio == 0 || !haveTimes {
-		return floor
+		return min(max(int(float64(m)*density), 1), m)
 	}
-	kcap := max(min(max(int(float64(m)/maxRatio), 1), m), floor)
+	kmin := min(max(int(math.Ceil(float64(m)/maxRatio)), 1), m)
 	// t_comm(k) + t_spar = fixed + perK·k must fit in tComp.
 	fixed := float64(2*(n-1))*model.Alpha + model.SparPerElement*float64(m)
 	perK := float64(8*(n-1)) * model.Beta
 	budget := tComp - fixed
 	if budget < 0 {
-		return floor // no ratio hides: the paper's set is empty
+		return kmin // no ratio hides: the paper's set is empty
 	}
-	if perK == 0 || budget/perK >= float64(kcap) {
-		return kcap
+	if perK == 0 || budget/perK >= float64(m) {
+		return m
 	}
-	return max(int(budget/perK), floor)
+	return max(int(budget/perK), kmin)
 }
 
 // Reduce reduces every group: all started in backward order, then all waited
@@ -590,6 +669,7 @@ func (l *LAGS) StartGroupOn(ctx context.Context, g int, acc, out, residual devic
 			l.done(g)
 			return nil, err
 		}
+		m.SparPerElement = l.model.SparPerElement // measured apart (SetSparCost)
 		l.model, l.haveModel = m, true
 		l.recomputeK()
 	}
@@ -619,10 +699,11 @@ func (l *LAGS) StartGroupOn(ctx context.Context, g int, acc, out, residual devic
 	if err != nil {
 		return fail(err)
 	}
-	if err := l.gb.residualWithout(res, a, sel); err != nil {
+	resTime, err := l.gb.timed(func() error { return l.gb.residualWithout(res, a, sel.Slice(0, k)) })
+	if err != nil {
 		return fail(err)
 	}
-	p := &lagsPending{l: l, g: g, k: k, out: out.Slice(gr.Lo, gr.Hi), res: res, selTime: selTime, before: before, start: time.Now()}
+	p := &lagsPending{l: l, g: g, k: k, out: out.Slice(gr.Lo, gr.Hi), res: res, selTime: selTime, sparTime: selTime + resTime, before: before, start: time.Now()}
 	if p.tensorK, err = lagsTensorK(v, l.layout, gr, sel); err != nil {
 		return fail(err)
 	}
@@ -691,9 +772,12 @@ type lagsPending struct {
 	rv, ri  comm.Request
 	tensorK []int
 	selTime time.Duration
-	before  comm.Totals // the group's counter at the start of StartGroup
-	start   time.Time
-	once    sync.Once
+	// sparTime is the selection's and the residual's time, to which Wait
+	// adds the decoding's (TakeSparCost).
+	sparTime time.Duration
+	before   comm.Totals // the group's counter at the start of StartGroup
+	start    time.Time
+	once     sync.Once
 }
 
 // Wait completes the group's all-gathers and decodes them into out.
@@ -733,21 +817,27 @@ func (p *lagsPending) wait(ctx context.Context) (GroupStats, error) {
 	if err != nil {
 		return GroupStats{}, err
 	}
-	distinct, err := v.ops.Union(v.s, u, allIdx, gr.Size())
-	if err != nil {
-		return GroupStats{}, fmt.Errorf("sparsify: lags: group %d: a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", p.g, gr.Size(), err)
-	}
-	if err := v.m.Fill(v.s, p.out, 0); err != nil {
-		return GroupStats{}, err
-	}
-	for w := 0; w < l.n; w++ {
-		if err := v.ops.ScatterAdd(v.s, p.out, allIdx.Slice(w*p.k, (w+1)*p.k), allVals.Slice(w*p.k, (w+1)*p.k), 1); err != nil {
-			return GroupStats{}, err
+	var distinct int
+	decTime, err := l.gb.timed(func() error {
+		var err error
+		distinct, err = v.ops.Union(v.s, u, allIdx, gr.Size())
+		if err != nil {
+			return fmt.Errorf("sparsify: lags: group %d: a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", p.g, gr.Size(), err)
 		}
-	}
-	if err := v.ops.Div(v.s, p.out, float32(l.n)); err != nil {
+		if err := v.m.Fill(v.s, p.out, 0); err != nil {
+			return err
+		}
+		for w := 0; w < l.n; w++ {
+			if err := v.ops.ScatterAdd(v.s, p.out, allIdx.Slice(w*p.k, (w+1)*p.k), allVals.Slice(w*p.k, (w+1)*p.k), 1); err != nil {
+				return err
+			}
+		}
+		return v.ops.Div(v.s, p.out, float32(l.n))
+	})
+	if err != nil {
 		return GroupStats{}, err
 	}
+	l.recordSpar(p.sparTime+decTime, gr.Size())
 	moved := l.gc[p.g].Totals().Sub(p.before)
 	sq, err := v.ops.SegmentSumSquares(v.s, p.res, []int{0, p.res.Len()})
 	if err != nil {

@@ -359,35 +359,137 @@ func TestLAGSStartGroupInFlight(t *testing.T) {
 
 func TestLAGSGroupK(t *testing.T) {
 	m := LAGSModel{Alpha: 1e-3, Beta: 1e-9}
-	// n = 4: fixed = 6 ms, per k 24 ns. Group of 100000, floor 100 (ρ =
-	// 0.001), cap 1000 (c_u = 100).
+	// n = 4: fixed 6 ms, 24 ns per k. A group of 100000 elements; c_u = 100
+	// bounds the compression: k >= 1000.
 	tests := []struct {
-		name  string
-		n     int
-		model LAGSModel
-		tComp float64
-		times bool
-		ratio float64
-		want  int
+		name    string
+		n       int
+		model   LAGSModel
+		tComp   float64
+		times   bool
+		ratio   float64
+		density float64
+		want    int
 	}{
-		{"off", 4, m, 10, true, 0, 100},
-		{"no times yet", 4, m, 10, false, 100, 100},
-		{"much time: cap", 4, m, 10, true, 100, 1000},
-		{"no time: floor", 4, m, 0, true, 100, 100},
-		{"latency alone does not hide: floor", 4, m, 5e-3, true, 100, 100},
-		{"between", 4, m, 6e-3 + 24e-9*500.4, true, 100, 500},
-		{"just below floor", 4, m, 6e-3 + 24e-9*50, true, 100, 100},
-		{"sparsification cost counts", 4, LAGSModel{Alpha: 1e-3, Beta: 1e-9, SparPerElement: 1e-8}, 6e-3 + 1e-3 + 24e-9*500.4, true, 100, 500},
-		{"one worker: everything hides", 1, m, 0, true, 100, 1000},
-		{"free bandwidth", 4, LAGSModel{Alpha: 1e-3}, 7e-3, true, 100, 1000},
-		{"free bandwidth, latency does not hide", 4, LAGSModel{Alpha: 1e-3}, 5e-3, true, 100, 100},
+		{"fixed density", 4, m, 10, true, 0, 0.001, 100},
+		{"no times yet: the density", 4, m, 10, false, 100, 0.01, 1000},
+		{"much time: dense", 4, m, 10, true, 100, 0.01, 100000},
+		{"no time: the most compression c_u allows", 4, m, 0, true, 100, 0.01, 1000},
+		{"latency alone does not hide", 4, m, 5e-3, true, 100, 0.01, 1000},
+		{"between", 4, m, 6e-3 + 24e-9*5000.4, true, 100, 0.01, 5000},
+		{"would compress more than c_u", 4, m, 6e-3 + 24e-9*500, true, 100, 0.01, 1000},
+		{"sparsification cost counts", 4, LAGSModel{Alpha: 1e-3, Beta: 1e-9, SparPerElement: 1e-8}, 6e-3 + 1e-3 + 24e-9*5000.4, true, 100, 0.01, 5000},
+		{"sparsification cost alone does not hide", 4, LAGSModel{Alpha: 1e-3, Beta: 1e-9, SparPerElement: 1e-8}, 6.5e-3, true, 100, 0.01, 1000},
+		{"one worker: everything hides", 1, m, 0, true, 100, 0.01, 100000},
+		{"free bandwidth", 4, LAGSModel{Alpha: 1e-3}, 7e-3, true, 100, 0.01, 100000},
+		{"free bandwidth, latency does not hide", 4, LAGSModel{Alpha: 1e-3}, 5e-3, true, 100, 0.01, 1000},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := lagsGroupK(100000, 0.001, tc.ratio, tc.n, tc.model, tc.tComp, tc.times); got != tc.want {
+			if got := lagsGroupK(100000, tc.density, tc.ratio, tc.n, tc.model, tc.tComp, tc.times); got != tc.want {
 				t.Fatalf("k = %d, want %d", got, tc.want)
 			}
 		})
+	}
+	// Never less dense than 1/c_u: k >= ⌈m/c_u⌉.
+	if got := lagsGroupK(100001, 0.01, 100, 4, m, 0, true); got != 1001 {
+		t.Fatalf("k = %d for 100001 elements at c_u 100, want ⌈100001/100⌉ = 1001", got)
+	}
+}
+
+// TestLAGSEq19 checks the adaptive density on a modelled network against
+// eq. 19 solved by brute force — c^(l) = min{c_u, min{c = m/k | t_comm(k) +
+// t_spar <= t_comp}}, c_u an upper bound on the compression — for groups
+// whose backward time behind them grows: the chosen densities stay within
+// [1/c_u, 1], grow with t_comp, reach 1 and 1/c_u at the ends, and every
+// rank chooses the same.
+func TestLAGSEq19(t *testing.T) {
+	const (
+		n    = 3
+		size = 4000
+		cu   = 400.0
+	)
+	var names []string
+	var sizes []int
+	for i := range 12 {
+		names = append(names, fmt.Sprintf("t%d", i))
+		sizes = append(sizes, size+37*i)
+	}
+	l, err := NewLayout(names, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	model := LAGSModel{Alpha: 50e-6, Beta: 1e-8, SparPerElement: 2e-9}
+	rng := rand.New(rand.NewPCG(3, 5))
+	// Backward times growing towards the input layers (the groups that
+	// become final first hide behind the most), 0 to 2 ms.
+	times := make([]time.Duration, len(sizes))
+	for i := range times {
+		times[i] = time.Duration(float64(len(sizes)-1-i) * (180e3 + 20e3*rng.Float64()))
+	}
+	o := Options{Density: 1 / cu, Layout: l, Params: Values{"merge_size": 1, "max_ratio": cu}}
+	got := make([][]int, n)
+	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+		if err := r.SetModel(model); err != nil {
+			return err
+		}
+		if err := r.SetBackwardTimes(times); err != nil {
+			return err
+		}
+		got[rank] = r.GroupK()
+		return nil
+	})
+	groups := LAGSGroups(l, 1)
+	prevComp, prevDensity := -1.0, 0.0
+	dense, bound := false, false
+	// Walk the groups from the one with the least time behind it.
+	for g := len(groups) - 1; g >= 0; g-- {
+		m := groups[g].Size()
+		tComp := 0.0
+		if g+1 < len(groups) {
+			tComp = times[groups[g+1].Tensors[0]].Seconds()
+		}
+		// Brute force: the least compression c = m/k that hides, i.e. the
+		// largest k; none hides: the set is empty and c = c_u.
+		want := 0
+		for k := m; k >= 1; k-- {
+			if 2*(n-1)*(model.Alpha+4*float64(k)*model.Beta)+model.SparPerElement*float64(m) <= tComp {
+				want = k
+				break
+			}
+		}
+		if c := float64(m) / float64(max(want, 1)); want == 0 || c > cu {
+			want = int(math.Ceil(float64(m) / cu))
+		}
+		for rank := range n {
+			if got[rank][g] != want {
+				t.Fatalf("rank %d, group %d (%d elements, t_comp %v s): k = %d, eq. 19 gives %d", rank, g, m, tComp, got[rank][g], want)
+			}
+		}
+		d := float64(want) / float64(m)
+		if d < 1/cu-1e-12 || d > 1 {
+			t.Fatalf("group %d: density %v outside [1/c_u, 1] = [%v, 1]", g, d, 1/cu)
+		}
+		if tComp > prevComp && d < prevDensity {
+			t.Fatalf("group %d: density %v with t_comp %v s, below %v with less time %v s", g, d, tComp, prevDensity, prevComp)
+		}
+		prevComp, prevDensity = tComp, d
+		dense = dense || want == m
+		bound = bound || want == int(math.Ceil(float64(m)/cu))
+	}
+	if !dense || !bound {
+		t.Fatalf("test setup: the times should make some group dense (%v) and some group compress at c_u (%v): %v", dense, bound, got[0])
+	}
+	// Intermediate densities exist, too (the rule moves k, not just
+	// between the two ends).
+	between := 0
+	for g, k := range got[0] {
+		if m := groups[g].Size(); k > int(math.Ceil(float64(m)/cu)) && k < m {
+			between++
+		}
+	}
+	if between < 3 {
+		t.Fatalf("only %d groups between the ends: %v", between, got[0])
 	}
 }
 
@@ -397,13 +499,13 @@ func TestLAGSAdaptiveReduce(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 4
-	o := Options{Density: 0.001, Layout: l, Params: Values{"merge_size": 1, "max_ratio": 10.0}}
+	o := Options{Density: 0.01, Layout: l, Params: Values{"merge_size": 1, "max_ratio": 100.0}}
 	model := LAGSModel{Alpha: 1e-3, Beta: 1e-9}
 	// Groups in backward order: [last], [mid], [first]. Group 0 hides behind
-	// mid's backward time (1 s: cap 100), group 1 behind first's (k = 50),
-	// group 2 behind nothing (floor 1).
+	// mid's backward time (1 s: dense), group 1 behind first's (k = 50),
+	// group 2 behind nothing (1/c_u: k = 10).
 	times := []time.Duration{time.Duration(6001210), time.Second, 0}
-	wantK := []int{100, 50, 1}
+	wantK := []int{1000, 50, 10}
 	accs := make([][]float32, n)
 	outs := make([][]float32, n)
 	ress := make([][]float32, n)
@@ -428,7 +530,7 @@ func TestLAGSAdaptiveReduce(t *testing.T) {
 	for w := range n {
 		checkClose(t, "out", outs[w], ref.out, nil)
 		checkClose(t, "residual", ress[w], ref.res[w], nil)
-		if want := []int{1, 50, 100}; !slices.Equal(stats[w].LayerK, want) {
+		if want := []int{10, 50, 1000}; !slices.Equal(stats[w].LayerK, want) {
 			t.Fatalf("LayerK %v, want %v", stats[w].LayerK, want)
 		}
 	}
@@ -450,7 +552,9 @@ func TestLAGSErrors(t *testing.T) {
 		{"ratio below 1", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": 0.5}}},
 		{"ratio NaN", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": math.NaN()}}},
 		{"ratio Inf", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": math.Inf(1)}}},
-		{"cap below floor", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": 100.0}}},
+		{"density compresses more than c_u", Options{Density: 0.001, Layout: l, Comm: c, Params: Values{"max_ratio": 100.0}}},
+		{"c_u 1: only dense", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": 1.0}}},
+		{"one group: nothing to hide behind", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"max_ratio": 10.0, "merge_size": 30}}},
 		{"option of another method", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"teams": 2}}},
 		{"no comm", Options{Density: 0.1, Layout: l}},
 		{"bad density", Options{Density: 0, Layout: l, Comm: c}},
@@ -586,19 +690,19 @@ func TestLAGSNetworkOfTheRun(t *testing.T) {
 	net := netmodel.Network{Latency: 2 * time.Millisecond, Bandwidth: 4e6}
 	// Groups in backward order: [t2] hides behind t1's backward time, [t1]
 	// behind t0's, [t0] behind nothing. On net, per k: 8(n−1)/4e6 = 2 µs,
-	// fixed 2(n−1)·2 ms = 4 ms: k = 20000 and 10000, and the floor 50 (ρ
-	// = 0.001). The 1 GbE constants would give the cap 33333 to both.
+	// fixed 2(n−1)·2 ms = 4 ms: k = 20000 and 10000, and 50 (1/c_u =
+	// 0.001). The 1 GbE constants would send both dense.
 	times := []time.Duration{24 * time.Millisecond, 44 * time.Millisecond, 0}
 	model, err := LAGSModelFromNetwork(net, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	const density, ratio = 0.001, 1.5
+	const density, ratio = 0.001, 1000.0
 	var want []int
 	for g, tc := range []float64{0.044, 0.024, 0} {
 		want = append(want, lagsGroupK(50000, density, ratio, n, model, tc, true))
-		if g < 2 && want[g] >= 33333 {
-			t.Fatalf("test setup: group %d gets the cap on net", g)
+		if g < 2 && want[g] >= 50000 {
+			t.Fatalf("test setup: group %d is dense on net", g)
 		}
 	}
 	for _, tc := range []struct {
@@ -641,4 +745,53 @@ func TestLAGSNetworkOfTheRun(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLAGSSparCost checks that t_spar is measured (TakeSparCost covers the
+// groups reduced since the last call) and used (SetSparCost moves k).
+func TestLAGSSparCost(t *testing.T) {
+	l, err := NewLayout([]string{"a", "b"}, []int{20000, 20000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Density: 0.01, Layout: l, Params: Values{"merge_size": 1, "max_ratio": 100.0}}
+	lagsRunWorld(t, 2, o, func(ctx context.Context, rank int, r *LAGS) error {
+		if c := r.TakeSparCost(); c != 0 {
+			return fmt.Errorf("cost %v before any reduction", c)
+		}
+		acc := lagsRandom(4, rank, l.N)
+		if _, err := r.Reduce(ctx, acc, make([]float32, l.N), acc); err != nil {
+			return err
+		}
+		c := r.TakeSparCost()
+		if !(c > 0 && c < 1e-3) {
+			return fmt.Errorf("measured %v s per element, want a positive time below 1 ms", c)
+		}
+		if c := r.TakeSparCost(); c != 0 {
+			return fmt.Errorf("cost %v after TakeSparCost, want a new measurement (0)", c)
+		}
+		// Group 0 hides behind 5 ms: dense with a free sparsifier, 1/c_u
+		// when selecting costs more than the time there is.
+		if err := r.SetModel(LAGSModel{Alpha: 1e-6, Beta: 1e-9}); err != nil {
+			return err
+		}
+		if err := r.SetBackwardTimes([]time.Duration{5 * time.Millisecond, 0}); err != nil {
+			return err
+		}
+		if k := r.GroupK()[0]; k != 20000 {
+			return fmt.Errorf("free sparsifier: k = %d, want 20000", k)
+		}
+		if err := r.SetSparCost(1e-6); err != nil { // 20 ms for the group
+			return err
+		}
+		if k := r.GroupK()[0]; k != 200 {
+			return fmt.Errorf("t_spar 20 ms behind 5 ms: k = %d, want 200 (1/c_u)", k)
+		}
+		for _, bad := range []float64{-1, math.NaN(), math.Inf(1)} {
+			if err := r.SetSparCost(bad); err == nil {
+				return fmt.Errorf("SetSparCost(%v) accepted", bad)
+			}
+		}
+		return nil
+	})
 }

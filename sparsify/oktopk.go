@@ -61,14 +61,16 @@ const (
 //
 // Wire: the region exchange sends int32 counts, int32 region-relative
 // indices and float32 values; the re-balancing all-reduces P−1 int64; the
-// final exchange is an AllGather of one int32 count per owner and AllGatherV
-// of the int32 region-relative indices and of the float32 values.
+// final exchange is an AllGather of one int32 count per owner and one
+// AllGatherV of each owner's int32 region-relative indices followed by its
+// float32 values (one message, as in the reference).
 //
 // Deliberate deviations from the reference, each a fix or a generalisation:
 //
-//   - The final all-gather packs the indices as float32 into the value
-//     buffer in the reference, which is exact only below 2^24; here they are
-//     int32 in their own message (same bytes).
+//   - The final all-gather packs the indices as float32 values into the
+//     value buffer in the reference, which is exact only below 2^24; here
+//     the message is the same one AllGatherV of 32-bit words per owner, its
+//     indices as int32 bits followed by its values.
 //   - The boundary proposals are summed as int64: the reference's int32 sum
 //     overflows once P·N exceeds 2^31 (e.g. 256 workers on ResNet-18).
 //   - A worker with an empty L proposes the equal split i·⌊N/P⌋ (the
@@ -253,7 +255,7 @@ func (r *okTopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.
 				if _, err := v.ops.TopK(v.s, pick, vals, allVal, kk); err != nil {
 					return err
 				}
-				g, err := v.ops.KthLargestAbs(v.s, allVal, kk) // the smallest kept magnitude
+				g, err := v.ops.KthLargestAbs(v.s, vals, kk) // the smallest kept magnitude
 				if err != nil {
 					return err
 				}

@@ -228,13 +228,19 @@ func (w *okRef) step(accs [][]float32) okRefStep {
 	}
 	pf := float32(p)
 	inG := map[int]bool{}
+	// The pairs travel in one message per owner (its indices, then its
+	// values): 2·count 32-bit words.
+	words := make([]int, len(counts))
+	for o, c := range counts {
+		words[o] = 2 * c
+	}
 	switch w.method {
 	case "topkdsa":
 		sparse := 2*total < 2*n/3
 		for r := 0; r < p; r++ {
 			e.calls[r] = append(e.calls[r], harnessCall{Op: comm.OpAllGather, Elems: 1, ESize: 4})
 			if sparse {
-				e.calls[r] = append(e.calls[r], harnessCall{Op: comm.OpAllGatherV, ESize: 4, Counts: counts}, harnessCall{Op: comm.OpAllGatherV, ESize: 4, Counts: counts})
+				e.calls[r] = append(e.calls[r], harnessCall{Op: comm.OpAllGatherV, ESize: 4, Counts: words})
 			} else {
 				e.calls[r] = append(e.calls[r], harnessCall{Op: comm.OpAllGatherV, ESize: 4, Counts: sizes})
 			}
@@ -265,7 +271,7 @@ func (w *okRef) step(accs [][]float32) okRefStep {
 	case "oktopk":
 		for r := 0; r < p; r++ {
 			e.calls[r] = append(e.calls[r], harnessCall{Op: comm.OpAllGather, Elems: 1, ESize: 4},
-				harnessCall{Op: comm.OpAllGatherV, ESize: 4, Counts: counts}, harnessCall{Op: comm.OpAllGatherV, ESize: 4, Counts: counts})
+				harnessCall{Op: comm.OpAllGatherV, ESize: 4, Counts: words})
 		}
 		var all []int // ascending over owners
 		var vals []float32

@@ -268,6 +268,16 @@ type Method struct {
 	// that must divide the workers). New runs it with the communicator's
 	// size; a trainer can run it before starting any worker.
 	CheckWorkers func(n int, p Values) error
+	// CorrectsMomentum tells that the method applies SGD momentum itself
+	// before selecting (DGC's momentum correction, Options.Momentum): its
+	// output already has the momentum applied, so a trainer passes its
+	// momentum in Options.Momentum and applies momentum to the weight
+	// decay only.
+	CorrectsMomentum bool
+	// ScaledClip tells that the method's local gradient clipping divides
+	// the threshold by √n for n workers (DGC's §3.2: each worker's share of
+	// the global threshold if all had the same gradient distribution).
+	ScaledClip bool
 }
 
 // Param returns the method's declaration of the option name.

@@ -119,11 +119,13 @@ type okRegions struct {
 	reduced device.Buffer // Float32
 
 	// Phase 2: every owner's pairs, flat indices, in rank order.
-	counts []int
-	sizes  []int
-	allIdx device.Buffer // Int32
-	allVal device.Buffer // Float32
-	b      *base         // gatherCountsOn, checkList
+	counts  []int
+	counts2 []int // 2·counts: the words of each owner's pairs
+	sizes   []int
+	allIdx  device.Buffer // Int32
+	allVal  device.Buffer // Float32
+	pairs   device.Buffer // Float32: the pairs sent, then those received
+	b       *base         // gatherCountsOn, checkList
 }
 
 func newOkRegions(b *base) okRegions {
@@ -350,9 +352,10 @@ func (g *okRegions) gatherCounts(ctx context.Context, mine int) (int, error) {
 }
 
 // gatherPairs all-gathers every owner's pairs (idx region-relative and
-// distinct, val; g.counts from gatherCounts) with AllGatherV, the indices
-// as int32 and the values as float32, into g.allIdx (flat indices, by owner)
-// and g.allVal.
+// distinct, val; g.counts from gatherCounts) in one AllGatherV, as the
+// reference does: each owner's message is its m indices (int32 bits) then
+// its m values (float32), 2·m 32-bit words. They land in g.allIdx (flat
+// indices, by owner) and g.allVal.
 func (g *okRegions) gatherPairs(ctx context.Context, idx, val device.Buffer, total int) error {
 	v := g.v
 	var err error
@@ -362,13 +365,35 @@ func (g *okRegions) gatherPairs(ctx context.Context, idx, val device.Buffer, tot
 	if g.allVal, err = v.scratch(&g.allVal, device.Float32, total); err != nil {
 		return err
 	}
-	if err := g.c.AllGatherV(ctx, v.cb(idx), v.cb(g.allIdx), g.counts); err != nil {
-		return fmt.Errorf("gathering %d indices: %w", total, err)
+	m := idx.Len()
+	if g.pairs, err = v.scratch(&g.pairs, device.Float32, 2*(m+total)); err != nil {
+		return err
 	}
-	if err := g.c.AllGatherV(ctx, v.cb(val), v.cb(g.allVal), g.counts); err != nil {
-		return fmt.Errorf("gathering %d values: %w", total, err)
+	send, recv := g.pairs.Slice(0, 2*m), g.pairs.Slice(2*m, 2*(m+total))
+	if err := v.s.Copy(send.View(device.Int32, 0, m), idx); err != nil {
+		return err
+	}
+	if err := v.s.Copy(send.Slice(m, 2*m), val); err != nil {
+		return err
+	}
+	g.counts2 = grow(g.counts2, len(g.counts))
+	for w, c := range g.counts {
+		g.counts2[w] = 2 * c
+	}
+	if err := g.c.AllGatherV(ctx, v.cb(send), v.cb(recv), g.counts2); err != nil {
+		return fmt.Errorf("gathering %d index-value pairs: %w", total, err)
 	}
 	at := 0
+	for _, m := range g.counts {
+		if err := v.s.Copy(g.allIdx.Slice(at, at+m), recv.View(device.Int32, 4*2*at, m)); err != nil {
+			return err
+		}
+		if err := v.s.Copy(g.allVal.Slice(at, at+m), recv.Slice(2*at+m, 2*at+2*m)); err != nil {
+			return err
+		}
+		at += m
+	}
+	at = 0
 	for w, m := range g.counts {
 		list := g.allIdx.Slice(at, at+m)
 		u, err := v.scratch(&g.b.dUnion, device.Int32, m)

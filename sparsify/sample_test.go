@@ -2,17 +2,19 @@ package sparsify
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"github.com/sparsegrad/sparsegrad/device"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // sampRefMurmur is a plain MurmurHash3 x86_32 written from the algorithm's
@@ -248,8 +250,9 @@ func TestDGCSelectMatchesReference(t *testing.T) {
 }
 
 // dragonnRefSelect is DRAGONN's selection written plainly, with the fixes of
-// dragonnSelectOn (slot value index+1, insertion in index order), from the
-// sample indices drawn by rng exactly as the method draws them.
+// dragonnSelectOn (slot value index+1, insertion in index order, exact
+// zeros never candidates), from the sample indices drawn by rng exactly as
+// the method draws them.
 func dragonnRefSelect(x []float32, ratio float64, rng *rand.Rand, hashSeed uint32) ([]int32, float32) {
 	numel := len(x)
 	if numel <= 131072 {
@@ -268,7 +271,7 @@ func dragonnRefSelect(x []float32, ratio float64, rng *rand.Rand, hashSeed uint3
 		table[i] = -1
 	}
 	for i, v := range x {
-		if float32(math.Abs(float64(v))) >= thr {
+		if v != 0 && float32(math.Abs(float64(v))) >= thr {
 			b := []byte{byte(i), byte(i >> 8), byte(i >> 16), byte(i >> 24)}
 			table[sampRefMurmur(b, hashSeed)%uint32(len(table))] = int64(i)
 		}
@@ -295,8 +298,8 @@ func TestDragonnSelectMatchesReference(t *testing.T) {
 				x := gen(r, numel)
 				seed := uint32(43 + r.IntN(100000))
 				p := dragonnParamsFor(numel, ratio)
-				out, cand := make([]int32, p.nslots), make([]int32, numel)
-				m, gthr, err := dragonnSelectOn(&v, &s, device.Host(out), device.Host(cand), device.Host(x), p, rand.New(rand.NewPCG(1, uint64(numel))), seed)
+				out := make([]int32, p.nslots)
+				m, gthr, err := dragonnSelectOn(&v, &s, device.Host(out), device.Host(x), p, rand.New(rand.NewPCG(1, uint64(numel))), seed)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -306,7 +309,7 @@ func TestDragonnSelectMatchesReference(t *testing.T) {
 					t.Fatalf("%s numel=%d ratio=%g: got %d indices thr %v, want %d thr %v (first diff %d)",
 						name, numel, ratio, len(got), gthr, len(want), wthr, selFirstDiff(got, want))
 				}
-				if len(got) == 0 || len(got) > p.nslots {
+				if (len(got) == 0 && slices.ContainsFunc(x, func(v float32) bool { return v != 0 })) || len(got) > p.nslots {
 					t.Fatalf("%s numel=%d: %d indices, want 1..%d", name, numel, len(got), p.nslots)
 				}
 			}
@@ -322,10 +325,132 @@ func TestDragonnSelectsIndexZero(t *testing.T) {
 	x := []float32{-5}
 	p := dragonnParamsFor(len(x), 0.01)
 	v := newVecs(Options{})
-	out, cand := make([]int32, p.nslots), make([]int32, 1)
-	m, thr, err := dragonnSelectOn(&v, &samples{}, device.Host(out), device.Host(cand), device.Host(x), p, rand.New(rand.NewPCG(1, 1)), 43)
+	out := make([]int32, p.nslots)
+	m, thr, err := dragonnSelectOn(&v, &samples{}, device.Host(out), device.Host(x), p, rand.New(rand.NewPCG(1, 1)), 43)
 	if got := out[:m]; err != nil || !slices.Equal(got, []int32{0}) || thr != 5 {
 		t.Fatalf("dragonnSelectOn([-5]) = %v (thr %v), want [0] (thr 5)", got, thr)
+	}
+}
+
+// TestDragonnOnePassMatchesTwoPass: the one-pass selection (threshold test
+// and hash insert fused, Ops.HashSelectAbove) selects exactly what the
+// two-pass selection did before it — a threshold compaction of the
+// candidates (SelectAbove), then their insertion in ascending order — for
+// positive thresholds, on awkward sizes and slot counts, whatever the
+// parallel chunks' timing (run it with -race and -count).
+func TestDragonnOnePassMatchesTwoPass(t *testing.T) {
+	r := rand.New(rand.NewPCG(31, 32))
+	ops := CPUOps()
+	for _, numel := range []int{1, 2, 7, 1000, 4099, selParallelMin + 3, 300007} {
+		if testing.Short() && numel > 100000 {
+			continue
+		}
+		for name, gen := range selGen {
+			x := gen(r, numel)
+			for _, q := range []int{1, 2, 10, numel / 100, numel/2 + 1} {
+				q = max(1, min(q, numel))
+				thr := KthLargestAbs(x, q)
+				if !(thr > 0) {
+					continue // the two-pass selection took zeros; see TestDragonnNeverSelectsZeros
+				}
+				for _, slots := range []int{1, 3, 4 * q, 4*q + 1} {
+					seed := uint32(43 + r.IntN(100000))
+					// The two-pass selection, as dragonnSelectOn made it before.
+					cand := SelectAbove(nil, x, thr)
+					table := make([]uint32, slots)
+					for _, i := range cand {
+						table[murmur3Index(uint32(i), seed)%uint32(slots)] = uint32(i) + 1
+					}
+					var want []int32
+					for _, v := range table {
+						if v != 0 {
+							want = append(want, int32(v-1))
+						}
+					}
+					out := make([]int32, slots)
+					m, err := ops.HashSelectAbove(nil, device.Host(out), device.Host(x), thr, seed, slots)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got := out[:m]; !slices.Equal(got, want) {
+						t.Fatalf("%s numel=%d thr=%v slots=%d: one pass %d indices, two passes %d (first diff %d)", name, numel, thr, slots, len(got), len(want), selFirstDiff(got, want))
+					}
+				}
+			}
+		}
+	}
+	// A short index buffer is a capacity error with the count.
+	x := []float32{1, 2, 3, 4}
+	if m, err := ops.HashSelectAbove(nil, device.Host(make([]int32, 1)), device.Host(x), 1, 43, 64); !errors.Is(err, ErrCapacity) || m < 2 {
+		t.Fatalf("short buffer: %d, %v; want ErrCapacity with the count", m, err)
+	}
+	if _, err := ops.HashSelectAbove(nil, device.Host(make([]int32, 4)), device.Host(x), 1, 43, 0); err == nil {
+		t.Fatal("0 slots accepted")
+	}
+}
+
+// TestDragonnNeverSelectsZeros: an exact zero is never selected, also when
+// the sampled threshold is 0 (a sparse gradient, e.g. an embedding's rows
+// of the words not in the batch). Before the fix every zero was a
+// candidate: an all-zero tensor sent about 4× its budget of zeros, and a
+// tensor with 0.5 % non-zeros kept most of its squared mass in the residual
+// (the zeros took the slots).
+func TestDragonnNeverSelectsZeros(t *testing.T) {
+	const numel = 300000 // above the default 204800 cut-off
+	l, err := NewLayout([]string{"emb"}, []int{numel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		nonZero int
+	}{{"all zero", 0}, {"0.5 % non-zeros", numel / 200}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rand.New(rand.NewPCG(8, uint64(tc.nonZero)))
+			const n = 2
+			accs := make([][]float32, n)
+			for w := range accs {
+				accs[w] = make([]float32, numel)
+				for _, i := range RandomK(nil, numel, tc.nonZero, uint64(w+1)) {
+					accs[w][i] = float32(r.NormFloat64())
+				}
+			}
+			stats := make([]Stats, n)
+			ress := make([][]float32, n)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err := local.Run(ctx, n, func(ctx context.Context, c comm.Communicator) error {
+				w := c.Rank()
+				red, err := New("dragonn", Options{Density: 0.01, Layout: l, Comm: c, Seed: 5, Params: Values{"dense_warmup": 0}})
+				if err != nil {
+					return err
+				}
+				acc := slices.Clone(accs[w])
+				out := make([]float32, numel)
+				stats[w], err = red.Reduce(ctx, acc, out, acc)
+				ress[w] = acc
+				return err
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for w := range n {
+				if !(stats[w].Threshold == 0) {
+					t.Fatalf("test setup: rank %d's sampled threshold is %v, want 0", w, stats[w].Threshold)
+				}
+				if stats[w].Selected > tc.nonZero {
+					t.Fatalf("rank %d sent %d elements of a tensor with %d non-zeros: zeros were selected", w, stats[w].Selected, tc.nonZero)
+				}
+				var all, kept float64
+				for i, v := range accs[w] {
+					all += float64(v) * float64(v)
+					kept += float64(ress[w][i]) * float64(ress[w][i])
+				}
+				if tc.nonZero > 0 && kept > 0.25*all {
+					t.Fatalf("rank %d kept %.0f %% of its squared mass in the residual; the non-zeros, fewer than the slots, should nearly all be sent", w, 100*kept/all)
+				}
+			}
+		})
 	}
 }
 

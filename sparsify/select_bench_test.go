@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // selBenchN is ResNet-18's (CIFAR variant) number of parameters.
@@ -226,7 +227,8 @@ func BenchmarkSamplingReduce(b *testing.B) {
 				outs, res := make([][]float32, n), make([][]float32, n)
 				for w := range n {
 					var err error
-					rs[w], err = New(m, Options{Density: d, Layout: l, Comm: world.Comm(w), Seed: 1, Params: Values{"dense_warmup": 0}})
+					meth, _ := Lookup(m)
+					rs[w], err = New(m, Options{Density: d, Layout: l, Comm: world.Comm(w), Seed: 1, Params: meth.Applicable(Values{"dense_warmup": 0})})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -258,4 +260,127 @@ func BenchmarkSamplingReduce(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkSelectDragonnVsDGC measures the selection of DRAGONN and of DGC
+// on the same tensors: ResNet-18's tensors of more than 204,800 elements
+// (the ones DRAGONN compresses by default: 8 tensors, 10.3 M elements),
+// standard-normal values, one worker, all cores. Every iteration runs, in
+// turn, DGC's double sampling (dgcSelectOn), DRAGONN's one-pass selection
+// (dragonnSelectOn) and DRAGONN's former two-pass selection (a threshold
+// compaction of the candidates, then their hashed insertion), so that the
+// three see the same machine load; each is timed on its own (wall and CPU
+// time) and reported per iteration, with the ratios.
+func BenchmarkSelectDragonnVsDGC(b *testing.B) {
+	l := sampResNet18Layout(b)
+	x := selBenchData()
+	var big []Tensor
+	for _, t := range l.Tensors {
+		if t.Size > dragonnDefaultMinTensor {
+			big = append(big, t)
+		}
+	}
+	v := newVecs(Options{})
+	for _, d := range []float64{0.01, 0.001} {
+		b.Run(fmt.Sprintf("d=%g", d), func(b *testing.B) {
+			var s samples
+			maxSize := 0
+			dp := make([]dgcParams, len(big))
+			rp := make([]dragonnParams, len(big))
+			for i, t := range big {
+				maxSize = max(maxSize, t.Size)
+				dp[i], rp[i] = dgcParamsFor(t.Size, d), dragonnParamsFor(t.Size, d)
+			}
+			cand := make([]int32, maxSize)
+			out := make([]int32, 4*maxSize)
+			table := make([]uint32, 4*maxSize)
+			var wall, cpu [3]time.Duration
+			var sel [3]int
+			timed := func(which int, f func() int) {
+				c0, t0 := selCPUTime(), time.Now()
+				sel[which] += f()
+				wall[which] += time.Since(t0)
+				cpu[which] += selCPUTime() - c0
+			}
+			it := 0
+			for b.Loop() {
+				timed(0, func() int {
+					m := 0
+					for i, t := range big {
+						k, _, err := dgcSelectOn(&v, &s, device.Host(cand), device.Host(x[t.Offset:t.Offset+t.Size]), dp[i], it%dp[i].stride)
+						if err != nil {
+							b.Fatal(err)
+						}
+						m += k
+					}
+					return m
+				})
+				timed(1, func() int {
+					m := 0
+					for i, t := range big {
+						k, _, err := dragonnSelectOn(&v, &s, device.Host(out[:rp[i].nslots]), device.Host(x[t.Offset:t.Offset+t.Size]), rp[i], sampRNG(1, 0, it, i), uint32(43+i))
+						if err != nil {
+							b.Fatal(err)
+						}
+						m += k
+					}
+					return m
+				})
+				timed(2, func() int {
+					m := 0
+					for i, t := range big {
+						p := rp[i]
+						thr, err := dragonnTwoPassThreshold(&v, &s, x[t.Offset:t.Offset+t.Size], p, sampRNG(1, 0, it, i))
+						if err != nil {
+							b.Fatal(err)
+						}
+						c := SelectAbove(cand[:0], x[t.Offset:t.Offset+t.Size], thr)
+						m += len(dragonnInsert(out[:0], c, uint32(43+i), table[:p.nslots]))
+					}
+					return m
+				})
+				it++
+			}
+			n := float64(b.N)
+			for i, name := range []string{"dgc", "dragonn", "dragonn-2pass"} {
+				b.ReportMetric(float64(wall[i].Microseconds())/1e3/n, name+"-ms/op")
+				b.ReportMetric(float64(cpu[i].Microseconds())/1e3/n, name+"-cpu-ms/op")
+				b.ReportMetric(float64(sel[i])/n, name+"-selected/op")
+			}
+			b.ReportMetric(float64(wall[1])/float64(wall[0]), "dragonn/dgc")
+			b.ReportMetric(float64(cpu[1])/float64(cpu[0]), "dragonn/dgc-cpu")
+			b.ReportMetric(float64(wall[1])/float64(wall[2]), "dragonn/2pass")
+		})
+	}
+}
+
+// dragonnTwoPassThreshold is the sampled threshold of dragonnSelectOn (the
+// same draws), for the two-pass variant of BenchmarkSelectDragonnVsDGC.
+func dragonnTwoPassThreshold(v *vecs, sc *samples, x []float32, p dragonnParams, rng *rand.Rand) (float32, error) {
+	sc.pos = sc.pos[:0]
+	for range p.ns {
+		sc.pos = append(sc.pos, int32(rng.IntN(p.numel)))
+	}
+	val := make([]float32, p.ns)
+	for j, i := range sc.pos {
+		val[j] = x[i]
+	}
+	return v.ops.KthLargestAbs(v.s, device.Host(val), p.ks)
+}
+
+// dragonnInsert is the second pass of the former two-pass selection: the
+// candidates (ascending) inserted into table at murmur3 mod its length, the
+// occupied slots' indices appended to dst.
+func dragonnInsert(dst, cand []int32, seed uint32, table []uint32) []int32 {
+	clear(table)
+	m := uint32(len(table))
+	for _, i := range cand {
+		table[murmur3Index(uint32(i), seed)%m] = uint32(i) + 1
+	}
+	for _, e := range table {
+		if e != 0 {
+			dst = append(dst, int32(e-1))
+		}
+	}
+	return dst
 }

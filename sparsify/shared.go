@@ -511,6 +511,16 @@ func (b *base) sparseExchangeOn(ctx context.Context, idx, val, out device.Buffer
 	return counts, distinct, err
 }
 
+// sparseExchangeIfAny is sparseExchangeOn when any tensor is compressed
+// (the same on every rank), and otherwise out zeroed with every worker's
+// count 0 (for the methods that send some tensors dense: dgc, dragonn).
+func (b *base) sparseExchangeIfAny(ctx context.Context, any bool, idx, val, out device.Buffer) ([]int, int, error) {
+	if any {
+		return b.sparseExchangeOn(ctx, idx, val, out)
+	}
+	return make([]int, b.c.Size()), 0, b.v.m.Fill(b.v.s, out, 0)
+}
+
 // checkList checks that idx holds k distinct indices within [0, N) (what
 // names the list's sender in the error).
 func (b *base) checkList(idx device.Buffer, k int, what string) error {

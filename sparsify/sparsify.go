@@ -21,6 +21,10 @@ type Tensor struct {
 	Name   string
 	Size   int // number of elements
 	Offset int // index of the first element in the flat vector
+	// Dims is the tensor's number of dimensions (1 for a bias or a
+	// batch-norm parameter), 0 when unknown. Methods that treat 1-D
+	// tensors apart (dgc sends them dense) take 0 as more than one.
+	Dims int
 }
 
 // Layout is the ordered list of tensors that make up the flat gradient, in the
@@ -111,12 +115,26 @@ type Options struct {
 	// The communicator must then take comm.Device buffers of that device.
 	Stream device.Stream
 	Ops    Ops
+	// Momentum is the optimizer's SGD momentum, for the methods that apply
+	// it themselves before selecting (Method.CorrectsMomentum: dgc's
+	// momentum correction); the caller then applies momentum to weight
+	// decay only. 0: none (plain error feedback). Every rank must pass the
+	// same value.
+	Momentum float64
 	// Params are the method's own options, by name, as the method declares
 	// them (Method.Params; listed in the package documentation under
 	// "Method options"). An absent option takes its declared default; an
 	// option the method does not declare, or a value outside its declared
 	// range, makes New fail. Every rank must pass the same values.
 	Params Values
+}
+
+// EpochScheduled is implemented by reducers whose schedule counts epochs
+// (dgc's density warm-up). The trainer gives the number of calls per epoch
+// before the first call; without it such a schedule is off.
+type EpochScheduled interface {
+	Reducer
+	SetStepsPerEpoch(n int)
 }
 
 // Constructor builds a reducer from options.

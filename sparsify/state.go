@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // Stateful is implemented by the reducers whose output depends on the calls
@@ -19,9 +21,9 @@ import (
 // The reducers not listed below (dense, topk, topka, gtopk, threshold) keep
 // nothing from one call to the next; SaveState returns nil for them.
 //
-// What each method keeps: randomk and dgc the call count (it seeds their
-// draws); dragonn the call count (warm-up, sampling seeds) and the hash
-// counter; cltk and deft the call count (the rotating leader); micro the
+// What each method keeps: randomk the call count (it seeds its draws); dgc
+// the call count and, with momentum correction, its velocity; dragonn the
+// call count (warm-up, sampling seeds) and the hash counter; cltk and deft the call count (the rotating leader); micro the
 // call count, the threshold and the last global count; oktopk the call count
 // (warm-up, recompute schedule), its local and global thresholds and region
 // boundaries; topkdsa the call count (warm-up); spardl the B-SAG budget h,
@@ -40,11 +42,16 @@ type Stateful interface {
 }
 
 // SaveState returns r's state (Stateful.State), or nil when r keeps none.
-func SaveState(r Reducer) []byte {
-	if s, ok := r.(Stateful); ok {
-		return s.State()
+// A state held partly in device memory (dgc's velocity) is read back, which
+// can fail.
+func SaveState(r Reducer) ([]byte, error) {
+	if s, ok := r.(interface{ StateOn() ([]byte, error) }); ok {
+		return s.StateOn()
 	}
-	return nil
+	if s, ok := r.(Stateful); ok {
+		return s.State(), nil
+	}
+	return nil, nil
 }
 
 // RestoreState gives r the state SaveState returned. A reducer that keeps no
@@ -84,6 +91,12 @@ func (w *stateWriter) bool(v bool) {
 		w.b = append(w.b, 1)
 	} else {
 		w.b = append(w.b, 0)
+	}
+}
+func (w *stateWriter) float32s(v []float32) {
+	w.int(len(v))
+	for _, x := range v {
+		w.b = binary.LittleEndian.AppendUint32(w.b, math.Float32bits(x))
 	}
 }
 func (w *stateWriter) ints(v []int) {
@@ -190,6 +203,29 @@ func (r *stateReader) ints(what string, want, lo, hi int) []int {
 	return v
 }
 
+// float32s reads want float32 (a length prefix that must equal want), each
+// finite.
+func (r *stateReader) float32s(what string, want int) []float32 {
+	n := r.int(what+" length", want, want)
+	if r.err != nil {
+		return nil
+	}
+	if len(r.b) < 4*n {
+		r.fail("truncated in %s", what)
+		return nil
+	}
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(r.b[4*i:]))
+		if math.IsNaN(float64(v[i])) || math.IsInf(float64(v[i]), 0) {
+			r.fail("%s element %d is %v", what, i, v[i])
+			return nil
+		}
+	}
+	r.b = r.b[4*n:]
+	return v
+}
+
 // done returns the first problem, or an error for bytes left over.
 func (r *stateReader) done() error {
 	if r.err == nil && len(r.b) > 0 {
@@ -218,19 +254,71 @@ func (r *randomkReducer) SetState(b []byte) error {
 	return nil
 }
 
-// dgc: the call count seeds the samples' random start.
+// dgc: the call count (it seeds the samples' random start and counts the
+// warm-up's epochs) and, with momentum correction, the masked velocity of
+// the compressed tensors and the momentum of the dense ones (N float32,
+// read from the device: StateOn).
 
 func (r *dgcReducer) State() []byte {
+	b, err := r.StateOn()
+	if err != nil {
+		// Only a device copy can fail; SaveState reports it (the trainer
+		// calls that).
+		panic(err)
+	}
+	return b
+}
+
+// StateOn is State for a reducer whose velocity may live in device memory:
+// reading it back can fail.
+func (r *dgcReducer) StateOn() ([]byte, error) {
 	w := newStateWriter("dgc")
 	w.int(r.base.iter)
-	return w.b
+	w.bool(r.hasVel)
+	if r.hasVel {
+		v := &r.base.v
+		vel := make([]float32, r.vel.Len())
+		if err := v.s.Copy(device.Host(vel), r.vel); err != nil {
+			return nil, fmt.Errorf("sparsify: dgc: reading the velocity back for the state: %w", err)
+		}
+		if err := v.s.Synchronize(); err != nil {
+			return nil, fmt.Errorf("sparsify: dgc: reading the velocity back for the state: %w", err)
+		}
+		w.float32s(vel)
+	}
+	return w.b, nil
 }
 
 func (r *dgcReducer) SetState(b []byte) error {
 	d := newStateReader(b, "dgc")
 	it := d.int("call count", 0, maxCount)
+	has := d.bool("velocity present")
+	var vel []float32
+	if has {
+		vel = d.float32s("velocity", r.base.n)
+	}
 	if err := d.done(); err != nil {
 		return err
+	}
+	if has && r.momentum == 0 {
+		return errors.New("sparsify: dgc: the state holds a momentum-corrected velocity, but this reducer has no momentum (Options.Momentum differs from the saved run's)")
+	}
+	if !has && r.momentum > 0 && it > 0 {
+		return errors.New("sparsify: dgc: the state has no velocity, but this reducer corrects momentum (Options.Momentum differs from the saved run's)")
+	}
+	if has {
+		v := &r.base.v
+		var err error
+		if r.vel, err = v.scratch(&r.vel, device.Float32, r.base.n); err != nil {
+			return err
+		}
+		if err := v.s.Copy(r.vel, device.Host(vel)); err != nil {
+			return err
+		}
+		if err := v.s.Synchronize(); err != nil {
+			return err
+		}
+		r.hasVel = true
 	}
 	r.base.iter = it
 	return nil

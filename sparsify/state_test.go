@@ -24,6 +24,10 @@ type stateCase struct {
 	// backward, when set, is given to LAGS after the first call (as the
 	// trainer does with measured times).
 	backward []time.Duration
+	// momentum is Options.Momentum (dgc's momentum correction); perEpoch,
+	// when set, the calls per epoch of an EpochScheduled method.
+	momentum float64
+	perEpoch int
 }
 
 func (c stateCase) String() string {
@@ -64,8 +68,11 @@ func stateCases(t *testing.T, layout Layout) []stateCase {
 	cs = append(cs,
 		stateCase{method: "spardl", workers: 4, params: Values{"teams": 2}},
 		stateCase{method: "spardl", workers: 4, params: Values{"teams": 2, "sag": "rsag"}},
-		stateCase{method: "lags", workers: 3, params: Values{"max_ratio": 2.0, "merge_size": 40},
+		stateCase{method: "lags", workers: 3, params: Values{"max_ratio": 20.0, "merge_size": 40},
 			network: netmodel.Network{Latency: time.Microsecond, Bandwidth: 1e9}, backward: back},
+		// dgc with momentum correction (its velocity) and a density
+		// warm-up of two 3-call epochs.
+		stateCase{method: "dgc", workers: 3, params: Values{"sparsity_warmup": 2}, momentum: 0.9, perEpoch: 3},
 	)
 	return cs
 }
@@ -81,8 +88,15 @@ func runResumed(t *testing.T, c stateCase, layout Layout, iters, split int, rest
 	defer cancel()
 	err = local.Run(ctx, c.workers, func(ctx context.Context, cm comm.Communicator) error {
 		rank := cm.Rank()
-		o := Options{Density: 0.05, Layout: layout, Comm: cm, Seed: 11, Params: c.params, Network: c.network}
-		red, err := New(c.method, o)
+		o := Options{Density: 0.05, Layout: layout, Comm: cm, Seed: 11, Params: c.params, Network: c.network, Momentum: c.momentum}
+		build := func() (Reducer, error) {
+			r, err := New(c.method, o)
+			if e, ok := r.(EpochScheduled); ok && c.perEpoch > 0 {
+				e.SetStepsPerEpoch(c.perEpoch)
+			}
+			return r, err
+		}
+		red, err := build()
 		if err != nil {
 			return err
 		}
@@ -91,8 +105,11 @@ func runResumed(t *testing.T, c stateCase, layout Layout, iters, split int, rest
 		out := make([]float32, layout.N)
 		for it := range iters {
 			if it == split {
-				st := SaveState(red)
-				fresh, err := New(c.method, o)
+				st, err := SaveState(red)
+				if err != nil {
+					return err
+				}
+				fresh, err := build()
 				if err != nil {
 					return err
 				}
@@ -215,14 +232,14 @@ func TestSetStateRefusesBadStates(t *testing.T) {
 	if _, err := micro.Reduce(context.Background(), acc, out, acc); err != nil {
 		t.Fatal(err)
 	}
-	good := SaveState(micro)
+	good := mustSaveState(t, micro)
 	for _, tc := range []struct {
 		name  string
 		state []byte
 		want  string
 	}{
 		{"empty", nil, "empty state"},
-		{"other method", SaveState(mk("deft")), `of method "deft"`},
+		{"other method", mustSaveState(t, mk("deft")), `of method "deft"`},
 		{"truncated", good[:len(good)-3], "truncated"},
 		{"extended", append(slices.Clone(good), 0), "left over"},
 		{"version", func() []byte { b := slices.Clone(good); b[1+len("micro")] = 9; return b }(), "format 9"},
@@ -241,14 +258,14 @@ func TestSetStateRefusesBadStates(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
 		}
-		if !slices.Equal(SaveState(m), good) {
+		if !slices.Equal(mustSaveState(t, m), good) {
 			t.Errorf("%s: a refused state changed the reducer", tc.name)
 		}
 	}
 	if err := RestoreState(mk("topk"), good); err == nil || !strings.Contains(err.Error(), "keeps no state") {
 		t.Errorf("a state for a stateless reducer: %v", err)
 	}
-	if SaveState(mk("topk")) != nil {
+	if mustSaveState(t, mk("topk")) != nil {
 		t.Error("topk returned a state")
 	}
 }
@@ -285,4 +302,14 @@ func FuzzSetState(f *testing.F) {
 			t.Fatalf("state %x read back as %x", b, got)
 		}
 	})
+}
+
+// mustSaveState is SaveState, failing t on an error.
+func mustSaveState(t *testing.T, r Reducer) []byte {
+	t.Helper()
+	b, err := SaveState(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

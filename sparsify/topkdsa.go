@@ -29,8 +29,9 @@ func init() {
 //     point-to-point in groups of 4 destinations, sums in a fixed order).
 //   - Every owner all-gathers the number of non-zero sums of its region
 //     (AllGather of one int32). If 2·(their total) < ⌊2N/3⌋, the non-zero
-//     sums travel sparse (AllGatherV of int32 region-relative indices and of
-//     float32 values); otherwise every region travels dense (AllGatherV of
+//     sums travel sparse (one AllGatherV of each owner's int32
+//     region-relative indices followed by its float32 values, one message as
+//     in the reference); otherwise every region travels dense (AllGatherV of
 //     the region sums with the region sizes as counts).
 //   - out = sum/P (a division, as the reference) on the gathered pairs (all
 //     of out in the dense case), 0 elsewhere.
@@ -52,9 +53,10 @@ func init() {
 //     elements, which loses elements when N mod P >= ⌊N/P⌋ (its split then
 //     fails), and divides by zero when N < P; here the last region takes
 //     N − (P−1)·⌊N/P⌋ elements, and with N < P the other regions are empty.
-//   - The sparse all-gather packs the indices as float32 into the value
-//     buffer in the reference, which is exact only below 2^24; here they are
-//     int32 in their own message (same bytes).
+//   - The sparse all-gather packs the indices as float32 values into the
+//     value buffer in the reference, which is exact only below 2^24; here
+//     the message is the same one AllGatherV of 32-bit words per owner, its
+//     indices as int32 bits followed by its values.
 //   - The reference concatenates the parameters in reverse order; here the
 //     regions cut the flat vector in layout order, which changes only which
 //     elements share a region and the order of top-k ties.
@@ -73,6 +75,7 @@ type topkDSAReducer struct {
 	sel    device.Buffer // Int32
 	gsel   device.Buffer // Int32
 	gval   device.Buffer // Float32
+	vals   device.Buffer // Float32: the selected values
 }
 
 func newTopkDSAReducer(o Options) (Reducer, error) {
@@ -114,14 +117,20 @@ func (r *topkDSAReducer) ReduceOn(ctx context.Context, acc, out, residual device
 	if err != nil {
 		return Stats{}, err
 	}
+	vals, err := v.scratch(&r.vals, device.Float32, b.k)
+	if err != nil {
+		return Stats{}, err
+	}
 	var thr float32
 	k := 0
 	selTime, err := b.timed(func() error {
 		var err error
-		if k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k); err != nil {
+		if k, err = v.ops.TopK(v.s, sel, vals, acc, b.k); err != nil {
 			return err
 		}
-		thr, err = v.ops.KthLargestAbs(v.s, acc, k) // the smallest selected magnitude
+		// The threshold is the smallest selected magnitude: a pass over
+		// the k selected values, not over acc again.
+		thr, err = v.ops.KthLargestAbs(v.s, vals.Slice(0, k), k)
 		return err
 	})
 	if err != nil {

@@ -30,6 +30,13 @@ type Preset struct {
 	Minutes float64
 }
 
+// The measured durations of the presets added for LAGS and DRAGONN
+// (docs/results/sweep-presets-ncf.md).
+const (
+	lagsMinutes    = 1
+	dragonnMinutes = 1
+)
+
 // ncfBase is the presets' common configuration: NeuMF (paper size) on the
 // real MovieLens-100K, its default optimizer (Adam, lr 0.001) and batch
 // (256 per worker), an evaluation (HR@10, NDCG@10 on all 943 test users)
@@ -61,8 +68,44 @@ var Presets = map[string]Preset{
 			Workers: []int{2, 4, 8, 16}, Densities: []float64{0.01},
 			Networks:      []netmodel.Network{{Latency: 50 * time.Microsecond, Bandwidth: 1e9 / 8}},
 			MethodOptions: sparsify.Values{"dense_warmup": 0}},
-		FullSize: "train sweep -preset spardl-scaling -model resnet18 -dataset cifar10 -workers 4,8,16,32 -density 0.01 -net-bandwidth 10 -net-latency 50us -dense-warmup 512 -steps 2000 -eval-every 0 -device cuda -out sweeps/spardl-scaling-resnet18",
+		// The paper's own setting: 4 to 6 workers on Gigabit Ethernet, ρ
+		// = 0.01, batch 16 per worker, SparDL with R-SAG over 2 teams (its
+		// headline configuration; 5 workers do not split into 2 teams).
+		FullSize: "train sweep -preset spardl-scaling -model resnet18 -dataset cifar10 -workers 4,6 -density 0.01 -batch 16 -teams 2 -sag rsag -net-bandwidth 1 -net-latency 50us -dense-warmup 512 -steps 2000 -eval-every 0 -device cuda -out sweeps/spardl-scaling-resnet18",
 		Minutes:  2.5,
+	},
+	"lags-pipelining": {
+		Name:  "lags-pipelining",
+		Paper: "LAGS-SGD (Shi et al., ECAI'20), Table 2 (LAGS against single-layer sparsification and dense S-SGD) and the adaptive density of eq. 19",
+		Doc: "Time per iteration by phase on an emulated 10 Gbit/s, 50 µs network: LAGS pipelines its layer groups' all-gathers " +
+			"with the backward pass (little communication left exposed after it), TopkA exchanges the whole vector's selection after " +
+			"the backward pass, dense all-reduces everything; LAGS chooses per-group densities in [ρ, 1] (c_u = 1/ρ = 100) from the " +
+			"backward times it profiles after 5 warm-up steps (the run's notes say which steps).",
+		Spec: Spec{Base: ncfBase(300, 1), Sparsifiers: []string{"dense", "topka", "lags"},
+			Workers: []int{4, 8}, Densities: []float64{0.01},
+			Networks:      []netmodel.Network{{Latency: 50 * time.Microsecond, Bandwidth: 10e9 / 8}},
+			MethodOptions: sparsify.Values{"max_ratio": 100.0}},
+		// The paper's: CNNs at compression 1000 (ρ = 0.001) on 16 GPUs
+		// over 10 Gbit/s Ethernet.
+		FullSize: "train sweep -preset lags-pipelining -model resnet18 -dataset cifar10 -workers 4,8,16 -density 0.001 -max-ratio 1000 -net-bandwidth 10 -net-latency 50us -steps 2000 -eval-every 0 -device cuda -out sweeps/lags-pipelining-resnet18",
+		Minutes:  lagsMinutes,
+	},
+	"dragonn-selection": {
+		Name:  "dragonn-selection",
+		Paper: "DRAGONN (Wang et al., ICML'22), Fig. 3 (training speed against DGC and Top-k) and Fig. 5(a) (selection time)",
+		Doc: "Selection time and time per iteration of DRAGONN's one-pass hashed selection against DGC's double sampling " +
+			"and TopkA's exact top-k, on an emulated 25 Gbit/s, 50 µs network, at the paper's " +
+			"ρ = 0.001. No NCF tensor reaches DRAGONN's 204,800-element cut-off, so this grid compresses every tensor " +
+			"(-min-tensor 0) and sparsifies from the first step (-dense-warmup 0, -sparsity-warmup 0); NCF trains with Adam, so DGC has no " +
+			"SGD momentum to correct here. The full-size command keeps the paper's cut-off and warm-ups, and ResNet-18's SGD momentum.",
+		Spec: Spec{Base: ncfBase(300, 1), Sparsifiers: []string{"dense", "topka", "dgc", "dragonn"},
+			Workers: []int{4, 8}, Densities: []float64{0.001},
+			Networks:      []netmodel.Network{{Latency: 50 * time.Microsecond, Bandwidth: 25e9 / 8}},
+			MethodOptions: sparsify.Values{"min_tensor": 0, "dense_warmup": 0, "sparsity_warmup": 0}},
+		// The paper's: ρ = 0.001, its 204,800-element cut-off and 200
+		// dense iterations, DGC's 4-epoch warm-up, 16 GPUs on 25 Gbit/s.
+		FullSize: "train sweep -preset dragonn-selection -model resnet18 -dataset cifar10 -workers 4,8,16 -density 0.001 -min-tensor 204800 -dense-warmup 200 -sparsity-warmup 4 -net-bandwidth 25 -net-latency 50us -steps 2000 -eval-every 0 -device cuda -out sweeps/dragonn-selection-resnet18",
+		Minutes:  dragonnMinutes,
 	},
 	"micro-threshold": {
 		Name:  "micro-threshold",

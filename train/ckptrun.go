@@ -114,7 +114,11 @@ func (w *worker) shard(step int) (*Shard, error) {
 	if err := w.download(w.mem.Residual, w.resid); err != nil { // on a GPU
 		return nil, err
 	}
-	s := &Shard{Rank: w.rank, Workers: w.size, Step: step, Residual: w.mem.Residual, Reducer: sparsify.SaveState(w.red)}
+	red, err := sparsify.SaveState(w.red)
+	if err != nil {
+		return nil, fmt.Errorf("train: the reducer's state: %w", err)
+	}
+	s := &Shard{Rank: w.rank, Workers: w.size, Step: step, Residual: w.mem.Residual, Reducer: red}
 	if i := firstNonFinite(s.Residual); i >= 0 {
 		return nil, w.nonFinite("error-feedback residual", s.Residual, i)
 	}

@@ -38,7 +38,8 @@ type Config struct {
 
 	// Sparsifier is a sparsify registry name ("dense" for none).
 	Sparsifier string `json:"sparsifier"`
-	// Density is the setup density ρ (default 0.01).
+	// Density is the setup density ρ (default: the method's paper's for the
+	// model, see paperDensity; else 0.01).
 	Density Optional[float64] `json:"density,omitzero"`
 	// MethodOptions are the sparsifier's own options by name, as the method
 	// declares them (sparsify.Method.Params; the command line has one flag
@@ -48,6 +49,12 @@ type Config struct {
 	// Pipeline is "auto", "on" or "off": LAGS pipelining (auto: on for lags
 	// unless gradient clipping needs the whole gradient first).
 	Pipeline string `json:"pipeline"`
+	// ClipAt is where Clip clips: "local" (each worker's gradient, before
+	// error feedback, as the DEFT/MiCRO harness clips the LSTM), "aggregated"
+	// (the averaged gradient after the reduction, as the LAGS reference
+	// clips its LSTM runs; this keeps LAGS pipelining on) or "auto" (the
+	// default: aggregated for lags, local otherwise).
+	ClipAt string `json:"clip_at"`
 
 	// Workers is the number of simulated workers in one process (default 1;
 	// under mpirun each process is one worker and Workers must be 1).
@@ -119,6 +126,10 @@ type Config struct {
 	// convolutions (faster; float32 products keep about 10 bits of
 	// mantissa).
 	TF32 bool `json:"tf32,omitempty"`
+	// Deterministic restricts a GPU's convolutions to deterministic cuDNN
+	// algorithms (bit-reproducible runs; otherwise the fastest algorithm
+	// measured for each shape, which may add in a varying order).
+	Deterministic bool `json:"deterministic,omitempty"`
 	// NetLatency and NetBandwidth (bytes/s) emulate a network (both or
 	// neither; in-process workers only).
 	NetLatency   time.Duration `json:"net_latency"`
@@ -182,8 +193,9 @@ func (c Config) Defaults() Config {
 		}
 	}
 	def(&c.Sparsifier, "dense")
-	c.Density.orDefault(0.01)
+	c.Density.orDefault(paperDensity(c.Sparsifier, c.Model))
 	def(&c.Pipeline, "auto")
+	def(&c.ClipAt, "auto")
 	c.Workers.orDefault(1)
 	def(&c.Device, "cpu")
 	def(&c.Comm, "auto")
@@ -264,6 +276,21 @@ func (c Config) Defaults() Config {
 	return c
 }
 
+// paperDensity is the default density: the one the method's paper trains
+// the model kind with where this project follows it — LAGS-SGD's
+// compression ratios 1000 for CNNs and 250 for its LSTM (ρ = 0.001 and
+// 0.004), DRAGONN's and DGC's 0.001 — and 0.01 otherwise (and for the
+// models these papers do not train, NCF for LAGS).
+func paperDensity(sparsifier, model string) float64 {
+	switch {
+	case sparsifier == "lags" && model == "lstm":
+		return 0.004
+	case sparsifier == "lags" && model == "resnet18", sparsifier == "dragonn", sparsifier == "dgc":
+		return 0.001
+	}
+	return 0.01
+}
+
 func def(p *string, v string) {
 	if *p == "" {
 		*p = v
@@ -277,10 +304,21 @@ func (c Config) PipelineOn() bool {
 	case "on":
 		return true
 	case "auto":
-		return c.Sparsifier == "lags" && c.Clip.Value() == 0
+		return c.Sparsifier == "lags" && !c.ClipLocal()
 	}
 	return false
 }
+
+// ClipLocal reports whether the run clips each worker's gradient before
+// error feedback (Clip > 0 and ClipAt local, or auto with another method
+// than lags), which needs the whole gradient before the reduction starts.
+func (c Config) ClipLocal() bool {
+	return c.Clip.Value() > 0 && (c.ClipAt == "local" || (c.ClipAt != "aggregated" && c.Sparsifier != "lags"))
+}
+
+// ClipAggregated reports whether the run clips the averaged gradient after
+// the reduction (Clip > 0 and not ClipLocal).
+func (c Config) ClipAggregated() bool { return c.Clip.Value() > 0 && !c.ClipLocal() }
 
 // Validate checks c (after Defaults) and returns an error wrapping ErrConfig
 // that says what is wrong and how to fix it. underMPI tells whether the run
@@ -366,6 +404,9 @@ func (c Config) Validate(underMPI bool) error {
 		bad("unknown -sparsifier %q; use one of %s", c.Sparsifier, strings.Join(sparsify.Names(), ", "))
 	} else {
 		c.validateMethodOptions(method, underMPI, bad)
+		if method.CorrectsMomentum && c.Optimizer == "sgd" && c.Nesterov {
+			bad("-sparsifier %s applies the momentum itself (DGC's momentum correction, with plain momentum); drop -nesterov", c.Sparsifier)
+		}
 	}
 	switch c.Pipeline {
 	case "auto", "off":
@@ -373,8 +414,8 @@ func (c Config) Validate(underMPI bool) error {
 		if c.Sparsifier != "lags" {
 			bad("-pipeline on needs -sparsifier lags (the only reducer that reduces layer groups during the backward pass), not %s", c.Sparsifier)
 		}
-		if c.Clip.Value() > 0 {
-			bad("-pipeline on cannot be combined with -clip %v: clipping needs the whole gradient before error feedback; pass -clip 0 or -pipeline off", c.Clip)
+		if c.ClipLocal() {
+			bad("-pipeline on cannot be combined with -clip %v -clip-at local: clipping each worker's gradient needs the whole gradient before error feedback; pass -clip-at aggregated (clip the averaged gradient, as the LAGS reference does), -clip 0 or -pipeline off", c.Clip)
 		}
 	default:
 		bad("-pipeline %q: use auto, on or off", c.Pipeline)
@@ -450,10 +491,18 @@ func (c Config) Validate(underMPI bool) error {
 	if c.Clip.Value() < 0 {
 		bad("-clip %v must be >= 0 (0: off)", c.Clip)
 	}
+	switch c.ClipAt {
+	case "auto", "local", "aggregated":
+	default:
+		bad("-clip-at %q: use auto, local or aggregated", c.ClipAt)
+	}
 	switch c.Device {
 	case "cpu":
 		if c.TF32 {
 			bad("-tf32 applies to -device cuda only")
+		}
+		if c.Deterministic {
+			bad("-deterministic applies to -device cuda only (CPU runs are deterministic)")
 		}
 	case "cuda":
 	default:

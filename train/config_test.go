@@ -76,6 +76,20 @@ func TestDefaultsKeepExplicitZero(t *testing.T) {
 			func(c Config) any { return len(c.DecayEpochs) + btoi(c.DecayFactor.IsSet()) }, 0},
 		{"lstm lags pipelined with clip 0", Config{Model: "lstm", Sparsifier: "lags", Pipeline: "on", Clip: Set(0.0)},
 			func(c Config) any { return c.PipelineOn() }, true},
+		// The LAGS reference clips its LSTM's averaged gradient: the
+		// LSTM's default clipping keeps lags pipelined.
+		{"lstm lags default clip pipelines", Config{Model: "lstm", Sparsifier: "lags"},
+			func(c Config) any { return [3]bool{c.PipelineOn(), c.ClipAggregated(), c.ClipLocal()} }, [3]bool{true, true, false}},
+		// The papers' densities: LAGS' compression ratios 1000 (CNNs) and
+		// 250 (LSTM), DRAGONN's and DGC's 0.001; 0.01 otherwise.
+		{"lags resnet18 density", Config{Model: "resnet18", Sparsifier: "lags"}, func(c Config) any { return c.Density.Value() }, 0.001},
+		{"lags lstm density", Config{Model: "lstm", Sparsifier: "lags"}, func(c Config) any { return c.Density.Value() }, 0.004},
+		{"lags ncf density", Config{Model: "ncf", Sparsifier: "lags"}, func(c Config) any { return c.Density.Value() }, 0.01},
+		{"dragonn density", Config{Model: "ncf", Sparsifier: "dragonn"}, func(c Config) any { return c.Density.Value() }, 0.001},
+		{"dgc density", Config{Model: "resnet18", Sparsifier: "dgc"}, func(c Config) any { return c.Density.Value() }, 0.001},
+		{"topk density", Config{Model: "resnet18", Sparsifier: "topk"}, func(c Config) any { return c.Density.Value() }, 0.01},
+		{"lstm topk clips locally", Config{Model: "lstm", Sparsifier: "topk"},
+			func(c Config) any { return [3]bool{c.PipelineOn(), c.ClipAggregated(), c.ClipLocal()} }, [3]bool{false, false, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Out = "x"
@@ -117,7 +131,8 @@ func TestValidateRejects(t *testing.T) {
 		{"sag", func(c *Config) { c.Sparsifier = "spardl"; c.MethodOptions = sparsify.Values{"sag": "ring"} }, false, "-sag"},
 		{"min tensor fraction", func(c *Config) { c.Sparsifier = "dragonn"; c.MethodOptions = sparsify.Values{"min_tensor": 2.5} }, false, "not a whole number"},
 		{"pipeline topk", func(c *Config) { c.Sparsifier = "topk"; c.Pipeline = "on" }, false, "-pipeline on needs -sparsifier lags"},
-		{"pipeline clip", func(c *Config) { c.Sparsifier = "lags"; c.Pipeline = "on"; c.Clip = Set(0.4) }, false, "-clip"},
+		{"pipeline clip", func(c *Config) { c.Sparsifier = "lags"; c.Pipeline = "on"; c.Clip = Set(0.4); c.ClipAt = "local" }, false, "-clip-at local"},
+		{"clip at", func(c *Config) { c.ClipAt = "everywhere" }, false, "-clip-at \"everywhere\""},
 		{"pipeline bad", func(c *Config) { c.Pipeline = "maybe" }, false, "-pipeline"},
 		{"workers -1", func(c *Config) { c.Workers = Set(-1) }, false, "-workers"},
 		{"workers 0", func(c *Config) { c.Workers = Set(0) }, false, "-workers 0 must be >= 1"},
@@ -222,12 +237,16 @@ func TestPipelineOn(t *testing.T) {
 	for _, tc := range []struct {
 		sp, mode string
 		clip     float64
+		at       string
 		want     bool
 	}{
-		{"lags", "auto", 0, true}, {"lags", "auto", 0.4, false}, {"lags", "off", 0, false},
-		{"topk", "auto", 0, false}, {"lags", "on", 0, true},
+		{"lags", "auto", 0, "auto", true}, {"lags", "auto", 0.4, "local", false}, {"lags", "off", 0, "auto", false},
+		{"topk", "auto", 0, "auto", false}, {"lags", "on", 0, "auto", true},
+		// The LSTM's default clipping clips the averaged gradient for lags
+		// (the LAGS reference's way): pipelining stays on.
+		{"lags", "auto", 0.4, "auto", true}, {"lags", "auto", 0.4, "aggregated", true},
 	} {
-		c := Config{Sparsifier: tc.sp, Pipeline: tc.mode, Clip: Set(tc.clip)}
+		c := Config{Sparsifier: tc.sp, Pipeline: tc.mode, Clip: Set(tc.clip), ClipAt: tc.at}
 		if got := c.PipelineOn(); got != tc.want {
 			t.Errorf("%+v: PipelineOn %v, want %v", tc, got, tc.want)
 		}

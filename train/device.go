@@ -78,7 +78,7 @@ func (r *runner) exec(rank int) (engine.Backend, error) {
 				local = v
 			}
 		}
-		d, err := r.gpus.open(local%n, cuda.Options{TF32: r.cfg.TF32})
+		d, err := r.gpus.open(local%n, cuda.Options{TF32: r.cfg.TF32, Deterministic: r.cfg.Deterministic})
 		if err != nil {
 			return nil, fmt.Errorf("train: -device cuda: %w", err)
 		}

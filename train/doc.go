@@ -80,9 +80,21 @@
 //     max(50, -steps) batches per rank unless -max-eval-batches says
 //     otherwise; every eval record gives its split and how much of it was
 //     evaluated.
-//   - The local gradient clipping of the LSTM (-clip) needs the whole
-//     gradient before error feedback, so it cannot be combined with LAGS
-//     pipelining (-pipeline auto turns pipelining off then).
+//   - Gradient clipping (-clip, the LSTM's default 0.4) clips where the
+//     method's reference code does (-clip-at auto): each worker's gradient
+//     before error feedback (the DEFT/MiCRO harness), but for lags the
+//     averaged gradient after the reduction, as the LAGS reference clips its
+//     LSTM runs — which keeps LAGS pipelining on. Local clipping needs the
+//     whole gradient before error feedback, so -clip-at local turns
+//     pipelining off (-pipeline auto) or is refused (-pipeline on).
+//   - LAGS' adaptive density (-max-ratio) profiles the backward pass and
+//     its own sparsification over steps 6–15 of the process (after 5
+//     warm-up steps that hold allocation and cold caches; the reference
+//     profiles 50 after 5) and uses the maxima over ranks from step 16 on;
+//     the run says which steps in a note (terminal, run.json, report).
+//   - A configuration whose method does nothing (DRAGONN with every tensor
+//     at most -min-tensor elements, a dense warm-up as long as the run) or
+//     whose adaptive part never acts says so in a note.
 //
 // # Checkpoints, resumes and faults
 //

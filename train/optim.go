@@ -31,13 +31,21 @@ var bnParam = regexp.MustCompile(`.*\.bn\d+\.(weight|bias)$`)
 // decay 0 for parameters matching `.*\.bn\d+\.(weight|bias)`, as in the
 // DEFT/MiCRO harness. This is not the DEFT/MiCRO harness's "nesterov"
 // (w −= lr·(d + buf) without the momentum factor), which doubles the step.
+//
+// With DecayOnly (a sparsifier that applies the momentum itself, DGC's
+// momentum correction: sparsify.Method.CorrectsMomentum) the momentum is
+// applied to the weight decay only, as DGC's optimizer does: buf ← m·buf +
+// wd·w, w ← w − lr·(g + buf).
 type SGD struct {
 	Momentum float64
 	Nesterov bool
-	s        device.Stream
-	decay    []decaySpan // weight decay per run of elements, ascending
-	buf      device.Buffer
-	steps    int64
+	// DecayOnly applies the momentum to the weight decay only (see SGD).
+	DecayOnly bool
+	s         device.Stream
+	decay     []decaySpan // weight decay per run of elements, ascending
+	buf       device.Buffer
+	zeros     device.Buffer // DecayOnly: a zero gradient for the decay's step
+	steps     int64
 }
 
 // decaySpan is a run [lo, hi) of parameters with one weight decay.
@@ -75,11 +83,46 @@ func NewSGD(s device.Stream, layout []models.ParamInfo, momentum, wd float64, ne
 	return o, nil
 }
 
+// NewDecayOnlySGD is NewSGD with the momentum applied to the weight decay
+// only (SGD.DecayOnly; no Nesterov).
+func NewDecayOnlySGD(s device.Stream, layout []models.ParamInfo, momentum, wd float64) (*SGD, error) {
+	o, err := NewSGD(s, layout, momentum, wd, false)
+	if err != nil || momentum == 0 {
+		return o, err
+	}
+	o.DecayOnly = true
+	if o.zeros, err = s.Device().Alloc(device.Float32, o.buf.Len()); err != nil {
+		return nil, fmt.Errorf("train: SGD: %w", err)
+	}
+	if err := s.Device().Math().Fill(s, o.zeros, 0); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
 // Step implements Optimizer.
 func (o *SGD) Step(w, g device.Buffer, lr float64) error {
 	p := device.SGDStep{LR: float32(lr), Momentum: float32(o.Momentum), Nesterov: o.Nesterov, First: o.steps == 0}
 	o.steps++
 	m := o.s.Device().Math()
+	if o.DecayOnly {
+		// Two steps per run: the decay's with its momentum (a zero
+		// gradient: buf ← m·buf + wd·w, w ← w − lr·buf), then the
+		// gradient's without (w ← w − lr·g).
+		for _, sp := range o.decay {
+			ws := w.Slice(sp.lo, sp.hi)
+			if sp.wd != 0 {
+				p.WeightDecay = sp.wd
+				if err := m.SGD(o.s, p, ws, o.zeros.Slice(sp.lo, sp.hi), o.buf.Slice(sp.lo, sp.hi)); err != nil {
+					return fmt.Errorf("train: SGD step: %w", err)
+				}
+			}
+			if err := m.SGD(o.s, device.SGDStep{LR: p.LR}, ws, g.Slice(sp.lo, sp.hi), device.Buffer{}); err != nil {
+				return fmt.Errorf("train: SGD step: %w", err)
+			}
+		}
+		return nil
+	}
 	for _, sp := range o.decay {
 		p.WeightDecay = sp.wd
 		var buf device.Buffer

@@ -199,3 +199,47 @@ func TestClipNorm(t *testing.T) {
 		t.Fatalf("empty: %v", n)
 	}
 }
+
+// TestDecayOnlySGD: with a reducer that applies the momentum itself (DGC's
+// momentum correction) SGD applies momentum to the weight decay only, as
+// DGC's optimizer does: buf ← m·buf + wd·w (buf = wd·w at first), w ← w −
+// lr·(g + buf); batch-norm parameters (no decay) get w ← w − lr·g.
+func TestDecayOnlySGD(t *testing.T) {
+	layout := []models.ParamInfo{{Name: "conv.weight", Size: 7, Offset: 0}, {Name: "layer1.0.bn1.weight", Size: 3, Offset: 7}, {Name: "fc.weight", Size: 5, Offset: 10}}
+	const n, mom, wd = 15, 0.9, 0.01
+	o, err := NewDecayOnlySGD(device.CPU.Stream(), layout, mom, wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(4, 4))
+	w := randVec(r, n)
+	ref := make([]float64, n)
+	buf := make([]float64, n)
+	for i := range w {
+		ref[i] = float64(w[i])
+	}
+	for step := range 4 {
+		g := randVec(r, n)
+		lr := 0.1
+		if err := o.Step(device.Host(w), device.Host(g), lr); err != nil {
+			t.Fatal(err)
+		}
+		for i := range ref {
+			d := wd
+			if i >= 7 && i < 10 {
+				d = 0
+			}
+			if step == 0 {
+				buf[i] = d * ref[i]
+			} else {
+				buf[i] = mom*buf[i] + d*ref[i]
+			}
+			ref[i] -= lr * (float64(g[i]) + buf[i])
+		}
+	}
+	for i := range w {
+		if !close32(w[i], float32(ref[i]), 1e-5) {
+			t.Fatalf("w[%d] = %v, DGC's optimizer gives %v", i, w[i], ref[i])
+		}
+	}
+}

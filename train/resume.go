@@ -37,7 +37,7 @@ type ResumeRecord struct {
 var resumeMayChange = map[string]bool{
 	"steps": true, "epochs": true, "max_time": true, "quiet": true, "data_dir": true, "download": true,
 	"checkpoint_every": true, "check_every": true, "blas": true, "blas_threads": true, "executors": true, "eval_every": true,
-	"log_every": true, "max_eval_batches": true, "device": true, "tf32": true, "comm": true,
+	"log_every": true, "max_eval_batches": true, "device": true, "tf32": true, "deterministic": true, "comm": true,
 	"lr": true, "clip": true,
 }
 

@@ -21,6 +21,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/comm/mpi"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
@@ -92,11 +93,18 @@ type RunInfo struct {
 	// had its own model and parameters.
 	Executors int      `json:"executors,omitempty"`
 	Versions  Versions `json:"versions"`
-	Machine   Machine  `json:"machine"`
+	// CUDA describes rank 0's GPU, its driver and every NVIDIA library
+	// file the process loaded, with versions (-device cuda).
+	CUDA    *cuda.Report `json:"cuda,omitempty"`
+	Machine Machine      `json:"machine"`
 	// Resumes lists the times the run was resumed, oldest first.
 	Resumes []ResumeRecord `json:"resumes,omitempty"`
 	// LayerNames are the layout's tensor names, in order.
 	LayerNames []string `json:"layer_names"`
+	// Notes are what the run said about itself on the terminal that a
+	// reader of its results must know (a method that does nothing in this
+	// configuration, what an adaptive method measured), oldest first.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // Versions are the software versions of a run.

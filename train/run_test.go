@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -130,12 +131,27 @@ func TestDenseMatchesReference(t *testing.T) {
 // are started during the backward pass or after it, so the losses and the
 // final parameters are bit-identical.
 func TestPipelinedEqualsSequential(t *testing.T) {
+	// Clipping the averaged gradient (lags' default -clip-at) keeps the
+	// run pipelined and clips the same in both.
+	var runs [][]float64
+	for _, clip := range []float64{0, 0.05} {
+		t.Run(fmt.Sprintf("clip %g", clip), func(t *testing.T) { runs = append(runs, pipelinedEqualsSequential(t, clip)) })
+	}
+	if len(runs) == 2 && slices.Equal(runs[0], runs[1]) {
+		t.Fatalf("clipping at 0.05 left the losses as they were (%v): the averaged gradient was not clipped", runs[0])
+	}
+}
+
+func pipelinedEqualsSequential(t *testing.T, clip float64) []float64 {
 	var losses [2][]float64
 	var params [2][]float32
 	for i, mode := range []string{"on", "off"} {
 		c := ncfConfig(t, 3, 6)
-		c.Sparsifier, c.Density, c.Pipeline = "lags", Set(0.05), mode
+		c.Sparsifier, c.Density, c.Pipeline, c.Clip = "lags", Set(0.05), mode, Set(clip)
 		c.MethodOptions = sparsify.Values{"merge_size": 1000}
+		if clip > 0 {
+			c.Pipeline = map[string]string{"on": "auto", "off": "off"}[mode]
+		}
 		losses[i] = runLosses(t, c)
 		p, err := LatestCheckpoint(c.Out)
 		if err != nil {
@@ -161,6 +177,7 @@ func TestPipelinedEqualsSequential(t *testing.T) {
 	if !slices.Equal(params[0], params[1]) {
 		t.Fatal("pipelined and sequential runs ended with different parameters")
 	}
+	return losses[0]
 }
 
 // readMetrics parses metrics.jsonl into generic records.

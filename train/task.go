@@ -233,6 +233,9 @@ func newTask(c Config, d *Dataset, rank, size int) (task, error) {
 	lc := data.LoaderConfig{Batch: c.Batch.Value(), Rank: rank, Size: size, Seed: c.Seed.Value(), Train: true, NoAugment: c.NoAugment}
 	switch c.Model {
 	case "resnet18":
+		// On a GPU the CPU waits for each step: it assembles (decodes,
+		// augments) the next batch meanwhile.
+		lc.Prefetch = c.Device == "cuda"
 		tr, err := data.NewCIFARLoader(d.CIFAR.Train, lc)
 		if err != nil {
 			return nil, fmt.Errorf("train: CIFAR training loader: %w", err)

@@ -81,6 +81,8 @@ type worker struct {
 	start time.Time
 	// res is the state of checkpoints and resumes.
 	res resilience
+	// lags profiles the backward pass for LAGS' adaptive density.
+	lags lagsProfile
 }
 
 func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
@@ -185,9 +187,15 @@ func (w *worker) setup(ctx context.Context) error {
 	w.cnt = comm.NewCounter(w.c)
 	w.ops = newOpDeltas(w.cnt)
 	n := m.NumParams()
+	method, _ := sparsify.Lookup(cfg.Sparsifier)
 	newOpt := func() (Optimizer, error) {
 		switch cfg.Optimizer {
 		case "sgd":
+			if method.CorrectsMomentum {
+				// The reducer applies the momentum (DGC's momentum
+				// correction); the optimizer to the weight decay only.
+				return NewDecayOnlySGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value())
+			}
 			return NewSGD(w.stream, m.Layout(), cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
 		case "adam":
 			return NewAdam(w.stream, n, cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
@@ -236,6 +244,13 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.layout, err = sparsify.NewLayout(names, sizes); err != nil {
 		return fmt.Errorf("train: layout of %s: %w", cfg.Model, err)
 	}
+	for i, p := range m.Layout() {
+		w.layout.Tensors[i].Dims = len(p.Shape)
+	}
+	var momentum float64
+	if method.CorrectsMomentum && cfg.Optimizer == "sgd" {
+		momentum = cfg.Momentum.Value()
+	}
 	// A pipelined reducer works on the copy stream (its groups start while
 	// the compute stream goes on with the backward pass); the others on the
 	// compute stream.
@@ -251,6 +266,7 @@ func (w *worker) setup(ctx context.Context) error {
 		Params:  cfg.MethodOptions,
 		Network: netmodel.Network{Latency: cfg.NetLatency, Bandwidth: cfg.NetBandwidth},
 		Stream:  redStream, Ops: redOps,
+		Momentum: momentum,
 	})
 	if err != nil {
 		return fmt.Errorf("train: -sparsifier %s: %w", cfg.Sparsifier, err)
@@ -305,6 +321,9 @@ func (w *worker) setup(ctx context.Context) error {
 	if w.task, err = newTask(cfg, w.r.ds, w.rank, w.size); err != nil {
 		return err
 	}
+	if e, ok := w.red.(sparsify.EpochScheduled); ok {
+		e.SetStepsPerEpoch(w.task.Len())
+	}
 	if w.rank == 0 {
 		info := RunInfo{Config: cfg, CommandLine: w.r.opt.CommandLine, Start: w.r.start, Backend: w.r.backend,
 			Workers: w.size, Params: n, Tensors: len(w.layout.Tensors), Pipelined: w.pipe != nil,
@@ -321,10 +340,15 @@ func (w *worker) setup(ctx context.Context) error {
 			// resumes so far (restore fills in this one's checkpoint).
 			info.Start, info.CommandLine = prev.Start, prev.CommandLine
 			info.Resumes = append(slices.Clone(prev.Resumes), ResumeRecord{At: time.Now().UTC(), CommandLine: w.r.opt.CommandLine})
+			info.Notes = slices.Clone(prev.Notes)
 		}
 		w.res.info = &info
 		if be.Device().Kind() == device.CUDAKind {
 			info.Machine.GPU = be.Device().String()
+		}
+		if g, ok := be.Device().(*cuda.Device); ok {
+			rep := g.Report()
+			info.CUDA = &rep
 		}
 		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
 			w.task.Close()
@@ -338,6 +362,9 @@ func (w *worker) setup(ctx context.Context) error {
 		w.out = &output{metrics: mw, log: w.log, sink: w.r.opt.LossSink, console: &syncWriter{w: w.r.opt.Stdout}}
 		if !cfg.Quiet {
 			w.out.prog = newProgress(w.r.opt.Progress, w.out.console)
+			if info.CUDA != nil {
+				fmt.Fprintln(w.out.console, info.CUDA)
+			}
 		}
 		if report := w.r.opt.Report; report != nil {
 			o := w.out
@@ -408,6 +435,16 @@ func (w *worker) accumulate(st device.Stream, lo, hi int) error {
 		return err
 	}
 	return w.accumulateError(fmt.Errorf("element %d of the error-compensated gradient is not finite", lo+bad), lo, hi)
+}
+
+// localClip is the threshold of local clipping: -clip, divided by √n for a
+// method that scales it (DGC's local gradient clipping,
+// sparsify.Method.ScaledClip).
+func (w *worker) localClip() float64 {
+	if m, _ := sparsify.Lookup(w.cfg.Sparsifier); m.ScaledClip {
+		return w.cfg.Clip.Value() / math.Sqrt(float64(w.size))
+	}
+	return w.cfg.Clip.Value()
 }
 
 // lagsAdaptive reports whether LAGS chooses per-layer densities from
@@ -517,8 +554,8 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 			}
 		}
 	} else {
-		if clip := w.cfg.Clip.Value(); clip > 0 {
-			if _, err := ClipNorm(w.stream, w.grad, clip); err != nil {
+		if w.cfg.ClipLocal() {
+			if _, err := ClipNorm(w.stream, w.grad, w.localClip()); err != nil {
 				return s, err
 			}
 		}
@@ -534,6 +571,12 @@ func (w *worker) step(ctx context.Context, b models.Batch, lr float64) (stepStat
 	}
 	if math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0) {
 		return s, fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss)
+	}
+	if w.cfg.ClipAggregated() {
+		// The averaged gradient, the same on every worker.
+		if _, err := ClipNorm(w.stream, w.grad, w.cfg.Clip.Value()); err != nil {
+			return s, err
+		}
 	}
 	t2 := time.Now()
 	if !started.IsZero() {
@@ -596,46 +639,6 @@ func (w *worker) reduce(ctx context.Context) (sparsify.Stats, error) {
 	return st, w.upload(w.resid, w.mem.Residual)
 }
 
-// setBackwardTimes gives LAGS' adaptive density the per-tensor backward
-// times of the first step: the time between consecutive "final" events,
-// the maximum over ranks.
-func (w *worker) setBackwardTimes(ctx context.Context) error {
-	l, ok := w.red.(*sparsify.LAGS)
-	if !ok || !l.Adaptive() {
-		return nil
-	}
-	nt := len(w.layout.Tensors)
-	send := make(comm.Int64s, nt)
-	var prev time.Time
-	// Tensors become final in descending layout order; the first to be
-	// final is the start of the measured backward pass.
-	for i := nt - 1; i >= 0; i-- {
-		ev := w.final[i]
-		if ev == nil {
-			continue
-		}
-		if err := ev.Synchronize(); err != nil {
-			return err
-		}
-		at := ev.Time()
-		if !prev.IsZero() {
-			send[i] = max(int64(at.Sub(prev)), 0)
-		}
-		prev = at
-	}
-	recv := make(comm.Int64s, nt*w.size)
-	if err := w.c.AllGather(ctx, send, recv); err != nil {
-		return fmt.Errorf("train: combining backward times: %w", err)
-	}
-	d := make([]time.Duration, nt)
-	for r := 0; r < w.size; r++ {
-		for i := range d {
-			d[i] = max(d[i], time.Duration(recv[r*nt+i]))
-		}
-	}
-	return l.SetBackwardTimes(d)
-}
-
 // gather combines the ranks' step statistics into a record (the same on
 // every rank).
 func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr float64) (StepRecord, error) {
@@ -688,6 +691,15 @@ func (w *worker) loop(ctx context.Context) error {
 	}
 	step := pos.step
 	w.r.status.step.Store(int64(step))
+	total := cfg.Epochs.Value() * perEpoch
+	if cfg.Steps > 0 {
+		total = min(total, cfg.Steps)
+	}
+	for _, n := range methodNotes(cfg, w.layout, total, perEpoch) {
+		if err := w.note(n); err != nil {
+			return err
+		}
+	}
 	lastEval, lastCkpt := -1, -1
 	if cfg.Resume != "" {
 		lastCkpt = step
@@ -793,10 +805,8 @@ func (w *worker) loop(ctx context.Context) error {
 			s.Samples = ns
 			step++
 			w.r.status.step.Store(int64(step))
-			if step == 1 {
-				if err := w.setBackwardTimes(ctx); err != nil {
-					return w.failed(err, step)
-				}
+			if err := w.profileLAGS(ctx, step); err != nil {
+				return w.failed(err, step)
 			}
 			if cfg.CheckEvery > 0 && step%cfg.CheckEvery == 0 {
 				if err := w.checkParams(ctx, step); err != nil {

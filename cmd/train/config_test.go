@@ -62,6 +62,9 @@ func TestExplicitZeroIsKept(t *testing.T) {
 		{"oktopk warm-up 0", []string{"-sparsifier", "oktopk", "-dense-warmup", "0"}, "method_options.dense_warmup", 0},
 		{"oktopk warm-up default", []string{"-sparsifier", "oktopk"}, "method_options.dense_warmup", 512},
 		{"dragonn min tensor 0", []string{"-sparsifier", "dragonn", "-min-tensor", "0"}, "method_options.min_tensor", 0},
+		{"lags lstm density: the paper's", []string{"-model", "lstm", "-sparsifier", "lags"}, "density", 0.004},
+		{"dragonn density: the paper's", []string{"-sparsifier", "dragonn"}, "density", 0.001},
+		{"dgc warm-up default", []string{"-sparsifier", "dgc"}, "method_options.sparsity_warmup", 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := resolved(t, append(tc.args, "-out", "x")...)
@@ -80,12 +83,12 @@ func TestExplicitZeroIsKept(t *testing.T) {
 	}
 }
 
-// TestZeroAdvisedByAnErrorWorks: the error that refuses -clip with LAGS
-// pipelining advises -clip 0, which must then be accepted for the LSTM
-// (whose default clip is 0.4).
+// TestZeroAdvisedByAnErrorWorks: the error that refuses local clipping
+// (-clip-at local) with LAGS pipelining advises -clip 0, which must then be
+// accepted for the LSTM (whose default clip is 0.4).
 func TestZeroAdvisedByAnErrorWorks(t *testing.T) {
 	var out bytes.Buffer
-	args := []string{"-model", "lstm", "-sparsifier", "lags", "-pipeline", "on", "-out", "x"}
+	args := []string{"-model", "lstm", "-sparsifier", "lags", "-pipeline", "on", "-clip-at", "local", "-out", "x"}
 	err := run(context.Background(), args, &out, &out)
 	if err == nil || !strings.Contains(err.Error(), "-clip 0") {
 		t.Fatalf("lstm with -pipeline on: %v, want advice to pass -clip 0", err)

@@ -186,6 +186,11 @@ func Cases() []Case {
 		{Name: "gather-wide", Params: [][]int{{50, 8}}, Ints: [][2]int{{30, 50}}, Build: func(p, in []*G.Node) (*G.Node, []*G.Node) {
 			return weighted(must(G.ByIndices(p[0], in[0], 0))), nil
 		}},
+		// 1500 rows of 40 indices: a GPU sorts the rows in several tiles
+		// and merges them across tiles before adding each index's rows.
+		{Name: "gather-many-rows", Params: [][]int{{40, 3}}, Ints: [][2]int{{1500, 40}}, Build: func(p, in []*G.Node) (*G.Node, []*G.Node) {
+			return weighted(must(G.ByIndices(p[0], in[0], 0))), nil
+		}},
 		{Name: "conv-bn-relu-xent", Params: [][]int{{2, 3, 5, 5}, {4, 3, 3, 3}, {4}, {4}, {4, 3, 3, 3}, {7, 4}}, Ints: [][2]int{{7, 2}}, Bufs: 2, Channels: 4,
 			Build: func(p, in []*G.Node) (*G.Node, []*G.Node) {
 				y := must(ops.Conv(p[0], p[1], 1, 1))
@@ -210,6 +215,15 @@ func Cases() []Case {
 				logits := must(ops.MulT(p[5], x4)) // [11 4]
 				ce := must(ops.CrossEntropy(logits, in[0]))
 				return must(G.Add(must(G.Add(weighted(flat), ce)), weighted(sb))), []*G.Node{logits}
+			}},
+		// Batch norm of 4096 elements per channel: a GPU spreads each
+		// channel's sums over several blocks (four on the emulator's two
+		// SMs), with and without the fused ReLU.
+		{Name: "bn-many-blocks", Params: [][]int{{4, 2, 32, 32}, {2}, {2}}, Bufs: 2, Channels: 2,
+			Build: func(p, in []*G.Node) (*G.Node, []*G.Node) {
+				y := must(ops.BatchNormalize(p[0], p[1], p[2], in[0], in[1], ops.BatchNormConfig{Eps: 1e-5, Momentum: 0.1, ReLU: true, Training: true}))
+				z := must(ops.BatchNormalize(p[0], p[1], p[2], in[2], in[3], ops.BatchNormConfig{Eps: 1e-3, Momentum: 0.5, Training: true}))
+				return must(G.Add(weighted(y), weighted(z))), []*G.Node{y}
 			}},
 	}
 }

@@ -1,12 +1,14 @@
 // A CUDA shim for g++: lets the project's kernels.cu compile as C++ and run
 // on CPU threads, so that the cuda package's tests exercise the kernels
 // (indexing, reductions, launch arguments) on machines without a GPU.
-// Blocks run one after another; the threads of a block run on real
-// threads, so __syncthreads is a barrier and __shared__ arrays (static
-// here) are shared by the block.
+// The blocks of a launch are shared out among a few worker threads. The
+// threads of a block run on their worker: one after another when the
+// kernel never reaches __syncthreads, else as fibers (cooperative, each
+// with its own stack) that run in turn up to the next barrier, so
+// __syncthreads is a barrier. __shared__ arrays are thread_local statics:
+// one per worker, shared by the block it runs.
 #pragma once
 #include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstring>
 #include <math.h>
@@ -15,16 +17,16 @@ struct dim3 {
     unsigned x = 0, y = 0, z = 0;
 };
 
-extern thread_local dim3 threadIdx;
-extern dim3 blockIdx, blockDim, gridDim;
-extern std::barrier<>* emuBarrier;
+extern thread_local dim3 threadIdx, blockIdx;
+extern dim3 blockDim, gridDim;
+void emuSyncThreads();
 
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__ static thread_local
 
-inline void __syncthreads() { emuBarrier->arrive_and_wait(); }
+inline void __syncthreads() { emuSyncThreads(); }
 
 inline float __int_as_float(int i) {
     float f;

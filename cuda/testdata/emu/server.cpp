@@ -13,11 +13,11 @@
 #include <map>
 #include <string>
 #include <thread>
+#include <atomic>
 #include <vector>
 
-thread_local dim3 threadIdx;
-dim3 blockIdx, blockDim, gridDim;
-std::barrier<>* emuBarrier;
+thread_local dim3 threadIdx, blockIdx;
+dim3 blockDim, gridDim;
 
 #include "kernels.cu"
 
@@ -32,28 +32,132 @@ struct Params {
     }
 };
 
-using Kernel = std::function<void(Params&)>;
+// Kernel is one kernel of kernels.cu: prepare unpacks a launch's
+// parameters into the call one thread makes; sync says whether the kernel
+// reaches __syncthreads (found in the source by the Go side).
+struct Kernel {
+    bool sync;
+    std::function<std::function<void()>(Params&)> prepare;
+};
 std::map<std::string, Kernel> kernels;
 #include "dispatch.inc"
 
-// Pool is blockDim persistent threads that run every launch of that block
-// size: each thread walks the blocks in order, the blocks separated by
-// barrier phases (the same barrier __syncthreads uses, so the kernels' own
-// phases fit in between).
-struct Pool {
-    unsigned n;
-    std::barrier<> bar, done;
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t gen = 0;
-    unsigned grid = 0;
-    const std::function<void()>* body = nullptr;
-    std::vector<std::thread> ts;
+// Fibers: a minimal x86-64 context switch (the System V callee-saved
+// registers and the stack pointer; no signal mask, which glibc's
+// swapcontext saves with a system call per switch). emu_switch saves the
+// running context's stack pointer in *save and resumes the one at to.
+extern "C" void emu_switch(void** save, void* to);
+asm(R"(
+.text
+.globl emu_switch
+.type emu_switch,@function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+.size emu_switch, .-emu_switch
+.section .note.GNU-stack,"",@progbits
+.text
+)");
 
-    explicit Pool(unsigned n) : n(n), bar(n), done(n + 1) {
+static const size_t fiberStack = 256 << 10;
+
+// Worker runs blocks: the threads of a block in turn, as fibers when the
+// kernel has barriers.
+struct Worker {
+    std::vector<char*> stacks;
+    std::vector<void*> sp;
+    std::vector<char> done;
+    void* sched = nullptr;
+    unsigned cur = 0;
+    bool fibers = false;
+    const std::function<void()>* body = nullptr;
+};
+static thread_local Worker* me;
+
+static void fiberEntry() {
+    Worker* w = me;
+    (*w->body)();
+    w->done[w->cur] = 1;
+    emu_switch(&w->sp[w->cur], w->sched);
+    std::abort();  // a finished fiber is never resumed
+}
+
+void emuSyncThreads() {
+    Worker* w = me;
+    if (!w->fibers) {
+        std::fprintf(stderr, "emulator: __syncthreads reached by a kernel that the Go side found to have no barrier\n");
+        std::abort();
+    }
+    emu_switch(&w->sp[w->cur], w->sched);
+}
+
+static void runBlock(Worker* w, unsigned b, bool sync, const std::function<void()>& body) {
+    unsigned n = blockDim.x;
+    blockIdx = {b, 0, 0};
+    me = w;
+    w->body = &body;
+    w->fibers = sync;
+    if (!sync) {
         for (unsigned t = 0; t < n; t++) {
-            ts.emplace_back([this, t] {
-                threadIdx = {t, 0, 0};
+            threadIdx = {t, 0, 0};
+            body();
+        }
+        return;
+    }
+    while (w->stacks.size() < n) w->stacks.push_back(static_cast<char*>(std::aligned_alloc(16, fiberStack)));
+    w->sp.resize(n);
+    w->done.assign(n, 0);
+    for (unsigned t = 0; t < n; t++) {
+        void** top = reinterpret_cast<void**>(w->stacks[t] + fiberStack);
+        void** sp = top - 8;  // six registers, the entry as return address, a slot above it
+        for (int i = 0; i < 8; i++) sp[i] = nullptr;
+        sp[6] = reinterpret_cast<void*>(&fiberEntry);
+        w->sp[t] = sp;
+    }
+    // Each round resumes every live thread once: it runs to its next
+    // barrier or to its end, so a round is one barrier phase.
+    for (unsigned live = n; live > 0;) {
+        for (unsigned t = 0; t < n; t++) {
+            if (w->done[t]) continue;
+            threadIdx = {t, 0, 0};
+            w->cur = t;
+            emu_switch(&w->sched, w->sp[t]);
+            if (w->done[t]) live--;
+        }
+    }
+}
+
+// The workers: the server's thread and helpers, which take the blocks of
+// a launch in turn from a shared counter (so blocks run concurrently, as
+// on a GPU, and the integer atomics matter).
+struct Pool {
+    std::vector<Worker> ws;
+    std::vector<std::thread> ts;
+    std::mutex mu;
+    std::condition_variable cv, fin;
+    uint64_t gen = 0;
+    unsigned busy = 0;
+    std::atomic<unsigned> next{0};
+    unsigned grid = 0;
+    bool sync = false;
+    const std::function<void()>* body = nullptr;
+
+    explicit Pool(unsigned n) : ws(n) {
+        for (unsigned i = 1; i < n; i++) {
+            ts.emplace_back([this, i] {
                 uint64_t seen = 0;
                 for (;;) {
                     {
@@ -61,40 +165,45 @@ struct Pool {
                         cv.wait(l, [&] { return gen != seen; });
                         seen = gen;
                     }
-                    for (unsigned b = 0; b < grid; b++) {
-                        bar.arrive_and_wait();  // every thread is done with the previous block
-                        if (threadIdx.x == 0) blockIdx = {b, 0, 0};
-                        bar.arrive_and_wait();  // blockIdx is set
-                        (*body)();
-                    }
-                    done.arrive_and_wait();
+                    work(&ws[i]);
+                    std::lock_guard<std::mutex> l(mu);
+                    if (--busy == 0) fin.notify_all();
                 }
             });
         }
     }
 
-    void run(unsigned g, const std::function<void()>& f) {
-        emuBarrier = &bar;
-        {
+    void work(Worker* w) {
+        for (unsigned b; (b = next.fetch_add(1)) < grid;) runBlock(w, b, sync, *body);
+    }
+
+    void run(unsigned g, bool s, const std::function<void()>& f) {
+        grid = g;
+        sync = s;
+        body = &f;
+        next = 0;
+        bool helpers = g > 1 && !ts.empty();
+        if (helpers) {
             std::lock_guard<std::mutex> l(mu);
-            grid = g;
-            body = &f;
+            busy = ts.size();
             gen++;
+            cv.notify_all();
         }
-        cv.notify_all();
-        done.arrive_and_wait();
+        work(&ws[0]);
+        if (helpers) {
+            std::unique_lock<std::mutex> l(mu);
+            fin.wait(l, [&] { return busy == 0; });
+        }
     }
 };
 
-static std::map<unsigned, Pool*> pools;
+static Pool* pool;
 
 // Runs body once per thread of every block.
-static void launch(unsigned grid, unsigned block, const std::function<void()>& body) {
+static void launch(unsigned grid, unsigned block, bool sync, const std::function<void()>& body) {
     gridDim = {grid, 1, 1};
     blockDim = {block, 1, 1};
-    Pool*& p = pools[block];
-    if (!p) p = new Pool(block);
-    p->run(grid, body);
+    pool->run(grid, sync, body);
 }
 
 static void readAll(void* p, size_t n) {
@@ -154,6 +263,9 @@ static void conv(int which, int N, int C, int H, int W, int K, int R, int pad, i
 
 int main() {
     registerKernels();
+    unsigned workers = std::thread::hardware_concurrency();
+    if (const char* v = std::getenv("SPARSEGRAD_EMU_WORKERS")) workers = std::atoi(v);
+    pool = new Pool(workers < 1 ? 1 : workers > 4 ? 4 : workers);
     for (;;) {
         uint8_t op;
         if (fread(&op, 1, 1, stdin) != 1) return 0;
@@ -212,10 +324,8 @@ int main() {
                 reply(1);
                 break;
             }
-            launch(grid, block, [&] {
-                Params local = ps;
-                it->second(local);
-            });
+            std::function<void()> call = it->second.prepare(ps);
+            launch(grid, block, it->second.sync, call);
             reply(0);
             break;
         }
