@@ -74,7 +74,7 @@ var purpose = map[string]string{
 	"gtopk":     "gTop-k's tree keeps exactly k global elements: density ρ, more error than topk",
 	"cltk":      "a rotating leader's top-k for everyone: density ρ",
 	"threshold": "a fixed magnitude threshold: density follows the gradients' size",
-	"dgc":       "DGC's sampled threshold per tensor: about ρ per worker, the union above it",
+	"dgc":       "DGC's sampled threshold per tensor: about ρ per worker, the union above it; its momentum correction and its density warm-up over the first epochs need SGD momentum and epochs, which this toy has not (train -sparsifier dgc -optimizer sgd -momentum 0.9 has both)",
 	"randomk":   "k random elements, the same on every worker: density ρ, the most error",
 	"deft":      "norm-proportional budgets per fragment, fragments split among the workers: density stays at ρ",
 	"micro":     "rotating partitions with a shared threshold: density approaches ρ as the threshold settles",
