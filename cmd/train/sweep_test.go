@@ -217,8 +217,8 @@ func TestSweepCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every run has a predicted and a measured time per iteration and an error.
-	row := regexp.MustCompile(`<tr><td>(topk|deft) ×(2|4)</td><td>[0-9.]+ ms</td><td>[0-9.]+ ms</td><td>-?[0-9]+ %</td>`)
+	// Every run has its measured / predicted time per iteration and an error.
+	row := regexp.MustCompile(`<tr><td>(topk|deft) ×(2|4)</td><td>[0-9.]+ (µs|ms|s) / [0-9.]+ (µs|ms|s)</td><td>-?[0-9]+ %</td>`)
 	if n := len(row.FindAll(b, -1)); n != 4 {
 		t.Errorf("the page has %d predicted-against-measured rows, want 4", n)
 	}
