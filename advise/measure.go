@@ -2,6 +2,7 @@ package advise
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -50,6 +51,18 @@ type Config struct {
 	// HostWorkers are the numbers of simulated workers whose in-process
 	// collectives to measure (default 2; a sweep passes its worker counts).
 	HostWorkers []int
+	// Simulated also measures, at each of HostWorkers (P >= 2), what
+	// simulated runs of P workers on this machine spend: a short run with
+	// dense all-reduce (SimStep) and every method's reducer on P in-process
+	// workers fed with the model's real gradients (SimReduce), for the
+	// predictions of Setting.Simulated (a sweep's). The gradients are then
+	// captured from as many workers as the largest of HostWorkers (4 at
+	// least, 16 at most), so that unions of many workers are real ones.
+	Simulated bool
+	// Networks are the emulated networks the simulated runs use (a
+	// sweep's; only Latency and Bandwidth count): each is measured apart.
+	// Empty: in-process communication only.
+	Networks []netmodel.Network
 	// Log receives one line per stage (nil: none).
 	Log io.Writer
 }
@@ -71,6 +84,11 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	}
 	if c.GradWorkers == 0 {
 		c.GradWorkers = 4
+		if c.Simulated {
+			for _, p := range c.HostWorkers {
+				c.GradWorkers = max(c.GradWorkers, min(p, 16))
+			}
+		}
 	}
 	if c.GradWorkers < 2 {
 		return nil, fmt.Errorf("advise: %d gradient workers: want at least 2 to measure unions", c.GradWorkers)
@@ -174,18 +192,136 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		}
 		h.HostNets = append(h.HostNets, n)
 	}
+	if !c.Simulated {
+		return h, nil
+	}
+	methods := append([]string{"dense"}, slices.DeleteFunc(slices.Clone(c.Methods), func(m string) bool { return m == "dense" })...)
+	for _, p := range hw {
+		if p < 2 {
+			continue
+		}
+		// What runs on p workers: every method (gTop-k's and SparDL's
+		// counts aside) at every density, dense once.
+		type job struct {
+			method string
+			d      float64
+			params sparsify.Values
+		}
+		var jobs []job
+		for _, m := range methods {
+			dens := c.Densities
+			if m == "dense" {
+				dens = []float64{1}
+			}
+			meth, _ := sparsify.Lookup(m)
+			params := filterParams(m, c.Params)
+			if meth.CheckWorkers != nil {
+				if r, err := meth.Resolve(params); err != nil || meth.CheckWorkers(p, r) != nil {
+					continue
+				}
+			}
+			for _, d := range dens {
+				jobs = append(jobs, job{m, d, params})
+			}
+		}
+		nets := c.Networks
+		if len(nets) == 0 {
+			nets = []netmodel.Network{{}}
+		}
+		for _, net := range nets {
+			net = netmodel.Network{Latency: net.Latency, Bandwidth: net.Bandwidth}
+			// Interleaved rounds, so that a burst of load from other jobs
+			// of a shared machine hits every measurement a little instead
+			// of one entirely; each measurement is the median over all its
+			// rounds.
+			rounds, stepTime := simRounds(h, p)
+			logf("%d simulated workers, %s: %d rounds of a dense run of about %v and every method's reducer", p, NetName(net), rounds, stepTime.Round(time.Second))
+			var steps []metrics.Step
+			calls := make([][][]callRec, len(jobs))
+			for round := range rounds {
+				st, err := simStepRecords(ctx, base, p, net, stepTime, filepath.Join(tmp, fmt.Sprintf("sim-%d-%d", p, round)))
+				if err != nil {
+					return nil, err
+				}
+				steps = append(steps, st...)
+				for j, jb := range jobs {
+					rs, err := simReduceCalls(ctx, jb.method, p, jb.d, net, layout, grads, jb.params, simReduceTime/time.Duration(rounds))
+					if err != nil {
+						return nil, err
+					}
+					calls[j] = append(calls[j], rs...)
+				}
+			}
+			st, err := simStep(p, steps, stepTime)
+			if err != nil {
+				return nil, err
+			}
+			st.Latency, st.Bandwidth = net.Latency, net.Bandwidth
+			h.SimSteps = append(h.SimSteps, st)
+			for j, jb := range jobs {
+				sr := simReduce(jb.method, p, jb.d, calls[j])
+				sr.Latency, sr.Bandwidth = net.Latency, net.Bandwidth
+				h.SimReduces = append(h.SimReduces, sr)
+			}
+		}
+	}
 	return h, nil
 }
 
-// readTiming sets the step times from a run's metrics: the medians over
-// the steps after the first.
-func (h *Host) readTiming(path string) error {
+// simReduceTime is about how long a method's reducer is timed on P
+// simulated workers, in all rounds.
+const simReduceTime = 3 * time.Second
+
+// simRounds returns how many interleaved rounds to measure P simulated
+// workers in and how long each round's dense run trains: about 12 of
+// their iterations in all (as the one worker's measured step
+// extrapolates them), at least 9 s, at most 4 minutes; three rounds where
+// that leaves each a few seconds, else one.
+func simRounds(h *Host, p int) (int, time.Duration) {
+	iter := h.Compute*math.Max(1, float64(p)*math.Max(h.StepCores, 1)/float64(max(h.Cores, 1))) + h.Update
+	total := time.Duration(min(max(12*iter, 9), 240) * float64(time.Second))
+	if iter < 1 {
+		return 3, total / 3
+	}
+	return 1, total
+}
+
+// simStepRecords runs base on p simulated workers with dense all-reduce
+// over net (emulated; none if zero) for about d (at least a few steps) and
+// returns its step records after the first.
+func simStepRecords(ctx context.Context, base train.Config, p int, net netmodel.Network, d time.Duration, out string) ([]metrics.Step, error) {
+	c := base
+	c.Workers = train.Set(p)
+	c.NetLatency, c.NetBandwidth = net.Latency, net.Bandwidth
+	c.Steps, c.MaxTime, c.Out = 1<<20, d, out
+	if err := train.Run(ctx, c, train.Options{Stdout: io.Discard, Progress: io.Discard}); err != nil {
+		return nil, fmt.Errorf("advise: timing %d simulated workers: %w", p, err)
+	}
+	return stepRecords(filepath.Join(out, "metrics.jsonl"))
+}
+
+// simStep is the SimStep of p workers from their runs' step records: the
+// medians of each phase.
+func simStep(p int, recs []metrics.Step, d time.Duration) (SimStep, error) {
+	var q, cp, w, up, it []float64
+	for _, s := range recs {
+		q, cp, w = append(q, float64(s.TQueue)), append(cp, float64(s.TCompute)), append(w, float64(s.TWait))
+		up, it = append(up, float64(s.TUpdate)), append(it, float64(s.TIter))
+	}
+	if len(it) == 0 {
+		return SimStep{}, fmt.Errorf("advise: the runs of %d simulated workers logged no step after the first (a step took longer than %v)", p, d)
+	}
+	return SimStep{Workers: p, Queue: median(q), Compute: median(cp), Wait: median(w), Update: median(up), Iter: median(it), Steps: len(it)}, nil
+}
+
+// stepRecords reads the step records of a run's metrics after the first.
+func stepRecords(path string) ([]metrics.Step, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("advise: reading the timing run: %w", err)
+		return nil, fmt.Errorf("advise: reading a timing run: %w", err)
 	}
 	defer f.Close()
-	var fw, bw, cp, up, ot []float64
+	var out []metrics.Step
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<16), 1<<26)
 	for sc.Scan() {
@@ -193,14 +329,98 @@ func (h *Host) readTiming(path string) error {
 		if err := json.Unmarshal(sc.Bytes(), &s); err != nil || s.Type != metrics.TypeStep || s.Step < 2 {
 			continue
 		}
+		out = append(out, s)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("advise: reading a timing run: %w", err)
+	}
+	return out, nil
+}
+
+// simReduceCalls times method's reducer on p in-process workers, worker r
+// fed with gradient r mod len(grads) (a fresh copy every call, all workers
+// starting together after a barrier, as simulated workers enter the
+// reduction), for about d (6 to 40 calls; oktopk its 32-call schedule),
+// and returns the calls after the first, per rank.
+func simReduceCalls(ctx context.Context, method string, p int, d float64, net netmodel.Network, l sparsify.Layout, grads [][]float32, params sparsify.Values, budget time.Duration) ([][]callRec, error) {
+	params = maps.Clone(params)
+	if params == nil {
+		params = sparsify.Values{}
+	}
+	m, _ := sparsify.Lookup(method)
+	if _, ok := m.Param("dense_warmup"); ok {
+		params["dense_warmup"] = 0
+	}
+	var opts []local.Option
+	if net.Bandwidth > 0 {
+		opts = append(opts, local.WithNetwork(net))
+	}
+	recs, err := timeReducer(ctx, method, p, d, l, grads, params, func(first time.Duration) int {
+		if method == "oktopk" {
+			return okRecompute
+		}
+		return min(40, max(6, int(budget/max(first, time.Microsecond))))
+	}, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("advise: timing %s on %d simulated workers: %w", method, p, err)
+	}
+	if method == "oktopk" {
+		return recs, nil // its schedule: every call counts
+	}
+	return recs[1:], nil
+}
+
+// simReduce is the SimReduce of method on p workers from its timed calls:
+// per call the times of the worker of the median selection time (in a
+// simulated run the worker the others wait for is the one whose turn came
+// last, whose reducer is any worker's and whose communication holds the
+// wait for slower selections) and how much later the last worker left the
+// reducer; the median of each over the calls (oktopk: the mean over its
+// schedules).
+func simReduce(method string, p int, d float64, recs [][]callRec) SimReduce {
+	var sel, cm, other, lag []float64
+	for _, call := range recs {
+		order := make([]int, p)
+		var last time.Duration
+		for r, x := range call {
+			order[r] = r
+			last = max(last, x.wall)
+		}
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(call[a].sel, call[b].sel) })
+		x := call[order[p/2]]
+		c := min(x.comm, x.wall-x.sel)
+		sel, cm = append(sel, x.sel.Seconds()), append(cm, c.Seconds())
+		other, lag = append(other, (x.wall-x.sel-c).Seconds()), append(lag, (last-x.wall).Seconds())
+	}
+	sum := median
+	if method == "oktopk" {
+		sum = meanOf
+	}
+	return SimReduce{Method: method, Density: d, Workers: p, Select: sum(sel), Comm: sum(cm), Other: sum(other), Lag: sum(lag)}
+}
+
+func meanOf(v []float64) float64 {
+	s := 0.0
+	for _, x := range v {
+		s += x / float64(len(v))
+	}
+	return s
+}
+
+// readTiming sets the step times from a run's metrics: the medians over
+// the steps after the first.
+func (h *Host) readTiming(path string) error {
+	recs, err := stepRecords(path)
+	if err != nil {
+		return err
+	}
+	var fw, bw, cp, up, ot []float64
+	for _, s := range recs {
 		fw = append(fw, float64(s.TForward))
 		bw = append(bw, float64(s.TBackward))
 		cp = append(cp, float64(s.TCompute))
 		up = append(up, float64(s.TUpdate))
 		ot = append(ot, max(float64(s.TWait)-float64(s.TSelect)-float64(s.TComm), 0))
-	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("advise: reading the timing run: %w", err)
 	}
 	if len(cp) == 0 {
 		return errors.New("advise: the timing run logged no step after the first")
@@ -448,9 +668,32 @@ func measureSelection(ctx context.Context, method string, d float64, l sparsify.
 // outside selection (with one worker: outside selection and communication,
 // which is then a copy at most).
 func reduceCalls(ctx context.Context, method string, p, calls int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (sel, other []float64, err error) {
-	sel, other = make([]float64, calls), make([]float64, calls)
+	recs, err := timeReducer(ctx, method, p, d, l, grads, params, func(time.Duration) int { return calls })
+	if err != nil {
+		return nil, nil, fmt.Errorf("advise: measuring the selection of %s on %d workers: %w", method, p, err)
+	}
+	for _, call := range recs {
+		var s, o time.Duration
+		for _, x := range call {
+			s, o = max(s, x.sel), max(o, x.wall-x.sel)
+		}
+		sel, other = append(sel, s.Seconds()), append(other, o.Seconds())
+	}
+	return sel, other, nil
+}
+
+// callRec is one rank's times of one Reduce call.
+type callRec struct{ sel, comm, wall time.Duration }
+
+// timeReducer runs method's reducer on p in-process workers, worker r fed
+// with gradient r mod len(grads) (a fresh copy every call, every worker
+// starting the call after a barrier), over a comm/local world made with
+// opts, and returns each call's times per rank. calls says how many calls to make in all from the first call's
+// wall time on rank 0 (the ranks agree on rank 0's choice).
+func timeReducer(ctx context.Context, method string, p int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values, calls func(first time.Duration) int, opts ...local.Option) ([][]callRec, error) {
+	var recs [][]callRec // per call, per rank
 	var mu sync.Mutex
-	err = local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
+	err := local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
 		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: 1, Params: params})
 		if err != nil {
 			return err
@@ -459,25 +702,43 @@ func reduceCalls(ctx context.Context, method string, p, calls int, d float64, l 
 		acc := make([]float32, l.N)
 		out := make([]float32, l.N)
 		res := make([]float32, l.N)
-		for i := range calls {
+		n := 1
+		for i := 0; i < n; i++ {
 			copy(acc, g)
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
 			t0 := time.Now()
 			st, err := red.Reduce(ctx, acc, out, res)
-			wall := time.Since(t0)
 			if err != nil {
 				return err
 			}
+			r := callRec{st.SelectTime, st.CommTime, time.Since(t0)}
+			if c.Rank() == 0 {
+				mu.Lock()
+				recs = append(recs, make([]callRec, p))
+				mu.Unlock()
+			}
+			if err := c.Barrier(ctx); err != nil { // rank 0 has made the call's row
+				return err
+			}
 			mu.Lock()
-			sel[i] = max(sel[i], st.SelectTime.Seconds())
-			other[i] = max(other[i], (wall - st.SelectTime).Seconds())
+			recs[i][c.Rank()] = r
 			mu.Unlock()
+			if i == 0 {
+				k := comm.Int64s{0}
+				if c.Rank() == 0 {
+					k[0] = int64(max(1, calls(r.wall)))
+				}
+				if err := c.Broadcast(ctx, k, 0); err != nil {
+					return err
+				}
+				n = int(k[0])
+			}
 		}
 		return nil
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("advise: measuring the selection of %s on %d workers: %w", method, p, err)
-	}
-	return sel, other, nil
+	}, opts...)
+	return recs, err
 }
 
 // hostCollectives fits an α-β network to p in-process workers'

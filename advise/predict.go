@@ -59,6 +59,12 @@ type Host struct {
 	// the model's initialisation).
 	GradWorkers int `json:"grad_workers"`
 	GradStep    int `json:"grad_step"`
+	// SimSteps and SimReduces are what simulated workers of this machine
+	// spend, measured at the worker counts of a sweep (Config.Simulated):
+	// for Setting.Simulated, they replace the extrapolation from one
+	// worker.
+	SimSteps   []SimStep   `json:"sim_steps,omitempty"`
+	SimReduces []SimReduce `json:"sim_reduces,omitempty"`
 	// HostNets are this machine's in-process collectives as α-β networks,
 	// fitted to all-reduces among simulated workers: the network of
 	// simulated workers without an emulated one, which they are never faster
@@ -114,6 +120,67 @@ func (h *Host) hostNet(P int) netmodel.Network {
 	return netmodel.Network{Latency: n.Latency, Bandwidth: n.Bandwidth}
 }
 
+// SimStep is a short run of Workers simulated workers of the model with
+// dense all-reduce on this machine, taking turns on its executors: the
+// medians of its step records' phases (metrics.Step: the times of the
+// worker the others waited for) after the first step, in seconds. Wait is
+// the part after the backward pass: error feedback and the dense reducer.
+type SimStep struct {
+	Workers int `json:"workers"`
+	// Latency and Bandwidth are the emulated network of the run (zero:
+	// none).
+	Latency   time.Duration `json:"latency,omitempty"`
+	Bandwidth float64       `json:"bandwidth,omitempty"`
+	Queue     float64       `json:"queue"`
+	Compute   float64       `json:"compute"`
+	Wait      float64       `json:"wait"`
+	Update    float64       `json:"update"`
+	Iter      float64       `json:"iter"`
+	Steps     int           `json:"steps"`
+}
+
+// SimReduce is one method's reducer on Workers in-process workers of this
+// machine that enter it together, fed with the model's real gradients: the
+// selection, communication and other time of the worker the others waited
+// for, and Lag, how much later the last worker left the reducer (the
+// update's barrier waits for it), in seconds (medians over the calls).
+type SimReduce struct {
+	// Latency and Bandwidth are the emulated network the reducer's calls
+	// took (zero: none).
+	Latency   time.Duration `json:"latency,omitempty"`
+	Bandwidth float64       `json:"bandwidth,omitempty"`
+	Method    string        `json:"method"`
+	Density   float64       `json:"density"`
+	Workers   int           `json:"workers"`
+	Select    float64       `json:"select"`
+	Comm      float64       `json:"comm"`
+	Other     float64       `json:"other"`
+	Lag       float64       `json:"lag"`
+}
+
+// SimStep returns the SimStep of P workers on net (emulated; zero: none),
+// if measured.
+func (h *Host) SimStep(P int, net netmodel.Network) (SimStep, bool) {
+	for _, s := range h.SimSteps {
+		if s.Workers == P && s.Latency == net.Latency && s.Bandwidth == net.Bandwidth {
+			return s, true
+		}
+	}
+	return SimStep{}, false
+}
+
+// SimReduce returns the SimReduce of method at density on P workers on net,
+// if measured (dense's at any density).
+func (h *Host) SimReduce(method string, density float64, P int, net netmodel.Network) (SimReduce, bool) {
+	for _, s := range h.SimReduces {
+		if s.Method == method && s.Workers == P && (s.Density == density || method == "dense") &&
+			s.Latency == net.Latency && s.Bandwidth == net.Bandwidth {
+			return s, true
+		}
+	}
+	return SimReduce{}, false
+}
+
 // Selection is one method's selection cost, measured on the model's layout
 // with real gradients on Workers in-process workers (rank 0's
 // sparsify.Stats.SelectTime: the median of several calls, for oktopk the mean
@@ -152,11 +219,9 @@ type Setting struct {
 	// in-process collectives (simulated workers without emulation).
 	Net netmodel.Network
 	// Simulated predicts a run of Workers simulated workers on this
-	// machine (train -workers P): they share its cores, so the training
-	// step takes max(1, P·StepCores/cores) times as long, selection and
-	// the rest max(1, P/cores), and an emulated network never makes a call
-	// faster than the in-process one. Otherwise every worker has a
-	// machine of its own (a cluster).
+	// machine (train -workers P), which take turns on its cores: the
+	// phases of the worker the others wait for (Host.simulated). Otherwise
+	// every worker has a machine of its own (a cluster).
 	Simulated bool
 }
 
@@ -166,6 +231,9 @@ type Prediction struct {
 	Method  string  `json:"method"`
 	Workers int     `json:"workers"`
 	Density float64 `json:"density"`
+	// Queue is, for simulated workers, the wait for a shared executor and
+	// the other workers' turns (t_queue); 0 in a cluster.
+	Queue   float64 `json:"queue"`
 	Compute float64 `json:"compute"`
 	Select  float64 `json:"select"`
 	Comm    float64 `json:"comm"`
@@ -236,14 +304,51 @@ func unionAt(sel float64, N, P int, gamma float64) float64 {
 	return max(min(sel*math.Pow(float64(P), gamma), indep), min(sel, float64(N)))
 }
 
-// stepShare is how many times longer one of P simulated workers' training
-// step takes than one worker's alone: they share the machine's cores, and
-// each step keeps StepCores of them busy (at least 1: unknown, or a
-// single-threaded step).
-func (h *Host) stepShare(P int) float64 {
-	c := float64(max(h.Cores, 1))
-	used := min(max(h.StepCores, 1), c)
-	return max(1, float64(P)*used/c)
+// simulated turns pr, a worker's iteration on a machine of its own, into
+// that of the worker the others wait for among s.Workers simulated workers
+// taking turns on this machine's cores (train -workers P), by its step
+// record's phases (metrics.Step):
+//
+//   - measured at P on the run's network (SimStep, SimReduce: a sweep's
+//     measurements): the wait
+//     for an executor and the others' turns, the worker's own forward and
+//     backward pass and the update as a short dense run of P workers had
+//     them, the update less how long that run's barrier waited for the
+//     last worker out of dense all-reduce plus how long it waits for the
+//     method's; the method's selection, communication and other work as
+//     its reducer took them on P in-process workers with the model's real
+//     gradients, plus the error feedback of the dense run (its t_wait less
+//     its reducer), all over the run's emulated network.
+//   - otherwise extrapolated from one worker: E = min(P, cores) executors
+//     run steps at once, each on 1/E of the cores and as many BLAS threads
+//     as the trainer gives P workers, so a turn takes the step's CPU time
+//     times E/cores (at least the step) and the last worker waits
+//     ⌈P/E⌉ − 1 turns; P selections and error feedbacks share the cores
+//     (× P/cores); rank 0 alone updates the shared parameters;
+//     communication is at least the in-process collectives'.
+func (h *Host) simulated(pr *Prediction, s Setting, calls []Call) {
+	P := s.Workers
+	net := netmodel.Network{Latency: s.Net.Latency, Bandwidth: s.Net.Bandwidth}
+	st, okS := h.SimStep(P, net)
+	sr, okR := h.SimReduce(s.Method, s.Density, P, net)
+	dr, okD := h.SimReduce("dense", 1, P, net)
+	if okS && okR && okD {
+		pr.Queue, pr.Compute = st.Queue, st.Compute
+		ef := max(0, st.Wait-(dr.Select+dr.Comm+dr.Other))
+		pr.Select, pr.Other = sr.Select, ef+sr.Other
+		pr.Comm = sr.Comm
+		pr.Update = max(0, st.Update-dr.Lag) + sr.Lag
+		return
+	}
+	C := float64(max(h.Cores, 1))
+	E := min(float64(P), C)
+	turn := pr.Compute * max(1, max(h.StepCores, 1)*E/C)
+	pr.Queue = (math.Ceil(float64(P)/E) - 1) * turn
+	pr.Compute = turn
+	share := max(1, float64(P)/C)
+	pr.Select *= share
+	pr.Other *= share
+	pr.Comm = max(pr.Comm, CommTime(calls, P, h.hostNet(P)).Seconds())
 }
 
 // okRecompute is Ok-Topk's period of exact threshold re-estimation
@@ -349,25 +454,19 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	}
 	pr.Comm = CommTime(calls, P, net).Seconds()
 	if s.Simulated {
-		share := max(1, float64(P)/float64(max(h.Cores, 1)))
-		step := h.stepShare(P)
-		pr.Compute *= step
-		pr.Select *= share
-		pr.Update *= step
-		pr.Other *= share
-		pr.Comm = max(pr.Comm, CommTime(calls, P, hostNet).Seconds())
+		h.simulated(&pr, s, calls)
 	}
 	pr.ActualDensity = sh.Union / float64(N)
 	pr.BytesSent = Bytes(calls, P)
-	pr.Iter = pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other
+	pr.Iter = pr.Queue + pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other
 	if s.Method == "lags" {
-		bw := h.Backward
-		if !(bw > 0) {
-			bw = pr.Compute
-		} else if s.Simulated {
-			bw *= h.stepShare(P)
+		// The groups' selection and communication run alongside the
+		// backward pass (its share of the worker's own pass).
+		bw := pr.Compute
+		if h.Backward > 0 && h.Compute > 0 {
+			bw *= min(1, h.Backward/h.Compute)
 		}
-		pr.Iter = pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
+		pr.Iter = pr.Queue + pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
 	}
 	pr.Caveats = caveats(h, s, params, pr, K)
 	return pr, nil

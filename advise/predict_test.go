@@ -269,34 +269,101 @@ func TestPredictOkTopkDensity(t *testing.T) {
 	}
 }
 
-// TestPredictSimulatedParallelStep: P simulated workers share the
-// machine's cores, so a step that keeps StepCores cores busy takes
-// max(1, P·StepCores/Cores) times one worker's (ResNet-18's convolutions
-// use both cores of a 2-core machine: 2 workers take twice as long each,
-// which the model priced as no slowdown), and a single-threaded one
-// max(1, P/Cores); an unknown StepCores (older measurement files) counts
-// as 1.
+// TestPredictSimulatedParallelStep: without measurements of simulated
+// runs, P simulated workers are extrapolated from one: E = min(P, cores)
+// executors run steps at once, so a turn takes the step's CPU time
+// (StepCores × the step; unknown StepCores counts as 1) times E/cores, at
+// least one step, and the worker whose turn comes last waits ⌈P/E⌉ − 1
+// turns; selections and the rest share the cores (× P/cores); rank 0 alone
+// updates the shared parameters (the update stays one worker's).
 func TestPredictSimulatedParallelStep(t *testing.T) {
 	for _, tc := range []struct {
-		stepCores float64
-		P         int
-		share     float64
-	}{{2, 2, 2}, {2, 4, 4}, {2, 1, 1}, {1, 2, 1}, {1, 4, 2}, {0, 4, 2}, {1.5, 4, 3}} {
+		stepCores   float64
+		P           int
+		turn, turns float64 // the turn in steps, the turns waited
+	}{{2, 2, 2, 0}, {2, 4, 2, 1}, {2, 1, 1, 0}, {1, 2, 1, 0}, {1, 4, 1, 1}, {0, 4, 1, 1}, {1.5, 4, 1.5, 1}, {1, 16, 1, 7}} {
 		h := synthHost()
 		h.StepCores = tc.stepCores
 		p, err := Predict(h, Setting{Method: "dense", Workers: tc.P, Density: 0.01, Simulated: true})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := h.Compute * tc.share; math.Abs(p.Compute-want) > 1e-12 {
-			t.Errorf("StepCores %v, %d workers: compute %v, want %v (×%v)", tc.stepCores, tc.P, p.Compute, want, tc.share)
+		if want := h.Compute * tc.turn; math.Abs(p.Compute-want) > 1e-12 {
+			t.Errorf("StepCores %v, %d workers: compute %v, want %v (a turn of %v steps)", tc.stepCores, tc.P, p.Compute, want, tc.turn)
 		}
-		if want := h.Update * tc.share; math.Abs(p.Update-want) > 1e-12 {
-			t.Errorf("StepCores %v, %d workers: update %v, want %v (×%v)", tc.stepCores, tc.P, p.Update, want, tc.share)
+		if want := h.Compute * tc.turn * tc.turns; math.Abs(p.Queue-want) > 1e-12 {
+			t.Errorf("StepCores %v, %d workers: queue %v, want %v (%v turns)", tc.stepCores, tc.P, p.Queue, want, tc.turns)
 		}
-		// Selection and the rest stay single-threaded: P/Cores.
+		if p.Update != h.Update {
+			t.Errorf("StepCores %v, %d workers: update %v, want one worker's %v", tc.stepCores, tc.P, p.Update, h.Update)
+		}
 		if want := h.Other * max(1, float64(tc.P)/2); math.Abs(p.Other-want) > 1e-12 {
 			t.Errorf("StepCores %v, %d workers: other %v, want %v", tc.stepCores, tc.P, p.Other, want)
 		}
+		if sum := p.Queue + p.Compute + p.Select + p.Comm + p.Other + p.Update; math.Abs(p.Iter-sum) > 1e-12 {
+			t.Errorf("StepCores %v, %d workers: iteration %v, the phases add up to %v", tc.stepCores, tc.P, p.Iter, sum)
+		}
+	}
+}
+
+// TestPredictSimulatedMeasured: with a sweep's measurements of simulated
+// runs at P, the prediction takes each phase from them (numbers worked out
+// by hand): the dense run's queue, compute and update (less the lag of its
+// barrier behind dense all-reduce, plus the method's), the method's
+// reducer on P workers, and the dense run's error feedback (its t_wait less
+// dense all-reduce's reducer); on an emulated network communication is at
+// least the α-β model's.
+func TestPredictSimulatedMeasured(t *testing.T) {
+	h := synthHost()
+	h.SimSteps = []SimStep{{Workers: 4, Queue: 0.3, Compute: 0.12, Wait: 0.05, Update: 0.02, Iter: 0.49, Steps: 10}}
+	h.SimReduces = []SimReduce{
+		{Method: "dense", Density: 1, Workers: 4, Comm: 0.03, Other: 0.005, Lag: 0.004},
+		{Method: "topk", Density: 0.01, Workers: 4, Select: 0.04, Comm: 0.02, Other: 0.003, Lag: 0.01},
+	}
+	p, err := Predict(h, Setting{Method: "topk", Workers: 4, Density: 0.01, Simulated: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// error feedback 0.05 − (0 + 0.03 + 0.005) = 0.015; update 0.02 − 0.004 + 0.01.
+	want := Prediction{Queue: 0.3, Compute: 0.12, Select: 0.04, Comm: 0.02, Other: 0.018, Update: 0.026}
+	want.Iter = 0.3 + 0.12 + 0.04 + 0.02 + 0.018 + 0.026
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{{"queue", p.Queue, want.Queue}, {"compute", p.Compute, want.Compute}, {"select", p.Select, want.Select}, {"comm", p.Comm, want.Comm},
+		{"other", p.Other, want.Other}, {"update", p.Update, want.Update}, {"iter", p.Iter, want.Iter}} {
+		if math.Abs(c.got-c.want) > 1e-12 {
+			t.Errorf("%s %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	// On an emulated network the measurements of that network count: the
+	// in-process ones do not stand for it.
+	slow := netmodel.Network{Latency: time.Millisecond, Bandwidth: 125e3}
+	q, err := Predict(h, Setting{Method: "topk", Workers: 4, Density: 0.01, Simulated: true, Net: slow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q.Queue != (4/2-1)*h.Compute {
+		t.Errorf("on a network not measured: queue %v, want the extrapolation's one turn of %v", q.Queue, h.Compute)
+	}
+	h.SimSteps = append(h.SimSteps, SimStep{Workers: 4, Latency: slow.Latency, Bandwidth: slow.Bandwidth, Queue: 0.4, Compute: 0.12, Wait: 0.9, Update: 0.02, Iter: 1.44})
+	h.SimReduces = append(h.SimReduces,
+		SimReduce{Method: "dense", Density: 1, Workers: 4, Latency: slow.Latency, Bandwidth: slow.Bandwidth, Comm: 0.85, Other: 0.005, Lag: 0.004},
+		SimReduce{Method: "topk", Density: 0.01, Workers: 4, Latency: slow.Latency, Bandwidth: slow.Bandwidth, Select: 0.04, Comm: 0.3, Other: 0.003, Lag: 0.01})
+	q, err = Predict(h, Setting{Method: "topk", Workers: 4, Density: 0.01, Simulated: true, Net: slow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// error feedback 0.9 − 0.855 = 0.045 (+ 0.003); update 0.02 − 0.004 + 0.01; spread 0.
+	if q.Queue != 0.4 || q.Comm != 0.3 || math.Abs(q.Other-0.048) > 1e-12 || math.Abs(q.Update-0.026) > 1e-12 || math.Abs(q.Iter-(0.4+0.12+0.04+0.3+0.048+0.026)) > 1e-12 {
+		t.Errorf("on the measured network: %+v", q)
+	}
+	// No measurement at 8 workers: extrapolated.
+	r, err := Predict(h, Setting{Method: "topk", Workers: 8, Density: 0.01, Simulated: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Queue != (4-1)*h.Compute {
+		t.Errorf("8 workers, not measured: queue %v, want 3 turns of %v", r.Queue, h.Compute)
 	}
 }

@@ -9,7 +9,8 @@
 // its events are complete when recorded. Package cuda implements the same
 // interfaces for NVIDIA GPUs. The trainer, the models' executor and the
 // reducers are written against these interfaces only, so that one data path
-// runs on both devices (../shared/DESIGN.md, "Devices").
+// runs on both devices (docs/design.md, "Workers: simulated, processes,
+// GPUs").
 //
 // Buffers are values: a Buffer names a typed range of one device's memory
 // (like a slice), and Slice makes sub-ranges without copying. Whoever

@@ -77,19 +77,29 @@ func (e *numError) Error() string {
 
 // Step is one line with "type":"step". Epoch is 1-based (the epoch the step
 // belongs to); Step counts iterations from 1. Bytes are per worker, averaged
-// over workers; times are in seconds, each phase's and the iteration's the
-// maximum over workers. TForward runs from the start of the step to the
+// over workers. Times are in seconds, all of one worker: the one the others
+// waited for, which spent the longest queueing, computing and selecting
+// (the largest TQueue + TCompute + TSelect), so that they add up to its
+// iteration:
+//
+//	TIter = TQueue + TCompute + TWait + TUpdate
+//
+// TCompute is the model's whole forward and backward step (the pipeline's
+// hand-over included), TForward the part from the start of the step to the
 // first gradient that is final (so it includes the backward of the output
-// layer); TBackward the rest of the model's step. TSelect and TComm are the
-// reducer's selection and communication times (TComm is the sum of the
-// communicator calls' durations: under LAGS pipelining the groups' requests,
-// which overlap the backward pass and each other); TWait is the time from
-// the end of the backward pass until the averaged gradient was complete (the
-// communication left exposed); TCompute is the model's whole forward and
-// backward step; TCommWall the wall time from the start of the reduction
-// (under pipelining: of the first group, during the backward pass) until the
-// averaged gradient was complete. TForward and TBackward are null when the
-// split is not measured.
+// layer), TBackward the rest as the model measured it (TForward and
+// TBackward are null when the split is not measured). TWait is the time from
+// the end of the backward pass until the averaged gradient was complete:
+// gradient clipping, error feedback and the reducer's call, of which TSelect
+// and TComm are the reducer's selection and communication times (TComm is
+// the sum of the communicator calls' durations, which calls in flight
+// together can make exceed the wall time they took; under LAGS pipelining
+// the groups' requests overlap the backward pass and each other, and the
+// groups' TSelect and TComm are not within TWait). TCommWall is the wall
+// time from the start of the reduction (under pipelining: of the first
+// group, during the backward pass) until the averaged gradient was
+// complete, so that TCommWall − TWait is the part of the backward pass the
+// reduction ran alongside. TUpdate is the optimizer's step.
 type Step struct {
 	Type          string `json:"type"`
 	Epoch         int    `json:"epoch"`
@@ -114,10 +124,11 @@ type Step struct {
 	TCompute  Num  `json:"t_compute"`
 	TCommWall Num  `json:"t_comm_wall"`
 	// TQueue is, for simulated workers taking turns on shared executors,
-	// the time the slowest worker's step waited for an executor and for the
-	// other workers' turns before the reduction (which simulated workers
-	// enter together, as a cluster's do); 0 when every worker has its own
-	// model. TCompute, TWait and the reducer's times do not include it.
+	// the time the worker's step waited for an executor and for the other
+	// workers' turns before the reduction (which simulated workers enter
+	// together, as a cluster's do, unless LAGS pipelining starts it during
+	// the backward pass); 0 when every worker has its own model. TCompute,
+	// TWait and the reducer's times do not include it.
 	TQueue Num `json:"t_queue"`
 	// LayerK is rank 0's number of selected elements per tensor, for
 	// methods that allocate the budget per tensor (absent otherwise).

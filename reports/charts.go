@@ -32,6 +32,30 @@ type seriesSpec struct {
 	// Color, when set, draws the series in this colour with a thin line
 	// (a reference line beside the data, e.g. a percentile).
 	Color string `json:"color,omitempty"`
+	// Width, when > 0, is the line's width in pixels (layered).
+	Width float64 `json:"width,omitempty"`
+}
+
+// layered gives the lines of every chart of cs widths that shrink from the
+// first series to the last, so that a series drawn over an equal one (two
+// compared runs with the same losses: -workers N and mpirun -np N) leaves
+// it showing at the edges.
+func layered(cs []chartSpec) []chartSpec {
+	for ci := range cs {
+		var lines []int
+		for j, s := range cs[ci].Series {
+			if !s.Bar && s.Color == "" {
+				lines = append(lines, j)
+			}
+		}
+		if len(lines) < 2 {
+			continue
+		}
+		for k, j := range lines {
+			cs[ci].Series[j].Width = 1.5 + 3*float64(len(lines)-1-k)/float64(len(lines)-1)
+		}
+	}
+	return cs
 }
 
 // chartSpec is what one chart shows, before it becomes an ECharts option.
@@ -237,8 +261,12 @@ func (c *chartSpec) option() map[string]any {
 				ls.Type = "dashed"
 			}
 			so = append(so, charts.WithLineStyleOpts(ls), charts.WithItemStyleOpts(opts.ItemStyle{Color: s.Color}))
-		case s.Dashed:
-			so = append(so, charts.WithLineStyleOpts(opts.LineStyle{Type: "dashed"}))
+		case s.Dashed || s.Width > 0:
+			ls := opts.LineStyle{Width: float32(s.Width)}
+			if s.Dashed {
+				ls.Type = "dashed"
+			}
+			so = append(so, charts.WithLineStyleOpts(ls))
 		}
 		if s.Bar {
 			bar := charts.NewBar()
@@ -252,15 +280,21 @@ func (c *chartSpec) option() map[string]any {
 		}
 		so = append(so, charts.WithLineChartOpts(opts.LineChart{ShowSymbol: opts.Bool(s.Symbols), Stack: s.Stack}))
 		var data []opts.LineData
+		// Layered symbols shrink with their lines (an evaluation drawn
+		// over an equal one leaves a ring of it).
+		sym := 0
+		if s.Symbols && s.Width > 0 {
+			sym = int(math.Round(2 + 2*s.Width))
+		}
 		if c.Categories != nil {
 			data = make([]opts.LineData, len(s.Values))
 			for i, v := range s.Values {
-				data[i] = opts.LineData{Value: num(v)}
+				data[i] = opts.LineData{Value: num(v), SymbolSize: sym}
 			}
 		} else {
 			data = make([]opts.LineData, len(s.Points))
 			for i, p := range s.Points {
-				data[i] = opts.LineData{Value: [2]num{num(p.X), num(p.Y)}}
+				data[i] = opts.LineData{Value: [2]num{num(p.X), num(p.Y)}, SymbolSize: sym}
 			}
 		}
 		ch.AddSeries(s.Name, data, so...)
@@ -459,12 +493,19 @@ func runCharts(r *Run, maxPts int) []chartSpec {
 		out = append(out, chartSpec{ID: "loss", Title: "Training loss", XName: "iteration", YName: "loss (mean over workers)",
 			Series: []seriesSpec{stepSeries("training loss", r.Steps, func(s *Step) float64 { return s.Loss }, 1, maxPts)}})
 	}
+	// The setup density is drawn last and dashed: on top of an actual
+	// density equal to it, both stay visible.
+	setup := stepSeries("setup density", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts)
+	setup.Dashed = true
 	out = append(out, chartSpec{ID: "density", Title: "Setup vs actual density", XName: "iteration", YName: "density (fraction of gradient elements)",
-		Subtitle: "actual = |union of the indices sent| / N",
+		Subtitle: "actual = |union of the indices sent| / N; dashed: setup density",
 		Series: []seriesSpec{
-			stepSeries("setup density", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts),
 			stepSeries("actual density", r.Steps, func(s *Step) float64 { return s.ActualDensity }, 1, maxPts),
+			setup,
 		}})
+	if c, ok := ratioChart(r, maxPts); ok {
+		out = append(out, c)
+	}
 	out = append(out, chartSpec{ID: "error", Title: "Error (mean residual norm)", XName: "iteration", YName: "mean over workers of ‖residual‖₂",
 		Series: []seriesSpec{stepSeries("error", r.Steps, func(s *Step) float64 { return s.ErrorNorm }, 1, maxPts)}})
 	if r.hasThreshold() {
@@ -482,6 +523,21 @@ func runCharts(r *Run, maxPts int) []chartSpec {
 		out = append(out, c)
 	}
 	return out
+}
+
+// ratioChart is the actual density over the setup density per iteration
+// (what the papers plot: DEFT's Fig. 1 build-up), with 1 dashed; absent for
+// a run without a setup density below 1 (dense).
+func ratioChart(r *Run, maxPts int) (chartSpec, bool) {
+	if d := r.Info.Config.Density; !(d > 0 && d < 1) {
+		return chartSpec{}, false
+	}
+	ratio := stepSeries("actual ÷ setup density", r.Steps, func(s *Step) float64 { return s.ActualDensity / s.Density }, 1, maxPts)
+	one := stepSeries("1 (the setup density)", r.Steps, func(s *Step) float64 { return 1 }, 1, maxPts)
+	one.Dashed = true
+	return chartSpec{ID: "density-ratio", Title: "Actual density ÷ setup density", XName: "iteration", YName: "actual ÷ setup density",
+		Subtitle: "mean " + fmtRatio(r.densityRatio()) + "; above 1: the workers' selections together send more than ρ",
+		Series:   []seriesSpec{ratio, one}}, true
 }
 
 // errorScale is the MiCRO paper's Fig. 8 scaling factor: Σ threshold / Σ
@@ -539,15 +595,22 @@ func (r *Run) isPipelined() bool {
 	return r.Info.Pipelined || anyPipelined(r)
 }
 
-// overlapped is the part of step s's reduction that ran during the
-// backward pass: its wall time less the part left exposed after the
-// backward pass (0 when the reduction started after it; NaN when not
-// recorded).
+// overlapped is the part of step s's backward pass that a pipelined
+// reduction ran alongside: its wall time less the part after the backward
+// pass, at most the forward and backward time (0 when the reduction started
+// after the pass or t_comm_wall was not recorded).
 func overlapped(s *Step) float64 {
 	if !isFinite(s.TCommWall) || !isFinite(s.TWait) {
-		return math.NaN()
+		return 0
 	}
-	return max(0, s.TCommWall-s.TWait)
+	return min(max(0, s.TCommWall-s.TWait), max(0, s.TCompute))
+}
+
+// dashed returns s drawn dashed (on top of an equal series before it, both
+// stay visible).
+func dashed(s seriesSpec) seriesSpec {
+	s.Dashed = true
+	return s
 }
 
 // minus is a − b, at least 0, and a when b is NaN.
@@ -560,30 +623,55 @@ func minus(a, b float64) float64 {
 
 // The phases of the time breakdown.
 const (
-	phaseForward  = "forward"
-	phaseBackward = "backward"
-	phaseCompute  = "forward + backward"
-	phaseHidden   = "communication overlapped with backward"
-	phaseSelect   = "selection"
-	phaseComm     = "communication"
-	phaseExposed  = "communication, exposed"
-	phaseUpdate   = "update"
-	phaseQueue    = "waiting for a shared executor"
+	phaseQueue     = "waiting for an executor and the other workers' turns"
+	phaseForward   = "forward"
+	phaseBackward  = "backward"
+	phaseCompute   = "forward + backward"
+	phaseAlongside = "backward, the reduction running alongside"
+	phaseSelect    = "selection"
+	phaseComm      = "communication"
+	phaseOther     = "error feedback and the reducer's other work"
+	phaseAfter     = "reduction after the backward pass"
+	phaseUpdate    = "update"
 )
 
 // phaseOrder is the order of the phases in a chart (the data path's).
-var phaseOrder = []string{phaseQueue, phaseForward, phaseBackward, phaseCompute, phaseHidden, phaseSelect, phaseComm, phaseExposed, phaseUpdate}
+var phaseOrder = []string{phaseQueue, phaseForward, phaseBackward, phaseCompute, phaseAlongside, phaseSelect, phaseComm, phaseOther, phaseAfter, phaseUpdate}
+
+// Phase is one part of an iteration in a run's time breakdown.
+type Phase struct {
+	Name    string
+	Seconds float64
+}
+
+// Breakdown returns the phases of the run's i-th step record as its report's
+// time breakdown stacks them; they add up to the step's t_iter (a record
+// holds one worker's times: metrics.Step).
+func (r *Run) Breakdown(i int) []Phase {
+	names, get := phases(r)
+	out := make([]Phase, len(names))
+	for j, n := range names {
+		out[j] = Phase{n, get[j](&r.Steps[i])}
+	}
+	return out
+}
 
 // phases returns the time breakdown's phases for r, which add up to an
-// iteration: forward and backward separately when measured, else their sum
-// (t_compute), then selection, communication and update (t_select, t_comm,
-// t_update); simulated workers' wait for a shared executor (t_queue) comes
-// first. A pipelined run (isPipelined) reduces its layer groups during
-// the backward pass, concurrently: the sum of its calls' durations (t_comm)
-// counts overlapping time several times over, so its communication is
-// shown as two parts, the one overlapped with the backward pass (taken out
-// of the backward time) and the one left exposed after it (t_wait, which
-// also holds the last groups' selection).
+// iteration (t_iter = t_queue + t_compute + t_wait + t_update, one worker's
+// times): simulated workers' wait for a shared executor and the other
+// workers' turns (t_queue) when there is any; forward and backward
+// separately when measured (backward then holds the rest of t_compute),
+// else their sum; then, for a sequential reduction, its parts within
+// t_wait: selection (t_select), communication (t_comm, at most what t_wait
+// leaves: calls in flight together sum to more than the time they took) and
+// the rest, error feedback and the reducer's other work (decoding, the
+// residual, copies); and the update (t_update). A pipelined run
+// (isPipelined) reduces its layer groups during the backward pass,
+// concurrently, so its selection and communication cannot be told apart
+// in time: its reduction shows as the part of the backward pass it ran
+// alongside (taken out of the backward time) and the part after the
+// backward pass (t_wait). Nothing shows as communication that was not a
+// communicator call.
 func phases(r *Run) (names []string, get []func(*Step) float64) {
 	split := false
 	for _, s := range r.Steps {
@@ -593,57 +681,59 @@ func phases(r *Run) (names []string, get []func(*Step) float64) {
 		}
 	}
 	pipe := r.isPipelined()
-	defer func() {
-		// Simulated workers taking turns on shared executors wait for one
-		// before they compute.
-		if slices.ContainsFunc(r.Steps, func(s Step) bool { return s.TQueue > 0 }) {
-			names = append([]string{phaseQueue}, names...)
-			get = append([]func(*Step) float64{func(s *Step) float64 { return s.TQueue }}, get...)
-		}
-	}()
-	switch {
-	case split && pipe:
-		names = []string{phaseForward, phaseBackward}
-		get = []func(*Step) float64{func(s *Step) float64 { return s.TForward }, func(s *Step) float64 { return minus(s.TBackward, overlapped(s)) }}
-	case split:
-		names = []string{phaseForward, phaseBackward}
-		get = []func(*Step) float64{func(s *Step) float64 { return s.TForward }, func(s *Step) float64 { return s.TBackward }}
-	case pipe:
-		names = []string{phaseCompute}
-		get = []func(*Step) float64{func(s *Step) float64 { return minus(s.TCompute, overlapped(s)) }}
-	default:
-		names = []string{phaseCompute}
-		get = []func(*Step) float64{func(s *Step) float64 { return s.TCompute }}
+	ov := func(s *Step) float64 { return 0 }
+	if pipe {
+		ov = overlapped
+	}
+	if slices.ContainsFunc(r.Steps, func(s Step) bool { return s.TQueue > 0 }) {
+		names = append(names, phaseQueue)
+		get = append(get, func(s *Step) float64 { return s.TQueue })
+	}
+	if split {
+		fw := func(s *Step) float64 { return min(s.TForward, s.TCompute) }
+		names = append(names, phaseForward, phaseBackward)
+		get = append(get, fw, func(s *Step) float64 { return minus(s.TCompute, fw(s)+ov(s)) })
+	} else {
+		names = append(names, phaseCompute)
+		get = append(get, func(s *Step) float64 { return minus(s.TCompute, ov(s)) })
 	}
 	if pipe {
-		names = append(names, phaseHidden, phaseExposed, phaseUpdate)
+		names = append(names, phaseAlongside, phaseAfter, phaseUpdate)
 		get = append(get, overlapped, func(s *Step) float64 { return s.TWait }, func(s *Step) float64 { return s.TUpdate })
 		return names, get
 	}
-	names = append(names, phaseSelect, phaseComm, phaseUpdate)
-	get = append(get, func(s *Step) float64 { return s.TSelect }, func(s *Step) float64 { return s.TComm }, func(s *Step) float64 { return s.TUpdate })
+	sel := func(s *Step) float64 { return min(s.TSelect, s.TWait) }
+	com := func(s *Step) float64 { return min(s.TComm, minus(s.TWait, sel(s))) }
+	names = append(names, phaseSelect, phaseComm, phaseOther, phaseUpdate)
+	get = append(get, sel, com, func(s *Step) float64 { return minus(s.TWait, sel(s)+com(s)) }, func(s *Step) float64 { return s.TUpdate })
 	return names, get
 }
 
-// overlapChart shows, per iteration, the communication's wall time
-// (t_comm_wall: from the start of the reduction until the averaged gradient
-// was complete), the part of it left exposed after the backward pass
-// (t_wait) and the sum of the communicator calls' durations (t_comm, which
-// overlapping calls inflate): what LAGS pipelining hides. It is absent when
-// no step recorded t_comm_wall.
+// overlapChart shows, per iteration of a pipelined run, the reduction's
+// wall time (t_comm_wall: from the first layer group entering the reducer
+// during the backward pass until the averaged gradient was complete), the
+// part of it after the backward pass (t_wait) and the sum of the
+// communicator calls' durations (t_comm, which overlapping calls inflate):
+// what LAGS pipelining hides. It is absent for a run that did not pipeline
+// (its reduction all comes after the backward pass: the time breakdown
+// shows its parts) or did not record t_comm_wall.
 func overlapChart(r *Run, maxPts int) (chartSpec, bool) {
-	if !slices.ContainsFunc(r.Steps, func(s Step) bool { return isFinite(s.TCommWall) }) {
+	if !r.isPipelined() || !slices.ContainsFunc(r.Steps, func(s Step) bool { return isFinite(s.TCommWall) }) {
 		return chartSpec{}, false
 	}
 	du := durUnit(r.median(func(s *Step) float64 { return max(s.TCommWall, s.TWait, s.TComm) }))
 	scale := 1 / du.div
-	c := chartSpec{ID: "overlap", Title: "Communication: wall time and exposed part", XName: "iteration",
-		YName:    "time (" + du.name + ", slowest worker)",
-		Subtitle: "wall time from the start of the reduction; exposed: after the backward pass",
+	sub := "wall time from the first layer group entering the reducer during the backward pass; dashed: after it"
+	if r.Info.Workers == 1 {
+		sub += "; one worker: no communication, the reduction is selection and error feedback"
+	}
+	c := chartSpec{ID: "overlap", Title: "Pipelined reduction: wall time and after backward", XName: "iteration",
+		YName:    "time (" + du.name + ")",
+		Subtitle: sub,
 		Series: []seriesSpec{
-			stepSeries("communication wall time (t_comm_wall)", r.Steps, func(s *Step) float64 { return s.TCommWall }, scale, maxPts),
-			stepSeries("exposed after the backward pass (t_wait)", r.Steps, func(s *Step) float64 { return s.TWait }, scale, maxPts),
-			stepSeries("sum of the calls' durations (t_comm)", r.Steps, func(s *Step) float64 { return s.TComm }, scale, maxPts),
+			stepSeries("reduction's wall time (t_comm_wall)", r.Steps, func(s *Step) float64 { return s.TCommWall }, scale, maxPts),
+			dashed(stepSeries("after the backward pass (t_wait)", r.Steps, func(s *Step) float64 { return s.TWait }, scale, maxPts)),
+			stepSeries("sum of the communicator calls' durations (t_comm)", r.Steps, func(s *Step) float64 { return s.TComm }, scale, maxPts),
 		}}
 	return c, true
 }
@@ -661,7 +751,7 @@ func timeChart(r *Run, maxPts int) chartSpec {
 	names, get := phases(r)
 	iter := func(s *Step) float64 { return s.TIter }
 	du := durUnit(r.median(iter))
-	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", XName: "iteration", YName: "time (" + du.name + ", slowest worker)"}
+	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", XName: "iteration", YName: "time (" + du.name + ", the worker the others waited for)"}
 	col := func(f func(*Step) float64) []float64 {
 		vals := make([]float64, len(r.Steps))
 		for j := range r.Steps {
@@ -711,7 +801,7 @@ func timeChart(r *Run, maxPts int) chartSpec {
 		level = max(level, quantile(hi, 0.5))
 	}
 	if r.isPipelined() {
-		notes = append(notes, "pipelined: the communication overlapped with the backward pass is taken out of backward; exposed: what is left after it")
+		notes = append(notes, "pipelined: the part of the backward pass the reduction ran alongside is shown apart, then the reduction after it")
 	}
 	if cut, what := cutOff(tops, level, c.Categories, du); cut > 0 {
 		c.YMax = cut
@@ -777,9 +867,12 @@ func bytesChart(runs []*Run, labels []string, maxPts int) chartSpec {
 	c := chartSpec{ID: "bytes", Title: "Bytes per iteration", XName: "iteration", YName: u.name + " per worker per iteration"}
 	for i, r := range runs {
 		if labels == nil {
-			c.Series = append(c.Series,
-				stepSeries("sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts),
-				stepSeries("received", r.Steps, func(s *Step) float64 { return s.BytesRecv }, 1/u.div, maxPts))
+			// Received is drawn dashed on top: where a collective sends
+			// what it receives, both lines stay visible.
+			recv := stepSeries("received", r.Steps, func(s *Step) float64 { return s.BytesRecv }, 1/u.div, maxPts)
+			recv.Dashed = true
+			c.Series = append(c.Series, stepSeries("sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts), recv)
+			c.Subtitle = "dashed: received"
 		} else {
 			c.Series = append(c.Series, stepSeries(labels[i]+" sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts))
 		}
@@ -1058,7 +1151,7 @@ func compareCharts(runs []*Run, labels []string, onlyWorkers bool, maxPts int) [
 			out = append(out, c)
 		}
 	}
-	return out
+	return layered(out)
 }
 
 // compareTimeChart stacks each run's median phase times (phases), one bar
@@ -1077,7 +1170,7 @@ func compareTimeChart(runs []*Run, labels []string) chartSpec {
 		cats[i] = strings.ReplaceAll(l, " ", "\n")
 	}
 	c := chartSpec{ID: "time", Title: "Time breakdown per iteration", Subtitle: "median of each phase over the logged iterations",
-		XName: "run", YName: "time (" + du.name + ", slowest worker)", Categories: cats, AllLabels: true}
+		XName: "run", YName: "time (" + du.name + ", the worker the others waited for)", Categories: cats, AllLabels: true}
 	vals := map[string][]float64{}
 	pipe := false
 	for ri, r := range runs {
@@ -1099,7 +1192,7 @@ func compareTimeChart(runs []*Run, labels []string) chartSpec {
 		}
 	}
 	if pipe {
-		c.Subtitle += "; pipelined runs: communication overlapped with backward and the exposed rest"
+		c.Subtitle += "; pipelined runs: the backward pass the reduction ran alongside, and the reduction after it"
 	}
 	return c
 }

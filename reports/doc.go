@@ -22,20 +22,23 @@
 //
 //   - step records give the loss, setup and actual density, error and
 //     threshold charts, the bytes chart, DEFT's per-layer k chart
-//     ("layer_k", every tensor named), and the time breakdown: forward and
-//     backward (or their sum t_compute), selection (t_select),
-//     communication (t_comm) and update, each bar the median of the
-//     iterations it stands for, with the 10th and 90th percentiles of the
-//     iteration time; a few towering bars or percentiles are cut off and
-//     named. A
-//     pipelined run (run.json's "pipelined", or a step whose reduction
-//     outlasted its exposed part, t_comm_wall > t_wait) reduces during the
-//     backward pass with overlapping calls, so its communication is shown
-//     as the part overlapped with the backward pass (t_comm_wall − t_wait,
-//     taken out of the backward time) and the exposed rest (t_wait), never
-//     as t_comm, which counts overlapping time several times; the header
-//     says the same. When t_comm_wall is recorded, an overlap chart shows
-//     it against t_wait and t_comm.
+//     ("layer_k", every tensor named), and the time breakdown of the worker
+//     each record holds (the one the others waited for): its phases add up
+//     to its iteration (Run.Breakdown) — the wait for a shared executor and
+//     the other simulated workers' turns (t_queue), forward and backward (or
+//     their sum t_compute), and for a sequential reduction selection
+//     (t_select), communication (t_comm, at most what t_wait leaves),
+//     error feedback and the reducer's other work (the rest of t_wait) and
+//     update; each bar the median of the iterations it stands for, with the
+//     10th and 90th percentiles of the iteration time; a few towering bars or
+//     percentiles are cut off and named. A pipelined run (run.json's
+//     "pipelined", or a step whose reduction outlasted the part after the
+//     backward pass, t_comm_wall > t_wait) reduces during the backward pass
+//     with overlapping calls, so its reduction is shown as the part of the
+//     backward pass it ran alongside (t_comm_wall − t_wait, taken out of the
+//     backward time) and the part after it (t_wait), never as t_comm, which
+//     counts overlapping time several times; the header says the same, and a
+//     chart shows t_comm_wall against t_wait and t_comm.
 //   - "ops" (rank 0's per-operation communicator counters) gives the
 //     projected communication time at other worker counts and bandwidths
 //     (comm/netmodel.Project), drawn only for the methods whose per-worker

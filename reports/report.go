@@ -124,6 +124,23 @@ func fmtG(v float64, digits int) string {
 	return strconv.FormatFloat(v, 'g', digits, 64)
 }
 
+// fmtRatio formats a ratio as "1.05×" ("—" when not finite).
+func fmtRatio(v float64) string {
+	if !isFinite(v) {
+		return "—"
+	}
+	return strconv.FormatFloat(v, 'f', 2, 64) + "×"
+}
+
+// ratioCell is " (R× the setup density)" for a run with a setup density
+// below 1, else "".
+func ratioCell(r *Run) string {
+	if d := r.Info.Config.Density; !(d > 0 && d < 1) || !isFinite(r.densityRatio()) {
+		return ""
+	}
+	return " (" + fmtRatio(r.densityRatio()) + " the setup density)"
+}
+
 func fmtBytes(v float64) string {
 	if !isFinite(v) {
 		return "—"
@@ -290,7 +307,7 @@ func runTable(r *Run) table {
 		{"workers", workersCell(r.Info)},
 		{"setup density", fmtG(c.Density, 4)},
 		{"seed", strconv.FormatUint(c.Seed, 10)},
-		{"backend", r.Info.Backend},
+		{"backend", backendName(r.Info.Backend)},
 		{"duration", fmtDur(r.duration())},
 	}
 	if rp := r.Info.Replay; rp != nil {
@@ -303,7 +320,7 @@ func runTable(r *Run) table {
 		rows = append(rows, []string{"final " + onSplit(r.split(), m), fmtEval(m, f)}, []string{"best " + onSplit(r.split(), m), fmtEval(m, b)})
 	}
 	rows = append(rows,
-		[]string{"mean actual density", fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4)},
+		[]string{"mean actual density", fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4) + ratioCell(r)},
 		[]string{"total bytes sent per worker", fmtBytes(r.totalBytesSent())},
 	)
 	names, get := phases(r)
@@ -322,8 +339,8 @@ func runTable(r *Run) table {
 		[]string{"median time per phase", strings.Join(parts, " · ")},
 	)
 	if r.isPipelined() {
-		rows = append(rows, []string{"communication (pipelined)", "exposed after the backward pass " + fmtMillis(r.median(func(s *Step) float64 { return s.TWait })) +
-			", overlapped with the backward pass " + fmtMillis(r.median(overlapped)) + " per iteration (medians); the calls' durations add up to " +
+		rows = append(rows, []string{"reduction (pipelined)", "alongside the backward pass " + fmtMillis(r.median(overlapped)) +
+			", after it " + fmtMillis(r.median(func(s *Step) float64 { return s.TWait })) + " per iteration (medians); the communicator calls' durations add up to " +
 			fmtMillis(r.median(func(s *Step) float64 { return s.TComm })) + " because the layer groups' calls overlap one another"})
 	}
 	rows = append(rows,
@@ -420,7 +437,30 @@ func configView(r *Run) map[string]string {
 		}
 	}
 	m["workers"] = strconv.Itoa(r.Info.Workers)
+	if b := backendName(r.Info.Backend); b != "" {
+		m["backend"] = b
+	}
 	return m
+}
+
+// backendName says where a run's workers ran and talked: "in-process" for
+// simulated workers (run.json's backend "local"), "mpirun" for processes
+// of an mpirun job, "nccl" for GPUs talking over NCCL; "" when not
+// recorded.
+func backendName(b string) string {
+	switch b {
+	case "local":
+		return "in-process"
+	case "mpi":
+		return "mpirun"
+	}
+	return b
+}
+
+// densityRatio is the run's mean actual density over its setup density
+// (NaN without a setup density).
+func (r *Run) densityRatio() float64 {
+	return r.mean(func(s *Step) float64 { return s.ActualDensity }) / r.Info.Config.Density
 }
 
 // differing returns the configuration keys whose values differ between
@@ -570,13 +610,13 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 	if metric != "" {
 		mlabel = onSplit(split, metric)
 	}
-	runsTab := table{Caption: "Runs", Head: []string{"run", "directory", "sparsifier", "workers", "setup density", "final " + mlabel,
-		"best " + mlabel, "mean actual density", "bytes sent per worker", "mean iteration", "duration"}}
+	runsTab := table{Caption: "Runs", Head: []string{"run", "directory", "sparsifier", "workers", "backend", "setup density", "final " + mlabel,
+		"best " + mlabel, "mean actual density", "actual ÷ setup density", "bytes sent per worker", "mean iteration", "duration"}}
 	for i, r := range runs {
 		f, b := r.finalBestEval(metric)
-		runsTab.Rows = append(runsTab.Rows, []string{labels[i], r.Dir, r.Info.Config.Sparsifier, strconv.Itoa(r.Info.Workers),
+		runsTab.Rows = append(runsTab.Rows, []string{labels[i], r.Dir, r.Info.Config.Sparsifier, strconv.Itoa(r.Info.Workers), backendName(r.Info.Backend),
 			fmtG(r.Info.Config.Density, 4), fmtEval(metric, f), fmtEval(metric, b),
-			fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4), fmtBytes(r.totalBytesSent()),
+			fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4), fmtRatio(r.densityRatio()), fmtBytes(r.totalBytesSent()),
 			fmtDur(r.mean(func(s *Step) float64 { return s.TIter })), fmtDur(r.duration())})
 	}
 	tables := []table{runsTab}
@@ -589,6 +629,9 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 			notes = append(notes, "Recorded gradients of "+r.Info.Replay.Model+". "+n)
 			break
 		}
+	}
+	if slices.Contains(diff, "backend") {
+		notes = append(notes, "The runs differ in backend: simulated workers in one process share its cores and talk through memory, mpirun's processes each have a core's share and talk through MPI, so their times per iteration are not comparable; their losses and densities are (-workers N and mpirun -np N compute the same).")
 	}
 	for i, r := range runs {
 		if e := r.partialEval(); e != nil {

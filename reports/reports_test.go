@@ -428,24 +428,63 @@ func TestRunChartsData(t *testing.T) {
 				t.Fatalf("time chart has %d bars for %d steps", len(tc.Categories), len(steps))
 			}
 			split := !math.IsNaN(rawNum(steps[0], "t_forward"))
-			fields := map[string]string{"selection": "t_select", "communication": "t_comm", "update": "t_update"}
+			pipe := rawNum(steps[0], "t_comm_wall") > rawNum(steps[0], "t_wait")
+			// Each phase from the record's fields (the fixtures' t_comm
+			// fits in t_wait), written out here: forward, backward = the
+			// rest of t_compute (less what a pipelined reduction ran
+			// alongside); selection, communication and the rest of t_wait,
+			// or for a pipelined run the part alongside and the part after
+			// the backward pass; update.
+			num := func(m map[string]any, f string) float64 {
+				if v := rawNum(m, f); !math.IsNaN(v) {
+					return v
+				}
+				return 0
+			}
+			ov := func(m map[string]any) float64 {
+				if !pipe {
+					return 0
+				}
+				return num(m, "t_comm_wall") - num(m, "t_wait")
+			}
+			fields := map[string]func(map[string]any) float64{
+				"update": func(m map[string]any) float64 { return num(m, "t_update") },
+			}
 			if split {
-				fields["forward"], fields["backward"] = "t_forward", "t_backward"
+				fields["forward"] = func(m map[string]any) float64 { return num(m, "t_forward") }
+				fields["backward"] = func(m map[string]any) float64 { return num(m, "t_compute") - num(m, "t_forward") - ov(m) }
 			} else {
-				fields["forward + backward"] = "t_compute"
+				fields["forward + backward"] = func(m map[string]any) float64 { return num(m, "t_compute") - ov(m) }
+			}
+			if pipe {
+				fields["backward, the reduction running alongside"] = ov
+				fields["reduction after the backward pass"] = func(m map[string]any) float64 { return num(m, "t_wait") }
+			} else {
+				fields["selection"] = func(m map[string]any) float64 { return num(m, "t_select") }
+				fields["communication"] = func(m map[string]any) float64 { return num(m, "t_comm") }
+				fields["error feedback and the reducer's other work"] = func(m map[string]any) float64 {
+					return num(m, "t_wait") - num(m, "t_select") - num(m, "t_comm")
+				}
 			}
 			if len(tc.Series) != len(fields) {
 				t.Fatalf("time chart series %d, want %d", len(tc.Series), len(fields))
 			}
+			sums := make([]float64, len(steps))
 			for sname, field := range fields {
 				s := findSeries(t, tc, sname)
 				if s.Stack != "time" || !s.Bar {
 					t.Errorf("%s not a stacked bar", sname)
 				}
 				for i, m := range steps {
-					if !sameFloat(s.Values[i], rawNum(m, field)*1e3) {
-						t.Fatalf("time %s step %d: %v want %v ms", sname, i, s.Values[i], rawNum(m, field)*1e3)
+					if want := field(m) * 1e3; math.Abs(s.Values[i]-want) > 1e-9 {
+						t.Fatalf("time %s step %d: %v want %v ms", sname, i, s.Values[i], want)
 					}
+					sums[i] += s.Values[i]
+				}
+			}
+			for i, m := range steps {
+				if want := rawNum(m, "t_iter") * 1e3; math.Abs(sums[i]-want) > 1e-9 {
+					t.Errorf("step %d: the bar adds up to %v ms, the iteration took %v ms", i, sums[i], want)
 				}
 			}
 

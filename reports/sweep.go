@@ -26,13 +26,15 @@ type SweepRun struct {
 	Predicted *PredictedIter
 }
 
-// PredictedIter is a projected iteration, in seconds, and the expected
-// actual density.
-// Other is the rest of the iteration (error feedback, copies, decoding),
-// which no measured phase holds.
+// PredictedIter is a projected iteration, in seconds, by the phases of a
+// step record (metrics.Step): Queue the wait for a shared executor and the
+// other simulated workers' turns, Compute the worker's own forward and
+// backward pass, Select and Comm the reducer's selection and communication,
+// Other the rest of the reduction (error feedback, copies, decoding),
+// Update the optimizer step; and the expected actual density.
 type PredictedIter struct {
-	Compute, Select, Comm, Update, Other, Iter float64
-	ActualDensity                              float64
+	Queue, Compute, Select, Comm, Other, Update, Iter float64
+	ActualDensity                                     float64
 }
 
 // SweepInfo is what a sweep page shows.
@@ -49,13 +51,17 @@ type SweepInfo struct {
 // caches, thresholds far from their target).
 const sweepSkip = 5
 
-// measuredPhases are a run's phase times per iteration: the medians over
-// the logged iterations after the first sweepSkip (all of them if there are
-// fewer). Communication is the exposed part (t_wait) for a pipelined run,
-// else the calls' summed time t_comm, at most the iteration's time outside
-// the other phases.
+// measuredPhases are a run's phase times per iteration, as the advisor
+// predicts them: the medians over the logged iterations after the first
+// sweepSkip (all of them if there are fewer) of the time breakdown's
+// phases (Run.Breakdown): the wait for an executor and the other workers'
+// turns, the worker's own forward and backward pass, and of the part after
+// it (t_wait) selection, communication (at most what t_wait leaves) and the
+// rest; for a pipelined run the part after the backward pass counts as
+// communication (its selection and communication overlap the backward pass
+// and cannot be told apart).
 type measuredPhases struct {
-	Compute, Select, Comm, Update, Iter float64
+	Queue, Compute, Select, Comm, Other, Update, Iter float64
 	// Density is the mean actual density over the second half of the
 	// logged iterations (MiCRO's threshold settles first).
 	Density float64
@@ -83,25 +89,33 @@ func phasesOf(r *Run) measuredPhases {
 	if len(steps) > 2*sweepSkip {
 		steps = steps[sweepSkip:]
 	}
+	pipe := r.isPipelined()
+	zero := func(x float64) float64 {
+		if isFinite(x) {
+			return x
+		}
+		return 0
+	}
+	sel := func(s *Step) float64 {
+		if pipe {
+			return 0
+		}
+		return min(zero(s.TSelect), zero(s.TWait))
+	}
+	com := func(s *Step) float64 {
+		if pipe {
+			return zero(s.TWait)
+		}
+		return min(zero(s.TComm), minus(zero(s.TWait), sel(s)))
+	}
 	m := measuredPhases{
+		Queue:   medianOf(steps, func(s *Step) float64 { return zero(s.TQueue) }),
 		Compute: medianOf(steps, func(s *Step) float64 { return s.TCompute }),
-		Select: medianOf(steps, func(s *Step) float64 {
-			if pipelined(s) {
-				return 0
-			}
-			return s.TSelect
-		}),
-		Comm: medianOf(steps, func(s *Step) float64 {
-			if pipelined(s) {
-				return s.TWait
-			}
-			// Non-blocking calls in flight together (TopkDSA's and
-			// Ok-Topk's messages to every peer) sum to more than the time
-			// they took: at most what the iteration leaves.
-			return min(s.TComm, max(0, s.TIter-s.TCompute-s.TSelect-s.TUpdate))
-		}),
-		Update: medianOf(steps, func(s *Step) float64 { return s.TUpdate }),
-		Iter:   medianOf(steps, func(s *Step) float64 { return s.TIter }),
+		Select:  medianOf(steps, sel),
+		Comm:    medianOf(steps, com),
+		Other:   medianOf(steps, func(s *Step) float64 { return minus(zero(s.TWait), sel(s)+com(s)) }),
+		Update:  medianOf(steps, func(s *Step) float64 { return s.TUpdate }),
+		Iter:    medianOf(steps, func(s *Step) float64 { return s.TIter }),
 	}
 	half := &Run{Steps: r.Steps[len(r.Steps)/2:]}
 	m.Density = half.mean(func(s *Step) float64 { return s.ActualDensity })
@@ -252,7 +266,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 		}
 	}
 	su := durUnit(maxSel)
-	sc := against("sweep-select", "Selection time against workers", "median per iteration, slowest worker (DEFT, MiCRO)",
+	sc := against("sweep-select", "Selection time against workers", "median per iteration, of the worker the others waited for (DEFT, MiCRO)",
 		"selection ("+su.name+")", func(i int) float64 { return ph[i].Select }, 1/su.div, func(i int) bool { return info.Runs[i].Method != "dense" })
 	if len(sc.Series) > 0 {
 		specs = append(specs, sc)
@@ -280,7 +294,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 	if c, ok := predictionChart(info, ph, labels); ok {
 		specs = append(specs, c)
 	}
-	return specs, tables, notes
+	return layered(specs), tables, notes
 }
 
 func sortedKeys(m map[float64]bool) []float64 {
@@ -341,12 +355,13 @@ func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets 
 	}
 	sort.Strings(netNames)
 	c := chartSpec{ID: "sweep-phases", Title: "Time per iteration by phase", XName: "run (method ×workers)",
-		YName: "time (" + du.name + ", slowest worker, median)", Subtitle: "network: " + strings.Join(netNames, "; "),
+		YName: "time (" + du.name + ", the worker the others waited for, median)", Subtitle: "network: " + strings.Join(netNames, "; "),
 		Horizontal: true, Wide: true}
-	names := []string{"forward + backward", "selection", "communication", "update"}
+	names := []string{phaseQueue, phaseCompute, phaseSelect, phaseComm, phaseOther, phaseUpdate}
 	get := []func(measuredPhases) float64{
-		func(p measuredPhases) float64 { return p.Compute }, func(p measuredPhases) float64 { return p.Select },
-		func(p measuredPhases) float64 { return p.Comm }, func(p measuredPhases) float64 { return p.Update },
+		func(p measuredPhases) float64 { return p.Queue }, func(p measuredPhases) float64 { return p.Compute },
+		func(p measuredPhases) float64 { return p.Select }, func(p measuredPhases) float64 { return p.Comm },
+		func(p measuredPhases) float64 { return p.Other }, func(p measuredPhases) float64 { return p.Update },
 	}
 	for _, i := range order {
 		c.Categories = append(c.Categories, labels[i])
@@ -391,10 +406,26 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 	}
 	rt := table{Caption: "Runs", Head: []string{"run", "directory", "workers", "setup density", "network", "final " + mlabel,
 		"mean actual density (2nd half)", "iteration (median)", "iterations logged", "duration"}}
-	pt := table{Caption: "Advisor's prediction against the measurement (time per iteration)", Head: []string{"run",
-		"measured iteration", "predicted iteration", "error", "compute meas./pred.", "selection meas./pred.",
-		"communication meas./pred.", "update meas./pred.", "rest pred.", "actual density meas./pred."}}
+	terms := []struct {
+		name       string
+		meas, pred func(measuredPhases, *PredictedIter) float64
+	}{
+		{"waiting for an executor and the other workers' turns", func(m measuredPhases, _ *PredictedIter) float64 { return m.Queue }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Queue }},
+		{"forward + backward", func(m measuredPhases, _ *PredictedIter) float64 { return m.Compute }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Compute }},
+		{"selection", func(m measuredPhases, _ *PredictedIter) float64 { return m.Select }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Select }},
+		{"communication", func(m measuredPhases, _ *PredictedIter) float64 { return m.Comm }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Comm }},
+		{"error feedback and the reducer's other work", func(m measuredPhases, _ *PredictedIter) float64 { return m.Other }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Other }},
+		{"update", func(m measuredPhases, _ *PredictedIter) float64 { return m.Update }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Update }},
+	}
+	head := []string{"run", "iteration meas. / pred.", "error"}
+	for _, tm := range terms {
+		head = append(head, tm.name+" meas. / pred. (error)")
+	}
+	pt := table{Caption: "Advisor's prediction against the measurement (time per iteration and its phases)", Head: append(head, "actual density meas. / pred.")}
 	var errs []float64
+	termErrs := make([][]float64, len(terms))
+	termShares := make([][]float64, len(terms))
+	termWorst := make([]int, len(terms))
 	worst, worstI := 0.0, -1
 	for i, r := range runs {
 		sr := info.Runs[i]
@@ -416,31 +447,63 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 				worst, worstI = math.Abs(e), i
 			}
 		}
-		pair := func(m, q float64) string { return fmtMs(m) + " / " + fmtMs(q) }
-		pt.Rows = append(pt.Rows, []string{labels[i], fmtMs(ph[i].Iter), fmtMs(p.Iter), fmtPct(e),
-			pair(ph[i].Compute, p.Compute), pair(ph[i].Select, p.Select), pair(ph[i].Comm, p.Comm), pair(ph[i].Update, p.Update), fmtMs(p.Other),
-			fmtPlain(ph[i].Density, 3) + " / " + fmtPlain(p.ActualDensity, 3)})
+		row := []string{labels[i], fmtMs(ph[i].Iter) + " / " + fmtMs(p.Iter), fmtPct(e)}
+		for k, tm := range terms {
+			m, q := tm.meas(ph[i], p), tm.pred(ph[i], p)
+			te := relErr(q, m)
+			if sh := (q - m) / ph[i].Iter; isFinite(sh) {
+				termShares[k] = append(termShares[k], math.Abs(sh))
+			}
+			if isFinite(te) {
+				termErrs[k] = append(termErrs[k], math.Abs(te))
+				if len(termErrs[k]) == 1 || math.Abs(te) >= slices.Max(termErrs[k]) {
+					termWorst[k] = i
+				}
+			}
+			row = append(row, fmtMs(m)+" / "+fmtMs(q)+" ("+fmtPct(te)+")")
+		}
+		pt.Rows = append(pt.Rows, append(row, fmtPlain(ph[i].Density, 3)+" / "+fmtPlain(p.ActualDensity, 3)))
 	}
 	tables := []table{rt}
 	var notes []string
 	if len(pt.Rows) > 0 {
 		tables = append(tables, pt)
-		mean, med := 0.0, 0.0
-		for _, e := range errs {
-			mean += e / float64(len(errs))
+		if len(errs) > 0 {
+			notes = append(notes, fmt.Sprintf("Advisor's error on the time per iteration over %d runs: mean |error| %s, median %s, worst %s (%s). Measured: the median over each run's logged iterations after the first %d (the phases of the worker the others waited for); predicted: train advise's model for simulated workers sharing this machine's cores, fed with its measurements at the sweep's worker counts (a short dense run, each method's reducer on as many in-process workers with the model's real gradients). The table of errors per phase says which part of the model misses. Timings on a machine shared with other jobs are noisy: the measurements and the runs are minutes apart.",
+				len(errs), fmtPct(meanOf(errs)), fmtPct(medianAbs(errs)), fmtPct(worst), labels[worstI], sweepSkip))
+		}
+		et := table{Caption: "Advisor's error per phase, over the runs: |predicted − measured| relative to the phase, and relative to the iteration (the phase's part of the iteration's error)",
+			Head: []string{"phase", "runs", "mean |error|", "median |error|", "worst", "mean |error| ÷ iteration"}}
+		for k, tm := range terms {
+			if len(termErrs[k]) == 0 {
+				continue
+			}
+			et.Rows = append(et.Rows, []string{tm.name, strconv.Itoa(len(termErrs[k])), fmtPct(meanOf(termErrs[k])), fmtPct(medianAbs(termErrs[k])),
+				fmtPct(slices.Max(termErrs[k])) + " (" + labels[termWorst[k]] + ")", fmtPct(meanOf(termShares[k]))})
 		}
 		if len(errs) > 0 {
-			s := slices.Clone(errs)
-			slices.Sort(s)
-			med = s[len(s)/2]
-			if len(s)%2 == 0 {
-				med = (s[len(s)/2-1] + s[len(s)/2]) / 2
-			}
-			notes = append(notes, fmt.Sprintf("Advisor's error on the time per iteration over %d runs: mean |error| %s, median %s, worst %s (%s). Measured: the median over each run's logged iterations after the first %d; predicted: train advise's model fed with this machine's measurements, for simulated workers sharing its cores.",
-				len(errs), fmtPct(mean), fmtPct(med), fmtPct(worst), labels[worstI], sweepSkip))
+			et.Rows = append(et.Rows, []string{"iteration", strconv.Itoa(len(errs)), fmtPct(meanOf(errs)), fmtPct(medianAbs(errs)), fmtPct(worst) + " (" + labels[worstI] + ")", fmtPct(meanOf(errs))})
 		}
+		tables = append(tables, et)
 	}
 	return tables, notes
+}
+
+func meanOf(v []float64) float64 {
+	s := 0.0
+	for _, x := range v {
+		s += x / float64(len(v))
+	}
+	return s
+}
+
+func medianAbs(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func fmtMs(s float64) string {

@@ -371,12 +371,70 @@ func TestSweepTablesWithoutExponents(t *testing.T) {
 		t.Fatal(err)
 	}
 	txt := string(page)
-	for _, want := range []string{"<td>11,700 ms</td>", "11,400 ms", "0.002 ms", "0.000012"} {
+	for _, want := range []string{"/ 11,700 ms</td>", "11,400 ms", "0.002 ms", "0.000012"} {
 		if !strings.Contains(txt, want) {
 			t.Errorf("the page lacks %q", want)
 		}
 	}
 	if m := regexp.MustCompile(`<td>[^<]*[0-9]e(&#43;|[+-])[0-9][^<]*</td>`).FindString(txt); m != "" {
 		t.Errorf("a table cell with an exponent: %s", m)
+	}
+}
+
+// TestSweepErrorPerPhase: the sweep page gives each phase's measured and
+// predicted time and error per run, and the mean error of each phase over
+// the runs, computed here from the records with encoding/json alone: the
+// phases of the time breakdown (t_queue, t_compute, t_select, t_comm at
+// most what t_wait leaves, the rest of t_wait, t_update).
+func TestSweepErrorPerPhase(t *testing.T) {
+	info := sweepCase()
+	info.Runs[0].Predicted = &PredictedIter{Queue: 0.002, Compute: 0.03, Select: 0.004, Comm: 0.003, Other: 0.001, Update: 0.001, Iter: 0.041, ActualDensity: 0.01}
+	info.Runs[1].Predicted = &PredictedIter{Queue: 0.004, Compute: 0.02, Select: 0.001, Comm: 0.01, Other: 0.002, Update: 0.003, Iter: 0.04, ActualDensity: 0.01}
+	info.Runs[2].Predicted = nil
+	page, err := SweepPage(context.Background(), info, Options{AssetsURL: "echarts.min.js"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	txt := string(page)
+	type phase struct {
+		name string
+		meas func(s map[string]any) float64
+		pred func(p *PredictedIter) float64
+	}
+	f := func(s map[string]any, k string) float64 {
+		if v, ok := s[k].(float64); ok {
+			return v
+		}
+		return 0
+	}
+	sel := func(s map[string]any) float64 { return math.Min(f(s, "t_select"), f(s, "t_wait")) }
+	com := func(s map[string]any) float64 { return math.Min(f(s, "t_comm"), f(s, "t_wait")-sel(s)) }
+	phases := []phase{
+		{"forward + backward", func(s map[string]any) float64 { return f(s, "t_compute") }, func(p *PredictedIter) float64 { return p.Compute }},
+		{"selection", sel, func(p *PredictedIter) float64 { return p.Select }},
+		{"communication", com, func(p *PredictedIter) float64 { return p.Comm }},
+		{"error feedback and the reducer's other work", func(s map[string]any) float64 { return f(s, "t_wait") - sel(s) - com(s) }, func(p *PredictedIter) float64 { return p.Other }},
+		{"update", func(s map[string]any) float64 { return f(s, "t_update") }, func(p *PredictedIter) float64 { return p.Update }},
+	}
+	for _, ph := range phases {
+		var errs []float64
+		for _, r := range info.Runs[:2] {
+			var v []float64
+			for _, s := range plainSteps(t, r.Dir)[5:] {
+				v = append(v, ph.meas(s))
+			}
+			m, p := plainMedian(v), ph.pred(r.Predicted)
+			e := (p - m) / m
+			errs = append(errs, math.Abs(e))
+			cell := fmtMs(m) + " / " + fmtMs(p) + " (" + strconv.FormatFloat(100*e, 'f', 0, 64) + " %)"
+			if !strings.Contains(txt, "<td>"+cell+"</td>") {
+				t.Errorf("%s of %s: the page lacks the cell %q", ph.name, r.Dir, cell)
+			}
+		}
+		mean := strconv.FormatFloat(100*(errs[0]+errs[1])/2, 'f', 0, 64) + " %"
+		row := regexp.MustCompile(`<tr><td>` + regexp.QuoteMeta(strings.NewReplacer("'", "&#39;", "+", "&#43;").Replace(ph.name)) + `</td><td>(\d+)</td><td>([^<]*)</td>`).FindStringSubmatch(txt)
+		if row == nil || row[1] != "2" || row[2] != mean {
+			t.Errorf("%s: error per phase row %v, want 2 runs, mean |error| %s", ph.name, row, mean)
+		}
 	}
 }

@@ -44,197 +44,102 @@ func deftFragments(l Layout, n int) []deftFrag {
 	return fr
 }
 
-// deftAllocate fills kf with DEFT's per-fragment budgets for a global budget
-// k from the fragments' norms. The allocation is exact: the k_f sum to the
-// budget K = max(k, number of non-empty fragments) — every non-empty fragment
-// gets at least 1, as in the reference, which is all that can raise the total
-// above k — and 1 <= k_f <= size_f (0 for an empty fragment). The k_f are the
-// largest-remainder rounding of the shares
-//
-//	x_f = clamp(λ·norm_f, 1, size_f),  λ such that Σ_f x_f = K,
-//
-// that is, proportional to the norms, bounded by the fragments' sizes, a
-// share a fragment cannot take going to the others in proportion to their
-// norms. Each k_f is ⌊x_f⌋, and the K − Σ⌊x_f⌋ units left (fewer than the
-// fragments with a fractional share) go one each to the fragments with the
-// largest fractional parts, ties to the larger norm, then the lower fragment
-// number. Fragments whose norm is 0 get 1, unless the others cannot take
-// K − (their number) even at their full sizes: then they share the rest in
-// proportion to their sizes, by the same rule. Norms must be finite and >= 0
-// and k at most the fragments' total size (BudgetK guarantees it).
-//
-// λ, the shares and the remainders are computed exactly, in integers (the
-// float64 norms scaled to big integers), so the total cannot lose a unit to
-// rounding. The reference code instead visits the fragments in descending
-// norm order giving each max(1, ⌊remain_k·norm_f/remain_norm⌋) capped at its
-// size: floating-point rounding can floor a last share of 3 to 2, a fragment
-// visited late that is smaller than its share loses the difference, and
-// fragments visited after the budget ran out still get 1 each, so its total
-// can be below or above k.
-func deftAllocate(kf []int, frags []deftFrag, norms []float64, k int) {
-	var pos, zero []int // non-empty fragments by norm > 0 and norm == 0
-	capPos, m := 0, 0
-	for f, fr := range frags {
-		kf[f] = 0
-		if fr.size() == 0 {
-			continue
-		}
-		m++
-		if norms[f] > 0 {
-			pos = append(pos, f)
-			capPos += fr.size()
-		} else {
-			zero = append(zero, f)
-		}
-	}
-	budget := max(k, m)
-	// Descending norm, ties to the lower fragment number: the order of the
-	// lower breakpoints and of ties between equal remainders.
-	slices.SortStableFunc(pos, func(a, b int) int { return cmp.Compare(norms[b], norms[a]) })
-	if budget-len(zero) <= capPos {
-		deftShare(kf, frags, pos, deftWeights(pos, norms), budget-len(zero))
-		for _, f := range zero {
-			kf[f] = 1
-		}
-		return
-	}
-	for _, f := range pos {
-		kf[f] = frags[f].size()
-	}
-	sizes := make([]*big.Int, len(zero))
-	for i, f := range zero {
-		sizes[i] = big.NewInt(int64(frags[f].size()))
-	}
-	deftShare(kf, frags, zero, sizes, budget-capPos)
+// deftAllocator computes DEFT's per-fragment budgets (allocate), keeping
+// its scratch between calls.
+type deftAllocator struct {
+	order    []int
+	w        []big.Int // the norms as integers with the same ratios
+	rem, num big.Int
 }
 
-// deftWeights returns the norms of the fragments idx (all > 0 and finite)
-// as big integers with the same ratios: each norm is mant·2^exp with an
-// integer mant of 53 bits, and every one is shifted to the smallest exp.
-func deftWeights(idx []int, norms []float64) []*big.Int {
-	mant := make([]int64, len(idx))
-	exp := make([]int, len(idx))
-	emin := math.MaxInt
-	for i, f := range idx {
-		fr, e := math.Frexp(norms[f])
-		mant[i], exp[i] = int64(math.Ldexp(fr, 53)), e-53
-		emin = min(emin, exp[i])
+// allocate fills kf with DEFT's per-fragment budgets for a global budget
+// k from the fragments' norms, by the authors' rule (DeftReducer in the
+// reference code): the fragments are visited in descending norm order, and
+// each gets
+//
+//	t_f = ⌊remain_k · norm_f / remain_norm⌋  (0 when remain_norm is 0)
+//	k_f = size_f if size_f < t_f, else max(1, t_f)
+//
+// after which remain_k −= k_f and remain_norm −= norm_f; remain_k starts at
+// k and remain_norm at the sum of all norms. The rule is greedy: a fragment
+// visited late that is smaller than its share leaves the difference unsent,
+// and once remain_k has run out every later fragment still gets 1, so the
+// k_f can sum to less or more than k; that is DEFT's allocation, kept.
+//
+// Ties in the norms are visited higher fragment number first: the reference
+// orders by NumPy's argsort(norms)[::-1], which gives that order wherever
+// the sort is stable (NumPy's default sort of up to 16 elements; for more,
+// NumPy leaves the order of ties unspecified).
+//
+// The one deviation fixes a floating-point defect: the reference keeps
+// remain_norm by repeated subtraction and computes the share in float64, so
+// that an exact share of 3 can come out as 2.9999… and be floored to 2 (the
+// last fragment's share remain_k·norm_f/norm_f most often). Here
+// remain_norm is the exact sum of the norms not yet visited and the share is
+// floored exactly, in integers (the float64 norms scaled to big integers
+// with the same ratios). Empty fragments (a tensor with fewer elements than
+// workers that is still larger than N/n, only when N < n²) get 0 and leave
+// remain_k as it is, where the reference would ask top-k for 1 element of
+// nothing and crash. Norms must be finite and >= 0.
+func (a *deftAllocator) allocate(kf []int, frags []deftFrag, norms []float64, k int) {
+	L := len(frags)
+	a.order = a.order[:0]
+	for f := range L {
+		a.order = append(a.order, f)
 	}
-	w := make([]*big.Int, len(idx))
-	for i := range idx {
-		w[i] = new(big.Int).Lsh(big.NewInt(mant[i]), uint(exp[i]-emin))
-	}
-	return w
-}
-
-// deftEvent is a breakpoint of the share function: fragment idx[i] leaves its
-// lower bound 1 (upper false) or reaches its upper bound size (upper true) at
-// λ = bound/w[i].
-type deftEvent struct {
-	i     int
-	bound int64
-	upper bool
-}
-
-// deftShare sets kf[idx[i]] for every i to the largest-remainder rounding of
-// clamp(λ·w[i], 1, size) with Σ = budget (see deftAllocate), in exact
-// integer arithmetic. idx is in tie-break order, every w[i] > 0, and
-// len(idx) <= budget <= Σ sizes.
-func deftShare(kf []int, frags []deftFrag, idx []int, w []*big.Int, budget int) {
-	sumHi := 0
-	for _, f := range idx {
-		sumHi += frags[f].size()
-	}
-	switch {
-	case budget <= len(idx):
-		for _, f := range idx {
-			kf[f] = 1
-		}
-		return
-	case budget >= sumHi:
-		for _, f := range idx {
-			kf[f] = frags[f].size()
-		}
-		return
-	}
-	// Breakpoints in ascending λ: a/w[i] < b/w[j] ⇔ a·w[j] < b·w[i]. At
-	// equal λ lower events come first, so a fragment of size 1 enters and
-	// leaves in that order.
-	ev := make([]deftEvent, 0, 2*len(idx))
-	for i, f := range idx {
-		ev = append(ev, deftEvent{i, 1, false}, deftEvent{i, int64(frags[f].size()), true})
-	}
-	var x, y big.Int
-	slices.SortStableFunc(ev, func(a, b deftEvent) int {
-		x.Mul(big.NewInt(a.bound), w[b.i])
-		y.Mul(big.NewInt(b.bound), w[a.i])
-		if c := x.Cmp(&y); c != 0 {
+	slices.SortFunc(a.order, func(x, y int) int {
+		if c := cmp.Compare(norms[y], norms[x]); c != 0 {
 			return c
 		}
-		switch {
-		case !a.upper && b.upper:
-			return -1
-		case a.upper && !b.upper:
-			return 1
-		}
-		return 0
+		return cmp.Compare(y, x)
 	})
-	// Sweep: Σ_f clamp(λ·w_f, 1, size_f) = fixed + λ·wsum between
-	// breakpoints. Stop at the first breakpoint where it reaches the budget;
-	// λ = (budget − fixed)/wsum lies in the interval before it. It is
-	// reached at the last breakpoint at the latest (the sum is then sumHi >
-	// budget), with wsum > 0 (the sum was below budget at the breakpoint
-	// before and grew since).
-	state := make([]int8, len(idx)) // 0 lower bound, 1 proportional, 2 upper bound
-	fixed := int64(len(idx))
-	var wsum, lhs, rhs big.Int
-	for _, e := range ev {
-		if wsum.Sign() > 0 {
-			// fixed + (bound/w_e)·wsum >= budget ⇔ bound·wsum >= (budget − fixed)·w_e
-			lhs.Mul(big.NewInt(e.bound), &wsum)
-			rhs.Mul(big.NewInt(int64(budget)-fixed), w[e.i])
-			if lhs.Cmp(&rhs) >= 0 {
-				break
-			}
+	// The norms as integers with the same ratios: norm = mant·2^exp with a
+	// 53-bit integer mant; every one is shifted to the smallest exp.
+	if cap(a.w) < L {
+		a.w = make([]big.Int, L)
+	}
+	w := a.w[:L]
+	emin := math.MaxInt
+	for _, nv := range norms[:L] {
+		if nv > 0 {
+			_, e := math.Frexp(nv)
+			emin = min(emin, e-53)
 		}
-		if e.upper {
-			state[e.i] = 2
-			fixed += e.bound
-			wsum.Sub(&wsum, w[e.i])
+	}
+	a.rem.SetInt64(0)
+	for f, nv := range norms[:L] {
+		if !(nv > 0) {
+			w[f].SetInt64(0)
+			continue
+		}
+		fr, e := math.Frexp(nv)
+		w[f].SetInt64(int64(math.Ldexp(fr, 53)))
+		w[f].Lsh(&w[f], uint(e-53-emin))
+		a.rem.Add(&a.rem, &w[f])
+	}
+	remain := k
+	for _, f := range a.order {
+		size := frags[f].size()
+		if size == 0 {
+			kf[f] = 0
+			continue // its norm is 0: remain_norm stays
+		}
+		t := 0
+		// A share of remain_k <= 0 is at most 0 (the reference truncates
+		// toward 0): the fragment gets 1.
+		if remain > 0 && w[f].Sign() > 0 {
+			a.num.SetInt64(int64(remain))
+			a.num.Mul(&a.num, &w[f])
+			a.num.Quo(&a.num, &a.rem) // <= remain: w[f] <= rem
+			t = int(a.num.Int64())
+		}
+		if size < t {
+			kf[f] = size
 		} else {
-			state[e.i] = 1
-			fixed--
-			wsum.Add(&wsum, w[e.i])
+			kf[f] = max(1, t)
 		}
-	}
-	// Shares: x_i = r·w_i/wsum with r = budget − fixed; floor and remainder
-	// (over the common denominator wsum) in integers.
-	r := big.NewInt(int64(budget) - fixed)
-	total := int(fixed)
-	rem := make([]*big.Int, len(idx))
-	var frac []int // positions with a fractional share
-	var q big.Int
-	for i, f := range idx {
-		switch state[i] {
-		case 0:
-			kf[f] = 1
-		case 2:
-			kf[f] = frags[f].size()
-		default:
-			rem[i] = new(big.Int)
-			q.QuoRem(new(big.Int).Mul(r, w[i]), &wsum, rem[i])
-			kf[f] = int(q.Int64())
-			total += kf[f]
-			if rem[i].Sign() > 0 {
-				frac = append(frac, i)
-			}
-		}
-	}
-	// The units left are Σ fractional parts, an integer below len(frac);
-	// each fragment with a fraction has room for one more (x_i <= size).
-	slices.SortStableFunc(frac, func(a, b int) int { return rem[b].Cmp(rem[a]) })
-	for _, i := range frac[:budget-total] {
-		kf[idx[i]]++
+		remain -= kf[f]
+		a.rem.Sub(&a.rem, &w[f])
 	}
 }
 
@@ -303,6 +208,7 @@ type deftReducer struct {
 	segs   []int // the fragments' bounds: fragment f is [segs[f], segs[f+1])
 
 	norms   []float64
+	alloc   deftAllocator
 	kf      []int
 	lens    []int32
 	content []int32
@@ -317,14 +223,13 @@ type deftReducer struct {
 //     are one fragment each.
 //   - Each call: the global budget is k = BudgetK(Density, N) (⌊ρN⌋, clamped
 //     to at least 1); every worker computes the L2 norms of its own acc per
-//     fragment (not synchronised) and splits k in proportion to them
-//     (deftAllocate: minimum 1, cap at the fragment size, what a capped
-//     fragment cannot take going to the others, largest-remainder rounding
-//     in exact integer arithmetic). The k_f sum to exactly k, or to the
-//     number of non-empty fragments when that is larger (the minimum of 1).
-//     The union over workers is Σ over binned fragments of the owner's k_f
-//     plus the sizes of the common fragments: when all workers hold the same
-//     acc it equals that total, but because the allocations are local (as in
+//     fragment (not synchronised) and splits k by the authors' greedy rule
+//     (deftAllocator.allocate: descending norm order, each fragment
+//     max(1, ⌊remain_k·norm_f/remain_norm⌋) capped at its size), so the k_f
+//     can sum to a little less or more than k, as in the reference. The
+//     union over workers is Σ over binned fragments of the owner's k_f plus
+//     the sizes of the common fragments: when all workers hold the same acc
+//     it equals that total, but because the allocations are local (as in
 //     the reference) workers with different accs can together send more.
 //   - The leader, rank t mod n, packs the fragments into n bins by LPT
 //     (deftPack, cost size·log2 k_f) using its own k_f, fully selected
@@ -346,16 +251,13 @@ type deftReducer struct {
 // layout tensor i in the union, Threshold NaN. SelectTime covers the norms,
 // the allocation, the packing (on the leader) and the top-k selections.
 //
-// Deviations from the reference code: the allocation is exact (see
-// deftAllocate: the reference's sequential greedy floors each share of the
-// remaining budget in floating point, so its total can fall short of k by
-// rounding or by fragments visited late that are smaller than their share,
-// or exceed it when the budget runs out before every fragment got its
-// minimum of 1); empty fragments
-// (tensors with fewer than n elements but more than N/n, only when N < n²) get
-// k_f = 0 and land in the common list, where the reference would ask top-k for
-// more elements than the fragment has and crash; a NaN or infinite acc is an
-// error instead of a silent garbage allocation.
+// Deviations from the reference code: the allocation's shares are
+// computed exactly (see deftAllocator.allocate: the reference's
+// floating-point remain_norm can floor an exact share of 3 to 2); empty
+// fragments (tensors with fewer than n elements but more than N/n, only when
+// N < n²) get k_f = 0 and land in the common list, where the reference would
+// ask top-k for more elements than the fragment has and crash; a NaN or
+// infinite acc is an error instead of a silent garbage allocation.
 func newDeft(o Options) (Reducer, error) {
 	n := o.Comm.Size()
 	b := newBase("deft", o)
@@ -415,7 +317,7 @@ func (d *deftReducer) ReduceOn(ctx context.Context, acc, out, residual device.Bu
 			return Stats{}, fmt.Errorf("sparsify: deft: acc holds NaN or infinite values in fragment %d (tensor %q, elements %d..%d): the gradient diverged (lower the learning rate or clip gradients)", f, d.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi)
 		}
 	}
-	deftAllocate(d.kf, d.frags, d.norms, d.k)
+	d.alloc.allocate(d.kf, d.frags, d.norms, d.k)
 	cycle := t % d.n
 	if d.r == cycle {
 		deftPack(d.frags, d.kf, d.n, d.lens, d.content)

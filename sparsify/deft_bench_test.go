@@ -58,7 +58,8 @@ func deftBenchBins(l Layout, acc []float32, n int, density float64) ([]deftFrag,
 	norms := make([]float64, L)
 	kf := make([]int, L)
 	deftNorms(norms, acc, frags)
-	deftAllocate(kf, frags, norms, BudgetK(density, l.N))
+	var a deftAllocator
+	a.allocate(kf, frags, norms, BudgetK(density, l.N))
 	lens, content := make([]int32, n), make([]int32, L)
 	deftPack(frags, kf, n, lens, content)
 	bins := make([][]int32, n)
@@ -136,9 +137,10 @@ func BenchmarkDeftSelect(b *testing.B) {
 			L := len(frags)
 			norms, kf2 := make([]float64, L), make([]int, L)
 			lens, content := make([]int32, n), make([]int32, L)
+			var a deftAllocator
 			deftBenchLoop(b, func() {
 				deftNorms(norms, acc, frags)
-				deftAllocate(kf2, frags, norms, k)
+				a.allocate(kf2, frags, norms, k)
 				deftPack(frags, kf2, n, lens, content)
 				scratch, mine = deftBenchSelectBin(acc, frags, kf2, bins[slow], scratch, mine)
 			})
@@ -160,7 +162,7 @@ func BenchmarkDeftNorms(b *testing.B) {
 	deftBenchLoop(b, func() { deftNorms(norms, acc, frags) })
 }
 
-// BenchmarkDeftAllocate is the exact per-fragment budget allocation every
+// BenchmarkDeftAllocate is the per-fragment budget allocation every
 // DEFT worker makes each iteration, on the ResNet-18 layout's fragments for
 // 16 workers with the stand-in gradient's norms.
 func BenchmarkDeftAllocate(b *testing.B) {
@@ -176,7 +178,8 @@ func BenchmarkDeftAllocate(b *testing.B) {
 		k := BudgetK(density, l.N)
 		b.Run(fmt.Sprintf("rho=%g", density), func(b *testing.B) {
 			b.ReportMetric(float64(len(frags)), "frags")
-			deftBenchLoop(b, func() { deftAllocate(kf, frags, norms, k) })
+			var a deftAllocator
+			deftBenchLoop(b, func() { a.allocate(kf, frags, norms, k) })
 		})
 	}
 }

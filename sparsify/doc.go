@@ -23,7 +23,8 @@
 // # Methods
 //
 // Every method follows its authors' code as described in the project's
-// reference notes (shared/notes/reference-behaviour.md, section given below).
+// reference notes (docs/reference-behaviour.md in the repository, section
+// given below).
 // Its full description (k, wire format, bytes, Stats fields) and every
 // deliberate deviation are in the doc comment of its reducer type, in the
 // file named below; the deviations are summarised here. Common to all: the
@@ -110,11 +111,12 @@
 //     feedback the paper evaluated every method with.
 //   - "deft" (deft.go, newDeft; notes 2): DEFT's fragments, norm-proportional
 //     per-fragment budgets and LPT bin packing by a rotating leader.
-//     Deviations: the budget allocation is exact (proportional to the
-//     norms within [1, size], largest-remainder rounding in integers: the
-//     k_f sum to max(k, non-empty fragments), where the reference's
-//     floating-point greedy can lose or add units); empty fragments (N < n² only) get no budget instead of crashing; a NaN
-//     or infinite acc is an error.
+//     The budgets follow the authors' greedy rule (descending norm, each
+//     fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the
+//     total can end a little below or above k). Deviations: that share is
+//     computed exactly, where the reference's floating-point remain_norm can
+//     floor a share of 3 to 2; empty fragments (N < n² only) get no budget
+//     instead of crashing; a NaN or infinite acc is an error.
 //   - "micro" (micro.go, newMicro; notes 3): MiCRO's rotating disjoint
 //     partitions with a shared threshold controller. Deviations: with one
 //     worker the global count is recorded as with many (the reference's

@@ -90,8 +90,8 @@ type Skipped struct {
 	Reason error
 }
 
-// netLabel names a network in folder names: 1gbit-50us.
-func netLabel(n netmodel.Network) string {
+// NetLabel names a network in run folder names: 1gbit-50us ("" for none).
+func NetLabel(n netmodel.Network) string {
 	if n.Bandwidth == 0 {
 		return ""
 	}
@@ -175,7 +175,7 @@ func (s Spec) Points() ([]Point, []Skipped, error) {
 					if m != "dense" {
 						p.Name += "-d" + strconv.FormatFloat(d, 'g', -1, 64)
 					}
-					if l := netLabel(p.Net); l != "" {
+					if l := NetLabel(p.Net); l != "" {
 						p.Name += "-" + l
 					}
 					c := s.Base
@@ -456,7 +456,7 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 			if err != nil {
 				logf("no prediction for %s: %v", p.Name, err)
 			} else {
-				sr.Predicted = &reports.PredictedIter{Compute: pr.Compute, Select: pr.Select, Comm: pr.Comm, Update: pr.Update, Other: pr.Other,
+				sr.Predicted = &reports.PredictedIter{Queue: pr.Queue, Compute: pr.Compute, Select: pr.Select, Comm: pr.Comm, Update: pr.Update, Other: pr.Other,
 					Iter: pr.Iter, ActualDensity: pr.ActualDensity}
 			}
 		}
@@ -475,6 +475,17 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 	return res, nil
 }
 
+// runnable reports whether method can run on w workers with the options
+// given (gTop-k's powers of two, SparDL's teams).
+func runnable(method string, w int, opts sparsify.Values) bool {
+	m, ok := sparsify.Lookup(method)
+	if !ok || m.CheckWorkers == nil {
+		return ok
+	}
+	r, err := m.Resolve(m.Applicable(opts))
+	return err == nil && m.CheckWorkers(w, r) == nil
+}
+
 func interruptedErr(err error, res Result, total int) error {
 	return fmt.Errorf("sweep: interrupted (%w) with %d of %d runs complete; run the same command again to continue", err, res.Ran+res.Complete, total)
 }
@@ -486,8 +497,30 @@ func measurements(ctx context.Context, s Spec, path string, logf func(string, ..
 	base := s.Base.Defaults()
 	if h, err := advise.ReadHost(path); err == nil {
 		ok := h.Model == base.Model && h.Dataset == base.Dataset && h.Device == base.Device && h.Preset == base.Preset && h.Batch == base.Batch.Value()
+		nets := s.Networks
+		if len(nets) == 0 {
+			nets = []netmodel.Network{{}}
+		}
 		for _, w := range s.Workers {
 			ok = ok && (w < 2 || slices.ContainsFunc(h.HostNets, func(n advise.HostNet) bool { return n.Workers == w }))
+			for _, n := range nets {
+				_, has := h.SimStep(w, n)
+				ok = ok && (w < 2 || has)
+			}
+		}
+		// Every method's reducer on every worker count it can run on
+		// (gTop-k's and SparDL's counts aside), on every network.
+		for _, m := range append([]string{"dense"}, s.Sparsifiers...) {
+			for _, w := range s.Workers {
+				for _, d := range s.Densities {
+					for _, n := range nets {
+						if w >= 2 && runnable(m, w, s.MethodOptions) {
+							_, has := h.SimReduce(m, d, w, n)
+							ok = ok && has
+						}
+					}
+				}
+			}
 		}
 		for _, d := range s.Densities {
 			ok = ok && slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d })
@@ -511,7 +544,7 @@ func measurements(ctx context.Context, s Spec, path string, logf func(string, ..
 			methods = append(methods, m)
 		}
 	}
-	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers})
+	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers, Simulated: true, Networks: s.Networks})
 	if err != nil {
 		return nil, err
 	}

@@ -25,8 +25,10 @@
 // each of its steps (BatchNorm statistics, dropout stream, LSTM hidden
 // states). Results are bit-identical to workers with models and
 // parameters of their own (and to mpirun -np N). A step's t_queue is its
-// wait for an executor; t_forward, t_backward and t_compute are its own
-// turn's. run.json records the executors; the report says the run was
+// wait for an executor and the other workers' turns; t_forward, t_backward
+// and t_compute are its own turn's. A step record holds the times of the
+// worker the others waited for (the largest t_queue + t_compute +
+// t_select), which add up to its iteration (metrics.Step). run.json records the executors; the report says the run was
 // simulated. 16 ResNet-18 workers at batch 32 peak at about 5 GB
 // (docs/results/simulated-workers.md). GPUs keep a model and parameters
 // per worker (each on a stream of its own), and so does every mpirun

@@ -10,9 +10,10 @@ import (
 // The per-step mean losses of short real-data runs, recorded by the trainer
 // that ran the models on Gorgonia's tape machine with host-slice optimizers
 // (models and train of commit 36ec39a, with comm and sparsify of commit
-// 113fd1c, whose exact DEFT budget allocation changed DEFT's selections),
-// gonum BLAS, the im2col kernels. The device-neutral trainer must reproduce
-// them bit for bit.
+// 113fd1c), gonum BLAS, the im2col kernels; the DEFT run's losses from
+// step 2 on were recorded again when DEFT's allocation returned to the
+// authors' rule. The device-neutral trainer must reproduce them bit for
+// bit.
 // Regenerate only deliberately:
 // SPARSEGRAD_WRITE_GOLDEN=1 go test -run TestGoldenRuns ./train
 const goldenRunsFile = "testdata/golden-runs.json"

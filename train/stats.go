@@ -44,10 +44,10 @@ type stepStats struct {
 type combine int
 
 const (
-	meanOf  combine = iota // the mean over ranks (summed in rank order)
-	maxOf                  // the largest: the slowest rank's time
-	sumOf                  // the sum over ranks
-	rank0Of                // rank 0's (the same on every rank)
+	meanOf     combine = iota // the mean over ranks (summed in rank order)
+	criticalOf                // the critical rank's (criticalRank): its times add up to its iteration
+	sumOf                     // the sum over ranks
+	rank0Of                   // rank 0's (the same on every rank)
 )
 
 // stepField is one gathered statistic of stepStats: its float64 form on the
@@ -61,7 +61,7 @@ type stepField struct {
 }
 
 func durationField(name string, p func(*stepStats) *time.Duration) stepField {
-	return stepField{name, maxOf,
+	return stepField{name, criticalOf,
 		func(s *stepStats) float64 { return float64(*p(s)) },
 		func(s *stepStats, v float64) { *p(s) = time.Duration(v) }}
 }
@@ -93,6 +93,40 @@ var stepFields = []stepField{
 	{"samples", sumOf, func(s *stepStats) float64 { return float64(s.Samples) }, func(s *stepStats, v float64) { s.Samples = int(v) }},
 }
 
+// criticalRank returns the rank the others waited for: the one that spent
+// the longest before it could communicate — waiting for a shared executor
+// and the other simulated workers' turns, computing and selecting (the
+// largest Queued + Compute + Select; ties to the lower rank). A step record
+// holds that one rank's times, which add up to its iteration; the largest
+// time of every phase taken from different ranks would not (a rank that
+// computed first spends its wait inside the collectives, the one that came
+// last spent it queueing) and would count a wait twice. vals are the
+// gathered fields, nf per rank in stepFields order.
+func criticalRank(vals func(r, i int) float64, n int) int {
+	best, bestV := 0, math.Inf(-1)
+	for r := range n {
+		v := 0.0
+		for _, i := range criticalFields {
+			v += vals(r, i)
+		}
+		if v > bestV {
+			best, bestV = r, v
+		}
+	}
+	return best
+}
+
+// criticalFields are the positions in stepFields of the times that decide
+// the critical rank: queued, compute and select.
+var criticalFields = func() (idx []int) {
+	for i, f := range stepFields {
+		if f.name == "queued" || f.name == "compute" || f.name == "select" {
+			idx = append(idx, i)
+		}
+	}
+	return idx
+}()
+
 // gatherStats combines every rank's statistics as stepFields say (the same
 // result on every rank); LayerK is the local one.
 func gatherStats(ctx context.Context, c comm.Communicator, s stepStats) (stepStats, error) {
@@ -106,26 +140,23 @@ func gatherStats(ctx context.Context, c comm.Communicator, s stepStats) (stepSta
 	if err := c.AllGather(ctx, send, recv); err != nil {
 		return stepStats{}, fmt.Errorf("train: combining step statistics: %w", err)
 	}
+	val := func(r, i int) float64 { return math.Float64frombits(uint64(recv[r*nf+i])) }
+	crit := criticalRank(val, n)
 	out := stepStats{LayerK: s.LayerK}
 	for i, f := range stepFields {
 		var acc float64
-		for r := 0; r < n; r++ {
-			x := math.Float64frombits(uint64(recv[r*nf+i]))
-			switch {
-			case f.how == rank0Of:
-				if r == 0 {
-					acc = x
-				}
-			case f.how == maxOf:
-				if r == 0 || x > acc {
-					acc = x
-				}
-			default:
-				acc += x
+		switch f.how {
+		case rank0Of:
+			acc = val(0, i)
+		case criticalOf:
+			acc = val(crit, i)
+		default:
+			for r := range n {
+				acc += val(r, i)
 			}
-		}
-		if f.how == meanOf {
-			acc /= float64(n)
+			if f.how == meanOf {
+				acc /= float64(n)
+			}
 		}
 		f.set(&out, acc)
 	}

@@ -48,16 +48,22 @@ func TestStepFieldsCoverStats(t *testing.T) {
 }
 
 // TestGatherStats: the ranks' statistics combine as their fields say: mean
-// (in rank order), maximum, sum, rank 0's; the same on every rank; LayerK
+// (in rank order), the critical rank's times (rank 1 here: the largest
+// queued + compute + select, though rank 2 has the largest backward,
+// iteration and others), sum, rank 0's; the same on every rank; LayerK
 // stays local.
 func TestGatherStats(t *testing.T) {
 	const n = 3
 	local3 := func(r int) stepStats {
 		f := float64(r + 1)
-		return stepStats{Loss: f, Forward: time.Duration(r+1) * time.Millisecond, Backward: time.Duration(3-r) * time.Second,
+		st := stepStats{Loss: f, Forward: time.Duration(r+1) * time.Millisecond, Backward: time.Duration(3-r) * time.Second,
 			Select: 5, Comm: time.Duration(r), Update: 1, Iter: time.Duration(10 * (r + 1)), Wait: time.Duration(r * r), Compute: 4,
-			CommWall: time.Duration(100 - r), Sent: 10 * f, Recv: 100 * f, ErrorNorm: 0.5 * f, ActualDensity: 0.01 * f,
+			CommWall: time.Duration(100 - r), Queued: time.Duration(3 * r), Sent: 10 * f, Recv: 100 * f, ErrorNorm: 0.5 * f, ActualDensity: 0.01 * f,
 			Threshold: math.NaN(), Samples: 256, LayerK: []int{r}}
+		if r == 1 {
+			st.Compute = 9 // 3 + 9 + 5 against 0 + 4 + 5 and 6 + 4 + 5
+		}
+		return st
 	}
 	for _, tc := range []struct {
 		name string
@@ -65,11 +71,13 @@ func TestGatherStats(t *testing.T) {
 		want float64
 	}{
 		{"loss (mean)", func(s stepStats) float64 { return s.Loss }, 2},
-		{"forward (max)", func(s stepStats) float64 { return s.Forward.Seconds() }, 0.003},
-		{"backward (max)", func(s stepStats) float64 { return s.Backward.Seconds() }, 3},
-		{"iter (max)", func(s stepStats) float64 { return float64(s.Iter) }, 30},
-		{"wait (max)", func(s stepStats) float64 { return float64(s.Wait) }, 4},
-		{"comm wall (max)", func(s stepStats) float64 { return float64(s.CommWall) }, 100},
+		{"forward (critical)", func(s stepStats) float64 { return s.Forward.Seconds() }, 0.002},
+		{"backward (critical)", func(s stepStats) float64 { return s.Backward.Seconds() }, 2},
+		{"iter (critical)", func(s stepStats) float64 { return float64(s.Iter) }, 20},
+		{"wait (critical)", func(s stepStats) float64 { return float64(s.Wait) }, 1},
+		{"comm wall (critical)", func(s stepStats) float64 { return float64(s.CommWall) }, 99},
+		{"queued (critical)", func(s stepStats) float64 { return float64(s.Queued) }, 3},
+		{"compute (critical)", func(s stepStats) float64 { return float64(s.Compute) }, 9},
 		{"sent (mean)", func(s stepStats) float64 { return s.Sent }, 20},
 		{"recv (mean)", func(s stepStats) float64 { return s.Recv }, 200},
 		{"error norm (mean)", func(s stepStats) float64 { return s.ErrorNorm }, 1},

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -135,7 +137,7 @@ func newSweepFlags(stderr io.Writer) (*flag.FlagSet, *sweepFlags) {
 	fs.IntVar(&c.MaxEvalBatches, "max-eval-batches", 0, "evaluate on at most this many batches per worker (0: the whole split)")
 	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda")
 	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto, openblas or gonum")
-	fs.BoolVar(&v.dryRun, "dry-run", false, "print each run's train command (for running them elsewhere, e.g. under mpirun) and run nothing")
+	fs.BoolVar(&v.dryRun, "dry-run", false, "print each run as an mpirun job (one process per worker, the real network instead of emulated ones) and run nothing")
 	fs.BoolVar(&v.noPredict, "no-predict", false, "leave the advisor's predictions (and measuring this machine) out of the page")
 	addReportAssetsFlag(fs)
 	method := addMethodFlags(fs, &v.method)
@@ -312,17 +314,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("train sweep: give -out DIR, the folder of the sweep's runs and page (an existing one continues its sweep)")
 	}
 	if v.dryRun {
-		pts, skipped, err := s.Points()
-		if err != nil {
-			return err
-		}
-		for _, p := range pts {
-			fmt.Fprintln(stdout, strings.Join(trainCommand(p, v.out), " "))
-		}
-		for _, sk := range skipped {
-			fmt.Fprintf(stdout, "# not run: %s: %v\n", sk.Name, sk.Reason)
-		}
-		return nil
+		return printMPIJobs(stdout, s, v.out, progName(), os.Geteuid() == 0)
 	}
 	o := sweep.Options{Log: stdout, Report: reports.Options{AssetsURL: reportAssets}, NoPredict: v.noPredict,
 		CommandLine: append([]string{"train", "sweep"}, args...)}
@@ -341,12 +333,59 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-// trainCommand is the train command line of one point.
-func trainCommand(p sweep.Point, out string) []string {
+// printMPIJobs prints the sweep's runs as mpirun jobs that run as printed:
+// one process per worker (mpirun -np P, no -workers), without the emulated
+// network's flags, which mpirun's real network replaces (so the grid's
+// networks make one job per method, worker count and density), with
+// --oversubscribe (more processes than cores; harmless otherwise) and, for
+// root, --allow-run-as-root. prog is the train command as typed; go run's
+// becomes bin/train, built by the first line. Grid points a method cannot
+// run are listed as comments.
+func printMPIJobs(w io.Writer, s sweep.Spec, out, prog string, root bool) error {
+	pts, skipped, err := s.Points()
+	if err != nil {
+		return err
+	}
+	mpirun := "mpirun --oversubscribe"
+	if root {
+		mpirun += " --allow-run-as-root"
+	}
+	if prog == "go run ./cmd/train" {
+		fmt.Fprintln(w, "go build -o bin/train ./cmd/train")
+		prog = "bin/train"
+	}
+	if len(s.Networks) > 0 {
+		fmt.Fprintln(w, "# under mpirun the processes talk over the real network: the grid's emulated networks (-net-bandwidth, -net-latency) give one job per run")
+	}
+	seen := map[string]bool{}
+	for _, p := range pts {
+		name := strings.TrimSuffix(p.Name, "-"+sweep.NetLabel(p.Net))
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		fmt.Fprintf(w, "%s -np %d %s %s\n", mpirun, p.Workers, prog, strings.Join(trainArgs(p, filepath.Join(out, "runs", name)), " "))
+	}
+	for _, sk := range skipped {
+		name := sk.Name
+		for _, n := range s.Networks {
+			name = strings.TrimSuffix(name, "-"+sweep.NetLabel(n))
+		}
+		if !seen[name] {
+			seen[name] = true
+			fmt.Fprintf(w, "# not run: %s: %v\n", name, sk.Reason)
+		}
+	}
+	return nil
+}
+
+// trainArgs are the train flags of one point as one process of an mpirun
+// job: no -workers (the job's size) and no emulated network.
+func trainArgs(p sweep.Point, out string) []string {
 	c := p.Config
-	a := []string{"train", "-model", c.Model}
+	a := []string{"-model", c.Model}
 	if c.Gradients != "" {
-		a = []string{"train", "replay", "-gradients", c.Gradients}
+		a = []string{"replay", "-gradients", c.Gradients}
 	}
 	add := func(flag, val string) { a = append(a, flag, val) }
 	if c.Dataset != "" {
@@ -362,7 +401,6 @@ func trainCommand(p sweep.Point, out string) []string {
 	if c.Density.IsSet() {
 		add("-density", strconv.FormatFloat(c.Density.Value(), 'g', -1, 64))
 	}
-	add("-workers", strconv.Itoa(c.Workers.Value()))
 	if c.Steps > 0 {
 		add("-steps", strconv.Itoa(c.Steps))
 	}
@@ -392,10 +430,6 @@ func trainCommand(p sweep.Point, out string) []string {
 	if c.Device != "" && c.Device != "cpu" {
 		add("-device", c.Device)
 	}
-	if c.NetBandwidth > 0 {
-		add("-net-latency", strings.ReplaceAll(c.NetLatency.String(), "µ", "u")) // 50us: typed on any keyboard
-		add("-net-bandwidth", strconv.FormatFloat(c.NetBandwidth*8/1e9, 'g', -1, 64))
-	}
 	m, _ := sparsify.Lookup(c.Sparsifier)
 	var names []string
 	for k := range c.MethodOptions {
@@ -407,7 +441,7 @@ func trainCommand(p sweep.Point, out string) []string {
 			add("-"+pa.Flag, fmt.Sprint(c.MethodOptions[k]))
 		}
 	}
-	add("-out", out+"/runs/"+p.Name)
+	add("-out", out)
 	return a
 }
 

@@ -3,13 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sweep"
 )
 
@@ -87,7 +93,7 @@ func TestSweepHelp(t *testing.T) {
 	}
 }
 
-// TestSweepDryRun checks that -dry-run prints one train command per point,
+// TestSweepDryRun checks that -dry-run prints one mpirun job per point,
 // with the preset's values and the flags given overriding them, and runs
 // nothing.
 func TestSweepDryRun(t *testing.T) {
@@ -98,16 +104,90 @@ func TestSweepDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
-	// 6 methods × 2 worker counts, gtopk not on 3 workers.
-	if len(lines) != 12 || !strings.HasPrefix(lines[len(lines)-1], "# not run: gtopk-w3-d0.01-1gbit-50us") {
+	// The emulated network's note, 6 methods × 2 worker counts, gtopk not on 3 workers.
+	if len(lines) != 13 || !strings.HasPrefix(lines[0], "# under mpirun") || !strings.HasPrefix(lines[len(lines)-1], "# not run: gtopk-w3-d0.01:") {
 		t.Fatalf("dry run printed:\n%s", buf.String())
 	}
-	want := "train -model ncf -dataset ml-100k -data-dir /data -sparsifier topkdsa -density 0.01 -workers 3 -steps 7 -epochs 1000 -log-every 1 -eval-every 100 -net-latency 50us -net-bandwidth 1 -dense-warmup 0 -out " + out + "/runs/topkdsa-w3-d0.01-1gbit-50us"
+	root := ""
+	if os.Geteuid() == 0 {
+		root = "--allow-run-as-root "
+	}
+	want := "mpirun --oversubscribe " + root + "-np 3 train -model ncf -dataset ml-100k -data-dir /data -sparsifier topkdsa -density 0.01 -steps 7 -epochs 1000 -log-every 1 -eval-every 100 -dense-warmup 0 -out " + filepath.Join(out, "runs", "topkdsa-w3-d0.01")
 	if !strings.Contains(buf.String(), want+"\n") {
 		t.Errorf("dry run lacks\n%s\nin\n%s", want, buf.String())
 	}
 	if entries, _ := os.ReadDir(out); len(entries) != 0 {
 		t.Errorf("the dry run wrote %d entries into -out", len(entries))
+	}
+}
+
+// TestSweepDryRunUnderMPI runs every job train sweep -dry-run prints, as
+// printed, under the real mpirun: each must train and record an mpi run of
+// as many workers as its -np. The grid has two emulated networks (one job
+// per run under mpirun) and a point gTop-k cannot run. The train command
+// is this test binary under the name bin/train (it acts as train with
+// SPARSEGRAD_TRAIN_AS_MAIN=1 in the environment, which mpirun's processes
+// inherit).
+func TestSweepDryRunUnderMPI(t *testing.T) {
+	testenv.MPIRun(t)
+	data := sharedData(t)
+	dir := t.TempDir()
+	exe, err := filepath.Abs(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(exe, filepath.Join(dir, "bin", "train")); err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), mainEnv+"=1")
+	sh := func(line string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		c := exec.CommandContext(ctx, "bash", "-c", line)
+		c.Dir, c.Env = dir, env
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
+		b, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", line, err, b)
+		}
+		return string(b)
+	}
+	printed := sh("bin/train sweep -sparsifiers topk,gtopk -workers 2,3 -density 0.05 -steps 2 -max-eval-batches 1 -net-bandwidth 1,10 -data-dir " + data + " -out sw -dry-run")
+	var jobs []string
+	for _, l := range lines(printed) {
+		if !strings.HasPrefix(l, "#") {
+			jobs = append(jobs, l)
+		}
+	}
+	if len(jobs) != 3 || !strings.Contains(printed, "# not run: gtopk-w3-d0.05:") || strings.Count(printed, "# not run") != 1 {
+		t.Fatalf("want the jobs topk ×2, topk ×3, gtopk ×2 and gtopk ×3 not run; printed:\n%s", printed)
+	}
+	np := regexp.MustCompile(`^mpirun --oversubscribe (--allow-run-as-root )?-np (\d+) bin/train .* -out (\S+)$`)
+	for _, j := range jobs {
+		m := np.FindStringSubmatch(j)
+		if m == nil || (m[1] != "") != (os.Geteuid() == 0) {
+			t.Fatalf("job %q is not mpirun [--allow-run-as-root as root] -np N bin/train ... -out DIR", j)
+		}
+		if strings.Contains(j, "-workers") || strings.Contains(j, "-net-") {
+			t.Fatalf("job %q has a flag mpirun's processes refuse", j)
+		}
+		sh(j)
+		var info struct {
+			Backend string `json:"backend"`
+			Workers int    `json:"workers"`
+		}
+		b, err := os.ReadFile(filepath.Join(dir, m[3], "run.json"))
+		if err == nil {
+			err = json.Unmarshal(b, &info)
+		}
+		if err != nil || info.Backend != "mpi" || strconv.Itoa(info.Workers) != m[2] {
+			t.Fatalf("job %q recorded %+v (%v), want %s workers over mpi", j, info, err, m[2])
+		}
 	}
 }
 
@@ -135,8 +215,8 @@ func TestSweepCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Every run has a predicted and a measured time per iteration and an error.
-	row := regexp.MustCompile(`<tr><td>(topk|deft) ×(2|4)</td><td>[0-9.]+ ms</td><td>[0-9.]+ ms</td><td>-?[0-9]+ %</td>`)
+	// Every run has its measured / predicted time per iteration and an error.
+	row := regexp.MustCompile(`<tr><td>(topk|deft) ×(2|4)</td><td>[0-9.]+ (µs|ms|s) / [0-9.]+ (µs|ms|s)</td><td>-?[0-9]+ %</td>`)
 	if n := len(row.FindAll(b, -1)); n != 4 {
 		t.Errorf("the page has %d predicted-against-measured rows, want 4", n)
 	}
@@ -226,5 +306,20 @@ func TestPresetFullSizeCommands(t *testing.T) {
 		if len(lines) < 4 {
 			t.Errorf("%s: %d runs:\n%s", name, len(lines), out.String())
 		}
+	}
+}
+
+// TestSweepDryRunFromGoRun: run with go run (whose binary is gone when the
+// jobs start), the dry run builds bin/train first and its jobs run that.
+func TestSweepDryRunFromGoRun(t *testing.T) {
+	s := sweep.Spec{Sparsifiers: []string{"topk"}, Workers: []int{4}, Densities: []float64{0.1}}
+	s.Base.Model, s.Base.Steps = "ncf", 3
+	var b bytes.Buffer
+	if err := printMPIJobs(&b, s, "o", "go run ./cmd/train", false); err != nil {
+		t.Fatal(err)
+	}
+	want := "go build -o bin/train ./cmd/train\nmpirun --oversubscribe -np 4 bin/train -model ncf -sparsifier topk -density 0.1 -steps 3 -out " + filepath.Join("o", "runs", "topk-w4-d0.1") + "\n"
+	if b.String() != want {
+		t.Fatalf("printed\n%s\nwant\n%s", b.String(), want)
 	}
 }
