@@ -46,7 +46,7 @@ type worker struct {
 	vops sparsify.Ops
 	// resid is the error-feedback residual on the worker's device; mem's
 	// Residual is its host view (resid itself on the CPU, a copy made for
-	// checkpoints and spardl on a GPU).
+	// checkpoints and for a registered method that reduces host memory only).
 	resid device.Buffer
 	mem   *sparsify.Memory
 	// commName is the backend of device buffers (run.json's comm); nccl
@@ -415,7 +415,7 @@ func sumSizes(l []models.ParamInfo) int {
 
 // hostView returns the host memory of a device vector: the vector's own
 // memory on the CPU, staging of its size elsewhere (for what only the host
-// does: initial parameters, checkpoints, spardl's reduction).
+// does: initial parameters, checkpoints, a host-only method's reduction).
 func hostView(b device.Buffer) []float32 {
 	if b.IsHost() {
 		return b.Float32s()
