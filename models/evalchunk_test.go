@@ -5,6 +5,9 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/ops"
 )
 
 // TestResNetEvaluationNoBiggerThanTraining: an evaluation of many more
@@ -43,7 +46,14 @@ func TestResNetEvaluationNoBiggerThanTraining(t *testing.T) {
 		}
 		parts.Add(res)
 	}
-	if all.Count != 50 || parts.Count != 50 || all.Correct != parts.Correct || math.Abs(all.LossSum-parts.LossSum) > 1e-9*math.Abs(all.LossSum) {
+	// gonum's products and the im2col kernels do not depend on how many
+	// images a chunk holds; OpenBLAS and oneDNN block their products by
+	// the matrices' sizes, which moves the last bits (float32 rounding).
+	tol := 1e-9
+	if testBLAS() != ops.BLASGonum || testKernels() != engine.KernelsIm2col {
+		tol = 1e-6
+	}
+	if all.Count != 50 || parts.Count != 50 || all.Correct != parts.Correct || math.Abs(all.LossSum-parts.LossSum) > tol*math.Abs(all.LossSum) {
 		t.Errorf("50 images at once: %+v; three at a time: %+v", all, parts)
 	}
 }
