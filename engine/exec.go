@@ -137,6 +137,12 @@ func New(p *Program, be Backend, s device.Stream) (_ *Executor, err error) {
 	if s == nil {
 		s = be.Stream()
 	}
+	// A sizing backend prepares the kernels its backend would (oneDNN's
+	// formats and scratch included) and frees them again once planned.
+	sized, sizeOnly := be.(sizing)
+	if sizeOnly {
+		be = sized.Backend
+	}
 	if pr, ok := be.(Preparer); ok {
 		b, err := pr.Prepare(p)
 		if err != nil {
@@ -145,7 +151,7 @@ func New(p *Program, be Backend, s device.Stream) (_ *Executor, err error) {
 		be = b
 		if c, ok := b.(io.Closer); ok {
 			defer func() {
-				if err != nil {
+				if err != nil || sizeOnly {
 					c.Close()
 				}
 			}()
@@ -169,7 +175,7 @@ func New(p *Program, be Backend, s device.Stream) (_ *Executor, err error) {
 		initK[j] = k
 	}
 	size := e.plan()
-	if _, ok := be.(sizing); ok {
+	if sizeOnly {
 		e.sizeOnly = true
 		e.bufs = make([]device.Buffer, len(p.Values))
 		return e, nil

@@ -39,7 +39,7 @@ var sizesCache sync.Map
 // sizeModel returns the sizes of c's model on ds with evaluation batches
 // of evalN, built through engine.Sizing (nothing is allocated).
 func sizeModel(c Config, ds *Dataset, evalN int) (modelSizes, error) {
-	key := fmt.Sprint(c.Model, c.Preset, c.Dataset, c.Batch.Value(), evalN, ds.CIFAR.Kind)
+	key := fmt.Sprint(c.Model, c.Preset, c.Dataset, c.Batch.Value(), evalN, ds.CIFAR.Kind, c.Kernels)
 	switch {
 	case ds.Rec != nil:
 		key += fmt.Sprint(" rec ", ds.Rec.Users, ds.Rec.Items)
