@@ -295,144 +295,139 @@ func (d *deftReducer) ReduceOn(ctx context.Context, acc, out, residual device.Bu
 	N := d.o.Layout.N
 	b := &d.b
 	v := &b.v
-	if err := v.checkOn("deft", N, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	t := d.t
-	d.t++
-	before := d.c.Totals()
+	return b.call(acc, out, residual, func(st *Stats) error {
+		t := d.t
+		d.t++
 
-	// Norms and the local allocation.
-	t0 := time.Now()
-	ss, err := v.ops.SegmentSumSquares(v.s, acc, d.segs)
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
-	}
-	for f := range d.frags {
-		d.norms[f] = math.Sqrt(ss[f])
-	}
-	for f, nv := range d.norms {
-		if math.IsNaN(nv) || math.IsInf(nv, 0) {
-			fr := d.frags[f]
-			return Stats{}, fmt.Errorf("sparsify: deft: acc holds NaN or infinite values in fragment %d (tensor %q, elements %d..%d): the gradient diverged (lower the learning rate or clip gradients)", f, d.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi)
+		// Norms and the local allocation.
+		t0 := time.Now()
+		ss, err := v.ops.SegmentSumSquares(v.s, acc, d.segs)
+		if err != nil {
+			return err
 		}
-	}
-	d.alloc.allocate(d.kf, d.frags, d.norms, d.k)
-	cycle := t % d.n
-	if d.r == cycle {
-		deftPack(d.frags, d.kf, d.n, d.lens, d.content)
-	}
-	selTime := time.Since(t0)
+		for f := range d.frags {
+			d.norms[f] = math.Sqrt(ss[f])
+		}
+		for f, nv := range d.norms {
+			if math.IsNaN(nv) || math.IsInf(nv, 0) {
+				fr := d.frags[f]
+				return fmt.Errorf("acc holds NaN or infinite values in fragment %d (tensor %q, elements %d..%d): the gradient diverged (lower the learning rate or clip gradients)", f, d.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi)
+			}
+		}
+		d.alloc.allocate(d.kf, d.frags, d.norms, d.k)
+		cycle := t % d.n
+		if d.r == cycle {
+			deftPack(d.frags, d.kf, d.n, d.lens, d.content)
+		}
+		selTime := time.Since(t0)
 
-	// The leader's bins, through device memory.
-	L := len(d.frags)
-	wire, err := v.scratch(&b.dCounts, device.Int32, d.n+L)
-	if err != nil {
-		return Stats{}, err
-	}
-	if d.r == cycle {
-		if err := v.upload(wire, append(append([]int32(nil), d.lens...), d.content...)); err != nil {
-			return Stats{}, err
+		// The leader's bins, through device memory.
+		L := len(d.frags)
+		wire, err := v.scratch(&b.dCounts, device.Int32, d.n+L)
+		if err != nil {
+			return err
 		}
-	}
-	if err := d.c.Broadcast(ctx, v.cb(wire.Slice(0, d.n)), cycle); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: deft: broadcasting bin lengths from leader %d: %w", cycle, err)
-	}
-	if err := d.c.Broadcast(ctx, v.cb(wire.Slice(d.n, d.n+L)), cycle); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: deft: broadcasting bins from leader %d: %w", cycle, err)
-	}
-	if err := v.download(d.lens, wire); err != nil {
-		return Stats{}, err
-	}
-	if err := v.download(d.content, wire.Slice(d.n, d.n+L)); err != nil {
-		return Stats{}, err
-	}
-	binStart, total := 0, 0
-	myBin := (cycle + d.r) % d.n
-	for bb, nv := range d.lens {
-		if nv < 0 || total+int(nv) > L {
-			return Stats{}, fmt.Errorf("sparsify: deft: corrupt bins from leader %d (bin %d has length %d, %d fragments in all)", cycle, bb, nv, L)
+		if d.r == cycle {
+			if err := v.upload(wire, append(append([]int32(nil), d.lens...), d.content...)); err != nil {
+				return err
+			}
 		}
-		if bb == myBin {
-			binStart = total
+		if err := d.c.Broadcast(ctx, v.cb(wire.Slice(0, d.n)), cycle); err != nil {
+			return fmt.Errorf("broadcasting bin lengths from leader %d: %w", cycle, err)
 		}
-		total += int(nv)
-	}
-	for _, f := range d.content {
-		if f < 0 || int(f) >= L {
-			return Stats{}, fmt.Errorf("sparsify: deft: corrupt bins from leader %d (fragment id %d of %d)", cycle, f, L)
+		if err := d.c.Broadcast(ctx, v.cb(wire.Slice(d.n, d.n+L)), cycle); err != nil {
+			return fmt.Errorf("broadcasting bins from leader %d: %w", cycle, err)
 		}
-	}
-	bin := d.content[binStart : binStart+int(d.lens[myBin])]
-	common := d.content[total:]
+		if err := v.download(d.lens, wire); err != nil {
+			return err
+		}
+		if err := v.download(d.content, wire.Slice(d.n, d.n+L)); err != nil {
+			return err
+		}
+		binStart, total := 0, 0
+		myBin := (cycle + d.r) % d.n
+		for bb, nv := range d.lens {
+			if nv < 0 || total+int(nv) > L {
+				return fmt.Errorf("corrupt bins from leader %d (bin %d has length %d, %d fragments in all)", cycle, bb, nv, L)
+			}
+			if bb == myBin {
+				binStart = total
+			}
+			total += int(nv)
+		}
+		for _, f := range d.content {
+			if f < 0 || int(f) >= L {
+				return fmt.Errorf("corrupt bins from leader %d (fragment id %d of %d)", cycle, f, L)
+			}
+		}
+		bin := d.content[binStart : binStart+int(d.lens[myBin])]
+		common := d.content[total:]
 
-	// Top-k of every fragment of my bin, with my own k_f.
-	want := 0
-	for _, f := range bin {
-		want += d.kf[f]
-	}
-	mine, err := v.scratch(&b.dSel, device.Int32, want)
-	if err != nil {
-		return Stats{}, err
-	}
-	pos := 0
-	sel, err := b.timed(func() error {
+		// Top-k of every fragment of my bin, with my own k_f.
+		want := 0
 		for _, f := range bin {
+			want += d.kf[f]
+		}
+		mine, err := v.scratch(&b.dSel, device.Int32, want)
+		if err != nil {
+			return err
+		}
+		pos := 0
+		sel, err := b.timed(func() error {
+			for _, f := range bin {
+				fr := d.frags[f]
+				dst := mine.Slice(pos, pos+d.kf[f])
+				m, err := v.ops.TopK(v.s, dst, device.Buffer{}, acc.Slice(fr.lo, fr.hi), d.kf[f])
+				if err != nil {
+					return err
+				}
+				if err := v.ops.Shift(v.s, dst.Slice(0, m), fr.lo); err != nil {
+					return err
+				}
+				pos += m
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		selTime += sel
+
+		all, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, pos))
+		if err != nil {
+			return err
+		}
+		// The union: the gathered lists, then every index of every common
+		// fragment (disjoint fragments: no duplicates).
+		ncommon := 0
+		for _, f := range common {
+			ncommon += d.frags[f].size()
+		}
+		union, err := v.scratch(&b.dUnion, device.Int32, all.Len()+ncommon)
+		if err != nil {
+			return err
+		}
+		if err := v.s.Copy(union.Slice(0, all.Len()), all); err != nil {
+			return err
+		}
+		at := all.Len()
+		for _, f := range common {
 			fr := d.frags[f]
-			dst := mine.Slice(pos, pos+d.kf[f])
-			m, err := v.ops.TopK(v.s, dst, device.Buffer{}, acc.Slice(fr.lo, fr.hi), d.kf[f])
-			if err != nil {
+			if err := v.ops.Iota(v.s, union.Slice(at, at+fr.size()), fr.lo); err != nil {
 				return err
 			}
-			if err := v.ops.Shift(v.s, dst.Slice(0, m), fr.lo); err != nil {
-				return err
-			}
-			pos += m
+			at += fr.size()
 		}
-		return nil
+		if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+			return err
+		}
+
+		st.SelectTime = selTime
+		st.Selected = pos
+		st.SelectedPerWorker = counts
+		st.ActualDensity = float64(union.Len()) / float64(N)
+		tb := append(append([]int(nil), d.starts...), N)
+		st.LayerK, err = v.ops.CountIn(v.s, union, tb)
+		return err
 	})
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
-	}
-	selTime += sel
-
-	all, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, pos))
-	if err != nil {
-		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
-	}
-	// The union: the gathered lists, then every index of every common
-	// fragment (disjoint fragments: no duplicates).
-	ncommon := 0
-	for _, f := range common {
-		ncommon += d.frags[f].size()
-	}
-	union, err := v.scratch(&b.dUnion, device.Int32, all.Len()+ncommon)
-	if err != nil {
-		return Stats{}, err
-	}
-	if err := v.s.Copy(union.Slice(0, all.Len()), all); err != nil {
-		return Stats{}, err
-	}
-	at := all.Len()
-	for _, f := range common {
-		fr := d.frags[f]
-		if err := v.ops.Iota(v.s, union.Slice(at, at+fr.size()), fr.lo); err != nil {
-			return Stats{}, err
-		}
-		at += fr.size()
-	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: deft: %w", err)
-	}
-
-	st, err := b.finish(before, selTime, residual)
-	st.Density = d.o.Density
-	st.Selected = pos
-	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(union.Len()) / float64(N)
-	tb := append(append([]int(nil), d.starts...), N)
-	if st.LayerK, err = v.ops.CountIn(v.s, union, tb); err != nil {
-		return Stats{}, err
-	}
-	return st, nil
 }
