@@ -263,12 +263,12 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 	case ops.SoftmaxCrossEntropy:
 		N, C := shapes[0][0], shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(N).i32(C).run("k_xent_loss", 1)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(N).i32(C).f32(op.Smoothing).run("k_xent_loss", 1)
 		})
 	case ops.SoftmaxCrossEntropyGrad:
 		N, C := shapes[0][0], shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(N).i32(C).runN("k_xent_grad", N*C)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(N).i32(C).f32(op.Smoothing).runN("k_xent_grad", N*C)
 		})
 	}
 	return nil, fmt.Errorf("cuda: no GPU kernel for %v (%T)", in.Op, in.Op)

@@ -367,7 +367,16 @@ func TestGPUGraphReplay(t *testing.T) {
 
 // TestGPUModelStepsMatchCPU runs one training step of each model on the
 // GPU and on the CPU from the same parameters and batch: the loss and every
-// gradient tensor agree within 1e-4 relative in norm.
+// gradient tensor agree within 1e-4 relative in norm (ResNet-18's
+// gradients within 1e-2, below).
+//
+// ResNet-18's gradients at a random initialisation and batch depend on
+// ReLUs and batch norms whose inputs lie within float32 rounding of a kink:
+// any two correct kernel sets disagree there. The CPU's own im2col and
+// oneDNN kernels differ from each other on this very step by 2.5e-3 to
+// 4.8e-3 per tensor (relative, in norm; measured 2026-11-26), and an H200
+// differed from im2col by the same amounts. A wrong kernel (layout,
+// stride, a missed term) is off by order 1.
 //
 // The CPU half runs without a GPU too.
 func TestGPUModelStepsMatchCPU(t *testing.T) {
@@ -384,16 +393,17 @@ func TestGPUModelStepsMatchCPU(t *testing.T) {
 	B := resnet.BatchSize
 	lb := lstm.BatchSize
 	cases := []struct {
-		name  string
-		build func(engine.Backend) (models.Model, error)
-		batch models.Batch
+		name    string
+		build   func(engine.Backend) (models.Model, error)
+		batch   models.Batch
+		gradTol float64
 	}{
 		{"resnet18", func(b engine.Backend) (models.Model, error) { c := resnet; c.Backend = b; return models.NewResNet(c) },
-			models.Batch{Images: randVec(r, B*3*32*32, 1), Labels: randInts(r, B, 10)}},
+			models.Batch{Images: randVec(r, B*3*32*32, 1), Labels: randInts(r, B, 10)}, 1e-2},
 		{"lstm", func(b engine.Backend) (models.Model, error) { c := lstm; c.Backend = b; return models.NewLSTM(c) },
-			models.Batch{Tokens: randInts(r, 20*lb, 1000), Labels: randInts(r, 20*lb, 1000)}},
+			models.Batch{Tokens: randInts(r, 20*lb, 1000), Labels: randInts(r, 20*lb, 1000)}, 1e-4},
 		{"ncf", func(b engine.Backend) (models.Model, error) { c := ncf; c.Backend = b; return models.NewNCF(c) },
-			models.Batch{Users: randInts(r, 256, 500), Items: randInts(r, 256, 700), Targets: randTargets(r, 256)}},
+			models.Batch{Users: randInts(r, 256, 500), Items: randInts(r, 256, 700), Targets: randTargets(r, 256)}, 1e-4},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -438,8 +448,8 @@ func TestGPUModelStepsMatchCPU(t *testing.T) {
 				if e > worst {
 					worst, at = e, p.Name
 				}
-				if e > 1e-4 {
-					t.Errorf("gradient of %s: relative error %g", p.Name, e)
+				if e > c.gradTol {
+					t.Errorf("gradient of %s: relative error %g (tolerance %g)", p.Name, e, c.gradTol)
 				}
 			}
 			t.Logf("%s: loss relative error %.2e; gradients: max relative error %.2e (%s) over %d tensors", c.name, lossErr, worst, at, len(lay))

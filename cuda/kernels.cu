@@ -401,22 +401,35 @@ extern "C" __global__ void k_logsumexp(const float* z, double* lse, int N, int C
     if (threadIdx.x == 0) lse[r] = (double)m + log(s);
 }
 
-// The mean over rows of lse − z[y] (one block).
-extern "C" __global__ void k_xent_loss(const float* z, const i64* y, const double* lse, float* loss, int N, int C) {
+// The mean over rows of lse − z[y] (one block); with label smoothing eps,
+// of lse − (1 − eps)·z[y] − eps·mean(z) (ops.SoftmaxCrossEntropy).
+extern "C" __global__ void k_xent_loss(const float* z, const i64* y, const double* lse, float* loss, int N, int C, float eps) {
     double s = 0.0;
-    for (int r = threadIdx.x; r < N; r += blockDim.x) s += lse[r] - (double)z[(i64)r * C + y[r]];
+    if (eps != 0.0f) {
+        double e = (double)eps;
+        for (int r = threadIdx.x; r < N; r += blockDim.x) {
+            const float* row = z + (i64)r * C;
+            double zs = 0.0;
+            for (int j = 0; j < C; j++) zs += (double)row[j];
+            s += lse[r] - (1.0 - e) * (double)row[y[r]] - e * zs / (double)C;
+        }
+    } else {
+        for (int r = threadIdx.x; r < N; r += blockDim.x) s += lse[r] - (double)z[(i64)r * C + y[r]];
+    }
     s = block_sum(s);
     if (threadIdx.x == 0) loss[0] = (float)(s / (double)N);
 }
 
-// out = g·(softmax(z) − onehot(y))/N; may run in place over z.
-extern "C" __global__ void k_xent_grad(const float* z, const i64* y, const double* lse, const float* g, float* out, int N, int C) {
+// out = g·(softmax(z) − (1 − eps)·onehot(y) − eps/C)/N, rounded as the CPU
+// does; may run in place over z.
+extern "C" __global__ void k_xent_grad(const float* z, const i64* y, const double* lse, const float* g, float* out, int N, int C, float eps) {
     double k = (double)g[0] / (double)N;
+    double spread = (double)eps * k / (double)C;
     i64 n = (i64)N * C;
     GRID_STRIDE(t, n) {
         int r = (int)(t / C), j = (int)(t % C);
-        float v = (float)(exp((double)z[t] - lse[r]) * k);
-        if ((i64)j == y[r]) v -= (float)k;
+        float v = (float)(exp((double)z[t] - lse[r]) * k - spread);
+        if ((i64)j == y[r]) v -= (float)((1.0 - (double)eps) * k);
         out[t] = v;
     }
 }

@@ -28,6 +28,9 @@ type LSTMConfig struct {
 	Dropout float64
 	// BPTT is the number of time steps per training batch (30).
 	BPTT int
+	// LabelSmoothing is the training loss's label smoothing ε (0: none);
+	// evaluation reports the plain cross-entropy (and its perplexity).
+	LabelSmoothing float64
 	// BatchSize is the number of parallel sequences (32 per worker).
 	BatchSize int
 	// Seed seeds the initialisation and the dropout masks.
@@ -57,6 +60,8 @@ func (c LSTMConfig) validate() error {
 		return badInput("LSTM: tied weights need Embed == Hidden (got %d and %d); set Tied=false or equal sizes", c.Embed, c.Hidden)
 	case c.Layers < 1:
 		return badInput("LSTM: Layers = %d; use ≥ 1", c.Layers)
+	case !(c.LabelSmoothing >= 0 && c.LabelSmoothing < 1):
+		return badInput("LSTM: LabelSmoothing = %g; use 0 ≤ ε < 1", c.LabelSmoothing)
 	case !(c.Dropout >= 0 && c.Dropout < 1):
 		return badInput("LSTM: Dropout = %g; use 0 ≤ p < 1", c.Dropout)
 	case c.BPTT < 1:
@@ -158,7 +163,7 @@ func NewLSTM(cfg LSTMConfig) (*LSTM, error) {
 	if err != nil {
 		return nil, err
 	}
-	loss, err := ops.CrossEntropy(logits, tgt)
+	loss, err := ops.CrossEntropy(logits, tgt, cfg.LabelSmoothing)
 	if err != nil {
 		return nil, err
 	}

@@ -29,6 +29,9 @@ type ResNetConfig struct {
 	BatchSize int
 	// Momentum and Epsilon are BatchNorm's (0.1 and 1e-5 as in PyTorch).
 	Momentum, Epsilon float64
+	// LabelSmoothing is the training loss's label smoothing ε (0: none);
+	// evaluation reports the plain cross-entropy.
+	LabelSmoothing float64
 	// Seed seeds the initialisation.
 	Seed uint64
 	// Backend runs the model's programs (nil: the CPU).
@@ -51,6 +54,8 @@ func (c ResNetConfig) validate() error {
 		return badInput("ResNet: ImageSize = %d; use a multiple of 8 (32 for CIFAR)", c.ImageSize)
 	case c.BatchSize < 1:
 		return badInput("ResNet: BatchSize = %d; use ≥ 1", c.BatchSize)
+	case !(c.LabelSmoothing >= 0 && c.LabelSmoothing < 1):
+		return badInput("ResNet: LabelSmoothing = %g; use 0 ≤ ε < 1 (0.1 is usual)", c.LabelSmoothing)
 	case !(c.Momentum > 0 && c.Momentum <= 1) || !(c.Epsilon > 0):
 		return badInput("ResNet: BatchNorm momentum %g / epsilon %g; use 0 < momentum ≤ 1 and epsilon > 0 (0.1, 1e-5)", c.Momentum, c.Epsilon)
 	}
@@ -118,7 +123,7 @@ func NewResNet(cfg ResNetConfig) (*ResNet, error) {
 	if err != nil {
 		return nil, err
 	}
-	loss, err := ops.CrossEntropy(logits, y)
+	loss, err := ops.CrossEntropy(logits, y, cfg.LabelSmoothing)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package ops
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -215,36 +216,43 @@ func TestBatchNormMatchesDefinition(t *testing.T) {
 	}
 }
 
+// TestCrossEntropyMatchesDefinition compares the loss and its gradient
+// with −Σⱼ qⱼ·log softmax(z)ⱼ for the target distribution
+// q = (1 − ε)·onehot(y) + ε/C, computed plainly in float64.
 func TestCrossEntropyMatchesDefinition(t *testing.T) {
-	for _, d := range [][2]int{{1, 1}, {1, 5}, {4, 3}, {7, 100}} {
-		N, C := d[0], d[1]
-		r := rand.New(rand.NewPCG(uint64(N), uint64(C)))
-		z := rnd(r, N*C)
-		y := make([]int64, N)
-		for i := range y {
-			y[i] = int64(r.IntN(C))
-		}
-		lse := run(t, LogSumExp{}, []Arg{f32(z, N, C)}, Arg{F64: make([]float64, N), Shape: []int{N}})
-		loss := run(t, SoftmaxCrossEntropy{}, []Arg{f32(z, N, C), {I64: y, Shape: []int{N}}, lse}, f32(make([]float32, 1)))
-		grad := run(t, SoftmaxCrossEntropyGrad{}, []Arg{f32(z, N, C), {I64: y, Shape: []int{N}}, lse, f32([]float32{2})}, f32(make([]float32, N*C), N, C))
-		var want float64
-		wantG := make([]float64, N*C)
-		for i := 0; i < N; i++ {
-			var s float64
-			for j := 0; j < C; j++ {
-				s += math.Exp(float64(z[i*C+j]))
+	for _, eps := range []float32{0, 0.1, 0.7} {
+		for _, d := range [][2]int{{1, 1}, {1, 5}, {4, 3}, {7, 100}} {
+			N, C := d[0], d[1]
+			r := rand.New(rand.NewPCG(uint64(N), uint64(C)))
+			z := rnd(r, N*C)
+			y := make([]int64, N)
+			for i := range y {
+				y[i] = int64(r.IntN(C))
 			}
-			want += math.Log(s) - float64(z[i*C+int(y[i])])
-			for j := 0; j < C; j++ {
-				p := math.Exp(float64(z[i*C+j])) / s
-				if j == int(y[i]) {
-					p--
+			lse := run(t, LogSumExp{}, []Arg{f32(z, N, C)}, Arg{F64: make([]float64, N), Shape: []int{N}})
+			loss := run(t, SoftmaxCrossEntropy{Smoothing: eps}, []Arg{f32(z, N, C), {I64: y, Shape: []int{N}}, lse}, f32(make([]float32, 1)))
+			grad := run(t, SoftmaxCrossEntropyGrad{Smoothing: eps}, []Arg{f32(z, N, C), {I64: y, Shape: []int{N}}, lse, f32([]float32{2})}, f32(make([]float32, N*C), N, C))
+			var want float64
+			wantG := make([]float64, N*C)
+			for i := 0; i < N; i++ {
+				var s float64
+				for j := 0; j < C; j++ {
+					s += math.Exp(float64(z[i*C+j]))
 				}
-				wantG[i*C+j] = 2 * p / float64(N)
+				for j := 0; j < C; j++ {
+					q := float64(eps) / float64(C)
+					if j == int(y[i]) {
+						q += 1 - float64(eps)
+					}
+					p := math.Exp(float64(z[i*C+j])) / s
+					want -= q * math.Log(p)
+					wantG[i*C+j] = 2 * (p - q) / float64(N)
+				}
 			}
+			name := fmt.Sprintf("ε=%v N=%d C=%d", eps, N, C)
+			close64(t, name+" loss", loss.F32, []float64{want / float64(N)}, 1e-6)
+			close64(t, name+" grad", grad.F32, wantG, 1e-6)
 		}
-		close64(t, "loss", loss.F32, []float64{want / float64(N)}, 1e-6)
-		close64(t, "grad", grad.F32, wantG, 1e-6)
 	}
 	err := SoftmaxCrossEntropy{}.CPU([]Arg{f32([]float32{1, 2}, 1, 2), {I64: []int64{2}, Shape: []int{1}}, {F64: []float64{0}, Shape: []int{1}}}, f32(make([]float32, 1)), nil)
 	if err == nil || !strings.Contains(err.Error(), "outside") {

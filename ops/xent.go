@@ -17,6 +17,12 @@ import (
 //     lse[r] − z[r][y[r]], a float32 scalar (the loss);
 //   - SoftmaxCrossEntropyGrad(z, y, lse, g): g·(softmax(z) − onehot(y))/N.
 //
+// With label smoothing ε (Szegedy et al. 2016; PyTorch's
+// CrossEntropyLoss(label_smoothing=ε)) the target distribution is
+// (1 − ε)·onehot(y) + ε/C: the loss of a row is
+// lse − (1 − ε)·z[y] − ε·mean(z) and its gradient softmax(z) − (1 − ε)·onehot(y) − ε/C.
+// ε = 0 computes exactly what the plain loss does.
+//
 // The log-sum-exp is a node of its own so the gradient reuses it without
 // hidden state. Built from Gorgonia's ops the same loss needs LogSoftMax
 // (single-threaded, about a tenth of an LSTM step at a 28,869-word
@@ -25,24 +31,36 @@ import (
 type LogSumExp struct{ gop }
 
 // SoftmaxCrossEntropy is the mean cross-entropy loss (see LogSumExp).
-type SoftmaxCrossEntropy struct{ gop }
+type SoftmaxCrossEntropy struct {
+	gop
+	// Smoothing is the label smoothing ε, in [0, 1).
+	Smoothing float32
+}
 
 // SoftmaxCrossEntropyGrad is the gradient of SoftmaxCrossEntropy with
 // respect to the logits (see LogSumExp).
-type SoftmaxCrossEntropyGrad struct{ gop }
+type SoftmaxCrossEntropyGrad struct {
+	gop
+	// Smoothing is the loss's label smoothing ε.
+	Smoothing float32
+}
 
 // CrossEntropy returns the mean cross-entropy of logits [N C] against
-// targets (an integer vector of N class ids).
-func CrossEntropy(logits, targets *G.Node) (*G.Node, error) {
+// targets (an integer vector of N class ids), with label smoothing
+// smoothing (0: none; at most 1 exclusive).
+func CrossEntropy(logits, targets *G.Node, smoothing float64) (*G.Node, error) {
 	s := logits.Shape()
 	if len(s) != 2 || targets.Shape().TotalSize() != s[0] {
 		return nil, fmt.Errorf("ops: cross-entropy of logits %v against %v targets", s, targets.Shape())
+	}
+	if !(smoothing >= 0 && smoothing < 1) {
+		return nil, fmt.Errorf("ops: label smoothing %v; use 0 ≤ ε < 1", smoothing)
 	}
 	lse, err := G.ApplyOp(LogSumExp{}, logits)
 	if err != nil {
 		return nil, err
 	}
-	return G.ApplyOp(SoftmaxCrossEntropy{}, logits, targets, lse)
+	return G.ApplyOp(SoftmaxCrossEntropy{Smoothing: float32(smoothing)}, logits, targets, lse)
 }
 
 func tInt() hm.Type { return G.TensorType{Dims: 1, Of: tensor.Int} }
@@ -152,8 +170,8 @@ func (SoftmaxCrossEntropy) String() string { return "SoftmaxCrossEntropy" }
 func (SoftmaxCrossEntropy) DiffWRT(int) []bool { return []bool{true, false, false} }
 
 // SymDiff implements gorgonia.SDOp.
-func (SoftmaxCrossEntropy) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
-	d, err := G.ApplyOp(SoftmaxCrossEntropyGrad{}, inputs[0], inputs[1], inputs[2], grad)
+func (op SoftmaxCrossEntropy) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
+	d, err := G.ApplyOp(SoftmaxCrossEntropyGrad{Smoothing: op.Smoothing}, inputs[0], inputs[1], inputs[2], grad)
 	return G.Nodes{d, nil, nil}, err
 }
 
@@ -166,9 +184,10 @@ func (SoftmaxCrossEntropy) OutType() DType { return Float32 }
 // Workspace implements Kernel.
 func (SoftmaxCrossEntropy) Workspace([][]int) int { return 0 }
 
-// CPU implements Kernel: the per-row losses lse − z[y] are summed in
-// float64 in row order and the mean rounded to float32.
-func (SoftmaxCrossEntropy) CPU(in []Arg, out Arg, _ []float32) error {
+// CPU implements Kernel: the per-row losses lse − z[y] (with smoothing
+// lse − (1 − ε)·z[y] − ε·mean(z)) are summed in float64 in row order and
+// the mean rounded to float32.
+func (op SoftmaxCrossEntropy) CPU(in []Arg, out Arg, _ []float32) error {
 	if err := checkArgs("SoftmaxCrossEntropy", in, 3); err != nil {
 		return err
 	}
@@ -178,8 +197,18 @@ func (SoftmaxCrossEntropy) CPU(in []Arg, out Arg, _ []float32) error {
 	z, y, lse := in[0].F32, in[1].I64, in[2].F64
 	n, c := in[0].Shape[0], in[0].Shape[1]
 	var sum float64
-	for r := 0; r < n; r++ {
-		sum += lse[r] - float64(z[r*c+int(y[r])])
+	if eps := float64(op.Smoothing); eps != 0 {
+		for r := 0; r < n; r++ {
+			var zs float64
+			for _, v := range z[r*c : (r+1)*c] {
+				zs += float64(v)
+			}
+			sum += lse[r] - (1-eps)*float64(z[r*c+int(y[r])]) - eps*zs/float64(c)
+		}
+	} else {
+		for r := 0; r < n; r++ {
+			sum += lse[r] - float64(z[r*c+int(y[r])])
+		}
 	}
 	out.F32[0] = float32(sum / float64(n))
 	return nil
@@ -224,9 +253,9 @@ func (SoftmaxCrossEntropyGrad) InPlace() []int { return []int{0} }
 // Workspace implements Kernel.
 func (SoftmaxCrossEntropyGrad) Workspace([][]int) int { return 0 }
 
-// CPU implements Kernel: out = g·(softmax(z) − onehot(y))/N with
-// softmax(z)[j] = exp(z[j] − lse) evaluated in float64.
-func (SoftmaxCrossEntropyGrad) CPU(in []Arg, out Arg, _ []float32) error {
+// CPU implements Kernel: out = g·(softmax(z) − (1 − ε)·onehot(y) − ε/C)/N
+// with softmax(z)[j] = exp(z[j] − lse) evaluated in float64.
+func (op SoftmaxCrossEntropyGrad) CPU(in []Arg, out Arg, _ []float32) error {
 	if err := checkArgs("SoftmaxCrossEntropyGrad", in, 4); err != nil {
 		return err
 	}
@@ -239,13 +268,15 @@ func (SoftmaxCrossEntropyGrad) CPU(in []Arg, out Arg, _ []float32) error {
 		return fmt.Errorf("ops: cross-entropy gradient input has %d values, want a float32 scalar", in[3].Size())
 	}
 	k := float64(in[3].F32[0]) / float64(n)
+	eps := float64(op.Smoothing)
+	spread := eps * k / float64(c)
 	parallelFor(n, func(r int) {
 		row, o := z[r*c:(r+1)*c], out.F32[r*c:(r+1)*c]
 		l := lse[r]
 		for i, v := range row {
-			o[i] = float32(math.Exp(float64(v)-l) * k)
+			o[i] = float32(math.Exp(float64(v)-l)*k - spread)
 		}
-		o[y[r]] -= float32(k)
+		o[y[r]] -= float32((1 - eps) * k)
 	})
 	return nil
 }

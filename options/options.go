@@ -78,6 +78,7 @@ var All = []Option{
 	{Key: "lr_schedule"},
 	{Key: "clip", Resume: true},
 	{Key: "no_augment"},
+	{Key: "label_smoothing"},
 	{Key: "out", Incidental: true},
 	{Key: "resume", Incidental: true},
 	{Key: "device", Resume: true},

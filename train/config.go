@@ -118,6 +118,9 @@ type Config struct {
 	Clip Optional[float64] `json:"clip,omitzero"`
 	// NoAugment turns CIFAR augmentation off.
 	NoAugment bool `json:"no_augment,omitempty"`
+	// LabelSmoothing is the training loss's label smoothing ε in [0, 1)
+	// (resnet18 and lstm; 0: none). Evaluations report the plain loss.
+	LabelSmoothing float64 `json:"label_smoothing,omitzero"`
 
 	// Out is the run directory.
 	Out string `json:"out"`
@@ -467,6 +470,11 @@ func (c Config) Validate(underMPI bool) error {
 	}
 	if !replay && !(c.LR.Value() > 0) {
 		bad("-lr %v must be a positive number", c.LR)
+	}
+	if !(c.LabelSmoothing >= 0 && c.LabelSmoothing < 1) {
+		bad("-label-smoothing %v must be in [0, 1) (0.1 is usual)", c.LabelSmoothing)
+	} else if c.LabelSmoothing > 0 && c.Model == "ncf" {
+		bad("-label-smoothing applies to the classifiers (resnet18, lstm); ncf's loss is binary cross-entropy")
 	}
 	switch c.Optimizer {
 	case "sgd":

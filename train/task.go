@@ -152,7 +152,7 @@ func NewModel(c Config, d *Dataset, seed uint64, be engine.Backend) (models.Mode
 		return newRecordedModel(d, be)
 	case "resnet18":
 		cfg := models.DefaultResNet18(d.CIFAR.Kind.Classes(), c.Batch.Value())
-		cfg.Seed, cfg.Backend = seed, be
+		cfg.Seed, cfg.Backend, cfg.LabelSmoothing = seed, be, c.LabelSmoothing
 		return models.NewResNet(cfg)
 	case "lstm":
 		var cfg models.LSTMConfig
@@ -161,7 +161,7 @@ func NewModel(c Config, d *Dataset, seed uint64, be engine.Backend) (models.Mode
 		} else {
 			cfg = models.DefaultLSTM(d.Wiki.Vocab.Len(), c.Batch.Value())
 		}
-		cfg.Seed, cfg.Backend = seed, be
+		cfg.Seed, cfg.Backend, cfg.LabelSmoothing = seed, be, c.LabelSmoothing
 		return models.NewLSTM(cfg)
 	case "ncf":
 		var cfg models.NCFConfig

@@ -250,6 +250,7 @@ func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
 	f64(&c.DecayFactor, "decay-factor", "step decay factor in (0, 1] (default 0.1)")
 	f64(&c.Clip, "clip", "clip the gradient norm (see -clip-at); 0: off (default lstm 0.4, else 0)")
 	fs.BoolVar(&c.NoAugment, "no-augment", false, "turn off CIFAR crops and flips")
+	fs.Var(finiteFloat{&c.LabelSmoothing}, "label-smoothing", "label smoothing ε in [0, 1) of the training loss (resnet18, lstm; 0: none; evaluations report the plain loss)")
 	fs.StringVar(&c.Out, "out", "", "run directory to write (run.json, metrics.jsonl, checkpoints/, report.html)")
 	fs.StringVar(&c.Resume, "resume", "", "continue the run in this directory from its last checkpoint")
 	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda (NVIDIA GPUs; in-process workers share the GPUs, each with a stream of its own)")

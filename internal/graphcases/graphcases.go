@@ -200,7 +200,7 @@ func Cases() []Case {
 				z := must(ops.AddRelu(yb, yb))
 				flat := must(G.Reshape(z, tensor.Shape{2, 100}))
 				x7 := must(ops.MulT(p[5], must(G.Slice(flat, nil, G.S(0, 4)))))
-				ce := must(ops.CrossEntropy(x7, in[0]))
+				ce := must(ops.CrossEntropy(x7, in[0], 0))
 				return must(G.Add(must(G.Add(weighted(flat), ce)), weighted(yb2))), []*G.Node{yb}
 			}},
 		{Name: "conv-bn-relu-xent-wide", Params: [][]int{{4, 3, 9, 9}, {8, 3, 3, 3}, {8}, {8}, {8, 3, 1, 1}, {11, 8}}, Ints: [][2]int{{11, 4}}, Bufs: 2, Channels: 8,
@@ -212,8 +212,8 @@ func Cases() []Case {
 				z := must(ops.AddRelu(yb, yb))
 				flat := must(G.Reshape(z, tensor.Shape{4, 648}))
 				x4 := must(G.Slice(flat, nil, G.S(0, 8)))
-				logits := must(ops.MulT(p[5], x4)) // [11 4]
-				ce := must(ops.CrossEntropy(logits, in[0]))
+				logits := must(ops.MulT(p[5], x4))               // [11 4]
+				ce := must(ops.CrossEntropy(logits, in[0], 0.1)) // label smoothing
 				return must(G.Add(must(G.Add(weighted(flat), ce)), weighted(sb))), []*G.Node{logits}
 			}},
 		// Batch norm of 4096 elements per channel: a GPU spreads each
