@@ -184,17 +184,29 @@ func (d *Device) Report() Report {
 		r.MemoryMiB = int(total >> 20)
 	}
 	if b, err := os.ReadFile("/proc/driver/nvidia/version"); err == nil {
-		// "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun …"
-		f := strings.Fields(string(b))
-		for i, w := range f {
-			if w == "Module" && i+1 < len(f) {
-				r.Driver = f[i+1]
-				break
-			}
-		}
+		r.Driver = moduleVersion(string(b))
 	}
 	r.Libraries, r.Files = Libraries()
 	return r
+}
+
+// moduleVersion returns the kernel module's version from
+// /proc/driver/nvidia/version: the first word after "Module" made of
+// digits and dots ("NVRM version: NVIDIA UNIX x86_64 Kernel Module
+// 580.65.06 …", and for the open modules "… Open Kernel Module for x86_64
+// 580.159.04 …"), empty if there is none.
+func moduleVersion(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	_, after, ok := strings.Cut(line, "Module")
+	if !ok {
+		return ""
+	}
+	for _, w := range strings.Fields(after) {
+		if w[0] >= '0' && w[0] <= '9' && strings.Trim(w, "0123456789.") == "" {
+			return w
+		}
+	}
+	return ""
 }
 
 // String is the report in a few lines, for the terminal.

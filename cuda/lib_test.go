@@ -84,3 +84,18 @@ func TestLibrariesReportsNVRTC(t *testing.T) {
 	}
 	t.Logf("NVRTC %s from %s; mapped: %v", loaded[i].Version, loaded[i].Path, files)
 }
+
+func TestModuleVersion(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:45 UTC 2025\nGCC version:  gcc version 12.2.0\n", "580.65.06"},
+		// The open kernel modules (the H200 machine of 2026-11-26).
+		{"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  (dvs-builder@U22-I3-AM02-24-3)  Thu Nov 13 2025\n", "580.159.04"},
+		{"NVRM version: NVIDIA UNIX Open Kernel Module for x86_64\n580.1\n", ""},
+		{"", ""},
+		{"garbage", ""},
+	} {
+		if got := moduleVersion(c.in); got != c.want {
+			t.Errorf("moduleVersion(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
