@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"math"
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
@@ -297,10 +298,45 @@ func bnDims(s []int) (B, C, HW int) {
 
 func float32bits(v float32) uint32 { return *(*uint32)(unsafe.Pointer(&v)) }
 
-// sum reduces along the op's axes as the CPU kernel does: all axes
-// sequentially from zero; otherwise one axis at a time (first axis: the
-// rows added in order to row 0; last axis: each row's elements in order
-// from zero), intermediate results in the workspace.
+// sumStep is one reduction of a Sum: over the first axis of a [rows cols]
+// matrix (first), else over its last.
+type sumStep struct {
+	first      bool
+	rows, cols int
+}
+
+// length is the number of elements each sum adds, and sums the number of
+// sums.
+func (st sumStep) length() int {
+	if st.first {
+		return st.rows
+	}
+	return st.cols
+}
+
+func (st sumStep) sums() int {
+	if st.first {
+		return st.cols
+	}
+	return st.rows
+}
+
+// longSum is the length from which a reduction is split in two (see
+// k_sum_first_part); shorter ones add in the CPU's order.
+const longSum = 1024
+
+// sumStrides is the number of partial sums a reduction of n ≥ longSum
+// elements is split into: about √n, so that both halves are short.
+func sumStrides(n int) int {
+	return min(1024, int(math.Ceil(math.Sqrt(float64(n)))))
+}
+
+// sum reduces along the op's axes: all axes as one sequence; otherwise one
+// axis at a time (first axis: the rows added in order to row 0; last axis:
+// each row's elements in order from zero), intermediate results in the
+// workspace. Sequences shorter than longSum add in the CPU's order; longer
+// ones in two halves of fixed strides (k_sum_first_part), the same bits
+// on every run.
 func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
 	if err := op.Check(in); err != nil {
 		return nil, err
@@ -310,22 +346,18 @@ func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
 	for i, a := range op.Axes {
 		all = all && a == i
 	}
-	type step struct {
-		first      bool
-		rows, cols int
-	}
-	var steps []step
+	var steps []sumStep
 	if all {
-		steps = []step{{false, 1, total}}
+		steps = []sumStep{{false, 1, total}}
 	} else {
 		shape := append([]int(nil), in...)
 		size := total
 		for i, a := range op.Axes {
 			a -= i
 			if a == 0 && len(shape) > 1 {
-				steps = append(steps, step{true, shape[0], size / shape[0]})
+				steps = append(steps, sumStep{true, shape[0], size / shape[0]})
 			} else {
-				steps = append(steps, step{false, size / shape[a], shape[a]})
+				steps = append(steps, sumStep{false, size / shape[a], shape[a]})
 			}
 			size /= shape[a]
 			shape = append(shape[:a], shape[a+1:]...)
@@ -334,26 +366,44 @@ func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
 	if len(steps) > 2 {
 		return nil, fmt.Errorf("cuda: Sum of %v along %v needs more than two reductions; not supported on the GPU", in, op.Axes)
 	}
-	ws := 0
+	inter, parts := 0, 0 // workspace elements: intermediate result, partial sums
 	if len(steps) > 1 {
-		ws = 4 * total
+		inter = total
 	}
-	return &gpuKernel{ws: ws, run: func(s *Stream, x []device.Buffer, y, w device.Buffer) error {
+	for _, st := range steps {
+		if n := st.length(); n >= longSum {
+			parts = max(parts, sumStrides(n)*st.sums())
+		}
+	}
+	return &gpuKernel{ws: 4 * (inter + parts), run: func(s *Stream, x []device.Buffer, y, w device.Buffer) error {
 		src := x[0]
 		for i, st := range steps {
 			dst := y
 			if i < len(steps)-1 {
-				n := st.cols
-				if !st.first {
-					n = st.rows
+				dst = w.Slice(0, st.sums())
+			}
+			rows, cols := st.rows, st.cols
+			if n := st.length(); n >= longSum {
+				P := sumStrides(n)
+				part := w.Slice(inter, inter+P*st.sums())
+				var err error
+				if st.first {
+					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).runN("k_sum_first_part", P*cols)
+					rows = P
+				} else {
+					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).runN("k_sum_last_part", rows*P)
+					cols = P
 				}
-				dst = w.Slice(0, n)
+				if err != nil {
+					return err
+				}
+				src = part
 			}
 			var err error
 			if st.first {
-				err = s.args().buf(src).buf(dst).i64(st.rows).i64(st.cols).runN("k_sum_first", st.cols)
+				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).runN("k_sum_first", cols)
 			} else {
-				err = s.args().buf(src).buf(dst).i64(st.rows).i64(st.cols).runN("k_sum_last", st.rows)
+				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).runN("k_sum_last", rows)
 			}
 			if err != nil {
 				return err

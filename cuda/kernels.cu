@@ -201,6 +201,34 @@ extern "C" __global__ void k_sum_last(const float* x, float* y, i64 rows, i64 co
     }
 }
 
+// The first half of a long sum in two (the host picks it for sums over
+// 1,024 or more elements): with P strides, part[p][j] = Σ of the rows
+// p, p + P, p + 2P, … of column j in that order, and k_sum_first over the
+// P partials finishes it. One thread per column of all the rows would
+// wait on each load in turn (NCF's bias gradients at batch 65,536 took
+// tens of milliseconds each); the strides keep neighbouring threads on
+// neighbouring rows. The order is fixed by the shape: the same bits on
+// every run (not the CPU's order).
+extern "C" __global__ void k_sum_first_part(const float* x, float* part, i64 rows, i64 cols, i64 P) {
+    GRID_STRIDE(t, P * cols) {
+        i64 p = t / cols, j = t % cols;
+        float s = 0.0f;
+        for (i64 r = p; r < rows; r += P) s += x[r * cols + j];
+        part[t] = s;
+    }
+}
+
+// The same over the last axis: part[r][p] = Σ of x[r][p], x[r][p + P], …
+// in that order; k_sum_last over the partials finishes it.
+extern "C" __global__ void k_sum_last_part(const float* x, float* part, i64 rows, i64 cols, i64 P) {
+    GRID_STRIDE(t, rows * P) {
+        i64 r = t / P, p = t % P;
+        float s = 0.0f;
+        for (i64 j = p; j < cols; j += P) s += x[r * cols + j];
+        part[t] = s;
+    }
+}
+
 // Block-wide sum of a double (blockDim.x a power of two, at most 1024).
 __device__ double block_sum(double v) {
     __shared__ double part[1024];

@@ -161,6 +161,15 @@ func Cases() []Case {
 			c := must(G.Mean(p[0]))    // all axes
 			return must(G.Add(must(G.Add(weighted(a), weighted(b))), c)), []*G.Node{a, b}
 		}},
+		// Sums of 1,024 elements or more: a GPU adds them in two halves of
+		// fixed strides (cuda's k_sum_first_part).
+		{Name: "sums-long", Params: [][]int{{2000, 3}, {3, 1500}, {1200, 5, 3}}, Build: func(p, _ []*G.Node) (*G.Node, []*G.Node) {
+			a := must(G.Sum(p[0], 0))    // first axis, 2,000 rows
+			b := must(G.Mean(p[1], 1))   // last axis, 1,500 columns
+			c := must(G.Mean(p[0]))      // all axes, 6,000 elements
+			d := must(G.Sum(p[2], 0, 2)) // 1,200 rows, then 3 columns
+			return must(G.Add(must(G.Add(must(G.Add(weighted(a), weighted(b))), c)), weighted(d))), []*G.Node{a, b, d}
+		}},
 		{Name: "slices-concat", Params: [][]int{{6, 8}}, Build: func(p, _ []*G.Node) (*G.Node, []*G.Node) {
 			r := must(G.Slice(p[0], G.S(2, 5)))      // rows: a view
 			c := must(G.Slice(p[0], nil, G.S(3, 7))) // columns: a copy
