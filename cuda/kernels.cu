@@ -430,19 +430,16 @@ extern "C" __global__ void k_logsumexp(const float* z, double* lse, int N, int C
 }
 
 // The mean over rows of lse − z[y] (one block); with label smoothing eps,
-// of lse − (1 − eps)·z[y] − eps·mean(z) (ops.SoftmaxCrossEntropy).
+// of lse − (1 − eps)·z[y] − eps·mean(z) (ops.SoftmaxCrossEntropy): the
+// smoothing term of all rows is one sum over the whole [N C] matrix, read
+// by the block's threads side by side.
 extern "C" __global__ void k_xent_loss(const float* z, const i64* y, const double* lse, float* loss, int N, int C, float eps) {
-    double s = 0.0;
+    double e = (double)eps, s = 0.0;
+    for (int r = threadIdx.x; r < N; r += blockDim.x) s += lse[r] - (1.0 - e) * (double)z[(i64)r * C + y[r]];
     if (eps != 0.0f) {
-        double e = (double)eps;
-        for (int r = threadIdx.x; r < N; r += blockDim.x) {
-            const float* row = z + (i64)r * C;
-            double zs = 0.0;
-            for (int j = 0; j < C; j++) zs += (double)row[j];
-            s += lse[r] - (1.0 - e) * (double)row[y[r]] - e * zs / (double)C;
-        }
-    } else {
-        for (int r = threadIdx.x; r < N; r += blockDim.x) s += lse[r] - (double)z[(i64)r * C + y[r]];
+        double zs = 0.0;
+        for (i64 t = threadIdx.x; t < (i64)N * C; t += blockDim.x) zs += (double)z[t];
+        s -= e * zs / (double)C;
     }
     s = block_sum(s);
     if (threadIdx.x == 0) loss[0] = (float)(s / (double)N);

@@ -223,7 +223,7 @@ func Cases() []Case {
 				x4 := must(G.Slice(flat, nil, G.S(0, 8)))
 				logits := must(ops.MulT(p[5], x4))               // [11 4]
 				ce := must(ops.CrossEntropy(logits, in[0], 0.1)) // label smoothing
-				return must(G.Add(must(G.Add(weighted(flat), ce)), weighted(sb))), []*G.Node{logits}
+				return must(G.Add(must(G.Add(weighted(flat), ce)), weighted(sb))), []*G.Node{logits, ce}
 			}},
 		// Batch norm of 4096 elements per channel: a GPU spreads each
 		// channel's sums over several blocks (four on the emulator's two
