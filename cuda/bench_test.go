@@ -4,7 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"sort"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -20,34 +24,7 @@ func BenchmarkGPUStep(b *testing.B) {
 	if cuda.Emulated() {
 		b.Skip("the emulator's speed means nothing")
 	}
-	r := rand.New(rand.NewPCG(1, 1))
-	cases := []struct {
-		name  string
-		build func() (models.Model, error)
-		batch models.Batch
-		adam  bool
-	}{
-		{"resnet18-b128", func() (models.Model, error) {
-			c := models.DefaultResNet18(10, 128)
-			c.Backend = backend(b)
-			return models.NewResNet(c)
-		}, models.Batch{Images: randVec(r, 128*3*32*32, 1), Labels: randInts(r, 128, 10)}, false},
-		{"lstm-default-b32", func() (models.Model, error) {
-			c := models.DefaultLSTM(33278, 32)
-			c.Backend = backend(b)
-			return models.NewLSTM(c)
-		}, models.Batch{Tokens: randInts(r, 30*32, 33278), Labels: randInts(r, 30*32, 33278)}, false},
-		{"ncf-default-b256", func() (models.Model, error) {
-			c := models.DefaultNCF(138493, 26744, 256)
-			c.Backend = backend(b)
-			return models.NewNCF(c)
-		}, models.Batch{Users: randInts(r, 256, 138493), Items: randInts(r, 256, 26744), Targets: randTargets(r, 256)}, true},
-		{"ncf-default-b65536", func() (models.Model, error) {
-			c := models.DefaultNCF(138493, 26744, 65536)
-			c.Backend = backend(b)
-			return models.NewNCF(c)
-		}, models.Batch{Users: randInts(r, 65536, 138493), Items: randInts(r, 65536, 26744), Targets: randTargets(r, 65536)}, true},
-	}
+	cases := stepCases(b)
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {
 			m, err := c.build()
@@ -92,6 +69,124 @@ func BenchmarkGPUStep(b *testing.B) {
 		})
 	}
 }
+
+// stepCase is one model at one batch, as BenchmarkGPUStep times it.
+type stepCase struct {
+	name  string
+	build func() (models.Model, error)
+	batch models.Batch
+	adam  bool
+}
+
+// stepCases are the models and batches docs/bench/gpu.md compares with
+// PyTorch; on the emulator, small ones of the same kinds (NCF's second
+// batch still sums over more than 1,024 rows).
+func stepCases(tb testing.TB) []stepCase {
+	r := rand.New(rand.NewPCG(1, 1))
+	if cuda.Emulated() {
+		return []stepCase{
+			{"resnet18-w8-b4", func() (models.Model, error) {
+				c := models.DefaultResNet18(10, 4)
+				c.Width, c.Backend = 8, backend(tb)
+				return models.NewResNet(c)
+			}, models.Batch{Images: randVec(r, 4*3*32*32, 1), Labels: randInts(r, 4, 10)}, false},
+			{"lstm-24-b3", func() (models.Model, error) {
+				c := models.SmallLSTM(1000, 3)
+				c.Hidden, c.Embed, c.Backend = 24, 24, backend(tb)
+				return models.NewLSTM(c)
+			}, models.Batch{Tokens: randInts(r, 20*3, 1000), Labels: randInts(r, 20*3, 1000)}, false},
+			{"ncf-b4096", func() (models.Model, error) {
+				c := models.DefaultNCF(500, 700, 4096)
+				c.Backend = backend(tb)
+				return models.NewNCF(c)
+			}, models.Batch{Users: randInts(r, 4096, 500), Items: randInts(r, 4096, 700), Targets: randTargets(r, 4096)}, true},
+		}
+	}
+	return []stepCase{
+		{"resnet18-b128", func() (models.Model, error) {
+			c := models.DefaultResNet18(10, 128)
+			c.Backend = backend(tb)
+			return models.NewResNet(c)
+		}, models.Batch{Images: randVec(r, 128*3*32*32, 1), Labels: randInts(r, 128, 10)}, false},
+		{"lstm-default-b32", func() (models.Model, error) {
+			c := models.DefaultLSTM(33278, 32)
+			c.Backend = backend(tb)
+			return models.NewLSTM(c)
+		}, models.Batch{Tokens: randInts(r, 30*32, 33278), Labels: randInts(r, 30*32, 33278)}, false},
+		{"ncf-default-b256", func() (models.Model, error) {
+			c := models.DefaultNCF(138493, 26744, 256)
+			c.Backend = backend(tb)
+			return models.NewNCF(c)
+		}, models.Batch{Users: randInts(r, 256, 138493), Items: randInts(r, 256, 26744), Targets: randTargets(r, 256)}, true},
+		{"ncf-default-b65536", func() (models.Model, error) {
+			c := models.DefaultNCF(138493, 26744, 65536)
+			c.Backend = backend(tb)
+			return models.NewNCF(c)
+		}, models.Batch{Users: randInts(r, 65536, 138493), Items: randInts(r, 65536, 26744), Targets: randTargets(r, 65536)}, true},
+	}
+}
+
+// TestGPUProfileSteps times every instruction of one training step of each
+// of stepCases' models (after two warm-up steps) and prints where the time
+// goes: the op kinds' totals and the slowest instructions with their input
+// shapes. It checks only that the profile covers the step (every
+// instruction, times not negative); the numbers are for docs/bench/gpu.md
+// (scripts/gpu-verify.sh proof runs it with the step times).
+func TestGPUProfileSteps(t *testing.T) {
+	for _, c := range stepCases(t) {
+		t.Run(c.name, func(t *testing.T) {
+			m, err := c.build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := m.Device()
+			s := d.Stream()
+			host := make([]float32, m.NumParams())
+			m.InitParams(host)
+			params := upload(t, s, host)
+			grad, _ := d.Alloc(device.Float32, m.NumParams())
+			for range 2 {
+				if _, err := m.TrainStep(context.Background(), c.batch, params, grad); err != nil {
+					t.Fatal(err)
+				}
+			}
+			times, _, err := models.ProfileStep(context.Background(), m, c.batch, params, grad)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var total time.Duration
+			kinds := map[string]time.Duration{}
+			counts := map[string]int{}
+			for _, o := range times {
+				if o.Time < 0 {
+					t.Fatalf("%s (%s): negative time %v", o.Node, o.Op, o.Time)
+				}
+				total += o.Time
+				kinds[o.Kind] += o.Time
+				counts[o.Kind]++
+			}
+			var names []string
+			for k := range kinds {
+				names = append(names, k)
+			}
+			sort.Slice(names, func(i, j int) bool { return kinds[names[i]] > kinds[names[j]] })
+			var b strings.Builder
+			fmt.Fprintf(&b, "%s: %d instructions, %.3f ms in all\n  by op kind:", c.name, len(times), ms(total))
+			for _, k := range names[:min(10, len(names))] {
+				fmt.Fprintf(&b, "\n    %-26s %9.3f ms %5.1f %%  %5d instructions", k, ms(kinds[k]), 100*kinds[k].Seconds()/total.Seconds(), counts[k])
+			}
+			slow := slices.Clone(times)
+			sort.SliceStable(slow, func(i, j int) bool { return slow[i].Time > slow[j].Time })
+			b.WriteString("\n  slowest instructions:")
+			for _, o := range slow[:min(12, len(slow))] {
+				fmt.Fprintf(&b, "\n    %9.3f ms  %-22s %v  %s", ms(o.Time), o.Kind, o.Shapes, o.Node)
+			}
+			t.Log(b.String())
+		})
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 
 // BenchmarkGPUSelect times the sparsification primitives on a ResNet-18
 // sized gradient (11,173,962 float32, normal values) against the bandwidth

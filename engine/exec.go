@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
@@ -512,6 +513,74 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	}
 	e.warm = true
 	return Timing{Forward: is.mid.Time().Sub(is.start.Time()), Backward: is.end.Time().Sub(is.mid.Time())}, nil
+}
+
+// OpTime is one instruction's share of a profiled run (Executor.Profile).
+type OpTime struct {
+	// Node is the graph node the instruction computes, Op the op with its
+	// attributes and Kind the op's type name (e.g. "Sum").
+	Node, Op, Kind string
+	// Shapes are the instruction's input shapes.
+	Shapes [][]int
+	// Time is the span between the events recorded before and after it.
+	Time time.Duration
+}
+
+// Profile runs the program once kernel by kernel with an event after every
+// instruction, and returns each instruction's time, in program order: where
+// a step's time goes on a device (on a GPU, kernels run back to back on the
+// stream, so the span between two events is the kernel's time plus any
+// gap before it). It neither captures nor replays, and leaves the outputs
+// readable as Run does; a later Run is unaffected.
+func (e *Executor) Profile(ctx context.Context, b Bindings) ([]OpTime, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("engine: %w", err)
+	}
+	if e.sizeOnly {
+		return nil, errors.New("engine: a program loaded through Sizing has no memory and cannot run")
+	}
+	if !e.ready || b != e.bound {
+		if err := e.bind(b); err != nil {
+			return nil, err
+		}
+		if e.replay != nil {
+			e.replay.Close()
+			e.replay = nil
+		}
+	}
+	p, s := e.p, e.stream
+	evs := make([]device.Event, len(e.kernels)+1)
+	var err error
+	if evs[0], err = s.Record(); err != nil {
+		return nil, err
+	}
+	for j, k := range e.kernels {
+		in := &p.Instrs[j]
+		if err := k.Run(s, e.args[j], e.bufs[in.Out], e.wsb[j]); err != nil {
+			return nil, fmt.Errorf("engine: %s: %w", in.Node, err)
+		}
+		if evs[j+1], err = s.Record(); err != nil {
+			return nil, err
+		}
+	}
+	if err := evs[len(evs)-1].Synchronize(); err != nil {
+		return nil, err
+	}
+	e.warm = true
+	out := make([]OpTime, len(e.kernels))
+	for j := range out {
+		in := &p.Instrs[j]
+		shapes := make([][]int, len(in.In))
+		for i, v := range in.In {
+			shapes[i] = p.Values[v].Shape
+		}
+		kind := fmt.Sprintf("%T", in.Op)
+		if i := strings.LastIndexByte(kind, '.'); i >= 0 {
+			kind = kind[i+1:]
+		}
+		out[j] = OpTime{Node: in.Node, Op: fmt.Sprint(in.Op), Kind: kind, Shapes: shapes, Time: evs[j+1].Time().Sub(evs[j].Time())}
+	}
+	return out, nil
 }
 
 // issue issues every instruction on the executor's stream with events at

@@ -2,6 +2,7 @@ package models
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -35,6 +36,9 @@ type net struct {
 	hook   GradHook
 	evals  evalCache
 	f32    []float32 // host copy of the outputs read (readFloat32s)
+	// profile, when not nil, receives the instruction times of the next
+	// training step (ProfileStep).
+	profile *[]engine.OpTime
 }
 
 // init prepares the net for a backend (nil: the CPU).
@@ -177,7 +181,14 @@ func (n *net) runTrain(ctx context.Context, params, grad device.Buffer) (StepRes
 	if err := n.checkVectors(params, grad, true); err != nil {
 		return StepResult{}, err
 	}
-	t, err := n.train.Run(ctx, engine.Bindings{Params: params, Grads: grad, Buffers: n.bufVec}, n.hook)
+	bind := engine.Bindings{Params: params, Grads: grad, Buffers: n.bufVec}
+	var t engine.Timing
+	var err error
+	if n.profile != nil {
+		*n.profile, err = n.train.Profile(ctx, bind)
+	} else {
+		t, err = n.train.Run(ctx, bind, n.hook)
+	}
 	if err != nil {
 		return StepResult{}, fmt.Errorf("models: training step: %w", err)
 	}
@@ -187,6 +198,29 @@ func (n *net) runTrain(ctx context.Context, params, grad device.Buffer) (StepRes
 	}
 	return StepResult{Loss: float64(loss[0]), Forward: t.Forward, Backward: t.Backward}, nil
 }
+
+// ProfileStep runs one training step of m as TrainStep does, with each
+// instruction of its program timed on the device (engine.Executor.Profile):
+// where the step's time goes. The step's result has no forward/backward
+// split; a model with a gradient hook is refused (the hook would not be
+// called).
+func ProfileStep(ctx context.Context, m Model, b Batch, params, grad device.Buffer) ([]engine.OpTime, StepResult, error) {
+	p, ok := m.(interface{ profiled() *net })
+	if !ok {
+		return nil, StepResult{}, fmt.Errorf("models: %T cannot be profiled", m)
+	}
+	n := p.profiled()
+	if n.hook != nil {
+		return nil, StepResult{}, errors.New("models: ProfileStep of a model with a gradient hook; remove the hook first")
+	}
+	var times []engine.OpTime
+	n.profile = &times
+	defer func() { n.profile = nil }()
+	res, err := m.TrainStep(ctx, b, params, grad)
+	return times, res, err
+}
+
+func (n *net) profiled() *net { return n }
 
 // runEval runs an evaluation program.
 func (n *net) runEval(ctx context.Context, e *engine.Executor, params device.Buffer) error {

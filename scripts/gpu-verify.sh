@@ -21,7 +21,8 @@
 #   3 selection      exact top-k (ρ = 0.01, 0.001) and threshold selection
 #                    on 11,173,962 elements, the CPU's index sets
 #   4 step time      ours (BenchmarkGPUStep), then PyTorch eager, same GPU,
-#                    same batches, TF32 off
+#                    same batches, TF32 off; then each instruction of one
+#                    step of ours timed (TestGPUProfileSteps)
 #   5 selection time ours (BenchmarkGPUSelect), then torch.topk, and the
 #                    device-to-device copy bandwidth
 #   6 the rest       the reducers against the CPU, training and resuming on
@@ -142,6 +143,7 @@ proof() {
     "$ct" -test.run '^(TestGPUSelectLarge|TestGPUTopKMatchesCPU|TestGPUSelectAboveMatchesCPU)$' $v
   want 4 && run 4 "step time: ours" 100 4-steps.txt "$ct" -test.run '^$' -test.bench GPUStep -test.benchtime 30x
   want 4 && run 4 "step time: PyTorch eager" 90 4-steps.txt python3 scripts/gpu-step-torch.py --steps 30 --warmup 5
+  want 4 && run 4 "step profile: where it goes" 60 4-steps.txt "$ct" -test.run '^TestGPUProfileSteps$' $v
   want 5 && run 5 "selection time: ours" 60 5-select-speed.txt "$ct" -test.run '^$' -test.bench GPUSelect -test.benchtime 100x
   want 5 && run 5 "selection time: torch.topk" 60 5-select-speed.txt python3 scripts/gpu-select-torch.py --reps 100
   want 6 && run 6 "reducers, training, NCCL" 150 6-more.txt \
