@@ -2,9 +2,11 @@ package train
 
 import (
 	"bytes"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -165,4 +167,42 @@ func FuzzParseCheckpoint(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestCheckpointFileStreamed: a part streamed to its file (writeCkptFile)
+// is byte for byte the part's encoding, for sections of several chunks and
+// an odd size, and its recorded size and CRC are the file's.
+func TestCheckpointFileStreamed(t *testing.T) {
+	_, sh := sampleCheckpoint()
+	sh.Residual = make([]float32, 3*4096+7)
+	for i := range sh.Residual {
+		sh.Residual[i] = float32(i%251) - 125.5
+	}
+	want, err := encodeShard(sh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, data := shardSections(sh)
+	f, err := layoutFile("rank", sh, names, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), shardName(1))
+	info, err := writeCkptFile(path, f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the streamed file (%d bytes) differs from the encoding (%d bytes)", len(got), len(want))
+	}
+	if info.Bytes != int64(len(want)) || info.CRC != crc32.Checksum(want, castagnoli) {
+		t.Errorf("recorded %+v; the file has %d bytes and CRC %#x", info, len(want), crc32.Checksum(want, castagnoli))
+	}
+	if back, err := parseShard(got, path); err != nil || !slices.Equal(back.Residual, sh.Residual) {
+		t.Errorf("read back: %v", err)
+	}
 }

@@ -121,14 +121,11 @@ func (w *worker) paramHash() (uint32, error) {
 		return 0, err
 	}
 	// In pieces: many workers of one process hash at once.
-	var buf [1 << 14]byte
-	h := uint32(0)
-	for v := w.hparams; len(v) > 0; {
-		n := min(len(v), len(buf)/4)
-		h = crc32.Update(h, castagnoli, buf[:section{f: v[:n]}.put(buf[:])])
-		v = v[n:]
+	h := crc32.New(castagnoli)
+	if err := writeF32(h, w.hparams); err != nil {
+		return 0, err
 	}
-	return h, nil
+	return h.Sum32(), nil
 }
 
 // shard collects this rank's part of a checkpoint.
@@ -187,12 +184,12 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 	if err != nil {
 		werr, fatal = err, true
 	} else {
-		var b []byte
-		if b, werr = encodeShard(s); werr == nil {
+		names, data := shardSections(s)
+		var f *ckptFile
+		if f, werr = layoutFile("rank", s, names, data); werr == nil {
 			if werr = os.MkdirAll(dir, 0o755); werr == nil {
-				werr = writeFileAtomic(part, b)
+				info, werr = writeCkptFile(part, f)
 			}
-			info = ShardInfo{Bytes: int64(len(b)), CRC: crc32.Checksum(b, castagnoli)}
 		}
 	}
 	hash, err := w.paramHash()
@@ -304,11 +301,13 @@ func (w *worker) writeShared(ctx context.Context, p position, dir string, all co
 	for r := range w.size {
 		ck.Shards = append(ck.Shards, ShardInfo{Bytes: all[4*r+1], CRC: uint32(all[4*r+2])})
 	}
-	b, err := encodeShared(ck)
+	names, data := sharedSections(ck)
+	f, err := layoutFile("shared", ck, names, data)
 	if err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, ckptSharedName), b)
+	_, err = writeCkptFile(filepath.Join(dir, ckptSharedName), f)
+	return err
 }
 
 // prune removes this rank's files of the checkpoints older than keep (the
