@@ -142,21 +142,6 @@ const (
 	NormsThenShare
 )
 
-// String names the scaling as the constants do.
-func (s Scaling) String() string {
-	switch s {
-	case NoSelection:
-		return "NoSelection"
-	case SelectsWhole:
-		return "SelectsWhole"
-	case SelectsShare:
-		return "SelectsShare"
-	case NormsThenShare:
-		return "NormsThenShare"
-	}
-	return fmt.Sprintf("Scaling(%d)", int(s))
-}
-
 // Shape is what a method's traffic depends on: the gradient, the worker
 // count, the budget and the sizes that depend on the data.
 type Shape struct {
@@ -220,6 +205,18 @@ func gatherCalls(mine float64, lists int) []Call {
 	}
 	return out
 }
+
+// unionCalls are the calls of the methods that all-gather the workers'
+// index lists of sel elements each and all-reduce the values of their
+// union (gatherIndices, then unionReduce).
+func unionCalls(sel float64, s Shape) []Call {
+	return append(gatherCalls(sel, 1), Call{comm.OpAllReduce, 1, s.Union})
+}
+
+// selectedUnionPlan is the Plan of the methods whose workers select a
+// number of elements that depends on the data (Shape.Sel) and then
+// exchange as unionCalls.
+func selectedUnionPlan(s Shape) ([]Call, error) { return unionCalls(s.Sel, s), nil }
 
 // budgetVolume is the volume of the methods that select k elements and
 // send k: one set of indices for all the workers (CLT-k's leader, random-k's

@@ -447,7 +447,7 @@ var deftAdvice = &Advice{
 			}
 		}
 		return append([]Call{{comm.OpBroadcast, 1, float64(s.P)}, {comm.OpBroadcast, 1, float64(frags)}},
-			append(gatherCalls(s.Sel, 1), Call{comm.OpAllReduce, 1, s.Union})...), nil
+			unionCalls(s.Sel, s)...), nil
 	},
 	Volume: func(s Shape, _ Overlap) (sel, union float64) {
 		return float64(s.K) / float64(s.P), float64(s.K)

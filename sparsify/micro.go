@@ -152,9 +152,7 @@ func (m *microReducer) ReduceOn(ctx context.Context, acc, out, residual device.B
 // microAdvice: each worker selects about k/P within its partition; the
 // index lists all-gathered, their union (about k) all-reduced.
 var microAdvice = &Advice{
-	Plan: func(s Shape) ([]Call, error) {
-		return append(gatherCalls(s.Sel, 1), Call{comm.OpAllReduce, 1, s.Union}), nil
-	},
+	Plan: selectedUnionPlan,
 	Volume: func(s Shape, _ Overlap) (sel, union float64) {
 		return float64(s.K) / float64(s.P), float64(s.K)
 	},

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
@@ -90,9 +89,7 @@ func (r *thresholdReducer) ReduceOn(ctx context.Context, acc, out, residual devi
 
 // thresholdAdvice: as topk's traffic, with as many elements as λ selects.
 var thresholdAdvice = &Advice{
-	Plan: func(s Shape) ([]Call, error) {
-		return append(gatherCalls(s.Sel, 1), Call{comm.OpAllReduce, 1, s.Union}), nil
-	},
+	Plan:      selectedUnionPlan,
 	Volume:    func(_ Shape, o Overlap) (sel, union float64) { return o.Above() },
 	Selection: SelectsWhole,
 	Caveats: func(c Conditions) []string {

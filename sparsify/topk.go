@@ -159,7 +159,7 @@ func (r *topkaReducer) ReduceOn(ctx context.Context, acc, out, residual device.B
 // all-reduced.
 var topkAdvice = &Advice{
 	Plan: func(s Shape) ([]Call, error) {
-		return append(gatherCalls(float64(s.K), 1), Call{comm.OpAllReduce, 1, s.Union}), nil
+		return unionCalls(float64(s.K), s), nil
 	},
 	Volume:    topkVolume,
 	Selection: SelectsWhole,
@@ -176,6 +176,10 @@ var topkaAdvice = &Advice{
 	Volume:    topkVolume,
 	Selection: SelectsWhole,
 	Caveats:   buildUp,
-	Evidence: Evidence{Shown: []ModelKind{CNN, RNN},
-		Papers: "compared in the SparDL paper (VGG-16/19, ResNet-20, LSTM on IMDB): the same selection as Top-k"},
+	Evidence:  topkVariantEvidence,
 }
+
+// topkVariantEvidence is what is known of the accuracy of topka and
+// topkdsa, which select as topk does.
+var topkVariantEvidence = Evidence{Shown: []ModelKind{CNN, RNN},
+	Papers: "compared in the SparDL paper (VGG-16/19, ResNet-20, LSTM on IMDB): the same selection as Top-k"}

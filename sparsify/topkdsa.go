@@ -201,8 +201,7 @@ var topkDSAAdvice = &Advice{
 		}
 		return append(out, congested)
 	},
-	Evidence: Evidence{Shown: []ModelKind{CNN, RNN},
-		Papers: "compared in the SparDL paper (VGG-16/19, ResNet-20, LSTM on IMDB): the same selection as Top-k"},
+	Evidence: topkVariantEvidence,
 }
 
 // topkDSADense reports whether the owners' sums of a union of s.Union
