@@ -10,8 +10,8 @@ import (
 // Advice is what the sparsifier advisor (package advise) asks about a
 // method to predict its iteration at any worker count without running it
 // there: its traffic, how many elements it selects and sends, how its
-// selection cost scales with the workers and where that prediction is
-// weak. Each method declares it in its Method, beside its reducer, so that
+// selection cost scales with the workers, where that prediction is weak,
+// and what is known of its accuracy. Each method declares it in its Method, beside its reducer, so that
 // adding a method touches no other package; the advisor reads only these
 // declarations (a method without one is reported as having no traffic
 // model). TestEveryMethodAdvises checks that every registered method
