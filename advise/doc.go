@@ -4,4 +4,16 @@
 // projects each method's time per iteration at P workers on a given network
 // with the α-β model of comm/netmodel, ranking the methods against dense
 // all-reduce.
+//
+// It never names a method: what it knows of each is what the method's
+// registry entry declares (sparsify.Method.Advice and Pipelined; see
+// sparsify's "What a method declares"): the calls of one iteration (Plan,
+// then CommTime and Bytes), the elements selected and sent given the
+// measured overlap of the workers' selections, how the measured selection
+// time scales with the workers, the schedule the measurements time (a
+// period of expensive and cheap calls), the caveats, and what is known of
+// its accuracy (Known, ShownFor). A new method is advised as soon as it is
+// registered with those facts; one registered without them is refused
+// with the facts it lacks. "dense" appears here only as the baseline the
+// speedups are computed against.
 package advise

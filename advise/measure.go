@@ -166,7 +166,7 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 
 	for _, d := range c.Densities {
 		for _, m := range c.Methods {
-			if m == "dense" {
+			if !selects(m) {
 				continue
 			}
 			logf("selection of %s at density %g", m, d)
@@ -340,8 +340,10 @@ func stepRecords(path string) ([]metrics.Step, error) {
 // simReduceCalls times method's reducer on p in-process workers, worker r
 // fed with gradient r mod len(grads) (a fresh copy every call, all workers
 // starting together after a barrier, as simulated workers enter the
-// reduction), for about d (6 to 40 calls; oktopk its 32-call schedule),
-// and returns the calls after the first, per rank.
+// reduction), for about d (6 to 40 calls; a method with a schedule of
+// expensive and cheap calls, sparsify.Advice.Period, one period of it),
+// and returns the calls after the first (of a period: every call), per
+// rank.
 func simReduceCalls(ctx context.Context, method string, p int, d float64, net netmodel.Network, l sparsify.Layout, grads [][]float32, params sparsify.Values, budget time.Duration) ([][]callRec, error) {
 	params = maps.Clone(params)
 	if params == nil {
@@ -355,19 +357,37 @@ func simReduceCalls(ctx context.Context, method string, p int, d float64, net ne
 	if net.Bandwidth > 0 {
 		opts = append(opts, local.WithNetwork(net))
 	}
+	period := periodOf(method)
 	recs, err := timeReducer(ctx, method, p, d, l, grads, params, func(first time.Duration) int {
-		if method == "oktopk" {
-			return okRecompute
+		if period > 0 {
+			return period
 		}
 		return min(40, max(6, int(budget/max(first, time.Microsecond))))
 	}, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("advise: timing %s on %d simulated workers: %w", method, p, err)
 	}
-	if method == "oktopk" {
+	if period > 0 {
 		return recs, nil // its schedule: every call counts
 	}
 	return recs[1:], nil
+}
+
+// selects reports whether method selects anything (its registry entry's
+// sparsify.Advice.Selection is not NoSelection): only then is a selection
+// time measured.
+func selects(method string) bool {
+	m, ok := sparsify.Lookup(method)
+	return !ok || m.Advice == nil || m.Advice.Selection != sparsify.NoSelection
+}
+
+// periodOf is the length of method's schedule of expensive and cheap calls
+// as its registry entry declares it (sparsify.Advice.Period; 0: none).
+func periodOf(method string) int {
+	if m, ok := sparsify.Lookup(method); ok && m.Advice != nil {
+		return m.Advice.Period
+	}
+	return 0
 }
 
 // simReduce is the SimReduce of method on p workers from its timed calls:
@@ -375,8 +395,8 @@ func simReduceCalls(ctx context.Context, method string, p int, d float64, net ne
 // simulated run the worker the others wait for is the one whose turn came
 // last, whose reducer is any worker's and whose communication holds the
 // wait for slower selections) and how much later the last worker left the
-// reducer; the median of each over the calls (oktopk: the mean over its
-// schedules).
+// reducer; the median of each over the calls (a method with a period: the
+// mean over its periods).
 func simReduce(method string, p int, d float64, recs [][]callRec) SimReduce {
 	var sel, cm, other, lag []float64
 	for _, call := range recs {
@@ -393,7 +413,7 @@ func simReduce(method string, p int, d float64, recs [][]callRec) SimReduce {
 		other, lag = append(other, (x.wall-x.sel-c).Seconds()), append(lag, (last-x.wall).Seconds())
 	}
 	sum := median
-	if method == "oktopk" {
+	if periodOf(method) > 0 {
 		sum = meanOf
 	}
 	return SimReduce{Method: method, Density: d, Workers: p, Select: sum(sel), Comm: sum(cm), Other: sum(other), Lag: sum(lag)}
@@ -617,8 +637,9 @@ const selectionWorkers = 2
 // selectionSchedule returns how a method's selection is timed: its options
 // with the dense warm-up off (the warm-up is not the selection), the
 // number of calls, and what of the calls' times counts (the median after
-// the first; Ok-Topk: the mean over its okRecompute-call schedule of one
-// exact threshold and reused ones).
+// the first; a method with a period, sparsify.Advice.Period: the mean over
+// one period, as Ok-Topk's 32 calls of one exact threshold and reused
+// ones).
 func selectionSchedule(method string, params sparsify.Values) (sparsify.Values, int, func([]float64) float64) {
 	m, _ := sparsify.Lookup(method)
 	params = maps.Clone(params)
@@ -628,14 +649,8 @@ func selectionSchedule(method string, params sparsify.Values) (sparsify.Values, 
 	if _, ok := m.Param("dense_warmup"); ok {
 		params["dense_warmup"] = 0
 	}
-	if method == "oktopk" {
-		return params, okRecompute, func(v []float64) float64 {
-			s := 0.0
-			for _, x := range v {
-				s += x / float64(len(v))
-			}
-			return s
-		}
+	if period := periodOf(method); period > 0 {
+		return params, period, meanOf
 	}
 	return params, 6, func(v []float64) float64 { return median(v[1:]) }
 }
@@ -643,13 +658,13 @@ func selectionSchedule(method string, params sparsify.Values) (sparsify.Values, 
 // measureSelection measures method's selection on selectionWorkers
 // in-process workers, each fed with a measured gradient (a fresh copy every
 // call): the slowest rank's selection time (CLT-k's leader, DEFT's packer),
-// the median of 5 calls after one, or for oktopk the mean over its 32-call
-// schedule (one exact threshold, 31 reused). Other, the reducer's work
-// outside selection and communication (decoding, the residual), is measured
-// the same way on one worker, as the call's time outside selection: there
-// the communication is nothing, where with several workers it cannot be
-// told apart (LAGS' requests overlap, so their summed time exceeds the wall
-// time they took).
+// the median of 5 calls after one, or for a method with a period the mean
+// over one (Ok-Topk's 32 calls: one exact threshold, 31 reused). Other,
+// the reducer's work outside selection and communication (decoding, the
+// residual), is measured the same way on one worker, as the call's time
+// outside selection: there the communication is nothing, where with
+// several workers it cannot be told apart (LAGS' requests overlap, so
+// their summed time exceeds the wall time they took).
 func measureSelection(ctx context.Context, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
 	params, calls, summary := selectionSchedule(method, params)
 	sel, _, err := reduceCalls(ctx, method, selectionWorkers, calls, d, l, grads, params)

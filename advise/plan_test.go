@@ -195,15 +195,15 @@ func compareCalls(plan []Call, got map[comm.Op]comm.OpStats, tol float64) []stri
 func TestPlanDetectsWrongTraffic(t *testing.T) {
 	got := map[comm.Op]comm.OpStats{comm.OpAllReduce: {Calls: 1, Elements: 100}}
 	for _, plan := range [][]Call{
-		{{comm.OpAllReduce, 1, 102}},
-		{{comm.OpAllReduce, 2, 50}},
-		{{comm.OpAllReduce, 1, 100}, {comm.OpBroadcast, 1, 3}},
+		{{Op: comm.OpAllReduce, Count: 1, Elems: 102}},
+		{{Op: comm.OpAllReduce, Count: 2, Elems: 50}},
+		{{Op: comm.OpAllReduce, Count: 1, Elems: 100}, {Op: comm.OpBroadcast, Count: 1, Elems: 3}},
 	} {
 		if e := compareCalls(plan, got, 0); len(e) == 0 {
 			t.Errorf("plan %v passed against %v", plan, got)
 		}
 	}
-	if e := compareCalls([]Call{{comm.OpAllReduce, 1, 100}}, got, 0); len(e) > 0 {
+	if e := compareCalls([]Call{{Op: comm.OpAllReduce, Count: 1, Elems: 100}}, got, 0); len(e) > 0 {
 		t.Errorf("the right plan failed: %v", e)
 	}
 }
@@ -238,4 +238,13 @@ func TestBytesMatchesCounters(t *testing.T) {
 			}
 		}
 	}
+}
+
+// layoutOf is a layout of sizes, its tensors named t0, t1, ...
+func layoutOf(sizes []int) (sparsify.Layout, error) {
+	names := make([]string, len(sizes))
+	for i := range names {
+		names[i] = fmt.Sprint("t", i)
+	}
+	return sparsify.NewLayout(names, sizes)
 }

@@ -351,13 +351,13 @@ func (h *Host) simulated(pr *Prediction, s Setting, calls []Call) {
 	pr.Comm = max(pr.Comm, CommTime(calls, P, h.hostNet(P)).Seconds())
 }
 
-// okRecompute is Ok-Topk's period of exact threshold re-estimation
-// (sparsify's oktopk: every 32 sparse calls).
-const okRecompute = 32
-
-// Predict projects one setting from the host's measurements. It returns an
-// error if the method cannot run on that many workers (gTop-k's powers of
-// two, SparDL's teams) or if the host lacks a measurement the method needs.
+// Predict projects one setting from the host's measurements and what the
+// method's registry entry declares for the advisor (sparsify.Advice: its
+// traffic, its selected and sent elements, how its selection scales, its
+// caveats; sparsify.Method.Pipelined). It returns an error if the method
+// cannot run on that many workers (gTop-k's powers of two, SparDL's teams),
+// declares no model for the advisor, or if the host lacks a measurement
+// the method needs.
 func Predict(h *Host, s Setting) (Prediction, error) {
 	m, ok := sparsify.Lookup(s.Method)
 	if !ok {
@@ -376,12 +376,16 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 			return Prediction{}, err
 		}
 	}
+	adv, err := advice(s.Method)
+	if err != nil {
+		return Prediction{}, err
+	}
 	N := h.N
 	K := sparsify.BudgetK(s.Density, N)
 	pr := Prediction{Method: s.Method, Workers: P, Density: s.Density, Compute: h.Compute, Update: h.Update, Other: h.Other}
 	sh := Shape{Sizes: h.Sizes, N: N, P: P, Density: s.Density, K: K, Params: params}
 	var uTop, uThr []float64
-	if s.Method != "dense" {
+	if adv.Selection != sparsify.NoSelection {
 		u, ok := h.union(s.Density)
 		if !ok {
 			return Prediction{}, fmt.Errorf("advise: %s: no union measured at density %g; measure that density (Measure's densities)", s.Method, s.Density)
@@ -391,58 +395,17 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		if !ok {
 			return Prediction{}, fmt.Errorf("advise: %s: no selection time measured at density %g", s.Method, s.Density)
 		}
-		pr.Select = sel.Seconds
+		pr.Select = selectTime(adv.Selection, sel, P, h.NormPass)
 		pr.Other += sel.Other
-		switch s.Method {
-		case "deft":
-			// Every worker computes the norms of the whole gradient; the
-			// top-k runs over its bin, about N/P elements.
-			pr.Select = h.NormPass + max(sel.Seconds-h.NormPass, 0)*float64(sel.Workers)/float64(P)
-		case "micro":
-			pr.Select = sel.Seconds * float64(sel.Workers) / float64(P)
-		}
 	}
 	gTop := growth(uTop)
-	topkUnion := func(sel float64) float64 { return unionAt(sel, N, P, gTop) }
-	kf := float64(K)
-	switch s.Method {
-	case "dense":
-		sh.Sel, sh.Union = float64(N), float64(N)
-	case "topk", "topka", "topkdsa", "lags":
-		sh.Sel, sh.Union = kf, topkUnion(kf)
-	case "threshold":
-		sh.Sel = uThr[0] * float64(N)
-		sh.Union = unionAt(sh.Sel, N, P, growth(uThr))
-	case "dgc":
-		for _, sz := range h.Sizes {
-			sh.Sel += math.Max(1, math.Ceil(float64(sz)*s.Density))
-		}
-		sh.Union = topkUnion(sh.Sel)
-	case "dragonn":
-		dense, _ := dragonnSplit(sh)
-		sparse := 0.0
-		for _, sz := range h.Sizes {
-			if sz > params.Int("min_tensor") {
-				sparse += float64(max(int(float64(sz)*s.Density), 1))
-			}
-		}
-		sh.Sel = float64(dense) + sparse
-		sh.Union = float64(dense) + topkUnion(sparse)
-	case "deft", "micro":
-		sh.Sel, sh.Union = kf/float64(P), kf
-	case "oktopk":
-		// Its controllers keep the local and the global selection near k,
-		// but every okRecompute-th call gathers every non-zero region sum:
-		// the union of the workers' local selections.
-		sh.Sel = kf
-		sh.Union = ((okRecompute-1)*kf + topkUnion(kf)) / okRecompute
-	default: // cltk, randomk, gtopk, spardl
-		sh.Sel, sh.Union = kf, kf
-	}
-	if s.Method == "spardl" {
-		C := (N + P - 1) / P
-		sh.Union = min(float64(P*sparsify.BudgetK(s.Density, C)), float64(N))
-	}
+	sh.Sel, sh.Union = adv.Volume(sh, sparsify.Overlap{
+		TopK: func(sel float64) float64 { return unionAt(sel, N, P, gTop) },
+		Above: func() (sel, union float64) {
+			sel = uThr[0] * float64(N)
+			return sel, unionAt(sel, N, P, growth(uThr))
+		},
+	})
 	calls, err := Plan(s.Method, sh)
 	if err != nil {
 		return Prediction{}, err
@@ -459,7 +422,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	pr.ActualDensity = sh.Union / float64(N)
 	pr.BytesSent = Bytes(calls, P)
 	pr.Iter = pr.Queue + pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other
-	if s.Method == "lags" {
+	if m.Pipelined {
 		// The groups' selection and communication run alongside the
 		// backward pass (its share of the worker's own pass).
 		bw := pr.Compute
@@ -468,55 +431,33 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		}
 		pr.Iter = pr.Queue + pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
 	}
-	pr.Caveats = caveats(h, s, params, pr, K)
+	pr.Caveats = caveats(h, adv, sh)
 	return pr, nil
 }
 
-// caveats says where the projection of pr is weak.
-func caveats(h *Host, s Setting, params sparsify.Values, pr Prediction, K int) []string {
+// selectTime carries the selection time measured on sel.Workers workers to
+// P workers, as the method's selection scales.
+func selectTime(sc sparsify.Scaling, sel Selection, P int, normPass float64) float64 {
+	switch sc {
+	case sparsify.SelectsShare:
+		return sel.Seconds * float64(sel.Workers) / float64(P)
+	case sparsify.NormsThenShare:
+		// Every worker computes the norms of the whole gradient; the
+		// top-k runs over its share, about N/P elements.
+		return normPass + max(sel.Seconds-normPass, 0)*float64(sel.Workers)/float64(P)
+	}
+	return sel.Seconds
+}
+
+// caveats says where the projection of the shape sh is weak: the method's
+// own caveats, then those of options every method may have.
+func caveats(h *Host, adv *sparsify.Advice, sh Shape) []string {
 	var c []string
-	ratio := pr.ActualDensity / s.Density
-	if s.Method == "dragonn" {
-		if dense, _ := dragonnSplit(Shape{Sizes: h.Sizes, Params: params}); dense == h.N {
-			c = append(c, fmt.Sprintf("no tensor has more than min_tensor = %d elements: DRAGONN averages every one densely (-min-tensor)", params.Int("min_tensor")))
-			ratio = 0
-		}
-	}
-	switch s.Method {
-	case "topk", "topka", "topkdsa", "threshold", "dgc", "dragonn", "lags":
-		if s.Workers > 1 && ratio > 1.5 {
-			c = append(c, fmt.Sprintf("actual density builds up with the workers: about %.1f× ρ here (union of the workers' selections, extrapolated from %d workers' real gradients)", ratio, h.GradWorkers))
-		}
-	}
-	switch s.Method {
-	case "micro":
-		c = append(c, "its threshold takes a few hundred iterations to settle; until then it sends less than ρ")
-	case "threshold":
-		if u, ok := h.union(s.Density); ok && len(u.Threshold) > 0 {
-			c = append(c, fmt.Sprintf("λ = 1/(2√k) is fixed: its density follows the gradients' magnitude (one worker: %.2g× ρ on the measured gradients of step %d)", u.Threshold[0]*float64(h.N)/float64(K), h.GradStep))
-		}
-	case "topkdsa":
-		c = append(c, "regions are equal-sized: the owner of the largest gradients receives more pairs than the average modelled here")
-		if 2*pr.ActualDensity*float64(h.N) >= float64(2*h.N/3) {
-			c = append(c, "the union is so large that it gathers the regions densely")
-		}
-	case "oktopk":
-		c = append(c, "its threshold controllers take a few hundred sparse iterations to settle; until then it sends more than this (up to about 2× ρ in 200-iteration NCF runs)")
-	case "lags":
-		c = append(c, "assumes the pipeline hides the communication behind the backward pass")
-	case "spardl":
-		c = append(c, fmt.Sprintf("%d point-to-point exchanges one after another: latency grows linearly with the workers", 2*(s.Workers-1)))
-	case "gtopk":
-		c = append(c, "the tree's merges at the root are counted as at 2 workers")
-	case "dgc":
-		c = append(c, "DGC's momentum correction is not part of the reducer")
-	}
-	switch s.Method {
-	case "topkdsa", "oktopk":
-		c = append(c, "one message to every peer, charged one after another (the α-β model knows no congestion)")
+	if adv.Caveats != nil {
+		c = adv.Caveats(sparsify.Conditions{Shape: sh, GradWorkers: h.GradWorkers, GradStep: h.GradStep})
 	}
 	for _, p := range []string{"dense_warmup"} {
-		if v, ok := params[p]; ok && params.Int(p) > 0 {
+		if v, ok := sh.Params[p]; ok && sh.Params.Int(p) > 0 {
 			c = append(c, fmt.Sprintf("the first %v iterations are dense all-reduce (-dense-warmup)", v))
 		}
 	}

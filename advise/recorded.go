@@ -127,7 +127,7 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 	}
 	for _, d := range cfg.Densities {
 		for _, meth := range cfg.Methods {
-			if meth == "dense" {
+			if !selects(meth) {
 				continue
 			}
 			logf("selection of %s at density %g on %s", meth, d, h.Device)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/options"
+	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // Options change how a page is written. The zero value is the default.
@@ -255,15 +256,15 @@ func isZero(v any) bool {
 // methodOptions lists the run's method options as k=v: run.json's
 // "method_options" (every option of the method, as resolved), the options
 // of runs recorded before they were grouped there (top-level keys that are
-// no general option, when not zero), and pipeline for LAGS, the one method
-// it applies to.
+// no general option, when not zero), and pipeline for the methods it
+// applies to (sparsify.Method.Pipelined: LAGS).
 func methodOptions(cfg map[string]any) string {
 	opts := map[string]any{}
 	if mo, ok := cfg["method_options"].(map[string]any); ok {
 		maps.Copy(opts, mo)
 	}
 	for k, v := range cfg {
-		if k == "pipeline" && cfg["sparsifier"] != "lags" {
+		if k == "pipeline" && !methodPipelined(cfg["sparsifier"]) {
 			continue
 		}
 		if !options.General(k) && !isZero(v) {
@@ -279,6 +280,14 @@ func methodOptions(cfg map[string]any) string {
 		return "(none)"
 	}
 	return strings.Join(parts, " ")
+}
+
+// methodPipelined reports whether the registered method named method reduces
+// layer groups during the backward pass (sparsify.Method.Pipelined).
+func methodPipelined(method any) bool {
+	name, _ := method.(string)
+	m, ok := sparsify.Lookup(name)
+	return ok && m.Pipelined
 }
 
 // workersCell says how many workers ran, and for simulated workers (in one

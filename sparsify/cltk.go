@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "cltk", Projectable: true, New: newCltkReducer}) }
+func init() {
+	Register(Method{Name: "cltk", Projectable: true, New: newCltkReducer, Advice: cltkAdvice})
+}
 
 // cltkReducer is "cltk", CLT-k of the DEFT/MiCRO code (CLTKReducer,
 // reference notes 7.3):
@@ -83,4 +86,15 @@ func (r *cltkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Bu
 		st.ActualDensity = float64(b.k) / float64(b.n)
 		return nil
 	})
+}
+
+// cltkAdvice: the leader's k indices broadcast, their values all-reduced.
+var cltkAdvice = &Advice{
+	Plan: func(s Shape) ([]Call, error) {
+		return []Call{{comm.OpBroadcast, 1, float64(s.K)}, {comm.OpAllReduce, 1, float64(s.K)}}, nil
+	},
+	Volume:    budgetVolume,
+	Selection: SelectsWhole,
+	Evidence: Evidence{Shown: []ModelKind{CNN, RNN, Transformer},
+		Papers: "ScaleCom (CLT-k): ResNets on CIFAR-10 and ImageNet, LSTM speech, Transformer on WMT14; the slowest to converge of MiCRO's CNN comparisons"},
 }

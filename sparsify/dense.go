@@ -4,10 +4,13 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-func init() { Register(Method{Name: "dense", Projectable: true, New: newDenseReducer}) }
+func init() {
+	Register(Method{Name: "dense", Projectable: true, New: newDenseReducer, Advice: denseAdvice})
+}
 
 // denseReducer is the "dense" baseline: a plain all-reduce average of acc.
 //
@@ -53,4 +56,14 @@ func (r *denseReducer) ReduceOn(ctx context.Context, acc, out, residual device.B
 		st.ErrorNorm = 0
 		return nil
 	})
+}
+
+// denseAdvice: one all-reduce of the whole gradient, nothing selected.
+var denseAdvice = &Advice{
+	Plan: func(s Shape) ([]Call, error) { return []Call{{comm.OpAllReduce, 1, float64(s.N)}}, nil },
+	Volume: func(s Shape, _ Overlap) (sel, union float64) {
+		return float64(s.N), float64(s.N)
+	},
+	Selection: NoSelection,
+	Evidence:  Evidence{Shown: ModelKinds, Papers: "the baseline: all-reduce of the whole gradient, what data-parallel training does"},
 }

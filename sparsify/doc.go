@@ -6,7 +6,9 @@
 // A registry maps method names to their declarations (Method: constructor
 // and options; Register, Lookup, Methods): New(name, Options) checks the
 // options every method shares and the method's own options (Options.Params)
-// and builds the reducer; Names lists the methods.
+// and builds the reducer; Names lists the methods. A method's declaration
+// also carries what other packages ask about it, so that none of them
+// names a method (see "What a method declares").
 //
 // # Devices
 //
@@ -139,6 +141,37 @@
 // Every method except gtopk and dgc with momentum correction conserves the
 // gradient: Σ_w residual_w + n·out =
 // Σ_w acc_w up to float32 rounding.
+//
+// # What a method declares
+//
+// Each method's file registers one Method, beside its reducer, with
+// everything other packages need to know about it:
+//
+//   - New and Params: its constructor and its options (see "Method
+//     options" below); CheckWorkers, the worker counts it refuses.
+//   - CorrectsMomentum and ScaledClip: what the trainer does differently
+//     around it (DGC).
+//   - Projectable or NotProjectable: whether its measured traffic carries
+//     over to other worker counts (the reports' projection chart, or the
+//     reason they give for leaving it out).
+//   - Pipelined: its reducer reduces layer groups during the backward pass
+//     (DeviceGroupReducer; LAGS): the trainer pipelines it by default, the
+//     reports list the pipeline option, the advisor hides its selection and
+//     communication behind the backward pass.
+//   - Advice (advice.go): the advisor's model of it (package advise):
+//     Plan, the communicator calls of one iteration; Volume, the elements
+//     one worker selects and the union that crosses the wire, given how the
+//     workers' selections overlap; Selection, how its selection time scales
+//     with the workers; Period, a schedule of expensive and cheap calls
+//     (Ok-Topk's 32); Caveats, where the prediction is weak; Evidence, what
+//     papers and the project's runs show of its accuracy, by kind of model.
+//
+// TestEveryMethodAdvises fails, naming the method and the field, for a
+// method whose Advice lacks one; TestPipelinedMethodsReduceGroups checks
+// Pipelined against the reducer; the advisor's TestPlanMatchesReducers
+// checks each Plan against the real reducer's communicator calls. Tests in
+// cmd/train, advise and reports register a method of their own and show
+// the trainer, the advisor and the reports handle it without a change.
 //
 // # Method options
 //

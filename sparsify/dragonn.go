@@ -2,14 +2,16 @@ package sparsify
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"math/rand/v2"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
-	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Params: []Param{
+	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Advice: dragonnAdvice, Params: []Param{
 		{Name: "min_tensor", Flag: "min-tensor", Kind: Int, Default: dragonnDefaultMinTensor, Min: 0, Max: math.MaxInt32,
 			Doc: "compress only tensors with more elements (0: every tensor)"},
 		denseWarmupParam(dragonnDefaultWarmup),
@@ -275,4 +277,54 @@ func dragonnSelectOn(v *vecs, sc *samples, out, x device.Buffer, p dragonnParams
 	}
 	k, err := v.ops.HashSelectAbove(v.s, out, x, thr, hashSeed, p.nslots)
 	return k, thr, err
+}
+
+// dragonnAdvice: the small tensors all-reduced densely, each larger one's
+// selection of about ρ of it (at least one element) all-gathered as
+// indices and values.
+var dragonnAdvice = &Advice{
+	Plan: func(s Shape) ([]Call, error) {
+		dense, compressed := dragonnSplit(s)
+		var out []Call
+		if dense > 0 {
+			out = append(out, Call{comm.OpAllReduce, 1, float64(dense)})
+		}
+		if compressed > 0 {
+			out = append(out, gatherCalls(s.Sel-float64(dense), 2)...) // Selected counts the dense tensors too
+		}
+		return out, nil
+	},
+	Volume: func(s Shape, o Overlap) (sel, union float64) {
+		dense, _ := dragonnSplit(s)
+		sparse := 0.0
+		for _, sz := range s.Sizes {
+			if sz > s.Params.Int("min_tensor") {
+				sparse += float64(max(int(float64(sz)*s.Density), 1))
+			}
+		}
+		return float64(dense) + sparse, float64(dense) + o.TopK(sparse)
+	},
+	Selection: SelectsWhole,
+	Caveats: func(c Conditions) []string {
+		if dense, _ := dragonnSplit(c.Shape); dense == c.N {
+			return []string{fmt.Sprintf("no tensor has more than min_tensor = %d elements: DRAGONN averages every one densely (-min-tensor)", c.Params.Int("min_tensor"))}
+		}
+		return buildUp(c)
+	},
+	Evidence: Evidence{Shown: []ModelKind{CNN, Transformer, MLP},
+		Papers: "DRAGONN paper: ResNet-50 on ImageNet, ViT, MLP-Mixer, extreme classification on Wiki10-31K"},
+}
+
+// dragonnSplit returns the elements DRAGONN all-reduces densely (tensors of
+// at most min_tensor elements) and those it compresses.
+func dragonnSplit(s Shape) (dense, compressed int) {
+	minT := s.Params.Int("min_tensor")
+	for _, sz := range s.Sizes {
+		if sz > minT {
+			compressed += sz
+		} else {
+			dense += sz
+		}
+	}
+	return dense, compressed
 }

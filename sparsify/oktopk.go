@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
-	Register(Method{Name: "oktopk", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newOkTopkReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "oktopk", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newOkTopkReducer, Advice: okTopkAdvice, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
 }
 
 // Constants of Ok-Topk's schedule and threshold controllers
@@ -367,4 +368,34 @@ func (r *okTopkReducer) rebalance(ctx context.Context, sel device.Buffer) error 
 	}
 	g.offs[p] = n
 	return nil
+}
+
+// okTopkAdvice: topkdsa's region exchange of the local selection, the
+// owners' pairs in one message each, and the re-balancing's P−1 int64
+// boundaries every okRepartition calls. Its controllers keep the local and
+// the global selection near k, but every okGlobalRecompute-th call gathers
+// every non-zero region sum: the union of the workers' local selections.
+// Its schedule (exact thresholds every okLocalRecompute = okGlobalRecompute
+// calls) is the period the advisor times.
+var okTopkAdvice = &Advice{
+	Plan: func(s Shape) ([]Call, error) {
+		if s.P <= 1 {
+			return regionAlone(s), nil
+		}
+		P := float64(s.P)
+		return append(regionExchange(s, s.Sel),
+			Call{comm.OpAllGatherV, 1, 2 * s.Union / P},
+			Call{comm.OpAllReduce, 1.0 / okRepartition, 2 * (P - 1)}), nil
+	},
+	Volume: func(s Shape, o Overlap) (sel, union float64) {
+		k := float64(s.K)
+		return k, ((okGlobalRecompute-1)*k + o.TopK(k)) / okGlobalRecompute
+	},
+	Selection: SelectsWhole,
+	Period:    okLocalRecompute,
+	Caveats: func(Conditions) []string {
+		return []string{"its threshold controllers take a few hundred sparse iterations to settle; until then it sends more than this (up to about 2× ρ in 200-iteration NCF runs)", congested}
+	},
+	Evidence: Evidence{Shown: []ModelKind{CNN, RNN, Transformer},
+		Papers: "Ok-Topk paper: VGG-16 on CIFAR-10, LSTM on AN4, BERT; similar accuracy in SparDL's comparisons"},
 }

@@ -286,6 +286,15 @@ type Method struct {
 	// projection chart that leaves the method out).
 	Projectable    bool
 	NotProjectable string
+	// Pipelined tells that the method's reducer reduces the gradient's
+	// layer groups while the backward pass still runs (it implements
+	// GroupReducer, and DeviceGroupReducer where it reduces on a device):
+	// a trainer pipelines it by default, and the advisor hides its
+	// selection and communication behind the backward pass.
+	Pipelined bool
+	// Advice is what the advisor (package advise) needs to predict the
+	// method's iteration; nil: the advisor has no model of it and says so.
+	Advice *Advice
 }
 
 // Param returns the method's declaration of the option name.

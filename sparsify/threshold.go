@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "threshold", NotProjectable: "the union of the workers' selections, which every worker all-reduces, grows with the worker count", New: newThresholdReducer, Params: []Param{{
+	Register(Method{Name: "threshold", NotProjectable: "the union of the workers' selections, which every worker all-reduces, grows with the worker count", New: newThresholdReducer, Advice: thresholdAdvice, Params: []Param{{
 		Name: "lambda", Flag: "lambda", Kind: Float, Default: 0.0, Min: 0, Max: math.MaxFloat32,
 		Zero: "1/(2√k), recomputed every call",
 		Doc:  "hard threshold λ: every element with |acc| >= λ is sent",
@@ -85,4 +85,17 @@ func (r *thresholdReducer) ReduceOn(ctx context.Context, acc, out, residual devi
 		st.Threshold = float64(lam32)
 		return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, m), st)
 	})
+}
+
+// thresholdAdvice: as topk's traffic, with as many elements as λ selects.
+var thresholdAdvice = &Advice{
+	Plan:      selectedUnionPlan,
+	Volume:    func(_ Shape, o Overlap) (sel, union float64) { return o.Above() },
+	Selection: SelectsWhole,
+	Caveats: func(c Conditions) []string {
+		return append(buildUp(c), fmt.Sprintf("λ = 1/(2√k) is fixed: its density follows the gradients' magnitude (one worker: %.2g× ρ on the measured gradients of step %d)", c.Sel/float64(c.K), c.GradStep))
+	},
+	Evidence: Evidence{
+		Papers:  "compared in MiCRO's paper (CNNs), where its fixed λ gave an excessively high actual density in every experiment",
+		Warning: "a fixed λ sends whatever the gradients' magnitude makes it send: its density and accuracy are not controlled"},
 }

@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
-	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSAReducer, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSAReducer, Advice: topkDSAAdvice, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
 }
 
 // topkDSAReducer is "topkdsa", TopkDSA (Renggli et al.'s SparCML dynamic
@@ -176,4 +177,53 @@ func (r *topkDSAReducer) ReduceOn(ctx context.Context, acc, out, residual device
 		st.ActualDensity = density
 		return nil
 	})
+}
+
+// topkDSAAdvice: the region exchange of each worker's top k, then the
+// owners' sums all-gathered, densely when the union is large.
+var topkDSAAdvice = &Advice{
+	Plan: func(s Shape) ([]Call, error) {
+		if s.P <= 1 {
+			return regionAlone(s), nil
+		}
+		out := regionExchange(s, float64(s.K))
+		if topkDSADense(s) {
+			return append(out, Call{comm.OpAllGatherV, 1, float64(s.N) / float64(s.P)}), nil
+		}
+		return append(out, Call{comm.OpAllGatherV, 1, 2 * s.Union / float64(s.P)}), nil
+	},
+	Volume:    topkVolume,
+	Selection: SelectsWhole,
+	Caveats: func(c Conditions) []string {
+		out := append(buildUp(c), "regions are equal-sized: the owner of the largest gradients receives more pairs than the average modelled here")
+		if topkDSADense(c.Shape) {
+			out = append(out, "the union is so large that it gathers the regions densely")
+		}
+		return append(out, congested)
+	},
+	Evidence: topkVariantEvidence,
+}
+
+// topkDSADense reports whether the owners' sums of a union of s.Union
+// pairs are gathered densely (2·|U| >= ⌊2N/3⌋, as the reducer decides).
+func topkDSADense(s Shape) bool { return 2*s.Union >= float64(2*s.N/3) }
+
+// regionAlone is the traffic of topkdsa and oktopk on one worker: a count
+// and its pairs all-gathered.
+func regionAlone(s Shape) []Call {
+	return []Call{{comm.OpAllGather, 1, 1}, {comm.OpAllGatherV, 1, 2 * s.Union}}
+}
+
+// regionExchange is the traffic of topkdsa's and oktopk's region exchange
+// of a local selection of local elements: a count and the pairs to and from
+// every peer, in regions of about N/P elements each (the selection spreads
+// over them), then the owners' counts all-gathered.
+func regionExchange(s Shape, local float64) []Call {
+	P := float64(s.P)
+	pairs := local / P
+	return []Call{
+		{comm.OpSend, P - 1, 1}, {comm.OpRecv, P - 1, 1},
+		{comm.OpSend, 2 * (P - 1), pairs}, {comm.OpRecv, 2 * (P - 1), pairs},
+		{comm.OpAllGather, 1, 1},
+	}
 }

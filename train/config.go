@@ -53,8 +53,9 @@ type Config struct {
 	// per option): absent ones take the method's defaults, options of other
 	// methods are refused.
 	MethodOptions sparsify.Values `json:"method_options,omitempty"`
-	// Pipeline is "auto", "on" or "off": LAGS pipelining (auto: on for lags
-	// unless gradient clipping needs the whole gradient first).
+	// Pipeline is "auto", "on" or "off": pipelining of a method that
+	// declares itself Pipelined, LAGS (auto: on for it unless gradient
+	// clipping needs the whole gradient first).
 	Pipeline string `json:"pipeline"`
 	// ClipAt is where Clip clips: "local" (each worker's gradient, before
 	// error feedback, as the DEFT/MiCRO harness clips the LSTM), "aggregated"
@@ -327,23 +328,33 @@ func def(p *string, v string) {
 	}
 }
 
-// PipelineOn reports whether the run pipelines LAGS' communication with the
-// backward pass.
+// PipelineOn reports whether the run pipelines the reducer's communication
+// with the backward pass (auto: for a method that declares itself
+// Pipelined, LAGS, unless its gradient is clipped locally).
 func (c Config) PipelineOn() bool {
 	switch c.Pipeline {
 	case "on":
 		return true
 	case "auto":
-		return c.Sparsifier == "lags" && !c.ClipLocal()
+		return pipelined(c.Sparsifier) && !c.ClipLocal()
 	}
 	return false
 }
 
 // ClipLocal reports whether the run clips each worker's gradient before
-// error feedback (Clip > 0 and ClipAt local, or auto with another method
-// than lags), which needs the whole gradient before the reduction starts.
+// error feedback (Clip > 0 and ClipAt local, or auto with a method that is
+// not pipelined: a pipelined one, LAGS, clips the averaged gradient, as the
+// LAGS reference does), which needs the whole gradient before the
+// reduction starts.
 func (c Config) ClipLocal() bool {
-	return c.Clip.Value() > 0 && (c.ClipAt == "local" || (c.ClipAt != "aggregated" && c.Sparsifier != "lags"))
+	return c.Clip.Value() > 0 && (c.ClipAt == "local" || (c.ClipAt != "aggregated" && !pipelined(c.Sparsifier)))
+}
+
+// pipelined reports whether the method named name reduces layer groups
+// during the backward pass (sparsify.Method.Pipelined).
+func pipelined(name string) bool {
+	m, ok := sparsify.Lookup(name)
+	return ok && m.Pipelined
 }
 
 // ClipAggregated reports whether the run clips the averaged gradient after
@@ -445,8 +456,14 @@ func (c Config) Validate(underMPI bool) error {
 	switch c.Pipeline {
 	case "auto", "off":
 	case "on":
-		if c.Sparsifier != "lags" {
-			bad("-pipeline on needs -sparsifier lags (the only reducer that reduces layer groups during the backward pass), not %s", c.Sparsifier)
+		if !pipelined(c.Sparsifier) {
+			var ms []string
+			for _, m := range sparsify.Methods() {
+				if m.Pipelined {
+					ms = append(ms, m.Name)
+				}
+			}
+			bad("-pipeline on needs -sparsifier %s (the reducers that reduce layer groups during the backward pass), not %s", strings.Join(ms, " or "), c.Sparsifier)
 		}
 		if c.ClipLocal() {
 			bad("-pipeline on cannot be combined with -clip %v -clip-at local: clipping each worker's gradient needs the whole gradient before error feedback; pass -clip-at aggregated (clip the averaged gradient, as the LAGS reference does), -clip 0 or -pipeline off", c.Clip)
