@@ -26,11 +26,11 @@ type position struct {
 	evalEpoch          int
 }
 
-// resilience is a worker's state for checkpoints, resumes and stops.
-type resilience struct {
-	// last is the folder of the newest complete checkpoint ("" none),
+// checkpointState is a worker's state of checkpoints and resumes.
+type checkpointState struct {
+	// lastDir is the folder of the newest complete checkpoint ("" none),
 	// lastStep its step; prevStep is the step of the one before (-1 none).
-	last               string
+	lastDir            string
 	lastStep, prevStep int
 	// modelState is the model's state of the checkpoint resumed from,
 	// given to the model again after the epoch's ResetState.
@@ -38,27 +38,17 @@ type resilience struct {
 	// evaluated says that metrics.jsonl holds an evaluation at the step
 	// resumed from (the end of the run resumed).
 	evaluated bool
-	// info is rank 0's run.json.
-	info *RunInfo
-	// stepTime is the last step's time, evalPerBatch the last
-	// evaluation's time per batch (evalReserve).
-	stepTime, evalPerBatch time.Duration
-	// kept says that the run has something worth keeping: a new run has
-	// done a step or written a checkpoint, a resume has been accepted.
-	// Until then its log is in memory (runLog), and a new run that fails
-	// removes what it wrote (discardRun).
-	kept bool
 }
 
-// keep marks the run as worth keeping (resilience.kept) and writes its log
+// keep marks the run as worth keeping (worker.kept) and writes its log
 // from now on; a log that cannot be written is a warning.
 func (w *worker) keep() {
-	if w.res.kept {
+	if w.kept {
 		return
 	}
-	w.res.kept = true
-	w.r.kept.Store(true)
-	if err := w.rlog.keep(); err != nil && w.out != nil {
+	w.kept = true
+	w.runner.kept.Store(true)
+	if err := w.runLog.keep(); err != nil && w.out != nil {
 		w.out.warn("no log", err)
 	}
 }
@@ -99,8 +89,8 @@ func firstNonFinite(v []float32) int {
 
 // tensorAt names the layout tensor holding flat element i: its name and
 // the element's index within it.
-func (w *worker) tensorAt(i int) (string, int) {
-	for _, t := range w.layout.Tensors {
+func (dp *dataPath) tensorAt(i int) (string, int) {
+	for _, t := range dp.layout.Tensors {
 		if i < t.Offset+t.Size {
 			return t.Name, i - t.Offset
 		}
@@ -110,20 +100,20 @@ func (w *worker) tensorAt(i int) (string, int) {
 
 // nonFinite is the error for v[i] (a vector in layout order) not being
 // finite.
-func (w *worker) nonFinite(what string, v []float32, i int) error {
-	name, j := w.tensorAt(i)
+func (dp *dataPath) nonFinite(what string, v []float32, i int) error {
+	name, j := dp.tensorAt(i)
 	return fmt.Errorf("%w: the %s is %v in tensor %s (element %d of it)", errNonFinite, what, v[i], name, j)
 }
 
 // paramHash is a CRC-32C of the parameters' bits (host view, downloaded).
-func (w *worker) paramHash() (uint32, error) {
-	if err := w.download(w.hparams, w.params); err != nil {
+func (dp *dataPath) paramHash() (uint32, error) {
+	if err := dp.download(dp.hostParams, dp.params); err != nil {
 		return 0, err
 	}
 	// In pieces: many workers of one process hash at once.
 	var buf [1 << 14]byte
 	h := uint32(0)
-	for v := w.hparams; len(v) > 0; {
+	for v := dp.hostParams; len(v) > 0; {
 		n := min(len(v), len(buf)/4)
 		h = crc32.Update(h, castagnoli, buf[:section{f: v[:n]}.put(buf[:])])
 		v = v[n:]
@@ -133,25 +123,25 @@ func (w *worker) paramHash() (uint32, error) {
 
 // shard collects this rank's part of a checkpoint.
 func (w *worker) shard(step int) (*Shard, error) {
-	if err := w.download(w.mem.Residual, w.resid); err != nil { // on a GPU
+	if err := w.dataPath.download(w.dataPath.hostResidual, w.dataPath.residual); err != nil { // on a GPU
 		return nil, err
 	}
-	red, err := sparsify.SaveState(w.red)
+	red, err := sparsify.SaveState(w.dataPath.reducer)
 	if err != nil {
 		return nil, fmt.Errorf("train: the reducer's state: %w", err)
 	}
-	s := &Shard{Rank: w.rank, Workers: w.size, Step: step, Residual: w.mem.Residual, Reducer: red}
+	s := &Shard{Rank: w.rank, Workers: w.size, Step: step, Residual: w.dataPath.hostResidual, Reducer: red}
 	if i := firstNonFinite(s.Residual); i >= 0 {
-		return nil, w.nonFinite("error-feedback residual", s.Residual, i)
+		return nil, w.dataPath.nonFinite("error-feedback residual", s.Residual, i)
 	}
-	if nb := sumSizes(w.m.BufferLayout()); nb > 0 {
+	if nb := sumSizes(w.dataPath.model.BufferLayout()); nb > 0 {
 		s.Buffers = make([]float32, nb)
-		if err := w.m.StoreBuffers(s.Buffers); err != nil {
+		if err := w.dataPath.model.StoreBuffers(s.Buffers); err != nil {
 			return nil, err
 		}
 		if i := firstNonFinite(s.Buffers); i >= 0 {
 			name := "?"
-			for _, b := range w.m.BufferLayout() {
+			for _, b := range w.dataPath.model.BufferLayout() {
 				if i < b.Offset+b.Size {
 					name = b.Name
 					break
@@ -160,7 +150,7 @@ func (w *worker) shard(step int) (*Shard, error) {
 			return nil, fmt.Errorf("%w: the batch-norm statistics are %v in %s", errNonFinite, s.Buffers[i], name)
 		}
 	}
-	if ms, ok := w.m.(models.Stateful); ok {
+	if ms, ok := w.dataPath.model.(models.Stateful); ok {
 		b, err := ms.SaveState()
 		if err != nil {
 			return nil, err
@@ -195,13 +185,13 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 			info = ShardInfo{Bytes: int64(len(b)), CRC: crc32.Checksum(b, castagnoli)}
 		}
 	}
-	hash, err := w.paramHash()
+	hash, err := w.dataPath.paramHash()
 	if err != nil {
 		return err
 	}
 	if w.rank == 0 && werr == nil {
-		if i := firstNonFinite(w.hparams); i >= 0 {
-			werr, fatal = w.nonFinite("parameter", w.hparams, i), true
+		if i := firstNonFinite(w.dataPath.hostParams); i >= 0 {
+			werr, fatal = w.dataPath.nonFinite("parameter", w.dataPath.hostParams, i), true
 		}
 	}
 	flag := int64(0)
@@ -212,7 +202,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		}
 	}
 	all := make(comm.Int64s, 4*w.size)
-	if err := w.c.AllGather(ctx, comm.Int64s{flag, info.Bytes, int64(info.CRC), int64(hash)}, all); err != nil {
+	if err := w.communicator.AllGather(ctx, comm.Int64s{flag, info.Bytes, int64(info.CRC), int64(hash)}, all); err != nil {
 		return fmt.Errorf("agreeing on the checkpoint of step %d: %w", p.step, err)
 	}
 	failed := false
@@ -220,7 +210,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		failed = failed || all[4*r] != 0
 	}
 	if failed {
-		msgs, err := gatherStrings(ctx, w.c, errString(werr))
+		msgs, err := gatherStrings(ctx, w.communicator, errString(werr))
 		if err != nil {
 			return err
 		}
@@ -246,7 +236,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 			}
 			return collective(fmt.Errorf("%s (no checkpoint of this state was written): %w", msg, errors.Join(werr, errNonFinite)))
 		}
-		return collective(&ckptError{step: p.step, prev: w.res.last, prevStep: w.res.lastStep, msg: msg, err: werr})
+		return collective(&ckptError{step: p.step, prev: w.checkpoints.lastDir, prevStep: w.checkpoints.lastStep, msg: msg, err: werr})
 	}
 	hashes := make([]int64, w.size)
 	for r := range w.size {
@@ -266,22 +256,22 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 	if serr != nil {
 		ok[0] = 1
 	}
-	if err := w.c.Broadcast(ctx, ok, 0); err != nil {
+	if err := w.communicator.Broadcast(ctx, ok, 0); err != nil {
 		return fmt.Errorf("agreeing on the checkpoint of step %d: %w", p.step, err)
 	}
 	if ok[0] != 0 {
-		m, err := broadcastBytes(ctx, w.c, []byte(errString(serr)), 0)
+		m, err := broadcastBytes(ctx, w.communicator, []byte(errString(serr)), 0)
 		if err != nil {
 			return err
 		}
 		os.Remove(part)
 		os.Remove(dir)
-		return collective(&ckptError{step: p.step, prev: w.res.last, prevStep: w.res.lastStep, msg: "rank 0: " + string(m), err: serr})
+		return collective(&ckptError{step: p.step, prev: w.checkpoints.lastDir, prevStep: w.checkpoints.lastStep, msg: "rank 0: " + string(m), err: serr})
 	}
-	prevStep := w.res.lastStep
-	w.res.last, w.res.prevStep, w.res.lastStep = dir, prevStep, p.step
+	prevStep := w.checkpoints.lastStep
+	w.checkpoints.lastDir, w.checkpoints.prevStep, w.checkpoints.lastStep = dir, prevStep, p.step
 	w.keep()
-	w.r.status.setCheckpoint(dir, p.step)
+	w.runner.status.setCheckpoint(dir, p.step)
 	w.log.Info("checkpoint written", "dir", dir, "step", p.step)
 	w.prune(prevStep)
 	return nil
@@ -295,10 +285,10 @@ func (w *worker) writeShared(ctx context.Context, p position, dir string, all co
 	}
 	ck := &Checkpoint{Config: w.cfg, Workers: w.size, Epoch: p.epoch, Batch: p.batch, Step: p.step,
 		EvalDue: p.evalDue, EvalEpoch: p.evalEpoch, Elapsed: time.Since(w.start), Written: time.Now().UTC(),
-		Params: w.hparams}
+		Params: w.dataPath.hostParams}
 	ck.Config.Resume = ""
 	var err error
-	if ck.Opt, ck.OptSteps, err = w.opt.State(); err != nil {
+	if ck.Opt, ck.OptSteps, err = w.dataPath.opt.State(); err != nil {
 		return err
 	}
 	for r := range w.size {
@@ -369,10 +359,10 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 		}
 		raw = []byte(errString(rerr))
 	}
-	if err := w.c.Broadcast(ctx, st, 0); err != nil {
+	if err := w.communicator.Broadcast(ctx, st, 0); err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
-	raw, err := broadcastBytes(ctx, w.c, raw, 0)
+	raw, err := broadcastBytes(ctx, w.communicator, raw, 0)
 	if err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
@@ -395,12 +385,12 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	if perr != nil {
 		f[0] = 1
 	}
-	if err := w.c.AllGather(ctx, f, flags); err != nil {
+	if err := w.communicator.AllGather(ctx, f, flags); err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
 	for _, v := range flags {
 		if v != 0 {
-			msgs, err := gatherStrings(ctx, w.c, errString(perr))
+			msgs, err := gatherStrings(ctx, w.communicator, errString(perr))
 			if err != nil {
 				return position{}, err
 			}
@@ -415,22 +405,22 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	}
 	// Every part checks out: load the shared state (simulated workers
 	// share it: rank 0 loads it, the others wait).
-	if w.opt != nil {
-		copy(w.hparams, ck.Params)
-		if err := w.upload(w.params, w.hparams); err != nil {
+	if w.dataPath.opt != nil {
+		copy(w.dataPath.hostParams, ck.Params)
+		if err := w.dataPath.upload(w.dataPath.params, w.dataPath.hostParams); err != nil {
 			return position{}, err
 		}
-		if err := w.opt.SetState(ck.Opt, ck.OptSteps); err != nil {
+		if err := w.dataPath.opt.SetState(ck.Opt, ck.OptSteps); err != nil {
 			return position{}, fmt.Errorf("checkpoint %s: %w", dir, err)
 		}
 	}
-	if sim := w.r.sim; sim != nil {
+	if sim := w.runner.sim; sim != nil {
 		if err := sim.bar.wait(ctx); err != nil {
 			return position{}, err
 		}
 	}
-	w.res.last, w.res.lastStep, w.res.prevStep = dir, ck.Step, -1
-	w.r.status.setCheckpoint(dir, ck.Step)
+	w.checkpoints.lastDir, w.checkpoints.lastStep, w.checkpoints.prevStep = dir, ck.Step, -1
+	w.runner.status.setCheckpoint(dir, ck.Step)
 	// Parts of newer, incomplete checkpoints (a crash while writing) go.
 	if steps, err := checkpointSteps(w.cfg.Out); err == nil {
 		for _, s := range steps {
@@ -453,13 +443,13 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 			e[1] = 1
 		}
 	}
-	if err := w.c.Broadcast(ctx, e, 0); err != nil {
+	if err := w.communicator.Broadcast(ctx, e, 0); err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
 	w.start = time.Now().Add(-time.Duration(e[0]))
-	w.res.evaluated = e[1] == 1
+	w.checkpoints.evaluated = e[1] == 1
 	w.keep()
-	if info := w.res.info; info != nil && len(info.Resumes) > 0 {
+	if info := w.runInfo; info != nil && len(info.Resumes) > 0 {
 		r := &info.Resumes[len(info.Resumes)-1]
 		r.Step, r.Checkpoint = ck.Step, dir
 		if err := writeJSONAtomic(filepath.Join(w.cfg.Out, "run.json"), info); err != nil {
@@ -495,8 +485,8 @@ func (w *worker) findCheckpoint() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v; %s", ErrConfig, err, fallBack(w.cfg.Resume, dir))
 	}
-	if len(ck.Params) != len(w.hparams) {
-		return nil, fmt.Errorf("%w: checkpoint %s holds %d parameters, the model has %d (another model or preset)", ErrConfig, dir, len(ck.Params), len(w.hparams))
+	if len(ck.Params) != len(w.dataPath.hostParams) {
+		return nil, fmt.Errorf("%w: checkpoint %s holds %d parameters, the model has %d (another model or preset)", ErrConfig, dir, len(ck.Params), len(w.dataPath.hostParams))
 	}
 	diffs, err := checkpointMismatch(ck, w.cfg, w.size)
 	if err != nil {
@@ -547,30 +537,30 @@ func (w *worker) loadShard(ck *Checkpoint, dir string) error {
 	if s.Rank != w.rank || s.Workers != w.size || s.Step != ck.Step {
 		return fmt.Errorf("%s is rank %d of %d at step %d, not rank %d of %d at step %d", p, s.Rank, s.Workers, s.Step, w.rank, w.size, ck.Step)
 	}
-	if len(s.Residual) != len(w.mem.Residual) {
-		return fmt.Errorf("%s holds a residual of %d values, the model has %d parameters", p, len(s.Residual), len(w.mem.Residual))
+	if len(s.Residual) != len(w.dataPath.hostResidual) {
+		return fmt.Errorf("%s holds a residual of %d values, the model has %d parameters", p, len(s.Residual), len(w.dataPath.hostResidual))
 	}
-	if nb := sumSizes(w.m.BufferLayout()); len(s.Buffers) != nb {
+	if nb := sumSizes(w.dataPath.model.BufferLayout()); len(s.Buffers) != nb {
 		return fmt.Errorf("%s holds %d batch-norm statistics, the model has %d", p, len(s.Buffers), nb)
 	}
-	if err := sparsify.RestoreState(w.red, s.Reducer); err != nil {
+	if err := sparsify.RestoreState(w.dataPath.reducer, s.Reducer); err != nil {
 		return fmt.Errorf("%s: %w", p, err)
 	}
-	if ms, ok := w.m.(models.Stateful); ok {
+	if ms, ok := w.dataPath.model.(models.Stateful); ok {
 		if err := ms.LoadState(s.Model); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
-		w.res.modelState = s.Model
+		w.checkpoints.modelState = s.Model
 	} else if len(s.Model) > 0 {
 		return fmt.Errorf("%s holds a model state, but %s keeps none", p, w.cfg.Model)
 	}
 	if len(s.Buffers) > 0 {
-		if err := w.m.LoadBuffers(s.Buffers); err != nil {
+		if err := w.dataPath.model.LoadBuffers(s.Buffers); err != nil {
 			return fmt.Errorf("%s: %w", p, err)
 		}
 	}
-	copy(w.mem.Residual, s.Residual)
-	return w.upload(w.resid, w.mem.Residual) // on a GPU
+	copy(w.dataPath.hostResidual, s.Residual)
+	return w.dataPath.upload(w.dataPath.residual, w.dataPath.hostResidual) // on a GPU
 }
 
 // errString is err's message ("" for nil).
