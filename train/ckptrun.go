@@ -122,26 +122,26 @@ func (dp *dataPath) paramHash() (uint32, error) {
 }
 
 // shard collects this rank's part of a checkpoint.
-func (w *worker) shard(step int) (*Shard, error) {
-	if err := w.dataPath.download(w.dataPath.hostResidual, w.dataPath.residual); err != nil { // on a GPU
+func (dp *dataPath) shard(step int) (*Shard, error) {
+	if err := dp.download(dp.hostResidual, dp.residual); err != nil { // on a GPU
 		return nil, err
 	}
-	red, err := sparsify.SaveState(w.dataPath.reducer)
+	red, err := sparsify.SaveState(dp.reducer)
 	if err != nil {
 		return nil, fmt.Errorf("train: the reducer's state: %w", err)
 	}
-	s := &Shard{Rank: w.rank, Workers: w.size, Step: step, Residual: w.dataPath.hostResidual, Reducer: red}
+	s := &Shard{Rank: dp.rank, Workers: dp.size, Step: step, Residual: dp.hostResidual, Reducer: red}
 	if i := firstNonFinite(s.Residual); i >= 0 {
-		return nil, w.dataPath.nonFinite("error-feedback residual", s.Residual, i)
+		return nil, dp.nonFinite("error-feedback residual", s.Residual, i)
 	}
-	if nb := sumSizes(w.dataPath.model.BufferLayout()); nb > 0 {
+	if nb := sumSizes(dp.model.BufferLayout()); nb > 0 {
 		s.Buffers = make([]float32, nb)
-		if err := w.dataPath.model.StoreBuffers(s.Buffers); err != nil {
+		if err := dp.model.StoreBuffers(s.Buffers); err != nil {
 			return nil, err
 		}
 		if i := firstNonFinite(s.Buffers); i >= 0 {
 			name := "?"
-			for _, b := range w.dataPath.model.BufferLayout() {
+			for _, b := range dp.model.BufferLayout() {
 				if i < b.Offset+b.Size {
 					name = b.Name
 					break
@@ -150,7 +150,7 @@ func (w *worker) shard(step int) (*Shard, error) {
 			return nil, fmt.Errorf("%w: the batch-norm statistics are %v in %s", errNonFinite, s.Buffers[i], name)
 		}
 	}
-	if ms, ok := w.dataPath.model.(models.Stateful); ok {
+	if ms, ok := dp.model.(models.Stateful); ok {
 		b, err := ms.SaveState()
 		if err != nil {
 			return nil, err
@@ -173,7 +173,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 	var info ShardInfo
 	var werr error
 	fatal := false
-	s, err := w.shard(p.step)
+	s, err := w.dataPath.shard(p.step)
 	if err != nil {
 		werr, fatal = err, true
 	} else {
@@ -379,7 +379,8 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 		return position{}, collective(err)
 	}
 	dir := stepDir(w.cfg.Out, ck.Step)
-	perr := w.loadShard(ck, dir)
+	modelState, perr := w.dataPath.loadShard(ck, dir)
+	w.checkpoints.modelState = modelState
 	flags := make(comm.Int64s, w.size)
 	f := comm.Int64s{0}
 	if perr != nil {
@@ -519,48 +520,48 @@ func fallBack(runDir, bad string) string {
 
 // loadShard reads, checks and loads this rank's part of checkpoint ck in
 // dir: the residual, the batch-norm statistics, the reducer's and the
-// model's state. On an error nothing the run uses has changed except,
+// model's state, which it returns (nil for a model without). On an error nothing the run uses has changed except,
 // possibly, the reducer's or model's state, and the run stops.
-func (w *worker) loadShard(ck *Checkpoint, dir string) error {
-	p := filepath.Join(dir, shardName(w.rank))
+func (dp *dataPath) loadShard(ck *Checkpoint, dir string) (modelState []byte, err error) {
+	p := filepath.Join(dir, shardName(dp.rank))
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return fmt.Errorf("reading this rank's part: %w", err)
+		return nil, fmt.Errorf("reading this rank's part: %w", err)
 	}
-	if want := ck.Shards[w.rank]; int64(len(b)) != want.Bytes || crc32.Checksum(b, castagnoli) != want.CRC {
-		return fmt.Errorf("%s is not the part the checkpoint lists (%d bytes, CRC-32C %08x; the checkpoint says %d bytes, %08x): it is of another checkpoint, or damaged", p, len(b), crc32.Checksum(b, castagnoli), want.Bytes, want.CRC)
+	if want := ck.Shards[dp.rank]; int64(len(b)) != want.Bytes || crc32.Checksum(b, castagnoli) != want.CRC {
+		return nil, fmt.Errorf("%s is not the part the checkpoint lists (%d bytes, CRC-32C %08x; the checkpoint says %d bytes, %08x): it is of another checkpoint, or damaged", p, len(b), crc32.Checksum(b, castagnoli), want.Bytes, want.CRC)
 	}
 	s, err := parseShard(b, p)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if s.Rank != w.rank || s.Workers != w.size || s.Step != ck.Step {
-		return fmt.Errorf("%s is rank %d of %d at step %d, not rank %d of %d at step %d", p, s.Rank, s.Workers, s.Step, w.rank, w.size, ck.Step)
+	if s.Rank != dp.rank || s.Workers != dp.size || s.Step != ck.Step {
+		return nil, fmt.Errorf("%s is rank %d of %d at step %d, not rank %d of %d at step %d", p, s.Rank, s.Workers, s.Step, dp.rank, dp.size, ck.Step)
 	}
-	if len(s.Residual) != len(w.dataPath.hostResidual) {
-		return fmt.Errorf("%s holds a residual of %d values, the model has %d parameters", p, len(s.Residual), len(w.dataPath.hostResidual))
+	if len(s.Residual) != len(dp.hostResidual) {
+		return nil, fmt.Errorf("%s holds a residual of %d values, the model has %d parameters", p, len(s.Residual), len(dp.hostResidual))
 	}
-	if nb := sumSizes(w.dataPath.model.BufferLayout()); len(s.Buffers) != nb {
-		return fmt.Errorf("%s holds %d batch-norm statistics, the model has %d", p, len(s.Buffers), nb)
+	if nb := sumSizes(dp.model.BufferLayout()); len(s.Buffers) != nb {
+		return nil, fmt.Errorf("%s holds %d batch-norm statistics, the model has %d", p, len(s.Buffers), nb)
 	}
-	if err := sparsify.RestoreState(w.dataPath.reducer, s.Reducer); err != nil {
-		return fmt.Errorf("%s: %w", p, err)
+	if err := sparsify.RestoreState(dp.reducer, s.Reducer); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	if ms, ok := w.dataPath.model.(models.Stateful); ok {
+	if ms, ok := dp.model.(models.Stateful); ok {
 		if err := ms.LoadState(s.Model); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
+			return nil, fmt.Errorf("%s: %w", p, err)
 		}
-		w.checkpoints.modelState = s.Model
+		modelState = s.Model
 	} else if len(s.Model) > 0 {
-		return fmt.Errorf("%s holds a model state, but %s keeps none", p, w.cfg.Model)
+		return nil, fmt.Errorf("%s holds a model state, but %s keeps none", p, dp.cfg.Model)
 	}
 	if len(s.Buffers) > 0 {
-		if err := w.dataPath.model.LoadBuffers(s.Buffers); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
+		if err := dp.model.LoadBuffers(s.Buffers); err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 	}
-	copy(w.dataPath.hostResidual, s.Residual)
-	return w.dataPath.upload(w.dataPath.residual, w.dataPath.hostResidual) // on a GPU
+	copy(dp.hostResidual, s.Residual)
+	return modelState, dp.upload(dp.residual, dp.hostResidual) // on a GPU
 }
 
 // errString is err's message ("" for nil).
