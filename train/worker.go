@@ -514,16 +514,16 @@ func (w *worker) loop(ctx context.Context) error {
 				return w.failed(fmt.Errorf("stopped: %w", err), step)
 			}
 			lr := lrs.At(step, epoch)
-			b, ns, err := w.task.Batch(i)
+			batch, samples, err := w.task.Batch(i)
 			if err != nil {
 				return w.failed(&stepError{step + 1, epoch, fmt.Errorf("batch %d of the epoch: %w", i, err)}, step)
 			}
-			s, err := w.dataPath.step(ctx, step+1, b, lr)
+			stats, err := w.dataPath.step(ctx, step+1, batch, lr)
 			if err != nil {
 				return w.failed(&stepError{step + 1, epoch, err}, step)
 			}
-			s.Samples = ns
-			w.lastStepTime = s.Iter
+			stats.Samples = samples
+			w.lastStepTime = stats.Iter
 			step++
 			w.runner.status.step.Store(int64(step))
 			w.keep()
@@ -536,9 +536,9 @@ func (w *worker) loop(ctx context.Context) error {
 					return w.failed(err, step)
 				}
 			}
-			lastLoss = s.Loss
+			lastLoss = stats.Loss
 			if after.log {
-				rec, err := w.gather(ctx, s, epoch, step, lr)
+				rec, err := w.gather(ctx, stats, epoch, step, lr)
 				if err != nil {
 					return w.failed(err, step)
 				}
@@ -548,7 +548,7 @@ func (w *worker) loop(ctx context.Context) error {
 				}
 			}
 			if prog != nil {
-				prog.add(ns*w.size, lastLoss)
+				prog.add(samples*w.size, lastLoss)
 			}
 			if err := w.follow(ctx, after, epoch, step, &did); err != nil {
 				return w.failed(err, step)
