@@ -26,11 +26,11 @@ type position struct {
 	evalEpoch          int
 }
 
-// resilience is a worker's state for checkpoints, resumes and stops.
-type resilience struct {
-	// last is the folder of the newest complete checkpoint ("" none),
+// checkpointState is a worker's state of checkpoints and resumes.
+type checkpointState struct {
+	// lastDir is the folder of the newest complete checkpoint ("" none),
 	// lastStep its step; prevStep is the step of the one before (-1 none).
-	last               string
+	lastDir            string
 	lastStep, prevStep int
 	// modelState is the model's state of the checkpoint resumed from,
 	// given to the model again after the epoch's ResetState.
@@ -38,27 +38,17 @@ type resilience struct {
 	// evaluated says that metrics.jsonl holds an evaluation at the step
 	// resumed from (the end of the run resumed).
 	evaluated bool
-	// info is rank 0's run.json.
-	info *RunInfo
-	// stepTime is the last step's time, evalPerBatch the last
-	// evaluation's time per batch (evalReserve).
-	stepTime, evalPerBatch time.Duration
-	// kept says that the run has something worth keeping: a new run has
-	// done a step or written a checkpoint, a resume has been accepted.
-	// Until then its log is in memory (runLog), and a new run that fails
-	// removes what it wrote (discardRun).
-	kept bool
 }
 
-// keep marks the run as worth keeping (resilience.kept) and writes its log
+// keep marks the run as worth keeping (worker.kept) and writes its log
 // from now on; a log that cannot be written is a warning.
 func (w *worker) keep() {
-	if w.res.kept {
+	if w.kept {
 		return
 	}
-	w.res.kept = true
-	w.r.kept.Store(true)
-	if err := w.rlog.keep(); err != nil && w.out != nil {
+	w.kept = true
+	w.runner.kept.Store(true)
+	if err := w.runLog.keep(); err != nil && w.out != nil {
 		w.out.warn("no log", err)
 	}
 }
@@ -99,8 +89,8 @@ func firstNonFinite(v []float32) int {
 
 // tensorAt names the layout tensor holding flat element i: its name and
 // the element's index within it.
-func (w *worker) tensorAt(i int) (string, int) {
-	for _, t := range w.layout.Tensors {
+func (dp *dataPath) tensorAt(i int) (string, int) {
+	for _, t := range dp.layout.Tensors {
 		if i < t.Offset+t.Size {
 			return t.Name, i - t.Offset
 		}
@@ -110,45 +100,45 @@ func (w *worker) tensorAt(i int) (string, int) {
 
 // nonFinite is the error for v[i] (a vector in layout order) not being
 // finite.
-func (w *worker) nonFinite(what string, v []float32, i int) error {
-	name, j := w.tensorAt(i)
+func (dp *dataPath) nonFinite(what string, v []float32, i int) error {
+	name, j := dp.tensorAt(i)
 	return fmt.Errorf("%w: the %s is %v in tensor %s (element %d of it)", errNonFinite, what, v[i], name, j)
 }
 
 // paramHash is a CRC-32C of the parameters' bits (host view, downloaded).
-func (w *worker) paramHash() (uint32, error) {
-	if err := w.download(w.hparams, w.params); err != nil {
+func (dp *dataPath) paramHash() (uint32, error) {
+	if err := dp.download(dp.hostParams, dp.params); err != nil {
 		return 0, err
 	}
 	// In pieces: many workers of one process hash at once.
 	h := crc32.New(castagnoli)
-	if err := writeF32(h, w.hparams); err != nil {
+	if err := writeF32(h, dp.hostParams); err != nil {
 		return 0, err
 	}
 	return h.Sum32(), nil
 }
 
 // shard collects this rank's part of a checkpoint.
-func (w *worker) shard(step int) (*Shard, error) {
-	if err := w.download(w.mem.Residual, w.resid); err != nil { // on a GPU
+func (dp *dataPath) shard(step int) (*Shard, error) {
+	if err := dp.download(dp.hostResidual, dp.residual); err != nil { // on a GPU
 		return nil, err
 	}
-	red, err := sparsify.SaveState(w.red)
+	red, err := sparsify.SaveState(dp.reducer)
 	if err != nil {
 		return nil, fmt.Errorf("train: the reducer's state: %w", err)
 	}
-	s := &Shard{Rank: w.rank, Workers: w.size, Step: step, Residual: w.mem.Residual, Reducer: red}
+	s := &Shard{Rank: dp.rank, Workers: dp.size, Step: step, Residual: dp.hostResidual, Reducer: red}
 	if i := firstNonFinite(s.Residual); i >= 0 {
-		return nil, w.nonFinite("error-feedback residual", s.Residual, i)
+		return nil, dp.nonFinite("error-feedback residual", s.Residual, i)
 	}
-	if nb := sumSizes(w.m.BufferLayout()); nb > 0 {
+	if nb := sumSizes(dp.model.BufferLayout()); nb > 0 {
 		s.Buffers = make([]float32, nb)
-		if err := w.m.StoreBuffers(s.Buffers); err != nil {
+		if err := dp.model.StoreBuffers(s.Buffers); err != nil {
 			return nil, err
 		}
 		if i := firstNonFinite(s.Buffers); i >= 0 {
 			name := "?"
-			for _, b := range w.m.BufferLayout() {
+			for _, b := range dp.model.BufferLayout() {
 				if i < b.Offset+b.Size {
 					name = b.Name
 					break
@@ -157,7 +147,7 @@ func (w *worker) shard(step int) (*Shard, error) {
 			return nil, fmt.Errorf("%w: the batch-norm statistics are %v in %s", errNonFinite, s.Buffers[i], name)
 		}
 	}
-	if ms, ok := w.m.(models.Stateful); ok {
+	if ms, ok := dp.model.(models.Stateful); ok {
 		b, err := ms.SaveState()
 		if err != nil {
 			return nil, err
@@ -180,7 +170,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 	var info ShardInfo
 	var werr error
 	fatal := false
-	s, err := w.shard(p.step)
+	s, err := w.dataPath.shard(p.step)
 	if err != nil {
 		werr, fatal = err, true
 	} else {
@@ -192,13 +182,13 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 			}
 		}
 	}
-	hash, err := w.paramHash()
+	hash, err := w.dataPath.paramHash()
 	if err != nil {
 		return err
 	}
 	if w.rank == 0 && werr == nil {
-		if i := firstNonFinite(w.hparams); i >= 0 {
-			werr, fatal = w.nonFinite("parameter", w.hparams, i), true
+		if i := firstNonFinite(w.dataPath.hostParams); i >= 0 {
+			werr, fatal = w.dataPath.nonFinite("parameter", w.dataPath.hostParams, i), true
 		}
 	}
 	flag := int64(0)
@@ -209,7 +199,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		}
 	}
 	all := make(comm.Int64s, 4*w.size)
-	if err := w.c.AllGather(ctx, comm.Int64s{flag, info.Bytes, int64(info.CRC), int64(hash)}, all); err != nil {
+	if err := w.communicator.AllGather(ctx, comm.Int64s{flag, info.Bytes, int64(info.CRC), int64(hash)}, all); err != nil {
 		return fmt.Errorf("agreeing on the checkpoint of step %d: %w", p.step, err)
 	}
 	failed := false
@@ -217,7 +207,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		failed = failed || all[4*r] != 0
 	}
 	if failed {
-		msgs, err := gatherStrings(ctx, w.c, errString(werr))
+		msgs, err := gatherStrings(ctx, w.communicator, errString(werr))
 		if err != nil {
 			return err
 		}
@@ -243,7 +233,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 			}
 			return collective(fmt.Errorf("%s (no checkpoint of this state was written): %w", msg, errors.Join(werr, errNonFinite)))
 		}
-		return collective(&ckptError{step: p.step, prev: w.res.last, prevStep: w.res.lastStep, msg: msg, err: werr})
+		return collective(&ckptError{step: p.step, prev: w.checkpoints.lastDir, prevStep: w.checkpoints.lastStep, msg: msg, err: werr})
 	}
 	hashes := make([]int64, w.size)
 	for r := range w.size {
@@ -263,22 +253,22 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 	if serr != nil {
 		ok[0] = 1
 	}
-	if err := w.c.Broadcast(ctx, ok, 0); err != nil {
+	if err := w.communicator.Broadcast(ctx, ok, 0); err != nil {
 		return fmt.Errorf("agreeing on the checkpoint of step %d: %w", p.step, err)
 	}
 	if ok[0] != 0 {
-		m, err := broadcastBytes(ctx, w.c, []byte(errString(serr)), 0)
+		m, err := broadcastBytes(ctx, w.communicator, []byte(errString(serr)), 0)
 		if err != nil {
 			return err
 		}
 		os.Remove(part)
 		os.Remove(dir)
-		return collective(&ckptError{step: p.step, prev: w.res.last, prevStep: w.res.lastStep, msg: "rank 0: " + string(m), err: serr})
+		return collective(&ckptError{step: p.step, prev: w.checkpoints.lastDir, prevStep: w.checkpoints.lastStep, msg: "rank 0: " + string(m), err: serr})
 	}
-	prevStep := w.res.lastStep
-	w.res.last, w.res.prevStep, w.res.lastStep = dir, prevStep, p.step
+	prevStep := w.checkpoints.lastStep
+	w.checkpoints.lastDir, w.checkpoints.prevStep, w.checkpoints.lastStep = dir, prevStep, p.step
 	w.keep()
-	w.r.status.setCheckpoint(dir, p.step)
+	w.runner.status.setCheckpoint(dir, p.step)
 	w.log.Info("checkpoint written", "dir", dir, "step", p.step)
 	w.prune(prevStep)
 	return nil
@@ -292,10 +282,10 @@ func (w *worker) writeShared(ctx context.Context, p position, dir string, all co
 	}
 	ck := &Checkpoint{Config: w.cfg, Workers: w.size, Epoch: p.epoch, Batch: p.batch, Step: p.step,
 		EvalDue: p.evalDue, EvalEpoch: p.evalEpoch, Elapsed: time.Since(w.start), Written: time.Now().UTC(),
-		Params: w.hparams}
+		Params: w.dataPath.hostParams}
 	ck.Config.Resume = ""
 	var err error
-	if ck.Opt, ck.OptSteps, err = w.opt.State(); err != nil {
+	if ck.Opt, ck.OptSteps, err = w.dataPath.opt.State(); err != nil {
 		return err
 	}
 	for r := range w.size {
@@ -368,10 +358,10 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 		}
 		raw = []byte(errString(rerr))
 	}
-	if err := w.c.Broadcast(ctx, st, 0); err != nil {
+	if err := w.communicator.Broadcast(ctx, st, 0); err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
-	raw, err := broadcastBytes(ctx, w.c, raw, 0)
+	raw, err := broadcastBytes(ctx, w.communicator, raw, 0)
 	if err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
@@ -388,18 +378,19 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 		return position{}, collective(err)
 	}
 	dir := stepDir(w.cfg.Out, ck.Step)
-	perr := w.loadShard(ck, dir)
+	modelState, perr := w.dataPath.loadShard(ck, dir)
+	w.checkpoints.modelState = modelState
 	flags := make(comm.Int64s, w.size)
 	f := comm.Int64s{0}
 	if perr != nil {
 		f[0] = 1
 	}
-	if err := w.c.AllGather(ctx, f, flags); err != nil {
+	if err := w.communicator.AllGather(ctx, f, flags); err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
 	for _, v := range flags {
 		if v != 0 {
-			msgs, err := gatherStrings(ctx, w.c, errString(perr))
+			msgs, err := gatherStrings(ctx, w.communicator, errString(perr))
 			if err != nil {
 				return position{}, err
 			}
@@ -414,22 +405,22 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	}
 	// Every part checks out: load the shared state (simulated workers
 	// share it: rank 0 loads it, the others wait).
-	if w.opt != nil {
-		copy(w.hparams, ck.Params)
-		if err := w.upload(w.params, w.hparams); err != nil {
+	if w.dataPath.opt != nil {
+		copy(w.dataPath.hostParams, ck.Params)
+		if err := w.dataPath.upload(w.dataPath.params, w.dataPath.hostParams); err != nil {
 			return position{}, err
 		}
-		if err := w.opt.SetState(ck.Opt, ck.OptSteps); err != nil {
+		if err := w.dataPath.opt.SetState(ck.Opt, ck.OptSteps); err != nil {
 			return position{}, fmt.Errorf("checkpoint %s: %w", dir, err)
 		}
 	}
-	if sim := w.r.sim; sim != nil {
+	if sim := w.runner.sim; sim != nil {
 		if err := sim.bar.wait(ctx); err != nil {
 			return position{}, err
 		}
 	}
-	w.res.last, w.res.lastStep, w.res.prevStep = dir, ck.Step, -1
-	w.r.status.setCheckpoint(dir, ck.Step)
+	w.checkpoints.lastDir, w.checkpoints.lastStep, w.checkpoints.prevStep = dir, ck.Step, -1
+	w.runner.status.setCheckpoint(dir, ck.Step)
 	// Parts of newer, incomplete checkpoints (a crash while writing) go.
 	if steps, err := checkpointSteps(w.cfg.Out); err == nil {
 		for _, s := range steps {
@@ -452,13 +443,13 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 			e[1] = 1
 		}
 	}
-	if err := w.c.Broadcast(ctx, e, 0); err != nil {
+	if err := w.communicator.Broadcast(ctx, e, 0); err != nil {
 		return position{}, fmt.Errorf("resuming: %w", err)
 	}
 	w.start = time.Now().Add(-time.Duration(e[0]))
-	w.res.evaluated = e[1] == 1
+	w.checkpoints.evaluated = e[1] == 1
 	w.keep()
-	if info := w.res.info; info != nil && len(info.Resumes) > 0 {
+	if info := w.runInfo; info != nil && len(info.Resumes) > 0 {
 		r := &info.Resumes[len(info.Resumes)-1]
 		r.Step, r.Checkpoint = ck.Step, dir
 		if err := writeJSONAtomic(filepath.Join(w.cfg.Out, "run.json"), info); err != nil {
@@ -494,8 +485,8 @@ func (w *worker) findCheckpoint() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v; %s", ErrConfig, err, fallBack(w.cfg.Resume, dir))
 	}
-	if len(ck.Params) != len(w.hparams) {
-		return nil, fmt.Errorf("%w: checkpoint %s holds %d parameters, the model has %d (another model or preset)", ErrConfig, dir, len(ck.Params), len(w.hparams))
+	if len(ck.Params) != len(w.dataPath.hostParams) {
+		return nil, fmt.Errorf("%w: checkpoint %s holds %d parameters, the model has %d (another model or preset)", ErrConfig, dir, len(ck.Params), len(w.dataPath.hostParams))
 	}
 	diffs, err := checkpointMismatch(ck, w.cfg, w.size)
 	if err != nil {
@@ -528,48 +519,48 @@ func fallBack(runDir, bad string) string {
 
 // loadShard reads, checks and loads this rank's part of checkpoint ck in
 // dir: the residual, the batch-norm statistics, the reducer's and the
-// model's state. On an error nothing the run uses has changed except,
+// model's state, which it returns (nil for a model without). On an error nothing the run uses has changed except,
 // possibly, the reducer's or model's state, and the run stops.
-func (w *worker) loadShard(ck *Checkpoint, dir string) error {
-	p := filepath.Join(dir, shardName(w.rank))
+func (dp *dataPath) loadShard(ck *Checkpoint, dir string) (modelState []byte, err error) {
+	p := filepath.Join(dir, shardName(dp.rank))
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return fmt.Errorf("reading this rank's part: %w", err)
+		return nil, fmt.Errorf("reading this rank's part: %w", err)
 	}
-	if want := ck.Shards[w.rank]; int64(len(b)) != want.Bytes || crc32.Checksum(b, castagnoli) != want.CRC {
-		return fmt.Errorf("%s is not the part the checkpoint lists (%d bytes, CRC-32C %08x; the checkpoint says %d bytes, %08x): it is of another checkpoint, or damaged", p, len(b), crc32.Checksum(b, castagnoli), want.Bytes, want.CRC)
+	if want := ck.Shards[dp.rank]; int64(len(b)) != want.Bytes || crc32.Checksum(b, castagnoli) != want.CRC {
+		return nil, fmt.Errorf("%s is not the part the checkpoint lists (%d bytes, CRC-32C %08x; the checkpoint says %d bytes, %08x): it is of another checkpoint, or damaged", p, len(b), crc32.Checksum(b, castagnoli), want.Bytes, want.CRC)
 	}
 	s, err := parseShard(b, p)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if s.Rank != w.rank || s.Workers != w.size || s.Step != ck.Step {
-		return fmt.Errorf("%s is rank %d of %d at step %d, not rank %d of %d at step %d", p, s.Rank, s.Workers, s.Step, w.rank, w.size, ck.Step)
+	if s.Rank != dp.rank || s.Workers != dp.size || s.Step != ck.Step {
+		return nil, fmt.Errorf("%s is rank %d of %d at step %d, not rank %d of %d at step %d", p, s.Rank, s.Workers, s.Step, dp.rank, dp.size, ck.Step)
 	}
-	if len(s.Residual) != len(w.mem.Residual) {
-		return fmt.Errorf("%s holds a residual of %d values, the model has %d parameters", p, len(s.Residual), len(w.mem.Residual))
+	if len(s.Residual) != len(dp.hostResidual) {
+		return nil, fmt.Errorf("%s holds a residual of %d values, the model has %d parameters", p, len(s.Residual), len(dp.hostResidual))
 	}
-	if nb := sumSizes(w.m.BufferLayout()); len(s.Buffers) != nb {
-		return fmt.Errorf("%s holds %d batch-norm statistics, the model has %d", p, len(s.Buffers), nb)
+	if nb := sumSizes(dp.model.BufferLayout()); len(s.Buffers) != nb {
+		return nil, fmt.Errorf("%s holds %d batch-norm statistics, the model has %d", p, len(s.Buffers), nb)
 	}
-	if err := sparsify.RestoreState(w.red, s.Reducer); err != nil {
-		return fmt.Errorf("%s: %w", p, err)
+	if err := sparsify.RestoreState(dp.reducer, s.Reducer); err != nil {
+		return nil, fmt.Errorf("%s: %w", p, err)
 	}
-	if ms, ok := w.m.(models.Stateful); ok {
+	if ms, ok := dp.model.(models.Stateful); ok {
 		if err := ms.LoadState(s.Model); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
+			return nil, fmt.Errorf("%s: %w", p, err)
 		}
-		w.res.modelState = s.Model
+		modelState = s.Model
 	} else if len(s.Model) > 0 {
-		return fmt.Errorf("%s holds a model state, but %s keeps none", p, w.cfg.Model)
+		return nil, fmt.Errorf("%s holds a model state, but %s keeps none", p, dp.cfg.Model)
 	}
 	if len(s.Buffers) > 0 {
-		if err := w.m.LoadBuffers(s.Buffers); err != nil {
-			return fmt.Errorf("%s: %w", p, err)
+		if err := dp.model.LoadBuffers(s.Buffers); err != nil {
+			return nil, fmt.Errorf("%s: %w", p, err)
 		}
 	}
-	copy(w.mem.Residual, s.Residual)
-	return w.upload(w.resid, w.mem.Residual) // on a GPU
+	copy(dp.hostResidual, s.Residual)
+	return modelState, dp.upload(dp.residual, dp.hostResidual) // on a GPU
 }
 
 // errString is err's message ("" for nil).

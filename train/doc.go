@@ -11,6 +11,31 @@
 // its data shard, dropout seed and reducer the same way and every sum goes
 // through the communicators' canonical order.
 //
+// # One rank's training
+//
+// A rank's worker (worker.go) has two parts:
+//
+//   - Its data path (dataPath in datapath.go): the model, the parameters,
+//     gradient and error-feedback residual on the rank's device (with
+//     their host views), the reducer, the optimizer and the streams. Its
+//     one method step runs an iteration: forward and backward, [clip],
+//     error feedback, the reduction (pipelined with the backward pass for
+//     LAGS, pipeline.go), [clip], the update. newDataPath builds it.
+//   - Its schedule (runSchedule in schedule.go): pure functions of the
+//     configuration and the step and epoch counters that decide, before
+//     and after every step and at an epoch's end, whether to log the step,
+//     compare the ranks' parameters, write a checkpoint (of which
+//     position), evaluate, and whether and why the run stops (-steps,
+//     -epochs, -max-time, a stop asked for). -max-time's reserve for the
+//     final evaluation and its cut are there too (evalReserve, evalCut).
+//
+// The worker's loop (worker.loop) runs the steps of the data path and
+// carries out the schedule's plans: checkpoints (ckptrun.go), evaluations
+// (worker.evaluate), the step records (stats.go, output.go); faults.go
+// turns errors into the job's and holds the ranks' agreement to stop.
+// worker.setup builds a rank in named steps: buildModel, commOn,
+// newDataPath, initParams, prepareData, newRunInfo, openOutput.
+//
 // # Simulated workers
 //
 // Several in-process workers on the CPU simulate a cluster within one
@@ -105,15 +130,16 @@
 // sparsify.Stateful, the model's dropout stream and LSTM hidden state
 // through models.Stateful). One is written at the end of every epoch, every
 // Config.CheckpointEvery steps, where the run stops (-steps, -max-time) and
-// when it is interrupted; the newest two are kept. Config.Resume continues
-// from the newest complete one: on the CPU, a run stopped after step k and
-// resumed ends bit for bit where the uninterrupted run ends (parameters,
-// every rank's state, every metric but the times), for every sparsifier,
-// in one process and under mpirun (docs/results/resume-equivalence.md). On
-// a GPU the residual is read from device memory for the checkpoint and
-// written back on resume. A damaged or foreign checkpoint is refused naming
-// the earlier one to resume from once it is moved away; one of another
-// configuration, naming each difference; a refused resume changes nothing
+// when it is interrupted (schedule.go decides which); the newest two are
+// kept. Config.Resume continues from the newest complete one: on the CPU,
+// a run stopped after step k and resumed ends bit for bit where the
+// uninterrupted run ends (parameters, every rank's state, every metric but
+// the times), for every sparsifier, in one process and under mpirun
+// (docs/results/resume-equivalence.md). On a GPU the residual is read
+// from device memory for the checkpoint and written back on resume. A
+// damaged or foreign checkpoint is refused naming the earlier one to
+// resume from once it is moved away; one of another configuration, naming
+// each difference; a refused resume changes nothing
 // in the run's folder (run.json, logs and report are written once the
 // checkpoint is accepted). A checkpoint that cannot be written (a full
 // disk) stops the run, naming the steps lost and the previous checkpoint,

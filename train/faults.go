@@ -136,11 +136,11 @@ func (w *worker) failed(err error, step int) error {
 	if errors.Is(err, errNonFinite) {
 		how = "lower -lr or clip gradients (-clip), then resume with"
 		fix = "lower -lr or clip gradients (-clip)"
-		if dir, _ := w.r.status.checkpoint(); dir == "" {
-			last = w.r.noCheckpoint(fix)
+		if dir, _ := w.runner.status.checkpoint(); dir == "" {
+			last = w.runner.noCheckpoint(fix)
 		}
 	}
-	if !w.res.kept && w.cfg.Resume == "" {
+	if !w.kept && w.cfg.Resume == "" {
 		// Nothing of the run is kept (worker): the command works again.
 		last = "nothing of the run was kept: "
 		if fix != "" {
@@ -149,7 +149,7 @@ func (w *worker) failed(err error, step int) error {
 		last += "run the same command again"
 	}
 	if last == "" {
-		last = w.r.lastCheckpoint(how)
+		last = w.runner.lastCheckpoint(how)
 	}
 	var se *stepError
 	var ce *ckptError
@@ -158,7 +158,7 @@ func (w *worker) failed(err error, step int) error {
 	case errors.Is(err, ErrInterrupted) && errors.As(err, &ce):
 		what = fmt.Sprintf("interrupted after step %d, but the %v", step, onePrefix(ce))
 		if ce.prev != "" {
-			last = "resume with: " + w.r.resumeCommand()
+			last = "resume with: " + w.runner.resumeCommand()
 		} else {
 			last = ""
 		}
@@ -173,7 +173,7 @@ func (w *worker) failed(err error, step int) error {
 				lost = fmt.Sprintf("step %d is lost", step)
 			}
 			last = fmt.Sprintf("%s; the last checkpoint is %s (step %d); make room on the disk (or fix the folder), then resume with: %s",
-				lost, ce.prev, ce.prevStep, w.r.resumeCommand())
+				lost, ce.prev, ce.prevStep, w.runner.resumeCommand())
 		} else {
 			last = fmt.Sprintf("its %s are lost: no checkpoint was written; make room on the disk (or fix the folder), then start the run again with another -out (or delete %s first)",
 				plural(step, "step"), w.cfg.Out)
@@ -196,13 +196,13 @@ func (w *worker) failed(err error, step int) error {
 // (evalReserve), and whether any rank was asked to stop.
 func (w *worker) agree(ctx context.Context) (timeUp, stop bool, err error) {
 	flags := comm.Int32s{0, 0}
-	if w.rank == 0 && w.cfg.MaxTime > 0 && time.Since(w.start)+w.evalReserve() >= w.cfg.MaxTime {
+	if w.rank == 0 && timeIsUp(w.cfg.MaxTime, time.Since(w.start), w.evalReserve()) {
 		flags[0] = 1
 	}
-	if w.r.stopRequested() {
+	if w.runner.stopRequested() {
 		flags[1] = 1
 	}
-	if err := w.c.AllReduce(ctx, flags); err != nil {
+	if err := w.communicator.AllReduce(ctx, flags); err != nil {
 		return false, false, fmt.Errorf("agreeing on the time limit and stop requests: %w", err)
 	}
 	return flags[0] > 0, flags[1] > 0, nil
@@ -211,12 +211,12 @@ func (w *worker) agree(ctx context.Context) (timeUp, stop bool, err error) {
 // checkParams compares a hash of every rank's parameters (every
 // Config.CheckEvery steps) and stops the run when they differ.
 func (w *worker) checkParams(ctx context.Context, step int) error {
-	h, err := w.paramHash()
+	h, err := w.dataPath.paramHash()
 	if err != nil {
 		return err
 	}
 	all := make(comm.Int64s, w.size)
-	if err := w.c.AllGather(ctx, comm.Int64s{int64(h)}, all); err != nil {
+	if err := w.communicator.AllGather(ctx, comm.Int64s{int64(h)}, all); err != nil {
 		return fmt.Errorf("comparing the workers' parameters: %w", err)
 	}
 	return collective(diverged(all, step))
@@ -337,19 +337,6 @@ func sigName(s os.Signal) string {
 		return "asked to stop (SIGUSR1)"
 	}
 	return s.String()
-}
-
-// accumulateError explains a failed error-feedback accumulation of the
-// gradient elements [lo, hi): the first non-finite gradient element, by
-// tensor, or else the residual that overflowed.
-func (w *worker) accumulateError(err error, lo, hi int) error {
-	if i := firstNonFinite(w.hgrad[lo:hi]); i >= 0 {
-		return w.nonFinite("gradient", w.hgrad, lo+i)
-	}
-	if i := firstNonFinite(w.mem.Residual[lo:hi]); i >= 0 {
-		return w.nonFinite("error-compensated gradient (residual + gradient)", w.mem.Residual, lo+i)
-	}
-	return fmt.Errorf("error feedback: %w", err)
 }
 
 // collectiveError marks an error every rank returns at the same point (an

@@ -37,7 +37,7 @@ type lagsProfile struct {
 // nothing for other methods, for a fixed density, and once the times are
 // set (also by a resumed checkpoint).
 func (w *worker) profileLAGS(ctx context.Context, step int) error {
-	l, ok := w.red.(sparsify.CostAdaptive)
+	l, ok := w.dataPath.reducer.(sparsify.CostAdaptive)
 	if !ok || !l.Adaptive() || l.HasBackwardTimes() {
 		return nil
 	}
@@ -50,7 +50,7 @@ func (w *worker) profileLAGS(ctx context.Context, step int) error {
 		}
 		return nil
 	}
-	nt := len(w.layout.Tensors)
+	nt := len(w.dataPath.layout.Tensors)
 	if p.sum == nil {
 		p.sum = make([]int64, nt)
 	}
@@ -58,7 +58,7 @@ func (w *worker) profileLAGS(ctx context.Context, step int) error {
 	// Tensors become final in descending layout order; the first to be
 	// final is the start of the measured backward pass.
 	for i := nt - 1; i >= 0; i-- {
-		ev := w.final[i]
+		ev := w.dataPath.gradFinal[i]
 		if ev == nil {
 			continue
 		}
@@ -84,7 +84,7 @@ func (w *worker) profileLAGS(ctx context.Context, step int) error {
 	spar := l.TakeSparCost()
 	send[nt] = int64(math.Round(spar * 1e15))
 	recv := make(comm.Int64s, (nt+1)*w.size)
-	if err := w.c.AllGather(ctx, send, recv); err != nil {
+	if err := w.communicator.AllGather(ctx, send, recv); err != nil {
 		return fmt.Errorf("train: combining the profiled backward times: %w", err)
 	}
 	d := make([]time.Duration, nt)

@@ -18,7 +18,7 @@ func (w *worker) note(msg string) error {
 		return nil
 	}
 	w.log.Info("note", "msg", msg)
-	info := w.res.info
+	info := w.runInfo
 	if info == nil || slices.Contains(info.Notes, msg) {
 		return nil
 	}

@@ -246,14 +246,14 @@ func medianOf(v []float64) float64 {
 
 // recordGradient writes the gradient of the step being run (before
 // clipping and error feedback) and, on rank 0, its compute time.
-func (w *worker) recordGradient() error {
-	if err := w.stream.Synchronize(); err != nil {
+func (dp *dataPath) recordGradient() error {
+	if err := dp.compute.Synchronize(); err != nil {
 		return err
 	}
-	if err := w.download(w.hgrad, w.grad); err != nil {
+	if err := dp.download(dp.hostGrad, dp.grad); err != nil {
 		return err
 	}
-	if err := w.rec.w.Write(w.stepNo, w.rank, w.hgrad); err != nil {
+	if err := dp.recorder.w.Write(dp.stepNo, dp.rank, dp.hostGrad); err != nil {
 		return fmt.Errorf("train: -record-gradients: %w", err)
 	}
 	return nil
@@ -262,14 +262,14 @@ func (w *worker) recordGradient() error {
 // finishRecording commits the recording's last steps once every rank has
 // written them.
 func (w *worker) finishRecording(ctx context.Context) error {
-	if w.rec == nil {
+	if w.dataPath.recorder == nil {
 		return nil
 	}
-	if err := w.c.Barrier(ctx); err != nil {
+	if err := w.communicator.Barrier(ctx); err != nil {
 		return fmt.Errorf("train: -record-gradients: waiting for every rank's last files: %w", err)
 	}
 	if w.rank != 0 {
 		return nil
 	}
-	return w.rec.commit(w.stepNo)
+	return w.dataPath.recorder.commit(w.dataPath.stepNo)
 }

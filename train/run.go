@@ -457,7 +457,7 @@ type runner struct {
 	sim *simulation
 	// created says that this process found no -out folder (a new run
 	// creates it); kept that a worker of this process has something worth
-	// keeping (resilience.kept), panicked that one panicked (its log is
+	// keeping (worker.kept), panicked that one panicked (its log is
 	// kept): see discard.
 	created        bool
 	kept, panicked atomic.Bool

@@ -1,0 +1,501 @@
+package train
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// dataPath is one rank's training step and the state it works on: the
+// model, the parameters and the gradient on the rank's device, the
+// error-feedback residual, the reducer, the optimizer and the streams. Its
+// step runs one iteration: forward and backward, [clip], error feedback,
+// the reduction (pipelined with the backward pass for LAGS), [clip], the
+// update. The worker (worker.go) owns a data path and decides which steps
+// run and what happens between them (schedule.go).
+type dataPath struct {
+	cfg        Config
+	rank, size int
+	// sim is the simulation of several workers in one process (nil
+	// without): they share the parameters and the optimizer (rank 0
+	// updates) and enter the reduction together.
+	sim *simulation
+	// replay says that the model replays recorded gradients: it has no
+	// loss to check.
+	replay bool
+
+	model  models.Model
+	layout sparsify.Layout
+
+	// compute is the model's stream. commStream is, on a GPU with
+	// pipelining, the stream of the pipelined groups' error feedback and
+	// reduction beside it: a group waits for its own gradients only, not
+	// for the rest of the backward pass (nil otherwise).
+	compute, commStream device.Stream
+
+	// The vectors on the device: the parameters; the gradient, which after
+	// error feedback also holds the reducer's output (the averaged sparse
+	// gradient the optimizer applies); the error-feedback residual. And
+	// their host views: the vectors themselves on the CPU, staging copies
+	// elsewhere (initial parameters, checkpoints, a host-only method's
+	// reduction).
+	params, grad, residual             device.Buffer
+	hostParams, hostGrad, hostResidual []float32
+
+	// reducer is the method. deviceReducer is the reducer when it reduces
+	// in the memory of the device (every built-in method; nil for a
+	// registered method that reduces host memory only, whose input and
+	// output then go through the host views on a GPU); groupReducer is it
+	// when pipelined (nil otherwise).
+	reducer       sparsify.Reducer
+	deviceReducer sparsify.DeviceReducer
+	groupReducer  sparsify.DeviceGroupReducer
+	// feedbackOps are the device's vector operations of error feedback.
+	feedbackOps sparsify.Ops
+	// opt updates the parameters (nil on simulated workers but rank 0).
+	opt Optimizer
+
+	// pipe pipelines LAGS' groups with the backward pass (nil when off).
+	pipe *pipeline
+	// gradFinal holds, for the step being run, the event at which each
+	// tensor's gradient became final (the gradient hook's record; LAGS'
+	// adaptive density reads the backward times from it).
+	gradFinal []device.Event
+
+	// recorder records the gradients (-record-gradients; nil without);
+	// stepNo is the run-wide number (from 1) of the step being run, or of
+	// the last one run.
+	recorder *gradRecorder
+	stepNo   int
+}
+
+// newDataPath builds rank's data path for model on device dev (its
+// stream compute): the vectors, the optimizer, the layout and the reducer,
+// which communicates over counter with the vector operations reduceOps
+// (nil: the CPU's); feedbackOps are those of error feedback.
+func newDataPath(cfg Config, rank, size int, sim *simulation, replay bool, model models.Model, dev device.Device, compute device.Stream, counter *comm.Counter, reduceOps, feedbackOps sparsify.Ops) (*dataPath, error) {
+	dp := &dataPath{cfg: cfg, rank: rank, size: size, sim: sim, replay: replay, model: model, compute: compute, feedbackOps: feedbackOps}
+	if err := dp.allocate(dev); err != nil {
+		return nil, err
+	}
+	var err error
+	if dp.layout, err = layoutOf(model); err != nil {
+		return nil, fmt.Errorf("train: layout of %s: %w", cfg.Model, err)
+	}
+	if err := dp.buildReducer(dev, counter, reduceOps); err != nil {
+		return nil, err
+	}
+	dp.gradFinal = make([]device.Event, len(dp.layout.Tensors))
+	// The hook drives pipelining and measures LAGS' per-tensor backward
+	// times.
+	if dp.pipe != nil || dp.lagsAdaptive() {
+		model.SetGradHook(dp.hook)
+	}
+	return dp, nil
+}
+
+// allocate allocates the parameters (one vector for all simulated
+// workers), the gradient and the residual on dev, their host views, and
+// the optimizer (one for all simulated workers, rank 0's).
+func (dp *dataPath) allocate(dev device.Device) error {
+	n := dp.model.NumParams()
+	var err error
+	if sim := dp.sim; sim != nil {
+		var opt Optimizer
+		dp.params, opt, err = sim.shared(func() (device.Buffer, Optimizer, error) {
+			p, err := dev.Alloc(device.Float32, n)
+			if err != nil {
+				return device.Buffer{}, nil, fmt.Errorf("train: allocating the parameters: %w", err)
+			}
+			o, err := dp.newOptimizer()
+			return p, o, err
+		})
+		if err != nil {
+			return err
+		}
+		if dp.rank == 0 {
+			dp.opt = opt
+		}
+	} else {
+		if dp.params, err = dev.Alloc(device.Float32, n); err != nil {
+			return fmt.Errorf("train: allocating the parameters: %w", err)
+		}
+		if dp.opt, err = dp.newOptimizer(); err != nil {
+			return err
+		}
+	}
+	if dp.grad, err = dev.Alloc(device.Float32, n); err != nil {
+		return fmt.Errorf("train: allocating the gradient: %w", err)
+	}
+	if dp.residual, err = dev.Alloc(device.Float32, n); err != nil {
+		return fmt.Errorf("train: allocating the error-feedback residual: %w", err)
+	}
+	dp.hostParams, dp.hostGrad, dp.hostResidual = hostView(dp.params), hostView(dp.grad), hostView(dp.residual)
+	return nil
+}
+
+// newOptimizer is -optimizer for the model's parameters.
+func (dp *dataPath) newOptimizer() (Optimizer, error) {
+	cfg, layout := dp.cfg, dp.model.Layout()
+	switch cfg.Optimizer {
+	case "sgd":
+		if method, _ := sparsify.Lookup(cfg.Sparsifier); method.CorrectsMomentum {
+			// The reducer applies the momentum (DGC's momentum
+			// correction); the optimizer the weight decay only.
+			return NewDecayOnlySGD(dp.compute, layout, cfg.Momentum.Value(), cfg.WeightDecay.Value())
+		}
+		return NewSGD(dp.compute, layout, cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
+	case "adam":
+		return NewAdam(dp.compute, dp.model.NumParams(), cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
+	case "none":
+		return noUpdate{}, nil
+	}
+	return nil, fmt.Errorf("%w: unknown -optimizer %q", ErrConfig, cfg.Optimizer)
+}
+
+// layoutOf is the reducers' layout of model's parameters.
+func layoutOf(model models.Model) (sparsify.Layout, error) {
+	var names []string
+	var sizes []int
+	for _, p := range model.Layout() {
+		names = append(names, p.Name)
+		sizes = append(sizes, p.Size)
+	}
+	layout, err := sparsify.NewLayout(names, sizes)
+	if err != nil {
+		return layout, err
+	}
+	for i, p := range model.Layout() {
+		layout.Tensors[i].Dims = len(p.Shape)
+	}
+	return layout, nil
+}
+
+// buildReducer builds -sparsifier over counter, and its pipeline with
+// -pipeline. A pipelined reducer works on a communication stream of its
+// own on a GPU (its groups start while the compute stream goes on with the
+// backward pass); the others on the compute stream.
+func (dp *dataPath) buildReducer(dev device.Device, counter *comm.Counter, reduceOps sparsify.Ops) error {
+	cfg := dp.cfg
+	method, _ := sparsify.Lookup(cfg.Sparsifier)
+	var momentum float64
+	if method.CorrectsMomentum && (cfg.Optimizer == "sgd" || cfg.Gradients != "") { // a replay's momentum is the recording's
+		momentum = cfg.Momentum.Value()
+	}
+	stream := dp.compute
+	if cfg.PipelineOn() && !dp.grad.IsHost() {
+		var err error
+		if dp.commStream, err = dev.NewStream(); err != nil {
+			return fmt.Errorf("train: a communication stream for pipelining: %w", err)
+		}
+		stream = dp.commStream
+	}
+	red, err := sparsify.New(cfg.Sparsifier, sparsify.Options{
+		Density: cfg.Density.Value(), Layout: dp.layout, Comm: counter, Seed: cfg.Seed.Value(),
+		Params:  cfg.MethodOptions,
+		Network: netmodel.Network{Latency: cfg.NetLatency, Bandwidth: cfg.NetBandwidth},
+		Stream:  stream, Ops: reduceOps,
+		Momentum: momentum,
+	})
+	if err != nil {
+		return fmt.Errorf("train: -sparsifier %s: %w", cfg.Sparsifier, err)
+	}
+	dp.reducer = red
+	dp.deviceReducer, _ = red.(sparsify.DeviceReducer)
+	if cfg.PipelineOn() {
+		gr, ok := red.(sparsify.DeviceGroupReducer)
+		if !ok {
+			return fmt.Errorf("%w: -sparsifier %s cannot be pipelined (no group reduction in device memory)", ErrConfig, cfg.Sparsifier)
+		}
+		dp.pipe, dp.groupReducer = newPipeline(gr, len(dp.layout.Tensors)), gr
+	}
+	return nil
+}
+
+// hostView returns the host memory of a device vector: the vector's own
+// memory on the CPU, staging of its size elsewhere (for what only the host
+// does: initial parameters, checkpoints, a host-only method's reduction).
+func hostView(b device.Buffer) []float32 {
+	if b.IsHost() {
+		return b.Float32s()
+	}
+	return make([]float32, b.Len())
+}
+
+// download copies a device vector into its host view (nothing on the CPU).
+func (dp *dataPath) download(h []float32, b device.Buffer) error {
+	if b.IsHost() {
+		return nil
+	}
+	if err := dp.compute.Copy(device.Host(h), b); err != nil {
+		return err
+	}
+	return dp.compute.Synchronize()
+}
+
+// upload copies a host view into its device vector (nothing on the CPU).
+func (dp *dataPath) upload(b device.Buffer, h []float32) error {
+	if b.IsHost() {
+		return nil
+	}
+	return dp.compute.Copy(b, device.Host(h))
+}
+
+// accumulate adds the gradient's elements [lo, hi) to the error-feedback
+// residual on stream st, which then holds the error-compensated gradient;
+// a non-finite result is an error naming the tensor.
+func (dp *dataPath) accumulate(st device.Stream, lo, hi int) error {
+	bad, err := dp.feedbackOps.Accumulate(st, dp.residual.Slice(lo, hi), dp.grad.Slice(lo, hi), 1)
+	if err != nil {
+		return fmt.Errorf("train: error feedback: %w", err)
+	}
+	if bad < 0 {
+		return nil
+	}
+	// The explanation reads both vectors on the host.
+	if err := st.Synchronize(); err != nil {
+		return err
+	}
+	if err := dp.download(dp.hostGrad, dp.grad); err != nil {
+		return err
+	}
+	if err := dp.download(dp.hostResidual, dp.residual); err != nil {
+		return err
+	}
+	return dp.accumulateError(fmt.Errorf("element %d of the error-compensated gradient is not finite", lo+bad), lo, hi)
+}
+
+// accumulateError explains a failed error-feedback accumulation of the
+// gradient elements [lo, hi): the first non-finite gradient element, by
+// tensor, or else the residual that overflowed.
+func (dp *dataPath) accumulateError(err error, lo, hi int) error {
+	if i := firstNonFinite(dp.hostGrad[lo:hi]); i >= 0 {
+		return dp.nonFinite("gradient", dp.hostGrad, lo+i)
+	}
+	if i := firstNonFinite(dp.hostResidual[lo:hi]); i >= 0 {
+		return dp.nonFinite("error-compensated gradient (residual + gradient)", dp.hostResidual, lo+i)
+	}
+	return fmt.Errorf("error feedback: %w", err)
+}
+
+// localClip is the threshold of local clipping: -clip, divided by √n for a
+// method that scales it (DGC's local gradient clipping,
+// sparsify.Method.ScaledClip).
+func (dp *dataPath) localClip() float64 {
+	if m, _ := sparsify.Lookup(dp.cfg.Sparsifier); m.ScaledClip {
+		return dp.cfg.Clip.Value() / math.Sqrt(float64(dp.size))
+	}
+	return dp.cfg.Clip.Value()
+}
+
+// lagsAdaptive reports whether the method chooses per-group densities from
+// measured backward times (LAGS-SGD's adaptive rule).
+func (dp *dataPath) lagsAdaptive() bool {
+	l, ok := dp.reducer.(sparsify.CostAdaptive)
+	return ok && l.Adaptive()
+}
+
+// hook runs on the model's goroutine when tensor idx's gradient is final
+// (in the gradient vector once ready has completed).
+func (dp *dataPath) hook(idx int, ready device.Event) {
+	dp.gradFinal[idx] = ready
+	if dp.pipe != nil {
+		dp.pipe.tensorFinal(idx)
+	}
+}
+
+// startGroup runs on the pipeline's goroutine: merge group g's gradients
+// are final; it adds them to the error-feedback memory and starts the
+// group's reduction, whose output overwrites the group's gradient (which
+// error feedback has just consumed).
+func (dp *dataPath) startGroup(ctx context.Context, g int) (sparsify.Pending, error) {
+	gg := dp.pipe.groups[g]
+	st := dp.compute
+	if dp.commStream != nil {
+		// On the GPU, on the communication stream, after the group's
+		// gradients.
+		st = dp.commStream
+		for _, t := range gg.Tensors {
+			if err := st.Wait(dp.gradFinal[t]); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if err := dp.accumulate(st, gg.Lo, gg.Hi); err != nil {
+		return nil, err
+	}
+	dp.pipe.reducing()
+	p, err := dp.groupReducer.StartGroupOn(ctx, g, dp.residual, dp.grad, dp.residual)
+	if err != nil {
+		return nil, fmt.Errorf("train: starting merge group %d: %w", g, err)
+	}
+	return p, nil
+}
+
+// step runs the run's step n (from 1) on batch b with learning rate lr.
+func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64) (stepStats, error) {
+	dp.stepNo = n
+	var s stepStats
+	clear(dp.gradFinal)
+	var result models.StepResult
+	var t1 time.Time
+	pass := func() error {
+		var err error
+		result, err = dp.model.TrainStep(ctx, b, dp.params, dp.grad)
+		t1 = time.Now()
+		return err
+	}
+	t0 := time.Now()
+	var err error
+	if dp.pipe != nil {
+		err = dp.pipe.run(pass, func(g int) (sparsify.Pending, error) { return dp.startGroup(ctx, g) })
+	} else {
+		err = pass()
+	}
+	if err != nil {
+		if dp.pipe != nil {
+			dp.pipe.drain(ctx)
+		}
+		return s, fmt.Errorf("train: %s step: %w", dp.cfg.Model, err)
+	}
+	s.Loss = result.Loss
+	// The time waiting for a shared executor is not computing.
+	s.Compute, s.Queued = t1.Sub(t0)-result.Queued, result.Queued
+	if dp.recorder != nil {
+		if dp.rank == 0 {
+			dp.recorder.times = append(dp.recorder.times, s.Compute.Seconds())
+		}
+		// Recording is not part of the step's times.
+		tr := time.Now()
+		if err := dp.recordGradient(); err != nil {
+			return s, err
+		}
+		d := time.Since(tr)
+		t0, t1 = t0.Add(d), t1.Add(d)
+	}
+	if sim := dp.sim; sim != nil && dp.pipe == nil {
+		// Simulated workers compute one after another but enter the
+		// reduction together, as a cluster's do: the reducer's times are
+		// then its own, not waits for the workers whose turn came later.
+		// The wait counts as queued. (Pipelined groups start during the
+		// backward pass; their calls wait for the other workers' turns.)
+		ta := time.Now()
+		if err := sim.bar.wait(ctx); err != nil {
+			return s, err
+		}
+		aligned := time.Since(ta)
+		s.Queued += aligned
+		t1 = t1.Add(aligned)
+	}
+	s.Forward, s.Backward = result.Forward, result.Backward
+	var st sparsify.Stats
+	var started time.Time
+	if dp.pipe != nil {
+		gs, err := dp.pipe.wait(ctx)
+		if err != nil {
+			return s, err
+		}
+		st = sparsify.CombineGroupStats(dp.cfg.Density.Value(), dp.layout, dp.pipe.groups, gs)
+		started = dp.pipe.started
+		if dp.commStream != nil {
+			// The update waits for the groups' outputs.
+			ev, err := dp.commStream.Record()
+			if err == nil {
+				err = dp.compute.Wait(ev)
+			}
+			if err != nil {
+				return s, err
+			}
+		}
+	} else {
+		if dp.cfg.ClipLocal() {
+			if _, err := ClipNorm(dp.compute, dp.grad, dp.localClip()); err != nil {
+				return s, err
+			}
+		}
+		if err := dp.accumulate(dp.compute, 0, dp.grad.Len()); err != nil {
+			return s, err
+		}
+		started = time.Now()
+		// The reducer's output overwrites the gradient, which error
+		// feedback has just consumed.
+		if st, err = dp.reduce(ctx); err != nil {
+			return s, fmt.Errorf("train: reducing with %s: %w", dp.cfg.Sparsifier, err)
+		}
+	}
+	if (math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0)) && !dp.replay { // a replay has no loss
+		return s, fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss)
+	}
+	if dp.cfg.ClipAggregated() {
+		// The averaged gradient, the same on every worker.
+		if _, err := ClipNorm(dp.compute, dp.grad, dp.cfg.Clip.Value()); err != nil {
+			return s, err
+		}
+	}
+	t2 := time.Now()
+	if !started.IsZero() {
+		s.CommWall = t2.Sub(started)
+	}
+	s.Wait = t2.Sub(t1)
+	if err := dp.update(ctx, lr); err != nil {
+		return s, err
+	}
+	if err := dp.compute.Synchronize(); err != nil {
+		return s, err
+	}
+	t3 := time.Now()
+	s.Update = t3.Sub(t2)
+	s.Iter = t3.Sub(t0)
+	s.Select, s.Comm = st.SelectTime, st.CommTime
+	s.Sent, s.Recv = float64(st.BytesSent), float64(st.BytesRecv)
+	s.ErrorNorm, s.ActualDensity, s.Threshold = st.ErrorNorm, st.ActualDensity, st.Threshold
+	s.LayerK = st.LayerK
+	return s, nil
+}
+
+// update applies the reduced gradient to the parameters. Simulated
+// workers share the parameters: rank 0 updates them once every worker is
+// done with this step's, and no worker goes on before the update is done.
+func (dp *dataPath) update(ctx context.Context, lr float64) error {
+	sim := dp.sim
+	if sim == nil {
+		return dp.opt.Step(dp.params, dp.grad, lr)
+	}
+	if err := sim.bar.wait(ctx); err != nil {
+		return err
+	}
+	if dp.rank == 0 {
+		if err := dp.opt.Step(dp.params, dp.grad, lr); err != nil {
+			sim.bar.abort(err)
+			return err
+		}
+	}
+	return sim.bar.wait(ctx)
+}
+
+// reduce reduces the error-compensated gradient (the residual) into the
+// gradient and the new residual: in the device's memory, or for a reducer
+// of host memory only through host copies of both.
+func (dp *dataPath) reduce(ctx context.Context) (sparsify.Stats, error) {
+	if dp.deviceReducer != nil {
+		return dp.deviceReducer.ReduceOn(ctx, dp.residual, dp.grad, dp.residual)
+	}
+	if err := dp.download(dp.hostResidual, dp.residual); err != nil {
+		return sparsify.Stats{}, err
+	}
+	st, err := dp.reducer.Reduce(ctx, dp.hostResidual, dp.hostGrad, dp.hostResidual)
+	if err != nil {
+		return st, err
+	}
+	if err := dp.upload(dp.grad, dp.hostGrad); err != nil {
+		return st, err
+	}
+	return st, dp.upload(dp.residual, dp.hostResidual)
+}
