@@ -22,7 +22,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	tfs, v, _ := newFlags(stderr)
 	fs := flag.NewFlagSet("train replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&v.cfg.Gradients, "gradients", "", "folder of recorded gradients (python/sparsegrad_record.py, or train -record-gradients)")
+	addOptionFlags(fs, &v.cfg, "gradients")
 	method := map[string]bool{}
 	keep := map[string]bool{}
 	for _, n := range replayFlags {
@@ -72,8 +72,7 @@ Flags:
 	if cfg.Gradients != "" {
 		cfg.Model = train.RecordedModel
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	given := givenFlags(fs)
 	return train.Run(ctx, cfg, train.Options{
 		Stdout: stdout, Progress: stderr,
 		CommandLine: append([]string{progName(), "replay"}, args...),
