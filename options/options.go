@@ -331,7 +331,7 @@ var All = []Option{
 	{Key: "download", Kind: Bool, Resume: true, Incidental: true, Doc: "download the data set into -data-dir first (verified by checksum)"},
 	{Key: "preset", Flag: "model-size", Aliases: []string{"preset"}, Kind: String,
 		ByModel: []Case{{resnet18, "default"}, {lstm, "small"}},
-		Doc:     "model size: lstm small (2×200) or default (3×650); ncf paper (8 factors; the default on ml-100k and ml-1m) or default (MLPerf, 64 factors; the default on ml-20m); resnet18 default"},
+		Doc:     "model size: resnet18 default; lstm small (2×200) or default (3×650); ncf paper (8 factors) or default (MLPerf, 64 factors; ncf's default on ml-20m, paper on the others)"},
 	{Key: "sparsifier", Kind: String, Default: "dense", Doc: "gradient sparsifier (dense: none; each method's own options are listed below)"},
 	{Key: "density", Kind: Float, Range: Within(0, 1, "(]"), Hint: "; pass e.g. -density 0.01",
 		Doc: "setup density ρ in (0, 1]: fraction of the gradient each worker sends (default: the paper's for lags (0.001 resnet18, 0.004 lstm), dragonn and dgc (0.001); else 0.01)"},

@@ -177,10 +177,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report, replay, sweep and advise subcommands)", fs.Arg(0))
 	}
-	cfg, err := c.config()
-	if err != nil {
-		return err
-	}
+	cfg := *c
 	if *summary {
 		return printSummary(ctx, cfg, stdout)
 	}
@@ -203,20 +200,14 @@ func helpIsNoError(err error) error {
 	return err
 }
 
-// flagValues holds the parsed flags.
-type flagValues struct {
-	cfg train.Config
-}
-
 // newFlags declares train's flags: one per general option (package
 // options declares them, with their help text and defaults), one per
 // method option (declared beside each method), -report-assets and
 // -summary.
-func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
+func newFlags(out io.Writer) (*flag.FlagSet, *train.Config, *bool) {
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
 	fs.SetOutput(out)
-	v := &flagValues{}
-	c := &v.cfg
+	c := &train.Config{}
 	addOptionFlags(fs, c)
 	fs.Lookup("sparsifier").Usage += "; one of " + strings.Join(sparsify.Names(), ", ")
 	addReportAssetsFlag(fs)
@@ -241,12 +232,7 @@ Flags:
 `)
 		printFlags(fs.Output(), fs, method)
 	}
-	return fs, v, summary
-}
-
-// config returns the configuration the flags give.
-func (v *flagValues) config() (train.Config, error) {
-	return v.cfg, nil
+	return fs, c, summary
 }
 
 func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {
