@@ -38,8 +38,9 @@ type Config struct {
 	// RecordGradients is a folder to record every worker's gradient of
 	// every step into (package recorded), for train replay.
 	RecordGradients string `json:"record_gradients,omitempty"`
-	// Preset selects the model size: "small" or "default" (LSTM), "paper"
-	// or "default" (NCF); ResNet-18 has only "default".
+	// Preset selects the model size (flag -model-size, formerly -preset):
+	// "small" or "default" (LSTM), "paper" or "default" (NCF); ResNet-18
+	// has only "default".
 	Preset string `json:"preset"`
 
 	// Sparsifier is a sparsify registry name ("dense" for none).
