@@ -210,13 +210,18 @@ func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
 		s.MethodOptions[k] = x
 	}
 	if v.gradients != "" {
-		// Replays of a recording: no model, data, update or evaluation.
-		for _, f := range []string{"model", "dataset", "data-dir", "model-size", "epochs", "batch", "lr", "eval-every", "max-eval-batches", "blas"} {
-			if set[f] {
-				return s, nil, fmt.Errorf("train sweep: -%s with -gradients: a replay has no model, data, update or evaluation; drop -%s", f, f)
+		// Replays of a recording: no model, data, update or evaluation;
+		// the options train replay takes carry over.
+		r := train.Config{Model: train.RecordedModel, Gradients: v.gradients}
+		for _, k := range sweepOptions {
+			switch o, _ := options.Lookup(k); {
+			case slices.Contains(replayFlags, o.FlagName()):
+				copyOption(&r, b, k)
+			case set[o.FlagName()]:
+				return s, nil, fmt.Errorf("train sweep: -%s with -gradients: a replay has no model, data, update or evaluation; drop -%s", o.FlagName(), o.FlagName())
 			}
 		}
-		*b = train.Config{Model: train.RecordedModel, Gradients: v.gradients, Steps: b.Steps, MaxTime: b.MaxTime, Seed: b.Seed, LogEvery: b.LogEvery, Device: b.Device}
+		*b = r
 	}
 	if v.preset == "" && v.gradients == "" && b.Steps == 0 && b.MaxTime == 0 && !b.Epochs.IsSet() {
 		return s, nil, errors.New("train sweep: give a budget per run: -steps N, -max-time D or -epochs N (or a -preset)")
