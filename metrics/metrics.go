@@ -1,7 +1,7 @@
 // Package metrics defines the records of a run's metrics.jsonl, one JSON
-// object per line: the schema package train writes and package reports reads,
-// declared once here so that the two cannot drift apart. It has no
-// dependencies beyond the standard library.
+// object per line, and its run.json (Run): the schemas package train writes
+// and package reports reads, declared once here so that the two cannot
+// drift apart. It has no dependencies beyond the standard library.
 //
 // A line's "type" tells the record apart: "step" (Step) or "eval" (Eval).
 // Readers skip lines of other types. Numbers that are NaN or infinite are

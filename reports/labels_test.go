@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -309,11 +310,8 @@ func TestResumedRunSaysSo(t *testing.T) {
 			t.Fatalf("a run never resumed has a resumed row: %q", row[1])
 		}
 	}
-	r.Info.Resumes = append(r.Info.Resumes, struct {
-		At          time.Time `json:"at"`
-		Step        int       `json:"step"`
-		CommandLine []string  `json:"command_line"`
-	}{time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), 788, []string{"train", "-resume", "runs/x"}})
+	r.Info.Resumes = append(r.Info.Resumes, metrics.Resume{At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Step: 788,
+		CommandLine: []string{"train", "-resume", "runs/x"}})
 	for _, row := range runTable(r).Rows {
 		if row[0] == "resumed" {
 			resumed = row[1]

@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/sparsegrad/sparsegrad/metrics"
 )
@@ -34,50 +33,9 @@ type Run struct {
 	Evals []Eval
 }
 
-// RunInfo is the part of run.json the reports use.
-type RunInfo struct {
-	Config      RunConfig `json:"config"`
-	CommandLine []string  `json:"command_line"`
-	Start       time.Time `json:"start"`
-	Backend     string    `json:"backend"`
-	Workers     int       `json:"workers"`
-	Params      int       `json:"params"`
-	Tensors     int       `json:"tensors"`
-	Device      string    `json:"device"`
-	// Pipelined tells that LAGS reduced the gradient's layer groups
-	// during the backward pass.
-	Pipelined bool `json:"pipelined"`
-	// Executors is the number of models simulated workers took turns on
-	// (0: every worker had its own model).
-	Executors int `json:"executors"`
-	Machine   struct {
-		Hostname string `json:"hostname"`
-		CPU      string `json:"cpu"`
-		GPU      string `json:"gpu"`
-		Cores    int    `json:"cores"`
-	} `json:"machine"`
-	// Versions.Kernels says which CPU kernels ran the convolutions and
-	// batch norms (oneDNN or im2col; empty on GPUs and in older runs).
-	Versions struct {
-		Kernels string `json:"kernels"`
-	} `json:"versions"`
-	// LayerNames optionally names the layout's tensors (DEFT's per-layer k).
-	LayerNames []string `json:"layer_names"`
-	// Replay describes the recording a replay of recorded gradients
-	// (train replay) replayed; nil for a training run. CannotShow says what
-	// such a run's metrics leave out.
-	Replay     *metrics.Replay `json:"replay"`
-	CannotShow string          `json:"cannot_show"`
-	// Notes are what the run said about itself that a reader of its
-	// results must know (run.json's "notes").
-	Notes []string `json:"notes"`
-	// Resumes lists the times the run was resumed, oldest first.
-	Resumes []struct {
-		At          time.Time `json:"at"`
-		Step        int       `json:"step"`
-		CommandLine []string  `json:"command_line"`
-	} `json:"resumes"`
-}
+// RunInfo is run.json (metrics.Run), with the part of its configuration
+// the reports use; the GPU's report is not read.
+type RunInfo = metrics.Run[RunConfig, json.RawMessage]
 
 // RunConfig is the part of run.json's "config" the reports use.
 type RunConfig struct {

@@ -82,7 +82,7 @@ func TestPointsRefuse(t *testing.T) {
 		{func(s *Spec) { s.Sparsifiers, s.Workers = []string{"gtopk"}, []int{3} }, "no point of the grid"},
 		// What train would refuse is refused before anything runs.
 		{func(s *Spec) { s.Base.Model = "vgg" }, `topk-w2-d0.01: train: invalid configuration: unknown -model "vgg"`},
-		{func(s *Spec) { s.Base.LR = train.Set(-1.0) }, "-lr -1 must be a positive number"},
+		{func(s *Spec) { s.Base.LR = train.Set(-1.0) }, "-lr -1 must be > 0"},
 	} {
 		s := base
 		c.edit(&s)

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math"
 	"os"
 	"slices"
 	"strings"
@@ -39,8 +38,9 @@ type Config struct {
 	// RecordGradients is a folder to record every worker's gradient of
 	// every step into (package recorded), for train replay.
 	RecordGradients string `json:"record_gradients,omitempty"`
-	// Preset selects the model size: "small" or "default" (LSTM), "paper"
-	// or "default" (NCF); ResNet-18 has only "default".
+	// Preset selects the model size (flag -model-size, formerly -preset):
+	// "small" or "default" (LSTM), "paper" or "default" (NCF); ResNet-18
+	// has only "default".
 	Preset string `json:"preset"`
 
 	// Sparsifier is a sparsify registry name ("dense" for none).
@@ -188,15 +188,31 @@ var Datasets = map[string][]string{
 	"ncf":      {"ml-100k", "ml-1m", "ml-20m"},
 }
 
-// Defaults fills the unset fields of c with the model's defaults (taken
-// from the papers' code, adapted to PyTorch's momentum semantics) and
-// returns it. Fields the user set are kept, zero included. The optimizer's
-// own values are filled only for the optimizer in use (momentum and weight
-// decay for SGD, β1, β2 and ε for Adam), the method options only for the
-// sparsifier in use.
+// Defaults fills the unset fields of c with the model's defaults and
+// returns it. Fields the user set are kept, zero included. The defaults
+// are declared in package options (per model where they differ, taken
+// from the papers' code and adapted to PyTorch's momentum semantics), with
+// the options they depend on: the optimizer's own values are filled only
+// for the optimizer in use (momentum and weight decay for SGD, β1, β2 and
+// ε for Adam), the step decay only for the step schedule. What depends on
+// more than the model is decided here: the model itself (a replay's, with
+// Gradients), the data set (the model's first), the data folder, NCF's
+// model size (by data set), the density (paperDensity) and the method
+// options (the sparsifier's, sparsify.Method.Defaults).
+//
+// The models' defaults follow their references: ResNet-18 DEFT's run.py
+// (lr 0.05, momentum 0.9, wd 1e-4, batch 32 per worker, 200 epochs, ×0.1
+// at 150); the LSTM DEFT's (batch 32 per worker, clip 0.4, momentum 0, wd
+// 0, ×0.1 at 45 and 80), with lr 20, the PyTorch word-language-model
+// example's rate for undoubled SGD (the DEFT harness's lr 15 is doubled
+// by its quirk); NCF the paper's preset on the small MovieLens sets with
+// Adam and 4 negatives per positive (the MLPerf/DEFT rate 0.0045 with
+// betas (0.25, 0.5) is for a 2^20 global batch; for per-worker batches of
+// 256 Adam's defaults converge). A replay makes one pass over the
+// recorded steps with no update.
 func (c Config) Defaults() Config {
 	if c.Model == "" {
-		c.Model = "ncf"
+		c.Model = declaredDefault("model")
 		if c.Gradients != "" {
 			c.Model = RecordedModel
 		}
@@ -212,91 +228,19 @@ func (c Config) Defaults() Config {
 			c.DataDir = "./data"
 		}
 	}
-	def(&c.Sparsifier, "dense")
-	c.Density.orDefault(paperDensity(c.Sparsifier, c.Model))
-	def(&c.Pipeline, "auto")
-	def(&c.ClipAt, "auto")
-	c.Workers.orDefault(1)
-	def(&c.Device, "cpu")
-	def(&c.Comm, "auto")
-	c.LogEvery.orDefault(1)
-	def(&c.BLAS, "auto")
-	def(&c.Kernels, "auto")
-	c.Seed.orDefault(42)
-	var momentum, wd, clip float64
-	def(&c.LRSchedule, "step")
-	if c.LRSchedule == "onecycle" && c.DecayEpochs == nil {
-		c.DecayEpochs = []int{} // not the model's step decay
-	}
-	switch c.Model {
-	case "resnet18":
-		// DEFT run.py: lr 0.05, momentum 0.9, wd 1e-4, batch 32 per worker,
-		// 200 epochs, ×0.1 at 150.
-		def(&c.Preset, "default")
-		c.Batch.orDefault(32)
-		c.EvalBatch.orDefault(250)
-		c.LR.orDefault(0.05)
-		def(&c.Optimizer, "sgd")
-		momentum, wd = 0.9, 1e-4
-		c.Epochs.orDefault(200)
-		if c.DecayEpochs == nil {
-			c.DecayEpochs = []int{150}
-		}
-	case "lstm":
-		// DEFT: batch 32 per worker, clip 0.4, momentum 0, wd 0, ×0.1 at 45
-		// and 80. lr 20 is the PyTorch word-language-model example's rate for
-		// undoubled SGD (the DEFT harness's lr 15 is doubled by its quirk).
-		def(&c.Preset, "small")
-		c.Batch.orDefault(32)
-		c.EvalBatch.orDefault(10)
-		c.LR.orDefault(20)
-		def(&c.Optimizer, "sgd")
-		clip = 0.4
-		c.Epochs.orDefault(90)
-		if c.DecayEpochs == nil {
-			c.DecayEpochs = []int{45, 80}
-		}
-	case RecordedModel:
-		// A replay: one pass over the recorded steps, no update.
-		def(&c.Optimizer, "none")
-		c.Batch.orDefault(1)
-		c.EvalBatch.orDefault(1)
-		c.LR.orDefault(0)
-		c.Epochs.orDefault(1)
-		if c.DecayEpochs == nil {
-			c.DecayEpochs = []int{}
-		}
-	case "ncf":
-		// NCF paper preset on the small MovieLens sets, Adam; 4 negatives
-		// per positive. The MLPerf/DEFT rate 0.0045 with betas (0.25, 0.5)
-		// is for a 2^20 global batch; for per-worker batches of 256 Adam's
-		// defaults converge.
+	if c.Model == "ncf" && c.Preset == "" {
+		c.Preset = "paper"
 		if c.Dataset == "ml-20m" {
-			def(&c.Preset, "default")
-		} else {
-			def(&c.Preset, "paper")
+			c.Preset = "default"
 		}
-		c.Batch.orDefault(256)
-		c.EvalBatch.orDefault(64)
-		c.LR.orDefault(0.001)
-		def(&c.Optimizer, "adam")
-		c.Epochs.orDefault(20)
 	}
-	c.Clip.orDefault(clip)
-	switch c.Optimizer {
-	case "sgd":
-		c.Momentum.orDefault(momentum)
-		c.WeightDecay.orDefault(wd)
-	case "adam":
-		c.Beta1.orDefault(0.9)
-		c.Beta2.orDefault(0.999)
-		c.Eps.orDefault(1e-8)
+	if c.Sparsifier == "" {
+		c.Sparsifier = declaredDefault("sparsifier")
 	}
-	if c.LRSchedule == "step" {
-		c.DecayFactor.orDefault(0.1)
-	}
+	c.Density.orDefault(paperDensity(c.Sparsifier, c.Model))
+	c.fillDefaults()
 	if c.DecayEpochs == nil {
-		c.DecayEpochs = []int{}
+		c.DecayEpochs = []int{} // onecycle: not the model's step decay
 	}
 	if m, ok := sparsify.Lookup(c.Sparsifier); ok {
 		c.MethodOptions = m.Defaults(c.MethodOptions)
@@ -320,12 +264,6 @@ func paperDensity(sparsifier, model string) float64 {
 		return 0.001
 	}
 	return 0.01
-}
-
-func def(p *string, v string) {
-	if *p == "" {
-		*p = v
-	}
 }
 
 // PipelineOn reports whether the run pipelines the reducer's communication
@@ -363,7 +301,9 @@ func (c Config) ClipAggregated() bool { return c.Clip.Value() > 0 && !c.ClipLoca
 
 // Validate checks c (after Defaults) and returns an error wrapping ErrConfig
 // that says what is wrong and how to fix it. underMPI tells whether the run
-// is a process of an mpirun job.
+// is a process of an mpirun job. Each option's own range and choices are
+// declared in package options (checkOptions); Validate adds the rules that
+// tie options together.
 func (c Config) Validate(underMPI bool) error {
 	var errs []error
 	bad := func(format string, a ...any) {
@@ -378,71 +318,31 @@ func (c Config) Validate(underMPI bool) error {
 	if !replay && !slices.Contains(Models, c.Model) {
 		return fmt.Errorf("%w: unknown -model %q; use one of %s", ErrConfig, c.Model, strings.Join(Models, ", "))
 	}
-	// Every number must be finite before any range check reads it.
-	finite := true
-	for _, f := range []struct {
-		flag string
-		v    float64
-	}{
-		{"density", c.Density.Value()}, {"lr", c.LR.Value()}, {"momentum", c.Momentum.Value()}, {"wd", c.WeightDecay.Value()},
-		{"beta1", c.Beta1.Value()}, {"beta2", c.Beta2.Value()}, {"eps", c.Eps.Value()}, {"warmup-epochs", c.WarmupEpochs},
-		{"decay-factor", c.DecayFactor.Value()}, {"clip", c.Clip.Value()}, {"net-bandwidth", c.NetBandwidth},
-	} {
-		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
-			bad("-%s %v is not a finite number", f.flag, f.v)
-			finite = false
-		}
-	}
-	if !finite {
-		return errors.Join(errs...)
-	}
-	for _, f := range []struct {
-		flag string
-		v    Optional[int]
-	}{
-		{"workers", c.Workers}, {"epochs", c.Epochs}, {"batch", c.Batch}, {"eval-batch", c.EvalBatch},
-		{"log-every", c.LogEvery},
-	} {
-		if v, ok := f.v.Get(); !ok || v < 1 {
-			bad("-%s %v must be >= 1", f.flag, f.v)
-		}
-	}
-	for _, f := range []struct {
-		flag string
-		v    Optional[float64]
-	}{{"density", c.Density}, {"lr", c.LR}, {"clip", c.Clip}} {
-		if !f.v.IsSet() {
-			bad("-%s is unset; call Config.Defaults before Validate", f.flag)
-		}
-	}
-	if c.LRSchedule != "onecycle" && !c.DecayFactor.IsSet() {
-		bad("-decay-factor is unset; call Config.Defaults before Validate")
-	}
-	if !c.Seed.IsSet() {
-		bad("-seed is unset; call Config.Defaults before Validate")
-	}
+	// Each option on its own first (finite, set, in its range, one of its
+	// choices, as package options declares it): the rules below, which tie
+	// options together, read the values. A replay's learning rate is 0
+	// (checkReplay).
+	c.checkOptions(func(key string) bool { return replay && key == "lr" }, bad)
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
 	if !replay && !slices.Contains(Datasets[c.Model], c.Dataset) {
 		bad("-model %s cannot train on -dataset %q; use one of %s", c.Model, c.Dataset, strings.Join(Datasets[c.Model], ", "))
 	}
+	size := "-" + flagOf("preset")
 	switch c.Model {
 	case "lstm":
 		if c.Preset != "small" && c.Preset != "default" {
-			bad("-preset %q is not an LSTM preset; use small (2×200) or default (3×650)", c.Preset)
+			bad("%s %q is not an LSTM preset; use small (2×200) or default (3×650)", size, c.Preset)
 		}
 	case "ncf":
 		if c.Preset != "paper" && c.Preset != "default" {
-			bad("-preset %q is not an NCF preset; use paper (8 factors) or default (MLPerf, 64 factors)", c.Preset)
+			bad("%s %q is not an NCF preset; use paper (8 factors) or default (MLPerf, 64 factors)", size, c.Preset)
 		}
 	case "resnet18":
 		if c.Preset != "default" {
-			bad("-preset %q is not a ResNet-18 preset; use default", c.Preset)
+			bad("%s %q is not a ResNet-18 preset; use default", size, c.Preset)
 		}
-	}
-	if d := c.Density.Value(); !(d > 0 && d <= 1) {
-		bad("-density %v is outside (0, 1]; pass e.g. -density 0.01", d)
 	}
 	method, known := sparsify.Lookup(c.Sparsifier)
 	if !known {
@@ -453,9 +353,7 @@ func (c Config) Validate(underMPI bool) error {
 			bad("-sparsifier %s applies the momentum itself (DGC's momentum correction, with plain momentum); drop -nesterov", c.Sparsifier)
 		}
 	}
-	switch c.Pipeline {
-	case "auto", "off":
-	case "on":
+	if c.Pipeline == "on" {
 		if !pipelined(c.Sparsifier) {
 			var ms []string
 			for _, m := range sparsify.Methods() {
@@ -468,8 +366,6 @@ func (c Config) Validate(underMPI bool) error {
 		if c.ClipLocal() {
 			bad("-pipeline on cannot be combined with -clip %v -clip-at local: clipping each worker's gradient needs the whole gradient before error feedback; pass -clip-at aggregated (clip the averaged gradient, as the LAGS reference does), -clip 0 or -pipeline off", c.Clip)
 		}
-	default:
-		bad("-pipeline %q: use auto, on or off", c.Pipeline)
 	}
 
 	workers := c.Workers.Value()
@@ -479,30 +375,13 @@ func (c Config) Validate(underMPI bool) error {
 	if underMPI && workers > 1 {
 		bad("-workers %d under mpirun: each mpirun process is one worker; use mpirun -np %d instead", workers, workers)
 	}
-	if c.MaxTime < 0 {
-		bad("-max-time %v must be >= 0 (0: no limit)", c.MaxTime)
-	}
-	if c.Steps < 0 {
-		bad("-steps %d must be >= 0 (0: no limit)", c.Steps)
-	}
-	if !replay && !(c.LR.Value() > 0) {
-		bad("-lr %v must be a positive number", c.LR)
-	}
-	if !(c.LabelSmoothing >= 0 && c.LabelSmoothing < 1) {
-		bad("-label-smoothing %v must be in [0, 1) (0.1 is usual)", c.LabelSmoothing)
-	} else if c.LabelSmoothing > 0 && c.Model == "ncf" {
+	if c.LabelSmoothing > 0 && c.Model == "ncf" {
 		bad("-label-smoothing applies to the classifiers (resnet18, lstm); ncf's loss is binary cross-entropy")
 	}
 	switch c.Optimizer {
 	case "sgd":
-		if m := c.Momentum.Value(); m < 0 || m >= 1 {
-			bad("-momentum %v must be in [0, 1)", m)
-		}
 		if c.Nesterov && c.Momentum.Value() == 0 {
 			bad("-nesterov needs a momentum; pass -momentum 0.9 (or leave out -nesterov)")
-		}
-		if c.WeightDecay.Value() < 0 {
-			bad("-wd %v must be >= 0", c.WeightDecay)
 		}
 		if c.Beta1.IsSet() || c.Beta2.IsSet() || c.Eps.IsSet() {
 			bad("-beta1, -beta2 and -eps apply to -optimizer adam only; SGD uses -momentum")
@@ -512,64 +391,29 @@ func (c Config) Validate(underMPI bool) error {
 			bad("-optimizer none applies only to replays of recorded gradients (train replay); use sgd or adam")
 		}
 	case "adam":
-		if b1, b2 := c.Beta1.Value(), c.Beta2.Value(); b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1 {
-			bad("-beta1 %v and -beta2 %v must be in [0, 1)", b1, b2)
-		}
-		if !(c.Eps.Value() > 0) {
-			bad("-eps %v must be > 0", c.Eps)
-		}
 		if c.Momentum.IsSet() || c.Nesterov || c.WeightDecay.IsSet() {
 			bad("-momentum, -nesterov and -wd apply to -optimizer sgd only; Adam uses -beta1 (and has no weight decay)")
 		}
 	default:
 		bad("-optimizer %q: use sgd or adam", c.Optimizer)
 	}
-	if c.WarmupEpochs < 0 {
-		bad("-warmup-epochs %v must be >= 0", c.WarmupEpochs)
-	}
-	switch c.LRSchedule {
-	case "step":
-	case "onecycle":
+	if c.LRSchedule == "onecycle" {
 		if len(c.DecayEpochs) > 0 || c.DecayFactor.IsSet() {
 			bad("-decay-epochs and -decay-factor apply to -lr-schedule step; onecycle anneals by itself (drop them)")
 		}
 		if c.WarmupEpochs >= float64(c.Epochs.Value()) {
 			bad("-warmup-epochs %v: with -lr-schedule onecycle the rise must end before the last epoch (-epochs %d)", c.WarmupEpochs, c.Epochs.Value())
 		}
-	default:
-		bad("-lr-schedule %q: use step or onecycle", c.LRSchedule)
 	}
-	for _, e := range c.DecayEpochs {
-		if e < 1 {
-			bad("-decay-epochs %v: epochs must be >= 1", c.DecayEpochs)
-			break
-		}
-	}
-	if f := c.DecayFactor.Value(); c.LRSchedule == "step" && !(f > 0 && f <= 1) {
-		bad("-decay-factor %v must be in (0, 1]", f)
-	}
-	if c.Clip.Value() < 0 {
-		bad("-clip %v must be >= 0 (0: off)", c.Clip)
-	}
-	switch c.ClipAt {
-	case "auto", "local", "aggregated":
-	default:
-		bad("-clip-at %q: use auto, local or aggregated", c.ClipAt)
-	}
-	switch c.Device {
-	case "cpu":
+	if c.Device == "cpu" {
 		if c.TF32 {
 			bad("-tf32 applies to -device cuda only")
 		}
 		if c.Deterministic {
 			bad("-deterministic applies to -device cuda only (CPU runs are deterministic)")
 		}
-	case "cuda":
-	default:
-		bad("-device %q: use cpu or cuda", c.Device)
 	}
 	switch c.Comm {
-	case "auto":
 	case "local":
 		if underMPI {
 			bad("-comm local runs workers in one process; under mpirun use -comm mpi (or nccl with -device cuda)")
@@ -582,48 +426,18 @@ func (c Config) Validate(underMPI bool) error {
 		if c.Device != "cuda" {
 			bad("-comm nccl moves GPU memory; it needs -device cuda")
 		}
-	default:
-		bad("-comm %q: use auto, local, mpi or nccl", c.Comm)
 	}
 	if (c.NetLatency != 0) != (c.NetBandwidth != 0) {
 		bad("-net-latency and -net-bandwidth emulate a network together; give both (e.g. -net-latency 50us -net-bandwidth 10) or neither")
 	}
-	if c.NetLatency < 0 || c.NetBandwidth < 0 {
-		bad("-net-latency and -net-bandwidth must be positive")
-	}
 	if underMPI && c.NetBandwidth != 0 {
 		bad("-net-latency/-net-bandwidth emulate a network between simulated workers; under mpirun the real network is used, drop them")
-	}
-	if c.EvalEvery < 0 || c.MaxEvalBatches < 0 {
-		bad("-eval-every and -max-eval-batches must be >= 0")
-	}
-	if c.CheckpointEvery < 0 {
-		bad("-checkpoint-every %d must be >= 0 (steps between checkpoints; 0: at the end of every epoch only)", c.CheckpointEvery)
-	}
-	if c.CheckEvery < 0 {
-		bad("-check-every %d must be >= 0 (0: off)", c.CheckEvery)
-	}
-	switch c.BLAS {
-	case "auto", "openblas", "gonum":
-	default:
-		bad("-blas %q: use auto, openblas or gonum", c.BLAS)
-	}
-	switch c.Kernels {
-	case "auto", "onednn", "im2col":
-	default:
-		bad("-kernels %q: use auto, onednn or im2col", c.Kernels)
-	}
-	if c.Executors < 0 {
-		bad("-executors %d must be >= 0 (0: one per core)", c.Executors)
 	}
 	if c.Device == "cuda" && c.Executors > 0 {
 		bad("-executors %d with -device cuda: workers on GPUs keep a model each (on streams of their own); drop -executors", c.Executors)
 	}
 	if underMPI && c.Executors > 1 {
 		bad("-executors %d under mpirun: each mpirun process is one worker with one executor; drop -executors", c.Executors)
-	}
-	if c.BLASThreads < 0 {
-		bad("-blas-threads %d must be >= 0", c.BLASThreads)
 	}
 	if c.Out == "" && c.Resume == "" {
 		bad("no run directory: pass -out DIR (or -resume DIR to continue a run)")
@@ -643,7 +457,7 @@ func (c Config) checkReplay(bad func(string, ...any)) {
 		bad("-gradients replays recorded gradients, not -model %s: leave -model out", c.Model)
 	}
 	if c.Dataset != "" || c.Preset != "" {
-		bad("a replay reads no data set and has no preset (-dataset %q, -preset %q): the recording is its data", c.Dataset, c.Preset)
+		bad("a replay reads no data set and has no model size (-dataset %q, -%s %q): the recording is its data", c.Dataset, flagOf("preset"), c.Preset)
 	}
 	m, _ := sparsify.Lookup(c.Sparsifier)
 	if c.Optimizer != "none" || (c.Momentum.IsSet() && !m.CorrectsMomentum) || c.WeightDecay.IsSet() || c.Beta1.IsSet() || c.Beta2.IsSet() || c.Eps.IsSet() || c.Nesterov || c.LR.Value() != 0 {

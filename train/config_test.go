@@ -114,7 +114,7 @@ func TestValidateRejects(t *testing.T) {
 		{"unknown model", func(c *Config) { c.Model = "vgg" }, false, "unknown -model"},
 		{"model/dataset", func(c *Config) { c.Dataset = "cifar10" }, false, "cannot train on -dataset"},
 		{"unknown sparsifier", func(c *Config) { c.Sparsifier = "nope" }, false, "unknown -sparsifier"},
-		{"density 0", func(c *Config) { c.Density = Set(0.0) }, false, "-density 0 is outside (0, 1]"},
+		{"density 0", func(c *Config) { c.Density = Set(0.0) }, false, "-density 0 must be in (0, 1]; pass e.g. -density 0.01"},
 		{"density negative", func(c *Config) { c.Density = Set(-1.0) }, false, "-density"},
 		{"density >1", func(c *Config) { c.Density = Set(1.5) }, false, "-density"},
 		{"lambda for topk", func(c *Config) { c.Sparsifier = "topk"; c.MethodOptions = sparsify.Values{"lambda": 0.1} }, false, "-lambda applies only to -sparsifier threshold, not topk"},
@@ -146,7 +146,7 @@ func TestValidateRejects(t *testing.T) {
 		{"checkpoint every -1", func(c *Config) { c.CheckpointEvery = -1 }, false, "-checkpoint-every -1"},
 		{"check every -1", func(c *Config) { c.CheckEvery = -1 }, false, "-check-every -1"},
 		{"lr", func(c *Config) { c.LR = Set(-0.1) }, false, "-lr"},
-		{"lr 0", func(c *Config) { c.LR = Set(0.0) }, false, "-lr 0 must be a positive number"},
+		{"lr 0", func(c *Config) { c.LR = Set(0.0) }, false, "-lr 0 must be > 0"},
 		{"eps 0", func(c *Config) { c.Eps = Set(0.0) }, false, "-eps 0 must be > 0"},
 		{"momentum with adam", func(c *Config) { c.Momentum = Set(0.9) }, false, "-momentum, -nesterov and -wd apply"},
 		{"momentum 0 with adam", func(c *Config) { c.Momentum = Set(0.0) }, false, "-momentum, -nesterov and -wd apply"},
@@ -326,4 +326,50 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestDefaultsWhole: the whole configuration Defaults gives each model
+// (and a replay), every field, against the papers' values written out
+// here: the defaults are declared per option in package options and
+// filled from there.
+func TestDefaultsWhole(t *testing.T) {
+	t.Setenv("TRAIN_DATA_DIR", "")
+	common := Config{DataDir: "./data", Sparsifier: "dense", Density: Set(0.01), Pipeline: "auto", ClipAt: "auto", Workers: Set(1),
+		Device: "cpu", Comm: "auto", LogEvery: Set(1), BLAS: "auto", Kernels: "auto", Seed: Set[uint64](42), LRSchedule: "step",
+		DecayFactor: Set(0.1), DecayEpochs: []int{}}
+	with := func(edit func(c *Config)) Config {
+		c := common
+		edit(&c)
+		return c
+	}
+	for _, tc := range []struct {
+		in, want Config
+	}{
+		{Config{Model: "resnet18"}, with(func(c *Config) {
+			c.Model, c.Dataset, c.Preset, c.Batch, c.EvalBatch, c.LR, c.Optimizer = "resnet18", "cifar10", "default", Set(32), Set(250), Set(0.05), "sgd"
+			c.Momentum, c.WeightDecay, c.Epochs, c.DecayEpochs, c.Clip = Set(0.9), Set(1e-4), Set(200), []int{150}, Set(0.0)
+		})},
+		{Config{Model: "lstm"}, with(func(c *Config) {
+			c.Model, c.Dataset, c.Preset, c.Batch, c.EvalBatch, c.LR, c.Optimizer = "lstm", "wikitext2", "small", Set(32), Set(10), Set(20.0), "sgd"
+			c.Momentum, c.WeightDecay, c.Epochs, c.DecayEpochs, c.Clip = Set(0.0), Set(0.0), Set(90), []int{45, 80}, Set(0.4)
+		})},
+		{Config{}, with(func(c *Config) {
+			c.Model, c.Dataset, c.Preset, c.Batch, c.EvalBatch, c.LR, c.Optimizer = "ncf", "ml-100k", "paper", Set(256), Set(64), Set(0.001), "adam"
+			c.Beta1, c.Beta2, c.Eps, c.Epochs, c.Clip = Set(0.9), Set(0.999), Set(1e-8), Set(20), Set(0.0)
+		})},
+		{Config{Model: "ncf", Dataset: "ml-20m", Optimizer: "sgd", LRSchedule: "onecycle"}, with(func(c *Config) {
+			c.Model, c.Dataset, c.Preset, c.Batch, c.EvalBatch, c.LR, c.Optimizer = "ncf", "ml-20m", "default", Set(256), Set(64), Set(0.001), "sgd"
+			c.Momentum, c.WeightDecay, c.Epochs, c.Clip, c.LRSchedule, c.DecayFactor = Set(0.0), Set(0.0), Set(20), Set(0.0), "onecycle", Optional[float64]{}
+		})},
+		{Config{Gradients: "rec"}, with(func(c *Config) {
+			c.Model, c.Gradients, c.Batch, c.EvalBatch, c.LR, c.Optimizer, c.Epochs, c.Clip = RecordedModel, "rec", Set(1), Set(1), Set(0.0), "none", Set(1), Set(0.0)
+		})},
+	} {
+		got := tc.in.Defaults()
+		if !reflect.DeepEqual(got, tc.want) {
+			g, _ := json.Marshal(got)
+			w, _ := json.Marshal(tc.want)
+			t.Errorf("%+v.Defaults():\n got %s\nwant %s", tc.in, g, w)
+		}
+	}
 }

@@ -11,23 +11,14 @@ import (
 	"reflect"
 	"slices"
 	"strings"
-	"time"
 
+	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // ResumeRecord is one resume of a run, as run.json lists them.
-type ResumeRecord struct {
-	// At is when the resumed run started.
-	At time.Time `json:"at"`
-	// Step is the step of the checkpoint it continued from.
-	Step int `json:"step"`
-	// Checkpoint is that checkpoint's folder.
-	Checkpoint string `json:"checkpoint"`
-	// CommandLine is the resuming command.
-	CommandLine []string `json:"command_line"`
-}
+type ResumeRecord = metrics.Resume
 
 // resumeMayChange reports whether a resumed run may set the configuration
 // key (run.json's) to another value than the run had (options.Option's

@@ -25,7 +25,6 @@ type adviseFlags struct {
 	densities    []float64
 	sparsifiers  []string
 	measurements string
-	modelSize    string
 	gradients    string
 	stepTime     time.Duration
 	kind         string
@@ -38,14 +37,7 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	fs.SetOutput(stderr)
 	v := &adviseFlags{densities: []float64{0.01}}
 	c := &v.base
-	fs.StringVar(&c.Model, "model", "ncf", "model: resnet18, lstm or ncf")
-	fs.StringVar(&c.Dataset, "dataset", "", "data set (default the model's first); NCF and the LSTM read it for their sizes, every model for one step")
-	fs.StringVar(&c.DataDir, "data-dir", "", "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)")
-	fs.StringVar(&v.modelSize, "model-size", "", "model size, train's -preset: lstm small or default; ncf paper or default")
-	fs.Var(optInt{&c.Batch}, "batch", "per-worker batch size (default the model's)")
-	fs.StringVar(&c.Device, "device", "cpu", "where one worker's step is measured: cpu or cuda")
-	fs.BoolVar(&c.TF32, "tf32", false, "GPU: allow TF32 tensor-core math")
-	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto, openblas or gonum")
+	addOptionFlags(fs, c, "model", "dataset", "data_dir", "preset", "batch", "device", "tf32", "blas")
 	fs.Var(listValue[int]{&v.workers, parseWorkers, "list"}, "workers", "worker counts P of the cluster, comma-separated, e.g. 16,64,256")
 	fs.Var(listValue[float64]{&v.gbits, parseGbit, "list"}, "net-bandwidth", "the cluster network's bandwidth in Gbit/s, comma-separated, e.g. 10,100")
 	v.latency = 50 * time.Microsecond
@@ -112,12 +104,10 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return fmt.Errorf("train advise: -step-time %v: want a positive duration, e.g. 85ms", v.stepTime)
 	}
 	c := v.base
-	c.Preset = v.modelSize
 	var h *advise.Host
 	var saveErr error
 	if v.gradients != "" {
-		given := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+		given := givenFlags(fs)
 		for _, f := range []string{"model", "dataset", "data-dir", "model-size", "batch", "blas", "tf32"} {
 			if given[f] {
 				return fmt.Errorf("train advise: -%s with -gradients: the recording is the model; drop -%s", f, f)

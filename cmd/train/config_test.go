@@ -23,10 +23,7 @@ func resolved(t *testing.T, args ...string) map[string]any {
 	if err := fs.Parse(args); err != nil {
 		t.Fatalf("%v: %v\n%s", args, err, out.String())
 	}
-	c, err := v.config()
-	if err != nil {
-		t.Fatalf("%v: %v", args, err)
-	}
+	c := *v
 	b, err := json.Marshal(c.Defaults())
 	if err != nil {
 		t.Fatal(err)
@@ -97,11 +94,7 @@ func TestZeroAdvisedByAnErrorWorks(t *testing.T) {
 	if err := fs.Parse(append(args, "-clip", "0")); err != nil {
 		t.Fatal(err)
 	}
-	c, err := v.config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Defaults().Validate(false); err != nil {
+	if err := v.Defaults().Validate(false); err != nil {
 		t.Fatalf("with -clip 0: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -249,4 +250,181 @@ func printFlags(out io.Writer, fs *flag.FlagSet, method map[string]bool) {
 			show(f)
 		}
 	})
+}
+
+// textFlag is a string flag.
+type textFlag struct{ p *string }
+
+func (f textFlag) Set(s string) error { *f.p = s; return nil }
+func (f textFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return *f.p
+}
+func (textFlag) Type() string { return "string" }
+
+// switchFlag is a boolean flag (-quiet, -quiet=false).
+type switchFlag struct{ p *bool }
+
+func (f switchFlag) Set(s string) error {
+	v, err := strconv.ParseBool(s)
+	if err != nil {
+		return fmt.Errorf("%q: want true or false", s)
+	}
+	*f.p = v
+	return nil
+}
+func (f switchFlag) String() string { return strconv.FormatBool(f.p != nil && *f.p) }
+func (switchFlag) IsBoolFlag() bool { return true }
+func (switchFlag) Type() string     { return "" }
+
+// wholeFlag is an int flag.
+type wholeFlag struct{ p *int }
+
+func (f wholeFlag) Set(s string) error {
+	v, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return fmt.Errorf("%q is not a whole number", s)
+	}
+	*f.p = v
+	return nil
+}
+func (f wholeFlag) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	return strconv.Itoa(*f.p)
+}
+func (wholeFlag) Type() string { return "int" }
+
+// scaledFloat is a finite float flag whose configuration value is the
+// flag's times scale (-net-bandwidth: Gbit/s on the command line, bytes/s
+// in the configuration).
+type scaledFloat struct {
+	p     *float64
+	scale float64
+}
+
+func (f scaledFloat) Set(s string) error {
+	v, err := parseFinite(s)
+	if err != nil {
+		return err
+	}
+	*f.p = v * f.scale
+	return nil
+}
+func (f scaledFloat) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	return strconv.FormatFloat(*f.p/f.scale, 'g', -1, 64)
+}
+func (scaledFloat) Type() string { return "float" }
+
+// epochList is a comma-separated list of epochs; "none" is the empty list
+// (the flag not given leaves it nil: the model's).
+type epochList struct{ p *[]int }
+
+func (f epochList) Set(s string) error {
+	if strings.TrimSpace(s) == "none" {
+		*f.p = []int{}
+		return nil
+	}
+	var out []int
+	for _, x := range strings.Split(s, ",") {
+		e, err := strconv.Atoi(strings.TrimSpace(x))
+		if err != nil {
+			return fmt.Errorf("%q: want comma-separated epoch numbers, e.g. 150,200 (or none)", s)
+		}
+		out = append(out, e)
+	}
+	*f.p = out
+	return nil
+}
+func (f epochList) String() string {
+	if f.p == nil || *f.p == nil {
+		return ""
+	}
+	return options.Format(*f.p)
+}
+func (epochList) Type() string { return "list" }
+
+// optionFlag returns the flag value bound to the configuration field p of
+// the option o.
+func optionFlag(o options.Option, p any) flag.Value {
+	switch p := p.(type) {
+	case *string:
+		return textFlag{p}
+	case *bool:
+		return switchFlag{p}
+	case *int:
+		return wholeFlag{p}
+	case *float64:
+		if o.FlagScale != 0 {
+			return scaledFloat{p, o.FlagScale}
+		}
+		return finiteFloat{p}
+	case *time.Duration:
+		return durationFlag{p}
+	case *[]int:
+		return epochList{p}
+	case *train.Optional[int]:
+		return optInt{p}
+	case *train.Optional[float64]:
+		return optFloat{p}
+	case *train.Optional[uint64]:
+		return optUint{p}
+	}
+	panic(fmt.Sprintf("train: option %s has a field of type %T, which no flag reads", o.Key, p))
+}
+
+// addOptionFlags defines the flags of the general options keys (every
+// option with a flag of its own when keys is empty, but -gradients, which
+// only replay, sweep and advise take) on fs, bound to c's fields, from
+// their declarations in package options: name, older names, kind, help
+// text and defaults. A string option whose default is the same for every
+// model starts with it.
+func addOptionFlags(fs *flag.FlagSet, c *train.Config, keys ...string) {
+	opts := options.All
+	if len(keys) > 0 {
+		opts = nil
+		for _, k := range keys {
+			o, ok := options.Lookup(k)
+			if !ok {
+				panic("train: no option " + k)
+			}
+			opts = append(opts, o)
+		}
+	}
+	for _, o := range opts {
+		if o.Retired != "" || o.Kind == options.Values || (len(keys) == 0 && o.Key == "gradients") {
+			continue
+		}
+		p := c.Field(o.Key)
+		if s, ok := p.(*string); ok && *s == "" && len(o.ByModel) == 0 && o.Default != nil {
+			*s = o.Default.(string)
+		}
+		v := optionFlag(o, p)
+		fs.Var(v, o.FlagName(), o.Usage())
+		for _, a := range o.Aliases {
+			if fs.Lookup(a) == nil {
+				fs.Var(v, a, "the older name of -"+o.FlagName())
+			}
+		}
+	}
+}
+
+// givenFlags names the flags given on fs's command line, an option's
+// older name as its flag.
+func givenFlags(fs *flag.FlagSet) map[string]bool {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) {
+		if o, ok := options.ByFlag(f.Name); ok {
+			given[o.FlagName()] = true
+		} else {
+			given[f.Name] = true
+		}
+	})
+	return given
 }

@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -178,15 +177,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report, replay, sweep and advise subcommands)", fs.Arg(0))
 	}
-	cfg, err := c.config()
-	if err != nil {
-		return err
-	}
+	cfg := *c
 	if *summary {
 		return printSummary(ctx, cfg, stdout)
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	given := givenFlags(fs)
 	return train.Run(ctx, cfg, train.Options{
 		Stdout: stdout, Progress: stderr,
 		CommandLine: append([]string{progName()}, args...),
@@ -205,70 +200,16 @@ func helpIsNoError(err error) error {
 	return err
 }
 
-// flagValues holds the parsed flags that need conversion.
-type flagValues struct {
-	cfg         train.Config
-	bandwidth   float64
-	decayEpochs string
-}
-
-func newFlags(out io.Writer) (*flag.FlagSet, *flagValues, *bool) {
+// newFlags declares train's flags: one per general option (package
+// options declares them, with their help text and defaults), one per
+// method option (declared beside each method), -report-assets and
+// -summary.
+func newFlags(out io.Writer) (*flag.FlagSet, *train.Config, *bool) {
 	fs := flag.NewFlagSet("train", flag.ContinueOnError)
 	fs.SetOutput(out)
-	v := &flagValues{}
-	c := &v.cfg
-	f64 := func(p *train.Optional[float64], name, usage string) { fs.Var(optFloat{p}, name, usage) }
-	i64 := func(p *train.Optional[int], name, usage string) { fs.Var(optInt{p}, name, usage) }
-	fs.StringVar(&c.Model, "model", "ncf", "model: resnet18, lstm or ncf")
-	fs.StringVar(&c.Dataset, "dataset", "", "data set: cifar10|cifar100 (resnet18), wikitext2 (lstm), ml-100k|ml-1m|ml-20m (ncf); default the model's first")
-	fs.StringVar(&c.DataDir, "data-dir", "", "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)")
-	fs.BoolVar(&c.Download, "download", false, "download the data set into -data-dir first (verified by checksum)")
-	fs.StringVar(&c.Preset, "preset", "", "model size: lstm small (2×200, default) or default (3×650); ncf paper (8 factors, default on ml-100k/ml-1m) or default (MLPerf)")
-	fs.StringVar(&c.Sparsifier, "sparsifier", "dense", "gradient sparsifier: "+strings.Join(sparsify.Names(), ", ")+"; its own options are listed below")
-	f64(&c.Density, "density", "setup density ρ in (0, 1]: fraction of the gradient each worker sends (default: the paper's for lags (0.001 resnet18, 0.004 lstm), dragonn and dgc (0.001); else 0.01)")
-	fs.StringVar(&c.Pipeline, "pipeline", "auto", "lags pipelining with the backward pass: auto (on for lags unless -clip-at local), on, off")
-	fs.StringVar(&c.ClipAt, "clip-at", "auto", "where -clip clips: local (each worker's gradient before error feedback), aggregated (the averaged gradient; keeps lags pipelining), auto (aggregated for lags, else local)")
-	i64(&c.Workers, "workers", "simulated workers in this process (default 1; under mpirun: one worker per process)")
-	i64(&c.Epochs, "epochs", "epochs (default resnet18 200, lstm 90, ncf 20)")
-	fs.IntVar(&c.Steps, "steps", 0, "stop after this many iterations (0: no limit)")
-	fs.Var(durationFlag{&c.MaxTime}, "max-time", "stop after this much wall time, e.g. 30m, with a final evaluation and checkpoint (0: no limit)")
-	i64(&c.Batch, "batch", "per-worker batch size (default resnet18 32, lstm 32 sequences, ncf 256)")
-	i64(&c.EvalBatch, "eval-batch", "per-worker evaluation batch (default resnet18 250 images, lstm 10 sequences, ncf 64 users)")
-	fs.IntVar(&c.MaxEvalBatches, "max-eval-batches", 0, "evaluate on at most this many batches per worker (0: the whole split)")
-	f64(&c.LR, "lr", "learning rate (default resnet18 0.05, lstm 20, ncf 0.001)")
-	fs.Var(optUint{&c.Seed}, "seed", "random seed, 0 included (initialisation, shuffling, augmentation, negatives, dropout; default 42)")
-	fs.StringVar(&c.Optimizer, "optimizer", "", "sgd (PyTorch semantics: momentum, weight decay) or adam (default for ncf)")
-	f64(&c.Momentum, "momentum", "SGD momentum in [0, 1) (default resnet18 0.9, else 0)")
-	fs.BoolVar(&c.Nesterov, "nesterov", false, "SGD with Nesterov momentum (PyTorch's nesterov=True)")
-	f64(&c.WeightDecay, "wd", "SGD weight decay (default resnet18 1e-4, else 0; BatchNorm .bnN. parameters exempt)")
-	f64(&c.Beta1, "beta1", "Adam β1 in [0, 1) (default 0.9)")
-	f64(&c.Beta2, "beta2", "Adam β2 in [0, 1) (default 0.999)")
-	f64(&c.Eps, "eps", "Adam ε > 0 (default 1e-8)")
-	fs.StringVar(&c.LRSchedule, "lr-schedule", "", "step (warm-up, then step decay; default) or onecycle (one-cycle policy peaking at -lr over the whole run, as PyTorch's OneCycleLR)")
-	fs.Var(finiteFloat{&c.WarmupEpochs}, "warmup-epochs", "step: linear warm-up length in epochs (default 0); onecycle: length of the rise (default 30% of the run)")
-	fs.StringVar(&v.decayEpochs, "decay-epochs", "", "comma-separated epochs where the learning rate is multiplied by -decay-factor (default resnet18 150, lstm 45,80; \"none\" for none)")
-	f64(&c.DecayFactor, "decay-factor", "step decay factor in (0, 1] (default 0.1)")
-	f64(&c.Clip, "clip", "clip the gradient norm (see -clip-at); 0: off (default lstm 0.4, else 0)")
-	fs.BoolVar(&c.NoAugment, "no-augment", false, "turn off CIFAR crops and flips")
-	fs.Var(finiteFloat{&c.LabelSmoothing}, "label-smoothing", "label smoothing ε in [0, 1) of the training loss (resnet18, lstm; 0: none; evaluations report the plain loss)")
-	fs.StringVar(&c.Out, "out", "", "run directory to write (run.json, metrics.jsonl, checkpoints/, report.html)")
-	fs.StringVar(&c.Resume, "resume", "", "continue the run in this directory from its last checkpoint")
-	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda (NVIDIA GPUs; in-process workers share the GPUs, each with a stream of its own)")
-	fs.StringVar(&c.Comm, "comm", "auto", "communication backend: local (in-process workers), mpi (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when every worker has a GPU of its own, else local or mpi; on a GPU those stage device buffers through host memory)")
-	fs.BoolVar(&c.TF32, "tf32", false, "GPU: allow TF32 tensor-core math in matrix products and convolutions (faster, about 10-bit mantissa)")
-	fs.BoolVar(&c.Deterministic, "deterministic", false, "GPU: only deterministic cuDNN convolution algorithms (bit-reproducible runs, slower); otherwise the fastest measured per shape")
-	fs.Var(durationFlag{&c.NetLatency}, "net-latency", "emulated network latency per message, e.g. 50us (with -net-bandwidth; simulated workers only)")
-	fs.Var(finiteFloat{&v.bandwidth}, "net-bandwidth", "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)")
-	i64(&c.LogEvery, "log-every", "write a step record every this many steps (default 1)")
-	fs.IntVar(&c.EvalEvery, "eval-every", 0, "also evaluate every this many steps (0: every epoch only)")
-	fs.IntVar(&c.CheckpointEvery, "checkpoint-every", 0, "also write a checkpoint every this many steps (0: at the end of every epoch only, and where the run stops)")
-	fs.IntVar(&c.CheckEvery, "check-every", 0, "compare a hash of the workers' parameters every this many steps and stop if they differ (0: only at checkpoints)")
-	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto (OpenBLAS if installed), openblas or gonum")
-	fs.IntVar(&c.Executors, "executors", 0, "models the simulated workers of this process take turns on, on the CPU (0: one per core, at most -workers); they share one copy of the parameters either way")
-	fs.IntVar(&c.BLASThreads, "blas-threads", 0, "OpenBLAS and oneDNN threads (0: cores / simulated workers)")
-	fs.StringVar(&c.Kernels, "kernels", "auto", "CPU convolutions and batch norms: auto (oneDNN if installed), onednn (Debian: apt-get install libdnnl2) or im2col")
-	fs.BoolVar(&c.Quiet, "quiet", false, "no progress output")
-	fs.StringVar(&c.RecordGradients, "record-gradients", "", "record every worker's gradient of every step into this folder (safetensors + manifest.json, for train replay); needs -pipeline off with lags")
+	c := &train.Config{}
+	addOptionFlags(fs, c)
+	fs.Lookup("sparsifier").Usage += "; one of " + strings.Join(sparsify.Names(), ", ")
 	addReportAssetsFlag(fs)
 	summary := fs.Bool("summary", false, "print the model's layer table and parameter count, then exit (NCF and LSTM read the data set for their sizes)")
 	method := addMethodFlags(fs, &c.MethodOptions)
@@ -291,30 +232,7 @@ Flags:
 `)
 		printFlags(fs.Output(), fs, method)
 	}
-	return fs, v, summary
-}
-
-// config converts the parsed flags.
-func (v *flagValues) config() (train.Config, error) {
-	c := v.cfg
-	if v.bandwidth < 0 {
-		return c, fmt.Errorf("-net-bandwidth %v: want a positive number of Gbit/s", v.bandwidth)
-	}
-	c.NetBandwidth = v.bandwidth * 1e9 / 8
-	switch v.decayEpochs {
-	case "":
-	case "none":
-		c.DecayEpochs = []int{}
-	default:
-		for _, f := range strings.Split(v.decayEpochs, ",") {
-			e, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil {
-				return c, fmt.Errorf("-decay-epochs %q: want comma-separated epoch numbers, e.g. 150,200", v.decayEpochs)
-			}
-			c.DecayEpochs = append(c.DecayEpochs, e)
-		}
-	}
-	return c, nil
+	return fs, c, summary
 }
 
 func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {

@@ -19,10 +19,10 @@ var replayFlags = []string{
 
 // runReplay is train replay.
 func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	tfs, v, _ := newFlags(stderr)
+	tfs, c, _ := newFlags(stderr)
 	fs := flag.NewFlagSet("train replay", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&v.cfg.Gradients, "gradients", "", "folder of recorded gradients (python/sparsegrad_record.py, or train -record-gradients)")
+	addOptionFlags(fs, c, "gradients")
 	method := map[string]bool{}
 	keep := map[string]bool{}
 	for _, n := range replayFlags {
@@ -61,19 +61,15 @@ Flags:
 	if fs.NArg() > 0 {
 		return fmt.Errorf("train replay: unexpected argument %q: replay takes only flags", fs.Arg(0))
 	}
-	if v.cfg.Gradients == "" && v.cfg.Resume == "" {
+	if c.Gradients == "" && c.Resume == "" {
 		return errors.New("train replay: give -gradients DIR, the folder of a recording (or -resume RUN_DIR)")
 	}
-	cfg, err := v.config()
-	if err != nil {
-		return err
-	}
+	cfg := *c
 	cfg.Model = ""
 	if cfg.Gradients != "" {
 		cfg.Model = train.RecordedModel
 	}
-	given := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	given := givenFlags(fs)
 	return train.Run(ctx, cfg, train.Options{
 		Stdout: stdout, Progress: stderr,
 		CommandLine: append([]string{progName(), "replay"}, args...),

@@ -6,15 +6,18 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/reports"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/sweep"
@@ -100,7 +103,6 @@ type sweepFlags struct {
 	densities   []float64
 	gbits       []float64
 	latency     time.Duration
-	modelSize   string
 	gradients   string
 	dryRun      bool
 	noPredict   bool
@@ -113,6 +115,7 @@ func newSweepFlags(stderr io.Writer) (*flag.FlagSet, *sweepFlags) {
 	fs.SetOutput(stderr)
 	v := &sweepFlags{}
 	c := &v.base
+	fs.StringVar(&v.gradients, "gradients", "", "a folder of recorded gradients instead of -model: every run replays them (train replay); -steps defaults to all recorded steps")
 	fs.StringVar(&v.preset, "preset", "", "a named sweep (the papers' comparisons, sized for a small machine): "+strings.Join(sweep.PresetNames(), ", ")+"; \"list\" describes them. Flags given too override the preset's values")
 	fs.StringVar(&v.out, "out", "", "output folder: one run folder per grid point under runs/, the comparison page sweep.html")
 	fs.Var(listValue[string]{&v.sparsifiers, parseName, "list"}, "sparsifiers", "comma-separated sparsifiers: "+strings.Join(sparsify.Names(), ", "))
@@ -121,22 +124,7 @@ func newSweepFlags(stderr io.Writer) (*flag.FlagSet, *sweepFlags) {
 	fs.Var(listValue[float64]{&v.gbits, parseGbit, "list"}, "net-bandwidth", "comma-separated emulated network bandwidths in Gbit/s (with -net-latency); default none")
 	v.latency = 50 * time.Microsecond
 	fs.Var(durationFlag{&v.latency}, "net-latency", "latency of the emulated networks (default 50µs)")
-	fs.StringVar(&c.Model, "model", "ncf", "model: resnet18, lstm or ncf")
-	fs.StringVar(&c.Dataset, "dataset", "", "data set (default the model's first)")
-	fs.StringVar(&c.DataDir, "data-dir", "", "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)")
-	fs.StringVar(&v.modelSize, "model-size", "", "model size, train's -preset: lstm small or default; ncf paper or default")
-	fs.StringVar(&v.gradients, "gradients", "", "a folder of recorded gradients instead of -model: every run replays them (train replay); -steps defaults to all recorded steps")
-	fs.IntVar(&c.Steps, "steps", 0, "budget per run: iterations (0: no limit)")
-	fs.Var(durationFlag{&c.MaxTime}, "max-time", "budget per run: wall time, e.g. 2m (0: no limit)")
-	fs.Var(optInt{&c.Epochs}, "epochs", "budget per run: epochs (default the model's)")
-	fs.Var(optInt{&c.Batch}, "batch", "per-worker batch size (default the model's)")
-	fs.Var(optFloat{&c.LR}, "lr", "learning rate (default the model's)")
-	fs.Var(optUint{&c.Seed}, "seed", "random seed of every run (default 42)")
-	fs.IntVar(&c.EvalEvery, "eval-every", 0, "also evaluate every this many iterations (0: every epoch)")
-	fs.Var(optInt{&c.LogEvery}, "log-every", "write a step record every this many iterations (default 1)")
-	fs.IntVar(&c.MaxEvalBatches, "max-eval-batches", 0, "evaluate on at most this many batches per worker (0: the whole split)")
-	fs.StringVar(&c.Device, "device", "cpu", "cpu or cuda")
-	fs.StringVar(&c.BLAS, "blas", "auto", "matrix products: auto, openblas or gonum")
+	addOptionFlags(fs, c, sweepOptions...)
 	fs.BoolVar(&v.dryRun, "dry-run", false, "print each run as an mpirun job (one process per worker, the real network instead of emulated ones) and run nothing")
 	fs.BoolVar(&v.noPredict, "no-predict", false, "leave the advisor's predictions (and measuring this machine) out of the page")
 	addReportAssetsFlag(fs)
@@ -159,6 +147,17 @@ Flags:
 	return fs, v
 }
 
+// sweepOptions are the general options train sweep takes as flags (one
+// value for every run of the grid; -workers, -density and the network are
+// the grid's lists).
+var sweepOptions = []string{"model", "dataset", "data_dir", "preset", "steps", "max_time", "epochs", "batch", "lr", "seed",
+	"eval_every", "log_every", "max_eval_batches", "device", "blas"}
+
+// copyOption sets the option key of dst to src's.
+func copyOption(dst, src *train.Config, key string) {
+	reflect.ValueOf(dst.Field(key)).Elem().Set(reflect.ValueOf(src.Field(key)).Elem())
+}
+
 // spec builds the sweep's grid from the preset and the flags given.
 func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
 	set := map[string]bool{}
@@ -172,49 +171,17 @@ func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
 		}
 		s, pr = p.Spec, &p
 		s.Base.DataDir = v.base.DataDir
-		s.MethodOptions = maps(s.MethodOptions)
+		s.MethodOptions = maps.Clone(s.MethodOptions)
 	}
-	b, c := &s.Base, v.base
-	str := func(name string, dst *string, val string) {
-		if set[name] || v.preset == "" {
-			*dst = val
+	b, c := &s.Base, &v.base
+	// The preset's values, unless given (without a preset, the flags' own).
+	for _, k := range sweepOptions {
+		if o, _ := options.Lookup(k); set[o.FlagName()] || v.preset == "" {
+			copyOption(b, c, k)
 		}
 	}
-	str("model", &b.Model, c.Model)
-	str("dataset", &b.Dataset, c.Dataset)
-	str("data-dir", &b.DataDir, c.DataDir)
-	str("model-size", &b.Preset, v.modelSize)
-	str("device", &b.Device, c.Device)
-	str("blas", &b.BLAS, c.BLAS)
 	if set["model"] && !set["dataset"] {
 		b.Dataset = "" // the model's first, not the preset's
-	}
-	if set["steps"] || v.preset == "" {
-		b.Steps = c.Steps
-	}
-	if set["max-time"] || v.preset == "" {
-		b.MaxTime = c.MaxTime
-	}
-	if set["eval-every"] || v.preset == "" {
-		b.EvalEvery = c.EvalEvery
-	}
-	if set["max-eval-batches"] || v.preset == "" {
-		b.MaxEvalBatches = c.MaxEvalBatches
-	}
-	for _, o := range []struct {
-		name string
-		dst  *train.Optional[int]
-		val  train.Optional[int]
-	}{{"epochs", &b.Epochs, c.Epochs}, {"batch", &b.Batch, c.Batch}, {"log-every", &b.LogEvery, c.LogEvery}} {
-		if set[o.name] {
-			*o.dst = o.val
-		}
-	}
-	if set["lr"] {
-		b.LR = c.LR
-	}
-	if set["seed"] {
-		b.Seed = c.Seed
 	}
 	if set["sparsifiers"] || v.preset == "" {
 		s.Sparsifiers = v.sparsifiers
@@ -243,13 +210,18 @@ func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
 		s.MethodOptions[k] = x
 	}
 	if v.gradients != "" {
-		// Replays of a recording: no model, data, update or evaluation.
-		for _, f := range []string{"model", "dataset", "data-dir", "model-size", "epochs", "batch", "lr", "eval-every", "max-eval-batches", "blas"} {
-			if set[f] {
-				return s, nil, fmt.Errorf("train sweep: -%s with -gradients: a replay has no model, data, update or evaluation; drop -%s", f, f)
+		// Replays of a recording: no model, data, update or evaluation;
+		// the options train replay takes carry over.
+		r := train.Config{Model: train.RecordedModel, Gradients: v.gradients}
+		for _, k := range sweepOptions {
+			switch o, _ := options.Lookup(k); {
+			case slices.Contains(replayFlags, o.FlagName()):
+				copyOption(&r, b, k)
+			case set[o.FlagName()]:
+				return s, nil, fmt.Errorf("train sweep: -%s with -gradients: a replay has no model, data, update or evaluation; drop -%s", o.FlagName(), o.FlagName())
 			}
 		}
-		*b = train.Config{Model: train.RecordedModel, Gradients: v.gradients, Steps: b.Steps, MaxTime: b.MaxTime, Seed: b.Seed, LogEvery: b.LogEvery, Device: b.Device}
+		*b = r
 	}
 	if v.preset == "" && v.gradients == "" && b.Steps == 0 && b.MaxTime == 0 && !b.Epochs.IsSet() {
 		return s, nil, errors.New("train sweep: give a budget per run: -steps N, -max-time D or -epochs N (or a -preset)")
@@ -261,17 +233,6 @@ func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
 		return s, nil, errors.New("train sweep: give -workers (e.g. 2,4,8) or a -preset")
 	}
 	return s, pr, nil
-}
-
-func maps(v sparsify.Values) sparsify.Values {
-	if v == nil {
-		return nil
-	}
-	out := sparsify.Values{}
-	for k, x := range v {
-		out[k] = x
-	}
-	return out
 }
 
 func sweepNetworks(gbits []float64, latency time.Duration) ([]netmodel.Network, error) {
@@ -380,69 +341,83 @@ func printMPIJobs(w io.Writer, s sweep.Spec, out, prog string, root bool) error 
 }
 
 // trainArgs are the train flags of one point as one process of an mpirun
-// job: no -workers (the job's size) and no emulated network.
+// job, from the options' declarations: every option the point sets but
+// -workers (the job's size) and the emulated network, which mpirun's real
+// network replaces; values that are every model's default are left out
+// (optionArg).
 func trainArgs(p sweep.Point, out string) []string {
 	c := p.Config
 	a := []string{"-model", c.Model}
 	if c.Gradients != "" {
 		a = []string{"replay", "-gradients", c.Gradients}
 	}
-	add := func(flag, val string) { a = append(a, flag, val) }
-	if c.Dataset != "" {
-		add("-dataset", c.Dataset)
-	}
-	if c.DataDir != "" {
-		add("-data-dir", c.DataDir)
-	}
-	if c.Preset != "" {
-		add("-preset", c.Preset)
-	}
-	add("-sparsifier", c.Sparsifier)
-	if c.Density.IsSet() {
-		add("-density", strconv.FormatFloat(c.Density.Value(), 'g', -1, 64))
-	}
-	if c.Steps > 0 {
-		add("-steps", strconv.Itoa(c.Steps))
-	}
-	if c.MaxTime > 0 {
-		add("-max-time", c.MaxTime.String())
-	}
-	for _, o := range []struct {
-		flag string
-		v    train.Optional[int]
-	}{{"-epochs", c.Epochs}, {"-batch", c.Batch}, {"-log-every", c.LogEvery}} {
-		if o.v.IsSet() {
-			add(o.flag, strconv.Itoa(o.v.Value()))
+	for _, o := range options.All {
+		switch o.Key {
+		case "model", "gradients", "workers", "net_latency", "net_bandwidth", "out", "resume":
+			continue
 		}
-	}
-	if c.LR.IsSet() {
-		add("-lr", strconv.FormatFloat(c.LR.Value(), 'g', -1, 64))
-	}
-	if c.Seed.IsSet() {
-		add("-seed", strconv.FormatUint(c.Seed.Value(), 10))
-	}
-	if c.EvalEvery > 0 {
-		add("-eval-every", strconv.Itoa(c.EvalEvery))
-	}
-	if c.MaxEvalBatches > 0 {
-		add("-max-eval-batches", strconv.Itoa(c.MaxEvalBatches))
-	}
-	if c.Device != "" && c.Device != "cpu" {
-		add("-device", c.Device)
+		if o.Retired != "" || o.Kind == options.Values {
+			continue
+		}
+		if val, ok := optionArg(o, c.Field(o.Key)); ok {
+			a = append(a, "-"+o.FlagName())
+			if val != "" {
+				a = append(a, val)
+			}
+		}
 	}
 	m, _ := sparsify.Lookup(c.Sparsifier)
-	var names []string
-	for k := range c.MethodOptions {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	for _, k := range names {
+	for _, k := range slices.Sorted(maps.Keys(c.MethodOptions)) {
 		if pa, ok := m.Param(k); ok {
-			add("-"+pa.Flag, fmt.Sprint(c.MethodOptions[k]))
+			a = append(a, "-"+pa.Flag, fmt.Sprint(c.MethodOptions[k]))
 		}
 	}
-	add("-out", out)
-	return a
+	return append(a, "-out", out)
+}
+
+// optionArg returns the flag value that gives the option o the value of
+// its configuration field p ("" for a switch that is on), and whether the
+// value needs a flag: not for zero values (unset, empty, false, 0) nor
+// for the default of every model (but the sparsifier, named even when it
+// is dense).
+func optionArg(o options.Option, p any) (string, bool) {
+	var v any
+	switch p := p.(type) {
+	case *string:
+		v = *p
+	case *bool:
+		return "", *p
+	case *int:
+		v = *p
+	case *float64:
+		v = *p / o.Scale()
+	case *time.Duration:
+		v = *p
+	case *[]int:
+		if *p == nil {
+			return "", false
+		}
+		v = *p
+	case *train.Optional[int]:
+		x, set := p.Get()
+		return options.Format(x), set
+	case *train.Optional[float64]:
+		x, set := p.Get()
+		return options.Format(x), set
+	case *train.Optional[uint64]:
+		x, set := p.Get()
+		return options.Format(x), set
+	default:
+		panic(fmt.Sprintf("train: option %s has a field of type %T", o.Key, p))
+	}
+	text := options.Format(v)
+	if _, list := v.([]int); !list && (text == "" || text == "0" || text == "0s") {
+		return "", false
+	}
+	if len(o.ByModel) == 0 && o.Default != nil && text == options.Format(o.Default) && o.Key != "sparsifier" {
+		return "", false
+	}
+	return text, true
 }
 
 // listPresets describes the presets.

@@ -112,7 +112,7 @@ func TestSweepDryRun(t *testing.T) {
 	if os.Geteuid() == 0 {
 		root = "--allow-run-as-root "
 	}
-	want := "mpirun --oversubscribe " + root + "-np 3 train -model ncf -dataset ml-100k -data-dir /data -sparsifier topkdsa -density 0.01 -steps 7 -epochs 1000 -log-every 1 -eval-every 100 -dense-warmup 0 -out " + filepath.Join(out, "runs", "topkdsa-w3-d0.01")
+	want := "mpirun --oversubscribe " + root + "-np 3 train -model ncf -dataset ml-100k -data-dir /data -sparsifier topkdsa -density 0.01 -epochs 1000 -steps 7 -log-every 1 -eval-every 100 -dense-warmup 0 -out " + filepath.Join(out, "runs", "topkdsa-w3-d0.01")
 	if !strings.Contains(buf.String(), want+"\n") {
 		t.Errorf("dry run lacks\n%s\nin\n%s", want, buf.String())
 	}
