@@ -9,14 +9,11 @@ package blas
 
 import (
 	"errors"
-	"fmt"
-	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"unsafe"
 
-	"github.com/ebitengine/purego"
+	"github.com/sparsegrad/sparsegrad/internal/dynlib"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )
@@ -80,52 +77,25 @@ func Load() (*OpenBLAS, error) {
 func loadFresh() (*OpenBLAS, error) { return load() }
 
 func load() (*OpenBLAS, error) {
-	if runtime.GOOS != "linux" && runtime.GOOS != "darwin" && runtime.GOOS != "freebsd" {
-		return nil, fmt.Errorf("%w: run-time loading is not supported on %s", ErrNotFound, runtime.GOOS)
+	var o *OpenBLAS
+	_, err := dynlib.Library{Candidates: candidates(), Env: EnvLibrary, NotFound: ErrNotFound,
+		Install: "install it (Debian/Ubuntu: apt-get install libopenblas0-pthread)"}.Open(func(path string, h uintptr) error {
+		o = &OpenBLAS{path: path}
+		return o.bind(h)
+	})
+	if err != nil {
+		return nil, err
 	}
-	names := candidates()
-	if p := os.Getenv(EnvLibrary); p != "" {
-		names = []string{p}
-	}
-	var errs []string
-	for _, name := range names {
-		h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		o := &OpenBLAS{path: name}
-		if err := o.bind(h); err != nil {
-			purego.Dlclose(h)
-			errs = append(errs, fmt.Sprintf("%s: %v", name, err))
-			continue
-		}
-		return o, nil
-	}
-	return nil, fmt.Errorf("%w (tried %s: %s); install it (Debian/Ubuntu: apt-get install libopenblas0-pthread) or set %s to its path",
-		ErrNotFound, strings.Join(names, ", "), strings.Join(errs, "; "), EnvLibrary)
+	return o, nil
 }
 
-func (o *OpenBLAS) bind(h uintptr) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("binding symbols: %v", r)
-		}
-	}()
-	for _, s := range []string{"cblas_sgemm", "cblas_sgemv"} {
-		if _, err := purego.Dlsym(h, s); err != nil {
-			return fmt.Errorf("symbol %s missing: %w", s, err)
-		}
+func (o *OpenBLAS) bind(h uintptr) error {
+	if err := dynlib.Bind(h, dynlib.Symbol{Name: "cblas_sgemm", Fn: &o.sgemm}, dynlib.Symbol{Name: "cblas_sgemv", Fn: &o.sgemv}); err != nil {
+		return err
 	}
-	purego.RegisterLibFunc(&o.sgemm, h, "cblas_sgemm")
-	purego.RegisterLibFunc(&o.sgemv, h, "cblas_sgemv")
-	if _, err := purego.Dlsym(h, "openblas_set_num_threads"); err == nil {
-		purego.RegisterLibFunc(&o.setThr, h, "openblas_set_num_threads")
-		purego.RegisterLibFunc(&o.getThr, h, "openblas_get_num_threads")
-	}
-	if _, err := purego.Dlsym(h, "openblas_get_config"); err == nil {
-		purego.RegisterLibFunc(&o.getConf, h, "openblas_get_config")
-	}
+	// Optional: older or other builds lack them.
+	_ = dynlib.Bind(h, dynlib.Symbol{Name: "openblas_set_num_threads", Fn: &o.setThr}, dynlib.Symbol{Name: "openblas_get_num_threads", Fn: &o.getThr})
+	_ = dynlib.Bind(h, dynlib.Symbol{Name: "openblas_get_config", Fn: &o.getConf})
 	return nil
 }
 

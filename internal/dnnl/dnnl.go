@@ -20,13 +20,11 @@ package dnnl
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"unsafe"
 
-	"github.com/ebitengine/purego"
+	"github.com/sparsegrad/sparsegrad/internal/dynlib"
 )
 
 // EnvLibrary names an environment variable holding the path (or file name)
@@ -239,33 +237,20 @@ func Load() (*Lib, error) {
 }
 
 func load() (*Lib, error) {
-	if runtime.GOOS != "linux" && runtime.GOOS != "darwin" && runtime.GOOS != "freebsd" {
-		return nil, fmt.Errorf("%w: run-time loading is not supported on %s", ErrNotFound, runtime.GOOS)
-	}
-	names := candidates()
-	if p := os.Getenv(EnvLibrary); p != "" {
-		names = []string{p}
-	}
-	var errs []string
-	for _, name := range names {
-		h, err := purego.Dlopen(name, purego.RTLD_NOW|purego.RTLD_LOCAL)
-		if err != nil {
-			errs = append(errs, err.Error())
-			continue
-		}
-		l := &Lib{path: name}
+	var l *Lib
+	// A refused library stays open: it may have started threads.
+	_, err := dynlib.Library{Candidates: candidates(), Env: EnvLibrary, NotFound: ErrNotFound, Install: Install,
+		KeepOnFailure: true}.Open(func(path string, h uintptr) error {
+		l = &Lib{path: path}
 		if err := l.bind(h); err != nil {
-			errs = append(errs, fmt.Sprintf("%s: %v", name, err))
-			continue // the handle stays open: the library may have started threads
+			return err
 		}
-		if err := l.init(); err != nil {
-			errs = append(errs, fmt.Sprintf("%s: %v", name, err))
-			continue
-		}
-		return l, nil
+		return l.init()
+	})
+	if err != nil {
+		return nil, err
 	}
-	return nil, fmt.Errorf("%w (tried %s: %s); %s or set %s to its path",
-		ErrNotFound, strings.Join(names, ", "), strings.Join(errs, "; "), Install, EnvLibrary)
+	return l, nil
 }
 
 var symbols = []struct {
@@ -303,26 +288,17 @@ var symbols = []struct {
 	{"dnnl_version", func(l *Lib) any { return &l.fVersion }},
 }
 
-func (l *Lib) bind(h uintptr) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("binding symbols: %v", r)
-		}
-	}()
-	for _, s := range symbols {
-		if _, err := purego.Dlsym(h, s.name); err != nil {
-			return fmt.Errorf("symbol %s missing (not oneDNN 2.x?): %w", s.name, err)
-		}
+func (l *Lib) bind(h uintptr) error {
+	syms := make([]dynlib.Symbol, len(symbols))
+	for i, s := range symbols {
+		syms[i] = dynlib.Symbol{Name: s.name, Fn: s.fn(l)}
 	}
-	for _, s := range symbols {
-		purego.RegisterLibFunc(s.fn(l), h, s.name)
+	if err := dynlib.Bind(h, syms...); err != nil {
+		return fmt.Errorf("%w (not oneDNN 2.x?)", err)
 	}
 	// The OpenMP runtime oneDNN was linked with (found through the
 	// library's dependencies).
-	if _, err := purego.Dlsym(h, "omp_set_num_threads"); err == nil {
-		purego.RegisterLibFunc(&l.setThreads, h, "omp_set_num_threads")
-		purego.RegisterLibFunc(&l.maxThreads, h, "omp_get_max_threads")
-	}
+	_ = dynlib.Bind(h, dynlib.Symbol{Name: "omp_set_num_threads", Fn: &l.setThreads}, dynlib.Symbol{Name: "omp_get_max_threads", Fn: &l.maxThreads})
 	return nil
 }
 
