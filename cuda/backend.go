@@ -305,8 +305,7 @@ type sumStep struct {
 	rows, cols int
 }
 
-// length is the number of elements each sum adds, and sums the number of
-// sums.
+// length is the number of elements each of the step's sums adds.
 func (st sumStep) length() int {
 	if st.first {
 		return st.rows
@@ -314,6 +313,7 @@ func (st sumStep) length() int {
 	return st.cols
 }
 
+// sums is the number of sums the step makes (its output's length).
 func (st sumStep) sums() int {
 	if st.first {
 		return st.cols

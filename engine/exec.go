@@ -461,20 +461,8 @@ func (e *Executor) Replaying() bool { return e.replay != nil }
 // captures the program and replays it. Run returns after the device has
 // finished the work.
 func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, error) {
-	if err := ctx.Err(); err != nil {
-		return Timing{}, fmt.Errorf("engine: %w", err)
-	}
-	if e.sizeOnly {
-		return Timing{}, errors.New("engine: a program loaded through Sizing has no memory and cannot run")
-	}
-	if !e.ready || b != e.bound {
-		if err := e.bind(b); err != nil {
-			return Timing{}, err
-		}
-		if e.replay != nil {
-			e.replay.Close()
-			e.replay = nil
-		}
+	if err := e.prepare(ctx, b); err != nil {
+		return Timing{}, err
 	}
 	is := &e.eager
 	if c, ok := e.stream.(Capturer); ok && !e.noCapture {
@@ -515,6 +503,28 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	return Timing{Forward: is.mid.Time().Sub(is.start.Time()), Backward: is.end.Time().Sub(is.mid.Time())}, nil
 }
 
+// prepare readies a run with bindings b (Run, Profile): the context still
+// live, an executor with memory, b bound (a replay captured with other
+// bindings dropped).
+func (e *Executor) prepare(ctx context.Context, b Bindings) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	if e.sizeOnly {
+		return errors.New("engine: a program loaded through Sizing has no memory and cannot run")
+	}
+	if !e.ready || b != e.bound {
+		if err := e.bind(b); err != nil {
+			return err
+		}
+		if e.replay != nil {
+			e.replay.Close()
+			e.replay = nil
+		}
+	}
+	return nil
+}
+
 // OpTime is one instruction's share of a profiled run (Executor.Profile).
 type OpTime struct {
 	// Node is the graph node the instruction computes, Op the op with its
@@ -533,20 +543,8 @@ type OpTime struct {
 // gap before it). It neither captures nor replays, and leaves the outputs
 // readable as Run does; a later Run is unaffected.
 func (e *Executor) Profile(ctx context.Context, b Bindings) ([]OpTime, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("engine: %w", err)
-	}
-	if e.sizeOnly {
-		return nil, errors.New("engine: a program loaded through Sizing has no memory and cannot run")
-	}
-	if !e.ready || b != e.bound {
-		if err := e.bind(b); err != nil {
-			return nil, err
-		}
-		if e.replay != nil {
-			e.replay.Close()
-			e.replay = nil
-		}
+	if err := e.prepare(ctx, b); err != nil {
+		return nil, err
 	}
 	p, s := e.p, e.stream
 	evs := make([]device.Event, len(e.kernels)+1)

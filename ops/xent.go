@@ -197,18 +197,17 @@ func (op SoftmaxCrossEntropy) CPU(in []Arg, out Arg, _ []float32) error {
 	z, y, lse := in[0].F32, in[1].I64, in[2].F64
 	n, c := in[0].Shape[0], in[0].Shape[1]
 	var sum float64
-	if eps := float64(op.Smoothing); eps != 0 {
-		for r := 0; r < n; r++ {
+	eps := float64(op.Smoothing)
+	for r := 0; r < n; r++ {
+		l := lse[r] - (1-eps)*float64(z[r*c+int(y[r])]) // (1 − 0)·z is z exactly
+		if eps != 0 {
 			var zs float64
 			for _, v := range z[r*c : (r+1)*c] {
 				zs += float64(v)
 			}
-			sum += lse[r] - (1-eps)*float64(z[r*c+int(y[r])]) - eps*zs/float64(c)
+			l -= eps * zs / float64(c)
 		}
-	} else {
-		for r := 0; r < n; r++ {
-			sum += lse[r] - float64(z[r*c+int(y[r])])
-		}
+		sum += l
 	}
 	out.F32[0] = float32(sum / float64(n))
 	return nil
