@@ -25,8 +25,10 @@ workers, as gradient accumulation does. After S steps recording stops and
 capture() returns True after every batch (and changes nothing).
 
 A DistributedDataParallel job: wrap the model first and pass the DDP model;
-every rank records its own gradient before DDP's all-reduce (a comm hook),
-P is the world size, and capture() always returns True. The ranks must share
+every rank records its own gradient before DDP's all-reduce (a gradient
+hook on each parameter, summed over the backward passes between captures
+as DDP's no_sync() accumulation sums them; the hooks are removed when
+recording ends, and a comm hook of your own stays free), P is the world size, and capture() always returns True. The ranks must share
 the output folder, or have theirs merged before replaying.
 
 What is written: DIR/manifest.json (the model's parameters in order with
@@ -180,9 +182,9 @@ class Recorder:
             "software": {"torch": torch.__version__, "python": platform.python_version(), "sparsegrad_record": str(VERSION)},
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        self._hook = model.register_forward_pre_hook(self._forward_starts)
+        self._hooks = [model.register_forward_pre_hook(self._forward_starts)]
         if ddp:
-            model.register_comm_hook(None, self._comm_hook)
+            self._hooks += [p.register_hook(self._local_grad(p)) for _, p in self.params]
 
     # -- timing --------------------------------------------------------
     def _sync(self):
@@ -196,12 +198,21 @@ class Recorder:
             self._t0 = time.perf_counter()
 
     # -- DDP ----------------------------------------------------------
-    def _comm_hook(self, state, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-        if not self.done:
-            for p, g in zip(bucket.parameters(), bucket.gradients()):
-                self._local[id(p)] = g.detach().clone()
-        return allreduce_hook(state, bucket)
+    def _local_grad(self, p):
+        """A hook that keeps p's gradient of this rank's backward pass. It
+        runs in autograd, before the gradient reaches .grad and DDP's
+        all-reduce. (A DDP comm hook written in Python, as the recorder
+        used, can deadlock torch 1.13 when the DDP model is freed: the
+        process group's destructor joins, holding the GIL, a gloo thread
+        that waits for the GIL to finish the hook's future.)"""
+        key = id(p)
+
+        def hook(g):
+            if not self.done:
+                prev = self._local.get(key)
+                self._local[key] = g.detach().clone() if prev is None else prev + g.detach()
+            return None
+        return hook
 
     # -- recording ----------------------------------------------------
     def _grads(self):
@@ -279,4 +290,5 @@ class Recorder:
 
     def _finish(self):
         self.done = True
-        self._hook.remove()
+        for h in self._hooks:
+            h.remove()

@@ -9,11 +9,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
@@ -30,7 +30,7 @@ func torchPython(t *testing.T) string {
 		if c == "" {
 			continue
 		}
-		out, err := exec.Command(c, "-c", "import torch; print(torch.__version__)").CombinedOutput()
+		out, err := testenv.Command(t, 2*time.Minute, c, "-c", "import torch; print(torch.__version__)").CombinedOutput()
 		if err == nil {
 			return c
 		}
@@ -55,10 +55,10 @@ func lastLine(s string) string {
 func TestReadsPyTorchRecordings(t *testing.T) {
 	py := torchPython(t)
 	if testing.Short() {
-		t.Skip("records with PyTorch (about 30 s); skipped in -short")
+		t.Skip("records with PyTorch (about 10 s); skipped in -short")
 	}
 	out := t.TempDir()
-	cmd := exec.Command(py, "testdata/record_torch.py", "../python", out)
+	cmd := testenv.Command(t, 5*time.Minute, py, "testdata/record_torch.py", "../python", out)
 	cmd.Env = append(os.Environ(), fmt.Sprintf("RECORD_TEST_PORT=%d", 20000+rand.IntN(20000)))
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("recording with PyTorch: %v\n%s", err, b)

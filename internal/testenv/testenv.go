@@ -14,13 +14,17 @@
 package testenv
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // Need names something a test needs from the machine.
@@ -174,4 +178,28 @@ func OptIn(t testing.TB, name, what string) {
 		}
 	}
 	t.Skipf("skipping %s; run it with %s=%s", what, RunEnv, name)
+}
+
+// Command is exec.Command for a child process that must not hang its test.
+// The child runs in a process group of its own; the group (the child and
+// everything it started) is killed when limit passes or the test ends, and
+// Wait returns at most ten seconds after that even if a grandchild still
+// holds the child's output. A kill at the limit is logged in the test.
+func Command(t testing.TB, limit time.Duration, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), limit)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			t.Logf("%s ran past the test's limit of %v: killing it and its process group", filepath.Base(name), limit)
+		}
+		if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil {
+			return fmt.Errorf("killing %s's process group: %w (%w)", filepath.Base(name), err, os.ErrProcessDone)
+		}
+		return nil
+	}
+	cmd.WaitDelay = 10 * time.Second
+	return cmd
 }

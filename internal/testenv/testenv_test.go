@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // recorder stands for a test: it records how the helper ended it.
@@ -139,5 +140,33 @@ func TestOneSwitch(t *testing.T) {
 	}
 	if len(bad) > 0 {
 		t.Fatalf("use internal/testenv instead of:\n%s", strings.Join(bad, "\n"))
+	}
+}
+
+// TestCommandKillsAtLimit runs a shell whose child keeps the output open:
+// at the limit the whole group dies and CombinedOutput returns promptly with
+// an error, while a command that ends in time gives its output.
+func TestCommandKillsAtLimit(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		script  string
+		limit   time.Duration
+		wantErr bool
+		want    string
+	}{
+		{"in time", "echo done", 30 * time.Second, false, "done\n"},
+		{"hangs with a grandchild", "echo started; sleep 60 & sleep 60", 500 * time.Millisecond, true, "started\n"},
+		{"fails", "echo bad; exit 3", 30 * time.Second, true, "bad\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			start := time.Now()
+			out, err := Command(t, c.limit, "sh", "-c", c.script).CombinedOutput()
+			if took := time.Since(start); took > c.limit+5*time.Second {
+				t.Fatalf("returned after %v, limit %v", took, c.limit)
+			}
+			if (err != nil) != c.wantErr || string(out) != c.want {
+				t.Fatalf("output %q, error %v; want %q, an error: %v", out, err, c.want, c.wantErr)
+			}
+		})
 	}
 }
