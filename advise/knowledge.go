@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
 )
 
 // Kind is a kind of model, as far as what is known about the methods'
@@ -30,13 +31,8 @@ var Kinds = sparsify.ModelKinds
 // Transformer, convolutions a CNN, recurrent weights an RNN, embeddings
 // beside an MLP a recommender, linear layers alone an MLP.
 func KindOf(model string, names []string) Kind {
-	switch model {
-	case "resnet18":
-		return CNN
-	case "lstm":
-		return RNN
-	case "ncf":
-		return Recommender
+	if k, ok := train.ModelKind(model); ok {
+		return k
 	}
 	has := func(subs ...string) bool {
 		for _, n := range names {

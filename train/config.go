@@ -178,16 +178,6 @@ type Config struct {
 	CheckEvery int `json:"check_every,omitempty"`
 }
 
-// Models lists the supported models.
-var Models = []string{"resnet18", "lstm", "ncf"}
-
-// Datasets maps each model to the data sets it trains on.
-var Datasets = map[string][]string{
-	"resnet18": {"cifar10", "cifar100"},
-	"lstm":     {"wikitext2"},
-	"ncf":      {"ml-100k", "ml-1m", "ml-20m"},
-}
-
 // Defaults fills the unset fields of c with the model's defaults and
 // returns it. Fields the user set are kept, zero included. The defaults
 // are declared in package options (per model where they differ, taken
@@ -217,10 +207,9 @@ func (c Config) Defaults() Config {
 			c.Model = RecordedModel
 		}
 	}
-	if c.Dataset == "" {
-		if ds := Datasets[c.Model]; len(ds) > 0 {
-			c.Dataset = ds[0]
-		}
+	w, known := lookupWorkload(c.Model)
+	if c.Dataset == "" && known && len(w.datasets) > 0 {
+		c.Dataset = w.datasets[0]
 	}
 	if c.DataDir == "" {
 		c.DataDir = os.Getenv("TRAIN_DATA_DIR")
@@ -228,11 +217,8 @@ func (c Config) Defaults() Config {
 			c.DataDir = "./data"
 		}
 	}
-	if c.Model == "ncf" && c.Preset == "" {
-		c.Preset = "paper"
-		if c.Dataset == "ml-20m" {
-			c.Preset = "default"
-		}
+	if c.Preset == "" && known && w.defaultSize != nil {
+		c.Preset = w.defaultSize(c.Dataset)
 	}
 	if c.Sparsifier == "" {
 		c.Sparsifier = declaredDefault("sparsifier")
@@ -252,15 +238,16 @@ func (c Config) Defaults() Config {
 }
 
 // paperDensity is the default density: the one the method's paper trains
-// the model kind with where this project follows it — LAGS-SGD's
+// the model's kind with where this project follows it — LAGS-SGD's
 // compression ratios 1000 for CNNs and 250 for its LSTM (ρ = 0.001 and
 // 0.004), DRAGONN's and DGC's 0.001 — and 0.01 otherwise (and for the
-// models these papers do not train, NCF for LAGS).
+// kinds these papers do not train, a recommender for LAGS).
 func paperDensity(sparsifier, model string) float64 {
+	kind, _ := ModelKind(model)
 	switch {
-	case sparsifier == "lags" && model == "lstm":
+	case sparsifier == "lags" && kind == sparsify.RNN:
 		return 0.004
-	case sparsifier == "lags" && model == "resnet18", sparsifier == "dragonn", sparsifier == "dgc":
+	case sparsifier == "lags" && kind == sparsify.CNN, sparsifier == "dragonn", sparsifier == "dgc":
 		return 0.001
 	}
 	return 0.01
@@ -315,7 +302,8 @@ func (c Config) Validate(underMPI bool) error {
 	}
 	// An unknown model has no defaults: say only that, not what its missing
 	// defaults would make wrong.
-	if !replay && !slices.Contains(Models, c.Model) {
+	w, err := workloadOf(c)
+	if !replay && (err != nil || w.hidden) {
 		return fmt.Errorf("%w: unknown -model %q; use one of %s", ErrConfig, c.Model, strings.Join(Models, ", "))
 	}
 	// Each option on its own first (finite, set, in its range, one of its
@@ -326,22 +314,12 @@ func (c Config) Validate(underMPI bool) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	if !replay && !slices.Contains(Datasets[c.Model], c.Dataset) {
-		bad("-model %s cannot train on -dataset %q; use one of %s", c.Model, c.Dataset, strings.Join(Datasets[c.Model], ", "))
-	}
-	size := "-" + flagOf("preset")
-	switch c.Model {
-	case "lstm":
-		if c.Preset != "small" && c.Preset != "default" {
-			bad("%s %q is not an LSTM preset; use small (2×200) or default (3×650)", size, c.Preset)
+	if !replay {
+		if !slices.Contains(w.datasets, c.Dataset) {
+			bad("-model %s cannot train on -dataset %q; use one of %s", c.Model, c.Dataset, strings.Join(w.datasets, ", "))
 		}
-	case "ncf":
-		if c.Preset != "paper" && c.Preset != "default" {
-			bad("%s %q is not an NCF preset; use paper (8 factors) or default (MLPerf, 64 factors)", size, c.Preset)
-		}
-	case "resnet18":
-		if c.Preset != "default" {
-			bad("%s %q is not a ResNet-18 preset; use default", size, c.Preset)
+		if !slices.Contains(w.sizes, c.Preset) {
+			bad("-%s %q is not a size of %s; use %s", flagOf("preset"), c.Preset, c.Model, w.sizeDoc)
 		}
 	}
 	method, known := sparsify.Lookup(c.Sparsifier)
@@ -375,8 +353,14 @@ func (c Config) Validate(underMPI bool) error {
 	if underMPI && workers > 1 {
 		bad("-workers %d under mpirun: each mpirun process is one worker; use mpirun -np %d instead", workers, workers)
 	}
-	if c.LabelSmoothing > 0 && c.Model == "ncf" {
-		bad("-label-smoothing applies to the classifiers (resnet18, lstm); ncf's loss is binary cross-entropy")
+	if c.LabelSmoothing > 0 && !replay && !w.classifier {
+		var cls []string
+		for _, w := range workloads {
+			if w.classifier {
+				cls = append(cls, w.name)
+			}
+		}
+		bad("-label-smoothing applies to the classifiers (%s), whose loss is a softmax cross-entropy; %s's is not", strings.Join(cls, ", "), c.Model)
 	}
 	switch c.Optimizer {
 	case "sgd":

@@ -170,7 +170,7 @@ func TestValidateRejects(t *testing.T) {
 		{"no out", func(c *Config) { c.Out = "" }, false, "-out DIR"},
 		{"blas", func(c *Config) { c.BLAS = "mkl" }, false, "-blas"},
 		{"kernels", func(c *Config) { c.Kernels = "mkldnn" }, false, "-kernels \"mkldnn\": use auto, onednn or im2col"},
-		{"preset", func(c *Config) { c.Preset = "small" }, false, "not an NCF preset"},
+		{"preset", func(c *Config) { c.Preset = "small" }, false, "\"small\" is not a size of ncf; use paper (8 factors) or default"},
 		{"gtopk 3 workers", func(c *Config) { c.Sparsifier = "gtopk"; c.Workers = Set(3) }, false, "power-of-two"},
 		{"teams divide", func(c *Config) {
 			c.Sparsifier, c.Workers, c.MethodOptions = "spardl", Set(3), sparsify.Values{"teams": 2}

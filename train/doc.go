@@ -11,6 +11,19 @@
 // its data shard, dropout seed and reducer the same way and every sum goes
 // through the communicators' canonical order.
 //
+// # Models
+//
+// Each model the trainer trains is declared once, as a workload in a file of
+// its own (workload_resnet18.go, workload_lstm.go, workload_ncf.go; a
+// replay's recorded gradients in replay.go): the data sets it trains on and
+// how they are read, its sizes (-model-size) and kind, how it is built, how
+// a rank's batches and evaluation are cut (its task), and what its batches
+// cost in memory. LoadDataset, NewModel, the tasks, Defaults, Validate and
+// the memory check read the workload; -model's list (Models) derives from
+// them. Adding a model is one such file, its entry in workloads, and its
+// option defaults where they differ (package options); a test declares one
+// and trains it (TestNewModelNeedsOnlyItsWorkload).
+//
 // # One rank's training
 //
 // A rank's worker (worker.go) has two parts:

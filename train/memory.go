@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/sparsegrad/sparsegrad/data"
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/metrics"
 )
@@ -112,38 +111,23 @@ func memoryNeed(c Config, ds *Dataset, workers, size, nModels int, shared bool) 
 }
 
 // evalBatchSize is the size of an evaluation batch as the model sees it,
-// for a worker of size: images (at most the worker's share of the test
-// split), sequences (windows of BPTT steps), or (user, item) pairs (each of
-// the share's users' candidates).
+// for a worker of size (workload.evalBatch; else -eval-batch).
 func evalBatchSize(c Config, ds *Dataset, size int) int {
-	b := c.EvalBatch.Value()
-	share := func(n int) int { return (n + size - 1) / size }
-	switch c.Model {
-	case "resnet18":
-		if ds.CIFAR.Test != nil {
-			b = min(b, share(ds.CIFAR.Test.Len()))
-		}
-	case "ncf":
-		if ds.Rec != nil && ds.Rec.Users > 0 {
-			b = min(b, share(ds.Rec.Users)) * len(ds.Rec.Candidates(0))
-		}
+	if w, ok := lookupWorkload(c.Model); ok && w.evalBatch != nil {
+		return w.evalBatch(c, ds, size)
 	}
-	return b
+	return c.EvalBatch.Value()
 }
+
+// ceilDiv is ⌈n/d⌉.
+func ceilDiv(n, d int) int { return (n + d - 1) / d }
 
 // loaderBytes is what one worker's data loaders hold for a training batch
 // and an evaluation batch of evalN (the model's inputs, as the loaders
-// assemble them: data.ImageBatch, data.RecBatch, data.TokenBatch).
+// assemble them: workload.loaderBytes).
 func loaderBytes(c Config, evalN int) int64 {
-	b := int64(c.Batch.Value())
-	e := int64(evalN)
-	switch c.Model {
-	case "resnet18":
-		return (b + e) * (4*data.CIFARPixels + 3*4)
-	case "ncf":
-		return b*(3*4+8) + e*2*8
-	case "lstm":
-		return int64(bpttOf(c)) * (b + e) * 2 * 4
+	if w, ok := lookupWorkload(c.Model); ok && w.loaderBytes != nil {
+		return w.loaderBytes(c, evalN)
 	}
 	return 0
 }
@@ -304,34 +288,27 @@ func fittingBatch(c Config, ds *Dataset, workers, local, size, nModels int, shar
 
 // checkBatchFits refuses a training batch larger than a worker's share of
 // the training data (size workers), as the data loaders would, but before
-// anything is allocated for it.
+// anything is allocated for it (workload.checkBatch).
 func checkBatchFits(c Config, ds *Dataset, size int) error {
-	b := c.Batch.Value()
-	share := 0
-	switch {
-	case c.Model == "resnet18" && ds.CIFAR.Train != nil:
-		share = ds.CIFAR.Train.Len() / size
-	case c.Model == "ncf" && ds.Rec != nil:
-		share = len(ds.Rec.TrainUser) * (1 + ncfNegatives) / size
-	case c.Model == "lstm" && ds.Wiki != nil:
-		// A worker's columns need two rows at least (data.NewBPTTLoader).
-		if rows := len(ds.Wiki.Train) / (b * size); rows < 2 {
-			return fmt.Errorf("%w: -batch %s: %d workers × %s sequences leave fewer than 2 tokens per sequence of the %s training tokens; lower -batch (at most %s)",
-				ErrConfig, metrics.Thousands(b), size, metrics.Thousands(b), metrics.Thousands(len(ds.Wiki.Train)), metrics.Thousands(len(ds.Wiki.Train)/(2*size)))
-		}
-		return nil
-	default:
-		return nil
-	}
-	if b > share {
-		who, fix := "the worker gets", ""
-		if size > 1 {
-			who, fix = fmt.Sprintf("each of %d workers gets", size), " or -workers"
-		}
-		return fmt.Errorf("%w: -batch %s: %s %s training samples per epoch, fewer than one batch; lower -batch (at most %s)%s",
-			ErrConfig, metrics.Thousands(b), who, metrics.Thousands(share), metrics.Thousands(share), fix)
+	if w, ok := lookupWorkload(c.Model); ok && w.checkBatch != nil {
+		return w.checkBatch(c, ds, size)
 	}
 	return nil
+}
+
+// checkShare refuses c's training batch when a worker's share of the
+// training samples of an epoch, share, is smaller (size workers).
+func checkShare(c Config, share, size int) error {
+	b := c.Batch.Value()
+	if b <= share {
+		return nil
+	}
+	who, fix := "the worker gets", ""
+	if size > 1 {
+		who, fix = fmt.Sprintf("each of %d workers gets", size), " or -workers"
+	}
+	return fmt.Errorf("%w: -batch %s: %s %s training samples per epoch, fewer than one batch; lower -batch (at most %s)%s",
+		ErrConfig, metrics.Thousands(b), who, metrics.Thousands(share), metrics.Thousands(share), fix)
 }
 
 // checkDensity refuses a density that selects less than one of the n

@@ -37,6 +37,34 @@ import (
 // RecordedModel is the Config.Model of a replay.
 const RecordedModel = "recorded"
 
+// replayWorkload: a replay of recorded gradients (-gradients DIR). The
+// recording is its data; its model holds the recorded parameter layout and
+// computes nothing.
+var replayWorkload = &workload{
+	name:   RecordedModel,
+	hidden: true,
+	load: func(_ context.Context, c Config, d *Dataset) error {
+		rec, err := recorded.Open(c.Gradients)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		if err := checkReplay(c, rec, false, 0); err != nil {
+			return err
+		}
+		d.Name, d.Recording = rec.Manifest.Model, rec
+		return nil
+	},
+	build: func(_ Config, d *Dataset, _ uint64, be engine.Backend) (models.Model, error) {
+		return newRecordedModel(d, be)
+	},
+	task: func(c Config, d *Dataset, rank, size int) (task, error) {
+		if err := checkReplay(c, d.Recording, true, size); err != nil {
+			return nil, err
+		}
+		return newReplayTask(c, d, rank), nil
+	},
+}
+
 // ReplayInfo is what run.json says of a replay's recording.
 type ReplayInfo = metrics.Replay
 

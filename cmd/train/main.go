@@ -25,7 +25,6 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"github.com/sparsegrad/sparsegrad/data"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -243,19 +242,9 @@ func printSummary(ctx context.Context, cfg train.Config, out io.Writer) error {
 	if err := cfg.Validate(false); err != nil {
 		return err
 	}
-	// ResNet-18's shape depends only on the number of classes; NCF's and the
-	// LSTM's depend on the data (users and items, vocabulary), which is read.
-	ds := &train.Dataset{Name: cfg.Dataset}
-	switch {
-	case cfg.Model == "resnet18" && cfg.Dataset == "cifar100":
-		ds.CIFAR.Kind = data.CIFAR100
-	case cfg.Model == "resnet18":
-		ds.CIFAR.Kind = data.CIFAR10
-	default:
-		var err error
-		if ds, err = train.LoadDataset(ctx, cfg); err != nil {
-			return err
-		}
+	ds, err := train.ShapeDataset(ctx, cfg)
+	if err != nil {
+		return err
 	}
 	m, err := train.NewModel(cfg, ds, cfg.Seed.Value(), nil)
 	if err != nil {
