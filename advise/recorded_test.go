@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/recorded"
 )
 
@@ -102,7 +103,7 @@ func TestWriteTableFlagsUnshown(t *testing.T) {
 func writeRecording(t *testing.T, p, s int, stepTime float64) string {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "rec")
-	params := []recorded.Param{{Name: "enc.self_attn.in_proj_weight", Shape: []int{96, 32}, Size: 3072}, {Name: "b", Shape: []int{7}, Size: 7}, {Name: "head.weight", Shape: []int{50, 32}, Size: 1600}}
+	params := []recorded.Param{{Tensor: layout.Tensor{Name: "enc.self_attn.in_proj_weight", Shape: []int{96, 32}, Size: 3072}}, {Tensor: layout.Tensor{Name: "b", Shape: []int{7}, Size: 7}}, {Tensor: layout.Tensor{Name: "head.weight", Shape: []int{50, 32}, Size: 1600}}}
 	w, err := recorded.Create(dir, recorded.Manifest{Model: "toy", Source: "pytorch", Mode: "simulated", Workers: p, Batch: 4, Params: params})
 	if err != nil {
 		t.Fatal(err)

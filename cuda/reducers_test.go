@@ -44,7 +44,7 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 	N := layout.N
 	dgcLayout := layout
 	dgcLayout.Tensors = slices.Clone(layout.Tensors)
-	dgcLayout.Tensors[1].Dims = 1
+	dgcLayout.Tensors[1].Shape = []int{37}
 	for _, name := range names {
 		ns := []int{1, 2, 3, 5}
 		switch name {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/advise"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -90,7 +91,7 @@ func readSteps(t *testing.T, dir string) []stepRec {
 func TestAdviseRecordedOnGPU(t *testing.T) {
 	gpu(t)
 	dir := filepath.Join(t.TempDir(), "rec")
-	params := []recorded.Param{{Name: "enc.self_attn.in_proj_weight", Shape: []int{96, 64}, Size: 6144}, {Name: "b", Shape: []int{7}, Size: 7}, {Name: "head.weight", Shape: []int{50, 64}, Size: 3200}}
+	params := []recorded.Param{{Tensor: layout.Tensor{Name: "enc.self_attn.in_proj_weight", Shape: []int{96, 64}, Size: 6144}}, {Tensor: layout.Tensor{Name: "b", Shape: []int{7}, Size: 7}}, {Tensor: layout.Tensor{Name: "head.weight", Shape: []int{50, 64}, Size: 3200}}}
 	w, err := recorded.Create(dir, recorded.Manifest{Model: "toy", Source: "pytorch", Mode: "simulated", Workers: 3, Batch: 4, Params: params})
 	if err != nil {
 		t.Fatal(err)

@@ -10,18 +10,14 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/layout"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
 
 // ParamInfo describes one tensor of a model's flat parameter (or buffer)
 // vector.
-type ParamInfo struct {
-	Name   string // PyTorch-style name, e.g. "layer1.0.conv1.weight"
-	Shape  []int  // shape as stored (see each model's doc for the convention)
-	Size   int    // number of elements
-	Offset int    // index of the first element in the flat vector
-}
+type ParamInfo = layout.Tensor
 
 // Batch is one mini-batch. Each model reads only its own fields; see the
 // model's doc comment for the exact layout.

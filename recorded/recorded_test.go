@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/layout"
 )
 
 // torchPython returns a Python interpreter that imports torch
@@ -211,8 +212,8 @@ func file(header string, data []byte) []byte {
 }
 
 func TestDecodeTypes(t *testing.T) {
-	params := []Param{{Name: "a", Shape: []int{2}, Size: 2, DType: BF16}, {Name: "b", Shape: []int{1, 2}, Offset: 2, Size: 2, DType: F16},
-		{Name: "c", Shape: []int{}, Offset: 4, Size: 1, DType: F32}, {Name: "d", Shape: []int{2}, Offset: 5, Size: 2, DType: F64}}
+	params := []Param{{Tensor: layout.Tensor{Name: "a", Shape: []int{2}, Size: 2}, DType: BF16}, {Tensor: layout.Tensor{Name: "b", Shape: []int{1, 2}, Offset: 2, Size: 2}, DType: F16},
+		{Tensor: layout.Tensor{Name: "c", Shape: []int{}, Offset: 4, Size: 1}, DType: F32}, {Tensor: layout.Tensor{Name: "d", Shape: []int{2}, Offset: 5, Size: 2}, DType: F64}}
 	var data []byte
 	data = binary.LittleEndian.AppendUint16(data, 0x3f80) // bf16 1
 	data = binary.LittleEndian.AppendUint16(data, 0xc0a0) // bf16 -5
@@ -238,7 +239,7 @@ func TestDecodeTypes(t *testing.T) {
 // TestBadFiles: every malformed file is refused with an error naming the
 // problem.
 func TestBadFiles(t *testing.T) {
-	params := []Param{{Name: "w", Shape: []int{2}, Size: 2, DType: F32}}
+	params := []Param{{Tensor: layout.Tensor{Name: "w", Shape: []int{2}, Size: 2}, DType: F32}}
 	eight := make([]byte, 8)
 	for _, c := range []struct {
 		name string
@@ -283,7 +284,7 @@ func TestBadFiles(t *testing.T) {
 // for awkward layouts (a scalar, an empty tensor, one element).
 func TestWriterRoundTrip(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "rec")
-	params := []Param{{Name: "s", Shape: nil, Size: 1}, {Name: "empty", Shape: []int{0, 3}, Size: 0}, {Name: "w", Shape: []int{3, 5}, Size: 15}, {Name: "b", Shape: []int{1}, Size: 1}}
+	params := []Param{{Tensor: layout.Tensor{Name: "s", Shape: nil, Size: 1}}, {Tensor: layout.Tensor{Name: "empty", Shape: []int{0, 3}, Size: 0}}, {Tensor: layout.Tensor{Name: "w", Shape: []int{3, 5}, Size: 15}}, {Tensor: layout.Tensor{Name: "b", Shape: []int{1}, Size: 1}}}
 	w, err := Create(dir, Manifest{Model: "toy", Source: "sparsegrad", Mode: "train", Workers: 3, Batch: 2, Params: params})
 	if err != nil {
 		t.Fatal(err)
@@ -347,7 +348,7 @@ func TestWriterRoundTrip(t *testing.T) {
 func TestManifestChecks(t *testing.T) {
 	good := func() Manifest {
 		return Manifest{Format: FormatName, Version: Version, Files: FilePattern, Workers: 2, Steps: 1,
-			Params: []Param{{Name: "a", Shape: []int{2}, Size: 2, DType: F32}, {Name: "b", Shape: []int{3}, Offset: 2, Size: 3, DType: BF16}}, N: 5}
+			Params: []Param{{Tensor: layout.Tensor{Name: "a", Shape: []int{2}, Size: 2}, DType: F32}, {Tensor: layout.Tensor{Name: "b", Shape: []int{3}, Offset: 2, Size: 3}, DType: BF16}}, N: 5}
 	}
 	if err := func() *Manifest { m := good(); return &m }().Check("m"); err != nil {
 		t.Fatal(err)
@@ -382,7 +383,7 @@ func TestManifestChecks(t *testing.T) {
 	// whose manifest has something after it: one line each, naming the
 	// file and the fix.
 	rec := filepath.Join(t.TempDir(), "rec")
-	w, err := Create(rec, Manifest{Model: "toy", Source: "sparsegrad", Mode: "train", Workers: 3, Params: []Param{{Name: "w", Shape: []int{4, 8}, Size: 32}}})
+	w, err := Create(rec, Manifest{Model: "toy", Source: "sparsegrad", Mode: "train", Workers: 3, Params: []Param{{Tensor: layout.Tensor{Name: "w", Shape: []int{4, 8}, Size: 32}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +466,7 @@ func FuzzParseHeader(f *testing.F) {
 			if tn.Len() > 1<<20 {
 				return
 			}
-			params = append(params, Param{Name: tn.Name, Shape: tn.Shape, Offset: off, Size: int(tn.Len()), DType: tn.DType})
+			params = append(params, Param{Tensor: layout.Tensor{Name: tn.Name, Shape: tn.Shape, Offset: off, Size: int(tn.Len())}, DType: tn.DType})
 			off += int(tn.Len())
 		}
 		if h.DataStart+end != int64(len(b)) {
@@ -484,7 +485,7 @@ func FuzzParseHeader(f *testing.F) {
 func FuzzManifest(f *testing.F) {
 	good, err := json.Marshal(Manifest{Format: FormatName, Version: Version, Files: FilePattern, Model: "m", Workers: 2, Steps: 3, Batch: 4,
 		StepsPerEpoch: 10, StepTime: StepTime{Seconds: 0.1, Device: "cpu"},
-		Params: []Param{{Name: "a", Shape: []int{2, 3}, Size: 6, DType: F32}, {Name: "b", Shape: []int{}, Offset: 6, Size: 1, DType: BF16}}, N: 7,
+		Params: []Param{{Tensor: layout.Tensor{Name: "a", Shape: []int{2, 3}, Size: 6}, DType: F32}, {Tensor: layout.Tensor{Name: "b", Shape: []int{}, Offset: 6, Size: 1}, DType: BF16}}, N: 7,
 		Run: json.RawMessage(`{"clip":0.4}`)})
 	if err != nil {
 		f.Fatal(err)

@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/layout"
 )
 
 // FormatName and Version identify a manifest of this format.
@@ -28,10 +30,7 @@ const (
 
 // Param is one parameter tensor of the recorded model, in layout order.
 type Param struct {
-	Name   string `json:"name"`
-	Shape  []int  `json:"shape"`
-	Offset int    `json:"offset"`
-	Size   int    `json:"size"`
+	layout.Tensor
 	// DType is the type its gradient is stored as (F32, F16, BF16, F64).
 	DType DType `json:"dtype"`
 }

@@ -30,8 +30,8 @@ const dgcWarmupBase = 0.25
 //
 //   - Which tensors: those of more than one dimension are compressed; 1-D
 //     tensors (biases, batch-norm parameters) are all-reduced densely (the
-//     reference's `param.dim() > 1`). Layout.Tensors[i].Dims tells them
-//     apart; a tensor whose Dims is 0 (unknown) is compressed.
+//     reference's `param.dim() > 1`). Layout.Tensors[i].Dims() tells them
+//     apart; a tensor whose Dims() is 0 (shape unknown) is compressed.
 //   - Momentum correction (Options.Momentum = m > 0, the optimizer's SGD
 //     momentum, which the trainer passes and then applies to weight decay
 //     only, as DGC's optimizer does): each worker keeps a momentum u and a
@@ -105,7 +105,7 @@ func newDGCReducer(o Options) (Reducer, error) {
 	r := &dgcReducer{base: newBase("dgc", o), momentum: float32(o.Momentum), warmup: o.Params.Int("sparsity_warmup"),
 		params: map[float64][]dgcParams{}, largest: -1}
 	for t, tn := range o.Layout.Tensors {
-		c := tn.Dims != 1
+		c := tn.Dims() != 1
 		r.comp = append(r.comp, c)
 		if c {
 			r.compN += tn.Size

@@ -138,7 +138,7 @@ func TestDGCMomentumCorrection(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range l.Tensors {
-		l.Tensors[i].Dims = dims[i]
+		l.Tensors[i].Shape = make([]int, dims[i]) // only its number of dimensions matters
 	}
 	const (
 		m     = 0.5
@@ -268,7 +268,7 @@ func TestDGCWarmup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Tensors[1].Dims = 1
+	l.Tensors[1].Shape = []int{l.Tensors[1].Size}
 	const rho, perEpoch, seed = 0.001, 2, 7
 	for _, known := range []bool{true, false} {
 		c := local.New(1).Comm(0)

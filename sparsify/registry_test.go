@@ -54,7 +54,7 @@ func TestNewErrors(t *testing.T) {
 		{"density NaN", "dense", Options{Density: math.NaN(), Layout: good, Comm: c}, []string{"density NaN"}},
 		{"density Inf", "gtopk", Options{Density: math.Inf(1), Layout: good, Comm: c}, []string{"density +Inf"}},
 		{"empty layout", "topk", Options{Density: 0.1, Comm: c}, []string{"empty layout", "NewLayout"}},
-		{"zero-size tensor", "threshold", Options{Density: 0.1, Comm: c, Layout: Layout{N: 3, Tensors: []Tensor{{"a", 3, 0, 0}, {"b", 0, 3, 0}}}}, []string{`"b"`, "size 0"}},
+		{"zero-size tensor", "threshold", Options{Density: 0.1, Comm: c, Layout: Layout{N: 3, Tensors: []Tensor{{Name: "a", Size: 3, Offset: 0}, {Name: "b", Size: 0, Offset: 3}}}}, []string{`"b"`, "size 0"}},
 		{"gtopk on 3 workers", "gtopk", Options{Density: 0.1, Layout: good, Comm: local.New(3).Comm(0)}, []string{"3 workers", "power-of-two", "2 or 4"}},
 		{"threshold lambda", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Params: Values{"lambda": -1.0}}, []string{"lambda", "-1 is outside"}},
 		// Regression: a positive λ that rounds to 0 as a float32 selected
@@ -62,9 +62,9 @@ func TestNewErrors(t *testing.T) {
 		{"threshold lambda underflows float32", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Params: Values{"lambda": 1e-50}}, []string{"lambda 1e-50", "float32"}},
 		// Regression: hand-built layouts whose offsets or N disagree with
 		// the tensor sizes were accepted and made Reduce index out of range.
-		{"offset gap", "topk", Options{Density: 0.1, Comm: c, Layout: Layout{N: 5, Tensors: []Tensor{{"a", 2, 0, 0}, {"b", 3, 3, 0}}}}, []string{`"b"`, "starts at element 3", "end at 2", "NewLayout"}},
-		{"N too small", "dgc", Options{Density: 0.1, Comm: c, Layout: Layout{N: 4, Tensors: []Tensor{{"a", 2, 0, 0}, {"b", 3, 2, 0}}}}, []string{"5 elements", "N is 4", "NewLayout"}},
-		{"N too large", "deft", Options{Density: 0.1, Comm: c, Layout: Layout{N: 9, Tensors: []Tensor{{"a", 2, 0, 0}, {"b", 3, 2, 0}}}}, []string{"5 elements", "N is 9"}},
+		{"offset gap", "topk", Options{Density: 0.1, Comm: c, Layout: Layout{N: 5, Tensors: []Tensor{{Name: "a", Size: 2, Offset: 0}, {Name: "b", Size: 3, Offset: 3}}}}, []string{`"b"`, "starts at element 3", "end at 2", "NewLayout"}},
+		{"N too small", "dgc", Options{Density: 0.1, Comm: c, Layout: Layout{N: 4, Tensors: []Tensor{{Name: "a", Size: 2, Offset: 0}, {Name: "b", Size: 3, Offset: 2}}}}, []string{"5 elements", "N is 4", "NewLayout"}},
+		{"N too large", "deft", Options{Density: 0.1, Comm: c, Layout: Layout{N: 9, Tensors: []Tensor{{Name: "a", Size: 2, Offset: 0}, {Name: "b", Size: 3, Offset: 2}}}}, []string{"5 elements", "N is 9"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

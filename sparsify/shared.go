@@ -224,23 +224,11 @@ func checkReduceArgs(name string, n int, acc, out, residual []float32) error {
 	return nil
 }
 
-// callStats returns the Stats fields every method fills alike for a call
-// that started when c showed before and spent sel choosing indices: the
-// density, the traffic and times, and Threshold NaN.
-func callStats(c *comm.Counter, before comm.Totals, density float64, sel time.Duration) Stats {
-	d := c.Totals().Sub(before)
-	return Stats{
-		Density:    density,
-		Threshold:  math.NaN(),
-		BytesSent:  d.BytesSent,
-		BytesRecv:  d.BytesRecv,
-		CommTime:   d.Time,
-		SelectTime: sel,
-	}
-}
-
-// base is the state the single-shot reducers (dense, topk, topka, threshold,
-// cltk, gtopk, randomk, dgc, dragonn) share.
+// base is the state every reducer shares. The single-shot ones (all but
+// LAGS) run their ReduceOn in its frame, call; LAGS, whose layer groups are
+// started and waited for apart (GroupReducer), each group on a counter of
+// its own, uses its device helpers and checks (checkOn, hostArgs) and sums
+// its groups' Stats (CombineGroupStats).
 type base struct {
 	name string
 	o    Options
@@ -413,15 +401,6 @@ func (b *base) call(acc, out, residual device.Buffer, core func(st *Stats) error
 		}
 	}
 	return st, nil
-}
-
-// finish completes the Stats of a call: traffic and times, and the error
-// norm of residual.
-func (b *base) finish(before comm.Totals, sel time.Duration, residual device.Buffer) (Stats, error) {
-	st := callStats(b.c, before, b.o.Density, sel)
-	var err error
-	st.ErrorNorm, err = b.v.errorNorm(residual)
-	return st, err
 }
 
 // sparseExchange all-gathers every worker's (index, value) pairs in the

@@ -156,7 +156,6 @@ func spardlBruck(q, r int) []spardlBruckStep {
 // sorted lists does.
 type spardlReducer struct {
 	b       base
-	c       *comm.Counter
 	P, rank int
 	G, Q    int
 	team, r int
@@ -198,7 +197,6 @@ func newSparDL(o Options) (Reducer, error) {
 		N:       o.Layout.N,
 		density: o.Density,
 	}
-	s.c = s.b.c
 	s.rsag = o.Params.Text("sag") == "rsag" // with a power-of-two G (spardlCheckWorkers)
 	s.team, s.r = s.rank/s.Q, s.rank%s.Q
 	s.C = (s.N + s.Q - 1) / s.Q
@@ -286,7 +284,7 @@ func (s *spardlReducer) global(t, r int) int { return t*s.Q + r }
 func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst, src, maxLen int, into *spardlList) error {
 	v := &s.b.v
 	s.lenBuf[0] = int32(l.n)
-	n, err := s.c.SendRecv(ctx, comm.Int32s(s.lenBuf[0:1]), dst, comm.Int32s(s.lenBuf[1:2]), src, tag)
+	n, err := s.b.c.SendRecv(ctx, comm.Int32s(s.lenBuf[0:1]), dst, comm.Int32s(s.lenBuf[1:2]), src, tag)
 	if err != nil {
 		return fmt.Errorf("exchanging lengths with ranks %d/%d: %w", dst, src, err)
 	}
@@ -300,13 +298,13 @@ func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst
 	if err := into.resize(v, m); err != nil {
 		return err
 	}
-	if n, err = s.c.SendRecv(ctx, v.cb(l.I()), dst, v.cb(into.I()), src, tag+1); err != nil {
+	if n, err = s.b.c.SendRecv(ctx, v.cb(l.I()), dst, v.cb(into.I()), src, tag+1); err != nil {
 		return fmt.Errorf("exchanging %d indices with ranks %d/%d: %w", l.n, dst, src, err)
 	}
 	if n != m {
 		return fmt.Errorf("rank %d sent %d indices after announcing %d", src, n, m)
 	}
-	if n, err = s.c.SendRecv(ctx, v.cb(l.V()), dst, v.cb(into.V()), src, tag+2); err != nil {
+	if n, err = s.b.c.SendRecv(ctx, v.cb(l.V()), dst, v.cb(into.V()), src, tag+2); err != nil {
 		return fmt.Errorf("exchanging %d values with ranks %d/%d: %w", l.n, dst, src, err)
 	}
 	if n != m {
@@ -390,30 +388,31 @@ func (s *spardlReducer) trimTopK(l *spardlList, k int, selTime *time.Duration, s
 
 // Reduce runs SparDL (see spardlReducer) on host memory.
 func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	if err := checkReduceArgs("spardl", s.N, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
 	return s.b.v.reduceHost(ctx, s, "spardl", acc, out, residual)
 }
 
-// ReduceOn runs SparDL on vectors of the reducer's device.
+// ReduceOn runs SparDL on vectors of the reducer's device, in the frame
+// every reducer shares (base.call: the checks, the traffic counted, the
+// error norm).
 func (s *spardlReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
+	return s.b.call(acc, out, residual, func(st *Stats) error { return s.reduce(ctx, acc, out, residual, st) })
+}
+
+// reduce is SparDL's core: Spar-Reduce-Scatter, the spar-all-gather
+// across teams, the Bruck all-gather within the team, then the output and
+// the global residual.
+func (s *spardlReducer) reduce(ctx context.Context, acc, out, residual device.Buffer, st *Stats) error {
 	v := &s.b.v
-	if err := v.checkOn("spardl", s.N, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := s.c.Totals()
-	var selTime time.Duration
+	selTime := &st.SelectTime
 	C, k := s.C, s.k
 	if err := v.s.Copy(s.work.Slice(0, s.N), acc); err != nil {
-		return Stats{}, err
+		return err
 	}
 	if s.N < s.work.Len() {
 		if err := v.m.Fill(v.s, s.work.Slice(s.N, s.work.Len()), 0); err != nil {
-			return Stats{}, err
+			return err
 		}
 	}
-	fail := func(err error) (Stats, error) { return Stats{}, fmt.Errorf("sparsify: spardl: %w", err) }
 
 	// Spar-Reduce-Scatter.
 	cur, in, final := &s.cur, &s.in, s.final
@@ -421,22 +420,22 @@ func (s *spardlReducer) ReduceOn(ctx context.Context, acc, out, residual device.
 	if len(s.srs) > 0 {
 		first, firstK = s.srs[0].send, k
 	}
-	if err := s.selectBlock(first, firstK, cur, &selTime); err != nil {
-		return fail(err)
+	if err := s.selectBlock(first, firstK, cur, selTime); err != nil {
+		return err
 	}
 	for i, st := range s.srs {
 		if err := s.exchange(ctx, spardlTagSRS, *cur, s.global(s.team, st.dst), s.global(s.team, st.src), k, in); err != nil {
-			return fail(fmt.Errorf("reduce-scatter step %d: %w", i, err))
+			return fmt.Errorf("reduce-scatter step %d: %w", i, err)
 		}
 		if err := v.ops.ScatterAdd(v.s, s.work.Slice(st.recv*C, (st.recv+1)*C), in.I(), in.V(), 1); err != nil {
-			return fail(err)
+			return err
 		}
 		next, nextK := st.recv, s.h // st.recv == s.r after the last step
 		if i+1 < len(s.srs) {
 			next, nextK = s.srs[i+1].send, k
 		}
-		if err := s.selectBlock(next, nextK, cur, &selTime); err != nil {
-			return fail(err)
+		if err := s.selectBlock(next, nextK, cur, selTime); err != nil {
+			return err
 		}
 	}
 
@@ -444,12 +443,12 @@ func (s *spardlReducer) ReduceOn(ctx context.Context, acc, out, residual device.
 	if s.G > 1 {
 		var err error
 		if s.rsag {
-			err = s.rsagExchange(ctx, cur, &selTime)
+			err = s.rsagExchange(ctx, cur, selTime)
 		} else {
-			err = s.bsagExchange(ctx, cur, &selTime)
+			err = s.bsagExchange(ctx, cur, selTime)
 		}
 		if err != nil {
-			return fail(fmt.Errorf("spar-all-gather across %d teams: %w", s.G, err))
+			return fmt.Errorf("spar-all-gather across %d teams: %w", s.G, err)
 		}
 	}
 	final[s.r] = *cur
@@ -458,17 +457,17 @@ func (s *spardlReducer) ReduceOn(ctx context.Context, acc, out, residual device.
 	for i, st := range s.bruck {
 		sb, rb := (s.r+st.sendBuf)%s.Q, (s.r+st.recvBuf)%s.Q
 		if err := s.exchange(ctx, spardlTagBruck, final[sb], s.global(s.team, st.dst), s.global(s.team, st.src), k, &final[rb]); err != nil {
-			return fail(fmt.Errorf("all-gather transfer %d: %w", i, err))
+			return fmt.Errorf("all-gather transfer %d: %w", i, err)
 		}
 	}
 
 	// Output and global residual collection.
 	if err := v.m.Fill(v.s, out, 0); err != nil {
-		return fail(err)
+		return err
 	}
 	if !sameMemory(residual, acc) {
 		if err := v.s.Copy(residual, acc); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	distinct := 0
@@ -479,7 +478,7 @@ func (s *spardlReducer) ReduceOn(ctx context.Context, acc, out, residual device.
 		if base+C > s.N {
 			cnt, err := v.ops.CountIn(v.s, l.I(), []int{0, max(s.N-base, 0)})
 			if err != nil {
-				return fail(err)
+				return err
 			}
 			m = cnt[0]
 		}
@@ -489,55 +488,50 @@ func (s *spardlReducer) ReduceOn(ctx context.Context, acc, out, residual device.
 		distinct += m
 		gi, err := v.scratch(&s.gidx, device.Int32, m)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		if err := v.s.Copy(gi, l.idx.Slice(0, m)); err != nil {
-			return fail(err)
+			return err
 		}
 		if err := v.ops.Shift(v.s, gi, base); err != nil {
-			return fail(err)
+			return err
 		}
 		if err := v.ops.Scatter(v.s, out, gi, l.vals.Slice(0, m), 1); err != nil {
-			return fail(err)
+			return err
 		}
 		held, err := v.scratch(&s.tmp, device.Float32, m)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		if err := v.ops.Gather(v.s, held, s.work, gi); err != nil {
-			return fail(err)
+			return err
 		}
 		if j == s.r && s.rsag && s.G > 1 {
 			share, err := v.scratch(&s.tmp2, device.Float32, m)
 			if err != nil {
-				return fail(err)
+				return err
 			}
 			if err := v.ops.Gather(v.s, share, s.endp, l.idx.Slice(0, m)); err != nil {
-				return fail(err)
+				return err
 			}
 			if _, err := v.ops.Accumulate(v.s, held, share, 1); err != nil {
-				return fail(err)
+				return err
 			}
 		}
 		if err := v.ops.Scatter(v.s, residual, gi, held, 1); err != nil {
-			return fail(err)
+			return err
 		}
 	}
 	if err := v.ops.Div(v.s, out, float32(s.P)); err != nil {
-		return fail(err)
+		return err
 	}
-	st, err := s.b.finish(before, selTime, residual)
-	if err != nil {
-		return fail(err)
-	}
-	st.Density = s.density
 	st.ActualDensity = float64(distinct) / float64(s.N)
 	st.Selected = final[s.r].n
 	st.SelectedPerWorker = make([]int, s.P)
 	for w := range st.SelectedPerWorker {
 		st.SelectedPerWorker[w] = final[w%s.Q].n
 	}
-	return st, nil
+	return nil
 }
 
 // bsagExchange is B-SAG: Bruck all-gather of the h-pair final blocks of the

@@ -14,18 +14,13 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/layout"
 )
 
 // Tensor is one parameter tensor of the flat gradient.
-type Tensor struct {
-	Name   string
-	Size   int // number of elements
-	Offset int // index of the first element in the flat vector
-	// Dims is the tensor's number of dimensions (1 for a bias or a
-	// batch-norm parameter), 0 when unknown. Methods that treat 1-D
-	// tensors apart (dgc sends them dense) take 0 as more than one.
-	Dims int
-}
+// Methods that treat 1-D tensors apart (dgc sends them dense) take an
+// unknown shape (Dims 0) as more than one dimension.
+type Tensor = layout.Tensor
 
 // Layout is the ordered list of tensors that make up the flat gradient, in the
 // model's parameter order. N is the total number of elements.

@@ -173,7 +173,7 @@ func layoutOf(model models.Model) (sparsify.Layout, error) {
 		return layout, err
 	}
 	for i, p := range model.Layout() {
-		layout.Tensors[i].Dims = len(p.Shape)
+		layout.Tensors[i].Shape = p.Shape
 	}
 	return layout, nil
 }

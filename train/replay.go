@@ -139,7 +139,8 @@ func newRecordedModel(d *Dataset, be engine.Backend) (models.Model, error) {
 	m := d.Recording.Manifest
 	layout := make([]models.ParamInfo, len(m.Params))
 	for i, p := range m.Params {
-		layout[i] = models.ParamInfo{Name: p.Name, Shape: slices.Clone(p.Shape), Size: p.Size, Offset: p.Offset}
+		layout[i] = p.Tensor
+		layout[i].Shape = slices.Clone(p.Shape)
 	}
 	return models.NewRecorded(m.Model, layout, m.Batch, be)
 }
@@ -214,7 +215,8 @@ func newGradRecorder(c Config, m models.Model, rank, size, perEpoch int, dev dev
 	dir := c.RecordGradients
 	var params []recorded.Param
 	for _, p := range m.Layout() {
-		params = append(params, recorded.Param{Name: p.Name, Shape: slices.Clone(p.Shape), Size: p.Size, Offset: p.Offset, DType: recorded.F32})
+		p.Shape = slices.Clone(p.Shape)
+		params = append(params, recorded.Param{Tensor: p, DType: recorded.F32})
 	}
 	run, err := json.Marshal(c)
 	if err != nil {
