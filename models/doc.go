@@ -30,5 +30,9 @@
 // against a plain float64 re-implementation in its tests and by finite
 // differences.
 //
+// A new model implements Model here; the trainer learns of it from its
+// workload, declared in a file of its own in package train
+// (workload_resnet18.go is one).
+//
 // The package knows nothing about sparsification or communication.
 package models

@@ -41,7 +41,9 @@
 // indices into floats, the bytes here are those of the int32 format, so byte
 // charts compare methods, not encodings. Stats' byte counts are measured on
 // the buffers each call actually hands to the communicator (comm.Counter),
-// not computed from a formula.
+// not computed from a formula, in the frame every single-shot reducer's
+// ReduceOn runs in (base.call in shared.go: the vectors checked, the
+// traffic counted, the error norm); LAGS counts per layer group.
 // The average is the float32 sum times 1/n for every method but lags,
 // spardl, topkdsa and oktopk (which divide by n, as their references do):
 // where the reference divides (section 1's "sum / n"), the result can differ
