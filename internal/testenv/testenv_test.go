@@ -124,6 +124,27 @@ func TestOneSwitch(t *testing.T) {
 	}
 }
 
+// TestChildrenUseCommand: no test starts a child process with os/exec
+// itself, so that none can hang on a child (or a grandchild holding its
+// output): Command or CommandContext kill the child with its process group.
+func TestChildrenUseCommand(t *testing.T) {
+	var bad []string
+	for path, b := range repoFiles(t) {
+		if !strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		for _, s := range []string{"exec.Command(", "exec.CommandContext("} {
+			if bytes.Contains(b, []byte(s)) {
+				bad = append(bad, path+": "+s)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		t.Fatalf("start a test's child process with testenv.Command (or testenv.CommandContext in TestMain), not:\n%s", strings.Join(bad, "\n"))
+	}
+}
+
 // repoFiles reads the repository's Go, shell, Markdown and extensionless
 // files, by path, outside this package, .git, node_modules and hidden
 // folders.
