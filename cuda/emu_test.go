@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -17,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // The GPU emulator. On a machine without a GPU, the package's tests run
@@ -38,35 +40,43 @@ import (
 var emulated bool
 
 func TestMain(m *testing.M) {
-	if err := maybeEmulate(); err != nil {
+	srv, err := maybeEmulate()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "cuda tests:", err)
 		os.Exit(2)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if srv != nil {
+		srv.close()
+	}
+	os.Exit(code)
 }
 
 // Emulated tells the external tests whether they run on the emulator.
 func Emulated() bool { return emulated }
 
-func maybeEmulate() error {
+// maybeEmulate starts the emulator and installs its fakes where there is
+// no GPU; it returns the emulator (nil when the tests run without it), for
+// TestMain to close after the tests.
+func maybeEmulate() (*emu, error) {
 	if os.Getenv("SPARSEGRAD_CUDA_EMULATOR") == "off" {
-		return nil
+		return nil, nil
 	}
 	if _, err := Count(); err == nil {
-		return nil // a real driver: test the real thing
+		return nil, nil // a real driver: test the real thing
 	}
 	if _, _, err := NVRTCVersion(); err != nil {
-		return nil // Open needs NVRTC; the GPU tests skip, TestKernelsCompile says why
+		return nil, nil // Open needs NVRTC; the GPU tests skip, TestKernelsCompile says why
 	}
 	srv, err := buildEmulator()
 	if err != nil {
-		return fmt.Errorf("building the GPU emulator: %w", err)
+		return nil, fmt.Errorf("building the GPU emulator: %w", err)
 	}
 	installFakes(srv)
 	installNCCLFakes(srv)
 	emulated = true
 	fmt.Fprintln(os.Stderr, "cuda tests: no GPU; running the GPU path on the emulator (kernels.cu compiled with g++, run on CPU threads)")
-	return nil
+	return srv, nil
 }
 
 // kernelSig is one kernel's parameters' sizes in bytes, in order.
@@ -151,6 +161,10 @@ type emu struct {
 	r    *bufio.Reader
 	sigs map[string]kernelSig
 
+	proc *exec.Cmd          // the emulator process, in a process group of its own
+	stop context.CancelFunc // kills proc's group
+	dir  string             // the build's folder
+
 	handles   uintptr
 	fnNames   map[uintptr]string
 	events    map[uintptr]time.Time
@@ -231,6 +245,9 @@ func (e *emu) streamOf(h uintptr) uintptr {
 	return e.libStream[h]
 }
 
+// emuBuildLimit bounds the emulator's build with g++.
+const emuBuildLimit = 5 * time.Minute
+
 func buildEmulator() (*emu, error) {
 	gxx, err := exec.LookPath("g++")
 	if err != nil {
@@ -263,27 +280,48 @@ func buildEmulator() (*emu, error) {
 	src, _ := filepath.Abs("testdata/emu")
 	pkg, _ := filepath.Abs(".")
 	bin := filepath.Join(dir, "emu")
-	cmd := exec.Command(gxx, "-std=c++20", "-O2", "-pthread", "-I", src, "-I", pkg, "-I", dir, "-o", bin, filepath.Join(src, "server.cpp"))
+	// The build and the emulator run for the whole of TestMain, not for one
+	// test: testenv.CommandContext kills each with its process group when
+	// its context ends (the build's at its limit, the emulator's at close).
+	ctx, cancel := context.WithTimeout(context.Background(), emuBuildLimit)
+	defer cancel()
+	cmd := testenv.CommandContext(ctx, gxx, "-std=c++20", "-O2", "-pthread", "-I", src, "-I", pkg, "-I", dir, "-o", bin, filepath.Join(src, "server.cpp"))
 	if out, err := cmd.CombinedOutput(); err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("g++ ran past its limit of %v and was killed: %w\n%s", emuBuildLimit, err, out)
+		}
 		return nil, fmt.Errorf("g++: %w\n%s", err, out)
 	}
-	proc := exec.Command(bin)
+	life, stop := context.WithCancel(context.Background())
+	proc := testenv.CommandContext(life, bin)
 	stdin, err := proc.StdinPipe()
 	if err != nil {
+		stop()
 		return nil, err
 	}
 	stdout, err := proc.StdoutPipe()
 	if err != nil {
+		stop()
 		return nil, err
 	}
 	proc.Stderr = os.Stderr
 	if err := proc.Start(); err != nil {
+		stop()
 		return nil, err
 	}
-	return &emu{w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
+	return &emu{proc: proc, stop: stop, dir: dir, w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
 		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
 		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}, planned: map[[3]uintptr]bool{}, uploads: map[uintptr][]func(){},
 		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}}, nil
+}
+
+// close ends the emulator process and removes its build: the process
+// group is killed, and Wait returns once it is gone (or, with a grandchild
+// holding its output, ten seconds later).
+func (e *emu) close() {
+	e.stop()
+	e.proc.Wait() // the error is the kill's
+	os.RemoveAll(e.dir)
 }
 
 // call sends one request and reads the status and n bytes of reply.

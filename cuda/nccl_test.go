@@ -402,7 +402,7 @@ extern "C" int init_rank(void** comm, int nranks, id128 id, int rank) {
 }
 `), 0o644)
 	so := filepath.Join(dir, "libabi.so")
-	if out, err := exec.Command(gxx, "-shared", "-fPIC", "-O1", "-o", so, src).CombinedOutput(); err != nil {
+	if out, err := testenv.Command(t, 2*time.Minute, gxx, "-shared", "-fPIC", "-O1", "-o", so, src).CombinedOutput(); err != nil {
 		t.Fatalf("g++: %v\n%s", err, out)
 	}
 	h, err := purego.Dlopen(so, purego.RTLD_NOW)

@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/internal/dnnl"
@@ -214,7 +214,7 @@ func TestConfigureCPU(t *testing.T) {
 	if _, err := ConfigureCPU("mkldnn", 0); err == nil || !strings.Contains(err.Error(), "im2col") {
 		t.Errorf("unknown kernels: %v", err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestConfigureCPU$", "-test.v")
+	cmd := testenv.Command(t, 2*time.Minute, os.Args[0], "-test.run=^TestConfigureCPU$", "-test.v")
 	cmd.Env = append(os.Environ(), "ENGINE_TEST_MISSING_ONEDNN=1", dnnl.EnvLibrary+"=/nonexistent/libdnnl.so.2")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "--- PASS: TestConfigureCPU") {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -55,7 +54,7 @@ type memoryResult struct {
 func TestPeakMemory(t *testing.T) {
 	testenv.OptIn(t, "memory", "the peak-memory measurement")
 	for _, c := range memoryCases() {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestPeakMemoryChild$", "-test.v")
+		cmd := testenv.Command(t, 30*time.Minute, os.Args[0], "-test.run=^TestPeakMemoryChild$", "-test.v")
 		cmd.Env = append(os.Environ(), "SPARSEGRAD_MEMORY_CHILD="+c.name)
 		out, err := cmd.CombinedOutput()
 		if err != nil {

@@ -173,10 +173,8 @@ func runChecked(t *testing.T, chromium, pagePath string) pageCheck {
 	if err := os.WriteFile(cp, checked, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	args := append(chromiumArgs(t.TempDir()), "--virtual-time-budget=10000", "--dump-dom", "file://"+cp)
-	cmd := exec.CommandContext(ctx, chromium, args...)
+	cmd := testenv.Command(t, 90*time.Second, chromium, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -258,10 +256,8 @@ func screenshot(t *testing.T, chromium, pagePath, name string, height int) strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	args := append(chromiumArgs(t.TempDir()), "--virtual-time-budget=10000", "--window-size=1400,"+strconv.Itoa(height), "--screenshot="+out, "file://"+pagePath)
-	cmd := exec.CommandContext(ctx, chromium, args...)
+	cmd := testenv.Command(t, 90*time.Second, chromium, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {

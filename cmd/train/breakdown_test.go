@@ -5,12 +5,10 @@ import (
 	"context"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -109,12 +107,8 @@ func TestBreakdownAddsUp(t *testing.T) {
 			args := append([]string{"--oversubscribe", "--allow-run-as-root", "-np", np, os.Args[0]}, common...)
 			args = append(append(args, c[:2]...), c[4:]...)
 			args = append(args, "-out", dir)
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, mpirun, args...)
+			cmd := testenv.Command(t, 3*time.Minute, mpirun, args...)
 			cmd.Env = append(os.Environ(), mainEnv+"=1")
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 			if b, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("mpirun %s: %v\n%s", strings.Join(args, " "), err, b)
 			}

@@ -7,13 +7,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -182,15 +180,11 @@ func TestMPIMatchesInProcess(t *testing.T) {
 				t.Fatalf("in-process: %v\n%s", err, out.String())
 			}
 			viaMPI := filepath.Join(t.TempDir(), "mpi")
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
 			args := append([]string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(tc.np), os.Args[0]}, append(common, "-out", viaMPI)...)
-			cmd := exec.CommandContext(ctx, mpirun, args...)
+			cmd := testenv.Command(t, 3*time.Minute, mpirun, args...)
 			cmd.Env = append(os.Environ(), mainEnv+"=1")
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 			b, err := cmd.CombinedOutput()
-			if ctx.Err() != nil {
+			if testenv.PastLimit(cmd) {
 				t.Fatalf("mpirun did not finish in time:\n%s", b)
 			}
 			if err != nil {
@@ -228,12 +222,8 @@ func TestMPIMatchesInProcess(t *testing.T) {
 // TestMPIRejectsWorkers: -workers with mpirun is refused before training.
 func TestMPIRejectsWorkers(t *testing.T) {
 	mpirun := testenv.MPIRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, mpirun, "--oversubscribe", "--allow-run-as-root", "-np", "2", os.Args[0], "-workers", "2", "-out", t.TempDir())
+	cmd := testenv.Command(t, time.Minute, mpirun, "--oversubscribe", "--allow-run-as-root", "-np", "2", os.Args[0], "-workers", "2", "-out", t.TempDir())
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	b, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(b), "mpirun -np 2") {
 		t.Fatalf("err %v, output:\n%s", err, b)

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"testing"
@@ -48,9 +46,7 @@ func TestMPIResumeCommandRunsAsPrinted(t *testing.T) {
 	if m[1] != want {
 		t.Fatalf("the printed command\n%s\nwant\n%s", m[1], want)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	sh := exec.CommandContext(ctx, "sh", "-c", m[1])
+	sh := testenv.Command(t, 3*time.Minute, "sh", "-c", m[1])
 	sh.Env = append(os.Environ(), mainEnv+"=1")
 	if b, err := sh.CombinedOutput(); err != nil {
 		t.Fatalf("the printed command %q: %v\n%s", m[1], err, b)

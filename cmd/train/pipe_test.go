@@ -3,13 +3,13 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // TestClosedStdoutSaysSoAndGoesOn: train ... | head -1 (standard output
@@ -20,9 +20,7 @@ import (
 func TestClosedStdoutSaysSoAndGoesOn(t *testing.T) {
 	d := sharedData(t)
 	out := filepath.Join(t.TempDir(), "run")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-model", "ncf", "-data-dir", d, "-batch", "4096", "-epochs", "3", "-max-eval-batches", "2", "-out", out)
+	cmd := testenv.Command(t, 10*time.Minute, os.Args[0], "-model", "ncf", "-data-dir", d, "-batch", "4096", "-epochs", "3", "-max-eval-batches", "2", "-out", out)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

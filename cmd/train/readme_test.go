@@ -2,14 +2,11 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -74,7 +71,7 @@ func TestREADMECommands(t *testing.T) {
 	}
 	base := t.TempDir()
 	clone := filepath.Join(base, "sparsegrad")
-	if b, err := exec.Command("git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput(); err != nil {
+	if b, err := testenv.Command(t, 5*time.Minute, "git", "clone", "--quiet", "--no-hardlinks", root, clone).CombinedOutput(); err != nil {
 		t.Fatalf("git clone: %v\n%s", err, b)
 	}
 	if err := os.Symlink(filepath.Dir(data), filepath.Join(base, "shared")); err != nil {
@@ -100,12 +97,8 @@ func TestREADMECommands(t *testing.T) {
 	})
 	run := func(cmd string) string {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		defer cancel()
-		c := exec.CommandContext(ctx, "bash", "-c", cmd)
+		c := testenv.Command(t, 10*time.Minute, "bash", "-c", cmd)
 		c.Dir, c.Env = clone, env
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
 		start := time.Now()
 		out, err := c.CombinedOutput()
 		t.Logf("%s\n  took %v", cmd, time.Since(start).Round(100*time.Millisecond))

@@ -6,11 +6,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -150,12 +148,8 @@ func TestReplayUnderMPI(t *testing.T) {
 		t.Fatalf("replay: %v\n%s", err, out.String())
 	}
 	viaMPI := filepath.Join(dir, "mpi")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, mpirun, append([]string{"--oversubscribe", "--allow-run-as-root", "-np", "3", os.Args[0]}, append(common, "-out", viaMPI)...)...)
+	cmd := testenv.Command(t, 3*time.Minute, mpirun, append([]string{"--oversubscribe", "--allow-run-as-root", "-np", "3", os.Args[0]}, append(common, "-out", viaMPI)...)...)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("mpirun train replay: %v\n%s", err, b)
 	}

@@ -117,12 +117,12 @@ func sameEnds(t *testing.T, what string, a, b endOf) {
 }
 
 // startMain starts this test binary as the train command (or mpirun with
-// it) in a process group of its own.
+// it) in a process group of its own, killed with it after startLimit (the
+// callers' waits, waitFor and exitIn, are shorter) or at the test's end.
 func startMain(t *testing.T, name string, args ...string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(name, args...)
+	cmd := testenv.Command(t, startLimit, name, args...)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
@@ -131,6 +131,9 @@ func startMain(t *testing.T, name string, args ...string) (*exec.Cmd, *bytes.Buf
 	t.Cleanup(func() { syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) })
 	return cmd, &out
 }
+
+// startLimit bounds a process of startMain.
+const startLimit = 5 * time.Minute
 
 // waitFor polls until ok or the deadline.
 func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {

@@ -5,13 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -145,12 +143,8 @@ func TestSweepDryRunUnderMPI(t *testing.T) {
 	env := append(os.Environ(), mainEnv+"=1")
 	sh := func(line string) string {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		c := exec.CommandContext(ctx, "bash", "-c", line)
+		c := testenv.Command(t, 3*time.Minute, "bash", "-c", line)
 		c.Dir, c.Env = dir, env
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		c.Cancel = func() error { return syscall.Kill(-c.Process.Pid, syscall.SIGKILL) }
 		b, err := c.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", line, err, b)

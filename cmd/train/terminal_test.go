@@ -7,7 +7,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -38,13 +37,11 @@ func (r cmdResult) String() string {
 // trainCmd runs `train args...` in dir (the test's folder when empty).
 func trainCmd(t *testing.T, dir string, args ...string) cmdResult {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
 	exe, err := filepath.Abs(os.Args[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd := testenv.Command(t, 5*time.Minute, exe, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), mainEnv+"=1")
 	var stdout, stderr bytes.Buffer
@@ -59,7 +56,7 @@ func trainCmd(t *testing.T, dir string, args ...string) cmdResult {
 	default:
 		t.Fatalf("train %v: %v", args, err)
 	}
-	if ctx.Err() != nil {
+	if testenv.PastLimit(cmd) {
 		t.Fatalf("train %v did not finish in time:\n%v", args, r)
 	}
 	return r
@@ -334,7 +331,7 @@ func TestResumeCommandAsTyped(t *testing.T) {
 	if err := os.Symlink(exe, filepath.Join(base, "bin", "train")); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join("bin", "train"), "-model", "ncf", "-dataset", "ml-100k", "-data-dir", d, "-workers", "2",
+	cmd := testenv.Command(t, 5*time.Minute, filepath.Join("bin", "train"), "-model", "ncf", "-dataset", "ml-100k", "-data-dir", d, "-workers", "2",
 		"-sparsifier", "topk", "-density", "0.1", "-batch", "64", "-quiet", "-out", "run")
 	cmd.Dir = base
 	cmd.Env = append(os.Environ(), mainEnv+"=1")

@@ -39,21 +39,17 @@ const (
 func mpirun(t *testing.T, np int, scenario string, timeout time.Duration, env ...string) (string, error, time.Duration) {
 	t.Helper()
 	path := testenv.MPIRun(t)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
 	args := []string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np),
 		os.Args[0], "-test.run=^TestMPIWorker$", "-test.v", "-test.timeout=" + (timeout - 5*time.Second).String()}
-	cmd := exec.CommandContext(ctx, path, args...)
+	// mpirun's children die with it (its process group) at the timeout.
+	cmd := testenv.Command(t, timeout, path, args...)
 	cmd.Env = append(os.Environ(), append(env, scenarioEnv+"="+scenario)...)
-	// mpirun's children must die with it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
 	err := cmd.Run()
 	d := time.Since(start)
-	if ctx.Err() != nil {
+	if testenv.PastLimit(cmd) {
 		t.Fatalf("mpirun -np %d (%s) did not finish within %v; output:\n%s", np, scenario, timeout, out.String())
 	}
 	return out.String(), err, d
@@ -208,14 +204,12 @@ func TestMPIRunWithoutCgo(t *testing.T) {
 		t.Fatalf("the go tool is not on PATH (it runs this test): %v", err)
 	}
 	bin := t.TempDir() + "/nocgo"
-	build := exec.Command(goTool, "build", "-o", bin, "./testdata/nocgo")
+	build := testenv.Command(t, 5*time.Minute, goTool, "build", "-o", bin, "./testdata/nocgo")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("CGO_ENABLED=0 go build: %v\n%s", err, out)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, mpirunPath, "--oversubscribe", "--allow-run-as-root", "-np", "3", bin).CombinedOutput()
+	out, err := testenv.Command(t, 60*time.Second, mpirunPath, "--oversubscribe", "--allow-run-as-root", "-np", "3", bin).CombinedOutput()
 	if err != nil || strings.Count(string(out), "NOCGO-OK") != 3 {
 		t.Fatalf("mpirun of the CGO_ENABLED=0 binary: %v\n%s", err, out)
 	}

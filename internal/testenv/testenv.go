@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -180,26 +181,58 @@ func OptIn(t testing.TB, name, what string) {
 	t.Skipf("skipping %s; run it with %s=%s", what, RunEnv, name)
 }
 
+// waitDelay is how long Wait waits, after the child's group was killed,
+// for a grandchild that escaped it to let go of the child's output.
+const waitDelay = 10 * time.Second
+
+// pastLimit holds the commands of Command that were killed at their limit.
+var pastLimit sync.Map // *exec.Cmd → struct{}
+
 // Command is exec.Command for a child process that must not hang its test.
 // The child runs in a process group of its own; the group (the child and
 // everything it started) is killed when limit passes or the test ends, and
 // Wait returns at most ten seconds after that even if a grandchild still
-// holds the child's output. A kill at the limit is logged in the test.
+// holds the child's output. A kill at the limit is logged in the test, and
+// PastLimit reports it.
 func Command(t testing.TB, limit time.Duration, name string, args ...string) *exec.Cmd {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), limit)
 	t.Cleanup(cancel)
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd := CommandContext(ctx, name, args...)
 	cmd.Cancel = func() error {
 		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			pastLimit.Store(cmd, struct{}{})
 			t.Logf("%s ran past the test's limit of %v: killing it and its process group", filepath.Base(name), limit)
 		}
-		if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil {
-			return fmt.Errorf("killing %s's process group: %w (%w)", filepath.Base(name), err, os.ErrProcessDone)
-		}
-		return nil
+		return killGroup(cmd)
 	}
-	cmd.WaitDelay = 10 * time.Second
+	t.Cleanup(func() { pastLimit.Delete(cmd) })
 	return cmd
+}
+
+// PastLimit reports whether cmd, made by Command, was killed because it ran
+// past its limit.
+func PastLimit(cmd *exec.Cmd) bool {
+	_, ok := pastLimit.Load(cmd)
+	return ok
+}
+
+// CommandContext is Command for a child whose life is not one test's: a
+// build or a server that TestMain starts for all of a package's tests. The
+// child runs in a process group of its own; the group is killed when ctx
+// ends, and Wait returns at most ten seconds after that.
+func CommandContext(ctx context.Context, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return killGroup(cmd) }
+	cmd.WaitDelay = waitDelay
+	return cmd
+}
+
+// killGroup kills cmd's process group.
+func killGroup(cmd *exec.Cmd) error {
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("killing %s's process group: %w (%w)", filepath.Base(cmd.Path), err, os.ErrProcessDone)
+	}
+	return nil
 }

@@ -2,10 +2,12 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,8 +105,53 @@ func TestOptIn(t *testing.T) {
 // up mpirun itself, so that SPARSEGRAD_REQUIRE reaches every test that
 // needs something.
 func TestOneSwitch(t *testing.T) {
-	root := filepath.Join("..", "..")
 	var bad []string
+	for path, b := range repoFiles(t) {
+		for old := range replaced {
+			if bytes.Contains(b, []byte(old+"=")) || bytes.Contains(b, []byte(`"`+old+`"`)) {
+				bad = append(bad, path+": "+old)
+			}
+		}
+		for _, s := range []string{`LookPath("mpirun")`, `"SPARSEGRAD_PROOFS"`, `"SPARSEGRAD_MEMORY"`} {
+			if bytes.Contains(b, []byte(s)) {
+				bad = append(bad, path+": "+s)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		t.Fatalf("use internal/testenv instead of:\n%s", strings.Join(bad, "\n"))
+	}
+}
+
+// TestChildrenUseCommand: no test starts a child process with os/exec
+// itself, so that none can hang on a child (or a grandchild holding its
+// output): Command or CommandContext kill the child with its process group.
+func TestChildrenUseCommand(t *testing.T) {
+	var bad []string
+	for path, b := range repoFiles(t) {
+		if !strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		for _, s := range []string{"exec.Command(", "exec.CommandContext("} {
+			if bytes.Contains(b, []byte(s)) {
+				bad = append(bad, path+": "+s)
+			}
+		}
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		t.Fatalf("start a test's child process with testenv.Command (or testenv.CommandContext in TestMain), not:\n%s", strings.Join(bad, "\n"))
+	}
+}
+
+// repoFiles reads the repository's Go, shell, Markdown and extensionless
+// files, by path, outside this package, .git, node_modules and hidden
+// folders.
+func repoFiles(t *testing.T) map[string][]byte {
+	t.Helper()
+	root := filepath.Join("..", "..")
+	files := map[string][]byte{}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -123,24 +170,13 @@ func TestOneSwitch(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for old := range replaced {
-			if bytes.Contains(b, []byte(old+"=")) || bytes.Contains(b, []byte(`"`+old+`"`)) {
-				bad = append(bad, path+": "+old)
-			}
-		}
-		for _, s := range []string{`LookPath("mpirun")`, `"SPARSEGRAD_PROOFS"`, `"SPARSEGRAD_MEMORY"`} {
-			if bytes.Contains(b, []byte(s)) {
-				bad = append(bad, path+": "+s)
-			}
-		}
+		files[path] = b
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(bad) > 0 {
-		t.Fatalf("use internal/testenv instead of:\n%s", strings.Join(bad, "\n"))
-	}
+	return files
 }
 
 // TestCommandKillsAtLimit runs a shell whose child keeps the output open:
@@ -160,13 +196,30 @@ func TestCommandKillsAtLimit(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			start := time.Now()
-			out, err := Command(t, c.limit, "sh", "-c", c.script).CombinedOutput()
+			cmd := Command(t, c.limit, "sh", "-c", c.script)
+			out, err := cmd.CombinedOutput()
 			if took := time.Since(start); took > c.limit+5*time.Second {
 				t.Fatalf("returned after %v, limit %v", took, c.limit)
 			}
 			if (err != nil) != c.wantErr || string(out) != c.want {
 				t.Fatalf("output %q, error %v; want %q, an error: %v", out, err, c.want, c.wantErr)
 			}
+			if past := c.limit < time.Second; PastLimit(cmd) != past {
+				t.Fatalf("PastLimit: %v, want %v", PastLimit(cmd), past)
+			}
 		})
+	}
+}
+
+// TestCommandContextKillsAtEnd: when its context ends, a child of
+// CommandContext dies with the grandchild that holds its output, and Wait
+// returns promptly.
+func TestCommandContextKillsAtEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	out, err := CommandContext(ctx, "sh", "-c", "echo started; sleep 60 & sleep 60").CombinedOutput()
+	if took := time.Since(start); took > 5*time.Second || err == nil || string(out) != "started\n" {
+		t.Fatalf("returned after %v with output %q, error %v; want the first line and an error within 5 s", took, out, err)
 	}
 }

@@ -7,11 +7,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -56,18 +54,14 @@ func TestOkMethodsUnderMPIRun(t *testing.T) {
 	for _, np := range nps {
 		t.Run(fmt.Sprintf("np=%d", np), func(t *testing.T) {
 			const timeout = 150 * time.Second
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, path, "--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np),
+			cmd := testenv.Command(t, timeout, path, "--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np),
 				os.Args[0], "-test.run=^TestOkMethodsWorker$", "-test.v", "-test.timeout=140s")
 			cmd.Env = append(os.Environ(), okWorkerEnv+"=1")
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 			var out bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			start := time.Now()
 			err := cmd.Run()
-			if ctx.Err() != nil {
+			if testenv.PastLimit(cmd) {
 				t.Fatalf("mpirun -np %d did not finish within %v; output:\n%s", np, timeout, out.String())
 			}
 			if err != nil || strings.Count(out.String(), okOKMarker) != np {
