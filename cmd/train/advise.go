@@ -19,13 +19,8 @@ import (
 
 // adviseFlags are the flags of train advise.
 type adviseFlags struct {
-	workers      []int
-	gbits        []float64
-	latency      time.Duration
-	densities    []float64
-	sparsifiers  []string
+	gridFlags
 	measurements string
-	gradients    string
 	stepTime     time.Duration
 	kind         string
 	base         train.Config
@@ -35,16 +30,17 @@ type adviseFlags struct {
 func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	fs := flag.NewFlagSet("train advise", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	v := &adviseFlags{densities: []float64{0.01}}
+	v := &adviseFlags{gridFlags: gridFlags{densities: []float64{0.01}}}
 	c := &v.base
 	addOptionFlags(fs, c, "model", "dataset", "data_dir", "preset", "batch", "device", "tf32", "blas")
-	fs.Var(listValue[int]{&v.workers, parseWorkers, "list"}, "workers", "worker counts P of the cluster, comma-separated, e.g. 16,64,256")
-	fs.Var(listValue[float64]{&v.gbits, parseGbit, "list"}, "net-bandwidth", "the cluster network's bandwidth in Gbit/s, comma-separated, e.g. 10,100")
-	v.latency = 50 * time.Microsecond
-	fs.Var(durationFlag{&v.latency}, "net-latency", "the cluster network's latency per message (default 50µs)")
-	fs.Var(listValue[float64]{&v.densities, parseFraction, "list"}, "density", "densities ρ to rank at, comma-separated")
-	fs.Var(listValue[string]{&v.sparsifiers, parseName, "list"}, "sparsifiers", "methods to rank (default all): "+strings.Join(sparsify.Names(), ", "))
-	fs.StringVar(&v.gradients, "gradients", "", "folder of recorded gradients (python/sparsegrad_record.py, train -record-gradients): advise for that model instead of -model")
+	v.gridFlags.add(fs, gridDocs{
+		gradients:   "folder of recorded gradients (python/sparsegrad_record.py, train -record-gradients): advise for that model instead of -model",
+		sparsifiers: "methods to rank (default all)",
+		workers:     "worker counts P of the cluster, comma-separated, e.g. 16,64,256",
+		density:     "densities ρ to rank at, comma-separated",
+		bandwidth:   "the cluster network's bandwidth in Gbit/s, comma-separated, e.g. 10,100",
+		latency:     "the cluster network's latency per message",
+	})
 	fs.DurationVar(&v.stepTime, "step-time", 0, "one worker's forward and backward time on the cluster's GPUs, e.g. 85ms (default: measured here, or the recording's measurement)")
 	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
 	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")

@@ -428,3 +428,32 @@ func givenFlags(fs *flag.FlagSet) map[string]bool {
 	})
 	return given
 }
+
+// gridFlags are the lists train sweep runs and train advise ranks over:
+// the sparsifiers, the worker counts, the densities and the networks
+// (bandwidths, with one latency), and recorded gradients instead of a
+// model. Both commands declare them here (add), each with its own words.
+type gridFlags struct {
+	sparsifiers []string
+	workers     []int
+	densities   []float64
+	gbits       []float64
+	latency     time.Duration
+	gradients   string
+}
+
+// gridDocs say what each of gridFlags means to a command.
+type gridDocs struct {
+	gradients, sparsifiers, workers, density, bandwidth, latency string
+}
+
+// add declares g's flags on fs, the latency's default 50µs.
+func (g *gridFlags) add(fs *flag.FlagSet, doc gridDocs) {
+	fs.StringVar(&g.gradients, "gradients", "", doc.gradients)
+	fs.Var(listValue[string]{&g.sparsifiers, parseName, "list"}, "sparsifiers", doc.sparsifiers+": "+strings.Join(sparsify.Names(), ", "))
+	fs.Var(listValue[int]{&g.workers, parseWorkers, "list"}, "workers", doc.workers)
+	fs.Var(listValue[float64]{&g.densities, parseFraction, "list"}, "density", doc.density)
+	fs.Var(listValue[float64]{&g.gbits, parseGbit, "list"}, "net-bandwidth", doc.bandwidth)
+	g.latency = 50 * time.Microsecond
+	fs.Var(durationFlag{&g.latency}, "net-latency", doc.latency+" (default 50µs)")
+}

@@ -96,18 +96,13 @@ func parseName(s string) (string, error) {
 
 // sweepFlags are the flags of train sweep.
 type sweepFlags struct {
-	preset      string
-	out         string
-	sparsifiers []string
-	workers     []int
-	densities   []float64
-	gbits       []float64
-	latency     time.Duration
-	gradients   string
-	dryRun      bool
-	noPredict   bool
-	base        train.Config
-	method      sparsify.Values
+	gridFlags
+	preset    string
+	out       string
+	dryRun    bool
+	noPredict bool
+	base      train.Config
+	method    sparsify.Values
 }
 
 func newSweepFlags(stderr io.Writer) (*flag.FlagSet, *sweepFlags) {
@@ -115,15 +110,16 @@ func newSweepFlags(stderr io.Writer) (*flag.FlagSet, *sweepFlags) {
 	fs.SetOutput(stderr)
 	v := &sweepFlags{}
 	c := &v.base
-	fs.StringVar(&v.gradients, "gradients", "", "a folder of recorded gradients instead of -model: every run replays them (train replay); -steps defaults to all recorded steps")
 	fs.StringVar(&v.preset, "preset", "", "a named sweep (the papers' comparisons, sized for a small machine): "+strings.Join(sweep.PresetNames(), ", ")+"; \"list\" describes them. Flags given too override the preset's values")
 	fs.StringVar(&v.out, "out", "", "output folder: one run folder per grid point under runs/, the comparison page sweep.html")
-	fs.Var(listValue[string]{&v.sparsifiers, parseName, "list"}, "sparsifiers", "comma-separated sparsifiers: "+strings.Join(sparsify.Names(), ", "))
-	fs.Var(listValue[int]{&v.workers, parseWorkers, "list"}, "workers", "comma-separated worker counts, e.g. 2,4,8,16 (simulated workers in this process)")
-	fs.Var(listValue[float64]{&v.densities, parseFraction, "list"}, "density", "comma-separated densities ρ, e.g. 0.01,0.001 (dense runs once)")
-	fs.Var(listValue[float64]{&v.gbits, parseGbit, "list"}, "net-bandwidth", "comma-separated emulated network bandwidths in Gbit/s (with -net-latency); default none")
-	v.latency = 50 * time.Microsecond
-	fs.Var(durationFlag{&v.latency}, "net-latency", "latency of the emulated networks (default 50µs)")
+	v.gridFlags.add(fs, gridDocs{
+		gradients:   "a folder of recorded gradients instead of -model: every run replays them (train replay); -steps defaults to all recorded steps",
+		sparsifiers: "comma-separated sparsifiers",
+		workers:     "comma-separated worker counts, e.g. 2,4,8,16 (simulated workers in this process)",
+		density:     "comma-separated densities ρ, e.g. 0.01,0.001 (dense runs once)",
+		bandwidth:   "comma-separated emulated network bandwidths in Gbit/s (with -net-latency); default none",
+		latency:     "latency of the emulated networks",
+	})
 	addOptionFlags(fs, c, sweepOptions...)
 	fs.BoolVar(&v.dryRun, "dry-run", false, "print each run as an mpirun job (one process per worker, the real network instead of emulated ones) and run nothing")
 	fs.BoolVar(&v.noPredict, "no-predict", false, "leave the advisor's predictions (and measuring this machine) out of the page")
