@@ -31,8 +31,8 @@ import (
 // float32 σ and tanh, see UnaryFn), and LSTMCellGrad Gorgonia's symbolic
 // gradient of that composition, except that an exact zero may keep its
 // sign where Gorgonia's sums turn −0 into +0. One op replaces the
-// composition's four column slices, four activations and five products
-// and sums per step (and, in the backward pass, about twice as many).
+// composition's four column slices, five activations and five products
+// and sums per step (and, in the backward pass, about thirty ops).
 type LSTMCell struct{ gop }
 
 // LSTMCellGrad is LSTMCell's gradient: inputs the cell's output P [10 B H],
