@@ -88,6 +88,16 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).runN("k_relu_grad", n)
 		})
+	case ops.LSTMCell:
+		B, H := shapes[2][0], shapes[2][1]
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).runN("k_lstm_cell", B*H)
+		})
+	case ops.LSTMCellGrad:
+		B, H := shapes[1][0], shapes[1][1]
+		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).runN("k_lstm_cell_grad", B*H)
+		})
 	case ops.MatMul:
 		a, bs := shapes[0], shapes[1]
 		m, nn, kk := op.Dims(a, bs)

@@ -287,38 +287,55 @@ func (oc opCase) run(t *testing.T, b engine.Backend, runs int, each func(i int, 
 // on every machine.
 func TestGPUOpsMatchCPU(t *testing.T) {
 	for _, c := range graphcases.Cases() {
-		t.Run(c.Name, func(t *testing.T) {
-			oc := newOpCase(t, c)
-			var cpu, gpu opRun
-			oc.run(t, engine.CPU, 1, func(_ int, _ *engine.Executor, r opRun) { cpu = r })
-			oc.run(t, backend(t), 1, func(_ int, _ *engine.Executor, r opRun) { gpu = r })
-			worst := 0.0
-			within := func(what string, e float64) {
-				worst = max(worst, e)
-				if e > 1e-4 {
-					t.Errorf("%s: relative error %g", what, e)
-				}
-			}
-			for i := range cpu.out {
-				within(fmt.Sprintf("output %d", i), relErr(gpu.out[i], cpu.out[i]))
-			}
-			p := oc.p
-			for i, off := range p.ParamOffsets {
-				n := len(oc.params) - off
-				if i+1 < len(p.ParamOffsets) {
-					n = p.ParamOffsets[i+1] - off
-				}
-				within(fmt.Sprintf("gradient of parameter %d", i), relErr(gpu.grad[off:off+n], cpu.grad[off:off+n]))
-			}
-			within("running statistics", relErr(gpu.buf, cpu.buf))
-			var kinds []string
-			for _, in := range p.Instrs {
-				kinds = append(kinds, strings.TrimPrefix(fmt.Sprintf("%T", in.Op), "ops."))
-			}
-			slices.Sort(kinds)
-			t.Logf("%s: max relative error %.2e (outputs, gradients, running statistics); op kinds %v", c.Name, worst, slices.Compact(kinds))
-		})
+		t.Run(c.Name, func(t *testing.T) { gpuMatchesCPU(t, c) })
 	}
+}
+
+// TestGPULSTMMatchesCPU is TestGPUOpsMatchCPU for LSTM layers of fused
+// cells (k_lstm_cell and k_lstm_cell_grad) of more sizes than the graph
+// cases hold: batch 1 with hidden size 1 (which Gorgonia's tape machine
+// cannot run, so it is not a graph case), batch 1, hidden 1, odd sizes, and
+// more threads than one block.
+func TestGPULSTMMatchesCPU(t *testing.T) {
+	for _, d := range [][3]int{{1, 1, 3}, {1, 3, 2}, {2, 1, 3}, {3, 5, 4}, {5, 7, 1}, {4, 33, 3}, {64, 70, 2}} {
+		c := graphcases.LSTM(fmt.Sprintf("lstm-b%d-h%d-t%d", d[0], d[1], d[2]), d[0], d[1], d[2])
+		t.Run(c.Name, func(t *testing.T) { gpuMatchesCPU(t, c) })
+	}
+}
+
+// gpuMatchesCPU runs case c on the CPU and on the GPU (see
+// TestGPUOpsMatchCPU).
+func gpuMatchesCPU(t *testing.T, c graphcases.Case) {
+	t.Helper()
+	oc := newOpCase(t, c)
+	var cpu, gpu opRun
+	oc.run(t, engine.CPU, 1, func(_ int, _ *engine.Executor, r opRun) { cpu = r })
+	oc.run(t, backend(t), 1, func(_ int, _ *engine.Executor, r opRun) { gpu = r })
+	worst := 0.0
+	within := func(what string, e float64) {
+		worst = max(worst, e)
+		if e > 1e-4 {
+			t.Errorf("%s: relative error %g", what, e)
+		}
+	}
+	for i := range cpu.out {
+		within(fmt.Sprintf("output %d", i), relErr(gpu.out[i], cpu.out[i]))
+	}
+	p := oc.p
+	for i, off := range p.ParamOffsets {
+		n := len(oc.params) - off
+		if i+1 < len(p.ParamOffsets) {
+			n = p.ParamOffsets[i+1] - off
+		}
+		within(fmt.Sprintf("gradient of parameter %d", i), relErr(gpu.grad[off:off+n], cpu.grad[off:off+n]))
+	}
+	within("running statistics", relErr(gpu.buf, cpu.buf))
+	var kinds []string
+	for _, in := range p.Instrs {
+		kinds = append(kinds, strings.TrimPrefix(fmt.Sprintf("%T", in.Op), "ops."))
+	}
+	slices.Sort(kinds)
+	t.Logf("%s: max relative error %.2e (outputs, gradients, running statistics); op kinds %v", c.Name, worst, slices.Compact(kinds))
 }
 
 // TestGPUGraphReplay runs every case three times on the GPU from the same

@@ -34,6 +34,11 @@ extern "C" __global__ void k_binary(int op, const float* a, const float* b, floa
     }
 }
 
+// σ with Gorgonia's float32 cut-offs, the core evaluated in double.
+__device__ __forceinline__ float sigmoidf_g(float v) {
+    return v < -88.0f ? 0.0f : (v > 15.0f ? 1.0f : (float)(1.0 / (1.0 + exp(-(double)v))));
+}
+
 // Elementwise functions: 1 neg, 2 sigmoid, 3 tanh, 4 softplus (Gorgonia's
 // float32 cut-offs, the core evaluated in double).
 extern "C" __global__ void k_unary(int fn, const float* x, float* y, i64 n) {
@@ -42,7 +47,7 @@ extern "C" __global__ void k_unary(int fn, const float* x, float* y, i64 n) {
         float r;
         switch (fn) {
         case 1: r = -v; break;
-        case 2: r = v < -88.0f ? 0.0f : (v > 15.0f ? 1.0f : (float)(1.0 / (1.0 + exp(-(double)v)))); break;
+        case 2: r = sigmoidf_g(v); break;
         case 3: r = tanhf(v); break;
         case 4: r = v < -103.0f ? 0.0f : (v > 14.0f ? v : (float)log1p(exp((double)v))); break;
         default: r = __int_as_float(0x7fc00000);
@@ -57,6 +62,52 @@ extern "C" __global__ void k_add_relu(const float* a, const float* b, float* y, 
 
 extern "C" __global__ void k_relu_grad(const float* y, const float* dy, float* dx, i64 n) {
     GRID_STRIDE(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
+}
+
+// ---- LSTM cell (ops.LSTMCell, ops.LSTMCellGrad) ------------------------------
+// One thread per element (b, j) of the B×H state reads the four gates of
+// its unit: G[b][q·H + j] = x + hw for q = i, f, g, o. p holds ten planes
+// of B×H values: h', c', i, f, g, o, tanh(c'), and the pre-activations of
+// i, f and o.
+
+extern "C" __global__ void k_lstm_cell(const float* x, const float* hw, const float* c, float* p, i64 B, i64 H) {
+    i64 n = B * H;
+    GRID_STRIDE(k, n) {
+        i64 b = k / H, j = k % H, row = b * 4 * H + j;
+        float gi = x[row] + hw[row], gf = x[row + H] + hw[row + H];
+        float gg = x[row + 2 * H] + hw[row + 2 * H], go = x[row + 3 * H] + hw[row + 3 * H];
+        float i = sigmoidf_g(gi), f = sigmoidf_g(gf), g = tanhf(gg), o = sigmoidf_g(go);
+        float cn = f * c[k] + i * g;
+        float t = tanhf(cn);
+        p[k] = o * t;
+        p[n + k] = cn;
+        p[2 * n + k] = i;
+        p[3 * n + k] = f;
+        p[4 * n + k] = g;
+        p[5 * n + k] = o;
+        p[6 * n + k] = t;
+        p[7 * n + k] = gi;
+        p[8 * n + k] = gf;
+        p[9 * n + k] = go;
+    }
+}
+
+// The gradient: from p, the cell's input c and dp (planes 0 and 1: the
+// gradients of h' and c'), d holds dG [B 4H] and then dc [B H]. σ'(x) is
+// σ(x)·σ(−x), tanh'(x) is 1 − tanh(x)², as on the CPU.
+extern "C" __global__ void k_lstm_cell_grad(const float* p, const float* c, const float* dp, float* d, i64 B, i64 H) {
+    i64 n = B * H;
+    GRID_STRIDE(k, n) {
+        i64 b = k / H, j = k % H, row = b * 4 * H + j;
+        float i = p[2 * n + k], f = p[3 * n + k], g = p[4 * n + k], o = p[5 * n + k], t = p[6 * n + k];
+        float dh = dp[k];
+        float dcn = dp[n + k] + (1.0f - t * t) * (dh * o);
+        d[row] = (i * sigmoidf_g(-p[7 * n + k])) * (dcn * g);
+        d[row + H] = (f * sigmoidf_g(-p[8 * n + k])) * (dcn * c[k]);
+        d[row + 2 * H] = (1.0f - g * g) * (dcn * i);
+        d[row + 3 * H] = (o * sigmoidf_g(-p[9 * n + k])) * (dh * t);
+        d[4 * n + k] = dcn * f;
+    }
 }
 
 // ---- layout ---------------------------------------------------------------

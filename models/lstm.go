@@ -238,13 +238,11 @@ func (m *LSTM) forward(p []*G.Node, tokens *G.Node, state []*G.Node, masks []*G.
 					xt = G.Must(G.Reshape(xt, tensor.Shape{1, 4 * H}))
 				}
 			}
-			gates := G.Must(G.Add(xt, G.Must(G.Mul(h, whh))))
-			ig := G.Must(G.Sigmoid(G.Must(G.Slice(gates, nil, G.S(0, H)))))
-			fg := G.Must(G.Sigmoid(G.Must(G.Slice(gates, nil, G.S(H, 2*H)))))
-			gg := G.Must(G.Tanh(G.Must(G.Slice(gates, nil, G.S(2*H, 3*H)))))
-			og := G.Must(G.Sigmoid(G.Must(G.Slice(gates, nil, G.S(3*H, 4*H)))))
-			c = G.Must(G.Add(G.Must(G.HadamardProd(fg, c)), G.Must(G.HadamardProd(ig, gg))))
-			h = G.Must(G.HadamardProd(og, G.Must(G.Tanh(c))))
+			// The gates, the new state and, in the backward pass, their
+			// gradient: one fused op each per step.
+			if h, c, err = ops.LSTMStep(xt, G.Must(G.Mul(h, whh)), c); err != nil {
+				return nil, nil, err
+			}
 			outs[t] = h
 		}
 		final = append(final, h, c)

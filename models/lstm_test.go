@@ -3,6 +3,7 @@ package models
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -380,6 +381,32 @@ func TestLSTMEvaluateOneSequence(t *testing.T) {
 		}
 		if ev.Count != 4 || !closeRel(ev.LossSum/4, want, 1e-5) {
 			t.Fatalf("call %d: loss %v/%d, reference %v", call, ev.LossSum, ev.Count, want)
+		}
+	}
+}
+
+// TestLSTMProgramUsesFusedCell: every time step of every layer is one
+// LSTMCell forward and one LSTMCellGrad backward, and no elementwise
+// activation is left in the program (the composition of Gorgonia's ops
+// the cell replaced had fourteen ops per step forward and more backward;
+// with hidden size 1 its column slices lost an axis and the model could
+// not be built).
+func TestLSTMProgramUsesFusedCell(t *testing.T) {
+	for _, cfg := range []LSTMConfig{
+		{Vocab: 7, Embed: 4, Hidden: 4, Layers: 2, Tied: true, BPTT: 3, BatchSize: 2, Seed: 1},
+		{Vocab: 5, Embed: 3, Hidden: 1, Layers: 3, BPTT: 1, BatchSize: 1, Dropout: 0.2, Seed: 2},
+	} {
+		m, err := NewLSTM(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := map[string]int{}
+		for _, in := range m.train.Program().Instrs {
+			counts[fmt.Sprintf("%T", in.Op)]++
+		}
+		steps := cfg.Layers * cfg.BPTT
+		if counts["ops.LSTMCell"] != steps || counts["ops.LSTMCellGrad"] != steps || counts["ops.Unary"] != 0 {
+			t.Errorf("%d layers × %d steps: instructions by kind %v; want %d LSTMCell, %[2]d LSTMCellGrad, no Unary", cfg.Layers, cfg.BPTT, counts, steps)
 		}
 	}
 }

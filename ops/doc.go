@@ -9,16 +9,17 @@
 //     Conv2d (with Conv2dGradInput and Conv2dGradFilter), the BatchNorm
 //     family (BatchNormStats, BatchNormRunningStats, BatchNorm,
 //     BatchNormGradSums, BatchNormGradInput, BatchNormGradParam), AddReLU
-//     and ReLUGrad, LogSumExp with SoftmaxCrossEntropy and its gradient, and
-//     MatMulT with its gradients. They implement gorgonia.Op and
+//     and ReLUGrad, LogSumExp with SoftmaxCrossEntropy and its gradient,
+//     MatMulT with its gradients, and LSTMCell (one fused LSTM time step,
+//     built with LSTMStep) with LSTMCellGrad. They implement gorgonia.Op and
 //     gorgonia.SDOp, so Gorgonia's symbolic Grad differentiates graphs made
 //     of them, and their Do runs the CPU kernel, so Gorgonia's tape machine
 //     can run such graphs too (tests use it as an independent reference).
 //     Their fields are all an executor needs: no op hides state. Values that
 //     must travel from a forward op to its gradient ops (BatchNorm's batch
-//     statistics, the softmax's log-sum-exp) are nodes of the graph, and
-//     BatchNorm's running statistics are graph inputs that BatchNormStats
-//     updates in place (Mutates).
+//     statistics, the softmax's log-sum-exp, the LSTM cell's activated gates)
+//     are nodes of the graph, and BatchNorm's running statistics are graph
+//     inputs that BatchNormStats updates in place (Mutates).
 //
 //   - Normalised descriptors of the Gorgonia ops those graphs also contain
 //     (elementwise Binary and Unary ops, MatMul, Broadcast, Sum, Slice,

@@ -225,6 +225,15 @@ func Cases() []Case {
 				ce := must(ops.CrossEntropy(logits, in[0], 0.1)) // label smoothing
 				return must(G.Add(must(G.Add(weighted(flat), ce)), weighted(sb))), []*G.Node{logits, ce}
 			}},
+		// LSTM layers of fused cells (ops.LSTMStep) over a few time steps,
+		// as the LSTM model builds them: batch 1, hidden 1, odd sizes, and
+		// one wide enough for several blocks of GPU threads. (Batch 1 with
+		// hidden size 1 is not here: Gorgonia's tape machine turns the 1×1
+		// states into scalars it cannot multiply; the cuda tests run LSTM
+		// cases of that size, GPU against CPU.)
+		LSTM("lstm-b1", 1, 3, 3),
+		LSTM("lstm-h1", 3, 1, 2),
+		LSTM("lstm-wide", 5, 70, 2),
 		// Batch norm of 4096 elements per channel: a GPU spreads each
 		// channel's sums over several blocks (four on the emulator's two
 		// SMs), with and without the fused ReLU.
@@ -235,4 +244,33 @@ func Cases() []Case {
 				return must(G.Add(weighted(y), weighted(z))), []*G.Node{y}
 			}},
 	}
+}
+
+// LSTM is T steps of an LSTM layer of batch B and hidden size H:
+// parameters the input projection of every step [T·B 4H], the initial
+// state h0 and c0 [B H] and the recurrent weight [H 4H]; the loss weighs
+// every hidden state and the last cell state, so gradients flow through
+// both parts of the state.
+func LSTM(name string, B, H, T int) Case {
+	return Case{Name: name, Params: [][]int{{T * B, 4 * H}, {B, H}, {B, H}, {H, 4 * H}}, Build: func(p, _ []*G.Node) (*G.Node, []*G.Node) {
+		h, c := p[1], p[2]
+		outs := make([]*G.Node, T)
+		for t := range T {
+			xt := must(G.Slice(p[0], G.S(t*B, (t+1)*B)))
+			if B == 1 { // Gorgonia drops an axis sliced to one element
+				xt = must(G.Reshape(xt, tensor.Shape{1, 4 * H}))
+			}
+			var err error
+			if h, c, err = ops.LSTMStep(xt, must(G.Mul(h, p[3])), c); err != nil {
+				panic(err)
+			}
+			outs[t] = h
+		}
+		hs := outs[0]
+		if T > 1 {
+			hs = must(G.Concat(0, outs...))
+		}
+		sum := func(x *G.Node) *G.Node { return must(G.Sum(x)) }
+		return must(G.Add(sum(must(G.HadamardProd(hs, must(G.Tanh(hs))))), sum(must(G.HadamardProd(c, must(G.Tanh(c))))))), []*G.Node{hs, c}
+	}}
 }
