@@ -11,8 +11,9 @@ import (
 
 // Softmax cross-entropy in three ops:
 //
-//   - LogSumExp: lse[r] = log Σⱼ exp(z[r][j]), in float64, per row of the
-//     logits z [N C] (computed as max + log Σ exp(z − max));
+//   - LogSumExp: lse[r] = log Σⱼ exp(z[r][j]) per row of the logits z [N C]
+//     (computed as max + log Σ exp(z − max), the exponentials in float32 by
+//     exp32 and their sum in float64, the result in float64);
 //   - SoftmaxCrossEntropy(z, y, lse): the mean over rows of
 //     lse[r] − z[r][y[r]], a float32 scalar (the loss);
 //   - SoftmaxCrossEntropyGrad(z, y, lse, g): g·(softmax(z) − onehot(y))/N.
@@ -123,11 +124,7 @@ func (LogSumExp) CPU(in []Arg, out Arg, _ []float32) error {
 				mx = v
 			}
 		}
-		var s float64
-		for _, v := range row {
-			s += math.Exp(float64(v - mx))
-		}
-		out.F64[r] = float64(mx) + math.Log(s)
+		out.F64[r] = float64(mx) + math.Log(expSubSum(row, mx))
 	})
 	return nil
 }
@@ -253,7 +250,8 @@ func (SoftmaxCrossEntropyGrad) InPlace() []int { return []int{0} }
 func (SoftmaxCrossEntropyGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: out = g·(softmax(z) − (1 − ε)·onehot(y) − ε/C)/N
-// with softmax(z)[j] = exp(z[j] − lse) evaluated in float64.
+// with softmax(z)[j] = exp(z[j] − max)·exp(max − lse): the first factor
+// in float32 (exp32, fastexp.go), the rest in float64.
 func (op SoftmaxCrossEntropyGrad) CPU(in []Arg, out Arg, _ []float32) error {
 	if err := checkArgs("SoftmaxCrossEntropyGrad", in, 4); err != nil {
 		return err
@@ -272,9 +270,17 @@ func (op SoftmaxCrossEntropyGrad) CPU(in []Arg, out Arg, _ []float32) error {
 	parallelFor(n, func(r int) {
 		row, o := z[r*c:(r+1)*c], out.F32[r*c:(r+1)*c]
 		l := lse[r]
-		for i, v := range row {
-			o[i] = float32(math.Exp(float64(v)-l)*k - spread)
+		// e^(v−l) as e^(v−max)·e^(max−l): the exponentials the log-sum-exp
+		// summed, scaled in float64 (rounding l to float32 would shift a
+		// whole row's probabilities alike, an error that does not cancel in
+		// the row's sum).
+		mx := row[0]
+		for _, v := range row {
+			if v > mx {
+				mx = v
+			}
 		}
+		expSubScale(o, row, mx, k*math.Exp(float64(mx)-l), spread)
 		o[y[r]] -= float32((1 - eps) * k)
 	})
 	return nil
