@@ -118,12 +118,7 @@ func (LogSumExp) CPU(in []Arg, out Arg, _ []float32) error {
 	z, c := in[0].F32, in[0].Shape[1]
 	parallelFor(in[0].Shape[0], func(r int) {
 		row := z[r*c : (r+1)*c]
-		mx := row[0]
-		for _, v := range row {
-			if v > mx {
-				mx = v
-			}
-		}
+		mx := rowMax(row)
 		out.F64[r] = float64(mx) + math.Log(expSubSum(row, mx))
 	})
 	return nil
@@ -274,14 +269,21 @@ func (op SoftmaxCrossEntropyGrad) CPU(in []Arg, out Arg, _ []float32) error {
 		// summed, scaled in float64 (rounding l to float32 would shift a
 		// whole row's probabilities alike, an error that does not cancel in
 		// the row's sum).
-		mx := row[0]
-		for _, v := range row {
-			if v > mx {
-				mx = v
-			}
-		}
+		mx := rowMax(row)
 		expSubScale(o, row, mx, k*math.Exp(float64(mx)-l), spread)
 		o[y[r]] -= float32((1 - eps) * k)
 	})
 	return nil
+}
+
+// rowMax is the largest of row's values (row not empty), the shift both
+// LogSumExp and its gradient take their exponentials at.
+func rowMax(row []float32) float32 {
+	mx := row[0]
+	for _, v := range row {
+		if v > mx {
+			mx = v
+		}
+	}
+	return mx
 }

@@ -73,12 +73,7 @@ func lstmConfig(c Config, vocab int) models.LSTMConfig {
 	return models.DefaultLSTM(vocab, c.Batch.Value())
 }
 
-func bpttOf(c Config) int {
-	if c.Preset == "small" {
-		return models.SmallLSTM(1, 1).BPTT
-	}
-	return models.DefaultLSTM(1, 1).BPTT
-}
+func bpttOf(c Config) int { return lstmConfig(c, 1).BPTT }
 
 type lmTask struct {
 	tr, va         *data.BPTTLoader
