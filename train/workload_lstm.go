@@ -73,6 +73,7 @@ func lstmConfig(c Config, vocab int) models.LSTMConfig {
 	return models.DefaultLSTM(vocab, c.Batch.Value())
 }
 
+// bpttOf is the LSTM's unrolled length (BPTT window) at c's size.
 func bpttOf(c Config) int { return lstmConfig(c, 1).BPTT }
 
 type lmTask struct {
