@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -471,6 +470,3 @@ func (e *Event) Time() time.Time {
 	}
 	return e.anchor.host.Add(time.Duration(float64(ms) * float64(time.Millisecond)))
 }
-
-// errNotDevice is returned for buffers that are not this device's memory.
-var errNotDevice = errors.New("cuda: not a buffer of this GPU")

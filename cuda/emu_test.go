@@ -165,12 +165,11 @@ type emu struct {
 	stop context.CancelFunc // kills proc's group
 	dir  string             // the build's folder
 
-	handles   uintptr
-	fnNames   map[uintptr]string
-	events    map[uintptr]time.Time
-	tensors   map[uintptr][4]int32 // cuDNN tensor and filter descriptors
-	convs     map[uintptr][2]int32 // pad, stride
-	allocated uint64
+	handles uintptr
+	fnNames map[uintptr]string
+	events  map[uintptr]time.Time
+	tensors map[uintptr][4]int32 // cuDNN tensor and filter descriptors
+	convs   map[uintptr][2]int32 // pad, stride
 
 	// Graph capture: the work issued on a capturing stream is recorded;
 	// graphs and their instances are lists of that work.

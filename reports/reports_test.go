@@ -726,7 +726,6 @@ func TestCompareRefusesDifferentModels(t *testing.T) {
 
 // TestEscaping: strings from a run are text, never markup or script.
 func TestEscaping(t *testing.T) {
-	const x = "<script>alert(1)</script>"
 	for _, tc := range []struct {
 		name string
 		page func() ([]byte, error)

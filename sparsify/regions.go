@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -432,6 +431,3 @@ func okDense(ctx context.Context, b *base, acc, out, residual device.Buffer, st 
 	st.ActualDensity, st.Selected, st.ErrorNorm = 1, b.n, 0
 	return nil
 }
-
-// okSince adds the time since t0 to *d.
-func okSince(d *time.Duration, t0 time.Time) { *d += time.Since(t0) }

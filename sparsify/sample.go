@@ -1,7 +1,6 @@
 package sparsify
 
 import (
-	"encoding/binary"
 	"math"
 	"math/bits"
 	"math/rand/v2"
@@ -10,42 +9,6 @@ import (
 // Sampling-based selection: DGC's double sampling (reference notes 7.4) and
 // DRAGONN's sampled threshold with hashed insertion (reference notes 6.2),
 // with the MurmurHash3 they need and the seeded randomness both draw from.
-
-// murmur3Sum32 is MurmurHash3 x86_32 of data with the given seed (Austin
-// Appleby's public-domain algorithm: 4-byte little-endian blocks, tail,
-// length, fmix32).
-func murmur3Sum32(data []byte, seed uint32) uint32 {
-	const c1, c2 = 0xcc9e2d51, 0x1b873593
-	h := seed
-	n := len(data)
-	for len(data) >= 4 {
-		k := binary.LittleEndian.Uint32(data)
-		data = data[4:]
-		k *= c1
-		k = bits.RotateLeft32(k, 15)
-		k *= c2
-		h ^= k
-		h = bits.RotateLeft32(h, 13)
-		h = h*5 + 0xe6546b64
-	}
-	var k uint32
-	switch len(data) {
-	case 3:
-		k ^= uint32(data[2]) << 16
-		fallthrough
-	case 2:
-		k ^= uint32(data[1]) << 8
-		fallthrough
-	case 1:
-		k ^= uint32(data[0])
-		k *= c1
-		k = bits.RotateLeft32(k, 15)
-		k *= c2
-		h ^= k
-	}
-	h ^= uint32(n)
-	return murmur3Fmix32(h)
-}
 
 // murmur3Fmix32 is MurmurHash3's finalisation mix.
 func murmur3Fmix32(h uint32) uint32 {

@@ -44,9 +44,6 @@ const (
 	selBuckets = 1 << selHiBits
 )
 
-// absBits is the bit pattern of |v|; see the comment above on NaN.
-func absBits(v float32) uint32 { return math.Float32bits(v) &^ (1 << 31) }
-
 // selBits views x's memory as IEEE-754 bit patterns (no copy), so that the
 // passes load integers directly instead of moving floats between register
 // files.

@@ -384,3 +384,6 @@ func dragonnInsert(dst, cand []int32, seed uint32, table []uint32) []int32 {
 	}
 	return dst
 }
+
+// absBits is the bit pattern of |v|.
+func absBits(v float32) uint32 { return math.Float32bits(v) &^ (1 << 31) }

@@ -4,131 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
-
-// gatherCounts all-gathers every worker's count (one int32 each, the first
-// message of the sparse wire format) into counts32 and returns them as ints
-// in counts (both reused when large enough). A count outside [0, N] (N is the
-// gradient's length) is an error naming the rank, raised before anything is
-// allocated for the data; what names the counted items in errors.
-func gatherCounts(ctx context.Context, c comm.Communicator, mine, N int, counts32 []int32, counts []int, what string) ([]int32, []int, error) {
-	n := c.Size()
-	counts32 = grow(counts32, n)
-	if err := c.AllGather(ctx, comm.Int32s{int32(mine)}, comm.Int32s(counts32)); err != nil {
-		return counts32, counts, fmt.Errorf("gathering the %d workers' %s counts: %w", n, what, err)
-	}
-	counts = grow(counts, n)
-	for w, v := range counts32 {
-		if v < 0 || int(v) > N {
-			return counts32, counts, fmt.Errorf("rank %d announced %d %s for a gradient of %d elements (outside [0, %d]): the workers disagree on the layout or the data is corrupt", w, v, what, N, N)
-		}
-		counts[w] = int(v)
-	}
-	return counts32, counts, nil
-}
-
-// gatherIndices all-gathers every worker's selected indices in the package's
-// one wire format for sparse data: one int32 count per worker (AllGather,
-// gatherCounts: a count outside [0, N] is an error), then the int32 indices,
-// unpadded (AllGatherV). (The DEFT/MiCRO reference code sends int64 counts
-// and int64 lists padded to the largest count; see the package doc.) It
-// returns each worker's list (slices of one buffer) and the counts.
-func gatherIndices(ctx context.Context, c comm.Communicator, mine []int32, N int) ([][]int32, []int, error) {
-	_, counts, err := gatherCounts(ctx, c, len(mine), N, nil, nil, "indices")
-	if err != nil {
-		return nil, nil, err
-	}
-	total := 0
-	for _, v := range counts {
-		total += v
-	}
-	flat := make([]int32, total)
-	if err := c.AllGatherV(ctx, comm.Int32s(mine), comm.Int32s(flat), counts); err != nil {
-		return nil, nil, fmt.Errorf("gathering %d indices: %w", total, err)
-	}
-	all := make([][]int32, len(counts))
-	pos := 0
-	for w, v := range counts {
-		all[w] = flat[pos : pos+v : pos+v]
-		pos += v
-	}
-	return all, counts, nil
-}
-
-// sortedUnion returns the sorted distinct indices of all lists.
-func sortedUnion(lists [][]int32) []int32 {
-	u := concatLists(lists, 0)
-	slices.Sort(u)
-	return slices.Compact(u)
-}
-
-// concatLists returns the concatenation of lists in a new slice with room
-// for extra more elements.
-func concatLists(lists [][]int32, extra int) []int32 {
-	total := extra
-	for _, l := range lists {
-		total += len(l)
-	}
-	u := make([]int32, 0, total)
-	for _, l := range lists {
-		u = append(u, l...)
-	}
-	return u
-}
-
-// mergeSum appends to dstIdx and dstVal the sparse sum of the lists (aIdx,
-// aVal) and (bIdx, bVal), whose indices are ascending and distinct: the union
-// of the indices, ascending, with a's value plus b's value where both have
-// one.
-func mergeSum(dstIdx []int32, dstVal []float32, aIdx []int32, aVal []float32, bIdx []int32, bVal []float32) ([]int32, []float32) {
-	i, j := 0, 0
-	for i < len(aIdx) || j < len(bIdx) {
-		switch {
-		case j == len(bIdx) || (i < len(aIdx) && aIdx[i] < bIdx[j]):
-			dstIdx, dstVal = append(dstIdx, aIdx[i]), append(dstVal, aVal[i])
-			i++
-		case i == len(aIdx) || bIdx[j] < aIdx[i]:
-			dstIdx, dstVal = append(dstIdx, bIdx[j]), append(dstVal, bVal[j])
-			j++
-		default:
-			dstIdx, dstVal = append(dstIdx, aIdx[i]), append(dstVal, aVal[i]+bVal[j])
-			i++
-			j++
-		}
-	}
-	return dstIdx, dstVal
-}
-
-// unionReduce is the shared-union all-reduce of the DEFT/MiCRO reference code:
-// every worker contributes its own acc value at every index of union (which
-// must be identical on all ranks and free of duplicates), the values are
-// summed over workers, out receives sum/n at the union and zero elsewhere, and
-// residual becomes acc with the whole union zeroed. residual may alias acc.
-// An index of union outside acc is an error (the union is made of peers'
-// indices).
-func unionReduce(ctx context.Context, c comm.Communicator, acc, out, residual []float32, union []int32) error {
-	for _, j := range union {
-		if j < 0 || int(j) >= len(acc) {
-			return fmt.Errorf("index %d of the union is outside [0, %d): the workers disagree on the layout or the data is corrupt", j, len(acc))
-		}
-	}
-	vals := valuesAt(nil, acc, union)
-	if err := c.AllReduce(ctx, comm.Float32s(vals)); err != nil {
-		return fmt.Errorf("all-reducing %d selected values: %w", len(vals), err)
-	}
-	clear(out)
-	inv := 1 / float32(c.Size())
-	for i, j := range union {
-		out[j] = vals[i] * inv
-	}
-	residualWithout(residual, acc, union)
-	return nil
-}
 
 // sumSquares is the sum of x[i]² in float64, accumulated in four interleaved
 // partial sums (element i into sum i mod 4, the last len(x) mod 4 elements
@@ -153,21 +33,6 @@ func sumSquares(x []float32) float64 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// norm2 is the Euclidean norm of x: the square root of
-// segmentSumSquares(x), which sums blocks on all cores for large x and adds
-// them in block order, so the result depends neither on the number of cores
-// nor on the device (Ops.SegmentSumSquares).
-func norm2(x []float32) float64 { return math.Sqrt(segmentSumSquares(x)) }
-
-// valuesAt returns dst[:0] extended with x[j] for every j of idx, in order.
-func valuesAt(dst, x []float32, idx []int32) []float32 {
-	dst = dst[:0]
-	for _, j := range idx {
-		dst = append(dst, x[j])
-	}
-	return dst
-}
-
 // reduceSelected is the rest of a call of a method whose workers each
 // select their own indices (topk, threshold): every worker's selection
 // gathered, the union formed and all-reduced (unionReduceOn), and the
@@ -190,18 +55,6 @@ func (b *base) reduceSelected(ctx context.Context, acc, out, residual, sel devic
 	return nil
 }
 
-// residualWithout sets residual to acc with the elements at idx zeroed: the
-// error feedback of a worker that sent its own values at idx. residual may be
-// the same slice as acc.
-func residualWithout(residual, acc []float32, idx []int32) {
-	if len(acc) > 0 && &residual[0] != &acc[0] {
-		copy(residual, acc)
-	}
-	for _, j := range idx {
-		residual[j] = 0
-	}
-}
-
 // grow returns s resliced to length n, reallocated when its capacity is too
 // small (the contents are unspecified).
 func grow[E any](s []E, n int) []E {
@@ -209,19 +62,6 @@ func grow[E any](s []E, n int) []E {
 		return make([]E, n)
 	}
 	return s[:n]
-}
-
-// checkReduceArgs validates the lengths and the aliasing of the arguments of
-// a Reduce call of method name over a layout of n elements.
-func checkReduceArgs(name string, n int, acc, out, residual []float32) error {
-	if len(acc) != n || len(out) != n || len(residual) != n {
-		return fmt.Errorf("sparsify: %s: acc, out and residual have %d, %d and %d elements; the layout has %d: pass vectors of the layout's length",
-			name, len(acc), len(out), len(residual), n)
-	}
-	if &out[0] == &acc[0] || &out[0] == &residual[0] {
-		return fmt.Errorf("sparsify: %s: out must not be the same slice as acc or residual (only residual may alias acc); give it its own buffer", name)
-	}
-	return nil
 }
 
 // base is the state every reducer shares. The single-shot ones (all but
@@ -237,13 +77,8 @@ type base struct {
 	k    int // BudgetK(o.Density, n)
 	iter int // Reduce calls so far (for methods that count them)
 
-	// Scratch of sparseExchange; seen is a bitmap of n bits, all clear
-	// between calls.
-	counts  []int32
-	icounts []int
-	allIdx  []int32
-	allVal  []float32
-	seen    []uint64
+	// Scratch of gatherCountsOn.
+	counts []int32
 
 	// The device (Options.Stream) and its scratch, of the reducers that
 	// implement DeviceReducer.
@@ -401,73 +236,6 @@ func (b *base) call(acc, out, residual device.Buffer, core func(st *Stats) error
 		}
 	}
 	return st, nil
-}
-
-// sparseExchange all-gathers every worker's (index, value) pairs in the
-// package's one wire format — one int32 count per worker with AllGather
-// (gatherCounts), then the int32 indices and the float32 values with
-// AllGatherV — and decodes them into out with addMean. idx are
-// flat indices, distinct per worker; out must be zero at every index a worker
-// may send. It returns each worker's count and the number of distinct
-// indices received.
-func (b *base) sparseExchange(ctx context.Context, idx []int32, val []float32, out []float32) ([]int, int, error) {
-	c := b.c
-	var err error
-	if b.counts, b.icounts, err = gatherCounts(ctx, c, len(idx), b.n, b.counts, b.icounts, "pairs"); err != nil {
-		return nil, 0, err
-	}
-	total := 0
-	for _, v := range b.icounts {
-		total += v
-	}
-	b.allIdx = grow(b.allIdx, total)
-	b.allVal = grow(b.allVal, total)
-	if err := c.AllGatherV(ctx, comm.Int32s(idx), comm.Int32s(b.allIdx), b.icounts); err != nil {
-		return nil, 0, fmt.Errorf("gathering %d indices: %w", total, err)
-	}
-	if err := c.AllGatherV(ctx, comm.Float32s(val), comm.Float32s(b.allVal), b.icounts); err != nil {
-		return nil, 0, fmt.Errorf("gathering %d values: %w", total, err)
-	}
-	distinct, err := b.addMean(out, b.allIdx, b.allVal)
-	if err != nil {
-		return nil, 0, err
-	}
-	return slices.Clone(b.icounts), distinct, nil
-}
-
-// addMean is the decode of the sparse all-gathers: it adds every gathered
-// value into out at its index, in the order given (rank 0's pairs first, so
-// every rank computes bit-identical sums), then multiplies every touched
-// element once by 1/n (n workers). out must be zero at every index of idx.
-// It returns the number of distinct indices; an index outside [0, N) is an
-// error. A bitmap of N bits (small enough to stay in cache, unlike a second
-// vector of N elements) marks the indices seen; the second loop clears it.
-func (b *base) addMean(out []float32, idx []int32, val []float32) (int, error) {
-	if len(b.seen) != (b.n+63)/64 {
-		b.seen = make([]uint64, (b.n+63)/64)
-	}
-	distinct := 0
-	for i, j := range idx {
-		if j < 0 || int(j) >= b.n {
-			clear(b.seen)
-			return 0, fmt.Errorf("received index %d (pair %d) outside [0, %d): the workers disagree on the layout", j, i, b.n)
-		}
-		w, bit := j>>6, uint64(1)<<(j&63)
-		if b.seen[w]&bit == 0 {
-			b.seen[w] |= bit
-			distinct++
-		}
-		out[j] += val[i]
-	}
-	inv := 1 / float32(b.c.Size())
-	for _, j := range idx {
-		w, bit := j>>6, uint64(1)<<(j&63)
-		if b.seen[w]&bit != 0 {
-			b.seen[w] &^= bit
-			out[j] *= inv
-		}
-	}
-	return distinct, nil
 }
 
 // addMeanOn is addMean through the device: out is set to zero, every

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func TestNewLayout(t *testing.T) {
@@ -112,32 +113,6 @@ func TestMemoryAccumulate(t *testing.T) {
 	}
 }
 
-func TestSortedUnion(t *testing.T) {
-	rng := harnessRNG(2, 0, 0)
-	for trial := range 200 {
-		var lists [][]int32
-		want := map[int32]bool{}
-		for range rng.IntN(5) {
-			var l []int32
-			for range rng.IntN(6) {
-				v := int32(rng.IntN(10))
-				l = append(l, v)
-				want[v] = true
-			}
-			lists = append(lists, l)
-		}
-		got := sortedUnion(lists)
-		if len(got) != len(want) {
-			t.Fatalf("trial %d: sortedUnion(%v) = %v", trial, lists, got)
-		}
-		for i, v := range got {
-			if !want[v] || (i > 0 && got[i-1] >= v) {
-				t.Fatalf("trial %d: sortedUnion(%v) = %v", trial, lists, got)
-			}
-		}
-	}
-}
-
 func TestNorm2(t *testing.T) {
 	if got := norm2(nil); got != 0 {
 		t.Fatalf("norm2(nil) = %v", got)
@@ -152,10 +127,21 @@ func TestNorm2(t *testing.T) {
 	}
 }
 
+// testBase is the frame of a reducer on the CPU over a flat layout of N
+// elements, for testing its shared helpers.
+func testBase(c comm.Communicator, N int) *base {
+	lay, err := FlatLayout(N)
+	if err != nil {
+		panic(err)
+	}
+	b := newBase("test", Options{Comm: c, Layout: lay, Density: 1})
+	return &b
+}
+
 // TestGatherIndices gathers random lists of random lengths (including all
 // empty) and checks the lists, counts and bytes (the int32 wire format: an
 // all-gather of one count per worker, then an all-gather-v of the lists,
-// unpadded).
+// unpadded, concatenated in rank order).
 func TestGatherIndices(t *testing.T) {
 	for _, n := range harnessWorkerCounts {
 		for trial := range 4 {
@@ -170,22 +156,28 @@ func TestGatherIndices(t *testing.T) {
 					}
 				}
 				err := local.Run(t.Context(), n, func(ctx context.Context, c comm.Communicator) error {
-					cc := comm.NewCounter(c)
-					got, counts, err := gatherIndices(ctx, cc, lists[c.Rank()], 1<<30)
+					b := testBase(c, 1<<30)
+					mine := slices.Clone(lists[c.Rank()])
+					got, counts, err := b.gatherIndicesOn(ctx, device.Host(mine))
 					if err != nil {
 						return err
 					}
+					var want []int32
 					for w := range n {
-						if counts[w] != len(lists[w]) || !slices.Equal(got[w], lists[w]) {
-							return fmt.Errorf("rank %d: worker %d list %v count %d, want %v", c.Rank(), w, got[w], counts[w], lists[w])
+						if counts[w] != len(lists[w]) {
+							return fmt.Errorf("rank %d: worker %d count %d, want %d", c.Rank(), w, counts[w], len(lists[w]))
 						}
+						want = append(want, lists[w]...)
+					}
+					if !slices.Equal(got.Int32s(), want) {
+						return fmt.Errorf("rank %d: gathered %v, want %v", c.Rank(), got.Int32s(), want)
 					}
 					lens := make([]int, n)
 					for w := range n {
 						lens[w] = len(lists[w])
 					}
 					s, r := expectTraffic(n, c.Rank(), []harnessCall{{Op: comm.OpAllGather, Elems: 1, ESize: 4}, {Op: comm.OpAllGatherV, ESize: 4, Counts: lens}})
-					if tot := cc.Totals(); tot.BytesSent != s || tot.BytesRecv != r {
+					if tot := b.c.Totals(); tot.BytesSent != s || tot.BytesRecv != r {
 						return fmt.Errorf("rank %d: bytes %d/%d, want %d/%d", c.Rank(), tot.BytesSent, tot.BytesRecv, s, r)
 					}
 					return nil
@@ -219,7 +211,8 @@ func TestUnionReduce(t *testing.T) {
 						if alias {
 							res = acc
 						}
-						if err := unionReduce(ctx, c, acc, out, res, union); err != nil {
+						b := testBase(c, N)
+						if err := b.unionReduceOn(ctx, device.Host(acc), device.Host(out), device.Host(res), device.Host(slices.Clone(union))); err != nil {
 							return err
 						}
 						for i := range N {
@@ -248,7 +241,7 @@ func TestUnionReduce(t *testing.T) {
 
 // TestGatherIndicesRejectsBadCounts is a regression test: a peer that
 // announces a negative index count (corrupt data or a different build) made
-// gatherIndices slice out of range and panic, and one that announced more
+// the gather slice out of range and panic, and one that announced more
 // indices than the gradient has (up to MaxInt32) made it allocate n·count
 // elements; both must be an error naming the rank and the count, raised
 // before the indices are gathered. Rank 1 plays the peer with a real
@@ -266,11 +259,11 @@ func TestGatherIndicesRejectsBadCounts(t *testing.T) {
 					}
 					return c.Barrier(ctx) // fails with the abort rank 0 causes
 				}
-				_, _, got = gatherIndices(ctx, c, []int32{3}, N)
+				_, _, got = testBase(c, N).gatherIndicesOn(ctx, device.Host([]int32{3}))
 				return got
 			})
 			if err == nil || got == nil {
-				t.Fatalf("count %d: Run error %v, gatherIndices error %v; want both", bad, err, got)
+				t.Fatalf("count %d: Run error %v, gather error %v; want both", bad, err, got)
 			}
 			if !strings.Contains(got.Error(), "rank 1") || !strings.Contains(got.Error(), fmt.Sprint(bad)) || !strings.Contains(got.Error(), fmt.Sprint(N)) {
 				t.Errorf("count %d: error %q does not name rank 1, the count and the gradient length %d", bad, got, N)
@@ -281,15 +274,15 @@ func TestGatherIndicesRejectsBadCounts(t *testing.T) {
 
 // TestUnionReduceRejectsBadIndex is a regression test: an index outside the
 // gradient in the gathered union (sent by a peer with another layout) made
-// unionReduce index out of range and panic; it must be an error, raised
-// before any communication, with out and residual untouched.
+// the union's all-reduce index out of range and panic; it must be an error,
+// raised before any communication, with out and residual untouched.
 func TestUnionReduceRejectsBadIndex(t *testing.T) {
 	c := local.New(1).Comm(0)
 	for _, j := range []int32{-1, 4, math.MaxInt32} {
 		acc := []float32{1, 2, 3, 4}
 		out := []float32{9, 9, 9, 9}
 		res := make([]float32, 4)
-		err := unionReduce(context.Background(), c, acc, out, res, []int32{0, j})
+		err := testBase(c, 4).unionReduceOn(context.Background(), device.Host(acc), device.Host(out), device.Host(res), device.Host([]int32{0, j}))
 		if err == nil || !strings.Contains(err.Error(), fmt.Sprint(j)) || !strings.Contains(err.Error(), "[0, 4)") {
 			t.Fatalf("index %d: error %v, want one naming the index and the range", j, err)
 		}
@@ -298,3 +291,7 @@ func TestUnionReduceRejectsBadIndex(t *testing.T) {
 		}
 	}
 }
+
+// norm2 is the Euclidean norm of x as the reducers compute their error norm:
+// the square root of segmentSumSquares(x).
+func norm2(x []float32) float64 { return math.Sqrt(segmentSumSquares(x)) }

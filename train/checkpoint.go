@@ -46,9 +46,6 @@ const (
 	ckptFormat     = 2
 	ckptSharedName = "shared.ckpt"
 	ckptStepPrefix = "step-"
-	// ckptKeep is the number of complete checkpoints a run keeps: the
-	// newest and the one before it.
-	ckptKeep = 2
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -192,26 +189,6 @@ func writeF32(w io.Writer, v []float32) error {
 	return nil
 }
 
-// encodeFile returns the bytes of a checkpoint file (tests; the trainer
-// streams its files with writeCkptFile).
-func encodeFile(kind string, meta any, names []string, data []section) ([]byte, error) {
-	f, err := layoutFile(kind, meta, names, data)
-	if err != nil {
-		return nil, err
-	}
-	p, err := f.prefix()
-	if err != nil {
-		return nil, err
-	}
-	var b bytes.Buffer
-	b.Grow(f.size())
-	b.Write(p[:])
-	if err := f.writeBody(&b); err != nil {
-		return nil, err
-	}
-	return b.Bytes(), nil
-}
-
 // writeCkptFile writes f to path as writeFileAtomic does, streaming it
 // from the vectors it holds: many workers of one process checkpoint at
 // once, and a copy of each one's file in memory (its residual alone is a
@@ -319,12 +296,6 @@ func sharedSections(ck *Checkpoint) ([]string, []section) {
 	return names, data
 }
 
-// encodeShared returns shared.ckpt's bytes.
-func encodeShared(ck *Checkpoint) ([]byte, error) {
-	names, data := sharedSections(ck)
-	return encodeFile("shared", ck, names, data)
-}
-
 // parseShared reads shared.ckpt's bytes; name names the file in errors.
 func parseShared(b []byte, name string) (*Checkpoint, error) {
 	meta, secs, err := decodeFile(b, "shared", name)
@@ -373,12 +344,6 @@ func parseShared(b []byte, name string) (*Checkpoint, error) {
 func shardSections(s *Shard) ([]string, []section) {
 	return []string{"residual", "buffers", "reducer", "model"},
 		[]section{{f: s.Residual}, {f: s.Buffers}, {b: s.Reducer}, {b: s.Model}}
-}
-
-// encodeShard returns rank-NNNN.ckpt's bytes.
-func encodeShard(s *Shard) ([]byte, error) {
-	names, data := shardSections(s)
-	return encodeFile("rank", s, names, data)
 }
 
 // parseShard reads a rank's part; name names the file in errors.

@@ -206,3 +206,35 @@ func TestCheckpointFileStreamed(t *testing.T) {
 		t.Errorf("read back: %v", err)
 	}
 }
+
+// encodeFile returns the bytes of a checkpoint file (the trainer streams
+// its files with writeCkptFile).
+func encodeFile(kind string, meta any, names []string, data []section) ([]byte, error) {
+	f, err := layoutFile(kind, meta, names, data)
+	if err != nil {
+		return nil, err
+	}
+	p, err := f.prefix()
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.Grow(f.size())
+	b.Write(p[:])
+	if err := f.writeBody(&b); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
+}
+
+// encodeShared returns shared.ckpt's bytes.
+func encodeShared(ck *Checkpoint) ([]byte, error) {
+	names, data := sharedSections(ck)
+	return encodeFile("shared", ck, names, data)
+}
+
+// encodeShard returns rank-NNNN.ckpt's bytes.
+func encodeShard(s *Shard) ([]byte, error) {
+	names, data := shardSections(s)
+	return encodeFile("rank", s, names, data)
+}

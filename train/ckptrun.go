@@ -301,7 +301,7 @@ func (w *worker) writeShared(ctx context.Context, p position, dir string, all co
 }
 
 // prune removes this rank's files of the checkpoints older than keep (the
-// one before the newest; the newest ckptKeep stay); rank 0 first removes
+// one before the newest; the newest two stay); rank 0 first removes
 // their shared parts, so they are never taken for complete. Failures are
 // logged, not returned.
 func (w *worker) prune(keep int) {

@@ -544,8 +544,6 @@ func discardRun(dir string, rank0, created bool) {
 	}
 }
 
-var errStop = errors.New("train: stop")
-
 // checkFreshOut refuses to start a new run in a directory that already holds
 // one, so that a repeated command never overwrites earlier results. Only the
 // rank that writes run.json checks (the others could see the file it has just

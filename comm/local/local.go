@@ -400,13 +400,6 @@ func (r *request) Wait(ctx context.Context) (int, error) {
 	return r.n, r.err
 }
 
-// doneRequest is a request that has already completed.
-func doneRequest(c *rankComm, n int, err error) *request {
-	r := &request{c: c, done: make(chan struct{}), n: n, err: err}
-	close(r.done)
-	return r
-}
-
 // async runs f in the background and returns its request.
 func (c *rankComm) async(what string, f func() (int, error)) *request {
 	r := &request{c: c, done: make(chan struct{}), what: what}

@@ -137,15 +137,6 @@ func (e *engine) run(ctx context.Context, o op, early bool) (*request, error) {
 	}
 }
 
-// wait runs o and waits for it.
-func (e *engine) wait(ctx context.Context, o op) (int, error) {
-	r, err := e.run(ctx, o, false)
-	if err != nil {
-		return 0, err
-	}
-	return r.Wait(ctx)
-}
-
 func (e *engine) forget(t *task) {
 	e.mu.Lock()
 	delete(e.pending, t)

@@ -32,8 +32,9 @@ const (
 
 // status mirrors Open MPI's struct ompi_status_public_t.
 type status struct {
-	Source, Tag, Error, cancelled int32
-	ucount                        uint64
+	Source, Tag, Error int32
+	_                  int32  // cancelled
+	_                  uint64 // ucount
 }
 
 // lib holds the loaded library: function addresses and predefined handles

@@ -73,9 +73,6 @@ func Load() (*OpenBLAS, error) {
 	return loaded, loadErr
 }
 
-// loadFresh loads without the process-wide cache (tests).
-func loadFresh() (*OpenBLAS, error) { return load() }
-
 func load() (*OpenBLAS, error) {
 	var o *OpenBLAS
 	_, err := dynlib.Library{Candidates: candidates(), Env: EnvLibrary, NotFound: ErrNotFound,

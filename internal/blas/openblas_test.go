@@ -152,7 +152,7 @@ func TestLoadBadPath(t *testing.T) {
 	}
 }
 
-func load0() (*OpenBLAS, error) { return loadFresh() }
+func load0() (*OpenBLAS, error) { return load() }
 
 func BenchmarkSgemm(b *testing.B) {
 	o := mustLoad(b)
