@@ -246,6 +246,9 @@ func (c *chartSpec) option() map[string]any {
 	if catType == "value" {
 		global = append(global, charts.WithDataZoomOpts(opts.DataZoom{Type: "inside"}))
 	}
+	if n := c.paletteSeries(); n > len(echartsPalette) {
+		global = append(global, charts.WithColorsOpts(palette(n)))
+	}
 	// Bars and lines share a rectangular chart; Line carries both.
 	ch := charts.NewLine()
 	ch.SetGlobalOptions(global...)
@@ -311,6 +314,69 @@ func (c *chartSpec) option() map[string]any {
 		})
 	}
 	return opt
+}
+
+// echartsPalette is ECharts' default palette, which it repeats from the
+// tenth series on.
+var echartsPalette = []string{"#5470c6", "#91cc75", "#fac858", "#ee6666", "#73c0de", "#3ba272", "#fc8452", "#9a60b4", "#ea7ccc"}
+
+// paletteSeries is the number of the chart's series that take their colour
+// from the palette (those without a Color of their own).
+func (c *chartSpec) paletteSeries() int {
+	n := 0
+	for _, s := range c.Series {
+		if s.Color == "" {
+			n++
+		}
+	}
+	return n
+}
+
+// palette returns n distinct colours for a chart with more series than
+// ECharts' palette holds (a sweep of 16–32 runs): ECharts' nine first, then
+// hues spaced by the golden angle, each at one of three lightnesses in
+// turn, so that no two series of a chart share a colour.
+func palette(n int) []string {
+	out := slices.Clone(echartsPalette)
+	seen := map[string]bool{}
+	for _, c := range out {
+		seen[c] = true
+	}
+	for i := 0; len(out) < n; i++ {
+		hue := math.Mod(float64(i)*137.50776405, 360)
+		light := []float64{0.42, 0.60, 0.30}[i%3]
+		c := hslHex(hue, 0.65, light)
+		if !seen[c] {
+			seen[c] = true
+			out = append(out, c)
+		}
+	}
+	return out[:n]
+}
+
+// hslHex writes the colour of hue h (degrees), saturation s and lightness l
+// (both in [0, 1]) as #rrggbb.
+func hslHex(h, s, l float64) string {
+	c := (1 - math.Abs(2*l-1)) * s
+	x := c * (1 - math.Abs(math.Mod(h/60, 2)-1))
+	m := l - c/2
+	var r, g, b float64
+	switch {
+	case h < 60:
+		r, g, b = c, x, 0
+	case h < 120:
+		r, g, b = x, c, 0
+	case h < 180:
+		r, g, b = 0, c, x
+	case h < 240:
+		r, g, b = 0, x, c
+	case h < 300:
+		r, g, b = x, 0, c
+	default:
+		r, g, b = c, 0, x
+	}
+	byte8 := func(v float64) int { return int(math.Round((v + m) * 255)) }
+	return fmt.Sprintf("#%02x%02x%02x", byte8(r), byte8(g), byte8(b))
 }
 
 // bandWidth is the width (px) a category label may take.

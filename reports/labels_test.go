@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -467,5 +468,37 @@ func TestRunSaysWhichKernelsRan(t *testing.T) {
 	r.Info.Versions.Kernels = "oneDNN 2.6.3 (libdnnl.so.2, OpenMP runtime, 2 threads, activations in nChw8c)"
 	if v, _ := row(); v != r.Info.Versions.Kernels {
 		t.Fatalf("CPU kernels row %q", v)
+	}
+}
+
+// TestManySeriesDistinctColours is a regression test: a sweep chart of 16 to
+// 32 runs took ECharts' nine-colour palette round and round (Top-k twice and
+// CLT-k four times in the same blue). Every chart's palette must now hold a
+// colour of its own for each series that has none set.
+func TestManySeriesDistinctColours(t *testing.T) {
+	for _, n := range []int{1, 9, 10, 16, 32, 64} {
+		c := chartSpec{ID: "c", Title: "many", XName: "x", YName: "y"}
+		for i := range n {
+			c.Series = append(c.Series, seriesSpec{Name: fmt.Sprintf("run %d", i), Points: []point{{X: 0, Y: float64(i)}}})
+		}
+		c.Series = append(c.Series, seriesSpec{Name: "reference", Color: "#555555", Points: []point{{X: 0, Y: 0}}})
+		b, err := json.Marshal(c.option()["color"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		var colours []string
+		if err := json.Unmarshal(b, &colours); err != nil {
+			t.Fatalf("%d series: palette %s: %v", n, b, err)
+		}
+		if len(colours) < n {
+			t.Fatalf("%d series: palette of %d colours %v: series share colours", n, len(colours), colours)
+		}
+		seen := map[string]bool{}
+		for _, col := range colours[:n] {
+			if seen[col] || !regexp.MustCompile(`^#[0-9a-f]{6}$`).MatchString(col) {
+				t.Fatalf("%d series: palette %v repeats or malforms %s", n, colours, col)
+			}
+			seen[col] = true
+		}
 	}
 }

@@ -136,3 +136,36 @@ func TestREADMECommands(t *testing.T) {
 		t.Errorf("the mpirun job's %d losses differ from the main command's %d", len(m), len(a))
 	}
 }
+
+// TestREADMEOutputsIgnored is a regression test: the README's commands left
+// grads/, sweeps/ and r18-here.json in the working tree, which .gitignore
+// did not cover, so that a user who followed it saw them as new files.
+// Every path a README command writes (-out, -measurements,
+// -record-gradients) must be ignored by git.
+func TestREADMEOutputsIgnored(t *testing.T) {
+	git := testenv.Tool(t, testenv.Git, "git", "install git")
+	root := filepath.Join("..", "..")
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, c := range readmeCommands(string(readme)) {
+		f := strings.Fields(c)
+		for i := 0; i+1 < len(f); i++ {
+			switch f[i] {
+			case "-out", "-measurements", "-record-gradients":
+				paths = append(paths, f[i+1])
+			}
+		}
+	}
+	if len(paths) < 5 {
+		t.Fatalf("found only %d output paths in README's commands (%v): the extraction is broken", len(paths), paths)
+	}
+	for _, p := range paths {
+		cmd := testenv.Command(t, time.Minute, git, "-C", root, "check-ignore", "-q", "--no-index", p)
+		if err := cmd.Run(); err != nil {
+			t.Errorf("README writes %s, which .gitignore does not ignore (git check-ignore: %v)", p, err)
+		}
+	}
+}
