@@ -104,3 +104,38 @@ func TestDocsStandAlone(t *testing.T) {
 		}
 	}
 }
+
+// TestREADMEStatesGPUResults is a regression test: after the first GPU run
+// the README still said the GPU path had run "not yet on a GPU". It must
+// link every GPU measurement document of docs/bench and docs/results (so
+// that what was measured, and what is still to be measured, is one click
+// away) and never claim the GPU path is unrun while such a document exists.
+func TestREADMEStatesGPUResults(t *testing.T) {
+	root := filepath.Join("..", "..")
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docs []string
+	for _, dir := range []string{"docs/bench", "docs/results"} {
+		m, err := filepath.Glob(filepath.Join(root, dir, "gpu*.md"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range m {
+			rel, _ := filepath.Rel(root, p)
+			docs = append(docs, filepath.ToSlash(rel))
+		}
+	}
+	if len(docs) == 0 {
+		t.Fatal("no docs/bench/gpu*.md or docs/results/gpu*.md: the test's search is broken")
+	}
+	for _, d := range docs {
+		if !strings.Contains(string(readme), "("+d+")") {
+			t.Errorf("README does not link %s", d)
+		}
+	}
+	if regexp.MustCompile(`(?i)not yet on a GPU|never (run|ran) on a GPU`).Match(readme) {
+		t.Error("README says the GPU path has not run on a GPU, but GPU results are recorded")
+	}
+}
