@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/train"
@@ -499,6 +500,30 @@ func TestManySeriesDistinctColours(t *testing.T) {
 				t.Fatalf("%d series: palette %v repeats or malforms %s", n, colours, col)
 			}
 			seen[col] = true
+		}
+	}
+}
+
+// TestPagesStateHowBytesAreCounted: every page that shows bytes states the
+// traffic rule of each collective, so that a reader knows the counts are
+// modelled from the calls' real sizes, not measured on the wire.
+func TestPagesStateHowBytesAreCounted(t *testing.T) {
+	g := bytesGlossary()
+	if len(g.Rows) != len(comm.Ops()) { // "in general" plus every op but the barrier
+		t.Fatalf("glossary has %d rows, want %d", len(g.Rows), len(comm.Ops()))
+	}
+	for _, row := range g.Rows[1:] {
+		if row[1] == "" {
+			t.Errorf("collective %s has no rule", row[0])
+		}
+	}
+	page, err := RunPage(context.Background(), mustRead(t, td("micro-4w")), offline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"How bytes are counted", "modelled from each call&#39;s real sizes", "2L − c(r) − c(r&#43;1)"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("run page lacks %q", want)
 		}
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -102,7 +103,7 @@ func RunPage(ctx context.Context, r *Run, o Options) ([]byte, error) {
 	if n := projectionNote([]*Run{r}, nil, drawn); n != "" {
 		notes = append(notes, n)
 	}
-	return render(runTitle(r), notes, []table{runTable(r)}, specs, script, url)
+	return render(runTitle(r), notes, []table{runTable(r), bytesGlossary()}, specs, script, url)
 }
 
 func runTitle(r *Run) string {
@@ -140,6 +141,22 @@ func ratioCell(r *Run) string {
 		return ""
 	}
 	return " (" + fmtRatio(r.densityRatio()) + " the setup density)"
+}
+
+// bytesGlossary is the table that says how the pages' byte counts come
+// about: modelled from each call's real sizes with its collective's
+// traffic rule (comm.Traffic), one row per collective.
+func bytesGlossary() table {
+	t := table{Caption: "How bytes are counted", Rows: [][]string{{"in general",
+		"modelled from each call's real sizes: every buffer a method hands to the communicator is counted, per worker, " +
+			"with the traffic of the algorithm its collective is assumed to use (below, n workers), whatever the backend does internally; " +
+			"indices travel as int32, values as float32, lists unpadded"}}}
+	for _, op := range comm.Ops() {
+		if op != comm.OpBarrier {
+			t.Rows = append(t.Rows, []string{op.String(), op.Rule()})
+		}
+	}
+	return t
 }
 
 func fmtBytes(v float64) string {
@@ -668,5 +685,5 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 		tables = append(tables, rank)
 	}
 	title := fmt.Sprintf("Comparison of %d runs of %s", len(runs), runs[0].Info.Config.Model)
-	return render(title, notes, tables, specs, script, url)
+	return render(title, notes, append(tables, bytesGlossary()), specs, script, url)
 }

@@ -486,7 +486,7 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 		}
 		tables = append(tables, et)
 	}
-	return tables, notes
+	return append(tables, bytesGlossary()), notes
 }
 
 func meanOf(v []float64) float64 {

@@ -39,9 +39,11 @@
 // (AllGatherV); where the reference code sends int64 counts and index lists
 // padded to the largest count (topk, threshold, cltk, micro, deft) or packs
 // indices into floats, the bytes here are those of the int32 format, so byte
-// charts compare methods, not encodings. Stats' byte counts are measured on
-// the buffers each call actually hands to the communicator (comm.Counter),
-// not computed from a formula, in the frame every single-shot reducer's
+// charts compare methods, not encodings. Stats' byte counts are modelled
+// from each call's real sizes: the buffers each call actually hands to the
+// communicator are counted (comm.Counter) with their collective's traffic
+// rule (comm.Traffic: the bytes a ring or tree algorithm moves for those
+// sizes, whatever the backend does internally), in the frame every single-shot reducer's
 // ReduceOn runs in (base.call in shared.go: the vectors checked, the
 // traffic counted, the error norm); LAGS counts per layer group.
 // The average is the float32 sum times 1/n for every method but lags,
