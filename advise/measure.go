@@ -667,15 +667,42 @@ func selectionSchedule(method string, params sparsify.Values) (sparsify.Values, 
 // their summed time exceeds the wall time they took).
 func measureSelection(ctx context.Context, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
 	params, calls, summary := selectionSchedule(method, params)
-	sel, _, err := reduceCalls(ctx, method, selectionWorkers, calls, d, l, grads, params)
+	sel, _, err := reduceCalls(ctx, method, selectionWorkers, calls, d, l, grads, paramsFor(method, selectionWorkers, params))
 	if err != nil {
 		return Selection{}, err
 	}
-	_, other, err := reduceCalls(ctx, method, 1, calls, d, l, grads, params)
+	_, other, err := reduceCalls(ctx, method, 1, calls, d, l, grads, paramsFor(method, 1, params))
 	if err != nil {
 		return Selection{}, err
 	}
 	return Selection{Method: method, Density: d, Workers: selectionWorkers, Seconds: summary(sel), Other: summary(other)}, nil
+}
+
+// paramsFor returns the options to measure method with on p workers:
+// params when the method runs on p workers with them, else params without
+// those that keep it from running there, which take their defaults
+// (SparDL's teams, which must divide the workers, on the one worker that
+// measures the reducer's other work).
+func paramsFor(method string, p int, params sparsify.Values) sparsify.Values {
+	m, ok := sparsify.Lookup(method)
+	if !ok || m.CheckWorkers == nil {
+		return params
+	}
+	runs := func(v sparsify.Values) bool {
+		r, err := m.Resolve(v)
+		return err == nil && m.CheckWorkers(p, r) == nil
+	}
+	if runs(params) {
+		return params
+	}
+	out := maps.Clone(params)
+	for _, k := range slices.Sorted(maps.Keys(params)) {
+		delete(out, k)
+		if runs(out) {
+			return out
+		}
+	}
+	return out
 }
 
 // reduceCalls runs calls Reduce calls of method on p in-process workers and

@@ -2,6 +2,7 @@ package advise
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -81,5 +82,29 @@ func TestSimRounds(t *testing.T) {
 		if r != tc.rounds || (d*time.Duration(r)-tc.total).Abs() > time.Millisecond {
 			t.Errorf("step %v s, %d workers: %d rounds of %v, want %d rounds, %v in all", tc.compute, tc.p, r, d, tc.rounds, tc.total)
 		}
+	}
+}
+
+// TestParamsForFitsWorkers is a regression test: the spardl-scaling preset
+// (SparDL with -teams 2) failed before its first run, because the advisor
+// measured SparDL's work outside selection on one worker with two teams.
+// The options that keep a method from running on the measuring workers take
+// their defaults; the others stay.
+func TestParamsForFitsWorkers(t *testing.T) {
+	given := sparsify.Values{"teams": 2, "sag": "rsag"}
+	if got := paramsFor("spardl", 2, given); !maps.Equal(got, given) {
+		t.Errorf("2 workers: %v, want the options as given %v", got, given)
+	}
+	got := paramsFor("spardl", 1, given)
+	if _, ok := got["teams"]; ok {
+		t.Errorf("1 worker: %v keeps 2 teams", got)
+	}
+	m, _ := sparsify.Lookup("spardl")
+	r, err := m.Resolve(got)
+	if err != nil || m.CheckWorkers(1, r) != nil {
+		t.Errorf("1 worker: %v does not run: %v", got, err)
+	}
+	if got := paramsFor("topk", 1, nil); got != nil {
+		t.Errorf("topk: %v, want nil", got)
 	}
 }

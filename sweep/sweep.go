@@ -214,7 +214,11 @@ func (s Spec) Points() ([]Point, []Skipped, error) {
 		}
 	}
 	if len(pts) == 0 {
-		return nil, skipped, errors.New("sweep: no point of the grid can run (see the skipped points)")
+		var why []string
+		for _, sk := range skipped {
+			why = append(why, sk.Name+": "+sk.Reason.Error())
+		}
+		return nil, skipped, fmt.Errorf("sweep: no point of the grid can run:\n  %s", strings.Join(why, "\n  "))
 	}
 	return pts, skipped, nil
 }
@@ -235,6 +239,9 @@ type Options struct {
 	// Notes are paragraphs under the page's title (e.g. a preset's
 	// description).
 	Notes []string
+	// Claims are the statements of a preset's paper the runs are judged
+	// on (Judge): the page states each with its verdict.
+	Claims []Claim
 }
 
 // Result says what a sweep did.
@@ -245,6 +252,9 @@ type Result struct {
 	Unrunnable []Skipped
 	// Page is the comparison page's path.
 	Page string
+	// Verdicts are the claims of Options.Claims with their verdicts on
+	// the runs, one line each (Judge).
+	Verdicts []string
 }
 
 const (
@@ -444,7 +454,18 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 		logf("%s: done in %v", tag, time.Since(t0).Round(time.Millisecond))
 	}
 	res.Page = filepath.Join(out, "sweep.html")
-	info := reports.SweepInfo{Title: o.Title, Notes: o.Notes}
+	if len(o.Claims) > 0 {
+		rs := Results{Points: pts, Runs: make([]*reports.Run, len(pts))}
+		for i, p := range pts {
+			r, err := reports.ReadRun(filepath.Join(runsDir, p.Name))
+			if err != nil {
+				return res, fmt.Errorf("sweep: reading run %s to judge the paper's claims: %w", p.Name, err)
+			}
+			rs.Runs[i] = r
+		}
+		res.Verdicts = Judge(o.Claims, rs)
+	}
+	info := reports.SweepInfo{Title: o.Title, Notes: append(slices.Clone(o.Notes), res.Verdicts...)}
 	for _, p := range pts {
 		sr := reports.SweepRun{Dir: filepath.Join(runsDir, p.Name), Method: p.Method, Workers: p.Workers, Density: p.Density}
 		if p.Net.Bandwidth > 0 {

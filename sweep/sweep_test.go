@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"html"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,7 +80,8 @@ func TestPointsRefuse(t *testing.T) {
 		{func(s *Spec) { s.Densities = nil }, "at least one density"},
 		{func(s *Spec) { s.MethodOptions = sparsify.Values{"merge_size": 10} }, "merge_size applies to lags"},
 		{func(s *Spec) { s.Networks = []netmodel.Network{{Latency: time.Millisecond}} }, "bandwidth"},
-		{func(s *Spec) { s.Sparsifiers, s.Workers = []string{"gtopk"}, []int{3} }, "no point of the grid"},
+		{func(s *Spec) { s.Sparsifiers, s.Workers = []string{"gtopk"}, []int{3, 5} }, "no point of the grid can run:\n  gtopk-w3-d0.01: "},
+		{func(s *Spec) { s.Sparsifiers, s.Workers = []string{"gtopk"}, []int{3, 5} }, "\n  gtopk-w5-d0.01: "},
 		// What train would refuse is refused before anything runs.
 		{func(s *Spec) { s.Base.Model = "vgg" }, `topk-w2-d0.01: train: invalid configuration: unknown -model "vgg"`},
 		{func(s *Spec) { s.Base.LR = train.Set(-1.0) }, "-lr -1 must be > 0"},
@@ -207,10 +209,30 @@ func TestSweepResumes(t *testing.T) {
 		}
 	}
 
-	// A third call runs nothing.
-	res, err = Run(context.Background(), s, out, Options{NoPredict: true})
+	// A third call runs nothing, and judges a preset's claims on the real
+	// runs: one DEFT must show (its actual density is the setup density),
+	// one that cannot hold (Top-k's density at most a tenth of ρ) must not;
+	// the page and the result state both with their numbers.
+	claims := []Claim{
+		{"DEFT sends the setup density.", nearSetup([]string{"deft"}, 0.5, 0.5, 1.1)},
+		{"Top-k sends a tenth of it.", nearSetup([]string{"topk"}, 0.5, 0, 0.1)},
+	}
+	res, err = Run(context.Background(), s, out, Options{NoPredict: true, Claims: claims})
 	if err != nil || res.Ran != 0 || res.Complete != 4 {
 		t.Errorf("third call: ran %d, complete %d, err %v; want 0, 4, nil", res.Ran, res.Complete, err)
+	}
+	if len(res.Verdicts) != 2 || !strings.Contains(res.Verdicts[0], "DEFT sends the setup density. This sweep: shown: actual density") ||
+		!strings.Contains(res.Verdicts[1], "This sweep: not shown: actual density") {
+		t.Errorf("verdicts %q", res.Verdicts)
+	}
+	page, err = os.ReadFile(res.Page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range res.Verdicts {
+		if !bytes.Contains(page, []byte(html.EscapeString(v))) {
+			t.Errorf("the page lacks the verdict %q", v)
+		}
 	}
 
 	// A larger budget conflicts with the completed runs, and says how.

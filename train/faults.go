@@ -133,14 +133,21 @@ func (w *worker) failed(err error, step int) error {
 	}
 	how := "resume with"
 	last, fix := "", ""
-	if errors.Is(err, errNonFinite) {
+	replayNaN := errors.Is(err, errNonFinite) && w.cfg.Gradients != ""
+	switch {
+	case replayNaN:
+		// A replay changes no gradient: neither the learning rate nor
+		// clipping is its to set.
+		last = "a replay cannot change the recorded gradients: record the job again (with its gradients clipped, or ending before they diverge), " +
+			"or replay this recording with another -sparsifier or a higher -density into a new -out"
+	case errors.Is(err, errNonFinite):
 		how = "lower -lr or clip gradients (-clip), then resume with"
 		fix = "lower -lr or clip gradients (-clip)"
 		if dir, _ := w.runner.status.checkpoint(); dir == "" {
 			last = w.runner.noCheckpoint(fix)
 		}
 	}
-	if !w.kept && w.cfg.Resume == "" {
+	if !w.kept && w.cfg.Resume == "" && !replayNaN {
 		// Nothing of the run is kept (worker): the command works again.
 		last = "nothing of the run was kept: "
 		if fix != "" {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -250,5 +251,52 @@ func TestReplayRefusals(t *testing.T) {
 	c3.Sparsifier, c3.RecordGradients = "lags", filepath.Join(t.TempDir(), "g")
 	if err := Run(context.Background(), c3, Options{}); err == nil || !strings.Contains(err.Error(), "-pipeline off") {
 		t.Errorf("recording pipelined: %v", err)
+	}
+}
+
+// TestReplayNonFiniteNamesWhatAReplayCanChange is a regression test: the
+// replay of a recording that holds a NaN said "lower -lr or clip gradients
+// (-clip)", which a replay cannot do. It must name what a replay can change
+// (the recording, the method, the density) and nothing it cannot.
+func TestReplayNonFiniteNamesWhatAReplayCanChange(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "rec")
+	params := []recorded.Param{{Tensor: layout.Tensor{Name: "w", Shape: []int{8, 4}, Size: 32}}, {Tensor: layout.Tensor{Name: "b", Shape: []int{4}, Size: 4}}}
+	w, err := recorded.Create(dir, recorded.Manifest{Model: "toy", Source: "pytorch", Mode: "simulated", Workers: 2, Batch: 4, Params: params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := make([]float32, 36)
+	for st := 1; st <= 3; st++ {
+		for r := range 2 {
+			for i := range g {
+				g[i] = float32(st + r + i)
+			}
+			if st == 2 && r == 1 {
+				g[5] = float32(math.NaN())
+			}
+			if err := w.Write(st, r, g); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.Commit(3, recorded.StepTime{}); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "replay")
+	err = Run(context.Background(), Config{Gradients: dir, Sparsifier: "topk", Density: Set(0.1), Out: out, Quiet: true}, Options{})
+	if err == nil {
+		t.Fatal("a replay of a recording holding a NaN succeeded")
+	}
+	msg := err.Error()
+	t.Log(msg)
+	for _, want := range []string{"not finite", "a replay cannot change the recorded gradients", "record the job again", "-sparsifier", "-density"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("error lacks %q: %s", want, msg)
+		}
+	}
+	for _, bad := range []string{"-lr", "-clip", "resume"} {
+		if strings.Contains(msg, bad) {
+			t.Errorf("error names %q, which a replay cannot use: %s", bad, msg)
+		}
 	}
 }

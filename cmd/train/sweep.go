@@ -278,6 +278,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if pr != nil {
 		o.Title = "Sweep " + pr.Name + ": " + pr.Paper
 		o.Notes = []string{pr.Doc, "Full-size version (for a machine with many cores or GPUs): " + pr.FullSize}
+		o.Claims = pr.Claims
 	}
 	res, err := sweep.Run(ctx, s, v.out, o)
 	if err != nil {
@@ -285,6 +286,9 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return fmt.Errorf("train sweep: %w", err)
 		}
 		return fmt.Errorf("train %w", err)
+	}
+	for _, v := range res.Verdicts {
+		fmt.Fprintln(stdout, v)
 	}
 	fmt.Fprintf(stdout, "%d runs: %d run now, %d already complete; open %s\n", res.Ran+res.Complete, res.Ran, res.Complete, res.Page)
 	return nil
