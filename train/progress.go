@@ -55,6 +55,9 @@ type progress struct {
 	last    float64
 	lossSum float64
 	lossN   int
+	// replay tells that the steps are replays of recorded gradients: no
+	// samples pass, so no throughput is printed.
+	replay bool
 }
 
 // isTerminal reports whether w is a character device (a terminal).
@@ -67,8 +70,17 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-func newProgress(barOut, out io.Writer) *progress {
-	return &progress{barOut: barOut, out: out, term: isTerminal(barOut)}
+func newProgress(barOut, out io.Writer, replay bool) *progress {
+	return &progress{barOut: barOut, out: out, term: isTerminal(barOut), replay: replay}
+}
+
+// ratePart is the throughput and sep since start, or nothing in a replay,
+// whose steps copy recorded gradients instead of processing samples.
+func (p *progress) ratePart(since time.Time, sep string) string {
+	if p.replay {
+		return ""
+	}
+	return fmt.Sprintf("%.0f samples/s%s", float64(p.samples)/time.Since(since).Seconds(), sep)
 }
 
 func (p *progress) startEpoch(epoch, epochs, steps int) {
@@ -116,8 +128,7 @@ func (p *progress) add(samples int, loss float64) {
 	p.done++
 	p.last = loss
 	if p.bar != nil {
-		rate := float64(p.samples) / time.Since(p.start).Seconds()
-		p.bar.Describe(fmt.Sprintf("epoch %d/%d %s%.0f samples/s", p.epoch, p.epochs, p.lossPart(" "), rate))
+		p.bar.Describe(strings.TrimSpace(fmt.Sprintf("epoch %d/%d %s%s", p.epoch, p.epochs, p.lossPart(" "), p.ratePart(p.start, ""))))
 		p.bar.Add(1)
 	}
 }
@@ -144,7 +155,7 @@ func (p *progress) endEpoch() {
 	if p.done < p.steps {
 		what += fmt.Sprintf(", stopped after %s (%s left in the epoch)", plural(p.done, "step"), metrics.Thousands(p.steps-p.done))
 	}
-	fmt.Fprintf(p.out, "%s: %s%.0f samples/s, %v\n", what, p.lossPart(", "), float64(p.samples)/d.Seconds(), d.Round(time.Millisecond))
+	fmt.Fprintf(p.out, "%s: %s%s%v\n", what, p.lossPart(", "), p.ratePart(p.start, ", "), d.Round(time.Millisecond))
 }
 
 // lossPart is "mean loss L" and sep, or nothing in a run without a loss
@@ -232,8 +243,8 @@ func (p *progress) status() string {
 	case p.inEval:
 		return fmt.Sprintf("evaluating, epoch %d/%d: batch %s of %s done, %s", p.epoch, p.epochs, metrics.Thousands(p.evalDone), metrics.Thousands(p.evalTotal), so(p.evalStart))
 	case p.inEpoch:
-		return fmt.Sprintf("epoch %d/%d: step %s of %s done, mean loss %.4f, %.0f samples/s, %s", p.epoch, p.epochs, metrics.Thousands(p.done), metrics.Thousands(p.steps),
-			p.meanLoss(), float64(p.samples)/time.Since(p.start).Seconds(), so(p.start))
+		return fmt.Sprintf("epoch %d/%d: step %s of %s done, %s%s%s", p.epoch, p.epochs, metrics.Thousands(p.done), metrics.Thousands(p.steps),
+			p.lossPart(", "), p.ratePart(p.start, ", "), so(p.start))
 	}
 	return "working"
 }

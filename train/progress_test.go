@@ -24,7 +24,7 @@ func TestEpochLineSaysWhenCut(t *testing.T) {
 		{10, nil, ""},
 	} {
 		var out bytes.Buffer
-		p := newProgress(&bytes.Buffer{}, &out)
+		p := newProgress(&bytes.Buffer{}, &out, false)
 		p.startEpoch(2, 5, tc.steps)
 		for _, l := range tc.losses {
 			p.add(32, l)

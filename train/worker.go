@@ -326,7 +326,7 @@ func (w *worker) openOutput(info *RunInfo) error {
 	}
 	w.out = &output{metrics: mw, log: w.log, sink: opt.LossSink, console: newSyncWriter(opt.Stdout)}
 	if !cfg.Quiet {
-		w.out.prog = newProgress(opt.Progress, w.out.console)
+		w.out.prog = newProgress(opt.Progress, w.out.console, cfg.Gradients != "")
 		w.out.stopBeat = w.out.prog.beat(w.out.console)
 		if info.CUDA != nil {
 			fmt.Fprintln(w.out.console, info.CUDA)
