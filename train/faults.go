@@ -34,6 +34,29 @@ type runStatus struct {
 	mu       sync.Mutex
 	ckpt     string
 	ckptStep int
+	// between says what the run does after its last step, before the next
+	// ("" inside a step): "writing its checkpoint", "evaluating".
+	between string
+}
+
+// setBetween records what the run does between two steps ("": a step).
+func (s *runStatus) setBetween(what string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.between = what
+}
+
+// where says where the run stands, for the messages about a signal:
+// "during step 8" inside a step, "after step 2415, evaluating" between
+// steps (a run killed during its final evaluation was not in a step 2416).
+func (s *runStatus) where() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	step := s.step.Load()
+	if s.between != "" {
+		return fmt.Sprintf("after step %d, %s", step, s.between)
+	}
+	return fmt.Sprintf("during step %d", step+1)
 }
 
 func (s *runStatus) setCheckpoint(dir string, step int) {
@@ -58,6 +81,16 @@ func (r *runner) lastCheckpoint(how string) string {
 		return r.noCheckpoint("")
 	}
 	return fmt.Sprintf("the last checkpoint is %s (step %d); %s: %s", dir, step, how, r.resumeCommand())
+}
+
+// fallback is what is left of the run if it ends now, before the
+// checkpoint it is writing: the last complete checkpoint and the command
+// that resumes from it, or, before the first, that nothing can be resumed.
+func (r *runner) fallback() string {
+	if dir, _ := r.status.checkpoint(); dir != "" {
+		return r.lastCheckpoint("resume from it with")
+	}
+	return "no checkpoint exists yet to resume from, and the run must start again with another -out (or its folder " + r.cfg.Out + " deleted)"
 }
 
 // noCheckpoint is the advice for a run that stopped before its first
@@ -304,16 +337,20 @@ func (r *runner) handleSignals(stop chan struct{}, console io.Writer, rank0 bool
 		case <-done:
 			return
 		}
-		step := r.status.step.Load() + 1
+		where := r.status.where()
 		if r.backend == "mpi" && s == syscall.SIGTERM {
-			say("\ntrain: terminated (SIGTERM) by mpirun during step %d: a rank died or the job was interrupted; if every rank is alive the job stops after this step with a checkpoint; %s\n",
-				step, r.lastCheckpoint("resume with"))
+			// mpirun kills the ranks a few seconds after its SIGTERM: say
+			// what happens if the checkpoint is written, and what is left
+			// if it is not, without contradicting the message that follows
+			// the checkpoint.
+			say("\ntrain: terminated (SIGTERM) by mpirun %s: a rank died or the job was interrupted; if every rank is alive the job stops with a checkpoint and names the command that resumes it; if mpirun kills it before, %s\n",
+				where, r.fallback())
 		} else {
 			again := "Ctrl-C again exits at once"
 			if s != os.Interrupt {
 				again = "a second signal exits at once"
 			}
-			say("\ntrain: %s during step %d: stopping after it with a checkpoint (%s)\n", sigName(s), step, again)
+			say("\ntrain: %s %s: stopping with a checkpoint (%s)\n", sigName(s), where, again)
 		}
 		r.stopOnce.Do(func() { close(stop) })
 		select {
@@ -321,7 +358,7 @@ func (r *runner) handleSignals(stop chan struct{}, console io.Writer, rank0 bool
 		case <-done:
 			return
 		}
-		say("train: %s again: exiting at once during step %d; %s\n", sigName(s), r.status.step.Load()+1, r.lastCheckpoint("resume with"))
+		say("train: %s again: exiting at once %s; %s\n", sigName(s), r.status.where(), r.lastCheckpoint("resume with"))
 		code := 130
 		if s == syscall.SIGTERM {
 			code = 143

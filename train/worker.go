@@ -576,7 +576,9 @@ func (w *worker) loop(ctx context.Context) error {
 // written (a full disk) stops the run: the previous one is intact, and
 // training on would only add steps that cannot be kept.
 func (w *worker) follow(ctx context.Context, p plan, evalEpoch, step int, did *done) error {
+	defer w.runner.status.setBetween("")
 	if p.checkpoint {
+		w.runner.status.setBetween("writing its checkpoint")
 		end := w.out.progress().during(fmt.Sprintf("writing the checkpoint of step %d", p.at.step))
 		err := w.checkpoint(ctx, p.at)
 		end()
@@ -586,6 +588,7 @@ func (w *worker) follow(ctx context.Context, p plan, evalEpoch, step int, did *d
 		did.checkpoint = p.at.step
 	}
 	if p.evaluate {
+		w.runner.status.setBetween("evaluating")
 		if _, err := w.evaluate(ctx, evalEpoch, step); err != nil {
 			return err
 		}

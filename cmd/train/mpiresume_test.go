@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,5 +75,51 @@ func copyFile(t *testing.T, from, to string) {
 	}
 	if err := dst.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMPICtrlCSaysOneThing is a regression test: Ctrl-C on an mpirun job
+// (SIGINT to the terminal's whole process group: mpirun and its ranks; then
+// mpirun's own SIGTERM to the ranks) printed first "no checkpoint was
+// written yet: start the run again with another -out (or delete DIR
+// first)", then "the last checkpoint is DIR/checkpoints/step-… resume
+// with: mpirun …": the stale first message told the user to delete a
+// resumable run. Whatever the job prints must agree: if it names a
+// checkpoint to resume from, nothing it printed says to delete the run or
+// that no checkpoint exists; and the checkpoint it names exists.
+func TestMPICtrlCSaysOneThing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs mpirun")
+	}
+	mpirun := testenv.MPIRun(t)
+	d := sharedData(t)
+	dir := filepath.Join(t.TempDir(), "run")
+	cmd, out := startMain(t, mpirun, append([]string{"--oversubscribe", "--allow-run-as-root", "-np", "2", os.Args[0]},
+		append(resumeArgs, "-data-dir", d, "-batch", "32", "-out", dir)...)...)
+	// In the first epoch (about 7,700 steps), before any checkpoint.
+	waitFor(t, 2*time.Minute, "20 steps", func() bool { return stepsRecorded(dir) >= 20 })
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil { // a terminal's Ctrl-C
+		t.Fatal(err)
+	}
+	code, _ := exitIn(t, cmd, time.Minute, out)
+	msg := out.String()
+	t.Logf("exit %d:\n%s", code, msg)
+	if code == 0 {
+		t.Fatal("an interrupted job exited 0")
+	}
+	m := regexp.MustCompile(`the last checkpoint is (\S+) \(step (\d+)\); resume with: (.*)`).FindStringSubmatch(msg)
+	if m == nil {
+		if !strings.Contains(msg, "no checkpoint") {
+			t.Fatal("the job names neither a checkpoint to resume from nor that there is none")
+		}
+		return // killed before its checkpoint: then "none" is the truth
+	}
+	if _, err := os.Stat(filepath.Join(m[1], "shared.ckpt")); err != nil {
+		t.Errorf("the named checkpoint %s is not complete: %v", m[1], err)
+	}
+	for _, bad := range []string{"no checkpoint was written yet", "delete " + dir, "no checkpoint exists yet to resume from\n"} {
+		if strings.Contains(msg, bad) {
+			t.Errorf("the job names checkpoint %s to resume from but also printed %q", m[1], bad)
+		}
 	}
 }
