@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -167,5 +168,44 @@ func TestREADMEOutputsIgnored(t *testing.T) {
 		if err := cmd.Run(); err != nil {
 			t.Errorf("README writes %s, which .gitignore does not ignore (git check-ignore: %v)", p, err)
 		}
+	}
+}
+
+// TestREADMESparsifiersHaveWorkers is a regression test: the README's LSTM
+// example ran MiCRO with one worker, which sends nothing (its bytes chart
+// was empty), so it showed nothing of what it was for. Every README command
+// that trains with a sparsifier other than dense runs at least two workers:
+// -workers N ≥ 2, or mpirun -np N ≥ 2.
+func TestREADMESparsifiersHaveWorkers(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, c := range readmeCommands(string(readme)) {
+		f := strings.Fields(strings.SplitN(c, "#", 2)[0])
+		train := slices.ContainsFunc(f, func(s string) bool { return s == "bin/train" || s == "./cmd/train" })
+		if !train || slices.Contains(f, "sweep") || slices.Contains(f, "advise") || slices.Contains(f, "replay") || slices.Contains(f, "report") {
+			continue
+		}
+		i := slices.Index(f, "-sparsifier")
+		if i < 0 || i+1 >= len(f) || f[i+1] == "dense" {
+			continue
+		}
+		checked++
+		workers := 1
+		for j := 0; j+1 < len(f); j++ {
+			if f[j] == "-workers" || (f[0] == "mpirun" && f[j] == "-np") {
+				if n, err := strconv.Atoi(f[j+1]); err == nil {
+					workers = n
+				}
+			}
+		}
+		if workers < 2 {
+			t.Errorf("README runs -sparsifier %s with one worker, which sends nothing: %s", f[i+1], c)
+		}
+	}
+	if checked < 3 {
+		t.Fatalf("checked only %d README commands: the extraction is broken", checked)
 	}
 }
