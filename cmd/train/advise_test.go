@@ -56,7 +56,7 @@ func TestAdviseUnwritableMeasurements(t *testing.T) {
 	if !strings.Contains(out.String(), "ncf on ml-100k, ") || !strings.Contains(out.String(), "dense") {
 		t.Errorf("no table printed when the file could not be saved:\n%s", out.String())
 	}
-	if _, err := os.Stat(path + ".tmp"); err == nil {
-		t.Error("a temporary file was left")
+	if left, _ := filepath.Glob(filepath.Join(disk, "*tmp*")); len(left) > 0 {
+		t.Errorf("temporary files left: %v", left)
 	}
 }
