@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
 )
@@ -74,7 +75,7 @@ func TestShortLSTMRunEvaluatesALabelledSample(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains the LSTM and evaluates 100 batches (about 15 s with OpenBLAS)")
 	}
-	dir := sharedData(t, filepath.Join("wikitext-2", "valid.txt"))
+	dir := testenv.SharedData(t, filepath.Join("wikitext-2", "valid.txt"))
 	const workers = 2
 	c := Config{Model: "lstm", DataDir: dir, Workers: Set(workers), Steps: 2, Out: t.TempDir()}
 	var out bytes.Buffer

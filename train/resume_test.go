@@ -19,6 +19,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -546,9 +547,9 @@ func TestResumeIsExactOtherModels(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long; runs in the full suite")
 	}
-	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: sharedData(t, "wikitext-2/train.txt"), Workers: Set(2), Steps: 6,
+	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: testenv.SharedData(t, "wikitext-2/train.txt"), Workers: Set(2), Steps: 6,
 		Batch: Set(4), Sparsifier: "randomk", Density: Set(0.01), Quiet: true, BLAS: "gonum", MaxEvalBatches: 2, Out: t.TempDir()}
-	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: sharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(2), Steps: 4,
+	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: testenv.SharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(2), Steps: 4,
 		Batch: Set(4), EvalBatch: Set(8), Sparsifier: "micro", Density: Set(0.01), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1, Out: t.TempDir()}
 	for _, tc := range []struct {
 		c Config

@@ -21,16 +21,8 @@ import (
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
-// sharedData is the real data of the project's shared folder; a missing
-// probe skips the test, or fails it under SPARSEGRAD_REQUIRE=data
-// (testenv.DataDir).
-func sharedData(t testing.TB, probe string) string {
-	t.Helper()
-	return testenv.DataDir(t, filepath.Join("..", "..", "shared", "data"), probe)
-}
-
 func ncfConfig(t testing.TB, workers, steps int) Config {
-	return Config{Model: "ncf", Dataset: "ml-100k", DataDir: sharedData(t, "ml-100k/u.data"), Workers: Set(workers), Steps: steps,
+	return Config{Model: "ncf", Dataset: "ml-100k", DataDir: testenv.SharedData(t, "ml-100k/u.data"), Workers: Set(workers), Steps: steps,
 		Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 2}
 }
 
@@ -326,7 +318,7 @@ func TestRunDirectoryAndResume(t *testing.T) {
 	}
 	// Resuming it as another model is refused, saying what differs.
 	bad := ncfConfig(t, 1, 1)
-	bad.Model, bad.Dataset, bad.DataDir = "lstm", "wikitext2", sharedData(t, "wikitext-2/train.txt")
+	bad.Model, bad.Dataset, bad.DataDir = "lstm", "wikitext2", testenv.SharedData(t, "wikitext-2/train.txt")
 	bad.Resume, bad.Out = c.Out, ""
 	if err := Run(context.Background(), bad, Options{}); err == nil || !strings.Contains(err.Error(), "-model lstm: the run has ncf") {
 		t.Fatalf("resuming an NCF run as an LSTM: %v", err)

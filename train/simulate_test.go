@@ -13,6 +13,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -67,9 +68,9 @@ func TestSimulatedEqualsReplicas(t *testing.T) {
 			cases = append(cases, tc{"ncf/" + name, c})
 		}
 	} else {
-		lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: sharedData(t, "wikitext-2/train.txt"), Workers: Set(3), Executors: 2, Steps: 4,
+		lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: testenv.SharedData(t, "wikitext-2/train.txt"), Workers: Set(3), Executors: 2, Steps: 4,
 			Batch: Set(4), Sparsifier: "topk", Density: Set(0.01), Quiet: true, BLAS: "gonum", BLASThreads: 1, MaxEvalBatches: 2}
-		resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: sharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(3), Executors: 2, Steps: 3,
+		resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: testenv.SharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(3), Executors: 2, Steps: 3,
 			Batch: Set(4), EvalBatch: Set(8), Sparsifier: "deft", Density: Set(0.01), Quiet: true, BLAS: "gonum", BLASThreads: 1, MaxEvalBatches: 1}
 		cases = append(cases, tc{"lstm", lstm}, tc{"resnet18", resnet})
 	}

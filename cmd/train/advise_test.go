@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/internal/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
 )
 
 // TestAdviseUnwritableMeasurements: a -measurements file that cannot be
@@ -19,7 +20,7 @@ import (
 // measuring (the disk filled up) still gets the tables printed, then the
 // error.
 func TestAdviseUnwritableMeasurements(t *testing.T) {
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	file := filepath.Join(t.TempDir(), "notes.txt")
 	if err := os.WriteFile(file, []byte("a file"), 0o644); err != nil {
 		t.Fatal(err)

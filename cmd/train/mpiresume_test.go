@@ -21,7 +21,7 @@ func TestMPIResumeCommandRunsAsPrinted(t *testing.T) {
 		t.Skip("runs mpirun three times")
 	}
 	mpirun := testenv.MPIRun(t)
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	// The test binary acts as train (mainEnv); named train, the commands
 	// it prints name it by its path.
 	dir := t.TempDir()

@@ -185,7 +185,7 @@ func TestCtrlCThenResume(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long; runs in the full suite")
 	}
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	const steps = 300
 	straight := filepath.Join(t.TempDir(), "straight")
 	var out bytes.Buffer
@@ -237,7 +237,7 @@ func TestMPIKillThenResume(t *testing.T) {
 		t.Skip("long; runs in the full suite")
 	}
 	mpirun := testenv.MPIRun(t)
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	const np, steps = 3, 300
 	mpi := []string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np), os.Args[0]}
 	mpiRun := func(args ...string) {
@@ -330,7 +330,7 @@ func TestMPIResumeEverySparsifier(t *testing.T) {
 		t.Skip("long; runs in the full suite")
 	}
 	mpirun := testenv.MPIRun(t)
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	for _, name := range builtinSparsifiers {
 		t.Run(name, func(t *testing.T) {
 			np := "3"

@@ -154,6 +154,30 @@ func MPIRun(t testing.TB) string {
 	return Tool(t, MPI, "mpirun", "install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
 }
 
+// SharedData returns the absolute path of the project's real data sets,
+// the folder shared/data beside the repository (../shared/data from its
+// root, found from the test's working directory, its package's folder),
+// if every probe (a path relative to it, e.g. "ml-100k/u.data") exists;
+// otherwise it ends t through Missing.
+func SharedData(t testing.TB, probes ...string) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	for err == nil {
+		if _, serr := os.Stat(filepath.Join(dir, "go.mod")); serr == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			err = errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+	if err != nil {
+		t.Fatalf("finding the repository's root: %v", err)
+	}
+	return DataDir(t, filepath.Join(filepath.Dir(dir), "shared", "data"), probes...)
+}
+
 // DataDir returns dir, the shared data folder as the caller's package sees
 // it, if every probe (a path relative to dir) exists; otherwise it ends t
 // through Missing.
