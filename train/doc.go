@@ -136,8 +136,9 @@
 //
 // # Checkpoints, resumes and faults
 //
-// A checkpoint (checkpoint.go) holds everything a run needs to continue
-// exactly: rank 0's shared part (parameters, optimizer state, position,
+// A checkpoint (its files are package rundir's; ckptrun.go makes the ranks
+// agree on writing and reading one) holds everything a run needs to
+// continue exactly: rank 0's shared part (parameters, optimizer state, position,
 // wall time, configuration) and every rank's own part (error-feedback
 // residual, batch-norm statistics, the reducer's state through
 // sparsify.Stateful, the model's dropout stream and LSTM hidden state

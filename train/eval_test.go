@@ -18,6 +18,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/internal/testenv"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 func TestEvalBound(t *testing.T) {
@@ -193,7 +194,7 @@ func TestInterruptedEvaluationKeepsTheSteps(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: %v, want the interruption", err)
 	}
-	ck, err := LatestCheckpoint(c.Out)
+	ck, err := rundir.Latest(c.Out)
 	if err != nil {
 		t.Fatalf("no checkpoint after the interrupted evaluation: %v", err)
 	}

@@ -7,13 +7,15 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 // output is what rank 0 writes besides checkpoints: the metrics file, the
 // console progress and the HTML report. The other ranks have none (a nil
 // *output, whose methods do nothing).
 type output struct {
-	metrics *metricsWriter
+	metrics *rundir.Metrics
 	prog    *progress // nil with Config.Quiet
 	rep     *reporter // nil without Options.Report
 	// reportPath is where rep writes the report, printed when the run ends;
@@ -33,7 +35,7 @@ func (o *output) step(rec StepRecord) error {
 	if o == nil {
 		return nil
 	}
-	if err := o.metrics.write(rec); err != nil {
+	if err := o.metrics.Write(rec); err != nil {
 		return err
 	}
 	if o.prog != nil {
@@ -51,7 +53,7 @@ func (o *output) eval(epoch, step int, wall Num, ev evaluation) error {
 		return nil
 	}
 	for _, m := range ev.metrics {
-		if err := o.metrics.write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value),
+		if err := o.metrics.Write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value),
 			Split: ev.split, Evaluated: ev.count, SplitSize: ev.total, Unit: ev.unit}); err != nil {
 			return err
 		}
@@ -87,7 +89,7 @@ func (o *output) close(final bool) error {
 	if o.stopBeat != nil {
 		o.stopBeat()
 	}
-	err := o.metrics.close()
+	err := o.metrics.Close()
 	if o.rep.finish(final) && o.prog != nil {
 		fmt.Fprintf(o.console, "report: %s (open it in a browser)\n", o.reportPath)
 	}

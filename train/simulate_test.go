@@ -14,6 +14,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -82,7 +83,7 @@ func TestSimulatedEqualsReplicas(t *testing.T) {
 				t.Fatal(err)
 			}
 			replicaRun(t, rep)
-			if msg := sameEnd(readEndState(t, rep.Out), readEndState(t, sim.Out)); msg != "" {
+			if msg := rundirtest.Diff(rundirtest.Read(t, rep.Out), rundirtest.Read(t, sim.Out)); msg != "" {
 				t.Fatalf("simulated workers differ from replicas: %s", msg)
 			}
 			if got := runInfoOf(t, sim.Out).Executors; got != min(2, sim.Workers.Value()) {
@@ -181,7 +182,7 @@ func TestSimulatedTimesAreTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	var comp, comm, queue, iter, update, sel []float64
-	for _, r := range readMetrics(t, c.Out) {
+	for _, r := range rundirtest.Records(t, c.Out) {
 		if r["type"] != "step" || r["step"].(float64) == 1 {
 			continue
 		}

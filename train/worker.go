@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"runtime/debug"
 	"slices"
@@ -15,6 +14,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -30,8 +30,8 @@ type worker struct {
 	communicator comm.Communicator
 	rank, size   int
 	log          *slog.Logger
-	// runLog is the rank's log file (see runLog).
-	runLog *runLog
+	// runLog is the rank's log file (see rundir.Log).
+	runLog *rundir.Log
 
 	dataPath *dataPath
 	task     task
@@ -55,7 +55,7 @@ type worker struct {
 	// kept says that the run has something worth keeping: a new run has
 	// done a step or written a checkpoint, a resume has been accepted.
 	// Until then its log is in memory (runLog), and a new run that fails
-	// removes what it wrote (discardRun).
+	// removes what it wrote (rundir.Discard).
 	kept bool
 	// lastStepTime is the last step's time, evalPerBatch the last
 	// evaluation's time per batch (evalReserve).
@@ -74,17 +74,17 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 			r.sim.bar.abort(err)
 		}
 	}()
-	if err := os.MkdirAll(filepath.Join(cfg.Out, "checkpoints"), 0o755); err != nil {
+	if err := rundir.Create(cfg.Out); err != nil {
 		return fmt.Errorf("train: creating the run directory: %w", err)
 	}
 	if w.rank == 0 {
-		unlock, err := lockRun(cfg.Out)
+		unlock, err := rundir.Lock(cfg.Out)
 		if err != nil {
-			return err
+			return configError(err)
 		}
 		defer unlock()
 	}
-	rlog, lg := newRunLog(cfg.Out, w.rank)
+	rlog, lg := rundir.NewLog(cfg.Out, w.rank)
 	defer rlog.Close()
 	w.log, w.runLog = lg, rlog
 	// A panic of this worker ends the job with an error naming the rank
@@ -92,10 +92,10 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			w.runner.panicked.Store(true)
-			w.runLog.keep()
+			w.runLog.Keep()
 			w.log.Error("panic", "value", p, "stack", string(debug.Stack()))
 			err = &jobError{msg: fmt.Sprintf("step %d failed on rank %d: panic: %v (stack in %s); %s", w.runner.status.step.Load()+1, w.rank, p,
-				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.runner.lastCheckpoint("resume with"))}
+				rundir.LogPath(cfg.Out, w.rank), w.runner.lastCheckpoint("resume with"))}
 		}
 	}()
 	defer func() {
@@ -316,13 +316,13 @@ func (w *worker) openOutput(info *RunInfo) error {
 	cfg, opt := w.cfg, w.runner.opt
 	w.runInfo = info
 	if cfg.Resume == "" {
-		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
+		if err := rundir.WriteRun(cfg.Out, info); err != nil {
 			return fmt.Errorf("train: writing run.json: %w", err)
 		}
 	}
-	mw, err := openMetrics(filepath.Join(cfg.Out, "metrics.jsonl"), cfg.Resume != "")
+	mw, err := rundir.OpenMetrics(cfg.Out, cfg.Resume != "")
 	if err != nil {
-		return err
+		return fmt.Errorf("train: %w", err)
 	}
 	w.out = &output{metrics: mw, log: w.log, sink: opt.LossSink, console: newSyncWriter(opt.Stdout)}
 	if !cfg.Quiet {
@@ -335,7 +335,7 @@ func (w *worker) openOutput(info *RunInfo) error {
 	if report := opt.Report; report != nil {
 		o := w.out
 		w.out.rep = newReporter(func() error { return report(cfg.Out) }, o.reportFailed)
-		w.out.reportPath = filepath.Join(cfg.Out, "report.html")
+		w.out.reportPath = filepath.Join(cfg.Out, rundir.ReportFile)
 		w.out.reportCmd = progOf(opt) + " report " + cfg.Out
 	}
 	return nil
