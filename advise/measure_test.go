@@ -3,11 +3,15 @@ package advise
 import (
 	"context"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
-	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/layout"
 )
 
 // TestSimReduceOverNetwork times Top-k's reducer on 3 in-process workers
@@ -17,7 +21,7 @@ import (
 // communication holds the emulated delays (Top-k's all-gathers and union
 // all-reduce: several ms) where in-process it takes far less.
 func TestSimReduceOverNetwork(t *testing.T) {
-	l, err := sparsify.NewLayout([]string{"a", "b"}, []int{3000, 1000})
+	l, err := layout.New([]string{"a", "b"}, []int{3000, 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,5 +85,29 @@ func TestSimRounds(t *testing.T) {
 		if r != tc.rounds || (d*time.Duration(r)-tc.total).Abs() > time.Millisecond {
 			t.Errorf("step %v s, %d workers: %d rounds of %v, want %d rounds, %v in all", tc.compute, tc.p, r, d, tc.rounds, tc.total)
 		}
+	}
+}
+
+// TestReadHost: measurements read back as written, and a file of the
+// older form (the layout as names and sizes) still reads.
+func TestReadHost(t *testing.T) {
+	dir := t.TempDir()
+	h := synthHost()
+	p := filepath.Join(dir, "m.json")
+	if err := WriteHost(p, h); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadHost(p)
+	if err != nil || !reflect.DeepEqual(got, h) {
+		t.Fatalf("read back %+v, %v; wrote %+v", got, err, h)
+	}
+	old := filepath.Join(dir, "old.json")
+	os.WriteFile(old, []byte(`{"model": "synthetic", "names": ["a", "b"], "sizes": [600000, 400000], "n": 1000000}`), 0o644)
+	if got, err := ReadHost(old); err != nil || !reflect.DeepEqual(got.Layout, h.Layout) {
+		t.Fatalf("an older file's layout %+v, %v; want %+v", got.Layout, err, h.Layout)
+	}
+	os.WriteFile(old, []byte(`{"model": "synthetic"}`), 0o644)
+	if _, err := ReadHost(old); err == nil || !strings.Contains(err.Error(), "holds no model layout") {
+		t.Fatalf("a file without a layout: %v", err)
 	}
 }
