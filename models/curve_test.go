@@ -10,7 +10,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/data"
 	"github.com/sparsegrad/sparsegrad/engine"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
 

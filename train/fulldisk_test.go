@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/smalldisk"
 	"github.com/sparsegrad/sparsegrad/rundir"
 )
 

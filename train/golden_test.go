@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // The per-step mean losses of short real-data runs, recorded by the trainer

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestRunTooLargeForMemoryIsRefused: an LSTM batch of a million sequences

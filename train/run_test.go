@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/smalldisk"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestAdviseUnwritableMeasurements: a -measurements file that cannot be

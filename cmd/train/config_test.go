@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/smalldisk"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestFullDiskFails resumes a finished run (one epoch, its report written)

@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/dnnl"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/native/dnnl"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 

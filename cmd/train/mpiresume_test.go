@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestMPIResumeCommandRunsAsPrinted: a job started with mpirun

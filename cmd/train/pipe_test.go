@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestClosedStdoutSaysSoAndGoesOn: train ... | head -1 (standard output

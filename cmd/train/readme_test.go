@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // readmeCommands returns the commands of README.md's code blocks, one per

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )

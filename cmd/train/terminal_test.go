@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // cmdResult is what one command left on the terminal.

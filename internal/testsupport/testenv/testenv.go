@@ -53,7 +53,7 @@ const (
 	// Git: the git tool.
 	Git Need = "git"
 	// SmallDisk: mounting a small tmpfs, a file system that fills up
-	// (internal/smalldisk; needs root).
+	// (internal/testsupport/smalldisk; needs root).
 	SmallDisk Need = "smalldisk"
 )
 
