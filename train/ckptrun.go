@@ -39,19 +39,6 @@ type checkpointState struct {
 	evaluated bool
 }
 
-// keep marks the run as worth keeping (worker.kept) and writes its log
-// from now on; a log that cannot be written is a warning.
-func (w *worker) keep() {
-	if w.kept {
-		return
-	}
-	w.kept = true
-	w.runner.kept.Store(true)
-	if err := w.runLog.Keep(); err != nil && w.out != nil {
-		w.out.warn("no log", err)
-	}
-}
-
 // ckptError is a checkpoint that could not be written; the previous one is
 // intact.
 type ckptError struct {
@@ -71,38 +58,6 @@ func (e *ckptError) Error() string {
 }
 
 func (e *ckptError) Unwrap() error { return e.err }
-
-// errNonFinite is wrapped by the errors of a NaN or infinite loss,
-// gradient, parameter or state.
-var errNonFinite = errors.New("not finite")
-
-// firstNonFinite returns the index of the first NaN or ±Inf in v, or -1.
-func firstNonFinite(v []float32) int {
-	for i, x := range v {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return i
-		}
-	}
-	return -1
-}
-
-// tensorAt names the layout tensor holding flat element i: its name and
-// the element's index within it.
-func (dp *dataPath) tensorAt(i int) (string, int) {
-	for _, t := range dp.layout.Tensors {
-		if i < t.Offset+t.Size {
-			return t.Name, i - t.Offset
-		}
-	}
-	return "?", i
-}
-
-// nonFinite is the error for v[i] (a vector in layout order) not being
-// finite.
-func (dp *dataPath) nonFinite(what string, v []float32, i int) error {
-	name, j := dp.tensorAt(i)
-	return fmt.Errorf("%w: the %s is %v in tensor %s (element %d of it)", errNonFinite, what, v[i], name, j)
-}
 
 // paramHash is a CRC-32C of the parameters' bits (host view, downloaded).
 func (dp *dataPath) paramHash() (uint32, error) {

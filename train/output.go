@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -28,6 +29,36 @@ type output struct {
 	console *syncWriter
 	// stopBeat ends the progress's heartbeat (nil without one).
 	stopBeat func()
+}
+
+// openOutput (rank 0) writes run.json (a new run's, info; a resume writes
+// it once its checkpoint is accepted, in restore, so that a refused resume
+// changes nothing) and opens metrics.jsonl, the progress output and the
+// report of the run configured by cfg and opt, logging to log.
+func openOutput(cfg Config, opt Options, info *RunInfo, log *slog.Logger) (*output, error) {
+	if cfg.Resume == "" {
+		if err := rundir.WriteRun(cfg.Out, info); err != nil {
+			return nil, fmt.Errorf("train: writing run.json: %w", err)
+		}
+	}
+	mw, err := rundir.OpenMetrics(cfg.Out, cfg.Resume != "")
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	o := &output{metrics: mw, log: log, sink: opt.LossSink, console: newSyncWriter(opt.Stdout)}
+	if !cfg.Quiet {
+		o.prog = newProgress(opt.Progress, o.console)
+		o.stopBeat = o.prog.beat(o.console)
+		if info.CUDA != nil {
+			fmt.Fprintln(o.console, info.CUDA)
+		}
+	}
+	if report := opt.Report; report != nil {
+		o.rep = newReporter(func() error { return report(cfg.Out) }, o.reportFailed)
+		o.reportPath = filepath.Join(cfg.Out, rundir.ReportFile)
+		o.reportCmd = progOf(opt) + " report " + cfg.Out
+	}
+	return o, nil
 }
 
 // step records a step.

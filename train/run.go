@@ -9,9 +9,7 @@ import (
 	"os"
 	"regexp"
 	"runtime"
-	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -415,38 +413,6 @@ func (r *runner) discard(err error, rank0 bool) error {
 		rundir.Discard(r.cfg.Out, rank0, r.created)
 	}
 	return err
-}
-
-func machine() Machine {
-	m := Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
-	m.Hostname, _ = os.Hostname()
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "model name") {
-				if i := strings.IndexByte(l, ':'); i >= 0 {
-					m.CPU = strings.TrimSpace(l[i+1:])
-				}
-				break
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		fmt.Sscan(string(b), &m.Load1)
-	}
-	return m
-}
-
-func versions(blas, kernels string) Versions {
-	v := Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v.Module = bi.Main.Path + "@" + bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				v.Revision = s.Value
-			}
-		}
-	}
-	return v
 }
 
 // checkFreshOut refuses to start a new run in a directory that already holds

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
+	"os"
+	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -130,6 +132,19 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	return err
 }
 
+// keep marks the run as worth keeping (worker.kept) and writes its log
+// from now on; a log that cannot be written is a warning.
+func (w *worker) keep() {
+	if w.kept {
+		return
+	}
+	w.kept = true
+	w.runner.kept.Store(true)
+	if err := w.runLog.Keep(); err != nil && w.out != nil {
+		w.out.warn("no log", err)
+	}
+}
+
 // setup builds what the rank trains with, in this order: the model, the
 // communicator of its device, the data path, the initial parameters (rank
 // 0's, the same on every rank), the data, and on rank 0 run.json and the
@@ -160,7 +175,8 @@ func (w *worker) setup(ctx context.Context) error {
 		return err
 	}
 	if w.rank == 0 {
-		if err := w.openOutput(w.newRunInfo(be.Device())); err != nil {
+		w.runInfo = w.newRunInfo(be.Device())
+		if w.out, err = openOutput(w.cfg, w.runner.opt, w.runInfo, w.log); err != nil {
 			w.task.Close()
 			return err
 		}
@@ -308,37 +324,38 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 	return &info
 }
 
-// openOutput (rank 0) writes run.json (a new run's; a resume writes it
-// once its checkpoint is accepted, in restore, so that a refused resume
-// changes nothing) and opens metrics.jsonl, the progress output and the
-// report.
-func (w *worker) openOutput(info *RunInfo) error {
-	cfg, opt := w.cfg, w.runner.opt
-	w.runInfo = info
-	if cfg.Resume == "" {
-		if err := rundir.WriteRun(cfg.Out, info); err != nil {
-			return fmt.Errorf("train: writing run.json: %w", err)
+// machine describes the computer of this process (run.json's).
+func machine() Machine {
+	m := Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
+	m.Hostname, _ = os.Hostname()
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				if i := strings.IndexByte(l, ':'); i >= 0 {
+					m.CPU = strings.TrimSpace(l[i+1:])
+				}
+				break
+			}
 		}
 	}
-	mw, err := rundir.OpenMetrics(cfg.Out, cfg.Resume != "")
-	if err != nil {
-		return fmt.Errorf("train: %w", err)
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Sscan(string(b), &m.Load1)
 	}
-	w.out = &output{metrics: mw, log: w.log, sink: opt.LossSink, console: newSyncWriter(opt.Stdout)}
-	if !cfg.Quiet {
-		w.out.prog = newProgress(opt.Progress, w.out.console)
-		w.out.stopBeat = w.out.prog.beat(w.out.console)
-		if info.CUDA != nil {
-			fmt.Fprintln(w.out.console, info.CUDA)
+	return m
+}
+
+// versions are the software versions of this build (run.json's).
+func versions(blas, kernels string) Versions {
+	v := Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v.Module = bi.Main.Path + "@" + bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				v.Revision = s.Value
+			}
 		}
 	}
-	if report := opt.Report; report != nil {
-		o := w.out
-		w.out.rep = newReporter(func() error { return report(cfg.Out) }, o.reportFailed)
-		w.out.reportPath = filepath.Join(cfg.Out, rundir.ReportFile)
-		w.out.reportCmd = progOf(opt) + " report " + cfg.Out
-	}
-	return nil
+	return v
 }
 
 func sumSizes(l []models.ParamInfo) int {
