@@ -19,18 +19,18 @@ const SharedFile = "shared.ckpt"
 // stepPrefix begins the name of a checkpoint's folder.
 const stepPrefix = "step-"
 
-// CheckpointDir is the folder of the checkpoint at step of the run in run.
-func CheckpointDir(run string, step int) string {
-	return filepath.Join(run, checkpointsDir, fmt.Sprintf("%s%09d", stepPrefix, step))
+// CheckpointDir is the folder of the checkpoint at step of the run in dir.
+func CheckpointDir(dir string, step int) string {
+	return filepath.Join(dir, checkpointsDir, fmt.Sprintf("%s%09d", stepPrefix, step))
 }
 
 // ShardFile is the name of rank's part of a checkpoint.
 func ShardFile(rank int) string { return fmt.Sprintf("rank-%04d.ckpt", rank) }
 
-// Steps lists the steps of the checkpoint folders of the run in run,
+// checkpointSteps lists the steps of the checkpoint folders of the run in dir,
 // newest first (complete or not).
-func Steps(run string) ([]int, error) {
-	ents, err := os.ReadDir(filepath.Join(run, checkpointsDir))
+func checkpointSteps(dir string) ([]int, error) {
+	ents, err := os.ReadDir(filepath.Join(dir, checkpointsDir))
 	if err != nil {
 		return nil, err
 	}
@@ -50,25 +50,25 @@ func Steps(run string) ([]int, error) {
 }
 
 // Latest returns the folder of the newest complete checkpoint of the run
-// in run (one whose shared part rank 0 has written); an error wrapping
+// in dir (one whose shared part rank 0 has written); an error wrapping
 // os.ErrNotExist when there is none.
-func Latest(run string) (string, error) {
-	steps, err := Steps(run)
+func Latest(dir string) (string, error) {
+	steps, err := checkpointSteps(dir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return "", err
 	}
 	for _, s := range steps {
-		d := CheckpointDir(run, s)
+		d := CheckpointDir(dir, s)
 		if _, err := os.Stat(filepath.Join(d, SharedFile)); err == nil {
 			return d, nil
 		}
 	}
-	return "", fmt.Errorf("no complete checkpoint in %s: %w", filepath.Join(run, checkpointsDir), os.ErrNotExist)
+	return "", fmt.Errorf("no complete checkpoint in %s: %w", filepath.Join(dir, checkpointsDir), os.ErrNotExist)
 }
 
-// ReadCheckpoint reads the shared part of the checkpoint in folder dir.
-func ReadCheckpoint[C any](dir string) (*Checkpoint[C], error) {
-	p := filepath.Join(dir, SharedFile)
+// ReadCheckpoint reads the shared part of the checkpoint in folder ckDir.
+func ReadCheckpoint[C any](ckDir string) (*Checkpoint[C], error) {
+	p := filepath.Join(ckDir, SharedFile)
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, fmt.Errorf("reading checkpoint: %w", err)
@@ -77,36 +77,36 @@ func ReadCheckpoint[C any](dir string) (*Checkpoint[C], error) {
 }
 
 // ReadLatest reads the shared part of the newest complete checkpoint of
-// the run in run, to resume it: the checkpoint's folder, the file's bytes
+// the run in dir, to resume it: the checkpoint's folder, the file's bytes
 // (which rank 0 broadcasts) and what they hold. A run without one, with
 // only checkpoints of an older version, or whose newest one is damaged is
 // refused (ErrRefused) saying what to do.
-func ReadLatest[C any](run string) (dir string, raw []byte, ck *Checkpoint[C], err error) {
-	dir, err = Latest(run)
+func ReadLatest[C any](dir string) (ckDir string, raw []byte, ck *Checkpoint[C], err error) {
+	ckDir, err = Latest(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			if old, _ := filepath.Glob(filepath.Join(run, checkpointsDir, "step-*.ckpt")); len(old) > 0 {
-				return "", nil, nil, refuse("-resume %s: its checkpoints (%s, ...) are of an older version that kept only rank 0's parameters and optimizer state; they cannot continue the run exactly: start it again with -out", run, filepath.Base(old[0]))
+			if old, _ := filepath.Glob(filepath.Join(dir, checkpointsDir, "step-*.ckpt")); len(old) > 0 {
+				return "", nil, nil, refuse("-resume %s: its checkpoints (%s, ...) are of an older version that kept only rank 0's parameters and optimizer state; they cannot continue the run exactly: start it again with -out", dir, filepath.Base(old[0]))
 			}
-			return "", nil, nil, refuse("-resume %s: the run has no complete checkpoint to continue from (it stopped before its first one); start it again with -out", run)
+			return "", nil, nil, refuse("-resume %s: the run has no complete checkpoint to continue from (it stopped before its first one); start it again with -out", dir)
 		}
 		return "", nil, nil, err
 	}
-	p := filepath.Join(dir, SharedFile)
+	p := filepath.Join(ckDir, SharedFile)
 	if raw, err = os.ReadFile(p); err != nil {
 		return "", nil, nil, fmt.Errorf("reading checkpoint: %w", err)
 	}
 	if ck, err = ParseCheckpoint[C](raw, p); err != nil {
-		return "", nil, nil, refuse("%v; %s", err, FallBack(run, dir))
+		return "", nil, nil, refuse("%v; %s", err, FallBack(dir, ckDir))
 	}
-	return dir, raw, ck, nil
+	return ckDir, raw, ck, nil
 }
 
-// ReadShard reads rank's part of checkpoint ck, in folder dir, and checks
+// ReadShard reads rank's part of checkpoint ck, in folder ckDir, and checks
 // that it is the part ck lists (size and CRC-32C) and ck's rank, worker
 // count and step.
-func (ck *Checkpoint[C]) ReadShard(dir string, rank int) (*Shard, error) {
-	p := filepath.Join(dir, ShardFile(rank))
+func (ck *Checkpoint[C]) ReadShard(ckDir string, rank int) (*Shard, error) {
+	p := filepath.Join(ckDir, ShardFile(rank))
 	b, err := os.ReadFile(p)
 	if err != nil {
 		return nil, fmt.Errorf("reading this rank's part: %w", err)
@@ -125,81 +125,81 @@ func (ck *Checkpoint[C]) ReadShard(dir string, rank int) (*Shard, error) {
 }
 
 // WriteShard writes s, its rank's part of the checkpoint at s.Step of the
-// run in run (creating the checkpoint's folder), and returns the size and
+// run in dir (creating the checkpoint's folder), and returns the size and
 // CRC-32C that the shared part records for it.
-func WriteShard(run string, s *Shard) (ShardInfo, error) {
+func WriteShard(dir string, s *Shard) (ShardInfo, error) {
 	names, data := shardSections(s)
 	f, err := layoutFile("rank", s, names, data)
 	if err != nil {
 		return ShardInfo{}, err
 	}
-	dir := CheckpointDir(run, s.Step)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	ckDir := CheckpointDir(dir, s.Step)
+	if err := os.MkdirAll(ckDir, 0o755); err != nil {
 		return ShardInfo{}, err
 	}
-	return writeFile(filepath.Join(dir, ShardFile(s.Rank)), f)
+	return writeFile(filepath.Join(ckDir, ShardFile(s.Rank)), f)
 }
 
 // WriteShared writes ck, the shared part of the checkpoint at ck.Step of
-// the run in run, which completes the checkpoint: every rank's part must
+// the run in dir, which completes the checkpoint: every rank's part must
 // be written first.
-func WriteShared[C any](run string, ck *Checkpoint[C]) error {
+func WriteShared[C any](dir string, ck *Checkpoint[C]) error {
 	names, data := sharedSections(ck)
 	f, err := layoutFile("shared", ck, names, data)
 	if err != nil {
 		return err
 	}
-	_, err = writeFile(filepath.Join(CheckpointDir(run, ck.Step), SharedFile), f)
+	_, err = writeFile(filepath.Join(CheckpointDir(dir, ck.Step), SharedFile), f)
 	return err
 }
 
 // RemoveShard removes rank's part of the checkpoint at step, which was not
 // completed, and its folder if nothing else is left in it.
-func RemoveShard(run string, step, rank int) {
-	dir := CheckpointDir(run, step)
-	os.Remove(filepath.Join(dir, ShardFile(rank)))
-	os.Remove(dir) // only if empty
+func RemoveShard(dir string, step, rank int) {
+	ckDir := CheckpointDir(dir, step)
+	os.Remove(filepath.Join(ckDir, ShardFile(rank)))
+	os.Remove(ckDir) // only if empty
 }
 
-// Prune removes rank's files of the checkpoints of the run in run older
+// Prune removes rank's files of the checkpoints of the run in dir older
 // than step keep (the newest two stay: keep is the one before the newest;
 // nothing when it is negative); rank 0 removes their shared parts first,
 // so they are never taken for complete. Failures are logged, not returned.
-func Prune(run string, rank, keep int, log *slog.Logger) {
+func Prune(dir string, rank, keep int, log *slog.Logger) {
 	if keep < 0 {
 		return
 	}
-	steps, err := Steps(run)
+	steps, err := checkpointSteps(dir)
 	if err != nil {
 		log.Warn("listing old checkpoints", "err", err)
 		return
 	}
 	for _, s := range steps {
 		if s < keep {
-			remove(run, s, rank, log)
+			remove(dir, s, rank, log)
 		}
 	}
 }
 
-// RemoveAfter removes rank's files of the checkpoints of the run in run
+// RemoveAfter removes rank's files of the checkpoints of the run in dir
 // newer than step: the parts of incomplete ones, which a crash while
 // writing them left, when the run resumes from step.
-func RemoveAfter(run string, step, rank int, log *slog.Logger) {
-	steps, err := Steps(run)
+func RemoveAfter(dir string, step, rank int, log *slog.Logger) {
+	steps, err := checkpointSteps(dir)
 	if err != nil {
 		return
 	}
 	for _, s := range steps {
 		if s > step {
-			remove(run, s, rank, log)
+			remove(dir, s, rank, log)
 		}
 	}
 }
 
 // remove removes rank's files of the checkpoint at step (rank 0: the
 // shared part first, then the folder).
-func remove(run string, step, rank int, log *slog.Logger) {
-	d := CheckpointDir(run, step)
+func remove(dir string, step, rank int, log *slog.Logger) {
+	d := CheckpointDir(dir, step)
 	if rank == 0 {
 		if err := os.Remove(filepath.Join(d, SharedFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			log.Warn("removing an old checkpoint", "err", err)
@@ -214,14 +214,14 @@ func remove(run string, step, rank int, log *slog.Logger) {
 	}
 }
 
-// FallBack says how to resume the run in run when its checkpoint in
+// FallBack says how to resume the run in dir when its checkpoint in
 // folder bad, the newest complete one, cannot be used: from the complete
 // one before it, if there is one (on this machine).
-func FallBack(run, bad string) string {
-	steps, _ := Steps(run)
+func FallBack(dir, bad string) string {
+	steps, _ := checkpointSteps(dir)
 	seen := false
 	for _, s := range steps { // newest first
-		d := CheckpointDir(run, s)
+		d := CheckpointDir(dir, s)
 		if !seen {
 			seen = d == bad
 			continue

@@ -70,7 +70,7 @@ func TestCheckpointFolder(t *testing.T) {
 		Prune(run, rank, 4, quiet)
 		RemoveAfter(run, 6, rank, quiet)
 	}
-	if steps, err := Steps(run); err != nil || !slices.Equal(steps, []int{6, 4}) {
+	if steps, err := checkpointSteps(run); err != nil || !slices.Equal(steps, []int{6, 4}) {
 		t.Fatalf("after Prune and RemoveAfter: steps %v, %v", steps, err)
 	}
 	if got := FallBack(run, CheckpointDir(run, 4)); !strings.Contains(got, "there is no earlier complete checkpoint") {
