@@ -23,6 +23,8 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
@@ -149,15 +151,11 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	}
 
 	logf("capturing the gradients of %d workers at step %d", c.GradWorkers, h.GradStep)
-	grads, info, err := captureGradients(ctx, base, c.GradWorkers, h.GradStep, filepath.Join(tmp, "grads"))
+	grads, lay, err := captureGradients(ctx, base, c.GradWorkers, h.GradStep, filepath.Join(tmp, "grads"))
 	if err != nil {
 		return nil, err
 	}
-	h.Names, h.Sizes, h.N = info.names, info.sizes, info.n
-	layout, err := sparsify.NewLayout(h.Names, h.Sizes)
-	if err != nil {
-		return nil, fmt.Errorf("advise: the model's layout: %w", err)
-	}
+	h.Layout = lay
 
 	h.NormPass = normPass(grads[0])
 	for _, d := range c.Densities {
@@ -170,7 +168,7 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 				continue
 			}
 			logf("selection of %s at density %g", m, d)
-			s, err := measureSelection(ctx, m, d, layout, grads, filterParams(m, c.Params))
+			s, err := measureSelection(ctx, m, d, h.Layout, grads, filterParams(m, c.Params))
 			if err != nil {
 				return nil, err
 			}
@@ -186,7 +184,7 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			continue
 		}
 		logf("in-process collectives of %d workers", p)
-		n, err := hostCollectives(ctx, p, h.N)
+		n, err := hostCollectives(ctx, p, h.Layout.N)
 		if err != nil {
 			return nil, err
 		}
@@ -245,7 +243,7 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 				}
 				steps = append(steps, st...)
 				for j, jb := range jobs {
-					rs, err := simReduceCalls(ctx, jb.method, p, jb.d, net, layout, grads, jb.params, simReduceTime/time.Duration(rounds))
+					rs, err := simReduceCalls(ctx, jb.method, p, jb.d, net, h.Layout, grads, jb.params, simReduceTime/time.Duration(rounds))
 					if err != nil {
 						return nil, err
 					}
@@ -344,7 +342,7 @@ func stepRecords(path string) ([]metrics.Step, error) {
 // expensive and cheap calls, sparsify.Advice.Period, one period of it),
 // and returns the calls after the first (of a period: every call), per
 // rank.
-func simReduceCalls(ctx context.Context, method string, p int, d float64, net netmodel.Network, l sparsify.Layout, grads [][]float32, params sparsify.Values, budget time.Duration) ([][]callRec, error) {
+func simReduceCalls(ctx context.Context, method string, p int, d float64, net netmodel.Network, l layout.Layout, grads [][]float32, params sparsify.Values, budget time.Duration) ([][]callRec, error) {
 	params = maps.Clone(params)
 	if params == nil {
 		params = sparsify.Values{}
@@ -493,17 +491,10 @@ func (c *capture) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	return c.Communicator.AllReduce(ctx, buf)
 }
 
-type layoutInfo struct {
-	names []string
-	sizes []int
-	n     int
-}
-
 // captureGradients trains base densely on p in-process workers for steps
 // steps (one train.Run per worker over a shared comm/local world) and
-// returns each worker's gradient of the last step and the model's layout
-// (from the run's run.json).
-func captureGradients(ctx context.Context, base train.Config, p, steps int, out string) ([][]float32, layoutInfo, error) {
+// returns each worker's gradient of the last step and the model's layout.
+func captureGradients(ctx context.Context, base train.Config, p, steps int, out string) ([][]float32, layout.Layout, error) {
 	w := local.New(p)
 	caps := make([]*capture, p)
 	errs := make([]error, p)
@@ -525,53 +516,48 @@ func captureGradients(ctx context.Context, base train.Config, p, steps int, out 
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return nil, layoutInfo{}, fmt.Errorf("advise: measuring gradients on %d workers: %w", p, err)
+		return nil, layout.Layout{}, fmt.Errorf("advise: measuring gradients on %d workers: %w", p, err)
 	}
-	var info train.RunInfo
-	b, err := os.ReadFile(filepath.Join(out, "run.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &info)
-	}
+	lay, err := modelLayout(ctx, base)
 	if err != nil {
-		return nil, layoutInfo{}, fmt.Errorf("advise: reading the gradient run's layout: %w", err)
+		return nil, layout.Layout{}, err
 	}
 	grads := make([][]float32, p)
 	for r, c := range caps {
-		if len(c.last) != info.Params {
-			return nil, layoutInfo{}, fmt.Errorf("advise: worker %d all-reduced no gradient of %d elements (got %d): the dense reducer changed how it communicates", r, info.Params, len(c.last))
+		if len(c.last) != lay.N {
+			return nil, layout.Layout{}, fmt.Errorf("advise: worker %d all-reduced no gradient of %d elements (got %d): the dense reducer changed how it communicates", r, lay.N, len(c.last))
 		}
 		grads[r] = c.last
 	}
-	li := layoutInfo{names: info.LayerNames, n: info.Params}
-	li.sizes, err = layerSizes(ctx, base, info)
-	if err != nil {
-		return nil, layoutInfo{}, err
-	}
-	return grads, li, nil
+	return grads, lay, nil
 }
 
-// layerSizes returns the sizes of the model's tensors, in layout order.
-func layerSizes(ctx context.Context, c train.Config, info train.RunInfo) ([]int, error) {
+// modelLayout is the layout of c's model that the advisor measures on
+// (measuredLayout).
+func modelLayout(ctx context.Context, c train.Config) (layout.Layout, error) {
 	ds, err := train.LoadDataset(ctx, c)
 	if err != nil {
-		return nil, fmt.Errorf("advise: %w", err)
+		return layout.Layout{}, fmt.Errorf("advise: %w", err)
 	}
 	m, err := train.NewModel(c, ds, c.Seed.Value(), nil)
 	if err != nil {
-		return nil, fmt.Errorf("advise: building %s: %w", c.Model, err)
+		return layout.Layout{}, fmt.Errorf("advise: building %s: %w", c.Model, err)
 	}
-	var sizes []int
-	for _, p := range m.Layout() {
-		sizes = append(sizes, p.Size)
+	lay, err := measuredLayout(m.Layout())
+	if err != nil {
+		return layout.Layout{}, fmt.Errorf("advise: the model's layout: %w", err)
 	}
-	total := 0
-	for _, s := range sizes {
-		total += s
+	return lay, nil
+}
+
+// measuredLayout is the layout of tensors ts that the advisor measures
+// the methods on: their names and sizes, their shapes unknown.
+func measuredLayout(ts []layout.Tensor) (layout.Layout, error) {
+	plain := make([]layout.Tensor, len(ts))
+	for i, t := range ts {
+		plain[i] = layout.Tensor{Name: t.Name, Size: t.Size}
 	}
-	if total != info.Params || len(sizes) != len(info.LayerNames) {
-		return nil, fmt.Errorf("advise: the model's layout (%d tensors, %d parameters) differs from the run's (%d, %d)", len(sizes), total, len(info.LayerNames), info.Params)
-	}
-	return sizes, nil
+	return layout.Of(plain)
 }
 
 // normPass times one pass of Σx² over g (the fastest of three).
@@ -665,7 +651,7 @@ func selectionSchedule(method string, params sparsify.Values) (sparsify.Values, 
 // outside selection: there the communication is nothing, where with
 // several workers it cannot be told apart (LAGS' requests overlap, so
 // their summed time exceeds the wall time they took).
-func measureSelection(ctx context.Context, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
+func measureSelection(ctx context.Context, method string, d float64, l layout.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
 	params, calls, summary := selectionSchedule(method, params)
 	sel, _, err := reduceCalls(ctx, method, selectionWorkers, calls, d, l, grads, paramsFor(method, selectionWorkers, params))
 	if err != nil {
@@ -709,7 +695,7 @@ func paramsFor(method string, p int, params sparsify.Values) sparsify.Values {
 // returns, per call, the slowest rank's selection time and its time
 // outside selection (with one worker: outside selection and communication,
 // which is then a copy at most).
-func reduceCalls(ctx context.Context, method string, p, calls int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (sel, other []float64, err error) {
+func reduceCalls(ctx context.Context, method string, p, calls int, d float64, l layout.Layout, grads [][]float32, params sparsify.Values) (sel, other []float64, err error) {
 	recs, err := timeReducer(ctx, method, p, d, l, grads, params, func(time.Duration) int { return calls })
 	if err != nil {
 		return nil, nil, fmt.Errorf("advise: measuring the selection of %s on %d workers: %w", method, p, err)
@@ -732,7 +718,7 @@ type callRec struct{ sel, comm, wall time.Duration }
 // starting the call after a barrier), over a comm/local world made with
 // opts, and returns each call's times per rank. calls says how many calls to make in all from the first call's
 // wall time on rank 0 (the ranks agree on rank 0's choice).
-func timeReducer(ctx context.Context, method string, p int, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values, calls func(first time.Duration) int, opts ...local.Option) ([][]callRec, error) {
+func timeReducer(ctx context.Context, method string, p int, d float64, l layout.Layout, grads [][]float32, params sparsify.Values, calls func(first time.Duration) int, opts ...local.Option) ([][]callRec, error) {
 	var recs [][]callRec // per call, per rank
 	var mu sync.Mutex
 	err := local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
@@ -853,17 +839,9 @@ func cpuName() string {
 	return runtime.GOARCH
 }
 
-// WriteHost writes h as JSON to path (through a temporary file).
+// WriteHost writes h as JSON to path (replaced atomically).
 func WriteHost(path string, h *Host) error {
-	b, err := json.MarshalIndent(h, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("advise: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err := atomicfile.WriteJSON(path, h); err != nil {
 		return fmt.Errorf("advise: %w", err)
 	}
 	return nil
@@ -879,7 +857,20 @@ func ReadHost(path string) (*Host, error) {
 	if err := json.Unmarshal(b, &h); err != nil {
 		return nil, fmt.Errorf("advise: %s is not a measurement file: %w", path, err)
 	}
-	if h.N == 0 || len(h.Sizes) == 0 {
+	if h.Layout.N == 0 {
+		// Written before the layout was one field: its names and sizes.
+		var old struct {
+			Names []string `json:"names"`
+			Sizes []int    `json:"sizes"`
+		}
+		json.Unmarshal(b, &old)
+		if len(old.Sizes) > 0 {
+			if h.Layout, err = layout.New(old.Names, old.Sizes); err != nil {
+				return nil, fmt.Errorf("advise: %s: %w", path, err)
+			}
+		}
+	}
+	if h.Layout.N == 0 || len(h.Layout.Tensors) == 0 {
 		return nil, fmt.Errorf("advise: %s holds no model layout; delete it to measure again", path)
 	}
 	return &h, nil

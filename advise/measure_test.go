@@ -4,10 +4,15 @@ import (
 	"context"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -18,7 +23,7 @@ import (
 // communication holds the emulated delays (Top-k's all-gathers and union
 // all-reduce: several ms) where in-process it takes far less.
 func TestSimReduceOverNetwork(t *testing.T) {
-	l, err := sparsify.NewLayout([]string{"a", "b"}, []int{3000, 1000})
+	l, err := layout.New([]string{"a", "b"}, []int{3000, 1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,5 +111,29 @@ func TestParamsForFitsWorkers(t *testing.T) {
 	}
 	if got := paramsFor("topk", 1, nil); got != nil {
 		t.Errorf("topk: %v, want nil", got)
+	}
+}
+
+// TestReadHost: measurements read back as written, and a file of the
+// older form (the layout as names and sizes) still reads.
+func TestReadHost(t *testing.T) {
+	dir := t.TempDir()
+	h := synthHost()
+	p := filepath.Join(dir, "m.json")
+	if err := WriteHost(p, h); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadHost(p)
+	if err != nil || !reflect.DeepEqual(got, h) {
+		t.Fatalf("read back %+v, %v; wrote %+v", got, err, h)
+	}
+	old := filepath.Join(dir, "old.json")
+	os.WriteFile(old, []byte(`{"model": "synthetic", "names": ["a", "b"], "sizes": [600000, 400000], "n": 1000000}`), 0o644)
+	if got, err := ReadHost(old); err != nil || !reflect.DeepEqual(got.Layout, h.Layout) {
+		t.Fatalf("an older file's layout %+v, %v; want %+v", got.Layout, err, h.Layout)
+	}
+	os.WriteFile(old, []byte(`{"model": "synthetic"}`), 0o644)
+	if _, err := ReadHost(old); err == nil || !strings.Contains(err.Error(), "holds no model layout") {
+		t.Fatalf("a file without a layout: %v", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -241,10 +242,10 @@ func TestBytesMatchesCounters(t *testing.T) {
 }
 
 // layoutOf is a layout of sizes, its tensors named t0, t1, ...
-func layoutOf(sizes []int) (sparsify.Layout, error) {
+func layoutOf(sizes []int) (layout.Layout, error) {
 	names := make([]string, len(sizes))
 	for i := range names {
 		names[i] = fmt.Sprint("t", i)
 	}
-	return sparsify.NewLayout(names, sizes)
+	return layout.New(names, sizes)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -22,11 +23,9 @@ type Host struct {
 	Device  string `json:"device"`
 	// Batch is the per-worker batch of the measured step.
 	Batch int `json:"batch"`
-	// Names and Sizes are the model's layout (tensor names and sizes, in
-	// layout order); N is the number of parameters.
-	Names []string `json:"names"`
-	Sizes []int    `json:"sizes"`
-	N     int      `json:"n"`
+	// Layout is the model's layout (its tensors' names and sizes, in
+	// parameter order; their shapes unknown) and number of parameters.
+	Layout layout.Layout `json:"layout"`
 	// Cores and CPU describe the machine.
 	Cores int    `json:"cores"`
 	CPU   string `json:"cpu"`
@@ -380,10 +379,10 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	if err != nil {
 		return Prediction{}, err
 	}
-	N := h.N
+	N := h.Layout.N
 	K := sparsify.BudgetK(s.Density, N)
 	pr := Prediction{Method: s.Method, Workers: P, Density: s.Density, Compute: h.Compute, Update: h.Update, Other: h.Other}
-	sh := Shape{Sizes: h.Sizes, N: N, P: P, Density: s.Density, K: K, Params: params}
+	sh := Shape{Sizes: h.Layout.Sizes(), N: N, P: P, Density: s.Density, K: K, Params: params}
 	var uTop, uThr []float64
 	if adv.Selection != sparsify.NoSelection {
 		u, ok := h.union(s.Density)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -17,7 +18,8 @@ import (
 // selection times, and unions that grow exactly as √P (γ = 1/2).
 func synthHost() *Host {
 	const rho = 0.01
-	return &Host{Model: "synthetic", Sizes: []int{600_000, 400_000}, Names: []string{"a", "b"}, N: 1_000_000, Cores: 2,
+	lay, _ := layout.New([]string{"a", "b"}, []int{600_000, 400_000})
+	return &Host{Model: "synthetic", Layout: lay, Cores: 2,
 		Forward: 0.04, Backward: 0.06, Compute: 0.1, Update: 0.01, Other: 0.003,
 		Selections: []Selection{
 			{"topk", rho, 2, 0.02, 0.002}, {"topka", rho, 2, 0.021, 0.001}, {"cltk", rho, 2, 0.019, 0.0005}, {"randomk", rho, 2, 0.001, 0},

@@ -13,6 +13,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -64,13 +65,17 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 		return nil, fmt.Errorf("advise: %w", err)
 	}
 	m := rec.Manifest
-	h := &Host{Model: m.Model, Dataset: "recorded gradients", Device: cfg.Device, Batch: m.Batch, Names: rec.Names(), Sizes: rec.Sizes(), N: m.N,
+	lay, err := measuredLayout(m.Layout().Tensors)
+	if err != nil {
+		return nil, fmt.Errorf("advise: the recording's layout: %w", err)
+	}
+	h := &Host{Model: m.Model, Dataset: "recorded gradients", Device: cfg.Device, Batch: m.Batch, Layout: lay,
 		Cores: runtime.NumCPU(), CPU: cpuName(), Recording: rec.Dir, Kind: cfg.Kind}
 	if h.Device == "" {
 		h.Device = "cpu"
 	}
 	if h.Kind == "" {
-		h.Kind = KindOf(m.Model, h.Names)
+		h.Kind = KindOf(m.Model, h.Layout.Names())
 	}
 	switch {
 	case cfg.StepTime > 0:
@@ -101,10 +106,6 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 			return nil, fmt.Errorf("advise: %w", err)
 		}
 	}
-	layout, err := sparsify.NewLayout(h.Names, h.Sizes)
-	if err != nil {
-		return nil, fmt.Errorf("advise: the recording's layout: %w", err)
-	}
 	dev, ops, closeDev, err := openDevice(h.Device)
 	if err != nil {
 		return nil, err
@@ -131,7 +132,7 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 				continue
 			}
 			logf("selection of %s at density %g on %s", meth, d, h.Device)
-			s, err := selectionOn(ctx, dev, ops, meth, d, layout, grads, filterParams(meth, cfg.Params))
+			s, err := selectionOn(ctx, dev, ops, meth, d, h.Layout, grads, filterParams(meth, cfg.Params))
 			if err != nil {
 				return nil, err
 			}
@@ -139,7 +140,7 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 		}
 	}
 	logf("in-process collectives of %d workers", 2)
-	n, err := hostCollectives(ctx, 2, h.N)
+	n, err := hostCollectives(ctx, 2, h.Layout.N)
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +218,7 @@ func vectorTimes(dev device.Device, ops sparsify.Ops, n int) (update, feedback f
 // them), each fed a recorded gradient: the slowest rank's selection time,
 // the median of 5 calls after one (Ok-Topk: the mean over its 32-call
 // schedule), and the time outside selection on one worker.
-func selectionOn(ctx context.Context, dev device.Device, ops sparsify.Ops, method string, d float64, l sparsify.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
+func selectionOn(ctx context.Context, dev device.Device, ops sparsify.Ops, method string, d float64, l layout.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
 	params, calls, summary := selectionSchedule(method, params)
 	run := func(p int) (sel, other []float64, err error) {
 		sel, other = make([]float64, calls), make([]float64, calls)

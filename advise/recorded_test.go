@@ -137,7 +137,7 @@ func TestMeasureRecorded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h.Compute != 0.085 || h.StepSource != "recorded" || h.StepDevice != "cuda:0 (NVIDIA H100)" || h.Kind != Transformer || h.N != 4679 || h.GradStep != 2 || h.GradWorkers != 3 {
+	if h.Compute != 0.085 || h.StepSource != "recorded" || h.StepDevice != "cuda:0 (NVIDIA H100)" || h.Kind != Transformer || h.Layout.N != 4679 || h.GradStep != 2 || h.GradWorkers != 3 {
 		t.Fatalf("host %+v", h)
 	}
 	if len(h.Selections) != 4 || len(h.Unions) != 1 || len(h.Unions[0].TopK) != 3 || !(h.Update > 0) || !(h.Other > 0) {

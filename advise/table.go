@@ -46,7 +46,7 @@ func NetName(net netmodel.Network) string {
 func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped map[string]error) error {
 	kind := h.Kind
 	if kind == "" {
-		kind = KindOf(h.Model, h.Names)
+		kind = KindOf(h.Model, h.Layout.Names())
 	}
 	fmt.Fprintf(w, "%s on %s, %d workers, %s, density %g\n", h.Model, h.Dataset, s.Workers, NetName(s.Net), s.Density)
 	switch h.StepSource {

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestKernelsCompile compiles every kernel with the real NVRTC for the

@@ -18,7 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // The GPU emulator. On a machine without a GPU, the package's tests run

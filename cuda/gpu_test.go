@@ -15,8 +15,8 @@ import (
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
-	"github.com/sparsegrad/sparsegrad/internal/graphcases"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/engine/graphcases"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/models"
 	G "gorgonia.org/gorgonia"
 )

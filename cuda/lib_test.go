@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/ebitengine/purego"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestBindToleratesMissingSymbols: a function the library file lacks does

@@ -18,7 +18,7 @@ import (
 	"github.com/ebitengine/purego"
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // The NCCL communicator's conformance: every operation on every rank

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -59,24 +60,9 @@ func TestResumeOnGPU(t *testing.T) {
 			if err := train.Run(ctx, cpu, train.Options{}); err != nil {
 				t.Fatal(err)
 			}
-			gd, err := train.LatestCheckpoint(split.Out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cd, err := train.LatestCheckpoint(cpu.Out)
-			if err != nil {
-				t.Fatal(err)
-			}
+			g, want := rundirtest.Read(t, split.Out), rundirtest.Read(t, cpu.Out)
 			for r := range 2 {
-				g, err := train.ReadShard(gd, r)
-				if err != nil {
-					t.Fatal(err)
-				}
-				want, err := train.ReadShard(cd, r)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d := relDiff(g.Residual, want.Residual); g.Step != 2 || d > 1e-3 {
+				if d := relDiff(g.Residuals[r], want.Residuals[r]); g.Step != 2 || d > 1e-3 {
 					t.Fatalf("rank %d's checkpoint at step %d: residual off the CPU's by %.3g (relative): not the GPU's", r, g.Step, d)
 				}
 			}
@@ -86,49 +72,20 @@ func TestResumeOnGPU(t *testing.T) {
 			// The end: the GPU path is deterministic (the embeddings'
 			// gradients add repeated rows in order, without atomics), so
 			// the resumed run ends exactly where the straight one does.
-			a, b := readEnd(t, straight.Out), readEnd(t, split.Out)
-			if a.step != 4 || b.step != 4 {
-				t.Fatalf("last checkpoints at steps %d and %d, want 4", a.step, b.step)
+			a, b := rundirtest.Read(t, straight.Out), rundirtest.Read(t, split.Out)
+			if a.Step != 4 || b.Step != 4 {
+				t.Fatalf("last checkpoints at steps %d and %d, want 4", a.Step, b.Step)
 			}
-			if d := relDiff(a.params, b.params); d != 0 {
+			if d := relDiff(a.Params, b.Params); d != 0 {
 				t.Fatalf("parameters off the uninterrupted run's by %.3g (relative)", d)
 			}
-			for r := range a.residuals {
-				if d := relDiff(a.residuals[r], b.residuals[r]); d != 0 {
+			for r := range a.Residuals {
+				if d := relDiff(a.Residuals[r], b.Residuals[r]); d != 0 {
 					t.Fatalf("rank %d's residual off the uninterrupted run's by %.3g (relative)", r, d)
 				}
 			}
 		})
 	}
-}
-
-// ckptEnd is a run's newest checkpoint: its parameters and every rank's
-// residual.
-type ckptEnd struct {
-	step      int
-	params    []float32
-	residuals [][]float32
-}
-
-func readEnd(t *testing.T, run string) ckptEnd {
-	t.Helper()
-	d, err := train.LatestCheckpoint(run)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := train.ReadCheckpoint(d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := ckptEnd{step: ck.Step, params: ck.Params}
-	for r := range ck.Workers {
-		sh, err := train.ReadShard(d, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.residuals = append(e.residuals, sh.Residual)
-	}
-	return e
 }
 
 // relDiff is ‖a − b‖ / ‖b‖ (+Inf for vectors of other lengths, or b zero

@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/dnnl"
+	"github.com/sparsegrad/sparsegrad/internal/native/dnnl"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
 

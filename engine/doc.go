@@ -18,7 +18,7 @@
 // The CPU backend (CPU) runs the ops' CPU kernels, which reproduce
 // Gorgonia's arithmetic: a graph gives the same bits here as on Gorgonia's
 // tape machine. With oneDNN configured (ConfigureCPU; the library is loaded
-// at run time by internal/dnnl) it runs convolutions and batch
+// at run time by internal/native/dnnl) it runs convolutions and batch
 // normalisation through oneDNN instead, on memory formats it plans for the
 // whole program (layout.go), within float32 rounding of the reference
 // kernels. Package cuda provides the GPU backend.

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/graphcases"
+	"github.com/sparsegrad/sparsegrad/engine/graphcases"
 	"github.com/sparsegrad/sparsegrad/ops"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"

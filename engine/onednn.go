@@ -8,7 +8,7 @@ import (
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/dnnl"
+	"github.com/sparsegrad/sparsegrad/internal/native/dnnl"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
 

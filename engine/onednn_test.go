@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/dnnl"
-	"github.com/sparsegrad/sparsegrad/internal/graphcases"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/engine/graphcases"
+	"github.com/sparsegrad/sparsegrad/internal/native/dnnl"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/ops"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"

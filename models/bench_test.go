@@ -12,7 +12,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
-	iblas "github.com/sparsegrad/sparsegrad/internal/blas"
+	iblas "github.com/sparsegrad/sparsegrad/internal/native/blas"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/data"
 	"github.com/sparsegrad/sparsegrad/engine"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/ops"
 )
 
@@ -88,7 +88,7 @@ func TestOneDNNCurveMatchesIm2col(t *testing.T) {
 		// Eight minutes on the shared 2-core machine: once per CI run.
 		t.Skip("runs with SPARSEGRAD_TEST_KERNELS=onednn (CI's second pass of the models' tests)")
 	}
-	dir := testenv.DataDir(t, "../../shared/data", filepath.Join(data.CIFAR10.DirName(), "data_batch_1.bin"))
+	dir := testenv.SharedData(t, filepath.Join(data.CIFAR10.DirName(), "data_batch_1.bin"))
 	ds, err := data.ReadCIFARFile(filepath.Join(dir, data.CIFAR10.DirName(), "data_batch_1.bin"), data.CIFAR10)
 	if err != nil {
 		t.Fatal(err)

@@ -23,7 +23,7 @@
 // share: the compiled training and evaluation programs, the buffers and the
 // staging of inputs). On the CPU the matrix products go through the BLAS
 // chosen by ops.ConfigureBLAS (or ops.UseBLAS): OpenBLAS loaded at run time when
-// the shared library is installed (package internal/blas; no cgo and no
+// the shared library is installed (package internal/native/blas; no cgo and no
 // build flag), gonum's pure-Go BLAS otherwise; convolutions and batch
 // norms run through oneDNN where it is installed (engine.ConfigureCPU,
 // train's -kernels), im2col and the BLAS otherwise. Every model is checked

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"sync"
 
-	iblas "github.com/sparsegrad/sparsegrad/internal/blas"
+	iblas "github.com/sparsegrad/sparsegrad/internal/native/blas"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 	G "gorgonia.org/gorgonia"
@@ -53,7 +53,7 @@ const (
 
 // ConfigureBLAS selects the BLAS of every matrix product in the process and returns
 // a one-line description of the choice (for logs). OpenBLAS is loaded at run
-// time (internal/blas), so no build flag or library is needed to build; in
+// time (internal/native/blas), so no build flag or library is needed to build; in
 // "auto" mode a missing library silently selects gonum. threads > 0 sets
 // OpenBLAS's thread count (0 leaves OpenBLAS's default: one per core).
 func ConfigureBLAS(mode string, threads int) (string, error) {

@@ -262,22 +262,13 @@ func (r *Recording) Path(step, rank int) string {
 	return filepath.Join(r.Dir, fmt.Sprintf(FilePattern, step, rank))
 }
 
-// Names and Sizes return the layout's tensor names and sizes.
-func (r *Recording) Names() []string {
-	out := make([]string, len(r.Manifest.Params))
-	for i, p := range r.Manifest.Params {
-		out[i] = p.Name
+// Layout is the layout the manifest describes: its tensors and N.
+func (m *Manifest) Layout() layout.Layout {
+	l := layout.Layout{Tensors: make([]layout.Tensor, len(m.Params)), N: m.N}
+	for i, p := range m.Params {
+		l.Tensors[i] = p.Tensor
 	}
-	return out
-}
-
-// Sizes returns the layout's tensor sizes.
-func (r *Recording) Sizes() []int {
-	out := make([]int, len(r.Manifest.Params))
-	for i, p := range r.Manifest.Params {
-		out[i] = p.Size
-	}
-	return out
+	return l
 }
 
 // Reader reads one worker's recorded gradients, reusing its buffer.

@@ -4,15 +4,18 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 )
 
 // Writer writes a recording of float32 gradients (train -record-gradients).
 // Every rank writes its own files (Write); one of them commits the steps
 // that every rank has written (Commit), which rewrites the manifest. Files
-// and manifest are written to temporary files and renamed, so a reader
+// and manifest are replaced atomically (package atomicfile), so a reader
 // never sees half a file.
 type Writer struct {
 	dir string
@@ -103,24 +106,14 @@ func (w *Writer) Write(step, rank int, grad []float32) error {
 	for i, p := range w.m.Params {
 		names[i], shapes[i] = p.Name, p.Shape
 	}
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
+	err := atomicfile.Write(path, func(f io.Writer) error {
+		bw := bufio.NewWriterSize(f, 1<<20)
+		if err := WriteFloat32s(bw, names, shapes, grad, nil); err != nil {
+			return err
+		}
+		return bw.Flush()
+	})
 	if err != nil {
-		return fmt.Errorf("recorded: %w", err)
-	}
-	bw := bufio.NewWriterSize(f, 1<<20)
-	err = WriteFloat32s(bw, names, shapes, grad, nil)
-	if err == nil {
-		err = bw.Flush()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
 		return fmt.Errorf("recorded: writing %s: %w", path, err)
 	}
 	return nil
@@ -135,15 +128,7 @@ func (w *Writer) Commit(steps int, st StepTime) error {
 		return nil
 	}
 	w.m.Steps, w.m.StepTime = steps, st
-	b, err := json.MarshalIndent(w.m, "", "  ")
-	if err != nil {
-		return err
-	}
-	p := filepath.Join(w.dir, ManifestName)
-	if err := os.WriteFile(p+".tmp", append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("recorded: %w", err)
-	}
-	if err := os.Rename(p+".tmp", p); err != nil {
+	if err := atomicfile.WriteJSON(filepath.Join(w.dir, ManifestName), w.m); err != nil {
 		return fmt.Errorf("recorded: %w", err)
 	}
 	return nil

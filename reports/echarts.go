@@ -17,6 +17,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 )
 
 // The ECharts script the pages embed: dist/echarts.min.js of the npm
@@ -183,32 +185,10 @@ func extractECharts(tgz []byte) ([]byte, error) {
 	}
 }
 
-// writeAtomic writes b to path through a temporary file in the same
-// directory and a rename, so that readers never see a partial file.
+// writeAtomic writes b to path (replaced atomically), creating its folder.
 func writeAtomic(path string, b []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		os.Remove(f.Name())
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	if err := os.Chmod(f.Name(), 0o644); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		os.Remove(f.Name())
-		return err
-	}
-	return nil
+	return atomicfile.WriteFile(path, b)
 }

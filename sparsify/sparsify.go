@@ -22,32 +22,16 @@ import (
 // unknown shape (Dims 0) as more than one dimension.
 type Tensor = layout.Tensor
 
-// Layout is the ordered list of tensors that make up the flat gradient, in the
-// model's parameter order. N is the total number of elements.
-type Layout struct {
-	Tensors []Tensor
-	N       int
-}
+// Layout is the ordered list of tensors that make up the flat gradient, in
+// the model's parameter order (package layout's).
+type Layout = layout.Layout
 
-// NewLayout builds a Layout from tensor names and sizes in parameter order.
-// Every size must be positive.
-func NewLayout(names []string, sizes []int) (Layout, error) {
-	if len(names) != len(sizes) {
-		return Layout{}, fmt.Errorf("sparsify: layout has %d names but %d sizes", len(names), len(sizes))
-	}
-	l := Layout{Tensors: make([]Tensor, len(sizes))}
-	for i, s := range sizes {
-		if s <= 0 {
-			return Layout{}, fmt.Errorf("sparsify: tensor %d (%q) has size %d; every tensor of a layout must have at least one element", i, names[i], s)
-		}
-		l.Tensors[i] = Tensor{Name: names[i], Size: s, Offset: l.N}
-		l.N += s
-	}
-	return l, nil
-}
+// NewLayout is layout.New: a layout of tensors of the given names and
+// sizes, in parameter order.
+func NewLayout(names []string, sizes []int) (Layout, error) { return layout.New(names, sizes) }
 
-// FlatLayout is a layout of one tensor named "flat" with n elements.
-func FlatLayout(n int) (Layout, error) { return NewLayout([]string{"flat"}, []int{n}) }
+// FlatLayout is layout.Flat: one tensor named "flat" with n elements.
+func FlatLayout(n int) (Layout, error) { return layout.Flat(n) }
 
 // Stats describes one Reduce call of one worker.
 type Stats struct {

@@ -45,6 +45,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/advise"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/reports"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -312,18 +313,6 @@ func configDiff(a, b train.Config) string {
 	return strings.Join(d, "; ")
 }
 
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
 func readMarker(path string) (*marker, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -432,7 +421,7 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return res, fmt.Errorf("sweep: %w", err)
 		}
-		if err := writeJSON(filepath.Join(dir, startedFile), marker{Point: p.Name, Config: p.Config, Time: time.Now().UTC()}); err != nil {
+		if err := atomicfile.WriteJSON(filepath.Join(dir, startedFile), marker{Point: p.Name, Config: p.Config, Time: time.Now().UTC()}); err != nil {
 			return res, fmt.Errorf("sweep: %w", err)
 		}
 		c := p.Config
@@ -447,7 +436,7 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 		if err != nil {
 			return res, fmt.Errorf("sweep: run %s: %w", p.Name, err)
 		}
-		if err := writeJSON(filepath.Join(dir, completeFile), marker{Point: p.Name, Config: p.Config, Time: time.Now().UTC()}); err != nil {
+		if err := atomicfile.WriteJSON(filepath.Join(dir, completeFile), marker{Point: p.Name, Config: p.Config, Time: time.Now().UTC()}); err != nil {
 			return res, fmt.Errorf("sweep: %w", err)
 		}
 		res.Ran++

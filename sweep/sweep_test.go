@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -94,15 +94,6 @@ func TestPointsRefuse(t *testing.T) {
 	}
 }
 
-// sharedData is the real data folder (missing: skip, or fail under
-// SPARSEGRAD_REQUIRE=data).
-func sharedData(t *testing.T) string {
-	t.Helper()
-	d := testenv.DataDir(t, filepath.Join("..", "..", "shared", "data"), filepath.Join("ml-100k", "u.data"))
-	abs, _ := filepath.Abs(d)
-	return abs
-}
-
 // smallSpec is two methods × two worker counts of NCF on the real
 // MovieLens-100K, 30 iterations each.
 func smallSpec(data string) Spec {
@@ -145,7 +136,7 @@ func TestSweepResumes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains NCF four times (about 10 s)")
 	}
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	out := t.TempDir()
 	s := smallSpec(data)
 	ctx, cancel := context.WithCancel(context.Background())

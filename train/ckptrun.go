@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"math"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -40,19 +39,6 @@ type checkpointState struct {
 	evaluated bool
 }
 
-// keep marks the run as worth keeping (worker.kept) and writes its log
-// from now on; a log that cannot be written is a warning.
-func (w *worker) keep() {
-	if w.kept {
-		return
-	}
-	w.kept = true
-	w.runner.kept.Store(true)
-	if err := w.runLog.keep(); err != nil && w.out != nil {
-		w.out.warn("no log", err)
-	}
-}
-
 // ckptError is a checkpoint that could not be written; the previous one is
 // intact.
 type ckptError struct {
@@ -73,53 +59,16 @@ func (e *ckptError) Error() string {
 
 func (e *ckptError) Unwrap() error { return e.err }
 
-// errNonFinite is wrapped by the errors of a NaN or infinite loss,
-// gradient, parameter or state.
-var errNonFinite = errors.New("not finite")
-
-// firstNonFinite returns the index of the first NaN or ±Inf in v, or -1.
-func firstNonFinite(v []float32) int {
-	for i, x := range v {
-		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-			return i
-		}
-	}
-	return -1
-}
-
-// tensorAt names the layout tensor holding flat element i: its name and
-// the element's index within it.
-func (dp *dataPath) tensorAt(i int) (string, int) {
-	for _, t := range dp.layout.Tensors {
-		if i < t.Offset+t.Size {
-			return t.Name, i - t.Offset
-		}
-	}
-	return "?", i
-}
-
-// nonFinite is the error for v[i] (a vector in layout order) not being
-// finite.
-func (dp *dataPath) nonFinite(what string, v []float32, i int) error {
-	name, j := dp.tensorAt(i)
-	return fmt.Errorf("%w: the %s is %v in tensor %s (element %d of it)", errNonFinite, what, v[i], name, j)
-}
-
 // paramHash is a CRC-32C of the parameters' bits (host view, downloaded).
 func (dp *dataPath) paramHash() (uint32, error) {
 	if err := dp.download(dp.hostParams, dp.params); err != nil {
 		return 0, err
 	}
-	// In pieces: many workers of one process hash at once.
-	h := crc32.New(castagnoli)
-	if err := writeF32(h, dp.hostParams); err != nil {
-		return 0, err
-	}
-	return h.Sum32(), nil
+	return rundir.Checksum(dp.hostParams), nil // in pieces: many workers of one process hash at once
 }
 
 // shard collects this rank's part of a checkpoint.
-func (dp *dataPath) shard(step int) (*Shard, error) {
+func (dp *dataPath) shard(step int) (*rundir.Shard, error) {
 	if err := dp.download(dp.hostResidual, dp.residual); err != nil { // on a GPU
 		return nil, err
 	}
@@ -127,7 +76,7 @@ func (dp *dataPath) shard(step int) (*Shard, error) {
 	if err != nil {
 		return nil, fmt.Errorf("train: the reducer's state: %w", err)
 	}
-	s := &Shard{Rank: dp.rank, Workers: dp.size, Step: step, Residual: dp.hostResidual, Reducer: red}
+	s := &rundir.Shard{Rank: dp.rank, Workers: dp.size, Step: step, Residual: dp.hostResidual, Reducer: red}
 	if i := firstNonFinite(s.Residual); i >= 0 {
 		return nil, dp.nonFinite("error-feedback residual", s.Residual, i)
 	}
@@ -165,22 +114,15 @@ func (dp *dataPath) shard(step int) (*Shard, error) {
 // complete one); a non-finite state or parameters that differ between
 // ranks are errors of their own, and no checkpoint of them is written.
 func (w *worker) checkpoint(ctx context.Context, p position) error {
-	dir := stepDir(w.cfg.Out, p.step)
-	part := filepath.Join(dir, shardName(w.rank))
-	var info ShardInfo
+	dir := rundir.CheckpointDir(w.cfg.Out, p.step)
+	var info rundir.ShardInfo
 	var werr error
 	fatal := false
 	s, err := w.dataPath.shard(p.step)
 	if err != nil {
 		werr, fatal = err, true
-	} else {
-		names, data := shardSections(s)
-		var f *ckptFile
-		if f, werr = layoutFile("rank", s, names, data); werr == nil {
-			if werr = os.MkdirAll(dir, 0o755); werr == nil {
-				info, werr = writeCkptFile(part, f)
-			}
-		}
+	} else if werr = beforeWrite(filepath.Join(dir, rundir.ShardFile(w.rank))); werr == nil {
+		info, werr = rundir.WriteShard(w.cfg.Out, s)
 	}
 	hash, err := w.dataPath.paramHash()
 	if err != nil {
@@ -224,8 +166,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 				parts = append(parts, msgs[r])
 			}
 		}
-		os.Remove(part)
-		os.Remove(dir) // only if empty
+		rundir.RemoveShard(w.cfg.Out, p.step, w.rank)
 		msg := strings.Join(parts, "; ")
 		if fatalAny {
 			if werr == nil {
@@ -240,14 +181,13 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		hashes[r] = all[4*r+3]
 	}
 	if err := diverged(hashes, p.step); err != nil {
-		os.Remove(part)
-		os.Remove(dir)
+		rundir.RemoveShard(w.cfg.Out, p.step, w.rank)
 		return collective(err)
 	}
 	// Every part is written: rank 0 completes the checkpoint.
 	var serr error
 	if w.rank == 0 {
-		serr = w.writeShared(ctx, p, dir, all)
+		serr = w.writeShared(p, all)
 	}
 	ok := comm.Int64s{0}
 	if serr != nil {
@@ -261,8 +201,7 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 		if err != nil {
 			return err
 		}
-		os.Remove(part)
-		os.Remove(dir)
+		rundir.RemoveShard(w.cfg.Out, p.step, w.rank)
 		return collective(&ckptError{step: p.step, prev: w.checkpoints.lastDir, prevStep: w.checkpoints.lastStep, msg: "rank 0: " + string(m), err: serr})
 	}
 	prevStep := w.checkpoints.lastStep
@@ -270,17 +209,17 @@ func (w *worker) checkpoint(ctx context.Context, p position) error {
 	w.keep()
 	w.runner.status.setCheckpoint(dir, p.step)
 	w.log.Info("checkpoint written", "dir", dir, "step", p.step)
-	w.prune(prevStep)
+	rundir.Prune(w.cfg.Out, w.rank, prevStep, w.log)
 	return nil
 }
 
 // writeShared writes shared.ckpt (rank 0), after syncing metrics.jsonl so
 // that the records up to the checkpoint survive a crash with it.
-func (w *worker) writeShared(ctx context.Context, p position, dir string, all comm.Int64s) error {
-	if err := w.out.sync(); err != nil {
+func (w *worker) writeShared(p position, all comm.Int64s) error {
+	if err := w.out.metrics.Sync(); err != nil {
 		return fmt.Errorf("syncing metrics.jsonl: %w", err)
 	}
-	ck := &Checkpoint{Config: w.cfg, Workers: w.size, Epoch: p.epoch, Batch: p.batch, Step: p.step,
+	ck := &rundir.Checkpoint[Config]{Config: w.cfg, Workers: w.size, Epoch: p.epoch, Batch: p.batch, Step: p.step,
 		EvalDue: p.evalDue, EvalEpoch: p.evalEpoch, Elapsed: time.Since(w.start), Written: time.Now().UTC(),
 		Params: w.dataPath.hostParams}
 	ck.Config.Resume = ""
@@ -289,54 +228,25 @@ func (w *worker) writeShared(ctx context.Context, p position, dir string, all co
 		return err
 	}
 	for r := range w.size {
-		ck.Shards = append(ck.Shards, ShardInfo{Bytes: all[4*r+1], CRC: uint32(all[4*r+2])})
+		ck.Shards = append(ck.Shards, rundir.ShardInfo{Bytes: all[4*r+1], CRC: uint32(all[4*r+2])})
 	}
-	names, data := sharedSections(ck)
-	f, err := layoutFile("shared", ck, names, data)
-	if err != nil {
+	if err := beforeWrite(filepath.Join(rundir.CheckpointDir(w.cfg.Out, p.step), rundir.SharedFile)); err != nil {
 		return err
 	}
-	_, err = writeCkptFile(filepath.Join(dir, ckptSharedName), f)
-	return err
+	return rundir.WriteShared(w.cfg.Out, ck)
 }
 
-// prune removes this rank's files of the checkpoints older than keep (the
-// one before the newest; the newest two stay); rank 0 first removes
-// their shared parts, so they are never taken for complete. Failures are
-// logged, not returned.
-func (w *worker) prune(keep int) {
-	if keep < 0 {
-		return
-	}
-	steps, err := checkpointSteps(w.cfg.Out)
-	if err != nil {
-		w.log.Warn("listing old checkpoints", "err", err)
-		return
-	}
-	for _, s := range steps {
-		if s >= keep {
-			continue
-		}
-		w.removeCheckpoint(s)
-	}
-}
+// ckptWriteHook, when set (tests), is called before every checkpoint file
+// is written and can fail it (a full disk).
+var ckptWriteHook func(path string) error
 
-// removeCheckpoint removes this rank's files of the checkpoint at step
-// (rank 0: the shared part first, then the folder).
-func (w *worker) removeCheckpoint(step int) {
-	d := stepDir(w.cfg.Out, step)
-	if w.rank == 0 {
-		if err := os.Remove(filepath.Join(d, ckptSharedName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			w.log.Warn("removing an old checkpoint", "err", err)
-			return
-		}
+// beforeWrite is ckptWriteHook's error for the file at path (nil without
+// a hook).
+func beforeWrite(path string) error {
+	if ckptWriteHook == nil {
+		return nil
 	}
-	os.Remove(filepath.Join(d, shardName(w.rank)))
-	if w.rank == 0 {
-		os.RemoveAll(d)
-	} else {
-		os.Remove(d)
-	}
+	return ckptWriteHook(path)
 }
 
 // restore loads the newest complete checkpoint of the run being resumed
@@ -373,11 +283,11 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	case 2:
 		return position{}, collective(fmt.Errorf("%w: %s", ErrConfig, strings.TrimPrefix(string(raw), ErrConfig.Error()+": ")))
 	}
-	ck, err := parseShared(raw, ckptSharedName)
+	ck, err := rundir.ParseCheckpoint[Config](raw, rundir.SharedFile)
 	if err != nil {
 		return position{}, collective(err)
 	}
-	dir := stepDir(w.cfg.Out, ck.Step)
+	dir := rundir.CheckpointDir(w.cfg.Out, ck.Step)
 	modelState, perr := w.dataPath.loadShard(ck, dir)
 	w.checkpoints.modelState = modelState
 	flags := make(comm.Int64s, w.size)
@@ -400,7 +310,7 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 					parts = append(parts, fmt.Sprintf("rank %d: %s", r, msgs[r]))
 				}
 			}
-			return position{}, collective(fmt.Errorf("%w: the checkpoint %s cannot be resumed: %s; %s", ErrConfig, dir, strings.Join(parts, "; "), fallBack(w.cfg.Out, dir)))
+			return position{}, collective(fmt.Errorf("%w: the checkpoint %s cannot be resumed: %s; %s", ErrConfig, dir, strings.Join(parts, "; "), rundir.FallBack(w.cfg.Out, dir)))
 		}
 	}
 	// Every part checks out: load the shared state (simulated workers
@@ -422,21 +332,18 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	w.checkpoints.lastDir, w.checkpoints.lastStep, w.checkpoints.prevStep = dir, ck.Step, -1
 	w.runner.status.setCheckpoint(dir, ck.Step)
 	// Parts of newer, incomplete checkpoints (a crash while writing) go.
-	if steps, err := checkpointSteps(w.cfg.Out); err == nil {
-		for _, s := range steps {
-			if s > ck.Step {
-				w.removeCheckpoint(s)
-			}
-		}
-	}
+	rundir.RemoveAfter(w.cfg.Out, ck.Step, w.rank, w.log)
 	// The record continues from the checkpoint: metrics.jsonl loses what
 	// was recorded after it, and the wall time goes on from the later of
 	// the checkpoint's and the last kept record's.
 	e := comm.Int64s{int64(ck.Elapsed), 0}
 	if w.rank == 0 {
-		maxWall, evaluated, err := w.out.truncateAfter(ck.Step, ck.EvalDue)
+		maxWall, evaluated, dropped, err := w.out.metrics.TruncateAfter(ck.Step, ck.EvalDue)
 		if err != nil {
 			return position{}, err
+		}
+		if dropped > 0 {
+			w.log.Info("metrics.jsonl: records after the checkpoint removed", "records", dropped, "step", ck.Step)
 		}
 		e[0] = int64(max(ck.Elapsed, time.Duration(maxWall*float64(time.Second))))
 		if evaluated {
@@ -452,7 +359,7 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	if info := w.runInfo; info != nil && len(info.Resumes) > 0 {
 		r := &info.Resumes[len(info.Resumes)-1]
 		r.Step, r.Checkpoint = ck.Step, dir
-		if err := writeJSONAtomic(filepath.Join(w.cfg.Out, "run.json"), info); err != nil {
+		if err := rundir.WriteRun(w.cfg.Out, info); err != nil {
 			return position{}, fmt.Errorf("writing run.json: %w", err)
 		}
 	}
@@ -466,24 +373,9 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 // findCheckpoint (rank 0) returns the shared part of the newest complete
 // checkpoint, checked against this run.
 func (w *worker) findCheckpoint() ([]byte, error) {
-	dir, err := LatestCheckpoint(w.cfg.Resume)
+	dir, raw, ck, err := rundir.ReadLatest[Config](w.cfg.Resume)
 	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			if old, _ := filepath.Glob(filepath.Join(w.cfg.Resume, "checkpoints", "step-*.ckpt")); len(old) > 0 {
-				return nil, fmt.Errorf("%w: -resume %s: its checkpoints (%s, ...) are of an older version that kept only rank 0's parameters and optimizer state; they cannot continue the run exactly: start it again with -out", ErrConfig, w.cfg.Resume, filepath.Base(old[0]))
-			}
-			return nil, fmt.Errorf("%w: -resume %s: the run has no complete checkpoint to continue from (it stopped before its first one); start it again with -out", ErrConfig, w.cfg.Resume)
-		}
-		return nil, err
-	}
-	p := filepath.Join(dir, ckptSharedName)
-	raw, err := os.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("reading checkpoint: %w", err)
-	}
-	ck, err := parseShared(raw, p)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v; %s", ErrConfig, err, fallBack(w.cfg.Resume, dir))
+		return nil, configError(err)
 	}
 	if len(ck.Params) != len(w.dataPath.hostParams) {
 		return nil, fmt.Errorf("%w: checkpoint %s holds %d parameters, the model has %d (another model or preset)", ErrConfig, dir, len(ck.Params), len(w.dataPath.hostParams))
@@ -498,45 +390,17 @@ func (w *worker) findCheckpoint() ([]byte, error) {
 	return raw, nil
 }
 
-// fallBack says how to resume runDir when its checkpoint in folder bad,
-// the newest complete one, cannot be used: from the complete one before it,
-// if there is one (on this machine).
-func fallBack(runDir, bad string) string {
-	steps, _ := checkpointSteps(runDir)
-	seen := false
-	for _, s := range steps { // newest first
-		d := stepDir(runDir, s)
-		if !seen {
-			seen = d == bad
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(d, ckptSharedName)); err == nil {
-			return fmt.Sprintf("move %s away to resume from the one before it, %s (step %d)", bad, d, s)
-		}
-	}
-	return "there is no earlier complete checkpoint: start the run again with another -out"
-}
-
 // loadShard reads, checks and loads this rank's part of checkpoint ck in
 // dir: the residual, the batch-norm statistics, the reducer's and the
-// model's state, which it returns (nil for a model without). On an error nothing the run uses has changed except,
-// possibly, the reducer's or model's state, and the run stops.
-func (dp *dataPath) loadShard(ck *Checkpoint, dir string) (modelState []byte, err error) {
-	p := filepath.Join(dir, shardName(dp.rank))
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("reading this rank's part: %w", err)
-	}
-	if want := ck.Shards[dp.rank]; int64(len(b)) != want.Bytes || crc32.Checksum(b, castagnoli) != want.CRC {
-		return nil, fmt.Errorf("%s is not the part the checkpoint lists (%d bytes, CRC-32C %08x; the checkpoint says %d bytes, %08x): it is of another checkpoint, or damaged", p, len(b), crc32.Checksum(b, castagnoli), want.Bytes, want.CRC)
-	}
-	s, err := parseShard(b, p)
+// model's state, which it returns (nil for a model without). On an error
+// nothing the run uses has changed except, possibly, the reducer's or
+// model's state, and the run stops.
+func (dp *dataPath) loadShard(ck *rundir.Checkpoint[Config], dir string) (modelState []byte, err error) {
+	s, err := ck.ReadShard(dir, dp.rank)
 	if err != nil {
 		return nil, err
 	}
-	if s.Rank != dp.rank || s.Workers != dp.size || s.Step != ck.Step {
-		return nil, fmt.Errorf("%s is rank %d of %d at step %d, not rank %d of %d at step %d", p, s.Rank, s.Workers, s.Step, dp.rank, dp.size, ck.Step)
-	}
+	p := filepath.Join(dir, rundir.ShardFile(dp.rank))
 	if len(s.Residual) != len(dp.hostResidual) {
 		return nil, fmt.Errorf("%s holds a residual of %d values, the model has %d parameters", p, len(s.Residual), len(dp.hostResidual))
 	}
@@ -561,6 +425,15 @@ func (dp *dataPath) loadShard(ck *Checkpoint, dir string) (modelState []byte, er
 	}
 	copy(dp.hostResidual, s.Residual)
 	return modelState, dp.upload(dp.residual, dp.hostResidual) // on a GPU
+}
+
+// configError makes a refusal of the run folder (rundir.ErrRefused) a
+// configuration error (ErrConfig).
+func configError(err error) error {
+	if errors.Is(err, rundir.ErrRefused) {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return err
 }
 
 // errString is err's message ("" for nil).

@@ -1,12 +1,10 @@
 package train
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 // checkNotComplete refuses the resume of a run that has nothing left to do
@@ -19,11 +17,11 @@ import (
 // otherwise (no checkpoint, a damaged one) is left to the resume itself,
 // which names it.
 func checkNotComplete(c Config, prog string) error {
-	dir, err := LatestCheckpoint(c.Resume)
+	dir, err := rundir.Latest(c.Resume)
 	if err != nil {
 		return nil
 	}
-	ck, err := ReadCheckpoint(dir)
+	ck, err := rundir.ReadCheckpoint[Config](dir)
 	if err != nil {
 		return nil
 	}
@@ -42,35 +40,13 @@ func checkNotComplete(c Config, prog string) error {
 	default:
 		return nil
 	}
-	if !evaluatedAt(filepath.Join(c.Resume, "metrics.jsonl"), ck.Step) {
+	if !rundir.EvaluatedAt(c.Resume, ck.Step) {
 		return nil // its final evaluation was cut short: the resume does it
 	}
 	if c.LRSchedule == "onecycle" && c.MaxTime == 0 {
 		further = "its one-cycle schedule ended with it, so it cannot be made longer: start a new run with -out and a larger -epochs or -steps"
 	}
 	return fmt.Errorf("%w: -resume %s: the run is complete, nothing to continue: %s; to train further, %s", ErrConfig, c.Resume, done, further)
-}
-
-// evaluatedAt reports whether the metrics file at path records an
-// evaluation at step.
-func evaluatedAt(path string, step int) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 16<<20)
-	for sc.Scan() {
-		var rec struct {
-			Type string `json:"type"`
-			Step int    `json:"step"`
-		}
-		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Type == "eval" && rec.Step == step {
-			return true
-		}
-	}
-	return false
 }
 
 // progOf is how the person ran train, from Options.CommandLine ("train"

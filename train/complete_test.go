@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 // TestResumeOfACompleteRun: -resume of a run that has trained its -steps,
@@ -73,8 +75,8 @@ func TestResumeOfACompleteRun(t *testing.T) {
 	if err := os.WriteFile(metrics, []byte(strings.Join(kept, "")), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := resume(Config{Resume: c.Out}); err != nil || !evaluatedAt(metrics, last) {
-		t.Fatalf("resume of a run whose last evaluation is missing: %v (evaluated: %v)\n%s", err, evaluatedAt(metrics, last), out)
+	if out, err := resume(Config{Resume: c.Out}); err != nil || !rundir.EvaluatedAt(c.Out, last) {
+		t.Fatalf("resume of a run whose last evaluation is missing: %v (evaluated: %v)\n%s", err, rundir.EvaluatedAt(c.Out, last), out)
 	}
 	refused("epochs, evaluated again", Config{Resume: c.Out}, "its 1 epochs")
 	if out, err := resume(Config{Resume: c.Out, Epochs: Set(2)}); err != nil {

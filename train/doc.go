@@ -47,7 +47,8 @@
 // (worker.evaluate), the step records (stats.go, output.go); faults.go
 // turns errors into the job's and holds the ranks' agreement to stop.
 // worker.setup builds a rank in named steps: buildModel, commOn,
-// newDataPath, initParams, prepareData, newRunInfo, openOutput.
+// newDataPath, initParams, prepareData, newRunInfo and openOutput
+// (output.go).
 //
 // # Simulated workers
 //
@@ -66,9 +67,10 @@
 // wait for an executor and the other workers' turns; t_forward, t_backward
 // and t_compute are its own turn's. A step record holds the times of the
 // worker the others waited for (the largest t_queue + t_compute +
-// t_select), which add up to its iteration (metrics.Step). run.json records the executors; the report says the run was
-// simulated. 16 ResNet-18 workers at batch 32 peak at about 5 GB
-// (docs/results/simulated-workers.md). GPUs keep a model and parameters
+// t_select), which add up to its iteration (metrics.Step). run.json
+// records the executors; the report says the run was simulated. 16
+// ResNet-18 workers at batch 32 fit in about 3.1 GB (4.0 GB with Top-k's
+// selection scratch; docs/results/simulated-workers.md). GPUs keep a model and parameters
 // per worker (each on a stream of its own), and so does every mpirun
 // process.
 //
@@ -136,8 +138,9 @@
 //
 // # Checkpoints, resumes and faults
 //
-// A checkpoint (checkpoint.go) holds everything a run needs to continue
-// exactly: rank 0's shared part (parameters, optimizer state, position,
+// A checkpoint (its files are package rundir's; ckptrun.go makes the ranks
+// agree on writing and reading one) holds everything a run needs to
+// continue exactly: rank 0's shared part (parameters, optimizer state, position,
 // wall time, configuration) and every rank's own part (error-feedback
 // residual, batch-norm statistics, the reducer's state through
 // sparsify.Stateful, the model's dropout stream and LSTM hidden state

@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 func TestEvalBound(t *testing.T) {
@@ -74,7 +76,7 @@ func TestShortLSTMRunEvaluatesALabelledSample(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains the LSTM and evaluates 100 batches (about 15 s with OpenBLAS)")
 	}
-	dir := sharedData(t, filepath.Join("wikitext-2", "valid.txt"))
+	dir := testenv.SharedData(t, filepath.Join("wikitext-2", "valid.txt"))
 	const workers = 2
 	c := Config{Model: "lstm", DataDir: dir, Workers: Set(workers), Steps: 2, Out: t.TempDir()}
 	var out bytes.Buffer
@@ -192,7 +194,7 @@ func TestInterruptedEvaluationKeepsTheSteps(t *testing.T) {
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run: %v, want the interruption", err)
 	}
-	ck, err := LatestCheckpoint(c.Out)
+	ck, err := rundir.Latest(c.Out)
 	if err != nil {
 		t.Fatalf("no checkpoint after the interrupted evaluation: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"regexp"
@@ -407,4 +408,36 @@ func collective(err error) error {
 		return nil
 	}
 	return collectiveError{err}
+}
+
+// errNonFinite is wrapped by the errors of a NaN or infinite loss,
+// gradient, parameter or state.
+var errNonFinite = errors.New("not finite")
+
+// firstNonFinite returns the index of the first NaN or ±Inf in v, or -1.
+func firstNonFinite(v []float32) int {
+	for i, x := range v {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return i
+		}
+	}
+	return -1
+}
+
+// tensorAt names the layout tensor holding flat element i: its name and
+// the element's index within it.
+func (dp *dataPath) tensorAt(i int) (string, int) {
+	for _, t := range dp.layout.Tensors {
+		if i < t.Offset+t.Size {
+			return t.Name, i - t.Offset
+		}
+	}
+	return "?", i
+}
+
+// nonFinite is the error for v[i] (a vector in layout order) not being
+// finite.
+func (dp *dataPath) nonFinite(what string, v []float32, i int) error {
+	name, j := dp.tensorAt(i)
+	return fmt.Errorf("%w: the %s is %v in tensor %s (element %d of it)", errNonFinite, what, v[i], name, j)
 }

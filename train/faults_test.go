@@ -10,9 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -21,6 +19,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 // poisonModel corrupts one rank's step: a NaN gradient element of a named
@@ -84,7 +83,7 @@ func TestNonFiniteStopsNamingTheTensor(t *testing.T) {
 			if strings.Count(err.Error(), "train:") != 1 {
 				t.Fatalf("%q: want one train: prefix", err)
 			}
-			if got, _ := LatestCheckpoint(c.Out); filepath.Base(got) != "step-000000004" {
+			if got, _ := rundir.Latest(c.Out); filepath.Base(got) != "step-000000004" {
 				t.Fatalf("newest checkpoint %s, want the one of step 4", got)
 			}
 		})
@@ -141,7 +140,7 @@ func TestCheckEveryNamesTheDivergedRank(t *testing.T) {
 	if !errors.Is(err, ErrDiverged) || !strings.Contains(err.Error(), "after step 10") || !strings.Contains(err.Error(), "step-000000005 (step 5)") {
 		t.Fatalf("err %v", err)
 	}
-	if got, _ := LatestCheckpoint(c.Out); filepath.Base(got) != "step-000000005" {
+	if got, _ := rundir.Latest(c.Out); filepath.Base(got) != "step-000000005" {
 		t.Fatalf("newest checkpoint %s: a checkpoint of diverged parameters was written", got)
 	}
 }
@@ -190,28 +189,28 @@ func TestCheckpointWriteFailureStopsTheRun(t *testing.T) {
 		c.CheckpointEvery = 2
 		defer func() { ckptWriteHook = nil }()
 		ckptWriteHook = func(path string) error {
-			if strings.Contains(path, "step-000000004") && strings.HasSuffix(path, shardName(1)) {
+			if strings.Contains(path, "step-000000004") && strings.HasSuffix(path, rundir.ShardFile(1)) {
 				return &os.PathError{Op: "write", Path: path, Err: syscall.ENOSPC}
 			}
 			return nil
 		}
 		err := Run(context.Background(), c, Options{})
-		want := "train: stopped after step 4: its checkpoint was not written: rank 1: write " + filepath.Join(stepDir(c.Out, 4), shardName(1)) +
-			": no space left on device; steps 3 to 4 are lost; the last checkpoint is " + stepDir(c.Out, 2) + " (step 2); make room on the disk (or fix the folder), then resume with: train -resume " + c.Out
+		want := "train: stopped after step 4: its checkpoint was not written: rank 1: write " + filepath.Join(rundir.CheckpointDir(c.Out, 4), rundir.ShardFile(1)) +
+			": no space left on device; steps 3 to 4 are lost; the last checkpoint is " + rundir.CheckpointDir(c.Out, 2) + " (step 2); make room on the disk (or fix the folder), then resume with: train -resume " + c.Out
 		if err == nil || err.Error() != want {
 			t.Fatalf("err\n%v\nwant\n%s", err, want)
 		}
-		if _, err := os.Stat(stepDir(c.Out, 4)); err == nil {
+		if _, err := os.Stat(rundir.CheckpointDir(c.Out, 4)); err == nil {
 			t.Error("the failed checkpoint's folder was left")
 		}
-		if got, _ := LatestCheckpoint(c.Out); got != stepDir(c.Out, 2) {
+		if got, _ := rundir.Latest(c.Out); got != rundir.CheckpointDir(c.Out, 2) {
 			t.Fatalf("newest checkpoint %s, want step 2's", got)
 		}
 		ckptWriteHook = nil
 		if err := Run(context.Background(), Config{Resume: c.Out}, Options{}); err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := LatestCheckpoint(c.Out); got != stepDir(c.Out, 9) {
+		if got, _ := rundir.Latest(c.Out); got != rundir.CheckpointDir(c.Out, 9) {
 			t.Fatalf("after the resume the newest checkpoint is %s, want step 9's", got)
 		}
 	})
@@ -220,10 +219,10 @@ func TestCheckpointWriteFailureStopsTheRun(t *testing.T) {
 		c.CheckpointEvery = 2
 		// A file where step 6's folder goes: it cannot be created.
 		os.MkdirAll(filepath.Join(c.Out, "checkpoints"), 0o755)
-		os.WriteFile(stepDir(c.Out, 6), []byte("in the way"), 0o644)
+		os.WriteFile(rundir.CheckpointDir(c.Out, 6), []byte("in the way"), 0o644)
 		err := Run(context.Background(), c, Options{})
 		if err == nil || !strings.Contains(err.Error(), "stopped after step 6: its checkpoint was not written:") ||
-			!strings.Contains(err.Error(), "not a directory; steps 5 to 6 are lost; the last checkpoint is "+stepDir(c.Out, 4)+" (step 4)") {
+			!strings.Contains(err.Error(), "not a directory; steps 5 to 6 are lost; the last checkpoint is "+rundir.CheckpointDir(c.Out, 4)+" (step 4)") {
 			t.Fatalf("err %v", err)
 		}
 	})
@@ -244,7 +243,7 @@ func TestInterruptWithUnwritableCheckpoint(t *testing.T) {
 	}
 	err := Run(context.Background(), c, stopAt(5))
 	want := "interrupted after step 5, but the checkpoint of step 5 not written: "
-	if !errors.Is(err, ErrInterrupted) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "the previous checkpoint "+stepDir(c.Out, 3)+" is intact; resume with: train -resume "+c.Out) {
+	if !errors.Is(err, ErrInterrupted) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "the previous checkpoint "+rundir.CheckpointDir(c.Out, 3)+" is intact; resume with: train -resume "+c.Out) {
 		t.Fatalf("err %v", err)
 	}
 }
@@ -286,14 +285,14 @@ func TestBadCheckpointsAreRefused(t *testing.T) {
 		damage func(d string)
 		want   string
 	}{
-		{"shared bit flip", func(d string) { flip(filepath.Join(stepDir(d, 6), ckptSharedName), -5) }, "shared.ckpt is not a valid checkpoint file: checksum mismatch"},
-		{"shared truncated", func(d string) { os.Truncate(filepath.Join(stepDir(d, 6), ckptSharedName), 100) }, "shared.ckpt is not a valid checkpoint file"},
-		{"rank part bit flip", func(d string) { flip(filepath.Join(stepDir(d, 6), shardName(1)), -9) }, filepath.Join("step-000000006", shardName(1)) + " is not the part the checkpoint lists"},
+		{"shared bit flip", func(d string) { flip(filepath.Join(rundir.CheckpointDir(d, 6), rundir.SharedFile), -5) }, "shared.ckpt is not a valid checkpoint file: checksum mismatch"},
+		{"shared truncated", func(d string) { os.Truncate(filepath.Join(rundir.CheckpointDir(d, 6), rundir.SharedFile), 100) }, "shared.ckpt is not a valid checkpoint file"},
+		{"rank part bit flip", func(d string) { flip(filepath.Join(rundir.CheckpointDir(d, 6), rundir.ShardFile(1)), -9) }, filepath.Join("step-000000006", rundir.ShardFile(1)) + " is not the part the checkpoint lists"},
 		{"rank part of another checkpoint", func(d string) {
-			b, _ := os.ReadFile(filepath.Join(stepDir(d, 4), shardName(0)))
-			os.WriteFile(filepath.Join(stepDir(d, 6), shardName(0)), b, 0o644)
+			b, _ := os.ReadFile(filepath.Join(rundir.CheckpointDir(d, 4), rundir.ShardFile(0)))
+			os.WriteFile(filepath.Join(rundir.CheckpointDir(d, 6), rundir.ShardFile(0)), b, 0o644)
 		}, "is not the part the checkpoint lists"},
-		{"rank part missing", func(d string) { os.Remove(filepath.Join(stepDir(d, 6), shardName(1))) }, "rank 1: reading this rank's part"},
+		{"rank part missing", func(d string) { os.Remove(filepath.Join(rundir.CheckpointDir(d, 6), rundir.ShardFile(1))) }, "rank 1: reading this rank's part"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := copyRun()
@@ -308,11 +307,11 @@ func TestBadCheckpointsAreRefused(t *testing.T) {
 			}
 			// The message says which checkpoint to move away and which one
 			// the resume then takes; doing so resumes from it.
-			hint := "move " + stepDir(d, 6) + " away to resume from the one before it, " + stepDir(d, 4) + " (step 4)"
+			hint := "move " + rundir.CheckpointDir(d, 6) + " away to resume from the one before it, " + rundir.CheckpointDir(d, 4) + " (step 4)"
 			if !strings.Contains(err.Error(), hint) {
 				t.Fatalf("err %v\nlacks %q", err, hint)
 			}
-			if err := os.Rename(stepDir(d, 6), filepath.Join(t.TempDir(), "damaged")); err != nil {
+			if err := os.Rename(rundir.CheckpointDir(d, 6), filepath.Join(t.TempDir(), "damaged")); err != nil {
 				t.Fatal(err)
 			}
 			var out bytes.Buffer
@@ -320,15 +319,15 @@ func TestBadCheckpointsAreRefused(t *testing.T) {
 			if err := Run(context.Background(), Config{Resume: d, Steps: 8, Quiet: false}, o); err != nil {
 				t.Fatalf("resume after moving the damaged checkpoint away: %v", err)
 			}
-			if !strings.Contains(out.String(), "resuming from "+stepDir(d, 4)+" (step 4, epoch 1)") {
+			if !strings.Contains(out.String(), "resuming from "+rundir.CheckpointDir(d, 4)+" (step 4, epoch 1)") {
 				t.Fatalf("output:\n%s", out.String())
 			}
 		})
 	}
 	t.Run("no earlier checkpoint", func(t *testing.T) {
 		d := copyRun()
-		os.RemoveAll(stepDir(d, 4))
-		flip(filepath.Join(stepDir(d, 6), ckptSharedName), -5)
+		os.RemoveAll(rundir.CheckpointDir(d, 4))
+		flip(filepath.Join(rundir.CheckpointDir(d, 6), rundir.SharedFile), -5)
 		err := resume(d, Options{})
 		want := "checksum mismatch (the file is corrupted or truncated); there is no earlier complete checkpoint: start the run again with another -out"
 		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
@@ -349,18 +348,18 @@ func TestBadCheckpointsAreRefused(t *testing.T) {
 	})
 	t.Run("newest incomplete", func(t *testing.T) {
 		d := copyRun()
-		os.MkdirAll(stepDir(d, 7), 0o755)
-		os.WriteFile(filepath.Join(stepDir(d, 7), shardName(0)), []byte("partial"), 0o644)
+		os.MkdirAll(rundir.CheckpointDir(d, 7), 0o755)
+		os.WriteFile(filepath.Join(rundir.CheckpointDir(d, 7), rundir.ShardFile(0)), []byte("partial"), 0o644)
 		var out bytes.Buffer
 		// -quiet=false given on the command line overrides the run's -quiet.
 		o := Options{Stdout: &out, Progress: &out, Given: map[string]bool{"resume": true, "steps": true, "quiet": true}}
 		if err := Run(context.Background(), Config{Resume: d, Steps: 8, Quiet: false}, o); err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(out.String(), "resuming from "+stepDir(d, 6)+" (step 6, epoch 1)") {
+		if !strings.Contains(out.String(), "resuming from "+rundir.CheckpointDir(d, 6)+" (step 6, epoch 1)") {
 			t.Fatalf("output:\n%s", out.String())
 		}
-		if _, err := os.Stat(stepDir(d, 7)); err == nil {
+		if _, err := os.Stat(rundir.CheckpointDir(d, 7)); err == nil {
 			t.Fatal("the incomplete checkpoint's folder is left")
 		}
 	})
@@ -390,7 +389,7 @@ func TestRunInUseIsRefused(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(c.Out, ".lock")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a finished run left its lock file .lock (stat: %v)", err)
 	}
-	unlock, err := lockRun(c.Out)
+	unlock, err := rundir.Lock(c.Out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,47 +407,5 @@ func TestRunInUseIsRefused(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(c.Out, ".lock")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a finished resume left its lock file .lock (stat: %v)", err)
-	}
-}
-
-// TestLockRunExcludes: the lock file is removed on every unlock, and yet
-// two holders never overlap while processes (here: goroutines with open
-// files of their own) keep taking and releasing it.
-func TestLockRunExcludes(t *testing.T) {
-	dir := t.TempDir()
-	var holders, overlaps, taken atomic.Int32
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 500 {
-				unlock, err := lockRun(dir)
-				if err != nil {
-					if !errors.Is(err, ErrConfig) {
-						t.Error(err)
-						return
-					}
-					continue
-				}
-				if holders.Add(1) > 1 {
-					overlaps.Add(1)
-				}
-				taken.Add(1)
-				runtime.Gosched()
-				holders.Add(-1)
-				unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if overlaps.Load() > 0 {
-		t.Fatalf("two holders of the lock at once, %d times", overlaps.Load())
-	}
-	if taken.Load() == 0 {
-		t.Fatal("the lock was never taken")
-	}
-	if _, err := os.Stat(filepath.Join(dir, ".lock")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf(".lock left after the last unlock (stat: %v)", err)
 	}
 }

@@ -11,7 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/smalldisk"
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 // TestFullDiskStopsTheRun runs on a real file system that fills up (a
@@ -28,14 +29,14 @@ func TestFullDiskStopsTheRun(t *testing.T) {
 		var out bytes.Buffer
 		err := Run(context.Background(), c, Options{Stdout: &out, Progress: &out})
 		want := `^train: stopped after step 4: its checkpoint was not written: .*no space left on device; steps 3 to 4 are lost; the last checkpoint is ` +
-			regexp.QuoteMeta(stepDir(c.Out, 2)) + ` \(step 2\); make room on the disk \(or fix the folder\), then resume with: train -resume ` + regexp.QuoteMeta(c.Out) + `$`
+			regexp.QuoteMeta(rundir.CheckpointDir(c.Out, 2)) + ` \(step 2\); make room on the disk \(or fix the folder\), then resume with: train -resume ` + regexp.QuoteMeta(c.Out) + `$`
 		if err == nil || !regexp.MustCompile(want).MatchString(err.Error()) {
 			t.Fatalf("%d workers: err %v\nwant %s\noutput:\n%s", workers, err, want, out.String())
 		}
-		if _, err := os.Stat(stepDir(c.Out, 4)); err == nil {
+		if _, err := os.Stat(rundir.CheckpointDir(c.Out, 4)); err == nil {
 			t.Errorf("%d workers: the failed checkpoint's folder was left", workers)
 		}
-		if got, _ := LatestCheckpoint(c.Out); got != stepDir(c.Out, 2) {
+		if got, _ := rundir.Latest(c.Out); got != rundir.CheckpointDir(c.Out, 2) {
 			t.Fatalf("%d workers: newest checkpoint %s, want step 2's", workers, got)
 		}
 		// The checkpoint of step 2 continues the run (on a disk with room).
@@ -47,10 +48,10 @@ func TestFullDiskStopsTheRun(t *testing.T) {
 		if err := Run(context.Background(), Config{Resume: moved, Quiet: false}, Options{Stdout: &out, Progress: &out, Given: map[string]bool{"quiet": true}}); err != nil {
 			t.Fatalf("%d workers: resuming the copy: %v", workers, err)
 		}
-		if !strings.Contains(out.String(), "resuming from "+stepDir(moved, 2)+" (step 2") {
+		if !strings.Contains(out.String(), "resuming from "+rundir.CheckpointDir(moved, 2)+" (step 2") {
 			t.Errorf("%d workers: the resume did not start at step 2:\n%s", workers, out.String())
 		}
-		if got, _ := LatestCheckpoint(moved); got != stepDir(moved, 8) {
+		if got, _ := rundir.Latest(moved); got != rundir.CheckpointDir(moved, 8) {
 			t.Fatalf("%d workers: after the resume the newest checkpoint is %s, want step 8's", workers, got)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"os"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // The per-step mean losses of short real-data runs, recorded by the trainer
@@ -35,9 +37,9 @@ func goldenRunConfigs(t *testing.T) []struct {
 	}
 	sgdNCF := ncf(3, 12, "dense")
 	sgdNCF.Optimizer, sgdNCF.Momentum, sgdNCF.WeightDecay, sgdNCF.LR = "sgd", Set(0.9), Set(1e-4), Set(0.05)
-	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: sharedData(t, "wikitext-2/train.txt"), Preset: "small", Workers: Set(2), Steps: 3,
+	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: testenv.SharedData(t, "wikitext-2/train.txt"), Preset: "small", Workers: Set(2), Steps: 3,
 		Batch: Set(4), Sparsifier: "topk", Density: Set(0.01), Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
-	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: sharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(2), Steps: 2,
+	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: testenv.SharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(2), Steps: 2,
 		Batch: Set(4), EvalBatch: Set(8), Sparsifier: "dense", Out: t.TempDir(), Quiet: true, BLAS: "gonum", Kernels: "im2col", MaxEvalBatches: 1}
 	return []struct {
 		name string

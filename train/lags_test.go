@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -23,7 +24,7 @@ func TestLAGSProfilesAfterWarmup(t *testing.T) {
 	c.NetLatency, c.NetBandwidth = time.Microsecond, 1e12
 	runLosses(t, c)
 	var ks [][]int
-	for _, r := range readMetrics(t, c.Out) {
+	for _, r := range rundirtest.Records(t, c.Out) {
 		if r["type"] != "step" {
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 )
 
 // slowModel sleeps stepSleep in every training step and evalSleep in
@@ -50,7 +51,7 @@ func TestMaxTimeBoundsTheWholeRun(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("%d workers:\n%s", workers, out.String())
-		recs := readMetrics(t, c.Out)
+		recs := rundirtest.Records(t, c.Out)
 		lastStep := 0.0
 		for _, r := range recs {
 			if r["type"] == "step" {

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestRunTooLargeForMemoryIsRefused: an LSTM batch of a million sequences
@@ -21,7 +23,7 @@ func TestRunTooLargeForMemoryIsRefused(t *testing.T) {
 	if _, _, ok := machineMemory(); !ok {
 		t.Skip("the machine's memory cannot be read here (not Linux)")
 	}
-	c := Config{Model: "lstm", DataDir: sharedData(t, "wikitext-2"), Batch: Set(1_000_000), Out: filepath.Join(t.TempDir(), "run"), Quiet: true}
+	c := Config{Model: "lstm", DataDir: testenv.SharedData(t, "wikitext-2"), Batch: Set(1_000_000), Out: filepath.Join(t.TempDir(), "run"), Quiet: true}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
 	err := Run(context.Background(), c, Options{})

@@ -2,9 +2,9 @@ package train
 
 import (
 	"fmt"
-	"path/filepath"
 	"slices"
 
+	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -23,7 +23,7 @@ func (w *worker) note(msg string) error {
 		return nil
 	}
 	info.Notes = append(info.Notes, msg)
-	if err := writeJSONAtomic(filepath.Join(w.cfg.Out, "run.json"), info); err != nil {
+	if err := rundir.WriteRun(w.cfg.Out, info); err != nil {
 		return fmt.Errorf("train: writing run.json: %w", err)
 	}
 	if w.out != nil && w.out.prog != nil {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 // snapshot returns every file under dir (relative path: content) and
@@ -67,9 +68,9 @@ func TestRefusedResumeWritesNothing(t *testing.T) {
 		workers int
 		damage  string // file of the newest checkpoint to damage
 	}{
-		{"shared part", 1, ckptSharedName},
-		{"shared part, 2 workers", 2, ckptSharedName},
-		{"rank 1's part", 2, shardName(1)},
+		{"shared part", 1, rundir.SharedFile},
+		{"shared part, 2 workers", 2, rundir.SharedFile},
+		{"rank 1's part", 2, rundir.ShardFile(1)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ncfConfig(t, tc.workers, 6)
@@ -77,7 +78,7 @@ func TestRefusedResumeWritesNothing(t *testing.T) {
 			if err := Run(context.Background(), c, Options{Report: func(string) error { return nil }}); err != nil {
 				t.Fatal(err)
 			}
-			p := filepath.Join(stepDir(c.Out, 6), tc.damage)
+			p := filepath.Join(rundir.CheckpointDir(c.Out, 6), tc.damage)
 			b, err := os.ReadFile(p)
 			if err != nil {
 				t.Fatal(err)

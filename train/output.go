@@ -5,15 +5,18 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 // output is what rank 0 writes besides checkpoints: the metrics file, the
 // console progress and the HTML report. The other ranks have none (a nil
 // *output, whose methods do nothing).
 type output struct {
-	metrics *metricsWriter
+	metrics *rundir.Metrics
 	prog    *progress // nil with Config.Quiet
 	rep     *reporter // nil without Options.Report
 	// reportPath is where rep writes the report, printed when the run ends;
@@ -28,12 +31,42 @@ type output struct {
 	stopBeat func()
 }
 
+// openOutput (rank 0) writes run.json (a new run's, info; a resume writes
+// it once its checkpoint is accepted, in restore, so that a refused resume
+// changes nothing) and opens metrics.jsonl, the progress output and the
+// report of the run configured by cfg and opt, logging to log.
+func openOutput(cfg Config, opt Options, info *RunInfo, log *slog.Logger) (*output, error) {
+	if cfg.Resume == "" {
+		if err := rundir.WriteRun(cfg.Out, info); err != nil {
+			return nil, fmt.Errorf("train: writing run.json: %w", err)
+		}
+	}
+	mw, err := rundir.OpenMetrics(cfg.Out, cfg.Resume != "")
+	if err != nil {
+		return nil, fmt.Errorf("train: %w", err)
+	}
+	o := &output{metrics: mw, log: log, sink: opt.LossSink, console: newSyncWriter(opt.Stdout)}
+	if !cfg.Quiet {
+		o.prog = newProgress(opt.Progress, o.console, cfg.Gradients != "")
+		o.stopBeat = o.prog.beat(o.console)
+		if info.CUDA != nil {
+			fmt.Fprintln(o.console, info.CUDA)
+		}
+	}
+	if report := opt.Report; report != nil {
+		o.rep = newReporter(func() error { return report(cfg.Out) }, o.reportFailed)
+		o.reportPath = filepath.Join(cfg.Out, rundir.ReportFile)
+		o.reportCmd = progOf(opt) + " report " + cfg.Out
+	}
+	return o, nil
+}
+
 // step records a step.
 func (o *output) step(rec StepRecord) error {
 	if o == nil {
 		return nil
 	}
-	if err := o.metrics.write(rec); err != nil {
+	if err := o.metrics.Write(rec); err != nil {
 		return err
 	}
 	if o.prog != nil {
@@ -51,7 +84,7 @@ func (o *output) eval(epoch, step int, wall Num, ev evaluation) error {
 		return nil
 	}
 	for _, m := range ev.metrics {
-		if err := o.metrics.write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value),
+		if err := o.metrics.Write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value),
 			Split: ev.split, Evaluated: ev.count, SplitSize: ev.total, Unit: ev.unit}); err != nil {
 			return err
 		}
@@ -87,7 +120,7 @@ func (o *output) close(final bool) error {
 	if o.stopBeat != nil {
 		o.stopBeat()
 	}
-	err := o.metrics.close()
+	err := o.metrics.Close()
 	if o.rep.finish(final) && o.prog != nil {
 		fmt.Fprintf(o.console, "report: %s (open it in a browser)\n", o.reportPath)
 	}

@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 )
 
 // TestActualDensityML100k16Workers is the DEFT paper's Fig. 1 effect on real
@@ -46,7 +47,7 @@ func TestActualDensityML100k16Workers(t *testing.T) {
 		}
 		var sum float64
 		var n int
-		for _, r := range readMetrics(t, c.Out) {
+		for _, r := range rundirtest.Records(t, c.Out) {
 			if r["type"] == "step" && r["step"].(float64) > float64(from) {
 				sum += r["actual_density"].(float64)
 				n++

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/recorded"
@@ -177,7 +178,7 @@ func TestReplayReproducesResNet18(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains ResNet-18 (about a minute); skipped in -short")
 	}
-	dir := sharedData(t, "cifar-10-batches-bin/data_batch_1.bin")
+	dir := testenv.SharedData(t, "cifar-10-batches-bin/data_batch_1.bin")
 	for _, name := range []string{"topk", "deft"} {
 		c := Config{Model: "resnet18", DataDir: dir, Workers: Set(2), Steps: 3, Batch: Set(8), Out: t.TempDir(), Quiet: true,
 			MaxEvalBatches: 1, EvalBatch: Set(8), Sparsifier: name, Density: Set(0.01), RecordGradients: filepath.Join(t.TempDir(), "grads")}
@@ -199,7 +200,7 @@ func TestReplayReproducesLSTM(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains the LSTM on WikiText-2; skipped in -short")
 	}
-	c := Config{Model: "lstm", DataDir: sharedData(t, "wikitext-2/train.txt"), Workers: Set(2), Steps: 3, Batch: Set(4), Out: t.TempDir(), Quiet: true,
+	c := Config{Model: "lstm", DataDir: testenv.SharedData(t, "wikitext-2/train.txt"), Workers: Set(2), Steps: 3, Batch: Set(4), Out: t.TempDir(), Quiet: true,
 		MaxEvalBatches: 1, Sparsifier: "topk", Density: Set(0.01), RecordGradients: filepath.Join(t.TempDir(), "grads")}
 	if err := Run(context.Background(), c, Options{}); err != nil {
 		t.Fatal(err)

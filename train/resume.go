@@ -2,11 +2,8 @@ package train
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -14,6 +11,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/options"
+	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -64,26 +62,6 @@ func configMap(c Config) (map[string]any, error) {
 	return m, nil
 }
 
-// readRunInfo reads dir/run.json.
-func readRunInfo(dir string) (*RunInfo, error) {
-	p := filepath.Join(dir, "run.json")
-	b, err := os.ReadFile(p)
-	if errors.Is(err, fs.ErrNotExist) {
-		if _, serr := os.Stat(dir); serr != nil {
-			return nil, fmt.Errorf("%w: -resume %s: no such folder; give the run directory a run wrote with -out", ErrConfig, dir)
-		}
-		return nil, fmt.Errorf("%w: -resume %s: no run.json there: not a run directory (give the folder a run wrote with -out)", ErrConfig, dir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("-resume %s: %w", dir, err)
-	}
-	info := &RunInfo{}
-	if err := json.Unmarshal(b, info); err != nil {
-		return nil, fmt.Errorf("-resume %s: run.json is damaged: %w", dir, err)
-	}
-	return info, nil
-}
-
 // resumeConfig returns the configuration that continues the run in
 // given.Resume: the configuration of its run.json, with the values of the
 // keys the caller gave changed where a resumed run may change them
@@ -95,9 +73,9 @@ func readRunInfo(dir string) (*RunInfo, error) {
 // process per worker continues with Workers 1.
 func resumeConfig(given Config, set map[string]bool, mpi bool) (Config, *RunInfo, error) {
 	dir := given.Resume
-	info, err := readRunInfo(dir)
-	if err != nil {
-		return Config{}, nil, err
+	info := &RunInfo{}
+	if err := rundir.ReadRun(dir, info); err != nil {
+		return Config{}, nil, configError(err)
 	}
 	if given.Out != "" && filepath.Clean(given.Out) != filepath.Clean(dir) {
 		return Config{}, nil, fmt.Errorf("%w: -out %s with -resume %s: a resumed run continues in its own folder; drop -out", ErrConfig, given.Out, dir)
@@ -205,7 +183,7 @@ func showJSON(v any) string {
 // checkpointMismatch compares a checkpoint's configuration and worker
 // count with the run's and says what differs (empty: nothing that
 // matters).
-func checkpointMismatch(ck *Checkpoint, c Config, workers int) ([]string, error) {
+func checkpointMismatch(ck *rundir.Checkpoint[Config], c Config, workers int) ([]string, error) {
 	var diffs []string
 	if ck.Workers != workers {
 		diffs = append(diffs, fmt.Sprintf("workers: the checkpoint has %d, this run %d", ck.Workers, workers))

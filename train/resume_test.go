@@ -6,11 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
-	"math"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -19,7 +16,10 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -49,96 +49,6 @@ func resumeConfigFor(t *testing.T, sparsifier string, steps int) Config {
 	return c
 }
 
-// endState is what a finished run leaves: its last checkpoint (the shared
-// part's training state and every rank's part, byte for byte) and its
-// metrics without the times.
-type endState struct {
-	step     int
-	params   []float32
-	opt      [][]float32
-	optSteps int64
-	shards   [][]byte
-	records  []map[string]any
-}
-
-// timeKeys are the metrics fields that measure time (they differ between
-// any two runs).
-var timeKeys = []string{"wall", "t_forward", "t_backward", "t_select", "t_comm", "t_update", "t_iter", "t_wait", "t_compute", "t_comm_wall", "t_queue"}
-
-func readEndState(t *testing.T, dir string) endState {
-	t.Helper()
-	ckd, err := LatestCheckpoint(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := ReadCheckpoint(ckd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := endState{step: ck.Step, params: ck.Params, opt: ck.Opt, optSteps: ck.OptSteps}
-	for r := range ck.Workers {
-		b, err := os.ReadFile(filepath.Join(ckd, shardName(r)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.shards = append(e.shards, b)
-	}
-	for _, rec := range readMetrics(t, dir) {
-		for _, k := range timeKeys {
-			delete(rec, k)
-		}
-		if ops, ok := rec["ops"].(map[string]any); ok {
-			for _, o := range ops {
-				delete(o.(map[string]any), "time")
-			}
-		}
-		e.records = append(e.records, rec)
-	}
-	return e
-}
-
-// sameEnd says how two end states differ ("" when they do not).
-func sameEnd(a, b endState) string {
-	bits := func(x, y []float32) bool {
-		if len(x) != len(y) {
-			return false
-		}
-		for i := range x {
-			if math.Float32bits(x[i]) != math.Float32bits(y[i]) {
-				return false
-			}
-		}
-		return true
-	}
-	switch {
-	case a.step != b.step:
-		return fmt.Sprintf("last checkpoint at step %d vs %d", a.step, b.step)
-	case !bits(a.params, b.params):
-		return "parameters differ"
-	case a.optSteps != b.optSteps || len(a.opt) != len(b.opt):
-		return "optimizer state differs"
-	}
-	for i := range a.opt {
-		if !bits(a.opt[i], b.opt[i]) {
-			return "optimizer state differs"
-		}
-	}
-	for r := range a.shards {
-		if !bytes.Equal(a.shards[r], b.shards[r]) {
-			return fmt.Sprintf("rank %d's part (residual, batch-norm statistics, reducer or model state) differs", r)
-		}
-	}
-	if len(a.records) != len(b.records) {
-		return fmt.Sprintf("%d metrics records vs %d", len(a.records), len(b.records))
-	}
-	for i := range a.records {
-		if !reflect.DeepEqual(a.records[i], b.records[i]) {
-			return fmt.Sprintf("metrics record %d differs:\n%v\n%v", i, a.records[i], b.records[i])
-		}
-	}
-	return ""
-}
-
 // stopAt returns options whose Stop is closed once rank 0 has recorded
 // step k.
 func stopAt(k int) Options {
@@ -153,14 +63,14 @@ func stopAt(k int) Options {
 
 // straightAndSplit runs c straight, and again stopped after step k and
 // resumed, and returns both end states.
-func straightAndSplit(t *testing.T, c Config, k int) (endState, endState) {
+func straightAndSplit(t *testing.T, c Config, k int) (rundirtest.End, rundirtest.End) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	if err := Run(ctx, c, Options{}); err != nil {
 		t.Fatalf("straight run: %v", err)
 	}
-	straight := readEndState(t, c.Out)
+	straight := rundirtest.Read(t, c.Out)
 	s := c
 	s.Out = t.TempDir()
 	err := Run(ctx, s, stopAt(k))
@@ -173,7 +83,7 @@ func straightAndSplit(t *testing.T, c Config, k int) (endState, endState) {
 	if err := Run(ctx, Config{Resume: s.Out}, Options{}); err != nil {
 		t.Fatalf("resumed run: %v", err)
 	}
-	return straight, readEndState(t, s.Out)
+	return straight, rundirtest.Read(t, s.Out)
 }
 
 // TestResumeIsExact: for every sparsifier, a run stopped after step k and
@@ -192,7 +102,7 @@ func TestResumeIsExact(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			c := resumeConfigFor(t, name, 9)
 			straight, split := straightAndSplit(t, c, 4)
-			if msg := sameEnd(straight, split); msg != "" {
+			if msg := rundirtest.Diff(straight, split); msg != "" {
 				t.Fatalf("resumed run differs from the straight one: %s", msg)
 			}
 		})
@@ -207,7 +117,7 @@ func TestResumeIsExact(t *testing.T) {
 				c := resumeConfigFor(t, name, 9)
 				c.Workers = Set(n)
 				straight, split := straightAndSplit(t, c, 4)
-				if msg := sameEnd(straight, split); msg != "" {
+				if msg := rundirtest.Diff(straight, split); msg != "" {
 					t.Fatalf("resumed run differs from the straight one: %s", msg)
 				}
 			})
@@ -224,7 +134,7 @@ func TestResumeWithoutStateDiffers(t *testing.T) {
 	if err := Run(ctx, c, Options{}); err != nil {
 		t.Fatal(err)
 	}
-	straight := readEndState(t, c.Out)
+	straight := rundirtest.Read(t, c.Out)
 	s := c
 	s.Out = t.TempDir()
 	if err := Run(ctx, s, stopAt(4)); !errors.Is(err, ErrInterrupted) {
@@ -232,10 +142,10 @@ func TestResumeWithoutStateDiffers(t *testing.T) {
 	}
 	// Drop MiCRO's state from every rank's part, as a checkpoint of model
 	// weights alone would.
-	ckd, _ := LatestCheckpoint(s.Out)
-	ck, _ := ReadCheckpoint(ckd)
+	ckd, _ := rundir.Latest(s.Out)
+	ck, _ := rundir.ReadCheckpoint[Config](ckd)
 	for r := range ck.Workers {
-		sh, err := ReadShard(ckd, r)
+		sh, err := ck.ReadShard(ckd, r)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -243,16 +153,17 @@ func TestResumeWithoutStateDiffers(t *testing.T) {
 		if sh.Reducer, err = sparsify.SaveState(fresh); err != nil {
 			t.Fatal(err)
 		}
-		b, _ := encodeShard(sh)
-		os.WriteFile(filepath.Join(ckd, shardName(r)), b, 0o644)
-		ck.Shards[r] = ShardInfo{Bytes: int64(len(b)), CRC: crc32c(b)}
+		if ck.Shards[r], err = rundir.WriteShard(s.Out, sh); err != nil {
+			t.Fatal(err)
+		}
 	}
-	b, _ := encodeShared(ck)
-	os.WriteFile(filepath.Join(ckd, ckptSharedName), b, 0o644)
+	if err := rundir.WriteShared(s.Out, ck); err != nil {
+		t.Fatal(err)
+	}
 	if err := Run(ctx, Config{Resume: s.Out}, Options{}); err != nil {
 		t.Fatal(err)
 	}
-	if sameEnd(straight, readEndState(t, s.Out)) == "" {
+	if rundirtest.Diff(straight, rundirtest.Read(t, s.Out)) == "" {
 		t.Fatal("a resume without the reducers' state ends where the straight run does: the equivalence test cannot fail")
 	}
 }
@@ -302,7 +213,7 @@ func TestDeadWorkerThenResume(t *testing.T) {
 			if err := Run(ctx, c, Options{}); err != nil {
 				t.Fatal(err)
 			}
-			straight := readEndState(t, c.Out)
+			straight := rundirtest.Read(t, c.Out)
 			s := c
 			s.Out = t.TempDir()
 			var rank atomic.Int32
@@ -338,7 +249,7 @@ func TestDeadWorkerThenResume(t *testing.T) {
 			if err := Run(ctx, Config{Resume: s.Out}, Options{}); err != nil {
 				t.Fatal(err)
 			}
-			if d := sameEnd(straight, readEndState(t, s.Out)); d != "" {
+			if d := rundirtest.Diff(straight, rundirtest.Read(t, s.Out)); d != "" {
 				t.Fatalf("resumed after a dead worker: %s", d)
 			}
 		})
@@ -354,8 +265,6 @@ func mustFlat(t *testing.T, n int) sparsify.Layout {
 }
 
 func oneRank() comm.Communicator { return local.New(1).Comm(0) }
-
-func crc32c(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
 
 // TestResumeAcrossEpochs: stops at an epoch's end (after its checkpoint
 // and evaluation), inside the next epoch and right after an -eval-every
@@ -389,7 +298,7 @@ func TestResumeAcrossEpochs(t *testing.T) {
 	for _, k := range ks {
 		t.Run(fmt.Sprint("stop after ", k), func(t *testing.T) {
 			straight, split := straightAndSplit(t, base(), k)
-			if msg := sameEnd(straight, split); msg != "" {
+			if msg := rundirtest.Diff(straight, split); msg != "" {
 				t.Fatalf("stopped after step %d (%d steps an epoch) and resumed: %s", k, perEpoch, msg)
 			}
 		})
@@ -403,7 +312,7 @@ func TestResumeAcrossEpochs(t *testing.T) {
 		if err := Run(ctx, c, Options{}); err != nil {
 			t.Fatal(err)
 		}
-		straight := readEndState(t, c.Out)
+		straight := rundirtest.Read(t, c.Out)
 		s := c
 		s.Out = t.TempDir()
 		var built atomic.Int32
@@ -419,7 +328,7 @@ func TestResumeAcrossEpochs(t *testing.T) {
 		if err := Run(ctx, Config{Resume: s.Out}, Options{}); err != nil {
 			t.Fatal(err)
 		}
-		if msg := sameEnd(straight, readEndState(t, s.Out)); msg != "" {
+		if msg := rundirtest.Diff(straight, rundirtest.Read(t, s.Out)); msg != "" {
 			t.Fatalf("resumed after a failed evaluation: %s", msg)
 		}
 	})
@@ -518,13 +427,13 @@ func TestResumeTakesRunJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !info.Start.Equal(first.Start) || info.CommandLine[1] != "-first" || len(info.Resumes) != 1 || info.Resumes[0].Step != 6 ||
-		info.Resumes[0].Checkpoint != stepDir(c.Out, 6) || info.Resumes[0].CommandLine[1] != "-resume" || info.Config.Steps != 9 ||
+		info.Resumes[0].Checkpoint != rundir.CheckpointDir(c.Out, 6) || info.Resumes[0].CommandLine[1] != "-resume" || info.Config.Steps != 9 ||
 		info.Config.Sparsifier != "deft" || info.Workers != 3 || info.Config.LR.Value() != lower {
 		t.Fatalf("run.json after the resume: %+v", info)
 	}
 	var steps []float64
 	wall := -1.0
-	for _, r := range readMetrics(t, c.Out) {
+	for _, r := range rundirtest.Records(t, c.Out) {
 		w := r["wall"].(float64)
 		if w < wall {
 			t.Fatalf("wall time goes back to %v after %v: %v", w, wall, r)
@@ -546,9 +455,9 @@ func TestResumeIsExactOtherModels(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long; runs in the full suite")
 	}
-	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: sharedData(t, "wikitext-2/train.txt"), Workers: Set(2), Steps: 6,
+	lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: testenv.SharedData(t, "wikitext-2/train.txt"), Workers: Set(2), Steps: 6,
 		Batch: Set(4), Sparsifier: "randomk", Density: Set(0.01), Quiet: true, BLAS: "gonum", MaxEvalBatches: 2, Out: t.TempDir()}
-	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: sharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(2), Steps: 4,
+	resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: testenv.SharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(2), Steps: 4,
 		Batch: Set(4), EvalBatch: Set(8), Sparsifier: "micro", Density: Set(0.01), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1, Out: t.TempDir()}
 	for _, tc := range []struct {
 		c Config
@@ -556,7 +465,7 @@ func TestResumeIsExactOtherModels(t *testing.T) {
 	}{{lstm, 3}, {resnet, 2}} {
 		t.Run(tc.c.Model, func(t *testing.T) {
 			straight, split := straightAndSplit(t, tc.c, tc.k)
-			if msg := sameEnd(straight, split); msg != "" {
+			if msg := rundirtest.Diff(straight, split); msg != "" {
 				t.Fatalf("resumed run differs from the straight one: %s", msg)
 			}
 		})

@@ -6,14 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
-	"path/filepath"
 	"regexp"
 	"runtime"
-	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +23,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/ops"
+	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
 // Options are the parts of a run that are not configuration.
@@ -406,142 +403,16 @@ type runner struct {
 }
 
 // discard removes, when the run ended with err before it had anything
-// worth keeping, what this process wrote for it (discardRun; rank0 says
+// worth keeping, what this process wrote for it (rundir.Discard; rank0 says
 // that the process holds rank 0), and returns err. A new run that fails
 // before its first step so leaves nothing behind, and the same command
 // starts it again; a refused resume has written nothing in the first
 // place. It runs once per process, after its workers have returned.
 func (r *runner) discard(err error, rank0 bool) error {
 	if err != nil && r.cfg.Resume == "" && !r.kept.Load() && !r.panicked.Load() {
-		discardRun(r.cfg.Out, rank0, r.created)
+		rundir.Discard(r.cfg.Out, rank0, r.created)
 	}
 	return err
-}
-
-func machine() Machine {
-	m := Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
-	m.Hostname, _ = os.Hostname()
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "model name") {
-				if i := strings.IndexByte(l, ':'); i >= 0 {
-					m.CPU = strings.TrimSpace(l[i+1:])
-				}
-				break
-			}
-		}
-	}
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		fmt.Sscan(string(b), &m.Load1)
-	}
-	return m
-}
-
-func versions(blas, kernels string) Versions {
-	v := Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		v.Module = bi.Main.Path + "@" + bi.Main.Version
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" {
-				v.Revision = s.Value
-			}
-		}
-	}
-	return v
-}
-
-// writeJSONAtomic writes v as indented JSON to path via a temporary file.
-func writeJSONAtomic(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}
-
-// runLog is a rank's log, runDir/logs/rank-N.log. Until keep is called it
-// holds the lines in memory: a run that fails before its first step, or a
-// resume that is refused, leaves no log behind (nothing in the run's
-// folder changes); keep writes them and every later line to the file.
-type runLog struct {
-	mu   sync.Mutex
-	path string
-	buf  []byte
-	f    *os.File
-	err  error // of opening the file
-}
-
-// newRunLog returns the log of rank in runDir, in memory until kept, and a
-// logger that writes to it.
-func newRunLog(runDir string, rank int) (*runLog, *slog.Logger) {
-	l := &runLog{path: filepath.Join(runDir, "logs", fmt.Sprintf("rank-%d.log", rank))}
-	return l, slog.New(slog.NewTextHandler(l, nil)).With("rank", rank)
-}
-
-func (l *runLog) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.f == nil {
-		if l.err == nil {
-			l.buf = append(l.buf, b...)
-		}
-		return len(b), nil
-	}
-	return l.f.Write(b)
-}
-
-// keep writes the lines so far to the file and the later ones as they
-// come; an error is returned once (the lines are then dropped).
-func (l *runLog) keep() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.f != nil || l.err != nil {
-		return nil
-	}
-	if l.err = os.MkdirAll(filepath.Dir(l.path), 0o755); l.err == nil {
-		l.f, l.err = os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	}
-	if l.err == nil {
-		_, l.err = l.f.Write(l.buf)
-	}
-	l.buf = nil
-	if l.err != nil {
-		return fmt.Errorf("writing the log of the run: %w", l.err)
-	}
-	return nil
-}
-
-// Close closes the file (lines not kept are dropped).
-func (l *runLog) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.buf = nil
-	if l.f == nil {
-		return nil
-	}
-	return l.f.Close()
-}
-
-// discardRun removes what a new run that failed before it had anything
-// worth keeping (its first step, a checkpoint) wrote in its folder dir:
-// rank 0's run.json, metrics.jsonl and report.html, the empty checkpoints/
-// and logs/ folders and, when the run created it (created), the folder.
-// Whatever else is there stays.
-func discardRun(dir string, rank0, created bool) {
-	if rank0 {
-		for _, f := range []string{"run.json", "metrics.jsonl", "report.html"} {
-			os.Remove(filepath.Join(dir, f))
-		}
-	}
-	os.Remove(filepath.Join(dir, "checkpoints")) // only when empty, as the rest
-	os.Remove(filepath.Join(dir, "logs"))
-	if created {
-		os.Remove(dir)
-	}
 }
 
 // checkFreshOut refuses to start a new run in a directory that already holds
@@ -562,8 +433,5 @@ func checkFreshOut(c Config, o Options, underMPI bool) error {
 			return nil
 		}
 	}
-	if _, err := os.Stat(filepath.Join(c.Out, "run.json")); err == nil {
-		return fmt.Errorf("%w: -out %s already holds a run (run.json); pass another -out, continue it with -resume %s, or delete the folder", ErrConfig, c.Out, c.Out)
-	}
-	return nil
+	return configError(rundir.CheckFresh(c.Out))
 }

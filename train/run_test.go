@@ -1,7 +1,6 @@
 package train
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -16,21 +15,21 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
-// sharedData is the real data of the project's shared folder; a missing
-// probe skips the test, or fails it under SPARSEGRAD_REQUIRE=data
-// (testenv.DataDir).
-func sharedData(t testing.TB, probe string) string {
-	t.Helper()
-	return testenv.DataDir(t, filepath.Join("..", "..", "shared", "data"), probe)
+// readRunInfo reads the run.json of the run in dir.
+func readRunInfo(dir string) (*RunInfo, error) {
+	info := &RunInfo{}
+	return info, rundir.ReadRun(dir, info)
 }
 
 func ncfConfig(t testing.TB, workers, steps int) Config {
-	return Config{Model: "ncf", Dataset: "ml-100k", DataDir: sharedData(t, "ml-100k/u.data"), Workers: Set(workers), Steps: steps,
+	return Config{Model: "ncf", Dataset: "ml-100k", DataDir: testenv.SharedData(t, "ml-100k/u.data"), Workers: Set(workers), Steps: steps,
 		Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 2}
 }
 
@@ -153,11 +152,11 @@ func pipelinedEqualsSequential(t *testing.T, clip float64) []float64 {
 			c.Pipeline = map[string]string{"on": "auto", "off": "off"}[mode]
 		}
 		losses[i] = runLosses(t, c)
-		p, err := LatestCheckpoint(c.Out)
+		p, err := rundir.Latest(c.Out)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ck, err := ReadCheckpoint(p)
+		ck, err := rundir.ReadCheckpoint[Config](p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,26 +177,6 @@ func pipelinedEqualsSequential(t *testing.T, clip float64) []float64 {
 		t.Fatal("pipelined and sequential runs ended with different parameters")
 	}
 	return losses[0]
-}
-
-// readMetrics parses metrics.jsonl into generic records.
-func readMetrics(t *testing.T, dir string) []map[string]any {
-	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var recs []map[string]any
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		var m map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			t.Fatalf("bad metrics line %q: %v", sc.Text(), err)
-		}
-		recs = append(recs, m)
-	}
-	return recs
 }
 
 var stepKeys = []string{"epoch", "step", "loss", "lr", "density", "actual_density", "error_norm", "bytes_sent", "bytes_recv",
@@ -228,7 +207,7 @@ func TestEverySparsifierAwkwardSizes(t *testing.T) {
 			if err := Run(context.Background(), c, Options{}); err != nil {
 				t.Fatalf("%s, %d workers: %v", name, n, err)
 			}
-			recs := readMetrics(t, c.Out)
+			recs := rundirtest.Records(t, c.Out)
 			steps := 0
 			for _, r := range recs {
 				if r["type"] != "step" {
@@ -277,7 +256,7 @@ func TestRunDirectoryAndResume(t *testing.T) {
 	if info.Config.Model != "ncf" || info.Workers != 2 || info.Machine.Cores < 1 || info.Params < 1 || info.Versions.Go == "" || info.CommandLine[1] != "-x" {
 		t.Fatalf("run.json: %+v", info)
 	}
-	recs := readMetrics(t, c.Out)
+	recs := rundirtest.Records(t, c.Out)
 	var steps []float64
 	var evals []string
 	for _, r := range recs {
@@ -305,7 +284,7 @@ func TestRunDirectoryAndResume(t *testing.T) {
 		t.Fatal(err)
 	}
 	steps = nil
-	for _, m := range readMetrics(t, c.Out) {
+	for _, m := range rundirtest.Records(t, c.Out) {
 		if m["type"] == "step" {
 			steps = append(steps, m["step"].(float64))
 		}
@@ -326,7 +305,7 @@ func TestRunDirectoryAndResume(t *testing.T) {
 	}
 	// Resuming it as another model is refused, saying what differs.
 	bad := ncfConfig(t, 1, 1)
-	bad.Model, bad.Dataset, bad.DataDir = "lstm", "wikitext2", sharedData(t, "wikitext-2/train.txt")
+	bad.Model, bad.Dataset, bad.DataDir = "lstm", "wikitext2", testenv.SharedData(t, "wikitext-2/train.txt")
 	bad.Resume, bad.Out = c.Out, ""
 	if err := Run(context.Background(), bad, Options{}); err == nil || !strings.Contains(err.Error(), "-model lstm: the run has ncf") {
 		t.Fatalf("resuming an NCF run as an LSTM: %v", err)
@@ -348,7 +327,7 @@ func TestEvalEveryAndMaxTime(t *testing.T) {
 		t.Fatal(err)
 	}
 	var at []float64
-	for _, r := range readMetrics(t, c.Out) {
+	for _, r := range rundirtest.Records(t, c.Out) {
 		if r["type"] == "eval" && r["metric"] == "hr10" {
 			at = append(at, r["step"].(float64))
 		}
@@ -363,11 +342,11 @@ func TestEvalEveryAndMaxTime(t *testing.T) {
 	if err := Run(context.Background(), c, Options{}); err != nil {
 		t.Fatal(err)
 	}
-	recs := readMetrics(t, c.Out)
+	recs := rundirtest.Records(t, c.Out)
 	if len(recs) != 2 || recs[0]["type"] != "eval" {
 		t.Fatalf("records after a passed time limit: %v", recs)
 	}
-	if _, err := LatestCheckpoint(c.Out); err != nil {
+	if _, err := rundir.Latest(c.Out); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -396,7 +375,7 @@ func TestOneCycleRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	var lrs []float64
-	for _, r := range readMetrics(t, c.Out) {
+	for _, r := range rundirtest.Records(t, c.Out) {
 		if r["type"] == "step" {
 			lrs = append(lrs, r["lr"].(float64))
 		}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -67,9 +69,9 @@ func TestSimulatedEqualsReplicas(t *testing.T) {
 			cases = append(cases, tc{"ncf/" + name, c})
 		}
 	} else {
-		lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: sharedData(t, "wikitext-2/train.txt"), Workers: Set(3), Executors: 2, Steps: 4,
+		lstm := Config{Model: "lstm", Dataset: "wikitext2", DataDir: testenv.SharedData(t, "wikitext-2/train.txt"), Workers: Set(3), Executors: 2, Steps: 4,
 			Batch: Set(4), Sparsifier: "topk", Density: Set(0.01), Quiet: true, BLAS: "gonum", BLASThreads: 1, MaxEvalBatches: 2}
-		resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: sharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(3), Executors: 2, Steps: 3,
+		resnet := Config{Model: "resnet18", Dataset: "cifar10", DataDir: testenv.SharedData(t, "cifar-10-batches-bin/data_batch_1.bin"), Workers: Set(3), Executors: 2, Steps: 3,
 			Batch: Set(4), EvalBatch: Set(8), Sparsifier: "deft", Density: Set(0.01), Quiet: true, BLAS: "gonum", BLASThreads: 1, MaxEvalBatches: 1}
 		cases = append(cases, tc{"lstm", lstm}, tc{"resnet18", resnet})
 	}
@@ -81,7 +83,7 @@ func TestSimulatedEqualsReplicas(t *testing.T) {
 				t.Fatal(err)
 			}
 			replicaRun(t, rep)
-			if msg := sameEnd(readEndState(t, rep.Out), readEndState(t, sim.Out)); msg != "" {
+			if msg := rundirtest.Diff(rundirtest.Read(t, rep.Out), rundirtest.Read(t, sim.Out)); msg != "" {
 				t.Fatalf("simulated workers differ from replicas: %s", msg)
 			}
 			if got := runInfoOf(t, sim.Out).Executors; got != min(2, sim.Workers.Value()) {
@@ -180,7 +182,7 @@ func TestSimulatedTimesAreTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	var comp, comm, queue, iter, update, sel []float64
-	for _, r := range readMetrics(t, c.Out) {
+	for _, r := range rundirtest.Records(t, c.Out) {
 		if r["type"] != "step" || r["step"].(float64) == 1 {
 			continue
 		}

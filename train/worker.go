@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
+	"runtime"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -15,6 +16,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -30,8 +32,8 @@ type worker struct {
 	communicator comm.Communicator
 	rank, size   int
 	log          *slog.Logger
-	// runLog is the rank's log file (see runLog).
-	runLog *runLog
+	// runLog is the rank's log file (see rundir.Log).
+	runLog *rundir.Log
 
 	dataPath *dataPath
 	task     task
@@ -55,7 +57,7 @@ type worker struct {
 	// kept says that the run has something worth keeping: a new run has
 	// done a step or written a checkpoint, a resume has been accepted.
 	// Until then its log is in memory (runLog), and a new run that fails
-	// removes what it wrote (discardRun).
+	// removes what it wrote (rundir.Discard).
 	kept bool
 	// lastStepTime is the last step's time, evalPerBatch the last
 	// evaluation's time per batch (evalReserve).
@@ -74,17 +76,17 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 			r.sim.bar.abort(err)
 		}
 	}()
-	if err := os.MkdirAll(filepath.Join(cfg.Out, "checkpoints"), 0o755); err != nil {
+	if err := rundir.Create(cfg.Out); err != nil {
 		return fmt.Errorf("train: creating the run directory: %w", err)
 	}
 	if w.rank == 0 {
-		unlock, err := lockRun(cfg.Out)
+		unlock, err := rundir.Lock(cfg.Out)
 		if err != nil {
-			return err
+			return configError(err)
 		}
 		defer unlock()
 	}
-	rlog, lg := newRunLog(cfg.Out, w.rank)
+	rlog, lg := rundir.NewLog(cfg.Out, w.rank)
 	defer rlog.Close()
 	w.log, w.runLog = lg, rlog
 	// A panic of this worker ends the job with an error naming the rank
@@ -92,10 +94,10 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			w.runner.panicked.Store(true)
-			w.runLog.keep()
+			w.runLog.Keep()
 			w.log.Error("panic", "value", p, "stack", string(debug.Stack()))
 			err = &jobError{msg: fmt.Sprintf("step %d failed on rank %d: panic: %v (stack in %s); %s", w.runner.status.step.Load()+1, w.rank, p,
-				filepath.Join(cfg.Out, "logs", fmt.Sprintf("rank-%d.log", w.rank)), w.runner.lastCheckpoint("resume with"))}
+				rundir.LogPath(cfg.Out, w.rank), w.runner.lastCheckpoint("resume with"))}
 		}
 	}()
 	defer func() {
@@ -130,6 +132,19 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	return err
 }
 
+// keep marks the run as worth keeping (worker.kept) and writes its log
+// from now on; a log that cannot be written is a warning.
+func (w *worker) keep() {
+	if w.kept {
+		return
+	}
+	w.kept = true
+	w.runner.kept.Store(true)
+	if err := w.runLog.Keep(); err != nil && w.out != nil {
+		w.out.warn("no log", err)
+	}
+}
+
 // setup builds what the rank trains with, in this order: the model, the
 // communicator of its device, the data path, the initial parameters (rank
 // 0's, the same on every rank), the data, and on rank 0 run.json and the
@@ -160,7 +175,8 @@ func (w *worker) setup(ctx context.Context) error {
 		return err
 	}
 	if w.rank == 0 {
-		if err := w.openOutput(w.newRunInfo(be.Device())); err != nil {
+		w.runInfo = w.newRunInfo(be.Device())
+		if w.out, err = openOutput(w.cfg, w.runner.opt, w.runInfo, w.log); err != nil {
 			w.task.Close()
 			return err
 		}
@@ -308,37 +324,38 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 	return &info
 }
 
-// openOutput (rank 0) writes run.json (a new run's; a resume writes it
-// once its checkpoint is accepted, in restore, so that a refused resume
-// changes nothing) and opens metrics.jsonl, the progress output and the
-// report.
-func (w *worker) openOutput(info *RunInfo) error {
-	cfg, opt := w.cfg, w.runner.opt
-	w.runInfo = info
-	if cfg.Resume == "" {
-		if err := writeJSONAtomic(filepath.Join(cfg.Out, "run.json"), info); err != nil {
-			return fmt.Errorf("train: writing run.json: %w", err)
+// machine describes the computer of this process (run.json's).
+func machine() Machine {
+	m := Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
+	m.Hostname, _ = os.Hostname()
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				if i := strings.IndexByte(l, ':'); i >= 0 {
+					m.CPU = strings.TrimSpace(l[i+1:])
+				}
+				break
+			}
 		}
 	}
-	mw, err := openMetrics(filepath.Join(cfg.Out, "metrics.jsonl"), cfg.Resume != "")
-	if err != nil {
-		return err
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		fmt.Sscan(string(b), &m.Load1)
 	}
-	w.out = &output{metrics: mw, log: w.log, sink: opt.LossSink, console: newSyncWriter(opt.Stdout)}
-	if !cfg.Quiet {
-		w.out.prog = newProgress(opt.Progress, w.out.console, cfg.Gradients != "")
-		w.out.stopBeat = w.out.prog.beat(w.out.console)
-		if info.CUDA != nil {
-			fmt.Fprintln(w.out.console, info.CUDA)
+	return m
+}
+
+// versions are the software versions of this build (run.json's).
+func versions(blas, kernels string) Versions {
+	v := Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v.Module = bi.Main.Path + "@" + bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				v.Revision = s.Value
+			}
 		}
 	}
-	if report := opt.Report; report != nil {
-		o := w.out
-		w.out.rep = newReporter(func() error { return report(cfg.Out) }, o.reportFailed)
-		w.out.reportPath = filepath.Join(cfg.Out, "report.html")
-		w.out.reportCmd = progOf(opt) + " report " + cfg.Out
-	}
-	return nil
+	return v
 }
 
 func sumSizes(l []models.ParamInfo) int {

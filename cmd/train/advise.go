@@ -216,7 +216,6 @@ func measured(v *adviseFlags, stderr io.Writer, fits func(*advise.Host) error, m
 	}
 	if v.measurements != "" {
 		if err := advise.WriteHost(v.measurements, h); err != nil {
-			os.Remove(v.measurements + ".tmp")
 			return h, fmt.Errorf("train advise: the measurements were not saved to %s (%v): the tables above are from them; the next call measures again", v.measurements, err), nil
 		}
 	}
@@ -224,8 +223,9 @@ func measured(v *adviseFlags, stderr io.Writer, fits func(*advise.Host) error, m
 }
 
 // checkWritable says why the measurements file at path cannot be written,
-// before minutes of measuring (nil when it can): it creates and removes
-// the temporary file advise.WriteHost writes first, in the same folder.
+// before minutes of measuring (nil when it can): it creates and removes a
+// file beside it, in the folder where advise.WriteHost writes its
+// temporary file.
 func checkWritable(path string) error {
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)

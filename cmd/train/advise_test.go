@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestAdviseUnwritableMeasurements: a -measurements file that cannot be
@@ -19,7 +20,7 @@ import (
 // measuring (the disk filled up) still gets the tables printed, then the
 // error.
 func TestAdviseUnwritableMeasurements(t *testing.T) {
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	file := filepath.Join(t.TempDir(), "notes.txt")
 	if err := os.WriteFile(file, []byte("a file"), 0o644); err != nil {
 		t.Fatal(err)
@@ -56,7 +57,7 @@ func TestAdviseUnwritableMeasurements(t *testing.T) {
 	if !strings.Contains(out.String(), "ncf on ml-100k, ") || !strings.Contains(out.String(), "dense") {
 		t.Errorf("no table printed when the file could not be saved:\n%s", out.String())
 	}
-	if _, err := os.Stat(path + ".tmp"); err == nil {
-		t.Error("a temporary file was left")
+	if left, _ := filepath.Glob(filepath.Join(disk, "*tmp*")); len(left) > 0 {
+		t.Errorf("temporary files left: %v", left)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/reports"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -78,7 +78,7 @@ func breakdownCases() [][]string {
 // one the others waited for: the largest phases of different workers
 // added up to 43 s for a 23.6 s iteration of simulated ResNet-18 LAGS).
 func TestBreakdownAddsUp(t *testing.T) {
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	common := []string{"-model", "ncf", "-dataset", "ml-100k", "-data-dir", data, "-steps", "6", "-quiet", "-max-eval-batches", "1"}
 	for _, c := range breakdownCases() {
 		name := strings.Join(c, " ")

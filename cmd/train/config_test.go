@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -211,7 +212,7 @@ func TestNewMethodNeedsNoTrainerChange(t *testing.T) {
 		!strings.Contains(err.Error(), "-zz-gain applies only to -sparsifier zz-echo, not topk") {
 		t.Errorf("-zz-gain with topk: %v", err)
 	}
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	dir := filepath.Join(t.TempDir(), "run")
 	if err := run(context.Background(), []string{"-data-dir", d, "-sparsifier", "zz-echo", "-zz-gain", "0", "-workers", "2", "-steps", "1",
 		"-max-eval-batches", "1", "-quiet", "-out", dir}, &out, &out); err != nil {

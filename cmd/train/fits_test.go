@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestWhatCannotFitIsOneLine: a batch larger than the data, a batch whose
@@ -15,7 +17,7 @@ import (
 // of memory", 219 lines of stack and a half-made folder; the others
 // trained).
 func TestWhatCannotFitIsOneLine(t *testing.T) {
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	b, err := os.ReadFile(filepath.Join(d, "ml-100k", "u.data"))
 	if err != nil {
 		t.Fatal(err)

@@ -10,7 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/smalldisk"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestFullDiskFails resumes a finished run (one epoch, its report written)
@@ -21,7 +22,7 @@ import (
 // first epoch, which the new one could not replace, is removed instead of
 // passing for the run's.
 func TestFullDiskFails(t *testing.T) {
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	disk := smalldisk.Mount(t, 4<<20)
 	run := filepath.Join(disk, "run")
 	report := filepath.Join(run, "report.html")

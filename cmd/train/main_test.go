@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/dnnl"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/native/dnnl"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -29,16 +29,6 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
-}
-
-// sharedData is the real data of the project's shared folder, as an
-// absolute path; missing data skips the test, or fails it under
-// SPARSEGRAD_REQUIRE=data (testenv.DataDir).
-func sharedData(t *testing.T) string {
-	t.Helper()
-	d := testenv.DataDir(t, filepath.Join("..", "..", "..", "shared", "data"), filepath.Join("ml-100k", "u.data"))
-	abs, _ := filepath.Abs(d)
-	return abs
 }
 
 func TestFlagsRejectBadInput(t *testing.T) {
@@ -95,7 +85,7 @@ func TestHelpListsFlags(t *testing.T) {
 }
 
 func TestSummary(t *testing.T) {
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"-model", "ncf", "-data-dir", d, "-summary"}, &out, &out); err != nil {
 		t.Fatal(err)
@@ -136,7 +126,7 @@ func losses(t *testing.T, dir string) []float64 {
 // thread count, which depends only on the workers per machine).
 func TestMPIMatchesInProcess(t *testing.T) {
 	mpirun := testenv.MPIRun(t)
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	// In-process workers share one parameter copy and take turns on
 	// fewer executors than workers (-executors 2 and, for 16 workers, the
 	// default); mpirun's processes each have their own.
@@ -233,7 +223,7 @@ func TestMPIRejectsWorkers(t *testing.T) {
 // TestRunWritesReportAndCompare trains a few steps (report.html is written
 // after the run) and compares two runs with the report subcommand.
 func TestRunWritesReportAndCompare(t *testing.T) {
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	base := t.TempDir()
 	var dirs []string
 	for _, s := range []string{"dense", "topk"} {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestMPIResumeCommandRunsAsPrinted: a job started with mpirun
@@ -23,7 +23,7 @@ func TestMPIResumeCommandRunsAsPrinted(t *testing.T) {
 		t.Skip("runs mpirun three times")
 	}
 	mpirun := testenv.MPIRun(t)
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	// The test binary acts as train (mainEnv); named train, the commands
 	// it prints name it by its path.
 	dir := t.TempDir()
@@ -92,7 +92,7 @@ func TestMPICtrlCSaysOneThing(t *testing.T) {
 		t.Skip("runs mpirun")
 	}
 	mpirun := testenv.MPIRun(t)
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	dir := filepath.Join(t.TempDir(), "run")
 	cmd, out := startMain(t, mpirun, append([]string{"--oversubscribe", "--allow-run-as-root", "-np", "2", os.Args[0]},
 		append(resumeArgs, "-data-dir", d, "-batch", "32", "-out", dir)...)...)

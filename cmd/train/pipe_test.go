@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestClosedStdoutSaysSoAndGoesOn: train ... | head -1 (standard output
@@ -18,7 +18,7 @@ import (
 // that its output was closed, trains to the end and writes its folder,
 // and exits 0.
 func TestClosedStdoutSaysSoAndGoesOn(t *testing.T) {
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	out := filepath.Join(t.TempDir(), "run")
 	cmd := testenv.Command(t, 10*time.Minute, os.Args[0], "-model", "ncf", "-data-dir", d, "-batch", "4096", "-epochs", "3", "-max-eval-batches", "2", "-out", out)
 	cmd.Env = append(os.Environ(), mainEnv+"=1")

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // readmeCommands returns the commands of README.md's code blocks, one per
@@ -63,7 +63,7 @@ func TestREADMECommands(t *testing.T) {
 	if testing.Short() {
 		t.Skip("clones the repository, compiles it and trains twice (about 3 minutes on 2 cores)")
 	}
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	testenv.Tool(t, testenv.Git, "git", "install git (apt-get install git)")
 	testenv.MPIRun(t)
 	root, err := filepath.Abs(filepath.Join("..", ".."))

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestReplayCommand: train -record-gradients, then train replay of the
@@ -20,7 +20,7 @@ import (
 // and its report says it is a replay, what it cannot show, the recorded
 // step time, and draws no loss chart.
 func TestReplayCommand(t *testing.T) {
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	dir := t.TempDir()
 	grads, trained, replayed := filepath.Join(dir, "grads"), filepath.Join(dir, "trained"), filepath.Join(dir, "replayed")
 	const cdn = "https://cdn.jsdelivr.net/npm/echarts@5.6.0/dist/echarts.min.js"
@@ -67,7 +67,7 @@ func TestReplayCommand(t *testing.T) {
 // advise -gradients ranks the methods for the recorded model with a given
 // step time; flags about a model are refused beside -gradients.
 func TestSweepAndAdviseOfRecording(t *testing.T) {
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	dir := t.TempDir()
 	grads := filepath.Join(dir, "grads")
 	const cdn = "https://cdn.jsdelivr.net/npm/echarts@5.6.0/dist/echarts.min.js"
@@ -134,7 +134,7 @@ func TestSweepAndAdviseOfRecording(t *testing.T) {
 // the uninterrupted one does.
 func TestReplayUnderMPI(t *testing.T) {
 	mpirun := testenv.MPIRun(t)
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	dir := t.TempDir()
 	grads := filepath.Join(dir, "grads")
 	var out bytes.Buffer

@@ -4,8 +4,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"os"
 
+	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 	"github.com/sparsegrad/sparsegrad/reports"
 )
 
@@ -36,11 +36,10 @@ func runPage(out, runDir string) error {
 	if err != nil {
 		return err
 	}
-	tmp := out + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	if err := atomicfile.WriteFile(out, b); err != nil {
 		return fmt.Errorf("train report: %w", err)
 	}
-	return os.Rename(tmp, out)
+	return nil
 }
 
 // compareReports writes one HTML file comparing runs.

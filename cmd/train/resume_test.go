@@ -1,16 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,101 +14,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
-	"github.com/sparsegrad/sparsegrad/train"
 )
 
-// endOf is what a run directory's newest checkpoint and metrics say of where
-// the run ended: the parameters, optimizer state and every rank's part
-// (bytes), and every metrics record without its times.
-type endOf struct {
-	step    int
-	params  []uint32
-	opt     [][]uint32
-	shards  [][]byte
-	records []map[string]any
-}
-
-func bitsOf(v []float32) []uint32 {
-	b := make([]uint32, len(v))
-	for i, x := range v {
-		b[i] = math.Float32bits(x)
-	}
-	return b
-}
-
-func readEnd(t *testing.T, dir string) endOf {
-	t.Helper()
-	ckd, err := train.LatestCheckpoint(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ck, err := train.ReadCheckpoint(ckd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := endOf{step: ck.Step, params: bitsOf(ck.Params)}
-	for _, v := range ck.Opt {
-		e.opt = append(e.opt, bitsOf(v))
-	}
-	for r := range ck.Workers {
-		b, err := os.ReadFile(filepath.Join(ckd, fmt.Sprintf("rank-%04d.ckpt", r)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.shards = append(e.shards, b)
-	}
-	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(nil, 1<<24)
-	for sc.Scan() {
-		var m map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
-			t.Fatal(err)
-		}
-		for k := range m {
-			if k == "wall" || strings.HasPrefix(k, "t_") {
-				delete(m, k)
-			}
-		}
-		if ops, ok := m["ops"].(map[string]any); ok {
-			for _, o := range ops {
-				delete(o.(map[string]any), "time")
-			}
-		}
-		e.records = append(e.records, m)
-	}
-	return e
-}
-
 // sameEnds fails the test where the two ends differ.
-func sameEnds(t *testing.T, what string, a, b endOf) {
+func sameEnds(t *testing.T, what string, a, b rundirtest.End) {
 	t.Helper()
-	switch {
-	case a.step != b.step:
-		t.Fatalf("%s: last checkpoints at steps %d and %d", what, a.step, b.step)
-	case !reflect.DeepEqual(a.params, b.params):
-		t.Fatalf("%s: parameters differ", what)
-	case !reflect.DeepEqual(a.opt, b.opt):
-		t.Fatalf("%s: optimizer state differs", what)
-	}
-	for r := range a.shards {
-		if !bytes.Equal(a.shards[r], b.shards[r]) {
-			t.Fatalf("%s: rank %d's checkpoint part (residual, batch-norm statistics, reducer and model state) differs", what, r)
-		}
-	}
-	if len(a.records) != len(b.records) {
-		t.Fatalf("%s: %d metrics records and %d", what, len(a.records), len(b.records))
-	}
-	for i := range a.records {
-		if !reflect.DeepEqual(a.records[i], b.records[i]) {
-			t.Fatalf("%s: metrics record %d differs:\n%v\n%v", what, i, a.records[i], b.records[i])
-		}
+	if d := rundirtest.Diff(a, b); d != "" {
+		t.Fatalf("%s: %s", what, d)
 	}
 }
 
@@ -185,7 +96,7 @@ func TestCtrlCThenResume(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long; runs in the full suite")
 	}
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	const steps = 300
 	straight := filepath.Join(t.TempDir(), "straight")
 	var out bytes.Buffer
@@ -211,7 +122,7 @@ func TestCtrlCThenResume(t *testing.T) {
 	if err := run(context.Background(), []string{"-resume", dir, "-steps", strconv.Itoa(steps)}, &out, &out); err != nil {
 		t.Fatalf("resume: %v\n%s", err, out.String())
 	}
-	sameEnds(t, "interrupted and resumed vs straight", readEnd(t, straight), readEnd(t, dir))
+	sameEnds(t, "interrupted and resumed vs straight", rundirtest.Read(t, straight), rundirtest.Read(t, dir))
 
 	// A second Ctrl-C exits at once, in the middle of a step (the LSTM's
 	// take long enough for the second to arrive during the first's).
@@ -237,7 +148,7 @@ func TestMPIKillThenResume(t *testing.T) {
 		t.Skip("long; runs in the full suite")
 	}
 	mpirun := testenv.MPIRun(t)
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	const np, steps = 3, 300
 	mpi := []string{"--oversubscribe", "--allow-run-as-root", "-np", strconv.Itoa(np), os.Args[0]}
 	mpiRun := func(args ...string) {
@@ -272,7 +183,7 @@ func TestMPIKillThenResume(t *testing.T) {
 		t.Fatalf("the killed job recorded %d steps: too late for the test", n)
 	}
 	mpiRun("-resume", dir, "-steps", strconv.Itoa(steps))
-	sameEnds(t, "killed and resumed vs straight (mpirun)", readEnd(t, straight), readEnd(t, dir))
+	sameEnds(t, "killed and resumed vs straight (mpirun)", rundirtest.Read(t, straight), rundirtest.Read(t, dir))
 }
 
 // rankPID finds the process of MPI rank r among mpirun's descendants.
@@ -330,7 +241,7 @@ func TestMPIResumeEverySparsifier(t *testing.T) {
 		t.Skip("long; runs in the full suite")
 	}
 	mpirun := testenv.MPIRun(t)
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	for _, name := range builtinSparsifiers {
 		t.Run(name, func(t *testing.T) {
 			np := "3"
@@ -360,18 +271,18 @@ func TestMPIResumeEverySparsifier(t *testing.T) {
 					t.Fatalf("mpirun %v: exit %d\n%s", a, code, out.String())
 				}
 			}
-			got := readEnd(t, dir)
+			got := rundirtest.Read(t, dir)
 			var recs []map[string]any
-			for _, r := range got.records {
+			for _, r := range got.Records {
 				if !(r["type"] == "eval" && r["step"] == 4.0) {
 					recs = append(recs, r)
 				}
 			}
-			if len(recs) == len(got.records) {
+			if len(recs) == len(got.Records) {
 				t.Fatal("no evaluation at step 4 in the stopped job's record")
 			}
-			got.records = recs
-			sameEnds(t, "mpirun 4 steps + resume vs 8 in-process steps", readEnd(t, straight), got)
+			got.Records = recs
+			sameEnds(t, "mpirun 4 steps + resume vs 8 in-process steps", rundirtest.Read(t, straight), got)
 		})
 	}
 }

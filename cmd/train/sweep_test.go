@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/sweep"
 )
 
@@ -130,7 +130,7 @@ func TestSweepDryRun(t *testing.T) {
 // inherit).
 func TestSweepDryRunUnderMPI(t *testing.T) {
 	testenv.MPIRun(t)
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	dir := t.TempDir()
 	exe, err := filepath.Abs(os.Args[0])
 	if err != nil {
@@ -195,7 +195,7 @@ func TestSweepCommand(t *testing.T) {
 	if testing.Short() {
 		t.Skip("trains NCF four times and measures this machine (about 15 s)")
 	}
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	out := filepath.Join(t.TempDir(), "sw")
 	args := []string{"sweep", "-sparsifiers", "topk,deft", "-workers", "2,4", "-density", "0.05", "-steps", "40", "-eval-every", "20",
 		"-max-eval-batches", "2", "-data-dir", data, "-out", out}
@@ -232,7 +232,7 @@ func TestAdviseCommand(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measures this machine (about 8 s)")
 	}
-	data := sharedData(t)
+	data := testenv.SharedData(t, "ml-100k/u.data")
 	meas := filepath.Join(t.TempDir(), "m.json")
 	args := []string{"advise", "-model", "ncf", "-data-dir", data, "-workers", "16,64", "-net-bandwidth", "1,100", "-measurements", meas}
 	var out, errOut bytes.Buffer

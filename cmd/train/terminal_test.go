@@ -21,7 +21,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // cmdResult is what one command left on the terminal.
@@ -178,7 +178,7 @@ var epochLine = regexp.MustCompile(`(?m)^epoch (\d+)/\d+: mean loss ([0-9.]+),`)
 // gives the mean loss of the epoch's steps as metrics.jsonl records them
 // (not the last step's), and the last line says where the report is.
 func TestRunTellsTheTruth(t *testing.T) {
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	base := t.TempDir()
 	// 99,057 training ratings × 5 samples per rating / (2 workers × 8192):
 	// about 30 steps per epoch.
@@ -229,7 +229,7 @@ func TestRunTellsTheTruth(t *testing.T) {
 // compare.html beside the runs, not into the folder it was started from;
 // given one run, it rewrites that run's page.
 func TestReportCommand(t *testing.T) {
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	base := t.TempDir()
 	runs := filepath.Join(base, "runs")
 	for _, s := range []string{"dense", "topk"} {
@@ -319,7 +319,7 @@ func TestProgNameOf(t *testing.T) {
 // with bin/train (a bare "train" is not on their PATH), and run.json
 // records the command as they typed it.
 func TestResumeCommandAsTyped(t *testing.T) {
-	d := sharedData(t)
+	d := testenv.SharedData(t, "ml-100k/u.data")
 	base := t.TempDir()
 	exe, err := filepath.Abs(os.Args[0])
 	if err != nil {

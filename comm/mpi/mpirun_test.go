@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // The tests in this file run this test binary under a real mpirun. The

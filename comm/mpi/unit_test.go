@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/comm"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 func TestDetectEnv(t *testing.T) {

@@ -1,4 +1,4 @@
-package train
+package rundir
 
 import (
 	"bytes"
@@ -12,8 +12,14 @@ import (
 	"time"
 )
 
-func sampleCheckpoint() (*Checkpoint, *Shard) {
-	ck := &Checkpoint{Config: Config{Model: "ncf", Dataset: "ml-100k", Sparsifier: "micro", Density: Set(0.1)}, Workers: 2,
+// sampleConfig stands for a run's configuration (train.Config).
+type sampleConfig struct {
+	Model, Dataset, Sparsifier string
+	Density                    float64
+}
+
+func sampleCheckpoint() (*Checkpoint[sampleConfig], *Shard) {
+	ck := &Checkpoint[sampleConfig]{Config: sampleConfig{Model: "ncf", Dataset: "ml-100k", Sparsifier: "micro", Density: 0.1}, Workers: 2,
 		Epoch: 2, Batch: 5, Step: 77, EvalDue: true, EvalEpoch: 1, Elapsed: 3 * time.Second, OptSteps: 77,
 		Shards: []ShardInfo{{10, 1}, {20, 2}}, Written: time.Unix(1700000000, 0).UTC(),
 		Params: []float32{1, -2, 3.5}, Opt: [][]float32{{1, 2, 3}, {4, 5, 6}}}
@@ -32,7 +38,7 @@ func TestCheckpointFilesRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := parseShared(b, "s")
+	got, err := ParseCheckpoint[sampleConfig](b, "s")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,15 +61,15 @@ func TestCheckpointFilesRoundTrip(t *testing.T) {
 	}
 	old := append([]byte("SGCKPT01"), b[8:]...)
 	for name, bad := range map[string][]byte{"empty": nil, "magic": append([]byte("XXXXXXXX"), b[8:]...), "old format": old} {
-		if _, err := parseShared(bad, "x.ckpt"); err == nil || !strings.Contains(err.Error(), "x.ckpt is not a valid checkpoint file") {
+		if _, err := ParseCheckpoint[sampleConfig](bad, "x.ckpt"); err == nil || !strings.Contains(err.Error(), "x.ckpt is not a valid checkpoint file") {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if _, err := parseShared(old, "x.ckpt"); !strings.Contains(err.Error(), "another version") {
+	if _, err := ParseCheckpoint[sampleConfig](old, "x.ckpt"); !strings.Contains(err.Error(), "another version") {
 		t.Errorf("old format: %v", err)
 	}
 	for n := range len(b) {
-		if _, err := parseShared(b[:n], "x"); err == nil {
+		if _, err := ParseCheckpoint[sampleConfig](b[:n], "x"); err == nil {
 			t.Fatalf("truncated to %d of %d bytes: accepted", n, len(b))
 		}
 	}
@@ -71,62 +77,27 @@ func TestCheckpointFilesRoundTrip(t *testing.T) {
 		for bit := range 8 {
 			f := bytes.Clone(b)
 			f[i] ^= 1 << bit
-			if _, err := parseShared(f, "x"); err == nil {
+			if _, err := ParseCheckpoint[sampleConfig](f, "x"); err == nil {
 				t.Fatalf("bit %d of byte %d flipped: accepted", bit, i)
 			}
 		}
 	}
 }
 
-// TestWriteFileAtomic: a write that fails leaves the file as it was and no
-// temporary file behind; a good one replaces it.
-func TestWriteFileAtomic(t *testing.T) {
-	dir := t.TempDir()
-	p := filepath.Join(dir, "f")
-	if err := writeFileAtomic(p, []byte("one")); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { ckptWriteHook = nil }()
-	ckptWriteHook = func(string) error { return os.ErrPermission }
-	if err := writeFileAtomic(p, []byte("two")); err == nil {
-		t.Fatal("hook's error lost")
-	}
-	ckptWriteHook = nil
-	// A folder where the file should be: the rename fails.
-	q := filepath.Join(dir, "d")
-	os.MkdirAll(filepath.Join(q, "x"), 0o755)
-	if err := writeFileAtomic(q, []byte("x")); err == nil {
-		t.Fatal("renaming over a folder succeeded")
-	}
-	if b, _ := os.ReadFile(p); string(b) != "one" {
-		t.Fatalf("file holds %q", b)
-	}
-	if err := writeFileAtomic(p, []byte("three")); err != nil {
-		t.Fatal(err)
-	}
-	if b, _ := os.ReadFile(p); string(b) != "three" {
-		t.Fatalf("file holds %q", b)
-	}
-	ents, _ := os.ReadDir(dir)
-	if len(ents) != 2 {
-		t.Fatalf("left in the folder: %v", ents)
-	}
-}
-
 // TestLatestCheckpoint picks the newest folder holding a shared part.
 func TestLatestCheckpoint(t *testing.T) {
 	dir := t.TempDir()
-	if _, err := LatestCheckpoint(dir); err == nil {
+	if _, err := Latest(dir); err == nil {
 		t.Fatal("a checkpoint in an empty folder")
 	}
 	for _, s := range []int{5, 10, 20} {
-		os.MkdirAll(stepDir(dir, s), 0o755)
+		os.MkdirAll(CheckpointDir(dir, s), 0o755)
 	}
-	os.WriteFile(filepath.Join(stepDir(dir, 5), ckptSharedName), nil, 0o644)
-	os.WriteFile(filepath.Join(stepDir(dir, 10), ckptSharedName), nil, 0o644)
-	os.WriteFile(filepath.Join(stepDir(dir, 20), shardName(0)), nil, 0o644) // incomplete
-	if got, err := LatestCheckpoint(dir); err != nil || got != stepDir(dir, 10) {
-		t.Fatalf("LatestCheckpoint = %q, %v", got, err)
+	os.WriteFile(filepath.Join(CheckpointDir(dir, 5), SharedFile), nil, 0o644)
+	os.WriteFile(filepath.Join(CheckpointDir(dir, 10), SharedFile), nil, 0o644)
+	os.WriteFile(filepath.Join(CheckpointDir(dir, 20), ShardFile(0)), nil, 0o644) // incomplete
+	if got, err := Latest(dir); err != nil || got != CheckpointDir(dir, 10) {
+		t.Fatalf("Latest = %q, %v", got, err)
 	}
 }
 
@@ -140,12 +111,12 @@ func FuzzParseCheckpoint(f *testing.F) {
 	f.Add(sb)
 	f.Add([]byte(ckptMagic))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		if ck, err := parseShared(b, "fuzz"); err == nil {
+		if ck, err := ParseCheckpoint[sampleConfig](b, "fuzz"); err == nil {
 			back, err := encodeShared(ck)
 			if err != nil {
 				t.Fatal(err)
 			}
-			ck2, err := parseShared(back, "back")
+			ck2, err := ParseCheckpoint[sampleConfig](back, "back")
 			if err != nil {
 				t.Fatalf("re-encoded shared part refused: %v", err)
 			}
@@ -169,7 +140,7 @@ func FuzzParseCheckpoint(f *testing.F) {
 	})
 }
 
-// TestCheckpointFileStreamed: a part streamed to its file (writeCkptFile)
+// TestCheckpointFileStreamed: a part streamed to its file (writeFile)
 // is byte for byte the part's encoding, for sections of several chunks and
 // an odd size, and its recorded size and CRC are the file's.
 func TestCheckpointFileStreamed(t *testing.T) {
@@ -187,8 +158,8 @@ func TestCheckpointFileStreamed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), shardName(1))
-	info, err := writeCkptFile(path, f)
+	path := filepath.Join(t.TempDir(), ShardFile(1))
+	info, err := writeFile(path, f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +179,7 @@ func TestCheckpointFileStreamed(t *testing.T) {
 }
 
 // encodeFile returns the bytes of a checkpoint file (the trainer streams
-// its files with writeCkptFile).
+// its files with writeFile).
 func encodeFile(kind string, meta any, names []string, data []section) ([]byte, error) {
 	f, err := layoutFile(kind, meta, names, data)
 	if err != nil {
@@ -228,7 +199,7 @@ func encodeFile(kind string, meta any, names []string, data []section) ([]byte, 
 }
 
 // encodeShared returns shared.ckpt's bytes.
-func encodeShared(ck *Checkpoint) ([]byte, error) {
+func encodeShared[C any](ck *Checkpoint[C]) ([]byte, error) {
 	names, data := sharedSections(ck)
 	return encodeFile("shared", ck, names, data)
 }

@@ -2,7 +2,7 @@
 // purego (no cgo, no headers), the candidate names tried in order or the
 // one path an environment variable names, every required symbol checked
 // before any is bound, and one error that lists each failure and says how
-// to install the library. internal/blas (OpenBLAS) and internal/dnnl
+// to install the library. internal/native/blas (OpenBLAS) and internal/native/dnnl
 // (oneDNN) load through it.
 package dynlib
 

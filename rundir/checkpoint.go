@@ -1,25 +1,23 @@
-package train
+package rundir
 
 import (
 	"bufio"
 	"bytes"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"math"
-	"os"
-	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 )
 
-// A checkpoint is a folder runDir/checkpoints/step-NNNNNNNNN holding
-// everything a run needs to continue exactly as if it had not stopped:
+// A checkpoint is a folder checkpoints/step-NNNNNNNNN of the run's folder
+// holding everything a run needs to continue exactly as if it had not
+// stopped:
 //
 //   - shared.ckpt, written by rank 0: the position (epoch, batch, step), the
 //     configuration, the wall time so far, the parameters and the optimizer
@@ -30,30 +28,29 @@ import (
 //     statistics, its reducer's state (sparsify.Stateful) and its model's
 //     state (models.Stateful: dropout stream, LSTM hidden state).
 //
-// Every file is written to a temporary file, synced, renamed and its
-// folder synced. Rank 0 writes shared.ckpt only after every rank has
-// written its part, so a folder with shared.ckpt is complete: a crash
-// while checkpointing leaves the previous checkpoint as the newest
-// complete one. On resume rank 0 reads shared.ckpt and broadcasts it, and
-// every rank reads only its own part, so no shared file system is needed.
+// Every file is written atomically (package atomicfile). Rank 0 writes
+// shared.ckpt only after every rank has written its part, so a folder with
+// shared.ckpt is complete: a crash while checkpointing leaves the previous
+// checkpoint as the newest complete one. On resume rank 0 reads
+// shared.ckpt and broadcasts it, and every rank reads only its own part, so
+// no shared file system is needed.
 //
 // Each file is a ckptMagic header, the length of a JSON header, a CRC-32C of
 // the header and the data, the JSON header (the file's kind, its metadata
 // and the names and sizes of its sections) and the sections' bytes.
 
 const (
-	ckptMagic      = "SGCKPT02"
-	ckptFormat     = 2
-	ckptSharedName = "shared.ckpt"
-	ckptStepPrefix = "step-"
+	ckptMagic  = "SGCKPT02"
+	ckptFormat = 2
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Checkpoint is the shared part of a checkpoint (shared.ckpt).
-type Checkpoint struct {
+// Checkpoint is the shared part of a checkpoint (shared.ckpt), of a run
+// whose configuration is a C (train.Config; json.RawMessage reads any).
+type Checkpoint[C any] struct {
 	// Config is the run's configuration when the checkpoint was written.
-	Config Config `json:"config"`
+	Config C `json:"config"`
 	// Workers is the number of ranks.
 	Workers int `json:"workers"`
 	// Epoch is the 0-based epoch to continue in and Batch the batch of that
@@ -189,19 +186,19 @@ func writeF32(w io.Writer, v []float32) error {
 	return nil
 }
 
-// writeCkptFile writes f to path as writeFileAtomic does, streaming it
+// writeFile writes f to path (atomicfile.Write), streaming it
 // from the vectors it holds: many workers of one process checkpoint at
 // once, and a copy of each one's file in memory (its residual alone is a
 // model's size) added 1.2 GB to the peak of 16 simulated ResNet-18
 // workers. It returns the file's size and its CRC-32C (whole file), which
 // the shared part records.
-func writeCkptFile(path string, f *ckptFile) (ShardInfo, error) {
+func writeFile(path string, f *ckptFile) (ShardInfo, error) {
 	p, err := f.prefix() // a first pass over the data: the CRC of the body
 	if err != nil {
 		return ShardInfo{}, err
 	}
 	whole := crc32.New(castagnoli)
-	err = writeAtomic(path, func(w io.Writer) error {
+	err = atomicfile.Write(path, func(w io.Writer) error {
 		bw := bufio.NewWriterSize(io.MultiWriter(w, whole), 1<<20)
 		if _, err := bw.Write(p[:]); err != nil {
 			return err
@@ -286,7 +283,7 @@ func bytesF32(b []byte) ([]float32, error) {
 }
 
 // sharedSections are shared.ckpt's sections.
-func sharedSections(ck *Checkpoint) ([]string, []section) {
+func sharedSections[C any](ck *Checkpoint[C]) ([]string, []section) {
 	names := []string{"params"}
 	data := []section{{f: ck.Params}}
 	for i, v := range ck.Opt {
@@ -296,13 +293,14 @@ func sharedSections(ck *Checkpoint) ([]string, []section) {
 	return names, data
 }
 
-// parseShared reads shared.ckpt's bytes; name names the file in errors.
-func parseShared(b []byte, name string) (*Checkpoint, error) {
+// ParseCheckpoint reads the bytes of a shared part (shared.ckpt, as rank 0
+// broadcasts them on a resume); name names the file in errors.
+func ParseCheckpoint[C any](b []byte, name string) (*Checkpoint[C], error) {
 	meta, secs, err := decodeFile(b, "shared", name)
 	if err != nil {
 		return nil, err
 	}
-	ck := &Checkpoint{}
+	ck := &Checkpoint[C]{}
 	if err := json.Unmarshal(meta, ck); err != nil {
 		return nil, fmt.Errorf("%s is not a valid checkpoint file: metadata: %w", name, err)
 	}
@@ -378,130 +376,11 @@ func parseShard(b []byte, name string) (*Shard, error) {
 	return s, nil
 }
 
-// stepDir is the folder of the checkpoint at step.
-func stepDir(runDir string, step int) string {
-	return filepath.Join(runDir, "checkpoints", fmt.Sprintf("%s%09d", ckptStepPrefix, step))
-}
-
-// shardName is the file of rank's part.
-func shardName(rank int) string { return fmt.Sprintf("rank-%04d.ckpt", rank) }
-
-// writeFileAtomic writes b to path: a temporary file in the same folder,
-// synced, renamed over path, and the folder synced. On an error path is
-// unchanged (whatever it held before) and no temporary file is left.
-func writeFileAtomic(path string, b []byte) error {
-	return writeAtomic(path, func(w io.Writer) error {
-		_, err := w.Write(b)
-		return err
-	})
-}
-
-// writeAtomic is writeFileAtomic of what write writes.
-func writeAtomic(path string, write func(io.Writer) error) error {
-	if ckptWriteHook != nil {
-		if err := ckptWriteHook(path); err != nil {
-			return err
-		}
-	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, ".tmp-"+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if err := write(tmp); err != nil {
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	ok = true
-	return syncDir(dir)
-}
-
-// ckptWriteHook, when set (tests), is called before every checkpoint file
-// is written and can fail it (a full disk).
-var ckptWriteHook func(path string) error
-
-// syncDir makes a folder's entries (a rename, a new file) durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
-		return err
-	}
-	return nil
-}
-
-// checkpointSteps lists the steps of the checkpoint folders under runDir,
-// newest first (complete or not).
-func checkpointSteps(runDir string) ([]int, error) {
-	ents, err := os.ReadDir(filepath.Join(runDir, "checkpoints"))
-	if err != nil {
-		return nil, err
-	}
-	var steps []int
-	for _, e := range ents {
-		s, ok := strings.CutPrefix(e.Name(), ckptStepPrefix)
-		if !ok || !e.IsDir() {
-			continue
-		}
-		if n, err := strconv.Atoi(s); err == nil && n >= 0 {
-			steps = append(steps, n)
-		}
-	}
-	slices.Sort(steps)
-	slices.Reverse(steps)
-	return steps, nil
-}
-
-// LatestCheckpoint returns the folder of the newest complete checkpoint of
-// the run in runDir (one whose shared.ckpt rank 0 has written).
-func LatestCheckpoint(runDir string) (string, error) {
-	steps, err := checkpointSteps(runDir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", err
-	}
-	for _, s := range steps {
-		d := stepDir(runDir, s)
-		if _, err := os.Stat(filepath.Join(d, ckptSharedName)); err == nil {
-			return d, nil
-		}
-	}
-	return "", fmt.Errorf("no complete checkpoint in %s: %w", filepath.Join(runDir, "checkpoints"), os.ErrNotExist)
-}
-
-// ReadCheckpoint reads the shared part of the checkpoint in folder dir.
-func ReadCheckpoint(dir string) (*Checkpoint, error) {
-	p := filepath.Join(dir, ckptSharedName)
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("reading checkpoint: %w", err)
-	}
-	return parseShared(b, p)
-}
-
-// ReadShard reads rank's part of the checkpoint in folder dir.
-func ReadShard(dir string, rank int) (*Shard, error) {
-	p := filepath.Join(dir, shardName(rank))
-	b, err := os.ReadFile(p)
-	if err != nil {
-		return nil, fmt.Errorf("reading this rank's part of the checkpoint: %w", err)
-	}
-	return parseShard(b, p)
+// Checksum is the CRC-32C of v's bytes as a checkpoint stores them
+// (little-endian), computed a chunk at a time: the ranks compare their
+// parameters by it.
+func Checksum(v []float32) uint32 {
+	h := crc32.New(castagnoli)
+	writeF32(h, v) // a hash's Write never fails
+	return h.Sum32()
 }

@@ -24,7 +24,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/sparsegrad/sparsegrad/internal/dynlib"
+	"github.com/sparsegrad/sparsegrad/internal/native/dynlib"
 )
 
 // EnvLibrary names an environment variable holding the path (or file name)

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"unsafe"
 
-	"github.com/sparsegrad/sparsegrad/internal/dynlib"
+	"github.com/sparsegrad/sparsegrad/internal/native/dynlib"
 	"gonum.org/v1/gonum/blas"
 	"gonum.org/v1/gonum/blas/gonum"
 )

@@ -120,7 +120,7 @@ func TestOneSwitch(t *testing.T) {
 	}
 	if len(bad) > 0 {
 		slices.Sort(bad)
-		t.Fatalf("use internal/testenv instead of:\n%s", strings.Join(bad, "\n"))
+		t.Fatalf("use internal/testsupport/testenv instead of:\n%s", strings.Join(bad, "\n"))
 	}
 }
 

@@ -53,7 +53,7 @@ const (
 	// Git: the git tool.
 	Git Need = "git"
 	// SmallDisk: mounting a small tmpfs, a file system that fills up
-	// (internal/smalldisk; needs root).
+	// (internal/testsupport/smalldisk; needs root).
 	SmallDisk Need = "smalldisk"
 )
 
@@ -152,6 +152,30 @@ func Tool(t testing.TB, n Need, name, install string) string {
 func MPIRun(t testing.TB) string {
 	t.Helper()
 	return Tool(t, MPI, "mpirun", "install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+}
+
+// SharedData returns the absolute path of the project's real data sets,
+// the folder shared/data beside the repository (../shared/data from its
+// root, found from the test's working directory, its package's folder),
+// if every probe (a path relative to it, e.g. "ml-100k/u.data") exists;
+// otherwise it ends t through Missing.
+func SharedData(t testing.TB, probes ...string) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	for err == nil {
+		if _, serr := os.Stat(filepath.Join(dir, "go.mod")); serr == nil {
+			break
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			err = errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+	if err != nil {
+		t.Fatalf("finding the repository's root: %v", err)
+	}
+	return DataDir(t, filepath.Join(filepath.Dir(dir), "shared", "data"), probes...)
 }
 
 // DataDir returns dir, the shared data folder as the caller's package sees

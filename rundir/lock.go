@@ -1,6 +1,6 @@
 //go:build unix
 
-package train
+package rundir
 
 import (
 	"errors"
@@ -12,20 +12,21 @@ import (
 	"syscall"
 )
 
-// lockRun takes the run directory's lock (an exclusive flock on dir/.lock,
+// Lock takes the run folder's lock (an exclusive flock on dir/.lock,
 // which holds the owner's pid), so that two processes never write one run:
 // a -resume of a run that is still training, or two commands with one
 // -out. It returns the function that releases it, which also removes
 // dir/.lock, so that a finished run's folder holds only its results. The
 // lock ends with the process, also when it is killed (the file then stays
-// behind, unlocked, and the next run takes it).
+// behind, unlocked, and the next run takes it). A folder in use is refused
+// (ErrRefused).
 //
 // Removing the file while others may be opening it is safe because a lock
 // counts only when it is held on the file that dir/.lock names: the owner
 // removes the file before it unlocks, and whoever locks a file that is no
 // longer dir/.lock (it was removed meanwhile) lets it go and tries again.
-func lockRun(dir string) (func(), error) {
-	p := filepath.Join(dir, ".lock")
+func Lock(dir string) (unlock func(), err error) {
+	p := filepath.Join(dir, lockFile)
 	for {
 		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
 		if err != nil {
@@ -40,7 +41,7 @@ func lockRun(dir string) (func(), error) {
 				if pid, perr := strconv.Atoi(strings.TrimSpace(string(b[:n]))); perr == nil {
 					who += fmt.Sprintf(" (pid %d)", pid)
 				}
-				return nil, fmt.Errorf("%w: %s is in use by %s; wait for it to end or stop it (Ctrl-C) before resuming", ErrConfig, dir, who)
+				return nil, refuse("%s is in use by %s; wait for it to end or stop it (Ctrl-C) before resuming", dir, who)
 			}
 			return nil, fmt.Errorf("locking the run directory: %w", err)
 		}

@@ -4,7 +4,7 @@
 // of a few megabytes mounted on a temporary folder, whose writes fail with
 // ENOSPC ("no space left on device") as those of a full disk do. Mounting
 // needs root (CI runs as root). Without it a test skips, or fails when
-// SPARSEGRAD_REQUIRE names smalldisk (internal/testenv; CI does), so that
+// SPARSEGRAD_REQUIRE names smalldisk (internal/testsupport/testenv; CI does), so that
 // the full-disk tests never pass silently without a full disk.
 package smalldisk
 
@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // Mount mounts a tmpfs of size bytes (rounded up to pages) on a new
