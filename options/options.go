@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,27 +55,33 @@ const (
 	ValueMap
 )
 
+// kinds are each kind's name in the help text and the Go type of its
+// values.
+var kinds = [...]struct {
+	name string
+	typ  reflect.Type
+}{
+	String:   {"string", reflect.TypeFor[string]()},
+	Bool:     {"bool", reflect.TypeFor[bool]()},
+	Int:      {"int", reflect.TypeFor[int]()},
+	Uint:     {"uint", reflect.TypeFor[uint64]()},
+	Float:    {"float", reflect.TypeFor[float64]()},
+	Duration: {"duration", reflect.TypeFor[time.Duration]()},
+	IntList:  {"list", reflect.TypeFor[[]int]()},
+	ValueMap: {"values", reflect.TypeFor[Values]()},
+}
+
 // String names the kind as the help text does: "string", "int", ...
 func (k Kind) String() string {
-	switch k {
-	case String:
-		return "string"
-	case Bool:
-		return "bool"
-	case Int:
-		return "int"
-	case Uint:
-		return "uint"
-	case Float:
-		return "float"
-	case Duration:
-		return "duration"
-	case IntList:
-		return "list"
-	case ValueMap:
-		return "values"
+	if k < String || k > ValueMap {
+		return fmt.Sprintf("Kind(%d)", int(k))
 	}
-	return fmt.Sprintf("Kind(%d)", int(k))
+	return kinds[k].name
+}
+
+// Typed reports whether v has the Go type of the option's kind.
+func (o Option) Typed(v any) bool {
+	return o.Kind >= String && o.Kind <= ValueMap && reflect.TypeOf(v) == kinds[o.Kind].typ
 }
 
 // numeric reports whether the kind's values are numbers (a Range applies).
@@ -266,17 +273,9 @@ func (o Option) Valid() string {
 	return "0 (" + o.Zero + ") or " + strings.TrimPrefix(r, "in ")
 }
 
-// ErrValue is wrapped by every error of Check and Parse.
-var ErrValue = errors.New("invalid value")
-
-// valueError is an error of Check or Parse: its message names the flag.
-type valueError struct{ msg string }
-
-func (e *valueError) Error() string { return e.msg }
-func (e *valueError) Unwrap() error { return ErrValue }
-
+// refuse is the error that refuses a value: it names the flag.
 func (o Option) refuse(format string, a ...any) error {
-	return &valueError{"-" + o.FlagName() + " " + fmt.Sprintf(format, a...)}
+	return fmt.Errorf("-%s %s", o.FlagName(), fmt.Sprintf(format, a...))
 }
 
 // Check returns v as a valid value of the option, in its kind's Go type,
@@ -359,29 +358,9 @@ func (o Option) convert(v any) (any, error) {
 			return uint64(x), nil
 		}
 		return int(x), nil
-	case String:
-		if s, ok := v.(string); ok {
-			return s, nil
-		}
-	case Bool:
-		if b, ok := v.(bool); ok {
-			return b, nil
-		}
-	case Duration:
-		if d, ok := v.(time.Duration); ok {
-			return d, nil
-		}
-	case IntList:
-		if l, ok := v.([]int); ok {
-			return l, nil
-		}
-	case ValueMap:
-		switch m := v.(type) {
-		case Values:
-			return m, nil
-		case map[string]any:
-			return Values(m), nil
-		}
+	}
+	if o.Typed(v) {
+		return v, nil
 	}
 	return nil, o.refuse("%v is a %T, not a %v", v, v, o.Kind)
 }
@@ -543,30 +522,6 @@ func (o Option) Validate() error {
 		return fmt.Errorf("option %s: default: %w", o.Key, err)
 	}
 	return nil
-}
-
-// Typed reports whether v has the Go type of the option's kind.
-func (o Option) Typed(v any) bool {
-	var ok bool
-	switch o.Kind {
-	case String:
-		_, ok = v.(string)
-	case Bool:
-		_, ok = v.(bool)
-	case Int:
-		_, ok = v.(int)
-	case Uint:
-		_, ok = v.(uint64)
-	case Float:
-		_, ok = v.(float64)
-	case Duration:
-		_, ok = v.(time.Duration)
-	case IntList:
-		_, ok = v.([]int)
-	case ValueMap:
-		_, ok = v.(Values)
-	}
-	return ok
 }
 
 // Values are the options of one owner by key (a method's options in

@@ -8,7 +8,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -27,31 +26,8 @@ var ErrConfig = errors.New("train: invalid configuration")
 // lines and the checks of single options read the configuration through
 // it.
 func (c *Config) Get(key string) any {
-	switch p := c.field(key).(type) {
-	case *string:
-		return *p
-	case *bool:
-		return *p
-	case *int:
-		return *p
-	case *float64:
-		return *p
-	case *time.Duration:
-		return *p
-	case *[]int:
-		if *p != nil {
-			return *p
-		}
-	case *options.Values:
-		if *p != nil {
-			return *p
-		}
-	case *Optional[int]:
-		return optionalValue(*p)
-	case *Optional[uint64]:
-		return optionalValue(*p)
-	case *Optional[float64]:
-		return optionalValue(*p)
+	if f, ok := fields[key]; ok {
+		return f(c).get()
 	}
 	return nil
 }
@@ -60,55 +36,59 @@ func (c *Config) Get(key string) any {
 // Get returns them; options.Option's Parse and Check give them); nil
 // unsets it. A value of another type is a programming error: Set panics.
 func (c *Config) Set(key string, v any) {
-	var ok bool
-	switch p := c.field(key).(type) {
-	case *string:
-		ok = setTo(p, v)
-	case *bool:
-		ok = setTo(p, v)
-	case *int:
-		ok = setTo(p, v)
-	case *float64:
-		ok = setTo(p, v)
-	case *time.Duration:
-		ok = setTo(p, v)
-	case *[]int:
-		ok = setTo(p, v)
-	case *options.Values:
-		ok = setTo(p, v)
-	case *Optional[int]:
-		ok = setOptional(p, v)
-	case *Optional[uint64]:
-		ok = setOptional(p, v)
-	case *Optional[float64]:
-		ok = setOptional(p, v)
-	}
-	if !ok {
+	if f, ok := fields[key]; !ok || !f(c).put(v) {
 		panic(fmt.Sprintf("train: Config.Set(%q, %v): no option of a %T", key, v, v))
 	}
 }
 
-func optionalValue[T Number](o Optional[T]) any {
-	if v, ok := o.Get(); ok {
-		return v
-	}
-	return nil
+// field is a Config field, read and written as the Go type of its
+// option's kind: an Optional, or a plain field.
+type field interface {
+	get() any
+	// put sets the field to v (nil: unset, or zero) and reports whether v
+	// has the field's type.
+	put(v any) bool
 }
 
-func setTo[T any](p *T, v any) bool {
+type plainField[T any] struct{ p *T }
+
+func plain[T any](p *T) field { return plainField[T]{p} }
+
+func (f plainField[T]) get() any {
+	switch x := any(*f.p).(type) {
+	case []int:
+		if x == nil {
+			return nil
+		}
+	case options.Values:
+		if x == nil {
+			return nil
+		}
+	}
+	return *f.p
+}
+
+func (f plainField[T]) put(v any) bool {
 	x, ok := v.(T)
 	if ok || v == nil {
-		*p = x
+		*f.p = x
 	}
 	return ok || v == nil
 }
 
-func setOptional[T Number](p *Optional[T], v any) bool {
+func (o *Optional[T]) get() any {
+	if o.set {
+		return o.v
+	}
+	return nil
+}
+
+func (o *Optional[T]) put(v any) bool {
 	x, ok := v.(T)
 	if ok {
-		*p = Set(x)
+		*o = Set(x)
 	} else if v == nil {
-		*p = Optional[T]{}
+		*o = Optional[T]{}
 	}
 	return ok || v == nil
 }

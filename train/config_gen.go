@@ -173,114 +173,58 @@ type Config struct {
 	CheckEvery int `json:"check_every,omitzero"`
 }
 
-// field returns a pointer to the field of the general option key (nil:
-// none).
-func (c *Config) field(key string) any {
-	switch key {
-	case "model":
-		return &c.Model
-	case "dataset":
-		return &c.Dataset
-	case "data_dir":
-		return &c.DataDir
-	case "download":
-		return &c.Download
-	case "gradients":
-		return &c.Gradients
-	case "record_gradients":
-		return &c.RecordGradients
-	case "preset":
-		return &c.Preset
-	case "sparsifier":
-		return &c.Sparsifier
-	case "density":
-		return &c.Density
-	case "method_options":
-		return &c.MethodOptions
-	case "pipeline":
-		return &c.Pipeline
-	case "clip_at":
-		return &c.ClipAt
-	case "workers":
-		return &c.Workers
-	case "epochs":
-		return &c.Epochs
-	case "steps":
-		return &c.Steps
-	case "max_time":
-		return &c.MaxTime
-	case "batch":
-		return &c.Batch
-	case "eval_batch":
-		return &c.EvalBatch
-	case "lr":
-		return &c.LR
-	case "seed":
-		return &c.Seed
-	case "optimizer":
-		return &c.Optimizer
-	case "momentum":
-		return &c.Momentum
-	case "nesterov":
-		return &c.Nesterov
-	case "weight_decay":
-		return &c.WeightDecay
-	case "beta1":
-		return &c.Beta1
-	case "beta2":
-		return &c.Beta2
-	case "eps":
-		return &c.Eps
-	case "warmup_epochs":
-		return &c.WarmupEpochs
-	case "decay_epochs":
-		return &c.DecayEpochs
-	case "decay_factor":
-		return &c.DecayFactor
-	case "lr_schedule":
-		return &c.LRSchedule
-	case "clip":
-		return &c.Clip
-	case "no_augment":
-		return &c.NoAugment
-	case "label_smoothing":
-		return &c.LabelSmoothing
-	case "out":
-		return &c.Out
-	case "resume":
-		return &c.Resume
-	case "device":
-		return &c.Device
-	case "comm":
-		return &c.Comm
-	case "tf32":
-		return &c.TF32
-	case "deterministic":
-		return &c.Deterministic
-	case "net_latency":
-		return &c.NetLatency
-	case "net_bandwidth":
-		return &c.NetBandwidth
-	case "log_every":
-		return &c.LogEvery
-	case "eval_every":
-		return &c.EvalEvery
-	case "max_eval_batches":
-		return &c.MaxEvalBatches
-	case "blas":
-		return &c.BLAS
-	case "blas_threads":
-		return &c.BLASThreads
-	case "kernels":
-		return &c.Kernels
-	case "executors":
-		return &c.Executors
-	case "quiet":
-		return &c.Quiet
-	case "checkpoint_every":
-		return &c.CheckpointEvery
-	case "check_every":
-		return &c.CheckEvery
-	}
-	return nil
+// fields are the fields of the general options by key.
+var fields = map[string]func(c *Config) field{
+	"model":            func(c *Config) field { return plain(&c.Model) },
+	"dataset":          func(c *Config) field { return plain(&c.Dataset) },
+	"data_dir":         func(c *Config) field { return plain(&c.DataDir) },
+	"download":         func(c *Config) field { return plain(&c.Download) },
+	"gradients":        func(c *Config) field { return plain(&c.Gradients) },
+	"record_gradients": func(c *Config) field { return plain(&c.RecordGradients) },
+	"preset":           func(c *Config) field { return plain(&c.Preset) },
+	"sparsifier":       func(c *Config) field { return plain(&c.Sparsifier) },
+	"density":          func(c *Config) field { return &c.Density },
+	"method_options":   func(c *Config) field { return plain(&c.MethodOptions) },
+	"pipeline":         func(c *Config) field { return plain(&c.Pipeline) },
+	"clip_at":          func(c *Config) field { return plain(&c.ClipAt) },
+	"workers":          func(c *Config) field { return &c.Workers },
+	"epochs":           func(c *Config) field { return &c.Epochs },
+	"steps":            func(c *Config) field { return plain(&c.Steps) },
+	"max_time":         func(c *Config) field { return plain(&c.MaxTime) },
+	"batch":            func(c *Config) field { return &c.Batch },
+	"eval_batch":       func(c *Config) field { return &c.EvalBatch },
+	"lr":               func(c *Config) field { return &c.LR },
+	"seed":             func(c *Config) field { return &c.Seed },
+	"optimizer":        func(c *Config) field { return plain(&c.Optimizer) },
+	"momentum":         func(c *Config) field { return &c.Momentum },
+	"nesterov":         func(c *Config) field { return plain(&c.Nesterov) },
+	"weight_decay":     func(c *Config) field { return &c.WeightDecay },
+	"beta1":            func(c *Config) field { return &c.Beta1 },
+	"beta2":            func(c *Config) field { return &c.Beta2 },
+	"eps":              func(c *Config) field { return &c.Eps },
+	"warmup_epochs":    func(c *Config) field { return plain(&c.WarmupEpochs) },
+	"decay_epochs":     func(c *Config) field { return plain(&c.DecayEpochs) },
+	"decay_factor":     func(c *Config) field { return &c.DecayFactor },
+	"lr_schedule":      func(c *Config) field { return plain(&c.LRSchedule) },
+	"clip":             func(c *Config) field { return &c.Clip },
+	"no_augment":       func(c *Config) field { return plain(&c.NoAugment) },
+	"label_smoothing":  func(c *Config) field { return plain(&c.LabelSmoothing) },
+	"out":              func(c *Config) field { return plain(&c.Out) },
+	"resume":           func(c *Config) field { return plain(&c.Resume) },
+	"device":           func(c *Config) field { return plain(&c.Device) },
+	"comm":             func(c *Config) field { return plain(&c.Comm) },
+	"tf32":             func(c *Config) field { return plain(&c.TF32) },
+	"deterministic":    func(c *Config) field { return plain(&c.Deterministic) },
+	"net_latency":      func(c *Config) field { return plain(&c.NetLatency) },
+	"net_bandwidth":    func(c *Config) field { return plain(&c.NetBandwidth) },
+	"log_every":        func(c *Config) field { return &c.LogEvery },
+	"eval_every":       func(c *Config) field { return plain(&c.EvalEvery) },
+	"max_eval_batches": func(c *Config) field { return plain(&c.MaxEvalBatches) },
+	"blas":             func(c *Config) field { return plain(&c.BLAS) },
+	"blas_threads":     func(c *Config) field { return plain(&c.BLASThreads) },
+	"kernels":          func(c *Config) field { return plain(&c.Kernels) },
+	"executors":        func(c *Config) field { return plain(&c.Executors) },
+	"quiet":            func(c *Config) field { return plain(&c.Quiet) },
+	"checkpoint_every": func(c *Config) field { return plain(&c.CheckpointEvery) },
+	"check_every":      func(c *Config) field { return plain(&c.CheckEvery) },
 }
