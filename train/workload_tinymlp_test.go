@@ -190,6 +190,11 @@ func TestNewModelIsTwoFiles(t *testing.T) {
 	if err := d.Validate(false); err != nil {
 		t.Fatal(err)
 	}
+	smooth := d
+	smooth.LabelSmoothing = 0.1 // a classifier
+	if err := smooth.Validate(false); err != nil {
+		t.Fatalf("-label-smoothing 0.1: %v", err)
+	}
 	if k, ok := ModelKind("tinymlp"); !ok || k != sparsify.MLP {
 		t.Fatalf("ModelKind: %q %v", k, ok)
 	}
