@@ -82,6 +82,13 @@ func NewPool(size int, build func() (Model, error)) (*Pool, error) {
 	return p, nil
 }
 
+// Shareable reports whether a Pool can share m among workers: whether it
+// is one of this package's models.
+func Shareable(m Model) bool {
+	_, ok := m.(replica)
+	return ok
+}
+
 // Size is the number of models (executors) in the pool.
 func (p *Pool) Size() int { return p.size }
 

@@ -1,26 +1,38 @@
-// Package options declares, once, the general options of a training run
-// (the keys of run.json's config that are not a sparsifier's own options,
-// which the sparsify registry declares): each one's key, its command-line
-// flag, the kind of its value, its defaults (per model where they differ),
-// its valid values, its doc, whether a resumed run may change it, and
-// whether it tells compared runs apart. The trainer's defaults, its
-// single-option range checks and resume rules, the command-line flags and
-// help of train, train replay, train sweep and train advise, the sweep's
-// printed command lines and the reports' page headers and comparisons
-// read these declarations instead of keeping lists of their own.
+// Package options is the one vocabulary of a training run's options: how
+// an option is declared (its key, its command-line flag, the kind of its
+// value, its default, its valid values, its doc, whether a resumed run may
+// change it, whether it tells compared runs apart), how a value is checked,
+// read from a flag and written back, and how its help text is written.
+//
+// The general options of a run are declared here (All); a sparsifier's own
+// options are declared in the same terms by the method that has them (the
+// sparsify registry's Method.Params), and a model's defaults of general
+// options by the model (package train's workloads). train.Config is
+// generated from All (go generate ./train); the trainer's defaults,
+// single-option checks and resume rules, the command-line flags and help of
+// train, train replay, train sweep and train advise, the sweep's printed
+// command lines and the reports' page headers and comparisons read these
+// declarations instead of keeping lists of their own.
 //
 // The package is a leaf: it imports nothing of the project.
 package options
 
 import (
+	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
-// Kind is the type of an option's value in train.Config.
+// Kind is the type of an option's value. Each kind has one Go type, which
+// values of the option have once checked (Check, Parse) and which declared
+// defaults have: string, bool, int, uint64, float64, time.Duration, []int,
+// Values.
 type Kind int
 
 const (
@@ -38,32 +50,43 @@ const (
 	Duration
 	// IntList options hold a list of ints (a comma-separated flag).
 	IntList
-	// Values is the sparsifier's own options (each declared by its method,
-	// with one flag per option).
-	Values
+	// ValueMap options hold Values: the sparsifier's own options (each
+	// declared by its method, with one flag per option).
+	ValueMap
 )
+
+// kinds are each kind's name in the help text and the Go type of its
+// values.
+var kinds = [...]struct {
+	name string
+	typ  reflect.Type
+}{
+	String:   {"string", reflect.TypeFor[string]()},
+	Bool:     {"bool", reflect.TypeFor[bool]()},
+	Int:      {"int", reflect.TypeFor[int]()},
+	Uint:     {"uint", reflect.TypeFor[uint64]()},
+	Float:    {"float", reflect.TypeFor[float64]()},
+	Duration: {"duration", reflect.TypeFor[time.Duration]()},
+	IntList:  {"list", reflect.TypeFor[[]int]()},
+	ValueMap: {"values", reflect.TypeFor[Values]()},
+}
 
 // String names the kind as the help text does: "string", "int", ...
 func (k Kind) String() string {
-	switch k {
-	case String:
-		return "string"
-	case Bool:
-		return "bool"
-	case Int:
-		return "int"
-	case Uint:
-		return "uint"
-	case Float:
-		return "float"
-	case Duration:
-		return "duration"
-	case IntList:
-		return "list"
-	case Values:
-		return "values"
+	if k < String || k > ValueMap {
+		return fmt.Sprintf("Kind(%d)", int(k))
 	}
-	return fmt.Sprintf("Kind(%d)", int(k))
+	return kinds[k].name
+}
+
+// Typed reports whether v has the Go type of the option's kind.
+func (o Option) Typed(v any) bool {
+	return o.Kind >= String && o.Kind <= ValueMap && reflect.TypeOf(v) == kinds[o.Kind].typ
+}
+
+// numeric reports whether the kind's values are numbers (a Range applies).
+func (k Kind) numeric() bool {
+	return k == Int || k == Uint || k == Float || k == Duration || k == IntList
 }
 
 // Range bounds the values of a numeric option. The zero Range bounds
@@ -126,45 +149,60 @@ func (r Range) String() string {
 	return "any number"
 }
 
-func num(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+// maxExactInt is the largest integer a float64 holds exactly.
+const maxExactInt = 1 << 53
 
-// Case is an option's default for one model.
+// num writes x, whole numbers below 2^53 without an exponent.
+func num(x float64) string {
+	if x == math.Trunc(x) && math.Abs(x) <= maxExactInt {
+		return strconv.FormatFloat(x, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(x, 'g', -1, 64)
+}
+
+// Case is an option's default for one owner that declares its own: a
+// model's default of a general option, a method's default of its option.
 type Case struct {
-	Model string
+	Owner string
 	Value any
 }
 
-// Option is one general option.
+// Option is one option: a general option of a run, or one of a method's
+// own options.
 type Option struct {
 	// Key is the option's key in run.json's config (train.Config's JSON
-	// name).
+	// name; a method option's key in method_options).
 	Key string
 	// Flag is its command-line flag without the dash; empty: the key with
 	// "_" turned into "-".
 	Flag string
 	// Aliases are older names of the flag that keep working.
 	Aliases []string
-	// Kind is the type of its value (train.Config's field has it).
+	// Kind is the type of its value.
 	Kind Kind
-	// Doc says what the option does, for the help text (which adds the
-	// defaults and, for Choices, nothing more: Doc names them).
+	// Doc says what the option does, for the help text and train.Config's
+	// doc comments (the help adds the meaning of 0 and the defaults; for
+	// Choices nothing more: Doc names them).
 	Doc string
-	// Default is its value when it is not given, for every model without a
-	// case of its own in ByModel (nil: the zero value, or decided by the
-	// trainer from other options, as Doc says). Values have the Go type of
-	// the kind: string, bool, int, uint64, float64, time.Duration, []int.
+	// Default is its value when it is not given, where its owner (a model,
+	// for a general option) declares none (nil: the zero value, or decided
+	// by the trainer from other options, as Doc says). It has the Go type
+	// of the kind.
 	Default any
-	// ByModel are the defaults that differ per model, in the order the
-	// help text lists them.
-	ByModel []Case
+	// Optional tells that the configuration keeps "not given" apart from
+	// zero (a train.Optional), because a default that may not be zero
+	// fills it: Default, a model's, or one the trainer decides (density).
+	Optional bool
 	// When names another option's value that the option applies to, as
 	// "key=value" (e.g. "optimizer=sgd"): its default is filled and its
 	// range checked only then.
 	When string
-	// Range bounds a numeric option's values; Hint follows the range in
-	// the message that refuses a value ("(0: no limit)", "; pass e.g.
-	// -density 0.01").
+	// Range bounds a numeric option's values. Zero, when not empty, says
+	// what 0 means, and makes 0 valid too where Range excludes it ("off",
+	// "no limit"). Hint follows the valid values in the message that
+	// refuses a value ("; pass e.g. -density 0.01").
 	Range Range
+	Zero  string
 	Hint  string
 	// Choices are a String option's valid values.
 	Choices []string
@@ -185,6 +223,9 @@ type Option struct {
 	// WithMethod tells that a page header shows it among the method's
 	// options (it qualifies how the method runs).
 	WithMethod bool
+	// Omit tells that run.json leaves the option out while its value is
+	// zero (the form run.json has recorded it in since it was added).
+	Omit bool
 	// Retired says why an option of earlier versions is no longer set;
 	// readers of old runs still know it.
 	Retired string
@@ -198,23 +239,12 @@ func (o Option) FlagName() string {
 	return strings.ReplaceAll(o.Key, "_", "-")
 }
 
-// Scale is the factor from the flag's value to the configuration's.
-func (o Option) Scale() float64 {
+// scale is the factor from the flag's value to the configuration's.
+func (o Option) scale() float64 {
 	if o.FlagScale == 0 {
 		return 1
 	}
 	return o.FlagScale
-}
-
-// DefaultFor returns the option's default for model (ByModel's case, else
-// Default; nil: none).
-func (o Option) DefaultFor(model string) any {
-	for _, c := range o.ByModel {
-		if c.Model == model {
-			return c.Value
-		}
-	}
-	return o.Default
 }
 
 // Applies reports whether the option applies, given the value of the
@@ -227,75 +257,188 @@ func (o Option) Applies(get func(key string) string) bool {
 	return get(k) == v
 }
 
-// CheckNumber returns the message that refuses x, the flag's value
-// (shown: as its flag writes it), or "" when x is in the option's range.
-func (o Option) CheckNumber(x float64, shown string) string {
-	if o.Range.Contains(x) {
-		return ""
+// Valid describes the option's valid values as the messages write them:
+// "in [0, 1)", ">= 0 (0: no limit)", "0 (off) or >= 1", "cpu or cuda".
+func (o Option) Valid() string {
+	if len(o.Choices) > 0 {
+		return orList(o.Choices)
 	}
-	return fmt.Sprintf("-%s %s must be %s%s", o.FlagName(), shown, o.Range, o.Hint)
-}
-
-// CheckChoice returns the message that refuses s, or "" when s is one of
-// the option's Choices (or it has none).
-func (o Option) CheckChoice(s string) string {
-	if len(o.Choices) == 0 {
-		return ""
-	}
-	for _, c := range o.Choices {
-		if c == s {
-			return ""
-		}
-	}
-	return fmt.Sprintf("-%s %q: use %s", o.FlagName(), s, orList(o.Choices))
-}
-
-// orList writes "a, b or c".
-func orList(s []string) string {
-	if len(s) == 1 {
-		return s[0]
-	}
-	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
-}
-
-// Usage is the option's help text: its doc and its defaults.
-func (o Option) Usage() string {
-	u := o.Doc
-	if d := o.defaultText(); d != "" {
-		u += " (default " + d + ")"
-	}
-	return u
-}
-
-// defaultText writes the defaults: "0.1", "resnet18 0.05, lstm 20, ncf
-// 0.001", "resnet18 0.9, else 0"; "" when there is nothing to say (no
-// default, false, an empty string).
-func (o Option) defaultText() string {
-	var parts []string
-	for _, c := range o.ByModel {
-		if c.Model == "recorded" { // replays: their own help says it
-			continue
-		}
-		parts = append(parts, c.Model+" "+Format(c.Value))
-	}
-	if o.Default == nil {
-		return strings.Join(parts, ", ")
-	}
-	d := Format(o.Default)
-	if o.Kind == Float && o.FlagScale != 0 {
-		d = Format(o.Default.(float64) / o.FlagScale)
-	}
+	r := o.Range.String()
 	switch {
-	case len(parts) > 0:
-		return strings.Join(parts, ", ") + ", else " + d
-	case d == "" || d == "false" || (d == "0" && o.Kind != Float && o.Kind != Uint):
-		return ""
+	case o.Zero == "":
+		return r
+	case o.Range.Contains(0):
+		return r + " (0: " + o.Zero + ")"
 	}
-	return d
+	return "0 (" + o.Zero + ") or " + strings.TrimPrefix(r, "in ")
 }
 
-// Format writes a value of an option as its flag takes it: "0.05", "42",
-// "150,200", "30m0s"; an empty list is "none".
+// refuse is the error that refuses a value: it names the flag.
+func (o Option) refuse(format string, a ...any) error {
+	return fmt.Errorf("-%s %s", o.FlagName(), fmt.Sprintf(format, a...))
+}
+
+// Check returns v as a valid value of the option, in its kind's Go type,
+// or an error naming the flag and saying why v is not one: not of the
+// kind (numbers convert: JSON's float64 for an Int option, an int for a
+// Float one), not a finite number, not a whole number, outside the range,
+// not one of the choices. Values are the configuration's (a scaled
+// option's flag value × FlagScale); messages show the flag's.
+func (o Option) Check(v any) (any, error) {
+	c, err := o.convert(v)
+	if err != nil {
+		return nil, err
+	}
+	if len(o.Choices) > 0 {
+		if s := c.(string); !slices.Contains(o.Choices, s) {
+			return nil, o.refuse("%q: use %s", s, orList(o.Choices))
+		}
+		return c, nil
+	}
+	if !o.Kind.numeric() {
+		return c, nil
+	}
+	in := func(x float64) bool { return (x == 0 && o.Zero != "") || o.Range.Contains(x) }
+	var ok bool
+	switch x := c.(type) {
+	case int:
+		ok = in(float64(x))
+	case uint64:
+		ok = in(float64(x))
+	case float64:
+		ok = in(x / o.scale())
+	case time.Duration:
+		ok = in(float64(x))
+	case []int:
+		ok = true
+		for _, e := range x {
+			ok = ok && in(float64(e))
+		}
+	}
+	if !ok {
+		return nil, o.refuse("%s must be %s%s", o.Format(c), o.Valid(), o.Hint)
+	}
+	return c, nil
+}
+
+// convert returns v in the kind's Go type.
+func (o Option) convert(v any) (any, error) {
+	switch o.Kind {
+	case Int, Uint, Float:
+		if n, ok := v.(int); ok && o.Kind == Int {
+			return n, nil
+		}
+		if n, ok := v.(uint64); ok && o.Kind == Uint {
+			return n, nil
+		}
+		var x float64
+		switch n := v.(type) {
+		case int:
+			x = float64(n)
+		case int64:
+			x = float64(n)
+		case uint64:
+			x = float64(n)
+		case float64:
+			x = n
+		default:
+			return nil, o.refuse("%v is a %T, not a number", v, v)
+		}
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return nil, o.refuse("%v is not a finite number", x/o.scale())
+		}
+		switch {
+		case o.Kind == Float:
+			return x, nil
+		case x != math.Trunc(x) || math.Abs(x) > maxExactInt:
+			return nil, o.refuse("%v is not a whole number", x)
+		case o.Kind == Uint && x < 0:
+			return nil, o.refuse("%v is not a non-negative integer", x)
+		case o.Kind == Uint:
+			return uint64(x), nil
+		}
+		return int(x), nil
+	}
+	if o.Typed(v) {
+		return v, nil
+	}
+	return nil, o.refuse("%v is a %T, not a %v", v, v, o.Kind)
+}
+
+// Parse reads a value of the option from its flag's text, in the kind's
+// Go type (a scaled option's: × FlagScale). It checks the syntax, and
+// that a number is finite, not the range: Check does.
+func (o Option) Parse(s string) (any, error) {
+	t := strings.TrimSpace(s)
+	switch o.Kind {
+	case String:
+		return s, nil
+	case Bool:
+		v, err := strconv.ParseBool(s)
+		if err != nil {
+			return nil, fmt.Errorf("%q: want true or false", s)
+		}
+		return v, nil
+	case Int:
+		v, err := strconv.Atoi(t)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a whole number", s)
+		}
+		return v, nil
+	case Uint:
+		v, err := strconv.ParseUint(t, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%q: want a non-negative integer", s)
+		}
+		return v, nil
+	case Float:
+		v, err := strconv.ParseFloat(t, 64)
+		switch {
+		case errors.Is(err, strconv.ErrRange) && math.IsInf(v, 0):
+			return nil, fmt.Errorf("%s is beyond ±%.1e, the largest float64: not a finite number", s, math.MaxFloat64)
+		case err != nil:
+			return nil, fmt.Errorf("%q is not a number", s)
+		case math.IsNaN(v) || math.IsInf(v, 0):
+			return nil, fmt.Errorf("%s is not a finite number", s)
+		}
+		return v * o.scale(), nil
+	case Duration:
+		d, err := time.ParseDuration(t)
+		if err == nil {
+			return d, nil
+		}
+		if _, ferr := strconv.ParseFloat(t, 64); ferr == nil {
+			return nil, fmt.Errorf("%q has no unit: write e.g. %ss, %sm or %sms (units h, m, s, ms, us, ns)", t, t, t, t)
+		}
+		return nil, fmt.Errorf("%q is not a duration: write a number and a unit, e.g. 50us, 2ms, 30s, 1h30m (units h, m, s, ms, us, ns)", t)
+	case IntList:
+		if t == "none" {
+			return []int{}, nil
+		}
+		var out []int
+		for _, x := range strings.Split(s, ",") {
+			e, err := strconv.Atoi(strings.TrimSpace(x))
+			if err != nil {
+				return nil, fmt.Errorf("%q: want comma-separated whole numbers, e.g. 150,200 (or none)", s)
+			}
+			out = append(out, e)
+		}
+		return out, nil
+	}
+	return nil, fmt.Errorf("-%s takes no value on the command line", o.FlagName())
+}
+
+// Format writes a value of the option as its flag takes it (a scaled
+// option's: ÷ FlagScale).
+func (o Option) Format(v any) string {
+	if x, ok := v.(float64); ok {
+		v = x / o.scale()
+	}
+	return Format(v)
+}
+
+// Format writes a value as a flag takes it: "0.05", "42", "150,200",
+// "30m0s"; an empty list is "none".
 func Format(v any) string {
 	switch x := v.(type) {
 	case float64:
@@ -315,141 +458,161 @@ func Format(v any) string {
 	return fmt.Sprint(v)
 }
 
-// The models' names in ByModel.
-const (
-	resnet18 = "resnet18"
-	lstm     = "lstm"
-	ncf      = "ncf"
-	recorded = "recorded" // a replay of recorded gradients
-)
-
-// All are the general options, in run.json's order.
-var All = []Option{
-	{Key: "model", Kind: String, Default: "ncf", Doc: "model: resnet18, lstm or ncf"},
-	{Key: "dataset", Kind: String, Doc: "data set: cifar10|cifar100 (resnet18), wikitext2 (lstm), ml-100k|ml-1m|ml-20m (ncf); default the model's first"},
-	{Key: "data_dir", Kind: String, Resume: true, Incidental: true, Doc: "folder holding the data sets (default $TRAIN_DATA_DIR, else ./data)"},
-	{Key: "download", Kind: Bool, Resume: true, Incidental: true, Doc: "download the data set into -data-dir first (verified by checksum)"},
-	{Key: "preset", Flag: "model-size", Aliases: []string{"preset"}, Kind: String,
-		Doc: "model size: resnet18 default; lstm small (2×200) or default (3×650); ncf paper (8 factors) or default (MLPerf, 64 factors; ncf's default on ml-20m, paper on the others)"},
-	{Key: "sparsifier", Kind: String, Default: "dense", Doc: "gradient sparsifier (dense: none; each method's own options are listed below)"},
-	{Key: "density", Kind: Float, Range: Within(0, 1, "(]"), Hint: "; pass e.g. -density 0.01",
-		Doc: "setup density ρ in (0, 1]: fraction of the gradient each worker sends (default: the paper's for lags (0.001 resnet18, 0.004 lstm), dragonn and dgc (0.001); else 0.01)"},
-	{Key: "method_options", Kind: Values},
-	{Key: "pipeline", Kind: String, Default: "auto", Choices: []string{"auto", "on", "off"}, WithMethod: true,
-		Doc: "lags pipelining with the backward pass: auto (on for lags unless -clip-at local), on, off"},
-	{Key: "clip_at", Kind: String, Default: "auto", Choices: []string{"auto", "local", "aggregated"},
-		Doc: "where -clip clips: local (each worker's gradient before error feedback), aggregated (the averaged gradient; keeps lags pipelining), auto (aggregated for lags, else local)"},
-	{Key: "workers", Kind: Int, Default: 1, Range: AtLeast(1), Doc: "simulated workers in this process (under mpirun: one worker per process)"},
-	{Key: "epochs", Kind: Int, Resume: true, Range: AtLeast(1), ByModel: []Case{{resnet18, 200}, {lstm, 90}, {ncf, 20}, {recorded, 1}}, Doc: "epochs"},
-	{Key: "steps", Kind: Int, Resume: true, Range: AtLeast(0), Hint: " (0: no limit)", Doc: "stop after this many iterations (0: no limit)"},
-	{Key: "max_time", Kind: Duration, Resume: true, Range: AtLeast(0), Hint: " (0: no limit)",
-		Doc: "stop after this much wall time, e.g. 30m, with a final evaluation and checkpoint (0: no limit)"},
-	{Key: "batch", Kind: Int, Range: AtLeast(1), ByModel: []Case{{resnet18, 32}, {lstm, 32}, {ncf, 256}, {recorded, 1}},
-		Doc: "per-worker batch size (images, sequences, ratings)"},
-	{Key: "eval_batch", Kind: Int, Range: AtLeast(1), ByModel: []Case{{resnet18, 250}, {lstm, 10}, {ncf, 64}, {recorded, 1}},
-		Doc: "per-worker evaluation batch (images, sequences, users)"},
-	{Key: "lr", Kind: Float, Resume: true, Range: Above(0), ByModel: []Case{{resnet18, 0.05}, {lstm, 20.0}, {ncf, 0.001}, {recorded, 0.0}},
-		Doc: "learning rate"},
-	{Key: "seed", Kind: Uint, Default: uint64(42), Doc: "random seed, 0 included (initialisation, shuffling, augmentation, negatives, dropout)"},
-	{Key: "optimizer", Kind: String, ByModel: []Case{{resnet18, "sgd"}, {lstm, "sgd"}, {ncf, "adam"}, {recorded, "none"}},
-		Doc: "sgd (PyTorch semantics: momentum, weight decay) or adam"},
-	{Key: "momentum", Kind: Float, When: "optimizer=sgd", Range: Within(0, 1, "[)"), ByModel: []Case{{resnet18, 0.9}}, Default: 0.0,
-		Doc: "SGD momentum in [0, 1)"},
-	{Key: "nesterov", Kind: Bool, Doc: "SGD with Nesterov momentum (PyTorch's nesterov=True)"},
-	{Key: "weight_decay", Flag: "wd", Kind: Float, When: "optimizer=sgd", Range: AtLeast(0), ByModel: []Case{{resnet18, 1e-4}}, Default: 0.0,
-		Doc: "SGD weight decay (BatchNorm .bnN. parameters exempt)"},
-	{Key: "beta1", Kind: Float, When: "optimizer=adam", Range: Within(0, 1, "[)"), Default: 0.9, Doc: "Adam β1 in [0, 1)"},
-	{Key: "beta2", Kind: Float, When: "optimizer=adam", Range: Within(0, 1, "[)"), Default: 0.999, Doc: "Adam β2 in [0, 1)"},
-	{Key: "eps", Kind: Float, When: "optimizer=adam", Range: Above(0), Default: 1e-8, Doc: "Adam ε > 0"},
-	{Key: "warmup_epochs", Kind: Float, Range: AtLeast(0),
-		Doc: "step: linear warm-up length in epochs (default 0); onecycle: length of the rise (default 30% of the run)"},
-	{Key: "decay_epochs", Kind: IntList, When: "lr_schedule=step", Range: AtLeast(1), Hint: " (every epoch listed)",
-		ByModel: []Case{{resnet18, []int{150}}, {lstm, []int{45, 80}}}, Default: []int{},
-		Doc: "comma-separated epochs where the learning rate is multiplied by -decay-factor (\"none\" for none)"},
-	{Key: "decay_factor", Kind: Float, When: "lr_schedule=step", Range: Within(0, 1, "(]"), Default: 0.1, Doc: "step decay factor in (0, 1]"},
-	{Key: "lr_schedule", Kind: String, Default: "step", Choices: []string{"step", "onecycle"},
-		Doc: "step (warm-up, then step decay) or onecycle (one-cycle policy peaking at -lr over the whole run, as PyTorch's OneCycleLR)"},
-	{Key: "clip", Kind: Float, Resume: true, Range: AtLeast(0), Hint: " (0: off)", ByModel: []Case{{lstm, 0.4}}, Default: 0.0,
-		Doc: "clip the gradient norm (see -clip-at); 0: off"},
-	{Key: "no_augment", Kind: Bool, Doc: "turn off CIFAR crops and flips"},
-	{Key: "label_smoothing", Kind: Float, Range: Within(0, 1, "[)"), Hint: " (0.1 is usual)",
-		Doc: "label smoothing ε in [0, 1) of the training loss (resnet18, lstm; 0: none; evaluations report the plain loss)"},
-	{Key: "out", Kind: String, Incidental: true, Doc: "run directory to write (run.json, metrics.jsonl, checkpoints/, report.html)"},
-	{Key: "resume", Kind: String, Incidental: true, Doc: "continue the run in this directory from its last checkpoint"},
-	{Key: "device", Kind: String, Resume: true, Default: "cpu", Choices: []string{"cpu", "cuda"},
-		Doc: "cpu or cuda (NVIDIA GPUs; in-process workers share the GPUs, each with a stream of its own)"},
-	{Key: "comm", Kind: String, Resume: true, Default: "auto", Choices: []string{"auto", "local", "mpi", "nccl"},
-		Doc: "communication backend: local (in-process workers), mpi (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when every worker has a GPU of its own, else local or mpi; on a GPU those stage device buffers through host memory)"},
-	{Key: "tf32", Kind: Bool, Resume: true, Doc: "GPU: allow TF32 tensor-core math in matrix products and convolutions (faster, about 10-bit mantissa)"},
-	{Key: "deterministic", Kind: Bool, Resume: true,
-		Doc: "GPU: only deterministic cuDNN convolution algorithms (bit-reproducible runs, slower); otherwise the fastest measured per shape"},
-	{Key: "net_latency", Kind: Duration, Range: AtLeast(0),
-		Doc: "emulated network latency per message, e.g. 50us (with -net-bandwidth; simulated workers only)"},
-	{Key: "net_bandwidth", Kind: Float, Range: AtLeast(0), FlagScale: 1e9 / 8, Hint: " Gbit/s",
-		Doc: "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)"},
-	{Key: "log_every", Kind: Int, Resume: true, Incidental: true, Default: 1, Range: AtLeast(1), Doc: "write a step record every this many steps"},
-	{Key: "eval_every", Kind: Int, Resume: true, Incidental: true, Range: AtLeast(0), Hint: " (0: every epoch only)",
-		Doc: "also evaluate every this many steps (0: every epoch only)"},
-	{Key: "max_eval_batches", Kind: Int, Resume: true, Incidental: true, Range: AtLeast(0), Hint: " (0: the whole split)",
-		Doc: "evaluate on at most this many batches per worker (0: the whole split)"},
-	{Key: "blas", Kind: String, Resume: true, Default: "auto", Choices: []string{"auto", "openblas", "gonum"},
-		Doc: "matrix products: auto (OpenBLAS if installed), openblas or gonum"},
-	{Key: "blas_threads", Kind: Int, Resume: true, Incidental: true, Range: AtLeast(0), Hint: " (0: cores / simulated workers)",
-		Doc: "OpenBLAS and oneDNN threads (0: cores / simulated workers)"},
-	{Key: "kernels", Kind: String, Resume: true, Default: "auto", Choices: []string{"auto", "onednn", "im2col"},
-		Doc: "CPU convolutions and batch norms: auto (oneDNN if installed), onednn (Debian: apt-get install libdnnl2) or im2col"},
-	{Key: "executors", Kind: Int, Resume: true, Incidental: true, Range: AtLeast(0), Hint: " (0: one per core)",
-		Doc: "models the simulated workers of this process take turns on, on the CPU (0: one per core, at most -workers); they share one copy of the parameters either way"},
-	{Key: "quiet", Kind: Bool, Resume: true, Incidental: true, Doc: "no progress output"},
-	{Key: "checkpoint_every", Kind: Int, Resume: true, Incidental: true, Range: AtLeast(0),
-		Hint: " (steps between checkpoints; 0: at the end of every epoch only)",
-		Doc:  "also write a checkpoint every this many steps (0: at the end of every epoch only, and where the run stops)"},
-	{Key: "check_every", Kind: Int, Resume: true, Incidental: true, Range: AtLeast(0), Hint: " (0: off)",
-		Doc: "compare a hash of the workers' parameters every this many steps and stop if they differ (0: only at checkpoints)"},
-	{Key: "gradients", Kind: String, Doc: "folder of recorded gradients (python/sparsegrad_record.py, or train -record-gradients)"},
-	{Key: "record_gradients", Kind: String, Incidental: true,
-		Doc: "record every worker's gradient of every step into this folder (safetensors + manifest.json, for train replay); needs -pipeline off with lags"},
-	{Key: "phase_times", Incidental: true, Retired: "the phases' times are always recorded now"},
+// Usage is the option's help text: its doc, what 0 means, its defaults —
+// the owners' own cases first, then Default ("resnet18 0.05, lstm 20, ncf
+// 0.001"; "resnet18 0.9, else 0"; "0.1").
+func (o Option) Usage(cases ...Case) string {
+	u := o.Doc
+	if o.Zero != "" {
+		u += " (0: " + o.Zero + ")"
+	}
+	if d := o.defaultText(cases); d != "" {
+		u += " (default " + d + ")"
+	}
+	return u
 }
 
-var byKey, byFlag = func() (map[string]Option, map[string]Option) {
-	keys := make(map[string]Option, len(All))
-	flags := make(map[string]Option, len(All))
-	for _, o := range All {
-		if _, dup := keys[o.Key]; dup {
-			panic("options: " + o.Key + " declared twice")
-		}
-		keys[o.Key] = o
-		if o.Retired != "" || o.Kind == Values {
+// defaultText writes the defaults; "" when there is nothing to say (no
+// default, false, an empty string).
+func (o Option) defaultText(cases []Case) string {
+	var parts []string
+	for _, c := range cases {
+		parts = append(parts, c.Owner+" "+o.Format(c.Value))
+	}
+	if o.Default == nil {
+		return strings.Join(parts, ", ")
+	}
+	d := o.Format(o.Default)
+	switch {
+	case len(parts) > 0:
+		return strings.Join(parts, ", ") + ", else " + d
+	case d == "" || d == "false" || (d == "0" && o.Kind != Float && o.Kind != Uint):
+		return ""
+	}
+	return d
+}
+
+// Validate checks a declaration: a key, a doc, a known kind, a range only
+// for numbers and choices only for strings, a default of the kind's type
+// that Check accepts.
+func (o Option) Validate() error {
+	switch {
+	case o.Retired != "":
+		return nil
+	case o.Key == "" || (o.Doc == "" && o.Kind != ValueMap):
+		return fmt.Errorf("option %+v needs a Key and a Doc", o)
+	case o.Kind < String || o.Kind > ValueMap:
+		return fmt.Errorf("option %s: unknown Kind %v", o.Key, o.Kind)
+	case (o.Range != Range{} || o.Zero != "") && !o.Kind.numeric():
+		return fmt.Errorf("option %s: a range for a %v option", o.Key, o.Kind)
+	case math.IsNaN(o.Range.Min) || math.IsNaN(o.Range.Max) || (o.Range.HasMin && o.Range.HasMax && o.Range.Min > o.Range.Max):
+		return fmt.Errorf("option %s: the range %v is empty", o.Key, o.Range)
+	case len(o.Choices) > 0 && o.Kind != String:
+		return fmt.Errorf("option %s: choices for a %v option", o.Key, o.Kind)
+	case strings.Contains(o.FlagName(), "_"):
+		return fmt.Errorf("option %s: flag -%s has an underscore", o.Key, o.FlagName())
+	}
+	if o.Default == nil {
+		return nil
+	}
+	if !o.Typed(o.Default) {
+		return fmt.Errorf("option %s: default %v is a %T, not of the option's kind %v", o.Key, o.Default, o.Default, o.Kind)
+	}
+	if _, err := o.Check(o.Default); err != nil {
+		return fmt.Errorf("option %s: default: %w", o.Key, err)
+	}
+	return nil
+}
+
+// Values are the options of one owner by key (a method's options in
+// run.json's method_options and sparsify.Options.Params), in their kinds'
+// Go types once resolved; decoded from JSON, an Int option's value may be
+// a float64, which Check converts.
+type Values map[string]any
+
+// Int returns the Int option key of resolved values. It panics if the
+// option is not a resolved int (a programming error: the owner resolves
+// every option it declares before reading them).
+func (v Values) Int(key string) int { return resolved[int](v, key, "int") }
+
+// Float returns the Float option key of resolved values; it panics like
+// Int.
+func (v Values) Float(key string) float64 { return resolved[float64](v, key, "float") }
+
+// Text returns the String option key of resolved values; it panics like
+// Int.
+func (v Values) Text(key string) string { return resolved[string](v, key, "string") }
+
+func resolved[T any](v Values, key, kind string) T {
+	x, ok := v[key].(T)
+	if !ok {
+		panic(fmt.Sprintf("options: option %q is not a resolved %s option (have %T); declare it", key, kind, v[key]))
+	}
+	return x
+}
+
+// Resolve returns the values of the options decls declares: given ones
+// checked and in their kinds' Go types, defaults for the absent ones. A
+// given key decls does not declare, or an invalid value, is an error (all
+// of them, joined, by key).
+func Resolve(decls []Option, given Values) (Values, error) {
+	var errs []error
+	out := make(Values, len(decls))
+	for _, k := range slices.Sorted(maps.Keys(given)) {
+		o, ok := find(decls, k)
+		if !ok {
+			errs = append(errs, fmt.Errorf("no option %q", k))
 			continue
 		}
-		for _, f := range append([]string{o.FlagName()}, o.Aliases...) {
-			if _, dup := flags[f]; dup {
-				panic("options: flag -" + f + " declared twice")
-			}
-			flags[f] = o
+		v, err := o.Check(given[k])
+		if err != nil {
+			errs = append(errs, err)
+		}
+		out[k] = v
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	for _, o := range decls {
+		if _, ok := out[o.Key]; !ok {
+			out[o.Key] = o.Default
 		}
 	}
-	return keys, flags
-}()
-
-// Lookup returns the declaration of the general option key.
-func Lookup(key string) (Option, bool) {
-	o, ok := byKey[key]
-	return o, ok
+	return out, nil
 }
 
-// ByFlag returns the option whose flag (or one of its aliases) is name,
-// without the dash.
-func ByFlag(name string) (Option, bool) {
-	o, ok := byFlag[name]
-	return o, ok
+// Defaults returns a copy of given with every option decls declares and
+// given lacks set to its default, and every valid given value in its
+// kind's Go type. Invalid values and undeclared keys are copied as they
+// are (Resolve refuses them).
+func Defaults(decls []Option, given Values) Values {
+	out := Values{}
+	for k, v := range given {
+		out[k] = v
+	}
+	for _, o := range decls {
+		if v, ok := given[o.Key]; !ok {
+			out[o.Key] = o.Default
+		} else if c, err := o.Check(v); err == nil {
+			out[o.Key] = c
+		}
+	}
+	return out
 }
 
-// General reports whether key is a general option shown apart from the
-// method's options (false for a method's own option, or a general option
-// shown with them).
-func General(key string) bool {
-	o, ok := byKey[key]
-	return ok && !o.WithMethod
+func find(decls []Option, key string) (Option, bool) {
+	for _, o := range decls {
+		if o.Key == key {
+			return o, true
+		}
+	}
+	return Option{}, false
+}
+
+// orList writes "a, b or c".
+func orList(s []string) string {
+	if len(s) == 1 {
+		return s[0]
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }

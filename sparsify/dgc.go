@@ -6,12 +6,13 @@ import (
 	"math"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 func init() {
-	Register(Method{Name: "dgc", Projectable: true, New: newDGCReducer, Advice: dgcAdvice, CorrectsMomentum: true, ScaledClip: true, Params: []Param{
-		{Name: "sparsity_warmup", Flag: "sparsity-warmup", Kind: Int, Default: dgcDefaultWarmup, Min: 0, Max: 1000,
-			Doc: "epochs of DGC's density warm-up: density max(0.25^(e+1), ρ) in epoch e (0: none)"},
+	Register(Method{Name: "dgc", Projectable: true, New: newDGCReducer, Advice: dgcAdvice, CorrectsMomentum: true, ScaledClip: true, Params: []options.Option{
+		{Key: "sparsity_warmup", Kind: options.Int, Default: dgcDefaultWarmup, Range: options.Within(0, 1000, "[]"), Zero: "none",
+			Doc: "epochs of DGC's density warm-up, at most 1000: density max(0.25^(e+1), ρ) in epoch e"},
 	}})
 }
 

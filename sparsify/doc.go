@@ -180,8 +180,8 @@
 // # Method options
 //
 // Each method declares its own options once, beside its reducer, in the
-// Method it registers (Params, see Param: name, flag, kind, default, valid
-// range, doc). Options.Params holds them by name; New fills in the defaults
+// Method it registers (Params, options.Option: key, kind, default, valid
+// values, doc). Options.Params holds them by key; New fills in the defaults
 // of absent ones and refuses options the method does not declare and values
 // outside their range (NaN and ±Inf included). The trainer (package train,
 // command train) derives its flags, help text and configuration checks from
@@ -189,36 +189,37 @@
 // method's file and its tests. dense_warmup is one option shared by dragonn,
 // oktopk and topkdsa, each with its own default: it means the same for the
 // three (dense all-reduce iterations before sparsifying), and a run uses one
-// method, so one flag, -dense-warmup, sets the warm-up of whichever runs.
+// method, so one flag, -dense-warmup, sets the warm-up of whichever runs
+// (Register refuses declarations of one key that differ but by default).
 //
 // The list below is generated from the declarations (go generate
 // ./sparsify; TestOptionsDoc fails when it is out of date); each entry is
 // method: name (trainer flag), kind, valid values, default, meaning.
 //
-//   - dgc: sparsity_warmup (-sparsity-warmup), int, [0, 1000], default 4:
-//     epochs of DGC's density warm-up: density max(0.25^(e+1), ρ) in epoch e
-//     (0: none).
-//   - dragonn: min_tensor (-min-tensor), int, [0, 2147483647], default
-//     204800: compress only tensors with more elements (0: every tensor).
-//   - dragonn: dense_warmup (-dense-warmup), int, [0, 2147483647], default
-//     200: dense all-reduce iterations before sparsifying (0: none).
-//   - lags: merge_size (-merge-size), int, [1, 2147483647], default 8192:
+//   - dgc: sparsity_warmup (-sparsity-warmup), int, in [0, 1000] (0: none),
+//     default 4: epochs of DGC's density warm-up, at most 1000: density
+//     max(0.25^(e+1), ρ) in epoch e.
+//   - dragonn: min_tensor (-min-tensor), int, in [0, 2147483647] (0: every
+//     tensor), default 204800: compress only tensors with more elements.
+//   - dragonn: dense_warmup (-dense-warmup), int, in [0, 2147483647] (0:
+//     none), default 200: dense all-reduce iterations before sparsifying.
+//   - lags: merge_size (-merge-size), int, in [1, 2147483647], default 8192:
 //     merge threshold in elements (1: one group per tensor).
 //   - lags: max_ratio (-max-ratio), float, 0 (off) or >= 1, default 0: upper
-//     bound c_u on the compression ratio of the adaptive per-group density
-//     (densities in [1/c_u, 1]).
-//   - oktopk: dense_warmup (-dense-warmup), int, [0, 2147483647], default
-//     512: dense all-reduce iterations before sparsifying (0: none).
-//   - spardl: teams (-teams), int, [1, 2147483647], default 1: number of
+//     bound c_u >= 1 on the compression ratio of the adaptive per-group
+//     density (densities in [1/c_u, 1]).
+//   - oktopk: dense_warmup (-dense-warmup), int, in [0, 2147483647] (0:
+//     none), default 512: dense all-reduce iterations before sparsifying.
+//   - spardl: teams (-teams), int, in [1, 2147483647], default 1: number of
 //     teams G (must divide the number of workers).
 //   - spardl: sag (-sag), string, bruck or rsag, default bruck:
-//     spar-all-gather across teams: Bruck (B-SAG) or recursive doubling
-//     (R-SAG, a power-of-two number of teams).
-//   - threshold: lambda (-lambda), float, [0, 3.4028234663852886e+38] (0:
+//     spar-all-gather across teams: bruck (B-SAG) or rsag (recursive
+//     doubling, R-SAG; a power-of-two number of teams).
+//   - threshold: lambda (-lambda), float, in [0, 3.4028234663852886e+38] (0:
 //     1/(2√k), recomputed every call), default 0: hard threshold λ: every
 //     element with |acc| >= λ is sent.
-//   - topkdsa: dense_warmup (-dense-warmup), int, [0, 2147483647], default
-//     512: dense all-reduce iterations before sparsifying (0: none).
+//   - topkdsa: dense_warmup (-dense-warmup), int, in [0, 2147483647] (0:
+//     none), default 512: dense all-reduce iterations before sparsifying.
 package sparsify
 
 //go:generate go test -run ^TestOptionsDoc$ -update-options-doc .

@@ -8,12 +8,13 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 func init() {
-	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Advice: dragonnAdvice, Params: []Param{
-		{Name: "min_tensor", Flag: "min-tensor", Kind: Int, Default: dragonnDefaultMinTensor, Min: 0, Max: math.MaxInt32,
-			Doc: "compress only tensors with more elements (0: every tensor)"},
+	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Advice: dragonnAdvice, Params: []options.Option{
+		{Key: "min_tensor", Kind: options.Int, Default: dragonnDefaultMinTensor, Range: options.Within(0, math.MaxInt32, "[]"), Zero: "every tensor",
+			Doc: "compress only tensors with more elements"},
 		denseWarmupParam(dragonnDefaultWarmup),
 	}})
 }

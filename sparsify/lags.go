@@ -11,14 +11,15 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 func init() {
-	Register(Method{Name: "lags", Projectable: true, Pipelined: true, New: newLAGSReducer, Advice: lagsAdvice, Params: []Param{
-		{Name: "merge_size", Flag: "merge-size", Kind: Int, Default: LAGSDefaultMergeSize, Min: 1, Max: math.MaxInt32,
+	Register(Method{Name: "lags", Projectable: true, Pipelined: true, New: newLAGSReducer, Advice: lagsAdvice, Params: []options.Option{
+		{Key: "merge_size", Kind: options.Int, Default: LAGSDefaultMergeSize, Range: options.Within(1, math.MaxInt32, "[]"),
 			Doc: "merge threshold in elements (1: one group per tensor)"},
-		{Name: "max_ratio", Flag: "max-ratio", Kind: Float, Default: 0.0, Min: 1, Max: math.Inf(1), Zero: "off",
-			Doc: "upper bound c_u on the compression ratio of the adaptive per-group density (densities in [1/c_u, 1])"},
+		{Key: "max_ratio", Kind: options.Float, Default: 0.0, Range: options.AtLeast(1), Zero: "off",
+			Doc: "upper bound c_u >= 1 on the compression ratio of the adaptive per-group density (densities in [1/c_u, 1])"},
 	}})
 }
 

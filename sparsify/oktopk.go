@@ -6,10 +6,11 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 func init() {
-	Register(Method{Name: "oktopk", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newOkTopkReducer, Advice: okTopkAdvice, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "oktopk", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newOkTopkReducer, Advice: okTopkAdvice, Params: []options.Option{denseWarmupParam(okDefaultWarmup)}})
 }
 
 // Constants of Ok-Topk's schedule and threshold controllers

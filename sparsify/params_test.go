@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 var updateOptionsDoc = flag.Bool("update-options-doc", false, "rewrite the generated list of method options in doc.go")
@@ -21,87 +23,42 @@ func mustLookup(t testing.TB, name string) Method {
 	return m
 }
 
-func TestParamCheck(t *testing.T) {
-	i := Param{Name: "n", Flag: "n", Kind: Int, Default: 1, Min: 1, Max: 10, Doc: "d"}
-	f := Param{Name: "x", Flag: "x", Kind: Float, Default: 0.0, Min: 1, Max: math.Inf(1), Zero: "off", Doc: "d"}
-	s := Param{Name: "s", Flag: "s", Kind: String, Default: "a", Choices: []string{"a", "b"}, Doc: "d"}
-	for _, tc := range []struct {
-		p       Param
-		in      any
-		want    any
-		wantErr string
-	}{
-		{i, 3, 3, ""},
-		{i, 3.0, 3, ""}, // JSON numbers
-		{i, int64(10), 10, ""},
-		{i, 0, nil, "outside the valid range: [1, 10]"},
-		{i, 11, nil, "outside"},
-		{i, 2.5, nil, "not a whole number"},
-		{i, math.NaN(), nil, "not a finite number"},
-		{i, "3", nil, "not a number"},
-		{f, 0.0, 0.0, ""},
-		{f, 0, 0.0, ""},
-		{f, 1.0, 1.0, ""},
-		{f, 1e300, 1e300, ""},
-		{f, 0.5, nil, "0 (off) or >= 1"},
-		{f, -1.0, nil, "outside"},
-		{f, math.Inf(1), nil, "not a finite number"},
-		{f, math.Inf(-1), nil, "not a finite number"},
-		{f, math.NaN(), nil, "not a finite number"},
-		{s, "b", "b", ""},
-		{s, "c", nil, `"c" is not one of a or b`},
-		{s, 1, nil, "not a string"},
-	} {
-		t.Run(fmt.Sprintf("%s=%v", tc.p.Name, tc.in), func(t *testing.T) {
-			got, err := tc.p.Check(tc.in)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("Check(%v) = %v, %v; want an error containing %q", tc.in, got, err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("Check(%v) = %v (%T), %v; want %v (%T)", tc.in, got, got, err, tc.want, tc.want)
-			}
-		})
-	}
-}
-
-func TestParamParse(t *testing.T) {
+// TestDeclaredOptionsCheck: the methods' declarations check and read
+// values as package options does, with their own ranges.
+func TestDeclaredOptionsCheck(t *testing.T) {
 	lags := mustLookup(t, "lags")
 	merge, _ := lags.Param("merge_size")
 	ratio, _ := lags.Param("max_ratio")
 	sag, _ := mustLookup(t, "spardl").Param("sag")
 	for _, tc := range []struct {
-		p       Param
+		o       options.Option
 		in      string
 		want    any
 		wantErr string
 	}{
 		{merge, "1", 1, ""},
 		{merge, " 4096 ", 4096, ""},
-		{merge, "0", nil, "outside"},
+		{merge, "0", nil, "-merge-size 0 must be in [1, 2147483647]"},
 		{merge, "1.5", nil, "not a whole number"},
-		{merge, "NaN", nil, "not a whole number"},
 		{ratio, "0", 0.0, ""},
 		{ratio, "1000", 1000.0, ""},
+		{ratio, "0.5", nil, "-max-ratio 0.5 must be 0 (off) or >= 1"},
 		{ratio, "NaN", nil, "not a finite number"},
-		{ratio, "Inf", nil, "not a finite number"},
-		{ratio, "-Inf", nil, "not a finite number"},
-		{ratio, "infinity", nil, "not a finite number"},
-		{ratio, "x", nil, "not a number"},
 		{sag, "rsag", "rsag", ""},
-		{sag, "ring", nil, "bruck or rsag"},
+		{sag, "ring", nil, `-sag "ring": use bruck or rsag`},
 	} {
-		got, err := tc.p.Parse(tc.in)
+		got, err := tc.o.Parse(tc.in)
+		if err == nil {
+			got, err = tc.o.Check(got)
+		}
 		if tc.wantErr != "" {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("%s.Parse(%q) = %v, %v; want an error containing %q", tc.p.Name, tc.in, got, err, tc.wantErr)
+				t.Errorf("%s %q: %v, %v; want an error containing %q", tc.o.Key, tc.in, got, err, tc.wantErr)
 			}
 			continue
 		}
 		if err != nil || got != tc.want {
-			t.Errorf("%s.Parse(%q) = %v, %v; want %v", tc.p.Name, tc.in, got, err, tc.want)
+			t.Errorf("%s %q: %v, %v; want %v", tc.o.Key, tc.in, got, err, tc.want)
 		}
 	}
 }
@@ -109,23 +66,26 @@ func TestParamParse(t *testing.T) {
 // TestRegisterRefusesBadDeclarations: a declaration that cannot work panics
 // at registration, before any run.
 func TestRegisterRefusesBadDeclarations(t *testing.T) {
-	ok := Param{Name: "zz_opt", Flag: "zz-opt", Kind: Int, Default: 1, Min: 0, Max: 5, Doc: "d"}
-	edit := func(f func(*Param)) []Param { p := ok; f(&p); return []Param{p} }
+	ok := options.Option{Key: "zz_opt", Kind: options.Int, Default: 1, Optional: true, Range: options.Within(0, 5, "[]"), Doc: "d"}
+	edit := func(f func(*options.Option)) []options.Option { o := ok; f(&o); return []options.Option{o} }
 	for _, tc := range []struct {
 		name   string
-		params []Param
+		params []options.Option
 		want   string
 	}{
-		{"no flag", edit(func(p *Param) { p.Flag = "" }), "needs a Name, a Flag and a Doc"},
-		{"no doc", edit(func(p *Param) { p.Doc = "" }), "needs a Name, a Flag and a Doc"},
-		{"default out of range", edit(func(p *Param) { p.Default = 9 }), "default"},
-		{"default of another kind", edit(func(p *Param) { p.Default = 1.0 }), "not of the option's kind"},
-		{"NaN bound", edit(func(p *Param) { p.Max = math.NaN() }), "range"},
-		{"string without choices", edit(func(p *Param) { p.Kind, p.Default = String, "a" }), "Choices"},
-		{"declared twice", []Param{ok, ok}, "declared twice"},
-		{"name of another method's option, other flag", edit(func(p *Param) { p.Name = "merge_size" }), "clashes with lags"},
-		{"flag of another method's option", edit(func(p *Param) { p.Flag = "teams" }), "clashes with spardl"},
-		{"shared option of another kind", edit(func(p *Param) { p.Name, p.Flag, p.Kind, p.Default = "teams", "teams", Float, 1.0 }), "clashes"},
+		{"no doc", edit(func(o *options.Option) { o.Doc = "" }), "needs a Key and a Doc"},
+		{"default out of range", edit(func(o *options.Option) { o.Default = 9 }), "default"},
+		{"default of another kind", edit(func(o *options.Option) { o.Default = 1.0 }), "not of the option's kind"},
+		{"NaN bound", edit(func(o *options.Option) { o.Range.Max = math.NaN() }), "range"},
+		{"a list", edit(func(o *options.Option) { o.Kind, o.Default = options.IntList, []int{1} }), "an Int, a Float or a String"},
+		{"declared twice", []options.Option{ok, ok}, "declared twice"},
+		{"a general option's key", edit(func(o *options.Option) { o.Key = "density" }), "general option"},
+		{"a general option's flag", edit(func(o *options.Option) { o.Flag = "wd" }), "general option weight_decay's"},
+		{"key of another method's option, another doc", edit(func(o *options.Option) { o.Key = "merge_size" }), "clashes with lags"},
+		{"flag of another method's option", edit(func(o *options.Option) { o.Flag = "teams" }), "clashes with spardl"},
+		{"shared option of another kind", edit(func(o *options.Option) {
+			o.Key, o.Kind, o.Default, o.Range, o.Doc = "teams", options.Float, 1.0, options.Within(1, math.MaxInt32, "[]"), "number of teams G (must divide the number of workers)"
+		}), "clashes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer func() {
@@ -161,7 +121,7 @@ func TestResolve(t *testing.T) {
 		{"spardl", nil, Values{"teams": 1, "sag": "bruck"}, nil},
 		{"topk", Values{"dense_warmup": 3}, nil, []string{"topk", "dense_warmup is an option of dragonn, oktopk, topkdsa"}},
 		{"lags", Values{"bogus": 3}, nil, []string{`no method has an option "bogus"`}},
-		{"lags", Values{"merge_size": -1, "max_ratio": math.NaN()}, nil, []string{"option max_ratio: NaN is not a finite number", "option merge_size: -1 is outside"}},
+		{"lags", Values{"merge_size": -1, "max_ratio": math.NaN()}, nil, []string{"lags: -max-ratio NaN is not a finite number", "-merge-size -1 must be in [1, 2147483647]"}},
 	} {
 		t.Run(fmt.Sprintf("%s/%v", tc.method, tc.given), func(t *testing.T) {
 			got, err := mustLookup(t, tc.method).Resolve(tc.given)
@@ -200,8 +160,8 @@ func TestEveryMethodBuildsWithDeclaredDefaults(t *testing.T) {
 	l, _ := FlatLayout(100)
 	for _, m := range Methods() {
 		explicit := Values{}
-		for _, p := range m.Params {
-			explicit[p.Name] = p.Default
+		for _, o := range m.Params {
+			explicit[o.Key] = o.Default
 		}
 		for _, v := range []Values{nil, explicit} {
 			if _, err := New(m.Name, Options{Density: 0.1, Layout: l, Comm: blSingleComm(t), Params: v}); err != nil {
@@ -211,31 +171,23 @@ func TestEveryMethodBuildsWithDeclaredDefaults(t *testing.T) {
 	}
 }
 
-// TestSharedWarmup: the three methods with a dense warm-up share one option
-// and one flag, each with its own default, and its usage says so.
+// TestSharedWarmup: the three methods with a dense warm-up share one
+// option, declared alike but for each method's default.
 func TestSharedWarmup(t *testing.T) {
-	var found bool
-	for _, s := range AllParams() {
-		if s.Name != "dense_warmup" {
-			continue
-		}
-		found = true
-		var ms []string
-		for _, d := range s.Decls {
-			ms = append(ms, d.Method)
-		}
-		if s.Flag != "dense-warmup" || strings.Join(ms, ",") != "dragonn,oktopk,topkdsa" {
-			t.Fatalf("dense_warmup: flag %q, methods %v", s.Flag, ms)
-		}
-		u := s.Usage()
-		for _, w := range []string{"dragonn, oktopk, topkdsa:", "dragonn 200", "oktopk 512", "topkdsa 512", "[0, 2147483647]"} {
-			if !strings.Contains(u, w) {
-				t.Errorf("usage %q lacks %q", u, w)
-			}
-		}
+	ms := MethodsWithParam("dense_warmup")
+	if strings.Join(ms, ",") != "dragonn,oktopk,topkdsa" {
+		t.Fatalf("dense_warmup: methods %v", ms)
 	}
-	if !found {
-		t.Fatal("no option dense_warmup")
+	var defaults []any
+	for _, name := range ms {
+		o, _ := mustLookup(t, name).Param("dense_warmup")
+		if o.FlagName() != "dense-warmup" || o.Doc != "dense all-reduce iterations before sparsifying" {
+			t.Errorf("%s: %+v", name, o)
+		}
+		defaults = append(defaults, o.Default)
+	}
+	if fmt.Sprint(defaults) != "[200 512 512]" {
+		t.Errorf("defaults %v", defaults)
 	}
 }
 
@@ -244,8 +196,8 @@ func TestSharedWarmup(t *testing.T) {
 func optionsDoc() string {
 	var b strings.Builder
 	for _, m := range Methods() {
-		for _, p := range m.Params {
-			item := fmt.Sprintf("%s: %s (-%s), %v, %s, default %s: %s.", m.Name, p.Name, p.Flag, p.Kind, p.Range(), p.Format(p.Default), p.Doc)
+		for _, o := range m.Params {
+			item := fmt.Sprintf("%s: %s (-%s), %v, %s, default %s: %s.", m.Name, o.Key, o.FlagName(), o.Kind, o.Valid(), o.Format(o.Default), o.Doc)
 			b.WriteString(wrapComment("//   - ", "//     ", item, 78))
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 // The region machinery that TopkDSA ("topkdsa") and Ok-Topk ("oktopk") share
@@ -36,9 +37,9 @@ const (
 // before the method sparsifies. dragonn, oktopk and topkdsa share it (one
 // option, one flag, each method with its own default): a run uses one
 // method, and the warm-up means the same for all three.
-func denseWarmupParam(def int) Param {
-	return Param{Name: "dense_warmup", Flag: "dense-warmup", Kind: Int, Default: def, Min: 0, Max: math.MaxInt32,
-		Doc: "dense all-reduce iterations before sparsifying (0: none)"}
+func denseWarmupParam(def int) options.Option {
+	return options.Option{Key: "dense_warmup", Kind: options.Int, Default: def, Range: options.Within(0, math.MaxInt32, "[]"), Zero: "none",
+		Doc: "dense all-reduce iterations before sparsifying"}
 }
 
 // okEqualSplit sets offs (length p+1) to the Ok-Topk code's equal split of n

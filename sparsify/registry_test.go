@@ -56,7 +56,7 @@ func TestNewErrors(t *testing.T) {
 		{"empty layout", "topk", Options{Density: 0.1, Comm: c}, []string{"empty layout", "NewLayout"}},
 		{"zero-size tensor", "threshold", Options{Density: 0.1, Comm: c, Layout: Layout{N: 3, Tensors: []Tensor{{Name: "a", Size: 3, Offset: 0}, {Name: "b", Size: 0, Offset: 3}}}}, []string{`"b"`, "size 0"}},
 		{"gtopk on 3 workers", "gtopk", Options{Density: 0.1, Layout: good, Comm: local.New(3).Comm(0)}, []string{"3 workers", "power-of-two", "2 or 4"}},
-		{"threshold lambda", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Params: Values{"lambda": -1.0}}, []string{"lambda", "-1 is outside"}},
+		{"threshold lambda", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Params: Values{"lambda": -1.0}}, []string{"-lambda -1 must be in [0, "}},
 		// Regression: a positive λ that rounds to 0 as a float32 selected
 		// every element (|acc| >= 0) instead of being refused.
 		{"threshold lambda underflows float32", "threshold", Options{Density: 0.1, Layout: good, Comm: c, Params: Values{"lambda": 1e-50}}, []string{"lambda 1e-50", "float32"}},

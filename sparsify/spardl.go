@@ -9,14 +9,15 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 func init() {
-	Register(Method{Name: "spardl", NotProjectable: "SparDL's number of communication rounds grows with log₂ of the worker count", New: newSparDL, CheckWorkers: spardlCheckWorkers, Advice: spardlAdvice, Params: []Param{
-		{Name: "teams", Flag: "teams", Kind: Int, Default: 1, Min: 1, Max: math.MaxInt32,
+	Register(Method{Name: "spardl", NotProjectable: "SparDL's number of communication rounds grows with log₂ of the worker count", New: newSparDL, CheckWorkers: spardlCheckWorkers, Advice: spardlAdvice, Params: []options.Option{
+		{Key: "teams", Kind: options.Int, Default: 1, Range: options.Within(1, math.MaxInt32, "[]"),
 			Doc: "number of teams G (must divide the number of workers)"},
-		{Name: "sag", Flag: "sag", Kind: String, Default: "bruck", Choices: []string{"bruck", "rsag"},
-			Doc: "spar-all-gather across teams: Bruck (B-SAG) or recursive doubling (R-SAG, a power-of-two number of teams)"},
+		{Key: "sag", Kind: options.String, Default: "bruck", Choices: []string{"bruck", "rsag"},
+			Doc: "spar-all-gather across teams: bruck (B-SAG) or rsag (recursive doubling, R-SAG; a power-of-two number of teams)"},
 	}})
 }
 

@@ -126,8 +126,8 @@ var (
 
 // Register adds a method. It panics, like database/sql.Register, if the
 // name is taken, the method has no constructor, or an option declaration is
-// invalid (no name, flag or doc; a default outside its range or of another
-// kind; a name another method declares with another flag or kind).
+// invalid (see checkParams: no key or doc; a default outside its range or
+// of another kind; a key another method declares otherwise).
 func Register(m Method) {
 	registryMu.Lock()
 	defer registryMu.Unlock()
@@ -140,22 +140,8 @@ func Register(m Method) {
 	if m.Projectable && m.NotProjectable != "" {
 		panic(fmt.Sprintf("sparsify: Register %s: Projectable with a reason it is not (NotProjectable)", m.Name))
 	}
-	seen := map[string]bool{}
-	for _, p := range m.Params {
-		if err := p.validate(); err != nil {
-			panic(fmt.Sprintf("sparsify: Register %s: %v", m.Name, err))
-		}
-		if seen[p.Name] {
-			panic(fmt.Sprintf("sparsify: Register %s: option %s declared twice", m.Name, p.Name))
-		}
-		seen[p.Name] = true
-		for _, o := range registry {
-			for _, q := range o.Params {
-				if (q.Name == p.Name) != (q.Flag == p.Flag) || (q.Name == p.Name && q.Kind != p.Kind) {
-					panic(fmt.Sprintf("sparsify: Register %s: option %s (-%s, %v) clashes with %s's option %s (-%s, %v): one name, one flag, one kind", m.Name, p.Name, p.Flag, p.Kind, o.Name, q.Name, q.Flag, q.Kind))
-				}
-			}
-		}
+	if err := checkParams(m, registry); err != nil {
+		panic(fmt.Sprintf("sparsify: Register %s: %v", m.Name, err))
 	}
 	m.Params = slices.Clone(m.Params)
 	registry[m.Name] = m

@@ -6,11 +6,12 @@ import (
 	"math"
 
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 func init() {
-	Register(Method{Name: "threshold", NotProjectable: "the union of the workers' selections, which every worker all-reduces, grows with the worker count", New: newThresholdReducer, Advice: thresholdAdvice, Params: []Param{{
-		Name: "lambda", Flag: "lambda", Kind: Float, Default: 0.0, Min: 0, Max: math.MaxFloat32,
+	Register(Method{Name: "threshold", NotProjectable: "the union of the workers' selections, which every worker all-reduces, grows with the worker count", New: newThresholdReducer, Advice: thresholdAdvice, Params: []options.Option{{
+		Key: "lambda", Kind: options.Float, Default: 0.0, Range: options.Within(0, math.MaxFloat32, "[]"),
 		Zero: "1/(2√k), recomputed every call",
 		Doc:  "hard threshold λ: every element with |acc| >= λ is sent",
 	}}})

@@ -6,10 +6,11 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 func init() {
-	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSAReducer, Advice: topkDSAAdvice, Params: []Param{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSAReducer, Advice: topkDSAAdvice, Params: []options.Option{denseWarmupParam(okDefaultWarmup)}})
 }
 
 // topkDSAReducer is "topkdsa", TopkDSA (Renggli et al.'s SparCML dynamic

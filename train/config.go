@@ -4,205 +4,115 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strings"
-	"time"
 
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // ErrConfig is wrapped by every error Validate returns.
 var ErrConfig = errors.New("train: invalid configuration")
 
-// Config is the configuration of one run. Unset values (empty strings,
-// unset Optionals, a nil DecayEpochs, absent method options) select the
-// per-model defaults of Defaults; a value that is set, zero included, is
-// kept. After Defaults every Optional is set and MethodOptions holds every
-// option of the method, so run.json records the whole configuration and
-// reads back into an equal Config.
-type Config struct {
-	// Model is "resnet18", "lstm" or "ncf".
-	Model string `json:"model"`
-	// Dataset is "cifar10", "cifar100", "wikitext2", "ml-100k", "ml-1m" or
-	// "ml-20m".
-	Dataset string `json:"dataset"`
-	// DataDir holds the data sets (default $TRAIN_DATA_DIR, else ./data).
-	DataDir string `json:"data_dir"`
-	// Download fetches a missing data set into DataDir first.
-	Download bool `json:"download"`
-	// Gradients is a folder of recorded gradients (package recorded) to
-	// replay instead of training a model: Model is then "recorded", there
-	// is no data set, optimizer or evaluation (see ReplayDefaults).
-	Gradients string `json:"gradients,omitempty"`
-	// RecordGradients is a folder to record every worker's gradient of
-	// every step into (package recorded), for train replay.
-	RecordGradients string `json:"record_gradients,omitempty"`
-	// Preset selects the model size (flag -model-size, formerly -preset):
-	// "small" or "default" (LSTM), "paper" or "default" (NCF); ResNet-18
-	// has only "default".
-	Preset string `json:"preset"`
+//go:generate go test -run ^TestConfigGenerated$ -update-config .
 
-	// Sparsifier is a sparsify registry name ("dense" for none).
-	Sparsifier string `json:"sparsifier"`
-	// Density is the setup density ρ (default: the method's paper's for the
-	// model, see paperDensity; else 0.01).
-	Density Optional[float64] `json:"density,omitzero"`
-	// MethodOptions are the sparsifier's own options by name, as the method
-	// declares them (sparsify.Method.Params; the command line has one flag
-	// per option): absent ones take the method's defaults, options of other
-	// methods are refused.
-	MethodOptions sparsify.Values `json:"method_options,omitempty"`
-	// Pipeline is "auto", "on" or "off": pipelining of a method that
-	// declares itself Pipelined, LAGS (auto: on for it unless gradient
-	// clipping needs the whole gradient first).
-	Pipeline string `json:"pipeline"`
-	// ClipAt is where Clip clips: "local" (each worker's gradient, before
-	// error feedback, as the DEFT/MiCRO harness clips the LSTM), "aggregated"
-	// (the averaged gradient after the reduction, as the LAGS reference
-	// clips its LSTM runs; this keeps LAGS pipelining on) or "auto" (the
-	// default: aggregated for lags, local otherwise).
-	ClipAt string `json:"clip_at"`
+// Get returns the value of the general option key (its run.json key, as
+// package options declares it) in the Go type of its kind (options.Kind):
+// a string, bool, int, uint64, float64, time.Duration, []int or
+// options.Values; nil for an unset Optional, a nil list or map, and a key
+// Config does not have. The command line's flags, the sweep's command
+// lines and the checks of single options read the configuration through
+// it.
+func (c *Config) Get(key string) any {
+	if f, ok := fields[key]; ok {
+		return f(c).get()
+	}
+	return nil
+}
 
-	// Workers is the number of simulated workers in one process (default 1;
-	// under mpirun each process is one worker and Workers must be 1).
-	Workers Optional[int] `json:"workers,omitzero"`
-	// Epochs is the number of epochs.
-	Epochs Optional[int] `json:"epochs,omitzero"`
-	// Steps stops training after this many iterations (0: no limit).
-	Steps int `json:"steps"`
-	// MaxTime bounds the run's wall time since its data set was loaded,
-	// its final evaluation included (0: no limit): training stops (with a
-	// checkpoint) early enough to leave the evaluation its estimated time,
-	// at most a tenth of MaxTime, and an evaluation still running when the
-	// time is up stops there (a sample of the split). A resumed run counts
-	// the training time before its resume.
-	MaxTime time.Duration `json:"max_time"`
-	// Batch is the per-worker batch size.
-	Batch Optional[int] `json:"batch,omitzero"`
-	// EvalBatch is the per-worker evaluation batch size (NCF: users per
-	// evaluation batch).
-	EvalBatch Optional[int] `json:"eval_batch,omitzero"`
-	// LR is the base learning rate.
-	LR Optional[float64] `json:"lr,omitzero"`
-	// Seed seeds initialisation, shuffling, augmentation, negatives, dropout
-	// (default 42).
-	Seed Optional[uint64] `json:"seed,omitzero"`
+// Set sets the general option key to v, a value of its kind's Go type (as
+// Get returns them; options.Option's Parse and Check give them); nil
+// unsets it. A value of another type is a programming error: Set panics.
+func (c *Config) Set(key string, v any) {
+	if f, ok := fields[key]; !ok || !f(c).put(v) {
+		panic(fmt.Sprintf("train: Config.Set(%q, %v): no option of a %T", key, v, v))
+	}
+}
 
-	// Optimizer is "sgd" or "adam".
-	Optimizer string `json:"optimizer"`
-	// Momentum is SGD's momentum (SGD only).
-	Momentum Optional[float64] `json:"momentum,omitzero"`
-	// Nesterov uses Nesterov momentum (PyTorch's nesterov=True).
-	Nesterov bool `json:"nesterov,omitempty"`
-	// WeightDecay is SGD's L2 coefficient (SGD only; not applied to
-	// BatchNorm parameters whose name matches ".bnN.", as in the reference
-	// harness).
-	WeightDecay Optional[float64] `json:"weight_decay,omitzero"`
-	// Beta1, Beta2 and Eps are Adam's (Adam only).
-	Beta1 Optional[float64] `json:"beta1,omitzero"`
-	Beta2 Optional[float64] `json:"beta2,omitzero"`
-	Eps   Optional[float64] `json:"eps,omitzero"`
-	// WarmupEpochs is the length of the linear learning-rate warm-up.
-	WarmupEpochs float64 `json:"warmup_epochs"`
-	// DecayEpochs are the epochs at which the learning rate is multiplied by
-	// DecayFactor (nil: the model's; empty: none).
-	DecayEpochs []int `json:"decay_epochs"`
-	// DecayFactor is the step decay factor (default 0.1).
-	DecayFactor Optional[float64] `json:"decay_factor,omitzero"`
-	// LRSchedule is "step" (default: WarmupEpochs of linear warm-up, then
-	// step decay at DecayEpochs) or "onecycle" (the one-cycle policy with LR
-	// as its peak; see Schedule).
-	LRSchedule string `json:"lr_schedule"`
-	// Clip is the local gradient-norm clipping threshold applied before error
-	// feedback (0: off).
-	Clip Optional[float64] `json:"clip,omitzero"`
-	// NoAugment turns CIFAR augmentation off.
-	NoAugment bool `json:"no_augment,omitempty"`
-	// LabelSmoothing is the training loss's label smoothing ε in [0, 1)
-	// (resnet18 and lstm; 0: none). Evaluations report the plain loss.
-	LabelSmoothing float64 `json:"label_smoothing,omitzero"`
+// field is a Config field, read and written as the Go type of its
+// option's kind: an Optional, or a plain field.
+type field interface {
+	get() any
+	// put sets the field to v (nil: unset, or zero) and reports whether v
+	// has the field's type.
+	put(v any) bool
+}
 
-	// Out is the run directory.
-	Out string `json:"out"`
-	// Resume is a run directory whose last checkpoint is loaded.
-	Resume string `json:"resume,omitempty"`
-	// Device is "cpu" or "cuda".
-	Device string `json:"device"`
-	// Comm is the communication backend: "auto" (the default), "local"
-	// (in-process workers), "mpi" (under mpirun) or "nccl" (-device cuda,
-	// one GPU per worker). On a GPU, local and mpi stage device buffers
-	// through host memory (any number of workers per GPU); auto picks nccl
-	// when every worker has a GPU of its own and NCCL loads, else local or
-	// mpi.
-	Comm string `json:"comm,omitempty"`
-	// TF32 lets a GPU use TF32 tensor-core math in matrix products and
-	// convolutions (faster; float32 products keep about 10 bits of
-	// mantissa).
-	TF32 bool `json:"tf32,omitempty"`
-	// Deterministic restricts a GPU's convolutions to deterministic cuDNN
-	// algorithms (bit-reproducible runs; otherwise the fastest algorithm
-	// measured for each shape, which may add in a varying order).
-	Deterministic bool `json:"deterministic,omitempty"`
-	// NetLatency and NetBandwidth (bytes/s) emulate a network (both or
-	// neither; in-process workers only).
-	NetLatency   time.Duration `json:"net_latency"`
-	NetBandwidth float64       `json:"net_bandwidth"`
-	// LogEvery writes a step record every this many steps (default 1).
-	LogEvery Optional[int] `json:"log_every,omitzero"`
-	// EvalEvery evaluates every this many steps too (0: only every epoch).
-	EvalEvery int `json:"eval_every"`
-	// MaxEvalBatches bounds the batches (per worker) of one evaluation (0: all).
-	MaxEvalBatches int `json:"max_eval_batches,omitempty"`
-	// BLAS is "auto", "openblas" or "gonum"; BLASThreads its thread count
-	// and oneDNN's (0: cores / in-process workers).
-	BLAS        string `json:"blas"`
-	BLASThreads int    `json:"blas_threads"`
-	// Kernels are the CPU's convolution and batch-norm kernels: "auto"
-	// (oneDNN if installed), "onednn" or "im2col" (engine.ConfigureCPU).
-	Kernels string `json:"kernels,omitempty"`
-	// Executors is the number of models (executors) the in-process workers
-	// share on the CPU (0: one per core, at most Workers). The workers also
-	// share one parameter vector and optimizer; see the package doc,
-	// "Simulated workers". It does not change the results.
-	Executors int `json:"executors,omitempty"`
-	// Quiet turns progress output off.
-	Quiet bool `json:"quiet"`
-	// CheckpointEvery writes a checkpoint every this many steps too (0:
-	// only at the end of every epoch, where one is always written, and
-	// where the run stops).
-	CheckpointEvery int `json:"checkpoint_every"`
-	// CheckEvery compares a hash of every worker's parameters every this
-	// many steps and stops the run when they differ (0: never; checkpoints
-	// always compare them).
-	CheckEvery int `json:"check_every,omitempty"`
+type plainField[T any] struct{ p *T }
+
+func plain[T any](p *T) field { return plainField[T]{p} }
+
+func (f plainField[T]) get() any {
+	switch x := any(*f.p).(type) {
+	case []int:
+		if x == nil {
+			return nil
+		}
+	case options.Values:
+		if x == nil {
+			return nil
+		}
+	}
+	return *f.p
+}
+
+func (f plainField[T]) put(v any) bool {
+	x, ok := v.(T)
+	if ok || v == nil {
+		*f.p = x
+	}
+	return ok || v == nil
+}
+
+func (o *Optional[T]) get() any {
+	if o.set {
+		return o.v
+	}
+	return nil
+}
+
+func (o *Optional[T]) put(v any) bool {
+	x, ok := v.(T)
+	if ok {
+		*o = Set(x)
+	} else if v == nil {
+		*o = Optional[T]{}
+	}
+	return ok || v == nil
+}
+
+// text returns the value of the String option key ("" for other kinds).
+func (c *Config) text(key string) string {
+	s, _ := c.Get(key).(string)
+	return s
 }
 
 // Defaults fills the unset fields of c with the model's defaults and
 // returns it. Fields the user set are kept, zero included. The defaults
-// are declared in package options (per model where they differ, taken
-// from the papers' code and adapted to PyTorch's momentum semantics), with
-// the options they depend on: the optimizer's own values are filled only
+// are declared by each model (its workload, taken from the papers' code
+// and adapted to PyTorch's momentum semantics), else by the option in
+// package options, with the options they depend on: the optimizer's own values are filled only
 // for the optimizer in use (momentum and weight decay for SGD, β1, β2 and
 // ε for Adam), the step decay only for the step schedule. What depends on
 // more than the model is decided here: the model itself (a replay's, with
-// Gradients), the data set (the model's first), the data folder, NCF's
-// model size (by data set), the density (paperDensity) and the method
-// options (the sparsifier's, sparsify.Method.Defaults).
-//
-// The models' defaults follow their references: ResNet-18 DEFT's run.py
-// (lr 0.05, momentum 0.9, wd 1e-4, batch 32 per worker, 200 epochs, ×0.1
-// at 150); the LSTM DEFT's (batch 32 per worker, clip 0.4, momentum 0, wd
-// 0, ×0.1 at 45 and 80), with lr 20, the PyTorch word-language-model
-// example's rate for undoubled SGD (the DEFT harness's lr 15 is doubled
-// by its quirk); NCF the paper's preset on the small MovieLens sets with
-// Adam and 4 negatives per positive (the MLPerf/DEFT rate 0.0045 with
-// betas (0.25, 0.5) is for a 2^20 global batch; for per-worker batches of
-// 256 Adam's defaults converge). A replay makes one pass over the
-// recorded steps with no update.
+// Gradients), the data set (the model's first), the data folder, the
+// model size (the model's, by data set), the density (paperDensity) and
+// the method options (the sparsifier's, sparsify.Method.Defaults).
 func (c Config) Defaults() Config {
 	if c.Model == "" {
-		c.Model = declaredDefault("model")
+		c.Model = c.declared("model").(string)
 		if c.Gradients != "" {
 			c.Model = RecordedModel
 		}
@@ -221,7 +131,7 @@ func (c Config) Defaults() Config {
 		c.Preset = w.defaultSize(c.Dataset)
 	}
 	if c.Sparsifier == "" {
-		c.Sparsifier = declaredDefault("sparsifier")
+		c.Sparsifier = c.declared("sparsifier").(string)
 	}
 	c.Density.orDefault(paperDensity(c.Sparsifier, c.Model))
 	c.fillDefaults()
@@ -304,7 +214,7 @@ func (c Config) Validate(underMPI bool) error {
 	// defaults would make wrong.
 	w, err := workloadOf(c)
 	if !replay && (err != nil || w.hidden) {
-		return fmt.Errorf("%w: unknown -model %q; use one of %s", ErrConfig, c.Model, strings.Join(Models, ", "))
+		return fmt.Errorf("%w: unknown -model %q; use one of %s", ErrConfig, c.Model, strings.Join(Models(), ", "))
 	}
 	// Each option on its own first (finite, set, in its range, one of its
 	// choices, as package options declares it): the rules below, which tie
@@ -476,7 +386,7 @@ func (c Config) validateMethodOptions(m sparsify.Method, underMPI bool, bad func
 			if ms := sparsify.MethodsWithParam(name); len(ms) > 0 {
 				q, _ := sparsify.Lookup(ms[0])
 				p, _ := q.Param(name)
-				bad("-%s applies only to -sparsifier %s, not %s", p.Flag, strings.Join(ms, " or "), m.Name)
+				bad("-%s applies only to -sparsifier %s, not %s", p.FlagName(), strings.Join(ms, " or "), m.Name)
 			} else {
 				bad("unknown method option %q (no sparsifier has it)", name)
 			}
@@ -484,7 +394,7 @@ func (c Config) validateMethodOptions(m sparsify.Method, underMPI bool, bad func
 		}
 		if _, err := p.Check(v); err != nil {
 			valid = false
-			bad("-%s: %v (%s: %s)", p.Flag, err, m.Name, p.Doc)
+			bad("%v (%s: %s)", err, m.Name, p.Doc)
 		}
 	}
 	if !valid || underMPI || m.CheckWorkers == nil {
@@ -497,5 +407,76 @@ func (c Config) validateMethodOptions(m sparsify.Method, underMPI bool, bad func
 	}
 	if err := m.CheckWorkers(c.Workers.Value(), resolved); err != nil {
 		bad("-workers %d: %v", c.Workers.Value(), err)
+	}
+}
+
+// declared is the default of the option key for c's model: the model's
+// (its workload's defaults), else the declaration's (options.Option's
+// Default; nil: none).
+func (c *Config) declared(key string) any {
+	if w, ok := lookupWorkload(c.Model); ok {
+		if d, ok := w.defaults[key]; ok {
+			return d
+		}
+	}
+	o, _ := options.Lookup(key)
+	return o.Default
+}
+
+// fillDefaults sets every unset option that has a default for c's model
+// (declared) and applies (its When), the options without a condition
+// first, so that a condition reads the value of the option it names after
+// that option's default.
+func (c *Config) fillDefaults() {
+	for _, conditional := range []bool{false, true} {
+		for _, o := range options.All {
+			if o.Retired != "" || (o.When != "") != conditional || !o.Applies(c.text) {
+				continue
+			}
+			if v := c.Get(o.Key); v != nil && v != "" {
+				continue
+			}
+			switch d := c.declared(o.Key).(type) {
+			case nil:
+			case []int:
+				c.Set(o.Key, slices.Clone(d))
+			default:
+				c.Set(o.Key, d)
+			}
+		}
+	}
+}
+
+// checkOptions checks each option on its own, as package options declares
+// it (options.Option.Check): every number finite (then, if one is not,
+// nothing else), every option that applies (its When; skip leaves others
+// out) set where Defaults sets it (the optimizer's own values may be
+// unset), valid. Validate adds the rules that tie options together.
+func (c *Config) checkOptions(skip func(key string) bool, bad func(string, ...any)) {
+	finite := true
+	for _, o := range options.All {
+		if x, ok := c.Get(o.Key).(float64); ok && (math.IsNaN(x) || math.IsInf(x, 0)) {
+			_, err := o.Check(x)
+			bad("%v", err)
+			finite = false
+		}
+	}
+	if !finite {
+		return
+	}
+	for _, o := range options.All {
+		if o.Retired != "" || skip(o.Key) || !o.Applies(c.text) {
+			continue
+		}
+		v := c.Get(o.Key)
+		if v == nil {
+			if o.Optional && !strings.HasPrefix(o.When, "optimizer=") {
+				bad("-%s is unset; call Config.Defaults before Validate", o.FlagName())
+			}
+			continue
+		}
+		if _, err := o.Check(v); err != nil {
+			bad("%v", err)
+		}
 	}
 }

@@ -14,15 +14,18 @@
 // # Models
 //
 // Each model the trainer trains is declared once, as a workload in a file of
-// its own (workload_resnet18.go, workload_lstm.go, workload_ncf.go; a
-// replay's recorded gradients in replay.go): the data sets it trains on and
-// how they are read, its sizes (-model-size) and kind, how it is built, how
-// a rank's batches and evaluation are cut (its task), and what its batches
-// cost in memory. LoadDataset, NewModel, the tasks, Defaults, Validate and
-// the memory check read the workload; -model's list (Models) derives from
-// them. Adding a model is one such file, its entry in workloads, and its
-// option defaults where they differ (package options); a test declares one
-// and trains it (TestNewModelNeedsOnlyItsWorkload).
+// its own that registers it (workload_resnet18.go, workload_lstm.go,
+// workload_ncf.go; a replay's recorded gradients in replay.go): the data
+// sets it trains on and how they are read, its sizes (-model-size) and
+// kind, its defaults of the general options (epochs, batch, learning rate,
+// optimizer, ...; package options declares the options), how it is built,
+// how a rank's batches and evaluation are cut (its task), and what its
+// batches cost in memory. LoadDataset, NewModel, the tasks, Defaults,
+// Validate, the memory check and the help of -model, -dataset, -model-size
+// and the options the models default (OptionUsage) read the registered
+// workloads. Adding a model is its graph (a models.Model; package models
+// for the built-in ones) and one such file; a test declares one in two test
+// files and trains it (TestNewModelIsTwoFiles).
 //
 // # One rank's training
 //
@@ -69,10 +72,11 @@
 // worker the others waited for (the largest t_queue + t_compute +
 // t_select), which add up to its iteration (metrics.Step). run.json
 // records the executors; the report says the run was simulated. 16
-// ResNet-18 workers at batch 32 fit in about 3.1 GB (4.0 GB with Top-k's
-// selection scratch; docs/results/simulated-workers.md). GPUs keep a model and parameters
-// per worker (each on a stream of its own), and so does every mpirun
-// process.
+// ResNet-18 workers at batch 32 peak at about 3.1 GB, 4.0 GB with Top-k's
+// selection scratch (docs/results/simulated-workers.md). GPUs keep a model
+// and parameters per worker (each on a stream of its own), and so does
+// every mpirun process; so do simulated workers of a model defined outside
+// package models, which a pool cannot share (models.Shareable).
 //
 // # Devices
 //

@@ -1,96 +1,102 @@
 package train
 
 import (
+	"fmt"
+	"math"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/options"
-	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
-// TestEveryOptionDeclaredOnce: every key of run.json's configuration
-// (train.Config) is declared in package options, and every declared key
-// that is not retired is one of Config's, so that the resume rules, the
-// flags' names and the reports' headers cover every option.
-func TestEveryOptionDeclaredOnce(t *testing.T) {
-	ty := reflect.TypeFor[Config]()
-	keys := map[string]bool{}
-	for i := range ty.NumField() {
-		key, _, _ := strings.Cut(ty.Field(i).Tag.Get("json"), ",")
-		if key == "" || key == "-" {
+// sample is a value of kind k made from x, in the kind's Go type.
+func sample(k options.Kind, x float64) any {
+	switch k {
+	case options.String:
+		return "bogus"
+	case options.Bool:
+		return true
+	case options.Int:
+		return int(x)
+	case options.Uint:
+		return uint64(x)
+	case options.Float:
+		return x
+	case options.Duration:
+		return time.Duration(x)
+	case options.IntList:
+		return []int{int(x)}
+	}
+	return options.Values{"k": x}
+}
+
+// TestConfigGetSet: every declared option is a field of Config that Set
+// and Get reach with a value of its kind's Go type, which run.json records
+// under the option's key; an Optional's zero stays apart from unset.
+func TestConfigGetSet(t *testing.T) {
+	for _, o := range options.All {
+		if o.Retired != "" {
+			if (&Config{}).Get(o.Key) != nil {
+				t.Errorf("retired %s is still a field", o.Key)
+			}
 			continue
 		}
-		keys[key] = true
-		if _, ok := options.Lookup(key); !ok {
-			t.Errorf("train.Config.%s (run.json key %q) is not declared in package options", ty.Field(i).Name, key)
+		var c Config
+		v := sample(o.Kind, 3)
+		c.Set(o.Key, v)
+		if got := c.Get(o.Key); !reflect.DeepEqual(got, v) {
+			t.Errorf("%s: Set %v (%T), Get %v (%T)", o.Key, v, v, got, got)
+		}
+		m, err := configMap(c)
+		if err != nil || !strings.Contains(fmt.Sprint(m), o.Key) {
+			t.Errorf("%s: run.json's config %v (%v) lacks it", o.Key, m, err)
+		}
+		if o.Optional {
+			c.Set(o.Key, sample(o.Kind, 0))
+			if c.Get(o.Key) == nil {
+				t.Errorf("%s: 0 reads as unset", o.Key)
+			}
+			c.Set(o.Key, nil)
+			if c.Get(o.Key) != nil {
+				t.Errorf("%s: not unset", o.Key)
+			}
 		}
 	}
-	for _, o := range options.All {
-		if o.Retired == "" && !keys[o.Key] {
-			t.Errorf("options declares %q, which train.Config does not have (retire it with a reason)", o.Key)
-		}
-		if o.Retired != "" && keys[o.Key] {
-			t.Errorf("options retires %q, which train.Config still has", o.Key)
-		}
-	}
-	if !resumeMayChange("steps") || resumeMayChange("sparsifier") || flagOf("weight_decay") != "wd" || flagOf("max_eval_batches") != "max-eval-batches" {
+	if !resumeMayChange("steps") || resumeMayChange("sparsifier") || flagOf("weight_decay") != "wd" || flagOf("max_eval_batches") != "max-eval-batches" ||
+		flagOf("method_options.merge_size") != "merge-size" {
 		t.Error("resume rules or flag names do not follow the declarations")
 	}
 }
 
-// TestOptionDeclarationsFitConfig: each option's declared kind is its
-// Config field's type, its defaults have that type, choices belong to
-// string options and ranges to numbers, and every option has a doc (the
-// flags' help).
-func TestOptionDeclarationsFitConfig(t *testing.T) {
-	kinds := map[options.Kind][]any{
-		options.String:   {new(string)},
-		options.Bool:     {new(bool)},
-		options.Int:      {new(int), new(Optional[int])},
-		options.Uint:     {new(Optional[uint64])},
-		options.Float:    {new(float64), new(Optional[float64])},
-		options.Duration: {new(time.Duration)},
-		options.IntList:  {new([]int)},
-		options.Values:   {new(sparsify.Values)},
+// TestEveryModelDeclaresItsDefaults: every model's defaults make a valid
+// configuration (each model declares what has no general default), and
+// the help of -model, -dataset, -model-size and the options the models
+// default lists every model.
+func TestEveryModelDeclaresItsDefaults(t *testing.T) {
+	for _, m := range Models() {
+		if err := (Config{Model: m, Out: "x"}).Defaults().Validate(false); err != nil {
+			t.Errorf("%s: %v", m, err)
+		}
 	}
-	defaults := map[options.Kind]any{options.String: "", options.Int: 0, options.Uint: uint64(0), options.Float: 0.0, options.IntList: []int{}}
-	var c Config
-	for _, o := range options.All {
-		if o.Retired != "" {
-			continue
-		}
-		p := c.Field(o.Key)
-		if !slices.ContainsFunc(kinds[o.Kind], func(k any) bool { return reflect.TypeOf(k) == reflect.TypeOf(p) }) {
-			t.Errorf("%s: declared %v, Config's field is %T", o.Key, o.Kind, p)
-		}
-		if o.Doc == "" && o.Kind != options.Values {
-			t.Errorf("%s: no Doc (the flag's help)", o.Key)
-		}
-		ds := []any{o.Default}
-		for _, m := range o.ByModel {
-			if !slices.Contains(Models, m.Model) && m.Model != RecordedModel {
-				t.Errorf("%s: a default for %q, which is no model", o.Key, m.Model)
-			}
-			ds = append(ds, m.Value)
-		}
-		for _, d := range ds {
-			if d != nil && reflect.TypeOf(d) != reflect.TypeOf(defaults[o.Kind]) {
-				t.Errorf("%s: default %v is a %T, not a %v", o.Key, d, d, o.Kind)
+	for _, key := range []string{"model", "dataset", "preset", "epochs", "batch", "eval_batch", "lr", "optimizer"} {
+		o, _ := options.Lookup(key)
+		u := OptionUsage(o)
+		for _, w := range listed() {
+			if !strings.Contains(u, w.name) {
+				t.Errorf("the help of -%s does not name %s: %q", o.FlagName(), w.name, u)
 			}
 		}
-		if len(o.Choices) > 0 && o.Kind != options.String {
-			t.Errorf("%s: choices for a %v option", o.Key, o.Kind)
-		}
-		numeric := o.Kind == options.Int || o.Kind == options.Float || o.Kind == options.Duration || o.Kind == options.IntList
-		if (o.Range.HasMin || o.Range.HasMax) && !numeric {
-			t.Errorf("%s: a range for a %v option", o.Key, o.Kind)
-		}
-		if k, _, ok := strings.Cut(o.When, "="); o.When != "" && (!ok || c.Field(k) == nil) {
-			t.Errorf("%s: When %q names no option", o.Key, o.When)
-		}
+	}
+	lr, _ := options.Lookup("lr")
+	if u := OptionUsage(lr); !strings.HasPrefix(u, "learning rate (default resnet18 0.05, lstm 20, ncf 0.001") {
+		t.Errorf("-lr: %q", u)
+	}
+	size, _ := options.Lookup("preset")
+	if u := OptionUsage(size); !strings.Contains(u, "lstm small (2×200) or default (3×650), small by default") ||
+		!strings.Contains(u, "ncf paper (8 factors) or default (MLPerf, 64 factors), paper by default (default on ml-20m)") {
+		t.Errorf("-model-size: %q", u)
 	}
 }
 
@@ -119,30 +125,24 @@ func TestEveryDeclaredRangeIsChecked(t *testing.T) {
 			case !r.HasMin:
 				x = r.Max + 1
 			}
-			x *= o.Scale()
+			if o.FlagScale != 0 {
+				x *= o.FlagScale
+			}
+			c.Set(o.Key, sample(o.Kind, x))
 			want := "-" + o.FlagName() + " "
-			switch p := c.Field(o.Key).(type) {
-			case *string:
-				*p, want = "bogus", want+`"bogus": use `
-			case *int:
-				*p = int(x)
-			case *float64:
-				*p = x
-			case *time.Duration:
-				*p = time.Duration(x)
-			case *[]int:
-				*p = []int{int(x)}
-			case *Optional[int]:
-				*p = Set(int(x))
-			case *Optional[float64]:
-				*p = Set(x)
-			default:
-				t.Fatalf("no test for a %T", p)
+			if o.Kind == options.String {
+				want += `"bogus": use `
 			}
 			err := c.Validate(false)
-			if err == nil || !strings.Contains(err.Error(), want) || (len(o.Choices) == 0 && !strings.Contains(err.Error(), "must be "+r.String())) {
+			if err == nil || !strings.Contains(err.Error(), want) || (len(o.Choices) == 0 && !strings.Contains(err.Error(), "must be "+o.Valid())) {
 				t.Fatalf("error %v, want one naming %q and the range", err, want)
 			}
 		})
+	}
+	// Every float is finite, first.
+	c := Config{Model: "resnet18", Out: "x"}.Defaults()
+	c.LR, c.NetBandwidth = Set(math.NaN()), math.Inf(1)
+	if err := c.Validate(false); err == nil || !strings.Contains(err.Error(), "-lr NaN is not a finite number") || !strings.Contains(err.Error(), "-net-bandwidth +Inf is not a finite number") {
+		t.Fatalf("non-finite: %v", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -37,12 +38,15 @@ import (
 // RecordedModel is the Config.Model of a replay.
 const RecordedModel = "recorded"
 
-// replayWorkload: a replay of recorded gradients (-gradients DIR). The
-// recording is its data; its model holds the recorded parameter layout and
-// computes nothing.
+// A replay of recorded gradients (-gradients DIR). The recording is its
+// data; its model holds the recorded parameter layout and computes
+// nothing. It makes one pass over the recorded steps with no update.
+func init() { register(replayWorkload) }
+
 var replayWorkload = &workload{
-	name:   RecordedModel,
-	hidden: true,
+	name:     RecordedModel,
+	hidden:   true,
+	defaults: options.Values{"epochs": 1, "batch": 1, "eval_batch": 1, "lr": 0.0, "optimizer": "none"},
 	load: func(_ context.Context, c Config, d *Dataset) error {
 		rec, err := recorded.Open(c.Gradients)
 		if err != nil {

@@ -34,7 +34,7 @@ func flagOf(key string) string {
 	if name, ok := strings.CutPrefix(key, "method_options."); ok {
 		for _, m := range sparsify.Methods() {
 			if p, ok := m.Param(name); ok {
-				return p.Flag
+				return p.FlagName()
 			}
 		}
 		return name

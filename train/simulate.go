@@ -30,6 +30,7 @@ type simulation struct {
 	poolOnce sync.Once
 	pool     *models.Pool
 	poolErr  error
+	own      bool // each worker has a model of its own (not shareable)
 
 	sharedOnce sync.Once
 	params     device.Buffer
@@ -59,15 +60,32 @@ func executorsFor(c Config, workers int) int {
 }
 
 // model returns rank's model: a worker of the shared pool, built on first
-// use.
+// use; a model of the worker's own, as on GPUs, where the model cannot be
+// shared (one defined outside package models, models.Shareable).
 func (s *simulation) model(c Config, d *Dataset, rank int, be engine.Backend) (models.Model, error) {
 	s.poolOnce.Do(func() {
+		first, err := NewModel(c, d, c.Seed.Value(), be)
+		if err != nil {
+			s.poolErr = err
+			return
+		}
+		if !models.Shareable(first) {
+			s.own, s.executors = true, s.workers
+			return
+		}
 		s.pool, s.poolErr = models.NewPool(s.executors, func() (models.Model, error) {
+			if m := first; m != nil {
+				first = nil
+				return m, nil
+			}
 			return NewModel(c, d, c.Seed.Value(), be)
 		})
 	})
 	if s.poolErr != nil {
 		return nil, s.poolErr
+	}
+	if s.own {
+		return NewModel(c, d, c.Seed.Value()+uint64(rank), be)
 	}
 	return s.pool.Worker(c.Seed.Value() + uint64(rank))
 }

@@ -1,25 +1,32 @@
 package train
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // A workload is one model the trainer trains, declared once in a file of
-// its own: workload_resnet18.go, workload_lstm.go, workload_ncf.go, and
-// replay.go's recorded gradients. It says which data sets the model trains
-// on and how they are read, the model's sizes (-model-size) and kind, how
-// the model is built, how a rank's batches and evaluation are cut (its
-// task), and what its batches cost in memory. Adding a model is one such
-// file, its entry in workloads, and the option defaults where it differs
-// from the others (ByModel in package options' declarations).
+// its own that registers it (register): workload_resnet18.go,
+// workload_lstm.go, workload_ncf.go, and replay.go's recorded gradients. It
+// says which data sets the model trains on and how they are read, the
+// model's sizes (-model-size) and kind, its defaults of the general
+// options, how the model is built, how a rank's batches and evaluation are
+// cut (its task), and what its batches cost in memory. Adding a model is
+// its graph (package models) and one such file.
 type workload struct {
 	name string
+	// defaults are the model's defaults of general options by key (their
+	// declarations in package options say the rest): the values train
+	// -help lists per model.
+	defaults options.Values
 	// datasets are the -dataset values the model trains on; the first is
 	// the default. None: a replay, which reads a recording instead.
 	datasets []string
@@ -57,8 +64,33 @@ type workload struct {
 	checkBatch func(c Config, d *Dataset, size int) error
 }
 
-// workloads are the models the trainer knows.
-var workloads = []*workload{resnet18Workload, lstmWorkload, ncfWorkload, replayWorkload}
+// workloads are the models the trainer knows, in the order -model lists
+// them: by kind (sparsify.ModelKinds' order), then by name.
+var workloads []*workload
+
+// register adds w to the models the trainer knows; each workload's file
+// registers its own. It panics on a name taken, or a default that is not a
+// valid value of a general option a model may default (Optional ones,
+// strings and lists; a hidden workload's need not be in range).
+func register(w *workload) {
+	if _, dup := lookupWorkload(w.name); dup || w.name == "" {
+		panic(fmt.Sprintf("train: model %q registered twice (or without a name)", w.name))
+	}
+	for k, d := range w.defaults {
+		o, ok := options.Lookup(k)
+		if !ok || !(o.Optional || o.Kind == options.String || o.Kind == options.IntList) || !o.Typed(d) {
+			panic(fmt.Sprintf("train: model %s: a default %v (%T) for %q, which is no option a model defaults with a value of that type", w.name, d, d, k))
+		}
+		if _, err := o.Check(d); err != nil && !w.hidden {
+			panic(fmt.Sprintf("train: model %s: default: %v", w.name, err))
+		}
+	}
+	workloads = append(workloads, w)
+	rank := func(w *workload) int { return slices.Index(sparsify.ModelKinds, w.kind) }
+	slices.SortStableFunc(workloads, func(a, b *workload) int {
+		return cmp.Or(cmp.Compare(rank(a), rank(b)), strings.Compare(a.name, b.name))
+	})
+}
 
 // lookupWorkload returns the workload of -model name.
 func lookupWorkload(name string) (*workload, bool) {
@@ -75,31 +107,88 @@ func workloadOf(c Config) (*workload, error) {
 	if w, ok := lookupWorkload(c.Model); ok {
 		return w, nil
 	}
-	return nil, fmt.Errorf("%w: unknown -model %q; use one of %s", ErrConfig, c.Model, strings.Join(Models, ", "))
+	return nil, fmt.Errorf("%w: unknown -model %q; use one of %s", ErrConfig, c.Model, strings.Join(Models(), ", "))
 }
 
 // Models lists the models -model accepts.
-var Models = func() []string {
+func Models() []string {
 	var names []string
-	for _, w := range workloads {
-		if !w.hidden {
-			names = append(names, w.name)
-		}
+	for _, w := range listed() {
+		names = append(names, w.name)
 	}
 	return names
-}()
+}
 
-// Datasets maps each model to the data sets it trains on, its default
-// first.
-var Datasets = func() map[string][]string {
-	m := map[string][]string{}
-	for _, w := range workloads {
-		if !w.hidden {
-			m[w.name] = w.datasets
+// listed are the workloads -model lists (not a replay's).
+func listed() []*workload {
+	return slices.DeleteFunc(slices.Clone(workloads), func(w *workload) bool { return w.hidden })
+}
+
+// OptionUsage is the help text of the general option o: its declaration's
+// (options.Option.Usage) with the defaults the models declare, and for
+// -model, -dataset and -model-size the models, their data sets and sizes.
+func OptionUsage(o options.Option) string {
+	var parts []string
+	for _, w := range listed() {
+		switch o.Key {
+		case "model":
+			parts = append(parts, w.name)
+		case "dataset":
+			parts = append(parts, strings.Join(w.datasets, "|")+" ("+w.name+")")
+		case "preset":
+			parts = append(parts, w.name+" "+sizeHelp(w))
 		}
 	}
-	return m
-}()
+	switch o.Key {
+	case "model":
+		o.Doc += ": " + strings.Join(parts[:len(parts)-1], ", ") + " or " + parts[len(parts)-1]
+	case "dataset":
+		o.Doc += ": " + strings.Join(parts, ", ")
+	case "preset":
+		o.Doc += ": " + strings.Join(parts, "; ")
+	}
+	return o.Usage(ModelDefaults(o.Key)...)
+}
+
+// ModelDefaults are the defaults that the models -model lists declare for
+// the general option key, in their order.
+func ModelDefaults(key string) []options.Case {
+	var cases []options.Case
+	for _, w := range listed() {
+		if d, ok := w.defaults[key]; ok {
+			cases = append(cases, options.Case{Owner: w.name, Value: d})
+		}
+	}
+	return cases
+}
+
+// sizeHelp describes w's sizes and which one is its default: "small
+// (2×200) or default (3×650), small by default".
+func sizeHelp(w *workload) string {
+	if len(w.sizes) < 2 {
+		return w.sizeDoc
+	}
+	on := map[string][]string{}
+	main := ""
+	for _, ds := range w.datasets {
+		s := w.defaultSize(ds)
+		on[s] = append(on[s], ds)
+		if len(on[s]) > len(on[main]) {
+			main = s
+		}
+	}
+	var others []string
+	for _, s := range w.sizes {
+		if s != main && len(on[s]) > 0 {
+			others = append(others, s+" on "+strings.Join(on[s], ", "))
+		}
+	}
+	h := w.sizeDoc + ", " + main + " by default"
+	if len(others) > 0 {
+		h += " (" + strings.Join(others, "; ") + ")"
+	}
+	return h
+}
 
 // ModelKind returns the kind of a built-in model (false: not one).
 func ModelKind(model string) (sparsify.ModelKind, bool) {

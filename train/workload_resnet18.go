@@ -10,12 +10,19 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
 	"github.com/sparsegrad/sparsegrad/models"
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
-// resnet18Workload: ResNet-18 on CIFAR-10 or CIFAR-100 (test accuracy).
+// ResNet-18 on CIFAR-10 or CIFAR-100 (test accuracy), with the defaults of
+// DEFT's run.py: lr 0.05, momentum 0.9, weight decay 1e-4, batch 32 per
+// worker, 200 epochs, ×0.1 at epoch 150.
+func init() { register(resnet18Workload) }
+
 var resnet18Workload = &workload{
-	name:        "resnet18",
+	name: "resnet18",
+	defaults: options.Values{"epochs": 200, "batch": 32, "eval_batch": 250, "lr": 0.05, "optimizer": "sgd", "momentum": 0.9,
+		"weight_decay": 1e-4, "decay_epochs": []int{150}},
 	datasets:    []string{"cifar10", "cifar100"},
 	sizes:       []string{"default"},
 	sizeDoc:     "default",

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -163,7 +164,7 @@ func TestNoUncheckedFloatFlag(t *testing.T) {
 	for _, set := range []*flag.FlagSet{fs, rs} {
 		set.VisitAll(func(f *flag.Flag) {
 			if fmt.Sprintf("%T", f.Value) == "*flag.float64Value" {
-				t.Errorf("-%s is a plain float flag; use finiteFloat or optFloat", f.Name)
+				t.Errorf("-%s is a plain float flag; use an optionValue (bind, configValue)", f.Name)
 			}
 			if tv, ok := f.Value.(typedValue); ok && tv.Type() == "float" && !tested[f.Name] && f.Name != "target" {
 				t.Errorf("float flag -%s is missing from TestFloatFlagsRejectNonFinite", f.Name)
@@ -188,8 +189,8 @@ func TestNewMethodNeedsNoTrainerChange(t *testing.T) {
 	if _, ok := sparsify.Lookup("zz-echo"); ok {
 		t.Skip("zz-echo is registered already (-count > 1)")
 	}
-	sparsify.Register(sparsify.Method{Name: "zz-echo", Params: []sparsify.Param{{
-		Name: "zz_gain", Flag: "zz-gain", Kind: sparsify.Float, Default: 0.5, Min: 0, Max: 1, Doc: "a test option",
+	sparsify.Register(sparsify.Method{Name: "zz-echo", Params: []options.Option{{
+		Key: "zz_gain", Kind: options.Float, Default: 0.5, Range: options.Within(0, 1, "[]"), Doc: "a test option",
 	}}, New: func(o sparsify.Options) (sparsify.Reducer, error) {
 		d, err := sparsify.New("dense", sparsify.Options{Density: o.Density, Layout: o.Layout, Comm: o.Comm})
 		echoGains <- o.Params.Float("zz_gain")
@@ -197,7 +198,7 @@ func TestNewMethodNeedsNoTrainerChange(t *testing.T) {
 	}})
 	var help bytes.Buffer
 	run(context.Background(), []string{"-help"}, &help, &help)
-	if !strings.Contains(help.String(), "-zz-gain float\n    \tzz-echo: a test option; [0, 1] (default 0.5)") {
+	if !strings.Contains(help.String(), "-zz-gain float\n    \tzz-echo: a test option (default 0.5)") {
 		t.Errorf("-help does not list the new option:\n%s", help.String())
 	}
 	if m := resolved(t, "-sparsifier", "zz-echo", "-out", "x"); fmt.Sprint(m["method_options"]) != "map[zz_gain:0.5]" {
@@ -205,7 +206,7 @@ func TestNewMethodNeedsNoTrainerChange(t *testing.T) {
 	}
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"-sparsifier", "zz-echo", "-zz-gain", "2", "-out", "x"}, &out, &out); err == nil ||
-		!strings.Contains(err.Error(), "-zz-gain: 2 is outside the valid range: [0, 1]") {
+		!strings.Contains(err.Error(), "-zz-gain 2 must be in [0, 1] (zz-echo: a test option)") {
 		t.Errorf("-zz-gain 2: %v", err)
 	}
 	if err := run(context.Background(), []string{"-sparsifier", "topk", "-zz-gain", "0.1", "-out", "x"}, &out, &out); err == nil ||

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"math"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,13 +13,50 @@ import (
 	"github.com/sparsegrad/sparsegrad/train"
 )
 
-// The flag values of this file keep "not given" apart from zero: a flag
-// that is not on the command line leaves its train.Optional unset (the
-// model's default applies), and a method option that is not given stays out
-// of the method options. Every float flag refuses NaN and ±Inf.
+// optionValue is the flag of one option: a general option of a
+// train.Config, a method option in a set of method options, or a number of
+// a subcommand's own. It reads its text with the option's parser
+// (options.Option.Parse, which refuses NaN and ±Inf for every float) and
+// keeps "not given" apart from zero: a flag that is not on the command
+// line leaves its option unset (the model's or the method's default
+// applies). Each option's range is checked with the rest of the
+// configuration (train.Config.Validate), once the model and the method
+// are known.
+type optionValue struct {
+	o   options.Option
+	get func() any
+	set func(any)
+}
 
-// errNotFinite is the reason a float flag refuses NaN and ±Inf.
-var errNotFinite = errors.New("not a finite number")
+func (v optionValue) Set(s string) error {
+	x, err := v.o.Parse(s)
+	if err != nil {
+		return err
+	}
+	v.set(x)
+	return nil
+}
+
+func (v optionValue) String() string {
+	if v.get == nil {
+		return ""
+	}
+	if x := v.get(); x != nil {
+		return v.o.Format(x)
+	}
+	return ""
+}
+
+// Type names the flag's kind in the help ("" for a switch).
+func (v optionValue) Type() string {
+	if v.o.Kind == options.Bool {
+		return ""
+	}
+	return v.o.Kind.String()
+}
+
+// IsBoolFlag makes a Bool option a switch (-quiet, -quiet=false).
+func (v optionValue) IsBoolFlag() bool { return v.o.Kind == options.Bool }
 
 // typedValue is a flag value that names its type for the help text.
 type typedValue interface {
@@ -29,191 +64,82 @@ type typedValue interface {
 	Type() string
 }
 
-// parseFinite parses a float flag, refusing NaN and ±Inf, and numbers
-// beyond float64's range (which would read as ±Inf).
-func parseFinite(s string) (float64, error) {
-	v, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-	if errors.Is(err, strconv.ErrRange) && math.IsInf(v, 0) {
-		return 0, fmt.Errorf("%s is beyond ±%.1e, the largest float64: %w", s, math.MaxFloat64, errNotFinite)
-	}
+// bind is the flag of option o held in *p, a variable of its kind's Go
+// type.
+func bind[T any](o options.Option, p *T) optionValue {
+	return optionValue{o, func() any { return *p }, func(x any) { *p = x.(T) }}
+}
+
+// configValue is the flag of the general option o of c.
+func configValue(o options.Option, c *train.Config) optionValue {
+	return optionValue{o, func() any { return c.Get(o.Key) }, func(x any) { c.Set(o.Key, x) }}
+}
+
+// parseFloat reads a finite number.
+func parseFloat(s string) (float64, error) {
+	x, err := options.Option{Kind: options.Float}.Parse(s)
 	if err != nil {
-		return 0, fmt.Errorf("%q is not a number", s)
+		return 0, err
 	}
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, fmt.Errorf("%s is %w", s, errNotFinite)
-	}
-	return v, nil
+	return x.(float64), nil
 }
-
-// finiteFloat is a float64 flag that refuses NaN and ±Inf.
-type finiteFloat struct{ p *float64 }
-
-func (f finiteFloat) Set(s string) error {
-	v, err := parseFinite(s)
-	if err != nil {
-		return err
-	}
-	*f.p = v
-	return nil
-}
-
-func (f finiteFloat) String() string {
-	if f.p == nil || *f.p == 0 {
-		return ""
-	}
-	return strconv.FormatFloat(*f.p, 'g', -1, 64)
-}
-
-func (finiteFloat) Type() string { return "float" }
-
-// durationFlag is a time.Duration flag whose error says what a duration
-// looks like (the flag package's own says only "parse error").
-type durationFlag struct{ p *time.Duration }
-
-func (f durationFlag) Set(s string) error {
-	s = strings.TrimSpace(s)
-	d, err := time.ParseDuration(s)
-	if err == nil {
-		*f.p = d
-		return nil
-	}
-	if _, ferr := strconv.ParseFloat(s, 64); ferr == nil {
-		return fmt.Errorf("%q has no unit: write e.g. %ss, %sm or %sms (units h, m, s, ms, us, ns)", s, s, s, s)
-	}
-	return fmt.Errorf("%q is not a duration: write a number and a unit, e.g. 50us, 2ms, 30s, 1h30m (units h, m, s, ms, us, ns)", s)
-}
-
-func (f durationFlag) String() string {
-	if f.p == nil || *f.p == 0 {
-		return ""
-	}
-	return f.p.String()
-}
-
-func (durationFlag) Type() string { return "duration" }
-
-// optFloat is an optional float flag: set only when given.
-type optFloat struct{ p *train.Optional[float64] }
-
-func (f optFloat) Set(s string) error {
-	v, err := parseFinite(s)
-	if err != nil {
-		return err
-	}
-	*f.p = train.Set(v)
-	return nil
-}
-
-func (f optFloat) String() string {
-	if f.p == nil || !f.p.IsSet() {
-		return ""
-	}
-	return strconv.FormatFloat(f.p.Value(), 'g', -1, 64)
-}
-
-func (optFloat) Type() string { return "float" }
-
-// optInt is an optional int flag.
-type optInt struct{ p *train.Optional[int] }
-
-func (f optInt) Set(s string) error {
-	v, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil {
-		return fmt.Errorf("%q is not a whole number", s)
-	}
-	*f.p = train.Set(v)
-	return nil
-}
-
-func (f optInt) String() string {
-	if f.p == nil || !f.p.IsSet() {
-		return ""
-	}
-	return strconv.Itoa(f.p.Value())
-}
-
-func (optInt) Type() string { return "int" }
-
-// optUint is an optional non-negative integer flag.
-type optUint struct{ p *train.Optional[uint64] }
-
-func (f optUint) Set(s string) error {
-	v, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
-	if err != nil {
-		return fmt.Errorf("%q: want a non-negative integer", s)
-	}
-	*f.p = train.Set(v)
-	return nil
-}
-
-func (f optUint) String() string {
-	if f.p == nil || !f.p.IsSet() {
-		return ""
-	}
-	return strconv.FormatUint(f.p.Value(), 10)
-}
-
-func (optUint) Type() string { return "uint" }
-
-// methodFlag sets one method option (sparsify.Param) in a set of method
-// options; the method's declared range is checked with the rest of the
-// configuration (train.Config.Validate), once the sparsifier is known.
-type methodFlag struct {
-	p   sparsify.SharedParam
-	dst *sparsify.Values
-}
-
-func (f methodFlag) Set(s string) error {
-	var v any
-	switch f.p.Kind {
-	case sparsify.Int:
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil {
-			return fmt.Errorf("%q is not a whole number", s)
-		}
-		v = n
-	case sparsify.Float:
-		x, err := parseFinite(s)
-		if err != nil {
-			return err
-		}
-		v = x
-	default:
-		v = s
-	}
-	if *f.dst == nil {
-		*f.dst = sparsify.Values{}
-	}
-	(*f.dst)[f.p.Name] = v
-	return nil
-}
-
-func (f methodFlag) String() string {
-	if f.dst == nil || *f.dst == nil {
-		return ""
-	}
-	if v, ok := (*f.dst)[f.p.Name]; ok {
-		return fmt.Sprint(v)
-	}
-	return ""
-}
-
-func (f methodFlag) Type() string { return f.p.Kind.String() }
 
 // addMethodFlags defines one flag per method option that any registered
-// sparsifier declares, from the declarations (sparsify.AllParams), and
-// returns their names.
-func addMethodFlags(fs *flag.FlagSet, dst *sparsify.Values) map[string]bool {
+// sparsifier declares (sparsify.Method.Params), setting it in *dst, and
+// returns their names. Its help names the methods that have it and each
+// one's default.
+func addMethodFlags(fs *flag.FlagSet, dst *options.Values) map[string]bool {
+	type shared struct {
+		o       options.Option
+		methods []string
+		cases   []options.Case
+	}
+	byKey := map[string]*shared{}
+	for _, m := range sparsify.Methods() {
+		for _, o := range m.Params {
+			s := byKey[o.Key]
+			if s == nil {
+				s = &shared{o: o}
+				byKey[o.Key] = s
+			}
+			s.methods = append(s.methods, m.Name)
+			s.cases = append(s.cases, options.Case{Owner: m.Name, Value: o.Default})
+		}
+	}
 	names := map[string]bool{}
-	for _, p := range sparsify.AllParams() {
-		fs.Var(methodFlag{p: p, dst: dst}, p.Flag, p.Usage())
-		names[p.Flag] = true
+	for _, s := range byKey {
+		o := s.o
+		usage := o.Usage()
+		if slices.ContainsFunc(s.cases, func(c options.Case) bool { return o.Format(c.Value) != o.Format(o.Default) }) {
+			o.Default = nil
+			usage = o.Usage(s.cases...)
+		}
+		key := o.Key
+		fs.Var(optionValue{o, func() any { return (*dst)[key] }, func(x any) {
+			if *dst == nil {
+				*dst = options.Values{}
+			}
+			(*dst)[key] = x
+		}}, o.FlagName(), strings.Join(s.methods, ", ")+": "+usage)
+		names[o.FlagName()] = true
 	}
 	return names
 }
 
+// isMethodFlag reports whether name is the flag of a method option.
+func isMethodFlag(name string) bool {
+	for _, m := range sparsify.Methods() {
+		for _, o := range m.Params {
+			if o.FlagName() == name {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // printFlags writes the flags of fs as flag.PrintDefaults does, with the
-// types of this file's values, the method options in a section of their
+// types of the options' values, the method options in a section of their
 // own.
 func printFlags(out io.Writer, fs *flag.FlagSet, method map[string]bool) {
 	show := func(f *flag.Flag) {
@@ -252,139 +178,12 @@ func printFlags(out io.Writer, fs *flag.FlagSet, method map[string]bool) {
 	})
 }
 
-// textFlag is a string flag.
-type textFlag struct{ p *string }
-
-func (f textFlag) Set(s string) error { *f.p = s; return nil }
-func (f textFlag) String() string {
-	if f.p == nil {
-		return ""
-	}
-	return *f.p
-}
-func (textFlag) Type() string { return "string" }
-
-// switchFlag is a boolean flag (-quiet, -quiet=false).
-type switchFlag struct{ p *bool }
-
-func (f switchFlag) Set(s string) error {
-	v, err := strconv.ParseBool(s)
-	if err != nil {
-		return fmt.Errorf("%q: want true or false", s)
-	}
-	*f.p = v
-	return nil
-}
-func (f switchFlag) String() string { return strconv.FormatBool(f.p != nil && *f.p) }
-func (switchFlag) IsBoolFlag() bool { return true }
-func (switchFlag) Type() string     { return "" }
-
-// wholeFlag is an int flag.
-type wholeFlag struct{ p *int }
-
-func (f wholeFlag) Set(s string) error {
-	v, err := strconv.Atoi(strings.TrimSpace(s))
-	if err != nil {
-		return fmt.Errorf("%q is not a whole number", s)
-	}
-	*f.p = v
-	return nil
-}
-func (f wholeFlag) String() string {
-	if f.p == nil || *f.p == 0 {
-		return ""
-	}
-	return strconv.Itoa(*f.p)
-}
-func (wholeFlag) Type() string { return "int" }
-
-// scaledFloat is a finite float flag whose configuration value is the
-// flag's times scale (-net-bandwidth: Gbit/s on the command line, bytes/s
-// in the configuration).
-type scaledFloat struct {
-	p     *float64
-	scale float64
-}
-
-func (f scaledFloat) Set(s string) error {
-	v, err := parseFinite(s)
-	if err != nil {
-		return err
-	}
-	*f.p = v * f.scale
-	return nil
-}
-func (f scaledFloat) String() string {
-	if f.p == nil || *f.p == 0 {
-		return ""
-	}
-	return strconv.FormatFloat(*f.p/f.scale, 'g', -1, 64)
-}
-func (scaledFloat) Type() string { return "float" }
-
-// epochList is a comma-separated list of epochs; "none" is the empty list
-// (the flag not given leaves it nil: the model's).
-type epochList struct{ p *[]int }
-
-func (f epochList) Set(s string) error {
-	if strings.TrimSpace(s) == "none" {
-		*f.p = []int{}
-		return nil
-	}
-	var out []int
-	for _, x := range strings.Split(s, ",") {
-		e, err := strconv.Atoi(strings.TrimSpace(x))
-		if err != nil {
-			return fmt.Errorf("%q: want comma-separated epoch numbers, e.g. 150,200 (or none)", s)
-		}
-		out = append(out, e)
-	}
-	*f.p = out
-	return nil
-}
-func (f epochList) String() string {
-	if f.p == nil || *f.p == nil {
-		return ""
-	}
-	return options.Format(*f.p)
-}
-func (epochList) Type() string { return "list" }
-
-// optionFlag returns the flag value bound to the configuration field p of
-// the option o.
-func optionFlag(o options.Option, p any) flag.Value {
-	switch p := p.(type) {
-	case *string:
-		return textFlag{p}
-	case *bool:
-		return switchFlag{p}
-	case *int:
-		return wholeFlag{p}
-	case *float64:
-		if o.FlagScale != 0 {
-			return scaledFloat{p, o.FlagScale}
-		}
-		return finiteFloat{p}
-	case *time.Duration:
-		return durationFlag{p}
-	case *[]int:
-		return epochList{p}
-	case *train.Optional[int]:
-		return optInt{p}
-	case *train.Optional[float64]:
-		return optFloat{p}
-	case *train.Optional[uint64]:
-		return optUint{p}
-	}
-	panic(fmt.Sprintf("train: option %s has a field of type %T, which no flag reads", o.Key, p))
-}
-
 // addOptionFlags defines the flags of the general options keys (every
 // option with a flag of its own when keys is empty, but -gradients, which
 // only replay, sweep and advise take) on fs, bound to c's fields, from
 // their declarations in package options: name, older names, kind, help
-// text and defaults. A string option whose default is the same for every
-// model starts with it.
+// text and defaults (with the models', train.OptionUsage). A string option
+// whose default is the same for every model starts with it.
 func addOptionFlags(fs *flag.FlagSet, c *train.Config, keys ...string) {
 	opts := options.All
 	if len(keys) > 0 {
@@ -398,15 +197,14 @@ func addOptionFlags(fs *flag.FlagSet, c *train.Config, keys ...string) {
 		}
 	}
 	for _, o := range opts {
-		if o.Retired != "" || o.Kind == options.Values || (len(keys) == 0 && o.Key == "gradients") {
+		if o.Retired != "" || o.Kind == options.ValueMap || (len(keys) == 0 && o.Key == "gradients") {
 			continue
 		}
-		p := c.Field(o.Key)
-		if s, ok := p.(*string); ok && *s == "" && len(o.ByModel) == 0 && o.Default != nil {
-			*s = o.Default.(string)
+		if o.Kind == options.String && c.Get(o.Key) == "" && len(train.ModelDefaults(o.Key)) == 0 && o.Default != nil {
+			c.Set(o.Key, o.Default)
 		}
-		v := optionFlag(o, p)
-		fs.Var(v, o.FlagName(), o.Usage())
+		v := configValue(o, c)
+		fs.Var(v, o.FlagName(), train.OptionUsage(o))
 		for _, a := range o.Aliases {
 			if fs.Lookup(a) == nil {
 				fs.Var(v, a, "the older name of -"+o.FlagName())
@@ -455,5 +253,6 @@ func (g *gridFlags) add(fs *flag.FlagSet, doc gridDocs) {
 	fs.Var(listValue[float64]{&g.densities, parseFraction, "list"}, "density", doc.density)
 	fs.Var(listValue[float64]{&g.gbits, parseGbit, "list"}, "net-bandwidth", doc.bandwidth)
 	g.latency = 50 * time.Microsecond
-	fs.Var(durationFlag{&g.latency}, "net-latency", doc.latency+" (default 50µs)")
+	o, _ := options.Lookup("net_latency")
+	fs.Var(bind(o, &g.latency), "net-latency", doc.latency+" (default 50µs)")
 }

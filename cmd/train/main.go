@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -264,7 +265,7 @@ func reportFlags(stderr io.Writer) *flag.FlagSet {
 	fs.SetOutput(stderr)
 	fs.String("o", "", "HTML file to write (default: compare.html in the folder holding the run directories; RUN_DIR/report.html for one run)")
 	addReportAssetsFlag(fs)
-	fs.Var(finiteFloat{&reportTarget}, "target", "metric value for the time-to-target ranking (0: the best value every run reaches)")
+	fs.Var(bind(options.Option{Key: "target", Kind: options.Float}, &reportTarget), "target", "metric value for the time-to-target ranking (0: the best value every run reaches)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: %s\n\nWrites one HTML page comparing the runs; with one run directory, that run's own page\n(RUN_DIR/report.html unless -o names another file). Flags may come before or after the\nrun directories.\n\nFlags:\n", reportUsage)
 		printFlags(fs.Output(), fs, nil)

@@ -72,12 +72,12 @@ func TestHelpListsFlags(t *testing.T) {
 		}
 	}
 	// Every option a sparsifier declares is a flag whose help comes from the
-	// declaration: the methods, the range and each method's default.
-	for _, p := range sparsify.AllParams() {
-		for _, d := range p.Decls {
-			for _, w := range []string{"-" + p.Flag + " " + p.Kind.String(), d.Method, d.Range(), d.Format(d.Default)} {
+	// declaration: its kind, the methods, its doc and each method's default.
+	for _, m := range sparsify.Methods() {
+		for _, o := range m.Params {
+			for _, w := range []string{"-" + o.FlagName() + " " + o.Kind.String(), m.Name, o.Doc, o.Format(o.Default)} {
 				if !strings.Contains(out.String(), w) {
-					t.Errorf("-help lacks %q of %s's option %s:\n%s", w, d.Method, p.Name, out.String())
+					t.Errorf("-help lacks %q of %s's option %s:\n%s", w, m.Name, o.Key, out.String())
 				}
 			}
 		}

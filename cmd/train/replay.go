@@ -29,7 +29,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		keep[n] = true
 	}
 	tfs.VisitAll(func(f *flag.Flag) {
-		if _, ok := f.Value.(methodFlag); ok {
+		if isMethodFlag(f.Name) {
 			method[f.Name] = true
 			keep[f.Name] = true
 		}

@@ -10,7 +10,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,7 +65,7 @@ func parseWorkers(s string) (int, error) {
 }
 
 func parseFraction(s string) (float64, error) {
-	x, err := parseFinite(s)
+	x, err := parseFloat(s)
 	if err != nil {
 		return 0, err
 	}
@@ -77,7 +76,7 @@ func parseFraction(s string) (float64, error) {
 }
 
 func parseGbit(s string) (float64, error) {
-	x, err := parseFinite(s)
+	x, err := parseFloat(s)
 	if err != nil {
 		return 0, err
 	}
@@ -150,9 +149,7 @@ var sweepOptions = []string{"model", "dataset", "data_dir", "preset", "steps", "
 	"eval_every", "log_every", "max_eval_batches", "device", "blas"}
 
 // copyOption sets the option key of dst to src's.
-func copyOption(dst, src *train.Config, key string) {
-	reflect.ValueOf(dst.Field(key)).Elem().Set(reflect.ValueOf(src.Field(key)).Elem())
-}
+func copyOption(dst, src *train.Config, key string) { dst.Set(key, src.Get(key)) }
 
 // spec builds the sweep's grid from the preset and the flags given.
 func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
@@ -356,10 +353,10 @@ func trainArgs(p sweep.Point, out string) []string {
 		case "model", "gradients", "workers", "net_latency", "net_bandwidth", "out", "resume":
 			continue
 		}
-		if o.Retired != "" || o.Kind == options.Values {
+		if o.Retired != "" || o.Kind == options.ValueMap {
 			continue
 		}
-		if val, ok := optionArg(o, c.Field(o.Key)); ok {
+		if val, ok := optionArg(o, c.Get(o.Key)); ok {
 			a = append(a, "-"+o.FlagName())
 			if val != "" {
 				a = append(a, val)
@@ -368,53 +365,33 @@ func trainArgs(p sweep.Point, out string) []string {
 	}
 	m, _ := sparsify.Lookup(c.Sparsifier)
 	for _, k := range slices.Sorted(maps.Keys(c.MethodOptions)) {
-		if pa, ok := m.Param(k); ok {
-			a = append(a, "-"+pa.Flag, fmt.Sprint(c.MethodOptions[k]))
+		if o, ok := m.Param(k); ok {
+			a = append(a, "-"+o.FlagName(), o.Format(c.MethodOptions[k]))
 		}
 	}
 	return append(a, "-out", out)
 }
 
-// optionArg returns the flag value that gives the option o the value of
-// its configuration field p ("" for a switch that is on), and whether the
-// value needs a flag: not for zero values (unset, empty, false, 0) nor
-// for the default of every model (but the sparsifier, named even when it
-// is dense).
-func optionArg(o options.Option, p any) (string, bool) {
-	var v any
-	switch p := p.(type) {
-	case *string:
-		v = *p
-	case *bool:
-		return "", *p
-	case *int:
-		v = *p
-	case *float64:
-		v = *p / o.Scale()
-	case *time.Duration:
-		v = *p
-	case *[]int:
-		if *p == nil {
-			return "", false
-		}
-		v = *p
-	case *train.Optional[int]:
-		x, set := p.Get()
-		return options.Format(x), set
-	case *train.Optional[float64]:
-		x, set := p.Get()
-		return options.Format(x), set
-	case *train.Optional[uint64]:
-		x, set := p.Get()
-		return options.Format(x), set
-	default:
-		panic(fmt.Sprintf("train: option %s has a field of type %T", o.Key, p))
+// optionArg returns the flag value that gives the option o the value v
+// (c.Get's; "" for a switch that is on), and whether the value needs a
+// flag: not for unset or zero values (but an Optional's zero and an empty
+// list) nor for the default of every model (but the sparsifier, named even
+// when it is dense).
+func optionArg(o options.Option, v any) (string, bool) {
+	switch x := v.(type) {
+	case nil:
+		return "", false
+	case bool:
+		return "", x
 	}
-	text := options.Format(v)
+	text := o.Format(v)
+	if o.Optional {
+		return text, true
+	}
 	if _, list := v.([]int); !list && (text == "" || text == "0" || text == "0s") {
 		return "", false
 	}
-	if len(o.ByModel) == 0 && o.Default != nil && text == options.Format(o.Default) && o.Key != "sparsifier" {
+	if len(train.ModelDefaults(o.Key)) == 0 && o.Default != nil && text == o.Format(o.Default) && o.Key != "sparsifier" {
 		return "", false
 	}
 	return text, true
