@@ -112,5 +112,6 @@ func (s *Stream) sgemm(tA, tB bool, m, n, k int, a device.Buffer, lda int, b dev
 		return cublasOpN
 	}
 	alpha, beta := float32(1), float32(0)
+	counts.launches.Add(1)
 	return cublasError("cublasSgemm", cublas.sgemm(h, op(tB), op(tA), int32(n), int32(m), int32(k), &alpha, b.Addr(), int32(ldb), a.Addr(), int32(lda), &beta, c.Addr(), int32(ldc)))
 }

@@ -139,6 +139,7 @@ func (b *Backend) conv(op ops.Kernel, shapes [][]int, out []int) (engine.Kernel,
 		if err != nil {
 			return err
 		}
+		counts.launches.Add(1)
 		return cudnnError(name, run(s, h, in, out, ws))
 	}}, nil
 }

@@ -248,6 +248,7 @@ func (d *Device) Alloc(dt device.DType, n int) (device.Buffer, error) {
 	defer d.enter()()
 	bytes := uint64(n) * uint64(dt.Size())
 	var p uint64
+	counts.allocs.Add(1)
 	if err := check("cuMemAlloc", drv.cuMemAlloc(&p, bytes)); err != nil {
 		free, total, _ := d.memInfoLocked()
 		return device.Buffer{}, fmt.Errorf("cuda: allocating %d MiB on %v (%d of %d MiB free): %w", bytes>>20, d, free>>20, total>>20, err)
@@ -255,6 +256,7 @@ func (d *Device) Alloc(dt device.DType, n int) (device.Buffer, error) {
 	if err := check("cuMemsetD8Async", drv.cuMemsetD8Async(p, 0, bytes, 0)); err != nil {
 		return device.Buffer{}, err
 	}
+	counts.syncs.Add(1)
 	if err := check("cuStreamSynchronize", drv.cuStreamSynchronize(0)); err != nil {
 		return device.Buffer{}, err
 	}
@@ -275,6 +277,7 @@ func (d *Device) Free(b device.Buffer) error {
 		return fmt.Errorf("cuda: freeing %v on %v", b, d)
 	}
 	defer d.enter()()
+	counts.frees.Add(1)
 	return check("cuMemFree", drv.cuMemFree(uint64(b.Addr())))
 }
 
@@ -319,6 +322,7 @@ func (d *Device) refreshAnchor() error {
 	if err := check("cuEventRecord", drv.cuEventRecord(ev, 0)); err != nil {
 		return err
 	}
+	counts.syncs.Add(1)
 	if err := check("cuEventSynchronize", drv.cuEventSynchronize(ev)); err != nil {
 		return err
 	}
@@ -333,12 +337,16 @@ func (d *Device) refreshAnchor() error {
 	return nil
 }
 
+// anchorAge is the age from which an anchor is refreshed (one host wait):
+// float32 milliseconds keep about a microsecond over 10 s.
+var anchorAge = 10 * time.Second
+
 // currentAnchor returns the anchor, refreshing it when it is old.
 func (d *Device) currentAnchor() *anchor {
 	d.anchorMu.Lock()
 	a := d.anchor
 	d.anchorMu.Unlock()
-	if time.Since(a.host) > 10*time.Second && d.refreshAnchor() == nil {
+	if time.Since(a.host) > anchorAge && d.refreshAnchor() == nil {
 		d.anchorMu.Lock()
 		a = d.anchor
 		d.anchorMu.Unlock()
@@ -388,16 +396,20 @@ func (s *Stream) Copy(dst, src device.Buffer) error {
 	defer s.d.enter()()
 	switch {
 	case dh:
+		counts.dtoh.Add(int64(n))
 		return check("cuMemcpyDtoHAsync", drv.cuMemcpyDtoHAsync(unsafe.Pointer(&dst.HostBytes()[0]), uint64(src.Addr()), n, s.h))
 	case sh:
+		counts.htod.Add(int64(n))
 		return check("cuMemcpyHtoDAsync", drv.cuMemcpyHtoDAsync(uint64(dst.Addr()), unsafe.Pointer(&src.HostBytes()[0]), n, s.h))
 	}
+	counts.launches.Add(1)
 	return check("cuMemcpyDtoDAsync", drv.cuMemcpyDtoDAsync(uint64(dst.Addr()), uint64(src.Addr()), n, s.h))
 }
 
 // Synchronize implements device.Stream.
 func (s *Stream) Synchronize() error {
 	defer s.d.enter()()
+	counts.syncs.Add(1)
 	return check("cuStreamSynchronize", drv.cuStreamSynchronize(s.h))
 }
 
@@ -457,6 +469,7 @@ type Event struct {
 // Synchronize implements device.Event.
 func (e *Event) Synchronize() error {
 	defer e.d.enter()()
+	counts.syncs.Add(1)
 	return check("cuEventSynchronize", drv.cuEventSynchronize(e.h))
 }
 

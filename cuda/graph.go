@@ -60,6 +60,8 @@ func (s *Stream) Capture(f func() error) (engine.Replay, error) {
 // Launch implements engine.Replay.
 func (g *graph) Launch() error {
 	defer g.s.d.enter()()
+	counts.launches.Add(1)
+	counts.graphs.Add(1)
 	return check("cuGraphLaunch", drv.cuGraphLaunch(g.exec, g.s.h))
 }
 

@@ -124,6 +124,7 @@ func (s *Stream) fill32(x device.Buffer, bits uint32) error {
 		return nil
 	}
 	defer s.d.enter()()
+	counts.launches.Add(1)
 	return check("cuMemsetD32Async", drv.cuMemsetD32Async(uint64(x.Addr()), bits, uint64(x.Bytes()/4), s.h))
 }
 

@@ -118,6 +118,7 @@ func (l *launch) run(name string, grid int) error {
 	var pin runtime.Pinner
 	pin.Pin(s)
 	defer pin.Unpin()
+	counts.launches.Add(1)
 	return check("cuLaunchKernel "+name, drv.cuLaunchKernel(f, uint32(max(grid, 1)), 1, 1, blockSize, 1, 1, 0, s.h, unsafe.Pointer(&s.ptrs[0]), nil))
 }
 

@@ -303,6 +303,7 @@ func (c *NCCL) start(what string, f func() int32) error {
 		return c.aborted
 	}
 	defer c.d.enter()()
+	counts.launches.Add(1)
 	if err := ncclCheck(what, f()); err != nil {
 		return c.abort(err)
 	}
@@ -318,6 +319,7 @@ func (c *NCCL) waitEvent(ctx context.Context, what string, ev uintptr) error {
 	if c.aborted != nil {
 		return c.aborted
 	}
+	counts.syncs.Add(1)
 	pause := 2 * time.Microsecond
 	for {
 		r, async := c.query(ev)
