@@ -554,6 +554,69 @@ extern "C" __global__ void k_add(float* y, const float* x, i64 n) {
     GRID_STRIDE(i, n) { y[i] += x[i]; }
 }
 
+// ---- dropout masks (math/rand/v2's PCG, as package models draws them) ------
+
+// A 128-bit unsigned integer; arithmetic wraps.
+struct u128 {
+    u64 hi, lo;
+};
+
+__device__ __forceinline__ u128 mul128(u128 a, u128 b) {
+    u128 r;
+    r.lo = a.lo * b.lo;
+    r.hi = __umul64hi(a.lo, b.lo) + a.hi * b.lo + a.lo * b.hi;
+    return r;
+}
+
+__device__ __forceinline__ u128 add128(u128 a, u128 b) {
+    u128 r;
+    r.lo = a.lo + b.lo;
+    r.hi = a.hi + b.hi + (r.lo < a.lo ? 1 : 0);
+    return r;
+}
+
+// pcg_jump sets (*A, *C) to the map of n steps of the PCG's LCG
+// s <- a*s + c: s <- A*s + C (models.pcgJump).
+__device__ void pcg_jump(u64 n, u128* A, u128* C) {
+    u128 mul = {2549297995355413924ull, 4865540595714422341ull};
+    u128 inc = {6364136223846793005ull, 1442695040888963407ull};
+    u128 am = {0, 1}, ai = {0, 0};
+    u128 one = {0, 1};
+    for (; n > 0; n >>= 1) {
+        if (n & 1) {
+            am = mul128(am, mul);
+            ai = add128(mul128(ai, mul), inc);
+        }
+        inc = mul128(add128(mul, one), inc);
+        mul = mul128(mul, mul);
+    }
+    *A = am;
+    *C = ai;
+}
+
+// m[i] = 0 where the low 53 bits of the PCG's (i+1)-th output from state
+// (hi, lo) are below thr, else keep: the mask models.dropoutRNG.mask
+// draws on the CPU (Float64() < p, in integers). Each thread jumps to its
+// first element, then strides by the grid.
+extern "C" __global__ void k_dropout(float* m, i64 n, i64 hi, i64 lo, i64 thr, float keep) {
+    i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (first >= n) return;
+    u128 A, C, SA, SC;
+    pcg_jump((u64)first + 1, &A, &C);
+    pcg_jump((u64)blockDim.x * gridDim.x, &SA, &SC);
+    u128 s0 = {(u64)hi, (u64)lo};
+    u128 s = add128(mul128(A, s0), C);
+    for (i64 i = first; i < n; i += (i64)blockDim.x * gridDim.x) {
+        u64 x = s.hi; // DXSM output of the advanced state
+        x ^= x >> 32;
+        x *= 0xda942042e4dd58b5ull;
+        x ^= x >> 48;
+        x *= (s.lo | 1);
+        m[i] = (x & ((1ull << 53) - 1)) < (u64)thr ? 0.0f : keep;
+        s = add128(mul128(SA, s), SC);
+    }
+}
+
 // ---- sparsification -------------------------------------------------------
 //
 // Selection by magnitude works on keys: the IEEE-754 bits of |v| (the sign
