@@ -281,6 +281,22 @@ func (d *Device) Free(b device.Buffer) error {
 	return check("cuMemFree", drv.cuMemFree(uint64(b.Addr())))
 }
 
+// AllocPinned implements comm.PinnedHost: n bytes of page-locked host
+// memory, which the GPU's streams copy to and from asynchronously. It is
+// never freed: it is for pools the process keeps (staging).
+func (d *Device) AllocPinned(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("cuda: AllocPinned(%d)", n)
+	}
+	defer d.enter()()
+	var p unsafe.Pointer
+	counts.pinned.Add(1)
+	if err := check("cuMemAllocHost", drv.cuMemAllocHost(&p, uint64(n))); err != nil {
+		return nil, fmt.Errorf("cuda: %d MiB of page-locked host memory: %w", n>>20, err)
+	}
+	return unsafe.Slice((*byte)(p), n), nil
+}
+
 // Stream implements device.Device.
 func (d *Device) Stream() device.Stream { return d.def }
 
@@ -471,6 +487,13 @@ func (e *Event) Synchronize() error {
 	defer e.d.enter()()
 	counts.syncs.Add(1)
 	return check("cuEventSynchronize", drv.cuEventSynchronize(e.h))
+}
+
+// Done reports whether the work before the event has completed, without
+// waiting (an error counts as done: the next wait reports it).
+func (e *Event) Done() bool {
+	defer e.d.enter()()
+	return drv.cuEventQuery(e.h) != errNotReady
 }
 
 // Time implements device.Event: the anchor's host time plus the device

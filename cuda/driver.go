@@ -29,6 +29,7 @@ var drv struct {
 	cuMemAlloc                func(ptr *uint64, bytes uint64) cuResult
 	cuMemFree                 func(ptr uint64) cuResult
 	cuMemGetInfo              func(free, total *uint64) cuResult
+	cuMemAllocHost            func(p *unsafe.Pointer, bytes uint64) cuResult
 	cuMemcpyHtoDAsync         func(dst uint64, src unsafe.Pointer, bytes uint64, s uintptr) cuResult
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uint64, bytes uint64, s uintptr) cuResult
 	cuMemcpyDtoDAsync         func(dst, src uint64, bytes uint64, s uintptr) cuResult
@@ -100,6 +101,7 @@ func loadDriver() error {
 			"cuMemAlloc_v2":                &drv.cuMemAlloc,
 			"cuMemFree_v2":                 &drv.cuMemFree,
 			"cuMemGetInfo_v2":              &drv.cuMemGetInfo,
+			"cuMemAllocHost_v2":            &drv.cuMemAllocHost,
 			"cuMemcpyHtoDAsync_v2":         &drv.cuMemcpyHtoDAsync,
 			"cuMemcpyDtoHAsync_v2":         &drv.cuMemcpyDtoHAsync,
 			"cuMemcpyDtoDAsync_v2":         &drv.cuMemcpyDtoDAsync,

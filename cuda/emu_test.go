@@ -182,6 +182,8 @@ type emu struct {
 	// the stream), not when it is issued, as with pinned memory; a host
 	// buffer reused before then uploads its new contents.
 	uploads map[uintptr][]func()
+	// pinned is the page-locked host memory handed out (never freed).
+	pinned [][]byte
 
 	// Work that completes later (the fake NCCL's transfers): per stream,
 	// and what each recorded event waits for.
@@ -419,6 +421,14 @@ func installFakes(e *emu) {
 			return ok
 		}
 		drv.cuMemFree = func(p uint64) cuResult { e.must(2, 0, p); return ok }
+		drv.cuMemAllocHost = func(p *unsafe.Pointer, n uint64) cuResult {
+			b := make([]byte, n)
+			e.mu.Lock()
+			e.pinned = append(e.pinned, b) // kept, as page-locked memory is
+			e.mu.Unlock()
+			*p = unsafe.Pointer(&b[0])
+			return ok
+		}
 		drv.cuMemGetInfo = func(f, t *uint64) cuResult { *f, *t = 7<<30, 8<<30; return ok }
 		// Copies from or to pageable host memory cannot be captured.
 		drv.cuMemcpyHtoDAsync = func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) cuResult {

@@ -554,6 +554,42 @@ extern "C" __global__ void k_add(float* y, const float* x, i64 n) {
     GRID_STRIDE(i, n) { y[i] += x[i]; }
 }
 
+// ---- in-process collectives (comm/local's device path) -------------------
+
+// peer_sum adds chunk [lo, lo+n) of the m buffers p[0..m) element by
+// element, left to right in the order given (comm's canonical order, the
+// order comm/local adds in on the host: the same bits), and stores the sum
+// into out[0..n) or, where out is null, back into every one of the m
+// buffers (an all-reduce's chunk, in place: each element is read from all
+// of them before it is written).
+template <typename T>
+__device__ void peer_sum(T* out, i64 lo, i64 n, int m, T* const* p) {
+    GRID_STRIDE(i, n) {
+        T acc = p[0][lo + i];
+        for (int k = 1; k < m; k++) acc += p[k][lo + i];
+        if (out) {
+            out[i] = acc;
+        } else {
+            for (int k = 0; k < m; k++) p[k][lo + i] = acc;
+        }
+    }
+}
+
+extern "C" __global__ void k_peer_sum_f32(float* out, i64 lo, i64 n, int m, float* p0, float* p1, float* p2, float* p3, float* p4, float* p5, float* p6, float* p7, float* p8, float* p9, float* p10, float* p11, float* p12, float* p13, float* p14, float* p15) {
+    float* p[16] = {p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15};
+    peer_sum(out, lo, n, m, p);
+}
+
+extern "C" __global__ void k_peer_sum_i32(int* out, i64 lo, i64 n, int m, int* p0, int* p1, int* p2, int* p3, int* p4, int* p5, int* p6, int* p7, int* p8, int* p9, int* p10, int* p11, int* p12, int* p13, int* p14, int* p15) {
+    int* p[16] = {p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15};
+    peer_sum(out, lo, n, m, p);
+}
+
+extern "C" __global__ void k_peer_sum_i64(i64* out, i64 lo, i64 n, int m, i64* p0, i64* p1, i64* p2, i64* p3, i64* p4, i64* p5, i64* p6, i64* p7, i64* p8, i64* p9, i64* p10, i64* p11, i64* p12, i64* p13, i64* p14, i64* p15) {
+    i64* p[16] = {p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15};
+    peer_sum(out, lo, n, m, p);
+}
+
 // ---- dropout masks (math/rand/v2's PCG, as package models draws them) ------
 
 // A 128-bit unsigned integer; arithmetic wraps.
