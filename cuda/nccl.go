@@ -365,7 +365,8 @@ func (c *NCCL) abort(cause error) error {
 }
 
 // xfer is one transfer, checked and ready to issue: f issues it (the
-// device's context current); n is what a request's Wait returns.
+// device's context current; nil where there is nothing to issue, as for a
+// one-rank all-reduce); n is what a request's Wait returns.
 type xfer struct {
 	what string
 	f    func() int32
@@ -416,9 +417,10 @@ func (c *NCCL) bufs(what string, bs ...comm.Buffer) ([]device.Buffer, int32, err
 
 func addr(b device.Buffer) uint64 { return uint64(b.Addr()) }
 
-// run issues x and waits for it (nothing for a nil x).
+// run issues x and waits for it (nothing for a nil x or one without a
+// call).
 func (c *NCCL) run(ctx context.Context, x *xfer, err error) error {
-	if err != nil || x == nil {
+	if err != nil || x == nil || x.f == nil {
 		return err
 	}
 	return c.call(ctx, x.what, x.f)
@@ -429,7 +431,7 @@ func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if x != nil {
+	if x != nil && x.f != nil {
 		if err := c.start(x.what, x.f); err != nil {
 			return nil, err
 		}
@@ -468,6 +470,9 @@ func (c *NCCL) allReduce(buf comm.Buffer) (*xfer, error) {
 	b, dt, err := c.bufs("AllReduce", buf)
 	if err != nil || b[0].Len() == 0 {
 		return nil, err
+	}
+	if c.size == 1 { // one rank's sum is its buffer: no call
+		return &xfer{what: "AllReduce", n: b[0].Len()}, nil
 	}
 	return &xfer{"ncclAllReduce", func() int32 {
 		return nccl.allReduce(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, ncclSum, c.h, c.s.h)
