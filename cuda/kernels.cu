@@ -877,26 +877,36 @@ extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float s
 // never straddling a segment), one block per piece, added exactly as the
 // CPU does (package sparsify's sumSquares): element i of the piece into
 // partial sum i mod 4, the last (len mod 4) elements into sum 0, combined
-// as (s0+s1)+(s2+s3). Four threads run the four chains.
+// as (s0+s1)+(s2+s3). All 256 threads load; four run the chains.
 extern "C" __global__ void k_piece_sumsq(const float* x, const i64* lo, double* part) {
+    // Every thread loads and squares one element of each tile of 256 (a
+    // multiple of 4, so element i of the piece stays in chain i mod 4);
+    // the four chains then add their tile's squares in order from shared
+    // memory: the CPU's additions, with the loads coalesced.
+    __shared__ double sq[256];
     __shared__ double s[4];
     i64 a = lo[blockIdx.x], b = lo[blockIdx.x + 1];
     i64 len = b - a, main = len - len % 4;
     int t = threadIdx.x;
-    if (t < 4) {
-        double acc = 0.0;
-        for (i64 i = t; i < main; i += 4) {
+    double acc = 0.0;
+    for (i64 base = 0; base < main; base += 256) {
+        i64 i = base + t;
+        double v = i < main ? (double)x[a + i] : 0.0;
+        sq[t] = v * v;
+        __syncthreads();
+        if (t < 4) {
+            int m = (int)(main - base < 256 ? main - base : 256);
+            for (int k = t; k < m; k += 4) acc += sq[k];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        for (i64 i = main; i < len; i++) {
             double v = x[a + i];
             acc += v * v;
         }
-        if (t == 0) {
-            for (i64 i = main; i < len; i++) {
-                double v = x[a + i];
-                acc += v * v;
-            }
-        }
-        s[t] = acc;
     }
+    if (t < 4) s[t] = acc;
     __syncthreads();
     if (t == 0) part[blockIdx.x] = (s[0] + s[1]) + (s[2] + s[3]);
 }
