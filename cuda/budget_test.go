@@ -133,8 +133,8 @@ func (p perStep) row(c budgetCase) string {
 // GPU path — kernel launches, host synchronisations, bytes each way,
 // device allocations and frees — per worker and step after the first two,
 // and holds each model and method to its budget. The table it logs is
-// docs/bench/gpu-budget.md's. -short leaves ResNet-18 out (a step of it
-// takes seconds on the emulator).
+// docs/bench/gpu-budget.md's. -short measures NCF only (a step of the
+// LSTM or ResNet-18 takes seconds on the emulator).
 func TestStepBudgets(t *testing.T) {
 	gpu(t)
 	cuda.KeepAnchor(t)
@@ -153,7 +153,7 @@ func TestStepBudgets(t *testing.T) {
 	}
 	var rows []string
 	for _, c := range cases {
-		if testing.Short() && c.model == "resnet18" {
+		if testing.Short() && c.model != "ncf" {
 			continue
 		}
 		t.Run(fmt.Sprintf("%s-%s-%d", c.model, c.method, c.workers), func(t *testing.T) {

@@ -23,3 +23,15 @@ func KeepAnchor(t testing.TB) {
 	anchorAge = 1 << 62
 	t.Cleanup(func() { anchorAge = old })
 }
+
+// EmulateFreeMemory makes the emulated GPUs report free bytes of free
+// memory until t ends and reports whether the tests run on the emulator.
+func EmulateFreeMemory(t testing.TB, free uint64) bool {
+	if !emulated {
+		return false
+	}
+	old := emuFree
+	emuFree = free
+	t.Cleanup(func() { emuFree = old })
+	return true
+}

@@ -59,6 +59,14 @@ type Replay interface {
 	Close() error
 }
 
+// Holder is implemented by streams that the goroutine issuing a burst of
+// work may hold meanwhile (cuda.Stream: its OS thread locked with the
+// device's context current, so that each launch costs the driver call
+// only); an executor holds its stream while it runs a program.
+type Holder interface {
+	Hold() (release func())
+}
+
 // ErrNoCapture is returned by a Capturer that does not capture (disabled);
 // the executor then issues every kernel of every run itself.
 var ErrNoCapture = errors.New("engine: capture not available")
@@ -536,6 +544,9 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	if err := e.prepare(ctx, b); err != nil {
 		return Timing{}, err
 	}
+	if h, ok := e.stream.(Holder); ok {
+		defer h.Hold()()
+	}
 	is := &e.eager
 	if c, ok := e.stream.(Capturer); ok && !e.noCapture {
 		if e.replay == nil && e.warm {
@@ -619,6 +630,9 @@ func (e *Executor) Profile(ctx context.Context, b Bindings) ([]OpTime, error) {
 		return nil, err
 	}
 	p, s := e.p, e.stream
+	if h, ok := s.(Holder); ok {
+		defer h.Hold()()
+	}
 	evs := make([]device.Event, len(e.kernels)+1)
 	var err error
 	if evs[0], err = s.Record(); err != nil {

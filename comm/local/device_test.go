@@ -62,7 +62,6 @@ func (d *fakeDev) f32s(b device.Buffer) []float32 {
 	}
 	return unsafe.Slice((*float32)(unsafe.Pointer(&m[0])), b.Len())
 }
-func (d *fakeDev) hostOf(b device.Buffer) []byte { return d.bytes(b) }
 func (d *fakeDev) upload(x []float32) device.Buffer {
 	b, _ := d.Alloc(device.Float32, len(x))
 	copy(d.f32s(b), x)
