@@ -2,7 +2,9 @@ package comm
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -51,49 +53,229 @@ func onDevice(b Buffer) (Device, bool) {
 	return d, ok && d.Buf.Len() > 0 && !d.Buf.IsHost()
 }
 
+// InDeviceMemory returns b as a Device buffer when it is one in device (not
+// host) memory and not empty.
+func InDeviceMemory(b Buffer) (Device, bool) { return onDevice(b) }
+
+// PeerDevice is implemented by devices whose memory the in-process ranks
+// sharing them reduce directly (cuda.Device): comm/local's collectives on
+// Device buffers all of one such device add on the device, in the
+// canonical order, and gather by device-to-device copies; nothing crosses
+// the host and the host waits for nothing.
+type PeerDevice interface {
+	device.Device
+	// MaxPeers is the most buffers one PeerSum adds.
+	MaxPeers() int
+	// PeerSum adds, on stream s, elements [lo, lo+n) of bufs element by
+	// element, left to right in the order given (bit for bit the host's
+	// additions in that order), and stores the sums into out[0, n) or,
+	// where out is empty, back into elements [lo, lo+n) of every one of
+	// bufs.
+	PeerSum(s device.Stream, bufs []device.Buffer, lo, n int, out device.Buffer) error
+}
+
+// PinnedHost is implemented by devices that allocate page-locked host
+// memory (cuda.Device): their streams copy to and from it asynchronously,
+// at the bus's speed. Staging through host memory uses it where the
+// device has it.
+type PinnedHost interface {
+	// AllocPinned returns n bytes of page-locked host memory, kept for
+	// the life of the process.
+	AllocPinned(n int) ([]byte, error)
+}
+
+// DeviceMover is implemented by communicators whose collective calls take
+// Device buffers in device memory themselves (comm/local): Staged passes
+// those calls through and stages only point-to-point messages.
+type DeviceMover interface {
+	// MovesDevice reports whether the collective calls take Device
+	// buffers in device memory.
+	MovesDevice() bool
+}
+
 // Staged returns c, a communicator of host memory, made to take Device
 // buffers in device memory too: each call copies them into host memory
 // (on their stream, which it then synchronizes), runs c's call on the
-// copies, and copies the results back (on the same stream). Sums are then
-// c's, bit for bit (the canonical order of the package documentation).
-// Host buffers pass through untouched.
+// copies, and copies the results back (on the same stream, without
+// waiting: the host memory is reused once that copy is done). Sums are
+// then c's, bit for bit (the canonical order of the package
+// documentation). Host buffers pass through untouched. The host memory is
+// page-locked where the buffers' device allocates it (PinnedHost), from a
+// pool the process keeps.
 //
-// This is how device buffers travel over MPI (and in-process) when NCCL
-// cannot be used; every byte crosses the host twice.
-func Staged(c Communicator) Communicator { return &staged{c: c} }
+// This is how device buffers travel over MPI without CUDA-aware transport;
+// every byte crosses the host twice. Where c is a DeviceMover (comm/local),
+// its collective calls get the Device buffers themselves.
+func Staged(c Communicator) Communicator {
+	m, ok := c.(DeviceMover)
+	return &staged{c: c, collectives: ok && m.MovesDevice()}
+}
 
 type staged struct {
-	c    Communicator
+	c Communicator
+	// collectives: c's collective calls take device buffers themselves.
+	collectives bool
+}
+
+// hostBlock is a block of staging memory.
+type hostBlock struct {
+	mem []byte
+	// busy is the copy that last read mem (nil: none pending).
+	busy device.Event
+}
+
+// stagePool is the process's staging memory, shared by every Staged
+// communicator and comm/local's staging: blocks are taken for one buffer
+// of one call and given back with the copy still reading them.
+var stagePool struct {
 	mu   sync.Mutex
-	pool [][]byte
+	free []*hostBlock
 }
 
-// stage is one buffer argument of a call.
-type stage struct {
-	dev  Device
-	host Buffer // what the inner communicator gets
-	mem  []byte // pooled host memory of host (nil when b needed none)
+// eventDone reports whether ev has completed, without waiting where the
+// event can say so (cuda.Event's Done).
+func eventDone(ev device.Event) bool {
+	if ev == nil {
+		return true
+	}
+	if q, ok := ev.(interface{ Done() bool }); ok {
+		return q.Done()
+	}
+	return false
 }
 
-func (s *staged) get(n int) []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, b := range s.pool {
-		if cap(b) >= n {
-			s.pool = append(s.pool[:i], s.pool[i+1:]...)
-			return b[:n]
+// getBlock returns a block of at least n bytes: a free one whose copies
+// are done where there is one (else the smallest that fits, waited for),
+// else a new one, page-locked where dev allocates that.
+func getBlock(n int, dev device.Device) (*hostBlock, error) {
+	stagePool.mu.Lock()
+	best := -1
+	for i, b := range stagePool.free {
+		if cap(b.mem) < n {
+			continue
+		}
+		if best < 0 || (eventDone(b.busy) && !eventDone(stagePool.free[best].busy)) ||
+			(eventDone(b.busy) == eventDone(stagePool.free[best].busy) && cap(b.mem) < cap(stagePool.free[best].mem)) {
+			best = i
 		}
 	}
-	return make([]byte, n)
+	if best >= 0 {
+		b := stagePool.free[best]
+		stagePool.free = slices.Delete(stagePool.free, best, best+1)
+		stagePool.mu.Unlock()
+		if b.busy != nil {
+			if err := b.busy.Synchronize(); err != nil {
+				return nil, err
+			}
+			b.busy = nil
+		}
+		return b, nil
+	}
+	stagePool.mu.Unlock()
+	size := 4096
+	for size < n {
+		size *= 2
+	}
+	if p, ok := dev.(PinnedHost); ok {
+		mem, err := p.AllocPinned(size)
+		if err != nil {
+			return nil, fmt.Errorf("comm: staging memory for %d bytes: %w", n, err)
+		}
+		return &hostBlock{mem: mem}, nil
+	}
+	return &hostBlock{mem: make([]byte, size)}, nil
 }
 
-func (s *staged) put(b []byte) {
+// putBlock gives b back; busy is the copy still reading it (nil: none).
+func putBlock(b *hostBlock, busy device.Event) {
 	if b == nil {
 		return
 	}
-	s.mu.Lock()
-	s.pool = append(s.pool, b)
-	s.mu.Unlock()
+	b.busy = busy
+	stagePool.mu.Lock()
+	stagePool.free = append(stagePool.free, b)
+	stagePool.mu.Unlock()
+}
+
+// Stage is a Device buffer staged through host memory for a host
+// communicator: Host is its host copy.
+type Stage struct {
+	dev  Device
+	s    device.Stream
+	host Buffer
+	blk  *hostBlock
+}
+
+// StageBuffer stages b, a Device buffer in device memory, for a call of a
+// host communicator: its copies run on stream s (nil: b's own stream);
+// with load, its contents are copied to the host first (s is then
+// synchronized).
+func StageBuffer(b Device, s device.Stream, load bool) (*Stage, error) {
+	if s == nil {
+		s = b.Stream
+	}
+	if s == nil {
+		return nil, fmt.Errorf("comm: staging %v: no stream", b.Buf)
+	}
+	blk, err := getBlock(b.Buf.Bytes(), b.Buf.Device())
+	if err != nil {
+		return nil, err
+	}
+	h, err := hostView(blk.mem, b.DType(), b.Len())
+	if err != nil {
+		putBlock(blk, nil)
+		return nil, err
+	}
+	st := &Stage{dev: b, s: s, host: h, blk: blk}
+	if load {
+		if err := s.Copy(asDevice(h), b.Buf); err != nil {
+			st.Release()
+			return nil, fmt.Errorf("comm: copying %v to the host: %w", b.Buf, err)
+		}
+		if err := s.Synchronize(); err != nil {
+			st.Release()
+			return nil, fmt.Errorf("comm: copying %v to the host: %w", b.Buf, err)
+		}
+	}
+	return st, nil
+}
+
+// Host is the staged buffer's host copy.
+func (st *Stage) Host() Buffer { return st.host }
+
+// CopyBack copies the first n elements of the host copy back into the
+// device buffer, on the stage's stream, and releases the host memory once
+// that copy is done (the host does not wait). It returns the event of the
+// copy (nil for n = 0).
+func (st *Stage) CopyBack(n int) (device.Event, error) {
+	if n == 0 {
+		st.Release()
+		return nil, nil
+	}
+	if err := st.s.Copy(st.dev.Buf.Slice(0, n), asDevice(st.host).Slice(0, n)); err != nil {
+		st.Release()
+		return nil, fmt.Errorf("comm: copying the result to %v: %w", st.dev.Buf, err)
+	}
+	ev, err := st.s.Record()
+	if err != nil {
+		// Without an event the memory goes back only once the copy is
+		// known to be done.
+		err = errors.Join(err, st.s.Synchronize())
+		st.Release()
+		return nil, fmt.Errorf("comm: copying the result to %v: %w", st.dev.Buf, err)
+	}
+	putBlock(st.blk, ev)
+	st.blk = nil
+	return ev, nil
+}
+
+// Release gives the host memory back without copying anything (no copy of
+// it may be pending).
+func (st *Stage) Release() {
+	if st != nil && st.blk != nil {
+		putBlock(st.blk, nil)
+		st.blk = nil
+	}
 }
 
 // hostView returns mem as a host Buffer of dt with n elements.
@@ -130,52 +312,34 @@ func asDevice(b Buffer) device.Buffer {
 	return b.(Device).Buf
 }
 
+// stage is one buffer argument of a call.
+type stage struct {
+	host Buffer // what the inner communicator gets
+	st   *Stage // nil when the buffer needed none
+}
+
 // in stages b; with load its contents are copied to the host first.
 func (s *staged) in(b Buffer, load bool) (stage, error) {
 	d, ok := onDevice(b)
 	if !ok {
 		return stage{host: b}, nil
 	}
-	if d.Stream == nil {
-		return stage{}, fmt.Errorf("comm: Staged: %v has no stream", d.Buf)
-	}
-	mem := s.get(d.Buf.Bytes())
-	h, err := hostView(mem, d.DType(), d.Len())
+	st, err := StageBuffer(d, nil, load)
 	if err != nil {
-		s.put(mem)
-		return stage{}, err
+		return stage{}, fmt.Errorf("comm: Staged: %w", err)
 	}
-	st := stage{dev: d, host: h, mem: mem}
-	if load {
-		if err := d.Stream.Copy(asDevice(h), d.Buf); err != nil {
-			s.put(mem)
-			return stage{}, fmt.Errorf("comm: Staged: copying %v to the host: %w", d.Buf, err)
-		}
-		if err := d.Stream.Synchronize(); err != nil {
-			s.put(mem)
-			return stage{}, fmt.Errorf("comm: Staged: copying %v to the host: %w", d.Buf, err)
-		}
-	}
-	return st, nil
+	return stage{host: st.Host(), st: st}, nil
 }
 
 // out copies the first n elements of a staged result back and releases
-// the memory.
+// the memory (once the copy is done).
 func (s *staged) out(st stage, n int) error {
-	if st.mem == nil {
+	if st.st == nil {
 		return nil
 	}
-	defer s.put(st.mem)
-	if n == 0 {
-		return nil
-	}
-	if err := st.dev.Stream.Copy(st.dev.Buf.Slice(0, n), asDevice(st.host).Slice(0, n)); err != nil {
-		return fmt.Errorf("comm: Staged: copying the result to %v: %w", st.dev.Buf, err)
-	}
-	// The copy may read the host memory after it is issued: the memory
-	// goes back to the pool (and to the next call) only once it is done.
-	if err := st.dev.Stream.Synchronize(); err != nil {
-		return fmt.Errorf("comm: Staged: copying the result to %v: %w", st.dev.Buf, err)
+	_, err := st.st.CopyBack(n)
+	if err != nil {
+		return fmt.Errorf("comm: Staged: %w", err)
 	}
 	return nil
 }
@@ -183,7 +347,7 @@ func (s *staged) out(st stage, n int) error {
 // release returns staged memory without copying anything back.
 func (s *staged) release(sts ...stage) {
 	for _, st := range sts {
-		s.put(st.mem)
+		st.st.Release()
 	}
 }
 
@@ -223,22 +387,37 @@ func (s *staged) sendRecv(send, recv Buffer, f func(send, recv Buffer) error) er
 }
 
 func (s *staged) AllReduce(ctx context.Context, buf Buffer) error {
+	if s.collectives {
+		return s.c.AllReduce(ctx, buf)
+	}
 	return s.inOut(buf, func(b Buffer) error { return s.c.AllReduce(ctx, b) })
 }
 
 func (s *staged) AllGather(ctx context.Context, send, recv Buffer) error {
+	if s.collectives {
+		return s.c.AllGather(ctx, send, recv)
+	}
 	return s.sendRecv(send, recv, func(a, b Buffer) error { return s.c.AllGather(ctx, a, b) })
 }
 
 func (s *staged) AllGatherV(ctx context.Context, send, recv Buffer, counts []int) error {
+	if s.collectives {
+		return s.c.AllGatherV(ctx, send, recv, counts)
+	}
 	return s.sendRecv(send, recv, func(a, b Buffer) error { return s.c.AllGatherV(ctx, a, b, counts) })
 }
 
 func (s *staged) Broadcast(ctx context.Context, buf Buffer, root int) error {
+	if s.collectives {
+		return s.c.Broadcast(ctx, buf, root)
+	}
 	return s.inOut(buf, func(b Buffer) error { return s.c.Broadcast(ctx, b, root) })
 }
 
 func (s *staged) ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error {
+	if s.collectives {
+		return s.c.ReduceScatter(ctx, send, recv, counts)
+	}
 	return s.sendRecv(send, recv, func(a, b Buffer) error { return s.c.ReduceScatter(ctx, a, b, counts) })
 }
 
@@ -310,6 +489,9 @@ func (r *stagedRequest) Wait(ctx context.Context) (int, error) {
 }
 
 func (s *staged) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
+	if s.collectives {
+		return s.c.IAllReduce(ctx, buf)
+	}
 	st, err := s.in(buf, true)
 	if err != nil {
 		return nil, err
@@ -342,10 +524,16 @@ func (s *staged) istart(send, recv Buffer, start func(a, b Buffer) (Request, err
 }
 
 func (s *staged) IAllGather(ctx context.Context, send, recv Buffer) (Request, error) {
+	if s.collectives {
+		return s.c.IAllGather(ctx, send, recv)
+	}
 	return s.istart(send, recv, func(a, b Buffer) (Request, error) { return s.c.IAllGather(ctx, a, b) })
 }
 
 func (s *staged) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
+	if s.collectives {
+		return s.c.IAllGatherV(ctx, send, recv, counts)
+	}
 	return s.istart(send, recv, func(a, b Buffer) (Request, error) { return s.c.IAllGatherV(ctx, a, b, counts) })
 }
 

@@ -1,8 +1,10 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
@@ -17,6 +19,33 @@ import (
 type Backend struct {
 	d *Device
 	s *Stream
+
+	descMu sync.Mutex
+	descs  []convDescs // the cuDNN descriptors of the convolutions prepared
+}
+
+// Close destroys the cuDNN descriptors of the backend's convolutions and
+// its stream (with the stream's library handles): the programs prepared
+// through it must not run afterwards.
+func (b *Backend) Close() error {
+	b.descMu.Lock()
+	descs := b.descs
+	b.descs = nil
+	b.descMu.Unlock()
+	var errs []error
+	if len(descs) > 0 {
+		unlock, err := b.d.enter()
+		if err != nil {
+			return err
+		}
+		for _, cd := range descs {
+			errs = append(errs, cudnnError("cudnnDestroyTensorDescriptor", cudnn.destroyTensor(cd.x)), cudnnError("cudnnDestroyTensorDescriptor", cudnn.destroyTensor(cd.y)),
+				cudnnError("cudnnDestroyFilterDescriptor", cudnn.destroyFilter(cd.w)), cudnnError("cudnnDestroyConvolutionDescriptor", cudnn.destroyConv(cd.conv)))
+		}
+		unlock()
+	}
+	errs = append(errs, b.s.Close())
+	return errors.Join(errs...)
 }
 
 var _ engine.Backend = (*Backend)(nil)
@@ -29,7 +58,10 @@ func NewBackend(d *Device) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	unlock := d.enter()
+	unlock, err := d.enter()
+	if err != nil {
+		return nil, err
+	}
 	_, err = s.blasHandle()
 	unlock()
 	if err != nil {
@@ -73,30 +105,36 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 	}
 	switch op := in.Op.(type) {
 	case ops.Binary:
+		kBinary := b.d.kernel("k_binary")
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().i32(int(op.Op)).buf(x[0]).buf(x[1]).buf(y).i64(n).flag(op.ScalarA).flag(op.ScalarB).runN("k_binary", n)
+			return s.args().i32(int(op.Op)).buf(x[0]).buf(x[1]).buf(y).i64(n).flag(op.ScalarA).flag(op.ScalarB).launchN(kBinary, n)
 		})
 	case ops.Unary:
+		kUnary := b.d.kernel("k_unary")
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().i32(int(op.Fn)).buf(x[0]).buf(y).i64(n).runN("k_unary", n)
+			return s.args().i32(int(op.Fn)).buf(x[0]).buf(y).i64(n).launchN(kUnary, n)
 		})
 	case ops.AddReLU:
+		kAddRelu := b.d.kernel("k_add_relu")
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).runN("k_add_relu", n)
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).launchN(kAddRelu, n)
 		})
 	case ops.ReLUGrad:
+		kReluGrad := b.d.kernel("k_relu_grad")
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).runN("k_relu_grad", n)
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).launchN(kReluGrad, n)
 		})
 	case ops.LSTMCell:
+		kLstmCell := b.d.kernel("k_lstm_cell")
 		B, H := shapes[2][0], shapes[2][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).runN("k_lstm_cell", B*H)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).launchN(kLstmCell, B*H)
 		})
 	case ops.LSTMCellGrad:
+		kLstmCellGrad := b.d.kernel("k_lstm_cell_grad")
 		B, H := shapes[1][0], shapes[1][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).runN("k_lstm_cell_grad", B*H)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).launchN(kLstmCellGrad, B*H)
 		})
 	case ops.MatMul:
 		a, bs := shapes[0], shapes[1]
@@ -122,24 +160,28 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 			return s.sgemm(true, false, m, kk, nr, x[1], m, x[0], kk, y, kk)
 		})
 	case ops.Broadcast:
+		kBroadcast := b.d.kernel("k_broadcast")
 		outer, reps, inner := ops.SplitAxis(oshape, op.Axis)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i64(outer).i64(reps).i64(inner).runN("k_broadcast", n)
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(reps).i64(inner).launchN(kBroadcast, n)
 		})
 	case ops.Sum:
 		return b.sum(op, shapes[0])
 	case ops.Slice:
+		kSlice := b.d.kernel("k_slice")
 		outer, axis, inner := ops.SplitAxis(shapes[0], op.Axis)
 		w := (op.End - op.Start) * inner
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(w).runN("k_slice", outer*w)
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(w).launchN(kSlice, outer*w)
 		})
 	case ops.SliceIncr:
+		kSliceIncr := b.d.kernel("k_slice_incr")
 		outer, axis, inner := ops.SplitAxis(oshape, op.Axis)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(op.End).runN("k_slice_incr", n)
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(op.End).launchN(kSliceIncr, n)
 		})
 	case ops.Concat:
+		kConcatPart := b.d.kernel("k_concat_part")
 		outer, total, inner := ops.SplitAxis(oshape, op.Axis)
 		total *= inner
 		ws := make([]int, len(shapes))
@@ -149,7 +191,7 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			off := 0
 			for i, xi := range x {
-				if err := s.args().buf(xi).buf(y).i64(outer).i64(ws[i]).i64(total).i64(off).runN("k_concat_part", outer*ws[i]); err != nil {
+				if err := s.args().buf(xi).buf(y).i64(outer).i64(ws[i]).i64(total).i64(off).launchN(kConcatPart, outer*ws[i]); err != nil {
 					return err
 				}
 				off += ws[i]
@@ -157,12 +199,17 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 			return nil
 		})
 	case ops.Gather:
+		kGather := b.d.kernel("k_gather")
 		rows := ops.Elems(shapes[1])
 		d := ops.Elems(shapes[0]) / max(shapes[0][0], 1)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).runN("k_gather", rows*d)
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).launchN(kGather, rows*d)
 		})
 	case ops.GatherGrad:
+		kGgKeys := b.d.kernel("k_gg_keys")
+		kBitonicTile := b.d.kernel("k_bitonic_tile")
+		kBitonicStep := b.d.kernel("k_bitonic_step")
+		kGatherGrad := b.d.kernel("k_gather_grad")
 		// Deterministic: the rows sorted by index, each index's rows added
 		// in order (see k_gather_grad); the keys in the workspace.
 		rows := ops.Elems(shapes[1])
@@ -179,23 +226,23 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 				return nil
 			}
 			key := ws.View(device.Int64, 0, np)
-			if err := s.args().buf(x[1]).buf(key).i64(rows).i64(np).runN("k_gg_keys", np); err != nil {
+			if err := s.args().buf(x[1]).buf(key).i64(rows).i64(np).launchN(kGgKeys, np); err != nil {
 				return err
 			}
-			if err := s.args().buf(key).i64(0).run("k_bitonic_tile", np/512); err != nil {
+			if err := s.args().buf(key).i64(0).launch(kBitonicTile, np/512); err != nil {
 				return err
 			}
 			for k := 1024; k <= np; k *= 2 {
 				for j := k / 2; j >= 512; j /= 2 {
-					if err := s.args().buf(key).i64(np).i64(k).i64(j).runN("k_bitonic_step", np/2); err != nil {
+					if err := s.args().buf(key).i64(np).i64(k).i64(j).launchN(kBitonicStep, np/2); err != nil {
 						return err
 					}
 				}
-				if err := s.args().buf(key).i64(k).run("k_bitonic_tile", np/512); err != nil {
+				if err := s.args().buf(key).i64(k).launch(kBitonicTile, np/512); err != nil {
 					return err
 				}
 			}
-			return s.args().buf(x[0]).buf(key).buf(y).i64(rows).i64(d).runN("k_gather_grad", rows*d)
+			return s.args().buf(x[0]).buf(key).buf(y).i64(rows).i64(d).launchN(kGatherGrad, rows*d)
 		}}, nil
 	case ops.Copy:
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error { return s.Copy(y, x[0]) })
@@ -206,6 +253,9 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 	case ops.Conv2d, ops.Conv2dGradInput, ops.Conv2dGradFilter:
 		return b.conv(in.Op, shapes, oshape)
 	case ops.BatchNormStats:
+		kBnPart := b.d.kernel("k_bn_part")
+		kBnMean := b.d.kernel("k_bn_mean")
+		kBnVar := b.d.kernel("k_bn_var")
 		B, C, HW := bnDims(shapes[0])
 		P, err := b.bnParts(B, C, HW)
 		if err != nil {
@@ -214,28 +264,32 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 		n := float64(B * HW)
 		return &gpuKernel{ws: 8 * C * P, run: func(s *Stream, x []device.Buffer, y, ws device.Buffer) error {
 			part := ws.View(device.Float64, 0, C*P)
-			if err := s.args().buf(x[0]).buf(device.Buffer{}).buf(part).i32(B).i32(C).i32(HW).i32(P).run("k_bn_part", C*P); err != nil {
+			if err := s.args().buf(x[0]).buf(device.Buffer{}).buf(part).i32(B).i32(C).i32(HW).i32(P).launch(kBnPart, C*P); err != nil {
 				return err
 			}
-			if err := s.args().buf(part).buf(y).i32(C).i32(P).f64(n).runN("k_bn_mean", C); err != nil {
+			if err := s.args().buf(part).buf(y).i32(C).i32(P).f64(n).launchN(kBnMean, C); err != nil {
 				return err
 			}
-			if err := s.args().buf(x[0]).buf(y).buf(part).i32(B).i32(C).i32(HW).i32(P).run("k_bn_part", C*P); err != nil {
+			if err := s.args().buf(x[0]).buf(y).buf(part).i32(B).i32(C).i32(HW).i32(P).launch(kBnPart, C*P); err != nil {
 				return err
 			}
-			return s.args().buf(part).buf(x[1]).buf(x[2]).buf(y).i32(C).i32(P).f64(n).f64(op.Eps).f64(op.Momentum).runN("k_bn_var", C)
+			return s.args().buf(part).buf(x[1]).buf(x[2]).buf(y).i32(C).i32(P).f64(n).f64(op.Eps).f64(op.Momentum).launchN(kBnVar, C)
 		}}, nil
 	case ops.BatchNormRunningStats:
+		kBnRunningStats := b.d.kernel("k_bn_running_stats")
 		C := ops.Elems(shapes[0])
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i32(C).f64(op.Eps).runN("k_bn_running_stats", C)
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i32(C).f64(op.Eps).launchN(kBnRunningStats, C)
 		})
 	case ops.BatchNorm:
+		kBnApply := b.d.kernel("k_bn_apply")
 		B, C, HW := bnDims(shapes[0])
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).runN("k_bn_apply", n)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).launchN(kBnApply, n)
 		})
 	case ops.BatchNormGradSums:
+		kBnGradPart := b.d.kernel("k_bn_grad_part")
+		kBnGradSums := b.d.kernel("k_bn_grad_sums")
 		B, C, HW := bnDims(shapes[0])
 		P, err := b.bnParts(B, C, HW)
 		if err != nil {
@@ -247,39 +301,44 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 				relu = x[3]
 			}
 			part := ws.View(device.Float64, 0, 2*C*P)
-			if err := s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(relu).buf(part).i32(B).i32(C).i32(HW).i32(P).flag(op.ReLU).run("k_bn_grad_part", C*P); err != nil {
+			if err := s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(relu).buf(part).i32(B).i32(C).i32(HW).i32(P).flag(op.ReLU).launch(kBnGradPart, C*P); err != nil {
 				return err
 			}
-			return s.args().buf(part).buf(y).i32(C).i32(P).runN("k_bn_grad_sums", C)
+			return s.args().buf(part).buf(y).i32(C).i32(P).launchN(kBnGradSums, C)
 		}}, nil
 	case ops.BatchNormGradInput:
+		kBnGradInput := b.d.kernel("k_bn_grad_input")
 		B, C, HW := bnDims(shapes[0])
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			var relu device.Buffer
 			if op.ReLU {
 				relu = x[5]
 			}
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(x[4]).buf(relu).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).runN("k_bn_grad_input", n)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(x[4]).buf(relu).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).launchN(kBnGradInput, n)
 		})
 	case ops.BatchNormGradParam:
+		kBnGradParam := b.d.kernel("k_bn_grad_param")
 		C := shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i32(C).i32(op.Which).runN("k_bn_grad_param", C)
+			return s.args().buf(x[0]).buf(y).i32(C).i32(op.Which).launchN(kBnGradParam, C)
 		})
 	case ops.LogSumExp:
+		kLogsumexp := b.d.kernel("k_logsumexp")
 		N, C := shapes[0][0], shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i32(N).i32(C).run("k_logsumexp", N)
+			return s.args().buf(x[0]).buf(y).i32(N).i32(C).launch(kLogsumexp, N)
 		})
 	case ops.SoftmaxCrossEntropy:
+		kXentLoss := b.d.kernel("k_xent_loss")
 		N, C := shapes[0][0], shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(N).i32(C).f32(op.Smoothing).run("k_xent_loss", 1)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(N).i32(C).f32(op.Smoothing).launch(kXentLoss, 1)
 		})
 	case ops.SoftmaxCrossEntropyGrad:
+		kXentGrad := b.d.kernel("k_xent_grad")
 		N, C := shapes[0][0], shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(N).i32(C).f32(op.Smoothing).runN("k_xent_grad", N*C)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(N).i32(C).f32(op.Smoothing).launchN(kXentGrad, N*C)
 		})
 	}
 	return nil, fmt.Errorf("cuda: no GPU kernel for %v (%T)", in.Op, in.Op)
@@ -348,6 +407,10 @@ func sumStrides(n int) int {
 // ones in two halves of fixed strides (k_sum_first_part), the same bits
 // on every run.
 func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
+	kSumFirstPart := b.d.kernel("k_sum_first_part")
+	kSumLastPart := b.d.kernel("k_sum_last_part")
+	kSumFirst := b.d.kernel("k_sum_first")
+	kSumLast := b.d.kernel("k_sum_last")
 	if err := op.Check(in); err != nil {
 		return nil, err
 	}
@@ -398,10 +461,10 @@ func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
 				part := w.Slice(inter, inter+P*st.sums())
 				var err error
 				if st.first {
-					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).runN("k_sum_first_part", P*cols)
+					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).launchN(kSumFirstPart, P*cols)
 					rows = P
 				} else {
-					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).runN("k_sum_last_part", rows*P)
+					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).launchN(kSumLastPart, rows*P)
 					cols = P
 				}
 				if err != nil {
@@ -411,9 +474,9 @@ func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
 			}
 			var err error
 			if st.first {
-				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).runN("k_sum_first", cols)
+				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).launchN(kSumFirst, cols)
 			} else {
-				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).runN("k_sum_last", rows)
+				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).launchN(kSumLast, rows)
 			}
 			if err != nil {
 				return err

@@ -3,11 +3,15 @@ package cuda
 import (
 	"fmt"
 	"sync"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-var cublas struct {
+// cublasTable is cuBLAS' function table.
+type cublasTable struct {
 	create      func(h *uintptr) int32
 	destroy     func(h uintptr) int32
 	setStream   func(h, s uintptr) int32
@@ -15,6 +19,23 @@ var cublas struct {
 	getVersion  func(h uintptr, v *int32) int32
 	getProperty func(prop int32, v *int32) int32
 	sgemm       func(h uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32
+}
+
+// cublas is cuBLAS' functions.
+var cublas cublasTable
+
+// hotCUBLAS rebinds the product every matrix multiplication calls to a
+// direct call of the symbol (see hotDriver).
+func hotCUBLAS(h uintptr, t *cublasTable) {
+	p, err := purego.Dlsym(h, "cublasSgemm_v2")
+	if err != nil || p == 0 {
+		return
+	}
+	i := func(v int32) uintptr { return uintptr(uint32(v)) }
+	t.sgemm = func(hd uintptr, ta, tb int32, m, n, k int32, alpha *float32, a uintptr, lda int32, b uintptr, ldb int32, beta *float32, c uintptr, ldc int32) int32 {
+		v, _, _ := purego.SyscallN(p, hd, i(ta), i(tb), i(m), i(n), i(k), uintptr(unsafe.Pointer(alpha)), a, i(lda), b, i(ldb), uintptr(unsafe.Pointer(beta)), c, i(ldc))
+		return int32(v)
+	}
 }
 
 var (
@@ -47,6 +68,9 @@ func loadCUBLAS() error {
 			"cublasSgemm_v2":      &cublas.sgemm,
 			"cublasGetProperty":   &cublas.getProperty,
 		})
+		if cublasErr == nil {
+			hotCUBLAS(h, &cublas)
+		}
 		var v [3]int32 // MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
 		if cublasErr == nil && cublas.getProperty(0, &v[0]) == 0 && cublas.getProperty(1, &v[1]) == 0 && cublas.getProperty(2, &v[2]) == 0 {
 			setLibraryVersion(libCUBLAS.what, fmt.Sprintf("%d.%d.%d", v[0], v[1], v[2]))
@@ -100,7 +124,11 @@ func (s *Stream) sgemm(tA, tB bool, m, n, k int, a device.Buffer, lda int, b dev
 	if m == 0 || n == 0 {
 		return nil
 	}
-	defer s.d.enter()()
+	unlock, err := s.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	h, err := s.blasHandle()
 	if err != nil {
 		return err
@@ -112,5 +140,9 @@ func (s *Stream) sgemm(tA, tB bool, m, n, k int, a device.Buffer, lda int, b dev
 		return cublasOpN
 	}
 	alpha, beta := float32(1), float32(0)
-	return cublasError("cublasSgemm", cublas.sgemm(h, op(tB), op(tA), int32(n), int32(m), int32(k), &alpha, b.Addr(), int32(ldb), a.Addr(), int32(lda), &beta, c.Addr(), int32(ldc)))
+	counts.launches.Add(1)
+	if err := cublasError("cublasSgemm", cublas.sgemm(h, op(tB), op(tA), int32(n), int32(m), int32(k), &alpha, b.Addr(), int32(ldb), a.Addr(), int32(lda), &beta, c.Addr(), int32(ldc))); err != nil {
+		return err
+	}
+	return s.checkLaunch("cublasSgemm")
 }

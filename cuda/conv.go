@@ -24,7 +24,11 @@ func (b *Backend) conv(op ops.Kernel, shapes [][]int, out []int) (engine.Kernel,
 		return nil, err
 	}
 	d := b.d
-	defer d.enter()()
+	unlock, err := d.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	h, err := b.s.dnnHandle()
 	if err != nil {
 		return nil, err
@@ -122,6 +126,9 @@ func (b *Backend) conv(op ops.Kernel, shapes [][]int, out []int) (engine.Kernel,
 			return cudnn.backwardFilter(h, ap, cd.x, in[0].Addr(), cd.y, in[1].Addr(), cd.conv, cd.algo, ws.Addr(), uint64(ws.Bytes()), bp, cd.w, out.Addr())
 		}
 	}
+	b.descMu.Lock()
+	b.descs = append(b.descs, cd) // the handles; Close destroys them
+	b.descMu.Unlock()
 	what := fmt.Sprintf("%v x%v w%v y%v", op, xs, ws, ys)
 	choice, err := d.chooseConvAlgo(what, dir, find, heur)
 	if err != nil {
@@ -134,12 +141,20 @@ func (b *Backend) conv(op ops.Kernel, shapes [][]int, out []int) (engine.Kernel,
 	}
 	name := fmt.Sprint(op)
 	return &gpuKernel{ws: int((size + 3) / 4 * 4), run: func(s *Stream, in []device.Buffer, out, ws device.Buffer) error {
-		defer s.d.enter()()
+		unlock, err := s.enter()
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		h, err := s.dnnHandle()
 		if err != nil {
 			return err
 		}
-		return cudnnError(name, run(s, h, in, out, ws))
+		counts.launches.Add(1)
+		if err := cudnnError(name, run(s, h, in, out, ws)); err != nil {
+			return err
+		}
+		return s.checkLaunch(name)
 	}}, nil
 }
 

@@ -1,7 +1,9 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime"
 	"strings"
@@ -45,6 +47,9 @@ type Device struct {
 	convMu    sync.Mutex
 	convCache map[string]ConvChoice // the algorithm of each convolution shape
 	convLog   []ConvChoice
+
+	streamsMu sync.Mutex
+	streams   []*Stream // every stream made, destroyed by Close
 
 	closeOnce sync.Once
 }
@@ -100,20 +105,25 @@ func Open(ordinal int, opts Options) (*Device, error) {
 		return nil, err
 	}
 	name := make([]byte, 256)
-	drv.cuDeviceGetName(&name[0], int32(len(name)), d.dev)
+	if err := check("cuDeviceGetName", drv.cuDeviceGetName(&name[0], int32(len(name)), d.dev)); err != nil {
+		return nil, err
+	}
 	d.name = goString(&name[0])
-	var v int32
-	drv.cuDeviceGetAttribute(&v, attrComputeCapabilityMaj, d.dev)
-	d.cc[0] = int(v)
-	drv.cuDeviceGetAttribute(&v, attrComputeCapabilityMin, d.dev)
-	d.cc[1] = int(v)
-	drv.cuDeviceGetAttribute(&v, attrMultiprocessorCount, d.dev)
-	d.sms = int(v)
+	for _, a := range []struct {
+		attr int32
+		to   *int
+	}{{attrComputeCapabilityMaj, &d.cc[0]}, {attrComputeCapabilityMin, &d.cc[1]}, {attrMultiprocessorCount, &d.sms}} {
+		var v int32
+		if err := check("cuDeviceGetAttribute", drv.cuDeviceGetAttribute(&v, a.attr, d.dev)); err != nil {
+			return nil, err
+		}
+		*a.to = int(v)
+	}
 	image, _, err := Compile(kernelSource, d.cc[0], d.cc[1])
 	if err != nil {
 		return nil, errNoCompiler(err)
 	}
-	if d.mod, err = loadModule(image); err != nil {
+	if d.mod, err = loadModule(image, kernelSource); err != nil {
 		return nil, err
 	}
 	if d.def, err = d.newStream(); err != nil {
@@ -128,10 +138,13 @@ func Open(ordinal int, opts Options) (*Device, error) {
 
 // enter locks the calling goroutine to its OS thread and makes the
 // device's context current there; call the returned function when done.
-func (d *Device) enter() func() {
+func (d *Device) enter() (unlock func(), err error) {
 	runtime.LockOSThread()
-	drv.cuCtxSetCurrent(d.ctx)
-	return runtime.UnlockOSThread
+	if err := check("cuCtxSetCurrent", drv.cuCtxSetCurrent(d.ctx)); err != nil {
+		runtime.UnlockOSThread()
+		return nil, fmt.Errorf("cuda: making the context of %v current: %w", d, err)
+	}
+	return runtime.UnlockOSThread, nil
 }
 
 // Kind implements device.Device.
@@ -230,9 +243,46 @@ func (r Report) String() string {
 	return b.String()
 }
 
+// FreeMemory returns the free and total memory of GPU ordinal in bytes,
+// and its name, without opening it (its primary context is retained for
+// the query and released): what a run checks its need against before it
+// allocates anything.
+func FreeMemory(ordinal int) (free, total uint64, name string, err error) {
+	n, err := Count()
+	if err != nil {
+		return 0, 0, "", err
+	}
+	if ordinal < 0 || ordinal >= n {
+		return 0, 0, "", fmt.Errorf("%w: GPU %d does not exist; this machine has %d GPU(s)", device.ErrUnavailable, ordinal, n)
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var dev int32
+	var ctx uintptr
+	if err := check("cuDeviceGet", drv.cuDeviceGet(&dev, int32(ordinal))); err != nil {
+		return 0, 0, "", err
+	}
+	b := make([]byte, 256)
+	if err := check("cuDeviceGetName", drv.cuDeviceGetName(&b[0], int32(len(b)), dev)); err != nil {
+		return 0, 0, "", err
+	}
+	if err := check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(&ctx, dev)); err != nil {
+		return 0, 0, "", err
+	}
+	err = check("cuCtxSetCurrent", drv.cuCtxSetCurrent(ctx))
+	if err == nil {
+		err = check("cuMemGetInfo", drv.cuMemGetInfo(&free, &total))
+	}
+	return free, total, goString(&b[0]), errors.Join(err, check("cuDevicePrimaryCtxRelease", drv.cuDevicePrimaryCtxRelease(dev)))
+}
+
 // MemInfo returns the free and total memory of the GPU in bytes.
 func (d *Device) MemInfo() (free, total uint64, err error) {
-	defer d.enter()()
+	unlock, err := d.enter()
+	if err != nil {
+		return
+	}
+	defer unlock()
 	err = check("cuMemGetInfo", drv.cuMemGetInfo(&free, &total))
 	return
 }
@@ -245,9 +295,14 @@ func (d *Device) Alloc(dt device.DType, n int) (device.Buffer, error) {
 	if n == 0 {
 		return device.NewDeviceBuffer(d, dt, 0, 0), nil
 	}
-	defer d.enter()()
+	unlock, err := d.enter()
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	defer unlock()
 	bytes := uint64(n) * uint64(dt.Size())
 	var p uint64
+	counts.allocs.Add(1)
 	if err := check("cuMemAlloc", drv.cuMemAlloc(&p, bytes)); err != nil {
 		free, total, _ := d.memInfoLocked()
 		return device.Buffer{}, fmt.Errorf("cuda: allocating %d MiB on %v (%d of %d MiB free): %w", bytes>>20, d, free>>20, total>>20, err)
@@ -255,6 +310,7 @@ func (d *Device) Alloc(dt device.DType, n int) (device.Buffer, error) {
 	if err := check("cuMemsetD8Async", drv.cuMemsetD8Async(p, 0, bytes, 0)); err != nil {
 		return device.Buffer{}, err
 	}
+	counts.syncs.Add(1)
 	if err := check("cuStreamSynchronize", drv.cuStreamSynchronize(0)); err != nil {
 		return device.Buffer{}, err
 	}
@@ -274,8 +330,33 @@ func (d *Device) Free(b device.Buffer) error {
 	if b.Device() != device.Device(d) {
 		return fmt.Errorf("cuda: freeing %v on %v", b, d)
 	}
-	defer d.enter()()
+	unlock, err := d.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	counts.frees.Add(1)
 	return check("cuMemFree", drv.cuMemFree(uint64(b.Addr())))
+}
+
+// AllocPinned implements comm.PinnedHost: n bytes of page-locked host
+// memory, which the GPU's streams copy to and from asynchronously. It is
+// never freed: it is for pools the process keeps (staging).
+func (d *Device) AllocPinned(n int) ([]byte, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("cuda: AllocPinned(%d)", n)
+	}
+	unlock, err := d.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var p unsafe.Pointer
+	counts.pinned.Add(1)
+	if err := check("cuMemAllocHost", drv.cuMemAllocHost(&p, uint64(n))); err != nil {
+		return nil, fmt.Errorf("cuda: %d MiB of page-locked host memory: %w", n>>20, err)
+	}
+	return unsafe.Slice((*byte)(p), n), nil
 }
 
 // Stream implements device.Device.
@@ -285,33 +366,78 @@ func (d *Device) Stream() device.Stream { return d.def }
 func (d *Device) NewStream() (device.Stream, error) { return d.newStream() }
 
 func (d *Device) newStream() (*Stream, error) {
-	defer d.enter()()
+	unlock, err := d.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	s := &Stream{d: d}
 	if err := check("cuStreamCreate", drv.cuStreamCreate(&s.h, streamNonBlocking)); err != nil {
 		return nil, err
 	}
+	s.pin.Pin(s)
+	d.streamsMu.Lock()
+	d.streams = append(d.streams, s)
+	d.streamsMu.Unlock()
 	return s, nil
 }
 
 // Math implements device.Device.
 func (d *Device) Math() device.Math { return d.math }
 
-// Close implements device.Device: it releases the primary context.
+// Close implements device.Device: once the device's work is done, it
+// destroys every stream made on it (with their library handles) and the
+// kernel module, and releases the primary context.
 func (d *Device) Close() error {
-	var err error
+	var errs []error
 	d.closeOnce.Do(func() {
-		defer d.enter()()
-		drv.cuCtxSynchronize()
-		err = check("cuDevicePrimaryCtxRelease", drv.cuDevicePrimaryCtxRelease(d.dev))
+		unlock, err := d.enter()
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		errs = append(errs, check("cuCtxSynchronize", drv.cuCtxSynchronize()))
+		unlock()
+		d.streamsMu.Lock()
+		streams := d.streams
+		d.streams = nil
+		d.streamsMu.Unlock()
+		for _, s := range streams {
+			errs = append(errs, s.Close())
+		}
+		if unlock, err = d.enter(); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		defer unlock()
+		errs = append(errs, check("cuModuleUnload", drv.cuModuleUnload(d.mod.h)))
+		errs = append(errs, check("cuDevicePrimaryCtxRelease", drv.cuDevicePrimaryCtxRelease(d.dev)))
 	})
-	return err
+	return errors.Join(errs...)
+}
+
+// destroyEvent destroys a CUDA event no longer referenced (from a
+// cleanup, which cannot return an error: a failure is logged).
+func (d *Device) destroyEvent(h uintptr) {
+	unlock, err := d.enter()
+	if err == nil {
+		err = check("cuEventDestroy", drv.cuEventDestroy(h))
+		unlock()
+	}
+	if err != nil {
+		slog.Warn("cuda: destroying an event", "device", d.String(), "err", err)
+	}
 }
 
 // refreshAnchor records a new anchor event and waits for it, so that
 // event times are measured against a recent reference (float32
 // milliseconds lose precision over long spans).
 func (d *Device) refreshAnchor() error {
-	defer d.enter()()
+	unlock, err := d.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	var ev uintptr
 	if err := check("cuEventCreate", drv.cuEventCreate(&ev, eventDefault)); err != nil {
 		return err
@@ -319,26 +445,28 @@ func (d *Device) refreshAnchor() error {
 	if err := check("cuEventRecord", drv.cuEventRecord(ev, 0)); err != nil {
 		return err
 	}
+	counts.syncs.Add(1)
 	if err := check("cuEventSynchronize", drv.cuEventSynchronize(ev)); err != nil {
 		return err
 	}
 	a := &anchor{ev: ev, host: time.Now()}
-	runtime.AddCleanup(a, func(ev uintptr) {
-		defer d.enter()()
-		drv.cuEventDestroy(ev)
-	}, ev)
+	runtime.AddCleanup(a, func(ev uintptr) { d.destroyEvent(ev) }, ev)
 	d.anchorMu.Lock()
 	d.anchor = a
 	d.anchorMu.Unlock()
 	return nil
 }
 
+// anchorAge is the age from which an anchor is refreshed (one host wait):
+// float32 milliseconds keep about a microsecond over 10 s.
+var anchorAge = 10 * time.Second
+
 // currentAnchor returns the anchor, refreshing it when it is old.
 func (d *Device) currentAnchor() *anchor {
 	d.anchorMu.Lock()
 	a := d.anchor
 	d.anchorMu.Unlock()
-	if time.Since(a.host) > 10*time.Second && d.refreshAnchor() == nil {
+	if time.Since(a.host) > anchorAge && d.refreshAnchor() == nil {
 		d.anchorMu.Lock()
 		a = d.anchor
 		d.anchorMu.Unlock()
@@ -359,6 +487,96 @@ type Stream struct {
 	sel   *selScratch   // scratch of the sparsification primitives (lazy)
 	// capturing is set while work is captured into a graph (Capture).
 	capturing bool
+	// pin keeps the stream where it is while it exists: launches hand the
+	// driver ptrs, which points into slots.
+	pin runtime.Pinner
+	// held counts the holds of the goroutine issuing work on the stream
+	// (Hold): its OS thread is locked with the context current.
+	held   int
+	closed bool
+}
+
+// enter makes the device's context current on the calling goroutine's OS
+// thread, locked to it until the returned function is called; while the
+// stream is held (Hold) it already is.
+func (s *Stream) enter() (unlock func(), err error) {
+	if s.held > 0 {
+		return func() {}, nil
+	}
+	return s.d.enter()
+}
+
+// Hold locks the calling goroutine to its OS thread with the device's
+// context current until release is called, and the stream's calls skip
+// doing so each time meanwhile: the goroutine that issues a burst of work
+// on the stream (a program's kernels, a reducer's passes) holds it, so
+// that each call costs the driver call only. Holds nest. Only the holder
+// may use the stream while it is held (as a stream is one goroutine's at
+// a time anyway).
+func (s *Stream) Hold() (release func()) {
+	unlock, err := s.d.enter()
+	if err != nil {
+		return func() {} // the stream's calls enter themselves and report it
+	}
+	s.held++
+	return func() {
+		s.held--
+		unlock()
+	}
+}
+
+// EnvSync names the environment variable that makes every launch wait
+// for its kernel (SPARSEGRAD_CUDA_SYNC=1): a kernel that faults is then
+// named in the error, instead of the error surfacing at whichever later
+// call waits. It costs a host wait per launch; for debugging.
+const EnvSync = "SPARSEGRAD_CUDA_SYNC"
+
+// syncLaunches is EnvSync's setting, read once.
+var syncLaunches = os.Getenv(EnvSync) == "1"
+
+// checkLaunch waits for the work just issued when EnvSync asks for it (not
+// while capturing a graph, which issues nothing), naming what in the
+// error.
+func (s *Stream) checkLaunch(what string) error {
+	if !syncLaunches || s.capturing {
+		return nil
+	}
+	counts.syncs.Add(1)
+	if err := check("cuStreamSynchronize", drv.cuStreamSynchronize(s.h)); err != nil {
+		return fmt.Errorf("cuda: %s failed on %v (%s=1: each launch is waited for): %w", what, s.d, EnvSync, err)
+	}
+	return nil
+}
+
+// Close destroys the stream and its cuBLAS and cuDNN handles; the work
+// issued on it still completes (the driver releases the stream then). It
+// must not be used afterwards.
+func (s *Stream) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	unlock, err := s.d.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var errs []error
+	if s.blas != 0 {
+		errs = append(errs, cublasError("cublasDestroy", cublas.destroy(s.blas)))
+		s.blas = 0
+	}
+	if s.dnn != 0 {
+		errs = append(errs, cudnnError("cudnnDestroy", cudnn.destroy(s.dnn)))
+		s.dnn = 0
+	}
+	if s.part.Len() > 0 {
+		errs = append(errs, s.d.Free(s.part))
+		s.part = device.Buffer{}
+	}
+	errs = append(errs, check("cuStreamDestroy", drv.cuStreamDestroy(s.h)))
+	s.pin.Unpin()
+	return errors.Join(errs...)
 }
 
 var _ device.Stream = (*Stream)(nil)
@@ -385,19 +603,34 @@ func (s *Stream) Copy(dst, src device.Buffer) error {
 			return fmt.Errorf("cuda: copy between %v and %v on a stream of %v", src, dst, s.d)
 		}
 	}
-	defer s.d.enter()()
+	unlock, err := s.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	switch {
 	case dh:
+		counts.dtoh.Add(int64(n))
 		return check("cuMemcpyDtoHAsync", drv.cuMemcpyDtoHAsync(unsafe.Pointer(&dst.HostBytes()[0]), uint64(src.Addr()), n, s.h))
 	case sh:
+		counts.htod.Add(int64(n))
 		return check("cuMemcpyHtoDAsync", drv.cuMemcpyHtoDAsync(uint64(dst.Addr()), unsafe.Pointer(&src.HostBytes()[0]), n, s.h))
 	}
-	return check("cuMemcpyDtoDAsync", drv.cuMemcpyDtoDAsync(uint64(dst.Addr()), uint64(src.Addr()), n, s.h))
+	counts.launches.Add(1)
+	if err := check("cuMemcpyDtoDAsync", drv.cuMemcpyDtoDAsync(uint64(dst.Addr()), uint64(src.Addr()), n, s.h)); err != nil {
+		return err
+	}
+	return s.checkLaunch("cuMemcpyDtoDAsync")
 }
 
 // Synchronize implements device.Stream.
 func (s *Stream) Synchronize() error {
-	defer s.d.enter()()
+	unlock, err := s.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	counts.syncs.Add(1)
 	return check("cuStreamSynchronize", drv.cuStreamSynchronize(s.h))
 }
 
@@ -411,7 +644,11 @@ func (s *Stream) Record() (device.Event, error) {
 	} else {
 		a = s.d.currentAnchor()
 	}
-	defer s.d.enter()()
+	unlock, err := s.enter()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	e := &Event{d: s.d, anchor: a}
 	if err := check("cuEventCreate", drv.cuEventCreate(&e.h, eventDefault)); err != nil {
 		return nil, err
@@ -424,13 +661,9 @@ func (s *Stream) Record() (device.Event, error) {
 		r = drv.cuEventRecord(e.h, s.h)
 	}
 	if err := check("cuEventRecord", r); err != nil {
-		drv.cuEventDestroy(e.h)
-		return nil, err
+		return nil, errors.Join(err, check("cuEventDestroy", drv.cuEventDestroy(e.h)))
 	}
-	runtime.AddCleanup(e, func(h uintptr) {
-		defer s.d.enter()()
-		drv.cuEventDestroy(h)
-	}, e.h)
+	runtime.AddCleanup(e, func(h uintptr) { s.d.destroyEvent(h) }, e.h)
 	return e, nil
 }
 
@@ -441,7 +674,11 @@ func (s *Stream) Wait(ev device.Event) error {
 		// A host event (completed) needs no waiting.
 		return ev.Synchronize()
 	}
-	defer s.d.enter()()
+	unlock, err := s.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	return check("cuStreamWaitEvent", drv.cuStreamWaitEvent(s.h, e.h, 0))
 }
 
@@ -456,14 +693,34 @@ type Event struct {
 
 // Synchronize implements device.Event.
 func (e *Event) Synchronize() error {
-	defer e.d.enter()()
+	unlock, err := e.d.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	counts.syncs.Add(1)
 	return check("cuEventSynchronize", drv.cuEventSynchronize(e.h))
+}
+
+// Done reports whether the work before the event has completed, without
+// waiting (an error counts as done: the next wait reports it).
+func (e *Event) Done() bool {
+	unlock, err := e.d.enter()
+	if err != nil {
+		return true
+	}
+	defer unlock()
+	return drv.cuEventQuery(e.h) != errNotReady
 }
 
 // Time implements device.Event: the anchor's host time plus the device
 // time elapsed from the anchor to the event.
 func (e *Event) Time() time.Time {
-	defer e.d.enter()()
+	unlock, err := e.d.enter()
+	if err != nil {
+		return time.Time{}
+	}
+	defer unlock()
 	var ms float32
 	if r := drv.cuEventElapsedTime(&ms, e.anchor.ev, e.h); r != 0 {
 		return time.Time{}

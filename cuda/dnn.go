@@ -8,10 +8,14 @@ import (
 
 var cudnn struct {
 	create           func(h *uintptr) int32
+	destroy          func(h uintptr) int32
 	setStream        func(h, s uintptr) int32
 	getVersion       func() uint64
 	getErrorString   func(st int32) *byte
 	createTensor     func(d *uintptr) int32
+	destroyTensor    func(d uintptr) int32
+	destroyFilter    func(d uintptr) int32
+	destroyConv      func(d uintptr) int32
 	setTensor4d      func(d uintptr, format, dtype, n, c, h, w int32) int32
 	createFilter     func(d *uintptr) int32
 	setFilter4d      func(d uintptr, dtype, format, k, c, h, w int32) int32
@@ -59,10 +63,14 @@ func loadCUDNN() error {
 		}
 		cudnnErr = bind(libCUDNN, path, h, map[string]any{
 			"cudnnCreate":                                    &cudnn.create,
+			"cudnnDestroy":                                   &cudnn.destroy,
 			"cudnnSetStream":                                 &cudnn.setStream,
 			"cudnnGetVersion":                                &cudnn.getVersion,
 			"cudnnGetErrorString":                            &cudnn.getErrorString,
 			"cudnnCreateTensorDescriptor":                    &cudnn.createTensor,
+			"cudnnDestroyTensorDescriptor":                   &cudnn.destroyTensor,
+			"cudnnDestroyFilterDescriptor":                   &cudnn.destroyFilter,
+			"cudnnDestroyConvolutionDescriptor":              &cudnn.destroyConv,
 			"cudnnSetTensor4dDescriptor":                     &cudnn.setTensor4d,
 			"cudnnCreateFilterDescriptor":                    &cudnn.createFilter,
 			"cudnnSetFilter4dDescriptor":                     &cudnn.setFilter4d,

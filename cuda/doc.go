@@ -10,7 +10,11 @@
 // primitives of the reducers (Sparse, package sparsify's Ops on the GPU:
 // exact top-k by radix select, threshold selection, gathers and scatters,
 // unions, DRAGONN's hashing — the same index sets and bits as the CPU's);
-// and NCCL (NewNCCL), a comm.Communicator on GPU memory.
+// NCCL (NewNCCL), a comm.Communicator on GPU memory; and what the
+// in-process ranks sharing a GPU need to reduce each other's memory
+// (comm.PeerDevice: PeerSum), page-locked host memory for staging
+// (AllocPinned) and the models' dropout masks drawn on the GPU
+// (DropoutMask, the CPU's bits).
 //
 // # Finding the libraries
 //
@@ -47,5 +51,17 @@
 // The CUDA driver keeps the current context per OS thread; every call of
 // the package locks its goroutine to its thread and makes the device's
 // context current first, so the package is safe to use from any goroutine.
-// A stream must not be used by two goroutines at once.
+// A goroutine issuing a burst of work on a stream holds it (Stream.Hold:
+// an executor's run, a graph's capture), and the stream's calls then skip
+// that. A stream must not be used by two goroutines at once.
+//
+// # What the host pays
+//
+// Kernels are looked up once when the module loads; the driver's and
+// cuBLAS' hot functions are called directly (no reflection). Counts
+// returns what the process has asked of its GPUs — launches, graph
+// replays, host waits, bytes each way, allocations — so that a test holds
+// a training step to a budget (docs/bench/gpu-budget.md).
+// SPARSEGRAD_CUDA_SYNC=1 waits after every launch, so that a kernel that
+// faults is named in its own launch's error.
 package cuda

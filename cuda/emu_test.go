@@ -39,6 +39,9 @@ import (
 // emulated reports whether the tests run on the emulator.
 var emulated bool
 
+// emuFree is the free memory the emulated GPUs report.
+var emuFree uint64 = 7 << 30
+
 func TestMain(m *testing.M) {
 	srv, err := maybeEmulate()
 	if err != nil {
@@ -182,6 +185,8 @@ type emu struct {
 	// the stream), not when it is issued, as with pinned memory; a host
 	// buffer reused before then uploads its new contents.
 	uploads map[uintptr][]func()
+	// pinned is the page-locked host memory handed out (never freed).
+	pinned [][]byte
 
 	// Work that completes later (the fake NCCL's transfers): per stream,
 	// and what each recorded event waits for.
@@ -419,7 +424,15 @@ func installFakes(e *emu) {
 			return ok
 		}
 		drv.cuMemFree = func(p uint64) cuResult { e.must(2, 0, p); return ok }
-		drv.cuMemGetInfo = func(f, t *uint64) cuResult { *f, *t = 7<<30, 8<<30; return ok }
+		drv.cuMemAllocHost = func(p *unsafe.Pointer, n uint64) cuResult {
+			b := make([]byte, n)
+			e.mu.Lock()
+			e.pinned = append(e.pinned, b) // kept, as page-locked memory is
+			e.mu.Unlock()
+			*p = unsafe.Pointer(&b[0])
+			return ok
+		}
+		drv.cuMemGetInfo = func(f, t *uint64) cuResult { *f, *t = emuFree, 8<<30; return ok }
 		// Copies from or to pageable host memory cannot be captured.
 		drv.cuMemcpyHtoDAsync = func(dst uint64, src unsafe.Pointer, n uint64, s uintptr) cuResult {
 			if e.isCapturing(s) {
@@ -619,6 +632,9 @@ func installFakes(e *emu) {
 	})
 	cudnnOnce.Do(func() {
 		cudnn.create = func(h *uintptr) int32 { *h = e.handle(); return 0 }
+		cudnn.destroy = func(uintptr) int32 { return 0 }
+		noDesc := func(uintptr) int32 { return 0 }
+		cudnn.destroyTensor, cudnn.destroyFilter, cudnn.destroyConv = noDesc, noDesc, noDesc
 		cudnn.setStream = func(h, s uintptr) int32 {
 			e.mu.Lock()
 			e.libStream[h] = s

@@ -1,7 +1,9 @@
 package cuda_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -399,10 +401,10 @@ func TestGPUGraphReplay(t *testing.T) {
 func TestGPUModelStepsMatchCPU(t *testing.T) {
 	r := rand.New(rand.NewPCG(4, 4))
 	resnet := models.DefaultResNet18(10, 16)
+	// With dropout (0.2 and 0.5): the GPU draws the CPU's masks (from the
+	// same seed), so the steps agree only if every mask does.
 	lstm := models.SmallLSTM(1000, 8)
-	lstm.Dropout = 0 // the masks are drawn per model
 	ncf := models.DefaultNCF(500, 700, 256)
-	ncf.Dropout = 0
 	if cuda.Emulated() { // the emulator runs kernels on CPU threads: smaller models
 		resnet.Width, resnet.BatchSize = 8, 4
 		lstm.Hidden, lstm.Embed, lstm.BatchSize = 24, 24, 3
@@ -426,6 +428,7 @@ func TestGPUModelStepsMatchCPU(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			var losses [2]float64
 			var grads [2][]float32
+			var states [2][]byte // the dropout stream's state after the steps
 			var lay []models.ParamInfo
 			for k := range 2 {
 				var b engine.Backend = engine.CPU
@@ -454,6 +457,18 @@ func TestGPUModelStepsMatchCPU(t *testing.T) {
 					t.Logf("%v step %d: loss %.6f, forward %v, backward %v", b.Device(), step, res.Loss, res.Forward, res.Backward)
 				}
 				losses[k], grads[k] = res.Loss, download(t, s, grad)
+				if st, ok := m.(models.Stateful); ok {
+					// The state starts with the dropout stream's
+					// (length-prefixed); the LSTM's hidden state follows.
+					b, err := st.SaveState()
+					if err != nil {
+						t.Fatal(err)
+					}
+					states[k] = b[:4+binary.LittleEndian.Uint32(b)]
+				}
+			}
+			if !bytes.Equal(states[0], states[1]) {
+				t.Errorf("the dropout stream after the steps: CPU %x, GPU %x", states[0], states[1])
 			}
 			lossErr := math.Abs(losses[0]-losses[1]) / math.Abs(losses[0])
 			if lossErr > 1e-4 {

@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -31,27 +32,23 @@ func (s *Stream) Capture(f func() error) (engine.Replay, error) {
 	if os.Getenv(EnvGraphs) == "0" {
 		return nil, engine.ErrNoCapture
 	}
-	unlock := s.d.enter()
+	// The capture's work is issued from one locked thread (Hold).
+	defer s.Hold()()
 	if err := check("cuStreamBeginCapture", drv.cuStreamBeginCapture(s.h, captureRelaxed)); err != nil {
-		unlock()
 		return nil, err
 	}
 	s.capturing = true
-	unlock()
 	ferr := f()
-	defer s.d.enter()()
 	s.capturing = false
 	g := &graph{s: s}
 	if err := check("cuStreamEndCapture", drv.cuStreamEndCapture(s.h, &g.g)); err != nil {
 		return nil, err
 	}
 	if ferr != nil {
-		drv.cuGraphDestroy(g.g)
-		return nil, fmt.Errorf("cuda: capturing a graph: %w", ferr)
+		return nil, errors.Join(fmt.Errorf("cuda: capturing a graph: %w", ferr), check("cuGraphDestroy", drv.cuGraphDestroy(g.g)))
 	}
 	if err := check("cuGraphInstantiateWithFlags", drv.cuGraphInstantiate(&g.exec, g.g, 0)); err != nil {
-		drv.cuGraphDestroy(g.g)
-		return nil, err
+		return nil, errors.Join(err, check("cuGraphDestroy", drv.cuGraphDestroy(g.g)))
 	}
 	g.launchable = true
 	return g, nil
@@ -59,8 +56,17 @@ func (s *Stream) Capture(f func() error) (engine.Replay, error) {
 
 // Launch implements engine.Replay.
 func (g *graph) Launch() error {
-	defer g.s.d.enter()()
-	return check("cuGraphLaunch", drv.cuGraphLaunch(g.exec, g.s.h))
+	unlock, err := g.s.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	counts.launches.Add(1)
+	counts.graphs.Add(1)
+	if err := check("cuGraphLaunch", drv.cuGraphLaunch(g.exec, g.s.h)); err != nil {
+		return err
+	}
+	return g.s.checkLaunch("the replayed graph (SPARSEGRAD_CUDA_GRAPHS=0 runs its kernels one by one, each named)")
 }
 
 // Close implements engine.Replay.
@@ -69,7 +75,10 @@ func (g *graph) Close() error {
 		return nil
 	}
 	g.launchable = false
-	defer g.s.d.enter()()
-	drv.cuGraphExecDestroy(g.exec)
-	return check("cuGraphDestroy", drv.cuGraphDestroy(g.g))
+	unlock, err := g.s.d.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return errors.Join(check("cuGraphExecDestroy", drv.cuGraphExecDestroy(g.exec)), check("cuGraphDestroy", drv.cuGraphDestroy(g.g)))
 }

@@ -554,6 +554,105 @@ extern "C" __global__ void k_add(float* y, const float* x, i64 n) {
     GRID_STRIDE(i, n) { y[i] += x[i]; }
 }
 
+// ---- in-process collectives (comm/local's device path) -------------------
+
+// peer_sum adds chunk [lo, lo+n) of the m buffers p[0..m) element by
+// element, left to right in the order given (comm's canonical order, the
+// order comm/local adds in on the host: the same bits), and stores the sum
+// into out[0..n) or, where out is null, back into every one of the m
+// buffers (an all-reduce's chunk, in place: each element is read from all
+// of them before it is written).
+template <typename T>
+__device__ void peer_sum(T* out, i64 lo, i64 n, int m, T* const* p) {
+    GRID_STRIDE(i, n) {
+        T acc = p[0][lo + i];
+        for (int k = 1; k < m; k++) acc += p[k][lo + i];
+        if (out) {
+            out[i] = acc;
+        } else {
+            for (int k = 0; k < m; k++) p[k][lo + i] = acc;
+        }
+    }
+}
+
+extern "C" __global__ void k_peer_sum_f32(float* out, i64 lo, i64 n, int m, float* p0, float* p1, float* p2, float* p3, float* p4, float* p5, float* p6, float* p7, float* p8, float* p9, float* p10, float* p11, float* p12, float* p13, float* p14, float* p15) {
+    float* p[16] = {p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15};
+    peer_sum(out, lo, n, m, p);
+}
+
+extern "C" __global__ void k_peer_sum_i32(int* out, i64 lo, i64 n, int m, int* p0, int* p1, int* p2, int* p3, int* p4, int* p5, int* p6, int* p7, int* p8, int* p9, int* p10, int* p11, int* p12, int* p13, int* p14, int* p15) {
+    int* p[16] = {p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15};
+    peer_sum(out, lo, n, m, p);
+}
+
+extern "C" __global__ void k_peer_sum_i64(i64* out, i64 lo, i64 n, int m, i64* p0, i64* p1, i64* p2, i64* p3, i64* p4, i64* p5, i64* p6, i64* p7, i64* p8, i64* p9, i64* p10, i64* p11, i64* p12, i64* p13, i64* p14, i64* p15) {
+    i64* p[16] = {p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15};
+    peer_sum(out, lo, n, m, p);
+}
+
+// ---- dropout masks (math/rand/v2's PCG, as package models draws them) ------
+
+// A 128-bit unsigned integer; arithmetic wraps.
+struct u128 {
+    u64 hi, lo;
+};
+
+__device__ __forceinline__ u128 mul128(u128 a, u128 b) {
+    u128 r;
+    r.lo = a.lo * b.lo;
+    r.hi = __umul64hi(a.lo, b.lo) + a.hi * b.lo + a.lo * b.hi;
+    return r;
+}
+
+__device__ __forceinline__ u128 add128(u128 a, u128 b) {
+    u128 r;
+    r.lo = a.lo + b.lo;
+    r.hi = a.hi + b.hi + (r.lo < a.lo ? 1 : 0);
+    return r;
+}
+
+// pcg_jump sets (*A, *C) to the map of n steps of the PCG's LCG
+// s <- a*s + c: s <- A*s + C (models.pcgJump).
+__device__ void pcg_jump(u64 n, u128* A, u128* C) {
+    u128 mul = {2549297995355413924ull, 4865540595714422341ull};
+    u128 inc = {6364136223846793005ull, 1442695040888963407ull};
+    u128 am = {0, 1}, ai = {0, 0};
+    u128 one = {0, 1};
+    for (; n > 0; n >>= 1) {
+        if (n & 1) {
+            am = mul128(am, mul);
+            ai = add128(mul128(ai, mul), inc);
+        }
+        inc = mul128(add128(mul, one), inc);
+        mul = mul128(mul, mul);
+    }
+    *A = am;
+    *C = ai;
+}
+
+// m[i] = 0 where the low 53 bits of the PCG's (i+1)-th output from state
+// (hi, lo) are below thr, else keep: the mask models.dropoutRNG.mask
+// draws on the CPU (Float64() < p, in integers). Each thread jumps to its
+// first element, then strides by the grid.
+extern "C" __global__ void k_dropout(float* m, i64 n, i64 hi, i64 lo, i64 thr, float keep) {
+    i64 first = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (first >= n) return;
+    u128 A, C, SA, SC;
+    pcg_jump((u64)first + 1, &A, &C);
+    pcg_jump((u64)blockDim.x * gridDim.x, &SA, &SC);
+    u128 s0 = {(u64)hi, (u64)lo};
+    u128 s = add128(mul128(A, s0), C);
+    for (i64 i = first; i < n; i += (i64)blockDim.x * gridDim.x) {
+        u64 x = s.hi; // DXSM output of the advanced state
+        x ^= x >> 32;
+        x *= 0xda942042e4dd58b5ull;
+        x ^= x >> 48;
+        x *= (s.lo | 1);
+        m[i] = (x & ((1ull << 53) - 1)) < (u64)thr ? 0.0f : keep;
+        s = add128(mul128(SA, s), SC);
+    }
+}
+
 // ---- sparsification -------------------------------------------------------
 //
 // Selection by magnitude works on keys: the IEEE-754 bits of |v| (the sign
@@ -778,26 +877,36 @@ extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float s
 // never straddling a segment), one block per piece, added exactly as the
 // CPU does (package sparsify's sumSquares): element i of the piece into
 // partial sum i mod 4, the last (len mod 4) elements into sum 0, combined
-// as (s0+s1)+(s2+s3). Four threads run the four chains.
+// as (s0+s1)+(s2+s3). All 256 threads load; four run the chains.
 extern "C" __global__ void k_piece_sumsq(const float* x, const i64* lo, double* part) {
+    // Every thread loads and squares one element of each tile of 256 (a
+    // multiple of 4, so element i of the piece stays in chain i mod 4);
+    // the four chains then add their tile's squares in order from shared
+    // memory: the CPU's additions, with the loads coalesced.
+    __shared__ double sq[256];
     __shared__ double s[4];
     i64 a = lo[blockIdx.x], b = lo[blockIdx.x + 1];
     i64 len = b - a, main = len - len % 4;
     int t = threadIdx.x;
-    if (t < 4) {
-        double acc = 0.0;
-        for (i64 i = t; i < main; i += 4) {
+    double acc = 0.0;
+    for (i64 base = 0; base < main; base += 256) {
+        i64 i = base + t;
+        double v = i < main ? (double)x[a + i] : 0.0;
+        sq[t] = v * v;
+        __syncthreads();
+        if (t < 4) {
+            int m = (int)(main - base < 256 ? main - base : 256);
+            for (int k = t; k < m; k += 4) acc += sq[k];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        for (i64 i = main; i < len; i++) {
             double v = x[a + i];
             acc += v * v;
         }
-        if (t == 0) {
-            for (i64 i = main; i < len; i++) {
-                double v = x[a + i];
-                acc += v * v;
-            }
-        }
-        s[t] = acc;
     }
+    if (t < 4) s[t] = acc;
     __syncthreads();
     if (t == 0) part[blockIdx.x] = (s[0] + s[1]) + (s[2] + s[3]);
 }

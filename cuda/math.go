@@ -123,8 +123,16 @@ func (s *Stream) fill32(x device.Buffer, bits uint32) error {
 	if x.Len() == 0 {
 		return nil
 	}
-	defer s.d.enter()()
-	return check("cuMemsetD32Async", drv.cuMemsetD32Async(uint64(x.Addr()), bits, uint64(x.Bytes()/4), s.h))
+	unlock, err := s.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	counts.launches.Add(1)
+	if err := check("cuMemsetD32Async", drv.cuMemsetD32Async(uint64(x.Addr()), bits, uint64(x.Bytes()/4), s.h)); err != nil {
+		return err
+	}
+	return s.checkLaunch("cuMemsetD32Async")
 }
 
 func (m *gpuMath) Add(s device.Stream, y, x device.Buffer) error {

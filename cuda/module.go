@@ -3,44 +3,51 @@ package cuda
 import (
 	"fmt"
 	"math"
-	"runtime"
-	"sync"
+	"regexp"
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-// module is the loaded kernel image of a device.
+// module is the loaded kernel image of a device, with every kernel of
+// the package looked up once when it is loaded (read-only afterwards).
 type module struct {
 	h   uintptr
-	mu  sync.Mutex
 	fns map[string]uintptr
 }
 
-// loadModule loads a cubin or PTX image (the device's context current).
-func loadModule(image []byte) (*module, error) {
+// kernelNameRE finds the kernels of the package's source.
+var kernelNameRE = regexp.MustCompile(`extern "C" __global__ void (\w+)\(`)
+
+// loadModule loads a cubin or PTX image (the device's context current)
+// and looks up the kernels named in src.
+func loadModule(image []byte, src string) (*module, error) {
 	img := append(append([]byte(nil), image...), 0) // PTX must end with NUL
 	m := &module{fns: map[string]uintptr{}}
 	if err := check("cuModuleLoadData", drv.cuModuleLoadData(&m.h, unsafe.Pointer(&img[0]))); err != nil {
 		return nil, fmt.Errorf("%w (the kernels compiled by NVRTC could not be loaded by the driver; is the driver older than NVRTC?)", err)
 	}
+	for _, match := range kernelNameRE.FindAllStringSubmatch(src, -1) {
+		name := match[1]
+		var f uintptr
+		if err := check("cuModuleGetFunction "+name, drv.cuModuleGetFunction(&f, m.h, cString(name))); err != nil {
+			return nil, err
+		}
+		m.fns[name] = f
+	}
 	return m, nil
 }
 
-// fn returns kernel name (the device's context current).
-func (m *module) fn(name string) (uintptr, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if f, ok := m.fns[name]; ok {
-		return f, nil
-	}
-	var f uintptr
-	if err := check("cuModuleGetFunction "+name, drv.cuModuleGetFunction(&f, m.h, cString(name))); err != nil {
-		return 0, err
-	}
-	m.fns[name] = f
-	return f, nil
+// kernel is a kernel of a device's module, looked up when a launch is
+// prepared (f is 0 for a name the module lacks: its launch fails saying
+// so).
+type kernel struct {
+	f    uintptr
+	name string
 }
+
+// kernel returns the kernel called name.
+func (d *Device) kernel(name string) kernel { return kernel{d.mod.fns[name], name} }
 
 // launch is a kernel launch being prepared on a stream: its arguments are
 // written into the stream's parameter slots (no allocation), each slot
@@ -105,27 +112,37 @@ func (s *Stream) grid(n int) int {
 }
 
 // run launches kernel name with grid blocks of blockSize threads.
-func (l *launch) run(name string, grid int) error {
-	if l.err != nil {
-		return l.err
-	}
-	s := l.s
-	defer s.d.enter()()
-	f, err := s.d.mod.fn(name)
-	if err != nil {
-		return err
-	}
-	var pin runtime.Pinner
-	pin.Pin(s)
-	defer pin.Unpin()
-	return check("cuLaunchKernel "+name, drv.cuLaunchKernel(f, uint32(max(grid, 1)), 1, 1, blockSize, 1, 1, 0, s.h, unsafe.Pointer(&s.ptrs[0]), nil))
-}
+func (l *launch) run(name string, grid int) error { return l.launch(l.s.d.kernel(name), grid) }
 
 // runN launches kernel name over n elements (grid-stride); nothing for
 // n = 0.
-func (l *launch) runN(name string, n int) error {
+func (l *launch) runN(name string, n int) error { return l.launchN(l.s.d.kernel(name), n) }
+
+// launch launches k with grid blocks of blockSize threads.
+func (l *launch) launch(k kernel, grid int) error {
+	if l.err != nil {
+		return l.err
+	}
+	if k.f == 0 {
+		return fmt.Errorf("cuda: no kernel %s in the module", k.name)
+	}
+	s := l.s
+	unlock, err := s.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	counts.launches.Add(1)
+	if err := check("cuLaunchKernel "+k.name, drv.cuLaunchKernel(k.f, uint32(max(grid, 1)), 1, 1, blockSize, 1, 1, 0, s.h, unsafe.Pointer(&s.ptrs[0]), nil)); err != nil {
+		return err
+	}
+	return s.checkLaunch(k.name)
+}
+
+// launchN launches k over n elements (grid-stride); nothing for n = 0.
+func (l *launch) launchN(k kernel, n int) error {
 	if n == 0 && l.err == nil {
 		return nil
 	}
-	return l.run(name, l.s.grid(n))
+	return l.launch(k, l.s.grid(n))
 }

@@ -232,7 +232,11 @@ func NewNCCL(ctx context.Context, d *Device, id NCCLID, rank, size int) (*NCCL, 
 	}
 	c.s = s
 	if err := func() error {
-		defer d.enter()()
+		unlock, err := d.enter()
+		if err != nil {
+			return err
+		}
+		defer unlock()
 		return check("cuEventCreate", drv.cuEventCreate(&c.done, eventNoTiming))
 	}(); err != nil {
 		return nil, err
@@ -246,9 +250,14 @@ func NewNCCL(ctx context.Context, d *Device, id NCCLID, rank, size int) (*NCCL, 
 	}
 	ch := make(chan result, 1)
 	go func() {
-		defer d.enter()()
+		unlock, err := d.enter()
+		if err != nil {
+			ch <- result{0, err}
+			return
+		}
+		defer unlock()
 		var h uintptr
-		err := ncclCheck("ncclCommInitRank", nccl.commInitRank(&h, int32(size), &id, int32(rank)))
+		err = ncclCheck("ncclCommInitRank", nccl.commInitRank(&h, int32(size), &id, int32(rank)))
 		ch <- result{h, err}
 	}()
 	select {
@@ -274,8 +283,11 @@ func (c *NCCL) Stream() *Stream { return c.s }
 
 // Close destroys the communicator (after an abort, only frees it).
 func (c *NCCL) Close() error {
-	defer c.d.enter()()
-	var err error
+	unlock, err := c.d.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if c.h != 0 {
 		if c.aborted != nil {
 			err = ncclCheck("ncclCommAbort", nccl.commAbort(c.h))
@@ -284,8 +296,7 @@ func (c *NCCL) Close() error {
 		}
 		c.h = 0
 	}
-	drv.cuEventDestroy(c.done)
-	return errors.Join(err, c.d.Free(c.scratch))
+	return errors.Join(err, check("cuEventDestroy", drv.cuEventDestroy(c.done)), c.s.Close(), c.d.Free(c.scratch))
 }
 
 // call issues one transfer (f, with the device's context current) and
@@ -302,7 +313,12 @@ func (c *NCCL) start(what string, f func() int32) error {
 	if c.aborted != nil {
 		return c.aborted
 	}
-	defer c.d.enter()()
+	unlock, err := c.d.enter()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	counts.launches.Add(1)
 	if err := ncclCheck(what, f()); err != nil {
 		return c.abort(err)
 	}
@@ -318,6 +334,7 @@ func (c *NCCL) waitEvent(ctx context.Context, what string, ev uintptr) error {
 	if c.aborted != nil {
 		return c.aborted
 	}
+	counts.syncs.Add(1)
 	pause := 2 * time.Microsecond
 	for {
 		r, async := c.query(ev)
@@ -339,11 +356,17 @@ func (c *NCCL) waitEvent(ctx context.Context, what string, ev uintptr) error {
 }
 
 func (c *NCCL) query(ev uintptr) (cuResult, int32) {
-	defer c.d.enter()()
+	unlock, err := c.d.enter()
+	if err != nil {
+		return errContext, ncclSuccess
+	}
+	defer unlock()
 	r := drv.cuEventQuery(ev)
 	var async int32
 	if r == errNotReady {
-		nccl.commGetAsyncError(c.h, &async)
+		if st := nccl.commGetAsyncError(c.h, &async); st != ncclSuccess {
+			async = st
+		}
 	}
 	return r, async
 }
@@ -353,17 +376,22 @@ func (c *NCCL) query(ev uintptr) (cuResult, int32) {
 func (c *NCCL) abort(cause error) error {
 	if c.aborted == nil {
 		c.aborted = fmt.Errorf("%w (rank %d of %d): %w", ErrNCCLAborted, c.rank, c.size, cause)
-		func() {
-			defer c.d.enter()()
-			nccl.commAbort(c.h)
-		}()
+		unlock, err := c.d.enter()
+		if err == nil {
+			err = ncclCheck("ncclCommAbort", nccl.commAbort(c.h))
+			unlock()
+		}
+		if err != nil {
+			c.aborted = fmt.Errorf("%w (and aborting it: %w)", c.aborted, err)
+		}
 		c.h = 0
 	}
 	return c.aborted
 }
 
 // xfer is one transfer, checked and ready to issue: f issues it (the
-// device's context current); n is what a request's Wait returns.
+// device's context current; nil where there is nothing to issue, as for a
+// one-rank all-reduce); n is what a request's Wait returns.
 type xfer struct {
 	what string
 	f    func() int32
@@ -414,9 +442,10 @@ func (c *NCCL) bufs(what string, bs ...comm.Buffer) ([]device.Buffer, int32, err
 
 func addr(b device.Buffer) uint64 { return uint64(b.Addr()) }
 
-// run issues x and waits for it (nothing for a nil x).
+// run issues x and waits for it (nothing for a nil x or one without a
+// call).
 func (c *NCCL) run(ctx context.Context, x *xfer, err error) error {
-	if err != nil || x == nil {
+	if err != nil || x == nil || x.f == nil {
 		return err
 	}
 	return c.call(ctx, x.what, x.f)
@@ -427,7 +456,7 @@ func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if x != nil {
+	if x != nil && x.f != nil {
 		if err := c.start(x.what, x.f); err != nil {
 			return nil, err
 		}
@@ -466,6 +495,9 @@ func (c *NCCL) allReduce(buf comm.Buffer) (*xfer, error) {
 	b, dt, err := c.bufs("AllReduce", buf)
 	if err != nil || b[0].Len() == 0 {
 		return nil, err
+	}
+	if c.size == 1 { // one rank's sum is its buffer: no call
+		return &xfer{what: "AllReduce", n: b[0].Len()}, nil
 	}
 	return &xfer{"ncclAllReduce", func() int32 {
 		return nccl.allReduce(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, ncclSum, c.h, c.s.h)

@@ -1,6 +1,7 @@
 package cuda_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -18,7 +19,9 @@ import (
 // the residual the GPU had (the CPU run's, to rounding), and the resumed
 // run ends bit for bit where the uninterrupted run ends (parameters and
 // every rank's residual): the residual, the reducers' and the models'
-// state go through the checkpoint as on the CPU.
+// state go through the checkpoint as on the CPU. The model is NCF with
+// dropout, whose masks the GPU draws: every rank's dropout stream in the
+// GPU's checkpoint is the CPU's, bit for bit.
 func TestResumeOnGPU(t *testing.T) {
 	gpu(t)
 	dir := ml100k(t)
@@ -30,7 +33,7 @@ func TestResumeOnGPU(t *testing.T) {
 	}
 	for _, sp := range methods {
 		t.Run(sp, func(t *testing.T) {
-			c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Workers: train.Set(2), Steps: 4, Sparsifier: sp,
+			c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Preset: "default", Workers: train.Set(2), Steps: 4, Sparsifier: sp,
 				Density: train.Set(0.05), Device: "cuda", Pipeline: "auto", Quiet: true, BLAS: "gonum", MaxEvalBatches: 1,
 				MethodOptions: sparsify.Values{}}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -64,6 +67,9 @@ func TestResumeOnGPU(t *testing.T) {
 			for r := range 2 {
 				if d := relDiff(g.Residuals[r], want.Residuals[r]); g.Step != 2 || d > 1e-3 {
 					t.Fatalf("rank %d's checkpoint at step %d: residual off the CPU's by %.3g (relative): not the GPU's", r, g.Step, d)
+				}
+				if len(want.Model) == 0 || !bytes.Equal(g.Model, want.Model) {
+					t.Fatalf("rank %d's model state (the dropout stream) at step 2: GPU %x, CPU %x", r, g.Model, want.Model)
 				}
 			}
 			if err := train.Run(ctx, train.Config{Resume: split.Out}, train.Options{}); err != nil {

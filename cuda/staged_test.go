@@ -12,16 +12,29 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // TestStagedDeviceBuffers runs every communicator call with GPU buffers
-// through comm.Staged over in-process ranks sharing the GPU, each rank on
-// its own stream, and the same calls with host buffers: the results are
-// bit-identical (Staged sums on the host in the canonical order).
+// through comm.Staged over in-process ranks, each rank on its own stream,
+// and the same calls with host buffers: the results are bit-identical. On
+// one GPU the collectives run on the device (comm/local's device path: one
+// kernel adds each chunk in the canonical order), the point-to-point calls
+// are staged; with the ranks on two GPUs every call goes through host
+// memory (comm/local stages the collectives itself).
 func TestStagedDeviceBuffers(t *testing.T) {
 	d := gpu(t)
-	for _, n := range []int{1, 2, 3, 5} {
+	devs := []*cuda.Device{d}
+	if cuda.EmulateGPUs(t, 2) {
+		d1, err := cuda.Open(1, cuda.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		devs = append(devs, d1)
+	}
+	// 17 ranks: more than one kernel adds (cuda's MaxPeers), staged.
+	for _, n := range []int{1, 2, 3, 5, 17} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(n), 9))
 			const L = 1037
@@ -79,7 +92,7 @@ func TestStagedDeviceBuffers(t *testing.T) {
 				got = append(got, o.rd(recv))
 				// A ring exchange, a non-blocking all-gather and a receive
 				// into a longer buffer (only the message is copied back).
-				recv = o.mk(make([]float32, 20))
+				recv = o.mk(make([]float32, 7+n+3))
 				m, err := c.SendRecv(ctx, o.mk(xs[r][:7+r]), (r+1)%n, recv, (r+n-1)%n, 3)
 				if err != nil {
 					return nil, nil, err
@@ -90,12 +103,33 @@ func TestStagedDeviceBuffers(t *testing.T) {
 				if err != nil {
 					return nil, nil, err
 				}
-				if _, err := req.Wait(ctx); err != nil {
+				// A non-blocking all-reduce of int32 and one of float32
+				// in flight together, and a non-blocking all-gather with
+				// counts.
+				ir := o.mki(is[r])
+				req2, err := c.IAllReduce(ctx, ir)
+				if err != nil {
 					return nil, nil, err
 				}
-				return got, o.rdi(ib), c.Barrier(ctx)
+				fr := o.mk(xs[r][:333])
+				req3, err := c.IAllReduce(ctx, fr)
+				if err != nil {
+					return nil, nil, err
+				}
+				recv = o.mk(make([]float32, total))
+				req4, err := c.IAllGatherV(ctx, o.mk(xs[r][3:3+counts[r]]), recv, counts)
+				if err != nil {
+					return nil, nil, err
+				}
+				for _, q := range []comm.Request{req, req2, req3, req4} {
+					if _, err := q.Wait(ctx); err != nil {
+						return nil, nil, err
+					}
+				}
+				got = append(got, o.rd(fr), o.rd(recv))
+				return got, append(o.rdi(ib), o.rdi(ir)...), c.Barrier(ctx)
 			}
-			run := func(onGPU bool) ([][][]float32, [][]int32) {
+			run := func(gpus []*cuda.Device) ([][][]float32, [][]int32) {
 				w := local.New(n)
 				outs := make([][][]float32, n)
 				ints := make([][]int32, n)
@@ -111,7 +145,8 @@ func TestStagedDeviceBuffers(t *testing.T) {
 							rd:  func(b comm.Buffer) []float32 { return slices.Clone([]float32(b.(comm.Float32s))) },
 							rdi: func(b comm.Buffer) []int32 { return slices.Clone([]int32(b.(comm.Int32s))) },
 						}
-						if onGPU {
+						if len(gpus) > 0 {
+							d := gpus[r%len(gpus)]
 							s, err := d.NewStream()
 							if err != nil {
 								errs[r] = err
@@ -140,21 +175,23 @@ func TestStagedDeviceBuffers(t *testing.T) {
 				}
 				return outs, ints
 			}
-			hostOut, hostInts := run(false)
-			devOut, devInts := run(true)
-			for r := range n {
-				for i := range hostOut[r] {
-					if !sameBits(devOut[r][i], hostOut[r][i]) {
-						t.Fatalf("rank %d call %d: device buffers %v…, host %v…", r, i, devOut[r][i][:min(3, len(devOut[r][i]))], hostOut[r][i][:min(3, len(hostOut[r][i]))])
+			hostOut, hostInts := run(nil)
+			for k := range devs {
+				devOut, devInts := run(devs[:k+1])
+				for r := range n {
+					for i := range hostOut[r] {
+						if !sameBits(devOut[r][i], hostOut[r][i]) {
+							t.Fatalf("%d GPU(s), rank %d call %d: device buffers %v…, host %v…", k+1, r, i, devOut[r][i][:min(3, len(devOut[r][i]))], hostOut[r][i][:min(3, len(hostOut[r][i]))])
+						}
 					}
-				}
-				if !slices.Equal(devInts[r], hostInts[r]) {
-					t.Fatalf("rank %d: non-blocking int32 all-gather differs", r)
+					if !slices.Equal(devInts[r], hostInts[r]) {
+						t.Fatalf("%d GPU(s), rank %d: the non-blocking int32 calls differ", k+1, r)
+					}
 				}
 			}
 		})
 	}
-	// A host communicator without Staged refuses device memory clearly.
+	// comm/local's messages without Staged refuse device memory clearly.
 	w := local.New(1)
 	b := comm.OnDevice(upload(t, d.Stream(), make([]float32, 4)), d.Stream())
 	func() {
@@ -163,6 +200,78 @@ func TestStagedDeviceBuffers(t *testing.T) {
 				t.Errorf("an unstaged device buffer: %v", r)
 			}
 		}()
-		w.Comm(0).AllGather(context.Background(), b, comm.OnDevice(upload(t, d.Stream(), make([]float32, 4)), d.Stream()))
+		w.Comm(0).Send(context.Background(), b, 0, 1)
 	}()
+}
+
+// TestDeviceCollectivesStayOnDevice: in-process ranks sharing a GPU reduce
+// and gather their device buffers without the host: no byte crosses, the
+// host waits for nothing, and an all-reduce is one launch per rank (its
+// chunk's kernel).
+func TestDeviceCollectivesStayOnDevice(t *testing.T) {
+	d := gpu(t)
+	const n, L = 4, 100003
+	rng := rand.New(rand.NewPCG(3, 3))
+	ctx := context.Background()
+	w := local.New(n)
+	bufs := make([]device.Buffer, n)
+	recvs := make([]device.Buffer, n)
+	streams := make([]device.Stream, n)
+	want := make([]float32, L)
+	for r := range n {
+		s, err := d.NewStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := randVec(rng, L, 1)
+		streams[r], bufs[r] = s, upload(t, s, x)
+		recvs[r] = upload(t, s, make([]float32, n*100))
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The host's sums, in the canonical order.
+	hosts := make([]comm.Buffer, n)
+	for r := range n {
+		hosts[r] = comm.Float32s(download(t, streams[r], bufs[r]))
+	}
+	hw := local.New(n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			if err := hw.Comm(r).AllReduce(ctx, hosts[r]); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	copy(want, hosts[0].(comm.Float32s))
+	before := cuda.Counts()
+	for r := range n {
+		wg.Go(func() {
+			c := comm.Staged(w.Comm(r))
+			if err := c.AllReduce(ctx, comm.OnDevice(bufs[r], streams[r])); err != nil {
+				t.Error(err)
+			}
+			if err := c.AllGather(ctx, comm.OnDevice(bufs[r].Slice(0, 100), streams[r]), comm.OnDevice(recvs[r], streams[r])); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	got := cuda.Counts().Sub(before)
+	if got.Syncs != 0 || got.HtoD != 0 || got.DtoH != 0 || got.Allocs != 0 || got.Launches != n*(1+n) {
+		t.Errorf("4 ranks' all-reduce and all-gather on the device: %v; want no sync, no byte and %d launches (a kernel and %d copies per rank)", got, n*(1+n), n)
+	}
+	for r := range n {
+		if g := download(t, streams[r], bufs[r]); !sameBits(g, want) {
+			t.Fatalf("rank %d: the device all-reduce differs from the host's", r)
+		}
+		g := download(t, streams[r], recvs[r])
+		for q := range n {
+			if !sameBits(g[q*100:(q+1)*100], want[:100]) {
+				t.Fatalf("rank %d: the all-gather's block %d differs", r, q)
+			}
+		}
+	}
 }

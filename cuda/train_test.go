@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -190,4 +191,26 @@ func TestTrainOverNCCL(t *testing.T) {
 	if _, info, err := run("topk", "cuda", "auto", n+1); err != nil || info.Comm != "local" {
 		t.Fatalf("-comm auto with %d workers on %d GPUs: comm %q, %v", n+1, n, info.Comm, err)
 	}
+}
+
+// TestTrainRefusesWhatTheGPUCannotHold: a run whose programs and vectors
+// need more than the GPU's free memory is refused before anything is
+// allocated, with the numbers and the flag to lower, as on the CPU.
+func TestTrainRefusesWhatTheGPUCannotHold(t *testing.T) {
+	gpu(t)
+	if !cuda.EmulateFreeMemory(t, 8<<20) { // 8 MiB free
+		t.Skip("sets the emulated GPU's free memory")
+	}
+	dir := ml100k(t)
+	before := cuda.Counts()
+	c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Preset: "default", Workers: train.Set(2), Steps: 2, Sparsifier: "dense",
+		Device: "cuda", Out: t.TempDir(), Quiet: true, BLAS: "gonum"}
+	err := train.Run(context.Background(), c, train.Options{})
+	if !errors.Is(err, train.ErrConfig) || !strings.Contains(err.Error(), "GPU memory") || !strings.Contains(err.Error(), "8 MB free") {
+		t.Fatalf("a run needing more than the GPU's 8 MiB: %v; want a configuration error with the numbers", err)
+	}
+	if got := cuda.Counts().Sub(before); got.Allocs != 0 {
+		t.Errorf("the refused run allocated %d buffers on the GPU first", got.Allocs)
+	}
+	t.Log(err)
 }

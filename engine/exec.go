@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
@@ -58,6 +59,14 @@ type Replay interface {
 	Close() error
 }
 
+// Holder is implemented by streams that the goroutine issuing a burst of
+// work may hold meanwhile (cuda.Stream: its OS thread locked with the
+// device's context current, so that each launch costs the driver call
+// only); an executor holds its stream while it runs a program.
+type Holder interface {
+	Hold() (release func())
+}
+
 // ErrNoCapture is returned by a Capturer that does not capture (disabled);
 // the executor then issues every kernel of every run itself.
 var ErrNoCapture = errors.New("engine: capture not available")
@@ -98,6 +107,7 @@ type Executor struct {
 	ready   bool // bufs of bound values resolved for bound
 	bufs    []device.Buffer
 	stage   []device.Buffer // host staging of each input (device executors; lazy)
+	fetch   []fetched       // outputs copied to the host after every run
 	args    [][]device.Buffer
 	wsb     []device.Buffer
 	peak    int
@@ -305,6 +315,76 @@ func (e *Executor) Upload(i int) error {
 // Output returns the value of output i (Spec.Outputs order) after a run.
 func (e *Executor) Output(i int) device.Buffer { return e.bufs[e.p.OutputIDs[i]] }
 
+// fetched is an output copied to the host after every run.
+type fetched struct {
+	out  int
+	host device.Buffer
+}
+
+// Fetch makes every later Run (and Profile) copy output i into host
+// memory after the program, and returns that memory: it holds the output
+// when Run returns, the one wait for the device covering the program and
+// the copy. On a device that allocates page-locked host memory (a GPU) the
+// memory is, so that the copy does not wait by itself. On a host device it
+// is the output itself.
+func (e *Executor) Fetch(i int) (device.Buffer, error) {
+	out := e.Output(i)
+	if out.IsHost() {
+		return out, nil
+	}
+	for _, f := range e.fetch {
+		if f.out == i {
+			return f.host, nil
+		}
+	}
+	host, err := hostMemory(e.dev, out.DType(), out.Len())
+	if err != nil {
+		return device.Buffer{}, fmt.Errorf("engine: host memory for output %d: %w", i, err)
+	}
+	e.fetch = append(e.fetch, fetched{i, host})
+	return host, nil
+}
+
+// hostMemory returns n elements of dt in host memory, page-locked where
+// dev allocates that (AllocPinned, as cuda.Device does).
+func hostMemory(dev device.Device, dt device.DType, n int) (device.Buffer, error) {
+	p, ok := dev.(interface{ AllocPinned(n int) ([]byte, error) })
+	if !ok || n == 0 {
+		return device.CPU.Alloc(dt, n)
+	}
+	mem, err := p.AllocPinned(n * dt.Size())
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	ptr := unsafe.Pointer(&mem[0])
+	switch dt {
+	case device.Float32:
+		return device.Host(unsafe.Slice((*float32)(ptr), n)), nil
+	case device.Float64:
+		return device.Host(unsafe.Slice((*float64)(ptr), n)), nil
+	case device.Int32:
+		return device.Host(unsafe.Slice((*int32)(ptr), n)), nil
+	case device.Int64:
+		return device.Host(unsafe.Slice((*int64)(ptr), n)), nil
+	}
+	return device.Buffer{}, fmt.Errorf("no host buffers of %v", dt)
+}
+
+// fetchOutputs issues the copies of the fetched outputs and waits for the
+// stream (the program and the copies); without fetched outputs it waits
+// for end only.
+func (e *Executor) fetchOutputs(end device.Event) error {
+	if len(e.fetch) == 0 {
+		return end.Synchronize()
+	}
+	for _, f := range e.fetch {
+		if err := e.stream.Copy(f.host, e.Output(f.out)); err != nil {
+			return fmt.Errorf("engine: copying output %d to the host: %w", f.out, err)
+		}
+	}
+	return e.stream.Synchronize()
+}
+
 // plan assigns arena offsets and returns the arena size in bytes. Every
 // block — a base value held in the arena, or an instruction's workspace —
 // has a lifetime: from the instruction that first writes it to the last
@@ -459,10 +539,13 @@ func (e *Executor) Replaying() bool { return e.replay != nil }
 // events that complete when the gradient does). On a stream that can
 // capture, the first run issues every kernel itself and the second
 // captures the program and replays it. Run returns after the device has
-// finished the work.
+// finished the work and copied the outputs Fetch asks for.
 func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, error) {
 	if err := e.prepare(ctx, b); err != nil {
 		return Timing{}, err
+	}
+	if h, ok := e.stream.(Holder); ok {
+		defer h.Hold()()
 	}
 	is := &e.eager
 	if c, ok := e.stream.(Capturer); ok && !e.noCapture {
@@ -496,7 +579,7 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 			return Timing{}, err
 		}
 	}
-	if err := is.end.Synchronize(); err != nil {
+	if err := e.fetchOutputs(is.end); err != nil {
 		return Timing{}, err
 	}
 	e.warm = true
@@ -547,6 +630,9 @@ func (e *Executor) Profile(ctx context.Context, b Bindings) ([]OpTime, error) {
 		return nil, err
 	}
 	p, s := e.p, e.stream
+	if h, ok := s.(Holder); ok {
+		defer h.Hold()()
+	}
 	evs := make([]device.Event, len(e.kernels)+1)
 	var err error
 	if evs[0], err = s.Record(); err != nil {
@@ -561,7 +647,7 @@ func (e *Executor) Profile(ctx context.Context, b Bindings) ([]OpTime, error) {
 			return nil, err
 		}
 	}
-	if err := evs[len(evs)-1].Synchronize(); err != nil {
+	if err := e.fetchOutputs(evs[len(evs)-1]); err != nil {
 		return nil, err
 	}
 	e.warm = true

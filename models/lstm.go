@@ -333,7 +333,7 @@ func (m *LSTM) TrainStep(ctx context.Context, b Batch, params, grad device.Buffe
 		return StepResult{}, err
 	}
 	for i := 0; i < m.nMasks; i++ {
-		if err := fillFloat32s(m.train, lstmState+2*m.cfg.Layers+i, func(d []float32) { m.drop.mask(d, m.cfg.Dropout) }); err != nil {
+		if err := m.drop.drawMask(m.train, lstmState+2*m.cfg.Layers+i, m.cfg.Dropout); err != nil {
 			return StepResult{}, err
 		}
 	}

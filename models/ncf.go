@@ -276,7 +276,7 @@ func (m *NCF) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer
 		return StepResult{}, err
 	}
 	for i := 0; i < m.nMasks; i++ {
-		if err := fillFloat32s(m.train, 3+i, func(d []float32) { m.drop.mask(d, m.cfg.Dropout) }); err != nil {
+		if err := m.drop.drawMask(m.train, 3+i, m.cfg.Dropout); err != nil {
 			return StepResult{}, err
 		}
 	}

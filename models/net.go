@@ -48,6 +48,9 @@ type net struct {
 	hook   GradHook
 	evals  evalCache
 	f32    []float32 // host copy of the outputs read (readFloat32s)
+	// loss is the training program's loss in host memory after each run
+	// (engine.Executor.Fetch: copied with the run, no wait of its own).
+	loss device.Buffer
 	// profile, when not nil, receives the instruction times of the next
 	// training step (ProfileStep).
 	profile *[]engine.OpTime
@@ -88,6 +91,9 @@ func (n *net) compileTrain(g *G.ExprGraph, params, buffers, inputs []*G.Node, lo
 	n.train, err = engine.New(p, n.be, nil)
 	if err != nil {
 		return fmt.Errorf("models: loading the training program: %w", err)
+	}
+	if n.loss, err = n.train.Fetch(0); err != nil {
+		return fmt.Errorf("models: %w", err)
 	}
 	return nil
 }
@@ -204,11 +210,7 @@ func (n *net) runTrain(ctx context.Context, params, grad device.Buffer) (StepRes
 	if err != nil {
 		return StepResult{}, fmt.Errorf("models: training step: %w", err)
 	}
-	loss, err := n.readFloat32s(n.train, n.train.Output(0))
-	if err != nil {
-		return StepResult{}, err
-	}
-	return StepResult{Loss: float64(loss[0]), Forward: t.Forward, Backward: t.Backward}, nil
+	return StepResult{Loss: float64(n.loss.Float32s()[0]), Forward: t.Forward, Backward: t.Backward}, nil
 }
 
 // ProfileStep runs one training step of m as TrainStep does, with each

@@ -6,7 +6,29 @@
 #
 # then run on the GPU machine, from the repository root, carrying .device
 # (the `device` tool: carry [".device/bin", ".device/data",
-# ".device/echarts.min.js", ".device/REVISION"], timeout_s 420):
+# ".device/echarts.min.js", ".device/REVISION"], timeout_s 330):
+#
+#   scripts/gpu-verify.sh measure
+#
+# measures again what docs/bench/gpu.md and docs/bench/gpu-budget.md still
+# lack, in under 5 minutes (SPARSEGRAD_GPU_BUDGET, default 280 s), one
+# output file per step and measure.txt, the summary:
+#
+#   M1 step time     ours (BenchmarkGPUStep: ms/step, whether the step
+#                    replayed as a CUDA graph, launches and host waits per
+#                    step) then PyTorch eager: ResNet-18 b128, LSTM
+#                    default, NCF b256 and b65536, TF32 off
+#   M2 selection     ours (BenchmarkGPUSelect) then torch.topk
+#   M3 host counts   TestStepBudgets -short on the GPU (NCF, dense and
+#                    top-k, 1 and 4 workers): the counts the emulator
+#                    measured, from the real driver
+#   M4 methods       ResNet-18, 4 workers sharing the GPU, 40 steps of
+#                    dense, deft, micro, topk, spardl, lags at ρ = 0.01, on
+#                    synthetic CIFAR-10-format data (random pixels, made on
+#                    the machine: the timing needs no real images): each
+#                    method's iteration, selection and communication
+#
+# The full proof, run once (docs/bench/gpu.md), is:
 #
 #   scripts/gpu-verify.sh proof
 #
@@ -59,8 +81,9 @@
 #            -workers 2 (same losses; mpi.txt); METHODS="micro" and
 #            METHOD_STEPS=300 run other methods or lengths
 #
-# SPARSEGRAD_REHEARSE=1 runs cifar and methods on the CPU with a few steps
-# (scripts/gpu-rehearse plays the whole sequence of calls here).
+# SPARSEGRAD_REHEARSE=1 runs the training of cifar, methods and measure's
+# M4 on the CPU with a few steps, the cuda package's steps on its emulator,
+# and skips PyTorch (scripts/gpu-rehearse plays the calls here).
 cd "$(dirname "$0")/.." || exit 2
 repo=$PWD
 out=${OUT:-gpu-results}
@@ -199,6 +222,111 @@ join_cifar() {
   echo "CIFAR-10 joined from $(ls .device/cifar/part-* | wc -l) parts, SHA-256 verified"
 }
 
+# synth_cifar writes CIFAR-10's files (the training batches and the test
+# sample) with random pixels and labels cycling 0-9 into
+# .device/synth/cifar-10-batches-bin, once: data for timing only.
+synth_cifar() {
+  local dir=.device/synth/cifar-10-batches-bin
+  [ -f "$dir/test_batch.first1000.bin" ] && return 0
+  mkdir -p "$dir"
+  python3 - "$dir" <<'PY'
+import os, sys
+d = sys.argv[1]
+def write(name, n):
+    rec = bytearray()
+    for i in range(n):
+        rec.append(i % 10)
+        rec += os.urandom(3072)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(rec)
+for b in range(1, 6):
+    write(f"data_batch_{b}.bin", 10000)
+write("test_batch.first1000.bin", 1000)
+PY
+  echo "synthetic CIFAR-10 (random pixels) in $dir"
+}
+
+# methods_table DIR prints each method's median iteration and its
+# selection and communication shares from the runs under DIR.
+methods_table() {
+  python3 - "$1" <<'PY'
+import json, os, statistics, sys
+root = sys.argv[1]
+# Communication as the reports' time breakdown counts it: t_comm, at most
+# t_wait, for a sequential reduction; the reduction's wall time
+# t_comm_wall for one that overlapped the backward pass (LAGS pipelining:
+# t_comm_wall > t_wait), whose calls overlap so that t_comm adds up more
+# than the time they took.
+def comm(r):
+    if (r.get("t_comm_wall") or 0) > (r.get("t_wait") or 0):
+        return r["t_comm_wall"]
+    return min(r.get("t_comm") or 0, r.get("t_wait") or 0)
+print(f"{'method':8} {'t_iter ms':>10} {'select ms':>10} {'select %':>9} {'comm ms':>8} {'comm %':>7} {'actual/setup density':>21}")
+for m in ["dense", "deft", "micro", "topk", "spardl", "lags"]:
+    try:
+        rs = [json.loads(l) for l in open(os.path.join(root, m, "metrics.jsonl")) if '"t_iter"' in l]
+    except OSError:
+        print(f"{m:8} (no run)")
+        continue
+    rs = rs[len(rs) // 6:] or rs  # after the first sixth (warm-up)
+    med = lambda k: statistics.median(r.get(k, 0) or 0 for r in rs)
+    it, sel, cm = med("t_iter"), med("t_select"), statistics.median(comm(r) for r in rs)
+    dens = statistics.mean((r.get("actual_density") or 0) / (r.get("density") or 1) for r in rs)
+    print(f"{m:8} {1e3 * it:10.1f} {1e3 * sel:10.2f} {100 * sel / it:9.1f} {1e3 * cm:8.2f} {100 * cm / it:7.1f} {dens:21.3f}")
+PY
+}
+
+# torch_or_skip runs a PyTorch script, or says that a rehearsal skips it.
+torch_or_skip() {
+  if [ -n "$rehearse" ]; then
+    echo "rehearsal: PyTorch's side skipped (no GPU here)"
+    return 0
+  fi
+  python3 "$@"
+}
+
+measure() {
+  summary=$out/measure.txt
+  : >"$summary"
+  budget=${SPARSEGRAD_GPU_BUDGET:-280}
+  # A rehearsal's emulator and CPU are slow; its times mean nothing.
+  local x=1
+  [ -n "$rehearse" ] && x=5 budget=${SPARSEGRAD_GPU_BUDGET:-1400}
+  say "sparsegrad GPU measurements, $(date -u +%FT%TZ), revision $(revision), budget ${budget} s"
+  say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+  unpack
+  local ct="$bin/ct" v="-test.v -test.count=1"
+  local bench=30x sel=100x steps=40 batch=()
+  [ -n "$rehearse" ] && bench=2x sel=2x steps=2 batch=(-batch 2)
+  want M1 && run M1 "step time: ours" $((75 * x)) m1-steps.txt "$ct" -test.run '^$' -test.bench GPUStep -test.benchtime "$bench"
+  want M1 && run M1 "step time: PyTorch eager" $((70 * x)) m1-steps.txt torch_or_skip scripts/gpu-step-torch.py --steps 30 --warmup 5
+  want M2 && run M2 "selection time: ours" $((30 * x)) m2-select.txt "$ct" -test.run '^$' -test.bench GPUSelect -test.benchtime "$sel"
+  want M2 && run M2 "selection time: torch.topk" $((30 * x)) m2-select.txt torch_or_skip scripts/gpu-select-torch.py --reps 100
+  want M3 && run M3 "host counts per step (NCF)" $((60 * x)) m3-budget.txt "$ct" -test.run '^TestStepBudgets$' -test.short $v
+  if want M4; then
+    run M4 "synthetic CIFAR-10" $((30 * x)) m4-methods.txt synth_cifar
+    rm -rf /tmp/measure-methods
+    local m
+    for m in ${METHODS:-dense deft micro topk spardl lags}; do
+      run M4 "methods: $m" $((60 * x)) m4-methods.txt "$bin/train" $(device_flags) -model resnet18 -dataset cifar10 -data-dir .device/synth -workers 4 \
+        -sparsifier "$m" -density 0.01 -steps "$steps" "${batch[@]}" -max-eval-batches 1 -quiet -out "/tmp/measure-methods/$m"
+    done
+  fi
+  {
+    echo "--- step times (ours: ms/step, graphs/step 1 = replayed as a CUDA graph; PyTorch: ms_per_step)"
+    grep -hE 'ms/step|"ms_per_step"' "$out"/m1-steps.txt 2>/dev/null
+    echo "--- selection times"
+    grep -hE 'µs/op|"us"' "$out"/m2-select.txt 2>/dev/null
+    echo "--- host counts per worker and step (TestStepBudgets)"
+    grep -h '^ *|' "$out"/m3-budget.txt 2>/dev/null | sed 's/^ *//' | awk '/^\| model \|/ {t = ""} {t = t $0 "\n"} END {printf "%s", t}'
+    echo "--- ResNet-18, 4 workers on one GPU, ρ = 0.01 (synthetic data)"
+    methods_table /tmp/measure-methods 2>&1
+    echo "--- failures"
+    grep -hE '^\s*--- FAIL|^FAIL|panic:' "$out"/m*.txt 2>/dev/null | head -20
+  } >>"$summary"
+  say "done in $(elapsed) s"
+}
+
 # median_iter prints the median t_iter (seconds) of a run's metrics.jsonl.
 median_iter() {
   python3 -c 'import json,sys,statistics; v=[json.loads(l)["t_iter"] for l in open(sys.argv[1]) if "\"t_iter\"" in l]; print(statistics.median(v[3:] or v))' "$1"
@@ -259,45 +387,22 @@ methods() {
     run m "$m" 120 methods-steps.txt "$bin/train" $(device_flags) -model resnet18 -dataset cifar10 -data-dir .device/data -workers 4 \
       -sparsifier "$m" -density 0.01 -steps "$steps" "${batch[@]}" -max-eval-batches 1 -quiet -out "/tmp/methods/$m"
   done
-  python3 - /tmp/methods >>"$summary" <<'PY'
-import json, os, statistics, sys
-root = sys.argv[1]
-# Communication as the reports' time breakdown counts it: t_comm, at most
-# t_wait, for a sequential reduction; the reduction's wall time
-# t_comm_wall for one that overlapped the backward pass (LAGS pipelining:
-# t_comm_wall > t_wait), whose calls overlap so that t_comm adds up more
-# than the time they took.
-def comm(r):
-    if (r.get("t_comm_wall") or 0) > (r.get("t_wait") or 0):
-        return r["t_comm_wall"]
-    return min(r.get("t_comm") or 0, r.get("t_wait") or 0)
-print(f"{'method':8} {'t_iter ms':>10} {'select %':>9} {'comm %':>7} {'actual/setup density':>21}")
-for m in ["dense", "deft", "micro", "topk", "spardl", "lags"]:
-    try:
-        rs = [json.loads(l) for l in open(os.path.join(root, m, "metrics.jsonl")) if '"t_iter"' in l]
-    except OSError:
-        print(f"{m:8} (no run)")
-        continue
-    rs = rs[len(rs) // 6:] or rs  # after the first sixth (warm-up)
-    med = lambda k: statistics.median(r.get(k, 0) or 0 for r in rs)
-    it = med("t_iter")
-    dens = statistics.mean((r.get("actual_density") or 0) / (r.get("density") or 1) for r in rs)
-    print(f"{m:8} {1e3 * it:10.1f} {100 * med('t_select') / it:9.1f} {100 * statistics.median(comm(r) for r in rs) / it:7.1f} {dens:21.3f}")
-PY
+  methods_table /tmp/methods >>"$summary"
   tar -czf "$out/methods-runs.tar.gz" --exclude=checkpoints -C /tmp methods 2>/dev/null
   run m "mpirun -comm mpi = -workers 2" 90 mpi.txt mpi_same_losses
   say "done in $(elapsed) s"
 }
 
 export bin repo out rehearse
-export -f probe mpi_same_losses join_cifar device_flags
+export -f probe mpi_same_losses join_cifar device_flags synth_cifar torch_or_skip
 
 case "${1:-}" in
+measure) measure ;;
 proof) proof ;;
 cifar) cifar ;;
 methods) methods ;;
 *)
-  echo "usage: $0 proof|cifar|methods   (after scripts/gpu-prepare; see the comment at the top)" >&2
+  echo "usage: $0 measure|proof|cifar|methods   (after scripts/gpu-prepare; see the comment at the top)" >&2
   exit 2
   ;;
 esac

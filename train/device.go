@@ -3,11 +3,13 @@ package train
 import (
 	"context"
 	"fmt"
-	"os"
-	"strconv"
+	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/mpi"
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/engine"
 )
@@ -41,6 +43,68 @@ func (g *gpus) open(ordinal int, opts cuda.Options) (*cuda.Device, error) {
 	return d, nil
 }
 
+// close releases the GPUs opened (their streams, library handles and
+// contexts) once the run is over; a failure is logged.
+func (g *gpus) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for o, d := range g.devs {
+		if err := d.Close(); err != nil {
+			slog.Warn("train: closing the GPU", "gpu", o, "err", err)
+		}
+		delete(g.devs, o)
+	}
+}
+
+// checkGPUFits refuses, before anything is allocated, a run whose memory
+// on a GPU exceeds the GPU's free memory, as checkFits does on the CPU:
+// memoryNeed's parts that live on the GPU (the programs' arenas, the
+// vectors) for the workers that share GPU 0 (here of this machine's
+// workers: in-process workers and mpirun's local ranks take the GPUs in
+// turn). A lower bound: cuDNN's and the reducers' scratch and the CUDA
+// context come on top.
+func checkGPUFits(c Config, ds *Dataset, here, size int) error {
+	n, err := cuda.Count()
+	if err != nil || n == 0 {
+		return nil // checkDevice says what is missing
+	}
+	free, total, name, err := cuda.FreeMemory(0)
+	if err != nil {
+		return fmt.Errorf("train: -device cuda: reading the GPU's free memory: %w", err)
+	}
+	perGPU := ceilDiv(here, n)
+	parts, err := memoryNeed(c, ds, perGPU, size, perGPU, false)
+	if err != nil {
+		return err
+	}
+	// The loaders' batches are host memory; each worker on a GPU keeps a
+	// model.
+	parts = parts[:3]
+	for i := range parts[:2] {
+		parts[i].what, parts[i].alt = strings.Replace(parts[i].what, "executors)", "workers' models)", 1), ""
+	}
+	need := int64(0)
+	for _, p := range parts {
+		need += p.bytes
+	}
+	if need <= int64(free) {
+		return nil
+	}
+	slices.SortStableFunc(parts, func(a, b memPart) int { return int(b.bytes>>20 - a.bytes>>20) })
+	var list []string
+	for _, p := range parts {
+		if p.bytes >= need/100 {
+			list = append(list, p.what+": "+gb(p.bytes))
+		}
+	}
+	fix := "lower " + parts[0].flag
+	if parts[0].flag == "-workers" {
+		fix = "use fewer workers per GPU (-workers, or more GPUs)"
+	}
+	return fmt.Errorf("%w: the run needs at least %s of GPU memory on GPU 0 for its %d worker(s) there (%s), and GPU 0 (%s) has %s free (of %s); %s",
+		ErrConfig, gb(need), perGPU, strings.Join(list, "; "), name, gb(int64(free)), gb(int64(total)), fix)
+}
+
 // checkDevice fails early, before data is loaded, when the device the run
 // asks for cannot be used: for -device cuda, a missing driver or GPU.
 func checkDevice(c Config) error {
@@ -60,8 +124,9 @@ func checkDevice(c Config) error {
 // exec returns the engine backend the worker of the given rank runs its
 // model on, as Config.Device says. On a GPU, in-process worker r uses GPU
 // r mod (number of GPUs) and a stream of its own, so several workers may
-// share one GPU; a process started by mpirun uses GPU (local rank) mod
-// (number of GPUs).
+// share one GPU; a process started by an MPI launcher uses GPU (local
+// rank) mod (number of GPUs), the local rank as comm/mpi reads it from
+// Open MPI, PMIx, PMI or Slurm.
 func (r *runner) exec(rank int) (engine.Backend, error) {
 	switch r.cfg.Device {
 	case "cpu":
@@ -74,8 +139,8 @@ func (r *runner) exec(rank int) (engine.Backend, error) {
 		local := rank
 		if r.backend == "mpi" {
 			local = 0
-			if v, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_RANK")); err == nil {
-				local = v
+			if l, ok := mpi.Detect(); ok && l.LocalRank >= 0 {
+				local = l.LocalRank
 			}
 		}
 		d, err := r.gpus.open(local%n, cuda.Options{TF32: r.cfg.TF32, Deterministic: r.cfg.Deterministic})
@@ -100,8 +165,8 @@ func (r *runner) localGPUs() (gpus, workers int, err error) {
 	workers = r.size
 	if r.backend == "mpi" {
 		workers = 1
-		if v, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_SIZE")); err == nil {
-			workers = v
+		if l, ok := mpi.Detect(); ok && l.LocalSize() > 0 {
+			workers = l.LocalSize()
 		}
 	}
 	return gpus, workers, nil

@@ -206,6 +206,9 @@ func checkFits(c Config, ds *Dataset, workers, local, size int, sim *simulation)
 	if err := checkDensity(c, sz.params); err != nil {
 		return err
 	}
+	if c.Device == "cuda" {
+		return checkGPUFits(c, ds, workers*local, size)
+	}
 	if c.Device != "cpu" {
 		return nil // the device's allocator says what does not fit
 	}

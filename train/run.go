@@ -113,6 +113,7 @@ func Run(ctx context.Context, c Config, o Options) (err error) {
 		return err
 	}
 	r.prev = prev
+	defer r.gpus.close()
 	switch {
 	case o.Comm != nil:
 		r.backend, r.size = "given", o.Comm.Size()

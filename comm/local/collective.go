@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // gate is a one-shot barrier for the n ranks of a slot.
@@ -33,15 +35,20 @@ type entry struct {
 	length int // buffer length (AllReduce, Broadcast) or send length (AllGather)
 	counts []int
 	root   int
+	dev    *devCall // the device side of a call on device buffers (nil: none)
 }
 
 // slot is the rendezvous of one collective call, shared by all ranks.
 type slot struct {
-	t0            time.Time // when the last rank joined; written before arrived closes
-	entries       []entry
-	arrived, done gate
-	left          atomic.Int32
-	joined        []atomic.Bool
+	t0                    time.Time // when the last rank joined; written before arrived closes
+	entries               []entry
+	arrived, staged, done gate
+	left                  atomic.Int32
+	joined                []atomic.Bool
+	// peer is the device a call on device buffers runs on (nil: staged
+	// through host memory), decided once (device.go).
+	peerOnce sync.Once
+	peer     comm.PeerDevice
 }
 
 func (w *World) slot(seq uint64) *slot {
@@ -51,6 +58,7 @@ func (w *World) slot(seq uint64) *slot {
 	if s == nil {
 		s = &slot{entries: make([]entry, w.n), joined: make([]atomic.Bool, w.n)}
 		s.arrived.ch = make(chan struct{})
+		s.staged.ch = make(chan struct{})
 		s.done.ch = make(chan struct{})
 		w.slots[seq] = s
 	}
@@ -366,19 +374,41 @@ func (c *rankComm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	}
 	seq := c.seq
 	c.seq++
-	return c.allReduce(ctx, seq, buf)
+	dc, err := c.devStart(buf)
+	if err != nil {
+		return err
+	}
+	if err := c.allReduce(ctx, seq, buf, dc); err != nil {
+		return err
+	}
+	return dc.finish()
 }
 
-func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer) error {
+func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer, dc *devCall) error {
 	n := c.w.n
 	if n == 1 {
 		return c.check(ctx, lit("in AllReduce"))
 	}
-	e := entry{op: comm.OpAllReduce, dtype: buf.DType(), send: buf, length: buf.Len()}
+	e := entry{op: comm.OpAllReduce, dtype: buf.DType(), send: buf, length: buf.Len(), dev: dc}
 	return c.collective(ctx, seq, e, func(s *slot) error {
 		lo, hi := comm.ChunkBounds(buf.Len(), n, c.rank)
-		reduceAll(e.dtype, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
-		return c.phase(ctx, &s.done)
+		host := func(comm.Buffer, comm.Buffer) error {
+			reduceAll(e.dtype, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
+			return c.phase(ctx, &s.done)
+		}
+		if !s.anyDevice() {
+			return host(nil, nil)
+		}
+		return c.runCall(ctx, s, dc, true, func(pd comm.PeerDevice, p device.Stream) error {
+			if hi <= lo {
+				return nil
+			}
+			bufs := make([]device.Buffer, n) // in summation order
+			for k := 1; k <= n; k++ {
+				bufs[k-1] = devBuf(s.entries[(c.rank+k)%n].send)
+			}
+			return pd.PeerSum(p, bufs, lo, hi-lo, device.Buffer{})
+		}, host)
 	})
 }
 
@@ -389,7 +419,14 @@ func (c *rankComm) AllGather(ctx context.Context, send, recv comm.Buffer) error 
 	}
 	seq := c.seq
 	c.seq++
-	return c.allGather(ctx, seq, send, recv)
+	dc, err := c.devStart(send, recv)
+	if err != nil {
+		return err
+	}
+	if err := c.allGather(ctx, seq, send, recv, dc); err != nil {
+		return err
+	}
+	return dc.finish()
 }
 
 func (c *rankComm) checkAllGather(send, recv comm.Buffer) error {
@@ -402,18 +439,37 @@ func (c *rankComm) checkAllGather(send, recv comm.Buffer) error {
 	return nil
 }
 
-func (c *rankComm) allGather(ctx context.Context, seq uint64, send, recv comm.Buffer) error {
+func (c *rankComm) allGather(ctx context.Context, seq uint64, send, recv comm.Buffer, dc *devCall) error {
 	n, m := c.w.n, send.Len()
 	if n == 1 {
-		copyElems(recv, 0, send, 0, m)
+		if err := c.copyOne(dc, recv, send, m); err != nil {
+			return err
+		}
 		return c.check(ctx, lit("in AllGather"))
 	}
-	e := entry{op: comm.OpAllGather, dtype: send.DType(), send: send, recv: recv, length: m}
+	e := entry{op: comm.OpAllGather, dtype: send.DType(), send: send, recv: recv, length: m, dev: dc}
 	return c.collective(ctx, seq, e, func(s *slot) error {
-		for r := range n {
-			copyElems(recv, r*m, s.entries[r].send, 0, m)
+		host := func(_, recv comm.Buffer) error {
+			for r := range n {
+				copyElems(recv, r*m, s.entries[r].send, 0, m)
+			}
+			return c.phase(ctx, &s.done)
 		}
-		return c.phase(ctx, &s.done)
+		if !s.anyDevice() {
+			return host(send, recv)
+		}
+		return c.runCall(ctx, s, dc, false, func(_ comm.PeerDevice, p device.Stream) error {
+			if m == 0 {
+				return nil
+			}
+			out := devBuf(recv)
+			for r := range n {
+				if err := devCopy(p, out.Slice(r*m, (r+1)*m), devBuf(s.entries[r].send)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}, host)
 	})
 }
 
@@ -424,7 +480,14 @@ func (c *rankComm) AllGatherV(ctx context.Context, send, recv comm.Buffer, count
 	}
 	seq := c.seq
 	c.seq++
-	return c.allGatherV(ctx, seq, send, recv, counts)
+	dc, err := c.devStart(send, recv)
+	if err != nil {
+		return err
+	}
+	if err := c.allGatherV(ctx, seq, send, recv, counts, dc); err != nil {
+		return err
+	}
+	return dc.finish()
 }
 
 func (c *rankComm) checkAllGatherV(send, recv comm.Buffer, counts []int) error {
@@ -444,20 +507,39 @@ func (c *rankComm) checkAllGatherV(send, recv comm.Buffer, counts []int) error {
 	return nil
 }
 
-func (c *rankComm) allGatherV(ctx context.Context, seq uint64, send, recv comm.Buffer, counts []int) error {
+func (c *rankComm) allGatherV(ctx context.Context, seq uint64, send, recv comm.Buffer, counts []int, dc *devCall) error {
 	n := c.w.n
 	if n == 1 {
-		copyElems(recv, 0, send, 0, send.Len())
+		if err := c.copyOne(dc, recv, send, send.Len()); err != nil {
+			return err
+		}
 		return c.check(ctx, lit("in AllGatherV"))
 	}
-	e := entry{op: comm.OpAllGatherV, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts)}
+	e := entry{op: comm.OpAllGatherV, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts), dev: dc}
 	return c.collective(ctx, seq, e, func(s *slot) error {
-		off := 0
-		for r := range n {
-			copyElems(recv, off, s.entries[r].send, 0, counts[r])
-			off += counts[r]
+		host := func(_, recv comm.Buffer) error {
+			off := 0
+			for r := range n {
+				copyElems(recv, off, s.entries[r].send, 0, counts[r])
+				off += counts[r]
+			}
+			return c.phase(ctx, &s.done)
 		}
-		return c.phase(ctx, &s.done)
+		if !s.anyDevice() {
+			return host(send, recv)
+		}
+		return c.runCall(ctx, s, dc, false, func(_ comm.PeerDevice, p device.Stream) error {
+			out, off := devBuf(recv), 0
+			for r := range n {
+				if k := counts[r]; k > 0 {
+					if err := devCopy(p, out.Slice(off, off+k), devBuf(s.entries[r].send)); err != nil {
+						return err
+					}
+				}
+				off += counts[r]
+			}
+			return nil
+		}, host)
 	})
 }
 
@@ -475,13 +557,32 @@ func (c *rankComm) Broadcast(ctx context.Context, buf comm.Buffer, root int) err
 	if n == 1 {
 		return c.check(ctx, lit("in Broadcast"))
 	}
-	e := entry{op: comm.OpBroadcast, dtype: buf.DType(), send: buf, length: buf.Len(), root: root}
-	return c.collective(ctx, seq, e, func(s *slot) error {
-		if c.rank != root {
-			copyElems(buf, 0, s.entries[root].send, 0, buf.Len())
+	dc, err := c.devStart(buf)
+	if err != nil {
+		return err
+	}
+	e := entry{op: comm.OpBroadcast, dtype: buf.DType(), send: buf, length: buf.Len(), root: root, dev: dc}
+	err = c.collective(ctx, seq, e, func(s *slot) error {
+		host := func(buf, _ comm.Buffer) error {
+			if c.rank != root {
+				copyElems(buf, 0, s.entries[root].send, 0, buf.Len())
+			}
+			return c.phase(ctx, &s.done)
 		}
-		return c.phase(ctx, &s.done)
+		if !s.anyDevice() {
+			return host(buf, nil)
+		}
+		return c.runCall(ctx, s, dc, false, func(_ comm.PeerDevice, p device.Stream) error {
+			if c.rank == root {
+				return nil
+			}
+			return devCopy(p, devBuf(buf), devBuf(s.entries[root].send))
+		}, host)
 	})
+	if err != nil {
+		return err
+	}
+	return dc.finish()
 }
 
 // ReduceScatter sums send over all ranks and leaves block Rank() in recv.
@@ -501,21 +602,49 @@ func (c *rankComm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, co
 	}
 	seq := c.seq
 	c.seq++
+	dc, err := c.devStart(send, recv)
+	if err != nil {
+		return err
+	}
 	n := c.w.n
 	if n == 1 {
-		copyElems(recv, 0, send, 0, send.Len())
-		return c.check(ctx, lit("in ReduceScatter"))
+		if err := c.copyOne(dc, recv, send, send.Len()); err != nil {
+			return err
+		}
+		if err := c.check(ctx, lit("in ReduceScatter")); err != nil {
+			return err
+		}
+		return dc.finish()
 	}
-	e := entry{op: comm.OpReduceScatter, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts)}
-	return c.collective(ctx, seq, e, func(s *slot) error {
+	e := entry{op: comm.OpReduceScatter, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts), dev: dc}
+	err = c.collective(ctx, seq, e, func(s *slot) error {
 		lo := 0
 		for r := range c.rank {
 			lo += counts[r]
 		}
 		hi := lo + counts[c.rank]
-		reduceBlock(e.dtype, recv, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
-		return c.phase(ctx, &s.done)
+		host := func(_, recv comm.Buffer) error {
+			reduceBlock(e.dtype, recv, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
+			return c.phase(ctx, &s.done)
+		}
+		if !s.anyDevice() {
+			return host(send, recv)
+		}
+		return c.runCall(ctx, s, dc, true, func(pd comm.PeerDevice, p device.Stream) error {
+			if hi <= lo {
+				return nil
+			}
+			bufs := make([]device.Buffer, n) // in summation order
+			for k := 1; k <= n; k++ {
+				bufs[k-1] = devBuf(s.entries[(c.rank+k)%n].send)
+			}
+			return pd.PeerSum(p, bufs, lo, hi-lo, devBuf(recv))
+		}, host)
 	})
+	if err != nil {
+		return err
+	}
+	return dc.finish()
 }
 
 // Barrier returns once every rank has entered it.
@@ -535,7 +664,11 @@ func (c *rankComm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Reques
 	}
 	seq := c.seq
 	c.seq++
-	return c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduce(ctx, seq, buf) }), nil
+	dc, err := c.devStart(buf)
+	if err != nil {
+		return nil, err
+	}
+	return devRequest(c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduce(ctx, seq, buf, dc) }), dc), nil
 }
 
 // IAllGather starts AllGather and returns at once.
@@ -545,7 +678,11 @@ func (c *rankComm) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm
 	}
 	seq := c.seq
 	c.seq++
-	return c.async("IAllGather", func() (int, error) { return recv.Len(), c.allGather(ctx, seq, send, recv) }), nil
+	dc, err := c.devStart(send, recv)
+	if err != nil {
+		return nil, err
+	}
+	return devRequest(c.async("IAllGather", func() (int, error) { return recv.Len(), c.allGather(ctx, seq, send, recv, dc) }), dc), nil
 }
 
 // IAllGatherV starts AllGatherV and returns at once.
@@ -555,6 +692,10 @@ func (c *rankComm) IAllGatherV(ctx context.Context, send, recv comm.Buffer, coun
 	}
 	seq := c.seq
 	c.seq++
+	dc, err := c.devStart(send, recv)
+	if err != nil {
+		return nil, err
+	}
 	counts = slices.Clone(counts)
-	return c.async("IAllGatherV", func() (int, error) { return recv.Len(), c.allGatherV(ctx, seq, send, recv, counts) }), nil
+	return devRequest(c.async("IAllGatherV", func() (int, error) { return recv.Len(), c.allGatherV(ctx, seq, send, recv, counts, dc) }), dc), nil
 }

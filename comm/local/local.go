@@ -26,6 +26,26 @@
 // only if the destination has not taken it by the time the receive is done:
 // in the usual pairwise exchange no intermediate copy is made.
 //
+// # Device buffers
+//
+// The collective calls take comm.Device buffers in device memory too
+// (comm.DeviceMover): each rank records an event on its buffers' stream at
+// the call's start and publishes it at the rendezvous with its buffers.
+// Where every rank's buffers are memory of one device that reduces peers'
+// memory (comm.PeerDevice: ranks sharing a GPU), the call runs on that
+// device and the host waits for nothing: each rank's work goes on a stream
+// of its own (after every rank's start event) — rank j adds chunk j of
+// every rank's buffer in the canonical order with one kernel that stores
+// the sum into every rank's buffer (all-reduce; a reduce-scatter's block
+// into its own), and gathers and broadcasts are device-to-device copies —
+// and the caller's stream then waits for every rank's work. Otherwise
+// (ranks on several devices, more ranks than one kernel adds, host and
+// device buffers mixed) each rank stages its device buffers through host
+// memory (comm.StageBuffer: page-locked where the device has it), the host
+// algorithm runs on the copies, and the results are copied back.
+// Point-to-point calls take host memory only: comm.Staged stages device
+// buffers for them.
+//
 // # Failures
 //
 // When a worker returns an error, panics (Run recovers it and reports the
@@ -57,6 +77,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // Option configures a World.
@@ -222,6 +243,7 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 	wg.Wait()
 	w.Abort(-1, errClosed) // releases pending non-blocking calls nobody waited for
 	w.bg.Wait()
+	w.closeStreams()
 	if f := first.Load(); f >= 0 {
 		return fmt.Errorf("rank %d: %w", f, errs[f])
 	}
@@ -275,6 +297,11 @@ type rankComm struct {
 	w    *World
 	rank int
 	seq  uint64 // next collective sequence number; used by one goroutine at a time
+
+	// pstreams are the rank's streams of device work, one per device
+	// (device.go), used under pmu.
+	pmu      sync.Mutex
+	pstreams map[device.Device]device.Stream
 }
 
 // Abort aborts the world because of this rank's error err (see World.Abort).

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 )
 
 // Launch describes how this process was started by a parallel launcher.
@@ -82,6 +83,51 @@ func detectEnv(getenv func(string) string) (l Launch, ok, needLib bool) {
 		}
 	}
 	return Launch{}, false, false
+}
+
+// LocalSize is the number of the job's processes on this node, read from
+// the launcher's environment (Open MPI's OMPI_COMM_WORLD_LOCAL_SIZE,
+// PMIx's PMIX_LOCAL_SIZE, Hydra's MPI_LOCALNRANKS, Slurm's
+// SLURM_TASKS_PER_NODE at SLURM_NODEID), or -1 where it does not say.
+func (l Launch) LocalSize() int { return localSize(l.Launcher, os.Getenv) }
+
+func localSize(launcher string, getenv func(string) string) int {
+	atoi := func(v string) int {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return -1
+		}
+		return n
+	}
+	switch launcher {
+	case "openmpi":
+		return atoi(getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+	case "pmix":
+		return atoi(getenv("PMIX_LOCAL_SIZE"))
+	case "pmi":
+		return atoi(getenv("MPI_LOCALNRANKS"))
+	case "slurm":
+		// "2(x3),1": 2 tasks on each of the first three nodes, 1 on the
+		// fourth.
+		node, err := strconv.Atoi(getenv("SLURM_NODEID"))
+		if err != nil || node < 0 {
+			node = 0
+		}
+		for _, part := range strings.Split(getenv("SLURM_TASKS_PER_NODE"), ",") {
+			tasks, reps, ok := strings.Cut(part, "(x")
+			r := 1
+			if ok {
+				if r = atoi(strings.TrimSuffix(reps, ")")); r < 0 {
+					return -1
+				}
+			}
+			if node < r {
+				return atoi(tasks)
+			}
+			node -= r
+		}
+	}
+	return -1
 }
 
 // String describes the launch for logs.

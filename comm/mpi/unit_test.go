@@ -185,3 +185,27 @@ func TestLibEnvOverride(t *testing.T) {
 		t.Fatalf("with %s=%s: %v", LibEnv, l.path, err)
 	}
 }
+
+func TestLocalSize(t *testing.T) {
+	for _, tc := range []struct {
+		launcher string
+		env      map[string]string
+		want     int
+	}{
+		{"openmpi", map[string]string{"OMPI_COMM_WORLD_LOCAL_SIZE": "4"}, 4},
+		{"openmpi", nil, -1},
+		{"pmix", map[string]string{"PMIX_LOCAL_SIZE": "8"}, 8},
+		{"pmi", map[string]string{"MPI_LOCALNRANKS": "2"}, 2},
+		{"pmi", map[string]string{"MPI_LOCALNRANKS": "x"}, -1},
+		{"slurm", map[string]string{"SLURM_TASKS_PER_NODE": "4"}, 4},
+		{"slurm", map[string]string{"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "2"}, 2},
+		{"slurm", map[string]string{"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "3"}, 1},
+		{"slurm", map[string]string{"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "4"}, -1},
+		{"slurm", map[string]string{"SLURM_TASKS_PER_NODE": "2(xq)"}, -1},
+		{"slurm", nil, -1},
+	} {
+		if got := localSize(tc.launcher, func(k string) string { return tc.env[k] }); got != tc.want {
+			t.Errorf("%s %v: local size %d, want %d", tc.launcher, tc.env, got, tc.want)
+		}
+	}
+}

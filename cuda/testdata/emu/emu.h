@@ -46,6 +46,10 @@ inline unsigned __float_as_uint(float f) {
     return u;
 }
 
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
+
 inline float atomicAdd(float* p, float v) {
     return std::atomic_ref<float>(*p).fetch_add(v);
 }

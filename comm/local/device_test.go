@@ -1,0 +1,236 @@
+package local
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
+)
+
+// fakeDev is a comm.PeerDevice whose "device memory" is host memory the
+// host reaches only through addresses, and whose streams run their work
+// when it is issued (so events are done when recorded): it checks the
+// device path's logic and, under the race detector, its concurrency (the
+// cuda package's tests run it on the emulated GPU).
+type fakeDev struct {
+	mu    sync.Mutex
+	mem   [][]byte
+	peers int
+	sums  int // PeerSum calls
+}
+
+func (d *fakeDev) Kind() device.Kind { return device.CUDAKind }
+func (d *fakeDev) String() string    { return "fake device" }
+func (d *fakeDev) Alloc(dt device.DType, n int) (device.Buffer, error) {
+	b := make([]byte, n*dt.Size()+8)
+	d.mu.Lock()
+	d.mem = append(d.mem, b)
+	d.mu.Unlock()
+	return device.NewDeviceBuffer(d, dt, n, uintptr(unsafe.Pointer(&b[0]))), nil
+}
+func (d *fakeDev) Free(device.Buffer) error          { return nil }
+func (d *fakeDev) Stream() device.Stream             { return fakeStream{d} }
+func (d *fakeDev) NewStream() (device.Stream, error) { return fakeStream{d}, nil }
+func (d *fakeDev) Math() device.Math                 { return nil }
+func (d *fakeDev) Close() error                      { return nil }
+func (d *fakeDev) MaxPeers() int                     { return d.peers }
+
+// bytes is b's memory (found by its address among the allocations).
+func (d *fakeDev) bytes(b device.Buffer) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, m := range d.mem {
+		base := uintptr(unsafe.Pointer(&m[0]))
+		if a := b.Addr(); a >= base && a < base+uintptr(len(m)) {
+			off := int(a - base)
+			return m[off : off+b.Bytes()]
+		}
+	}
+	panic(fmt.Sprintf("%v is not memory of the fake device", b))
+}
+func (d *fakeDev) f32s(b device.Buffer) []float32 {
+	m := d.bytes(b)
+	if len(m) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&m[0])), b.Len())
+}
+func (d *fakeDev) upload(x []float32) device.Buffer {
+	b, _ := d.Alloc(device.Float32, len(x))
+	copy(d.f32s(b), x)
+	return b
+}
+func (d *fakeDev) download(b device.Buffer) []float32           { return slices.Clone(d.f32s(b)) }
+func (d *fakeDev) buf(x []float32, s device.Stream) comm.Buffer { return comm.OnDevice(d.upload(x), s) }
+
+func (d *fakeDev) PeerSum(_ device.Stream, bufs []device.Buffer, lo, n int, out device.Buffer) error {
+	if len(bufs) > d.peers {
+		return fmt.Errorf("%d buffers, %d peers", len(bufs), d.peers)
+	}
+	d.mu.Lock()
+	d.sums++
+	d.mu.Unlock()
+	for i := range n {
+		acc := d.f32s(bufs[0])[lo+i]
+		for _, b := range bufs[1:] {
+			acc += d.f32s(b)[lo+i]
+		}
+		if out.Len() > 0 {
+			d.f32s(out)[i] = acc
+		} else {
+			for _, b := range bufs {
+				d.f32s(b)[lo+i] = acc
+			}
+		}
+	}
+	return nil
+}
+
+type fakeStream struct{ d *fakeDev }
+
+func (s fakeStream) Device() device.Device { return s.d }
+func (s fakeStream) Copy(dst, src device.Buffer) error {
+	if err := device.CheckSame("copy", dst, src); err != nil {
+		return err
+	}
+	get := func(b device.Buffer) []byte {
+		if b.IsHost() {
+			return b.HostBytes()
+		}
+		return s.d.bytes(b)
+	}
+	copy(get(dst), get(src))
+	return nil
+}
+func (s fakeStream) Synchronize() error            { return nil }
+func (s fakeStream) Record() (device.Event, error) { return fakeEvent{}, nil }
+func (s fakeStream) Wait(device.Event) error       { return nil }
+
+type fakeEvent struct{}
+
+func (fakeEvent) Synchronize() error { return nil }
+func (fakeEvent) Time() time.Time    { return time.Time{} }
+
+// TestDeviceCollectives runs the collectives on device buffers (a fake
+// comm.PeerDevice) and on host buffers: the results are bit-identical, on
+// the device path (one PeerSum per rank for the sums) and where the sums
+// need more peers than the device adds at once (staged through host
+// memory).
+func TestDeviceCollectives(t *testing.T) {
+	for _, n := range []int{2, 3, 5} {
+		for _, peers := range []int{16, 2} {
+			t.Run(fmt.Sprintf("n=%d/peers=%d", n, peers), func(t *testing.T) {
+				d := &fakeDev{peers: peers}
+				rng := rand.New(rand.NewPCG(uint64(n), uint64(peers)))
+				const L = 257
+				xs := make([][]float32, n)
+				for r := range xs {
+					xs[r] = make([]float32, L)
+					for i := range xs[r] {
+						xs[r][i] = float32(rng.NormFloat64())
+					}
+				}
+				counts := make([]int, n)
+				total := 0
+				for r := range counts {
+					counts[r] = (r*7 + 3) % 11
+					total += counts[r]
+				}
+				type io struct {
+					mk func(x []float32) comm.Buffer
+					rd func(b comm.Buffer) []float32
+				}
+				script := func(ctx context.Context, c comm.Communicator, r int, o io) ([][]float32, error) {
+					var got [][]float32
+					b := o.mk(xs[r])
+					if err := c.AllReduce(ctx, b); err != nil {
+						return nil, err
+					}
+					got = append(got, o.rd(b))
+					recv := o.mk(make([]float32, counts[r]))
+					if err := c.ReduceScatter(ctx, o.mk(xs[r][:total]), recv, counts); err != nil {
+						return nil, err
+					}
+					got = append(got, o.rd(recv))
+					recv = o.mk(make([]float32, n*5))
+					if err := c.AllGather(ctx, o.mk(xs[r][:5]), recv); err != nil {
+						return nil, err
+					}
+					got = append(got, o.rd(recv))
+					recv = o.mk(make([]float32, total))
+					if err := c.AllGatherV(ctx, o.mk(xs[r][1:1+counts[r]]), recv, counts); err != nil {
+						return nil, err
+					}
+					got = append(got, o.rd(recv))
+					b = o.mk(xs[r])
+					if err := c.Broadcast(ctx, b, n-1); err != nil {
+						return nil, err
+					}
+					got = append(got, o.rd(b))
+					b, b2 := o.mk(xs[r][:100]), o.mk(xs[r][100:])
+					q, err := c.IAllReduce(ctx, b)
+					if err != nil {
+						return nil, err
+					}
+					q2, err := c.IAllReduce(ctx, b2)
+					if err != nil {
+						return nil, err
+					}
+					if _, err := q2.Wait(ctx); err != nil {
+						return nil, err
+					}
+					if _, err := q.Wait(ctx); err != nil {
+						return nil, err
+					}
+					return append(got, o.rd(b), o.rd(b2)), nil
+				}
+				run := func(dev bool) [][][]float32 {
+					out := make([][][]float32, n)
+					err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+						o := io{mk: func(x []float32) comm.Buffer { return comm.Float32s(slices.Clone(x)) }, rd: func(b comm.Buffer) []float32 { return slices.Clone([]float32(b.(comm.Float32s))) }}
+						if dev {
+							s, _ := d.NewStream()
+							o = io{mk: func(x []float32) comm.Buffer { return d.buf(x, s) }, rd: func(b comm.Buffer) []float32 {
+								if b.Len() == 0 {
+									return nil
+								}
+								return d.download(b.(comm.Device).Buf)
+							}}
+						}
+						var err error
+						out[c.Rank()], err = script(ctx, c, c.Rank(), o)
+						return err
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return out
+				}
+				host, dev := run(false), run(true)
+				for r := range n {
+					for i := range host[r] {
+						if !slices.Equal(dev[r][i], host[r][i]) && len(dev[r][i])+len(host[r][i]) > 0 {
+							t.Fatalf("rank %d call %d: device %v, host %v", r, i, dev[r][i], host[r][i])
+						}
+					}
+				}
+				// The sums on the device: an all-reduce, a reduce-scatter
+				// and two all-reduces, one PeerSum per rank and call
+				// (ranks with an empty chunk or block launch none).
+				if peers >= n && (d.sums == 0 || d.sums > 4*n) {
+					t.Errorf("%d PeerSums on the device path, want 1 to %d", d.sums, 4*n)
+				}
+				if peers < n && d.sums != 0 {
+					t.Errorf("%d PeerSums with more ranks than the device adds at once; want them staged", d.sums)
+				}
+			})
+		}
+	}
+}

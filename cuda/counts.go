@@ -1,0 +1,61 @@
+package cuda
+
+import (
+	"fmt"
+	"sync/atomic"
+)
+
+// HostCounts is what the host has asked of the GPUs of the process: work
+// issued, waits and transfers. The package counts them as it goes (a few
+// atomic additions per call, nothing that waits), so a caller measures
+// what a training step costs the host by the difference of two Counts.
+type HostCounts struct {
+	// Launches is the work issued to streams: kernels, cuBLAS and cuDNN
+	// calls, memsets, device-to-device copies, NCCL calls and graph
+	// launches (each one call of the host).
+	Launches int64 `json:"launches"`
+	// Graphs is how many of the launches replayed a CUDA graph.
+	Graphs int64 `json:"graphs"`
+	// Syncs is the host's waits for the device: stream, event and context
+	// synchronisations, and the waits for an NCCL call (however many
+	// times it polled).
+	Syncs int64 `json:"syncs"`
+	// HtoD and DtoH are the bytes copied from host to device memory and
+	// back.
+	HtoD int64 `json:"htod_bytes"`
+	DtoH int64 `json:"dtoh_bytes"`
+	// Allocs and Frees count device allocations and frees (cuMemAlloc,
+	// cuMemFree), and PinnedAllocs page-locked host allocations.
+	Allocs       int64 `json:"allocs"`
+	Frees        int64 `json:"frees"`
+	PinnedAllocs int64 `json:"pinned_allocs"`
+}
+
+// counts is the process's running total.
+var counts struct {
+	launches, graphs, syncs, htod, dtoh, allocs, frees, pinned atomic.Int64
+}
+
+// Counts returns what the host has asked of the process's GPUs so far.
+func Counts() HostCounts {
+	return HostCounts{
+		Launches: counts.launches.Load(), Graphs: counts.graphs.Load(), Syncs: counts.syncs.Load(),
+		HtoD: counts.htod.Load(), DtoH: counts.dtoh.Load(),
+		Allocs: counts.allocs.Load(), Frees: counts.frees.Load(), PinnedAllocs: counts.pinned.Load(),
+	}
+}
+
+// Sub returns c − o: what was asked between two Counts.
+func (c HostCounts) Sub(o HostCounts) HostCounts {
+	return HostCounts{
+		Launches: c.Launches - o.Launches, Graphs: c.Graphs - o.Graphs, Syncs: c.Syncs - o.Syncs,
+		HtoD: c.HtoD - o.HtoD, DtoH: c.DtoH - o.DtoH,
+		Allocs: c.Allocs - o.Allocs, Frees: c.Frees - o.Frees, PinnedAllocs: c.PinnedAllocs - o.PinnedAllocs,
+	}
+}
+
+// String is the counts in one line.
+func (c HostCounts) String() string {
+	return fmt.Sprintf("%d launches (%d graphs), %d syncs, %d B to the device, %d B to the host, %d allocations, %d frees, %d pinned allocations",
+		c.Launches, c.Graphs, c.Syncs, c.HtoD, c.DtoH, c.Allocs, c.Frees, c.PinnedAllocs)
+}

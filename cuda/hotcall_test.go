@@ -1,0 +1,128 @@
+package cuda
+
+import (
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/ebitengine/purego"
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/internal/testenv"
+)
+
+// TestHotCallsPassTheirArguments calls the direct bindings of the
+// driver's and cuBLAS' hot functions (hotDriver, hotCUBLAS: every launch,
+// copy, event and wait on a real GPU goes through them, and the emulator
+// replaces them) on a fake library of the same C prototypes compiled
+// here: each function must receive every argument, in order, and return
+// its result.
+func TestHotCallsPassTheirArguments(t *testing.T) {
+	if runtime.GOARCH != "amd64" || runtime.GOOS != "linux" {
+		t.Skip("the fake is built for x86-64 Linux")
+	}
+	gxx, err := exec.LookPath("g++")
+	if err != nil {
+		t.Fatalf("g++ not found (Debian: apt-get install g++): %v", err)
+	}
+	so := filepath.Join(t.TempDir(), "libfake.so")
+	if out, err := testenv.Command(t, 2*time.Minute, gxx, "-shared", "-fPIC", "-O1", "-o", so, "testdata/hotcall/fake.cpp").CombinedOutput(); err != nil {
+		t.Fatalf("g++: %v\n%s", err, out)
+	}
+	h, err := purego.Dlopen(so, purego.RTLD_NOW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argsFn, err := purego.Dlsym(h, "fake_args")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec [32]uint64
+	args := func() []uint64 {
+		n, _, _ := purego.SyscallN(argsFn, uintptr(unsafe.Pointer(&rec[0])))
+		return slices.Clone(rec[:n])
+	}
+	var d driverTable
+	hotDriver(h, &d)
+	var b cublasTable
+	hotCUBLAS(h, &b)
+	var x [4]byte
+	px := uint64(uintptr(unsafe.Pointer(&x[0])))
+	var ev uintptr
+	alpha, beta := float32(1.5), float32(-2)
+	cases := []struct {
+		name string
+		call func() int64
+		want []uint64
+	}{
+		{"cuLaunchKernel", func() int64 {
+			return int64(d.cuLaunchKernel(0xf00, 1, 2, 3, 256, 5, 6, 7, 0x5e, unsafe.Pointer(&x[0]), nil))
+		}, []uint64{0xf00, 1, 2, 3, 256, 5, 6, 7, 0x5e, px, 0}},
+		{"cuCtxSetCurrent", func() int64 { return int64(d.cuCtxSetCurrent(0xc7)) }, []uint64{0xc7}},
+		{"cuMemcpyHtoDAsync_v2", func() int64 { return int64(d.cuMemcpyHtoDAsync(1<<40, unsafe.Pointer(&x[0]), 3<<33, 9)) }, []uint64{1 << 40, px, 3 << 33, 9}},
+		{"cuMemcpyDtoHAsync_v2", func() int64 { return int64(d.cuMemcpyDtoHAsync(unsafe.Pointer(&x[0]), 1<<41, 7, 8)) }, []uint64{px, 1 << 41, 7, 8}},
+		{"cuMemcpyDtoDAsync_v2", func() int64 { return int64(d.cuMemcpyDtoDAsync(11, 12, 13, 14)) }, []uint64{11, 12, 13, 14}},
+		{"cuMemsetD32Async", func() int64 { return int64(d.cuMemsetD32Async(21, 0xffffffff, 23, 24)) }, []uint64{21, 0xffffffff, 23, 24}},
+		{"cuEventRecord", func() int64 { return int64(d.cuEventRecord(31, 32)) }, []uint64{31, 32}},
+		{"cuEventRecordWithFlags", func() int64 { return int64(d.cuEventRecordWithFlags(33, 34, 1)) }, []uint64{33, 34, 1}},
+		{"cuStreamWaitEvent", func() int64 { return int64(d.cuStreamWaitEvent(35, 36, 0)) }, []uint64{35, 36, 0}},
+		{"cuEventQuery", func() int64 { return int64(d.cuEventQuery(37)) }, []uint64{37}},
+		{"cuGraphLaunch", func() int64 { return int64(d.cuGraphLaunch(38, 39)) }, []uint64{38, 39}},
+		{"cuStreamSynchronize", func() int64 { return int64(d.cuStreamSynchronize(40)) }, []uint64{40}},
+		{"cuEventSynchronize", func() int64 { return int64(d.cuEventSynchronize(41)) }, []uint64{41}},
+		{"cuEventCreate", func() int64 { return int64(d.cuEventCreate(&ev, 2)) }, []uint64{2}},
+		{"cuEventDestroy_v2", func() int64 { return int64(d.cuEventDestroy(42)) }, []uint64{42}},
+		{"cublasSgemm_v2", func() int64 {
+			return int64(b.sgemm(0x4a, 1, 0, 3, 4, 5, &alpha, 0xa, 6, 0xb, 7, &beta, 0xc, 8))
+		}, []uint64{0x4a, 1, 0, 3, 4, 5, 1500, 0xa, 6, 0xb, 7, uint64(0xffff_ffff_ffff_f830), 0xc, 8}},
+	}
+	for i, c := range cases {
+		got := c.call()
+		if want := int64(101 + i); got != want {
+			t.Errorf("%s returned %d, want %d", c.name, got, want)
+		}
+		if a := args(); !slices.Equal(a, c.want) {
+			t.Errorf("%s received %#x, want %#x", c.name, a, c.want)
+		}
+	}
+	if ev != 0xe7e7 {
+		t.Errorf("cuEventCreate's event: %#x, want 0xe7e7", ev)
+	}
+}
+
+// TestSyncNamesFaultingKernel: with SPARSEGRAD_CUDA_SYNC=1 every launch
+// waits for its kernel, so a kernel that faults is named in the error of
+// its own launch (here the emulated driver reports an illegal address at
+// the wait after k_scale).
+func TestSyncNamesFaultingKernel(t *testing.T) {
+	if !emulated {
+		t.Skip("injects a fault into the emulated driver")
+	}
+	d, err := Open(0, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	x, err := d.Alloc(device.Float32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := d.Stream()
+	sync, old := drv.cuStreamSynchronize, syncLaunches
+	t.Cleanup(func() { drv.cuStreamSynchronize, syncLaunches = sync, old })
+	drv.cuStreamSynchronize = func(uintptr) cuResult { return 700 } // CUDA_ERROR_ILLEGAL_ADDRESS
+	syncLaunches = false
+	if err := d.Math().Scale(s, x, 2); err != nil {
+		t.Fatalf("without %s the launch returns before its kernel runs: %v", EnvSync, err)
+	}
+	syncLaunches = true
+	err = d.Math().Scale(s, x, 2)
+	if err == nil || !strings.Contains(err.Error(), "k_scale") || !strings.Contains(err.Error(), EnvSync) {
+		t.Fatalf("a faulting k_scale with %s=1: %v; want an error naming the kernel", EnvSync, err)
+	}
+	t.Log(err)
+}
