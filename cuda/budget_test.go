@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/cuda"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ebitengine/purego"
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/internal/testenv"
+	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
 
 // TestHotCallsPassTheirArguments calls the direct bindings of the

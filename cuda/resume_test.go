@@ -68,8 +68,8 @@ func TestResumeOnGPU(t *testing.T) {
 				if d := relDiff(g.Residuals[r], want.Residuals[r]); g.Step != 2 || d > 1e-3 {
 					t.Fatalf("rank %d's checkpoint at step %d: residual off the CPU's by %.3g (relative): not the GPU's", r, g.Step, d)
 				}
-				if len(want.Model) == 0 || !bytes.Equal(g.Model, want.Model) {
-					t.Fatalf("rank %d's model state (the dropout stream) at step 2: GPU %x, CPU %x", r, g.Model, want.Model)
+				if len(want.Models[r]) == 0 || !bytes.Equal(g.Models[r], want.Models[r]) {
+					t.Fatalf("rank %d's model state (the dropout stream) at step 2: GPU %x, CPU %x", r, g.Models[r], want.Models[r])
 				}
 			}
 			if err := train.Run(ctx, train.Config{Resume: split.Out}, train.Options{}); err != nil {

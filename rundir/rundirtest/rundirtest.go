@@ -32,7 +32,9 @@ type End struct {
 	// error-feedback residuals they hold.
 	Shards    [][]byte
 	Residuals [][]float32
-	Records   []map[string]any
+	// Models are the ranks' model states (their dropout streams), by rank.
+	Models  [][]byte
+	Records []map[string]any
 }
 
 // Read reads where the run in the folder dir ended; a problem fails t.
@@ -57,6 +59,7 @@ func Read(t testing.TB, dir string) End {
 			t.Fatal(err)
 		}
 		e.Shards, e.Residuals = append(e.Shards, b), append(e.Residuals, sh.Residual)
+		e.Models = append(e.Models, sh.Model)
 	}
 	for _, rec := range Records(t, dir) {
 		for k := range rec {
