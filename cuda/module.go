@@ -105,13 +105,17 @@ func (s *Stream) grid(n int) int {
 }
 
 // run launches kernel name with grid blocks of blockSize threads.
-func (l *launch) run(name string, grid int) error {
+func (l *launch) run(name string, grid int) error { return l.runIn(l.s.d.mod, name, grid) }
+
+// runIn launches kernel name of module m (the device's, or a method's
+// kernel's) with grid blocks of blockSize threads.
+func (l *launch) runIn(m *module, name string, grid int) error {
 	if l.err != nil {
 		return l.err
 	}
 	s := l.s
 	defer s.d.enter()()
-	f, err := s.d.mod.fn(name)
+	f, err := m.fn(name)
 	if err != nil {
 		return err
 	}
