@@ -46,7 +46,7 @@ type Config struct {
 	// Sparsifier is a sparsify registry name ("dense" for none).
 	Sparsifier string `json:"sparsifier"`
 	// Density is the setup density ρ (default: the method's paper's for the
-	// model, see paperDensity; else 0.01).
+	// model, see paperDensity; else sparsify.DefaultDensity).
 	Density Optional[float64] `json:"density,omitzero"`
 	// MethodOptions are the sparsifier's own options by name, as the method
 	// declares them (sparsify.Method.Params; the command line has one flag
