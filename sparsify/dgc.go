@@ -366,18 +366,18 @@ func dgcNotes(r Run) []string {
 	var notes []string
 	e := r.Params.Int("sparsity_warmup")
 	if e > 0 && r.StepsPerEpoch == 0 && r.Replay {
-		notes = append(notes, fmt.Sprintf("dgc: the recording does not say its steps per epoch, so the replay has no density warm-up (-sparsity-warmup %d epochs): every step selects at -density %g",
+		notes = append(notes, fmt.Sprintf("the recording does not say its steps per epoch, so the replay has no density warm-up (-sparsity-warmup %d epochs): every step selects at -density %g",
 			e, r.Density))
 	}
 	if e > 0 && r.Steps <= e*r.StepsPerEpoch {
-		notes = append(notes, fmt.Sprintf("dgc: the run's %d steps end within the density warm-up (-sparsity-warmup %d epochs of %d steps): it never reaches -density %g",
+		notes = append(notes, fmt.Sprintf("the run's %d steps end within the density warm-up (-sparsity-warmup %d epochs of %d steps): it never reaches -density %g",
 			r.Steps, e, r.StepsPerEpoch, r.Density))
 	}
 	switch {
 	case r.Replay && r.Momentum == 0:
-		notes = append(notes, "dgc: no SGD momentum to correct (the recording's training gives none): plain error feedback, without DGC's momentum correction; pass -momentum 0.9 for a recording of SGD with momentum")
+		notes = append(notes, "no SGD momentum to correct (the recording's training gives none): plain error feedback, without DGC's momentum correction; pass -momentum 0.9 for a recording of SGD with momentum")
 	case !r.Replay && (r.Optimizer != "sgd" || r.Momentum == 0):
-		notes = append(notes, fmt.Sprintf("dgc: no SGD momentum to correct (-optimizer %s, -momentum %g): plain error feedback, without DGC's momentum correction",
+		notes = append(notes, fmt.Sprintf("no SGD momentum to correct (-optimizer %s, -momentum %g): plain error feedback, without DGC's momentum correction",
 			r.Optimizer, r.Momentum))
 	}
 	return notes

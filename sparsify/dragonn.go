@@ -305,10 +305,10 @@ func dragonnSelectOn(v *vecs, sc *samples, out, x device.Buffer, p dragonnParams
 // read-back but the count.
 func dragonnHashSelect(v *vecs, table *device.Buffer, idx, x device.Buffer, t float32, seed uint32, slots int) (int, error) {
 	if slots < 1 || slots > math.MaxInt32 {
-		return 0, fmt.Errorf("dragonn: %d slots", slots)
+		return 0, fmt.Errorf("%d slots", slots)
 	}
 	if x.Len() > math.MaxInt32 {
-		return 0, fmt.Errorf("dragonn: %d elements; indices are int32", x.Len())
+		return 0, fmt.Errorf("%d elements; indices are int32", x.Len())
 	}
 	tb, err := v.scratch(table, device.Int32, slots)
 	if err != nil {
@@ -496,10 +496,10 @@ func dragonnNotes(r Run) []string {
 	}
 	switch {
 	case compressed == 0:
-		return []string{fmt.Sprintf("dragonn: no tensor of %s has more than -min-tensor %d elements (the largest, %s, has %d): every tensor is all-reduced dense and nothing is sparsified; lower -min-tensor (0 compresses every tensor)",
+		return []string{fmt.Sprintf("no tensor of %s has more than -min-tensor %d elements (the largest, %s, has %d): every tensor is all-reduced dense and nothing is sparsified; lower -min-tensor (0 compresses every tensor)",
 			r.Model, mt, largest.Name, largest.Size)}
 	case compressed < r.Layout.N:
-		return []string{fmt.Sprintf("dragonn: the tensors of more than -min-tensor %d elements, %.1f %% of the %d parameters, are sparsified; the rest is all-reduced dense",
+		return []string{fmt.Sprintf("the tensors of more than -min-tensor %d elements, %.1f %% of the %d parameters, are sparsified; the rest is all-reduced dense",
 			mt, 100*float64(compressed)/float64(r.Layout.N), r.Layout.N)}
 	}
 	return nil

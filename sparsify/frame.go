@@ -62,7 +62,8 @@ type Profiled interface {
 	// gradient of each layout tensor became final (the zero time where the
 	// model did not say). Every rank calls it after the same steps; c
 	// connects them, for combining their measurements. It returns a note
-	// for the run's record ("" if none).
+	// for the run's record ("" if none; the frame puts the method's name
+	// before it).
 	Profile(ctx context.Context, c comm.Communicator, step int, final []time.Time) (note string, err error)
 }
 
@@ -457,6 +458,9 @@ func (r *Reducer) Profile(ctx context.Context, c comm.Communicator, step int, fi
 	note, err := p.Profile(ctx, c, step, final)
 	if err != nil {
 		return "", fmt.Errorf("sparsify: %s: %w", r.m.Name, err)
+	}
+	if note != "" {
+		note = r.m.Name + ": " + note
 	}
 	return note, nil
 }

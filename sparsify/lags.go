@@ -714,7 +714,7 @@ func (l *LAGS) Profile(ctx context.Context, c comm.Communicator, step int, final
 		r := float64(k) / float64(l.groups[g].Size())
 		lo, hi = min(lo, r), max(hi, r)
 	}
-	return fmt.Sprintf("lags: adaptive density from steps %d–%d (after %d warm-up steps): backward pass %v, sparsification %.3g ns per element; the %d groups' densities now range over [%.3g, %.3g] (c_u = %g)",
+	return fmt.Sprintf("adaptive density from steps %d–%d (after %d warm-up steps): backward pass %v, sparsification %.3g ns per element; the %d groups' densities now range over [%.3g, %.3g] (c_u = %g)",
 		p.from, step, lagsProfileWarmup, back.Round(time.Microsecond), float64(sparFs)*1e-6, len(l.groups), lo, hi, l.maxRatio), nil
 }
 
@@ -779,7 +779,7 @@ func lagsCheckRun(r Run) error {
 // lagsNotes: an adaptive density the run ends before profiling.
 func lagsNotes(r Run) []string {
 	if ratio := r.Params.Float("max_ratio"); ratio > 0 && r.Steps < lagsProfileWarmup+lagsProfileSteps {
-		return []string{fmt.Sprintf("lags: -max-ratio %g: the run's %d steps end before the backward pass is profiled (steps %d–%d), so every group uses -density %g and the adaptive density never acts",
+		return []string{fmt.Sprintf("-max-ratio %g: the run's %d steps end before the backward pass is profiled (steps %d–%d), so every group uses -density %g and the adaptive density never acts",
 			ratio, r.Steps, lagsProfileWarmup+1, lagsProfileWarmup+lagsProfileSteps, r.Density)}
 	}
 	return nil

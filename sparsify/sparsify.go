@@ -156,7 +156,8 @@ type Method struct {
 	// Notes, when set, says what a reader of a run's results must know
 	// about the method in that run: that it does nothing, or less than its
 	// name promises (every tensor below a size cut-off, a warm-up as long
-	// as the run, no momentum to correct). The trainer records them.
+	// as the run, no momentum to correct). The trainer records them, each
+	// after the method's name (RunNotes).
 	Notes func(r Run) []string
 	// CorrectsMomentum tells that the method applies SGD momentum itself
 	// before selecting (DGC's momentum correction, Options.Momentum): its
@@ -239,7 +240,9 @@ func (m Method) RunNotes(r Run) []string {
 		}
 	}
 	if m.Notes != nil {
-		notes = append(notes, m.Notes(r)...)
+		for _, n := range m.Notes(r) {
+			notes = append(notes, m.Name+": "+n)
+		}
 	}
 	return notes
 }
