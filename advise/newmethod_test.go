@@ -12,37 +12,40 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
-// stridedReducer is the method the test below registers: every worker
-// all-reduces the k elements at the fixed stride ⌊N/k⌋ (no selection), out
-// is their average, the residual acc with them zeroed.
-type stridedReducer struct{ o sparsify.Options }
+// strided is the core of the method the test below registers: every
+// worker all-reduces the k elements at the fixed stride ⌊N/k⌋ (no
+// selection), out is their average, the residual acc with them zeroed.
+// It works on host memory (the CPU's).
+type strided struct{ e *sparsify.Env }
 
-func (stridedReducer) Name() string { return "zz-strided" }
-
-func (r stridedReducer) Reduce(ctx context.Context, acc, out, residual []float32) (sparsify.Stats, error) {
-	N := r.o.Layout.N
-	k := sparsify.BudgetK(r.o.Density, N)
+func (r strided) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *sparsify.GroupStats) error {
+	a, o, res := acc.Float32s(), out.Float32s(), residual.Float32s()
+	N, k := r.e.N(), r.e.K()
 	stride := N / k
 	t0 := time.Now()
 	buf := make(comm.Float32s, k)
 	for i := range buf {
-		buf[i] = acc[i*stride]
+		buf[i] = a[i*stride]
 	}
 	sel := time.Since(t0)
-	if err := r.o.Comm.AllReduce(ctx, buf); err != nil {
-		return sparsify.Stats{}, err
+	if err := r.e.Comm().AllReduce(ctx, buf); err != nil {
+		return err
 	}
-	copy(residual, acc)
-	clear(out)
+	copy(res, a)
+	clear(o)
 	for i, v := range buf {
-		out[i*stride] = v / float32(r.o.Comm.Size())
-		residual[i*stride] = 0
+		o[i*stride] = v / float32(r.e.Comm().Size())
+		res[i*stride] = 0
 	}
-	return sparsify.Stats{Density: r.o.Density, ActualDensity: float64(k) / float64(N), Selected: k, SelectTime: sel}, nil
+	st.Selected, st.Distinct, st.SelectTime = k, k, sel
+	return nil
 }
+
+func newStrided(e *sparsify.Env) (sparsify.Core, error) { return strided{e}, nil }
 
 // stridedCaveat is the caveat the new method declares.
 const stridedCaveat = "zz-strided: a stride ignores the gradients' magnitudes"
@@ -55,7 +58,7 @@ func registerStrided() {
 		return
 	}
 	sparsify.Register(sparsify.Method{Name: "zz-strided", Projectable: true,
-		New: func(o sparsify.Options) (sparsify.Reducer, error) { return stridedReducer{o}, nil },
+		New: newStrided,
 		Advice: &sparsify.Advice{
 			Plan: func(s sparsify.Shape) ([]sparsify.Call, error) {
 				return []sparsify.Call{{Op: comm.OpAllReduce, Count: 1, Elems: float64(s.K)}}, nil
@@ -156,7 +159,7 @@ func TestNewMethodNeedsNoAdvisorChange(t *testing.T) {
 func TestMethodWithoutAdviceIsRefused(t *testing.T) {
 	if _, ok := sparsify.Lookup("zz-mute"); !ok {
 		sparsify.Register(sparsify.Method{Name: "zz-mute", Projectable: true,
-			New: func(o sparsify.Options) (sparsify.Reducer, error) { return stridedReducer{o}, nil }})
+			New: newStrided})
 	}
 	_, err := Predict(synthHost(), Setting{Method: "zz-mute", Workers: 4, Density: 0.01})
 	if err == nil || !containsAll(err.Error(), "no traffic model", "zz-mute", "Advice") {

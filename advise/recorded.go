@@ -237,10 +237,6 @@ func selectionOn(ctx context.Context, dev device.Device, ops sparsify.Ops, metho
 			if err != nil {
 				return err
 			}
-			dr, ok := red.(sparsify.DeviceReducer)
-			if !ok {
-				return fmt.Errorf("%s reduces host memory only", method)
-			}
 			var acc, out, res device.Buffer
 			for _, b := range []*device.Buffer{&acc, &out, &res} {
 				if *b, err = dev.Alloc(device.Float32, l.N); err != nil {
@@ -257,7 +253,7 @@ func selectionOn(ctx context.Context, dev device.Device, ops sparsify.Ops, metho
 					return err
 				}
 				t0 := time.Now()
-				s, err := dr.ReduceOn(ctx, acc, out, res)
+				s, err := red.ReduceOn(ctx, acc, out, res)
 				if err == nil {
 					err = st.Synchronize()
 				}

@@ -257,7 +257,8 @@ func buildEmulator() (*emu, error) {
 	if err != nil {
 		return nil, fmt.Errorf("g++ not found (Debian: apt-get install g++): %w", err)
 	}
-	sigs, types, err := parseKernels(kernelSource)
+	source := emulatedSource()
+	sigs, types, err := parseKernels(source)
 	if err != nil {
 		return nil, err
 	}
@@ -265,7 +266,12 @@ func buildEmulator() (*emu, error) {
 	if err != nil {
 		return nil, err
 	}
-	barriers := barrierKernels(kernelSource)
+	// server.cpp includes kernels.cu: the build's, with the methods'
+	// kernels after the package's (dir is searched first).
+	if err := os.WriteFile(filepath.Join(dir, "kernels.cu"), []byte(source), 0o644); err != nil {
+		return nil, err
+	}
+	barriers := barrierKernels(source)
 	var inc strings.Builder
 	inc.WriteString("static void registerKernels() {\n")
 	for name, ts := range types {
@@ -289,7 +295,7 @@ func buildEmulator() (*emu, error) {
 	// its context ends (the build's at its limit, the emulator's at close).
 	ctx, cancel := context.WithTimeout(context.Background(), emuBuildLimit)
 	defer cancel()
-	cmd := testenv.CommandContext(ctx, gxx, "-std=c++20", "-O2", "-pthread", "-I", src, "-I", pkg, "-I", dir, "-o", bin, filepath.Join(src, "server.cpp"))
+	cmd := testenv.CommandContext(ctx, gxx, "-std=c++20", "-O2", "-pthread", "-I", src, "-I", dir, "-I", pkg, "-o", bin, filepath.Join(src, "server.cpp"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("g++ ran past its limit of %v and was killed: %w\n%s", emuBuildLimit, err, out)
@@ -740,7 +746,7 @@ func installFakes(e *emu) {
 // TestEmulatorKernelsParse checks that every kernel's signature is
 // understood (the emulator and its launch marshalling depend on it).
 func TestEmulatorKernelsParse(t *testing.T) {
-	sigs, _, err := parseKernels(kernelSource)
+	sigs, _, err := parseKernels(emulatedSource())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -750,7 +756,7 @@ func TestEmulatorKernelsParse(t *testing.T) {
 	// The emulator runs the threads of kernels with barriers as fibers:
 	// every kernel is classified, and barriers reached through device
 	// functions count (block_sum, scan256x2).
-	sync := barrierKernels(kernelSource)
+	sync := barrierKernels(emulatedSource())
 	for name := range sigs {
 		if _, ok := sync[name]; !ok {
 			t.Errorf("kernel %s: its body was not found", name)

@@ -809,7 +809,7 @@ extern "C" __global__ void k_sel_offsets(const u32* counts, int tiles, const u32
 
 // Writes the selection of each tile (one block per tile) at its offset, in
 // ascending index order: idx gets the indices (mode 2: the non-zero words
-// minus one), val (when not null) the elements.
+// minus one, Sparse.CompactSlots), val (when not null) the elements.
 extern "C" __global__ void k_sel_write(const float* x, i64 n, const u32* state, int mode, const u32* offs, int* idx, float* val) {
     __shared__ u32 w[SEL_TILE + SEL_TILE / SEL_ITEMS]; // one pad word per thread's run: no bank conflicts
     __shared__ u32 sg[256], se[256];
@@ -939,53 +939,6 @@ extern "C" __global__ void k_scatter_add(float* dst, const int* idx, const float
 // dst[idx[j]] = v.
 extern "C" __global__ void k_scatter_fill(float* dst, const int* idx, float v, i64 n) {
     GRID_STRIDE(j, n) { dst[idx[j]] = v; }
-}
-
-// MurmurHash3 x86_32 of the 4-byte little-endian index i (package
-// sparsify's murmur3Index).
-__device__ __forceinline__ u32 rotl32(u32 x, int r) { return (x << r) | (x >> (32 - r)); }
-__device__ u32 murmur3_index(u32 i, u32 seed) {
-    u32 k = i * 0xcc9e2d51u;
-    k = rotl32(k, 15);
-    k *= 0x1b873593u;
-    u32 h = seed ^ k;
-    h = rotl32(h, 13);
-    h = h * 5u + 0xe6546b64u;
-    h ^= 4u;
-    h ^= h >> 16;
-    h *= 0x85ebca6bu;
-    h ^= h >> 13;
-    h *= 0xc2b2ae35u;
-    h ^= h >> 16;
-    return h;
-}
-
-// DRAGONN's one-pass selection: every element of x whose magnitude key
-// (its bits without the sign) is in [lo, KEY_INF] — |x_i| >= the threshold
-// and not NaN; lo >= 1 keeps exact zeros out — goes, in the same pass, to
-// slot murmur3(i, seed) mod m, which keeps the highest index + 1 (so a
-// collision resolves as the CPU's insertion in ascending order does). No
-// compaction of the candidates: the table is the only output.
-extern "C" __global__ void k_hash_select_above(const float* x, i64 n, int lo, int seed, u32* table, int m) {
-    const u32* u = (const u32*)x;
-    GRID_STRIDE(i, n) {
-        u32 key = abs_key(u[i]);
-        if (key >= (u32)lo && key <= KEY_INF) {
-            atomicMax(&table[murmur3_index((u32)i, (u32)seed) % (u32)m], (u32)i + 1u);
-        }
-    }
-}
-
-// DGC's momentum correction (sparsify's Ops.MomentumCorrect): with a =
-// acc[i] (the velocity) and p = vel[i] (the previous masked velocity),
-// vel[i] = a and res[i] = a + m·(a − p). res may be acc.
-extern "C" __global__ void k_dgc_momentum(float* vel, float* res, const float* acc, i64 n, float m) {
-    GRID_STRIDE(i, n) {
-        float a = acc[i];
-        float u = a - vel[i];
-        vel[i] = a;
-        res[i] = a + m * u;
-    }
 }
 
 // idx[i] = i.

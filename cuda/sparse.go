@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
@@ -11,8 +12,8 @@ import (
 // Sparse holds the sparsification primitives on a GPU: the passes over the
 // whole gradient that package sparsify's reducers make (accumulation with a
 // finiteness check, per-segment norms, exact top-k, threshold selection,
-// gathers and scatters, DRAGONN's hashed insertion), computed where the
-// gradient is. Each gives what sparsify's CPU primitive gives for the same
+// gathers and scatters, and the methods' own kernels, Run), computed where
+// the gradient is. Each gives what sparsify's CPU primitive gives for the same
 // input: the same index sets in the same (ascending) order, ties at the k-th
 // magnitude to the lowest indices, sums within float32 (norms: float64)
 // rounding. Only counts and a few numbers per call come back to the host.
@@ -40,7 +41,6 @@ type selScratch struct {
 	pieces                           device.Buffer // Int64: piece bounds
 	pieceFirst                       device.Buffer // Int32: each segment's first piece
 	parts, sums                      device.Buffer // Float64
-	table                            device.Buffer // Int32: DRAGONN's slots
 	mark                             device.Buffer // Float32: Union's marks, zero between calls
 }
 
@@ -717,74 +717,109 @@ func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, err
 	return u, o.ScatterFill(s, mark, out.Slice(0, u), 0)
 }
 
-// MomentumCorrect is DGC's momentum correction (sparsify's
-// Ops.MomentumCorrect), one kernel: vel[i] = acc[i], res[i] = acc[i] +
-// m·(acc[i] − the old vel[i]). res may be acc.
-func (o *Sparse) MomentumCorrect(s device.Stream, vel, res, acc device.Buffer, m float32) error {
+// CompactSlots writes x[j] − 1 for every non-zero word of the Int32
+// vector x, in order, into idx and returns how many (sparsify's
+// Ops.CompactSlots): the occupied slots of a table of index + 1 entries.
+// The count comes back to the host; a short idx is an error with it.
+func (o *Sparse) CompactSlots(s device.Stream, idx, x device.Buffer) (int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	if err := o.check("CompactSlots", "x", x, device.Int32, 0); err != nil {
+		return 0, err
+	}
+	if err := o.check("CompactSlots", "idx", idx, device.Int32, 0); err != nil {
+		return 0, err
+	}
+	// The words read as float bits: mode 2 writes each non-zero word minus
+	// one.
+	return o.selectTiles(cs, x.View(device.Float32, 0, x.Len()), 2, idx, device.Buffer{}, true)
+}
+
+// Run runs a method's own kernel (sparsify's Ops.Run; device.Kernel): its
+// CUDA C is compiled for this GPU the first time (with the types and
+// GRID_STRIDE of kernels.cu before it; cached on disk as Compile caches)
+// and launched grid-stride over n elements, the arguments in order:
+// buffers of this GPU as pointers, int32 and uint32 as int, int64 as long
+// long, float32 as float, float64 as double.
+func (o *Sparse) Run(s device.Stream, k *device.Kernel, n int, args ...any) error {
 	cs, err := o.stream(s)
 	if err != nil {
 		return err
 	}
-	n := vel.Len()
-	if err := o.check("MomentumCorrect", "vel", vel, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("MomentumCorrect", "res", res, device.Float32, n); err != nil {
-		return err
-	}
-	if err := o.check("MomentumCorrect", "acc", acc, device.Float32, n); err != nil {
-		return err
-	}
-	if res.Len() != n || acc.Len() != n {
-		return fmt.Errorf("cuda: MomentumCorrect: vel, res and acc have %d, %d and %d elements", n, res.Len(), acc.Len())
+	l := cs.args()
+	for i, a := range args {
+		switch v := a.(type) {
+		case device.Buffer:
+			if v.Len() > 0 && (v.IsHost() || v.Device() != device.Device(o.d)) {
+				return fmt.Errorf("cuda: %s: argument %d is %v, not memory of %v", k.Name, i, v, o.d)
+			}
+			l.buf(v)
+		case int32:
+			l.i32(int(v))
+		case uint32:
+			l.i32(int(int32(v)))
+		case int64:
+			l.i64(int(v))
+		case float32:
+			l.f32(v)
+		case float64:
+			l.f64(v)
+		default:
+			return fmt.Errorf("cuda: %s: argument %d is a %T; kernels take device buffers, int32, uint32, int64, float32 and float64", k.Name, i, a)
+		}
 	}
 	if n == 0 {
 		return nil
 	}
-	return cs.args().buf(vel).buf(res).buf(acc).i64(n).f32(m).runN("k_dgc_momentum", n)
+	m, err := o.d.kernelModule(k)
+	if err != nil {
+		return err
+	}
+	return l.launch(kernel{m.fns[k.Name], k.Name}, cs.grid(n))
 }
 
-// HashSelectAbove is DRAGONN's one-pass selection (sparsify's
-// Ops.HashSelectAbove): one kernel over x compares every element with t and
-// hashes each selected index (|x_i| >= t, not an exact zero, not NaN) into
-// slot murmur3(i, seed) mod slots, a collision keeping the highest index;
-// then the table (slots words, not the tensor) is compacted into idx in slot
-// order. Nothing comes back to the host but the count.
-func (o *Sparse) HashSelectAbove(s device.Stream, idx, x device.Buffer, t float32, seed uint32, slots int) (int, error) {
-	cs, err := o.stream(s)
+// kernelPrelude is what a method's kernel may use without defining it
+// (device.Kernel): kernels.cu's integer types and grid-stride loop, which
+// kernels.cu begins with.
+const kernelPrelude = `typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
+`
+
+// methodModules are the compiled modules of the methods' kernels, by
+// device and kernel.
+var methodModules sync.Map // modKey → *module
+
+type modKey struct {
+	d *Device
+	k *device.Kernel
+}
+
+// kernelModule returns the module of k on d, compiling and loading it the
+// first time.
+func (d *Device) kernelModule(k *device.Kernel) (*module, error) {
+	key := modKey{d, k}
+	if m, ok := methodModules.Load(key); ok {
+		return m.(*module), nil
+	}
+	src := kernelPrelude + k.CUDA
+	image, _, err := Compile(src, d.cc[0], d.cc[1])
 	if err != nil {
-		return 0, err
+		return nil, fmt.Errorf("cuda: compiling the kernel %s: %w", k.Name, err)
 	}
-	if err := o.check("HashSelectAbove", "x", x, device.Float32, 0); err != nil {
-		return 0, err
-	}
-	if err := o.check("HashSelectAbove", "idx", idx, device.Int32, 0); err != nil {
-		return 0, err
-	}
-	if slots < 1 || slots > math.MaxInt32 {
-		return 0, fmt.Errorf("cuda: HashSelectAbove: %d slots", slots)
-	}
-	if x.Len() > math.MaxInt32 {
-		return 0, fmt.Errorf("cuda: HashSelectAbove: %d elements; indices are int32", x.Len())
-	}
-	table, err := grow(o.d, &cs.sel.table, device.Int32, slots)
+	unlock, err := d.enter()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	if err := cs.fill32(table, 0); err != nil {
-		return 0, err
+	m, err := loadModule(image, src)
+	unlock()
+	if err != nil {
+		return nil, err
 	}
-	if x.Len() > 0 {
-		// The smallest key selected: t's, at least 1 (no zeros); NaN
-		// selects nothing.
-		lo := uint32(math.MaxUint32)
-		if t == t {
-			lo = max(math.Float32bits(t)&0x7fffffff, 1)
-		}
-		if err := cs.args().buf(x).i64(x.Len()).i32(int(int32(lo))).i32(int(int32(seed))).buf(table).i32(slots).runN("k_hash_select_above", x.Len()); err != nil {
-			return 0, err
-		}
-	}
-	// The table read as words: mode 2 writes each non-zero word minus one.
-	return o.selectTiles(cs, table.View(device.Float32, 0, slots), 2, idx, device.Buffer{}, true)
+	actual, _ := methodModules.LoadOrStore(key, m)
+	return actual.(*module), nil
 }

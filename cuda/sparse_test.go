@@ -343,19 +343,48 @@ func murmur3(i, seed uint32) uint32 {
 	return h ^ h>>16
 }
 
-// TestGPUHashSelectAbove: DRAGONN's one-pass kernel selects what the
-// algorithm's description gives — every index i with |x_i| >= t, never an
-// exact zero or NaN, inserted in ascending order at murmur3(i) mod slots,
-// the highest index keeping a slot — and what the CPU's one pass selects,
-// for positive and zero thresholds, sparse inputs, awkward sizes.
-func TestGPUHashSelectAbove(t *testing.T) {
+// methodKernel returns the kernel named name that method declares
+// (sparsify.Method.Kernels).
+func methodKernel(t *testing.T, method, name string) *device.Kernel {
+	t.Helper()
+	m, _ := sparsify.Lookup(method)
+	for _, k := range m.Kernels {
+		if k.Name == name {
+			return k
+		}
+	}
+	t.Fatalf("%s declares no kernel %s", method, name)
+	return nil
+}
+
+// TestGPUDragonnHash: DRAGONN's one-pass kernel, its table compacted
+// (CompactSlots), selects what the algorithm's description gives — every
+// index i with |x_i| >= t, never an exact zero or NaN, inserted in
+// ascending order at murmur3(i) mod slots, the highest index keeping a
+// slot — and what the CPU's one pass selects, for positive and zero
+// thresholds, sparse inputs, awkward sizes.
+func TestGPUDragonnHash(t *testing.T) {
 	d := gpu(t)
 	sp := d.Sparse()
 	s := d.Stream()
+	k := methodKernel(t, "dragonn", "k_dragonn_hash")
 	// A known value of MurmurHash3 x86_32: "\x00\x00\x00\x00" with seed 0
 	// hashes to 0x2362f9de.
 	if h := murmur3(0, 0); h != 0x2362f9de {
 		t.Fatalf("reference murmur3(0, 0) = %#x", h)
+	}
+	// run hashes x at threshold th on ops and returns the compacted slots.
+	run := func(ops sparsify.Ops, st device.Stream, x, table, out device.Buffer, th float32, seed uint32, slots int) (int, error) {
+		lo := uint32(math.MaxUint32) // NaN selects nothing
+		if th == th {
+			lo = max(math.Float32bits(th)&0x7fffffff, 1) // exact zeros never
+		}
+		if x.Len() > 0 {
+			if err := ops.Run(st, k, x.Len(), x, int64(x.Len()), int32(lo), int32(seed), table, int32(slots)); err != nil {
+				return 0, err
+			}
+		}
+		return ops.CompactSlots(st, out, table)
 	}
 	r := rand.New(rand.NewPCG(13, 14))
 	for _, tc := range []struct {
@@ -388,39 +417,49 @@ func TestGPUHashSelectAbove(t *testing.T) {
 		}
 		xb := upload(t, s, append(x, 0)).Slice(0, tc.n)
 		ob := allocInt32(t, d, tc.slots)
-		got, err := sp.HashSelectAbove(s, ob, xb, tc.t, seed, tc.slots)
+		tb := allocInt32(t, d, tc.slots)
+		if err := d.Math().Fill(s, tb.View(device.Float32, 0, tc.slots), 0); err != nil {
+			t.Fatal(err)
+		}
+		got, err := run(sp, s, xb, tb, ob, tc.t, seed, tc.slots)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if gi := downloadInt32(t, s, ob)[:got]; !slices.Equal(gi, want) {
-			t.Fatalf("%+v: HashSelectAbove %d: %v…, want %d: %v…", tc, got, head(gi), len(want), head(want))
+			t.Fatalf("%+v: the kernel %d: %v…, want %d: %v…", tc, got, head(gi), len(want), head(want))
 		}
-		cpuOut := make([]int32, tc.slots)
-		nc, err := sparsify.CPUOps().HashSelectAbove(nil, device.Host(cpuOut), device.Host(x), tc.t, seed, tc.slots)
+		cpuOut, cpuTable := make([]int32, tc.slots), make([]int32, tc.slots)
+		nc, err := run(sparsify.CPUOps(), nil, device.Host(x), device.Host(cpuTable), device.Host(cpuOut), tc.t, seed, tc.slots)
 		if err != nil || !slices.Equal(cpuOut[:nc], want) {
-			t.Fatalf("%+v: the CPU's HashSelectAbove %v… (%v), want %v…", tc, head(cpuOut[:nc]), err, head(want))
+			t.Fatalf("%+v: the CPU's pass %v… (%v), want %v…", tc, head(cpuOut[:nc]), err, head(want))
 		}
+	}
+	// A short index buffer: the count and ErrCapacity, from both.
+	tb := upload(t, s, []float32{0, 1, 2, 3}).View(device.Int32, 0, 4)
+	if n, err := sp.CompactSlots(s, allocInt32(t, d, 1), tb); n != 3 || !errors.Is(err, cuda.ErrCapacity) {
+		t.Fatalf("CompactSlots into 1 of 3: %d, %v", n, err)
 	}
 }
 
-// TestGPUMomentumCorrect: DGC's momentum-correction kernel gives the CPU's
+// TestGPUDgcMomentum: DGC's momentum-correction kernel gives the CPU's
 // bits (vel = acc, res = acc + m·(acc − old vel)), also in place (res =
 // acc).
-func TestGPUMomentumCorrect(t *testing.T) {
+func TestGPUDgcMomentum(t *testing.T) {
 	d := gpu(t)
 	sp := d.Sparse()
 	s := d.Stream()
+	k := methodKernel(t, "dgc", "k_dgc_momentum")
 	r := rand.New(rand.NewPCG(15, 16))
 	for _, n := range []int{0, 1, 1000, 70001} {
 		for _, inPlace := range []bool{false, true} {
 			vel, acc := randVec(r, n, 1), randVec(r, n, 1)
-			const m = 0.9
+			const m = float32(0.9)
 			cv, ca := slices.Clone(vel), slices.Clone(acc)
 			cr := ca
 			if !inPlace {
 				cr = make([]float32, n)
 			}
-			if err := sparsify.CPUOps().MomentumCorrect(nil, device.Host(cv), device.Host(cr), device.Host(ca), m); err != nil {
+			if err := sparsify.CPUOps().Run(nil, k, n, device.Host(cv), device.Host(cr), device.Host(ca), int64(n), m); err != nil {
 				t.Fatal(err)
 			}
 			vb, ab := upload(t, s, append(vel, 0)).Slice(0, n), upload(t, s, append(acc, 0)).Slice(0, n)
@@ -428,7 +467,7 @@ func TestGPUMomentumCorrect(t *testing.T) {
 			if !inPlace {
 				rb = upload(t, s, make([]float32, n+1)).Slice(0, n)
 			}
-			if err := sp.MomentumCorrect(s, vb, rb, ab, m); err != nil {
+			if err := sp.Run(s, k, n, vb, rb, ab, int64(n), m); err != nil {
 				t.Fatal(err)
 			}
 			if !sameBits(download(t, s, vb), cv) || !sameBits(download(t, s, rb), cr) {
@@ -436,8 +475,11 @@ func TestGPUMomentumCorrect(t *testing.T) {
 			}
 		}
 	}
-	if err := sp.MomentumCorrect(s, upload(t, s, make([]float32, 3)), upload(t, s, make([]float32, 2)), upload(t, s, make([]float32, 3)), 0.9); err == nil {
-		t.Fatal("lengths 3, 2, 3 accepted")
+	if err := sp.Run(s, k, 3, device.Host([]float32{1, 2, 3}), upload(t, s, make([]float32, 3)), upload(t, s, make([]float32, 3)), int64(3), float32(0.9)); err == nil {
+		t.Fatal("a host buffer accepted")
+	}
+	if err := sp.Run(s, k, 3, upload(t, s, make([]float32, 3)), 3); err == nil {
+		t.Fatal("an int argument accepted")
 	}
 }
 

@@ -25,7 +25,7 @@ import (
 //     rank's part;
 //   - rank-NNNN.ckpt, one per rank, written by that rank (on its own
 //     machine under mpirun): its error-feedback residual, its batch-norm
-//     statistics, its reducer's state (sparsify.Stateful) and its model's
+//     statistics, its reducer's state (sparsify.Reducer.State) and its model's
 //     state (models.Stateful: dropout stream, LSTM hidden state).
 //
 // Every file is written atomically (package atomicfile). Rank 0 writes

@@ -105,8 +105,8 @@ func TestPipelinedMethodsReduceGroups(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", m.Name, err)
 		}
-		if _, groups := r.(DeviceGroupReducer); groups != m.Pipelined {
-			t.Errorf("%s: Pipelined = %v, but its reducer reduces groups on its device: %v", m.Name, m.Pipelined, groups)
+		if _, groups := r.core.(Grouped); groups != m.Pipelined {
+			t.Errorf("%s: Pipelined = %v, but its core reduces groups: %v", m.Name, m.Pipelined, groups)
 		}
 	}
 }

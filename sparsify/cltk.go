@@ -10,10 +10,11 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "cltk", Projectable: true, New: newCltkReducer, Advice: cltkAdvice})
+	Register(Method{Name: "cltk", Projectable: true, New: newCltk, Advice: cltkAdvice,
+		Doc: "reference notes 7.3: CLT-k, a rotating leader's top-k indices broadcast, every worker's values there all-reduced. No other deviation."})
 }
 
-// cltkReducer is "cltk", CLT-k of the DEFT/MiCRO code (CLTKReducer,
+// cltk is "cltk", CLT-k of the DEFT/MiCRO code (CLTKReducer,
 // reference notes 7.3):
 //
 //   - the leader of call t (counting from 0 on each reducer) is rank t mod n;
@@ -31,61 +32,61 @@ func init() {
 // budget whatever n is. Bytes: the binomial-tree broadcast of 4k bytes plus
 // the ring all-reduce of k float32 (comm.Traffic). It conserves the gradient:
 // Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
-type cltkReducer struct {
-	base base
-	t    int
-}
+type cltk struct{ b *Env }
 
-func newCltkReducer(o Options) (Reducer, error) {
-	return &cltkReducer{base: newBase("cltk", o)}, nil
-}
-
-// Name returns "cltk".
-func (r *cltkReducer) Name() string { return "cltk" }
+func newCltk(e *Env) (Core, error) { return cltk{e}, nil }
 
 // Reduce lets this call's leader choose the indices and all-reduces every
 // worker's acc at them.
-func (r *cltkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
+func (r cltk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
+	v := &b.v
+	n := b.c.Size()
+	leader := b.calls % n
+	wire, err := v.scratch(&b.dSel, device.Int32, b.k)
+	if err != nil {
+		return err
+	}
+	var selTime time.Duration
+	if b.c.Rank() == leader {
+		if selTime, err = b.timed(func() error {
+			_, err := v.ops.TopK(v.s, wire, device.Buffer{}, acc, b.k)
+			return err
+		}); err != nil {
+			return err
+		}
+	}
+	if err := b.c.Broadcast(ctx, v.cb(wire), leader); err != nil {
+		return fmt.Errorf("broadcasting %d indices from leader %d: %w", b.k, leader, err)
+	}
+	// The leader's list, checked: distinct indices within [0, N).
+	sel, err := b.union(wire)
+	if err != nil || sel.Len() != b.k {
+		return fmt.Errorf("leader %d sent %d indices of which %d are distinct within [0, %d) (%v): the workers disagree on the layout or density", leader, b.k, sel.Len(), b.n, err)
+	}
+	if err := b.unionReduceOn(ctx, acc, out, residual, sel); err != nil {
+		return err
+	}
+	st.SelectTime = selTime
+	st.Selected = b.k
+	st.Distinct = b.k
+	return nil
 }
 
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (r *cltkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
-	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		n := b.c.Size()
-		leader := r.t % n
-		r.t++
-		wire, err := v.scratch(&b.dSel, device.Int32, b.k)
-		if err != nil {
-			return err
-		}
-		var selTime time.Duration
-		if b.c.Rank() == leader {
-			if selTime, err = b.timed(func() error {
-				_, err := v.ops.TopK(v.s, wire, device.Buffer{}, acc, b.k)
-				return err
-			}); err != nil {
-				return err
-			}
-		}
-		if err := b.c.Broadcast(ctx, v.cb(wire), leader); err != nil {
-			return fmt.Errorf("broadcasting %d indices from leader %d: %w", b.k, leader, err)
-		}
-		// The leader's list, checked: distinct indices within [0, N).
-		sel, err := b.union(wire)
-		if err != nil || sel.Len() != b.k {
-			return fmt.Errorf("leader %d sent %d indices of which %d are distinct within [0, %d) (%v): the workers disagree on the layout or density", leader, b.k, sel.Len(), b.n, err)
-		}
-		if err := b.unionReduceOn(ctx, acc, out, residual, sel); err != nil {
-			return err
-		}
-		st.SelectTime = selTime
-		st.Selected = b.k
-		st.ActualDensity = float64(b.k) / float64(b.n)
-		return nil
-	})
+// SaveState writes the call count, which rotates the leader.
+func (r cltk) SaveState(w *StateWriter) error {
+	w.Int(r.b.calls)
+	return nil
+}
+
+// LoadState reads the call count back.
+func (r cltk) LoadState(d *StateReader) error {
+	t := d.Int("call count", 0, maxCount)
+	if err := d.Done(); err != nil {
+		return err
+	}
+	r.b.calls = t
+	return nil
 }
 
 // cltkAdvice: the leader's k indices broadcast, their values all-reduced.

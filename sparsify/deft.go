@@ -14,7 +14,8 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "deft", NotProjectable: "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count", New: newDeft, Advice: deftAdvice})
+	Register(Method{Name: "deft", NotProjectable: "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count", New: newDeft, Advice: deftAdvice,
+		Doc: "reference notes 2: DEFT's fragments, norm-proportional per-fragment budgets and LPT bin packing by a rotating leader. The budgets follow the authors' greedy rule (descending norm, each fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the total can end a little below or above k). Deviations: that share is computed exactly, where the reference's floating-point remain_norm can floor a share of 3 to 2; empty fragments (N < n² only) get no budget instead of crashing; a NaN or infinite acc is an error."})
 }
 
 // deftFrag is one fragment of DEFT's layout: the elements [lo, hi) of the flat
@@ -197,13 +198,10 @@ func deftPack(frags []deftFrag, kf []int, n int, lens, content []int32) {
 // fragmented top-k. See the "deft" entry of the package's method list and
 // newDeft.
 type deftReducer struct {
-	o      Options
-	c      *comm.Counter
-	b      base // device helpers (c is b.c)
-	n, r   int
+	b      *Env
+	n, r   int // workers, rank
 	k      int
 	frags  []deftFrag
-	t      int // iteration counter, 0 at the first call
 	starts []int
 	segs   []int // the fragments' bounds: fragment f is [segs[f], segs[f+1])
 
@@ -258,10 +256,10 @@ type deftReducer struct {
 // N < n²) get k_f = 0 and land in the common list, where the reference would
 // ask top-k for more elements than the fragment has and crash; a NaN or
 // infinite acc is an error instead of a silent garbage allocation.
-func newDeft(o Options) (Reducer, error) {
+func newDeft(b *Env) (Core, error) {
+	o := b.o
 	n := o.Comm.Size()
-	b := newBase("deft", o)
-	d := &deftReducer{o: o, c: b.c, b: b, n: n, r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}
+	d := &deftReducer{b: b, n: n, r: o.Comm.Rank(), k: b.k}
 	d.frags = deftFragments(o.Layout, n)
 	L := len(d.frags)
 	d.norms = make([]float64, L)
@@ -280,156 +278,162 @@ func newDeft(o Options) (Reducer, error) {
 	return d, nil
 }
 
-// Name returns "deft".
-func (d *deftReducer) Name() string { return "deft" }
+// Reduce runs one DEFT iteration (see newDeft): the fragment norms come
+// back to the host, which allocates and packs; the bins travel through
+// device memory; each fragment's top-k is selected on the device.
+func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := d.b
+	N := b.n
+	v := &b.v
+	t := b.calls
 
-// Reduce runs one DEFT iteration; see newDeft.
-func (d *deftReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return d.b.v.reduceHost(ctx, d, "deft", acc, out, residual)
+	// Norms and the local allocation.
+	t0 := time.Now()
+	ss, err := v.ops.SegmentSumSquares(v.s, acc, d.segs)
+	if err != nil {
+		return err
+	}
+	for f := range d.frags {
+		d.norms[f] = math.Sqrt(ss[f])
+	}
+	for f, nv := range d.norms {
+		if math.IsNaN(nv) || math.IsInf(nv, 0) {
+			fr := d.frags[f]
+			return fmt.Errorf("acc holds NaN or infinite values in fragment %d (tensor %q, elements %d..%d): the gradient diverged (lower the learning rate or clip gradients)", f, b.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi)
+		}
+	}
+	d.alloc.allocate(d.kf, d.frags, d.norms, d.k)
+	cycle := t % d.n
+	if d.r == cycle {
+		deftPack(d.frags, d.kf, d.n, d.lens, d.content)
+	}
+	selTime := time.Since(t0)
+
+	// The leader's bins, through device memory.
+	L := len(d.frags)
+	wire, err := v.scratch(&b.dCounts, device.Int32, d.n+L)
+	if err != nil {
+		return err
+	}
+	if d.r == cycle {
+		if err := v.upload(wire, append(append([]int32(nil), d.lens...), d.content...)); err != nil {
+			return err
+		}
+	}
+	if err := b.c.Broadcast(ctx, v.cb(wire.Slice(0, d.n)), cycle); err != nil {
+		return fmt.Errorf("broadcasting bin lengths from leader %d: %w", cycle, err)
+	}
+	if err := b.c.Broadcast(ctx, v.cb(wire.Slice(d.n, d.n+L)), cycle); err != nil {
+		return fmt.Errorf("broadcasting bins from leader %d: %w", cycle, err)
+	}
+	if err := v.download(d.lens, wire); err != nil {
+		return err
+	}
+	if err := v.download(d.content, wire.Slice(d.n, d.n+L)); err != nil {
+		return err
+	}
+	binStart, total := 0, 0
+	myBin := (cycle + d.r) % d.n
+	for bb, nv := range d.lens {
+		if nv < 0 || total+int(nv) > L {
+			return fmt.Errorf("corrupt bins from leader %d (bin %d has length %d, %d fragments in all)", cycle, bb, nv, L)
+		}
+		if bb == myBin {
+			binStart = total
+		}
+		total += int(nv)
+	}
+	for _, f := range d.content {
+		if f < 0 || int(f) >= L {
+			return fmt.Errorf("corrupt bins from leader %d (fragment id %d of %d)", cycle, f, L)
+		}
+	}
+	bin := d.content[binStart : binStart+int(d.lens[myBin])]
+	common := d.content[total:]
+
+	// Top-k of every fragment of my bin, with my own k_f.
+	want := 0
+	for _, f := range bin {
+		want += d.kf[f]
+	}
+	mine, err := v.scratch(&b.dSel, device.Int32, want)
+	if err != nil {
+		return err
+	}
+	pos := 0
+	sel, err := b.timed(func() error {
+		for _, f := range bin {
+			fr := d.frags[f]
+			dst := mine.Slice(pos, pos+d.kf[f])
+			m, err := v.ops.TopK(v.s, dst, device.Buffer{}, acc.Slice(fr.lo, fr.hi), d.kf[f])
+			if err != nil {
+				return err
+			}
+			if err := v.ops.Shift(v.s, dst.Slice(0, m), fr.lo); err != nil {
+				return err
+			}
+			pos += m
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	selTime += sel
+
+	all, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, pos))
+	if err != nil {
+		return err
+	}
+	// The union: the gathered lists, then every index of every common
+	// fragment (disjoint fragments: no duplicates).
+	ncommon := 0
+	for _, f := range common {
+		ncommon += d.frags[f].size()
+	}
+	union, err := v.scratch(&b.dUnion, device.Int32, all.Len()+ncommon)
+	if err != nil {
+		return err
+	}
+	if err := v.s.Copy(union.Slice(0, all.Len()), all); err != nil {
+		return err
+	}
+	at := all.Len()
+	for _, f := range common {
+		fr := d.frags[f]
+		if err := v.ops.Iota(v.s, union.Slice(at, at+fr.size()), fr.lo); err != nil {
+			return err
+		}
+		at += fr.size()
+	}
+	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+		return err
+	}
+
+	st.SelectTime = selTime
+	st.Selected = pos
+	st.SelectedPerWorker = counts
+	st.Distinct = union.Len()
+	tb := append(append([]int(nil), d.starts...), N)
+	st.LayerK, err = v.ops.CountIn(v.s, union, tb)
+	return err
 }
 
-// ReduceOn is Reduce on vectors of the reducer's device: the fragment norms
-// come back to the host, which allocates and packs; the bins travel through
-// device memory; each fragment's top-k is selected on the device.
-func (d *deftReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	N := d.o.Layout.N
-	b := &d.b
-	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		t := d.t
-		d.t++
+// SaveState writes the call count, which rotates the leader that packs the
+// bins.
+func (d *deftReducer) SaveState(w *StateWriter) error {
+	w.Int(d.b.calls)
+	return nil
+}
 
-		// Norms and the local allocation.
-		t0 := time.Now()
-		ss, err := v.ops.SegmentSumSquares(v.s, acc, d.segs)
-		if err != nil {
-			return err
-		}
-		for f := range d.frags {
-			d.norms[f] = math.Sqrt(ss[f])
-		}
-		for f, nv := range d.norms {
-			if math.IsNaN(nv) || math.IsInf(nv, 0) {
-				fr := d.frags[f]
-				return fmt.Errorf("acc holds NaN or infinite values in fragment %d (tensor %q, elements %d..%d): the gradient diverged (lower the learning rate or clip gradients)", f, d.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi)
-			}
-		}
-		d.alloc.allocate(d.kf, d.frags, d.norms, d.k)
-		cycle := t % d.n
-		if d.r == cycle {
-			deftPack(d.frags, d.kf, d.n, d.lens, d.content)
-		}
-		selTime := time.Since(t0)
-
-		// The leader's bins, through device memory.
-		L := len(d.frags)
-		wire, err := v.scratch(&b.dCounts, device.Int32, d.n+L)
-		if err != nil {
-			return err
-		}
-		if d.r == cycle {
-			if err := v.upload(wire, append(append([]int32(nil), d.lens...), d.content...)); err != nil {
-				return err
-			}
-		}
-		if err := d.c.Broadcast(ctx, v.cb(wire.Slice(0, d.n)), cycle); err != nil {
-			return fmt.Errorf("broadcasting bin lengths from leader %d: %w", cycle, err)
-		}
-		if err := d.c.Broadcast(ctx, v.cb(wire.Slice(d.n, d.n+L)), cycle); err != nil {
-			return fmt.Errorf("broadcasting bins from leader %d: %w", cycle, err)
-		}
-		if err := v.download(d.lens, wire); err != nil {
-			return err
-		}
-		if err := v.download(d.content, wire.Slice(d.n, d.n+L)); err != nil {
-			return err
-		}
-		binStart, total := 0, 0
-		myBin := (cycle + d.r) % d.n
-		for bb, nv := range d.lens {
-			if nv < 0 || total+int(nv) > L {
-				return fmt.Errorf("corrupt bins from leader %d (bin %d has length %d, %d fragments in all)", cycle, bb, nv, L)
-			}
-			if bb == myBin {
-				binStart = total
-			}
-			total += int(nv)
-		}
-		for _, f := range d.content {
-			if f < 0 || int(f) >= L {
-				return fmt.Errorf("corrupt bins from leader %d (fragment id %d of %d)", cycle, f, L)
-			}
-		}
-		bin := d.content[binStart : binStart+int(d.lens[myBin])]
-		common := d.content[total:]
-
-		// Top-k of every fragment of my bin, with my own k_f.
-		want := 0
-		for _, f := range bin {
-			want += d.kf[f]
-		}
-		mine, err := v.scratch(&b.dSel, device.Int32, want)
-		if err != nil {
-			return err
-		}
-		pos := 0
-		sel, err := b.timed(func() error {
-			for _, f := range bin {
-				fr := d.frags[f]
-				dst := mine.Slice(pos, pos+d.kf[f])
-				m, err := v.ops.TopK(v.s, dst, device.Buffer{}, acc.Slice(fr.lo, fr.hi), d.kf[f])
-				if err != nil {
-					return err
-				}
-				if err := v.ops.Shift(v.s, dst.Slice(0, m), fr.lo); err != nil {
-					return err
-				}
-				pos += m
-			}
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-		selTime += sel
-
-		all, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, pos))
-		if err != nil {
-			return err
-		}
-		// The union: the gathered lists, then every index of every common
-		// fragment (disjoint fragments: no duplicates).
-		ncommon := 0
-		for _, f := range common {
-			ncommon += d.frags[f].size()
-		}
-		union, err := v.scratch(&b.dUnion, device.Int32, all.Len()+ncommon)
-		if err != nil {
-			return err
-		}
-		if err := v.s.Copy(union.Slice(0, all.Len()), all); err != nil {
-			return err
-		}
-		at := all.Len()
-		for _, f := range common {
-			fr := d.frags[f]
-			if err := v.ops.Iota(v.s, union.Slice(at, at+fr.size()), fr.lo); err != nil {
-				return err
-			}
-			at += fr.size()
-		}
-		if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-			return err
-		}
-
-		st.SelectTime = selTime
-		st.Selected = pos
-		st.SelectedPerWorker = counts
-		st.ActualDensity = float64(union.Len()) / float64(N)
-		tb := append(append([]int(nil), d.starts...), N)
-		st.LayerK, err = v.ops.CountIn(v.s, union, tb)
+// LoadState reads the call count back.
+func (d *deftReducer) LoadState(r *StateReader) error {
+	t := r.Int("call count", 0, maxCount)
+	if err := r.Done(); err != nil {
 		return err
-	})
+	}
+	d.b.calls = t
+	return nil
 }
 
 // deftAdvice: the leader's bins broadcast (their P lengths, then their

@@ -208,7 +208,7 @@ func deftBenchReduce(b *testing.B, method string, n int, density float64) {
 		grad[i] *= scale
 	}
 	w := local.New(n)
-	reducers := make([]Reducer, n)
+	reducers := make([]*Reducer, n)
 	accs, outs := make([][]float32, n), make([][]float32, n)
 	for r := range n {
 		if reducers[r], err = New(method, Options{Density: density, Layout: l, Comm: w.Comm(r)}); err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/sparsegrad/sparsegrad/device"
 	"math"
 	"math/big"
 	"math/rand/v2"
@@ -12,6 +11,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/sparsegrad/sparsegrad/device"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"

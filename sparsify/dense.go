@@ -9,53 +9,39 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "dense", Projectable: true, New: newDenseReducer, Advice: denseAdvice})
+	Register(Method{Name: "dense", Projectable: true, New: newDense, Advice: denseAdvice,
+		Doc: "all-reduce average of acc; residual 0. No deviation."})
 }
 
-// denseReducer is the "dense" baseline: a plain all-reduce average of acc.
+// dense is the "dense" baseline: a plain all-reduce average of acc.
 //
 // out = (Σ_w acc_w)/n (the sum in the communicator's canonical order, then
 // multiplied by 1/n), residual = 0, ActualDensity = 1, Selected = N,
 // Threshold = NaN. It conserves the gradient exactly up to float32 rounding:
 // Σ_w residual_w + n·out = Σ_w acc_w.
-type denseReducer struct {
-	base base
-}
+type dense struct{ b *Env }
 
-func newDenseReducer(o Options) (Reducer, error) {
-	return &denseReducer{base: newBase("dense", o)}, nil
-}
-
-// Name returns "dense".
-func (r *denseReducer) Name() string { return "dense" }
+func newDense(e *Env) (Core, error) { return dense{e}, nil }
 
 // Reduce all-reduces acc and averages it; the residual is zeroed.
-func (r *denseReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (r *denseReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
+func (r dense) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
 	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		if err := v.s.Copy(out, acc); err != nil {
-			return err
-		}
-		if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
-			return fmt.Errorf("all-reducing %d values: %w", out.Len(), err)
-		}
-		if err := v.m.Scale(v.s, out, 1/float32(b.c.Size())); err != nil {
-			return err
-		}
-		if err := v.m.Fill(v.s, residual, 0); err != nil {
-			return err
-		}
-		st.ActualDensity = 1
-		st.Selected = b.n
-		st.ErrorNorm = 0
-		return nil
-	})
+	o := out
+	if err := v.s.Copy(o, acc); err != nil {
+		return err
+	}
+	if err := b.c.AllReduce(ctx, v.cb(o)); err != nil {
+		return fmt.Errorf("all-reducing %d values: %w", o.Len(), err)
+	}
+	if err := v.m.Scale(v.s, o, 1/float32(b.c.Size())); err != nil {
+		return err
+	}
+	if err := v.m.Fill(v.s, residual, 0); err != nil {
+		return err
+	}
+	st.Distinct, st.Selected, st.ResidualSq = b.n, b.n, 0
+	return nil
 }
 
 // denseAdvice: one all-reduce of the whole gradient, nothing selected.

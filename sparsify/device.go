@@ -1,37 +1,24 @@
 package sparsify
 
 import (
-	"context"
 	"fmt"
-	"math"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-// Reduction in device memory. A reducer that implements DeviceReducer keeps
-// its logic in one place for every device: its passes over whole vectors
-// go through the Ops of its device (Options.Ops) on its stream
-// (Options.Stream), its messages are comm.Device buffers of that device, and
-// only counts and a few numbers per call come back to the host. Its Reduce
-// of host slices is ReduceOn over host memory with the CPU's Ops, so the
-// CPU path and the GPU path are the same code, and give the same index sets
-// and the same bits wherever the communicator adds in the canonical order
-// (package comm; NCCL adds in its own order, see comm).
+// Reduction in device memory. Every core keeps its logic in one place for
+// every device: its passes over whole vectors go through the Ops of its
+// device (Options.Ops) on its stream (Options.Stream), its messages are
+// comm.Device buffers of that device, and only counts and a few numbers per
+// call come back to the host. The frame's Reduce of host slices is ReduceOn
+// over host memory with the CPU's Ops, so the CPU path and the GPU path are
+// the same code, and give the same index sets and the same bits wherever the
+// communicator adds in the canonical order (package comm; NCCL adds in its
+// own order, see comm).
 //
 // On a GPU, the communicator must take device buffers: NCCL (package cuda),
 // or comm.Staged over comm/local or comm/mpi.
-
-// DeviceReducer is a Reducer that also reduces vectors in its device's
-// memory.
-type DeviceReducer interface {
-	Reducer
-	// ReduceOn is Reduce on vectors of the reducer's device (Options.Stream's,
-	// the CPU's by default), issued on Options.Stream: when it returns, out
-	// and residual are written for the work issued on that stream
-	// afterwards.
-	ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error)
-}
 
 // vecs is a reducer's device: its stream, Ops and math, and its scratch
 // buffers there.
@@ -151,28 +138,10 @@ func sameMemory(a, b device.Buffer) bool {
 	return a.Addr() == b.Addr()
 }
 
-// hostArgs checks that a reducer built for the CPU is called with host
-// slices (Reduce) and returns them as host vectors.
-func (v *vecs) hostArgs(name string, acc, out, residual []float32) (device.Buffer, device.Buffer, device.Buffer, error) {
-	if !v.onCPU() {
-		return device.Buffer{}, device.Buffer{}, device.Buffer{}, fmt.Errorf("sparsify: %s: the reducer works on %v; call ReduceOn with vectors there, not Reduce with host slices", name, v.d)
-	}
-	return device.Host(acc), device.Host(out), device.Host(residual), nil
-}
-
-// errorNorm is ‖x‖₂ as every device computes it (Ops.SegmentSumSquares).
-func (v *vecs) errorNorm(x device.Buffer) (float64, error) {
-	ss, err := v.ops.SegmentSumSquares(v.s, x, []int{0, x.Len()})
-	if err != nil {
-		return 0, err
-	}
-	return math.Sqrt(ss[0]), nil
-}
-
-// dense is the scratch of mergeOn and intersectOn on one device: a dense
+// denseScratch is the scratch of mergeOn and intersectOn on one device: a dense
 // vector of sums and one of marks, N elements each, zero between calls (a
 // fresh allocation is zero; every call clears what it set).
-type dense struct {
+type denseScratch struct {
 	sum, mark device.Buffer // Float32
 	g         device.Buffer // Float32
 	pos       device.Buffer // Int32
@@ -184,7 +153,7 @@ type dense struct {
 // an index their values are added in list order, a lone value is kept as it
 // is (package sparsify's mergeSum, for any number of lists). idx and val
 // must hold the total length of the lists.
-func (v *vecs) mergeOn(sc *dense, n int, lists [][2]device.Buffer, idx, val device.Buffer) (int, error) {
+func (v *vecs) mergeOn(sc *denseScratch, n int, lists [][2]device.Buffer, idx, val device.Buffer) (int, error) {
 	sum, err := v.scratch(&sc.sum, device.Float32, n)
 	if err != nil {
 		return 0, err
@@ -215,7 +184,7 @@ func (v *vecs) mergeOn(sc *dense, n int, lists [][2]device.Buffer, idx, val devi
 // intersectOn writes the indices of b that are also in a (both Int32
 // vectors of distinct indices in [0, n)) into out, in b's order, and
 // returns how many; out must hold len(b).
-func (v *vecs) intersectOn(sc *dense, n int, a, b, out device.Buffer) (int, error) {
+func (v *vecs) intersectOn(sc *denseScratch, n int, a, b, out device.Buffer) (int, error) {
 	mark, err := v.scratch(&sc.mark, device.Float32, n)
 	if err != nil {
 		return 0, err
@@ -242,14 +211,4 @@ func (v *vecs) intersectOn(sc *dense, n int, a, b, out device.Buffer) (int, erro
 		return 0, err
 	}
 	return m, v.ops.ScatterFill(v.s, mark, a, 0)
-}
-
-// reduceHost is the Reduce of every built-in reducer: host slices, checked
-// by hostArgs, handed to the reducer's ReduceOn.
-func (v *vecs) reduceHost(ctx context.Context, r DeviceReducer, name string, acc, out, residual []float32) (Stats, error) {
-	a, o, res, err := v.hostArgs(name, acc, out, residual)
-	if err != nil {
-		return Stats{}, err
-	}
-	return r.ReduceOn(ctx, a, o, res)
 }

@@ -2,6 +2,8 @@ package sparsify
 
 import (
 	"context"
+	_ "embed"
+	"errors"
 	"fmt"
 	"math"
 
@@ -10,10 +12,13 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "dgc", Projectable: true, New: newDGCReducer, Advice: dgcAdvice, CorrectsMomentum: true, ScaledClip: true, Params: []options.Option{
-		{Key: "sparsity_warmup", Kind: options.Int, Default: dgcDefaultWarmup, Range: options.Within(0, 1000, "[]"), Zero: "none",
-			Doc: "epochs of DGC's density warm-up, at most 1000: density max(0.25^(e+1), ρ) in epoch e"},
-	}})
+	Register(Method{Name: "dgc", Projectable: true, New: newDGCReducer, Advice: dgcAdvice, CorrectsMomentum: true, ScaledClip: true,
+		Density: func(ModelKind) float64 { return 0.001 }, Notes: dgcNotes, Kernels: []*device.Kernel{dgcMomentum},
+		Doc: "reference notes 7.4: Deep Gradient Compression: per-tensor double sampling of the tensors of more than one dimension (1-D tensors all-reduced dense), momentum correction with momentum-factor masking (Options.Momentum, the optimizer's, which then applies momentum to weight decay only), the density warm-up over the first epochs (Reducer.SetStepsPerEpoch), local clipping scaled by 1/√n (Method.ScaledClip, the trainer's), sparse all-gather. Deviations: the samples' random start is seeded per rank, iteration and tensor; the warm-up is the paper's 0.25^(e+1) (the reference's configuration ramps with ρ^(1/(E+1))).",
+		Params: []options.Option{
+			{Key: "sparsity_warmup", Kind: options.Int, Default: dgcDefaultWarmup, Range: options.Within(0, 1000, "[]"), Zero: "none",
+				Doc: "epochs of DGC's density warm-up, at most 1000: density max(0.25^(e+1), ρ) in epoch e"},
+		}})
 }
 
 // dgcDefaultWarmup is the default of dgc's option sparsity_warmup: the
@@ -41,7 +46,7 @@ const dgcWarmupBase = 0.25
 //     then zeroes both u and v at the sent indices. The reducer's contract
 //     (acc = residual + gradient) carries this: the residual written for
 //     the next call is v + m·u (both masked), so that the next acc is the
-//     next v; the reducer keeps the masked v (Ops.MomentumCorrect), from
+//     next v; the reducer keeps the masked v (dgcMomentum), from
 //     which u = acc − v. For the dense tensors the momentum is applied to
 //     the average, u ← m·u + mean_w(g_w), out = u (the reference's
 //     compensate(accumulate=False)); their residual is 0. The output is
@@ -49,8 +54,8 @@ const dgcWarmupBase = 0.25
 //     no momentum) it is plain error feedback: residual = acc with the sent
 //     entries zeroed.
 //   - Density warm-up (option sparsity_warmup = E epochs, default 4, the
-//     paper's; it needs the calls per epoch, SetStepsPerEpoch, which the
-//     trainer gives — without them there is no warm-up): epoch e < E uses
+//     paper's; it needs the calls per epoch, Reducer.SetStepsPerEpoch, which
+//     the trainer gives — without them there is no warm-up): epoch e < E uses
 //     density max(0.25^(e+1), ρ) — 0.25, 0.0625, 0.0156, 0.0039 — then ρ.
 //     (The reference's wm5 configuration ramps with ρ^(1/(E+1)) instead.)
 //   - Local gradient clipping is the trainer's (Method.ScaledClip: -clip
@@ -81,10 +86,9 @@ const dgcWarmupBase = 0.25
 // of the largest compressed tensor (the first of equal size; NaN when none
 // is compressed).
 type dgcReducer struct {
-	base      base
+	base      *Env
 	momentum  float32
 	warmup    int // epochs
-	perEpoch  int // calls per epoch, 0 when unknown (no warm-up)
 	comp      []bool
 	compN     int // elements of the compressed tensors
 	largest   int // compressed tensor whose threshold Stats reports, -1 if none
@@ -97,13 +101,12 @@ type dgcReducer struct {
 	dVal      device.Buffer // Float32
 }
 
-var _ EpochScheduled = (*dgcReducer)(nil)
-
-func newDGCReducer(o Options) (Reducer, error) {
+func newDGCReducer(e *Env) (Core, error) {
+	o := e.o
 	if !(o.Momentum >= 0 && o.Momentum < 1) {
-		return nil, fmt.Errorf("sparsify: dgc: Options.Momentum %v is outside [0, 1)", o.Momentum)
+		return nil, fmt.Errorf("Options.Momentum %v is outside [0, 1)", o.Momentum)
 	}
-	r := &dgcReducer{base: newBase("dgc", o), momentum: float32(o.Momentum), warmup: o.Params.Int("sparsity_warmup"),
+	r := &dgcReducer{base: e, momentum: float32(o.Momentum), warmup: o.Params.Int("sparsity_warmup"),
 		params: map[float64][]dgcParams{}, largest: -1}
 	for t, tn := range o.Layout.Tensors {
 		c := tn.Dims() != 1
@@ -118,20 +121,13 @@ func newDGCReducer(o Options) (Reducer, error) {
 	return r, nil
 }
 
-// Name returns "dgc".
-func (r *dgcReducer) Name() string { return "dgc" }
-
-// SetStepsPerEpoch sets the calls per epoch the density warm-up counts
-// (EpochScheduled).
-func (r *dgcReducer) SetStepsPerEpoch(n int) { r.perEpoch = max(n, 0) }
-
 // ratio is the density of the current call: the warm-up's, then ρ.
 func (r *dgcReducer) ratio() float64 {
 	rho := r.base.o.Density
-	if r.perEpoch == 0 {
+	if r.base.perEpoch == 0 {
 		return rho
 	}
-	if e := r.base.iter / r.perEpoch; e < r.warmup {
+	if e := r.base.calls / r.base.perEpoch; e < r.warmup {
 		return max(math.Pow(dgcWarmupBase, float64(e+1)), rho)
 	}
 	return rho
@@ -150,151 +146,242 @@ func (r *dgcReducer) paramsFor(ratio float64) []dgcParams {
 }
 
 // Reduce selects per tensor by double sampling, all-gathers the pairs and
-// averages them.
-func (r *dgcReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
+// averages them. The sampling's threshold and the adaptation rounds'
+// counts come back to the host; where the reference takes the exact
+// top-nsel of the candidates it takes the top-nsel of the tensor, the same
+// set (the candidates, more than nsel, hold every element at least as
+// large as the nsel-th largest).
+func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.base
+	v := &b.v
+	if r.momentum > 0 && !r.hasVel {
+		var err error
+		if r.vel, err = v.scratch(&r.vel, device.Float32, b.n); err != nil {
+			return err
+		}
+		if err := v.m.Fill(v.s, r.vel, 0); err != nil {
+			return err
+		}
+		r.hasVel = true
+	}
+	rank := b.c.Rank()
+	tensors := b.o.Layout.Tensors
+	params := r.paramsFor(r.ratio())
+	layerK := make([]int, len(tensors))
+	thr := math.NaN()
+	pos := 0
+	selTime, err := b.timed(func() error {
+		maxSize, total := 0, 0
+		for t, tn := range tensors {
+			if r.comp[t] {
+				maxSize = max(maxSize, tn.Size)
+				total += params[t].nsel
+			}
+		}
+		idx, err := v.scratch(&r.dIdx, device.Int32, total)
+		if err != nil {
+			return err
+		}
+		cand, err := v.scratch(&r.dCa, device.Int32, maxSize)
+		if err != nil {
+			return err
+		}
+		for t, tn := range tensors {
+			if !r.comp[t] {
+				layerK[t] = tn.Size
+				continue
+			}
+			p := params[t]
+			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
+			start := 0
+			if p.stride > 1 {
+				start = sampRNG(b.o.Seed, rank, b.calls, t).IntN(p.stride)
+			}
+			take, th, err := dgcSelectOn(v, &r.samp, cand, x, p, start)
+			if err != nil {
+				return err
+			}
+			if t == r.largest {
+				thr = float64(th)
+			}
+			layerK[t] = take
+			dst := idx.Slice(pos, pos+take)
+			if err := v.s.Copy(dst, cand.Slice(0, take)); err != nil {
+				return err
+			}
+			if err := v.ops.Shift(v.s, dst, tn.Offset); err != nil {
+				return err
+			}
+			pos += take
+		}
+		val, err := v.scratch(&r.dVal, device.Float32, pos)
+		if err != nil {
+			return err
+		}
+		return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
+	})
+	if err != nil {
+		return err
+	}
+	denseN, err := r.dense.reduce(ctx, b, acc, r.comp)
+	if err != nil {
+		return err
+	}
+	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
+	counts, distinct, err := b.sparseExchangeIfAny(ctx, r.compN > 0, idx, val, out)
+	if err != nil {
+		return err
+	}
+	// The residual (and the velocity) of the compressed tensors.
+	if r.momentum > 0 {
+		for t, tn := range tensors {
+			if r.comp[t] {
+				lo, hi := tn.Offset, tn.Offset+tn.Size
+				if err := v.ops.Run(v.s, dgcMomentum, hi-lo, r.vel.Slice(lo, hi), residual.Slice(lo, hi), acc.Slice(lo, hi), int64(hi-lo), r.momentum); err != nil {
+					return err
+				}
+			}
+		}
+		if err := v.ops.ScatterFill(v.s, r.vel, idx, 0); err != nil {
+			return err
+		}
+		if err := v.ops.ScatterFill(v.s, residual, idx, 0); err != nil {
+			return err
+		}
+	} else if err := b.residualWithout(residual, acc, idx); err != nil {
+		return err
+	}
+	// The dense tensors: out = the average (with momentum: u ← m·u + avg,
+	// out = u), residual 0.
+	if err := r.dense.write(b, out, residual, r.comp); err != nil {
+		return err
+	}
+	if r.momentum > 0 {
+		for t, tn := range tensors {
+			if !r.comp[t] {
+				lo, hi := tn.Offset, tn.Offset+tn.Size
+				u, o := r.vel.Slice(lo, hi), out.Slice(lo, hi)
+				if err := v.m.Scale(v.s, u, r.momentum); err != nil {
+					return err
+				}
+				if err := v.m.Add(v.s, u, o); err != nil {
+					return err
+				}
+				if err := v.s.Copy(o, u); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	for w := range counts {
+		counts[w] += denseN
+	}
+	st.SelectTime = selTime
+	st.Selected = pos + denseN
+	st.SelectedPerWorker = counts
+	st.LayerK = layerK
+	st.Distinct = distinct + denseN
+	st.Threshold = thr
+	return nil
 }
 
-// ReduceOn is Reduce on vectors of the reducer's device. The sampling's
-// threshold and the adaptation rounds' counts come back to the host; where
-// the reference takes the exact top-nsel of the candidates it takes the
-// top-nsel of the tensor, the same set (the candidates, more than nsel,
-// hold every element at least as large as the nsel-th largest).
-func (r *dgcReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
-	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		if r.momentum > 0 && !r.hasVel {
-			var err error
-			if r.vel, err = v.scratch(&r.vel, device.Float32, b.n); err != nil {
-				return err
-			}
-			if err := v.m.Fill(v.s, r.vel, 0); err != nil {
-				return err
-			}
-			r.hasVel = true
+//go:embed dgc.cu
+var dgcCUDA string
+
+// dgcMomentum is DGC's momentum correction, element-wise (dgc.cu's
+// k_dgc_momentum; arguments vel, res, acc, n as int64, m as float32): with
+// a = acc[i] (the velocity) and p = vel[i] (the previous masked velocity),
+// it sets vel[i] = a and res[i] = a + m·(a − p) (the velocity plus m times
+// the momentum). res may be acc.
+var dgcMomentum = &device.Kernel{Name: "k_dgc_momentum", CUDA: dgcCUDA, Host: func(n int, a ...any) {
+	vv, rr, aa, m := a[0].(device.Buffer).Float32s(), a[1].(device.Buffer).Float32s(), a[2].(device.Buffer).Float32s(), a[4].(float32)
+	selParallel(n, selChunks(n), func(_, lo, hi int) {
+		for i := lo; i < hi; i++ {
+			a := aa[i]
+			u := a - vv[i]
+			vv[i] = a
+			rr[i] = a + float32(m*u) // no fused multiply-add: the GPU rounds the product too
 		}
-		rank := b.c.Rank()
-		tensors := b.o.Layout.Tensors
-		params := r.paramsFor(r.ratio())
-		layerK := make([]int, len(tensors))
-		thr := math.NaN()
-		pos := 0
-		selTime, err := b.timed(func() error {
-			maxSize, total := 0, 0
-			for t, tn := range tensors {
-				if r.comp[t] {
-					maxSize = max(maxSize, tn.Size)
-					total += params[t].nsel
-				}
-			}
-			idx, err := v.scratch(&r.dIdx, device.Int32, total)
-			if err != nil {
-				return err
-			}
-			cand, err := v.scratch(&r.dCa, device.Int32, maxSize)
-			if err != nil {
-				return err
-			}
-			for t, tn := range tensors {
-				if !r.comp[t] {
-					layerK[t] = tn.Size
-					continue
-				}
-				p := params[t]
-				x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
-				start := 0
-				if p.stride > 1 {
-					start = sampRNG(b.o.Seed, rank, b.iter, t).IntN(p.stride)
-				}
-				take, th, err := dgcSelectOn(v, &r.samp, cand, x, p, start)
-				if err != nil {
-					return err
-				}
-				if t == r.largest {
-					thr = float64(th)
-				}
-				layerK[t] = take
-				dst := idx.Slice(pos, pos+take)
-				if err := v.s.Copy(dst, cand.Slice(0, take)); err != nil {
-					return err
-				}
-				if err := v.ops.Shift(v.s, dst, tn.Offset); err != nil {
-					return err
-				}
-				pos += take
-			}
-			val, err := v.scratch(&r.dVal, device.Float32, pos)
-			if err != nil {
-				return err
-			}
-			return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
-		})
-		if err != nil {
-			return err
-		}
-		b.iter++
-		denseN, err := r.dense.reduce(ctx, b, acc, r.comp)
-		if err != nil {
-			return err
-		}
-		idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
-		counts, distinct, err := b.sparseExchangeIfAny(ctx, r.compN > 0, idx, val, out)
-		if err != nil {
-			return err
-		}
-		// The residual (and the velocity) of the compressed tensors.
-		if r.momentum > 0 {
-			for t, tn := range tensors {
-				if r.comp[t] {
-					lo, hi := tn.Offset, tn.Offset+tn.Size
-					if err := v.ops.MomentumCorrect(v.s, r.vel.Slice(lo, hi), residual.Slice(lo, hi), acc.Slice(lo, hi), r.momentum); err != nil {
-						return err
-					}
-				}
-			}
-			if err := v.ops.ScatterFill(v.s, r.vel, idx, 0); err != nil {
-				return err
-			}
-			if err := v.ops.ScatterFill(v.s, residual, idx, 0); err != nil {
-				return err
-			}
-		} else if err := b.residualWithout(residual, acc, idx); err != nil {
-			return err
-		}
-		// The dense tensors: out = the average (with momentum: u ← m·u + avg,
-		// out = u), residual 0.
-		if err := r.dense.write(b, out, residual, r.comp); err != nil {
-			return err
-		}
-		if r.momentum > 0 {
-			for t, tn := range tensors {
-				if !r.comp[t] {
-					lo, hi := tn.Offset, tn.Offset+tn.Size
-					u, o := r.vel.Slice(lo, hi), out.Slice(lo, hi)
-					if err := v.m.Scale(v.s, u, r.momentum); err != nil {
-						return err
-					}
-					if err := v.m.Add(v.s, u, o); err != nil {
-						return err
-					}
-					if err := v.s.Copy(o, u); err != nil {
-						return err
-					}
-				}
-			}
-		}
-		for w := range counts {
-			counts[w] += denseN
-		}
-		st.SelectTime = selTime
-		st.Selected = pos + denseN
-		st.SelectedPerWorker = counts
-		st.LayerK = layerK
-		st.ActualDensity = float64(distinct+denseN) / float64(b.n)
-		st.Threshold = thr
-		return nil
 	})
+}}
+
+// SaveState writes the call count (it seeds the samples' random start and
+// counts the warm-up's epochs) and, with momentum correction, the masked
+// velocity of the compressed tensors and the momentum of the dense ones (N
+// float32, read from the device).
+func (r *dgcReducer) SaveState(w *StateWriter) error {
+	w.Int(r.base.calls)
+	w.Bool(r.hasVel)
+	if r.hasVel {
+		v := &r.base.v
+		vel := make([]float32, r.vel.Len())
+		if err := v.s.Copy(device.Host(vel), r.vel); err != nil {
+			return fmt.Errorf("reading the velocity back: %w", err)
+		}
+		if err := v.s.Synchronize(); err != nil {
+			return fmt.Errorf("reading the velocity back: %w", err)
+		}
+		w.Float32s(vel)
+	}
+	return nil
+}
+
+// LoadState reads them back (the velocity into device memory).
+func (r *dgcReducer) LoadState(d *StateReader) error {
+	it := d.Int("call count", 0, maxCount)
+	has := d.Bool("velocity present")
+	var vel []float32
+	if has {
+		vel = d.Float32s("velocity", r.base.n)
+	}
+	if err := d.Done(); err != nil {
+		return err
+	}
+	if has && r.momentum == 0 {
+		return errors.New("the state holds a momentum-corrected velocity, but this reducer has no momentum (Options.Momentum differs from the saved run's)")
+	}
+	if !has && r.momentum > 0 && it > 0 {
+		return errors.New("the state has no velocity, but this reducer corrects momentum (Options.Momentum differs from the saved run's)")
+	}
+	if has {
+		v := &r.base.v
+		var err error
+		if r.vel, err = v.scratch(&r.vel, device.Float32, r.base.n); err != nil {
+			return err
+		}
+		if err := v.s.Copy(r.vel, device.Host(vel)); err != nil {
+			return err
+		}
+		if err := v.s.Synchronize(); err != nil {
+			return err
+		}
+		r.hasVel = true
+	}
+	r.base.calls = it
+	return nil
+}
+
+// dgcNotes: a density warm-up a replay cannot schedule or the run does not
+// outlast, and no momentum to correct.
+func dgcNotes(r Run) []string {
+	var notes []string
+	e := r.Params.Int("sparsity_warmup")
+	if e > 0 && r.StepsPerEpoch == 0 && r.Replay {
+		notes = append(notes, fmt.Sprintf("the recording does not say its steps per epoch, so the replay has no density warm-up (-sparsity-warmup %d epochs): every step selects at -density %g",
+			e, r.Density))
+	}
+	if e > 0 && r.Steps <= e*r.StepsPerEpoch {
+		notes = append(notes, fmt.Sprintf("the run's %d steps end within the density warm-up (-sparsity-warmup %d epochs of %d steps): it never reaches -density %g",
+			r.Steps, e, r.StepsPerEpoch, r.Density))
+	}
+	switch {
+	case r.Replay && r.Momentum == 0:
+		notes = append(notes, "no SGD momentum to correct (the recording's training gives none): plain error feedback, without DGC's momentum correction; pass -momentum 0.9 for a recording of SGD with momentum")
+	case !r.Replay && (r.Optimizer != "sgd" || r.Momentum == 0):
+		notes = append(notes, fmt.Sprintf("no SGD momentum to correct (-optimizer %s, -momentum %g): plain error feedback, without DGC's momentum correction",
+			r.Optimizer, r.Momentum))
+	}
+	return notes
 }
 
 // denseParts is the dense path of the methods that compress only some
@@ -308,7 +395,7 @@ type denseParts struct {
 // reduce copies the tensors t with comp[t] false out of acc, in layout
 // order, and all-reduces their concatenation (the sum over workers). It
 // returns their number of elements.
-func (d *denseParts) reduce(ctx context.Context, b *base, acc device.Buffer, comp []bool) (int, error) {
+func (d *denseParts) reduce(ctx context.Context, b *Env, acc device.Buffer, comp []bool) (int, error) {
 	v := &b.v
 	d.n = 0
 	for t, tn := range b.o.Layout.Tensors {
@@ -340,7 +427,7 @@ func (d *denseParts) reduce(ctx context.Context, b *base, acc device.Buffer, com
 
 // write sets out to the average (the sum times 1/n) and residual to 0 over
 // the tensors reduce all-reduced.
-func (d *denseParts) write(b *base, out, residual device.Buffer, comp []bool) error {
+func (d *denseParts) write(b *Env, out, residual device.Buffer, comp []bool) error {
 	if d.n == 0 {
 		return nil
 	}

@@ -277,7 +277,7 @@ func TestDGCWarmup(t *testing.T) {
 			t.Fatal(err)
 		}
 		if known {
-			red.(EpochScheduled).SetStepsPerEpoch(perEpoch)
+			red.SetStepsPerEpoch(perEpoch)
 		}
 		r := rand.New(rand.NewPCG(1, 2))
 		for call := range 8 {

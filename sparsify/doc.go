@@ -1,35 +1,55 @@
 // Package sparsify owns the gradient sparsification methods: the flat-gradient
 // Layout, the error-feedback Memory, the selection primitives (exact TopK,
-// SelectAbove, KthLargestAbs, RandomK), and one Reducer per method that turns
-// a worker's error-compensated gradient acc into the gradient averaged over
-// the workers (out) and the worker's new residual, over a comm.Communicator.
-// A registry maps method names to their declarations (Method: constructor
-// and options; Register, Lookup, Methods): New(name, Options) checks the
-// options every method shares and the method's own options (Options.Params)
-// and builds the reducer; Names lists the methods. A method's declaration
-// also carries what other packages ask about it, so that none of them
-// names a method (see "What a method declares").
+// SelectAbove, KthLargestAbs, RandomK), the registry of methods, and the
+// frame every method runs in. A method declares its core (Core: its own
+// work, on the groups of the gradient, on one worker) and its facts in one
+// Method, in its own file (Register). New(name, Options) checks the options
+// every method shares and the method's own (Options.Params), builds the
+// method's core and frames it: the Reducer, which turns a worker's
+// error-compensated gradient acc into the gradient averaged over the
+// workers (out) and the worker's new residual, over a comm.Communicator.
+// The frame does, once for every method, what every method needs: the
+// argument checks, the traffic counted (once: on the caller's
+// comm.Counter when Options.Comm is one), the residual's error norm, the
+// statistics of a call's groups combined, Reduce of host slices, the dense
+// warm-up (Method.DenseWarmup), the name, and the header of the state a
+// checkpoint keeps (Reducer.State). A method's declaration also carries
+// what other packages ask about it, so that none of them names a method
+// (see "What a method declares").
+//
+// # Groups
+//
+// Every core reduces a group of the gradient: the whole gradient is one
+// group, unless the core declares several (Grouped; LAGS' merge groups).
+// A caller may start each group as soon as its gradients are final
+// (Reducer.Start: the trainer does so during the backward pass for a
+// method that declares itself Pipelined) and then finish the call
+// (Reducer.Finish); ReduceOn starts every group in order and finishes. A
+// core that can leave a group's communication in flight (Starter) returns
+// the rest of its work to the frame, which completes it in Finish.
 //
 // # Devices
 //
-// The reducers' passes over whole vectors go through Ops, with the CPU's
-// implementation here (CPUOps) and a GPU's in package cuda. A reducer that
-// implements DeviceReducer (and, for LAGS, DeviceGroupReducer) reduces
-// vectors in the memory of its device (Options.Stream and Options.Ops) with
-// ReduceOn, exchanging comm.Device buffers, with only counts and a few
-// numbers per tensor coming back to the host; its Reduce of host slices is
-// the same code over host memory. On the same inputs a GPU gives the same
-// index sets and the same bits as the CPU, wherever the communicator adds
-// in package comm's canonical order. Every method does.
+// The cores' passes over whole vectors go through Ops, with the CPU's
+// implementation here (CPUOps) and a GPU's in package cuda. Ops holds the
+// generic primitives; a method's own operations are kernels declared beside
+// the method (device.Kernel: CUDA C embedded from a .cu file beside the
+// method's, and the same pass in Go; Method.Kernels), run through Ops.Run.
+// A reducer reduces vectors in the memory of its device (Options.Stream and
+// Options.Ops) with ReduceOn, exchanging comm.Device buffers, with only
+// counts and a few numbers per tensor coming back to the host; its Reduce
+// of host slices is the same code over host memory. On the same inputs a
+// GPU gives the same index sets and the same bits as the CPU, wherever the
+// communicator adds in package comm's canonical order. Every method does.
 //
 // # Methods
 //
 // Every method follows its authors' code as described in the project's
 // reference notes (docs/reference-behaviour.md in the repository, section
-// given below).
-// Its full description (k, wire format, bytes, Stats fields) and every
-// deliberate deviation are in the doc comment of its reducer type, in the
-// file named below; the deviations are summarised here. Common to all: the
+// given below). Its full description (k, wire format, bytes, Stats fields)
+// and every deliberate deviation are in the doc comment of its core type,
+// in the file named below; the deviations are summarised in its
+// declaration (Method.Doc), which the list below repeats. Common to all: the
 // budget is BudgetK, ⌊ρN⌋ clamped to at least 1 (the reference code crashes
 // or sends nothing when it rounds to 0), top-k ties go to lower indices (the
 // reference leaves them unspecified), the sums are added in rank order or
@@ -43,37 +63,74 @@
 // from each call's real sizes: the buffers each call actually hands to the
 // communicator are counted (comm.Counter) with their collective's traffic
 // rule (comm.Traffic: the bytes a ring or tree algorithm moves for those
-// sizes, whatever the backend does internally), in the frame every single-shot reducer's
-// ReduceOn runs in (base.call in shared.go: the vectors checked, the
-// traffic counted, the error norm); LAGS counts per layer group.
+// sizes, whatever the backend does internally), by the frame, over all of
+// a call's groups.
 // The average is the float32 sum times 1/n for every method but lags,
 // spardl, topkdsa and oktopk (which divide by n, as their references do):
 // where the reference divides (section 1's "sum / n"), the result can differ
 // in the last bit when n is not a power of two.
 //
-//   - "dense" (dense.go, denseReducer): all-reduce average of acc; residual 0.
-//     No deviation.
-//   - "topk" (topk.go, topkReducer; notes 7.1): each worker's exact top-k,
-//     index lists all-gathered, the union all-reduced. No other deviation.
-//   - "topka" (topk.go, topkaReducer; notes 7.2, 7.8): TopkA of Ok-Topk, the
-//     DEFT/MiCRO code's CLI "gtopk": all-gather of k (value, index) pairs per
-//     worker. Deviations: indices as int32 (the DEFT/MiCRO copy sends int64);
-//     Ok-Topk's dense warm-up is left to the trainer.
-//   - "topkdsa" (topkdsa.go, topkDSAReducer; notes 7.8): TopkDSA of the
-//     Ok-Topk code (SparDL's TopDSA baseline): top-k sent to the owners of P
-//     contiguous regions, owners sum, sparse or dense all-gather of the sums;
-//     dense warm-up (option dense_warmup, default 512). Deviations (fixes): the
-//     k selected elements are the ones sent (the reference sends only |acc|
-//     strictly above the k-th largest yet zeroes all k in the residual, so
-//     with k = 1 it sends nothing); the last region takes N − (P−1)⌊N/P⌋
-//     elements (the reference's remainder is wrong for N mod P >= ⌊N/P⌋ and
-//     divides by zero for N < P); indices travel as int32, not as float32
-//     (exact only below 2^24); regions cut the layout order, not the
-//     reversed parameter order.
-//   - "oktopk" (oktopk.go, okTopkReducer; notes 7.8): Ok-Topk: local
-//     threshold exact every 32 sparse calls and otherwise reused and raised,
-//     regions re-balanced every 64, owners sum, global threshold exact every
-//     32 and otherwise adapted, residual zeroed only where sent and globally
+// The list below is generated from the declarations (go generate
+// ./sparsify; TestMethodsDoc fails when it is out of date): method (its
+// file): Method.Doc.
+//
+//   - "cltk" (cltk.go): reference notes 7.3: CLT-k, a rotating leader's top-k
+//     indices broadcast, every worker's values there all-reduced. No other
+//     deviation.
+//   - "deft" (deft.go): reference notes 2: DEFT's fragments,
+//     norm-proportional per-fragment budgets and LPT bin packing by a
+//     rotating leader. The budgets follow the authors' greedy rule
+//     (descending norm, each fragment max(1, ⌊remain_k·norm/remain_norm⌋)
+//     capped at its size; the total can end a little below or above k).
+//     Deviations: that share is computed exactly, where the reference's
+//     floating-point remain_norm can floor a share of 3 to 2; empty fragments
+//     (N < n² only) get no budget instead of crashing; a NaN or infinite acc
+//     is an error.
+//   - "dense" (dense.go): all-reduce average of acc; residual 0. No
+//     deviation.
+//   - "dgc" (dgc.go): reference notes 7.4: Deep Gradient Compression:
+//     per-tensor double sampling of the tensors of more than one dimension
+//     (1-D tensors all-reduced dense), momentum correction with
+//     momentum-factor masking (Options.Momentum, the optimizer's, which then
+//     applies momentum to weight decay only), the density warm-up over the
+//     first epochs (Reducer.SetStepsPerEpoch), local clipping scaled by 1/√n
+//     (Method.ScaledClip, the trainer's), sparse all-gather. Deviations: the
+//     samples' random start is seeded per rank, iteration and tensor; the
+//     warm-up is the paper's 0.25^(e+1) (the reference's configuration ramps
+//     with ρ^(1/(E+1))).
+//   - "dragonn" (dragonn.go): reference notes 6: DRAGONN's sampled threshold
+//     with the threshold test and the hashed insertion fused into one pass
+//     (its kernel dragonnHash; no compaction of the candidates), small
+//     tensors dense, dense warm-up (its own: during it every tensor is one of
+//     the dense ones). Deviations (fixes): values are summed and divided by
+//     the number of workers (the reference overwrites and does not divide);
+//     error feedback is always on; element 0 can be selected; exact zeros
+//     never are (a zero sampled threshold flooded the slots with zeros); hash
+//     collisions resolve deterministically (highest index wins); ns and nsel
+//     are at least 1. Not implemented: the paper's cost model (its eq. 1) for
+//     which tensors to compress (a fixed min_tensor cut-off, the reference's)
+//     and the momentum-corrected error feedback the paper evaluated every
+//     method with.
+//   - "gtopk" (gtopk.go): reference notes 7.7: Shi et al.'s gTop-k tree
+//     merge, power-of-two worker counts. Deviations: indices and values as
+//     two messages (int32, float32) instead of indices packed as float32
+//     (exact only below 2^24); merged candidates have distinct indices.
+//   - "lags" (lags.go): reference notes 5: per merge group top-k and
+//     all-gathers, the groups reduced during the backward pass (pipelined),
+//     optional adaptive density (eq. 19 with c_u an upper bound on the
+//     compression, as the paper's text says: densities in [1/c_u, 1]; the
+//     formula as printed makes it a lower bound). Deviations: a group's
+//     elements are taken in layout order (the reference concatenates them in
+//     backward order: only tie order differs); when no ratio hides the
+//     communication, 1/c_u is used.
+//   - "micro" (micro.go): reference notes 3: MiCRO's rotating disjoint
+//     partitions with a shared threshold controller. Deviations: with one
+//     worker the global count is recorded as with many (the reference's
+//     threshold decays every call); empty partitions (N < n) are guarded.
+//   - "oktopk" (oktopk.go): reference notes 7.8: Ok-Topk: local threshold
+//     exact every 32 sparse calls and otherwise reused and raised, regions
+//     re-balanced every 64, owners sum, global threshold exact every 32 and
+//     otherwise adapted, residual zeroed only where sent and globally
 //     selected; dense warm-up (option dense_warmup, default 512). Deviations
 //     (fixes): the schedule counts from the end of the warm-up (the same for
 //     the reference's 512); boundary proposals summed as int64 (the
@@ -81,66 +138,34 @@
 //     selected proposes the equal split and an empty global candidate set
 //     keeps the global threshold (the reference crashes on both); indices
 //     travel as int32, not as float32; layout order as for topkdsa.
-//   - "threshold" (threshold.go, thresholdReducer; notes 7.5): |acc| >= λ
-//     (default 1/(2√k)), union all-reduced. Deviation: λ is rounded to
-//     float32 once and reported as such.
-//   - "cltk" (cltk.go, cltkReducer; notes 7.3): CLT-k, a rotating leader's
-//     top-k indices broadcast, every worker's values there all-reduced. No
-//     other deviation.
-//   - "gtopk" (gtopk.go, gtopkReducer; notes 7.7): Shi et al.'s gTop-k tree
-//     merge, power-of-two worker counts. Deviations: indices and values as
-//     two messages (int32, float32) instead of indices packed as float32
-//     (exact only below 2^24); merged candidates have distinct indices.
-//   - "randomk" (randomk.go, randomkReducer): k random indices shared by all
-//     ranks (seeded), no indices on the wire. Baseline without a reference.
-//   - "dgc" (dgc.go, dgcReducer; notes 7.4): Deep Gradient Compression:
-//     per-tensor double sampling of the tensors of more than one dimension
-//     (1-D tensors all-reduced dense), momentum correction with
-//     momentum-factor masking (Options.Momentum, the optimizer's, which
-//     then applies momentum to weight decay only), the density warm-up over
-//     the first epochs (EpochScheduled), local clipping scaled by 1/√n
-//     (Method.ScaledClip, the trainer's), sparse all-gather. Deviations: the
-//     samples' random start is seeded per rank, iteration and tensor; the
-//     warm-up is the paper's 0.25^(e+1) (the reference's configuration
-//     ramps with ρ^(1/(E+1))).
-//   - "dragonn" (dragonn.go, dragonnReducer; notes 6): DRAGONN's sampled
-//     threshold with the threshold test and the hashed insertion fused into
-//     one pass (Ops.HashSelectAbove; no compaction of the candidates), small
-//     tensors dense, dense warm-up. Deviations (fixes): values are summed
-//     and divided by the number of workers (the reference overwrites and
-//     does not divide); error feedback is always on; element 0 can be
-//     selected; exact zeros never are (a zero sampled threshold flooded the
-//     slots with zeros); hash collisions resolve deterministically (highest
-//     index wins); ns and nsel are at least 1. Not implemented: the paper's
-//     cost model (its eq. 1) for which tensors to compress (a fixed
-//     min_tensor cut-off, the reference's) and the momentum-corrected error
-//     feedback the paper evaluated every method with.
-//   - "deft" (deft.go, newDeft; notes 2): DEFT's fragments, norm-proportional
-//     per-fragment budgets and LPT bin packing by a rotating leader.
-//     The budgets follow the authors' greedy rule (descending norm, each
-//     fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the
-//     total can end a little below or above k). Deviations: that share is
-//     computed exactly, where the reference's floating-point remain_norm can
-//     floor a share of 3 to 2; empty fragments (N < n² only) get no budget
-//     instead of crashing; a NaN or infinite acc is an error.
-//   - "micro" (micro.go, newMicro; notes 3): MiCRO's rotating disjoint
-//     partitions with a shared threshold controller. Deviations: with one
-//     worker the global count is recorded as with many (the reference's
-//     threshold decays every call); empty partitions (N < n) are guarded.
-//   - "lags" (lags.go, LAGS; notes 5): per merge group
-//     top-k and all-gathers, pipelined through GroupReducer, optional
-//     adaptive density (eq. 19 with c_u an upper bound on the compression,
-//     as the paper's text says: densities in [1/c_u, 1]; the formula as
-//     printed makes it a lower bound). Deviations: a group's elements are
-//     taken in layout order (the reference concatenates them in backward
-//     order: only tie order differs); when no ratio hides the
-//     communication, 1/c_u is used.
-//   - "spardl" (spardl.go, spardlReducer; notes 4): sparse
-//     reduce-scatter within teams, B-SAG or R-SAG across teams, Bruck
-//     all-gather, global residual collection. Deviations: the flat vector is
-//     blocked in layout order (the reference reverses the parameters); R-SAG
-//     keeps 1/2^(s+1) of a value dropped in round s (the paper's half in
-//     round 0), which conserves the gradient.
+//   - "randomk" (randomk.go): k random indices shared by all ranks (seeded),
+//     no indices on the wire. Baseline without a reference.
+//   - "spardl" (spardl.go): reference notes 4: sparse reduce-scatter within
+//     teams, B-SAG or R-SAG across teams, Bruck all-gather, global residual
+//     collection. Deviations: the flat vector is blocked in layout order (the
+//     reference reverses the parameters); R-SAG keeps 1/2^(s+1) of a value
+//     dropped in round s (the paper's half in round 0), which conserves the
+//     gradient.
+//   - "threshold" (threshold.go): reference notes 7.5: |acc| >= λ (default
+//     1/(2√k)), union all-reduced. Deviation: λ is rounded to float32 once
+//     and reported as such.
+//   - "topk" (topk.go): reference notes 7.1: each worker's exact top-k, index
+//     lists all-gathered, the union all-reduced. No other deviation.
+//   - "topka" (topk.go): reference notes 7.2, 7.8: TopkA of Ok-Topk, the
+//     DEFT/MiCRO code's CLI "gtopk": all-gather of k (value, index) pairs per
+//     worker. Deviations: indices as int32 (the DEFT/MiCRO copy sends int64);
+//     Ok-Topk's dense warm-up is left to the trainer.
+//   - "topkdsa" (topkdsa.go): reference notes 7.8: TopkDSA of the Ok-Topk
+//     code (SparDL's TopDSA baseline): top-k sent to the owners of P
+//     contiguous regions, owners sum, sparse or dense all-gather of the sums;
+//     dense warm-up (option dense_warmup, default 512). Deviations (fixes):
+//     the k selected elements are the ones sent (the reference sends only
+//     |acc| strictly above the k-th largest yet zeroes all k in the residual,
+//     so with k = 1 it sends nothing); the last region takes N − (P−1)⌊N/P⌋
+//     elements (the reference's remainder is wrong for N mod P >= ⌊N/P⌋ and
+//     divides by zero for N < P); indices travel as int32, not as float32
+//     (exact only below 2^24); regions cut the layout order, not the reversed
+//     parameter order.
 //
 // Every method except gtopk and dgc with momentum correction conserves the
 // gradient: Σ_w residual_w + n·out =
@@ -148,20 +173,31 @@
 //
 // # What a method declares
 //
-// Each method's file registers one Method, beside its reducer, with
-// everything other packages need to know about it:
+// Each method's file registers one Method, beside its core, with
+// everything other packages need to know about it; its name appears
+// there only:
 //
-//   - New and Params: its constructor and its options (see "Method
-//     options" below); CheckWorkers, the worker counts it refuses.
+//   - New, its core's constructor, and Doc, what it is and how it deviates
+//     from its reference (the list above).
+//   - Params: its options (see "Method options" below); DenseWarmup, the
+//     frame's dense warm-up; CheckWorkers and Check, the worker counts and
+//     runs it refuses.
+//   - Density: its paper's density per kind of model (the trainer's
+//     default -density); Notes: what a run's record must say about it
+//     (the trainer records them in run.json).
+//   - The state a checkpoint keeps: its core implements Stateful, beside it.
 //   - CorrectsMomentum and ScaledClip: what the trainer does differently
 //     around it (DGC).
 //   - Projectable or NotProjectable: whether its measured traffic carries
 //     over to other worker counts (the reports' projection chart, or the
 //     reason they give for leaving it out).
-//   - Pipelined: its reducer reduces layer groups during the backward pass
-//     (DeviceGroupReducer; LAGS): the trainer pipelines it by default, the
-//     reports list the pipeline option, the advisor hides its selection and
-//     communication behind the backward pass.
+//   - Pipelined: its core reduces groups (Grouped) that can start during
+//     the backward pass: the trainer pipelines it by default, the reports
+//     list the pipeline option, the advisor hides its selection and
+//     communication behind the backward pass. A core that profiles the
+//     backward pass (Profiled; LAGS' adaptive density) gets its times from
+//     the trainer.
+//   - Kernels: its own GPU operations (device.Kernel), beside it.
 //   - Advice (advice.go): the advisor's model of it (package advise):
 //     Plan, the communicator calls of one iteration; Volume, the elements
 //     one worker selects and the union that crosses the wire, given how the
@@ -172,10 +208,12 @@
 //
 // TestEveryMethodAdvises fails, naming the method and the field, for a
 // method whose Advice lacks one; TestPipelinedMethodsReduceGroups checks
-// Pipelined against the reducer; the advisor's TestPlanMatchesReducers
-// checks each Plan against the real reducer's communicator calls. Tests in
-// cmd/train, advise and reports register a method of their own and show
-// the trainer, the advisor and the reports handle it without a change.
+// Pipelined against the core; the advisor's TestPlanMatchesReducers checks
+// each Plan against the real reducer's communicator calls. A test in
+// cmd/train declares a method with state, an option, advice and a default
+// density in one file and shows it trained, checkpointed, resumed, in
+// -help, run.json, the report and the advisor; tests in advise and reports
+// show them handling a new method without a change.
 //
 // # Method options
 //
@@ -223,3 +261,4 @@
 package sparsify
 
 //go:generate go test -run ^TestOptionsDoc$ -update-options-doc .
+//go:generate go test -run ^TestMethodsDoc$ -update-methods-doc .

@@ -2,9 +2,12 @@ package sparsify
 
 import (
 	"context"
+	_ "embed"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"sync"
+	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -12,11 +15,14 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Advice: dragonnAdvice, Params: []options.Option{
-		{Key: "min_tensor", Kind: options.Int, Default: dragonnDefaultMinTensor, Range: options.Within(0, math.MaxInt32, "[]"), Zero: "every tensor",
-			Doc: "compress only tensors with more elements"},
-		denseWarmupParam(dragonnDefaultWarmup),
-	}})
+	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Advice: dragonnAdvice,
+		Density: func(ModelKind) float64 { return 0.001 }, Notes: dragonnNotes, Kernels: []*device.Kernel{dragonnHash},
+		Doc: "reference notes 6: DRAGONN's sampled threshold with the threshold test and the hashed insertion fused into one pass (its kernel dragonnHash; no compaction of the candidates), small tensors dense, dense warm-up (its own: during it every tensor is one of the dense ones). Deviations (fixes): values are summed and divided by the number of workers (the reference overwrites and does not divide); error feedback is always on; element 0 can be selected; exact zeros never are (a zero sampled threshold flooded the slots with zeros); hash collisions resolve deterministically (highest index wins); ns and nsel are at least 1. Not implemented: the paper's cost model (its eq. 1) for which tensors to compress (a fixed min_tensor cut-off, the reference's) and the momentum-corrected error feedback the paper evaluated every method with.",
+		Params: []options.Option{
+			{Key: "min_tensor", Kind: options.Int, Default: dragonnDefaultMinTensor, Range: options.Within(0, math.MaxInt32, "[]"), Zero: "every tensor",
+				Doc: "compress only tensors with more elements"},
+			DenseWarmupParam(dragonnDefaultWarmup),
+		}})
 }
 
 // Defaults of DRAGONN's options (reference notes 6.1: the README's
@@ -41,7 +47,7 @@ const (
 //     and the tensor: identical across runs for a seed); threshold = the
 //     ⌈ns·ratio⌉-th largest sampled magnitude; then one pass over the tensor
 //     (the paper's mechanism: the threshold test and the hash insert fused,
-//     no compaction of the candidates, Ops.HashSelectAbove) hashes every
+//     no compaction of the candidates, dragonnHash) hashes every
 //     element with |x| >= thr, not an exact zero, into 4·nsel slots (nsel =
 //     ⌊numel·ratio⌋) with MurmurHash3 x86_32 of its 4-byte index, seed 43 +
 //     c, where c counts the compress calls (per tensor per iteration, on
@@ -97,7 +103,7 @@ const (
 // warm-up), Threshold = the threshold of the largest compressed tensor (NaN
 // when none was compressed).
 type dragonnReducer struct {
-	base      base
+	base      *Env
 	minTensor int
 	warmup    int
 	params    []dragonnParams
@@ -109,135 +115,145 @@ type dragonnReducer struct {
 	dense denseParts
 }
 
-func newDragonnReducer(o Options) (Reducer, error) {
-	r := &dragonnReducer{base: newBase("dragonn", o), minTensor: o.Params.Int("min_tensor"), warmup: o.Params.Int("dense_warmup")}
+func newDragonnReducer(e *Env) (Core, error) {
+	o := e.o
+	r := &dragonnReducer{base: e, minTensor: o.Params.Int("min_tensor"), warmup: o.Params.Int("dense_warmup")}
 	for _, tn := range o.Layout.Tensors {
 		r.params = append(r.params, dragonnParamsFor(tn.Size, o.Density))
 	}
 	return r, nil
 }
 
-// Name returns "dragonn".
-func (r *dragonnReducer) Name() string { return "dragonn" }
-
 // compressed reports whether a tensor of size elements is compressed at the
 // current call.
 func (r *dragonnReducer) compressed(size int) bool {
-	return r.base.iter >= r.warmup && size > r.minTensor
+	return r.base.calls >= r.warmup && size > r.minTensor
 }
 
-// Reduce compresses the large tensors after warm-up, all-gathers their pairs
-// and all-reduces the rest.
-func (r *dragonnReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device. The sample
-// positions are drawn on the host and copied to the device; the threshold
-// and the counts come back.
-func (r *dragonnReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
+// Reduce compresses the large tensors after warm-up, all-gathers their
+// pairs and all-reduces the rest. The sample positions are drawn on the
+// host and copied to the device; the threshold and the counts come back.
+func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.base
 	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		rank := b.c.Rank()
-		tensors := b.o.Layout.Tensors
-		layerK := make([]int, len(tensors))
-		thr := math.NaN()
-		largest := -1
-		denseN, pos := 0, 0
-		comp := make([]bool, len(tensors))
-		total := 0
+	rank := b.c.Rank()
+	tensors := b.o.Layout.Tensors
+	layerK := make([]int, len(tensors))
+	thr := math.NaN()
+	largest := -1
+	denseN, pos := 0, 0
+	comp := make([]bool, len(tensors))
+	total := 0
+	for t, tn := range tensors {
+		comp[t] = r.compressed(tn.Size)
+		if comp[t] {
+			total += r.params[t].nslots
+		} else {
+			denseN += tn.Size
+		}
+	}
+	selTime, err := b.timed(func() error {
+		idx, err := v.scratch(&r.dIdx, device.Int32, total)
+		if err != nil {
+			return err
+		}
 		for t, tn := range tensors {
-			comp[t] = r.compressed(tn.Size)
-			if comp[t] {
-				total += r.params[t].nslots
-			} else {
-				denseN += tn.Size
+			if !comp[t] {
+				layerK[t] = tn.Size
+				continue
 			}
-		}
-		selTime, err := b.timed(func() error {
-			idx, err := v.scratch(&r.dIdx, device.Int32, total)
+			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
+			seed := uint32(dragonnSeedBase + r.calls)
+			r.calls = (r.calls + 1) % dragonnSeedWrap
+			p := r.params[t]
+			dst := idx.Slice(pos, pos+p.nslots)
+			m, th, err := dragonnSelectOn(v, &r.samp, dst, x, p, sampRNG(b.o.Seed, rank, b.calls, t), seed)
 			if err != nil {
 				return err
 			}
-			for t, tn := range tensors {
-				if !comp[t] {
-					layerK[t] = tn.Size
-					continue
-				}
-				x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
-				seed := uint32(dragonnSeedBase + r.calls)
-				r.calls = (r.calls + 1) % dragonnSeedWrap
-				p := r.params[t]
-				dst := idx.Slice(pos, pos+p.nslots)
-				m, th, err := dragonnSelectOn(v, &r.samp, dst, x, p, sampRNG(b.o.Seed, rank, b.iter, t), seed)
-				if err != nil {
-					return err
-				}
-				if largest < 0 || tn.Size > tensors[largest].Size {
-					largest, thr = t, float64(th)
-				}
-				layerK[t] = m
-				if err := v.ops.Shift(v.s, dst.Slice(0, m), tn.Offset); err != nil {
-					return err
-				}
-				pos += m // the next tensor's indices follow these
+			if largest < 0 || tn.Size > tensors[largest].Size {
+				largest, thr = t, float64(th)
 			}
-			val, err := v.scratch(&r.dVal, device.Float32, pos)
-			if err != nil {
+			layerK[t] = m
+			if err := v.ops.Shift(v.s, dst.Slice(0, m), tn.Offset); err != nil {
 				return err
 			}
-			return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
-		})
+			pos += m // the next tensor's indices follow these
+		}
+		val, err := v.scratch(&r.dVal, device.Float32, pos)
 		if err != nil {
 			return err
 		}
-		b.iter++
-		// The uncompressed tensors, concatenated and all-reduced.
-		if _, err := r.dense.reduce(ctx, b, acc, comp); err != nil {
-			return err
-		}
-		idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
-		counts, distinct, err := b.sparseExchangeIfAny(ctx, denseN < b.n, idx, val, out) // some tensor is compressed (the same on every rank)
-		if err != nil {
-			return err
-		}
-		if err := b.residualWithout(residual, acc, idx); err != nil {
-			return err
-		}
-		if err := r.dense.write(b, out, residual, comp); err != nil {
-			return err
-		}
-		for w := range counts {
-			counts[w] += denseN
-		}
-		st.SelectTime = selTime
-		st.Selected = pos + denseN
-		st.SelectedPerWorker = counts
-		st.LayerK = layerK
-		st.ActualDensity = float64(distinct+denseN) / float64(b.n)
-		st.Threshold = thr
-		return nil
+		return v.ops.Gather(v.s, val, acc, idx.Slice(0, pos))
 	})
+	if err != nil {
+		return err
+	}
+	// The uncompressed tensors, concatenated and all-reduced.
+	if _, err := r.dense.reduce(ctx, b, acc, comp); err != nil {
+		return err
+	}
+	idx, val := r.dIdx.Slice(0, pos), r.dVal.Slice(0, pos)
+	counts, distinct, err := b.sparseExchangeIfAny(ctx, denseN < b.n, idx, val, out) // some tensor is compressed (the same on every rank)
+	if err != nil {
+		return err
+	}
+	if err := b.residualWithout(residual, acc, idx); err != nil {
+		return err
+	}
+	if err := r.dense.write(b, out, residual, comp); err != nil {
+		return err
+	}
+	for w := range counts {
+		counts[w] += denseN
+	}
+	st.SelectTime = selTime
+	st.Selected = pos + denseN
+	st.SelectedPerWorker = counts
+	st.LayerK = layerK
+	st.Distinct = distinct + denseN
+	st.Threshold = thr
+	return nil
+}
+
+// SaveState writes the call count (dense warm-up, sampling seeds) and the
+// hash counter.
+func (r *dragonnReducer) SaveState(w *StateWriter) error {
+	w.Int(r.base.calls)
+	w.Int(r.calls)
+	return nil
+}
+
+// LoadState reads them back.
+func (r *dragonnReducer) LoadState(d *StateReader) error {
+	it := d.Int("call count", 0, maxCount)
+	calls := d.Int("hash counter", 0, dragonnSeedWrap-1)
+	if err := d.Done(); err != nil {
+		return err
+	}
+	r.base.calls, r.calls = it, calls
+	return nil
 }
 
 // samples is the scratch of a sampled selection: the positions drawn on
-// the host, and the positions and values on the device.
+// the host, and the positions and values on the device (and DRAGONN's hash
+// table).
 type samples struct {
-	pos  []int32
-	dPos device.Buffer // Int32
-	dVal device.Buffer // Float32
+	pos    []int32
+	dPos   device.Buffer // Int32
+	dVal   device.Buffer // Float32
+	dTable device.Buffer // Int32
 }
 
 // dragonnSelectOn is DRAGONN's selection on one tensor x of the device: thr
 // is the ks-th largest magnitude of ns samples x[i] drawn uniformly with
 // replacement from rng (on the host); then one pass over x
-// (Ops.HashSelectAbove) compares every element with thr and hashes each
+// (dragonnHashSelect) compares every element with thr and hashes each
 // selected index i (|x_i| >= thr, x_i not an exact zero) with MurmurHash3
 // x86_32 of its 4-byte index and seed hashSeed into one of nslots slots, a
-// collision keeping the highest index. The occupied slots' indices, in slot
-// order, are written into out (at least nslots long). It returns how many
-// and thr.
+// collision keeping the highest index (dragonnHashSelect). The occupied
+// slots' indices, in slot order, are written into out (at least nslots
+// long). It returns how many and thr.
 //
 // This is the paper's mechanism: the threshold test and the hash insert
 // are one pass, with no compaction of the candidates (the GPU kernel writes
@@ -276,9 +292,53 @@ func dragonnSelectOn(v *vecs, sc *samples, out, x device.Buffer, p dragonnParams
 	if err != nil {
 		return 0, 0, err
 	}
-	k, err := v.ops.HashSelectAbove(v.s, out, x, thr, hashSeed, p.nslots)
+	k, err := dragonnHashSelect(v, &sc.dTable, out, x, thr, hashSeed, p.nslots)
 	return k, thr, err
 }
+
+// dragonnHashSelect is DRAGONN's one-pass selection of x at threshold t
+// into a table of slots slots (scratch *table), its kernel dragonnHash:
+// every index i with |x[i]| >= t — never an exact zero, never NaN — is
+// hashed, in the same pass that compares it, into slot murmur3(i, seed) mod
+// slots (on a collision the highest index stays); the occupied slots'
+// indices are written into idx in slot order (Ops.CompactSlots) and their
+// number returned. There is no compaction of the candidates and no
+// read-back but the count.
+func dragonnHashSelect(v *vecs, table *device.Buffer, idx, x device.Buffer, t float32, seed uint32, slots int) (int, error) {
+	if slots < 1 || slots > math.MaxInt32 {
+		return 0, fmt.Errorf("%d slots", slots)
+	}
+	if x.Len() > math.MaxInt32 {
+		return 0, fmt.Errorf("%d elements; indices are int32", x.Len())
+	}
+	tb, err := v.scratch(table, device.Int32, slots)
+	if err != nil {
+		return 0, err
+	}
+	if err := v.m.Fill(v.s, tb.View(device.Float32, 0, slots), 0); err != nil {
+		return 0, err
+	}
+	if x.Len() > 0 {
+		if err := v.ops.Run(v.s, dragonnHash, x.Len(), x, int64(x.Len()), int32(hashAboveKey(t)), int32(seed), tb, int32(slots)); err != nil {
+			return 0, err
+		}
+	}
+	return v.ops.CompactSlots(v.s, idx, tb)
+}
+
+//go:embed dragonn.cu
+var dragonnCUDA string
+
+// dragonnHash is the pass of dragonnHashSelect (dragonn.cu's
+// k_dragonn_hash; arguments x, n as int64, the smallest magnitude key
+// selected as int32 (hashAboveKey), the seed as int32, the table (Int32,
+// slots words) and slots as int32): each selected element's index plus one
+// goes to its slot, a slot keeping the largest (an atomic maximum on the
+// GPU).
+var dragonnHash = &device.Kernel{Name: "k_dragonn_hash", CUDA: dragonnCUDA, Host: func(n int, a ...any) {
+	x, lo, seed, table := a[0].(device.Buffer).Float32s(), uint32(a[2].(int32)), uint32(a[3].(int32)), a[4].(device.Buffer).Int32s()
+	hashInsert(x[:n], lo, seed, table)
+}}
 
 // dragonnAdvice: the small tensors all-reduced densely, each larger one's
 // selection of about ρ of it (at least one element) all-gathered as
@@ -328,4 +388,120 @@ func dragonnSplit(s Shape) (dense, compressed int) {
 		}
 	}
 	return dense, compressed
+}
+
+// hashTables are the CPU's extra hash tables of dragonnHash, reused.
+var hashTables = sync.Pool{New: func() any { return new([]uint32) }}
+
+// hashAboveKey is the smallest magnitude key (float32 bits without the
+// sign) dragonnHash selects at threshold t: the key of t, but at least 1,
+// so that exact zeros (keys 0) are never selected; NaN selects nothing.
+func hashAboveKey(t float32) uint32 {
+	if t != t {
+		return math.MaxUint32
+	}
+	return max(math.Float32bits(t)&0x7fffffff, 1)
+}
+
+// hashInsert is dragonnHash on the CPU: one pass over x in chunks on all
+// cores, each element compared with the key lo and, when selected (key in
+// [lo, +Inf's]), hashed straight into its slot murmur3Index(i, seed) mod
+// len(table), a slot keeping the largest index + 1 (the GPU's atomic
+// maximum). Each chunk inserts into a table of its own (the first into
+// table itself), in ascending order, so its last write is its highest
+// index; the tables are then merged slot by slot by their maximum — the
+// result of inserting every candidate in ascending order. Nothing is
+// compacted.
+func hashInsert(x []float32, lo, seed uint32, table []int32) {
+	if lo > 0x7f800000 {
+		return
+	}
+	m := uint32(len(table))
+	p := selChunks(len(x))
+	tables := make([][]uint32, p)
+	var extra []*[]uint32
+	for c := 1; c < p; c++ {
+		tp := hashTables.Get().(*[]uint32)
+		if cap(*tp) < len(table) {
+			*tp = make([]uint32, len(table))
+		}
+		tables[c] = (*tp)[:len(table)]
+		clear(tables[c])
+		extra = append(extra, tp)
+	}
+	own := unsafeUint32s(table)
+	// lo <= key <= +Inf as one unsigned comparison: key − lo wraps around
+	// below lo.
+	span := uint32(0x7f800000) - lo
+	selParallel(len(x), p, func(c, a, b int) {
+		tb := tables[c]
+		put := func(e uint32) { tb[murmur3Index(e, seed)%m] = e + 1 }
+		if c == 0 {
+			put = func(e uint32) {
+				s := murmur3Index(e, seed) % m
+				own[s] = max(own[s], e+1)
+			}
+		}
+		y := x[a:b]
+		i := 0
+		for ; i+4 <= len(y); i += 4 {
+			k0 := math.Float32bits(y[i])&0x7fffffff - lo
+			k1 := math.Float32bits(y[i+1])&0x7fffffff - lo
+			k2 := math.Float32bits(y[i+2])&0x7fffffff - lo
+			k3 := math.Float32bits(y[i+3])&0x7fffffff - lo
+			if min(k0, k1, k2, k3) > span {
+				continue
+			}
+			for j, k := range [4]uint32{k0, k1, k2, k3} {
+				if k <= span {
+					put(uint32(a + i + j))
+				}
+			}
+		}
+		for ; i < len(y); i++ {
+			if math.Float32bits(y[i])&0x7fffffff-lo <= span {
+				put(uint32(a + i))
+			}
+		}
+	})
+	for _, tb := range tables[1:] {
+		for s, e := range tb {
+			own[s] = max(own[s], e)
+		}
+	}
+	for _, tp := range extra {
+		hashTables.Put(tp)
+	}
+}
+
+// unsafeUint32s views int32s as uint32s.
+func unsafeUint32s(x []int32) []uint32 {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint32)(unsafe.Pointer(&x[0])), len(x))
+}
+
+// dragonnNotes: every tensor, or some, below the size cut-off.
+func dragonnNotes(r Run) []string {
+	mt := r.Params.Int("min_tensor")
+	largest := Tensor{}
+	compressed := 0
+	for _, t := range r.Layout.Tensors {
+		if t.Size > mt {
+			compressed += t.Size
+		}
+		if t.Size > largest.Size {
+			largest = t
+		}
+	}
+	switch {
+	case compressed == 0:
+		return []string{fmt.Sprintf("no tensor of %s has more than -min-tensor %d elements (the largest, %s, has %d): every tensor is all-reduced dense and nothing is sparsified; lower -min-tensor (0 compresses every tensor)",
+			r.Model, mt, largest.Name, largest.Size)}
+	case compressed < r.Layout.N:
+		return []string{fmt.Sprintf("the tensors of more than -min-tensor %d elements, %.1f %% of the %d parameters, are sparsified; the rest is all-reduced dense",
+			mt, 100*float64(compressed)/float64(r.Layout.N), r.Layout.N)}
+	}
+	return nil
 }

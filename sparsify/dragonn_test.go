@@ -156,9 +156,9 @@ func TestDragonnHashSeedWraps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := r.(*dragonnReducer)
+	d := r.core.(*dragonnReducer)
 	d.calls = 99999
-	d.base.iter = 7
+	d.base.calls = 7
 	rng := rand.New(rand.NewPCG(1, 2))
 	for step, seed := range []uint32{43 + 99999, 43} {
 		acc := make([]float32, 500)

@@ -11,14 +11,15 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "gtopk", NotProjectable: "gTop-k's tree has log₂(workers) rounds", New: newGtopkReducer, CheckWorkers: gtopkCheckWorkers, Advice: gtopkAdvice})
+	Register(Method{Name: "gtopk", NotProjectable: "gTop-k's tree has log₂(workers) rounds", New: newGtopk, CheckWorkers: gtopkCheckWorkers, Advice: gtopkAdvice,
+		Doc: "reference notes 7.7: Shi et al.'s gTop-k tree merge, power-of-two worker counts. Deviations: indices and values as two messages (int32, float32) instead of indices packed as float32 (exact only below 2^24); merged candidates have distinct indices."})
 }
 
 // gtopkTag is the point-to-point tag of gTop-k's tree messages (the values
 // travel with gtopkTag+1).
 const gtopkTag = 0x67746b00
 
-// gtopkReducer is "gtopk", Shi et al.'s gTop-k (hclhkbu/gtopkssgd,
+// gtopk is "gtopk", Shi et al.'s gTop-k (hclhkbu/gtopkssgd,
 // gtopk_sparse_allreduce; reference notes 7.7). The number of workers P must
 // be a power of two (1, 2, 4, 8, ...).
 //
@@ -57,23 +58,21 @@ const gtopkTag = 0x67746b00
 //
 // Stats: Selected = k, ActualDensity = k/N (the global set, which is what the
 // broadcast carries; tree messages carry k indices each), Threshold = NaN.
-type gtopkReducer struct {
-	base base
+type gtopk struct {
+	b *Env
 	// Device scratch: own selection, current candidates, received ones,
 	// merged ones, the merge's dense scratch.
 	sel, cur, recv, merged, pick, inter device.Buffer // Int32
 	selVal, curVal, recvVal, mergedVal  device.Buffer // Float32
-	dn                                  dense
+	dn                                  denseScratch
 }
 
-func newGtopkReducer(o Options) (Reducer, error) {
-	return &gtopkReducer{base: newBase("gtopk", o)}, nil
-}
+func newGtopk(e *Env) (Core, error) { return &gtopk{b: e}, nil }
 
 // gtopkCheckWorkers refuses worker counts that are not powers of two.
 func gtopkCheckWorkers(p int, _ Values) error {
 	if p < 1 || p&(p-1) != 0 {
-		return fmt.Errorf("sparsify: gtopk: %d workers; gTop-k's tree needs a power-of-two number of workers (1, 2, 4, 8, 16, ...): use %d or %d workers, or another method", p, gtopkPrevPow2(p), 2*gtopkPrevPow2(p))
+		return fmt.Errorf("%d workers; gTop-k's tree needs a power-of-two number of workers (1, 2, 4, 8, 16, ...): use %d or %d workers, or another method", p, gtopkPrevPow2(p), 2*gtopkPrevPow2(p))
 	}
 	return nil
 }
@@ -87,128 +86,118 @@ func gtopkPrevPow2(p int) int {
 	return q
 }
 
-// Name returns "gtopk".
-func (r *gtopkReducer) Name() string { return "gtopk" }
-
-// Reduce runs the gTop-k tree reduction and the final broadcast.
-func (r *gtopkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device: the tree's
-// messages are device buffers, the merges are dense sums on the device
-// (mergeOn), a received or broadcast list is checked to hold k distinct
-// indices within [0, N).
-func (r *gtopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
+// Reduce runs the gTop-k tree reduction and the final broadcast: the
+// tree's messages are device buffers, the merges are dense sums on the
+// device (mergeOn), a received or broadcast list is checked to hold k
+// distinct indices within [0, N).
+func (r *gtopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
 	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		bufs := []struct {
-			b  *device.Buffer
-			dt device.DType
-			n  int
-		}{{&r.sel, device.Int32, b.k}, {&r.cur, device.Int32, b.k}, {&r.recv, device.Int32, b.k}, {&r.merged, device.Int32, 2 * b.k},
-			{&r.pick, device.Int32, b.k}, {&r.inter, device.Int32, b.k}, {&r.selVal, device.Float32, b.k}, {&r.curVal, device.Float32, b.k},
-			{&r.recvVal, device.Float32, b.k}, {&r.mergedVal, device.Float32, 2 * b.k}}
-		for _, bb := range bufs {
-			if _, err := v.scratch(bb.b, bb.dt, bb.n); err != nil {
-				return err
-			}
-		}
-		k := 0
-		selTime, err := b.timed(func() error {
-			var err error
-			k, err = v.ops.TopK(v.s, r.sel, r.selVal, acc, b.k)
-			return err
-		})
-		if err != nil {
+	bufs := []struct {
+		b  *device.Buffer
+		dt device.DType
+		n  int
+	}{{&r.sel, device.Int32, b.k}, {&r.cur, device.Int32, b.k}, {&r.recv, device.Int32, b.k}, {&r.merged, device.Int32, 2 * b.k},
+		{&r.pick, device.Int32, b.k}, {&r.inter, device.Int32, b.k}, {&r.selVal, device.Float32, b.k}, {&r.curVal, device.Float32, b.k},
+		{&r.recvVal, device.Float32, b.k}, {&r.mergedVal, device.Float32, 2 * b.k}}
+	for _, bb := range bufs {
+		if _, err := v.scratch(bb.b, bb.dt, bb.n); err != nil {
 			return err
 		}
-		sel, cur, curVal := r.sel.Slice(0, k), r.cur.Slice(0, k), r.curVal.Slice(0, k)
-		if err := v.s.Copy(cur, sel); err != nil {
-			return err
-		}
-		if err := v.s.Copy(curVal, r.selVal.Slice(0, k)); err != nil {
-			return err
-		}
-		rank, p := b.c.Rank(), b.c.Size()
-		for step := 1; step < p; step *= 2 {
-			if rank%step != 0 {
-				break // dropped out in an earlier round
-			}
-			if (rank/step)%2 == 1 {
-				dst := rank - step
-				if err := b.c.Send(ctx, v.cb(cur), dst, gtopkTag); err != nil {
-					return fmt.Errorf("sending %d indices to rank %d: %w", k, dst, err)
-				}
-				if err := b.c.Send(ctx, v.cb(curVal), dst, gtopkTag+1); err != nil {
-					return fmt.Errorf("sending %d values to rank %d: %w", k, dst, err)
-				}
-				break
-			}
-			src := rank + step
-			ridx, rval := r.recv.Slice(0, k), r.recvVal.Slice(0, k)
-			if err := r.recvFrom(ctx, src, ridx, rval); err != nil {
-				return err
-			}
-			t1 := time.Now()
-			// Merge: values at common indices added (own + received), then the
-			// k largest magnitudes kept (ties to lower indices).
-			m, err := v.mergeOn(&r.dn, b.n, [][2]device.Buffer{{cur, curVal}, {ridx, rval}}, r.merged, r.mergedVal)
-			if err != nil {
-				return err
-			}
-			pick := r.pick.Slice(0, k)
-			if _, err := v.ops.TopK(v.s, pick, device.Buffer{}, r.mergedVal.Slice(0, m), k); err != nil {
-				return err
-			}
-			if err := v.ops.GatherIndex(v.s, cur, r.merged, pick); err != nil {
-				return err
-			}
-			if err := v.ops.Gather(v.s, curVal, r.mergedVal, pick); err != nil {
-				return err
-			}
-			if !v.onCPU() {
-				if err := v.s.Synchronize(); err != nil {
-					return err
-				}
-			}
-			selTime += time.Since(t1)
-		}
-		if err := b.c.Broadcast(ctx, v.cb(cur), 0); err != nil {
-			return fmt.Errorf("broadcasting the %d global indices: %w", k, err)
-		}
-		if err := b.c.Broadcast(ctx, v.cb(curVal), 0); err != nil {
-			return fmt.Errorf("broadcasting the %d global values: %w", k, err)
-		}
-		if err := b.checkList(cur, k, "rank 0 broadcast"); err != nil {
-			return err
-		}
-		if err := v.m.Fill(v.s, out, 0); err != nil {
-			return err
-		}
-		if err := v.ops.Scatter(v.s, out, cur, curVal, 1/float32(p)); err != nil {
-			return err
-		}
-		// The residual: acc with own selection ∩ global set zeroed.
-		m, err := v.intersectOn(&r.dn, b.n, cur, sel, r.inter)
-		if err != nil {
-			return err
-		}
-		if err := b.residualWithout(residual, acc, r.inter.Slice(0, m)); err != nil {
-			return err
-		}
-		st.SelectTime = selTime
-		st.Selected = k
-		st.ActualDensity = float64(k) / float64(b.n)
-		return nil
+	}
+	k := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		k, err = v.ops.TopK(v.s, r.sel, r.selVal, acc, b.k)
+		return err
 	})
+	if err != nil {
+		return err
+	}
+	sel, cur, curVal := r.sel.Slice(0, k), r.cur.Slice(0, k), r.curVal.Slice(0, k)
+	if err := v.s.Copy(cur, sel); err != nil {
+		return err
+	}
+	if err := v.s.Copy(curVal, r.selVal.Slice(0, k)); err != nil {
+		return err
+	}
+	rank, p := b.c.Rank(), b.c.Size()
+	for step := 1; step < p; step *= 2 {
+		if rank%step != 0 {
+			break // dropped out in an earlier round
+		}
+		if (rank/step)%2 == 1 {
+			dst := rank - step
+			if err := b.c.Send(ctx, v.cb(cur), dst, gtopkTag); err != nil {
+				return fmt.Errorf("sending %d indices to rank %d: %w", k, dst, err)
+			}
+			if err := b.c.Send(ctx, v.cb(curVal), dst, gtopkTag+1); err != nil {
+				return fmt.Errorf("sending %d values to rank %d: %w", k, dst, err)
+			}
+			break
+		}
+		src := rank + step
+		ridx, rval := r.recv.Slice(0, k), r.recvVal.Slice(0, k)
+		if err := r.recvFrom(ctx, src, ridx, rval); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		// Merge: values at common indices added (own + received), then the
+		// k largest magnitudes kept (ties to lower indices).
+		m, err := v.mergeOn(&r.dn, b.n, [][2]device.Buffer{{cur, curVal}, {ridx, rval}}, r.merged, r.mergedVal)
+		if err != nil {
+			return err
+		}
+		pick := r.pick.Slice(0, k)
+		if _, err := v.ops.TopK(v.s, pick, device.Buffer{}, r.mergedVal.Slice(0, m), k); err != nil {
+			return err
+		}
+		if err := v.ops.GatherIndex(v.s, cur, r.merged, pick); err != nil {
+			return err
+		}
+		if err := v.ops.Gather(v.s, curVal, r.mergedVal, pick); err != nil {
+			return err
+		}
+		if !v.onCPU() {
+			if err := v.s.Synchronize(); err != nil {
+				return err
+			}
+		}
+		selTime += time.Since(t1)
+	}
+	if err := b.c.Broadcast(ctx, v.cb(cur), 0); err != nil {
+		return fmt.Errorf("broadcasting the %d global indices: %w", k, err)
+	}
+	if err := b.c.Broadcast(ctx, v.cb(curVal), 0); err != nil {
+		return fmt.Errorf("broadcasting the %d global values: %w", k, err)
+	}
+	if err := b.checkList(cur, k, "rank 0 broadcast"); err != nil {
+		return err
+	}
+	if err := v.m.Fill(v.s, out, 0); err != nil {
+		return err
+	}
+	if err := v.ops.Scatter(v.s, out, cur, curVal, 1/float32(p)); err != nil {
+		return err
+	}
+	// The residual: acc with own selection ∩ global set zeroed.
+	m, err := v.intersectOn(&r.dn, b.n, cur, sel, r.inter)
+	if err != nil {
+		return err
+	}
+	if err := b.residualWithout(residual, acc, r.inter.Slice(0, m)); err != nil {
+		return err
+	}
+	st.SelectTime = selTime
+	st.Selected = k
+	st.Distinct = k
+	return nil
 }
 
 // recvFrom receives k candidates from rank src into idx and val and checks
 // them.
-func (r *gtopkReducer) recvFrom(ctx context.Context, src int, idx, val device.Buffer) error {
-	b := &r.base
+func (r *gtopk) recvFrom(ctx context.Context, src int, idx, val device.Buffer) error {
+	b := r.b
 	k := idx.Len()
 	m, err := b.c.Recv(ctx, b.v.cb(idx), src, gtopkTag)
 	if err != nil {

@@ -2,6 +2,7 @@ package sparsify
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -15,31 +16,20 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "lags", Projectable: true, Pipelined: true, New: newLAGSReducer, Advice: lagsAdvice, Params: []options.Option{
-		{Key: "merge_size", Kind: options.Int, Default: LAGSDefaultMergeSize, Range: options.Within(1, math.MaxInt32, "[]"),
-			Doc: "merge threshold in elements (1: one group per tensor)"},
-		{Key: "max_ratio", Kind: options.Float, Default: 0.0, Range: options.AtLeast(1), Zero: "off",
-			Doc: "upper bound c_u >= 1 on the compression ratio of the adaptive per-group density (densities in [1/c_u, 1])"},
-	}})
+	Register(Method{Name: "lags", Projectable: true, Pipelined: true, New: newLAGS, Advice: lagsAdvice,
+		Density: lagsDensity, Check: lagsCheckRun, Notes: lagsNotes,
+		Doc: "reference notes 5: per merge group top-k and all-gathers, the groups reduced during the backward pass (pipelined), optional adaptive density (eq. 19 with c_u an upper bound on the compression, as the paper's text says: densities in [1/c_u, 1]; the formula as printed makes it a lower bound). Deviations: a group's elements are taken in layout order (the reference concatenates them in backward order: only tie order differs); when no ratio hides the communication, 1/c_u is used.",
+		Params: []options.Option{
+			{Key: "merge_size", Kind: options.Int, Default: LAGSDefaultMergeSize, Range: options.Within(1, math.MaxInt32, "[]"),
+				Doc: "merge threshold in elements (1: one group per tensor)"},
+			{Key: "max_ratio", Kind: options.Float, Default: 0.0, Range: options.AtLeast(1), Zero: "off",
+				Doc: "upper bound c_u >= 1 on the compression ratio of the adaptive per-group density (densities in [1/c_u, 1])"},
+		}})
 }
 
 // LAGSDefaultMergeSize is the default of LAGS' option merge_size, the merge
 // threshold in elements (the reference scripts' default).
 const LAGSDefaultMergeSize = 8192
-
-// Group is one merge group of a layout: consecutive tensors whose gradients
-// are selected and communicated together.
-type Group struct {
-	// Tensors are the layout indices of the group's tensors in backward
-	// order (descending layout index).
-	Tensors []int
-	// Lo and Hi delimit the group's elements [Lo, Hi) in the flat vector; the
-	// tensors of a group are adjacent in the layout, so this is one range.
-	Lo, Hi int
-}
-
-// Size is the number of elements of the group.
-func (g Group) Size() int { return g.Hi - g.Lo }
 
 // LAGSGroups forms the merge groups of LAGS-SGD: it walks the tensors of l in
 // reverse (backward) order accumulating element counts and closes a group at
@@ -70,90 +60,6 @@ func LAGSGroups(l Layout, mergeSize int) []Group {
 	return groups
 }
 
-// GroupStats describes the reduction of one merge group by one worker.
-type GroupStats struct {
-	// Group is the group's index in Groups().
-	Group int
-	// K is the number of elements every worker selected in the group.
-	K int
-	// Distinct is the number of distinct group positions whose values
-	// crossed the wire (the union over workers).
-	Distinct int
-	// ResidualSq is the squared Euclidean norm of this worker's new residual
-	// over the group.
-	ResidualSq float64
-	// TensorK is the number of this worker's selected elements in each tensor
-	// of the group, in the order of Group.Tensors.
-	TensorK []int
-	// BytesSent and BytesRecv are this worker's traffic for the group's two
-	// all-gathers, measured by the group's own comm.Counter on the buffers
-	// actually handed to the communicator (comm.Traffic's ring convention).
-	BytesSent, BytesRecv int64
-	// SelectTime is the top-k time; CommTime runs from the start of the
-	// all-gathers to the end of Wait.
-	SelectTime, CommTime time.Duration
-}
-
-// Pending is the reduction of one merge group in flight.
-type Pending interface {
-	// Wait blocks until the group's communication has completed (or ctx
-	// ends), then writes the group's range of out. It may be called once,
-	// from any goroutine.
-	Wait(ctx context.Context) (GroupStats, error)
-}
-
-// GroupReducer is implemented by reducers that can reduce the merge groups of
-// a layout one at a time, as their gradients become final during the backward
-// pass.
-type GroupReducer interface {
-	Reducer
-	// Groups lists the merge groups in the order their gradients become
-	// final (reverse layout order).
-	Groups() []Group
-	// StartGroup selects group g's elements of acc, writes the group's range
-	// of residual, starts the non-blocking communication and returns at once.
-	// acc, out and residual are full flat vectors (only the group's range is
-	// used); out's range is written by Pending.Wait and must not be touched
-	// before. Every rank must start the groups in the same order; several
-	// groups may be in flight at once, but not the same group twice.
-	StartGroup(ctx context.Context, g int, acc, out, residual []float32) (Pending, error)
-}
-
-// DeviceGroupReducer is a GroupReducer that also reduces groups of vectors
-// in its device's memory (see DeviceReducer). StartGroupOn and the Waits of
-// its Pendings issue work on the reducer's stream and must not run
-// concurrently with each other.
-type DeviceGroupReducer interface {
-	GroupReducer
-	DeviceReducer
-	// StartGroupOn is StartGroup on vectors of the reducer's device.
-	StartGroupOn(ctx context.Context, g int, acc, out, residual device.Buffer) (Pending, error)
-}
-
-// CostAdaptive is implemented by a group reducer that chooses each group's
-// density from the model's measured backward times and its own
-// sparsification cost (LAGS-SGD's eq. 19; *LAGS). A trainer profiles some
-// steps after a warm-up and hands both over once (every rank the same
-// values); a trainer needs no other knowledge of the method.
-type CostAdaptive interface {
-	GroupReducer
-	// Adaptive reports whether the densities follow the measurements
-	// (false: fixed densities, nothing to profile).
-	Adaptive() bool
-	// HasBackwardTimes reports whether the times were set (or restored).
-	HasBackwardTimes() bool
-	// TakeSparCost returns the sparsification time per element measured
-	// since the last call and starts a new measurement.
-	TakeSparCost() float64
-	// SetSparCost and SetBackwardTimes hand over the profile.
-	SetSparCost(perElement float64) error
-	SetBackwardTimes(perTensor []time.Duration) error
-	// GroupK is each group's current k.
-	GroupK() []int
-}
-
-var _ CostAdaptive = (*LAGS)(nil)
-
 // LAGSModel is the α-β cost model LAGS' adaptive per-group density uses: the
 // time of one group's communication with k elements per worker on n workers
 // is that of two ring all-gathers (float32 values and int32 indices),
@@ -178,7 +84,7 @@ type LAGSModel struct {
 // ring all-gather's (n−1)·α latency term, whatever net.AllGather selects.
 func LAGSModelFromNetwork(net netmodel.Network, sparPerElement float64) (LAGSModel, error) {
 	if err := net.Validate(); err != nil {
-		return LAGSModel{}, fmt.Errorf("sparsify: lags: %w", err)
+		return LAGSModel{}, fmt.Errorf("%w", err)
 	}
 	return LAGSModel{Alpha: net.Latency.Seconds(), Beta: 1 / net.Bandwidth, SparPerElement: sparPerElement}, nil
 }
@@ -221,7 +127,7 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 		for range lagsMeasureReps {
 			t0 := time.Now()
 			if err := c.AllGather(ctx, send, recv); err != nil {
-				return 0, fmt.Errorf("sparsify: lags: measuring the network with all-gathers of %d elements: %w", m, err)
+				return 0, fmt.Errorf("measuring the network with all-gathers of %d elements: %w", m, err)
 			}
 			best = min(best, time.Since(t0).Seconds())
 		}
@@ -240,7 +146,7 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 		return LAGSModel{}, err
 	}
 	if err := c.AllGather(ctx, v.cb(mem.Slice(0, 2)), v.cb(mem.Slice(2, 2+2*n))); err != nil {
-		return LAGSModel{}, fmt.Errorf("sparsify: lags: combining the network measurements: %w", err)
+		return LAGSModel{}, fmt.Errorf("combining the network measurements: %w", err)
 	}
 	all := make([]float32, 2*n)
 	if err := v.s.Copy(device.Host(all), mem.Slice(2, 2+2*n)); err != nil {
@@ -293,31 +199,32 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 //     cannot act are refused: c_u = 1 (only density 1, i.e. dense) and a
 //     layout that forms one merge group (nothing to hide behind).
 //   - t_spar is measured, not assumed: every group's selection (top-k and
-//     residual) and decoding times are recorded per element
-//     (MeasuredSparCost); the trainer hands the maximum over ranks, over the
-//     steps it profiles, to SetSparCost together with the backward times.
+//     residual) and decoding times are recorded per element (TakeSparCost).
+//     The backward pass is profiled (Profiled: the trainer hands over when
+//     each tensor's gradient became final): lagsProfileSteps steps after
+//     lagsProfileWarmup, the mean per-tensor backward times and the
+//     sparsification cost, each the maximum over the ranks (all-gathered),
+//     go to SetBackwardTimes and SetSparCost, so every rank chooses the
+//     same k.
 //   - The network of the model is the one the run declares or emulates,
 //     Options.Network (the trainer passes -net-latency and -net-bandwidth),
 //     with the measured sparsification cost (LAGSModelFromNetwork, SetSparCost). When none is declared
 //     (as under mpirun, where the network is real) and the adaptive rule is
 //     on, LAGS measures the network it runs on, once, in the first
-//     StartGroup (or Reduce) after SetBackwardTimes: lagsMeasure times
+//     group started after SetBackwardTimes: lagsMeasure times
 //     all-gathers on the reducer's communicator, every rank adopting the
 //     slowest rank's times so that all compute the same k. Until then every
 //     group uses Density. SetModel overrides either. The reference code's
 //     built-in 1 GbE constants (LAGSDefaultModel) are not used by default.
-//   - Byte accounting: each group has its own comm.Counter, so the bytes of
-//     a group's two all-gathers are measured on the buffers actually sent
-//     (comm.Traffic of their lengths and types), also when several groups
-//     are in flight at once; Reduce's bytes are the sum over groups. The
-//     network measurement's all-gathers are counted in the group whose
-//     StartGroup made them.
+//   - Byte accounting: the frame's, over the call's groups (the network
+//     measurement's all-gathers included).
 //
-// Pipelining: LAGS implements GroupReducer; the trainer calls StartGroup for
-// each group as soon as its gradients are final and waits for all before the
-// optimizer step. Reduce is every group started in order, then all waited
-// for; its CommTime is the sum of the requests' durations (from start to
-// Wait), which may exceed the wall time as requests overlap.
+// Pipelining: LAGS reduces its merge groups (Grouped) and leaves their
+// all-gathers in flight (Starter); the trainer starts each group as soon as
+// its gradients are final and finishes the call before the optimizer step.
+// The call's CommTime is the sum of the groups' from the start of their
+// all-gathers to the end of their decoding, which may exceed the wall time
+// as groups overlap.
 //
 // Selection unit: LAGS selects over merge groups, the reference code's way
 // (consecutive tensors merged until merge_size elements, one top-k per
@@ -334,7 +241,7 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 // reduced output is then the update itself (θ ← θ − out, with no further
 // multiplication by the learning rate) — and the reducer is unchanged.
 type LAGS struct {
-	gc       []*comm.Counter // one per group: bytes measured per group
+	b        *Env
 	n        int
 	layout   Layout
 	density  float64
@@ -347,13 +254,9 @@ type LAGS struct {
 	backward  []time.Duration // per layout tensor, nil until set
 	ks        []int           // current k per group
 
-	mu      sync.Mutex
-	pending []bool // per group: started, not yet waited for
-	bufs    []lagsBufs
-
-	v        vecs
+	bufs     []lagsBufs
 	dMeasure device.Buffer
-	gb       base // device helpers of the selection (timing, residual)
+	prof     lagsProfile
 
 	// The sparsification time measured since the last TakeSparCost, and
 	// the group elements it covers.
@@ -368,66 +271,49 @@ type lagsBufs struct {
 	vals, allVals      device.Buffer // Float32
 }
 
-var _ DeviceGroupReducer = (*LAGS)(nil)
+var (
+	_ Starter  = (*LAGS)(nil)
+	_ Grouped  = (*LAGS)(nil)
+	_ Profiled = (*LAGS)(nil)
+	_ Stateful = (*LAGS)(nil)
+)
 
-func newLAGSReducer(o Options) (Reducer, error) { return newLAGS(o) }
-
-// NewLAGS builds the LAGS reducer from o (see LAGS) after New's checks. It
-// is what New("lags", o) returns, typed, for callers that need
-// SetBackwardTimes or SetModel.
-func NewLAGS(o Options) (*LAGS, error) {
-	m, _ := Lookup("lags")
-	o, err := prepare(m, o)
-	if err != nil {
-		return nil, err
-	}
-	return newLAGS(o)
-}
-
-// newLAGS builds LAGS from prepared options (see prepare).
-func newLAGS(o Options) (*LAGS, error) {
+// newLAGS builds LAGS on e (see LAGS).
+func newLAGS(e *Env) (Core, error) {
+	o := e.o
 	maxRatio := o.Params.Float("max_ratio") // 0 or >= 1 (declared)
 	groups := LAGSGroups(o.Layout, o.Params.Int("merge_size"))
 	if maxRatio != 0 {
 		switch {
 		case maxRatio == 1:
-			return nil, fmt.Errorf("sparsify: lags: max_ratio 1 allows only density 1 (every group dense), so the adaptive rule has nothing to choose; use max_ratio > 1 (e.g. 1000, the paper's), 0 for a fixed density, or the dense method")
+			return nil, fmt.Errorf("max_ratio 1 allows only density 1 (every group dense), so the adaptive rule has nothing to choose; use max_ratio > 1 (e.g. 1000, the paper's), 0 for a fixed density, or the dense method")
 		case o.Density*maxRatio < 1-1e-9:
-			return nil, fmt.Errorf("sparsify: lags: Density %v compresses more than max_ratio %v allows (the groups use Density until the backward times are measured); use Density >= 1/max_ratio = %v (e.g. %v) or a larger max_ratio", o.Density, maxRatio, 1/maxRatio, 1/maxRatio)
+			return nil, fmt.Errorf("Density %v compresses more than max_ratio %v allows (the groups use Density until the backward times are measured); use Density >= 1/max_ratio = %v (e.g. %v) or a larger max_ratio", o.Density, maxRatio, 1/maxRatio, 1/maxRatio)
 		case len(groups) < 2:
-			return nil, fmt.Errorf("sparsify: lags: merge_size %d makes the %d elements one merge group, which has no later backward computation to hide behind, so max_ratio %v would always give density 1/%v; use a smaller merge_size (1: one group per tensor) or max_ratio 0", o.Params.Int("merge_size"), o.Layout.N, maxRatio, maxRatio)
+			return nil, fmt.Errorf("merge_size %d makes the %d elements one merge group, which has no later backward computation to hide behind, so max_ratio %v would always give density 1/%v; use a smaller merge_size (1: one group per tensor) or max_ratio 0", o.Params.Int("merge_size"), o.Layout.N, maxRatio, maxRatio)
 		}
 	}
 	l := &LAGS{
-		n:        o.Comm.Size(),
+		b:        e,
+		n:        e.c.Size(),
 		layout:   o.Layout,
 		density:  o.Density,
 		maxRatio: maxRatio,
 		groups:   groups,
 		model:    LAGSDefaultModel,
-		v:        newVecs(o),
 	}
-	l.gb = newBase("lags", o)
 	if o.Network != (netmodel.Network{}) {
 		m, err := LAGSModelFromNetwork(o.Network, 0)
 		if err != nil {
-			return nil, fmt.Errorf("sparsify: lags: Options.Network: %w", err)
+			return nil, fmt.Errorf("Options.Network: %w", err)
 		}
 		l.model, l.haveModel = m, true
-	}
-	l.pending = make([]bool, len(l.groups))
-	l.gc = make([]*comm.Counter, len(l.groups))
-	for g := range l.gc {
-		l.gc[g] = comm.NewCounter(o.Comm)
 	}
 	l.bufs = make([]lagsBufs, len(l.groups))
 	l.ks = make([]int, len(l.groups))
 	l.recomputeK()
 	return l, nil
 }
-
-// Name returns "lags".
-func (l *LAGS) Name() string { return "lags" }
 
 // Groups returns the merge groups in backward order. The slice must not be
 // modified.
@@ -444,7 +330,7 @@ func (l *LAGS) GroupK() []int { return append([]int(nil), l.ks...) }
 func (l *LAGS) SetModel(m LAGSModel) error {
 	for _, v := range []float64{m.Alpha, m.Beta, m.SparPerElement} {
 		if !(v >= 0) || math.IsInf(v, 0) {
-			return fmt.Errorf("sparsify: lags: model %+v has a negative, infinite or NaN parameter; every parameter is a time in seconds >= 0", m)
+			return fmt.Errorf("model %+v has a negative, infinite or NaN parameter; every parameter is a time in seconds >= 0", m)
 		}
 	}
 	l.model, l.haveModel = m, true
@@ -459,7 +345,7 @@ func (l *LAGS) SetModel(m LAGSModel) error {
 // groups are in flight.
 func (l *LAGS) SetSparCost(perElement float64) error {
 	if !(perElement >= 0) || math.IsInf(perElement, 0) {
-		return fmt.Errorf("sparsify: lags: sparsification cost %v s per element is negative, infinite or NaN; it is a time >= 0", perElement)
+		return fmt.Errorf("sparsification cost %v s per element is negative, infinite or NaN; it is a time >= 0", perElement)
 	}
 	l.model.SparPerElement = perElement
 	l.recomputeK()
@@ -498,11 +384,11 @@ func (l *LAGS) recordSpar(d time.Duration, m int) {
 // are in flight.
 func (l *LAGS) SetBackwardTimes(perTensor []time.Duration) error {
 	if len(perTensor) != len(l.layout.Tensors) {
-		return fmt.Errorf("sparsify: lags: %d backward times for a layout of %d tensors; give one per tensor, in layout order", len(perTensor), len(l.layout.Tensors))
+		return fmt.Errorf("%d backward times for a layout of %d tensors; give one per tensor, in layout order", len(perTensor), len(l.layout.Tensors))
 	}
 	for i, d := range perTensor {
 		if d < 0 {
-			return fmt.Errorf("sparsify: lags: backward time %v of tensor %d (%q) is negative", d, i, l.layout.Tensors[i].Name)
+			return fmt.Errorf("backward time %v of tensor %d (%q) is negative", d, i, l.layout.Tensors[i].Name)
 		}
 	}
 	l.backward = append(l.backward[:0], perTensor...)
@@ -571,123 +457,23 @@ func lagsGroupK(m int, density, maxRatio float64, n int, model LAGSModel, tComp 
 	return max(int(budget/perK), kmin)
 }
 
-// Reduce reduces every group: all started in backward order, then all waited
-// for.
-func (l *LAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return l.v.reduceHost(ctx, l, "lags", acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (l *LAGS) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	if err := l.v.checkOn("lags", l.layout.N, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := l.totals()
-	ps := make([]Pending, len(l.groups))
-	var firstErr error
-	for g := range l.groups {
-		p, err := l.StartGroupOn(ctx, g, acc, out, residual)
-		if err != nil {
-			firstErr = err
-			break
-		}
-		ps[g] = p
-	}
-	gs := make([]GroupStats, 0, len(l.groups))
-	for _, p := range ps {
-		if p == nil {
-			continue
-		}
-		s, err := p.Wait(ctx)
-		if err != nil && firstErr == nil {
-			firstErr = err
-		}
-		gs = append(gs, s)
-	}
-	if firstErr != nil {
-		return Stats{}, firstErr
-	}
-	st := CombineGroupStats(l.density, l.layout, l.groups, gs)
-	d := l.totals().Sub(before)
-	st.BytesSent, st.BytesRecv, st.CommTime = d.BytesSent, d.BytesRecv, d.Time
-	return st, nil
-}
-
-// totals sums the statistics of every group's counter.
-func (l *LAGS) totals() comm.Totals {
-	var t comm.Totals
-	for _, c := range l.gc {
-		u := c.Totals()
-		t.Calls += u.Calls
-		t.BytesSent += u.BytesSent
-		t.BytesRecv += u.BytesRecv
-		t.Time += u.Time
-	}
-	return t
-}
-
-// CombineGroupStats sums the GroupStats of one iteration's groups (groups as
-// returned by LAGSGroups or Groups()) into the Stats of the iteration: Selected
-// and LayerK from the per-group selections, ActualDensity = Σ Distinct / N,
-// ErrorNorm = sqrt(Σ ResidualSq), bytes and times summed, Threshold NaN.
-func CombineGroupStats(density float64, l Layout, groups []Group, gs []GroupStats) Stats {
-	st := Stats{Density: density, Threshold: math.NaN(), LayerK: make([]int, len(l.Tensors))}
-	distinct := 0
-	var sq float64
-	for _, s := range gs {
-		st.Selected += s.K
-		distinct += s.Distinct
-		sq += s.ResidualSq
-		st.BytesSent += s.BytesSent
-		st.BytesRecv += s.BytesRecv
-		st.SelectTime += s.SelectTime
-		st.CommTime += s.CommTime
-		if s.Group >= 0 && s.Group < len(groups) {
-			for i, t := range groups[s.Group].Tensors {
-				if i < len(s.TensorK) && t < len(st.LayerK) {
-					st.LayerK[t] += s.TensorK[i]
-				}
-			}
-		}
-	}
-	if l.N > 0 {
-		st.ActualDensity = float64(distinct) / float64(l.N)
-	}
-	st.ErrorNorm = math.Sqrt(sq)
-	return st
-}
-
-// StartGroup selects and starts the communication of group g (see
-// GroupReducer).
-func (l *LAGS) StartGroup(ctx context.Context, g int, acc, out, residual []float32) (Pending, error) {
-	a, o, res, err := l.v.hostArgs("lags", acc, out, residual)
+// Reduce reduces group g: Start, then its finish.
+func (l *LAGS) Reduce(ctx context.Context, g int, acc, out, residual device.Buffer, st *GroupStats) error {
+	finish, err := l.Start(ctx, g, acc, out, residual, st)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return l.StartGroupOn(ctx, g, a, o, res)
+	return finish(ctx)
 }
 
-// StartGroupOn is StartGroup on vectors of the reducer's device.
-func (l *LAGS) StartGroupOn(ctx context.Context, g int, acc, out, residual device.Buffer) (Pending, error) {
-	if g < 0 || g >= len(l.groups) {
-		return nil, fmt.Errorf("sparsify: lags: group %d does not exist; the layout has groups 0..%d", g, len(l.groups)-1)
-	}
-	if err := l.v.checkOn("lags", l.layout.N, acc, out, residual); err != nil {
-		return nil, err
-	}
-	l.mu.Lock()
-	if l.pending[g] {
-		l.mu.Unlock()
-		return nil, fmt.Errorf("sparsify: lags: group %d started again before Wait; wait for its Pending first", g)
-	}
-	l.pending[g] = true
-	l.mu.Unlock()
-
-	before := l.gc[g].Totals()
+// Start selects group g's top-k, writes the group's residual and starts
+// its two all-gathers; finish waits for them and decodes the group's out.
+func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffer, st *GroupStats) (func(context.Context) error, error) {
+	e := l.b
+	v := &e.v
 	if l.needsMeasurement() {
-		m, err := lagsMeasure(ctx, l.gc[g], &l.v, &l.dMeasure)
+		m, err := lagsMeasure(ctx, e.c, v, &l.dMeasure)
 		if err != nil {
-			l.done(g)
 			return nil, err
 		}
 		m.SparPerElement = l.model.SparPerElement // measured apart (SetSparCost)
@@ -697,70 +483,101 @@ func (l *LAGS) StartGroupOn(ctx context.Context, g int, acc, out, residual devic
 	gr := l.groups[g]
 	k := l.ks[g]
 	b := &l.bufs[g]
-	v := &l.v
 	a := acc.Slice(gr.Lo, gr.Hi)
 	res := residual.Slice(gr.Lo, gr.Hi)
-	fail := func(err error) (Pending, error) {
-		l.done(g)
-		return nil, fmt.Errorf("sparsify: lags: group %d: %w", g, err)
-	}
+	o := out.Slice(gr.Lo, gr.Hi)
 	sel, err := v.scratch(&b.sel, device.Int32, k)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	vals, err := v.scratch(&b.vals, device.Float32, k)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	selTime, err := l.gb.timed(func() error {
+	selTime, err := e.timed(func() error {
 		var err error
 		k, err = v.ops.TopK(v.s, sel, vals, a, k)
 		return err
 	})
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	resTime, err := l.gb.timed(func() error { return l.gb.residualWithout(res, a, sel.Slice(0, k)) })
+	resTime, err := e.timed(func() error { return e.residualWithout(res, a, sel.Slice(0, k)) })
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	p := &lagsPending{l: l, g: g, k: k, out: out.Slice(gr.Lo, gr.Hi), res: res, selTime: selTime, sparTime: selTime + resTime, before: before, start: time.Now()}
-	if p.tensorK, err = lagsTensorK(v, l.layout, gr, sel); err != nil {
-		return fail(err)
+	if st.LayerK, err = lagsLayerK(v, l.layout, gr, sel); err != nil {
+		return nil, err
 	}
 	allVals, err := v.scratch(&b.allVals, device.Float32, l.n*k)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
 	allIdx, err := v.scratch(&b.allIdx, device.Int32, l.n*k)
 	if err != nil {
-		return fail(err)
+		return nil, err
 	}
-	p.rv, err = l.gc[g].IAllGather(ctx, v.cb(vals), v.cb(allVals))
+	start := time.Now()
+	rv, err := e.c.IAllGather(ctx, v.cb(vals), v.cb(allVals))
+	var ri comm.Request
 	if err == nil {
-		p.ri, err = l.gc[g].IAllGather(ctx, v.cb(sel), v.cb(allIdx))
+		ri, err = e.c.IAllGather(ctx, v.cb(sel), v.cb(allIdx))
 	}
 	if err != nil {
-		if p.rv != nil {
+		if rv != nil {
 			// Release the started request; its error, if any, is the abort.
-			_, _ = p.rv.Wait(ctx)
+			_, _ = rv.Wait(ctx)
 		}
-		l.done(g)
-		return nil, fmt.Errorf("sparsify: lags: group %d: starting all-gathers of %d elements: %w", g, k, err)
+		return nil, fmt.Errorf("starting all-gathers of %d elements: %w", k, err)
 	}
-	return p, nil
+	st.Selected, st.SelectTime = k, selTime
+	return func(ctx context.Context) error {
+		_, errV := rv.Wait(ctx)
+		_, errI := ri.Wait(ctx)
+		if errV != nil {
+			return fmt.Errorf("all-gathering %d values: %w", k, errV)
+		}
+		if errI != nil {
+			return fmt.Errorf("all-gathering %d indices: %w", k, errI)
+		}
+		st.CommTime = time.Since(start)
+		allIdx, allVals := allIdx.Slice(0, l.n*k), allVals.Slice(0, l.n*k)
+		// The decode: the group's range of out, Σ_w of every worker's
+		// values in rank order, divided by n. The union (with the range
+		// check) counts the distinct indices; its scratch is the group's
+		// own.
+		u, err := v.scratch(&b.union, device.Int32, allIdx.Len())
+		if err != nil {
+			return err
+		}
+		decTime, err := e.timed(func() error {
+			var err error
+			st.Distinct, err = v.ops.Union(v.s, u, allIdx, gr.Size())
+			if err != nil {
+				return fmt.Errorf("a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", gr.Size(), err)
+			}
+			if err := v.m.Fill(v.s, o, 0); err != nil {
+				return err
+			}
+			for w := 0; w < l.n; w++ {
+				if err := v.ops.ScatterAdd(v.s, o, allIdx.Slice(w*k, (w+1)*k), allVals.Slice(w*k, (w+1)*k), 1); err != nil {
+					return err
+				}
+			}
+			return v.ops.Div(v.s, o, float32(l.n))
+		})
+		if err != nil {
+			return err
+		}
+		l.recordSpar(selTime+resTime+decTime, gr.Size())
+		return nil
+	}, nil
 }
 
-func (l *LAGS) done(g int) {
-	l.mu.Lock()
-	l.pending[g] = false
-	l.mu.Unlock()
-}
-
-// lagsTensorK counts the selected group-local indices sel per tensor of
-// the group, in Group.Tensors order (which may be backward order; the
-// tensors are contiguous in the layout).
-func lagsTensorK(v *vecs, lay Layout, gr Group, sel device.Buffer) ([]int, error) {
+// lagsLayerK counts the selected group-local indices sel per tensor of
+// the group, into a vector over the layout's tensors (the tensors of a
+// group are contiguous in the layout).
+func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer) ([]int, error) {
 	order := slices.Clone(gr.Tensors)
 	slices.SortFunc(order, func(a, b int) int { return lay.Tensors[a].Offset - lay.Tensors[b].Offset })
 	bounds := make([]int, 0, len(order)+1)
@@ -773,108 +590,11 @@ func lagsTensorK(v *vecs, lay Layout, gr Group, sel device.Buffer) ([]int, error
 	if err != nil {
 		return nil, err
 	}
-	byTensor := make(map[int]int, len(order))
+	lk := make([]int, len(lay.Tensors))
 	for i, t := range order {
-		byTensor[t] = counts[i]
+		lk[t] = counts[i]
 	}
-	tk := make([]int, len(gr.Tensors))
-	for i, t := range gr.Tensors {
-		tk[i] = byTensor[t]
-	}
-	return tk, nil
-}
-
-// lagsPending is one group's reduction in flight.
-type lagsPending struct {
-	l       *LAGS
-	g, k    int
-	out     device.Buffer // the group's range
-	res     device.Buffer // the group's range
-	rv, ri  comm.Request
-	tensorK []int
-	selTime time.Duration
-	// sparTime is the selection's and the residual's time, to which Wait
-	// adds the decoding's (TakeSparCost).
-	sparTime time.Duration
-	before   comm.Totals // the group's counter at the start of StartGroup
-	start    time.Time
-	once     sync.Once
-}
-
-// Wait completes the group's all-gathers and decodes them into out.
-func (p *lagsPending) Wait(ctx context.Context) (GroupStats, error) {
-	var st GroupStats
-	var err error
-	called := false
-	p.once.Do(func() { called = true; st, err = p.wait(ctx) })
-	if !called {
-		return GroupStats{}, fmt.Errorf("sparsify: lags: Wait called twice for group %d", p.g)
-	}
-	return st, err
-}
-
-func (p *lagsPending) wait(ctx context.Context) (GroupStats, error) {
-	l := p.l
-	defer l.done(p.g)
-	_, errV := p.rv.Wait(ctx)
-	_, errI := p.ri.Wait(ctx)
-	if errV != nil {
-		return GroupStats{}, fmt.Errorf("sparsify: lags: group %d: all-gathering %d values: %w", p.g, p.k, errV)
-	}
-	if errI != nil {
-		return GroupStats{}, fmt.Errorf("sparsify: lags: group %d: all-gathering %d indices: %w", p.g, p.k, errI)
-	}
-	commTime := time.Since(p.start)
-	b := &l.bufs[p.g]
-	gr := l.groups[p.g]
-	v := &l.v
-	allIdx, allVals := b.allIdx.Slice(0, l.n*p.k), b.allVals.Slice(0, l.n*p.k)
-	// The decode: the group's range of out, Σ_w of every worker's values in
-	// rank order, divided by n. The union (with the range check) counts the
-	// distinct indices.
-	// The union's scratch is the group's own: groups are waited for
-	// concurrently.
-	u, err := v.scratch(&b.union, device.Int32, allIdx.Len())
-	if err != nil {
-		return GroupStats{}, err
-	}
-	var distinct int
-	decTime, err := l.gb.timed(func() error {
-		var err error
-		distinct, err = v.ops.Union(v.s, u, allIdx, gr.Size())
-		if err != nil {
-			return fmt.Errorf("sparsify: lags: group %d: a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", p.g, gr.Size(), err)
-		}
-		if err := v.m.Fill(v.s, p.out, 0); err != nil {
-			return err
-		}
-		for w := 0; w < l.n; w++ {
-			if err := v.ops.ScatterAdd(v.s, p.out, allIdx.Slice(w*p.k, (w+1)*p.k), allVals.Slice(w*p.k, (w+1)*p.k), 1); err != nil {
-				return err
-			}
-		}
-		return v.ops.Div(v.s, p.out, float32(l.n))
-	})
-	if err != nil {
-		return GroupStats{}, err
-	}
-	l.recordSpar(p.sparTime+decTime, gr.Size())
-	moved := l.gc[p.g].Totals().Sub(p.before)
-	sq, err := v.ops.SegmentSumSquares(v.s, p.res, []int{0, p.res.Len()})
-	if err != nil {
-		return GroupStats{}, err
-	}
-	return GroupStats{
-		Group:      p.g,
-		K:          p.k,
-		Distinct:   distinct,
-		ResidualSq: sq[0],
-		TensorK:    p.tensorK,
-		BytesSent:  moved.BytesSent,
-		BytesRecv:  moved.BytesRecv,
-		SelectTime: p.selTime,
-		CommTime:   commTime,
-	}, nil
+	return lk, nil
 }
 
 // lagsAdvice: each layer group's top ρ (at least one element) all-gathered
@@ -900,4 +620,168 @@ var lagsAdvice = &Advice{
 	},
 	Evidence: Evidence{Shown: []ModelKind{CNN, RNN},
 		Papers: "LAGS-SGD paper: ResNet-20, VGG-16 (CIFAR-10), ResNet-50 (ImageNet), LSTM-PTB; slight losses (ResNet-20 90.2 % vs 90.9 %, LSTM perplexity 109 vs 107)"},
+}
+
+// LAGS' adaptive density (max_ratio) needs the backward time of every
+// tensor and the sparsification time per element. The first steps hold
+// allocation, compilation and cold caches, so they are not measured: LAGS
+// profiles lagsProfileSteps steps after lagsProfileWarmup steps of its
+// process (the reference profiles 50 steps after 5; CPU steps are slow,
+// and the mean of 10 is already steady).
+const (
+	lagsProfileWarmup = 5
+	lagsProfileSteps  = 10
+)
+
+// lagsProfile accumulates the profiled steps.
+type lagsProfile struct {
+	seen  int     // steps of this process while profiling
+	from  int     // the first profiled step (run-wide number)
+	sum   []int64 // per tensor, the backward nanoseconds summed
+	steps int     // steps summed
+}
+
+// Profiling reports whether LAGS profiles the backward pass: the adaptive
+// density is on and its times are not set (nor restored).
+func (l *LAGS) Profiling() bool { return l.Adaptive() && !l.HasBackwardTimes() }
+
+// Profile takes one step's backward times (Profiled): it profiles the
+// steps after the warm-up and, after the last one, sets the backward
+// times and the sparsification cost, each the maximum over the ranks.
+func (l *LAGS) Profile(ctx context.Context, c comm.Communicator, step int, final []time.Time) (string, error) {
+	p := &l.prof
+	p.seen++
+	if p.seen <= lagsProfileWarmup {
+		if p.seen == lagsProfileWarmup {
+			l.TakeSparCost() // the measurement starts with the next step
+			p.from = step + 1
+		}
+		return "", nil
+	}
+	nt := len(final)
+	if p.sum == nil {
+		p.sum = make([]int64, nt)
+	}
+	// Tensors become final in descending layout order; the first to be
+	// final is the start of the measured backward pass.
+	var prev time.Time
+	for i := nt - 1; i >= 0; i-- {
+		at := final[i]
+		if at.IsZero() {
+			continue
+		}
+		if !prev.IsZero() {
+			p.sum[i] += max(int64(at.Sub(prev)), 0)
+		}
+		prev = at
+	}
+	p.steps++
+	if p.steps < lagsProfileSteps {
+		return "", nil
+	}
+	// The means and the cost (in femtoseconds per element), maxima over
+	// the ranks.
+	send := make(comm.Int64s, nt+1)
+	for i, s := range p.sum {
+		send[i] = s / int64(p.steps)
+	}
+	send[nt] = int64(math.Round(l.TakeSparCost() * 1e15))
+	size := c.Size()
+	recv := make(comm.Int64s, (nt+1)*size)
+	if err := c.AllGather(ctx, send, recv); err != nil {
+		return "", fmt.Errorf("combining the profiled backward times: %w", err)
+	}
+	d := make([]time.Duration, nt)
+	var sparFs int64
+	for r := range size {
+		row := recv[r*(nt+1) : (r+1)*(nt+1)]
+		for i := range d {
+			d[i] = max(d[i], time.Duration(row[i]))
+		}
+		sparFs = max(sparFs, row[nt])
+	}
+	if err := l.SetSparCost(float64(sparFs) * 1e-15); err != nil {
+		return "", err
+	}
+	if err := l.SetBackwardTimes(d); err != nil {
+		return "", err
+	}
+	var back time.Duration
+	for _, t := range d {
+		back += t
+	}
+	lo, hi := math.Inf(1), 0.0
+	for g, k := range l.ks {
+		r := float64(k) / float64(l.groups[g].Size())
+		lo, hi = min(lo, r), max(hi, r)
+	}
+	return fmt.Sprintf("adaptive density from steps %d–%d (after %d warm-up steps): backward pass %v, sparsification %.3g ns per element; the %d groups' densities now range over [%.3g, %.3g] (c_u = %g)",
+		p.from, step, lagsProfileWarmup, back.Round(time.Microsecond), float64(sparFs)*1e-6, len(l.groups), lo, hi, l.maxRatio), nil
+}
+
+// SaveState writes the backward times and the network model of the
+// adaptive density (measured ones cannot be measured again identically);
+// the per-group k follow from them.
+func (l *LAGS) SaveState(w *StateWriter) error {
+	w.Bool(l.backward != nil)
+	for _, d := range l.backward {
+		w.Int(int(d))
+	}
+	w.Bool(l.haveModel)
+	w.Float(l.model.Alpha)
+	w.Float(l.model.Beta)
+	w.Float(l.model.SparPerElement)
+	return nil
+}
+
+// LoadState reads them back.
+func (l *LAGS) LoadState(d *StateReader) error {
+	var backward []time.Duration
+	if d.Bool("backward times present") {
+		backward = make([]time.Duration, len(l.layout.Tensors))
+		for i := range backward {
+			backward[i] = time.Duration(d.Int("backward time", 0, math.MaxInt64))
+		}
+	}
+	have := d.Bool("model present")
+	m := LAGSModel{Alpha: d.Float("latency"), Beta: d.Float("byte time"), SparPerElement: d.Float("sparsification cost")}
+	if err := d.Done(); err != nil {
+		return err
+	}
+	if m.Alpha < 0 || m.Beta < 0 || m.SparPerElement < 0 {
+		return errors.New("state: a negative network model parameter")
+	}
+	l.backward, l.haveModel, l.model = backward, have, m
+	l.recomputeK()
+	return nil
+}
+
+// lagsDensity is the density of the LAGS-SGD paper where the project
+// follows it: compression ratios 1000 for CNNs and 250 for its LSTM.
+func lagsDensity(k ModelKind) float64 {
+	switch k {
+	case RNN:
+		return 0.004
+	case CNN:
+		return 0.001
+	}
+	return 0
+}
+
+// lagsCheckRun refuses the adaptive density in a replay, which runs no
+// backward pass to profile.
+func lagsCheckRun(r Run) error {
+	if r.Replay && r.Params.Float("max_ratio") > 0 {
+		return fmt.Errorf("-max-ratio %g: LAGS' adaptive density is chosen from the measured backward pass, which a replay does not run (its compute is a copy of the recorded gradient); leave -max-ratio out for a fixed density", r.Params.Float("max_ratio"))
+	}
+	return nil
+}
+
+// lagsNotes: an adaptive density the run ends before profiling.
+func lagsNotes(r Run) []string {
+	if ratio := r.Params.Float("max_ratio"); ratio > 0 && r.Steps < lagsProfileWarmup+lagsProfileSteps {
+		return []string{fmt.Sprintf("-max-ratio %g: the run's %d steps end before the backward pass is profiled (steps %d–%d), so every group uses -density %g and the adaptive density never acts",
+			ratio, r.Steps, lagsProfileWarmup+1, lagsProfileWarmup+lagsProfileSteps, r.Density)}
+	}
+	return nil
 }

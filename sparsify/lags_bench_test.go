@@ -55,7 +55,7 @@ func lagsResNet18Layout(tb testing.TB) Layout {
 // workers reduce concurrently; one op = one iteration of the whole world).
 func lagsBenchReduce(b *testing.B, method string, n int, l Layout, edit func(*Options)) {
 	w := local.New(n)
-	reducers := make([]Reducer, n)
+	reducers := make([]*Reducer, n)
 	accs := make([][]float32, n)
 	outs := make([][]float32, n)
 	ress := make([][]float32, n)

@@ -7,13 +7,14 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // lagsRefGroups forms merge groups the obvious way: tensors from last to
@@ -242,15 +243,36 @@ func TestLAGSGroupsFormation(t *testing.T) {
 	}
 }
 
-// lagsRunWorld runs fn on n in-process workers, each with its own *LAGS.
-func lagsRunWorld(t *testing.T, n int, o Options, fn func(ctx context.Context, rank int, l *LAGS) error, opts ...local.Option) {
+// testLAGS is a LAGS reducer: its core, whose methods it has, and the
+// frame, whose Reduce it has.
+type testLAGS struct {
+	*LAGS
+	r *Reducer
+}
+
+// Reduce is the frame's.
+func (l testLAGS) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
+	return l.r.Reduce(ctx, acc, out, residual)
+}
+
+// newTestLAGS builds the "lags" reducer.
+func newTestLAGS(o Options) (testLAGS, error) {
+	r, err := New("lags", o)
+	if err != nil {
+		return testLAGS{}, err
+	}
+	return testLAGS{r.core.(*LAGS), r}, nil
+}
+
+// lagsRunWorld runs fn on n in-process workers, each with its own LAGS.
+func lagsRunWorld(t *testing.T, n int, o Options, fn func(ctx context.Context, rank int, l testLAGS) error, opts ...local.Option) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	err := local.Run(ctx, n, func(ctx context.Context, c comm.Communicator) error {
 		oo := o
 		oo.Comm = c
-		l, err := NewLAGS(oo)
+		l, err := newTestLAGS(oo)
 		if err != nil {
 			return err
 		}
@@ -275,7 +297,7 @@ func TestLAGSStartGroupInFlight(t *testing.T) {
 				t.Fatal(err)
 			}
 			o := Options{Density: 0.05, Layout: l, Params: Values{"merge_size": 1}}
-			lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+			lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r testLAGS) error {
 				acc := lagsRandom(11, rank, l.N)
 				out1, res1 := make([]float32, l.N), make([]float32, l.N)
 				st1, err := r.Reduce(ctx, acc, out1, res1)
@@ -286,57 +308,44 @@ func TestLAGSStartGroupInFlight(t *testing.T) {
 				if len(gs) != 6 {
 					return fmt.Errorf("%d groups, want 6", len(gs))
 				}
-				// All groups in flight, waited for in reverse order from
-				// separate goroutines.
+				// All groups in flight (started in reverse order, the same
+				// on every rank), then finished.
+				h := device.Host[float32]
 				out2, res2 := make([]float32, l.N), make([]float32, l.N)
-				ps := make([]Pending, len(gs))
-				for g := range gs {
-					if ps[g], err = r.StartGroup(ctx, g, acc, out2, res2); err != nil {
+				for g := len(gs) - 1; g >= 0; g-- {
+					if err := r.r.Start(ctx, g, h(acc), h(out2), h(res2)); err != nil {
 						return err
 					}
 				}
-				if _, err := r.StartGroup(ctx, 0, acc, out2, res2); err == nil {
+				st2, err := r.r.Finish(ctx)
+				if err != nil {
+					return err
+				}
+				// A group started twice fails the call, which leaves no
+				// group in flight; the next call is whole again.
+				scratch, scratchRes := make([]float32, l.N), make([]float32, l.N)
+				for g := range gs {
+					if err := r.r.Start(ctx, g, h(acc), h(scratch), h(scratchRes)); err != nil {
+						return err
+					}
+				}
+				if err := r.r.Start(ctx, 0, h(acc), h(scratch), h(scratchRes)); err == nil {
 					return errors.New("starting a group twice succeeded")
 				}
-				stats := make([]GroupStats, len(gs))
-				errs := make([]error, len(gs))
-				var wg sync.WaitGroup
-				for g := len(gs) - 1; g >= 0; g-- {
-					wg.Go(func() { stats[g], errs[g] = ps[g].Wait(ctx) })
+				if _, err := r.r.Finish(ctx); err == nil || !strings.Contains(err.Error(), "started twice") {
+					return fmt.Errorf("the call with a group started twice finished with %v", err)
 				}
-				wg.Wait()
-				if err := errors.Join(errs...); err != nil {
-					return err
-				}
-				if _, err := ps[0].Wait(ctx); err == nil {
-					return errors.New("second Wait succeeded")
-				}
-				// Interleaved: start 0, 1, wait 0, start 2..5, wait the rest.
+				// In place, interleaved: 2..5, then 0, 1.
 				out3, res3 := make([]float32, l.N), make([]float32, l.N)
 				acc3 := slices.Clone(acc) // in place: residual aliases acc
-				p0, err := r.StartGroup(ctx, 0, acc3, out3, acc3)
-				if err != nil {
-					return err
-				}
-				p1, err := r.StartGroup(ctx, 1, acc3, out3, acc3)
-				if err != nil {
-					return err
-				}
-				if _, err := p0.Wait(ctx); err != nil {
-					return err
-				}
-				rest := []Pending{p1}
-				for g := 2; g < len(gs); g++ {
-					p, err := r.StartGroup(ctx, g, acc3, out3, acc3)
-					if err != nil {
+				for _, g := range []int{2, 3, 4, 5, 0, 1} {
+					if err := r.r.Start(ctx, g, h(acc3), h(out3), h(acc3)); err != nil {
 						return err
 					}
-					rest = append(rest, p)
 				}
-				for _, p := range rest {
-					if _, err := p.Wait(ctx); err != nil {
-						return err
-					}
+				st3, err := r.r.Finish(ctx)
+				if err != nil {
+					return err
 				}
 				copy(res3, acc3)
 				for _, v := range [][2][]float32{{out2, out1}, {res2, res1}, {out3, out1}, {res3, res1}} {
@@ -346,10 +355,11 @@ func TestLAGSStartGroupInFlight(t *testing.T) {
 						}
 					}
 				}
-				st2 := CombineGroupStats(o.Density, l, gs, stats)
-				if st2.Selected != st1.Selected || st2.ActualDensity != st1.ActualDensity || !slices.Equal(st2.LayerK, st1.LayerK) ||
-					st2.BytesSent != st1.BytesSent || st2.BytesRecv != st1.BytesRecv || math.Abs(st2.ErrorNorm-st1.ErrorNorm) > 1e-9*(1+st1.ErrorNorm) {
-					return fmt.Errorf("rank %d: combined group stats %+v differ from Reduce's %+v", rank, st2, st1)
+				for _, st := range []Stats{st2, st3} {
+					if st.Selected != st1.Selected || st.ActualDensity != st1.ActualDensity || !slices.Equal(st.LayerK, st1.LayerK) ||
+						st.BytesSent != st1.BytesSent || st.BytesRecv != st1.BytesRecv || st.ErrorNorm != st1.ErrorNorm {
+						return fmt.Errorf("rank %d: the pipelined call's stats %+v differ from Reduce's %+v", rank, st, st1)
+					}
 				}
 				return nil
 			})
@@ -429,7 +439,7 @@ func TestLAGSEq19(t *testing.T) {
 	}
 	o := Options{Density: 1 / cu, Layout: l, Params: Values{"merge_size": 1, "max_ratio": cu}}
 	got := make([][]int, n)
-	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r testLAGS) error {
 		if err := r.SetModel(model); err != nil {
 			return err
 		}
@@ -510,7 +520,7 @@ func TestLAGSAdaptiveReduce(t *testing.T) {
 	outs := make([][]float32, n)
 	ress := make([][]float32, n)
 	stats := make([]Stats, n)
-	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r testLAGS) error {
 		if err := r.SetModel(model); err != nil {
 			return err
 		}
@@ -560,13 +570,13 @@ func TestLAGSErrors(t *testing.T) {
 		{"bad density", Options{Density: 0, Layout: l, Comm: c}},
 		{"empty layout", Options{Density: 0.1, Comm: c}},
 	} {
-		if _, err := NewLAGS(tc.o); err == nil {
+		if _, err := newTestLAGS(tc.o); err == nil {
 			t.Errorf("%s: no error", tc.name)
 		} else {
 			t.Logf("%s: %v", tc.name, err)
 		}
 	}
-	r, err := NewLAGS(Options{Density: 0.1, Layout: l, Comm: c})
+	r, err := newTestLAGS(Options{Density: 0.1, Layout: l, Comm: c})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -579,8 +589,11 @@ func TestLAGSErrors(t *testing.T) {
 	if _, err := r.Reduce(ctx, a, a, buf(30)); err == nil {
 		t.Error("out aliasing acc accepted")
 	}
-	if _, err := r.StartGroup(ctx, 5, buf(30), buf(30), buf(30)); err == nil {
+	if err := r.r.Start(ctx, 5, device.Host(buf(30)), device.Host(buf(30)), device.Host(buf(30))); err == nil {
 		t.Error("group 5 accepted")
+	}
+	if _, err := r.r.Finish(ctx); err == nil {
+		t.Error("a call whose group 5 was refused finished")
 	}
 	if err := r.SetBackwardTimes([]time.Duration{1}); err == nil {
 		t.Error("one backward time for two tensors accepted")
@@ -604,7 +617,7 @@ func TestLAGSPeerFails(t *testing.T) {
 	defer cancel()
 	boom := errors.New("boom")
 	err = local.Run(ctx, 3, func(ctx context.Context, c comm.Communicator) error {
-		r, err := NewLAGS(Options{Density: 0.01, Layout: l, Comm: c})
+		r, err := New("lags", Options{Density: 0.01, Layout: l, Comm: c})
 		if err != nil {
 			return err
 		}
@@ -648,23 +661,18 @@ func TestLAGSPipelineEmulatedNetwork(t *testing.T) {
 	o := Options{Density: 0.02, Layout: l, Params: Values{"merge_size": 1}}
 	net := netmodel.Network{Latency: 2 * time.Millisecond, Bandwidth: 1e8}
 	accs, outs, ress := make([][]float32, n), make([][]float32, n), make([][]float32, n)
-	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+	lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r testLAGS) error {
 		accs[rank] = lagsRandom(21, rank, l.N)
 		acc := slices.Clone(accs[rank])
 		out := make([]float32, l.N)
-		var ps []Pending
 		for g := range r.Groups() {
-			p, err := r.StartGroup(ctx, g, acc, out, acc)
-			if err != nil {
+			if err := r.r.Start(ctx, g, device.Host(acc), device.Host(out), device.Host(acc)); err != nil {
 				return err
 			}
-			ps = append(ps, p)
 			time.Sleep(time.Millisecond) // the next group's backward pass
 		}
-		for _, p := range ps {
-			if _, err := p.Wait(ctx); err != nil {
-				return err
-			}
+		if _, err := r.r.Finish(ctx); err != nil {
+			return err
 		}
 		outs[rank], ress[rank] = out, acc
 		return nil
@@ -721,7 +729,7 @@ func TestLAGSNetworkOfTheRun(t *testing.T) {
 				o.Network = net
 			}
 			got := make([][]int, n)
-			lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r *LAGS) error {
+			lagsRunWorld(t, n, o, func(ctx context.Context, rank int, r testLAGS) error {
 				if err := r.SetBackwardTimes(times); err != nil {
 					return err
 				}
@@ -755,7 +763,7 @@ func TestLAGSSparCost(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := Options{Density: 0.01, Layout: l, Params: Values{"merge_size": 1, "max_ratio": 100.0}}
-	lagsRunWorld(t, 2, o, func(ctx context.Context, rank int, r *LAGS) error {
+	lagsRunWorld(t, 2, o, func(ctx context.Context, rank int, r testLAGS) error {
 		if c := r.TakeSparCost(); c != 0 {
 			return fmt.Errorf("cost %v before any reduction", c)
 		}

@@ -9,7 +9,8 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "micro", NotProjectable: "each worker selects within its 1/n share of the gradient, so its part of the index all-gather shrinks as the worker count grows", New: newMicro, Advice: microAdvice})
+	Register(Method{Name: "micro", NotProjectable: "each worker selects within its 1/n share of the gradient, so its part of the index all-gather shrinks as the worker count grows", New: newMicro, Advice: microAdvice,
+		Doc: "reference notes 3: MiCRO's rotating disjoint partitions with a shared threshold controller. Deviations: with one worker the global count is recorded as with many (the reference's threshold decays every call); empty partitions (N < n) are guarded."})
 }
 
 // The constants of MiCRO's threshold controller (kljp/micro, notes 3.3).
@@ -38,12 +39,9 @@ func microNextThreshold(thr float64, kPrev, k int) float64 {
 
 // microReducer is MiCRO (Yoon & Oh, HiPC'23); see newMicro.
 type microReducer struct {
-	o     Options
-	c     *comm.Counter
-	b     base // device helpers (c is b.c)
-	n, r  int
+	b     *Env
+	n, r  int // workers, rank
 	k     int
-	t     int     // iteration counter, 0 at the first call
 	thr   float64 // threshold of the last call
 	kPrev int     // global count of the last call
 }
@@ -82,71 +80,80 @@ type microReducer struct {
 // records the global count, so its threshold decays by 0.5 % every call;
 // here the count is recorded for every worker count, so one worker follows
 // the same controller as many.
-func newMicro(o Options) (Reducer, error) {
-	b := newBase("micro", o)
-	return &microReducer{o: o, c: b.c, b: b, n: o.Comm.Size(), r: o.Comm.Rank(), k: BudgetK(o.Density, o.Layout.N)}, nil
+func newMicro(b *Env) (Core, error) {
+	return &microReducer{b: b, n: b.c.Size(), r: b.c.Rank(), k: b.k}, nil
 }
-
-// Name returns "micro".
-func (m *microReducer) Name() string { return "micro" }
 
 // Reduce runs one MiCRO iteration; see newMicro.
-func (m *microReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return m.b.v.reduceHost(ctx, m, "micro", acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (m *microReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	N := m.o.Layout.N
-	b := &m.b
+func (m *microReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := m.b
+	N := b.n
 	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		t := m.t
-		m.t++
-		s, e := comm.ChunkBounds(N, m.n, (t%m.n+m.r)%m.n)
-		mine, err := v.scratch(&b.dSel, device.Int32, max(e-s, 1))
-		if err != nil {
+	t := b.calls
+	s, e := comm.ChunkBounds(N, m.n, (t%m.n+m.r)%m.n)
+	mine, err := v.scratch(&b.dSel, device.Int32, max(e-s, 1))
+	if err != nil {
+		return err
+	}
+	cnt := 0
+	selTime, err := b.timed(func() error {
+		if t == 0 {
+			m.thr = 1 / (2 * math.Sqrt(float64(m.k)))
+		} else {
+			m.thr = microNextThreshold(m.thr, m.kPrev, m.k)
+		}
+		var err error
+		if cnt, err = v.ops.SelectAbove(v.s, mine, device.Buffer{}, acc.Slice(s, e), float32(m.thr)); err != nil {
 			return err
 		}
-		cnt := 0
-		selTime, err := b.timed(func() error {
-			if t == 0 {
-				m.thr = 1 / (2 * math.Sqrt(float64(m.k)))
-			} else {
-				m.thr = microNextThreshold(m.thr, m.kPrev, m.k)
-			}
-			var err error
-			if cnt, err = v.ops.SelectAbove(v.s, mine, device.Buffer{}, acc.Slice(s, e), float32(m.thr)); err != nil {
-				return err
-			}
-			if err := v.ops.Shift(v.s, mine.Slice(0, cnt), s); err != nil {
-				return err
-			}
-			if cnt == 0 && e > s {
-				cnt = 1
-				return v.upload(mine, []int32{int32(s + t%(e-s))})
-			}
-			return nil
-		})
-		if err != nil {
+		if err := v.ops.Shift(v.s, mine.Slice(0, cnt), s); err != nil {
 			return err
 		}
-		union, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, cnt)) // disjoint partitions: no duplicates
-		if err != nil {
-			return err
+		if cnt == 0 && e > s {
+			cnt = 1
+			return v.upload(mine, []int32{int32(s + t%(e-s))})
 		}
-		if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
-			return err
-		}
-		m.kPrev = union.Len()
-
-		st.SelectTime = selTime
-		st.ActualDensity = float64(union.Len()) / float64(N)
-		st.Selected = cnt
-		st.SelectedPerWorker = counts
-		st.Threshold = m.thr
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	union, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, cnt)) // disjoint partitions: no duplicates
+	if err != nil {
+		return err
+	}
+	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+		return err
+	}
+	m.kPrev = union.Len()
+
+	st.SelectTime = selTime
+	st.Distinct = union.Len()
+	st.Selected = cnt
+	st.SelectedPerWorker = counts
+	st.Threshold = m.thr
+	return nil
+}
+
+// SaveState writes the call count (rotating partitions), the threshold
+// and the last global count its controller adapts from.
+func (m *microReducer) SaveState(w *StateWriter) error {
+	w.Int(m.b.calls)
+	w.Float(m.thr)
+	w.Int(m.kPrev)
+	return nil
+}
+
+// LoadState reads them back.
+func (m *microReducer) LoadState(d *StateReader) error {
+	t := d.Int("call count", 0, maxCount)
+	thr := d.Float("threshold")
+	kPrev := d.Int("last global count", 0, m.b.n)
+	if err := d.Done(); err != nil {
+		return err
+	}
+	m.b.calls, m.thr, m.kPrev = t, thr, kPrev
+	return nil
 }
 
 // microAdvice: each worker selects about k/P within its partition; the

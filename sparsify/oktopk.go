@@ -10,7 +10,9 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "oktopk", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newOkTopkReducer, Advice: okTopkAdvice, Params: []options.Option{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "oktopk", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newOkTopk, Advice: okTopkAdvice, DenseWarmup: true,
+		Doc:    "reference notes 7.8: Ok-Topk: local threshold exact every 32 sparse calls and otherwise reused and raised, regions re-balanced every 64, owners sum, global threshold exact every 32 and otherwise adapted, residual zeroed only where sent and globally selected; dense warm-up (option dense_warmup, default 512). Deviations (fixes): the schedule counts from the end of the warm-up (the same for the reference's 512); boundary proposals summed as int64 (the reference's int32 overflows once P·N > 2^31); a worker with nothing selected proposes the equal split and an empty global candidate set keeps the global threshold (the reference crashes on both); indices travel as int32, not as float32; layout order as for topkdsa.",
+		Params: []options.Option{DenseWarmupParam(okDefaultWarmup)}})
 }
 
 // Constants of Ok-Topk's schedule and threshold controllers
@@ -98,7 +100,7 @@ const (
 // this is every non-zero sum, of which only the top k enter out), LayerK nil.
 // During the warm-up: ActualDensity 1, Selected N, Threshold NaN.
 type okTopkReducer struct {
-	base   base
+	b      *Env
 	warmup int
 	reg    okRegions
 	lthr   float64 // local threshold (the reference's Python float)
@@ -108,23 +110,20 @@ type okTopkReducer struct {
 	sel, gsel, pick, set, inter, prop device.Buffer // Int32
 	gval, vals                        device.Buffer // Float32
 	dBounds                           device.Buffer // Int64
-	dn                                dense
+	dn                                denseScratch
 }
 
-func newOkTopkReducer(o Options) (Reducer, error) {
-	r := &okTopkReducer{base: newBase("oktopk", o), warmup: o.Params.Int("dense_warmup")}
-	r.reg = newOkRegions(&r.base)
+func newOkTopk(e *Env) (Core, error) {
+	r := &okTopkReducer{b: e, warmup: e.o.Params.Int("dense_warmup")}
+	r.reg = newOkRegions(e)
 	return r, nil
 }
-
-// Name returns "oktopk".
-func (r *okTopkReducer) Name() string { return "oktopk" }
 
 // raiseThreshold is Ok-Topk's reuse of the previous local threshold thr:
 // multiplied by 1.03 while more than ⌊4k/3⌋ elements of acc have |acc| > thr
 // (compared as float32), at most okMaxRaises times.
 func (r *okTopkReducer) raiseThreshold(acc device.Buffer, thr float64, k int) (float64, error) {
-	v := &r.base.v
+	v := &r.b.v
 	limit := 4 * k / 3
 	for range okMaxRaises {
 		n, err := v.ops.CountAbove(v.s, acc, okAbove(float32(thr)))
@@ -139,167 +138,187 @@ func (r *okTopkReducer) raiseThreshold(acc device.Buffer, thr float64, k int) (f
 	return thr, nil
 }
 
-// Reduce runs one Ok-Topk iteration (see okTopkReducer).
-func (r *okTopkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (r *okTopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
+// Reduce runs one Ok-Topk iteration after the warm-up (see
+// okTopkReducer).
+func (r *okTopkReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
 	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		if b.iter < r.warmup {
-			err := okDense(ctx, b, acc, out, residual, st)
-			b.iter++
-			return err
-		}
-		s := b.iter - r.warmup
-		b.iter++
-		k := b.k
-		sel, err := v.scratch(&r.sel, device.Int32, b.n)
-		if err != nil {
-			return err
-		}
+	s := b.calls - r.warmup
+	k := b.k
+	sel, err := v.scratch(&r.sel, device.Int32, b.n)
+	if err != nil {
+		return err
+	}
 
-		// Local threshold and selection L.
-		var thr float32
-		nsel := 0
-		selTime, err := b.timed(func() error {
-			if s%okLocalRecompute == 0 {
-				t, err := v.ops.KthLargestAbs(v.s, acc, k)
-				if err != nil {
-					return err
-				}
-				r.lthr = float64(t)
-			} else {
-				var err error
-				if r.lthr, err = r.raiseThreshold(acc, r.lthr, k); err != nil {
-					return err
-				}
-			}
-			thr = float32(r.lthr)
-			var err error
-			nsel, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, okAbove(thr))
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		sel = sel.Slice(0, nsel)
-
-		if s%okRepartition == 0 {
-			if err := r.rebalance(ctx, sel); err != nil {
-				return fmt.Errorf("re-balancing the regions: %w", err)
-			}
-		}
-		if nl := float64(nsel); nl < 2*float64(k)/3 {
-			r.lthr /= okLocalScale
-		} else if nl > 5*float64(k)/4 {
-			r.lthr *= okLocalScale
-		}
-
-		if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
-			return err
-		}
-
-		// Global selection.
-		recompute := s%okGlobalRecompute == 0
-		red := r.reg.reduced
-		m := 0
-		t1, err := b.timed(func() error {
-			t := okAbove(0)
-			if !recompute {
-				t = okAbove(float32(r.gthr))
-			}
-			var err error
-			m, err = v.compactAbove(&r.gsel, &r.gval, red, t)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		selTime += t1
-		total, err := r.reg.gatherCounts(ctx, m)
-		if err == nil {
-			err = r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total)
-		}
-		if err != nil {
-			return err
-		}
-		allIdx, allVal := r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total)
-		if err := v.m.Fill(v.s, out, 0); err != nil {
-			return err
-		}
-		var set device.Buffer
-		if recompute {
-			t2, err := b.timed(func() error {
-				kk := min(total, k)
-				pick, err := v.scratch(&r.pick, device.Int32, kk)
-				if err != nil {
-					return err
-				}
-				if set, err = v.scratch(&r.set, device.Int32, kk); err != nil {
-					return err
-				}
-				vals, err := v.scratch(&r.vals, device.Float32, kk)
-				if err != nil {
-					return err
-				}
-				if kk > 0 {
-					if _, err := v.ops.TopK(v.s, pick, vals, allVal, kk); err != nil {
-						return err
-					}
-					g, err := v.ops.KthLargestAbs(v.s, vals, kk) // the smallest kept magnitude
-					if err != nil {
-						return err
-					}
-					r.gthr = float64(g)
-				}
-				if err := v.ops.GatherIndex(v.s, set, allIdx, pick); err != nil {
-					return err
-				}
-				return v.ops.Scatter(v.s, out, set, vals, 1)
-			})
+	// Local threshold and selection L.
+	var thr float32
+	nsel := 0
+	selTime, err := b.timed(func() error {
+		if s%okLocalRecompute == 0 {
+			t, err := v.ops.KthLargestAbs(v.s, acc, k)
 			if err != nil {
 				return err
 			}
-			selTime += t2
+			r.lthr = float64(t)
 		} else {
-			if err := v.ops.Scatter(v.s, out, allIdx, allVal, 1); err != nil {
+			var err error
+			if r.lthr, err = r.raiseThreshold(acc, r.lthr, k); err != nil {
 				return err
 			}
-			set = allIdx
-			if g := float64(total); g < 2*float64(k)/3 {
-				r.gthr /= okGlobalScale
-			} else if g > 4*float64(k)/3 {
-				r.gthr *= okGlobalScale
-			}
 		}
-		if err := v.ops.Div(v.s, out, float32(b.c.Size())); err != nil {
-			return err
-		}
-
-		// residual = acc with L ∩ G zeroed.
-		inter, err := v.scratch(&r.inter, device.Int32, nsel)
-		if err != nil {
-			return err
-		}
-		ni, err := v.intersectOn(&r.dn, b.n, set, sel, inter)
-		if err != nil {
-			return err
-		}
-		if err := b.residualWithout(residual, acc, inter.Slice(0, ni)); err != nil {
-			return err
-		}
-
-		st.SelectTime = selTime
-		st.Threshold = float64(thr)
-		st.Selected = nsel
-		st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
-		st.ActualDensity = float64(total) / float64(b.n)
-		return nil
+		thr = float32(r.lthr)
+		var err error
+		nsel, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, okAbove(thr))
+		return err
 	})
+	if err != nil {
+		return err
+	}
+	sel = sel.Slice(0, nsel)
+
+	if s%okRepartition == 0 {
+		if err := r.rebalance(ctx, sel); err != nil {
+			return fmt.Errorf("re-balancing the regions: %w", err)
+		}
+	}
+	if nl := float64(nsel); nl < 2*float64(k)/3 {
+		r.lthr /= okLocalScale
+	} else if nl > 5*float64(k)/4 {
+		r.lthr *= okLocalScale
+	}
+
+	if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
+		return err
+	}
+
+	// Global selection.
+	recompute := s%okGlobalRecompute == 0
+	red := r.reg.reduced
+	m := 0
+	t1, err := b.timed(func() error {
+		t := okAbove(0)
+		if !recompute {
+			t = okAbove(float32(r.gthr))
+		}
+		var err error
+		m, err = v.compactAbove(&r.gsel, &r.gval, red, t)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	selTime += t1
+	total, err := r.reg.gatherCounts(ctx, m)
+	if err == nil {
+		err = r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total)
+	}
+	if err != nil {
+		return err
+	}
+	allIdx, allVal := r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total)
+	if err := v.m.Fill(v.s, out, 0); err != nil {
+		return err
+	}
+	var set device.Buffer
+	if recompute {
+		t2, err := b.timed(func() error {
+			kk := min(total, k)
+			pick, err := v.scratch(&r.pick, device.Int32, kk)
+			if err != nil {
+				return err
+			}
+			if set, err = v.scratch(&r.set, device.Int32, kk); err != nil {
+				return err
+			}
+			vals, err := v.scratch(&r.vals, device.Float32, kk)
+			if err != nil {
+				return err
+			}
+			if kk > 0 {
+				if _, err := v.ops.TopK(v.s, pick, vals, allVal, kk); err != nil {
+					return err
+				}
+				g, err := v.ops.KthLargestAbs(v.s, vals, kk) // the smallest kept magnitude
+				if err != nil {
+					return err
+				}
+				r.gthr = float64(g)
+			}
+			if err := v.ops.GatherIndex(v.s, set, allIdx, pick); err != nil {
+				return err
+			}
+			return v.ops.Scatter(v.s, out, set, vals, 1)
+		})
+		if err != nil {
+			return err
+		}
+		selTime += t2
+	} else {
+		if err := v.ops.Scatter(v.s, out, allIdx, allVal, 1); err != nil {
+			return err
+		}
+		set = allIdx
+		if g := float64(total); g < 2*float64(k)/3 {
+			r.gthr /= okGlobalScale
+		} else if g > 4*float64(k)/3 {
+			r.gthr *= okGlobalScale
+		}
+	}
+	if err := v.ops.Div(v.s, out, float32(b.c.Size())); err != nil {
+		return err
+	}
+
+	// residual = acc with L ∩ G zeroed.
+	inter, err := v.scratch(&r.inter, device.Int32, nsel)
+	if err != nil {
+		return err
+	}
+	ni, err := v.intersectOn(&r.dn, b.n, set, sel, inter)
+	if err != nil {
+		return err
+	}
+	if err := b.residualWithout(residual, acc, inter.Slice(0, ni)); err != nil {
+		return err
+	}
+
+	st.SelectTime = selTime
+	st.Threshold = float64(thr)
+	st.Selected = nsel
+	st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
+	st.Distinct = total
+	return nil
+}
+
+// SaveState writes the call count (the warm-up's and the recompute
+// schedule's), the local and global thresholds and the region boundaries.
+func (r *okTopkReducer) SaveState(w *StateWriter) error {
+	w.Int(r.b.calls)
+	w.Float(r.lthr)
+	w.Float(r.gthr)
+	w.Ints(r.reg.offs)
+	return nil
+}
+
+// LoadState reads them back.
+func (r *okTopkReducer) LoadState(d *StateReader) error {
+	it := d.Int("call count", 0, maxCount)
+	lthr := d.Float("local threshold")
+	gthr := d.Float("global threshold")
+	offs := d.Ints("region boundaries", len(r.reg.offs), 0, r.reg.n)
+	if err := d.Done(); err != nil {
+		return err
+	}
+	if offs[0] != 0 || offs[len(offs)-1] != r.reg.n {
+		return fmt.Errorf("state: regions span [%d, %d), not the %d elements", offs[0], offs[len(offs)-1], r.reg.n)
+	}
+	for i := 1; i < len(offs); i++ {
+		if offs[i] < offs[i-1] {
+			return fmt.Errorf("state: region boundary %d (%d) is below the one before it (%d)", i, offs[i], offs[i-1])
+		}
+	}
+	r.b.calls, r.lthr, r.gthr = it, lthr, gthr
+	copy(r.reg.offs, offs)
+	return nil
 }
 
 // rebalance sets the region boundaries from the workers' selections L
@@ -308,7 +327,7 @@ func (r *okTopkReducer) ReduceOn(ctx context.Context, acc, out, residual device.
 // the workers as int64 and divided by P.
 func (r *okTopkReducer) rebalance(ctx context.Context, sel device.Buffer) error {
 	g := &r.reg
-	v := &r.base.v
+	v := &r.b.v
 	p, n := g.p, g.n
 	if p == 1 {
 		g.offs[0], g.offs[1] = 0, n

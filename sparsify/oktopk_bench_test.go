@@ -3,9 +3,10 @@ package sparsify
 import (
 	"context"
 	"fmt"
-	"github.com/sparsegrad/sparsegrad/device"
 	"sync"
 	"testing"
+
+	"github.com/sparsegrad/sparsegrad/device"
 
 	"github.com/sparsegrad/sparsegrad/comm/local"
 )
@@ -19,7 +20,7 @@ import (
 func okBenchReduce(b *testing.B, method string, n int) {
 	l := lagsResNet18Layout(b)
 	w := local.New(n)
-	reducers := make([]Reducer, n)
+	reducers := make([]*Reducer, n)
 	accs, outs, ress := make([][]float32, n), make([][]float32, n), make([][]float32, n)
 	for r := range n {
 		red, err := New(method, Options{Density: 0.01, Layout: l, Comm: w.Comm(r), Params: Values{"dense_warmup": 0}})

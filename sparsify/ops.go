@@ -7,7 +7,6 @@ import (
 	"runtime"
 	"slices"
 	"sort"
-	"sync"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
@@ -83,18 +82,15 @@ type Ops interface {
 	// least len(idx) long) and returns how many; an index outside [0, n)
 	// is an error naming it.
 	Union(s device.Stream, out, idx device.Buffer, n int) (int, error)
-	// MomentumCorrect is DGC's momentum correction, element-wise (see the
-	// dgc method): with a = acc[i] (the velocity) and p = vel[i] (the
-	// previous masked velocity), it sets vel[i] = a and res[i] = a +
-	// m·(a − p) (the velocity plus m times the momentum). res may be acc.
-	MomentumCorrect(s device.Stream, vel, res, acc device.Buffer, m float32) error
-	// HashSelectAbove is DRAGONN's one-pass selection: every index i with
-	// |x[i]| >= t — never an exact zero, never NaN — is hashed, in the same
-	// pass that compares it, into slot murmur3(i, seed) mod slots (on a
-	// collision the highest index stays); it writes the occupied slots'
-	// indices into idx in slot order and returns how many. There is no
-	// compaction of the candidates and no read-back but the count.
-	HashSelectAbove(s device.Stream, idx, x device.Buffer, t float32, seed uint32, slots int) (int, error)
+	// CompactSlots writes x[j] − 1 for every non-zero word x[j] of the
+	// Int32 vector x, in order, into idx and returns how many: the
+	// occupied slots of a table that stores an index plus one and 0 for
+	// "empty" (DRAGONN's hashed selection). When idx is too short it
+	// writes nothing and returns the count with an error (ErrCapacity).
+	CompactSlots(s device.Stream, idx, x device.Buffer) (int, error)
+	// Run runs a method's own kernel k over n elements with args (see
+	// device.Kernel): the CPU runs k.Host, a GPU k's CUDA C.
+	Run(s device.Stream, k *device.Kernel, n int, args ...any) error
 }
 
 // ErrCapacity is wrapped by the error of an Ops call whose output buffer is
@@ -521,148 +517,40 @@ func (cpuOps) Union(_ device.Stream, out, idx device.Buffer, n int) (int, error)
 	return len(slices.Compact(u)), nil
 }
 
-func (cpuOps) MomentumCorrect(_ device.Stream, vel, res, acc device.Buffer, m float32) error {
-	vv, err := f32("MomentumCorrect", "vel", vel, 0)
+func (cpuOps) CompactSlots(_ device.Stream, idx, x device.Buffer) (int, error) {
+	xx, err := i32("CompactSlots", "x", x, 0)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	rr, err := f32("MomentumCorrect", "res", res, len(vv))
-	if err != nil {
-		return err
-	}
-	aa, err := f32("MomentumCorrect", "acc", acc, len(vv))
-	if err != nil {
-		return err
-	}
-	if len(rr) != len(vv) || len(aa) != len(vv) {
-		return fmt.Errorf("sparsify: MomentumCorrect: vel, res and acc have %d, %d and %d elements", len(vv), len(rr), len(aa))
-	}
-	selParallel(len(vv), selChunks(len(vv)), func(_, lo, hi int) {
-		for i := lo; i < hi; i++ {
-			a := aa[i]
-			u := a - vv[i]
-			vv[i] = a
-			rr[i] = a + float32(m*u) // no fused multiply-add: the GPU rounds the product too
+	m := 0
+	for _, w := range xx {
+		if w != 0 {
+			m++
 		}
-	})
+	}
+	if idx.Len() < m {
+		return m, fmt.Errorf("%w: %d slots occupied, the index buffer holds %d", ErrCapacity, m, idx.Len())
+	}
+	ii, err := i32("CompactSlots", "idx", idx, m)
+	if err != nil {
+		return 0, err
+	}
+	j := 0
+	for _, w := range xx {
+		if w != 0 {
+			ii[j] = w - 1
+			j++
+		}
+	}
+	return m, nil
+}
+
+func (cpuOps) Run(_ device.Stream, k *device.Kernel, n int, args ...any) error {
+	for i, a := range args {
+		if b, ok := a.(device.Buffer); ok && b.Len() > 0 && !b.IsHost() {
+			return fmt.Errorf("sparsify: %s: argument %d is %v, not host memory", k.Name, i, b)
+		}
+	}
+	k.Host(n, args...)
 	return nil
-}
-
-func (cpuOps) HashSelectAbove(_ device.Stream, idx, x device.Buffer, t float32, seed uint32, slots int) (int, error) {
-	xx, err := f32("HashSelectAbove", "x", x, 0)
-	if err != nil {
-		return 0, err
-	}
-	if slots < 1 || slots > math.MaxInt32 {
-		return 0, fmt.Errorf("sparsify: HashSelectAbove: %d slots", slots)
-	}
-	if len(xx) > math.MaxInt32 {
-		return 0, fmt.Errorf("sparsify: HashSelectAbove: %d elements; indices are int32", len(xx))
-	}
-	tp := hashTables.Get().(*[]uint32)
-	defer hashTables.Put(tp)
-	if cap(*tp) < slots {
-		*tp = make([]uint32, slots)
-	}
-	sel := hashSelectAbove(nil, xx, t, seed, (*tp)[:slots])
-	if idx.Len() < len(sel) {
-		return len(sel), fmt.Errorf("%w: %d slots occupied, the index buffer holds %d", ErrCapacity, len(sel), idx.Len())
-	}
-	ii, err := i32("HashSelectAbove", "idx", idx, len(sel))
-	if err != nil {
-		return 0, err
-	}
-	copy(ii, sel)
-	return len(sel), nil
-}
-
-// hashTables are the CPU's hash tables of HashSelectAbove, reused.
-var hashTables = sync.Pool{New: func() any { return new([]uint32) }}
-
-// hashAboveKey is the smallest magnitude key (float32 bits without the
-// sign) HashSelectAbove selects at threshold t: the key of t, but at least
-// 1, so that exact zeros (keys 0) are never selected; NaN selects nothing.
-func hashAboveKey(t float32) uint32 {
-	if t != t {
-		return math.MaxUint32
-	}
-	return max(math.Float32bits(t)&0x7fffffff, 1)
-}
-
-// hashSelectAbove is DRAGONN's one-pass selection on the CPU: one pass over
-// x in chunks on all cores, each element compared with the threshold and,
-// when selected (|x_i| >= t, x_i not 0, not NaN), hashed straight into its
-// slot murmur3Index(i, seed) mod len(table), a slot keeping the highest
-// index. Each chunk inserts into a table of its own (the first into table,
-// cleared first), in ascending order, so the last write is the highest
-// index; the tables are then merged slot by slot, the later chunk's index
-// winning — the result of inserting every candidate in ascending order (the
-// GPU's kernel takes an atomic maximum instead). It returns dst[:0]
-// extended with the occupied slots' indices in slot order. Nothing is
-// compacted but the table.
-func hashSelectAbove(dst []int32, x []float32, t float32, seed uint32, table []uint32) []int32 {
-	clear(table)
-	m := uint32(len(table))
-	lo := hashAboveKey(t)
-	if lo <= 0x7f800000 {
-		p := selChunks(len(x))
-		var extra []*[]uint32
-		tables := [][]uint32{table}
-		for range p - 1 {
-			tp := hashTables.Get().(*[]uint32)
-			if cap(*tp) < len(table) {
-				*tp = make([]uint32, len(table))
-			}
-			tb := (*tp)[:len(table)]
-			clear(tb)
-			extra = append(extra, tp)
-			tables = append(tables, tb)
-		}
-		// lo <= key <= +Inf as one unsigned comparison: key − lo wraps
-		// around below lo.
-		span := uint32(0x7f800000) - lo
-		selParallel(len(x), p, func(c, a, b int) {
-			tb := tables[c]
-			y := x[a:b]
-			i := 0
-			for ; i+4 <= len(y); i += 4 {
-				k0 := math.Float32bits(y[i])&0x7fffffff - lo
-				k1 := math.Float32bits(y[i+1])&0x7fffffff - lo
-				k2 := math.Float32bits(y[i+2])&0x7fffffff - lo
-				k3 := math.Float32bits(y[i+3])&0x7fffffff - lo
-				if min(k0, k1, k2, k3) > span {
-					continue
-				}
-				for j, k := range [4]uint32{k0, k1, k2, k3} {
-					if k <= span {
-						e := uint32(a + i + j)
-						tb[murmur3Index(e, seed)%m] = e + 1
-					}
-				}
-			}
-			for ; i < len(y); i++ {
-				if math.Float32bits(y[i])&0x7fffffff-lo <= span {
-					e := uint32(a + i)
-					tb[murmur3Index(e, seed)%m] = e + 1
-				}
-			}
-		})
-		for _, tb := range tables[1:] {
-			for s, e := range tb {
-				if e != 0 {
-					table[s] = e
-				}
-			}
-		}
-		for _, tp := range extra {
-			hashTables.Put(tp)
-		}
-	}
-	dst = dst[:0]
-	for _, v := range table {
-		if v != 0 {
-			dst = append(dst, int32(v-1))
-		}
-	}
-	return dst
 }

@@ -13,54 +13,6 @@ import (
 // whose Int, Float and Text read resolved ones.
 type Values = options.Values
 
-// Method declares one method for the registry: its name, its constructor
-// and its options.
-type Method struct {
-	// Name is the registry name ("topk", "lags", ...).
-	Name string
-	// New builds a reducer. New (the package function) calls it after the
-	// checks of every method (see New) with Options.Params resolved: every
-	// declared option present, valid and of its Kind's type.
-	New Constructor
-	// Params declare the method's options (in package options' terms; the
-	// flag is the key with "_" turned into "-"), in the order documentation
-	// lists them. Methods that declare an option of the same key (each with
-	// its own default) share it: one option, one flag, for all of them.
-	Params []options.Option
-	// CheckWorkers, when set, refuses worker counts the method cannot run
-	// on with the resolved options p (gTop-k's power of two, SparDL's teams
-	// that must divide the workers). New runs it with the communicator's
-	// size; a trainer can run it before starting any worker.
-	CheckWorkers func(n int, p Values) error
-	// CorrectsMomentum tells that the method applies SGD momentum itself
-	// before selecting (DGC's momentum correction, Options.Momentum): its
-	// output already has the momentum applied, so a trainer passes its
-	// momentum in Options.Momentum and applies momentum to the weight
-	// decay only.
-	CorrectsMomentum bool
-	// ScaledClip tells that the method's local gradient clipping divides
-	// the threshold by √n for n workers (DGC's §3.2: each worker's share of
-	// the global threshold if all had the same gradient distribution).
-	ScaledClip bool
-	// Projectable tells that the method's measured traffic can be carried
-	// to other worker counts and networks: every worker's payload per call
-	// and the number of calls per iteration do not depend on the worker
-	// count, which is what comm/netmodel's Project assumes. When it is
-	// false, NotProjectable says why (the reports print it beside the
-	// projection chart that leaves the method out).
-	Projectable    bool
-	NotProjectable string
-	// Pipelined tells that the method's reducer reduces the gradient's
-	// layer groups while the backward pass still runs (it implements
-	// GroupReducer, and DeviceGroupReducer where it reduces on a device):
-	// a trainer pipelines it by default, and the advisor hides its
-	// selection and communication behind the backward pass.
-	Pipelined bool
-	// Advice is what the advisor (package advise) needs to predict the
-	// method's iteration; nil: the advisor has no model of it and says so.
-	Advice *Advice
-}
-
 // Param returns the method's declaration of the option key.
 func (m Method) Param(key string) (options.Option, bool) {
 	for _, o := range m.Params {

@@ -94,7 +94,7 @@ func TestRegisterRefusesBadDeclarations(t *testing.T) {
 					t.Fatalf("Register: panic %v, want one containing %q", r, tc.want)
 				}
 			}()
-			Register(Method{Name: "zz-" + tc.name, New: newDenseReducer, Params: tc.params})
+			Register(Method{Name: "zz-" + tc.name, New: newDense, Params: tc.params})
 		})
 	}
 	if _, ok := Lookup("zz-no flag"); ok {

@@ -8,10 +8,11 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "randomk", Projectable: true, New: newRandomkReducer, Advice: randomkAdvice})
+	Register(Method{Name: "randomk", Projectable: true, New: newRandomk, Advice: randomkAdvice,
+		Doc: "k random indices shared by all ranks (seeded), no indices on the wire. Baseline without a reference."})
 }
 
-// randomkReducer is "randomk", the random-k baseline with a shared index set:
+// randomk is "randomk", the random-k baseline with a shared index set:
 //
 //   - k = BudgetK(density, N) = ⌊ρN⌋ clamped to [1, N] indices of the flat
 //     gradient are drawn with RandomK from a seed that mixes Options.Seed and
@@ -26,52 +27,56 @@ func init() {
 // rounding. Stats: Selected = k, ActualDensity = k/N, Threshold = NaN,
 // SelectedPerWorker = nil (no counts are exchanged), SelectTime = the time to
 // draw the indices.
-type randomkReducer struct {
-	base base
-	sel  []int32
+type randomk struct {
+	b   *Env
+	sel []int32
 }
 
-func newRandomkReducer(o Options) (Reducer, error) {
-	return &randomkReducer{base: newBase("randomk", o)}, nil
-}
-
-// Name returns "randomk".
-func (r *randomkReducer) Name() string { return "randomk" }
+func newRandomk(e *Env) (Core, error) { return &randomk{b: e}, nil }
 
 // randomkSeed is the seed of the index draw at call iter.
 func randomkSeed(seed uint64, iter int) uint64 { return sampMix(seed ^ sampMix(uint64(iter))) }
 
-// Reduce draws the shared indices and all-reduces acc there.
-func (r *randomkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
+// Reduce draws the shared indices and all-reduces acc there. The k
+// indices are drawn on the host (every rank draws the same) and copied to
+// the device.
+func (r *randomk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
+	v := &b.v
+	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+	if err != nil {
+		return err
+	}
+	selTime, err := b.timed(func() error {
+		r.sel = RandomK(r.sel, b.n, b.k, randomkSeed(b.o.Seed, b.calls))
+		return v.upload(sel, r.sel)
+	})
+	if err != nil {
+		return err
+	}
+	if err := b.unionReduceOn(ctx, acc, out, residual, sel.Slice(0, len(r.sel))); err != nil {
+		return err
+	}
+	st.SelectTime = selTime
+	st.Selected = len(r.sel)
+	st.Distinct = len(r.sel)
+	return nil
 }
 
-// ReduceOn is Reduce on vectors of the reducer's device. The k indices are
-// drawn on the host (every rank draws the same) and copied to the device.
-func (r *randomkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
-	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		sel, err := v.scratch(&b.dSel, device.Int32, b.k)
-		if err != nil {
-			return err
-		}
-		selTime, err := b.timed(func() error {
-			r.sel = RandomK(r.sel, b.n, b.k, randomkSeed(b.o.Seed, b.iter))
-			return v.upload(sel, r.sel)
-		})
-		if err != nil {
-			return err
-		}
-		b.iter++
-		if err := b.unionReduceOn(ctx, acc, out, residual, sel.Slice(0, len(r.sel))); err != nil {
-			return err
-		}
-		st.SelectTime = selTime
-		st.Selected = len(r.sel)
-		st.ActualDensity = float64(len(r.sel)) / float64(b.n)
-		return nil
-	})
+// SaveState writes the call count, which seeds the index draw.
+func (r *randomk) SaveState(w *StateWriter) error {
+	w.Int(r.b.calls)
+	return nil
+}
+
+// LoadState reads the call count back.
+func (r *randomk) LoadState(d *StateReader) error {
+	it := d.Int("call count", 0, maxCount)
+	if err := d.Done(); err != nil {
+		return err
+	}
+	r.b.calls = it
+	return nil
 }
 
 // randomkAdvice: the k values at the shared seed's indices all-reduced.

@@ -7,7 +7,6 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/options"
 )
 
 // The region machinery that TopkDSA ("topkdsa") and Ok-Topk ("oktopk") share
@@ -31,16 +30,6 @@ const (
 	okTagIdx   = 0x6F01
 	okTagVal   = 0x6F02
 )
-
-// denseWarmupParam declares the option dense_warmup with a method's
-// default: the number of initial calls that all-reduce the gradient densely
-// before the method sparsifies. dragonn, oktopk and topkdsa share it (one
-// option, one flag, each method with its own default): a run uses one
-// method, and the warm-up means the same for all three.
-func denseWarmupParam(def int) options.Option {
-	return options.Option{Key: "dense_warmup", Kind: options.Int, Default: def, Range: options.Within(0, math.MaxInt32, "[]"), Zero: "none",
-		Doc: "dense all-reduce iterations before sparsifying"}
-}
 
 // okEqualSplit sets offs (length p+1) to the Ok-Topk code's equal split of n
 // elements into p regions: region j < p−1 is [j·⌊n/p⌋, (j+1)·⌊n/p⌋), the last
@@ -95,7 +84,7 @@ func okWaitAll(ctx context.Context, reqs []okPending) error {
 // okRegions is one worker's region state and scratch (on the reducer's
 // device).
 type okRegions struct {
-	c    *comm.Counter
+	c    comm.Communicator
 	v    *vecs
 	p, r int
 	n    int   // elements of the flat vector
@@ -125,10 +114,10 @@ type okRegions struct {
 	allIdx  device.Buffer // Int32
 	allVal  device.Buffer // Float32
 	pairs   device.Buffer // Float32: the pairs sent, then those received
-	b       *base         // gatherCountsOn, checkList
+	b       *Env          // gatherCountsOn, checkList
 }
 
-func newOkRegions(b *base) okRegions {
+func newOkRegions(b *Env) okRegions {
 	c := b.c
 	g := okRegions{c: c, v: &b.v, b: b, p: c.Size(), r: c.Rank(), n: b.n}
 	g.offs = make([]int, g.p+1)
@@ -409,26 +398,5 @@ func (g *okRegions) gatherPairs(ctx context.Context, idx, val device.Buffer, tot
 		}
 		at += m
 	}
-	return nil
-}
-
-// okDense is the dense warm-up iteration of the Ok-Topk code: out =
-// (Σ_w acc_w)/P (all-reduce in the communicator's canonical order, then a
-// division, as the reference), residual = 0.
-func okDense(ctx context.Context, b *base, acc, out, residual device.Buffer, st *Stats) error {
-	v := &b.v
-	if err := v.s.Copy(out, acc); err != nil {
-		return err
-	}
-	if err := b.c.AllReduce(ctx, v.cb(out)); err != nil {
-		return fmt.Errorf("dense warm-up iteration %d: all-reducing %d values: %w", b.iter, out.Len(), err)
-	}
-	if err := v.ops.Div(v.s, out, float32(b.c.Size())); err != nil {
-		return err
-	}
-	if err := v.m.Fill(v.s, residual, 0); err != nil {
-		return err
-	}
-	st.ActualDensity, st.Selected, st.ErrorNorm = 1, b.n, 0
 	return nil
 }

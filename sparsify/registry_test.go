@@ -34,7 +34,7 @@ func TestRegisterTwicePanics(t *testing.T) {
 			t.Fatal("registering \"topk\" again did not panic")
 		}
 	}()
-	Register(Method{Name: "topk", New: newTopkReducer})
+	Register(Method{Name: "topk", New: newTopk})
 }
 
 func TestNewErrors(t *testing.T) {
@@ -184,5 +184,5 @@ func TestEveryMethodSaysWhetherItProjects(t *testing.T) {
 			t.Error("Register accepted a method both Projectable and with a reason it is not")
 		}
 	}()
-	Register(Method{Name: "zz-both", New: newDenseReducer, Projectable: true, NotProjectable: "x"})
+	Register(Method{Name: "zz-both", New: newDense, Projectable: true, NotProjectable: "x"})
 }

@@ -322,14 +322,15 @@ func TestDragonnSelectsIndexZero(t *testing.T) {
 }
 
 // TestDragonnOnePassMatchesTwoPass: the one-pass selection (threshold test
-// and hash insert fused, Ops.HashSelectAbove) selects exactly what the
+// and hash insert fused, dragonnHashSelect) selects exactly what the
 // two-pass selection did before it — a threshold compaction of the
 // candidates (SelectAbove), then their insertion in ascending order — for
 // positive thresholds, on awkward sizes and slot counts, whatever the
 // parallel chunks' timing (run it with -race and -count).
 func TestDragonnOnePassMatchesTwoPass(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
-	ops := CPUOps()
+	v := newVecs(Options{})
+	var dTable device.Buffer
 	for _, numel := range []int{1, 2, 7, 1000, 4099, selParallelMin + 3, 300007} {
 		if testing.Short() && numel > 100000 {
 			continue
@@ -357,7 +358,7 @@ func TestDragonnOnePassMatchesTwoPass(t *testing.T) {
 						}
 					}
 					out := make([]int32, slots)
-					m, err := ops.HashSelectAbove(nil, device.Host(out), device.Host(x), thr, seed, slots)
+					m, err := dragonnHashSelect(&v, &dTable, device.Host(out), device.Host(x), thr, seed, slots)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -370,10 +371,10 @@ func TestDragonnOnePassMatchesTwoPass(t *testing.T) {
 	}
 	// A short index buffer is a capacity error with the count.
 	x := []float32{1, 2, 3, 4}
-	if m, err := ops.HashSelectAbove(nil, device.Host(make([]int32, 1)), device.Host(x), 1, 43, 64); !errors.Is(err, ErrCapacity) || m < 2 {
+	if m, err := dragonnHashSelect(&v, &dTable, device.Host(make([]int32, 1)), device.Host(x), 1, 43, 64); !errors.Is(err, ErrCapacity) || m < 2 {
 		t.Fatalf("short buffer: %d, %v; want ErrCapacity with the count", m, err)
 	}
-	if _, err := ops.HashSelectAbove(nil, device.Host(make([]int32, 4)), device.Host(x), 1, 43, 0); err == nil {
+	if _, err := dragonnHashSelect(&v, &dTable, device.Host(make([]int32, 4)), device.Host(x), 1, 43, 0); err == nil {
 		t.Fatal("0 slots accepted")
 	}
 }

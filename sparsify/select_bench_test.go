@@ -223,7 +223,7 @@ func BenchmarkSamplingReduce(b *testing.B) {
 		for _, d := range []float64{0.01, 0.001} {
 			b.Run(fmt.Sprintf("%s/d=%g", m, d), func(b *testing.B) {
 				world := local.New(n)
-				rs := make([]Reducer, n)
+				rs := make([]*Reducer, n)
 				outs, res := make([][]float32, n), make([][]float32, n)
 				for w := range n {
 					var err error

@@ -3,7 +3,6 @@ package sparsify
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -37,7 +36,7 @@ func sumSquares(x []float32) float64 {
 // select their own indices (topk, threshold): every worker's selection
 // gathered, the union formed and all-reduced (unionReduceOn), and the
 // selection's statistics put in st.
-func (b *base) reduceSelected(ctx context.Context, acc, out, residual, sel device.Buffer, st *Stats) error {
+func (b *Env) reduceSelected(ctx context.Context, acc, out, residual, sel device.Buffer, st *GroupStats) error {
 	all, counts, err := b.gatherIndicesOn(ctx, sel)
 	if err != nil {
 		return err
@@ -51,7 +50,7 @@ func (b *base) reduceSelected(ctx context.Context, acc, out, residual, sel devic
 	}
 	st.Selected = sel.Len()
 	st.SelectedPerWorker = counts
-	st.ActualDensity = float64(union.Len()) / float64(b.n)
+	st.Distinct = union.Len()
 	return nil
 }
 
@@ -64,37 +63,97 @@ func grow[E any](s []E, n int) []E {
 	return s[:n]
 }
 
-// base is the state every reducer shares. The single-shot ones (all but
-// LAGS) run their ReduceOn in its frame, call; LAGS, whose layer groups are
-// started and waited for apart (GroupReducer), each group on a counter of
-// its own, uses its device helpers and checks (checkOn, hostArgs) and sums
-// its groups' Stats (CombineGroupStats).
-type base struct {
-	name string
-	o    Options
-	c    *comm.Counter
-	n    int // elements of the flat gradient
-	k    int // BudgetK(o.Density, n)
-	iter int // Reduce calls so far (for methods that count them)
+// Env is what the frame gives a method's core on one worker: the options
+// (checked, Params resolved), the communicator, counted once (Options.Comm
+// when it counts, as the trainer's comm.Counter does; else a Counter of its
+// own), the device, the number of calls so far, and the helpers the
+// methods share (the exchanges of selected indices, the scratch buffers).
+type Env struct {
+	o        Options
+	c        countedComm
+	n        int // elements of the flat gradient
+	k        int // BudgetK(o.Density, n)
+	calls    int // calls completed (Reducer.Finish)
+	perEpoch int // calls per epoch, 0 when unknown (Reducer.SetStepsPerEpoch)
 
 	// Scratch of gatherCountsOn.
 	counts []int32
 
-	// The device (Options.Stream) and its scratch, of the reducers that
-	// implement DeviceReducer.
+	// The device (Options.Stream) and its scratch.
 	v                   vecs
 	dCounts, dSel, dAll device.Buffer // Int32
 	dUnion              device.Buffer // Int32
 	dVal, dAllVal       device.Buffer // Float32
 }
 
-func newBase(name string, o Options) base {
-	return base{name: name, o: o, c: comm.NewCounter(o.Comm), n: o.Layout.N, k: BudgetK(o.Density, o.Layout.N), v: newVecs(o)}
+// countedComm is a communicator that counts its calls (comm.Counter).
+type countedComm interface {
+	comm.Communicator
+	Totals() comm.Totals
+}
+
+func newEnv(o Options) *Env {
+	c, ok := o.Comm.(countedComm)
+	if !ok {
+		c = comm.NewCounter(o.Comm)
+	}
+	return &Env{o: o, c: c, n: o.Layout.N, k: BudgetK(o.Density, o.Layout.N), v: newVecs(o)}
+}
+
+// Options are the worker's options, Params resolved (Options.Comm is the
+// caller's communicator; communicate through Comm).
+func (e *Env) Options() Options { return e.o }
+
+// Comm is the worker's communicator; its traffic is the call's.
+func (e *Env) Comm() comm.Communicator { return e.c }
+
+// N is the number of elements of the flat gradient, K the budget
+// BudgetK(Density, N).
+func (e *Env) N() int { return e.n }
+
+// K is BudgetK(Density, N).
+func (e *Env) K() int { return e.k }
+
+// Calls is the number of calls completed before the current one.
+func (e *Env) Calls() int { return e.calls }
+
+// Stream is the stream of the worker's device, Ops its operations on
+// whole vectors and Math its vector math.
+func (e *Env) Stream() device.Stream { return e.v.s }
+
+// Ops are the operations on whole vectors of the worker's device.
+func (e *Env) Ops() Ops { return e.v.ops }
+
+// Math is the vector math of the worker's device.
+func (e *Env) Math() device.Math { return e.v.m }
+
+// Scratch returns the first n elements of *b, a buffer of the worker's
+// device of type dt, reallocated (contents lost) when shorter than n.
+func (e *Env) Scratch(b *device.Buffer, dt device.DType, n int) (device.Buffer, error) {
+	return e.v.scratch(b, dt, n)
+}
+
+// Buf returns b, a vector of the worker's device, as a communicator buffer
+// ordered by the stream.
+func (e *Env) Buf(b device.Buffer) comm.Buffer { return e.v.cb(b) }
+
+// Timed runs f and returns how long it took on the device (the stream is
+// synchronized): a selection's time.
+func (e *Env) Timed(f func() error) (time.Duration, error) { return e.timed(f) }
+
+// ReduceSelected is the rest of a call of a method whose workers each
+// select their own indices (sel: an Int32 vector of distinct indices of
+// the device, ascending): every worker's selection all-gathered, their
+// union all-reduced (out = the sum over the workers / n on the union, 0
+// elsewhere; residual = acc with the union zeroed), and Selected,
+// SelectedPerWorker and Distinct put in st.
+func (e *Env) ReduceSelected(ctx context.Context, acc, out, residual, sel device.Buffer, st *GroupStats) error {
+	return e.reduceSelected(ctx, acc, out, residual, sel, st)
 }
 
 // gatherCountsOn is gatherCounts through the device: every worker's count
 // (one int32 each) all-gathered in device memory and read back.
-func (b *base) gatherCountsOn(ctx context.Context, mine int, what string) ([]int, error) {
+func (b *Env) gatherCountsOn(ctx context.Context, mine int, what string) ([]int, error) {
 	n := b.c.Size()
 	v := &b.v
 	all, err := v.scratch(&b.dCounts, device.Int32, n+1)
@@ -124,7 +183,7 @@ func (b *base) gatherCountsOn(ctx context.Context, mine int, what string) ([]int
 // gatherIndicesOn is gatherIndices through the device: the counts, then
 // every worker's indices (mine: an Int32 vector of the device) concatenated
 // in rank order in device memory.
-func (b *base) gatherIndicesOn(ctx context.Context, mine device.Buffer) (device.Buffer, []int, error) {
+func (b *Env) gatherIndicesOn(ctx context.Context, mine device.Buffer) (device.Buffer, []int, error) {
 	counts, err := b.gatherCountsOn(ctx, mine.Len(), "indices")
 	if err != nil {
 		return device.Buffer{}, nil, err
@@ -144,7 +203,7 @@ func (b *base) gatherIndicesOn(ctx context.Context, mine device.Buffer) (device.
 }
 
 // union returns the sorted distinct indices of idx in device scratch.
-func (b *base) union(idx device.Buffer) (device.Buffer, error) {
+func (b *Env) union(idx device.Buffer) (device.Buffer, error) {
 	u, err := b.v.scratch(&b.dUnion, device.Int32, idx.Len())
 	if err != nil {
 		return device.Buffer{}, err
@@ -159,7 +218,7 @@ func (b *base) union(idx device.Buffer) (device.Buffer, error) {
 // unionReduceOn is unionReduce through the device: every worker's acc at
 // union (sorted, distinct, the same on every rank) all-reduced, out =
 // sum/n there and 0 elsewhere, residual = acc with union zeroed.
-func (b *base) unionReduceOn(ctx context.Context, acc, out, residual, union device.Buffer) error {
+func (b *Env) unionReduceOn(ctx context.Context, acc, out, residual, union device.Buffer) error {
 	v := &b.v
 	if err := v.ops.InRange(v.s, union, b.n); err != nil {
 		return err
@@ -185,7 +244,7 @@ func (b *base) unionReduceOn(ctx context.Context, acc, out, residual, union devi
 
 // residualWithout sets residual to acc with the elements at idx zeroed
 // (residual may be acc).
-func (b *base) residualWithout(residual, acc, idx device.Buffer) error {
+func (b *Env) residualWithout(residual, acc, idx device.Buffer) error {
 	v := &b.v
 	if !sameMemory(residual, acc) {
 		if err := v.s.Copy(residual, acc); err != nil {
@@ -197,7 +256,7 @@ func (b *base) residualWithout(residual, acc, idx device.Buffer) error {
 
 // timed runs f and returns how long it took on the device (the stream is
 // synchronized).
-func (b *base) timed(f func() error) (time.Duration, error) {
+func (b *Env) timed(f func() error) (time.Duration, error) {
 	t0 := time.Now()
 	if err := f(); err != nil {
 		return 0, err
@@ -210,40 +269,12 @@ func (b *base) timed(f func() error) (time.Duration, error) {
 	return time.Since(t0), nil
 }
 
-// call is the frame of a single-shot reducer's ReduceOn: the work every
-// method's call shares, done once here (as database/sql does it for its
-// drivers). It checks the vectors (checkOn), counts the call's traffic,
-// and fills the Stats every method fills alike: the setup density, the
-// bytes and communication time, Threshold NaN and the residual's error
-// norm unless core set them. core does the method's work on the checked
-// vectors and fills the rest of st (SelectTime, Selected, ActualDensity
-// and what else the method knows); its error gets the method's prefix.
-func (b *base) call(acc, out, residual device.Buffer, core func(st *Stats) error) (Stats, error) {
-	if err := b.v.checkOn(b.name, b.n, acc, out, residual); err != nil {
-		return Stats{}, err
-	}
-	before := b.c.Totals()
-	st := Stats{Threshold: math.NaN(), ErrorNorm: math.NaN()}
-	if err := core(&st); err != nil {
-		return Stats{}, fmt.Errorf("sparsify: %s: %w", b.name, err)
-	}
-	d := b.c.Totals().Sub(before)
-	st.Density, st.BytesSent, st.BytesRecv, st.CommTime = b.o.Density, d.BytesSent, d.BytesRecv, d.Time
-	if math.IsNaN(st.ErrorNorm) {
-		var err error
-		if st.ErrorNorm, err = b.v.errorNorm(residual); err != nil {
-			return Stats{}, fmt.Errorf("sparsify: %s: the residual's norm: %w", b.name, err)
-		}
-	}
-	return st, nil
-}
-
 // addMeanOn is addMean through the device: out is set to zero, every
 // worker's list (counts[w] pairs, or each pairs when counts is nil; indices
 // distinct within a list) is added in rank order, and the sum multiplied
 // by 1/n. It returns the number of distinct indices; one outside [0, N) is
 // an error, raised before anything is written.
-func (b *base) addMeanOn(out, idx, val device.Buffer, counts []int, each int) (int, error) {
+func (b *Env) addMeanOn(out, idx, val device.Buffer, counts []int, each int) (int, error) {
 	v := &b.v
 	u, err := b.union(idx)
 	if err != nil {
@@ -270,7 +301,7 @@ func (b *base) addMeanOn(out, idx, val device.Buffer, counts []int, each int) (i
 // every worker's int32 indices and float32 values (AllGatherV), decoded
 // into out with addMeanOn (out is overwritten: zero where nothing arrived).
 // It returns every worker's count and the number of distinct indices.
-func (b *base) sparseExchangeOn(ctx context.Context, idx, val, out device.Buffer) ([]int, int, error) {
+func (b *Env) sparseExchangeOn(ctx context.Context, idx, val, out device.Buffer) ([]int, int, error) {
 	counts, err := b.gatherCountsOn(ctx, idx.Len(), "pairs")
 	if err != nil {
 		return nil, 0, err
@@ -301,7 +332,7 @@ func (b *base) sparseExchangeOn(ctx context.Context, idx, val, out device.Buffer
 // sparseExchangeIfAny is sparseExchangeOn when any tensor is compressed
 // (the same on every rank), and otherwise out zeroed with every worker's
 // count 0 (for the methods that send some tensors dense: dgc, dragonn).
-func (b *base) sparseExchangeIfAny(ctx context.Context, any bool, idx, val, out device.Buffer) ([]int, int, error) {
+func (b *Env) sparseExchangeIfAny(ctx context.Context, any bool, idx, val, out device.Buffer) ([]int, int, error) {
 	if any {
 		return b.sparseExchangeOn(ctx, idx, val, out)
 	}
@@ -310,7 +341,7 @@ func (b *base) sparseExchangeIfAny(ctx context.Context, any bool, idx, val, out 
 
 // checkList checks that idx holds k distinct indices within [0, N) (what
 // names the list's sender in the error).
-func (b *base) checkList(idx device.Buffer, k int, what string) error {
+func (b *Env) checkList(idx device.Buffer, k int, what string) error {
 	u, err := b.union(idx)
 	if err != nil {
 		return fmt.Errorf("%s indices outside [0, %d): the workers disagree on the layout: %w", what, b.n, err)

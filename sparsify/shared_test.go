@@ -129,13 +129,12 @@ func TestNorm2(t *testing.T) {
 
 // testBase is the frame of a reducer on the CPU over a flat layout of N
 // elements, for testing its shared helpers.
-func testBase(c comm.Communicator, N int) *base {
+func testBase(c comm.Communicator, N int) *Env {
 	lay, err := FlatLayout(N)
 	if err != nil {
 		panic(err)
 	}
-	b := newBase("test", Options{Comm: c, Layout: lay, Density: 1})
-	return &b
+	return newEnv(Options{Comm: c, Layout: lay, Density: 1})
 }
 
 // TestGatherIndices gathers random lists of random lengths (including all

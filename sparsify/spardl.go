@@ -13,12 +13,13 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "spardl", NotProjectable: "SparDL's number of communication rounds grows with log₂ of the worker count", New: newSparDL, CheckWorkers: spardlCheckWorkers, Advice: spardlAdvice, Params: []options.Option{
-		{Key: "teams", Kind: options.Int, Default: 1, Range: options.Within(1, math.MaxInt32, "[]"),
-			Doc: "number of teams G (must divide the number of workers)"},
-		{Key: "sag", Kind: options.String, Default: "bruck", Choices: []string{"bruck", "rsag"},
-			Doc: "spar-all-gather across teams: bruck (B-SAG) or rsag (recursive doubling, R-SAG; a power-of-two number of teams)"},
-	}})
+	Register(Method{Name: "spardl", NotProjectable: "SparDL's number of communication rounds grows with log₂ of the worker count", New: newSparDL, CheckWorkers: spardlCheckWorkers, Advice: spardlAdvice,
+		Doc: "reference notes 4: sparse reduce-scatter within teams, B-SAG or R-SAG across teams, Bruck all-gather, global residual collection. Deviations: the flat vector is blocked in layout order (the reference reverses the parameters); R-SAG keeps 1/2^(s+1) of a value dropped in round s (the paper's half in round 0), which conserves the gradient.", Params: []options.Option{
+			{Key: "teams", Kind: options.Int, Default: 1, Range: options.Within(1, math.MaxInt32, "[]"),
+				Doc: "number of teams G (must divide the number of workers)"},
+			{Key: "sag", Kind: options.String, Default: "bruck", Choices: []string{"bruck", "rsag"},
+				Doc: "spar-all-gather across teams: bruck (B-SAG) or rsag (recursive doubling, R-SAG; a power-of-two number of teams)"},
+		}})
 }
 
 // spardlCheckWorkers refuses team counts that do not divide the workers,
@@ -26,10 +27,10 @@ func init() {
 func spardlCheckWorkers(P int, p Values) error {
 	G := p.Int("teams")
 	if P%G != 0 {
-		return fmt.Errorf("sparsify: spardl: %d teams do not divide %d workers; use teams in %s", G, P, spardlDivisors(P, false))
+		return fmt.Errorf("%d teams do not divide %d workers; use teams in %s", G, P, spardlDivisors(P, false))
 	}
 	if p.Text("sag") == "rsag" && G&(G-1) != 0 {
-		return fmt.Errorf("sparsify: spardl: R-SAG needs a power-of-two number of teams, got %d; use sag bruck or teams in %s", G, spardlDivisors(P, true))
+		return fmt.Errorf("R-SAG needs a power-of-two number of teams, got %d; use sag bruck or teams in %s", G, spardlDivisors(P, true))
 	}
 	return nil
 }
@@ -156,7 +157,7 @@ func spardlBruck(q, r int) []spardlBruckStep {
 // as it is and add common ones in list order (mergeOn), as the merge of
 // sorted lists does.
 type spardlReducer struct {
-	b       base
+	b       *Env
 	P, rank int
 	G, Q    int
 	team, r int
@@ -180,17 +181,18 @@ type spardlReducer struct {
 	cur, in, res spardlList
 	final        []spardlList
 	sagBufs      []spardlList
-	dn           dense
+	dn           denseScratch
 	sel, gidx    device.Buffer // Int32
 	drop, tmp    device.Buffer // Float32
 	tmp2         device.Buffer // Float32
 }
 
-func newSparDL(o Options) (Reducer, error) {
+func newSparDL(e *Env) (Core, error) {
+	o := e.o
 	P := o.Comm.Size()
 	G := o.Params.Int("teams") // divides P (spardlCheckWorkers)
 	s := &spardlReducer{
-		b:       newBase("spardl", o),
+		b:       e,
 		P:       P,
 		rank:    o.Comm.Rank(),
 		G:       G,
@@ -214,12 +216,12 @@ func newSparDL(o Options) (Reducer, error) {
 	v := &s.b.v
 	var err error
 	if s.work, err = v.d.Alloc(device.Float32, s.Q*s.C); err != nil {
-		return nil, fmt.Errorf("sparsify: spardl: %w", err)
+		return nil, fmt.Errorf("%w", err)
 	}
 	s.final = make([]spardlList, s.Q)
 	if s.rsag {
 		if s.endp, err = v.d.Alloc(device.Float32, s.C); err != nil {
-			return nil, fmt.Errorf("sparsify: spardl: %w", err)
+			return nil, fmt.Errorf("%w", err)
 		}
 	} else if G > 1 {
 		s.sagBufs = make([]spardlList, G)
@@ -387,22 +389,10 @@ func (s *spardlReducer) trimTopK(l *spardlList, k int, selTime *time.Duration, s
 	return s.copyList(l, s.res)
 }
 
-// Reduce runs SparDL (see spardlReducer) on host memory.
-func (s *spardlReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return s.b.v.reduceHost(ctx, s, "spardl", acc, out, residual)
-}
-
-// ReduceOn runs SparDL on vectors of the reducer's device, in the frame
-// every reducer shares (base.call: the checks, the traffic counted, the
-// error norm).
-func (s *spardlReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	return s.b.call(acc, out, residual, func(st *Stats) error { return s.reduce(ctx, acc, out, residual, st) })
-}
-
-// reduce is SparDL's core: Spar-Reduce-Scatter, the spar-all-gather
+// Reduce is SparDL's core: Spar-Reduce-Scatter, the spar-all-gather
 // across teams, the Bruck all-gather within the team, then the output and
 // the global residual.
-func (s *spardlReducer) reduce(ctx context.Context, acc, out, residual device.Buffer, st *Stats) error {
+func (s *spardlReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	v := &s.b.v
 	selTime := &st.SelectTime
 	C, k := s.C, s.k
@@ -526,7 +516,7 @@ func (s *spardlReducer) reduce(ctx context.Context, acc, out, residual device.Bu
 	if err := v.ops.Div(v.s, out, float32(s.P)); err != nil {
 		return err
 	}
-	st.ActualDensity = float64(distinct) / float64(s.N)
+	st.Distinct = distinct
 	st.Selected = final[s.r].n
 	st.SelectedPerWorker = make([]int, s.P)
 	for w := range st.SelectedPerWorker {
@@ -656,4 +646,25 @@ var spardlAdvice = &Advice{
 	},
 	Evidence: Evidence{Shown: []ModelKind{CNN, RNN},
 		Papers: "SparDL paper: VGG-16/19, ResNet-20 on CIFAR, LSTM on IMDB, similar accuracy to dense"},
+}
+
+// SaveState writes B-SAG's adaptive per-team budget h, its step and
+// inertia.
+func (s *spardlReducer) SaveState(w *StateWriter) error {
+	w.Int(s.h)
+	w.Int(s.hStep)
+	w.Bool(s.hInertia)
+	return nil
+}
+
+// LoadState reads them back.
+func (s *spardlReducer) LoadState(d *StateReader) error {
+	h := d.Int("budget h", 1, max(1, s.C))
+	step := d.Int("budget step", math.MinInt64, math.MaxInt64)
+	inertia := d.Bool("budget inertia")
+	if err := d.Done(); err != nil {
+		return err
+	}
+	s.h, s.hStep, s.hInertia = h, step, inertia
+	return nil
 }

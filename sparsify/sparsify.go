@@ -1,7 +1,6 @@
 package sparsify
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -15,6 +14,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/layout"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
 // Tensor is one parameter tensor of the flat gradient.
@@ -60,25 +60,15 @@ type Stats struct {
 	LayerK []int
 }
 
-// Reducer is one sparsification method bound to one worker.
-type Reducer interface {
-	// Name is the registry name of the method.
-	Name() string
-	// Reduce takes this worker's error-compensated gradient acc (length N of
-	// the layout), writes the gradient averaged over all workers into out
-	// (every element is written) and this worker's new residual into residual
-	// (every element is written). residual may be the same slice as acc; out
-	// must not overlap either. Every rank must call Reduce in lock-step.
-	Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error)
-}
-
 // Options configure a reducer.
 type Options struct {
 	// Density is the fraction ρ ∈ (0, 1] of the N elements to send.
 	Density float64
 	// Layout describes the flat gradient.
 	Layout Layout
-	// Comm connects the workers.
+	// Comm connects the workers. When it counts its calls (a
+	// comm.Counter, as the trainer's), the reducer's traffic is read from
+	// it; otherwise the reducer counts through a Counter of its own.
 	Comm comm.Communicator
 	// Seed seeds the methods that draw random numbers; it must be the same on
 	// every rank.
@@ -88,7 +78,7 @@ type Options struct {
 	// The zero value declares none: LAGS then measures the network it runs
 	// on (see LAGS). Every rank must pass the same value.
 	Network netmodel.Network
-	// Stream is the stream of the device whose memory a DeviceReducer's
+	// Stream is the stream of the device whose memory the reducer's
 	// ReduceOn works in (nil: the CPU's), and Ops that device's vector
 	// operations (nil: CPUOps; a GPU's come from package cuda, cuda.Sparse).
 	// The communicator must then take comm.Device buffers of that device.
@@ -108,16 +98,141 @@ type Options struct {
 	Params Values
 }
 
-// EpochScheduled is implemented by reducers whose schedule counts epochs
-// (dgc's density warm-up). The trainer gives the number of calls per epoch
-// before the first call; without it such a schedule is off.
-type EpochScheduled interface {
-	Reducer
-	SetStepsPerEpoch(n int)
+// Method declares one method for the registry: everything known about it,
+// in one place, its file. The trainer's flags, checks, defaults and notes,
+// the reports and the advisor read the declarations; none of them names a
+// method.
+type Method struct {
+	// Name is the registry name ("topk", "lags", ...).
+	Name string
+	// New builds the method's core for one worker. New (the package
+	// function) calls it after the checks every method shares (see New),
+	// with Env.Options' Params resolved: every declared option present,
+	// valid and of its Kind's type. The frame (Reducer) wraps the core.
+	New func(e *Env) (Core, error)
+	// Doc says in a paragraph what the method is, after which paper and
+	// code, and how it deviates from them (the package documentation's
+	// list of methods is generated from it).
+	Doc string
+	// Params declare the method's options (in package options' terms; the
+	// flag is the key with "_" turned into "-"), in the order documentation
+	// lists them. Methods that declare an option of the same key (each with
+	// its own default) share it: one option, one flag, for all of them.
+	Params []options.Option
+	// DenseWarmup makes the frame all-reduce the whole gradient densely for
+	// the first dense_warmup calls (an option the method declares with
+	// DenseWarmupParam; PyTorch DDP's allreduce_first_k_steps, Ok-Topk's 512
+	// iterations) before its core's first call: out = the sum divided by
+	// the number of workers, residual 0. The core counts its own calls from
+	// Env.Calls, which counts the warm-up's too.
+	DenseWarmup bool
+	// CheckWorkers, when set, refuses worker counts the method cannot run
+	// on with the resolved options p (gTop-k's power of two, SparDL's teams
+	// that must divide the workers). New runs it with the communicator's
+	// size; a trainer can run it before starting any worker.
+	CheckWorkers func(n int, p Values) error
+	// Check, when set, refuses runs the method cannot serve beyond its
+	// options and worker counts (LAGS' adaptive density in a replay, which
+	// runs no backward pass to profile). The trainer runs it before
+	// starting any worker, with the Run's Layout and steps unknown.
+	Check func(r Run) error
+	// Density, when set, is the density the method's paper trains a kind
+	// of model with, where the project follows it (0: DefaultDensity). The
+	// trainer's default -density.
+	Density func(k ModelKind) float64
+	// Notes, when set, says what a reader of a run's results must know
+	// about the method in that run: that it does nothing, or less than its
+	// name promises (every tensor below a size cut-off, a warm-up as long
+	// as the run, no momentum to correct). The trainer records them, each
+	// after the method's name (RunNotes).
+	Notes func(r Run) []string
+	// CorrectsMomentum tells that the method applies SGD momentum itself
+	// before selecting (DGC's momentum correction, Options.Momentum): its
+	// output already has the momentum applied, so a trainer passes its
+	// momentum in Options.Momentum and applies momentum to the weight
+	// decay only.
+	CorrectsMomentum bool
+	// ScaledClip tells that the method's local gradient clipping divides
+	// the threshold by √n for n workers (DGC's §3.2: each worker's share of
+	// the global threshold if all had the same gradient distribution).
+	ScaledClip bool
+	// Projectable tells that the method's measured traffic can be carried
+	// to other worker counts and networks: every worker's payload per call
+	// and the number of calls per iteration do not depend on the worker
+	// count, which is what comm/netmodel's Project assumes. When it is
+	// false, NotProjectable says why (the reports print it beside the
+	// projection chart that leaves the method out).
+	Projectable    bool
+	NotProjectable string
+	// Pipelined tells that the method's core reduces the gradient in
+	// groups (Grouped) whose reduction can start while the backward pass
+	// still runs: a trainer pipelines it by default, and the advisor hides
+	// its selection and communication behind the backward pass.
+	Pipelined bool
+	// Kernels are the method's own GPU operations (device.Kernel: CUDA C
+	// and the same pass in Go), run through Ops.Run; listed so that tests
+	// compile and emulate every declared kernel.
+	Kernels []*device.Kernel
+	// Advice is what the advisor (package advise) needs to predict the
+	// method's iteration; nil: the advisor has no model of it and says so.
+	Advice *Advice
 }
 
-// Constructor builds a reducer from options.
-type Constructor func(Options) (Reducer, error)
+// DefaultDensity is the density of a method that declares none for a kind
+// of model.
+const DefaultDensity = 0.01
+
+// DefaultDensityFor is the method's default density for a kind of model:
+// its paper's (Method.Density) or DefaultDensity.
+func (m Method) DefaultDensityFor(k ModelKind) float64 {
+	if m.Density != nil {
+		if d := m.Density(k); d > 0 {
+			return d
+		}
+	}
+	return DefaultDensity
+}
+
+// Run is what a method's checks and notes know of the run it is
+// configured for (Method.Check, Method.Notes, Method.RunNotes).
+type Run struct {
+	// Params are the method's resolved options, Density the setup density.
+	Params  Values
+	Density float64
+	// Model names the model and Layout its parameters (empty in Check,
+	// before the model is built).
+	Model  string
+	Layout Layout
+	// Steps is the run's number of steps and StepsPerEpoch an epoch's (0:
+	// not known; both 0 in Check).
+	Steps, StepsPerEpoch int
+	// Replay tells that the gradients are a recording's, replayed: no
+	// backward pass runs and nothing is updated.
+	Replay bool
+	// Optimizer is the trainer's optimizer ("sgd", "adam", "none") and
+	// Momentum the SGD momentum the method may correct (a replay's: the
+	// recorded training's, 0 when it had none).
+	Optimizer string
+	Momentum  float64
+}
+
+// RunNotes are the notes of the method in run r: the frame's (a dense
+// warm-up as long as the run) and the method's own (Notes).
+func (m Method) RunNotes(r Run) []string {
+	var notes []string
+	if p, ok := m.Param(denseWarmupName); ok {
+		if wu := r.Params.Int(denseWarmupName); wu >= r.Steps {
+			notes = append(notes, fmt.Sprintf("%s: -%s %d is at least the run's %d steps: every step is a dense all-reduce and nothing is sparsified; lower -%s (the method's default is %v)",
+				m.Name, p.Flag, wu, r.Steps, p.Flag, p.Default))
+		}
+	}
+	if m.Notes != nil {
+		for _, n := range m.Notes(r) {
+			notes = append(notes, m.Name+": "+n)
+		}
+	}
+	return notes
+}
 
 var (
 	registryMu sync.RWMutex
@@ -139,6 +254,9 @@ func Register(m Method) {
 	}
 	if m.Projectable && m.NotProjectable != "" {
 		panic(fmt.Sprintf("sparsify: Register %s: Projectable with a reason it is not (NotProjectable)", m.Name))
+	}
+	if _, ok := m.Param(denseWarmupName); m.DenseWarmup && !ok {
+		panic(fmt.Sprintf("sparsify: Register %s: DenseWarmup without the option %s (DenseWarmupParam)", m.Name, denseWarmupName))
 	}
 	if err := checkParams(m, registry); err != nil {
 		panic(fmt.Sprintf("sparsify: Register %s: %v", m.Name, err))
@@ -182,40 +300,37 @@ func Lookup(name string) (Method, bool) {
 // ErrUnknownMethod is wrapped by New's error for a name that is not registered.
 var ErrUnknownMethod = errors.New("sparsify: unknown method")
 
-// New builds the reducer registered under name after checking the options
-// every method shares: a communicator of at least one rank, a density in
+// New builds the reducer registered under name: it checks the options
+// every method shares (a communicator of at least one rank, a density in
 // (0, 1], a non-empty layout of positive tensor sizes and at most
-// math.MaxInt32 elements (indices travel as int32); then it resolves
-// Options.Params against the method's declarations (Method.Resolve) and runs
-// the method's worker-count check. The constructors rely on these checks.
-func New(name string, o Options) (Reducer, error) {
+// math.MaxInt32 elements, as indices travel as int32), resolves
+// Options.Params against the method's declarations (Method.Resolve), runs
+// the method's worker-count check, builds the method's core (Method.New)
+// and frames it (Reducer). The cores rely on these checks.
+func New(name string, o Options) (*Reducer, error) {
 	m, ok := Lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("%w %q; valid names: %s", ErrUnknownMethod, name, strings.Join(Names(), ", "))
 	}
-	o, err := prepare(m, o)
-	if err != nil {
-		return nil, err
-	}
-	return m.New(o)
-}
-
-// prepare runs New's checks and returns o with its Params resolved.
-func prepare(m Method, o Options) (Options, error) {
 	if err := checkOptions(m.Name, o); err != nil {
-		return o, err
+		return nil, err
 	}
 	p, err := m.Resolve(o.Params)
 	if err != nil {
-		return o, err
+		return nil, err
 	}
 	o.Params = p
 	if m.CheckWorkers != nil {
 		if err := m.CheckWorkers(o.Comm.Size(), p); err != nil {
-			return o, err
+			return nil, fmt.Errorf("sparsify: %s: %w", m.Name, err)
 		}
 	}
-	return o, nil
+	e := newEnv(o)
+	core, err := m.New(e)
+	if err != nil {
+		return nil, fmt.Errorf("sparsify: %s: %w", m.Name, err)
+	}
+	return newReducer(m, e, core)
 }
 
 // checkOptions checks the options every method shares (see New).

@@ -89,10 +89,10 @@ func runResumed(t *testing.T, c stateCase, layout Layout, iters, split int, rest
 	err = local.Run(ctx, c.workers, func(ctx context.Context, cm comm.Communicator) error {
 		rank := cm.Rank()
 		o := Options{Density: 0.05, Layout: layout, Comm: cm, Seed: 11, Params: c.params, Network: c.network, Momentum: c.momentum}
-		build := func() (Reducer, error) {
+		build := func() (*Reducer, error) {
 			r, err := New(c.method, o)
-			if e, ok := r.(EpochScheduled); ok && c.perEpoch > 0 {
-				e.SetStepsPerEpoch(c.perEpoch)
+			if err == nil && c.perEpoch > 0 {
+				r.SetStepsPerEpoch(c.perEpoch)
 			}
 			return r, err
 		}
@@ -105,7 +105,7 @@ func runResumed(t *testing.T, c stateCase, layout Layout, iters, split int, rest
 		out := make([]float32, layout.N)
 		for it := range iters {
 			if it == split {
-				st, err := SaveState(red)
+				st, err := red.State()
 				if err != nil {
 					return err
 				}
@@ -114,7 +114,7 @@ func runResumed(t *testing.T, c stateCase, layout Layout, iters, split int, rest
 					return err
 				}
 				if restore {
-					if err := RestoreState(fresh, st); err != nil {
+					if err := fresh.SetState(st); err != nil {
 						return err
 					}
 				}
@@ -130,7 +130,7 @@ func runResumed(t *testing.T, c stateCase, layout Layout, iters, split int, rest
 			outs[rank] = append(outs[rank], slices.Concat(out, residual))
 			thr[rank] = append(thr[rank], st.Threshold)
 			if it == 0 && c.backward != nil && split != 0 {
-				if err := red.(*LAGS).SetBackwardTimes(c.backward); err != nil {
+				if err := red.core.(*LAGS).SetBackwardTimes(c.backward); err != nil {
 					return err
 				}
 			}
@@ -200,7 +200,7 @@ func TestResumeStateIsExact(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, stateful := r.(Stateful)
+		_, stateful := r.core.(Stateful)
 		if stateful && !matters[name] {
 			t.Errorf("%s keeps a state, but no case showed that it matters", name)
 		}
@@ -216,7 +216,7 @@ func TestResumeStateIsExact(t *testing.T) {
 func TestSetStateRefusesBadStates(t *testing.T) {
 	layout, _ := FlatLayout(100)
 	cm := local.New(1).Comm(0)
-	mk := func(name string) Reducer {
+	mk := func(name string) *Reducer {
 		r, err := New(name, Options{Density: 0.1, Layout: layout, Comm: cm, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -251,10 +251,10 @@ func TestSetStateRefusesBadStates(t *testing.T) {
 		}(), "threshold is NaN"},
 	} {
 		m := mk("micro")
-		if err := RestoreState(m, good); err != nil {
+		if err := m.SetState(good); err != nil {
 			t.Fatal(err)
 		}
-		err := RestoreState(m, tc.state)
+		err := m.SetState(tc.state)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: err %v, want %q", tc.name, err, tc.want)
 		}
@@ -262,7 +262,7 @@ func TestSetStateRefusesBadStates(t *testing.T) {
 			t.Errorf("%s: a refused state changed the reducer", tc.name)
 		}
 	}
-	if err := RestoreState(mk("topk"), good); err == nil || !strings.Contains(err.Error(), "keeps no state") {
+	if err := mk("topk").SetState(good); err == nil || !strings.Contains(err.Error(), "keeps no state") {
 		t.Errorf("a state for a stateless reducer: %v", err)
 	}
 	if mustSaveState(t, mk("topk")) != nil {
@@ -279,9 +279,9 @@ func FuzzSetState(f *testing.F) {
 	for _, n := range Names() {
 		r, err := New(n, Options{Density: 0.1, Layout: layout, Comm: cm, Seed: 1})
 		if err == nil {
-			if s, ok := r.(Stateful); ok {
+			if _, ok := r.core.(Stateful); ok {
 				names = append(names, n)
-				f.Add(uint8(len(names)-1), s.State())
+				f.Add(uint8(len(names)-1), mustSaveState(f, r))
 			}
 		}
 	}
@@ -290,24 +290,23 @@ func FuzzSetState(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		s := r.(Stateful)
-		before := s.State()
-		if err := s.SetState(b); err != nil {
-			if !slices.Equal(s.State(), before) {
+		before := mustSaveState(t, r)
+		if err := r.SetState(b); err != nil {
+			if !slices.Equal(mustSaveState(t, r), before) {
 				t.Fatal("a refused state changed the reducer")
 			}
 			return
 		}
-		if got := s.State(); !slices.Equal(got, b) {
+		if got := mustSaveState(t, r); !slices.Equal(got, b) {
 			t.Fatalf("state %x read back as %x", b, got)
 		}
 	})
 }
 
-// mustSaveState is SaveState, failing t on an error.
-func mustSaveState(t *testing.T, r Reducer) []byte {
+// mustSaveState is r.State, failing t on an error.
+func mustSaveState(t testing.TB, r *Reducer) []byte {
 	t.Helper()
-	b, err := SaveState(r)
+	b, err := r.State()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,14 +10,15 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "threshold", NotProjectable: "the union of the workers' selections, which every worker all-reduces, grows with the worker count", New: newThresholdReducer, Advice: thresholdAdvice, Params: []options.Option{{
-		Key: "lambda", Kind: options.Float, Default: 0.0, Range: options.Within(0, math.MaxFloat32, "[]"),
-		Zero: "1/(2√k), recomputed every call",
-		Doc:  "hard threshold λ: every element with |acc| >= λ is sent",
-	}}})
+	Register(Method{Name: "threshold", NotProjectable: "the union of the workers' selections, which every worker all-reduces, grows with the worker count", New: newThreshold, Advice: thresholdAdvice,
+		Doc: "reference notes 7.5: |acc| >= λ (default 1/(2√k)), union all-reduced. Deviation: λ is rounded to float32 once and reported as such.", Params: []options.Option{{
+			Key: "lambda", Kind: options.Float, Default: 0.0, Range: options.Within(0, math.MaxFloat32, "[]"),
+			Zero: "1/(2√k), recomputed every call",
+			Doc:  "hard threshold λ: every element with |acc| >= λ is sent",
+		}}})
 }
 
-// thresholdReducer is "threshold", the hard-threshold baseline of the
+// threshold is "threshold", the hard-threshold baseline of the
 // DEFT/MiCRO code (ThreshReducer, reference notes 7.5):
 //
 //   - λ = the option lambda, or, when it is 0, λ = 1/(2√k) with k =
@@ -37,55 +38,45 @@ func init() {
 // Stats: Selected = this worker's count, SelectedPerWorker = every worker's
 // count, ActualDensity = |U|/N, Threshold = λ. It conserves the gradient:
 // Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
-type thresholdReducer struct {
-	base   base
+type threshold struct {
+	b      *Env
 	lambda float64 // 0: default
 }
 
-func newThresholdReducer(o Options) (Reducer, error) {
-	lambda := o.Params.Float("lambda") // in [0, MaxFloat32] (declared)
+func newThreshold(e *Env) (Core, error) {
+	lambda := e.o.Params.Float("lambda") // in [0, MaxFloat32] (declared)
 	if lambda > 0 && float32(lambda) == 0 {
-		return nil, fmt.Errorf("sparsify: threshold: lambda %v is invalid; use a value that is > 0 as a float32 (between 1.4e-45 and 3.4e38), or 0 for the default 1/(2√k)", lambda)
+		return nil, fmt.Errorf("lambda %v is invalid; use a value that is > 0 as a float32 (between 1.4e-45 and 3.4e38), or 0 for the default 1/(2√k)", lambda)
 	}
-	return &thresholdReducer{base: newBase("threshold", o), lambda: lambda}, nil
+	return threshold{b: e, lambda: lambda}, nil
 }
-
-// Name returns "threshold".
-func (r *thresholdReducer) Name() string { return "threshold" }
 
 // Reduce selects |acc| >= λ, gathers every worker's indices and all-reduces
 // the union.
-func (r *thresholdReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (r *thresholdReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
+func (r threshold) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
 	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		lam := r.lambda
-		if lam == 0 {
-			lam = 1 / (2 * math.Sqrt(float64(b.k)))
-		}
-		lam32 := float32(lam)
-		sel, err := v.scratch(&b.dSel, device.Int32, b.n)
-		if err != nil {
-			return err
-		}
-		m := 0
-		selTime, err := b.timed(func() error {
-			var err error
-			m, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, lam32)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		st.SelectTime = selTime
-		st.Threshold = float64(lam32)
-		return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, m), st)
+	lam := r.lambda
+	if lam == 0 {
+		lam = 1 / (2 * math.Sqrt(float64(b.k)))
+	}
+	lam32 := float32(lam)
+	sel, err := v.scratch(&b.dSel, device.Int32, b.n)
+	if err != nil {
+		return err
+	}
+	m := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		m, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, lam32)
+		return err
 	})
+	if err != nil {
+		return err
+	}
+	st.SelectTime = selTime
+	st.Threshold = float64(lam32)
+	return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, m), st)
 }
 
 // thresholdAdvice: as topk's traffic, with as many elements as λ selects.

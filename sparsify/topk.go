@@ -9,11 +9,13 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "topk", NotProjectable: "the union of the workers' top-k indices, which every worker all-reduces, grows with the worker count", New: newTopkReducer, Advice: topkAdvice})
-	Register(Method{Name: "topka", Projectable: true, New: newTopkaReducer, Advice: topkaAdvice})
+	Register(Method{Name: "topk", NotProjectable: "the union of the workers' top-k indices, which every worker all-reduces, grows with the worker count", New: newTopk, Advice: topkAdvice,
+		Doc: "reference notes 7.1: each worker's exact top-k, index lists all-gathered, the union all-reduced. No other deviation."})
+	Register(Method{Name: "topka", Projectable: true, New: newTopka, Advice: topkaAdvice,
+		Doc: "reference notes 7.2, 7.8: TopkA of Ok-Topk, the DEFT/MiCRO code's CLI \"gtopk\": all-gather of k (value, index) pairs per worker. Deviations: indices as int32 (the DEFT/MiCRO copy sends int64); Ok-Topk's dense warm-up is left to the trainer."})
 }
 
-// topkReducer is the "topk" baseline of the DEFT/MiCRO code (TopKReducer,
+// topk is the "topk" baseline of the DEFT/MiCRO code (TopKReducer,
 // reference notes 7.1), with its shared-union all-reduce:
 //
 //   - k = BudgetK(density, N) = ⌊ρN⌋ clamped to [1, N], over the whole flat
@@ -31,47 +33,33 @@ func init() {
 // all-gathers plus the ring all-reduce of |U| float32 (comm.Traffic).
 // ActualDensity = |U|/N grows with n for independent accs. It conserves the
 // gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
-type topkReducer struct {
-	base base
-}
+type topk struct{ b *Env }
 
-func newTopkReducer(o Options) (Reducer, error) {
-	return &topkReducer{base: newBase("topk", o)}, nil
-}
-
-// Name returns "topk".
-func (r *topkReducer) Name() string { return "topk" }
+func newTopk(e *Env) (Core, error) { return topk{e}, nil }
 
 // Reduce selects this worker's top-k, gathers every worker's indices and
 // all-reduces the union.
-func (r *topkReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (r *topkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
+func (r topk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
 	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		sel, err := v.scratch(&b.dSel, device.Int32, b.k)
-		if err != nil {
-			return err
-		}
-		k := 0
-		selTime, err := b.timed(func() error {
-			var err error
-			k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		st.SelectTime = selTime
-		return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, k), st)
+	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+	if err != nil {
+		return err
+	}
+	k := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
+		return err
 	})
+	if err != nil {
+		return err
+	}
+	st.SelectTime = selTime
+	return b.reduceSelected(ctx, acc, out, residual, sel.Slice(0, k), st)
 }
 
-// topkaReducer is "topka", the sparse all-gather Top-k (TopkA of Ok-Topk,
+// topka is "topka", the sparse all-gather Top-k (TopkA of Ok-Topk,
 // and the CLI name "gtopk" of the DEFT/MiCRO code, GlobalTopKReducer;
 // reference notes 7.2 and 7.8):
 //
@@ -88,71 +76,57 @@ func (r *topkReducer) ReduceOn(ctx context.Context, acc, out, residual device.Bu
 // ActualDensity = |∪_w sel_w|/N. Ok-Topk's 512 dense warm-up iterations are
 // not part of this reducer (a trainer can run "dense" first). It conserves
 // the gradient: Σ_w residual_w + n·out = Σ_w acc_w up to float32 rounding.
-type topkaReducer struct {
-	base base
-}
+type topka struct{ b *Env }
 
-func newTopkaReducer(o Options) (Reducer, error) {
-	return &topkaReducer{base: newBase("topka", o)}, nil
-}
-
-// Name returns "topka".
-func (r *topkaReducer) Name() string { return "topka" }
+func newTopka(e *Env) (Core, error) { return topka{e}, nil }
 
 // Reduce selects this worker's top-k and all-gathers (value, index) pairs.
-func (r *topkaReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
-}
-
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (r *topkaReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
+func (r topka) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
 	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		sel, err := v.scratch(&b.dSel, device.Int32, b.k)
-		if err != nil {
-			return err
-		}
-		vals, err := v.scratch(&b.dVal, device.Float32, b.k)
-		if err != nil {
-			return err
-		}
-		k := 0
-		selTime, err := b.timed(func() error {
-			var err error
-			k, err = v.ops.TopK(v.s, sel, vals, acc, b.k)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		n := b.c.Size()
-		gvals, err := v.scratch(&b.dAllVal, device.Float32, n*k)
-		if err != nil {
-			return err
-		}
-		gidx, err := v.scratch(&b.dAll, device.Int32, n*k)
-		if err != nil {
-			return err
-		}
-		if err := b.c.AllGather(ctx, v.cb(vals.Slice(0, k)), v.cb(gvals)); err != nil {
-			return fmt.Errorf("gathering %d values per worker: %w", k, err)
-		}
-		if err := b.c.AllGather(ctx, v.cb(sel.Slice(0, k)), v.cb(gidx)); err != nil {
-			return fmt.Errorf("gathering %d indices per worker: %w", k, err)
-		}
-		if err := b.residualWithout(residual, acc, sel.Slice(0, k)); err != nil {
-			return err
-		}
-		distinct, err := b.addMeanOn(out, gidx, gvals, nil, k)
-		if err != nil {
-			return err
-		}
-		st.SelectTime = selTime
-		st.Selected = k
-		st.ActualDensity = float64(distinct) / float64(b.n)
-		return nil
+	sel, err := v.scratch(&b.dSel, device.Int32, b.k)
+	if err != nil {
+		return err
+	}
+	vals, err := v.scratch(&b.dVal, device.Float32, b.k)
+	if err != nil {
+		return err
+	}
+	k := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		k, err = v.ops.TopK(v.s, sel, vals, acc, b.k)
+		return err
 	})
+	if err != nil {
+		return err
+	}
+	n := b.c.Size()
+	gvals, err := v.scratch(&b.dAllVal, device.Float32, n*k)
+	if err != nil {
+		return err
+	}
+	gidx, err := v.scratch(&b.dAll, device.Int32, n*k)
+	if err != nil {
+		return err
+	}
+	if err := b.c.AllGather(ctx, v.cb(vals.Slice(0, k)), v.cb(gvals)); err != nil {
+		return fmt.Errorf("gathering %d values per worker: %w", k, err)
+	}
+	if err := b.c.AllGather(ctx, v.cb(sel.Slice(0, k)), v.cb(gidx)); err != nil {
+		return fmt.Errorf("gathering %d indices per worker: %w", k, err)
+	}
+	if err := b.residualWithout(residual, acc, sel.Slice(0, k)); err != nil {
+		return err
+	}
+	distinct, err := b.addMeanOn(out, gidx, gvals, nil, k)
+	if err != nil {
+		return err
+	}
+	st.SelectTime = selTime
+	st.Selected = k
+	st.Distinct = distinct
+	return nil
 }
 
 // topkAdvice: the workers' index lists all-gathered, their union

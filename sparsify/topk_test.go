@@ -321,7 +321,7 @@ func blBenchReduce(b *testing.B, method string, n int, density float64, lambda f
 		b.Fatal(err)
 	}
 	world := local.New(n)
-	rs := make([]Reducer, n)
+	rs := make([]*Reducer, n)
 	accs, outs, resids := make([][]float32, n), make([][]float32, n), make([][]float32, n)
 	params := Values{}
 	if lambda != 0 {

@@ -10,7 +10,9 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSAReducer, Advice: topkDSAAdvice, Params: []options.Option{denseWarmupParam(okDefaultWarmup)}})
+	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSA, Advice: topkDSAAdvice, DenseWarmup: true,
+		Doc:    "reference notes 7.8: TopkDSA of the Ok-Topk code (SparDL's TopDSA baseline): top-k sent to the owners of P contiguous regions, owners sum, sparse or dense all-gather of the sums; dense warm-up (option dense_warmup, default 512). Deviations (fixes): the k selected elements are the ones sent (the reference sends only |acc| strictly above the k-th largest yet zeroes all k in the residual, so with k = 1 it sends nothing); the last region takes N − (P−1)⌊N/P⌋ elements (the reference's remainder is wrong for N mod P >= ⌊N/P⌋ and divides by zero for N < P); indices travel as int32, not as float32 (exact only below 2^24); regions cut the layout order, not the reversed parameter order.",
+		Params: []options.Option{DenseWarmupParam(okDefaultWarmup)}})
 }
 
 // topkDSAReducer is "topkdsa", TopkDSA (Renggli et al.'s SparCML dynamic
@@ -71,113 +73,113 @@ func init() {
 // owner's region, ActualDensity = their total / N when the result travels
 // sparse and 1 when it travels dense (and during the warm-up), LayerK nil.
 type topkDSAReducer struct {
-	base   base
-	warmup int
-	reg    okRegions
-	sel    device.Buffer // Int32
-	gsel   device.Buffer // Int32
-	gval   device.Buffer // Float32
-	vals   device.Buffer // Float32: the selected values
+	b    *Env
+	reg  okRegions
+	sel  device.Buffer // Int32
+	gsel device.Buffer // Int32
+	gval device.Buffer // Float32
+	vals device.Buffer // Float32: the selected values
 }
 
-func newTopkDSAReducer(o Options) (Reducer, error) {
-	r := &topkDSAReducer{base: newBase("topkdsa", o), warmup: o.Params.Int("dense_warmup")}
-	r.reg = newOkRegions(&r.base)
+func newTopkDSA(e *Env) (Core, error) {
+	r := &topkDSAReducer{b: e}
+	r.reg = newOkRegions(e)
 	return r, nil
 }
 
-// Name returns "topkdsa".
-func (r *topkDSAReducer) Name() string { return "topkdsa" }
-
-// Reduce runs one TopkDSA iteration (see topkDSAReducer).
-func (r *topkDSAReducer) Reduce(ctx context.Context, acc, out, residual []float32) (Stats, error) {
-	return r.base.v.reduceHost(ctx, r, r.base.name, acc, out, residual)
+// Reduce runs one TopkDSA iteration after the warm-up (see
+// topkDSAReducer).
+func (r *topkDSAReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+	b := r.b
+	v := &b.v
+	sel, err := v.scratch(&r.sel, device.Int32, b.k)
+	if err != nil {
+		return err
+	}
+	vals, err := v.scratch(&r.vals, device.Float32, b.k)
+	if err != nil {
+		return err
+	}
+	var thr float32
+	k := 0
+	selTime, err := b.timed(func() error {
+		var err error
+		if k, err = v.ops.TopK(v.s, sel, vals, acc, b.k); err != nil {
+			return err
+		}
+		// The threshold is the smallest selected magnitude: a pass over
+		// the k selected values, not over acc again.
+		thr, err = v.ops.KthLargestAbs(v.s, vals.Slice(0, k), k)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	sel = sel.Slice(0, k)
+	if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
+		return err
+	}
+	red := r.reg.reduced
+	m := 0
+	t1, err := b.timed(func() error {
+		var err error
+		m, err = v.compactAbove(&r.gsel, &r.gval, red, okAbove(0))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	selTime += t1
+	total, err := r.reg.gatherCounts(ctx, m)
+	if err != nil {
+		return err
+	}
+	pf := float32(b.c.Size())
+	distinct := b.n
+	if 2*total < 2*b.n/3 {
+		if err := r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total); err != nil {
+			return err
+		}
+		if err := v.m.Fill(v.s, out, 0); err != nil {
+			return err
+		}
+		if err := v.ops.Scatter(v.s, out, r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total), 1); err != nil {
+			return err
+		}
+		distinct = total
+	} else {
+		if err := b.c.AllGatherV(ctx, v.cb(red), v.cb(out), r.reg.regionSizes()); err != nil {
+			return fmt.Errorf("gathering the %d region sums densely: %w", b.n, err)
+		}
+	}
+	if err := v.ops.Div(v.s, out, pf); err != nil {
+		return err
+	}
+	if err := b.residualWithout(residual, acc, sel); err != nil {
+		return err
+	}
+	st.SelectTime = selTime
+	st.Threshold = float64(thr)
+	st.Selected = k
+	st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
+	st.Distinct = distinct
+	return nil
 }
 
-// ReduceOn is Reduce on vectors of the reducer's device.
-func (r *topkDSAReducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	b := &r.base
-	v := &b.v
-	return b.call(acc, out, residual, func(st *Stats) error {
-		if b.iter < r.warmup {
-			err := okDense(ctx, b, acc, out, residual, st)
-			b.iter++
-			return err
-		}
-		b.iter++
-		sel, err := v.scratch(&r.sel, device.Int32, b.k)
-		if err != nil {
-			return err
-		}
-		vals, err := v.scratch(&r.vals, device.Float32, b.k)
-		if err != nil {
-			return err
-		}
-		var thr float32
-		k := 0
-		selTime, err := b.timed(func() error {
-			var err error
-			if k, err = v.ops.TopK(v.s, sel, vals, acc, b.k); err != nil {
-				return err
-			}
-			// The threshold is the smallest selected magnitude: a pass over
-			// the k selected values, not over acc again.
-			thr, err = v.ops.KthLargestAbs(v.s, vals.Slice(0, k), k)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		sel = sel.Slice(0, k)
-		if err := r.reg.scatterReduce(ctx, acc, sel); err != nil {
-			return err
-		}
-		red := r.reg.reduced
-		m := 0
-		t1, err := b.timed(func() error {
-			var err error
-			m, err = v.compactAbove(&r.gsel, &r.gval, red, okAbove(0))
-			return err
-		})
-		if err != nil {
-			return err
-		}
-		selTime += t1
-		total, err := r.reg.gatherCounts(ctx, m)
-		if err != nil {
-			return err
-		}
-		pf := float32(b.c.Size())
-		density := 1.0
-		if 2*total < 2*b.n/3 {
-			if err := r.reg.gatherPairs(ctx, r.gsel.Slice(0, m), r.gval.Slice(0, m), total); err != nil {
-				return err
-			}
-			if err := v.m.Fill(v.s, out, 0); err != nil {
-				return err
-			}
-			if err := v.ops.Scatter(v.s, out, r.reg.allIdx.Slice(0, total), r.reg.allVal.Slice(0, total), 1); err != nil {
-				return err
-			}
-			density = float64(total) / float64(b.n)
-		} else {
-			if err := b.c.AllGatherV(ctx, v.cb(red), v.cb(out), r.reg.regionSizes()); err != nil {
-				return fmt.Errorf("gathering the %d region sums densely: %w", b.n, err)
-			}
-		}
-		if err := v.ops.Div(v.s, out, pf); err != nil {
-			return err
-		}
-		if err := b.residualWithout(residual, acc, sel); err != nil {
-			return err
-		}
-		st.SelectTime = selTime
-		st.Threshold = float64(thr)
-		st.Selected = k
-		st.SelectedPerWorker = append([]int(nil), r.reg.counts...)
-		st.ActualDensity = density
-		return nil
-	})
+// SaveState writes the call count (the warm-up's).
+func (r *topkDSAReducer) SaveState(w *StateWriter) error {
+	w.Int(r.b.calls)
+	return nil
+}
+
+// LoadState reads it back.
+func (r *topkDSAReducer) LoadState(d *StateReader) error {
+	it := d.Int("call count", 0, maxCount)
+	if err := d.Done(); err != nil {
+		return err
+	}
+	r.b.calls = it
+	return nil
 }
 
 // topkDSAAdvice: the region exchange of each worker's top k, then the

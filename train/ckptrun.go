@@ -12,7 +12,6 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/rundir"
-	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // position is where a run stands between steps: the 0-based epoch to
@@ -72,7 +71,7 @@ func (dp *dataPath) shard(step int) (*rundir.Shard, error) {
 	if err := dp.download(dp.hostResidual, dp.residual); err != nil { // on a GPU
 		return nil, err
 	}
-	red, err := sparsify.SaveState(dp.reducer)
+	red, err := dp.reducer.State()
 	if err != nil {
 		return nil, fmt.Errorf("train: the reducer's state: %w", err)
 	}
@@ -407,7 +406,7 @@ func (dp *dataPath) loadShard(ck *rundir.Checkpoint[Config], dir string) (modelS
 	if nb := sumSizes(dp.model.BufferLayout()); len(s.Buffers) != nb {
 		return nil, fmt.Errorf("%s holds %d batch-norm statistics, the model has %d", p, len(s.Buffers), nb)
 	}
-	if err := sparsify.RestoreState(dp.reducer, s.Reducer); err != nil {
+	if err := dp.reducer.SetState(s.Reducer); err != nil {
 		return nil, fmt.Errorf("%s: %w", p, err)
 	}
 	if ms, ok := dp.model.(models.Stateful); ok {

@@ -148,19 +148,13 @@ func (c Config) Defaults() Config {
 }
 
 // paperDensity is the default density: the one the method's paper trains
-// the model's kind with where this project follows it — LAGS-SGD's
-// compression ratios 1000 for CNNs and 250 for its LSTM (ρ = 0.001 and
-// 0.004), DRAGONN's and DGC's 0.001 — and 0.01 otherwise (and for the
-// kinds these papers do not train, a recommender for LAGS).
+// the model's kind with where this project follows it, as the method
+// declares it (sparsify.Method.Density), and sparsify.DefaultDensity
+// otherwise.
 func paperDensity(sparsifier, model string) float64 {
 	kind, _ := ModelKind(model)
-	switch {
-	case sparsifier == "lags" && kind == sparsify.RNN:
-		return 0.004
-	case sparsifier == "lags" && kind == sparsify.CNN, sparsifier == "dragonn", sparsifier == "dgc":
-		return 0.001
-	}
-	return 0.01
+	m, _ := sparsify.Lookup(sparsifier)
+	return m.DefaultDensityFor(kind)
 }
 
 // PipelineOn reports whether the run pipelines the reducer's communication
@@ -237,6 +231,7 @@ func (c Config) Validate(underMPI bool) error {
 		bad("unknown -sparsifier %q; use one of %s", c.Sparsifier, strings.Join(sparsify.Names(), ", "))
 	} else {
 		c.validateMethodOptions(method, underMPI, bad)
+		checkMethodRun(c, method, bad)
 		if method.CorrectsMomentum && c.Optimizer == "sgd" && c.Nesterov {
 			bad("-sparsifier %s applies the momentum itself (DGC's momentum correction, with plain momentum); drop -nesterov", c.Sparsifier)
 		}
@@ -368,9 +363,6 @@ func (c Config) checkReplay(bad func(string, ...any)) {
 	}
 	if c.RecordGradients != "" {
 		bad("-record-gradients in a replay would copy the recording; copy its folder instead")
-	}
-	if c.Sparsifier == "lags" && c.MethodOptions.Float("max_ratio") > 0 {
-		bad("-max-ratio %g: LAGS' adaptive density is chosen from the measured backward pass, which a replay does not run (its compute is a copy of the recorded gradient); leave -max-ratio out for a fixed density", c.MethodOptions.Float("max_ratio"))
 	}
 }
 

@@ -17,8 +17,8 @@ import (
 // model, the parameters and the gradient on the rank's device, the
 // error-feedback residual, the reducer, the optimizer and the streams. Its
 // step runs one iteration: forward and backward, [clip], error feedback,
-// the reduction (pipelined with the backward pass for LAGS), [clip], the
-// update. The worker (worker.go) owns a data path and decides which steps
+// the reduction (pipelined with the backward pass for a method that
+// reduces groups), [clip], the update. The worker (worker.go) owns a data path and decides which steps
 // run and what happens between them (schedule.go).
 type dataPath struct {
 	cfg        Config
@@ -44,29 +44,23 @@ type dataPath struct {
 	// error feedback also holds the reducer's output (the averaged sparse
 	// gradient the optimizer applies); the error-feedback residual. And
 	// their host views: the vectors themselves on the CPU, staging copies
-	// elsewhere (initial parameters, checkpoints, a host-only method's
-	// reduction).
+	// elsewhere (initial parameters, checkpoints).
 	params, grad, residual             device.Buffer
 	hostParams, hostGrad, hostResidual []float32
 
-	// reducer is the method. deviceReducer is the reducer when it reduces
-	// in the memory of the device (every built-in method; nil for a
-	// registered method that reduces host memory only, whose input and
-	// output then go through the host views on a GPU); groupReducer is it
-	// when pipelined (nil otherwise).
-	reducer       sparsify.Reducer
-	deviceReducer sparsify.DeviceReducer
-	groupReducer  sparsify.DeviceGroupReducer
+	// reducer is the method, reducing in the memory of the device.
+	reducer *sparsify.Reducer
 	// feedbackOps are the device's vector operations of error feedback.
 	feedbackOps sparsify.Ops
 	// opt updates the parameters (nil on simulated workers but rank 0).
 	opt Optimizer
 
-	// pipe pipelines LAGS' groups with the backward pass (nil when off).
+	// pipe pipelines the reducer's groups with the backward pass (nil when
+	// off).
 	pipe *pipeline
 	// gradFinal holds, for the step being run, the event at which each
-	// tensor's gradient became final (the gradient hook's record; LAGS'
-	// adaptive density reads the backward times from it).
+	// tensor's gradient became final (the gradient hook's record; a
+	// reducer that profiles the backward pass reads its times from it).
 	gradFinal []device.Event
 
 	// recorder records the gradients (-record-gradients; nil without);
@@ -93,9 +87,9 @@ func newDataPath(cfg Config, rank, size int, sim *simulation, replay bool, model
 		return nil, err
 	}
 	dp.gradFinal = make([]device.Event, len(dp.layout.Tensors))
-	// The hook drives pipelining and measures LAGS' per-tensor backward
-	// times.
-	if dp.pipe != nil || dp.lagsAdaptive() {
+	// The hook drives pipelining and measures the per-tensor backward
+	// times of a reducer that profiles them.
+	if dp.pipe != nil || dp.reducer.Profiling() {
 		model.SetGradHook(dp.hook)
 	}
 	return dp, nil
@@ -208,20 +202,15 @@ func (dp *dataPath) buildReducer(dev device.Device, counter *comm.Counter, reduc
 		return fmt.Errorf("train: -sparsifier %s: %w", cfg.Sparsifier, err)
 	}
 	dp.reducer = red
-	dp.deviceReducer, _ = red.(sparsify.DeviceReducer)
 	if cfg.PipelineOn() {
-		gr, ok := red.(sparsify.DeviceGroupReducer)
-		if !ok {
-			return fmt.Errorf("%w: -sparsifier %s cannot be pipelined (no group reduction in device memory)", ErrConfig, cfg.Sparsifier)
-		}
-		dp.pipe, dp.groupReducer = newPipeline(gr, len(dp.layout.Tensors)), gr
+		dp.pipe = newPipeline(red.Groups(), len(dp.layout.Tensors))
 	}
 	return nil
 }
 
 // hostView returns the host memory of a device vector: the vector's own
 // memory on the CPU, staging of its size elsewhere (for what only the host
-// does: initial parameters, checkpoints, a host-only method's reduction).
+// does: initial parameters, checkpoints).
 func hostView(b device.Buffer) []float32 {
 	if b.IsHost() {
 		return b.Float32s()
@@ -295,13 +284,6 @@ func (dp *dataPath) localClip() float64 {
 	return dp.cfg.Clip.Value()
 }
 
-// lagsAdaptive reports whether the method chooses per-group densities from
-// measured backward times (LAGS-SGD's adaptive rule).
-func (dp *dataPath) lagsAdaptive() bool {
-	l, ok := dp.reducer.(sparsify.CostAdaptive)
-	return ok && l.Adaptive()
-}
-
 // hook runs on the model's goroutine when tensor idx's gradient is final
 // (in the gradient vector once ready has completed).
 func (dp *dataPath) hook(idx int, ready device.Event) {
@@ -311,11 +293,11 @@ func (dp *dataPath) hook(idx int, ready device.Event) {
 	}
 }
 
-// startGroup runs on the pipeline's goroutine: merge group g's gradients
-// are final; it adds them to the error-feedback memory and starts the
-// group's reduction, whose output overwrites the group's gradient (which
-// error feedback has just consumed).
-func (dp *dataPath) startGroup(ctx context.Context, g int) (sparsify.Pending, error) {
+// startGroup runs on the pipeline's goroutine: group g's gradients are
+// final; it adds them to the error-feedback memory and starts the group's
+// reduction, whose output overwrites the group's gradient (which error
+// feedback has just consumed).
+func (dp *dataPath) startGroup(ctx context.Context, g int) error {
 	gg := dp.pipe.groups[g]
 	st := dp.compute
 	if dp.commStream != nil {
@@ -324,19 +306,18 @@ func (dp *dataPath) startGroup(ctx context.Context, g int) (sparsify.Pending, er
 		st = dp.commStream
 		for _, t := range gg.Tensors {
 			if err := st.Wait(dp.gradFinal[t]); err != nil {
-				return nil, err
+				return err
 			}
 		}
 	}
 	if err := dp.accumulate(st, gg.Lo, gg.Hi); err != nil {
-		return nil, err
+		return err
 	}
 	dp.pipe.reducing()
-	p, err := dp.groupReducer.StartGroupOn(ctx, g, dp.residual, dp.grad, dp.residual)
-	if err != nil {
-		return nil, fmt.Errorf("train: starting merge group %d: %w", g, err)
+	if err := dp.reducer.Start(ctx, g, dp.residual, dp.grad, dp.residual); err != nil {
+		return fmt.Errorf("train: starting group %d: %w", g, err)
 	}
-	return p, nil
+	return nil
 }
 
 // step runs the run's step n (from 1) on batch b with learning rate lr.
@@ -355,13 +336,13 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	t0 := time.Now()
 	var err error
 	if dp.pipe != nil {
-		err = dp.pipe.run(pass, func(g int) (sparsify.Pending, error) { return dp.startGroup(ctx, g) })
+		err = dp.pipe.run(pass, func(g int) error { return dp.startGroup(ctx, g) })
 	} else {
 		err = pass()
 	}
 	if err != nil {
 		if dp.pipe != nil {
-			dp.pipe.drain(ctx)
+			dp.reducer.Finish(ctx) // waits for the groups started; the step fails
 		}
 		return s, fmt.Errorf("train: %s step: %w", dp.cfg.Model, err)
 	}
@@ -398,11 +379,14 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	var st sparsify.Stats
 	var started time.Time
 	if dp.pipe != nil {
-		gs, err := dp.pipe.wait(ctx)
-		if err != nil {
-			return s, err
+		var err error
+		st, err = dp.reducer.Finish(ctx)
+		if dp.pipe.err != nil {
+			return s, dp.pipe.err
 		}
-		st = sparsify.CombineGroupStats(dp.cfg.Density.Value(), dp.layout, dp.pipe.groups, gs)
+		if err != nil {
+			return s, fmt.Errorf("train: reducing with %s: %w", dp.cfg.Sparsifier, err)
+		}
 		started = dp.pipe.started
 		if dp.commStream != nil {
 			// The update waits for the groups' outputs.
@@ -426,7 +410,7 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 		started = time.Now()
 		// The reducer's output overwrites the gradient, which error
 		// feedback has just consumed.
-		if st, err = dp.reduce(ctx); err != nil {
+		if st, err = dp.reducer.ReduceOn(ctx, dp.residual, dp.grad, dp.residual); err != nil {
 			return s, fmt.Errorf("train: reducing with %s: %w", dp.cfg.Sparsifier, err)
 		}
 	}
@@ -478,24 +462,4 @@ func (dp *dataPath) update(ctx context.Context, lr float64) error {
 		}
 	}
 	return sim.bar.wait(ctx)
-}
-
-// reduce reduces the error-compensated gradient (the residual) into the
-// gradient and the new residual: in the device's memory, or for a reducer
-// of host memory only through host copies of both.
-func (dp *dataPath) reduce(ctx context.Context) (sparsify.Stats, error) {
-	if dp.deviceReducer != nil {
-		return dp.deviceReducer.ReduceOn(ctx, dp.residual, dp.grad, dp.residual)
-	}
-	if err := dp.download(dp.hostResidual, dp.residual); err != nil {
-		return sparsify.Stats{}, err
-	}
-	st, err := dp.reducer.Reduce(ctx, dp.hostResidual, dp.hostGrad, dp.hostResidual)
-	if err != nil {
-		return st, err
-	}
-	if err := dp.upload(dp.grad, dp.hostGrad); err != nil {
-		return st, err
-	}
-	return st, dp.upload(dp.residual, dp.hostResidual)
 }

@@ -2,7 +2,7 @@
 // the per-worker data-parallel loop (forward → backward → error feedback →
 // reducer → optimizer), the optimizers (SGD with momentum and weight decay in
 // PyTorch's semantics, Adam), learning-rate schedules, gradient clipping,
-// LAGS pipelining through the models' gradient hook, evaluation, the metrics
+// pipelining through the models' gradient hook, evaluation, the metrics
 // of a run (run.json, metrics.jsonl), checkpoints and progress bars.
 //
 // The same loop runs N simulated workers in one process over comm/local
@@ -36,7 +36,8 @@
 //     their host views), the reducer, the optimizer and the streams. Its
 //     one method step runs an iteration: forward and backward, [clip],
 //     error feedback, the reduction (pipelined with the backward pass for
-//     LAGS, pipeline.go), [clip], the update. newDataPath builds it.
+//     a method whose reducer reduces groups, pipeline.go), [clip], the
+//     update. newDataPath builds it.
 //   - Its schedule (runSchedule in schedule.go): pure functions of the
 //     configuration and the step and epoch counters that decide, before
 //     and after every step and at an epoch's end, whether to log the step,
@@ -85,12 +86,11 @@
 // of its own; under mpirun a process uses the GPU of its local rank. The
 // parameters, the gradient, the optimizer state and gradient clipping stay
 // on the device, and so do error feedback (the residual is a device
-// vector) and the reducers (sparsify.DeviceReducer, with the GPU's
-// kernels, cuda.Device.Sparse; a registered method that reduces host
-// memory only gets the error-compensated gradient copied to the host and
-// back). With LAGS pipelining each merge group's error
-// feedback and reduction run on a communication stream of the worker as
-// soon as the group's gradients are final, beside the backward pass.
+// vector) and the reducers (sparsify.Reducer.ReduceOn, with the GPU's
+// kernels, cuda.Device.Sparse). With pipelining (a method that reduces
+// groups, LAGS' merge groups) each group's error feedback and reduction
+// run on a communication stream of the worker as soon as the group's
+// gradients are final, beside the backward pass.
 //
 // Config.Comm picks the backend of the reducers' device buffers: NCCL
 // (package cuda) when every worker has a GPU of its own, the others' calls
@@ -147,7 +147,7 @@
 // continue exactly: rank 0's shared part (parameters, optimizer state, position,
 // wall time, configuration) and every rank's own part (error-feedback
 // residual, batch-norm statistics, the reducer's state through
-// sparsify.Stateful, the model's dropout stream and LSTM hidden state
+// sparsify.Reducer.State, the model's dropout stream and LSTM hidden state
 // through models.Stateful). One is written at the end of every epoch, every
 // Config.CheckpointEvery steps, where the run stops (-steps, -max-time) and
 // when it is interrupted (schedule.go decides which); the newest two are

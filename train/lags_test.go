@@ -16,6 +16,8 @@ import (
 // every group keeps -density's k through step 15 and moves from step 16
 // on; the run says which steps in run.json's notes.
 func TestLAGSProfilesAfterWarmup(t *testing.T) {
+	// LAGS' profile (sparsify/lags.go): 10 steps after 5.
+	const lagsProfileWarmup, lagsProfileSteps = 5, 10
 	const steps = lagsProfileWarmup + lagsProfileSteps + 2
 	c := ncfConfig(t, 2, steps)
 	c.Sparsifier, c.Density = "lags", Set(0.01)

@@ -150,7 +150,7 @@ func TestResumeWithoutStateDiffers(t *testing.T) {
 			t.Fatal(err)
 		}
 		fresh, _ := sparsify.New("micro", sparsify.Options{Density: 0.05, Layout: mustFlat(t, len(sh.Residual)), Comm: oneRank(), Seed: 1})
-		if sh.Reducer, err = sparsify.SaveState(fresh); err != nil {
+		if sh.Reducer, err = fresh.State(); err != nil {
 			t.Fatal(err)
 		}
 		if ck.Shards[r], err = rundir.WriteShard(s.Out, sh); err != nil {

@@ -62,8 +62,6 @@ type worker struct {
 	// lastStepTime is the last step's time, evalPerBatch the last
 	// evaluation's time per batch (evalReserve).
 	lastStepTime, evalPerBatch time.Duration
-	// lags profiles the backward pass for LAGS' adaptive density.
-	lags lagsProfile
 }
 
 func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
@@ -275,15 +273,13 @@ func (w *worker) prepareData(dev device.Device) error {
 			return err
 		}
 	}
-	if e, ok := dp.reducer.(sparsify.EpochScheduled); ok {
-		perEpoch := w.task.Len()
-		if rec := w.runner.ds.Recording; rec != nil {
-			// A replay's epochs are the recorded training's (0, not known:
-			// no epoch schedule), not its one pass over the recorded steps.
-			perEpoch = rec.Manifest.StepsPerEpoch
-		}
-		e.SetStepsPerEpoch(perEpoch)
+	perEpoch := w.task.Len()
+	if rec := w.runner.ds.Recording; rec != nil {
+		// A replay's epochs are the recorded training's (0, not known: no
+		// epoch schedule), not its one pass over the recorded steps.
+		perEpoch = rec.Manifest.StepsPerEpoch
 	}
+	dp.reducer.SetStepsPerEpoch(perEpoch)
 	return nil
 }
 
@@ -302,9 +298,6 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 	}
 	if rec := r.ds.Recording; rec != nil {
 		info.Replay, info.CannotShow = replayInfo(rec), ReplayCannotShow
-	}
-	if dp.deviceReducer == nil && !dp.grad.IsHost() {
-		info.ReduceIn = "host"
 	}
 	info.Config.Resume = ""
 	if prev := r.prev; prev != nil {
@@ -544,7 +537,7 @@ func (w *worker) loop(ctx context.Context) error {
 			step++
 			w.runner.status.step.Store(int64(step))
 			w.keep()
-			if err := w.profileLAGS(ctx, step); err != nil {
+			if err := w.profile(ctx, step); err != nil {
 				return w.failed(err, step)
 			}
 			after := sched.afterStep(epoch, i, step, did)

@@ -7,13 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
-	"github.com/sparsegrad/sparsegrad/options"
-	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
 // resolved parses args as the train command does and returns the resolved
@@ -170,58 +165,5 @@ func TestNoUncheckedFloatFlag(t *testing.T) {
 				t.Errorf("float flag -%s is missing from TestFloatFlagsRejectNonFinite", f.Name)
 			}
 		})
-	}
-}
-
-// echoReducer is a method registered by the test below: dense averaging
-// that records the option it was built with.
-type echoReducer struct {
-	sparsify.Reducer
-	gain float64
-}
-
-var echoGains = make(chan float64, 64)
-
-// TestNewMethodNeedsNoTrainerChange: a method registered with an option
-// gets its flag, its help, its validation and its value in the reducer's
-// options without any change to train or cmd/train.
-func TestNewMethodNeedsNoTrainerChange(t *testing.T) {
-	if _, ok := sparsify.Lookup("zz-echo"); ok {
-		t.Skip("zz-echo is registered already (-count > 1)")
-	}
-	sparsify.Register(sparsify.Method{Name: "zz-echo", Params: []options.Option{{
-		Key: "zz_gain", Kind: options.Float, Default: 0.5, Range: options.Within(0, 1, "[]"), Doc: "a test option",
-	}}, New: func(o sparsify.Options) (sparsify.Reducer, error) {
-		d, err := sparsify.New("dense", sparsify.Options{Density: o.Density, Layout: o.Layout, Comm: o.Comm})
-		echoGains <- o.Params.Float("zz_gain")
-		return echoReducer{d, o.Params.Float("zz_gain")}, err
-	}})
-	var help bytes.Buffer
-	run(context.Background(), []string{"-help"}, &help, &help)
-	if !strings.Contains(help.String(), "-zz-gain float\n    \tzz-echo: a test option (default 0.5)") {
-		t.Errorf("-help does not list the new option:\n%s", help.String())
-	}
-	if m := resolved(t, "-sparsifier", "zz-echo", "-out", "x"); fmt.Sprint(m["method_options"]) != "map[zz_gain:0.5]" {
-		t.Errorf("default not recorded: %v", m["method_options"])
-	}
-	var out bytes.Buffer
-	if err := run(context.Background(), []string{"-sparsifier", "zz-echo", "-zz-gain", "2", "-out", "x"}, &out, &out); err == nil ||
-		!strings.Contains(err.Error(), "-zz-gain 2 must be in [0, 1] (zz-echo: a test option)") {
-		t.Errorf("-zz-gain 2: %v", err)
-	}
-	if err := run(context.Background(), []string{"-sparsifier", "topk", "-zz-gain", "0.1", "-out", "x"}, &out, &out); err == nil ||
-		!strings.Contains(err.Error(), "-zz-gain applies only to -sparsifier zz-echo, not topk") {
-		t.Errorf("-zz-gain with topk: %v", err)
-	}
-	d := testenv.SharedData(t, "ml-100k/u.data")
-	dir := filepath.Join(t.TempDir(), "run")
-	if err := run(context.Background(), []string{"-data-dir", d, "-sparsifier", "zz-echo", "-zz-gain", "0", "-workers", "2", "-steps", "1",
-		"-max-eval-batches", "1", "-quiet", "-out", dir}, &out, &out); err != nil {
-		t.Fatalf("training with the new method: %v\n%s", err, out.String())
-	}
-	for range 2 {
-		if g := <-echoGains; g != 0 {
-			t.Fatalf("the reducer was built with zz_gain %v, want the 0 given", g)
-		}
 	}
 }
