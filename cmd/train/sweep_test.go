@@ -105,7 +105,7 @@ func TestSweepDryRun(t *testing.T) {
 	// The emulated network's note, 6 methods × 2 worker counts, gtopk and
 	// spardl (the preset's 2 teams) not on 3 workers.
 	if len(lines) != 13 || !strings.HasPrefix(lines[0], "# under mpirun") || !strings.HasPrefix(lines[len(lines)-2], "# not run: gtopk-w3-d0.01:") ||
-		!strings.HasPrefix(lines[len(lines)-1], "# not run: spardl-w3-d0.01: sparsify: spardl: 2 teams do not divide 3 workers") {
+		!strings.HasPrefix(lines[len(lines)-1], "# not run: spardl-w3-d0.01: 2 teams do not divide 3 workers") {
 		t.Fatalf("dry run printed:\n%s", buf.String())
 	}
 	root := ""
