@@ -223,7 +223,7 @@ func (m Method) RunNotes(r Run) []string {
 	if p, ok := m.Param(denseWarmupName); ok {
 		if wu := r.Params.Int(denseWarmupName); wu >= r.Steps {
 			notes = append(notes, fmt.Sprintf("%s: -%s %d is at least the run's %d steps: every step is a dense all-reduce and nothing is sparsified; lower -%s (the method's default is %v)",
-				m.Name, p.Flag, wu, r.Steps, p.Flag, p.Default))
+				m.Name, p.FlagName(), wu, r.Steps, p.FlagName(), p.Default))
 		}
 	}
 	if m.Notes != nil {
