@@ -20,8 +20,10 @@ import (
 // checkBreakdown reads a run's time breakdown, as its report stacks it, and
 // requires every logged iteration's phases to add up to the iteration (to
 // 1 µs) and to be >= 0. A run of one worker sends nothing: its
-// communication phase (if any) must stay below 1 % of the iteration, and
-// it waits for no other worker's turn.
+// communication phase (if any) must stay below 1 % of the iteration or
+// 0.5 ms (a loaded machine's scheduler delayed a one-worker MiCRO's
+// bookkeeping by 0.06 ms of a 3 ms NCF step under mpirun), and it waits
+// for no other worker's turn.
 func checkBreakdown(t *testing.T, what, dir string) {
 	t.Helper()
 	r, err := reports.ReadRun(dir)
@@ -40,7 +42,7 @@ func checkBreakdown(t *testing.T, what, dir string) {
 			}
 			sum += p.Seconds
 			parts = append(parts, p.Name+" "+strconv.FormatFloat(p.Seconds*1e3, 'f', 3, 64))
-			if r.Info.Workers == 1 && (p.Name == "communication" && p.Seconds > 0.01*s.TIter || strings.Contains(p.Name, "turns")) {
+			if r.Info.Workers == 1 && (p.Name == "communication" && p.Seconds > max(0.01*s.TIter, 0.5e-3) || strings.Contains(p.Name, "turns")) {
 				t.Errorf("%s: step %d: one worker shows %q %.3f ms", what, s.Step, p.Name, p.Seconds*1e3)
 			}
 		}

@@ -41,9 +41,14 @@ func repoFiles(t *testing.T, root string, exts ...string) []string {
 // is not one).
 var outside = regexp.MustCompile(`shared/(notes|DESIGN|papers|hooks|README)`)
 
+// conflictMarker matches the lines git leaves in a file whose merge
+// conflicted (a Markdown page still renders with them).
+var conflictMarker = regexp.MustCompile(`(?m)^(<{7}|={7}|>{7})( .*)?$`)
+
 // TestDocsStandAlone: the repository's documents and doc comments point
 // only into the repository: no README, docs/ page or Go comment names the
-// developers' notes beside it (which a clone does not have), every relative
+// developers' notes beside it (which a clone does not have) or holds a
+// merge's conflict marker, every relative
 // link of a Markdown page names an existing file, and every section of the
 // reference notes a reducer cites ("reference notes 7.4", "notes section 2")
 // is a heading of docs/reference-behaviour.md.
@@ -59,6 +64,9 @@ func TestDocsStandAlone(t *testing.T) {
 		}
 		if m := outside.Find(b); m != nil {
 			t.Errorf("%s points outside the repository: %q", f, m)
+		}
+		if m := conflictMarker.Find(b); m != nil {
+			t.Errorf("%s holds a merge's conflict marker: %q", f, m)
 		}
 	}
 	link := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)]*)?\)`)
