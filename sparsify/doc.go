@@ -111,6 +111,15 @@
 //     which tensors to compress (a fixed min_tensor cut-off, the reference's)
 //     and the momentum-corrected error feedback the paper evaluated every
 //     method with.
+//   - "efsignsgd" (efsignsgd.go): reference notes 11.1: EF-SignSGD
+//     (Karimireddy et al., 2019): each tensor of more than one dimension sent
+//     as its signs, packed 32 to a 4-byte word, and its scale ‖acc‖₁/d (one
+//     word), all-gathered; out = the mean of the workers' scaled signs; the
+//     residual is what the worker's own scaled signs left out (error
+//     feedback); 1-D tensors all-reduced dense. Deviations: ‖acc‖₁ is summed
+//     in float64 and rounded once; a zero's sign is + (one bit per element
+//     has no 0); computed on the host (a GPU's vectors are copied there and
+//     back).
 //   - "gtopk" (gtopk.go): reference notes 7.7: Shi et al.'s gTop-k tree
 //     merge, power-of-two worker counts. Deviations: indices and values as
 //     two messages (int32, float32) instead of indices packed as float32
