@@ -192,7 +192,7 @@ var efsignAdvice = &Advice{
 		return []string{"EF-SignSGD's traffic is counted with every tensor compressed; the run sends its 1-D tensors dense (a few thousand elements on a CNN) in one all-reduce more", "its all-gather grows with the workers: each worker receives every other's signs"}
 	},
 	Evidence: Evidence{
-		Shown:  []ModelKind{CNN, RNN},
-		Papers: "Karimireddy et al. 2019: EF-SignSGD matches SGD with momentum on VGG-19 and ResNet-18 on CIFAR-10/100 (single worker, 1 bit per element); Vogels et al. 2019 (PowerSGD's Table 1) and DRAGONN's Figure 7 run it distributed at 1/32 of the traffic, with a small loss of accuracy on ResNet-18 and LSTMs",
+		Shown:   []ModelKind{CNN, RNN},
+		Papers:  "Karimireddy et al. 2019: EF-SignSGD matches SGD with momentum on VGG-19 and ResNet-18 on CIFAR-10/100 (single worker, 1 bit per element); Vogels et al. 2019 (PowerSGD's Table 1) and DRAGONN's Figure 7 run it distributed at 1/32 of the traffic, with a small loss of accuracy on ResNet-18 and LSTMs",
 		Warning: "one bit per element: on Transformers and recommenders no paper here shows it at dense accuracy"},
 }
