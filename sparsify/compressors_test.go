@@ -17,7 +17,11 @@ import (
 
 // compressorShapes are odd tensor shapes: 1-D tensors, a 1×1 matrix,
 // tall, wide and 4-D tensors, sizes that are not multiples of 32.
-var compressorShapes = [][]int{{1}, {5}, {7, 3}, {1, 1}, {3, 33}, {2, 3, 3, 2}, {13}, {40, 1}, {65, 9}}
+var compressorShapes = [][]int{{1}, {5}, {7, 3}, {1, 1}, {3, 33}, {2, 3, 3, 2}, {13}, {40, 1}, {65, 9}, {16, 3, 3}, {20, 30}, nil}
+
+// unknownShapeSize is the size of the tensor of unknown shape (a nil entry
+// of compressorShapes): 96 = 8·12.
+const unknownShapeSize = 96
 
 // shapedLayout returns a layout of a random subset (at least one) of
 // compressorShapes, in random order.
@@ -32,6 +36,9 @@ func shapedLayout(t *testing.T, rng *rand.Rand) Layout {
 			size := 1
 			for _, d := range s {
 				size *= d
+			}
+			if s == nil {
+				size = unknownShapeSize
 			}
 			ts = append(ts, layout.Tensor{Name: fmt.Sprintf("t%d", i), Shape: s, Size: size})
 		}
@@ -138,6 +145,204 @@ func TestEFSignSGDBytes(t *testing.T) {
 			st := res.Stats[0][w]
 			if st.BytesSent != sent || st.BytesRecv != recv {
 				t.Errorf("n=%d worker %d: bytes %d/%d, want %d/%d", workers, w, st.BytesSent, st.BytesRecv, sent, recv)
+			}
+		}
+	}
+}
+
+// refPowerSGD is PowerSGD (Vogels et al. 2019, Algorithm 1) in float64 on
+// the n workers' accs M_w, from the shared start q (per tensor index, the
+// cols×r row-major Q; updated in place): per tensor of ≥2 dimensions the
+// matrix (shape[0], rest) (unknown shape: rows the largest divisor of the
+// size at most its square root), compressed with rank min(r, rows, cols)
+// when (rows+cols)·rank·2 < rows·cols: P = Σ_w M_w Q, orthonormalized by
+// Gram–Schmidt (norm + 1e-8), Q = (1/n) Σ_w M_wᵀ P, out = PQᵀ, residual_w
+// = M_w − out; other tensors: out = the mean, residual 0.
+func refPowerSGD(l Layout, acc [][]float32, r int, q map[int][]float64) (out []float64, res [][]float64) {
+	n := len(acc)
+	out = make([]float64, l.N)
+	for ti, tn := range l.Tensors {
+		rows := 0
+		switch {
+		case len(tn.Shape) >= 2:
+			rows = tn.Shape[0]
+		case len(tn.Shape) == 0:
+			for d := 1; d*d <= tn.Size; d++ {
+				if tn.Size%d == 0 {
+					rows = d
+				}
+			}
+		}
+		cols, k := 0, 0
+		if rows > 0 {
+			cols = tn.Size / rows
+			k = min(r, rows, cols)
+		}
+		if rows == 0 || (rows+cols)*k*2 >= rows*cols {
+			for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+				for w := range n {
+					out[i] += float64(acc[w][i])
+				}
+				out[i] /= float64(n)
+			}
+			continue
+		}
+		M := func(w, i, j int) float64 { return float64(acc[w][tn.Offset+i*cols+j]) }
+		Q := q[ti]
+		P := make([][]float64, k) // columns
+		for c := range k {
+			P[c] = make([]float64, rows)
+			for i := range rows {
+				for w := range n {
+					for j := range cols {
+						P[c][i] += M(w, i, j) * Q[j*k+c]
+					}
+				}
+			}
+		}
+		for c := range k {
+			norm := 0.0
+			for _, x := range P[c] {
+				norm += x * x
+			}
+			norm = math.Sqrt(norm) + 1e-8
+			for i := range P[c] {
+				P[c][i] /= norm
+			}
+			for c2 := c + 1; c2 < k; c2++ {
+				dot := 0.0
+				for i := range rows {
+					dot += P[c][i] * P[c2][i]
+				}
+				for i := range rows {
+					P[c2][i] -= dot * P[c][i]
+				}
+			}
+		}
+		for j := range cols {
+			for c := range k {
+				s := 0.0
+				for w := range n {
+					for i := range rows {
+						s += M(w, i, j) * P[c][i]
+					}
+				}
+				Q[j*k+c] = s / float64(n)
+			}
+		}
+		for i := range rows {
+			for j := range cols {
+				s := 0.0
+				for c := range k {
+					s += P[c][i] * Q[j*k+c]
+				}
+				out[tn.Offset+i*cols+j] = s
+			}
+		}
+	}
+	res = make([][]float64, n)
+	for w := range n {
+		res[w] = make([]float64, l.N)
+		for _, tn := range l.Tensors {
+			for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+				res[w][i] = float64(acc[w][i]) - out[i]
+			}
+		}
+	}
+	// The dense tensors' residual is 0, not acc − mean.
+	for _, tn := range l.Tensors {
+		if len(tn.Shape) == 1 || !refPSGDCompressed(tn, r) {
+			for w := range n {
+				for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+					res[w][i] = 0
+				}
+			}
+		}
+	}
+	return out, res
+}
+
+// refPSGDCompressed reports whether refPowerSGD compresses tn.
+func refPSGDCompressed(tn Tensor, r int) bool {
+	rows := 0
+	switch {
+	case len(tn.Shape) >= 2:
+		rows = tn.Shape[0]
+	case len(tn.Shape) == 0:
+		for d := 1; d*d <= tn.Size; d++ {
+			if tn.Size%d == 0 {
+				rows = d
+			}
+		}
+	}
+	if rows == 0 {
+		return false
+	}
+	cols := tn.Size / rows
+	k := min(r, rows, cols)
+	return (rows+cols)*k*2 < rows*cols
+}
+
+// refPSGDStart is the shared start of Q the paper prescribes (the same
+// standard normal draw on every worker), drawn as the run's seed defines
+// it: per tensor index t, PCG(seed, t<<8|0x9c), cols×rank values.
+func refPSGDStart(l Layout, r int, seed uint64) map[int][]float64 {
+	q := map[int][]float64{}
+	for t, tn := range l.Tensors {
+		if !refPSGDCompressed(tn, r) {
+			continue
+		}
+		rows := tn.Size
+		if len(tn.Shape) >= 2 {
+			rows = tn.Shape[0]
+		} else {
+			for d := 1; d*d <= tn.Size; d++ {
+				if tn.Size%d == 0 {
+					rows = d
+				}
+			}
+		}
+		cols := tn.Size / rows
+		k := min(r, rows, cols)
+		rng := rand.New(rand.NewPCG(seed, uint64(t)<<8|0x9c))
+		v := make([]float64, cols*k)
+		for i := range v {
+			v[i] = float64(float32(rng.NormFloat64()))
+		}
+		q[t] = v
+	}
+	return q
+}
+
+func TestPowerSGDMatchesReference(t *testing.T) {
+	for _, workers := range []int{1, 2, 3, 5} {
+		for _, rank := range []int{1, 2, 4} {
+			for seed := range uint64(3) {
+				rng := rand.New(rand.NewPCG(seed, 36))
+				l := shapedLayout(t, rng)
+				res := mustRunHarness(t, harnessConfig{Method: "powersgd", Workers: workers, Layout: l, Density: 0.01, Iters: 3, Seed: seed, Feedback: true, InPlace: seed%2 == 1,
+					Options: func(o *Options) { o.Params = Values{"rank": rank} }})
+				checkOutputsAgree(t, res)
+				q := refPSGDStart(l, rank, seed)
+				for it := range res.Acc {
+					out, rres := refPowerSGD(l, res.Acc[it], rank, q)
+					for _, tn := range l.Tensors {
+						scale := 1e-30
+						for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+							scale = max(scale, math.Abs(out[i]))
+						}
+						for w := range workers {
+							for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+								if d := math.Abs(float64(res.Out[it][w][i]) - out[i]); d > 1e-4*scale {
+									t.Fatalf("n=%d rank %d seed %d iteration %d worker %d tensor %v: out[%d] = %v, reference %v", workers, rank, seed, it, w, tn.Shape, i, res.Out[it][w][i], out[i])
+								}
+								if d := math.Abs(float64(res.Residual[it][w][i]) - rres[w][i]); d > 1e-4*(scale+math.Abs(float64(res.Acc[it][w][i]))) {
+									t.Fatalf("n=%d rank %d seed %d iteration %d worker %d tensor %v: residual[%d] = %v, reference %v", workers, rank, seed, it, w, tn.Shape, i, res.Residual[it][w][i], rres[w][i])
+								}
+							}
+						}
+					}
+				}
 			}
 		}
 	}

@@ -147,6 +147,19 @@
 //     selected proposes the equal split and an empty global candidate set
 //     keeps the global threshold (the reference crashes on both); indices
 //     travel as int32, not as float32; layout order as for topkdsa.
+//   - "powersgd" (powersgd.go): reference notes 11.2: PowerSGD (Vogels,
+//     Karimireddy and Jaggi, 2019; epfml/powersgd and PyTorch's
+//     powerSGD_hook): each tensor of more than one dimension as the matrix
+//     (shape[0], rest), one power-iteration step of rank r warm-started from
+//     the previous Q (the same seeded Gaussian start on every worker): P = MQ
+//     all-reduced, orthogonalized by Gram–Schmidt, Q = MᵀP all-reduced and
+//     averaged, out = PQᵀ, residual = acc − PQᵀ; 1-D tensors, and matrices
+//     the hook leaves uncompressed ((rows+cols)·r·2 >= rows·cols),
+//     all-reduced dense with the P's. Deviations: no dense warm-up (the
+//     hook's start_powerSGD_iter; epfml's code has none); a tensor of unknown
+//     shape is taken as the most nearly square matrix of its size; products
+//     accumulated in float64; computed on the host (a GPU's vectors are
+//     copied there and back).
 //   - "randomk" (randomk.go): k random indices shared by all ranks (seeded),
 //     no indices on the wire. Baseline without a reference.
 //   - "spardl" (spardl.go): reference notes 4: sparse reduce-scatter within
@@ -257,6 +270,8 @@
 //     density (densities in [1/c_u, 1]).
 //   - oktopk: dense_warmup (-dense-warmup), int, in [0, 2147483647] (0:
 //     none), default 512: dense all-reduce iterations before sparsifying.
+//   - powersgd: rank (-rank), int, in [1, 65536], default 1: PowerSGD's
+//     approximation rank r (PyTorch's powerSGD_hook's default, 1).
 //   - spardl: teams (-teams), int, in [1, 2147483647], default 1: number of
 //     teams G (must divide the number of workers).
 //   - spardl: sag (-sag), string, bruck or rsag, default bruck:
