@@ -347,3 +347,132 @@ func TestPowerSGDMatchesReference(t *testing.T) {
 		}
 	}
 }
+
+// refMSTopkBands is MSTopk's binary search from the paper in float64: the
+// elements surely selected (|x| >= thres1, at most k of them) and the band
+// from which the rest is drawn (thres2 <= |x| < thres1).
+func refMSTopkBands(x []float32, k int) (sure, band map[int]bool, thres1 float64) {
+	a := make([]float64, len(x))
+	mean, mx := 0.0, 0.0
+	for i, v := range x {
+		a[i] = math.Abs(float64(v))
+		mean += a[i]
+		mx = math.Max(mx, a[i])
+	}
+	mean /= float64(len(x))
+	lo, hi := 0.0, 1.0
+	best1, best2 := -1, len(x)+1
+	t1, t2 := math.Inf(1), math.Inf(-1)
+	for range 30 {
+		ratio := (lo + hi) / 2
+		t := mean + ratio*(mx-mean)
+		c := 0
+		for _, v := range a {
+			if v >= t {
+				c++
+			}
+		}
+		if c <= k {
+			hi = ratio
+			if c > best1 && c > 0 {
+				best1, t1 = c, t
+			}
+		} else {
+			lo = ratio
+			if c < best2 {
+				best2, t2 = c, t
+			}
+		}
+	}
+	sure, band = map[int]bool{}, map[int]bool{}
+	for i, v := range a {
+		if v >= t1 {
+			sure[i] = true
+		} else if v >= t2 {
+			band[i] = true
+		}
+	}
+	if best1 < 0 {
+		t1 = math.NaN()
+	}
+	return sure, band, t1
+}
+
+func TestMSTopkSelectionMatchesReference(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 35))
+	for trial := range 300 {
+		n := 1 + rng.IntN(300)
+		x := make([]float32, n)
+		gen := []harnessGen{genNormal, genSmallInts, genSparse}[trial%3]
+		gen(rng, x)
+		k := 1 + rng.IntN(n)
+		if trial%4 == 0 {
+			k = 1
+		}
+		sel, _, _, th := mstopkSelect(nil, nil, nil, x, k, uint64(trial))
+		sure, band, t1 := refMSTopkBands(x, k)
+		if th != t1 && !(math.IsNaN(th) && math.IsNaN(t1)) {
+			t.Fatalf("trial %d: N=%d k=%d: thres1 %v, reference %v", trial, n, k, th, t1)
+		}
+		if len(sel) != k {
+			t.Fatalf("trial %d: N=%d k=%d: %d selected", trial, n, k, len(sel))
+		}
+		got := map[int]bool{}
+		for i, j := range sel {
+			if i > 0 && sel[i-1] >= j {
+				t.Fatalf("trial %d: selection not ascending and distinct: %v", trial, sel)
+			}
+			got[int(j)] = true
+			if !sure[int(j)] && !band[int(j)] {
+				t.Fatalf("trial %d: N=%d k=%d: index %d (|x| = %v) is neither above thres1 nor in the band", trial, n, k, j, x[j])
+			}
+		}
+		for i := range sure {
+			if !got[i] {
+				t.Fatalf("trial %d: N=%d k=%d: index %d above thres1 not selected", trial, n, k, i)
+			}
+		}
+	}
+}
+
+// TestMSTopkExchange checks the exchange on 1, 2, 3, 5 and 16 workers:
+// the union's values averaged, the rest kept in the residual, every
+// worker's sure elements in the union.
+func TestMSTopkExchange(t *testing.T) {
+	for _, c := range standardCases() {
+		res := mustRunHarness(t, harnessConfig{Method: "mstopk", Workers: c.Workers, N: c.N, Density: c.Density, Iters: 2, Seed: 11, Feedback: true})
+		checkConservation(t, res)
+		checkOutputsAgree(t, res)
+		k := BudgetK(c.Density, c.N)
+		for it := range res.Acc {
+			inU := make([]bool, c.N)
+			for i := range inU {
+				inU[i] = res.Residual[it][0][i] == 0
+			}
+			for w := range c.Workers {
+				sure, _, _ := refMSTopkBands(res.Acc[it][w], k)
+				for i := range sure {
+					if !inU[i] {
+						t.Fatalf("%v iteration %d: worker %d's index %d above thres1 not sent", c, it, w, i)
+					}
+				}
+				if st := res.Stats[it][w]; st.Selected != k {
+					t.Fatalf("%v: worker %d selected %d, want %d", c, w, st.Selected, k)
+				}
+			}
+			for i, u := range inU {
+				want := 0.0
+				for w := range c.Workers {
+					want += float64(res.Acc[it][w][i])
+				}
+				want /= float64(c.Workers)
+				if !u {
+					want = 0
+				}
+				if d := math.Abs(float64(res.Out[it][0][i]) - want); d > 1e-5*(1+math.Abs(want)) {
+					t.Fatalf("%v iteration %d: out[%d] = %v, want %v", c, it, i, res.Out[it][0][i], want)
+				}
+			}
+		}
+	}
+}

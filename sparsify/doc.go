@@ -136,6 +136,17 @@
 //     partitions with a shared threshold controller. Deviations: with one
 //     worker the global count is recorded as with many (the reference's
 //     threshold decays every call); empty partitions (N < n) are guarded.
+//   - "mstopk" (mstopk.go): reference notes 11.3: MSTopk (Shi et al., 2021),
+//     DRAGONN's approximate Top-k baseline: the threshold found by 30 rounds
+//     of binary search between the mean and the maximum magnitude, counting
+//     the elements above each candidate (no sort); the k1 <= k elements above
+//     the best threshold not exceeding k, the rest drawn at random from those
+//     between it and the lowest threshold above k; then exchanged as topk
+//     (index lists all-gathered, the union all-reduced). Deviations: the
+//     random draw is seeded by the run's seed, the call and the rank (the
+//     reference draws with torch.randperm); when no candidate threshold
+//     leaves at most k elements, all k are drawn from those above the lowest
+//     one tried; computed on the host (a GPU's acc is copied there).
 //   - "oktopk" (oktopk.go): reference notes 7.8: Ok-Topk: local threshold
 //     exact every 32 sparse calls and otherwise reused and raised, regions
 //     re-balanced every 64, owners sum, global threshold exact every 32 and
