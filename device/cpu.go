@@ -30,6 +30,8 @@ func (cpuDevice) Alloc(dt DType, n int) (Buffer, error) {
 		return Host(make([]int32, n)), nil
 	case Int64:
 		return Host(make([]int64, n)), nil
+	case Float16:
+		return Host(make([]uint16, n)), nil
 	}
 	return Buffer{}, fmt.Errorf("device: cannot allocate elements of %v", dt)
 }

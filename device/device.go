@@ -55,6 +55,10 @@ const (
 	Float64
 	Int32
 	Int64
+	// Float16 is IEEE 754 half precision (binary16), held as its bits in
+	// uint16 (Go has no half type; see ToFloat16 and FromFloat16): what
+	// the communicators move for FP16 compression.
+	Float16
 )
 
 // Size is the size of one element in bytes.
@@ -64,6 +68,8 @@ func (d DType) Size() int {
 		return 4
 	case Float64, Int64:
 		return 8
+	case Float16:
+		return 2
 	}
 	return 0
 }
@@ -79,6 +85,8 @@ func (d DType) String() string {
 		return "int32"
 	case Int64:
 		return "int64"
+	case Float16:
+		return "float16"
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -248,6 +256,15 @@ func (b Buffer) Int64s() []int64 {
 	return unsafe.Slice((*int64)(b.host), b.n)
 }
 
+// Float16s is Float32s for float16 buffers: the elements' bits.
+func (b Buffer) Float16s() []uint16 {
+	b.mustHost(Float16)
+	if b.n == 0 {
+		return nil
+	}
+	return unsafe.Slice((*uint16)(b.host), b.n)
+}
+
 // HostBytes returns a host buffer's memory as bytes (no copy).
 func (b Buffer) HostBytes() []byte {
 	if b.n == 0 { // an empty buffer holds no memory, wherever it is
@@ -259,8 +276,9 @@ func (b Buffer) HostBytes() []byte {
 	return unsafe.Slice((*byte)(b.host), b.Bytes())
 }
 
-// Host wraps a Go slice as a CPU buffer without copying.
-func Host[E float32 | float64 | int32 | int64](x []E) Buffer {
+// Host wraps a Go slice as a CPU buffer without copying; a []uint16 is
+// float16 (the bits of half-precision values).
+func Host[E float32 | float64 | int32 | int64 | uint16](x []E) Buffer {
 	var dt DType
 	switch any(x).(type) {
 	case []float32:
@@ -271,6 +289,8 @@ func Host[E float32 | float64 | int32 | int64](x []E) Buffer {
 		dt = Int32
 	case []int64:
 		dt = Int64
+	case []uint16:
+		dt = Float16
 	}
 	b := Buffer{dev: CPU, dt: dt, n: len(x)}
 	if len(x) > 0 {
