@@ -42,7 +42,7 @@ import (
 var ErrAborted = errors.New("comm: job aborted")
 
 // DType is the element type of a Buffer: the project's one element type,
-// device.DType. The communicators move Float32, Int32 and Int64.
+// device.DType. The communicators move Float32, Int32, Int64 and Float16.
 type DType = device.DType
 
 // The element types the communicators move.
@@ -50,9 +50,14 @@ const (
 	Float32 = device.Float32
 	Int32   = device.Int32
 	Int64   = device.Int64
+	// Float16 is half precision; an all-reduce of it adds in half
+	// precision, each addition rounded to the nearest (device.AddFloat16),
+	// in the canonical order, as NCCL's and Horovod's float16 sums do.
+	Float16 = device.Float16
 )
 
-// Buffer is a typed slice handed to a communicator: Float32s, Int32s or Int64s.
+// Buffer is a typed slice handed to a communicator: Float32s, Int32s, Int64s
+// or Float16s.
 // Converting a slice is free: comm.Float32s(x) shares x's memory.
 type Buffer interface {
 	// Len is the number of elements.
@@ -73,6 +78,22 @@ type Int32s []int32
 
 // Int64s is a Buffer of int64 elements.
 type Int64s []int64
+
+// Float16s is a Buffer of half-precision elements, held as their bits
+// (device.ToFloat16 and device.FromFloat16 convert).
+type Float16s []uint16
+
+// Len returns the number of elements.
+func (b Float16s) Len() int { return len(b) }
+
+// DType returns Float16.
+func (b Float16s) DType() DType { return Float16 }
+
+// Bytes returns the elements' memory viewed as bytes (no copy).
+func (b Float16s) Bytes() []byte { return bytesOf(b) }
+
+// Slice returns elements [i, j) (no copy).
+func (b Float16s) Slice(i, j int) Buffer { return b[i:j] }
 
 // Len returns the number of elements.
 func (b Float32s) Len() int { return len(b) }
@@ -110,7 +131,7 @@ func (b Int64s) Bytes() []byte { return bytesOf(b) }
 // Slice returns elements [i, j) (no copy).
 func (b Int64s) Slice(i, j int) Buffer { return b[i:j] }
 
-func bytesOf[E float32 | int32 | int64](s []E) []byte {
+func bytesOf[E float32 | int32 | int64 | uint16](s []E) []byte {
 	if len(s) == 0 {
 		return nil
 	}
@@ -136,8 +157,8 @@ type Communicator interface {
 	Size() int
 
 	// AllReduce sums buf element-wise over all ranks, in place, in the
-	// canonical order of the package documentation. Float32s, Int32s and
-	// Int64s are accepted.
+	// canonical order of the package documentation. Float32s, Int32s,
+	// Int64s and Float16s are accepted.
 	AllReduce(ctx context.Context, buf Buffer) error
 	// AllGather concatenates every rank's send (all of the same length) into
 	// recv, in rank order; recv.Len() must be Size()*send.Len().

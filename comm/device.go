@@ -287,12 +287,14 @@ func hostView(mem []byte, dt DType, n int) (Buffer, error) {
 		return Int32s(viewAs[int32](mem, n)), nil
 	case Int64:
 		return Int64s(viewAs[int64](mem, n)), nil
+	case Float16:
+		return Float16s(viewAs[uint16](mem, n)), nil
 	}
-	return nil, fmt.Errorf("comm: Staged: element type %v cannot be moved (float32, int32 and int64 can)", dt)
+	return nil, fmt.Errorf("comm: Staged: element type %v cannot be moved (float32, int32, int64 and float16 can)", dt)
 }
 
 // viewAs views the first n elements of mem as E (no copy).
-func viewAs[E float32 | int32 | int64](mem []byte, n int) []E {
+func viewAs[E float32 | int32 | int64 | uint16](mem []byte, n int) []E {
 	if n == 0 {
 		return nil
 	}
@@ -308,6 +310,8 @@ func asDevice(b Buffer) device.Buffer {
 		return device.Host([]int32(v))
 	case Int64s:
 		return device.Host([]int64(v))
+	case Float16s:
+		return device.Host([]uint16(v))
 	}
 	return b.(Device).Buf
 }

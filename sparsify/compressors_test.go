@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/layout"
 )
 
@@ -471,6 +472,57 @@ func TestMSTopkExchange(t *testing.T) {
 				}
 				if d := math.Abs(float64(res.Out[it][0][i]) - want); d > 1e-5*(1+math.Abs(want)) {
 					t.Fatalf("%v iteration %d: out[%d] = %v, want %v", c, it, i, res.Out[it][0][i], want)
+				}
+			}
+		}
+	}
+}
+
+// TestFP16MatchesReference: DDP's fp16_compress_hook written out: every
+// worker's acc cast to half, divided by n (in float32, rounded to half),
+// the halves summed in half precision in the canonical order (chunk c of
+// comm.ChunkBounds added in rank order c+1, …, n−1, 0, …, c), cast back;
+// bit-identical, residual 0, the bytes those of a ring all-reduce of 2-byte
+// elements.
+func TestFP16MatchesReference(t *testing.T) {
+	for _, c := range standardCases() {
+		if c.Density != 0.05 {
+			continue
+		}
+		for _, gen := range []harnessGen{genNormal, genSmallInts} {
+			res := mustRunHarness(t, harnessConfig{Method: "fp16", Workers: c.Workers, N: c.N, Density: c.Density, Iters: 2, Seed: 5, Gen: gen, Feedback: true})
+			n := c.Workers
+			for it := range res.Acc {
+				want := make([]uint16, c.N)
+				for ch := range n {
+					lo, hi := comm.ChunkBounds(c.N, n, ch)
+					for i := lo; i < hi; i++ {
+						var s uint16
+						for k := 1; k <= n; k++ {
+							w := (ch + k) % n
+							x := device.ToFloat16(device.FromFloat16(device.ToFloat16(res.Acc[it][w][i])) / float32(n))
+							if k == 1 {
+								s = x
+							} else {
+								s = device.AddFloat16(s, x) // the correctly rounded half sum (tested in device)
+							}
+						}
+						want[i] = s
+					}
+				}
+				for w := range n {
+					for i := range want {
+						if g := res.Out[it][w][i]; math.Float32bits(g) != math.Float32bits(device.FromFloat16(want[i])) {
+							t.Fatalf("%v iteration %d worker %d: out[%d] = %v, reference %v", c, it, w, i, g, device.FromFloat16(want[i]))
+						}
+						if res.Residual[it][w][i] != 0 {
+							t.Fatalf("%v: residual[%d] = %v, want 0", c, i, res.Residual[it][w][i])
+						}
+					}
+					sent, recv := expectTraffic(n, w, []harnessCall{{Op: comm.OpAllReduce, Elems: c.N, ESize: 2}})
+					if st := res.Stats[it][w]; st.BytesSent != sent || st.BytesRecv != recv {
+						t.Fatalf("%v worker %d: bytes %d/%d, want %d/%d", c, w, st.BytesSent, st.BytesRecv, sent, recv)
+					}
 				}
 			}
 		}

@@ -120,6 +120,13 @@
 //     in float64 and rounded once; a zero's sign is + (one bit per element
 //     has no 0); computed on the host (a GPU's vectors are copied there and
 //     back).
+//   - "fp16" (fp16.go): reference notes 11.4: FP16 compression as PyTorch
+//     DDP's fp16_compress_hook (and Horovod's Compression.fp16): acc cast to
+//     half precision and divided by the workers in half precision,
+//     all-reduced in half precision (2 bytes per element, every addition
+//     rounded to half in the canonical order), cast back; residual 0 (no
+//     error feedback, as both). Deviation: computed on the host (a GPU's
+//     vectors are copied there and back).
 //   - "gtopk" (gtopk.go): reference notes 7.7: Shi et al.'s gTop-k tree
 //     merge, power-of-two worker counts. Deviations: indices and values as
 //     two messages (int32, float32) instead of indices packed as float32
@@ -200,7 +207,8 @@
 //     (exact only below 2^24); regions cut the layout order, not the reversed
 //     parameter order.
 //
-// Every method except gtopk and dgc with momentum correction conserves the
+// Every method except gtopk, dgc with momentum correction and fp16 (no error
+// feedback: what half precision rounds off is lost) conserves the
 // gradient: Σ_w residual_w + n·out =
 // Σ_w acc_w up to float32 rounding.
 //

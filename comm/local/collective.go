@@ -168,10 +168,10 @@ func (c *rankComm) phase(ctx context.Context, g *gate) error {
 
 func validDType(what string, b comm.Buffer) error {
 	if b == nil {
-		return fmt.Errorf("local: %s buffer is nil: pass comm.Float32s, comm.Int32s or comm.Int64s (possibly empty)", what)
+		return fmt.Errorf("local: %s buffer is nil: pass comm.Float32s, comm.Int32s, comm.Int64s or comm.Float16s (possibly empty)", what)
 	}
 	if b.DType().Size() == 0 {
-		return fmt.Errorf("local: %s buffer has unsupported element type %s: use comm.Float32s, comm.Int32s or comm.Int64s", what, b.DType())
+		return fmt.Errorf("local: %s buffer has unsupported element type %s: use comm.Float32s, comm.Int32s, comm.Int64s or comm.Float16s", what, b.DType())
 	}
 	return nil
 }
@@ -204,7 +204,7 @@ func (c *rankComm) checkCounts(counts []int) (int, error) {
 }
 
 // view returns b's elements as a []E (no copy); b must hold E elements.
-func view[E float32 | int32 | int64](b comm.Buffer) []E {
+func view[E float32 | int32 | int64 | uint16](b comm.Buffer) []E {
 	bs := b.Bytes()
 	if len(bs) == 0 {
 		return nil
@@ -297,6 +297,28 @@ func reduceBlock(dtype comm.DType, out comm.Buffer, bufs func(r int) comm.Buffer
 		reduceTyped[int32](out, bufs, n, j, lo, hi)
 	case comm.Int64:
 		reduceTyped[int64](out, bufs, n, j, lo, hi)
+	case comm.Float16:
+		reduceHalf(view[uint16](out), bufs, n, j, lo, hi)
+	}
+}
+
+// reduceHalf is reduceTyped for Float16: each addition in half precision,
+// rounded to the nearest (device.AddFloat16), left to right in the
+// canonical order.
+func reduceHalf(out []uint16, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
+	if hi <= lo {
+		return
+	}
+	srcs := make([][]uint16, n)
+	for k := 1; k <= n; k++ {
+		srcs[k-1] = view[uint16](bufs((j + k) % n))[lo:hi]
+	}
+	for i := range hi - lo {
+		s := srcs[0][i]
+		for _, x := range srcs[1:] {
+			s = device.AddFloat16(s, x[i])
+		}
+		out[i] = s
 	}
 }
 
@@ -328,6 +350,12 @@ func reduceAll(dtype comm.DType, bufs func(r int) comm.Buffer, n, j, lo, hi int)
 		reduceAllTyped[int32](bufs, n, j, lo, hi)
 	case comm.Int64:
 		reduceAllTyped[int64](bufs, n, j, lo, hi)
+	case comm.Float16:
+		sum := make([]uint16, hi-lo)
+		reduceHalf(sum, bufs, n, j, lo, hi)
+		for r := range n {
+			copy(view[uint16](bufs(r))[lo:hi], sum)
+		}
 	}
 }
 

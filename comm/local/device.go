@@ -152,6 +152,8 @@ func anyBuf(b comm.Buffer) device.Buffer {
 		return device.Host([]int32(v))
 	case comm.Int64s:
 		return device.Host([]int64(v))
+	case comm.Float16s:
+		return device.Host([]uint16(v))
 	}
 	return device.Buffer{}
 }

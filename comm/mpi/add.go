@@ -4,6 +4,7 @@ import (
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // add sets dst[i] = a[i] + b[i] for byte slices holding elements of type dt
@@ -19,10 +20,15 @@ func add(dt comm.DType, dst, a, b []byte) {
 		addInt(view[int32](dst), view[int32](a), view[int32](b))
 	case comm.Int64:
 		addInt(view[int64](dst), view[int64](a), view[int64](b))
+	case comm.Float16:
+		d, x, y := view[uint16](dst), view[uint16](a), view[uint16](b)
+		for i := range d {
+			d[i] = device.AddFloat16(x[i], y[i])
+		}
 	}
 }
 
-func view[E float32 | int32 | int64](b []byte) []E {
+func view[E float32 | int32 | int64 | uint16](b []byte) []E {
 	var z E
 	return unsafe.Slice((*E)(unsafe.Pointer(&b[0])), len(b)/int(unsafe.Sizeof(z)))
 }

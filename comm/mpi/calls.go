@@ -25,9 +25,9 @@ func checkBuf(what, name string, b comm.Buffer) error {
 		return fmt.Errorf("mpi: %s: %s buffer is nil; pass an empty comm.Float32s{} for no data", what, name)
 	}
 	switch b.DType() {
-	case comm.Float32, comm.Int32, comm.Int64:
+	case comm.Float32, comm.Int32, comm.Int64, comm.Float16:
 	default:
-		return fmt.Errorf("mpi: %s: %s has unsupported element type %v; use Float32s, Int32s or Int64s", what, name, b.DType())
+		return fmt.Errorf("mpi: %s: %s has unsupported element type %v; use Float32s, Int32s, Int64s or Float16s", what, name, b.DType())
 	}
 	if b.Len() > maxCount {
 		return fmt.Errorf("mpi: %s: %s has %d elements, more than MPI's limit of %d per call; split the call", what, name, b.Len(), maxCount)
@@ -106,7 +106,9 @@ func (c *Comm) allReduceOp(buf comm.Buffer) (op, error) {
 		return nil, err
 	}
 	n, L := c.Size(), buf.Len()
-	if buf.DType() == comm.Float32 {
+	if buf.DType() == comm.Float32 || buf.DType() == comm.Float16 {
+		// Floating-point sums go round the ring, in the canonical order
+		// (MPI has no half type to sum).
 		if n == 1 || L == 0 {
 			return nil, nil
 		}

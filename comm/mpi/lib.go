@@ -50,7 +50,7 @@ type lib struct {
 	allreduce                                                uintptr // blocking, for benchmarks
 	memcpy                                                   uintptr // libc's, to read attribute values
 
-	commWorld, tFloat, tInt32, tInt64, opSum, errorsReturn uintptr
+	commWorld, tFloat, tInt32, tInt64, tInt16, opSum, errorsReturn uintptr
 
 	// sc holds the out-parameters of MPI calls. C code receives their
 	// addresses as plain integers, so they must live on the heap (a
@@ -114,7 +114,7 @@ func bindLib(h uintptr, name string) (*lib, error) {
 		{&l.ibcast, "MPI_Ibcast"}, {&l.ibarrier, "MPI_Ibarrier"}, {&l.allreduce, "MPI_Allreduce"}, {&l.memcpy, "memcpy"},
 		// Predefined handles of the Open MPI ABI.
 		{&l.commWorld, "ompi_mpi_comm_world"}, {&l.tFloat, "ompi_mpi_float"}, {&l.tInt32, "ompi_mpi_int"},
-		{&l.tInt64, "ompi_mpi_long_long_int"}, {&l.opSum, "ompi_mpi_op_sum"},
+		{&l.tInt64, "ompi_mpi_long_long_int"}, {&l.tInt16, "ompi_mpi_short"}, {&l.opSum, "ompi_mpi_op_sum"},
 		{&l.errorsReturn, "ompi_mpi_errors_return"},
 	}
 	for _, s := range syms {
@@ -177,6 +177,8 @@ func (l *lib) typeOf(d comm.DType) uintptr {
 		return l.tInt32
 	case comm.Int64:
 		return l.tInt64
+	case comm.Float16:
+		return l.tInt16 // moved as 2-byte words; summed in Go (add)
 	}
 	return 0
 }
