@@ -1,7 +1,9 @@
 // Command compare trains one least-squares model data-parallel on simulated
 // in-process workers, once with every sparsification method of package
-// sparsify, and prints how each converged and what it sent: the quickest way
-// to see the methods side by side before training a real model.
+// sparsify (the sparsifiers and the compressors fp16, efsignsgd and powersgd,
+// which send every element in fewer bytes), and prints how each converged
+// and what it sent: the quickest way to see the methods side by side before
+// training a real model.
 //
 // Every worker holds its own shard of a synthetic regression problem
 // (b = A·x* + noise), computes its gradient, adds its error-feedback
@@ -81,6 +83,10 @@ var purpose = map[string]string{
 	"dragonn":   "small tensors dense, large ones by a sampled threshold with hashed insertion",
 	"lags":      "layer-wise top-k per merge group (merge groups of 8192 elements: on this toy one group, so it selects as topka); its point, hiding the groups' communication behind the backward pass, needs the trainer (train -sparsifier lags): this toy has no backward pass to overlap",
 	"spardl":    "sparse reduce-scatter then all-gather: exactly k per block, density ρ",
+	"mstopk":    "MSTopk's approximate top-k (binary search on a threshold, part drawn at random below it), exchanged as topk: compare its select ms with topk's",
+	"fp16":      "a compressor, not a sparsifier: every element in half precision (actual density 1, half of dense's KB), no error feedback; loss near dense's",
+	"efsignsgd": "a compressor: every element as its sign, 1 bit, scaled per tensor, with error feedback (actual density 1, about 1/32 of dense's KB; all-gathered, so its KB grow with the workers)",
+	"powersgd":  "a compressor: each tensor as a rank-1 product P·Qᵀ (-rank; on this toy each tensor is taken as its most nearly square matrix), with error feedback and a warm-started Q (actual density 1, KB of P and Q only)",
 }
 
 func main() {
@@ -291,6 +297,9 @@ func train(ctx context.Context, c config, method string) result {
 	shards := makeShards(c)
 	losses := make([][2]float64, c.workers)
 	denseSteps := make([]int, c.workers)
+	// What a dense all-reduce of the whole gradient sends per worker (a
+	// ring's 2(n−1)/n times the float32 bytes).
+	denseBytes := float64(lay.N) * 4 * 2 * float64(c.workers-1) / float64(c.workers)
 	stats := make([]sparsify.Stats, c.workers)
 	sums := make([]sparsify.Stats, c.workers)
 	start := time.Now()
@@ -321,7 +330,10 @@ func train(ctx context.Context, c config, method string) result {
 				x[i] -= float32(c.lr) * v
 			}
 			stats[r] = st
-			if st.ActualDensity >= 1 {
+			// A step sent everything when every element crossed the
+			// wire at full size: a compressor's (fp16, efsignsgd,
+			// powersgd) crosses it compressed.
+			if st.ActualDensity >= 1 && float64(st.BytesSent) >= 0.9*denseBytes {
 				denseSteps[r]++
 			}
 			sums[r].ActualDensity += st.ActualDensity
