@@ -24,7 +24,7 @@ func TestSweepAndAdviseRejectBadInput(t *testing.T) {
 		args   []string
 		expect string
 	}{
-		{[]string{"sweep", "-preset", "nope", "-out", "x"}, `unknown preset "nope"; use one of deft-buildup, dragonn-selection, lags-pipelining, micro-threshold, spardl-scaling`},
+		{[]string{"sweep", "-preset", "nope", "-out", "x"}, `unknown preset "nope"; use one of ` + strings.Join(sweep.PresetNames(), ", ")},
 		{[]string{"sweep", "-preset", "deft-buildup"}, "give -out DIR"},
 		{[]string{"sweep", "-sparsifiers", "topk", "-workers", "2", "-density", "0.01", "-out", "x"}, "give a budget per run"},
 		{[]string{"sweep", "-sparsifiers", "topk", "-workers", "2", "-density", "0,1", "-steps", "5", "-out", "x"}, "want a fraction in (0, 1]"},
