@@ -150,8 +150,8 @@
 //     the best threshold not exceeding k, the rest drawn at random from those
 //     between it and the lowest threshold above k; then exchanged as topk
 //     (index lists all-gathered, the union all-reduced). Deviations: the
-//     random draw is seeded by the run's seed, the call and the rank (the
-//     reference draws with torch.randperm); when no candidate threshold
+//     random draw is seeded by the run's seed, the rank and the call's search
+//     (the reference draws with torch.randperm); when no candidate threshold
 //     leaves at most k elements, all k are drawn from those above the lowest
 //     one tried; computed on the host (a GPU's acc is copied there).
 //   - "oktopk" (oktopk.go): reference notes 7.8: Ok-Topk: local threshold

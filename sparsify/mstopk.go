@@ -9,7 +9,7 @@ import (
 
 func init() {
 	Register(Method{Name: "mstopk", Projectable: true, New: newMSTopk, Advice: mstopkAdvice,
-		Doc: "reference notes 11.3: MSTopk (Shi et al., 2021), DRAGONN's approximate Top-k baseline: the threshold found by 30 rounds of binary search between the mean and the maximum magnitude, counting the elements above each candidate (no sort); the k1 <= k elements above the best threshold not exceeding k, the rest drawn at random from those between it and the lowest threshold above k; then exchanged as topk (index lists all-gathered, the union all-reduced). Deviations: the random draw is seeded by the run's seed, the call and the rank (the reference draws with torch.randperm); when no candidate threshold leaves at most k elements, all k are drawn from those above the lowest one tried; computed on the host (a GPU's acc is copied there)."})
+		Doc: "reference notes 11.3: MSTopk (Shi et al., 2021), DRAGONN's approximate Top-k baseline: the threshold found by 30 rounds of binary search between the mean and the maximum magnitude, counting the elements above each candidate (no sort); the k1 <= k elements above the best threshold not exceeding k, the rest drawn at random from those between it and the lowest threshold above k; then exchanged as topk (index lists all-gathered, the union all-reduced). Deviations: the random draw is seeded by the run's seed, the rank and the call's search (the reference draws with torch.randperm); when no candidate threshold leaves at most k elements, all k are drawn from those above the lowest one tried; computed on the host (a GPU's acc is copied there)."})
 }
 
 // mstopkRounds is N, the rounds of MSTopk's binary search.
@@ -27,7 +27,7 @@ const mstopkRounds = 30
 //     count yet (k2), keeps thres2 = thres (thresholds in float64);
 //   - the selection is the k1 elements with a >= thres1 (none when no
 //     round left at most k) and k − k1 drawn uniformly (RandomK, seeded by
-//     Options.Seed, the call and the rank) from the others with a >=
+//     Options.Seed, the rank, thres2 and k1: no state) from the others with a >=
 //     thres2 (every other element when no round left more than k);
 //   - then as topk: every worker's index list all-gathered, the union's
 //     values all-reduced, out = sum·(1/n) there and 0 elsewhere, residual =
@@ -57,7 +57,7 @@ func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 	}
 	var thres1 float64
 	selTime, err := b.timed(func() error {
-		seed := sampMix(b.o.Seed ^ sampMix(uint64(b.calls)<<20^uint64(b.c.Rank())^0x3570))
+		seed := sampMix(b.o.Seed ^ sampMix(uint64(b.c.Rank())^0x3570))
 		r.sel, r.cand, r.tmp, thres1 = mstopkSelect(r.sel, r.cand, r.tmp, r.h.acc, b.k, seed)
 		return v.upload(dsel, r.sel)
 	})
@@ -69,22 +69,6 @@ func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 	}
 	st.SelectTime = selTime
 	st.Threshold = thres1
-	return nil
-}
-
-// SaveState writes the call count, which seeds the random draw.
-func (r *mstopk) SaveState(w *StateWriter) error {
-	w.Int(r.b.calls)
-	return nil
-}
-
-// LoadState reads the call count back.
-func (r *mstopk) LoadState(d *StateReader) error {
-	it := d.Int("call count", 0, maxCount)
-	if err := d.Done(); err != nil {
-		return err
-	}
-	r.b.calls = it
 	return nil
 }
 
@@ -134,7 +118,9 @@ func mstopkSelect(sel, cand, tmp []int32, x []float32, k int, seed uint64) ([]in
 			cand = append(cand, int32(i))
 		}
 	}
-	tmp = RandomK(tmp, len(cand), k-len(sel), seed)
+	// The draw's seed: the run's and the rank's (seed), and this call's
+	// search, so that it changes from call to call and needs no state.
+	tmp = RandomK(tmp, len(cand), k-len(sel), sampMix(seed^math.Float64bits(thres2)^uint64(k1)<<40))
 	n1 := len(sel)
 	for _, j := range tmp {
 		sel = append(sel, cand[j])
