@@ -73,5 +73,6 @@ var fp16Advice = &Advice{
 	Selection: NoSelection,
 	Evidence: Evidence{Shown: ModelKinds,
 		Papers:  "mixed-precision training (Micikevicius et al. 2018) trains CNNs, RNNs and Transformers with half-precision gradients at full accuracy; PyTorch DDP's fp16_compress_hook and Horovod's Compression.fp16 ship it as the default compression",
+		Project: "NCF on MovieLens-100K, 16 workers, 20 epochs: HR@10 0.631 against dense's 0.626 (docs/results/compressors.md)",
 		Warning: "no error feedback: gradients below 2⁻²⁴·n vanish and above 65504 overflow; loss scaling is not applied"},
 }
