@@ -50,8 +50,21 @@ func float16Of(x float64) uint16 {
 	return sign | uint16(bits)
 }
 
+// halfValues are the float32 values of the 65536 half-precision bit
+// patterns (FromFloat16's table, 256 KiB).
+var halfValues = func() *[1 << 16]float32 {
+	var t [1 << 16]float32
+	for h := range t {
+		t[h] = fromFloat16(uint16(h))
+	}
+	return &t
+}()
+
 // FromFloat16 is the float32 value of the half-precision bits h (exact).
-func FromFloat16(h uint16) float32 {
+func FromFloat16(h uint16) float32 { return halfValues[h] }
+
+// fromFloat16 computes FromFloat16's table entries.
+func fromFloat16(h uint16) float32 {
 	sign := uint32(h&0x8000) << 16
 	exp := uint32(h>>10) & 0x1f
 	man := uint32(h & 0x3ff)
@@ -72,5 +85,5 @@ func FromFloat16(h uint16) float32 {
 // AddFloat16 is the half-precision sum of a and b, rounded once to the
 // nearest, ties to even (the sum is exact in float64 before the rounding).
 func AddFloat16(a, b uint16) uint16 {
-	return float16Of(float64(FromFloat16(a)) + float64(FromFloat16(b)))
+	return float16Of(float64(halfValues[a]) + float64(halfValues[b]))
 }

@@ -111,3 +111,16 @@ func TestAddFloat16(t *testing.T) {
 		}
 	}
 }
+
+func BenchmarkAddFloat16(b *testing.B) {
+	x := make([]uint16, 4096)
+	for i := range x {
+		x[i] = ToFloat16(float32(i) * 0.01)
+	}
+	b.ResetTimer()
+	var s uint16
+	for i := 0; i < b.N; i++ {
+		s = AddFloat16(s&0x3fff, x[i%len(x)])
+	}
+	_ = s
+}
