@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/comm"
@@ -526,5 +527,88 @@ func TestFP16MatchesReference(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestMinCompressSize: with min_compress_size M, the tensors below M
+// elements come out as their plain average (residual 0) and the others
+// exactly as the method gives them on a layout of those tensors alone;
+// the bytes are the method's plus one all-reduce of the small tensors.
+func TestMinCompressSize(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 35))
+	l := shapedLayout(t, rng)
+	const M = 30
+	var big []layout.Tensor
+	small := 0
+	for _, tn := range l.Tensors {
+		if tn.Size >= M {
+			tn.Offset = 0
+			big = append(big, tn)
+		} else {
+			small += tn.Size
+		}
+	}
+	if len(big) == 0 || small == 0 {
+		t.Fatalf("layout %v has no tensors on one side of %d", l, M)
+	}
+	bl, err := layout.Of(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, method := range []string{"topk", "deft", "randomk", "efsignsgd", "powersgd", "fp16", "mstopk", "micro"} {
+		for _, workers := range []int{1, 2, 3, 5} {
+			name := fmt.Sprintf("%s/n=%d", method, workers)
+			res := mustRunHarness(t, harnessConfig{Method: method, Workers: workers, Layout: l, Density: 0.1, Iters: 3, Seed: 9, Feedback: true,
+				Options: func(o *Options) { o.Params = Values{minCompressName: M} }})
+			// The reference: the same accs, cut in two.
+			ref := mustRunHarness(t, harnessConfig{Method: method, Workers: workers, Layout: bl, Density: 0.1, Iters: 3, Seed: 9,
+				Fill: func(it, rank int, x []float32) {
+					j := 0
+					for _, tn := range l.Tensors {
+						if tn.Size >= M {
+							j += copy(x[j:], res.Acc[it][rank][tn.Offset:tn.Offset+tn.Size])
+						}
+					}
+				}})
+			for it := range res.Acc {
+				for w := range workers {
+					j := 0
+					for _, tn := range l.Tensors {
+						for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+							got, gotRes := res.Out[it][w][i], res.Residual[it][w][i]
+							var want, wantRes float32
+							if tn.Size >= M {
+								want, wantRes = ref.Out[it][w][j], ref.Residual[it][w][j]
+								j++
+							} else {
+								var s float32
+								for p := range workers {
+									s += res.Acc[it][(i%workers+1+p)%workers][i] // any order: compared with a tolerance
+								}
+								want = s / float32(workers)
+								if d := math.Abs(float64(got - want)); d <= 1e-5*(1+math.Abs(float64(want))) {
+									want = got
+								}
+							}
+							if math.Float32bits(got) != math.Float32bits(want) || math.Float32bits(gotRes) != math.Float32bits(wantRes) {
+								t.Fatalf("%s iteration %d worker %d: element %d of %s (size %d): out %v residual %v, want %v %v", name, it, w, i, tn.Name, tn.Size, got, gotRes, want, wantRes)
+							}
+						}
+					}
+					st, rs := res.Stats[it][w], ref.Stats[it][w]
+					sent, recv := expectTraffic(workers, w, []harnessCall{{Op: comm.OpAllReduce, Elems: small, ESize: 4}})
+					if st.BytesSent != rs.BytesSent+sent || st.BytesRecv != rs.BytesRecv+recv {
+						t.Fatalf("%s worker %d: bytes %d/%d, want the method's %d/%d plus the small tensors' %d/%d", name, w, st.BytesSent, st.BytesRecv, rs.BytesSent, rs.BytesRecv, sent, recv)
+					}
+					if st.Selected != rs.Selected+small {
+						t.Fatalf("%s worker %d: selected %d, want %d + %d", name, w, st.Selected, rs.Selected, small)
+					}
+				}
+			}
+		}
+	}
+	// A method that reduces groups of its own refuses a cut-off that cuts.
+	if _, err := runHarness(t, harnessConfig{Method: "lags", Workers: 1, Layout: l, Density: 0.1, Options: func(o *Options) { o.Params = Values{minCompressName: M} }}); err == nil || !strings.Contains(err.Error(), minCompressName) {
+		t.Fatalf("lags with %s: err %v, want a refusal naming the option", minCompressName, err)
 	}
 }

@@ -275,32 +275,104 @@
 // ./sparsify; TestOptionsDoc fails when it is out of date); each entry is
 // method: name (trainer flag), kind, valid values, default, meaning.
 //
+//   - cltk: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
+//   - deft: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
 //   - dgc: sparsity_warmup (-sparsity-warmup), int, in [0, 1000] (0: none),
 //     default 4: epochs of DGC's density warm-up, at most 1000: density
 //     max(0.25^(e+1), ρ) in epoch e.
+//   - dgc: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
 //   - dragonn: min_tensor (-min-tensor), int, in [0, 2147483647] (0: every
 //     tensor), default 204800: compress only tensors with more elements.
 //   - dragonn: dense_warmup (-dense-warmup), int, in [0, 2147483647] (0:
 //     none), default 200: dense all-reduce iterations before sparsifying.
+//   - dragonn: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
+//   - efsignsgd: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
+//   - fp16: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
+//   - gtopk: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
 //   - lags: merge_size (-merge-size), int, in [1, 2147483647], default 8192:
 //     merge threshold in elements (1: one group per tensor).
 //   - lags: max_ratio (-max-ratio), float, 0 (off) or >= 1, default 0: upper
 //     bound c_u >= 1 on the compression ratio of the adaptive per-group
 //     density (densities in [1/c_u, 1]).
+//   - lags: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
+//   - micro: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
+//   - mstopk: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
 //   - oktopk: dense_warmup (-dense-warmup), int, in [0, 2147483647] (0:
 //     none), default 512: dense all-reduce iterations before sparsifying.
+//   - oktopk: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
 //   - powersgd: rank (-rank), int, in [1, 65536], default 1: PowerSGD's
 //     approximation rank r (PyTorch's powerSGD_hook's default, 1).
+//   - powersgd: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
+//   - randomk: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
 //   - spardl: teams (-teams), int, in [1, 2147483647], default 1: number of
 //     teams G (must divide the number of workers).
 //   - spardl: sag (-sag), string, bruck or rsag, default bruck:
 //     spar-all-gather across teams: bruck (B-SAG) or rsag (recursive
 //     doubling, R-SAG; a power-of-two number of teams).
+//   - spardl: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
 //   - threshold: lambda (-lambda), float, in [0, 3.4028234663852886e+38] (0:
 //     1/(2√k), recomputed every call), default 0: hard threshold λ: every
 //     element with |acc| >= λ is sent.
+//   - threshold: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
+//   - topk: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
+//   - topka: min_compress_size (-min-compress-size), int, in [0, 2147483647],
+//     default 0: tensors of fewer elements are all-reduced dense by the
+//     frame, outside the method, and counted as such (0: none, the method's
+//     paper's behaviour).
 //   - topkdsa: dense_warmup (-dense-warmup), int, in [0, 2147483647] (0:
 //     none), default 512: dense all-reduce iterations before sparsifying.
+//   - topkdsa: min_compress_size (-min-compress-size), int, in [0,
+//     2147483647], default 0: tensors of fewer elements are all-reduced dense
+//     by the frame, outside the method, and counted as such (0: none, the
+//     method's paper's behaviour).
 package sparsify
 
 //go:generate go test -run ^TestOptionsDoc$ -update-options-doc .

@@ -112,13 +112,16 @@ func TestResolve(t *testing.T) {
 		want    Values
 		wantErr []string
 	}{
-		{"topk", nil, Values{}, nil},
-		{"lags", nil, Values{"merge_size": 8192, "max_ratio": 0.0}, nil},
-		{"lags", Values{"merge_size": 1.0, "max_ratio": 10}, Values{"merge_size": 1, "max_ratio": 10.0}, nil},
-		{"dragonn", Values{"dense_warmup": 0}, Values{"min_tensor": 204800, "dense_warmup": 0}, nil},
-		{"oktopk", nil, Values{"dense_warmup": 512}, nil},
-		{"topkdsa", Values{"dense_warmup": 7}, Values{"dense_warmup": 7}, nil},
-		{"spardl", nil, Values{"teams": 1, "sag": "bruck"}, nil},
+		{"dense", nil, Values{}, nil},
+		{"topk", nil, Values{"min_compress_size": 0}, nil},
+		{"topk", Values{"min_compress_size": 100.0}, Values{"min_compress_size": 100}, nil},
+		{"lags", nil, Values{"merge_size": 8192, "max_ratio": 0.0, "min_compress_size": 0}, nil},
+		{"lags", Values{"merge_size": 1.0, "max_ratio": 10}, Values{"merge_size": 1, "max_ratio": 10.0, "min_compress_size": 0}, nil},
+		{"dragonn", Values{"dense_warmup": 0}, Values{"min_tensor": 204800, "dense_warmup": 0, "min_compress_size": 0}, nil},
+		{"oktopk", nil, Values{"dense_warmup": 512, "min_compress_size": 0}, nil},
+		{"topkdsa", Values{"dense_warmup": 7}, Values{"dense_warmup": 7, "min_compress_size": 0}, nil},
+		{"spardl", nil, Values{"teams": 1, "sag": "bruck", "min_compress_size": 0}, nil},
+		{"dense", Values{"min_compress_size": 3}, nil, []string{"dense", "min_compress_size is an option of"}},
 		{"topk", Values{"dense_warmup": 3}, nil, []string{"topk", "dense_warmup is an option of dragonn, oktopk, topkdsa"}},
 		{"lags", Values{"bogus": 3}, nil, []string{`no method has an option "bogus"`}},
 		{"lags", Values{"merge_size": -1, "max_ratio": math.NaN()}, nil, []string{"lags: -max-ratio NaN is not a finite number", "-merge-size -1 must be in [1, 2147483647]"}},

@@ -258,10 +258,13 @@ func Register(m Method) {
 	if _, ok := m.Param(denseWarmupName); m.DenseWarmup && !ok {
 		panic(fmt.Sprintf("sparsify: Register %s: DenseWarmup without the option %s (DenseWarmupParam)", m.Name, denseWarmupName))
 	}
+	m.Params = slices.Clone(m.Params)
+	if _, ok := m.Param(minCompressName); !ok && m.Name != "dense" {
+		m.Params = append(m.Params, minCompressParam) // every method's (cutoff.go)
+	}
 	if err := checkParams(m, registry); err != nil {
 		panic(fmt.Sprintf("sparsify: Register %s: %v", m.Name, err))
 	}
-	m.Params = slices.Clone(m.Params)
 	registry[m.Name] = m
 }
 
@@ -326,7 +329,7 @@ func New(name string, o Options) (*Reducer, error) {
 		}
 	}
 	e := newEnv(o)
-	core, err := m.New(e)
+	core, err := withCutoff(m, e, m.New)
 	if err != nil {
 		return nil, fmt.Errorf("sparsify: %s: %w", m.Name, err)
 	}
