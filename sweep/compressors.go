@@ -34,7 +34,7 @@ func init() {
 		// A short ResNet-18 run: rank 4 (run again with -rank 1 for the
 		// paper's cheapest setting).
 		FullSize: "train sweep -preset compressors -model resnet18 -dataset cifar10 -workers 2,4 -density 0.01 -rank 4 -steps 500 -eval-every 100 -device cuda -out sweeps/compressors-resnet18",
-		Minutes:  4,
+		Minutes:  2.5,
 	}
 }
 

@@ -134,7 +134,7 @@ func TestMPIMatchesInProcess(t *testing.T) {
 		np         int
 		sparsifier string
 		model      []string
-	}{{4, "deft", nil}, {3, "topk", nil}, {2, "lags", nil}, {16, "topk", nil}, {3, "efsignsgd", nil}, {2, "powersgd", nil}, {5, "mstopk", nil}, {3, "fp16", nil},
+	}{{4, "deft", nil}, {3, "topk", nil}, {2, "lags", nil}, {16, "topk", nil}, {3, "efsignsgd", nil}, {2, "powersgd", nil}, {5, "mstopk", nil}, {3, "fp16", nil}, {2, "topk", []string{"-model", "ncf", "-dataset", "ml-100k", "-min-compress-size", "5000"}},
 		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8", "-kernels", "im2col"}},
 		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8", "-kernels", "onednn"}},
 		{3, "micro", []string{"-model", "lstm", "-dataset", "wikitext2", "-preset", "small", "-batch", "4"}}}

@@ -139,7 +139,7 @@ func TestNewMethodIsOneFile(t *testing.T) {
 		}
 	}
 	m := resolved(t, "-model", "ncf", "-sparsifier", adaptiveName, "-out", "x")
-	if m["density"] != 0.05 || fmt.Sprint(m["method_options"]) != "map[zz_gain:0.5]" {
+	if m["density"] != 0.05 || fmt.Sprint(m["method_options"]) != "map[min_compress_size:0 zz_gain:0.5]" {
 		t.Errorf("resolved density %v and options %v, want the declared 0.05 and zz_gain 0.5", m["density"], m["method_options"])
 	}
 	var out bytes.Buffer
