@@ -68,7 +68,12 @@
 // The average is the float32 sum times 1/n for every method but lags,
 // spardl, topkdsa and oktopk (which divide by n, as their references do):
 // where the reference divides (section 1's "sum / n"), the result can differ
-// in the last bit when n is not a power of two.
+// in the last bit when n is not a power of two. fp16 divides each worker's
+// half-precision values by n before the half-precision sum, as DDP's hook.
+// The compressors fp16, efsignsgd and powersgd send every element,
+// compressed: their Selected and Distinct are N, and only their bytes tell
+// what they save. Every method but dense takes min_compress_size, the
+// frame's size cut-off (cutoff.go).
 //
 // The list below is generated from the declarations (go generate
 // ./sparsify; TestMethodsDoc fails when it is out of date): method (its
