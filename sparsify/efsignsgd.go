@@ -105,12 +105,25 @@ func (r *efsign) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 			tn := b.o.Layout.Tensors[t]
 			w := efsignWords(tn.Size)
 			o := h.out[tn.Offset : tn.Offset+tn.Size]
-			for i := range o {
-				var sum float32
-				for p := range n {
-					sum += efsignValue(r.recv[p*r.words+j:], i)
+			// Each element's sum of ±s_p from 0 in rank order.
+			clear(o)
+			for p := range n {
+				msg := r.recv[p*r.words+j:][:w]
+				s := math.Float32frombits(uint32(msg[0]))
+				for k, word := range msg[1:] {
+					u := uint32(word)
+					blk := o[32*k : min(32*k+32, len(o))]
+					for b := range blk {
+						if u>>b&1 != 0 {
+							blk[b] += -s
+						} else {
+							blk[b] += s
+						}
+					}
 				}
-				o[i] = sum * inv
+			}
+			for i := range o {
+				o[i] *= inv
 			}
 			// The residual after out: acc may be residual's memory.
 			s := r.scales[c]
@@ -161,15 +174,6 @@ func efsignPack(w []int32, x []float32, s float32) int {
 		w[1+i] = int32(u)
 	}
 	return 1 + nw
-}
-
-// efsignValue is element i of the tensor whose message starts at w: ±s.
-func efsignValue(w []int32, i int) float32 {
-	s := math.Float32frombits(uint32(w[0]))
-	if uint32(w[1+i/32])>>(i%32)&1 != 0 {
-		return -s
-	}
-	return s
 }
 
 // efsignAdvice: one AllGather of every tensor's words (scale and packed
