@@ -1,0 +1,41 @@
+package train
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sparsegrad/sparsegrad/metrics"
+	"github.com/sparsegrad/sparsegrad/rundir"
+)
+
+// recordEnd (rank 0) writes into run.json how the run ended — its status,
+// the last step, the last checkpoint and why — before the final report is
+// written from it. err is what the worker returns; returned is false while
+// a panic unwinds it. Other ranks do nothing.
+func (w *worker) recordEnd(err error, returned bool) error {
+	info := w.runInfo
+	if w.rank != 0 || info == nil {
+		return nil
+	}
+	end := &metrics.End{Time: time.Now().UTC(), Step: int(w.runner.status.step.Load()),
+		TotalSteps: w.sched.totalSteps(), StepsPerEpoch: w.sched.perEpoch}
+	end.Checkpoint, end.CheckpointStep = w.runner.status.checkpoint()
+	switch {
+	case !returned:
+		info.Status, end.Reason = metrics.StatusFailed, fmt.Sprintf("a panic (its stack is in %s)", rundir.LogPath(w.cfg.Out, w.rank))
+	case err == nil && (w.ended == stopMaxSteps || w.ended == stopMaxTime):
+		info.Status, end.Reason = metrics.StatusStopped, w.ended.String()
+	case err == nil:
+		info.Status = metrics.StatusCompleted
+	case errors.Is(err, ErrInterrupted):
+		info.Status, end.Reason = metrics.StatusInterrupted, err.Error()
+	default:
+		info.Status, end.Reason = metrics.StatusFailed, err.Error()
+	}
+	info.End = end
+	if err := rundir.WriteRun(w.cfg.Out, info); err != nil {
+		return fmt.Errorf("train: writing run.json: %w", err)
+	}
+	return nil
+}
