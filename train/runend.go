@@ -3,6 +3,8 @@ package train
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/metrics"
@@ -38,4 +40,34 @@ func (w *worker) recordEnd(err error, returned bool) error {
 		return fmt.Errorf("train: writing run.json: %w", err)
 	}
 	return nil
+}
+
+// maxLogEvery is the largest -log-every the run resumed with cfg has had:
+// this resume's, its run.json's (prev) and any its command lines gave.
+// Step records are never further apart than that.
+func maxLogEvery(cfg Config, prev *RunInfo) int {
+	m := cfg.LogEvery.Value()
+	if prev == nil {
+		return m
+	}
+	m = max(m, prev.Config.LogEvery.Value())
+	lines := [][]string{prev.CommandLine}
+	for _, r := range prev.Resumes {
+		lines = append(lines, r.CommandLine)
+	}
+	for _, args := range lines {
+		for i, a := range args {
+			name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+			if name != "log-every" || !strings.HasPrefix(a, "-") {
+				continue
+			}
+			if !hasVal && i+1 < len(args) {
+				val = args[i+1]
+			}
+			if n, err := strconv.Atoi(val); err == nil {
+				m = max(m, n)
+			}
+		}
+	}
+	return m
 }

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,5 +82,93 @@ func TestRunJSONSaysHowTheRunEnded(t *testing.T) {
 	info = readInfo(t, c.Out)
 	if info.Status != metrics.StatusStopped || info.End.Step != 4 || len(info.Resumes) != 1 || info.Resumes[0].After != metrics.StatusStopped {
 		t.Fatalf("resumed to -steps 4: status %q, end %+v, resumes %+v", info.Status, info.End, info.Resumes)
+	}
+}
+
+// TestResumeChecksTheRecord: a resume over a damaged metrics.jsonl — a
+// line that does not parse, a hole in the step records — is refused,
+// naming the line and the fix, and changes nothing; a last line cut short
+// by a crash is dropped and the resume goes on; step records -log-every
+// apart are no hole.
+func TestResumeChecksTheRecord(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := ncfConfig(t, 2, 6)
+	c.LogEvery = Set(2)
+	if err := Run(ctx, c, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(c.Out, rundir.MetricsFile)
+	orig, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(orig), "\n")
+	lines = lines[:len(lines)-1] // the empty string after the last newline
+	stepLine := func(step int) int {
+		for i, l := range lines {
+			if strings.Contains(l, `"type":"step"`) && strings.Contains(l, fmt.Sprintf(`"step":%d,`, step)) {
+				return i
+			}
+		}
+		t.Fatalf("no record of step %d in\n%s", step, orig)
+		return -1
+	}
+	runJSON, err := os.ReadFile(filepath.Join(c.Out, rundir.RunFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func() []string
+		wants []string
+	}{
+		{"garbage", func() []string {
+			i := stepLine(4)
+			return append(slices.Clone(lines[:i]), append([]string{"{\"type\":\"step\",\"ste\x00\n"}, lines[i:]...)...)
+		}, []string{fmt.Sprintf("line %d does not parse", stepLine(4)+1), "another -out"}},
+		{"hole", func() []string {
+			i := stepLine(4)
+			return append(slices.Clone(lines[:i]), lines[i+1:]...)
+		}, []string{fmt.Sprintf("line %d records step 6 after step 2: the records of steps 3–5 are missing", stepLine(4)+1)}},
+		{"repeated", func() []string {
+			l := slices.Clone(lines)
+			l[stepLine(4)] = l[stepLine(2)]
+			return l
+		}, []string{fmt.Sprintf("line %d records step 2 after step 2 (line %d)", stepLine(4)+1, stepLine(2)+1), "out of order"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := strings.Join(tc.edit(), "")
+			if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			err := Run(ctx, Config{Resume: c.Out, Steps: 8, Quiet: true}, Options{})
+			if !errors.Is(err, ErrConfig) {
+				t.Fatalf("resume over a damaged record: %v, want a refusal", err)
+			}
+			for _, w := range tc.wants {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("refusal %q does not say %q", err, w)
+				}
+			}
+			if b, _ := os.ReadFile(path); string(b) != bad {
+				t.Error("the refused resume changed metrics.jsonl")
+			}
+			if b, _ := os.ReadFile(filepath.Join(c.Out, rundir.RunFile)); string(b) != string(runJSON) {
+				t.Error("the refused resume changed run.json")
+			}
+		})
+	}
+	// A last line cut short (a crash while writing it) is no damage.
+	cut := string(orig[:len(orig)-1])
+	cut = cut[:strings.LastIndexByte(cut, '\n')+1] + `{"type":"step","step":7,"lo`
+	if err := os.WriteFile(path, []byte(cut), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(ctx, Config{Resume: c.Out, Steps: 8, Quiet: true}, Options{}); err != nil {
+		t.Fatalf("resume after a cut last line: %v", err)
+	}
+	if b, _ := os.ReadFile(path); strings.Contains(string(b), `"lo`+"\n") || !strings.Contains(string(b), `"step":8,`) {
+		t.Errorf("the resumed record:\n%s", b)
 	}
 }
