@@ -71,3 +71,13 @@ func maxLogEvery(cfg Config, prev *RunInfo) int {
 	}
 	return m
 }
+
+// runNotes are the notes of a configuration that asks for something the
+// run cannot do, without being wrong (a sweep may include such points): an
+// emulated network with one worker, which sends nothing.
+func runNotes(cfg Config, workers int) []string {
+	if workers == 1 && cfg.NetBandwidth != 0 {
+		return []string{"-net-bandwidth and -net-latency with one worker: nothing is sent, so the emulated network changes nothing (give -workers 2 or more to see its effect)"}
+	}
+	return nil
+}

@@ -172,3 +172,30 @@ func TestResumeChecksTheRecord(t *testing.T) {
 		t.Errorf("the resumed record:\n%s", b)
 	}
 }
+
+// TestOneWorkerNetworkNote: an emulated network with one worker is
+// accepted (a sweep's 1-worker points) and noted in one line, in run.json
+// and on the terminal; with two workers there is no such note.
+func TestOneWorkerNetworkNote(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	for _, n := range []int{1, 2} {
+		c := ncfConfig(t, n, 2)
+		c.NetLatency, c.NetBandwidth = 50*time.Microsecond, 10
+		c.Quiet = false
+		var out strings.Builder
+		if err := Run(ctx, c, Options{Stdout: &out, Progress: &out}); err != nil {
+			t.Fatal(err)
+		}
+		noted := 0
+		for _, s := range readInfo(t, c.Out).Notes {
+			if strings.Contains(s, "with one worker: nothing is sent") {
+				noted++
+			}
+		}
+		printed := strings.Count(out.String(), "note: -net-bandwidth and -net-latency with one worker")
+		if want := map[int]int{1: 1, 2: 0}[n]; noted != want || printed != want {
+			t.Errorf("%d workers: %d notes in run.json, %d printed, want %d\n%s", n, noted, printed, want, out.String())
+		}
+	}
+}

@@ -482,7 +482,7 @@ func (w *worker) loop(ctx context.Context) error {
 	if rec := w.runner.ds.Recording; rec != nil {
 		notesEpoch = rec.Manifest.StepsPerEpoch // the recorded training's epochs
 	}
-	for _, n := range methodNotes(cfg, w.dataPath.layout, sched.totalSteps(), notesEpoch) {
+	for _, n := range append(methodNotes(cfg, w.dataPath.layout, sched.totalSteps(), notesEpoch), runNotes(cfg, w.size)...) {
 		if err := w.note(n); err != nil {
 			return err
 		}
