@@ -181,7 +181,7 @@ func TestOneWorkerNetworkNote(t *testing.T) {
 	defer cancel()
 	for _, n := range []int{1, 2} {
 		c := ncfConfig(t, n, 2)
-		c.NetLatency, c.NetBandwidth = 50*time.Microsecond, 10
+		c.NetLatency, c.NetBandwidth = 50*time.Microsecond, 10e9/8 // 10 Gbit/s, in bytes per second
 		c.Quiet = false
 		var out strings.Builder
 		if err := Run(ctx, c, Options{Stdout: &out, Progress: &out}); err != nil {
