@@ -245,3 +245,30 @@ func (m *Metrics) Check(step, maxGap int) error {
 	}
 	return nil
 }
+
+// StepLosses sums the losses of the step records of epoch (1-based) up to
+// step upTo in the metrics.jsonl of the run folder dir, and counts them:
+// the part of an epoch recorded before the run resumed in it. Lines that
+// do not parse and null losses are left out.
+func StepLosses(dir string, epoch, upTo int) (sum float64, n int) {
+	f, err := os.Open(filepath.Join(dir, MetricsFile))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 16<<20)
+	for sc.Scan() {
+		var rec struct {
+			Type  string   `json:"type"`
+			Epoch int      `json:"epoch"`
+			Step  int      `json:"step"`
+			Loss  *float64 `json:"loss"`
+		}
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Type == "step" && rec.Epoch == epoch && rec.Step <= upTo && rec.Loss != nil {
+			sum += *rec.Loss
+			n++
+		}
+	}
+	return sum, n
+}

@@ -199,3 +199,48 @@ func TestOneWorkerNetworkNote(t *testing.T) {
 		}
 	}
 }
+
+// TestResumedEpochMeanLoss: the epoch line of an epoch the run resumed in
+// says so, and its mean loss covers the whole epoch: the same as the
+// uninterrupted run's.
+func TestResumedEpochMeanLoss(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := ncfConfig(t, 2, 0)
+	c.Batch, c.Epochs, c.Quiet = Set(16384), Set(1), false
+	epochLine := func(out string) string {
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "epoch 1/1") {
+				return l
+			}
+		}
+		t.Fatalf("no epoch line in\n%s", out)
+		return ""
+	}
+	meanLoss := func(line string) string {
+		_, rest, ok := strings.Cut(line, ": mean loss ")
+		if !ok {
+			t.Fatalf("no mean loss in %q", line)
+		}
+		return strings.Fields(rest)[0]
+	}
+	var straight strings.Builder
+	if err := Run(ctx, c, Options{Stdout: &straight, Progress: &straight}); err != nil {
+		t.Fatal(err)
+	}
+	s := c
+	s.Out = t.TempDir()
+	var first, resumed strings.Builder
+	o := stopAt(3)
+	o.Stdout, o.Progress = &first, &first
+	if err := Run(ctx, s, o); !errors.Is(err, ErrInterrupted) {
+		t.Fatalf("stopped run: %v", err)
+	}
+	if err := Run(ctx, Config{Resume: s.Out}, Options{Stdout: &resumed, Progress: &resumed}); err != nil {
+		t.Fatal(err)
+	}
+	want, got := epochLine(straight.String()), epochLine(resumed.String())
+	if !strings.Contains(got, "resumed after 3 steps of it") || meanLoss(got) != meanLoss(want) {
+		t.Errorf("resumed epoch's line %q (mean loss %q), want the mean loss of the straight run's %q (%q) and that it resumed after 3 steps", got, meanLoss(got), want, meanLoss(want))
+	}
+}

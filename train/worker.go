@@ -512,6 +512,10 @@ func (w *worker) loop(ctx context.Context) error {
 		prog := w.out.progress()
 		if prog != nil {
 			prog.startEpoch(epoch+1, cfg.Epochs.Value(), perEpoch-startBatch)
+			if startBatch > 0 {
+				sum, n := rundir.StepLosses(cfg.Out, epoch+1, step)
+				prog.resumedEpoch(startBatch, sum, n)
+			}
 		}
 		var lastLoss float64
 		for i := startBatch; i < perEpoch; i++ {
