@@ -201,3 +201,29 @@ func reductions(t *testing.T, dir string) []string {
 	}
 	return out
 }
+
+// TestReplayHelpListsWhatAReplayHonours: train replay -help leaves out the
+// flags a replay ignores (-tf32: no model's math; -check-every: its
+// parameters never change) and says what -max-time does in a replay (no
+// final evaluation); such a flag given is refused.
+func TestReplayHelpListsWhatAReplayHonours(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"replay", "-help"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	help := out.String()
+	for _, bad := range []string{"-tf32", "-check-every", "final evaluation"} {
+		if strings.Contains(help, bad) {
+			t.Errorf("replay -help lists %q:\n%s", bad, help)
+		}
+	}
+	for _, good := range []string{"-max-time", "-sparsifier", "-checkpoint-every", "a replay has no evaluation"} {
+		if !strings.Contains(help, good) {
+			t.Errorf("replay -help lacks %q", good)
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"replay", "-gradients", t.TempDir(), "-tf32", "-out", t.TempDir()}, &out, &out); err == nil || !strings.Contains(err.Error()+out.String(), "tf32") {
+		t.Errorf("replay -tf32: %v\n%s", err, out.String())
+	}
+}
