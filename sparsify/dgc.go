@@ -52,7 +52,9 @@ const dgcWarmupBase = 0.25
 //     compensate(accumulate=False)); their residual is 0. The output is
 //     thus the update direction with momentum applied. With m = 0 (Adam, or
 //     no momentum) it is plain error feedback: residual = acc with the sent
-//     entries zeroed.
+//     entries zeroed. The error norm (Stats.ErrorNorm) is ‖v‖ over the
+//     compressed tensors, what the worker holds back, as every method's:
+//     not ‖v + m·u‖, the residual, which also carries the momentum.
 //   - Density warm-up (option sparsity_warmup = E epochs, default 4, the
 //     paper's; it needs the calls per epoch, Reducer.SetStepsPerEpoch, which
 //     the trainer gives — without them there is no warm-up): epoch e < E uses
@@ -270,6 +272,27 @@ func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual devic
 				if err := v.s.Copy(o, u); err != nil {
 					return err
 				}
+			}
+		}
+	}
+	if r.momentum > 0 {
+		// The error norm is of what the worker holds back, the masked
+		// velocity v of the compressed tensors, as for every method (the
+		// residual v + m·u also carries the momentum u, which a method
+		// without momentum correction leaves to the optimizer).
+		bounds := make([]int, 0, len(tensors)+1)
+		for _, tn := range tensors {
+			bounds = append(bounds, tn.Offset)
+		}
+		bounds = append(bounds, b.n)
+		sq, err := v.ops.SegmentSumSquares(v.s, r.vel, bounds)
+		if err != nil {
+			return err
+		}
+		st.ResidualSq = 0
+		for t := range tensors {
+			if r.comp[t] {
+				st.ResidualSq += sq[t]
 			}
 		}
 	}
