@@ -239,10 +239,12 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 // message per layer).
 //
 // Memory: the LAGS paper (Algorithm 1, line 6) accumulates
-// learning-rate-scaled gradients (a_t = ε_{t−1} + η·g). The trainer does not
-// offer that variant: it accumulates raw gradients and applies the learning
-// rate after the reduction, as the reference code does. A library caller
-// can have it with NewMemory(N, true) and Memory.Accumulate(grad, lr) — the
+// learning-rate-scaled gradients (a_t = ε_{t−1} + η·g). The trainer
+// accumulates raw gradients and applies the learning rate after the
+// reduction by default, as the reference code does; -feedback-lr gives the
+// paper's form (the residual rescaled by η_{t−1}/η_t when the learning rate
+// changes, which is the same selection and update). A library caller can
+// also have it with NewMemory(N, true) and Memory.Accumulate(grad, lr) — the
 // reduced output is then the update itself (θ ← θ − out, with no further
 // multiplication by the learning rate) — and the reducer is unchanged.
 type LAGS struct {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/rundir"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 )
 
 // readInfo reads the run.json of dir.
@@ -242,5 +243,31 @@ func TestResumedEpochMeanLoss(t *testing.T) {
 	want, got := epochLine(straight.String()), epochLine(resumed.String())
 	if !strings.Contains(got, "resumed after 3 steps of it") || meanLoss(got) != meanLoss(want) {
 		t.Errorf("resumed epoch's line %q (mean loss %q), want the mean loss of the straight run's %q (%q) and that it resumed after 3 steps", got, meanLoss(got), want, meanLoss(want))
+	}
+}
+
+// TestFeedbackLR: -feedback-lr (learning-rate-scaled error feedback) is the
+// default's raw form while the learning rate holds (the same losses), takes
+// another course when it changes (the one-cycle schedule over the run
+// changes it every step), and resumes bit for bit.
+func TestFeedbackLR(t *testing.T) {
+	cfg := func(scaled, onecycle bool) Config {
+		c := ncfConfig(t, 2, 8)
+		c.Sparsifier, c.Density, c.Optimizer, c.LR = "topk", Set(0.05), "sgd", Set(0.5)
+		c.FeedbackLR = scaled
+		if onecycle {
+			c.LRSchedule = "onecycle"
+		}
+		return c
+	}
+	if a, b := runLosses(t, cfg(false, false)), runLosses(t, cfg(true, false)); !slices.Equal(a, b) {
+		t.Errorf("constant learning rate: losses %v without -feedback-lr, %v with", a, b)
+	}
+	if a, b := runLosses(t, cfg(false, true)), runLosses(t, cfg(true, true)); slices.Equal(a[2:], b[2:]) {
+		t.Errorf("one-cycle: the same losses %v with and without -feedback-lr", a)
+	}
+	straight, split := straightAndSplit(t, cfg(true, true), 4)
+	if msg := rundirtest.Diff(straight, split); msg != "" {
+		t.Fatalf("-feedback-lr resumed differs from the straight run: %s", msg)
 	}
 }

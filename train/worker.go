@@ -478,6 +478,11 @@ func (w *worker) loop(ctx context.Context) error {
 	}
 	step := pos.step
 	w.runner.status.step.Store(int64(step))
+	if step > 0 {
+		// The learning rate of the step before the checkpoint
+		// (-feedback-lr rescales the residual from it).
+		w.dataPath.prevLR = lrs.At(step-1, (step-1)/perEpoch)
+	}
 	notesEpoch := perEpoch
 	if rec := w.runner.ds.Recording; rec != nil {
 		notesEpoch = rec.Manifest.StepsPerEpoch // the recorded training's epochs
