@@ -107,10 +107,12 @@
 //     error feedback is always on; element 0 can be selected; exact zeros
 //     never are (a zero sampled threshold flooded the slots with zeros); hash
 //     collisions resolve deterministically (highest index wins); ns and nsel
-//     are at least 1. Not implemented: the paper's cost model (its eq. 1) for
-//     which tensors to compress (a fixed min_tensor cut-off, the reference's)
-//     and the momentum-corrected error feedback the paper evaluated every
-//     method with.
+//     are at least 1. The momentum-corrected error feedback the paper
+//     evaluated every method with (DGC's, with momentum-factor masking;
+//     Options.Momentum, the optimizer's, which then applies momentum to
+//     weight decay only). Not implemented: the paper's cost model (its eq. 1)
+//     for which tensors to compress (a fixed min_tensor cut-off, the
+//     reference's).
 //   - "gtopk" (gtopk.go): reference notes 7.7: Shi et al.'s gTop-k tree
 //     merge, power-of-two worker counts. Deviations: indices and values as
 //     two messages (int32, float32) instead of indices packed as float32
