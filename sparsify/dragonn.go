@@ -124,6 +124,9 @@ type dragonnReducer struct {
 
 func newDragonnReducer(e *Env) (Core, error) {
 	o := e.o
+	if !(o.Momentum >= 0 && o.Momentum < 1) {
+		return nil, fmt.Errorf("Options.Momentum %v is outside [0, 1)", o.Momentum)
+	}
 	r := &dragonnReducer{base: e, minTensor: o.Params.Int("min_tensor"), warmup: o.Params.Int("dense_warmup"), mc: momentumCorrection{m: float32(o.Momentum)}}
 	for _, tn := range o.Layout.Tensors {
 		r.params = append(r.params, dragonnParamsFor(tn.Size, o.Density))
