@@ -531,13 +531,21 @@ func dragonnNotes(r Run) []string {
 			largest = t
 		}
 	}
+	var notes []string
 	switch {
 	case compressed == 0:
 		return []string{fmt.Sprintf("no tensor of %s has more than -min-tensor %d elements (the largest, %s, has %d): every tensor is all-reduced dense and nothing is sparsified; lower -min-tensor (0 compresses every tensor)",
 			r.Model, mt, largest.Name, largest.Size)}
 	case compressed < r.Layout.N:
-		return []string{fmt.Sprintf("the tensors of more than -min-tensor %d elements, %.1f %% of the %d parameters, are sparsified; the rest is all-reduced dense",
-			mt, 100*float64(compressed)/float64(r.Layout.N), r.Layout.N)}
+		notes = append(notes, fmt.Sprintf("the tensors of more than -min-tensor %d elements, %.1f %% of the %d parameters, are sparsified; the rest is all-reduced dense",
+			mt, 100*float64(compressed)/float64(r.Layout.N), r.Layout.N))
 	}
-	return nil
+	switch {
+	case r.Replay && r.Momentum == 0:
+		notes = append(notes, "no SGD momentum to correct (the recording's training gives none): plain error feedback, without the momentum-corrected error feedback of DRAGONN's experiments; pass -momentum 0.9 for a recording of SGD with momentum")
+	case !r.Replay && (r.Optimizer != "sgd" || r.Momentum == 0):
+		notes = append(notes, fmt.Sprintf("no SGD momentum to correct (-optimizer %s, -momentum %g): plain error feedback, without the momentum-corrected error feedback of DRAGONN's experiments",
+			r.Optimizer, r.Momentum))
+	}
+	return notes
 }
