@@ -101,14 +101,19 @@ func (e *numError) Error() string {
 // complete, so that TCommWall − TWait is the part of the backward pass the
 // reduction ran alongside. TUpdate is the optimizer's step.
 type Step struct {
-	Type          string `json:"type"`
-	Epoch         int    `json:"epoch"`
-	Step          int    `json:"step"`
-	Loss          Num    `json:"loss"`
-	LR            Num    `json:"lr"`
-	Density       Num    `json:"density"`
-	ActualDensity Num    `json:"actual_density"`
-	ErrorNorm     Num    `json:"error_norm"`
+	Type  string `json:"type"`
+	Epoch int    `json:"epoch"`
+	Step  int    `json:"step"`
+	Loss  Num    `json:"loss"`
+	LR    Num    `json:"lr"`
+	// Density is the setup density ρ (-density) for every method,
+	// ActualDensity the union of the indices whose values crossed the wire
+	// over N, ErrorNorm the norm of what the worker holds back (one
+	// meaning each across methods: sparsify.Stats says what each method
+	// counts).
+	Density       Num `json:"density"`
+	ActualDensity Num `json:"actual_density"`
+	ErrorNorm     Num `json:"error_norm"`
 	// Threshold is the method's magnitude threshold, absent for methods
 	// without one.
 	Threshold *Num `json:"threshold,omitempty"`

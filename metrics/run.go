@@ -55,6 +55,44 @@ type Run[C, G any] struct {
 	// reader of its results must know (a method that does nothing in this
 	// configuration, what an adaptive method measured), oldest first.
 	Notes []string `json:"notes,omitempty"`
+	// Status is how the run stands: StatusRunning while a process trains
+	// it (from its start, and again from each resume), then how it ended.
+	// A run.json that says StatusRunning while no process holds the run
+	// folder's lock was killed (rundir.Held tells). Empty in records
+	// written before the status was kept.
+	Status string `json:"status,omitempty"`
+	// End describes the end of the run when Status is not StatusRunning
+	// (nil while running).
+	End *End `json:"end,omitempty"`
+}
+
+// The values of Run.Status.
+const (
+	StatusRunning     = "running"
+	StatusCompleted   = "completed"   // every epoch trained
+	StatusStopped     = "stopped"     // -steps or -max-time ended it early (End.Reason)
+	StatusInterrupted = "interrupted" // a signal or a stop request, after a checkpoint
+	StatusFailed      = "failed"      // an error (End.Reason)
+	// StatusKilled is never written: it is what a reader calls a run whose
+	// run.json says StatusRunning while no process trains it.
+	StatusKilled = "killed"
+)
+
+// End is how a run ended.
+type End struct {
+	// Time is when it ended.
+	Time time.Time `json:"time"`
+	// Step is the last step trained, of TotalSteps planned (-epochs, or
+	// -steps when that is less); StepsPerEpoch tells the epochs.
+	Step          int `json:"step"`
+	TotalSteps    int `json:"total_steps"`
+	StepsPerEpoch int `json:"steps_per_epoch"`
+	// Checkpoint is the last checkpoint's folder ("" when none was
+	// written) and CheckpointStep its step.
+	Checkpoint     string `json:"checkpoint,omitempty"`
+	CheckpointStep int    `json:"checkpoint_step,omitempty"`
+	// Reason says why a run stopped early or failed (the error).
+	Reason string `json:"reason,omitempty"`
 }
 
 // Versions are the software versions of a run.
@@ -91,4 +129,7 @@ type Resume struct {
 	Checkpoint string `json:"checkpoint"`
 	// CommandLine is the resuming command.
 	CommandLine []string `json:"command_line"`
+	// After is how the run had ended before this resume (Run.Status, with
+	// StatusKilled for a run that was killed; empty in older records).
+	After string `json:"after,omitempty"`
 }

@@ -47,6 +47,8 @@ var All = []Option{
 	{Key: "lr_schedule", Kind: String, Default: "step", Choices: []string{"step", "onecycle"},
 		Doc: "step (warm-up, then step decay) or onecycle (one-cycle policy peaking at -lr over the whole run, as PyTorch's OneCycleLR)"},
 	{Key: "clip", Kind: Float, Optional: true, Resume: true, Range: AtLeast(0), Zero: "off", Default: 0.0, Doc: "clip the gradient norm (see -clip-at)"},
+	{Key: "feedback_lr", Kind: Bool, Omit: true,
+		Doc: "error feedback keeps learning-rate-scaled gradients (DEFT's, MiCRO's and LAGS' Algorithm 1: what was held back keeps its weight when the learning rate changes) instead of raw ones (the default, as the authors' code does)"},
 	{Key: "no_augment", Kind: Bool, Omit: true, Doc: "turn off CIFAR crops and flips"},
 	{Key: "label_smoothing", Kind: Float, Omit: true, Range: Within(0, 1, "[)"), Zero: "none", Hint: " (0.1 is usual)",
 		Doc: "label smoothing ε in [0, 1) of a classifier's training loss (evaluations report the plain loss)"},

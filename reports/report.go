@@ -90,6 +90,9 @@ func RunPage(ctx context.Context, r *Run, o Options) ([]byte, error) {
 	}
 	specs := runCharts(r, o.maxPoints())
 	var notes []string
+	if r.unfinished() {
+		notes = append(notes, "This run is unfinished: "+r.endText()+". Its last values are not the final ones.")
+	}
 	if len(r.Steps) == 0 {
 		notes = append(notes, "No iteration has been logged yet.")
 	}
@@ -115,7 +118,11 @@ func runTitle(r *Run) string {
 	if rp := r.Info.Replay; rp != nil {
 		return fmt.Sprintf("Replay of %s's recorded gradients with %s, %s — %s", rp.Model, c.Sparsifier, workers, r.name())
 	}
-	return fmt.Sprintf("%s on %s with %s, %s — %s", c.Model, c.Dataset, c.Sparsifier, workers, r.name())
+	title := fmt.Sprintf("%s on %s with %s, %s — %s", c.Model, c.Dataset, c.Sparsifier, workers, r.name())
+	if r.unfinished() {
+		title += " — unfinished: " + r.status() + " " + r.progressText()
+	}
+	return title
 }
 
 // fmtG formats a number for a table ("—" if NaN).
@@ -341,9 +348,12 @@ func runTable(r *Run) table {
 		rows[2] = []string{"recording", fmt.Sprintf("%s: %d workers × %d steps, batch %d per worker, recorded by %s (%s)", rp.Dir, rp.Workers, rp.Steps, rp.Batch, rp.Source, rp.Mode)}
 		rows = append(rows, []string{"recorded step time", fmtMillis(rp.StepTime) + " forward and backward of one worker on " + rp.StepDevice + " (measured when recording; the compute times below are the replay's copies of the gradient)"})
 	}
+	if st := r.endText(); st != "" {
+		rows = slices.Insert(rows, 1, []string{"status", st})
+	}
 	for _, m := range r.metricNames() {
 		f, b := r.finalBestEval(m)
-		rows = append(rows, []string{"final " + onSplit(r.split(), m), fmtEval(m, f)}, []string{"best " + onSplit(r.split(), m), fmtEval(m, b)})
+		rows = append(rows, []string{r.finalWord() + " " + onSplit(r.split(), m), fmtEval(m, f)}, []string{"best " + onSplit(r.split(), m), fmtEval(m, b)})
 	}
 	rows = append(rows,
 		[]string{"mean actual density", fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4) + ratioCell(r)},
@@ -641,7 +651,7 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 	for i, r := range runs {
 		f, b := r.finalBestEval(metric)
 		runsTab.Rows = append(runsTab.Rows, []string{labels[i], r.Dir, r.Info.Config.Sparsifier, strconv.Itoa(r.Info.Workers), backendName(r.Info.Backend),
-			fmtG(r.Info.Config.Density, 4), fmtEval(metric, f), fmtEval(metric, b),
+			fmtG(r.Info.Config.Density, 4), fmtEval(metric, f) + r.unfinishedMark(), fmtEval(metric, b),
 			fmtG(r.mean(func(s *Step) float64 { return s.ActualDensity }), 4), fmtRatio(r.densityRatio()), fmtBytes(r.totalBytesSent()),
 			fmtDur(r.mean(func(s *Step) float64 { return s.TIter })), fmtDur(r.duration())})
 	}

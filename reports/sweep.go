@@ -434,7 +434,7 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 		if net == "" {
 			net = "in-process"
 		}
-		rt.Rows = append(rt.Rows, []string{labels[i], r.Dir, strconv.Itoa(sr.Workers), fmtPlain(sr.Density, 4), net, fmtMetric(metric, f),
+		rt.Rows = append(rt.Rows, []string{labels[i], r.Dir, strconv.Itoa(sr.Workers), fmtPlain(sr.Density, 4), net, fmtMetric(metric, f) + r.unfinishedMark(),
 			fmtPlain(ph[i].Density, 4), fmtDur(ph[i].Iter), strconv.Itoa(len(r.Steps)), fmtDur(r.duration())})
 		p := sr.Predicted
 		if p == nil {

@@ -69,3 +69,19 @@ func sameFile(f *os.File, p string) bool {
 	b, err := os.Stat(p)
 	return err == nil && os.SameFile(a, b)
 }
+
+// Held reports whether a process holds dir's lock (Lock): whether the run
+// in dir is being trained now. A run.json that says the run is running
+// while no process holds the lock belongs to a run that was killed.
+func Held(dir string) bool {
+	f, err := os.Open(filepath.Join(dir, lockFile))
+	if err != nil {
+		return false // no lock file: nobody holds it
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		return errors.Is(err, syscall.EWOULDBLOCK)
+	}
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return false
+}

@@ -53,3 +53,33 @@ func TestLockExcludes(t *testing.T) {
 		t.Errorf(".lock left after the last unlock (stat: %v)", err)
 	}
 }
+
+// TestHeld: Held tells a held lock from a released one, from a lock file a
+// killed process left behind (unlocked) and from no lock file at all.
+func TestHeld(t *testing.T) {
+	dir := t.TempDir()
+	if Held(dir) {
+		t.Fatal("Held without a lock file")
+	}
+	unlock, err := Lock(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !Held(dir) {
+		t.Error("Held is false while the lock is held")
+	}
+	if _, err := Lock(dir); !errors.Is(err, ErrRefused) {
+		t.Errorf("Held released the holder's lock: a second Lock gave %v", err)
+	}
+	unlock()
+	if Held(dir) {
+		t.Error("Held after unlock")
+	}
+	// A killed holder leaves the file, unlocked.
+	if err := os.WriteFile(filepath.Join(dir, ".lock"), []byte("12345\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if Held(dir) {
+		t.Error("Held for a lock file nobody holds")
+	}
+}

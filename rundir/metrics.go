@@ -181,3 +181,94 @@ func EvaluatedAt(dir string, step int) bool {
 	}
 	return false
 }
+
+// Check refuses (ErrRefused) to continue a record that is damaged up to
+// step, the step of the checkpoint a run resumes from: a complete line
+// that is not a JSON record, step records out of order, or a hole — two
+// step records (or the start of the run, or the checkpoint) further apart
+// than maxGap steps, the largest -log-every the run has had. The error
+// names the line and what to do. A last line cut short by a crash is not
+// damage (TruncateAfter drops it), nor is anything after step (the resumed
+// run writes it again).
+func (m *Metrics) Check(step, maxGap int) error {
+	if m == nil {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.w.Flush(); err != nil {
+		return err
+	}
+	path := m.f.Name()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("reading metrics.jsonl to resume: %w", err)
+	}
+	fix := fmt.Sprintf("restore %s from a copy, or start the run again with another -out (the checkpoints are intact, but a resumed run would continue a damaged record)", path)
+	last, lastLine := 0, 0
+	n := 0
+	for rest := b; len(rest) > 0; {
+		n++
+		line := rest
+		i := bytes.IndexByte(rest, '\n')
+		if i < 0 {
+			break // a record cut short by a crash: TruncateAfter drops it
+		}
+		line, rest = rest[:i], rest[i+1:]
+		var rec struct {
+			Type string `json:"type"`
+			Step *int   `json:"step"`
+		}
+		if err := json.Unmarshal(line, &rec); err != nil || rec.Type == "" || rec.Step == nil {
+			what := "is not a record (no type or step)"
+			if err != nil {
+				what = fmt.Sprintf("does not parse (%v)", err)
+			}
+			return refuse("-resume: %s line %d %s: %s", path, n, what, fix)
+		}
+		if rec.Type != "step" || *rec.Step > step {
+			continue
+		}
+		s := *rec.Step
+		switch {
+		case s <= last:
+			return refuse("-resume: %s line %d records step %d after step %d (line %d): the records are out of order; %s", path, n, s, last, lastLine, fix)
+		case s-last > maxGap:
+			return refuse("-resume: %s line %d records step %d after step %d: the records of steps %d–%d are missing (the run logs every %d steps at most); %s",
+				path, n, s, last, last+1, s-1, maxGap, fix)
+		}
+		last, lastLine = s, n
+	}
+	if step-last > maxGap {
+		return refuse("-resume: %s records steps up to %d only, the checkpoint is at step %d: the records of steps %d–%d are missing (the run logs every %d steps at most); %s",
+			path, last, step, last+1, step, maxGap, fix)
+	}
+	return nil
+}
+
+// StepLosses sums the losses of the step records of epoch (1-based) up to
+// step upTo in the metrics.jsonl of the run folder dir, and counts them:
+// the part of an epoch recorded before the run resumed in it. Lines that
+// do not parse and null losses are left out.
+func StepLosses(dir string, epoch, upTo int) (sum float64, n int) {
+	f, err := os.Open(filepath.Join(dir, MetricsFile))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 16<<20)
+	for sc.Scan() {
+		var rec struct {
+			Type  string   `json:"type"`
+			Epoch int      `json:"epoch"`
+			Step  int      `json:"step"`
+			Loss  *float64 `json:"loss"`
+		}
+		if json.Unmarshal(sc.Bytes(), &rec) == nil && rec.Type == "step" && rec.Epoch == epoch && rec.Step <= upTo && rec.Loss != nil {
+			sum += *rec.Loss
+			n++
+		}
+	}
+	return sum, n
+}

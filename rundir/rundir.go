@@ -31,6 +31,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 )
@@ -67,10 +68,27 @@ func Create(dir string) error {
 }
 
 // CheckFresh refuses (ErrRefused) to start a new run in dir when it already
-// holds one, so that a repeated command never overwrites earlier results.
+// holds one, so that a repeated command never overwrites earlier results,
+// and when it is a folder of other files (a run would be written beside
+// them). A missing or empty folder is fresh, and so is one that holds only
+// what a run writes (a new run that failed before its first step) and
+// files named sweep-* (the markers of package sweep, which makes a run's
+// folder before the run).
 func CheckFresh(dir string) error {
 	if _, err := os.Stat(filepath.Join(dir, RunFile)); err == nil {
 		return refuse("-out %s already holds a run (run.json); pass another -out, continue it with -resume %s, or delete the folder", dir, dir)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil // missing (the run creates it), or Create will say why not
+	}
+	for _, e := range entries {
+		switch n := e.Name(); {
+		case n == MetricsFile || n == ReportFile || n == checkpointsDir || n == logsDir || n == lockFile || strings.HasPrefix(n, "sweep-"):
+		default:
+			return refuse("-out %s is a folder of other files (%s, …), not a run's: a run would be written beside them; pass a new or empty folder as -out (e.g. %s)",
+				dir, n, filepath.Join(dir, "run"))
+		}
 	}
 	return nil
 }

@@ -210,3 +210,31 @@ func TestFolderFiles(t *testing.T) {
 		t.Errorf("left after Discard: %v", ents)
 	}
 }
+
+// TestCheckFreshRefusesOtherFolders: a folder of other files is no place
+// for a new run; a missing or empty one is, and so is one holding only
+// what a failed run or a sweep's marker left.
+func TestCheckFreshRefusesOtherFolders(t *testing.T) {
+	root := t.TempDir()
+	if err := CheckFresh(filepath.Join(root, "missing")); err != nil {
+		t.Errorf("a missing folder: %v", err)
+	}
+	if err := CheckFresh(root); err != nil {
+		t.Errorf("an empty folder: %v", err)
+	}
+	for _, n := range []string{"sweep-started.json", MetricsFile, checkpointsDir, logsDir} {
+		if err := os.Mkdir(filepath.Join(root, n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := CheckFresh(root); err != nil {
+		t.Errorf("a folder of a failed run and a sweep marker: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "thesis.tex"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := CheckFresh(root)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "thesis.tex") || !strings.Contains(err.Error(), "new or empty folder") {
+		t.Errorf("a folder of other files: %v", err)
+	}
+}

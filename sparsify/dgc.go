@@ -3,7 +3,6 @@ package sparsify
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"math"
 
@@ -52,7 +51,9 @@ const dgcWarmupBase = 0.25
 //     compensate(accumulate=False)); their residual is 0. The output is
 //     thus the update direction with momentum applied. With m = 0 (Adam, or
 //     no momentum) it is plain error feedback: residual = acc with the sent
-//     entries zeroed.
+//     entries zeroed. The error norm (Stats.ErrorNorm) is ‖v‖ over the
+//     compressed tensors, what the worker holds back, as every method's:
+//     not ‖v + m·u‖, the residual, which also carries the momentum.
 //   - Density warm-up (option sparsity_warmup = E epochs, default 4, the
 //     paper's; it needs the calls per epoch, Reducer.SetStepsPerEpoch, which
 //     the trainer gives — without them there is no warm-up): epoch e < E uses
@@ -86,16 +87,16 @@ const dgcWarmupBase = 0.25
 // of the largest compressed tensor (the first of equal size; NaN when none
 // is compressed).
 type dgcReducer struct {
-	base      *Env
-	momentum  float32
-	warmup    int // epochs
-	comp      []bool
-	compN     int // elements of the compressed tensors
-	largest   int // compressed tensor whose threshold Stats reports, -1 if none
-	params    map[float64][]dgcParams
-	dense     denseParts
-	vel       device.Buffer // Float32, N: masked velocity (compressed), momentum (dense)
-	hasVel    bool          // vel is allocated (momentum > 0)
+	base    *Env
+	warmup  int // epochs
+	comp    []bool
+	compN   int // elements of the compressed tensors
+	largest int // compressed tensor whose threshold Stats reports, -1 if none
+	params  map[float64][]dgcParams
+	dense   denseParts
+	// mc is the momentum correction (momentumCorrection; off with
+	// momentum 0).
+	mc        momentumCorrection
 	samp      samples
 	dIdx, dCa device.Buffer // Int32
 	dVal      device.Buffer // Float32
@@ -106,7 +107,7 @@ func newDGCReducer(e *Env) (Core, error) {
 	if !(o.Momentum >= 0 && o.Momentum < 1) {
 		return nil, fmt.Errorf("Options.Momentum %v is outside [0, 1)", o.Momentum)
 	}
-	r := &dgcReducer{base: e, momentum: float32(o.Momentum), warmup: o.Params.Int("sparsity_warmup"),
+	r := &dgcReducer{base: e, mc: momentumCorrection{m: float32(o.Momentum)}, warmup: o.Params.Int("sparsity_warmup"),
 		params: map[float64][]dgcParams{}, largest: -1}
 	for t, tn := range o.Layout.Tensors {
 		c := tn.Dims() != 1
@@ -154,15 +155,8 @@ func (r *dgcReducer) paramsFor(ratio float64) []dgcParams {
 func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	b := r.base
 	v := &b.v
-	if r.momentum > 0 && !r.hasVel {
-		var err error
-		if r.vel, err = v.scratch(&r.vel, device.Float32, b.n); err != nil {
-			return err
-		}
-		if err := v.m.Fill(v.s, r.vel, 0); err != nil {
-			return err
-		}
-		r.hasVel = true
+	if err := r.mc.ensure(b); err != nil {
+		return err
 	}
 	rank := b.c.Rank()
 	tensors := b.o.Layout.Tensors
@@ -233,19 +227,8 @@ func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual devic
 		return err
 	}
 	// The residual (and the velocity) of the compressed tensors.
-	if r.momentum > 0 {
-		for t, tn := range tensors {
-			if r.comp[t] {
-				lo, hi := tn.Offset, tn.Offset+tn.Size
-				if err := v.ops.Run(v.s, dgcMomentum, hi-lo, r.vel.Slice(lo, hi), residual.Slice(lo, hi), acc.Slice(lo, hi), int64(hi-lo), r.momentum); err != nil {
-					return err
-				}
-			}
-		}
-		if err := v.ops.ScatterFill(v.s, r.vel, idx, 0); err != nil {
-			return err
-		}
-		if err := v.ops.ScatterFill(v.s, residual, idx, 0); err != nil {
+	if r.mc.m > 0 {
+		if err := r.mc.compressed(b, r.comp, acc, residual, idx); err != nil {
 			return err
 		}
 	} else if err := b.residualWithout(residual, acc, idx); err != nil {
@@ -256,21 +239,14 @@ func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual devic
 	if err := r.dense.write(b, out, residual, r.comp); err != nil {
 		return err
 	}
-	if r.momentum > 0 {
-		for t, tn := range tensors {
-			if !r.comp[t] {
-				lo, hi := tn.Offset, tn.Offset+tn.Size
-				u, o := r.vel.Slice(lo, hi), out.Slice(lo, hi)
-				if err := v.m.Scale(v.s, u, r.momentum); err != nil {
-					return err
-				}
-				if err := v.m.Add(v.s, u, o); err != nil {
-					return err
-				}
-				if err := v.s.Copy(o, u); err != nil {
-					return err
-				}
-			}
+	if r.mc.m > 0 {
+		if err := r.mc.dense(b, r.comp, out); err != nil {
+			return err
+		}
+		// The error norm is of what the worker holds back, v.
+		var err error
+		if st.ResidualSq, err = r.mc.residualSq(b, r.comp); err != nil {
+			return err
 		}
 	}
 	for w := range counts {
@@ -311,51 +287,18 @@ var dgcMomentum = &device.Kernel{Name: "k_dgc_momentum", CUDA: dgcCUDA, Host: fu
 // float32, read from the device).
 func (r *dgcReducer) SaveState(w *StateWriter) error {
 	w.Int(r.base.calls)
-	w.Bool(r.hasVel)
-	if r.hasVel {
-		v := &r.base.v
-		vel := make([]float32, r.vel.Len())
-		if err := v.s.Copy(device.Host(vel), r.vel); err != nil {
-			return fmt.Errorf("reading the velocity back: %w", err)
-		}
-		if err := v.s.Synchronize(); err != nil {
-			return fmt.Errorf("reading the velocity back: %w", err)
-		}
-		w.Float32s(vel)
-	}
-	return nil
+	return r.mc.save(r.base, w)
 }
 
 // LoadState reads them back (the velocity into device memory).
 func (r *dgcReducer) LoadState(d *StateReader) error {
 	it := d.Int("call count", 0, maxCount)
-	has := d.Bool("velocity present")
-	var vel []float32
-	if has {
-		vel = d.Float32s("velocity", r.base.n)
-	}
+	has, vel := r.mc.read(r.base, d)
 	if err := d.Done(); err != nil {
 		return err
 	}
-	if has && r.momentum == 0 {
-		return errors.New("the state holds a momentum-corrected velocity, but this reducer has no momentum (Options.Momentum differs from the saved run's)")
-	}
-	if !has && r.momentum > 0 && it > 0 {
-		return errors.New("the state has no velocity, but this reducer corrects momentum (Options.Momentum differs from the saved run's)")
-	}
-	if has {
-		v := &r.base.v
-		var err error
-		if r.vel, err = v.scratch(&r.vel, device.Float32, r.base.n); err != nil {
-			return err
-		}
-		if err := v.s.Copy(r.vel, device.Host(vel)); err != nil {
-			return err
-		}
-		if err := v.s.Synchronize(); err != nil {
-			return err
-		}
-		r.hasVel = true
+	if err := r.mc.load(r.base, has, vel, it); err != nil {
+		return err
 	}
 	r.base.calls = it
 	return nil

@@ -158,6 +158,7 @@ func TestDGCMomentumCorrection(t *testing.T) {
 			}
 			outs := make([][][]float32, n)
 			ress := make([][][]float32, n)
+			norms := make([][]float64, n) // Stats.ErrorNorm per rank and step
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			err := local.Run(ctx, n, func(ctx context.Context, c comm.Communicator) error {
@@ -172,11 +173,13 @@ func TestDGCMomentumCorrection(t *testing.T) {
 						residual[i] += g
 					}
 					out := make([]float32, l.N)
-					if _, err := red.Reduce(ctx, residual, out, residual); err != nil {
+					st, err := red.Reduce(ctx, residual, out, residual)
+					if err != nil {
 						return err
 					}
 					outs[w] = append(outs[w], out)
 					ress[w] = append(ress[w], slices.Clone(residual))
+					norms[w] = append(norms[w], st.ErrorNorm)
 				}
 				return nil
 			})
@@ -237,6 +240,19 @@ func TestDGCMomentumCorrection(t *testing.T) {
 						for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
 							want[i] = ref[w].v[i] + m*ref[w].u[i]
 						}
+					}
+					// The error norm is ‖v‖ over the compressed tensors,
+					// what the worker holds back (not the residual's).
+					var vsq float64
+					for ti, tn := range l.Tensors {
+						if dims[ti] != 1 {
+							for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+								vsq += float64(ref[w].v[i]) * float64(ref[w].v[i])
+							}
+						}
+					}
+					if got, want := norms[w][step], math.Sqrt(vsq); math.Abs(got-want) > 1e-12*(1+want) {
+						t.Fatalf("step %d rank %d: ErrorNorm %v, want ‖v‖ = %v", step, w, got, want)
 					}
 					for i := range want {
 						if ress[w][step][i] != want[i] {

@@ -68,12 +68,7 @@
 // The average is the float32 sum times 1/n for every method but lags,
 // spardl, topkdsa and oktopk (which divide by n, as their references do):
 // where the reference divides (section 1's "sum / n"), the result can differ
-// in the last bit when n is not a power of two. fp16 divides each worker's
-// half-precision values by n before the half-precision sum, as DDP's hook.
-// The compressors fp16, efsignsgd and powersgd send every element,
-// compressed: their Selected and Distinct are N, and only their bytes tell
-// what they save. Every method but dense takes min_compress_size, the
-// frame's size cut-off (cutoff.go).
+// in the last bit when n is not a power of two.
 //
 // The list below is generated from the declarations (go generate
 // ./sparsify; TestMethodsDoc fails when it is out of date): method (its
@@ -112,10 +107,12 @@
 //     error feedback is always on; element 0 can be selected; exact zeros
 //     never are (a zero sampled threshold flooded the slots with zeros); hash
 //     collisions resolve deterministically (highest index wins); ns and nsel
-//     are at least 1. Not implemented: the paper's cost model (its eq. 1) for
-//     which tensors to compress (a fixed min_tensor cut-off, the reference's)
-//     and the momentum-corrected error feedback the paper evaluated every
-//     method with.
+//     are at least 1. The momentum-corrected error feedback the paper
+//     evaluated every method with (DGC's, with momentum-factor masking;
+//     Options.Momentum, the optimizer's, which then applies momentum to
+//     weight decay only). Not implemented: the paper's cost model (its eq. 1)
+//     for which tensors to compress (a fixed min_tensor cut-off, the
+//     reference's).
 //   - "efsignsgd" (efsignsgd.go): reference notes 11.1: EF-SignSGD
 //     (Karimireddy et al., 2019): each tensor of more than one dimension sent
 //     as its signs, packed 32 to a 4-byte word, and its scale ‖acc‖₁/d (one
@@ -212,8 +209,7 @@
 //     (exact only below 2^24); regions cut the layout order, not the reversed
 //     parameter order.
 //
-// Every method except gtopk, dgc with momentum correction and fp16 (no error
-// feedback: what half precision rounds off is lost) conserves the
+// Every method except gtopk and dgc with momentum correction conserves the
 // gradient: Σ_w residual_w + n·out =
 // Σ_w acc_w up to float32 rounding.
 //

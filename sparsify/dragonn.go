@@ -15,9 +15,9 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Advice: dragonnAdvice,
+	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Advice: dragonnAdvice, CorrectsMomentum: true,
 		Density: func(ModelKind) float64 { return 0.001 }, Notes: dragonnNotes, Kernels: []*device.Kernel{dragonnHash},
-		Doc: "reference notes 6: DRAGONN's sampled threshold with the threshold test and the hashed insertion fused into one pass (its kernel dragonnHash; no compaction of the candidates), small tensors dense, dense warm-up (its own: during it every tensor is one of the dense ones). Deviations (fixes): values are summed and divided by the number of workers (the reference overwrites and does not divide); error feedback is always on; element 0 can be selected; exact zeros never are (a zero sampled threshold flooded the slots with zeros); hash collisions resolve deterministically (highest index wins); ns and nsel are at least 1. Not implemented: the paper's cost model (its eq. 1) for which tensors to compress (a fixed min_tensor cut-off, the reference's) and the momentum-corrected error feedback the paper evaluated every method with.",
+		Doc: "reference notes 6: DRAGONN's sampled threshold with the threshold test and the hashed insertion fused into one pass (its kernel dragonnHash; no compaction of the candidates), small tensors dense, dense warm-up (its own: during it every tensor is one of the dense ones). Deviations (fixes): values are summed and divided by the number of workers (the reference overwrites and does not divide); error feedback is always on; element 0 can be selected; exact zeros never are (a zero sampled threshold flooded the slots with zeros); hash collisions resolve deterministically (highest index wins); ns and nsel are at least 1. The momentum-corrected error feedback the paper evaluated every method with (DGC's, with momentum-factor masking; Options.Momentum, the optimizer's, which then applies momentum to weight decay only). Not implemented: the paper's cost model (its eq. 1) for which tensors to compress (a fixed min_tensor cut-off, the reference's).",
 		Params: []options.Option{
 			{Key: "min_tensor", Kind: options.Int, Default: dragonnDefaultMinTensor, Range: options.Within(0, math.MaxInt32, "[]"), Zero: "every tensor",
 				Doc: "compress only tensors with more elements"},
@@ -90,12 +90,17 @@ const (
 //     204800 was tuned for 16 V100s on 25 Gbit/s; on another cluster (or on
 //     this project's models, see the trainer's notes) it may compress too
 //     much or nothing.
-//   - The momentum-corrected error feedback (DGC's, Lin et al. 2017) with
-//     which the paper evaluated every method. Here DRAGONN uses plain error
-//     feedback and the optimizer's momentum after aggregation; the dgc
-//     method has DGC's momentum correction.
 //
-// With the sum decode it conserves the gradient: Σ_w residual_w + n·out =
+// Momentum-corrected error feedback (momentumCorrection, DGC's, with which
+// the paper evaluated every method): with Options.Momentum m > 0 (the
+// trainer passes its SGD momentum, Method.CorrectsMomentum) the compressed
+// tensors' selection is made on each worker's velocity and the residual is
+// v + m·u, the dense tensors (all of them during the dense warm-up) get the
+// momentum on their average, and at the warm-up's end the momentum so far
+// starts every worker's u. The error norm is ‖v‖. With m = 0 (Adam) it is
+// plain error feedback.
+//
+// Without momentum and with the sum decode it conserves the gradient: Σ_w residual_w + n·out =
 // Σ_w acc_w up to float32 rounding (the overwrite decode would not). Stats:
 // Selected and SelectedPerWorker count the elements each worker sent (sparse
 // pairs plus dense elements), LayerK the elements sent per tensor,
@@ -113,11 +118,16 @@ type dragonnReducer struct {
 	dIdx  device.Buffer // Int32
 	dVal  device.Buffer // Float32
 	dense denseParts
+	// mc is the momentum-corrected error feedback (momentumCorrection).
+	mc momentumCorrection
 }
 
 func newDragonnReducer(e *Env) (Core, error) {
 	o := e.o
-	r := &dragonnReducer{base: e, minTensor: o.Params.Int("min_tensor"), warmup: o.Params.Int("dense_warmup")}
+	if !(o.Momentum >= 0 && o.Momentum < 1) {
+		return nil, fmt.Errorf("Options.Momentum %v is outside [0, 1)", o.Momentum)
+	}
+	r := &dragonnReducer{base: e, minTensor: o.Params.Int("min_tensor"), warmup: o.Params.Int("dense_warmup"), mc: momentumCorrection{m: float32(o.Momentum)}}
 	for _, tn := range o.Layout.Tensors {
 		r.params = append(r.params, dragonnParamsFor(tn.Size, o.Density))
 	}
@@ -150,6 +160,16 @@ func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 			total += r.params[t].nslots
 		} else {
 			denseN += tn.Size
+		}
+	}
+	if err := r.mc.ensure(b); err != nil {
+		return err
+	}
+	if r.warmup > 0 && b.calls == r.warmup {
+		// The first call after the dense warm-up: the compressed tensors'
+		// momentum so far becomes every worker's.
+		if err := r.mc.becomeCompressed(b, acc, comp); err != nil {
+			return err
 		}
 	}
 	selTime, err := b.timed(func() error {
@@ -198,11 +218,23 @@ func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 	if err != nil {
 		return err
 	}
-	if err := b.residualWithout(residual, acc, idx); err != nil {
+	if r.mc.m > 0 {
+		if err := r.mc.compressed(b, comp, acc, residual, idx); err != nil {
+			return err
+		}
+	} else if err := b.residualWithout(residual, acc, idx); err != nil {
 		return err
 	}
 	if err := r.dense.write(b, out, residual, comp); err != nil {
 		return err
+	}
+	if r.mc.m > 0 {
+		if err := r.mc.dense(b, comp, out); err != nil {
+			return err
+		}
+		if st.ResidualSq, err = r.mc.residualSq(b, comp); err != nil {
+			return err
+		}
 	}
 	for w := range counts {
 		counts[w] += denseN
@@ -216,19 +248,23 @@ func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 	return nil
 }
 
-// SaveState writes the call count (dense warm-up, sampling seeds) and the
-// hash counter.
+// SaveState writes the call count (dense warm-up, sampling seeds), the
+// hash counter and, with momentum correction, the velocity.
 func (r *dragonnReducer) SaveState(w *StateWriter) error {
 	w.Int(r.base.calls)
 	w.Int(r.calls)
-	return nil
+	return r.mc.save(r.base, w)
 }
 
 // LoadState reads them back.
 func (r *dragonnReducer) LoadState(d *StateReader) error {
 	it := d.Int("call count", 0, maxCount)
 	calls := d.Int("hash counter", 0, dragonnSeedWrap-1)
+	has, vel := r.mc.read(r.base, d)
 	if err := d.Done(); err != nil {
+		return err
+	}
+	if err := r.mc.load(r.base, has, vel, it); err != nil {
 		return err
 	}
 	r.base.calls, r.calls = it, calls
@@ -495,13 +531,21 @@ func dragonnNotes(r Run) []string {
 			largest = t
 		}
 	}
+	var notes []string
 	switch {
 	case compressed == 0:
 		return []string{fmt.Sprintf("no tensor of %s has more than -min-tensor %d elements (the largest, %s, has %d): every tensor is all-reduced dense and nothing is sparsified; lower -min-tensor (0 compresses every tensor)",
 			r.Model, mt, largest.Name, largest.Size)}
 	case compressed < r.Layout.N:
-		return []string{fmt.Sprintf("the tensors of more than -min-tensor %d elements, %.1f %% of the %d parameters, are sparsified; the rest is all-reduced dense",
-			mt, 100*float64(compressed)/float64(r.Layout.N), r.Layout.N)}
+		notes = append(notes, fmt.Sprintf("the tensors of more than -min-tensor %d elements, %.1f %% of the %d parameters, are sparsified; the rest is all-reduced dense",
+			mt, 100*float64(compressed)/float64(r.Layout.N), r.Layout.N))
 	}
-	return nil
+	switch {
+	case r.Replay && r.Momentum == 0:
+		notes = append(notes, "no SGD momentum to correct (the recording's training gives none): plain error feedback, without the momentum-corrected error feedback of DRAGONN's experiments; pass -momentum 0.9 for a recording of SGD with momentum")
+	case !r.Replay && (r.Optimizer != "sgd" || r.Momentum == 0):
+		notes = append(notes, fmt.Sprintf("no SGD momentum to correct (-optimizer %s, -momentum %g): plain error feedback, without the momentum-corrected error feedback of DRAGONN's experiments",
+			r.Optimizer, r.Momentum))
+	}
+	return notes
 }

@@ -1,12 +1,16 @@
 package sparsify
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
 )
 
 // dragonnRefRun tracks the hash-seed counter across calls, as the test's
@@ -194,5 +198,148 @@ func TestDragonnWarmupIsDense(t *testing.T) {
 				t.Errorf("iteration %d rank %d: ActualDensity %v, ErrorNorm %v, Threshold %v; warm-up lasts 2 calls", it, w, st.ActualDensity, st.ErrorNorm, st.Threshold)
 			}
 		}
+	}
+}
+
+// TestDragonnMomentumCorrection checks DRAGONN's momentum-corrected error
+// feedback against DGC's written plainly, with DRAGONN's selection (the
+// test's reference, dragonnRefRun) made on each worker's velocity: per
+// worker u ← m·u + g, v ← v + u on the compressed tensors, v's selected
+// values averaged, u and v zeroed at the sent indices; the dense tensors
+// (all of them during the dense warm-up) averaged and given momentum, mmt
+// ← m·mmt + avg; when the warm-up ends, every worker's u starts from mmt
+// and v from 0. The gradients are multiples of 1/8 and m = 0.5, so with a
+// power of two of workers every sum is exact: the residual (v + m·u) must
+// agree bit for bit (closely with 3 and 5), and the error norm is ‖v‖.
+func TestDragonnMomentumCorrection(t *testing.T) {
+	names := []string{"conv", "bn", "fc", "bias"}
+	sizes := []int{3000, 17, 2003, 5}
+	l, err := NewLayout(names, sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const (
+		m      = 0.5
+		rho    = 0.01
+		steps  = 5
+		seed   = 3
+		minT   = 100
+		warmup = 2
+	)
+	for _, n := range []int{1, 2, 3, 4, 5} {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			grad := func(w, step int) []float32 {
+				r := rand.New(rand.NewPCG(uint64(w)+10, uint64(step)))
+				g := make([]float32, l.N)
+				for i := range g {
+					g[i] = float32(r.IntN(33)-16) / 8
+				}
+				return g
+			}
+			outs := make([][][]float32, n)
+			ress := make([][][]float32, n)
+			norms := make([][]float64, n)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			err := local.Run(ctx, n, func(ctx context.Context, c comm.Communicator) error {
+				w := c.Rank()
+				red, err := New("dragonn", Options{Density: rho, Layout: l, Comm: c, Seed: seed, Momentum: m, Params: Values{"min_tensor": minT, "dense_warmup": warmup}})
+				if err != nil {
+					return err
+				}
+				residual := make([]float32, l.N)
+				for step := range steps {
+					for i, g := range grad(w, step) {
+						residual[i] += g
+					}
+					out := make([]float32, l.N)
+					st, err := red.Reduce(ctx, residual, out, residual)
+					if err != nil {
+						return err
+					}
+					outs[w] = append(outs[w], out)
+					ress[w] = append(ress[w], slices.Clone(residual))
+					norms[w] = append(norms[w], st.ErrorNorm)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			us, vs := make([][]float32, n), make([][]float32, n)
+			for w := range n {
+				us[w], vs[w] = make([]float32, l.N), make([]float32, l.N)
+			}
+			mmt := make([]float32, l.N)
+			ref := &dragonnRefRun{minTensor: minT, warmup: warmup}
+			for step := range steps {
+				comp := make([]bool, len(l.Tensors))
+				accs := make([][]float32, n)
+				for w := range n {
+					g := grad(w, step)
+					accs[w] = slices.Clone(g) // the dense tensors' acc: the gradient
+					for ti, tn := range l.Tensors {
+						comp[ti] = step >= warmup && tn.Size > minT
+						if !comp[ti] {
+							continue
+						}
+						u, v := us[w], vs[w]
+						for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+							if step == warmup {
+								u[i], v[i] = mmt[i], 0
+							}
+							u[i] = float32(m*u[i]) + g[i]
+							v[i] += u[i]
+							accs[w][i] = v[i]
+						}
+					}
+				}
+				es := ref.expect(l, accs, rho, seed, step)
+				for w := range n {
+					want := make([]float32, l.N)
+					var vsq float64
+					for ti, tn := range l.Tensors {
+						for i := tn.Offset; i < tn.Offset+tn.Size; i++ {
+							switch {
+							case !comp[ti]:
+								if w == 0 {
+									mmt[i] = float32(m*mmt[i]) + es[0].out[i]
+								}
+							case es[w].residual[i] == 0 && vs[w][i] != 0: // sent: masked
+								us[w][i], vs[w][i] = 0, 0
+								fallthrough
+							default:
+								want[i] = vs[w][i] + float32(m*us[w][i])
+								vsq += float64(vs[w][i]) * float64(vs[w][i])
+							}
+						}
+					}
+					if n&(n-1) != 0 {
+						// The average of 3 or 5 workers is inexact, and the
+						// reducer's u = acc − v rounds otherwise than m·u + g.
+						checkClose(t, fmt.Sprintf("step %d rank %d residual", step, w), ress[w][step], want, relTol(want, 1e-5))
+					}
+					for i := range want {
+						if n&(n-1) == 0 && ress[w][step][i] != want[i] {
+							t.Fatalf("step %d rank %d: residual[%d] = %v, v + m·u = %v", step, w, i, ress[w][step][i], want[i])
+						}
+					}
+					wantOut := slices.Clone(es[w].out)
+					for ti, tn := range l.Tensors {
+						if !comp[ti] {
+							copy(wantOut[tn.Offset:tn.Offset+tn.Size], mmt[tn.Offset:tn.Offset+tn.Size])
+						}
+					}
+					checkClose(t, fmt.Sprintf("step %d rank %d out", step, w), outs[w][step], wantOut, relTol(wantOut, 1e-6))
+					tol := 1e-12
+					if n&(n-1) != 0 {
+						tol = 1e-6
+					}
+					if got, want := norms[w][step], math.Sqrt(vsq); math.Abs(got-want) > tol*(1+want) {
+						t.Fatalf("step %d rank %d: ErrorNorm %v, want ‖v‖ = %v", step, w, got, want)
+					}
+				}
+			}
+		})
 	}
 }

@@ -176,6 +176,11 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 //     added in rank order)/n. Elements are taken in flat (layout) order within
 //     a group, where the reference concatenates the group's tensors in
 //     backward order: only the order of equal-magnitude ties differs.
+//   - A group kept dense (k = m: density 1, a one-element group, or the
+//     adaptive rule's choice) is all-reduced instead (startDense): one
+//     all-reduce of its m values, out = sum/n, residual 0, as the authors'
+//     cost model assumes of a dense layer, rather than n·m index/value
+//     pairs gathered (about n times the bytes).
 //   - ρ_g is Options.Density unless the adaptive rule is on (the option
 //     max_ratio = c_u > 0). The paper's text calls c_u "an upper bound of
 //     the compression ratio (e.g. c_u = 1000)" and picks the compression
@@ -234,10 +239,12 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 // message per layer).
 //
 // Memory: the LAGS paper (Algorithm 1, line 6) accumulates
-// learning-rate-scaled gradients (a_t = ε_{t−1} + η·g). The trainer does not
-// offer that variant: it accumulates raw gradients and applies the learning
-// rate after the reduction, as the reference code does. A library caller
-// can have it with NewMemory(N, true) and Memory.Accumulate(grad, lr) — the
+// learning-rate-scaled gradients (a_t = ε_{t−1} + η·g). The trainer
+// accumulates raw gradients and applies the learning rate after the
+// reduction by default, as the reference code does; -feedback-lr gives the
+// paper's form (the residual rescaled by η_{t−1}/η_t when the learning rate
+// changes, which is the same selection and update). A library caller can
+// also have it with NewMemory(N, true) and Memory.Accumulate(grad, lr) — the
 // reduced output is then the update itself (θ ← θ − out, with no further
 // multiplication by the learning rate) — and the reducer is unchanged.
 type LAGS struct {
@@ -486,6 +493,9 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 	a := acc.Slice(gr.Lo, gr.Hi)
 	res := residual.Slice(gr.Lo, gr.Hi)
 	o := out.Slice(gr.Lo, gr.Hi)
+	if k == gr.Size() {
+		return l.startDense(ctx, gr, a, o, res, st)
+	}
 	sel, err := v.scratch(&b.sel, device.Int32, k)
 	if err != nil {
 		return nil, err
@@ -574,6 +584,46 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 	}, nil
 }
 
+// startDense starts the reduction of a group LAGS keeps dense (k = m, a
+// density of 1 or the adaptive rule's choice): its acc a all-reduced, as
+// the authors' cost model assumes of a dense layer, rather than all-gathered
+// as n·m index/value pairs; finish divides the sum by n. The residual is
+// zero; every element is selected and distinct.
+func (l *LAGS) startDense(ctx context.Context, gr Group, a, o, res device.Buffer, st *GroupStats) (func(context.Context) error, error) {
+	e := l.b
+	v := &e.v
+	if err := v.s.Copy(o, a); err != nil {
+		return nil, err
+	}
+	resTime, err := e.timed(func() error { return v.m.Fill(v.s, res, 0) })
+	if err != nil {
+		return nil, err
+	}
+	st.LayerK = make([]int, len(l.layout.Tensors))
+	for _, t := range gr.Tensors {
+		st.LayerK[t] = l.layout.Tensors[t].Size
+	}
+	start := time.Now()
+	r, err := e.c.IAllReduce(ctx, v.cb(o))
+	if err != nil {
+		return nil, fmt.Errorf("starting the all-reduce of a dense group of %d elements: %w", gr.Size(), err)
+	}
+	m := gr.Size()
+	st.Selected, st.Distinct, st.ResidualSq = m, m, 0
+	return func(ctx context.Context) error {
+		if _, err := r.Wait(ctx); err != nil {
+			return fmt.Errorf("all-reducing a dense group of %d elements: %w", m, err)
+		}
+		st.CommTime = time.Since(start)
+		decTime, err := e.timed(func() error { return v.ops.Div(v.s, o, float32(l.n)) })
+		if err != nil {
+			return err
+		}
+		l.recordSpar(resTime+decTime, m)
+		return nil
+	}, nil
+}
+
 // lagsLayerK counts the selected group-local indices sel per tensor of
 // the group, into a vector over the layout's tensors (the tensors of a
 // group are contiguous in the layout).
@@ -598,7 +648,7 @@ func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer) ([]int, error)
 }
 
 // lagsAdvice: each layer group's top ρ (at least one element) all-gathered
-// as indices and values (the model's groups at its merge_size; the
+// as indices and values, a group kept dense all-reduced (the model's groups at its merge_size; the
 // adaptive density of max_ratio is not modelled).
 var lagsAdvice = &Advice{
 	Plan: func(s Shape) ([]Call, error) {
@@ -609,6 +659,10 @@ var lagsAdvice = &Advice{
 		var out []Call
 		for _, g := range LAGSGroups(l, s.Params.Int("merge_size")) {
 			k := min(max(int(float64(g.Size())*s.Density), 1), g.Size())
+			if k == g.Size() {
+				out = append(out, Call{comm.OpAllReduce, 1, float64(k)}) // kept dense
+				continue
+			}
 			out = append(out, Call{comm.OpAllGather, 2, float64(k)})
 		}
 		return out, nil

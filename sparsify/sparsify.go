@@ -35,17 +35,30 @@ func FlatLayout(n int) (Layout, error) { return layout.Flat(n) }
 
 // Stats describes one Reduce call of one worker.
 type Stats struct {
-	// Density is the setup density ρ the reducer was built with.
+	// Density is the setup density ρ the reducer was built with, for
+	// every method and every call: a method's own schedule (DGC's density
+	// warm-up, LAGS' per-group densities, a dense warm-up) shows in
+	// Selected and ActualDensity, not here.
 	Density float64
-	// ActualDensity is the number of distinct indices whose values crossed the
-	// wire (the union over workers) divided by N. Dense reduction gives 1.
+	// ActualDensity is the number of distinct indices whose values crossed
+	// the wire (the union over workers of what the call's exchanges
+	// carried) divided by N, for every method. What is sent dense counts
+	// whole: dense reduction and a dense warm-up give 1, and DGC's and
+	// DRAGONN's dense tensors and LAGS' groups with k = m count every
+	// element; Ok-Topk and TopkDSA count the indices of the reduced region
+	// sums they gather (N when TopkDSA gathers them densely), SparDL the
+	// indices of its final exchange's result, gTop-k the k of its global
+	// result and CLT-k the leader's k, which every worker sends.
 	ActualDensity float64
 	// Selected is the number of indices this worker selected.
 	Selected int
 	// SelectedPerWorker is the number of indices each rank selected, where the
 	// method exchanges that information (nil otherwise).
 	SelectedPerWorker []int
-	// ErrorNorm is ‖residual‖₂ of this worker after the call.
+	// ErrorNorm is the norm of what this worker holds back after the call
+	// (its error-feedback memory): ‖residual‖₂ for every method but DGC
+	// with momentum correction, whose residual also carries the momentum
+	// m·u; its ErrorNorm is ‖v‖₂, the masked velocity alone.
 	ErrorNorm float64
 	// Threshold is the magnitude threshold used this call, NaN for methods
 	// that have none.

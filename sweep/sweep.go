@@ -10,6 +10,9 @@
 // papers are built on and the advisor's (package advise) predicted time per
 // iteration of every run against the measured one. Named presets
 // (Presets) are the papers' main comparisons, sized for a small machine.
+// The grid can instead run as mpirun jobs (Spec.Jobs, one process per
+// worker on the real network): WriteJobs records the jobs printed, and Run
+// then builds the page from their runs once every one has finished.
 //
 // # The output folder
 //
@@ -374,6 +377,17 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 			fmt.Fprintf(o.Log, format+"\n", a...)
 		}
 	}
+	jobs, jobsUnrunnable, fromJobs, err := jobPoints(s, out)
+	if err != nil {
+		return res, err
+	}
+	if fromJobs {
+		pts, unrunnable = jobs, jobsUnrunnable
+		res.Unrunnable = unrunnable
+		o.NoPredict = true
+		o.Notes = append(o.Notes, "The runs are the mpirun jobs that train sweep -dry-run printed (one process per worker, on the real network: the grid's emulated networks do not apply); the advisor's predictions, of simulated workers, are left out.")
+		logf("building the page from the %d mpirun jobs listed in %s", len(pts), filepath.Join(out, JobsFile))
+	}
 	for _, sk := range unrunnable {
 		logf("skip %s: %v", sk.Name, sk.Reason)
 	}
@@ -385,6 +399,10 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 	// anything runs.
 	states := make([]state, len(pts))
 	for i, p := range pts {
+		if fromJobs {
+			states[i] = complete // jobPoints checked them
+			continue
+		}
 		if states[i], err = runState(filepath.Join(runsDir, p.Name), p); err != nil {
 			return res, err
 		}
@@ -459,6 +477,9 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 		sr := reports.SweepRun{Dir: filepath.Join(runsDir, p.Name), Method: p.Method, Workers: p.Workers, Density: p.Density}
 		if p.Net.Bandwidth > 0 {
 			sr.Network = advise.NetName(p.Net)
+		}
+		if fromJobs {
+			sr.Network = "real (mpirun)"
 		}
 		if host != nil {
 			pr, err := advise.Predict(host, advise.Setting{Method: p.Method, Workers: p.Workers, Density: p.Density,

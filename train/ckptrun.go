@@ -337,6 +337,9 @@ func (w *worker) restore(ctx context.Context) (position, error) {
 	// the checkpoint's and the last kept record's.
 	e := comm.Int64s{int64(ck.Elapsed), 0}
 	if w.rank == 0 {
+		if err := w.out.metrics.Check(ck.Step, maxLogEvery(w.cfg, w.runner.prev)); err != nil {
+			return position{}, configError(err)
+		}
 		maxWall, evaluated, dropped, err := w.out.metrics.TruncateAfter(ck.Step, ck.EvalDue)
 		if err != nil {
 			return position{}, err

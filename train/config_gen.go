@@ -108,6 +108,11 @@ type Config struct {
 	// Clip is -clip: clip the gradient norm (see -clip-at) (0: off) (default
 	// 0).
 	Clip Optional[float64] `json:"clip,omitzero"`
+	// FeedbackLR is -feedback-lr: error feedback keeps learning-rate-scaled
+	// gradients (DEFT's, MiCRO's and LAGS' Algorithm 1: what was held back
+	// keeps its weight when the learning rate changes) instead of raw ones (the
+	// default, as the authors' code does).
+	FeedbackLR bool `json:"feedback_lr,omitzero"`
 	// NoAugment is -no-augment: turn off CIFAR crops and flips.
 	NoAugment bool `json:"no_augment,omitzero"`
 	// LabelSmoothing is -label-smoothing: label smoothing ε in [0, 1) of a
@@ -207,6 +212,7 @@ var fields = map[string]func(c *Config) field{
 	"decay_factor":     func(c *Config) field { return &c.DecayFactor },
 	"lr_schedule":      func(c *Config) field { return plain(&c.LRSchedule) },
 	"clip":             func(c *Config) field { return &c.Clip },
+	"feedback_lr":      func(c *Config) field { return plain(&c.FeedbackLR) },
 	"no_augment":       func(c *Config) field { return plain(&c.NoAugment) },
 	"label_smoothing":  func(c *Config) field { return plain(&c.LabelSmoothing) },
 	"out":              func(c *Config) field { return plain(&c.Out) },

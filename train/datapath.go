@@ -68,6 +68,28 @@ type dataPath struct {
 	// the last one run.
 	recorder *gradRecorder
 	stepNo   int
+	// prevLR is the learning rate of the last step (0 before the first):
+	// with -feedback-lr the residual is rescaled when it changes
+	// (rescaleResidual).
+	prevLR float64
+}
+
+// rescaleResidual keeps -feedback-lr's learning-rate-scaled error feedback
+// (the papers' a_t = ε_{t−1} + η_t·g_t, θ ← θ − TopK(a_t)/n) in the raw
+// form the reducer and the optimizer work with: the residual holds ε/η of
+// the last step, so before a step with another learning rate lr it is
+// multiplied by η_{t−1}/η_t. The selection (scale-free) and the update
+// η_t·TopK(a_t/η_t) are then the papers'. Nothing without the option.
+func (dp *dataPath) rescaleResidual(lr float64) error {
+	if !dp.cfg.FeedbackLR {
+		return nil
+	}
+	prev := dp.prevLR
+	dp.prevLR = lr
+	if prev == 0 || lr == prev || lr == 0 {
+		return nil
+	}
+	return dp.compute.Device().Math().Scale(dp.compute, dp.residual, float32(prev/lr))
 }
 
 // newDataPath builds rank's data path for model on device dev (its
@@ -324,6 +346,9 @@ func (dp *dataPath) startGroup(ctx context.Context, g int) error {
 func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64) (stepStats, error) {
 	dp.stepNo = n
 	var s stepStats
+	if err := dp.rescaleResidual(lr); err != nil {
+		return s, fmt.Errorf("train: -feedback-lr: %w", err)
+	}
 	clear(dp.gradFinal)
 	var result models.StepResult
 	var t1 time.Time

@@ -72,8 +72,10 @@ func TestMethodNotes(t *testing.T) {
 	}{
 		{"dragonn below the cut-off", Config{Sparsifier: "dragonn", MethodOptions: sparsify.Values{"min_tensor": 400000, "dense_warmup": 0}}, 100,
 			[]string{"dragonn: no tensor of  has more than -min-tensor 400000 elements (the largest, b, has 300000): every tensor is all-reduced dense"}},
-		{"dragonn partly", Config{Sparsifier: "dragonn", MethodOptions: sparsify.Values{"min_tensor": 204800, "dense_warmup": 0}}, 100,
+		{"dragonn partly", Config{Sparsifier: "dragonn", Optimizer: "sgd", Momentum: Set(0.9), MethodOptions: sparsify.Values{"min_tensor": 204800, "dense_warmup": 0}}, 100,
 			[]string{"dragonn: the tensors of more than -min-tensor 204800 elements, 99.7 % of the 301000 parameters, are sparsified"}},
+		{"dragonn with adam", Config{Sparsifier: "dragonn", Optimizer: "adam", MethodOptions: sparsify.Values{"min_tensor": 0, "dense_warmup": 0}}, 100,
+			[]string{"dragonn: no SGD momentum to correct (-optimizer adam"}},
 		{"warm-up as long as the run", Config{Sparsifier: "oktopk", MethodOptions: sparsify.Values{"dense_warmup": 512}}, 512,
 			[]string{"oktopk: -dense-warmup 512 is at least the run's 512 steps: every step is a dense all-reduce"}},
 		{"warm-up shorter", Config{Sparsifier: "topkdsa", MethodOptions: sparsify.Values{"dense_warmup": 512}}, 513, nil},

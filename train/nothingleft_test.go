@@ -110,8 +110,8 @@ func stepFails(m models.Model) models.Model { return &failingModel{Model: m, fai
 
 // TestFailureBeforeTheFirstStepLeavesNothing: a new run that fails before
 // its first step is done removes what it wrote: the folder it created, or
-// its own files in a folder that was there (others' files stay), and says
-// that the same command works again, which it does.
+// its own files in an empty folder that was there, and says that the same
+// command works again, which it does. A folder of other files is refused.
 func TestFailureBeforeTheFirstStepLeavesNothing(t *testing.T) {
 	for _, workers := range []int{1, 2} {
 		c := ncfConfig(t, workers, 2)
@@ -129,11 +129,8 @@ func TestFailureBeforeTheFirstStepLeavesNothing(t *testing.T) {
 		if strings.Contains(out.String(), "report") {
 			t.Errorf("%d workers: a report was announced: %q", workers, out.String())
 		}
-		// A folder that was there, with a file of the user's.
+		// An empty folder that was there.
 		c.Out = t.TempDir()
-		if err := os.WriteFile(filepath.Join(c.Out, "notes.txt"), []byte("mine"), 0o644); err != nil {
-			t.Fatal(err)
-		}
 		before := snapshot(t, c.Out)
 		if err := Run(context.Background(), c, Options{wrapModel: stepFails}); err == nil {
 			t.Fatal("the failing run succeeded")
@@ -144,6 +141,19 @@ func TestFailureBeforeTheFirstStepLeavesNothing(t *testing.T) {
 		// As the message says, the same command works again.
 		if err := Run(context.Background(), c, Options{}); err != nil {
 			t.Fatalf("%d workers: the same command again: %v", workers, err)
+		}
+		// A folder of the user's files is refused before anything is
+		// written.
+		c.Out = t.TempDir()
+		if err := os.WriteFile(filepath.Join(c.Out, "notes.txt"), []byte("mine"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		before = snapshot(t, c.Out)
+		if err := Run(context.Background(), c, Options{}); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "notes.txt") {
+			t.Fatalf("%d workers: a folder of other files as -out: %v", workers, err)
+		}
+		if d := sameSnapshot(before, snapshot(t, c.Out)); d != "" {
+			t.Errorf("%d workers: the refused run changed the folder it was given: %s", workers, d)
 		}
 	}
 }

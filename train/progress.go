@@ -55,6 +55,9 @@ type progress struct {
 	last    float64
 	lossSum float64
 	lossN   int
+	// before is the steps of the epoch trained before the run resumed in
+	// it (0 otherwise); their logged losses are in lossSum (resumedEpoch).
+	before int
 	// replay tells that the steps are replays of recorded gradients: no
 	// samples pass, so no throughput is printed.
 	replay bool
@@ -88,7 +91,7 @@ func (p *progress) startEpoch(epoch, epochs, steps int) {
 	defer p.mu.Unlock()
 	p.epoch, p.epochs, p.samples, p.start = epoch, epochs, 0, time.Now()
 	p.steps, p.done = steps, 0
-	p.last, p.lossSum, p.lossN = 0, 0, 0
+	p.last, p.lossSum, p.lossN, p.before = 0, 0, 0, 0
 	p.inEpoch = true
 	if p.term {
 		p.bar = progressbar.NewOptions(steps,
@@ -101,6 +104,16 @@ func (p *progress) startEpoch(epoch, epochs, steps int) {
 			progressbar.OptionClearOnFinish(),
 		)
 	}
+}
+
+// resumedEpoch tells that the epoch started resumed after before of its
+// steps, whose logged losses (from metrics.jsonl) add up to lossSum over
+// lossN records: the epoch's mean loss covers the whole epoch, and its
+// line says that the run resumed in it.
+func (p *progress) resumedEpoch(before int, lossSum float64, lossN int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.before, p.lossSum, p.lossN = before, lossSum, lossN
 }
 
 // logged adds the loss of a logged step (mean over the workers) to the
@@ -152,6 +165,9 @@ func (p *progress) endEpoch() {
 	}
 	d := time.Since(p.start)
 	what := fmt.Sprintf("epoch %d/%d", p.epoch, p.epochs)
+	if p.before > 0 {
+		what += fmt.Sprintf(", resumed after %s of it (the mean loss covers the whole epoch)", plural(p.before, "step"))
+	}
 	if p.done < p.steps {
 		what += fmt.Sprintf(", stopped after %s (%s left in the epoch)", plural(p.done, "step"), metrics.Thousands(p.steps-p.done))
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/engine"
+	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -59,6 +60,10 @@ type worker struct {
 	// Until then its log is in memory (runLog), and a new run that fails
 	// removes what it wrote (rundir.Discard).
 	kept bool
+	// sched is the run's schedule and ended why the loop returned without
+	// an error (run.json's end, recordEnd).
+	sched runSchedule
+	ended stopReason
 	// lastStepTime is the last step's time, evalPerBatch the last
 	// evaluation's time per batch (evalReserve).
 	lastStepTime, evalPerBatch time.Duration
@@ -118,6 +123,11 @@ func (r *runner) worker(ctx context.Context, c comm.Communicator) (err error) {
 	// report's goroutine ends either way.
 	returned := false
 	defer func() {
+		if w.kept {
+			if eerr := w.recordEnd(err, returned); eerr != nil && err == nil {
+				err = eerr
+			}
+		}
 		if cerr := w.out.close(returned && w.kept); cerr != nil && err == nil {
 			err = fmt.Errorf("train: closing metrics.jsonl: %w", cerr)
 		}
@@ -300,11 +310,18 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 		info.Replay, info.CannotShow = replayInfo(rec), ReplayCannotShow
 	}
 	info.Config.Resume = ""
+	info.Status = metrics.StatusRunning
 	if prev := r.prev; prev != nil {
 		// One run across resumes: its start and command, and the
 		// resumes so far (restore fills in this one's checkpoint).
 		info.Start, info.CommandLine = prev.Start, prev.CommandLine
-		info.Resumes = append(slices.Clone(prev.Resumes), ResumeRecord{At: time.Now().UTC(), CommandLine: r.opt.CommandLine})
+		// This process holds the run's lock: a run.json that says the
+		// run is running belongs to a process that was killed.
+		after := prev.Status
+		if after == metrics.StatusRunning {
+			after = metrics.StatusKilled
+		}
+		info.Resumes = append(slices.Clone(prev.Resumes), ResumeRecord{At: time.Now().UTC(), CommandLine: r.opt.CommandLine, After: after})
 		info.Notes = slices.Clone(prev.Notes)
 	}
 	if dev.Kind() == device.CUDAKind {
@@ -451,6 +468,7 @@ func (w *worker) loop(ctx context.Context) error {
 	perEpoch := w.task.Len()
 	lrs := lrSchedule(cfg, perEpoch)
 	sched := newRunSchedule(cfg, perEpoch)
+	w.sched = sched
 	pos := position{}
 	if cfg.Resume != "" {
 		var err error
@@ -460,11 +478,16 @@ func (w *worker) loop(ctx context.Context) error {
 	}
 	step := pos.step
 	w.runner.status.step.Store(int64(step))
+	if step > 0 {
+		// The learning rate of the step before the checkpoint
+		// (-feedback-lr rescales the residual from it).
+		w.dataPath.prevLR = lrs.At(step-1, (step-1)/perEpoch)
+	}
 	notesEpoch := perEpoch
 	if rec := w.runner.ds.Recording; rec != nil {
 		notesEpoch = rec.Manifest.StepsPerEpoch // the recorded training's epochs
 	}
-	for _, n := range methodNotes(cfg, w.dataPath.layout, sched.totalSteps(), notesEpoch) {
+	for _, n := range append(methodNotes(cfg, w.dataPath.layout, sched.totalSteps(), notesEpoch), runNotes(cfg, w.size)...) {
 		if err := w.note(n); err != nil {
 			return err
 		}
@@ -475,6 +498,7 @@ func (w *worker) loop(ctx context.Context) error {
 		return w.failed(err, step)
 	}
 	if first.stop != goOn {
+		w.ended = first.stop
 		return nil
 	}
 	startBatch := pos.batch
@@ -493,6 +517,10 @@ func (w *worker) loop(ctx context.Context) error {
 		prog := w.out.progress()
 		if prog != nil {
 			prog.startEpoch(epoch+1, cfg.Epochs.Value(), perEpoch-startBatch)
+			if startBatch > 0 {
+				sum, n := rundir.StepLosses(cfg.Out, epoch+1, step)
+				prog.resumedEpoch(startBatch, sum, n)
+			}
 		}
 		var lastLoss float64
 		for i := startBatch; i < perEpoch; i++ {
@@ -518,6 +546,7 @@ func (w *worker) loop(ctx context.Context) error {
 					}
 					return w.failed(collective(ErrInterrupted), step)
 				}
+				w.ended = before.stop
 				return w.failed(err, step)
 			}
 			if err := ctx.Err(); err != nil {
@@ -576,6 +605,7 @@ func (w *worker) loop(ctx context.Context) error {
 		// the final one when the worker returns.
 		w.out.refreshReport()
 		if end.stop != goOn {
+			w.ended = end.stop
 			return nil
 		}
 	}

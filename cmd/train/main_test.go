@@ -134,10 +134,16 @@ func TestMPIMatchesInProcess(t *testing.T) {
 		np         int
 		sparsifier string
 		model      []string
-	}{{4, "deft", nil}, {3, "topk", nil}, {2, "lags", nil}, {16, "topk", nil}, {3, "efsignsgd", nil}, {2, "powersgd", nil}, {5, "mstopk", nil}, {3, "fp16", nil}, {2, "topk", []string{"-model", "ncf", "-dataset", "ml-100k", "-min-compress-size", "5000"}},
-		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8", "-kernels", "im2col"}},
-		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8", "-kernels", "onednn"}},
-		{3, "micro", []string{"-model", "lstm", "-dataset", "wikitext2", "-preset", "small", "-batch", "4"}}}
+		extra      []string
+	}{{4, "deft", nil, nil}, {3, "topk", nil, nil}, {2, "lags", nil, nil}, {16, "topk", nil, nil},
+		{3, "efsignsgd", nil, nil}, {2, "powersgd", nil, nil}, {5, "mstopk", nil, nil}, {3, "fp16", nil, nil},
+		{2, "topk", nil, []string{"-min-compress-size", "5000"}},
+		// LAGS with one group per tensor: the size-1 bias is a group kept
+		// dense (k = m), all-reduced beside the others' all-gathers.
+		{3, "lags", nil, []string{"-merge-size", "1"}},
+		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8", "-kernels", "im2col"}, nil},
+		{3, "deft", []string{"-model", "resnet18", "-dataset", "cifar10", "-batch", "4", "-eval-batch", "8", "-kernels", "onednn"}, nil},
+		{3, "micro", []string{"-model", "lstm", "-dataset", "wikitext2", "-preset", "small", "-batch", "4"}, nil}}
 	if testing.Short() {
 		cases = cases[:1]
 	}
@@ -151,6 +157,9 @@ func TestMPIMatchesInProcess(t *testing.T) {
 			steps = 4
 		}
 		name := fmt.Sprintf("np=%d/%s/%s", tc.np, model[1], tc.sparsifier)
+		if tc.extra != nil {
+			name += "/" + strings.TrimLeft(strings.Join(tc.extra, "="), "-")
+		}
 		if i := slices.Index(model, "-kernels"); i >= 0 {
 			name += "/" + model[i+1]
 		}
@@ -160,6 +169,7 @@ func TestMPIMatchesInProcess(t *testing.T) {
 			}
 			common := append(slices.Clone(model), "-data-dir", d, "-steps", strconv.Itoa(steps), "-sparsifier", tc.sparsifier,
 				"-density", "0.05", "-quiet", "-max-eval-batches", "1", "-seed", "7", "-blas-threads", "1")
+			common = append(common, tc.extra...)
 			inproc := filepath.Join(t.TempDir(), "inproc")
 			var out bytes.Buffer
 			inArgs := append(slices.Clone(common), "-workers", strconv.Itoa(tc.np), "-out", inproc)

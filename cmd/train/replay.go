@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -11,10 +12,16 @@ import (
 )
 
 // replayFlags are the flags of train's own that a replay takes (the rest
-// are about a model, its data or its update, which a replay has not).
+// are about a model, its data or its update, which a replay has not: no
+// -tf32, no model's math; no -check-every, the parameters never change).
 var replayFlags = []string{
-	"sparsifier", "density", "pipeline", "workers", "steps", "max-time", "seed", "clip", "clip-at", "momentum", "out", "resume", "device", "comm", "tf32",
-	"net-latency", "net-bandwidth", "log-every", "checkpoint-every", "check-every", "executors", "quiet", "report-assets",
+	"sparsifier", "density", "pipeline", "workers", "steps", "max-time", "seed", "clip", "clip-at", "momentum", "out", "resume", "device", "comm",
+	"net-latency", "net-bandwidth", "log-every", "checkpoint-every", "executors", "quiet", "report-assets",
+}
+
+// replayUsage are the flags whose text says otherwise in a replay.
+var replayUsage = map[string]string{
+	"max-time": "stop after this much wall time, e.g. 30m, with a checkpoint (a replay has no evaluation) (0: no limit)",
 }
 
 // runReplay is train replay.
@@ -34,7 +41,7 @@ func runReplay(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			keep[f.Name] = true
 		}
 		if keep[f.Name] {
-			fs.Var(f.Value, f.Name, f.Usage)
+			fs.Var(f.Value, f.Name, cmp.Or(replayUsage[f.Name], f.Usage))
 		}
 	})
 	fs.Usage = func() {

@@ -96,13 +96,17 @@ func TestSweepAndAdviseOfRecording(t *testing.T) {
 		t.Errorf("the sweep page does not say it replays: %v", err)
 	}
 	out.Reset()
-	if err := run(context.Background(), []string{"sweep", "-gradients", grads, "-sparsifiers", "topk", "-workers", "2", "-density", "0.05", "-out", "x", "-dry-run"}, &out, &out); err != nil {
+	x := filepath.Join(t.TempDir(), "x")
+	if err := run(context.Background(), []string{"sweep", "-gradients", grads, "-sparsifiers", "topk", "-workers", "2", "-density", "0.05", "-out", x, "-dry-run"}, &out, &out); err != nil {
 		t.Fatal(err)
 	}
 	// One mpirun job per point, as printed for a model's sweep (the
-	// replay under mpirun: TestReplayUnderMPI).
-	job := strings.TrimSpace(out.String())
-	if want := " -np 2 train replay -gradients " + grads + " -sparsifier topk -density 0.05 -out x/runs/topk-w2-d0.05"; !strings.HasPrefix(job, "mpirun --oversubscribe") || !strings.HasSuffix(job, want) || strings.Contains(job, "\n") {
+	// replay under mpirun: TestReplayUnderMPI), and how to build the page.
+	job, after, _ := strings.Cut(strings.TrimSpace(out.String()), "\n")
+	if !strings.HasPrefix(after, "# when the jobs have run") {
+		t.Errorf("dry run's last line: %q", after)
+	}
+	if want := " -np 2 train replay -gradients " + grads + " -sparsifier topk -density 0.05 -out " + filepath.Join(x, "runs", "topk-w2-d0.05"); !strings.HasPrefix(job, "mpirun --oversubscribe") || !strings.HasSuffix(job, want) || strings.Contains(job, "\n") {
 		t.Errorf("dry run:\n%s\nwant one line: mpirun --oversubscribe …%s", job, want)
 	}
 	out.Reset()
@@ -196,4 +200,30 @@ func reductions(t *testing.T, dir string) []string {
 		}
 	}
 	return out
+}
+
+// TestReplayHelpListsWhatAReplayHonours: train replay -help leaves out the
+// flags a replay ignores (-tf32: no model's math; -check-every: its
+// parameters never change) and says what -max-time does in a replay (no
+// final evaluation); such a flag given is refused.
+func TestReplayHelpListsWhatAReplayHonours(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"replay", "-help"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	help := out.String()
+	for _, bad := range []string{"-tf32", "-check-every", "final evaluation"} {
+		if strings.Contains(help, bad) {
+			t.Errorf("replay -help lists %q:\n%s", bad, help)
+		}
+	}
+	for _, good := range []string{"-max-time", "-sparsifier", "-checkpoint-every", "a replay has no evaluation"} {
+		if !strings.Contains(help, good) {
+			t.Errorf("replay -help lacks %q", good)
+		}
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"replay", "-gradients", t.TempDir(), "-tf32", "-out", t.TempDir()}, &out, &out); err == nil || !strings.Contains(err.Error()+out.String(), "tf32") {
+		t.Errorf("replay -tf32: %v\n%s", err, out.String())
+	}
 }

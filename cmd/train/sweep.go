@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -268,7 +269,19 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errors.New("train sweep: give -out DIR, the folder of the sweep's runs and page (an existing one continues its sweep)")
 	}
 	if v.dryRun {
-		return printMPIJobs(stdout, s, v.out, progName(), os.Geteuid() == 0)
+		if s.Base.DataDir == "" && s.Base.Gradients == "" {
+			// The jobs carry the data folder this sweep would read.
+			s.Base.DataDir = cmp.Or(os.Getenv("TRAIN_DATA_DIR"), "./data")
+		}
+		if err := printMPIJobs(stdout, s, v.out, progName(), os.Geteuid() == 0); err != nil {
+			return err
+		}
+		if err := sweep.WriteJobs(v.out, s); err != nil {
+			return fmt.Errorf("train %w", err)
+		}
+		fmt.Fprintf(stdout, "# when the jobs have run, the same command without -dry-run builds %s from their runs (listed in %s)\n",
+			filepath.Join(v.out, "sweep.html"), filepath.Join(v.out, sweep.JobsFile))
+		return nil
 	}
 	o := sweep.Options{Log: stdout, Report: reports.Options{AssetsURL: reportAssets}, NoPredict: v.noPredict,
 		CommandLine: append([]string{"train", "sweep"}, args...)}
@@ -300,7 +313,7 @@ func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // becomes bin/train, built by the first line. Grid points a method cannot
 // run are listed as comments.
 func printMPIJobs(w io.Writer, s sweep.Spec, out, prog string, root bool) error {
-	pts, skipped, err := s.Points()
+	pts, skipped, err := s.Jobs()
 	if err != nil {
 		return err
 	}
@@ -315,24 +328,11 @@ func printMPIJobs(w io.Writer, s sweep.Spec, out, prog string, root bool) error 
 	if len(s.Networks) > 0 {
 		fmt.Fprintln(w, "# under mpirun the processes talk over the real network: the grid's emulated networks (-net-bandwidth, -net-latency) give one job per run")
 	}
-	seen := map[string]bool{}
 	for _, p := range pts {
-		name := strings.TrimSuffix(p.Name, "-"+sweep.NetLabel(p.Net))
-		if seen[name] {
-			continue
-		}
-		seen[name] = true
-		fmt.Fprintf(w, "%s -np %d %s %s\n", mpirun, p.Workers, prog, strings.Join(trainArgs(p, filepath.Join(out, "runs", name)), " "))
+		fmt.Fprintf(w, "%s -np %d %s %s\n", mpirun, p.Workers, prog, strings.Join(trainArgs(p, filepath.Join(out, "runs", p.Name)), " "))
 	}
 	for _, sk := range skipped {
-		name := sk.Name
-		for _, n := range s.Networks {
-			name = strings.TrimSuffix(name, "-"+sweep.NetLabel(n))
-		}
-		if !seen[name] {
-			seen[name] = true
-			fmt.Fprintf(w, "# not run: %s: %v\n", name, sk.Reason)
-		}
+		fmt.Fprintf(w, "# not run: %s: %v\n", sk.Name, sk.Reason)
 	}
 	return nil
 }

@@ -92,8 +92,10 @@ func TestSweepHelp(t *testing.T) {
 }
 
 // TestSweepDryRun checks that -dry-run prints one mpirun job per point,
-// with the preset's values and the flags given overriding them, and runs
-// nothing.
+// with the preset's values and the flags given overriding them (the data
+// folder the sweep would read when -data-dir is not given), writing where
+// the sweep looks; it runs nothing and records the jobs (jobs.json) for
+// the sweep that builds the page from them.
 func TestSweepDryRun(t *testing.T) {
 	out := t.TempDir()
 	var buf bytes.Buffer
@@ -101,11 +103,12 @@ func TestSweepDryRun(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	printed := strings.Split(strings.TrimSpace(buf.String()), "\n")
 	// The emulated network's note, 6 methods × 2 worker counts, gtopk and
-	// spardl (the preset's 2 teams) not on 3 workers.
-	if len(lines) != 13 || !strings.HasPrefix(lines[0], "# under mpirun") || !strings.HasPrefix(lines[len(lines)-2], "# not run: gtopk-w3-d0.01:") ||
-		!strings.HasPrefix(lines[len(lines)-1], "# not run: spardl-w3-d0.01: 2 teams do not divide 3 workers") {
+	// spardl (the preset's 2 teams) not on 3 workers, how to build the page.
+	if n := len(printed); n != 14 || !strings.HasPrefix(printed[0], "# under mpirun") || !strings.HasPrefix(printed[n-3], "# not run: gtopk-w3-d0.01:") ||
+		!strings.HasPrefix(printed[n-2], "# not run: spardl-w3-d0.01: 2 teams do not divide 3 workers") ||
+		!strings.Contains(printed[n-1], "the same command without -dry-run builds "+filepath.Join(out, "sweep.html")) {
 		t.Fatalf("dry run printed:\n%s", buf.String())
 	}
 	root := ""
@@ -116,8 +119,22 @@ func TestSweepDryRun(t *testing.T) {
 	if !strings.Contains(buf.String(), want+"\n") {
 		t.Errorf("dry run lacks\n%s\nin\n%s", want, buf.String())
 	}
-	if entries, _ := os.ReadDir(out); len(entries) != 0 {
-		t.Errorf("the dry run wrote %d entries into -out", len(entries))
+	if entries, _ := os.ReadDir(filepath.Join(out, "runs")); len(entries) != 0 {
+		t.Errorf("the dry run wrote %d runs", len(entries))
+	}
+	if _, err := os.Stat(filepath.Join(out, "jobs.json")); err != nil {
+		t.Errorf("the dry run did not record its jobs: %v", err)
+	}
+	// Without -data-dir the jobs carry the folder the sweep would read.
+	t.Setenv("TRAIN_DATA_DIR", "")
+	buf.Reset()
+	if err := run(context.Background(), []string{"sweep", "-preset", "spardl-scaling", "-out", t.TempDir(), "-dry-run"}, &buf, &buf); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range lines(buf.String()) {
+		if !strings.HasPrefix(l, "#") && !strings.Contains(l, " -data-dir ./data ") {
+			t.Fatalf("job without the sweep's data folder: %s", l)
+		}
 	}
 }
 
@@ -153,7 +170,8 @@ func TestSweepDryRunUnderMPI(t *testing.T) {
 		}
 		return string(b)
 	}
-	printed := sh("bin/train sweep -sparsifiers topk,gtopk -workers 2,3 -density 0.05 -steps 2 -max-eval-batches 1 -net-bandwidth 1,10 -data-dir " + data + " -out sw -dry-run")
+	sweepCmd := "bin/train sweep -sparsifiers topk,gtopk -workers 2,3 -density 0.05 -steps 2 -max-eval-batches 1 -net-bandwidth 1,10 -data-dir " + data + " -out sw -dry-run"
+	printed := sh(sweepCmd)
 	var jobs []string
 	for _, l := range lines(printed) {
 		if !strings.HasPrefix(l, "#") {
@@ -184,6 +202,24 @@ func TestSweepDryRunUnderMPI(t *testing.T) {
 		if err != nil || info.Backend != "mpi" || strconv.Itoa(info.Workers) != m[2] {
 			t.Fatalf("job %q recorded %+v (%v), want %s workers over mpi", j, info, err, m[2])
 		}
+		if j == jobs[0] {
+			// The page needs every job: the sweep refuses, naming the rest.
+			c := testenv.Command(t, 3*time.Minute, "bash", "-c", strings.Replace(sweepCmd, " -dry-run", "", 1))
+			c.Dir, c.Env = dir, env
+			b, err := c.CombinedOutput()
+			if err == nil || !strings.Contains(string(b), "have not all finished") || !strings.Contains(string(b), "topk-w3-d0.05 (no run there yet)") {
+				t.Fatalf("the sweep with 1 of 3 jobs run: %v\n%s", err, b)
+			}
+		}
+	}
+	// The same command without -dry-run builds the page from the jobs' runs.
+	built := sh(strings.Replace(sweepCmd, " -dry-run", "", 1))
+	if !strings.Contains(built, "building the page from the 3 mpirun jobs") || !strings.Contains(built, "3 runs: 0 run now, 3 already complete") {
+		t.Fatalf("the sweep after the jobs printed:\n%s", built)
+	}
+	page, err := os.ReadFile(filepath.Join(dir, "sw", "sweep.html"))
+	if err != nil || !strings.Contains(string(page), "real (mpirun)") {
+		t.Fatalf("sweep.html (%v) does not show the jobs' runs on the real network", err)
 	}
 }
 
