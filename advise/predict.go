@@ -80,6 +80,11 @@ type Host struct {
 	// measurement, on StepDevice); "" when measured here.
 	StepSource string `json:"step_source,omitempty"`
 	StepDevice string `json:"step_device,omitempty"`
+	// Horizons are the methods' reducers run over the horizon of the run
+	// (HorizonSteps steps): what their controllers actually sent, step by
+	// step. A prediction takes its actual density and bytes from them.
+	Horizons     []Horizon `json:"horizons,omitempty"`
+	HorizonSteps int       `json:"horizon_steps,omitempty"`
 }
 
 // HostNet is the in-process collectives of Workers simulated workers as an
@@ -245,10 +250,20 @@ type Prediction struct {
 	Iter float64 `json:"iter"`
 	// Speedup is dense's Iter over this Iter (set by Rank).
 	Speedup float64 `json:"speedup,omitempty"`
-	// ActualDensity is the expected |U|/N.
+	// ActualDensity is the expected |U|/N and BytesSent one worker's
+	// expected traffic per iteration: the mean over the horizon where the
+	// method's reducer was run over it (Host.Horizons), else the method's
+	// steady state (sparsify.Advice.Volume).
 	ActualDensity float64 `json:"actual_density"`
-	// BytesSent is one worker's expected traffic per iteration.
-	BytesSent float64 `json:"bytes_sent"`
+	BytesSent     float64 `json:"bytes_sent"`
+	// StartDensity and StartBytes are those of the horizon's first step,
+	// Settled the step from which the actual density stays within 10 % of
+	// its last value, HorizonSteps the horizon (0: no horizon simulated;
+	// the steady state only).
+	StartDensity float64 `json:"start_density,omitempty"`
+	StartBytes   float64 `json:"start_bytes,omitempty"`
+	Settled      int     `json:"settled,omitempty"`
+	HorizonSteps int     `json:"horizon_steps,omitempty"`
 	// Caveats say where the projection is weak for this method.
 	Caveats []string `json:"caveats,omitempty"`
 }
@@ -405,6 +420,27 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 			return sel, unionAt(sel, N, P, growth(uThr))
 		},
 	})
+	hz, haveHz := h.horizon(s.Method, s.Density, P)
+	if haveHz {
+		// The controller's mean over the horizon, carried to P workers by
+		// its ratio to the steady state at the horizon's worker count.
+		at := sh
+		at.P = hz.Workers
+		_, steady := adv.Volume(at, sparsify.Overlap{
+			TopK: func(sel float64) float64 { return unionAt(sel, N, hz.Workers, gTop) },
+			Above: func() (sel, union float64) {
+				sel = uThr[0] * float64(N)
+				return sel, unionAt(sel, N, hz.Workers, growth(uThr))
+			},
+		})
+		if steady > 0 {
+			r := hz.MeanDensity() * float64(N) / steady
+			sh.Sel, sh.Union = min(sh.Sel*r, float64(N)), min(sh.Union*r, float64(N))
+		}
+		if hz.Workers == P {
+			sh.Union = hz.MeanDensity() * float64(N)
+		}
+	}
 	calls, err := Plan(s.Method, sh)
 	if err != nil {
 		return Prediction{}, err
@@ -420,6 +456,18 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	}
 	pr.ActualDensity = sh.Union / float64(N)
 	pr.BytesSent = Bytes(calls, P)
+	if haveHz {
+		if hz.Workers == P {
+			pr.BytesSent = hz.MeanBytes()
+		}
+		pr.HorizonSteps, pr.Settled = hz.Steps, hz.Settled
+		if m := hz.MeanDensity(); m > 0 {
+			pr.StartDensity = hz.Actual[0] / m * pr.ActualDensity
+		}
+		if m := hz.MeanBytes(); m > 0 {
+			pr.StartBytes = hz.Bytes[0] / m * pr.BytesSent
+		}
+	}
 	pr.Iter = pr.Queue + pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other
 	if m.Pipelined {
 		// The groups' selection and communication run alongside the
