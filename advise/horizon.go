@@ -57,6 +57,16 @@ func settledAt(v []float64) int {
 	return s
 }
 
+// DefaultHorizon is the horizon of a built-in model's prediction: 20
+// steps, not one epoch (hundreds to thousands of steps), because each step
+// of the horizon runs every method's reducer on every gradient worker on
+// this machine (ResNet-18's 11 M elements: about a second a step and
+// method on two cores), and the measured gradients of one step stand for
+// every step anyway. The controllers that move slowly (MiCRO's threshold,
+// about 0.5 % a step) are then shown at their start, where a short run
+// sits; give a longer horizon (train advise -steps) for a long run.
+const DefaultHorizon = 20
+
 // GradSource fills dst with worker rank's gradient at step (1-based) of the
 // horizon.
 type GradSource func(step, rank int, dst []float32) error

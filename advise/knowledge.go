@@ -74,14 +74,13 @@ func Known(method string) Knowledge {
 }
 
 // ShownFor reports whether method's convergence has been shown for models
-// of kind k. For OtherKind, which no evidence covers, every method with
-// evidence on some kind counts (only those without any are flagged).
+// of kind k. No evidence covers OtherKind (a model of unknown kind): there
+// it is false for every method, and the advisor ranks nothing.
 func ShownFor(method string, k Kind) bool {
-	shown := Known(method).Shown
 	if k == OtherKind || k == "" {
-		return len(shown) > 0
+		return false
 	}
-	return slices.Contains(shown, k)
+	return slices.Contains(Known(method).Shown, k)
 }
 
 // AccuracyCell is the table's short statement of what is known.

@@ -47,6 +47,12 @@ type Config struct {
 	// Steps is the number of training steps timed (default 12; the first is
 	// not counted).
 	Steps int
+	// Horizon is how many steps each method's reducer runs, with error
+	// feedback, on the measured gradients (those of every step: the
+	// gradients of one step repeated) to predict what its controller sends
+	// over a run (Host.Horizons). 0: DefaultHorizon; negative: none (the
+	// steady state only).
+	Horizon int
 	// GradWorkers is the number of workers whose gradients are measured
 	// (default 4).
 	GradWorkers int
@@ -173,6 +179,14 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 				return nil, err
 			}
 			h.Selections = append(h.Selections, s)
+		}
+	}
+	if c.Horizon == 0 {
+		c.Horizon = DefaultHorizon
+	}
+	if c.Horizon > 0 {
+		if err := h.measureHorizons(ctx, c.Methods, c.Densities, c.GradWorkers, c.Horizon, RepeatGrads(grads), c.Params, logf); err != nil {
+			return nil, err
 		}
 	}
 	hw := c.HostWorkers

@@ -60,10 +60,20 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		fmt.Fprintf(w, "measured here: one step %s (forward+backward) + %s (update) on %s, batch %d per worker\n",
 			FormatSeconds(h.Compute), FormatSeconds(h.Update), h.Device, h.Batch)
 	}
-	fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models\n\n", kind)
+	if kind == OtherKind {
+		fmt.Fprintf(w, "kind of model: %s; nothing is ranked: no paper or run of this project shows any method's convergence on a model of unknown kind (give -kind if it is one of cnn, rnn, transformer, recommender, mlp); every method is listed by time, flagged, with what is known\n", kind)
+	} else {
+		fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models\n", kind)
+	}
+	if h.HorizonSteps > 0 {
+		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n\n", h.HorizonSteps, horizonSource(h))
+	} else {
+		fmt.Fprintln(w, "actual density and bytes: each method's steady state (no horizon simulated)")
+		fmt.Fprintln(w)
+	}
 	var trusted, flagged []Prediction
 	for _, p := range ranked {
-		if ShownFor(p.Method, kind) {
+		if p.Method == "dense" || ShownFor(p.Method, kind) {
 			trusted = append(trusted, p)
 		} else {
 			flagged = append(flagged, p)
@@ -76,7 +86,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		if !rank {
 			head = "\t"
 		}
-		fmt.Fprintln(tw, head+"method\tselection\tcommunication\titeration\tvs dense\tactual density\tsent/worker\taccuracy\t")
+		fmt.Fprintln(tw, head+"method\tselection\tcommunication\titeration\tvs dense\tactual density\tsent/worker\tat step 1\tsettles\taccuracy\t")
 		for i, p := range ps {
 			speed := strconv.FormatFloat(p.Speedup, 'f', 2, 64) + "×"
 			dens := strconv.FormatFloat(p.ActualDensity, 'g', 3, 64)
@@ -90,12 +100,20 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 					notes = append(notes, p.Method+": "+c)
 				}
 			}
+			start, settles := "", ""
+			if p.HorizonSteps > 0 {
+				start = strconv.FormatFloat(p.StartDensity, 'g', 3, 64) + ", " + fmtBytes(p.StartBytes)
+				settles = "step " + strconv.Itoa(p.Settled)
+				if p.Settled >= p.HorizonSteps && p.HorizonSteps > 1 {
+					settles = "not in " + strconv.Itoa(p.HorizonSteps)
+				}
+			}
 			r := "!"
 			if rank {
 				r = strconv.Itoa(i + 1)
 			}
-			fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r, p.Method, mark, FormatSeconds(p.Select), FormatSeconds(p.Comm),
-				FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent), AccuracyCell(p.Method, kind))
+			fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r, p.Method, mark, FormatSeconds(p.Select), FormatSeconds(p.Comm),
+				FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent), start, settles, AccuracyCell(p.Method, kind))
 		}
 		return tw.Flush()
 	}
@@ -139,6 +157,14 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	}
 	_, err := fmt.Fprintln(w)
 	return err
+}
+
+// horizonSource says which gradients the horizon ran on.
+func horizonSource(h *Host) string {
+	if h.Recording != "" {
+		return "the recording's steps in turn"
+	}
+	return fmt.Sprintf("the gradients of %d workers measured at step %d, repeated", h.GradWorkers, h.GradStep)
 }
 
 // accuracyWhy is one line of what is known about method's accuracy.

@@ -22,6 +22,7 @@ type adviseFlags struct {
 	gridFlags
 	measurements string
 	stepTime     time.Duration
+	steps        int
 	kind         string
 	base         train.Config
 	method       sparsify.Values
@@ -42,6 +43,7 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 		latency:     "the cluster network's latency per message",
 	})
 	fs.DurationVar(&v.stepTime, "step-time", 0, "one worker's forward and backward time on the cluster's GPUs, e.g. 85ms (default: measured here, or the recording's measurement)")
+	fs.IntVar(&v.steps, "steps", 0, fmt.Sprintf("the horizon: how many steps of the run each method's reducer is run over, with error feedback, to predict what its controller (thresholds, warm-ups, adaptive densities) actually sends (default: a recording's steps; for -model %d steps on the gradients measured at one step, not an epoch, which would take this machine hours on a large model)", advise.DefaultHorizon))
 	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
 	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")
 	method := addMethodFlags(fs, &v.method)
@@ -56,7 +58,9 @@ recording's measured step), each method's selection on the model's real gradient
 iteration at P workers on the network (α-β model), and prints them ranked, saying
 plainly when dense all-reduce wins. Only methods whose convergence a paper or this
 project has shown for the kind of model are ranked; the others are listed apart,
-flagged, with what is known about each method's accuracy.
+flagged, with what is known about each method's accuracy (a model of unknown kind
+ranks nothing: give -kind). Each method's actual density and bytes come from its
+reducer run over -steps steps of the gradients, as its controller moves.
 
 Flags:
 `)
@@ -95,6 +99,9 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if v.kind != "" && !slices.Contains(advise.Kinds, advise.Kind(v.kind)) {
 		return fmt.Errorf("train advise: -kind %q: use one of cnn, rnn, transformer, recommender, mlp, other", v.kind)
+	}
+	if v.steps < 0 {
+		return fmt.Errorf("train advise: -steps %d: want a horizon of at least 1 step (or 0 for the default)", v.steps)
 	}
 	if v.stepTime < 0 {
 		return fmt.Errorf("train advise: -step-time %v: want a positive duration, e.g. 85ms", v.stepTime)
@@ -154,7 +161,7 @@ func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stder
 		return nil
 	}, func() (*advise.Host, error) {
 		return advise.MeasureRecorded(ctx, advise.RecordedConfig{Dir: v.gradients, StepTime: v.stepTime, Device: dev, Kind: advise.Kind(v.kind),
-			Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+			Steps: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
 	})
 }
 
@@ -169,7 +176,7 @@ func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []s
 		}
 		return nil
 	}, func() (*advise.Host, error) {
-		return advise.Measure(ctx, advise.Config{Train: c, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+		return advise.Measure(ctx, advise.Config{Train: c, Horizon: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
 	})
 }
 

@@ -117,6 +117,15 @@ func TestSweepAndAdviseOfRecording(t *testing.T) {
 			t.Errorf("advise output lacks %q:\n%s", want, s)
 		}
 	}
+	// The new user's case: every point wants more workers than the
+	// recording holds; each skipped point is printed with its reason.
+	out.Reset()
+	err = run(context.Background(), []string{"sweep", "-gradients", grads, "-sparsifiers", "topk,deft", "-workers", "16", "-density", "0.05", "-out", filepath.Join(dir, "none")}, &out, &out)
+	for _, want := range []string{"no point of the grid can run", "topk-w16-d0.05: the recording holds the gradients of 3 workers", "deft-w16-d0.05: the recording holds the gradients of 3 workers"} {
+		if err == nil || !strings.Contains(err.Error()+out.String(), want) {
+			t.Errorf("sweep -workers 16 of a 3-worker recording: %v\n%s\nwant it to say %q", err, out.String(), want)
+		}
+	}
 	for _, args := range [][]string{
 		{"advise", "-gradients", grads, "-model", "ncf", "-workers", "16", "-net-bandwidth", "10"},
 		{"sweep", "-gradients", grads, "-lr", "0.1", "-sparsifiers", "topk", "-workers", "2", "-density", "0.1", "-out", "x"},
