@@ -26,7 +26,8 @@ type Horizon struct {
 	// Steps is the horizon: the number of reducer calls simulated.
 	Steps int `json:"steps"`
 	// Actual are the actual densities (|U|/N, rank 0's
-	// sparsify.Stats.ActualDensity) and Bytes rank 0's bytes sent, per step.
+	// sparsify.Stats.ActualDensity) and Bytes the workers' mean bytes sent
+	// (as a run's step record has them), per step.
 	Actual []float64 `json:"actual"`
 	Bytes  []float64 `json:"bytes"`
 	// Settled is the first step (1-based) from which every later step's
@@ -38,7 +39,8 @@ type Horizon struct {
 // MeanDensity is the mean actual density over the horizon.
 func (h Horizon) MeanDensity() float64 { return meanOf(h.Actual) }
 
-// MeanBytes is the mean of rank 0's bytes sent per step over the horizon.
+// MeanBytes is the mean over the horizon of one worker's bytes sent per
+// step (the workers' mean).
 func (h Horizon) MeanBytes() float64 { return meanOf(h.Bytes) }
 
 // settledAt is Horizon.Settled of the series v.
@@ -83,8 +85,10 @@ func RepeatGrads(grads [][]float32) GradSource {
 // simulateHorizon runs method's reducer at density d on p in-process
 // workers for steps calls with error feedback (acc = residual + gradient,
 // the residual kept across calls), worker r fed with src(step, r), and
-// returns what rank 0 saw.
-func simulateHorizon(ctx context.Context, method string, p, steps int, d float64, l layout.Layout, src GradSource, params sparsify.Values) (Horizon, error) {
+// returns what they sent. perEpoch, when above 0, is the run's steps per
+// epoch (sparsify.Reducer.SetStepsPerEpoch: DGC's density warm-up is
+// scheduled in epochs), as a replay of a recording that says it gives it.
+func simulateHorizon(ctx context.Context, method string, p, steps, perEpoch int, d float64, l layout.Layout, src GradSource, params sparsify.Values) (Horizon, error) {
 	if steps < 1 {
 		return Horizon{}, fmt.Errorf("advise: a horizon of %d steps: want at least 1 (-steps)", steps)
 	}
@@ -95,6 +99,7 @@ func simulateHorizon(ctx context.Context, method string, p, steps int, d float64
 		if err != nil {
 			return err
 		}
+		red.SetStepsPerEpoch(perEpoch)
 		mem := sparsify.NewMemory(l.N, false)
 		g := make([]float32, l.N)
 		out := make([]float32, l.N)
@@ -113,9 +118,12 @@ func simulateHorizon(ctx context.Context, method string, p, steps int, d float64
 			if err != nil {
 				return fmt.Errorf("step %d: %w", s+1, err)
 			}
+			mu.Lock()
+			hz.Bytes[s] += float64(st.BytesSent) / float64(p)
 			if c.Rank() == 0 {
-				hz.Actual[s], hz.Bytes[s] = st.ActualDensity, float64(st.BytesSent)
+				hz.Actual[s] = st.ActualDensity
 			}
+			mu.Unlock()
 		}
 		return nil
 	})
@@ -147,7 +155,7 @@ func (h *Host) horizon(method string, density float64, P int) (Horizon, bool) {
 // measureHorizons runs every method of methods that selects (and can run
 // on p workers) at every density over steps steps of src, and records
 // them in h.
-func (h *Host) measureHorizons(ctx context.Context, methods []string, densities []float64, p, steps int, src GradSource, params sparsify.Values, logf func(string, ...any)) error {
+func (h *Host) measureHorizons(ctx context.Context, methods []string, densities []float64, p, steps, perEpoch int, src GradSource, params sparsify.Values, logf func(string, ...any)) error {
 	h.HorizonSteps = steps
 	for _, d := range densities {
 		for _, m := range methods {
@@ -162,7 +170,7 @@ func (h *Host) measureHorizons(ctx context.Context, methods []string, densities 
 				}
 			}
 			logf("%s at density %g over a horizon of %d steps on %d workers", m, d, steps, p)
-			hz, err := simulateHorizon(ctx, m, p, steps, d, h.Layout, src, ps)
+			hz, err := simulateHorizon(ctx, m, p, steps, perEpoch, d, h.Layout, src, ps)
 			if err != nil {
 				return err
 			}

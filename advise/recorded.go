@@ -150,7 +150,7 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 	src := func(step, rank int, dst []float32) error {
 		return rd.Read((step-1)%m.Steps+1, rank, dst)
 	}
-	if err := h.measureHorizons(ctx, cfg.Methods, cfg.Densities, min(m.Workers, maxGradWorkers), steps, src, cfg.Params, logf); err != nil {
+	if err := h.measureHorizons(ctx, cfg.Methods, cfg.Densities, min(m.Workers, maxGradWorkers), steps, m.StepsPerEpoch, src, cfg.Params, logf); err != nil {
 		return nil, err
 	}
 	logf("in-process collectives of %d workers", 2)
