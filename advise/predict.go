@@ -85,6 +85,12 @@ type Host struct {
 	// step. A prediction takes its actual density and bytes from them.
 	Horizons     []Horizon `json:"horizons,omitempty"`
 	HorizonSteps int       `json:"horizon_steps,omitempty"`
+	// Ready is, per layout tensor, when its gradient became final, in
+	// seconds after the backward pass started (the gradient-ready times
+	// the trainer's pipeline uses); nil: not profiled (overlapped dense
+	// then spreads Backward over the tensors in proportion to their
+	// sizes).
+	Ready []float64 `json:"ready,omitempty"`
 }
 
 // HostNet is the in-process collectives of Workers simulated workers as an
@@ -222,6 +228,15 @@ type Setting struct {
 	// Net is the cluster network. The zero value means the host's
 	// in-process collectives (simulated workers without emulation).
 	Net netmodel.Network
+	// NoOverlap predicts dense all-reduce after the backward pass has
+	// ended (train -overlap off; DEFT's and MiCRO's released code).
+	// Otherwise dense is predicted as PyTorch DDP runs it: buckets
+	// (FirstBucketMB, then BucketMB, or BucketMB below) all-reduced as
+	// soon as their gradients are final, during the backward pass.
+	NoOverlap bool
+	// BucketMB is the bucket cap of overlapped dense in megabytes (0:
+	// the package's BucketMB, DDP's 25).
+	BucketMB float64
 	// Simulated predicts a run of Workers simulated workers on this
 	// machine (train -workers P), which take turns on its cores: the
 	// phases of the worker the others wait for (Host.simulated). Otherwise
@@ -246,8 +261,15 @@ type Prediction struct {
 	// decoding.
 	Other float64 `json:"other"`
 	// Iter is the time per iteration: the sum of the phases, except that
-	// LAGS' pipelined communication hides behind the backward pass.
+	// pipelined communication (LAGS', overlapped dense's) hides behind the
+	// backward pass.
 	Iter float64 `json:"iter"`
+	// Overlapped says the prediction is of overlapped dense (DDP's
+	// buckets), Buckets how many, Exposed the part of Comm not hidden
+	// behind the backward pass (the tail after it).
+	Overlapped bool    `json:"overlapped,omitempty"`
+	Buckets    int     `json:"buckets,omitempty"`
+	Exposed    float64 `json:"exposed,omitempty"`
 	// Speedup is dense's Iter over this Iter (set by Rank).
 	Speedup float64 `json:"speedup,omitempty"`
 	// ActualDensity is the expected |U|/N and BytesSent one worker's
@@ -477,6 +499,25 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 			bw *= min(1, h.Backward/h.Compute)
 		}
 		pr.Iter = pr.Queue + pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
+	}
+	if s.Method == "dense" && !s.NoOverlap && !s.Simulated {
+		// DDP: each bucket's all-reduce starts when its last gradient is
+		// final; what ends after the backward pass is exposed.
+		capMB := s.BucketMB
+		if capMB <= 0 {
+			capMB = BucketMB
+		}
+		ready, _ := h.readyTimes()
+		bs := ddpSchedule(sh.Sizes, ready, P, net, min(FirstBucketMB, capMB), capMB)
+		var total float64
+		for _, b := range bs {
+			total += b.End - b.Start
+		}
+		pr.Overlapped, pr.Buckets, pr.Comm = true, len(bs), total
+		if len(bs) > 0 {
+			pr.Exposed = max(0, bs[len(bs)-1].End-h.backward())
+		}
+		pr.Iter = pr.Queue + pr.Compute + pr.Exposed + pr.Update + pr.Other
 	}
 	pr.Caveats = caveats(h, adv, sh)
 	return pr, nil

@@ -65,6 +65,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	} else {
 		fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models\n", kind)
 	}
+	fmt.Fprintln(w, "speedups are against "+DenseBaseline(h, s))
 	if h.HorizonSteps > 0 {
 		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n\n", h.HorizonSteps, horizonSource(h))
 	} else {
@@ -157,6 +158,24 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	}
 	_, err := fmt.Fprintln(w)
 	return err
+}
+
+// DenseBaseline names the dense all-reduce the speedups of s are computed
+// against.
+func DenseBaseline(h *Host, s Setting) string {
+	if s.NoOverlap || s.Simulated {
+		return "dense all-reduce after the backward pass (not overlapped: -overlap off)"
+	}
+	capMB := s.BucketMB
+	if capMB <= 0 {
+		capMB = BucketMB
+	}
+	how := "the backward time spread over the tensors in proportion to their sizes (per-layer times not profiled)"
+	if _, profiled := h.readyTimes(); profiled {
+		how = "the profiled gradient-ready times of the backward pass"
+	}
+	return fmt.Sprintf("overlapped dense as PyTorch DDP runs it: buckets of at most %g MB (the first %g MB) in the order the backward pass finishes the gradients, each all-reduced (α-β) as soon as it is final, from %s; only the tail after the backward pass adds to the iteration (-overlap off: dense after the backward pass)",
+		capMB, min(FirstBucketMB, capMB), how)
 }
 
 // horizonSource says which gradients the horizon ran on.

@@ -23,6 +23,8 @@ type adviseFlags struct {
 	measurements string
 	stepTime     time.Duration
 	steps        int
+	overlap      string
+	bucketMB     float64
 	kind         string
 	base         train.Config
 	method       sparsify.Values
@@ -44,6 +46,8 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	})
 	fs.DurationVar(&v.stepTime, "step-time", 0, "one worker's forward and backward time on the cluster's GPUs, e.g. 85ms (default: measured here, or the recording's measurement)")
 	fs.IntVar(&v.steps, "steps", 0, fmt.Sprintf("the horizon: how many steps of the run each method's reducer is run over, with error feedback, to predict what its controller (thresholds, warm-ups, adaptive densities) actually sends (default: a recording's steps; for -model %d steps on the gradients measured at one step, not an epoch, which would take this machine hours on a large model)", advise.DefaultHorizon))
+	fs.StringVar(&v.overlap, "overlap", "on", "on: the baseline is dense as PyTorch DDP runs it, buckets all-reduced during the backward pass; off: dense all-reduce after the backward pass (as DEFT's and MiCRO's released code)")
+	fs.Float64Var(&v.bucketMB, "bucket-mb", advise.BucketMB, "overlapped dense's bucket cap in MB (DDP's bucket_cap_mb; the first bucket holds at most 1 MB)")
 	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
 	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")
 	method := addMethodFlags(fs, &v.method)
@@ -60,7 +64,9 @@ plainly when dense all-reduce wins. Only methods whose convergence a paper or th
 project has shown for the kind of model are ranked; the others are listed apart,
 flagged, with what is known about each method's accuracy (a model of unknown kind
 ranks nothing: give -kind). Each method's actual density and bytes come from its
-reducer run over -steps steps of the gradients, as its controller moves.
+reducer run over -steps steps of the gradients, as its controller moves. Every
+speedup is against overlapped dense, as PyTorch DDP runs it (-overlap off: dense
+after the backward pass); the header says which.
 
 Flags:
 `)
@@ -100,6 +106,12 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if v.kind != "" && !slices.Contains(advise.Kinds, advise.Kind(v.kind)) {
 		return fmt.Errorf("train advise: -kind %q: use one of cnn, rnn, transformer, recommender, mlp, other", v.kind)
 	}
+	if v.overlap != "on" && v.overlap != "off" {
+		return fmt.Errorf("train advise: -overlap %q: use on (dense as DDP runs it) or off (dense after the backward pass)", v.overlap)
+	}
+	if !(v.bucketMB > 0) {
+		return fmt.Errorf("train advise: -bucket-mb %v: want a positive size in MB, e.g. 25 (DDP's)", v.bucketMB)
+	}
 	if v.steps < 0 {
 		return fmt.Errorf("train advise: -steps %d: want a horizon of at least 1 step (or 0 for the default)", v.steps)
 	}
@@ -134,7 +146,7 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	for _, d := range v.densities {
 		for _, net := range nets {
 			for _, P := range v.workers {
-				s := advise.Setting{Workers: P, Density: d, Net: net, Params: v.method}
+				s := advise.Setting{Workers: P, Density: d, Net: net, Params: v.method, NoOverlap: v.overlap == "off", BucketMB: v.bucketMB}
 				ranked, skipped, err := advise.Rank(h, s, methods)
 				if err != nil {
 					return fmt.Errorf("train %w", err)
