@@ -156,6 +156,11 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		return nil, err
 	}
 
+	logf("profiling when each gradient of %s becomes final in the backward pass (%d steps)", base.Model, readySteps)
+	if h.Ready, err = train.GradReadyTimes(ctx, base, readySteps); err != nil {
+		return nil, fmt.Errorf("advise: profiling the backward pass: %w", err)
+	}
+
 	logf("capturing the gradients of %d workers at step %d", c.GradWorkers, h.GradStep)
 	grads, lay, err := captureGradients(ctx, base, c.GradWorkers, h.GradStep, filepath.Join(tmp, "grads"))
 	if err != nil {
@@ -279,6 +284,10 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	}
 	return h, nil
 }
+
+// readySteps is the number of training steps whose gradient-ready times
+// are profiled (the first is not counted).
+const readySteps = 3
 
 // simReduceTime is about how long a method's reducer is timed on P
 // simulated workers, in all rounds.

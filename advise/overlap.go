@@ -27,14 +27,25 @@ type Bucket struct {
 }
 
 // readyTimes returns when each layout tensor's gradient becomes final, in
-// seconds after the backward pass starts: h.Ready where it was profiled,
+// seconds after the backward pass starts: h.Ready where it was profiled
+// (scaled so that the last is final when the backward pass ends),
 // else the backward time spread over the tensors in proportion to their
 // sizes, the last tensor of the layout first (the backward pass runs the
 // layers in reverse).
 func (h *Host) readyTimes() (ready []float64, profiled bool) {
 	sizes := h.Layout.Sizes()
 	if len(h.Ready) == len(sizes) && len(sizes) > 0 {
-		return h.Ready, true
+		// Profiled where the step was; scaled to the backward pass
+		// predicted (-step-time's, a GPU's).
+		last := slices.Max(h.Ready)
+		if last <= 0 {
+			return h.Ready, true
+		}
+		ready = make([]float64, len(sizes))
+		for i, r := range h.Ready {
+			ready[i] = r * h.backward() / last
+		}
+		return ready, true
 	}
 	ready = make([]float64, len(sizes))
 	var done float64
