@@ -91,6 +91,10 @@ type Host struct {
 	// then spreads Backward over the tensors in proportion to their
 	// sizes).
 	Ready []float64 `json:"ready,omitempty"`
+	// CostSource, when set, says where selection, the update and error
+	// feedback come from instead of this machine (ApplyCostProfile).
+	CostSource  string `json:"cost_source,omitempty"`
+	CostProfile string `json:"cost_profile,omitempty"`
 }
 
 // HostNet is the in-process collectives of Workers simulated workers as an
@@ -428,6 +432,9 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		}
 		uTop, uThr = u.TopK, u.Threshold
 		sel, ok := h.selection(s.Method, s.Density)
+		if !ok && h.CostProfile != "" {
+			return Prediction{}, fmt.Errorf("advise: %s: the cost profile %s holds no GPU selection time for it; measure it on a GPU (-device cuda)", s.Method, h.CostProfile)
+		}
 		if !ok {
 			return Prediction{}, fmt.Errorf("advise: %s: no selection time measured at density %g", s.Method, s.Density)
 		}

@@ -49,13 +49,17 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		kind = KindOf(h.Model, h.Layout.Names())
 	}
 	fmt.Fprintf(w, "%s on %s, %d workers, %s, density %g\n", h.Model, h.Dataset, s.Workers, NetName(s.Net), s.Density)
+	costs := fmt.Sprintf("measured here on %s: selection, update %s, error feedback", h.Device, FormatSeconds(h.Update))
+	if h.CostSource != "" {
+		costs = fmt.Sprintf("selection, update %s and error feedback from the %s", FormatSeconds(h.Update), h.CostSource)
+	}
 	switch h.StepSource {
 	case "given":
-		fmt.Fprintf(w, "one step %s (forward+backward, given with -step-time); measured here on %s: selection, update %s, error feedback; batch %d per worker\n",
-			FormatSeconds(h.Compute), h.Device, FormatSeconds(h.Update), h.Batch)
+		fmt.Fprintf(w, "one step %s (forward+backward, given with -step-time); %s; batch %d per worker\n",
+			FormatSeconds(h.Compute), costs, h.Batch)
 	case "recorded":
-		fmt.Fprintf(w, "one step %s (forward+backward, measured when recording, on %s); measured here on %s: selection, update %s, error feedback; batch %d per worker\n",
-			FormatSeconds(h.Compute), h.StepDevice, h.Device, FormatSeconds(h.Update), h.Batch)
+		fmt.Fprintf(w, "one step %s (forward+backward, measured when recording, on %s); %s; batch %d per worker\n",
+			FormatSeconds(h.Compute), h.StepDevice, costs, h.Batch)
 	default:
 		fmt.Fprintf(w, "measured here: one step %s (forward+backward) + %s (update) on %s, batch %d per worker\n",
 			FormatSeconds(h.Compute), FormatSeconds(h.Update), h.Device, h.Batch)

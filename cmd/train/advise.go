@@ -24,6 +24,7 @@ type adviseFlags struct {
 	stepTime     time.Duration
 	steps        int
 	overlap      string
+	costProfile  string
 	bucketMB     float64
 	kind         string
 	base         train.Config
@@ -46,6 +47,7 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	})
 	fs.DurationVar(&v.stepTime, "step-time", 0, "one worker's forward and backward time on the cluster's GPUs, e.g. 85ms (default: measured here, or the recording's measurement)")
 	fs.IntVar(&v.steps, "steps", 0, fmt.Sprintf("the horizon: how many steps of the run each method's reducer is run over, with error feedback, to predict what its controller (thresholds, warm-ups, adaptive densities) actually sends (default: a recording's steps; for -model %d steps on the gradients measured at one step, not an epoch, which would take this machine hours on a large model)", advise.DefaultHorizon))
+	fs.StringVar(&v.costProfile, "cost-profile", "", fmt.Sprintf("GPU costs this project measured, kept with their GPU, date and revision, for selection, the update and error feedback when the step time stands for a GPU and this machine has none: %s (methods the profile did not measure are not predicted)", strings.Join(advise.CostProfiles(), ", ")))
 	fs.StringVar(&v.overlap, "overlap", "on", "on: the baseline is dense as PyTorch DDP runs it, buckets all-reduced during the backward pass; off: dense all-reduce after the backward pass (as DEFT's and MiCRO's released code)")
 	fs.Float64Var(&v.bucketMB, "bucket-mb", advise.BucketMB, "overlapped dense's bucket cap in MB (DDP's bucket_cap_mb; the first bucket holds at most 1 MB)")
 	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
@@ -118,6 +120,9 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if v.stepTime < 0 {
 		return fmt.Errorf("train advise: -step-time %v: want a positive duration, e.g. 85ms", v.stepTime)
 	}
+	if v.stepTime > 0 && v.costProfile == "" && !strings.HasPrefix(v.base.Device, "cuda") {
+		return fmt.Errorf("train advise: -step-time %v stands for a GPU, but selection, the update and error feedback would be measured here on the CPU: pass -cost-profile %s (costs this project measured on a GPU) or run on a machine with a GPU with -device cuda", v.stepTime, strings.Join(advise.CostProfiles(), "|"))
+	}
 	c := v.base
 	var h *advise.Host
 	var saveErr error
@@ -139,6 +144,16 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		// The cluster's step replaces the one measured here.
 		scale := v.stepTime.Seconds() / h.Compute
 		h.Compute, h.Forward, h.Backward, h.StepSource = v.stepTime.Seconds(), h.Forward*scale, h.Backward*scale, "given"
+	}
+	if v.costProfile != "" {
+		p, err := advise.LoadCostProfile(v.costProfile)
+		if err != nil {
+			return fmt.Errorf("train %w", err)
+		}
+		h.ApplyCostProfile(p)
+	}
+	if why := h.MixesDevices(); why != "" {
+		return fmt.Errorf("train advise: %s", why)
 	}
 	if v.kind != "" {
 		h.Kind = advise.Kind(v.kind)

@@ -106,13 +106,23 @@ func TestSweepAndAdviseOfRecording(t *testing.T) {
 		t.Errorf("dry run:\n%s\nwant one line: mpirun --oversubscribe …%s", job, want)
 	}
 	out.Reset()
-	if err := run(context.Background(), []string{"advise", "-gradients", grads, "-step-time", "30ms", "-workers", "16,64", "-net-bandwidth", "10",
+	// A GPU's step time with this CPU's costs is refused, saying what to
+	// pass; with a GPU cost profile the header says where each cost came
+	// from, and the methods the profile lacks are not predicted.
+	err = run(context.Background(), []string{"advise", "-gradients", grads, "-step-time", "30ms", "-workers", "16", "-net-bandwidth", "10"}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "-cost-profile h200") || !strings.Contains(err.Error(), "-device cuda") {
+		t.Errorf("advise -step-time on the CPU: %v; want a refusal naming -cost-profile h200 and -device cuda", err)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"advise", "-gradients", grads, "-step-time", "30ms", "-cost-profile", "h200", "-workers", "16,64", "-net-bandwidth", "10",
 		"-sparsifiers", "dense,topk,deft,micro,randomk"}, &out, &out); err != nil {
 		t.Fatalf("advise: %v\n%s", err, out.String())
 	}
 	s := out.String()
 	for _, want := range []string{"ncf on recorded gradients, 16 workers", "ncf on recorded gradients, 64 workers", "one step 30 ms (forward+backward, given with -step-time)",
-		"kind of model: recommender", "! not ranked", "randomk", "what is known about accuracy"} {
+		"from the cost profile h200: NVIDIA H200", "revision 602ca45", "randomk: advise: randomk: the cost profile h200 holds no GPU selection time for it",
+		"speedups are against overlapped dense as PyTorch DDP runs it", "over a horizon of 2 steps",
+		"kind of model: recommender", "what is known about accuracy"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("advise output lacks %q:\n%s", want, s)
 		}
