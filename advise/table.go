@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"text/tabwriter"
@@ -67,7 +68,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	if kind == OtherKind {
 		fmt.Fprintf(w, "kind of model: %s; nothing is ranked: no paper or run of this project shows any method's convergence on a model of unknown kind (give -kind if it is one of cnn, rnn, transformer, recommender, mlp); every method is listed by time, flagged, with what is known\n", kind)
 	} else {
-		fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models\n", kind)
+		fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models at density %g or lower (where the density is recorded; the accuracy column says); the others are listed apart, flagged\n", kind, s.Density)
 	}
 	fmt.Fprintln(w, "speedups are against "+DenseBaseline(h, s))
 	if h.HorizonSteps > 0 {
@@ -78,7 +79,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	}
 	var trusted, flagged []Prediction
 	for _, p := range ranked {
-		if p.Method == "dense" || ShownFor(p.Method, kind) {
+		if p.Method == "dense" || ShownFor(p.Method, kind, s.Density) {
 			trusted = append(trusted, p)
 		} else {
 			flagged = append(flagged, p)
@@ -118,7 +119,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 				r = strconv.Itoa(i + 1)
 			}
 			fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r, p.Method, mark, FormatSeconds(p.Select), FormatSeconds(p.Comm),
-				FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent), start, settles, AccuracyCell(p.Method, kind))
+				FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent), start, settles, AccuracyCell(p.Method, kind, p.Density))
 		}
 		return tw.Flush()
 	}
@@ -133,7 +134,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 			return err
 		}
 		if len(trusted) > 0 && flagged[0].Iter < trusted[0].Iter {
-			fmt.Fprintf(w, "%s would be faster (%s per iteration) but is not ranked: %s\n", flagged[0].Method, FormatSeconds(flagged[0].Iter), accuracyWhy(flagged[0].Method, kind))
+			fmt.Fprintf(w, "%s would be faster (%s per iteration) but is not ranked: %s\n", flagged[0].Method, FormatSeconds(flagged[0].Iter), accuracyWhy(flagged[0].Method, kind, s.Density))
 		}
 	}
 	if len(notes) > 0 {
@@ -147,7 +148,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		if p.Method == "dense" {
 			continue
 		}
-		fmt.Fprintf(w, "  - %s: %s\n", p.Method, accuracyWhy(p.Method, kind))
+		fmt.Fprintf(w, "  - %s: %s\n", p.Method, accuracyWhy(p.Method, kind, s.Density))
 	}
 	if len(skipped) > 0 {
 		names := make([]string, 0, len(skipped))
@@ -191,7 +192,7 @@ func horizonSource(h *Host) string {
 }
 
 // accuracyWhy is one line of what is known about method's accuracy.
-func accuracyWhy(method string, k Kind) string {
+func accuracyWhy(method string, k Kind, density float64) string {
 	kn := Known(method)
 	s := kn.Papers
 	if kn.Project != "" {
@@ -202,8 +203,11 @@ func accuracyWhy(method string, k Kind) string {
 	if kn.Warning != "" {
 		s += "; " + kn.Warning
 	}
-	if !ShownFor(method, k) && len(kn.Shown) > 0 {
+	switch at, ok := shownAt(kn, k); {
+	case len(kn.Shown) > 0 && !slices.Contains(kn.Shown, k):
 		s += " — nothing on " + string(k) + " models"
+	case ok && !ShownFor(method, k, density):
+		s += fmt.Sprintf(" — on %s models shown only at ρ = %g (%d workers), not at ρ = %g", k, at.Density, at.Workers, density)
 	}
 	return s
 }
