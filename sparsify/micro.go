@@ -170,5 +170,5 @@ var microAdvice = &Advice{
 	Evidence: Evidence{Shown: []ModelKind{CNN, Recommender},
 		Papers:  "MiCRO paper: ResNet-18, GoogLeNet, SENet-18 on CIFAR-10/100 (CNNs only)",
 		Project: "NCF on MovieLens-100K, 4 workers, ρ = 0.1: HR@10 0.637 after 20 epochs (dense 0.665; docs/results/ncf-ml100k.md)",
-		At: []ShownAt{{Kind: Recommender, Density: 0.1, Workers: 4}}},
+		At:      []ShownAt{{Kind: Recommender, Density: 0.1, Workers: 4}}},
 }
