@@ -59,15 +59,20 @@ func settledAt(v []float64) int {
 	return s
 }
 
-// DefaultHorizon is the horizon of a built-in model's prediction: 20
+// DefaultHorizon is the horizon of a built-in model's prediction: 10
 // steps, not one epoch (hundreds to thousands of steps), because each step
-// of the horizon runs every method's reducer on every gradient worker on
-// this machine (ResNet-18's 11 M elements: about a second a step and
-// method on two cores), and the measured gradients of one step stand for
-// every step anyway. The controllers that move slowly (MiCRO's threshold,
-// about 0.5 % a step) are then shown at their start, where a short run
-// sits; give a longer horizon (train advise -steps) for a long run.
-const DefaultHorizon = 20
+// of the horizon runs every method's reducer on up to horizonWorkers
+// workers on this machine (on ResNet-18's 11 M elements and two cores, a
+// large part of the advisor's measuring), and the gradients measured at
+// one step stand for every step anyway. The controllers that move slowly
+// (MiCRO's threshold, about 0.5 % a step) are then shown near their start,
+// where a short run sits; give a longer horizon (train advise -steps) for
+// a long run.
+const DefaultHorizon = 10
+
+// horizonWorkers bounds the workers a built-in model's horizon runs on;
+// other worker counts are carried from it (Predict).
+const horizonWorkers = 4
 
 // GradSource fills dst with worker rank's gradient at step (1-based) of the
 // horizon.

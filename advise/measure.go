@@ -190,7 +190,7 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		c.Horizon = DefaultHorizon
 	}
 	if c.Horizon > 0 {
-		if err := h.measureHorizons(ctx, c.Methods, c.Densities, c.GradWorkers, c.Horizon, 0, RepeatGrads(grads), c.Params, logf); err != nil {
+		if err := h.measureHorizons(ctx, c.Methods, c.Densities, min(c.GradWorkers, horizonWorkers), c.Horizon, 0, RepeatGrads(grads), c.Params, logf); err != nil {
 			return nil, err
 		}
 	}
