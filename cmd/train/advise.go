@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/advise"
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -49,7 +50,9 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	fs.IntVar(&v.steps, "steps", 0, fmt.Sprintf("the horizon: how many steps of the run each method's reducer is run over, with error feedback, to predict what its controller (thresholds, warm-ups, adaptive densities) actually sends (default: a recording's steps; for -model %d steps on the gradients measured at one step, not an epoch, which would take this machine hours on a large model)", advise.DefaultHorizon))
 	fs.StringVar(&v.costProfile, "cost-profile", "", fmt.Sprintf("GPU costs this project measured, kept with their GPU, date and revision, for selection, the update and error feedback when the step time stands for a GPU and this machine has none: %s (methods the profile did not measure are not predicted)", strings.Join(advise.CostProfiles(), ", ")))
 	fs.StringVar(&v.overlap, "overlap", "on", "on: the baseline is dense as PyTorch DDP runs it, buckets all-reduced during the backward pass; off: dense all-reduce after the backward pass (as DEFT's and MiCRO's released code)")
-	fs.Float64Var(&v.bucketMB, "bucket-mb", advise.BucketMB, "overlapped dense's bucket cap in MB (DDP's bucket_cap_mb; the first bucket holds at most 1 MB)")
+	v.bucketMB = advise.BucketMB
+	bucket := options.Option{Key: "bucket_mb", Kind: options.Float, Default: float64(advise.BucketMB), Range: options.Within(0, 1<<20, "(]")}
+	fs.Var(bind(bucket, &v.bucketMB), "bucket-mb", fmt.Sprintf("overlapped dense's bucket cap in MB (DDP's bucket_cap_mb; the first bucket holds at most 1 MB) (default %d)", advise.BucketMB))
 	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
 	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")
 	method := addMethodFlags(fs, &v.method)
