@@ -59,20 +59,21 @@ func settledAt(v []float64) int {
 	return s
 }
 
-// DefaultHorizon is the horizon of a built-in model's prediction: 10
-// steps, not one epoch (hundreds to thousands of steps), because each step
-// of the horizon runs every method's reducer on up to horizonWorkers
-// workers on this machine (on ResNet-18's 11 M elements and two cores, a
-// large part of the advisor's measuring), and the gradients measured at
-// one step stand for every step anyway. The controllers that move slowly
-// (MiCRO's threshold, about 0.5 % a step) are then shown near their start,
-// where a short run sits; give a longer horizon (train advise -steps) for
-// a long run.
-const DefaultHorizon = 10
+// DefaultHorizon is the horizon of a built-in model's prediction: 3
+// steps on horizonWorkers workers, not one epoch (hundreds to thousands of
+// steps), because each step of the horizon runs every method's reducer on
+// this machine: on gradients of ResNet-18's 11,173,962 elements, the 15
+// methods' reducers on 4 workers took about 30 s a step on a shared 2-core
+// machine (2026-11-29; 0.7 s dense to 9 s the hard threshold). The
+// gradients measured at one step stand for every step anyway. The
+// controllers that move slowly (MiCRO's threshold, about 0.5 % a step) are
+// then shown at their start, where a short run sits; give a longer horizon
+// (train advise -steps) for a long run.
+const DefaultHorizon = 3
 
 // horizonWorkers bounds the workers a built-in model's horizon runs on;
 // other worker counts are carried from it (Predict).
-const horizonWorkers = 4
+const horizonWorkers = 2
 
 // GradSource fills dst with worker rank's gradient at step (1-based) of the
 // horizon.
