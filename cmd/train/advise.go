@@ -188,7 +188,7 @@ func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stder
 		if h.Recording != v.gradients || !strings.HasPrefix(h.Device, dev) {
 			return fmt.Errorf("train advise: %s holds measurements of %s on %s, not of the recording %s on %s; use another -measurements file", v.measurements, h.Model, h.Device, v.gradients, dev)
 		}
-		return nil
+		return sameHorizon(v, h)
 	}, func() (*advise.Host, error) {
 		return advise.MeasureRecorded(ctx, advise.RecordedConfig{Dir: v.gradients, StepTime: v.stepTime, Device: dev, Kind: advise.Kind(v.kind),
 			Steps: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
@@ -204,10 +204,18 @@ func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []s
 			return fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
 				v.measurements, h.Model, h.Preset, h.Dataset, h.Batch, h.Device, def.Model, def.Preset, def.Dataset, def.Batch.Value(), def.Device)
 		}
-		return nil
+		return sameHorizon(v, h)
 	}, func() (*advise.Host, error) {
 		return advise.Measure(ctx, advise.Config{Train: c, Horizon: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
 	})
+}
+
+// sameHorizon refuses measurements whose horizon is not the -steps given.
+func sameHorizon(v *adviseFlags, h *advise.Host) error {
+	if v.steps > 0 && h.HorizonSteps != v.steps {
+		return fmt.Errorf("train advise: %s holds a horizon of %d steps, not -steps %d; use another -measurements file (or drop -steps)", v.measurements, h.HorizonSteps, v.steps)
+	}
+	return nil
 }
 
 // measured returns the measurements of -measurements when the file exists

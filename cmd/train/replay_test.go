@@ -127,6 +127,19 @@ func TestSweepAndAdviseOfRecording(t *testing.T) {
 			t.Errorf("advise output lacks %q:\n%s", want, s)
 		}
 	}
+	// Measurements kept for one horizon are not used for another.
+	meas := filepath.Join(dir, "m.json")
+	for i, steps := range []string{"2", "4"} {
+		out.Reset()
+		err := run(context.Background(), []string{"advise", "-gradients", grads, "-cost-profile", "h200", "-step-time", "30ms", "-workers", "16", "-net-bandwidth", "10",
+			"-sparsifiers", "dense,topk", "-steps", steps, "-measurements", meas}, &out, &out)
+		if i == 0 && (err != nil || !strings.Contains(out.String(), "over a horizon of 2 steps")) {
+			t.Errorf("advise -steps 2: %v\n%s", err, out.String())
+		}
+		if i == 1 && (err == nil || !strings.Contains(err.Error(), "holds a horizon of 2 steps, not -steps 4")) {
+			t.Errorf("advise -steps 4 with measurements of 2: %v", err)
+		}
+	}
 	// The new user's case: every point wants more workers than the
 	// recording holds; each skipped point is printed with its reason.
 	out.Reset()
