@@ -1,6 +1,7 @@
 package advise
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
@@ -74,30 +75,53 @@ func Known(method string) Knowledge {
 }
 
 // ShownFor reports whether method's convergence has been shown for models
-// of kind k. For OtherKind, which no evidence covers, every method with
-// evidence on some kind counts (only those without any are flagged).
-func ShownFor(method string, k Kind) bool {
-	shown := Known(method).Shown
+// of kind k at density (0: any): the kind is among its evidence's Shown
+// and, where the evidence records the density it was shown at on that kind
+// (sparsify.Evidence.At), density is not below it. No evidence covers
+// OtherKind (a model of unknown kind): there it is false for every method,
+// and the advisor ranks nothing.
+func ShownFor(method string, k Kind, density float64) bool {
 	if k == OtherKind || k == "" {
-		return len(shown) > 0
+		return false
 	}
-	return slices.Contains(shown, k)
+	kn := Known(method)
+	if !slices.Contains(kn.Shown, k) {
+		return false
+	}
+	at, ok := shownAt(kn, k)
+	return !ok || density == 0 || density >= at.Density
 }
 
-// AccuracyCell is the table's short statement of what is known.
-func AccuracyCell(method string, k Kind) string {
+// shownAt returns the setting the evidence records for kind k, if any.
+func shownAt(kn Knowledge, k Kind) (sparsify.ShownAt, bool) {
+	for _, a := range kn.At {
+		if a.Kind == k {
+			return a, true
+		}
+	}
+	return sparsify.ShownAt{}, false
+}
+
+// AccuracyCell is the table's short statement of what is known at
+// density.
+func AccuracyCell(method string, k Kind, density float64) string {
 	kn := Known(method)
 	switch {
 	case method == "dense":
 		return "baseline"
 	case len(kn.Shown) == 0:
 		return "NOT SHOWN"
-	case !ShownFor(method, k):
+	case k == OtherKind || k == "":
+		return "kind unknown"
+	case !slices.Contains(kn.Shown, k):
 		return "not shown for " + string(k)
 	}
-	var ks []string
-	for _, s := range kn.Shown {
-		ks = append(ks, string(s))
+	at, ok := shownAt(kn, k)
+	switch {
+	case !ok:
+		return "shown for " + string(k) + " (density not recorded)"
+	case !ShownFor(method, k, density):
+		return fmt.Sprintf("shown for %s only at ρ ≥ %g", k, at.Density)
 	}
-	return "shown: " + strings.Join(ks, ", ")
+	return fmt.Sprintf("shown for %s at ρ = %g, %d workers", k, at.Density, at.Workers)
 }

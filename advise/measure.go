@@ -47,6 +47,12 @@ type Config struct {
 	// Steps is the number of training steps timed (default 12; the first is
 	// not counted).
 	Steps int
+	// Horizon is how many steps each method's reducer runs, with error
+	// feedback, on the measured gradients (those of every step: the
+	// gradients of one step repeated) to predict what its controller sends
+	// over a run (Host.Horizons). 0: DefaultHorizon; negative: none (the
+	// steady state only).
+	Horizon int
 	// GradWorkers is the number of workers whose gradients are measured
 	// (default 4).
 	GradWorkers int
@@ -150,6 +156,11 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		return nil, err
 	}
 
+	logf("profiling when each gradient of %s becomes final in the backward pass (%d steps)", base.Model, readySteps)
+	if h.Ready, err = train.GradReadyTimes(ctx, base, readySteps); err != nil {
+		return nil, fmt.Errorf("advise: profiling the backward pass: %w", err)
+	}
+
 	logf("capturing the gradients of %d workers at step %d", c.GradWorkers, h.GradStep)
 	grads, lay, err := captureGradients(ctx, base, c.GradWorkers, h.GradStep, filepath.Join(tmp, "grads"))
 	if err != nil {
@@ -173,6 +184,14 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 				return nil, err
 			}
 			h.Selections = append(h.Selections, s)
+		}
+	}
+	if c.Horizon == 0 {
+		c.Horizon = DefaultHorizon
+	}
+	if c.Horizon > 0 {
+		if err := h.measureHorizons(ctx, c.Methods, c.Densities, min(c.GradWorkers, horizonWorkers), c.Horizon, 0, RepeatGrads(grads), c.Params, logf); err != nil {
+			return nil, err
 		}
 	}
 	hw := c.HostWorkers
@@ -265,6 +284,10 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	}
 	return h, nil
 }
+
+// readySteps is the number of training steps whose gradient-ready times
+// are profiled (the first is not counted).
+const readySteps = 3
 
 // simReduceTime is about how long a method's reducer is timed on P
 // simulated workers, in all rounds.

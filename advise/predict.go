@@ -80,6 +80,21 @@ type Host struct {
 	// measurement, on StepDevice); "" when measured here.
 	StepSource string `json:"step_source,omitempty"`
 	StepDevice string `json:"step_device,omitempty"`
+	// Horizons are the methods' reducers run over the horizon of the run
+	// (HorizonSteps steps): what their controllers actually sent, step by
+	// step. A prediction takes its actual density and bytes from them.
+	Horizons     []Horizon `json:"horizons,omitempty"`
+	HorizonSteps int       `json:"horizon_steps,omitempty"`
+	// Ready is, per layout tensor, when its gradient became final, in
+	// seconds after the backward pass started (the gradient-ready times
+	// the trainer's pipeline uses); nil: not profiled (overlapped dense
+	// then spreads Backward over the tensors in proportion to their
+	// sizes).
+	Ready []float64 `json:"ready,omitempty"`
+	// CostSource, when set, says where selection, the update and error
+	// feedback come from instead of this machine (ApplyCostProfile).
+	CostSource  string `json:"cost_source,omitempty"`
+	CostProfile string `json:"cost_profile,omitempty"`
 }
 
 // HostNet is the in-process collectives of Workers simulated workers as an
@@ -217,6 +232,15 @@ type Setting struct {
 	// Net is the cluster network. The zero value means the host's
 	// in-process collectives (simulated workers without emulation).
 	Net netmodel.Network
+	// NoOverlap predicts dense all-reduce after the backward pass has
+	// ended (train -overlap off; DEFT's and MiCRO's released code).
+	// Otherwise dense is predicted as PyTorch DDP runs it: buckets
+	// (FirstBucketMB, then BucketMB, or BucketMB below) all-reduced as
+	// soon as their gradients are final, during the backward pass.
+	NoOverlap bool
+	// BucketMB is the bucket cap of overlapped dense in megabytes (0:
+	// the package's BucketMB, DDP's 25).
+	BucketMB float64
 	// Simulated predicts a run of Workers simulated workers on this
 	// machine (train -workers P), which take turns on its cores: the
 	// phases of the worker the others wait for (Host.simulated). Otherwise
@@ -241,14 +265,31 @@ type Prediction struct {
 	// decoding.
 	Other float64 `json:"other"`
 	// Iter is the time per iteration: the sum of the phases, except that
-	// LAGS' pipelined communication hides behind the backward pass.
+	// pipelined communication (LAGS', overlapped dense's) hides behind the
+	// backward pass.
 	Iter float64 `json:"iter"`
+	// Overlapped says the prediction is of overlapped dense (DDP's
+	// buckets), Buckets how many, Exposed the part of Comm not hidden
+	// behind the backward pass (the tail after it).
+	Overlapped bool    `json:"overlapped,omitempty"`
+	Buckets    int     `json:"buckets,omitempty"`
+	Exposed    float64 `json:"exposed,omitempty"`
 	// Speedup is dense's Iter over this Iter (set by Rank).
 	Speedup float64 `json:"speedup,omitempty"`
-	// ActualDensity is the expected |U|/N.
+	// ActualDensity is the expected |U|/N and BytesSent one worker's
+	// expected traffic per iteration: the mean over the horizon where the
+	// method's reducer was run over it (Host.Horizons), else the method's
+	// steady state (sparsify.Advice.Volume).
 	ActualDensity float64 `json:"actual_density"`
-	// BytesSent is one worker's expected traffic per iteration.
-	BytesSent float64 `json:"bytes_sent"`
+	BytesSent     float64 `json:"bytes_sent"`
+	// StartDensity and StartBytes are those of the horizon's first step,
+	// Settled the step from which the actual density stays within 10 % of
+	// its last value, HorizonSteps the horizon (0: no horizon simulated;
+	// the steady state only).
+	StartDensity float64 `json:"start_density,omitempty"`
+	StartBytes   float64 `json:"start_bytes,omitempty"`
+	Settled      int     `json:"settled,omitempty"`
+	HorizonSteps int     `json:"horizon_steps,omitempty"`
 	// Caveats say where the projection is weak for this method.
 	Caveats []string `json:"caveats,omitempty"`
 }
@@ -391,6 +432,9 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		}
 		uTop, uThr = u.TopK, u.Threshold
 		sel, ok := h.selection(s.Method, s.Density)
+		if !ok && h.CostProfile != "" {
+			return Prediction{}, fmt.Errorf("advise: %s: the cost profile %s holds no GPU selection time for it; measure it on a GPU (-device cuda)", s.Method, h.CostProfile)
+		}
 		if !ok {
 			return Prediction{}, fmt.Errorf("advise: %s: no selection time measured at density %g", s.Method, s.Density)
 		}
@@ -405,6 +449,27 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 			return sel, unionAt(sel, N, P, growth(uThr))
 		},
 	})
+	hz, haveHz := h.horizon(s.Method, s.Density, P)
+	if haveHz {
+		// The controller's mean over the horizon, carried to P workers by
+		// its ratio to the steady state at the horizon's worker count.
+		at := sh
+		at.P = hz.Workers
+		_, steady := adv.Volume(at, sparsify.Overlap{
+			TopK: func(sel float64) float64 { return unionAt(sel, N, hz.Workers, gTop) },
+			Above: func() (sel, union float64) {
+				sel = uThr[0] * float64(N)
+				return sel, unionAt(sel, N, hz.Workers, growth(uThr))
+			},
+		})
+		if steady > 0 {
+			r := hz.MeanDensity() * float64(N) / steady
+			sh.Sel, sh.Union = min(sh.Sel*r, float64(N)), min(sh.Union*r, float64(N))
+		}
+		if hz.Workers == P {
+			sh.Union = hz.MeanDensity() * float64(N)
+		}
+	}
 	calls, err := Plan(s.Method, sh)
 	if err != nil {
 		return Prediction{}, err
@@ -420,6 +485,18 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	}
 	pr.ActualDensity = sh.Union / float64(N)
 	pr.BytesSent = Bytes(calls, P)
+	if haveHz {
+		if hz.Workers == P {
+			pr.BytesSent = hz.MeanBytes()
+		}
+		pr.HorizonSteps, pr.Settled = hz.Steps, hz.Settled
+		if m := hz.MeanDensity(); m > 0 {
+			pr.StartDensity = hz.Actual[0] / m * pr.ActualDensity
+		}
+		if m := hz.MeanBytes(); m > 0 {
+			pr.StartBytes = hz.Bytes[0] / m * pr.BytesSent
+		}
+	}
 	pr.Iter = pr.Queue + pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other
 	if m.Pipelined {
 		// The groups' selection and communication run alongside the
@@ -429,6 +506,25 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 			bw *= min(1, h.Backward/h.Compute)
 		}
 		pr.Iter = pr.Queue + pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
+	}
+	if s.Method == "dense" && !s.NoOverlap && !s.Simulated {
+		// DDP: each bucket's all-reduce starts when its last gradient is
+		// final; what ends after the backward pass is exposed.
+		capMB := s.BucketMB
+		if capMB <= 0 {
+			capMB = BucketMB
+		}
+		ready, _ := h.readyTimes()
+		bs := ddpSchedule(sh.Sizes, ready, P, net, min(FirstBucketMB, capMB), capMB)
+		var total float64
+		for _, b := range bs {
+			total += b.End - b.Start
+		}
+		pr.Overlapped, pr.Buckets, pr.Comm = true, len(bs), total
+		if len(bs) > 0 {
+			pr.Exposed = max(0, bs[len(bs)-1].End-h.backward())
+		}
+		pr.Iter = pr.Queue + pr.Compute + pr.Exposed + pr.Update + pr.Other
 	}
 	pr.Caveats = caveats(h, adv, sh)
 	return pr, nil

@@ -33,6 +33,10 @@ type RecordedConfig struct {
 	// Step is the recorded step whose gradients are measured (0: the
 	// last).
 	Step int
+	// Steps is the horizon: how many steps each method's reducer runs over
+	// the recording's steps in turn, as train replay runs it (0: the
+	// recording's steps).
+	Steps int
 	// Densities, Methods and Params are Config's.
 	Densities []float64
 	Methods   []string
@@ -138,6 +142,16 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 			}
 			h.Selections = append(h.Selections, s)
 		}
+	}
+	steps := cfg.Steps
+	if steps == 0 {
+		steps = m.Steps
+	}
+	src := func(step, rank int, dst []float32) error {
+		return rd.Read((step-1)%m.Steps+1, rank, dst)
+	}
+	if err := h.measureHorizons(ctx, cfg.Methods, cfg.Densities, min(m.Workers, maxGradWorkers), steps, m.StepsPerEpoch, src, cfg.Params, logf); err != nil {
+		return nil, err
 	}
 	logf("in-process collectives of %d workers", 2)
 	n, err := hostCollectives(ctx, 2, h.Layout.N)

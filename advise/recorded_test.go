@@ -5,6 +5,7 @@ import (
 	"context"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -44,12 +45,12 @@ func TestKindOf(t *testing.T) {
 func TestEveryMethodHasKnowledge(t *testing.T) {
 	for _, m := range []string{"randomk", "threshold"} {
 		for _, k := range Kinds {
-			if ShownFor(m, k) {
+			if ShownFor(m, k, 0) {
 				t.Errorf("%s counted as shown for %s", m, k)
 			}
 		}
 	}
-	if !ShownFor("deft", Recommender) || ShownFor("micro", Transformer) || !ShownFor("cltk", OtherKind) {
+	if !ShownFor("deft", Recommender, 0.001) || ShownFor("micro", Transformer, 0) || ShownFor("cltk", OtherKind, 0) {
 		t.Error("ShownFor disagrees with the knowledge table")
 	}
 }
@@ -89,13 +90,44 @@ func TestWriteTableFlagsUnshown(t *testing.T) {
 			t.Errorf("the table lacks %q:\n%s", want, out)
 		}
 	}
-	// The same predictions for a recommender rank MiCRO (shown on NCF here).
+	// For a recommender MiCRO is shown on NCF by this project at ρ = 0.1
+	// only: ranked there, flagged at ρ = 0.01 with the density it was
+	// shown at.
 	h.Kind = Recommender
 	b.Reset()
-	WriteTable(&b, h, Setting{Workers: 16, Density: 0.01}, ranked, nil)
-	if !strings.Contains(b.String(), "micro is predicted fastest") {
-		t.Errorf("for a recommender micro should rank first:\n%s", b.String())
+	at := func(d float64) []Prediction {
+		out := slices.Clone(ranked)
+		for i := range out {
+			out[i].Density = d
+		}
+		return out
 	}
+	WriteTable(&b, h, Setting{Workers: 16, Density: 0.1}, at(0.1), nil)
+	if !strings.Contains(b.String(), "micro is predicted fastest") || !strings.Contains(b.String(), "shown for recommender at ρ = 0.1, 4 workers") {
+		t.Errorf("for a recommender at ρ = 0.1 micro should rank first:\n%s", b.String())
+	}
+	b.Reset()
+	WriteTable(&b, h, Setting{Workers: 16, Density: 0.01}, ranked, nil)
+	if s := b.String(); strings.Contains(s, "micro is predicted fastest") || !strings.Contains(s, "shown for recommender only at ρ ≥ 0.1") || !strings.Contains(s, "not at ρ = 0.01") {
+		t.Errorf("for a recommender at ρ = 0.01 micro should be flagged with the density it was shown at:\n%s", s)
+	}
+	// A model of unknown kind ranks nothing but dense, and says so.
+	h.Kind = OtherKind
+	b.Reset()
+	WriteTable(&b, h, Setting{Workers: 16, Density: 0.01}, ranked, nil)
+	if s := b.String(); !strings.Contains(s, "nothing is ranked") || !strings.Contains(s, "-kind") || rankOfIn(s, "cltk") != "!" || rankOfIn(s, "micro") != "!" {
+		t.Errorf("a model of unknown kind:\n%s", s)
+	}
+}
+
+// rankOfIn is the rank column of method's row in a table.
+func rankOfIn(table, method string) string {
+	for _, l := range strings.Split(table, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == method {
+			return f[0]
+		}
+	}
+	return ""
 }
 
 // writeRecording writes a recording of p workers × s steps of random

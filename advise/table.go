@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"text/tabwriter"
@@ -49,21 +50,36 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		kind = KindOf(h.Model, h.Layout.Names())
 	}
 	fmt.Fprintf(w, "%s on %s, %d workers, %s, density %g\n", h.Model, h.Dataset, s.Workers, NetName(s.Net), s.Density)
+	costs := fmt.Sprintf("measured here on %s: selection, update %s, error feedback", h.Device, FormatSeconds(h.Update))
+	if h.CostSource != "" {
+		costs = fmt.Sprintf("selection, update %s and error feedback from the %s", FormatSeconds(h.Update), h.CostSource)
+	}
 	switch h.StepSource {
 	case "given":
-		fmt.Fprintf(w, "one step %s (forward+backward, given with -step-time); measured here on %s: selection, update %s, error feedback; batch %d per worker\n",
-			FormatSeconds(h.Compute), h.Device, FormatSeconds(h.Update), h.Batch)
+		fmt.Fprintf(w, "one step %s (forward+backward, given with -step-time); %s; batch %d per worker\n",
+			FormatSeconds(h.Compute), costs, h.Batch)
 	case "recorded":
-		fmt.Fprintf(w, "one step %s (forward+backward, measured when recording, on %s); measured here on %s: selection, update %s, error feedback; batch %d per worker\n",
-			FormatSeconds(h.Compute), h.StepDevice, h.Device, FormatSeconds(h.Update), h.Batch)
+		fmt.Fprintf(w, "one step %s (forward+backward, measured when recording, on %s); %s; batch %d per worker\n",
+			FormatSeconds(h.Compute), h.StepDevice, costs, h.Batch)
 	default:
 		fmt.Fprintf(w, "measured here: one step %s (forward+backward) + %s (update) on %s, batch %d per worker\n",
 			FormatSeconds(h.Compute), FormatSeconds(h.Update), h.Device, h.Batch)
 	}
-	fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models\n\n", kind)
+	if kind == OtherKind {
+		fmt.Fprintf(w, "kind of model: %s; nothing is ranked: no paper or run of this project shows any method's convergence on a model of unknown kind (give -kind if it is one of cnn, rnn, transformer, recommender, mlp); every method is listed by time, flagged, with what is known\n", kind)
+	} else {
+		fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models at density %g or lower (where the density is recorded; the accuracy column says); the others are listed apart, flagged\n", kind, s.Density)
+	}
+	fmt.Fprintln(w, "speedups are against "+DenseBaseline(h, s))
+	if h.HorizonSteps > 0 {
+		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n\n", h.HorizonSteps, horizonSource(h))
+	} else {
+		fmt.Fprintln(w, "actual density and bytes: each method's steady state (no horizon simulated)")
+		fmt.Fprintln(w)
+	}
 	var trusted, flagged []Prediction
 	for _, p := range ranked {
-		if ShownFor(p.Method, kind) {
+		if p.Method == "dense" || ShownFor(p.Method, kind, s.Density) {
 			trusted = append(trusted, p)
 		} else {
 			flagged = append(flagged, p)
@@ -76,7 +92,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		if !rank {
 			head = "\t"
 		}
-		fmt.Fprintln(tw, head+"method\tselection\tcommunication\titeration\tvs dense\tactual density\tsent/worker\taccuracy\t")
+		fmt.Fprintln(tw, head+"method\tselection\tcommunication\titeration\tvs dense\tactual density\tsent/worker\tat step 1\tsettles\taccuracy\t")
 		for i, p := range ps {
 			speed := strconv.FormatFloat(p.Speedup, 'f', 2, 64) + "×"
 			dens := strconv.FormatFloat(p.ActualDensity, 'g', 3, 64)
@@ -90,12 +106,20 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 					notes = append(notes, p.Method+": "+c)
 				}
 			}
+			start, settles := "", ""
+			if p.HorizonSteps > 0 {
+				start = strconv.FormatFloat(p.StartDensity, 'g', 3, 64) + ", " + fmtBytes(p.StartBytes)
+				settles = "step " + strconv.Itoa(p.Settled)
+				if p.Settled >= p.HorizonSteps && p.HorizonSteps > 1 {
+					settles = "not in " + strconv.Itoa(p.HorizonSteps)
+				}
+			}
 			r := "!"
 			if rank {
 				r = strconv.Itoa(i + 1)
 			}
-			fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r, p.Method, mark, FormatSeconds(p.Select), FormatSeconds(p.Comm),
-				FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent), AccuracyCell(p.Method, kind))
+			fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r, p.Method, mark, FormatSeconds(p.Select), FormatSeconds(p.Comm),
+				FormatSeconds(p.Iter), speed, dens, fmtBytes(p.BytesSent), start, settles, AccuracyCell(p.Method, kind, p.Density))
 		}
 		return tw.Flush()
 	}
@@ -110,7 +134,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 			return err
 		}
 		if len(trusted) > 0 && flagged[0].Iter < trusted[0].Iter {
-			fmt.Fprintf(w, "%s would be faster (%s per iteration) but is not ranked: %s\n", flagged[0].Method, FormatSeconds(flagged[0].Iter), accuracyWhy(flagged[0].Method, kind))
+			fmt.Fprintf(w, "%s would be faster (%s per iteration) but is not ranked: %s\n", flagged[0].Method, FormatSeconds(flagged[0].Iter), accuracyWhy(flagged[0].Method, kind, s.Density))
 		}
 	}
 	if len(notes) > 0 {
@@ -124,7 +148,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		if p.Method == "dense" {
 			continue
 		}
-		fmt.Fprintf(w, "  - %s: %s\n", p.Method, accuracyWhy(p.Method, kind))
+		fmt.Fprintf(w, "  - %s: %s\n", p.Method, accuracyWhy(p.Method, kind, s.Density))
 	}
 	if len(skipped) > 0 {
 		names := make([]string, 0, len(skipped))
@@ -141,8 +165,34 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	return err
 }
 
+// DenseBaseline names the dense all-reduce the speedups of s are computed
+// against.
+func DenseBaseline(h *Host, s Setting) string {
+	if s.NoOverlap || s.Simulated {
+		return "dense all-reduce after the backward pass (not overlapped: -overlap off)"
+	}
+	capMB := s.BucketMB
+	if capMB <= 0 {
+		capMB = BucketMB
+	}
+	how := "the backward time spread over the tensors in proportion to their sizes (per-layer times not profiled)"
+	if _, profiled := h.readyTimes(); profiled {
+		how = "the profiled gradient-ready times of the backward pass"
+	}
+	return fmt.Sprintf("overlapped dense as PyTorch DDP runs it: buckets of at most %g MB (the first %g MB) in the order the backward pass finishes the gradients, each all-reduced (α-β) as soon as it is final, from %s; only the tail after the backward pass adds to the iteration (-overlap off: dense after the backward pass)",
+		capMB, min(FirstBucketMB, capMB), how)
+}
+
+// horizonSource says which gradients the horizon ran on.
+func horizonSource(h *Host) string {
+	if h.Recording != "" {
+		return "the recording's steps in turn"
+	}
+	return fmt.Sprintf("the gradients of %d workers measured at step %d, repeated", h.GradWorkers, h.GradStep)
+}
+
 // accuracyWhy is one line of what is known about method's accuracy.
-func accuracyWhy(method string, k Kind) string {
+func accuracyWhy(method string, k Kind, density float64) string {
 	kn := Known(method)
 	s := kn.Papers
 	if kn.Project != "" {
@@ -153,8 +203,11 @@ func accuracyWhy(method string, k Kind) string {
 	if kn.Warning != "" {
 		s += "; " + kn.Warning
 	}
-	if !ShownFor(method, k) && len(kn.Shown) > 0 {
+	switch at, ok := shownAt(kn, k); {
+	case len(kn.Shown) > 0 && !slices.Contains(kn.Shown, k):
 		s += " — nothing on " + string(k) + " models"
+	case ok && !ShownFor(method, k, density):
+		s += fmt.Sprintf(" — on %s models shown only at ρ = %g (%d workers), not at ρ = %g", k, at.Density, at.Workers, density)
 	}
 	return s
 }

@@ -60,6 +60,19 @@ type Evidence struct {
 	Project string
 	// Warning is a known accuracy problem ("" if none).
 	Warning string
+	// At are, where known, the settings of the evidence on a kind of
+	// Shown: the lowest density and the worker count it was shown at.
+	// The advisor ranks the method on that kind only at that density or
+	// above; a kind of Shown without one has its density unrecorded (the
+	// advisor says so).
+	At []ShownAt
+}
+
+// ShownAt is the setting at which a method was shown on a kind of model.
+type ShownAt struct {
+	Kind    ModelKind
+	Density float64
+	Workers int
 }
 
 // ModelKind is a kind of model, as far as what is known about the methods'
@@ -94,6 +107,11 @@ func (a *Advice) Missing() []string {
 	for _, k := range a.Evidence.Shown {
 		if !slices.Contains(ModelKinds, k) {
 			out = append(out, fmt.Sprintf("Advice.Evidence.Shown (%q is no ModelKind)", k))
+		}
+	}
+	for _, at := range a.Evidence.At {
+		if !slices.Contains(a.Evidence.Shown, at.Kind) || !(at.Density > 0 && at.Density <= 1) || at.Workers < 0 {
+			out = append(out, fmt.Sprintf("Advice.Evidence.At (%+v: a kind of Shown, a density in (0, 1], workers >= 0)", at))
 		}
 	}
 	return out

@@ -75,7 +75,9 @@ func TestAdviceMissingNamesTheField(t *testing.T) {
 		{func(a *Advice) { a.Selection = NormsThenShare + 1 }, "Advice.Selection"},
 		{func(a *Advice) { a.Period = -1 }, "Advice.Period"},
 		{func(a *Advice) { a.Evidence.Papers = "" }, "Advice.Evidence.Papers"},
-		{func(a *Advice) { a.Evidence.Shown = []ModelKind{CNN, "cnns"} }, `Advice.Evidence.Shown ("cnns"`},
+		{func(a *Advice) { a.Evidence.Shown = []ModelKind{CNN, Recommender, "cnns"} }, `Advice.Evidence.Shown ("cnns"`},
+		{func(a *Advice) { a.Evidence.At = []ShownAt{{Kind: MLP, Density: 0.1}} }, "Advice.Evidence.At"},
+		{func(a *Advice) { a.Evidence.At = []ShownAt{{Kind: Recommender, Density: 0}} }, "Advice.Evidence.At"},
 	} {
 		a := full
 		tc.edit(&a)

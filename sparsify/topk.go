@@ -140,7 +140,8 @@ var topkAdvice = &Advice{
 	Caveats:   buildUp,
 	Evidence: Evidence{Shown: []ModelKind{CNN, RNN, Transformer, Recommender},
 		Papers:  "near dense with error feedback on CNNs, LSTMs and Transformers in the papers that use it as their baseline (DEFT, MiCRO, LAGS-SGD, DRAGONN, Ok-Topk: VGG-16, ResNet-18/20/50, LSTM-PTB, WikiText-2, BERT)",
-		Project: "NCF on MovieLens-100K, 4 workers, ρ = 0.1: HR@10 0.665 after 20 epochs, as dense's 0.665 (docs/results/ncf-ml100k.md)"},
+		Project: "NCF on MovieLens-100K, 4 workers, ρ = 0.1: HR@10 0.665 after 20 epochs, as dense's 0.665 (docs/results/ncf-ml100k.md)",
+		At:      []ShownAt{{Kind: Recommender, Density: 0.1, Workers: 4}}},
 }
 
 // topkaAdvice: k (value, index) pairs all-gathered, the indices and the

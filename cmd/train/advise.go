@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/advise"
+	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -22,6 +23,10 @@ type adviseFlags struct {
 	gridFlags
 	measurements string
 	stepTime     time.Duration
+	steps        int
+	overlap      string
+	costProfile  string
+	bucketMB     float64
 	kind         string
 	base         train.Config
 	method       sparsify.Values
@@ -42,6 +47,12 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 		latency:     "the cluster network's latency per message",
 	})
 	fs.DurationVar(&v.stepTime, "step-time", 0, "one worker's forward and backward time on the cluster's GPUs, e.g. 85ms (default: measured here, or the recording's measurement)")
+	fs.IntVar(&v.steps, "steps", 0, fmt.Sprintf("the horizon: how many steps of the run each method's reducer is run over, with error feedback, to predict what its controller (thresholds, warm-ups, adaptive densities) actually sends (default: a recording's steps; for -model %d steps on the gradients measured at one step, not an epoch, which would take this machine hours on a large model)", advise.DefaultHorizon))
+	fs.StringVar(&v.costProfile, "cost-profile", "", fmt.Sprintf("GPU costs this project measured, kept with their GPU, date and revision, for selection, the update and error feedback when the step time stands for a GPU and this machine has none: %s (methods the profile did not measure are not predicted)", strings.Join(advise.CostProfiles(), ", ")))
+	fs.StringVar(&v.overlap, "overlap", "on", "on: the baseline is dense as PyTorch DDP runs it, buckets all-reduced during the backward pass; off: dense all-reduce after the backward pass (as DEFT's and MiCRO's released code)")
+	v.bucketMB = advise.BucketMB
+	bucket := options.Option{Key: "bucket_mb", Kind: options.Float, Default: float64(advise.BucketMB), Range: options.Within(0, 1<<20, "(]")}
+	fs.Var(bind(bucket, &v.bucketMB), "bucket-mb", fmt.Sprintf("overlapped dense's bucket cap in MB (DDP's bucket_cap_mb; the first bucket holds at most 1 MB) (default %d)", advise.BucketMB))
 	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
 	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")
 	method := addMethodFlags(fs, &v.method)
@@ -56,7 +67,11 @@ recording's measured step), each method's selection on the model's real gradient
 iteration at P workers on the network (α-β model), and prints them ranked, saying
 plainly when dense all-reduce wins. Only methods whose convergence a paper or this
 project has shown for the kind of model are ranked; the others are listed apart,
-flagged, with what is known about each method's accuracy.
+flagged, with what is known about each method's accuracy (a model of unknown kind
+ranks nothing: give -kind). Each method's actual density and bytes come from its
+reducer run over -steps steps of the gradients, as its controller moves. Every
+speedup is against overlapped dense, as PyTorch DDP runs it (-overlap off: dense
+after the backward pass); the header says which.
 
 Flags:
 `)
@@ -96,8 +111,20 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if v.kind != "" && !slices.Contains(advise.Kinds, advise.Kind(v.kind)) {
 		return fmt.Errorf("train advise: -kind %q: use one of cnn, rnn, transformer, recommender, mlp, other", v.kind)
 	}
+	if v.overlap != "on" && v.overlap != "off" {
+		return fmt.Errorf("train advise: -overlap %q: use on (dense as DDP runs it) or off (dense after the backward pass)", v.overlap)
+	}
+	if !(v.bucketMB > 0) {
+		return fmt.Errorf("train advise: -bucket-mb %v: want a positive size in MB, e.g. 25 (DDP's)", v.bucketMB)
+	}
+	if v.steps < 0 {
+		return fmt.Errorf("train advise: -steps %d: want a horizon of at least 1 step (or 0 for the default)", v.steps)
+	}
 	if v.stepTime < 0 {
 		return fmt.Errorf("train advise: -step-time %v: want a positive duration, e.g. 85ms", v.stepTime)
+	}
+	if v.stepTime > 0 && v.costProfile == "" && !strings.HasPrefix(v.base.Device, "cuda") {
+		return fmt.Errorf("train advise: -step-time %v stands for a GPU, but selection, the update and error feedback would be measured here on the CPU: pass -cost-profile %s (costs this project measured on a GPU) or run on a machine with a GPU with -device cuda", v.stepTime, strings.Join(advise.CostProfiles(), "|"))
 	}
 	c := v.base
 	var h *advise.Host
@@ -121,13 +148,23 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		scale := v.stepTime.Seconds() / h.Compute
 		h.Compute, h.Forward, h.Backward, h.StepSource = v.stepTime.Seconds(), h.Forward*scale, h.Backward*scale, "given"
 	}
+	if v.costProfile != "" {
+		p, err := advise.LoadCostProfile(v.costProfile)
+		if err != nil {
+			return fmt.Errorf("train %w", err)
+		}
+		h.ApplyCostProfile(p)
+	}
+	if why := h.MixesDevices(); why != "" {
+		return fmt.Errorf("train advise: %s", why)
+	}
 	if v.kind != "" {
 		h.Kind = advise.Kind(v.kind)
 	}
 	for _, d := range v.densities {
 		for _, net := range nets {
 			for _, P := range v.workers {
-				s := advise.Setting{Workers: P, Density: d, Net: net, Params: v.method}
+				s := advise.Setting{Workers: P, Density: d, Net: net, Params: v.method, NoOverlap: v.overlap == "off", BucketMB: v.bucketMB}
 				ranked, skipped, err := advise.Rank(h, s, methods)
 				if err != nil {
 					return fmt.Errorf("train %w", err)
@@ -151,10 +188,10 @@ func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stder
 		if h.Recording != v.gradients || !strings.HasPrefix(h.Device, dev) {
 			return fmt.Errorf("train advise: %s holds measurements of %s on %s, not of the recording %s on %s; use another -measurements file", v.measurements, h.Model, h.Device, v.gradients, dev)
 		}
-		return nil
+		return sameHorizon(v, h)
 	}, func() (*advise.Host, error) {
 		return advise.MeasureRecorded(ctx, advise.RecordedConfig{Dir: v.gradients, StepTime: v.stepTime, Device: dev, Kind: advise.Kind(v.kind),
-			Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+			Steps: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
 	})
 }
 
@@ -167,10 +204,18 @@ func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []s
 			return fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
 				v.measurements, h.Model, h.Preset, h.Dataset, h.Batch, h.Device, def.Model, def.Preset, def.Dataset, def.Batch.Value(), def.Device)
 		}
-		return nil
+		return sameHorizon(v, h)
 	}, func() (*advise.Host, error) {
-		return advise.Measure(ctx, advise.Config{Train: c, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+		return advise.Measure(ctx, advise.Config{Train: c, Horizon: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
 	})
+}
+
+// sameHorizon refuses measurements whose horizon is not the -steps given.
+func sameHorizon(v *adviseFlags, h *advise.Host) error {
+	if v.steps > 0 && h.HorizonSteps != v.steps {
+		return fmt.Errorf("train advise: %s holds a horizon of %d steps, not -steps %d; use another -measurements file (or drop -steps)", v.measurements, h.HorizonSteps, v.steps)
+	}
+	return nil
 }
 
 // measured returns the measurements of -measurements when the file exists

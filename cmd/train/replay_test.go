@@ -110,15 +110,47 @@ func TestSweepAndAdviseOfRecording(t *testing.T) {
 		t.Errorf("dry run:\n%s\nwant one line: mpirun --oversubscribe …%s", job, want)
 	}
 	out.Reset()
-	if err := run(context.Background(), []string{"advise", "-gradients", grads, "-step-time", "30ms", "-workers", "16,64", "-net-bandwidth", "10",
+	// A GPU's step time with this CPU's costs is refused, saying what to
+	// pass; with a GPU cost profile the header says where each cost came
+	// from, and the methods the profile lacks are not predicted.
+	err = run(context.Background(), []string{"advise", "-gradients", grads, "-step-time", "30ms", "-workers", "16", "-net-bandwidth", "10"}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "-cost-profile h200") || !strings.Contains(err.Error(), "-device cuda") {
+		t.Errorf("advise -step-time on the CPU: %v; want a refusal naming -cost-profile h200 and -device cuda", err)
+	}
+	out.Reset()
+	if err := run(context.Background(), []string{"advise", "-gradients", grads, "-step-time", "30ms", "-cost-profile", "h200", "-workers", "16,64", "-net-bandwidth", "10",
 		"-sparsifiers", "dense,topk,deft,micro,randomk"}, &out, &out); err != nil {
 		t.Fatalf("advise: %v\n%s", err, out.String())
 	}
 	s := out.String()
 	for _, want := range []string{"ncf on recorded gradients, 16 workers", "ncf on recorded gradients, 64 workers", "one step 30 ms (forward+backward, given with -step-time)",
-		"kind of model: recommender", "! not ranked", "randomk", "what is known about accuracy"} {
+		"from the cost profile h200: NVIDIA H200", "revision 602ca45", "randomk: advise: randomk: the cost profile h200 holds no GPU selection time for it",
+		"speedups are against overlapped dense as PyTorch DDP runs it", "over a horizon of 2 steps",
+		"kind of model: recommender", "what is known about accuracy"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("advise output lacks %q:\n%s", want, s)
+		}
+	}
+	// Measurements kept for one horizon are not used for another.
+	meas := filepath.Join(dir, "m.json")
+	for i, steps := range []string{"2", "4"} {
+		out.Reset()
+		err := run(context.Background(), []string{"advise", "-gradients", grads, "-cost-profile", "h200", "-step-time", "30ms", "-workers", "16", "-net-bandwidth", "10",
+			"-sparsifiers", "dense,topk", "-steps", steps, "-measurements", meas}, &out, &out)
+		if i == 0 && (err != nil || !strings.Contains(out.String(), "over a horizon of 2 steps")) {
+			t.Errorf("advise -steps 2: %v\n%s", err, out.String())
+		}
+		if i == 1 && (err == nil || !strings.Contains(err.Error(), "holds a horizon of 2 steps, not -steps 4")) {
+			t.Errorf("advise -steps 4 with measurements of 2: %v", err)
+		}
+	}
+	// The new user's case: every point wants more workers than the
+	// recording holds; each skipped point is printed with its reason.
+	out.Reset()
+	err = run(context.Background(), []string{"sweep", "-gradients", grads, "-sparsifiers", "topk,deft", "-workers", "16", "-density", "0.05", "-out", filepath.Join(dir, "none")}, &out, &out)
+	for _, want := range []string{"no point of the grid can run", "topk-w16-d0.05: the recording holds the gradients of 3 workers", "deft-w16-d0.05: the recording holds the gradients of 3 workers"} {
+		if err == nil || !strings.Contains(err.Error()+out.String(), want) {
+			t.Errorf("sweep -workers 16 of a 3-worker recording: %v\n%s\nwant it to say %q", err, out.String(), want)
 		}
 	}
 	for _, args := range [][]string{

@@ -1,0 +1,187 @@
+package advise
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/layout"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// Horizon is what one method's reducer actually sent over the steps of a
+// run, as its controller made it: MiCRO's moving threshold, DGC's density
+// warm-up, LAGS' adaptive density, Ok-Topk's periodic thresholds, a dense
+// warm-up. Measured by running the real reducer with error feedback on
+// Workers in-process workers fed with the model's gradients (a recording's
+// steps in turn, or the measured gradients at every step), as train replay
+// runs it.
+type Horizon struct {
+	Method  string  `json:"method"`
+	Density float64 `json:"density"`
+	Workers int     `json:"workers"`
+	// Steps is the horizon: the number of reducer calls simulated.
+	Steps int `json:"steps"`
+	// Actual are the actual densities (|U|/N, rank 0's
+	// sparsify.Stats.ActualDensity) and Bytes the workers' mean bytes sent
+	// (as a run's step record has them), per step.
+	Actual []float64 `json:"actual"`
+	Bytes  []float64 `json:"bytes"`
+	// Settled is the first step (1-based) from which every later step's
+	// actual density lies within 10 % of the last step's; Steps when it
+	// still moves at the end of the horizon.
+	Settled int `json:"settled"`
+}
+
+// MeanDensity is the mean actual density over the horizon.
+func (h Horizon) MeanDensity() float64 { return meanOf(h.Actual) }
+
+// MeanBytes is the mean over the horizon of one worker's bytes sent per
+// step (the workers' mean).
+func (h Horizon) MeanBytes() float64 { return meanOf(h.Bytes) }
+
+// settledAt is Horizon.Settled of the series v.
+func settledAt(v []float64) int {
+	if len(v) == 0 {
+		return 0
+	}
+	last := v[len(v)-1]
+	s := len(v)
+	for i := len(v) - 1; i >= 0; i-- {
+		if math.Abs(v[i]-last) > 0.1*math.Abs(last) {
+			break
+		}
+		s = i + 1
+	}
+	return s
+}
+
+// DefaultHorizon is the horizon of a built-in model's prediction: 3
+// steps on horizonWorkers workers, not one epoch (hundreds to thousands of
+// steps), because each step of the horizon runs every method's reducer on
+// this machine: on gradients of ResNet-18's 11,173,962 elements, the 15
+// methods' reducers on 4 workers took about 30 s a step on a shared 2-core
+// machine (2026-11-29; 0.7 s dense to 9 s the hard threshold). The
+// gradients measured at one step stand for every step anyway. The
+// controllers that move slowly (MiCRO's threshold, about 0.5 % a step) are
+// then shown at their start, where a short run sits; give a longer horizon
+// (train advise -steps) for a long run.
+const DefaultHorizon = 3
+
+// horizonWorkers bounds the workers a built-in model's horizon runs on;
+// other worker counts are carried from it (Predict).
+const horizonWorkers = 2
+
+// GradSource fills dst with worker rank's gradient at step (1-based) of the
+// horizon.
+type GradSource func(step, rank int, dst []float32) error
+
+// RepeatGrads is the GradSource of gradients measured at one step: worker
+// r's gradient is grads[r mod len(grads)] at every step.
+func RepeatGrads(grads [][]float32) GradSource {
+	return func(_, rank int, dst []float32) error {
+		copy(dst, grads[rank%len(grads)])
+		return nil
+	}
+}
+
+// simulateHorizon runs method's reducer at density d on p in-process
+// workers for steps calls with error feedback (acc = residual + gradient,
+// the residual kept across calls), worker r fed with src(step, r), and
+// returns what they sent. perEpoch, when above 0, is the run's steps per
+// epoch (sparsify.Reducer.SetStepsPerEpoch: DGC's density warm-up is
+// scheduled in epochs), as a replay of a recording that says it gives it.
+func simulateHorizon(ctx context.Context, method string, p, steps, perEpoch int, d float64, l layout.Layout, src GradSource, params sparsify.Values) (Horizon, error) {
+	if steps < 1 {
+		return Horizon{}, fmt.Errorf("advise: a horizon of %d steps: want at least 1 (-steps)", steps)
+	}
+	hz := Horizon{Method: method, Density: d, Workers: p, Steps: steps, Actual: make([]float64, steps), Bytes: make([]float64, steps)}
+	var mu sync.Mutex
+	err := local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
+		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: 1, Params: params})
+		if err != nil {
+			return err
+		}
+		red.SetStepsPerEpoch(perEpoch)
+		mem := sparsify.NewMemory(l.N, false)
+		g := make([]float32, l.N)
+		out := make([]float32, l.N)
+		for s := range steps {
+			mu.Lock() // one reader at a time: a recording's reader is not shared safely
+			err := src(s+1, c.Rank(), g)
+			mu.Unlock()
+			if err != nil {
+				return err
+			}
+			acc, err := mem.Accumulate(g, 1)
+			if err != nil {
+				return fmt.Errorf("step %d: %w", s+1, err)
+			}
+			st, err := red.Reduce(ctx, acc, out, mem.Residual)
+			if err != nil {
+				return fmt.Errorf("step %d: %w", s+1, err)
+			}
+			mu.Lock()
+			hz.Bytes[s] += float64(st.BytesSent) / float64(p)
+			if c.Rank() == 0 {
+				hz.Actual[s] = st.ActualDensity
+			}
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return Horizon{}, fmt.Errorf("advise: simulating %s over %d steps on %d workers: %w", method, steps, p, err)
+	}
+	hz.Settled = settledAt(hz.Actual)
+	return hz, nil
+}
+
+// horizon returns the horizon measured for method at density, preferring
+// one of P workers (else the one of the most workers).
+func (h *Host) horizon(method string, density float64, P int) (Horizon, bool) {
+	best := -1
+	for i, z := range h.Horizons {
+		if z.Method != method || z.Density != density {
+			continue
+		}
+		if best < 0 || z.Workers == P || (h.Horizons[best].Workers != P && z.Workers > h.Horizons[best].Workers) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return Horizon{}, false
+	}
+	return h.Horizons[best], true
+}
+
+// measureHorizons runs every method of methods that selects (and can run
+// on p workers) at every density over steps steps of src, and records
+// them in h.
+func (h *Host) measureHorizons(ctx context.Context, methods []string, densities []float64, p, steps, perEpoch int, src GradSource, params sparsify.Values, logf func(string, ...any)) error {
+	h.HorizonSteps = steps
+	for _, d := range densities {
+		for _, m := range methods {
+			if !selects(m) {
+				continue
+			}
+			meth, _ := sparsify.Lookup(m)
+			ps := filterParams(m, params)
+			if meth.CheckWorkers != nil {
+				if r, err := meth.Resolve(ps); err != nil || meth.CheckWorkers(p, r) != nil {
+					continue // predicted at its steady state
+				}
+			}
+			logf("%s at density %g over a horizon of %d steps on %d workers", m, d, steps, p)
+			hz, err := simulateHorizon(ctx, m, p, steps, perEpoch, d, h.Layout, src, ps)
+			if err != nil {
+				return err
+			}
+			h.Horizons = append(h.Horizons, hz)
+		}
+	}
+	return nil
+}
