@@ -226,6 +226,13 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 // their scan and, unless idx is empty (a count only), the write. It returns
 // the number selected, read back only when count is set (top-k knows it).
 func (o *Sparse) selectTiles(cs *Stream, x device.Buffer, mode int, idx, val device.Buffer, count bool) (int, error) {
+	return o.selectTilesChecked(cs, x, mode, idx, val, count, nil)
+}
+
+// selectTilesChecked is selectTiles that, where bad is not nil, also
+// copies the first bad index a k_mark before it left in the scratch into
+// *bad with the count, in the same host wait.
+func (o *Sparse) selectTilesChecked(cs *Stream, x device.Buffer, mode int, idx, val device.Buffer, count bool, bad *int64) (int, error) {
 	n := x.Len()
 	tiles := (n + selTile - 1) / selTile
 	sc := cs.sel
@@ -245,9 +252,21 @@ func (o *Sparse) selectTiles(cs *Stream, x device.Buffer, mode int, idx, val dev
 	}
 	total := -1
 	if count {
-		t, err := readU32(cs, sc.total, 1)
-		if err != nil {
+		var t [1]int32
+		var b [1]int64
+		if err := cs.Copy(device.Host(t[:]), sc.total.Slice(0, 1)); err != nil {
 			return 0, err
+		}
+		if bad != nil {
+			if err := cs.Copy(device.Host(b[:]), sc.first); err != nil {
+				return 0, err
+			}
+		}
+		if err := cs.Synchronize(); err != nil {
+			return 0, err
+		}
+		if bad != nil {
+			*bad = b[0]
 		}
 		total = int(uint32(t[0]))
 		if idx.Len() == 0 && val.Len() == 0 {
@@ -635,21 +654,37 @@ func (o *Sparse) rangeCheck(cs *Stream, mark, idx device.Buffer, n int) error {
 	if m == 0 {
 		return nil
 	}
-	sc := cs.sel
-	if err := cs.Copy(sc.first, device.Host([]int64{int64(m)})); err != nil {
-		return err
-	}
-	if err := cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(sc.first).runN("k_mark", m); err != nil {
+	if err := o.markRange(cs, mark, idx, n); err != nil {
 		return err
 	}
 	var bad [1]int64
-	if err := cs.Copy(device.Host(bad[:]), sc.first); err != nil {
+	if err := cs.Copy(device.Host(bad[:]), cs.sel.first); err != nil {
 		return err
 	}
 	if err := cs.Synchronize(); err != nil {
 		return err
 	}
-	if bad[0] >= int64(m) {
+	return o.rangeError(cs, mark, idx, n, bad[0])
+}
+
+// markRange issues k_mark over idx (marking mark unless it is empty),
+// which leaves the first index outside [0, n) in the scratch's first (len(idx)
+// when there is none), without waiting.
+func (o *Sparse) markRange(cs *Stream, mark, idx device.Buffer, n int) error {
+	m := idx.Len()
+	sc := cs.sel
+	if err := cs.Copy(sc.first, device.Host([]int64{int64(m)})); err != nil {
+		return err
+	}
+	return cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(sc.first).runN("k_mark", m)
+}
+
+// rangeError returns nil where bad, the first bad element markRange found,
+// is len(idx), and otherwise clears mark (unless it is empty) and returns
+// the error naming the index.
+func (o *Sparse) rangeError(cs *Stream, mark, idx device.Buffer, n int, bad int64) error {
+	m := idx.Len()
+	if bad >= int64(m) {
 		return nil
 	}
 	if mark.Len() > 0 { // some marks may be set: clear them all
@@ -658,9 +693,9 @@ func (o *Sparse) rangeCheck(cs *Stream, mark, idx device.Buffer, n int) error {
 		}
 	}
 	var v [1]int32
-	cs.Copy(device.Host(v[:]), idx.Slice(int(bad[0]), int(bad[0])+1))
+	cs.Copy(device.Host(v[:]), idx.Slice(int(bad), int(bad)+1))
 	cs.Synchronize()
-	return fmt.Errorf("cuda: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", v[0], bad[0], n)
+	return fmt.Errorf("cuda: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", v[0], bad, n)
 }
 
 // Shift adds off to every index of idx.
@@ -704,13 +739,19 @@ func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, err
 		}
 	}
 	mark := sc.mark.Slice(0, n)
-	if err := o.rangeCheck(cs, mark, idx, n); err != nil {
+	// The range check's bad index comes back with the count, in one wait
+	// (an index outside [0, n) marks nothing).
+	if err := o.markRange(cs, mark, idx, n); err != nil {
 		return 0, err
 	}
 	if err := cs.fill32(sc.state.Slice(0, 1), math.Float32bits(0.5)); err != nil {
 		return 0, err
 	}
-	u, err := o.selectTiles(cs, mark, 1, out, device.Buffer{}, true)
+	bad := int64(m)
+	u, err := o.selectTilesChecked(cs, mark, 1, out, device.Buffer{}, true, &bad)
+	if bad < int64(m) {
+		return 0, o.rangeError(cs, mark, idx, n, bad) // clears the marks written
+	}
 	if err != nil {
 		return u, err
 	}

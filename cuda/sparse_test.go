@@ -483,6 +483,49 @@ func TestGPUDgcMomentum(t *testing.T) {
 	}
 }
 
+// TestGPUUnionRefusesOutOfRange: an index outside [0, n) anywhere in the
+// lists (its check comes back with the count, in one wait) is an error as
+// on the CPU, and leaves no mark behind: the next union is exact.
+func TestGPUUnionRefusesOutOfRange(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	cpu := sparsify.CPUOps()
+	r := rand.New(rand.NewPCG(12, 12))
+	const n = 3000
+	for _, bad := range []int32{-1, n, n + 77} {
+		for _, at := range []int{0, 1, 999} {
+			idx := make([]int32, 1000)
+			for j := range idx {
+				idx[j] = r.Int32N(n)
+			}
+			idx[at] = bad
+			ib, ob := allocInt32(t, d, len(idx)), allocInt32(t, d, len(idx))
+			if err := s.Copy(ib, device.Host(idx)); err != nil {
+				t.Fatal(err)
+			}
+			_, gerr := sp.Union(s, ob, ib, n)
+			_, cerr := cpu.Union(nil, device.Host(make([]int32, len(idx))), device.Host(idx), n)
+			if gerr == nil || cerr == nil || !strings.Contains(gerr.Error(), fmt.Sprintf("index %d ", bad)) {
+				t.Fatalf("index %d at %d: GPU %v, CPU %v", bad, at, gerr, cerr)
+			}
+			for j := range idx { // others than the refused lists marked
+				idx[j] = r.Int32N(50)
+			}
+			s.Copy(ib, device.Host(idx))
+			got, err := sp.Union(s, ob, ib, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]int32, len(idx))
+			nw, _ := cpu.Union(nil, device.Host(want), device.Host(idx), n)
+			if gi := downloadInt32(t, s, ob)[:got]; !slices.Equal(gi, want[:nw]) {
+				t.Fatalf("after the refused union: %d indices %v…, CPU %d %v…", got, head(gi), nw, head(want[:nw]))
+			}
+		}
+	}
+}
+
 func TestGPUUnionAndScatter(t *testing.T) {
 	d := gpu(t)
 	sp := d.Sparse()

@@ -45,7 +45,7 @@ func (b *Env) reduceSelected(ctx context.Context, acc, out, residual, sel device
 	if err != nil {
 		return err
 	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+	if err := b.reduceUnionOn(ctx, acc, out, residual, union); err != nil {
 		return err
 	}
 	st.Selected = sel.Len()
@@ -223,6 +223,13 @@ func (b *Env) unionReduceOn(ctx context.Context, acc, out, residual, union devic
 	if err := v.ops.InRange(v.s, union, b.n); err != nil {
 		return err
 	}
+	return b.reduceUnionOn(ctx, acc, out, residual, union)
+}
+
+// reduceUnionOn is unionReduceOn of a union that Env.union formed, whose
+// indices Ops.Union has checked already (no second check, no host wait).
+func (b *Env) reduceUnionOn(ctx context.Context, acc, out, residual, union device.Buffer) error {
+	v := &b.v
 	vals, err := v.scratch(&b.dVal, device.Float32, union.Len())
 	if err != nil {
 		return err
