@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
 	"sync"
 
 	"github.com/sparsegrad/sparsegrad/device"
@@ -40,11 +42,23 @@ type selScratch struct {
 	first                            device.Buffer // Int64: Accumulate's first bad index
 	pieces                           device.Buffer // Int64: piece bounds
 	pieceFirst                       device.Buffer // Int32: each segment's first piece
+	sumBounds                        []int         // the segments pieces and pieceFirst hold
+	sumPieces                        int           // and their number of pieces
+	bounds                           device.Buffer // Int64: CountIn's segments
 	parts, sums                      device.Buffer // Float64
 	mark                             device.Buffer // Float32: Union's marks, zero between calls
 }
 
-// grow returns *b, reallocated on d with at least n elements of dt.
+// minScratch is the fewest elements a scratch buffer of the primitives
+// is allocated with (a few KiB: the per-tile counts of a vector of 16 M
+// elements), so that the calls of a step, whose sizes vary (DEFT's
+// fragments, the selections' counts), find it large enough after the
+// first steps instead of reallocating it mid-step.
+const minScratch = 4096
+
+// grow returns the first n elements of *b, reallocated on d when shorter:
+// to n rounded up to a power of two, at least minScratch, so that a
+// buffer grows O(log n) times over a run, in its first steps.
 func grow(d *Device, b *device.Buffer, dt device.DType, n int) (device.Buffer, error) {
 	if b.Len() >= n && b.Len() > 0 {
 		return b.Slice(0, n), nil
@@ -55,7 +69,7 @@ func grow(d *Device, b *device.Buffer, dt device.DType, n int) (device.Buffer, e
 		}
 		*b = device.Buffer{}
 	}
-	nb, err := d.Alloc(dt, max(n, 1))
+	nb, err := d.Alloc(dt, max(minScratch, 1<<bits.Len(uint(max(n, 1)-1))))
 	if err != nil {
 		return device.Buffer{}, err
 	}
@@ -76,9 +90,11 @@ func (o *Sparse) stream(s device.Stream) (*Stream, error) {
 			dt device.DType
 			n  int
 		}{{&sc.state, device.Int32, 2}, {&sc.hist, device.Int32, 2048}, {&sc.total, device.Int32, 1}, {&sc.first, device.Int64, 1}} {
-			if _, err := grow(o.d, a.b, a.dt, a.n); err != nil {
+			b, err := o.d.Alloc(a.dt, a.n) // whole: used as they are
+			if err != nil {
 				return nil, err
 			}
+			*a.b = b
 		}
 	}
 	return cs, nil
@@ -166,6 +182,10 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	if nseg <= 0 {
 		return nil, nil
 	}
+	sc := cs.sel
+	if slices.Equal(bounds, sc.sumBounds) && bounds[nseg] <= x.Len() { // the pieces are on the device
+		return o.sumPieces(cs, x, sc.sumPieces, nseg)
+	}
 	// Pieces of at most pieceLen elements that never straddle a segment.
 	var lo []int64
 	first := make([]int32, nseg+1)
@@ -182,20 +202,12 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	first[nseg] = int32(len(lo))
 	np := len(lo)
 	lo = append(lo, int64(bounds[nseg]))
-	sc := cs.sel
+	sc.sumBounds = nil
 	pieces, err := grow(o.d, &sc.pieces, device.Int64, np+1)
 	if err != nil {
 		return nil, err
 	}
 	pf, err := grow(o.d, &sc.pieceFirst, device.Int32, nseg+1)
-	if err != nil {
-		return nil, err
-	}
-	parts, err := grow(o.d, &sc.parts, device.Float64, max(np, 1))
-	if err != nil {
-		return nil, err
-	}
-	sums, err := grow(o.d, &sc.sums, device.Float64, nseg)
 	if err != nil {
 		return nil, err
 	}
@@ -205,6 +217,25 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 		return nil, err
 	}
 	if err := cs.Copy(pf, device.Host(first)); err != nil {
+		return nil, err
+	}
+	// The next call with the same segments (every step's) uploads nothing.
+	sc.sumBounds, sc.sumPieces = slices.Clone(bounds), np
+	return o.sumPieces(cs, x, np, nseg)
+}
+
+// sumPieces runs SegmentSumSquares' kernels over the np pieces of nseg
+// segments that the scratch's pieces and pieceFirst hold, and reads the
+// sums back.
+func (o *Sparse) sumPieces(cs *Stream, x device.Buffer, np, nseg int) ([]float64, error) {
+	sc := cs.sel
+	pieces, pf := sc.pieces.Slice(0, np+1), sc.pieceFirst.Slice(0, nseg+1)
+	parts, err := grow(o.d, &sc.parts, device.Float64, max(np, 1))
+	if err != nil {
+		return nil, err
+	}
+	sums, err := grow(o.d, &sc.sums, device.Float64, nseg)
+	if err != nil {
 		return nil, err
 	}
 	if np > 0 {
@@ -604,7 +635,7 @@ func (o *Sparse) CountIn(s device.Stream, idx device.Buffer, bounds []int) ([]in
 	for j, v := range bounds {
 		bb[j] = int64(v)
 	}
-	db, err := grow(o.d, &sc.pieces, device.Int64, len(bb))
+	db, err := grow(o.d, &sc.bounds, device.Int64, len(bb))
 	if err != nil {
 		return nil, err
 	}

@@ -222,22 +222,35 @@ func TestGPUAccumulateAndNorms(t *testing.T) {
 		}
 		// Segment sums of squares: empty segments, one segment, many; the
 		// same bits as the CPU's, and close to a plain sum.
+		// Each twice, the second time of another vector after a CountIn
+		// (the segments stay on the device between calls with the same
+		// bounds, CountIn's do not disturb them).
 		for _, bounds := range [][]int{{0, n}, {0, 0, n / 3, n / 3, n}, {n / 2, n}, segments(r, n)} {
-			got, err := sp.SegmentSumSquares(s, rb, bounds)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cpu, err := sparsify.CPUOps().SegmentSumSquares(nil, device.Host(want), bounds)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for j := range len(bounds) - 1 {
-				var w float64
-				for _, v := range want[bounds[j]:bounds[j+1]] {
-					w += float64(v) * float64(v)
+			for rep, xs := range []struct {
+				b device.Buffer
+				h []float32
+			}{{rb, want}, {gb, g}} {
+				if rep == 1 {
+					if _, err := sp.CountIn(s, allocInt32(t, d, 1).Slice(0, 0), []int{0, 1, 2, 3, 4, 5, 6, 7, 8}); err != nil {
+						t.Fatal(err)
+					}
 				}
-				if got[j] != cpu[j] || math.Abs(got[j]-w) > 1e-12*w {
-					t.Fatalf("n=%d segment %d %v: Σx² = %v, CPU %v, plain %v", n, j, bounds[j:j+2], got[j], cpu[j], w)
+				got, err := sp.SegmentSumSquares(s, xs.b, bounds)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cpu, err := sparsify.CPUOps().SegmentSumSquares(nil, device.Host(xs.h), bounds)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j := range len(bounds) - 1 {
+					var w float64
+					for _, v := range xs.h[bounds[j]:bounds[j+1]] {
+						w += float64(v) * float64(v)
+					}
+					if got[j] != cpu[j] || math.Abs(got[j]-w) > 1e-12*w {
+						t.Fatalf("n=%d call %d segment %d %v: Σx² = %v, CPU %v, plain %v", n, rep, j, bounds[j:j+2], got[j], cpu[j], w)
+					}
 				}
 			}
 		}

@@ -192,7 +192,7 @@ func (b *Env) gatherIndicesOn(ctx context.Context, mine device.Buffer) (device.B
 	for _, c := range counts {
 		total += c
 	}
-	all, err := b.v.scratch(&b.dAll, device.Int32, total)
+	all, err := b.listScratch(&b.dAll, device.Int32, total)
 	if err != nil {
 		return device.Buffer{}, nil, err
 	}
@@ -202,9 +202,22 @@ func (b *Env) gatherIndicesOn(ctx context.Context, mine device.Buffer) (device.B
 	return all, counts, nil
 }
 
+// listScratch is vecs.scratch for the lists of a call — every worker's
+// selections, their union, its values — whose lengths vary from call to
+// call: the buffer is allocated for at least min(N, workers·k) elements
+// (what Top-k's lists reach), so that it is not reallocated in the middle
+// of later steps.
+func (b *Env) listScratch(buf *device.Buffer, dt device.DType, n int) (device.Buffer, error) {
+	s, err := b.v.scratch(buf, dt, max(n, min(b.n, b.c.Size()*b.k)))
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	return s.Slice(0, n), nil
+}
+
 // union returns the sorted distinct indices of idx in device scratch.
 func (b *Env) union(idx device.Buffer) (device.Buffer, error) {
-	u, err := b.v.scratch(&b.dUnion, device.Int32, idx.Len())
+	u, err := b.listScratch(&b.dUnion, device.Int32, idx.Len())
 	if err != nil {
 		return device.Buffer{}, err
 	}
@@ -230,7 +243,7 @@ func (b *Env) unionReduceOn(ctx context.Context, acc, out, residual, union devic
 // indices Ops.Union has checked already (no second check, no host wait).
 func (b *Env) reduceUnionOn(ctx context.Context, acc, out, residual, union device.Buffer) error {
 	v := &b.v
-	vals, err := v.scratch(&b.dVal, device.Float32, union.Len())
+	vals, err := b.listScratch(&b.dVal, device.Float32, union.Len())
 	if err != nil {
 		return err
 	}
@@ -318,11 +331,11 @@ func (b *Env) sparseExchangeOn(ctx context.Context, idx, val, out device.Buffer)
 		total += c
 	}
 	v := &b.v
-	allIdx, err := v.scratch(&b.dAll, device.Int32, total)
+	allIdx, err := b.listScratch(&b.dAll, device.Int32, total)
 	if err != nil {
 		return nil, 0, err
 	}
-	allVal, err := v.scratch(&b.dAllVal, device.Float32, total)
+	allVal, err := b.listScratch(&b.dAllVal, device.Float32, total)
 	if err != nil {
 		return nil, 0, err
 	}
