@@ -362,7 +362,7 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	}
 	mine = mine.Slice(0, want)
 	pos := 0
-	sel, err := b.timed(func() error {
+	sel, err := b.selectTimed(func() error {
 		for _, f := range bin {
 			fr := d.frags[f]
 			dst := mine.Slice(pos, pos+d.kf[f])

@@ -57,7 +57,7 @@ func (v *vecs) scratch(b *device.Buffer, dt device.DType, n int) (device.Buffer,
 		}
 		*b = device.Buffer{}
 	}
-	nb, err := v.d.Alloc(dt, max(n, 1, b.Len()*2))
+	nb, err := v.d.Alloc(dt, max(n, 1, b.Len()*3/2))
 	if err != nil {
 		return device.Buffer{}, fmt.Errorf("allocating %d scratch elements on %v: %w", n, v.d, err)
 	}
