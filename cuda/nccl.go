@@ -535,6 +535,9 @@ func (c *NCCL) allGather(send, recv comm.Buffer) (*xfer, error) {
 
 // AllGather concatenates every rank's send into recv in rank order.
 func (c *NCCL) AllGather(ctx context.Context, send, recv comm.Buffer) error {
+	if done, err := c.oneRank(send, recv); done || err != nil {
+		return err
+	}
 	x, err := c.allGather(send, recv)
 	return c.run(ctx, x, err)
 }
@@ -585,6 +588,12 @@ func (c *NCCL) allGatherV(send, recv comm.Buffer, counts []int) (*xfer, error) {
 // AllGatherV is AllGather with counts[r] elements from rank r: one
 // broadcast per rank, grouped.
 func (c *NCCL) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) error {
+	if len(counts) == 1 && send != nil && counts[0] != send.Len() {
+		return fmt.Errorf("cuda: NCCL AllGatherV: send %d elements, counts %v", send.Len(), counts)
+	}
+	if done, err := c.oneRank(send, recv); done || err != nil {
+		return err
+	}
 	x, err := c.allGatherV(send, recv, counts)
 	return c.run(ctx, x, err)
 }
@@ -592,6 +601,44 @@ func (c *NCCL) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []
 // IAllGatherV starts AllGatherV.
 func (c *NCCL) IAllGatherV(_ context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
 	return c.istart(c.allGatherV(send, recv, counts))
+}
+
+// oneRank does a gather of a one-rank communicator: recv is send, copied
+// on the stream of send's comm.Device (and waited for by recv's), with no
+// NCCL call and no host wait. It reports false, doing nothing, where the
+// communicator has more ranks or a buffer is not device memory with a
+// stream (the NCCL call then does it, or says what is wrong).
+func (c *NCCL) oneRank(send, recv comm.Buffer) (bool, error) {
+	if c.size != 1 || c.aborted != nil {
+		return false, nil
+	}
+	sd, ok1 := send.(comm.Device)
+	rd, ok2 := recv.(comm.Device)
+	if !ok1 || !ok2 || sd.Stream == nil || rd.Stream == nil || sd.Buf.Len() != rd.Buf.Len() || sd.Buf.DType() != rd.Buf.DType() {
+		return false, nil
+	}
+	if sd.Buf.Len() == 0 {
+		return true, nil
+	}
+	for _, b := range []device.Buffer{sd.Buf, rd.Buf} {
+		if b.IsHost() || b.Device() != device.Device(c.d) {
+			return false, nil
+		}
+	}
+	if sd.Buf.Addr() == rd.Buf.Addr() {
+		return true, nil // in place
+	}
+	if err := sd.Stream.Copy(rd.Buf, sd.Buf); err != nil {
+		return true, err
+	}
+	if rd.Stream != sd.Stream {
+		ev, err := sd.Stream.Record()
+		if err != nil {
+			return true, err
+		}
+		return true, rd.Stream.Wait(ev)
+	}
+	return true, nil
 }
 
 // blocks returns the offsets and total of counts (one per rank).

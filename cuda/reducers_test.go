@@ -160,6 +160,11 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 							!(a.Threshold == b.Threshold || (a.Threshold != a.Threshold && b.Threshold != b.Threshold)) {
 							t.Fatalf("call %d rank %d: stats %+v, CPU %+v", c, rank, a, b)
 						}
+						// Timed by events on the GPU (Env.selectTimed), read when
+						// the call's stats are combined.
+						if (name == "topk" || name == "deft") && a.SelectTime <= 0 {
+							t.Fatalf("call %d rank %d: no selection time on the GPU (%v)", c, rank, a.SelectTime)
+						}
 					}
 				}
 			})

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
+	"slices"
 	"sync"
 
 	"github.com/sparsegrad/sparsegrad/device"
@@ -40,11 +42,23 @@ type selScratch struct {
 	first                            device.Buffer // Int64: Accumulate's first bad index
 	pieces                           device.Buffer // Int64: piece bounds
 	pieceFirst                       device.Buffer // Int32: each segment's first piece
+	sumBounds                        []int         // the segments pieces and pieceFirst hold
+	sumPieces                        int           // and their number of pieces
+	bounds                           device.Buffer // Int64: CountIn's segments
 	parts, sums                      device.Buffer // Float64
 	mark                             device.Buffer // Float32: Union's marks, zero between calls
 }
 
-// grow returns *b, reallocated on d with at least n elements of dt.
+// minScratch is the fewest elements a scratch buffer of the primitives
+// is allocated with (a few KiB: the per-tile counts of a vector of 16 M
+// elements), so that the calls of a step, whose sizes vary (DEFT's
+// fragments, the selections' counts), find it large enough after the
+// first steps instead of reallocating it mid-step.
+const minScratch = 4096
+
+// grow returns the first n elements of *b, reallocated on d when shorter:
+// to n rounded up to a power of two, at least minScratch, so that a
+// buffer grows O(log n) times over a run, in its first steps.
 func grow(d *Device, b *device.Buffer, dt device.DType, n int) (device.Buffer, error) {
 	if b.Len() >= n && b.Len() > 0 {
 		return b.Slice(0, n), nil
@@ -55,7 +69,7 @@ func grow(d *Device, b *device.Buffer, dt device.DType, n int) (device.Buffer, e
 		}
 		*b = device.Buffer{}
 	}
-	nb, err := d.Alloc(dt, max(n, 1))
+	nb, err := d.Alloc(dt, max(minScratch, 1<<bits.Len(uint(max(n, 1)-1))))
 	if err != nil {
 		return device.Buffer{}, err
 	}
@@ -76,9 +90,11 @@ func (o *Sparse) stream(s device.Stream) (*Stream, error) {
 			dt device.DType
 			n  int
 		}{{&sc.state, device.Int32, 2}, {&sc.hist, device.Int32, 2048}, {&sc.total, device.Int32, 1}, {&sc.first, device.Int64, 1}} {
-			if _, err := grow(o.d, a.b, a.dt, a.n); err != nil {
+			b, err := o.d.Alloc(a.dt, a.n) // whole: used as they are
+			if err != nil {
 				return nil, err
 			}
+			*a.b = b
 		}
 	}
 	return cs, nil
@@ -166,6 +182,10 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	if nseg <= 0 {
 		return nil, nil
 	}
+	sc := cs.sel
+	if slices.Equal(bounds, sc.sumBounds) && bounds[nseg] <= x.Len() { // the pieces are on the device
+		return o.sumPieces(cs, x, sc.sumPieces, nseg)
+	}
 	// Pieces of at most pieceLen elements that never straddle a segment.
 	var lo []int64
 	first := make([]int32, nseg+1)
@@ -182,20 +202,12 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	first[nseg] = int32(len(lo))
 	np := len(lo)
 	lo = append(lo, int64(bounds[nseg]))
-	sc := cs.sel
+	sc.sumBounds = nil
 	pieces, err := grow(o.d, &sc.pieces, device.Int64, np+1)
 	if err != nil {
 		return nil, err
 	}
 	pf, err := grow(o.d, &sc.pieceFirst, device.Int32, nseg+1)
-	if err != nil {
-		return nil, err
-	}
-	parts, err := grow(o.d, &sc.parts, device.Float64, max(np, 1))
-	if err != nil {
-		return nil, err
-	}
-	sums, err := grow(o.d, &sc.sums, device.Float64, nseg)
 	if err != nil {
 		return nil, err
 	}
@@ -205,6 +217,25 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 		return nil, err
 	}
 	if err := cs.Copy(pf, device.Host(first)); err != nil {
+		return nil, err
+	}
+	// The next call with the same segments (every step's) uploads nothing.
+	sc.sumBounds, sc.sumPieces = slices.Clone(bounds), np
+	return o.sumPieces(cs, x, np, nseg)
+}
+
+// sumPieces runs SegmentSumSquares' kernels over the np pieces of nseg
+// segments that the scratch's pieces and pieceFirst hold, and reads the
+// sums back.
+func (o *Sparse) sumPieces(cs *Stream, x device.Buffer, np, nseg int) ([]float64, error) {
+	sc := cs.sel
+	pieces, pf := sc.pieces.Slice(0, np+1), sc.pieceFirst.Slice(0, nseg+1)
+	parts, err := grow(o.d, &sc.parts, device.Float64, max(np, 1))
+	if err != nil {
+		return nil, err
+	}
+	sums, err := grow(o.d, &sc.sums, device.Float64, nseg)
+	if err != nil {
 		return nil, err
 	}
 	if np > 0 {
@@ -226,6 +257,13 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 // their scan and, unless idx is empty (a count only), the write. It returns
 // the number selected, read back only when count is set (top-k knows it).
 func (o *Sparse) selectTiles(cs *Stream, x device.Buffer, mode int, idx, val device.Buffer, count bool) (int, error) {
+	return o.selectTilesChecked(cs, x, mode, idx, val, count, nil)
+}
+
+// selectTilesChecked is selectTiles that, where bad is not nil, also
+// copies the first bad index a k_mark before it left in the scratch into
+// *bad with the count, in the same host wait.
+func (o *Sparse) selectTilesChecked(cs *Stream, x device.Buffer, mode int, idx, val device.Buffer, count bool, bad *int64) (int, error) {
 	n := x.Len()
 	tiles := (n + selTile - 1) / selTile
 	sc := cs.sel
@@ -245,9 +283,21 @@ func (o *Sparse) selectTiles(cs *Stream, x device.Buffer, mode int, idx, val dev
 	}
 	total := -1
 	if count {
-		t, err := readU32(cs, sc.total, 1)
-		if err != nil {
+		var t [1]int32
+		var b [1]int64
+		if err := cs.Copy(device.Host(t[:]), sc.total.Slice(0, 1)); err != nil {
 			return 0, err
+		}
+		if bad != nil {
+			if err := cs.Copy(device.Host(b[:]), sc.first); err != nil {
+				return 0, err
+			}
+		}
+		if err := cs.Synchronize(); err != nil {
+			return 0, err
+		}
+		if bad != nil {
+			*bad = b[0]
 		}
 		total = int(uint32(t[0]))
 		if idx.Len() == 0 && val.Len() == 0 {
@@ -585,7 +635,7 @@ func (o *Sparse) CountIn(s device.Stream, idx device.Buffer, bounds []int) ([]in
 	for j, v := range bounds {
 		bb[j] = int64(v)
 	}
-	db, err := grow(o.d, &sc.pieces, device.Int64, len(bb))
+	db, err := grow(o.d, &sc.bounds, device.Int64, len(bb))
 	if err != nil {
 		return nil, err
 	}
@@ -635,21 +685,37 @@ func (o *Sparse) rangeCheck(cs *Stream, mark, idx device.Buffer, n int) error {
 	if m == 0 {
 		return nil
 	}
-	sc := cs.sel
-	if err := cs.Copy(sc.first, device.Host([]int64{int64(m)})); err != nil {
-		return err
-	}
-	if err := cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(sc.first).runN("k_mark", m); err != nil {
+	if err := o.markRange(cs, mark, idx, n); err != nil {
 		return err
 	}
 	var bad [1]int64
-	if err := cs.Copy(device.Host(bad[:]), sc.first); err != nil {
+	if err := cs.Copy(device.Host(bad[:]), cs.sel.first); err != nil {
 		return err
 	}
 	if err := cs.Synchronize(); err != nil {
 		return err
 	}
-	if bad[0] >= int64(m) {
+	return o.rangeError(cs, mark, idx, n, bad[0])
+}
+
+// markRange issues k_mark over idx (marking mark unless it is empty),
+// which leaves the first index outside [0, n) in the scratch's first (len(idx)
+// when there is none), without waiting.
+func (o *Sparse) markRange(cs *Stream, mark, idx device.Buffer, n int) error {
+	m := idx.Len()
+	sc := cs.sel
+	if err := cs.Copy(sc.first, device.Host([]int64{int64(m)})); err != nil {
+		return err
+	}
+	return cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(sc.first).runN("k_mark", m)
+}
+
+// rangeError returns nil where bad, the first bad element markRange found,
+// is len(idx), and otherwise clears mark (unless it is empty) and returns
+// the error naming the index.
+func (o *Sparse) rangeError(cs *Stream, mark, idx device.Buffer, n int, bad int64) error {
+	m := idx.Len()
+	if bad >= int64(m) {
 		return nil
 	}
 	if mark.Len() > 0 { // some marks may be set: clear them all
@@ -658,9 +724,9 @@ func (o *Sparse) rangeCheck(cs *Stream, mark, idx device.Buffer, n int) error {
 		}
 	}
 	var v [1]int32
-	cs.Copy(device.Host(v[:]), idx.Slice(int(bad[0]), int(bad[0])+1))
+	cs.Copy(device.Host(v[:]), idx.Slice(int(bad), int(bad)+1))
 	cs.Synchronize()
-	return fmt.Errorf("cuda: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", v[0], bad[0], n)
+	return fmt.Errorf("cuda: index %d (element %d of the lists) is outside [0, %d): the workers disagree on the layout or the data is corrupt", v[0], bad, n)
 }
 
 // Shift adds off to every index of idx.
@@ -704,13 +770,19 @@ func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, err
 		}
 	}
 	mark := sc.mark.Slice(0, n)
-	if err := o.rangeCheck(cs, mark, idx, n); err != nil {
+	// The range check's bad index comes back with the count, in one wait
+	// (an index outside [0, n) marks nothing).
+	if err := o.markRange(cs, mark, idx, n); err != nil {
 		return 0, err
 	}
 	if err := cs.fill32(sc.state.Slice(0, 1), math.Float32bits(0.5)); err != nil {
 		return 0, err
 	}
-	u, err := o.selectTiles(cs, mark, 1, out, device.Buffer{}, true)
+	bad := int64(m)
+	u, err := o.selectTilesChecked(cs, mark, 1, out, device.Buffer{}, true, &bad)
+	if bad < int64(m) {
+		return 0, o.rangeError(cs, mark, idx, n, bad) // clears the marks written
+	}
 	if err != nil {
 		return u, err
 	}

@@ -222,22 +222,35 @@ func TestGPUAccumulateAndNorms(t *testing.T) {
 		}
 		// Segment sums of squares: empty segments, one segment, many; the
 		// same bits as the CPU's, and close to a plain sum.
+		// Each twice, the second time of another vector after a CountIn
+		// (the segments stay on the device between calls with the same
+		// bounds, CountIn's do not disturb them).
 		for _, bounds := range [][]int{{0, n}, {0, 0, n / 3, n / 3, n}, {n / 2, n}, segments(r, n)} {
-			got, err := sp.SegmentSumSquares(s, rb, bounds)
-			if err != nil {
-				t.Fatal(err)
-			}
-			cpu, err := sparsify.CPUOps().SegmentSumSquares(nil, device.Host(want), bounds)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for j := range len(bounds) - 1 {
-				var w float64
-				for _, v := range want[bounds[j]:bounds[j+1]] {
-					w += float64(v) * float64(v)
+			for rep, xs := range []struct {
+				b device.Buffer
+				h []float32
+			}{{rb, want}, {gb, g}} {
+				if rep == 1 {
+					if _, err := sp.CountIn(s, allocInt32(t, d, 1).Slice(0, 0), []int{0, 1, 2, 3, 4, 5, 6, 7, 8}); err != nil {
+						t.Fatal(err)
+					}
 				}
-				if got[j] != cpu[j] || math.Abs(got[j]-w) > 1e-12*w {
-					t.Fatalf("n=%d segment %d %v: Σx² = %v, CPU %v, plain %v", n, j, bounds[j:j+2], got[j], cpu[j], w)
+				got, err := sp.SegmentSumSquares(s, xs.b, bounds)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cpu, err := sparsify.CPUOps().SegmentSumSquares(nil, device.Host(xs.h), bounds)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j := range len(bounds) - 1 {
+					var w float64
+					for _, v := range xs.h[bounds[j]:bounds[j+1]] {
+						w += float64(v) * float64(v)
+					}
+					if got[j] != cpu[j] || math.Abs(got[j]-w) > 1e-12*w {
+						t.Fatalf("n=%d call %d segment %d %v: Σx² = %v, CPU %v, plain %v", n, rep, j, bounds[j:j+2], got[j], cpu[j], w)
+					}
 				}
 			}
 		}
@@ -480,6 +493,49 @@ func TestGPUDgcMomentum(t *testing.T) {
 	}
 	if err := sp.Run(s, k, 3, upload(t, s, make([]float32, 3)), 3); err == nil {
 		t.Fatal("an int argument accepted")
+	}
+}
+
+// TestGPUUnionRefusesOutOfRange: an index outside [0, n) anywhere in the
+// lists (its check comes back with the count, in one wait) is an error as
+// on the CPU, and leaves no mark behind: the next union is exact.
+func TestGPUUnionRefusesOutOfRange(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	cpu := sparsify.CPUOps()
+	r := rand.New(rand.NewPCG(12, 12))
+	const n = 3000
+	for _, bad := range []int32{-1, n, n + 77} {
+		for _, at := range []int{0, 1, 999} {
+			idx := make([]int32, 1000)
+			for j := range idx {
+				idx[j] = r.Int32N(n)
+			}
+			idx[at] = bad
+			ib, ob := allocInt32(t, d, len(idx)), allocInt32(t, d, len(idx))
+			if err := s.Copy(ib, device.Host(idx)); err != nil {
+				t.Fatal(err)
+			}
+			_, gerr := sp.Union(s, ob, ib, n)
+			_, cerr := cpu.Union(nil, device.Host(make([]int32, len(idx))), device.Host(idx), n)
+			if gerr == nil || cerr == nil || !strings.Contains(gerr.Error(), fmt.Sprintf("index %d ", bad)) {
+				t.Fatalf("index %d at %d: GPU %v, CPU %v", bad, at, gerr, cerr)
+			}
+			for j := range idx { // others than the refused lists marked
+				idx[j] = r.Int32N(50)
+			}
+			s.Copy(ib, device.Host(idx))
+			got, err := sp.Union(s, ob, ib, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]int32, len(idx))
+			nw, _ := cpu.Union(nil, device.Host(want), device.Host(idx), n)
+			if gi := downloadInt32(t, s, ob)[:got]; !slices.Equal(gi, want[:nw]) {
+				t.Fatalf("after the refused union: %d indices %v…, CPU %d %v…", got, head(gi), nw, head(want[:nw]))
+			}
+		}
 	}
 }
 

@@ -19,8 +19,8 @@
 #                    step) then PyTorch eager: ResNet-18 b128, LSTM
 #                    default, NCF b256 and b65536, TF32 off
 #   M2 selection     ours (BenchmarkGPUSelect) then torch.topk
-#   M3 host counts   TestStepBudgets -short on the GPU (NCF, dense and
-#                    top-k, 1 and 4 workers): the counts the emulator
+#   M3 host counts   TestStepBudgets -short on the GPU (NCF, dense,
+#                    top-k and DEFT, 1 and 4 workers): the counts the emulator
 #                    measured, from the real driver
 #   M4 methods       ResNet-18, 4 workers sharing the GPU, 40 steps of
 #                    dense, deft, micro, topk, spardl, lags at ρ = 0.01, on

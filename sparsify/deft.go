@@ -210,6 +210,7 @@ type deftReducer struct {
 	kf      []int
 	lens    []int32
 	content []int32
+	wire    []int32 // lens then content: one upload, one read
 }
 
 // newDeft builds the "deft" reducer, DEFT as in the authors' DeftReducer
@@ -264,8 +265,8 @@ func newDeft(b *Env) (Core, error) {
 	L := len(d.frags)
 	d.norms = make([]float64, L)
 	d.kf = make([]int, L)
-	d.lens = make([]int32, n)
-	d.content = make([]int32, L)
+	d.wire = make([]int32, n+L)
+	d.lens, d.content = d.wire[:n:n], d.wire[n:]
 	// The fragments tile the layout in order.
 	for _, fr := range d.frags {
 		d.segs = append(d.segs, fr.lo)
@@ -316,7 +317,7 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 		return err
 	}
 	if d.r == cycle {
-		if err := v.upload(wire, append(append([]int32(nil), d.lens...), d.content...)); err != nil {
+		if err := v.upload(wire, d.wire); err != nil {
 			return err
 		}
 	}
@@ -326,10 +327,7 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	if err := b.c.Broadcast(ctx, v.cb(wire.Slice(d.n, d.n+L)), cycle); err != nil {
 		return fmt.Errorf("broadcasting bins from leader %d: %w", cycle, err)
 	}
-	if err := v.download(d.lens, wire); err != nil {
-		return err
-	}
-	if err := v.download(d.content, wire.Slice(d.n, d.n+L)); err != nil {
+	if err := v.download(d.wire, wire); err != nil { // one wait for both
 		return err
 	}
 	binStart, total := 0, 0
@@ -356,12 +354,15 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	for _, f := range bin {
 		want += d.kf[f]
 	}
-	mine, err := v.scratch(&b.dSel, device.Int32, want)
+	// Sized for the whole budget: a bin's share varies from call to call
+	// (the bins rotate), the buffer need not.
+	mine, err := v.scratch(&b.dSel, device.Int32, max(want, d.k))
 	if err != nil {
 		return err
 	}
+	mine = mine.Slice(0, want)
 	pos := 0
-	sel, err := b.timed(func() error {
+	sel, err := b.selectTimed(func() error {
 		for _, f := range bin {
 			fr := d.frags[f]
 			dst := mine.Slice(pos, pos+d.kf[f])
@@ -391,7 +392,7 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	for _, f := range common {
 		ncommon += d.frags[f].size()
 	}
-	union, err := v.scratch(&b.dUnion, device.Int32, all.Len()+ncommon)
+	union, err := b.listScratch(&b.dUnion, device.Int32, all.Len()+ncommon)
 	if err != nil {
 		return err
 	}

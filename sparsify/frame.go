@@ -331,6 +331,7 @@ func (r *Reducer) reset() {
 	r.acc, r.out, r.res = device.Buffer{}, device.Buffer{}, device.Buffer{}
 	clear(r.fin)
 	clear(r.started)
+	r.e.selEvents = r.e.selEvents[:0] // a failed call's are not read
 }
 
 // combine makes the call's Stats from its groups' (see GroupStats).
@@ -379,6 +380,11 @@ func (r *Reducer) combine() (Stats, error) {
 		}
 	}
 	st.ErrorNorm = math.Sqrt(sum)
+	sel, err := e.selectEventsTime()
+	if err != nil {
+		return Stats{}, err
+	}
+	st.SelectTime += sel
 	return st, nil
 }
 

@@ -91,10 +91,12 @@ func (m *microReducer) Reduce(ctx context.Context, _ int, acc, out, residual dev
 	v := &b.v
 	t := b.calls
 	s, e := comm.ChunkBounds(N, m.n, (t%m.n+m.r)%m.n)
-	mine, err := v.scratch(&b.dSel, device.Int32, max(e-s, 1))
+	// Sized for the largest partition: the partitions rotate.
+	mine, err := v.scratch(&b.dSel, device.Int32, max((N+m.n-1)/m.n, e-s, 1))
 	if err != nil {
 		return err
 	}
+	mine = mine.Slice(0, max(e-s, 1))
 	cnt := 0
 	selTime, err := b.timed(func() error {
 		if t == 0 {

@@ -45,7 +45,7 @@ func (b *Env) reduceSelected(ctx context.Context, acc, out, residual, sel device
 	if err != nil {
 		return err
 	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+	if err := b.reduceUnionOn(ctx, acc, out, residual, union); err != nil {
 		return err
 	}
 	st.Selected = sel.Len()
@@ -84,6 +84,10 @@ type Env struct {
 	dCounts, dSel, dAll device.Buffer // Int32
 	dUnion              device.Buffer // Int32
 	dVal, dAllVal       device.Buffer // Float32
+
+	// selEvents are the start and end of the selections of the call in
+	// flight that selectTimed timed on a device (read by Reducer.combine).
+	selEvents [][2]device.Event
 }
 
 // countedComm is a communicator that counts its calls (comm.Counter).
@@ -192,7 +196,7 @@ func (b *Env) gatherIndicesOn(ctx context.Context, mine device.Buffer) (device.B
 	for _, c := range counts {
 		total += c
 	}
-	all, err := b.v.scratch(&b.dAll, device.Int32, total)
+	all, err := b.listScratch(&b.dAll, device.Int32, total)
 	if err != nil {
 		return device.Buffer{}, nil, err
 	}
@@ -202,9 +206,25 @@ func (b *Env) gatherIndicesOn(ctx context.Context, mine device.Buffer) (device.B
 	return all, counts, nil
 }
 
+// listScratch is vecs.scratch for the lists of a call — every worker's
+// selections, their union, its values — whose lengths vary from call to
+// call: on a GPU the buffer is allocated for at least min(N, workers·k)
+// elements (what Top-k's lists reach), so that it is not reallocated in
+// the middle of later steps (on the CPU, as long as the call needs).
+func (b *Env) listScratch(buf *device.Buffer, dt device.DType, n int) (device.Buffer, error) {
+	if b.v.onCPU() {
+		return b.v.scratch(buf, dt, n)
+	}
+	s, err := b.v.scratch(buf, dt, max(n, min(b.n, b.c.Size()*b.k)))
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	return s.Slice(0, n), nil
+}
+
 // union returns the sorted distinct indices of idx in device scratch.
 func (b *Env) union(idx device.Buffer) (device.Buffer, error) {
-	u, err := b.v.scratch(&b.dUnion, device.Int32, idx.Len())
+	u, err := b.listScratch(&b.dUnion, device.Int32, idx.Len())
 	if err != nil {
 		return device.Buffer{}, err
 	}
@@ -223,7 +243,14 @@ func (b *Env) unionReduceOn(ctx context.Context, acc, out, residual, union devic
 	if err := v.ops.InRange(v.s, union, b.n); err != nil {
 		return err
 	}
-	vals, err := v.scratch(&b.dVal, device.Float32, union.Len())
+	return b.reduceUnionOn(ctx, acc, out, residual, union)
+}
+
+// reduceUnionOn is unionReduceOn of a union that Env.union formed, whose
+// indices Ops.Union has checked already (no second check, no host wait).
+func (b *Env) reduceUnionOn(ctx context.Context, acc, out, residual, union device.Buffer) error {
+	v := &b.v
+	vals, err := b.listScratch(&b.dVal, device.Float32, union.Len())
 	if err != nil {
 		return err
 	}
@@ -252,6 +279,51 @@ func (b *Env) residualWithout(residual, acc, idx device.Buffer) error {
 		}
 	}
 	return v.ops.ScatterFill(v.s, residual, idx, 0)
+}
+
+// selectTimed runs f, a selection whose time goes to the call's
+// Stats.SelectTime only: on the CPU it returns timed's duration; on a
+// device it returns 0 and times f by two events on the stream, which the
+// frame reads when it combines the call's statistics (Reducer.combine),
+// after its own wait, so that timing costs no host wait of its own.
+func (b *Env) selectTimed(f func() error) (time.Duration, error) {
+	if b.v.onCPU() {
+		return b.timed(f)
+	}
+	e0, err := b.v.s.Record()
+	if err != nil {
+		return 0, err
+	}
+	if err := f(); err != nil {
+		return 0, err
+	}
+	e1, err := b.v.s.Record()
+	if err != nil {
+		return 0, err
+	}
+	b.selEvents = append(b.selEvents, [2]device.Event{e0, e1})
+	return 0, nil
+}
+
+// selectEventsTime returns the time between the events selectTimed
+// recorded, waiting for the last where it has not completed, and forgets
+// them.
+func (b *Env) selectEventsTime() (time.Duration, error) {
+	if len(b.selEvents) == 0 {
+		return 0, nil
+	}
+	defer func() { b.selEvents = b.selEvents[:0] }()
+	last := b.selEvents[len(b.selEvents)-1][1]
+	if d, ok := last.(interface{ Done() bool }); !ok || !d.Done() {
+		if err := last.Synchronize(); err != nil {
+			return 0, err
+		}
+	}
+	var sum time.Duration
+	for _, e := range b.selEvents {
+		sum += e[1].Time().Sub(e[0].Time())
+	}
+	return sum, nil
 }
 
 // timed runs f and returns how long it took on the device (the stream is
@@ -311,11 +383,11 @@ func (b *Env) sparseExchangeOn(ctx context.Context, idx, val, out device.Buffer)
 		total += c
 	}
 	v := &b.v
-	allIdx, err := v.scratch(&b.dAll, device.Int32, total)
+	allIdx, err := b.listScratch(&b.dAll, device.Int32, total)
 	if err != nil {
 		return nil, 0, err
 	}
-	allVal, err := v.scratch(&b.dAllVal, device.Float32, total)
+	allVal, err := b.listScratch(&b.dAllVal, device.Float32, total)
 	if err != nil {
 		return nil, 0, err
 	}

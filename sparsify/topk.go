@@ -47,7 +47,7 @@ func (r topk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffe
 		return err
 	}
 	k := 0
-	selTime, err := b.timed(func() error {
+	selTime, err := b.selectTimed(func() error {
 		var err error
 		k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
 		return err
