@@ -357,6 +357,10 @@ func (f *fakeComm) IAllReduce(_ context.Context, b comm.Buffer) (comm.Request, e
 	f.calls = append(f.calls, "IAllReduce")
 	return fakeReq{b.Len()}, nil
 }
+func (f *fakeComm) IAllReduceView(_ context.Context, b comm.Buffer, _, _ int) (comm.Request, error) {
+	f.calls = append(f.calls, "IAllReduceView")
+	return fakeReq{b.Len()}, nil
+}
 func (f *fakeComm) IAllGather(_ context.Context, _, b comm.Buffer) (comm.Request, error) {
 	f.calls = append(f.calls, "IAllGather")
 	return fakeReq{b.Len()}, nil

@@ -378,20 +378,26 @@ func (c *rankComm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	if err != nil {
 		return err
 	}
-	if err := c.allReduce(ctx, seq, buf, dc); err != nil {
+	if err := c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc); err != nil {
 		return err
 	}
 	return dc.finish()
 }
 
 func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer, dc *devCall) error {
+	return c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc)
+}
+
+// allReduceView all-reduces buf, elements [off, off+buf.Len()) of a vector
+// of total elements: rank j sums the view's part of chunk j of the vector.
+func (c *rankComm) allReduceView(ctx context.Context, seq uint64, buf comm.Buffer, off, total int, dc *devCall) error {
 	n := c.w.n
 	if n == 1 {
 		return c.check(ctx, lit("in AllReduce"))
 	}
 	e := entry{op: comm.OpAllReduce, dtype: buf.DType(), send: buf, length: buf.Len(), dev: dc}
 	return c.collective(ctx, seq, e, func(s *slot) error {
-		lo, hi := comm.ChunkBounds(buf.Len(), n, c.rank)
+		lo, hi := comm.ViewChunkBounds(total, off, buf.Len(), n, c.rank)
 		host := func(comm.Buffer, comm.Buffer) error {
 			reduceAll(e.dtype, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
 			return c.phase(ctx, &s.done)
@@ -669,6 +675,23 @@ func (c *rankComm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Reques
 		return nil, err
 	}
 	return devRequest(c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduce(ctx, seq, buf, dc) }), dc), nil
+}
+
+// IAllReduceView starts the all-reduce of a view (comm.Communicator).
+func (c *rankComm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
+	if err := validDType("all-reduce", buf); err != nil {
+		return nil, err
+	}
+	if err := comm.CheckView(off, buf.Len(), total); err != nil {
+		return nil, fmt.Errorf("local: IAllReduceView: %w", err)
+	}
+	seq := c.seq
+	c.seq++
+	dc, err := c.devStart(buf)
+	if err != nil {
+		return nil, err
+	}
+	return devRequest(c.async("IAllReduceView", func() (int, error) { return buf.Len(), c.allReduceView(ctx, seq, buf, off, total, dc) }), dc), nil
 }
 
 // IAllGather starts AllGather and returns at once.
