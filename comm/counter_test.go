@@ -386,7 +386,7 @@ func (f *fakeComm) IRecv(_ context.Context, b comm.Buffer, _, _ int) (comm.Reque
 func TestCounterCountsEveryMethod(t *testing.T) {
 	// The Op each method is counted under; Rank and Size are not calls.
 	want := map[string]comm.Op{
-		"AllReduce": comm.OpAllReduce, "IAllReduce": comm.OpAllReduce,
+		"AllReduce": comm.OpAllReduce, "IAllReduce": comm.OpAllReduce, "IAllReduceView": comm.OpAllReduce,
 		"AllGather": comm.OpAllGather, "IAllGather": comm.OpAllGather,
 		"AllGatherV": comm.OpAllGatherV, "IAllGatherV": comm.OpAllGatherV,
 		"Broadcast":     comm.OpBroadcast,

@@ -133,25 +133,12 @@ func (r *dense) Start(ctx context.Context, g int, acc, out, residual device.Buff
 
 // denseAdvice: one all-reduce per bucket, nothing selected.
 var denseAdvice = &Advice{
-	Plan: func(s Shape) ([]Call, error) {
-		l, err := s.layout()
-		if err != nil || len(s.Sizes) == 0 {
-			return []Call{{comm.OpAllReduce, 1, float64(s.N)}}, nil
-		}
-		mb := DenseDefaultBucketMB
-		if v, ok := s.Params["bucket_mb"].(float64); ok {
-			mb = v
-		}
-		const mib = 1 << 20
-		var calls []Call
-		for _, g := range DenseBuckets(l, DenseFirstBucketMB*mib, mb*mib) {
-			calls = append(calls, Call{comm.OpAllReduce, 1, float64(g.Size())})
-		}
-		return calls, nil
-	},
+	// One all-reduce of the whole gradient: the buckets' calls carry the
+	// same elements (their α terms are not modelled here).
+	Plan: func(s Shape) ([]Call, error) { return []Call{{comm.OpAllReduce, 1, float64(s.N)}}, nil },
 	Volume: func(s Shape, _ Overlap) (sel, union float64) {
 		return float64(s.N), float64(s.N)
 	},
 	Selection: NoSelection,
-	Evidence:  Evidence{Shown: ModelKinds, Papers: "the baseline: all-reduce of the whole gradient in DDP's buckets, what data-parallel training does"},
+	Evidence:  Evidence{Shown: ModelKinds, Papers: "the baseline: all-reduce of the whole gradient, what data-parallel training does"},
 }

@@ -86,8 +86,15 @@
 //     floating-point remain_norm can floor a share of 3 to 2; empty fragments
 //     (N < n² only) get no budget instead of crashing; a NaN or infinite acc
 //     is an error.
-//   - "dense" (dense.go): all-reduce average of acc; residual 0. No
-//     deviation.
+//   - "dense" (dense.go): all-reduce average of acc; residual 0. The gradient
+//     is all-reduced in buckets (DenseBuckets: PyTorch DDP's, the first 1
+//     MiB, then at most bucket_mb) in the order the backward pass finishes
+//     them, each bucket a view of the flat gradient started as soon as its
+//     last tensor is final (overlapped with the backward pass; the trainer's
+//     -pipeline off starts them after it). Each element is summed in the
+//     order one all-reduce of the whole gradient sums it
+//     (comm.Communicator.IAllReduceView), so the result's bits do not depend
+//     on the buckets or on the overlap. No deviation.
 //   - "dgc" (dgc.go): reference notes 7.4: Deep Gradient Compression:
 //     per-tensor double sampling of the tensors of more than one dimension
 //     (1-D tensors all-reduced dense), momentum correction with
@@ -234,6 +241,9 @@
 // ./sparsify; TestOptionsDoc fails when it is out of date); each entry is
 // method: name (trainer flag), kind, valid values, default, meaning.
 //
+//   - dense: bucket_mb (-bucket-mb), float, >= 0 (0: one bucket, the whole
+//     gradient), default 25: cap of a bucket in MiB (DDP's bucket_cap_mb; the
+//     first bucket is capped at 1 MiB, as DDP's).
 //   - dgc: sparsity_warmup (-sparsity-warmup), int, in [0, 1000] (0: none),
 //     default 4: epochs of DGC's density warm-up, at most 1000: density
 //     max(0.25^(e+1), ρ) in epoch e.

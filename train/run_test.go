@@ -419,8 +419,11 @@ func TestDenseOverlappedEqualsSequential(t *testing.T) {
 			if err := json.Unmarshal(b, &info); err != nil {
 				t.Fatal(err)
 			}
-			if info.Pipelined != (mode == "on") {
-				t.Fatalf("%d workers, -pipeline %s: run.json says pipelined=%v", n, mode, info.Pipelined)
+			if info.Pipelined != (mode == "on") || info.Overlap != (mode == "on") {
+				t.Fatalf("%d workers, -overlap %s: run.json says pipelined=%v, overlap=%v", n, mode, info.Pipelined, info.Overlap)
+			}
+			if want := c.MethodOptions["bucket_mb"]; info.BucketMB == nil || *info.BucketMB != want {
+				t.Fatalf("%d workers, -overlap %s: run.json says bucket_mb %v, want %v", n, mode, info.BucketMB, want)
 			}
 		}
 		if len(losses[0]) != 4 {

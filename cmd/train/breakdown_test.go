@@ -68,8 +68,8 @@ func breakdownCases() [][]string {
 		cases = append(cases, c)
 	}
 	return append(cases,
-		[]string{"-sparsifier", "lags", "-workers", "4", "-density", "0.05", "-pipeline", "off"},
-		[]string{"-sparsifier", "lags", "-workers", "1", "-density", "0.05", "-pipeline", "on"},
+		[]string{"-sparsifier", "lags", "-workers", "4", "-density", "0.05", "-overlap", "off"},
+		[]string{"-sparsifier", "lags", "-workers", "1", "-density", "0.05", "-overlap", "on"},
 		[]string{"-sparsifier", "micro", "-workers", "1", "-density", "0.05"})
 }
 
