@@ -334,7 +334,7 @@ func btoi(b bool) int {
 // filled from there.
 func TestDefaultsWhole(t *testing.T) {
 	t.Setenv("TRAIN_DATA_DIR", "")
-	common := Config{DataDir: "./data", Sparsifier: "dense", Density: Set(0.01), Pipeline: "auto", ClipAt: "auto", Workers: Set(1),
+	common := Config{DataDir: "./data", Sparsifier: "dense", Density: Set(0.01), MethodOptions: sparsify.Values{"bucket_mb": 25.0}, Pipeline: "auto", ClipAt: "auto", Workers: Set(1),
 		Device: "cpu", Comm: "auto", LogEvery: Set(1), BLAS: "auto", Kernels: "auto", Seed: Set[uint64](42), LRSchedule: "step",
 		DecayFactor: Set(0.1), DecayEpochs: []int{}}
 	with := func(edit func(c *Config)) Config {
