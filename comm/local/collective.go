@@ -40,7 +40,11 @@ type entry struct {
 
 // slot is the rendezvous of one collective call, shared by all ranks.
 type slot struct {
-	t0                    time.Time // when the last rank joined; written before arrived closes
+	// end is when the call ends on the emulated network: its modelled
+	// time after the last rank joined, or after the network's previous
+	// collective ended if that is later (one call on the wire at a time,
+	// World.linkFree); written before arrived closes.
+	end                   time.Time
 	entries               []entry
 	arrived, staged, done gate
 	left                  atomic.Int32
@@ -129,8 +133,17 @@ func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body fun
 	s.entries[c.rank] = e
 	s.joined[c.rank].Store(true)
 	if int(s.arrived.count.Add(1)) == w.n {
-		if w.cfg.net != nil {
-			s.t0 = time.Now()
+		if net := w.cfg.net; net != nil {
+			cost := net.Cost(e.op, w.n, e.length, e.dtype.Size(), e.counts)
+			now := time.Now()
+			w.mu.Lock()
+			start := now
+			if w.linkFree.After(now) {
+				start = w.linkFree
+			}
+			s.end = start.Add(cost)
+			w.linkFree = s.end
+			w.mu.Unlock()
 		}
 		close(s.arrived.ch)
 	}
@@ -153,11 +166,7 @@ func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body fun
 		return err
 	}
 	w.leave(seq, s)
-	if net := w.cfg.net; net != nil {
-		cost := net.Cost(e.op, w.n, e.length, e.dtype.Size(), e.counts)
-		return w.sleepUntil(ctx, s.t0.Add(cost))
-	}
-	return nil
+	return w.sleepUntil(ctx, s.end)
 }
 
 // phase counts this rank in g and waits for every rank.
