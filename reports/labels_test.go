@@ -527,3 +527,29 @@ func TestPagesStateHowBytesAreCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestOverlapNote: a comparison with a dense run names which dense it is
+// (overlapped with its bucket size, or after the backward pass), and runs
+// that differ in overlap are said to.
+func TestOverlapNote(t *testing.T) {
+	lags := mustRead(t, td("lags-4w"))
+	lags.Info.Pipelined = true
+	dense := mustRead(t, td("deft-4w"))
+	dense.Info.Config.Sparsifier, dense.Info.Pipelined = "dense", false
+	note := overlapNote([]*Run{lags, dense}, []string{"L", "D"})
+	for _, w := range []string{"dense run D all-reduced after the backward pass (-overlap off", "differ in overlap: L reduced during the backward pass, D after it"} {
+		if !strings.Contains(note, w) {
+			t.Errorf("note %q lacks %q", note, w)
+		}
+	}
+	mb := 25.0
+	dense.Info.Pipelined, dense.Info.BucketMB = true, &mb
+	note = overlapNote([]*Run{lags, dense}, []string{"L", "D"})
+	if !strings.Contains(note, "dense run D all-reduced its gradient in buckets during the backward pass, as PyTorch DDP does (-bucket-mb 25") || strings.Contains(note, "differ in overlap") {
+		t.Errorf("both overlapped: note %q", note)
+	}
+	deft := mustRead(t, td("deft-4w"))
+	if n := overlapNote([]*Run{deft, deft}, []string{"a", "b"}); n != "" {
+		t.Errorf("no dense, no overlap: note %q, want none", n)
+	}
+}
