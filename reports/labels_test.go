@@ -553,3 +553,32 @@ func TestOverlapNote(t *testing.T) {
 		t.Errorf("no dense, no overlap: note %q, want none", n)
 	}
 }
+
+// TestSweepBaselineNote: a sweep page says against which dense its
+// speedups are measured, and when its dense runs differ in that.
+func TestSweepBaselineNote(t *testing.T) {
+	mk := func(pipelined bool) *Run {
+		r := mustRead(t, td("deft-4w"))
+		r.Info.Config.Sparsifier, r.Info.Pipelined = "dense", pipelined
+		if pipelined {
+			mb := 25.0
+			r.Info.BucketMB = &mb
+		}
+		return r
+	}
+	deft := mustRead(t, td("deft-4w"))
+	for _, tc := range []struct {
+		runs []*Run
+		want string
+	}{
+		{[]*Run{deft, mk(true)}, "Speedups are over dense as users run it: dense all-reduced its gradient in buckets during the backward pass, as PyTorch DDP does (-bucket-mb 25"},
+		{[]*Run{deft, mk(false)}, "Speedups are over dense all-reduced after the backward pass (-overlap off"},
+		{[]*Run{mk(true), mk(false)}, "The baseline differs between runs: in 1 of the dense runs"},
+		{[]*Run{deft}, ""},
+	} {
+		got := sweepBaselineNote(tc.runs)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("note %q, want it to hold %q", got, tc.want)
+		}
+	}
+}
