@@ -20,13 +20,24 @@
 // # Groups
 //
 // Every core reduces a group of the gradient: the whole gradient is one
-// group, unless the core declares several (Grouped; LAGS' merge groups).
-// A caller may start each group as soon as its gradients are final
-// (Reducer.Start: the trainer does so during the backward pass for a
-// method that declares itself Pipelined) and then finish the call
-// (Reducer.Finish); ReduceOn starts every group in order and finishes. A
-// core that can leave a group's communication in flight (Starter) returns
-// the rest of its work to the frame, which completes it in Finish.
+// group, unless the core declares several (Grouped; dense's buckets,
+// LAGS' merge groups). A caller may start each group as soon as its
+// gradients are final (Reducer.Start: the trainer does so during the
+// backward pass for a method that declares itself Pipelined) and then
+// finish the call (Reducer.Finish); ReduceOn starts every group in order
+// and finishes. A core that can leave a group's communication in flight
+// (Starter) returns the rest of its work to the frame, which completes it
+// in Finish.
+//
+// Which methods overlap the backward pass, and why: dense (PyTorch DDP's
+// buckets, DenseBuckets, each all-reduced as a view of the flat gradient
+// in the order one all-reduce of the whole gradient sums it, so its bits
+// do not depend on the overlap) and lags (its merge groups, each selected
+// on its own). The others select over the whole gradient (a global top-k,
+// threshold or budget: topk, topka, deft, micro, oktopk, gtopk, spardl,
+// …) or cut it into ranges that do not follow the layers, so their
+// reduction cannot start before the backward pass has ended; the trainer
+// refuses -overlap on for them.
 //
 // # Devices
 //
