@@ -288,6 +288,10 @@ func methodOptions(cfg map[string]any) string {
 			opts[k] = v
 		}
 	}
+	if v, ok := opts["pipeline"]; ok {
+		delete(opts, "pipeline")
+		opts["overlap"] = v // the option's flag; run.json keeps the older key
+	}
 	keys := slices.Sorted(maps.Keys(opts))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
@@ -496,6 +500,9 @@ func configView(r *Run) map[string]string {
 			continue
 		}
 		if o, _ := options.Lookup(k); !o.Incidental {
+			if k == "pipeline" {
+				k = "overlap" // the option's flag; run.json keeps the older key
+			}
 			m[k] = cfgString(v)
 		}
 	}
