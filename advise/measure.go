@@ -514,6 +514,26 @@ func (c *capture) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	return c.Communicator.AllReduce(ctx, buf)
 }
 
+// IAllReduceView copies a float32 view in host memory into its place in
+// the gradient of total elements before reducing it (dense's buckets).
+func (c *capture) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
+	host := true
+	if d, ok := buf.(comm.Device); ok {
+		host = d.Buf.IsHost()
+	}
+	if n := buf.Len(); host && buf.DType() == comm.Float32 && total > 1 && (c.n == 0 || total == c.n) && off >= 0 && off+n <= total {
+		b := buf.Bytes()
+		f := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), n)
+		c.mu.Lock()
+		if len(c.last) != total {
+			c.last = make([]float32, total)
+		}
+		copy(c.last[off:], f)
+		c.mu.Unlock()
+	}
+	return c.Communicator.IAllReduceView(ctx, buf, off, total)
+}
+
 // captureGradients trains base densely on p in-process workers for steps
 // steps (one train.Run per worker over a shared comm/local world) and
 // returns each worker's gradient of the last step and the model's layout.

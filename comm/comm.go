@@ -32,6 +32,7 @@ package comm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
@@ -189,6 +190,14 @@ type Communicator interface {
 
 	// IAllReduce starts AllReduce and returns at once.
 	IAllReduce(ctx context.Context, buf Buffer) (Request, error)
+	// IAllReduceView starts the all-reduce of a view: buf holds elements
+	// [off, off+buf.Len()) of a vector of total elements, and each of its
+	// elements is summed in the order AllReduce of the whole vector sums it
+	// (ViewChunkBounds). Reducing the views of a partition of a vector one
+	// by one gives the bits of one AllReduce of the vector (bucketed
+	// all-reduce during the backward pass, as dense overlapped does). Every
+	// rank passes the same off and total.
+	IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error)
 	// IAllGather starts AllGather and returns at once.
 	IAllGather(ctx context.Context, send, recv Buffer) (Request, error)
 	// IAllGatherV starts AllGatherV and returns at once.
@@ -197,6 +206,25 @@ type Communicator interface {
 	ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error)
 	// IRecv starts Recv and returns at once.
 	IRecv(ctx context.Context, buf Buffer, src, tag int) (Request, error)
+}
+
+// ViewChunkBounds returns chunk c (ChunkBounds of total elements cut into
+// n) restricted to the view of elements [off, off+length), as a range of the
+// view: empty (lo == hi) where the chunk misses the view.
+func ViewChunkBounds(total, off, length, n, c int) (lo, hi int) {
+	lo, hi = ChunkBounds(total, n, c)
+	lo = min(max(lo-off, 0), length)
+	hi = min(max(hi-off, 0), length)
+	return lo, max(lo, hi)
+}
+
+// CheckView checks the view arguments of IAllReduceView: the view
+// [off, off+length) must lie in a vector of total elements.
+func CheckView(off, length, total int) error {
+	if off < 0 || length < 0 || off+length > total {
+		return fmt.Errorf("the view [%d, %d) does not lie in a vector of %d elements; pass the view's offset and the whole vector's length", off, off+length, total)
+	}
+	return nil
 }
 
 // ChunkBounds returns the half-open range [lo, hi) of chunk c when length

@@ -337,6 +337,14 @@ func (c *Counter) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
 	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllReduce, buf, buf.Len(), 0, nil, t) })
 }
 
+// IAllReduceView counts the call as an all-reduce of the view's elements
+// and forwards it; its time runs until Wait returns.
+func (c *Counter) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
+	t := time.Now()
+	req, err := c.c.IAllReduceView(ctx, buf, off, total)
+	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllReduce, buf, buf.Len(), 0, nil, t) })
+}
+
 // IAllGather counts and forwards the call.
 func (c *Counter) IAllGather(ctx context.Context, send, recv Buffer) (Request, error) {
 	t := time.Now()

@@ -357,6 +357,10 @@ func (f *fakeComm) IAllReduce(_ context.Context, b comm.Buffer) (comm.Request, e
 	f.calls = append(f.calls, "IAllReduce")
 	return fakeReq{b.Len()}, nil
 }
+func (f *fakeComm) IAllReduceView(_ context.Context, b comm.Buffer, _, _ int) (comm.Request, error) {
+	f.calls = append(f.calls, "IAllReduceView")
+	return fakeReq{b.Len()}, nil
+}
 func (f *fakeComm) IAllGather(_ context.Context, _, b comm.Buffer) (comm.Request, error) {
 	f.calls = append(f.calls, "IAllGather")
 	return fakeReq{b.Len()}, nil
@@ -382,7 +386,7 @@ func (f *fakeComm) IRecv(_ context.Context, b comm.Buffer, _, _ int) (comm.Reque
 func TestCounterCountsEveryMethod(t *testing.T) {
 	// The Op each method is counted under; Rank and Size are not calls.
 	want := map[string]comm.Op{
-		"AllReduce": comm.OpAllReduce, "IAllReduce": comm.OpAllReduce,
+		"AllReduce": comm.OpAllReduce, "IAllReduce": comm.OpAllReduce, "IAllReduceView": comm.OpAllReduce,
 		"AllGather": comm.OpAllGather, "IAllGather": comm.OpAllGather,
 		"AllGatherV": comm.OpAllGatherV, "IAllGatherV": comm.OpAllGatherV,
 		"Broadcast":     comm.OpBroadcast,

@@ -508,6 +508,22 @@ func (s *staged) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
 	return &stagedRequest{s: s, r: r, results: []stage{st}}, nil
 }
 
+func (s *staged) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
+	if s.collectives {
+		return s.c.IAllReduceView(ctx, buf, off, total)
+	}
+	st, err := s.in(buf, true)
+	if err != nil {
+		return nil, err
+	}
+	r, err := s.c.IAllReduceView(ctx, st.host, off, total)
+	if err != nil {
+		s.release(st)
+		return nil, err
+	}
+	return &stagedRequest{s: s, r: r, results: []stage{st}}, nil
+}
+
 // istart stages send and recv of a non-blocking call.
 func (s *staged) istart(send, recv Buffer, start func(a, b Buffer) (Request, error)) (Request, error) {
 	a, err := s.in(send, true)

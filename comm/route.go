@@ -115,6 +115,11 @@ func (r *route) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
 	return c.IAllReduce(ctx, buf)
 }
 
+func (r *route) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
+	c, _ := r.pick("IAllReduceView", buf)
+	return c.IAllReduceView(ctx, buf, off, total)
+}
+
 func (r *route) IAllGather(ctx context.Context, send, recv Buffer) (Request, error) {
 	c, err := r.pick("IAllGather", send, recv)
 	if err != nil {

@@ -517,6 +517,15 @@ func (c *NCCL) IAllReduce(_ context.Context, buf comm.Buffer) (comm.Request, err
 	return c.istart(c.allReduce(buf))
 }
 
+// IAllReduceView starts the all-reduce of the view (NCCL's order of
+// addition, as AllReduce: the view's position does not change it).
+func (c *NCCL) IAllReduceView(_ context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
+	if err := comm.CheckView(off, buf.Len(), total); err != nil {
+		return nil, fmt.Errorf("cuda: NCCL IAllReduceView: %w", err)
+	}
+	return c.istart(c.allReduce(buf))
+}
+
 func (c *NCCL) allGather(send, recv comm.Buffer) (*xfer, error) {
 	b, dt, err := c.bufs("AllGather", send, recv)
 	if err != nil {

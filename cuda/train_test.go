@@ -102,7 +102,7 @@ func TestTrainOnGPU(t *testing.T) {
 			} else if info.CUDA != nil {
 				t.Fatalf("a CPU run records a GPU: %+v", info.CUDA)
 			}
-			if info.Pipelined != (sp == "lags") {
+			if info.Pipelined != (sp == "lags" || sp == "dense") {
 				t.Fatalf("%s on %s: pipelined %v", sp, dev, info.Pipelined)
 			}
 			// Every method selects and reduces in GPU memory.

@@ -199,7 +199,20 @@ func Compile(g *G.ExprGraph, spec Spec) (*Program, error) {
 		}
 	}
 	c.p.Forward = len(fwd)
-	c.p.Instrs = append(c.p.schedule(fwd), c.p.schedule(bwd)...)
+	// The gradients go to the caller's gradient vector (bindGrads): their
+	// instructions allocate nothing, so the schedule runs them as soon as
+	// they free memory or cost none, which makes each parameter's gradient
+	// final early in the backward pass (where a reduction overlapped with
+	// it, dense's buckets or LAGS' groups, can start), rather than at its
+	// end as if each were a new temporary.
+	grads := map[ValueID]bool{}
+	for _, gn := range spec.Grads {
+		if id, ok := c.ids[gn]; ok {
+			r, _ := c.p.Root(id)
+			grads[r] = true
+		}
+	}
+	c.p.Instrs = append(c.p.schedule(fwd, nil), c.p.schedule(bwd, grads)...)
 	for _, o := range spec.Outputs {
 		id, ok := c.ids[o]
 		if !ok {
@@ -485,8 +498,9 @@ func (p *Program) inPlace() {
 // weight's gradient stay alive together); here each partial sum runs as
 // soon as its operands exist. The sums are the same operations in the same
 // association, so results do not change. Instructions that share a value an
-// op mutates keep their order.
-func (p *Program) schedule(in []Instr) []Instr {
+// op mutates keep their order. The values of grads are written into the
+// gradient vector, not allocated.
+func (p *Program) schedule(in []Instr, grads map[ValueID]bool) []Instr {
 	n := len(in)
 	if n < 2 {
 		return in
@@ -545,7 +559,7 @@ func (p *Program) schedule(in []Instr) []Instr {
 	}
 	gain := func(j int) int {
 		g := 0
-		if r := root(in[j].Out); temp(r) && producer[r] == j {
+		if r := root(in[j].Out); temp(r) && producer[r] == j && !grads[r] {
 			g -= p.Values[r].Bytes()
 		}
 		counted := map[ValueID]bool{}

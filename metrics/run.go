@@ -17,9 +17,14 @@ type Run[C, G any] struct {
 	Workers     int       `json:"workers"`
 	Params      int       `json:"params"`
 	Tensors     int       `json:"tensors"`
-	// Pipelined tells that LAGS reduced the gradient's layer groups during
-	// the backward pass.
+	// Pipelined tells that the method reduced the gradient's groups during
+	// the backward pass (dense's buckets, LAGS' merge groups); Overlap is
+	// the same under the option's name (-overlap).
 	Pipelined bool `json:"pipelined"`
+	Overlap   bool `json:"overlap"`
+	// BucketMB is dense's bucket cap in MiB (-bucket-mb; 0: one bucket,
+	// the whole gradient); absent for the other methods.
+	BucketMB *float64 `json:"bucket_mb,omitempty"`
 	// Device is where rank 0's model ran ("cpu", or the GPU, e.g.
 	// "cuda:0 (NVIDIA H100 80GB HBM3, …)").
 	Device string `json:"device"`

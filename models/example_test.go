@@ -45,6 +45,6 @@ func Example() {
 	fmt.Println(len(ev.Scores), "score")
 	// Output:
 	// 3121 12 mf_user_embed.weight [4 8]
-	// first final gradient: final.weight last: mlp.0.weight
+	// first final gradient: final.weight last: mlp_user_embed.weight
 	// 1 score
 }

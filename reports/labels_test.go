@@ -527,3 +527,58 @@ func TestPagesStateHowBytesAreCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestOverlapNote: a comparison with a dense run names which dense it is
+// (overlapped with its bucket size, or after the backward pass), and runs
+// that differ in overlap are said to.
+func TestOverlapNote(t *testing.T) {
+	lags := mustRead(t, td("lags-4w"))
+	lags.Info.Pipelined = true
+	dense := mustRead(t, td("deft-4w"))
+	dense.Info.Config.Sparsifier, dense.Info.Pipelined = "dense", false
+	note := overlapNote([]*Run{lags, dense}, []string{"L", "D"})
+	for _, w := range []string{"dense run D all-reduced after the backward pass (-overlap off", "differ in overlap: L reduced during the backward pass, D after it"} {
+		if !strings.Contains(note, w) {
+			t.Errorf("note %q lacks %q", note, w)
+		}
+	}
+	mb := 25.0
+	dense.Info.Pipelined, dense.Info.BucketMB = true, &mb
+	note = overlapNote([]*Run{lags, dense}, []string{"L", "D"})
+	if !strings.Contains(note, "dense run D all-reduced its gradient in buckets during the backward pass, as PyTorch DDP does (-bucket-mb 25") || strings.Contains(note, "differ in overlap") {
+		t.Errorf("both overlapped: note %q", note)
+	}
+	deft := mustRead(t, td("deft-4w"))
+	if n := overlapNote([]*Run{deft, deft}, []string{"a", "b"}); n != "" {
+		t.Errorf("no dense, no overlap: note %q, want none", n)
+	}
+}
+
+// TestSweepBaselineNote: a sweep page says against which dense its
+// speedups are measured, and when its dense runs differ in that.
+func TestSweepBaselineNote(t *testing.T) {
+	mk := func(pipelined bool) *Run {
+		r := mustRead(t, td("deft-4w"))
+		r.Info.Config.Sparsifier, r.Info.Pipelined = "dense", pipelined
+		if pipelined {
+			mb := 25.0
+			r.Info.BucketMB = &mb
+		}
+		return r
+	}
+	deft := mustRead(t, td("deft-4w"))
+	for _, tc := range []struct {
+		runs []*Run
+		want string
+	}{
+		{[]*Run{deft, mk(true)}, "Speedups are over dense as users run it: dense all-reduced its gradient in buckets during the backward pass, as PyTorch DDP does (-bucket-mb 25"},
+		{[]*Run{deft, mk(false)}, "Speedups are over dense all-reduced after the backward pass (-overlap off"},
+		{[]*Run{mk(true), mk(false)}, "The baseline differs between runs: in 1 of the dense runs"},
+		{[]*Run{deft}, ""},
+	} {
+		got := sweepBaselineNote(tc.runs)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("note %q, want it to hold %q", got, tc.want)
+		}
+	}
+}

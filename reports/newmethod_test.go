@@ -55,8 +55,8 @@ func TestNewMethodNeedsNoReportChange(t *testing.T) {
 				opts = row[1]
 			}
 		}
-		if strings.Contains(opts, "pipeline=on") != tc.pipeline {
-			t.Errorf("%s: method options %q, want pipeline=on listed: %v", tc.method, opts, tc.pipeline)
+		if strings.Contains(opts, "overlap=on") != tc.pipeline {
+			t.Errorf("%s: method options %q, want overlap=on listed: %v", tc.method, opts, tc.pipeline)
 		}
 	}
 }

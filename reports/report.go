@@ -280,8 +280,8 @@ func isZero(v any) bool {
 // methodOptions lists the run's method options as k=v: run.json's
 // "method_options" (every option of the method, as resolved), the options
 // of runs recorded before they were grouped there (top-level keys that are
-// no general option, when not zero), and pipeline for the methods it
-// applies to (sparsify.Method.Pipelined: LAGS).
+// no general option, when not zero), and pipeline (-overlap) for the
+// methods it applies to (sparsify.Method.Pipelined: dense, LAGS).
 func methodOptions(cfg map[string]any) string {
 	opts := map[string]any{}
 	if mo, ok := cfg["method_options"].(map[string]any); ok {
@@ -295,6 +295,10 @@ func methodOptions(cfg map[string]any) string {
 			opts[k] = v
 		}
 	}
+	if v, ok := opts["pipeline"]; ok {
+		delete(opts, "pipeline")
+		opts["overlap"] = v // the option's flag; run.json keeps the older key
+	}
 	keys := slices.Sorted(maps.Keys(opts))
 	parts := make([]string, len(keys))
 	for i, k := range keys {
@@ -302,6 +306,43 @@ func methodOptions(cfg map[string]any) string {
 	}
 	if len(parts) == 0 {
 		return "(none)"
+	}
+	return strings.Join(parts, " ")
+}
+
+// overlapNote says, on a comparison page, against which dense the runs
+// compare and which runs reduced during the backward pass: when the runs
+// differ in that, their iteration times differ by what overlapping hides
+// too, not by the method alone; when a dense run is among them, it is the
+// baseline, overlapped as PyTorch DDP's (buckets all-reduced as the
+// backward pass finishes them) or after the backward pass (-overlap off).
+// "" when no run is dense and none overlapped.
+func overlapNote(runs []*Run, labels []string) string {
+	var on, off, dense []string
+	for i, r := range runs {
+		if r.isPipelined() {
+			on = append(on, labels[i])
+		} else {
+			off = append(off, labels[i])
+		}
+		if r.Info.Config.Sparsifier != "dense" {
+			continue
+		}
+		d := "dense run " + labels[i] + " all-reduced after the backward pass (-overlap off; PyTorch DDP users overlap, so speedups over this dense are larger than over theirs)"
+		if r.isPipelined() {
+			d = "dense run " + labels[i] + " all-reduced its gradient in buckets during the backward pass, as PyTorch DDP does"
+			if r.Info.BucketMB != nil {
+				d += " (-bucket-mb " + fmtG(*r.Info.BucketMB, 4) + ", the first bucket at most 1 MiB)"
+			}
+		}
+		dense = append(dense, d)
+	}
+	var parts []string
+	if len(dense) > 0 {
+		parts = append(parts, "The baseline: "+strings.Join(dense, "; ")+".")
+	}
+	if len(on) > 0 && len(off) > 0 {
+		parts = append(parts, "The runs differ in overlap: "+strings.Join(on, ", ")+" reduced during the backward pass, "+strings.Join(off, ", ")+" after it; their iteration times differ by what overlapping hides as well as by the method.")
 	}
 	return strings.Join(parts, " ")
 }
@@ -469,6 +510,9 @@ func configView(r *Run) map[string]string {
 			continue
 		}
 		if o, _ := options.Lookup(k); !o.Incidental {
+			if k == "pipeline" {
+				k = "overlap" // the option's flag; run.json keeps the older key
+			}
 			m[k] = cfgString(v)
 		}
 	}
@@ -668,6 +712,9 @@ func ComparePage(ctx context.Context, runs []*Run, o Options) ([]byte, error) {
 	}
 	if slices.Contains(diff, "backend") {
 		notes = append(notes, "The runs differ in backend: simulated workers in one process share its cores and talk through memory, mpirun's processes each have a core's share and talk through MPI, so their times per iteration are not comparable; their losses and densities are (-workers N and mpirun -np N compute the same).")
+	}
+	if n := overlapNote(runs, labels); n != "" {
+		notes = append(notes, n)
 	}
 	for i, r := range runs {
 		if e := r.partialEval(); e != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -168,11 +169,51 @@ func SweepPage(ctx context.Context, info SweepInfo, o Options) ([]byte, error) {
 		return nil, err
 	}
 	specs, tables, notes := sweepContent(info, runs, o.maxPoints())
+	if n := sweepBaselineNote(runs); n != "" {
+		notes = append([]string{n}, notes...)
+	}
 	title := info.Title
 	if title == "" {
 		title = fmt.Sprintf("Sweep of %d runs of %s", len(runs), runs[0].Info.Config.Model)
 	}
 	return render(title, append(slices.Clone(info.Notes), notes...), tables, specs, script, url)
+}
+
+// sweepBaselineNote says against which dense the sweep's speedups are
+// measured: its dense runs all-reduced in buckets during the backward pass
+// (as PyTorch DDP does) or after it (-overlap off), or some each way; ""
+// without dense runs.
+func sweepBaselineNote(runs []*Run) string {
+	on, off := 0, 0
+	mbs := map[string]bool{}
+	for _, r := range runs {
+		if r.Info.Config.Sparsifier != "dense" {
+			continue
+		}
+		if !r.isPipelined() {
+			off++
+			continue
+		}
+		on++
+		if r.Info.BucketMB != nil {
+			mbs[fmtG(*r.Info.BucketMB, 4)] = true
+		}
+	}
+	const ddp = "dense all-reduced its gradient in buckets during the backward pass, as PyTorch DDP does"
+	const after = "dense all-reduced after the backward pass (-overlap off; PyTorch DDP users overlap, so these speedups are larger than over their dense)"
+	switch {
+	case on > 0 && off > 0:
+		return fmt.Sprintf("The baseline differs between runs: in %d of the dense runs %s; in %d %s. Compare a method with the dense run of its own setting.", on, ddp, off, after)
+	case on > 0:
+		note := "Speedups are over dense as users run it: " + ddp
+		if len(mbs) > 0 {
+			note += " (-bucket-mb " + strings.Join(slices.Sorted(maps.Keys(mbs)), ", ") + ", the first bucket at most 1 MiB)"
+		}
+		return note + "."
+	case off > 0:
+		return "Speedups are over " + after + "."
+	}
+	return ""
 }
 
 // WriteSweep writes the sweep page to out.

@@ -3,49 +3,138 @@ package sparsify
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/options"
 )
 
+// DenseDefaultBucketMB is the default of dense's option bucket_mb, the cap
+// of a bucket in MiB (PyTorch DDP's bucket_cap_mb).
+const DenseDefaultBucketMB = 25.0
+
+// DenseFirstBucketMB is the cap of dense's first bucket (DDP's first bucket:
+// the last layers' gradients start communicating early).
+const DenseFirstBucketMB = 1.0
+
 func init() {
-	Register(Method{Name: "dense", Projectable: true, New: newDense, Advice: denseAdvice,
-		Doc: "all-reduce average of acc; residual 0. No deviation."})
+	Register(Method{Name: "dense", Projectable: true, Pipelined: true, New: newDense, Advice: denseAdvice,
+		Doc: "all-reduce average of acc; residual 0. The gradient is all-reduced in buckets (DenseBuckets: PyTorch DDP's, the first 1 MiB, then at most bucket_mb) in the order the backward pass finishes them, each bucket a view of the flat gradient started as soon as its last tensor is final (overlapped with the backward pass; the trainer's -pipeline off starts them after it). Each element is summed in the order one all-reduce of the whole gradient sums it (comm.Communicator.IAllReduceView), so the result's bits do not depend on the buckets or on the overlap. No deviation.",
+		Params: []options.Option{
+			{Key: "bucket_mb", Kind: options.Float, Default: DenseDefaultBucketMB, Range: options.AtLeast(0), Zero: "one bucket, the whole gradient",
+				Doc: "cap of a bucket in MiB (DDP's bucket_cap_mb; the first bucket is capped at 1 MiB, as DDP's)"},
+		}})
 }
 
-// dense is the "dense" baseline: a plain all-reduce average of acc.
+// DenseBuckets forms dense's buckets as PyTorch DDP does: it walks the
+// tensors of l in reverse (backward) order, adding each to the current
+// bucket, and closes the bucket once it holds capBytes or more of float32
+// gradient (firstBytes for the first bucket); the last, possibly smaller,
+// bucket is kept. A tensor is never split. capBytes <= 0 gives one bucket,
+// the whole gradient. The buckets are returned in the order their
+// gradients become final during the backward pass.
+func DenseBuckets(l Layout, firstBytes, capBytes float64) []Group {
+	if capBytes <= 0 {
+		return []Group{wholeGroup(l)}
+	}
+	var groups []Group
+	var cur Group
+	limit := min(firstBytes, capBytes)
+	bytes := 0.0
+	for t := len(l.Tensors) - 1; t >= 0; t-- {
+		tt := l.Tensors[t]
+		if len(cur.Tensors) == 0 {
+			cur.Hi = tt.Offset + tt.Size
+		}
+		cur.Tensors = append(cur.Tensors, t)
+		cur.Lo = tt.Offset
+		bytes += 4 * float64(tt.Size)
+		if bytes >= limit {
+			groups = append(groups, cur)
+			cur, bytes, limit = Group{}, 0, capBytes
+		}
+	}
+	if len(cur.Tensors) > 0 {
+		groups = append(groups, cur)
+	}
+	// Tensors of no elements at the front (offset 0) may leave an empty
+	// bucket; they join the previous one.
+	out := groups[:0]
+	for _, g := range groups {
+		if g.Size() == 0 && len(out) > 0 {
+			out[len(out)-1].Tensors = append(out[len(out)-1].Tensors, g.Tensors...)
+			out[len(out)-1].Lo = g.Lo
+			continue
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// dense is the "dense" baseline: a plain all-reduce average of acc, in
+// buckets (DenseBuckets) that the trainer starts during the backward pass.
 //
-// out = (Σ_w acc_w)/n (the sum in the communicator's canonical order, then
-// multiplied by 1/n), residual = 0, ActualDensity = 1, Selected = N,
-// Threshold = NaN. It conserves the gradient exactly up to float32 rounding:
-// Σ_w residual_w + n·out = Σ_w acc_w.
-type dense struct{ b *Env }
+// out = (Σ_w acc_w)/n (each element summed in the communicator's canonical
+// order for the whole gradient, then multiplied by 1/n), residual = 0,
+// ActualDensity = 1, Selected = N, Threshold = NaN. It conserves the
+// gradient exactly up to float32 rounding: Σ_w residual_w + n·out = Σ_w
+// acc_w.
+type dense struct {
+	b       *Env
+	buckets []Group
+}
 
-func newDense(e *Env) (Core, error) { return dense{e}, nil }
+func newDense(e *Env) (Core, error) {
+	mb := e.o.Params.Float("bucket_mb")
+	const mib = 1 << 20
+	return &dense{b: e, buckets: DenseBuckets(e.o.Layout, DenseFirstBucketMB*mib, mb*mib)}, nil
+}
 
-// Reduce all-reduces acc and averages it; the residual is zeroed.
-func (r dense) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
+// Groups returns the buckets in backward order.
+func (r *dense) Groups() []Group { return r.buckets }
+
+// Reduce reduces bucket g: Start, then its finish.
+func (r *dense) Reduce(ctx context.Context, g int, acc, out, residual device.Buffer, st *GroupStats) error {
+	finish, err := r.Start(ctx, g, acc, out, residual, st)
+	if err != nil {
+		return err
+	}
+	return finish(ctx)
+}
+
+// Start copies bucket g of acc into out, zeroes its residual and starts
+// the all-reduce of out's view; finish waits for it and averages.
+func (r *dense) Start(ctx context.Context, g int, acc, out, residual device.Buffer, st *GroupStats) (func(context.Context) error, error) {
 	b := r.b
 	v := &b.v
-	o := out
-	if err := v.s.Copy(o, acc); err != nil {
-		return err
+	gr := r.buckets[g]
+	o := out.Slice(gr.Lo, gr.Hi)
+	if err := v.s.Copy(o, acc.Slice(gr.Lo, gr.Hi)); err != nil {
+		return nil, err
 	}
-	if err := b.c.AllReduce(ctx, v.cb(o)); err != nil {
-		return fmt.Errorf("all-reducing %d values: %w", o.Len(), err)
+	if err := v.m.Fill(v.s, residual.Slice(gr.Lo, gr.Hi), 0); err != nil {
+		return nil, err
 	}
-	if err := v.m.Scale(v.s, o, 1/float32(b.c.Size())); err != nil {
-		return err
+	start := time.Now()
+	req, err := b.c.IAllReduceView(ctx, v.cb(o), gr.Lo, b.n)
+	if err != nil {
+		return nil, fmt.Errorf("starting the all-reduce of %d values: %w", o.Len(), err)
 	}
-	if err := v.m.Fill(v.s, residual, 0); err != nil {
-		return err
-	}
-	st.Distinct, st.Selected, st.ResidualSq = b.n, b.n, 0
-	return nil
+	st.Distinct, st.Selected, st.ResidualSq = gr.Size(), gr.Size(), 0
+	return func(ctx context.Context) error {
+		if _, err := req.Wait(ctx); err != nil {
+			return fmt.Errorf("all-reducing %d values: %w", o.Len(), err)
+		}
+		st.CommTime = time.Since(start)
+		return v.m.Scale(v.s, o, 1/float32(b.c.Size()))
+	}, nil
 }
 
-// denseAdvice: one all-reduce of the whole gradient, nothing selected.
+// denseAdvice: one all-reduce per bucket, nothing selected.
 var denseAdvice = &Advice{
+	// One all-reduce of the whole gradient: the buckets' calls carry the
+	// same elements (their α terms are not modelled here).
 	Plan: func(s Shape) ([]Call, error) { return []Call{{comm.OpAllReduce, 1, float64(s.N)}}, nil },
 	Volume: func(s Shape, _ Overlap) (sel, union float64) {
 		return float64(s.N), float64(s.N)

@@ -20,13 +20,24 @@
 // # Groups
 //
 // Every core reduces a group of the gradient: the whole gradient is one
-// group, unless the core declares several (Grouped; LAGS' merge groups).
-// A caller may start each group as soon as its gradients are final
-// (Reducer.Start: the trainer does so during the backward pass for a
-// method that declares itself Pipelined) and then finish the call
-// (Reducer.Finish); ReduceOn starts every group in order and finishes. A
-// core that can leave a group's communication in flight (Starter) returns
-// the rest of its work to the frame, which completes it in Finish.
+// group, unless the core declares several (Grouped; dense's buckets,
+// LAGS' merge groups). A caller may start each group as soon as its
+// gradients are final (Reducer.Start: the trainer does so during the
+// backward pass for a method that declares itself Pipelined) and then
+// finish the call (Reducer.Finish); ReduceOn starts every group in order
+// and finishes. A core that can leave a group's communication in flight
+// (Starter) returns the rest of its work to the frame, which completes it
+// in Finish.
+//
+// Which methods overlap the backward pass, and why: dense (PyTorch DDP's
+// buckets, DenseBuckets, each all-reduced as a view of the flat gradient
+// in the order one all-reduce of the whole gradient sums it, so its bits
+// do not depend on the overlap) and lags (its merge groups, each selected
+// on its own). The others select over the whole gradient (a global top-k,
+// threshold or budget: topk, topka, deft, micro, oktopk, gtopk, spardl,
+// …) or cut it into ranges that do not follow the layers, so their
+// reduction cannot start before the backward pass has ended; the trainer
+// refuses -overlap on for them.
 //
 // # Devices
 //
@@ -86,8 +97,15 @@
 //     floating-point remain_norm can floor a share of 3 to 2; empty fragments
 //     (N < n² only) get no budget instead of crashing; a NaN or infinite acc
 //     is an error.
-//   - "dense" (dense.go): all-reduce average of acc; residual 0. No
-//     deviation.
+//   - "dense" (dense.go): all-reduce average of acc; residual 0. The gradient
+//     is all-reduced in buckets (DenseBuckets: PyTorch DDP's, the first 1
+//     MiB, then at most bucket_mb) in the order the backward pass finishes
+//     them, each bucket a view of the flat gradient started as soon as its
+//     last tensor is final (overlapped with the backward pass; the trainer's
+//     -pipeline off starts them after it). Each element is summed in the
+//     order one all-reduce of the whole gradient sums it
+//     (comm.Communicator.IAllReduceView), so the result's bits do not depend
+//     on the buckets or on the overlap. No deviation.
 //   - "dgc" (dgc.go): reference notes 7.4: Deep Gradient Compression:
 //     per-tensor double sampling of the tensors of more than one dimension
 //     (1-D tensors all-reduced dense), momentum correction with
@@ -284,6 +302,9 @@
 //     default 0: tensors of fewer elements are all-reduced dense by the
 //     frame, outside the method, and counted as such (0: none, the method's
 //     paper's behaviour).
+//   - dense: bucket_mb (-bucket-mb), float, >= 0 (0: one bucket, the whole
+//     gradient), default 25: cap of a bucket in MiB (DDP's bucket_cap_mb; the
+//     first bucket is capped at 1 MiB, as DDP's).
 //   - dgc: sparsity_warmup (-sparsity-warmup), int, in [0, 1000] (0: none),
 //     default 4: epochs of DGC's density warm-up, at most 1000: density
 //     max(0.25^(e+1), ρ) in epoch e.

@@ -157,15 +157,16 @@ func paperDensity(sparsifier, model string) float64 {
 	return m.DefaultDensityFor(kind)
 }
 
-// PipelineOn reports whether the run pipelines the reducer's communication
-// with the backward pass (auto: for a method that declares itself
-// Pipelined, LAGS, unless its gradient is clipped locally).
+// PipelineOn reports whether the run overlaps the reducer's communication
+// with the backward pass, -overlap (auto: for a method that declares itself
+// Pipelined, dense and LAGS, unless its gradient is clipped locally or
+// recorded, which need the whole gradient first).
 func (c Config) PipelineOn() bool {
 	switch c.Pipeline {
 	case "on":
 		return true
 	case "auto":
-		return pipelined(c.Sparsifier) && !c.ClipLocal()
+		return pipelined(c.Sparsifier) && !c.ClipLocal() && c.RecordGradients == ""
 	}
 	return false
 }
@@ -244,10 +245,10 @@ func (c Config) Validate(underMPI bool) error {
 					ms = append(ms, m.Name)
 				}
 			}
-			bad("-pipeline on needs -sparsifier %s (the reducers that reduce layer groups during the backward pass), not %s", strings.Join(ms, " or "), c.Sparsifier)
+			bad("-overlap on needs -sparsifier %s (the methods that reduce groups of layers, which can start during the backward pass), not %s: it selects over the whole gradient, which is complete only when the backward pass ends; drop -overlap on", strings.Join(ms, " or "), c.Sparsifier)
 		}
 		if c.ClipLocal() {
-			bad("-pipeline on cannot be combined with -clip %v -clip-at local: clipping each worker's gradient needs the whole gradient before error feedback; pass -clip-at aggregated (clip the averaged gradient, as the LAGS reference does), -clip 0 or -pipeline off", c.Clip)
+			bad("-overlap on cannot be combined with -clip %v -clip-at local: clipping each worker's gradient needs the whole gradient before error feedback; pass -clip-at aggregated (clip the averaged gradient, as the LAGS reference and DDP users do), -clip 0 or -overlap off", c.Clip)
 		}
 	}
 
@@ -331,8 +332,8 @@ func (c Config) Validate(underMPI bool) error {
 	if c.Out == "" && c.Resume == "" {
 		bad("no run directory: pass -out DIR (or -resume DIR to continue a run)")
 	}
-	if c.RecordGradients != "" && c.PipelineOn() {
-		bad("-record-gradients records the whole gradient after the backward pass: add -pipeline off (pipelining changes when the reduction starts, not the gradients)")
+	if c.RecordGradients != "" && c.Pipeline == "on" {
+		bad("-record-gradients records the whole gradient after the backward pass: add -overlap off (overlapping changes when the reduction starts, not the gradients)")
 	}
 	return errors.Join(errs...)
 }

@@ -34,7 +34,8 @@ type Config struct {
 	Gradients string `json:"gradients,omitzero"`
 	// RecordGradients is -record-gradients: record every worker's gradient of
 	// every step into this folder (safetensors + manifest.json, for train
-	// replay); needs -pipeline off with lags.
+	// replay); the reduction then starts after the backward pass (-overlap auto
+	// is off).
 	RecordGradients string `json:"record_gradients,omitzero"`
 	// Preset is -model-size: model size.
 	Preset string `json:"preset"`
@@ -49,12 +50,18 @@ type Config struct {
 	// declares them (sparsify.Method.Params; one flag per option): absent ones
 	// take the method's defaults, options of other methods are refused.
 	MethodOptions options.Values `json:"method_options,omitempty"`
-	// Pipeline is -pipeline: lags pipelining with the backward pass: auto (on
-	// for lags unless -clip-at local), on, off (default auto).
+	// Pipeline is -overlap: overlap the reduction with the backward pass: start
+	// each group as soon as its gradients are final (dense: DDP's buckets,
+	// -bucket-mb; lags: its merge groups; the other methods select over the
+	// whole gradient and cannot start before the backward pass ends): auto (on
+	// for dense and lags unless -clip-at local or -record-gradients), on, off
+	// (after the backward pass; the same losses) (default auto).
 	Pipeline string `json:"pipeline"`
 	// ClipAt is -clip-at: where -clip clips: local (each worker's gradient
 	// before error feedback), aggregated (the averaged gradient; keeps lags
-	// pipelining), auto (aggregated for lags, else local) (default auto).
+	// pipelining), auto (aggregated for the methods that overlap, dense and
+	// lags, as DDP users and the LAGS reference clip; else local) (default
+	// auto).
 	ClipAt string `json:"clip_at"`
 	// Workers is -workers: simulated workers in this process (under mpirun: one
 	// worker per process) (default 1).

@@ -130,10 +130,10 @@ func TestValidateRejects(t *testing.T) {
 		{"warm-up negative", func(c *Config) { c.Sparsifier = "oktopk"; c.MethodOptions = sparsify.Values{"dense_warmup": -1} }, false, "-dense-warmup -1 must be in [0, 2147483647] (0: none)"},
 		{"sag", func(c *Config) { c.Sparsifier = "spardl"; c.MethodOptions = sparsify.Values{"sag": "ring"} }, false, "-sag"},
 		{"min tensor fraction", func(c *Config) { c.Sparsifier = "dragonn"; c.MethodOptions = sparsify.Values{"min_tensor": 2.5} }, false, "not a whole number"},
-		{"pipeline topk", func(c *Config) { c.Sparsifier = "topk"; c.Pipeline = "on" }, false, "-pipeline on needs -sparsifier lags"},
+		{"pipeline topk", func(c *Config) { c.Sparsifier = "topk"; c.Pipeline = "on" }, false, "-overlap on needs -sparsifier dense or lags"},
 		{"pipeline clip", func(c *Config) { c.Sparsifier = "lags"; c.Pipeline = "on"; c.Clip = Set(0.4); c.ClipAt = "local" }, false, "-clip-at local"},
 		{"clip at", func(c *Config) { c.ClipAt = "everywhere" }, false, "-clip-at \"everywhere\""},
-		{"pipeline bad", func(c *Config) { c.Pipeline = "maybe" }, false, "-pipeline"},
+		{"pipeline bad", func(c *Config) { c.Pipeline = "maybe" }, false, "-overlap \"maybe\": use auto, on or off"},
 		{"workers -1", func(c *Config) { c.Workers = Set(-1) }, false, "-workers"},
 		{"workers 0", func(c *Config) { c.Workers = Set(0) }, false, "-workers 0 must be >= 1"},
 		{"workers under mpi", func(c *Config) { c.Workers = Set(4) }, true, "mpirun -np 4"},
@@ -171,7 +171,7 @@ func TestValidateRejects(t *testing.T) {
 		{"blas", func(c *Config) { c.BLAS = "mkl" }, false, "-blas"},
 		{"kernels", func(c *Config) { c.Kernels = "mkldnn" }, false, "-kernels \"mkldnn\": use auto, onednn or im2col"},
 		{"preset", func(c *Config) { c.Preset = "small" }, false, "\"small\" is not a size of ncf; use paper (8 factors) or default"},
-		{"gtopk 3 workers", func(c *Config) { c.Sparsifier = "gtopk"; c.Workers = Set(3) }, false, "power-of-two"},
+		{"gtopk 3 workers", func(c *Config) { c.Sparsifier, c.MethodOptions = "gtopk", nil; c.Workers = Set(3) }, false, "power-of-two"},
 		{"teams divide", func(c *Config) {
 			c.Sparsifier, c.Workers, c.MethodOptions = "spardl", Set(3), sparsify.Values{"teams": 2}
 		}, false, "2 teams do not divide 3 workers"},
@@ -334,7 +334,7 @@ func btoi(b bool) int {
 // filled from there.
 func TestDefaultsWhole(t *testing.T) {
 	t.Setenv("TRAIN_DATA_DIR", "")
-	common := Config{DataDir: "./data", Sparsifier: "dense", Density: Set(0.01), Pipeline: "auto", ClipAt: "auto", Workers: Set(1),
+	common := Config{DataDir: "./data", Sparsifier: "dense", Density: Set(0.01), MethodOptions: sparsify.Values{"bucket_mb": 25.0}, Pipeline: "auto", ClipAt: "auto", Workers: Set(1),
 		Device: "cpu", Comm: "auto", LogEvery: Set(1), BLAS: "auto", Kernels: "auto", Seed: Set[uint64](42), LRSchedule: "step",
 		DecayFactor: Set(0.1), DecayEpochs: []int{}}
 	with := func(edit func(c *Config)) Config {

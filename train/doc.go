@@ -35,8 +35,8 @@
 //     gradient and error-feedback residual on the rank's device (with
 //     their host views), the reducer, the optimizer and the streams. Its
 //     one method step runs an iteration: forward and backward, [clip],
-//     error feedback, the reduction (pipelined with the backward pass for
-//     a method whose reducer reduces groups, pipeline.go), [clip], the
+//     error feedback, the reduction (overlapped with the backward pass for
+//     a method whose reducer reduces groups, dense and lags, pipeline.go), [clip], the
 //     update. newDataPath builds it.
 //   - Its schedule (runSchedule in schedule.go): pure functions of the
 //     configuration and the step and epoch counters that decide, before
@@ -128,9 +128,16 @@
 //     method's reference code does (-clip-at auto): each worker's gradient
 //     before error feedback (the DEFT/MiCRO harness), but for lags the
 //     averaged gradient after the reduction, as the LAGS reference clips its
-//     LSTM runs — which keeps LAGS pipelining on. Local clipping needs the
-//     whole gradient before error feedback, so -clip-at local turns
-//     pipelining off (-pipeline auto) or is refused (-pipeline on).
+//     LSTM runs, and for dense too, as PyTorch DDP users clip the averaged
+//     gradient after the backward pass — which keeps both overlapped. Local
+//     clipping needs the whole gradient before error feedback, so -clip-at
+//     local turns overlap off (-overlap auto) or is refused (-overlap on).
+//   - Dense overlaps its all-reduce with the backward pass by default, as
+//     PyTorch DDP does: DDP's buckets (-bucket-mb) started as the backward
+//     pass finishes them, each element summed in the order of one
+//     all-reduce of the whole gradient, so -overlap off (one all-reduce
+//     after the backward pass, the DEFT/MiCRO code's baseline) gives the
+//     same bits. -record-gradients turns overlap off (-overlap auto).
 //   - LAGS' adaptive density (-max-ratio) profiles the backward pass and
 //     its own sparsification over steps 6–15 of the process (after 5
 //     warm-up steps that hold allocation and cold caches; the reference

@@ -249,8 +249,8 @@ func TestReplayRefusals(t *testing.T) {
 		t.Errorf("recording over a recording: %v", err)
 	}
 	c3 := ncfConfig(t, 2, 1)
-	c3.Sparsifier, c3.RecordGradients = "lags", filepath.Join(t.TempDir(), "g")
-	if err := Run(context.Background(), c3, Options{}); err == nil || !strings.Contains(err.Error(), "-pipeline off") {
+	c3.Sparsifier, c3.Pipeline, c3.RecordGradients = "lags", "on", filepath.Join(t.TempDir(), "g")
+	if err := Run(context.Background(), c3, Options{}); err == nil || !strings.Contains(err.Error(), "-overlap off") {
 		t.Errorf("recording pipelined: %v", err)
 	}
 }

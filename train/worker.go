@@ -301,10 +301,13 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 		names[i] = t.Name
 	}
 	info := RunInfo{Config: w.cfg, CommandLine: r.opt.CommandLine, Start: r.start, Backend: r.backend,
-		Workers: w.size, Params: dp.model.NumParams(), Tensors: len(dp.layout.Tensors), Pipelined: dp.pipe != nil,
+		Workers: w.size, Params: dp.model.NumParams(), Tensors: len(dp.layout.Tensors), Pipelined: dp.pipe != nil, Overlap: dp.pipe != nil,
 		Versions: versions(r.blas, r.kernels), Machine: machine(), LayerNames: names, Device: dev.String(), ReduceIn: "device", Comm: w.commName}
 	if r.sim != nil {
 		info.Executors = r.sim.executors
+	}
+	if v, ok := w.cfg.MethodOptions["bucket_mb"].(float64); ok && w.cfg.Sparsifier == "dense" {
+		info.BucketMB = &v
 	}
 	if rec := r.ds.Recording; rec != nil {
 		info.Replay, info.CannotShow = replayInfo(rec), ReplayCannotShow

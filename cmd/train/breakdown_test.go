@@ -53,7 +53,8 @@ func checkBreakdown(t *testing.T, what, dir string) {
 }
 
 // breakdownCases are the runs of TestBreakdownAddsUp: every sparsifier on 4
-// workers, LAGS pipelined and not, and LAGS pipelined on one worker (its
+// workers (dense and LAGS overlapped), dense and LAGS not overlapped, dense
+// in many small buckets, and dense and LAGS overlapped on one worker (the
 // reduction runs alongside the backward pass with nothing to send).
 func breakdownCases() [][]string {
 	var cases [][]string
@@ -68,8 +69,11 @@ func breakdownCases() [][]string {
 		cases = append(cases, c)
 	}
 	return append(cases,
-		[]string{"-sparsifier", "lags", "-workers", "4", "-density", "0.05", "-pipeline", "off"},
-		[]string{"-sparsifier", "lags", "-workers", "1", "-density", "0.05", "-pipeline", "on"},
+		[]string{"-sparsifier", "lags", "-workers", "4", "-density", "0.05", "-overlap", "off"},
+		[]string{"-sparsifier", "dense", "-workers", "4", "-overlap", "off"},
+		[]string{"-sparsifier", "dense", "-workers", "4", "-bucket-mb", "0.01"},
+		[]string{"-sparsifier", "dense", "-workers", "1", "-overlap", "on"},
+		[]string{"-sparsifier", "lags", "-workers", "1", "-density", "0.05", "-overlap", "on"},
 		[]string{"-sparsifier", "micro", "-workers", "1", "-density", "0.05"})
 }
 

@@ -98,7 +98,7 @@ func TestZeroAdvisedByAnErrorWorks(t *testing.T) {
 
 // floatFlags are the float flags of train.
 var floatFlags = []string{"density", "lr", "momentum", "wd", "label-smoothing", "beta1", "beta2", "eps", "warmup-epochs", "decay-factor", "clip",
-	"net-bandwidth", "lambda", "max-ratio"}
+	"net-bandwidth", "lambda", "max-ratio", "bucket-mb"}
 
 // TestFloatFlagsRejectNonFinite: every float flag refuses NaN and ±Inf with
 // a message that names the flag.

@@ -37,7 +37,7 @@ func TestFlagsRejectBadInput(t *testing.T) {
 		expect string
 	}{
 		{[]string{"-device", "cuda", "-out", "x"}, "install the NVIDIA driver"}, // this machine has no GPU (CI neither)
-		{[]string{"-sparsifier", "topk", "-pipeline", "on", "-out", "x"}, "-pipeline on needs -sparsifier lags"},
+		{[]string{"-sparsifier", "topk", "-pipeline", "on", "-out", "x"}, "-overlap on needs -sparsifier dense or lags"},
 		{[]string{"-sparsifier", "bogus", "-out", "x"}, "unknown -sparsifier"},
 		{[]string{"-workers", "-1", "-out", "x"}, "-workers"},
 		{[]string{"-net-latency", "1ms", "-out", "x"}, "give both"},

@@ -40,7 +40,11 @@ type entry struct {
 
 // slot is the rendezvous of one collective call, shared by all ranks.
 type slot struct {
-	t0                    time.Time // when the last rank joined; written before arrived closes
+	// end is when the call ends on the emulated network: its modelled
+	// time after the last rank joined, or after the network's previous
+	// collective ended if that is later (one call on the wire at a time,
+	// World.linkFree); written before arrived closes.
+	end                   time.Time
 	entries               []entry
 	arrived, staged, done gate
 	left                  atomic.Int32
@@ -129,8 +133,17 @@ func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body fun
 	s.entries[c.rank] = e
 	s.joined[c.rank].Store(true)
 	if int(s.arrived.count.Add(1)) == w.n {
-		if w.cfg.net != nil {
-			s.t0 = time.Now()
+		if net := w.cfg.net; net != nil {
+			cost := net.Cost(e.op, w.n, e.length, e.dtype.Size(), e.counts)
+			now := time.Now()
+			w.mu.Lock()
+			start := now
+			if w.linkFree.After(now) {
+				start = w.linkFree
+			}
+			s.end = start.Add(cost)
+			w.linkFree = s.end
+			w.mu.Unlock()
 		}
 		close(s.arrived.ch)
 	}
@@ -153,11 +166,7 @@ func (c *rankComm) collective(ctx context.Context, seq uint64, e entry, body fun
 		return err
 	}
 	w.leave(seq, s)
-	if net := w.cfg.net; net != nil {
-		cost := net.Cost(e.op, w.n, e.length, e.dtype.Size(), e.counts)
-		return w.sleepUntil(ctx, s.t0.Add(cost))
-	}
-	return nil
+	return w.sleepUntil(ctx, s.end)
 }
 
 // phase counts this rank in g and waits for every rank.
@@ -406,20 +415,26 @@ func (c *rankComm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	if err != nil {
 		return err
 	}
-	if err := c.allReduce(ctx, seq, buf, dc); err != nil {
+	if err := c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc); err != nil {
 		return err
 	}
 	return dc.finish()
 }
 
 func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer, dc *devCall) error {
+	return c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc)
+}
+
+// allReduceView all-reduces buf, elements [off, off+buf.Len()) of a vector
+// of total elements: rank j sums the view's part of chunk j of the vector.
+func (c *rankComm) allReduceView(ctx context.Context, seq uint64, buf comm.Buffer, off, total int, dc *devCall) error {
 	n := c.w.n
 	if n == 1 {
 		return c.check(ctx, lit("in AllReduce"))
 	}
 	e := entry{op: comm.OpAllReduce, dtype: buf.DType(), send: buf, length: buf.Len(), dev: dc}
 	return c.collective(ctx, seq, e, func(s *slot) error {
-		lo, hi := comm.ChunkBounds(buf.Len(), n, c.rank)
+		lo, hi := comm.ViewChunkBounds(total, off, buf.Len(), n, c.rank)
 		host := func(comm.Buffer, comm.Buffer) error {
 			reduceAll(e.dtype, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
 			return c.phase(ctx, &s.done)
@@ -697,6 +712,23 @@ func (c *rankComm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Reques
 		return nil, err
 	}
 	return devRequest(c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduce(ctx, seq, buf, dc) }), dc), nil
+}
+
+// IAllReduceView starts the all-reduce of a view (comm.Communicator).
+func (c *rankComm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
+	if err := validDType("all-reduce", buf); err != nil {
+		return nil, err
+	}
+	if err := comm.CheckView(off, buf.Len(), total); err != nil {
+		return nil, fmt.Errorf("local: IAllReduceView: %w", err)
+	}
+	seq := c.seq
+	c.seq++
+	dc, err := c.devStart(buf)
+	if err != nil {
+		return nil, err
+	}
+	return devRequest(c.async("IAllReduceView", func() (int, error) { return buf.Len(), c.allReduceView(ctx, seq, buf, off, total, dc) }), dc), nil
 }
 
 // IAllGather starts AllGather and returns at once.

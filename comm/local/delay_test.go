@@ -149,6 +149,52 @@ func TestEmulatedOverlap(t *testing.T) {
 	}
 }
 
+// TestEmulatedCollectivesTakeTurns: collectives in flight at once share
+// the emulated link: k all-reduces started together (the buckets of dense
+// overlapped with the backward pass) end no earlier than k modelled times
+// after the start (a lower bound, which holds on any machine), and each
+// later one no earlier than its predecessor's cost after it.
+func TestEmulatedCollectivesTakeTurns(t *testing.T) {
+	net := netmodel.Network{Latency: 20 * time.Millisecond, Bandwidth: 1e9}
+	const k, m = 4, 1000
+	cost := net.Cost(comm.OpAllReduce, 3, m, 4, nil)
+	for _, n := range []int{1, 3} {
+		ends := make([][]time.Duration, n)
+		start := time.Now()
+		err := Run(testCtx(t), n, func(ctx context.Context, c comm.Communicator) error {
+			buf := make(comm.Float32s, k*m)
+			var qs []comm.Request
+			for i := range k {
+				q, err := c.IAllReduceView(ctx, buf.Slice(i*m, (i+1)*m), i*m, k*m)
+				if err != nil {
+					return err
+				}
+				qs = append(qs, q)
+			}
+			for _, q := range qs {
+				if _, err := q.Wait(ctx); err != nil {
+					return err
+				}
+				ends[c.Rank()] = append(ends[c.Rank()], time.Since(start))
+			}
+			return nil
+		}, WithNetwork(net))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			continue // one rank sends nothing: no cost
+		}
+		for r := range ends {
+			for i, e := range ends[r] {
+				if want := time.Duration(i+1) * cost; e < want {
+					t.Errorf("%d ranks: rank %d: all-reduce %d of %d ended after %v, before the %v of %d turns on the link", n, r, i+1, k, e, want, i+1)
+				}
+			}
+		}
+	}
+}
+
 func TestWithNetworkInvalid(t *testing.T) {
 	err := Run(context.Background(), 2, func(context.Context, comm.Communicator) error { return nil }, WithNetwork(netmodel.Network{}))
 	if err == nil {

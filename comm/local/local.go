@@ -97,7 +97,9 @@ func WithTimeout(d time.Duration) Option {
 
 // WithNetwork makes every call of the world last as long as it would on the
 // modelled network net (see netmodel.Network.Cost): a collective ends its
-// modelled time after the last rank joined it; a message arrives its modelled
+// modelled time after the last rank joined it, or after the previous
+// collective ended if that is later (collectives in flight at once take
+// turns on the wire); a message arrives its modelled
 // time after its send started, and Send, SendRecv and ISend's Wait return
 // then too (the sender is busy while its bytes are on the wire). The
 // in-process time already spent counts towards the modelled time.
@@ -118,7 +120,13 @@ type World struct {
 
 	mu    sync.Mutex
 	slots map[uint64]*slot
-	boxes map[mailKey]*mailbox
+	// linkFree is when the emulated network's last collective ends:
+	// collectives in flight at once (non-blocking calls, such as the
+	// buckets of dense overlapped with the backward pass) take turns on
+	// the wire, as on one link, rather than each having all of its
+	// bandwidth.
+	linkFree time.Time
+	boxes    map[mailKey]*mailbox
 
 	bg    sync.WaitGroup // background goroutines of non-blocking calls
 	comms []*rankComm

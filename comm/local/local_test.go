@@ -181,6 +181,63 @@ func TestAllReduceCanonical(t *testing.T) {
 	}
 }
 
+// TestAllReduceViewCanonical: all-reducing the views of a random partition
+// of a vector one after another (started together, waited in turn) gives
+// the bits of the whole vector's canonical sum, whatever the views' cuts
+// relative to the chunks.
+func TestAllReduceViewCanonical(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5, 16} {
+		for _, m := range sizesFor(n) {
+			t.Run(fmt.Sprintf("n%d/m%d", n, m), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(n), uint64(m)+7))
+				in := make([]comm.Buffer, n)
+				for r := range in {
+					in[r] = randBuf(comm.Float32, m, rng)
+				}
+				want := refSum(in, chunkOf(m, n))
+				cuts := []int{0}
+				for cuts[len(cuts)-1] < m {
+					cuts = append(cuts, min(m, cuts[len(cuts)-1]+1+rng.IntN(max(1, m/3))))
+				}
+				got := make([]comm.Buffer, n)
+				for r := range got {
+					got[r] = clone(in[r])
+				}
+				err := Run(testCtx(t), n, func(ctx context.Context, c comm.Communicator) error {
+					var reqs []comm.Request
+					for i := 1; i < len(cuts); i++ {
+						r, err := c.IAllReduceView(ctx, got[c.Rank()].Slice(cuts[i-1], cuts[i]), cuts[i-1], m)
+						if err != nil {
+							return err
+						}
+						reqs = append(reqs, r)
+					}
+					for _, r := range reqs {
+						if _, err := r.Wait(ctx); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for r := range got {
+					equalBits(t, fmt.Sprintf("rank %d, views cut at %v", r, cuts), got[r], want)
+				}
+			})
+		}
+	}
+	// A view outside its vector is refused, naming the fix.
+	err := Run(testCtx(t), 2, func(ctx context.Context, c comm.Communicator) error {
+		_, err := c.IAllReduceView(ctx, comm.Float32s{1, 2}, 3, 4)
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "does not lie in a vector of 4") {
+		t.Fatalf("a view [3, 5) of 4 elements: %v, want a refusal", err)
+	}
+}
+
 // TestCanonicalOrderMatters makes sure the bitwise test above can fail: for
 // these inputs the canonical sum differs from the plain rank-order sum.
 func TestCanonicalOrderMatters(t *testing.T) {

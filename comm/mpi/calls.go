@@ -164,6 +164,28 @@ func (c *Comm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	return err
 }
 
+// IAllReduceView starts the all-reduce of a view (comm.Communicator): a
+// float32 view is reduced by the ring with the vector's chunks cut to the
+// view; integers, whose sums do not depend on the order, as AllReduce.
+func (c *Comm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
+	if err := comm.CheckView(off, buf.Len(), total); err != nil {
+		return nil, fmt.Errorf("mpi: IAllReduceView: %w", err)
+	}
+	if err := checkBuf("IAllReduceView", "buf", buf); err != nil {
+		return nil, err
+	}
+	n, L := c.Size(), buf.Len()
+	if buf.DType() != comm.Float32 || n == 1 || L == 0 {
+		return c.IAllReduce(ctx, buf)
+	}
+	b := make([]int, n+1)
+	for j := range n {
+		_, b[j+1] = comm.ViewChunkBounds(total, off, L, n, j)
+	}
+	o := c.ring(fmt.Sprintf("AllReduce of %d %v (elements [%d, %d) of %d)", L, buf.DType(), off, off+L, total), buf.Bytes(), nil, buf.DType(), b, true)
+	return c.start(ctx, o, L, false)
+}
+
 // IAllReduce starts AllReduce.
 func (c *Comm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
 	o, err := c.allReduceOp(buf)

@@ -75,7 +75,7 @@ func layout(t *testing.T) sparsify.Layout {
 func options(method string, l sparsify.Layout, c comm.Communicator) sparsify.Options {
 	m, _ := sparsify.Lookup(method)
 	return sparsify.Options{Density: 0.02, Layout: l, Comm: c, Seed: 42,
-		Params: m.Applicable(sparsify.Values{"min_tensor": 100, "dense_warmup": 1, "merge_size": 2000})}
+		Params: m.Applicable(sparsify.Values{"min_tensor": 100, "dense_warmup": 1, "merge_size": 2000, "bucket_mb": 0.005})}
 }
 
 // grad is rank q's gradient at iteration it; every rank can build every
