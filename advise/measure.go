@@ -594,11 +594,13 @@ func modelLayout(ctx context.Context, c train.Config) (layout.Layout, error) {
 }
 
 // measuredLayout is the layout of tensors ts that the advisor measures
-// the methods on: their names and sizes, their shapes unknown.
+// the methods on: their names, shapes and sizes, as the run's (the methods
+// whose work depends on a tensor's shape — PowerSGD's matrices, DGC's and
+// DRAGONN's rules for 1-D tensors — send what the run would send).
 func measuredLayout(ts []layout.Tensor) (layout.Layout, error) {
 	plain := make([]layout.Tensor, len(ts))
 	for i, t := range ts {
-		plain[i] = layout.Tensor{Name: t.Name, Size: t.Size}
+		plain[i] = layout.Tensor{Name: t.Name, Shape: t.Shape, Size: t.Size}
 	}
 	return layout.Of(plain)
 }

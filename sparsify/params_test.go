@@ -112,7 +112,7 @@ func TestResolve(t *testing.T) {
 		want    Values
 		wantErr []string
 	}{
-		{"dense", nil, Values{}, nil},
+		{"dense", nil, Values{"bucket_mb": 25.0}, nil},
 		{"topk", nil, Values{"min_compress_size": 0}, nil},
 		{"topk", Values{"min_compress_size": 100.0}, Values{"min_compress_size": 100}, nil},
 		{"lags", nil, Values{"merge_size": 8192, "max_ratio": 0.0, "min_compress_size": 0}, nil},

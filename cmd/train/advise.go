@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/advise"
-	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -50,9 +49,6 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 	fs.IntVar(&v.steps, "steps", 0, fmt.Sprintf("the horizon: how many steps of the run each method's reducer is run over, with error feedback, to predict what its controller (thresholds, warm-ups, adaptive densities) actually sends (default: a recording's steps; for -model %d steps on the gradients measured at one step, not an epoch, which would take this machine hours on a large model)", advise.DefaultHorizon))
 	fs.StringVar(&v.costProfile, "cost-profile", "", fmt.Sprintf("GPU costs this project measured, kept with their GPU, date and revision, for selection, the update and error feedback when the step time stands for a GPU and this machine has none: %s (methods the profile did not measure are not predicted)", strings.Join(advise.CostProfiles(), ", ")))
 	fs.StringVar(&v.overlap, "overlap", "on", "on: the baseline is dense as PyTorch DDP runs it, buckets all-reduced during the backward pass; off: dense all-reduce after the backward pass (as DEFT's and MiCRO's released code)")
-	v.bucketMB = advise.BucketMB
-	bucket := options.Option{Key: "bucket_mb", Kind: options.Float, Default: float64(advise.BucketMB), Range: options.Within(0, 1<<20, "(]")}
-	fs.Var(bind(bucket, &v.bucketMB), "bucket-mb", fmt.Sprintf("overlapped dense's bucket cap in MB (DDP's bucket_cap_mb; the first bucket holds at most 1 MB) (default %d)", advise.BucketMB))
 	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
 	fs.StringVar(&v.measurements, "measurements", "", "JSON file of this machine's measurements: read if it exists (for the same model), else measured and written there")
 	method := addMethodFlags(fs, &v.method)
@@ -114,8 +110,14 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if v.overlap != "on" && v.overlap != "off" {
 		return fmt.Errorf("train advise: -overlap %q: use on (dense as DDP runs it) or off (dense after the backward pass)", v.overlap)
 	}
-	if !(v.bucketMB > 0) {
-		return fmt.Errorf("train advise: -bucket-mb %v: want a positive size in MB, e.g. 25 (DDP's)", v.bucketMB)
+	// Overlapped dense's bucket cap is dense's own option (-bucket-mb), the
+	// trainer's flag: the advisor predicts the run that flag would make.
+	v.bucketMB = advise.BucketMB
+	if b, ok := v.method["bucket_mb"].(float64); ok {
+		if !(b > 0) {
+			return fmt.Errorf("train advise: -bucket-mb %v (one bucket after the backward pass) is not what overlapped dense predicts: pass -overlap off for dense after the backward pass, or a bucket size in MiB, e.g. 25 (DDP's)", b)
+		}
+		v.bucketMB = b
 	}
 	if v.steps < 0 {
 		return fmt.Errorf("train advise: -steps %d: want a horizon of at least 1 step (or 0 for the default)", v.steps)
