@@ -38,26 +38,8 @@ func DenseBuckets(l Layout, firstBytes, capBytes float64) []Group {
 	if capBytes <= 0 {
 		return []Group{wholeGroup(l)}
 	}
-	var groups []Group
-	var cur Group
-	limit := min(firstBytes, capBytes)
-	bytes := 0.0
-	for t := len(l.Tensors) - 1; t >= 0; t-- {
-		tt := l.Tensors[t]
-		if len(cur.Tensors) == 0 {
-			cur.Hi = tt.Offset + tt.Size
-		}
-		cur.Tensors = append(cur.Tensors, t)
-		cur.Lo = tt.Offset
-		bytes += 4 * float64(tt.Size)
-		if bytes >= limit {
-			groups = append(groups, cur)
-			cur, bytes, limit = Group{}, 0, capBytes
-		}
-	}
-	if len(cur.Tensors) > 0 {
-		groups = append(groups, cur)
-	}
+	// A float32 element is 4 bytes: the element counts are exact.
+	groups := backwardGroups(l, min(firstBytes, capBytes)/4, capBytes/4)
 	// Tensors of no elements at the front (offset 0) may leave an empty
 	// bucket; they join the previous one.
 	out := groups[:0]

@@ -38,9 +38,19 @@ const LAGSDefaultMergeSize = 8192
 // (the reference's threshold 0). The groups are returned in the order their
 // gradients become final during the backward pass.
 func LAGSGroups(l Layout, mergeSize int) []Group {
+	return backwardGroups(l, float64(mergeSize), float64(mergeSize))
+}
+
+// backwardGroups walks the tensors of l in reverse (backward) order, adding
+// each to the current group, and closes the group at the first tensor where
+// its element count reaches first (the first group) or rest (the others);
+// the last, possibly smaller, group is kept. A tensor is never split. The
+// groups are returned in the order their gradients become final during the
+// backward pass (LAGS' merge groups, dense's DDP buckets).
+func backwardGroups(l Layout, first, rest float64) []Group {
 	var groups []Group
 	var cur Group
-	count := 0
+	count, limit := 0, first
 	for t := len(l.Tensors) - 1; t >= 0; t-- {
 		tt := l.Tensors[t]
 		if len(cur.Tensors) == 0 {
@@ -49,9 +59,9 @@ func LAGSGroups(l Layout, mergeSize int) []Group {
 		cur.Tensors = append(cur.Tensors, t)
 		cur.Lo = tt.Offset
 		count += tt.Size
-		if count >= mergeSize {
+		if float64(count) >= limit {
 			groups = append(groups, cur)
-			cur, count = Group{}, 0
+			cur, count, limit = Group{}, 0, rest
 		}
 	}
 	if len(cur.Tensors) > 0 {
