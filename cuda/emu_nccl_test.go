@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"math"
 	"sync"
+
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // The emulator's NCCL: ranks of one process on emulated GPUs (the emulator
@@ -71,8 +73,11 @@ func installNCCLFakes(e *emu) {
 		return p
 	}
 	elem := func(dt int32) uint64 {
-		if dt == ncclInt64 || dt == ncclFloat64 {
+		switch dt {
+		case ncclInt64, ncclFloat64:
 			return 8
+		case ncclFloat16:
+			return 2
 		}
 		return 4
 	}
@@ -92,6 +97,8 @@ func installNCCLFakes(e *emu) {
 			case ncclFloat64:
 				v := math.Float64frombits(binary.LittleEndian.Uint64(a[i:])) + math.Float64frombits(binary.LittleEndian.Uint64(b[i:]))
 				binary.LittleEndian.PutUint64(a[i:], math.Float64bits(v))
+			case ncclFloat16: // each addition rounded to half, as a GPU's half sum
+				binary.LittleEndian.PutUint16(a[i:], device.AddFloat16(binary.LittleEndian.Uint16(a[i:]), binary.LittleEndian.Uint16(b[i:])))
 			case ncclInt32:
 				binary.LittleEndian.PutUint32(a[i:], binary.LittleEndian.Uint32(a[i:])+binary.LittleEndian.Uint32(b[i:]))
 			case ncclInt64:

@@ -462,10 +462,18 @@ func installFakes(e *emu) {
 			return ok
 		}
 		drv.cuMemsetD8Async = func(dst uint64, v uint8, n uint64, _ uintptr) cuResult {
-			if n%4 != 0 {
-				return 1
+			// Whole words, then the bytes after them (a buffer of an odd
+			// number of halves).
+			if n >= 4 {
+				e.must(6, 0, dst, uint32(v)*0x01010101, n/4)
 			}
-			e.must(6, 0, dst, uint32(v)*0x01010101, n/4)
+			if tail := n % 4; tail != 0 {
+				b := make([]byte, tail)
+				for i := range b {
+					b[i] = v
+				}
+				e.must(3, 0, dst+n-tail, tail, b)
+			}
 			return ok
 		}
 		drv.cuMemsetD32Async = func(dst uint64, v uint32, n uint64, s uintptr) cuResult {

@@ -137,6 +137,7 @@ func ncclCheck(call string, r int32) error {
 const (
 	ncclInt32   = 2
 	ncclInt64   = 4
+	ncclFloat16 = 6 // ncclHalf
 	ncclFloat32 = 7
 	ncclFloat64 = 8
 	ncclSum     = 0
@@ -152,6 +153,8 @@ func ncclType(dt device.DType) (int32, error) {
 		return ncclInt32, nil
 	case device.Int64:
 		return ncclInt64, nil
+	case device.Float16:
+		return ncclFloat16, nil // its sums in half precision, in NCCL's order
 	}
 	return 0, fmt.Errorf("cuda: NCCL has no type for %v", dt)
 }

@@ -101,10 +101,12 @@ func onEvery(t *testing.T, size int, f func(r int) error) {
 	}
 }
 
-func put[E float32 | float64 | int32 | int64](t *testing.T, d *Device, x []E) comm.Device {
+func put[E float32 | float64 | int32 | int64 | uint16](t *testing.T, d *Device, x []E) comm.Device {
 	t.Helper()
 	var dt device.DType
 	switch any(x).(type) {
+	case []uint16:
+		dt = device.Float16
 	case []float32:
 		dt = device.Float32
 	case []float64:
@@ -127,7 +129,7 @@ func put[E float32 | float64 | int32 | int64](t *testing.T, d *Device, x []E) co
 	return comm.OnDevice(b, d.def)
 }
 
-func get[E float32 | float64 | int32 | int64](t *testing.T, d *Device, cb comm.Buffer) []E {
+func get[E float32 | float64 | int32 | int64 | uint16](t *testing.T, d *Device, cb comm.Buffer) []E {
 	t.Helper()
 	b := cb.(comm.Device).Buf
 	x := make([]E, b.Len())
@@ -194,6 +196,53 @@ func TestNCCLConformance(t *testing.T) {
 				}
 				if !slices.Equal(get[int64](t, devs[r], ib), isum) {
 					return fmt.Errorf("rank %d: int64 all-reduce differs", r)
+				}
+				return nil
+			})
+
+			// AllReduce of half precision (ncclHalf): every addition rounded
+			// to half, in NCCL's order, so within size−1 roundings (half an
+			// ulp of a partial sum, at most of Σ|h|, each) of the exact sum
+			// of the halves; the sum of one rank
+			// is its own bits. An all-gather of halves moves the bits.
+			hs := make([][]uint16, size)
+			for r := range size {
+				hs[r] = make([]uint16, n)
+				for i := range n {
+					hs[r][i] = device.ToFloat16(xs[r][i])
+				}
+			}
+			onEvery(t, size, func(r int) error {
+				b := put(t, devs[r], hs[r])
+				if err := comms[r].AllReduce(ctx, b); err != nil {
+					return err
+				}
+				got := get[uint16](t, devs[r], b)
+				for i := range n {
+					exact, mag := 0.0, 0.0
+					for q := range size {
+						h := float64(device.FromFloat16(hs[q][i]))
+						exact += h
+						mag += math.Abs(h)
+					}
+					g := float64(device.FromFloat16(got[i]))
+					// half's ulp at |x| is 2^(e−10), at least 2^−24.
+					ulp := math.Max(math.Pow(2, math.Floor(math.Log2(math.Max(mag, 1e-30)))-10), 0x1p-24)
+					if size == 1 && got[i] != hs[r][i] || math.Abs(g-exact) > float64(size)*ulp {
+						return fmt.Errorf("rank %d: half all-reduce [%d] = %v, exact sum of the halves %v", r, i, g, exact)
+					}
+				}
+				send := put(t, devs[r], hs[r][:9])
+				recv := put(t, devs[r], make([]uint16, 9*size))
+				if err := comms[r].AllGather(ctx, send, recv); err != nil {
+					return err
+				}
+				var want []uint16
+				for q := range size {
+					want = append(want, hs[q][:9]...)
+				}
+				if got := get[uint16](t, devs[r], recv); !slices.Equal(got, want) {
+					return fmt.Errorf("rank %d: half all-gather %v, want %v", r, got, want)
 				}
 				return nil
 			})
