@@ -590,6 +590,60 @@ extern "C" __global__ void k_peer_sum_i64(i64* out, i64 lo, i64 n, int m, i64* p
     peer_sum(out, lo, n, m, p);
 }
 
+// Half precision (device.Float16, its bits as unsigned short): f16_value
+// is a half's value (exact), f16_round rounds a double to the nearest half,
+// ties to even (package device's float16Of), so a sum of two halves added
+// in double is rounded once (device.AddFloat16).
+__device__ __forceinline__ float f16_value(unsigned short h) {
+    u32 sign = (u32)(h & 0x8000) << 16;
+    u32 exp = (h >> 10) & 0x1fu;
+    u32 man = h & 0x3ffu;
+    if (exp == 0x1fu) return __uint_as_float(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        float v = (float)man * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    return __uint_as_float(sign | ((exp + 127 - 15) << 23) | (man << 13));
+}
+
+__device__ unsigned short f16_round(double x) {
+    u64 u = (u64)__double_as_longlong(x);
+    unsigned short sign = (unsigned short)((u >> 48) & 0x8000u);
+    int exp = (int)((u >> 52) & 0x7ffu);
+    u64 man = u & ((1ull << 52) - 1);
+    if (exp == 0x7ff) return sign | (man ? 0x7e00 : 0x7c00);
+    if (exp == 0) return sign;
+    int e = exp - 1023 + 15;
+    u64 m = man | (1ull << 52);
+    int shift = 42;
+    if (e < 1) {
+        shift = 42 + 1 - e;
+        if (shift > 53) return sign;
+        e = 1;
+    }
+    u64 h = m >> shift;
+    u64 rem = m & ((1ull << shift) - 1);
+    u64 halfway = 1ull << (shift - 1);
+    if (rem > halfway || (rem == halfway && (h & 1))) h++;
+    u64 bits = ((u64)(e - 1) << 10) + h;
+    if (bits >= 0x7c00u) return sign | 0x7c00;
+    return sign | (unsigned short)bits;
+}
+
+// peer_sum of halves: each addition in double (exact), rounded to half.
+extern "C" __global__ void k_peer_sum_f16(unsigned short* out, i64 lo, i64 n, int m, unsigned short* p0, unsigned short* p1, unsigned short* p2, unsigned short* p3, unsigned short* p4, unsigned short* p5, unsigned short* p6, unsigned short* p7, unsigned short* p8, unsigned short* p9, unsigned short* p10, unsigned short* p11, unsigned short* p12, unsigned short* p13, unsigned short* p14, unsigned short* p15) {
+    unsigned short* p[16] = {p0, p1, p2, p3, p4, p5, p6, p7, p8, p9, p10, p11, p12, p13, p14, p15};
+    GRID_STRIDE(i, n) {
+        unsigned short acc = p[0][lo + i];
+        for (int k = 1; k < m; k++) acc = f16_round((double)f16_value(acc) + (double)f16_value(p[k][lo + i]));
+        if (out) {
+            out[i] = acc;
+        } else {
+            for (int k = 0; k < m; k++) p[k][lo + i] = acc;
+        }
+    }
+}
+
 // ---- dropout masks (math/rand/v2's PCG, as package models draws them) ------
 
 // A 128-bit unsigned integer; arithmetic wraps.

@@ -15,7 +15,7 @@ func (d *Device) MaxPeers() int { return maxPeers }
 
 // PeerSum implements comm.PeerDevice: on stream s, one kernel adds
 // elements [lo, lo+n) of bufs (buffers of d, of one element type: float32,
-// int32 or int64) element by element, left to right in the order given,
+// float16, int32 or int64) element by element, left to right in the order given,
 // and stores the sums into out[0, n), or where out is empty back into
 // elements [lo, lo+n) of every one of bufs. The additions are the host's
 // in the same order (comm/local's), so the bits are too.
@@ -36,8 +36,10 @@ func (d *Device) PeerSum(s device.Stream, bufs []device.Buffer, lo, n int, out d
 		name = "k_peer_sum_i32"
 	case device.Int64:
 		name = "k_peer_sum_i64"
+	case device.Float16: // each addition rounded to half, as device.AddFloat16
+		name = "k_peer_sum_f16"
 	default:
-		return fmt.Errorf("cuda: PeerSum of %v: float32, int32 and int64 can be added", dt)
+		return fmt.Errorf("cuda: PeerSum of %v: float32, float16, int32 and int64 can be added", dt)
 	}
 	if n == 0 {
 		return nil

@@ -40,7 +40,7 @@ func TestTrainOnGPU(t *testing.T) {
 	gpu(t)
 	dir := ml100k(t)
 	// Every sparsifier, two workers sharing the GPU (each on its own
-	// stream). lags pipelines its merge groups with the backward pass (on
+	// stream; a subtest each). lags pipelines its merge groups with the backward pass (on
 	// the GPU each group's error feedback and reduction run on a
 	// communication stream of its own as soon as its gradients are final).
 	methods := sparsify.Names()
@@ -48,77 +48,79 @@ func TestTrainOnGPU(t *testing.T) {
 		methods = []string{"dense", "topk", "lags", "spardl"}
 	}
 	for _, sp := range methods {
-		m, _ := sparsify.Lookup(sp)
-		var losses [2][]float64
-		for k, dev := range []string{"cpu", "cuda"} {
-			out := t.TempDir()
-			c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Workers: train.Set(2), Steps: 4, Sparsifier: sp, Density: train.Set(0.05),
-				Device: dev, Out: out, Pipeline: "auto", Clip: train.Set(0.0), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
-			if _, ok := m.Param("dense_warmup"); ok { // sparse from the first step
-				c.MethodOptions = sparsify.Values{"dense_warmup": 0}
-			}
-			if sp == "dragonn" {
-				c.MethodOptions = sparsify.Values{"dense_warmup": 0, "min_tensor": 0}
-			}
-			var stdout bytes.Buffer
-			c.Quiet = dev == "cpu"  // on the GPU: the terminal shows the GPU and its libraries
-			if m.CorrectsMomentum { // DGC's momentum correction, and the optimizer's momentum on weight decay only
-				c.Optimizer, c.Momentum, c.LR = "sgd", train.Set(0.9), train.Set(0.05)
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			err := train.Run(ctx, c, train.Options{Stdout: &stdout, LossSink: func(_ int, l float64) { losses[k] = append(losses[k], l) }})
-			cancel()
-			if err != nil {
-				t.Fatalf("%s on %s: %v", sp, dev, err)
-			}
-			// run.json names where the model ran: the GPU path must not
-			// fall back to the CPU unnoticed.
-			raw, err := os.ReadFile(filepath.Join(out, "run.json"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var info train.RunInfo
-			if err := json.Unmarshal(raw, &info); err != nil {
-				t.Fatal(err)
-			}
-			if got := strings.HasPrefix(info.Device, "cuda:"); got != (dev == "cuda") {
-				t.Fatalf("%s on %s: run.json device %q", sp, dev, info.Device)
-			}
-			// It also records the GPU, its driver and the libraries loaded,
-			// with versions, and the terminal says the same.
-			if dev == "cuda" {
-				if info.CUDA == nil || info.CUDA.GPU == "" || info.CUDA.SMs == 0 {
-					t.Fatalf("%s: run.json lacks the GPU: %+v", sp, info.CUDA)
+		t.Run(sp, func(t *testing.T) {
+			m, _ := sparsify.Lookup(sp)
+			var losses [2][]float64
+			for k, dev := range []string{"cpu", "cuda"} {
+				out := t.TempDir()
+				c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Workers: train.Set(2), Steps: 4, Sparsifier: sp, Density: train.Set(0.05),
+					Device: dev, Out: out, Pipeline: "auto", Clip: train.Set(0.0), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
+				if _, ok := m.Param("dense_warmup"); ok { // sparse from the first step
+					c.MethodOptions = sparsify.Values{"dense_warmup": 0}
 				}
-				for _, want := range []string{"CUDA driver", "cuBLAS"} { // NCF has no convolution: cuDNN is not loaded
-					i := slices.IndexFunc(info.CUDA.Libraries, func(l cuda.LibraryInfo) bool { return strings.Contains(l.Name, want) })
-					if i < 0 || info.CUDA.Libraries[i].Version == "" || info.CUDA.Libraries[i].Path == "" {
-						t.Fatalf("%s: run.json's libraries lack %s with its version and file: %+v", sp, want, info.CUDA.Libraries)
+				if sp == "dragonn" {
+					c.MethodOptions = sparsify.Values{"dense_warmup": 0, "min_tensor": 0}
+				}
+				var stdout bytes.Buffer
+				c.Quiet = dev == "cpu"  // on the GPU: the terminal shows the GPU and its libraries
+				if m.CorrectsMomentum { // DGC's momentum correction, and the optimizer's momentum on weight decay only
+					c.Optimizer, c.Momentum, c.LR = "sgd", train.Set(0.9), train.Set(0.05)
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				err := train.Run(ctx, c, train.Options{Stdout: &stdout, LossSink: func(_ int, l float64) { losses[k] = append(losses[k], l) }})
+				cancel()
+				if err != nil {
+					t.Fatalf("%s on %s: %v", sp, dev, err)
+				}
+				// run.json names where the model ran: the GPU path must not
+				// fall back to the CPU unnoticed.
+				raw, err := os.ReadFile(filepath.Join(out, "run.json"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var info train.RunInfo
+				if err := json.Unmarshal(raw, &info); err != nil {
+					t.Fatal(err)
+				}
+				if got := strings.HasPrefix(info.Device, "cuda:"); got != (dev == "cuda") {
+					t.Fatalf("%s on %s: run.json device %q", sp, dev, info.Device)
+				}
+				// It also records the GPU, its driver and the libraries loaded,
+				// with versions, and the terminal says the same.
+				if dev == "cuda" {
+					if info.CUDA == nil || info.CUDA.GPU == "" || info.CUDA.SMs == 0 {
+						t.Fatalf("%s: run.json lacks the GPU: %+v", sp, info.CUDA)
 					}
+					for _, want := range []string{"CUDA driver", "cuBLAS"} { // NCF has no convolution: cuDNN is not loaded
+						i := slices.IndexFunc(info.CUDA.Libraries, func(l cuda.LibraryInfo) bool { return strings.Contains(l.Name, want) })
+						if i < 0 || info.CUDA.Libraries[i].Version == "" || info.CUDA.Libraries[i].Path == "" {
+							t.Fatalf("%s: run.json's libraries lack %s with its version and file: %+v", sp, want, info.CUDA.Libraries)
+						}
+					}
+					if !strings.Contains(stdout.String(), "GPU 0: "+info.CUDA.GPU) || !strings.Contains(stdout.String(), "cuBLAS") {
+						t.Fatalf("%s: the terminal does not show the GPU and its libraries:\n%s", sp, stdout.String())
+					}
+				} else if info.CUDA != nil {
+					t.Fatalf("a CPU run records a GPU: %+v", info.CUDA)
 				}
-				if !strings.Contains(stdout.String(), "GPU 0: "+info.CUDA.GPU) || !strings.Contains(stdout.String(), "cuBLAS") {
-					t.Fatalf("%s: the terminal does not show the GPU and its libraries:\n%s", sp, stdout.String())
+				if info.Pipelined != (sp == "lags" || sp == "dense") {
+					t.Fatalf("%s on %s: pipelined %v", sp, dev, info.Pipelined)
 				}
-			} else if info.CUDA != nil {
-				t.Fatalf("a CPU run records a GPU: %+v", info.CUDA)
+				// Every method selects and reduces in GPU memory.
+				if info.ReduceIn != "device" {
+					t.Fatalf("%s on %s: reduce_in %q, want device", sp, dev, info.ReduceIn)
+				}
 			}
-			if info.Pipelined != (sp == "lags" || sp == "dense") {
-				t.Fatalf("%s on %s: pipelined %v", sp, dev, info.Pipelined)
+			if len(losses[0]) != 4 || len(losses[1]) != 4 {
+				t.Fatalf("%s: %d and %d losses", sp, len(losses[0]), len(losses[1]))
 			}
-			// Every method selects and reduces in GPU memory.
-			if info.ReduceIn != "device" {
-				t.Fatalf("%s on %s: reduce_in %q, want device", sp, dev, info.ReduceIn)
+			for i := range losses[0] {
+				if math.Abs(losses[0][i]-losses[1][i]) > 1e-4*math.Abs(losses[0][i]) {
+					t.Errorf("%s step %d: CPU loss %v, GPU %v", sp, i+1, losses[0][i], losses[1][i])
+				}
 			}
-		}
-		if len(losses[0]) != 4 || len(losses[1]) != 4 {
-			t.Fatalf("%s: %d and %d losses", sp, len(losses[0]), len(losses[1]))
-		}
-		for i := range losses[0] {
-			if math.Abs(losses[0][i]-losses[1][i]) > 1e-4*math.Abs(losses[0][i]) {
-				t.Errorf("%s step %d: CPU loss %v, GPU %v", sp, i+1, losses[0][i], losses[1][i])
-			}
-		}
-		t.Logf("%s: CPU %v, GPU %v", sp, losses[0], losses[1])
+			t.Logf("%s: CPU %v, GPU %v", sp, losses[0], losses[1])
+		})
 	}
 }
 

@@ -46,6 +46,12 @@ inline unsigned __float_as_uint(float f) {
     return u;
 }
 
+inline long long __double_as_longlong(double d) {
+    long long u;
+    std::memcpy(&u, &d, 8);
+    return u;
+}
+
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }

@@ -1,0 +1,159 @@
+package cuda_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/sparsify"
+)
+
+// halfEdgeFloats are float32 values at half precision's edges: ties,
+// the largest half and the overflow to Inf, the smallest subnormal and
+// below, float32 subnormals, Inf and NaN of both signs.
+var halfEdgeFloats = []float32{0, float32(math.Copysign(0, -1)), 1, -1, 65504, 65519.99, 65520, -65520, 1e9,
+	0x1p-24, 0x1p-25, 0x1.000002p-25, 0x1.8p-24, 0x1p-14, 0x1.ff8p-15, 1e-40, -1e-40, 1 + 0x1p-11, 1 + 0x3p-11,
+	float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), -float32(math.NaN())}
+
+// TestFP16KernelMatchesHost runs fp16's kernel (sparsify's
+// Method.Kernels) on the GPU and its Host pass on the CPU on random float32
+// bit patterns and the edges of half precision, for 1, 3 and 16 workers:
+// the halves and the values cast back are the same bits.
+func TestFP16KernelMatchesHost(t *testing.T) {
+	d := gpu(t)
+	m, _ := sparsify.Lookup("fp16")
+	if len(m.Kernels) != 1 {
+		t.Fatalf("fp16 declares %d kernels, want 1", len(m.Kernels))
+	}
+	k := m.Kernels[0]
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 35))
+	x := slices.Clone(halfEdgeFloats)
+	for range 5000 {
+		switch rng.IntN(3) {
+		case 0: // any bits
+			x = append(x, math.Float32frombits(rng.Uint32()))
+		case 1: // half's range
+			x = append(x, float32(rng.NormFloat64()*math.Pow(2, float64(rng.IntN(40)-25))))
+		default: // a half, or the midpoint of two
+			h := uint16(rng.IntN(0x7c00))
+			v := device.FromFloat16(h)
+			if rng.IntN(2) == 0 {
+				v = float32((float64(v) + float64(device.FromFloat16(h+1))) / 2)
+			}
+			x = append(x, v)
+		}
+	}
+	n := len(x)
+	ops := d.Sparse()
+	for _, nw := range []float32{1, 3, 16} {
+		// GPU.
+		acc := upload(t, s, x)
+		w, err := d.Alloc(device.Float16, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, res := upload(t, s, make([]float32, n)), upload(t, s, x)
+		for mode := range int32(2) {
+			if err := ops.Run(s, k, n, acc, w, out, res, int64(n), nw, mode); err != nil {
+				t.Fatal(err)
+			}
+		}
+		gw := make([]uint16, n)
+		if err := s.Copy(device.Host(gw), w); err != nil {
+			t.Fatal(err)
+		}
+		gout, gres := download(t, s, out), download(t, s, res)
+		// Host.
+		hw, hout, hres := make([]uint16, n), make([]float32, n), slices.Clone(x)
+		for mode := range int32(2) {
+			if err := sparsify.CPUOps().Run(device.CPU.Stream(), k, n, device.Host(slices.Clone(x)), device.Host(hw), device.Host(hout), device.Host(hres), int64(n), nw, mode); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range n {
+			if gw[i] != hw[i] {
+				t.Fatalf("%v workers: x[%d] = %v (%#x): GPU half %#04x, host %#04x", nw, i, x[i], math.Float32bits(x[i]), gw[i], hw[i])
+			}
+			if want := device.ToFloat16(device.FromFloat16(device.ToFloat16(x[i])) / nw); hw[i] != want {
+				t.Fatalf("%v workers: x[%d] = %v: host half %#04x, want %#04x", nw, i, x[i], hw[i], want)
+			}
+		}
+		if !sameBits(gout, hout) || !sameBits(gres, hres) {
+			t.Fatalf("%v workers: the values cast back differ", nw)
+		}
+		for _, b := range []device.Buffer{acc, w, out, res} {
+			if err := d.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// TestPeerSumFloat16 adds halves on the GPU (PeerSum, the staged
+// all-reduce's device sum) for 1 to 16 buffers and compares with
+// device.AddFloat16 left to right: the same bits.
+func TestPeerSumFloat16(t *testing.T) {
+	d := gpu(t)
+	s, err := d.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 35))
+	const n = 777
+	for _, m := range []int{1, 2, 3, 5, 16} {
+		hs := make([][]uint16, m)
+		bufs := make([]device.Buffer, m)
+		for k := range m {
+			hs[k] = make([]uint16, n)
+			for i := range hs[k] {
+				hs[k][i] = uint16(rng.Uint32())
+				if i%4 != 0 { // mostly finite, of mixed signs and scales
+					hs[k][i] = uint16(rng.IntN(0x7800)) | uint16(rng.IntN(2))<<15
+				}
+			}
+			b, err := d.Alloc(device.Float16, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Copy(b, device.Host(hs[k])); err != nil {
+				t.Fatal(err)
+			}
+			bufs[k] = b
+		}
+		out, err := d.Alloc(device.Float16, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.PeerSum(s, bufs, 0, n, out); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]uint16, n)
+		if err := s.Copy(device.Host(got), out); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			want := hs[0][i]
+			for k := 1; k < m; k++ {
+				want = device.AddFloat16(want, hs[k][i])
+			}
+			nan := func(h uint16) bool { return h&0x7c00 == 0x7c00 && h&0x3ff != 0 }
+			if got[i] != want && !(nan(got[i]) && nan(want)) {
+				t.Fatalf("%d buffers: element %d: GPU %#04x, AddFloat16 %#04x", m, i, got[i], want)
+			}
+		}
+		for _, b := range append(bufs, out) {
+			if err := d.Free(b); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
