@@ -145,8 +145,9 @@
 //     half precision and divided by the workers in half precision,
 //     all-reduced in half precision (2 bytes per element, every addition
 //     rounded to half in the canonical order), cast back; residual 0 (no
-//     error feedback, as both). Deviation: computed on the host (a GPU's
-//     vectors are copied there and back).
+//     error feedback, as both). On a GPU the casts are its kernel (the same
+//     bits) and the sum NCCL's half sum (its own order) or, staged, the
+//     canonical order's (the same bits).
 //   - "gtopk" (gtopk.go): reference notes 7.7: Shi et al.'s gTop-k tree
 //     merge, power-of-two worker counts. Deviations: indices and values as
 //     two messages (int32, float32) instead of indices packed as float32
