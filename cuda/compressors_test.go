@@ -1,12 +1,19 @@
 package cuda_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"testing"
 
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
@@ -155,5 +162,130 @@ func TestPeerSumFloat16(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// compressorLayout has what the compressors treat apart: 1-D tensors (sent
+// dense by efsignsgd and powersgd), a tensor of several 4096-element
+// blocks, a tall and a wide matrix, a 4-D tensor, sizes that are not
+// multiples of 32, a tensor of unknown shape.
+func compressorLayout(t *testing.T) sparsify.Layout {
+	t.Helper()
+	shapes := [][]int{{7}, {5000, 3}, {33, 2}, {1}, {3, 9001}, {4, 3, 3, 5}, nil, {1, 1}, {130}}
+	var ts []layout.Tensor
+	for i, s := range shapes {
+		size := 1
+		for _, d := range s {
+			size *= d
+		}
+		if s == nil {
+			size = 777
+		}
+		ts = append(ts, layout.Tensor{Name: fmt.Sprint("t", i), Shape: s, Size: size})
+	}
+	l, err := layout.Of(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// reduceOnBoth runs method name with options o (Layout, Params, Seed) on n
+// in-process workers for calls calls with error feedback, on the CPU and
+// on the GPU (each worker on its own stream, comm.Staged), from the same
+// random normal gradients, and fails unless out and the residual are the
+// same bits on both.
+func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int) {
+	t.Helper()
+	d := gpu(t)
+	N := o.Layout.N
+	rng := rand.New(rand.NewPCG(uint64(n), 35))
+	grads := make([][][]float32, calls)
+	for c := range grads {
+		grads[c] = make([][]float32, n)
+		for w := range n {
+			grads[c][w] = randVec(rng, N, math.Pow(2, float64(rng.IntN(8)-4)))
+		}
+	}
+	run := func(onGPU bool) (outs, ress [][][]float32) {
+		w := local.New(n)
+		outs, ress = make([][][]float32, calls), make([][][]float32, calls)
+		for c := range calls {
+			outs[c], ress[c] = make([][]float32, n), make([][]float32, n)
+		}
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for rank := range n {
+			wg.Go(func() {
+				errs[rank] = func() error {
+					oo := o
+					oo.Comm = w.Comm(rank)
+					var s device.Stream
+					if onGPU {
+						var err error
+						if s, err = d.NewStream(); err != nil {
+							return err
+						}
+						oo.Comm, oo.Stream, oo.Ops = comm.Staged(oo.Comm), s, d.Sparse()
+					}
+					r, err := sparsify.New(name, oo)
+					if err != nil {
+						return err
+					}
+					residual := make([]float32, N)
+					var res, out device.Buffer
+					if onGPU {
+						res, out = upload(t, s, residual), upload(t, s, residual)
+					}
+					for c := range calls {
+						for i, g := range grads[c][rank] {
+							residual[i] += g
+						}
+						outH := make([]float32, N)
+						if onGPU {
+							if err := s.Copy(res, device.Host(residual)); err != nil {
+								return err
+							}
+							if _, err = r.ReduceOn(context.Background(), res, out, res); err != nil {
+								return err
+							}
+							residual, outH = download(t, s, res), download(t, s, out)
+						} else if _, err = r.Reduce(context.Background(), residual, outH, residual); err != nil {
+							return err
+						}
+						outs[c][rank], ress[c][rank] = outH, slices.Clone(residual)
+					}
+					return nil
+				}()
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		return outs, ress
+	}
+	co, cr := run(false)
+	gpuO, gr := run(true)
+	for c := range calls {
+		for w := range n {
+			if !sameBits(gpuO[c][w], co[c][w]) {
+				t.Fatalf("%s, %d workers, call %d, worker %d: out differs from the CPU's", name, n, c, w)
+			}
+			if !sameBits(gr[c][w], cr[c][w]) {
+				t.Fatalf("%s, %d workers, call %d, worker %d: residual differs from the CPU's", name, n, c, w)
+			}
+		}
+	}
+}
+
+// TestEFSignSGDOnGPU: EF-SignSGD's kernel on the GPU gives the CPU's bits
+// on a layout of 1-D tensors, multi-block tensors and odd sizes, random
+// normal gradients, 1, 2, 3 and 5 workers, three calls with error
+// feedback.
+func TestEFSignSGDOnGPU(t *testing.T) {
+	l := compressorLayout(t)
+	for _, n := range []int{1, 2, 3, 5} {
+		reduceOnBoth(t, "efsignsgd", sparsify.Options{Layout: l, Density: 0.01, Seed: 3}, n, 3)
 	}
 }

@@ -137,9 +137,10 @@
 //     word), all-gathered; out = the mean of the workers' scaled signs; the
 //     residual is what the worker's own scaled signs left out (error
 //     feedback); 1-D tensors all-reduced dense. Deviations: ‖acc‖₁ is summed
-//     in float64 and rounded once; a zero's sign is + (one bit per element
-//     has no 0); computed on the host (a GPU's vectors are copied there and
-//     back).
+//     in float64 (blocks of 4096 elements in order, the blocks' sums in
+//     order, so a GPU gives the same bits) and rounded once; a zero's sign is
+//     + (one bit per element has no 0). On a GPU the passes are its kernel
+//     and the words stay in its memory.
 //   - "fp16" (fp16.go): reference notes 11.4: FP16 compression as PyTorch
 //     DDP's fp16_compress_hook (and Horovod's Compression.fp16): acc cast to
 //     half precision and divided by the workers in half precision,
