@@ -194,7 +194,7 @@ func compressorLayout(t *testing.T) sparsify.Layout {
 // in-process workers for calls calls with error feedback, on the CPU and
 // on the GPU (each worker on its own stream, comm.Staged), from the same
 // random normal gradients, and fails unless out and the residual are the
-// same bits on both.
+// same bits on both, and the statistics' threshold and counts the same.
 func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int) {
 	t.Helper()
 	d := gpu(t)
@@ -207,11 +207,11 @@ func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int) {
 			grads[c][w] = randVec(rng, N, math.Pow(2, float64(rng.IntN(8)-4)))
 		}
 	}
-	run := func(onGPU bool) (outs, ress [][][]float32) {
+	run := func(onGPU bool) (outs, ress [][][]float32, sts [][]sparsify.Stats) {
 		w := local.New(n)
-		outs, ress = make([][][]float32, calls), make([][][]float32, calls)
+		outs, ress, sts = make([][][]float32, calls), make([][][]float32, calls), make([][]sparsify.Stats, calls)
 		for c := range calls {
-			outs[c], ress[c] = make([][]float32, n), make([][]float32, n)
+			outs[c], ress[c], sts[c] = make([][]float32, n), make([][]float32, n), make([]sparsify.Stats, n)
 		}
 		errs := make([]error, n)
 		var wg sync.WaitGroup
@@ -242,18 +242,19 @@ func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int) {
 							residual[i] += g
 						}
 						outH := make([]float32, N)
+						var st sparsify.Stats
 						if onGPU {
 							if err := s.Copy(res, device.Host(residual)); err != nil {
 								return err
 							}
-							if _, err = r.ReduceOn(context.Background(), res, out, res); err != nil {
+							if st, err = r.ReduceOn(context.Background(), res, out, res); err != nil {
 								return err
 							}
 							residual, outH = download(t, s, res), download(t, s, out)
-						} else if _, err = r.Reduce(context.Background(), residual, outH, residual); err != nil {
+						} else if st, err = r.Reduce(context.Background(), residual, outH, residual); err != nil {
 							return err
 						}
-						outs[c][rank], ress[c][rank] = outH, slices.Clone(residual)
+						outs[c][rank], ress[c][rank], sts[c][rank] = outH, slices.Clone(residual), st
 					}
 					return nil
 				}()
@@ -263,10 +264,10 @@ func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int) {
 		if err := errors.Join(errs...); err != nil {
 			t.Fatal(err)
 		}
-		return outs, ress
+		return outs, ress, sts
 	}
-	co, cr := run(false)
-	gpuO, gr := run(true)
+	co, cr, cs := run(false)
+	gpuO, gr, gs := run(true)
 	for c := range calls {
 		for w := range n {
 			if !sameBits(gpuO[c][w], co[c][w]) {
@@ -274,6 +275,10 @@ func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int) {
 			}
 			if !sameBits(gr[c][w], cr[c][w]) {
 				t.Fatalf("%s, %d workers, call %d, worker %d: residual differs from the CPU's", name, n, c, w)
+			}
+			a, b := gs[c][w], cs[c][w]
+			if math.Float64bits(a.Threshold) != math.Float64bits(b.Threshold) || a.Selected != b.Selected || a.BytesSent != b.BytesSent {
+				t.Fatalf("%s, %d workers, call %d, worker %d: threshold %v, selected %d, bytes %d; the CPU's %v, %d, %d", name, n, c, w, a.Threshold, a.Selected, a.BytesSent, b.Threshold, b.Selected, b.BytesSent)
 			}
 		}
 	}
@@ -287,5 +292,19 @@ func TestEFSignSGDOnGPU(t *testing.T) {
 	l := compressorLayout(t)
 	for _, n := range []int{1, 2, 3, 5} {
 		reduceOnBoth(t, "efsignsgd", sparsify.Options{Layout: l, Density: 0.01, Seed: 3}, n, 3)
+	}
+}
+
+// TestMSTopkOnGPU: MSTopk's search on the GPU (block statistics, the
+// rounds' counts, the band read back) selects what the CPU selects: the
+// same bits of out and residual on a layout of 43,000 elements (11 blocks),
+// random normal gradients, 1, 2, 3 and 5 workers, three calls with error
+// feedback, at two densities.
+func TestMSTopkOnGPU(t *testing.T) {
+	l := compressorLayout(t)
+	for _, n := range []int{1, 2, 3, 5} {
+		for _, rho := range []float64{0.001, 0.2} {
+			reduceOnBoth(t, "mstopk", sparsify.Options{Layout: l, Density: rho, Seed: 9}, n, 3)
+		}
 	}
 }

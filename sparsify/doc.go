@@ -138,9 +138,9 @@
 //     residual is what the worker's own scaled signs left out (error
 //     feedback); 1-D tensors all-reduced dense. Deviations: ‖acc‖₁ is summed
 //     in float64 (blocks of 4096 elements in order, the blocks' sums in
-//     order, so a GPU gives the same bits) and rounded once; a zero's sign is
-//     + (one bit per element has no 0). On a GPU the passes are its kernel
-//     and the words stay in its memory.
+//     order, so a GPU gives the same bits) and rounded once; a zero counts as
+//     positive (one bit per element has no 0). On a GPU the passes are its
+//     kernel and the words stay in its memory.
 //   - "fp16" (fp16.go): reference notes 11.4: FP16 compression as PyTorch
 //     DDP's fp16_compress_hook (and Horovod's Compression.fp16): acc cast to
 //     half precision and divided by the workers in half precision,
@@ -175,7 +175,10 @@
 //     random draw is seeded by the run's seed, the rank and the call's search
 //     (the reference draws with torch.randperm); when no candidate threshold
 //     leaves at most k elements, all k are drawn from those above the lowest
-//     one tried; computed on the host (a GPU's acc is copied there).
+//     one tried; the mean summed in float64 by blocks of 4096 elements. On a
+//     GPU the search runs there (a kernel's block statistics, one count per
+//     round) and only the elements at or above the lowest threshold above k
+//     come back for the draw.
 //   - "oktopk" (oktopk.go): reference notes 7.8: Ok-Topk: local threshold
 //     exact every 32 sparse calls and otherwise reused and raised, regions
 //     re-balanced every 64, owners sum, global threshold exact every 32 and

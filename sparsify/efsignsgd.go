@@ -12,7 +12,7 @@ import (
 
 func init() {
 	Register(Method{Name: "efsignsgd", Projectable: true, New: newEFSignSGD, Advice: efsignAdvice, Kernels: []*device.Kernel{efsignKernel},
-		Doc: "reference notes 11.1: EF-SignSGD (Karimireddy et al., 2019): each tensor of more than one dimension sent as its signs, packed 32 to a 4-byte word, and its scale ‖acc‖₁/d (one word), all-gathered; out = the mean of the workers' scaled signs; the residual is what the worker's own scaled signs left out (error feedback); 1-D tensors all-reduced dense. Deviations: ‖acc‖₁ is summed in float64 (blocks of 4096 elements in order, the blocks' sums in order, so a GPU gives the same bits) and rounded once; a zero's sign is + (one bit per element has no 0). On a GPU the passes are its kernel and the words stay in its memory."})
+		Doc: "reference notes 11.1: EF-SignSGD (Karimireddy et al., 2019): each tensor of more than one dimension sent as its signs, packed 32 to a 4-byte word, and its scale ‖acc‖₁/d (one word), all-gathered; out = the mean of the workers' scaled signs; the residual is what the worker's own scaled signs left out (error feedback); 1-D tensors all-reduced dense. Deviations: ‖acc‖₁ is summed in float64 (blocks of 4096 elements in order, the blocks' sums in order, so a GPU gives the same bits) and rounded once; a zero counts as positive (one bit per element has no 0). On a GPU the passes are its kernel and the words stay in its memory."})
 }
 
 // efsign is "efsignsgd", EF-SignSGD (Karimireddy, Rebjock, Stich and

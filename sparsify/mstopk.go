@@ -2,14 +2,15 @@ package sparsify
 
 import (
 	"context"
+	_ "embed"
 	"math"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
-	Register(Method{Name: "mstopk", Projectable: true, New: newMSTopk, Advice: mstopkAdvice,
-		Doc: "reference notes 11.3: MSTopk (Shi et al., 2021), DRAGONN's approximate Top-k baseline: the threshold found by 30 rounds of binary search between the mean and the maximum magnitude, counting the elements above each candidate (no sort); the k1 <= k elements above the best threshold not exceeding k, the rest drawn at random from those between it and the lowest threshold above k; then exchanged as topk (index lists all-gathered, the union all-reduced). Deviations: the random draw is seeded by the run's seed, the rank and the call's search (the reference draws with torch.randperm); when no candidate threshold leaves at most k elements, all k are drawn from those above the lowest one tried; computed on the host (a GPU's acc is copied there)."})
+	Register(Method{Name: "mstopk", Projectable: true, New: newMSTopk, Advice: mstopkAdvice, Kernels: []*device.Kernel{mstopkKernel},
+		Doc: "reference notes 11.3: MSTopk (Shi et al., 2021), DRAGONN's approximate Top-k baseline: the threshold found by 30 rounds of binary search between the mean and the maximum magnitude, counting the elements above each candidate (no sort); the k1 <= k elements above the best threshold not exceeding k, the rest drawn at random from those between it and the lowest threshold above k; then exchanged as topk (index lists all-gathered, the union all-reduced). Deviations: the random draw is seeded by the run's seed, the rank and the call's search (the reference draws with torch.randperm); when no candidate threshold leaves at most k elements, all k are drawn from those above the lowest one tried; the mean summed in float64 by blocks of 4096 elements. On a GPU the search runs there (a kernel's block statistics, one count per round) and only the elements at or above the lowest threshold above k come back for the draw."})
 }
 
 // mstopkRounds is N, the rounds of MSTopk's binary search.
@@ -19,7 +20,7 @@ const mstopkRounds = 30
 // Chu, Li, "Towards scalable distributed training of deep learning on
 // public cloud clusters", MLSys 2021, Algorithm 2) with topk's exchange:
 //
-//   - a = |acc|, mean and max of a (mean summed in float64); for N = 30
+//   - a = |acc|, mean and max of a (mean summed in float64 by blocks of mstopkBlock); for N = 30
 //     rounds, ratio = the middle of [l, r] (initially [0, 1]), thres =
 //     mean + ratio·(max − mean), nnz = #{a >= thres}: nnz <= k moves r
 //     down to ratio and, if nnz is the largest such count yet (k1), keeps
@@ -36,29 +37,91 @@ const mstopkRounds = 30
 // It conserves the gradient. Stats: Selected = k, Threshold = thres1 (NaN
 // when no round left at most k).
 type mstopk struct {
-	b        *Env
-	h        hostVecs
-	sel, tmp []int32
-	cand     []int32
+	b             *Env
+	sel, tmp      []int32
+	cand, list    []int32
+	vals          []float32
+	part          []float64
+	dPart, dList  device.Buffer
+	dVals, dBlank device.Buffer
 }
 
 func newMSTopk(e *Env) (Core, error) { return &mstopk{b: e}, nil }
 
-// Reduce selects with MSTopk and exchanges as topk.
+// Reduce selects with MSTopk and exchanges as topk. The search runs on
+// the worker's device: the mean and maximum of |acc| by blocks
+// (mstopkKernel, read back), each round's count a CountAbove, then the
+// elements at or above thres2 (SelectAbove, read back: about k of them)
+// split and drawn from on the host as mstopkSelect does.
 func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	b := r.b
 	v := &b.v
-	if err := b.hostIn(&r.h, acc, out, residual); err != nil {
-		return err
-	}
 	dsel, err := v.scratch(&b.dSel, device.Int32, b.k)
 	if err != nil {
 		return err
 	}
 	var thres1 float64
 	selTime, err := b.timed(func() error {
+		r.sel = r.sel[:0]
+		if b.n == 0 || b.k <= 0 {
+			thres1 = math.NaN()
+			return nil
+		}
+		nb := mstopkBlocks(b.n)
+		dp, err := v.scratch(&r.dPart, device.Float64, 2*nb)
+		if err != nil {
+			return err
+		}
+		if err := v.ops.Run(v.s, mstopkKernel, nb, acc, dp, int64(nb), int64(b.n)); err != nil {
+			return err
+		}
+		r.part = grow(r.part, 2*nb)
+		if err := v.s.Copy(device.Host(r.part), dp); err != nil {
+			return err
+		}
+		if err := v.s.Synchronize(); err != nil {
+			return err
+		}
+		mean, mx := mstopkStats(r.part, b.n)
+		var countErr error
+		k1, t1, t2, k2 := mstopkSearch(mean, mx, b.n, b.k, func(t float64) int {
+			c, err := v.ops.CountAbove(v.s, acc, atLeast32(t))
+			if err != nil && countErr == nil {
+				countErr = err
+			}
+			return c
+		})
+		if countErr != nil {
+			return countErr
+		}
+		// The elements at or above thres2: k2 of them (every one not NaN
+		// when no round left more than k).
+		if math.IsInf(t2, -1) {
+			if k2, err = v.ops.CountAbove(v.s, acc, float32(math.Inf(-1))); err != nil {
+				return err
+			}
+		}
+		li, err := v.scratch(&r.dList, device.Int32, k2)
+		if err != nil {
+			return err
+		}
+		lv, err := v.scratch(&r.dVals, device.Float32, k2)
+		if err != nil {
+			return err
+		}
+		m, err := v.ops.SelectAbove(v.s, li, lv, acc, atLeast32(t2))
+		if err != nil {
+			return err
+		}
+		r.list, r.vals = grow(r.list, m), grow(r.vals, m)
+		if err := v.s.Copy(device.Host(r.vals), lv.Slice(0, m)); err != nil {
+			return err
+		}
+		if err := v.download(r.list, li); err != nil {
+			return err
+		}
 		seed := sampMix(b.o.Seed ^ sampMix(uint64(b.c.Rank())^0x3570))
-		r.sel, r.cand, r.tmp, thres1 = mstopkSelect(r.sel, r.cand, r.tmp, r.h.acc, b.k, seed)
+		r.sel, r.cand, r.tmp, thres1 = mstopkDraw(r.sel, r.cand, r.tmp, r.list, r.vals, b.k, k1, t1, t2, seed)
 		return v.upload(dsel, r.sel)
 	})
 	if err != nil {
@@ -72,32 +135,101 @@ func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 	return nil
 }
 
+// atLeast32 is the smallest float32 >= t: for a float32 a, a >= t exactly
+// when a >= atLeast32(t).
+func atLeast32(t float64) float32 {
+	f := float32(t)
+	if float64(f) < t {
+		f = math.Nextafter32(f, float32(math.Inf(1)))
+	}
+	return f
+}
+
+// mstopkBlock is the elements of a block of MSTopk's sum of |x|.
+const mstopkBlock = 4096
+
+func mstopkBlocks(n int) int { return (n + mstopkBlock - 1) / mstopkBlock }
+
+//go:embed mstopk.cu
+var mstopkCUDA string
+
+// mstopkKernel is MSTopk's statistics by blocks (mstopk.cu's k_mstopk;
+// arguments x, part (Float64, two per block), the blocks n and the
+// elements d as int64): part[2b] = Σ|x| over block b in float64, in index
+// order, part[2b+1] = its largest |x| (NaN where one is NaN).
+var mstopkKernel = &device.Kernel{Name: "k_mstopk", CUDA: mstopkCUDA, Host: func(n int, a ...any) {
+	x, part, d := a[0].(device.Buffer).Float32s(), a[1].(device.Buffer).Float64s(), int(a[3].(int64))
+	mstopkBlockStats(part, x[:d], n)
+}}
+
+// mstopkBlockStats writes the sum and the maximum of |x| of each of the
+// first nb blocks into part.
+func mstopkBlockStats(part []float64, x []float32, nb int) {
+	for b := range nb {
+		var s, m float64
+		for _, v := range x[b*mstopkBlock : min((b+1)*mstopkBlock, len(x))] {
+			a := math.Abs(float64(v))
+			s += a
+			m = max(m, a)
+		}
+		part[2*b], part[2*b+1] = s, m
+	}
+}
+
+// mstopkStats returns the mean and the maximum of |x| from its blocks'
+// statistics (the sums added in block order).
+func mstopkStats(part []float64, n int) (mean, mx float64) {
+	var sum float64
+	for b := 0; b < len(part); b += 2 {
+		sum += part[b]
+		mx = max(mx, part[b+1])
+	}
+	return sum / float64(n), mx
+}
+
 // mstopkSelect returns MSTopk's k indices of x, ascending, in sel (cand
-// and tmp are scratch), and thres1 (NaN when none).
+// and tmp are scratch), and thres1 (NaN when none): Reduce's selection
+// on the host.
 func mstopkSelect(sel, cand, tmp []int32, x []float32, k int, seed uint64) ([]int32, []int32, []int32, float64) {
 	sel, cand = sel[:0], cand[:0]
 	if len(x) == 0 || k <= 0 {
 		return sel, cand, tmp, math.NaN()
 	}
-	var sum, mx float64
-	for _, v := range x {
-		a := math.Abs(float64(v))
-		sum += a
-		mx = max(mx, a)
-	}
-	mean := sum / float64(len(x))
-	l, r := 0.0, 1.0
-	k1, k2 := 0, len(x)+1
-	thres1, thres2 := math.Inf(1), math.Inf(-1)
-	for range mstopkRounds {
-		ratio := l + (r-l)/2
-		t := mean + ratio*(mx-mean)
+	part := make([]float64, 2*mstopkBlocks(len(x)))
+	mstopkBlockStats(part, x, mstopkBlocks(len(x)))
+	mean, mx := mstopkStats(part, len(x))
+	k1, thres1, thres2, _ := mstopkSearch(mean, mx, len(x), k, func(t float64) int {
 		nnz := 0
 		for _, v := range x {
 			if math.Abs(float64(v)) >= t {
 				nnz++
 			}
 		}
+		return nnz
+	})
+	var list []int32
+	var vals []float32
+	for i, v := range x {
+		if math.Abs(float64(v)) >= thres2 {
+			list, vals = append(list, int32(i)), append(vals, v)
+		}
+	}
+	return mstopkDraw(sel, cand, tmp, list, vals, k, k1, thres1, thres2, seed)
+}
+
+// mstopkSearch is the binary search: N rounds between mean and mx over
+// n elements, count(t) the elements with |x| >= t. It returns k1 and
+// thres1 (the largest count at most k and its threshold; 0 and +Inf when
+// none) and thres2 and k2 (the smallest count above k and its threshold;
+// −Inf and n+1 when none).
+func mstopkSearch(mean, mx float64, n, k int, count func(t float64) int) (k1 int, thres1, thres2 float64, k2 int) {
+	l, r := 0.0, 1.0
+	k2 = n + 1
+	thres1, thres2 = math.Inf(1), math.Inf(-1)
+	for range mstopkRounds {
+		ratio := l + (r-l)/2
+		t := mean + ratio*(mx-mean)
+		nnz := count(t)
 		if nnz <= k {
 			r = ratio
 			if nnz > k1 {
@@ -110,12 +242,21 @@ func mstopkSelect(sel, cand, tmp []int32, x []float32, k int, seed uint64) ([]in
 			}
 		}
 	}
-	for i, v := range x {
-		a := math.Abs(float64(v))
+	return k1, thres1, thres2, k2
+}
+
+// mstopkDraw splits list (the indices, ascending, of the elements vals
+// with |x| >= thres2) into those at or above thres1, all selected, and the
+// candidates, of which k − k1 are drawn at random; it returns the
+// selection, ascending, and thres1 (NaN when k1 is 0).
+func mstopkDraw(sel, cand, tmp, list []int32, vals []float32, k, k1 int, thres1, thres2 float64, seed uint64) ([]int32, []int32, []int32, float64) {
+	sel, cand = sel[:0], cand[:0]
+	for j, i := range list {
+		a := math.Abs(float64(vals[j]))
 		if a >= thres1 {
-			sel = append(sel, int32(i))
+			sel = append(sel, i)
 		} else if a >= thres2 {
-			cand = append(cand, int32(i))
+			cand = append(cand, i)
 		}
 	}
 	// The draw's seed: the run's and the rank's (seed), and this call's
