@@ -308,3 +308,17 @@ func TestMSTopkOnGPU(t *testing.T) {
 		}
 	}
 }
+
+// TestPowerSGDOnGPU: PowerSGD's kernel on the GPU gives the CPU's bits
+// (products in float64 in the same order; Gram–Schmidt on the device) on
+// a layout of 1-D tensors, tall, wide and 4-D matrices and one of unknown
+// shape, random normal gradients, ranks 1 and 4, 1, 2, 3 and 5 workers,
+// three calls (warm start and error feedback).
+func TestPowerSGDOnGPU(t *testing.T) {
+	l := compressorLayout(t)
+	for _, n := range []int{1, 2, 3, 5} {
+		for _, rank := range []int{1, 4} {
+			reduceOnBoth(t, "powersgd", sparsify.Options{Layout: l, Density: 0.01, Seed: 4, Params: sparsify.Values{"rank": rank}}, n, 3)
+		}
+	}
+}

@@ -26,8 +26,9 @@ func TestResumeOnGPU(t *testing.T) {
 	gpu(t)
 	dir := ml100k(t)
 	// micro: a threshold carried between steps; lags: pipelined groups
-	// reduced on the communication stream.
-	methods := []string{"micro", "lags"}
+	// reduced on the communication stream; powersgd: its Q in device
+	// memory (the warm start), read back into the checkpoint.
+	methods := []string{"micro", "lags", "powersgd"}
 	if testing.Short() {
 		methods = []string{"micro"}
 	}

@@ -201,8 +201,8 @@
 //     all-reduced dense with the P's. Deviations: no dense warm-up (the
 //     hook's start_powerSGD_iter; epfml's code has none); a tensor of unknown
 //     shape is taken as the most nearly square matrix of its size; products
-//     accumulated in float64; computed on the host (a GPU's vectors are
-//     copied there and back).
+//     accumulated in float64 (in index order, rounded once: on a GPU its
+//     kernel gives the same bits, where cuBLAS's float32 sums would not).
 //   - "randomk" (randomk.go): k random indices shared by all ranks (seeded),
 //     no indices on the wire. Baseline without a reference.
 //   - "spardl" (spardl.go): reference notes 4: sparse reduce-scatter within
