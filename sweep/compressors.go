@@ -18,7 +18,7 @@ func init() {
 		Paper: "the compressors of PyTorch DDP and Horovod (FP16: fp16_compress_hook, Compression.fp16), EF-SignSGD (Karimireddy et al., ICML'19) " +
 			"and PowerSGD (Vogels et al., NeurIPS'19) beside Top-k, DEFT and MiCRO",
 		Doc: "Bytes per worker and training loss of dense all-reduce, FP16 (half precision), EF-SignSGD (1 bit per element, all-gathered), " +
-			"PowerSGD rank 4 (-rank; its P and Q) and the sparsifiers Top-k, DEFT and MiCRO at ρ = 0.1, on NCF with 4 workers. " +
+			"PowerSGD rank 4 and rank 1 (its P and Q; powersgd and powersgd-rank1) and the sparsifiers Top-k, DEFT and MiCRO at ρ = 0.1, on NCF with 4 workers. " +
 			"The compressors ignore the density: they send every element, compressed.",
 		Claims: []Claim{
 			{"FP16 sends half of dense's bytes per worker.", bytesAtMost("fp16", func(int) float64 { return 0.5 }, "1/2")},
@@ -30,9 +30,9 @@ func init() {
 				lossNear([]string{"fp16", "powersgd"}, 0.05)},
 		},
 		Spec: Spec{Base: ncfBase(1000, 5), Sparsifiers: []string{"dense", "fp16", "efsignsgd", "powersgd", "topk", "deft", "micro"},
-			Workers: []int{4}, Densities: []float64{0.1}, MethodOptions: sparsify.Values{"rank": 4}},
-		// A short ResNet-18 run: rank 4 (run again with -rank 1 for the
-		// paper's cheapest setting).
+			Workers: []int{4}, Densities: []float64{0.1}, MethodOptions: sparsify.Values{"rank": 4},
+			Variants: []Variant{{Label: "powersgd-rank1", Method: "powersgd", Options: sparsify.Values{"rank": 1}}}},
+		// A short ResNet-18 run: rank 4 and, as the preset's variant, rank 1.
 		FullSize: "train sweep -preset compressors -model resnet18 -dataset cifar10 -workers 2,4 -density 0.01 -rank 4 -steps 500 -eval-every 100 -device cuda -out sweeps/compressors-resnet18",
 		Minutes:  2.5,
 	}

@@ -125,8 +125,8 @@ func jobPoints(s Spec, out string) (pts []Point, unrunnable []Skipped, ok bool, 
 		}
 		c := r.Info.Config
 		switch st := r.Info.Status; {
-		case c.Sparsifier != j.Method || r.Info.Workers != j.Workers || (j.Method != "dense" && c.Density != j.Density):
-			return nil, nil, true, fmt.Errorf("sweep: %s holds a run of %s with %d workers at density %g, not the job's %s with %d at %g; move it away and run the job", dir, c.Sparsifier, r.Info.Workers, c.Density, j.Method, j.Workers, j.Density)
+		case c.Sparsifier != j.Config.Sparsifier || r.Info.Workers != j.Workers || (j.Config.Sparsifier != "dense" && c.Density != j.Density):
+			return nil, nil, true, fmt.Errorf("sweep: %s holds a run of %s with %d workers at density %g, not the job's %s with %d at %g; move it away and run the job", dir, c.Sparsifier, r.Info.Workers, c.Density, j.Config.Sparsifier, j.Workers, j.Density)
 		case st == metrics.StatusCompleted || st == metrics.StatusStopped:
 		default:
 			what := st

@@ -73,6 +73,18 @@ type Spec struct {
 	// MethodOptions are method options by name; each run takes the ones
 	// its method declares.
 	MethodOptions sparsify.Values
+	// Variants are further runs of a method with other option values
+	// (PowerSGD at a second rank), at every worker count, density and
+	// network of the grid.
+	Variants []Variant
+}
+
+// Variant is a method run with Options over the grid's MethodOptions,
+// named Label: its points' Method and run folders say Label, their
+// Config.Sparsifier the method.
+type Variant struct {
+	Label, Method string
+	Options       sparsify.Values
 }
 
 // Point is one run of a grid.
@@ -162,20 +174,48 @@ func (s Spec) Points() ([]Point, []Skipped, error) {
 			return nil, nil, fmt.Errorf("sweep: the option %s applies to %s, none of which is in the grid", k, strings.Join(sparsify.MethodsWithParam(k), ", "))
 		}
 	}
+	// The grid's methods, then the variants: label, method, options.
+	type entry struct {
+		label, method string
+		params        sparsify.Values
+	}
+	var entries []entry
+	for _, m := range s.Sparsifiers {
+		meth, _ := sparsify.Lookup(m)
+		entries = append(entries, entry{m, m, meth.Applicable(s.MethodOptions)})
+	}
+	for _, v := range s.Variants {
+		meth, ok := sparsify.Lookup(v.Method)
+		switch {
+		case !ok:
+			return nil, nil, fmt.Errorf("sweep: variant %q: unknown sparsifier %q; use one of %s", v.Label, v.Method, strings.Join(sparsify.Names(), ", "))
+		case v.Label == "" || strings.ContainsAny(v.Label, `/\ `) || slices.ContainsFunc(entries, func(e entry) bool { return e.label == v.Label }) || slices.Contains(sparsify.Names(), v.Label):
+			return nil, nil, fmt.Errorf("sweep: variant of %s labelled %q: a label names its runs' folders: give one of its own, without spaces or slashes and not a method's name", v.Method, v.Label)
+		}
+		params := meth.Applicable(s.MethodOptions)
+		for k, x := range v.Options {
+			if _, ok := meth.Param(k); !ok {
+				return nil, nil, fmt.Errorf("sweep: variant %s: %s has no option %s", v.Label, v.Method, k)
+			}
+			params[k] = x
+		}
+		entries = append(entries, entry{v.Label, v.Method, params})
+	}
 	var pts []Point
 	var skipped []Skipped
 	for _, n := range nets {
-		for _, m := range s.Sparsifiers {
+		for _, e := range entries {
+			m := e.method
 			meth, _ := sparsify.Lookup(m)
-			params := meth.Applicable(s.MethodOptions)
+			params := e.params
 			dens := s.Densities
 			if m == "dense" {
 				dens = []float64{1}
 			}
 			for _, w := range s.Workers {
 				for _, d := range dens {
-					p := Point{Method: m, Workers: w, Density: d, Net: netmodel.Network{Latency: n.Latency, Bandwidth: n.Bandwidth}}
-					p.Name = m + "-w" + strconv.Itoa(w)
+					p := Point{Method: e.label, Workers: w, Density: d, Net: netmodel.Network{Latency: n.Latency, Bandwidth: n.Bandwidth}}
+					p.Name = e.label + "-w" + strconv.Itoa(w)
 					if m != "dense" {
 						p.Name += "-d" + strconv.FormatFloat(d, 'g', -1, 64)
 					}
@@ -482,7 +522,7 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 			sr.Network = "real (mpirun)"
 		}
 		if host != nil {
-			pr, err := advise.Predict(host, advise.Setting{Method: p.Method, Workers: p.Workers, Density: p.Density,
+			pr, err := advise.Predict(host, advise.Setting{Method: p.Config.Sparsifier, Workers: p.Workers, Density: p.Density,
 				Params: p.Config.MethodOptions, Net: p.Net, Simulated: true})
 			if err != nil {
 				logf("no prediction for %s: %v", p.Name, err)

@@ -67,6 +67,46 @@ func TestPoints(t *testing.T) {
 	}
 }
 
+// TestPointsVariants: a variant runs its method with its options over the
+// grid's, at every worker count and density, under its own label; bad
+// labels and options are refused.
+func TestPointsVariants(t *testing.T) {
+	s := Spec{Base: train.Config{Model: "ncf", Steps: 10}, Sparsifiers: []string{"dense", "powersgd"}, Workers: []int{2, 3},
+		Densities: []float64{0.1}, MethodOptions: sparsify.Values{"rank": 4},
+		Variants: []Variant{{Label: "powersgd-rank1", Method: "powersgd", Options: sparsify.Values{"rank": 1}}}}
+	pts, _, err := s.Points()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range pts {
+		names = append(names, p.Name)
+		want := map[string]int{"powersgd": 4, "powersgd-rank1": 1}[p.Method]
+		if p.Method != "dense" && (p.Config.Sparsifier != "powersgd" || p.Config.MethodOptions["rank"] != want) {
+			t.Errorf("%s: sparsifier %s with %v, want powersgd with rank %d", p.Name, p.Config.Sparsifier, p.Config.MethodOptions, want)
+		}
+	}
+	if want := []string{"dense-w2", "dense-w3", "powersgd-w2-d0.1", "powersgd-w3-d0.1", "powersgd-rank1-w2-d0.1", "powersgd-rank1-w3-d0.1"}; !slices.Equal(names, want) {
+		t.Errorf("points %v, want %v", names, want)
+	}
+	for _, c := range []struct {
+		v    Variant
+		want string
+	}{
+		{Variant{Label: "x", Method: "powersgdd"}, `unknown sparsifier "powersgdd"`},
+		{Variant{Label: "topk", Method: "powersgd"}, "a label names its runs' folders"},
+		{Variant{Label: "powersgd", Method: "powersgd"}, "a label names its runs' folders"},
+		{Variant{Label: "a/b", Method: "powersgd"}, "a label names its runs' folders"},
+		{Variant{Label: "x", Method: "powersgd", Options: sparsify.Values{"merge_size": 3}}, "powersgd has no option merge_size"},
+	} {
+		s := s
+		s.Variants = []Variant{c.v}
+		if _, _, err := s.Points(); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("variant %+v: error %v, want one saying %q", c.v, err, c.want)
+		}
+	}
+}
+
 func TestPointsRefuse(t *testing.T) {
 	base := Spec{Base: train.Config{Model: "ncf", Steps: 10}, Sparsifiers: []string{"topk"}, Workers: []int{2}, Densities: []float64{0.01}}
 	for _, c := range []struct {
