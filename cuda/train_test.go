@@ -163,8 +163,9 @@ func TestTrainOverNCCL(t *testing.T) {
 		return losses, info, err
 	}
 	// Collectives (dense, topk), point-to-point (gtopk), host memory
-	// beside NCCL (spardl), pipelined groups (lags).
-	for _, sp := range []string{"dense", "topk", "gtopk", "spardl", "lags"} {
+	// beside NCCL (spardl), pipelined groups (lags), half precision
+	// (fp16: ncclHalf).
+	for _, sp := range []string{"dense", "topk", "gtopk", "spardl", "lags", "fp16"} {
 		want, _, err := run(sp, "cpu", "auto", n)
 		if err != nil {
 			t.Fatal(err)
