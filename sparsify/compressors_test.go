@@ -411,7 +411,12 @@ func TestMSTopkSelectionMatchesReference(t *testing.T) {
 		if trial%4 == 0 {
 			k = 1
 		}
-		sel, _, _, th := mstopkSelect(nil, nil, nil, x, k, uint64(trial))
+		r, v := &mstopk{}, newVecs(Options{})
+		th, err := r.selectOn(&v, device.Host(x), n, k, uint64(trial))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sel := r.sel
 		sure, band, t1 := refMSTopkBands(x, k)
 		if th != t1 && !(math.IsNaN(th) && math.IsNaN(t1)) {
 			t.Fatalf("trial %d: N=%d k=%d: thres1 %v, reference %v", trial, n, k, th, t1)

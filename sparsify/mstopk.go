@@ -37,22 +37,19 @@ const mstopkRounds = 30
 // It conserves the gradient. Stats: Selected = k, Threshold = thres1 (NaN
 // when no round left at most k).
 type mstopk struct {
-	b             *Env
-	sel, tmp      []int32
-	cand, list    []int32
-	vals          []float32
-	part          []float64
-	dPart, dList  device.Buffer
-	dVals, dBlank device.Buffer
+	b            *Env
+	sel, tmp     []int32
+	cand, list   []int32
+	vals         []float32
+	part         []float64
+	dPart, dList device.Buffer
+	dVals        device.Buffer
 }
 
 func newMSTopk(e *Env) (Core, error) { return &mstopk{b: e}, nil }
 
-// Reduce selects with MSTopk and exchanges as topk. The search runs on
-// the worker's device: the mean and maximum of |acc| by blocks
-// (mstopkKernel, read back), each round's count a CountAbove, then the
-// elements at or above thres2 (SelectAbove, read back: about k of them)
-// split and drawn from on the host as mstopkSelect does.
+// Reduce selects with MSTopk on the worker's device (selectOn) and
+// exchanges as topk.
 func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	b := r.b
 	v := &b.v
@@ -62,66 +59,11 @@ func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 	}
 	var thres1 float64
 	selTime, err := b.timed(func() error {
-		r.sel = r.sel[:0]
-		if b.n == 0 || b.k <= 0 {
-			thres1 = math.NaN()
-			return nil
-		}
-		nb := mstopkBlocks(b.n)
-		dp, err := v.scratch(&r.dPart, device.Float64, 2*nb)
-		if err != nil {
-			return err
-		}
-		if err := v.ops.Run(v.s, mstopkKernel, nb, acc, dp, int64(nb), int64(b.n)); err != nil {
-			return err
-		}
-		r.part = grow(r.part, 2*nb)
-		if err := v.s.Copy(device.Host(r.part), dp); err != nil {
-			return err
-		}
-		if err := v.s.Synchronize(); err != nil {
-			return err
-		}
-		mean, mx := mstopkStats(r.part, b.n)
-		var countErr error
-		k1, t1, t2, k2 := mstopkSearch(mean, mx, b.n, b.k, func(t float64) int {
-			c, err := v.ops.CountAbove(v.s, acc, atLeast32(t))
-			if err != nil && countErr == nil {
-				countErr = err
-			}
-			return c
-		})
-		if countErr != nil {
-			return countErr
-		}
-		// The elements at or above thres2: k2 of them (every one not NaN
-		// when no round left more than k).
-		if math.IsInf(t2, -1) {
-			if k2, err = v.ops.CountAbove(v.s, acc, float32(math.Inf(-1))); err != nil {
-				return err
-			}
-		}
-		li, err := v.scratch(&r.dList, device.Int32, k2)
-		if err != nil {
-			return err
-		}
-		lv, err := v.scratch(&r.dVals, device.Float32, k2)
-		if err != nil {
-			return err
-		}
-		m, err := v.ops.SelectAbove(v.s, li, lv, acc, atLeast32(t2))
-		if err != nil {
-			return err
-		}
-		r.list, r.vals = grow(r.list, m), grow(r.vals, m)
-		if err := v.s.Copy(device.Host(r.vals), lv.Slice(0, m)); err != nil {
-			return err
-		}
-		if err := v.download(r.list, li); err != nil {
-			return err
-		}
 		seed := sampMix(b.o.Seed ^ sampMix(uint64(b.c.Rank())^0x3570))
-		r.sel, r.cand, r.tmp, thres1 = mstopkDraw(r.sel, r.cand, r.tmp, r.list, r.vals, b.k, k1, t1, t2, seed)
+		var err error
+		if thres1, err = r.selectOn(v, acc, b.n, b.k, seed); err != nil {
+			return err
+		}
 		return v.upload(dsel, r.sel)
 	})
 	if err != nil {
@@ -133,6 +75,75 @@ func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 	st.SelectTime = selTime
 	st.Threshold = thres1
 	return nil
+}
+
+// selectOn is MSTopk's selection of k of the n elements of acc, on the
+// device of v: the mean and maximum of |acc| by blocks (mstopkKernel, read
+// back), each round's count a CountAbove, then the elements at or above
+// thres2 (SelectAbove, read back: about k of them) split and drawn from on
+// the host (mstopkDraw). It leaves the indices, ascending, in r.sel and
+// returns thres1 (NaN when none).
+func (r *mstopk) selectOn(v *vecs, acc device.Buffer, n, k int, seed uint64) (float64, error) {
+	r.sel = r.sel[:0]
+	if n == 0 || k <= 0 {
+		return math.NaN(), nil
+	}
+	nb := mstopkBlocks(n)
+	dp, err := v.scratch(&r.dPart, device.Float64, 2*nb)
+	if err != nil {
+		return 0, err
+	}
+	if err := v.ops.Run(v.s, mstopkKernel, nb, acc, dp, int64(nb), int64(n)); err != nil {
+		return 0, err
+	}
+	r.part = grow(r.part, 2*nb)
+	if err := v.s.Copy(device.Host(r.part), dp); err != nil {
+		return 0, err
+	}
+	if err := v.s.Synchronize(); err != nil {
+		return 0, err
+	}
+	mean, mx := mstopkStats(r.part, n)
+	var countErr error
+	k1, t1, t2, k2 := mstopkSearch(mean, mx, n, k, func(t float64) int {
+		c, err := v.ops.CountAbove(v.s, acc, atLeast32(t))
+		if err != nil && countErr == nil {
+			countErr = err
+		}
+		return c
+	})
+	if countErr != nil {
+		return 0, countErr
+	}
+	// The elements at or above thres2: k2 of them (every one not NaN
+	// when no round left more than k).
+	if math.IsInf(t2, -1) {
+		if k2, err = v.ops.CountAbove(v.s, acc, float32(math.Inf(-1))); err != nil {
+			return 0, err
+		}
+	}
+	li, err := v.scratch(&r.dList, device.Int32, k2)
+	if err != nil {
+		return 0, err
+	}
+	lv, err := v.scratch(&r.dVals, device.Float32, k2)
+	if err != nil {
+		return 0, err
+	}
+	m, err := v.ops.SelectAbove(v.s, li, lv, acc, atLeast32(t2))
+	if err != nil {
+		return 0, err
+	}
+	r.list, r.vals = grow(r.list, m), grow(r.vals, m)
+	if err := v.s.Copy(device.Host(r.vals), lv.Slice(0, m)); err != nil {
+		return 0, err
+	}
+	if err := v.download(r.list, li); err != nil {
+		return 0, err
+	}
+	var thres1 float64
+	r.sel, r.cand, r.tmp, thres1 = mstopkDraw(r.sel, r.cand, r.tmp, r.list, r.vals, k, k1, t1, t2, seed)
+	return thres1, nil
 }
 
 // atLeast32 is the smallest float32 >= t: for a float32 a, a >= t exactly
@@ -185,36 +196,6 @@ func mstopkStats(part []float64, n int) (mean, mx float64) {
 		mx = max(mx, part[b+1])
 	}
 	return sum / float64(n), mx
-}
-
-// mstopkSelect returns MSTopk's k indices of x, ascending, in sel (cand
-// and tmp are scratch), and thres1 (NaN when none): Reduce's selection
-// on the host.
-func mstopkSelect(sel, cand, tmp []int32, x []float32, k int, seed uint64) ([]int32, []int32, []int32, float64) {
-	sel, cand = sel[:0], cand[:0]
-	if len(x) == 0 || k <= 0 {
-		return sel, cand, tmp, math.NaN()
-	}
-	part := make([]float64, 2*mstopkBlocks(len(x)))
-	mstopkBlockStats(part, x, mstopkBlocks(len(x)))
-	mean, mx := mstopkStats(part, len(x))
-	k1, thres1, thres2, _ := mstopkSearch(mean, mx, len(x), k, func(t float64) int {
-		nnz := 0
-		for _, v := range x {
-			if math.Abs(float64(v)) >= t {
-				nnz++
-			}
-		}
-		return nnz
-	})
-	var list []int32
-	var vals []float32
-	for i, v := range x {
-		if math.Abs(float64(v)) >= thres2 {
-			list, vals = append(list, int32(i)), append(vals, v)
-		}
-	}
-	return mstopkDraw(sel, cand, tmp, list, vals, k, k1, thres1, thres2, seed)
 }
 
 // mstopkSearch is the binary search: N rounds between mean and mx over
