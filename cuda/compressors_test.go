@@ -322,3 +322,16 @@ func TestPowerSGDOnGPU(t *testing.T) {
 		}
 	}
 }
+
+// TestCompressorsCutOffOnGPU: with -min-compress-size the tensors below it
+// are all-reduced dense by the frame and the method runs on the others'
+// views of the device vectors: the CPU's bits for every compressor, 2 and
+// 3 workers.
+func TestCompressorsCutOffOnGPU(t *testing.T) {
+	l := compressorLayout(t)
+	for _, name := range []string{"fp16", "efsignsgd", "powersgd", "mstopk"} {
+		for _, n := range []int{2, 3} {
+			reduceOnBoth(t, name, sparsify.Options{Layout: l, Density: 0.05, Seed: 6, Params: sparsify.Values{"min_compress_size": 200}}, n, 2)
+		}
+	}
+}
