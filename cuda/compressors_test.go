@@ -12,6 +12,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -195,9 +196,12 @@ func compressorLayout(t *testing.T) sparsify.Layout {
 // on the GPU (each worker on its own stream, comm.Staged), from the same
 // random normal gradients, and fails unless out and the residual are the
 // same bits on both, and the statistics' threshold and counts the same.
-func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int) {
+// Worker w runs on devs[w mod len(devs)] (default: the first GPU).
+func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int, devs ...*cuda.Device) {
 	t.Helper()
-	d := gpu(t)
+	if len(devs) == 0 {
+		devs = []*cuda.Device{gpu(t)}
+	}
 	N := o.Layout.N
 	rng := rand.New(rand.NewPCG(uint64(n), 35))
 	grads := make([][][]float32, calls)
@@ -222,6 +226,7 @@ func reduceOnBoth(t *testing.T, name string, o sparsify.Options, n, calls int) {
 					oo.Comm = w.Comm(rank)
 					var s device.Stream
 					if onGPU {
+						d := devs[rank%len(devs)]
 						var err error
 						if s, err = d.NewStream(); err != nil {
 							return err
@@ -332,6 +337,29 @@ func TestCompressorsCutOffOnGPU(t *testing.T) {
 	for _, name := range []string{"fp16", "efsignsgd", "powersgd", "mstopk"} {
 		for _, n := range []int{2, 3} {
 			reduceOnBoth(t, name, sparsify.Options{Layout: l, Density: 0.05, Seed: 6, Params: sparsify.Values{"min_compress_size": 200}}, n, 2)
+		}
+	}
+}
+
+// TestCompressorsAcrossGPUs: workers on two GPUs, their messages staged
+// through host memory (comm.Staged: half precision, packed words, P and Q
+// copied out, summed on the host in the canonical order, copied back):
+// the CPU's bits for every compressor, 2 and 3 workers.
+func TestCompressorsAcrossGPUs(t *testing.T) {
+	d0 := gpu(t)
+	if !cuda.EmulateGPUs(t, 2) {
+		if c, err := cuda.Count(); err != nil || c < 2 {
+			t.Skip("one GPU: the staged path between GPUs needs two")
+		}
+	}
+	d1, err := cuda.Open(1, cuda.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := compressorLayout(t)
+	for _, name := range []string{"fp16", "efsignsgd", "powersgd", "mstopk"} {
+		for _, n := range []int{2, 3} {
+			reduceOnBoth(t, name, sparsify.Options{Layout: l, Density: 0.05, Seed: 8}, n, 2, d0, d1)
 		}
 	}
 }
