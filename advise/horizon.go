@@ -88,24 +88,47 @@ func RepeatGrads(grads [][]float32) GradSource {
 	}
 }
 
-// simulateHorizon runs method's reducer at density d on p in-process
-// workers for steps calls with error feedback (acc = residual + gradient,
-// the residual kept across calls), worker r fed with src(step, r), and
-// returns what they sent. perEpoch, when above 0, is the run's steps per
-// epoch (sparsify.Reducer.SetStepsPerEpoch: DGC's density warm-up is
-// scheduled in epochs), as a replay of a recording that says it gives it.
-func simulateHorizon(ctx context.Context, method string, p, steps, perEpoch int, d float64, l layout.Layout, src GradSource, params sparsify.Values) (Horizon, error) {
+// horizonRun is the run a horizon simulates: P in-process workers fed
+// with Src for Steps steps, and what the run gives its reducer besides the
+// gradients.
+type horizonRun struct {
+	P, Steps int
+	// PerEpoch, when above 0, is the run's steps per epoch
+	// (sparsify.Reducer.SetStepsPerEpoch: DGC's density warm-up is
+	// scheduled in epochs), as a replay of a recording that says it gives
+	// it.
+	PerEpoch int
+	// Seed is the run's seed (sparsify.Options.Seed: DGC's samples and
+	// Random-k's indices are drawn from it), Momentum the SGD momentum a
+	// method that corrects it applies (sparsify.Options.Momentum, for
+	// sparsify.Method.CorrectsMomentum; 0: none), as the run or the
+	// replay has them.
+	Seed     uint64
+	Momentum func(method string) float64
+	Src      GradSource
+}
+
+// simulateHorizon runs method's reducer at density d on r.P in-process
+// workers for r.Steps calls with error feedback (acc = residual + gradient,
+// the residual kept across calls), worker w fed with r.Src(step, w), and
+// returns what they sent.
+func simulateHorizon(ctx context.Context, method string, r horizonRun, d float64, l layout.Layout, params sparsify.Values) (Horizon, error) {
+	p, steps, src := r.P, r.Steps, r.Src
+	var mom float64
+	if m, ok := sparsify.Lookup(method); ok && m.CorrectsMomentum && r.Momentum != nil {
+		mom = r.Momentum(method)
+	}
 	if steps < 1 {
 		return Horizon{}, fmt.Errorf("advise: a horizon of %d steps: want at least 1 (-steps)", steps)
 	}
 	hz := Horizon{Method: method, Density: d, Workers: p, Steps: steps, Actual: make([]float64, steps), Bytes: make([]float64, steps)}
 	var mu sync.Mutex
 	err := local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
-		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: 1, Params: params})
+		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: r.Seed, Momentum: mom, Params: params})
 		if err != nil {
 			return err
 		}
-		red.SetStepsPerEpoch(perEpoch)
+		red.SetStepsPerEpoch(r.PerEpoch)
 		mem := sparsify.NewMemory(l.N, false)
 		g := make([]float32, l.N)
 		out := make([]float32, l.N)
@@ -159,9 +182,9 @@ func (h *Host) horizon(method string, density float64, P int) (Horizon, bool) {
 }
 
 // measureHorizons runs every method of methods that selects (and can run
-// on p workers) at every density over steps steps of src, and records
-// them in h.
-func (h *Host) measureHorizons(ctx context.Context, methods []string, densities []float64, p, steps, perEpoch int, src GradSource, params sparsify.Values, logf func(string, ...any)) error {
+// on r.P workers) at every density over the run r, and records them in h.
+func (h *Host) measureHorizons(ctx context.Context, methods []string, densities []float64, r horizonRun, params sparsify.Values, logf func(string, ...any)) error {
+	p, steps := r.P, r.Steps
 	h.HorizonSteps = steps
 	for _, d := range densities {
 		for _, m := range methods {
@@ -176,7 +199,7 @@ func (h *Host) measureHorizons(ctx context.Context, methods []string, densities 
 				}
 			}
 			logf("%s at density %g over a horizon of %d steps on %d workers", m, d, steps, p)
-			hz, err := simulateHorizon(ctx, m, p, steps, perEpoch, d, h.Layout, src, ps)
+			hz, err := simulateHorizon(ctx, m, r, d, h.Layout, ps)
 			if err != nil {
 				return err
 			}

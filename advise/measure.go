@@ -190,7 +190,9 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		c.Horizon = DefaultHorizon
 	}
 	if c.Horizon > 0 {
-		if err := h.measureHorizons(ctx, c.Methods, c.Densities, min(c.GradWorkers, horizonWorkers), c.Horizon, 0, RepeatGrads(grads), c.Params, logf); err != nil {
+		run := horizonRun{P: min(c.GradWorkers, horizonWorkers), Steps: c.Horizon, Seed: base.Seed.Value(), Src: RepeatGrads(grads),
+			Momentum: func(string) float64 { return runMomentum(base) }}
+		if err := h.measureHorizons(ctx, c.Methods, c.Densities, run, c.Params, logf); err != nil {
 			return nil, err
 		}
 	}
@@ -283,6 +285,15 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		}
 	}
 	return h, nil
+}
+
+// runMomentum is the SGD momentum of the run c, which the methods that
+// correct it apply (sparsify.Method.CorrectsMomentum); 0 with Adam.
+func runMomentum(c train.Config) float64 {
+	if c.Optimizer != "sgd" {
+		return 0
+	}
+	return c.Momentum.Value()
 }
 
 // readySteps is the number of training steps whose gradient-ready times

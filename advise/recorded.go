@@ -16,6 +16,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
 )
 
 // RecordedConfig says what MeasureRecorded measures.
@@ -150,7 +151,19 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 	src := func(step, rank int, dst []float32) error {
 		return rd.Read((step-1)%m.Steps+1, rank, dst)
 	}
-	if err := h.measureHorizons(ctx, cfg.Methods, cfg.Densities, min(m.Workers, maxGradWorkers), steps, m.StepsPerEpoch, src, cfg.Params, logf); err != nil {
+	// The run a replay of the recording makes: the trainer's default seed,
+	// and a recording of train's own run's SGD momentum for the methods
+	// that correct it (train.ReplayDefaults).
+	run := horizonRun{P: min(m.Workers, maxGradWorkers), Steps: steps, PerEpoch: m.StepsPerEpoch, Src: src,
+		Seed: train.Config{}.Defaults().Seed.Value(),
+		Momentum: func(method string) float64 {
+			c, err := train.ReplayDefaults(train.Config{Gradients: rec.Dir, Sparsifier: method}, false)
+			if err != nil {
+				return 0
+			}
+			return c.Momentum.Value()
+		}}
+	if err := h.measureHorizons(ctx, cfg.Methods, cfg.Densities, run, cfg.Params, logf); err != nil {
 		return nil, err
 	}
 	logf("in-process collectives of %d workers", 2)
