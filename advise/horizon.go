@@ -193,6 +193,9 @@ func (h *Host) measureHorizons(ctx context.Context, methods []string, densities 
 			}
 			meth, _ := sparsify.Lookup(m)
 			ps := filterParams(m, params)
+			if refusesCutOff(m, h.Layout, ps) != nil {
+				continue // Predict says why
+			}
 			if meth.CheckWorkers != nil {
 				if r, err := meth.Resolve(ps); err != nil || meth.CheckWorkers(p, r) != nil {
 					continue // predicted at its steady state

@@ -175,8 +175,8 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 
 	for _, d := range c.Densities {
 		for _, m := range c.Methods {
-			if !selects(m) {
-				continue
+			if !selects(m) || refusesCutOff(m, h.Layout, filterParams(m, c.Params)) != nil {
+				continue // Predict says why
 			}
 			logf("selection of %s at density %g", m, d)
 			s, err := measureSelection(ctx, m, d, h.Layout, grads, filterParams(m, c.Params))
@@ -234,6 +234,9 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			}
 			meth, _ := sparsify.Lookup(m)
 			params := filterParams(m, c.Params)
+			if refusesCutOff(m, h.Layout, params) != nil {
+				continue
+			}
 			if meth.CheckWorkers != nil {
 				if r, err := meth.Resolve(params); err != nil || meth.CheckWorkers(p, r) != nil {
 					continue

@@ -420,10 +420,17 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	if err != nil {
 		return Prediction{}, err
 	}
+	if err := refusesCutOff(s.Method, h.Layout, params); err != nil {
+		return Prediction{}, err
+	}
+	// The tensors below the size cut-off (-min-compress-size) are
+	// all-reduced dense by the frame; the method reduces the others, a
+	// layout of Nb elements, as the run's reducer does.
 	N := h.Layout.N
-	K := sparsify.BudgetK(s.Density, N)
+	big, dense := cutSizes(h.Layout.Sizes(), cutOff(s.Method, params))
+	Nb := N - dense
 	pr := Prediction{Method: s.Method, Workers: P, Density: s.Density, Compute: h.Compute, Update: h.Update, Other: h.Other}
-	sh := Shape{Sizes: h.Layout.Sizes(), N: N, P: P, Density: s.Density, K: K, Params: params}
+	sh := Shape{Sizes: big, N: Nb, P: P, Density: s.Density, K: sparsify.BudgetK(s.Density, Nb), Params: params}
 	var uTop, uThr []float64
 	if adv.Selection != sparsify.NoSelection {
 		u, ok := h.union(s.Density)
@@ -442,38 +449,45 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		pr.Other += sel.Other
 	}
 	gTop := growth(uTop)
-	sh.Sel, sh.Union = adv.Volume(sh, sparsify.Overlap{
-		TopK: func(sel float64) float64 { return unionAt(sel, N, P, gTop) },
-		Above: func() (sel, union float64) {
-			sel = uThr[0] * float64(N)
-			return sel, unionAt(sel, N, P, growth(uThr))
-		},
-	})
+	if Nb > 0 {
+		sh.Sel, sh.Union = adv.Volume(sh, sparsify.Overlap{
+			TopK: func(sel float64) float64 { return unionAt(sel, Nb, P, gTop) },
+			Above: func() (sel, union float64) {
+				sel = uThr[0] * float64(Nb)
+				return sel, unionAt(sel, Nb, P, growth(uThr))
+			},
+		})
+	}
 	hz, haveHz := h.horizon(s.Method, s.Density, P)
-	if haveHz {
-		// The controller's mean over the horizon, carried to P workers by
-		// its ratio to the steady state at the horizon's worker count.
+	if haveHz && Nb > 0 {
+		// The controller's mean over the horizon (less the dense tensors
+		// below the cut-off, which it counts), carried to P workers by its
+		// ratio to the steady state at the horizon's worker count.
 		at := sh
 		at.P = hz.Workers
 		_, steady := adv.Volume(at, sparsify.Overlap{
-			TopK: func(sel float64) float64 { return unionAt(sel, N, hz.Workers, gTop) },
+			TopK: func(sel float64) float64 { return unionAt(sel, Nb, hz.Workers, gTop) },
 			Above: func() (sel, union float64) {
-				sel = uThr[0] * float64(N)
-				return sel, unionAt(sel, N, hz.Workers, growth(uThr))
+				sel = uThr[0] * float64(Nb)
+				return sel, unionAt(sel, Nb, hz.Workers, growth(uThr))
 			},
 		})
+		hzUnion := max(hz.MeanDensity()*float64(N)-float64(dense), 0)
 		if steady > 0 {
-			r := hz.MeanDensity() * float64(N) / steady
-			sh.Sel, sh.Union = min(sh.Sel*r, float64(N)), min(sh.Union*r, float64(N))
+			r := hzUnion / steady
+			sh.Sel, sh.Union = min(sh.Sel*r, float64(Nb)), min(sh.Union*r, float64(Nb))
 		}
 		if hz.Workers == P {
-			sh.Union = hz.MeanDensity() * float64(N)
+			sh.Union = hzUnion
 		}
 	}
-	calls, err := Plan(s.Method, sh)
-	if err != nil {
-		return Prediction{}, err
+	var calls []Call
+	if Nb > 0 {
+		if calls, err = Plan(s.Method, sh); err != nil {
+			return Prediction{}, err
+		}
 	}
+	calls = withDense(calls, dense)
 	hostNet := h.hostNet(P)
 	net := s.Net
 	if net.Bandwidth == 0 {
@@ -483,7 +497,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	if s.Simulated {
 		h.simulated(&pr, s, calls)
 	}
-	pr.ActualDensity = sh.Union / float64(N)
+	pr.ActualDensity = (sh.Union + float64(dense)) / float64(N)
 	pr.BytesSent = Bytes(calls, P)
 	if haveHz {
 		if hz.Workers == P {
@@ -529,7 +543,12 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		}
 		pr.Iter = pr.Queue + pr.Compute + pr.Exposed + pr.Update + pr.Other
 	}
-	pr.Caveats = caveats(h, adv, sh)
+	if Nb > 0 {
+		pr.Caveats = caveats(h, adv, sh)
+	}
+	if dense > 0 {
+		pr.Caveats = append(pr.Caveats, fmt.Sprintf("the %d elements of the tensors below %s = %d are all-reduced dense, outside the method (-min-compress-size)", dense, minCompress, cutOff(s.Method, params)))
+	}
 	return pr, nil
 }
 

@@ -133,8 +133,8 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 	}
 	for _, d := range cfg.Densities {
 		for _, meth := range cfg.Methods {
-			if !selects(meth) {
-				continue
+			if !selects(meth) || refusesCutOff(meth, h.Layout, filterParams(meth, cfg.Params)) != nil {
+				continue // Predict says why
 			}
 			logf("selection of %s at density %g on %s", meth, d, h.Device)
 			s, err := selectionOn(ctx, dev, ops, meth, d, h.Layout, grads, filterParams(meth, cfg.Params))
