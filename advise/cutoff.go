@@ -44,6 +44,17 @@ func cutSizes(sizes []int, cut int) (big []int, dense int) {
 	return big, dense
 }
 
+// cutTensors is the tensors of ts at or above the cut-off, in order.
+func cutTensors(ts []layout.Tensor, cut int) []layout.Tensor {
+	var big []layout.Tensor
+	for _, t := range ts {
+		if t.Size >= cut {
+			big = append(big, t)
+		}
+	}
+	return big
+}
+
 // refusesCutOff says why method cannot run with the options params on the
 // layout l, as its reducer says it (nil when it can): a method that
 // reduces its own groups during the backward pass (sparsify.Method's

@@ -427,10 +427,11 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	// all-reduced dense by the frame; the method reduces the others, a
 	// layout of Nb elements, as the run's reducer does.
 	N := h.Layout.N
-	big, dense := cutSizes(h.Layout.Sizes(), cutOff(s.Method, params))
+	cut := cutOff(s.Method, params)
+	big, dense := cutSizes(h.Layout.Sizes(), cut)
 	Nb := N - dense
 	pr := Prediction{Method: s.Method, Workers: P, Density: s.Density, Compute: h.Compute, Update: h.Update, Other: h.Other}
-	sh := Shape{Sizes: big, N: Nb, P: P, Density: s.Density, K: sparsify.BudgetK(s.Density, Nb), Params: params}
+	sh := Shape{Sizes: big, N: Nb, Tensors: cutTensors(h.Layout.Tensors, cut), P: P, Density: s.Density, K: sparsify.BudgetK(s.Density, Nb), Params: params}
 	var uTop, uThr []float64
 	if adv.Selection != sparsify.NoSelection {
 		u, ok := h.union(s.Density)
@@ -547,7 +548,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		pr.Caveats = caveats(h, adv, sh)
 	}
 	if dense > 0 {
-		pr.Caveats = append(pr.Caveats, fmt.Sprintf("the %d elements of the tensors below %s = %d are all-reduced dense, outside the method (-min-compress-size)", dense, minCompress, cutOff(s.Method, params)))
+		pr.Caveats = append(pr.Caveats, fmt.Sprintf("the %d elements of the tensors below %s = %d are all-reduced dense, outside the method (-min-compress-size)", dense, minCompress, cut))
 	}
 	return pr, nil
 }
