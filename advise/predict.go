@@ -95,6 +95,11 @@ type Host struct {
 	// feedback come from instead of this machine (ApplyCostProfile).
 	CostSource  string `json:"cost_source,omitempty"`
 	CostProfile string `json:"cost_profile,omitempty"`
+	// CostDetail says, cost by cost, where the profile's came from: which
+	// methods' selection is the profile's own, which is derived from
+	// another's kernel, which is unknown, and how the update and error
+	// feedback were estimated.
+	CostDetail string `json:"cost_detail,omitempty"`
 }
 
 // HostNet is the in-process collectives of Workers simulated workers as an
@@ -441,7 +446,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		uTop, uThr = u.TopK, u.Threshold
 		sel, ok := h.selection(s.Method, s.Density)
 		if !ok && h.CostProfile != "" {
-			return Prediction{}, fmt.Errorf("advise: %s: the cost profile %s holds no GPU selection time for it; measure it on a GPU (-device cuda)", s.Method, h.CostProfile)
+			return Prediction{}, fmt.Errorf("advise: %s: GPU cost unknown: the cost profile %s holds no GPU selection time for it, nor for a method whose kernel it calls; measure it with -device cuda on a GPU, or add it to the profile (advise/costprofiles/%s.json)", s.Method, h.CostProfile, h.CostProfile)
 		}
 		if !ok {
 			return Prediction{}, fmt.Errorf("advise: %s: no selection time measured at density %g", s.Method, s.Density)

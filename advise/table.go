@@ -52,7 +52,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	fmt.Fprintf(w, "%s on %s, %d workers, %s, density %g\n", h.Model, h.Dataset, s.Workers, NetName(s.Net), s.Density)
 	costs := fmt.Sprintf("measured here on %s: selection, update %s, error feedback", h.Device, FormatSeconds(h.Update))
 	if h.CostSource != "" {
-		costs = fmt.Sprintf("selection, update %s and error feedback from the %s", FormatSeconds(h.Update), h.CostSource)
+		costs = fmt.Sprintf("selection, update %s and error feedback for a GPU (each cost's source below)", FormatSeconds(h.Update))
 	}
 	switch h.StepSource {
 	case "given":
@@ -69,6 +69,9 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 		fmt.Fprintf(w, "kind of model: %s; nothing is ranked: no paper or run of this project shows any method's convergence on a model of unknown kind (give -kind if it is one of cnn, rnn, transformer, recommender, mlp); every method is listed by time, flagged, with what is known\n", kind)
 	} else {
 		fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models at density %g or lower (where the density is recorded; the accuracy column says); the others are listed apart, flagged\n", kind, s.Density)
+	}
+	if h.CostDetail != "" {
+		fmt.Fprintln(w, "costs from the "+h.CostSource+": "+h.CostDetail)
 	}
 	fmt.Fprintln(w, "speedups are against "+DenseBaseline(h, s))
 	if h.HorizonSteps > 0 {
