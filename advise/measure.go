@@ -26,6 +26,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/metrics"
+	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -154,6 +155,12 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	}
 	if err := h.readTiming(filepath.Join(tc.Out, "metrics.jsonl")); err != nil {
 		return nil, err
+	}
+	var run struct {
+		End *metrics.End `json:"end"`
+	}
+	if err := rundir.ReadRun(tc.Out, &run); err == nil && run.End != nil {
+		h.EpochSteps = run.End.StepsPerEpoch // one worker's epoch
 	}
 
 	logf("profiling when each gradient of %s becomes final in the backward pass (%d steps)", base.Model, readySteps)

@@ -85,6 +85,9 @@ type Host struct {
 	// step. A prediction takes its actual density and bytes from them.
 	Horizons     []Horizon `json:"horizons,omitempty"`
 	HorizonSteps int       `json:"horizon_steps,omitempty"`
+	// EpochSteps is one epoch of the model in the steps of one worker of
+	// Batch (P workers take EpochSteps/P, rounded up); 0: not known.
+	EpochSteps int `json:"epoch_steps,omitempty"`
 	// Ready is, per layout tensor, when its gradient became final, in
 	// seconds after the backward pass started (the gradient-ready times
 	// the trainer's pipeline uses); nil: not profiled (overlapped dense

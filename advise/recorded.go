@@ -99,6 +99,7 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 		return nil, fmt.Errorf("advise: step %d: the recording %s holds steps 1 to %d", cfg.Step, rec.Dir, m.Steps)
 	}
 	h.GradWorkers = min(m.Workers, maxGradWorkers)
+	h.EpochSteps = m.StepsPerEpoch * m.Workers // one worker's epoch (0: not recorded)
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = Methods()
 	}

@@ -75,7 +75,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	}
 	fmt.Fprintln(w, "speedups are against "+DenseBaseline(h, s))
 	if h.HorizonSteps > 0 {
-		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n\n", h.HorizonSteps, horizonSource(h))
+		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps%s on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n\n", h.HorizonSteps, EpochNote(h, s.Workers), horizonSource(h))
 	} else {
 		fmt.Fprintln(w, "actual density and bytes: each method's steady state (no horizon simulated)")
 		fmt.Fprintln(w)
@@ -184,6 +184,19 @@ func DenseBaseline(h *Host, s Setting) string {
 	}
 	return fmt.Sprintf("overlapped dense as PyTorch DDP runs it: buckets of at most %g MB (the first %g MB) in the order the backward pass finishes the gradients, each all-reduced (α-β) as soon as it is final, from %s; only the tail after the backward pass adds to the iteration (-overlap off: dense after the backward pass)",
 		capMB, min(FirstBucketMB, capMB), how)
+}
+
+// EpochNote says how the horizon compares with one epoch of the model at
+// P workers, for a table's header ("" when the epoch is not known).
+func EpochNote(h *Host, P int) string {
+	if h.EpochSteps <= 0 || P < 1 {
+		return ""
+	}
+	e := (h.EpochSteps + P - 1) / P
+	if h.HorizonSteps >= e {
+		return fmt.Sprintf(" (at least one epoch at %d workers, %d steps)", P, e)
+	}
+	return fmt.Sprintf(" (SHORTER than one epoch at %d workers, %d steps: a controller that moves slowly is shown near its start, see \"settles\"; pass -steps %d for the epoch)", P, e, e)
 }
 
 // horizonSource says which gradients the horizon ran on.
