@@ -74,19 +74,40 @@ func (p CostProfile) Describe() string {
 	return fmt.Sprintf("cost profile %s: %s, measured %s at revision %s (%s)", p.Name, p.GPU, p.Date, p.Revision, p.Source)
 }
 
+// sameSelection are the methods whose timed selection is, kernel for
+// kernel, that of a method a profile may hold: one device TopK of k over
+// the whole gradient (topk's), which Top-k with values and gTop-k call with
+// the k values gathered beside the indices (topka.Reduce and
+// gtopk.Reduce: the same ops.TopK call, its value output set). Their GPU
+// selection is taken as that method's where the profile lacks their own;
+// no other method's is derived (their selections are other kernels or
+// schedules: CLT-k selects on one leader a round, Top-k DSA and Ok-Topk add
+// their own passes).
+var sameSelection = map[string]string{"topka": "topk", "gtopk": "topk"}
+
 // ApplyCostProfile replaces the costs h measured on this machine's CPU by
 // the profile's GPU costs, scaled per element to h's gradient: each
-// method's selection (methods the profile did not measure lose theirs, and
-// are then not predicted), the update and error feedback. The selection's
-// Other (decoding, the residual) is dropped with the CPU's times: the
-// profile's t_select covers the selection only, and its error feedback
-// charges the residual.
+// method's selection (the profile's, or that of the method whose kernel
+// it calls, sameSelection; methods neither covers lose theirs, and are
+// then not predicted: their GPU cost is unknown), the update and error
+// feedback. The selection's Other (decoding, the residual) is dropped with
+// the CPU's times: the profile's t_select covers the selection only, and
+// its error feedback charges the residual. h.CostDetail says where each
+// cost came from.
 func (h *Host) ApplyCostProfile(p CostProfile) {
 	scale := float64(h.Layout.N) / float64(p.Elements)
 	var sel []Selection
+	var own, derived, unknown []string
 	for _, s := range h.Selections {
 		t, ok := p.Select[s.Method]
-		if !ok {
+		switch {
+		case ok:
+			own = append(own, s.Method)
+		case p.Select[sameSelection[s.Method]] > 0:
+			t = p.Select[sameSelection[s.Method]]
+			derived = append(derived, fmt.Sprintf("%s as %s's (the same TopK kernel)", s.Method, sameSelection[s.Method]))
+		default:
+			unknown = append(unknown, s.Method)
 			continue
 		}
 		sel = append(sel, Selection{Method: s.Method, Density: s.Density, Workers: p.Workers, Seconds: t * scale})
@@ -96,6 +117,27 @@ func (h *Host) ApplyCostProfile(p CostProfile) {
 	h.Update = updateCopies * p.Copy * scale
 	h.Other = feedbackCopies * p.Copy * scale
 	h.CostSource, h.CostProfile = p.Describe(), p.Name
+	d := fmt.Sprintf("selection: the profile's t_select at %d workers, scaled per element from %d to %d parameters, for %s",
+		p.Workers, p.Elements, h.Layout.N, strings.Join(uniq(own), ", "))
+	if len(derived) > 0 {
+		d += "; " + strings.Join(uniq(derived), ", ")
+	}
+	if len(unknown) > 0 {
+		d += "; GPU cost unknown (not ranked): " + strings.Join(uniq(unknown), ", ")
+	}
+	d += fmt.Sprintf("; update and error feedback: estimated, not measured, as %g and %g copies of the gradient at the profile's measured copy time (%s per copy here): SGD with momentum reads 3 vectors and writes 2, error feedback reads 2 and writes 1", updateCopies, feedbackCopies, FormatSeconds(p.Copy*scale))
+	h.CostDetail = d
+}
+
+// uniq returns the distinct strings of v, in their first order.
+func uniq(v []string) []string {
+	var out []string
+	for _, s := range v {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // MixesDevices says why h's costs cannot be added up, or "": its step time

@@ -26,6 +26,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/metrics"
+	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -155,6 +156,12 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 	if err := h.readTiming(filepath.Join(tc.Out, "metrics.jsonl")); err != nil {
 		return nil, err
 	}
+	var run struct {
+		End *metrics.End `json:"end"`
+	}
+	if err := rundir.ReadRun(tc.Out, &run); err == nil && run.End != nil {
+		h.EpochSteps = run.End.StepsPerEpoch // one worker's epoch
+	}
 
 	logf("profiling when each gradient of %s becomes final in the backward pass (%d steps)", base.Model, readySteps)
 	if h.Ready, err = train.GradReadyTimes(ctx, base, readySteps); err != nil {
@@ -175,8 +182,8 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 
 	for _, d := range c.Densities {
 		for _, m := range c.Methods {
-			if !selects(m) {
-				continue
+			if !selects(m) || refusesCutOff(m, h.Layout, filterParams(m, c.Params)) != nil {
+				continue // Predict says why
 			}
 			logf("selection of %s at density %g", m, d)
 			s, err := measureSelection(ctx, m, d, h.Layout, grads, filterParams(m, c.Params))
@@ -190,7 +197,9 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		c.Horizon = DefaultHorizon
 	}
 	if c.Horizon > 0 {
-		if err := h.measureHorizons(ctx, c.Methods, c.Densities, min(c.GradWorkers, horizonWorkers), c.Horizon, 0, RepeatGrads(grads), c.Params, logf); err != nil {
+		run := horizonRun{P: min(c.GradWorkers, horizonWorkers), Steps: c.Horizon, Seed: base.Seed.Value(), Src: RepeatGrads(grads),
+			Momentum: func(string) float64 { return runMomentum(base) }}
+		if err := h.measureHorizons(ctx, c.Methods, c.Densities, run, c.Params, logf); err != nil {
 			return nil, err
 		}
 	}
@@ -232,6 +241,9 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			}
 			meth, _ := sparsify.Lookup(m)
 			params := filterParams(m, c.Params)
+			if refusesCutOff(m, h.Layout, params) != nil {
+				continue
+			}
 			if meth.CheckWorkers != nil {
 				if r, err := meth.Resolve(params); err != nil || meth.CheckWorkers(p, r) != nil {
 					continue
@@ -283,6 +295,15 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		}
 	}
 	return h, nil
+}
+
+// runMomentum is the SGD momentum of the run c, which the methods that
+// correct it apply (sparsify.Method.CorrectsMomentum); 0 with Adam.
+func runMomentum(c train.Config) float64 {
+	if c.Optimizer != "sgd" {
+		return 0
+	}
+	return c.Momentum.Value()
 }
 
 // readySteps is the number of training steps whose gradient-ready times

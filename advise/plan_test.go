@@ -31,6 +31,15 @@ func runReducer(t *testing.T, method string, sizes []int, P int, density float64
 	if err != nil {
 		t.Fatal(err)
 	}
+	return runReducerOn(t, method, l, P, density, params, calls)
+}
+
+// runReducerOn is runReducer on the layout l (its tensors' shapes
+// included).
+func runReducerOn(t *testing.T, method string, l layout.Layout, P int, density float64, params sparsify.Values, calls int) measured {
+	t.Helper()
+	sizes := l.Sizes()
+	var err error
 	res := measured{ops: make([]map[comm.Op]comm.OpStats, P), stats: make([]sparsify.Stats, P)}
 	err = local.Run(context.Background(), P, func(ctx context.Context, c comm.Communicator) error {
 		cnt := comm.NewCounter(c)
@@ -132,6 +141,53 @@ func TestPlanMatchesReducers(t *testing.T) {
 					t.Fatalf("%s: %v", name, err)
 				}
 				for _, e := range compareCalls(calls, ops, c.tol) {
+					t.Errorf("%s: %s", name, e)
+				}
+			}
+		}
+	}
+}
+
+// TestPlanMatchesReducersShaped: on a layout whose tensors have shapes,
+// the plans of the methods that treat a tensor by its shape (DGC's and
+// EF-SignSGD's 1-D tensors all-reduced dense, PowerSGD's (shape[0], rest)
+// matrices) are the real reducers' calls; Top-k, which ignores shapes, as
+// a control.
+func TestPlanMatchesReducersShaped(t *testing.T) {
+	shapes := [][]int{{10, 100}, {37}, {50, 50}, {13, 10}, {7}, {1}, {4, 2, 3}}
+	var ts []layout.Tensor
+	for i, sh := range shapes {
+		n := 1
+		for _, d := range sh {
+			n *= d
+		}
+		ts = append(ts, layout.Tensor{Name: fmt.Sprint("t", i), Shape: sh, Size: n})
+	}
+	l, err := layout.Of(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		method string
+		params sparsify.Values
+	}{{"dgc", nil}, {"efsignsgd", nil}, {"powersgd", nil}, {"powersgd", sparsify.Values{"rank": 4}}, {"topk", nil}} {
+		m, _ := sparsify.Lookup(c.method)
+		params, err := m.Resolve(c.params)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, P := range []int{1, 2, 3, 5, 16} {
+			for _, density := range []float64{0.05, 1e-6} {
+				name := fmt.Sprintf("%s/%v/P=%d/rho=%g", c.method, c.params, P, density)
+				got := runReducerOn(t, c.method, l, P, density, params, 3)
+				st := got.stats[0]
+				s := Shape{Sizes: l.Sizes(), Tensors: l.Tensors, N: l.N, P: P, Density: density, K: sparsify.BudgetK(density, l.N),
+					Sel: float64(st.Selected), Union: st.ActualDensity * float64(l.N), Params: params}
+				calls, err := Plan(c.method, s)
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				for _, e := range compareCalls(calls, got.ops[0], 0) {
 					t.Errorf("%s: %s", name, e)
 				}
 			}

@@ -85,6 +85,9 @@ type Host struct {
 	// step. A prediction takes its actual density and bytes from them.
 	Horizons     []Horizon `json:"horizons,omitempty"`
 	HorizonSteps int       `json:"horizon_steps,omitempty"`
+	// EpochSteps is one epoch of the model in the steps of one worker of
+	// Batch (P workers take EpochSteps/P, rounded up); 0: not known.
+	EpochSteps int `json:"epoch_steps,omitempty"`
 	// Ready is, per layout tensor, when its gradient became final, in
 	// seconds after the backward pass started (the gradient-ready times
 	// the trainer's pipeline uses); nil: not profiled (overlapped dense
@@ -95,6 +98,11 @@ type Host struct {
 	// feedback come from instead of this machine (ApplyCostProfile).
 	CostSource  string `json:"cost_source,omitempty"`
 	CostProfile string `json:"cost_profile,omitempty"`
+	// CostDetail says, cost by cost, where the profile's came from: which
+	// methods' selection is the profile's own, which is derived from
+	// another's kernel, which is unknown, and how the update and error
+	// feedback were estimated.
+	CostDetail string `json:"cost_detail,omitempty"`
 }
 
 // HostNet is the in-process collectives of Workers simulated workers as an
@@ -420,10 +428,18 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	if err != nil {
 		return Prediction{}, err
 	}
+	if err := refusesCutOff(s.Method, h.Layout, params); err != nil {
+		return Prediction{}, err
+	}
+	// The tensors below the size cut-off (-min-compress-size) are
+	// all-reduced dense by the frame; the method reduces the others, a
+	// layout of Nb elements, as the run's reducer does.
 	N := h.Layout.N
-	K := sparsify.BudgetK(s.Density, N)
+	cut := cutOff(s.Method, params)
+	big, dense := cutSizes(h.Layout.Sizes(), cut)
+	Nb := N - dense
 	pr := Prediction{Method: s.Method, Workers: P, Density: s.Density, Compute: h.Compute, Update: h.Update, Other: h.Other}
-	sh := Shape{Sizes: h.Layout.Sizes(), N: N, P: P, Density: s.Density, K: K, Params: params}
+	sh := Shape{Sizes: big, N: Nb, Tensors: cutTensors(h.Layout.Tensors, cut), P: P, Density: s.Density, K: sparsify.BudgetK(s.Density, Nb), Params: params}
 	var uTop, uThr []float64
 	if adv.Selection != sparsify.NoSelection {
 		u, ok := h.union(s.Density)
@@ -433,7 +449,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		uTop, uThr = u.TopK, u.Threshold
 		sel, ok := h.selection(s.Method, s.Density)
 		if !ok && h.CostProfile != "" {
-			return Prediction{}, fmt.Errorf("advise: %s: the cost profile %s holds no GPU selection time for it; measure it on a GPU (-device cuda)", s.Method, h.CostProfile)
+			return Prediction{}, fmt.Errorf("advise: %s: GPU cost unknown: the cost profile %s holds no GPU selection time for it, nor for a method whose kernel it calls; measure it with -device cuda on a GPU, or add it to the profile (advise/costprofiles/%s.json)", s.Method, h.CostProfile, h.CostProfile)
 		}
 		if !ok {
 			return Prediction{}, fmt.Errorf("advise: %s: no selection time measured at density %g", s.Method, s.Density)
@@ -442,38 +458,45 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		pr.Other += sel.Other
 	}
 	gTop := growth(uTop)
-	sh.Sel, sh.Union = adv.Volume(sh, sparsify.Overlap{
-		TopK: func(sel float64) float64 { return unionAt(sel, N, P, gTop) },
-		Above: func() (sel, union float64) {
-			sel = uThr[0] * float64(N)
-			return sel, unionAt(sel, N, P, growth(uThr))
-		},
-	})
+	if Nb > 0 {
+		sh.Sel, sh.Union = adv.Volume(sh, sparsify.Overlap{
+			TopK: func(sel float64) float64 { return unionAt(sel, Nb, P, gTop) },
+			Above: func() (sel, union float64) {
+				sel = uThr[0] * float64(Nb)
+				return sel, unionAt(sel, Nb, P, growth(uThr))
+			},
+		})
+	}
 	hz, haveHz := h.horizon(s.Method, s.Density, P)
-	if haveHz {
-		// The controller's mean over the horizon, carried to P workers by
-		// its ratio to the steady state at the horizon's worker count.
+	if haveHz && Nb > 0 {
+		// The controller's mean over the horizon (less the dense tensors
+		// below the cut-off, which it counts), carried to P workers by its
+		// ratio to the steady state at the horizon's worker count.
 		at := sh
 		at.P = hz.Workers
 		_, steady := adv.Volume(at, sparsify.Overlap{
-			TopK: func(sel float64) float64 { return unionAt(sel, N, hz.Workers, gTop) },
+			TopK: func(sel float64) float64 { return unionAt(sel, Nb, hz.Workers, gTop) },
 			Above: func() (sel, union float64) {
-				sel = uThr[0] * float64(N)
-				return sel, unionAt(sel, N, hz.Workers, growth(uThr))
+				sel = uThr[0] * float64(Nb)
+				return sel, unionAt(sel, Nb, hz.Workers, growth(uThr))
 			},
 		})
+		hzUnion := max(hz.MeanDensity()*float64(N)-float64(dense), 0)
 		if steady > 0 {
-			r := hz.MeanDensity() * float64(N) / steady
-			sh.Sel, sh.Union = min(sh.Sel*r, float64(N)), min(sh.Union*r, float64(N))
+			r := hzUnion / steady
+			sh.Sel, sh.Union = min(sh.Sel*r, float64(Nb)), min(sh.Union*r, float64(Nb))
 		}
 		if hz.Workers == P {
-			sh.Union = hz.MeanDensity() * float64(N)
+			sh.Union = hzUnion
 		}
 	}
-	calls, err := Plan(s.Method, sh)
-	if err != nil {
-		return Prediction{}, err
+	var calls []Call
+	if Nb > 0 {
+		if calls, err = Plan(s.Method, sh); err != nil {
+			return Prediction{}, err
+		}
 	}
+	calls = withDense(calls, dense)
 	hostNet := h.hostNet(P)
 	net := s.Net
 	if net.Bandwidth == 0 {
@@ -483,7 +506,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	if s.Simulated {
 		h.simulated(&pr, s, calls)
 	}
-	pr.ActualDensity = sh.Union / float64(N)
+	pr.ActualDensity = (sh.Union + float64(dense)) / float64(N)
 	pr.BytesSent = Bytes(calls, P)
 	if haveHz {
 		if hz.Workers == P {
@@ -529,7 +552,12 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		}
 		pr.Iter = pr.Queue + pr.Compute + pr.Exposed + pr.Update + pr.Other
 	}
-	pr.Caveats = caveats(h, adv, sh)
+	if Nb > 0 {
+		pr.Caveats = caveats(h, adv, sh)
+	}
+	if dense > 0 {
+		pr.Caveats = append(pr.Caveats, fmt.Sprintf("the %d elements of the tensors below %s = %d are all-reduced dense, outside the method (-min-compress-size)", dense, minCompress, cut))
+	}
 	return pr, nil
 }
 

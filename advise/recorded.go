@@ -16,6 +16,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/sparsify"
+	"github.com/sparsegrad/sparsegrad/train"
 )
 
 // RecordedConfig says what MeasureRecorded measures.
@@ -98,6 +99,7 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 		return nil, fmt.Errorf("advise: step %d: the recording %s holds steps 1 to %d", cfg.Step, rec.Dir, m.Steps)
 	}
 	h.GradWorkers = min(m.Workers, maxGradWorkers)
+	h.EpochSteps = m.StepsPerEpoch * m.Workers // one worker's epoch (0: not recorded)
 	if len(cfg.Methods) == 0 {
 		cfg.Methods = Methods()
 	}
@@ -132,8 +134,8 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 	}
 	for _, d := range cfg.Densities {
 		for _, meth := range cfg.Methods {
-			if !selects(meth) {
-				continue
+			if !selects(meth) || refusesCutOff(meth, h.Layout, filterParams(meth, cfg.Params)) != nil {
+				continue // Predict says why
 			}
 			logf("selection of %s at density %g on %s", meth, d, h.Device)
 			s, err := selectionOn(ctx, dev, ops, meth, d, h.Layout, grads, filterParams(meth, cfg.Params))
@@ -150,7 +152,19 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 	src := func(step, rank int, dst []float32) error {
 		return rd.Read((step-1)%m.Steps+1, rank, dst)
 	}
-	if err := h.measureHorizons(ctx, cfg.Methods, cfg.Densities, min(m.Workers, maxGradWorkers), steps, m.StepsPerEpoch, src, cfg.Params, logf); err != nil {
+	// The run a replay of the recording makes: the trainer's default seed,
+	// and a recording of train's own run's SGD momentum for the methods
+	// that correct it (train.ReplayDefaults).
+	run := horizonRun{P: min(m.Workers, maxGradWorkers), Steps: steps, PerEpoch: m.StepsPerEpoch, Src: src,
+		Seed: train.Config{}.Defaults().Seed.Value(),
+		Momentum: func(method string) float64 {
+			c, err := train.ReplayDefaults(train.Config{Gradients: rec.Dir, Sparsifier: method}, false)
+			if err != nil {
+				return 0
+			}
+			return c.Momentum.Value()
+		}}
+	if err := h.measureHorizons(ctx, cfg.Methods, cfg.Densities, run, cfg.Params, logf); err != nil {
 		return nil, err
 	}
 	logf("in-process collectives of %d workers", 2)

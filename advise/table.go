@@ -52,7 +52,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	fmt.Fprintf(w, "%s on %s, %d workers, %s, density %g\n", h.Model, h.Dataset, s.Workers, NetName(s.Net), s.Density)
 	costs := fmt.Sprintf("measured here on %s: selection, update %s, error feedback", h.Device, FormatSeconds(h.Update))
 	if h.CostSource != "" {
-		costs = fmt.Sprintf("selection, update %s and error feedback from the %s", FormatSeconds(h.Update), h.CostSource)
+		costs = fmt.Sprintf("selection, update %s and error feedback for a GPU (each cost's source below)", FormatSeconds(h.Update))
 	}
 	switch h.StepSource {
 	case "given":
@@ -70,9 +70,12 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	} else {
 		fmt.Fprintf(w, "kind of model: %s; ranked: the methods whose convergence a paper or this project has shown on such models at density %g or lower (where the density is recorded; the accuracy column says); the others are listed apart, flagged\n", kind, s.Density)
 	}
+	if h.CostDetail != "" {
+		fmt.Fprintln(w, "costs from the "+h.CostSource+": "+h.CostDetail)
+	}
 	fmt.Fprintln(w, "speedups are against "+DenseBaseline(h, s))
 	if h.HorizonSteps > 0 {
-		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n\n", h.HorizonSteps, horizonSource(h))
+		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps%s on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n\n", h.HorizonSteps, EpochNote(h, s.Workers), horizonSource(h))
 	} else {
 		fmt.Fprintln(w, "actual density and bytes: each method's steady state (no horizon simulated)")
 		fmt.Fprintln(w)
@@ -181,6 +184,19 @@ func DenseBaseline(h *Host, s Setting) string {
 	}
 	return fmt.Sprintf("overlapped dense as PyTorch DDP runs it: buckets of at most %g MB (the first %g MB) in the order the backward pass finishes the gradients, each all-reduced (α-β) as soon as it is final, from %s; only the tail after the backward pass adds to the iteration (-overlap off: dense after the backward pass)",
 		capMB, min(FirstBucketMB, capMB), how)
+}
+
+// EpochNote says how the horizon compares with one epoch of the model at
+// P workers, for a table's header ("" when the epoch is not known).
+func EpochNote(h *Host, P int) string {
+	if h.EpochSteps <= 0 || P < 1 {
+		return ""
+	}
+	e := (h.EpochSteps + P - 1) / P
+	if h.HorizonSteps >= e {
+		return fmt.Sprintf(" (at least one epoch at %d workers, %d steps)", P, e)
+	}
+	return fmt.Sprintf(" (SHORTER than one epoch at %d workers, %d steps: a controller that moves slowly is shown near its start, see \"settles\"; pass -steps %d for the epoch)", P, e, e)
 }
 
 // horizonSource says which gradients the horizon ran on.

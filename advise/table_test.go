@@ -29,3 +29,29 @@ func TestWriteTableDensityRatio(t *testing.T) {
 		}
 	}
 }
+
+// TestWriteTableEpoch: the header compares the horizon with one epoch of
+// the model at the table's worker count (one worker's epoch over P,
+// rounded up), and says plainly when the horizon is shorter.
+func TestWriteTableEpoch(t *testing.T) {
+	for _, c := range []struct {
+		epoch, horizon, P int
+		want              string
+	}{
+		{391, 3, 16, "SHORTER than one epoch at 16 workers, 25 steps"},
+		{391, 3, 1, "pass -steps 391 for the epoch"},
+		{391, 25, 16, "at least one epoch at 16 workers, 25 steps"},
+		{5, 3, 2, "at least one epoch at 2 workers, 3 steps"},
+		{0, 3, 16, "over a horizon of 3 steps on"},
+	} {
+		h := synthHost()
+		h.EpochSteps, h.HorizonSteps = c.epoch, c.horizon
+		var b bytes.Buffer
+		if err := WriteTable(&b, h, Setting{Workers: c.P, Density: 0.01}, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.String(), c.want) {
+			t.Errorf("epoch %d, horizon %d, %d workers: the header lacks %q:\n%s", c.epoch, c.horizon, c.P, c.want, b.String())
+		}
+	}
+}

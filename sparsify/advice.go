@@ -166,6 +166,10 @@ type Shape struct {
 	// Sizes are the layout's tensor sizes, in layout order; N their sum.
 	Sizes []int
 	N     int
+	// Tensors are the layout's tensors with their shapes, beside Sizes
+	// (nil: the shapes are unknown, and each tensor is taken as a reducer
+	// takes a tensor of unknown shape; see Tensor).
+	Tensors []Tensor
 	// P is the number of workers.
 	P int
 	// Density is the setup density ρ; K = BudgetK(ρ, N).
@@ -261,6 +265,16 @@ func buildUp(c Conditions) []string {
 // congested is the caveat of the methods that send one message to every
 // peer.
 const congested = "one message to every peer, charged one after another (the α-β model knows no congestion)"
+
+// Tensor returns the shape's tensor i: with its shape where Tensors has
+// it, else of unknown shape (Dims() 0), as a reducer sees a tensor of a
+// layout without shapes.
+func (s Shape) Tensor(i int) Tensor {
+	if len(s.Tensors) == len(s.Sizes) {
+		return s.Tensors[i]
+	}
+	return Tensor{Size: s.Sizes[i]}
+}
 
 // layout is a layout of the shape's sizes, its tensors named t0, t1, ...
 func (s Shape) layout() (Layout, error) {

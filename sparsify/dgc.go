@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/options"
 )
@@ -447,19 +448,46 @@ func dgcSelectOn(v *vecs, sc *samples, cand, x device.Buffer, p dgcParams, start
 	return min(p.nsel, m), th, nil
 }
 
-// dgcAdvice: each worker selects about ρ of every tensor (at least one
-// element each) and all-gathers its indices and its values.
-var dgcAdvice = &Advice{
-	Plan: func(s Shape) ([]Call, error) { return gatherCalls(s.Sel, 2), nil },
-	Volume: func(s Shape, o Overlap) (sel, union float64) {
-		for _, sz := range s.Sizes {
-			sel += math.Max(1, math.Ceil(float64(sz)*s.Density))
+// dgcDenseElems is the elements of the shape's 1-D tensors, which DGC
+// all-reduces dense (Shape.Tensor: a tensor of unknown shape is
+// compressed, as the reducer does).
+func dgcDenseElems(s Shape) int {
+	n := 0
+	for i, sz := range s.Sizes {
+		if s.Tensor(i).Dims() == 1 {
+			n += sz
 		}
-		return sel, o.TopK(sel)
+	}
+	return n
+}
+
+// dgcAdvice: each worker selects about ρ of every tensor of more than one
+// dimension (at least one element each) and all-gathers its indices and
+// its values; the 1-D tensors are one all-reduce.
+var dgcAdvice = &Advice{
+	Plan: func(s Shape) ([]Call, error) {
+		dense := dgcDenseElems(s)
+		var calls []Call
+		if dense < s.N {
+			calls = gatherCalls(s.Sel-float64(dense), 2)
+		}
+		if dense > 0 {
+			calls = append(calls, Call{comm.OpAllReduce, 1, float64(dense)})
+		}
+		return calls, nil
+	},
+	Volume: func(s Shape, o Overlap) (sel, union float64) {
+		for i, sz := range s.Sizes {
+			if s.Tensor(i).Dims() != 1 {
+				sel += math.Max(1, math.Ceil(float64(sz)*s.Density))
+			}
+		}
+		dense := float64(dgcDenseElems(s))
+		return sel + dense, o.TopK(sel) + dense
 	},
 	Selection: SelectsWhole,
 	Caveats: func(c Conditions) []string {
-		return append(buildUp(c), "DGC's momentum correction is not part of the reducer")
+		return append(buildUp(c), "the momentum correction, where the run has SGD momentum, changes which elements are selected; the horizon's reducer runs with the run's momentum, the steady state is predicted without it")
 	},
 	Evidence: Evidence{Shown: []ModelKind{CNN, RNN},
 		Papers: "DGC paper: ResNets on CIFAR-10 and ImageNet, LSTM on PTB and speech, no loss at 99.9 % sparsity with momentum correction and warm-up"},

@@ -243,24 +243,34 @@ var efsignKernel = &device.Kernel{Name: "k_efsign", CUDA: efsignCUDA, Host: func
 	}
 }}
 
-// efsignAdvice: one AllGather of every tensor's words (scale and packed
-// signs). The layout's shapes are unknown to the advisor: it counts every
-// tensor compressed (the reducer sends 1-D tensors dense, with one
-// all-reduce more).
+// efsignAdvice: one AllGather of the compressed tensors' words (scale and
+// packed signs) and one AllReduce of the 1-D tensors (Shape.Tensor: a
+// tensor of unknown shape is compressed, as the reducer does).
 var efsignAdvice = &Advice{
 	Plan: func(s Shape) ([]Call, error) {
-		w := 0
-		for _, d := range s.Sizes {
+		w, dense := 0, 0
+		for i, d := range s.Sizes {
+			if s.Tensor(i).Dims() == 1 {
+				dense += d
+				continue
+			}
 			w += efsignWords(d)
 		}
-		return []Call{{comm.OpAllGather, 1, float64(w)}}, nil
+		var calls []Call
+		if w > 0 {
+			calls = append(calls, Call{comm.OpAllGather, 1, float64(w)})
+		}
+		if dense > 0 {
+			calls = append(calls, Call{comm.OpAllReduce, 1, float64(dense)})
+		}
+		return calls, nil
 	},
 	Volume: func(s Shape, _ Overlap) (sel, union float64) {
 		return float64(s.N), float64(s.N)
 	},
 	Selection: SelectsWhole,
 	Caveats: func(Conditions) []string {
-		return []string{"EF-SignSGD's traffic is counted with every tensor compressed; the run sends its 1-D tensors dense (a few thousand elements on a CNN) in one all-reduce more", "its all-gather grows with the workers: each worker receives every other's signs"}
+		return []string{"its all-gather grows with the workers: each worker receives every other's signs"}
 	},
 	Evidence: Evidence{
 		Shown:   []ModelKind{CNN, RNN},

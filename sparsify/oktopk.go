@@ -414,7 +414,7 @@ var okTopkAdvice = &Advice{
 	Selection: SelectsWhole,
 	Period:    okLocalRecompute,
 	Caveats: func(Conditions) []string {
-		return []string{"its threshold controllers take a few hundred sparse iterations to settle; until then it sends more than this (up to about 2× ρ in 200-iteration NCF runs)", congested}
+		return []string{fmt.Sprintf("its thresholds are exact every %d sparse calls and reused in between, and its controllers keep its selections near k: what it sends after its dense warm-up is its reducer's over the horizon (start, mean, settled), its exact calls' gathers included", okLocalRecompute), congested}
 	},
 	Evidence: Evidence{Shown: []ModelKind{CNN, RNN, Transformer},
 		Papers: "Ok-Topk paper: VGG-16 on CIFAR-10, LSTM on AN4, BERT; similar accuracy in SparDL's comparisons"},

@@ -333,16 +333,15 @@ func (r *powersgd) LoadState(d *StateReader) error {
 	return nil
 }
 
-// powersgdAdvice: two all-reduces, P's (with the dense tensors) and Q's.
-// The advisor knows the tensors' sizes, not their shapes: it takes each as
-// the most nearly square matrix of its size, as the reducer does for a
-// tensor of unknown shape.
+// powersgdAdvice: two all-reduces, P's (with the dense tensors) and Q's,
+// over each tensor's matrix as the reducer takes it (Shape.Tensor: of a
+// tensor of unknown shape, the most nearly square matrix of its size).
 var powersgdAdvice = &Advice{
 	Plan: func(s Shape) ([]Call, error) {
 		r := s.Params.Int("rank")
 		np, nq := 0, 0
-		for _, d := range s.Sizes {
-			rows, cols, k, ok := psgdShape(Tensor{Size: d}, r)
+		for i, d := range s.Sizes {
+			rows, cols, k, ok := psgdShape(s.Tensor(i), r)
 			if !ok {
 				np += d
 				continue
@@ -357,7 +356,7 @@ var powersgdAdvice = &Advice{
 	},
 	Selection: SelectsWhole,
 	Caveats: func(Conditions) []string {
-		return []string{"PowerSGD's P and Q are counted for each tensor taken as its most nearly square matrix; a real layout's (shape[0], rest) matrices send a little more or less", "its matrix products run in float64 (a GPU kernel of its own, not cuBLAS): O(N·r) per step"}
+		return []string{"its matrix products run in float64 (a GPU kernel of its own, not cuBLAS): O(N·r) per step"}
 	},
 	Evidence: Evidence{
 		Shown:   []ModelKind{CNN, RNN, Recommender},

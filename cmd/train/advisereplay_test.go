@@ -20,14 +20,15 @@ import (
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
-// replayMeans replays dir with method at density and returns the mean
+// replayMeans replays dir with method at density (and flags) and returns the mean
 // over its steps of the actual density and of the bytes sent per step
 // (rank 0's), as metrics.jsonl records them.
-func replayMeans(t *testing.T, dir, method string, density float64, out string) (dens, bytesSent float64) {
+func replayMeans(t *testing.T, dir, method string, density float64, out string, flags ...string) (dens, bytesSent float64) {
 	t.Helper()
 	var log bytes.Buffer
-	if err := run(context.Background(), []string{"replay", "-gradients", dir, "-sparsifier", method, "-density", fmt.Sprint(density),
-		"-out", out, "-log-every", "1", "-quiet", "-report-assets", "https://cdn.jsdelivr.net/npm/echarts@5.6.0/dist/echarts.min.js"}, &log, &log); err != nil {
+	args := append([]string{"replay", "-gradients", dir, "-sparsifier", method, "-density", fmt.Sprint(density),
+		"-out", out, "-log-every", "1", "-quiet", "-report-assets", "https://cdn.jsdelivr.net/npm/echarts@5.6.0/dist/echarts.min.js"}, flags...)
+	if err := run(context.Background(), args, &log, &log); err != nil {
 		t.Fatalf("replay of %s: %v\n%s", method, err, log.String())
 	}
 	f, err := os.Open(filepath.Join(out, "metrics.jsonl"))
@@ -53,29 +54,55 @@ func replayMeans(t *testing.T, dir, method string, density float64, out string) 
 	return dens / float64(n), bytesSent / float64(n)
 }
 
-// advisorVsReplay predicts every method on the recording dir at its
-// worker count over its steps and replays it: the predicted mean actual
-// density and bytes per worker must lie within 10 % of the replay's. It
+// advisorVsReplay predicts every method of methods (nil: every method) on
+// the recording dir at its worker count over its steps and replays it, both
+// with the method options params (each method takes those it declares):
+// the predicted mean actual density and bytes per worker must lie within
+// 10 % of the replay's. With steadyState, the prediction is the methods'
+// plans' (sparsify.Advice), without the reducers run over the horizon. It
 // returns the table of both (markdown rows).
-func advisorVsReplay(t *testing.T, dir string, density float64) string {
+func advisorVsReplay(t *testing.T, dir string, density float64, methods []string, params sparsify.Values, steadyState bool) string {
 	rec, err := recorded.Open(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	P := rec.Manifest.Workers
-	h, err := advise.MeasureRecorded(context.Background(), advise.RecordedConfig{Dir: dir, StepTime: 30 * time.Millisecond, Densities: []float64{density}})
+	h, err := advise.MeasureRecorded(context.Background(), advise.RecordedConfig{Dir: dir, StepTime: 30 * time.Millisecond, Densities: []float64{density}, Params: params})
 	if err != nil {
 		t.Fatal(err)
 	}
+	var steady *advise.Host // without the horizon: the plans' prediction (steadyState)
+	if steadyState {
+		c := *h
+		c.Horizons = nil
+		steady = &c
+	}
 	var rows strings.Builder
 	fmt.Fprintf(&rows, "| method | predicted density | replayed density | predicted bytes/step | replayed bytes/step |\n|---|---|---|---|---|\n")
-	for _, m := range sparsify.Names() {
-		pr, err := advise.Predict(h, advise.Setting{Method: m, Workers: P, Density: density})
+	if methods == nil {
+		methods = sparsify.Names()
+	}
+	for _, m := range methods {
+		pr, err := advise.Predict(h, advise.Setting{Method: m, Workers: P, Density: density, Params: params})
 		if err != nil {
 			t.Logf("%s: not predicted on %d workers: %v", m, P, err)
 			continue
 		}
-		d, b := replayMeans(t, dir, m, density, filepath.Join(t.TempDir(), m))
+		if steady != nil {
+			// The steady state, from the method's plan rather than its
+			// reducer run over the horizon.
+			sp, err := advise.Predict(steady, advise.Setting{Method: m, Workers: P, Density: density, Params: params})
+			if err != nil {
+				t.Fatal(err)
+			}
+			pr.ActualDensity, pr.BytesSent = sp.ActualDensity, sp.BytesSent
+		}
+		var flags []string
+		meth, _ := sparsify.Lookup(m)
+		for k, v := range meth.Applicable(params) {
+			flags = append(flags, "-"+strings.ReplaceAll(k, "_", "-"), fmt.Sprint(v))
+		}
+		d, b := replayMeans(t, dir, m, density, filepath.Join(t.TempDir(), m), flags...)
 		fmt.Fprintf(&rows, "| %s | %.4g | %.4g | %.0f | %.0f |\n", m, pr.ActualDensity, d, pr.BytesSent, b)
 		if math.Abs(pr.ActualDensity-d) > 0.1*d {
 			t.Errorf("%s: predicted mean actual density %.4g, replay measured %.4g (more than 10 %% apart)", m, pr.ActualDensity, d)
@@ -101,7 +128,16 @@ func TestAdvisorMatchesReplay(t *testing.T) {
 		"-out", filepath.Join(dir, "trained"), "-quiet"}, &out, &out); err != nil {
 		t.Fatalf("train: %v\n%s", err, out.String())
 	}
-	t.Run("ncf", func(t *testing.T) { t.Log("\n" + advisorVsReplay(t, grads, 0.01)) })
+	t.Run("ncf", func(t *testing.T) { t.Log("\n" + advisorVsReplay(t, grads, 0.01, nil, nil, false)) })
+	t.Run("ncf/min-compress-size", func(t *testing.T) {
+		// NCF's tensors below 1,000 elements (its MLP's biases and output
+		// layer) are all-reduced dense in the replay: the prediction over
+		// the horizon counts them so, and so do the plans of the methods
+		// whose counts do not depend on the data (no reducer run).
+		cut := sparsify.Values{"min_compress_size": 1000}
+		t.Log("\n" + advisorVsReplay(t, grads, 0.01, []string{"topk", "randomk", "cltk", "gtopk", "dgc", "micro", "threshold", "deft", "spardl", "topka"}, cut, false))
+		t.Log("\n" + advisorVsReplay(t, grads, 0.01, []string{"randomk", "cltk", "spardl"}, cut, true))
+	})
 	t.Run("pytorch", func(t *testing.T) {
 		if testing.Short() {
 			t.Skip("records with PyTorch (about 10 s); skipped in -short")
@@ -119,6 +155,6 @@ func TestAdvisorMatchesReplay(t *testing.T) {
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("recording with PyTorch: %v\n%s", err, b)
 		}
-		t.Log("\n" + advisorVsReplay(t, filepath.Join(rdir, "f32"), 0.01))
+		t.Log("\n" + advisorVsReplay(t, filepath.Join(rdir, "f32"), 0.01, nil, nil, false))
 	})
 }

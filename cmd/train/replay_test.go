@@ -124,7 +124,8 @@ func TestSweepAndAdviseOfRecording(t *testing.T) {
 	}
 	s := out.String()
 	for _, want := range []string{"ncf on recorded gradients, 16 workers", "ncf on recorded gradients, 64 workers", "one step 30 ms (forward+backward, given with -step-time)",
-		"from the cost profile h200: NVIDIA H200", "revision 602ca45", "randomk: advise: randomk: the cost profile h200 holds no GPU selection time for it",
+		"costs from the cost profile h200: NVIDIA H200", "revision 602ca45", "GPU cost unknown (not ranked): randomk", "update and error feedback: estimated",
+		"randomk: advise: randomk: GPU cost unknown: the cost profile h200 holds no GPU selection time for it",
 		"speedups are against overlapped dense as PyTorch DDP runs it", "over a horizon of 2 steps",
 		"kind of model: recommender", "what is known about accuracy"} {
 		if !strings.Contains(s, want) {
