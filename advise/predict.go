@@ -518,7 +518,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 			capMB = BucketMB
 		}
 		ready, _ := h.readyTimes()
-		bs := ddpSchedule(sh.Sizes, ready, P, net, min(FirstBucketMB, capMB), capMB)
+		bs := ddpSchedule(h.Layout, ready, P, net, FirstBucketMB, capMB)
 		var total float64
 		for _, b := range bs {
 			total += b.End - b.Start
