@@ -159,6 +159,7 @@ func emulatedChecks(ctx context.Context, t *testing.T, c comm.Communicator) erro
 		return err
 	}
 	time.Sleep(work)
+	worked := time.Since(t0)
 	if _, err := q.Wait(ctx); err != nil {
 		return err
 	}
@@ -167,8 +168,10 @@ func emulatedChecks(ctx context.Context, t *testing.T, c comm.Communicator) erro
 	if last, err = lastJoin(t0); err != nil {
 		return err
 	}
-	if want := max(work, cost+last.Sub(t0)); d < want-tol || d > work+cost-10*time.Millisecond {
-		t.Errorf("rank %d of %d: IAllReduce (%v modelled) during %v of work took %v, want about %v (overlapped), not %v", rank, n, cost, work, d, want, work+cost)
+	// Overlapped, the wait after the work (longer than the call) is about
+	// nothing; run after the work it would be the call's whole time.
+	if want := cost + last.Sub(t0); d < want-tol || d-worked > cost-15*time.Millisecond {
+		t.Errorf("rank %d of %d: IAllReduce (%v modelled) during %v of work: waited %v after the work, want much less than %v (overlapped)", rank, n, cost, worked, d-worked, cost)
 	}
 
 	// 5. Point-to-point: a ring exchange of 1 MB lasts a message's time.
@@ -185,12 +188,6 @@ func emulatedChecks(ctx context.Context, t *testing.T, c comm.Communicator) erro
 		return err
 	}
 	d = time.Since(t0)
-	if last, err = lastJoin(t0); err != nil {
-		return err
-	}
-	if src := last.Sub(t0); src > 0 {
-		d -= src // the message from a later rank started later
-	}
 	if got != len(recv) || recv[0] != float32((rank+n-1)%n) {
 		t.Errorf("rank %d: SendRecv received %d elements starting %v, want %d from rank %d", rank, got, recv[0], len(recv), (rank+n-1)%n)
 	}
