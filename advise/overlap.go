@@ -1,18 +1,20 @@
 package advise
 
 import (
-	"cmp"
 	"slices"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/layout"
+	"github.com/sparsegrad/sparsegrad/sparsify"
 )
 
-// DDP's bucket sizes: the first bucket holds at most 1 MB of gradient,
-// the others at most BucketMB (25 MB, PyTorch DDP's bucket_cap_mb).
+// DDP's bucket sizes: the first bucket closes at 1 MiB of gradient, the
+// others at BucketMB (25 MiB, PyTorch DDP's bucket_cap_mb), as the trainer's
+// dense (sparsify.DenseFirstBucketMB, DenseDefaultBucketMB).
 const (
-	FirstBucketMB = 1
-	BucketMB      = 25
+	FirstBucketMB = sparsify.DenseFirstBucketMB
+	BucketMB      = sparsify.DenseDefaultBucketMB
 )
 
 // Bucket is one bucket of overlapped dense all-reduce: the tensors it
@@ -65,47 +67,28 @@ func (h *Host) backward() float64 {
 	return 2 * h.Compute / 3
 }
 
-// ddpSchedule is DDP's overlapped dense all-reduce of tensors of the given
-// sizes whose gradients become final at ready (seconds after the backward
-// pass starts): the tensors in the order they become final (ties: the
-// later layout index first) filled into buckets of at most firstMB then
-// capMB megabytes (a tensor larger than the cap alone in its bucket),
-// each bucket's all-reduce over net among P workers starting when its last
-// tensor is final and the previous bucket's all-reduce has ended (one
-// communication stream).
-func ddpSchedule(sizes []int, ready []float64, P int, net netmodel.Network, firstMB, capMB float64) []Bucket {
-	order := make([]int, len(sizes))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		if c := cmp.Compare(ready[a], ready[b]); c != 0 {
-			return c
-		}
-		return cmp.Compare(b, a)
-	})
-	var out []Bucket
-	limit := firstMB * 1e6
-	var cur Bucket
-	for _, t := range order {
-		b := float64(4 * sizes[t])
-		if len(cur.Tensors) > 0 && float64(4*cur.Elems)+b > limit {
-			out = append(out, cur)
-			cur = Bucket{}
-			limit = capMB * 1e6
-		}
-		cur.Tensors = append(cur.Tensors, t)
-		cur.Elems += sizes[t]
-		cur.Ready = max(cur.Ready, ready[t])
-	}
-	if len(cur.Tensors) > 0 {
-		out = append(out, cur)
-	}
+// ddpSchedule is DDP's overlapped dense all-reduce of the layout's
+// tensors whose gradients become final at ready (seconds after the backward
+// pass starts), in the buckets the trainer forms (sparsify.DenseBuckets:
+// the tensors in reverse layout order, a bucket closed once it holds firstMB
+// MiB, then capMB MiB, or more, as PyTorch DDP closes them), each bucket's
+// all-reduce over net among P workers starting when its last tensor is
+// final and the previous bucket's all-reduce has ended (one communication
+// stream).
+func ddpSchedule(l layout.Layout, ready []float64, P int, net netmodel.Network, firstMB, capMB float64) []Bucket {
+	const mib = 1 << 20
+	groups := sparsify.DenseBuckets(l, firstMB*mib, capMB*mib)
+	out := make([]Bucket, len(groups))
 	var free float64
-	for i := range out {
-		out[i].Start = max(out[i].Ready, free)
-		out[i].End = out[i].Start + CommTime([]Call{{Op: comm.OpAllReduce, Count: 1, Elems: float64(out[i].Elems)}}, P, net).Seconds()
-		free = out[i].End
+	for i, g := range groups {
+		b := Bucket{Tensors: g.Tensors, Elems: g.Size()}
+		for _, t := range g.Tensors {
+			b.Ready = max(b.Ready, ready[t])
+		}
+		b.Start = max(b.Ready, free)
+		b.End = b.Start + CommTime([]Call{{Op: comm.OpAllReduce, Count: 1, Elems: float64(b.Elems)}}, P, net).Seconds()
+		free = b.End
+		out[i] = b
 	}
 	return out
 }

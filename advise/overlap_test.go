@@ -3,7 +3,6 @@ package advise
 import (
 	"math"
 	"math/rand/v2"
-	"sort"
 	"testing"
 	"time"
 
@@ -13,43 +12,29 @@ import (
 )
 
 // refSchedule is a plain event simulation of DDP's overlapped all-reduce:
-// tensors sorted by ready time (ties: higher index first), a bucket closed
-// when the next tensor would take it past its cap, and a single
-// communication queue serving the buckets in order. It returns when the
-// last all-reduce ends and the number of buckets.
+// the tensors in reverse layout order (DDP's reverse parameter order), each
+// added to the current bucket, which is closed once it holds its cap (MiB)
+// or more; a single communication queue serves the buckets in order, each
+// starting when its last tensor is ready. It returns when the last
+// all-reduce ends and the number of buckets.
 func refSchedule(sizes []int, ready []float64, P int, net netmodel.Network, firstMB, capMB float64) (end float64, buckets int) {
-	type tensor struct {
-		i     int
-		ready float64
-	}
-	ts := make([]tensor, len(sizes))
-	for i := range sizes {
-		ts[i] = tensor{i, ready[i]}
-	}
-	sort.SliceStable(ts, func(a, b int) bool {
-		if ts[a].ready != ts[b].ready {
-			return ts[a].ready < ts[b].ready
-		}
-		return ts[a].i > ts[b].i
-	})
 	var queueFree float64
 	flush := func(bytes int, readyAt float64) {
 		start := math.Max(readyAt, queueFree)
 		queueFree = start + net.Cost(comm.OpAllReduce, P, bytes, 1, nil).Seconds()
 		buckets++
 	}
-	capBytes := firstMB * 1e6
+	capBytes := firstMB * (1 << 20)
 	bytes, readyAt, n := 0, 0.0, 0
-	for _, t := range ts {
-		b := 4 * sizes[t.i]
-		if n > 0 && float64(bytes+b) > capBytes {
+	for i := len(sizes) - 1; i >= 0; i-- {
+		bytes += 4 * sizes[i]
+		readyAt = math.Max(readyAt, ready[i])
+		n++
+		if float64(bytes) >= capBytes {
 			flush(bytes, readyAt)
 			bytes, readyAt, n = 0, 0, 0
-			capBytes = capMB * 1e6
+			capBytes = capMB * (1 << 20)
 		}
-		bytes += b
-		readyAt = math.Max(readyAt, t.ready)
-		n++
 	}
 	if n > 0 {
 		flush(bytes, readyAt)
@@ -61,7 +46,7 @@ func refSchedule(sizes []int, ready []float64, P int, net netmodel.Network, firs
 // schedule with the plain simulation on random per-layer sizes and ready
 // times (worker counts 1, 2, 3, 5, 16; a single tensor; tensors larger
 // than the cap), and checks its invariants: every tensor in one bucket,
-// no bucket over its cap but a lone tensor, no all-reduce before its
+// no bucket over its cap before its last tensor, no all-reduce before its
 // bucket is ready or before the previous one ended.
 func TestDDPScheduleMatchesReference(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 8))
@@ -80,7 +65,11 @@ func TestDDPScheduleMatchesReference(t *testing.T) {
 		net := netmodel.Network{Latency: time.Duration(rng.IntN(100)) * time.Microsecond, Bandwidth: 1e8 + rng.Float64()*1e10}
 		capMB := []float64{25, 1, 0.5, 100}[trial%4]
 		first := min(FirstBucketMB, capMB)
-		bs := ddpSchedule(sizes, ready, P, net, first, capMB)
+		lay, err := layout.New(names(n), sizes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bs := ddpSchedule(lay, ready, P, net, first, capMB)
 		wantEnd, wantN := refSchedule(sizes, ready, P, net, first, capMB)
 		if len(bs) != wantN || math.Abs(bs[len(bs)-1].End-wantEnd) > 1e-9*max(1, wantEnd) {
 			t.Fatalf("trial %d: %d buckets ending at %g, reference %d ending at %g", trial, len(bs), bs[len(bs)-1].End, wantN, wantEnd)
@@ -88,12 +77,12 @@ func TestDDPScheduleMatchesReference(t *testing.T) {
 		seen := make([]int, n)
 		prevEnd := 0.0
 		for j, b := range bs {
-			limit := capMB * 1e6
+			limit := capMB * (1 << 20)
 			if j == 0 {
-				limit = first * 1e6
+				limit = first * (1 << 20)
 			}
-			if len(b.Tensors) > 1 && float64(4*b.Elems) > limit {
-				t.Fatalf("trial %d: bucket %d of %d bytes over its cap %g", trial, j, 4*b.Elems, limit)
+			if lastT := b.Tensors[len(b.Tensors)-1]; float64(4*(b.Elems-sizes[lastT])) >= limit {
+				t.Fatalf("trial %d: bucket %d of %d bytes reached its cap %g before its last tensor", trial, j, 4*b.Elems, limit)
 			}
 			for _, x := range b.Tensors {
 				seen[x]++

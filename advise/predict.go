@@ -533,22 +533,34 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		}
 		pr.Iter = pr.Queue + pr.Compute + max(0, pr.Select+pr.Comm-bw) + pr.Update + pr.Other
 	}
-	if s.Method == "dense" && !s.NoOverlap && !s.Simulated {
+	if s.Method == "dense" && !s.NoOverlap {
 		// DDP: each bucket's all-reduce starts when its last gradient is
-		// final; what ends after the backward pass is exposed.
+		// final; what ends after the backward pass is exposed. Simulated
+		// workers overlap the same way (the emulated network's clock runs
+		// during the turn of the worker the others wait for), over a
+		// backward pass as long as that worker's turn makes it.
 		capMB := s.BucketMB
 		if capMB <= 0 {
 			capMB = BucketMB
 		}
 		ready, _ := h.readyTimes()
-		bs := ddpSchedule(sh.Sizes, ready, P, net, min(FirstBucketMB, capMB), capMB)
+		backward := h.backward()
+		if s.Simulated && h.Compute > 0 {
+			f := pr.Compute / h.Compute
+			backward *= f
+			ready = slices.Clone(ready)
+			for i := range ready {
+				ready[i] *= f
+			}
+		}
+		bs := ddpSchedule(h.Layout, ready, P, net, FirstBucketMB, capMB)
 		var total float64
 		for _, b := range bs {
 			total += b.End - b.Start
 		}
 		pr.Overlapped, pr.Buckets, pr.Comm = true, len(bs), total
 		if len(bs) > 0 {
-			pr.Exposed = max(0, bs[len(bs)-1].End-h.backward())
+			pr.Exposed = max(0, bs[len(bs)-1].End-backward)
 		}
 		pr.Iter = pr.Queue + pr.Compute + pr.Exposed + pr.Update + pr.Other
 	}

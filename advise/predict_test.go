@@ -302,8 +302,21 @@ func TestPredictSimulatedParallelStep(t *testing.T) {
 		if want := h.Other * max(1, float64(tc.P)/2); math.Abs(p.Other-want) > 1e-12 {
 			t.Errorf("StepCores %v, %d workers: other %v, want %v", tc.stepCores, tc.P, p.Other, want)
 		}
-		if sum := p.Queue + p.Compute + p.Select + p.Comm + p.Other + p.Update; math.Abs(p.Iter-sum) > 1e-12 {
-			t.Errorf("StepCores %v, %d workers: iteration %v, the phases add up to %v", tc.stepCores, tc.P, p.Iter, sum)
+		// Overlapped dense (the default): only the tail after the turn's
+		// backward pass adds to the iteration; -overlap off: the phases
+		// add up to it.
+		if !p.Overlapped || p.Exposed > p.Comm {
+			t.Errorf("StepCores %v, %d workers: overlapped %v, exposed %v of %v", tc.stepCores, tc.P, p.Overlapped, p.Exposed, p.Comm)
+		}
+		if sum := p.Queue + p.Compute + p.Select + p.Exposed + p.Other + p.Update; math.Abs(p.Iter-sum) > 1e-12 {
+			t.Errorf("StepCores %v, %d workers: iteration %v, the phases with the exposed tail add up to %v", tc.stepCores, tc.P, p.Iter, sum)
+		}
+		off, err := Predict(h, Setting{Method: "dense", Workers: tc.P, Density: 0.01, Simulated: true, NoOverlap: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sum := off.Queue + off.Compute + off.Select + off.Comm + off.Other + off.Update; off.Overlapped || math.Abs(off.Iter-sum) > 1e-12 {
+			t.Errorf("StepCores %v, %d workers, -overlap off: iteration %v, the phases add up to %v", tc.stepCores, tc.P, off.Iter, sum)
 		}
 	}
 }

@@ -171,7 +171,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 // DenseBaseline names the dense all-reduce the speedups of s are computed
 // against.
 func DenseBaseline(h *Host, s Setting) string {
-	if s.NoOverlap || s.Simulated {
+	if s.NoOverlap {
 		return "dense all-reduce after the backward pass (not overlapped: -overlap off)"
 	}
 	capMB := s.BucketMB
@@ -182,7 +182,7 @@ func DenseBaseline(h *Host, s Setting) string {
 	if _, profiled := h.readyTimes(); profiled {
 		how = "the profiled gradient-ready times of the backward pass"
 	}
-	return fmt.Sprintf("overlapped dense as PyTorch DDP runs it: buckets of at most %g MB (the first %g MB) in the order the backward pass finishes the gradients, each all-reduced (α-β) as soon as it is final, from %s; only the tail after the backward pass adds to the iteration (-overlap off: dense after the backward pass)",
+	return fmt.Sprintf("overlapped dense as PyTorch DDP runs it: buckets closed at %g MiB (the first at %g MiB) in the order the backward pass finishes the gradients, each all-reduced (α-β) as soon as it is final, from %s; only the tail after the backward pass adds to the iteration (-overlap off: dense after the backward pass)",
 		capMB, min(FirstBucketMB, capMB), how)
 }
 

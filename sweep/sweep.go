@@ -523,7 +523,7 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 		}
 		if host != nil {
 			pr, err := advise.Predict(host, advise.Setting{Method: p.Config.Sparsifier, Workers: p.Workers, Density: p.Density,
-				Params: p.Config.MethodOptions, Net: p.Net, Simulated: true})
+				Params: p.Config.MethodOptions, Net: p.Net, Simulated: true, NoOverlap: !p.Config.PipelineOn()})
 			if err != nil {
 				logf("no prediction for %s: %v", p.Name, err)
 			} else {

@@ -320,9 +320,6 @@ func (c Config) Validate(underMPI bool) error {
 	if (c.NetLatency != 0) != (c.NetBandwidth != 0) {
 		bad("-net-latency and -net-bandwidth emulate a network together; give both (e.g. -net-latency 50us -net-bandwidth 10) or neither")
 	}
-	if underMPI && c.NetBandwidth != 0 {
-		bad("-net-latency/-net-bandwidth emulate a network between simulated workers; under mpirun the real network is used, drop them")
-	}
 	if c.Device == "cuda" && c.Executors > 0 {
 		bad("-executors %d with -device cuda: workers on GPUs keep a model each (on streams of their own); drop -executors", c.Executors)
 	}

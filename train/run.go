@@ -157,6 +157,15 @@ func runMPI(ctx context.Context, c Config, o Options, r *runner) error {
 			}
 		}
 		r.backend, r.size = "mpi", cm.Size()
+		if r.cfg.NetBandwidth > 0 {
+			// The same emulated network as simulated workers get
+			// (comm/local's WithNetwork), between the processes.
+			net := netmodel.Network{Latency: r.cfg.NetLatency, Bandwidth: r.cfg.NetBandwidth}
+			var err error
+			if cm, err = netmodel.Emulate(cm, net); err != nil {
+				return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
+			}
+		}
 		defer r.watchStop()()
 		err := r.discard(r.worker(ctx, cm), cm.Rank() == 0)
 		var ce collectiveError

@@ -1,7 +1,9 @@
 // Package netmodel owns the α-β model of a cluster network: the modelled time
 // of every communicator call under the algorithms an MPI or NCCL library uses
 // (ring, recursive doubling, Bruck, binomial tree), the precise delay that
-// comm/local uses to emulate such a network on one machine, and the
+// comm/local uses to emulate such a network on one machine, the same
+// emulation between processes (Emulate: the network of an mpirun job on one
+// machine made to behave as the modelled one), and the
 // projection of a recorded run's communication time to other worker counts and
 // networks.
 //
