@@ -873,6 +873,25 @@ extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float s
     }
 }
 
+// k_accumulate without the host's read: r += scale·g, and for every r[i]
+// that becomes NaN or ±Inf flag[0] = min(flag[0], key), key = (base+i)<<33
+// | (g[i] not finite)<<32 | the bits of g[i] when it is not finite, else
+// of r[i] — the first such element of the whole vector, whether its
+// gradient was already non-finite, and the value, in one word the host
+// reads with a later wait (the caller sets flag[0] to ~0 once).
+extern "C" __global__ void k_accumulate_flag(float* r, const float* g, i64 n, float scale, i64 base, u64* flag) {
+    GRID_STRIDE(i, n) {
+        float v = r[i] + scale * g[i];
+        r[i] = v;
+        unsigned vb = __float_as_uint(v);
+        if ((vb & KEY_INF) == KEY_INF) {
+            unsigned gb = __float_as_uint(g[i]);
+            u64 gbad = (gb & KEY_INF) == KEY_INF;
+            atomicMin(flag, ((u64)(base + i) << 33) | (gbad << 32) | (u64)(gbad ? gb : vb));
+        }
+    }
+}
+
 // Σx² in double of pieces [lo[p], lo[p+1]) of x (at most 4096 elements,
 // never straddling a segment), one block per piece, added exactly as the
 // CPU does (package sparsify's sumSquares): element i of the piece into

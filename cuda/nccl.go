@@ -456,10 +456,17 @@ func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if x != nil && x.f != nil {
-		if err := c.start(x.what, x.f); err != nil {
-			return nil, err
+	if x == nil || x.f == nil {
+		// Nothing issued (an empty buffer, one rank's all-reduce): done,
+		// nothing to wait for.
+		r := doneRequest(0)
+		if x != nil {
+			r = doneRequest(x.n)
 		}
+		return r, nil
+	}
+	if err := c.start(x.what, x.f); err != nil {
+		return nil, err
 	}
 	ev, err := c.s.Record()
 	if err != nil {
@@ -471,6 +478,13 @@ func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
 	}
 	return r, nil
 }
+
+// doneRequest is a transfer that issued nothing: its Wait returns its
+// elements at once.
+type doneRequest int
+
+// Wait returns the elements received.
+func (r doneRequest) Wait(context.Context) (int, error) { return int(r), nil }
 
 // ncclRequest is a transfer started by one of the I methods.
 type ncclRequest struct {

@@ -161,6 +161,56 @@ func (o *Sparse) Accumulate(s device.Stream, r, g device.Buffer, scale float32) 
 	return int(f[0]), nil
 }
 
+// FeedbackFlagClear is the value of a flag of AccumulateFlag before any
+// element became non-finite: the caller sets the flag's word to it once.
+const FeedbackFlagClear = ^uint64(0)
+
+// MaxFlagged is one more than the largest element index AccumulateFlag's
+// flag holds: base + r.Len() must not exceed it.
+const MaxFlagged = 1 << 31
+
+// AccumulateFlag is Accumulate without the host's wait: it adds scale·g to
+// r element-wise and lowers flag (one Int64 word of this GPU) to the key of
+// each element of r that became NaN or ±Inf, which DecodeFeedbackFlag
+// reads: base plus the element's index, whether g's element was itself not
+// finite, and the value (g's element then, else r's). The host reads the
+// flag with a later wait (a copy on s before a synchronisation it makes
+// anyway), so error feedback's finiteness check costs no wait of its own.
+func (o *Sparse) AccumulateFlag(s device.Stream, r, g, flag device.Buffer, base int, scale float32) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := r.Len()
+	if err := o.check("AccumulateFlag", "r", r, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("AccumulateFlag", "g", g, device.Float32, n); err != nil {
+		return err
+	}
+	if err := o.check("AccumulateFlag", "flag", flag, device.Int64, 1); err != nil {
+		return err
+	}
+	if base < 0 || base+n > MaxFlagged {
+		return fmt.Errorf("cuda: AccumulateFlag: elements [%d, %d) do not fit the flag's %d indices: use Accumulate", base, base+n, MaxFlagged)
+	}
+	if n == 0 {
+		return nil
+	}
+	return cs.args().buf(r).buf(g).i64(n).f32(scale).i64(base).buf(flag).runN("k_accumulate_flag", n)
+}
+
+// DecodeFeedbackFlag reads a flag of AccumulateFlag: ok when no element
+// became non-finite; otherwise the first such element's index, whether the
+// gradient's element was already not finite, and the value (the
+// gradient's element then, else the accumulated one).
+func DecodeFeedbackFlag(w uint64) (ok bool, index int, gradient bool, value float32) {
+	if w == FeedbackFlagClear {
+		return true, 0, false, 0
+	}
+	return false, int(w >> 33), w>>32&1 == 1, math.Float32frombits(uint32(w))
+}
+
 // pieceLen is the elements of one block of SegmentSumSquares: the CPU's
 // block (sparsify's segBlock).
 const pieceLen = 4096
