@@ -690,6 +690,9 @@ func (c *NCCL) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
 	if root < 0 || root >= c.size {
 		return fmt.Errorf("cuda: NCCL Broadcast: root %d of %d ranks", root, c.size)
 	}
+	if c.size == 1 { // the root's buffer is everyone's: no call, no wait
+		return nil
+	}
 	return c.call(ctx, "ncclBroadcast", func() int32 {
 		return nccl.broadcast(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, int32(root), c.h, c.s.h)
 	})
