@@ -748,10 +748,12 @@ extern "C" __global__ void k_sel_init(u32* state, int k, u32* hist) {
     }
 }
 
-// One radix round: hist[(key >> shift) & (2^nbits − 1)] counts the keys
-// whose bits above shift+nbits equal those of state[0] (the bits fixed by the
-// earlier rounds).
-extern "C" __global__ void k_sel_hist(const float* x, i64 n, int shift, int nbits, const u32* state, u32* hist) {
+// One radix round's counts of elements [from, n) of x, every step-th
+// (a block's share, its threads striding by 256): h[(key >> shift) &
+// (2^nbits − 1)] counts the keys whose bits above shift+nbits equal those
+// of want (the bits fixed by the earlier rounds); h (shared, 2^nbits
+// counters) is zeroed first and added into hist at the end.
+__device__ void sel_hist(const float* x, i64 n, i64 from, i64 step, int shift, int nbits, const u32* state, u32* hist) {
     __shared__ u32 h[2048];
     int nb = 1 << nbits;
     for (int b = threadIdx.x; b < nb; b += blockDim.x) h[b] = 0;
@@ -760,7 +762,7 @@ extern "C" __global__ void k_sel_hist(const float* x, i64 n, int shift, int nbit
     u32 want = hi >= 31 ? 0u : state[0] >> hi;
     u32 mask = (u32)nb - 1u;
     const u32* u = (const u32*)x;
-    GRID_STRIDE(i, n) {
+    for (i64 i = from + threadIdx.x; i < n; i += step) {
         u32 key = abs_key(u[i]);
         if (hi >= 31 || (key >> hi) == want) atomicAdd(&h[(key >> shift) & mask], 1u);
     }
@@ -769,10 +771,17 @@ extern "C" __global__ void k_sel_hist(const float* x, i64 n, int shift, int nbit
         if (h[b]) atomicAdd(&hist[b], h[b]);
 }
 
+// One radix round: hist[(key >> shift) & (2^nbits − 1)] counts the keys
+// whose bits above shift+nbits equal those of state[0] (the bits fixed by the
+// earlier rounds).
+extern "C" __global__ void k_sel_hist(const float* x, i64 n, int shift, int nbits, const u32* state, u32* hist) {
+    sel_hist(x, n, (i64)blockIdx.x * blockDim.x, (i64)blockDim.x * gridDim.x, shift, nbits, state, hist);
+}
+
 // Picks the round's bucket (one block): the highest bucket b with
 // Σ_{b' >= b} hist[b'] >= need; state[0] gains b << shift, state[1] becomes the
 // rank of the k-th key inside b; hist is zeroed for the next round.
-extern "C" __global__ void k_sel_pick(u32* hist, int shift, int nbits, u32* state) {
+__device__ void sel_pick(u32* hist, int shift, int nbits, u32* state) {
     __shared__ u32 suf[256], dummy[256];
     int nb = 1 << nbits;
     int per = nb / 256; // buckets per thread, from the top: thread t owns [nb-(t+1)·per, nb-t·per)
@@ -797,18 +806,16 @@ extern "C" __global__ void k_sel_pick(u32* hist, int shift, int nbits, u32* stat
     for (int b = threadIdx.x; b < nb; b += blockDim.x) hist[b] = 0;
 }
 
-// Per-tile counts (one block per tile): mode 0 (top-k) counts keys above
-// and equal to the k-th key state[0]; mode 1 (threshold) counts keys in
-// [state[0], KEY_INF] (|x| >= t, never NaN); mode 2 counts non-zero words.
-// counts[2t] = above (or selected), counts[2t+1] = equal.
-extern "C" __global__ void k_sel_count(const float* x, i64 n, const u32* state, int mode, u32* counts) {
+extern "C" __global__ void k_sel_pick(u32* hist, int shift, int nbits, u32* state) { sel_pick(hist, shift, nbits, state); }
+
+// Counts of one tile of lim elements u (one block): mode 0 (top-k) counts
+// keys above and equal to the k-th key t; mode 1 (threshold) counts keys in
+// [t, KEY_INF] (|x| >= t, never NaN); mode 2 counts non-zero words.
+// counts[0] = above (or selected), counts[1] = equal.
+__device__ void sel_count(const u32* u, i64 lim, u32 t, int mode, u32* counts) {
     __shared__ u32 c[2];
     if (threadIdx.x < 2) c[threadIdx.x] = 0;
     __syncthreads();
-    i64 base = (i64)blockIdx.x * SEL_TILE;
-    i64 lim = n - base < SEL_TILE ? n - base : SEL_TILE;
-    u32 t = state[0];
-    const u32* u = (const u32*)x + base;
     u32 gt = 0, eq = 0;
     for (i64 j = threadIdx.x; j < lim; j += blockDim.x) {
         u32 w = u[j];
@@ -825,14 +832,23 @@ extern "C" __global__ void k_sel_count(const float* x, i64 n, const u32* state, 
     if (gt) atomicAdd(&c[0], gt);
     if (eq) atomicAdd(&c[1], eq);
     __syncthreads();
-    if (threadIdx.x < 2) counts[2 * blockIdx.x + threadIdx.x] = c[threadIdx.x];
+    if (threadIdx.x < 2) counts[threadIdx.x] = c[threadIdx.x];
 }
 
-// Scans the tile counts (one block): offs[2t] is where tile t writes,
-// offs[2t+1] how many of its ties it takes (the k-th key's ties go to the
-// lowest indices: need − (ties in earlier tiles), clamped); total[0] is the
-// number of elements selected.
-extern "C" __global__ void k_sel_offsets(const u32* counts, int tiles, const u32* state, int mode, u32* offs, u32* total) {
+// Per-tile counts (one block per tile) of sel_count, the k-th key or
+// threshold in state[0]: counts[2t] = above (or selected), counts[2t+1] =
+// equal.
+extern "C" __global__ void k_sel_count(const float* x, i64 n, const u32* state, int mode, u32* counts) {
+    i64 base = (i64)blockIdx.x * SEL_TILE;
+    i64 lim = n - base < SEL_TILE ? n - base : SEL_TILE;
+    sel_count((const u32*)x + base, lim, state[0], mode, counts + 2 * blockIdx.x);
+}
+
+// Scans the counts of tiles tiles (one block): offs[2t] is where tile t
+// writes, from out, offs[2t+1] how many of its ties it takes (the k-th key's
+// ties go to the lowest indices: need − (ties in earlier tiles), clamped);
+// total[0] (when total is not null) is the number of elements selected.
+__device__ void sel_offsets(const u32* counts, int tiles, u32 need, u32 out, u32* offs, u32* total) {
     __shared__ u32 sg[256], se[256];
     int per = (tiles + 255) / 256;
     int lo = threadIdx.x * per, hi = lo + per < tiles ? lo + per : tiles;
@@ -845,34 +861,35 @@ extern "C" __global__ void k_sel_offsets(const u32* counts, int tiles, const u32
     se[threadIdx.x] = e;
     __syncthreads();
     scan256x2(sg, se);
-    u32 need = mode == 0 ? state[1] : 0u;
     u32 gb = sg[threadIdx.x] - g, eb = se[threadIdx.x] - e; // exclusive
     for (int t = lo; t < hi; t++) {
         u32 tg = counts[2 * t], te = counts[2 * t + 1];
         u32 take = need > eb ? need - eb : 0u;
-        offs[2 * t] = gb + (eb < need ? eb : need);
+        offs[2 * t] = out + gb + (eb < need ? eb : need);
         offs[2 * t + 1] = take < te ? take : te;
         gb += tg;
         eb += te;
     }
-    if (threadIdx.x == 255) {
+    if (total && threadIdx.x == 255) {
         u32 te = se[255];
         total[0] = sg[255] + (te < need ? te : need);
     }
 }
 
-// Writes the selection of each tile (one block per tile) at its offset, in
-// ascending index order: idx gets the indices (mode 2: the non-zero words
-// minus one, Sparse.CompactSlots), val (when not null) the elements.
-extern "C" __global__ void k_sel_write(const float* x, i64 n, const u32* state, int mode, const u32* offs, int* idx, float* val) {
+// Scans the tile counts (one block): sel_offsets, need state[1] in mode 0.
+extern "C" __global__ void k_sel_offsets(const u32* counts, int tiles, const u32* state, int mode, u32* offs, u32* total) {
+    sel_offsets(counts, tiles, mode == 0 ? state[1] : 0u, 0u, offs, total);
+}
+
+// Writes the selection of one tile of lim elements u (one block), element j
+// of index base + j, at offs[0] (taking offs[1] of the ties), in ascending
+// index order: idx gets the indices (mode 2: the non-zero words minus one,
+// Sparse.CompactSlots), val (when not null) the elements.
+__device__ void sel_write(const u32* u, i64 base, int lim, u32 t, int mode, const u32* offs, int* idx, float* val) {
     __shared__ u32 w[SEL_TILE + SEL_TILE / SEL_ITEMS]; // one pad word per thread's run: no bank conflicts
     __shared__ u32 sg[256], se[256];
-    i64 base = (i64)blockIdx.x * SEL_TILE;
-    int lim = n - base < SEL_TILE ? (int)(n - base) : SEL_TILE;
-    const u32* u = (const u32*)x + base;
     for (int j = threadIdx.x; j < lim; j += blockDim.x) w[j + j / SEL_ITEMS] = u[j];
     __syncthreads();
-    u32 t = state[0];
     int j0 = threadIdx.x * SEL_ITEMS;
     int j1 = j0 + SEL_ITEMS < lim ? j0 + SEL_ITEMS : lim;
     u32 g = 0, e = 0;
@@ -892,7 +909,7 @@ extern "C" __global__ void k_sel_write(const float* x, i64 n, const u32* state, 
     se[threadIdx.x] = e;
     __syncthreads();
     scan256x2(sg, se);
-    u32 off = offs[2 * blockIdx.x], allow = offs[2 * blockIdx.x + 1];
+    u32 off = offs[0], allow = offs[1];
     u32 gb = sg[threadIdx.x] - g, eb = se[threadIdx.x] - e;
     u32 mine = allow > eb ? allow - eb : 0u; // ties this thread takes
     if (mine > e) mine = e;
@@ -917,6 +934,82 @@ extern "C" __global__ void k_sel_write(const float* x, i64 n, const u32* state, 
     }
 }
 
+// Writes the selection of each tile (one block per tile) at its offset:
+// sel_write.
+extern "C" __global__ void k_sel_write(const float* x, i64 n, const u32* state, int mode, const u32* offs, int* idx, float* val) {
+    i64 base = (i64)blockIdx.x * SEL_TILE;
+    int lim = n - base < SEL_TILE ? (int)(n - base) : SEL_TILE;
+    sel_write((const u32*)x + base, base, lim, state[0], mode, offs + 2 * blockIdx.x, idx, val);
+}
+
+// ---- segmented top-k: every segment of a list selected at once ----------
+//
+// Segment s of a list of S is described by SEG_DESC int64 words at
+// desc[SEG_DESC·s]: its start lo in x, its length n, its k (1 <= k < n), where
+// its indices go in idx (out), and its first tile (tile0; desc[SEG_DESC·S]
+// is the number of tiles in all). Each has its own radix state (state[2s],
+// state[2s+1]) and histogram (hist + 2048·s); its indices are written as lo
+// + the index in the segment, ascending, at idx[out..out+k), the same as
+// TopK of the segment shifted by lo.
+
+#define SEG_DESC 5
+#define SEG_HIST_BLOCKS 8 // blocks per segment of a histogram round
+
+// The segment of tile t: the last s with tile0(s) <= t (S small: a scan).
+__device__ int seg_of_tile(const i64* desc, int S, i64 t) {
+    int s = 0;
+    while (s + 1 < S && desc[SEG_DESC * (s + 1) + 4] <= t) s++;
+    return s;
+}
+
+// Starts every segment's radix select (one block per segment).
+extern "C" __global__ void k_seg_init(const i64* desc, u32* state, u32* hist) {
+    int s = blockIdx.x;
+    for (int b = threadIdx.x; b < 2048; b += blockDim.x) hist[2048 * s + b] = 0;
+    if (threadIdx.x == 0) {
+        state[2 * s] = 0;
+        state[2 * s + 1] = (u32)desc[SEG_DESC * s + 2];
+    }
+}
+
+// One radix round of every segment: SEG_HIST_BLOCKS blocks per segment.
+extern "C" __global__ void k_seg_hist(const float* x, const i64* desc, int shift, int nbits, const u32* state, u32* hist) {
+    int s = blockIdx.x / SEG_HIST_BLOCKS, b = blockIdx.x % SEG_HIST_BLOCKS;
+    const i64* d = desc + SEG_DESC * s;
+    sel_hist(x + d[0], d[1], (i64)b * blockDim.x, (i64)blockDim.x * SEG_HIST_BLOCKS, shift, nbits, state + 2 * s, hist + 2048 * s);
+}
+
+// Picks every segment's bucket of the round (one block per segment).
+extern "C" __global__ void k_seg_pick(u32* hist, int shift, int nbits, u32* state) {
+    sel_pick(hist + 2048 * blockIdx.x, shift, nbits, state + 2 * blockIdx.x);
+}
+
+// Per-tile counts of every segment (one block per tile of all).
+extern "C" __global__ void k_seg_count(const float* x, const i64* desc, int S, const u32* state, u32* counts) {
+    int s = seg_of_tile(desc, S, blockIdx.x);
+    const i64* d = desc + SEG_DESC * s;
+    i64 base = (blockIdx.x - d[4]) * (i64)SEL_TILE;
+    i64 lim = d[1] - base < SEL_TILE ? d[1] - base : SEL_TILE;
+    sel_count((const u32*)(x + d[0]) + base, lim, state[2 * s], 0, counts + 2 * blockIdx.x);
+}
+
+// Each segment's tile offsets (one block per segment), from its out.
+extern "C" __global__ void k_seg_offsets(const u32* counts, const i64* desc, int S, const u32* state, u32* offs) {
+    int s = blockIdx.x;
+    const i64* d = desc + SEG_DESC * s;
+    i64 t0 = d[4], t1 = s + 1 == S ? desc[SEG_DESC * S] : desc[SEG_DESC * (s + 1) + 4];
+    sel_offsets(counts + 2 * t0, (int)(t1 - t0), state[2 * s + 1], (u32)d[3], offs + 2 * t0, 0);
+}
+
+// Writes every segment's selection (one block per tile of all).
+extern "C" __global__ void k_seg_write(const float* x, const i64* desc, int S, const u32* state, const u32* offs, int* idx) {
+    int s = seg_of_tile(desc, S, blockIdx.x);
+    const i64* d = desc + SEG_DESC * s;
+    i64 base = (blockIdx.x - d[4]) * (i64)SEL_TILE;
+    int lim = d[1] - base < SEL_TILE ? (int)(d[1] - base) : SEL_TILE;
+    sel_write((const u32*)(x + d[0]) + base, d[0] + base, lim, state[2 * s], 0, offs + 2 * blockIdx.x, idx, 0);
+}
+
 // r += scale·g; first[0] = min(first[0], i) for every r[i] that becomes NaN
 // or ±Inf (the caller sets first[0] to n beforehand).
 extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float scale, u64* first) {
@@ -924,6 +1017,25 @@ extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float s
         float v = r[i] + scale * g[i];
         r[i] = v;
         if ((__float_as_uint(v) & KEY_INF) == KEY_INF) atomicMin(first, (u64)i);
+    }
+}
+
+// k_accumulate without the host's read: r += scale·g, and for every r[i]
+// that becomes NaN or ±Inf flag[0] = min(flag[0], key), key = (base+i)<<33
+// | (g[i] not finite)<<32 | the bits of g[i] when it is not finite, else
+// of r[i] — the first such element of the whole vector, whether its
+// gradient was already non-finite, and the value, in one word the host
+// reads with a later wait (the caller sets flag[0] to ~0 once).
+extern "C" __global__ void k_accumulate_flag(float* r, const float* g, i64 n, float scale, i64 base, u64* flag) {
+    GRID_STRIDE(i, n) {
+        float v = r[i] + scale * g[i];
+        r[i] = v;
+        unsigned vb = __float_as_uint(v);
+        if ((vb & KEY_INF) == KEY_INF) {
+            unsigned gb = __float_as_uint(g[i]);
+            u64 gbad = (gb & KEY_INF) == KEY_INF;
+            atomicMin(flag, ((u64)(base + i) << 33) | (gbad << 32) | (u64)(gbad ? gb : vb));
+        }
     }
 }
 

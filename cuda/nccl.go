@@ -459,10 +459,17 @@ func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	if x != nil && x.f != nil {
-		if err := c.start(x.what, x.f); err != nil {
-			return nil, err
+	if x == nil || x.f == nil {
+		// Nothing issued (an empty buffer, one rank's all-reduce): done,
+		// nothing to wait for.
+		r := doneRequest(0)
+		if x != nil {
+			r = doneRequest(x.n)
 		}
+		return r, nil
+	}
+	if err := c.start(x.what, x.f); err != nil {
+		return nil, err
 	}
 	ev, err := c.s.Record()
 	if err != nil {
@@ -474,6 +481,13 @@ func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
 	}
 	return r, nil
 }
+
+// doneRequest is a transfer that issued nothing: its Wait returns its
+// elements at once.
+type doneRequest int
+
+// Wait returns the elements received.
+func (r doneRequest) Wait(context.Context) (int, error) { return int(r), nil }
 
 // ncclRequest is a transfer started by one of the I methods.
 type ncclRequest struct {
@@ -678,6 +692,9 @@ func (c *NCCL) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
 	}
 	if root < 0 || root >= c.size {
 		return fmt.Errorf("cuda: NCCL Broadcast: root %d of %d ranks", root, c.size)
+	}
+	if c.size == 1 { // the root's buffer is everyone's: no call, no wait
+		return nil
 	}
 	return c.call(ctx, "ncclBroadcast", func() int32 {
 		return nccl.broadcast(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, int32(root), c.h, c.s.h)

@@ -40,13 +40,26 @@ const selTile = 256 * 16
 type selScratch struct {
 	state, hist, counts, offs, total device.Buffer // Int32, used as u32
 	first                            device.Buffer // Int64: Accumulate's first bad index
-	pieces                           device.Buffer // Int64: piece bounds
-	pieceFirst                       device.Buffer // Int32: each segment's first piece
-	sumBounds                        []int         // the segments pieces and pieceFirst hold
-	sumPieces                        int           // and their number of pieces
-	bounds                           device.Buffer // Int64: CountIn's segments
-	parts, sums                      device.Buffer // Float64
-	mark                             device.Buffer // Float32: Union's marks, zero between calls
+	// pieceSets are SegmentSumSquares' last two sets of segments, kept on
+	// the device (a reducer's per-fragment norms and the frame's residual
+	// norm alternate); lastSet is the one used last.
+	pieceSets         [2]pieceSet
+	lastSet           int
+	bounds            device.Buffer // Int64: CountIn's segments
+	countBounds       []int         // the segments bounds holds (nil: none)
+	parts, sums       device.Buffer // Float64
+	mark              device.Buffer // Float32: Union's marks, zero between calls
+	segDesc           device.Buffer // Int64: TopKSegments' segments
+	segState, segHist device.Buffer // Int32, used as u32: TopKSegments' radix states
+}
+
+// pieceSet is one set of SegmentSumSquares' segments on the device: its
+// pieces' bounds and each segment's first piece.
+type pieceSet struct {
+	bounds []int         // the segments (nil: none yet)
+	np     int           // the number of pieces
+	pieces device.Buffer // Int64: piece bounds
+	first  device.Buffer // Int32: each segment's first piece
 }
 
 // minScratch is the fewest elements a scratch buffer of the primitives
@@ -161,6 +174,56 @@ func (o *Sparse) Accumulate(s device.Stream, r, g device.Buffer, scale float32) 
 	return int(f[0]), nil
 }
 
+// FeedbackFlagClear is the value of a flag of AccumulateFlag before any
+// element became non-finite: the caller sets the flag's word to it once.
+const FeedbackFlagClear = ^uint64(0)
+
+// MaxFlagged is one more than the largest element index AccumulateFlag's
+// flag holds: base + r.Len() must not exceed it.
+const MaxFlagged = 1 << 31
+
+// AccumulateFlag is Accumulate without the host's wait: it adds scale·g to
+// r element-wise and lowers flag (one Int64 word of this GPU) to the key of
+// each element of r that became NaN or ±Inf, which DecodeFeedbackFlag
+// reads: base plus the element's index, whether g's element was itself not
+// finite, and the value (g's element then, else r's). The host reads the
+// flag with a later wait (a copy on s before a synchronisation it makes
+// anyway), so error feedback's finiteness check costs no wait of its own.
+func (o *Sparse) AccumulateFlag(s device.Stream, r, g, flag device.Buffer, base int, scale float32) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	n := r.Len()
+	if err := o.check("AccumulateFlag", "r", r, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("AccumulateFlag", "g", g, device.Float32, n); err != nil {
+		return err
+	}
+	if err := o.check("AccumulateFlag", "flag", flag, device.Int64, 1); err != nil {
+		return err
+	}
+	if base < 0 || base+n > MaxFlagged {
+		return fmt.Errorf("cuda: AccumulateFlag: elements [%d, %d) do not fit the flag's %d indices: use Accumulate", base, base+n, MaxFlagged)
+	}
+	if n == 0 {
+		return nil
+	}
+	return cs.args().buf(r).buf(g).i64(n).f32(scale).i64(base).buf(flag).runN("k_accumulate_flag", n)
+}
+
+// DecodeFeedbackFlag reads a flag of AccumulateFlag: ok when no element
+// became non-finite; otherwise the first such element's index, whether the
+// gradient's element was already not finite, and the value (the
+// gradient's element then, else the accumulated one).
+func DecodeFeedbackFlag(w uint64) (ok bool, index int, gradient bool, value float32) {
+	if w == FeedbackFlagClear {
+		return true, 0, false, 0
+	}
+	return false, int(w >> 33), w>>32&1 == 1, math.Float32frombits(uint32(w))
+}
+
 // pieceLen is the elements of one block of SegmentSumSquares: the CPU's
 // block (sparsify's segBlock).
 const pieceLen = 4096
@@ -183,8 +246,11 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 		return nil, nil
 	}
 	sc := cs.sel
-	if slices.Equal(bounds, sc.sumBounds) && bounds[nseg] <= x.Len() { // the pieces are on the device
-		return o.sumPieces(cs, x, sc.sumPieces, nseg)
+	for i := range sc.pieceSets {
+		if ps := &sc.pieceSets[i]; ps.bounds != nil && slices.Equal(bounds, ps.bounds) && bounds[nseg] <= x.Len() { // on the device
+			sc.lastSet = i
+			return o.sumPieces(cs, x, ps, nseg)
+		}
 	}
 	// Pieces of at most pieceLen elements that never straddle a segment.
 	var lo []int64
@@ -202,12 +268,15 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	first[nseg] = int32(len(lo))
 	np := len(lo)
 	lo = append(lo, int64(bounds[nseg]))
-	sc.sumBounds = nil
-	pieces, err := grow(o.d, &sc.pieces, device.Int64, np+1)
+	// The set not used last makes room.
+	sc.lastSet = 1 - sc.lastSet
+	ps := &sc.pieceSets[sc.lastSet]
+	ps.bounds = nil
+	pieces, err := grow(o.d, &ps.pieces, device.Int64, np+1)
 	if err != nil {
 		return nil, err
 	}
-	pf, err := grow(o.d, &sc.pieceFirst, device.Int32, nseg+1)
+	pf, err := grow(o.d, &ps.first, device.Int32, nseg+1)
 	if err != nil {
 		return nil, err
 	}
@@ -219,17 +288,17 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	if err := cs.Copy(pf, device.Host(first)); err != nil {
 		return nil, err
 	}
-	// The next call with the same segments (every step's) uploads nothing.
-	sc.sumBounds, sc.sumPieces = slices.Clone(bounds), np
-	return o.sumPieces(cs, x, np, nseg)
+	// The next calls with the same segments (every step's) upload nothing.
+	ps.bounds, ps.np = slices.Clone(bounds), np
+	return o.sumPieces(cs, x, ps, nseg)
 }
 
-// sumPieces runs SegmentSumSquares' kernels over the np pieces of nseg
-// segments that the scratch's pieces and pieceFirst hold, and reads the
-// sums back.
-func (o *Sparse) sumPieces(cs *Stream, x device.Buffer, np, nseg int) ([]float64, error) {
+// sumPieces runs SegmentSumSquares' kernels over the pieces of the nseg
+// segments of ps, and reads the sums back.
+func (o *Sparse) sumPieces(cs *Stream, x device.Buffer, ps *pieceSet, nseg int) ([]float64, error) {
 	sc := cs.sel
-	pieces, pf := sc.pieces.Slice(0, np+1), sc.pieceFirst.Slice(0, nseg+1)
+	np := ps.np
+	pieces, pf := ps.pieces.Slice(0, np+1), ps.first.Slice(0, nseg+1)
 	parts, err := grow(o.d, &sc.parts, device.Float64, max(np, 1))
 	if err != nil {
 		return nil, err
@@ -371,6 +440,99 @@ func (o *Sparse) TopK(s device.Stream, idx, val, x device.Buffer, k int) (int, e
 	}
 	_, err = o.selectTiles(cs, x, 0, idx, val, false)
 	return k, err
+}
+
+// segDescWords is SEG_DESC of kernels.cu: the int64 words describing one
+// segment of TopKSegments.
+const segDescWords = 5
+
+// segHistBlocks is SEG_HIST_BLOCKS of kernels.cu: the blocks per segment
+// of a histogram round.
+const segHistBlocks = 8
+
+// TopKSegments selects the top-k of every segment of x at once
+// (sparsify.Ops.TopKSegments): for each j in order, TopK of
+// x[segs[j][0]:segs[j][1]] with k = ks[j] (clamped to the segment), its
+// indices shifted by segs[j][0], written after the segments before it in
+// idx; it returns how many indices it wrote. Whatever the number of
+// segments, it is ten launches and one upload of the segments' description
+// (40 bytes each), no host wait.
+func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]int, ks []int) (int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return 0, err
+	}
+	if err := o.check("TopKSegments", "x", x, device.Float32, 0); err != nil {
+		return 0, err
+	}
+	if len(ks) != len(segs) {
+		return 0, fmt.Errorf("cuda: TopKSegments: %d budgets for %d segments", len(ks), len(segs))
+	}
+	desc := make([]int64, 0, segDescWords*len(segs)+1)
+	out, tiles := 0, 0
+	for j, sg := range segs {
+		lo, hi := sg[0], sg[1]
+		if lo < 0 || hi < lo || hi > x.Len() {
+			return 0, fmt.Errorf("cuda: TopKSegments: segment %d is [%d, %d), outside x's %d elements", j, lo, hi, x.Len())
+		}
+		k := max(0, min(ks[j], hi-lo))
+		if k == 0 {
+			continue
+		}
+		desc = append(desc, int64(lo), int64(hi-lo), int64(k), int64(out), int64(tiles))
+		out += k
+		tiles += (hi - lo + selTile - 1) / selTile
+	}
+	if err := o.check("TopKSegments", "idx", idx, device.Int32, out); err != nil {
+		return 0, err
+	}
+	S := len(desc) / segDescWords
+	if S == 0 {
+		return 0, nil
+	}
+	desc = append(desc, int64(tiles))
+	sc := cs.sel
+	dd, err := grow(o.d, &sc.segDesc, device.Int64, len(desc))
+	if err != nil {
+		return 0, err
+	}
+	state, err := grow(o.d, &sc.segState, device.Int32, 2*S)
+	if err != nil {
+		return 0, err
+	}
+	hist, err := grow(o.d, &sc.segHist, device.Int32, 2048*S)
+	if err != nil {
+		return 0, err
+	}
+	counts, err := grow(o.d, &sc.counts, device.Int32, 2*tiles)
+	if err != nil {
+		return 0, err
+	}
+	offs, err := grow(o.d, &sc.offs, device.Int32, 2*tiles)
+	if err != nil {
+		return 0, err
+	}
+	if err := cs.Copy(dd, device.Host(desc)); err != nil {
+		return 0, err
+	}
+	if err := cs.args().buf(dd).buf(state).buf(hist).run("k_seg_init", S); err != nil {
+		return 0, err
+	}
+	for _, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
+		if err := cs.args().buf(x).buf(dd).i32(r.shift).i32(r.bits).buf(state).buf(hist).run("k_seg_hist", S*segHistBlocks); err != nil {
+			return 0, err
+		}
+		if err := cs.args().buf(hist).i32(r.shift).i32(r.bits).buf(state).run("k_seg_pick", S); err != nil {
+			return 0, err
+		}
+	}
+	if err := cs.args().buf(x).buf(dd).i32(S).buf(state).buf(counts).run("k_seg_count", tiles); err != nil {
+		return 0, err
+	}
+	if err := cs.args().buf(counts).buf(dd).i32(S).buf(state).buf(offs).run("k_seg_offsets", S); err != nil {
+		return 0, err
+	}
+	return out, cs.args().buf(x).buf(dd).i32(S).buf(state).buf(offs).buf(idx).run("k_seg_write", tiles)
 }
 
 // KthLargestAbs returns the k-th largest |x[i]|, 1 <= k <= len(x)
@@ -643,8 +805,12 @@ func (o *Sparse) CountIn(s device.Stream, idx device.Buffer, bounds []int) ([]in
 	if err != nil {
 		return nil, err
 	}
-	if err := cs.Copy(db, device.Host(bb)); err != nil {
-		return nil, err
+	if !slices.Equal(bounds, sc.countBounds) { // the same bounds as the last call's: on the device
+		sc.countBounds = nil
+		if err := cs.Copy(db, device.Host(bb)); err != nil {
+			return nil, err
+		}
+		sc.countBounds = slices.Clone(bounds)
 	}
 	if err := cs.fill32(cnt, 0); err != nil {
 		return nil, err

@@ -645,3 +645,174 @@ func TestGPUIndexOps(t *testing.T) {
 		t.Fatalf("Shift: %v", got)
 	}
 }
+
+// TestGPUAccumulateFlag: AccumulateFlag adds like Accumulate (the same
+// bits as a plain loop) and leaves in its flag the first element, over
+// several calls with their bases, that became non-finite, whether its
+// gradient element was, and the value — checked against a plain scan of the
+// same inputs with NaN and ±Inf sprinkled in, overflows included.
+func TestGPUAccumulateFlag(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(5, 17))
+	flag, err := d.Alloc(device.Int64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(flag)
+	for _, n := range sparseSizes() {
+		for _, kind := range []string{"normal", "nan", "overflow"} {
+			in := kind
+			if kind == "overflow" {
+				in = "normal"
+			}
+			g := sparseInput(r, in, n)
+			res := randVec(r, n, 1)
+			if kind == "overflow" && n > 0 {
+				i := r.IntN(n)
+				res[i], g[i] = 3e38, 3e38
+			}
+			const scale = float32(1)
+			want := slices.Clone(res)
+			wantAt, wantGrad, wantV := -1, false, float32(0)
+			for i := range want {
+				want[i] += scale * g[i]
+				if wantAt < 0 && (math.IsNaN(float64(want[i])) || math.IsInf(float64(want[i]), 0)) {
+					wantAt, wantV = i, want[i]
+					if math.IsNaN(float64(g[i])) || math.IsInf(float64(g[i]), 0) {
+						wantGrad, wantV = true, g[i]
+					}
+				}
+			}
+			rb, gb := upload(t, s, res), upload(t, s, g)
+			if err := s.Copy(flag, device.Host([]int64{-1})); err != nil {
+				t.Fatal(err)
+			}
+			// In two calls, the second half first (the pipeline's
+			// backward order): the flag keeps the lowest index.
+			h := n / 3
+			for _, c := range [][2]int{{h, n}, {0, h}} {
+				if err := sp.AccumulateFlag(s, rb.Slice(c[0], c[1]), gb.Slice(c[0], c[1]), flag, c[0], scale); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := make([]int64, 1)
+			if err := s.Copy(device.Host(got), flag); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Synchronize(); err != nil {
+				t.Fatal(err)
+			}
+			if !sameBits(download(t, s, rb), want) {
+				t.Fatalf("n=%d %s: values differ from r + scale·g", n, kind)
+			}
+			ok, at, grad, v := cuda.DecodeFeedbackFlag(uint64(got[0]))
+			if ok != (wantAt < 0) || (!ok && (at != wantAt || grad != wantGrad || math.Float32bits(v) != math.Float32bits(wantV))) {
+				t.Fatalf("n=%d %s: flag %v at %d (gradient %v) value %v, want at %d (gradient %v) value %v", n, kind, ok, at, grad, v, wantAt, wantGrad, wantV)
+			}
+			d.Free(rb)
+			d.Free(gb)
+		}
+	}
+	// Beyond the flag's indices: refused, naming the fix.
+	x, err := d.Alloc(device.Float32, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(x)
+	if err := sp.AccumulateFlag(s, x, x, flag, cuda.MaxFlagged-2, 1); err == nil || !strings.Contains(err.Error(), "use Accumulate") {
+		t.Fatalf("base past the flag's indices: %v", err)
+	}
+}
+
+// plainTopKSegments is TopKSegments written plainly: each segment's
+// indices sorted by |x| descending (NaN above every number: by the
+// magnitude's bits), ties by index, the first k kept, ascending, shifted.
+func plainTopKSegments(x []float32, segs [][2]int, ks []int) []int32 {
+	var out []int32
+	for j, sg := range segs {
+		lo, hi := sg[0], sg[1]
+		k := max(0, min(ks[j], hi-lo))
+		ix := make([]int32, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			ix = append(ix, int32(i))
+		}
+		key := func(i int32) uint32 { return math.Float32bits(x[i]) & 0x7fffffff }
+		slices.SortFunc(ix, func(a, b int32) int {
+			if ka, kb := key(a), key(b); ka != kb {
+				if ka > kb {
+					return -1
+				}
+				return 1
+			}
+			return int(a - b)
+		})
+		ix = ix[:k]
+		slices.Sort(ix)
+		out = append(out, ix...)
+	}
+	return out
+}
+
+// TestGPUTopKSegmentsMatchesCPU: every segment of a list selected at once
+// on the GPU gives the index sets of the CPU's TopKSegments (one TopK per
+// segment) and of a plain sort, in the list's order: segments out of order,
+// empty, of one element, spanning several tiles, with k = 0, 1, the whole
+// segment and more; inputs with ties, zeros, NaN and ±Inf.
+func TestGPUTopKSegmentsMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(3, 32))
+	for _, n := range []int{1, 5, 33, 4097, 20000} {
+		for _, kind := range []string{"normal", "ties", "zeros", "nan"} {
+			x := sparseInput(r, kind, n)
+			xb := upload(t, s, x)
+			// Random cuts of [0, n) into segments, listed in a random order
+			// (a DEFT bin), some left out, plus an empty segment.
+			cuts := segments(r, n)
+			var segs [][2]int
+			var ks []int
+			for j := range len(cuts) - 1 {
+				if r.IntN(4) == 0 {
+					continue
+				}
+				size := cuts[j+1] - cuts[j]
+				k := []int{0, 1, size, size + 3, 1 + r.IntN(max(size, 1)), 1 + size/50}[r.IntN(6)]
+				segs = append(segs, [2]int{cuts[j], cuts[j+1]})
+				ks = append(ks, k)
+			}
+			segs = append(segs, [2]int{n / 2, n / 2})
+			ks = append(ks, 2)
+			r.Shuffle(len(segs), func(a, b int) { segs[a], segs[b] = segs[b], segs[a]; ks[a], ks[b] = ks[b], ks[a] })
+			want := plainTopKSegments(x, segs, ks)
+			cpuIdx := make([]int32, len(want))
+			m, err := sparsify.CPUOps().TopKSegments(nil, device.Host(cpuIdx), device.Host(x), segs, ks)
+			if err != nil || m != len(want) || !slices.Equal(cpuIdx, want) {
+				t.Fatalf("n=%d %s: CPU wrote %d (%v), plain %d, or they differ", n, kind, m, err, len(want))
+			}
+			ib := allocInt32(t, d, max(len(want), 1))
+			m, err = sp.TopKSegments(s, ib, xb, segs, ks)
+			if err != nil || m != len(want) {
+				t.Fatalf("n=%d %s: GPU wrote %d (%v), want %d", n, kind, m, err, len(want))
+			}
+			if got := downloadInt32(t, s, ib)[:m]; !slices.Equal(got, want) {
+				t.Fatalf("n=%d %s segments %v ks %v: GPU %v, want %v", n, kind, segs, ks, got, want)
+			}
+			d.Free(ib)
+			d.Free(xb)
+		}
+	}
+	// A segment outside x, and budgets that do not match: refused.
+	xb := upload(t, s, []float32{1, 2, 3})
+	defer d.Free(xb)
+	ib := allocInt32(t, d, 4)
+	defer d.Free(ib)
+	if _, err := sp.TopKSegments(s, ib, xb, [][2]int{{1, 4}}, []int{1}); err == nil || !strings.Contains(err.Error(), "outside") {
+		t.Fatalf("segment past x: %v", err)
+	}
+	if _, err := sp.TopKSegments(s, ib, xb, [][2]int{{0, 3}}, nil); err == nil || !strings.Contains(err.Error(), "budgets") {
+		t.Fatalf("no budgets: %v", err)
+	}
+}

@@ -211,6 +211,11 @@ type deftReducer struct {
 	lens    []int32
 	content []int32
 	wire    []int32 // lens then content: one upload, one read
+
+	// The fragments of this worker's bin and their budgets
+	// (Ops.TopKSegments' arguments).
+	segs2 [][2]int
+	binK  []int
 }
 
 // newDeft builds the "deft" reducer, DEFT as in the authors' DeftReducer
@@ -327,8 +332,10 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	if err := b.c.Broadcast(ctx, v.cb(wire.Slice(d.n, d.n+L)), cycle); err != nil {
 		return fmt.Errorf("broadcasting bins from leader %d: %w", cycle, err)
 	}
-	if err := v.download(d.wire, wire); err != nil { // one wait for both
-		return err
+	if d.r != cycle { // the leader has its bins
+		if err := v.download(d.wire, wire); err != nil { // one wait for both
+			return err
+		}
 	}
 	binStart, total := 0, 0
 	myBin := (cycle + d.r) % d.n
@@ -361,21 +368,19 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 		return err
 	}
 	mine = mine.Slice(0, want)
+	// Every fragment of the bin at once (a bounded number of launches on a
+	// GPU, whatever the bin holds).
+	d.segs2, d.binK = d.segs2[:0], d.binK[:0]
+	for _, f := range bin {
+		fr := d.frags[f]
+		d.segs2 = append(d.segs2, [2]int{fr.lo, fr.hi})
+		d.binK = append(d.binK, d.kf[f])
+	}
 	pos := 0
 	sel, err := b.selectTimed(func() error {
-		for _, f := range bin {
-			fr := d.frags[f]
-			dst := mine.Slice(pos, pos+d.kf[f])
-			m, err := v.ops.TopK(v.s, dst, device.Buffer{}, acc.Slice(fr.lo, fr.hi), d.kf[f])
-			if err != nil {
-				return err
-			}
-			if err := v.ops.Shift(v.s, dst.Slice(0, m), fr.lo); err != nil {
-				return err
-			}
-			pos += m
-		}
-		return nil
+		var err error
+		pos, err = v.ops.TopKSegments(v.s, mine, acc, d.segs2, d.binK)
+		return err
 	})
 	if err != nil {
 		return err
@@ -407,7 +412,24 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 		}
 		at += fr.size()
 	}
-	if err := b.unionReduceOn(ctx, acc, out, residual, union); err != nil {
+	// The union's indices per tensor, which are also its range check: the
+	// tensors tile [0, N), so every index is in range exactly when the
+	// counts add up to the union's length (one read for both).
+	tb := append(append([]int(nil), d.starts...), N)
+	if st.LayerK, err = v.ops.CountIn(v.s, union, tb); err != nil {
+		return err
+	}
+	in := 0
+	for _, c := range st.LayerK {
+		in += c
+	}
+	if in != union.Len() || (len(tb) > 1 && tb[0] != 0) {
+		if err := v.ops.InRange(v.s, union, N); err != nil {
+			return err
+		}
+		return fmt.Errorf("%d of the union's %d indices are in no tensor", union.Len()-in, union.Len())
+	}
+	if err := b.reduceUnionOn(ctx, acc, out, residual, union); err != nil {
 		return err
 	}
 
@@ -415,9 +437,7 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	st.Selected = pos
 	st.SelectedPerWorker = counts
 	st.Distinct = union.Len()
-	tb := append(append([]int(nil), d.starts...), N)
-	st.LayerK, err = v.ops.CountIn(v.s, union, tb)
-	return err
+	return nil
 }
 
 // SaveState writes the call count, which rotates the leader that packs the

@@ -98,7 +98,8 @@ func (m *microReducer) Reduce(ctx context.Context, _ int, acc, out, residual dev
 	}
 	mine = mine.Slice(0, max(e-s, 1))
 	cnt := 0
-	selTime, err := b.timed(func() error {
+	// Timed by events on a GPU (no host wait of its own).
+	selTime, err := b.selectTimed(func() error {
 		if t == 0 {
 			m.thr = 1 / (2 * math.Sqrt(float64(m.k)))
 		} else {

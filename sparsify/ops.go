@@ -91,6 +91,14 @@ type Ops interface {
 	// Run runs a method's own kernel k over n elements with args (see
 	// device.Kernel): the CPU runs k.Host, a GPU k's CUDA C.
 	Run(s device.Stream, k *device.Kernel, n int, args ...any) error
+	// TopKSegments is TopK of every segment of x at once: for each j in
+	// order, the indices of the ks[j] largest-magnitude elements of
+	// x[segs[j][0]:segs[j][1]] (k clamped to the segment, ascending, ties
+	// to the lowest), shifted by segs[j][0], written after those of the
+	// segments before it in idx. It returns how many it wrote. A GPU
+	// selects all segments in a bounded number of launches (DEFT's
+	// fragments).
+	TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]int, ks []int) (int, error)
 }
 
 // ErrCapacity is wrapped by the error of an Ops call whose output buffer is
@@ -496,6 +504,33 @@ func (cpuOps) Shift(_ device.Stream, idx device.Buffer, off int) error {
 		ii[j] += int32(off)
 	}
 	return nil
+}
+
+func (c cpuOps) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]int, ks []int) (int, error) {
+	if len(ks) != len(segs) {
+		return 0, fmt.Errorf("sparsify: TopKSegments: %d budgets for %d segments", len(ks), len(segs))
+	}
+	pos := 0
+	for j, sg := range segs {
+		lo, hi := sg[0], sg[1]
+		if lo < 0 || hi < lo || hi > x.Len() {
+			return 0, fmt.Errorf("sparsify: TopKSegments: segment %d is [%d, %d), outside x's %d elements", j, lo, hi, x.Len())
+		}
+		k := max(0, min(ks[j], hi-lo))
+		if pos+k > idx.Len() {
+			return 0, fmt.Errorf("sparsify: TopKSegments: idx holds %d indices, segment %d needs %d after %d", idx.Len(), j, k, pos)
+		}
+		dst := idx.Slice(pos, pos+k)
+		m, err := c.TopK(s, dst, device.Buffer{}, x.Slice(lo, hi), k)
+		if err != nil {
+			return 0, err
+		}
+		if err := c.Shift(s, dst.Slice(0, m), lo); err != nil {
+			return 0, err
+		}
+		pos += m
+	}
+	return pos, nil
 }
 
 func (cpuOps) Union(_ device.Stream, out, idx device.Buffer, n int) (int, error) {

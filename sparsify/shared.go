@@ -155,27 +155,18 @@ func (e *Env) ReduceSelected(ctx context.Context, acc, out, residual, sel device
 	return e.reduceSelected(ctx, acc, out, residual, sel, st)
 }
 
-// gatherCountsOn is gatherCounts through the device: every worker's count
-// (one int32 each) all-gathered in device memory and read back.
+// gatherCountsOn all-gathers every worker's count (one int32 each, known
+// to the host) for a device exchange: in host memory, so that sizing the
+// exchange costs the host no wait for the device.
 func (b *Env) gatherCountsOn(ctx context.Context, mine int, what string) ([]int, error) {
 	n := b.c.Size()
-	v := &b.v
-	all, err := v.scratch(&b.dCounts, device.Int32, n+1)
-	if err != nil {
-		return nil, err
-	}
-	if err := v.upload(all.Slice(n, n+1), []int32{int32(mine)}); err != nil {
-		return nil, err
-	}
-	if err := b.c.AllGather(ctx, v.cb(all.Slice(n, n+1)), v.cb(all.Slice(0, n))); err != nil {
+	b.counts = grow(b.counts, n+1)
+	b.counts[n] = int32(mine)
+	if err := b.c.AllGather(ctx, comm.Int32s(b.counts[n:n+1]), comm.Int32s(b.counts[:n])); err != nil {
 		return nil, fmt.Errorf("gathering the %d workers' %s counts: %w", n, what, err)
 	}
-	b.counts = grow(b.counts, n)
-	if err := v.download(b.counts, all); err != nil {
-		return nil, err
-	}
 	counts := make([]int, n)
-	for w, c := range b.counts {
+	for w, c := range b.counts[:n] {
 		if c < 0 || int(c) > b.n {
 			return nil, fmt.Errorf("rank %d announced %d %s for a gradient of %d elements (outside [0, %d]): the workers disagree on the layout or the data is corrupt", w, c, what, b.n, b.n)
 		}

@@ -327,7 +327,7 @@ func (s *spardlReducer) selectBlock(b, k int, l *spardlList, selTime *time.Durat
 	if err := l.resize(v, min(k, s.C)); err != nil {
 		return err
 	}
-	t, err := s.b.timed(func() error {
+	t, err := s.b.selectTimed(func() error {
 		var err error
 		l.n, err = v.ops.TopK(v.s, l.idx, l.vals, blk, k)
 		return err
@@ -350,7 +350,7 @@ func (s *spardlReducer) trimTopK(l *spardlList, k int, selTime *time.Duration, s
 	if err != nil {
 		return err
 	}
-	t, err := s.b.timed(func() error {
+	t, err := s.b.selectTimed(func() error {
 		var err error
 		k, err = v.ops.TopK(v.s, sel, device.Buffer{}, l.V(), k)
 		return err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -52,6 +53,11 @@ type dataPath struct {
 	reducer *sparsify.Reducer
 	// feedbackOps are the device's vector operations of error feedback.
 	feedbackOps sparsify.Ops
+	// On a GPU, error feedback's finiteness check is a flag on the device
+	// (cuda.Sparse.AccumulateFlag) that the step reads with its last wait,
+	// into flagHost (empty buffer on the CPU, which checks at once).
+	flag     device.Buffer
+	flagHost []int64
 	// opt updates the parameters (nil on simulated workers but rank 0).
 	opt Optimizer
 
@@ -154,6 +160,15 @@ func (dp *dataPath) allocate(dev device.Device) error {
 		return fmt.Errorf("train: allocating the error-feedback residual: %w", err)
 	}
 	dp.hostParams, dp.hostGrad, dp.hostResidual = hostView(dp.params), hostView(dp.grad), hostView(dp.residual)
+	if _, ok := dp.feedbackOps.(*cuda.Sparse); ok && !dp.grad.IsHost() && n <= cuda.MaxFlagged {
+		if dp.flag, err = dev.Alloc(device.Int64, 1); err != nil {
+			return fmt.Errorf("train: allocating error feedback's finiteness flag: %w", err)
+		}
+		dp.flagHost = []int64{-1} // cuda.FeedbackFlagClear
+		if err := dp.compute.Copy(dp.flag, device.Host(dp.flagHost)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -262,7 +277,16 @@ func (dp *dataPath) upload(b device.Buffer, h []float32) error {
 // accumulate adds the gradient's elements [lo, hi) to the error-feedback
 // residual on stream st, which then holds the error-compensated gradient;
 // a non-finite result is an error naming the tensor.
+//
+// On a GPU the check is deferred: the flag is read with the step's last
+// wait (checkFlag), after the update, when the step fails.
 func (dp *dataPath) accumulate(st device.Stream, lo, hi int) error {
+	if dp.flag.Len() > 0 {
+		if err := dp.feedbackOps.(*cuda.Sparse).AccumulateFlag(st, dp.residual.Slice(lo, hi), dp.grad.Slice(lo, hi), dp.flag, lo, 1); err != nil {
+			return fmt.Errorf("train: error feedback: %w", err)
+		}
+		return nil
+	}
 	bad, err := dp.feedbackOps.Accumulate(st, dp.residual.Slice(lo, hi), dp.grad.Slice(lo, hi), 1)
 	if err != nil {
 		return fmt.Errorf("train: error feedback: %w", err)
@@ -281,6 +305,71 @@ func (dp *dataPath) accumulate(st device.Stream, lo, hi int) error {
 		return err
 	}
 	return dp.accumulateError(fmt.Errorf("element %d of the error-compensated gradient is not finite", lo+bad), lo, hi)
+}
+
+// readFlag copies error feedback's finiteness flag to the host on the
+// compute stream, after everything the step issued before it (nothing on the
+// CPU); the value is there once the stream is synchronised.
+func (dp *dataPath) readFlag() error {
+	if dp.flag.Len() == 0 {
+		return nil
+	}
+	return dp.compute.Copy(device.Host(dp.flagHost), dp.flag)
+}
+
+// checkFlag reads error feedback's finiteness flag (copied by readFlag,
+// the compute stream since synchronised): an error naming the tensor of the
+// first element of the error-compensated gradient that is not finite, and
+// whether the gradient's element was.
+func (dp *dataPath) checkFlag() error {
+	if dp.flag.Len() == 0 {
+		return nil
+	}
+	ok, i, gradient, v := cuda.DecodeFeedbackFlag(uint64(dp.flagHost[0]))
+	if ok {
+		return nil
+	}
+	// Cleared again for a step that follows (the run stops here).
+	dp.flagHost[0] = -1
+	if err := dp.compute.Copy(dp.flag, device.Host(dp.flagHost)); err != nil {
+		return err
+	}
+	what := "error-compensated gradient (residual + gradient)"
+	if gradient {
+		what = "gradient"
+	}
+	return dp.nonFiniteValue(what, v, i)
+}
+
+// syncFlag waits for the compute stream and checks the finiteness flag:
+// what a failed step does before it reports, so that a non-finite gradient
+// is named as such rather than by what it broke later (nothing on the CPU).
+func (dp *dataPath) syncFlag() error {
+	if dp.flag.Len() == 0 {
+		return nil
+	}
+	if dp.commStream != nil {
+		if err := dp.commStream.Synchronize(); err != nil {
+			return err
+		}
+	}
+	if err := dp.readFlag(); err != nil {
+		return err
+	}
+	if err := dp.compute.Synchronize(); err != nil {
+		return err
+	}
+	return dp.checkFlag()
+}
+
+// flagFirst is err of a step that failed after error feedback, unless
+// error feedback's finiteness check failed first: then that error (a
+// non-finite gradient breaks what follows it).
+func (dp *dataPath) flagFirst(err error) error {
+	if ferr := dp.syncFlag(); ferr != nil {
+		return ferr
+	}
+	return err
 }
 
 // accumulateError explains a failed error-feedback accumulation of the
@@ -407,10 +496,10 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 		var err error
 		st, err = dp.reducer.Finish(ctx)
 		if dp.pipe.err != nil {
-			return s, dp.pipe.err
+			return s, dp.flagFirst(dp.pipe.err)
 		}
 		if err != nil {
-			return s, fmt.Errorf("train: reducing with %s: %w", dp.cfg.Sparsifier, err)
+			return s, dp.flagFirst(fmt.Errorf("train: reducing with %s: %w", dp.cfg.Sparsifier, err))
 		}
 		started = dp.pipe.started
 		if dp.commStream != nil {
@@ -436,11 +525,11 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 		// The reducer's output overwrites the gradient, which error
 		// feedback has just consumed.
 		if st, err = dp.reducer.ReduceOn(ctx, dp.residual, dp.grad, dp.residual); err != nil {
-			return s, fmt.Errorf("train: reducing with %s: %w", dp.cfg.Sparsifier, err)
+			return s, dp.flagFirst(fmt.Errorf("train: reducing with %s: %w", dp.cfg.Sparsifier, err))
 		}
 	}
 	if (math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0)) && !dp.replay { // a replay has no loss
-		return s, fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss)
+		return s, dp.flagFirst(fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss))
 	}
 	if dp.cfg.ClipAggregated() {
 		// The averaged gradient, the same on every worker.
@@ -454,9 +543,18 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	}
 	s.Wait = t2.Sub(t1)
 	if err := dp.update(ctx, lr); err != nil {
+		return s, dp.flagFirst(err)
+	}
+	// Error feedback's finiteness check is read with the step's last wait;
+	// a non-finite gradient fails the step (its update is not kept: the
+	// run stops, and no checkpoint holds it).
+	if err := dp.readFlag(); err != nil {
 		return s, err
 	}
 	if err := dp.compute.Synchronize(); err != nil {
+		return s, err
+	}
+	if err := dp.checkFlag(); err != nil {
 		return s, err
 	}
 	t3 := time.Now()

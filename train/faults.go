@@ -438,6 +438,11 @@ func (dp *dataPath) tensorAt(i int) (string, int) {
 // nonFinite is the error for v[i] (a vector in layout order) not being
 // finite.
 func (dp *dataPath) nonFinite(what string, v []float32, i int) error {
+	return dp.nonFiniteValue(what, v[i], i)
+}
+
+// nonFiniteValue is nonFinite of element i, of value x.
+func (dp *dataPath) nonFiniteValue(what string, x float32, i int) error {
 	name, j := dp.tensorAt(i)
-	return fmt.Errorf("%w: the %s is %v in tensor %s (element %d of it)", errNonFinite, what, v[i], name, j)
+	return fmt.Errorf("%w: the %s is %v in tensor %s (element %d of it)", errNonFinite, what, x, name, j)
 }
