@@ -164,20 +164,26 @@ func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual devic
 	layerK := make([]int, len(tensors))
 	thr := math.NaN()
 	pos := 0
-	selTime, err := b.timed(func() error {
-		maxSize, total := 0, 0
-		for t, tn := range tensors {
-			if r.comp[t] {
-				maxSize = max(maxSize, tn.Size)
-				total += params[t].nsel
-			}
+	maxSize, total := 0, 0
+	for t, tn := range tensors {
+		if r.comp[t] {
+			maxSize = max(maxSize, tn.Size)
+			total += params[t].nsel
 		}
+	}
+	if err := b.reserveLists(total); err != nil {
+		return err
+	}
+	selTime, err := b.selectTimed(func() error {
 		idx, err := v.scratch(&r.dIdx, device.Int32, total)
 		if err != nil {
 			return err
 		}
 		cand, err := v.scratch(&r.dCa, device.Int32, maxSize)
 		if err != nil {
+			return err
+		}
+		if _, err := v.scratch(&r.dVal, device.Float32, total); err != nil {
 			return err
 		}
 		for t, tn := range tensors {
@@ -392,6 +398,28 @@ func (d *denseParts) write(b *Env, out, residual device.Buffer, comp []bool) err
 			return err
 		}
 		at += tn.Size
+	}
+	return nil
+}
+
+// reserveLists sizes the call's list scratch on a device — this worker's
+// values, every worker's pairs and their union — for each worker sending
+// up to most pairs (dgc's and dragonn's selections exceed the workers·k
+// that Env.listScratch allows for), so that the exchange allocates nothing
+// in later steps (a buffer grows only when the bound does: a larger
+// density, during DGC's warm-up).
+func (b *Env) reserveLists(most int) error {
+	if b.v.onCPU() {
+		return nil
+	}
+	all := min(b.c.Size()*most, b.c.Size()*b.n)
+	for _, l := range []struct {
+		buf *device.Buffer
+		dt  device.DType
+	}{{&b.dAll, device.Int32}, {&b.dAllVal, device.Float32}, {&b.dUnion, device.Int32}} {
+		if _, err := b.listScratch(l.buf, l.dt, all); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -172,9 +172,15 @@ func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 			return err
 		}
 	}
-	selTime, err := b.timed(func() error {
+	if err := b.reserveLists(total); err != nil {
+		return err
+	}
+	selTime, err := b.selectTimed(func() error {
 		idx, err := v.scratch(&r.dIdx, device.Int32, total)
 		if err != nil {
+			return err
+		}
+		if _, err := v.scratch(&r.dVal, device.Float32, total); err != nil {
 			return err
 		}
 		for t, tn := range tensors {
