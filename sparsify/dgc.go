@@ -360,13 +360,11 @@ func (d *denseParts) reduce(ctx context.Context, b *Env, acc device.Buffer, comp
 		return 0, err
 	}
 	at := 0
-	for t, tn := range b.o.Layout.Tensors {
-		if !comp[t] {
-			if err := v.s.Copy(dense.Slice(at, at+tn.Size), acc.Slice(tn.Offset, tn.Offset+tn.Size)); err != nil {
-				return 0, err
-			}
-			at += tn.Size
+	for _, r := range tensorRuns(b.o.Layout, comp, false) {
+		if err := v.s.Copy(dense.Slice(at, at+r[1]-r[0]), acc.Slice(r[0], r[1])); err != nil {
+			return 0, err
 		}
+		at += r[1] - r[0]
 	}
 	if err := b.c.AllReduce(ctx, v.cb(dense)); err != nil {
 		return 0, fmt.Errorf("all-reducing %d values of the uncompressed tensors: %w", d.n, err)
@@ -383,21 +381,18 @@ func (d *denseParts) write(b *Env, out, residual device.Buffer, comp []bool) err
 	v := &b.v
 	inv := 1 / float32(b.c.Size())
 	at := 0
-	for t, tn := range b.o.Layout.Tensors {
-		if comp[t] {
-			continue
-		}
-		o := out.Slice(tn.Offset, tn.Offset+tn.Size)
-		if err := v.s.Copy(o, d.buf.Slice(at, at+tn.Size)); err != nil {
+	for _, r := range tensorRuns(b.o.Layout, comp, false) {
+		o := out.Slice(r[0], r[1])
+		if err := v.s.Copy(o, d.buf.Slice(at, at+r[1]-r[0])); err != nil {
 			return err
 		}
 		if err := v.m.Scale(v.s, o, inv); err != nil {
 			return err
 		}
-		if err := v.m.Fill(v.s, residual.Slice(tn.Offset, tn.Offset+tn.Size), 0); err != nil {
+		if err := v.m.Fill(v.s, residual.Slice(r[0], r[1]), 0); err != nil {
 			return err
 		}
-		at += tn.Size
+		at += r[1] - r[0]
 	}
 	return nil
 }

@@ -381,10 +381,10 @@ func (l *LAGS) SetSparCost(perElement float64) error {
 }
 
 // TakeSparCost returns the sparsification time per group element measured
-// since the last call — every group's top-k selection and residual (in
-// StartGroup) and its decoding (in Wait), summed and divided by the sizes
-// of the groups reduced — and starts a new measurement. It returns 0 when
-// no group was reduced.
+// since the last call (on a device, while Profiling) — every group's top-k
+// selection and residual (in StartGroup) and its decoding (in Wait),
+// summed and divided by the sizes of the groups reduced — and starts a new
+// measurement. It returns 0 when no group was reduced.
 func (l *LAGS) TakeSparCost() float64 {
 	l.sparMu.Lock()
 	defer l.sparMu.Unlock()
@@ -409,10 +409,14 @@ func (l *LAGS) recordSpar(d time.Duration, m int) {
 // group elements (0: more of the group follows), and counts its time: on
 // the CPU at once (recordSpar); on a device between two events of the
 // stream, read when they have completed (foldSpans), so that measuring
-// costs no host wait. from, when not nil, is an event already recorded
+// costs no host wait; there only while the cost is profiled (Profiling:
+// nothing else reads it). from, when not nil, is an event already recorded
 // where the span starts.
 func (l *LAGS) span(from device.Event, elems int, f func() error) error {
 	v := &l.b.v
+	if !v.onCPU() && !l.Profiling() {
+		return f()
+	}
 	if v.onCPU() {
 		d, err := l.b.timed(f)
 		if err != nil {
@@ -594,8 +598,8 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 		return nil, err
 	}
 	// The selection and the residual are the first span of the group's
-	// sparsification: from the selection's start (its event on a device).
-	// (on the CPU, selTime).
+	// sparsification: from the selection's start (its event on a device,
+	// selTime on the CPU).
 	var from device.Event
 	if n := len(e.selEvents); n > 0 && !v.onCPU() {
 		from = e.selEvents[n-1][0]
