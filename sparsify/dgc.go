@@ -165,20 +165,26 @@ func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual devic
 	layerK := make([]int, len(tensors))
 	thr := math.NaN()
 	pos := 0
-	selTime, err := b.timed(func() error {
-		maxSize, total := 0, 0
-		for t, tn := range tensors {
-			if r.comp[t] {
-				maxSize = max(maxSize, tn.Size)
-				total += params[t].nsel
-			}
+	maxSize, total := 0, 0
+	for t, tn := range tensors {
+		if r.comp[t] {
+			maxSize = max(maxSize, tn.Size)
+			total += params[t].nsel
 		}
+	}
+	if err := b.reserveLists(total); err != nil {
+		return err
+	}
+	selTime, err := b.selectTimed(func() error {
 		idx, err := v.scratch(&r.dIdx, device.Int32, total)
 		if err != nil {
 			return err
 		}
 		cand, err := v.scratch(&r.dCa, device.Int32, maxSize)
 		if err != nil {
+			return err
+		}
+		if _, err := v.scratch(&r.dVal, device.Float32, total); err != nil {
 			return err
 		}
 		for t, tn := range tensors {
@@ -355,13 +361,11 @@ func (d *denseParts) reduce(ctx context.Context, b *Env, acc device.Buffer, comp
 		return 0, err
 	}
 	at := 0
-	for t, tn := range b.o.Layout.Tensors {
-		if !comp[t] {
-			if err := v.s.Copy(dense.Slice(at, at+tn.Size), acc.Slice(tn.Offset, tn.Offset+tn.Size)); err != nil {
-				return 0, err
-			}
-			at += tn.Size
+	for _, r := range tensorRuns(b.o.Layout, comp, false) {
+		if err := v.s.Copy(dense.Slice(at, at+r[1]-r[0]), acc.Slice(r[0], r[1])); err != nil {
+			return 0, err
 		}
+		at += r[1] - r[0]
 	}
 	if err := b.c.AllReduce(ctx, v.cb(dense)); err != nil {
 		return 0, fmt.Errorf("all-reducing %d values of the uncompressed tensors: %w", d.n, err)
@@ -378,21 +382,40 @@ func (d *denseParts) write(b *Env, out, residual device.Buffer, comp []bool) err
 	v := &b.v
 	inv := 1 / float32(b.c.Size())
 	at := 0
-	for t, tn := range b.o.Layout.Tensors {
-		if comp[t] {
-			continue
-		}
-		o := out.Slice(tn.Offset, tn.Offset+tn.Size)
-		if err := v.s.Copy(o, d.buf.Slice(at, at+tn.Size)); err != nil {
+	for _, r := range tensorRuns(b.o.Layout, comp, false) {
+		o := out.Slice(r[0], r[1])
+		if err := v.s.Copy(o, d.buf.Slice(at, at+r[1]-r[0])); err != nil {
 			return err
 		}
 		if err := v.m.Scale(v.s, o, inv); err != nil {
 			return err
 		}
-		if err := v.m.Fill(v.s, residual.Slice(tn.Offset, tn.Offset+tn.Size), 0); err != nil {
+		if err := v.m.Fill(v.s, residual.Slice(r[0], r[1]), 0); err != nil {
 			return err
 		}
-		at += tn.Size
+		at += r[1] - r[0]
+	}
+	return nil
+}
+
+// reserveLists sizes the call's list scratch on a device — this worker's
+// values, every worker's pairs and their union — for each worker sending
+// up to most pairs (dgc's and dragonn's selections exceed the workers·k
+// that Env.listScratch allows for), so that the exchange allocates nothing
+// in later steps (a buffer grows only when the bound does: a larger
+// density, during DGC's warm-up).
+func (b *Env) reserveLists(most int) error {
+	if b.v.onCPU() {
+		return nil
+	}
+	all := min(b.c.Size()*most, b.c.Size()*b.n)
+	for _, l := range []struct {
+		buf *device.Buffer
+		dt  device.DType
+	}{{&b.dAll, device.Int32}, {&b.dAllVal, device.Float32}, {&b.dUnion, device.Int32}} {
+		if _, err := b.listScratch(l.buf, l.dt, all); err != nil {
+			return err
+		}
 	}
 	return nil
 }

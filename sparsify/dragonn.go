@@ -3,8 +3,10 @@ package sparsify
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"sync"
 	"unsafe"
@@ -16,7 +18,7 @@ import (
 
 func init() {
 	Register(Method{Name: "dragonn", Projectable: true, New: newDragonnReducer, Advice: dragonnAdvice, CorrectsMomentum: true,
-		Density: func(ModelKind) float64 { return 0.001 }, Notes: dragonnNotes, Kernels: []*device.Kernel{dragonnHash},
+		Density: func(ModelKind) float64 { return 0.001 }, Notes: dragonnNotes, Kernels: []*device.Kernel{dragonnHash, dragonnDraw},
 		Doc: "reference notes 6: DRAGONN's sampled threshold with the threshold test and the hashed insertion fused into one pass (its kernel dragonnHash; no compaction of the candidates), small tensors dense, dense warm-up (its own: during it every tensor is one of the dense ones). Deviations (fixes): values are summed and divided by the number of workers (the reference overwrites and does not divide); error feedback is always on; element 0 can be selected; exact zeros never are (a zero sampled threshold flooded the slots with zeros); hash collisions resolve deterministically (highest index wins); ns and nsel are at least 1. The momentum-corrected error feedback the paper evaluated every method with (DGC's, with momentum-factor masking; Options.Momentum, the optimizer's, which then applies momentum to weight decay only). Not implemented: the paper's cost model (its eq. 1) for which tensors to compress (a fixed min_tensor cut-off, the reference's).",
 		Params: []options.Option{
 			{Key: "min_tensor", Kind: options.Int, Default: dragonnDefaultMinTensor, Range: options.Within(0, math.MaxInt32, "[]"), Zero: "every tensor",
@@ -172,33 +174,66 @@ func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 			return err
 		}
 	}
-	selTime, err := b.timed(func() error {
+	if err := b.reserveLists(total); err != nil {
+		return err
+	}
+	selTime, err := b.selectTimed(func() error {
 		idx, err := v.scratch(&r.dIdx, device.Int32, total)
 		if err != nil {
 			return err
 		}
-		for t, tn := range tensors {
-			if !comp[t] {
-				layerK[t] = tn.Size
-				continue
+		if _, err := v.scratch(&r.dVal, device.Float32, total); err != nil {
+			return err
+		}
+		lastComp := -1
+		for t := range tensors {
+			if comp[t] {
+				lastComp = t
 			}
-			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
-			seed := uint32(dragonnSeedBase + r.calls)
-			r.calls = (r.calls + 1) % dragonnSeedWrap
-			p := r.params[t]
-			dst := idx.Slice(pos, pos+p.nslots)
-			m, th, err := dragonnSelectOn(v, &r.samp, dst, x, p, sampRNG(b.o.Seed, rank, b.calls, t), seed)
-			if err != nil {
+		}
+		// The draws on the device flag a rejected draw in one word, read
+		// after the last tensor's threshold (dragonnSelectOn); where one
+		// was (probability below numel/2^64 a draw), the call selects
+		// again with the draws on the host.
+		var flag device.Buffer
+		if !v.onCPU() && lastComp >= 0 {
+			if flag, err = v.scratch(&r.samp.dFlag, device.Int32, 1); err != nil {
 				return err
 			}
-			if largest < 0 || tn.Size > tensors[largest].Size {
-				largest, thr = t, float64(th)
-			}
-			layerK[t] = m
-			if err := v.ops.Shift(v.s, dst.Slice(0, m), tn.Offset); err != nil {
+			if err := v.m.Fill(v.s, flag.View(device.Float32, 0, 1), 0); err != nil {
 				return err
 			}
-			pos += m // the next tensor's indices follow these
+		}
+		calls := r.calls
+		for {
+			r.calls, pos, largest, thr = calls, 0, -1, math.NaN()
+			for t, tn := range tensors {
+				if !comp[t] {
+					layerK[t] = tn.Size
+					continue
+				}
+				x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
+				seed := uint32(dragonnSeedBase + r.calls)
+				r.calls = (r.calls + 1) % dragonnSeedWrap
+				p := r.params[t]
+				dst := idx.Slice(pos, pos+p.nslots)
+				m, th, err := dragonnSelectOn(v, &r.samp, dst, x, flag, t == lastComp, p, sampPCG(b.o.Seed, rank, b.calls, t), seed)
+				if err != nil {
+					return err
+				}
+				if largest < 0 || tn.Size > tensors[largest].Size {
+					largest, thr = t, float64(th)
+				}
+				layerK[t] = m
+				if err := v.ops.Shift(v.s, dst.Slice(0, m), tn.Offset); err != nil {
+					return err
+				}
+				pos += m // the next tensor's indices follow these
+			}
+			if flag.Len() == 0 || r.samp.flag[0] == 0 {
+				break
+			}
+			flag = device.Buffer{} // on the host
 		}
 		val, err := v.scratch(&r.dVal, device.Float32, pos)
 		if err != nil {
@@ -273,17 +308,93 @@ func (r *dragonnReducer) LoadState(d *StateReader) error {
 
 // samples is the scratch of a sampled selection: the positions drawn on
 // the host, and the positions and values on the device (and DRAGONN's hash
-// table).
+// table and the flag of its draws on the device).
 type samples struct {
 	pos    []int32
 	dPos   device.Buffer // Int32
 	dVal   device.Buffer // Float32
 	dTable device.Buffer // Int32
+	dFlag  device.Buffer // Int32
+	flag   [1]int32
+}
+
+// sampPCG is the source of sampRNG's generator: its samples are
+// rand.New(sampPCG(…))'s.
+func sampPCG(seed uint64, rank, iter, tensor int) *rand.PCG {
+	return rand.NewPCG(seed, sampMix(sampMix(sampMix(uint64(rank))^uint64(iter))^uint64(tensor)))
+}
+
+// dragonnSamples draws p.ns positions uniformly from [0, p.numel), as
+// rand.New(src).IntN draws them in turn, into pos (a device's Int32
+// vector): on the host where flag is empty (and on the CPU); otherwise on
+// the device by dragonnDraw, each draw computed from src's state where it
+// is (nothing uploaded), a draw that IntN would reject (and draw again,
+// shifting every later draw) setting the Int32 word flag to 1. With read,
+// flag is copied to sc.flag, which holds it once the stream has reached
+// this point (after the caller's next wait).
+func dragonnSamples(v *vecs, sc *samples, pos, flag device.Buffer, read bool, p dragonnParams, src *rand.PCG) error {
+	if flag.Len() == 0 || v.onCPU() {
+		rng := rand.New(src)
+		sc.pos = sc.pos[:0]
+		for range p.ns {
+			sc.pos = append(sc.pos, int32(rng.IntN(p.numel)))
+		}
+		return v.upload(pos, sc.pos)
+	}
+	hi, lo := pcgState(src)
+	if err := v.ops.Run(v.s, dragonnDraw, p.ns, pos, int64(p.ns), int64(hi), int64(lo), int64(p.numel), flag); err != nil {
+		return err
+	}
+	if !read {
+		return nil
+	}
+	sc.flag[0] = 0
+	return v.s.Copy(device.Host(sc.flag[:]), flag)
+}
+
+// pcgState returns the state (high and low words) of a PCG.
+func pcgState(src *rand.PCG) (hi, lo uint64) {
+	b, _ := src.MarshalBinary() // "pcg:", hi, lo big-endian
+	b = b[len(b)-16:]
+	return binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])
+}
+
+//go:embed dragonn_samples.cu
+var dragonnSamplesCUDA string
+
+// dragonnDraw is dragonnSamples' draw on a device (dragonn_samples.cu's
+// k_dragonn_samples; arguments pos, ns, hi, lo and numel as int64, flag):
+// pos[j] is the IntN(numel) that the (j+1)-th output of the PCG from state
+// (hi, lo) gives when IntN keeps it; flag[0] is set to 1 where IntN would
+// reject it (and draw again).
+var dragonnDraw = &device.Kernel{Name: "k_dragonn_samples", CUDA: dragonnSamplesCUDA, Host: func(n int, a ...any) {
+	pos, flag := a[0].(device.Buffer).Int32s(), a[5].(device.Buffer).Int32s()
+	src := rand.NewPCG(uint64(a[2].(int64)), uint64(a[3].(int64)))
+	numel := uint64(a[4].(int64))
+	for j := range n {
+		v, rejected := lemire(src.Uint64(), numel)
+		pos[j] = int32(v)
+		if rejected {
+			flag[0] = 1
+		}
+	}
+}}
+
+// lemire is math/rand/v2's Rand.IntN(n) of one 64-bit output x: x masked
+// for a power of two, otherwise the high word of x·n, rejected (IntN draws
+// again) where the low word is below 2^64 mod n.
+func lemire(x, n uint64) (uint64, bool) {
+	if n&(n-1) == 0 {
+		return x & (n - 1), false
+	}
+	hi, lo := bits.Mul64(x, n)
+	return hi, lo < -n%n
 }
 
 // dragonnSelectOn is DRAGONN's selection on one tensor x of the device: thr
 // is the ks-th largest magnitude of ns samples x[i] drawn uniformly with
-// replacement from rng (on the host); then one pass over x
+// replacement as rand.New(src).IntN draws them (dragonnSamples: on the
+// device unless flag is empty; flag and read are its); then one pass over x
 // (dragonnHashSelect) compares every element with thr and hashes each
 // selected index i (|x_i| >= thr, x_i not an exact zero) with MurmurHash3
 // x86_32 of its 4-byte index and seed hashSeed into one of nslots slots, a
@@ -305,11 +416,7 @@ type samples struct {
 // threshold is 0 (a sparse gradient such as an embedding's: most samples
 // are 0) every zero is a candidate and zeros crowd the non-zeros out of the
 // slots.
-func dragonnSelectOn(v *vecs, sc *samples, out, x device.Buffer, p dragonnParams, rng *rand.Rand, hashSeed uint32) (int, float32, error) {
-	sc.pos = sc.pos[:0]
-	for range p.ns {
-		sc.pos = append(sc.pos, int32(rng.IntN(p.numel)))
-	}
+func dragonnSelectOn(v *vecs, sc *samples, out, x, flag device.Buffer, read bool, p dragonnParams, src *rand.PCG, hashSeed uint32) (int, float32, error) {
 	pos, err := v.scratch(&sc.dPos, device.Int32, p.ns)
 	if err != nil {
 		return 0, 0, err
@@ -318,7 +425,7 @@ func dragonnSelectOn(v *vecs, sc *samples, out, x device.Buffer, p dragonnParams
 	if err != nil {
 		return 0, 0, err
 	}
-	if err := v.upload(pos, sc.pos); err != nil {
+	if err := dragonnSamples(v, sc, pos, flag, read, p, src); err != nil {
 		return 0, 0, err
 	}
 	if err := v.ops.Gather(v.s, val, x, pos); err != nil {

@@ -276,10 +276,21 @@ type LAGS struct {
 	prof     lagsProfile
 
 	// The sparsification time measured since the last TakeSparCost, and
-	// the group elements it covers.
+	// the group elements it covers; on a device, spans still to be read
+	// (sparSpans: their events are read once complete, never waited for in
+	// a step).
 	sparMu    sync.Mutex
 	sparTime  time.Duration
 	sparElems int64
+	sparSpans []sparSpan
+}
+
+// sparSpan is a stretch of a group's sparsification on the device between
+// two events of its stream, and the group elements it completes (0 for
+// all but a group's last span).
+type sparSpan struct {
+	from, to device.Event
+	elems    int
 }
 
 // lagsBufs are one group's reusable device buffers.
@@ -370,13 +381,14 @@ func (l *LAGS) SetSparCost(perElement float64) error {
 }
 
 // TakeSparCost returns the sparsification time per group element measured
-// since the last call — every group's top-k selection and residual (in
-// StartGroup) and its decoding (in Wait), summed and divided by the sizes
-// of the groups reduced — and starts a new measurement. It returns 0 when
-// no group was reduced.
+// since the last call (on a device, while Profiling) — every group's top-k
+// selection and residual (in StartGroup) and its decoding (in Wait),
+// summed and divided by the sizes of the groups reduced — and starts a new
+// measurement. It returns 0 when no group was reduced.
 func (l *LAGS) TakeSparCost() float64 {
 	l.sparMu.Lock()
 	defer l.sparMu.Unlock()
+	l.foldSpans(true)
 	c := 0.0
 	if l.sparElems > 0 {
 		c = l.sparTime.Seconds() / float64(l.sparElems)
@@ -391,6 +403,66 @@ func (l *LAGS) recordSpar(d time.Duration, m int) {
 	l.sparTime += d
 	l.sparElems += int64(m)
 	l.sparMu.Unlock()
+}
+
+// span runs f, a part of a group's sparsification that completes elems
+// group elements (0: more of the group follows), and counts its time: on
+// the CPU at once (recordSpar); on a device between two events of the
+// stream, read when they have completed (foldSpans), so that measuring
+// costs no host wait; there only while the cost is profiled (Profiling:
+// nothing else reads it). from, when not nil, is an event already recorded
+// where the span starts.
+func (l *LAGS) span(from device.Event, elems int, f func() error) error {
+	v := &l.b.v
+	if !v.onCPU() && !l.Profiling() {
+		return f()
+	}
+	if v.onCPU() {
+		d, err := l.b.timed(f)
+		if err != nil {
+			return err
+		}
+		l.recordSpar(d, elems)
+		return nil
+	}
+	if from == nil {
+		var err error
+		if from, err = v.s.Record(); err != nil {
+			return err
+		}
+	}
+	if err := f(); err != nil {
+		return err
+	}
+	to, err := v.s.Record()
+	if err != nil {
+		return err
+	}
+	l.sparMu.Lock()
+	l.sparSpans = append(l.sparSpans, sparSpan{from, to, elems})
+	l.sparMu.Unlock()
+	return nil
+}
+
+// foldSpans adds the spans whose events have completed to the measured
+// time, in order, stopping at the first that has not (wait: waiting for
+// it and every later one). l.sparMu is held.
+func (l *LAGS) foldSpans(wait bool) {
+	done := 0
+	for _, sp := range l.sparSpans {
+		if d, ok := sp.to.(interface{ Done() bool }); ok && !d.Done() {
+			if !wait {
+				break
+			}
+			if err := sp.to.Synchronize(); err != nil {
+				break // the stream's error surfaces in its next call
+			}
+		}
+		l.sparTime += max(sp.to.Time().Sub(sp.from.Time()), 0)
+		l.sparElems += int64(sp.elems)
+		done++
+	}
+	l.sparSpans = append(l.sparSpans[:0], l.sparSpans[done:]...)
 }
 
 // SetBackwardTimes gives the measured or declared backward (gradient
@@ -514,7 +586,10 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 	if err != nil {
 		return nil, err
 	}
-	selTime, err := e.timed(func() error {
+	l.sparMu.Lock()
+	l.foldSpans(false) // the earlier calls' (complete by now)
+	l.sparMu.Unlock()
+	selTime, err := e.selectTimed(func() error {
 		var err error
 		k, err = v.ops.TopK(v.s, sel, vals, a, k)
 		return err
@@ -522,11 +597,19 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 	if err != nil {
 		return nil, err
 	}
-	resTime, err := e.timed(func() error { return e.residualWithout(res, a, sel.Slice(0, k)) })
-	if err != nil {
+	// The selection and the residual are the first span of the group's
+	// sparsification: from the selection's start (its event on a device,
+	// selTime on the CPU).
+	var from device.Event
+	if n := len(e.selEvents); n > 0 && !v.onCPU() {
+		from = e.selEvents[n-1][0]
+	} else {
+		l.recordSpar(selTime, 0)
+	}
+	if err := l.span(from, 0, func() error { return e.residualWithout(res, a, sel.Slice(0, k)) }); err != nil {
 		return nil, err
 	}
-	if st.LayerK, err = lagsLayerK(v, l.layout, gr, sel); err != nil {
+	if st.LayerK, err = lagsLayerK(v, l.layout, gr, sel.Slice(0, k)); err != nil {
 		return nil, err
 	}
 	allVals, err := v.scratch(&b.allVals, device.Float32, l.n*k)
@@ -570,7 +653,7 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 		if err != nil {
 			return err
 		}
-		decTime, err := e.timed(func() error {
+		return l.span(nil, gr.Size(), func() error {
 			var err error
 			st.Distinct, err = v.ops.Union(v.s, u, allIdx, gr.Size())
 			if err != nil {
@@ -586,11 +669,6 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 			}
 			return v.ops.Div(v.s, o, float32(l.n))
 		})
-		if err != nil {
-			return err
-		}
-		l.recordSpar(selTime+resTime+decTime, gr.Size())
-		return nil
 	}, nil
 }
 
@@ -605,8 +683,7 @@ func (l *LAGS) startDense(ctx context.Context, gr Group, a, o, res device.Buffer
 	if err := v.s.Copy(o, a); err != nil {
 		return nil, err
 	}
-	resTime, err := e.timed(func() error { return v.m.Fill(v.s, res, 0) })
-	if err != nil {
+	if err := l.span(nil, 0, func() error { return v.m.Fill(v.s, res, 0) }); err != nil {
 		return nil, err
 	}
 	st.LayerK = make([]int, len(l.layout.Tensors))
@@ -625,12 +702,7 @@ func (l *LAGS) startDense(ctx context.Context, gr Group, a, o, res device.Buffer
 			return fmt.Errorf("all-reducing a dense group of %d elements: %w", m, err)
 		}
 		st.CommTime = time.Since(start)
-		decTime, err := e.timed(func() error { return v.ops.Div(v.s, o, float32(l.n)) })
-		if err != nil {
-			return err
-		}
-		l.recordSpar(resTime+decTime, m)
-		return nil
+		return l.span(nil, m, func() error { return v.ops.Div(v.s, o, float32(l.n)) })
 	}, nil
 }
 
@@ -638,6 +710,11 @@ func (l *LAGS) startDense(ctx context.Context, gr Group, a, o, res device.Buffer
 // the group, into a vector over the layout's tensors (the tensors of a
 // group are contiguous in the layout).
 func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer) ([]int, error) {
+	if len(gr.Tensors) == 1 { // all of sel (no count to read back)
+		lk := make([]int, len(lay.Tensors))
+		lk[gr.Tensors[0]] = sel.Len()
+		return lk, nil
+	}
 	order := slices.Clone(gr.Tensors)
 	slices.SortFunc(order, func(a, b int) int { return lay.Tensors[a].Offset - lay.Tensors[b].Offset })
 	bounds := make([]int, 0, len(order)+1)

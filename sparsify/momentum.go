@@ -50,11 +50,8 @@ func (c *momentumCorrection) becomeCompressed(b *Env, acc device.Buffer, become 
 		return nil
 	}
 	v := &b.v
-	for t, tn := range b.o.Layout.Tensors {
-		if !become[t] {
-			continue
-		}
-		u, a := c.vel.Slice(tn.Offset, tn.Offset+tn.Size), acc.Slice(tn.Offset, tn.Offset+tn.Size)
+	for _, r := range tensorRuns(b.o.Layout, become, true) {
+		u, a := c.vel.Slice(r[0], r[1]), acc.Slice(r[0], r[1])
 		if err := v.m.Scale(v.s, u, c.m); err != nil {
 			return err
 		}
@@ -73,12 +70,10 @@ func (c *momentumCorrection) becomeCompressed(b *Env, acc device.Buffer, become 
 // indices idx (momentum-factor masking).
 func (c *momentumCorrection) compressed(b *Env, comp []bool, acc, residual, idx device.Buffer) error {
 	v := &b.v
-	for t, tn := range b.o.Layout.Tensors {
-		if comp[t] {
-			lo, hi := tn.Offset, tn.Offset+tn.Size
-			if err := v.ops.Run(v.s, dgcMomentum, hi-lo, c.vel.Slice(lo, hi), residual.Slice(lo, hi), acc.Slice(lo, hi), int64(hi-lo), c.m); err != nil {
-				return err
-			}
+	for _, r := range tensorRuns(b.o.Layout, comp, true) {
+		lo, hi := r[0], r[1]
+		if err := v.ops.Run(v.s, dgcMomentum, hi-lo, c.vel.Slice(lo, hi), residual.Slice(lo, hi), acc.Slice(lo, hi), int64(hi-lo), c.m); err != nil {
+			return err
 		}
 	}
 	if err := v.ops.ScatterFill(v.s, c.vel, idx, 0); err != nil {
@@ -91,11 +86,8 @@ func (c *momentumCorrection) compressed(b *Env, comp []bool, acc, residual, idx 
 // comp): u ← m·u + out, out = u.
 func (c *momentumCorrection) dense(b *Env, comp []bool, out device.Buffer) error {
 	v := &b.v
-	for t, tn := range b.o.Layout.Tensors {
-		if comp[t] {
-			continue
-		}
-		lo, hi := tn.Offset, tn.Offset+tn.Size
+	for _, r := range tensorRuns(b.o.Layout, comp, false) {
+		lo, hi := r[0], r[1]
 		u, o := c.vel.Slice(lo, hi), out.Slice(lo, hi)
 		if err := v.m.Scale(v.s, u, c.m); err != nil {
 			return err
@@ -184,4 +176,23 @@ func (c *momentumCorrection) load(b *Env, has bool, vel []float32, calls int) er
 	}
 	c.has = true
 	return nil
+}
+
+// tensorRuns returns the ranges [lo, hi) of the layout covered by the
+// tensors t with sel[t] == want, consecutive tensors adjoining in memory
+// merged into one range, in layout order: element-wise passes over them
+// take one launch a range instead of one a tensor.
+func tensorRuns(l Layout, sel []bool, want bool) [][2]int {
+	var runs [][2]int
+	for t, tn := range l.Tensors {
+		if sel[t] != want || tn.Size == 0 {
+			continue
+		}
+		if n := len(runs); n > 0 && runs[n-1][1] == tn.Offset {
+			runs[n-1][1] += tn.Size
+			continue
+		}
+		runs = append(runs, [2]int{tn.Offset, tn.Offset + tn.Size})
+	}
+	return runs
 }

@@ -288,7 +288,7 @@ func TestDragonnSelectMatchesReference(t *testing.T) {
 				seed := uint32(43 + r.IntN(100000))
 				p := dragonnParamsFor(numel, ratio)
 				out := make([]int32, p.nslots)
-				m, gthr, err := dragonnSelectOn(&v, &s, device.Host(out), device.Host(x), p, rand.New(rand.NewPCG(1, uint64(numel))), seed)
+				m, gthr, err := dragonnSelectOn(&v, &s, device.Host(out), device.Host(x), device.Buffer{}, false, p, rand.NewPCG(1, uint64(numel)), seed)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -315,7 +315,7 @@ func TestDragonnSelectsIndexZero(t *testing.T) {
 	p := dragonnParamsFor(len(x), 0.01)
 	v := newVecs(Options{})
 	out := make([]int32, p.nslots)
-	m, thr, err := dragonnSelectOn(&v, &samples{}, device.Host(out), device.Host(x), p, rand.New(rand.NewPCG(1, 1)), 43)
+	m, thr, err := dragonnSelectOn(&v, &samples{}, device.Host(out), device.Host(x), device.Buffer{}, false, p, rand.NewPCG(1, 1), 43)
 	if got := out[:m]; err != nil || !slices.Equal(got, []int32{0}) || thr != 5 {
 		t.Fatalf("dragonnSelectOn([-5]) = %v (thr %v), want [0] (thr 5)", got, thr)
 	}

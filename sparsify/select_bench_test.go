@@ -318,7 +318,7 @@ func BenchmarkSelectDragonnVsDGC(b *testing.B) {
 				timed(1, func() int {
 					m := 0
 					for i, t := range big {
-						k, _, err := dragonnSelectOn(&v, &s, device.Host(out[:rp[i].nslots]), device.Host(x[t.Offset:t.Offset+t.Size]), rp[i], sampRNG(1, 0, it, i), uint32(43+i))
+						k, _, err := dragonnSelectOn(&v, &s, device.Host(out[:rp[i].nslots]), device.Host(x[t.Offset:t.Offset+t.Size]), device.Buffer{}, false, rp[i], sampPCG(1, 0, it, i), uint32(43+i))
 						if err != nil {
 							b.Fatal(err)
 						}
