@@ -409,20 +409,29 @@ func (c *rankComm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	if err := validDType("all-reduce", buf); err != nil {
 		return err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(buf)
+	seq, dc, err := c.begin(buf)
 	if err != nil {
 		return err
 	}
-	if err := c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc); err != nil {
+	return dc.after(c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc))
+}
+
+// begin numbers a call (every call takes a number, even one that fails to
+// start, as every rank's does) and starts its device side on bufs.
+func (c *rankComm) begin(bufs ...comm.Buffer) (uint64, *devCall, error) {
+	seq := c.seq
+	c.seq++
+	dc, err := c.devStart(bufs...)
+	return seq, dc, err
+}
+
+// after ends a blocking call whose collective returned err: the error, or
+// once the call's device work is done, nil.
+func (dc *devCall) after(err error) error {
+	if err != nil {
 		return err
 	}
 	return dc.finish()
-}
-
-func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer, dc *devCall) error {
-	return c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc)
 }
 
 // allReduceView all-reduces buf, elements [off, off+buf.Len()) of a vector
@@ -460,16 +469,11 @@ func (c *rankComm) AllGather(ctx context.Context, send, recv comm.Buffer) error 
 	if err := c.checkAllGather(send, recv); err != nil {
 		return err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
+	seq, dc, err := c.begin(send, recv)
 	if err != nil {
 		return err
 	}
-	if err := c.allGather(ctx, seq, send, recv, dc); err != nil {
-		return err
-	}
-	return dc.finish()
+	return dc.after(c.allGather(ctx, seq, send, recv, dc))
 }
 
 func (c *rankComm) checkAllGather(send, recv comm.Buffer) error {
@@ -521,16 +525,11 @@ func (c *rankComm) AllGatherV(ctx context.Context, send, recv comm.Buffer, count
 	if err := c.checkAllGatherV(send, recv, counts); err != nil {
 		return err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
+	seq, dc, err := c.begin(send, recv)
 	if err != nil {
 		return err
 	}
-	if err := c.allGatherV(ctx, seq, send, recv, counts, dc); err != nil {
-		return err
-	}
-	return dc.finish()
+	return dc.after(c.allGatherV(ctx, seq, send, recv, counts, dc))
 }
 
 func (c *rankComm) checkAllGatherV(send, recv comm.Buffer, counts []int) error {
@@ -622,10 +621,7 @@ func (c *rankComm) Broadcast(ctx context.Context, buf comm.Buffer, root int) err
 			return devCopy(p, devBuf(buf), devBuf(s.entries[root].send))
 		}, host)
 	})
-	if err != nil {
-		return err
-	}
-	return dc.finish()
+	return dc.after(err)
 }
 
 // ReduceScatter sums send over all ranks and leaves block Rank() in recv.
@@ -643,9 +639,7 @@ func (c *rankComm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, co
 	if recv.Len() != counts[c.rank] {
 		return fmt.Errorf("local: ReduceScatter: rank %d's receive buffer has %d elements but counts[%d] = %d: they must be equal", c.rank, recv.Len(), c.rank, counts[c.rank])
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
+	seq, dc, err := c.begin(send, recv)
 	if err != nil {
 		return err
 	}
@@ -654,10 +648,7 @@ func (c *rankComm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, co
 		if err := c.copyOne(dc, recv, send, send.Len()); err != nil {
 			return err
 		}
-		if err := c.check(ctx, lit("in ReduceScatter")); err != nil {
-			return err
-		}
-		return dc.finish()
+		return dc.after(c.check(ctx, lit("in ReduceScatter")))
 	}
 	e := entry{op: comm.OpReduceScatter, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts), dev: dc}
 	err = c.collective(ctx, seq, e, func(s *slot) error {
@@ -684,10 +675,7 @@ func (c *rankComm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, co
 			return pd.PeerSum(p, bufs, lo, hi-lo, devBuf(recv))
 		}, host)
 	})
-	if err != nil {
-		return err
-	}
-	return dc.finish()
+	return dc.after(err)
 }
 
 // Barrier returns once every rank has entered it.
@@ -705,13 +693,11 @@ func (c *rankComm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Reques
 	if err := validDType("all-reduce", buf); err != nil {
 		return nil, err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(buf)
+	seq, dc, err := c.begin(buf)
 	if err != nil {
 		return nil, err
 	}
-	return devRequest(c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduce(ctx, seq, buf, dc) }), dc), nil
+	return devRequest(c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc) }), dc), nil
 }
 
 // IAllReduceView starts the all-reduce of a view (comm.Communicator).
@@ -722,9 +708,7 @@ func (c *rankComm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, tot
 	if err := comm.CheckView(off, buf.Len(), total); err != nil {
 		return nil, fmt.Errorf("local: IAllReduceView: %w", err)
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(buf)
+	seq, dc, err := c.begin(buf)
 	if err != nil {
 		return nil, err
 	}
@@ -736,9 +720,7 @@ func (c *rankComm) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm
 	if err := c.checkAllGather(send, recv); err != nil {
 		return nil, err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
+	seq, dc, err := c.begin(send, recv)
 	if err != nil {
 		return nil, err
 	}
@@ -750,9 +732,7 @@ func (c *rankComm) IAllGatherV(ctx context.Context, send, recv comm.Buffer, coun
 	if err := c.checkAllGatherV(send, recv, counts); err != nil {
 		return nil, err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
+	seq, dc, err := c.begin(send, recv)
 	if err != nil {
 		return nil, err
 	}
