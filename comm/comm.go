@@ -188,8 +188,6 @@ type Communicator interface {
 	// Barrier returns once every rank has entered it.
 	Barrier(ctx context.Context) error
 
-	// IAllReduce starts AllReduce and returns at once.
-	IAllReduce(ctx context.Context, buf Buffer) (Request, error)
 	// IAllReduceView starts the all-reduce of a view: buf holds elements
 	// [off, off+buf.Len()) of a vector of total elements, and each of its
 	// elements is summed in the order AllReduce of the whole vector sums it
@@ -206,6 +204,16 @@ type Communicator interface {
 	ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error)
 	// IRecv starts Recv and returns at once.
 	IRecv(ctx context.Context, buf Buffer, src, tag int) (Request, error)
+}
+
+// IAllReduce starts AllReduce of buf on c and returns at once: the
+// all-reduce of the view that is the whole vector (IAllReduceView), so that
+// backends and wrappers implement the non-blocking all-reduce once.
+func IAllReduce(ctx context.Context, c Communicator, buf Buffer) (Request, error) {
+	if buf == nil {
+		return nil, errors.New("comm: IAllReduce: the buffer is nil; pass a Buffer such as comm.Float32s")
+	}
+	return c.IAllReduceView(ctx, buf, 0, buf.Len())
 }
 
 // ViewChunkBounds returns chunk c (ChunkBounds of total elements cut into

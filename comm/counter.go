@@ -330,13 +330,6 @@ func (c *Counter) wrap(req Request, err error, done func(err error, n int)) (Req
 	return countedRequest{req, done}, nil
 }
 
-// IAllReduce counts and forwards the call; its time runs until Wait returns.
-func (c *Counter) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
-	t := time.Now()
-	req, err := c.c.IAllReduce(ctx, buf)
-	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllReduce, buf, buf.Len(), 0, nil, t) })
-}
-
 // IAllReduceView counts the call as an all-reduce of the view's elements
 // and forwards it; its time runs until Wait returns.
 func (c *Counter) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {

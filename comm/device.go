@@ -492,22 +492,6 @@ func (r *stagedRequest) Wait(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-func (s *staged) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
-	if s.collectives {
-		return s.c.IAllReduce(ctx, buf)
-	}
-	st, err := s.in(buf, true)
-	if err != nil {
-		return nil, err
-	}
-	r, err := s.c.IAllReduce(ctx, st.host)
-	if err != nil {
-		s.release(st)
-		return nil, err
-	}
-	return &stagedRequest{s: s, r: r, results: []stage{st}}, nil
-}
-
 func (s *staged) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
 	if s.collectives {
 		return s.c.IAllReduceView(ctx, buf, off, total)

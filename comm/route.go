@@ -110,11 +110,6 @@ func (r *route) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffer,
 // Barrier synchronizes on the host communicator.
 func (r *route) Barrier(ctx context.Context) error { return r.host.Barrier(ctx) }
 
-func (r *route) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
-	c, _ := r.pick("IAllReduce", buf)
-	return c.IAllReduce(ctx, buf)
-}
-
 func (r *route) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
 	c, _ := r.pick("IAllReduceView", buf)
 	return c.IAllReduceView(ctx, buf, off, total)

@@ -512,11 +512,6 @@ func (c *NCCL) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	return c.run(ctx, x, err)
 }
 
-// IAllReduce starts AllReduce.
-func (c *NCCL) IAllReduce(_ context.Context, buf comm.Buffer) (comm.Request, error) {
-	return c.istart(c.allReduce(buf))
-}
-
 // IAllReduceView starts the all-reduce of the view (NCCL's order of
 // addition, as AllReduce: the view's position does not change it).
 func (c *NCCL) IAllReduceView(_ context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {

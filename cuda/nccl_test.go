@@ -300,7 +300,7 @@ func TestNCCLConformance(t *testing.T) {
 					return err
 				}
 				b := put(t, devs[r], xs[r])
-				req, err := comms[r].IAllReduce(ctx, b)
+				req, err := comm.IAllReduce(ctx, comms[r], b)
 				if err != nil {
 					return err
 				}

@@ -107,12 +107,12 @@ func TestStagedDeviceBuffers(t *testing.T) {
 				// in flight together, and a non-blocking all-gather with
 				// counts.
 				ir := o.mki(is[r])
-				req2, err := c.IAllReduce(ctx, ir)
+				req2, err := comm.IAllReduce(ctx, c, ir)
 				if err != nil {
 					return nil, nil, err
 				}
 				fr := o.mk(xs[r][:333])
-				req3, err := c.IAllReduce(ctx, fr)
+				req3, err := comm.IAllReduce(ctx, c, fr)
 				if err != nil {
 					return nil, nil, err
 				}

@@ -688,18 +688,6 @@ func (c *rankComm) Barrier(ctx context.Context) error {
 	return c.collective(ctx, seq, entry{op: comm.OpBarrier}, func(*slot) error { return nil })
 }
 
-// IAllReduce starts AllReduce and returns at once.
-func (c *rankComm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
-	if err := validDType("all-reduce", buf); err != nil {
-		return nil, err
-	}
-	seq, dc, err := c.begin(buf)
-	if err != nil {
-		return nil, err
-	}
-	return devRequest(c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc) }), dc), nil
-}
-
 // IAllReduceView starts the all-reduce of a view (comm.Communicator).
 func (c *rankComm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
 	if err := validDType("all-reduce", buf); err != nil {

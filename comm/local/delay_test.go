@@ -123,7 +123,7 @@ func TestEmulatedOverlap(t *testing.T) {
 			start := time.Now()
 			err := Run(testCtx(t), 2, func(ctx context.Context, c comm.Communicator) error {
 				t0 := time.Now()
-				q, err := c.IAllReduce(ctx, make(comm.Float32s, 10))
+				q, err := comm.IAllReduce(ctx, c, make(comm.Float32s, 10))
 				if err != nil {
 					return err
 				}

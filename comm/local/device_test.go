@@ -175,11 +175,11 @@ func TestDeviceCollectives(t *testing.T) {
 					}
 					got = append(got, o.rd(b))
 					b, b2 := o.mk(xs[r][:100]), o.mk(xs[r][100:])
-					q, err := c.IAllReduce(ctx, b)
+					q, err := comm.IAllReduce(ctx, c, b)
 					if err != nil {
 						return nil, err
 					}
-					q2, err := c.IAllReduce(ctx, b2)
+					q2, err := comm.IAllReduce(ctx, c, b2)
 					if err != nil {
 						return nil, err
 					}

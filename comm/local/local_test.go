@@ -468,7 +468,7 @@ func TestNonBlockingOrder(t *testing.T) {
 				r := c.Rank()
 				outG[r] = newBuf(comm.Int64, 3*n)
 				outV[r] = newBuf(comm.Int32, total)
-				q1, err := c.IAllReduce(ctx, a[r])
+				q1, err := comm.IAllReduce(ctx, c, a[r])
 				if err != nil {
 					return err
 				}
@@ -646,7 +646,7 @@ func TestArgumentErrors(t *testing.T) {
 		{"sendrecv src", func() error { _, err := c.SendRecv(ctx, f(1), 0, f(1), 9, 0); return err }, "source rank 9 out of range"},
 		{"isend dst", func() error { _, err := c.ISend(ctx, f(1), 5, 0); return err }, "out of range"},
 		{"irecv src", func() error { _, err := c.IRecv(ctx, f(1), 5, 0); return err }, "out of range"},
-		{"iallreduce nil", func() error { _, err := c.IAllReduce(ctx, nil); return err }, "nil"},
+		{"iallreduce nil", func() error { _, err := comm.IAllReduce(ctx, c, nil); return err }, "nil"},
 		{"iallgather length", func() error { _, err := c.IAllGather(ctx, f(1), f(1)); return err }, "Size()*send.Len()"},
 		{"iallgatherv counts", func() error { _, err := c.IAllGatherV(ctx, f(1), f(1), nil); return err }, "one count per rank"},
 	}
@@ -794,7 +794,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 	for range 5 {
 		_ = Run(testCtx(t), 4, func(ctx context.Context, c comm.Communicator) error {
 			// A request never waited for and a receive never matched.
-			if _, err := c.IAllReduce(ctx, make(comm.Float32s, 10)); err != nil {
+			if _, err := comm.IAllReduce(ctx, c, make(comm.Float32s, 10)); err != nil {
 				return err
 			}
 			if c.Rank() == 0 {
@@ -856,7 +856,7 @@ func TestEarlyReturn(t *testing.T) {
 				if err := c.Send(ctx, comm.Int32s{7}, 0, 3); err != nil {
 					return err
 				}
-				q, err := c.IAllReduce(ctx, make(comm.Int32s, 4)) // joined, never waited
+				q, err := comm.IAllReduce(ctx, c, make(comm.Int32s, 4)) // joined, never waited
 				if err != nil {
 					return err
 				}

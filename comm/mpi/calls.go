@@ -99,7 +99,7 @@ func chunks(L, n int) []int {
 	return b
 }
 
-// allReduceOp builds the op of AllReduce and IAllReduce.
+// allReduceOp builds the op of AllReduce and of iAllReduce.
 func (c *Comm) allReduceOp(buf comm.Buffer) (op, error) {
 	const what = "AllReduce"
 	if err := checkBuf(what, "buf", buf); err != nil {
@@ -156,7 +156,7 @@ func (c *Comm) do(ctx context.Context, o op, n int) (int, error) {
 
 // AllReduce sums buf over all ranks in place, float32 in the canonical order.
 func (c *Comm) AllReduce(ctx context.Context, buf comm.Buffer) error {
-	r, err := c.IAllReduce(ctx, buf)
+	r, err := c.iAllReduce(ctx, buf)
 	if err != nil {
 		return err
 	}
@@ -166,7 +166,8 @@ func (c *Comm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 
 // IAllReduceView starts the all-reduce of a view (comm.Communicator): a
 // float32 view is reduced by the ring with the vector's chunks cut to the
-// view; integers, whose sums do not depend on the order, as AllReduce.
+// view; the whole vector and integers (whose sums do not depend on the
+// order) as AllReduce.
 func (c *Comm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
 	if err := comm.CheckView(off, buf.Len(), total); err != nil {
 		return nil, fmt.Errorf("mpi: IAllReduceView: %w", err)
@@ -175,8 +176,8 @@ func (c *Comm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total i
 		return nil, err
 	}
 	n, L := c.Size(), buf.Len()
-	if buf.DType() != comm.Float32 || n == 1 || L == 0 {
-		return c.IAllReduce(ctx, buf)
+	if buf.DType() != comm.Float32 || n == 1 || L == 0 || off == 0 && L == total {
+		return c.iAllReduce(ctx, buf)
 	}
 	b := make([]int, n+1)
 	for j := range n {
@@ -186,8 +187,9 @@ func (c *Comm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total i
 	return c.start(ctx, o, L, false)
 }
 
-// IAllReduce starts AllReduce.
-func (c *Comm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
+// iAllReduce starts AllReduce (comm.IAllReduce reaches it through
+// IAllReduceView of the whole vector).
+func (c *Comm) iAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
 	o, err := c.allReduceOp(buf)
 	if err != nil {
 		return nil, err

@@ -223,7 +223,7 @@ func checksFor(n int) []check {
 					in := inputs(dt, s, n, L)
 					buf := clone(in[c.Rank()])
 					if nonBlocking {
-						r, err := c.IAllReduce(ctx, buf)
+						r, err := comm.IAllReduce(ctx, c, buf)
 						if err != nil {
 							return nil, err
 						}
@@ -466,7 +466,7 @@ func checksFor(n int) []check {
 		for k := 0; k < 4; k++ {
 			in := inputs(comm.Float32, uint64(900+k), n, L+k)
 			buf := clone(in[c.Rank()])
-			req, err := c.IAllReduce(ctx, buf)
+			req, err := comm.IAllReduce(ctx, c, buf)
 			if err != nil {
 				return nil, err
 			}
