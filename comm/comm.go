@@ -16,17 +16,16 @@
 //
 // # Deterministic sums
 //
-// Float32 addition is not associative, so the order in which an all-reduce or
-// reduce-scatter adds the ranks' contributions changes the result's last bits.
+// Float32 addition is not associative, so the order in which an all-reduce
+// adds the ranks' contributions changes the result's last bits.
 // Every backend of this package uses the same canonical order, so that N
 // simulated workers and N processes under mpirun compute bit-identical sums:
 //
 //   - The buffer of length L is cut into Size() chunks with ChunkBounds: chunk
 //     c has L/n elements, plus one for the first L mod n chunks.
-//   - ReduceScatter's blocks are given by its counts argument instead.
-//   - Chunk or block j is the left-to-right sum of the ranks' values in rank
+//   - Chunk j is the left-to-right sum of the ranks' values in rank
 //     order j+1, j+2, …, n−1, 0, …, j (rank j added last): exactly the order a
-//     ring reduce-scatter produces, in which rank j ends owning block j.
+//     ring reduce-scatter produces, in which rank j ends owning chunk j.
 package comm
 
 import (
@@ -171,10 +170,6 @@ type Communicator interface {
 	AllGatherV(ctx context.Context, send, recv Buffer, counts []int) error
 	// Broadcast copies root's buf into every rank's buf.
 	Broadcast(ctx context.Context, buf Buffer, root int) error
-	// ReduceScatter sums send (length sum(counts), the same counts on every
-	// rank) over all ranks and leaves block Rank() of the sum, counts[Rank()]
-	// elements, in recv.
-	ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error
 	// Send delivers buf to rank dst with the given tag. It may return before
 	// the message is received (the data has then been copied).
 	Send(ctx context.Context, buf Buffer, dst, tag int) error

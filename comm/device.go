@@ -418,13 +418,6 @@ func (s *staged) Broadcast(ctx context.Context, buf Buffer, root int) error {
 	return s.inOut(buf, func(b Buffer) error { return s.c.Broadcast(ctx, b, root) })
 }
 
-func (s *staged) ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error {
-	if s.collectives {
-		return s.c.ReduceScatter(ctx, send, recv, counts)
-	}
-	return s.sendRecv(send, recv, func(a, b Buffer) error { return s.c.ReduceScatter(ctx, a, b, counts) })
-}
-
 func (s *staged) Send(ctx context.Context, buf Buffer, dst, tag int) error {
 	st, err := s.in(buf, true)
 	if err != nil {

@@ -81,14 +81,6 @@ func (r *route) Broadcast(ctx context.Context, buf Buffer, root int) error {
 	return c.Broadcast(ctx, buf, root)
 }
 
-func (r *route) ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error {
-	c, err := r.pick("ReduceScatter", send, recv)
-	if err != nil {
-		return err
-	}
-	return c.ReduceScatter(ctx, send, recv, counts)
-}
-
 func (r *route) Send(ctx context.Context, buf Buffer, dst, tag int) error {
 	c, _ := r.pick("Send", buf)
 	return c.Send(ctx, buf, dst, tag)

@@ -296,24 +296,10 @@ func sumInto[E float32 | int32 | int64](out []E, srcs [][]E) {
 	}
 }
 
-// reduceBlock sums block [lo, hi) of every rank's bufs[r] in the canonical
-// order j+1, …, n−1, 0, …, j into out.
-func reduceBlock(dtype comm.DType, out comm.Buffer, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
-	switch dtype {
-	case comm.Float32:
-		reduceTyped[float32](out, bufs, n, j, lo, hi)
-	case comm.Int32:
-		reduceTyped[int32](out, bufs, n, j, lo, hi)
-	case comm.Int64:
-		reduceTyped[int64](out, bufs, n, j, lo, hi)
-	case comm.Float16:
-		reduceHalf(view[uint16](out), bufs, n, j, lo, hi)
-	}
-}
-
-// reduceHalf is reduceTyped for Float16: each addition in half precision,
-// rounded to the nearest (device.AddFloat16), left to right in the
-// canonical order.
+// reduceHalf sums [lo, hi) of every rank's Float16 buffer bufs(r) into out,
+// each addition in half precision, rounded to the nearest
+// (device.AddFloat16), left to right in the canonical order j+1, …, n−1,
+// 0, …, j.
 func reduceHalf(out []uint16, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
 	if hi <= lo {
 		return
@@ -329,17 +315,6 @@ func reduceHalf(out []uint16, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
 		}
 		out[i] = s
 	}
-}
-
-func reduceTyped[E float32 | int32 | int64](out comm.Buffer, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
-	if hi <= lo {
-		return
-	}
-	srcs := make([][]E, n)
-	for k := 1; k <= n; k++ {
-		srcs[k-1] = view[E](bufs((j + k) % n))[lo:hi]
-	}
-	sumInto(view[E](out), srcs)
 }
 
 // allTile is the number of elements reduceAll sums at a time before storing
@@ -619,60 +594,6 @@ func (c *rankComm) Broadcast(ctx context.Context, buf comm.Buffer, root int) err
 				return nil
 			}
 			return devCopy(p, devBuf(buf), devBuf(s.entries[root].send))
-		}, host)
-	})
-	return dc.after(err)
-}
-
-// ReduceScatter sums send over all ranks and leaves block Rank() in recv.
-func (c *rankComm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, counts []int) error {
-	if err := sameDType(send, recv); err != nil {
-		return fmt.Errorf("ReduceScatter: %w", err)
-	}
-	total, err := c.checkCounts(counts)
-	if err != nil {
-		return fmt.Errorf("ReduceScatter: %w", err)
-	}
-	if send.Len() != total {
-		return fmt.Errorf("local: ReduceScatter: send buffer has %d elements but must have sum(counts) = %d", send.Len(), total)
-	}
-	if recv.Len() != counts[c.rank] {
-		return fmt.Errorf("local: ReduceScatter: rank %d's receive buffer has %d elements but counts[%d] = %d: they must be equal", c.rank, recv.Len(), c.rank, counts[c.rank])
-	}
-	seq, dc, err := c.begin(send, recv)
-	if err != nil {
-		return err
-	}
-	n := c.w.n
-	if n == 1 {
-		if err := c.copyOne(dc, recv, send, send.Len()); err != nil {
-			return err
-		}
-		return dc.after(c.check(ctx, lit("in ReduceScatter")))
-	}
-	e := entry{op: comm.OpReduceScatter, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts), dev: dc}
-	err = c.collective(ctx, seq, e, func(s *slot) error {
-		lo := 0
-		for r := range c.rank {
-			lo += counts[r]
-		}
-		hi := lo + counts[c.rank]
-		host := func(_, recv comm.Buffer) error {
-			reduceBlock(e.dtype, recv, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
-			return c.phase(ctx, &s.done)
-		}
-		if !s.anyDevice() {
-			return host(send, recv)
-		}
-		return c.runCall(ctx, s, dc, true, func(pd comm.PeerDevice, p device.Stream) error {
-			if hi <= lo {
-				return nil
-			}
-			bufs := make([]device.Buffer, n) // in summation order
-			for k := 1; k <= n; k++ {
-				bufs[k-1] = devBuf(s.entries[(c.rank+k)%n].send)
-			}
-			return pd.PeerSum(p, bufs, lo, hi-lo, devBuf(recv))
 		}, host)
 	})
 	return dc.after(err)

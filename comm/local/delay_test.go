@@ -57,9 +57,6 @@ func TestEmulatedCallsLastTheirModelledTime(t *testing.T) {
 		{"broadcast", slowNet.BroadcastTime(n, 4*m), func(ctx context.Context, c comm.Communicator) error {
 			return c.Broadcast(ctx, make(comm.Int64s, m/2), 2)
 		}},
-		{"reducescatter", slowNet.Cost(comm.OpReduceScatter, n, 0, 4, []int{m, m, m}), func(ctx context.Context, c comm.Communicator) error {
-			return c.ReduceScatter(ctx, make(comm.Float32s, 3*m), make(comm.Float32s, m), []int{m, m, m})
-		}},
 		{"isend irecv ring", slowNet.PointToPoint(4 * m), func(ctx context.Context, c comm.Communicator) error {
 			r := c.Rank()
 			qr, err := c.IRecv(ctx, make(comm.Int32s, m), (r+n-1)%n, 5)

@@ -110,18 +110,6 @@ func chunkOf(length, n int) func(int) int {
 	}
 }
 
-func blockOfCounts(counts []int) func(int) int {
-	return func(i int) int {
-		for j, c := range counts {
-			if i < c {
-				return j
-			}
-			i -= c
-		}
-		panic("no block")
-	}
-}
-
 func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
@@ -335,43 +323,6 @@ func TestAllGatherV(t *testing.T) {
 						if !bytes.Equal(out[r].Bytes(), want) {
 							t.Fatalf("rank %d: counts %v: gathered data differ from the concatenation", r, counts)
 						}
-					}
-				})
-			}
-		}
-	}
-}
-
-func TestReduceScatter(t *testing.T) {
-	for _, n := range []int{1, 2, 3, 4, 5, 6, 7, 8, 10, 16} {
-		for _, maxc := range []int{0, 1, 7, 5000} {
-			for _, dt := range dtypes {
-				t.Run(fmt.Sprintf("n%d/max%d/%s", n, maxc, dt), func(t *testing.T) {
-					rng := rand.New(rand.NewPCG(uint64(n), uint64(maxc)+13))
-					counts := randCounts(n, maxc, rng)
-					total := 0
-					for _, c := range counts {
-						total += c
-					}
-					in := make([]comm.Buffer, n)
-					for r := range in {
-						in[r] = randBuf(dt, total, rng)
-					}
-					want := refSum(in, blockOfCounts(counts))
-					out := make([]comm.Buffer, n)
-					for r := range out {
-						out[r] = newBuf(dt, counts[r])
-					}
-					err := Run(testCtx(t), n, func(ctx context.Context, c comm.Communicator) error {
-						return c.ReduceScatter(ctx, in[c.Rank()], out[c.Rank()], counts)
-					})
-					if err != nil {
-						t.Fatal(err)
-					}
-					off := 0
-					for r := range out {
-						equalBits(t, fmt.Sprintf("rank %d block", r), out[r], want.Slice(off, off+counts[r]))
-						off += counts[r]
 					}
 				})
 			}
@@ -638,9 +589,6 @@ func TestArgumentErrors(t *testing.T) {
 		{"allgatherv recv length", func() error { return c.AllGatherV(ctx, f(1), f(4), []int{1, 1, 1}) }, "sum(counts) = 3"},
 		{"broadcast root", func() error { return c.Broadcast(ctx, f(1), 3) }, "root 3 out of range"},
 		{"broadcast negative root", func() error { return c.Broadcast(ctx, f(1), -1) }, "root -1 out of range"},
-		{"reducescatter send", func() error { return c.ReduceScatter(ctx, f(2), f(1), []int{1, 1, 1}) }, "sum(counts) = 3"},
-		{"reducescatter recv", func() error { return c.ReduceScatter(ctx, f(3), f(2), []int{1, 1, 1}) }, "counts[1] = 1"},
-		{"reducescatter dtype", func() error { return c.ReduceScatter(ctx, f(3), make(comm.Int64s, 1), []int{1, 1, 1}) }, "same element type"},
 		{"send dst", func() error { return c.Send(ctx, f(1), 3, 0) }, "destination rank 3 out of range"},
 		{"recv src", func() error { _, err := c.Recv(ctx, f(1), -1, 0); return err }, "source rank -1 out of range"},
 		{"sendrecv src", func() error { _, err := c.SendRecv(ctx, f(1), 0, f(1), 9, 0); return err }, "source rank 9 out of range"},
