@@ -193,8 +193,6 @@ type Communicator interface {
 	IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error)
 	// IAllGather starts AllGather and returns at once.
 	IAllGather(ctx context.Context, send, recv Buffer) (Request, error)
-	// IAllGatherV starts AllGatherV and returns at once.
-	IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error)
 	// ISend starts Send and returns at once.
 	ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error)
 	// IRecv starts Recv and returns at once.

@@ -339,13 +339,6 @@ func (c *Counter) IAllGather(ctx context.Context, send, recv Buffer) (Request, e
 	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllGather, send, send.Len(), 0, nil, t) })
 }
 
-// IAllGatherV counts and forwards the call.
-func (c *Counter) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
-	t := time.Now()
-	req, err := c.c.IAllGatherV(ctx, send, recv, counts)
-	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllGatherV, send, send.Len(), 0, counts, t) })
-}
-
 // ISend counts and forwards the call.
 func (c *Counter) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {
 	t := time.Now()

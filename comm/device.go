@@ -527,13 +527,6 @@ func (s *staged) IAllGather(ctx context.Context, send, recv Buffer) (Request, er
 	return s.istart(send, recv, func(a, b Buffer) (Request, error) { return s.c.IAllGather(ctx, a, b) })
 }
 
-func (s *staged) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
-	if s.collectives {
-		return s.c.IAllGatherV(ctx, send, recv, counts)
-	}
-	return s.istart(send, recv, func(a, b Buffer) (Request, error) { return s.c.IAllGatherV(ctx, a, b, counts) })
-}
-
 func (s *staged) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {
 	st, err := s.in(buf, true)
 	if err != nil {

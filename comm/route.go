@@ -115,14 +115,6 @@ func (r *route) IAllGather(ctx context.Context, send, recv Buffer) (Request, err
 	return c.IAllGather(ctx, send, recv)
 }
 
-func (r *route) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
-	c, err := r.pick("IAllGatherV", send, recv)
-	if err != nil {
-		return nil, err
-	}
-	return c.IAllGatherV(ctx, send, recv, counts)
-}
-
 func (r *route) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {
 	c, _ := r.pick("ISend", buf)
 	return c.ISend(ctx, buf, dst, tag)

@@ -598,11 +598,6 @@ func (c *NCCL) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []
 	return c.run(ctx, x, err)
 }
 
-// IAllGatherV starts AllGatherV.
-func (c *NCCL) IAllGatherV(_ context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
-	return c.istart(c.allGatherV(send, recv, counts))
-}
-
 // oneRank does a gather of a one-rank communicator: recv is send, copied
 // on the stream of send's comm.Device (and waited for by recv's), with no
 // NCCL call and no host wait. It reports false, doing nothing, where the

@@ -635,16 +635,3 @@ func (c *rankComm) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm
 	}
 	return devRequest(c.async("IAllGather", func() (int, error) { return recv.Len(), c.allGather(ctx, seq, send, recv, dc) }), dc), nil
 }
-
-// IAllGatherV starts AllGatherV and returns at once.
-func (c *rankComm) IAllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
-	if err := c.checkAllGatherV(send, recv, counts); err != nil {
-		return nil, err
-	}
-	seq, dc, err := c.begin(send, recv)
-	if err != nil {
-		return nil, err
-	}
-	counts = slices.Clone(counts)
-	return devRequest(c.async("IAllGatherV", func() (int, error) { return recv.Len(), c.allGatherV(ctx, seq, send, recv, counts, dc) }), dc), nil
-}

@@ -294,15 +294,6 @@ func (c *Comm) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []
 	return err
 }
 
-// IAllGatherV starts AllGatherV.
-func (c *Comm) IAllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
-	o, n, err := c.allGatherVOp("AllGatherV", send, recv, counts)
-	if err != nil {
-		return nil, err
-	}
-	return c.start(ctx, o, n, false)
-}
-
 // Broadcast copies root's buf into every rank's buf.
 func (c *Comm) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
 	const what = "Broadcast"
