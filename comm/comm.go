@@ -16,17 +16,16 @@
 //
 // # Deterministic sums
 //
-// Float32 addition is not associative, so the order in which an all-reduce or
-// reduce-scatter adds the ranks' contributions changes the result's last bits.
+// Float32 addition is not associative, so the order in which an all-reduce
+// adds the ranks' contributions changes the result's last bits.
 // Every backend of this package uses the same canonical order, so that N
 // simulated workers and N processes under mpirun compute bit-identical sums:
 //
 //   - The buffer of length L is cut into Size() chunks with ChunkBounds: chunk
 //     c has L/n elements, plus one for the first L mod n chunks.
-//   - ReduceScatter's blocks are given by its counts argument instead.
-//   - Chunk or block j is the left-to-right sum of the ranks' values in rank
+//   - Chunk j is the left-to-right sum of the ranks' values in rank
 //     order j+1, j+2, …, n−1, 0, …, j (rank j added last): exactly the order a
-//     ring reduce-scatter produces, in which rank j ends owning block j.
+//     ring reduce-scatter produces, in which rank j ends owning chunk j.
 package comm
 
 import (
@@ -171,10 +170,6 @@ type Communicator interface {
 	AllGatherV(ctx context.Context, send, recv Buffer, counts []int) error
 	// Broadcast copies root's buf into every rank's buf.
 	Broadcast(ctx context.Context, buf Buffer, root int) error
-	// ReduceScatter sums send (length sum(counts), the same counts on every
-	// rank) over all ranks and leaves block Rank() of the sum, counts[Rank()]
-	// elements, in recv.
-	ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error
 	// Send delivers buf to rank dst with the given tag. It may return before
 	// the message is received (the data has then been copied).
 	Send(ctx context.Context, buf Buffer, dst, tag int) error
@@ -188,8 +183,6 @@ type Communicator interface {
 	// Barrier returns once every rank has entered it.
 	Barrier(ctx context.Context) error
 
-	// IAllReduce starts AllReduce and returns at once.
-	IAllReduce(ctx context.Context, buf Buffer) (Request, error)
 	// IAllReduceView starts the all-reduce of a view: buf holds elements
 	// [off, off+buf.Len()) of a vector of total elements, and each of its
 	// elements is summed in the order AllReduce of the whole vector sums it
@@ -200,12 +193,20 @@ type Communicator interface {
 	IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error)
 	// IAllGather starts AllGather and returns at once.
 	IAllGather(ctx context.Context, send, recv Buffer) (Request, error)
-	// IAllGatherV starts AllGatherV and returns at once.
-	IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error)
 	// ISend starts Send and returns at once.
 	ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error)
 	// IRecv starts Recv and returns at once.
 	IRecv(ctx context.Context, buf Buffer, src, tag int) (Request, error)
+}
+
+// IAllReduce starts AllReduce of buf on c and returns at once: the
+// all-reduce of the view that is the whole vector (IAllReduceView), so that
+// backends and wrappers implement the non-blocking all-reduce once.
+func IAllReduce(ctx context.Context, c Communicator, buf Buffer) (Request, error) {
+	if buf == nil {
+		return nil, errors.New("comm: IAllReduce: the buffer is nil; pass a Buffer such as comm.Float32s")
+	}
+	return c.IAllReduceView(ctx, buf, 0, buf.Len())
 }
 
 // ViewChunkBounds returns chunk c (ChunkBounds of total elements cut into

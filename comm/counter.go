@@ -16,6 +16,8 @@ const (
 	OpAllGather
 	OpAllGatherV
 	OpBroadcast
+	// OpReduceScatter is a reduce-scatter, which the network model prices
+	// (comm/netmodel) though no Communicator method makes one.
 	OpReduceScatter
 	OpSend
 	OpRecv
@@ -267,14 +269,6 @@ func (c *Counter) Broadcast(ctx context.Context, buf Buffer, root int) error {
 	return err
 }
 
-// ReduceScatter counts and forwards the call.
-func (c *Counter) ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error {
-	t := time.Now()
-	err := c.c.ReduceScatter(ctx, send, recv, counts)
-	c.record(err, OpReduceScatter, send, send.Len(), 0, counts, t)
-	return err
-}
-
 // Send counts and forwards the call.
 func (c *Counter) Send(ctx context.Context, buf Buffer, dst, tag int) error {
 	t := time.Now()
@@ -330,13 +324,6 @@ func (c *Counter) wrap(req Request, err error, done func(err error, n int)) (Req
 	return countedRequest{req, done}, nil
 }
 
-// IAllReduce counts and forwards the call; its time runs until Wait returns.
-func (c *Counter) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
-	t := time.Now()
-	req, err := c.c.IAllReduce(ctx, buf)
-	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllReduce, buf, buf.Len(), 0, nil, t) })
-}
-
 // IAllReduceView counts the call as an all-reduce of the view's elements
 // and forwards it; its time runs until Wait returns.
 func (c *Counter) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
@@ -350,13 +337,6 @@ func (c *Counter) IAllGather(ctx context.Context, send, recv Buffer) (Request, e
 	t := time.Now()
 	req, err := c.c.IAllGather(ctx, send, recv)
 	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllGather, send, send.Len(), 0, nil, t) })
-}
-
-// IAllGatherV counts and forwards the call.
-func (c *Counter) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
-	t := time.Now()
-	req, err := c.c.IAllGatherV(ctx, send, recv, counts)
-	return c.wrap(req, err, func(err error, _ int) { c.record(err, OpAllGatherV, send, send.Len(), 0, counts, t) })
 }
 
 // ISend counts and forwards the call.

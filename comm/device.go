@@ -418,13 +418,6 @@ func (s *staged) Broadcast(ctx context.Context, buf Buffer, root int) error {
 	return s.inOut(buf, func(b Buffer) error { return s.c.Broadcast(ctx, b, root) })
 }
 
-func (s *staged) ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error {
-	if s.collectives {
-		return s.c.ReduceScatter(ctx, send, recv, counts)
-	}
-	return s.sendRecv(send, recv, func(a, b Buffer) error { return s.c.ReduceScatter(ctx, a, b, counts) })
-}
-
 func (s *staged) Send(ctx context.Context, buf Buffer, dst, tag int) error {
 	st, err := s.in(buf, true)
 	if err != nil {
@@ -492,22 +485,6 @@ func (r *stagedRequest) Wait(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-func (s *staged) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
-	if s.collectives {
-		return s.c.IAllReduce(ctx, buf)
-	}
-	st, err := s.in(buf, true)
-	if err != nil {
-		return nil, err
-	}
-	r, err := s.c.IAllReduce(ctx, st.host)
-	if err != nil {
-		s.release(st)
-		return nil, err
-	}
-	return &stagedRequest{s: s, r: r, results: []stage{st}}, nil
-}
-
 func (s *staged) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
 	if s.collectives {
 		return s.c.IAllReduceView(ctx, buf, off, total)
@@ -548,13 +525,6 @@ func (s *staged) IAllGather(ctx context.Context, send, recv Buffer) (Request, er
 		return s.c.IAllGather(ctx, send, recv)
 	}
 	return s.istart(send, recv, func(a, b Buffer) (Request, error) { return s.c.IAllGather(ctx, a, b) })
-}
-
-func (s *staged) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
-	if s.collectives {
-		return s.c.IAllGatherV(ctx, send, recv, counts)
-	}
-	return s.istart(send, recv, func(a, b Buffer) (Request, error) { return s.c.IAllGatherV(ctx, a, b, counts) })
 }
 
 func (s *staged) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {

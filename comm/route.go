@@ -81,14 +81,6 @@ func (r *route) Broadcast(ctx context.Context, buf Buffer, root int) error {
 	return c.Broadcast(ctx, buf, root)
 }
 
-func (r *route) ReduceScatter(ctx context.Context, send, recv Buffer, counts []int) error {
-	c, err := r.pick("ReduceScatter", send, recv)
-	if err != nil {
-		return err
-	}
-	return c.ReduceScatter(ctx, send, recv, counts)
-}
-
 func (r *route) Send(ctx context.Context, buf Buffer, dst, tag int) error {
 	c, _ := r.pick("Send", buf)
 	return c.Send(ctx, buf, dst, tag)
@@ -110,11 +102,6 @@ func (r *route) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffer,
 // Barrier synchronizes on the host communicator.
 func (r *route) Barrier(ctx context.Context) error { return r.host.Barrier(ctx) }
 
-func (r *route) IAllReduce(ctx context.Context, buf Buffer) (Request, error) {
-	c, _ := r.pick("IAllReduce", buf)
-	return c.IAllReduce(ctx, buf)
-}
-
 func (r *route) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
 	c, _ := r.pick("IAllReduceView", buf)
 	return c.IAllReduceView(ctx, buf, off, total)
@@ -126,14 +113,6 @@ func (r *route) IAllGather(ctx context.Context, send, recv Buffer) (Request, err
 		return nil, err
 	}
 	return c.IAllGather(ctx, send, recv)
-}
-
-func (r *route) IAllGatherV(ctx context.Context, send, recv Buffer, counts []int) (Request, error) {
-	c, err := r.pick("IAllGatherV", send, recv)
-	if err != nil {
-		return nil, err
-	}
-	return c.IAllGatherV(ctx, send, recv, counts)
 }
 
 func (r *route) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {

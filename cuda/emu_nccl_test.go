@@ -41,7 +41,7 @@ type rendezvous struct {
 }
 
 type ncclArgs struct {
-	kind              byte // 'a' all-reduce, 'g' all-gather, 'b' broadcast, 'r' reduce, 's' reduce-scatter
+	kind              byte // 'a' all-reduce, 'g' all-gather, 'b' broadcast
 	send, recv, count uint64
 	dt, root          int32
 }
@@ -111,27 +111,14 @@ func installNCCLFakes(e *emu) {
 		a0 := args[0]
 		es := elem(a0.dt)
 		switch a0.kind {
-		case 'a', 'r', 's':
+		case 'a':
 			total := a0.count * es
-			if a0.kind == 's' {
-				total *= uint64(len(args))
-			}
 			acc := read(args[0].send, total)
 			for _, a := range args[1:] {
 				sum(a0.dt, acc, read(a.send, total))
 			}
-			for r, a := range args {
-				switch a0.kind {
-				case 'a':
-					write(a.recv, acc)
-				case 'r':
-					if int32(r) == a0.root {
-						write(a.recv, acc)
-					}
-				case 's':
-					n := a0.count * es
-					write(a.recv, acc[uint64(r)*n:uint64(r+1)*n])
-				}
+			for _, a := range args {
+				write(a.recv, acc)
 			}
 		case 'g':
 			n := a0.count * es
@@ -240,12 +227,6 @@ func installNCCLFakes(e *emu) {
 	}
 	nccl.broadcast = func(send, recv, count uint64, dt, root int32, h, s uintptr) int32 {
 		return collective(h, s, ncclArgs{kind: 'b', send: send, recv: recv, count: count, dt: dt, root: root})
-	}
-	nccl.reduce = func(send, recv, count uint64, dt, op, root int32, h, s uintptr) int32 {
-		return collective(h, s, ncclArgs{kind: 'r', send: send, recv: recv, count: count, dt: dt, root: root})
-	}
-	nccl.reduceScatter = func(send, recv, count uint64, dt, op int32, h, s uintptr) int32 {
-		return collective(h, s, ncclArgs{kind: 's', send: send, recv: recv, count: count, dt: dt})
 	}
 	// Point to point: a send copies its data out at once; a receive
 	// completes when the matching send (in issue order) is there.

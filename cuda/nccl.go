@@ -31,9 +31,7 @@ var nccl struct {
 	getErrorString    func(r int32) *byte
 	allReduce         func(send, recv, count uint64, dt, op int32, comm, stream uintptr) int32
 	broadcast         func(send, recv, count uint64, dt, root int32, comm, stream uintptr) int32
-	reduce            func(send, recv, count uint64, dt, op, root int32, comm, stream uintptr) int32
 	allGather         func(send, recv, count uint64, dt int32, comm, stream uintptr) int32
-	reduceScatter     func(send, recv, count uint64, dt, op int32, comm, stream uintptr) int32
 	send              func(buf, count uint64, dt, peer int32, comm, stream uintptr) int32
 	recv              func(buf, count uint64, dt, peer int32, comm, stream uintptr) int32
 	groupStart        func() int32
@@ -62,9 +60,7 @@ func loadNCCL() error {
 			"ncclGetErrorString":    &nccl.getErrorString,
 			"ncclAllReduce":         &nccl.allReduce,
 			"ncclBroadcast":         &nccl.broadcast,
-			"ncclReduce":            &nccl.reduce,
 			"ncclAllGather":         &nccl.allGather,
-			"ncclReduceScatter":     &nccl.reduceScatter,
 			"ncclSend":              &nccl.send,
 			"ncclRecv":              &nccl.recv,
 			"ncclGroupStart":        &nccl.groupStart,
@@ -529,11 +525,6 @@ func (c *NCCL) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	return c.run(ctx, x, err)
 }
 
-// IAllReduce starts AllReduce.
-func (c *NCCL) IAllReduce(_ context.Context, buf comm.Buffer) (comm.Request, error) {
-	return c.istart(c.allReduce(buf))
-}
-
 // IAllReduceView starts the all-reduce of the view (NCCL's order of
 // addition, as AllReduce: the view's position does not change it).
 func (c *NCCL) IAllReduceView(_ context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
@@ -624,11 +615,6 @@ func (c *NCCL) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []
 	return c.run(ctx, x, err)
 }
 
-// IAllGatherV starts AllGatherV.
-func (c *NCCL) IAllGatherV(_ context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
-	return c.istart(c.allGatherV(send, recv, counts))
-}
-
 // oneRank does a gather of a one-rank communicator: recv is send, copied
 // on the stream of send's comm.Device (and waited for by recv's), with no
 // NCCL call and no host wait. It reports false, doing nothing, where the
@@ -698,55 +684,6 @@ func (c *NCCL) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
 	}
 	return c.call(ctx, "ncclBroadcast", func() int32 {
 		return nccl.broadcast(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, int32(root), c.h, c.s.h)
-	})
-}
-
-// ReduceScatter sums send (sum(counts) elements) over the ranks and leaves
-// block Rank() in recv: ncclReduceScatter when the blocks are equal,
-// otherwise one ncclReduce per block, grouped (NCCL's order of addition).
-func (c *NCCL) ReduceScatter(ctx context.Context, send, recv comm.Buffer, counts []int) error {
-	b, dt, err := c.bufs("ReduceScatter", send, recv)
-	if err != nil {
-		return err
-	}
-	offs, total, err := c.blocks("ReduceScatter", counts)
-	if err != nil {
-		return err
-	}
-	if send.Len() != total || recv.Len() != counts[c.rank] {
-		return fmt.Errorf("cuda: NCCL ReduceScatter: send %d and recv %d elements, counts %v", send.Len(), recv.Len(), counts)
-	}
-	if total == 0 {
-		return nil
-	}
-	equal := true
-	for _, n := range counts {
-		equal = equal && n == counts[0]
-	}
-	if equal {
-		return c.call(ctx, "ncclReduceScatter", func() int32 {
-			return nccl.reduceScatter(addr(b[0]), addr(b[1]), uint64(counts[0]), dt, ncclSum, c.h, c.s.h)
-		})
-	}
-	es := uint64(b[0].DType().Size())
-	return c.call(ctx, "ncclReduce (ReduceScatter)", func() int32 {
-		if r := nccl.groupStart(); r != ncclSuccess {
-			return r
-		}
-		for r, n := range counts {
-			if n == 0 {
-				continue
-			}
-			dst := uint64(0)
-			if r == c.rank {
-				dst = addr(b[1])
-			}
-			if res := nccl.reduce(addr(b[0])+uint64(offs[r])*es, dst, uint64(n), dt, ncclSum, int32(r), c.h, c.s.h); res != ncclSuccess {
-				nccl.groupEnd()
-				return res
-			}
-		}
-		return nccl.groupEnd()
 	})
 }
 

@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 )
 
 // CIFAR image geometry.
@@ -257,26 +256,6 @@ func ParseCIFAR(r io.Reader, name string, kind CIFARKind, size int64) (*CIFAR, e
 		}
 	}
 	return c, nil
-}
-
-// ReadCIFARClassNames reads a class-name file (batches.meta.txt,
-// fine_label_names.txt or coarse_label_names.txt): one name per line, blank
-// lines ignored.
-func ReadCIFARClassNames(path string) ([]string, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("data: %w", err)
-	}
-	var names []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			names = append(names, l)
-		}
-	}
-	if len(names) == 0 {
-		return nil, fmt.Errorf("data: %s: no class names", path)
-	}
-	return names, nil
 }
 
 // missing wraps a not-found error with a download hint.

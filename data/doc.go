@@ -17,9 +17,8 @@
 //     line), then NewBPTTLoader for per-rank BPTT windows (TokenBatch).
 //   - MovieLens: ReadRatings / ParseRatings (u.data, ratings.dat, ratings.csv,
 //     NCF *.rating), NewImplicit or LoadMovieLens for the leave-one-out
-//     implicit-feedback Implicit with fixed evaluation candidates, LoadNCF for
-//     NCF's preprocessed files, then NewRecLoader for per-rank RecBatch values
-//     with per-epoch negatives. LoadMovieLens refuses a ratings file of an
+//     implicit-feedback Implicit with fixed evaluation candidates, then
+//     NewRecLoader for per-rank RecBatch values with per-epoch negatives. LoadMovieLens refuses a ratings file of an
 //     official data set (ml-100k, ml-1m, ml-20m) whose number of ratings or
 //     known SHA-256 differs from the official file's (a copy cut short at a
 //     line boundary parses).

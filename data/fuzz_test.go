@@ -105,27 +105,6 @@ func FuzzParseRatings(f *testing.F) {
 	})
 }
 
-func FuzzParseNCFNegatives(f *testing.F) {
-	f.Add([]byte("(0,25)\t1064\t174\n(1,133)\t2\t3\n"))
-	f.Add([]byte("(0,25)\n"))
-	f.Add([]byte("(0,25\t1\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		ns, err := ParseNCFNegatives(bytes.NewReader(b), "fuzz")
-		if err != nil {
-			if ns != nil {
-				t.Fatal("data and error")
-			}
-			return
-		}
-		for _, n := range ns {
-			if len(n.Negatives) != len(ns[0].Negatives) || n.User < 0 || n.Item < 0 {
-				t.Fatalf("bad line %+v accepted", n)
-			}
-		}
-	})
-}
-
-// checkInside fails if anything was created outside root/x.
 func checkInside(t *testing.T, root string) {
 	t.Helper()
 	es, err := os.ReadDir(root)

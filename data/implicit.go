@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strings"
 )
 
@@ -269,108 +268,6 @@ func checkOfficial(name, path string, n int) error {
 		}
 	}
 	return nil
-}
-
-// LoadNCF reads NCF's preprocessed files prefix.train.rating,
-// prefix.test.rating and prefix.test.negative (e.g. prefix "Data/ml-1m"): ids
-// are used as they are (0-based, dense), the evaluation candidates are the
-// test positive followed by the file's negatives. Users = 1 + the largest user
-// id, Items = 1 + the largest item id in the three files.
-func LoadNCF(prefix string) (*Implicit, error) {
-	train, err := ReadRatings(prefix+".train.rating", FormatNCF)
-	if err != nil {
-		return nil, err
-	}
-	test, err := ReadRatings(prefix+".test.rating", FormatNCF)
-	if err != nil {
-		return nil, err
-	}
-	negs, err := ReadNCFNegatives(prefix + ".test.negative")
-	if err != nil {
-		return nil, err
-	}
-	return NewImplicitNCF(train, test, negs, prefix)
-}
-
-// NewImplicitNCF builds the data set from parsed NCF files (see LoadNCF);
-// name is used in errors. Every user must have exactly one test rating, its
-// negatives line must name the same (user, item), and every user must have at
-// least one training positive and one unrated item.
-func NewImplicitNCF(train, test []Rating, negs []NCFNegatives, name string) (*Implicit, error) {
-	if len(test) != len(negs) {
-		return nil, fmt.Errorf("data: %s: %d test ratings but %d negative lines: want one of each per user", name, len(test), len(negs))
-	}
-	users, items := len(test), 0
-	for _, r := range train {
-		items = max(items, int(r.Item)+1)
-	}
-	for i, r := range test {
-		if int(r.User) != i {
-			return nil, fmt.Errorf("data: %s.test.rating: line %d has user %d, want %d (one line per user, in order)", name, i+1, r.User, i)
-		}
-		if negs[i].User != r.User || negs[i].Item != r.Item {
-			return nil, fmt.Errorf("data: %s.test.negative: line %d is for (%d,%d), but the test rating is (%d,%d)", name, i+1, negs[i].User, negs[i].Item, r.User, r.Item)
-		}
-		items = max(items, int(r.Item)+1)
-		for _, n := range negs[i].Negatives {
-			items = max(items, int(n)+1)
-		}
-	}
-	d := &Implicit{Users: users, Items: items, EvalNegatives: len(negs[0].Negatives)}
-	d.UserIDs = make([]int32, users)
-	for i := range d.UserIDs {
-		d.UserIDs[i] = int32(i)
-	}
-	d.ItemIDs = make([]int32, items)
-	for i := range d.ItemIDs {
-		d.ItemIDs[i] = int32(i)
-	}
-	order := make([]int, len(train))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(a, b int) bool {
-		ra, rb := train[order[a]], train[order[b]]
-		if ra.User != rb.User {
-			return ra.User < rb.User
-		}
-		return ra.Time < rb.Time
-	})
-	d.TestItem = make([]int32, users)
-	d.ratedOff = make([]int32, users+1)
-	k := 1 + d.EvalNegatives
-	d.Eval = make([]int32, users*k)
-	pos := 0
-	for u := 0; u < users; u++ {
-		start := len(d.rated)
-		for pos < len(order) && int(train[order[pos]].User) == u {
-			it := train[order[pos]].Item
-			d.TrainUser = append(d.TrainUser, int32(u))
-			d.TrainItem = append(d.TrainItem, it)
-			d.rated = append(d.rated, it)
-			pos++
-		}
-		if len(d.rated) == start {
-			return nil, fmt.Errorf("data: %s.train.rating: user %d has no training positive", name, u)
-		}
-		d.TestItem[u] = test[u].Item
-		d.rated = append(d.rated, test[u].Item)
-		rs := d.rated[start:]
-		slices.Sort(rs)
-		d.rated = d.rated[:start+len(slices.Compact(rs))]
-		if len(d.rated)-start >= items {
-			return nil, fmt.Errorf("data: %s: user %d has rated every item: no negatives can be sampled", name, u)
-		}
-		d.ratedOff[u+1] = int32(len(d.rated))
-		c := d.Eval[u*k : (u+1)*k]
-		c[0] = test[u].Item
-		copy(c[1:], negs[u].Negatives)
-	}
-	if pos != len(order) {
-		r := train[order[pos]]
-		return nil, fmt.Errorf("data: %s.train.rating: user %d out of range: the test files have %d users (0..%d)", name, r.User, users, users-1)
-	}
-	return d, nil
 }
 
 // orderByUserTime returns the indices of ratings ordered by user, then time,

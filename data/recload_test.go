@@ -204,68 +204,6 @@ func TestRecLoaderAllocationFree(t *testing.T) {
 	}
 }
 
-func writeNCF(t *testing.T, prefix string, train, test []Rating, negs []NCFNegatives) {
-	t.Helper()
-	putFile(t, prefix+".train.rating", []byte(formatRatings(train, FormatNCF)))
-	putFile(t, prefix+".test.rating", []byte(formatRatings(test, FormatNCF)))
-	var b strings.Builder
-	for _, n := range negs {
-		fmt.Fprintf(&b, "(%d,%d)", n.User, n.Item)
-		for _, x := range n.Negatives {
-			fmt.Fprintf(&b, "\t%d", x)
-		}
-		b.WriteString("\n")
-	}
-	putFile(t, prefix+".test.negative", []byte(b.String()))
-}
-
-func TestLoadNCF(t *testing.T) {
-	prefix := filepath.Join(t.TempDir(), "ml-tiny")
-	train := []Rating{{0, 1, 5, 10}, {1, 0, 3, 7}, {0, 2, 4, 3}, {1, 2, 1, 1}}
-	test := []Rating{{0, 3, 5, 20}, {1, 4, 5, 20}}
-	negs := []NCFNegatives{{0, 3, []int32{0, 4, 4}}, {1, 4, []int32{1, 3, 5}}}
-	writeNCF(t, prefix, train, test, negs)
-	d, err := LoadNCF(prefix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Users != 2 || d.Items != 6 || d.EvalNegatives != 3 {
-		t.Fatalf("users %d items %d negatives %d", d.Users, d.Items, d.EvalNegatives)
-	}
-	// Training positives grouped by user, in time order.
-	if !slices.Equal(d.TrainUser, []int32{0, 0, 1, 1}) || !slices.Equal(d.TrainItem, []int32{2, 1, 2, 0}) {
-		t.Fatalf("train %v %v", d.TrainUser, d.TrainItem)
-	}
-	if !slices.Equal(d.Candidates(1), []int32{4, 1, 3, 5}) || !slices.Equal(d.Rated(0), []int32{1, 2, 3}) {
-		t.Fatalf("candidates %v rated %v", d.Candidates(1), d.Rated(0))
-	}
-	// Mismatched files.
-	bad := []struct {
-		negs []NCFNegatives
-		want string
-	}{
-		{[]NCFNegatives{{0, 3, []int32{0}}, {1, 5, []int32{1}}}, "but the test rating is (1,4)"},
-		{[]NCFNegatives{{0, 3, []int32{0}}}, "2 test ratings but 1 negative lines"},
-	}
-	for _, c := range bad {
-		writeNCF(t, prefix, train, test, c.negs)
-		if _, err := LoadNCF(prefix); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%v: %v, want %q", c.negs, err, c.want)
-		}
-	}
-	writeNCF(t, prefix, append(train, Rating{User: 7, Item: 1}), test, negs)
-	if _, err := LoadNCF(prefix); err == nil || !strings.Contains(err.Error(), "user 7 out of range") {
-		t.Errorf("extra user: %v", err)
-	}
-	writeNCF(t, prefix, train[:1], test, negs)
-	if _, err := LoadNCF(prefix); err == nil || !strings.Contains(err.Error(), "user 1 has no training positive") {
-		t.Errorf("user without positives: %v", err)
-	}
-	if _, err := LoadNCF(filepath.Join(t.TempDir(), "none")); err == nil || !os.IsNotExist(unwrapAll(err)) {
-		t.Errorf("missing files: %v", err)
-	}
-}
-
 func unwrapAll(err error) error {
 	for {
 		u, ok := err.(interface{ Unwrap() error })
@@ -273,23 +211,6 @@ func unwrapAll(err error) error {
 			return err
 		}
 		err = u.Unwrap()
-	}
-}
-
-func TestParseNCFNegativesBad(t *testing.T) {
-	cases := []struct{ text, want string }{
-		{"", "no lines"},
-		{"0,1\t2\n", "want (user,item)"},
-		{"(0;1)\t2\n", "want (user,item)"},
-		{"(0,1)\t2\t3\n(1,2)\t4\n", "line 2: 1 negatives, but the first line has 2"},
-		{"(0,1)\tx\n", `negative item id "x"`},
-		{"(0,-1)\t3\n", "item id -1 out of range"},
-	}
-	for _, c := range cases {
-		_, err := ParseNCFNegatives(strings.NewReader(c.text), "x.test.negative")
-		if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "x.test.negative") {
-			t.Errorf("%q: %v, want %q", c.text, err, c.want)
-		}
 	}
 }
 
@@ -315,29 +236,6 @@ func TestRealMovieLens100K(t *testing.T) {
 	}
 	if len(d.Eval) != 943*100 {
 		t.Errorf("%d evaluation candidates, want 94300", len(d.Eval))
-	}
-}
-
-func TestRealNCFml1mTestFiles(t *testing.T) {
-	dir := needReal(t, "ml-1m/ncf")
-	negs, err := ReadNCFNegatives(filepath.Join(dir, "ml-1m.test.negative"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	test, err := ReadRatings(filepath.Join(dir, "ml-1m.test.rating"), FormatAuto)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(negs) != 6040 || len(test) != 6040 {
-		t.Fatalf("%d negative lines, %d test ratings; want 6040 each", len(negs), len(test))
-	}
-	for i, n := range negs {
-		if len(n.Negatives) != 99 || int(n.User) != i || n.User != test[i].User || n.Item != test[i].Item {
-			t.Fatalf("line %d: user %d item %d with %d negatives; test rating (%d,%d)", i+1, n.User, n.Item, len(n.Negatives), test[i].User, test[i].Item)
-		}
-	}
-	if _, err := LoadNCF(filepath.Join(dir, "ml-1m")); err == nil || !strings.Contains(err.Error(), "ml-1m.train.rating") {
-		t.Errorf("LoadNCF without the training file: %v", err)
 	}
 }
 

@@ -74,10 +74,6 @@ func (cpuEvent) Synchronize() error { return nil }
 
 func (e cpuEvent) Time() time.Time { return time.Time(e) }
 
-// CompletedEvent returns an event that has completed at t (for work the
-// host has done itself).
-func CompletedEvent(t time.Time) Event { return cpuEvent(t) }
-
 type cpuMath struct{}
 
 func (cpuMath) SGD(_ Stream, p SGDStep, w, g, buf Buffer) error {

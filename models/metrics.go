@@ -5,9 +5,6 @@ import (
 	"math"
 )
 
-// Accuracy is correct/count (NaN when count is 0).
-func Accuracy(correct, count int) float64 { return float64(correct) / float64(count) }
-
 // Perplexity is exp(lossSum/count), the perplexity of a language model whose
 // summed per-token cross-entropy (natural log) over count tokens is lossSum.
 func Perplexity(lossSum float64, count int) float64 { return math.Exp(lossSum / float64(count)) }
@@ -66,25 +63,4 @@ func RankHit(items []int, scores []float32, k int) (hit, ndcg float64, err error
 		return 1, math.Ln2 / math.Log(float64(rank)+2), nil
 	}
 	return 0, 0, nil
-}
-
-// HitRateNDCG averages RankHit over users: candidates and scores hold one
-// slice per user.
-func HitRateNDCG(candidates [][]int, scores [][]float32, k int) (hr, ndcg float64, err error) {
-	if len(candidates) != len(scores) {
-		return 0, 0, badInput("HitRateNDCG: %d candidate lists but %d score lists", len(candidates), len(scores))
-	}
-	if len(candidates) == 0 {
-		return math.NaN(), math.NaN(), nil
-	}
-	for u := range candidates {
-		h, n, err := RankHit(candidates[u], scores[u], k)
-		if err != nil {
-			return 0, 0, fmt.Errorf("user %d: %w", u, err)
-		}
-		hr += h
-		ndcg += n
-	}
-	n := float64(len(candidates))
-	return hr / n, ndcg / n, nil
 }

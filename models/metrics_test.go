@@ -79,26 +79,7 @@ func TestRankHitBadInput(t *testing.T) {
 	}
 }
 
-func TestHitRateNDCG(t *testing.T) {
-	cands := [][]int{{1, 2, 9}, {1, 2, 9}}
-	scores := [][]float32{{0, 0, 1}, {2, 3, 1}}
-	hr, ndcg, err := HitRateNDCG(cands, scores, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hr != 0.5 || ndcg != 0.5 {
-		t.Fatalf("HR %v NDCG %v, want 0.5 0.5", hr, ndcg)
-	}
-	hr, ndcg, _ = HitRateNDCG(cands, scores, 3)
-	if hr != 1 || math.Abs(ndcg-(1+math.Ln2/math.Log(4))/2) > 1e-12 {
-		t.Fatalf("k=3: HR %v NDCG %v", hr, ndcg)
-	}
-}
-
-func TestAccuracyPerplexity(t *testing.T) {
-	if Accuracy(3, 4) != 0.75 {
-		t.Fatal("accuracy")
-	}
+func TestPerplexity(t *testing.T) {
 	// Uniform prediction over V tokens has perplexity V.
 	if p := Perplexity(10*math.Log(50), 10); math.Abs(p-50) > 1e-9 {
 		t.Fatalf("perplexity %v, want 50", p)

@@ -27,9 +27,6 @@ func UseBLAS(b G.BLAS) {
 	blasF32 = b
 }
 
-// CurrentBLAS returns the BLAS in use.
-func CurrentBLAS() G.BLAS { return G.WhichBLAS() }
-
 func sgemm(tA, tB bool, m, n, k int, alpha float32, a []float32, lda int, b []float32, ldb int, beta float32, c []float32, ldc int) {
 	ta, tb := blas.NoTrans, blas.NoTrans
 	if tA {

@@ -80,7 +80,7 @@ func BenchmarkWriteRun100k(b *testing.B) {
 		b.Skip(err)
 	}
 	for b.Loop() {
-		if err := WriteRun(dir); err != nil {
+		if err := WriteRunWith(context.Background(), dir, Options{}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -120,7 +120,7 @@ func BenchmarkWriteRunEpoch(b *testing.B) {
 	data, _ := os.ReadFile(filepath.Join(src, "metrics.jsonl"))
 	lines := bytes.SplitAfter(data, []byte("\n"))
 	epoch := bytes.Join(lines[:400], nil)
-	if err := WriteRun(dir); err != nil {
+	if err := WriteRunWith(context.Background(), dir, Options{}); err != nil {
 		b.Fatal(err)
 	}
 	for b.Loop() {
@@ -132,7 +132,7 @@ func BenchmarkWriteRunEpoch(b *testing.B) {
 		f.Write(epoch)
 		f.Close()
 		b.StartTimer()
-		if err := WriteRun(dir); err != nil {
+		if err := WriteRunWith(context.Background(), dir, Options{}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -1,7 +1,7 @@
 // Package reports owns the HTML reports of training runs: it reads a run
 // directory (run.json and metrics.jsonl, as package train writes them) and
-// turns it into one self-contained page of charts (WriteRun), or several run
-// directories of one model into a comparison page (Compare). Charts are built
+// turns it into one self-contained page of charts (WriteRunWith), or several run
+// directories of one model into a comparison page (CompareWith). Charts are built
 // with github.com/go-echarts/go-echarts/v2; the page itself is rendered here,
 // with every string from a run escaped, and by default the ECharts script
 // inlined so that the page needs no network (see ECharts).

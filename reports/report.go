@@ -35,18 +35,6 @@ type Options struct {
 	Target float64
 }
 
-// WriteRun writes runDir/report.html from runDir/run.json and
-// runDir/metrics.jsonl, with the ECharts script inlined.
-func WriteRun(runDir string) error {
-	return WriteRunWith(context.Background(), runDir, Options{})
-}
-
-// Compare writes one HTML page to out comparing the runs, refusing runs of
-// different models.
-func Compare(out string, runDirs []string) error {
-	return CompareWith(context.Background(), out, runDirs, Options{})
-}
-
 // script returns the inline script or the script URL o asks for.
 func (o Options) script(ctx context.Context) ([]byte, string, error) {
 	if o.AssetsURL != "" {

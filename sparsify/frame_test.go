@@ -94,7 +94,7 @@ func (c *groupsCore) Start(ctx context.Context, g int, acc, out, residual device
 	if err := v.m.Fill(v.s, residual.Slice(gr.Lo, gr.Hi), 0); err != nil {
 		return nil, err
 	}
-	req, err := c.e.c.IAllReduce(ctx, v.cb(o))
+	req, err := comm.IAllReduce(ctx, c.e.c, v.cb(o))
 	if err != nil {
 		return nil, err
 	}

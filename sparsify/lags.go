@@ -691,7 +691,7 @@ func (l *LAGS) startDense(ctx context.Context, gr Group, a, o, res device.Buffer
 		st.LayerK[t] = l.layout.Tensors[t].Size
 	}
 	start := time.Now()
-	r, err := e.c.IAllReduce(ctx, v.cb(o))
+	r, err := comm.IAllReduce(ctx, e.c, v.cb(o))
 	if err != nil {
 		return nil, fmt.Errorf("starting the all-reduce of a dense group of %d elements: %w", gr.Size(), err)
 	}

@@ -63,10 +63,6 @@ func (s *dtypeSpy) IAllGather(ctx context.Context, a, b comm.Buffer) (comm.Reque
 	s.note(a, b)
 	return s.Communicator.IAllGather(ctx, a, b)
 }
-func (s *dtypeSpy) IAllGatherV(ctx context.Context, a, b comm.Buffer, counts []int) (comm.Request, error) {
-	s.note(a, b)
-	return s.Communicator.IAllGatherV(ctx, a, b, counts)
-}
 func (s *dtypeSpy) ISend(ctx context.Context, b comm.Buffer, dst, tag int) (comm.Request, error) {
 	s.note(b)
 	return s.Communicator.ISend(ctx, b, dst, tag)

@@ -296,24 +296,10 @@ func sumInto[E float32 | int32 | int64](out []E, srcs [][]E) {
 	}
 }
 
-// reduceBlock sums block [lo, hi) of every rank's bufs[r] in the canonical
-// order j+1, …, n−1, 0, …, j into out.
-func reduceBlock(dtype comm.DType, out comm.Buffer, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
-	switch dtype {
-	case comm.Float32:
-		reduceTyped[float32](out, bufs, n, j, lo, hi)
-	case comm.Int32:
-		reduceTyped[int32](out, bufs, n, j, lo, hi)
-	case comm.Int64:
-		reduceTyped[int64](out, bufs, n, j, lo, hi)
-	case comm.Float16:
-		reduceHalf(view[uint16](out), bufs, n, j, lo, hi)
-	}
-}
-
-// reduceHalf is reduceTyped for Float16: each addition in half precision,
-// rounded to the nearest (device.AddFloat16), left to right in the
-// canonical order.
+// reduceHalf sums [lo, hi) of every rank's Float16 buffer bufs(r) into out,
+// each addition in half precision, rounded to the nearest
+// (device.AddFloat16), left to right in the canonical order j+1, …, n−1,
+// 0, …, j.
 func reduceHalf(out []uint16, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
 	if hi <= lo {
 		return
@@ -329,17 +315,6 @@ func reduceHalf(out []uint16, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
 		}
 		out[i] = s
 	}
-}
-
-func reduceTyped[E float32 | int32 | int64](out comm.Buffer, bufs func(r int) comm.Buffer, n, j, lo, hi int) {
-	if hi <= lo {
-		return
-	}
-	srcs := make([][]E, n)
-	for k := 1; k <= n; k++ {
-		srcs[k-1] = view[E](bufs((j + k) % n))[lo:hi]
-	}
-	sumInto(view[E](out), srcs)
 }
 
 // allTile is the number of elements reduceAll sums at a time before storing
@@ -409,20 +384,29 @@ func (c *rankComm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 	if err := validDType("all-reduce", buf); err != nil {
 		return err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(buf)
+	seq, dc, err := c.begin(buf)
 	if err != nil {
 		return err
 	}
-	if err := c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc); err != nil {
+	return dc.after(c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc))
+}
+
+// begin numbers a call (every call takes a number, even one that fails to
+// start, as every rank's does) and starts its device side on bufs.
+func (c *rankComm) begin(bufs ...comm.Buffer) (uint64, *devCall, error) {
+	seq := c.seq
+	c.seq++
+	dc, err := c.devStart(bufs...)
+	return seq, dc, err
+}
+
+// after ends a blocking call whose collective returned err: the error, or
+// once the call's device work is done, nil.
+func (dc *devCall) after(err error) error {
+	if err != nil {
 		return err
 	}
 	return dc.finish()
-}
-
-func (c *rankComm) allReduce(ctx context.Context, seq uint64, buf comm.Buffer, dc *devCall) error {
-	return c.allReduceView(ctx, seq, buf, 0, buf.Len(), dc)
 }
 
 // allReduceView all-reduces buf, elements [off, off+buf.Len()) of a vector
@@ -460,16 +444,11 @@ func (c *rankComm) AllGather(ctx context.Context, send, recv comm.Buffer) error 
 	if err := c.checkAllGather(send, recv); err != nil {
 		return err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
+	seq, dc, err := c.begin(send, recv)
 	if err != nil {
 		return err
 	}
-	if err := c.allGather(ctx, seq, send, recv, dc); err != nil {
-		return err
-	}
-	return dc.finish()
+	return dc.after(c.allGather(ctx, seq, send, recv, dc))
 }
 
 func (c *rankComm) checkAllGather(send, recv comm.Buffer) error {
@@ -521,16 +500,11 @@ func (c *rankComm) AllGatherV(ctx context.Context, send, recv comm.Buffer, count
 	if err := c.checkAllGatherV(send, recv, counts); err != nil {
 		return err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
+	seq, dc, err := c.begin(send, recv)
 	if err != nil {
 		return err
 	}
-	if err := c.allGatherV(ctx, seq, send, recv, counts, dc); err != nil {
-		return err
-	}
-	return dc.finish()
+	return dc.after(c.allGatherV(ctx, seq, send, recv, counts, dc))
 }
 
 func (c *rankComm) checkAllGatherV(send, recv comm.Buffer, counts []int) error {
@@ -622,72 +596,7 @@ func (c *rankComm) Broadcast(ctx context.Context, buf comm.Buffer, root int) err
 			return devCopy(p, devBuf(buf), devBuf(s.entries[root].send))
 		}, host)
 	})
-	if err != nil {
-		return err
-	}
-	return dc.finish()
-}
-
-// ReduceScatter sums send over all ranks and leaves block Rank() in recv.
-func (c *rankComm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, counts []int) error {
-	if err := sameDType(send, recv); err != nil {
-		return fmt.Errorf("ReduceScatter: %w", err)
-	}
-	total, err := c.checkCounts(counts)
-	if err != nil {
-		return fmt.Errorf("ReduceScatter: %w", err)
-	}
-	if send.Len() != total {
-		return fmt.Errorf("local: ReduceScatter: send buffer has %d elements but must have sum(counts) = %d", send.Len(), total)
-	}
-	if recv.Len() != counts[c.rank] {
-		return fmt.Errorf("local: ReduceScatter: rank %d's receive buffer has %d elements but counts[%d] = %d: they must be equal", c.rank, recv.Len(), c.rank, counts[c.rank])
-	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
-	if err != nil {
-		return err
-	}
-	n := c.w.n
-	if n == 1 {
-		if err := c.copyOne(dc, recv, send, send.Len()); err != nil {
-			return err
-		}
-		if err := c.check(ctx, lit("in ReduceScatter")); err != nil {
-			return err
-		}
-		return dc.finish()
-	}
-	e := entry{op: comm.OpReduceScatter, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts), dev: dc}
-	err = c.collective(ctx, seq, e, func(s *slot) error {
-		lo := 0
-		for r := range c.rank {
-			lo += counts[r]
-		}
-		hi := lo + counts[c.rank]
-		host := func(_, recv comm.Buffer) error {
-			reduceBlock(e.dtype, recv, func(r int) comm.Buffer { return s.entries[r].send }, n, c.rank, lo, hi)
-			return c.phase(ctx, &s.done)
-		}
-		if !s.anyDevice() {
-			return host(send, recv)
-		}
-		return c.runCall(ctx, s, dc, true, func(pd comm.PeerDevice, p device.Stream) error {
-			if hi <= lo {
-				return nil
-			}
-			bufs := make([]device.Buffer, n) // in summation order
-			for k := 1; k <= n; k++ {
-				bufs[k-1] = devBuf(s.entries[(c.rank+k)%n].send)
-			}
-			return pd.PeerSum(p, bufs, lo, hi-lo, devBuf(recv))
-		}, host)
-	})
-	if err != nil {
-		return err
-	}
-	return dc.finish()
+	return dc.after(err)
 }
 
 // Barrier returns once every rank has entered it.
@@ -700,20 +609,6 @@ func (c *rankComm) Barrier(ctx context.Context) error {
 	return c.collective(ctx, seq, entry{op: comm.OpBarrier}, func(*slot) error { return nil })
 }
 
-// IAllReduce starts AllReduce and returns at once.
-func (c *rankComm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
-	if err := validDType("all-reduce", buf); err != nil {
-		return nil, err
-	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(buf)
-	if err != nil {
-		return nil, err
-	}
-	return devRequest(c.async("IAllReduce", func() (int, error) { return buf.Len(), c.allReduce(ctx, seq, buf, dc) }), dc), nil
-}
-
 // IAllReduceView starts the all-reduce of a view (comm.Communicator).
 func (c *rankComm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
 	if err := validDType("all-reduce", buf); err != nil {
@@ -722,9 +617,7 @@ func (c *rankComm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, tot
 	if err := comm.CheckView(off, buf.Len(), total); err != nil {
 		return nil, fmt.Errorf("local: IAllReduceView: %w", err)
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(buf)
+	seq, dc, err := c.begin(buf)
 	if err != nil {
 		return nil, err
 	}
@@ -736,26 +629,9 @@ func (c *rankComm) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm
 	if err := c.checkAllGather(send, recv); err != nil {
 		return nil, err
 	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
+	seq, dc, err := c.begin(send, recv)
 	if err != nil {
 		return nil, err
 	}
 	return devRequest(c.async("IAllGather", func() (int, error) { return recv.Len(), c.allGather(ctx, seq, send, recv, dc) }), dc), nil
-}
-
-// IAllGatherV starts AllGatherV and returns at once.
-func (c *rankComm) IAllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
-	if err := c.checkAllGatherV(send, recv, counts); err != nil {
-		return nil, err
-	}
-	seq := c.seq
-	c.seq++
-	dc, err := c.devStart(send, recv)
-	if err != nil {
-		return nil, err
-	}
-	counts = slices.Clone(counts)
-	return devRequest(c.async("IAllGatherV", func() (int, error) { return recv.Len(), c.allGatherV(ctx, seq, send, recv, counts, dc) }), dc), nil
 }

@@ -36,9 +36,8 @@
 // device and the host waits for nothing: each rank's work goes on a stream
 // of its own (after every rank's start event) — rank j adds chunk j of
 // every rank's buffer in the canonical order with one kernel that stores
-// the sum into every rank's buffer (all-reduce; a reduce-scatter's block
-// into its own), and gathers and broadcasts are device-to-device copies —
-// and the caller's stream then waits for every rank's work. Otherwise
+// the sum into every rank's buffer, and gathers and broadcasts are
+// device-to-device copies — and the caller's stream then waits for every rank's work. Otherwise
 // (ranks on several devices, more ranks than one kernel adds, host and
 // device buffers mixed) each rank stages its device buffers through host
 // memory (comm.StageBuffer: page-locked where the device has it), the host

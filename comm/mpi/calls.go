@@ -74,20 +74,16 @@ func (c *Comm) checkTag(what string, tag int) error {
 	return nil
 }
 
-// ring builds the canonical-order ring for buf (all-reduce) or for send into
-// recv with block counts (reduce-scatter).
-func (c *Comm) ring(what string, src, out []byte, dt comm.DType, bounds []int, allGather bool) *ringOp {
+// ring builds the canonical-order ring all-reduce of buf in place, its
+// blocks bounds.
+func (c *Comm) ring(what string, buf []byte, dt comm.DType, bounds []int) *ringOp {
 	e := c.e
 	esz := dt.Size()
-	o := &ringOp{
+	return &ringOp{
 		what: what, dt: dt, esz: esz, n: c.Size(), r: c.Rank(), bounds: bounds,
-		src: src, work: src, out: out, allGather: allGather,
+		src: buf, work: buf,
 		segElems: max(1, e.segBytes/esz), window: e.window,
 	}
-	if !allGather && c.Size() > 2 {
-		o.work = make([]byte, len(src)) // partial sums of other ranks' blocks
-	}
-	return o
 }
 
 // chunks are the block offsets of comm.ChunkBounds.
@@ -99,7 +95,7 @@ func chunks(L, n int) []int {
 	return b
 }
 
-// allReduceOp builds the op of AllReduce and IAllReduce.
+// allReduceOp builds the op of AllReduce and of iAllReduce.
 func (c *Comm) allReduceOp(buf comm.Buffer) (op, error) {
 	const what = "AllReduce"
 	if err := checkBuf(what, "buf", buf); err != nil {
@@ -112,13 +108,13 @@ func (c *Comm) allReduceOp(buf comm.Buffer) (op, error) {
 		if n == 1 || L == 0 {
 			return nil, nil
 		}
-		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), nil, buf.DType(), chunks(L, n), true), nil
+		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), buf.DType(), chunks(L, n)), nil
 	}
 	if n == 1 || L == 0 {
 		return nil, nil
 	}
 	if L*buf.DType().Size() >= ringMin {
-		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), nil, buf.DType(), chunks(L, n), true), nil
+		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), buf.DType(), chunks(L, n)), nil
 	}
 	b := buf.Bytes()
 	return &reqOp{
@@ -156,7 +152,7 @@ func (c *Comm) do(ctx context.Context, o op, n int) (int, error) {
 
 // AllReduce sums buf over all ranks in place, float32 in the canonical order.
 func (c *Comm) AllReduce(ctx context.Context, buf comm.Buffer) error {
-	r, err := c.IAllReduce(ctx, buf)
+	r, err := c.iAllReduce(ctx, buf)
 	if err != nil {
 		return err
 	}
@@ -166,7 +162,8 @@ func (c *Comm) AllReduce(ctx context.Context, buf comm.Buffer) error {
 
 // IAllReduceView starts the all-reduce of a view (comm.Communicator): a
 // float32 view is reduced by the ring with the vector's chunks cut to the
-// view; integers, whose sums do not depend on the order, as AllReduce.
+// view; the whole vector and integers (whose sums do not depend on the
+// order) as AllReduce.
 func (c *Comm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
 	if err := comm.CheckView(off, buf.Len(), total); err != nil {
 		return nil, fmt.Errorf("mpi: IAllReduceView: %w", err)
@@ -175,61 +172,25 @@ func (c *Comm) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total i
 		return nil, err
 	}
 	n, L := c.Size(), buf.Len()
-	if buf.DType() != comm.Float32 || n == 1 || L == 0 {
-		return c.IAllReduce(ctx, buf)
+	if buf.DType() != comm.Float32 || n == 1 || L == 0 || off == 0 && L == total {
+		return c.iAllReduce(ctx, buf)
 	}
 	b := make([]int, n+1)
 	for j := range n {
 		_, b[j+1] = comm.ViewChunkBounds(total, off, L, n, j)
 	}
-	o := c.ring(fmt.Sprintf("AllReduce of %d %v (elements [%d, %d) of %d)", L, buf.DType(), off, off+L, total), buf.Bytes(), nil, buf.DType(), b, true)
+	o := c.ring(fmt.Sprintf("AllReduce of %d %v (elements [%d, %d) of %d)", L, buf.DType(), off, off+L, total), buf.Bytes(), buf.DType(), b)
 	return c.start(ctx, o, L, false)
 }
 
-// IAllReduce starts AllReduce.
-func (c *Comm) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
+// iAllReduce starts AllReduce (comm.IAllReduce reaches it through
+// IAllReduceView of the whole vector).
+func (c *Comm) iAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
 	o, err := c.allReduceOp(buf)
 	if err != nil {
 		return nil, err
 	}
 	return c.start(ctx, o, buf.Len(), false)
-}
-
-// ReduceScatter sums send over all ranks and leaves block Rank() in recv,
-// adding in the canonical order of package comm.
-func (c *Comm) ReduceScatter(ctx context.Context, send, recv comm.Buffer, counts []int) error {
-	const what = "ReduceScatter"
-	if err := checkBuf(what, "send", send); err != nil {
-		return err
-	}
-	if err := checkBuf(what, "recv", recv); err != nil {
-		return err
-	}
-	if err := sameType(what, send, recv); err != nil {
-		return err
-	}
-	total, err := c.checkCounts(what, counts)
-	if err != nil {
-		return err
-	}
-	if send.Len() != total {
-		return fmt.Errorf("mpi: %s: send has %d elements but counts add up to %d", what, send.Len(), total)
-	}
-	if recv.Len() != counts[c.Rank()] {
-		return fmt.Errorf("mpi: %s: recv has %d elements but counts[%d] = %d", what, recv.Len(), c.Rank(), counts[c.Rank()])
-	}
-	if c.Size() == 1 || total == 0 {
-		copy(recv.Bytes(), send.Bytes())
-		_, err := c.do(ctx, nil, 0)
-		return err
-	}
-	bounds := make([]int, c.Size()+1)
-	for j, n := range counts {
-		bounds[j+1] = bounds[j] + n
-	}
-	o := c.ring(fmt.Sprintf("ReduceScatter of %d %v", total, send.DType()), send.Bytes(), recv.Bytes(), send.DType(), bounds, false)
-	_, err = c.do(ctx, o, 0)
-	return err
 }
 
 func (c *Comm) allGatherVOp(what string, send, recv comm.Buffer, counts []int) (op, int, error) {
@@ -264,7 +225,7 @@ func (c *Comm) allGatherVOp(what string, send, recv comm.Buffer, counts []int) (
 			bounds[j+1] = bounds[j] + k
 		}
 		copy(rb[bounds[c.Rank()]*dt.Size():], sb)
-		o := c.ring(fmt.Sprintf("%s of %d %v", what, total, dt), rb, nil, dt, bounds, true)
+		o := c.ring(fmt.Sprintf("%s of %d %v", what, total, dt), rb, dt, bounds)
 		o.gatherOnly = true
 		return o, total, nil
 	}
@@ -331,15 +292,6 @@ func (c *Comm) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []
 	}
 	_, err = c.do(ctx, o, n)
 	return err
-}
-
-// IAllGatherV starts AllGatherV.
-func (c *Comm) IAllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
-	o, n, err := c.allGatherVOp("AllGatherV", send, recv, counts)
-	if err != nil {
-		return nil, err
-	}
-	return c.start(ctx, o, n, false)
 }
 
 // Broadcast copies root's buf into every rank's buf.

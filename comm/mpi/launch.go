@@ -1,7 +1,6 @@
 package mpi
 
 import (
-	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -128,11 +127,6 @@ func localSize(launcher string, getenv func(string) string) int {
 		}
 	}
 	return -1
-}
-
-// String describes the launch for logs.
-func (l Launch) String() string {
-	return fmt.Sprintf("%s rank %d of %d (local rank %d)", l.Launcher, l.Rank, l.Size, l.LocalRank)
 }
 
 // libraryAvailable reports whether an MPI library can be loaded.

@@ -25,10 +25,10 @@
 //
 // # Deterministic sums
 //
-// The reduce-scatter and the all-reduce are a pipelined ring on MPI
-// point-to-point messages that adds the ranks' values in the canonical order
-// of package comm, so float32 sums are bit-identical to those of the
-// in-process backend (comm/local) for the same inputs. Integer all-reduces
+// The all-reduce is a pipelined ring on MPI point-to-point messages that
+// adds the ranks' values in the canonical order of package comm, so float32
+// sums are bit-identical to those of the in-process backend (comm/local)
+// for the same inputs. Integer all-reduces
 // under 64 KiB, whose sums do not depend on the order, use MPI_Iallreduce.
 // All-gathers of 64 KiB or more use the same ring (Open MPI's non-blocking
 // collectives are slow for large buffers), smaller ones MPI_Iallgatherv;

@@ -83,9 +83,9 @@ func (o *reqOp) progress(e *engine) (done, moved bool, n int, err error) {
 	return true, true, o.n, nil
 }
 
-// ringOp is the canonical-order float or integer reduce-scatter on MPI
-// point-to-point messages, optionally followed by the ring all-gather (that
-// pair is the all-reduce). Rank r sends to r+1 and receives from r−1. In
+// ringOp is the canonical-order float or integer all-reduce on MPI
+// point-to-point messages: a ring reduce-scatter, then the ring all-gather
+// (the all-gather alone for AllGather and AllGatherV). Rank r sends to r+1 and receives from r−1. In
 // reduce-scatter step t (0 ≤ t < n−1) it sends block r−1−t and receives block
 // r−2−t, which it adds to its own values: block j therefore accumulates the
 // ranks' values in the order j+1, …, n−1, 0, …, j and ends at rank j. In
@@ -102,10 +102,8 @@ type ringOp struct {
 	esz        int
 	n, r       int
 	bounds     []int  // n+1 block offsets in elements
-	src        []byte // own contributions, read only (== work for all-reduce)
+	src        []byte // own contributions, read only (== work)
 	work       []byte // where reduced blocks are written (indexed like src)
-	out        []byte // reduce-scatter only: receives block r
-	allGather  bool   // run the all-gather phase
 	gatherOnly bool   // skip the reduce-scatter phase (AllGather(V)): work already holds block r
 	segElems   int
 	window     int
@@ -137,13 +135,10 @@ func mod(a, n int) int { return ((a % n) + n) % n }
 
 // steps returns the range [first, end) of the steps this ring runs.
 func (o *ringOp) steps() (first, end int) {
-	switch {
-	case o.gatherOnly:
+	if o.gatherOnly {
 		return o.n - 1, 2 * (o.n - 1)
-	case o.allGather:
-		return 0, 2 * (o.n - 1)
 	}
-	return 0, o.n - 1
+	return 0, 2 * (o.n - 1)
 }
 
 func (o *ringOp) sendBlock(t int) int {
@@ -284,15 +279,8 @@ func (o *ringOp) progress(e *engine) (done, moved bool, n int, err error) {
 		if m.t < o.n-1 {
 			s := o.recvSlot[i]
 			acc := o.tmp[s][:(m.hi-m.lo)*o.esz]
-			dst := o.work
-			lo, hi := m.lo, m.hi
-			if o.out != nil && m.t == o.n-2 {
-				// Reduce-scatter's last step completes block r: into recv.
-				off := o.bounds[o.r]
-				dst, lo, hi = o.out, m.lo-off, m.hi-off
-			}
 			// acc holds ranks j+1..r−1 in order; add rank r's value last.
-			add(o.dt, o.region(dst, lo, hi), acc, o.region(o.src, m.lo, m.hi))
+			add(o.dt, o.region(o.work, m.lo, m.hi), acc, o.region(o.src, m.lo, m.hi))
 			o.freeSlots = append(o.freeSlots, s)
 		}
 		o.recvDone[i] = true
@@ -327,11 +315,7 @@ func (o *ringOp) progress(e *engine) (done, moved bool, n int, err error) {
 			e.putTmp(b)
 		}
 		o.tmp = nil
-		n := o.bounds[o.n]
-		if o.out != nil && !o.allGather {
-			n = o.bounds[o.r+1] - o.bounds[o.r]
-		}
-		return true, true, n, nil
+		return true, true, o.bounds[o.n], nil
 	}
 	return false, moved, 0, nil
 }

@@ -122,7 +122,7 @@ func TestRingSchedule(t *testing.T) {
 	for _, n := range []int{2, 3, 5, 16} {
 		ops := make([]*ringOp, n)
 		for r := range ops {
-			ops[r] = &ringOp{n: n, r: r, allGather: true}
+			ops[r] = &ringOp{n: n, r: r}
 		}
 		// order[j] lists the ranks whose values block j has accumulated,
 		// as seen by the rank holding the partial sum.
