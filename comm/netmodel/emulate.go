@@ -95,7 +95,7 @@ func (e *emulated) collective(ctx context.Context, op comm.Op, elems, esize int,
 	t := &linkTurn{stamps: make(comm.Int64s, e.c.Size()), cost: e.net.Cost(op, e.c.Size(), elems, esize, counts)}
 	t.stamps[e.c.Rank()] = time.Now().UnixNano()
 	var err error
-	if t.req, err = e.c.IAllReduce(ctx, t.stamps); err != nil {
+	if t.req, err = comm.IAllReduce(ctx, e.c, t.stamps); err != nil {
 		return nil, fmt.Errorf("netmodel: emulated network: the ranks' join times: %w", err)
 	}
 	t.prev, e.last = e.last, t
@@ -174,16 +174,8 @@ func (e *emulated) Broadcast(ctx context.Context, buf comm.Buffer, root int) err
 	return e.blocking(ctx, comm.OpBroadcast, blen(buf), esize(buf), nil, func() error { return e.c.Broadcast(ctx, buf, root) })
 }
 
-func (e *emulated) ReduceScatter(ctx context.Context, send, recv comm.Buffer, counts []int) error {
-	return e.blocking(ctx, comm.OpReduceScatter, blen(send), esize(send), counts, func() error { return e.c.ReduceScatter(ctx, send, recv, counts) })
-}
-
 func (e *emulated) Barrier(ctx context.Context) error {
 	return e.blocking(ctx, comm.OpBarrier, 0, 0, nil, func() error { return e.c.Barrier(ctx) })
-}
-
-func (e *emulated) IAllReduce(ctx context.Context, buf comm.Buffer) (comm.Request, error) {
-	return e.nonBlocking(ctx, comm.OpAllReduce, blen(buf), esize(buf), nil, func() (comm.Request, error) { return e.c.IAllReduce(ctx, buf) })
 }
 
 func (e *emulated) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
@@ -192,10 +184,6 @@ func (e *emulated) IAllReduceView(ctx context.Context, buf comm.Buffer, off, tot
 
 func (e *emulated) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm.Request, error) {
 	return e.nonBlocking(ctx, comm.OpAllGather, blen(send), esize(send), nil, func() (comm.Request, error) { return e.c.IAllGather(ctx, send, recv) })
-}
-
-func (e *emulated) IAllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) (comm.Request, error) {
-	return e.nonBlocking(ctx, comm.OpAllGatherV, blen(send), esize(send), counts, func() (comm.Request, error) { return e.c.IAllGatherV(ctx, send, recv, counts) })
 }
 
 // Point-to-point: each message is preceded by its send time, a one-element

@@ -177,7 +177,7 @@ func emulatedChecks(ctx context.Context, t *testing.T, raw comm.Communicator) er
 	scost := slowNet.AllReduceTime(n, 4*slowElems)
 	work := scost + 100*time.Millisecond
 	t0 = time.Now()
-	q, err := slow.IAllReduce(ctx, small)
+	q, err := comm.IAllReduce(ctx, slow, small)
 	if err != nil {
 		return err
 	}
