@@ -18,7 +18,7 @@ func init() {
 		Paper: "the compressors of PyTorch DDP and Horovod (FP16: fp16_compress_hook, Compression.fp16), EF-SignSGD (Karimireddy et al., ICML'19) " +
 			"and PowerSGD (Vogels et al., NeurIPS'19) beside Top-k, DEFT and MiCRO",
 		Doc: "Bytes per worker and training loss of dense all-reduce, FP16 (half precision), EF-SignSGD (1 bit per element, all-gathered), " +
-			"PowerSGD rank 4 and rank 1 (its P and Q; powersgd and powersgd-rank1) and the sparsifiers Top-k, DEFT and MiCRO at ρ = 0.1, on NCF with 4 workers. " +
+			"PowerSGD rank 4 and rank 1 (its P and Q; powersgd and powersgd-rank1) and the sparsifiers Top-k, DEFT and MiCRO at ρ = 0.1; by default on NCF with 4 workers (flags such as -model, -workers and -density override it). " +
 			"The compressors ignore the density: they send every element, compressed.",
 		Claims: []Claim{
 			{"FP16 sends half of dense's bytes per worker.", bytesAtMost("fp16", func(int) float64 { return 0.5 }, "1/2")},
