@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -20,6 +21,23 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 )
+
+// ParseMetrics reads metrics.jsonl records: "step" and "eval" lines are
+// returned in file order, other record types and blank lines are skipped. A
+// line that is not a JSON object is an error naming its line number, except
+// an unterminated last line (a record being written), which is skipped.
+func ParseMetrics(rd io.Reader) ([]Step, []Eval, error) {
+	p := metricsParser{}
+	_, tail, err := p.parse(rd)
+	if err != nil {
+		return nil, nil, err
+	}
+	if tail != nil {
+		p.steps = append(p.steps, tail.steps...)
+		p.evals = append(p.evals, tail.evals...)
+	}
+	return p.steps, p.evals, nil
+}
 
 var update = flag.Bool("update", false, "rewrite the golden files of testdata/golden")
 

@@ -266,23 +266,6 @@ func readMetrics(path string) ([]Step, []Eval, error) {
 	return steps, evals, nil
 }
 
-// ParseMetrics reads metrics.jsonl records: "step" and "eval" lines are
-// returned in file order, other record types and blank lines are skipped. A
-// line that is not a JSON object is an error naming its line number, except
-// an unterminated last line (a record being written), which is skipped.
-func ParseMetrics(rd io.Reader) ([]Step, []Eval, error) {
-	p := metricsParser{}
-	_, tail, err := p.parse(rd)
-	if err != nil {
-		return nil, nil, err
-	}
-	if tail != nil {
-		p.steps = append(p.steps, tail.steps...)
-		p.evals = append(p.evals, tail.evals...)
-	}
-	return p.steps, p.evals, nil
-}
-
 // metricsParser accumulates the records of a metrics file that may be read
 // in several pieces, each starting where the previous complete line ended.
 type metricsParser struct {
