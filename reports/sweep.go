@@ -68,21 +68,40 @@ type measuredPhases struct {
 	Density float64
 }
 
+// sweepPhases name the phases of measuredPhases and PredictedIter, in the
+// order of their parts.
+var sweepPhases = []string{phaseQueue, phaseCompute, phaseSelect, phaseComm, phaseOther, phaseUpdate}
+
+func (m measuredPhases) parts() []float64 {
+	return []float64{m.Queue, m.Compute, m.Select, m.Comm, m.Other, m.Update}
+}
+
+func (p *PredictedIter) parts() []float64 {
+	return []float64{p.Queue, p.Compute, p.Select, p.Comm, p.Other, p.Update}
+}
+
+// medianOf is the median of the finite values of f over steps (NaN if
+// none).
 func medianOf(steps []Step, f func(*Step) float64) float64 {
-	var v []float64
+	v := make([]float64, len(steps))
 	for i := range steps {
-		if x := f(&steps[i]); isFinite(x) {
-			v = append(v, x)
-		}
+		v[i] = f(&steps[i])
 	}
-	if len(v) == 0 {
+	return median(v)
+}
+
+// median is the median of the finite values of v (NaN if none), the mean
+// of the middle two of an even number.
+func median(v []float64) float64 {
+	s := slices.DeleteFunc(slices.Clone(v), func(x float64) bool { return !isFinite(x) })
+	if len(s) == 0 {
 		return math.NaN()
 	}
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
 	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func phasesOf(r *Run) measuredPhases {
@@ -398,19 +417,13 @@ func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets 
 	c := chartSpec{ID: "sweep-phases", Title: "Time per iteration by phase", XName: "run (method ×workers)",
 		YName: "time (" + du.name + ", the worker the others waited for, median)", Subtitle: "network: " + strings.Join(netNames, "; "),
 		Horizontal: true, Wide: true}
-	names := []string{phaseQueue, phaseCompute, phaseSelect, phaseComm, phaseOther, phaseUpdate}
-	get := []func(measuredPhases) float64{
-		func(p measuredPhases) float64 { return p.Queue }, func(p measuredPhases) float64 { return p.Compute },
-		func(p measuredPhases) float64 { return p.Select }, func(p measuredPhases) float64 { return p.Comm },
-		func(p measuredPhases) float64 { return p.Other }, func(p measuredPhases) float64 { return p.Update },
-	}
 	for _, i := range order {
 		c.Categories = append(c.Categories, labels[i])
 	}
-	for k, n := range names {
+	for k, n := range sweepPhases {
 		vals := make([]float64, len(order))
 		for j, i := range order {
-			vals[j] = get[k](ph[i]) / du.div
+			vals[j] = ph[i].parts()[k] / du.div
 		}
 		c.Series = append(c.Series, seriesSpec{Name: n, Bar: true, Stack: "time", Values: vals})
 	}
@@ -447,26 +460,15 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 	}
 	rt := table{Caption: "Runs", Head: []string{"run", "directory", "workers", "setup density", "network", "final " + mlabel,
 		"mean actual density (2nd half)", "iteration (median)", "iterations logged", "duration"}}
-	terms := []struct {
-		name       string
-		meas, pred func(measuredPhases, *PredictedIter) float64
-	}{
-		{"waiting for an executor and the other workers' turns", func(m measuredPhases, _ *PredictedIter) float64 { return m.Queue }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Queue }},
-		{"forward + backward", func(m measuredPhases, _ *PredictedIter) float64 { return m.Compute }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Compute }},
-		{"selection", func(m measuredPhases, _ *PredictedIter) float64 { return m.Select }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Select }},
-		{"communication", func(m measuredPhases, _ *PredictedIter) float64 { return m.Comm }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Comm }},
-		{"error feedback and the reducer's other work", func(m measuredPhases, _ *PredictedIter) float64 { return m.Other }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Other }},
-		{"update", func(m measuredPhases, _ *PredictedIter) float64 { return m.Update }, func(_ measuredPhases, p *PredictedIter) float64 { return p.Update }},
-	}
 	head := []string{"run", "iteration meas. / pred.", "error"}
-	for _, tm := range terms {
-		head = append(head, tm.name+" meas. / pred. (error)")
+	for _, n := range sweepPhases {
+		head = append(head, n+" meas. / pred. (error)")
 	}
 	pt := table{Caption: "Advisor's prediction against the measurement (time per iteration and its phases)", Head: append(head, "actual density meas. / pred.")}
 	var errs []float64
-	termErrs := make([][]float64, len(terms))
-	termShares := make([][]float64, len(terms))
-	termWorst := make([]int, len(terms))
+	termErrs := make([][]float64, len(sweepPhases))
+	termShares := make([][]float64, len(sweepPhases))
+	termWorst := make([]int, len(sweepPhases))
 	worst, worstI := 0.0, -1
 	for i, r := range runs {
 		sr := info.Runs[i]
@@ -489,8 +491,8 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 			}
 		}
 		row := []string{labels[i], fmtMs(ph[i].Iter) + " / " + fmtMs(p.Iter), fmtPct(e)}
-		for k, tm := range terms {
-			m, q := tm.meas(ph[i], p), tm.pred(ph[i], p)
+		for k, q := range p.parts() {
+			m := ph[i].parts()[k]
 			te := relErr(q, m)
 			if sh := (q - m) / ph[i].Iter; isFinite(sh) {
 				termShares[k] = append(termShares[k], math.Abs(sh))
@@ -511,19 +513,19 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 		tables = append(tables, pt)
 		if len(errs) > 0 {
 			notes = append(notes, fmt.Sprintf("Advisor's error on the time per iteration over %d runs: mean |error| %s, median %s, worst %s (%s). Measured: the median over each run's logged iterations after the first %d (the phases of the worker the others waited for); predicted: train advise's model for simulated workers sharing this machine's cores, fed with its measurements at the sweep's worker counts (a short dense run, each method's reducer on as many in-process workers with the model's real gradients). The table of errors per phase says which part of the model misses. Timings on a machine shared with other jobs are noisy: the measurements and the runs are minutes apart.",
-				len(errs), fmtPct(meanOf(errs)), fmtPct(medianAbs(errs)), fmtPct(worst), labels[worstI], sweepSkip))
+				len(errs), fmtPct(meanOf(errs)), fmtPct(median(errs)), fmtPct(worst), labels[worstI], sweepSkip))
 		}
 		et := table{Caption: "Advisor's error per phase, over the runs: |predicted − measured| relative to the phase, and relative to the iteration (the phase's part of the iteration's error)",
 			Head: []string{"phase", "runs", "mean |error|", "median |error|", "worst", "mean |error| ÷ iteration"}}
-		for k, tm := range terms {
+		for k, n := range sweepPhases {
 			if len(termErrs[k]) == 0 {
 				continue
 			}
-			et.Rows = append(et.Rows, []string{tm.name, strconv.Itoa(len(termErrs[k])), fmtPct(meanOf(termErrs[k])), fmtPct(medianAbs(termErrs[k])),
+			et.Rows = append(et.Rows, []string{n, strconv.Itoa(len(termErrs[k])), fmtPct(meanOf(termErrs[k])), fmtPct(median(termErrs[k])),
 				fmtPct(slices.Max(termErrs[k])) + " (" + labels[termWorst[k]] + ")", fmtPct(meanOf(termShares[k]))})
 		}
 		if len(errs) > 0 {
-			et.Rows = append(et.Rows, []string{"iteration", strconv.Itoa(len(errs)), fmtPct(meanOf(errs)), fmtPct(medianAbs(errs)), fmtPct(worst) + " (" + labels[worstI] + ")", fmtPct(meanOf(errs))})
+			et.Rows = append(et.Rows, []string{"iteration", strconv.Itoa(len(errs)), fmtPct(meanOf(errs)), fmtPct(median(errs)), fmtPct(worst) + " (" + labels[worstI] + ")", fmtPct(meanOf(errs))})
 		}
 		tables = append(tables, et)
 	}
@@ -536,15 +538,6 @@ func meanOf(v []float64) float64 {
 		s += x / float64(len(v))
 	}
 	return s
-}
-
-func medianAbs(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func fmtMs(s float64) string {
