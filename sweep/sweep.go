@@ -320,21 +320,8 @@ func comparable(c train.Config) train.Config {
 	return c
 }
 
-// sameConfig compares two configurations as their JSON (what run.json and
-// the markers hold).
-func sameConfig(a, b train.Config) (bool, error) {
-	ja, err := json.Marshal(comparable(a))
-	if err != nil {
-		return false, err
-	}
-	jb, err := json.Marshal(comparable(b))
-	if err != nil {
-		return false, err
-	}
-	return string(ja) == string(jb), nil
-}
-
-// configDiff names the JSON fields whose values differ.
+// configDiff names the JSON fields (what run.json and the markers hold)
+// whose values differ: "" when the configurations are the same.
 func configDiff(a, b train.Config) string {
 	var ma, mb map[string]any
 	ja, _ := json.Marshal(comparable(a))
@@ -385,12 +372,8 @@ func runState(dir string, p Point) (state, error) {
 		return absent, fmt.Errorf("sweep: %w", err)
 	}
 	if m, err := readMarker(filepath.Join(dir, completeFile)); err == nil {
-		same, err := sameConfig(m.Config, p.Config)
-		if err != nil {
-			return absent, err
-		}
-		if !same {
-			return absent, fmt.Errorf("sweep: %s completed with other settings than this grid asks for (%s); use another -out, or delete that folder to run it again", dir, configDiff(m.Config, p.Config))
+		if d := configDiff(m.Config, p.Config); d != "" {
+			return absent, fmt.Errorf("sweep: %s completed with other settings than this grid asks for (%s); use another -out, or delete that folder to run it again", dir, d)
 		}
 		return complete, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
