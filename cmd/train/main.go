@@ -161,14 +161,17 @@ func editDistance(a, b string) int {
 
 // run is the command with its arguments (without the program name).
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 && args[0] == "report" {
-		return helpIsNoError(runReport(args[1:], stdout))
-	}
-	if len(args) > 0 && args[0] == "replay" {
-		return helpIsNoError(runReplay(ctx, args[1:], stdout, stderr))
-	}
-	if len(args) > 0 && (args[0] == "sweep" || args[0] == "advise") {
-		return helpIsNoError(runSubcommand(ctx, args[0], args[1:], stdout, stderr))
+	if len(args) > 0 {
+		switch args[0] {
+		case "report":
+			return helpIsNoError(runReport(args[1:], stdout))
+		case "replay":
+			return helpIsNoError(runReplay(ctx, args[1:], stdout, stderr))
+		case "sweep":
+			return helpIsNoError(runSweep(ctx, args[1:], stdout, stderr))
+		case "advise":
+			return helpIsNoError(runAdvise(ctx, args[1:], stdout, stderr))
+		}
 	}
 	fs, c, summary := newFlags(stderr)
 	if err := parseFlags(fs, args, stdout); err != nil {

@@ -241,14 +241,6 @@ func sweepNetworks(gbits []float64, latency time.Duration) ([]netmodel.Network, 
 	return nets, nil
 }
 
-// runSubcommand runs train sweep or train advise.
-func runSubcommand(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	if name == "sweep" {
-		return runSweep(ctx, args, stdout, stderr)
-	}
-	return runAdvise(ctx, args, stdout, stderr)
-}
-
 // runSweep is train sweep.
 func runSweep(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, v := newSweepFlags(stderr)
