@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -82,28 +83,15 @@ func Read(t testing.TB, dir string) End {
 // state, every rank's part byte for byte, every record.
 func Diff(a, b End) string {
 	bits := func(x, y []float32) bool {
-		if len(x) != len(y) {
-			return false
-		}
-		for i := range x {
-			if math.Float32bits(x[i]) != math.Float32bits(y[i]) {
-				return false
-			}
-		}
-		return true
+		return slices.EqualFunc(x, y, func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) })
 	}
 	switch {
 	case a.Step != b.Step:
 		return fmt.Sprintf("last checkpoint at step %d vs %d", a.Step, b.Step)
 	case !bits(a.Params, b.Params):
 		return "parameters differ"
-	case a.OptSteps != b.OptSteps || len(a.Opt) != len(b.Opt):
+	case a.OptSteps != b.OptSteps || !slices.EqualFunc(a.Opt, b.Opt, bits):
 		return "optimizer state differs"
-	}
-	for i := range a.Opt {
-		if !bits(a.Opt[i], b.Opt[i]) {
-			return "optimizer state differs"
-		}
 	}
 	if len(a.Shards) != len(b.Shards) {
 		return fmt.Sprintf("%d ranks' parts vs %d", len(a.Shards), len(b.Shards))
