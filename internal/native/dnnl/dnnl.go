@@ -253,45 +253,37 @@ func load() (*Lib, error) {
 	return l, nil
 }
 
-var symbols = []struct {
-	name string
-	fn   func(l *Lib) any
-}{
-	{"dnnl_engine_create", func(l *Lib) any { return &l.fEngineCreate }},
-	{"dnnl_stream_create", func(l *Lib) any { return &l.fStreamCreate }},
-	{"dnnl_stream_wait", func(l *Lib) any { return &l.fStreamWait }},
-	{"dnnl_stream_destroy", func(l *Lib) any { return &l.fStreamDestroy }},
-	{"dnnl_memory_desc_init_by_tag", func(l *Lib) any { return &l.fMDInitByTag }},
-	{"dnnl_memory_desc_get_size", func(l *Lib) any { return &l.fMDGetSize }},
-	{"dnnl_memory_desc_equal", func(l *Lib) any { return &l.fMDEqual }},
-	{"dnnl_memory_create", func(l *Lib) any { return &l.fMemCreate }},
-	{"dnnl_memory_set_data_handle", func(l *Lib) any { return &l.fMemSetHandle }},
-	{"dnnl_memory_destroy", func(l *Lib) any { return &l.fMemDestroy }},
-	{"dnnl_convolution_forward_desc_init", func(l *Lib) any { return &l.fConvFwd }},
-	{"dnnl_convolution_backward_data_desc_init", func(l *Lib) any { return &l.fConvBwdData }},
-	{"dnnl_convolution_backward_weights_desc_init", func(l *Lib) any { return &l.fConvBwdW }},
-	{"dnnl_batch_normalization_forward_desc_init", func(l *Lib) any { return &l.fBNFwd }},
-	{"dnnl_batch_normalization_backward_desc_init", func(l *Lib) any { return &l.fBNBwd }},
-	{"dnnl_eltwise_forward_desc_init", func(l *Lib) any { return &l.fEltwiseFwd }},
-	{"dnnl_eltwise_backward_desc_init", func(l *Lib) any { return &l.fEltwiseBwd }},
-	{"dnnl_primitive_desc_create", func(l *Lib) any { return &l.fPDCreate }},
-	{"dnnl_primitive_desc_destroy", func(l *Lib) any { return &l.fPDDestroy }},
-	{"dnnl_primitive_desc_query_md", func(l *Lib) any { return &l.fPDQueryMD }},
-	{"dnnl_primitive_desc_query", func(l *Lib) any { return &l.fPDQuery }},
-	{"dnnl_reorder_primitive_desc_create", func(l *Lib) any { return &l.fReorderPD }},
-	{"dnnl_primitive_create", func(l *Lib) any { return &l.fPrimCreate }},
-	{"dnnl_primitive_execute", func(l *Lib) any { return &l.fPrimExecute }},
-	{"dnnl_primitive_destroy", func(l *Lib) any { return &l.fPrimDestroy }},
-	{"dnnl_primitive_attr_create", func(l *Lib) any { return &l.fAttrCreate }},
-	{"dnnl_primitive_attr_set_scratchpad_mode", func(l *Lib) any { return &l.fAttrSetSP }},
-	{"dnnl_primitive_attr_destroy", func(l *Lib) any { return &l.fAttrDestroy }},
-	{"dnnl_version", func(l *Lib) any { return &l.fVersion }},
-}
-
 func (l *Lib) bind(h uintptr) error {
-	syms := make([]dynlib.Symbol, len(symbols))
-	for i, s := range symbols {
-		syms[i] = dynlib.Symbol{Name: s.name, Fn: s.fn(l)}
+	syms := []dynlib.Symbol{
+		{Name: "dnnl_engine_create", Fn: &l.fEngineCreate},
+		{Name: "dnnl_stream_create", Fn: &l.fStreamCreate},
+		{Name: "dnnl_stream_wait", Fn: &l.fStreamWait},
+		{Name: "dnnl_stream_destroy", Fn: &l.fStreamDestroy},
+		{Name: "dnnl_memory_desc_init_by_tag", Fn: &l.fMDInitByTag},
+		{Name: "dnnl_memory_desc_get_size", Fn: &l.fMDGetSize},
+		{Name: "dnnl_memory_desc_equal", Fn: &l.fMDEqual},
+		{Name: "dnnl_memory_create", Fn: &l.fMemCreate},
+		{Name: "dnnl_memory_set_data_handle", Fn: &l.fMemSetHandle},
+		{Name: "dnnl_memory_destroy", Fn: &l.fMemDestroy},
+		{Name: "dnnl_convolution_forward_desc_init", Fn: &l.fConvFwd},
+		{Name: "dnnl_convolution_backward_data_desc_init", Fn: &l.fConvBwdData},
+		{Name: "dnnl_convolution_backward_weights_desc_init", Fn: &l.fConvBwdW},
+		{Name: "dnnl_batch_normalization_forward_desc_init", Fn: &l.fBNFwd},
+		{Name: "dnnl_batch_normalization_backward_desc_init", Fn: &l.fBNBwd},
+		{Name: "dnnl_eltwise_forward_desc_init", Fn: &l.fEltwiseFwd},
+		{Name: "dnnl_eltwise_backward_desc_init", Fn: &l.fEltwiseBwd},
+		{Name: "dnnl_primitive_desc_create", Fn: &l.fPDCreate},
+		{Name: "dnnl_primitive_desc_destroy", Fn: &l.fPDDestroy},
+		{Name: "dnnl_primitive_desc_query_md", Fn: &l.fPDQueryMD},
+		{Name: "dnnl_primitive_desc_query", Fn: &l.fPDQuery},
+		{Name: "dnnl_reorder_primitive_desc_create", Fn: &l.fReorderPD},
+		{Name: "dnnl_primitive_create", Fn: &l.fPrimCreate},
+		{Name: "dnnl_primitive_execute", Fn: &l.fPrimExecute},
+		{Name: "dnnl_primitive_destroy", Fn: &l.fPrimDestroy},
+		{Name: "dnnl_primitive_attr_create", Fn: &l.fAttrCreate},
+		{Name: "dnnl_primitive_attr_set_scratchpad_mode", Fn: &l.fAttrSetSP},
+		{Name: "dnnl_primitive_attr_destroy", Fn: &l.fAttrDestroy},
+		{Name: "dnnl_version", Fn: &l.fVersion},
 	}
 	if err := dynlib.Bind(h, syms...); err != nil {
 		return fmt.Errorf("%w (not oneDNN 2.x?)", err)
