@@ -561,13 +561,11 @@ func runCharts(r *Run, maxPts int) []chartSpec {
 	}
 	// The setup density is drawn last and dashed: on top of an actual
 	// density equal to it, both stay visible.
-	setup := stepSeries("setup density", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts)
-	setup.Dashed = true
 	out = append(out, chartSpec{ID: "density", Title: "Setup vs actual density", XName: "iteration", YName: "density (fraction of gradient elements)",
 		Subtitle: "actual = |union of the indices sent| / N; dashed: setup density",
 		Series: []seriesSpec{
 			stepSeries("actual density", r.Steps, func(s *Step) float64 { return s.ActualDensity }, 1, maxPts),
-			setup,
+			dashed(stepSeries("setup density", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts)),
 		}})
 	if c, ok := ratioChart(r, maxPts); ok {
 		out = append(out, c)
@@ -599,8 +597,7 @@ func ratioChart(r *Run, maxPts int) (chartSpec, bool) {
 		return chartSpec{}, false
 	}
 	ratio := stepSeries("actual ÷ setup density", r.Steps, func(s *Step) float64 { return s.ActualDensity / s.Density }, 1, maxPts)
-	one := stepSeries("1 (the setup density)", r.Steps, func(s *Step) float64 { return 1 }, 1, maxPts)
-	one.Dashed = true
+	one := dashed(stepSeries("1 (the setup density)", r.Steps, func(s *Step) float64 { return 1 }, 1, maxPts))
 	return chartSpec{ID: "density-ratio", Title: "Actual density ÷ setup density", XName: "iteration", YName: "actual ÷ setup density",
 		Subtitle: "mean " + fmtRatio(r.densityRatio()) + "; above 1: the workers' selections together send more than ρ",
 		Series:   []seriesSpec{ratio, one}}, true
@@ -935,8 +932,7 @@ func bytesChart(runs []*Run, labels []string, maxPts int) chartSpec {
 		if labels == nil {
 			// Received is drawn dashed on top: where a collective sends
 			// what it receives, both lines stay visible.
-			recv := stepSeries("received", r.Steps, func(s *Step) float64 { return s.BytesRecv }, 1/u.div, maxPts)
-			recv.Dashed = true
+			recv := dashed(stepSeries("received", r.Steps, func(s *Step) float64 { return s.BytesRecv }, 1/u.div, maxPts))
 			c.Series = append(c.Series, stepSeries("sent", r.Steps, func(s *Step) float64 { return s.BytesSent }, 1/u.div, maxPts), recv)
 			c.Subtitle = "dashed: received"
 		} else {
@@ -1196,9 +1192,7 @@ func compareCharts(runs []*Run, labels []string, onlyWorkers bool, maxPts int) [
 	for i, r := range runs {
 		loss.Series = append(loss.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.Loss }, 1, maxPts))
 		dens.Series = append(dens.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.ActualDensity }, 1, maxPts))
-		setup := stepSeries(labels[i]+" (setup)", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts)
-		setup.Dashed = true
-		dens.Series = append(dens.Series, setup)
+		dens.Series = append(dens.Series, dashed(stepSeries(labels[i]+" (setup)", r.Steps, func(s *Step) float64 { return s.Density }, 1, maxPts)))
 		errc.Series = append(errc.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.ErrorNorm }, 1, maxPts))
 		if r.hasThreshold() {
 			thr.Series = append(thr.Series, stepSeries(labels[i], r.Steps, func(s *Step) float64 { return s.Threshold }, 1, maxPts))
