@@ -312,22 +312,10 @@ func (rd *Reader) Read(step, rank int, dst []float32) error {
 		rd.buf = make([]byte, size)
 	}
 	rd.buf = rd.buf[:size]
-	if _, err := readFull(f, rd.buf); err != nil {
+	if _, err := io.ReadFull(f, rd.buf); err != nil {
 		return fmt.Errorf("recorded: reading %s: %w", path, err)
 	}
 	return DecodeFile(rd.buf, m.Params, dst, path)
-}
-
-func readFull(f *os.File, b []byte) (int, error) {
-	n := 0
-	for n < len(b) {
-		k, err := f.Read(b[n:])
-		n += k
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
 }
 
 // DecodeFile decodes a whole safetensors file b holding the gradient of
@@ -354,7 +342,7 @@ func DecodeFile(b []byte, params []Param, dst []float32, name string) error {
 		if !ok {
 			return fmt.Errorf("%w: %s has no tensor %q (a parameter the manifest lists)", ErrFormat, name, p.Name)
 		}
-		if t.Len() != int64(p.Size) || !sameShape(t.Shape, p.Shape) {
+		if t.Len() != int64(p.Size) || !slices.Equal(t.Shape, p.Shape) {
 			return fmt.Errorf("%w: %s: tensor %q has shape %v; the manifest says %v", ErrFormat, name, p.Name, t.Shape, p.Shape)
 		}
 		if err := Decode(dst[p.Offset:p.Offset+p.Size], data[t.Begin:t.End], t.DType); err != nil {
@@ -362,11 +350,4 @@ func DecodeFile(b []byte, params []Param, dst []float32, name string) error {
 		}
 	}
 	return nil
-}
-
-func sameShape(a, b []int) bool {
-	if len(a) == 0 && len(b) == 0 {
-		return true
-	}
-	return slices.Equal(a, b)
 }
