@@ -2,7 +2,6 @@ package recorded
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -64,24 +63,16 @@ func NewWriter(dir string, m Manifest) (*Writer, error) {
 // its manifest is kept, and steps after the committed ones are written
 // again.
 func OpenWriter(dir string) (*Writer, error) {
-	r, err := openManifest(dir)
-	if err != nil {
-		return nil, err
-	}
-	return &Writer{dir: dir, m: r}, nil
-}
-
-func openManifest(dir string) (Manifest, error) {
-	var m Manifest
 	p := filepath.Join(dir, ManifestName)
 	b, err := os.ReadFile(p)
 	if err != nil {
-		return m, fmt.Errorf("recorded: %w", err)
+		return nil, fmt.Errorf("recorded: %w", err)
 	}
-	if err := json.Unmarshal(b, &m); err != nil {
-		return m, fmt.Errorf("%w: %s: %v", ErrFormat, p, err)
+	m, err := ParseManifest(b, p)
+	if err != nil {
+		return nil, err
 	}
-	return m, m.Check(p)
+	return &Writer{dir: dir, m: m}, nil
 }
 
 // Manifest returns a copy of the manifest as last committed or created.
