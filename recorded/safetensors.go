@@ -2,6 +2,7 @@ package recorded
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -205,10 +206,7 @@ func ParseHeader(b []byte, size int64) (*Header, error) {
 		return nil, bad("the header has %d bytes after its JSON object that are not padding", len(rest))
 	}
 	slices.SortStableFunc(h.Tensors, func(a, b Tensor) int {
-		if a.Begin != b.Begin {
-			return cmpInt(a.Begin, b.Begin)
-		}
-		return cmpInt(a.End, b.End)
+		return cmp.Or(cmp.Compare(a.Begin, b.Begin), cmp.Compare(a.End, b.End))
 	})
 	var end int64
 	for _, t := range h.Tensors {
@@ -228,16 +226,6 @@ func ParseHeader(b []byte, size int64) (*Header, error) {
 		return nil, bad("%d bytes after the last tensor's data", size-h.DataStart-end)
 	}
 	return h, nil
-}
-
-func cmpInt(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Decode converts the little-endian elements of type dt in src into dst
