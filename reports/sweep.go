@@ -275,11 +275,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 		byKey[k] = append(byKey[k], i)
 		workerSet[sr.Workers] = true
 	}
-	var workers []int
-	for w := range workerSet {
-		workers = append(workers, w)
-	}
-	sort.Ints(workers)
+	workers := slices.Sorted(maps.Keys(workerSet))
 	var cats []string
 	for _, w := range workers {
 		cats = append(cats, strconv.Itoa(w))
@@ -309,7 +305,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 	var specs []chartSpec
 	dc := against("sweep-density", "Actual density against workers", "mean over the second half of each run's iterations (DEFT's Fig. 1)",
 		"actual density (fraction of the gradient)", func(i int) float64 { return ph[i].Density }, 1, func(i int) bool { return info.Runs[i].Method != "dense" })
-	for _, d := range sortedKeys(dens) {
+	for _, d := range slices.Sorted(maps.Keys(dens)) {
 		vals := make([]float64, len(workers))
 		for j := range vals {
 			vals[j] = d
@@ -355,15 +351,6 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 		specs = append(specs, c)
 	}
 	return layered(specs), tables, notes
-}
-
-func sortedKeys(m map[float64]bool) []float64 {
-	var k []float64
-	for x := range m {
-		k = append(k, x)
-	}
-	sort.Float64s(k)
-	return k
 }
 
 // sweepOrder is the order of the runs in the per-run charts: grouped by

@@ -2,7 +2,8 @@ package sweep
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -147,14 +148,7 @@ var Presets = map[string]Preset{
 }
 
 // PresetNames lists the presets by name.
-func PresetNames() []string {
-	var n []string
-	for k := range Presets {
-		n = append(n, k)
-	}
-	sort.Strings(n)
-	return n
-}
+func PresetNames() []string { return slices.Sorted(maps.Keys(Presets)) }
 
 // LookupPreset returns the preset of a name, or an error listing them.
 func LookupPreset(name string) (Preset, error) {
