@@ -641,21 +641,11 @@ func pipelined(s *Step) bool {
 	return isFinite(s.TCommWall) && isFinite(s.TWait) && s.TCommWall > s.TWait
 }
 
-// anyPipelined reports whether any step of r is pipelined.
-func anyPipelined(r *Run) bool {
-	for i := range r.Steps {
-		if pipelined(&r.Steps[i]) {
-			return true
-		}
-	}
-	return false
-}
-
 // isPipelined reports whether r reduced its gradient during the backward
 // pass (LAGS pipelining): run.json says so, or, for runs recorded before
 // it did, a step's reduction outlasted its exposed part.
 func (r *Run) isPipelined() bool {
-	return r.Info.Pipelined || anyPipelined(r)
+	return r.Info.Pipelined || slices.ContainsFunc(r.Steps, func(s Step) bool { return pipelined(&s) })
 }
 
 // overlapped is the part of step s's backward pass that a pipelined

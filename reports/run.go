@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -568,12 +569,7 @@ func (r *Run) median(f func(*Step) float64) float64 {
 
 // hasThreshold reports whether any step recorded a threshold.
 func (r *Run) hasThreshold() bool {
-	for _, s := range r.Steps {
-		if !math.IsNaN(s.Threshold) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(r.Steps, func(s Step) bool { return !math.IsNaN(s.Threshold) })
 }
 
 // name is the run's short name: its directory's base name.

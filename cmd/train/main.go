@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -83,12 +84,7 @@ func (s *stdoutWatch) Write(b []byte) (int, error) {
 // prefix ("train report: ", "train sweep: ", "train advise: "), which then
 // is the one prefix.
 func hasSubcommandPrefix(msg string) bool {
-	for _, sub := range []string{"report", "sweep", "advise", "replay"} {
-		if strings.HasPrefix(msg, "train "+sub+":") {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc([]string{"report", "sweep", "advise", "replay"}, func(sub string) bool { return strings.HasPrefix(msg, "train "+sub+":") })
 }
 
 // parseFlags parses args with fs. -help (or -h) prints the usage to
