@@ -587,9 +587,7 @@ func Resolve(decls []Option, given Values) (Values, error) {
 // are (Resolve refuses them).
 func Defaults(decls []Option, given Values) Values {
 	out := Values{}
-	for k, v := range given {
-		out[k] = v
-	}
+	maps.Copy(out, given)
 	for _, o := range decls {
 		if v, ok := given[o.Key]; !ok {
 			out[o.Key] = o.Default
