@@ -80,9 +80,9 @@ func (p *PredictedIter) parts() []float64 {
 	return []float64{p.Queue, p.Compute, p.Select, p.Comm, p.Other, p.Update}
 }
 
-// medianOf is the median of the finite values of f over steps (NaN if
-// none).
-func medianOf(steps []Step, f func(*Step) float64) float64 {
+// MedianOf is the median of the finite values of f over steps (NaN if
+// none): the statistic of the sweep page and of the presets' claims.
+func MedianOf(steps []Step, f func(*Step) float64) float64 {
 	v := make([]float64, len(steps))
 	for i := range steps {
 		v[i] = f(&steps[i])
@@ -129,13 +129,13 @@ func phasesOf(r *Run) measuredPhases {
 		return min(zero(s.TComm), minus(zero(s.TWait), sel(s)))
 	}
 	m := measuredPhases{
-		Queue:   medianOf(steps, func(s *Step) float64 { return zero(s.TQueue) }),
-		Compute: medianOf(steps, func(s *Step) float64 { return s.TCompute }),
-		Select:  medianOf(steps, sel),
-		Comm:    medianOf(steps, com),
-		Other:   medianOf(steps, func(s *Step) float64 { return minus(zero(s.TWait), sel(s)+com(s)) }),
-		Update:  medianOf(steps, func(s *Step) float64 { return s.TUpdate }),
-		Iter:    medianOf(steps, func(s *Step) float64 { return s.TIter }),
+		Queue:   MedianOf(steps, func(s *Step) float64 { return zero(s.TQueue) }),
+		Compute: MedianOf(steps, func(s *Step) float64 { return s.TCompute }),
+		Select:  MedianOf(steps, sel),
+		Comm:    MedianOf(steps, com),
+		Other:   MedianOf(steps, func(s *Step) float64 { return minus(zero(s.TWait), sel(s)+com(s)) }),
+		Update:  MedianOf(steps, func(s *Step) float64 { return s.TUpdate }),
+		Iter:    MedianOf(steps, func(s *Step) float64 { return s.TIter }),
 	}
 	half := &Run{Steps: r.Steps[len(r.Steps)/2:]}
 	m.Density = half.mean(func(s *Step) float64 { return s.ActualDensity })

@@ -97,26 +97,14 @@ func (rs Results) density(method string) float64 {
 const claimSkip = 5
 
 // median is the median of f over the run's logged iterations after the
-// first claimSkip (all of them when there are fewer), NaN values left out.
+// first claimSkip (all of them when there are fewer), NaN and infinite
+// values left out.
 func median(r *reports.Run, f func(*reports.Step) float64) float64 {
 	steps := r.Steps
 	if len(steps) > claimSkip {
 		steps = steps[claimSkip:]
 	}
-	var v []float64
-	for i := range steps {
-		if x := f(&steps[i]); !math.IsNaN(x) {
-			v = append(v, x)
-		}
-	}
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	slices.Sort(v)
-	if len(v)%2 == 1 {
-		return v[len(v)/2]
-	}
-	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	return reports.MedianOf(steps, f)
 }
 
 // tail is the mean of f over the last fraction of the run's logged
