@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 )
 
 // Need names something a test needs from the machine.
@@ -79,13 +80,7 @@ var replaced = map[string]Need{
 
 // list parses a comma-separated list of names.
 func list(v string) []string {
-	var out []string
-	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			out = append(out, s)
-		}
-	}
-	return out
+	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || unicode.IsSpace(r) })
 }
 
 // settingError returns what is wrong with the environment's switches, or "".
