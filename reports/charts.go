@@ -536,17 +536,11 @@ func metricCharts(runs []*Run, labels []string, maxPts int) []chartSpec {
 }
 
 func title(metrics []string) string {
-	if len(metrics) == 1 {
-		return metricOf(metrics[0]).label
-	}
-	s := ""
+	labels := make([]string, len(metrics))
 	for i, m := range metrics {
-		if i > 0 {
-			s += ", "
-		}
-		s += metricOf(m).label
+		labels[i] = metricOf(m).label
 	}
-	return s
+	return strings.Join(labels, ", ")
 }
 
 // runCharts are the charts of one run's report.

@@ -433,13 +433,7 @@ func runTable(r *Run) table {
 	for _, n := range r.Info.Notes {
 		rows = append(rows, []string{"note", n})
 	}
-	kept := rows[:0]
-	for _, row := range rows {
-		if row[1] != "" {
-			kept = append(kept, row)
-		}
-	}
-	return table{Caption: "Run", Rows: kept}
+	return table{Caption: "Run", Rows: slices.DeleteFunc(rows, func(row []string) bool { return row[1] == "" })}
 }
 
 // replayNote says what a replay of recorded gradients cannot show ("" for
