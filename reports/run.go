@@ -195,12 +195,7 @@ const headBytes = 4096
 // forget drops key from metricsCache (locked by the caller).
 func forget(key string) {
 	delete(metricsCache.files, key)
-	for i, k := range metricsCache.order {
-		if k == key {
-			metricsCache.order = append(metricsCache.order[:i], metricsCache.order[i+1:]...)
-			break
-		}
-	}
+	metricsCache.order = slices.DeleteFunc(metricsCache.order, func(k string) bool { return k == key })
 }
 
 // readMetrics returns the records of the metrics file at path (none if it
