@@ -128,14 +128,9 @@ func addMethodFlags(fs *flag.FlagSet, dst *options.Values) map[string]bool {
 
 // isMethodFlag reports whether name is the flag of a method option.
 func isMethodFlag(name string) bool {
-	for _, m := range sparsify.Methods() {
-		for _, o := range m.Params {
-			if o.FlagName() == name {
-				return true
-			}
-		}
-	}
-	return false
+	return slices.ContainsFunc(sparsify.Methods(), func(m sparsify.Method) bool {
+		return slices.ContainsFunc(m.Params, func(o options.Option) bool { return o.FlagName() == name })
+	})
 }
 
 // printFlags writes the flags of fs as flag.PrintDefaults does, with the
