@@ -338,16 +338,10 @@ func (c *chartSpec) paletteSeries() int {
 // turn, so that no two series of a chart share a colour.
 func palette(n int) []string {
 	out := slices.Clone(echartsPalette)
-	seen := map[string]bool{}
-	for _, c := range out {
-		seen[c] = true
-	}
 	for i := 0; len(out) < n; i++ {
 		hue := math.Mod(float64(i)*137.50776405, 360)
 		light := []float64{0.42, 0.60, 0.30}[i%3]
-		c := hslHex(hue, 0.65, light)
-		if !seen[c] {
-			seen[c] = true
+		if c := hslHex(hue, 0.65, light); !slices.Contains(out, c) {
 			out = append(out, c)
 		}
 	}
