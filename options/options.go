@@ -559,12 +559,12 @@ func Resolve(decls []Option, given Values) (Values, error) {
 	var errs []error
 	out := make(Values, len(decls))
 	for _, k := range slices.Sorted(maps.Keys(given)) {
-		o, ok := find(decls, k)
-		if !ok {
+		i := slices.IndexFunc(decls, func(o Option) bool { return o.Key == k })
+		if i < 0 {
 			errs = append(errs, fmt.Errorf("no option %q", k))
 			continue
 		}
-		v, err := o.Check(given[k])
+		v, err := decls[i].Check(given[k])
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -596,15 +596,6 @@ func Defaults(decls []Option, given Values) Values {
 		}
 	}
 	return out
-}
-
-func find(decls []Option, key string) (Option, bool) {
-	for _, o := range decls {
-		if o.Key == key {
-			return o, true
-		}
-	}
-	return Option{}, false
 }
 
 // orList writes "a, b or c".
