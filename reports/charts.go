@@ -714,13 +714,7 @@ func (r *Run) Breakdown(i int) []Phase {
 // backward pass (t_wait). Nothing shows as communication that was not a
 // communicator call.
 func phases(r *Run) (names []string, get []func(*Step) float64) {
-	split := false
-	for _, s := range r.Steps {
-		if isFinite(s.TForward) {
-			split = true
-			break
-		}
-	}
+	split := slices.ContainsFunc(r.Steps, func(s Step) bool { return isFinite(s.TForward) })
 	pipe := r.isPipelined()
 	ov := func(s *Step) float64 { return 0 }
 	if pipe {

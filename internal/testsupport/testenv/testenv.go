@@ -105,12 +105,7 @@ func Required(t testing.TB, n Need) bool {
 	if msg := settingError(); msg != "" {
 		t.Fatal(msg)
 	}
-	for _, s := range list(os.Getenv(Env)) {
-		if s == "all" || Need(s) == n {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(list(os.Getenv(Env)), func(s string) bool { return s == "all" || Need(s) == n })
 }
 
 // Missing ends t because n is not met: it skips, or fails when
