@@ -82,7 +82,6 @@ const (
 	TagA      Tag = 2  // 1-D
 	TagAB     Tag = 3  // 2-D row-major
 	TagNCHW   Tag = 5  // 4-D plain (also OIHW for weights)
-	TagNHWC   Tag = 20 // channels last
 	TagNChw16 Tag = 69 // channels blocked by 16 (AVX-512)
 	TagNChw8  Tag = 93 // channels blocked by 8 (AVX2)
 )
@@ -92,8 +91,6 @@ const (
 	PropForwardTraining  = 64
 	PropForwardInference = 96
 	PropBackward         = 128
-	PropBackwardData     = 160
-	PropBackwardWeights  = 192
 )
 
 // Algorithms (dnnl_alg_kind_t).
@@ -112,7 +109,6 @@ const (
 
 // Queries (dnnl_query_t).
 const (
-	queryImplInfoStr = 8
 	QuerySrc         = 129
 	QueryDiffSrc     = 130
 	QueryWeights     = 131
@@ -165,7 +161,6 @@ type Lib struct {
 	block   int
 
 	setThreads func(n int32)
-	maxThreads func() int32
 
 	fEngineCreate  func(eng *uintptr, kind int32, index uintptr) int32
 	fStreamCreate  func(s *uintptr, eng uintptr, flags uint32) int32
@@ -187,7 +182,6 @@ type Lib struct {
 	fPDCreate      func(pd *uintptr, op unsafe.Pointer, attr, eng, hint uintptr) int32
 	fPDDestroy     func(pd uintptr) int32
 	fPDQueryMD     func(pd uintptr, what, index int32) unsafe.Pointer
-	fPDQuery       func(pd uintptr, what, index int32, result unsafe.Pointer) int32
 	fReorderPD     func(pd *uintptr, src unsafe.Pointer, srcEng uintptr, dst unsafe.Pointer, dstEng, attr uintptr) int32
 	fPrimCreate    func(p *uintptr, pd uintptr) int32
 	fPrimExecute   func(p, s uintptr, nargs int32, args unsafe.Pointer) int32
@@ -275,7 +269,6 @@ func (l *Lib) bind(h uintptr) error {
 		{Name: "dnnl_primitive_desc_create", Fn: &l.fPDCreate},
 		{Name: "dnnl_primitive_desc_destroy", Fn: &l.fPDDestroy},
 		{Name: "dnnl_primitive_desc_query_md", Fn: &l.fPDQueryMD},
-		{Name: "dnnl_primitive_desc_query", Fn: &l.fPDQuery},
 		{Name: "dnnl_reorder_primitive_desc_create", Fn: &l.fReorderPD},
 		{Name: "dnnl_primitive_create", Fn: &l.fPrimCreate},
 		{Name: "dnnl_primitive_execute", Fn: &l.fPrimExecute},
@@ -290,7 +283,7 @@ func (l *Lib) bind(h uintptr) error {
 	}
 	// The OpenMP runtime oneDNN was linked with (found through the
 	// library's dependencies).
-	_ = dynlib.Bind(h, dynlib.Symbol{Name: "omp_set_num_threads", Fn: &l.setThreads}, dynlib.Symbol{Name: "omp_get_max_threads", Fn: &l.maxThreads})
+	_ = dynlib.Bind(h, dynlib.Symbol{Name: "omp_set_num_threads", Fn: &l.setThreads})
 	return nil
 }
 
@@ -414,17 +407,6 @@ func (l *Lib) WithThreads(n int, f func() error) error {
 	return f()
 }
 
-// MaxThreads is OpenMP's thread count on the calling OS thread (1 for other
-// runtimes).
-func (l *Lib) MaxThreads() int {
-	if l.maxThreads == nil {
-		return 1
-	}
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return int(l.maxThreads())
-}
-
 // MemDesc is a memory descriptor (dnnl_memory_desc_t): shape, element type
 // and memory format of a tensor.
 type MemDesc struct {
@@ -436,16 +418,6 @@ func (d *MemDesc) ptr() unsafe.Pointer {
 		return nil
 	}
 	return unsafe.Pointer(&d.b[0])
-}
-
-// Dims is the descriptor's shape.
-func (d *MemDesc) Dims() []int {
-	n := int(*(*int32)(unsafe.Pointer(&d.b[0])))
-	out := make([]int, n)
-	for i := range out {
-		out[i] = int(int64(d.b[1+i]))
-	}
-	return out
 }
 
 // Desc returns a float32 descriptor of shape dims in format tag.
@@ -600,15 +572,6 @@ func (p *PrimDesc) Scratchpad() int {
 		return 0
 	}
 	return p.l.Size(d)
-}
-
-// Impl is the name of the implementation oneDNN chose (e.g. "jit:avx2").
-func (p *PrimDesc) Impl() string {
-	var s unsafe.Pointer
-	if p.l.fPDQuery(p.pd, queryImplInfoStr, 0, unsafe.Pointer(&s)) != statusSuccess {
-		return ""
-	}
-	return cString(s)
 }
 
 // Close frees the descriptor.
