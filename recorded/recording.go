@@ -247,16 +247,6 @@ func ParseManifest(b []byte, where string) (Manifest, error) {
 	return m, nil
 }
 
-// DataBytes is the size of one worker's gradient of one step in its
-// files' data (without the header).
-func (m *Manifest) DataBytes() int64 {
-	var n int64
-	for _, p := range m.Params {
-		n += int64(p.Size) * int64(p.DType.Size())
-	}
-	return n
-}
-
 // Path is the file of step (from 1) of rank (from 0).
 func (r *Recording) Path(step, rank int) string {
 	return filepath.Join(r.Dir, fmt.Sprintf(FilePattern, step, rank))
