@@ -110,7 +110,6 @@ type Versions struct {
 	// norms: oneDNN (version, library, threads, memory format) or im2col
 	// (empty on GPUs and in older runs).
 	Kernels string `json:"kernels,omitempty"`
-	MPI     string `json:"mpi,omitempty"`
 }
 
 // Machine describes the computer of rank 0.

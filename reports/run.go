@@ -47,9 +47,7 @@ type RunConfig struct {
 	Workers    int     `json:"workers"`
 	Seed       uint64  `json:"seed"`
 	Device     string  `json:"device"`
-	Batch      int     `json:"batch"`
 	Epochs     int     `json:"epochs"`
-	LogEvery   int     `json:"log_every"`
 }
 
 // Step is one "step" record of metrics.jsonl (metrics.Step, which defines
