@@ -257,19 +257,15 @@ func (c *chartSpec) option() map[string]any {
 	}
 	for _, s := range c.Series {
 		var so []charts.SeriesOpts
+		lineType := ""
+		if s.Dashed {
+			lineType = "dashed"
+		}
 		switch {
 		case s.Color != "":
-			ls := opts.LineStyle{Color: s.Color, Width: 1}
-			if s.Dashed {
-				ls.Type = "dashed"
-			}
-			so = append(so, charts.WithLineStyleOpts(ls), charts.WithItemStyleOpts(opts.ItemStyle{Color: s.Color}))
+			so = append(so, charts.WithLineStyleOpts(opts.LineStyle{Color: s.Color, Width: 1, Type: lineType}), charts.WithItemStyleOpts(opts.ItemStyle{Color: s.Color}))
 		case s.Dashed || s.Width > 0:
-			ls := opts.LineStyle{Width: float32(s.Width)}
-			if s.Dashed {
-				ls.Type = "dashed"
-			}
-			so = append(so, charts.WithLineStyleOpts(ls))
+			so = append(so, charts.WithLineStyleOpts(opts.LineStyle{Width: float32(s.Width), Type: lineType}))
 		}
 		if s.Bar {
 			bar := charts.NewBar()
