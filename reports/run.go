@@ -519,10 +519,7 @@ func (r *Run) totalBytesSent() float64 {
 	total, prev := 0.0, 0
 	any := false
 	for _, s := range r.Steps {
-		span := s.Step - prev
-		if span < 1 {
-			span = 1
-		}
+		span := max(1, s.Step-prev)
 		prev = s.Step
 		if !math.IsNaN(s.BytesSent) {
 			total += s.BytesSent * float64(span)

@@ -65,18 +65,12 @@ func downsample(pts []point, max int) []point {
 	return out
 }
 
-// bucketMeans averages vals in at most max buckets of consecutive entries
+// bucketMeans averages vals in at most limit buckets of consecutive entries
 // (sizes differing by at most one), ignoring NaN entries (a bucket of NaNs
 // gives NaN). It returns the means and each bucket's [lo, hi) range.
-func bucketMeans(vals []float64, max int) (means []float64, ranges [][2]int) {
+func bucketMeans(vals []float64, limit int) (means []float64, ranges [][2]int) {
 	n := len(vals)
-	if max < 1 {
-		max = 1
-	}
-	buckets := n
-	if buckets > max {
-		buckets = max
-	}
+	buckets := min(n, max(1, limit))
 	for b := 0; b < buckets; b++ {
 		lo, hi := b*n/buckets, (b+1)*n/buckets
 		sum, c := 0.0, 0
