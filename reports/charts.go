@@ -949,12 +949,9 @@ func layerKChart(r *Run) (chartSpec, bool) {
 		}
 		prev = idx
 		s := r.Steps[with[idx]]
-		vals := make([]float64, layers)
-		for l := range vals {
-			vals[l] = math.NaN()
-			if l < len(s.LayerK) {
-				vals[l] = float64(s.LayerK[l])
-			}
+		vals := slices.Repeat([]float64{math.NaN()}, layers)
+		for l, k := range s.LayerK {
+			vals[l] = float64(k)
 		}
 		c.Series = append(c.Series, seriesSpec{Name: "iteration " + strconv.Itoa(s.Step), Bar: true, Values: vals})
 	}
@@ -1206,10 +1203,7 @@ func compareTimeChart(runs []*Run, labels []string) chartSpec {
 		names, get := phases(r)
 		for i, n := range names {
 			if vals[n] == nil {
-				vals[n] = make([]float64, len(runs))
-				for k := range vals[n] {
-					vals[n][k] = math.NaN()
-				}
+				vals[n] = slices.Repeat([]float64{math.NaN()}, len(runs))
 			}
 			vals[n][ri] = r.median(get[i]) / du.div
 		}

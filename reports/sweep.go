@@ -283,11 +283,8 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 	against := func(id, title, sub, yName string, f func(i int) float64, scale float64, only func(i int) bool) chartSpec {
 		c := chartSpec{ID: id, Title: title, Subtitle: sub, XName: "workers", YName: yName, Categories: cats}
 		for _, k := range keys {
-			vals := make([]float64, len(workers))
+			vals := slices.Repeat([]float64{math.NaN()}, len(workers))
 			any := false
-			for j := range vals {
-				vals[j] = math.NaN()
-			}
 			for _, i := range byKey[k] {
 				if only != nil && !only(i) {
 					continue
@@ -306,11 +303,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 	dc := against("sweep-density", "Actual density against workers", "mean over the second half of each run's iterations (DEFT's Fig. 1)",
 		"actual density (fraction of the gradient)", func(i int) float64 { return ph[i].Density }, 1, func(i int) bool { return info.Runs[i].Method != "dense" })
 	for _, d := range slices.Sorted(maps.Keys(dens)) {
-		vals := make([]float64, len(workers))
-		for j := range vals {
-			vals[j] = d
-		}
-		dc.Series = append(dc.Series, seriesSpec{Name: "setup ρ=" + strconv.FormatFloat(d, 'g', 4, 64), Values: vals, Dashed: true})
+		dc.Series = append(dc.Series, seriesSpec{Name: "setup ρ=" + strconv.FormatFloat(d, 'g', 4, 64), Values: slices.Repeat([]float64{d}, len(workers)), Dashed: true})
 	}
 	if len(dc.Series) > len(dens) {
 		specs = append(specs, dc)
