@@ -18,19 +18,26 @@ import (
 // Thousands formats n with commas between groups of three digits
 // ("217,630"), as the terminal and the reports show an evaluation's sample
 // and split sizes.
-func Thousands(n int) string {
-	s := strconv.Itoa(n)
-	neg := strings.HasPrefix(s, "-")
-	s = strings.TrimPrefix(s, "-")
+func Thousands(n int) string { return GroupDigits(strconv.Itoa(n)) }
+
+// GroupDigits puts commas between the groups of three digits of the whole
+// part of s, a decimal number as strconv writes it without an exponent:
+// "-1234567.125" is "-1,234,567.125".
+func GroupDigits(s string) string {
 	var b strings.Builder
-	for i, c := range s {
-		if i > 0 && (len(s)-i)%3 == 0 {
+	if rest, neg := strings.CutPrefix(s, "-"); neg {
+		b.WriteByte('-')
+		s = rest
+	}
+	whole, frac, dot := strings.Cut(s, ".")
+	for i, c := range whole {
+		if i > 0 && (len(whole)-i)%3 == 0 {
 			b.WriteByte(',')
 		}
 		b.WriteRune(c)
 	}
-	if neg {
-		return "-" + b.String()
+	if dot {
+		b.WriteString("." + frac)
 	}
 	return b.String()
 }

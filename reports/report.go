@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -200,23 +201,7 @@ func fmtPlain(v float64, digits int) string {
 	if err != nil {
 		return strconv.FormatFloat(v, 'g', digits, 64)
 	}
-	s := strconv.FormatFloat(r, 'f', -1, 64)
-	sign := ""
-	if strings.HasPrefix(s, "-") {
-		sign, s = "-", s[1:]
-	}
-	whole, frac, _ := strings.Cut(s, ".")
-	var b strings.Builder
-	for i, c := range whole {
-		if i > 0 && (len(whole)-i)%3 == 0 {
-			b.WriteByte(',')
-		}
-		b.WriteRune(c)
-	}
-	if frac != "" {
-		return sign + b.String() + "." + frac
-	}
-	return sign + b.String()
+	return metrics.GroupDigits(strconv.FormatFloat(r, 'f', -1, 64))
 }
 
 // fmtEval formats an evaluation's value, saying when it was measured on a
