@@ -116,8 +116,8 @@ func loadECharts(ctx context.Context) ([]byte, error) {
 		return nil, err
 	}
 	if cerr == nil {
-		if err := writeAtomic(cache, b); err != nil {
-			return nil, fmt.Errorf("reports: caching the ECharts script: %w", err)
+		if err := writeAtomic(cache, "caching the ECharts script", b); err != nil {
+			return nil, err
 		}
 	}
 	return b, nil
@@ -185,10 +185,15 @@ func extractECharts(tgz []byte) ([]byte, error) {
 	}
 }
 
-// writeAtomic writes b to path (replaced atomically), creating its folder.
-func writeAtomic(path string, b []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
+// writeAtomic writes b to path (replaced atomically), creating its folder;
+// its error says what it was doing.
+func writeAtomic(path, doing string, b []byte) error {
+	err := os.MkdirAll(filepath.Dir(path), 0o755)
+	if err == nil {
+		err = atomicfile.WriteFile(path, b)
 	}
-	return atomicfile.WriteFile(path, b)
+	if err != nil {
+		return fmt.Errorf("reports: %s: %w", doing, err)
+	}
+	return nil
 }

@@ -65,10 +65,7 @@ func WriteRunWith(ctx context.Context, runDir string, o Options) error {
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(filepath.Join(runDir, "report.html"), b); err != nil {
-		return fmt.Errorf("reports: writing the report: %w", err)
-	}
-	return nil
+	return writeAtomic(filepath.Join(runDir, "report.html"), "writing the report", b)
 }
 
 // RunPage returns the HTML page of one run.
@@ -447,10 +444,7 @@ func CompareWith(ctx context.Context, out string, runDirs []string, o Options) e
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(out, b); err != nil {
-		return fmt.Errorf("reports: writing the comparison: %w", err)
-	}
-	return nil
+	return writeAtomic(out, "writing the comparison", b)
 }
 
 // checkSameModel refuses runs of different models.

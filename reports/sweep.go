@@ -241,10 +241,7 @@ func WriteSweep(ctx context.Context, out string, info SweepInfo, o Options) erro
 	if err != nil {
 		return err
 	}
-	if err := writeAtomic(out, b); err != nil {
-		return fmt.Errorf("reports: writing the sweep page: %w", err)
-	}
-	return nil
+	return writeAtomic(out, "writing the sweep page", b)
 }
 
 // sweepContent builds the charts, tables and notes of a sweep page.
