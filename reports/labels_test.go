@@ -382,8 +382,8 @@ func TestFmtPlain(t *testing.T) {
 			t.Errorf("fmtPlain(%v, %d) = %q, want %q", tc.v, tc.digits, got, tc.want)
 		}
 	}
-	if got := fmtMillis(12.3456); got != "12,350 ms" {
-		t.Errorf("fmtMillis(12.3456 s) = %q, want 12,350 ms", got)
+	if got := fmtMillis(12.3456, 4); got != "12,350 ms" {
+		t.Errorf("fmtMillis(12.3456 s, 4) = %q, want 12,350 ms", got)
 	}
 }
 

@@ -179,12 +179,13 @@ func fmtMetric(name string, v float64) string {
 	return s
 }
 
-// fmtMillis formats seconds as milliseconds ("—" if NaN).
-func fmtMillis(sec float64) string {
+// fmtMillis formats seconds as milliseconds with digits significant
+// digits ("—" if NaN).
+func fmtMillis(sec float64, digits int) string {
 	if !isFinite(sec) {
 		return "—"
 	}
-	return fmtPlain(sec*1e3, 4) + " ms"
+	return fmtPlain(sec*1e3, digits) + " ms"
 }
 
 // fmtPlain formats v with digits significant digits as a person writes it:
@@ -357,7 +358,7 @@ func runTable(r *Run) table {
 	if rp := r.Info.Replay; rp != nil {
 		rows[1] = []string{"model", rp.Model + " (recorded gradients, replayed)"}
 		rows[2] = []string{"recording", fmt.Sprintf("%s: %d workers × %d steps, batch %d per worker, recorded by %s (%s)", rp.Dir, rp.Workers, rp.Steps, rp.Batch, rp.Source, rp.Mode)}
-		rows = append(rows, []string{"recorded step time", fmtMillis(rp.StepTime) + " forward and backward of one worker on " + rp.StepDevice + " (measured when recording; the compute times below are the replay's copies of the gradient)"})
+		rows = append(rows, []string{"recorded step time", fmtMillis(rp.StepTime, 4) + " forward and backward of one worker on " + rp.StepDevice + " (measured when recording; the compute times below are the replay's copies of the gradient)"})
 	}
 	if st := r.endText(); st != "" {
 		rows = slices.Insert(rows, 1, []string{"status", st})
@@ -373,7 +374,7 @@ func runTable(r *Run) table {
 	names, get := phases(r)
 	var parts []string
 	for i, n := range names {
-		parts = append(parts, n+" "+fmtMillis(r.median(get[i])))
+		parts = append(parts, n+" "+fmtMillis(r.median(get[i]), 4))
 	}
 	iter := func(s *Step) float64 { return s.TIter }
 	var iters []float64
@@ -381,14 +382,14 @@ func runTable(r *Run) table {
 		iters = append(iters, r.Steps[i].TIter)
 	}
 	rows = append(rows,
-		[]string{"time per iteration", "median " + fmtMillis(r.median(iter)) + " (10th–90th percentile " + fmtMillis(quantile(iters, 0.1)) + "–" +
-			fmtMillis(quantile(iters, 0.9)) + ", mean " + fmtMillis(r.mean(iter)) + ")"},
+		[]string{"time per iteration", "median " + fmtMillis(r.median(iter), 4) + " (10th–90th percentile " + fmtMillis(quantile(iters, 0.1), 4) + "–" +
+			fmtMillis(quantile(iters, 0.9), 4) + ", mean " + fmtMillis(r.mean(iter), 4) + ")"},
 		[]string{"median time per phase", strings.Join(parts, " · ")},
 	)
 	if r.isPipelined() {
-		rows = append(rows, []string{"reduction (pipelined)", "alongside the backward pass " + fmtMillis(r.median(overlapped)) +
-			", after it " + fmtMillis(r.median(func(s *Step) float64 { return s.TWait })) + " per iteration (medians); the communicator calls' durations add up to " +
-			fmtMillis(r.median(func(s *Step) float64 { return s.TComm })) + " because the layer groups' calls overlap one another"})
+		rows = append(rows, []string{"reduction (pipelined)", "alongside the backward pass " + fmtMillis(r.median(overlapped), 4) +
+			", after it " + fmtMillis(r.median(func(s *Step) float64 { return s.TWait }), 4) + " per iteration (medians); the communicator calls' durations add up to " +
+			fmtMillis(r.median(func(s *Step) float64 { return s.TComm }), 4) + " because the layer groups' calls overlap one another"})
 	}
 	rows = append(rows,
 		[]string{"logged iterations", strconv.Itoa(len(r.Steps))},

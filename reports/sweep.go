@@ -467,7 +467,7 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 				worst, worstI = math.Abs(e), i
 			}
 		}
-		row := []string{labels[i], fmtMs(ph[i].Iter) + " / " + fmtMs(p.Iter), fmtPct(e)}
+		row := []string{labels[i], fmtMillis(ph[i].Iter, 3) + " / " + fmtMillis(p.Iter, 3), fmtPct(e)}
 		for k, q := range p.parts() {
 			m := ph[i].parts()[k]
 			te := relErr(q, m)
@@ -480,7 +480,7 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 					termWorst[k] = i
 				}
 			}
-			row = append(row, fmtMs(m)+" / "+fmtMs(q)+" ("+fmtPct(te)+")")
+			row = append(row, fmtMillis(m, 3)+" / "+fmtMillis(q, 3)+" ("+fmtPct(te)+")")
 		}
 		pt.Rows = append(pt.Rows, append(row, fmtPlain(ph[i].Density, 3)+" / "+fmtPlain(p.ActualDensity, 3)))
 	}
@@ -515,13 +515,6 @@ func meanOf(v []float64) float64 {
 		s += x / float64(len(v))
 	}
 	return s
-}
-
-func fmtMs(s float64) string {
-	if !isFinite(s) {
-		return "—"
-	}
-	return fmtPlain(s*1e3, 3) + " ms"
 }
 
 // predictionChart shows the predicted and the measured time per iteration

@@ -426,7 +426,7 @@ func TestSweepErrorPerPhase(t *testing.T) {
 			m, p := plainMedian(v), ph.pred(r.Predicted)
 			e := (p - m) / m
 			errs = append(errs, math.Abs(e))
-			cell := fmtMs(m) + " / " + fmtMs(p) + " (" + strconv.FormatFloat(100*e, 'f', 0, 64) + " %)"
+			cell := fmtMillis(m, 3) + " / " + fmtMillis(p, 3) + " (" + strconv.FormatFloat(100*e, 'f', 0, 64) + " %)"
 			if !strings.Contains(txt, "<td>"+cell+"</td>") {
 				t.Errorf("%s of %s: the page lacks the cell %q", ph.name, r.Dir, cell)
 			}
