@@ -399,7 +399,7 @@ func (c *chartSpec) optionJSON() ([]byte, error) {
 	return b, nil
 }
 
-// line makes a line series from step records.
+// stepSeries is the line of f × scale over the step records.
 func stepSeries(name string, steps []Step, f func(*Step) float64, scale float64, maxPts int) seriesSpec {
 	pts := make([]point, 0, len(steps))
 	for i := range steps {
