@@ -165,11 +165,8 @@ func (op BatchNormStats) Do(vals ...G.Value) (G.Value, error) { return doCPU(op,
 // Mutates implements Mutator: the running mean and variance.
 func (BatchNormStats) Mutates() []int { return []int{1, 2} }
 
-// OutType implements Kernel.
+// OutType implements Typed.
 func (BatchNormStats) OutType() DType { return Float64 }
-
-// Workspace implements Kernel.
-func (BatchNormStats) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: per channel, the mean and the biased variance in
 // float64 (two passes), and the running statistics' update.
@@ -242,11 +239,8 @@ func (BatchNormRunningStats) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error)
 // Do implements gorgonia.Op with the CPU kernel.
 func (op BatchNormRunningStats) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
+// OutType implements Typed.
 func (BatchNormRunningStats) OutType() DType { return Float64 }
-
-// Workspace implements Kernel.
-func (BatchNormRunningStats) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op BatchNormRunningStats) CPU(in []Arg, out Arg, _ []float32) error {
@@ -327,14 +321,8 @@ func (op BatchNorm) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, erro
 // Do implements gorgonia.Op with the CPU kernel.
 func (op BatchNorm) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (BatchNorm) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer: y may overwrite x.
 func (BatchNorm) InPlace() []int { return []int{0} }
-
-// Workspace implements Kernel.
-func (BatchNorm) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: y = x·scale + shift per channel with
 // scale = float32(γ·invstd) (in float64) and shift = β − float32(mean)·scale.
@@ -405,11 +393,8 @@ func (op BatchNormGradSums) String() string {
 // Do implements gorgonia.Op with the CPU kernel.
 func (op BatchNormGradSums) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
+// OutType implements Typed.
 func (BatchNormGradSums) OutType() DType { return Float64 }
-
-// Workspace implements Kernel.
-func (BatchNormGradSums) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: Σdy and Σdy·x̂ per channel, accumulated in float64
 // in (image, position) order, with x̂ = (x − mean)·invstd in float32.
@@ -476,14 +461,8 @@ func (op BatchNormGradInput) String() string {
 // Do implements gorgonia.Op with the CPU kernel.
 func (op BatchNormGradInput) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (BatchNormGradInput) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer: dx may overwrite dy.
 func (BatchNormGradInput) InPlace() []int { return []int{2} }
-
-// Workspace implements Kernel.
-func (BatchNormGradInput) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: dx = γ·invstd·(dy − Σdy/n − x̂·Σdy·x̂/n), the means
 // rounded to float32, dy zero where the fused ReLU clipped.
@@ -544,12 +523,6 @@ func (op BatchNormGradParam) String() string { return fmt.Sprintf("BatchNormGrad
 
 // Do implements gorgonia.Op with the CPU kernel.
 func (op BatchNormGradParam) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (BatchNormGradParam) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (BatchNormGradParam) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op BatchNormGradParam) CPU(in []Arg, out Arg, _ []float32) error {

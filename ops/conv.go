@@ -125,10 +125,7 @@ func (op Conv2d) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 // Do implements gorgonia.Op with the CPU kernel.
 func (op Conv2d) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (Conv2d) OutType() DType { return Float32 }
-
-// Workspace implements Kernel: the patch matrix and the product before
+// Workspace implements Scratcher: the patch matrix and the product before
 // its permutation to NCHW, for one chunk of images (ConvGeom.Chunk).
 func (op Conv2d) Workspace(in [][]int) int {
 	g := op.Geom(in[0], in[1])
@@ -218,10 +215,7 @@ func (op Conv2dGradInput) String() string { return "Conv2dGradInput" + op.Conv.S
 // Do implements gorgonia.Op with the CPU kernel.
 func (op Conv2dGradInput) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (Conv2dGradInput) OutType() DType { return Float32 }
-
-// Workspace implements Kernel: dYᵗ and the patch-matrix gradient of one
+// Workspace implements Scratcher: dYᵗ and the patch-matrix gradient of one
 // chunk of images.
 func (op Conv2dGradInput) Workspace(in [][]int) int {
 	g := op.Conv.Geom(op.X[:], in[0])
@@ -276,10 +270,7 @@ func (op Conv2dGradFilter) String() string { return "Conv2dGradFilter" + op.Conv
 // Do implements gorgonia.Op with the CPU kernel.
 func (op Conv2dGradFilter) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (Conv2dGradFilter) OutType() DType { return Float32 }
-
-// Workspace implements Kernel: the patch matrix and dYᵗ of one chunk of
+// Workspace implements Scratcher: the patch matrix and dYᵗ of one chunk of
 // images.
 func (op Conv2dGradFilter) Workspace(in [][]int) int {
 	g := op.Conv.Geom(in[0], op.W[:])

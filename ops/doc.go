@@ -30,7 +30,7 @@
 //
 // Every descriptor implements Kernel: CPU computes the output from host
 // arguments into a preallocated output, with scratch memory the caller
-// provides (Workspace), so an executor allocates nothing per step. The CPU
+// provides (WorkspaceOf), so an executor allocates nothing per step. The CPU
 // kernels reproduce Gorgonia's arithmetic for Gorgonia's ops (the same
 // float32 functions and the same summation orders), so a graph gives the
 // same bits on the tape machine and on the project's executor.

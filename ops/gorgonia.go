@@ -99,19 +99,19 @@ func doCPU(k interface {
 	}
 	out := Arg{Shape: []int(shape)}
 	n := shape.TotalSize()
-	switch k.OutType() {
+	switch OutTypeOf(k) {
 	case Float32:
 		out.F32 = make([]float32, n)
 	case Float64:
 		out.F64 = make([]float64, n)
 	default:
-		return nil, fmt.Errorf("ops: %v has output type %v, which Do cannot produce", k, k.OutType())
+		return nil, fmt.Errorf("ops: %v has output type %v, which Do cannot produce", k, OutTypeOf(k))
 	}
 	shapes := make([][]int, len(args))
 	for i, a := range args {
 		shapes[i] = a.Shape
 	}
-	ws := make([]float32, k.Workspace(shapes))
+	ws := make([]float32, WorkspaceOf(k, shapes))
 	if err := k.CPU(args, out, ws); err != nil {
 		return nil, err
 	}

@@ -136,12 +136,6 @@ func (LSTMCell) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 // Do implements gorgonia.Op with the CPU kernel.
 func (op LSTMCell) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (LSTMCell) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (LSTMCell) Workspace([][]int) int { return 0 }
-
 // CPU implements Kernel.
 func (LSTMCell) CPU(in []Arg, out Arg, _ []float32) error {
 	if err := checkArgs("LSTMCell", in, 3); err != nil {
@@ -237,12 +231,6 @@ func (LSTMCellGrad) String() string { return "LSTMCellGrad" }
 
 // Do implements gorgonia.Op with the CPU kernel.
 func (op LSTMCellGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (LSTMCellGrad) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (LSTMCellGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: the chain rule through the step in the order and
 // association of Gorgonia's symbolic gradient of the composition (σ'(x)·dy

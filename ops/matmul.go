@@ -73,12 +73,6 @@ func (MatMulT) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 // Do implements gorgonia.Op with the CPU kernel.
 func (op MatMulT) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (MatMulT) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (MatMulT) Workspace([][]int) int { return 0 }
-
 // CPU implements Kernel.
 func (MatMulT) CPU(in []Arg, out Arg, _ []float32) error {
 	if err := checkArgs("MatMulT", in, 2); err != nil {
@@ -124,12 +118,6 @@ func (op MatMulTGrad) String() string { return fmt.Sprintf("MatMulTGrad%d", op.W
 
 // Do implements gorgonia.Op with the CPU kernel.
 func (op MatMulTGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (MatMulTGrad) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (MatMulTGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op MatMulTGrad) CPU(in []Arg, out Arg, _ []float32) error {

@@ -65,14 +65,8 @@ func (AddReLU) SymDiff(_ G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 // Do implements gorgonia.Op with the CPU kernel.
 func (op AddReLU) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (AddReLU) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer.
 func (AddReLU) InPlace() []int { return []int{0, 1} }
-
-// Workspace implements Kernel.
-func (AddReLU) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (AddReLU) CPU(in []Arg, out Arg, _ []float32) error {
@@ -109,14 +103,8 @@ func (ReLUGrad) String() string { return "ReLUGrad" }
 // Do implements gorgonia.Op with the CPU kernel.
 func (op ReLUGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (ReLUGrad) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer.
 func (ReLUGrad) InPlace() []int { return []int{0, 1} }
-
-// Workspace implements Kernel.
-func (ReLUGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (ReLUGrad) CPU(in []Arg, out Arg, _ []float32) error {

@@ -104,11 +104,8 @@ func (LogSumExp) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
 // Do implements gorgonia.Op with the CPU kernel.
 func (op LogSumExp) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
+// OutType implements Typed.
 func (LogSumExp) OutType() DType { return Float64 }
-
-// Workspace implements Kernel.
-func (LogSumExp) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (LogSumExp) CPU(in []Arg, out Arg, _ []float32) error {
@@ -170,12 +167,6 @@ func (op SoftmaxCrossEntropy) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes,
 // Do implements gorgonia.Op with the CPU kernel.
 func (op SoftmaxCrossEntropy) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (SoftmaxCrossEntropy) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (SoftmaxCrossEntropy) Workspace([][]int) int { return 0 }
-
 // CPU implements Kernel: the per-row losses lse − z[y] (with smoothing
 // lse − (1 − ε)·z[y] − ε·mean(z)) are summed in float64 in row order and
 // the mean rounded to float32.
@@ -233,16 +224,10 @@ func (SoftmaxCrossEntropyGrad) String() string { return "SoftmaxCrossEntropyGrad
 // Do implements gorgonia.Op with the CPU kernel.
 func (op SoftmaxCrossEntropyGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
-// OutType implements Kernel.
-func (SoftmaxCrossEntropyGrad) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer: each element of the gradient is computed
 // from the logit at its position (the target's element is corrected after
 // its row is written).
 func (SoftmaxCrossEntropyGrad) InPlace() []int { return []int{0} }
-
-// Workspace implements Kernel.
-func (SoftmaxCrossEntropyGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: out = g·(softmax(z) − (1 − ε)·onehot(y) − ε/C)/N
 // with softmax(z)[j] = exp(z[j] − max)·exp(max − lse): the first factor
