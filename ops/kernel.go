@@ -97,18 +97,6 @@ func Elems(s []int) int {
 	return n
 }
 
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // checkArgs verifies the number of inputs and that every float32 input holds
 // as many values as its shape says.
 func checkArgs(name string, in []Arg, n int) error {

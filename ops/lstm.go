@@ -2,6 +2,7 @@ package ops
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/chewxy/hm"
 	G "gorgonia.org/gorgonia"
@@ -202,7 +203,7 @@ func (LSTMCellGrad) Type() hm.Type {
 
 // lstmGradShape checks LSTMCellGrad's input shapes and returns B and H.
 func lstmGradShape(p, c, dp []int) (B, H int, err error) {
-	if len(p) != 3 || p[0] != lstmPlanes || len(c) != 2 || c[0] != p[1] || c[1] != p[2] || !sameShape(p, dp) {
+	if len(p) != 3 || p[0] != lstmPlanes || len(c) != 2 || c[0] != p[1] || c[1] != p[2] || !slices.Equal(p, dp) {
 		return 0, 0, fmt.Errorf("ops: LSTMCellGrad of shapes %v, %v and %v; want [%d B H], [B H] and [%[4]d B H]", p, c, dp, lstmPlanes)
 	}
 	return c[0], c[1], nil
