@@ -32,14 +32,14 @@ func (t translation) inputs(kids []*G.Node) []*G.Node {
 }
 
 // translate maps a node's op to the package ops vocabulary. The project's
-// own ops are descriptors already; Gorgonia's op types are unexported, so
+// own ops carry their descriptors; Gorgonia's op types are unexported, so
 // they are recognised by type name and read through reflection (the
 // Gorgonia version is pinned in go.mod; the engine's tests run every
 // translated op against Gorgonia's own implementation).
 func translate(n *G.Node, kids []*G.Node) (translation, error) {
 	op := n.Op()
-	if k, ok := op.(ops.Kernel); ok {
-		return translation{op: k}, nil
+	if d, ok := op.(interface{ Descriptor() ops.Kernel }); ok {
+		return translation{op: d.Descriptor()}, nil
 	}
 	rv := reflect.ValueOf(op)
 	if rv.Kind() == reflect.Pointer {

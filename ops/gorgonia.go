@@ -10,35 +10,94 @@ import (
 	"gorgonia.org/tensor"
 )
 
-// gop holds the Gorgonia Op methods that are the same for every op of the
-// package: outputs are fresh values, no op calls external code or
-// overwrites an input as Gorgonia understands it (BatchNormStats' update of
-// the running statistics is a side effect on bound values, see Mutator).
-// The gradient ops (Conv2dGradInput, BatchNormGradSums, ReLUGrad, …) do not
-// implement gorgonia.SDOp: they only appear in backward passes, which
-// nothing differentiates again.
-type gop struct{}
+// descriptor is what each of the package's own ops declares for Gorgonia;
+// graphOp adds what is the same for all of them.
+type descriptor interface {
+	Kernel
+	Arity() int
+	Type() hm.Type
+	InferShape(...G.DimSizer) (tensor.Shape, error)
+	String() string
+}
+
+// differentiable is a descriptor that Gorgonia's symbolic Grad
+// differentiates (gorgonia.SDOp).
+type differentiable interface {
+	descriptor
+	DiffWRT(inputs int) []bool
+	SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error)
+}
+
+// graphOp is the descriptor k as a node's op in a Gorgonia graph: a
+// gorgonia.Op that hashes k's type and fields and whose Do runs k's CPU
+// kernel. Outputs are fresh values, no op calls external code or
+// overwrites an input as Gorgonia understands it (BatchNormStats' update
+// of the running statistics is a side effect on bound values, see
+// Mutator). The gradient ops (Conv2dGradInput, BatchNormGradSums,
+// ReLUGrad, …) are graphOps alone: they only appear in backward passes,
+// which nothing differentiates again; the others are diffOps.
+type graphOp[K descriptor] struct{ k K }
+
+// diffOp is a graphOp that is also a gorgonia.SDOp.
+type diffOp[K differentiable] struct{ graphOp[K] }
+
+// apply and applyDiff add the node of k applied to args to their graph.
+func apply[K descriptor](k K, args ...*G.Node) (*G.Node, error) {
+	return G.ApplyOp(graphOp[K]{k}, args...)
+}
+
+func applyDiff[K differentiable](k K, args ...*G.Node) (*G.Node, error) {
+	return G.ApplyOp(diffOp[K]{graphOp[K]{k}}, args...)
+}
+
+// Descriptor is the op's descriptor: package engine translates a graph's
+// nodes into descriptors.
+func (o graphOp[K]) Descriptor() Kernel { return o.k }
+
+// Arity serves the op's gorgonia.Op (graphOp).
+func (o graphOp[K]) Arity() int { return o.k.Arity() }
+
+// Type serves the op's gorgonia.Op (graphOp).
+func (o graphOp[K]) Type() hm.Type { return o.k.Type() }
+
+// InferShape serves the op's gorgonia.Op (graphOp).
+func (o graphOp[K]) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return o.k.InferShape(ds...) }
+
+// Do implements gorgonia.Op with the CPU kernel.
+func (o graphOp[K]) Do(vals ...G.Value) (G.Value, error) { return doCPU(o.k, vals) }
 
 // ReturnsPtr implements gorgonia.Op.
-func (gop) ReturnsPtr() bool { return false }
+func (graphOp[K]) ReturnsPtr() bool { return false }
 
 // CallsExtern implements gorgonia.Op.
-func (gop) CallsExtern() bool { return false }
+func (graphOp[K]) CallsExtern() bool { return false }
 
 // OverwritesInput implements gorgonia.Op.
-func (gop) OverwritesInput() int { return -1 }
+func (graphOp[K]) OverwritesInput() int { return -1 }
+
+// WriteHash implements gorgonia.Op.
+func (o graphOp[K]) WriteHash(h hash.Hash) { fmt.Fprint(h, describe(o.k)) }
+
+// Hashcode implements gorgonia.Op.
+func (o graphOp[K]) Hashcode() uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(describe(o.k)))
+	return h.Sum32()
+}
+
+func (o graphOp[K]) String() string { return o.k.String() }
+
+// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+func (o diffOp[K]) DiffWRT(inputs int) []bool { return o.k.DiffWRT(inputs) }
+
+// SymDiff serves the op's gorgonia.SDOp (diffOp).
+func (o diffOp[K]) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
+	return o.k.SymDiff(inputs, output, grad)
+}
 
 // describe is the text every op hashes: its type and all its fields, so two
 // ops hash alike exactly when they are the same descriptor.
 func describe(op any) string { return fmt.Sprintf("%T%+v", op, op) }
-
-func writeHash(h hash.Hash, op any) { fmt.Fprint(h, describe(op)) }
-
-func hashOf(op any) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(describe(op)))
-	return h.Sum32()
-}
 
 func tensorType(dims int) hm.Type {
 	if dims == 0 {
@@ -163,6 +222,3 @@ func argOf(v G.Value) (Arg, error) {
 	}
 	return Arg{}, fmt.Errorf("unsupported value type %T", v)
 }
-
-// hashWriter is the hash Gorgonia passes to WriteHash.
-type hashWriter = hash.Hash

@@ -34,7 +34,7 @@ import (
 // sign where Gorgonia's sums turn −0 into +0. One op replaces the
 // composition's four column slices, five activations and five products
 // and sums per step (and, in the backward pass, about thirty ops).
-type LSTMCell struct{ gop }
+type LSTMCell struct{}
 
 // LSTMCellGrad is LSTMCell's gradient: inputs the cell's output P [10 B H],
 // its input c [B H] and the gradient dP [10 B H] of the loss with respect
@@ -42,7 +42,7 @@ type LSTMCell struct{ gop }
 // h' and c'). The output [5 B H] holds dG [B 4H] (the gradient of the
 // pre-activation gates, so of both x and hw) in its first 4·B·H elements
 // in row-major order, then dc [B H].
-type LSTMCellGrad struct{ gop }
+type LSTMCellGrad struct{}
 
 // The planes of LSTMCell's output.
 const (
@@ -65,7 +65,7 @@ func LSTMStep(x, hw, c *G.Node) (h, cNext *G.Node, err error) {
 	if _, _, err := lstmShape(x.Shape(), hw.Shape(), c.Shape()); err != nil {
 		return nil, nil, err
 	}
-	p, err := G.ApplyOp(LSTMCell{}, x, hw, c)
+	p, err := applyDiff(LSTMCell{}, x, hw, c)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -84,15 +84,15 @@ func lstmShape(x, hw, c []int) (B, H int, err error) {
 	return c[0], c[1], nil
 }
 
-// Arity implements gorgonia.Op.
+// Arity serves the op's gorgonia.Op (graphOp).
 func (LSTMCell) Arity() int { return 3 }
 
-// Type implements gorgonia.Op.
+// Type serves the op's gorgonia.Op (graphOp).
 func (LSTMCell) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2), tensorType(3))
 }
 
-// InferShape implements gorgonia.Op.
+// InferShape serves the op's gorgonia.Op (graphOp).
 func (LSTMCell) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	s, err := shapesOf("LSTMCell", ds, 3)
 	if err != nil {
@@ -105,21 +105,15 @@ func (LSTMCell) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	return tensor.Shape{lstmPlanes, B, H}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op LSTMCell) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op LSTMCell) Hashcode() uint32 { return hashOf(op) }
-
 func (LSTMCell) String() string { return "LSTMCell" }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT serves the op's gorgonia.SDOp (diffOp).
 func (LSTMCell) DiffWRT(int) []bool { return []bool{true, true, true} }
 
-// SymDiff implements gorgonia.SDOp: x and hw get dG, c gets dc, views of
+// SymDiff serves the op's gorgonia.SDOp (diffOp): x and hw get dG, c gets dc, views of
 // one LSTMCellGrad.
 func (LSTMCell) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
-	d, err := G.ApplyOp(LSTMCellGrad{}, output, inputs[2], grad)
+	d, err := apply(LSTMCellGrad{}, output, inputs[2], grad)
 	if err != nil {
 		return nil, err
 	}
@@ -133,9 +127,6 @@ func (LSTMCell) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	dc, err := G.Slice(d, G.S(4))
 	return G.Nodes{dg, dg, dc}, err
 }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op LSTMCell) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
 // CPU implements Kernel.
 func (LSTMCell) CPU(in []Arg, out Arg, _ []float32) error {
@@ -193,10 +184,10 @@ func lstmRows(B, H int, f func(lo, hi int)) {
 	})
 }
 
-// Arity implements gorgonia.Op.
+// Arity serves the op's gorgonia.Op (graphOp).
 func (LSTMCellGrad) Arity() int { return 3 }
 
-// Type implements gorgonia.Op.
+// Type serves the op's gorgonia.Op (graphOp).
 func (LSTMCellGrad) Type() hm.Type {
 	return hm.NewFnType(tensorType(3), tensorType(2), tensorType(3), tensorType(3))
 }
@@ -209,7 +200,7 @@ func lstmGradShape(p, c, dp []int) (B, H int, err error) {
 	return c[0], c[1], nil
 }
 
-// InferShape implements gorgonia.Op.
+// InferShape serves the op's gorgonia.Op (graphOp).
 func (LSTMCellGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	s, err := shapesOf("LSTMCellGrad", ds, 3)
 	if err != nil {
@@ -222,16 +213,7 @@ func (LSTMCellGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	return tensor.Shape{5, B, H}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op LSTMCellGrad) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op LSTMCellGrad) Hashcode() uint32 { return hashOf(op) }
-
 func (LSTMCellGrad) String() string { return "LSTMCellGrad" }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op LSTMCellGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
 // CPU implements Kernel: the chain rule through the step in the order and
 // association of Gorgonia's symbolic gradient of the composition (σ'(x)·dy

@@ -14,11 +14,10 @@ import (
 // transpose copy of the V×E matrix every step and another one of its
 // gradient. Gradients: dx = dy·w (MatMulTGrad{Which: 0}, inputs w, dy) and
 // dw = dyᵀ·x (MatMulTGrad{Which: 1}, inputs x, dy).
-type MatMulT struct{ gop }
+type MatMulT struct{}
 
 // MatMulTGrad is a gradient of MatMulT (see there).
 type MatMulTGrad struct {
-	gop
 	Which int
 }
 
@@ -28,16 +27,16 @@ func MulT(x, w *G.Node) (*G.Node, error) {
 	if len(xs) != 2 || len(ws) != 2 || xs[1] != ws[1] {
 		return nil, fmt.Errorf("ops: x·wᵀ of shapes %v and %v", xs, ws)
 	}
-	return G.ApplyOp(MatMulT{}, x, w)
+	return applyDiff(MatMulT{}, x, w)
 }
 
-// Arity implements gorgonia.Op.
+// Arity serves the op's gorgonia.Op (graphOp).
 func (MatMulT) Arity() int { return 2 }
 
-// Type implements gorgonia.Op.
+// Type serves the op's gorgonia.Op (graphOp).
 func (MatMulT) Type() hm.Type { return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2)) }
 
-// InferShape implements gorgonia.Op.
+// InferShape serves the op's gorgonia.Op (graphOp).
 func (MatMulT) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	s, err := shapesOf("MatMulT", ds, 2)
 	if err != nil {
@@ -49,29 +48,20 @@ func (MatMulT) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	return tensor.Shape{s[0][0], s[1][0]}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op MatMulT) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op MatMulT) Hashcode() uint32 { return hashOf(op) }
-
 func (MatMulT) String() string { return "MatMulT" }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT serves the op's gorgonia.SDOp (diffOp).
 func (MatMulT) DiffWRT(int) []bool { return []bool{true, true} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff serves the op's gorgonia.SDOp (diffOp).
 func (MatMulT) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
-	dx, err := G.ApplyOp(MatMulTGrad{Which: 0}, inputs[1], grad)
+	dx, err := apply(MatMulTGrad{Which: 0}, inputs[1], grad)
 	if err != nil {
 		return nil, err
 	}
-	dw, err := G.ApplyOp(MatMulTGrad{Which: 1}, inputs[0], grad)
+	dw, err := apply(MatMulTGrad{Which: 1}, inputs[0], grad)
 	return G.Nodes{dx, dw}, err
 }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op MatMulT) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
 // CPU implements Kernel.
 func (MatMulT) CPU(in []Arg, out Arg, _ []float32) error {
@@ -83,15 +73,15 @@ func (MatMulT) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
+// Arity serves the op's gorgonia.Op (graphOp).
 func (MatMulTGrad) Arity() int { return 2 }
 
-// Type implements gorgonia.Op.
+// Type serves the op's gorgonia.Op (graphOp).
 func (MatMulTGrad) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2))
 }
 
-// InferShape implements gorgonia.Op: dx is [N K] from (w [M K], dy [N M]);
+// InferShape serves the op's gorgonia.Op (graphOp): dx is [N K] from (w [M K], dy [N M]);
 // dw is [M K] from (x [N K], dy [N M]).
 func (op MatMulTGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	s, err := shapesOf("MatMulTGrad", ds, 2)
@@ -108,16 +98,7 @@ func (op MatMulTGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	return tensor.Shape{d[1], a[1]}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op MatMulTGrad) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op MatMulTGrad) Hashcode() uint32 { return hashOf(op) }
-
 func (op MatMulTGrad) String() string { return fmt.Sprintf("MatMulTGrad%d", op.Which) }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op MatMulTGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
 // CPU implements Kernel.
 func (op MatMulTGrad) CPU(in []Arg, out Arg, _ []float32) error {

@@ -12,17 +12,17 @@ import (
 // gradient with respect to both inputs is ReLUGrad(y, dy). Gorgonia's ReLU
 // is a comparison and a multiplication, each a full pass with a fresh
 // output; this is one pass.
-type AddReLU struct{ gop }
+type AddReLU struct{}
 
 // ReLUGrad is dx = dy where y > 0, else 0, for inputs (y, dy).
-type ReLUGrad struct{ gop }
+type ReLUGrad struct{}
 
 // AddRelu returns max(a+b, 0).
 func AddRelu(a, b *G.Node) (*G.Node, error) {
 	if !a.Shape().Eq(b.Shape()) {
 		return nil, fmt.Errorf("ops: AddReLU of shapes %v and %v", a.Shape(), b.Shape())
 	}
-	return G.ApplyOp(AddReLU{}, a, b)
+	return applyDiff(AddReLU{}, a, b)
 }
 
 func sameAs(name string, ds []G.DimSizer) (tensor.Shape, error) {
@@ -36,34 +36,25 @@ func sameAs(name string, ds []G.DimSizer) (tensor.Shape, error) {
 	return s[0].Clone(), nil
 }
 
-// Arity implements gorgonia.Op.
+// Arity serves the op's gorgonia.Op (graphOp).
 func (AddReLU) Arity() int { return 2 }
 
-// Type implements gorgonia.Op.
+// Type serves the op's gorgonia.Op (graphOp).
 func (AddReLU) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
 
-// InferShape implements gorgonia.Op.
+// InferShape serves the op's gorgonia.Op (graphOp).
 func (AddReLU) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return sameAs("AddReLU", ds) }
-
-// WriteHash implements gorgonia.Op.
-func (op AddReLU) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op AddReLU) Hashcode() uint32 { return hashOf(op) }
 
 func (AddReLU) String() string { return "AddReLU" }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT serves the op's gorgonia.SDOp (diffOp).
 func (AddReLU) DiffWRT(int) []bool { return []bool{true, true} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff serves the op's gorgonia.SDOp (diffOp).
 func (AddReLU) SymDiff(_ G.Nodes, output, grad *G.Node) (G.Nodes, error) {
-	d, err := G.ApplyOp(ReLUGrad{}, output, grad)
+	d, err := apply(ReLUGrad{}, output, grad)
 	return G.Nodes{d, d}, err
 }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op AddReLU) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
 // InPlace implements InPlacer.
 func (AddReLU) InPlace() []int { return []int{0, 1} }
@@ -83,25 +74,16 @@ func (AddReLU) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
+// Arity serves the op's gorgonia.Op (graphOp).
 func (ReLUGrad) Arity() int { return 2 }
 
-// Type implements gorgonia.Op.
+// Type serves the op's gorgonia.Op (graphOp).
 func (ReLUGrad) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
 
-// InferShape implements gorgonia.Op.
+// InferShape serves the op's gorgonia.Op (graphOp).
 func (ReLUGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return sameAs("ReLUGrad", ds) }
 
-// WriteHash implements gorgonia.Op.
-func (op ReLUGrad) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op ReLUGrad) Hashcode() uint32 { return hashOf(op) }
-
 func (ReLUGrad) String() string { return "ReLUGrad" }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op ReLUGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
 
 // InPlace implements InPlacer.
 func (ReLUGrad) InPlace() []int { return []int{0, 1} }
