@@ -117,9 +117,6 @@ func bnDims(s []int) (B, C, HW int) {
 	return
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (BatchNormStats) Arity() int { return 3 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (BatchNormStats) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(1), tensorType(1), statsType())
@@ -186,9 +183,6 @@ func (op BatchNormStats) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (BatchNormRunningStats) Arity() int { return 2 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (BatchNormRunningStats) Type() hm.Type {
 	return hm.NewFnType(tensorType(1), tensorType(1), statsType())
@@ -230,9 +224,6 @@ func (op BatchNormRunningStats) CPU(in []Arg, out Arg, _ []float32) error {
 	}
 	return nil
 }
-
-// Arity serves the op's gorgonia.Op (graphOp).
-func (BatchNorm) Arity() int { return 4 }
 
 // Type serves the op's gorgonia.Op (graphOp).
 func (BatchNorm) Type() hm.Type {
@@ -326,9 +317,6 @@ func reluArity(relu bool, n int) int {
 	return n
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (op BatchNormGradSums) Arity() int { return reluArity(op.ReLU, 3) }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (op BatchNormGradSums) Type() hm.Type {
 	ts := []hm.Type{tensorType(4), tensorType(4), statsType()}
@@ -340,7 +328,7 @@ func (op BatchNormGradSums) Type() hm.Type {
 
 // InferShape serves the op's gorgonia.Op (graphOp).
 func (op BatchNormGradSums) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormGradSums", ds, op.Arity())
+	s, err := shapesOf("BatchNormGradSums", ds, reluArity(op.ReLU, 3))
 	if err != nil {
 		return nil, err
 	}
@@ -357,7 +345,7 @@ func (BatchNormGradSums) OutType() DType { return Float64 }
 // CPU implements Kernel: Σdy and Σdy·x̂ per channel, accumulated in float64
 // in (image, position) order, with x̂ = (x − mean)·invstd in float32.
 func (op BatchNormGradSums) CPU(in []Arg, out Arg, _ []float32) error {
-	if err := checkArgs("BatchNormGradSums", in, op.Arity()); err != nil {
+	if err := checkArgs("BatchNormGradSums", in, reluArity(op.ReLU, 3)); err != nil {
 		return err
 	}
 	x, dy, st := in[0].F32, in[1].F32, in[2].F64
@@ -385,9 +373,6 @@ func (op BatchNormGradSums) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (op BatchNormGradInput) Arity() int { return reluArity(op.ReLU, 5) }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (op BatchNormGradInput) Type() hm.Type {
 	ts := []hm.Type{tensorType(4), tensorType(1), tensorType(4), statsType(), statsType()}
@@ -399,7 +384,7 @@ func (op BatchNormGradInput) Type() hm.Type {
 
 // InferShape serves the op's gorgonia.Op (graphOp).
 func (op BatchNormGradInput) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormGradInput", ds, op.Arity())
+	s, err := shapesOf("BatchNormGradInput", ds, reluArity(op.ReLU, 5))
 	if err != nil {
 		return nil, err
 	}
@@ -416,7 +401,7 @@ func (BatchNormGradInput) InPlace() []int { return []int{2} }
 // CPU implements Kernel: dx = γ·invstd·(dy − Σdy/n − x̂·Σdy·x̂/n), the means
 // rounded to float32, dy zero where the fused ReLU clipped.
 func (op BatchNormGradInput) CPU(in []Arg, out Arg, _ []float32) error {
-	if err := checkArgs("BatchNormGradInput", in, op.Arity()); err != nil {
+	if err := checkArgs("BatchNormGradInput", in, reluArity(op.ReLU, 5)); err != nil {
 		return err
 	}
 	x, gamma, dy, st, sums, dx := in[0].F32, in[1].F32, in[2].F32, in[3].F64, in[4].F64, out.F32
@@ -444,9 +429,6 @@ func (op BatchNormGradInput) CPU(in []Arg, out Arg, _ []float32) error {
 	})
 	return nil
 }
-
-// Arity serves the op's gorgonia.Op (graphOp).
-func (BatchNormGradParam) Arity() int { return 1 }
 
 // Type serves the op's gorgonia.Op (graphOp).
 func (BatchNormGradParam) Type() hm.Type {

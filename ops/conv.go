@@ -70,9 +70,6 @@ func (op Conv2d) Geom(x, w []int) ConvGeom {
 	return g
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (Conv2d) Arity() int { return 2 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (Conv2d) Type() hm.Type { return hm.NewFnType(tensorType(4), tensorType(4), tensorType(4)) }
 
@@ -179,9 +176,6 @@ func transposeDY(dy, dyt []float32, B, Co, N int) {
 	})
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (Conv2dGradInput) Arity() int { return 2 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (Conv2dGradInput) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(4), tensorType(4))
@@ -224,9 +218,6 @@ func (op Conv2dGradInput) CPU(in []Arg, out Arg, ws []float32) error {
 	}
 	return nil
 }
-
-// Arity serves the op's gorgonia.Op (graphOp).
-func (Conv2dGradFilter) Arity() int { return 2 }
 
 // Type serves the op's gorgonia.Op (graphOp).
 func (Conv2dGradFilter) Type() hm.Type {

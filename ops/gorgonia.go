@@ -14,7 +14,7 @@ import (
 // graphOp adds what is the same for all of them.
 type descriptor interface {
 	Kernel
-	Arity() int
+	// Type is the op's Gorgonia type: a function of its inputs, in order.
 	Type() hm.Type
 	InferShape(...G.DimSizer) (tensor.Shape, error)
 	String() string
@@ -54,13 +54,13 @@ func applyDiff[K differentiable](k K, args ...*G.Node) (*G.Node, error) {
 // nodes into descriptors.
 func (o graphOp[K]) Descriptor() Kernel { return o.k }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (o graphOp[K]) Arity() int { return o.k.Arity() }
+// Arity implements gorgonia.Op: the number of inputs of k's Type.
+func (o graphOp[K]) Arity() int { return len(o.k.Type().(*hm.FunctionType).FlatTypes()) - 1 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements gorgonia.Op.
 func (o graphOp[K]) Type() hm.Type { return o.k.Type() }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
+// InferShape implements gorgonia.Op.
 func (o graphOp[K]) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return o.k.InferShape(ds...) }
 
 // Do implements gorgonia.Op with the CPU kernel.
@@ -87,10 +87,10 @@ func (o graphOp[K]) Hashcode() uint32 {
 
 func (o graphOp[K]) String() string { return o.k.String() }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+// DiffWRT implements gorgonia.SDOp.
 func (o diffOp[K]) DiffWRT(inputs int) []bool { return o.k.DiffWRT(inputs) }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp).
+// SymDiff implements gorgonia.SDOp.
 func (o diffOp[K]) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	return o.k.SymDiff(inputs, output, grad)
 }

@@ -84,9 +84,6 @@ func lstmShape(x, hw, c []int) (B, H int, err error) {
 	return c[0], c[1], nil
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (LSTMCell) Arity() int { return 3 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (LSTMCell) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2), tensorType(3))
@@ -183,9 +180,6 @@ func lstmRows(B, H int, f func(lo, hi int)) {
 		}
 	})
 }
-
-// Arity serves the op's gorgonia.Op (graphOp).
-func (LSTMCellGrad) Arity() int { return 3 }
 
 // Type serves the op's gorgonia.Op (graphOp).
 func (LSTMCellGrad) Type() hm.Type {

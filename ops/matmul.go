@@ -30,9 +30,6 @@ func MulT(x, w *G.Node) (*G.Node, error) {
 	return applyDiff(MatMulT{}, x, w)
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (MatMulT) Arity() int { return 2 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (MatMulT) Type() hm.Type { return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2)) }
 
@@ -72,9 +69,6 @@ func (MatMulT) CPU(in []Arg, out Arg, _ []float32) error {
 	sgemm(false, true, n, m, k, 1, in[0].F32, k, in[1].F32, k, 0, out.F32, m)
 	return nil
 }
-
-// Arity serves the op's gorgonia.Op (graphOp).
-func (MatMulTGrad) Arity() int { return 2 }
 
 // Type serves the op's gorgonia.Op (graphOp).
 func (MatMulTGrad) Type() hm.Type {

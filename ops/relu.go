@@ -36,9 +36,6 @@ func sameAs(name string, ds []G.DimSizer) (tensor.Shape, error) {
 	return s[0].Clone(), nil
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (AddReLU) Arity() int { return 2 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (AddReLU) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
 
@@ -73,9 +70,6 @@ func (AddReLU) CPU(in []Arg, out Arg, _ []float32) error {
 	})
 	return nil
 }
-
-// Arity serves the op's gorgonia.Op (graphOp).
-func (ReLUGrad) Arity() int { return 2 }
 
 // Type serves the op's gorgonia.Op (graphOp).
 func (ReLUGrad) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }

@@ -64,9 +64,6 @@ func CrossEntropy(logits, targets *G.Node, smoothing float64) (*G.Node, error) {
 
 func tInt() hm.Type { return G.TensorType{Dims: 1, Of: tensor.Int} }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (LogSumExp) Arity() int { return 1 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (LogSumExp) Type() hm.Type { return hm.NewFnType(tensorType(2), typedTensor(1, tensor.Float64)) }
 
@@ -123,9 +120,6 @@ func checkTargets(name string, z, y Arg) error {
 	return nil
 }
 
-// Arity serves the op's gorgonia.Op (graphOp).
-func (SoftmaxCrossEntropy) Arity() int { return 3 }
-
 // Type serves the op's gorgonia.Op (graphOp).
 func (SoftmaxCrossEntropy) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tInt(), typedTensor(1, tensor.Float64), hm.TypeVariable('a'))
@@ -175,9 +169,6 @@ func (op SoftmaxCrossEntropy) CPU(in []Arg, out Arg, _ []float32) error {
 	out.F32[0] = float32(sum / float64(n))
 	return nil
 }
-
-// Arity serves the op's gorgonia.Op (graphOp).
-func (SoftmaxCrossEntropyGrad) Arity() int { return 4 }
 
 // Type serves the op's gorgonia.Op (graphOp).
 func (SoftmaxCrossEntropyGrad) Type() hm.Type {
