@@ -377,11 +377,35 @@ func (c *dnnProgram) descOf(s []int, blocked, any bool) (*dnnl.MemDesc, error) {
 func (c *dnnProgram) kernel(j int, in *Instr) (Kernel, error) {
 	switch op := in.Op.(type) {
 	case ops.Conv2d:
-		return c.conv(in, op, in.In[0], in.In[1], in.Out)
+		x, w, y := in.In[0], in.In[1], in.Out
+		ws := c.p.Values[w].Shape
+		pd, err := c.convDesc(op, x, y, ws, nil)
+		if err != nil {
+			return nil, err
+		}
+		return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
+			dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
+			dnnArg{id: y, query: dnnl.QueryDst, arg: dnnl.ArgDst})
 	case ops.Conv2dGradInput:
-		return c.convData(in, op)
+		w, dy, dx := in.In[0], in.In[1], in.Out
+		ws := c.p.Values[w].Shape
+		pd, err := c.convDesc(op.Conv, dx, dy, ws, c.lib.ConvBackwardData)
+		if err != nil {
+			return nil, err
+		}
+		return c.twoToOne(pd, dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
+			dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
+			dnnArg{id: dx, query: dnnl.QueryDiffSrc, arg: dnnl.ArgDiffSrc})
 	case ops.Conv2dGradFilter:
-		return c.convWeights(in, op)
+		x, dy, dw := in.In[0], in.In[1], in.Out
+		ws := c.p.Values[dw].Shape
+		pd, err := c.convDesc(op.Conv, x, dy, ws, c.lib.ConvBackwardWeights)
+		if err != nil {
+			return nil, err
+		}
+		return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
+			dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
+			dnnArg{weights: ws, query: dnnl.QueryDiffWeights, arg: dnnl.ArgDiffWeights})
 	case ops.BatchNormStats:
 		if k := c.plan.merged[j]; k >= 0 {
 			l := &bnLink{}
@@ -436,93 +460,37 @@ func (nopKernel) Workspace() int { return 0 }
 
 func (nopKernel) Run(device.Stream, []device.Buffer, device.Buffer, device.Buffer) error { return nil }
 
-func convGeom(c ops.Conv2d) (stride, pad [2]int) {
-	return [2]int{c.Stride, c.Stride}, [2]int{c.Pad, c.Pad}
-}
-
-// convForwardDesc describes the forward convolution of x into y (also the
-// hint of the backward primitives).
-func (c *dnnProgram) convForwardDesc(op ops.Conv2d, x, y ValueID, wShape []int) (*dnnl.PrimDesc, error) {
-	src, err := c.primDesc(x)
+// convDesc describes the forward convolution op of x into y with weights
+// of shape ws, the formats left to oneDNN. With backward, it is instead the
+// backward primitive backward makes of the same descriptors from x (the
+// input or the input's gradient) to y (the output's gradient), hinted by
+// the forward one.
+func (c *dnnProgram) convDesc(op ops.Conv2d, x, y ValueID, ws []int,
+	backward func(x, w, dy *dnnl.MemDesc, stride, pad [2]int, hint *dnnl.PrimDesc) (*dnnl.PrimDesc, error)) (*dnnl.PrimDesc, error) {
+	xd, err := c.primDesc(x)
 	if err != nil {
 		return nil, err
 	}
-	dst, err := c.primDesc(y)
+	yd, err := c.primDesc(y)
 	if err != nil {
 		return nil, err
 	}
-	w, err := c.lib.Desc(wShape, dnnl.TagAny)
+	wd, err := c.lib.Desc(ws, dnnl.TagAny)
 	if err != nil {
 		return nil, err
 	}
-	st, pad := convGeom(op)
-	return c.lib.ConvForward(dnnl.PropForwardTraining, src, w, dst, st, pad)
+	st, pad := [2]int{op.Stride, op.Stride}, [2]int{op.Pad, op.Pad}
+	pd, err := c.lib.ConvForward(dnnl.PropForwardTraining, xd, wd, yd, st, pad)
+	if err != nil || backward == nil {
+		return pd, err
+	}
+	defer pd.Close()
+	return backward(xd, wd, yd, st, pad, pd)
 }
 
 // plainWeights is the descriptor of weights as the parameter vector holds
 // them (OIHW).
 func (c *dnnProgram) plainWeights(s []int) (*dnnl.MemDesc, error) { return c.lib.Desc(s, dnnl.TagNCHW) }
-
-func (c *dnnProgram) conv(in *Instr, op ops.Conv2d, x, w, y ValueID) (Kernel, error) {
-	ws := c.p.Values[w].Shape
-	pd, err := c.convForwardDesc(op, x, y, ws)
-	if err != nil {
-		return nil, err
-	}
-	return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
-		dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
-		dnnArg{id: y, query: dnnl.QueryDst, arg: dnnl.ArgDst})
-}
-
-func (c *dnnProgram) convData(in *Instr, op ops.Conv2dGradInput) (Kernel, error) {
-	w, dy, dx := in.In[0], in.In[1], in.Out
-	ws := c.p.Values[w].Shape
-	pd, err := c.convBackward(op.Conv, dx, dy, ws, c.lib.ConvBackwardData)
-	if err != nil {
-		return nil, err
-	}
-	return c.twoToOne(pd, dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
-		dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
-		dnnArg{id: dx, query: dnnl.QueryDiffSrc, arg: dnnl.ArgDiffSrc})
-}
-
-func (c *dnnProgram) convWeights(in *Instr, op ops.Conv2dGradFilter) (Kernel, error) {
-	x, dy, dw := in.In[0], in.In[1], in.Out
-	ws := c.p.Values[dw].Shape
-	pd, err := c.convBackward(op.Conv, x, dy, ws, c.lib.ConvBackwardWeights)
-	if err != nil {
-		return nil, err
-	}
-	return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
-		dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
-		dnnArg{weights: ws, query: dnnl.QueryDiffWeights, arg: dnnl.ArgDiffWeights})
-}
-
-// convBackward makes a backward primitive of the convolution op from x
-// (its input or the input's gradient) to dy (its output's gradient) with
-// weights of shape ws, hinted by the forward primitive.
-func (c *dnnProgram) convBackward(op ops.Conv2d, x, dy ValueID, ws []int,
-	newPD func(x, w, dy *dnnl.MemDesc, stride, pad [2]int, hint *dnnl.PrimDesc) (*dnnl.PrimDesc, error)) (*dnnl.PrimDesc, error) {
-	hint, err := c.convForwardDesc(op, x, dy, ws)
-	if err != nil {
-		return nil, err
-	}
-	defer hint.Close()
-	xd, err := c.primDesc(x)
-	if err != nil {
-		return nil, err
-	}
-	dyd, err := c.primDesc(dy)
-	if err != nil {
-		return nil, err
-	}
-	wa, err := c.lib.Desc(ws, dnnl.TagAny)
-	if err != nil {
-		return nil, err
-	}
-	st, pad := convGeom(op)
-	return newPD(xd, wa, dyd, st, pad, hint)
-}
 
 // dnnArg is one argument of a convolution primitive: the program's value
 // (or, for weights and their gradient, the shape of the plain OIHW
