@@ -61,32 +61,24 @@ const (
 	Float16
 )
 
-// Size is the size of one element in bytes.
+// dtypes are the element types' names and sizes in bytes.
+var dtypes = [...]struct {
+	name string
+	size int
+}{Float32: {"float32", 4}, Float64: {"float64", 8}, Int32: {"int32", 4}, Int64: {"int64", 8}, Float16: {"float16", 2}}
+
+// Size is the size of one element in bytes (0 for an unknown type).
 func (d DType) Size() int {
-	switch d {
-	case Float32, Int32:
-		return 4
-	case Float64, Int64:
-		return 8
-	case Float16:
-		return 2
+	if int(d) < len(dtypes) {
+		return dtypes[d].size
 	}
 	return 0
 }
 
 // String returns the type's name.
 func (d DType) String() string {
-	switch d {
-	case Float32:
-		return "float32"
-	case Float64:
-		return "float64"
-	case Int32:
-		return "int32"
-	case Int64:
-		return "int64"
-	case Float16:
-		return "float16"
+	if int(d) < len(dtypes) && dtypes[d].name != "" {
+		return dtypes[d].name
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }

@@ -27,19 +27,8 @@ const (
 
 // String returns the operation's symbol.
 func (o BinOp) String() string {
-	switch o {
-	case Add:
-		return "+"
-	case Sub:
-		return "-"
-	case Mul:
-		return "⊙"
-	case Div:
-		return "÷"
-	case GreaterEq:
-		return ">="
-	case Greater:
-		return ">"
+	if s := [...]string{Add: "+", Sub: "-", Mul: "⊙", Div: "÷", GreaterEq: ">=", Greater: ">"}; int(o) < len(s) && s[o] != "" {
+		return s[o]
 	}
 	return fmt.Sprintf("BinOp(%d)", uint8(o))
 }
@@ -161,15 +150,8 @@ const (
 
 // String returns the function's name.
 func (f UnaryFn) String() string {
-	switch f {
-	case Neg:
-		return "neg"
-	case Sigmoid:
-		return "sigmoid"
-	case Tanh:
-		return "tanh"
-	case Softplus:
-		return "softplus"
+	if s := [...]string{Neg: "neg", Sigmoid: "sigmoid", Tanh: "tanh", Softplus: "softplus"}; int(f) < len(s) && s[f] != "" {
+		return s[f]
 	}
 	return fmt.Sprintf("UnaryFn(%d)", uint8(f))
 }
