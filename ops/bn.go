@@ -117,17 +117,13 @@ func bnDims(s []int) (B, C, HW int) {
 	return
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (BatchNormStats) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(1), tensorType(1), statsType())
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (BatchNormStats) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormStats", ds, 3)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (BatchNormStats) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape{2, s[0][1]}, nil
 }
 
@@ -135,11 +131,11 @@ func (op BatchNormStats) String() string {
 	return fmt.Sprintf("BatchNormStats{eps=%g,m=%g}", op.Eps, op.Momentum)
 }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp): statistics are not differentiated
+// DiffWRT implements differentiable: statistics are not differentiated
 // (BatchNorm's gradient accounts for them).
 func (BatchNormStats) DiffWRT(int) []bool { return []bool{false, false, false} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp).
+// SymDiff implements differentiable.
 func (BatchNormStats) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
 	return nil, fmt.Errorf("ops: BatchNormStats is not differentiated")
 }
@@ -183,17 +179,13 @@ func (op BatchNormStats) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (BatchNormRunningStats) Type() hm.Type {
 	return hm.NewFnType(tensorType(1), tensorType(1), statsType())
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (BatchNormRunningStats) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormRunningStats", ds, 2)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (BatchNormRunningStats) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape{2, s[0].TotalSize()}, nil
 }
 
@@ -201,10 +193,10 @@ func (op BatchNormRunningStats) String() string {
 	return fmt.Sprintf("BatchNormRunningStats{eps=%g}", op.Eps)
 }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+// DiffWRT implements differentiable.
 func (BatchNormRunningStats) DiffWRT(int) []bool { return []bool{false, false} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp).
+// SymDiff implements differentiable.
 func (BatchNormRunningStats) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
 	return nil, fmt.Errorf("ops: BatchNormRunningStats is not differentiated")
 }
@@ -225,17 +217,13 @@ func (op BatchNormRunningStats) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (BatchNorm) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(1), tensorType(1), statsType(), tensorType(4))
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (BatchNorm) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNorm", ds, 4)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (BatchNorm) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return s[0].Clone(), nil
 }
 
@@ -243,10 +231,10 @@ func (op BatchNorm) String() string {
 	return fmt.Sprintf("BatchNorm{relu=%v,train=%v}", op.ReLU, op.Training)
 }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+// DiffWRT implements differentiable.
 func (BatchNorm) DiffWRT(int) []bool { return []bool{true, true, true, false} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp) (training mode only).
+// SymDiff implements differentiable (training mode only).
 func (op BatchNorm) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	if !op.Training {
 		return nil, fmt.Errorf("ops: BatchNorm in evaluation mode is not differentiated; build the training graph with Training set")
@@ -317,7 +305,7 @@ func reluArity(relu bool, n int) int {
 	return n
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (op BatchNormGradSums) Type() hm.Type {
 	ts := []hm.Type{tensorType(4), tensorType(4), statsType()}
 	if op.ReLU {
@@ -326,12 +314,8 @@ func (op BatchNormGradSums) Type() hm.Type {
 	return hm.NewFnType(append(ts, statsType())...)
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (op BatchNormGradSums) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormGradSums", ds, reluArity(op.ReLU, 3))
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (op BatchNormGradSums) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape{2, s[0][1]}, nil
 }
 
@@ -373,7 +357,7 @@ func (op BatchNormGradSums) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (op BatchNormGradInput) Type() hm.Type {
 	ts := []hm.Type{tensorType(4), tensorType(1), tensorType(4), statsType(), statsType()}
 	if op.ReLU {
@@ -382,12 +366,8 @@ func (op BatchNormGradInput) Type() hm.Type {
 	return hm.NewFnType(append(ts, tensorType(4))...)
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (op BatchNormGradInput) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormGradInput", ds, reluArity(op.ReLU, 5))
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (op BatchNormGradInput) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return s[0].Clone(), nil
 }
 
@@ -430,17 +410,13 @@ func (op BatchNormGradInput) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (BatchNormGradParam) Type() hm.Type {
 	return hm.NewFnType(statsType(), typedTensor(1, tensor.Float32))
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (BatchNormGradParam) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormGradParam", ds, 1)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (BatchNormGradParam) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape{s[0][1]}, nil
 }
 

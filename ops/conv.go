@@ -70,15 +70,11 @@ func (op Conv2d) Geom(x, w []int) ConvGeom {
 	return g
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (Conv2d) Type() hm.Type { return hm.NewFnType(tensorType(4), tensorType(4), tensorType(4)) }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (op Conv2d) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("Conv2d", ds, 2)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (op Conv2d) shape(s []tensor.Shape) (tensor.Shape, error) {
 	x, w := s[0], s[1]
 	if len(x) != 4 || len(w) != 4 {
 		return nil, fmt.Errorf("ops: Conv2d wants 4-D input and filter shapes, got %v and %v", x, w)
@@ -90,10 +86,10 @@ func (op Conv2d) String() string {
 	return fmt.Sprintf("Conv2d{k=%d,s=%d,p=%d}", op.K, op.Stride, op.Pad)
 }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+// DiffWRT implements differentiable.
 func (Conv2d) DiffWRT(int) []bool { return []bool{true, true} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp).
+// SymDiff implements differentiable.
 func (op Conv2d) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 	x, w := inputs[0], inputs[1]
 	var xs, ws [4]int
@@ -176,13 +172,13 @@ func transposeDY(dy, dyt []float32, B, Co, N int) {
 	})
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (Conv2dGradInput) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(4), tensorType(4))
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (op Conv2dGradInput) InferShape(...G.DimSizer) (tensor.Shape, error) {
+// shape implements descriptor.
+func (op Conv2dGradInput) shape([]tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape(op.X[:]).Clone(), nil
 }
 
@@ -219,13 +215,13 @@ func (op Conv2dGradInput) CPU(in []Arg, out Arg, ws []float32) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (Conv2dGradFilter) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(4), tensorType(4))
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (op Conv2dGradFilter) InferShape(...G.DimSizer) (tensor.Shape, error) {
+// shape implements descriptor.
+func (op Conv2dGradFilter) shape([]tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape(op.W[:]).Clone(), nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"hash"
 	"hash/fnv"
+	"strings"
 
 	"github.com/chewxy/hm"
 	G "gorgonia.org/gorgonia"
@@ -16,7 +17,9 @@ type descriptor interface {
 	Kernel
 	// Type is the op's Gorgonia type: a function of its inputs, in order.
 	Type() hm.Type
-	InferShape(...G.DimSizer) (tensor.Shape, error)
+	// shape is the output's shape for inputs of shapes in (as many as
+	// Type has).
+	shape(in []tensor.Shape) (tensor.Shape, error)
 	String() string
 }
 
@@ -60,11 +63,25 @@ func (o graphOp[K]) Arity() int { return len(o.k.Type().(*hm.FunctionType).FlatT
 // Type implements gorgonia.Op.
 func (o graphOp[K]) Type() hm.Type { return o.k.Type() }
 
-// InferShape implements gorgonia.Op.
-func (o graphOp[K]) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return o.k.InferShape(ds...) }
+// InferShape implements gorgonia.Op: k's shape of the inputs' shapes.
+func (o graphOp[K]) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
+	name, n := strings.TrimPrefix(fmt.Sprintf("%T", o.k), "ops."), o.Arity()
+	if len(ds) != n {
+		return nil, fmt.Errorf("ops: %s takes %d inputs, got %d shapes", name, n, len(ds))
+	}
+	in := make([]tensor.Shape, n)
+	for i, d := range ds {
+		s, ok := d.(tensor.Shape)
+		if !ok {
+			return nil, fmt.Errorf("ops: %s input %d has no shape (%v)", name, i, d)
+		}
+		in[i] = s
+	}
+	return o.k.shape(in)
+}
 
 // Do implements gorgonia.Op with the CPU kernel.
-func (o graphOp[K]) Do(vals ...G.Value) (G.Value, error) { return doCPU(o.k, vals) }
+func (o graphOp[K]) Do(vals ...G.Value) (G.Value, error) { return doCPU(o, vals) }
 
 // ReturnsPtr implements gorgonia.Op.
 func (graphOp[K]) ReturnsPtr() bool { return false }
@@ -113,35 +130,13 @@ func typedTensor(dims int, dt tensor.Dtype) hm.Type {
 	return G.TensorType{Dims: dims, Of: dt}
 }
 
-func shapesOf(name string, ds []G.DimSizer, n int) ([]tensor.Shape, error) {
-	if len(ds) != n {
-		return nil, fmt.Errorf("ops: %s takes %d inputs, got %d shapes", name, n, len(ds))
-	}
-	out := make([]tensor.Shape, n)
-	for i, d := range ds {
-		s, ok := d.(tensor.Shape)
-		if !ok {
-			return nil, fmt.Errorf("ops: %s input %d has no shape (%v)", name, i, d)
-		}
-		out[i] = s
-	}
-	return out, nil
-}
-
-// shaper is what doCPU needs of an op besides its kernel.
-type shaper interface {
-	InferShape(...G.DimSizer) (tensor.Shape, error)
-}
-
 // doCPU runs k's CPU kernel on Gorgonia values (the ops' Do): it converts
 // the inputs to Args (views are materialised, Go ints become int64),
 // allocates the output and scratch, and wraps the result as a Gorgonia
 // value. Inputs that the op mutates must be plain dense tensors, which
 // Args alias.
-func doCPU(k interface {
-	Kernel
-	shaper
-}, vals []G.Value) (G.Value, error) {
+func doCPU[K descriptor](o graphOp[K], vals []G.Value) (G.Value, error) {
+	k := o.k
 	args := make([]Arg, len(vals))
 	ds := make([]G.DimSizer, len(vals))
 	for i, v := range vals {
@@ -152,7 +147,7 @@ func doCPU(k interface {
 		args[i] = a
 		ds[i] = tensor.Shape(a.Shape)
 	}
-	shape, err := k.InferShape(ds...)
+	shape, err := o.InferShape(ds...)
 	if err != nil {
 		return nil, err
 	}

@@ -84,17 +84,13 @@ func lstmShape(x, hw, c []int) (B, H int, err error) {
 	return c[0], c[1], nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (LSTMCell) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2), tensorType(3))
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (LSTMCell) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("LSTMCell", ds, 3)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (LSTMCell) shape(s []tensor.Shape) (tensor.Shape, error) {
 	B, H, err := lstmShape(s[0], s[1], s[2])
 	if err != nil {
 		return nil, err
@@ -104,10 +100,10 @@ func (LSTMCell) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 
 func (LSTMCell) String() string { return "LSTMCell" }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+// DiffWRT implements differentiable.
 func (LSTMCell) DiffWRT(int) []bool { return []bool{true, true, true} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp): x and hw get dG, c gets dc, views of
+// SymDiff implements differentiable: x and hw get dG, c gets dc, views of
 // one LSTMCellGrad.
 func (LSTMCell) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	d, err := apply(LSTMCellGrad{}, output, inputs[2], grad)
@@ -181,7 +177,7 @@ func lstmRows(B, H int, f func(lo, hi int)) {
 	})
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (LSTMCellGrad) Type() hm.Type {
 	return hm.NewFnType(tensorType(3), tensorType(2), tensorType(3), tensorType(3))
 }
@@ -194,12 +190,8 @@ func lstmGradShape(p, c, dp []int) (B, H int, err error) {
 	return c[0], c[1], nil
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (LSTMCellGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("LSTMCellGrad", ds, 3)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (LSTMCellGrad) shape(s []tensor.Shape) (tensor.Shape, error) {
 	B, H, err := lstmGradShape(s[0], s[1], s[2])
 	if err != nil {
 		return nil, err

@@ -30,15 +30,11 @@ func MulT(x, w *G.Node) (*G.Node, error) {
 	return applyDiff(MatMulT{}, x, w)
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (MatMulT) Type() hm.Type { return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2)) }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (MatMulT) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("MatMulT", ds, 2)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (MatMulT) shape(s []tensor.Shape) (tensor.Shape, error) {
 	if len(s[0]) != 2 || len(s[1]) != 2 || s[0][1] != s[1][1] {
 		return nil, fmt.Errorf("ops: MatMulT of shapes %v and %v", s[0], s[1])
 	}
@@ -47,10 +43,10 @@ func (MatMulT) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 
 func (MatMulT) String() string { return "MatMulT" }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+// DiffWRT implements differentiable.
 func (MatMulT) DiffWRT(int) []bool { return []bool{true, true} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp).
+// SymDiff implements differentiable.
 func (MatMulT) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 	dx, err := apply(MatMulTGrad{Which: 0}, inputs[1], grad)
 	if err != nil {
@@ -70,18 +66,14 @@ func (MatMulT) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (MatMulTGrad) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2))
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp): dx is [N K] from (w [M K], dy [N M]);
+// shape implements descriptor: dx is [N K] from (w [M K], dy [N M]);
 // dw is [M K] from (x [N K], dy [N M]).
-func (op MatMulTGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("MatMulTGrad", ds, 2)
-	if err != nil {
-		return nil, err
-	}
+func (op MatMulTGrad) shape(s []tensor.Shape) (tensor.Shape, error) {
 	a, d := s[0], s[1]
 	if len(a) != 2 || len(d) != 2 {
 		return nil, fmt.Errorf("ops: MatMulT gradient of shapes %v and %v", a, d)

@@ -25,29 +25,25 @@ func AddRelu(a, b *G.Node) (*G.Node, error) {
 	return applyDiff(AddReLU{}, a, b)
 }
 
-func sameAs(name string, ds []G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf(name, ds, 2)
-	if err != nil {
-		return nil, err
-	}
+func sameAs(name string, s []tensor.Shape) (tensor.Shape, error) {
 	if !s[0].Eq(s[1]) {
 		return nil, fmt.Errorf("ops: %s of shapes %v and %v", name, s[0], s[1])
 	}
 	return s[0].Clone(), nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (AddReLU) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (AddReLU) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return sameAs("AddReLU", ds) }
+// shape implements descriptor.
+func (AddReLU) shape(s []tensor.Shape) (tensor.Shape, error) { return sameAs("AddReLU", s) }
 
 func (AddReLU) String() string { return "AddReLU" }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+// DiffWRT implements differentiable.
 func (AddReLU) DiffWRT(int) []bool { return []bool{true, true} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp).
+// SymDiff implements differentiable.
 func (AddReLU) SymDiff(_ G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	d, err := apply(ReLUGrad{}, output, grad)
 	return G.Nodes{d, d}, err
@@ -71,11 +67,11 @@ func (AddReLU) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (ReLUGrad) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (ReLUGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return sameAs("ReLUGrad", ds) }
+// shape implements descriptor.
+func (ReLUGrad) shape(s []tensor.Shape) (tensor.Shape, error) { return sameAs("ReLUGrad", s) }
 
 func (ReLUGrad) String() string { return "ReLUGrad" }
 

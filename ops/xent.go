@@ -64,15 +64,11 @@ func CrossEntropy(logits, targets *G.Node, smoothing float64) (*G.Node, error) {
 
 func tInt() hm.Type { return G.TensorType{Dims: 1, Of: tensor.Int} }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (LogSumExp) Type() hm.Type { return hm.NewFnType(tensorType(2), typedTensor(1, tensor.Float64)) }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (LogSumExp) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("LogSumExp", ds, 1)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (LogSumExp) shape(s []tensor.Shape) (tensor.Shape, error) {
 	if len(s[0]) != 2 {
 		return nil, fmt.Errorf("ops: LogSumExp of shape %v, want [N C]", s[0])
 	}
@@ -81,11 +77,11 @@ func (LogSumExp) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 
 func (LogSumExp) String() string { return "LogSumExp" }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp): the log-sum-exp is a saved value, not
+// DiffWRT implements differentiable: the log-sum-exp is a saved value, not
 // differentiated.
 func (LogSumExp) DiffWRT(int) []bool { return []bool{false} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp).
+// SymDiff implements differentiable.
 func (LogSumExp) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
 	return nil, fmt.Errorf("ops: LogSumExp is not differentiated")
 }
@@ -120,22 +116,22 @@ func checkTargets(name string, z, y Arg) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (SoftmaxCrossEntropy) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tInt(), typedTensor(1, tensor.Float64), hm.TypeVariable('a'))
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (SoftmaxCrossEntropy) InferShape(...G.DimSizer) (tensor.Shape, error) {
+// shape implements descriptor.
+func (SoftmaxCrossEntropy) shape([]tensor.Shape) (tensor.Shape, error) {
 	return tensor.ScalarShape(), nil
 }
 
 func (SoftmaxCrossEntropy) String() string { return "SoftmaxCrossEntropy" }
 
-// DiffWRT serves the op's gorgonia.SDOp (diffOp).
+// DiffWRT implements differentiable.
 func (SoftmaxCrossEntropy) DiffWRT(int) []bool { return []bool{true, false, false} }
 
-// SymDiff serves the op's gorgonia.SDOp (diffOp).
+// SymDiff implements differentiable.
 func (op SoftmaxCrossEntropy) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 	d, err := apply(SoftmaxCrossEntropyGrad{Smoothing: op.Smoothing}, inputs[0], inputs[1], inputs[2], grad)
 	return G.Nodes{d, nil, nil}, err
@@ -170,18 +166,14 @@ func (op SoftmaxCrossEntropy) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Type serves the op's gorgonia.Op (graphOp).
+// Type implements descriptor.
 func (SoftmaxCrossEntropyGrad) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tInt(), typedTensor(1, tensor.Float64), hm.TypeVariable('a'), tensorType(2))
 }
 
-// InferShape serves the op's gorgonia.Op (graphOp).
-func (SoftmaxCrossEntropyGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, ok := ds[0].(tensor.Shape)
-	if !ok {
-		return nil, fmt.Errorf("ops: cross-entropy gradient of shape %v", ds[0])
-	}
-	return s.Clone(), nil
+// shape implements descriptor.
+func (SoftmaxCrossEntropyGrad) shape(s []tensor.Shape) (tensor.Shape, error) {
+	return s[0].Clone(), nil
 }
 
 func (SoftmaxCrossEntropyGrad) String() string { return "SoftmaxCrossEntropyGrad" }
