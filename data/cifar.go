@@ -84,13 +84,8 @@ const (
 
 // String returns "train", "valid" or "test".
 func (s Split) String() string {
-	switch s {
-	case Train:
-		return "train"
-	case Valid:
-		return "valid"
-	case Test:
-		return "test"
+	if n := [...]string{Train: "train", Valid: "valid", Test: "test"}; s >= 0 && int(s) < len(n) {
+		return n[s]
 	}
 	return fmt.Sprintf("Split(%d)", int(s))
 }
