@@ -26,65 +26,51 @@ const (
 	CIFAR100
 )
 
-// String returns "CIFAR-10" or "CIFAR-100".
-func (k CIFARKind) String() string {
-	if k == CIFAR100 {
-		return "CIFAR-100"
-	}
-	return "CIFAR-10"
+// cifarKind holds the facts of a CIFAR variant. Mean and std are the
+// usual per-channel (R, G, B) normalisation constants of the training set,
+// as in the reference code (tasks/cifar.py).
+type cifarKind struct {
+	name, dir, download string
+	labelBytes, classes int
+	mean, std           [3]float32
 }
+
+var cifarKinds = [...]cifarKind{
+	CIFAR10: {"CIFAR-10", "cifar-10-batches-bin", "cifar10", 1, 10,
+		[3]float32{0.4914, 0.4822, 0.4465}, [3]float32{0.2023, 0.1994, 0.2010}},
+	CIFAR100: {"CIFAR-100", "cifar-100-binary", "cifar100", 2, 100,
+		[3]float32{0.5071, 0.4865, 0.4409}, [3]float32{0.2673, 0.2564, 0.2762}},
+}
+
+// facts are k's facts (CIFAR-10's for any kind but CIFAR100).
+func (k CIFARKind) facts() cifarKind {
+	if k == CIFAR100 {
+		return cifarKinds[CIFAR100]
+	}
+	return cifarKinds[CIFAR10]
+}
+
+// String returns "CIFAR-10" or "CIFAR-100".
+func (k CIFARKind) String() string { return k.facts().name }
 
 // RecordSize is the size in bytes of one record of the binary format:
 // 1 label byte + 3,072 pixels for CIFAR-10; coarse label, fine label + pixels
 // for CIFAR-100.
-func (k CIFARKind) RecordSize() int { return k.labelBytes() + CIFARPixels }
-
-func (k CIFARKind) labelBytes() int {
-	if k == CIFAR100 {
-		return 2
-	}
-	return 1
-}
+func (k CIFARKind) RecordSize() int { return k.facts().labelBytes + CIFARPixels }
 
 // Classes returns the number of (fine) classes: 10 or 100.
-func (k CIFARKind) Classes() int {
-	if k == CIFAR100 {
-		return 100
-	}
-	return 10
-}
+func (k CIFARKind) Classes() int { return k.facts().classes }
 
 // DirName is the folder the official binary archive extracts to.
-func (k CIFARKind) DirName() string {
-	if k == CIFAR100 {
-		return "cifar-100-binary"
-	}
-	return "cifar-10-batches-bin"
-}
+func (k CIFARKind) DirName() string { return k.facts().dir }
 
-func (k CIFARKind) downloadName() string {
-	if k == CIFAR100 {
-		return "cifar100"
-	}
-	return "cifar10"
-}
+func (k CIFARKind) downloadName() string { return k.facts().download }
 
-// Mean and Std are the usual per-channel (R, G, B) normalisation constants of
-// the training set, as in the reference code (tasks/cifar.py).
-func (k CIFARKind) Mean() [3]float32 {
-	if k == CIFAR100 {
-		return [3]float32{0.5071, 0.4865, 0.4409}
-	}
-	return [3]float32{0.4914, 0.4822, 0.4465}
-}
+// Mean returns the per-channel means used for normalisation.
+func (k CIFARKind) Mean() [3]float32 { return k.facts().mean }
 
 // Std returns the per-channel standard deviations used for normalisation.
-func (k CIFARKind) Std() [3]float32 {
-	if k == CIFAR100 {
-		return [3]float32{0.2673, 0.2564, 0.2762}
-	}
-	return [3]float32{0.2023, 0.1994, 0.2010}
-}
+func (k CIFARKind) Std() [3]float32 { return k.facts().std }
 
 // Split names a part of a data set.
 type Split int
@@ -98,13 +84,8 @@ const (
 
 // String returns "train", "valid" or "test".
 func (s Split) String() string {
-	switch s {
-	case Train:
-		return "train"
-	case Valid:
-		return "valid"
-	case Test:
-		return "test"
+	if n := [...]string{Train: "train", Valid: "valid", Test: "test"}; s >= 0 && int(s) < len(n) {
+		return n[s]
 	}
 	return fmt.Sprintf("Split(%d)", int(s))
 }
@@ -232,7 +213,7 @@ func ParseCIFAR(r io.Reader, name string, kind CIFARKind, size int64) (*CIFAR, e
 		c.Coarse = make([]int32, n)
 	}
 	var lab [2]byte
-	lb := kind.labelBytes()
+	lb := kind.facts().labelBytes
 	for i := 0; i < n; i++ {
 		if _, err := io.ReadFull(r, lab[:lb]); err != nil {
 			return nil, fmt.Errorf("data: %s: record %d of %d: %w (file truncated)", name, i, n, err)

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path"
@@ -420,12 +421,7 @@ func unzip(zr *zip.Reader, dst string, limit int64) error {
 // Source.Files). A missing file or a different digest is an error naming the
 // file.
 func VerifyFiles(dir string, files map[string]string) error {
-	names := make([]string, 0, len(files))
-	for n := range files {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(files)) {
 		p := filepath.Join(dir, filepath.FromSlash(n))
 		got, err := fileSHA256(p)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -130,11 +131,7 @@ func NewImplicit(ratings []Rating, cfg ImplicitConfig) (*Implicit, error) {
 		itemSet[ratings[o].Item] = 0
 	}
 	d := &Implicit{Users: len(users), Items: len(itemSet), EvalNegatives: cfg.EvalNegatives}
-	d.ItemIDs = make([]int32, 0, len(itemSet))
-	for it := range itemSet {
-		d.ItemIDs = append(d.ItemIDs, it)
-	}
-	slices.Sort(d.ItemIDs)
+	d.ItemIDs = slices.Sorted(maps.Keys(itemSet))
 	for i, it := range d.ItemIDs {
 		itemSet[it] = int32(i)
 	}

@@ -34,17 +34,8 @@ const (
 
 // String names the format.
 func (f RatingFormat) String() string {
-	switch f {
-	case FormatAuto:
-		return "auto"
-	case FormatUData:
-		return "u.data"
-	case FormatDat:
-		return "ratings.dat"
-	case FormatCSV:
-		return "ratings.csv"
-	case FormatNCF:
-		return "NCF .rating"
+	if s := [...]string{FormatAuto: "auto", FormatUData: "u.data", FormatDat: "ratings.dat", FormatCSV: "ratings.csv", FormatNCF: "NCF .rating"}; f >= 0 && int(f) < len(s) {
+		return s[f]
 	}
 	return fmt.Sprintf("RatingFormat(%d)", int(f))
 }

@@ -61,32 +61,24 @@ const (
 	Float16
 )
 
-// Size is the size of one element in bytes.
+// dtypes are the element types' names and sizes in bytes.
+var dtypes = [...]struct {
+	name string
+	size int
+}{Float32: {"float32", 4}, Float64: {"float64", 8}, Int32: {"int32", 4}, Int64: {"int64", 8}, Float16: {"float16", 2}}
+
+// Size is the size of one element in bytes (0 for an unknown type).
 func (d DType) Size() int {
-	switch d {
-	case Float32, Int32:
-		return 4
-	case Float64, Int64:
-		return 8
-	case Float16:
-		return 2
+	if int(d) < len(dtypes) {
+		return dtypes[d].size
 	}
 	return 0
 }
 
 // String returns the type's name.
 func (d DType) String() string {
-	switch d {
-	case Float32:
-		return "float32"
-	case Float64:
-		return "float64"
-	case Int32:
-		return "int32"
-	case Int64:
-		return "int64"
-	case Float16:
-		return "float16"
+	if int(d) < len(dtypes) && dtypes[d].name != "" {
+		return dtypes[d].name
 	}
 	return fmt.Sprintf("DType(%d)", uint8(d))
 }
@@ -209,61 +201,38 @@ func (b Buffer) String() string {
 	return fmt.Sprintf("%d×%v on %s", b.n, b.dt, where)
 }
 
-func (b Buffer) mustHost(dt DType) {
-	if b.dt != dt && b.n > 0 {
+// hostSlice is the elements of host buffer b, of type dt, as a slice
+// that aliases it (nil for an empty buffer, wherever it is); it panics for
+// another type and for device memory.
+func hostSlice[E any](b Buffer, dt DType) []E {
+	if b.n == 0 { // an empty buffer holds no memory to read
+		return nil
+	}
+	if b.dt != dt {
 		panic(fmt.Sprintf("device: %v buffer used as %v", b.dt, dt))
 	}
-	if b.n > 0 && !b.IsHost() { // an empty buffer holds no memory to read
+	if !b.IsHost() {
 		panic(fmt.Sprintf("device: %v is not host memory", b))
 	}
+	return unsafe.Slice((*E)(b.host), b.n)
 }
 
 // Float32s returns the elements of a host float32 buffer as a slice that
 // aliases it. It panics for other types and for device memory (an empty
 // buffer gives nil wherever it is).
-func (b Buffer) Float32s() []float32 {
-	b.mustHost(Float32)
-	if b.n == 0 {
-		return nil
-	}
-	return unsafe.Slice((*float32)(b.host), b.n)
-}
+func (b Buffer) Float32s() []float32 { return hostSlice[float32](b, Float32) }
 
 // Float64s is Float32s for float64 buffers.
-func (b Buffer) Float64s() []float64 {
-	b.mustHost(Float64)
-	if b.n == 0 {
-		return nil
-	}
-	return unsafe.Slice((*float64)(b.host), b.n)
-}
+func (b Buffer) Float64s() []float64 { return hostSlice[float64](b, Float64) }
 
 // Int32s is Float32s for int32 buffers.
-func (b Buffer) Int32s() []int32 {
-	b.mustHost(Int32)
-	if b.n == 0 {
-		return nil
-	}
-	return unsafe.Slice((*int32)(b.host), b.n)
-}
+func (b Buffer) Int32s() []int32 { return hostSlice[int32](b, Int32) }
 
 // Int64s is Float32s for int64 buffers.
-func (b Buffer) Int64s() []int64 {
-	b.mustHost(Int64)
-	if b.n == 0 {
-		return nil
-	}
-	return unsafe.Slice((*int64)(b.host), b.n)
-}
+func (b Buffer) Int64s() []int64 { return hostSlice[int64](b, Int64) }
 
 // Float16s is Float32s for float16 buffers: the elements' bits.
-func (b Buffer) Float16s() []uint16 {
-	b.mustHost(Float16)
-	if b.n == 0 {
-		return nil
-	}
-	return unsafe.Slice((*uint16)(b.host), b.n)
-}
+func (b Buffer) Float16s() []uint16 { return hostSlice[uint16](b, Float16) }
 
 // HostBytes returns a host buffer's memory as bytes (no copy).
 func (b Buffer) HostBytes() []byte {

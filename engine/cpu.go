@@ -132,7 +132,7 @@ func refKernel(p *Program, in *Instr) *cpuKernel {
 		k.shapes[i] = p.Values[id].Shape
 	}
 	k.out = p.Values[in.Out].Shape
-	k.ws = 4 * in.Op.Workspace(k.shapes)
+	k.ws = 4 * ops.WorkspaceOf(in.Op, k.shapes)
 	return k
 }
 

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"slices"
+
 	"github.com/sparsegrad/sparsegrad/ops"
 )
 
@@ -82,7 +84,7 @@ func planDNN(p *Program, block int) *dnnPlan {
 		v := &p.Values[i]
 		if v.Kind == View {
 			b := &p.Values[v.Base]
-			if v.Offset != 0 || !sameInts(v.Shape, b.Shape) {
+			if v.Offset != 0 || !slices.Equal(v.Shape, b.Shape) {
 				plain[v.Base] = true // a reshape or slice reads the base as NCHW
 			}
 			continue
@@ -120,7 +122,7 @@ func planDNN(p *Program, block int) *dnnPlan {
 			}
 		case formatFree(in.Op):
 			for _, id := range in.In {
-				if sameInts(p.Values[id].Shape, out.Shape) {
+				if slices.Equal(p.Values[id].Shape, out.Shape) {
 					union(root(id), root(in.Out))
 				} else if p.Values[id].Size() != 1 {
 					plain[root(id)], plain[root(in.Out)] = true, true
@@ -241,16 +243,4 @@ func (pl *dnnPlan) planMerges(p *Program) {
 			}
 		}
 	}
-}
-
-func sameInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

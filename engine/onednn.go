@@ -231,10 +231,20 @@ func (k *dnnKernel) Run(_ device.Stream, in []device.Buffer, out, ws device.Buff
 	return err
 }
 
-// kb builds a dnnKernel.
+// kb builds a dnnKernel. Its first error sticks: the calls after it do
+// nothing (exec still closes its primitive descriptor), and finish
+// returns it.
 type kb struct {
-	c *dnnProgram
-	k *dnnKernel
+	c   *dnnProgram
+	k   *dnnKernel
+	err error
+}
+
+// keep makes err the builder's error unless it has one.
+func (b *kb) keep(err error) {
+	if b.err == nil {
+		b.err = err
+	}
 }
 
 func (c *dnnProgram) builder() *kb { return &kb{c: c, k: &dnnKernel{c: c}} }
@@ -245,30 +255,36 @@ func (b *kb) alloc(bytes int) int {
 	return off
 }
 
-func (b *kb) mem(d *dnnl.MemDesc, at, off int) (*memRef, error) {
+func (b *kb) mem(d *dnnl.MemDesc, at, off int) *memRef {
+	if b.err != nil {
+		return nil
+	}
 	m, err := b.c.lib.Memory(d)
 	if err != nil {
-		return nil, err
+		b.err = err
+		return nil
 	}
 	b.c.res.mems = append(b.c.res.mems, m)
-	return &memRef{mem: m, at: at, off: off}, nil
+	return &memRef{mem: m, at: at, off: off}
 }
 
 // exec appends an execution of pd with args (argument kind → memory) and
 // the scratchpad.
-func (b *kb) exec(pd *dnnl.PrimDesc, args map[int]*memRef) error {
+func (b *kb) exec(pd *dnnl.PrimDesc, args map[int]*memRef) {
 	defer pd.Close()
+	if b.err != nil {
+		return
+	}
 	p, err := pd.Create()
 	if err != nil {
-		return err
+		b.err = err
+		return
 	}
 	b.c.res.prims = append(b.c.res.prims, p)
 	if n := pd.Scratchpad(); n > 0 {
-		m, err := b.mem(pd.Query(dnnl.QueryScratchpad, 0), atScratch, 0)
-		if err != nil {
-			return err
+		if args[dnnl.ArgScratchpad] = b.mem(pd.Query(dnnl.QueryScratchpad, 0), atScratch, 0); b.err != nil {
+			return
 		}
-		args[dnnl.ArgScratchpad] = m
 		b.k.scratch = max(b.k.scratch, n)
 	}
 	s := step{prim: p}
@@ -277,56 +293,58 @@ func (b *kb) exec(pd *dnnl.PrimDesc, args map[int]*memRef) error {
 		s.refs = append(s.refs, m)
 	}
 	b.k.steps = append(b.k.steps, s)
-	return nil
 }
 
 func (b *kb) goStep(f func(r *dnnRun) error) { b.k.steps = append(b.k.steps, step{fn: f}) }
 
 // reorder appends a copy from one memory object to another.
-func (b *kb) reorder(from *memRef, fromD *dnnl.MemDesc, to *memRef, toD *dnnl.MemDesc) error {
+func (b *kb) reorder(from *memRef, fromD *dnnl.MemDesc, to *memRef, toD *dnnl.MemDesc) {
+	if b.err != nil {
+		return
+	}
 	pd, err := b.c.lib.Reorder(fromD, toD)
 	if err != nil {
-		return err
+		b.err = err
+		return
 	}
 	b.c.stats.Reorders++
 	b.c.stats.ReorderBytes += int64(b.c.lib.Size(toD))
-	return b.exec(pd, map[int]*memRef{dnnl.ArgFrom: from, dnnl.ArgTo: to})
+	b.exec(pd, map[int]*memRef{dnnl.ArgFrom: from, dnnl.ArgTo: to})
 }
 
 // input returns the memory a primitive reads an operand from: the operand
 // itself (stored as user) when the primitive wants that format, or a copy
 // reordered into want in the workspace.
-func (b *kb) input(at int, user, want *dnnl.MemDesc) (*memRef, error) {
-	src, err := b.mem(user, at, 0)
-	if err != nil || b.c.lib.Equal(user, want) {
-		return src, err
+func (b *kb) input(at int, user, want *dnnl.MemDesc) *memRef {
+	src := b.mem(user, at, 0)
+	if b.err != nil || b.c.lib.Equal(user, want) {
+		return src
 	}
-	dst, err := b.mem(want, atWS, b.alloc(b.c.lib.Size(want)))
-	if err != nil {
-		return nil, err
-	}
-	return dst, b.reorder(src, user, dst, want)
+	dst := b.mem(want, atWS, b.alloc(b.c.lib.Size(want)))
+	b.reorder(src, user, dst, want)
+	return dst
 }
 
 // output returns the memory a primitive writes a result to — the result
 // itself (stored as user, at at) or a place in the workspace in format want
 // — and the step that reorders it into place afterwards (nil: none).
-func (b *kb) output(at int, user, want *dnnl.MemDesc) (*memRef, func() error, error) {
-	dst, err := b.mem(user, at, 0)
-	if err != nil || b.c.lib.Equal(user, want) {
-		return dst, nil, err
+func (b *kb) output(at int, user, want *dnnl.MemDesc) (*memRef, func()) {
+	dst := b.mem(user, at, 0)
+	if b.err != nil || b.c.lib.Equal(user, want) {
+		return dst, nil
 	}
-	tmp, err := b.mem(want, atWS, b.alloc(b.c.lib.Size(want)))
-	if err != nil {
-		return nil, nil, err
-	}
-	return tmp, func() error { return b.reorder(tmp, want, dst, user) }, nil
+	tmp := b.mem(want, atWS, b.alloc(b.c.lib.Size(want)))
+	return tmp, func() { b.reorder(tmp, want, dst, user) }
 }
 
-func (b *kb) finish() *dnnKernel {
+// finish returns the kernel built, or the builder's error.
+func (b *kb) finish() (Kernel, error) {
+	if b.err != nil {
+		return nil, b.err
+	}
 	b.k.scratchOff = b.alloc(0)
 	b.k.ws += (b.k.scratch + 63) &^ 63
-	return b.k
+	return b.k, nil
 }
 
 // userDesc is the descriptor of value id as stored: blocked or NCHW (and
@@ -359,11 +377,35 @@ func (c *dnnProgram) descOf(s []int, blocked, any bool) (*dnnl.MemDesc, error) {
 func (c *dnnProgram) kernel(j int, in *Instr) (Kernel, error) {
 	switch op := in.Op.(type) {
 	case ops.Conv2d:
-		return c.conv(in, op, in.In[0], in.In[1], in.Out)
+		x, w, y := in.In[0], in.In[1], in.Out
+		ws := c.p.Values[w].Shape
+		pd, err := c.convDesc(op, x, y, ws, nil)
+		if err != nil {
+			return nil, err
+		}
+		return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
+			dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
+			dnnArg{id: y, query: dnnl.QueryDst, arg: dnnl.ArgDst})
 	case ops.Conv2dGradInput:
-		return c.convData(in, op)
+		w, dy, dx := in.In[0], in.In[1], in.Out
+		ws := c.p.Values[w].Shape
+		pd, err := c.convDesc(op.Conv, dx, dy, ws, c.lib.ConvBackwardData)
+		if err != nil {
+			return nil, err
+		}
+		return c.twoToOne(pd, dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
+			dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
+			dnnArg{id: dx, query: dnnl.QueryDiffSrc, arg: dnnl.ArgDiffSrc})
 	case ops.Conv2dGradFilter:
-		return c.convWeights(in, op)
+		x, dy, dw := in.In[0], in.In[1], in.Out
+		ws := c.p.Values[dw].Shape
+		pd, err := c.convDesc(op.Conv, x, dy, ws, c.lib.ConvBackwardWeights)
+		if err != nil {
+			return nil, err
+		}
+		return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
+			dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
+			dnnArg{weights: ws, query: dnnl.QueryDiffWeights, arg: dnnl.ArgDiffWeights})
 	case ops.BatchNormStats:
 		if k := c.plan.merged[j]; k >= 0 {
 			l := &bnLink{}
@@ -418,93 +460,37 @@ func (nopKernel) Workspace() int { return 0 }
 
 func (nopKernel) Run(device.Stream, []device.Buffer, device.Buffer, device.Buffer) error { return nil }
 
-func convGeom(c ops.Conv2d) (stride, pad [2]int) {
-	return [2]int{c.Stride, c.Stride}, [2]int{c.Pad, c.Pad}
-}
-
-// convForwardDesc describes the forward convolution of x into y (also the
-// hint of the backward primitives).
-func (c *dnnProgram) convForwardDesc(op ops.Conv2d, x, y ValueID, wShape []int) (*dnnl.PrimDesc, error) {
-	src, err := c.primDesc(x)
+// convDesc describes the forward convolution op of x into y with weights
+// of shape ws, the formats left to oneDNN. With backward, it is instead the
+// backward primitive backward makes of the same descriptors from x (the
+// input or the input's gradient) to y (the output's gradient), hinted by
+// the forward one.
+func (c *dnnProgram) convDesc(op ops.Conv2d, x, y ValueID, ws []int,
+	backward func(x, w, dy *dnnl.MemDesc, stride, pad [2]int, hint *dnnl.PrimDesc) (*dnnl.PrimDesc, error)) (*dnnl.PrimDesc, error) {
+	xd, err := c.primDesc(x)
 	if err != nil {
 		return nil, err
 	}
-	dst, err := c.primDesc(y)
+	yd, err := c.primDesc(y)
 	if err != nil {
 		return nil, err
 	}
-	w, err := c.lib.Desc(wShape, dnnl.TagAny)
+	wd, err := c.lib.Desc(ws, dnnl.TagAny)
 	if err != nil {
 		return nil, err
 	}
-	st, pad := convGeom(op)
-	return c.lib.ConvForward(dnnl.PropForwardTraining, src, w, dst, st, pad)
+	st, pad := [2]int{op.Stride, op.Stride}, [2]int{op.Pad, op.Pad}
+	pd, err := c.lib.ConvForward(dnnl.PropForwardTraining, xd, wd, yd, st, pad)
+	if err != nil || backward == nil {
+		return pd, err
+	}
+	defer pd.Close()
+	return backward(xd, wd, yd, st, pad, pd)
 }
 
 // plainWeights is the descriptor of weights as the parameter vector holds
 // them (OIHW).
 func (c *dnnProgram) plainWeights(s []int) (*dnnl.MemDesc, error) { return c.lib.Desc(s, dnnl.TagNCHW) }
-
-func (c *dnnProgram) conv(in *Instr, op ops.Conv2d, x, w, y ValueID) (Kernel, error) {
-	ws := c.p.Values[w].Shape
-	pd, err := c.convForwardDesc(op, x, y, ws)
-	if err != nil {
-		return nil, err
-	}
-	return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
-		dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
-		dnnArg{id: y, query: dnnl.QueryDst, arg: dnnl.ArgDst})
-}
-
-func (c *dnnProgram) convData(in *Instr, op ops.Conv2dGradInput) (Kernel, error) {
-	w, dy, dx := in.In[0], in.In[1], in.Out
-	ws := c.p.Values[w].Shape
-	pd, err := c.convBackward(op.Conv, dx, dy, ws, c.lib.ConvBackwardData)
-	if err != nil {
-		return nil, err
-	}
-	return c.twoToOne(pd, dnnArg{weights: ws, query: dnnl.QueryWeights, arg: dnnl.ArgWeights},
-		dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
-		dnnArg{id: dx, query: dnnl.QueryDiffSrc, arg: dnnl.ArgDiffSrc})
-}
-
-func (c *dnnProgram) convWeights(in *Instr, op ops.Conv2dGradFilter) (Kernel, error) {
-	x, dy, dw := in.In[0], in.In[1], in.Out
-	ws := c.p.Values[dw].Shape
-	pd, err := c.convBackward(op.Conv, x, dy, ws, c.lib.ConvBackwardWeights)
-	if err != nil {
-		return nil, err
-	}
-	return c.twoToOne(pd, dnnArg{id: x, query: dnnl.QuerySrc, arg: dnnl.ArgSrc},
-		dnnArg{id: dy, query: dnnl.QueryDiffDst, arg: dnnl.ArgDiffDst},
-		dnnArg{weights: ws, query: dnnl.QueryDiffWeights, arg: dnnl.ArgDiffWeights})
-}
-
-// convBackward makes a backward primitive of the convolution op from x
-// (its input or the input's gradient) to dy (its output's gradient) with
-// weights of shape ws, hinted by the forward primitive.
-func (c *dnnProgram) convBackward(op ops.Conv2d, x, dy ValueID, ws []int,
-	newPD func(x, w, dy *dnnl.MemDesc, stride, pad [2]int, hint *dnnl.PrimDesc) (*dnnl.PrimDesc, error)) (*dnnl.PrimDesc, error) {
-	hint, err := c.convForwardDesc(op, x, dy, ws)
-	if err != nil {
-		return nil, err
-	}
-	defer hint.Close()
-	xd, err := c.primDesc(x)
-	if err != nil {
-		return nil, err
-	}
-	dyd, err := c.primDesc(dy)
-	if err != nil {
-		return nil, err
-	}
-	wa, err := c.lib.Desc(ws, dnnl.TagAny)
-	if err != nil {
-		return nil, err
-	}
-	st, pad := convGeom(op)
-	return newPD(xd, wa, dyd, st, pad, hint)
-}
 
 // dnnArg is one argument of a convolution primitive: the program's value
 // (or, for weights and their gradient, the shape of the plain OIHW
@@ -531,31 +517,18 @@ func (c *dnnProgram) twoToOne(pd *dnnl.PrimDesc, in0, in1, out dnnArg) (Kernel, 
 	args := map[int]*memRef{}
 	for i, a := range []dnnArg{in0, in1} {
 		u, err := c.argDesc(a)
-		if err != nil {
-			return nil, err
-		}
-		if args[a.arg], err = b.input(i, u, pd.Query(a.query, 0)); err != nil {
-			return nil, err
-		}
+		b.keep(err)
+		args[a.arg] = b.input(i, u, pd.Query(a.query, 0))
 	}
 	u, err := c.argDesc(out)
-	if err != nil {
-		return nil, err
-	}
-	m, post, err := b.output(atOut, u, pd.Query(out.query, 0))
-	if err != nil {
-		return nil, err
-	}
+	b.keep(err)
+	m, post := b.output(atOut, u, pd.Query(out.query, 0))
 	args[out.arg] = m
-	if err := b.exec(pd, args); err != nil {
-		return nil, err
-	}
+	b.exec(pd, args)
 	if post != nil {
-		if err := post(); err != nil {
-			return nil, err
-		}
+		post()
 	}
-	return b.finish(), nil
+	return b.finish()
 }
 
 // bnDims is B, C and H·W of a 4-D shape.
@@ -604,19 +577,7 @@ func (c *dnnProgram) bnForward(j int, in *Instr, first *int) (Kernel, error) {
 	}
 	b := c.builder()
 	meanOff, varOff := b.alloc(4*C), b.alloc(4*C)
-	meanM, err := b.mem(vec, atWS, meanOff)
-	if err != nil {
-		return nil, err
-	}
-	varM, err := b.mem(vec, atWS, varOff)
-	if err != nil {
-		return nil, err
-	}
-	xm, err := b.mem(data, 0, 0)
-	if err != nil {
-		return nil, err
-	}
-	args := map[int]*memRef{dnnl.ArgSrc: xm, dnnl.ArgMean: meanM, dnnl.ArgVariance: varM}
+	args := map[int]*memRef{dnnl.ArgMean: b.mem(vec, atWS, meanOff), dnnl.ArgVariance: b.mem(vec, atWS, varOff), dnnl.ArgSrc: b.mem(data, 0, 0)}
 	stOp, standaloneStats := in.Op.(ops.BatchNormStats)
 	if first != nil {
 		stOp = c.p.Instrs[*first].Op.(ops.BatchNormStats)
@@ -629,26 +590,10 @@ func (c *dnnProgram) bnForward(j int, in *Instr, first *int) (Kernel, error) {
 		if bn.ReLU {
 			flags |= dnnl.BNFuseReLU
 		}
-		ym, err := b.mem(data, atOut, 0)
-		if err != nil {
-			return nil, err
-		}
-		gm, err := b.mem(vec, 1, 0)
-		if err != nil {
-			return nil, err
-		}
-		bm, err := b.mem(vec, 2, 0)
-		if err != nil {
-			return nil, err
-		}
-		args[dnnl.ArgDst], args[dnnl.ArgScale], args[dnnl.ArgShift] = ym, gm, bm
+		args[dnnl.ArgDst], args[dnnl.ArgScale], args[dnnl.ArgShift] = b.mem(data, atOut, 0), b.mem(vec, 1, 0), b.mem(vec, 2, 0)
 	} else {
 		// A standalone BatchNormStats: the normalised output is not kept.
-		ym, err := b.mem(data, atWS, b.alloc(c.lib.Size(data)))
-		if err != nil {
-			return nil, err
-		}
-		args[dnnl.ArgDst] = ym
+		args[dnnl.ArgDst] = b.mem(data, atWS, b.alloc(c.lib.Size(data)))
 	}
 	if computeStats {
 		pd, err = c.lib.BatchNormForward(dnnl.PropForwardTraining, data, float32(stOp.Eps), flags)
@@ -656,12 +601,7 @@ func (c *dnnProgram) bnForward(j int, in *Instr, first *int) (Kernel, error) {
 			return nil, err
 		}
 		if wd := pd.Query(dnnl.QueryWorkspace, 0); wd != nil {
-			wm, err := b.mem(wd, atWS, b.alloc(c.lib.Size(wd)))
-			if err != nil {
-				pd.Close()
-				return nil, err
-			}
-			args[dnnl.ArgWorkspace] = wm
+			args[dnnl.ArgWorkspace] = b.mem(wd, atWS, b.alloc(c.lib.Size(wd)))
 		}
 	} else {
 		pd, err = c.lib.BatchNormForward(dnnl.PropForwardInference, data, 0, flags|dnnl.BNUseGlobalStats)
@@ -673,9 +613,7 @@ func (c *dnnProgram) bnForward(j int, in *Instr, first *int) (Kernel, error) {
 			return nil
 		})
 	}
-	if err := b.exec(pd, args); err != nil {
-		return nil, err
-	}
+	b.exec(pd, args)
 	if computeStats {
 		eps, mom, n := stOp.Eps, stOp.Momentum, B*HW
 		link := c.links[j]
@@ -691,7 +629,7 @@ func (c *dnnProgram) bnForward(j int, in *Instr, first *int) (Kernel, error) {
 			return nil
 		})
 	}
-	return b.finish(), nil
+	return b.finish()
 }
 
 // bnBackward is BatchNormGradInput's kernel (also computing the sums when
@@ -723,34 +661,21 @@ func (c *dnnProgram) bnBackward(in *Instr, first int) (Kernel, error) {
 		dnnFromStats(r.in[statsAt].Float64s(), r.f32(meanOff, C), r.f32(varOff, C))
 		return nil
 	})
-	dy, err := b.mem(data, dyAt, 0)
-	if err != nil {
-		return nil, err
-	}
+	dy := b.mem(data, dyAt, 0)
 	if relu {
 		// dy where y > 0, else 0: in place when dx overwrites dy anyway.
 		mpd, err := c.lib.ReLUBackwardFromDst(data, data)
 		if err != nil {
 			return nil, err
 		}
-		ym, err := b.mem(data, yAt, 0)
-		if err != nil {
-			mpd.Close()
-			return nil, err
-		}
+		ym := b.mem(data, yAt, 0)
 		var masked *memRef
 		if isInput && in.InPlace == dyAt {
-			masked, err = b.mem(data, atOut, 0)
+			masked = b.mem(data, atOut, 0)
 		} else {
-			masked, err = b.mem(data, atWS, b.alloc(c.lib.Size(data)))
+			masked = b.mem(data, atWS, b.alloc(c.lib.Size(data)))
 		}
-		if err != nil {
-			mpd.Close()
-			return nil, err
-		}
-		if err := b.exec(mpd, map[int]*memRef{dnnl.ArgDst: ym, dnnl.ArgDiffDst: dy, dnnl.ArgDiffSrc: masked}); err != nil {
-			return nil, err
-		}
+		b.exec(mpd, map[int]*memRef{dnnl.ArgDst: ym, dnnl.ArgDiffDst: dy, dnnl.ArgDiffSrc: masked})
 		dy = masked
 	}
 	flags := uint32(dnnl.BNUseScale | dnnl.BNUseShift)
@@ -763,17 +688,10 @@ func (c *dnnProgram) bnBackward(in *Instr, first int) (Kernel, error) {
 	if err != nil {
 		return nil, err
 	}
-	xm, err := b.mem(data, 0, 0)
-	if err != nil {
-		pd.Close()
-		return nil, err
-	}
+	xm := b.mem(data, 0, 0)
 	var gm, dx *memRef
 	if isInput {
-		gm, err = b.mem(vec, gammaAt, 0)
-		if err == nil {
-			dx, err = b.mem(data, atOut, 0)
-		}
+		gm, dx = b.mem(vec, gammaAt, 0), b.mem(data, atOut, 0)
 	} else {
 		// The sums do not depend on γ; the input gradient is not kept.
 		onesOff := b.alloc(4 * C)
@@ -783,32 +701,15 @@ func (c *dnnProgram) bnBackward(in *Instr, first int) (Kernel, error) {
 			}
 			return nil
 		})
-		gm, err = b.mem(vec, atWS, onesOff)
-		if err == nil {
-			dx, err = b.mem(data, atWS, b.alloc(c.lib.Size(data)))
-		}
+		gm, dx = b.mem(vec, atWS, onesOff), b.mem(data, atWS, b.alloc(c.lib.Size(data)))
 	}
-	if err != nil {
-		pd.Close()
-		return nil, err
-	}
-	meanM, err1 := b.mem(vec, atWS, meanOff)
-	varM, err2 := b.mem(vec, atWS, varOff)
-	dsc, err3 := b.mem(vec, atWS, dScaleOff)
-	dsh, err4 := b.mem(vec, atWS, dShiftOff)
+	meanM, varM := b.mem(vec, atWS, meanOff), b.mem(vec, atWS, varOff)
+	dsc, dsh := b.mem(vec, atWS, dScaleOff), b.mem(vec, atWS, dShiftOff)
 	// oneDNN 2.x wants the shift passed to a backward primitive that
 	// computes its gradient, though it does not read it.
-	sh, err5 := b.mem(vec, atWS, shiftOff)
-	for _, e := range []error{err1, err2, err3, err4, err5} {
-		if e != nil {
-			pd.Close()
-			return nil, e
-		}
-	}
-	if err := b.exec(pd, map[int]*memRef{dnnl.ArgSrc: xm, dnnl.ArgMean: meanM, dnnl.ArgVariance: varM, dnnl.ArgDiffDst: dy,
-		dnnl.ArgScale: gm, dnnl.ArgShift: sh, dnnl.ArgDiffSrc: dx, dnnl.ArgDiffScale: dsc, dnnl.ArgDiffShift: dsh}); err != nil {
-		return nil, err
-	}
+	sh := b.mem(vec, atWS, shiftOff)
+	b.exec(pd, map[int]*memRef{dnnl.ArgSrc: xm, dnnl.ArgMean: meanM, dnnl.ArgVariance: varM, dnnl.ArgDiffDst: dy,
+		dnnl.ArgScale: gm, dnnl.ArgShift: sh, dnnl.ArgDiffSrc: dx, dnnl.ArgDiffScale: dsc, dnnl.ArgDiffShift: dsh})
 	if !isInput || first >= 0 {
 		b.goStep(func(r *dnnRun) error {
 			var sums []float64
@@ -826,5 +727,5 @@ func (c *dnnProgram) bnBackward(in *Instr, first int) (Kernel, error) {
 			return nil
 		})
 	}
-	return b.finish(), nil
+	return b.finish()
 }

@@ -377,8 +377,8 @@ func (c *compiler) node(g *G.ExprGraph, n *G.Node) (*Instr, error) {
 		c.p.Init = append(c.p.Init, Instr{Op: tr.op, Out: id, InPlace: -1, Node: nodeName(n)})
 		return nil, nil
 	}
-	if tr.op.OutType() != dt && tr.op != (ops.Copy{}) {
-		return nil, fmt.Errorf("op %v produces %v but the node is %v", tr.op, tr.op.OutType(), dt)
+	if ops.OutTypeOf(tr.op) != dt && tr.op != (ops.Copy{}) {
+		return nil, fmt.Errorf("op %v produces %v but the node is %v", tr.op, ops.OutTypeOf(tr.op), dt)
 	}
 	in := &Instr{Op: tr.op, InPlace: -1, Node: nodeName(n)}
 	for _, k := range tr.inputs(kids) {

@@ -32,14 +32,14 @@ func (t translation) inputs(kids []*G.Node) []*G.Node {
 }
 
 // translate maps a node's op to the package ops vocabulary. The project's
-// own ops are descriptors already; Gorgonia's op types are unexported, so
+// own ops carry their descriptors; Gorgonia's op types are unexported, so
 // they are recognised by type name and read through reflection (the
 // Gorgonia version is pinned in go.mod; the engine's tests run every
 // translated op against Gorgonia's own implementation).
 func translate(n *G.Node, kids []*G.Node) (translation, error) {
 	op := n.Op()
-	if k, ok := op.(ops.Kernel); ok {
-		return translation{op: k}, nil
+	if d, ok := op.(interface{ Descriptor() ops.Kernel }); ok {
+		return translation{op: d.Descriptor()}, nil
 	}
 	rv := reflect.ValueOf(op)
 	if rv.Kind() == reflect.Pointer {
@@ -50,18 +50,9 @@ func translate(n *G.Node, kids []*G.Node) (translation, error) {
 	case "gorgonia.elemBinOp":
 		return translateBinary(op, kids)
 	case "gorgonia.elemUnaryOp":
-		var fn ops.UnaryFn
-		switch s := fmt.Sprint(op); s {
-		case "neg":
-			fn = ops.Neg
-		case "sigmoid":
-			fn = ops.Sigmoid
-		case "tanh":
-			fn = ops.Tanh
-		case "softplus":
-			fn = ops.Softplus
-		default:
-			return translation{}, fmt.Errorf("the elementwise function %q is not supported by the engine (neg, sigmoid, tanh and softplus are)", s)
+		fn, ok := unaryFns[fmt.Sprint(op)]
+		if !ok {
+			return translation{}, fmt.Errorf("the elementwise function %q is not supported by the engine (neg, sigmoid, tanh and softplus are)", fmt.Sprint(op))
 		}
 		return translation{op: ops.Unary{Fn: fn}}, nil
 	case "gorgonia.linAlgBinOp":
@@ -139,30 +130,23 @@ func scalarOf(v G.Value) (float32, error) {
 	return 0, fmt.Errorf("constant of type %T is not supported by the engine (float32 scalars are)", v)
 }
 
+// unaryFns and binOps are the Gorgonia elementwise functions and
+// operations the engine runs, by the names Gorgonia prints.
+var (
+	unaryFns = map[string]ops.UnaryFn{"neg": ops.Neg, "sigmoid": ops.Sigmoid, "tanh": ops.Tanh, "softplus": ops.Softplus}
+	binOps   = map[string]ops.BinOp{"+": ops.Add, "-": ops.Sub, "⊙": ops.Mul, "÷": ops.Div, ">=": ops.GreaterEq, ">": ops.Greater}
+)
+
 func translateBinary(op G.Op, kids []*G.Node) (translation, error) {
 	f := strings.Fields(fmt.Sprint(op))
 	if len(f) != 2 {
 		return translation{}, fmt.Errorf("unexpected elementwise op %q", fmt.Sprint(op))
 	}
-	var b ops.BinOp
-	cmp := false
-	switch f[0] {
-	case "+":
-		b = ops.Add
-	case "-":
-		b = ops.Sub
-	case "⊙":
-		b = ops.Mul
-	case "÷":
-		b = ops.Div
-	case ">=":
-		b, cmp = ops.GreaterEq, true
-	case ">":
-		b, cmp = ops.Greater, true
-	default:
+	b, ok := binOps[f[0]]
+	if !ok {
 		return translation{}, fmt.Errorf("the elementwise operation %q is not supported by the engine", f[0])
 	}
-	if cmp && f[1] != "true" {
+	if (b == ops.GreaterEq || b == ops.Greater) && f[1] != "true" {
 		return translation{}, fmt.Errorf("comparison %q with a boolean result is not supported by the engine (use retSame)", f[0])
 	}
 	a, c := kids[0].Shape(), kids[1].Shape()

@@ -275,10 +275,6 @@ func (m *LSTM) Config() LSTMConfig { return m.cfg }
 // BatchSize implements Model.
 func (m *LSTM) BatchSize() int { return m.cfg.BatchSize }
 
-// LoadBuffers implements Model (no buffers; the hidden state is not
-// checkpointed because it is reset every epoch).
-func (m *LSTM) LoadBuffers(src []float32) error { return m.loadBuffers(src) }
-
 // ResetState implements Model: zeroes the training and evaluation hidden
 // states.
 func (m *LSTM) ResetState() {

@@ -228,12 +228,6 @@ func (m *NCF) Config() NCFConfig { c := m.cfg; c.Layers = append([]int(nil), c.L
 // BatchSize implements Model.
 func (m *NCF) BatchSize() int { return m.cfg.BatchSize }
 
-// LoadBuffers implements Model (NCF has no buffers).
-func (m *NCF) LoadBuffers(src []float32) error { return m.loadBuffers(src) }
-
-// ResetState implements Model (no state).
-func (m *NCF) ResetState() {}
-
 // Summary implements Model.
 func (m *NCF) Summary() string {
 	c := m.cfg

@@ -147,6 +147,9 @@ func (n *net) SetGradHook(h GradHook) { n.hook = h }
 // ArenaBytes implements Model.
 func (n *net) ArenaBytes() int { return n.train.ArenaBytes() }
 
+// ResetState implements Model: no state (the LSTM's is its own).
+func (n *net) ResetState() {}
+
 // StoreBuffers implements Model.
 func (n *net) StoreBuffers(dst []float32) error {
 	if len(dst) != n.bufs.size() {
@@ -162,8 +165,10 @@ func (n *net) StoreBuffers(dst []float32) error {
 	return s.Synchronize()
 }
 
-// loadBuffers copies src into the buffer vector.
-func (n *net) loadBuffers(src []float32) error {
+// LoadBuffers implements Model: it copies src into the buffer vector
+// (NCF and the LSTM have no buffers; the LSTM's hidden state is not
+// checkpointed because it is reset every epoch).
+func (n *net) LoadBuffers(src []float32) error {
 	if len(src) != n.bufs.size() {
 		return badInput("LoadBuffers: got %d values, the model has %d buffers; pass a slice of exactly that length", len(src), n.bufs.size())
 	}

@@ -239,9 +239,9 @@ func (w pooledStateful) LoadState(b []byte) error {
 	return w.do(func(m replica) error { return m.(Stateful).LoadState(b) })
 }
 
-// newNetState allocates the state every model has: the buffers, set to
-// bufs.
-func (n *net) newNetState(bufs []float32) (*workerState, error) {
+// newState allocates the state every model has: the buffers, set to bufs
+// (ResNet-18's whole state; NCF and the LSTM add theirs).
+func (n *net) newState(_ uint64, bufs []float32) (*workerState, error) {
 	ws := &workerState{}
 	if len(bufs) == 0 {
 		return ws, nil
@@ -258,30 +258,26 @@ func (n *net) newNetState(bufs []float32) (*workerState, error) {
 	return ws, s.Synchronize()
 }
 
-// bindNet and unbindNet swap the state every model has.
-func (n *net) bindNet(ws *workerState) {
+// bind and unbind swap the state every model has.
+func (n *net) bind(ws *workerState) error {
 	n.bufVec, n.hook = ws.bufs, ws.hook
+	return nil
 }
 
-func (m *ResNet) newState(seed uint64, bufs []float32) (*workerState, error) {
-	return m.newNetState(bufs)
-}
-func (m *ResNet) bind(ws *workerState) error   { m.bindNet(ws); return nil }
-func (m *ResNet) unbind(ws *workerState) error { return nil }
+func (n *net) unbind(*workerState) error { return nil }
 
 func (m *NCF) newState(seed uint64, bufs []float32) (*workerState, error) {
-	ws, err := m.newNetState(bufs)
+	ws, err := m.net.newState(seed, bufs)
 	if err != nil {
 		return nil, err
 	}
 	ws.drop = newDropoutRNG(seed)
 	return ws, nil
 }
-func (m *NCF) bind(ws *workerState) error   { m.bindNet(ws); m.drop = ws.drop; return nil }
-func (m *NCF) unbind(ws *workerState) error { return nil }
+func (m *NCF) bind(ws *workerState) error { m.drop = ws.drop; return m.net.bind(ws) }
 
 func (m *LSTM) newState(seed uint64, bufs []float32) (*workerState, error) {
-	ws, err := m.newNetState(bufs)
+	ws, err := m.net.newState(seed, bufs)
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +319,7 @@ func (m *LSTM) hiddenCopy(ws *workerState, in bool) error {
 }
 
 func (m *LSTM) bind(ws *workerState) error {
-	m.bindNet(ws)
+	m.net.bind(ws)
 	m.drop, m.evalState, m.evalN = ws.drop, ws.evalState, ws.evalN
 	return m.hiddenCopy(ws, true)
 }

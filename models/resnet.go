@@ -136,7 +136,7 @@ func NewResNet(cfg ResNetConfig) (*ResNet, error) {
 			fill(m.bufs.part(bufs, i), 1)
 		}
 	}
-	if err := m.loadBuffers(bufs); err != nil {
+	if err := m.net.LoadBuffers(bufs); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -286,11 +286,8 @@ func (m *ResNet) LoadBuffers(src []float32) error {
 			}
 		}
 	}
-	return m.loadBuffers(src)
+	return m.net.LoadBuffers(src)
 }
-
-// ResetState implements Model (no recurrent state).
-func (m *ResNet) ResetState() {}
 
 // Summary implements Model.
 func (m *ResNet) Summary() string {

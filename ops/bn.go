@@ -34,14 +34,12 @@ import (
 // BatchNormStats computes a training batch's statistics (inputs x, runMean,
 // runVar) and updates the running statistics in place (Mutates).
 type BatchNormStats struct {
-	gop
 	Eps, Momentum float64
 }
 
 // BatchNormRunningStats turns the running statistics (inputs runMean,
 // runVar) into the stats value BatchNorm reads (evaluation mode).
 type BatchNormRunningStats struct {
-	gop
 	Eps float64
 }
 
@@ -49,28 +47,24 @@ type BatchNormRunningStats struct {
 // x, γ, β, stats. Training tells whether stats are batch statistics
 // (training mode, differentiable) or running statistics.
 type BatchNorm struct {
-	gop
 	ReLU, Training bool
 }
 
 // BatchNormGradSums computes the per-channel sums of BatchNorm's gradient;
 // inputs x, dy, stats and, with ReLU, the forward output y.
 type BatchNormGradSums struct {
-	gop
 	ReLU bool
 }
 
 // BatchNormGradInput is BatchNorm's gradient with respect to x; inputs x,
 // γ, dy, stats, sums and, with ReLU, y.
 type BatchNormGradInput struct {
-	gop
 	ReLU bool
 }
 
 // BatchNormGradParam is BatchNorm's gradient with respect to β (Which 0)
 // or γ (Which 1): the sums rounded to float32.
 type BatchNormGradParam struct {
-	gop
 	Which int
 }
 
@@ -101,14 +95,14 @@ func BatchNormalize(x, gamma, beta, runMean, runVar *G.Node, c BatchNormConfig) 
 	var stats *G.Node
 	var err error
 	if c.Training {
-		stats, err = G.ApplyOp(BatchNormStats{Eps: c.Eps, Momentum: c.Momentum}, x, runMean, runVar)
+		stats, err = applyDiff(BatchNormStats{Eps: c.Eps, Momentum: c.Momentum}, x, runMean, runVar)
 	} else {
-		stats, err = G.ApplyOp(BatchNormRunningStats{Eps: c.Eps}, runMean, runVar)
+		stats, err = applyDiff(BatchNormRunningStats{Eps: c.Eps}, runMean, runVar)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return G.ApplyOp(BatchNorm{ReLU: c.ReLU, Training: c.Training}, x, gamma, beta, stats)
+	return applyDiff(BatchNorm{ReLU: c.ReLU, Training: c.Training}, x, gamma, beta, stats)
 }
 
 func statsType() hm.Type { return typedTensor(2, tensor.Float64) }
@@ -123,53 +117,34 @@ func bnDims(s []int) (B, C, HW int) {
 	return
 }
 
-// Arity implements gorgonia.Op.
-func (BatchNormStats) Arity() int { return 3 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (BatchNormStats) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(1), tensorType(1), statsType())
 }
 
-// InferShape implements gorgonia.Op.
-func (BatchNormStats) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormStats", ds, 3)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (BatchNormStats) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape{2, s[0][1]}, nil
 }
-
-// WriteHash implements gorgonia.Op.
-func (op BatchNormStats) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op BatchNormStats) Hashcode() uint32 { return hashOf(op) }
 
 func (op BatchNormStats) String() string {
 	return fmt.Sprintf("BatchNormStats{eps=%g,m=%g}", op.Eps, op.Momentum)
 }
 
-// DiffWRT implements gorgonia.SDOp: statistics are not differentiated
+// DiffWRT implements differentiable: statistics are not differentiated
 // (BatchNorm's gradient accounts for them).
 func (BatchNormStats) DiffWRT(int) []bool { return []bool{false, false, false} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff implements differentiable.
 func (BatchNormStats) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
 	return nil, fmt.Errorf("ops: BatchNormStats is not differentiated")
 }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op BatchNormStats) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
 // Mutates implements Mutator: the running mean and variance.
 func (BatchNormStats) Mutates() []int { return []int{1, 2} }
 
-// OutType implements Kernel.
+// OutType implements Typed.
 func (BatchNormStats) OutType() DType { return Float64 }
-
-// Workspace implements Kernel.
-func (BatchNormStats) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: per channel, the mean and the biased variance in
 // float64 (two passes), and the running statistics' update.
@@ -204,49 +179,30 @@ func (op BatchNormStats) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (BatchNormRunningStats) Arity() int { return 2 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (BatchNormRunningStats) Type() hm.Type {
 	return hm.NewFnType(tensorType(1), tensorType(1), statsType())
 }
 
-// InferShape implements gorgonia.Op.
-func (BatchNormRunningStats) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormRunningStats", ds, 2)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (BatchNormRunningStats) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape{2, s[0].TotalSize()}, nil
 }
-
-// WriteHash implements gorgonia.Op.
-func (op BatchNormRunningStats) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op BatchNormRunningStats) Hashcode() uint32 { return hashOf(op) }
 
 func (op BatchNormRunningStats) String() string {
 	return fmt.Sprintf("BatchNormRunningStats{eps=%g}", op.Eps)
 }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT implements differentiable.
 func (BatchNormRunningStats) DiffWRT(int) []bool { return []bool{false, false} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff implements differentiable.
 func (BatchNormRunningStats) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
 	return nil, fmt.Errorf("ops: BatchNormRunningStats is not differentiated")
 }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op BatchNormRunningStats) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
+// OutType implements Typed.
 func (BatchNormRunningStats) OutType() DType { return Float64 }
-
-// Workspace implements Kernel.
-func (BatchNormRunningStats) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op BatchNormRunningStats) CPU(in []Arg, out Arg, _ []float32) error {
@@ -261,37 +217,24 @@ func (op BatchNormRunningStats) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (BatchNorm) Arity() int { return 4 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (BatchNorm) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(1), tensorType(1), statsType(), tensorType(4))
 }
 
-// InferShape implements gorgonia.Op.
-func (BatchNorm) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNorm", ds, 4)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (BatchNorm) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return s[0].Clone(), nil
 }
-
-// WriteHash implements gorgonia.Op.
-func (op BatchNorm) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op BatchNorm) Hashcode() uint32 { return hashOf(op) }
 
 func (op BatchNorm) String() string {
 	return fmt.Sprintf("BatchNorm{relu=%v,train=%v}", op.ReLU, op.Training)
 }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT implements differentiable.
 func (BatchNorm) DiffWRT(int) []bool { return []bool{true, true, true, false} }
 
-// SymDiff implements gorgonia.SDOp (training mode only).
+// SymDiff implements differentiable (training mode only).
 func (op BatchNorm) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	if !op.Training {
 		return nil, fmt.Errorf("ops: BatchNorm in evaluation mode is not differentiated; build the training graph with Training set")
@@ -301,7 +244,7 @@ func (op BatchNorm) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, erro
 	if op.ReLU {
 		sumArgs = append(sumArgs, output)
 	}
-	sums, err := G.ApplyOp(BatchNormGradSums{ReLU: op.ReLU}, sumArgs...)
+	sums, err := apply(BatchNormGradSums{ReLU: op.ReLU}, sumArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -309,32 +252,23 @@ func (op BatchNorm) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, erro
 	if op.ReLU {
 		dxArgs = append(dxArgs, output)
 	}
-	dx, err := G.ApplyOp(BatchNormGradInput{ReLU: op.ReLU}, dxArgs...)
+	dx, err := apply(BatchNormGradInput{ReLU: op.ReLU}, dxArgs...)
 	if err != nil {
 		return nil, err
 	}
-	dgamma, err := G.ApplyOp(BatchNormGradParam{Which: 1}, sums)
+	dgamma, err := apply(BatchNormGradParam{Which: 1}, sums)
 	if err != nil {
 		return nil, err
 	}
-	dbeta, err := G.ApplyOp(BatchNormGradParam{Which: 0}, sums)
+	dbeta, err := apply(BatchNormGradParam{Which: 0}, sums)
 	if err != nil {
 		return nil, err
 	}
 	return G.Nodes{dx, dgamma, dbeta, nil}, nil
 }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op BatchNorm) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (BatchNorm) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer: y may overwrite x.
 func (BatchNorm) InPlace() []int { return []int{0} }
-
-// Workspace implements Kernel.
-func (BatchNorm) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: y = x·scale + shift per channel with
 // scale = float32(γ·invstd) (in float64) and shift = β − float32(mean)·scale.
@@ -371,10 +305,7 @@ func reluArity(relu bool, n int) int {
 	return n
 }
 
-// Arity implements gorgonia.Op.
-func (op BatchNormGradSums) Arity() int { return reluArity(op.ReLU, 3) }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (op BatchNormGradSums) Type() hm.Type {
 	ts := []hm.Type{tensorType(4), tensorType(4), statsType()}
 	if op.ReLU {
@@ -383,38 +314,22 @@ func (op BatchNormGradSums) Type() hm.Type {
 	return hm.NewFnType(append(ts, statsType())...)
 }
 
-// InferShape implements gorgonia.Op.
-func (op BatchNormGradSums) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormGradSums", ds, op.Arity())
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (op BatchNormGradSums) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape{2, s[0][1]}, nil
 }
-
-// WriteHash implements gorgonia.Op.
-func (op BatchNormGradSums) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op BatchNormGradSums) Hashcode() uint32 { return hashOf(op) }
 
 func (op BatchNormGradSums) String() string {
 	return fmt.Sprintf("BatchNormGradSums{relu=%v}", op.ReLU)
 }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op BatchNormGradSums) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
+// OutType implements Typed.
 func (BatchNormGradSums) OutType() DType { return Float64 }
-
-// Workspace implements Kernel.
-func (BatchNormGradSums) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: Σdy and Σdy·x̂ per channel, accumulated in float64
 // in (image, position) order, with x̂ = (x − mean)·invstd in float32.
 func (op BatchNormGradSums) CPU(in []Arg, out Arg, _ []float32) error {
-	if err := checkArgs("BatchNormGradSums", in, op.Arity()); err != nil {
+	if err := checkArgs("BatchNormGradSums", in, reluArity(op.ReLU, 3)); err != nil {
 		return err
 	}
 	x, dy, st := in[0].F32, in[1].F32, in[2].F64
@@ -442,10 +357,7 @@ func (op BatchNormGradSums) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (op BatchNormGradInput) Arity() int { return reluArity(op.ReLU, 5) }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (op BatchNormGradInput) Type() hm.Type {
 	ts := []hm.Type{tensorType(4), tensorType(1), tensorType(4), statsType(), statsType()}
 	if op.ReLU {
@@ -454,41 +366,22 @@ func (op BatchNormGradInput) Type() hm.Type {
 	return hm.NewFnType(append(ts, tensorType(4))...)
 }
 
-// InferShape implements gorgonia.Op.
-func (op BatchNormGradInput) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormGradInput", ds, op.Arity())
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (op BatchNormGradInput) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return s[0].Clone(), nil
 }
-
-// WriteHash implements gorgonia.Op.
-func (op BatchNormGradInput) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op BatchNormGradInput) Hashcode() uint32 { return hashOf(op) }
 
 func (op BatchNormGradInput) String() string {
 	return fmt.Sprintf("BatchNormGradInput{relu=%v}", op.ReLU)
 }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op BatchNormGradInput) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (BatchNormGradInput) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer: dx may overwrite dy.
 func (BatchNormGradInput) InPlace() []int { return []int{2} }
-
-// Workspace implements Kernel.
-func (BatchNormGradInput) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: dx = γ·invstd·(dy − Σdy/n − x̂·Σdy·x̂/n), the means
 // rounded to float32, dy zero where the fused ReLU clipped.
 func (op BatchNormGradInput) CPU(in []Arg, out Arg, _ []float32) error {
-	if err := checkArgs("BatchNormGradInput", in, op.Arity()); err != nil {
+	if err := checkArgs("BatchNormGradInput", in, reluArity(op.ReLU, 5)); err != nil {
 		return err
 	}
 	x, gamma, dy, st, sums, dx := in[0].F32, in[1].F32, in[2].F32, in[3].F64, in[4].F64, out.F32
@@ -517,39 +410,17 @@ func (op BatchNormGradInput) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (BatchNormGradParam) Arity() int { return 1 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (BatchNormGradParam) Type() hm.Type {
 	return hm.NewFnType(statsType(), typedTensor(1, tensor.Float32))
 }
 
-// InferShape implements gorgonia.Op.
-func (BatchNormGradParam) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("BatchNormGradParam", ds, 1)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (BatchNormGradParam) shape(s []tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape{s[0][1]}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op BatchNormGradParam) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op BatchNormGradParam) Hashcode() uint32 { return hashOf(op) }
-
 func (op BatchNormGradParam) String() string { return fmt.Sprintf("BatchNormGradParam{%d}", op.Which) }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op BatchNormGradParam) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (BatchNormGradParam) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (BatchNormGradParam) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op BatchNormGradParam) CPU(in []Arg, out Arg, _ []float32) error {

@@ -27,19 +27,8 @@ const (
 
 // String returns the operation's symbol.
 func (o BinOp) String() string {
-	switch o {
-	case Add:
-		return "+"
-	case Sub:
-		return "-"
-	case Mul:
-		return "⊙"
-	case Div:
-		return "÷"
-	case GreaterEq:
-		return ">="
-	case Greater:
-		return ">"
+	if s := [...]string{Add: "+", Sub: "-", Mul: "⊙", Div: "÷", GreaterEq: ">=", Greater: ">"}; int(o) < len(s) && s[o] != "" {
+		return s[o]
 	}
 	return fmt.Sprintf("BinOp(%d)", uint8(o))
 }
@@ -77,9 +66,6 @@ type Binary struct {
 	ScalarA, ScalarB bool
 }
 
-// OutType implements Kernel.
-func (Binary) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer: the output may overwrite an operand that is
 // not a broadcast scalar.
 func (op Binary) InPlace() []int {
@@ -92,9 +78,6 @@ func (op Binary) InPlace() []int {
 	}
 	return in
 }
-
-// Workspace implements Kernel.
-func (Binary) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op Binary) CPU(in []Arg, out Arg, _ []float32) error {
@@ -167,15 +150,8 @@ const (
 
 // String returns the function's name.
 func (f UnaryFn) String() string {
-	switch f {
-	case Neg:
-		return "neg"
-	case Sigmoid:
-		return "sigmoid"
-	case Tanh:
-		return "tanh"
-	case Softplus:
-		return "softplus"
+	if s := [...]string{Neg: "neg", Sigmoid: "sigmoid", Tanh: "tanh", Softplus: "softplus"}; int(f) < len(s) && s[f] != "" {
+		return s[f]
 	}
 	return fmt.Sprintf("UnaryFn(%d)", uint8(f))
 }
@@ -213,14 +189,8 @@ func (f UnaryFn) Apply(x float32) float32 {
 // Unary applies Fn to every element.
 type Unary struct{ Fn UnaryFn }
 
-// OutType implements Kernel.
-func (Unary) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer.
 func (Unary) InPlace() []int { return []int{0} }
-
-// Workspace implements Kernel.
-func (Unary) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op Unary) CPU(in []Arg, out Arg, _ []float32) error {
@@ -240,12 +210,6 @@ func (op Unary) CPU(in []Arg, out Arg, _ []float32) error {
 // transposing where TransA or TransB is set: A is [M K] ([K M] with
 // TransA), B is [K N] ([N K] with TransB), the output [M N].
 type MatMul struct{ TransA, TransB bool }
-
-// OutType implements Kernel.
-func (MatMul) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (MatMul) Workspace([][]int) int { return 0 }
 
 // Dims returns M, N and K for inputs of shapes a and b.
 func (op MatMul) Dims(a, b []int) (m, n, k int) {
@@ -277,12 +241,6 @@ func (op MatMul) CPU(in []Arg, out Arg, _ []float32) error {
 // Broadcast repeats its input, which has size 1 along Axis, to the output's
 // shape (the other axes equal).
 type Broadcast struct{ Axis int }
-
-// OutType implements Kernel.
-func (Broadcast) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (Broadcast) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op Broadcast) CPU(in []Arg, out Arg, _ []float32) error {
@@ -328,10 +286,7 @@ func SplitAxis(s []int, axis int) (outer, n, inner int) {
 // supported. The output keeps no reduced axis (a scalar for all axes).
 type Sum struct{ Axes []int }
 
-// OutType implements Kernel.
-func (Sum) OutType() DType { return Float32 }
-
-// Workspace implements Kernel: the intermediate of a two-step reduction.
+// Workspace implements Scratcher: the intermediate of a two-step reduction.
 func (op Sum) Workspace(in [][]int) int {
 	if op.all(len(in[0])) || len(op.Axes) <= 1 {
 		return 0
@@ -421,12 +376,6 @@ func (op Sum) CPU(in []Arg, out Arg, ws []float32) error {
 // Slice copies elements [Start, End) along Axis of its input (step 1).
 type Slice struct{ Axis, Start, End int }
 
-// OutType implements Kernel.
-func (Slice) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (Slice) Workspace([][]int) int { return 0 }
-
 // CPU implements Kernel.
 func (op Slice) CPU(in []Arg, out Arg, _ []float32) error {
 	if err := checkArgs("Slice", in, 1); err != nil {
@@ -448,12 +397,6 @@ func (op Slice) CPU(in []Arg, out Arg, _ []float32) error {
 // value's shape, zero except g in elements [Start, End) along Axis
 // (Gorgonia adds g to a fresh zero tensor; 0 + g = g exactly).
 type SliceIncr struct{ Axis, Start, End int }
-
-// OutType implements Kernel.
-func (SliceIncr) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (SliceIncr) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op SliceIncr) CPU(in []Arg, out Arg, _ []float32) error {
@@ -478,12 +421,6 @@ func (op SliceIncr) CPU(in []Arg, out Arg, _ []float32) error {
 // Concat joins its inputs along Axis.
 type Concat struct{ Axis int }
 
-// OutType implements Kernel.
-func (Concat) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (Concat) Workspace([][]int) int { return 0 }
-
 // CPU implements Kernel.
 func (op Concat) CPU(in []Arg, out Arg, _ []float32) error {
 	outer, _, _ := SplitAxis(out.Shape, op.Axis)
@@ -504,12 +441,6 @@ func (op Concat) CPU(in []Arg, out Arg, _ []float32) error {
 // Gather selects rows: inputs x [R D…] and indices [n] (int64), output
 // [n D…] with row i = x[indices[i]] (an embedding lookup).
 type Gather struct{}
-
-// OutType implements Kernel.
-func (Gather) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (Gather) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (Gather) CPU(in []Arg, out Arg, _ []float32) error {
@@ -532,12 +463,6 @@ func (Gather) CPU(in []Arg, out Arg, _ []float32) error {
 // output has the gathered value's shape [R D…], zero except that row
 // indices[i] accumulates g's row i, in order of i.
 type GatherGrad struct{}
-
-// OutType implements Kernel.
-func (GatherGrad) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (GatherGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (GatherGrad) CPU(in []Arg, out Arg, _ []float32) error {
@@ -564,12 +489,6 @@ func (GatherGrad) CPU(in []Arg, out Arg, _ []float32) error {
 // output).
 type Copy struct{}
 
-// OutType implements Kernel.
-func (Copy) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (Copy) Workspace([][]int) int { return 0 }
-
 // CPU implements Kernel.
 func (Copy) CPU(in []Arg, out Arg, _ []float32) error {
 	if len(in) != 1 {
@@ -589,12 +508,6 @@ func (Copy) CPU(in []Arg, out Arg, _ []float32) error {
 // Const fills its output with Value (Gorgonia's constants and the sizes
 // SizeOf reports).
 type Const struct{ Value float32 }
-
-// OutType implements Kernel.
-func (Const) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (Const) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op Const) CPU(_ []Arg, out Arg, _ []float32) error {

@@ -20,14 +20,12 @@ import (
 // into one K·K·Ci × B·Ho·Wo patch matrix and computes one large product
 // with the package BLAS, so that a multi-threaded BLAS uses every core.
 type Conv2d struct {
-	gop
 	K, Stride, Pad int
 }
 
 // Conv2dGradInput is Conv2d's gradient with respect to x: inputs w and dy,
 // output dx with shape X.
 type Conv2dGradInput struct {
-	gop
 	Conv Conv2d
 	X    [4]int
 }
@@ -35,7 +33,6 @@ type Conv2dGradInput struct {
 // Conv2dGradFilter is Conv2d's gradient with respect to w: inputs x and
 // dy, output dw with shape W.
 type Conv2dGradFilter struct {
-	gop
 	Conv Conv2d
 	W    [4]int
 }
@@ -54,7 +51,7 @@ func Conv(x, w *G.Node, stride, pad int) (*G.Node, error) {
 	if stride < 1 || pad < 0 || op.outSize(xs[2]) < 1 || op.outSize(xs[3]) < 1 {
 		return nil, fmt.Errorf("ops: conv of %v with a %d×%d filter, stride %d, padding %d has no output", xs, ws[2], ws[3], stride, pad)
 	}
-	return G.ApplyOp(op, x, w)
+	return applyDiff(op, x, w)
 }
 
 func (op Conv2d) outSize(h int) int { return (h+2*op.Pad-op.K)/op.Stride + 1 }
@@ -73,18 +70,11 @@ func (op Conv2d) Geom(x, w []int) ConvGeom {
 	return g
 }
 
-// Arity implements gorgonia.Op.
-func (Conv2d) Arity() int { return 2 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (Conv2d) Type() hm.Type { return hm.NewFnType(tensorType(4), tensorType(4), tensorType(4)) }
 
-// InferShape implements gorgonia.Op.
-func (op Conv2d) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("Conv2d", ds, 2)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (op Conv2d) shape(s []tensor.Shape) (tensor.Shape, error) {
 	x, w := s[0], s[1]
 	if len(x) != 4 || len(w) != 4 {
 		return nil, fmt.Errorf("ops: Conv2d wants 4-D input and filter shapes, got %v and %v", x, w)
@@ -92,43 +82,31 @@ func (op Conv2d) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	return tensor.Shape{x[0], w[0], op.outSize(x[2]), op.outSize(x[3])}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op Conv2d) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op Conv2d) Hashcode() uint32 { return hashOf(op) }
-
 func (op Conv2d) String() string {
 	return fmt.Sprintf("Conv2d{k=%d,s=%d,p=%d}", op.K, op.Stride, op.Pad)
 }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT implements differentiable.
 func (Conv2d) DiffWRT(int) []bool { return []bool{true, true} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff implements differentiable.
 func (op Conv2d) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
 	x, w := inputs[0], inputs[1]
 	var xs, ws [4]int
 	copy(xs[:], x.Shape())
 	copy(ws[:], w.Shape())
-	dx, err := G.ApplyOp(Conv2dGradInput{Conv: op, X: xs}, w, grad)
+	dx, err := apply(Conv2dGradInput{Conv: op, X: xs}, w, grad)
 	if err != nil {
 		return nil, err
 	}
-	dw, err := G.ApplyOp(Conv2dGradFilter{Conv: op, W: ws}, x, grad)
+	dw, err := apply(Conv2dGradFilter{Conv: op, W: ws}, x, grad)
 	if err != nil {
 		return nil, err
 	}
 	return G.Nodes{dx, dw}, nil
 }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op Conv2d) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (Conv2d) OutType() DType { return Float32 }
-
-// Workspace implements Kernel: the patch matrix and the product before
+// Workspace implements Scratcher: the patch matrix and the product before
 // its permutation to NCHW, for one chunk of images (ConvGeom.Chunk).
 func (op Conv2d) Workspace(in [][]int) int {
 	g := op.Geom(in[0], in[1])
@@ -194,34 +172,19 @@ func transposeDY(dy, dyt []float32, B, Co, N int) {
 	})
 }
 
-// Arity implements gorgonia.Op.
-func (Conv2dGradInput) Arity() int { return 2 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (Conv2dGradInput) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(4), tensorType(4))
 }
 
-// InferShape implements gorgonia.Op.
-func (op Conv2dGradInput) InferShape(...G.DimSizer) (tensor.Shape, error) {
+// shape implements descriptor.
+func (op Conv2dGradInput) shape([]tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape(op.X[:]).Clone(), nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op Conv2dGradInput) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op Conv2dGradInput) Hashcode() uint32 { return hashOf(op) }
-
 func (op Conv2dGradInput) String() string { return "Conv2dGradInput" + op.Conv.String()[6:] }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op Conv2dGradInput) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (Conv2dGradInput) OutType() DType { return Float32 }
-
-// Workspace implements Kernel: dYᵗ and the patch-matrix gradient of one
+// Workspace implements Scratcher: dYᵗ and the patch-matrix gradient of one
 // chunk of images.
 func (op Conv2dGradInput) Workspace(in [][]int) int {
 	g := op.Conv.Geom(op.X[:], in[0])
@@ -252,34 +215,19 @@ func (op Conv2dGradInput) CPU(in []Arg, out Arg, ws []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (Conv2dGradFilter) Arity() int { return 2 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (Conv2dGradFilter) Type() hm.Type {
 	return hm.NewFnType(tensorType(4), tensorType(4), tensorType(4))
 }
 
-// InferShape implements gorgonia.Op.
-func (op Conv2dGradFilter) InferShape(...G.DimSizer) (tensor.Shape, error) {
+// shape implements descriptor.
+func (op Conv2dGradFilter) shape([]tensor.Shape) (tensor.Shape, error) {
 	return tensor.Shape(op.W[:]).Clone(), nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op Conv2dGradFilter) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op Conv2dGradFilter) Hashcode() uint32 { return hashOf(op) }
-
 func (op Conv2dGradFilter) String() string { return "Conv2dGradFilter" + op.Conv.String()[6:] }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op Conv2dGradFilter) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (Conv2dGradFilter) OutType() DType { return Float32 }
-
-// Workspace implements Kernel: the patch matrix and dYᵗ of one chunk of
+// Workspace implements Scratcher: the patch matrix and dYᵗ of one chunk of
 // images.
 func (op Conv2dGradFilter) Workspace(in [][]int) int {
 	g := op.Conv.Geom(in[0], op.W[:])

@@ -11,9 +11,10 @@
 //     BatchNormGradSums, BatchNormGradInput, BatchNormGradParam), AddReLU
 //     and ReLUGrad, LogSumExp with SoftmaxCrossEntropy and its gradient,
 //     MatMulT with its gradients, and LSTMCell (one fused LSTM time step,
-//     built with LSTMStep) with LSTMCellGrad. They implement gorgonia.Op and
-//     gorgonia.SDOp, so Gorgonia's symbolic Grad differentiates graphs made
-//     of them, and their Do runs the CPU kernel, so Gorgonia's tape machine
+//     built with LSTMStep) with LSTMCellGrad. In a graph each is a node's op
+//     through a generic gorgonia.Op (and gorgonia.SDOp for the forward ops)
+//     that wraps it, so Gorgonia's symbolic Grad differentiates graphs made
+//     of them, and whose Do runs the CPU kernel, so Gorgonia's tape machine
 //     can run such graphs too (tests use it as an independent reference).
 //     Their fields are all an executor needs: no op hides state. Values that
 //     must travel from a forward op to its gradient ops (BatchNorm's batch
@@ -30,7 +31,7 @@
 //
 // Every descriptor implements Kernel: CPU computes the output from host
 // arguments into a preallocated output, with scratch memory the caller
-// provides (Workspace), so an executor allocates nothing per step. The CPU
+// provides (WorkspaceOf), so an executor allocates nothing per step. The CPU
 // kernels reproduce Gorgonia's arithmetic for Gorgonia's ops (the same
 // float32 functions and the same summation orders), so a graph gives the
 // same bits on the tape machine and on the project's executor.

@@ -4,41 +4,117 @@ import (
 	"fmt"
 	"hash"
 	"hash/fnv"
+	"strings"
 
 	"github.com/chewxy/hm"
 	G "gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
 )
 
-// gop holds the Gorgonia Op methods that are the same for every op of the
-// package: outputs are fresh values, no op calls external code or
-// overwrites an input as Gorgonia understands it (BatchNormStats' update of
-// the running statistics is a side effect on bound values, see Mutator).
-// The gradient ops (Conv2dGradInput, BatchNormGradSums, ReLUGrad, …) do not
-// implement gorgonia.SDOp: they only appear in backward passes, which
-// nothing differentiates again.
-type gop struct{}
+// descriptor is what each of the package's own ops declares for Gorgonia;
+// graphOp adds what is the same for all of them.
+type descriptor interface {
+	Kernel
+	// Type is the op's Gorgonia type: a function of its inputs, in order.
+	Type() hm.Type
+	// shape is the output's shape for inputs of shapes in (as many as
+	// Type has).
+	shape(in []tensor.Shape) (tensor.Shape, error)
+	String() string
+}
+
+// differentiable is a descriptor that Gorgonia's symbolic Grad
+// differentiates (gorgonia.SDOp).
+type differentiable interface {
+	descriptor
+	DiffWRT(inputs int) []bool
+	SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error)
+}
+
+// graphOp is the descriptor k as a node's op in a Gorgonia graph: a
+// gorgonia.Op that hashes k's type and fields and whose Do runs k's CPU
+// kernel. Outputs are fresh values, no op calls external code or
+// overwrites an input as Gorgonia understands it (BatchNormStats' update
+// of the running statistics is a side effect on bound values, see
+// Mutator). The gradient ops (Conv2dGradInput, BatchNormGradSums,
+// ReLUGrad, …) are graphOps alone: they only appear in backward passes,
+// which nothing differentiates again; the others are diffOps.
+type graphOp[K descriptor] struct{ k K }
+
+// diffOp is a graphOp that is also a gorgonia.SDOp.
+type diffOp[K differentiable] struct{ graphOp[K] }
+
+// apply and applyDiff add the node of k applied to args to their graph.
+func apply[K descriptor](k K, args ...*G.Node) (*G.Node, error) {
+	return G.ApplyOp(graphOp[K]{k}, args...)
+}
+
+func applyDiff[K differentiable](k K, args ...*G.Node) (*G.Node, error) {
+	return G.ApplyOp(diffOp[K]{graphOp[K]{k}}, args...)
+}
+
+// Descriptor is the op's descriptor: package engine translates a graph's
+// nodes into descriptors.
+func (o graphOp[K]) Descriptor() Kernel { return o.k }
+
+// Arity implements gorgonia.Op: the number of inputs of k's Type.
+func (o graphOp[K]) Arity() int { return len(o.k.Type().(*hm.FunctionType).FlatTypes()) - 1 }
+
+// Type implements gorgonia.Op.
+func (o graphOp[K]) Type() hm.Type { return o.k.Type() }
+
+// InferShape implements gorgonia.Op: k's shape of the inputs' shapes.
+func (o graphOp[K]) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
+	name, n := strings.TrimPrefix(fmt.Sprintf("%T", o.k), "ops."), o.Arity()
+	if len(ds) != n {
+		return nil, fmt.Errorf("ops: %s takes %d inputs, got %d shapes", name, n, len(ds))
+	}
+	in := make([]tensor.Shape, n)
+	for i, d := range ds {
+		s, ok := d.(tensor.Shape)
+		if !ok {
+			return nil, fmt.Errorf("ops: %s input %d has no shape (%v)", name, i, d)
+		}
+		in[i] = s
+	}
+	return o.k.shape(in)
+}
+
+// Do implements gorgonia.Op with the CPU kernel.
+func (o graphOp[K]) Do(vals ...G.Value) (G.Value, error) { return doCPU(o, vals) }
 
 // ReturnsPtr implements gorgonia.Op.
-func (gop) ReturnsPtr() bool { return false }
+func (graphOp[K]) ReturnsPtr() bool { return false }
 
 // CallsExtern implements gorgonia.Op.
-func (gop) CallsExtern() bool { return false }
+func (graphOp[K]) CallsExtern() bool { return false }
 
 // OverwritesInput implements gorgonia.Op.
-func (gop) OverwritesInput() int { return -1 }
+func (graphOp[K]) OverwritesInput() int { return -1 }
+
+// WriteHash implements gorgonia.Op.
+func (o graphOp[K]) WriteHash(h hash.Hash) { fmt.Fprint(h, describe(o.k)) }
+
+// Hashcode implements gorgonia.Op.
+func (o graphOp[K]) Hashcode() uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(describe(o.k)))
+	return h.Sum32()
+}
+
+func (o graphOp[K]) String() string { return o.k.String() }
+
+// DiffWRT implements gorgonia.SDOp.
+func (o diffOp[K]) DiffWRT(inputs int) []bool { return o.k.DiffWRT(inputs) }
+
+// SymDiff implements gorgonia.SDOp.
+func (o diffOp[K]) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
+	return o.k.SymDiff(inputs, output, grad)
+}
 
 // describe is the text every op hashes: its type and all its fields, so two
 // ops hash alike exactly when they are the same descriptor.
 func describe(op any) string { return fmt.Sprintf("%T%+v", op, op) }
-
-func writeHash(h hash.Hash, op any) { fmt.Fprint(h, describe(op)) }
-
-func hashOf(op any) uint32 {
-	h := fnv.New32a()
-	h.Write([]byte(describe(op)))
-	return h.Sum32()
-}
 
 func tensorType(dims int) hm.Type {
 	if dims == 0 {
@@ -54,35 +130,13 @@ func typedTensor(dims int, dt tensor.Dtype) hm.Type {
 	return G.TensorType{Dims: dims, Of: dt}
 }
 
-func shapesOf(name string, ds []G.DimSizer, n int) ([]tensor.Shape, error) {
-	if len(ds) != n {
-		return nil, fmt.Errorf("ops: %s takes %d inputs, got %d shapes", name, n, len(ds))
-	}
-	out := make([]tensor.Shape, n)
-	for i, d := range ds {
-		s, ok := d.(tensor.Shape)
-		if !ok {
-			return nil, fmt.Errorf("ops: %s input %d has no shape (%v)", name, i, d)
-		}
-		out[i] = s
-	}
-	return out, nil
-}
-
-// shaper is what doCPU needs of an op besides its kernel.
-type shaper interface {
-	InferShape(...G.DimSizer) (tensor.Shape, error)
-}
-
 // doCPU runs k's CPU kernel on Gorgonia values (the ops' Do): it converts
 // the inputs to Args (views are materialised, Go ints become int64),
 // allocates the output and scratch, and wraps the result as a Gorgonia
 // value. Inputs that the op mutates must be plain dense tensors, which
 // Args alias.
-func doCPU(k interface {
-	Kernel
-	shaper
-}, vals []G.Value) (G.Value, error) {
+func doCPU[K descriptor](o graphOp[K], vals []G.Value) (G.Value, error) {
+	k := o.k
 	args := make([]Arg, len(vals))
 	ds := make([]G.DimSizer, len(vals))
 	for i, v := range vals {
@@ -93,25 +147,25 @@ func doCPU(k interface {
 		args[i] = a
 		ds[i] = tensor.Shape(a.Shape)
 	}
-	shape, err := k.InferShape(ds...)
+	shape, err := o.InferShape(ds...)
 	if err != nil {
 		return nil, err
 	}
 	out := Arg{Shape: []int(shape)}
 	n := shape.TotalSize()
-	switch k.OutType() {
+	switch OutTypeOf(k) {
 	case Float32:
 		out.F32 = make([]float32, n)
 	case Float64:
 		out.F64 = make([]float64, n)
 	default:
-		return nil, fmt.Errorf("ops: %v has output type %v, which Do cannot produce", k, k.OutType())
+		return nil, fmt.Errorf("ops: %v has output type %v, which Do cannot produce", k, OutTypeOf(k))
 	}
 	shapes := make([][]int, len(args))
 	for i, a := range args {
 		shapes[i] = a.Shape
 	}
-	ws := make([]float32, k.Workspace(shapes))
+	ws := make([]float32, WorkspaceOf(k, shapes))
 	if err := k.CPU(args, out, ws); err != nil {
 		return nil, err
 	}
@@ -163,6 +217,3 @@ func argOf(v G.Value) (Arg, error) {
 	}
 	return Arg{}, fmt.Errorf("unsupported value type %T", v)
 }
-
-// hashWriter is the hash Gorgonia passes to WriteHash.
-type hashWriter = hash.Hash

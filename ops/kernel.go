@@ -32,17 +32,44 @@ const (
 	Int64   = device.Int64
 )
 
-// Kernel is implemented by every descriptor of the package.
+// Kernel is implemented by every descriptor of the package. A kernel
+// that needs scratch memory is also a Scratcher, one whose output is not
+// float32 a Typed.
 type Kernel interface {
 	// CPU computes the output from the inputs into out, whose memory and
 	// shape the caller provides (its contents on entry are undefined). ws
-	// holds at least Workspace(input shapes) float32s of scratch.
+	// holds at least WorkspaceOf(input shapes) float32s of scratch.
 	CPU(in []Arg, out Arg, ws []float32) error
+}
+
+// Scratcher is implemented by the kernels whose CPU needs scratch memory.
+type Scratcher interface {
 	// Workspace is the number of float32s of scratch CPU needs for inputs
 	// of the given shapes.
 	Workspace(in [][]int) int
+}
+
+// Typed is implemented by the kernels whose output is not float32.
+type Typed interface {
 	// OutType is the output's element type.
 	OutType() DType
+}
+
+// WorkspaceOf is the number of float32s of scratch k's CPU needs for
+// inputs of the given shapes: none unless k is a Scratcher.
+func WorkspaceOf(k Kernel, in [][]int) int {
+	if s, ok := k.(Scratcher); ok {
+		return s.Workspace(in)
+	}
+	return 0
+}
+
+// OutTypeOf is the element type of k's output: Float32 unless k is a Typed.
+func OutTypeOf(k Kernel) DType {
+	if t, ok := k.(Typed); ok {
+		return t.OutType()
+	}
+	return Float32
 }
 
 // InPlacer is implemented by ops whose output may share the storage of
@@ -68,18 +95,6 @@ func Elems(s []int) int {
 		n *= d
 	}
 	return n
-}
-
-func sameShape(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // checkArgs verifies the number of inputs and that every float32 input holds

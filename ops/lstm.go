@@ -2,6 +2,7 @@ package ops
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/chewxy/hm"
 	G "gorgonia.org/gorgonia"
@@ -33,7 +34,7 @@ import (
 // sign where Gorgonia's sums turn −0 into +0. One op replaces the
 // composition's four column slices, five activations and five products
 // and sums per step (and, in the backward pass, about thirty ops).
-type LSTMCell struct{ gop }
+type LSTMCell struct{}
 
 // LSTMCellGrad is LSTMCell's gradient: inputs the cell's output P [10 B H],
 // its input c [B H] and the gradient dP [10 B H] of the loss with respect
@@ -41,7 +42,7 @@ type LSTMCell struct{ gop }
 // h' and c'). The output [5 B H] holds dG [B 4H] (the gradient of the
 // pre-activation gates, so of both x and hw) in its first 4·B·H elements
 // in row-major order, then dc [B H].
-type LSTMCellGrad struct{ gop }
+type LSTMCellGrad struct{}
 
 // The planes of LSTMCell's output.
 const (
@@ -64,7 +65,7 @@ func LSTMStep(x, hw, c *G.Node) (h, cNext *G.Node, err error) {
 	if _, _, err := lstmShape(x.Shape(), hw.Shape(), c.Shape()); err != nil {
 		return nil, nil, err
 	}
-	p, err := G.ApplyOp(LSTMCell{}, x, hw, c)
+	p, err := applyDiff(LSTMCell{}, x, hw, c)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -83,20 +84,13 @@ func lstmShape(x, hw, c []int) (B, H int, err error) {
 	return c[0], c[1], nil
 }
 
-// Arity implements gorgonia.Op.
-func (LSTMCell) Arity() int { return 3 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (LSTMCell) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2), tensorType(3))
 }
 
-// InferShape implements gorgonia.Op.
-func (LSTMCell) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("LSTMCell", ds, 3)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (LSTMCell) shape(s []tensor.Shape) (tensor.Shape, error) {
 	B, H, err := lstmShape(s[0], s[1], s[2])
 	if err != nil {
 		return nil, err
@@ -104,21 +98,15 @@ func (LSTMCell) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	return tensor.Shape{lstmPlanes, B, H}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op LSTMCell) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op LSTMCell) Hashcode() uint32 { return hashOf(op) }
-
 func (LSTMCell) String() string { return "LSTMCell" }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT implements differentiable.
 func (LSTMCell) DiffWRT(int) []bool { return []bool{true, true, true} }
 
-// SymDiff implements gorgonia.SDOp: x and hw get dG, c gets dc, views of
+// SymDiff implements differentiable: x and hw get dG, c gets dc, views of
 // one LSTMCellGrad.
 func (LSTMCell) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
-	d, err := G.ApplyOp(LSTMCellGrad{}, output, inputs[2], grad)
+	d, err := apply(LSTMCellGrad{}, output, inputs[2], grad)
 	if err != nil {
 		return nil, err
 	}
@@ -132,15 +120,6 @@ func (LSTMCell) SymDiff(inputs G.Nodes, output, grad *G.Node) (G.Nodes, error) {
 	dc, err := G.Slice(d, G.S(4))
 	return G.Nodes{dg, dg, dc}, err
 }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op LSTMCell) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (LSTMCell) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (LSTMCell) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (LSTMCell) CPU(in []Arg, out Arg, _ []float32) error {
@@ -198,28 +177,21 @@ func lstmRows(B, H int, f func(lo, hi int)) {
 	})
 }
 
-// Arity implements gorgonia.Op.
-func (LSTMCellGrad) Arity() int { return 3 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (LSTMCellGrad) Type() hm.Type {
 	return hm.NewFnType(tensorType(3), tensorType(2), tensorType(3), tensorType(3))
 }
 
 // lstmGradShape checks LSTMCellGrad's input shapes and returns B and H.
 func lstmGradShape(p, c, dp []int) (B, H int, err error) {
-	if len(p) != 3 || p[0] != lstmPlanes || len(c) != 2 || c[0] != p[1] || c[1] != p[2] || !sameShape(p, dp) {
+	if len(p) != 3 || p[0] != lstmPlanes || len(c) != 2 || c[0] != p[1] || c[1] != p[2] || !slices.Equal(p, dp) {
 		return 0, 0, fmt.Errorf("ops: LSTMCellGrad of shapes %v, %v and %v; want [%d B H], [B H] and [%[4]d B H]", p, c, dp, lstmPlanes)
 	}
 	return c[0], c[1], nil
 }
 
-// InferShape implements gorgonia.Op.
-func (LSTMCellGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("LSTMCellGrad", ds, 3)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (LSTMCellGrad) shape(s []tensor.Shape) (tensor.Shape, error) {
 	B, H, err := lstmGradShape(s[0], s[1], s[2])
 	if err != nil {
 		return nil, err
@@ -227,22 +199,7 @@ func (LSTMCellGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	return tensor.Shape{5, B, H}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op LSTMCellGrad) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op LSTMCellGrad) Hashcode() uint32 { return hashOf(op) }
-
 func (LSTMCellGrad) String() string { return "LSTMCellGrad" }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op LSTMCellGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (LSTMCellGrad) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (LSTMCellGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: the chain rule through the step in the order and
 // association of Gorgonia's symbolic gradient of the composition (σ'(x)·dy

@@ -14,11 +14,10 @@ import (
 // transpose copy of the V×E matrix every step and another one of its
 // gradient. Gradients: dx = dy·w (MatMulTGrad{Which: 0}, inputs w, dy) and
 // dw = dyᵀ·x (MatMulTGrad{Which: 1}, inputs x, dy).
-type MatMulT struct{ gop }
+type MatMulT struct{}
 
 // MatMulTGrad is a gradient of MatMulT (see there).
 type MatMulTGrad struct {
-	gop
 	Which int
 }
 
@@ -28,56 +27,34 @@ func MulT(x, w *G.Node) (*G.Node, error) {
 	if len(xs) != 2 || len(ws) != 2 || xs[1] != ws[1] {
 		return nil, fmt.Errorf("ops: x·wᵀ of shapes %v and %v", xs, ws)
 	}
-	return G.ApplyOp(MatMulT{}, x, w)
+	return applyDiff(MatMulT{}, x, w)
 }
 
-// Arity implements gorgonia.Op.
-func (MatMulT) Arity() int { return 2 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (MatMulT) Type() hm.Type { return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2)) }
 
-// InferShape implements gorgonia.Op.
-func (MatMulT) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("MatMulT", ds, 2)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (MatMulT) shape(s []tensor.Shape) (tensor.Shape, error) {
 	if len(s[0]) != 2 || len(s[1]) != 2 || s[0][1] != s[1][1] {
 		return nil, fmt.Errorf("ops: MatMulT of shapes %v and %v", s[0], s[1])
 	}
 	return tensor.Shape{s[0][0], s[1][0]}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op MatMulT) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op MatMulT) Hashcode() uint32 { return hashOf(op) }
-
 func (MatMulT) String() string { return "MatMulT" }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT implements differentiable.
 func (MatMulT) DiffWRT(int) []bool { return []bool{true, true} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff implements differentiable.
 func (MatMulT) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
-	dx, err := G.ApplyOp(MatMulTGrad{Which: 0}, inputs[1], grad)
+	dx, err := apply(MatMulTGrad{Which: 0}, inputs[1], grad)
 	if err != nil {
 		return nil, err
 	}
-	dw, err := G.ApplyOp(MatMulTGrad{Which: 1}, inputs[0], grad)
+	dw, err := apply(MatMulTGrad{Which: 1}, inputs[0], grad)
 	return G.Nodes{dx, dw}, err
 }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op MatMulT) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (MatMulT) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (MatMulT) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (MatMulT) CPU(in []Arg, out Arg, _ []float32) error {
@@ -89,21 +66,14 @@ func (MatMulT) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (MatMulTGrad) Arity() int { return 2 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (MatMulTGrad) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tensorType(2), tensorType(2))
 }
 
-// InferShape implements gorgonia.Op: dx is [N K] from (w [M K], dy [N M]);
+// shape implements descriptor: dx is [N K] from (w [M K], dy [N M]);
 // dw is [M K] from (x [N K], dy [N M]).
-func (op MatMulTGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("MatMulTGrad", ds, 2)
-	if err != nil {
-		return nil, err
-	}
+func (op MatMulTGrad) shape(s []tensor.Shape) (tensor.Shape, error) {
 	a, d := s[0], s[1]
 	if len(a) != 2 || len(d) != 2 {
 		return nil, fmt.Errorf("ops: MatMulT gradient of shapes %v and %v", a, d)
@@ -114,22 +84,7 @@ func (op MatMulTGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
 	return tensor.Shape{d[1], a[1]}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op MatMulTGrad) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op MatMulTGrad) Hashcode() uint32 { return hashOf(op) }
-
 func (op MatMulTGrad) String() string { return fmt.Sprintf("MatMulTGrad%d", op.Which) }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op MatMulTGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (MatMulTGrad) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (MatMulTGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (op MatMulTGrad) CPU(in []Arg, out Arg, _ []float32) error {

@@ -45,7 +45,7 @@ func run(t *testing.T, k Kernel, in []Arg, out Arg) Arg {
 	for i, a := range in {
 		shapes[i] = a.Shape
 	}
-	if err := k.CPU(in, out, make([]float32, k.Workspace(shapes))); err != nil {
+	if err := k.CPU(in, out, make([]float32, WorkspaceOf(k, shapes))); err != nil {
 		t.Fatal(err)
 	}
 	return out

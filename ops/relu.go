@@ -12,67 +12,45 @@ import (
 // gradient with respect to both inputs is ReLUGrad(y, dy). Gorgonia's ReLU
 // is a comparison and a multiplication, each a full pass with a fresh
 // output; this is one pass.
-type AddReLU struct{ gop }
+type AddReLU struct{}
 
 // ReLUGrad is dx = dy where y > 0, else 0, for inputs (y, dy).
-type ReLUGrad struct{ gop }
+type ReLUGrad struct{}
 
 // AddRelu returns max(a+b, 0).
 func AddRelu(a, b *G.Node) (*G.Node, error) {
 	if !a.Shape().Eq(b.Shape()) {
 		return nil, fmt.Errorf("ops: AddReLU of shapes %v and %v", a.Shape(), b.Shape())
 	}
-	return G.ApplyOp(AddReLU{}, a, b)
+	return applyDiff(AddReLU{}, a, b)
 }
 
-func sameAs(name string, ds []G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf(name, ds, 2)
-	if err != nil {
-		return nil, err
-	}
+func sameAs(name string, s []tensor.Shape) (tensor.Shape, error) {
 	if !s[0].Eq(s[1]) {
 		return nil, fmt.Errorf("ops: %s of shapes %v and %v", name, s[0], s[1])
 	}
 	return s[0].Clone(), nil
 }
 
-// Arity implements gorgonia.Op.
-func (AddReLU) Arity() int { return 2 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (AddReLU) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
 
-// InferShape implements gorgonia.Op.
-func (AddReLU) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return sameAs("AddReLU", ds) }
-
-// WriteHash implements gorgonia.Op.
-func (op AddReLU) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op AddReLU) Hashcode() uint32 { return hashOf(op) }
+// shape implements descriptor.
+func (AddReLU) shape(s []tensor.Shape) (tensor.Shape, error) { return sameAs("AddReLU", s) }
 
 func (AddReLU) String() string { return "AddReLU" }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT implements differentiable.
 func (AddReLU) DiffWRT(int) []bool { return []bool{true, true} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff implements differentiable.
 func (AddReLU) SymDiff(_ G.Nodes, output, grad *G.Node) (G.Nodes, error) {
-	d, err := G.ApplyOp(ReLUGrad{}, output, grad)
+	d, err := apply(ReLUGrad{}, output, grad)
 	return G.Nodes{d, d}, err
 }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op AddReLU) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (AddReLU) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer.
 func (AddReLU) InPlace() []int { return []int{0, 1} }
-
-// Workspace implements Kernel.
-func (AddReLU) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (AddReLU) CPU(in []Arg, out Arg, _ []float32) error {
@@ -89,34 +67,16 @@ func (AddReLU) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (ReLUGrad) Arity() int { return 2 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (ReLUGrad) Type() hm.Type { a := hm.TypeVariable('a'); return hm.NewFnType(a, a, a) }
 
-// InferShape implements gorgonia.Op.
-func (ReLUGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) { return sameAs("ReLUGrad", ds) }
-
-// WriteHash implements gorgonia.Op.
-func (op ReLUGrad) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op ReLUGrad) Hashcode() uint32 { return hashOf(op) }
+// shape implements descriptor.
+func (ReLUGrad) shape(s []tensor.Shape) (tensor.Shape, error) { return sameAs("ReLUGrad", s) }
 
 func (ReLUGrad) String() string { return "ReLUGrad" }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op ReLUGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (ReLUGrad) OutType() DType { return Float32 }
-
 // InPlace implements InPlacer.
 func (ReLUGrad) InPlace() []int { return []int{0, 1} }
-
-// Workspace implements Kernel.
-func (ReLUGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (ReLUGrad) CPU(in []Arg, out Arg, _ []float32) error {

@@ -29,11 +29,10 @@ import (
 // (single-threaded, about a tenth of an LSTM step at a 28,869-word
 // vocabulary), a reshape copy and a ByIndices gather whose gradient
 // allocates another N×C matrix.
-type LogSumExp struct{ gop }
+type LogSumExp struct{}
 
 // SoftmaxCrossEntropy is the mean cross-entropy loss (see LogSumExp).
 type SoftmaxCrossEntropy struct {
-	gop
 	// Smoothing is the label smoothing ε, in [0, 1).
 	Smoothing float32
 }
@@ -41,7 +40,6 @@ type SoftmaxCrossEntropy struct {
 // SoftmaxCrossEntropyGrad is the gradient of SoftmaxCrossEntropy with
 // respect to the logits (see LogSumExp).
 type SoftmaxCrossEntropyGrad struct {
-	gop
 	// Smoothing is the loss's label smoothing ε.
 	Smoothing float32
 }
@@ -57,58 +55,39 @@ func CrossEntropy(logits, targets *G.Node, smoothing float64) (*G.Node, error) {
 	if !(smoothing >= 0 && smoothing < 1) {
 		return nil, fmt.Errorf("ops: label smoothing %v; use 0 ≤ ε < 1", smoothing)
 	}
-	lse, err := G.ApplyOp(LogSumExp{}, logits)
+	lse, err := applyDiff(LogSumExp{}, logits)
 	if err != nil {
 		return nil, err
 	}
-	return G.ApplyOp(SoftmaxCrossEntropy{Smoothing: float32(smoothing)}, logits, targets, lse)
+	return applyDiff(SoftmaxCrossEntropy{Smoothing: float32(smoothing)}, logits, targets, lse)
 }
 
 func tInt() hm.Type { return G.TensorType{Dims: 1, Of: tensor.Int} }
 
-// Arity implements gorgonia.Op.
-func (LogSumExp) Arity() int { return 1 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (LogSumExp) Type() hm.Type { return hm.NewFnType(tensorType(2), typedTensor(1, tensor.Float64)) }
 
-// InferShape implements gorgonia.Op.
-func (LogSumExp) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, err := shapesOf("LogSumExp", ds, 1)
-	if err != nil {
-		return nil, err
-	}
+// shape implements descriptor.
+func (LogSumExp) shape(s []tensor.Shape) (tensor.Shape, error) {
 	if len(s[0]) != 2 {
 		return nil, fmt.Errorf("ops: LogSumExp of shape %v, want [N C]", s[0])
 	}
 	return tensor.Shape{s[0][0]}, nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op LogSumExp) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op LogSumExp) Hashcode() uint32 { return hashOf(op) }
-
 func (LogSumExp) String() string { return "LogSumExp" }
 
-// DiffWRT implements gorgonia.SDOp: the log-sum-exp is a saved value, not
+// DiffWRT implements differentiable: the log-sum-exp is a saved value, not
 // differentiated.
 func (LogSumExp) DiffWRT(int) []bool { return []bool{false} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff implements differentiable.
 func (LogSumExp) SymDiff(G.Nodes, *G.Node, *G.Node) (G.Nodes, error) {
 	return nil, fmt.Errorf("ops: LogSumExp is not differentiated")
 }
 
-// Do implements gorgonia.Op with the CPU kernel.
-func (op LogSumExp) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
+// OutType implements Typed.
 func (LogSumExp) OutType() DType { return Float64 }
-
-// Workspace implements Kernel.
-func (LogSumExp) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel.
 func (LogSumExp) CPU(in []Arg, out Arg, _ []float32) error {
@@ -137,44 +116,26 @@ func checkTargets(name string, z, y Arg) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (SoftmaxCrossEntropy) Arity() int { return 3 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (SoftmaxCrossEntropy) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tInt(), typedTensor(1, tensor.Float64), hm.TypeVariable('a'))
 }
 
-// InferShape implements gorgonia.Op.
-func (SoftmaxCrossEntropy) InferShape(...G.DimSizer) (tensor.Shape, error) {
+// shape implements descriptor.
+func (SoftmaxCrossEntropy) shape([]tensor.Shape) (tensor.Shape, error) {
 	return tensor.ScalarShape(), nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op SoftmaxCrossEntropy) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op SoftmaxCrossEntropy) Hashcode() uint32 { return hashOf(op) }
-
 func (SoftmaxCrossEntropy) String() string { return "SoftmaxCrossEntropy" }
 
-// DiffWRT implements gorgonia.SDOp.
+// DiffWRT implements differentiable.
 func (SoftmaxCrossEntropy) DiffWRT(int) []bool { return []bool{true, false, false} }
 
-// SymDiff implements gorgonia.SDOp.
+// SymDiff implements differentiable.
 func (op SoftmaxCrossEntropy) SymDiff(inputs G.Nodes, _, grad *G.Node) (G.Nodes, error) {
-	d, err := G.ApplyOp(SoftmaxCrossEntropyGrad{Smoothing: op.Smoothing}, inputs[0], inputs[1], inputs[2], grad)
+	d, err := apply(SoftmaxCrossEntropyGrad{Smoothing: op.Smoothing}, inputs[0], inputs[1], inputs[2], grad)
 	return G.Nodes{d, nil, nil}, err
 }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op SoftmaxCrossEntropy) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (SoftmaxCrossEntropy) OutType() DType { return Float32 }
-
-// Workspace implements Kernel.
-func (SoftmaxCrossEntropy) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: the per-row losses lse − z[y] (with smoothing
 // lse − (1 − ε)·z[y] − ε·mean(z)) are summed in float64 in row order and
@@ -205,44 +166,22 @@ func (op SoftmaxCrossEntropy) CPU(in []Arg, out Arg, _ []float32) error {
 	return nil
 }
 
-// Arity implements gorgonia.Op.
-func (SoftmaxCrossEntropyGrad) Arity() int { return 4 }
-
-// Type implements gorgonia.Op.
+// Type implements descriptor.
 func (SoftmaxCrossEntropyGrad) Type() hm.Type {
 	return hm.NewFnType(tensorType(2), tInt(), typedTensor(1, tensor.Float64), hm.TypeVariable('a'), tensorType(2))
 }
 
-// InferShape implements gorgonia.Op.
-func (SoftmaxCrossEntropyGrad) InferShape(ds ...G.DimSizer) (tensor.Shape, error) {
-	s, ok := ds[0].(tensor.Shape)
-	if !ok {
-		return nil, fmt.Errorf("ops: cross-entropy gradient of shape %v", ds[0])
-	}
-	return s.Clone(), nil
+// shape implements descriptor.
+func (SoftmaxCrossEntropyGrad) shape(s []tensor.Shape) (tensor.Shape, error) {
+	return s[0].Clone(), nil
 }
 
-// WriteHash implements gorgonia.Op.
-func (op SoftmaxCrossEntropyGrad) WriteHash(h hashWriter) { writeHash(h, op) }
-
-// Hashcode implements gorgonia.Op.
-func (op SoftmaxCrossEntropyGrad) Hashcode() uint32 { return hashOf(op) }
-
 func (SoftmaxCrossEntropyGrad) String() string { return "SoftmaxCrossEntropyGrad" }
-
-// Do implements gorgonia.Op with the CPU kernel.
-func (op SoftmaxCrossEntropyGrad) Do(vals ...G.Value) (G.Value, error) { return doCPU(op, vals) }
-
-// OutType implements Kernel.
-func (SoftmaxCrossEntropyGrad) OutType() DType { return Float32 }
 
 // InPlace implements InPlacer: each element of the gradient is computed
 // from the logit at its position (the target's element is corrected after
 // its row is written).
 func (SoftmaxCrossEntropyGrad) InPlace() []int { return []int{0} }
-
-// Workspace implements Kernel.
-func (SoftmaxCrossEntropyGrad) Workspace([][]int) int { return 0 }
 
 // CPU implements Kernel: out = g·(softmax(z) − (1 − ε)·onehot(y) − ε/C)/N
 // with softmax(z)[j] = exp(z[j] − max)·exp(max − lse): the first factor

@@ -94,16 +94,21 @@ func (p *progress) startEpoch(epoch, epochs, steps int) {
 	p.last, p.lossSum, p.lossN, p.before = 0, 0, 0, 0
 	p.inEpoch = true
 	if p.term {
-		p.bar = progressbar.NewOptions(steps,
-			progressbar.OptionSetWriter(p.barOut),
-			progressbar.OptionSetDescription(fmt.Sprintf("epoch %d/%d", epoch, epochs)),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetPredictTime(true),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionShowDescriptionAtLineEnd(),
-			progressbar.OptionClearOnFinish(),
-		)
+		p.bar = p.newBar(steps, fmt.Sprintf("epoch %d/%d", epoch, epochs))
 	}
+}
+
+// newBar is a terminal progress bar of n units, described by desc.
+func (p *progress) newBar(n int, desc string) *progressbar.ProgressBar {
+	return progressbar.NewOptions(n,
+		progressbar.OptionSetWriter(p.barOut),
+		progressbar.OptionSetDescription(desc),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionShowDescriptionAtLineEnd(),
+		progressbar.OptionClearOnFinish(),
+	)
 }
 
 // resumedEpoch tells that the epoch started resumed after before of its
@@ -196,15 +201,7 @@ func (p *progress) startEval(batches int) func() {
 	p.inEval, p.evalDone, p.evalTotal, p.evalStart = true, 0, batches, time.Now()
 	var bar *progressbar.ProgressBar
 	if p.term {
-		p.evalBar = progressbar.NewOptions(batches,
-			progressbar.OptionSetWriter(p.barOut),
-			progressbar.OptionSetDescription(fmt.Sprintf("evaluating, epoch %d/%d", p.epoch, p.epochs)),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetPredictTime(true),
-			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionShowDescriptionAtLineEnd(),
-			progressbar.OptionClearOnFinish(),
-		)
+		p.evalBar = p.newBar(batches, fmt.Sprintf("evaluating, epoch %d/%d", p.epoch, p.epochs))
 		bar = p.evalBar
 	}
 	return func() {

@@ -97,30 +97,24 @@ func chunks(L, n int) []int {
 
 // allReduceOp builds the op of AllReduce and of iAllReduce.
 func (c *Comm) allReduceOp(buf comm.Buffer) (op, error) {
-	const what = "AllReduce"
-	if err := checkBuf(what, "buf", buf); err != nil {
+	if err := checkBuf("AllReduce", "buf", buf); err != nil {
 		return nil, err
 	}
-	n, L := c.Size(), buf.Len()
-	if buf.DType() == comm.Float32 || buf.DType() == comm.Float16 {
-		// Floating-point sums go round the ring, in the canonical order
-		// (MPI has no half type to sum).
-		if n == 1 || L == 0 {
-			return nil, nil
-		}
-		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), buf.DType(), chunks(L, n)), nil
-	}
+	n, L, dt := c.Size(), buf.Len(), buf.DType()
 	if n == 1 || L == 0 {
 		return nil, nil
 	}
-	if L*buf.DType().Size() >= ringMin {
-		return c.ring(fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), buf.Bytes(), buf.DType(), chunks(L, n)), nil
+	what := fmt.Sprintf("AllReduce of %d %v", L, dt)
+	// Floating-point sums go round the ring, in the canonical order (MPI
+	// has no half type to sum); integers too when they are large.
+	if dt == comm.Float32 || dt == comm.Float16 || L*dt.Size() >= ringMin {
+		return c.ring(what, buf.Bytes(), dt, chunks(L, n)), nil
 	}
 	b := buf.Bytes()
 	return &reqOp{
-		what: fmt.Sprintf("AllReduce of %d %v", L, buf.DType()), nreq: 1, n: L, recvIdx: -1, keep: []any{b}, poll: true,
+		what: what, nreq: 1, n: L, recvIdx: -1, keep: []any{b}, poll: true,
 		post: func(e *engine, reqs []uintptr) int32 {
-			return call(e.l.iallreduce, 1 /* MPI_IN_PLACE */, bufPtr(b), uintptr(L), e.l.typeOf(buf.DType()), e.l.opSum, e.coll, ptr(&reqs[0]))
+			return call(e.l.iallreduce, 1 /* MPI_IN_PLACE */, bufPtr(b), uintptr(L), e.l.typeOf(dt), e.l.opSum, e.coll, ptr(&reqs[0]))
 		},
 	}, nil
 }

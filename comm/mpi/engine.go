@@ -154,21 +154,16 @@ func (e *engine) requestAbort(msg string, code int) {
 	}
 }
 
-// initResult is what the engine goroutine reports after MPI_Init_thread.
-type initResult struct {
-	err error
-}
-
-// loop is the engine goroutine. It initializes MPI, reports on ready, and
-// serves tasks until stopped.
-func (e *engine) loop(ready chan<- initResult) {
+// loop is the engine goroutine. It initializes MPI, reports the result
+// on ready (nil: initialized), and serves tasks until stopped.
+func (e *engine) loop(ready chan<- error) {
 	runtime.LockOSThread() // every MPI call comes from this thread
 	defer close(e.dead)
-	if err := e.init(); err != nil {
-		ready <- initResult{err}
+	err := e.init()
+	ready <- err
+	if err != nil {
 		return
 	}
-	ready <- initResult{}
 
 	var active []*task
 	var stop *stopMsg

@@ -153,13 +153,13 @@ func OpenConfig(ctx context.Context, cfg Config) (*Comm, error) {
 		yield:   oversubscribed(),
 		pending: map[*task]struct{}{},
 	}
-	ready := make(chan initResult, 1)
+	ready := make(chan error, 1)
 	go e.loop(ready)
 	select {
-	case r := <-ready:
-		if r.err != nil {
+	case err := <-ready:
+		if err != nil {
 			state = 2
-			return nil, r.err
+			return nil, err
 		}
 	case <-ctx.Done():
 		state = 2
