@@ -74,8 +74,11 @@ func (h *Host) backward() float64 {
 // MiB, then capMB MiB, or more, as PyTorch DDP closes them), each bucket's
 // all-reduce over net among P workers starting when its last tensor is
 // final and the previous bucket's all-reduce has ended (one communication
-// stream).
-func ddpSchedule(l layout.Layout, ready []float64, P int, net netmodel.Network, firstMB, capMB float64) []Bucket {
+// stream). An all-reduce lasts the longest of its times on net and on
+// floors: simulated workers' in-process sums (the host's own collectives,
+// Host.hostNet) count towards the emulated network's time, as comm/local
+// counts them, so a bucket never ends before the host has summed it.
+func ddpSchedule(l layout.Layout, ready []float64, P int, net netmodel.Network, firstMB, capMB float64, floors ...netmodel.Network) []Bucket {
 	const mib = 1 << 20
 	groups := sparsify.DenseBuckets(l, firstMB*mib, capMB*mib)
 	out := make([]Bucket, len(groups))
@@ -86,7 +89,12 @@ func ddpSchedule(l layout.Layout, ready []float64, P int, net netmodel.Network, 
 			b.Ready = max(b.Ready, ready[t])
 		}
 		b.Start = max(b.Ready, free)
-		b.End = b.Start + CommTime([]Call{{Op: comm.OpAllReduce, Count: 1, Elems: float64(b.Elems)}}, P, net).Seconds()
+		call := []Call{{Op: comm.OpAllReduce, Count: 1, Elems: float64(b.Elems)}}
+		d := CommTime(call, P, net)
+		for _, f := range floors {
+			d = max(d, CommTime(call, P, f))
+		}
+		b.End = b.Start + d.Seconds()
 		free = b.End
 		out[i] = b
 	}

@@ -149,3 +149,51 @@ func names(n int) []string {
 	}
 	return out
 }
+
+// TestOverlappedDenseSimulatedHostFloor: simulated workers' buckets last at
+// least the host's in-process all-reduce of them (comm/local counts the
+// sums towards the emulated time): on an emulated network faster than the
+// host's sums the buckets take the host's time, on a slower one the
+// network's; a cluster's prediction is the network's alone.
+func TestOverlappedDenseSimulatedHostFloor(t *testing.T) {
+	sizes := []int{1000, 200000, 3000000, 64, 5000000}
+	lay, err := layout.New(names(len(sizes)), sizes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := netmodel.Network{Latency: 200 * time.Microsecond, Bandwidth: 2e9 / 8}
+	for _, P := range []int{2, 3, 5} {
+		h := &Host{Model: "m", Layout: lay, Compute: 0.3, Forward: 0.1, Backward: 0.2, Update: 0.01, Cores: 2, StepCores: 1,
+			HostNets: []HostNet{{Workers: 2, Latency: host.Latency, Bandwidth: host.Bandwidth}}}
+		for _, c := range []struct {
+			net       netmodel.Network
+			hostSlows bool
+		}{
+			{netmodel.Network{Latency: 50 * time.Microsecond, Bandwidth: 10e9 / 8}, true},
+			{netmodel.Network{Latency: time.Millisecond, Bandwidth: 0.5e9 / 8}, false},
+		} {
+			predict := func(s Setting) Prediction {
+				t.Helper()
+				s.Method, s.Workers, s.Density = "dense", P, 0.01
+				pr, err := Predict(h, s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return pr
+			}
+			sim := predict(Setting{Net: c.net, Simulated: true})
+			cluster := predict(Setting{Net: c.net})
+			onHost := predict(Setting{Net: host})
+			want := cluster.Comm
+			if c.hostSlows {
+				want = onHost.Comm
+			}
+			if !sim.Overlapped || math.Abs(sim.Comm-want) > 1e-12 {
+				t.Errorf("P=%d, %v: simulated workers' buckets take %v, want %v (the network's %v, the host's %v)", P, c.net.Bandwidth, sim.Comm, want, cluster.Comm, onHost.Comm)
+			}
+			if c.hostSlows && !(cluster.Comm < sim.Comm) {
+				t.Errorf("P=%d: a cluster's buckets take %v, not the network's alone (simulated %v)", P, cluster.Comm, sim.Comm)
+			}
+		}
+	}
+}

@@ -553,7 +553,11 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 				ready[i] *= f
 			}
 		}
-		bs := ddpSchedule(h.Layout, ready, P, net, FirstBucketMB, capMB)
+		var floors []netmodel.Network
+		if s.Simulated {
+			floors = append(floors, hostNet) // the in-process sums
+		}
+		bs := ddpSchedule(h.Layout, ready, P, net, FirstBucketMB, capMB, floors...)
 		var total float64
 		for _, b := range bs {
 			total += b.End - b.Start

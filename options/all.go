@@ -62,7 +62,7 @@ var All = []Option{
 	{Key: "deterministic", Kind: Bool, Omit: true, Resume: true,
 		Doc: "GPU: only deterministic cuDNN convolution algorithms (bit-reproducible runs, slower); otherwise the fastest measured per shape"},
 	{Key: "net_latency", Kind: Duration, Range: AtLeast(0),
-		Doc: "emulated network latency per message, e.g. 50us (with -net-bandwidth; between simulated workers, or between mpirun's processes on one machine)"},
+		Doc: "emulated network latency per message, e.g. 50us (with -net-bandwidth; between simulated workers, mpirun's processes on one machine, or GPUs over NCCL)"},
 	{Key: "net_bandwidth", Kind: Float, Range: AtLeast(0), FlagScale: 1e9 / 8, Hint: " Gbit/s",
 		Doc: "emulated network bandwidth in Gbit/s, e.g. 10 (with -net-latency)"},
 	{Key: "log_every", Kind: Int, Optional: true, Resume: true, Incidental: true, Default: 1, Range: AtLeast(1), Doc: "write a step record every this many steps"},

@@ -20,7 +20,7 @@ const DenseFirstBucketMB = 1.0
 
 func init() {
 	Register(Method{Name: "dense", Projectable: true, Pipelined: true, New: newDense, Advice: denseAdvice,
-		Doc: "all-reduce average of acc; residual 0. The gradient is all-reduced in buckets (DenseBuckets: PyTorch DDP's, the first 1 MiB, then at most bucket_mb) in the order the backward pass finishes them, each bucket a view of the flat gradient started as soon as its last tensor is final (overlapped with the backward pass; the trainer's -pipeline off starts them after it). Each element is summed in the order one all-reduce of the whole gradient sums it (comm.Communicator.IAllReduceView), so the result's bits do not depend on the buckets or on the overlap. No deviation.",
+		Doc: "all-reduce average of acc; residual 0. The gradient is all-reduced in buckets (DenseBuckets: PyTorch DDP's, the first 1 MiB, then at most bucket_mb) in the order the backward pass finishes them, each bucket a view of the flat gradient started as soon as its last tensor is final (overlapped with the backward pass; the trainer's -pipeline off starts them after it) and, in host memory, averaged as soon as its all-reduce completes (DDP's order; on a GPU the averaging is a kernel issued after the backward pass). Each element is summed in the order one all-reduce of the whole gradient sums it (comm.Communicator.IAllReduceView), so the result's bits do not depend on the buckets or on the overlap. No deviation.",
 		Params: []options.Option{
 			{Key: "bucket_mb", Kind: options.Float, Default: DenseDefaultBucketMB, Range: options.AtLeast(0), Zero: "one bucket, the whole gradient",
 				Doc: "cap of a bucket in MiB (DDP's bucket_cap_mb; the first bucket is capped at 1 MiB, as DDP's)"},
@@ -65,6 +65,9 @@ func DenseBuckets(l Layout, firstBytes, capBytes float64) []Group {
 type dense struct {
 	b       *Env
 	buckets []Group
+	// averaged, when set (by tests), is called on the goroutine that
+	// averaged bucket g in host memory, once it has.
+	averaged func(g int)
 }
 
 func newDense(e *Env) (Core, error) {
@@ -86,7 +89,14 @@ func (r *dense) Reduce(ctx context.Context, g int, acc, out, residual device.Buf
 }
 
 // Start copies bucket g of acc into out, zeroes its residual and starts
-// the all-reduce of out's view; finish waits for it and averages.
+// the all-reduce of out's view. In host memory the bucket is averaged (out
+// scaled by 1/n) as soon as its all-reduce completes, as DDP divides each
+// bucket when its all-reduce is done, on a goroutine of its own: while the
+// backward pass goes on, not after it; finish waits for that. On a device
+// the stream is one goroutine's (the wait may issue the copy back on it), so
+// finish waits and issues the scaling there, after the backward pass: a
+// kernel launch on the communication stream, not host work. The same 1/n
+// multiplies each element either way: the bits do not depend on where.
 func (r *dense) Start(ctx context.Context, g int, acc, out, residual device.Buffer, st *GroupStats) (func(context.Context) error, error) {
 	b := r.b
 	v := &b.v
@@ -104,13 +114,25 @@ func (r *dense) Start(ctx context.Context, g int, acc, out, residual device.Buff
 		return nil, fmt.Errorf("starting the all-reduce of %d values: %w", o.Len(), err)
 	}
 	st.Distinct, st.Selected, st.ResidualSq = gr.Size(), gr.Size(), 0
-	return func(ctx context.Context) error {
+	complete := func(ctx context.Context) error {
 		if _, err := req.Wait(ctx); err != nil {
 			return fmt.Errorf("all-reducing %d values: %w", o.Len(), err)
 		}
 		st.CommTime = time.Since(start)
 		return v.m.Scale(v.s, o, 1/float32(b.c.Size()))
-	}, nil
+	}
+	if !v.onCPU() {
+		return complete, nil
+	}
+	done := make(chan error, 1)
+	go func() {
+		err := complete(ctx)
+		if r.averaged != nil {
+			r.averaged(g)
+		}
+		done <- err
+	}()
+	return func(context.Context) error { return <-done }, nil
 }
 
 // denseAdvice: one all-reduce per bucket, nothing selected.

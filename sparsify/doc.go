@@ -102,8 +102,10 @@
 //     MiB, then at most bucket_mb) in the order the backward pass finishes
 //     them, each bucket a view of the flat gradient started as soon as its
 //     last tensor is final (overlapped with the backward pass; the trainer's
-//     -pipeline off starts them after it). Each element is summed in the
-//     order one all-reduce of the whole gradient sums it
+//     -pipeline off starts them after it) and, in host memory, averaged as
+//     soon as its all-reduce completes (DDP's order; on a GPU the averaging
+//     is a kernel issued after the backward pass). Each element is summed in
+//     the order one all-reduce of the whole gradient sums it
 //     (comm.Communicator.IAllReduceView), so the result's bits do not depend
 //     on the buckets or on the overlap. No deviation.
 //   - "dgc" (dgc.go): reference notes 7.4: Deep Gradient Compression:

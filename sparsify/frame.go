@@ -114,8 +114,9 @@ type GroupStats struct {
 	// SelectTime is the time spent choosing indices.
 	SelectTime time.Duration
 	// CommTime, when not 0, is the wall time of a group's communication
-	// left in flight (Starter), from its start to the end of finish; 0:
-	// the time spent in the communicator's calls, as counted.
+	// left in flight (Starter), from its start to its completion (at the
+	// latest the end of finish); 0: the time spent in the communicator's
+	// calls, as counted.
 	CommTime time.Duration
 	// ResidualSq is ‖residual‖² over the group when the core knows it
 	// without a pass (0 when it zeroed the residual); NaN, as the frame

@@ -147,8 +147,8 @@ type Config struct {
 	// fastest measured per shape.
 	Deterministic bool `json:"deterministic,omitzero"`
 	// NetLatency is -net-latency: emulated network latency per message, e.g.
-	// 50us (with -net-bandwidth; between simulated workers, or between mpirun's
-	// processes on one machine).
+	// 50us (with -net-bandwidth; between simulated workers, mpirun's processes
+	// on one machine, or GPUs over NCCL).
 	NetLatency time.Duration `json:"net_latency"`
 	// NetBandwidth is -net-bandwidth: emulated network bandwidth in Gbit/s,
 	// e.g. 10 (with -net-latency).

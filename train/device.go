@@ -10,6 +10,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/mpi"
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/engine"
 )
@@ -172,34 +173,49 @@ func (r *runner) localGPUs() (gpus, workers int, err error) {
 	return gpus, workers, nil
 }
 
-// commOnGPU connects a worker whose vectors are on GPU g to its peers for
-// device buffers, as -comm says: NCCL beside host for device buffers
-// (comm.Route) when every worker has a GPU of its own, else host with
-// device buffers staged through host memory (comm.Staged). It returns the
-// communicator, the backend's name and the NCCL communicator to close (nil
-// without NCCL).
-func (r *runner) commOnGPU(ctx context.Context, host comm.Communicator, g *cuda.Device) (comm.Communicator, string, *cuda.NCCL, error) {
-	staged := func() (comm.Communicator, string, *cuda.NCCL, error) { return comm.Staged(host), r.backend, nil, nil }
+// useNCCL reports whether workers on GPUs connect over NCCL: -comm nccl,
+// or auto where every worker on this machine has a GPU of its own and
+// NCCL loads. An error says why -comm nccl cannot be honoured.
+func (r *runner) useNCCL() (bool, error) {
 	want := r.cfg.Comm
-	if want != "nccl" && want != "auto" {
-		return staged()
+	if r.cfg.Device != "cuda" || (want != "nccl" && want != "auto") {
+		return false, nil
 	}
 	n, workers, err := r.localGPUs()
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("train: -comm %s: %w", want, err)
+		return false, fmt.Errorf("train: -comm %s: %w", want, err)
 	}
 	if workers > n {
 		if want == "auto" {
-			return staged()
+			return false, nil
 		}
-		return nil, "", nil, fmt.Errorf("%w: -comm nccl needs a GPU per worker (NCCL refuses two ranks on one GPU): %d workers on this machine, %d GPUs; use -comm %s (the workers share the GPUs, device buffers staged through host memory)",
+		return false, fmt.Errorf("%w: -comm nccl needs a GPU per worker (NCCL refuses two ranks on one GPU): %d workers on this machine, %d GPUs; use -comm %s (the workers share the GPUs, device buffers staged through host memory)",
 			ErrConfig, workers, n, map[bool]string{true: "mpi", false: "local"}[r.backend == "mpi"])
 	}
 	if _, err := cuda.NCCLVersion(); err != nil {
 		if want == "auto" {
-			return staged()
+			return false, nil
 		}
-		return nil, "", nil, fmt.Errorf("train: -comm nccl: %w", err)
+		return false, fmt.Errorf("train: -comm nccl: %w", err)
+	}
+	return true, nil
+}
+
+// commOnGPU connects a worker whose vectors are on GPU g to its peers for
+// device buffers, as -comm says: NCCL beside host for device buffers
+// (comm.Route) when every worker has a GPU of its own, else host with
+// device buffers staged through host memory (comm.Staged). Over NCCL the
+// emulated network (-net-*), if any, wraps the routed communicator
+// (netmodel.Emulate): host and device calls take turns on one emulated
+// link. It returns the communicator, the backend's name and the NCCL
+// communicator to close (nil without NCCL).
+func (r *runner) commOnGPU(ctx context.Context, host comm.Communicator, g *cuda.Device) (comm.Communicator, string, *cuda.NCCL, error) {
+	nccl, err := r.useNCCL()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if !nccl {
+		return comm.Staged(host), r.backend, nil, nil
 	}
 	// The unique id: one per process in-process, rank 0's over the host
 	// communicator under mpirun.
@@ -233,6 +249,9 @@ func (r *runner) commOnGPU(ctx context.Context, host comm.Communicator, g *cuda.
 		return nil, "", nil, fmt.Errorf("train: -comm nccl: %w", err)
 	}
 	c, err := comm.Route(host, nc)
+	if err == nil && r.netOverNCCL != nil {
+		c, err = netmodel.Emulate(c, *r.netOverNCCL)
+	}
 	if err != nil {
 		nc.Close()
 		return nil, "", nil, err

@@ -130,7 +130,15 @@ func Run(ctx context.Context, c Config, o Options) (err error) {
 			if err := net.Validate(); err != nil {
 				return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
 			}
-			opts = append(opts, local.WithNetwork(net))
+			nccl, err := r.useNCCL()
+			if err != nil {
+				return err
+			}
+			if nccl {
+				r.netOverNCCL = &net
+			} else {
+				opts = append(opts, local.WithNetwork(net))
+			}
 		}
 		defer r.watchStop()()
 		return r.discard(local.Run(ctx, r.cfg.Workers.Value(), r.worker, opts...), true)
@@ -159,10 +167,19 @@ func runMPI(ctx context.Context, c Config, o Options, r *runner) error {
 		r.backend, r.size = "mpi", cm.Size()
 		if r.cfg.NetBandwidth > 0 {
 			// The same emulated network as simulated workers get
-			// (comm/local's WithNetwork), between the processes.
+			// (comm/local's WithNetwork), between the processes; over
+			// NCCL, applied to the routed communicator (commOnGPU).
 			net := netmodel.Network{Latency: r.cfg.NetLatency, Bandwidth: r.cfg.NetBandwidth}
-			var err error
-			if cm, err = netmodel.Emulate(cm, net); err != nil {
+			nccl, err := r.useNCCL()
+			if err != nil {
+				return err
+			}
+			if nccl {
+				if err := net.Validate(); err != nil {
+					return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
+				}
+				r.netOverNCCL = &net
+			} else if cm, err = netmodel.Emulate(cm, net); err != nil {
 				return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
 			}
 		}
@@ -404,6 +421,11 @@ type runner struct {
 	// sim is what simulated workers share (nil unless several in-process
 	// workers run on the CPU).
 	sim *simulation
+	// netOverNCCL is the emulated network (-net-*) when the workers
+	// connect over NCCL: each applies it to its routed communicator
+	// (commOnGPU), so that the device's calls and the host's share one
+	// emulated link; nil when the host's backend applies it (or none).
+	netOverNCCL *netmodel.Network
 	// created says that this process found no -out folder (a new run
 	// creates it); kept that a worker of this process has something worth
 	// keeping (worker.kept), panicked that one panicked (its log is

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // Emulate returns c with every call lasting as long as it would on net, by the
@@ -21,6 +22,11 @@ import (
 //     The real call's own time counts towards the modelled time.
 //   - A message arrives its modelled time (Network.PointToPoint) after its
 //     send started; Send, SendRecv and ISend's Wait return then too.
+//
+// A call on buffers in device memory (comm.Device, e.g. NCCL's beside the
+// host's through comm.Route) joins when the device has reached it: its
+// buffers' streams are synchronized first, one host wait per call, so
+// that a GPU's queued work does not start the modelled transfer early.
 //
 // Every rank must wrap its communicator with the same net. To know when the
 // last rank joined, each collective is preceded by a small non-blocking
@@ -82,6 +88,27 @@ func (t *linkTurn) resolve(ctx context.Context) (time.Time, error) {
 		t.end = start.Add(t.cost)
 	})
 	return t.end, t.err
+}
+
+// reached waits until the device work issued before a call on its buffers
+// in device memory is done (their streams synchronized), so that the call
+// joins the emulated network when the device reaches it, not when the host
+// issued it: a GPU's host runs ahead of its streams (NCCL beside the host's
+// communicator, comm.Route), and a join time taken at issue would start the
+// modelled transfer before the data exist. Host buffers wait for nothing.
+func reached(bufs ...comm.Buffer) error {
+	var done []device.Stream
+	for _, b := range bufs {
+		d, ok := comm.InDeviceMemory(b)
+		if !ok || d.Stream == nil || slices.Contains(done, d.Stream) {
+			continue
+		}
+		if err := d.Stream.Synchronize(); err != nil {
+			return fmt.Errorf("netmodel: emulated network: waiting for the device to reach the call: %w", err)
+		}
+		done = append(done, d.Stream)
+	}
+	return nil
 }
 
 func (e *emulated) Rank() int { return e.c.Rank() }
@@ -159,18 +186,30 @@ func blen(b comm.Buffer) int {
 }
 
 func (e *emulated) AllReduce(ctx context.Context, buf comm.Buffer) error {
+	if err := reached(buf); err != nil {
+		return err
+	}
 	return e.blocking(ctx, comm.OpAllReduce, blen(buf), esize(buf), nil, func() error { return e.c.AllReduce(ctx, buf) })
 }
 
 func (e *emulated) AllGather(ctx context.Context, send, recv comm.Buffer) error {
+	if err := reached(send, recv); err != nil {
+		return err
+	}
 	return e.blocking(ctx, comm.OpAllGather, blen(send), esize(send), nil, func() error { return e.c.AllGather(ctx, send, recv) })
 }
 
 func (e *emulated) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) error {
+	if err := reached(send, recv); err != nil {
+		return err
+	}
 	return e.blocking(ctx, comm.OpAllGatherV, blen(send), esize(send), counts, func() error { return e.c.AllGatherV(ctx, send, recv, counts) })
 }
 
 func (e *emulated) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
+	if err := reached(buf); err != nil {
+		return err
+	}
 	return e.blocking(ctx, comm.OpBroadcast, blen(buf), esize(buf), nil, func() error { return e.c.Broadcast(ctx, buf, root) })
 }
 
@@ -179,10 +218,16 @@ func (e *emulated) Barrier(ctx context.Context) error {
 }
 
 func (e *emulated) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
+	if err := reached(buf); err != nil {
+		return nil, err
+	}
 	return e.nonBlocking(ctx, comm.OpAllReduce, blen(buf), esize(buf), nil, func() (comm.Request, error) { return e.c.IAllReduceView(ctx, buf, off, total) })
 }
 
 func (e *emulated) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm.Request, error) {
+	if err := reached(send, recv); err != nil {
+		return nil, err
+	}
 	return e.nonBlocking(ctx, comm.OpAllGather, blen(send), esize(send), nil, func() (comm.Request, error) { return e.c.IAllGather(ctx, send, recv) })
 }
 
@@ -194,6 +239,9 @@ func (e *emulated) p2p(b comm.Buffer, n int) time.Duration {
 }
 
 func (e *emulated) Send(ctx context.Context, buf comm.Buffer, dst, tag int) error {
+	if err := reached(buf); err != nil {
+		return err
+	}
 	start := time.Now()
 	if err := e.c.Send(ctx, comm.Int64s{start.UnixNano()}, dst, tag); err != nil {
 		return err
@@ -217,6 +265,9 @@ func (e *emulated) Recv(ctx context.Context, buf comm.Buffer, src, tag int) (int
 }
 
 func (e *emulated) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv comm.Buffer, src, tag int) (int, error) {
+	if err := reached(send, recv); err != nil {
+		return 0, err
+	}
 	start := time.Now()
 	st := comm.Int64s{0}
 	if _, err := e.c.SendRecv(ctx, comm.Int64s{start.UnixNano()}, dst, st, src, tag); err != nil {
@@ -262,6 +313,9 @@ func (r *p2pRequest) Wait(ctx context.Context) (int, error) {
 }
 
 func (e *emulated) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (comm.Request, error) {
+	if err := reached(buf); err != nil {
+		return nil, err
+	}
 	start := time.Now()
 	st := comm.Int64s{start.UnixNano()}
 	sq, err := e.c.ISend(ctx, st, dst, tag)
