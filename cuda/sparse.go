@@ -49,7 +49,6 @@ type selScratch struct {
 	countBounds       []int         // the segments bounds holds (nil: none)
 	parts, sums       device.Buffer // Float64
 	mark              device.Buffer // Float32: Union's marks, zero between calls
-	segDesc           device.Buffer // Int64: TopKSegments' segments
 	segState, segHist device.Buffer // Int32, used as u32: TopKSegments' radix states
 	// words are the last lists of int64 words the segmented calls
 	// described their segments by, kept on the device (a method's
@@ -468,8 +467,9 @@ const segHistBlocks = 8
 // x[segs[j][0]:segs[j][1]] with k = ks[j] (clamped to the segment), its
 // indices shifted by segs[j][0], written after the segments before it in
 // idx; it returns how many indices it wrote. Whatever the number of
-// segments, it is ten launches and one upload of the segments' description
-// (40 bytes each), no host wait.
+// segments, it is ten launches and no host wait; the segments' description
+// (40 bytes each) is uploaded only when it differs from the last few
+// segmented calls'.
 func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]int, ks []int) (int, error) {
 	cs, err := o.stream(s)
 	if err != nil {
@@ -505,7 +505,7 @@ func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]i
 	}
 	desc = append(desc, int64(tiles))
 	sc := cs.sel
-	dd, err := grow(o.d, &sc.segDesc, device.Int64, len(desc))
+	dd, err := o.deviceWords(cs, desc)
 	if err != nil {
 		return 0, err
 	}
@@ -523,9 +523,6 @@ func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]i
 	}
 	offs, err := grow(o.d, &sc.offs, device.Int32, 2*tiles)
 	if err != nil {
-		return 0, err
-	}
-	if err := cs.Copy(dd, device.Host(desc)); err != nil {
 		return 0, err
 	}
 	if err := cs.args().buf(dd).buf(state).buf(hist).run("k_seg_init", S); err != nil {

@@ -212,7 +212,7 @@ func TestDGCParams(t *testing.T) {
 func TestDGCSelectMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	v := newVecs(Options{})
-	var s samples
+	var s dgcScratch
 	for _, numel := range []int{1, 2, 3, 41, 97, 1000, 4099, 30011} {
 		for _, ratio := range []float64{0.001, 0.01, 0.05, 0.3, 1} {
 			for name, gen := range selGen {
@@ -220,11 +220,11 @@ func TestDGCSelectMatchesReference(t *testing.T) {
 				p := dgcParamsFor(numel, ratio)
 				start := r.IntN(p.stride)
 				cand := make([]int32, numel)
-				m, gthr, err := dgcSelectOn(&v, &s, device.Host(cand), device.Host(x), p, start)
+				ms, gthr, err := dgcSelect(&v, &s, device.Host(cand), device.Host(x), []dgcTensor{{0, numel, p, start}}, 0)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := cand[:m]
+				got := cand[:ms[0]]
 				want, wthr := dgcRefSelect(x, ratio, start)
 				if !slices.Equal(got, want) || gthr != wthr {
 					t.Fatalf("%s numel=%d ratio=%g start=%d: got %d indices thr %v, want %d thr %v (first diff %d)",
@@ -234,6 +234,56 @@ func TestDGCSelectMatchesReference(t *testing.T) {
 					t.Fatalf("%s numel=%d ratio=%g: %d indices, want 1..%d", name, numel, ratio, len(got), p.nsel)
 				}
 			}
+		}
+	}
+}
+
+// TestDGCSelectTensorsAtOnce: the tensors of a vector selected at once
+// (dgcSelect with several tensors, some left out, of 1 to 30011 elements,
+// the reported one chosen at random) give each tensor's selection of the
+// plain reference, shifted to the vector's indices, in order, and the
+// reported tensor's threshold.
+func TestDGCSelectTensorsAtOnce(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 7))
+	v := newVecs(Options{})
+	var s dgcScratch
+	gens := []string{"normal", "ties", "zeros", "onebucket", "wide"}
+	for range 40 {
+		ratio := []float64{0.001, 0.01, 0.05, 0.3, 1}[r.IntN(5)]
+		var x []float32
+		var ts []dgcTensor
+		var want []int32
+		var wantN []int
+		var thrs []float32
+		for range 1 + r.IntN(6) {
+			numel := []int{1, 2, 3, 41, 97, 1000, 4099, 30011}[r.IntN(8)]
+			part := selGen[gens[r.IntN(len(gens))]](r, numel)
+			lo := len(x)
+			x = append(x, part...)
+			if r.IntN(4) == 0 {
+				continue // not selected
+			}
+			p := dgcParamsFor(numel, ratio)
+			start := r.IntN(p.stride)
+			ts = append(ts, dgcTensor{lo, lo + numel, p, start})
+			sel, thr := dgcRefSelect(part, ratio, start)
+			for _, i := range sel {
+				want = append(want, i+int32(lo))
+			}
+			wantN = append(wantN, len(sel))
+			thrs = append(thrs, thr)
+		}
+		rep := r.IntN(len(ts)+1) - 1
+		idx := make([]int32, len(x))
+		got, th, err := dgcSelect(&v, &s, device.Host(idx), device.Host(x), ts, rep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, wantN) || !slices.Equal(idx[:len(want)], want) {
+			t.Fatalf("%d tensors at ratio %g: counts %v, want %v (or the indices differ)", len(ts), ratio, got, wantN)
+		}
+		if (rep < 0 && th == th) || (rep >= 0 && math.Float32bits(th) != math.Float32bits(thrs[rep])) {
+			t.Fatalf("%d tensors: threshold of %d is %v, want %v", len(ts), rep, th, thrs)
 		}
 	}
 }

@@ -292,6 +292,7 @@ func BenchmarkSelectDragonnVsDGC(b *testing.B) {
 				dp[i], rp[i] = dgcParamsFor(t.Size, d), dragonnParamsFor(t.Size, d)
 			}
 			cand := make([]int32, maxSize)
+			var dgcSc dgcScratch
 			out := make([]int32, 4*maxSize)
 			table := make([]uint32, 4*maxSize)
 			var wall, cpu [3]time.Duration
@@ -307,11 +308,11 @@ func BenchmarkSelectDragonnVsDGC(b *testing.B) {
 				timed(0, func() int {
 					m := 0
 					for i, t := range big {
-						k, _, err := dgcSelectOn(&v, &s, device.Host(cand), device.Host(x[t.Offset:t.Offset+t.Size]), dp[i], it%dp[i].stride)
+						k, _, err := dgcSelect(&v, &dgcSc, device.Host(cand), device.Host(x[t.Offset:t.Offset+t.Size]), []dgcTensor{{0, t.Size, dp[i], it % dp[i].stride}}, -1)
 						if err != nil {
 							b.Fatal(err)
 						}
-						m += k
+						m += k[0]
 					}
 					return m
 				})
