@@ -97,10 +97,10 @@ type dgcReducer struct {
 	dense   denseParts
 	// mc is the momentum correction (momentumCorrection; off with
 	// momentum 0).
-	mc        momentumCorrection
-	sel       dgcScratch
-	dIdx      device.Buffer // Int32
-	dVal      device.Buffer // Float32
+	mc   momentumCorrection
+	sel  dgcScratch
+	dIdx device.Buffer // Int32
+	dVal device.Buffer // Float32
 }
 
 func newDGCReducer(e *Env) (Core, error) {
