@@ -387,13 +387,15 @@ func TestGPUDragonnHash(t *testing.T) {
 		t.Fatalf("reference murmur3(0, 0) = %#x", h)
 	}
 	// run hashes x at threshold th on ops and returns the compacted slots.
+	// The threshold is where the kernel reads it: on the GPU for the GPU.
 	run := func(ops sparsify.Ops, st device.Stream, x, table, out device.Buffer, th float32, seed uint32, slots int) (int, error) {
-		lo := uint32(math.MaxUint32) // NaN selects nothing
-		if th == th {
-			lo = max(math.Float32bits(th)&0x7fffffff, 1) // exact zeros never
+		tb := device.Host([]float32{th})
+		if st != nil {
+			tb = upload(t, st, []float32{th})
+			defer d.Free(tb)
 		}
 		if x.Len() > 0 {
-			if err := ops.Run(st, k, x.Len(), x, int64(x.Len()), int32(lo), int32(seed), table, int32(slots)); err != nil {
+			if err := ops.Run(st, k, x.Len(), x, int64(x.Len()), tb, int32(seed), table, int32(slots), int64(0)); err != nil {
 				return 0, err
 			}
 		}

@@ -64,7 +64,7 @@ const dgcWarmupBase = 0.25
 //     clips each worker's gradient before error feedback at the threshold
 //     divided by √n, the paper's §3.2).
 //   - Per compressed tensor, nsel = ⌈numel·ρ_e⌉ (DGC's rounding, at least
-//     1), chosen by dgcSelectOn's double sampling: strided samples of about
+//     1), chosen by dgcSelect's double sampling: strided samples of about
 //     1 % of the tensor (at least ⌈2/ρ_e⌉; tensors of at most ⌈2/ρ_e⌉
 //     elements are sampled whole), a threshold from the top ⌈samples·ρ_e⌉
 //     samples, selection of |x| >= thr, then up to 10 adaptation rounds
