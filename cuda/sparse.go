@@ -1303,3 +1303,40 @@ func (o *Sparse) CompactSlotsSegments(s device.Stream, idx, x device.Buffer, bou
 	}
 	return counts, nil
 }
+
+// CountInTo counts the indices of idx in each segment [bounds[j],
+// bounds[j+1]) into counts (Int32, len(bounds)−1 elements) on the device
+// (sparsify.Ops.CountInTo): two launches, no host wait; the bounds are
+// uploaded only when they differ from the last few segmented calls'.
+func (o *Sparse) CountInTo(s device.Stream, counts, idx device.Buffer, bounds []int) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	nseg := len(bounds) - 1
+	if nseg <= 0 {
+		return nil
+	}
+	if err := o.check("CountInTo", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	if err := o.check("CountInTo", "counts", counts, device.Int32, nseg); err != nil {
+		return err
+	}
+	bb := make([]int64, len(bounds))
+	for j, v := range bounds {
+		bb[j] = int64(v)
+	}
+	db, err := o.deviceWords(cs, bb)
+	if err != nil {
+		return err
+	}
+	cnt := counts.Slice(0, nseg)
+	if err := cs.fill32(cnt, 0); err != nil {
+		return err
+	}
+	if idx.Len() == 0 {
+		return nil
+	}
+	return cs.args().buf(idx).i64(idx.Len()).buf(db).i32(nseg).buf(cnt).runN("k_count_in", idx.Len())
+}

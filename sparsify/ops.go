@@ -120,6 +120,10 @@ type Ops interface {
 	// ascending, within x): several tables compacted at once, their
 	// counts read in one host wait.
 	CompactSlotsSegments(s device.Stream, idx, x device.Buffer, bounds []int) ([]int, error)
+	// CountInTo is CountIn that leaves the counts where counts is (an
+	// Int32 vector of len(bounds)−1 elements, on the device): no host
+	// wait; the caller copies them back before a wait it makes anyway.
+	CountInTo(s device.Stream, counts, idx device.Buffer, bounds []int) error
 }
 
 // ErrCapacity is wrapped by the error of an Ops call whose output buffer is
@@ -707,4 +711,19 @@ func (c cpuOps) CompactSlotsSegments(s device.Stream, idx, x device.Buffer, boun
 		}
 	}
 	return counts, nil
+}
+
+func (c cpuOps) CountInTo(s device.Stream, counts, idx device.Buffer, bounds []int) error {
+	got, err := c.CountIn(s, idx, bounds)
+	if err != nil {
+		return err
+	}
+	cc, err := i32("CountInTo", "counts", counts, len(got))
+	if err != nil {
+		return err
+	}
+	for j, n := range got {
+		cc[j] = int32(n)
+	}
+	return nil
 }
