@@ -988,3 +988,56 @@ func TestGPUSegmentedThresholdsMatchCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUCountInToMatchesCPU: CountInTo leaves on the GPU the counts
+// CountIn reads back, the CPU's and a plain loop's: indices outside the
+// bounds (not counted), empty segments, no indices, bounds repeated and
+// changed between calls (kept on the device).
+func TestGPUCountInToMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(3, 34))
+	for round := range 30 {
+		n := []int{0, 1, 7, 5000}[round%4]
+		bounds := segments(r, 1+r.IntN(3000))
+		if round%5 == 4 {
+			bounds = bounds[:2]
+		}
+		idx := make([]int32, n)
+		for j := range idx {
+			idx[j] = int32(r.IntN(3200) - 100)
+		}
+		want := make([]int, len(bounds)-1)
+		for _, i := range idx {
+			for q := range want {
+				if int(i) >= bounds[q] && int(i) < bounds[q+1] {
+					want[q]++
+					break
+				}
+			}
+		}
+		cpu := make([]int32, len(want))
+		if err := sparsify.CPUOps().CountInTo(nil, device.Host(cpu), device.Host(idx), bounds); err != nil {
+			t.Fatal(err)
+		}
+		ib := allocInt32(t, d, max(n, 1))
+		if n > 0 {
+			if err := s.Copy(ib.Slice(0, n), device.Host(idx)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cb := allocInt32(t, d, len(want))
+		if err := sp.CountInTo(s, cb, ib.Slice(0, n), bounds); err != nil {
+			t.Fatal(err)
+		}
+		got := downloadInt32(t, s, cb)
+		for q := range want {
+			if int(got[q]) != want[q] || int(cpu[q]) != want[q] {
+				t.Fatalf("round %d bounds %v: GPU %v, CPU %v, want %v", round, bounds, got, cpu, want)
+			}
+		}
+		d.Free(ib)
+		d.Free(cb)
+	}
+}
