@@ -63,10 +63,12 @@ var batchBytes = map[string]int64{"ncf": 1280, "lstm": 640}
 // (it selects all fragments of its bin at once, Ops.TopKSegments, and its
 // union's range check is read with its counts per tensor); spardl with 4 workers stages its SendRecvs
 // through host memory (12 a step, each a copy each way and a wait, and the
-// staging pool's event); lags reads each sparse group's union count
-// (and a group of several tensors its per-tensor counts); dgc and dragonn
-// still select tensor by tensor, each reading its threshold and counts
-// back, and read every tensor's ‖v‖² (8 B a tensor) for the error norm. (Rows not measured again keep their limits in
+// staging pool's event); lags reads each sparse group's union count (a
+// group of several tensors copies its per-tensor counts before that wait);
+// dgc selects all its tensors at once but reads their counts once and once
+// more per adaptation round of its double sampling, and dgc and dragonn read
+// their selections' counts and every tensor's ‖v‖² (8 B a tensor) for the
+// error norm, waits of their own beyond top-k's four. (Rows not measured again keep their limits in
 // bytes: batchBytes became the batch itself, 8 bytes less.)
 var stepBudgets = []budgetCase{
 	{"ncf", "dense", 1, &budget{12, 2, 0, 12, 0, 0}, "off"},
