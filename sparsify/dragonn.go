@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -187,18 +188,12 @@ func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 		if _, err := v.scratch(&r.dVal, device.Float32, total); err != nil {
 			return err
 		}
-		lastComp := -1
-		for t := range tensors {
-			if comp[t] {
-				lastComp = t
-			}
-		}
 		// The draws on the device flag a rejected draw in one word, read
-		// with the tables' counts (dragonnSelect); where one
-		// was (probability below numel/2^64 a draw), the call selects
-		// again with the draws on the host.
+		// with the tables' counts (dragonnSelect); where one was
+		// (probability below numel/2^64 a draw), the call selects again
+		// with the draws on the host.
 		var flag device.Buffer
-		if !v.onCPU() && lastComp >= 0 {
+		if !v.onCPU() && slices.Contains(comp, true) {
 			if flag, err = v.scratch(&r.samp.dFlag, device.Int32, 1); err != nil {
 				return err
 			}
