@@ -1078,6 +1078,15 @@ func (d *Device) kernelModule(k *device.Kernel) (*module, error) {
 // the slot before).
 func (o *Sparse) deviceWords(cs *Stream, w []int64) (device.Buffer, error) {
 	sc := cs.sel
+	if sc.words[0].buf.Len() == 0 {
+		// Every slot at once, with the first list: a method whose lists
+		// change every step (DEFT's bins) then allocates nothing later.
+		for i := range sc.words {
+			if _, err := grow(o.d, &sc.words[i].buf, device.Int64, len(w)); err != nil {
+				return device.Buffer{}, err
+			}
+		}
+	}
 	for i := range sc.words {
 		if sl := &sc.words[i]; sl.words != nil && slices.Equal(sl.words, w) {
 			return sl.buf.Slice(0, len(w)), nil
