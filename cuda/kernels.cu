@@ -1010,6 +1010,70 @@ extern "C" __global__ void k_seg_write(const float* x, const i64* desc, int S, c
     sel_write((const u32*)(x + d[0]) + base, d[0] + base, lim, state[2 * s], 0, offs + 2 * blockIdx.x, idx, 0);
 }
 
+// ---- segmented thresholds and threshold selections ------------------------
+//
+// KthLargestAbsSegments runs k_seg_init and the radix rounds of the
+// segmented top-k, then k_seg_kth; SelectAboveSegments describes its
+// segments as the segmented top-k does, with desc[SEG_DESC·s + 2] the
+// segment's place in the caller's list (its threshold's index) and out its
+// own start.
+
+// thr[s] = the k-th largest magnitude of segment s (its radix state).
+extern "C" __global__ void k_seg_kth(const u32* state, i64 S, float* thr) {
+    GRID_STRIDE(s, S) { thr[s] = __uint_as_float(state[2 * s]); }
+}
+
+// Starts every segment's threshold selection: state[2s] = the key of its
+// threshold (<= 0: every number; NaN: nothing), state[2s+1] = 0.
+extern "C" __global__ void k_segt_init(const float* thr, const i64* desc, i64 S, u32* state) {
+    GRID_STRIDE(s, S) {
+        float t = thr[desc[SEG_DESC * s + 2]];
+        state[2 * s] = t != t ? 0xffffffffu : (t > 0.0f ? __float_as_uint(t) : 0u);
+        state[2 * s + 1] = 0u;
+    }
+}
+
+// Per-tile counts of every segment's threshold selection (one block per
+// tile of all).
+extern "C" __global__ void k_segt_count(const float* x, const i64* desc, int S, const u32* state, u32* counts) {
+    int s = seg_of_tile(desc, S, blockIdx.x);
+    const i64* d = desc + SEG_DESC * s;
+    i64 base = (blockIdx.x - d[4]) * (i64)SEL_TILE;
+    i64 lim = d[1] - base < SEL_TILE ? d[1] - base : SEL_TILE;
+    sel_count((const u32*)(x + d[0]) + base, lim, state[2 * s], 1, counts + 2 * blockIdx.x);
+}
+
+// Each segment's tile offsets from its out, and its count in totals[s]
+// (one block per segment).
+extern "C" __global__ void k_segt_offsets(const u32* counts, const i64* desc, int S, u32* offs, u32* totals) {
+    int s = blockIdx.x;
+    const i64* d = desc + SEG_DESC * s;
+    i64 t0 = d[4], t1 = s + 1 == S ? desc[SEG_DESC * S] : desc[SEG_DESC * (s + 1) + 4];
+    sel_offsets(counts + 2 * t0, (int)(t1 - t0), 0u, (u32)d[3], offs + 2 * t0, totals + s);
+}
+
+// Writes every segment's threshold selection (one block per tile of all).
+extern "C" __global__ void k_segt_write(const float* x, const i64* desc, int S, const u32* state, const u32* offs, int* idx) {
+    int s = seg_of_tile(desc, S, blockIdx.x);
+    const i64* d = desc + SEG_DESC * s;
+    i64 base = (blockIdx.x - d[4]) * (i64)SEL_TILE;
+    int lim = d[1] - base < SEL_TILE ? (int)(d[1] - base) : SEL_TILE;
+    sel_write((const u32*)(x + d[0]) + base, d[0] + base, lim, state[2 * s], 1, offs + 2 * blockIdx.x, idx, 0);
+}
+
+// counts[s] = the non-zero words of x[b[s], b[s+1]) (one block per
+// segment): CompactSlotsSegments' counts.
+extern "C" __global__ void k_seg_nonzero(const u32* x, const i64* b, u32* counts) {
+    __shared__ u32 c;
+    if (threadIdx.x == 0) c = 0u;
+    __syncthreads();
+    u32 n = 0;
+    for (i64 i = b[blockIdx.x] + threadIdx.x; i < b[blockIdx.x + 1]; i += blockDim.x) n += x[i] != 0u;
+    if (n) atomicAdd(&c, n);
+    __syncthreads();
+    if (threadIdx.x == 0) counts[blockIdx.x] = c;
+}
+
 // r += scale·g; first[0] = min(first[0], i) for every r[i] that becomes NaN
 // or ±Inf (the caller sets first[0] to n beforehand).
 extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float scale, u64* first) {

@@ -49,8 +49,20 @@ type selScratch struct {
 	countBounds       []int         // the segments bounds holds (nil: none)
 	parts, sums       device.Buffer // Float64
 	mark              device.Buffer // Float32: Union's marks, zero between calls
-	segDesc           device.Buffer // Int64: TopKSegments' segments
 	segState, segHist device.Buffer // Int32, used as u32: TopKSegments' radix states
+	// words are the last lists of int64 words the segmented calls
+	// described their segments by, kept on the device (a method's
+	// segments are the same every step: uploaded once); nextWords is the
+	// slot the next new list takes.
+	words     [4]wordSlot
+	nextWords int
+	segTotals device.Buffer // Int32, used as u32: per-segment counts
+}
+
+// wordSlot is one list of int64 words kept on the device.
+type wordSlot struct {
+	words []int64 // nil: none
+	buf   device.Buffer
 }
 
 // pieceSet is one set of SegmentSumSquares' segments on the device: its
@@ -455,8 +467,9 @@ const segHistBlocks = 8
 // x[segs[j][0]:segs[j][1]] with k = ks[j] (clamped to the segment), its
 // indices shifted by segs[j][0], written after the segments before it in
 // idx; it returns how many indices it wrote. Whatever the number of
-// segments, it is ten launches and one upload of the segments' description
-// (40 bytes each), no host wait.
+// segments, it is ten launches and no host wait; the segments' description
+// (40 bytes each) is uploaded only when it differs from the last few
+// segmented calls'.
 func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]int, ks []int) (int, error) {
 	cs, err := o.stream(s)
 	if err != nil {
@@ -492,7 +505,7 @@ func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]i
 	}
 	desc = append(desc, int64(tiles))
 	sc := cs.sel
-	dd, err := grow(o.d, &sc.segDesc, device.Int64, len(desc))
+	dd, err := o.deviceWords(cs, desc)
 	if err != nil {
 		return 0, err
 	}
@@ -510,9 +523,6 @@ func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]i
 	}
 	offs, err := grow(o.d, &sc.offs, device.Int32, 2*tiles)
 	if err != nil {
-		return 0, err
-	}
-	if err := cs.Copy(dd, device.Host(desc)); err != nil {
 		return 0, err
 	}
 	if err := cs.args().buf(dd).buf(state).buf(hist).run("k_seg_init", S); err != nil {
@@ -1060,4 +1070,282 @@ func (d *Device) kernelModule(k *device.Kernel) (*module, error) {
 	}
 	actual, _ := methodModules.LoadOrStore(key, m)
 	return actual.(*module), nil
+}
+
+// deviceWords returns w on the device: a copy kept from an earlier call
+// when one holds the same words, else uploaded into the least recently
+// filled of the stream's slots (on cs, ordered after the calls that read
+// the slot before).
+func (o *Sparse) deviceWords(cs *Stream, w []int64) (device.Buffer, error) {
+	sc := cs.sel
+	if sc.words[0].buf.Len() == 0 {
+		// Every slot at once, with the first list: a method whose lists
+		// change every step (DEFT's bins) then allocates nothing later.
+		for i := range sc.words {
+			if _, err := grow(o.d, &sc.words[i].buf, device.Int64, len(w)); err != nil {
+				return device.Buffer{}, err
+			}
+		}
+	}
+	for i := range sc.words {
+		if sl := &sc.words[i]; sl.words != nil && slices.Equal(sl.words, w) {
+			return sl.buf.Slice(0, len(w)), nil
+		}
+	}
+	sl := &sc.words[sc.nextWords]
+	sc.nextWords = (sc.nextWords + 1) % len(sc.words)
+	sl.words = nil
+	b, err := grow(o.d, &sl.buf, device.Int64, len(w))
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	kept := slices.Clone(w)
+	if err := cs.Copy(b, device.Host(kept)); err != nil {
+		return device.Buffer{}, err
+	}
+	sl.words = kept
+	return b, nil
+}
+
+// KthLargestAbsSegments sets thr[j] to the ks[j]-th largest magnitude of
+// x[segs[j][0]:segs[j][1]] for every j (sparsify.Ops.KthLargestAbsSegments):
+// the radix select of TopKSegments for all segments side by side, the
+// thresholds left on the device. Eight launches, no host wait; the
+// segments' description is uploaded only when it differs from the last
+// few calls'.
+func (o *Sparse) KthLargestAbsSegments(s device.Stream, thr, x device.Buffer, segs [][2]int, ks []int) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	if err := o.check("KthLargestAbsSegments", "x", x, device.Float32, 0); err != nil {
+		return err
+	}
+	if err := o.check("KthLargestAbsSegments", "thr", thr, device.Float32, len(segs)); err != nil {
+		return err
+	}
+	if len(ks) != len(segs) {
+		return fmt.Errorf("cuda: KthLargestAbsSegments: %d ranks for %d segments", len(ks), len(segs))
+	}
+	S := len(segs)
+	if S == 0 {
+		return nil
+	}
+	desc := make([]int64, 0, segDescWords*S)
+	for j, sg := range segs {
+		lo, hi := sg[0], sg[1]
+		if lo < 0 || hi < lo || hi > x.Len() {
+			return fmt.Errorf("cuda: KthLargestAbsSegments: segment %d is [%d, %d), outside x's %d elements", j, lo, hi, x.Len())
+		}
+		if ks[j] < 1 || ks[j] > hi-lo {
+			return fmt.Errorf("cuda: KthLargestAbsSegments: k = %d of segment %d must be in [1, %d]", ks[j], j, hi-lo)
+		}
+		desc = append(desc, int64(lo), int64(hi-lo), int64(ks[j]), 0, 0)
+	}
+	dd, err := o.deviceWords(cs, desc)
+	if err != nil {
+		return err
+	}
+	sc := cs.sel
+	state, err := grow(o.d, &sc.segState, device.Int32, 2*S)
+	if err != nil {
+		return err
+	}
+	hist, err := grow(o.d, &sc.segHist, device.Int32, 2048*S)
+	if err != nil {
+		return err
+	}
+	if err := cs.args().buf(dd).buf(state).buf(hist).run("k_seg_init", S); err != nil {
+		return err
+	}
+	for _, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
+		if err := cs.args().buf(x).buf(dd).i32(r.shift).i32(r.bits).buf(state).buf(hist).run("k_seg_hist", S*segHistBlocks); err != nil {
+			return err
+		}
+		if err := cs.args().buf(hist).i32(r.shift).i32(r.bits).buf(state).run("k_seg_pick", S); err != nil {
+			return err
+		}
+	}
+	return cs.args().buf(state).i64(S).buf(thr).runN("k_seg_kth", S)
+}
+
+// SelectAboveSegments selects every segment of x at its own threshold
+// thr[j] at once (sparsify.Ops.SelectAboveSegments): each segment's indices
+// with |x[i]| >= thr[j], ascending, at idx[segs[j][0]:], and their numbers,
+// read back in one host wait. Five launches; the segments' description is
+// uploaded only when it differs from the last few calls'.
+func (o *Sparse) SelectAboveSegments(s device.Stream, idx, x, thr device.Buffer, segs [][2]int) ([]int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.check("SelectAboveSegments", "x", x, device.Float32, 0); err != nil {
+		return nil, err
+	}
+	if err := o.check("SelectAboveSegments", "thr", thr, device.Float32, len(segs)); err != nil {
+		return nil, err
+	}
+	counts := make([]int, len(segs))
+	var desc []int64
+	var at []int // the list's segment of each described one
+	end, tiles := 0, 0
+	for j, sg := range segs {
+		lo, hi := sg[0], sg[1]
+		if lo < 0 || hi < lo || hi > x.Len() {
+			return nil, fmt.Errorf("cuda: SelectAboveSegments: segment %d is [%d, %d), outside x's %d elements", j, lo, hi, x.Len())
+		}
+		if j > 0 && lo < segs[j-1][1] {
+			return nil, fmt.Errorf("cuda: SelectAboveSegments: segment %d [%d, %d) starts before segment %d ends (%d): list them ascending, not overlapping", j, lo, hi, j-1, segs[j-1][1])
+		}
+		end = hi
+		if hi == lo {
+			continue
+		}
+		desc = append(desc, int64(lo), int64(hi-lo), int64(j), int64(lo), int64(tiles))
+		at = append(at, j)
+		tiles += (hi - lo + selTile - 1) / selTile
+	}
+	if err := o.check("SelectAboveSegments", "idx", idx, device.Int32, end); err != nil {
+		return nil, err
+	}
+	S := len(at)
+	if S == 0 {
+		return counts, nil
+	}
+	desc = append(desc, int64(tiles))
+	dd, err := o.deviceWords(cs, desc)
+	if err != nil {
+		return nil, err
+	}
+	sc := cs.sel
+	state, err := grow(o.d, &sc.segState, device.Int32, 2*S)
+	if err != nil {
+		return nil, err
+	}
+	tc, err := grow(o.d, &sc.counts, device.Int32, 2*tiles)
+	if err != nil {
+		return nil, err
+	}
+	offs, err := grow(o.d, &sc.offs, device.Int32, 2*tiles)
+	if err != nil {
+		return nil, err
+	}
+	totals, err := grow(o.d, &sc.segTotals, device.Int32, S)
+	if err != nil {
+		return nil, err
+	}
+	if err := cs.args().buf(thr).buf(dd).i64(S).buf(state).runN("k_segt_init", S); err != nil {
+		return nil, err
+	}
+	if err := cs.args().buf(x).buf(dd).i32(S).buf(state).buf(tc).run("k_segt_count", tiles); err != nil {
+		return nil, err
+	}
+	if err := cs.args().buf(tc).buf(dd).i32(S).buf(offs).buf(totals).run("k_segt_offsets", S); err != nil {
+		return nil, err
+	}
+	if err := cs.args().buf(x).buf(dd).i32(S).buf(state).buf(offs).buf(idx).run("k_segt_write", tiles); err != nil {
+		return nil, err
+	}
+	h, err := readU32(cs, totals, S)
+	if err != nil {
+		return nil, err
+	}
+	for i, j := range at {
+		counts[j] = int(uint32(h[i]))
+	}
+	return counts, nil
+}
+
+// CompactSlotsSegments is CompactSlots of the whole of x into idx (at least
+// len(x) long) with the number of non-zero words of each segment
+// [bounds[j], bounds[j+1]) of x (sparsify.Ops.CompactSlotsSegments): four
+// launches and one host wait for the counts; the bounds are uploaded only
+// when they differ from the last few calls' words.
+func (o *Sparse) CompactSlotsSegments(s device.Stream, idx, x device.Buffer, bounds []int) ([]int, error) {
+	cs, err := o.stream(s)
+	if err != nil {
+		return nil, err
+	}
+	if err := o.check("CompactSlotsSegments", "x", x, device.Int32, 0); err != nil {
+		return nil, err
+	}
+	if err := o.check("CompactSlotsSegments", "idx", idx, device.Int32, x.Len()); err != nil {
+		return nil, err
+	}
+	nseg := max(len(bounds)-1, 0)
+	for j := range nseg {
+		if bounds[j] < 0 || bounds[j+1] < bounds[j] || bounds[j+1] > x.Len() {
+			return nil, fmt.Errorf("cuda: CompactSlotsSegments: segment %d is [%d, %d), outside x's %d words", j, bounds[j], bounds[j+1], x.Len())
+		}
+	}
+	counts := make([]int, nseg)
+	if x.Len() == 0 {
+		return counts, nil
+	}
+	if _, err := o.selectTiles(cs, x.View(device.Float32, 0, x.Len()), 2, idx, device.Buffer{}, false); err != nil {
+		return nil, err
+	}
+	if nseg == 0 {
+		return counts, nil
+	}
+	bb := make([]int64, len(bounds))
+	for j, v := range bounds {
+		bb[j] = int64(v)
+	}
+	db, err := o.deviceWords(cs, bb)
+	if err != nil {
+		return nil, err
+	}
+	cnt, err := grow(o.d, &cs.sel.segTotals, device.Int32, nseg)
+	if err != nil {
+		return nil, err
+	}
+	if err := cs.args().buf(x).buf(db).buf(cnt).run("k_seg_nonzero", nseg); err != nil {
+		return nil, err
+	}
+	h, err := readU32(cs, cnt, nseg)
+	if err != nil {
+		return nil, err
+	}
+	for j, v := range h {
+		counts[j] = int(uint32(v))
+	}
+	return counts, nil
+}
+
+// CountInTo counts the indices of idx in each segment [bounds[j],
+// bounds[j+1]) into counts (Int32, len(bounds)−1 elements) on the device
+// (sparsify.Ops.CountInTo): two launches, no host wait; the bounds are
+// uploaded only when they differ from the last few segmented calls'.
+func (o *Sparse) CountInTo(s device.Stream, counts, idx device.Buffer, bounds []int) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	nseg := len(bounds) - 1
+	if nseg <= 0 {
+		return nil
+	}
+	if err := o.check("CountInTo", "idx", idx, device.Int32, 0); err != nil {
+		return err
+	}
+	if err := o.check("CountInTo", "counts", counts, device.Int32, nseg); err != nil {
+		return err
+	}
+	bb := make([]int64, len(bounds))
+	for j, v := range bounds {
+		bb[j] = int64(v)
+	}
+	db, err := o.deviceWords(cs, bb)
+	if err != nil {
+		return err
+	}
+	cnt := counts.Slice(0, nseg)
+	if err := cs.fill32(cnt, 0); err != nil {
+		return err
+	}
+	if idx.Len() == 0 {
+		return nil
+	}
+	return cs.args().buf(idx).i64(idx.Len()).buf(db).i32(nseg).buf(cnt).runN("k_count_in", idx.Len())
 }

@@ -387,13 +387,15 @@ func TestGPUDragonnHash(t *testing.T) {
 		t.Fatalf("reference murmur3(0, 0) = %#x", h)
 	}
 	// run hashes x at threshold th on ops and returns the compacted slots.
+	// The threshold is where the kernel reads it: on the GPU for the GPU.
 	run := func(ops sparsify.Ops, st device.Stream, x, table, out device.Buffer, th float32, seed uint32, slots int) (int, error) {
-		lo := uint32(math.MaxUint32) // NaN selects nothing
-		if th == th {
-			lo = max(math.Float32bits(th)&0x7fffffff, 1) // exact zeros never
+		tb := device.Host([]float32{th})
+		if st != nil {
+			tb = upload(t, st, []float32{th})
+			defer d.Free(tb)
 		}
 		if x.Len() > 0 {
-			if err := ops.Run(st, k, x.Len(), x, int64(x.Len()), int32(lo), int32(seed), table, int32(slots)); err != nil {
+			if err := ops.Run(st, k, x.Len(), x, int64(x.Len()), tb, int32(seed), table, int32(slots), int64(0)); err != nil {
 				return 0, err
 			}
 		}
@@ -814,5 +816,228 @@ func TestGPUTopKSegmentsMatchesCPU(t *testing.T) {
 	}
 	if _, err := sp.TopKSegments(s, ib, xb, [][2]int{{0, 3}}, nil); err == nil || !strings.Contains(err.Error(), "budgets") {
 		t.Fatalf("no budgets: %v", err)
+	}
+}
+
+// TestGPUSegmentedThresholdsMatchCPU: KthLargestAbsSegments,
+// SelectAboveSegments and CompactSlotsSegments on the GPU give what the
+// CPU's give and what a plain loop gives: segments empty, of one element,
+// spanning several tiles, some left out; k = 1, the whole segment and in
+// between; thresholds 0, negative, +Inf, NaN, an element's magnitude (ties)
+// and the k-th largest; inputs with ties, zeros, NaN and ±Inf.
+func TestGPUSegmentedThresholdsMatchCPU(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	cpu := sparsify.CPUOps()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(3, 33))
+	key := func(v float32) uint32 { return math.Float32bits(v) & 0x7fffffff }
+	for _, n := range []int{1, 5, 33, 4097, 20000} {
+		for _, kind := range []string{"normal", "ties", "zeros", "nan"} {
+			x := sparseInput(r, kind, n)
+			xb := upload(t, s, x)
+			cuts := segments(r, n)
+			var segs [][2]int
+			for j := range len(cuts) - 1 {
+				if r.IntN(4) != 0 || cuts[j] == cuts[j+1] {
+					segs = append(segs, [2]int{cuts[j], cuts[j+1]})
+				}
+			}
+			// The k-th largest magnitudes of the non-empty segments.
+			var kseg [][2]int
+			var ks []int
+			var wantThr []float32
+			for _, sg := range segs {
+				size := sg[1] - sg[0]
+				if size == 0 {
+					continue
+				}
+				k := []int{1, size, 1 + r.IntN(size), 1 + size/100}[r.IntN(4)]
+				keys := make([]uint32, 0, size)
+				for _, v := range x[sg[0]:sg[1]] {
+					keys = append(keys, key(v))
+				}
+				slices.Sort(keys)
+				kseg, ks = append(kseg, sg), append(ks, k)
+				wantThr = append(wantThr, math.Float32frombits(keys[size-k]))
+			}
+			cpuThr := make([]float32, len(kseg))
+			if err := cpu.KthLargestAbsSegments(nil, device.Host(cpuThr), device.Host(x), kseg, ks); err != nil || !sameBits(cpuThr, wantThr) {
+				t.Fatalf("n=%d %s: CPU thresholds %v (%v), plain %v", n, kind, cpuThr, err, wantThr)
+			}
+			tb := upload(t, s, make([]float32, max(len(kseg), 1)))
+			if err := sp.KthLargestAbsSegments(s, tb, xb, kseg, ks); err != nil {
+				t.Fatal(err)
+			}
+			if got := download(t, s, tb)[:len(kseg)]; !sameBits(got, wantThr) {
+				t.Fatalf("n=%d %s segments %v ks %v: GPU thresholds %v, want %v", n, kind, kseg, ks, got, wantThr)
+			}
+			d.Free(tb)
+			// Thresholds of every kind, one a segment (empty ones too).
+			thr := make([]float32, len(segs))
+			for j, sg := range segs {
+				switch r.IntN(6) {
+				case 0:
+					thr[j] = 0
+				case 1:
+					thr[j] = -1
+				case 2:
+					thr[j] = float32(math.Inf(1))
+				case 3:
+					thr[j] = float32(math.NaN())
+				default:
+					if sg[1] > sg[0] {
+						thr[j] = float32(math.Abs(float64(x[sg[0]+r.IntN(sg[1]-sg[0])])))
+					}
+				}
+			}
+			var want []int32
+			wantCounts := make([]int, len(segs))
+			for j, sg := range segs {
+				for i := sg[0]; i < sg[1]; i++ {
+					v := x[i]
+					if v == v && float32(math.Abs(float64(v))) >= thr[j] {
+						want = append(want, int32(i))
+						wantCounts[j]++
+					}
+				}
+			}
+			gather := func(idx []int32, counts []int) []int32 {
+				var out []int32
+				for j, sg := range segs {
+					out = append(out, idx[sg[0]:sg[0]+counts[j]]...)
+				}
+				return out
+			}
+			cpuIdx := make([]int32, n)
+			counts, err := cpu.SelectAboveSegments(nil, device.Host(cpuIdx), device.Host(x), device.Host(thr), segs)
+			if err != nil || !slices.Equal(counts, wantCounts) || !slices.Equal(gather(cpuIdx, counts), want) {
+				t.Fatalf("n=%d %s: CPU counts %v (%v), plain %v, or the indices differ", n, kind, counts, err, wantCounts)
+			}
+			ib := allocInt32(t, d, n)
+			thrb := upload(t, s, append(thr, 0))
+			counts, err = sp.SelectAboveSegments(s, ib, xb, thrb, segs)
+			if err != nil || !slices.Equal(counts, wantCounts) {
+				t.Fatalf("n=%d %s segments %v thresholds %v: GPU counts %v (%v), want %v", n, kind, segs, thr, counts, err, wantCounts)
+			}
+			if got := gather(downloadInt32(t, s, ib), counts); !slices.Equal(got, want) {
+				t.Fatalf("n=%d %s segments %v thresholds %v: GPU indices differ", n, kind, segs, thr)
+			}
+			// Slot tables: the words of x's bits, zeros kept.
+			words := make([]int32, n)
+			for i, v := range x {
+				words[i] = int32(math.Float32bits(v) & 0x7fffffff)
+			}
+			bounds := []int{0}
+			for _, sg := range segs {
+				bounds = append(bounds, sg[1])
+			}
+			bounds[len(bounds)-1] = n
+			var wantSlots []int32
+			wantNZ := make([]int, len(bounds)-1)
+			for j := range wantNZ {
+				for _, w := range words[bounds[j]:bounds[j+1]] {
+					if w != 0 {
+						wantSlots = append(wantSlots, w-1)
+						wantNZ[j]++
+					}
+				}
+			}
+			cpuIdx = make([]int32, n)
+			nz, err := cpu.CompactSlotsSegments(nil, device.Host(cpuIdx), device.Host(words), bounds)
+			if err != nil || !slices.Equal(nz, wantNZ) || !slices.Equal(cpuIdx[:len(wantSlots)], wantSlots) {
+				t.Fatalf("n=%d %s: CPU slot counts %v (%v), plain %v, or the slots differ", n, kind, nz, err, wantNZ)
+			}
+			wb := allocInt32(t, d, n)
+			if err := s.Copy(wb, device.Host(words)); err != nil {
+				t.Fatal(err)
+			}
+			nz, err = sp.CompactSlotsSegments(s, ib, wb, bounds)
+			if err != nil || !slices.Equal(nz, wantNZ) {
+				t.Fatalf("n=%d %s bounds %v: GPU slot counts %v (%v), want %v", n, kind, bounds, nz, err, wantNZ)
+			}
+			if got := downloadInt32(t, s, ib)[:len(wantSlots)]; !slices.Equal(got, wantSlots) {
+				t.Fatalf("n=%d %s: GPU slots differ", n, kind)
+			}
+			for _, b := range []device.Buffer{ib, thrb, wb, xb} {
+				d.Free(b)
+			}
+		}
+	}
+	// Bad input: refused on both, naming the problem.
+	xb := upload(t, s, []float32{1, 2, 3})
+	defer d.Free(xb)
+	tb := upload(t, s, []float32{0, 0})
+	defer d.Free(tb)
+	ib := allocInt32(t, d, 4)
+	defer d.Free(ib)
+	x, th := device.Host([]float32{1, 2, 3}), device.Host([]float32{0, 0})
+	for _, ops := range []struct {
+		o       sparsify.Ops
+		x, t, i device.Buffer
+		s       device.Stream
+	}{{cpu, x, th, device.Host(make([]int32, 4)), nil}, {sp, xb, tb, ib, s}} {
+		if err := ops.o.KthLargestAbsSegments(ops.s, ops.t, ops.x, [][2]int{{0, 2}}, []int{3}); err == nil || !strings.Contains(err.Error(), "must be in [1, 2]") {
+			t.Fatalf("%T: k past the segment: %v", ops.o, err)
+		}
+		if err := ops.o.KthLargestAbsSegments(ops.s, ops.t, ops.x, [][2]int{{1, 4}}, []int{1}); err == nil || !strings.Contains(err.Error(), "outside") {
+			t.Fatalf("%T: segment past x: %v", ops.o, err)
+		}
+		if _, err := ops.o.SelectAboveSegments(ops.s, ops.i, ops.x, ops.t, [][2]int{{1, 3}, {0, 1}}); err == nil || !strings.Contains(err.Error(), "ascending") {
+			t.Fatalf("%T: segments out of order: %v", ops.o, err)
+		}
+	}
+}
+
+// TestGPUCountInToMatchesCPU: CountInTo leaves on the GPU the counts
+// CountIn reads back, the CPU's and a plain loop's: indices outside the
+// bounds (not counted), empty segments, no indices, bounds repeated and
+// changed between calls (kept on the device).
+func TestGPUCountInToMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(3, 34))
+	for round := range 30 {
+		n := []int{0, 1, 7, 5000}[round%4]
+		bounds := segments(r, 1+r.IntN(3000))
+		if round%5 == 4 {
+			bounds = bounds[:2]
+		}
+		idx := make([]int32, n)
+		for j := range idx {
+			idx[j] = int32(r.IntN(3200) - 100)
+		}
+		want := make([]int, len(bounds)-1)
+		for _, i := range idx {
+			for q := range want {
+				if int(i) >= bounds[q] && int(i) < bounds[q+1] {
+					want[q]++
+					break
+				}
+			}
+		}
+		cpu := make([]int32, len(want))
+		if err := sparsify.CPUOps().CountInTo(nil, device.Host(cpu), device.Host(idx), bounds); err != nil {
+			t.Fatal(err)
+		}
+		ib := allocInt32(t, d, max(n, 1))
+		if n > 0 {
+			if err := s.Copy(ib.Slice(0, n), device.Host(idx)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cb := allocInt32(t, d, len(want))
+		if err := sp.CountInTo(s, cb, ib.Slice(0, n), bounds); err != nil {
+			t.Fatal(err)
+		}
+		got := downloadInt32(t, s, cb)
+		for q := range want {
+			if int(got[q]) != want[q] || int(cpu[q]) != want[q] {
+				t.Fatalf("round %d bounds %v: GPU %v, CPU %v, want %v", round, bounds, got, cpu, want)
+			}
+		}
+		d.Free(ib)
+		d.Free(cb)
 	}
 }

@@ -64,7 +64,7 @@ const dgcWarmupBase = 0.25
 //     clips each worker's gradient before error feedback at the threshold
 //     divided by √n, the paper's §3.2).
 //   - Per compressed tensor, nsel = ⌈numel·ρ_e⌉ (DGC's rounding, at least
-//     1), chosen by dgcSelectOn's double sampling: strided samples of about
+//     1), chosen by dgcSelect's double sampling: strided samples of about
 //     1 % of the tensor (at least ⌈2/ρ_e⌉; tensors of at most ⌈2/ρ_e⌉
 //     elements are sampled whole), a threshold from the top ⌈samples·ρ_e⌉
 //     samples, selection of |x| >= thr, then up to 10 adaptation rounds
@@ -97,10 +97,10 @@ type dgcReducer struct {
 	dense   denseParts
 	// mc is the momentum correction (momentumCorrection; off with
 	// momentum 0).
-	mc        momentumCorrection
-	samp      samples
-	dIdx, dCa device.Buffer // Int32
-	dVal      device.Buffer // Float32
+	mc   momentumCorrection
+	sel  dgcScratch
+	dIdx device.Buffer // Int32
+	dVal device.Buffer // Float32
 }
 
 func newDGCReducer(e *Env) (Core, error) {
@@ -147,12 +147,13 @@ func (r *dgcReducer) paramsFor(ratio float64) []dgcParams {
 	return ps
 }
 
-// Reduce selects per tensor by double sampling, all-gathers the pairs and
-// averages them. The sampling's threshold and the adaptation rounds'
-// counts come back to the host; where the reference takes the exact
-// top-nsel of the candidates it takes the top-nsel of the tensor, the same
-// set (the candidates, more than nsel, hold every element at least as
-// large as the nsel-th largest).
+// Reduce selects per tensor by double sampling, every compressed tensor at
+// once (dgcSelect: the thresholds stay on the device, the counts come back
+// in one wait, and one more per adaptation round), all-gathers the pairs
+// and averages them. Where the reference takes the exact top-nsel of the
+// candidates it takes the top-nsel of the tensor, the same set (the
+// candidates, more than nsel, hold every element at least as large as the
+// nsel-th largest).
 func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	b := r.base
 	v := &b.v
@@ -165,10 +166,9 @@ func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual devic
 	layerK := make([]int, len(tensors))
 	thr := math.NaN()
 	pos := 0
-	maxSize, total := 0, 0
-	for t, tn := range tensors {
+	total := 0
+	for t := range tensors {
 		if r.comp[t] {
-			maxSize = max(maxSize, tn.Size)
 			total += params[t].nsel
 		}
 	}
@@ -180,40 +180,41 @@ func (r *dgcReducer) Reduce(ctx context.Context, _ int, acc, out, residual devic
 		if err != nil {
 			return err
 		}
-		cand, err := v.scratch(&r.dCa, device.Int32, maxSize)
-		if err != nil {
-			return err
-		}
 		if _, err := v.scratch(&r.dVal, device.Float32, total); err != nil {
 			return err
 		}
+		var ts []dgcTensor
+		var of []int // the layout's tensor of each of ts
+		want := -1
 		for t, tn := range tensors {
 			if !r.comp[t] {
 				layerK[t] = tn.Size
 				continue
 			}
+			if tn.Size == 0 {
+				continue
+			}
 			p := params[t]
-			x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
 			start := 0
 			if p.stride > 1 {
 				start = sampRNG(b.o.Seed, rank, b.calls, t).IntN(p.stride)
 			}
-			take, th, err := dgcSelectOn(v, &r.samp, cand, x, p, start)
-			if err != nil {
-				return err
-			}
 			if t == r.largest {
-				thr = float64(th)
+				want = len(ts)
 			}
-			layerK[t] = take
-			dst := idx.Slice(pos, pos+take)
-			if err := v.s.Copy(dst, cand.Slice(0, take)); err != nil {
-				return err
-			}
-			if err := v.ops.Shift(v.s, dst, tn.Offset); err != nil {
-				return err
-			}
-			pos += take
+			ts = append(ts, dgcTensor{lo: tn.Offset, hi: tn.Offset + tn.Size, p: p, start: start})
+			of = append(of, t)
+		}
+		takes, th, err := dgcSelect(v, &r.sel, idx, acc, ts, want)
+		if err != nil {
+			return err
+		}
+		if want >= 0 {
+			thr = float64(th)
+		}
+		for j, t := range of {
+			layerK[t] = takes[j]
+			pos += takes[j]
 		}
 		val, err := v.scratch(&r.dVal, device.Float32, pos)
 		if err != nil {
@@ -420,55 +421,188 @@ func (b *Env) reserveLists(most int) error {
 	return nil
 }
 
-// dgcSelectOn is DGC's double sampling on one tensor x of the device
-// (reference notes 7.4, synxlin/deep-gradient-compression): the samples are
-// x[start + j·stride] for j < numSamples (start in [0, stride)); thr is the
-// smallest magnitude of the top topSamples samples; the candidates are
-// {i : |x_i| >= thr}. Unless the tensor was sampled whole, up to
-// dgcMaxAdapt rounds follow: more than 1.3·nsel candidates → keep the exact
-// top-nsel of them by magnitude (ties to lower indices) and stop; fewer than
-// 0.8·nsel → thr ×= 0.8 and select again; otherwise stop. Finally the first
-// nsel candidates in index order are kept. It writes the selected indices of
-// x, ascending, into cand (at least len(x) long) and returns how many and
-// the final threshold. The top-nsel of the candidates is taken as the
-// top-nsel of x: the same set, since the candidates, more than nsel, hold
-// every element at least as large as the nsel-th largest.
-func dgcSelectOn(v *vecs, sc *samples, cand, x device.Buffer, p dgcParams, start int) (int, float32, error) {
-	smp, err := v.scratch(&sc.dVal, device.Float32, p.numSamples)
+// dgcTensor is one tensor of a DGC selection: its range [lo, hi) of the
+// vector selected from, its sampling constants and its samples' random
+// start in [0, p.stride).
+type dgcTensor struct {
+	lo, hi int
+	p      dgcParams
+	start  int
+}
+
+// dgcScratch is the device memory of dgcSelect.
+type dgcScratch struct {
+	smp, thr, sub device.Buffer // Float32: the samples, the thresholds, a round's thresholds
+	cand, top     device.Buffer // Int32: the candidates (in their tensors' places), the exact top-nsel
+	th            [1]float32    // the reported tensor's threshold, read with the counts
+}
+
+// dgcSelect is DGC's double sampling (reference notes 7.4,
+// synxlin/deep-gradient-compression) of every tensor ts[j] of x at once
+// (the tensors ascending, not overlapping, none empty): the samples are
+// x[lo + start + i·stride] for i < numSamples; thr is the smallest
+// magnitude of the top topSamples samples; the candidates are {i : |x_i| >=
+// thr}. Unless the tensor was sampled whole, up to dgcMaxAdapt rounds
+// follow: more than 1.3·nsel candidates → keep the exact top-nsel of them
+// by magnitude (ties to lower indices) and stop; fewer than 0.8·nsel → thr
+// ×= 0.8 and select again; otherwise stop. Finally the first nsel
+// candidates in index order are kept. It writes the indices of x, each
+// tensor's ascending, the tensors in order, into idx (at least Σ nsel
+// long), and returns how many each tensor has and the final threshold of
+// tensor want (NaN when want < 0). The top-nsel of the candidates is taken
+// as the top-nsel of the tensor: the same set, since the candidates, more
+// than nsel, hold every element at least as large as the nsel-th largest.
+//
+// On a device it is a bounded number of launches for all tensors and one
+// host wait per round (a round reads the counts of the tensors it selected
+// again; the first also the threshold of want): the thresholds stay on the
+// device (Ops.KthLargestAbsSegments, Ops.SelectAboveSegments), a round's
+// ×0.8 is made there (Memory.Scale, the same float32 product as the host's).
+func dgcSelect(v *vecs, sc *dgcScratch, idx, x device.Buffer, ts []dgcTensor, want int) ([]int, float32, error) {
+	takes := make([]int, len(ts))
+	if len(ts) == 0 {
+		return takes, float32(math.NaN()), nil
+	}
+	ns, nsel := 0, 0
+	for _, t := range ts {
+		ns += t.p.numSamples
+		nsel += t.p.nsel
+	}
+	smp, err := v.scratch(&sc.smp, device.Float32, ns)
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
-	if err := v.ops.GatherStrided(v.s, smp, x, start, p.stride); err != nil {
-		return 0, 0, err
-	}
-	th, err := v.ops.KthLargestAbs(v.s, smp, p.topSamples)
+	thr, err := v.scratch(&sc.thr, device.Float32, len(ts))
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
-	m, err := v.ops.SelectAbove(v.s, cand, device.Buffer{}, x, th)
+	sub, err := v.scratch(&sc.sub, device.Float32, len(ts))
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
-	if p.numel > p.numSamples {
-		for range dgcMaxAdapt {
-			if m > p.nsel {
-				if float64(m) > dgcUpper*float64(p.nsel) {
-					if m, err = v.ops.TopK(v.s, cand, device.Buffer{}, x, p.nsel); err != nil {
-						return 0, 0, err
-					}
-				}
-				break
-			}
-			if float64(m) >= dgcLower*float64(p.nsel) {
-				break
-			}
-			th *= dgcLower
-			if m, err = v.ops.SelectAbove(v.s, cand, device.Buffer{}, x, th); err != nil {
-				return 0, 0, err
-			}
+	cand, err := v.scratch(&sc.cand, device.Int32, ts[len(ts)-1].hi)
+	if err != nil {
+		return nil, 0, err
+	}
+	tk, err := v.scratch(&sc.top, device.Int32, nsel) // allocated before it is needed: not mid-run
+	if err != nil {
+		return nil, 0, err
+	}
+	segs := make([][2]int, len(ts))
+	sampSegs := make([][2]int, len(ts))
+	ks := make([]int, len(ts))
+	at := 0
+	for j, t := range ts {
+		segs[j] = [2]int{t.lo, t.hi}
+		sampSegs[j] = [2]int{at, at + t.p.numSamples}
+		ks[j] = t.p.topSamples
+		if err := v.ops.GatherStrided(v.s, smp.Slice(at, at+t.p.numSamples), x.Slice(t.lo, t.hi), t.start, t.p.stride); err != nil {
+			return nil, 0, err
+		}
+		at += t.p.numSamples
+	}
+	if err := v.ops.KthLargestAbsSegments(v.s, thr, smp, sampSegs, ks); err != nil {
+		return nil, 0, err
+	}
+	th := float32(math.NaN())
+	if want >= 0 {
+		// Read with the counts: the copy is done by their wait (the
+		// segments are not empty, so SelectAboveSegments waits).
+		if err := v.s.Copy(device.Host(sc.th[:]), thr.Slice(want, want+1)); err != nil {
+			return nil, 0, err
 		}
 	}
-	return min(p.nsel, m), th, nil
+	ms, err := v.ops.SelectAboveSegments(v.s, cand, x, thr, segs)
+	if err != nil {
+		return nil, 0, err
+	}
+	if want >= 0 {
+		th = sc.th[0]
+	}
+	var active, top []int
+	for j, t := range ts {
+		if t.p.numel > t.p.numSamples {
+			active = append(active, j)
+		}
+	}
+	for range dgcMaxAdapt {
+		var again []int
+		for _, j := range active {
+			m, nsel := ms[j], ts[j].p.nsel
+			switch {
+			case m > nsel:
+				if float64(m) > dgcUpper*float64(nsel) {
+					top = append(top, j)
+				}
+			case float64(m) < dgcLower*float64(nsel):
+				again = append(again, j)
+			}
+		}
+		if len(again) == 0 {
+			break
+		}
+		// Every tensor selected again, those not in this round at a NaN
+		// threshold (nothing selected, their candidates kept): the same
+		// segments every round, whose description stays on the device.
+		if err := v.m.Fill(v.s, sub, float32(math.NaN())); err != nil {
+			return nil, 0, err
+		}
+		for _, j := range again {
+			if err := v.m.Scale(v.s, thr.Slice(j, j+1), dgcLower); err != nil {
+				return nil, 0, err
+			}
+			if err := v.s.Copy(sub.Slice(j, j+1), thr.Slice(j, j+1)); err != nil {
+				return nil, 0, err
+			}
+			if j == want {
+				th *= dgcLower
+			}
+		}
+		got, err := v.ops.SelectAboveSegments(v.s, cand, x, sub, segs)
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, j := range again {
+			ms[j] = got[j]
+		}
+		active = again
+	}
+	// The exact top-nsel where a tensor has too many candidates: of every
+	// tensor at once (the same segments and budgets every call), each
+	// after the tensors before it in sc.top.
+	tops := make([]int, len(ts)) // where each tensor's top-nsel starts
+	if len(top) > 0 {
+		ks := make([]int, len(ts))
+		n := 0
+		for j, t := range ts {
+			tops[j], ks[j] = n, t.p.nsel
+			n += t.p.nsel
+		}
+		if _, err := v.ops.TopKSegments(v.s, tk, x, segs, ks); err != nil {
+			return nil, 0, err
+		}
+		for _, j := range top {
+			ms[j] = ts[j].p.nsel
+		}
+	}
+	isTop := make([]bool, len(ts))
+	for _, j := range top {
+		isTop[j] = true
+	}
+	pos := 0
+	for j, t := range ts {
+		take := min(t.p.nsel, ms[j])
+		src := cand.Slice(t.lo, t.lo+take)
+		if isTop[j] {
+			src = tk.Slice(tops[j], tops[j]+take)
+		}
+		if err := v.s.Copy(idx.Slice(pos, pos+take), src); err != nil {
+			return nil, 0, err
+		}
+		takes[j] = take
+		pos += take
+	}
+	return takes, th, nil
 }
 
 // dgcDenseElems is the elements of the shape's 1-D tensors, which DGC

@@ -20,17 +20,23 @@ __device__ u32 dragonn_murmur3(u32 i, u32 seed) {
 }
 
 // Every element of x whose magnitude key (its bits without the sign) is in
-// [lo, +Inf's key] — |x_i| >= the threshold and not NaN; lo >= 1 keeps
-// exact zeros out — goes, in the same pass, to slot murmur3(i, seed) mod m,
-// which keeps the highest index + 1 (so a collision resolves as an
-// insertion in ascending order does). No compaction of the candidates: the
-// table is the only output.
-extern "C" __global__ void k_dragonn_hash(const float* x, i64 n, int lo, int seed, u32* table, int m) {
+// [lo, +Inf's key] — |x_i| >= the threshold thr[0] and not NaN; lo is the
+// threshold's key but at least 1, which keeps exact zeros out, and a NaN
+// threshold selects nothing — goes, in the same pass, to slot murmur3(i,
+// seed) mod m, which keeps the highest off + i + 1 (so a collision resolves
+// as an insertion in ascending order does; off places the tensor in the
+// vector its indices are of). The threshold is read where it is, on the
+// device. No compaction of the candidates: the table is the only output.
+extern "C" __global__ void k_dragonn_hash(const float* x, i64 n, const float* thr, int seed, u32* table, int m, i64 off) {
+    float t = thr[0];
+    u32 tk = __float_as_uint(t) & 0x7fffffffu;
+    u32 lo = t != t ? 0xffffffffu : (tk > 1u ? tk : 1u);
+    if (lo > 0x7f800000u) return;
     const u32* u = (const u32*)x;
     GRID_STRIDE(i, n) {
         u32 key = u[i] & 0x7fffffffu;
-        if (key >= (u32)lo && key <= 0x7f800000u) {
-            atomicMax(&table[dragonn_murmur3((u32)i, (u32)seed) % (u32)m], (u32)i + 1u);
+        if (key >= lo && key <= 0x7f800000u) {
+            atomicMax(&table[dragonn_murmur3((u32)i, (u32)seed) % (u32)m], (u32)(off + i) + 1u);
         }
     }
 }

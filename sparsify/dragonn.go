@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/bits"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -43,7 +44,7 @@ const (
 //     0: every tensor) and the call is at least the dense_warmup-th (option
 //     dense_warmup, default 200; 0: from the first call). All other tensors are averaged densely:
 //     one AllReduce of their concatenation, divided by n.
-//   - Per compressed tensor (dragonnSelectOn): ratio = ρ, forced to 0.01 for
+//   - Per compressed tensor (dragonnSelect, all of them at once): ratio = ρ, forced to 0.01 for
 //     tensors of at most 131072 elements; ns = ⌊0.01·numel⌋ samples drawn
 //     uniformly with replacement (from Options.Seed, the rank, the iteration
 //     and the tensor: identical across runs for a seed); threshold = the
@@ -143,8 +144,10 @@ func (r *dragonnReducer) compressed(size int) bool {
 }
 
 // Reduce compresses the large tensors after warm-up, all-gathers their
-// pairs and all-reduces the rest. The sample positions are drawn on the
-// host and copied to the device; the threshold and the counts come back.
+// pairs and all-reduces the rest. The compressed tensors are selected at
+// once (dragonnSelect): the sample positions drawn and the thresholds kept
+// on the device, the tables' counts read back in one wait with the
+// largest tensor's threshold and the draws' flag.
 func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	b := r.base
 	v := &b.v
@@ -185,18 +188,12 @@ func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 		if _, err := v.scratch(&r.dVal, device.Float32, total); err != nil {
 			return err
 		}
-		lastComp := -1
-		for t := range tensors {
-			if comp[t] {
-				lastComp = t
-			}
-		}
 		// The draws on the device flag a rejected draw in one word, read
-		// after the last tensor's threshold (dragonnSelectOn); where one
-		// was (probability below numel/2^64 a draw), the call selects
-		// again with the draws on the host.
+		// with the tables' counts (dragonnSelect); where one was
+		// (probability below numel/2^64 a draw), the call selects again
+		// with the draws on the host.
 		var flag device.Buffer
-		if !v.onCPU() && lastComp >= 0 {
+		if !v.onCPU() && slices.Contains(comp, true) {
 			if flag, err = v.scratch(&r.samp.dFlag, device.Int32, 1); err != nil {
 				return err
 			}
@@ -207,28 +204,32 @@ func (r *dragonnReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 		calls := r.calls
 		for {
 			r.calls, pos, largest, thr = calls, 0, -1, math.NaN()
+			var ts []dragonnTensor
+			var of []int // the layout's tensor of each of ts
+			want := -1
 			for t, tn := range tensors {
 				if !comp[t] {
 					layerK[t] = tn.Size
 					continue
 				}
-				x := acc.Slice(tn.Offset, tn.Offset+tn.Size)
 				seed := uint32(dragonnSeedBase + r.calls)
 				r.calls = (r.calls + 1) % dragonnSeedWrap
-				p := r.params[t]
-				dst := idx.Slice(pos, pos+p.nslots)
-				m, th, err := dragonnSelectOn(v, &r.samp, dst, x, flag, t == lastComp, p, sampPCG(b.o.Seed, rank, b.calls, t), seed)
-				if err != nil {
-					return err
-				}
 				if largest < 0 || tn.Size > tensors[largest].Size {
-					largest, thr = t, float64(th)
+					largest, want = t, len(ts)
 				}
-				layerK[t] = m
-				if err := v.ops.Shift(v.s, dst.Slice(0, m), tn.Offset); err != nil {
-					return err
-				}
-				pos += m // the next tensor's indices follow these
+				ts = append(ts, dragonnTensor{lo: tn.Offset, hi: tn.Offset + tn.Size, p: r.params[t], src: sampPCG(b.o.Seed, rank, b.calls, t), seed: seed})
+				of = append(of, t)
+			}
+			counts, th, err := dragonnSelect(v, &r.samp, idx, acc, flag, ts, want)
+			if err != nil {
+				return err
+			}
+			if want >= 0 {
+				thr = float64(th)
+			}
+			for j, t := range of {
+				layerK[t] = counts[j]
+				pos += counts[j]
 			}
 			if flag.Len() == 0 || r.samp.flag[0] == 0 {
 				break
@@ -315,7 +316,9 @@ type samples struct {
 	dVal   device.Buffer // Float32
 	dTable device.Buffer // Int32
 	dFlag  device.Buffer // Int32
+	dThr   device.Buffer // Float32: the thresholds
 	flag   [1]int32
+	th     [1]float32 // the reported threshold, read with the counts
 }
 
 // sampPCG is the source of sampRNG's generator: its samples are
@@ -391,22 +394,39 @@ func lemire(x, n uint64) (uint64, bool) {
 	return hi, lo < -n%n
 }
 
-// dragonnSelectOn is DRAGONN's selection on one tensor x of the device: thr
-// is the ks-th largest magnitude of ns samples x[i] drawn uniformly with
+// dragonnTensor is one tensor of a DRAGONN selection: its range [lo, hi)
+// of the vector selected from, its constants, the source of its samples'
+// positions and its hash seed.
+type dragonnTensor struct {
+	lo, hi int
+	p      dragonnParams
+	src    *rand.PCG
+	seed   uint32
+}
+
+// dragonnSelect is DRAGONN's selection of every tensor ts[j] of x at once
+// (the tensors in order, not overlapping): a tensor's threshold is the
+// ks-th largest magnitude of ns samples of it drawn uniformly with
 // replacement as rand.New(src).IntN draws them (dragonnSamples: on the
-// device unless flag is empty; flag and read are its); then one pass over x
-// (dragonnHashSelect) compares every element with thr and hashes each
-// selected index i (|x_i| >= thr, x_i not an exact zero) with MurmurHash3
-// x86_32 of its 4-byte index and seed hashSeed into one of nslots slots, a
-// collision keeping the highest index (dragonnHashSelect). The occupied
-// slots' indices, in slot order, are written into out (at least nslots
-// long). It returns how many and thr.
+// device unless flag is empty; the last tensor's draws read flag); then
+// one pass over the tensor (dragonnHash) compares every element with the
+// threshold and hashes each selected index i (|x_i| >= thr, x_i not an
+// exact zero) with MurmurHash3 x86_32 of its 4-byte index in the tensor
+// and the tensor's seed into one of its nslots slots, a collision keeping
+// the highest index. The occupied slots, tensor after tensor in slot
+// order, are written into idx (at least Σ nslots long) as indices of x. It
+// returns how many each tensor has and the threshold of tensor want (NaN
+// when want < 0).
 //
 // This is the paper's mechanism: the threshold test and the hash insert
 // are one pass, with no compaction of the candidates (the GPU kernel writes
-// straight into the table; only the table, 4·nsel slots, is compacted). It
-// selects exactly what a threshold compaction followed by the insertion of
-// the candidates in ascending order selects.
+// straight into the table; only the tables, 4·nsel slots each, are
+// compacted). It selects exactly what a threshold compaction followed by
+// the insertion of the candidates in ascending order selects. On a device
+// the thresholds stay there (Ops.KthLargestAbsSegments, read by the hash
+// kernel) and the tables are compacted at once (Ops.CompactSlotsSegments):
+// one host wait for all tensors, which also brings back want's threshold
+// and the flag.
 //
 // Deviations from the GPU kernel of the reference, each a fix: collisions
 // resolve deterministically (the highest index wins; there an arbitrary
@@ -416,71 +436,96 @@ func lemire(x, n uint64) (uint64, bool) {
 // threshold is 0 (a sparse gradient such as an embedding's: most samples
 // are 0) every zero is a candidate and zeros crowd the non-zeros out of the
 // slots.
-func dragonnSelectOn(v *vecs, sc *samples, out, x, flag device.Buffer, read bool, p dragonnParams, src *rand.PCG, hashSeed uint32) (int, float32, error) {
-	pos, err := v.scratch(&sc.dPos, device.Int32, p.ns)
-	if err != nil {
-		return 0, 0, err
-	}
-	val, err := v.scratch(&sc.dVal, device.Float32, p.ns)
-	if err != nil {
-		return 0, 0, err
-	}
-	if err := dragonnSamples(v, sc, pos, flag, read, p, src); err != nil {
-		return 0, 0, err
-	}
-	if err := v.ops.Gather(v.s, val, x, pos); err != nil {
-		return 0, 0, err
-	}
-	thr, err := v.ops.KthLargestAbs(v.s, val, p.ks)
-	if err != nil {
-		return 0, 0, err
-	}
-	k, err := dragonnHashSelect(v, &sc.dTable, out, x, thr, hashSeed, p.nslots)
-	return k, thr, err
-}
-
-// dragonnHashSelect is DRAGONN's one-pass selection of x at threshold t
-// into a table of slots slots (scratch *table), its kernel dragonnHash:
-// every index i with |x[i]| >= t — never an exact zero, never NaN — is
-// hashed, in the same pass that compares it, into slot murmur3(i, seed) mod
-// slots (on a collision the highest index stays); the occupied slots'
-// indices are written into idx in slot order (Ops.CompactSlots) and their
-// number returned. There is no compaction of the candidates and no
-// read-back but the count.
-func dragonnHashSelect(v *vecs, table *device.Buffer, idx, x device.Buffer, t float32, seed uint32, slots int) (int, error) {
-	if slots < 1 || slots > math.MaxInt32 {
-		return 0, fmt.Errorf("%d slots", slots)
+func dragonnSelect(v *vecs, sc *samples, idx, x, flag device.Buffer, ts []dragonnTensor, want int) ([]int, float32, error) {
+	if len(ts) == 0 {
+		return nil, float32(math.NaN()), nil
 	}
 	if x.Len() > math.MaxInt32 {
-		return 0, fmt.Errorf("%d elements; indices are int32", x.Len())
+		return nil, 0, fmt.Errorf("%d elements; indices are int32", x.Len())
 	}
-	tb, err := v.scratch(table, device.Int32, slots)
+	ns, slots := 0, 0
+	sampSegs := make([][2]int, len(ts))
+	ks := make([]int, len(ts))
+	bounds := []int{0}
+	for j, t := range ts {
+		if t.p.nslots < 1 || t.p.nslots > math.MaxInt32 {
+			return nil, 0, fmt.Errorf("tensor %d: %d slots", j, t.p.nslots)
+		}
+		sampSegs[j], ks[j] = [2]int{ns, ns + t.p.ns}, t.p.ks
+		ns += t.p.ns
+		slots += t.p.nslots
+		bounds = append(bounds, slots)
+	}
+	pos, err := v.scratch(&sc.dPos, device.Int32, ns)
 	if err != nil {
-		return 0, err
+		return nil, 0, err
+	}
+	val, err := v.scratch(&sc.dVal, device.Float32, ns)
+	if err != nil {
+		return nil, 0, err
+	}
+	thr, err := v.scratch(&sc.dThr, device.Float32, len(ts))
+	if err != nil {
+		return nil, 0, err
+	}
+	tb, err := v.scratch(&sc.dTable, device.Int32, slots)
+	if err != nil {
+		return nil, 0, err
 	}
 	if err := v.m.Fill(v.s, tb.View(device.Float32, 0, slots), 0); err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	if x.Len() > 0 {
-		if err := v.ops.Run(v.s, dragonnHash, x.Len(), x, int64(x.Len()), int32(hashAboveKey(t)), int32(seed), tb, int32(slots)); err != nil {
-			return 0, err
+	for j, t := range ts {
+		a, b := sampSegs[j][0], sampSegs[j][1]
+		if err := dragonnSamples(v, sc, pos.Slice(a, b), flag, j == len(ts)-1, t.p, t.src); err != nil {
+			return nil, 0, err
+		}
+		if err := v.ops.Gather(v.s, val.Slice(a, b), x.Slice(t.lo, t.hi), pos.Slice(a, b)); err != nil {
+			return nil, 0, err
 		}
 	}
-	return v.ops.CompactSlots(v.s, idx, tb)
+	if err := v.ops.KthLargestAbsSegments(v.s, thr, val, sampSegs, ks); err != nil {
+		return nil, 0, err
+	}
+	if want >= 0 {
+		// Read with the counts: CompactSlotsSegments waits (the tables
+		// are not empty).
+		if err := v.s.Copy(device.Host(sc.th[:]), thr.Slice(want, want+1)); err != nil {
+			return nil, 0, err
+		}
+	}
+	for j, t := range ts {
+		if t.hi == t.lo {
+			continue
+		}
+		if err := v.ops.Run(v.s, dragonnHash, t.hi-t.lo, x.Slice(t.lo, t.hi), int64(t.hi-t.lo), thr.Slice(j, j+1), int32(t.seed),
+			tb.Slice(bounds[j], bounds[j+1]), int32(t.p.nslots), int64(t.lo)); err != nil {
+			return nil, 0, err
+		}
+	}
+	counts, err := v.ops.CompactSlotsSegments(v.s, idx, tb, bounds)
+	if err != nil {
+		return nil, 0, err
+	}
+	th := float32(math.NaN())
+	if want >= 0 {
+		th = sc.th[0]
+	}
+	return counts, th, nil
 }
 
 //go:embed dragonn.cu
 var dragonnCUDA string
 
-// dragonnHash is the pass of dragonnHashSelect (dragonn.cu's
-// k_dragonn_hash; arguments x, n as int64, the smallest magnitude key
-// selected as int32 (hashAboveKey), the seed as int32, the table (Int32,
-// slots words) and slots as int32): each selected element's index plus one
-// goes to its slot, a slot keeping the largest (an atomic maximum on the
-// GPU).
+// dragonnHash is DRAGONN's one-pass selection of a tensor (dragonn.cu's
+// k_dragonn_hash; arguments x, n as int64, the threshold (a Float32 buffer
+// of one element, on the device), the seed as int32, the table (Int32,
+// slots words), slots as int32 and off as int64): each element with |x_i|
+// >= the threshold (hashAboveKey) has off + i + 1 put in its slot, a slot
+// keeping the largest (an atomic maximum on the GPU).
 var dragonnHash = &device.Kernel{Name: "k_dragonn_hash", CUDA: dragonnCUDA, Host: func(n int, a ...any) {
-	x, lo, seed, table := a[0].(device.Buffer).Float32s(), uint32(a[2].(int32)), uint32(a[3].(int32)), a[4].(device.Buffer).Int32s()
-	hashInsert(x[:n], lo, seed, table)
+	x, t, seed, table, off := a[0].(device.Buffer).Float32s(), a[2].(device.Buffer).Float32s()[0], uint32(a[3].(int32)), a[4].(device.Buffer).Int32s(), uint32(a[6].(int64))
+	hashInsert(x[:n], hashAboveKey(t), seed, off, table)
 }}
 
 // dragonnAdvice: the small tensors all-reduced densely, each larger one's
@@ -555,7 +600,7 @@ func hashAboveKey(t float32) uint32 {
 // index; the tables are then merged slot by slot by their maximum — the
 // result of inserting every candidate in ascending order. Nothing is
 // compacted.
-func hashInsert(x []float32, lo, seed uint32, table []int32) {
+func hashInsert(x []float32, lo, seed, off uint32, table []int32) {
 	if lo > 0x7f800000 {
 		return
 	}
@@ -578,11 +623,11 @@ func hashInsert(x []float32, lo, seed uint32, table []int32) {
 	span := uint32(0x7f800000) - lo
 	selParallel(len(x), p, func(c, a, b int) {
 		tb := tables[c]
-		put := func(e uint32) { tb[murmur3Index(e, seed)%m] = e + 1 }
+		put := func(e uint32) { tb[murmur3Index(e, seed)%m] = off + e + 1 }
 		if c == 0 {
 			put = func(e uint32) {
 				s := murmur3Index(e, seed) % m
-				own[s] = max(own[s], e+1)
+				own[s] = max(own[s], off+e+1)
 			}
 		}
 		y := x[a:b]

@@ -297,6 +297,8 @@ type sparSpan struct {
 type lagsBufs struct {
 	sel, allIdx, union device.Buffer // Int32
 	vals, allVals      device.Buffer // Float32
+	counts             device.Buffer // Int32: the per-tensor counts (lagsLayerK)
+	hostCounts         []int32       // their copy on the host
 }
 
 var (
@@ -609,7 +611,8 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 	if err := l.span(from, 0, func() error { return e.residualWithout(res, a, sel.Slice(0, k)) }); err != nil {
 		return nil, err
 	}
-	if st.LayerK, err = lagsLayerK(v, l.layout, gr, sel.Slice(0, k)); err != nil {
+	layerK, layerKDone, err := lagsLayerK(v, l.layout, gr, sel.Slice(0, k), b)
+	if err != nil {
 		return nil, err
 	}
 	allVals, err := v.scratch(&b.allVals, device.Float32, l.n*k)
@@ -659,6 +662,10 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 			if err != nil {
 				return fmt.Errorf("a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", gr.Size(), err)
 			}
+			// The union's count waited (allIdx is not empty): the
+			// per-tensor counts copied before it are on the host.
+			layerKDone()
+			st.LayerK = layerK
 			if err := v.m.Fill(v.s, o, 0); err != nil {
 				return err
 			}
@@ -708,12 +715,15 @@ func (l *LAGS) startDense(ctx context.Context, gr Group, a, o, res device.Buffer
 
 // lagsLayerK counts the selected group-local indices sel per tensor of
 // the group, into a vector over the layout's tensors (the tensors of a
-// group are contiguous in the layout).
-func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer) ([]int, error) {
+// group are contiguous in the layout). A group of several tensors counts
+// on the device (Ops.CountInTo, into b.counts) and copies the counts to
+// b.hostCounts, which hold them after the stream's next wait; done then
+// fills the vector from them.
+func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer, b *lagsBufs) (lk []int, done func(), err error) {
+	lk = make([]int, len(lay.Tensors))
 	if len(gr.Tensors) == 1 { // all of sel (no count to read back)
-		lk := make([]int, len(lay.Tensors))
 		lk[gr.Tensors[0]] = sel.Len()
-		return lk, nil
+		return lk, func() {}, nil
 	}
 	order := slices.Clone(gr.Tensors)
 	slices.SortFunc(order, func(a, b int) int { return lay.Tensors[a].Offset - lay.Tensors[b].Offset })
@@ -723,15 +733,24 @@ func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer) ([]int, error)
 	}
 	last := lay.Tensors[order[len(order)-1]]
 	bounds = append(bounds, last.Offset+last.Size-gr.Lo)
-	counts, err := v.ops.CountIn(v.s, sel, bounds)
+	counts, err := v.scratch(&b.counts, device.Int32, len(order))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	lk := make([]int, len(lay.Tensors))
-	for i, t := range order {
-		lk[t] = counts[i]
+	if err := v.ops.CountInTo(v.s, counts, sel, bounds); err != nil {
+		return nil, nil, err
 	}
-	return lk, nil
+	if len(b.hostCounts) < len(order) {
+		b.hostCounts = make([]int32, len(order))
+	}
+	if err := v.s.Copy(device.Host(b.hostCounts[:len(order)]), counts); err != nil {
+		return nil, nil, err
+	}
+	return lk, func() {
+		for i, t := range order {
+			lk[t] = int(b.hostCounts[i])
+		}
+	}, nil
 }
 
 // lagsAdvice: each layer group's top ρ (at least one element) all-gathered

@@ -99,6 +99,31 @@ type Ops interface {
 	// selects all segments in a bounded number of launches (DEFT's
 	// fragments).
 	TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]int, ks []int) (int, error)
+	// KthLargestAbsSegments sets thr[j] (a Float32 vector of len(segs)
+	// elements) to KthLargestAbs of x[segs[j][0]:segs[j][1]] with k =
+	// ks[j], 1 <= ks[j] <= the segment's length, for every j at once. The
+	// thresholds stay where thr is (no host wait on a GPU), for
+	// SelectAboveSegments or a method's kernel to read.
+	KthLargestAbsSegments(s device.Stream, thr, x device.Buffer, segs [][2]int, ks []int) error
+	// SelectAboveSegments is SelectAbove of every segment of x at once,
+	// each at its own threshold thr[j] (a Float32 vector, as
+	// KthLargestAbsSegments leaves it): for each j, the indices i of
+	// [segs[j][0], segs[j][1]) with |x[i]| >= thr[j] (NaN never selected,
+	// a NaN threshold selects nothing), ascending, written at
+	// idx[segs[j][0]:], the segment's own place (segments ascending and
+	// not overlapping; idx as long as the last one's end). It returns how
+	// many per segment: on a GPU one read and one host wait for all.
+	SelectAboveSegments(s device.Stream, idx, x, thr device.Buffer, segs [][2]int) ([]int, error)
+	// CompactSlotsSegments is CompactSlots of the whole of x into idx (at
+	// least len(x) long) that also returns how many of the words of each
+	// segment [bounds[j], bounds[j+1]) of x are not zero (bounds
+	// ascending, within x): several tables compacted at once, their
+	// counts read in one host wait.
+	CompactSlotsSegments(s device.Stream, idx, x device.Buffer, bounds []int) ([]int, error)
+	// CountInTo is CountIn that leaves the counts where counts is (an
+	// Int32 vector of len(bounds)−1 elements, on the device): no host
+	// wait; the caller copies them back before a wait it makes anyway.
+	CountInTo(s device.Stream, counts, idx device.Buffer, bounds []int) error
 }
 
 // ErrCapacity is wrapped by the error of an Ops call whose output buffer is
@@ -587,5 +612,118 @@ func (cpuOps) Run(_ device.Stream, k *device.Kernel, n int, args ...any) error {
 		}
 	}
 	k.Host(n, args...)
+	return nil
+}
+
+// checkSegments checks that segs lie within n elements and, with
+// ordered, that they are ascending and do not overlap.
+func checkSegments(op string, segs [][2]int, n int, ordered bool) error {
+	for j, sg := range segs {
+		if sg[0] < 0 || sg[1] < sg[0] || sg[1] > n {
+			return fmt.Errorf("sparsify: %s: segment %d is [%d, %d), outside x's %d elements", op, j, sg[0], sg[1], n)
+		}
+		if ordered && j > 0 && sg[0] < segs[j-1][1] {
+			return fmt.Errorf("sparsify: %s: segment %d [%d, %d) starts before segment %d ends (%d): list them ascending, not overlapping", op, j, sg[0], sg[1], j-1, segs[j-1][1])
+		}
+	}
+	return nil
+}
+
+func (cpuOps) KthLargestAbsSegments(_ device.Stream, thr, x device.Buffer, segs [][2]int, ks []int) error {
+	xx, err := f32("KthLargestAbsSegments", "x", x, 0)
+	if err != nil {
+		return err
+	}
+	tt, err := f32("KthLargestAbsSegments", "thr", thr, len(segs))
+	if err != nil {
+		return err
+	}
+	if len(ks) != len(segs) {
+		return fmt.Errorf("sparsify: KthLargestAbsSegments: %d ranks for %d segments", len(ks), len(segs))
+	}
+	if err := checkSegments("KthLargestAbsSegments", segs, len(xx), false); err != nil {
+		return err
+	}
+	for j, sg := range segs {
+		if ks[j] < 1 || ks[j] > sg[1]-sg[0] {
+			return fmt.Errorf("sparsify: KthLargestAbsSegments: k = %d of segment %d must be in [1, %d]", ks[j], j, sg[1]-sg[0])
+		}
+	}
+	for j, sg := range segs {
+		tt[j] = KthLargestAbs(xx[sg[0]:sg[1]], ks[j])
+	}
+	return nil
+}
+
+func (cpuOps) SelectAboveSegments(_ device.Stream, idx, x, thr device.Buffer, segs [][2]int) ([]int, error) {
+	xx, err := f32("SelectAboveSegments", "x", x, 0)
+	if err != nil {
+		return nil, err
+	}
+	tt, err := f32("SelectAboveSegments", "thr", thr, len(segs))
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSegments("SelectAboveSegments", segs, len(xx), true); err != nil {
+		return nil, err
+	}
+	end := 0
+	if len(segs) > 0 {
+		end = segs[len(segs)-1][1]
+	}
+	ii, err := i32("SelectAboveSegments", "idx", idx, end)
+	if err != nil {
+		return nil, err
+	}
+	counts := make([]int, len(segs))
+	for j, sg := range segs {
+		lo, hi := sg[0], sg[1]
+		sel := SelectAbove(ii[lo:lo:hi], xx[lo:hi], tt[j])
+		copy(ii[lo:hi], sel) // in place already, as SelectAbove writes into a dst that holds the selection
+		for q := lo; q < lo+len(sel); q++ {
+			ii[q] += int32(lo)
+		}
+		counts[j] = len(sel)
+	}
+	return counts, nil
+}
+
+func (c cpuOps) CompactSlotsSegments(s device.Stream, idx, x device.Buffer, bounds []int) ([]int, error) {
+	xx, err := i32("CompactSlotsSegments", "x", x, 0)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := i32("CompactSlotsSegments", "idx", idx, len(xx)); err != nil {
+		return nil, err
+	}
+	for j := 1; j < len(bounds); j++ {
+		if bounds[j-1] < 0 || bounds[j] < bounds[j-1] || bounds[j] > len(xx) {
+			return nil, fmt.Errorf("sparsify: CompactSlotsSegments: segment %d is [%d, %d), outside x's %d words", j-1, bounds[j-1], bounds[j], len(xx))
+		}
+	}
+	if _, err := c.CompactSlots(s, idx, x); err != nil {
+		return nil, err
+	}
+	counts := make([]int, max(len(bounds)-1, 0))
+	for j := range counts {
+		for _, w := range xx[bounds[j]:bounds[j+1]] {
+			counts[j] += selB2I(w != 0)
+		}
+	}
+	return counts, nil
+}
+
+func (c cpuOps) CountInTo(s device.Stream, counts, idx device.Buffer, bounds []int) error {
+	got, err := c.CountIn(s, idx, bounds)
+	if err != nil {
+		return err
+	}
+	cc, err := i32("CountInTo", "counts", counts, len(got))
+	if err != nil {
+		return err
+	}
+	for j, n := range got {
+		cc[j] = int32(n)
+	}
 	return nil
 }

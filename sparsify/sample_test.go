@@ -2,7 +2,6 @@ package sparsify
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -212,7 +211,7 @@ func TestDGCParams(t *testing.T) {
 func TestDGCSelectMatchesReference(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	v := newVecs(Options{})
-	var s samples
+	var s dgcScratch
 	for _, numel := range []int{1, 2, 3, 41, 97, 1000, 4099, 30011} {
 		for _, ratio := range []float64{0.001, 0.01, 0.05, 0.3, 1} {
 			for name, gen := range selGen {
@@ -220,11 +219,11 @@ func TestDGCSelectMatchesReference(t *testing.T) {
 				p := dgcParamsFor(numel, ratio)
 				start := r.IntN(p.stride)
 				cand := make([]int32, numel)
-				m, gthr, err := dgcSelectOn(&v, &s, device.Host(cand), device.Host(x), p, start)
+				ms, gthr, err := dgcSelect(&v, &s, device.Host(cand), device.Host(x), []dgcTensor{{0, numel, p, start}}, 0)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := cand[:m]
+				got := cand[:ms[0]]
 				want, wthr := dgcRefSelect(x, ratio, start)
 				if !slices.Equal(got, want) || gthr != wthr {
 					t.Fatalf("%s numel=%d ratio=%g start=%d: got %d indices thr %v, want %d thr %v (first diff %d)",
@@ -238,8 +237,58 @@ func TestDGCSelectMatchesReference(t *testing.T) {
 	}
 }
 
+// TestDGCSelectTensorsAtOnce: the tensors of a vector selected at once
+// (dgcSelect with several tensors, some left out, of 1 to 30011 elements,
+// the reported one chosen at random) give each tensor's selection of the
+// plain reference, shifted to the vector's indices, in order, and the
+// reported tensor's threshold.
+func TestDGCSelectTensorsAtOnce(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 7))
+	v := newVecs(Options{})
+	var s dgcScratch
+	gens := []string{"normal", "ties", "zeros", "onebucket", "wide"}
+	for range 40 {
+		ratio := []float64{0.001, 0.01, 0.05, 0.3, 1}[r.IntN(5)]
+		var x []float32
+		var ts []dgcTensor
+		var want []int32
+		var wantN []int
+		var thrs []float32
+		for range 1 + r.IntN(6) {
+			numel := []int{1, 2, 3, 41, 97, 1000, 4099, 30011}[r.IntN(8)]
+			part := selGen[gens[r.IntN(len(gens))]](r, numel)
+			lo := len(x)
+			x = append(x, part...)
+			if r.IntN(4) == 0 {
+				continue // not selected
+			}
+			p := dgcParamsFor(numel, ratio)
+			start := r.IntN(p.stride)
+			ts = append(ts, dgcTensor{lo, lo + numel, p, start})
+			sel, thr := dgcRefSelect(part, ratio, start)
+			for _, i := range sel {
+				want = append(want, i+int32(lo))
+			}
+			wantN = append(wantN, len(sel))
+			thrs = append(thrs, thr)
+		}
+		rep := r.IntN(len(ts)+1) - 1
+		idx := make([]int32, len(x))
+		got, th, err := dgcSelect(&v, &s, device.Host(idx), device.Host(x), ts, rep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, wantN) || !slices.Equal(idx[:len(want)], want) {
+			t.Fatalf("%d tensors at ratio %g: counts %v, want %v (or the indices differ)", len(ts), ratio, got, wantN)
+		}
+		if (rep < 0 && th == th) || (rep >= 0 && math.Float32bits(th) != math.Float32bits(thrs[rep])) {
+			t.Fatalf("%d tensors: threshold of %d is %v, want %v", len(ts), rep, th, thrs)
+		}
+	}
+}
+
 // dragonnRefSelect is DRAGONN's selection written plainly, with the fixes of
-// dragonnSelectOn (slot value index+1, insertion in index order, exact
+// dragonnSelect (slot value index+1, insertion in index order, exact
 // zeros never candidates), from the sample indices drawn by rng exactly as
 // the method draws them.
 func dragonnRefSelect(x []float32, ratio float64, rng *rand.Rand, hashSeed uint32) ([]int32, float32) {
@@ -288,11 +337,11 @@ func TestDragonnSelectMatchesReference(t *testing.T) {
 				seed := uint32(43 + r.IntN(100000))
 				p := dragonnParamsFor(numel, ratio)
 				out := make([]int32, p.nslots)
-				m, gthr, err := dragonnSelectOn(&v, &s, device.Host(out), device.Host(x), device.Buffer{}, false, p, rand.NewPCG(1, uint64(numel)), seed)
+				ms, gthr, err := dragonnSelect(&v, &s, device.Host(out), device.Host(x), device.Buffer{}, []dragonnTensor{{0, numel, p, rand.NewPCG(1, uint64(numel)), seed}}, 0)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := out[:m]
+				got := out[:ms[0]]
 				want, wthr := dragonnRefSelect(x, ratio, rand.New(rand.NewPCG(1, uint64(numel))), seed)
 				if !slices.Equal(got, want) || gthr != wthr {
 					t.Fatalf("%s numel=%d ratio=%g: got %d indices thr %v, want %d thr %v (first diff %d)",
@@ -306,6 +355,58 @@ func TestDragonnSelectMatchesReference(t *testing.T) {
 	}
 }
 
+// TestDragonnSelectTensorsAtOnce: the tensors of a vector selected at
+// once (dragonnSelect with several tensors, some left out, of 1 to 4099
+// elements, the reported one chosen at random) give each tensor's
+// selection of the plain reference, shifted to the vector's indices, in
+// order, and the reported tensor's threshold.
+func TestDragonnSelectTensorsAtOnce(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 9))
+	v := newVecs(Options{})
+	var s samples
+	gens := []string{"normal", "ties", "zeros", "onebucket", "wide"}
+	for range 40 {
+		ratio := []float64{0.001, 0.01, 0.3, 1}[r.IntN(4)]
+		var x []float32
+		var ts []dragonnTensor
+		var want []int32
+		var wantN []int
+		var thrs []float32
+		slots := 0
+		for q := range 1 + r.IntN(6) {
+			numel := []int{1, 2, 3, 99, 100, 101, 1000, 4099}[r.IntN(8)]
+			part := selGen[gens[r.IntN(len(gens))]](r, numel)
+			lo := len(x)
+			x = append(x, part...)
+			if r.IntN(4) == 0 {
+				continue // not selected
+			}
+			p := dragonnParamsFor(numel, ratio)
+			seed := uint32(43 + r.IntN(100000))
+			ts = append(ts, dragonnTensor{lo, lo + numel, p, rand.NewPCG(uint64(q), uint64(numel)), seed})
+			sel, thr := dragonnRefSelect(part, ratio, rand.New(rand.NewPCG(uint64(q), uint64(numel))), seed)
+			for _, i := range sel {
+				want = append(want, i+int32(lo))
+			}
+			wantN = append(wantN, len(sel))
+			thrs = append(thrs, thr)
+			slots += p.nslots
+		}
+		rep := r.IntN(len(ts)+1) - 1
+		idx := make([]int32, slots)
+		got, th, err := dragonnSelect(&v, &s, device.Host(idx), device.Host(x), device.Buffer{}, ts, rep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ts) > 0 && (!slices.Equal(got, wantN) || !slices.Equal(idx[:len(want)], want)) {
+			t.Fatalf("%d tensors at ratio %g: counts %v, want %v (or the indices differ)", len(ts), ratio, got, wantN)
+		}
+		if (rep < 0 && th == th) || (rep >= 0 && math.Float32bits(th) != math.Float32bits(thrs[rep])) {
+			t.Fatalf("%d tensors: threshold of %d is %v, want %v", len(ts), rep, th, thrs)
+		}
+	}
+}
+
 // TestDragonnSelectsIndexZero checks the fix of the reference's bug: element
 // 0 must be selectable (the reference reads slot value 0 as "empty"). With
 // one element, the sample is that element, it is the only candidate, and
@@ -315,14 +416,14 @@ func TestDragonnSelectsIndexZero(t *testing.T) {
 	p := dragonnParamsFor(len(x), 0.01)
 	v := newVecs(Options{})
 	out := make([]int32, p.nslots)
-	m, thr, err := dragonnSelectOn(&v, &samples{}, device.Host(out), device.Host(x), device.Buffer{}, false, p, rand.NewPCG(1, 1), 43)
-	if got := out[:m]; err != nil || !slices.Equal(got, []int32{0}) || thr != 5 {
-		t.Fatalf("dragonnSelectOn([-5]) = %v (thr %v), want [0] (thr 5)", got, thr)
+	m, thr, err := dragonnSelect(&v, &samples{}, device.Host(out), device.Host(x), device.Buffer{}, []dragonnTensor{{0, 1, p, rand.NewPCG(1, 1), 43}}, 0)
+	if err != nil || out[0] != 0 || m[0] != 1 || thr != 5 {
+		t.Fatalf("dragonnSelect([-5]) = %v of %v (thr %v, %v), want [0] (thr 5)", m, out, thr, err)
 	}
 }
 
 // TestDragonnOnePassMatchesTwoPass: the one-pass selection (threshold test
-// and hash insert fused, dragonnHashSelect) selects exactly what the
+// and hash insert fused, dragonnHash) selects exactly what the
 // two-pass selection did before it — a threshold compaction of the
 // candidates (SelectAbove), then their insertion in ascending order — for
 // positive thresholds, on awkward sizes and slot counts, whatever the
@@ -330,7 +431,6 @@ func TestDragonnSelectsIndexZero(t *testing.T) {
 func TestDragonnOnePassMatchesTwoPass(t *testing.T) {
 	r := rand.New(rand.NewPCG(31, 32))
 	v := newVecs(Options{})
-	var dTable device.Buffer
 	for _, numel := range []int{1, 2, 7, 1000, 4099, selParallelMin + 3, 300007} {
 		if testing.Short() && numel > 100000 {
 			continue
@@ -345,7 +445,7 @@ func TestDragonnOnePassMatchesTwoPass(t *testing.T) {
 				}
 				for _, slots := range []int{1, 3, 4 * q, 4*q + 1} {
 					seed := uint32(43 + r.IntN(100000))
-					// The two-pass selection, as dragonnSelectOn made it before.
+					// The two-pass selection, as dragonnSelect made it before.
 					cand := SelectAbove(nil, x, thr)
 					table := make([]uint32, slots)
 					for _, i := range cand {
@@ -357,8 +457,11 @@ func TestDragonnOnePassMatchesTwoPass(t *testing.T) {
 							want = append(want, int32(v-1))
 						}
 					}
-					out := make([]int32, slots)
-					m, err := dragonnHashSelect(&v, &dTable, device.Host(out), device.Host(x), thr, seed, slots)
+					out, table32 := make([]int32, slots), make([]int32, slots)
+					if err := v.ops.Run(v.s, dragonnHash, numel, device.Host(x), int64(numel), device.Host([]float32{thr}), int32(seed), device.Host(table32), int32(slots), int64(0)); err != nil {
+						t.Fatal(err)
+					}
+					m, err := v.ops.CompactSlots(v.s, device.Host(out), device.Host(table32))
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -368,14 +471,6 @@ func TestDragonnOnePassMatchesTwoPass(t *testing.T) {
 				}
 			}
 		}
-	}
-	// A short index buffer is a capacity error with the count.
-	x := []float32{1, 2, 3, 4}
-	if m, err := dragonnHashSelect(&v, &dTable, device.Host(make([]int32, 1)), device.Host(x), 1, 43, 64); !errors.Is(err, ErrCapacity) || m < 2 {
-		t.Fatalf("short buffer: %d, %v; want ErrCapacity with the count", m, err)
-	}
-	if _, err := dragonnHashSelect(&v, &dTable, device.Host(make([]int32, 4)), device.Host(x), 1, 43, 0); err == nil {
-		t.Fatal("0 slots accepted")
 	}
 }
 

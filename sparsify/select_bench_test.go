@@ -266,8 +266,8 @@ func BenchmarkSamplingReduce(b *testing.B) {
 // on the same tensors: ResNet-18's tensors of more than 204,800 elements
 // (the ones DRAGONN compresses by default: 8 tensors, 10.3 M elements),
 // standard-normal values, one worker, all cores. Every iteration runs, in
-// turn, DGC's double sampling (dgcSelectOn), DRAGONN's one-pass selection
-// (dragonnSelectOn) and DRAGONN's former two-pass selection (a threshold
+// turn, DGC's double sampling (dgcSelect), DRAGONN's one-pass selection
+// (dragonnSelect) and DRAGONN's former two-pass selection (a threshold
 // compaction of the candidates, then their hashed insertion), so that the
 // three see the same machine load; each is timed on its own (wall and CPU
 // time) and reported per iteration, with the ratios.
@@ -292,6 +292,7 @@ func BenchmarkSelectDragonnVsDGC(b *testing.B) {
 				dp[i], rp[i] = dgcParamsFor(t.Size, d), dragonnParamsFor(t.Size, d)
 			}
 			cand := make([]int32, maxSize)
+			var dgcSc dgcScratch
 			out := make([]int32, 4*maxSize)
 			table := make([]uint32, 4*maxSize)
 			var wall, cpu [3]time.Duration
@@ -307,22 +308,22 @@ func BenchmarkSelectDragonnVsDGC(b *testing.B) {
 				timed(0, func() int {
 					m := 0
 					for i, t := range big {
-						k, _, err := dgcSelectOn(&v, &s, device.Host(cand), device.Host(x[t.Offset:t.Offset+t.Size]), dp[i], it%dp[i].stride)
+						k, _, err := dgcSelect(&v, &dgcSc, device.Host(cand), device.Host(x[t.Offset:t.Offset+t.Size]), []dgcTensor{{0, t.Size, dp[i], it % dp[i].stride}}, -1)
 						if err != nil {
 							b.Fatal(err)
 						}
-						m += k
+						m += k[0]
 					}
 					return m
 				})
 				timed(1, func() int {
 					m := 0
 					for i, t := range big {
-						k, _, err := dragonnSelectOn(&v, &s, device.Host(out[:rp[i].nslots]), device.Host(x[t.Offset:t.Offset+t.Size]), device.Buffer{}, false, rp[i], sampPCG(1, 0, it, i), uint32(43+i))
+						k, _, err := dragonnSelect(&v, &s, device.Host(out[:rp[i].nslots]), device.Host(x[t.Offset:t.Offset+t.Size]), device.Buffer{}, []dragonnTensor{{0, t.Size, rp[i], sampPCG(1, 0, it, i), uint32(43 + i)}}, -1)
 						if err != nil {
 							b.Fatal(err)
 						}
-						m += k
+						m += k[0]
 					}
 					return m
 				})
@@ -354,7 +355,7 @@ func BenchmarkSelectDragonnVsDGC(b *testing.B) {
 	}
 }
 
-// dragonnTwoPassThreshold is the sampled threshold of dragonnSelectOn (the
+// dragonnTwoPassThreshold is the sampled threshold of dragonnSelect (the
 // same draws), for the two-pass variant of BenchmarkSelectDragonnVsDGC.
 func dragonnTwoPassThreshold(v *vecs, sc *samples, x []float32, p dragonnParams, rng *rand.Rand) (float32, error) {
 	sc.pos = sc.pos[:0]
