@@ -51,8 +51,9 @@ type Config struct {
 	// Horizon is how many steps each method's reducer runs, with error
 	// feedback, on the measured gradients (those of every step: the
 	// gradients of one step repeated) to predict what its controller sends
-	// over a run (Host.Horizons). 0: DefaultHorizon; negative: none (the
-	// steady state only).
+	// over a run (Host.Horizons). 0: one epoch of the model at the
+	// horizon's workers (horizon.go says why that is affordable);
+	// negative: none (the steady state only).
 	Horizon int
 	// GradWorkers is the number of workers whose gradients are measured
 	// (default 4).
@@ -193,15 +194,21 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			h.Selections = append(h.Selections, s)
 		}
 	}
-	if c.Horizon == 0 {
-		c.Horizon = DefaultHorizon
-	}
-	if c.Horizon > 0 {
+	if c.Horizon > 0 || (c.Horizon == 0 && h.EpochSteps > 0) {
 		run := horizonRun{P: min(c.GradWorkers, horizonWorkers), Steps: c.Horizon, Seed: base.Seed.Value(), Src: RepeatGrads(grads),
-			Momentum: func(string) float64 { return runMomentum(base) }}
+			Momentum: func(string) float64 { return runMomentum(base) }, Stationary: true}
+		if h.EpochSteps > 0 {
+			run.PerEpoch = (h.EpochSteps + run.P - 1) / run.P // a run of run.P workers, as train gives the reducer
+		}
+		if c.Horizon == 0 {
+			// One epoch at the horizon's workers (the default).
+			run.Steps, h.HorizonEpoch = run.PerEpoch, true
+		}
 		if err := h.measureHorizons(ctx, c.Methods, c.Densities, run, c.Params, logf); err != nil {
 			return nil, err
 		}
+	} else if c.Horizon == 0 {
+		return nil, fmt.Errorf("advise: the timing run of %s did not say its steps per epoch, so the default horizon (one epoch) is unknown; give the horizon in steps (train advise -steps)", base.Model)
 	}
 	hw := c.HostWorkers
 	if len(hw) == 0 {
