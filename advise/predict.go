@@ -515,7 +515,9 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		h.simulated(&pr, s, calls)
 	}
 	pr.ActualDensity = (sh.Union + float64(dense)) / float64(N)
-	pr.BytesSent = Bytes(calls, P)
+	if pr.BytesSent, err = PlanBytes(s.Method, sh, dense); err != nil {
+		return Prediction{}, err
+	}
 	if haveHz {
 		if hz.Workers == P {
 			pr.BytesSent = hz.MeanBytes()
