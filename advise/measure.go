@@ -83,8 +83,10 @@ type Config struct {
 // GradWorkers workers after three dense steps (in-process workers, their
 // all-reduce buffers copied), each method's selection time on two
 // in-process workers fed with those gradients, the union of the workers'
-// top-k and threshold selections on them, and the in-process collectives.
-// It writes only into a temporary folder, which it removes.
+// top-k and threshold selections on them, each method's reducer over the
+// horizon (Config.Horizon: one epoch by default, each reducer stopping once
+// it has settled; horizon.go) on those gradients repeated, and the
+// in-process collectives. It writes only into a temporary folder, which it removes.
 func Measure(ctx context.Context, c Config) (*Host, error) {
 	if c.Steps == 0 {
 		c.Steps = 12

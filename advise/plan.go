@@ -19,7 +19,7 @@ type Shape = sparsify.Shape
 // (sparsify.Call).
 type Call = sparsify.Call
 
-// Plan returns the communicator calls rank 0 of method makes in one
+// Plan returns the communicator calls worker s.Rank of method makes in one
 // iteration after any warm-up, as the method's reducer in package sparsify
 // makes them: what the method's registry entry declares
 // (sparsify.Advice.Plan; TestPlanMatchesReducers checks it against

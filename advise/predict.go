@@ -534,9 +534,8 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	if m.Pipelined && s.Method != "dense" {
 		// The groups' selection and communication run alongside the
 		// backward pass (its share of the worker's own pass). Dense's
-		// buckets overlap too, but this model of it (the iteration as
-		// each bucket's all-reduce started at its ready time) is not
-		// built yet: dense is predicted after the backward pass.
+		// buckets overlap too, each all-reduced from its ready time:
+		// that schedule is below (ddpSchedule).
 		bw := pr.Compute
 		if h.Backward > 0 && h.Compute > 0 {
 			bw *= min(1, h.Backward/h.Compute)

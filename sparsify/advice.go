@@ -263,7 +263,7 @@ func topkVolume(s Shape, o Overlap) (sel, union float64) {
 // and send the union of their selections: it grows with the workers.
 func buildUp(c Conditions) []string {
 	if ratio := c.Union / float64(c.N) / c.Density; c.P > 1 && ratio > 1.5 {
-		return []string{fmt.Sprintf("actual density builds up with the workers: about %.1f× ρ here (union of the workers' selections, extrapolated from %d workers' real gradients)", ratio, c.GradWorkers)}
+		return []string{fmt.Sprintf("actual density builds up with the workers: about %.1f× ρ here (the union of the workers' selections: its growth with the workers measured on %d workers' real gradients)", ratio, c.GradWorkers)}
 	}
 	return nil
 }

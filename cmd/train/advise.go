@@ -65,7 +65,9 @@ plainly when dense all-reduce wins. Only methods whose convergence a paper or th
 project has shown for the kind of model are ranked; the others are listed apart,
 flagged, with what is known about each method's accuracy (a model of unknown kind
 ranks nothing: give -kind). Each method's actual density and bytes come from its
-reducer run over -steps steps of the gradients, as its controller moves. Every
+reducer run over -steps steps of the gradients, as its controller moves (default:
+one epoch of a -model, each reducer stopping once it has settled; a recording's
+steps). Every
 speedup is against overlapped dense, as PyTorch DDP runs it (-overlap off: dense
 after the backward pass); the header says which.
 
