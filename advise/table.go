@@ -77,7 +77,7 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	if h.HorizonSteps > 0 {
 		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps%s on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n", h.HorizonAt(s.Workers), EpochNote(h, s.Workers), horizonSource(h))
 		if h.Recording == "" {
-			fmt.Fprintf(w, "the gradients being the same at every step, each reducer runs only until it has settled (the trend between its last two windows of steps, after any dense warm-up or epoch boundary, carried on to the horizon's end, would move the mean by at most %g %%) and the rest of the horizon repeats its last steps; \"settles\" says how many ran\n", settleTol*100)
+			fmt.Fprintf(w, "the gradients being the same at every step, each reducer runs only until it has settled (the trend between its last two windows of steps, after any dense warm-up or epoch boundary, carried on to the horizon's end, would move the mean by at most %g %%) and the rest of the horizon repeats its last steps; \"settles\" says how many ran; a controller still moving and a dense warm-up run step by step (-steps shortens the horizon)\n", settleTol*100)
 		}
 		fmt.Fprintln(w)
 	} else {
