@@ -11,9 +11,9 @@ import (
 )
 
 // TestCutOffMatchesReducers: with a size cut-off (min_compress_size), the
-// calls the advisor predicts (the method's plan over the tensors at or
-// above it, plus one all-reduce of those below) are those the real
-// reducer makes, and the actual density counts the dense tensors; a cut-off
+// calls the advisor predicts for each rank (the method's plan over the
+// tensors at or above it, plus one all-reduce of those below) are those the
+// real reducer makes on that rank, and the actual density counts the dense tensors; a cut-off
 // that leaves nothing to the method is one all-reduce.
 func TestCutOffMatchesReducers(t *testing.T) {
 	sizes := []int{1000, 37, 2500, 130, 7, 1}
@@ -38,17 +38,19 @@ func TestCutOffMatchesReducers(t *testing.T) {
 				big, dense := cutSizes(sizes, cutOff(method, params))
 				Nb := N - dense
 				st := got.stats[0]
-				var calls []Call
-				if Nb > 0 {
-					sh := Shape{Sizes: big, N: Nb, P: P, Density: density, K: sparsify.BudgetK(density, Nb),
-						Sel: float64(st.Selected - dense), Union: st.ActualDensity*float64(N) - float64(dense), Params: params}
-					if calls, err = Plan(method, sh); err != nil {
-						t.Fatalf("%s: %v", name, err)
+				for r := range P {
+					var calls []Call
+					if Nb > 0 {
+						sh := Shape{Sizes: big, N: Nb, P: P, Rank: r, Density: density, K: sparsify.BudgetK(density, Nb),
+							Sel: float64(got.stats[r].Selected - dense), Union: st.ActualDensity*float64(N) - float64(dense), Params: params}
+						if calls, err = Plan(method, sh); err != nil {
+							t.Fatalf("%s: %v", name, err)
+						}
 					}
-				}
-				calls = withDense(calls, dense)
-				for _, e := range compareCalls(calls, got.ops[0], 0) {
-					t.Errorf("%s: %s", name, e)
+					calls = withDense(calls, dense)
+					for _, e := range compareCalls(calls, got.ops[r], 0) {
+						t.Errorf("%s rank %d: %s", name, r, e)
+					}
 				}
 				if Nb == 0 && st.ActualDensity != 1 {
 					t.Errorf("%s: every tensor below the cut-off, actual density %v, want 1", name, st.ActualDensity)

@@ -11,7 +11,13 @@
 // reducer runs, with error feedback, over the horizon's steps of the
 // measured or recorded gradients (Horizon), so that controllers that move
 // (thresholds, warm-ups, adaptive densities) are predicted as they send,
-// not at their end point. Where the step time stands for a GPU and this
+// not at their end point. A built-in model's horizon is one epoch; on its
+// gradients measured at one step, repeated, each reducer runs until it has
+// settled by a stated criterion and the rest of the epoch repeats its
+// settled steps (horizon.go; the table says how many steps ran). Traffic
+// at a worker count the horizon did not run is each rank's plan of calls
+// (sparsify.Advice.Plan), timed by rank 0's and counted in bytes as the
+// workers' mean, as a run's step record has them. Where the step time stands for a GPU and this
 // machine has none, the other costs come from a cost profile measured by
 // this project on a GPU (CostProfile) or the advisor refuses to mix devices.
 //

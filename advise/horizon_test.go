@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/sparsegrad/sparsegrad/layout"
@@ -110,5 +111,99 @@ func TestSettledAt(t *testing.T) {
 		if got := settledAt(c.v); got != c.want {
 			t.Errorf("settledAt(%v) = %d, want %d", c.v, got, c.want)
 		}
+	}
+}
+
+// TestSettleAndExtend checks the settle criterion against the simulation it
+// replaces: on gradients repeated at every step (as a built-in model's
+// horizon has them), every method's reducer run to the end of the horizon
+// and the same reducer stopped once it has settled, the rest taken at its
+// last window, give mean actual densities and mean bytes within 10 % of
+// each other (the tolerance). The horizon of 1,400 steps holds
+// MiCRO's settling (its threshold, 1/(2√k) at first, reaches ρ after about
+// 900 steps on these gradients) and the dense warm-ups, shortened to 40
+// steps; a second horizon of 600 steps in epochs of 250 holds DGC's density
+// warm-up (one epoch) and an epoch boundary no method may settle across. A
+// fixed-k method stops within its first windows.
+func TestSettleAndExtend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every method's reducer for 2,000 steps twice")
+	}
+	const (
+		rho = 0.01
+	)
+	names := []string{"conv.weight", "conv.bias", "fc.weight", "fc.bias", "emb.weight"}
+	shapes := [][]int{{16, 8, 3, 3}, {16}, {10, 256}, {10}, {500, 8}}
+	var ts []layout.Tensor
+	for i, sh := range shapes {
+		n := 1
+		for _, d := range sh {
+			n *= d
+		}
+		ts = append(ts, layout.Tensor{Name: names[i], Shape: sh, Size: n})
+	}
+	l, err := measuredLayout(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Heavy-tailed gradients, as real ones are, one draw per worker, about
+	// 12 % of the elements above MiCRO's first threshold 1/(2√k).
+	thr := 1 / (2 * math.Sqrt(float64(sparsify.BudgetK(rho, l.N))))
+	rng := rand.New(rand.NewPCG(7, 8))
+	grads := make([][]float32, 2)
+	for r := range grads {
+		grads[r] = make([]float32, l.N)
+		for i := range grads[r] {
+			grads[r][i] = float32(thr / 1.555 * rng.NormFloat64() * math.Exp(0.5*rng.NormFloat64()))
+		}
+	}
+	params := sparsify.Values{"dense_warmup": 40, "sparsity_warmup": 1}
+	var early []string
+	for _, c := range []struct{ steps, perEpoch int }{{1400, 0}, {600, 250}} {
+		steps := c.steps
+		for _, m := range sparsify.Names() {
+			if !selects(m) {
+				continue
+			}
+			ps := filterParams(m, params)
+			meth, _ := sparsify.Lookup(m)
+			if meth.CheckWorkers != nil {
+				if r, err := meth.Resolve(ps); err != nil || meth.CheckWorkers(2, r) != nil {
+					continue
+				}
+			}
+			run := horizonRun{P: 2, Steps: steps, PerEpoch: c.perEpoch, Seed: 42, Src: RepeatGrads(grads)}
+			full, err := simulateHorizon(context.Background(), m, run, rho, l, ps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			run.Stationary = true
+			ext, err := simulateHorizon(context.Background(), m, run, rho, l, ps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if full.Simulated != steps || ext.Simulated < 1 || ext.Simulated > steps {
+				t.Errorf("%s: simulated %d (full) and %d (settled) of %d steps", m, full.Simulated, ext.Simulated, steps)
+			}
+			dd := math.Abs(ext.MeanDensity()/full.MeanDensity() - 1)
+			db := math.Abs(ext.MeanBytes()/full.MeanBytes() - 1)
+			t.Logf("%4d steps, epochs of %3d: %-10s ran %3d of %d: density %.5g vs %.5g (%+.2f %%), bytes %.6g vs %.6g (%+.2f %%)", steps, c.perEpoch, m, ext.Simulated, steps,
+				ext.MeanDensity(), full.MeanDensity(), 100*(ext.MeanDensity()/full.MeanDensity()-1), ext.MeanBytes(), full.MeanBytes(), 100*(ext.MeanBytes()/full.MeanBytes()-1))
+			if dd > 0.1 || db > 0.1 {
+				t.Errorf("%s: settled after %d of %d steps, mean density %.5g and bytes %.6g; run to the end %.5g and %.6g: more than 10 %% apart", m, ext.Simulated, steps, ext.MeanDensity(), ext.MeanBytes(), full.MeanDensity(), full.MeanBytes())
+			}
+			if c.perEpoch == 0 && ext.Simulated < steps/4 {
+				early = append(early, m)
+			}
+			if c.perEpoch > 0 && ext.Simulated < steps && ext.Simulated-2*settleWindowOf(m) < c.perEpoch*((steps-1)/c.perEpoch) {
+				t.Errorf("%s: settled at step %d, before the epoch boundary %d", m, ext.Simulated, c.perEpoch*((steps-1)/c.perEpoch))
+			}
+		}
+	}
+	// A fixed budget sends the same from its first steps: Top-k stops
+	// early (else the criterion never stops anything and the test checks
+	// nothing).
+	if !slices.Contains(early, "topk") {
+		t.Errorf("Top-k did not stop within a quarter of the horizon; stopped early: %v", early)
 	}
 }

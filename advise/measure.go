@@ -51,8 +51,9 @@ type Config struct {
 	// Horizon is how many steps each method's reducer runs, with error
 	// feedback, on the measured gradients (those of every step: the
 	// gradients of one step repeated) to predict what its controller sends
-	// over a run (Host.Horizons). 0: DefaultHorizon; negative: none (the
-	// steady state only).
+	// over a run (Host.Horizons). 0: one epoch of the model at the
+	// horizon's workers (horizon.go says why that is affordable);
+	// negative: none (the steady state only).
 	Horizon int
 	// GradWorkers is the number of workers whose gradients are measured
 	// (default 4).
@@ -82,8 +83,10 @@ type Config struct {
 // GradWorkers workers after three dense steps (in-process workers, their
 // all-reduce buffers copied), each method's selection time on two
 // in-process workers fed with those gradients, the union of the workers'
-// top-k and threshold selections on them, and the in-process collectives.
-// It writes only into a temporary folder, which it removes.
+// top-k and threshold selections on them, each method's reducer over the
+// horizon (Config.Horizon: one epoch by default, each reducer stopping once
+// it has settled; horizon.go) on those gradients repeated, and the
+// in-process collectives. It writes only into a temporary folder, which it removes.
 func Measure(ctx context.Context, c Config) (*Host, error) {
 	if c.Steps == 0 {
 		c.Steps = 12
@@ -193,15 +196,21 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			h.Selections = append(h.Selections, s)
 		}
 	}
-	if c.Horizon == 0 {
-		c.Horizon = DefaultHorizon
-	}
-	if c.Horizon > 0 {
+	if c.Horizon > 0 || (c.Horizon == 0 && h.EpochSteps > 0) {
 		run := horizonRun{P: min(c.GradWorkers, horizonWorkers), Steps: c.Horizon, Seed: base.Seed.Value(), Src: RepeatGrads(grads),
-			Momentum: func(string) float64 { return runMomentum(base) }}
+			Momentum: func(string) float64 { return runMomentum(base) }, Stationary: true}
+		if h.EpochSteps > 0 {
+			run.PerEpoch = (h.EpochSteps + run.P - 1) / run.P // a run of run.P workers, as train gives the reducer
+		}
+		if c.Horizon == 0 {
+			// One epoch at the horizon's workers (the default).
+			run.Steps, h.HorizonEpoch = run.PerEpoch, true
+		}
 		if err := h.measureHorizons(ctx, c.Methods, c.Densities, run, c.Params, logf); err != nil {
 			return nil, err
 		}
+	} else if c.Horizon == 0 {
+		return nil, fmt.Errorf("advise: the timing run of %s did not say its steps per epoch, so the default horizon (one epoch) is unknown; give the horizon in steps (train advise -steps)", base.Model)
 	}
 	hw := c.HostWorkers
 	if len(hw) == 0 {

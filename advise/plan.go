@@ -19,7 +19,7 @@ type Shape = sparsify.Shape
 // (sparsify.Call).
 type Call = sparsify.Call
 
-// Plan returns the communicator calls rank 0 of method makes in one
+// Plan returns the communicator calls worker s.Rank of method makes in one
 // iteration after any warm-up, as the method's reducer in package sparsify
 // makes them: what the method's registry entry declares
 // (sparsify.Advice.Plan; TestPlanMatchesReducers checks it against
@@ -83,9 +83,21 @@ func CommTime(calls []Call, P int, net netmodel.Network) time.Duration {
 }
 
 // Bytes is the number of bytes a worker sends per iteration under the
-// calls, on average over the workers (comm.Traffic's accounting, equal
-// contributions; a broadcast's root sends more than the others).
+// calls, on average over the workers, each making the same calls
+// (comm.Traffic's accounting, equal contributions; a broadcast's root sends
+// more than the others). PlanBytes takes each worker's own calls.
 func Bytes(calls []Call, P int) float64 {
+	var sum float64
+	for r := range P {
+		sum += rankBytes(calls, P, r)
+	}
+	return sum / float64(max(P, 1))
+}
+
+// rankBytes is the number of bytes worker r of P sends per iteration under
+// its calls (comm.Traffic's accounting, as comm.Counter and a reducer's
+// Stats.BytesSent count them).
+func rankBytes(calls []Call, P, r int) float64 {
 	var total float64
 	for _, cl := range calls {
 		e := int(math.Round(cl.Elems))
@@ -100,12 +112,30 @@ func Bytes(calls []Call, P int) float64 {
 				counts[i] = e
 			}
 		}
-		var sum float64
-		for r := range P {
-			sent, _ := comm.Traffic(cl.Op, P, r, e, 4, 0, counts)
-			sum += float64(sent)
-		}
-		total += sum / float64(P) * cl.Count
+		sent, _ := comm.Traffic(cl.Op, P, r, e, 4, 0, counts)
+		total += float64(sent) * cl.Count
 	}
 	return total
+}
+
+// PlanBytes is the number of bytes one worker of method sends per
+// iteration on the shape s, on average over the s.P workers as a run's step
+// record has them: each rank's own calls (Plan with Shape.Rank; gTop-k's
+// tree sends from the ranks other than 0), plus the all-reduce of the dense
+// elements below a size cut-off (none when s.N is 0: every tensor is
+// below it).
+func PlanBytes(method string, s Shape, dense int) (float64, error) {
+	var sum float64
+	for r := range max(s.P, 1) {
+		var calls []Call
+		if s.N > 0 {
+			s.Rank = r
+			var err error
+			if calls, err = Plan(method, s); err != nil {
+				return 0, err
+			}
+		}
+		sum += rankBytes(withDense(calls, dense), s.P, r)
+	}
+	return sum / float64(max(s.P, 1)), nil
 }

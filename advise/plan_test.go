@@ -85,9 +85,10 @@ func runReducerOn(t *testing.T, method string, l layout.Layout, P int, density f
 }
 
 // TestPlanMatchesReducers runs every method's real reducer in-process and
-// compares rank 0's communicator calls with Plan: the number of calls of
-// each op exactly, the elements exactly, with the data-dependent sizes (Sel,
-// Union) taken from the reducer's statistics. For topkdsa and oktopk, whose
+// compares each rank's communicator calls with Plan for that rank
+// (Shape.Rank): the number of calls of each op exactly, the elements
+// exactly, with the data-dependent sizes (Sel, Union) taken from the
+// reducer's statistics. For topkdsa and oktopk, whose
 // payloads differ between ranks (each owns a region), the elements are
 // compared with the mean over the ranks, and Sel is the mean selection,
 // within tol: the plan assumes the selection spreads evenly over the
@@ -127,21 +128,26 @@ func TestPlanMatchesReducers(t *testing.T) {
 			for _, density := range []float64{0.05, 1e-6} { // k = 183 and k = 1
 				name := fmt.Sprintf("%s/%v/P=%d/rho=%g", c.method, c.params, P, density)
 				got := runReducer(t, c.method, sizes, P, density, c.params, 3)
-				ops, sel := got.ops[0], float64(got.stats[0].Selected)
-				if c.tol > 0 {
-					ops, sel = meanOps(got.ops), 0
-					for _, st := range got.stats {
-						sel += float64(st.Selected) / float64(P)
+				for r := range P {
+					ops, sel := got.ops[r], float64(got.stats[r].Selected)
+					if c.tol > 0 {
+						if r > 0 {
+							break
+						}
+						ops, sel = meanOps(got.ops), 0
+						for _, st := range got.stats {
+							sel += float64(st.Selected) / float64(P)
+						}
 					}
-				}
-				s := Shape{Sizes: sizes, N: N, P: P, Density: density, K: sparsify.BudgetK(density, N),
-					Sel: sel, Union: got.stats[0].ActualDensity * float64(N), Params: params}
-				calls, err := Plan(c.method, s)
-				if err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				for _, e := range compareCalls(calls, ops, c.tol) {
-					t.Errorf("%s: %s", name, e)
+					s := Shape{Sizes: sizes, N: N, P: P, Rank: r, Density: density, K: sparsify.BudgetK(density, N),
+						Sel: sel, Union: got.stats[0].ActualDensity * float64(N), Params: params}
+					calls, err := Plan(c.method, s)
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					for _, e := range compareCalls(calls, ops, c.tol) {
+						t.Errorf("%s rank %d: %s", name, r, e)
+					}
 				}
 			}
 		}
@@ -265,33 +271,44 @@ func TestPlanDetectsWrongTraffic(t *testing.T) {
 	}
 }
 
-// TestBytesMatchesCounters checks Bytes, a worker's traffic per
-// iteration, against comm.Counter's byte counts of the real reducers (the
-// mean over ranks, exact for the methods whose payloads are fixed by k and
-// N, with the mean selection for DEFT, whose workers select different
-// counts).
+// TestBytesMatchesCounters checks PlanBytes, a worker's traffic per
+// iteration, against what a replay measures: the reducers' own
+// Stats.BytesSent, averaged over the ranks, at worker counts 1, 2, 3, 4, 5,
+// 8 and 16 where the method runs; exact for the methods whose payloads are
+// fixed by k and N (gTop-k's tree included: its ranks other than 0 send
+// their candidates, rank 0 receives), with the mean selection for DEFT,
+// whose workers select different counts.
 func TestBytesMatchesCounters(t *testing.T) {
 	sizes := []int{1000, 37, 2500, 130, 7, 1}
 	N := 3675
-	for _, method := range []string{"dense", "topka", "cltk", "randomk", "spardl", "topk", "deft"} {
-		for _, P := range []int{2, 3, 5, 16} {
+	for _, method := range []string{"dense", "topka", "cltk", "randomk", "spardl", "topk", "deft", "gtopk"} {
+		for _, P := range []int{1, 2, 3, 4, 5, 8, 16} {
 			m, _ := sparsify.Lookup(method)
 			params, _ := m.Resolve(nil)
+			if m.CheckWorkers != nil && m.CheckWorkers(P, params) != nil {
+				continue
+			}
 			got := runReducer(t, method, sizes, P, 0.05, nil, 2)
-			var sent, sel float64
+			var sentSum, countedSum int64
+			var sel float64
 			for r := range P {
+				sentSum += got.stats[r].BytesSent
 				for _, s := range got.ops[r] {
-					sent += float64(s.BytesSent) / float64(P)
+					countedSum += s.BytesSent
 				}
 				sel += float64(got.stats[r].Selected) / float64(P)
 			}
-			calls, err := Plan(method, Shape{Sizes: sizes, N: N, P: P, Density: 0.05, K: sparsify.BudgetK(0.05, N),
-				Sel: sel, Union: got.stats[0].ActualDensity * float64(N), Params: params})
+			sent, counted := float64(sentSum)/float64(P), float64(countedSum)/float64(P)
+			if sentSum != countedSum {
+				t.Errorf("%s P=%d: the reducers' Stats.BytesSent %v, their counters %v", method, P, sent, counted)
+			}
+			b, err := PlanBytes(method, Shape{Sizes: sizes, N: N, P: P, Density: 0.05, K: sparsify.BudgetK(0.05, N),
+				Sel: sel, Union: got.stats[0].ActualDensity * float64(N), Params: params}, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b := Bytes(calls, P); math.Abs(b-sent) > 4*float64(P) { // Bytes rounds the mean contribution to whole elements
-				t.Errorf("%s P=%d: Bytes %v, the counters %v", method, P, b, sent)
+			if math.Abs(b-sent) > 4*float64(P) { // the plan rounds the mean contribution to whole elements
+				t.Errorf("%s P=%d: PlanBytes %v, the reducers sent %v on average", method, P, b, sent)
 			}
 		}
 	}

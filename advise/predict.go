@@ -85,6 +85,10 @@ type Host struct {
 	// step. A prediction takes its actual density and bytes from them.
 	Horizons     []Horizon `json:"horizons,omitempty"`
 	HorizonSteps int       `json:"horizon_steps,omitempty"`
+	// HorizonEpoch says the horizon is the default, one epoch of the
+	// model at the horizon's workers: a prediction at P workers takes the
+	// mean over one epoch at P, the horizon's first ⌈EpochSteps/P⌉ steps.
+	HorizonEpoch bool `json:"horizon_epoch,omitempty"`
 	// EpochSteps is one epoch of the model in the steps of one worker of
 	// Batch (P workers take EpochSteps/P, rounded up); 0: not known.
 	EpochSteps int `json:"epoch_steps,omitempty"`
@@ -298,6 +302,9 @@ type Prediction struct {
 	StartBytes   float64 `json:"start_bytes,omitempty"`
 	Settled      int     `json:"settled,omitempty"`
 	HorizonSteps int     `json:"horizon_steps,omitempty"`
+	// Simulated is how many of the HorizonSteps the method's reducer ran
+	// (Horizon.Simulated): the rest repeat its settled steps.
+	Simulated int `json:"simulated,omitempty"`
 	// Caveats say where the projection is weak for this method.
 	Caveats []string `json:"caveats,omitempty"`
 }
@@ -468,6 +475,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		})
 	}
 	hz, haveHz := h.horizon(s.Method, s.Density, P)
+	hz = hz.first(h.HorizonAt(P))
 	if haveHz && Nb > 0 {
 		// The controller's mean over the horizon (less the dense tensors
 		// below the cut-off, which it counts), carried to P workers by its
@@ -507,12 +515,14 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		h.simulated(&pr, s, calls)
 	}
 	pr.ActualDensity = (sh.Union + float64(dense)) / float64(N)
-	pr.BytesSent = Bytes(calls, P)
+	if pr.BytesSent, err = PlanBytes(s.Method, sh, dense); err != nil {
+		return Prediction{}, err
+	}
 	if haveHz {
 		if hz.Workers == P {
 			pr.BytesSent = hz.MeanBytes()
 		}
-		pr.HorizonSteps, pr.Settled = hz.Steps, hz.Settled
+		pr.HorizonSteps, pr.Settled, pr.Simulated = hz.Steps, hz.Settled, hz.Simulated
 		if m := hz.MeanDensity(); m > 0 {
 			pr.StartDensity = hz.Actual[0] / m * pr.ActualDensity
 		}
@@ -524,9 +534,8 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	if m.Pipelined && s.Method != "dense" {
 		// The groups' selection and communication run alongside the
 		// backward pass (its share of the worker's own pass). Dense's
-		// buckets overlap too, but this model of it (the iteration as
-		// each bucket's all-reduce started at its ready time) is not
-		// built yet: dense is predicted after the backward pass.
+		// buckets overlap too, each all-reduced from its ready time:
+		// that schedule is below (ddpSchedule).
 		bw := pr.Compute
 		if h.Backward > 0 && h.Compute > 0 {
 			bw *= min(1, h.Backward/h.Compute)
@@ -575,6 +584,16 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		pr.Caveats = append(pr.Caveats, fmt.Sprintf("the %d elements of the tensors below %s = %d are all-reduced dense, outside the method (-min-compress-size)", dense, minCompress, cut))
 	}
 	return pr, nil
+}
+
+// HorizonAt is the number of steps a prediction at P workers takes the
+// mean over: one epoch at P where the horizon is the default epoch
+// (HorizonEpoch), else the whole horizon.
+func (h *Host) HorizonAt(P int) int {
+	if h.HorizonEpoch && h.EpochSteps > 0 && P > 0 {
+		return min((h.EpochSteps+P-1)/P, h.HorizonSteps)
+	}
+	return h.HorizonSteps
 }
 
 // selectTime carries the selection time measured on sel.Workers workers to

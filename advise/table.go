@@ -75,7 +75,11 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 	}
 	fmt.Fprintln(w, "speedups are against "+DenseBaseline(h, s))
 	if h.HorizonSteps > 0 {
-		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps%s on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n\n", h.HorizonSteps, EpochNote(h, s.Workers), horizonSource(h))
+		fmt.Fprintf(w, "actual density and bytes: each method's reducer run with error feedback over a horizon of %d steps%s on %s (mean over the horizon; at step 1; the step from which it stays within 10 %% of its last value)\n", h.HorizonAt(s.Workers), EpochNote(h, s.Workers), horizonSource(h))
+		if h.Recording == "" {
+			fmt.Fprintf(w, "the gradients being the same at every step, each reducer runs only until it has settled (the trend between its last two windows of steps, after any dense warm-up or epoch boundary, carried on to the horizon's end, would move the mean by at most %g %%) and the rest of the horizon repeats its last steps; \"settles\" says how many ran; a controller still moving and a dense warm-up run step by step (-steps shortens the horizon)\n", settleTol*100)
+		}
+		fmt.Fprintln(w)
 	} else {
 		fmt.Fprintln(w, "actual density and bytes: each method's steady state (no horizon simulated)")
 		fmt.Fprintln(w)
@@ -115,6 +119,9 @@ func WriteTable(w io.Writer, h *Host, s Setting, ranked []Prediction, skipped ma
 				settles = "step " + strconv.Itoa(p.Settled)
 				if p.Settled >= p.HorizonSteps && p.HorizonSteps > 1 {
 					settles = "not in " + strconv.Itoa(p.HorizonSteps)
+				}
+				if p.Simulated > 0 && p.Simulated < p.HorizonSteps {
+					settles += fmt.Sprintf(" (simulated %d of %d)", p.Simulated, p.HorizonSteps)
 				}
 			}
 			r := "!"
@@ -193,7 +200,7 @@ func EpochNote(h *Host, P int) string {
 		return ""
 	}
 	e := (h.EpochSteps + P - 1) / P
-	if h.HorizonSteps >= e {
+	if h.HorizonAt(P) >= e {
 		return fmt.Sprintf(" (at least one epoch at %d workers, %d steps)", P, e)
 	}
 	return fmt.Sprintf(" (SHORTER than one epoch at %d workers, %d steps: a controller that moves slowly is shown near its start, see \"settles\"; pass -steps %d for the epoch)", P, e, e)

@@ -43,6 +43,7 @@ func TestWriteTableEpoch(t *testing.T) {
 		{391, 25, 16, "at least one epoch at 16 workers, 25 steps"},
 		{5, 3, 2, "at least one epoch at 2 workers, 3 steps"},
 		{0, 3, 16, "over a horizon of 3 steps on"},
+		{0, 3, 16, "runs only until it has settled"},
 	} {
 		h := synthHost()
 		h.EpochSteps, h.HorizonSteps = c.epoch, c.horizon
@@ -53,5 +54,25 @@ func TestWriteTableEpoch(t *testing.T) {
 		if !strings.Contains(b.String(), c.want) {
 			t.Errorf("epoch %d, horizon %d, %d workers: the header lacks %q:\n%s", c.epoch, c.horizon, c.P, c.want, b.String())
 		}
+	}
+}
+
+// TestWriteTableSimulated: a method whose reducer stopped once it had
+// settled says how many of the horizon's steps ran; one that ran them all
+// says nothing more.
+func TestWriteTableSimulated(t *testing.T) {
+	h := synthHost()
+	h.HorizonSteps = 781
+	ranked := []Prediction{
+		{Method: "topk", Density: 0.01, ActualDensity: 0.02, Iter: 0.1, Speedup: 1.2, HorizonSteps: 781, Simulated: 36, Settled: 1},
+		{Method: "micro", Density: 0.01, ActualDensity: 0.05, Iter: 0.11, Speedup: 1.1, HorizonSteps: 781, Simulated: 781, Settled: 600},
+		{Method: "dense", Density: 0.01, ActualDensity: 1, Iter: 0.121, Speedup: 1},
+	}
+	var b bytes.Buffer
+	if err := WriteTable(&b, h, Setting{Workers: 2, Density: 0.01}, ranked, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "step 1 (simulated 36 of 781)") || strings.Contains(b.String(), "simulated 781") || !strings.Contains(b.String(), "step 600 ") {
+		t.Errorf("the settles column:\n%s", b.String())
 	}
 }

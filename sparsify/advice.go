@@ -18,10 +18,15 @@ import (
 // declares each field, and the advisor's TestPlanMatchesReducers checks
 // each Plan against the real reducer's communicator calls.
 type Advice struct {
-	// Plan returns the communicator calls rank 0 makes in one iteration
-	// after any warm-up, as the method's reducer makes them (non-blocking
-	// calls as their blocking op, as comm.Counter counts them), for the
-	// shape s with its Sel and Union set by Volume. An error says what the
+	// Plan returns the communicator calls worker s.Rank makes in one
+	// iteration after any warm-up, as the method's reducer makes them
+	// (non-blocking calls as their blocking op, as comm.Counter counts
+	// them), for the shape s with its Sel and Union set by Volume. A method
+	// whose workers make the same calls ignores s.Rank; one whose workers
+	// differ (gTop-k's tree: rank 0 receives in every round, the others
+	// send once) answers for each rank, so that the advisor times the
+	// iteration by rank 0's calls and counts the bytes the workers send on
+	// average, as a run's step record has them. An error says what the
 	// model does not cover (SparDL's teams > 1).
 	Plan func(s Shape) ([]Call, error)
 	// Volume returns s.Sel and s.Union for the shape s (whose Sel and Union
@@ -170,8 +175,9 @@ type Shape struct {
 	// (nil: the shapes are unknown, and each tensor is taken as a reducer
 	// takes a tensor of unknown shape; see Tensor).
 	Tensors []Tensor
-	// P is the number of workers.
-	P int
+	// P is the number of workers; Rank, in [0, P), the worker whose calls
+	// Advice.Plan returns.
+	P, Rank int
 	// Density is the setup density ρ; K = BudgetK(ρ, N).
 	Density float64
 	K       int
@@ -257,7 +263,7 @@ func topkVolume(s Shape, o Overlap) (sel, union float64) {
 // and send the union of their selections: it grows with the workers.
 func buildUp(c Conditions) []string {
 	if ratio := c.Union / float64(c.N) / c.Density; c.P > 1 && ratio > 1.5 {
-		return []string{fmt.Sprintf("actual density builds up with the workers: about %.1f× ρ here (union of the workers' selections, extrapolated from %d workers' real gradients)", ratio, c.GradWorkers)}
+		return []string{fmt.Sprintf("actual density builds up with the workers: about %.1f× ρ here (the union of the workers' selections: its growth with the workers measured on %d workers' real gradients)", ratio, c.GradWorkers)}
 	}
 	return nil
 }

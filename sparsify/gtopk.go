@@ -216,16 +216,27 @@ func (r *gtopk) recvFrom(ctx context.Context, src int, idx, val device.Buffer) e
 	return b.checkList(idx, k, fmt.Sprintf("rank %d sent", src))
 }
 
-// gtopkAdvice: log₂ P rounds of the tree, each receiving k indices and k
-// values, then the result's indices and values broadcast.
+// gtopkAdvice: rank s.Rank's part of the tree (rank 0 receives k indices
+// and k values in each of the log₂ P rounds; rank r > 0 receives in the
+// rounds before its position turns odd, as many as the trailing zeros of
+// r, and then sends its candidates once), then the result's indices and
+// values broadcast.
 var gtopkAdvice = &Advice{
 	Plan: func(s Shape) ([]Call, error) {
-		rounds := float64(bits.Len(uint(s.P - 1)))
-		if s.P <= 1 {
-			rounds = 0
+		rounds := 0
+		if s.P > 1 {
+			rounds = bits.Len(uint(s.P - 1))
+		}
+		recvs, sends := rounds, 0
+		if s.Rank > 0 {
+			recvs, sends = bits.TrailingZeros(uint(s.Rank)), 1
 		}
 		K := float64(s.K)
-		return []Call{{comm.OpRecv, 2 * rounds, K}, {comm.OpBroadcast, 2, K}}, nil
+		calls := []Call{{comm.OpRecv, float64(2 * recvs), K}}
+		if sends > 0 {
+			calls = append(calls, Call{comm.OpSend, float64(2 * sends), K})
+		}
+		return append(calls, Call{comm.OpBroadcast, 2, K}), nil
 	},
 	Volume:    budgetVolume,
 	Selection: SelectsWhole,

@@ -46,7 +46,7 @@ func newAdviseFlags(stderr io.Writer) (*flag.FlagSet, *adviseFlags) {
 		latency:     "the cluster network's latency per message",
 	})
 	fs.DurationVar(&v.stepTime, "step-time", 0, "one worker's forward and backward time on the cluster's GPUs, e.g. 85ms (default: measured here, or the recording's measurement)")
-	fs.IntVar(&v.steps, "steps", 0, fmt.Sprintf("the horizon: how many steps of the run each method's reducer is run over, with error feedback, to predict what its controller (thresholds, warm-ups, adaptive densities) actually sends (default: a recording's steps; for -model %d steps on the gradients measured at one step, not an epoch, which would take this machine hours on a large model)", advise.DefaultHorizon))
+	fs.IntVar(&v.steps, "steps", 0, "the horizon: how many steps of the run each method's reducer is run over, with error feedback, to predict what its controller (thresholds, warm-ups, adaptive densities) actually sends (default: a recording's steps; for -model one epoch, on the gradients measured at one step repeated, each reducer stopping once it has settled and the rest of the epoch taken at its settled steps. What cannot be shortened runs step by step: a controller still moving, as MiCRO's threshold does for hundreds of steps, and dense warm-ups (DRAGONN's 200 steps, Ok-Topk's and Top-k DSA's 512, -dense-warmup) with what follows them; on ResNet-18 each such step takes seconds on a shared 2-core machine, so the default horizon took that machine 80 min there (22 min of CPU; 4 min for the former 3 steps) (docs/results/advisor-vs-replay.md): pass a shorter -steps, or -sparsifiers without those methods, to advise sooner)")
 	fs.StringVar(&v.costProfile, "cost-profile", "", fmt.Sprintf("GPU costs this project measured, kept with their GPU, date and revision, for selection, the update and error feedback when the step time stands for a GPU and this machine has none: %s (a method the profile did not measure is not ranked, GPU cost unknown, unless it calls a measured method's kernel: topka and gtopk take topk's; the header says each cost's source)", strings.Join(advise.CostProfiles(), ", ")))
 	fs.StringVar(&v.overlap, "overlap", "on", "on: the baseline is dense as PyTorch DDP runs it, buckets all-reduced during the backward pass; off: dense all-reduce after the backward pass (as DEFT's and MiCRO's released code)")
 	fs.StringVar(&v.kind, "kind", "", "kind of model for what is known of each method's accuracy: cnn, rnn, transformer, recommender, mlp or other (default: the model's, or guessed from a recording's parameter names)")
@@ -65,7 +65,9 @@ plainly when dense all-reduce wins. Only methods whose convergence a paper or th
 project has shown for the kind of model are ranked; the others are listed apart,
 flagged, with what is known about each method's accuracy (a model of unknown kind
 ranks nothing: give -kind). Each method's actual density and bytes come from its
-reducer run over -steps steps of the gradients, as its controller moves. Every
+reducer run over -steps steps of the gradients, as its controller moves (default:
+one epoch of a -model, each reducer stopping once it has settled; a recording's
+steps). Every
 speedup is against overlapped dense, as PyTorch DDP runs it (-overlap off: dense
 after the backward pass); the header says which.
 

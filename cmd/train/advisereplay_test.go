@@ -129,6 +129,12 @@ func TestAdvisorMatchesReplay(t *testing.T) {
 		t.Fatalf("train: %v\n%s", err, out.String())
 	}
 	t.Run("ncf", func(t *testing.T) { t.Log("\n" + advisorVsReplay(t, grads, 0.01, nil, nil, false)) })
+	t.Run("ncf/plans", func(t *testing.T) {
+		// The plans alone (what a worker count other than the recording's
+		// is predicted by) of the methods whose counts do not depend on the
+		// data, gTop-k's tree counted over its ranks as the replay counts it.
+		t.Log("\n" + advisorVsReplay(t, grads, 0.01, []string{"randomk", "cltk", "spardl", "gtopk"}, nil, true))
+	})
 	t.Run("ncf/min-compress-size", func(t *testing.T) {
 		// NCF's tensors below 1,000 elements (its MLP's biases and output
 		// layer) are all-reduced dense in the replay: the prediction over
@@ -136,7 +142,7 @@ func TestAdvisorMatchesReplay(t *testing.T) {
 		// whose counts do not depend on the data (no reducer run).
 		cut := sparsify.Values{"min_compress_size": 1000}
 		t.Log("\n" + advisorVsReplay(t, grads, 0.01, []string{"topk", "randomk", "cltk", "gtopk", "dgc", "micro", "threshold", "deft", "spardl", "topka"}, cut, false))
-		t.Log("\n" + advisorVsReplay(t, grads, 0.01, []string{"randomk", "cltk", "spardl"}, cut, true))
+		t.Log("\n" + advisorVsReplay(t, grads, 0.01, []string{"randomk", "cltk", "spardl", "gtopk"}, cut, true))
 	})
 	t.Run("pytorch", func(t *testing.T) {
 		if testing.Short() {
