@@ -551,6 +551,9 @@ func measurements(ctx context.Context, s Spec, path string, logf func(string, ..
 	base := s.Base.Defaults()
 	if h, err := advise.ReadHost(path); err == nil {
 		ok := h.Model == base.Model && h.Dataset == base.Dataset && h.Device == base.Device && h.Preset == base.Preset && h.Batch == base.Batch.Value()
+		// A sweep of a step budget predicts over those steps (the runs it
+		// compares with); others over the default horizon, one epoch.
+		ok = ok && (s.Base.Steps == 0 && h.HorizonEpoch || s.Base.Steps > 0 && h.HorizonSteps == s.Base.Steps)
 		nets := s.Networks
 		if len(nets) == 0 {
 			nets = []netmodel.Network{{}}
@@ -598,7 +601,7 @@ func measurements(ctx context.Context, s Spec, path string, logf func(string, ..
 			methods = append(methods, m)
 		}
 	}
-	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers, Simulated: true, Networks: s.Networks})
+	h, err := advise.Measure(ctx, advise.Config{Train: s.Base, Horizon: s.Base.Steps, Densities: s.Densities, Methods: methods, Params: s.MethodOptions, HostWorkers: s.Workers, Simulated: true, Networks: s.Networks})
 	if err != nil {
 		return nil, err
 	}
