@@ -84,12 +84,13 @@ type PinnedHost interface {
 	AllocPinned(n int) ([]byte, error)
 }
 
-// DeviceMover is implemented by communicators whose collective calls take
-// Device buffers in device memory themselves (comm/local): Staged passes
-// those calls through and stages only point-to-point messages.
+// DeviceMover is implemented by communicators whose collective calls and
+// SendRecv take Device buffers in device memory themselves (comm/local):
+// Staged passes those calls through and stages only the other
+// point-to-point calls.
 type DeviceMover interface {
-	// MovesDevice reports whether the collective calls take Device
-	// buffers in device memory.
+	// MovesDevice reports whether the collective calls and SendRecv take
+	// Device buffers in device memory.
 	MovesDevice() bool
 }
 
@@ -105,7 +106,7 @@ type DeviceMover interface {
 //
 // This is how device buffers travel over MPI without CUDA-aware transport;
 // every byte crosses the host twice. Where c is a DeviceMover (comm/local),
-// its collective calls get the Device buffers themselves.
+// its collective calls and SendRecv get the Device buffers themselves.
 func Staged(c Communicator) Communicator {
 	m, ok := c.(DeviceMover)
 	return &staged{c: c, collectives: ok && m.MovesDevice()}
@@ -113,7 +114,8 @@ func Staged(c Communicator) Communicator {
 
 type staged struct {
 	c Communicator
-	// collectives: c's collective calls take device buffers themselves.
+	// collectives: c's collective calls and SendRecv take device buffers
+	// themselves.
 	collectives bool
 }
 
@@ -441,6 +443,9 @@ func (s *staged) Recv(ctx context.Context, buf Buffer, src, tag int) (int, error
 }
 
 func (s *staged) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffer, src, tag int) (int, error) {
+	if s.collectives {
+		return s.c.SendRecv(ctx, send, dst, recv, src, tag)
+	}
 	a, err := s.in(send, true)
 	if err != nil {
 		return 0, err

@@ -3,6 +3,7 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -12,11 +13,15 @@ import (
 )
 
 // methodKernels lists the kernels the registered methods declare beside
-// their cores (sparsify.Method.Kernels).
+// their cores (sparsify.Method.Kernels), each once (methods may share one).
 func methodKernels() []*device.Kernel {
 	var ks []*device.Kernel
 	for _, m := range sparsify.Methods() {
-		ks = append(ks, m.Kernels...)
+		for _, k := range m.Kernels {
+			if !slices.Contains(ks, k) {
+				ks = append(ks, k)
+			}
+		}
 	}
 	return ks
 }

@@ -20,9 +20,10 @@ import (
 // through comm.Staged over in-process ranks, each rank on its own stream,
 // and the same calls with host buffers: the results are bit-identical. On
 // one GPU the collectives run on the device (comm/local's device path: one
-// kernel adds each chunk in the canonical order), the point-to-point calls
-// are staged; with the ranks on two GPUs every call goes through host
-// memory (comm/local stages the collectives itself).
+// kernel adds each chunk in the canonical order) and so does SendRecv (a
+// device-to-device copy), the other point-to-point calls are staged; with
+// the ranks on two GPUs every call goes through host memory (comm/local
+// stages the collectives and SendRecv itself).
 func TestStagedDeviceBuffers(t *testing.T) {
 	d := gpu(t)
 	devs := []*cuda.Device{d}
@@ -180,23 +181,19 @@ func TestStagedDeviceBuffers(t *testing.T) {
 			}
 		})
 	}
-	// comm/local's messages without Staged refuse device memory clearly.
+	// comm/local's messages other than SendRecv refuse device memory
+	// without Staged, clearly.
 	w := local.New(1)
 	b := comm.OnDevice(upload(t, d.Stream(), make([]float32, 4)), d.Stream())
-	func() {
-		defer func() {
-			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "comm.Staged") {
-				t.Errorf("an unstaged device buffer: %v", r)
-			}
-		}()
-		w.Comm(0).Send(context.Background(), b, 0, 1)
-	}()
+	if err := w.Comm(0).Send(context.Background(), b, 0, 1); err == nil || !strings.Contains(err.Error(), "comm.Staged") {
+		t.Errorf("an unstaged device buffer: %v", err)
+	}
 }
 
 // TestDeviceCollectivesStayOnDevice: in-process ranks sharing a GPU reduce
-// and gather their device buffers without the host: no byte crosses, the
-// host waits for nothing, and an all-reduce is one launch per rank (its
-// chunk's kernel).
+// and gather their device buffers, and exchange them by SendRecv, without
+// the host: no byte crosses, the host waits for nothing, an all-reduce is
+// one launch per rank (its chunk's kernel) and a SendRecv one copy.
 func TestDeviceCollectivesStayOnDevice(t *testing.T) {
 	d := gpu(t)
 	const n, L = 4, 100003
@@ -235,6 +232,13 @@ func TestDeviceCollectivesStayOnDevice(t *testing.T) {
 	}
 	wg.Wait()
 	copy(want, hosts[0].(comm.Float32s))
+	p2p := make([]device.Buffer, n)
+	for r := range n {
+		p2p[r] = upload(t, streams[r], make([]float32, 60))
+		if err := streams[r].Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	before := cuda.Counts()
 	for r := range n {
 		wg.Go(func() {
@@ -245,12 +249,24 @@ func TestDeviceCollectivesStayOnDevice(t *testing.T) {
 			if err := c.AllGather(ctx, comm.OnDevice(bufs[r].Slice(0, 100), streams[r]), comm.OnDevice(recvs[r], streams[r])); err != nil {
 				t.Error(err)
 			}
+			// A ring of SendRecvs after the all-reduce: rank r sends its
+			// elements [10r, 10r+50).
+			m, err := c.SendRecv(ctx, comm.OnDevice(bufs[r].Slice(10*r, 10*r+50), streams[r]), (r+1)%n, comm.OnDevice(p2p[r], streams[r]), (r+n-1)%n, 5)
+			if err != nil || m != 50 {
+				t.Errorf("rank %d's SendRecv: %d elements, %v", r, m, err)
+			}
 		})
 	}
 	wg.Wait()
 	got := cuda.Counts().Sub(before)
-	if got.Syncs != 0 || got.HtoD != 0 || got.DtoH != 0 || got.Allocs != 0 || got.Launches != n*(1+n) {
-		t.Errorf("4 ranks' all-reduce and all-gather on the device: %v; want no sync, no byte and %d launches (a kernel and %d copies per rank)", got, n*(1+n), n)
+	if got.Syncs != 0 || got.HtoD != 0 || got.DtoH != 0 || got.Allocs != 0 || got.Launches != n*(2+n) {
+		t.Errorf("4 ranks' all-reduce, all-gather and SendRecv on the device: %v; want no sync, no byte and %d launches (a kernel and %d copies per rank, and a copy for the SendRecv)", got, n*(2+n), n)
+	}
+	for r := range n {
+		src := (r + n - 1) % n
+		if g := download(t, streams[r], p2p[r]); !sameBits(g[:50], want[10*src:10*src+50]) || !sameBits(g[50:], make([]float32, 10)) {
+			t.Fatalf("rank %d received %v…, want rank %d's elements from %d", r, g[:3], src, 10*src)
+		}
 	}
 	for r := range n {
 		if g := download(t, streams[r], bufs[r]); !sameBits(g, want) {

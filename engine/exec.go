@@ -122,6 +122,9 @@ type Executor struct {
 	captureErr error
 	captured   issued
 	eager      issued
+	// last is what the last run started issued (captured or eager; nil
+	// before any, or after a failed start).
+	last *issued
 }
 
 // issued is what issuing a program's work recorded: the events of the
@@ -321,12 +324,13 @@ type fetched struct {
 	host device.Buffer
 }
 
-// Fetch makes every later Run (and Profile) copy output i into host
+// Fetch makes every later Run, Start (and Profile) copy output i into host
 // memory after the program, and returns that memory: it holds the output
 // when Run returns, the one wait for the device covering the program and
-// the copy. On a device that allocates page-locked host memory (a GPU) the
-// memory is, so that the copy does not wait by itself. On a host device it
-// is the output itself.
+// the copy (after Start, once the stream has completed the run). On a
+// device that allocates page-locked host memory (a GPU) the memory is, so
+// that the copy does not wait by itself. On a host device it is the output
+// itself.
 func (e *Executor) Fetch(i int) (device.Buffer, error) {
 	out := e.Output(i)
 	if out.IsHost() {
@@ -541,12 +545,30 @@ func (e *Executor) Replaying() bool { return e.replay != nil }
 // captures the program and replays it. Run returns after the device has
 // finished the work and copied the outputs Fetch asks for.
 func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, error) {
-	if err := e.prepare(ctx, b); err != nil {
+	if err := e.Start(ctx, b, hook); err != nil {
 		return Timing{}, err
+	}
+	if err := e.Wait(); err != nil {
+		return Timing{}, err
+	}
+	return e.Timing(), nil
+}
+
+// Start is Run without the wait: it issues the program and the copies of
+// the outputs Fetch asks for on the executor's stream and returns. The
+// gradient, the buffers and the fetched outputs hold the run's values
+// once the stream has completed it — after Wait, or any synchronisation of
+// the stream the caller makes anyway (a trainer's at the end of its step:
+// the loss then costs no wait of its own) — and Timing gives its times
+// from then on. On a host device the run is done when Start returns.
+func (e *Executor) Start(ctx context.Context, b Bindings, hook GradHook) error {
+	if err := e.prepare(ctx, b); err != nil {
+		return err
 	}
 	if h, ok := e.stream.(Holder); ok {
 		defer h.Hold()()
 	}
+	e.last = nil
 	is := &e.eager
 	if c, ok := e.stream.(Capturer); ok && !e.noCapture {
 		if e.replay == nil && e.warm {
@@ -564,7 +586,7 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 		}
 		if e.replay != nil {
 			if err := e.replay.Launch(); err != nil {
-				return Timing{}, fmt.Errorf("engine: replaying the program: %w", err)
+				return fmt.Errorf("engine: replaying the program: %w", err)
 			}
 			is = &e.captured
 			if hook != nil {
@@ -576,14 +598,40 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	}
 	if e.replay == nil {
 		if err := e.issue(is, hook); err != nil {
-			return Timing{}, err
+			return err
 		}
 	}
-	if err := e.fetchOutputs(is.end); err != nil {
-		return Timing{}, err
+	for _, f := range e.fetch {
+		if err := e.stream.Copy(f.host, e.Output(f.out)); err != nil {
+			return fmt.Errorf("engine: copying output %d to the host: %w", f.out, err)
+		}
 	}
+	e.last = is
 	e.warm = true
-	return Timing{Forward: is.mid.Time().Sub(is.start.Time()), Backward: is.end.Time().Sub(is.mid.Time())}, nil
+	return nil
+}
+
+// Wait waits for the run Start issued: the program and the copies of the
+// fetched outputs (the stream's work up to its end).
+func (e *Executor) Wait() error {
+	if e.last == nil {
+		return errors.New("engine: Wait without a run started")
+	}
+	if len(e.fetch) == 0 {
+		return e.last.end.Synchronize()
+	}
+	return e.stream.Synchronize()
+}
+
+// Timing is the times of the last run, read from its events: valid once
+// the run has completed (after Run, Wait, or a synchronisation of the
+// stream after Start); zero before any run.
+func (e *Executor) Timing() Timing {
+	is := e.last
+	if is == nil {
+		return Timing{}
+	}
+	return Timing{Forward: is.mid.Time().Sub(is.start.Time()), Backward: is.end.Time().Sub(is.mid.Time())}
 }
 
 // prepare readies a run with bindings b (Run, Profile): the context still
@@ -650,7 +698,7 @@ func (e *Executor) Profile(ctx context.Context, b Bindings) ([]OpTime, error) {
 	if err := e.fetchOutputs(evs[len(evs)-1]); err != nil {
 		return nil, err
 	}
-	e.warm = true
+	e.warm, e.last = true, nil
 	out := make([]OpTime, len(e.kernels))
 	for j := range out {
 		in := &p.Instrs[j]

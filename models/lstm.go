@@ -309,41 +309,48 @@ func (m *LSTM) checkTokens(name string, x []int, n int) error {
 // TrainStep implements Model. The final hidden state becomes the initial
 // state of the next step.
 func (m *LSTM) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer) (StepResult, error) {
-	if err := checkCtx(ctx); err != nil {
+	if err := m.StartStep(ctx, b, params, grad); err != nil {
 		return StepResult{}, err
 	}
+	return m.finishTrain()
+}
+
+// StartStep implements Deferred.
+func (m *LSTM) StartStep(ctx context.Context, b Batch, params, grad device.Buffer) error {
+	if err := checkCtx(ctx); err != nil {
+		return err
+	}
 	if b.Steps != 0 && b.Steps != m.cfg.BPTT {
-		return StepResult{}, badInput("LSTM TrainStep: batch has %d steps, the model was built for BPTT %d", b.Steps, m.cfg.BPTT)
+		return badInput("LSTM TrainStep: batch has %d steps, the model was built for BPTT %d", b.Steps, m.cfg.BPTT)
 	}
 	n := m.cfg.BPTT * m.cfg.BatchSize
 	if err := m.checkTokens("tokens", b.Tokens, n); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	if err := m.checkTokens("labels", b.Labels, n); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	if err := setInts(m.train, lstmTokens, b.Tokens); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	if err := setInts(m.train, lstmTargets, b.Labels); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	for i := 0; i < m.nMasks; i++ {
 		if err := m.drop.drawMask(m.train, lstmState+2*m.cfg.Layers+i, m.cfg.Dropout); err != nil {
-			return StepResult{}, err
+			return err
 		}
 	}
-	res, err := m.runTrain(ctx, params, grad)
-	if err != nil {
-		return StepResult{}, err
+	if err := m.startTrain(ctx, params, grad); err != nil {
+		return err
 	}
 	s := m.train.Stream()
 	for i := 0; i < 2*m.cfg.Layers; i++ {
 		if err := s.Copy(m.train.Input(lstmState+i), m.train.Output(1+i)); err != nil {
-			return StepResult{}, err
+			return err
 		}
 	}
-	return res, nil
+	return nil
 }
 
 // evalProgram returns the function that compiles the evaluation program

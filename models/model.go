@@ -143,6 +143,21 @@ type Model interface {
 	Summary() string
 }
 
+// Deferred is a Model whose training step can be issued without a wait for
+// the device of its own (the package's models; not a Pool's workers).
+// StartStep is TrainStep up to the step's issue on the model's stream (the
+// backend's): the gradient, and the loss in host memory, are there once the
+// stream has completed the step. LastStep is the result of the last
+// StartStep, read once the caller has synchronised that stream — a trainer
+// that waits for the stream at the end of its step anyway reads the loss
+// with that wait (on the CPU the step is done when StartStep returns).
+// TrainStep is StartStep, the wait and LastStep.
+type Deferred interface {
+	Model
+	StartStep(ctx context.Context, b Batch, params, grad device.Buffer) error
+	LastStep() StepResult
+}
+
 // ErrBadInput wraps every error about a malformed batch or buffer.
 var ErrBadInput = errors.New("models: bad input")
 
@@ -227,3 +242,9 @@ func checkCtx(ctx context.Context) error {
 	}
 	return nil
 }
+
+var (
+	_ Deferred = (*NCF)(nil)
+	_ Deferred = (*LSTM)(nil)
+	_ Deferred = (*ResNet)(nil)
+)

@@ -254,27 +254,35 @@ func (m *NCF) checkPairs(b Batch, n int, needTargets bool) error {
 
 // TrainStep implements Model.
 func (m *NCF) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer) (StepResult, error) {
-	if err := checkCtx(ctx); err != nil {
+	if err := m.StartStep(ctx, b, params, grad); err != nil {
 		return StepResult{}, err
+	}
+	return m.finishTrain()
+}
+
+// StartStep implements Deferred.
+func (m *NCF) StartStep(ctx context.Context, b Batch, params, grad device.Buffer) error {
+	if err := checkCtx(ctx); err != nil {
+		return err
 	}
 	if err := m.checkPairs(b, m.cfg.BatchSize, true); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	if err := setInts(m.train, 0, b.Users); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	if err := setInts(m.train, 1, b.Items); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	if err := setFloat32s(m.train, 2, b.Targets); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	for i := 0; i < m.nMasks; i++ {
 		if err := m.drop.drawMask(m.train, 3+i, m.cfg.Dropout); err != nil {
-			return StepResult{}, err
+			return err
 		}
 	}
-	return m.runTrain(ctx, params, grad)
+	return m.startTrain(ctx, params, grad)
 }
 
 // evalProgram returns the function that compiles the evaluation program

@@ -49,11 +49,15 @@ type net struct {
 	evals  evalCache
 	f32    []float32 // host copy of the outputs read (readFloat32s)
 	// loss is the training program's loss in host memory after each run
-	// (engine.Executor.Fetch: copied with the run, no wait of its own).
+	// (engine.Executor.Fetch: copied with the run, no wait of its own; on a
+	// GPU there once the stream has completed the step).
 	loss device.Buffer
 	// profile, when not nil, receives the instruction times of the next
 	// training step (ProfileStep).
 	profile *[]engine.OpTime
+	// started says that the last training step was issued without a wait
+	// (startTrain; not a profiled one).
+	started bool
 }
 
 // init prepares the net for a backend (nil: the CPU).
@@ -199,23 +203,43 @@ func (n *net) checkVectors(params, grad device.Buffer, withGrad bool) error {
 	return nil
 }
 
-// runTrain runs the training program and reads the loss (output 0).
-func (n *net) runTrain(ctx context.Context, params, grad device.Buffer) (StepResult, error) {
+// startTrain issues the training program on the model's stream (a
+// profiled step runs at once: ProfileStep); lastStep reads its loss (output
+// 0) and times once the stream has completed it, and finishTrain waits for
+// that and reads them.
+func (n *net) startTrain(ctx context.Context, params, grad device.Buffer) error {
+	n.started = false
 	if err := n.checkVectors(params, grad, true); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	bind := engine.Bindings{Params: params, Grads: grad, Buffers: n.bufVec}
-	var t engine.Timing
 	var err error
 	if n.profile != nil {
 		*n.profile, err = n.train.Profile(ctx, bind)
 	} else {
-		t, err = n.train.Run(ctx, bind, n.hook)
+		err = n.train.Start(ctx, bind, n.hook)
+		n.started = err == nil
 	}
 	if err != nil {
-		return StepResult{}, fmt.Errorf("models: training step: %w", err)
+		return fmt.Errorf("models: training step: %w", err)
 	}
-	return StepResult{Loss: float64(n.loss.Float32s()[0]), Forward: t.Forward, Backward: t.Backward}, nil
+	return nil
+}
+
+// finishTrain waits for the step startTrain issued and returns its result.
+func (n *net) finishTrain() (StepResult, error) {
+	if n.started {
+		if err := n.train.Wait(); err != nil {
+			return StepResult{}, fmt.Errorf("models: training step: %w", err)
+		}
+	}
+	return n.LastStep(), nil
+}
+
+// LastStep implements Deferred.
+func (n *net) LastStep() StepResult {
+	t := n.train.Timing()
+	return StepResult{Loss: float64(n.loss.Float32s()[0]), Forward: t.Forward, Backward: t.Backward}
 }
 
 // ProfileStep runs one training step of m as TrainStep does, with each

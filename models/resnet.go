@@ -314,19 +314,27 @@ func (m *ResNet) checkBatch(b Batch, n int) error {
 // TrainStep implements Model. It also updates the BatchNorm running
 // statistics.
 func (m *ResNet) TrainStep(ctx context.Context, b Batch, params, grad device.Buffer) (StepResult, error) {
-	if err := checkCtx(ctx); err != nil {
+	if err := m.StartStep(ctx, b, params, grad); err != nil {
 		return StepResult{}, err
+	}
+	return m.finishTrain()
+}
+
+// StartStep implements Deferred.
+func (m *ResNet) StartStep(ctx context.Context, b Batch, params, grad device.Buffer) error {
+	if err := checkCtx(ctx); err != nil {
+		return err
 	}
 	if err := m.checkBatch(b, m.cfg.BatchSize); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	if err := setFloat32s(m.train, 0, b.Images); err != nil {
-		return StepResult{}, err
+		return err
 	}
 	if err := setInts(m.train, 1, b.Labels); err != nil {
-		return StepResult{}, err
+		return err
 	}
-	return m.runTrain(ctx, params, grad)
+	return m.startTrain(ctx, params, grad)
 }
 
 // EvalBytes is the device memory of the evaluation of batches of n images

@@ -10,7 +10,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "cltk", Projectable: true, New: newCltk, Advice: cltkAdvice,
+	Register(Method{Name: "cltk", Kernels: []*device.Kernel{rangeFlagKernel}, Projectable: true, New: newCltk, Advice: cltkAdvice,
 		Doc: "reference notes 7.3: CLT-k, a rotating leader's top-k indices broadcast, every worker's values there all-reduced. No other deviation."})
 }
 

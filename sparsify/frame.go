@@ -316,9 +316,15 @@ func (r *Reducer) Finish(ctx context.Context) (Stats, error) {
 		}
 	}
 	if err != nil {
+		if rerr := r.e.rangeErr(); rerr != nil { // what failed used a list that failed its range check
+			return Stats{}, fmt.Errorf("sparsify: %s: %w", r.m.Name, rerr)
+		}
 		return Stats{}, err
 	}
 	st, err := r.combine()
+	if rerr := r.e.rangeErr(); rerr != nil { // read with the norm's wait
+		return Stats{}, fmt.Errorf("sparsify: %s: %w", r.m.Name, rerr)
+	}
 	if err != nil {
 		return Stats{}, fmt.Errorf("sparsify: %s: the residual's norm: %w", r.m.Name, err)
 	}
@@ -333,6 +339,7 @@ func (r *Reducer) reset() {
 	clear(r.fin)
 	clear(r.started)
 	r.e.selEvents = r.e.selEvents[:0] // a failed call's are not read
+	r.e.forgetRanges()
 }
 
 // combine makes the call's Stats from its groups' (see GroupStats).
@@ -343,6 +350,10 @@ func (r *Reducer) combine() (Stats, error) {
 	if len(r.st) == 1 {
 		g := r.st[0]
 		st.SelectedPerWorker, st.Threshold, st.LayerK = g.SelectedPerWorker, g.Threshold, g.LayerK
+	}
+	// The range checks' flags come back with the norm's wait.
+	if err := e.readRanges(); err != nil {
+		return Stats{}, err
 	}
 	var sq []float64
 	distinct := 0

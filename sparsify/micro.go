@@ -9,7 +9,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "micro", NotProjectable: "each worker selects within its 1/n share of the gradient, so its part of the index all-gather shrinks as the worker count grows", New: newMicro, Advice: microAdvice,
+	Register(Method{Name: "micro", Kernels: []*device.Kernel{rangeFlagKernel}, NotProjectable: "each worker selects within its 1/n share of the gradient, so its part of the index all-gather shrinks as the worker count grows", New: newMicro, Advice: microAdvice,
 		Doc: "reference notes 3: MiCRO's rotating disjoint partitions with a shared threshold controller. Deviations: with one worker the global count is recorded as with many (the reference's threshold decays every call); empty partitions (N < n) are guarded."})
 }
 

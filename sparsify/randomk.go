@@ -8,7 +8,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "randomk", Projectable: true, New: newRandomk, Advice: randomkAdvice,
+	Register(Method{Name: "randomk", Kernels: []*device.Kernel{rangeFlagKernel}, Projectable: true, New: newRandomk, Advice: randomkAdvice,
 		Doc: "k random indices shared by all ranks (seeded), no indices on the wire. Baseline without a reference."})
 }
 

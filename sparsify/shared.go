@@ -88,6 +88,8 @@ type Env struct {
 	// selEvents are the start and end of the selections of the call in
 	// flight that selectTimed timed on a device (read by Reducer.combine).
 	selEvents [][2]device.Event
+	// ranges are the call's range checks of received lists (checkRange).
+	ranges rangeChecks
 }
 
 // countedComm is a communicator that counts its calls (comm.Counter).
@@ -228,10 +230,14 @@ func (b *Env) union(idx device.Buffer) (device.Buffer, error) {
 
 // unionReduceOn is unionReduce through the device: every worker's acc at
 // union (sorted, distinct, the same on every rank) all-reduced, out =
-// sum/n there and 0 elsewhere, residual = acc with union zeroed.
+// sum/n there and 0 elsewhere, residual = acc with union zeroed. The
+// union's range check costs no wait of its own (checkRange: a union with
+// an index outside [0, N) fails the call when it ends).
 func (b *Env) unionReduceOn(ctx context.Context, acc, out, residual, union device.Buffer) error {
-	v := &b.v
-	if err := v.ops.InRange(v.s, union, b.n); err != nil {
+	err := b.checkRange(union, b.n, func(err error) error {
+		return fmt.Errorf("the union of the selections: %w: the workers disagree on the layout or the data is corrupt", err)
+	})
+	if err != nil {
 		return err
 	}
 	return b.reduceUnionOn(ctx, acc, out, residual, union)

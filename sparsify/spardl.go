@@ -13,7 +13,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "spardl", NotProjectable: "SparDL's number of communication rounds grows with log₂ of the worker count", New: newSparDL, CheckWorkers: spardlCheckWorkers, Advice: spardlAdvice,
+	Register(Method{Name: "spardl", NotProjectable: "SparDL's number of communication rounds grows with log₂ of the worker count", New: newSparDL, CheckWorkers: spardlCheckWorkers, Advice: spardlAdvice, Kernels: []*device.Kernel{rangeFlagKernel},
 		Doc: "reference notes 4: sparse reduce-scatter within teams, B-SAG or R-SAG across teams, Bruck all-gather, global residual collection. Deviations: the flat vector is blocked in layout order (the reference reverses the parameters); R-SAG keeps 1/2^(s+1) of a value dropped in round s (the paper's half in round 0), which conserves the gradient.", Params: []options.Option{
 			{Key: "teams", Kind: options.Int, Default: 1, Range: options.Within(1, math.MaxInt32, "[]"),
 				Doc: "number of teams G (must divide the number of workers)"},
@@ -283,8 +283,10 @@ func (s *spardlReducer) copyList(dst *spardlList, src spardlList) error {
 func (s *spardlReducer) global(t, r int) int { return t*s.Q + r }
 
 // exchange sends l to global rank dst and receives a list of at most maxLen
-// pairs from global rank src into into (grown as needed).
-func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst, src, maxLen int, into *spardlList) error {
+// pairs from global rank src into into (grown as needed). Its indices are
+// range-checked without a wait (Env.checkRange: the call fails when it
+// ends; what where says is the exchange's place in the call).
+func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst, src, maxLen int, into *spardlList, where func() string) error {
 	v := &s.b.v
 	s.lenBuf[0] = int32(l.n)
 	n, err := s.b.c.SendRecv(ctx, comm.Int32s(s.lenBuf[0:1]), dst, comm.Int32s(s.lenBuf[1:2]), src, tag)
@@ -313,10 +315,9 @@ func (s *spardlReducer) exchange(ctx context.Context, tag int, l spardlList, dst
 	if n != m {
 		return fmt.Errorf("rank %d sent %d values after announcing %d", src, n, m)
 	}
-	if err := v.ops.InRange(v.s, into.I(), s.C); err != nil {
-		return fmt.Errorf("rank %d sent a block index outside [0, %d) (ranks disagree on the layout or the data is corrupt): %w", src, s.C, err)
-	}
-	return nil
+	return s.b.checkRange(into.I(), s.C, func(err error) error {
+		return fmt.Errorf("%s: rank %d sent a block index outside [0, %d) (ranks disagree on the layout or the data is corrupt): %w", where(), src, s.C, err)
+	})
 }
 
 // selectBlock replaces l with the top-k of block b of the working copy and
@@ -415,7 +416,7 @@ func (s *spardlReducer) Reduce(ctx context.Context, _ int, acc, out, residual de
 		return err
 	}
 	for i, st := range s.srs {
-		if err := s.exchange(ctx, spardlTagSRS, *cur, s.global(s.team, st.dst), s.global(s.team, st.src), k, in); err != nil {
+		if err := s.exchange(ctx, spardlTagSRS, *cur, s.global(s.team, st.dst), s.global(s.team, st.src), k, in, func() string { return fmt.Sprintf("reduce-scatter step %d", i) }); err != nil {
 			return fmt.Errorf("reduce-scatter step %d: %w", i, err)
 		}
 		if err := v.ops.ScatterAdd(v.s, s.work.Slice(st.recv*C, (st.recv+1)*C), in.I(), in.V(), 1); err != nil {
@@ -447,7 +448,7 @@ func (s *spardlReducer) Reduce(ctx context.Context, _ int, acc, out, residual de
 	// Bruck all-gather of the final blocks within the team.
 	for i, st := range s.bruck {
 		sb, rb := (s.r+st.sendBuf)%s.Q, (s.r+st.recvBuf)%s.Q
-		if err := s.exchange(ctx, spardlTagBruck, final[sb], s.global(s.team, st.dst), s.global(s.team, st.src), k, &final[rb]); err != nil {
+		if err := s.exchange(ctx, spardlTagBruck, final[sb], s.global(s.team, st.dst), s.global(s.team, st.src), k, &final[rb], func() string { return fmt.Sprintf("all-gather transfer %d", i) }); err != nil {
 			return fmt.Errorf("all-gather transfer %d: %w", i, err)
 		}
 	}
@@ -533,7 +534,7 @@ func (s *spardlReducer) bsagExchange(ctx context.Context, cur *spardlList, selTi
 	bufs := s.sagBufs // buffer b holds team (team+b) mod G
 	bufs[0] = *cur
 	for i, st := range spardlBruck(G, s.team) {
-		if err := s.exchange(ctx, spardlTagSAG, bufs[st.sendBuf], s.global(st.dst, s.r), s.global(st.src, s.r), s.C, &bufs[st.recvBuf]); err != nil {
+		if err := s.exchange(ctx, spardlTagSAG, bufs[st.sendBuf], s.global(st.dst, s.r), s.global(st.src, s.r), s.C, &bufs[st.recvBuf], func() string { return fmt.Sprintf("spar-all-gather across %d teams: transfer %d", G, i) }); err != nil {
 			return fmt.Errorf("transfer %d: %w", i, err)
 		}
 	}
@@ -596,7 +597,7 @@ func (s *spardlReducer) rsagExchange(ctx context.Context, cur *spardlList, selTi
 	}
 	for round, gap := 0, 1; gap < s.G; round, gap = round+1, gap*2 {
 		peer := s.global(s.team^gap, s.r)
-		if err := s.exchange(ctx, spardlTagSAG, *cur, peer, peer, s.k, &s.in); err != nil {
+		if err := s.exchange(ctx, spardlTagSAG, *cur, peer, peer, s.k, &s.in, func() string { return fmt.Sprintf("spar-all-gather across %d teams: round %d", s.G, round) }); err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
 		// The sparse sum of own and received (commutative, so both

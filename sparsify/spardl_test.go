@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -555,5 +556,79 @@ func TestSparDLErrors(t *testing.T) {
 	a := make([]float32, 100)
 	if _, err := r.Reduce(ctx, a, a, make([]float32, 100)); err == nil {
 		t.Error("out aliasing acc accepted")
+	}
+}
+
+// corruptingComm changes the last index of the first index list its rank
+// receives in a Spar-Reduce-Scatter step to bad, while armed.
+type corruptingComm struct {
+	comm.Communicator
+	armed bool
+	bad   int32
+}
+
+func (c *corruptingComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv comm.Buffer, src, tag int) (int, error) {
+	n, err := c.Communicator.SendRecv(ctx, send, dst, recv, src, tag)
+	if err == nil && c.armed && tag == spardlTagSRS+1 && n > 0 {
+		c.armed = false
+		switch b := recv.(type) {
+		case comm.Int32s:
+			b[n-1] = c.bad
+		case comm.Device:
+			b.Buf.Int32s()[n-1] = c.bad
+		}
+	}
+	return n, err
+}
+
+// TestSparDLCorruptIndex: a block index outside the block that a rank
+// receives fails that rank's call (read with the call's last wait,
+// Env.checkRange) naming the step, the sender, the index and its place in
+// the list; the other ranks' calls complete, and every rank's next call
+// works (the flag was set again).
+func TestSparDLCorruptIndex(t *testing.T) {
+	const n, N = 3, 100
+	l, err := FlatLayout(N)
+	if err != nil {
+		t.Fatal(err)
+	}
+	C := (N + n - 1) / n
+	for _, bad := range []int32{int32(C) + 5, -2} {
+		t.Run(fmt.Sprint(bad), func(t *testing.T) {
+			errs := make([][2]error, n)
+			err := local.Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+				r := c.Rank()
+				if r == 1 {
+					c = &corruptingComm{Communicator: c, armed: true, bad: bad}
+				}
+				red, err := New("spardl", Options{Density: 0.3, Layout: l, Comm: c})
+				if err != nil {
+					return err
+				}
+				rng := rand.New(rand.NewPCG(uint64(r), 5))
+				for call := range 2 {
+					acc := make([]float32, N)
+					for i := range acc {
+						acc[i] = float32(rng.NormFloat64())
+					}
+					_, errs[r][call] = red.Reduce(ctx, acc, make([]float32, N), make([]float32, N))
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := fmt.Sprintf("reduce-scatter step 0: rank %d sent a block index outside [0, %d)", spardlSchedule(n, 1)[0].src, C)
+			if e := errs[1][0]; e == nil || !strings.Contains(e.Error(), want) || !strings.Contains(e.Error(), fmt.Sprintf("index %d (element ", bad)) {
+				t.Fatalf("rank 1's call with a corrupt index: %v; want it to say %q and name index %d", e, want, bad)
+			}
+			for r := range n {
+				for call := range 2 {
+					if (r != 1 || call == 1) && errs[r][call] != nil {
+						t.Errorf("rank %d call %d: %v", r, call, errs[r][call])
+					}
+				}
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package train
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -74,6 +75,9 @@ type dataPath struct {
 	// the last one run.
 	recorder *gradRecorder
 	stepNo   int
+	// pending is the model of a step issued without waiting for its loss
+	// (models.Deferred), until the step reads it (nil otherwise).
+	pending models.Deferred
 	// prevLR is the learning rate of the last step (0 before the first):
 	// with -feedback-lr the residual is rescaled when it changes
 	// (rescaleResidual).
@@ -363,13 +367,34 @@ func (dp *dataPath) syncFlag() error {
 }
 
 // flagFirst is err of a step that failed after error feedback, unless
-// error feedback's finiteness check failed first: then that error (a
-// non-finite gradient breaks what follows it).
+// error feedback's finiteness check failed first, or the loss of a step
+// that deferred its read is not finite: then that error (a non-finite
+// gradient or loss breaks what follows it).
 func (dp *dataPath) flagFirst(err error) error {
 	if ferr := dp.syncFlag(); ferr != nil {
 		return ferr
 	}
+	if d := dp.pending; d != nil {
+		dp.pending = nil
+		if dp.flag.Len() == 0 { // syncFlag waited for nothing
+			if serr := dp.compute.Synchronize(); serr != nil {
+				return errors.Join(err, serr)
+			}
+		}
+		if lerr := dp.checkLoss(d.LastStep().Loss); lerr != nil {
+			return lerr
+		}
+	}
 	return err
+}
+
+// checkLoss is the error of a non-finite loss (nil for a replay, which
+// has none).
+func (dp *dataPath) checkLoss(loss float64) error {
+	if (math.IsNaN(loss) || math.IsInf(loss, 0)) && !dp.replay {
+		return fmt.Errorf("%w: the loss is %v", errNonFinite, loss)
+	}
+	return nil
 }
 
 // accumulateError explains a failed error-feedback accumulation of the
@@ -441,9 +466,23 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	clear(dp.gradFinal)
 	var result models.StepResult
 	var t1 time.Time
+	// A model that can defer its loss (models.Deferred) has it read with
+	// the step's last wait rather than a wait of its own; a recorded
+	// step's time is needed at once.
+	deferred, _ := dp.model.(models.Deferred)
+	if dp.recorder != nil {
+		deferred = nil
+	}
+	dp.pending = nil
 	pass := func() error {
 		var err error
-		result, err = dp.model.TrainStep(ctx, b, dp.params, dp.grad)
+		if deferred != nil {
+			if err = deferred.StartStep(ctx, b, dp.params, dp.grad); err == nil {
+				dp.pending = deferred
+			}
+		} else {
+			result, err = dp.model.TrainStep(ctx, b, dp.params, dp.grad)
+		}
 		t1 = time.Now()
 		return err
 	}
@@ -528,8 +567,10 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 			return s, dp.flagFirst(fmt.Errorf("train: reducing with %s: %w", dp.cfg.Sparsifier, err))
 		}
 	}
-	if (math.IsNaN(s.Loss) || math.IsInf(s.Loss, 0)) && !dp.replay { // a replay has no loss
-		return s, dp.flagFirst(fmt.Errorf("%w: the loss is %v", errNonFinite, s.Loss))
+	if dp.pending == nil {
+		if err := dp.checkLoss(s.Loss); err != nil {
+			return s, dp.flagFirst(err)
+		}
 	}
 	if dp.cfg.ClipAggregated() {
 		// The averaged gradient, the same on every worker.
@@ -538,16 +579,22 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 		}
 	}
 	t2 := time.Now()
-	if !started.IsZero() {
-		s.CommWall = t2.Sub(started)
+	// The reduced gradient's time on the device, when the step does not
+	// wait for it (read after the step's last wait).
+	var reduced device.Event
+	if dp.pending != nil && !dp.grad.IsHost() {
+		var err error
+		if reduced, err = dp.compute.Record(); err != nil {
+			return s, err
+		}
 	}
-	s.Wait = t2.Sub(t1)
 	if err := dp.update(ctx, lr); err != nil {
 		return s, dp.flagFirst(err)
 	}
-	// Error feedback's finiteness check is read with the step's last wait;
-	// a non-finite gradient fails the step (its update is not kept: the
-	// run stops, and no checkpoint holds it).
+	// Error feedback's finiteness check, and a deferred step's loss, are
+	// read with the step's last wait; a non-finite gradient or loss fails
+	// the step (its update is not kept: the run stops, and no checkpoint
+	// holds it).
 	if err := dp.readFlag(); err != nil {
 		return s, err
 	}
@@ -558,6 +605,33 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 		return s, err
 	}
 	t3 := time.Now()
+	if d := dp.pending; d != nil {
+		dp.pending = nil
+		result = d.LastStep()
+		s.Loss, s.Forward, s.Backward = result.Loss, result.Forward, result.Backward
+		if err := dp.checkLoss(s.Loss); err != nil {
+			return s, err
+		}
+		// The pass ended on the device, not when it was issued; the
+		// reduced gradient was there when both host and device were done
+		// with it.
+		if end := t0.Add(result.Queued + result.Forward + result.Backward); end.After(t1) && end.Before(t3) {
+			t1 = end
+		}
+		s.Compute = t1.Sub(t0) - result.Queued
+		if reduced != nil {
+			if at := reduced.Time(); at.After(t2) && at.Before(t3) {
+				t2 = at
+			}
+		}
+		if t2.Before(t1) {
+			t2 = t1
+		}
+	}
+	if !started.IsZero() {
+		s.CommWall = t2.Sub(started)
+	}
+	s.Wait = t2.Sub(t1)
 	s.Update = t3.Sub(t2)
 	s.Iter = t3.Sub(t0)
 	s.Select, s.Comm = st.SelectTime, st.CommTime

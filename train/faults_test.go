@@ -51,27 +51,50 @@ func (m *poisonModel) TrainStep(ctx context.Context, b models.Batch, p, g device
 	return r, err
 }
 
-// poisonSecond wraps the second worker built (some rank) in a poisonModel.
+// poisonDeferred is a poisonModel whose steps the trainer issues without
+// a wait for the loss (models.Deferred, as on a GPU): the poisoned loss
+// comes from LastStep, which the trainer reads after the step's last wait.
+type poisonDeferred struct {
+	*poisonModel
+	last models.StepResult
+}
+
+func (m *poisonDeferred) StartStep(ctx context.Context, b models.Batch, p, g device.Buffer) error {
+	var err error
+	m.last, err = m.poisonModel.TrainStep(ctx, b, p, g)
+	return err
+}
+
+func (m *poisonDeferred) LastStep() models.StepResult { return m.last }
+
+// poisonSecond wraps the second worker built (some rank) in a poisonModel
+// (kind "deferred loss": a poisonDeferred of a non-finite loss).
 func poisonSecond(kind string, at int, tensor string) Options {
 	var n atomic.Int32
 	return Options{wrapModel: func(m models.Model) models.Model {
-		if n.Add(1) == 2 {
-			return &poisonModel{Model: m, at: at, kind: kind, tensor: tensor}
+		if n.Add(1) != 2 {
+			return m
 		}
-		return m
+		if kind == "deferred loss" {
+			return &poisonDeferred{poisonModel: &poisonModel{Model: m, at: at, kind: "loss", tensor: tensor}}
+		}
+		return &poisonModel{Model: m, at: at, kind: kind, tensor: tensor}
 	}}
 }
 
 // TestNonFiniteStopsNamingTheTensor: a NaN gradient element stops the run
 // at its step naming the tensor (layout name) and the last good
 // checkpoint, and no checkpoint of the broken state exists; a non-finite
-// loss does the same.
+// loss does the same, read at once or, from a model that defers it
+// (models.Deferred, as the trainer's GPU steps), after the step's last
+// wait and the update.
 func TestNonFiniteStopsNamingTheTensor(t *testing.T) {
 	for _, tc := range []struct {
 		kind, want string
 	}{
 		{"gradient", `step 5 \(epoch 1\) failed on rank \d: not finite: the gradient is NaN in tensor mlp\.1\.weight \(element 3 of it\); the last checkpoint is \S+step-000000004 \(step 4\); lower -lr or clip gradients \(-clip\), then resume with: train -resume `},
 		{"loss", `step 5 \(epoch 1\) failed on rank \d: not finite: the loss is \+Inf; the last checkpoint is \S+step-000000004 \(step 4\)`},
+		{"deferred loss", `step 5 \(epoch 1\) failed on rank \d: not finite: the loss is \+Inf; the last checkpoint is \S+step-000000004 \(step 4\)`},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
 			c := ncfConfig(t, 3, 10)

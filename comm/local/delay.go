@@ -14,7 +14,7 @@ func (w *World) p2pReady(start time.Time, buf comm.Buffer) time.Time {
 	if w.cfg.net == nil {
 		return time.Time{}
 	}
-	return start.Add(w.cfg.net.PointToPoint(int64(len(buf.Bytes()))))
+	return start.Add(w.cfg.net.PointToPoint(int64(buf.Len() * buf.DType().Size())))
 }
 
 // sleepUntil waits until t (precisely), the world is aborted or ctx ends; the

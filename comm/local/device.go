@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -21,8 +22,8 @@ type devCall struct {
 	wait []device.Event
 }
 
-// MovesDevice implements comm.DeviceMover: the collective calls take
-// Device buffers in device memory.
+// MovesDevice implements comm.DeviceMover: the collective calls and
+// SendRecv take Device buffers in device memory.
 func (c *rankComm) MovesDevice() bool { return true }
 
 // devStart starts the device side of this rank's call on bufs (see
@@ -378,4 +379,113 @@ func devCopy(p device.Stream, dst, src device.Buffer) error {
 		return fmt.Errorf("local: device copy: %w", err)
 	}
 	return nil
+}
+
+// take copies the message the receive r was matched with, which involves
+// device memory, into r's buffer and gives the message back (the sender's
+// buffer is then free once r.copied, or the message's done, has
+// completed):
+//   - device to device memory of the same device: on this rank's stream of
+//     the device, after the sender's start event and r's, without a wait;
+//   - device to host memory: on this rank's stream of the sender's device,
+//     waited for (the caller reads the host memory next);
+//   - host to device memory, or between devices: through host memory,
+//     waited for (the host memory is given back).
+func (c *rankComm) take(r *recvWait) (err error) {
+	m := r.msg
+	r.msg = nil
+	var done device.Event
+	defer func() {
+		if m.dev != nil {
+			m.dev.done = done
+		}
+		m.release()
+	}()
+	dst := anyBuf(r.buf).Slice(0, m.n)
+	if m.dev == nil { // host memory into device memory
+		return c.onStream(dst.Device(), []device.Event{r.devReady}, func(p device.Stream) error {
+			if err := p.Copy(dst, hostBytesAs(m.data, dst.DType(), m.n)); err != nil {
+				return err
+			}
+			return p.Synchronize()
+		})
+	}
+	src := m.dev.buf.Slice(0, m.n)
+	if !dst.IsHost() && dst.Device() == src.Device() {
+		return c.onStream(dst.Device(), []device.Event{m.dev.ready, r.devReady}, func(p device.Stream) error {
+			if err := p.Copy(dst, src); err != nil {
+				return err
+			}
+			done, err = p.Record()
+			r.copied = done
+			return err
+		})
+	}
+	if dst.IsHost() {
+		return c.onStream(src.Device(), []device.Event{m.dev.ready}, func(p device.Stream) error {
+			if err := p.Copy(dst, src); err != nil {
+				return err
+			}
+			return p.Synchronize()
+		})
+	}
+	// Between devices: through this rank's host memory.
+	var st *comm.Stage
+	defer func() { st.Release() }()
+	err = c.onStream(src.Device(), []device.Event{m.dev.ready}, func(p device.Stream) error {
+		var err error
+		st, err = comm.StageBuffer(comm.OnDevice(src, p), p, true)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return c.onStream(dst.Device(), []device.Event{r.devReady}, func(p device.Stream) error {
+		if err := p.Copy(dst, anyBuf(st.Host())); err != nil {
+			return err
+		}
+		return p.Synchronize()
+	})
+}
+
+// onStream runs f on this rank's stream of device d after the events
+// waitFor (nil ones skipped).
+func (c *rankComm) onStream(d device.Device, waitFor []device.Event, f func(p device.Stream) error) error {
+	p, unlock, err := c.peerStream(d)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	for _, ev := range waitFor {
+		if ev == nil {
+			continue
+		}
+		if err := p.Wait(ev); err != nil {
+			return fmt.Errorf("local: rank %d waiting for a message's buffers: %w", c.rank, err)
+		}
+	}
+	if err := f(p); err != nil {
+		return fmt.Errorf("local: rank %d copying a message: %w", c.rank, err)
+	}
+	return nil
+}
+
+// hostBytesAs views the first n elements of dt in data as a host buffer
+// (no copy).
+func hostBytesAs(data []byte, dt device.DType, n int) device.Buffer {
+	if n == 0 {
+		return device.Buffer{}
+	}
+	p := unsafe.Pointer(&data[0])
+	switch dt {
+	case device.Float32:
+		return device.Host(unsafe.Slice((*float32)(p), n))
+	case device.Int32:
+		return device.Host(unsafe.Slice((*int32)(p), n))
+	case device.Int64:
+		return device.Host(unsafe.Slice((*int64)(p), n))
+	case device.Float16:
+		return device.Host(unsafe.Slice((*uint16)(p), n))
+	}
+	panic(fmt.Sprintf("local: no host view of %v", dt)) // validDType refused it
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -226,6 +227,125 @@ func TestDeviceCollectives(t *testing.T) {
 					t.Errorf("%d PeerSums with more ranks than the device adds at once; want them staged", d.sums)
 				}
 			})
+		}
+	}
+}
+
+// TestDeviceSendRecv: SendRecv of device buffers (one fake device, or two
+// that the copies cross through host memory), of host buffers, and mixed
+// (a device send into a host receive and the reverse) gives what it gives
+// on host buffers: a ring in both directions and pairwise exchanges, with
+// messages of different lengths (empty ones included) into longer receive
+// buffers, for 1, 2, 3 and 5 ranks.
+func TestDeviceSendRecv(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5} {
+		for _, mode := range []string{"host", "device", "two devices", "device to host", "host to device"} {
+			t.Run(fmt.Sprintf("n=%d/%s", n, mode), func(t *testing.T) {
+				devs := []*fakeDev{{peers: 16}, {peers: 16}}
+				rng := rand.New(rand.NewPCG(uint64(n), 7))
+				msg := make([][]float32, n)
+				for r := range msg {
+					msg[r] = make([]float32, (r*5+2)%7) // 2, 0, 5, 3, 1
+					for i := range msg[r] {
+						msg[r][i] = float32(rng.NormFloat64())
+					}
+				}
+				// Rank r's step s: send to (r+s)%n, receive from (r−s)%n; in
+				// the last step partners pair up (r^1 where it exists).
+				peers := func(r, s int) (dst, src int) {
+					if s == n {
+						if p := r ^ 1; p < n {
+							return p, p
+						}
+						return r, r
+					}
+					return (r + s) % n, (r - s + n) % n
+				}
+				run := func(mode string) [][]float32 {
+					out := make([][]float32, n)
+					err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+						r := c.Rank()
+						d := devs[0]
+						if mode == "two devices" {
+							d = devs[r%2]
+						}
+						s, _ := d.NewStream()
+						host := func(x []float32) comm.Buffer { return comm.Float32s(slices.Clone(x)) }
+						dev := func(x []float32) comm.Buffer { return d.buf(x, s) }
+						mkSend, mkRecv := host, host
+						switch mode {
+						case "device", "two devices":
+							mkSend, mkRecv = dev, dev
+						case "device to host":
+							mkSend = dev
+						case "host to device":
+							mkRecv = dev
+						}
+						for step := 0; step <= n; step++ {
+							dst, src := peers(r, step)
+							recv := mkRecv(make([]float32, 8))
+							got, err := c.SendRecv(ctx, mkSend(msg[r]), dst, recv, src, step)
+							if err != nil {
+								return err
+							}
+							var v []float32
+							if h, ok := recv.(comm.Float32s); ok {
+								v = []float32(h)
+							} else {
+								v = d.download(recv.(comm.Device).Buf)
+							}
+							out[r] = append(append(out[r], float32(got)), v[:got]...)
+						}
+						return nil
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return out
+				}
+				want, got := run("host"), run(mode)
+				for r := range n {
+					if !slices.Equal(got[r], want[r]) {
+						t.Fatalf("rank %d received %v, on the host %v", r, got[r], want[r])
+					}
+					if len(want[r]) == 0 {
+						t.Fatalf("rank %d received nothing", r)
+					}
+				}
+				// The host's: what each source sent.
+				for r := range n {
+					var exp []float32
+					for step := 0; step <= n; step++ {
+						_, src := peers(r, step)
+						exp = append(append(exp, float32(len(msg[src]))), msg[src]...)
+					}
+					if !slices.Equal(want[r], exp) {
+						t.Fatalf("rank %d received %v, want %v", r, want[r], exp)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestDevicePointToPointRefused: Send, ISend, Recv and IRecv of device
+// memory are refused, saying that SendRecv and comm.Staged take it.
+func TestDevicePointToPointRefused(t *testing.T) {
+	d := &fakeDev{peers: 4}
+	w := New(2)
+	c := w.Comm(0)
+	ctx := context.Background()
+	s, _ := d.NewStream()
+	b := d.buf(make([]float32, 3), s)
+	for name, call := range map[string]func() error{
+		"Send":  func() error { return c.Send(ctx, b, 1, 0) },
+		"ISend": func() error { _, err := c.ISend(ctx, b, 1, 0); return err },
+		"Recv":  func() error { _, err := c.Recv(ctx, b, 1, 0); return err },
+		"IRecv": func() error { _, err := c.IRecv(ctx, b, 1, 0); return err },
+	} {
+		err := call()
+		if err == nil || !strings.Contains(err.Error(), name+" of device memory") || !strings.Contains(err.Error(), "comm.Staged") {
+			t.Errorf("%s of device memory: %v, want it refused naming SendRecv and comm.Staged", name, err)
 		}
 	}
 }

@@ -42,8 +42,13 @@
 // device buffers mixed) each rank stages its device buffers through host
 // memory (comm.StageBuffer: page-locked where the device has it), the host
 // algorithm runs on the copies, and the results are copied back.
-// Point-to-point calls take host memory only: comm.Staged stages device
-// buffers for them.
+// SendRecv takes device buffers too: the receiver copies the sender's
+// buffer on a stream of its own after both calls' start events (device to
+// device on one device; through host memory between devices, or between
+// host and device memory), and each caller's stream waits for the copies
+// of its buffers — a device send waits on the host for its receive to be
+// posted, not for any copy. The other point-to-point calls take host
+// memory only: comm.Staged stages device buffers for them.
 //
 // # Failures
 //

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/device"
 )
 
 // mailKey identifies a point-to-point channel.
@@ -21,6 +22,21 @@ type message struct {
 	// consumed, if not nil, marks a message whose data are the sender's own
 	// buffer (no copy): it is closed once the receive copied them out.
 	consumed chan struct{}
+	// dev, if not nil, is the sender's device memory (SendRecv of a Device
+	// buffer; data is then nil and consumed set): the receiver copies it
+	// itself.
+	dev *devMsg
+}
+
+// devMsg is the device side of a message SendRecv sends from device
+// memory: the receiver copies buf after ready (device to device where its
+// buffer is memory of the same device) and sets done to the copy's event
+// (nil: complete) before it closes the message's consumed; the sender's
+// stream waits for done before it writes buf again.
+type devMsg struct {
+	buf   device.Buffer
+	ready device.Event
+	done  device.Event
 }
 
 // recvWait is a receive waiting for its message.
@@ -33,6 +49,13 @@ type recvWait struct {
 	n     int
 	err   error
 	ready time.Time
+	// msg is a matched message the receiver copies itself (device memory
+	// on either side; see take), nil once taken.
+	msg *message
+	// devReady is the receive buffer's stream event at the call's start
+	// (device memory: the copy into it waits for it), and copied the event
+	// of that copy, which the receiver's stream waits for (nil: none).
+	devReady, copied device.Event
 }
 
 // mailbox holds, for one (src, dst, tag), the messages not yet received and
@@ -98,19 +121,46 @@ func putBytes(b []byte) {
 	}
 }
 
-// deliver copies message m into the receive r and completes it.
-func (r *recvWait) deliver(dtype comm.DType, n int, data []byte, ready time.Time) {
+// deliver copies message m into the receive r and completes it; a message
+// of device memory, or one into device memory, is left to the receiver
+// (r.msg; take), and deliver then reports that it did not copy it.
+func (r *recvWait) deliver(m message) (copied bool) {
+	copied = true
 	switch {
-	case dtype != r.buf.DType():
-		r.err = fmt.Errorf("local: message from rank %d with tag %d holds %s but the receive buffer is %s: send and receive must use the same element type", r.src, r.tag, dtype, r.buf.DType())
-	case n > r.buf.Len():
-		r.err = fmt.Errorf("local: message from rank %d with tag %d has %d elements but the receive buffer only %d: pass a receive buffer at least as long as the message", r.src, r.tag, n, r.buf.Len())
+	case m.dtype != r.buf.DType():
+		r.err = fmt.Errorf("local: message from rank %d with tag %d holds %s but the receive buffer is %s: send and receive must use the same element type", r.src, r.tag, m.dtype, r.buf.DType())
+	case m.n > r.buf.Len():
+		r.err = fmt.Errorf("local: message from rank %d with tag %d has %d elements but the receive buffer only %d: pass a receive buffer at least as long as the message", r.src, r.tag, m.n, r.buf.Len())
+	case m.n > 0 && (m.dev != nil || !hostBuf(r.buf)):
+		r.msg, r.n, copied = &m, m.n, false
 	default:
-		copy(r.buf.Bytes(), data)
-		r.n = n
+		if m.n > 0 {
+			copy(r.buf.Bytes(), m.data)
+		}
+		r.n = m.n
 	}
-	r.ready = ready
+	if copied && m.dev != nil { // nothing of it read: the sender goes on
+		close(m.consumed)
+	}
+	r.ready = m.ready
 	close(r.done)
+	return copied
+}
+
+// hostBuf reports whether b's elements are host memory (or b is empty).
+func hostBuf(b comm.Buffer) bool {
+	_, ok := comm.InDeviceMemory(b)
+	return !ok
+}
+
+// release gives back the data of a message whose receive has copied them:
+// the sender's buffer (consumed closed) or the mailbox's copy.
+func (m *message) release() {
+	if m.consumed != nil {
+		close(m.consumed)
+	} else {
+		putBytes(m.data)
+	}
 }
 
 func (c *rankComm) checkPeer(what string, peer int) error {
@@ -126,6 +176,9 @@ func (c *rankComm) Send(ctx context.Context, buf comm.Buffer, dst, tag int) erro
 	if err := validDType("send", buf); err != nil {
 		return err
 	}
+	if err := hostOnly("Send", buf); err != nil {
+		return err
+	}
 	if err := c.checkPeer("Send: destination", dst); err != nil {
 		return err
 	}
@@ -138,23 +191,24 @@ func (c *rankComm) send(ctx context.Context, start time.Time, buf comm.Buffer, d
 		return err
 	}
 	ready := c.w.p2pReady(start, buf)
-	c.sendNoWait(buf, dst, tag, ready, false)
+	c.sendNoWait(buf, dst, tag, ready, false, nil)
 	return c.w.sleepUntil(ctx, ready)
 }
 
 // post registers a receive: it takes the first waiting message or queues r.
-func (c *rankComm) post(buf comm.Buffer, src, tag int) *recvWait {
+// dc is the device side of a SendRecv (nil: none).
+func (c *rankComm) post(buf comm.Buffer, src, tag int, dc *devCall) *recvWait {
 	b := c.w.lockBox(mailKey{src, c.rank, tag})
 	r := &recvWait{box: b, buf: buf, src: src, tag: tag, done: make(chan struct{})}
+	if dc != nil {
+		r.devReady = dc.ready
+	}
 	if len(b.msgs) > 0 {
 		m := b.msgs[0]
 		b.msgs[0] = message{}
 		b.msgs = b.msgs[1:]
-		r.deliver(m.dtype, m.n, m.data, m.ready)
-		if m.consumed != nil {
-			close(m.consumed)
-		} else {
-			putBytes(m.data)
+		if r.deliver(m) && m.dev == nil {
+			m.release()
 		}
 	} else {
 		b.waiters = append(b.waiters, r)
@@ -171,7 +225,11 @@ func (c *rankComm) finishRecv(ctx context.Context, r *recvWait) (int, error) {
 		}
 		return -1
 	}
-	if err := c.waitFor(ctx, r.done, what, missing); err != nil {
+	err := c.waitFor(ctx, r.done, what, missing)
+	if err == nil && r.msg != nil {
+		err = c.take(r)
+	}
+	if err != nil {
 		// Withdraw the receive so that no late message is copied into a
 		// buffer the caller owns again.
 		r.box.mu.Lock()
@@ -180,6 +238,10 @@ func (c *rankComm) finishRecv(ctx context.Context, r *recvWait) (int, error) {
 				r.box.waiters = append(r.box.waiters[:i], r.box.waiters[i+1:]...)
 				break
 			}
+		}
+		if m := r.msg; m != nil { // matched meanwhile: the sender goes on
+			r.msg = nil
+			m.release()
 		}
 		r.box.mu.Unlock()
 		return 0, err
@@ -193,25 +255,44 @@ func (c *rankComm) finishRecv(ctx context.Context, r *recvWait) (int, error) {
 	return r.n, nil
 }
 
-func (c *rankComm) checkRecv(buf comm.Buffer, src int) error {
+func (c *rankComm) checkRecv(call string, buf comm.Buffer, src int) error {
 	if err := validDType("receive", buf); err != nil {
+		return err
+	}
+	if err := hostOnly(call, buf); err != nil {
 		return err
 	}
 	return c.checkPeer("Recv: source", src)
 }
 
+// hostOnly refuses device memory for the point-to-point calls other than
+// SendRecv.
+func hostOnly(call string, b comm.Buffer) error {
+	if hostBuf(b) {
+		return nil
+	}
+	return fmt.Errorf("local: %s of device memory (%v): only SendRecv and the collective calls take device buffers; wrap the communicator with comm.Staged for %s", call, b.(comm.Device).Buf, call)
+}
+
 // Recv receives the next message from src with tag into buf.
 func (c *rankComm) Recv(ctx context.Context, buf comm.Buffer, src, tag int) (int, error) {
-	if err := c.checkRecv(buf, src); err != nil {
+	if err := c.checkRecv("Recv", buf, src); err != nil {
 		return 0, err
 	}
 	if err := c.check(ctx, func() string { return fmt.Sprintf("in Recv from rank %d with tag %d", src, tag) }); err != nil {
 		return 0, err
 	}
-	return c.finishRecv(ctx, c.post(buf, src, tag))
+	return c.finishRecv(ctx, c.post(buf, src, tag, nil))
 }
 
 // SendRecv sends send to dst and receives from src (both with tag).
+// Device buffers in device memory (comm.Device) are moved by the device:
+// the receiver copies the sender's buffer device to device (through host
+// memory only between different devices) on a stream of its own after
+// both buffers' start events, and each caller's stream waits for the copy
+// into its receive buffer and for the copy out of its send buffer; the
+// host waits for no copy. A device send waits for its receive to be
+// posted (the rendezvous hands over the buffer itself).
 func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv comm.Buffer, src, tag int) (int, error) {
 	if err := validDType("send", send); err != nil {
 		return 0, err
@@ -219,57 +300,107 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 	if err := c.checkPeer("SendRecv: destination", dst); err != nil {
 		return 0, err
 	}
-	if err := c.checkRecv(recv, src); err != nil {
+	if err := validDType("receive", recv); err != nil {
+		return 0, err
+	}
+	if err := c.checkPeer("Recv: source", src); err != nil {
 		return 0, err
 	}
 	if err := c.check(ctx, lit("in SendRecv")); err != nil {
+		return 0, err
+	}
+	dc, err := c.devStart(send, recv)
+	if err != nil {
 		return 0, err
 	}
 	// The receive is posted before the send is offered, so the send need not
 	// be copied: a peer doing the same can always take it, and two ranks
 	// exchanging cannot deadlock.
 	start := time.Now() // the send's modelled time overlaps the receive's
-	r := c.post(recv, src, tag)
+	r := c.post(recv, src, tag, dc)
 	ready := c.w.p2pReady(start, send)
-	box, consumed := c.sendNoWait(send, dst, tag, ready, true)
+	box, sent := c.sendNoWait(send, dst, tag, ready, true, dc)
 	n, err := c.finishRecv(ctx, r)
 	if err != nil {
-		if consumed != nil {
-			box.withdraw(consumed)
+		if sent != nil {
+			box.withdraw(sent.consumed)
 		}
 		return 0, err
 	}
-	if consumed != nil {
-		// Not taken yet: leave a copy behind, as Send would have, so that
-		// SendRecv never waits for the destination.
-		box.detach(consumed)
+	if dc != nil && r.copied != nil {
+		dc.wait = append(dc.wait, r.copied)
+	}
+	if sent != nil {
+		if sent.dev == nil {
+			// Not taken yet: leave a copy behind, as Send would have, so
+			// that SendRecv never waits for the destination.
+			box.detach(sent.consumed)
+		} else {
+			// Device memory is handed over, not copied: wait for the
+			// destination to take it.
+			what := func() string { return fmt.Sprintf("in SendRecv, sending to rank %d with tag %d", dst, tag) }
+			missing := func() int {
+				if c.w.exited[dst].Load() {
+					return dst
+				}
+				return -1
+			}
+			if err := c.waitFor(ctx, sent.consumed, what, missing); err != nil {
+				box.withdraw(sent.consumed)
+				return 0, err
+			}
+			if sent.dev.done != nil {
+				dc.wait = append(dc.wait, sent.dev.done)
+			}
+		}
+	}
+	if err := dc.finish(); err != nil {
+		return 0, err
 	}
 	return n, c.w.sleepUntil(ctx, ready)
 }
 
 // sendNoWait delivers buf to the first waiting receive from this rank to dst
 // with tag, or queues it. A queued message is a copy, unless byRef: then it
-// refers to buf itself, and the returned mailbox and channel (closed once the
-// receive copied it out) let the caller wait for that or withdraw it.
-func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time, byRef bool) (*mailbox, chan struct{}) {
+// refers to buf itself, and the returned mailbox and message (whose
+// consumed is closed once the receive copied it out) let the caller wait
+// for that or withdraw it. Device memory (dc not nil) goes by reference,
+// delivered or queued: the message returned says when the receiver has
+// taken it.
+func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time, byRef bool, dc *devCall) (*mailbox, *message) {
 	b := c.w.lockBox(mailKey{c.rank, dst, tag})
 	defer c.w.unlockBox(b)
+	m := message{dtype: buf.DType(), n: buf.Len(), ready: ready}
+	if d, ok := comm.InDeviceMemory(buf); ok {
+		m.dev = &devMsg{buf: d.Buf, ready: dc.ready}
+		m.consumed = make(chan struct{})
+	}
 	if len(b.waiters) > 0 {
 		r := b.waiters[0]
 		b.waiters = b.waiters[1:]
-		r.deliver(buf.DType(), buf.Len(), buf.Bytes(), ready)
+		if m.dev == nil {
+			m.data = buf.Bytes()
+		}
+		r.deliver(m)
+		if m.dev != nil {
+			return b, &m
+		}
 		return nil, nil
 	}
-	m := message{dtype: buf.DType(), n: buf.Len(), ready: ready}
-	if byRef {
+	switch {
+	case m.dev != nil:
+	case byRef:
 		m.data = buf.Bytes()
 		m.consumed = make(chan struct{})
-	} else {
+	default:
 		m.data = getBytes(len(buf.Bytes()))
 		copy(m.data, buf.Bytes())
 	}
 	b.msgs = append(b.msgs, m)
-	return b, m.consumed
+	if m.consumed == nil {
+		return b, nil
+	}
+	return b, &m
 }
 
 // detach replaces the data of the by-reference message marked by consumed, if
@@ -305,6 +436,9 @@ func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (co
 	if err := validDType("send", buf); err != nil {
 		return nil, err
 	}
+	if err := hostOnly("ISend", buf); err != nil {
+		return nil, err
+	}
 	if err := c.checkPeer("ISend: destination", dst); err != nil {
 		return nil, err
 	}
@@ -312,7 +446,7 @@ func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (co
 		return nil, err
 	}
 	ready := c.w.p2pReady(time.Now(), buf)
-	c.sendNoWait(buf, dst, tag, ready, false)
+	c.sendNoWait(buf, dst, tag, ready, false, nil)
 	return &sendRequest{c: c, ready: ready, n: buf.Len()}, nil
 }
 
@@ -338,13 +472,13 @@ func (r *sendRequest) Wait(ctx context.Context) (int, error) {
 // IRecv starts Recv and returns at once; it is matched, in issue order, with
 // the sends from src with tag.
 func (c *rankComm) IRecv(ctx context.Context, buf comm.Buffer, src, tag int) (comm.Request, error) {
-	if err := c.checkRecv(buf, src); err != nil {
+	if err := c.checkRecv("IRecv", buf, src); err != nil {
 		return nil, err
 	}
 	if err := c.check(ctx, func() string { return fmt.Sprintf("in IRecv from rank %d with tag %d", src, tag) }); err != nil {
 		return nil, err
 	}
-	return &recvRequest{c: c, r: c.post(buf, src, tag)}, nil
+	return &recvRequest{c: c, r: c.post(buf, src, tag, nil)}, nil
 }
 
 type recvRequest struct {
