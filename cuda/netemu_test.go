@@ -1,7 +1,6 @@
 package cuda_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -44,7 +44,7 @@ func TestTrainOverNCCLEmulatedNetwork(t *testing.T) {
 	}
 	const steps = 3
 	net := netmodel.Network{Latency: time.Millisecond, Bandwidth: 0.01e9 / 8} // ~0.35 s an all-reduce: far above the emulator's own time even on a loaded machine
-	run := func(sp string, emulate bool) ([]float64, []ncclStep) {
+	run := func(sp string, emulate bool) ([]float64, []rundirtest.OpStep) {
 		out := t.TempDir()
 		c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: dir, Workers: train.Set(2), Steps: steps, Sparsifier: sp, Density: train.Set(0.05),
 			Device: "cuda", Comm: "nccl", Pipeline: "off", Out: out, Clip: train.Set(0.0), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
@@ -74,7 +74,7 @@ func TestTrainOverNCCLEmulatedNetwork(t *testing.T) {
 		if len(losses) != steps {
 			t.Fatalf("%s: %d losses, want %d", sp, len(losses), steps)
 		}
-		return losses, ncclSteps(t, out)
+		return losses, rundirtest.OpSteps(t, out, "allreduce")
 	}
 	for _, sp := range []string{"dense", "gtopk"} {
 		want, plain := run(sp, false)
@@ -98,44 +98,4 @@ func TestTrainOverNCCLEmulatedNetwork(t *testing.T) {
 			t.Logf("step %d: the all-reduce of %d elements over NCCL took %.1f ms emulated (model %v), %.1f ms without", st.Step, st.Elements, st.Time*1e3, model, plain[i].Time*1e3)
 		}
 	}
-}
-
-type ncclStep struct {
-	Step     int
-	Calls    int
-	Elements int
-	Time     float64
-}
-
-// ncclSteps reads each step record's all-reduce statistics.
-func ncclSteps(t *testing.T, dir string) []ncclStep {
-	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []ncclStep
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<16), 1<<24)
-	for sc.Scan() {
-		var r struct {
-			Type string `json:"type"`
-			Step int    `json:"step"`
-			Ops  map[string]struct {
-				Calls    int     `json:"calls"`
-				Elements int     `json:"elements"`
-				Time     float64 `json:"time"`
-			} `json:"ops"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatal(err)
-		}
-		if r.Type != "step" {
-			continue
-		}
-		a := r.Ops["allreduce"]
-		out = append(out, ncclStep{Step: r.Step, Calls: a.Calls, Elements: a.Elements, Time: a.Time})
-	}
-	return out
 }

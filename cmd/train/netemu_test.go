@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
@@ -14,6 +12,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
+	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 )
 
 // TestMPIEmulatedNetwork: under a real mpirun -np 2 and 3, -net-latency and
@@ -55,7 +54,7 @@ func TestMPIEmulatedNetwork(t *testing.T) {
 					t.Fatalf("step %d: loss %v with the emulated network, %v without", s+1, got[s], want[s])
 				}
 			}
-			for _, st := range allReduceSteps(t, slow) {
+			for _, st := range rundirtest.OpSteps(t, slow, "allreduce") {
 				model := net.Cost(comm.OpAllReduce, np, st.Elements, 4, nil)
 				if st.Calls != 1 || st.Time < model.Seconds()-1e-3 {
 					t.Errorf("step %d: %d all-reduces of %d elements took %.1f ms, the model says %v for one", st.Step, st.Calls, st.Elements, st.Time*1e3, model)
@@ -63,47 +62,4 @@ func TestMPIEmulatedNetwork(t *testing.T) {
 			}
 		})
 	}
-}
-
-type allReduceStep struct {
-	Step     int
-	Calls    int
-	Elements int
-	Time     float64
-}
-
-// allReduceSteps reads each step record's all-reduce statistics.
-func allReduceSteps(t *testing.T, dir string) []allReduceStep {
-	t.Helper()
-	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var out []allReduceStep
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 1<<16), 1<<24)
-	for sc.Scan() {
-		var r struct {
-			Type string `json:"type"`
-			Step int    `json:"step"`
-			Ops  map[string]struct {
-				Calls    int     `json:"calls"`
-				Elements int     `json:"elements"`
-				Time     float64 `json:"time"`
-			} `json:"ops"`
-		}
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatal(err)
-		}
-		if r.Type != "step" {
-			continue
-		}
-		a := r.Ops["allreduce"]
-		out = append(out, allReduceStep{Step: r.Step, Calls: a.Calls, Elements: a.Elements, Time: a.Time})
-	}
-	if len(out) == 0 {
-		t.Fatalf("%s: no step records", dir)
-	}
-	return out
 }

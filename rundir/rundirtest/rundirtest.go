@@ -136,3 +136,40 @@ func Records(t testing.TB, dir string) []map[string]any {
 	}
 	return recs
 }
+
+// OpStep is one step record's statistics of one communication operation.
+type OpStep struct {
+	Step     int
+	Calls    int
+	Elements int
+	Time     float64 // seconds
+}
+
+// OpSteps returns the statistics of operation op (e.g. "allreduce") in
+// each step record of dir's metrics.jsonl; it fails t when there is none.
+func OpSteps(t testing.TB, dir, op string) []OpStep {
+	t.Helper()
+	var out []OpStep
+	for _, r := range Records(t, dir) {
+		if r["type"] != "step" {
+			continue
+		}
+		s := OpStep{Step: int(num(r["step"]))}
+		if ops, ok := r["ops"].(map[string]any); ok {
+			if o, ok := ops[op].(map[string]any); ok {
+				s.Calls, s.Elements, s.Time = int(num(o["calls"])), int(num(o["elements"])), num(o["time"])
+			}
+		}
+		out = append(out, s)
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s: no step records", dir)
+	}
+	return out
+}
+
+// num is a JSON number decoded into an any (0 when absent).
+func num(v any) float64 {
+	f, _ := v.(float64)
+	return f
+}
