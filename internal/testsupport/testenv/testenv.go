@@ -139,9 +139,27 @@ func Tool(t testing.TB, n Need, name, install string) string {
 }
 
 // MPIRun returns the path of Open MPI's mpirun, or ends t through Missing.
+//
+// It also gives the mpirun jobs t starts (directly or through a program
+// it runs) a session folder of their own for the rest of t, through the
+// environment (t.Setenv: t must not be parallel). Open MPI creates its
+// session folder (ompi.HOST.UID under the temporary folder) without
+// tolerating a concurrent creation: two test binaries that start their
+// first mpirun at the same moment on a fresh machine, as go test ./...
+// does, fail with "A call to mkdir was unable to create the desired
+// directory ... File exists".
 func MPIRun(t testing.TB) string {
 	t.Helper()
-	return Tool(t, MPI, "mpirun", "install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+	path := Tool(t, MPI, "mpirun", "install Open MPI (apt-get install openmpi-bin libopenmpi-dev)")
+	// A short path: Open MPI puts Unix sockets under it.
+	dir, err := os.MkdirTemp("", "ompi")
+	if err != nil {
+		t.Fatalf("a session folder for mpirun: %v", err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	t.Setenv("OMPI_MCA_orte_tmpdir_base", dir) // Open MPI 4
+	t.Setenv("PRTE_MCA_prte_tmpdir_base", dir) // Open MPI 5 (PRRTE)
+	return path
 }
 
 // SharedData returns the absolute path of the project's real data sets,
