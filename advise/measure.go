@@ -266,7 +266,7 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		if len(nets) == 0 {
 			nets = []netmodel.Network{{}}
 		}
-		for _, net := range nets {
+		for ni, net := range nets {
 			net = netmodel.Network{Latency: net.Latency, Bandwidth: net.Bandwidth}
 			// Interleaved rounds, so that a burst of load from other jobs
 			// of a shared machine hits every measurement a little instead
@@ -277,7 +277,7 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			var steps []metrics.Step
 			calls := make([][][]callRec, len(jobs))
 			for round := range rounds {
-				st, err := simStepRecords(ctx, base, p, net, stepTime, filepath.Join(tmp, fmt.Sprintf("sim-%d-%d", p, round)))
+				st, err := simStepRecords(ctx, base, p, net, stepTime, filepath.Join(tmp, fmt.Sprintf("sim-%d-%d-%d", p, ni, round)))
 				if err != nil {
 					return nil, err
 				}

@@ -147,7 +147,7 @@ Flags:
 // value for every run of the grid; -workers, -density and the network are
 // the grid's lists).
 var sweepOptions = []string{"model", "dataset", "data_dir", "preset", "steps", "max_time", "epochs", "batch", "lr", "seed",
-	"eval_every", "log_every", "max_eval_batches", "device", "blas"}
+	"eval_every", "log_every", "max_eval_batches", "device", "blas", "pipeline"}
 
 // copyOption sets the option key of dst to src's.
 func copyOption(dst, src *train.Config, key string) { dst.Set(key, src.Get(key)) }

@@ -355,3 +355,50 @@ func TestSweepDryRunFromGoRun(t *testing.T) {
 		t.Fatalf("printed\n%s\nwant\n%s", b.String(), want)
 	}
 }
+
+// TestSweepOverNetworksOverlapOff sweeps dense on two emulated networks
+// with -overlap off (the baseline of DEFT's and MiCRO's papers): the
+// advisor measures the simulated workers on each network in a folder of
+// its own (the second network's measurement once failed on the first's
+// folder), every run records the overlap it ran with, and the page says
+// against which dense the speedups are.
+func TestSweepOverNetworksOverlapOff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("trains NCF twice and measures this machine on two networks (about 40 s)")
+	}
+	data := testenv.SharedData(t, "ml-100k/u.data")
+	out := filepath.Join(t.TempDir(), "sw")
+	args := []string{"sweep", "-sparsifiers", "dense", "-workers", "2", "-net-bandwidth", "1,10", "-net-latency", "50us",
+		"-overlap", "off", "-steps", "30", "-eval-every", "30", "-max-eval-batches", "1", "-data-dir", data, "-out", out}
+	var buf bytes.Buffer
+	if err := run(context.Background(), args, &buf, &buf); err != nil {
+		t.Fatalf("%v\n%s", err, buf.String())
+	}
+	if !strings.Contains(buf.String(), "2 runs: 2 run now, 0 already complete") {
+		t.Errorf("output:\n%s", buf.String())
+	}
+	runs, err := filepath.Glob(filepath.Join(out, "runs", "*", "run.json"))
+	if err != nil || len(runs) != 2 {
+		t.Fatalf("run.json files %v (%v), want 2", runs, err)
+	}
+	for _, r := range runs {
+		b, err := os.ReadFile(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), `"pipeline": "off"`) {
+			t.Errorf("%s does not record -overlap off:\n%s", r, b)
+		}
+	}
+	page, err := os.ReadFile(filepath.Join(out, "sweep.html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(page), "Speedups are over dense all-reduced after the backward pass (-overlap off") {
+		t.Errorf("the page does not say that its dense ran after the backward pass")
+	}
+	row := regexp.MustCompile(`<tr><td>dense \((1|10) Gbit/s, 50µs latency\) ×2</td><td>[0-9.,]+ (µs|ms|s) / [0-9.,]+ (µs|ms|s)</td><td>-?[0-9]+ %</td>`)
+	if n := len(row.FindAll(page, -1)); n != 2 {
+		t.Errorf("the page has %d predicted-against-measured rows, want 2 (one per network)", n)
+	}
+}
