@@ -512,6 +512,14 @@ func Run(ctx context.Context, s Spec, out string, o Options) (Result, error) {
 			} else {
 				sr.Predicted = &reports.PredictedIter{Queue: pr.Queue, Compute: pr.Compute, Select: pr.Select, Comm: pr.Comm, Update: pr.Update, Other: pr.Other,
 					Iter: pr.Iter, ActualDensity: pr.ActualDensity}
+				if p.Config.PipelineOn() {
+					// The page measures a pipelined run's part after the
+					// backward pass as its communication (what overlaps
+					// the pass cannot be told apart): predict the same
+					// part, the exposed tail, not the whole all-reduce.
+					sr.Predicted.Select, sr.Predicted.Other = 0, 0
+					sr.Predicted.Comm = max(0, pr.Iter-pr.Queue-pr.Compute-pr.Update)
+				}
 			}
 		}
 		info.Runs = append(info.Runs, sr)
