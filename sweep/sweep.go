@@ -313,9 +313,12 @@ type marker struct {
 	Time   time.Time    `json:"time"`
 }
 
-// comparable is c without what does not change a run's results: where the
-// data and the output live, progress output.
+// comparable is c with its defaults filled (a run a sweep completed before
+// an option became one of its flags recorded it unset) and without what
+// does not change a run's results: where the data and the output live,
+// progress output.
 func comparable(c train.Config) train.Config {
+	c = c.Defaults()
 	c.DataDir, c.Out, c.Resume, c.Quiet, c.Download = "", "", "", false, false
 	return c
 }

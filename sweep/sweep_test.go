@@ -327,3 +327,18 @@ func TestPresetsAreValid(t *testing.T) {
 		t.Errorf("unknown preset: %v", err)
 	}
 }
+
+// TestConfigDiffFillsDefaults: a run completed before an option became one
+// of the sweep's flags recorded it unset; the grid now asks for its
+// default, which is the same run. Another value is not.
+func TestConfigDiffFillsDefaults(t *testing.T) {
+	var old, now, off train.Config
+	now.Set("pipeline", "auto")
+	off.Set("pipeline", "off")
+	if d := configDiff(old, now); d != "" {
+		t.Errorf("unset against its default: %q, want no difference", d)
+	}
+	if d := configDiff(old, off); !strings.Contains(d, "pipeline auto, now off") {
+		t.Errorf("unset against off: %q, want the pipeline named", d)
+	}
+}
