@@ -95,14 +95,8 @@ func (t Totals) Sub(u Totals) Totals {
 //   - Send, Recv: the message; SendRecv: both; Barrier: nothing.
 func Traffic(op Op, n, r, elems, esize, root int, counts []int) (sent, recv int64) {
 	b := func(e int) int64 { return int64(e) * int64(esize) }
-	if n <= 1 {
-		switch op {
-		case OpSend:
-			return b(elems), 0
-		case OpRecv:
-			return 0, b(elems)
-		}
-		return 0, 0
+	if n <= 1 && op != OpSend && op != OpRecv {
+		return 0, 0 // a rank alone sends no collective's bytes
 	}
 	switch op {
 	case OpAllReduce:
