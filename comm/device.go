@@ -220,7 +220,7 @@ func StageBuffer(b Device, s device.Stream, load bool) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := hostView(blk.mem, b.DType(), b.Len())
+	h, err := HostView(blk.mem, b.DType(), b.Len())
 	if err != nil {
 		putBlock(blk, nil)
 		return nil, err
@@ -277,8 +277,9 @@ func (st *Stage) Release() {
 	}
 }
 
-// hostView returns mem as a host Buffer of dt with n elements.
-func hostView(mem []byte, dt DType, n int) (Buffer, error) {
+// HostView returns the first n elements of type dt in mem as a host
+// Buffer (no copy).
+func HostView(mem []byte, dt DType, n int) (Buffer, error) {
 	switch dt {
 	case Float32:
 		return Float32s(viewAs[float32](mem, n)), nil
@@ -289,7 +290,7 @@ func hostView(mem []byte, dt DType, n int) (Buffer, error) {
 	case Float16:
 		return Float16s(viewAs[uint16](mem, n)), nil
 	}
-	return nil, fmt.Errorf("comm: Staged: element type %v cannot be moved (float32, int32, int64 and float16 can)", dt)
+	return nil, fmt.Errorf("comm: element type %v cannot be moved (float32, int32, int64 and float16 can)", dt)
 }
 
 // viewAs views the first n elements of mem as E (no copy).

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -373,7 +372,11 @@ func (c *rankComm) take(r *recvWait) (err error) {
 	dst := comm.AsDevice(r.buf).Slice(0, m.n)
 	if m.dev == nil { // host memory into device memory
 		return c.onStream(dst.Device(), []device.Event{r.devReady}, func(p device.Stream) error {
-			if err := p.Copy(dst, hostBytesAs(m.data, dst.DType(), m.n)); err != nil {
+			h, err := comm.HostView(m.data, dst.DType(), m.n)
+			if err != nil {
+				return err
+			}
+			if err := p.Copy(dst, comm.AsDevice(h)); err != nil {
 				return err
 			}
 			return p.Synchronize()
@@ -437,24 +440,4 @@ func (c *rankComm) onStream(d device.Device, waitFor []device.Event, f func(p de
 		return fmt.Errorf("local: rank %d's device work: %w", c.rank, err)
 	}
 	return nil
-}
-
-// hostBytesAs views the first n elements of dt in data as a host buffer
-// (no copy).
-func hostBytesAs(data []byte, dt device.DType, n int) device.Buffer {
-	if n == 0 {
-		return device.Buffer{}
-	}
-	p := unsafe.Pointer(&data[0])
-	switch dt {
-	case device.Float32:
-		return device.Host(unsafe.Slice((*float32)(p), n))
-	case device.Int32:
-		return device.Host(unsafe.Slice((*int32)(p), n))
-	case device.Int64:
-		return device.Host(unsafe.Slice((*int64)(p), n))
-	case device.Float16:
-		return device.Host(unsafe.Slice((*uint16)(p), n))
-	}
-	panic(fmt.Sprintf("local: no host view of %v", dt)) // validDType refused it
 }
