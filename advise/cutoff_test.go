@@ -86,3 +86,15 @@ func TestCutOffPredicted(t *testing.T) {
 		t.Fatalf("lags with %s: err %v, want a refusal naming the option", minCompress, err)
 	}
 }
+
+// Bytes is the number of bytes a worker sends per iteration under the
+// calls, on average over the workers, each making the same calls
+// (comm.Traffic's accounting, equal contributions; a broadcast's root sends
+// more than the others). PlanBytes takes each worker's own calls.
+func Bytes(calls []Call, P int) float64 {
+	var sum float64
+	for r := range P {
+		sum += rankBytes(calls, P, r)
+	}
+	return sum / float64(max(P, 1))
+}

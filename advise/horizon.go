@@ -326,15 +326,9 @@ func (h *Host) measureHorizons(ctx context.Context, methods []string, densities 
 			if !selects(m) {
 				continue
 			}
-			meth, _ := sparsify.Lookup(m)
 			ps := filterParams(m, params)
-			if refusesCutOff(m, h.Layout, ps) != nil {
-				continue // Predict says why
-			}
-			if meth.CheckWorkers != nil {
-				if r, err := meth.Resolve(ps); err != nil || meth.CheckWorkers(p, r) != nil {
-					continue // predicted at its steady state
-				}
+			if refusesCutOff(m, h.Layout, ps) != nil || !runsOn(m, p, ps) {
+				continue // Predict says why; predicted at its steady state
 			}
 			logf("%s at density %g over a horizon of %d steps on %d workers", m, d, steps, p)
 			t0 := time.Now()

@@ -18,11 +18,11 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/internal/atomicfile"
 	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/metrics"
@@ -183,18 +183,8 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 		h.Unions = append(h.Unions, unions(grads, d))
 	}
 
-	for _, d := range c.Densities {
-		for _, m := range c.Methods {
-			if !selects(m) || refusesCutOff(m, h.Layout, filterParams(m, c.Params)) != nil {
-				continue // Predict says why
-			}
-			logf("selection of %s at density %g", m, d)
-			s, err := measureSelection(ctx, m, d, h.Layout, grads, filterParams(m, c.Params))
-			if err != nil {
-				return nil, err
-			}
-			h.Selections = append(h.Selections, s)
-		}
+	if err := h.measureSelections(ctx, device.CPU, nil, c.Methods, c.Densities, c.Params, grads, logf); err != nil {
+		return nil, err
 	}
 	if c.Horizon > 0 || (c.Horizon == 0 && h.EpochSteps > 0) {
 		run := horizonRun{P: min(c.GradWorkers, horizonWorkers), Steps: c.Horizon, Seed: base.Seed.Value(), Src: RepeatGrads(grads),
@@ -248,15 +238,9 @@ func Measure(ctx context.Context, c Config) (*Host, error) {
 			if m == "dense" {
 				dens = []float64{1}
 			}
-			meth, _ := sparsify.Lookup(m)
 			params := filterParams(m, c.Params)
-			if refusesCutOff(m, h.Layout, params) != nil {
+			if refusesCutOff(m, h.Layout, params) != nil || !runsOn(m, p, params) {
 				continue
-			}
-			if meth.CheckWorkers != nil {
-				if r, err := meth.Resolve(params); err != nil || meth.CheckWorkers(p, r) != nil {
-					continue
-				}
 			}
 			for _, d := range dens {
 				jobs = append(jobs, job{m, d, params})
@@ -396,20 +380,13 @@ func stepRecords(path string) ([]metrics.Step, error) {
 // and returns the calls after the first (of a period: every call), per
 // rank.
 func simReduceCalls(ctx context.Context, method string, p int, d float64, net netmodel.Network, l layout.Layout, grads [][]float32, params sparsify.Values, budget time.Duration) ([][]callRec, error) {
-	params = maps.Clone(params)
-	if params == nil {
-		params = sparsify.Values{}
-	}
-	m, _ := sparsify.Lookup(method)
-	if _, ok := m.Param("dense_warmup"); ok {
-		params["dense_warmup"] = 0
-	}
+	params, _, _ = selectionSchedule(method, params) // the dense warm-up off
 	var opts []local.Option
 	if net.Bandwidth > 0 {
 		opts = append(opts, local.WithNetwork(net))
 	}
 	period := periodOf(method)
-	recs, err := timeReducer(ctx, method, p, d, l, grads, params, func(first time.Duration) int {
+	recs, err := timeReducer(ctx, device.CPU, nil, method, p, d, l, grads, params, func(first time.Duration) int {
 		if period > 0 {
 			return period
 		}
@@ -519,49 +496,41 @@ func median(v []float64) float64 {
 }
 
 // capture is one worker's communicator that keeps a copy of the last
-// all-reduced buffer of n float32s (the dense reducer's gradient).
+// all-reduced gradient (the dense reducer's): of the float32 buffers in
+// host memory (comm.Float32s, or comm.Device buffers there) of more than
+// one element that it all-reduces.
 type capture struct {
 	comm.Communicator
-	n    int
 	mu   sync.Mutex
 	last []float32
 }
 
-// AllReduce copies a float32 buffer in host memory (comm.Float32s, or a
-// comm.Device buffer there) of more than one element before reducing it.
+// AllReduce copies the buffer before reducing it.
 func (c *capture) AllReduce(ctx context.Context, buf comm.Buffer) error {
-	host := true
-	if d, ok := buf.(comm.Device); ok {
-		host = d.Buf.IsHost()
-	}
-	if n := buf.Len(); host && buf.DType() == comm.Float32 && n > 1 && (c.n == 0 || n == c.n) {
-		b := buf.Bytes()
-		f := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), n)
-		c.mu.Lock()
-		c.last = append(c.last[:0], f...)
-		c.mu.Unlock()
-	}
+	c.keep(buf, 0, buf.Len())
 	return c.Communicator.AllReduce(ctx, buf)
 }
 
-// IAllReduceView copies a float32 view in host memory into its place in
-// the gradient of total elements before reducing it (dense's buckets).
+// IAllReduceView copies the view into its place in the gradient of total
+// elements before reducing it (dense's buckets).
 func (c *capture) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
-	host := true
-	if d, ok := buf.(comm.Device); ok {
-		host = d.Buf.IsHost()
-	}
-	if n := buf.Len(); host && buf.DType() == comm.Float32 && total > 1 && (c.n == 0 || total == c.n) && off >= 0 && off+n <= total {
-		b := buf.Bytes()
-		f := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), n)
-		c.mu.Lock()
-		if len(c.last) != total {
-			c.last = make([]float32, total)
-		}
-		copy(c.last[off:], f)
-		c.mu.Unlock()
-	}
+	c.keep(buf, off, total)
 	return c.Communicator.IAllReduceView(ctx, buf, off, total)
+}
+
+// keep copies buf, elements [off, off+buf.Len()) of a vector of total
+// elements, into its place in last.
+func (c *capture) keep(buf comm.Buffer, off, total int) {
+	b := comm.AsDevice(buf)
+	if b.DType() != comm.Float32 || !b.IsHost() || total <= 1 || off < 0 || off+b.Len() > total {
+		return
+	}
+	c.mu.Lock()
+	if len(c.last) != total {
+		c.last = make([]float32, total)
+	}
+	copy(c.last[off:], b.Float32s())
+	c.mu.Unlock()
 }
 
 // captureGradients trains base densely on p in-process workers for steps
@@ -716,23 +685,61 @@ func selectionSchedule(method string, params sparsify.Values) (sparsify.Values, 
 	return params, 6, func(v []float64) float64 { return median(v[1:]) }
 }
 
-// measureSelection measures method's selection on selectionWorkers
-// in-process workers, each fed with a measured gradient (a fresh copy every
-// call): the slowest rank's selection time (CLT-k's leader, DEFT's packer),
-// the median of 5 calls after one, or for a method with a period the mean
-// over one (Ok-Topk's 32 calls: one exact threshold, 31 reused). Other,
-// the reducer's work outside selection and communication (decoding, the
-// residual), is measured the same way on one worker, as the call's time
-// outside selection: there the communication is nothing, where with
-// several workers it cannot be told apart (LAGS' requests overlap, so
-// their summed time exceeds the wall time they took).
-func measureSelection(ctx context.Context, method string, d float64, l layout.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
+// measureSelections measures the selection of every method of methods
+// that selects (and takes its options on h's layout) at every density on
+// dev (measureSelection), and records them in h.
+func (h *Host) measureSelections(ctx context.Context, dev device.Device, ops sparsify.Ops, methods []string, densities []float64, params sparsify.Values, grads [][]float32, logf func(string, ...any)) error {
+	for _, d := range densities {
+		for _, m := range methods {
+			ps := filterParams(m, params)
+			if !selects(m) || refusesCutOff(m, h.Layout, ps) != nil {
+				continue // Predict says why
+			}
+			logf("selection of %s at density %g on %s", m, d, dev)
+			s, err := measureSelection(ctx, dev, ops, m, d, h.Layout, grads, ps)
+			if err != nil {
+				return err
+			}
+			h.Selections = append(h.Selections, s)
+		}
+	}
+	return nil
+}
+
+// measureSelection measures method's selection on dev (its operations
+// ops; nil on the CPU) on selectionWorkers in-process workers, each fed
+// with a measured gradient (a fresh copy every call): the slowest rank's
+// selection time (CLT-k's leader, DEFT's packer), the median of 5 calls
+// after one, or for a method with a period the mean over one (Ok-Topk's 32
+// calls: one exact threshold, 31 reused). Other, the reducer's work outside
+// selection and communication (decoding, the residual), is measured the
+// same way on one worker, as the call's time outside selection: there the
+// communication is nothing, where with several workers it cannot be told
+// apart (LAGS' requests overlap, so their summed time exceeds the wall time
+// they took).
+func measureSelection(ctx context.Context, dev device.Device, ops sparsify.Ops, method string, d float64, l layout.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
 	params, calls, summary := selectionSchedule(method, params)
-	sel, _, err := reduceCalls(ctx, method, selectionWorkers, calls, d, l, grads, paramsFor(method, selectionWorkers, params))
+	// slowest is, per call on p workers, the slowest rank's selection time
+	// and time outside selection.
+	slowest := func(p int) (sel, other []float64, err error) {
+		recs, err := timeReducer(ctx, dev, ops, method, p, d, l, grads, paramsFor(method, p, params), func(time.Duration) int { return calls })
+		if err != nil {
+			return nil, nil, fmt.Errorf("advise: measuring the selection of %s on %d workers on %s: %w", method, p, dev, err)
+		}
+		for _, call := range recs {
+			var s, o time.Duration
+			for _, x := range call {
+				s, o = max(s, x.sel), max(o, x.wall-x.sel)
+			}
+			sel, other = append(sel, s.Seconds()), append(other, o.Seconds())
+		}
+		return sel, other, nil
+	}
+	sel, _, err := slowest(selectionWorkers)
 	if err != nil {
 		return Selection{}, err
 	}
-	_, other, err := reduceCalls(ctx, method, 1, calls, d, l, grads, paramsFor(method, 1, params))
+	_, other, err := slowest(1)
 	if err != nil {
 		return Selection{}, err
 	}
@@ -745,78 +752,85 @@ func measureSelection(ctx context.Context, method string, d float64, l layout.La
 // (SparDL's teams, which must divide the workers, on the one worker that
 // measures the reducer's other work).
 func paramsFor(method string, p int, params sparsify.Values) sparsify.Values {
-	m, ok := sparsify.Lookup(method)
-	if !ok || m.CheckWorkers == nil {
-		return params
-	}
-	runs := func(v sparsify.Values) bool {
-		r, err := m.Resolve(v)
-		return err == nil && m.CheckWorkers(p, r) == nil
-	}
-	if runs(params) {
+	if runsOn(method, p, params) {
 		return params
 	}
 	out := maps.Clone(params)
 	for _, k := range slices.Sorted(maps.Keys(params)) {
 		delete(out, k)
-		if runs(out) {
+		if runsOn(method, p, out) {
 			return out
 		}
 	}
 	return out
 }
 
-// reduceCalls runs calls Reduce calls of method on p in-process workers and
-// returns, per call, the slowest rank's selection time and its time
-// outside selection (with one worker: outside selection and communication,
-// which is then a copy at most).
-func reduceCalls(ctx context.Context, method string, p, calls int, d float64, l layout.Layout, grads [][]float32, params sparsify.Values) (sel, other []float64, err error) {
-	recs, err := timeReducer(ctx, method, p, d, l, grads, params, func(time.Duration) int { return calls })
-	if err != nil {
-		return nil, nil, fmt.Errorf("advise: measuring the selection of %s on %d workers: %w", method, p, err)
+// runsOn reports whether method runs on p workers with the options params
+// (sparsify.Method.CheckWorkers: gTop-k's powers of two, SparDL's teams).
+func runsOn(method string, p int, params sparsify.Values) bool {
+	m, ok := sparsify.Lookup(method)
+	if !ok || m.CheckWorkers == nil {
+		return true
 	}
-	for _, call := range recs {
-		var s, o time.Duration
-		for _, x := range call {
-			s, o = max(s, x.sel), max(o, x.wall-x.sel)
-		}
-		sel, other = append(sel, s.Seconds()), append(other, o.Seconds())
-	}
-	return sel, other, nil
+	r, err := m.Resolve(params)
+	return err == nil && m.CheckWorkers(p, r) == nil
 }
 
 // callRec is one rank's times of one Reduce call.
 type callRec struct{ sel, comm, wall time.Duration }
 
-// timeReducer runs method's reducer on p in-process workers, worker r fed
-// with gradient r mod len(grads) (a fresh copy every call, every worker
-// starting the call after a barrier), over a comm/local world made with
-// opts, and returns each call's times per rank. calls says how many calls to make in all from the first call's
+// timeReducer runs method's reducer on dev (its operations ops; nil on
+// the CPU) on p in-process workers, worker r fed with gradient r mod
+// len(grads) (a fresh copy every call, every worker starting the call
+// after a barrier; on a GPU each worker has a stream of its own and its
+// buffers are staged through host memory, as train stages them), over a
+// comm/local world made with opts, and returns each call's times per
+// rank. calls says how many calls to make in all from the first call's
 // wall time on rank 0 (the ranks agree on rank 0's choice).
-func timeReducer(ctx context.Context, method string, p int, d float64, l layout.Layout, grads [][]float32, params sparsify.Values, calls func(first time.Duration) int, opts ...local.Option) ([][]callRec, error) {
+func timeReducer(ctx context.Context, dev device.Device, ops sparsify.Ops, method string, p int, d float64, l layout.Layout, grads [][]float32, params sparsify.Values, calls func(first time.Duration) int, opts ...local.Option) ([][]callRec, error) {
 	var recs [][]callRec // per call, per rank
 	var mu sync.Mutex
 	err := local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
-		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: 1, Params: params})
+		st := dev.Stream()
+		if dev.Kind() != device.CPUKind {
+			var err error
+			if st, err = dev.NewStream(); err != nil {
+				return err
+			}
+			c = comm.Staged(c)
+		}
+		red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: c, Seed: 1, Params: params, Stream: st, Ops: ops})
 		if err != nil {
 			return err
 		}
-		g := grads[c.Rank()%len(grads)]
-		acc := make([]float32, l.N)
-		out := make([]float32, l.N)
-		res := make([]float32, l.N)
+		var acc, out, res device.Buffer
+		for _, b := range []*device.Buffer{&acc, &out, &res} {
+			if *b, err = dev.Alloc(device.Float32, l.N); err != nil {
+				return err
+			}
+			defer dev.Free(*b)
+		}
+		g := device.Host(grads[c.Rank()%len(grads)])
 		n := 1
 		for i := 0; i < n; i++ {
-			copy(acc, g)
+			if err := st.Copy(acc, g); err != nil {
+				return err
+			}
+			if err := st.Synchronize(); err != nil {
+				return err
+			}
 			if err := c.Barrier(ctx); err != nil {
 				return err
 			}
 			t0 := time.Now()
-			st, err := red.Reduce(ctx, acc, out, res)
+			s, err := red.ReduceOn(ctx, acc, out, res)
+			if err == nil {
+				err = st.Synchronize()
+			}
 			if err != nil {
 				return err
 			}
-			r := callRec{st.SelectTime, st.CommTime, time.Since(t0)}
+			r := callRec{s.SelectTime, s.CommTime, time.Since(t0)}
 			if c.Rank() == 0 {
 				mu.Lock()
 				recs = append(recs, make([]callRec, p))

@@ -109,7 +109,7 @@ func TestNewMethodNeedsNoAdvisorChange(t *testing.T) {
 			grads[r][i] = float32(rng.NormFloat64())
 		}
 	}
-	sel, err := measureSelection(context.Background(), "zz-strided", 0.05, l, grads, nil)
+	sel, err := measureSelection(context.Background(), device.CPU, nil, "zz-strided", 0.05, l, grads, nil)
 	if err != nil || sel.Method != "zz-strided" || sel.Workers != selectionWorkers || !(sel.Seconds >= 0) {
 		t.Fatalf("measuring the new method's selection: %+v, %v", sel, err)
 	}

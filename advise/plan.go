@@ -82,18 +82,6 @@ func CommTime(calls []Call, P int, net netmodel.Network) time.Duration {
 	return time.Duration(total)
 }
 
-// Bytes is the number of bytes a worker sends per iteration under the
-// calls, on average over the workers, each making the same calls
-// (comm.Traffic's accounting, equal contributions; a broadcast's root sends
-// more than the others). PlanBytes takes each worker's own calls.
-func Bytes(calls []Call, P int) float64 {
-	var sum float64
-	for r := range P {
-		sum += rankBytes(calls, P, r)
-	}
-	return sum / float64(max(P, 1))
-}
-
 // rankBytes is the number of bytes worker r of P sends per iteration under
 // its calls (comm.Traffic's accounting, as comm.Counter and a reducer's
 // Stats.BytesSent count them).

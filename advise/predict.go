@@ -464,15 +464,19 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		pr.Select = selectTime(adv.Selection, sel, P, h.NormPass)
 		pr.Other += sel.Other
 	}
-	gTop := growth(uTop)
-	if Nb > 0 {
-		sh.Sel, sh.Union = adv.Volume(sh, sparsify.Overlap{
-			TopK: func(sel float64) float64 { return unionAt(sel, Nb, P, gTop) },
+	// overlap is how the workers' selections overlap on p workers, as
+	// the measured unions extrapolate it.
+	overlap := func(p int) sparsify.Overlap {
+		return sparsify.Overlap{
+			TopK: func(sel float64) float64 { return unionAt(sel, Nb, p, growth(uTop)) },
 			Above: func() (sel, union float64) {
 				sel = uThr[0] * float64(Nb)
-				return sel, unionAt(sel, Nb, P, growth(uThr))
+				return sel, unionAt(sel, Nb, p, growth(uThr))
 			},
-		})
+		}
+	}
+	if Nb > 0 {
+		sh.Sel, sh.Union = adv.Volume(sh, overlap(P))
 	}
 	hz, haveHz := h.horizon(s.Method, s.Density, P)
 	hz = hz.first(h.HorizonAt(P))
@@ -482,13 +486,7 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		// ratio to the steady state at the horizon's worker count.
 		at := sh
 		at.P = hz.Workers
-		_, steady := adv.Volume(at, sparsify.Overlap{
-			TopK: func(sel float64) float64 { return unionAt(sel, Nb, hz.Workers, gTop) },
-			Above: func() (sel, union float64) {
-				sel = uThr[0] * float64(Nb)
-				return sel, unionAt(sel, Nb, hz.Workers, growth(uThr))
-			},
-		})
+		_, steady := adv.Volume(at, overlap(hz.Workers))
 		hzUnion := max(hz.MeanDensity()*float64(N)-float64(dense), 0)
 		if steady > 0 {
 			r := hzUnion / steady
@@ -664,12 +662,6 @@ func filterParams(method string, v sparsify.Values) sparsify.Values {
 		return nil
 	}
 	return m.Applicable(v)
-}
-
-// DenseWins reports whether dense all-reduce is predicted to be the
-// fastest of ranked (as Rank orders them).
-func DenseWins(ranked []Prediction) bool {
-	return len(ranked) > 0 && ranked[0].Method == "dense"
 }
 
 // Methods are the methods the advisor ranks by default: every registered

@@ -382,3 +382,9 @@ func TestPredictSimulatedMeasured(t *testing.T) {
 		t.Errorf("8 workers, not measured: queue %v, want 3 turns of %v", r.Queue, h.Compute)
 	}
 }
+
+// DenseWins reports whether dense all-reduce is predicted to be the
+// fastest of ranked (as Rank orders them).
+func DenseWins(ranked []Prediction) bool {
+	return len(ranked) > 0 && ranked[0].Method == "dense"
+}

@@ -4,16 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"runtime"
-	"sync"
 	"time"
 
-	"github.com/sparsegrad/sparsegrad/comm"
-	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
-	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
@@ -129,21 +124,8 @@ func MeasureRecorded(ctx context.Context, cfg RecordedConfig) (*Host, error) {
 	if h.Update, h.Other, err = vectorTimes(dev, ops, m.N); err != nil {
 		return nil, err
 	}
-	if len(grads) == 1 {
-		grads = append(grads, grads[0]) // selections run on two workers
-	}
-	for _, d := range cfg.Densities {
-		for _, meth := range cfg.Methods {
-			if !selects(meth) || refusesCutOff(meth, h.Layout, filterParams(meth, cfg.Params)) != nil {
-				continue // Predict says why
-			}
-			logf("selection of %s at density %g on %s", meth, d, h.Device)
-			s, err := selectionOn(ctx, dev, ops, meth, d, h.Layout, grads, filterParams(meth, cfg.Params))
-			if err != nil {
-				return nil, err
-			}
-			h.Selections = append(h.Selections, s)
-		}
+	if err := h.measureSelections(ctx, dev, ops, cfg.Methods, cfg.Densities, cfg.Params, grads, logf); err != nil {
+		return nil, err
 	}
 	steps := cfg.Steps
 	if steps == 0 {
@@ -238,80 +220,4 @@ func vectorTimes(dev device.Device, ops sparsify.Ops, n int) (update, feedback f
 		return 0, 0, fmt.Errorf("advise: timing error feedback: %w", err)
 	}
 	return update, feedback, nil
-}
-
-// selectionOn is measureSelection on dev: method's reducers in device
-// memory with dev's operations, on selectionWorkers in-process workers
-// (their buffers staged through host memory on a GPU, as train stages
-// them), each fed a recorded gradient: the slowest rank's selection time,
-// the median of 5 calls after one (Ok-Topk: the mean over its 32-call
-// schedule), and the time outside selection on one worker.
-func selectionOn(ctx context.Context, dev device.Device, ops sparsify.Ops, method string, d float64, l layout.Layout, grads [][]float32, params sparsify.Values) (Selection, error) {
-	params, calls, summary := selectionSchedule(method, params)
-	run := func(p int) (sel, other []float64, err error) {
-		sel, other = make([]float64, calls), make([]float64, calls)
-		var mu sync.Mutex
-		err = local.Run(ctx, p, func(ctx context.Context, c comm.Communicator) error {
-			st := dev.Stream()
-			cc := c
-			if dev.Kind() != device.CPUKind {
-				var err error
-				if st, err = dev.NewStream(); err != nil {
-					return err
-				}
-				cc = comm.Staged(c)
-			}
-			red, err := sparsify.New(method, sparsify.Options{Density: d, Layout: l, Comm: cc, Seed: 1, Params: params, Stream: st, Ops: ops})
-			if err != nil {
-				return err
-			}
-			var acc, out, res device.Buffer
-			for _, b := range []*device.Buffer{&acc, &out, &res} {
-				if *b, err = dev.Alloc(device.Float32, l.N); err != nil {
-					return err
-				}
-				defer dev.Free(*b)
-			}
-			g := device.Host(grads[c.Rank()%len(grads)])
-			for i := range calls {
-				if err := st.Copy(acc, g); err != nil {
-					return err
-				}
-				if err := st.Synchronize(); err != nil {
-					return err
-				}
-				t0 := time.Now()
-				s, err := red.ReduceOn(ctx, acc, out, res)
-				if err == nil {
-					err = st.Synchronize()
-				}
-				wall := time.Since(t0)
-				if err != nil {
-					return err
-				}
-				mu.Lock()
-				sel[i] = max(sel[i], s.SelectTime.Seconds())
-				other[i] = max(other[i], (wall - s.SelectTime).Seconds())
-				mu.Unlock()
-			}
-			return nil
-		})
-		if err != nil {
-			return nil, nil, fmt.Errorf("advise: measuring the selection of %s on %d workers on %s: %w", method, p, dev, err)
-		}
-		return sel, other, nil
-	}
-	sel, _, err := run(selectionWorkers)
-	if err != nil {
-		return Selection{}, err
-	}
-	_, other, err := run(1)
-	if err != nil {
-		return Selection{}, err
-	}
-	s := Selection{Method: method, Density: d, Workers: selectionWorkers, Seconds: summary(sel), Other: summary(other)}
-	if math.IsNaN(s.Seconds) {
-		s.Seconds = 0
-	}
-	return s, nil
 }

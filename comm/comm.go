@@ -71,65 +71,44 @@ type Buffer interface {
 }
 
 // Float32s is a Buffer of float32 elements.
-type Float32s []float32
+type Float32s = Elems[float32]
 
 // Int32s is a Buffer of int32 elements.
-type Int32s []int32
+type Int32s = Elems[int32]
 
 // Int64s is a Buffer of int64 elements.
-type Int64s []int64
+type Int64s = Elems[int64]
 
 // Float16s is a Buffer of half-precision elements, held as their bits
 // (device.ToFloat16 and device.FromFloat16 convert).
-type Float16s []uint16
+type Float16s = Elems[uint16]
+
+// Elems is the Buffer of a Go slice of elements in host memory: Float32s,
+// Int32s, Int64s or Float16s.
+type Elems[E float32 | int32 | int64 | uint16] []E
 
 // Len returns the number of elements.
-func (b Float16s) Len() int { return len(b) }
+func (b Elems[E]) Len() int { return len(b) }
 
-// DType returns Float16.
-func (b Float16s) DType() DType { return Float16 }
-
-// Bytes returns the elements' memory viewed as bytes (no copy).
-func (b Float16s) Bytes() []byte { return bytesOf(b) }
-
-// Slice returns elements [i, j) (no copy).
-func (b Float16s) Slice(i, j int) Buffer { return b[i:j] }
-
-// Len returns the number of elements.
-func (b Float32s) Len() int { return len(b) }
-
-// DType returns Float32.
-func (b Float32s) DType() DType { return Float32 }
-
-// Bytes returns the elements' memory viewed as bytes (no copy).
-func (b Float32s) Bytes() []byte { return bytesOf(b) }
-
-// Slice returns elements [i, j) (no copy).
-func (b Float32s) Slice(i, j int) Buffer { return b[i:j] }
-
-// Len returns the number of elements.
-func (b Int32s) Len() int { return len(b) }
-
-// DType returns Int32.
-func (b Int32s) DType() DType { return Int32 }
+// DType returns the element type: Float32, Int32, Int64, or Float16 for
+// Float16s.
+func (b Elems[E]) DType() DType {
+	switch any(b).(type) {
+	case Float32s:
+		return Float32
+	case Int32s:
+		return Int32
+	case Int64s:
+		return Int64
+	}
+	return Float16
+}
 
 // Bytes returns the elements' memory viewed as bytes (no copy).
-func (b Int32s) Bytes() []byte { return bytesOf(b) }
+func (b Elems[E]) Bytes() []byte { return bytesOf([]E(b)) }
 
 // Slice returns elements [i, j) (no copy).
-func (b Int32s) Slice(i, j int) Buffer { return b[i:j] }
-
-// Len returns the number of elements.
-func (b Int64s) Len() int { return len(b) }
-
-// DType returns Int64.
-func (b Int64s) DType() DType { return Int64 }
-
-// Bytes returns the elements' memory viewed as bytes (no copy).
-func (b Int64s) Bytes() []byte { return bytesOf(b) }
-
-// Slice returns elements [i, j) (no copy).
-func (b Int64s) Slice(i, j int) Buffer { return b[i:j] }
+func (b Elems[E]) Slice(i, j int) Buffer { return b[i:j] }
 
 func bytesOf[E float32 | int32 | int64 | uint16](s []E) []byte {
 	if len(s) == 0 {

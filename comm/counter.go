@@ -95,14 +95,8 @@ func (t Totals) Sub(u Totals) Totals {
 //   - Send, Recv: the message; SendRecv: both; Barrier: nothing.
 func Traffic(op Op, n, r, elems, esize, root int, counts []int) (sent, recv int64) {
 	b := func(e int) int64 { return int64(e) * int64(esize) }
-	if n <= 1 {
-		switch op {
-		case OpSend:
-			return b(elems), 0
-		case OpRecv:
-			return 0, b(elems)
-		}
-		return 0, 0
+	if n <= 1 && op != OpSend && op != OpRecv {
+		return 0, 0 // a rank alone sends no collective's bytes
 	}
 	switch op {
 	case OpAllReduce:
@@ -237,44 +231,38 @@ func (c *Counter) record(err error, op Op, buf Buffer, elems, root int, counts [
 	c.add(op, elems, s, r, time.Since(start))
 }
 
+// count runs call, a call of op on buf (elems elements), and counts it if
+// it succeeds.
+func (c *Counter) count(op Op, buf Buffer, elems, root int, counts []int, call func() error) error {
+	t := time.Now()
+	err := call()
+	c.record(err, op, buf, elems, root, counts, t)
+	return err
+}
+
 // AllReduce counts and forwards the call.
 func (c *Counter) AllReduce(ctx context.Context, buf Buffer) error {
-	t := time.Now()
-	err := c.c.AllReduce(ctx, buf)
-	c.record(err, OpAllReduce, buf, buf.Len(), 0, nil, t)
-	return err
+	return c.count(OpAllReduce, buf, buf.Len(), 0, nil, func() error { return c.c.AllReduce(ctx, buf) })
 }
 
 // AllGather counts and forwards the call.
 func (c *Counter) AllGather(ctx context.Context, send, recv Buffer) error {
-	t := time.Now()
-	err := c.c.AllGather(ctx, send, recv)
-	c.record(err, OpAllGather, send, send.Len(), 0, nil, t)
-	return err
+	return c.count(OpAllGather, send, send.Len(), 0, nil, func() error { return c.c.AllGather(ctx, send, recv) })
 }
 
 // AllGatherV counts and forwards the call.
 func (c *Counter) AllGatherV(ctx context.Context, send, recv Buffer, counts []int) error {
-	t := time.Now()
-	err := c.c.AllGatherV(ctx, send, recv, counts)
-	c.record(err, OpAllGatherV, send, send.Len(), 0, counts, t)
-	return err
+	return c.count(OpAllGatherV, send, send.Len(), 0, counts, func() error { return c.c.AllGatherV(ctx, send, recv, counts) })
 }
 
 // Broadcast counts and forwards the call.
 func (c *Counter) Broadcast(ctx context.Context, buf Buffer, root int) error {
-	t := time.Now()
-	err := c.c.Broadcast(ctx, buf, root)
-	c.record(err, OpBroadcast, buf, buf.Len(), root, nil, t)
-	return err
+	return c.count(OpBroadcast, buf, buf.Len(), root, nil, func() error { return c.c.Broadcast(ctx, buf, root) })
 }
 
 // Send counts and forwards the call.
 func (c *Counter) Send(ctx context.Context, buf Buffer, dst, tag int) error {
-	t := time.Now()
-	err := c.c.Send(ctx, buf, dst, tag)
-	c.record(err, OpSend, buf, buf.Len(), 0, nil, t)
-	return err
+	return c.count(OpSend, buf, buf.Len(), 0, nil, func() error { return c.c.Send(ctx, buf, dst, tag) })
 }
 
 // Recv counts and forwards the call; the received length is counted.
@@ -297,10 +285,7 @@ func (c *Counter) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffe
 
 // Barrier counts and forwards the call.
 func (c *Counter) Barrier(ctx context.Context) error {
-	t := time.Now()
-	err := c.c.Barrier(ctx)
-	c.record(err, OpBarrier, nil, 0, 0, nil, t)
-	return err
+	return c.count(OpBarrier, nil, 0, 0, nil, func() error { return c.c.Barrier(ctx) })
 }
 
 // countedRequest is a non-blocking request whose Wait records the call in a

@@ -47,15 +47,12 @@ func (b Device) Bytes() []byte {
 // Slice returns elements [i, j) (no copy).
 func (b Device) Slice(i, j int) Buffer { return Device{Buf: b.Buf.Slice(i, j), Stream: b.Stream} }
 
-// onDevice reports whether b is a Device buffer in device (not host) memory.
-func onDevice(b Buffer) (Device, bool) {
+// InDeviceMemory returns b as a Device buffer when it is one in device (not
+// host) memory and not empty.
+func InDeviceMemory(b Buffer) (Device, bool) {
 	d, ok := b.(Device)
 	return d, ok && d.Buf.Len() > 0 && !d.Buf.IsHost()
 }
-
-// InDeviceMemory returns b as a Device buffer when it is one in device (not
-// host) memory and not empty.
-func InDeviceMemory(b Buffer) (Device, bool) { return onDevice(b) }
 
 // PeerDevice is implemented by devices whose memory the in-process ranks
 // sharing them reduce directly (cuda.Device): comm/local's collectives on
@@ -223,14 +220,14 @@ func StageBuffer(b Device, s device.Stream, load bool) (*Stage, error) {
 	if err != nil {
 		return nil, err
 	}
-	h, err := hostView(blk.mem, b.DType(), b.Len())
+	h, err := HostView(blk.mem, b.DType(), b.Len())
 	if err != nil {
 		putBlock(blk, nil)
 		return nil, err
 	}
 	st := &Stage{dev: b, s: s, host: h, blk: blk}
 	if load {
-		if err := s.Copy(asDevice(h), b.Buf); err != nil {
+		if err := s.Copy(AsDevice(h), b.Buf); err != nil {
 			st.Release()
 			return nil, fmt.Errorf("comm: copying %v to the host: %w", b.Buf, err)
 		}
@@ -254,7 +251,7 @@ func (st *Stage) CopyBack(n int) (device.Event, error) {
 		st.Release()
 		return nil, nil
 	}
-	if err := st.s.Copy(st.dev.Buf.Slice(0, n), asDevice(st.host).Slice(0, n)); err != nil {
+	if err := st.s.Copy(st.dev.Buf.Slice(0, n), AsDevice(st.host).Slice(0, n)); err != nil {
 		st.Release()
 		return nil, fmt.Errorf("comm: copying the result to %v: %w", st.dev.Buf, err)
 	}
@@ -280,8 +277,9 @@ func (st *Stage) Release() {
 	}
 }
 
-// hostView returns mem as a host Buffer of dt with n elements.
-func hostView(mem []byte, dt DType, n int) (Buffer, error) {
+// HostView returns the first n elements of type dt in mem as a host
+// Buffer (no copy).
+func HostView(mem []byte, dt DType, n int) (Buffer, error) {
 	switch dt {
 	case Float32:
 		return Float32s(viewAs[float32](mem, n)), nil
@@ -292,7 +290,7 @@ func hostView(mem []byte, dt DType, n int) (Buffer, error) {
 	case Float16:
 		return Float16s(viewAs[uint16](mem, n)), nil
 	}
-	return nil, fmt.Errorf("comm: Staged: element type %v cannot be moved (float32, int32, int64 and float16 can)", dt)
+	return nil, fmt.Errorf("comm: element type %v cannot be moved (float32, int32, int64 and float16 can)", dt)
 }
 
 // viewAs views the first n elements of mem as E (no copy).
@@ -303,9 +301,13 @@ func viewAs[E float32 | int32 | int64 | uint16](mem []byte, n int) []E {
 	return unsafe.Slice((*E)(unsafe.Pointer(&mem[0])), n)
 }
 
-// asDevice returns a host Buffer as a device.Buffer (for stream copies).
-func asDevice(b Buffer) device.Buffer {
+// AsDevice returns b as a device.Buffer, for stream copies: a Device
+// buffer's own, host memory for the host buffers (the zero Buffer for
+// another type).
+func AsDevice(b Buffer) device.Buffer {
 	switch v := b.(type) {
+	case Device:
+		return v.Buf
 	case Float32s:
 		return device.Host([]float32(v))
 	case Int32s:
@@ -315,7 +317,7 @@ func asDevice(b Buffer) device.Buffer {
 	case Float16s:
 		return device.Host([]uint16(v))
 	}
-	return b.(Device).Buf
+	return device.Buffer{}
 }
 
 // stage is one buffer argument of a call.
@@ -326,7 +328,7 @@ type stage struct {
 
 // in stages b; with load its contents are copied to the host first.
 func (s *staged) in(b Buffer, load bool) (stage, error) {
-	d, ok := onDevice(b)
+	d, ok := InDeviceMemory(b)
 	if !ok {
 		return stage{host: b}, nil
 	}
@@ -360,102 +362,20 @@ func (s *staged) release(sts ...stage) {
 func (s *staged) Rank() int { return s.c.Rank() }
 func (s *staged) Size() int { return s.c.Size() }
 
-// inOut runs f on buf staged in and out (in-place calls).
-func (s *staged) inOut(buf Buffer, f func(Buffer) error) error {
-	st, err := s.in(buf, true)
-	if err != nil {
-		return err
-	}
-	if err := f(st.host); err != nil {
-		s.release(st)
-		return err
-	}
-	return s.out(st, buf.Len())
-}
-
-// sendRecv runs f on send staged in and recv staged out.
-func (s *staged) sendRecv(send, recv Buffer, f func(send, recv Buffer) error) error {
-	a, err := s.in(send, true)
-	if err != nil {
-		return err
-	}
-	b, err := s.in(recv, false)
-	if err != nil {
-		s.release(a)
-		return err
-	}
-	if err := f(a.host, b.host); err != nil {
-		s.release(a, b)
-		return err
-	}
-	s.release(a)
-	return s.out(b, recv.Len())
-}
-
-func (s *staged) AllReduce(ctx context.Context, buf Buffer) error {
-	if s.collectives {
-		return s.c.AllReduce(ctx, buf)
-	}
-	return s.inOut(buf, func(b Buffer) error { return s.c.AllReduce(ctx, b) })
-}
-
-func (s *staged) AllGather(ctx context.Context, send, recv Buffer) error {
-	if s.collectives {
-		return s.c.AllGather(ctx, send, recv)
-	}
-	return s.sendRecv(send, recv, func(a, b Buffer) error { return s.c.AllGather(ctx, a, b) })
-}
-
-func (s *staged) AllGatherV(ctx context.Context, send, recv Buffer, counts []int) error {
-	if s.collectives {
-		return s.c.AllGatherV(ctx, send, recv, counts)
-	}
-	return s.sendRecv(send, recv, func(a, b Buffer) error { return s.c.AllGatherV(ctx, a, b, counts) })
-}
-
-func (s *staged) Broadcast(ctx context.Context, buf Buffer, root int) error {
-	if s.collectives {
-		return s.c.Broadcast(ctx, buf, root)
-	}
-	return s.inOut(buf, func(b Buffer) error { return s.c.Broadcast(ctx, b, root) })
-}
-
-func (s *staged) Send(ctx context.Context, buf Buffer, dst, tag int) error {
-	st, err := s.in(buf, true)
-	if err != nil {
-		return err
-	}
-	defer s.release(st)
-	return s.c.Send(ctx, st.host, dst, tag)
-}
-
-func (s *staged) Recv(ctx context.Context, buf Buffer, src, tag int) (int, error) {
-	st, err := s.in(buf, false)
+// call runs f on the host copies of its buffers: in, loaded and released
+// after the call, and out, loaded where load and copied back after it (f
+// returns how many of its elements). Either may be nil.
+func (s *staged) call(in, out Buffer, load bool, f func(in, out Buffer) (int, error)) (int, error) {
+	a, err := s.in(in, true)
 	if err != nil {
 		return 0, err
 	}
-	n, err := s.c.Recv(ctx, st.host, src, tag)
-	if err != nil {
-		s.release(st)
-		return 0, err
-	}
-	return n, s.out(st, n)
-}
-
-func (s *staged) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffer, src, tag int) (int, error) {
-	if s.collectives {
-		return s.c.SendRecv(ctx, send, dst, recv, src, tag)
-	}
-	a, err := s.in(send, true)
-	if err != nil {
-		return 0, err
-	}
-	b, err := s.in(recv, false)
+	b, err := s.in(out, load)
 	if err != nil {
 		s.release(a)
 		return 0, err
 	}
-	n, err := s.c.SendRecv(ctx, a.host, dst, b.host, src, tag)
+	n, err := f(a.host, b.host)
 	s.release(a)
 	if err != nil {
 		s.release(b)
@@ -464,55 +384,87 @@ func (s *staged) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffer
 	return n, s.out(b, n)
 }
 
+func (s *staged) AllReduce(ctx context.Context, buf Buffer) error {
+	if s.collectives {
+		return s.c.AllReduce(ctx, buf)
+	}
+	_, err := s.call(nil, buf, true, func(_, b Buffer) (int, error) { return buf.Len(), s.c.AllReduce(ctx, b) })
+	return err
+}
+
+func (s *staged) AllGather(ctx context.Context, send, recv Buffer) error {
+	if s.collectives {
+		return s.c.AllGather(ctx, send, recv)
+	}
+	_, err := s.call(send, recv, false, func(a, b Buffer) (int, error) { return recv.Len(), s.c.AllGather(ctx, a, b) })
+	return err
+}
+
+func (s *staged) AllGatherV(ctx context.Context, send, recv Buffer, counts []int) error {
+	if s.collectives {
+		return s.c.AllGatherV(ctx, send, recv, counts)
+	}
+	_, err := s.call(send, recv, false, func(a, b Buffer) (int, error) { return recv.Len(), s.c.AllGatherV(ctx, a, b, counts) })
+	return err
+}
+
+func (s *staged) Broadcast(ctx context.Context, buf Buffer, root int) error {
+	if s.collectives {
+		return s.c.Broadcast(ctx, buf, root)
+	}
+	_, err := s.call(nil, buf, true, func(_, b Buffer) (int, error) { return buf.Len(), s.c.Broadcast(ctx, b, root) })
+	return err
+}
+
+func (s *staged) Send(ctx context.Context, buf Buffer, dst, tag int) error {
+	_, err := s.call(buf, nil, false, func(a, _ Buffer) (int, error) { return 0, s.c.Send(ctx, a, dst, tag) })
+	return err
+}
+
+func (s *staged) Recv(ctx context.Context, buf Buffer, src, tag int) (int, error) {
+	return s.call(nil, buf, false, func(_, b Buffer) (int, error) { return s.c.Recv(ctx, b, src, tag) })
+}
+
+func (s *staged) SendRecv(ctx context.Context, send Buffer, dst int, recv Buffer, src, tag int) (int, error) {
+	if s.collectives {
+		return s.c.SendRecv(ctx, send, dst, recv, src, tag)
+	}
+	return s.call(send, recv, false, func(a, b Buffer) (int, error) { return s.c.SendRecv(ctx, a, dst, b, src, tag) })
+}
+
 func (s *staged) Barrier(ctx context.Context) error { return s.c.Barrier(ctx) }
 
 // stagedRequest finishes a non-blocking call: it waits for the inner
-// request, then copies the results back.
+// request, releases the in buffer's copy and copies the out buffer's back.
 type stagedRequest struct {
 	s       *staged
 	r       Request
-	keep    []stage // released after the call
-	results []stage // copied back, then released
+	in, out stage
 }
 
 func (r *stagedRequest) Wait(ctx context.Context) (int, error) {
 	n, err := r.r.Wait(ctx)
-	r.s.release(r.keep...)
+	r.s.release(r.in)
 	if err != nil {
-		r.s.release(r.results...)
+		r.s.release(r.out)
 		return 0, err
 	}
-	for _, st := range r.results {
-		if err := r.s.out(st, min(n, st.host.Len())); err != nil {
+	if r.out.st != nil {
+		if err := r.s.out(r.out, min(n, r.out.host.Len())); err != nil {
 			return 0, err
 		}
 	}
 	return n, nil
 }
 
-func (s *staged) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
-	if s.collectives {
-		return s.c.IAllReduceView(ctx, buf, off, total)
-	}
-	st, err := s.in(buf, true)
+// istart is call for a non-blocking call: the out buffer is copied back
+// when its request's Wait returns.
+func (s *staged) istart(in, out Buffer, load bool, start func(in, out Buffer) (Request, error)) (Request, error) {
+	a, err := s.in(in, true)
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.c.IAllReduceView(ctx, st.host, off, total)
-	if err != nil {
-		s.release(st)
-		return nil, err
-	}
-	return &stagedRequest{s: s, r: r, results: []stage{st}}, nil
-}
-
-// istart stages send and recv of a non-blocking call.
-func (s *staged) istart(send, recv Buffer, start func(a, b Buffer) (Request, error)) (Request, error) {
-	a, err := s.in(send, true)
-	if err != nil {
-		return nil, err
-	}
-	b, err := s.in(recv, false)
+	b, err := s.in(out, load)
 	if err != nil {
 		s.release(a)
 		return nil, err
@@ -522,38 +474,27 @@ func (s *staged) istart(send, recv Buffer, start func(a, b Buffer) (Request, err
 		s.release(a, b)
 		return nil, err
 	}
-	return &stagedRequest{s: s, r: r, keep: []stage{a}, results: []stage{b}}, nil
+	return &stagedRequest{s: s, r: r, in: a, out: b}, nil
+}
+
+func (s *staged) IAllReduceView(ctx context.Context, buf Buffer, off, total int) (Request, error) {
+	if s.collectives {
+		return s.c.IAllReduceView(ctx, buf, off, total)
+	}
+	return s.istart(nil, buf, true, func(_, b Buffer) (Request, error) { return s.c.IAllReduceView(ctx, b, off, total) })
 }
 
 func (s *staged) IAllGather(ctx context.Context, send, recv Buffer) (Request, error) {
 	if s.collectives {
 		return s.c.IAllGather(ctx, send, recv)
 	}
-	return s.istart(send, recv, func(a, b Buffer) (Request, error) { return s.c.IAllGather(ctx, a, b) })
+	return s.istart(send, recv, false, func(a, b Buffer) (Request, error) { return s.c.IAllGather(ctx, a, b) })
 }
 
 func (s *staged) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {
-	st, err := s.in(buf, true)
-	if err != nil {
-		return nil, err
-	}
-	r, err := s.c.ISend(ctx, st.host, dst, tag)
-	if err != nil {
-		s.release(st)
-		return nil, err
-	}
-	return &stagedRequest{s: s, r: r, keep: []stage{st}}, nil
+	return s.istart(buf, nil, false, func(a, _ Buffer) (Request, error) { return s.c.ISend(ctx, a, dst, tag) })
 }
 
 func (s *staged) IRecv(ctx context.Context, buf Buffer, src, tag int) (Request, error) {
-	st, err := s.in(buf, false)
-	if err != nil {
-		return nil, err
-	}
-	r, err := s.c.IRecv(ctx, st.host, src, tag)
-	if err != nil {
-		s.release(st)
-		return nil, err
-	}
-	return &stagedRequest{s: s, r: r, results: []stage{st}}, nil
+	return s.istart(nil, buf, false, func(_, b Buffer) (Request, error) { return s.c.IRecv(ctx, b, src, tag) })
 }

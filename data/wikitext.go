@@ -1,7 +1,6 @@
 package data
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -92,7 +91,7 @@ func LoadWikiText(dir string) (*WikiText, error) {
 		if err != nil {
 			return nil, fmt.Errorf("data: %w", err)
 		}
-		ids, err := ParseTokens(bufio.NewReaderSize(f, 1<<20), path, w.Vocab, nil)
+		ids, err := ParseTokens(f, path, w.Vocab, nil)
 		f.Close()
 		if err != nil {
 			return nil, err
@@ -117,45 +116,23 @@ func findWikiFile(dir string, split int) (string, error) {
 // used in errors. An empty input, a NUL byte, invalid UTF-8 or a line longer
 // than 1 MiB is an error naming the line: such a file is not a token file.
 func ParseTokens(r io.Reader, name string, vocab *Vocab, dst []int32) ([]int32, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
 	eos := []byte(EOS)
-	line := 0
-	var long []byte
-	for {
-		b, err := br.ReadSlice('\n')
-		if errors.Is(err, bufio.ErrBufferFull) {
-			long = append(long[:0], b...)
-			for errors.Is(err, bufio.ErrBufferFull) {
-				b, err = br.ReadSlice('\n')
-				long = append(long, b...)
-				if len(long) > maxLineBytes {
-					return nil, fmt.Errorf("data: %s: line %d is longer than %d bytes: not a WikiText token file", name, line+1, maxLineBytes)
-				}
-			}
-			b = long
-		}
-		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("data: %s: line %d: %w", name, line+1, err)
-		}
-		if len(b) == 0 && errors.Is(err, io.EOF) {
-			break
-		}
-		line++
-		if bytes.IndexByte(b, 0) >= 0 {
-			return nil, fmt.Errorf("data: %s: line %d contains a NUL byte: a binary file, not a WikiText token file", name, line)
-		}
+	lines := 0
+	err := eachLine(r, name, func(_ int, b []byte) error {
 		if !utf8.Valid(b) {
-			return nil, fmt.Errorf("data: %s: line %d is not valid UTF-8: not a WikiText token file", name, line)
+			return errors.New("not valid UTF-8: not a WikiText token file")
 		}
 		for _, w := range bytes.Fields(b) {
 			dst = append(dst, vocab.add(w))
 		}
 		dst = append(dst, vocab.add(eos))
-		if errors.Is(err, io.EOF) {
-			break
-		}
+		lines++
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	if line == 0 {
+	if lines == 0 {
 		return nil, fmt.Errorf("data: %s: empty file: want WikiText lines of space-separated tokens", name)
 	}
 	return dst, nil

@@ -90,7 +90,7 @@ func TestParseTokensBadInput(t *testing.T) {
 	cases := []struct{ name, text, want string }{
 		{"empty", "", "empty file"},
 		{"binary", "ok line\n\x00\x01\x02\xff\n", "line 2 contains a NUL byte"},
-		{"latin1", "caf\xe9\n", "line 1 is not valid UTF-8"},
+		{"latin1", "caf\xe9\n", "line 1: not valid UTF-8"},
 		{"noline", strings.Repeat("x", maxLineBytes+10), "longer than"},
 	}
 	for _, c := range cases {

@@ -27,7 +27,8 @@ type SweepRun struct {
 	Predicted *PredictedIter
 }
 
-// PredictedIter is a projected iteration, in seconds, by the phases of a
+// PredictedIter is a projected iteration (or a run's measured one,
+// phasesOf), in seconds, by the phases of a
 // step record (metrics.Step): Queue the wait for a shared executor and the
 // other simulated workers' turns, Compute the worker's own forward and
 // backward pass, Select and Comm the reducer's selection and communication,
@@ -52,29 +53,8 @@ type SweepInfo struct {
 // caches, thresholds far from their target).
 const sweepSkip = 5
 
-// measuredPhases are a run's phase times per iteration, as the advisor
-// predicts them: the medians over the logged iterations after the first
-// sweepSkip (all of them if there are fewer) of the time breakdown's
-// phases (Run.Breakdown): the wait for an executor and the other workers'
-// turns, the worker's own forward and backward pass, and of the part after
-// it (t_wait) selection, communication (at most what t_wait leaves) and the
-// rest; for a pipelined run the part after the backward pass counts as
-// communication (its selection and communication overlap the backward pass
-// and cannot be told apart).
-type measuredPhases struct {
-	Queue, Compute, Select, Comm, Other, Update, Iter float64
-	// Density is the mean actual density over the second half of the
-	// logged iterations (MiCRO's threshold settles first).
-	Density float64
-}
-
-// sweepPhases name the phases of measuredPhases and PredictedIter, in the
-// order of their parts.
+// sweepPhases name the phases of PredictedIter, in the order of its parts.
 var sweepPhases = []string{phaseQueue, phaseCompute, phaseSelect, phaseComm, phaseOther, phaseUpdate}
-
-func (m measuredPhases) parts() []float64 {
-	return []float64{m.Queue, m.Compute, m.Select, m.Comm, m.Other, m.Update}
-}
 
 func (p *PredictedIter) parts() []float64 {
 	return []float64{p.Queue, p.Compute, p.Select, p.Comm, p.Other, p.Update}
@@ -104,7 +84,17 @@ func median(v []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func phasesOf(r *Run) measuredPhases {
+// phasesOf is a run's measured iteration, as the advisor predicts it: the
+// medians over the logged iterations after the first sweepSkip (all of
+// them if there are fewer) of the time breakdown's phases (Run.Breakdown):
+// the wait for an executor and the other workers' turns, the worker's own
+// forward and backward pass, and of the part after it (t_wait) selection,
+// communication (at most what t_wait leaves) and the rest; for a pipelined
+// run the part after the backward pass counts as communication (its
+// selection and communication overlap the backward pass and cannot be told
+// apart). Its actual density is the mean over the second half of the
+// logged iterations (MiCRO's threshold settles first).
+func phasesOf(r *Run) PredictedIter {
 	steps := r.Steps
 	if len(steps) > 2*sweepSkip {
 		steps = steps[sweepSkip:]
@@ -128,7 +118,7 @@ func phasesOf(r *Run) measuredPhases {
 		}
 		return min(zero(s.TComm), minus(zero(s.TWait), sel(s)))
 	}
-	m := measuredPhases{
+	m := PredictedIter{
 		Queue:   MedianOf(steps, func(s *Step) float64 { return zero(s.TQueue) }),
 		Compute: MedianOf(steps, func(s *Step) float64 { return s.TCompute }),
 		Select:  MedianOf(steps, sel),
@@ -138,7 +128,7 @@ func phasesOf(r *Run) measuredPhases {
 		Iter:    MedianOf(steps, func(s *Step) float64 { return s.TIter }),
 	}
 	half := &Run{Steps: r.Steps[len(r.Steps)/2:]}
-	m.Density = half.mean(func(s *Step) float64 { return s.ActualDensity })
+	m.ActualDensity = half.mean(func(s *Step) float64 { return s.ActualDensity })
 	return m
 }
 
@@ -254,7 +244,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 		nets[sr.Network] = true
 	}
 	multiD, multiN := len(dens) > 1, len(nets) > 1
-	ph := make([]measuredPhases, len(runs))
+	ph := make([]PredictedIter, len(runs))
 	labels := make([]string, len(runs))
 	for i, r := range runs {
 		ph[i] = phasesOf(r)
@@ -298,7 +288,7 @@ func sweepContent(info SweepInfo, runs []*Run, maxPts int) ([]chartSpec, []table
 	}
 	var specs []chartSpec
 	dc := against("sweep-density", "Actual density against workers", "mean over the second half of each run's iterations (DEFT's Fig. 1)",
-		"actual density (fraction of the gradient)", func(i int) float64 { return ph[i].Density }, 1, func(i int) bool { return info.Runs[i].Method != "dense" })
+		"actual density (fraction of the gradient)", func(i int) float64 { return ph[i].ActualDensity }, 1, func(i int) bool { return info.Runs[i].Method != "dense" })
 	for _, d := range slices.Sorted(maps.Keys(dens)) {
 		dc.Series = append(dc.Series, seriesSpec{Name: "setup ρ=" + strconv.FormatFloat(d, 'g', 4, 64), Values: slices.Repeat([]float64{d}, len(workers)), Dashed: true})
 	}
@@ -374,7 +364,7 @@ func sweepOrder(info SweepInfo) []int {
 // sweepPhaseChart stacks each run's median phase times, one bar per run
 // down the page, every run named, in sweepOrder (SparDL's and LAGS'
 // breakdowns).
-func sweepPhaseChart(info SweepInfo, ph []measuredPhases, labels []string, nets map[string]bool) chartSpec {
+func sweepPhaseChart(info SweepInfo, ph []PredictedIter, labels []string, nets map[string]bool) chartSpec {
 	order := sweepOrder(info)
 	mx := 0.0
 	for _, p := range ph {
@@ -424,7 +414,7 @@ func fmtPct(x float64) string {
 
 // sweepTables are the runs table and the predicted-against-measured table,
 // with a note summarising the prediction error.
-func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []string) ([]table, []string) {
+func sweepTables(info SweepInfo, runs []*Run, ph []PredictedIter, labels []string) ([]table, []string) {
 	metric := ""
 	for _, r := range runs {
 		if metric = r.primary(); metric != "" {
@@ -455,7 +445,7 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 			net = "in-process"
 		}
 		rt.Rows = append(rt.Rows, []string{labels[i], r.Dir, strconv.Itoa(sr.Workers), fmtPlain(sr.Density, 4), net, fmtMetric(metric, f) + r.unfinishedMark(),
-			fmtPlain(ph[i].Density, 4), fmtDur(ph[i].Iter), strconv.Itoa(len(r.Steps)), fmtDur(r.duration())})
+			fmtPlain(ph[i].ActualDensity, 4), fmtDur(ph[i].Iter), strconv.Itoa(len(r.Steps)), fmtDur(r.duration())})
 		p := sr.Predicted
 		if p == nil {
 			continue
@@ -482,7 +472,7 @@ func sweepTables(info SweepInfo, runs []*Run, ph []measuredPhases, labels []stri
 			}
 			row = append(row, fmtMillis(m, 3)+" / "+fmtMillis(q, 3)+" ("+fmtPct(te)+")")
 		}
-		pt.Rows = append(pt.Rows, append(row, fmtPlain(ph[i].Density, 3)+" / "+fmtPlain(p.ActualDensity, 3)))
+		pt.Rows = append(pt.Rows, append(row, fmtPlain(ph[i].ActualDensity, 3)+" / "+fmtPlain(p.ActualDensity, 3)))
 	}
 	tables := []table{rt}
 	var notes []string
@@ -520,7 +510,7 @@ func meanOf(v []float64) float64 {
 // predictionChart shows the predicted and the measured time per iteration
 // of every run with a prediction, one pair of bars per run down the page,
 // in sweepOrder (as the phase chart).
-func predictionChart(info SweepInfo, ph []measuredPhases, labels []string) (chartSpec, bool) {
+func predictionChart(info SweepInfo, ph []PredictedIter, labels []string) (chartSpec, bool) {
 	var cats []string
 	var meas, pred []float64
 	mx := 0.0

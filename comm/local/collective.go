@@ -461,38 +461,9 @@ func (c *rankComm) checkAllGather(send, recv comm.Buffer) error {
 	return nil
 }
 
+// allGather is AllGather's body: allGatherV with every count send.Len().
 func (c *rankComm) allGather(ctx context.Context, seq uint64, send, recv comm.Buffer, dc *devCall) error {
-	n, m := c.w.n, send.Len()
-	if n == 1 {
-		if err := c.copyOne(dc, recv, send, m); err != nil {
-			return err
-		}
-		return c.check(ctx, lit("in AllGather"))
-	}
-	e := entry{op: comm.OpAllGather, dtype: send.DType(), send: send, recv: recv, length: m, dev: dc}
-	return c.collective(ctx, seq, e, func(s *slot) error {
-		host := func(_, recv comm.Buffer) error {
-			for r := range n {
-				copyElems(recv, r*m, s.entries[r].send, 0, m)
-			}
-			return c.phase(ctx, &s.done)
-		}
-		if !s.anyDevice() {
-			return host(send, recv)
-		}
-		return c.runCall(ctx, s, dc, false, func(_ comm.PeerDevice, p device.Stream) error {
-			if m == 0 {
-				return nil
-			}
-			out := devBuf(recv)
-			for r := range n {
-				if err := devCopy(p, out.Slice(r*m, (r+1)*m), devBuf(s.entries[r].send)); err != nil {
-					return err
-				}
-			}
-			return nil
-		}, host)
-	})
+	return c.allGatherV(ctx, seq, comm.OpAllGather, send, recv, slices.Repeat([]int{send.Len()}, c.w.n), dc)
 }
 
 // AllGatherV concatenates every rank's send (counts[r] elements) into recv.
@@ -504,7 +475,7 @@ func (c *rankComm) AllGatherV(ctx context.Context, send, recv comm.Buffer, count
 	if err != nil {
 		return err
 	}
-	return dc.after(c.allGatherV(ctx, seq, send, recv, counts, dc))
+	return dc.after(c.allGatherV(ctx, seq, comm.OpAllGatherV, send, recv, counts, dc))
 }
 
 func (c *rankComm) checkAllGatherV(send, recv comm.Buffer, counts []int) error {
@@ -524,15 +495,22 @@ func (c *rankComm) checkAllGatherV(send, recv comm.Buffer, counts []int) error {
 	return nil
 }
 
-func (c *rankComm) allGatherV(ctx context.Context, seq uint64, send, recv comm.Buffer, counts []int, dc *devCall) error {
+// allGatherV is the body of AllGatherV and (op OpAllGather, equal counts)
+// of AllGather.
+func (c *rankComm) allGatherV(ctx context.Context, seq uint64, op comm.Op, send, recv comm.Buffer, counts []int, dc *devCall) error {
 	n := c.w.n
 	if n == 1 {
 		if err := c.copyOne(dc, recv, send, send.Len()); err != nil {
 			return err
 		}
-		return c.check(ctx, lit("in AllGatherV"))
+		return c.check(ctx, func() string { return "in " + opName(op) })
 	}
-	e := entry{op: comm.OpAllGatherV, dtype: send.DType(), send: send, recv: recv, counts: slices.Clone(counts), dev: dc}
+	e := entry{op: op, dtype: send.DType(), send: send, recv: recv, dev: dc}
+	if op == comm.OpAllGather {
+		e.length = send.Len()
+	} else {
+		e.counts = slices.Clone(counts)
+	}
 	return c.collective(ctx, seq, e, func(s *slot) error {
 		host := func(_, recv comm.Buffer) error {
 			off := 0

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -126,7 +125,7 @@ func (c *rankComm) copyOne(dc *devCall, dst, src comm.Buffer, n int) error {
 		if n == 0 {
 			return nil
 		}
-		d, s := anyBuf(dst).Slice(0, n), anyBuf(src).Slice(0, n)
+		d, s := comm.AsDevice(dst).Slice(0, n), comm.AsDevice(src).Slice(0, n)
 		if err := p.Copy(d, s); err != nil {
 			return fmt.Errorf("local: copy: %w", err)
 		}
@@ -140,23 +139,6 @@ func (c *rankComm) copyOne(dc *devCall, dst, src comm.Buffer, n int) error {
 	}
 	dc.wait = []device.Event{dc.done}
 	return nil
-}
-
-// anyBuf is b as a device.Buffer (host memory for the host buffers).
-func anyBuf(b comm.Buffer) device.Buffer {
-	switch v := b.(type) {
-	case comm.Device:
-		return v.Buf
-	case comm.Float32s:
-		return device.Host([]float32(v))
-	case comm.Int32s:
-		return device.Host([]int32(v))
-	case comm.Int64s:
-		return device.Host([]int64(v))
-	case comm.Float16s:
-		return device.Host([]uint16(v))
-	}
-	return device.Buffer{}
 }
 
 // hostData reports whether b holds elements in host memory.
@@ -235,29 +217,15 @@ func (w *World) closeStreams() {
 }
 
 // onPeerStream runs f on this rank's stream of dc's device after the
-// call's start event(s) waits (every rank's where all is set, else its
-// own), and publishes the event after f's work as dc.done.
+// events waitFor (the call's start events: every rank's or its own), and
+// publishes the event after f's work as dc.done.
 func (c *rankComm) onPeerStream(dc *devCall, waitFor []device.Event, f func(p device.Stream) error) error {
-	p, unlock, err := c.peerStream(dc.dev)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	for _, ev := range waitFor {
-		if ev == nil {
-			continue
+	return c.onStream(dc.dev, waitFor, func(p device.Stream) (err error) {
+		if err = f(p); err == nil {
+			dc.done, err = p.Record()
 		}
-		if err := p.Wait(ev); err != nil {
-			return fmt.Errorf("local: rank %d waiting for its peers' buffers: %w", c.rank, err)
-		}
-	}
-	if err := f(p); err != nil {
 		return err
-	}
-	if dc.done, err = p.Record(); err != nil {
-		return fmt.Errorf("local: recording rank %d's device work: %w", c.rank, err)
-	}
-	return nil
+	})
 }
 
 // readyEvents are every rank's start events (nil for ranks without device
@@ -401,10 +369,14 @@ func (c *rankComm) take(r *recvWait) (err error) {
 		}
 		m.release()
 	}()
-	dst := anyBuf(r.buf).Slice(0, m.n)
+	dst := comm.AsDevice(r.buf).Slice(0, m.n)
 	if m.dev == nil { // host memory into device memory
 		return c.onStream(dst.Device(), []device.Event{r.devReady}, func(p device.Stream) error {
-			if err := p.Copy(dst, hostBytesAs(m.data, dst.DType(), m.n)); err != nil {
+			h, err := comm.HostView(m.data, dst.DType(), m.n)
+			if err != nil {
+				return err
+			}
+			if err := p.Copy(dst, comm.AsDevice(h)); err != nil {
 				return err
 			}
 			return p.Synchronize()
@@ -441,7 +413,7 @@ func (c *rankComm) take(r *recvWait) (err error) {
 		return err
 	}
 	return c.onStream(dst.Device(), []device.Event{r.devReady}, func(p device.Stream) error {
-		if err := p.Copy(dst, anyBuf(st.Host())); err != nil {
+		if err := p.Copy(dst, comm.AsDevice(st.Host())); err != nil {
 			return err
 		}
 		return p.Synchronize()
@@ -461,31 +433,11 @@ func (c *rankComm) onStream(d device.Device, waitFor []device.Event, f func(p de
 			continue
 		}
 		if err := p.Wait(ev); err != nil {
-			return fmt.Errorf("local: rank %d waiting for a message's buffers: %w", c.rank, err)
+			return fmt.Errorf("local: rank %d waiting for the call's buffers: %w", c.rank, err)
 		}
 	}
 	if err := f(p); err != nil {
-		return fmt.Errorf("local: rank %d copying a message: %w", c.rank, err)
+		return fmt.Errorf("local: rank %d's device work: %w", c.rank, err)
 	}
 	return nil
-}
-
-// hostBytesAs views the first n elements of dt in data as a host buffer
-// (no copy).
-func hostBytesAs(data []byte, dt device.DType, n int) device.Buffer {
-	if n == 0 {
-		return device.Buffer{}
-	}
-	p := unsafe.Pointer(&data[0])
-	switch dt {
-	case device.Float32:
-		return device.Host(unsafe.Slice((*float32)(p), n))
-	case device.Int32:
-		return device.Host(unsafe.Slice((*int32)(p), n))
-	case device.Int64:
-		return device.Host(unsafe.Slice((*int64)(p), n))
-	case device.Float16:
-		return device.Host(unsafe.Slice((*uint16)(p), n))
-	}
-	panic(fmt.Sprintf("local: no host view of %v", dt)) // validDType refused it
 }

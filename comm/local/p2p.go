@@ -173,26 +173,32 @@ func (c *rankComm) checkPeer(what string, peer int) error {
 // Send delivers buf to rank dst with tag; the data are copied, so it returns
 // without waiting for the receive.
 func (c *rankComm) Send(ctx context.Context, buf comm.Buffer, dst, tag int) error {
-	if err := validDType("send", buf); err != nil {
+	r, err := c.send(ctx, "Send", buf, dst, tag)
+	if err != nil {
 		return err
 	}
-	if err := hostOnly("Send", buf); err != nil {
-		return err
-	}
-	if err := c.checkPeer("Send: destination", dst); err != nil {
-		return err
-	}
-	return c.send(ctx, time.Now(), buf, dst, tag)
+	return c.w.sleepUntil(ctx, r.ready)
 }
 
-func (c *rankComm) send(ctx context.Context, start time.Time, buf comm.Buffer, dst, tag int) error {
-	what := func() string { return fmt.Sprintf("in Send to rank %d with tag %d", dst, tag) }
-	if err := c.check(ctx, what); err != nil {
-		return err
+// send is the body of Send and ISend (call): it checks the call, copies
+// the message into the mailbox (or a waiting receive) and returns its
+// request.
+func (c *rankComm) send(ctx context.Context, call string, buf comm.Buffer, dst, tag int) (*sendRequest, error) {
+	if err := validDType("send", buf); err != nil {
+		return nil, err
 	}
-	ready := c.w.p2pReady(start, buf)
+	if err := hostOnly(call, buf); err != nil {
+		return nil, err
+	}
+	if err := c.checkPeer(call+": destination", dst); err != nil {
+		return nil, err
+	}
+	if err := c.check(ctx, func() string { return fmt.Sprintf("in %s to rank %d with tag %d", call, dst, tag) }); err != nil {
+		return nil, err
+	}
+	ready := c.w.p2pReady(time.Now(), buf)
 	c.sendNoWait(buf, dst, tag, ready, false, nil)
-	return c.w.sleepUntil(ctx, ready)
+	return &sendRequest{c: c, ready: ready, n: buf.Len()}, nil
 }
 
 // post registers a receive: it takes the first waiting message or queues r.
@@ -433,21 +439,11 @@ func (b *mailbox) withdraw(consumed chan struct{}) {
 
 // ISend starts Send and returns at once.
 func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (comm.Request, error) {
-	if err := validDType("send", buf); err != nil {
+	r, err := c.send(ctx, "ISend", buf, dst, tag)
+	if err != nil {
 		return nil, err
 	}
-	if err := hostOnly("ISend", buf); err != nil {
-		return nil, err
-	}
-	if err := c.checkPeer("ISend: destination", dst); err != nil {
-		return nil, err
-	}
-	if err := c.check(ctx, func() string { return fmt.Sprintf("in ISend to rank %d with tag %d", dst, tag) }); err != nil {
-		return nil, err
-	}
-	ready := c.w.p2pReady(time.Now(), buf)
-	c.sendNoWait(buf, dst, tag, ready, false, nil)
-	return &sendRequest{c: c, ready: ready, n: buf.Len()}, nil
+	return r, nil
 }
 
 // sendRequest is an ISend whose data are already in the mailbox; with network

@@ -114,12 +114,21 @@ func reached(bufs ...comm.Buffer) error {
 func (e *emulated) Rank() int { return e.c.Rank() }
 func (e *emulated) Size() int { return e.c.Size() }
 
-// collective issues the join-time all-reduce, then the real call (call), in
-// one order on every rank, and returns the call's turn.
-func (e *emulated) collective(ctx context.Context, op comm.Op, elems, esize int, counts []int, call func() error) (*linkTurn, error) {
+// collective issues, once the device has reached the call (reached), the
+// join-time all-reduce, then the real call (call) of op on bufs, in one
+// order on every rank, and returns the call's turn. The call's size is its
+// first buffer's, as comm.Traffic counts it.
+func (e *emulated) collective(ctx context.Context, op comm.Op, counts []int, call func() error, bufs ...comm.Buffer) (*linkTurn, error) {
+	if err := reached(bufs...); err != nil {
+		return nil, err
+	}
+	elems, es := 0, 0
+	if len(bufs) > 0 {
+		elems, es = blen(bufs[0]), esize(bufs[0])
+	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	t := &linkTurn{stamps: make(comm.Int64s, e.c.Size()), cost: e.net.Cost(op, e.c.Size(), elems, esize, counts)}
+	t := &linkTurn{stamps: make(comm.Int64s, e.c.Size()), cost: e.net.Cost(op, e.c.Size(), elems, es, counts)}
 	t.stamps[e.c.Rank()] = time.Now().UnixNano()
 	var err error
 	if t.req, err = comm.IAllReduce(ctx, e.c, t.stamps); err != nil {
@@ -140,8 +149,8 @@ func (e *emulated) finish(ctx context.Context, t *linkTurn) error {
 	return SleepUntil(ctx, end, nil, nil)
 }
 
-func (e *emulated) blocking(ctx context.Context, op comm.Op, elems, esize int, counts []int, call func() error) error {
-	t, err := e.collective(ctx, op, elems, esize, counts, call)
+func (e *emulated) blocking(ctx context.Context, op comm.Op, counts []int, call func() error, bufs ...comm.Buffer) error {
+	t, err := e.collective(ctx, op, counts, call, bufs...)
 	if err != nil {
 		return err
 	}
@@ -162,9 +171,9 @@ func (r *turnRequest) Wait(ctx context.Context) (int, error) {
 	return n, r.e.finish(ctx, r.t)
 }
 
-func (e *emulated) nonBlocking(ctx context.Context, op comm.Op, elems, esize int, counts []int, call func() (comm.Request, error)) (comm.Request, error) {
+func (e *emulated) nonBlocking(ctx context.Context, op comm.Op, call func() (comm.Request, error), bufs ...comm.Buffer) (comm.Request, error) {
 	var real comm.Request
-	t, err := e.collective(ctx, op, elems, esize, counts, func() (err error) { real, err = call(); return err })
+	t, err := e.collective(ctx, op, nil, func() (err error) { real, err = call(); return err }, bufs...)
 	if err != nil {
 		return nil, err
 	}
@@ -186,49 +195,31 @@ func blen(b comm.Buffer) int {
 }
 
 func (e *emulated) AllReduce(ctx context.Context, buf comm.Buffer) error {
-	if err := reached(buf); err != nil {
-		return err
-	}
-	return e.blocking(ctx, comm.OpAllReduce, blen(buf), esize(buf), nil, func() error { return e.c.AllReduce(ctx, buf) })
+	return e.blocking(ctx, comm.OpAllReduce, nil, func() error { return e.c.AllReduce(ctx, buf) }, buf)
 }
 
 func (e *emulated) AllGather(ctx context.Context, send, recv comm.Buffer) error {
-	if err := reached(send, recv); err != nil {
-		return err
-	}
-	return e.blocking(ctx, comm.OpAllGather, blen(send), esize(send), nil, func() error { return e.c.AllGather(ctx, send, recv) })
+	return e.blocking(ctx, comm.OpAllGather, nil, func() error { return e.c.AllGather(ctx, send, recv) }, send, recv)
 }
 
 func (e *emulated) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) error {
-	if err := reached(send, recv); err != nil {
-		return err
-	}
-	return e.blocking(ctx, comm.OpAllGatherV, blen(send), esize(send), counts, func() error { return e.c.AllGatherV(ctx, send, recv, counts) })
+	return e.blocking(ctx, comm.OpAllGatherV, counts, func() error { return e.c.AllGatherV(ctx, send, recv, counts) }, send, recv)
 }
 
 func (e *emulated) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
-	if err := reached(buf); err != nil {
-		return err
-	}
-	return e.blocking(ctx, comm.OpBroadcast, blen(buf), esize(buf), nil, func() error { return e.c.Broadcast(ctx, buf, root) })
+	return e.blocking(ctx, comm.OpBroadcast, nil, func() error { return e.c.Broadcast(ctx, buf, root) }, buf)
 }
 
 func (e *emulated) Barrier(ctx context.Context) error {
-	return e.blocking(ctx, comm.OpBarrier, 0, 0, nil, func() error { return e.c.Barrier(ctx) })
+	return e.blocking(ctx, comm.OpBarrier, nil, func() error { return e.c.Barrier(ctx) })
 }
 
 func (e *emulated) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
-	if err := reached(buf); err != nil {
-		return nil, err
-	}
-	return e.nonBlocking(ctx, comm.OpAllReduce, blen(buf), esize(buf), nil, func() (comm.Request, error) { return e.c.IAllReduceView(ctx, buf, off, total) })
+	return e.nonBlocking(ctx, comm.OpAllReduce, func() (comm.Request, error) { return e.c.IAllReduceView(ctx, buf, off, total) }, buf)
 }
 
 func (e *emulated) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm.Request, error) {
-	if err := reached(send, recv); err != nil {
-		return nil, err
-	}
-	return e.nonBlocking(ctx, comm.OpAllGather, blen(send), esize(send), nil, func() (comm.Request, error) { return e.c.IAllGather(ctx, send, recv) })
+	return e.nonBlocking(ctx, comm.OpAllGather, func() (comm.Request, error) { return e.c.IAllGather(ctx, send, recv) }, send, recv)
 }
 
 // Point-to-point: each message is preceded by its send time, a one-element
