@@ -9,14 +9,10 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
-
-// ResumeRecord is one resume of a run, as run.json lists them.
-type ResumeRecord = metrics.Resume
 
 // resumeMayChange reports whether a resumed run may set the configuration
 // key (run.json's) to another value than the run had (options.Option's

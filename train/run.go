@@ -70,12 +70,6 @@ type Options struct {
 // readers too).
 type RunInfo = metrics.Run[Config, cuda.Report]
 
-// Versions are the software versions of a run.
-type Versions = metrics.Versions
-
-// Machine describes the computer of rank 0.
-type Machine = metrics.Machine
-
 // UnderMPI reports whether this process was started by an MPI launcher.
 func UnderMPI() bool {
 	_, ok := mpi.Detect()

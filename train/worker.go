@@ -324,7 +324,7 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 		if after == metrics.StatusRunning {
 			after = metrics.StatusKilled
 		}
-		info.Resumes = append(slices.Clone(prev.Resumes), ResumeRecord{At: time.Now().UTC(), CommandLine: r.opt.CommandLine, After: after})
+		info.Resumes = append(slices.Clone(prev.Resumes), metrics.Resume{At: time.Now().UTC(), CommandLine: r.opt.CommandLine, After: after})
 		info.Notes = slices.Clone(prev.Notes)
 	}
 	if dev.Kind() == device.CUDAKind {
@@ -338,8 +338,8 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 }
 
 // machine describes the computer of this process (run.json's).
-func machine() Machine {
-	m := Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
+func machine() metrics.Machine {
+	m := metrics.Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
 	m.Hostname, _ = os.Hostname()
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
@@ -358,8 +358,8 @@ func machine() Machine {
 }
 
 // versions are the software versions of this build (run.json's).
-func versions(blas, kernels string) Versions {
-	v := Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
+func versions(blas, kernels string) metrics.Versions {
+	v := metrics.Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		v.Module = bi.Main.Path + "@" + bi.Main.Version
 		for _, s := range bi.Settings {
@@ -381,10 +381,10 @@ func sumSizes(l []models.ParamInfo) int {
 
 // gather combines the ranks' step statistics into a record (the same on
 // every rank).
-func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr float64) (StepRecord, error) {
+func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr float64) (metrics.Step, error) {
 	all, err := gatherStats(ctx, w.communicator, s)
 	if err != nil {
-		return StepRecord{}, err
+		return metrics.Step{}, err
 	}
 	density := w.cfg.Density.Value()
 	if w.cfg.Sparsifier == "dense" {
@@ -436,7 +436,7 @@ func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error
 		}
 		ev.timeUp = f[0] > 0
 	}
-	if err := w.out.eval(epoch, step, Num(time.Since(w.start).Seconds()), ev); err != nil {
+	if err := w.out.eval(epoch, step, metrics.Num(time.Since(w.start).Seconds()), ev); err != nil {
 		return nil, err
 	}
 	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ev.metrics, "split", ev.split, "evaluated", ev.count, "of", ev.total, "time_up", ev.timeUp)
