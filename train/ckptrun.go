@@ -85,13 +85,7 @@ func (dp *dataPath) shard(step int) (*rundir.Shard, error) {
 			return nil, err
 		}
 		if i := firstNonFinite(s.Buffers); i >= 0 {
-			name := "?"
-			for _, b := range dp.model.BufferLayout() {
-				if i < b.Offset+b.Size {
-					name = b.Name
-					break
-				}
-			}
+			name, _ := tensorAt(dp.model.BufferLayout(), i)
 			return nil, fmt.Errorf("%w: the batch-norm statistics are %v in %s", errNonFinite, s.Buffers[i], name)
 		}
 	}

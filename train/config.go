@@ -232,7 +232,6 @@ func (c Config) Validate(underMPI bool) error {
 		bad("unknown -sparsifier %q; use one of %s", c.Sparsifier, strings.Join(sparsify.Names(), ", "))
 	} else {
 		c.validateMethodOptions(method, underMPI, bad)
-		checkMethodRun(c, method, bad)
 		if method.CorrectsMomentum && c.Optimizer == "sgd" && c.Nesterov {
 			bad("-sparsifier %s applies the momentum itself (DGC's momentum correction, with plain momentum); drop -nesterov", c.Sparsifier)
 		}
@@ -365,7 +364,9 @@ func (c Config) checkReplay(bad func(string, ...any)) {
 }
 
 // validateMethodOptions checks MethodOptions against the method's
-// declarations, and, in one process, the method's worker-count constraints.
+// declarations, then, when they are valid, the method's worker-count
+// constraints (in one process) and its own check of the run
+// (sparsify.Method.Check).
 func (c Config) validateMethodOptions(m sparsify.Method, underMPI bool, bad func(string, ...any)) {
 	valid := true
 	for _, name := range slices.Sorted(maps.Keys(c.MethodOptions)) {
@@ -387,16 +388,20 @@ func (c Config) validateMethodOptions(m sparsify.Method, underMPI bool, bad func
 			bad("%v (%s: %s)", err, m.Name, p.Doc)
 		}
 	}
-	if !valid || underMPI || m.CheckWorkers == nil {
+	if !valid {
 		return
 	}
-	resolved, err := m.Resolve(c.MethodOptions)
-	if err != nil {
-		bad("%v", err)
-		return
+	resolved, _ := m.Resolve(c.MethodOptions) // every option is checked
+	if !underMPI && m.CheckWorkers != nil {
+		if err := m.CheckWorkers(c.Workers.Value(), resolved); err != nil {
+			bad("-workers %d: %v", c.Workers.Value(), err)
+		}
 	}
-	if err := m.CheckWorkers(c.Workers.Value(), resolved); err != nil {
-		bad("-workers %d: %v", c.Workers.Value(), err)
+	if m.Check != nil {
+		c.MethodOptions = resolved
+		if err := m.Check(methodRun(c, sparsify.Layout{}, 0, 0)); err != nil {
+			bad("%v", err)
+		}
 	}
 }
 

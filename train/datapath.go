@@ -11,6 +11,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/models"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -112,7 +113,7 @@ func newDataPath(cfg Config, rank, size int, sim *simulation, replay bool, model
 		return nil, err
 	}
 	var err error
-	if dp.layout, err = layoutOf(model); err != nil {
+	if dp.layout, err = layout.Of(model.Layout()); err != nil {
 		return nil, fmt.Errorf("train: layout of %s: %w", cfg.Model, err)
 	}
 	if err := dp.buildReducer(dev, counter, reduceOps); err != nil {
@@ -178,39 +179,21 @@ func (dp *dataPath) allocate(dev device.Device) error {
 
 // newOptimizer is -optimizer for the model's parameters.
 func (dp *dataPath) newOptimizer() (Optimizer, error) {
-	cfg, layout := dp.cfg, dp.model.Layout()
+	cfg, params := dp.cfg, dp.model.Layout()
 	switch cfg.Optimizer {
 	case "sgd":
 		if method, _ := sparsify.Lookup(cfg.Sparsifier); method.CorrectsMomentum {
 			// The reducer applies the momentum (DGC's momentum
 			// correction); the optimizer the weight decay only.
-			return NewDecayOnlySGD(dp.compute, layout, cfg.Momentum.Value(), cfg.WeightDecay.Value())
+			return NewDecayOnlySGD(dp.compute, params, cfg.Momentum.Value(), cfg.WeightDecay.Value())
 		}
-		return NewSGD(dp.compute, layout, cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
+		return NewSGD(dp.compute, params, cfg.Momentum.Value(), cfg.WeightDecay.Value(), cfg.Nesterov)
 	case "adam":
 		return NewAdam(dp.compute, dp.model.NumParams(), cfg.Beta1.Value(), cfg.Beta2.Value(), cfg.Eps.Value())
 	case "none":
 		return noUpdate{}, nil
 	}
 	return nil, fmt.Errorf("%w: unknown -optimizer %q", ErrConfig, cfg.Optimizer)
-}
-
-// layoutOf is the reducers' layout of model's parameters.
-func layoutOf(model models.Model) (sparsify.Layout, error) {
-	var names []string
-	var sizes []int
-	for _, p := range model.Layout() {
-		names = append(names, p.Name)
-		sizes = append(sizes, p.Size)
-	}
-	layout, err := sparsify.NewLayout(names, sizes)
-	if err != nil {
-		return layout, err
-	}
-	for i, p := range model.Layout() {
-		layout.Tensors[i].Shape = p.Shape
-	}
-	return layout, nil
 }
 
 // buildReducer builds -sparsifier over counter, and its pipeline with

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"strings"
 	"sync"
 
@@ -84,26 +83,17 @@ func checkGPUFits(c Config, ds *Dataset, here, size int) error {
 	for i := range parts[:2] {
 		parts[i].what, parts[i].alt = strings.Replace(parts[i].what, "executors)", "workers' models)", 1), ""
 	}
-	need := int64(0)
-	for _, p := range parts {
-		need += p.bytes
-	}
+	need := totalBytes(parts)
 	if need <= int64(free) {
 		return nil
 	}
-	slices.SortStableFunc(parts, func(a, b memPart) int { return int(b.bytes>>20 - a.bytes>>20) })
-	var list []string
-	for _, p := range parts {
-		if p.bytes >= need/100 {
-			list = append(list, p.what+": "+gb(p.bytes))
-		}
-	}
+	list := largestFirst(parts, need)
 	fix := "lower " + parts[0].flag
 	if parts[0].flag == "-workers" {
 		fix = "use fewer workers per GPU (-workers, or more GPUs)"
 	}
 	return fmt.Errorf("%w: the run needs at least %s of GPU memory on GPU 0 for its %d worker(s) there (%s), and GPU 0 (%s) has %s free (of %s); %s",
-		ErrConfig, gb(need), perGPU, strings.Join(list, "; "), name, gb(int64(free)), gb(int64(total)), fix)
+		ErrConfig, gb(need), perGPU, list, name, gb(int64(free)), gb(int64(total)), fix)
 }
 
 // checkDevice fails early, before data is loaded, when the device the run
@@ -129,48 +119,26 @@ func checkDevice(c Config) error {
 // rank) mod (number of GPUs), the local rank as comm/mpi reads it from
 // Open MPI, PMIx, PMI or Slurm.
 func (r *runner) exec(rank int) (engine.Backend, error) {
-	switch r.cfg.Device {
-	case "cpu":
+	if r.cfg.Device != "cuda" {
 		return engine.CPU, nil
-	case "cuda":
-		if err := checkDevice(r.cfg); err != nil {
-			return nil, err
-		}
-		n, _ := cuda.Count()
-		local := rank
-		if r.backend == "mpi" {
-			local = 0
-			if l, ok := mpi.Detect(); ok && l.LocalRank >= 0 {
-				local = l.LocalRank
-			}
-		}
-		d, err := r.gpus.open(local%n, cuda.Options{TF32: r.cfg.TF32, Deterministic: r.cfg.Deterministic})
-		if err != nil {
-			return nil, fmt.Errorf("train: -device cuda: %w", err)
-		}
-		be, err := cuda.NewBackend(d)
-		if err != nil {
-			return nil, fmt.Errorf("train: -device cuda: %w", err)
-		}
-		return be, nil
 	}
-	return nil, fmt.Errorf("%w: unknown -device %q; use cpu or cuda", ErrConfig, r.cfg.Device)
-}
-
-// localGPUs returns the GPUs of this machine and the workers of this job on
-// it: the in-process workers, or under mpirun the ranks on this node.
-func (r *runner) localGPUs() (gpus, workers int, err error) {
-	if gpus, err = cuda.Count(); err != nil {
-		return 0, 0, err
-	}
-	workers = r.size
+	n, _ := cuda.Count() // at least 1: checked by checkDevice
+	local := rank
 	if r.backend == "mpi" {
-		workers = 1
-		if l, ok := mpi.Detect(); ok && l.LocalSize() > 0 {
-			workers = l.LocalSize()
+		local = 0
+		if l, ok := mpi.Detect(); ok && l.LocalRank >= 0 {
+			local = l.LocalRank
 		}
 	}
-	return gpus, workers, nil
+	d, err := r.gpus.open(local%n, cuda.Options{TF32: r.cfg.TF32, Deterministic: r.cfg.Deterministic})
+	if err != nil {
+		return nil, fmt.Errorf("train: -device cuda: %w", err)
+	}
+	be, err := cuda.NewBackend(d)
+	if err != nil {
+		return nil, fmt.Errorf("train: -device cuda: %w", err)
+	}
+	return be, nil
 }
 
 // useNCCL reports whether workers on GPUs connect over NCCL: -comm nccl,
@@ -181,9 +149,18 @@ func (r *runner) useNCCL() (bool, error) {
 	if r.cfg.Device != "cuda" || (want != "nccl" && want != "auto") {
 		return false, nil
 	}
-	n, workers, err := r.localGPUs()
+	n, err := cuda.Count()
 	if err != nil {
 		return false, fmt.Errorf("train: -comm %s: %w", want, err)
+	}
+	// The workers of this job on this machine: the in-process workers, or
+	// under mpirun the ranks on this node.
+	workers := r.size
+	if r.backend == "mpi" {
+		workers = 1
+		if l, ok := mpi.Detect(); ok {
+			workers = max(1, l.LocalSize())
+		}
 	}
 	if workers > n {
 		if want == "auto" {

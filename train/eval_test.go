@@ -44,18 +44,18 @@ func TestEvalBound(t *testing.T) {
 }
 
 // evalRecords reads the eval records of a run directory.
-func evalRecords(t *testing.T, dir string) []EvalRecord {
+func evalRecords(t *testing.T, dir string) []metrics.Eval {
 	t.Helper()
 	f, err := os.Open(filepath.Join(dir, "metrics.jsonl"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	var out []EvalRecord
+	var out []metrics.Eval
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<24)
 	for sc.Scan() {
-		var r EvalRecord
+		var r metrics.Eval
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/layout"
 )
 
 // ErrInterrupted is wrapped by the error of a run stopped by Options.Stop
@@ -106,11 +107,7 @@ func (r *runner) noCheckpoint(fix string) string {
 
 // resumeCommand is the command that continues the run.
 func (r *runner) resumeCommand() string {
-	prog := "train"
-	if len(r.opt.CommandLine) > 0 {
-		prog = r.opt.CommandLine[0]
-	}
-	cmd := prog + " -resume " + r.cfg.Out
+	cmd := progOf(r.opt) + " -resume " + r.cfg.Out
 	if r.backend == "mpi" {
 		cmd = mpiLauncher(r.size) + " " + cmd
 	}
@@ -424,10 +421,10 @@ func firstNonFinite(v []float32) int {
 	return -1
 }
 
-// tensorAt names the layout tensor holding flat element i: its name and
+// tensorAt names the tensor of ts holding flat element i: its name and
 // the element's index within it.
-func (dp *dataPath) tensorAt(i int) (string, int) {
-	for _, t := range dp.layout.Tensors {
+func tensorAt(ts []layout.Tensor, i int) (string, int) {
+	for _, t := range ts {
 		if i < t.Offset+t.Size {
 			return t.Name, i - t.Offset
 		}
@@ -443,6 +440,6 @@ func (dp *dataPath) nonFinite(what string, v []float32, i int) error {
 
 // nonFiniteValue is nonFinite of element i, of value x.
 func (dp *dataPath) nonFiniteValue(what string, x float32, i int) error {
-	name, j := dp.tensorAt(i)
+	name, j := tensorAt(dp.layout.Tensors, i)
 	return fmt.Errorf("%w: the %s is %v in tensor %s (element %d of it)", errNonFinite, what, x, name, j)
 }

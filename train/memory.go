@@ -93,11 +93,15 @@ func memoryNeed(c Config, ds *Dataset, workers, size, nModels int, shared bool) 
 		opt = n
 	}
 	m, w := int64(nModels), int64(workers)
+	loaders := int64(0) // a worker's training and evaluation batches
+	if wl, ok := lookupWorkload(c.Model); ok && wl.loaderBytes != nil {
+		loaders = wl.loaderBytes(c, evalN)
+	}
 	parts := []memPart{
 		{fmt.Sprintf("%s's training program at -batch %s", c.Model, metrics.Thousands(c.Batch.Value())), m * arena, "-batch", ""},
 		{fmt.Sprintf("its evaluation at -eval-batch %s", metrics.Thousands(c.EvalBatch.Value())), m * evalArena, "-eval-batch", ""},
 		{"parameters, gradients, residuals and optimizer state", w*2*n + copies*(n+opt), "-workers", ""},
-		{"the data loaders' batches", w * loaderBytes(c, evalN), "-batch", ""},
+		{"the data loaders' batches", w * loaders, "-batch", ""},
 	}
 	if nModels > 1 {
 		parts[0].what += fmt.Sprintf(" (×%d executors)", nModels)
@@ -121,16 +125,6 @@ func evalBatchSize(c Config, ds *Dataset, size int) int {
 
 // ceilDiv is ⌈n/d⌉.
 func ceilDiv(n, d int) int { return (n + d - 1) / d }
-
-// loaderBytes is what one worker's data loaders hold for a training batch
-// and an evaluation batch of evalN (the model's inputs, as the loaders
-// assemble them: workload.loaderBytes).
-func loaderBytes(c Config, evalN int) int64 {
-	if w, ok := lookupWorkload(c.Model); ok && w.loaderBytes != nil {
-		return w.loaderBytes(c, evalN)
-	}
-	return 0
-}
 
 // machineMemory returns the memory this process may still allocate (the
 // kernel's MemAvailable, or less under a cgroup limit) and the machine's
@@ -196,8 +190,10 @@ func gb(b int64) string {
 // machine (mpirun), size the workers of the job, sim the simulation (nil
 // when the workers do not share models).
 func checkFits(c Config, ds *Dataset, workers, local, size int, sim *simulation) error {
-	if err := checkBatchFits(c, ds, size); err != nil {
-		return err
+	if w, ok := lookupWorkload(c.Model); ok && w.checkBatch != nil {
+		if err := w.checkBatch(c, ds, size); err != nil {
+			return err
+		}
 	}
 	sz, err := sizeModel(c, ds, evalBatchSize(c, ds, size))
 	if err != nil {
@@ -224,21 +220,11 @@ func checkFits(c Config, ds *Dataset, workers, local, size int, sim *simulation)
 	if err != nil {
 		return err
 	}
-	need := int64(0)
-	for _, p := range parts {
-		need += p.bytes
-	}
-	need *= int64(local)
+	need := totalBytes(parts) * int64(local)
 	if need <= avail {
 		return nil
 	}
-	slices.SortStableFunc(parts, func(a, b memPart) int { return int(b.bytes>>20 - a.bytes>>20) })
-	var list []string
-	for _, p := range parts {
-		if p.bytes >= need/int64(local)/100 {
-			list = append(list, p.what+": "+gb(p.bytes))
-		}
-	}
+	list := largestFirst(parts, need/int64(local))
 	procs := ""
 	if local > 1 {
 		procs = fmt.Sprintf(" for its %d processes on this machine", local)
@@ -256,7 +242,28 @@ func checkFits(c Config, ds *Dataset, workers, local, size int, sim *simulation)
 	}
 	fix += parts[0].alt
 	return fmt.Errorf("%w: the run needs at least %s of memory%s (%s), and this machine has %s available (of %s); %s",
-		ErrConfig, gb(need), procs, strings.Join(list, "; "), gb(avail), gb(total), fix)
+		ErrConfig, gb(need), procs, list, gb(avail), gb(total), fix)
+}
+
+// totalBytes is the memory of parts.
+func totalBytes(parts []memPart) (n int64) {
+	for _, p := range parts {
+		n += p.bytes
+	}
+	return n
+}
+
+// largestFirst sorts parts, the largest first, and lists those of at least
+// a hundredth of total ("what: 3.1 GB; ...").
+func largestFirst(parts []memPart, total int64) string {
+	slices.SortStableFunc(parts, func(a, b memPart) int { return int(b.bytes>>20 - a.bytes>>20) })
+	var list []string
+	for _, p := range parts {
+		if p.bytes >= total/100 {
+			list = append(list, p.what+": "+gb(p.bytes))
+		}
+	}
+	return strings.Join(list, "; ")
 }
 
 // fittingBatch is the largest batch size whose memory (memoryNeed, linear
@@ -267,14 +274,7 @@ func fittingBatch(c Config, ds *Dataset, workers, local, size, nModels int, shar
 		cb := c
 		cb.Batch = Set(batch)
 		parts, err := memoryNeed(cb, ds, workers, size, nModels, shared)
-		if err != nil {
-			return 0, false
-		}
-		s := int64(0)
-		for _, p := range parts {
-			s += p.bytes
-		}
-		return s * int64(local), true
+		return totalBytes(parts) * int64(local), err == nil
 	}
 	b := c.Batch.Value()
 	one, ok1 := total(1)
@@ -287,16 +287,6 @@ func fittingBatch(c Config, ds *Dataset, workers, local, size, nModels int, shar
 	}
 	perSample := float64(all-one) / float64(b-1)
 	return 1 + int(float64(avail-one)/perSample)
-}
-
-// checkBatchFits refuses a training batch larger than a worker's share of
-// the training data (size workers), as the data loaders would, but before
-// anything is allocated for it (workload.checkBatch).
-func checkBatchFits(c Config, ds *Dataset, size int) error {
-	if w, ok := lookupWorkload(c.Model); ok && w.checkBatch != nil {
-		return w.checkBatch(c, ds, size)
-	}
-	return nil
 }
 
 // checkShare refuses c's training batch when a worker's share of the

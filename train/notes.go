@@ -52,22 +52,6 @@ func methodRun(cfg Config, layout sparsify.Layout, total, perEpoch int) sparsify
 		Optimizer: cfg.Optimizer, Momentum: cfg.Momentum.Value()}
 }
 
-// checkMethodRun runs the method's own check of the run (sparsify.Method.Check),
-// when its options are valid.
-func checkMethodRun(c Config, m sparsify.Method, bad func(string, ...any)) {
-	if m.Check == nil {
-		return
-	}
-	p, err := m.Resolve(c.MethodOptions)
-	if err != nil {
-		return // validateMethodOptions says why
-	}
-	c.MethodOptions = p
-	if err := m.Check(methodRun(c, sparsify.Layout{}, 0, 0)); err != nil {
-		bad("%v", err)
-	}
-}
-
 // profile hands the reducer the times of the step just done (the run-wide
 // number step) when it profiles the backward pass (sparsify.Profiled:
 // LAGS' adaptive density), and records what it notes.

@@ -24,9 +24,6 @@ type Optional[T Number] struct {
 // Set returns an Optional holding v.
 func Set[T Number](v T) Optional[T] { return Optional[T]{v: v, set: true} }
 
-// Get returns the value and whether it is set.
-func (o Optional[T]) Get() (T, bool) { return o.v, o.set }
-
 // Value returns the value, 0 when unset.
 func (o Optional[T]) Value() T { return o.v }
 

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/rundir"
 )
 
@@ -62,7 +63,7 @@ func openOutput(cfg Config, opt Options, info *RunInfo, log *slog.Logger) (*outp
 }
 
 // step records a step.
-func (o *output) step(rec StepRecord) error {
+func (o *output) step(rec metrics.Step) error {
 	if o == nil {
 		return nil
 	}
@@ -79,12 +80,12 @@ func (o *output) step(rec StepRecord) error {
 }
 
 // eval records an evaluation.
-func (o *output) eval(epoch, step int, wall Num, ev evaluation) error {
+func (o *output) eval(epoch, step int, wall metrics.Num, ev evaluation) error {
 	if o == nil {
 		return nil
 	}
 	for _, m := range ev.metrics {
-		if err := o.metrics.Write(EvalRecord{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: Num(m.Value),
+		if err := o.metrics.Write(metrics.Eval{Type: "eval", Epoch: epoch + 1, Step: step, Wall: wall, Metric: m.Name, Value: metrics.Num(m.Value),
 			Split: ev.split, Evaluated: ev.count, SplitSize: ev.total, Unit: ev.unit}); err != nil {
 			return err
 		}

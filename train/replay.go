@@ -69,16 +69,13 @@ var replayWorkload = &workload{
 	},
 }
 
-// ReplayInfo is what run.json says of a replay's recording.
-type ReplayInfo = metrics.Replay
-
 // ReplayCannotShow lists what a replay's report leaves out and why.
 const ReplayCannotShow = "no loss, accuracy or other evaluation (the gradients are replayed, not computed: no model runs and no update is applied, so a sparsifier's effect on convergence is not seen); the compute time is the copy of the recorded gradient, not the model's step (the recording's measured step time is given instead); the gradients after step 1 are those the recording's own training produced, not what training with this sparsifier would have produced"
 
 // replayInfo summarises a recording for run.json.
-func replayInfo(r *recorded.Recording) *ReplayInfo {
+func replayInfo(r *recorded.Recording) *metrics.Replay {
 	m := r.Manifest
-	return &ReplayInfo{Dir: r.Dir, Model: m.Model, Source: m.Source, Mode: m.Mode, Workers: m.Workers, Steps: m.Steps, Batch: m.Batch,
+	return &metrics.Replay{Dir: r.Dir, Model: m.Model, Source: m.Source, Mode: m.Mode, Workers: m.Workers, Steps: m.Steps, Batch: m.Batch,
 		StepTime: m.StepTime.Seconds, StepDevice: m.StepTime.Device, Software: m.Software}
 }
 

@@ -9,14 +9,10 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sparsegrad/sparsegrad/metrics"
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/rundir"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
-
-// ResumeRecord is one resume of a run, as run.json lists them.
-type ResumeRecord = metrics.Resume
 
 // resumeMayChange reports whether a resumed run may set the configuration
 // key (run.json's) to another value than the run had (options.Option's
@@ -91,7 +87,7 @@ func resumeConfig(given Config, set map[string]bool, mpi bool) (Config, *RunInfo
 	}
 	// The run's worker count is its number of ranks.
 	sm["workers"] = float64(info.Workers)
-	gw, gwSet := given.Workers.Get()
+	gw, gwSet := given.Workers.Value(), given.Workers.IsSet()
 	isSet := func(k string, v any) bool {
 		if set != nil {
 			return set[flagOf(k)]
@@ -101,7 +97,6 @@ func resumeConfig(given Config, set map[string]bool, mpi bool) (Config, *RunInfo
 	onecycle := saved.LRSchedule == "onecycle"
 	var diffs []string
 	merged := saved
-	var changedKeys []string
 	for _, k := range slices.Sorted(maps.Keys(gm)) {
 		v := gm[k]
 		if k == "out" || k == "resume" || k == "workers" || !isSet(k, v) {
@@ -111,7 +106,7 @@ func resumeConfig(given Config, set map[string]bool, mpi bool) (Config, *RunInfo
 			continue
 		}
 		if resumeMayChange(k) && !(onecycle && (k == "steps" || k == "epochs")) {
-			changedKeys = append(changedKeys, k)
+			merged.Set(k, given.Get(k))
 			continue
 		}
 		why := ""
@@ -125,21 +120,6 @@ func resumeConfig(given Config, set map[string]bool, mpi bool) (Config, *RunInfo
 	}
 	if len(diffs) > 0 {
 		return Config{}, nil, fmt.Errorf("%w: -resume %s continues the run as it was configured; these flags contradict its run.json:\n  %s\n(drop them to continue the run, or start a new run with -out)", ErrConfig, dir, strings.Join(diffs, "\n  "))
-	}
-	// Take the changed keys from given, field by field through JSON.
-	if len(changedKeys) > 0 {
-		mm, _ := configMap(merged)
-		for _, k := range changedKeys {
-			mm[k] = gm[k]
-		}
-		delete(mm, "workers")
-		b, _ := json.Marshal(mm)
-		var back Config
-		if err := json.Unmarshal(b, &back); err != nil {
-			return Config{}, nil, fmt.Errorf("-resume %s: %w", dir, err)
-		}
-		back.MethodOptions, back.Workers = merged.MethodOptions, merged.Workers
-		merged = back
 	}
 	merged.Workers = Set(info.Workers)
 	if mpi {

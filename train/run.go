@@ -70,18 +70,6 @@ type Options struct {
 // readers too).
 type RunInfo = metrics.Run[Config, cuda.Report]
 
-// Versions are the software versions of a run.
-type Versions = metrics.Versions
-
-// Machine describes the computer of rank 0.
-type Machine = metrics.Machine
-
-// UnderMPI reports whether this process was started by an MPI launcher.
-func UnderMPI() bool {
-	_, ok := mpi.Detect()
-	return ok
-}
-
 // Run trains as c says. Without Options.Comm it starts c.Workers workers in
 // this process over comm/local, or, when this process runs under mpirun, one
 // worker over comm/mpi. It returns when training ends, when ctx is cancelled
@@ -94,7 +82,8 @@ func UnderMPI() bool {
 // command that resumes; under mpirun it is printed by rank 0 only (the
 // others' errors say Reported).
 func Run(ctx context.Context, c Config, o Options) (err error) {
-	underMPI := o.Comm == nil && UnderMPI()
+	_, launched := mpi.Detect() // by an MPI launcher
+	underMPI := o.Comm == nil && launched
 	defer func() { err = finalError(err) }()
 	var prev *RunInfo
 	if c.Resume != "" {
@@ -125,20 +114,12 @@ func Run(ctx context.Context, c Config, o Options) (err error) {
 		r.backend, r.size = "local", r.cfg.Workers.Value()
 		r.sim = simulated(r.cfg, r.backend, r.size)
 		var opts []local.Option
-		if r.cfg.NetBandwidth > 0 {
-			net := netmodel.Network{Latency: r.cfg.NetLatency, Bandwidth: r.cfg.NetBandwidth}
-			if err := net.Validate(); err != nil {
-				return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
-			}
-			nccl, err := r.useNCCL()
-			if err != nil {
-				return err
-			}
-			if nccl {
-				r.netOverNCCL = &net
-			} else {
-				opts = append(opts, local.WithNetwork(net))
-			}
+		net, err := r.hostNetwork()
+		if err != nil {
+			return err
+		}
+		if net != nil {
+			opts = append(opts, local.WithNetwork(*net))
 		}
 		defer r.watchStop()()
 		return r.discard(local.Run(ctx, r.cfg.Workers.Value(), r.worker, opts...), true)
@@ -165,26 +146,19 @@ func runMPI(ctx context.Context, c Config, o Options, r *runner) error {
 			}
 		}
 		r.backend, r.size = "mpi", cm.Size()
-		if r.cfg.NetBandwidth > 0 {
-			// The same emulated network as simulated workers get
-			// (comm/local's WithNetwork), between the processes; over
-			// NCCL, applied to the routed communicator (commOnGPU).
-			net := netmodel.Network{Latency: r.cfg.NetLatency, Bandwidth: r.cfg.NetBandwidth}
-			nccl, err := r.useNCCL()
-			if err != nil {
-				return err
-			}
-			if nccl {
-				if err := net.Validate(); err != nil {
-					return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
-				}
-				r.netOverNCCL = &net
-			} else if cm, err = netmodel.Emulate(cm, net); err != nil {
+		// The same emulated network as simulated workers get, between the
+		// processes.
+		net, err := r.hostNetwork()
+		if err != nil {
+			return err
+		}
+		if net != nil {
+			if cm, err = netmodel.Emulate(cm, *net); err != nil {
 				return fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
 			}
 		}
 		defer r.watchStop()()
-		err := r.discard(r.worker(ctx, cm), cm.Rank() == 0)
+		err = r.discard(r.worker(ctx, cm), cm.Rank() == 0)
 		var ce collectiveError
 		if errors.As(err, &ce) {
 			// Rank 0 says it now: mpirun may kill the job before Run
@@ -275,24 +249,31 @@ func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, 
 	if o.Progress == nil {
 		o.Progress = os.Stderr
 	}
+	// The run's size: this process's workers, the job's processes on this
+	// machine (mpirun) and the job's workers.
+	workers, local, size := c.Workers.Value(), 1, c.Workers.Value()
+	var sim *simulation
+	switch {
+	case o.Comm != nil:
+		workers, size = 1, o.Comm.Size()
+	case underMPI:
+		workers, size = 1, 1
+		if l, ok := mpi.Detect(); ok && l.Size > 0 {
+			size = l.Size
+		}
+		local = size
+		if v, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_SIZE")); err == nil && v > 0 {
+			local = v
+		}
+	default:
+		sim = simulated(c, "local", workers)
+	}
 	// Workers sharing this machine share its cores. The default BLAS thread
 	// count depends only on that number, so that -workers N and mpirun -np N
 	// on one machine use the same count: OpenBLAS's results depend on it.
-	workersHere := c.Workers.Value()
-	if o.Comm != nil {
-		workersHere = 1
-	} else if underMPI {
-		workersHere = 1
-		if l, ok := mpi.Detect(); ok && l.Size > 0 {
-			workersHere = l.Size
-		}
-		if v, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_SIZE")); err == nil && v > 0 {
-			workersHere = v
-		}
-	}
 	threads := c.BLASThreads
 	if threads == 0 {
-		threads = max(1, runtime.NumCPU()/workersHere)
+		threads = max(1, runtime.NumCPU()/(workers*local))
 	}
 	blasDesc, err := ops.ConfigureBLAS(c.BLAS, threads)
 	if err != nil {
@@ -311,19 +292,6 @@ func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, 
 		return nil, err
 	}
 	// Size the run before anything of it is allocated or written.
-	workers, local, size := c.Workers.Value(), 1, c.Workers.Value()
-	var sim *simulation
-	switch {
-	case o.Comm != nil:
-		workers, size = 1, o.Comm.Size()
-	case underMPI:
-		workers, local, size = 1, workersHere, 1
-		if l, ok := mpi.Detect(); ok && l.Size > 0 {
-			size = l.Size
-		}
-	default:
-		sim = simulated(c, "local", workers)
-	}
 	if err := checkFits(c, ds, workers, local, size, sim); err != nil {
 		return nil, err
 	}
@@ -353,6 +321,25 @@ func (r *runner) watchStop() func() {
 			u()
 		}
 	}
+}
+
+// hostNetwork is the emulated network (-net-*) the run's host backend
+// applies (nil: none). Over NCCL it is r.netOverNCCL instead, which each
+// worker applies to its routed communicator (commOnGPU).
+func (r *runner) hostNetwork() (*netmodel.Network, error) {
+	if r.cfg.NetBandwidth <= 0 {
+		return nil, nil
+	}
+	net := netmodel.Network{Latency: r.cfg.NetLatency, Bandwidth: r.cfg.NetBandwidth}
+	if err := net.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: emulated network: %w", ErrConfig, err)
+	}
+	nccl, err := r.useNCCL()
+	if err != nil || !nccl {
+		return &net, err
+	}
+	r.netOverNCCL = &net
+	return nil, nil
 }
 
 // reported is an error of a rank other than 0 under mpirun that rank 0

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/metrics"
 )
 
 // stepStats is what one rank measured in one step, and, after gatherStats,
@@ -106,8 +107,10 @@ func criticalRank(vals func(r, i int) float64, n int) int {
 	best, bestV := 0, math.Inf(-1)
 	for r := range n {
 		v := 0.0
-		for _, i := range criticalFields {
-			v += vals(r, i)
+		for i, f := range stepFields {
+			if f.name == "queued" || f.name == "compute" || f.name == "select" {
+				v += vals(r, i)
+			}
 		}
 		if v > bestV {
 			best, bestV = r, v
@@ -115,17 +118,6 @@ func criticalRank(vals func(r, i int) float64, n int) int {
 	}
 	return best
 }
-
-// criticalFields are the positions in stepFields of the times that decide
-// the critical rank: queued, compute and select.
-var criticalFields = func() (idx []int) {
-	for i, f := range stepFields {
-		if f.name == "queued" || f.name == "compute" || f.name == "select" {
-			idx = append(idx, i)
-		}
-	}
-	return idx
-}()
 
 // gatherStats combines every rank's statistics as stepFields say (the same
 // result on every rank); LayerK is the local one.
@@ -175,14 +167,14 @@ func newOpDeltas(cnt *comm.Counter) *opDeltas {
 }
 
 // next returns the operations called since the last call.
-func (d *opDeltas) next() map[string]OpCount {
-	ops := map[string]OpCount{}
+func (d *opDeltas) next() map[string]metrics.OpCount {
+	ops := map[string]metrics.OpCount{}
 	for i, op := range comm.Ops() {
 		st := d.cnt.Stats(op)
 		p := d.prev[i]
 		if st.Calls != p.Calls {
-			ops[op.String()] = OpCount{Calls: st.Calls - p.Calls, Elements: st.Elements - p.Elements,
-				BytesSent: st.BytesSent - p.BytesSent, BytesRecv: st.BytesRecv - p.BytesRecv, Time: Num((st.Time - p.Time).Seconds())}
+			ops[op.String()] = metrics.OpCount{Calls: st.Calls - p.Calls, Elements: st.Elements - p.Elements,
+				BytesSent: st.BytesSent - p.BytesSent, BytesRecv: st.BytesRecv - p.BytesRecv, Time: metrics.Num((st.Time - p.Time).Seconds())}
 		}
 		d.prev[i] = st
 	}
@@ -190,16 +182,16 @@ func (d *opDeltas) next() map[string]OpCount {
 }
 
 // stepRecord is the metrics record of a step from the combined statistics.
-func stepRecord(s stepStats, epoch, step, workers int, lr, density float64, wall time.Duration) StepRecord {
-	rec := StepRecord{Type: "step", Epoch: epoch + 1, Step: step, Loss: Num(s.Loss), LR: Num(lr),
-		Density: Num(density), ActualDensity: Num(s.ActualDensity), ErrorNorm: Num(s.ErrorNorm),
-		BytesSent: Num(s.Sent), BytesRecv: Num(s.Recv),
-		TForward: Num(s.Forward.Seconds()), TBackward: Num(s.Backward.Seconds()), TSelect: Num(s.Select.Seconds()),
-		TComm: Num(s.Comm.Seconds()), TUpdate: Num(s.Update.Seconds()), TIter: Num(s.Iter.Seconds()),
-		TCompute: Num(s.Compute.Seconds()), TCommWall: Num(s.CommWall.Seconds()), TWait: Num(s.Wait.Seconds()), TQueue: Num(s.Queued.Seconds()),
-		Samples: s.Samples, Workers: workers, Wall: Num(wall.Seconds()), LayerK: s.LayerK}
+func stepRecord(s stepStats, epoch, step, workers int, lr, density float64, wall time.Duration) metrics.Step {
+	rec := metrics.Step{Type: "step", Epoch: epoch + 1, Step: step, Loss: metrics.Num(s.Loss), LR: metrics.Num(lr),
+		Density: metrics.Num(density), ActualDensity: metrics.Num(s.ActualDensity), ErrorNorm: metrics.Num(s.ErrorNorm),
+		BytesSent: metrics.Num(s.Sent), BytesRecv: metrics.Num(s.Recv),
+		TForward: metrics.Num(s.Forward.Seconds()), TBackward: metrics.Num(s.Backward.Seconds()), TSelect: metrics.Num(s.Select.Seconds()),
+		TComm: metrics.Num(s.Comm.Seconds()), TUpdate: metrics.Num(s.Update.Seconds()), TIter: metrics.Num(s.Iter.Seconds()),
+		TCompute: metrics.Num(s.Compute.Seconds()), TCommWall: metrics.Num(s.CommWall.Seconds()), TWait: metrics.Num(s.Wait.Seconds()), TQueue: metrics.Num(s.Queued.Seconds()),
+		Samples: s.Samples, Workers: workers, Wall: metrics.Num(wall.Seconds()), LayerK: s.LayerK}
 	if !math.IsNaN(s.Threshold) {
-		t := Num(s.Threshold)
+		t := metrics.Num(s.Threshold)
 		rec.Threshold = &t
 	}
 	return rec

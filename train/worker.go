@@ -29,7 +29,7 @@ type worker struct {
 	runner *runner
 	cfg    Config
 	// communicator connects the ranks: the run's (in-process or MPI) or,
-	// on a GPU, the one for device memory (commOn).
+	// on a GPU, the one for device memory (commOnGPU).
 	communicator comm.Communicator
 	rank, size   int
 	log          *slog.Logger
@@ -166,9 +166,17 @@ func (w *worker) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reduceOps, feedbackOps, err := w.commOn(ctx, be.Device())
-	if err != nil {
-		return err
+	// Communication for device memory. On a GPU: its kernels, and device
+	// buffers staged through host memory over the run's communicator, or
+	// NCCL (commOnGPU).
+	var reduceOps sparsify.Ops // nil: the CPU's
+	feedbackOps := sparsify.CPUOps()
+	w.commName = w.runner.backend
+	if g, ok := be.Device().(*cuda.Device); ok {
+		feedbackOps, reduceOps = g.Sparse(), g.Sparse()
+		if w.communicator, w.commName, w.nccl, err = w.runner.commOnGPU(ctx, w.communicator, g); err != nil {
+			return err
+		}
 	}
 	counter := comm.NewCounter(w.communicator)
 	w.opCounts = newOpDeltas(counter)
@@ -210,22 +218,6 @@ func (w *worker) buildModel(be engine.Backend) (models.Model, error) {
 		model = w.runner.opt.wrapModel(model)
 	}
 	return model, nil
-}
-
-// commOn sets up communication for device memory on dev and returns the
-// vector operations of the reducers (nil: the CPU's) and of error
-// feedback. On a GPU: its kernels, and device buffers staged through host
-// memory over the run's communicator (in-process or MPI), or NCCL.
-func (w *worker) commOn(ctx context.Context, dev device.Device) (reduceOps, feedbackOps sparsify.Ops, err error) {
-	feedbackOps = sparsify.CPUOps()
-	w.commName = w.runner.backend
-	if g, ok := dev.(*cuda.Device); ok {
-		feedbackOps, reduceOps = g.Sparse(), g.Sparse()
-		if w.communicator, w.commName, w.nccl, err = w.runner.commOnGPU(ctx, w.communicator, g); err != nil {
-			return nil, nil, err
-		}
-	}
-	return reduceOps, feedbackOps, nil
 }
 
 // initParams gives every rank rank 0's initial parameters and batch-norm
@@ -296,13 +288,9 @@ func (w *worker) prepareData(dev device.Device) error {
 // newRunInfo is rank 0's run.json of the run on dev.
 func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 	r, dp := w.runner, w.dataPath
-	names := make([]string, len(dp.layout.Tensors))
-	for i, t := range dp.layout.Tensors {
-		names[i] = t.Name
-	}
 	info := RunInfo{Config: w.cfg, CommandLine: r.opt.CommandLine, Start: r.start, Backend: r.backend,
 		Workers: w.size, Params: dp.model.NumParams(), Tensors: len(dp.layout.Tensors), Pipelined: dp.pipe != nil, Overlap: dp.pipe != nil,
-		Versions: versions(r.blas, r.kernels), Machine: machine(), LayerNames: names, Device: dev.String(), ReduceIn: "device", Comm: w.commName}
+		Versions: versions(r.blas, r.kernels), Machine: machine(), LayerNames: dp.layout.Names(), Device: dev.String(), ReduceIn: "device", Comm: w.commName}
 	if r.sim != nil {
 		info.Executors = r.sim.executors
 	}
@@ -324,7 +312,7 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 		if after == metrics.StatusRunning {
 			after = metrics.StatusKilled
 		}
-		info.Resumes = append(slices.Clone(prev.Resumes), ResumeRecord{At: time.Now().UTC(), CommandLine: r.opt.CommandLine, After: after})
+		info.Resumes = append(slices.Clone(prev.Resumes), metrics.Resume{At: time.Now().UTC(), CommandLine: r.opt.CommandLine, After: after})
 		info.Notes = slices.Clone(prev.Notes)
 	}
 	if dev.Kind() == device.CUDAKind {
@@ -338,8 +326,8 @@ func (w *worker) newRunInfo(dev device.Device) *RunInfo {
 }
 
 // machine describes the computer of this process (run.json's).
-func machine() Machine {
-	m := Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
+func machine() metrics.Machine {
+	m := metrics.Machine{OS: runtime.GOOS, Arch: runtime.GOARCH, Cores: runtime.NumCPU()}
 	m.Hostname, _ = os.Hostname()
 	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
@@ -358,8 +346,8 @@ func machine() Machine {
 }
 
 // versions are the software versions of this build (run.json's).
-func versions(blas, kernels string) Versions {
-	v := Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
+func versions(blas, kernels string) metrics.Versions {
+	v := metrics.Versions{Go: runtime.Version(), BLAS: blas, Kernels: kernels}
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		v.Module = bi.Main.Path + "@" + bi.Main.Version
 		for _, s := range bi.Settings {
@@ -381,10 +369,10 @@ func sumSizes(l []models.ParamInfo) int {
 
 // gather combines the ranks' step statistics into a record (the same on
 // every rank).
-func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr float64) (StepRecord, error) {
+func (w *worker) gather(ctx context.Context, s stepStats, epoch, step int, lr float64) (metrics.Step, error) {
 	all, err := gatherStats(ctx, w.communicator, s)
 	if err != nil {
-		return StepRecord{}, err
+		return metrics.Step{}, err
 	}
 	density := w.cfg.Density.Value()
 	if w.cfg.Sparsifier == "dense" {
@@ -436,7 +424,7 @@ func (w *worker) evaluate(ctx context.Context, epoch, step int) ([]metric, error
 		}
 		ev.timeUp = f[0] > 0
 	}
-	if err := w.out.eval(epoch, step, Num(time.Since(w.start).Seconds()), ev); err != nil {
+	if err := w.out.eval(epoch, step, metrics.Num(time.Since(w.start).Seconds()), ev); err != nil {
 		return nil, err
 	}
 	w.log.Info("evaluation", "epoch", epoch+1, "step", step, "results", ev.metrics, "split", ev.split, "evaluated", ev.count, "of", ev.total, "time_up", ev.timeUp)

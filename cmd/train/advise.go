@@ -130,9 +130,20 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if v.stepTime > 0 && v.costProfile == "" && !strings.HasPrefix(v.base.Device, "cuda") {
 		return fmt.Errorf("train advise: -step-time %v stands for a GPU, but selection, the update and error feedback would be measured here on the CPU: pass -cost-profile %s (costs this project measured on a GPU) or run on a machine with a GPU with -device cuda", v.stepTime, strings.Join(advise.CostProfiles(), "|"))
 	}
-	c := v.base
-	var h *advise.Host
-	var saveErr error
+	// What a -measurements file must be of, and how this machine is
+	// measured: -model's training, or the recording's.
+	c, dev := v.base, v.base.Device
+	fits := func(h *advise.Host) error {
+		def := c.Defaults()
+		if h.Model != def.Model || h.Dataset != def.Dataset || h.Device != def.Device || h.Preset != def.Preset || h.Batch != def.Batch.Value() {
+			return fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
+				v.measurements, h.Model, h.Preset, h.Dataset, h.Batch, h.Device, def.Model, def.Preset, def.Dataset, def.Batch.Value(), def.Device)
+		}
+		return nil
+	}
+	measure := func() (*advise.Host, error) {
+		return advise.Measure(ctx, advise.Config{Train: c, Horizon: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+	}
 	if v.gradients != "" {
 		given := givenFlags(fs)
 		for _, f := range []string{"model", "dataset", "data-dir", "model-size", "batch", "blas", "tf32"} {
@@ -140,10 +151,18 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				return fmt.Errorf("train advise: -%s with -gradients: the recording is the model; drop -%s", f, f)
 			}
 		}
-		h, saveErr, err = adviseRecorded(ctx, v, methods, stderr)
-	} else {
-		h, saveErr, err = adviseHost(ctx, c, v, methods, stderr)
+		fits = func(h *advise.Host) error {
+			if h.Recording != v.gradients || !strings.HasPrefix(h.Device, dev) {
+				return fmt.Errorf("train advise: %s holds measurements of %s on %s, not of the recording %s on %s; use another -measurements file", v.measurements, h.Model, h.Device, v.gradients, dev)
+			}
+			return nil
+		}
+		measure = func() (*advise.Host, error) {
+			return advise.MeasureRecorded(ctx, advise.RecordedConfig{Dir: v.gradients, StepTime: v.stepTime, Device: dev, Kind: advise.Kind(v.kind),
+				Steps: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
+		}
 	}
+	h, saveErr, err := measured(v, stderr, fits, measure)
 	if err != nil {
 		return err
 	}
@@ -184,47 +203,10 @@ func runAdvise(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return saveErr
 }
 
-// adviseRecorded reads the measurements file of a recording or measures
-// (and writes it; see measured).
-func adviseRecorded(ctx context.Context, v *adviseFlags, methods []string, stderr io.Writer) (h *advise.Host, saveErr, err error) {
-	dev := v.base.Device
-	return measured(v, stderr, func(h *advise.Host) error {
-		if h.Recording != v.gradients || !strings.HasPrefix(h.Device, dev) {
-			return fmt.Errorf("train advise: %s holds measurements of %s on %s, not of the recording %s on %s; use another -measurements file", v.measurements, h.Model, h.Device, v.gradients, dev)
-		}
-		return sameHorizon(v, h)
-	}, func() (*advise.Host, error) {
-		return advise.MeasureRecorded(ctx, advise.RecordedConfig{Dir: v.gradients, StepTime: v.stepTime, Device: dev, Kind: advise.Kind(v.kind),
-			Steps: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
-	})
-}
-
-// adviseHost reads the measurements file or measures this machine (and
-// writes it; see measured).
-func adviseHost(ctx context.Context, c train.Config, v *adviseFlags, methods []string, stderr io.Writer) (h *advise.Host, saveErr, err error) {
-	return measured(v, stderr, func(h *advise.Host) error {
-		def := c.Defaults()
-		if h.Model != def.Model || h.Dataset != def.Dataset || h.Device != def.Device || h.Preset != def.Preset || h.Batch != def.Batch.Value() {
-			return fmt.Errorf("train advise: %s holds measurements of %s (%s) on %s, batch %d, %s, not of %s (%s) on %s, batch %d, %s; use another -measurements file",
-				v.measurements, h.Model, h.Preset, h.Dataset, h.Batch, h.Device, def.Model, def.Preset, def.Dataset, def.Batch.Value(), def.Device)
-		}
-		return sameHorizon(v, h)
-	}, func() (*advise.Host, error) {
-		return advise.Measure(ctx, advise.Config{Train: c, Horizon: v.steps, Densities: v.densities, Methods: methods, Params: v.method, Log: stderr})
-	})
-}
-
-// sameHorizon refuses measurements whose horizon is not the -steps given.
-func sameHorizon(v *adviseFlags, h *advise.Host) error {
-	if v.steps > 0 && h.HorizonSteps != v.steps {
-		return fmt.Errorf("train advise: %s holds a horizon of %d steps, not -steps %d; use another -measurements file (or drop -steps)", v.measurements, h.HorizonSteps, v.steps)
-	}
-	return nil
-}
-
 // measured returns the measurements of -measurements when the file exists
 // (fits says whether they are of this advice's model; they must cover
-// -density's densities), or measures and saves them there. The file is
+// -density's densities and -steps' horizon), or measures and saves them
+// there. The file is
 // checked before measuring; when it cannot be written after all (saveErr:
 // the disk filled up meanwhile), the measurements still come back, for the
 // tables.
@@ -238,6 +220,9 @@ func measured(v *adviseFlags, stderr io.Writer, fits func(*advise.Host) error, m
 		case err == nil:
 			if err := fits(h); err != nil {
 				return nil, nil, err
+			}
+			if v.steps > 0 && h.HorizonSteps != v.steps {
+				return nil, nil, fmt.Errorf("train advise: %s holds a horizon of %d steps, not -steps %d; use another -measurements file (or drop -steps)", v.measurements, h.HorizonSteps, v.steps)
 			}
 			for _, d := range v.densities {
 				if !slices.ContainsFunc(h.Unions, func(u advise.Union) bool { return u.Density == d }) {

@@ -243,10 +243,10 @@ type gridDocs struct {
 // add declares g's flags on fs, the latency's default 50µs.
 func (g *gridFlags) add(fs *flag.FlagSet, doc gridDocs) {
 	fs.StringVar(&g.gradients, "gradients", "", doc.gradients)
-	fs.Var(listValue[string]{&g.sparsifiers, parseName, "list"}, "sparsifiers", doc.sparsifiers+": "+strings.Join(sparsify.Names(), ", "))
-	fs.Var(listValue[int]{&g.workers, parseWorkers, "list"}, "workers", doc.workers)
-	fs.Var(listValue[float64]{&g.densities, parseFraction, "list"}, "density", doc.density)
-	fs.Var(listValue[float64]{&g.gbits, parseGbit, "list"}, "net-bandwidth", doc.bandwidth)
+	fs.Var(listValue[string]{&g.sparsifiers, parseName}, "sparsifiers", doc.sparsifiers+": "+strings.Join(sparsify.Names(), ", "))
+	fs.Var(listValue[int]{&g.workers, parseWorkers}, "workers", doc.workers)
+	fs.Var(listValue[float64]{&g.densities, parseFraction}, "density", doc.density)
+	fs.Var(listValue[float64]{&g.gbits, parseGbit}, "net-bandwidth", doc.bandwidth)
 	g.latency = 50 * time.Microsecond
 	o, _ := options.Lookup("net_latency")
 	fs.Var(bind(o, &g.latency), "net-latency", doc.latency+" (default 50µs)")

@@ -1,15 +1,11 @@
 // Command train trains one model data-parallel with a gradient sparsifier and
-// writes a run directory (run.json, metrics.jsonl, checkpoints/, report.html).
-//
-//	train [flags]                      train one model, write a run directory
-//	train report [-o FILE] RUN_DIR...  compare runs in one HTML report
-//	train replay -gradients DIR -sparsifier M -out RUN_DIR  a sparsifier on recorded gradients
-//	train sweep -preset NAME -out DIR  run a grid of trainings, one comparison page
-//	train advise -model M -workers P -net-bandwidth B  rank the sparsifiers for a cluster
-//
-// -workers N runs N simulated workers in one process; under mpirun each
-// process is one worker (mpirun -np 4 train ... gives the same per-step losses
-// as train -workers 4 ... for the same seed). Run `train -help` for the flags.
+// writes a run directory (run.json, metrics.jsonl, checkpoints/, report.html);
+// its subcommands compare runs (report), replay recorded gradients (replay),
+// run grids of trainings (sweep) and rank the sparsifiers for a cluster
+// (advise). -workers N runs N simulated workers in one process; under mpirun
+// each process is one worker (mpirun -np 4 train ... gives the same per-step
+// losses as train -workers 4 ... for the same seed). Run `train -help` for the
+// synopsis of each and the flags.
 package main
 
 import (
@@ -21,12 +17,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/sparsegrad/sparsegrad/options"
+	"github.com/sparsegrad/sparsegrad/reports"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
 )
@@ -50,7 +46,7 @@ func main() {
 	}
 	if err != nil {
 		msg := err.Error()
-		if !strings.HasPrefix(msg, "train:") && !hasSubcommandPrefix(msg) {
+		if !strings.HasPrefix(msg, "train:") && !strings.HasPrefix(msg, "train ") { // a subcommand's "train sweep: "
 			msg = "train: " + msg
 		}
 		fmt.Fprintln(os.Stderr, msg)
@@ -78,13 +74,6 @@ func (s *stdoutWatch) Write(b []byte) (int, error) {
 		return len(b), nil
 	}
 	return n, err
-}
-
-// hasSubcommandPrefix reports whether msg starts with a subcommand's own
-// prefix ("train report: ", "train sweep: ", "train advise: "), which then
-// is the one prefix.
-func hasSubcommandPrefix(msg string) bool {
-	return slices.ContainsFunc([]string{"report", "sweep", "advise", "replay"}, func(sub string) bool { return strings.HasPrefix(msg, "train "+sub+":") })
 }
 
 // parseFlags parses args with fs. -help (or -h) prints the usage to
@@ -176,18 +165,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected argument %q: train takes only flags (or the report, replay, sweep and advise subcommands)", fs.Arg(0))
 	}
-	cfg := *c
 	if *summary {
-		return printSummary(ctx, cfg, stdout)
+		return printSummary(ctx, *c, stdout)
 	}
-	given := givenFlags(fs)
-	return train.Run(ctx, cfg, train.Options{
-		Stdout: stdout, Progress: stderr,
-		CommandLine: append([]string{progName()}, args...),
-		Report:      writeReport,
-		Signals:     true,
-		Given:       given,
-	})
+	return trainWithFlags(ctx, *c, fs, args, stdout, stderr)
+}
+
+// trainWithFlags runs the training cfg configures from the flags args
+// parsed by fs (train's or a subcommand's: its name, less "train", follows
+// the program in run.json's command line).
+func trainWithFlags(ctx context.Context, cfg train.Config, fs *flag.FlagSet, args []string, stdout, stderr io.Writer) error {
+	cmd := append([]string{progName()}, strings.Fields(fs.Name())[1:]...)
+	return train.Run(ctx, cfg, train.Options{Stdout: stdout, Progress: stderr, CommandLine: append(cmd, args...),
+		Report: writeReport, Signals: true, Given: givenFlags(fs)})
 }
 
 // helpIsNoError turns flag.ErrHelp (the usage was asked for, and printed)
@@ -361,7 +351,7 @@ func runReport(args []string, stdout io.Writer) error {
 			return fmt.Errorf("train report: %w", err)
 		}
 	}
-	if err := compareReports(out, dirs); err != nil {
+	if err := reports.CompareWith(context.Background(), out, dirs, reports.Options{AssetsURL: reportAssets, Target: reportTarget}); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s (%d runs); open it in a browser\n", out, len(dirs))

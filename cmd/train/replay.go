@@ -76,12 +76,5 @@ Flags:
 	if cfg.Gradients != "" {
 		cfg.Model = train.RecordedModel
 	}
-	given := givenFlags(fs)
-	return train.Run(ctx, cfg, train.Options{
-		Stdout: stdout, Progress: stderr,
-		CommandLine: append([]string{progName(), "replay"}, args...),
-		Report:      writeReport,
-		Signals:     true,
-		Given:       given,
-	})
+	return trainWithFlags(ctx, cfg, fs, args, stdout, stderr)
 }

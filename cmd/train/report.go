@@ -41,8 +41,3 @@ func runPage(out, runDir string) error {
 	}
 	return nil
 }
-
-// compareReports writes one HTML file comparing runs.
-func compareReports(out string, runDirs []string) error {
-	return reports.CompareWith(context.Background(), out, runDirs, reports.Options{AssetsURL: reportAssets, Target: reportTarget})
-}

@@ -14,9 +14,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
-	"github.com/sparsegrad/sparsegrad/comm/netmodel"
+	"github.com/sparsegrad/sparsegrad/advise"
 	"github.com/sparsegrad/sparsegrad/options"
 	"github.com/sparsegrad/sparsegrad/reports"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -28,7 +27,6 @@ import (
 type listValue[T any] struct {
 	v     *[]T
 	parse func(string) (T, error)
-	kind  string
 }
 
 func (l listValue[T]) Set(s string) error {
@@ -55,7 +53,7 @@ func (l listValue[T]) String() string {
 	return strings.Join(s, ",")
 }
 
-func (l listValue[T]) Type() string { return l.kind }
+func (l listValue[T]) Type() string { return "list" }
 
 func parseWorkers(s string) (int, error) {
 	n, err := strconv.Atoi(s)
@@ -187,9 +185,9 @@ func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
 		s.Densities = v.densities
 	}
 	if set["net-bandwidth"] || v.preset == "" {
-		nets, err := sweepNetworks(v.gbits, v.latency)
+		nets, err := advise.ParseNetworks(v.gbits, v.latency)
 		if err != nil {
-			return s, nil, err
+			return s, nil, fmt.Errorf("train sweep: %w", err)
 		}
 		s.Networks = nets
 	} else if set["net-latency"] {
@@ -227,18 +225,6 @@ func (v *sweepFlags) spec(fs *flag.FlagSet) (sweep.Spec, *sweep.Preset, error) {
 		return s, nil, errors.New("train sweep: give -workers (e.g. 2,4,8) or a -preset")
 	}
 	return s, pr, nil
-}
-
-func sweepNetworks(gbits []float64, latency time.Duration) ([]netmodel.Network, error) {
-	var nets []netmodel.Network
-	for _, g := range gbits {
-		n := netmodel.Network{Latency: latency, Bandwidth: g * 1e9 / 8}
-		if err := n.Validate(); err != nil {
-			return nil, fmt.Errorf("train sweep: -net-bandwidth %v, -net-latency %v: %w", g, latency, err)
-		}
-		nets = append(nets, n)
-	}
-	return nets, nil
 }
 
 // runSweep is train sweep.
