@@ -11,121 +11,178 @@ import (
 
 // Config is the configuration of one run: one field per general option that
 // package options declares (options.All, in run.json's order), its JSON name
-// the option's key; the declaration holds its doc, which train -help shows with
-// each model's defaults. Unset values (empty strings, unset Optionals, a nil
-// DecayEpochs, absent method options) select the defaults of Defaults: the
+// the option's key, its comment the option's doc (train -help says the same,
+// with each model's defaults). Unset values (empty strings, unset Optionals, a
+// nil DecayEpochs, absent method options) select the defaults of Defaults: the
 // model's, else the declaration's; a value that is set, zero included, is kept.
 // After Defaults every Optional is set and MethodOptions holds every option of
 // the method, so run.json records the whole configuration and reads back into
 // an equal Config.
 type Config struct {
-	// Model is -model.
+	// Model is -model: model (default ncf).
 	Model string `json:"model"`
-	// Dataset is -dataset.
+	// Dataset is -dataset: data set (the model's first by default).
 	Dataset string `json:"dataset"`
-	// DataDir is -data-dir.
+	// DataDir is -data-dir: folder holding the data sets (default
+	// $TRAIN_DATA_DIR, else ./data).
 	DataDir string `json:"data_dir"`
-	// Download is -download.
+	// Download is -download: download the data set into -data-dir first
+	// (verified by checksum).
 	Download bool `json:"download"`
-	// Gradients is -gradients.
+	// Gradients is -gradients: folder of recorded gradients
+	// (python/sparsegrad_record.py, or train -record-gradients).
 	Gradients string `json:"gradients,omitzero"`
-	// RecordGradients is -record-gradients.
+	// RecordGradients is -record-gradients: record every worker's gradient of
+	// every step into this folder (safetensors + manifest.json, for train
+	// replay); the reduction then starts after the backward pass (-overlap auto
+	// is off).
 	RecordGradients string `json:"record_gradients,omitzero"`
-	// Preset is -model-size.
+	// Preset is -model-size: model size.
 	Preset string `json:"preset"`
-	// Sparsifier is -sparsifier.
+	// Sparsifier is -sparsifier: gradient sparsifier (dense: none; each
+	// method's own options are listed below) (default dense).
 	Sparsifier string `json:"sparsifier"`
-	// Density is -density.
+	// Density is -density: setup density ρ in (0, 1]: fraction of the gradient
+	// each worker sends (default: the paper's for lags (0.001 resnet18, 0.004
+	// lstm), dragonn and dgc (0.001); else 0.01).
 	Density Optional[float64] `json:"density,omitzero"`
 	// MethodOptions are the sparsifier's own options by key, as the method
 	// declares them (sparsify.Method.Params; one flag per option): absent ones
 	// take the method's defaults, options of other methods are refused.
 	MethodOptions options.Values `json:"method_options,omitempty"`
-	// Pipeline is -overlap.
+	// Pipeline is -overlap: overlap the reduction with the backward pass: start
+	// each group as soon as its gradients are final (dense: DDP's buckets,
+	// -bucket-mb; lags: its merge groups; the other methods select over the
+	// whole gradient and cannot start before the backward pass ends): auto (on
+	// for dense and lags unless -clip-at local or -record-gradients), on, off
+	// (after the backward pass; the same losses) (default auto).
 	Pipeline string `json:"pipeline"`
-	// ClipAt is -clip-at.
+	// ClipAt is -clip-at: where -clip clips: local (each worker's gradient
+	// before error feedback), aggregated (the averaged gradient; keeps lags
+	// pipelining), auto (aggregated for the methods that overlap, dense and
+	// lags, as DDP users and the LAGS reference clip; else local) (default
+	// auto).
 	ClipAt string `json:"clip_at"`
-	// Workers is -workers.
+	// Workers is -workers: simulated workers in this process (under mpirun: one
+	// worker per process) (default 1).
 	Workers Optional[int] `json:"workers,omitzero"`
-	// Epochs is -epochs.
+	// Epochs is -epochs: epochs.
 	Epochs Optional[int] `json:"epochs,omitzero"`
-	// Steps is -steps.
+	// Steps is -steps: stop after this many iterations (0: no limit).
 	Steps int `json:"steps"`
-	// MaxTime is -max-time.
+	// MaxTime is -max-time: stop after this much wall time, e.g. 30m, with a
+	// final evaluation and checkpoint (0: no limit).
 	MaxTime time.Duration `json:"max_time"`
-	// Batch is -batch.
+	// Batch is -batch: per-worker batch size (images, sequences, ratings).
 	Batch Optional[int] `json:"batch,omitzero"`
-	// EvalBatch is -eval-batch.
+	// EvalBatch is -eval-batch: per-worker evaluation batch (images, sequences,
+	// users).
 	EvalBatch Optional[int] `json:"eval_batch,omitzero"`
-	// LR is -lr.
+	// LR is -lr: learning rate.
 	LR Optional[float64] `json:"lr,omitzero"`
-	// Seed is -seed.
+	// Seed is -seed: random seed, 0 included (initialisation, shuffling,
+	// augmentation, negatives, dropout) (default 42).
 	Seed Optional[uint64] `json:"seed,omitzero"`
-	// Optimizer is -optimizer.
+	// Optimizer is -optimizer: sgd (PyTorch semantics: momentum, weight decay)
+	// or adam.
 	Optimizer string `json:"optimizer"`
-	// Momentum is -momentum.
+	// Momentum is -momentum: SGD momentum in [0, 1) (default 0).
 	Momentum Optional[float64] `json:"momentum,omitzero"`
-	// Nesterov is -nesterov.
+	// Nesterov is -nesterov: SGD with Nesterov momentum (PyTorch's
+	// nesterov=True).
 	Nesterov bool `json:"nesterov,omitzero"`
-	// WeightDecay is -wd.
+	// WeightDecay is -wd: SGD weight decay (BatchNorm .bnN. parameters exempt)
+	// (default 0).
 	WeightDecay Optional[float64] `json:"weight_decay,omitzero"`
-	// Beta1 is -beta1.
+	// Beta1 is -beta1: Adam β1 in [0, 1) (default 0.9).
 	Beta1 Optional[float64] `json:"beta1,omitzero"`
-	// Beta2 is -beta2.
+	// Beta2 is -beta2: Adam β2 in [0, 1) (default 0.999).
 	Beta2 Optional[float64] `json:"beta2,omitzero"`
-	// Eps is -eps.
+	// Eps is -eps: Adam ε > 0 (default 1e-08).
 	Eps Optional[float64] `json:"eps,omitzero"`
-	// WarmupEpochs is -warmup-epochs.
+	// WarmupEpochs is -warmup-epochs: step: linear warm-up length in epochs
+	// (default 0); onecycle: length of the rise (default 30% of the run).
 	WarmupEpochs float64 `json:"warmup_epochs"`
-	// DecayEpochs is -decay-epochs.
+	// DecayEpochs is -decay-epochs: comma-separated epochs where the learning
+	// rate is multiplied by -decay-factor ("none" for none) (default none).
 	DecayEpochs []int `json:"decay_epochs"`
-	// DecayFactor is -decay-factor.
+	// DecayFactor is -decay-factor: step decay factor in (0, 1] (default 0.1).
 	DecayFactor Optional[float64] `json:"decay_factor,omitzero"`
-	// LRSchedule is -lr-schedule.
+	// LRSchedule is -lr-schedule: step (warm-up, then step decay) or onecycle
+	// (one-cycle policy peaking at -lr over the whole run, as PyTorch's
+	// OneCycleLR) (default step).
 	LRSchedule string `json:"lr_schedule"`
-	// Clip is -clip.
+	// Clip is -clip: clip the gradient norm (see -clip-at) (0: off) (default
+	// 0).
 	Clip Optional[float64] `json:"clip,omitzero"`
-	// FeedbackLR is -feedback-lr.
+	// FeedbackLR is -feedback-lr: error feedback keeps learning-rate-scaled
+	// gradients (DEFT's, MiCRO's and LAGS' Algorithm 1: what was held back
+	// keeps its weight when the learning rate changes) instead of raw ones (the
+	// default, as the authors' code does).
 	FeedbackLR bool `json:"feedback_lr,omitzero"`
-	// NoAugment is -no-augment.
+	// NoAugment is -no-augment: turn off CIFAR crops and flips.
 	NoAugment bool `json:"no_augment,omitzero"`
-	// LabelSmoothing is -label-smoothing.
+	// LabelSmoothing is -label-smoothing: label smoothing ε in [0, 1) of a
+	// classifier's training loss (evaluations report the plain loss) (0: none).
 	LabelSmoothing float64 `json:"label_smoothing,omitzero"`
-	// Out is -out.
+	// Out is -out: run directory to write (run.json, metrics.jsonl,
+	// checkpoints/, report.html).
 	Out string `json:"out"`
-	// Resume is -resume.
+	// Resume is -resume: continue the run in this directory from its last
+	// checkpoint.
 	Resume string `json:"resume,omitzero"`
-	// Device is -device.
+	// Device is -device: cpu or cuda (NVIDIA GPUs; in-process workers share the
+	// GPUs, each with a stream of its own) (default cpu).
 	Device string `json:"device"`
-	// Comm is -comm.
+	// Comm is -comm: communication backend: local (in-process workers), mpi
+	// (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when
+	// every worker has a GPU of its own, else local or mpi; on a GPU those
+	// stage device buffers through host memory) (default auto).
 	Comm string `json:"comm,omitzero"`
-	// TF32 is -tf32.
+	// TF32 is -tf32: GPU: allow TF32 tensor-core math in matrix products and
+	// convolutions (faster, about 10-bit mantissa).
 	TF32 bool `json:"tf32,omitzero"`
-	// Deterministic is -deterministic.
+	// Deterministic is -deterministic: GPU: only deterministic cuDNN
+	// convolution algorithms (bit-reproducible runs, slower); otherwise the
+	// fastest measured per shape.
 	Deterministic bool `json:"deterministic,omitzero"`
-	// NetLatency is -net-latency.
+	// NetLatency is -net-latency: emulated network latency per message, e.g.
+	// 50us (with -net-bandwidth; between simulated workers, mpirun's processes
+	// on one machine, or GPUs over NCCL).
 	NetLatency time.Duration `json:"net_latency"`
-	// NetBandwidth is -net-bandwidth.
+	// NetBandwidth is -net-bandwidth: emulated network bandwidth in Gbit/s,
+	// e.g. 10 (with -net-latency).
 	NetBandwidth float64 `json:"net_bandwidth"`
-	// LogEvery is -log-every.
+	// LogEvery is -log-every: write a step record every this many steps
+	// (default 1).
 	LogEvery Optional[int] `json:"log_every,omitzero"`
-	// EvalEvery is -eval-every.
+	// EvalEvery is -eval-every: also evaluate every this many steps (0: every
+	// epoch only).
 	EvalEvery int `json:"eval_every"`
-	// MaxEvalBatches is -max-eval-batches.
+	// MaxEvalBatches is -max-eval-batches: evaluate on at most this many
+	// batches per worker (0: the whole split).
 	MaxEvalBatches int `json:"max_eval_batches,omitzero"`
-	// BLAS is -blas.
+	// BLAS is -blas: matrix products: auto (OpenBLAS if installed), openblas or
+	// gonum (default auto).
 	BLAS string `json:"blas"`
-	// BLASThreads is -blas-threads.
+	// BLASThreads is -blas-threads: OpenBLAS and oneDNN threads (0: cores /
+	// simulated workers).
 	BLASThreads int `json:"blas_threads"`
-	// Kernels is -kernels.
+	// Kernels is -kernels: CPU convolutions and batch norms: auto (oneDNN if
+	// installed), onednn (Debian: apt-get install libdnnl2) or im2col (default
+	// auto).
 	Kernels string `json:"kernels,omitzero"`
-	// Executors is -executors.
+	// Executors is -executors: models the simulated workers of this process
+	// take turns on, on the CPU; they share one copy of the parameters either
+	// way (0: one per core, at most -workers).
 	Executors int `json:"executors,omitzero"`
-	// Quiet is -quiet.
+	// Quiet is -quiet: no progress output.
 	Quiet bool `json:"quiet"`
-	// CheckpointEvery is -checkpoint-every.
+	// CheckpointEvery is -checkpoint-every: also write a checkpoint every this
+	// many steps (0: at the end of every epoch only, and where the run stops).
 	CheckpointEvery int `json:"checkpoint_every"`
-	// CheckEvery is -check-every.
+	// CheckEvery is -check-every: compare a hash of the workers' parameters
+	// every this many steps and stop if they differ (0: only at checkpoints).
 	CheckEvery int `json:"check_every,omitzero"`
 }
 

@@ -17,8 +17,8 @@ var updateConfig = flag.Bool("update-config", false, "rewrite config_gen.go from
 // configDoc is the doc comment of the generated Config type.
 const configDoc = `Config is the configuration of one run: one field per general option
 that package options declares (options.All, in run.json's order), its
-JSON name the option's key; the declaration holds its doc, which train
--help shows with each model's defaults. Unset values (empty strings,
+JSON name the option's key, its comment the option's doc (train -help
+says the same, with each model's defaults). Unset values (empty strings,
 unset Optionals, a nil DecayEpochs, absent method options) select the
 defaults of Defaults: the model's, else the declaration's; a value that
 is set, zero included, is kept. After Defaults every Optional is set and
@@ -84,7 +84,7 @@ func configSource() []byte {
 			continue
 		}
 		name := fieldName(o.Key)
-		doc := fmt.Sprintf("%s is -%s.", name, o.FlagName())
+		doc := fmt.Sprintf("%s is -%s: %s.", name, o.FlagName(), o.Usage())
 		if o.Kind == options.ValueMap {
 			doc = name + " are the sparsifier's own options by key, as the method declares them (sparsify.Method.Params; one flag per option): absent ones take the method's defaults, options of other methods are refused."
 		}
