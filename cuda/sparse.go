@@ -39,7 +39,10 @@ const selTile = 256 * 16
 // selScratch is a stream's reusable memory for the primitives.
 type selScratch struct {
 	state, hist, counts, offs, total device.Buffer // Int32, used as u32
-	first                            device.Buffer // Int64: Accumulate's first bad index
+	// first is the first bad index of Accumulate and k_mark, kept at
+	// noBad between calls (set once, and again only after a call that
+	// found one): no upload before each call.
+	first device.Buffer // Int64, used as u64
 	// pieceSets are SegmentSumSquares' last two sets of segments, kept on
 	// the device (a reducer's per-fragment norms and the frame's residual
 	// norm alternate); lastSet is the one used last.
@@ -121,8 +124,21 @@ func (o *Sparse) stream(s device.Stream) (*Stream, error) {
 			}
 			*a.b = b
 		}
+		if err := cs.clearFirst(); err != nil {
+			return nil, err
+		}
 	}
 	return cs, nil
+}
+
+// noBad is the value of the scratch's first when no bad index was found:
+// above every index (k_accumulate and k_mark lower it by an unsigned
+// atomicMin).
+const noBad = ^uint64(0)
+
+// clearFirst sets the scratch's first back to noBad (a memset: no upload).
+func (cs *Stream) clearFirst() error {
+	return cs.fill32(cs.sel.first.View(device.Int32, 0, 2), math.MaxUint32)
 }
 
 // check that b is a buffer of this GPU of type dt, at least n long.
@@ -166,10 +182,7 @@ func (o *Sparse) Accumulate(s device.Stream, r, g device.Buffer, scale float32) 
 	if n == 0 {
 		return -1, nil
 	}
-	first := cs.sel.first
-	if err := cs.Copy(first, device.Host([]int64{int64(n)})); err != nil {
-		return 0, err
-	}
+	first := cs.sel.first // noBad
 	if err := cs.args().buf(r).buf(g).i64(n).f32(scale).buf(first).runN("k_accumulate", n); err != nil {
 		return 0, err
 	}
@@ -180,10 +193,10 @@ func (o *Sparse) Accumulate(s device.Stream, r, g device.Buffer, scale float32) 
 	if err := cs.Synchronize(); err != nil {
 		return 0, err
 	}
-	if f[0] >= int64(n) {
+	if uint64(f[0]) == noBad {
 		return -1, nil
 	}
-	return int(f[0]), nil
+	return int(f[0]), cs.clearFirst()
 }
 
 // FeedbackFlagClear is the value of a flag of AccumulateFlag before any
@@ -250,18 +263,47 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	if err != nil {
 		return nil, err
 	}
-	if err := o.check("SegmentSumSquares", "x", x, device.Float32, 0); err != nil {
+	nseg := len(bounds) - 1
+	if nseg <= 0 {
+		return nil, o.check("SegmentSumSquares", "x", x, device.Float32, 0)
+	}
+	sums, err := grow(o.d, &cs.sel.sums, device.Float64, nseg)
+	if err != nil {
 		return nil, err
+	}
+	if err := o.SegmentSumSquaresTo(s, sums, x, bounds); err != nil {
+		return nil, err
+	}
+	out := make([]float64, nseg)
+	if err := cs.Copy(device.Host(out), sums); err != nil {
+		return nil, err
+	}
+	return out, cs.Synchronize()
+}
+
+// SegmentSumSquaresTo is SegmentSumSquares that leaves the sums where sums
+// is (a Float64 vector of this GPU, len(bounds)−1 elements):
+// two launches and no host wait (sparsify.Ops.SegmentSumSquaresTo).
+func (o *Sparse) SegmentSumSquaresTo(s device.Stream, sums, x device.Buffer, bounds []int) error {
+	cs, err := o.stream(s)
+	if err != nil {
+		return err
+	}
+	if err := o.check("SegmentSumSquares", "x", x, device.Float32, 0); err != nil {
+		return err
 	}
 	nseg := len(bounds) - 1
 	if nseg <= 0 {
-		return nil, nil
+		return nil
+	}
+	if err := o.check("SegmentSumSquares", "sums", sums, device.Float64, nseg); err != nil {
+		return err
 	}
 	sc := cs.sel
 	for i := range sc.pieceSets {
 		if ps := &sc.pieceSets[i]; ps.bounds != nil && slices.Equal(bounds, ps.bounds) && bounds[nseg] <= x.Len() { // on the device
 			sc.lastSet = i
-			return o.sumPieces(cs, x, ps, nseg)
+			return o.sumPieces(cs, x, ps, nseg, sums)
 		}
 	}
 	// Pieces of at most pieceLen elements that never straddle a segment.
@@ -270,7 +312,7 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	for j := range nseg {
 		a, b := bounds[j], bounds[j+1]
 		if a < 0 || b < a || b > x.Len() {
-			return nil, fmt.Errorf("cuda: SegmentSumSquares: segment %d is [%d, %d) of %d elements", j, a, b, x.Len())
+			return fmt.Errorf("cuda: SegmentSumSquares: segment %d is [%d, %d) of %d elements", j, a, b, x.Len())
 		}
 		first[j] = int32(len(lo))
 		for p := a; p < b; p += pieceLen {
@@ -286,52 +328,40 @@ func (o *Sparse) SegmentSumSquares(s device.Stream, x device.Buffer, bounds []in
 	ps.bounds = nil
 	pieces, err := grow(o.d, &ps.pieces, device.Int64, np+1)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	pf, err := grow(o.d, &ps.first, device.Int32, nseg+1)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	// Segments are contiguous, so a piece ends where the next one starts
 	// (lo[np] is the last segment's end).
 	if err := cs.Copy(pieces, device.Host(lo)); err != nil {
-		return nil, err
+		return err
 	}
 	if err := cs.Copy(pf, device.Host(first)); err != nil {
-		return nil, err
+		return err
 	}
 	// The next calls with the same segments (every step's) upload nothing.
 	ps.bounds, ps.np = slices.Clone(bounds), np
-	return o.sumPieces(cs, x, ps, nseg)
+	return o.sumPieces(cs, x, ps, nseg, sums)
 }
 
 // sumPieces runs SegmentSumSquares' kernels over the pieces of the nseg
-// segments of ps, and reads the sums back.
-func (o *Sparse) sumPieces(cs *Stream, x device.Buffer, ps *pieceSet, nseg int) ([]float64, error) {
-	sc := cs.sel
+// segments of ps, leaving the sums in sums.
+func (o *Sparse) sumPieces(cs *Stream, x device.Buffer, ps *pieceSet, nseg int, sums device.Buffer) error {
 	np := ps.np
 	pieces, pf := ps.pieces.Slice(0, np+1), ps.first.Slice(0, nseg+1)
-	parts, err := grow(o.d, &sc.parts, device.Float64, max(np, 1))
+	parts, err := grow(o.d, &cs.sel.parts, device.Float64, max(np, 1))
 	if err != nil {
-		return nil, err
-	}
-	sums, err := grow(o.d, &sc.sums, device.Float64, nseg)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	if np > 0 {
 		if err := cs.args().buf(x).buf(pieces).buf(parts).run("k_piece_sumsq", np); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	if err := cs.args().buf(parts).buf(pf).buf(sums).i32(nseg).runN("k_segment_sum", nseg); err != nil {
-		return nil, err
-	}
-	out := make([]float64, nseg)
-	if err := cs.Copy(device.Host(out), sums); err != nil {
-		return nil, err
-	}
-	return out, cs.Synchronize()
+	return cs.args().buf(parts).buf(pf).buf(sums).i32(nseg).runN("k_segment_sum", nseg)
 }
 
 // selectTiles runs the ordered selection of mode over x: per-tile counts,
@@ -344,7 +374,7 @@ func (o *Sparse) selectTiles(cs *Stream, x device.Buffer, mode int, idx, val dev
 // selectTilesChecked is selectTiles that, where bad is not nil, also
 // copies the first bad index a k_mark before it left in the scratch into
 // *bad with the count, in the same host wait.
-func (o *Sparse) selectTilesChecked(cs *Stream, x device.Buffer, mode int, idx, val device.Buffer, count bool, bad *int64) (int, error) {
+func (o *Sparse) selectTilesChecked(cs *Stream, x device.Buffer, mode int, idx, val device.Buffer, count bool, bad *uint64) (int, error) {
 	n := x.Len()
 	tiles := (n + selTile - 1) / selTile
 	sc := cs.sel
@@ -378,7 +408,7 @@ func (o *Sparse) selectTilesChecked(cs *Stream, x device.Buffer, mode int, idx, 
 			return 0, err
 		}
 		if bad != nil {
-			*bad = b[0]
+			*bad = uint64(b[0])
 		}
 		total = int(uint32(t[0]))
 		if idx.Len() == 0 && val.Len() == 0 {
@@ -871,28 +901,26 @@ func (o *Sparse) rangeCheck(cs *Stream, mark, idx device.Buffer, n int) error {
 	if err := cs.Synchronize(); err != nil {
 		return err
 	}
-	return o.rangeError(cs, mark, idx, n, bad[0])
+	return o.rangeError(cs, mark, idx, n, uint64(bad[0]))
 }
 
 // markRange issues k_mark over idx (marking mark unless it is empty),
-// which leaves the first index outside [0, n) in the scratch's first (len(idx)
-// when there is none), without waiting.
+// which leaves the first index outside [0, n) in the scratch's first
+// (noBad when there is none), without waiting.
 func (o *Sparse) markRange(cs *Stream, mark, idx device.Buffer, n int) error {
 	m := idx.Len()
-	sc := cs.sel
-	if err := cs.Copy(sc.first, device.Host([]int64{int64(m)})); err != nil {
-		return err
-	}
-	return cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(sc.first).runN("k_mark", m)
+	return cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(cs.sel.first).runN("k_mark", m)
 }
 
 // rangeError returns nil where bad, the first bad element markRange found,
-// is len(idx), and otherwise clears mark (unless it is empty) and returns
-// the error naming the index.
-func (o *Sparse) rangeError(cs *Stream, mark, idx device.Buffer, n int, bad int64) error {
-	m := idx.Len()
-	if bad >= int64(m) {
+// is noBad, and otherwise sets the scratch's first back to noBad, clears
+// mark (unless it is empty) and returns the error naming the index.
+func (o *Sparse) rangeError(cs *Stream, mark, idx device.Buffer, n int, bad uint64) error {
+	if bad == noBad {
 		return nil
+	}
+	if err := cs.clearFirst(); err != nil {
+		return err
 	}
 	if mark.Len() > 0 { // some marks may be set: clear them all
 		if err := cs.fill32(mark, 0); err != nil {
@@ -954,9 +982,9 @@ func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, err
 	if err := cs.fill32(sc.state.Slice(0, 1), math.Float32bits(0.5)); err != nil {
 		return 0, err
 	}
-	bad := int64(m)
+	bad := noBad
 	u, err := o.selectTilesChecked(cs, mark, 1, out, device.Buffer{}, true, &bad)
-	if bad < int64(m) {
+	if bad != noBad {
 		return 0, o.rangeError(cs, mark, idx, n, bad) // clears the marks written
 	}
 	if err != nil {

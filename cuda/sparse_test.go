@@ -243,6 +243,26 @@ func TestGPUAccumulateAndNorms(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				// SegmentSumSquaresTo leaves the same bits on the device.
+				nseg := len(bounds) - 1
+				sb, err := d.Alloc(device.Float64, nseg+1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := sp.SegmentSumSquaresTo(s, sb.Slice(0, nseg), xs.b, bounds); err != nil {
+					t.Fatal(err)
+				}
+				onDev := make([]float64, nseg)
+				if err := s.Copy(device.Host(onDev), sb.Slice(0, nseg)); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Synchronize(); err != nil {
+					t.Fatal(err)
+				}
+				d.Free(sb)
+				if !slices.Equal(onDev, got) {
+					t.Fatalf("n=%d call %d %v: SegmentSumSquaresTo left %v, SegmentSumSquares returned %v", n, rep, bounds, onDev, got)
+				}
 				for j := range len(bounds) - 1 {
 					var w float64
 					for _, v := range xs.h[bounds[j]:bounds[j+1]] {
@@ -265,6 +285,10 @@ func TestGPUAccumulateAndNorms(t *testing.T) {
 			first, err := sp.Accumulate(s, rb2, gb2, 1)
 			if err != nil || first != n/2 {
 				t.Fatalf("n=%d: first non-finite %d (%v), want %d", n, first, err, n/2)
+			}
+			// The next call finds nothing again.
+			if first, err := sp.Accumulate(s, rb, gb, 0); err != nil || first != -1 {
+				t.Fatalf("n=%d: after a non-finite element, first non-finite %d (%v), want -1", n, first, err)
 			}
 			d.Free(rb2)
 			d.Free(gb2)
@@ -633,6 +657,12 @@ func TestGPUIndexOps(t *testing.T) {
 	}
 	if err := sp.InRange(s, ib, 9000); err == nil && slices.Min(idx) < 0 {
 		t.Fatal("a negative index passed InRange")
+	}
+	// After a refused list, one in range passes.
+	okb := allocInt32(t, d, 2)
+	s.Copy(okb, device.Host([]int32{0, 7}))
+	if err := sp.InRange(s, okb, 8); err != nil {
+		t.Fatalf("InRange of [0 7] in [0, 8) after a refused list: %v", err)
 	}
 	if err := sp.Iota(s, ib.Slice(10, 20), 77); err != nil {
 		t.Fatal(err)

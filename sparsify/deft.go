@@ -15,7 +15,7 @@ import (
 
 func init() {
 	Register(Method{Name: "deft", NotProjectable: "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count", New: newDeft, Advice: deftAdvice,
-		Doc: "reference notes 2: DEFT's fragments, norm-proportional per-fragment budgets and LPT bin packing by a rotating leader. The budgets follow the authors' greedy rule (descending norm, each fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the total can end a little below or above k). Deviations: that share is computed exactly, where the reference's floating-point remain_norm can floor a share of 3 to 2; empty fragments (N < n² only) get no budget instead of crashing; a NaN or infinite acc is an error."})
+		Doc: "reference notes 2: DEFT's fragments, norm-proportional per-fragment budgets and LPT bin packing by a rotating leader. The budgets follow the authors' greedy rule (descending norm, each fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the total can end a little below or above k). Deviations: that share is computed exactly, where the reference's floating-point remain_norm can floor a share of 3 to 2; empty fragments (N < n² only) get no budget instead of crashing; a NaN or infinite acc is an error; the leader broadcasts its fragments' norms, not its bins, and every worker packs the leader's bins from them (the same bins, one broadcast instead of two)."})
 }
 
 // deftFrag is one fragment of DEFT's layout: the elements [lo, hi) of the flat
@@ -205,12 +205,16 @@ type deftReducer struct {
 	starts []int
 	segs   []int // the fragments' bounds: fragment f is [segs[f], segs[f+1])
 
-	norms   []float64
-	alloc   deftAllocator
-	kf      []int
-	lens    []int32
-	content []int32
-	wire    []int32 // lens then content: one upload, one read
+	// The fragments' sums of squares (the worker's, then the leader's:
+	// dSums on the device, ss on the host), norms and budgets.
+	dSums               device.Buffer
+	ss                  []float64
+	normsOwn, normsLead []float64
+	alloc               deftAllocator
+	kf, kfLead          []int
+	// The leader's bins: lens[b] fragments of content each, then the
+	// common list (deftPack).
+	lens, content []int32
 
 	// The fragments of this worker's bin and their budgets
 	// (Ops.TopKSegments' arguments).
@@ -235,10 +239,12 @@ type deftReducer struct {
 //     the sizes of the common fragments: when all workers hold the same acc
 //     it equals that total, but because the allocations are local (as in
 //     the reference) workers with different accs can together send more.
-//   - The leader, rank t mod n, packs the fragments into n bins by LPT
-//     (deftPack, cost size·log2 k_f) using its own k_f, fully selected
-//     fragments going to a common list, and broadcasts the bin lengths and
-//     contents (two int32 broadcasts, as in the reference).
+//   - The leader, rank t mod n, broadcasts its fragments' sums of squares
+//     (one broadcast of L float64s, as 2L int32 words); every worker packs
+//     the fragments into n bins by LPT (deftPack, cost size·log2 k_f) with
+//     the leader's k_f, computed from them, fully selected fragments going
+//     to a common list: the bins the reference's leader packs and
+//     broadcasts (two int32 broadcasts there), the same on every worker.
 //   - Worker r takes bin (t mod n + r) mod n and selects the TopK of every
 //     fragment of it with its own k_f; counts and index lists are
 //     all-gathered in the package's wire format (int32 counts, then the
@@ -253,7 +259,8 @@ type deftReducer struct {
 // bin; common fragments are not included), SelectedPerWorker the gathered
 // counts, ActualDensity = |union|/N, LayerK[i] the number of indices of
 // layout tensor i in the union, Threshold NaN. SelectTime covers the norms,
-// the allocation, the packing (on the leader) and the top-k selections.
+// the allocations, the packing and the top-k selections (not the norms'
+// broadcast).
 //
 // Deviations from the reference code: the allocation's shares are
 // computed exactly (see deftAllocator.allocate: the reference's
@@ -261,17 +268,19 @@ type deftReducer struct {
 // fragments (tensors with fewer than n elements but more than N/n, only when
 // N < n²) get k_f = 0 and land in the common list, where the reference would
 // ask top-k for more elements than the fragment has and crash; a NaN or
-// infinite acc is an error instead of a silent garbage allocation.
+// infinite acc is an error instead of a silent garbage allocation; the
+// leader broadcasts its norms instead of its bins (the same bins, one
+// broadcast instead of two, 8L bytes instead of 4(n+L)), so that no worker
+// waits for the bins: its own norms and the leader's come back in one wait.
 func newDeft(b *Env) (Core, error) {
 	o := b.o
 	n := o.Comm.Size()
 	d := &deftReducer{b: b, n: n, r: o.Comm.Rank(), k: b.k}
 	d.frags = deftFragments(o.Layout, n)
 	L := len(d.frags)
-	d.norms = make([]float64, L)
-	d.kf = make([]int, L)
-	d.wire = make([]int32, n+L)
-	d.lens, d.content = d.wire[:n:n], d.wire[n:]
+	d.normsOwn, d.normsLead = make([]float64, L), make([]float64, L)
+	d.kf, d.kfLead = make([]int, L), make([]int, L)
+	d.lens, d.content = make([]int32, n), make([]int32, L)
 	// The fragments tile the layout in order.
 	for _, fr := range d.frags {
 		d.segs = append(d.segs, fr.lo)
@@ -284,74 +293,71 @@ func newDeft(b *Env) (Core, error) {
 	return d, nil
 }
 
-// Reduce runs one DEFT iteration (see newDeft): the fragment norms come
-// back to the host, which allocates and packs; the bins travel through
-// device memory; each fragment's top-k is selected on the device.
+// Reduce runs one DEFT iteration (see newDeft): every worker's fragment
+// norms are summed on the device, where the leader's are broadcast; each
+// worker reads its own and the leader's in one wait, allocates its own
+// budgets and packs the leader's bins (the leader's allocation, the same on
+// every worker); each fragment's top-k is selected on the device.
 func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	b := d.b
 	N := b.n
 	v := &b.v
 	t := b.calls
-
-	// Norms and the local allocation.
-	t0 := time.Now()
-	ss, err := v.ops.SegmentSumSquares(v.s, acc, d.segs)
-	if err != nil {
-		return err
-	}
-	for f := range d.frags {
-		d.norms[f] = math.Sqrt(ss[f])
-	}
-	for f, nv := range d.norms {
-		if math.IsNaN(nv) || math.IsInf(nv, 0) {
-			fr := d.frags[f]
-			return fmt.Errorf("acc holds NaN or infinite values in fragment %d (tensor %q, elements %d..%d): the gradient diverged (lower the learning rate or clip gradients)", f, b.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi)
-		}
-	}
-	d.alloc.allocate(d.kf, d.frags, d.norms, d.k)
-	cycle := t % d.n
-	if d.r == cycle {
-		deftPack(d.frags, d.kf, d.n, d.lens, d.content)
-	}
-	selTime := time.Since(t0)
-
-	// The leader's bins, through device memory.
 	L := len(d.frags)
-	wire, err := v.scratch(&b.dCounts, device.Int32, d.n+L)
+	cycle := t % d.n
+
+	// The fragments' sums of squares: this worker's in sums[:L], the
+	// leader's broadcast into sums[L:] (the leader's own on the leader),
+	// read back together.
+	t0 := time.Now()
+	sums, err := v.scratch(&d.dSums, device.Float64, 2*L)
 	if err != nil {
 		return err
 	}
-	if d.r == cycle {
-		if err := v.upload(wire, d.wire); err != nil {
+	if err := v.ops.SegmentSumSquaresTo(v.s, sums.Slice(0, L), acc, d.segs); err != nil {
+		return err
+	}
+	read, lead := L, sums.Slice(0, L)
+	if d.r != cycle {
+		read, lead = 2*L, sums.Slice(L, 2*L)
+	}
+	// As int32 words, the wire format's type (the bits travel as they
+	// are); the time it waits for the leader is not selection time.
+	tBcast := time.Now()
+	if err := b.c.Broadcast(ctx, v.cb(lead.View(device.Int32, 0, 2*L)), cycle); err != nil {
+		return fmt.Errorf("broadcasting the fragments' norms from leader %d: %w", cycle, err)
+	}
+	commTime := time.Since(tBcast)
+	d.ss = grow(d.ss, read)
+	if err := v.s.Copy(device.Host(d.ss), sums.Slice(0, read)); err != nil {
+		return err
+	}
+	if err := v.s.Synchronize(); err != nil { // one wait for both
+		return err
+	}
+	if err := d.norms(d.normsOwn, d.ss[:L], "acc holds", "the gradient diverged"); err != nil {
+		return err
+	}
+	d.alloc.allocate(d.kf, d.frags, d.normsOwn, d.k)
+	kfLead := d.kf
+	if read == 2*L {
+		if err := d.norms(d.normsLead, d.ss[L:], fmt.Sprintf("the norms broadcast by leader %d hold", cycle), "the leader's gradient diverged"); err != nil {
 			return err
 		}
+		d.alloc.allocate(d.kfLead, d.frags, d.normsLead, d.k)
+		kfLead = d.kfLead
 	}
-	if err := b.c.Broadcast(ctx, v.cb(wire.Slice(0, d.n)), cycle); err != nil {
-		return fmt.Errorf("broadcasting bin lengths from leader %d: %w", cycle, err)
-	}
-	if err := b.c.Broadcast(ctx, v.cb(wire.Slice(d.n, d.n+L)), cycle); err != nil {
-		return fmt.Errorf("broadcasting bins from leader %d: %w", cycle, err)
-	}
-	if d.r != cycle { // the leader has its bins
-		if err := v.download(d.wire, wire); err != nil { // one wait for both
-			return err
-		}
-	}
+	// Every worker packs the leader's bins from the leader's budgets.
+	deftPack(d.frags, kfLead, d.n, d.lens, d.content)
+	selTime := time.Since(t0) - commTime
+
 	binStart, total := 0, 0
 	myBin := (cycle + d.r) % d.n
 	for bb, nv := range d.lens {
-		if nv < 0 || total+int(nv) > L {
-			return fmt.Errorf("corrupt bins from leader %d (bin %d has length %d, %d fragments in all)", cycle, bb, nv, L)
-		}
 		if bb == myBin {
 			binStart = total
 		}
 		total += int(nv)
-	}
-	for _, f := range d.content {
-		if f < 0 || int(f) >= L {
-			return fmt.Errorf("corrupt bins from leader %d (fragment id %d of %d)", cycle, f, L)
-		}
 	}
 	bin := d.content[binStart : binStart+int(d.lens[myBin])]
 	common := d.content[total:]
@@ -440,6 +446,21 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	return nil
 }
 
+// norms sets norms to the square roots of the fragments' sums of squares
+// ss, which must be finite: the error says what holds the first that is
+// not (what) and why (cause).
+func (d *deftReducer) norms(norms, ss []float64, what, cause string) error {
+	for f, q := range ss {
+		nv := math.Sqrt(q)
+		if math.IsNaN(nv) || math.IsInf(nv, 0) {
+			fr := d.frags[f]
+			return fmt.Errorf("%s NaN or infinite values in fragment %d (tensor %q, elements %d..%d): %s (lower the learning rate or clip gradients)", what, f, d.b.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi, cause)
+		}
+		norms[f] = nv
+	}
+	return nil
+}
+
 // SaveState writes the call count, which rotates the leader that packs the
 // bins.
 func (d *deftReducer) SaveState(w *StateWriter) error {
@@ -457,10 +478,10 @@ func (d *deftReducer) LoadState(r *StateReader) error {
 	return nil
 }
 
-// deftAdvice: the leader's bins broadcast (their P lengths, then their
-// contents, one entry per fragment: a tensor of more than N/P elements is
-// cut into P), then topk's exchange with each worker's selection of about
-// k/P in its bin; their union is about k.
+// deftAdvice: the leader's fragments' sums of squares broadcast (a float64,
+// two int32 words, per fragment: a tensor of more than N/P elements is cut
+// into P), then topk's exchange with each worker's selection of about k/P
+// in its bin; their union is about k.
 var deftAdvice = &Advice{
 	Plan: func(s Shape) ([]Call, error) {
 		frags := 0
@@ -471,7 +492,7 @@ var deftAdvice = &Advice{
 				frags++
 			}
 		}
-		return append([]Call{{comm.OpBroadcast, 1, float64(s.P)}, {comm.OpBroadcast, 1, float64(frags)}},
+		return append([]Call{{comm.OpBroadcast, 1, float64(2 * frags)}},
 			unionCalls(s.Sel, s)...), nil
 	},
 	Volume: func(s Shape, _ Overlap) (sel, union float64) {

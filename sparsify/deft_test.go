@@ -351,8 +351,7 @@ func deftCheckAgainstRef(t *testing.T, res *harnessResult) {
 				t.Fatalf("%s: ErrorNorm = %v, want %v", what, st.ErrorNorm, want)
 			}
 			sent, recv := deftExpectTraffic(n, w, []deftCall{
-				{op: comm.OpBroadcast, elems: n, esize: 4, root: it % n},
-				{op: comm.OpBroadcast, elems: L, esize: 4, root: it % n},
+				{op: comm.OpBroadcast, elems: 2 * L, esize: 4, root: it % n}, // the leader's norms, float64 as int32 words
 				{op: comm.OpAllGather, elems: 1, esize: 4},
 				{op: comm.OpAllGatherV, esize: 4, counts: ref.counts},
 				{op: comm.OpAllReduce, elems: len(ref.union), esize: 4},

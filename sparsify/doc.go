@@ -96,7 +96,9 @@
 //     Deviations: that share is computed exactly, where the reference's
 //     floating-point remain_norm can floor a share of 3 to 2; empty fragments
 //     (N < n² only) get no budget instead of crashing; a NaN or infinite acc
-//     is an error.
+//     is an error; the leader broadcasts its fragments' norms, not its bins,
+//     and every worker packs the leader's bins from them (the same bins, one
+//     broadcast instead of two).
 //   - "dense" (dense.go): all-reduce average of acc; residual 0. The gradient
 //     is all-reduced in buckets (DenseBuckets: PyTorch DDP's, the first 1
 //     MiB, then at most bucket_mb) in the order the backward pass finishes

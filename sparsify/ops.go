@@ -31,6 +31,12 @@ type Ops interface {
 	// 4096 elements from the segment's start, each summed in float64 in
 	// four interleaved partial sums, added in block order.
 	SegmentSumSquares(s device.Stream, x device.Buffer, bounds []int) ([]float64, error)
+	// SegmentSumSquaresTo is SegmentSumSquares that leaves the sums where
+	// sums is (a Float64 vector of len(bounds)−1 elements, on the device):
+	// no host wait; the caller copies them back with a wait it makes
+	// anyway, or hands them to a collective first (DEFT's leader
+	// broadcasts its fragments' sums).
+	SegmentSumSquaresTo(s device.Stream, sums, x device.Buffer, bounds []int) error
 	// TopK writes the indices of the k largest-magnitude elements of x into
 	// idx[:k] in ascending order (ties to the lowest indices) and, unless
 	// val is empty, the elements into val[:k]; k is clamped to [0, len(x)]
@@ -205,6 +211,21 @@ func (cpuOps) SegmentSumSquares(_ device.Stream, x device.Buffer, bounds []int) 
 		out[j] = segmentSumSquares(xx[a:b])
 	}
 	return out, nil
+}
+
+func (c cpuOps) SegmentSumSquaresTo(s device.Stream, sums, x device.Buffer, bounds []int) error {
+	got, err := c.SegmentSumSquares(s, x, bounds)
+	if err != nil {
+		return err
+	}
+	if len(got) == 0 {
+		return nil
+	}
+	if sums.Len() < len(got) || !sums.IsHost() || sums.DType() != device.Float64 {
+		return fmt.Errorf("sparsify: SegmentSumSquaresTo: sums is %v, want host float64 of at least %d elements", sums, len(got))
+	}
+	copy(sums.Float64s(), got)
+	return nil
 }
 
 // segBlock is the block of segmentSumSquares.

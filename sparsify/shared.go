@@ -80,10 +80,10 @@ type Env struct {
 	counts []int32
 
 	// The device (Options.Stream) and its scratch.
-	v                   vecs
-	dCounts, dSel, dAll device.Buffer // Int32
-	dUnion              device.Buffer // Int32
-	dVal, dAllVal       device.Buffer // Float32
+	v             vecs
+	dSel, dAll    device.Buffer // Int32
+	dUnion        device.Buffer // Int32
+	dVal, dAllVal device.Buffer // Float32
 
 	// selEvents are the start and end of the selections of the call in
 	// flight that selectTimed timed on a device (read by Reducer.combine).
