@@ -1043,13 +1043,13 @@ extern "C" __global__ void k_segt_count(const float* x, const i64* desc, int S, 
     sel_count((const u32*)(x + d[0]) + base, lim, state[2 * s], 1, counts + 2 * blockIdx.x);
 }
 
-// Each segment's tile offsets from its out, and its count in totals[s]
-// (one block per segment).
+// Each segment's tile offsets from its out, and its count in totals at
+// its place in the caller's list, d[2] (one block per segment).
 extern "C" __global__ void k_segt_offsets(const u32* counts, const i64* desc, int S, u32* offs, u32* totals) {
     int s = blockIdx.x;
     const i64* d = desc + SEG_DESC * s;
     i64 t0 = d[4], t1 = s + 1 == S ? desc[SEG_DESC * S] : desc[SEG_DESC * (s + 1) + 4];
-    sel_offsets(counts + 2 * t0, (int)(t1 - t0), 0u, (u32)d[3], offs + 2 * t0, totals + s);
+    sel_offsets(counts + 2 * t0, (int)(t1 - t0), 0u, (u32)d[3], offs + 2 * t0, totals + d[2]);
 }
 
 // Writes every segment's threshold selection (one block per tile of all).

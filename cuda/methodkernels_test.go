@@ -28,11 +28,17 @@ func methodKernels() []*device.Kernel {
 
 // emulatedSource is the CUDA C the emulator compiles: kernels.cu, then
 // every method's kernel (which may use kernels.cu's types and
-// GRID_STRIDE, the prelude Run compiles them with on a GPU).
+// GRID_STRIDE, the prelude Run compiles them with on a GPU), each source
+// once (the kernels of one file share it).
 func emulatedSource() string {
 	var b strings.Builder
 	b.WriteString(kernelSource)
+	var seen []string
 	for _, k := range methodKernels() {
+		if slices.Contains(seen, k.CUDA) {
+			continue
+		}
+		seen = append(seen, k.CUDA)
 		fmt.Fprintf(&b, "\n// ---- %s (a method's kernel) ----\n%s", k.Name, k.CUDA)
 	}
 	return b.String()

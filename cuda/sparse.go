@@ -1199,89 +1199,81 @@ func (o *Sparse) KthLargestAbsSegments(s device.Stream, thr, x device.Buffer, se
 
 // SelectAboveSegments selects every segment of x at its own threshold
 // thr[j] at once (sparsify.Ops.SelectAboveSegments): each segment's indices
-// with |x[i]| >= thr[j], ascending, at idx[segs[j][0]:], and their numbers,
-// read back in one host wait. Five launches; the segments' description is
+// with |x[i]| >= thr[j], ascending, at idx[segs[j][0]:], and their numbers
+// in counts[j], left on the device. Four launches (and a fill of counts
+// where a segment is empty), no host wait; the segments' description is
 // uploaded only when it differs from the last few calls'.
-func (o *Sparse) SelectAboveSegments(s device.Stream, idx, x, thr device.Buffer, segs [][2]int) ([]int, error) {
+func (o *Sparse) SelectAboveSegments(s device.Stream, idx, counts, x, thr device.Buffer, segs [][2]int) error {
 	cs, err := o.stream(s)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := o.check("SelectAboveSegments", "x", x, device.Float32, 0); err != nil {
-		return nil, err
+		return err
 	}
 	if err := o.check("SelectAboveSegments", "thr", thr, device.Float32, len(segs)); err != nil {
-		return nil, err
+		return err
 	}
-	counts := make([]int, len(segs))
+	if err := o.check("SelectAboveSegments", "counts", counts, device.Int32, len(segs)); err != nil {
+		return err
+	}
 	var desc []int64
-	var at []int // the list's segment of each described one
 	end, tiles := 0, 0
 	for j, sg := range segs {
 		lo, hi := sg[0], sg[1]
 		if lo < 0 || hi < lo || hi > x.Len() {
-			return nil, fmt.Errorf("cuda: SelectAboveSegments: segment %d is [%d, %d), outside x's %d elements", j, lo, hi, x.Len())
+			return fmt.Errorf("cuda: SelectAboveSegments: segment %d is [%d, %d), outside x's %d elements", j, lo, hi, x.Len())
 		}
 		if j > 0 && lo < segs[j-1][1] {
-			return nil, fmt.Errorf("cuda: SelectAboveSegments: segment %d [%d, %d) starts before segment %d ends (%d): list them ascending, not overlapping", j, lo, hi, j-1, segs[j-1][1])
+			return fmt.Errorf("cuda: SelectAboveSegments: segment %d [%d, %d) starts before segment %d ends (%d): list them ascending, not overlapping", j, lo, hi, j-1, segs[j-1][1])
 		}
 		end = hi
 		if hi == lo {
 			continue
 		}
 		desc = append(desc, int64(lo), int64(hi-lo), int64(j), int64(lo), int64(tiles))
-		at = append(at, j)
 		tiles += (hi - lo + selTile - 1) / selTile
 	}
 	if err := o.check("SelectAboveSegments", "idx", idx, device.Int32, end); err != nil {
-		return nil, err
+		return err
 	}
-	S := len(at)
+	S := len(desc) / segDescWords
+	if S < len(segs) { // the empty segments' counts
+		if err := cs.fill32(counts.Slice(0, len(segs)), 0); err != nil {
+			return err
+		}
+	}
 	if S == 0 {
-		return counts, nil
+		return nil
 	}
 	desc = append(desc, int64(tiles))
 	dd, err := o.deviceWords(cs, desc)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	sc := cs.sel
 	state, err := grow(o.d, &sc.segState, device.Int32, 2*S)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	tc, err := grow(o.d, &sc.counts, device.Int32, 2*tiles)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	offs, err := grow(o.d, &sc.offs, device.Int32, 2*tiles)
 	if err != nil {
-		return nil, err
-	}
-	totals, err := grow(o.d, &sc.segTotals, device.Int32, S)
-	if err != nil {
-		return nil, err
+		return err
 	}
 	if err := cs.args().buf(thr).buf(dd).i64(S).buf(state).runN("k_segt_init", S); err != nil {
-		return nil, err
+		return err
 	}
 	if err := cs.args().buf(x).buf(dd).i32(S).buf(state).buf(tc).run("k_segt_count", tiles); err != nil {
-		return nil, err
+		return err
 	}
-	if err := cs.args().buf(tc).buf(dd).i32(S).buf(offs).buf(totals).run("k_segt_offsets", S); err != nil {
-		return nil, err
+	if err := cs.args().buf(tc).buf(dd).i32(S).buf(offs).buf(counts).run("k_segt_offsets", S); err != nil {
+		return err
 	}
-	if err := cs.args().buf(x).buf(dd).i32(S).buf(state).buf(offs).buf(idx).run("k_segt_write", tiles); err != nil {
-		return nil, err
-	}
-	h, err := readU32(cs, totals, S)
-	if err != nil {
-		return nil, err
-	}
-	for i, j := range at {
-		counts[j] = int(uint32(h[i]))
-	}
-	return counts, nil
+	return cs.args().buf(x).buf(dd).i32(S).buf(state).buf(offs).buf(idx).run("k_segt_write", tiles)
 }
 
 // CompactSlotsSegments is CompactSlots of the whole of x into idx (at least

@@ -939,14 +939,32 @@ func TestGPUSegmentedThresholdsMatchCPU(t *testing.T) {
 				}
 				return out
 			}
-			cpuIdx := make([]int32, n)
-			counts, err := cpu.SelectAboveSegments(nil, device.Host(cpuIdx), device.Host(x), device.Host(thr), segs)
+			ints := func(c []int32) []int {
+				out := make([]int, len(c))
+				for j, v := range c {
+					out[j] = int(v)
+				}
+				return out
+			}
+			cpuIdx, cpuCounts := make([]int32, n), make([]int32, len(segs))
+			err := cpu.SelectAboveSegments(nil, device.Host(cpuIdx), device.Host(cpuCounts), device.Host(x), device.Host(thr), segs)
+			counts := ints(cpuCounts)
 			if err != nil || !slices.Equal(counts, wantCounts) || !slices.Equal(gather(cpuIdx, counts), want) {
 				t.Fatalf("n=%d %s: CPU counts %v (%v), plain %v, or the indices differ", n, kind, counts, err, wantCounts)
 			}
 			ib := allocInt32(t, d, n)
 			thrb := upload(t, s, append(thr, 0))
-			counts, err = sp.SelectAboveSegments(s, ib, xb, thrb, segs)
+			// The counts' buffer starts with garbage: every count is written.
+			cb := allocInt32(t, d, len(segs)+1)
+			if len(segs) > 0 {
+				if err := s.Copy(cb, device.Host(slices.Repeat([]int32{-7}, len(segs)+1))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = sp.SelectAboveSegments(s, ib, cb, xb, thrb, segs)
+			if err == nil {
+				counts = ints(downloadInt32(t, s, cb)[:len(segs)])
+			}
 			if err != nil || !slices.Equal(counts, wantCounts) {
 				t.Fatalf("n=%d %s segments %v thresholds %v: GPU counts %v (%v), want %v", n, kind, segs, thr, counts, err, wantCounts)
 			}
@@ -1013,7 +1031,7 @@ func TestGPUSegmentedThresholdsMatchCPU(t *testing.T) {
 		if err := ops.o.KthLargestAbsSegments(ops.s, ops.t, ops.x, [][2]int{{1, 4}}, []int{1}); err == nil || !strings.Contains(err.Error(), "outside") {
 			t.Fatalf("%T: segment past x: %v", ops.o, err)
 		}
-		if _, err := ops.o.SelectAboveSegments(ops.s, ops.i, ops.x, ops.t, [][2]int{{1, 3}, {0, 1}}); err == nil || !strings.Contains(err.Error(), "ascending") {
+		if err := ops.o.SelectAboveSegments(ops.s, ops.i, ops.i, ops.x, ops.t, [][2]int{{1, 3}, {0, 1}}); err == nil || !strings.Contains(err.Error(), "ascending") {
 			t.Fatalf("%T: segments out of order: %v", ops.o, err)
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -13,7 +14,7 @@ import (
 
 func init() {
 	Register(Method{Name: "dgc", Projectable: true, New: newDGCReducer, Advice: dgcAdvice, CorrectsMomentum: true, ScaledClip: true,
-		Density: func(ModelKind) float64 { return 0.001 }, Notes: dgcNotes, Kernels: []*device.Kernel{dgcMomentum},
+		Density: func(ModelKind) float64 { return 0.001 }, Notes: dgcNotes, Kernels: []*device.Kernel{dgcMomentum, dgcCount, dgcDecide, dgcTake},
 		Doc: "reference notes 7.4: Deep Gradient Compression: per-tensor double sampling of the tensors of more than one dimension (1-D tensors all-reduced dense), momentum correction with momentum-factor masking (Options.Momentum, the optimizer's, which then applies momentum to weight decay only), the density warm-up over the first epochs (Reducer.SetStepsPerEpoch), local clipping scaled by 1/√n (Method.ScaledClip, the trainer's), sparse all-gather. Deviations: the samples' random start is seeded per rank, iteration and tensor; the warm-up is the paper's 0.25^(e+1) (the reference's configuration ramps with ρ^(1/(E+1))).",
 		Params: []options.Option{
 			{Key: "sparsity_warmup", Kind: options.Int, Default: dgcDefaultWarmup, Range: options.Within(0, 1000, "[]"), Zero: "none",
@@ -148,8 +149,8 @@ func (r *dgcReducer) paramsFor(ratio float64) []dgcParams {
 }
 
 // Reduce selects per tensor by double sampling, every compressed tensor at
-// once (dgcSelect: the thresholds stay on the device, the counts come back
-// in one wait, and one more per adaptation round), all-gathers the pairs
+// once (dgcSelect: the thresholds and the adaptation rounds stay on the
+// device, the counts come back in one wait), all-gathers the pairs
 // and averages them. Where the reference takes the exact top-nsel of the
 // candidates it takes the top-nsel of the tensor, the same set (the
 // candidates, more than nsel, hold every element at least as large as the
@@ -432,10 +433,25 @@ type dgcTensor struct {
 
 // dgcScratch is the device memory of dgcSelect.
 type dgcScratch struct {
-	smp, thr, sub device.Buffer // Float32: the samples, the thresholds, a round's thresholds
-	cand, top     device.Buffer // Int32: the candidates (in their tensors' places), the exact top-nsel
-	th            [1]float32    // the reported tensor's threshold, read with the counts
+	smp, thr  device.Buffer // Float32: the samples, the thresholds
+	cand, top device.Buffer // Int32: the candidates (in their tensors' places), the exact top-nsel
+	hist, res device.Buffer // Int32: the counts per level (dgcCount), the decisions (dgcDecide) and the selection's counts
+	par       device.Buffer // Int32: the tensors' description (dgcCount), uploaded when it changes
+	parHost   []int32       // what par holds
+	takes     []int32       // the counts per tensor, read in the one wait
+	th        [1]float32    // the reported tensor's threshold, read with them
 }
+
+// dgcParWords is DGC_PAR of dgc.cu: the words describing one tensor (its
+// range lo, hi, nsel, 1 when sampled whole, where its top-nsel starts).
+const dgcParWords = 5
+
+// dgcLevels is DGC_LEVELS of dgc.cu: the sampled threshold and one per
+// adaptation round.
+const dgcLevels = dgcMaxAdapt + 1
+
+// dgcLanes is the threads per tensor of dgcCount.
+const dgcLanes = 2048
 
 // dgcSelect is DGC's double sampling (reference notes 7.4,
 // synxlin/deep-gradient-compression) of every tensor ts[j] of x at once
@@ -453,157 +469,252 @@ type dgcScratch struct {
 // as the top-nsel of the tensor: the same set, since the candidates, more
 // than nsel, hold every element at least as large as the nsel-th largest.
 //
-// On a device it is a bounded number of launches for all tensors and one
-// host wait per round (a round reads the counts of the tensors it selected
-// again; the first also the threshold of want): the thresholds stay on the
-// device (Ops.KthLargestAbsSegments, Ops.SelectAboveSegments), a round's
-// ×0.8 is made there (Memory.Scale, the same float32 product as the host's).
+// The rounds are decided where the counts are, without reading them
+// back: a round's threshold is the last one's times 0.8 (in float32), so
+// every round's count is known after one pass that counts each element at
+// the first of the dgcLevels thresholds it reaches (dgcCount); dgcDecide
+// then replays the rounds on those counts, and the candidates are selected
+// once, at the final thresholds (Ops.SelectAboveSegments), the exact
+// top-nsel of every tensor (Ops.TopKSegments) taken only where dgcDecide
+// chose it (dgcTake). On a device: a bounded number of launches and one
+// host wait, for the counts and want's threshold.
 func dgcSelect(v *vecs, sc *dgcScratch, idx, x device.Buffer, ts []dgcTensor, want int) ([]int, float32, error) {
-	takes := make([]int, len(ts))
-	if len(ts) == 0 {
+	S := len(ts)
+	takes := make([]int, S)
+	if S == 0 {
 		return takes, float32(math.NaN()), nil
 	}
-	ns, nsel := 0, 0
-	for _, t := range ts {
-		ns += t.p.numSamples
+	if x.Len() > math.MaxInt32 {
+		return nil, 0, fmt.Errorf("%d elements; indices are int32", x.Len())
+	}
+	ns, ks, nsels := make([]int, S), make([]int, S), make([]int, S)
+	segs := make([][2]int, S)
+	par := make([]int32, 0, dgcParWords*S)
+	nsel, active := 0, false
+	for j, t := range ts {
+		ns[j], ks[j], nsels[j] = t.p.numSamples, t.p.topSamples, t.p.nsel
+		segs[j] = [2]int{t.lo, t.hi}
+		whole := t.p.numel <= t.p.numSamples
+		active = active || !whole
+		par = append(par, int32(t.lo), int32(t.hi), int32(t.p.nsel), int32(selB2I(whole)), int32(nsel))
 		nsel += t.p.nsel
 	}
-	smp, err := v.scratch(&sc.smp, device.Float32, ns)
+	// Everything allocated before the first launch (not mid-run).
+	cand, err := v.scratch(&sc.cand, device.Int32, ts[S-1].hi)
 	if err != nil {
 		return nil, 0, err
 	}
-	thr, err := v.scratch(&sc.thr, device.Float32, len(ts))
+	tk, err := v.scratch(&sc.top, device.Int32, nsel)
 	if err != nil {
 		return nil, 0, err
 	}
-	sub, err := v.scratch(&sc.sub, device.Float32, len(ts))
+	hist, err := v.scratch(&sc.hist, device.Int32, dgcLevels*S)
 	if err != nil {
 		return nil, 0, err
 	}
-	cand, err := v.scratch(&sc.cand, device.Int32, ts[len(ts)-1].hi)
+	res, err := v.scratch(&sc.res, device.Int32, 4*S)
 	if err != nil {
 		return nil, 0, err
 	}
-	tk, err := v.scratch(&sc.top, device.Int32, nsel) // allocated before it is needed: not mid-run
+	dpar, err := v.scratch(&sc.par, device.Int32, len(par))
 	if err != nil {
 		return nil, 0, err
 	}
-	segs := make([][2]int, len(ts))
-	sampSegs := make([][2]int, len(ts))
-	ks := make([]int, len(ts))
-	at := 0
-	for j, t := range ts {
-		segs[j] = [2]int{t.lo, t.hi}
-		sampSegs[j] = [2]int{at, at + t.p.numSamples}
-		ks[j] = t.p.topSamples
-		if err := v.ops.GatherStrided(v.s, smp.Slice(at, at+t.p.numSamples), x.Slice(t.lo, t.hi), t.start, t.p.stride); err != nil {
+	if !slices.Equal(sc.parHost, par) {
+		if err := v.s.Copy(dpar, device.Host(par)); err != nil {
 			return nil, 0, err
 		}
-		at += t.p.numSamples
+		sc.parHost = par
 	}
-	if err := v.ops.KthLargestAbsSegments(v.s, thr, smp, sampSegs, ks); err != nil {
+	thr, err := sampleThresholds(v, &sc.smp, &sc.thr, ns, ks, -1, nil, func(j int, dst device.Buffer) error {
+		t := ts[j]
+		return v.ops.GatherStrided(v.s, dst, x.Slice(t.lo, t.hi), t.start, t.p.stride)
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := v.m.Fill(v.s, hist.View(device.Float32, 0, hist.Len()), 0); err != nil {
+		return nil, 0, err
+	}
+	if err := v.ops.Run(v.s, dgcCount, S*dgcLanes, x, dpar, thr, int64(S*dgcLanes), int32(dgcLanes), hist); err != nil {
+		return nil, 0, err
+	}
+	if err := v.ops.Run(v.s, dgcDecide, 1, hist, dpar, thr, int64(1), int64(S), res); err != nil {
+		return nil, 0, err
+	}
+	if err := v.ops.SelectAboveSegments(v.s, cand, res.Slice(3*S, 4*S), x, thr, segs); err != nil {
+		return nil, 0, err
+	}
+	if active && v.onCPU() {
+		// The decisions are on the host already: no top-nsel where no
+		// tensor takes it.
+		active = slices.Contains(res.Int32s()[2*S:3*S], 1)
+	}
+	if active {
+		// The exact top-nsel of every tensor at once (the same segments
+		// and budgets every call), each after the tensors before it.
+		if _, err := v.ops.TopKSegments(v.s, tk, x, segs, nsels); err != nil {
+			return nil, 0, err
+		}
+	}
+	if err := v.ops.Run(v.s, dgcTake, nsel, cand, tk, dpar, res, int64(S), int64(nsel), idx); err != nil {
+		return nil, 0, err
+	}
+	if len(sc.takes) < S {
+		sc.takes = make([]int32, S)
+	}
+	if err := v.s.Copy(device.Host(sc.takes[:S]), res.Slice(0, S)); err != nil {
 		return nil, 0, err
 	}
 	th := float32(math.NaN())
 	if want >= 0 {
-		// Read with the counts: the copy is done by their wait (the
-		// segments are not empty, so SelectAboveSegments waits).
 		if err := v.s.Copy(device.Host(sc.th[:]), thr.Slice(want, want+1)); err != nil {
 			return nil, 0, err
 		}
 	}
-	ms, err := v.ops.SelectAboveSegments(v.s, cand, x, thr, segs)
-	if err != nil {
+	if err := v.s.Synchronize(); err != nil {
 		return nil, 0, err
 	}
 	if want >= 0 {
 		th = sc.th[0]
 	}
-	var active, top []int
-	for j, t := range ts {
-		if t.p.numel > t.p.numSamples {
-			active = append(active, j)
-		}
-	}
-	for range dgcMaxAdapt {
-		var again []int
-		for _, j := range active {
-			m, nsel := ms[j], ts[j].p.nsel
-			switch {
-			case m > nsel:
-				if float64(m) > dgcUpper*float64(nsel) {
-					top = append(top, j)
-				}
-			case float64(m) < dgcLower*float64(nsel):
-				again = append(again, j)
-			}
-		}
-		if len(again) == 0 {
-			break
-		}
-		// Every tensor selected again, those not in this round at a NaN
-		// threshold (nothing selected, their candidates kept): the same
-		// segments every round, whose description stays on the device.
-		if err := v.m.Fill(v.s, sub, float32(math.NaN())); err != nil {
-			return nil, 0, err
-		}
-		for _, j := range again {
-			if err := v.m.Scale(v.s, thr.Slice(j, j+1), dgcLower); err != nil {
-				return nil, 0, err
-			}
-			if err := v.s.Copy(sub.Slice(j, j+1), thr.Slice(j, j+1)); err != nil {
-				return nil, 0, err
-			}
-			if j == want {
-				th *= dgcLower
-			}
-		}
-		got, err := v.ops.SelectAboveSegments(v.s, cand, x, sub, segs)
-		if err != nil {
-			return nil, 0, err
-		}
-		for _, j := range again {
-			ms[j] = got[j]
-		}
-		active = again
-	}
-	// The exact top-nsel where a tensor has too many candidates: of every
-	// tensor at once (the same segments and budgets every call), each
-	// after the tensors before it in sc.top.
-	tops := make([]int, len(ts)) // where each tensor's top-nsel starts
-	if len(top) > 0 {
-		ks := make([]int, len(ts))
-		n := 0
-		for j, t := range ts {
-			tops[j], ks[j] = n, t.p.nsel
-			n += t.p.nsel
-		}
-		if _, err := v.ops.TopKSegments(v.s, tk, x, segs, ks); err != nil {
-			return nil, 0, err
-		}
-		for _, j := range top {
-			ms[j] = ts[j].p.nsel
-		}
-	}
-	isTop := make([]bool, len(ts))
-	for _, j := range top {
-		isTop[j] = true
-	}
-	pos := 0
-	for j, t := range ts {
-		take := min(t.p.nsel, ms[j])
-		src := cand.Slice(t.lo, t.lo+take)
-		if isTop[j] {
-			src = tk.Slice(tops[j], tops[j]+take)
-		}
-		if err := v.s.Copy(idx.Slice(pos, pos+take), src); err != nil {
-			return nil, 0, err
-		}
-		takes[j] = take
-		pos += take
+	for j := range takes {
+		takes[j] = int(sc.takes[j])
 	}
 	return takes, th, nil
 }
+
+// sampleThresholds is what DGC's and DRAGONN's selections share: every
+// tensor's samples gathered into one vector (gather(j, dst) writes the
+// ns[j] samples of tensor j into dst), the ks[j]-th largest magnitude of
+// each tensor's samples left in a vector of thresholds on the device
+// (Ops.KthLargestAbsSegments), which it returns, and the threshold of
+// tensor want copied into th[0], which holds it after the stream's next
+// wait (none when want < 0). smp and thr are the caller's scratch.
+func sampleThresholds(v *vecs, smp, thr *device.Buffer, ns, ks []int, want int, th []float32, gather func(j int, dst device.Buffer) error) (device.Buffer, error) {
+	total := 0
+	segs := make([][2]int, len(ns))
+	for j, n := range ns {
+		segs[j] = [2]int{total, total + n}
+		total += n
+	}
+	sb, err := v.scratch(smp, device.Float32, total)
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	tb, err := v.scratch(thr, device.Float32, len(ns))
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	for j, sg := range segs {
+		if err := gather(j, sb.Slice(sg[0], sg[1])); err != nil {
+			return device.Buffer{}, err
+		}
+	}
+	if err := v.ops.KthLargestAbsSegments(v.s, tb, sb, segs, ks); err != nil {
+		return device.Buffer{}, err
+	}
+	if want >= 0 {
+		if err := v.s.Copy(device.Host(th[:1]), tb.Slice(want, want+1)); err != nil {
+			return device.Buffer{}, err
+		}
+	}
+	return tb, nil
+}
+
+// dgcKey is dgc.cu's dgc_key: a threshold's magnitude key (NaN selects
+// nothing, t <= 0 every number).
+func dgcKey(t float32) uint32 {
+	switch {
+	case t != t:
+		return math.MaxUint32
+	case t > 0:
+		return math.Float32bits(t)
+	}
+	return 0
+}
+
+// dgcCount is dgc.cu's k_dgc_count (arguments x, par, thr, n as int64,
+// lanes as int32, hist (Int32, dgcLevels per tensor, zero before)): the
+// elements of every tensor counted at the first of its dgcLevels
+// thresholds they reach.
+var dgcCount = &device.Kernel{Name: "k_dgc_count", CUDA: dgcCUDA, Host: func(n int, a ...any) {
+	x, par, thr, lanes, hist := a[0].(device.Buffer).Float32s(), a[1].(device.Buffer).Int32s(), a[2].(device.Buffer).Float32s(), int(a[4].(int32)), a[5].(device.Buffer).Int32s()
+	for j := range n / lanes {
+		var key [dgcLevels]uint32
+		t := thr[j]
+		for r := range key {
+			key[r] = dgcKey(t)
+			t *= dgcLower
+		}
+		p := par[dgcParWords*j:]
+		for _, v := range x[p[0]:p[1]] {
+			k := math.Float32bits(v) & 0x7fffffff
+			if k > 0x7f800000 || k < key[dgcLevels-1] {
+				continue
+			}
+			r := 0
+			for k < key[r] {
+				r++
+			}
+			hist[dgcLevels*j+r]++
+		}
+	}
+}}
+
+// dgcDecide is dgc.cu's k_dgc_decide (arguments hist, par, thr, n = 1 and
+// the tensors S as int64, res (Int32, 3·S)): the adaptation rounds of
+// every tensor replayed on its counts per level; thr becomes the final
+// thresholds, res the counts taken, where they start, and which tensors
+// take their exact top-nsel.
+var dgcDecide = &device.Kernel{Name: "k_dgc_decide", CUDA: dgcCUDA, Host: func(_ int, a ...any) {
+	hist, par, thr, S, res := a[0].(device.Buffer).Int32s(), a[1].(device.Buffer).Int32s(), a[2].(device.Buffer).Float32s(), int(a[4].(int64)), a[5].(device.Buffer).Int32s()
+	pos := int32(0)
+	for j := range S {
+		p := par[dgcParWords*j:]
+		nsel, last, top := uint32(p[2]), dgcLevels-1, int32(0)
+		if p[3] != 0 {
+			last = 0
+		}
+		t := thr[j]
+		c := uint32(0)
+		for r := 0; ; r++ {
+			c += uint32(hist[dgcLevels*j+r])
+			if r == last {
+				break
+			}
+			if c > nsel {
+				if float64(c) > dgcUpper*float64(nsel) {
+					top = 1
+				}
+				break
+			}
+			if !(float64(c) < dgcLower*float64(nsel)) {
+				break
+			}
+			t *= dgcLower
+		}
+		thr[j] = t
+		take := int32(min(c, nsel))
+		res[j], res[S+j], res[2*S+j] = take, pos, top
+		pos += take
+	}
+}}
+
+// dgcTake is dgc.cu's k_dgc_take (arguments cand, top, par, res, S and n =
+// Σ nsel as int64, idx): every tensor's taken indices, from its exact
+// top-nsel or its candidates, written one tensor after the other.
+var dgcTake = &device.Kernel{Name: "k_dgc_take", CUDA: dgcCUDA, Host: func(_ int, a ...any) {
+	cand, top, par, res, S, idx := a[0].(device.Buffer).Int32s(), a[1].(device.Buffer).Int32s(), a[2].(device.Buffer).Int32s(), a[3].(device.Buffer).Int32s(), int(a[4].(int64)), a[6].(device.Buffer).Int32s()
+	for j := range S {
+		p := par[dgcParWords*j:]
+		src := cand[p[0]:]
+		if res[2*S+j] != 0 {
+			src = top[p[4]:]
+		}
+		copy(idx[res[S+j]:res[S+j]+res[j]], src[:res[j]])
+	}
+}}
 
 // dgcDenseElems is the elements of the shape's 1-D tensors, which DGC
 // all-reduces dense (Shape.Tensor: a tensor of unknown shape is

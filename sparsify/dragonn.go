@@ -444,27 +444,19 @@ func dragonnSelect(v *vecs, sc *samples, idx, x, flag device.Buffer, ts []dragon
 		return nil, 0, fmt.Errorf("%d elements; indices are int32", x.Len())
 	}
 	ns, slots := 0, 0
-	sampSegs := make([][2]int, len(ts))
+	nss := make([]int, len(ts))
 	ks := make([]int, len(ts))
 	bounds := []int{0}
 	for j, t := range ts {
 		if t.p.nslots < 1 || t.p.nslots > math.MaxInt32 {
 			return nil, 0, fmt.Errorf("tensor %d: %d slots", j, t.p.nslots)
 		}
-		sampSegs[j], ks[j] = [2]int{ns, ns + t.p.ns}, t.p.ks
+		nss[j], ks[j] = t.p.ns, t.p.ks
 		ns += t.p.ns
 		slots += t.p.nslots
 		bounds = append(bounds, slots)
 	}
 	pos, err := v.scratch(&sc.dPos, device.Int32, ns)
-	if err != nil {
-		return nil, 0, err
-	}
-	val, err := v.scratch(&sc.dVal, device.Float32, ns)
-	if err != nil {
-		return nil, 0, err
-	}
-	thr, err := v.scratch(&sc.dThr, device.Float32, len(ts))
 	if err != nil {
 		return nil, 0, err
 	}
@@ -475,24 +467,20 @@ func dragonnSelect(v *vecs, sc *samples, idx, x, flag device.Buffer, ts []dragon
 	if err := v.m.Fill(v.s, tb.View(device.Float32, 0, slots), 0); err != nil {
 		return nil, 0, err
 	}
-	for j, t := range ts {
-		a, b := sampSegs[j][0], sampSegs[j][1]
-		if err := dragonnSamples(v, sc, pos.Slice(a, b), flag, j == len(ts)-1, t.p, t.src); err != nil {
-			return nil, 0, err
+	// want's threshold is read with the counts: CompactSlotsSegments
+	// waits (the tables are not empty).
+	at := 0
+	thr, err := sampleThresholds(v, &sc.dVal, &sc.dThr, nss, ks, want, sc.th[:], func(j int, dst device.Buffer) error {
+		t := ts[j]
+		p := pos.Slice(at, at+t.p.ns)
+		at += t.p.ns
+		if err := dragonnSamples(v, sc, p, flag, j == len(ts)-1, t.p, t.src); err != nil {
+			return err
 		}
-		if err := v.ops.Gather(v.s, val.Slice(a, b), x.Slice(t.lo, t.hi), pos.Slice(a, b)); err != nil {
-			return nil, 0, err
-		}
-	}
-	if err := v.ops.KthLargestAbsSegments(v.s, thr, val, sampSegs, ks); err != nil {
+		return v.ops.Gather(v.s, dst, x.Slice(t.lo, t.hi), p)
+	})
+	if err != nil {
 		return nil, 0, err
-	}
-	if want >= 0 {
-		// Read with the counts: CompactSlotsSegments waits (the tables
-		// are not empty).
-		if err := v.s.Copy(device.Host(sc.th[:]), thr.Slice(want, want+1)); err != nil {
-			return nil, 0, err
-		}
 	}
 	for j, t := range ts {
 		if t.hi == t.lo {

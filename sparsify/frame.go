@@ -339,6 +339,7 @@ func (r *Reducer) reset() {
 	clear(r.fin)
 	clear(r.started)
 	r.e.selEvents = r.e.selEvents[:0] // a failed call's are not read
+	r.e.later = r.e.later[:0]
 	r.e.forgetRanges()
 }
 
@@ -347,15 +348,29 @@ func (r *Reducer) combine() (Stats, error) {
 	e := r.e
 	d := e.c.Totals().Sub(r.before)
 	st := Stats{Density: e.o.Density, Threshold: math.NaN(), BytesSent: d.BytesSent, BytesRecv: d.BytesRecv}
-	if len(r.st) == 1 {
-		g := r.st[0]
-		st.SelectedPerWorker, st.Threshold, st.LayerK = g.SelectedPerWorker, g.Threshold, g.LayerK
-	}
 	// The range checks' flags come back with the norm's wait.
 	if err := e.readRanges(); err != nil {
 		return Stats{}, err
 	}
 	var sq []float64
+	for _, s := range r.st {
+		if math.IsNaN(s.ResidualSq) {
+			var err error
+			if sq, err = r.groupSq(); err != nil {
+				return Stats{}, err
+			}
+			break
+		}
+	}
+	// What the cores left to read after this wait (groupSq's; a wait of
+	// its own where there was none).
+	if err := e.runLater(sq != nil); err != nil {
+		return Stats{}, err
+	}
+	if len(r.st) == 1 {
+		g := r.st[0]
+		st.SelectedPerWorker, st.Threshold, st.LayerK = g.SelectedPerWorker, g.Threshold, g.LayerK
+	}
 	distinct := 0
 	var ct time.Duration
 	for _, s := range r.st {
@@ -369,12 +384,6 @@ func (r *Reducer) combine() (Stats, error) {
 			}
 			for t, k := range s.LayerK {
 				st.LayerK[t] += k
-			}
-		}
-		if math.IsNaN(s.ResidualSq) && sq == nil {
-			var err error
-			if sq, err = r.groupSq(); err != nil {
-				return Stats{}, err
 			}
 		}
 	}

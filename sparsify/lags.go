@@ -2,6 +2,7 @@ package sparsify
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"math"
@@ -17,7 +18,7 @@ import (
 
 func init() {
 	Register(Method{Name: "lags", Projectable: true, Pipelined: true, New: newLAGS, Advice: lagsAdvice,
-		Density: lagsDensity, Check: lagsCheckRun, Notes: lagsNotes,
+		Kernels: []*device.Kernel{rangeFlagKernel, lagsDistinct}, Density: lagsDensity, Check: lagsCheckRun, Notes: lagsNotes,
 		Doc: "reference notes 5: per merge group top-k and all-gathers, the groups reduced during the backward pass (pipelined), optional adaptive density (eq. 19 with c_u an upper bound on the compression, as the paper's text says: densities in [1/c_u, 1]; the formula as printed makes it a lower bound). Deviations: a group's elements are taken in layout order (the reference concatenates them in backward order: only tie order differs); when no ratio hides the communication, 1/c_u is used.",
 		Params: []options.Option{
 			{Key: "merge_size", Kind: options.Int, Default: LAGSDefaultMergeSize, Range: options.Within(1, math.MaxInt32, "[]"),
@@ -273,7 +274,10 @@ type LAGS struct {
 
 	bufs     []lagsBufs
 	dMeasure device.Buffer
-	prof     lagsProfile
+	// dMark marks the indices a group received (lagsDistinct): as long as
+	// the largest group, zero between calls.
+	dMark device.Buffer // Int32
+	prof  lagsProfile
 
 	// The sparsification time measured since the last TakeSparCost, and
 	// the group elements it covers; on a device, spans still to be read
@@ -295,10 +299,13 @@ type sparSpan struct {
 
 // lagsBufs are one group's reusable device buffers.
 type lagsBufs struct {
-	sel, allIdx, union device.Buffer // Int32
-	vals, allVals      device.Buffer // Float32
-	counts             device.Buffer // Int32: the per-tensor counts (lagsLayerK)
-	hostCounts         []int32       // their copy on the host
+	sel, allIdx   device.Buffer // Int32
+	vals, allVals device.Buffer // Float32
+	// counts are the per-tensor counts of a group of several tensors
+	// (lagsLayerK), then the distinct indices received (lagsDistinct);
+	// hostCounts their copy on the host, read after the frame's wait.
+	counts     device.Buffer // Int32
+	hostCounts []int32
 }
 
 var (
@@ -611,7 +618,7 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 	if err := l.span(from, 0, func() error { return e.residualWithout(res, a, sel.Slice(0, k)) }); err != nil {
 		return nil, err
 	}
-	layerK, layerKDone, err := lagsLayerK(v, l.layout, gr, sel.Slice(0, k), b)
+	layerK, nt, err := lagsLayerK(v, l.layout, gr, sel.Slice(0, k), b)
 	if err != nil {
 		return nil, err
 	}
@@ -649,22 +656,25 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 		st.CommTime = time.Since(start)
 		allIdx, allVals := allIdx.Slice(0, l.n*k), allVals.Slice(0, l.n*k)
 		// The decode: the group's range of out, Σ_w of every worker's
-		// values in rank order, divided by n. The union (with the range
-		// check) counts the distinct indices; its scratch is the group's
-		// own.
-		u, err := v.scratch(&b.union, device.Int32, allIdx.Len())
-		if err != nil {
-			return err
-		}
+		// values in rank order, divided by n. The indices are
+		// range-checked and their distinct ones counted on the device,
+		// both read after the frame's wait (Env.checkRange,
+		// lagsDistinct): no wait here.
 		return l.span(nil, gr.Size(), func() error {
-			var err error
-			st.Distinct, err = v.ops.Union(v.s, u, allIdx, gr.Size())
-			if err != nil {
-				return fmt.Errorf("a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", gr.Size(), err)
+			if err := e.checkRange(allIdx, gr.Size(), func(err error) error {
+				return fmt.Errorf("group %d: a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", g, gr.Size(), err)
+			}); err != nil {
+				return err
 			}
-			// The union's count waited (allIdx is not empty): the
-			// per-tensor counts copied before it are on the host.
-			layerKDone()
+			if err := l.countDistinct(b, allIdx, nt); err != nil {
+				return err
+			}
+			e.afterWait(func() {
+				for i, t := range lagsOrder(l.layout, gr)[:nt] {
+					layerK[t] = int(b.hostCounts[i])
+				}
+				st.Distinct = int(b.hostCounts[nt])
+			})
 			st.LayerK = layerK
 			if err := v.m.Fill(v.s, o, 0); err != nil {
 				return err
@@ -715,43 +725,98 @@ func (l *LAGS) startDense(ctx context.Context, gr Group, a, o, res device.Buffer
 
 // lagsLayerK counts the selected group-local indices sel per tensor of
 // the group, into a vector over the layout's tensors (the tensors of a
-// group are contiguous in the layout). A group of several tensors counts
-// on the device (Ops.CountInTo, into b.counts) and copies the counts to
-// b.hostCounts, which hold them after the stream's next wait; done then
-// fills the vector from them.
-func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer, b *lagsBufs) (lk []int, done func(), err error) {
+// group are contiguous in the layout). A group of one tensor has all of
+// sel; a group of several counts on the device (Ops.CountInTo, into
+// b.counts[:nt], in lagsOrder) for countDistinct to copy to b.hostCounts,
+// and the vector is filled from them after the frame's wait. It returns
+// the vector and nt, the counts on the device (0 for one tensor).
+func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer, b *lagsBufs) (lk []int, nt int, err error) {
 	lk = make([]int, len(lay.Tensors))
 	if len(gr.Tensors) == 1 { // all of sel (no count to read back)
 		lk[gr.Tensors[0]] = sel.Len()
-		return lk, func() {}, nil
+		return lk, 0, nil
 	}
-	order := slices.Clone(gr.Tensors)
-	slices.SortFunc(order, func(a, b int) int { return lay.Tensors[a].Offset - lay.Tensors[b].Offset })
+	order := lagsOrder(lay, gr)
 	bounds := make([]int, 0, len(order)+1)
 	for _, t := range order {
 		bounds = append(bounds, lay.Tensors[t].Offset-gr.Lo)
 	}
 	last := lay.Tensors[order[len(order)-1]]
 	bounds = append(bounds, last.Offset+last.Size-gr.Lo)
-	counts, err := v.scratch(&b.counts, device.Int32, len(order))
+	counts, err := v.scratch(&b.counts, device.Int32, len(order)+1)
 	if err != nil {
-		return nil, nil, err
+		return nil, 0, err
 	}
-	if err := v.ops.CountInTo(v.s, counts, sel, bounds); err != nil {
-		return nil, nil, err
+	if err := v.ops.CountInTo(v.s, counts.Slice(0, len(order)), sel, bounds); err != nil {
+		return nil, 0, err
 	}
-	if len(b.hostCounts) < len(order) {
-		b.hostCounts = make([]int32, len(order))
-	}
-	if err := v.s.Copy(device.Host(b.hostCounts[:len(order)]), counts); err != nil {
-		return nil, nil, err
-	}
-	return lk, func() {
-		for i, t := range order {
-			lk[t] = int(b.hostCounts[i])
-		}
-	}, nil
+	return lk, len(order), nil
 }
+
+// lagsOrder is the group's tensors in layout order.
+func lagsOrder(lay Layout, gr Group) []int {
+	order := slices.Clone(gr.Tensors)
+	slices.SortFunc(order, func(a, b int) int { return lay.Tensors[a].Offset - lay.Tensors[b].Offset })
+	return order
+}
+
+// countDistinct counts the distinct indices of idx (group-local, in
+// range) into b.counts[nt] on the device (lagsDistinct over l.dMark,
+// cleared again after) and issues the copy of b.counts[:nt+1] to
+// b.hostCounts, which hold them after the stream's next wait.
+func (l *LAGS) countDistinct(b *lagsBufs, idx device.Buffer, nt int) error {
+	v := &l.b.v
+	if l.dMark.Len() == 0 {
+		most := 0
+		for _, g := range l.groups {
+			most = max(most, g.Size())
+		}
+		mark, err := v.scratch(&l.dMark, device.Int32, most)
+		if err != nil {
+			return err
+		}
+		if err := v.m.Fill(v.s, mark.View(device.Float32, 0, most), 0); err != nil {
+			return err
+		}
+	}
+	counts, err := v.scratch(&b.counts, device.Int32, nt+1)
+	if err != nil {
+		return err
+	}
+	c := counts.Slice(nt, nt+1)
+	if err := v.m.Fill(v.s, c.View(device.Float32, 0, 1), 0); err != nil {
+		return err
+	}
+	if idx.Len() > 0 {
+		if err := v.ops.Run(v.s, lagsDistinct, idx.Len(), idx, int64(idx.Len()), l.dMark, c); err != nil {
+			return err
+		}
+		if err := v.ops.ScatterFill(v.s, l.dMark.View(device.Float32, 0, l.dMark.Len()), idx, 0); err != nil {
+			return err
+		}
+	}
+	if len(b.hostCounts) < nt+1 {
+		b.hostCounts = make([]int32, nt+1)
+	}
+	return v.s.Copy(device.Host(b.hostCounts[:nt+1]), counts)
+}
+
+//go:embed lags.cu
+var lagsCUDA string
+
+// lagsDistinct is lags.cu's k_lags_distinct (arguments idx (Int32, in
+// bounds), n as int64, mark (Int32, zero at idx's elements) and count
+// (one Int32)): it marks every index's element and adds the number of
+// distinct indices to count.
+var lagsDistinct = &device.Kernel{Name: "k_lags_distinct", CUDA: lagsCUDA, Host: func(n int, a ...any) {
+	idx, mark, count := a[0].(device.Buffer).Int32s(), a[2].(device.Buffer).Int32s(), a[3].(device.Buffer).Int32s()
+	for _, i := range idx[:n] {
+		if mark[i] == 0 {
+			mark[i] = 1
+			count[0]++
+		}
+	}
+}}
 
 // lagsAdvice: each layer group's top ρ (at least one element) all-gathered
 // as indices and values, a group kept dense all-reduced (the model's groups at its merge_size; the

@@ -117,9 +117,10 @@ type Ops interface {
 	// [segs[j][0], segs[j][1]) with |x[i]| >= thr[j] (NaN never selected,
 	// a NaN threshold selects nothing), ascending, written at
 	// idx[segs[j][0]:], the segment's own place (segments ascending and
-	// not overlapping; idx as long as the last one's end). It returns how
-	// many per segment: on a GPU one read and one host wait for all.
-	SelectAboveSegments(s device.Stream, idx, x, thr device.Buffer, segs [][2]int) ([]int, error)
+	// not overlapping; idx as long as the last one's end), and how many
+	// into counts[j] (an Int32 vector of len(segs) elements): on a GPU
+	// left there, no host wait.
+	SelectAboveSegments(s device.Stream, idx, counts, x, thr device.Buffer, segs [][2]int) error
 	// CompactSlotsSegments is CompactSlots of the whole of x into idx (at
 	// least len(x) long) that also returns how many of the words of each
 	// segment [bounds[j], bounds[j+1]) of x are not zero (bounds
@@ -676,17 +677,21 @@ func (cpuOps) KthLargestAbsSegments(_ device.Stream, thr, x device.Buffer, segs 
 	return nil
 }
 
-func (cpuOps) SelectAboveSegments(_ device.Stream, idx, x, thr device.Buffer, segs [][2]int) ([]int, error) {
+func (cpuOps) SelectAboveSegments(_ device.Stream, idx, counts, x, thr device.Buffer, segs [][2]int) error {
 	xx, err := f32("SelectAboveSegments", "x", x, 0)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	tt, err := f32("SelectAboveSegments", "thr", thr, len(segs))
 	if err != nil {
-		return nil, err
+		return err
+	}
+	cc, err := i32("SelectAboveSegments", "counts", counts, len(segs))
+	if err != nil {
+		return err
 	}
 	if err := checkSegments("SelectAboveSegments", segs, len(xx), true); err != nil {
-		return nil, err
+		return err
 	}
 	end := 0
 	if len(segs) > 0 {
@@ -694,9 +699,8 @@ func (cpuOps) SelectAboveSegments(_ device.Stream, idx, x, thr device.Buffer, se
 	}
 	ii, err := i32("SelectAboveSegments", "idx", idx, end)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	counts := make([]int, len(segs))
 	for j, sg := range segs {
 		lo, hi := sg[0], sg[1]
 		sel := SelectAbove(ii[lo:lo:hi], xx[lo:hi], tt[j])
@@ -704,9 +708,9 @@ func (cpuOps) SelectAboveSegments(_ device.Stream, idx, x, thr device.Buffer, se
 		for q := lo; q < lo+len(sel); q++ {
 			ii[q] += int32(lo)
 		}
-		counts[j] = len(sel)
+		cc[j] = int32(len(sel))
 	}
-	return counts, nil
+	return nil
 }
 
 func (c cpuOps) CompactSlotsSegments(s device.Stream, idx, x device.Buffer, bounds []int) ([]int, error) {

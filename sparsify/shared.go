@@ -90,6 +90,34 @@ type Env struct {
 	selEvents [][2]device.Event
 	// ranges are the call's range checks of received lists (checkRange).
 	ranges rangeChecks
+	// later are what the call's cores read from copies to the host they
+	// issued without a wait (afterWait), run once the frame's wait has
+	// brought them back.
+	later []func()
+}
+
+// afterWait runs f when the call's statistics are combined, after the
+// frame's wait for the residual's norm (Reducer.combine): f may read what
+// the stream copied to the host before, without a wait of its own (a
+// count that only the statistics need). A failed call drops it.
+func (e *Env) afterWait(f func()) { e.later = append(e.later, f) }
+
+// runLater runs the call's afterWait functions, waiting for the stream
+// first unless the frame has waited since they were registered (waited).
+func (e *Env) runLater(waited bool) error {
+	if len(e.later) == 0 {
+		return nil
+	}
+	if !waited {
+		if err := e.v.s.Synchronize(); err != nil {
+			return err
+		}
+	}
+	for _, f := range e.later {
+		f()
+	}
+	e.later = e.later[:0]
+	return nil
 }
 
 // countedComm is a communicator that counts its calls (comm.Counter).
