@@ -155,6 +155,25 @@ func (o *Sparse) check(op, name string, b device.Buffer, dt device.DType, n int)
 	return nil
 }
 
+// bufArg is one buffer argument of a primitive and what check requires of
+// it: its name in messages, its element type and its least length.
+type bufArg struct {
+	name string
+	b    device.Buffer
+	dt   device.DType
+	n    int
+}
+
+// checkArgs checks each of op's buffer arguments in turn (check).
+func (o *Sparse) checkArgs(op string, args ...bufArg) error {
+	for _, a := range args {
+		if err := o.check(op, a.name, a.b, a.dt, a.n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // readU32 copies n 32-bit words of b to the host (synchronizing s).
 func readU32(s *Stream, b device.Buffer, n int) ([]int32, error) {
 	out := make([]int32, n)
@@ -173,10 +192,8 @@ func (o *Sparse) Accumulate(s device.Stream, r, g device.Buffer, scale float32) 
 		return 0, err
 	}
 	n := r.Len()
-	if err := o.check("Accumulate", "r", r, device.Float32, 0); err != nil {
-		return 0, err
-	}
-	if err := o.check("Accumulate", "g", g, device.Float32, n); err != nil {
+	if err := o.checkArgs("Accumulate", bufArg{"r", r, device.Float32, 0},
+		bufArg{"g", g, device.Float32, n}); err != nil {
 		return 0, err
 	}
 	if n == 0 {
@@ -220,13 +237,8 @@ func (o *Sparse) AccumulateFlag(s device.Stream, r, g, flag device.Buffer, base 
 		return err
 	}
 	n := r.Len()
-	if err := o.check("AccumulateFlag", "r", r, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("AccumulateFlag", "g", g, device.Float32, n); err != nil {
-		return err
-	}
-	if err := o.check("AccumulateFlag", "flag", flag, device.Int64, 1); err != nil {
+	if err := o.checkArgs("AccumulateFlag", bufArg{"r", r, device.Float32, 0}, bufArg{"g", g, device.Float32, n},
+		bufArg{"flag", flag, device.Int64, 1}); err != nil {
 		return err
 	}
 	if base < 0 || base+n > MaxFlagged {
@@ -454,10 +466,7 @@ func (o *Sparse) TopK(s device.Stream, idx, val, x device.Buffer, k int) (int, e
 	}
 	n := x.Len()
 	k = max(0, min(k, n))
-	if err := o.check("TopK", "x", x, device.Float32, 0); err != nil {
-		return 0, err
-	}
-	if err := o.check("TopK", "idx", idx, device.Int32, k); err != nil {
+	if err := o.checkArgs("TopK", bufArg{"x", x, device.Float32, 0}, bufArg{"idx", idx, device.Int32, k}); err != nil {
 		return 0, err
 	}
 	if val.Len() > 0 {
@@ -608,10 +617,8 @@ func (o *Sparse) SelectAbove(s device.Stream, idx, val, x device.Buffer, t float
 	if err != nil {
 		return 0, err
 	}
-	if err := o.check("SelectAbove", "x", x, device.Float32, 0); err != nil {
-		return 0, err
-	}
-	if err := o.check("SelectAbove", "idx", idx, device.Int32, 0); err != nil {
+	if err := o.checkArgs("SelectAbove", bufArg{"x", x, device.Float32, 0},
+		bufArg{"idx", idx, device.Int32, 0}); err != nil {
 		return 0, err
 	}
 	if val.Len() > 0 {
@@ -666,13 +673,8 @@ func (o *Sparse) Gather(s device.Stream, dst, x, idx device.Buffer) error {
 		return err
 	}
 	n := dst.Len()
-	if err := o.check("Gather", "dst", dst, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("Gather", "x", x, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("Gather", "idx", idx, device.Int32, n); err != nil {
+	if err := o.checkArgs("Gather", bufArg{"dst", dst, device.Float32, 0}, bufArg{"x", x, device.Float32, 0},
+		bufArg{"idx", idx, device.Int32, n}); err != nil {
 		return err
 	}
 	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN("k_gather_idx", n)
@@ -685,13 +687,8 @@ func (o *Sparse) GatherIndex(s device.Stream, dst, x, idx device.Buffer) error {
 		return err
 	}
 	n := dst.Len()
-	if err := o.check("GatherIndex", "dst", dst, device.Int32, 0); err != nil {
-		return err
-	}
-	if err := o.check("GatherIndex", "x", x, device.Int32, 0); err != nil {
-		return err
-	}
-	if err := o.check("GatherIndex", "idx", idx, device.Int32, n); err != nil {
+	if err := o.checkArgs("GatherIndex", bufArg{"dst", dst, device.Int32, 0}, bufArg{"x", x, device.Int32, 0},
+		bufArg{"idx", idx, device.Int32, n}); err != nil {
 		return err
 	}
 	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN("k_gather_int", n)
@@ -704,10 +701,8 @@ func (o *Sparse) GatherStrided(s device.Stream, dst, x device.Buffer, start, str
 		return err
 	}
 	n := dst.Len()
-	if err := o.check("GatherStrided", "dst", dst, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("GatherStrided", "x", x, device.Float32, 0); err != nil {
+	if err := o.checkArgs("GatherStrided", bufArg{"dst", dst, device.Float32, 0},
+		bufArg{"x", x, device.Float32, 0}); err != nil {
 		return err
 	}
 	if n > 0 && (start < 0 || stride < 1 || start+(n-1)*stride >= x.Len()) {
@@ -724,13 +719,8 @@ func (o *Sparse) ScatterAdd(s device.Stream, dst, idx, val device.Buffer, scale 
 		return err
 	}
 	n := idx.Len()
-	if err := o.check("ScatterAdd", "dst", dst, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("ScatterAdd", "idx", idx, device.Int32, 0); err != nil {
-		return err
-	}
-	if err := o.check("ScatterAdd", "val", val, device.Float32, n); err != nil {
+	if err := o.checkArgs("ScatterAdd", bufArg{"dst", dst, device.Float32, 0}, bufArg{"idx", idx, device.Int32, 0},
+		bufArg{"val", val, device.Float32, n}); err != nil {
 		return err
 	}
 	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter_add", n)
@@ -744,16 +734,9 @@ func (o *Sparse) ScatterAccum(s device.Stream, dst, mark, idx, val device.Buffer
 		return err
 	}
 	n := idx.Len()
-	if err := o.check("ScatterAccum", "dst", dst, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("ScatterAccum", "mark", mark, device.Float32, dst.Len()); err != nil {
-		return err
-	}
-	if err := o.check("ScatterAccum", "idx", idx, device.Int32, 0); err != nil {
-		return err
-	}
-	if err := o.check("ScatterAccum", "val", val, device.Float32, n); err != nil {
+	if err := o.checkArgs("ScatterAccum", bufArg{"dst", dst, device.Float32, 0},
+		bufArg{"mark", mark, device.Float32, dst.Len()}, bufArg{"idx", idx, device.Int32, 0},
+		bufArg{"val", val, device.Float32, n}); err != nil {
 		return err
 	}
 	return cs.args().buf(dst).buf(mark).buf(idx).buf(val).i64(n).runN("k_scatter_accum", n)
@@ -766,10 +749,8 @@ func (o *Sparse) ScatterFill(s device.Stream, dst, idx device.Buffer, v float32)
 		return err
 	}
 	n := idx.Len()
-	if err := o.check("ScatterFill", "dst", dst, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("ScatterFill", "idx", idx, device.Int32, 0); err != nil {
+	if err := o.checkArgs("ScatterFill", bufArg{"dst", dst, device.Float32, 0},
+		bufArg{"idx", idx, device.Int32, 0}); err != nil {
 		return err
 	}
 	return cs.args().buf(dst).buf(idx).f32(v).i64(n).runN("k_scatter_fill", n)
@@ -782,13 +763,8 @@ func (o *Sparse) Scatter(s device.Stream, dst, idx, val device.Buffer, scale flo
 		return err
 	}
 	n := idx.Len()
-	if err := o.check("Scatter", "dst", dst, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("Scatter", "idx", idx, device.Int32, 0); err != nil {
-		return err
-	}
-	if err := o.check("Scatter", "val", val, device.Float32, n); err != nil {
+	if err := o.checkArgs("Scatter", bufArg{"dst", dst, device.Float32, 0}, bufArg{"idx", idx, device.Int32, 0},
+		bufArg{"val", val, device.Float32, n}); err != nil {
 		return err
 	}
 	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter", n)
@@ -955,10 +931,8 @@ func (o *Sparse) Union(s device.Stream, out, idx device.Buffer, n int) (int, err
 		return 0, err
 	}
 	m := idx.Len()
-	if err := o.check("Union", "idx", idx, device.Int32, 0); err != nil {
-		return 0, err
-	}
-	if err := o.check("Union", "out", out, device.Int32, m); err != nil {
+	if err := o.checkArgs("Union", bufArg{"idx", idx, device.Int32, 0},
+		bufArg{"out", out, device.Int32, m}); err != nil {
 		return 0, err
 	}
 	if m == 0 {
@@ -1002,10 +976,8 @@ func (o *Sparse) CompactSlots(s device.Stream, idx, x device.Buffer) (int, error
 	if err != nil {
 		return 0, err
 	}
-	if err := o.check("CompactSlots", "x", x, device.Int32, 0); err != nil {
-		return 0, err
-	}
-	if err := o.check("CompactSlots", "idx", idx, device.Int32, 0); err != nil {
+	if err := o.checkArgs("CompactSlots", bufArg{"x", x, device.Int32, 0},
+		bufArg{"idx", idx, device.Int32, 0}); err != nil {
 		return 0, err
 	}
 	// The words read as float bits: mode 2 writes each non-zero word minus
@@ -1146,10 +1118,8 @@ func (o *Sparse) KthLargestAbsSegments(s device.Stream, thr, x device.Buffer, se
 	if err != nil {
 		return err
 	}
-	if err := o.check("KthLargestAbsSegments", "x", x, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("KthLargestAbsSegments", "thr", thr, device.Float32, len(segs)); err != nil {
+	if err := o.checkArgs("KthLargestAbsSegments", bufArg{"x", x, device.Float32, 0},
+		bufArg{"thr", thr, device.Float32, len(segs)}); err != nil {
 		return err
 	}
 	if len(ks) != len(segs) {
@@ -1208,13 +1178,8 @@ func (o *Sparse) SelectAboveSegments(s device.Stream, idx, counts, x, thr device
 	if err != nil {
 		return err
 	}
-	if err := o.check("SelectAboveSegments", "x", x, device.Float32, 0); err != nil {
-		return err
-	}
-	if err := o.check("SelectAboveSegments", "thr", thr, device.Float32, len(segs)); err != nil {
-		return err
-	}
-	if err := o.check("SelectAboveSegments", "counts", counts, device.Int32, len(segs)); err != nil {
+	if err := o.checkArgs("SelectAboveSegments", bufArg{"x", x, device.Float32, 0},
+		bufArg{"thr", thr, device.Float32, len(segs)}, bufArg{"counts", counts, device.Int32, len(segs)}); err != nil {
 		return err
 	}
 	var desc []int64
@@ -1286,10 +1251,8 @@ func (o *Sparse) CompactSlotsSegments(s device.Stream, idx, x device.Buffer, bou
 	if err != nil {
 		return nil, err
 	}
-	if err := o.check("CompactSlotsSegments", "x", x, device.Int32, 0); err != nil {
-		return nil, err
-	}
-	if err := o.check("CompactSlotsSegments", "idx", idx, device.Int32, x.Len()); err != nil {
+	if err := o.checkArgs("CompactSlotsSegments", bufArg{"x", x, device.Int32, 0},
+		bufArg{"idx", idx, device.Int32, x.Len()}); err != nil {
 		return nil, err
 	}
 	nseg := max(len(bounds)-1, 0)
@@ -1346,10 +1309,8 @@ func (o *Sparse) CountInTo(s device.Stream, counts, idx device.Buffer, bounds []
 	if nseg <= 0 {
 		return nil
 	}
-	if err := o.check("CountInTo", "idx", idx, device.Int32, 0); err != nil {
-		return err
-	}
-	if err := o.check("CountInTo", "counts", counts, device.Int32, nseg); err != nil {
+	if err := o.checkArgs("CountInTo", bufArg{"idx", idx, device.Int32, 0},
+		bufArg{"counts", counts, device.Int32, nseg}); err != nil {
 		return err
 	}
 	bb := make([]int64, len(bounds))
