@@ -61,6 +61,15 @@ func (h Horizon) first(n int) Horizon {
 	return h
 }
 
+// from returns the horizon from step n+1 on (its first n steps dropped).
+func (h Horizon) from(n int) Horizon {
+	n = min(max(n, 0), h.Steps)
+	h.Steps, h.Actual, h.Bytes = h.Steps-n, h.Actual[n:], h.Bytes[n:]
+	h.Simulated = max(0, h.Simulated-n)
+	h.Settled = settledAt(h.Actual)
+	return h
+}
+
 // settledAt is Horizon.Settled of the series v.
 func settledAt(v []float64) int {
 	if len(v) == 0 {

@@ -7,7 +7,9 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
+	"github.com/sparsegrad/sparsegrad/comm/netmodel"
 	"github.com/sparsegrad/sparsegrad/layout"
 	"github.com/sparsegrad/sparsegrad/recorded"
 	"github.com/sparsegrad/sparsegrad/sparsify"
@@ -205,5 +207,64 @@ func TestSettleAndExtend(t *testing.T) {
 	// nothing).
 	if !slices.Contains(early, "topk") {
 		t.Errorf("Top-k did not stop within a quarter of the horizon; stopped early: %v", early)
+	}
+}
+
+// TestDenseWarmupPredicted: the steps of a dense warm-up (dense_warmup:
+// Ok-Topk's, Top-k DSA's, DRAGONN's) are dense all-reduce at every worker
+// count, not the method's plan for a union of the whole gradient (which
+// gave Ok-Topk twice dense's bytes at 4 workers on ResNet-18 when carried
+// from the horizon's 2). A horizon wholly in the warm-up predicts dense's
+// density, bytes and time at a worker count other than the horizon's; one
+// partly in it mixes dense with the method's steps by their share, starts
+// at dense, and at the horizon's own worker count is the horizon's mean.
+func TestDenseWarmupPredicted(t *testing.T) {
+	const rho, steps = 0.01, 6
+	dir := writeCNNRecording(t, 4, steps, 0.01)
+	methods := []string{"oktopk", "topkdsa", "dragonn"}
+	for _, warm := range []int{steps, 2} {
+		h, err := MeasureRecorded(context.Background(), RecordedConfig{Dir: dir, Densities: []float64{rho}, Methods: append([]string{"dense"}, methods...),
+			Params: sparsify.Values{"dense_warmup": warm, "min_tensor": 1000}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, P := range []int{4, 8} {
+			net := netmodel.Network{Latency: 50 * time.Microsecond, Bandwidth: 10e9 / 8}
+			dense, err := Predict(h, Setting{Method: "dense", Workers: P, Density: rho, Net: net, NoOverlap: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range methods {
+				pr, err := Predict(h, Setting{Method: m, Workers: P, Density: rho, Net: net, Params: filterParams(m, sparsify.Values{"dense_warmup": warm, "min_tensor": 1000})})
+				if err != nil {
+					t.Fatal(err)
+				}
+				hz, _ := h.horizon(m, rho, P)
+				t.Logf("warm-up %d, %d workers, %s: density %.4g (start %.4g), bytes %.0f (start %.0f), comm %.3g s; dense %.0f B, %.3g s; horizon's %d workers", warm, P, m, pr.ActualDensity, pr.StartDensity, pr.BytesSent, pr.StartBytes, pr.Comm, dense.BytesSent, dense.Comm, hz.Workers)
+				near := func(a, b float64) bool { return math.Abs(a-b) <= 1e-9*math.Max(1, math.Abs(b)) }
+				if warm == steps && (!near(pr.Comm, dense.Comm) || pr.Select != 0) {
+					t.Errorf("%s wholly in its warm-up at %d workers: comm %g s, selection %g s; want dense's %g s after the backward pass, no selection", m, P, pr.Comm, pr.Select, dense.Comm)
+				}
+				if P == hz.Workers {
+					if !near(pr.ActualDensity, hz.MeanDensity()) || !near(pr.BytesSent, hz.MeanBytes()) || !near(pr.StartBytes, hz.Bytes[0]) {
+						t.Errorf("warm-up %d, %s at the horizon's %d workers: density %g bytes %g start %g, want the horizon's %g, %g, %g", warm, m, P, pr.ActualDensity, pr.BytesSent, pr.StartBytes, hz.MeanDensity(), hz.MeanBytes(), hz.Bytes[0])
+					}
+					continue
+				}
+				if pr.StartDensity != 1 || !near(pr.StartBytes, dense.BytesSent) {
+					t.Errorf("warm-up %d, %s at %d workers starts at density %g, %g bytes; want dense's 1, %g", warm, m, P, pr.StartDensity, pr.StartBytes, dense.BytesSent)
+				}
+				if warm == steps {
+					if !near(pr.ActualDensity, 1) || !near(pr.BytesSent, dense.BytesSent) {
+						t.Errorf("%s wholly in its warm-up at %d workers: density %g, %g bytes; want dense's 1, %g bytes", m, P, pr.ActualDensity, pr.BytesSent, dense.BytesSent)
+					}
+					continue
+				}
+				f := float64(warm) / steps
+				if pr.ActualDensity < f || pr.ActualDensity >= 1 || pr.BytesSent < f*dense.BytesSent || pr.BytesSent >= dense.BytesSent {
+					t.Errorf("%s with %d of %d steps dense at %d workers: density %g, %g bytes; want the warm-up's share %g of dense's 1 and %g bytes, less than dense", m, warm, steps, P, pr.ActualDensity, pr.BytesSent, f, dense.BytesSent)
+				}
+			}
+		}
 	}
 }

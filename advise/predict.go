@@ -480,14 +480,25 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 	}
 	hz, haveHz := h.horizon(s.Method, s.Density, P)
 	hz = hz.first(h.HorizonAt(P))
-	if haveHz && Nb > 0 {
+	// A dense warm-up (dense_warmup: the frame's, DRAGONN's) all-reduces
+	// the whole gradient for its first calls: those steps of the horizon
+	// are dense all-reduce at P, whatever the method's plan would give
+	// for a union of the whole gradient; the method's plan stands for the
+	// steps after it only (sp), both mixed below by their share of the
+	// horizon.
+	warm := 0
+	if _, ok := params["dense_warmup"]; ok && haveHz {
+		warm = min(params.Int("dense_warmup"), hz.Steps)
+	}
+	sp := hz.from(warm)
+	if haveHz && sp.Steps > 0 && Nb > 0 {
 		// The controller's mean over the horizon (less the dense tensors
 		// below the cut-off, which it counts), carried to P workers by its
 		// ratio to the steady state at the horizon's worker count.
 		at := sh
 		at.P = hz.Workers
 		_, steady := adv.Volume(at, overlap(hz.Workers))
-		hzUnion := max(hz.MeanDensity()*float64(N)-float64(dense), 0)
+		hzUnion := max(sp.MeanDensity()*float64(N)-float64(dense), 0)
 		if steady > 0 {
 			r := hzUnion / steady
 			sh.Sel, sh.Union = min(sh.Sel*r, float64(Nb)), min(sh.Union*r, float64(Nb))
@@ -517,15 +528,35 @@ func Predict(h *Host, s Setting) (Prediction, error) {
 		return Prediction{}, err
 	}
 	if haveHz {
-		if hz.Workers == P {
-			pr.BytesSent = hz.MeanBytes()
+		if hz.Workers == P && sp.Steps > 0 {
+			pr.BytesSent = sp.MeanBytes()
 		}
 		pr.HorizonSteps, pr.Settled, pr.Simulated = hz.Steps, hz.Settled, hz.Simulated
-		if m := hz.MeanDensity(); m > 0 {
-			pr.StartDensity = hz.Actual[0] / m * pr.ActualDensity
+		if m := sp.MeanDensity(); m > 0 {
+			pr.StartDensity = sp.Actual[0] / m * pr.ActualDensity
 		}
-		if m := hz.MeanBytes(); m > 0 {
-			pr.StartBytes = hz.Bytes[0] / m * pr.BytesSent
+		if m := sp.MeanBytes(); m > 0 {
+			pr.StartBytes = sp.Bytes[0] / m * pr.BytesSent
+		}
+	}
+	if warm > 0 {
+		// The warm-up's steps: the whole gradient all-reduced after the
+		// backward pass, no selection.
+		dBytes, err := PlanBytes(s.Method, Shape{P: P}, N)
+		if err != nil {
+			return Prediction{}, err
+		}
+		f := float64(warm) / float64(hz.Steps)
+		if !s.Simulated {
+			pr.Comm = f*CommTime(withDense(nil, N), P, net).Seconds() + (1-f)*pr.Comm
+			pr.Select *= 1 - f
+		}
+		pr.ActualDensity = f + (1-f)*pr.ActualDensity
+		pr.BytesSent = f*dBytes + (1-f)*pr.BytesSent
+		pr.StartDensity, pr.StartBytes = 1, dBytes
+		if hz.Workers == P {
+			pr.ActualDensity, pr.BytesSent = hz.MeanDensity(), hz.MeanBytes()
+			pr.StartDensity, pr.StartBytes = hz.Actual[0], hz.Bytes[0]
 		}
 	}
 	pr.Iter = pr.Queue + pr.Compute + pr.Select + pr.Comm + pr.Update + pr.Other
@@ -617,7 +648,7 @@ func caveats(h *Host, adv *sparsify.Advice, sh Shape) []string {
 	}
 	for _, p := range []string{"dense_warmup"} {
 		if v, ok := sh.Params[p]; ok && sh.Params.Int(p) > 0 {
-			c = append(c, fmt.Sprintf("the first %v iterations are dense all-reduce (-dense-warmup)", v))
+			c = append(c, fmt.Sprintf("the first %v iterations are dense all-reduce (-dense-warmup): the horizon's steps within them are predicted as dense all-reduce after the backward pass, the others by the method", v))
 		}
 	}
 	return c
