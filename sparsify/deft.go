@@ -16,7 +16,7 @@ import (
 
 func init() {
 	Register(Method{Name: "deft", NotProjectable: "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count", New: newDeft, Advice: deftAdvice, Kernels: []*device.Kernel{deftPlan, deftCommon},
-		Doc: "reference notes 2: DEFT's fragments, norm-proportional per-fragment budgets and LPT bin packing by a rotating leader. The budgets follow the authors' greedy rule (descending norm, each fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the total can end a little below or above k). Deviations: that share is computed exactly, where the reference's floating-point remain_norm can floor a share of 3 to 2; empty fragments (N < n² only) get no budget instead of crashing; a NaN or infinite acc is an error; the leader broadcasts its fragments' norms, not its bins, and every worker packs the leader's bins from them (the same bins, one broadcast instead of two)."})
+		Doc: "reference notes 2: DEFT's fragments, norm-proportional per-fragment budgets and LPT bin packing by a rotating leader. The budgets follow the authors' greedy rule (descending norm, each fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the total can end a little below or above k). Deviations: that share is computed exactly, where the reference's floating-point remain_norm can floor a share of 3 to 2; empty fragments (N < n² only) get no budget instead of crashing; a NaN or infinite acc is an error; the leader broadcasts its fragments' norms, not its bins, and every worker packs the leader's bins from them (the same bins, one broadcast instead of two). The plan (norms, allocations, bins, this worker's bin) is made on the device where acc lives, by one kernel on a GPU (the shares exact there too), by the same Go code on the CPU; the host reads only its counts."})
 }
 
 // deftFrag is one fragment of DEFT's layout: the elements [lo, hi) of the flat
@@ -275,10 +275,21 @@ type deftReducer struct {
 //     the reference) workers with different accs can together send more.
 //   - The leader, rank t mod n, broadcasts its fragments' sums of squares
 //     (one broadcast of L float64s, as 2L int32 words); every worker packs
-//     the fragments into n bins by LPT (deftPack, cost size·log2 k_f) with
-//     the leader's k_f, computed from them, fully selected fragments going
-//     to a common list: the bins the reference's leader packs and
-//     broadcasts (two int32 broadcasts there), the same on every worker.
+//     the fragments into n bins by LPT (deftPack, cost size·log2 k_f, log2
+//     as deftLog2) with the leader's k_f, computed from them, fully
+//     selected fragments going to a common list: the bins the reference's
+//     leader packs and broadcasts (two int32 broadcasts there), the same on
+//     every worker.
+//   - Where it runs: the sums of squares, their broadcast, both
+//     allocations, the packing and this worker's bin (as a list of
+//     segments) are computed where acc lives, with no host in between: on
+//     a GPU by one kernel (deftPlan: deft.cu's k_deft_plan, the shares
+//     exact in multi-limb integers, giving the Go code's budgets), on the
+//     CPU by that kernel's host pass, the Go code itself. The host reads
+//     back only the plan's header (12 bytes: whether the norms are finite,
+//     its selection's count, the common fragments' length), in the one wait
+//     of the plan; the fragments' norms come back only to name a
+//     non-finite one in the error.
 //   - Worker r takes bin (t mod n + r) mod n and selects the TopK of every
 //     fragment of it with its own k_f; counts and index lists are
 //     all-gathered in the package's wire format (int32 counts, then the
@@ -293,8 +304,8 @@ type deftReducer struct {
 // bin; common fragments are not included), SelectedPerWorker the gathered
 // counts, ActualDensity = |union|/N, LayerK[i] the number of indices of
 // layout tensor i in the union, Threshold NaN. SelectTime covers the norms,
-// the allocations, the packing and the top-k selections (not the norms'
-// broadcast).
+// the plan (allocations and packing) and the top-k selections (not the
+// norms' broadcast).
 //
 // Deviations from the reference code: the allocation's shares are
 // computed exactly (see deftAllocator.allocate: the reference's
@@ -305,7 +316,8 @@ type deftReducer struct {
 // infinite acc is an error instead of a silent garbage allocation; the
 // leader broadcasts its norms instead of its bins (the same bins, one
 // broadcast instead of two, 8L bytes instead of 4(n+L)), so that no worker
-// waits for the bins: its own norms and the leader's come back in one wait.
+// waits for the bins: each makes the leader's bins from the leader's norms
+// on its device, in the one wait that reads its plan's counts.
 func newDeft(b *Env) (Core, error) {
 	o := b.o
 	n := o.Comm.Size()
