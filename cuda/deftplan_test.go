@@ -159,6 +159,16 @@ func TestGPUDeftPlanMatchesHost(t *testing.T) {
 			cases = append(cases, c)
 		}
 	}
+	// Beyond sparsify's cases: sums of norms past float64's range times
+	// budgets of thousands (the integers' highest limbs), and the same
+	// below the least normal number.
+	huge := deftPlanCase{name: "30 norms of MaxFloat64", sizes: make([]int, 30), norms: make([]float64, 30), k: 29000, n: 1}
+	tiny := deftPlanCase{name: "30 subnormal norms", sizes: make([]int, 30), norms: make([]float64, 30), k: 17001, n: 1}
+	for f := range 30 {
+		huge.sizes[f], huge.norms[f] = 1000, math.MaxFloat64/31*float64(30-f%3)
+		tiny.sizes[f], tiny.norms[f] = 1000, math.Float64frombits(uint64(1+f*f*1237))
+	}
+	cases = append(cases, huge, tiny)
 	rng := rand.New(rand.NewPCG(32, 3))
 	for i := range 600 {
 		c := deftPlanRandom(rng)

@@ -530,7 +530,10 @@ func deftListAt(L, n int) int { return 5 + 5*L + n }
 // fragments' starts. ss holds the sums of squares when sq is 1 (the norms
 // are their square roots), the norms themselves when it is 0. The host
 // pass is the Go code; the CUDA C computes the same integers (the shares
-// exactly, in multi-limb integers; the costs with deftLog2's arithmetic).
+// exactly, in multi-limb integers over the span of limbs the norms
+// occupy; the costs with deftLog2's arithmetic). On a GPU it is one block
+// (n = 1): its threads rank the fragments by norm and by cost, and one
+// runs the greedy allocation and packing.
 var deftPlan = &device.Kernel{Name: "k_deft_plan", CUDA: deftCUDA, Host: func(_ int, a ...any) {
 	ss, bounds := a[0].(device.Buffer).Float64s(), a[1].(device.Buffer).Int32s()
 	L, k, nw := int(a[3].(int32)), int(a[4].(int64)), int(a[5].(int32))
