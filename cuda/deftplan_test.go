@@ -1,12 +1,17 @@
 package cuda_test
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 
+	"github.com/sparsegrad/sparsegrad/comm"
+	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -288,5 +293,67 @@ func TestGPUDeftPlanMatchesHost(t *testing.T) {
 		for _, b := range []device.Buffer{dss, db, dwk, dplan} {
 			d.Free(b)
 		}
+	}
+}
+
+// TestGPUDeftNonFiniteSaysWhere: a NaN in the leader's acc stops DEFT on
+// the GPU with the CPU's errors — the leader's names its fragment, the
+// other worker's the leader's broadcast norms — though the host reads the
+// norms only on that path (the plan's status says they are not finite).
+func TestGPUDeftNonFiniteSaysWhere(t *testing.T) {
+	d := gpu(t)
+	layout, err := sparsify.NewLayout([]string{"a", "b"}, []int{10, 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(onGPU bool) []string {
+		w := local.New(2)
+		msgs := make([]string, 2)
+		var wg sync.WaitGroup
+		for rank := range 2 {
+			wg.Go(func() {
+				o := sparsify.Options{Density: 0.2, Layout: layout, Comm: w.Comm(rank)}
+				var s device.Stream
+				if onGPU {
+					var err error
+					if s, err = d.NewStream(); err != nil {
+						msgs[rank] = err.Error()
+						return
+					}
+					o.Comm, o.Stream, o.Ops = comm.Staged(o.Comm), s, d.Sparse()
+				}
+				r, err := sparsify.New("deft", o)
+				if err != nil {
+					msgs[rank] = err.Error()
+					return
+				}
+				acc := make([]float32, layout.N)
+				for i := range acc {
+					acc[i] = float32(i%7) - 3
+				}
+				if rank == 0 { // the leader of the first call
+					acc[17] = float32(math.NaN())
+				}
+				out := make([]float32, layout.N)
+				if onGPU {
+					res, ob := upload(t, s, acc), upload(t, s, out)
+					_, err = r.ReduceOn(context.Background(), res, ob, res)
+				} else {
+					_, err = r.Reduce(context.Background(), acc, out, acc)
+				}
+				if err != nil {
+					msgs[rank] = err.Error()
+				}
+			})
+		}
+		wg.Wait()
+		return msgs
+	}
+	cpu, gpu := run(false), run(true)
+	if !strings.Contains(cpu[0], `acc holds NaN or infinite values in fragment`) || !strings.Contains(cpu[1], "the norms broadcast by leader 0 hold") {
+		t.Fatalf("the CPU's errors: %q", cpu)
+	}
+	if !slices.Equal(cpu, gpu) {
+		t.Fatalf("the GPU's errors %q, the CPU's %q", gpu, cpu)
 	}
 }
