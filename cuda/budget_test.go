@@ -59,14 +59,16 @@ var batchBytes = map[string]int64{"ncf": 1280, "lstm": 640}
 // flag (both ways, in one bucket or DDP's); topk's 3 add the union's count
 // and the residual's norm (the workers' counts are all-gathered in host
 // memory), and so do micro's (its union's range check is read with the
-// norm's wait, Env.checkRange); deft's fourth is the fragments' norms, which the host's allocation needs
-// (with several workers the leader's norms, broadcast on the device, come
-// back in the same wait, and every worker packs the leader's bins itself;
-// it selects all fragments of its bin at once, Ops.TopKSegments, and its
-// union's range check is read with its counts per tensor). Beyond the
-// batch, deft uploads the description of its bin's fragments
-// (TopKSegments: 40 B a fragment, its budgets change every step); the
-// others nothing (a range check's first bad index stays on the device). SparDL's 3
+// norm's wait, Env.checkRange); deft's fourth reads its plan's header (12 B:
+// the finiteness of the fragments' norms, its selection's count and the
+// common fragments' length), the plan being made on the device from the
+// fragments' sums of squares and, with several workers, the leader's,
+// broadcast on the device (k_deft_plan: both allocations, the leader's
+// bins, this worker's bin as a list); it selects all fragments of its bin
+// at once from that list (Ops.TopKSegmentsOn) and its union's range check
+// is read with its counts per tensor. Beyond the batch no method uploads
+// anything (deft's list stays on the device, a range check's first bad
+// index too). SparDL's 3
 // with 4 workers are the blocks' count below N (CountIn), the residual's
 // norm, with which the frame reads the range checks of the lists received
 // (Env.checkRange), and the end of the step; its 12 SendRecvs are
@@ -86,8 +88,8 @@ var stepBudgets = []budgetCase{
 	{"ncf", "dense", 4, &budget{14.25, 1, 0, 12, 0, 0}, ""},
 	{"ncf", "topk", 1, &budget{29, 3, 0, 32, 0, 0}, ""},
 	{"ncf", "topk", 4, &budget{33, 3, 0, 32, 0, 0}, ""},
-	{"ncf", "deft", 1, &budget{33, 4, 288, 164, 0, 0}, ""},
-	{"ncf", "deft", 4, &budget{37.75, 4, 108, 278, 0, 0}, ""},
+	{"ncf", "deft", 1, &budget{31, 4, 0, 80, 0, 0}, ""},
+	{"ncf", "deft", 4, &budget{35.75, 4, 0, 80, 0, 0}, ""},
 	{"ncf", "micro", 1, &budget{19, 3, 0, 32, 0, 0}, ""},
 	{"ncf", "micro", 4, &budget{22.25, 3, 3, 32, 0, 0}, ""},
 	{"ncf", "lags", 1, &budget{160, 2, 0, 184, 0, 0}, ""},
@@ -104,8 +106,8 @@ var stepBudgets = []budgetCase{
 	{"lstm", "dense", 4, &budget{18.25, 1, 0, 12, 0, 0}, ""},
 	{"lstm", "topk", 1, &budget{33, 3, 0, 32, 0, 0}, ""},
 	{"lstm", "topk", 4, &budget{37, 3, 0, 32, 0, 0}, ""},
-	{"lstm", "deft", 1, &budget{36, 4, 248, 140, 0, 0}, ""},
-	{"lstm", "deft", 4, &budget{40.75, 4, 98, 242, 0, 0}, ""},
+	{"lstm", "deft", 1, &budget{35, 4, 0, 72, 0, 0}, ""},
+	{"lstm", "deft", 4, &budget{39.75, 4, 0, 72, 0, 0}, ""},
 	{"lstm", "micro", 1, &budget{23, 3, 0, 32, 0, 0}, ""},
 	{"lstm", "micro", 4, &budget{26.875, 3, 0, 32, 0, 0}, ""},
 	{"lstm", "lags", 1, &budget{141, 2, 0, 156, 0, 0}, ""},

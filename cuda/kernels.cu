@@ -944,77 +944,120 @@ extern "C" __global__ void k_sel_write(const float* x, i64 n, const u32* state, 
 
 // ---- segmented top-k: every segment of a list selected at once ----------
 //
-// Segment s of a list of S is described by SEG_DESC int64 words at
-// desc[SEG_DESC·s]: its start lo in x, its length n, its k (1 <= k < n), where
-// its indices go in idx (out), and its first tile (tile0; desc[SEG_DESC·S]
-// is the number of tiles in all). Each has its own radix state (state[2s],
+// A list of segments is described by int64 words: desc[0] is the number of
+// segments S, desc[1] the number of tiles in all, and segment s is
+// SEG_DESC words at SEG_AT(desc, s): its start lo in x, its length n, its k
+// (1 <= k <= n), where its indices go in idx (out), and its first tile
+// (tile0). The launches may have more blocks than the list needs (a list
+// written on the device, Sparse.TopKSegmentsOn): a block past the S
+// segments or the tiles returns at once. Each has its own radix state (state[2s],
 // state[2s+1]) and histogram (hist + 2048·s); its indices are written as lo
 // + the index in the segment, ascending, at idx[out..out+k), the same as
 // TopK of the segment shifted by lo.
 
 #define SEG_DESC 5
+#define SEG_AT(desc, s) ((desc) + 2 + SEG_DESC * (s))
 #define SEG_HIST_BLOCKS 8 // blocks per segment of a histogram round
 
 // The segment of tile t: the last s with tile0(s) <= t (S small: a scan).
-__device__ int seg_of_tile(const i64* desc, int S, i64 t) {
-    int s = 0;
-    while (s + 1 < S && desc[SEG_DESC * (s + 1) + 4] <= t) s++;
+__device__ int seg_of_tile(const i64* desc, i64 t) {
+    int s = 0, S = (int)desc[0];
+    while (s + 1 < S && SEG_AT(desc, s + 1)[4] <= t) s++;
     return s;
+}
+
+// The end of segment s's tiles.
+__device__ i64 seg_tiles_end(const i64* desc, int s) {
+    return s + 1 == desc[0] ? desc[1] : SEG_AT(desc, s + 1)[4];
 }
 
 // Starts every segment's radix select (one block per segment).
 extern "C" __global__ void k_seg_init(const i64* desc, u32* state, u32* hist) {
     int s = blockIdx.x;
+    if (s >= desc[0]) return;
     for (int b = threadIdx.x; b < 2048; b += blockDim.x) hist[2048 * s + b] = 0;
     if (threadIdx.x == 0) {
         state[2 * s] = 0;
-        state[2 * s + 1] = (u32)desc[SEG_DESC * s + 2];
+        state[2 * s + 1] = (u32)SEG_AT(desc, s)[2];
     }
 }
 
 // One radix round of every segment: SEG_HIST_BLOCKS blocks per segment.
 extern "C" __global__ void k_seg_hist(const float* x, const i64* desc, int shift, int nbits, const u32* state, u32* hist) {
     int s = blockIdx.x / SEG_HIST_BLOCKS, b = blockIdx.x % SEG_HIST_BLOCKS;
-    const i64* d = desc + SEG_DESC * s;
+    if (s >= desc[0]) return;
+    const i64* d = SEG_AT(desc, s);
     sel_hist(x + d[0], d[1], (i64)b * blockDim.x, (i64)blockDim.x * SEG_HIST_BLOCKS, shift, nbits, state + 2 * s, hist + 2048 * s);
 }
 
 // Picks every segment's bucket of the round (one block per segment).
-extern "C" __global__ void k_seg_pick(u32* hist, int shift, int nbits, u32* state) {
+extern "C" __global__ void k_seg_pick(const i64* desc, u32* hist, int shift, int nbits, u32* state) {
+    if (blockIdx.x >= desc[0]) return;
     sel_pick(hist + 2048 * blockIdx.x, shift, nbits, state + 2 * blockIdx.x);
 }
 
 // Per-tile counts of every segment (one block per tile of all).
-extern "C" __global__ void k_seg_count(const float* x, const i64* desc, int S, const u32* state, u32* counts) {
-    int s = seg_of_tile(desc, S, blockIdx.x);
-    const i64* d = desc + SEG_DESC * s;
+extern "C" __global__ void k_seg_count(const float* x, const i64* desc, const u32* state, u32* counts) {
+    if (blockIdx.x >= desc[1]) return;
+    int s = seg_of_tile(desc, blockIdx.x);
+    const i64* d = SEG_AT(desc, s);
     i64 base = (blockIdx.x - d[4]) * (i64)SEL_TILE;
     i64 lim = d[1] - base < SEL_TILE ? d[1] - base : SEL_TILE;
     sel_count((const u32*)(x + d[0]) + base, lim, state[2 * s], 0, counts + 2 * blockIdx.x);
 }
 
 // Each segment's tile offsets (one block per segment), from its out.
-extern "C" __global__ void k_seg_offsets(const u32* counts, const i64* desc, int S, const u32* state, u32* offs) {
+extern "C" __global__ void k_seg_offsets(const u32* counts, const i64* desc, const u32* state, u32* offs) {
     int s = blockIdx.x;
-    const i64* d = desc + SEG_DESC * s;
-    i64 t0 = d[4], t1 = s + 1 == S ? desc[SEG_DESC * S] : desc[SEG_DESC * (s + 1) + 4];
+    if (s >= desc[0]) return;
+    const i64* d = SEG_AT(desc, s);
+    i64 t0 = d[4], t1 = seg_tiles_end(desc, s);
     sel_offsets(counts + 2 * t0, (int)(t1 - t0), state[2 * s + 1], (u32)d[3], offs + 2 * t0, 0);
 }
 
 // Writes every segment's selection (one block per tile of all).
-extern "C" __global__ void k_seg_write(const float* x, const i64* desc, int S, const u32* state, const u32* offs, int* idx) {
-    int s = seg_of_tile(desc, S, blockIdx.x);
-    const i64* d = desc + SEG_DESC * s;
+extern "C" __global__ void k_seg_write(const float* x, const i64* desc, const u32* state, const u32* offs, int* idx) {
+    if (blockIdx.x >= desc[1]) return;
+    int s = seg_of_tile(desc, blockIdx.x);
+    const i64* d = SEG_AT(desc, s);
     i64 base = (blockIdx.x - d[4]) * (i64)SEL_TILE;
     int lim = d[1] - base < SEL_TILE ? (int)(d[1] - base) : SEL_TILE;
     sel_write((const u32*)(x + d[0]) + base, d[0] + base, lim, state[2 * s], 0, offs + 2 * blockIdx.x, idx, 0);
+}
+
+// The description of a list written on the device (one thread): from
+// list (int32: its number of segments S, then lo, hi and k of each), the
+// segments with k > 0 (k clamped to the segment), their outputs one after
+// the other and their tiles, in desc's form.
+extern "C" __global__ void k_seg_describe(const int* list, i64 n, i64* desc) {
+    GRID_STRIDE(g, n) {
+        (void)g;
+        int S = list[0], m = 0;
+        i64 out = 0, tiles = 0;
+        for (int j = 0; j < S; j++) {
+            const int* e = list + 1 + 3 * j;
+            i64 len = (i64)e[1] - e[0], k = e[2] < len ? e[2] : len;
+            if (k <= 0) continue;
+            i64* d = SEG_AT(desc, m);
+            d[0] = e[0];
+            d[1] = len;
+            d[2] = k;
+            d[3] = out;
+            d[4] = tiles;
+            out += k;
+            tiles += (len + SEL_TILE - 1) / SEL_TILE;
+            m++;
+        }
+        desc[0] = m;
+        desc[1] = tiles;
+    }
 }
 
 // ---- segmented thresholds and threshold selections ------------------------
 //
 // KthLargestAbsSegments runs k_seg_init and the radix rounds of the
 // segmented top-k, then k_seg_kth; SelectAboveSegments describes its
-// segments as the segmented top-k does, with desc[SEG_DESC·s + 2] the
+// segments as the segmented top-k does, with SEG_AT(desc, s)[2] the
 // segment's place in the caller's list (its threshold's index) and out its
 // own start.
 
@@ -1027,7 +1070,7 @@ extern "C" __global__ void k_seg_kth(const u32* state, i64 S, float* thr) {
 // threshold (<= 0: every number; NaN: nothing), state[2s+1] = 0.
 extern "C" __global__ void k_segt_init(const float* thr, const i64* desc, i64 S, u32* state) {
     GRID_STRIDE(s, S) {
-        float t = thr[desc[SEG_DESC * s + 2]];
+        float t = thr[SEG_AT(desc, s)[2]];
         state[2 * s] = t != t ? 0xffffffffu : (t > 0.0f ? __float_as_uint(t) : 0u);
         state[2 * s + 1] = 0u;
     }
@@ -1035,9 +1078,10 @@ extern "C" __global__ void k_segt_init(const float* thr, const i64* desc, i64 S,
 
 // Per-tile counts of every segment's threshold selection (one block per
 // tile of all).
-extern "C" __global__ void k_segt_count(const float* x, const i64* desc, int S, const u32* state, u32* counts) {
-    int s = seg_of_tile(desc, S, blockIdx.x);
-    const i64* d = desc + SEG_DESC * s;
+extern "C" __global__ void k_segt_count(const float* x, const i64* desc, const u32* state, u32* counts) {
+    if (blockIdx.x >= desc[1]) return;
+    int s = seg_of_tile(desc, blockIdx.x);
+    const i64* d = SEG_AT(desc, s);
     i64 base = (blockIdx.x - d[4]) * (i64)SEL_TILE;
     i64 lim = d[1] - base < SEL_TILE ? d[1] - base : SEL_TILE;
     sel_count((const u32*)(x + d[0]) + base, lim, state[2 * s], 1, counts + 2 * blockIdx.x);
@@ -1045,17 +1089,19 @@ extern "C" __global__ void k_segt_count(const float* x, const i64* desc, int S, 
 
 // Each segment's tile offsets from its out, and its count in totals at
 // its place in the caller's list, d[2] (one block per segment).
-extern "C" __global__ void k_segt_offsets(const u32* counts, const i64* desc, int S, u32* offs, u32* totals) {
+extern "C" __global__ void k_segt_offsets(const u32* counts, const i64* desc, u32* offs, u32* totals) {
     int s = blockIdx.x;
-    const i64* d = desc + SEG_DESC * s;
-    i64 t0 = d[4], t1 = s + 1 == S ? desc[SEG_DESC * S] : desc[SEG_DESC * (s + 1) + 4];
+    if (s >= desc[0]) return;
+    const i64* d = SEG_AT(desc, s);
+    i64 t0 = d[4], t1 = seg_tiles_end(desc, s);
     sel_offsets(counts + 2 * t0, (int)(t1 - t0), 0u, (u32)d[3], offs + 2 * t0, totals + d[2]);
 }
 
 // Writes every segment's threshold selection (one block per tile of all).
-extern "C" __global__ void k_segt_write(const float* x, const i64* desc, int S, const u32* state, const u32* offs, int* idx) {
-    int s = seg_of_tile(desc, S, blockIdx.x);
-    const i64* d = desc + SEG_DESC * s;
+extern "C" __global__ void k_segt_write(const float* x, const i64* desc, const u32* state, const u32* offs, int* idx) {
+    if (blockIdx.x >= desc[1]) return;
+    int s = seg_of_tile(desc, blockIdx.x);
+    const i64* d = SEG_AT(desc, s);
     i64 base = (blockIdx.x - d[4]) * (i64)SEL_TILE;
     int lim = d[1] - base < SEL_TILE ? (int)(d[1] - base) : SEL_TILE;
     sel_write((const u32*)(x + d[0]) + base, d[0] + base, lim, state[2 * s], 1, offs + 2 * blockIdx.x, idx, 0);

@@ -53,6 +53,7 @@ type selScratch struct {
 	parts, sums       device.Buffer // Float64
 	mark              device.Buffer // Float32: Union's marks, zero between calls
 	segState, segHist device.Buffer // Int32, used as u32: TopKSegments' radix states
+	segDesc           device.Buffer // Int64: TopKSegmentsOn's description
 	// words are the last lists of int64 words the segmented calls
 	// described their segments by, kept on the device (a method's
 	// segments are the same every step: uploaded once); nextWords is the
@@ -520,7 +521,7 @@ func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]i
 	if len(ks) != len(segs) {
 		return 0, fmt.Errorf("cuda: TopKSegments: %d budgets for %d segments", len(ks), len(segs))
 	}
-	desc := make([]int64, 0, segDescWords*len(segs)+1)
+	desc := make([]int64, 2, 2+segDescWords*len(segs))
 	out, tiles := 0, 0
 	for j, sg := range segs {
 		lo, hi := sg[0], sg[1]
@@ -538,50 +539,102 @@ func (o *Sparse) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]i
 	if err := o.check("TopKSegments", "idx", idx, device.Int32, out); err != nil {
 		return 0, err
 	}
-	S := len(desc) / segDescWords
+	S := (len(desc) - 2) / segDescWords
 	if S == 0 {
 		return 0, nil
 	}
-	desc = append(desc, int64(tiles))
-	sc := cs.sel
+	desc[0], desc[1] = int64(S), int64(tiles)
 	dd, err := o.deviceWords(cs, desc)
 	if err != nil {
 		return 0, err
 	}
-	state, err := grow(o.d, &sc.segState, device.Int32, 2*S)
+	return out, o.segTopK(cs, idx, x, dd, S, tiles)
+}
+
+// TopKSegmentsOn is TopKSegments with the segments' list in device memory
+// (sparsify.Ops.TopKSegmentsOn): list is Int32, its number of segments S
+// (at most maxSegs) and then lo, hi and k of each, as a method's kernel
+// wrote it; their lengths add up to at most maxLen, and idx holds their
+// k's (clamped) sum. The launches are sized by the bounds, the blocks past
+// the list's segments and tiles return at once: eleven launches, no upload
+// and no host wait.
+func (o *Sparse) TopKSegmentsOn(s device.Stream, idx, x, list device.Buffer, maxSegs, maxLen int) error {
+	cs, err := o.stream(s)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	hist, err := grow(o.d, &sc.segHist, device.Int32, 2048*S)
+	if err := o.checkArgs("TopKSegmentsOn", bufArg{"x", x, device.Float32, 0},
+		bufArg{"idx", idx, device.Int32, 0}, bufArg{"list", list, device.Int32, 1 + 3*maxSegs}); err != nil {
+		return err
+	}
+	if maxSegs <= 0 || maxLen <= 0 {
+		return nil
+	}
+	if maxLen > x.Len() {
+		return fmt.Errorf("cuda: TopKSegmentsOn: segments of %d elements in all, x has %d", maxLen, x.Len())
+	}
+	tiles := (maxLen+selTile-1)/selTile + maxSegs // each segment's last tile may be partial
+	sc := cs.sel
+	dd, err := grow(o.d, &sc.segDesc, device.Int64, 2+segDescWords*maxSegs)
 	if err != nil {
-		return 0, err
+		return err
+	}
+	if err := cs.args().buf(list).i64(1).buf(dd).runN("k_seg_describe", 1); err != nil {
+		return err
+	}
+	return o.segTopK(cs, idx, x, dd, maxSegs, tiles)
+}
+
+// segTopK runs the segmented top-k of the segments described by dd
+// (kernels.cu's description) with launches for S segments and the given
+// tiles: ten launches.
+func (o *Sparse) segTopK(cs *Stream, idx, x, dd device.Buffer, S, tiles int) error {
+	sc := cs.sel
+	state, err := o.segRadix(cs, x, dd, S)
+	if err != nil {
+		return err
 	}
 	counts, err := grow(o.d, &sc.counts, device.Int32, 2*tiles)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	offs, err := grow(o.d, &sc.offs, device.Int32, 2*tiles)
 	if err != nil {
-		return 0, err
+		return err
+	}
+	if err := cs.args().buf(x).buf(dd).buf(state).buf(counts).run("k_seg_count", tiles); err != nil {
+		return err
+	}
+	if err := cs.args().buf(counts).buf(dd).buf(state).buf(offs).run("k_seg_offsets", S); err != nil {
+		return err
+	}
+	return cs.args().buf(x).buf(dd).buf(state).buf(offs).buf(idx).run("k_seg_write", tiles)
+}
+
+// segRadix runs the radix select of every segment described by dd with
+// launches for S segments (seven launches) and returns the radix states.
+func (o *Sparse) segRadix(cs *Stream, x, dd device.Buffer, S int) (device.Buffer, error) {
+	sc := cs.sel
+	state, err := grow(o.d, &sc.segState, device.Int32, 2*S)
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	hist, err := grow(o.d, &sc.segHist, device.Int32, 2048*S)
+	if err != nil {
+		return device.Buffer{}, err
 	}
 	if err := cs.args().buf(dd).buf(state).buf(hist).run("k_seg_init", S); err != nil {
-		return 0, err
+		return device.Buffer{}, err
 	}
 	for _, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
 		if err := cs.args().buf(x).buf(dd).i32(r.shift).i32(r.bits).buf(state).buf(hist).run("k_seg_hist", S*segHistBlocks); err != nil {
-			return 0, err
+			return device.Buffer{}, err
 		}
-		if err := cs.args().buf(hist).i32(r.shift).i32(r.bits).buf(state).run("k_seg_pick", S); err != nil {
-			return 0, err
+		if err := cs.args().buf(dd).buf(hist).i32(r.shift).i32(r.bits).buf(state).run("k_seg_pick", S); err != nil {
+			return device.Buffer{}, err
 		}
 	}
-	if err := cs.args().buf(x).buf(dd).i32(S).buf(state).buf(counts).run("k_seg_count", tiles); err != nil {
-		return 0, err
-	}
-	if err := cs.args().buf(counts).buf(dd).i32(S).buf(state).buf(offs).run("k_seg_offsets", S); err != nil {
-		return 0, err
-	}
-	return out, cs.args().buf(x).buf(dd).i32(S).buf(state).buf(offs).buf(idx).run("k_seg_write", tiles)
+	return state, nil
 }
 
 // KthLargestAbs returns the k-th largest |x[i]|, 1 <= k <= len(x)
@@ -1129,7 +1182,8 @@ func (o *Sparse) KthLargestAbsSegments(s device.Stream, thr, x device.Buffer, se
 	if S == 0 {
 		return nil
 	}
-	desc := make([]int64, 0, segDescWords*S)
+	desc := make([]int64, 2, 2+segDescWords*S)
+	desc[0] = int64(S) // no tiles
 	for j, sg := range segs {
 		lo, hi := sg[0], sg[1]
 		if lo < 0 || hi < lo || hi > x.Len() {
@@ -1144,25 +1198,9 @@ func (o *Sparse) KthLargestAbsSegments(s device.Stream, thr, x device.Buffer, se
 	if err != nil {
 		return err
 	}
-	sc := cs.sel
-	state, err := grow(o.d, &sc.segState, device.Int32, 2*S)
+	state, err := o.segRadix(cs, x, dd, S)
 	if err != nil {
 		return err
-	}
-	hist, err := grow(o.d, &sc.segHist, device.Int32, 2048*S)
-	if err != nil {
-		return err
-	}
-	if err := cs.args().buf(dd).buf(state).buf(hist).run("k_seg_init", S); err != nil {
-		return err
-	}
-	for _, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
-		if err := cs.args().buf(x).buf(dd).i32(r.shift).i32(r.bits).buf(state).buf(hist).run("k_seg_hist", S*segHistBlocks); err != nil {
-			return err
-		}
-		if err := cs.args().buf(hist).i32(r.shift).i32(r.bits).buf(state).run("k_seg_pick", S); err != nil {
-			return err
-		}
 	}
 	return cs.args().buf(state).i64(S).buf(thr).runN("k_seg_kth", S)
 }
@@ -1182,7 +1220,7 @@ func (o *Sparse) SelectAboveSegments(s device.Stream, idx, counts, x, thr device
 		bufArg{"thr", thr, device.Float32, len(segs)}, bufArg{"counts", counts, device.Int32, len(segs)}); err != nil {
 		return err
 	}
-	var desc []int64
+	desc := make([]int64, 2, 2+segDescWords*len(segs))
 	end, tiles := 0, 0
 	for j, sg := range segs {
 		lo, hi := sg[0], sg[1]
@@ -1202,7 +1240,7 @@ func (o *Sparse) SelectAboveSegments(s device.Stream, idx, counts, x, thr device
 	if err := o.check("SelectAboveSegments", "idx", idx, device.Int32, end); err != nil {
 		return err
 	}
-	S := len(desc) / segDescWords
+	S := (len(desc) - 2) / segDescWords
 	if S < len(segs) { // the empty segments' counts
 		if err := cs.fill32(counts.Slice(0, len(segs)), 0); err != nil {
 			return err
@@ -1211,7 +1249,7 @@ func (o *Sparse) SelectAboveSegments(s device.Stream, idx, counts, x, thr device
 	if S == 0 {
 		return nil
 	}
-	desc = append(desc, int64(tiles))
+	desc[0], desc[1] = int64(S), int64(tiles)
 	dd, err := o.deviceWords(cs, desc)
 	if err != nil {
 		return err
@@ -1232,13 +1270,13 @@ func (o *Sparse) SelectAboveSegments(s device.Stream, idx, counts, x, thr device
 	if err := cs.args().buf(thr).buf(dd).i64(S).buf(state).runN("k_segt_init", S); err != nil {
 		return err
 	}
-	if err := cs.args().buf(x).buf(dd).i32(S).buf(state).buf(tc).run("k_segt_count", tiles); err != nil {
+	if err := cs.args().buf(x).buf(dd).buf(state).buf(tc).run("k_segt_count", tiles); err != nil {
 		return err
 	}
-	if err := cs.args().buf(tc).buf(dd).i32(S).buf(offs).buf(counts).run("k_segt_offsets", S); err != nil {
+	if err := cs.args().buf(tc).buf(dd).buf(offs).buf(counts).run("k_segt_offsets", S); err != nil {
 		return err
 	}
-	return cs.args().buf(x).buf(dd).i32(S).buf(state).buf(offs).buf(idx).run("k_segt_write", tiles)
+	return cs.args().buf(x).buf(dd).buf(state).buf(offs).buf(idx).run("k_segt_write", tiles)
 }
 
 // CompactSlotsSegments is CompactSlots of the whole of x into idx (at least

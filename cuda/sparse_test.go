@@ -832,6 +832,34 @@ func TestGPUTopKSegmentsMatchesCPU(t *testing.T) {
 			if got := downloadInt32(t, s, ib)[:m]; !slices.Equal(got, want) {
 				t.Fatalf("n=%d %s segments %v ks %v: GPU %v, want %v", n, kind, segs, ks, got, want)
 			}
+			// The same list written in device memory (TopKSegmentsOn),
+			// with bounds above what it holds: the launches sized for
+			// more segments and tiles than there are.
+			extra := r.IntN(3)
+			list := []int32{int32(len(segs))}
+			for j, sg := range segs {
+				list = append(list, int32(sg[0]), int32(sg[1]), int32(ks[j]))
+			}
+			list = append(list, make([]int32, 3*extra)...)
+			for j := range cpuIdx {
+				cpuIdx[j] = -1
+			}
+			if err := sparsify.CPUOps().TopKSegmentsOn(nil, device.Host(cpuIdx), device.Host(x), device.Host(list), len(segs)+extra, n); err != nil || !slices.Equal(cpuIdx, want) {
+				t.Fatalf("n=%d %s: CPU's TopKSegmentsOn: %v, or it differs", n, kind, err)
+			}
+			lb := allocInt32(t, d, len(list))
+			if err := s.Copy(lb, device.Host(list)); err != nil {
+				t.Fatal(err)
+			}
+			ib2 := allocInt32(t, d, max(len(want), 1))
+			if err := sp.TopKSegmentsOn(s, ib2, xb, lb, len(segs)+extra, n); err != nil {
+				t.Fatal(err)
+			}
+			if got := downloadInt32(t, s, ib2)[:len(want)]; !slices.Equal(got, want) {
+				t.Fatalf("n=%d %s segments %v ks %v: GPU's TopKSegmentsOn %v, want %v", n, kind, segs, ks, got, want)
+			}
+			d.Free(ib2)
+			d.Free(lb)
 			d.Free(ib)
 			d.Free(xb)
 		}
@@ -846,6 +874,11 @@ func TestGPUTopKSegmentsMatchesCPU(t *testing.T) {
 	}
 	if _, err := sp.TopKSegments(s, ib, xb, [][2]int{{0, 3}}, nil); err == nil || !strings.Contains(err.Error(), "budgets") {
 		t.Fatalf("no budgets: %v", err)
+	}
+	// A list longer than announced: refused on the CPU (a GPU reads only
+	// the announced bounds).
+	if err := sparsify.CPUOps().TopKSegmentsOn(nil, device.Host(make([]int32, 4)), device.Host([]float32{1, 2, 3}), device.Host([]int32{2, 0, 1, 1, 1, 3, 1}), 1, 3); err == nil || !strings.Contains(err.Error(), "at most 1") {
+		t.Fatalf("two segments announced as one: %v", err)
 	}
 }
 

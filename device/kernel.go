@@ -14,7 +14,9 @@ package device
 // a test build compiles every declared kernel into one program. Its
 // parameters are pointers (a Buffer's memory), int or unsigned int (int32,
 // uint32), long long (int64), float (float32) and double (float64), in the
-// order of the launch's arguments.
+// order of the launch's arguments. A kernel launched over n = 1 runs as one
+// block and may instead share the work among the block's threads
+// (threadIdx, blockDim, __syncthreads; sparsify's k_deft_plan).
 //
 // Host runs the pass over host memory with the launch's n and arguments:
 // the Buffers are host memory of the types the kernel reads.

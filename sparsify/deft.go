@@ -3,6 +3,7 @@ package sparsify
 import (
 	"cmp"
 	"context"
+	_ "embed"
 	"fmt"
 	"math"
 	"math/big"
@@ -14,8 +15,8 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "deft", NotProjectable: "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count", New: newDeft, Advice: deftAdvice,
-		Doc: "reference notes 2: DEFT's fragments, norm-proportional per-fragment budgets and LPT bin packing by a rotating leader. The budgets follow the authors' greedy rule (descending norm, each fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the total can end a little below or above k). Deviations: that share is computed exactly, where the reference's floating-point remain_norm can floor a share of 3 to 2; empty fragments (N < n² only) get no budget instead of crashing; a NaN or infinite acc is an error; the leader broadcasts its fragments' norms, not its bins, and every worker packs the leader's bins from them (the same bins, one broadcast instead of two)."})
+	Register(Method{Name: "deft", NotProjectable: "the union of DEFT's selected indices, which every worker all-reduces, grows with the worker count", New: newDeft, Advice: deftAdvice, Kernels: []*device.Kernel{deftPlan, deftCommon},
+		Doc: "reference notes 2: DEFT's fragments, norm-proportional per-fragment budgets and LPT bin packing by a rotating leader. The budgets follow the authors' greedy rule (descending norm, each fragment max(1, ⌊remain_k·norm/remain_norm⌋) capped at its size; the total can end a little below or above k). Deviations: that share is computed exactly, where the reference's floating-point remain_norm can floor a share of 3 to 2; empty fragments (N < n² only) get no budget instead of crashing; a NaN or infinite acc is an error; the leader broadcasts its fragments' norms, not its bins, and every worker packs the leader's bins from them (the same bins, one broadcast instead of two). The plan (norms, allocations, bins, this worker's bin) is made on the device where acc lives, by one kernel on a GPU (the shares exact there too), by the same Go code on the CPU; the host reads only its counts."})
 }
 
 // deftFrag is one fragment of DEFT's layout: the elements [lo, hi) of the flat
@@ -145,12 +146,52 @@ func (a *deftAllocator) allocate(kf []int, frags []deftFrag, norms []float64, k 
 }
 
 // deftCost is the bin-packing cost of a fragment: size·log2(k_f) if k_f > 1,
-// else size.
+// else size (log2 as deftLog2 computes it).
 func deftCost(size, kf int) float64 {
 	if kf > 1 {
-		return float64(size) * math.Log2(float64(kf))
+		return float64(float64(size) * deftLog2(float64(kf)))
 	}
 	return float64(size)
+}
+
+// deftLog2 is math.Log2 of x >= 2 written out in plain arithmetic: its
+// Frexp, and its Log as Go's pure-Go code computes it (the FreeBSD
+// algorithm), every product rounded on its own (no fused multiply-add).
+// deft.cu's deft_log2 is the same code, so that the bins packed on a GPU
+// and on the CPU are the same; it is meant to give math.Log2's bits
+// (TestDeftLog2 checks that it is within one unit in the last place).
+func deftLog2(x float64) float64 {
+	const (
+		ln2Hi = 6.93147180369123816490e-01
+		ln2Lo = 1.90821492927058770002e-10
+		l1    = 6.666666666666735130e-01
+		l2    = 3.999999999940941908e-01
+		l3    = 2.857142874366239149e-01
+		l4    = 2.222219843214978396e-01
+		l5    = 1.818357216161805012e-01
+		l6    = 1.531383769920937332e-01
+		l7    = 1.479819860511658591e-01
+	)
+	frac, exp := math.Frexp(x)
+	if frac == 0.5 {
+		return float64(exp - 1)
+	}
+	f1, ki := frac, 0
+	if f1 < math.Sqrt2/2 {
+		f1 *= 2
+		ki--
+	}
+	f := f1 - 1
+	k := float64(ki)
+	s := f / (2 + f)
+	s2 := float64(s * s)
+	s4 := float64(s2 * s2)
+	t1 := float64(s2 * (l1 + float64(s4*(l3+float64(s4*(l5+float64(s4*l7)))))))
+	t2 := float64(s4 * (l2 + float64(s4*(l4+float64(s4*l6)))))
+	r := t1 + t2
+	hfsq := float64(float64(0.5*f) * f)
+	ln := float64(k*ln2Hi) - ((hfsq - (float64(s*(hfsq+r)) + float64(k*ln2Lo))) - f)
+	return float64(ln*(1/math.Ln2)) + float64(exp)
 }
 
 // deftPack is the leader's LPT bin packing. Fragments are taken in
@@ -205,21 +246,14 @@ type deftReducer struct {
 	starts []int
 	segs   []int // the fragments' bounds: fragment f is [segs[f], segs[f+1])
 
-	// The fragments' sums of squares (the worker's, then the leader's:
-	// dSums on the device, ss on the host), norms and budgets.
-	dSums               device.Buffer
-	ss                  []float64
-	normsOwn, normsLead []float64
-	alloc               deftAllocator
-	kf, kfLead          []int
-	// The leader's bins: lens[b] fragments of content each, then the
-	// common list (deftPack).
-	lens, content []int32
-
-	// The fragments of this worker's bin and their budgets
-	// (Ops.TopKSegments' arguments).
-	segs2 [][2]int
-	binK  []int
+	// The fragments' sums of squares (the worker's, then the leader's),
+	// the bounds as int32 (bounds32 on the host, dBounds on the device,
+	// uploaded once), the plan's scratch and the plan (deftPlan), and the
+	// plan's header read back (status, selected count, common elements).
+	dSums, dBounds, dWork, dPlan device.Buffer
+	bounds32                     []int32
+	hdr                          [3]int32
+	ss                           []float64 // the sums read back, on the error path only
 }
 
 // newDeft builds the "deft" reducer, DEFT as in the authors' DeftReducer
@@ -241,10 +275,21 @@ type deftReducer struct {
 //     the reference) workers with different accs can together send more.
 //   - The leader, rank t mod n, broadcasts its fragments' sums of squares
 //     (one broadcast of L float64s, as 2L int32 words); every worker packs
-//     the fragments into n bins by LPT (deftPack, cost size·log2 k_f) with
-//     the leader's k_f, computed from them, fully selected fragments going
-//     to a common list: the bins the reference's leader packs and
-//     broadcasts (two int32 broadcasts there), the same on every worker.
+//     the fragments into n bins by LPT (deftPack, cost size·log2 k_f, log2
+//     as deftLog2) with the leader's k_f, computed from them, fully
+//     selected fragments going to a common list: the bins the reference's
+//     leader packs and broadcasts (two int32 broadcasts there), the same on
+//     every worker.
+//   - Where it runs: the sums of squares, their broadcast, both
+//     allocations, the packing and this worker's bin (as a list of
+//     segments) are computed where acc lives, with no host in between: on
+//     a GPU by one kernel (deftPlan: deft.cu's k_deft_plan, the shares
+//     exact in multi-limb integers, giving the Go code's budgets), on the
+//     CPU by that kernel's host pass, the Go code itself. The host reads
+//     back only the plan's header (12 bytes: whether the norms are finite,
+//     its selection's count, the common fragments' length), in the one wait
+//     of the plan; the fragments' norms come back only to name a
+//     non-finite one in the error.
 //   - Worker r takes bin (t mod n + r) mod n and selects the TopK of every
 //     fragment of it with its own k_f; counts and index lists are
 //     all-gathered in the package's wire format (int32 counts, then the
@@ -259,8 +304,8 @@ type deftReducer struct {
 // bin; common fragments are not included), SelectedPerWorker the gathered
 // counts, ActualDensity = |union|/N, LayerK[i] the number of indices of
 // layout tensor i in the union, Threshold NaN. SelectTime covers the norms,
-// the allocations, the packing and the top-k selections (not the norms'
-// broadcast).
+// the plan (allocations and packing) and the top-k selections (not the
+// norms' broadcast).
 //
 // Deviations from the reference code: the allocation's shares are
 // computed exactly (see deftAllocator.allocate: the reference's
@@ -271,21 +316,20 @@ type deftReducer struct {
 // infinite acc is an error instead of a silent garbage allocation; the
 // leader broadcasts its norms instead of its bins (the same bins, one
 // broadcast instead of two, 8L bytes instead of 4(n+L)), so that no worker
-// waits for the bins: its own norms and the leader's come back in one wait.
+// waits for the bins: each makes the leader's bins from the leader's norms
+// on its device, in the one wait that reads its plan's counts.
 func newDeft(b *Env) (Core, error) {
 	o := b.o
 	n := o.Comm.Size()
 	d := &deftReducer{b: b, n: n, r: o.Comm.Rank(), k: b.k}
 	d.frags = deftFragments(o.Layout, n)
-	L := len(d.frags)
-	d.normsOwn, d.normsLead = make([]float64, L), make([]float64, L)
-	d.kf, d.kfLead = make([]int, L), make([]int, L)
-	d.lens, d.content = make([]int32, n), make([]int32, L)
 	// The fragments tile the layout in order.
 	for _, fr := range d.frags {
 		d.segs = append(d.segs, fr.lo)
+		d.bounds32 = append(d.bounds32, int32(fr.lo))
 	}
 	d.segs = append(d.segs, o.Layout.N)
+	d.bounds32 = append(d.bounds32, int32(o.Layout.N))
 	d.starts = make([]int, len(o.Layout.Tensors))
 	for i, t := range o.Layout.Tensors {
 		d.starts[i] = t.Offset
@@ -294,10 +338,14 @@ func newDeft(b *Env) (Core, error) {
 }
 
 // Reduce runs one DEFT iteration (see newDeft): every worker's fragment
-// norms are summed on the device, where the leader's are broadcast; each
-// worker reads its own and the leader's in one wait, allocates its own
-// budgets and packs the leader's bins (the leader's allocation, the same on
-// every worker); each fragment's top-k is selected on the device.
+// sums of squares are computed on the device, where the leader's are
+// broadcast; the plan — both allocations, the leader's bins, this
+// worker's bin as TopKSegmentsOn's list, the common fragments — is made
+// there too (deftPlan, one thread), and the host reads only its header
+// (the finiteness status, the selection's count and the common part's
+// length: 12 bytes) in one wait. Each fragment's top-k is selected on the
+// device from the list, and the common fragments' indices are written
+// there (deftCommon).
 func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	b := d.b
 	N := b.n
@@ -307,8 +355,7 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	cycle := t % d.n
 
 	// The fragments' sums of squares: this worker's in sums[:L], the
-	// leader's broadcast into sums[L:] (the leader's own on the leader),
-	// read back together.
+	// leader's broadcast into sums[L:] (the leader's own on the leader).
 	t0 := time.Now()
 	sums, err := v.scratch(&d.dSums, device.Float64, 2*L)
 	if err != nil {
@@ -317,92 +364,73 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	if err := v.ops.SegmentSumSquaresTo(v.s, sums.Slice(0, L), acc, d.segs); err != nil {
 		return err
 	}
-	read, lead := L, sums.Slice(0, L)
+	lead, leadSums := int32(0), sums.Slice(0, L)
 	if d.r != cycle {
-		read, lead = 2*L, sums.Slice(L, 2*L)
+		lead, leadSums = 1, sums.Slice(L, 2*L)
 	}
 	// As int32 words, the wire format's type (the bits travel as they
 	// are); the time it waits for the leader is not selection time.
 	tBcast := time.Now()
-	if err := b.c.Broadcast(ctx, v.cb(lead.View(device.Int32, 0, 2*L)), cycle); err != nil {
+	if err := b.c.Broadcast(ctx, v.cb(leadSums.View(device.Int32, 0, 2*L)), cycle); err != nil {
 		return fmt.Errorf("broadcasting the fragments' norms from leader %d: %w", cycle, err)
 	}
 	commTime := time.Since(tBcast)
-	d.ss = grow(d.ss, read)
-	if err := v.s.Copy(device.Host(d.ss), sums.Slice(0, read)); err != nil {
-		return err
-	}
-	if err := v.s.Synchronize(); err != nil { // one wait for both
-		return err
-	}
-	if err := d.norms(d.normsOwn, d.ss[:L], "acc holds", "the gradient diverged"); err != nil {
-		return err
-	}
-	d.alloc.allocate(d.kf, d.frags, d.normsOwn, d.k)
-	kfLead := d.kf
-	if read == 2*L {
-		if err := d.norms(d.normsLead, d.ss[L:], fmt.Sprintf("the norms broadcast by leader %d hold", cycle), "the leader's gradient diverged"); err != nil {
+	if d.dBounds.Len() == 0 {
+		bounds, err := v.scratch(&d.dBounds, device.Int32, L+1)
+		if err != nil {
 			return err
 		}
-		d.alloc.allocate(d.kfLead, d.frags, d.normsLead, d.k)
-		kfLead = d.kfLead
-	}
-	// Every worker packs the leader's bins from the leader's budgets.
-	deftPack(d.frags, kfLead, d.n, d.lens, d.content)
-	selTime := time.Since(t0) - commTime
-
-	binStart, total := 0, 0
-	myBin := (cycle + d.r) % d.n
-	for bb, nv := range d.lens {
-		if bb == myBin {
-			binStart = total
+		if err := v.s.Copy(bounds, device.Host(d.bounds32)); err != nil {
+			return err
 		}
-		total += int(nv)
 	}
-	bin := d.content[binStart : binStart+int(d.lens[myBin])]
-	common := d.content[total:]
-
-	// Top-k of every fragment of my bin, with my own k_f.
-	want := 0
-	for _, f := range bin {
-		want += d.kf[f]
-	}
-	// Sized for the whole budget: a bin's share varies from call to call
-	// (the bins rotate), the buffer need not.
-	mine, err := v.scratch(&b.dSel, device.Int32, max(want, d.k))
+	bounds := d.dBounds.Slice(0, L+1)
+	work, err := v.scratch(&d.dWork, device.Float64, 3*L+d.n)
 	if err != nil {
 		return err
 	}
-	mine = mine.Slice(0, want)
-	// Every fragment of the bin at once (a bounded number of launches on a
-	// GPU, whatever the bin holds).
-	d.segs2, d.binK = d.segs2[:0], d.binK[:0]
-	for _, f := range bin {
-		fr := d.frags[f]
-		d.segs2 = append(d.segs2, [2]int{fr.lo, fr.hi})
-		d.binK = append(d.binK, d.kf[f])
-	}
-	pos := 0
-	sel, err := b.selectTimed(func() error {
-		var err error
-		pos, err = v.ops.TopKSegments(v.s, mine, acc, d.segs2, d.binK)
+	plan, err := v.scratch(&d.dPlan, device.Int32, deftPlanWords(L, d.n))
+	if err != nil {
 		return err
+	}
+	if err := v.ops.Run(v.s, deftPlan, 1, sums, bounds, int64(1), int32(L), int64(d.k), int32(d.n), int32(d.r), int32(cycle), lead, int32(1), work, plan); err != nil {
+		return err
+	}
+	if err := v.s.Copy(device.Host(d.hdr[:]), plan.Slice(0, len(d.hdr))); err != nil {
+		return err
+	}
+	if err := v.s.Synchronize(); err != nil { // the one wait
+		return err
+	}
+	if d.hdr[0] != 0 {
+		return d.notFinite(sums, int(lead), cycle)
+	}
+	count, ncommon := int(d.hdr[1]), int(d.hdr[2])
+	selTime := time.Since(t0) - commTime
+
+	// Top-k of every fragment of my bin, with my own k_f. Sized for the
+	// whole budget: a bin's share varies from call to call (the bins
+	// rotate), the buffer need not.
+	mine, err := v.scratch(&b.dSel, device.Int32, max(count, d.k))
+	if err != nil {
+		return err
+	}
+	mine = mine.Slice(0, count)
+	list := plan.Slice(deftListAt(L, d.n), deftListAt(L, d.n)+1+3*L)
+	sel, err := b.selectTimed(func() error {
+		return v.ops.TopKSegmentsOn(v.s, mine, acc, list, L, N)
 	})
 	if err != nil {
 		return err
 	}
 	selTime += sel
 
-	all, counts, err := b.gatherIndicesOn(ctx, mine.Slice(0, pos))
+	all, counts, err := b.gatherIndicesOn(ctx, mine)
 	if err != nil {
 		return err
 	}
 	// The union: the gathered lists, then every index of every common
 	// fragment (disjoint fragments: no duplicates).
-	ncommon := 0
-	for _, f := range common {
-		ncommon += d.frags[f].size()
-	}
 	union, err := b.listScratch(&b.dUnion, device.Int32, all.Len()+ncommon)
 	if err != nil {
 		return err
@@ -410,13 +438,8 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	if err := v.s.Copy(union.Slice(0, all.Len()), all); err != nil {
 		return err
 	}
-	at := all.Len()
-	for _, f := range common {
-		fr := d.frags[f]
-		if err := v.ops.Iota(v.s, union.Slice(at, at+fr.size()), fr.lo); err != nil {
-			return err
-		}
-		at += fr.size()
+	if err := v.ops.Run(v.s, deftCommon, ncommon, plan, bounds, int64(ncommon), int32(L), int32(d.n), union.Slice(all.Len(), union.Len())); err != nil {
+		return err
 	}
 	// The union's indices per tensor, which are also its range check: the
 	// tensors tile [0, N), so every index is in range exactly when the
@@ -440,26 +463,162 @@ func (d *deftReducer) Reduce(ctx context.Context, _ int, acc, out, residual devi
 	}
 
 	st.SelectTime = selTime
-	st.Selected = pos
+	st.Selected = count
 	st.SelectedPerWorker = counts
 	st.Distinct = union.Len()
 	return nil
 }
 
-// norms sets norms to the square roots of the fragments' sums of squares
-// ss, which must be finite: the error says what holds the first that is
-// not (what) and why (cause).
-func (d *deftReducer) norms(norms, ss []float64, what, cause string) error {
+// notFinite reads the fragments' sums of squares back after the plan
+// found one that is not finite (this worker's in sums[:L], the leader's in
+// sums[L:] when lead is 1) and says which fragment holds what.
+func (d *deftReducer) notFinite(sums device.Buffer, lead, cycle int) error {
+	L := len(d.frags)
+	read := L * (1 + lead)
+	d.ss = grow(d.ss, read)
+	v := &d.b.v
+	if err := v.s.Copy(device.Host(d.ss[:read]), sums.Slice(0, read)); err != nil {
+		return err
+	}
+	if err := v.s.Synchronize(); err != nil {
+		return err
+	}
+	if err := d.norms(d.ss[:L], "acc holds", "the gradient diverged"); err != nil {
+		return err
+	}
+	if lead == 1 {
+		if err := d.norms(d.ss[L:read], fmt.Sprintf("the norms broadcast by leader %d hold", cycle), "the leader's gradient diverged"); err != nil {
+			return err
+		}
+	}
+	return fmt.Errorf("sparsify: deft: the plan found a sum of squares that is not finite, the host none (a device fault? rerun with SPARSEGRAD_CUDA_SYNC=1)")
+}
+
+// norms checks that the square roots of the fragments' sums of squares
+// ss are finite: the error says what holds the first that is not (what)
+// and why (cause).
+func (d *deftReducer) norms(ss []float64, what, cause string) error {
 	for f, q := range ss {
 		nv := math.Sqrt(q)
 		if math.IsNaN(nv) || math.IsInf(nv, 0) {
 			fr := d.frags[f]
 			return fmt.Errorf("%s NaN or infinite values in fragment %d (tensor %q, elements %d..%d): %s (lower the learning rate or clip gradients)", what, f, d.b.o.Layout.Tensors[fr.tensor].Name, fr.lo, fr.hi, cause)
 		}
-		norms[f] = nv
 	}
 	return nil
 }
+
+//go:embed deft.cu
+var deftCUDA string
+
+// deftPlanWords is the length of deftPlan's plan for L fragments and n
+// workers (deft.cu's layout): the header, both budgets, a sort's scratch,
+// the bins, their lengths, the common fragments' starts and the list.
+func deftPlanWords(L, n int) int { return deftListAt(L, n) + 1 + 3*L }
+
+// deftListAt is where the list of this worker's bin starts in the plan
+// (DEFT_LIST).
+func deftListAt(L, n int) int { return 5 + 5*L + n }
+
+// deftPlan is deft.cu's k_deft_plan (arguments ss (Float64, 2L), bounds
+// (Int32, L+1), n = 1 as int64, L, k as int64, the workers, the rank, the
+// cycle, lead and sq as int32, the scratch (Float64, 3L + workers) and the
+// plan (Int32, deftPlanWords)): the budgets by deftAllocator.allocate
+// (this worker's from ss[:L], the leader's from ss[L:] when lead is 1,
+// else the same), the leader's bins by deftPack, this worker's bin, bin
+// (cycle + rank) mod workers, as TopKSegmentsOn's list, and the common
+// fragments' starts. ss holds the sums of squares when sq is 1 (the norms
+// are their square roots), the norms themselves when it is 0. The host
+// pass is the Go code; the CUDA C computes the same integers (the shares
+// exactly, in multi-limb integers over the span of limbs the norms
+// occupy; the costs with deftLog2's arithmetic). On a GPU it is one block
+// (n = 1): its threads rank the fragments by norm and by cost, and one
+// runs the greedy allocation and packing.
+var deftPlan = &device.Kernel{Name: "k_deft_plan", CUDA: deftCUDA, Host: func(_ int, a ...any) {
+	ss, bounds := a[0].(device.Buffer).Float64s(), a[1].(device.Buffer).Int32s()
+	L, k, nw := int(a[3].(int32)), int(a[4].(int64)), int(a[5].(int32))
+	rank, cycle, lead, sq := int(a[6].(int32)), int(a[7].(int32)), a[8].(int32) != 0, a[9].(int32) != 0
+	plan := a[11].(device.Buffer).Int32s()
+	deftPlanHost(plan, ss, bounds, L, k, nw, rank, cycle, lead, sq)
+}}
+
+// deftPlanHost is deftPlan's host pass.
+func deftPlanHost(plan []int32, ss []float64, bounds []int32, L, k, nw, rank, cycle int, lead, sq bool) {
+	clear(plan[:4])
+	list := plan[deftListAt(L, nw):]
+	list[0] = 0
+	m := L
+	if lead {
+		m = 2 * L
+	}
+	norms := make([]float64, m)
+	for f := range m {
+		nv := ss[f]
+		if sq {
+			nv = math.Sqrt(nv)
+		}
+		if math.IsNaN(nv) || math.IsInf(nv, 0) {
+			plan[0] = 1 + int32(f/L)
+			return
+		}
+		norms[f] = nv
+	}
+	frags := make([]deftFrag, L)
+	for f := range frags {
+		frags[f] = deftFrag{int(bounds[f]), int(bounds[f+1]), 0}
+	}
+	var al deftAllocator
+	kf, kfLead := make([]int, L), make([]int, L)
+	al.allocate(kf, frags, norms[:L], k)
+	if lead {
+		al.allocate(kfLead, frags, norms[L:], k)
+	} else {
+		copy(kfLead, kf)
+	}
+	content, lens := plan[4+3*L:4+4*L], plan[4+4*L:4+4*L+nw]
+	deftPack(frags, kfLead, nw, lens, content)
+	for f := range L {
+		plan[4+f], plan[4+L+f] = int32(kf[f]), int32(kfLead[f])
+	}
+	mine, start, total := (cycle+rank)%nw, 0, 0
+	for b, n := range lens {
+		if b == mine {
+			start = total
+		}
+		total += int(n)
+	}
+	count := 0
+	list[0] = lens[mine]
+	for j, f := range content[start : start+int(lens[mine])] {
+		list[1+3*j], list[2+3*j], list[3+3*j] = bounds[f], bounds[f+1], int32(kf[f])
+		count += kf[f]
+	}
+	cs := plan[4+4*L+nw:]
+	pre := int32(0)
+	for j, f := range content[total:] {
+		cs[j] = pre
+		pre += bounds[f+1] - bounds[f]
+	}
+	cs[L-total] = pre
+	plan[1], plan[2], plan[3] = int32(count), pre, int32(L-total)
+}
+
+// deftCommon is deft.cu's k_deft_common (arguments the plan, bounds, n
+// (the common fragments' elements, the plan's third word) as int64, L and
+// the workers as int32, idx (Int32, n)): every index of every common
+// fragment, in the common list's order.
+var deftCommon = &device.Kernel{Name: "k_deft_common", CUDA: deftCUDA, Host: func(_ int, a ...any) {
+	plan, bounds := a[0].(device.Buffer).Int32s(), a[1].(device.Buffer).Int32s()
+	L, idx := int(a[3].(int32)), a[5].(device.Buffer).Int32s()
+	C := int(plan[3])
+	pos := 0
+	for _, f := range plan[4+4*L-C : 4+4*L] {
+		for e := bounds[f]; e < bounds[f+1]; e++ {
+			idx[pos] = e
+			pos++
+		}
+	}
+}}
 
 // SaveState writes the call count, which rotates the leader that packs the
 // bins.

@@ -98,7 +98,10 @@
 //     (N < n² only) get no budget instead of crashing; a NaN or infinite acc
 //     is an error; the leader broadcasts its fragments' norms, not its bins,
 //     and every worker packs the leader's bins from them (the same bins, one
-//     broadcast instead of two).
+//     broadcast instead of two). The plan (norms, allocations, bins, this
+//     worker's bin) is made on the device where acc lives, by one kernel on a
+//     GPU (the shares exact there too), by the same Go code on the CPU; the
+//     host reads only its counts.
 //   - "dense" (dense.go): all-reduce average of acc; residual 0. The gradient
 //     is all-reduced in buckets (DenseBuckets: PyTorch DDP's, the first 1
 //     MiB, then at most bucket_mb) in the order the backward pass finishes

@@ -105,6 +105,15 @@ type Ops interface {
 	// selects all segments in a bounded number of launches (DEFT's
 	// fragments).
 	TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]int, ks []int) (int, error)
+	// TopKSegmentsOn is TopKSegments with the list of segments in the
+	// device's memory, as a method's kernel wrote it (DEFT's bin): list is
+	// an Int32 vector, its number of segments S <= maxSegs, then lo, hi
+	// and k of each (1 + 3·maxSegs words). Their lengths add up to at most
+	// maxLen, and idx must hold the sum of their k's (clamped to the
+	// segments), which the caller knows without asking the device (the
+	// kernel that wrote the list can say it). A GPU sizes its launches by
+	// the bounds and reads the list there: no upload, no host wait.
+	TopKSegmentsOn(s device.Stream, idx, x, list device.Buffer, maxSegs, maxLen int) error
 	// KthLargestAbsSegments sets thr[j] (a Float32 vector of len(segs)
 	// elements) to KthLargestAbs of x[segs[j][0]:segs[j][1]] with k =
 	// ks[j], 1 <= ks[j] <= the segment's length, for every j at once. The
@@ -578,6 +587,29 @@ func (c cpuOps) TopKSegments(s device.Stream, idx, x device.Buffer, segs [][2]in
 		pos += m
 	}
 	return pos, nil
+}
+
+func (c cpuOps) TopKSegmentsOn(s device.Stream, idx, x, list device.Buffer, maxSegs, maxLen int) error {
+	ll, err := i32("TopKSegmentsOn", "list", list, 1+3*maxSegs)
+	if err != nil {
+		return err
+	}
+	S := int(ll[0])
+	if S < 0 || S > maxSegs {
+		return fmt.Errorf("sparsify: TopKSegmentsOn: the list holds %d segments, at most %d were announced", S, maxSegs)
+	}
+	segs, ks := make([][2]int, S), make([]int, S)
+	sum := 0
+	for j := range S {
+		e := ll[1+3*j:]
+		segs[j], ks[j] = [2]int{int(e[0]), int(e[1])}, int(e[2])
+		sum += max(0, int(e[1])-int(e[0]))
+	}
+	if sum > maxLen {
+		return fmt.Errorf("sparsify: TopKSegmentsOn: the list's segments hold %d elements, at most %d were announced", sum, maxLen)
+	}
+	_, err = c.TopKSegments(s, idx, x, segs, ks)
+	return err
 }
 
 func (cpuOps) Union(_ device.Stream, out, idx device.Buffer, n int) (int, error) {

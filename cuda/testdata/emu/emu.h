@@ -52,6 +52,12 @@ inline long long __double_as_longlong(double d) {
     return u;
 }
 
+inline double __longlong_as_double(long long u) {
+    double d;
+    std::memcpy(&d, &u, 8);
+    return d;
+}
+
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
