@@ -33,7 +33,7 @@ func ml100k(t *testing.T) string {
 
 // TestTrainOnGPU runs the trainer with -device cuda — two in-process
 // workers sharing the GPU, each with its own stream, error feedback and
-// the reducer in GPU memory (messages staged through host memory), the
+// the reducer in GPU memory (the collectives in GPU memory too), the
 // optimizer on the device — and with -device cpu on the same real data and
 // seed: the per-step mean losses agree within float32 rounding.
 func TestTrainOnGPU(t *testing.T) {
