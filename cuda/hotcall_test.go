@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -125,4 +126,58 @@ func TestSyncNamesFaultingKernel(t *testing.T) {
 		t.Fatalf("a faulting k_scale with %s=1: %v; want an error naming the kernel", EnvSync, err)
 	}
 	t.Log(err)
+}
+
+// TestLaunchesAllocateNothing: a kernel launch, a memset and a device copy
+// — the calls a step issues by the hundred — allocate nothing on the Go
+// heap on their way to the driver (whose calls are replaced here by ones
+// that do nothing, so that only the package's path is counted).
+func TestLaunchesAllocateNothing(t *testing.T) {
+	d, err := Open(0, Options{})
+	if err != nil {
+		if errors.Is(err, device.ErrUnavailable) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	idx, err := d.Alloc(device.Int32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := d.Alloc(device.Float32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := d.Alloc(device.Float32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	launch, copyDD, memset := drv.cuLaunchKernel, drv.cuMemcpyDtoDAsync, drv.cuMemsetD32Async
+	t.Cleanup(func() { drv.cuLaunchKernel, drv.cuMemcpyDtoDAsync, drv.cuMemsetD32Async = launch, copyDD, memset })
+	drv.cuLaunchKernel = func(uintptr, uint32, uint32, uint32, uint32, uint32, uint32, uint32, uintptr, unsafe.Pointer, unsafe.Pointer) cuResult {
+		return 0
+	}
+	drv.cuMemcpyDtoDAsync = func(uint64, uint64, uint64, uintptr) cuResult { return 0 }
+	drv.cuMemsetD32Async = func(uint64, uint32, uint64, uintptr) cuResult { return 0 }
+	s, sp, m := d.Stream(), d.Sparse(), d.Math()
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"Shift (a kernel)", func() error { return sp.Shift(s, idx, 1) }},
+		{"Iota (a kernel)", func() error { return sp.Iota(s, idx, 3) }},
+		{"Scale (a kernel)", func() error { return m.Scale(s, x, 2) }},
+		{"Add (a kernel)", func() error { return m.Add(s, y, x) }},
+		{"Fill (a memset)", func() error { return m.Fill(s, x, 1) }},
+		{"Copy (device to device)", func() error { return s.Copy(y, x) }},
+	} {
+		if n := testing.AllocsPerRun(50, func() {
+			if err := c.call(); err != nil {
+				t.Fatal(err)
+			}
+		}); n != 0 {
+			t.Errorf("%s: %v allocations a call", c.name, n)
+		}
+	}
 }
