@@ -114,6 +114,8 @@ var stepBudgets = []budgetCase{
 	{"lstm", "dgc", 4, &budget{83, 4, 0, 128, 0, 0}, ""},
 	{"lstm", "dragonn", 1, &budget{71, 4, 0, 152, 0, 0}, ""},
 	{"lstm", "dragonn", 4, &budget{80, 4, 0, 152, 0, 0}, ""},
+	{"lstm", "spardl", 1, &budget{31, 2, 0, 20, 0, 0}, ""},
+	{"lstm", "spardl", 4, &budget{103, 3, 0, 72, 0, 0}, ""},
 	{"resnet18", "dense", 1, nil, ""},
 	{"resnet18", "topk", 1, nil, ""},
 }
