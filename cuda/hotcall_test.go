@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -179,5 +180,68 @@ func TestLaunchesAllocateNothing(t *testing.T) {
 		}); n != 0 {
 			t.Errorf("%s: %v allocations a call", c.name, n)
 		}
+	}
+}
+
+// TestFailedSetUpsLeakNothing: a cuBLAS or cuDNN handle whose binding to
+// its stream fails, and an anchor event whose wait fails, are destroyed
+// with the error, not left behind.
+func TestFailedSetUpsLeakNothing(t *testing.T) {
+	if !emulated {
+		t.Skip("injects failures into the emulated driver and libraries")
+	}
+	d, err := Open(0, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := loadCUDNN(); err != nil {
+		t.Fatal(err)
+	}
+	live, _ := CountHandles(t)
+	s, err := d.newStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blasSet, dnnSet := cublas.setStream, cudnn.setStream
+	cublas.setStream = func(uintptr, uintptr) int32 { return 14 }
+	cudnn.setStream = func(uintptr, uintptr) int32 { return 4 }
+	_, errBLAS := s.blasHandle()
+	_, errDNN := s.dnnHandle()
+	cublas.setStream, cudnn.setStream = blasSet, dnnSet
+	if errBLAS == nil || errDNN == nil {
+		t.Fatalf("failed bindings: cuBLAS %v, cuDNN %v; want errors", errBLAS, errDNN)
+	}
+	var mu sync.Mutex
+	events := map[uintptr]bool{}
+	create, destroy, wait := drv.cuEventCreate, drv.cuEventDestroy, drv.cuEventSynchronize
+	t.Cleanup(func() { drv.cuEventCreate, drv.cuEventDestroy, drv.cuEventSynchronize = create, destroy, wait })
+	drv.cuEventCreate = func(e *uintptr, flags uint32) cuResult {
+		r := create(e, flags)
+		mu.Lock()
+		events[*e] = true
+		mu.Unlock()
+		return r
+	}
+	drv.cuEventDestroy = func(e uintptr) cuResult {
+		mu.Lock()
+		delete(events, e)
+		mu.Unlock()
+		return destroy(e)
+	}
+	drv.cuEventSynchronize = func(uintptr) cuResult { return 700 }
+	errAnchor := d.refreshAnchor()
+	drv.cuEventSynchronize = wait
+	if errAnchor == nil {
+		t.Fatal("an anchor whose wait failed: no error")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	leftEvents := len(events)
+	mu.Unlock()
+	if st, b, n := live(); st != 0 || b != 0 || n != 0 || leftEvents != 0 {
+		t.Errorf("after the failures and the stream's Close: %d streams, %d cuBLAS and %d cuDNN handles, %d events left", st, b, n, leftEvents)
 	}
 }
