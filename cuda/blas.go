@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -102,15 +103,16 @@ func (s *Stream) blasHandle() (uintptr, error) {
 	if err := cublasError("cublasCreate", cublas.create(&h)); err != nil {
 		return 0, err
 	}
-	if err := cublasError("cublasSetStream", cublas.setStream(h, s.h)); err != nil {
-		return 0, err
-	}
 	mode := int32(cublasDefaultMath)
 	if s.d.opts.TF32 {
 		mode = cublasTF32Math
 	}
-	if err := cublasError("cublasSetMathMode", cublas.setMathMode(h, mode)); err != nil {
-		return 0, err
+	err := cublasError("cublasSetStream", cublas.setStream(h, s.h))
+	if err == nil {
+		err = cublasError("cublasSetMathMode", cublas.setMathMode(h, mode))
+	}
+	if err != nil { // not kept: destroyed
+		return 0, errors.Join(err, cublasError("cublasDestroy", cublas.destroy(h)))
 	}
 	s.blas = h
 	return h, nil

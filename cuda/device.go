@@ -442,12 +442,13 @@ func (d *Device) refreshAnchor() error {
 	if err := check("cuEventCreate", drv.cuEventCreate(&ev, eventDefault)); err != nil {
 		return err
 	}
-	if err := check("cuEventRecord", drv.cuEventRecord(ev, 0)); err != nil {
-		return err
+	err = check("cuEventRecord", drv.cuEventRecord(ev, 0))
+	if err == nil {
+		counts.syncs.Add(1)
+		err = check("cuEventSynchronize", drv.cuEventSynchronize(ev))
 	}
-	counts.syncs.Add(1)
-	if err := check("cuEventSynchronize", drv.cuEventSynchronize(ev)); err != nil {
-		return err
+	if err != nil { // not kept: destroyed
+		return errors.Join(err, check("cuEventDestroy", drv.cuEventDestroy(ev)))
 	}
 	a := &anchor{ev: ev, host: time.Now()}
 	runtime.AddCleanup(a, func(ev uintptr) { d.destroyEvent(ev) }, ev)

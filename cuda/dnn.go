@@ -1,6 +1,7 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -126,8 +127,8 @@ func (s *Stream) dnnHandle() (uintptr, error) {
 	if err := cudnnError("cudnnCreate", cudnn.create(&h)); err != nil {
 		return 0, err
 	}
-	if err := cudnnError("cudnnSetStream", cudnn.setStream(h, s.h)); err != nil {
-		return 0, err
+	if err := cudnnError("cudnnSetStream", cudnn.setStream(h, s.h)); err != nil { // not kept: destroyed
+		return 0, errors.Join(err, cudnnError("cudnnDestroy", cudnn.destroy(h)))
 	}
 	s.dnn = h
 	return h, nil

@@ -1,6 +1,9 @@
 package cuda
 
-import "testing"
+import (
+	"sync"
+	"testing"
+)
 
 // EmulateGPUs makes the emulator show n GPUs until t ends and reports
 // whether the tests run on the emulator (false: a real GPU machine, where
@@ -34,4 +37,59 @@ func EmulateFreeMemory(t testing.TB, free uint64) bool {
 	emuFree = free
 	t.Cleanup(func() { emuFree = old })
 	return true
+}
+
+// CountHandles counts, until t ends, the streams and the cuBLAS and cuDNN
+// handles the emulated libraries create and destroy from now on: live
+// returns how many of those are not destroyed yet. It reports false on a
+// real GPU (nothing is counted).
+func CountHandles(t testing.TB) (live func() (streams, blas, dnn int), ok bool) {
+	if !emulated {
+		return nil, false
+	}
+	var mu sync.Mutex
+	made := [3]map[uintptr]bool{{}, {}, {}}
+	add := func(kind int, h uintptr) {
+		mu.Lock()
+		made[kind][h] = true
+		mu.Unlock()
+	}
+	del := func(kind int, h uintptr) {
+		mu.Lock()
+		delete(made[kind], h)
+		mu.Unlock()
+	}
+	sc, sd, bc, bd, nc, nd := drv.cuStreamCreate, drv.cuStreamDestroy, cublas.create, cublas.destroy, cudnn.create, cudnn.destroy
+	t.Cleanup(func() {
+		drv.cuStreamCreate, drv.cuStreamDestroy, cublas.create, cublas.destroy, cudnn.create, cudnn.destroy = sc, sd, bc, bd, nc, nd
+	})
+	drv.cuStreamCreate = func(h *uintptr, flags uint32) cuResult {
+		r := sc(h, flags)
+		if r == 0 {
+			add(0, *h)
+		}
+		return r
+	}
+	drv.cuStreamDestroy = func(h uintptr) cuResult { del(0, h); return sd(h) }
+	cublas.create = func(h *uintptr) int32 {
+		r := bc(h)
+		if r == 0 {
+			add(1, *h)
+		}
+		return r
+	}
+	cublas.destroy = func(h uintptr) int32 { del(1, h); return bd(h) }
+	cudnn.create = func(h *uintptr) int32 {
+		r := nc(h)
+		if r == 0 {
+			add(2, *h)
+		}
+		return r
+	}
+	cudnn.destroy = func(h uintptr) int32 { del(2, h); return nd(h) }
+	return func() (int, int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(made[0]), len(made[1]), len(made[2])
+	}, true
 }

@@ -1,11 +1,13 @@
 package cuda
 
 import (
+	"errors"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -125,4 +127,121 @@ func TestSyncNamesFaultingKernel(t *testing.T) {
 		t.Fatalf("a faulting k_scale with %s=1: %v; want an error naming the kernel", EnvSync, err)
 	}
 	t.Log(err)
+}
+
+// TestLaunchesAllocateNothing: a kernel launch, a memset and a device copy
+// — the calls a step issues by the hundred — allocate nothing on the Go
+// heap on their way to the driver (whose calls are replaced here by ones
+// that do nothing, so that only the package's path is counted).
+func TestLaunchesAllocateNothing(t *testing.T) {
+	d, err := Open(0, Options{})
+	if err != nil {
+		if errors.Is(err, device.ErrUnavailable) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	idx, err := d.Alloc(device.Int32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := d.Alloc(device.Float32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := d.Alloc(device.Float32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	launch, copyDD, memset := drv.cuLaunchKernel, drv.cuMemcpyDtoDAsync, drv.cuMemsetD32Async
+	t.Cleanup(func() { drv.cuLaunchKernel, drv.cuMemcpyDtoDAsync, drv.cuMemsetD32Async = launch, copyDD, memset })
+	drv.cuLaunchKernel = func(uintptr, uint32, uint32, uint32, uint32, uint32, uint32, uint32, uintptr, unsafe.Pointer, unsafe.Pointer) cuResult {
+		return 0
+	}
+	drv.cuMemcpyDtoDAsync = func(uint64, uint64, uint64, uintptr) cuResult { return 0 }
+	drv.cuMemsetD32Async = func(uint64, uint32, uint64, uintptr) cuResult { return 0 }
+	s, sp, m := d.Stream(), d.Sparse(), d.Math()
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"Shift (a kernel)", func() error { return sp.Shift(s, idx, 1) }},
+		{"Iota (a kernel)", func() error { return sp.Iota(s, idx, 3) }},
+		{"Scale (a kernel)", func() error { return m.Scale(s, x, 2) }},
+		{"Add (a kernel)", func() error { return m.Add(s, y, x) }},
+		{"Fill (a memset)", func() error { return m.Fill(s, x, 1) }},
+		{"Copy (device to device)", func() error { return s.Copy(y, x) }},
+	} {
+		if n := testing.AllocsPerRun(50, func() {
+			if err := c.call(); err != nil {
+				t.Fatal(err)
+			}
+		}); n != 0 {
+			t.Errorf("%s: %v allocations a call", c.name, n)
+		}
+	}
+}
+
+// TestFailedSetUpsLeakNothing: a cuBLAS or cuDNN handle whose binding to
+// its stream fails, and an anchor event whose wait fails, are destroyed
+// with the error, not left behind.
+func TestFailedSetUpsLeakNothing(t *testing.T) {
+	if !emulated {
+		t.Skip("injects failures into the emulated driver and libraries")
+	}
+	d, err := Open(0, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := loadCUDNN(); err != nil {
+		t.Fatal(err)
+	}
+	live, _ := CountHandles(t)
+	s, err := d.newStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	blasSet, dnnSet := cublas.setStream, cudnn.setStream
+	cublas.setStream = func(uintptr, uintptr) int32 { return 14 }
+	cudnn.setStream = func(uintptr, uintptr) int32 { return 4 }
+	_, errBLAS := s.blasHandle()
+	_, errDNN := s.dnnHandle()
+	cublas.setStream, cudnn.setStream = blasSet, dnnSet
+	if errBLAS == nil || errDNN == nil {
+		t.Fatalf("failed bindings: cuBLAS %v, cuDNN %v; want errors", errBLAS, errDNN)
+	}
+	var mu sync.Mutex
+	events := map[uintptr]bool{}
+	create, destroy, wait := drv.cuEventCreate, drv.cuEventDestroy, drv.cuEventSynchronize
+	t.Cleanup(func() { drv.cuEventCreate, drv.cuEventDestroy, drv.cuEventSynchronize = create, destroy, wait })
+	drv.cuEventCreate = func(e *uintptr, flags uint32) cuResult {
+		r := create(e, flags)
+		mu.Lock()
+		events[*e] = true
+		mu.Unlock()
+		return r
+	}
+	drv.cuEventDestroy = func(e uintptr) cuResult {
+		mu.Lock()
+		delete(events, e)
+		mu.Unlock()
+		return destroy(e)
+	}
+	drv.cuEventSynchronize = func(uintptr) cuResult { return 700 }
+	errAnchor := d.refreshAnchor()
+	drv.cuEventSynchronize = wait
+	if errAnchor == nil {
+		t.Fatal("an anchor whose wait failed: no error")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	leftEvents := len(events)
+	mu.Unlock()
+	if st, b, n := live(); st != 0 || b != 0 || n != 0 || leftEvents != 0 {
+		t.Errorf("after the failures and the stream's Close: %d streams, %d cuBLAS and %d cuDNN handles, %d events left", st, b, n, leftEvents)
+	}
 }

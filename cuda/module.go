@@ -133,8 +133,10 @@ func (l *launch) launch(k kernel, grid int) error {
 	}
 	defer unlock()
 	counts.launches.Add(1)
-	if err := check("cuLaunchKernel "+k.name, drv.cuLaunchKernel(k.f, uint32(max(grid, 1)), 1, 1, blockSize, 1, 1, 0, s.h, unsafe.Pointer(&s.ptrs[0]), nil)); err != nil {
-		return err
+	// The kernel's name joins the call's only on failure: a launch
+	// allocates nothing.
+	if r := drv.cuLaunchKernel(k.f, uint32(max(grid, 1)), 1, 1, blockSize, 1, 1, 0, s.h, unsafe.Pointer(&s.ptrs[0]), nil); r != 0 {
+		return check("cuLaunchKernel "+k.name, r)
 	}
 	return s.checkLaunch(k.name)
 }

@@ -171,3 +171,120 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 		}
 	}
 }
+
+// TestGPUMicroFallbackMatchesCPU: where a MiCRO worker's partition has
+// nothing at or above the threshold, it selects the single fallback index
+// s + t mod (e−s) of its partition [s, e), written on the device (no
+// upload); with N < workers some partitions are empty and select nothing.
+// Out, residual and the statistics are the CPU's, bit for bit, for 1, 2, 3
+// and 5 workers over calls whose partitions fall back (zeros, values far
+// below the threshold) or partly do.
+func TestGPUMicroFallbackMatchesCPU(t *testing.T) {
+	d := gpu(t)
+	for _, N := range []int{37, 3} {
+		for _, n := range []int{1, 2, 3, 5} {
+			t.Run(fmt.Sprintf("N=%d/workers=%d", N, n), func(t *testing.T) {
+				layout, err := sparsify.FlatLayout(N)
+				if err != nil {
+					t.Fatal(err)
+				}
+				const calls = 6
+				// accs[c][w]: zeros in calls 0 and 3, 1e-6 in call 1 (far below
+				// 1/(2√k)), and in calls 2, 4 and 5 a large value at one
+				// element per worker, so that the other partitions fall back.
+				accs := make([][][]float32, calls)
+				for c := range accs {
+					accs[c] = make([][]float32, n)
+					for w := range n {
+						a := make([]float32, N)
+						switch c {
+						case 1:
+							for i := range a {
+								a[i] = 1e-6 * float32(i%3-1)
+							}
+						case 2, 4, 5:
+							a[(w*7+c)%N] = float32(c) - 2.5
+						}
+						accs[c][w] = a
+					}
+				}
+				type result struct {
+					out, res []float32
+					st       sparsify.Stats
+				}
+				run := func(onGPU bool) [][]result {
+					w := local.New(n)
+					results := make([][]result, calls)
+					for c := range results {
+						results[c] = make([]result, n)
+					}
+					errs := make([]error, n)
+					var wg sync.WaitGroup
+					for rank := range n {
+						wg.Go(func() {
+							errs[rank] = func() error {
+								ctx := context.Background()
+								o := sparsify.Options{Density: 0.05, Layout: layout, Comm: w.Comm(rank)}
+								var s device.Stream
+								if onGPU {
+									var err error
+									if s, err = d.NewStream(); err != nil {
+										return err
+									}
+									o.Comm, o.Stream, o.Ops = comm.Staged(o.Comm), s, d.Sparse()
+								}
+								r, err := sparsify.New("micro", o)
+								if err != nil {
+									return err
+								}
+								residual := make([]float32, N)
+								var res, out device.Buffer
+								if onGPU {
+									res, out = upload(t, s, residual), upload(t, s, residual)
+								}
+								for c := range calls {
+									for i, g := range accs[c][rank] {
+										residual[i] += g
+									}
+									var st sparsify.Stats
+									outH := make([]float32, N)
+									if onGPU {
+										if err := s.Copy(res, device.Host(residual)); err != nil {
+											return err
+										}
+										if st, err = r.ReduceOn(ctx, res, out, res); err != nil {
+											return err
+										}
+										residual, outH = download(t, s, res), download(t, s, out)
+									} else if st, err = r.Reduce(ctx, residual, outH, residual); err != nil {
+										return err
+									}
+									results[c][rank] = result{out: outH, res: slices.Clone(residual), st: st}
+								}
+								return nil
+							}()
+						})
+					}
+					wg.Wait()
+					if err := errors.Join(errs...); err != nil {
+						t.Fatal(err)
+					}
+					return results
+				}
+				cpu, gpuR := run(false), run(true)
+				for c := range calls {
+					for rank := range n {
+						g, want := gpuR[c][rank], cpu[c][rank]
+						if !sameBits(g.out, want.out) || !sameBits(g.res, want.res) {
+							t.Fatalf("call %d rank %d: out %v residual %v; the CPU's %v, %v", c, rank, g.out, g.res, want.out, want.res)
+						}
+						if g.st.Selected != want.st.Selected || g.st.ActualDensity != want.st.ActualDensity || g.st.Threshold != want.st.Threshold ||
+							!slices.Equal(g.st.SelectedPerWorker, want.st.SelectedPerWorker) {
+							t.Fatalf("call %d rank %d: stats %+v, CPU %+v", c, rank, g.st, want.st)
+						}
+					}
+				}
+			})
+		}
+	}
+}

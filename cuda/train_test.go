@@ -33,7 +33,7 @@ func ml100k(t *testing.T) string {
 
 // TestTrainOnGPU runs the trainer with -device cuda — two in-process
 // workers sharing the GPU, each with its own stream, error feedback and
-// the reducer in GPU memory (messages staged through host memory), the
+// the reducer in GPU memory (the collectives in GPU memory too), the
 // optimizer on the device — and with -device cpu on the same real data and
 // seed: the per-step mean losses agree within float32 rounding.
 func TestTrainOnGPU(t *testing.T) {
@@ -216,4 +216,25 @@ func TestTrainRefusesWhatTheGPUCannotHold(t *testing.T) {
 		t.Errorf("the refused run allocated %d buffers on the GPU first", got.Allocs)
 	}
 	t.Log(err)
+}
+
+// TestTrainReleasesStreamsAndHandles: a training run on the GPU — two
+// in-process workers, each with its program's stream and cuBLAS handle,
+// the reducers' and comm/local's streams — destroys every stream and
+// library handle it made by the time it returns (the GPUs it opened are
+// closed).
+func TestTrainReleasesStreamsAndHandles(t *testing.T) {
+	gpu(t)
+	live, ok := cuda.CountHandles(t)
+	if !ok {
+		t.Skip("counts the emulated driver's handles")
+	}
+	c := train.Config{Model: "ncf", Dataset: "ml-100k", DataDir: ml100k(t), Preset: "default", Batch: train.Set(64), Workers: train.Set(2), Steps: 3,
+		Sparsifier: "topk", Density: train.Set(0.05), Device: "cuda", Out: t.TempDir(), Quiet: true, BLAS: "gonum", MaxEvalBatches: 1}
+	if err := train.Run(context.Background(), c, train.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if s, b, d := live(); s != 0 || b != 0 || d != 0 {
+		t.Errorf("after the run: %d streams, %d cuBLAS and %d cuDNN handles it made are not destroyed", s, b, d)
+	}
 }

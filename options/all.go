@@ -57,7 +57,7 @@ var All = []Option{
 	{Key: "device", Kind: String, Resume: true, Default: "cpu", Choices: []string{"cpu", "cuda"},
 		Doc: "cpu or cuda (NVIDIA GPUs; in-process workers share the GPUs, each with a stream of its own)"},
 	{Key: "comm", Kind: String, Omit: true, Resume: true, Default: "auto", Choices: []string{"auto", "local", "mpi", "nccl"},
-		Doc: "communication backend: local (in-process workers), mpi (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when every worker has a GPU of its own, else local or mpi; on a GPU those stage device buffers through host memory)"},
+		Doc: "communication backend: local (in-process workers), mpi (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when every worker has a GPU of its own, else local or mpi; on a GPU, local reduces in device memory where the workers share one GPU, and mpi, or local across GPUs, stages device buffers through host memory)"},
 	{Key: "tf32", Kind: Bool, Omit: true, Resume: true, Doc: "GPU: allow TF32 tensor-core math in matrix products and convolutions (faster, about 10-bit mantissa)"},
 	{Key: "deterministic", Kind: Bool, Omit: true, Resume: true,
 		Doc: "GPU: only deterministic cuDNN convolution algorithms (bit-reproducible runs, slower); otherwise the fastest measured per shape"},

@@ -113,8 +113,10 @@ func (m *microReducer) Reduce(ctx context.Context, _ int, acc, out, residual dev
 			return err
 		}
 		if cnt == 0 && e > s {
+			// The fallback index is written on the device (Iota of
+			// one element): no upload from host memory in the step.
 			cnt = 1
-			return v.upload(mine, []int32{int32(s + t%(e-s))})
+			return v.ops.Iota(v.s, mine.Slice(0, 1), s+t%(e-s))
 		}
 		return nil
 	})

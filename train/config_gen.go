@@ -136,8 +136,10 @@ type Config struct {
 	Device string `json:"device"`
 	// Comm is -comm: communication backend: local (in-process workers), mpi
 	// (under mpirun), nccl (-device cuda, one GPU per worker), auto (nccl when
-	// every worker has a GPU of its own, else local or mpi; on a GPU those
-	// stage device buffers through host memory) (default auto).
+	// every worker has a GPU of its own, else local or mpi; on a GPU, local
+	// reduces in device memory where the workers share one GPU, and mpi, or
+	// local across GPUs, stages device buffers through host memory) (default
+	// auto).
 	Comm string `json:"comm,omitzero"`
 	// TF32 is -tf32: GPU: allow TF32 tensor-core math in matrix products and
 	// convolutions (faster, about 10-bit mantissa).

@@ -166,7 +166,7 @@ func (r *runner) useNCCL() (bool, error) {
 		if want == "auto" {
 			return false, nil
 		}
-		return false, fmt.Errorf("%w: -comm nccl needs a GPU per worker (NCCL refuses two ranks on one GPU): %d workers on this machine, %d GPUs; use -comm %s (the workers share the GPUs, device buffers staged through host memory)",
+		return false, fmt.Errorf("%w: -comm nccl needs a GPU per worker (NCCL refuses two ranks on one GPU): %d workers on this machine, %d GPUs; use -comm %s (the workers share the GPUs: in-process workers on one GPU reduce in its memory, otherwise device buffers are staged through host memory)",
 			ErrConfig, workers, n, map[bool]string{true: "mpi", false: "local"}[r.backend == "mpi"])
 	}
 	if _, err := cuda.NCCLVersion(); err != nil {
@@ -181,7 +181,9 @@ func (r *runner) useNCCL() (bool, error) {
 // commOnGPU connects a worker whose vectors are on GPU g to its peers for
 // device buffers, as -comm says: NCCL beside host for device buffers
 // (comm.Route) when every worker has a GPU of its own, else host with
-// device buffers staged through host memory (comm.Staged). Over NCCL the
+// device buffers staged through host memory (comm.Staged), except the
+// collective calls of in-process workers sharing one GPU, which comm/local
+// runs in the GPU's memory. Over NCCL the
 // emulated network (-net-*), if any, wraps the routed communicator
 // (netmodel.Emulate): host and device calls take turns on one emulated
 // link. It returns the communicator, the backend's name and the NCCL

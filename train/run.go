@@ -9,7 +9,6 @@ import (
 	"os"
 	"regexp"
 	"runtime"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -258,11 +257,12 @@ func prepare(ctx context.Context, c Config, o Options, underMPI bool) (*runner, 
 		workers, size = 1, o.Comm.Size()
 	case underMPI:
 		workers, size = 1, 1
-		if l, ok := mpi.Detect(); ok && l.Size > 0 {
+		l, ok := mpi.Detect()
+		if ok && l.Size > 0 {
 			size = l.Size
 		}
 		local = size
-		if v, err := strconv.Atoi(os.Getenv("OMPI_COMM_WORLD_LOCAL_SIZE")); err == nil && v > 0 {
+		if v := l.LocalSize(); ok && v > 0 { // any launcher's, as -comm auto reads it
 			local = v
 		}
 	default:

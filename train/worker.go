@@ -167,8 +167,9 @@ func (w *worker) setup(ctx context.Context) error {
 		return err
 	}
 	// Communication for device memory. On a GPU: its kernels, and device
-	// buffers staged through host memory over the run's communicator, or
-	// NCCL (commOnGPU).
+	// buffers moved by the run's communicator (comm/local in the GPU's
+	// memory where the workers share one, else staged through host
+	// memory), or NCCL (commOnGPU).
 	var reduceOps sparsify.Ops // nil: the CPU's
 	feedbackOps := sparsify.CPUOps()
 	w.commName = w.runner.backend

@@ -33,6 +33,22 @@ func TestDetectEnv(t *testing.T) {
 		{"pmi without size", map[string]string{"PMI_RANK": "1"}, Launch{}, false, false},
 		{"slurm", map[string]string{"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1"}, Launch{"slurm", 5, 6, 1}, true, true},
 		{"slurm garbage", map[string]string{"SLURM_PROCID": "x", "SLURM_NTASKS": "6"}, Launch{}, false, false},
+		{"pmix local rank", map[string]string{"PMIX_RANK": "3", "PMIX_LOCAL_RANK": "2"}, Launch{"pmix", 3, 0, 2}, true, true},
+		{"hydra local rank", map[string]string{"PMI_RANK": "1", "PMI_SIZE": "3", "MPI_LOCALRANKID": "1"}, Launch{"pmi", 1, 3, 1}, true, true},
+		// srun --mpi=pmi2 and --mpi=pmix set no local rank of their own:
+		// Slurm's is the process's (else every rank would use GPU 0).
+		{"pmi under srun", map[string]string{"PMI_RANK": "3", "PMI_SIZE": "4", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"},
+			Launch{"pmi", 3, 4, 1}, true, true},
+		{"pmix under srun", map[string]string{"PMIX_RANK": "2", "SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"},
+			Launch{"pmix", 2, 0, 0}, true, true},
+		{"pmi's own local rank first", map[string]string{"PMI_RANK": "3", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1"},
+			Launch{"pmi", 3, 4, 0}, true, true},
+		// Hydra's ranks under a proxy srun started (one per node) inherit
+		// the proxy's task id: not theirs.
+		{"pmi under a proxy of srun", map[string]string{"PMI_RANK": "5", "PMI_SIZE": "8", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"},
+			Launch{"pmi", 5, 8, -1}, true, true},
+		{"pmi, srun's count differs", map[string]string{"PMI_RANK": "1", "PMI_SIZE": "8", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"},
+			Launch{"pmi", 1, 8, -1}, true, true},
 		{"negative rank", map[string]string{"OMPI_COMM_WORLD_RANK": "-1", "OMPI_COMM_WORLD_SIZE": "2"}, Launch{}, false, false},
 	}
 	for _, tc := range tests {
@@ -203,8 +219,18 @@ func TestLocalSize(t *testing.T) {
 		{"slurm", map[string]string{"SLURM_TASKS_PER_NODE": "2(x3),1", "SLURM_NODEID": "4"}, -1},
 		{"slurm", map[string]string{"SLURM_TASKS_PER_NODE": "2(xq)"}, -1},
 		{"slurm", nil, -1},
+		// PMI and PMIx under srun (rank 1 of 4 in both): Slurm's count.
+		{"pmi", map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)"}, 2},
+		{"pmix", map[string]string{"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "3,1"}, 3},
+		{"pmi", map[string]string{"MPI_LOCALNRANKS": "1", "SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "2(x2)"}, 1},
+		// Slurm's variables of another process (a proxy's): not used.
+		{"pmi", map[string]string{"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "1(x2)"}, -1},
 	} {
-		if got := localSize(tc.launcher, func(k string) string { return tc.env[k] }); got != tc.want {
+		l := Launch{Launcher: tc.launcher, Rank: 1, Size: 4, LocalRank: -1}
+		if tc.launcher == "pmix" {
+			l.Size = 0
+		}
+		if got := localSize(l, func(k string) string { return tc.env[k] }); got != tc.want {
 			t.Errorf("%s %v: local size %d, want %d", tc.launcher, tc.env, got, tc.want)
 		}
 	}
