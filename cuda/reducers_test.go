@@ -11,6 +11,7 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
+	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 )
@@ -62,107 +63,30 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 						}
 					}
 				}
-				type result struct {
-					out, res [][]float32
-					st       []sparsify.Stats
+				opts := func(o *sparsify.Options) {
+					o.Seed = 5
+					switch name {
+					case "dragonn": // compress from the second call, every tensor but the smallest
+						o.Params = sparsify.Values{"min_tensor": 100, "dense_warmup": 1}
+					case "oktopk", "topkdsa": // sparse from the second call
+						o.Params = sparsify.Values{"dense_warmup": 1}
+					case "dgc": // momentum correction; "b" is 1-D (sent dense)
+						o.Momentum, o.Layout = 0.5, dgcLayout
+					case "spardl":
+						switch n {
+						case 6:
+							o.Params = sparsify.Values{"teams": 2}
+						case 4:
+							o.Params = sparsify.Values{"teams": 2, "sag": "rsag"}
+						}
+					}
 				}
-				run := func(onGPU bool) []result {
-					w := local.New(n)
-					results := make([]result, calls)
-					for c := range results {
-						results[c] = result{out: make([][]float32, n), res: make([][]float32, n), st: make([]sparsify.Stats, n)}
-					}
-					errs := make([]error, n)
-					var wg sync.WaitGroup
-					for rank := range n {
-						wg.Go(func() {
-							errs[rank] = func() error {
-								ctx := context.Background()
-								o := sparsify.Options{Density: 0.05, Layout: layout, Comm: w.Comm(rank), Seed: 5}
-								switch name {
-								case "dragonn": // compress from the second call, every tensor but the smallest
-									o.Params = sparsify.Values{"min_tensor": 100, "dense_warmup": 1}
-								case "oktopk", "topkdsa": // sparse from the second call
-									o.Params = sparsify.Values{"dense_warmup": 1}
-								case "dgc": // momentum correction; "b" is 1-D (sent dense)
-									o.Momentum, o.Layout = 0.5, dgcLayout
-								case "spardl":
-									switch n {
-									case 6:
-										o.Params = sparsify.Values{"teams": 2}
-									case 4:
-										o.Params = sparsify.Values{"teams": 2, "sag": "rsag"}
-									}
-								}
-								var s device.Stream
-								if onGPU {
-									var err error
-									if s, err = d.NewStream(); err != nil {
-										return err
-									}
-									o.Comm, o.Stream, o.Ops = comm.Staged(o.Comm), s, d.Sparse()
-								}
-								r, err := sparsify.New(name, o)
-								if err != nil {
-									return err
-								}
-								residual := make([]float32, N)
-								var res, out device.Buffer
-								if onGPU {
-									res, out = upload(t, s, residual), upload(t, s, residual)
-								}
-								for c := range calls {
-									for i, g := range accs[c][rank] {
-										residual[i] += g
-									}
-									var st sparsify.Stats
-									var outH []float32
-									if onGPU {
-										if err := s.Copy(res, device.Host(residual)); err != nil {
-											return err
-										}
-										if st, err = r.ReduceOn(ctx, res, out, res); err != nil {
-											return err
-										}
-										residual, outH = download(t, s, res), download(t, s, out)
-									} else {
-										outH = make([]float32, N)
-										if st, err = r.Reduce(ctx, residual, outH, residual); err != nil {
-											return err
-										}
-									}
-									results[c].out[rank] = outH
-									results[c].res[rank] = slices.Clone(residual)
-									results[c].st[rank] = st
-								}
-								return nil
-							}()
-						})
-					}
-					wg.Wait()
-					if err := errors.Join(errs...); err != nil {
-						t.Fatal(err)
-					}
-					return results
-				}
-				cpu, gpuR := run(false), run(true)
+				gpuR := sameOnBoth(t, d, name, layout, accs, opts)
 				for c := range calls {
 					for rank := range n {
-						if !sameBits(gpuR[c].out[rank], cpu[c].out[rank]) {
-							t.Fatalf("call %d rank %d: out differs", c, rank)
-						}
-						if !sameBits(gpuR[c].res[rank], cpu[c].res[rank]) {
-							t.Fatalf("call %d rank %d: residual differs", c, rank)
-						}
-						a, b := gpuR[c].st[rank], cpu[c].st[rank]
-						if a.Selected != b.Selected || a.ActualDensity != b.ActualDensity || a.ErrorNorm != b.ErrorNorm ||
-							!slices.Equal(a.SelectedPerWorker, b.SelectedPerWorker) || !slices.Equal(a.LayerK, b.LayerK) || a.BytesSent != b.BytesSent || a.BytesRecv != b.BytesRecv ||
-							!(a.Threshold == b.Threshold || (a.Threshold != a.Threshold && b.Threshold != b.Threshold)) {
-							t.Fatalf("call %d rank %d: stats %+v, CPU %+v", c, rank, a, b)
-						}
 						// Timed by events on the GPU (Env.selectTimed), read when
 						// the call's stats are combined.
-						if (name == "topk" || name == "deft") && a.SelectTime <= 0 {
+						if a := gpuR[c][rank].st; (name == "topk" || name == "deft") && a.SelectTime <= 0 {
 							t.Fatalf("call %d rank %d: no selection time on the GPU (%v)", c, rank, a.SelectTime)
 						}
 					}
@@ -208,83 +132,107 @@ func TestGPUMicroFallbackMatchesCPU(t *testing.T) {
 						accs[c][w] = a
 					}
 				}
-				type result struct {
-					out, res []float32
-					st       sparsify.Stats
-				}
-				run := func(onGPU bool) [][]result {
-					w := local.New(n)
-					results := make([][]result, calls)
-					for c := range results {
-						results[c] = make([]result, n)
-					}
-					errs := make([]error, n)
-					var wg sync.WaitGroup
-					for rank := range n {
-						wg.Go(func() {
-							errs[rank] = func() error {
-								ctx := context.Background()
-								o := sparsify.Options{Density: 0.05, Layout: layout, Comm: w.Comm(rank)}
-								var s device.Stream
-								if onGPU {
-									var err error
-									if s, err = d.NewStream(); err != nil {
-										return err
-									}
-									o.Comm, o.Stream, o.Ops = comm.Staged(o.Comm), s, d.Sparse()
-								}
-								r, err := sparsify.New("micro", o)
-								if err != nil {
-									return err
-								}
-								residual := make([]float32, N)
-								var res, out device.Buffer
-								if onGPU {
-									res, out = upload(t, s, residual), upload(t, s, residual)
-								}
-								for c := range calls {
-									for i, g := range accs[c][rank] {
-										residual[i] += g
-									}
-									var st sparsify.Stats
-									outH := make([]float32, N)
-									if onGPU {
-										if err := s.Copy(res, device.Host(residual)); err != nil {
-											return err
-										}
-										if st, err = r.ReduceOn(ctx, res, out, res); err != nil {
-											return err
-										}
-										residual, outH = download(t, s, res), download(t, s, out)
-									} else if st, err = r.Reduce(ctx, residual, outH, residual); err != nil {
-										return err
-									}
-									results[c][rank] = result{out: outH, res: slices.Clone(residual), st: st}
-								}
-								return nil
-							}()
-						})
-					}
-					wg.Wait()
-					if err := errors.Join(errs...); err != nil {
-						t.Fatal(err)
-					}
-					return results
-				}
-				cpu, gpuR := run(false), run(true)
-				for c := range calls {
-					for rank := range n {
-						g, want := gpuR[c][rank], cpu[c][rank]
-						if !sameBits(g.out, want.out) || !sameBits(g.res, want.res) {
-							t.Fatalf("call %d rank %d: out %v residual %v; the CPU's %v, %v", c, rank, g.out, g.res, want.out, want.res)
-						}
-						if g.st.Selected != want.st.Selected || g.st.ActualDensity != want.st.ActualDensity || g.st.Threshold != want.st.Threshold ||
-							!slices.Equal(g.st.SelectedPerWorker, want.st.SelectedPerWorker) {
-							t.Fatalf("call %d rank %d: stats %+v, CPU %+v", c, rank, g.st, want.st)
-						}
-					}
-				}
+				sameOnBoth(t, d, "micro", layout, accs, nil)
 			})
 		}
 	}
+}
+
+// reducerCall is one rank's result of one call: out, the residual after
+// it and the statistics.
+type reducerCall struct {
+	out, res []float32
+	st       sparsify.Stats
+}
+
+// sameOnBoth runs method on len(accs[0]) in-process workers over the calls
+// accs[c][w] (added to each worker's residual, error feedback's acc), at
+// density 0.05 on layout with the options opts sets (nil: none), once on
+// the CPU and once on the GPU d, and fails unless out, the residual and
+// the statistics are the same bits on both. It returns the GPU's results,
+// [call][rank].
+func sameOnBoth(t *testing.T, d *cuda.Device, method string, layout sparsify.Layout, accs [][][]float32, opts func(*sparsify.Options)) [][]reducerCall {
+	t.Helper()
+	calls, n, N := len(accs), len(accs[0]), layout.N
+	run := func(onGPU bool) [][]reducerCall {
+		w := local.New(n)
+		results := make([][]reducerCall, calls)
+		for c := range results {
+			results[c] = make([]reducerCall, n)
+		}
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for rank := range n {
+			wg.Go(func() {
+				errs[rank] = func() error {
+					ctx := context.Background()
+					o := sparsify.Options{Density: 0.05, Layout: layout, Comm: w.Comm(rank)}
+					if opts != nil {
+						opts(&o)
+					}
+					var s device.Stream
+					if onGPU {
+						var err error
+						if s, err = d.NewStream(); err != nil {
+							return err
+						}
+						o.Comm, o.Stream, o.Ops = comm.Staged(o.Comm), s, d.Sparse()
+					}
+					r, err := sparsify.New(method, o)
+					if err != nil {
+						return err
+					}
+					residual := make([]float32, N)
+					var res, out device.Buffer
+					if onGPU {
+						res, out = upload(t, s, residual), upload(t, s, residual)
+					}
+					for c := range calls {
+						for i, g := range accs[c][rank] {
+							residual[i] += g
+						}
+						var st sparsify.Stats
+						outH := make([]float32, N)
+						if onGPU {
+							if err := s.Copy(res, device.Host(residual)); err != nil {
+								return err
+							}
+							if st, err = r.ReduceOn(ctx, res, out, res); err != nil {
+								return err
+							}
+							residual, outH = download(t, s, res), download(t, s, out)
+						} else if st, err = r.Reduce(ctx, residual, outH, residual); err != nil {
+							return err
+						}
+						results[c][rank] = reducerCall{out: outH, res: slices.Clone(residual), st: st}
+					}
+					return nil
+				}()
+			})
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		return results
+	}
+	cpu, gpuR := run(false), run(true)
+	for c := range calls {
+		for rank := range n {
+			g, want := gpuR[c][rank], cpu[c][rank]
+			if !sameBits(g.out, want.out) {
+				t.Fatalf("call %d rank %d: out %v, the CPU's %v", c, rank, g.out, want.out)
+			}
+			if !sameBits(g.res, want.res) {
+				t.Fatalf("call %d rank %d: residual %v, the CPU's %v", c, rank, g.res, want.res)
+			}
+			a, b := g.st, want.st
+			if a.Selected != b.Selected || a.ActualDensity != b.ActualDensity || a.ErrorNorm != b.ErrorNorm ||
+				!slices.Equal(a.SelectedPerWorker, b.SelectedPerWorker) || !slices.Equal(a.LayerK, b.LayerK) || a.BytesSent != b.BytesSent || a.BytesRecv != b.BytesRecv ||
+				!(a.Threshold == b.Threshold || (a.Threshold != a.Threshold && b.Threshold != b.Threshold)) {
+				t.Fatalf("call %d rank %d: stats %+v, CPU %+v", c, rank, a, b)
+			}
+		}
+	}
+	return gpuR
 }
