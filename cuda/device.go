@@ -51,6 +51,15 @@ type Device struct {
 	streamsMu sync.Mutex
 	streams   []*Stream // every stream made, destroyed by Close
 
+	// live holds the addresses of the device memory Alloc made and Free
+	// has not freed: Close frees them, because the primary context, which
+	// would free them with itself, outlives a Device while another Device
+	// of the same GPU in the process holds it. closed says Close has run
+	// (a later Free is then a no-op).
+	liveMu sync.Mutex
+	live   map[uint64]struct{}
+	closed bool
+
 	closeOnce sync.Once
 }
 
@@ -307,6 +316,12 @@ func (d *Device) Alloc(dt device.DType, n int) (device.Buffer, error) {
 		free, total, _ := d.memInfoLocked()
 		return device.Buffer{}, fmt.Errorf("cuda: allocating %d MiB on %v (%d of %d MiB free): %w", bytes>>20, d, free>>20, total>>20, err)
 	}
+	d.liveMu.Lock()
+	if d.live == nil {
+		d.live = map[uint64]struct{}{}
+	}
+	d.live[p] = struct{}{}
+	d.liveMu.Unlock()
 	if err := check("cuMemsetD8Async", drv.cuMemsetD8Async(p, 0, bytes, 0)); err != nil {
 		return device.Buffer{}, err
 	}
@@ -330,13 +345,21 @@ func (d *Device) Free(b device.Buffer) error {
 	if b.Device() != device.Device(d) {
 		return fmt.Errorf("cuda: freeing %v on %v", b, d)
 	}
+	p := uint64(b.Addr())
+	d.liveMu.Lock()
+	closed := d.closed
+	delete(d.live, p)
+	d.liveMu.Unlock()
+	if closed {
+		return nil // Close has freed it
+	}
 	unlock, err := d.enter()
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	counts.frees.Add(1)
-	return check("cuMemFree", drv.cuMemFree(uint64(b.Addr())))
+	return check("cuMemFree", drv.cuMemFree(p))
 }
 
 // AllocPinned implements comm.PinnedHost: n bytes of page-locked host
@@ -386,8 +409,10 @@ func (d *Device) newStream() (*Stream, error) {
 func (d *Device) Math() device.Math { return d.math }
 
 // Close implements device.Device: once the device's work is done, it
-// destroys every stream made on it (with their library handles) and the
-// kernel module, and releases the primary context.
+// destroys every stream made on it (with their library handles), frees
+// the device memory Alloc made that is not freed yet (a later Free of it
+// does nothing), unloads the kernel module and releases the primary
+// context.
 func (d *Device) Close() error {
 	var errs []error
 	d.closeOnce.Do(func() {
@@ -410,6 +435,17 @@ func (d *Device) Close() error {
 			return
 		}
 		defer unlock()
+		// The memory not freed yet: the primary context may outlive this
+		// Device (another Device of the GPU holds it), and it would keep it.
+		d.liveMu.Lock()
+		d.closed = true
+		live := d.live
+		d.live = nil
+		d.liveMu.Unlock()
+		for p := range live {
+			counts.frees.Add(1)
+			errs = append(errs, check("cuMemFree", drv.cuMemFree(p)))
+		}
 		errs = append(errs, check("cuModuleUnload", drv.cuModuleUnload(d.mod.h)))
 		errs = append(errs, check("cuDevicePrimaryCtxRelease", drv.cuDevicePrimaryCtxRelease(d.dev)))
 	})
