@@ -99,6 +99,14 @@ say() { echo "$*" | tee -a "$summary"; }
 # it: the machine's copy of the tree has no .git).
 revision() { cat .device/REVISION 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown; }
 elapsed() { echo $(($(date +%s) - t_start)); }
+# gpu_name is the GPU's name, driver and memory (nvidia-smi), or why not.
+gpu_name() {
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1
+  else
+    echo "no nvidia-smi on this machine${rehearse:+ (a rehearsal: the GPU steps run on the emulator)}"
+  fi
+}
 want() { [ -z "${ONLY:-}" ] || [[ ",$ONLY," == *",$1,"* ]]; }
 
 # run NUM NAME LIMIT FILE CMD...: CMD with its own time limit (cut to what
@@ -156,7 +164,7 @@ probe() {
 proof() {
   : >"$summary"
   say "sparsegrad GPU proof, $(date -u +%FT%TZ), revision $(revision), budget ${budget} s"
-  say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+  say "$(gpu_name)"
   unpack
   local ct="$bin/ct" v="-test.v -test.count=1"
   want 1 && run 1 probe 60 1-probe.txt probe
@@ -293,7 +301,7 @@ measure() {
   local x=1
   [ -n "$rehearse" ] && x=5 budget=${SPARSEGRAD_GPU_BUDGET:-1400}
   say "sparsegrad GPU measurements, $(date -u +%FT%TZ), revision $(revision), budget ${budget} s"
-  say "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
+  say "$(gpu_name)"
   unpack
   local ct="$bin/ct" v="-test.v -test.count=1"
   local bench=30x sel=100x steps=40 batch=()
