@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -39,8 +40,16 @@ import (
 // emulated reports whether the tests run on the emulator.
 var emulated bool
 
+// emuSrv is the emulator in use (nil without it).
+var emuSrv *emu
+
 // emuFree is the free memory the emulated GPUs report.
 var emuFree uint64 = 7 << 30
+
+// emuNoPeer makes the emulated GPUs answer that they cannot access each
+// other's memory (PCIe without peer-to-peer); otherwise they can, as GPUs
+// joined by NVLink (their memory is the emulator's, shared).
+var emuNoPeer bool
 
 func TestMain(m *testing.M) {
 	srv, err := maybeEmulate()
@@ -77,7 +86,7 @@ func maybeEmulate() (*emu, error) {
 	}
 	installFakes(srv)
 	installNCCLFakes(srv)
-	emulated = true
+	emulated, emuSrv = true, srv
 	fmt.Fprintln(os.Stderr, "cuda tests: no GPU; running the GPU path on the emulator (kernels.cu compiled with g++, run on CPU threads)")
 	return srv, nil
 }
@@ -187,6 +196,11 @@ type emu struct {
 	uploads map[uintptr][]func()
 	// pinned is the page-locked host memory handed out (never freed).
 	pinned [][]byte
+	// Contexts: each emulated GPU's primary context is its ordinal + 1;
+	// current is the context current on each OS thread, peerOn the peer
+	// access enabled (from the first context to the second's memory).
+	current map[int]uintptr
+	peerOn  map[[2]uintptr]bool
 
 	// Work that completes later (the fake NCCL's transfers): per stream,
 	// and what each recorded event waits for.
@@ -322,7 +336,7 @@ func buildEmulator() (*emu, error) {
 	return &emu{proc: proc, stop: stop, dir: dir, w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
 		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
 		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}, planned: map[[3]uintptr]bool{}, uploads: map[uintptr][]func(){},
-		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}}, nil
+		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}, current: map[int]uintptr{}, peerOn: map[[2]uintptr]bool{}}, nil
 }
 
 // close ends the emulator process and removes its build: the process
@@ -410,9 +424,49 @@ func installFakes(e *emu) {
 			return ok
 		}
 		drv.cuDeviceTotalMem = func(b *uint64, _ int32) cuResult { *b = 8 << 30; return ok }
-		drv.cuDevicePrimaryCtxRetain = func(c *uintptr, _ int32) cuResult { *c = 1; return ok }
+		drv.cuDevicePrimaryCtxRetain = func(c *uintptr, d int32) cuResult { *c = uintptr(d) + 1; return ok }
 		drv.cuDevicePrimaryCtxRelease = func(int32) cuResult { return ok }
-		drv.cuCtxSetCurrent = func(uintptr) cuResult { return ok }
+		drv.cuCtxSetCurrent = func(c uintptr) cuResult {
+			e.mu.Lock()
+			e.current[syscall.Gettid()] = c
+			e.mu.Unlock()
+			return ok
+		}
+		drv.cuDeviceCanAccessPeer = func(can *int32, d, peer int32) cuResult {
+			*can = 0
+			if !emuNoPeer && d != peer {
+				*can = 1
+			}
+			return ok
+		}
+		drv.cuCtxEnablePeerAccess = func(peer uintptr, flags uint32) cuResult {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			cur := e.current[syscall.Gettid()]
+			switch {
+			case cur == 0 || peer == cur || peer == 0 || peer > uintptr(emuGPUs) || flags != 0:
+				return 1 // CUDA_ERROR_INVALID_VALUE
+			case emuNoPeer:
+				return 217 // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+			case e.peerOn[[2]uintptr{cur, peer}]:
+				return errPeerEnabled
+			}
+			e.peerOn[[2]uintptr{cur, peer}] = true
+			return ok
+		}
+		// Stricter than the driver, which would copy through host memory
+		// without peer access: the package copies between GPUs only where
+		// Device.Reaches has enabled it both ways.
+		drv.cuMemcpyPeerAsync = func(dst uint64, dctx uintptr, src uint64, sctx uintptr, n uint64, s uintptr) cuResult {
+			e.mu.Lock()
+			on := e.peerOn[[2]uintptr{dctx, sctx}] && e.peerOn[[2]uintptr{sctx, dctx}]
+			e.mu.Unlock()
+			if !on {
+				return 1
+			}
+			e.exec(s, func() { e.must(5, 0, dst, src, n) })
+			return ok
+		}
 		drv.cuCtxSynchronize = func() cuResult {
 			e.mu.Lock()
 			var streams []uintptr
