@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/local"
 	"github.com/sparsegrad/sparsegrad/cuda"
 	"github.com/sparsegrad/sparsegrad/device"
+	"github.com/sparsegrad/sparsegrad/train"
 )
 
 // twoGPUs returns two freshly opened GPUs (on the emulator: two emulated
@@ -198,4 +201,94 @@ func testCollectivesAcrossGPUs(t *testing.T, devs [2]*cuda.Device, n int, peer b
 		}
 	}
 	t.Logf("on the GPUs: %v", got)
+}
+
+// TestTrainAcrossGPUs: train with -device cuda -workers 4 on two GPUs
+// (rank r on GPU r mod 2; on the emulator two emulated GPUs with peer
+// access) gives the losses of the same run on one GPU bit for bit, and the
+// CPU run's within float32 rounding; after the first two steps a step
+// uploads its batch only and asks the host for what the one-GPU step asks
+// (the collectives run on the GPUs). With peer access answered "no" the
+// run stages its collectives through host memory, with the same losses.
+func TestTrainAcrossGPUs(t *testing.T) {
+	gpu(t)
+	cuda.KeepAnchor(t)
+	methods := []string{"dense", "topk"}
+	if testing.Short() {
+		methods = methods[:1]
+	}
+	for _, sp := range methods {
+		t.Run(sp, func(t *testing.T) {
+			c := budgetCase{model: "ncf", method: sp, workers: 4}
+			losses := func(t *testing.T, dev string, steps int) ([]float64, cuda.HostCounts) {
+				cfg := budgetConfig(t, c, steps)
+				cfg.Device = dev
+				var ls []float64
+				ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+				defer cancel()
+				before := cuda.Counts()
+				if err := train.Run(ctx, cfg, train.Options{LossSink: func(_ int, l float64) { ls = append(ls, l) }}); err != nil {
+					t.Fatalf("%s on %s: %v", sp, dev, err)
+				}
+				return ls, cuda.Counts().Sub(before)
+			}
+			const steps = 4
+			type result struct {
+				losses []float64
+				step   cuda.HostCounts // steps 3 and 4
+			}
+			// gpus runs the case on n GPUs: the losses of 4 steps and the
+			// counts of steps 3 and 4.
+			gpus := func(n int, peer bool) result {
+				var res result
+				t.Run(fmt.Sprintf("%d GPUs, peer %v", n, peer), func(t *testing.T) {
+					if n > 1 && !cuda.EmulateGPUs(t, n) {
+						t.Skip("runs on emulated GPUs")
+					}
+					if !peer && !cuda.NoPeerAccess(t) {
+						t.Skip("answers no to peer access on the emulator")
+					}
+					short, c2 := losses(t, "cuda", 2)
+					ls, c4 := losses(t, "cuda", steps)
+					if !slices.Equal(short, ls[:2]) {
+						t.Fatalf("the first two steps' losses differ between runs: %v, %v", short, ls[:2])
+					}
+					res = result{ls, c4.Sub(c2)}
+				})
+				return res
+			}
+			cpu, _ := losses(t, "cpu", steps)
+			one := gpus(1, true)
+			two := gpus(2, true)
+			staged := gpus(2, false)
+			if len(one.losses) != steps || len(two.losses) != steps || len(staged.losses) != steps {
+				t.Fatalf("losses: one GPU %v, two %v, two without peer access %v", one.losses, two.losses, staged.losses)
+			}
+			for i := range cpu {
+				if math.Abs(cpu[i]-one.losses[i]) > 1e-4*math.Abs(cpu[i]) {
+					t.Errorf("step %d: CPU loss %v, GPU %v", i+1, cpu[i], one.losses[i])
+				}
+			}
+			if !slices.Equal(two.losses, one.losses) || !slices.Equal(staged.losses, one.losses) {
+				t.Errorf("losses on one GPU %v, on two %v, on two without peer access %v: want them equal", one.losses, two.losses, staged.losses)
+			}
+			per := func(v int64) float64 { return float64(v) / float64(2*c.workers) }
+			for _, r := range []struct {
+				what string
+				c    cuda.HostCounts
+			}{{"one GPU", one.step}, {"two GPUs with peer access", two.step}, {"two GPUs without", staged.step}} {
+				t.Logf("%s, per worker and step: %.2f launches, %.2f syncs, %.0f B to the device, %.0f B to the host, %.2f allocations",
+					r.what, per(r.c.Launches), per(r.c.Syncs), per(r.c.HtoD), per(r.c.DtoH), per(r.c.Allocs))
+			}
+			if b := batchBytes["ncf"]; per(two.step.HtoD) != float64(b) {
+				t.Errorf("two GPUs: %g B to the device per worker and step, want the batch's %d", per(two.step.HtoD), b)
+			}
+			if two.step.Launches != one.step.Launches || two.step.Syncs != one.step.Syncs || two.step.DtoH != one.step.DtoH || two.step.Allocs != 0 || two.step.Frees != 0 {
+				t.Errorf("a step on two GPUs asks the host for more than on one: %v, against %v", two.step, one.step)
+			}
+			if staged.step.HtoD <= two.step.HtoD {
+				t.Errorf("without peer access %d B to the device in two steps, with %d: want the staging to show", staged.step.HtoD, two.step.HtoD)
+			}
+		})
+	}
 }
