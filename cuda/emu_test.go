@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,7 +50,10 @@ var emuFree uint64 = 7 << 30
 
 // emuNoPeer makes the emulated GPUs answer that they cannot access each
 // other's memory (PCIe without peer-to-peer); otherwise they can, as GPUs
-// joined by NVLink (their memory is the emulator's, shared).
+// joined by NVLink. Their memory is the emulator's, shared, so it checks
+// what the driver would refuse or fault on: a copy between two GPUs
+// without peer access both ways, and a PeerSum kernel given another GPU's
+// memory without peer access to it.
 var emuNoPeer bool
 
 func TestMain(m *testing.M) {
@@ -119,6 +124,17 @@ func parseKernels(src string) (map[string]kernelSig, map[string][]string, error)
 		sigs[m[1]], types[m[1]] = sig, ts
 	}
 	return sigs, types, nil
+}
+
+// ptrArgs says which parameters of each kernel are pointers.
+func ptrArgs(types map[string][]string) map[string][]bool {
+	out := map[string][]bool{}
+	for name, ts := range types {
+		for _, t := range ts {
+			out[name] = append(out[name], strings.Contains(t, "*"))
+		}
+	}
+	return out
 }
 
 // barrierKernels finds the kernels of src that reach __syncthreads, in
@@ -201,11 +217,36 @@ type emu struct {
 	// access enabled (from the first context to the second's memory).
 	current map[int]uintptr
 	peerOn  map[[2]uintptr]bool
+	// allocs are the device allocations, by address, with the context
+	// each was made in; ptrArgs says which parameters of each kernel are
+	// pointers.
+	allocs  []emuAlloc
+	ptrArgs map[string][]bool
 
 	// Work that completes later (the fake NCCL's transfers): per stream,
 	// and what each recorded event waits for.
 	pending    map[uintptr][]pending
 	eventWaits map[uintptr][]pending
+}
+
+// emuAlloc is a device allocation of the emulator: [base, end), made in
+// context ctx.
+type emuAlloc struct {
+	base, end uint64
+	ctx       uintptr
+}
+
+// ctxOf returns the context device address p was allocated in (0: none
+// known). Call it with e.mu held.
+func (e *emu) ctxOf(p uint64) uintptr {
+	i, _ := slices.BinarySearchFunc(e.allocs, p, func(a emuAlloc, p uint64) int { return cmp.Compare(a.base, p) })
+	if i < len(e.allocs) && e.allocs[i].base == p {
+		return e.allocs[i].ctx
+	}
+	if i > 0 && p < e.allocs[i-1].end {
+		return e.allocs[i-1].ctx
+	}
+	return 0
 }
 
 // exec runs f now, or records it when stream s is capturing a graph.
@@ -336,7 +377,7 @@ func buildEmulator() (*emu, error) {
 	return &emu{proc: proc, stop: stop, dir: dir, w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
 		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
 		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}, planned: map[[3]uintptr]bool{}, uploads: map[uintptr][]func(){},
-		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}, current: map[int]uintptr{}, peerOn: map[[2]uintptr]bool{}}, nil
+		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}, current: map[int]uintptr{}, peerOn: map[[2]uintptr]bool{}, ptrArgs: ptrArgs(types)}, nil
 }
 
 // close ends the emulator process and removes its build: the process
@@ -481,9 +522,22 @@ func installFakes(e *emu) {
 		}
 		drv.cuMemAlloc = func(p *uint64, n uint64) cuResult {
 			*p = binary.LittleEndian.Uint64(e.must(1, 8, n))
+			e.mu.Lock()
+			a := emuAlloc{base: *p, end: *p + n, ctx: e.current[syscall.Gettid()]}
+			i, _ := slices.BinarySearchFunc(e.allocs, a.base, func(a emuAlloc, p uint64) int { return cmp.Compare(a.base, p) })
+			e.allocs = slices.Insert(e.allocs, i, a)
+			e.mu.Unlock()
 			return ok
 		}
-		drv.cuMemFree = func(p uint64) cuResult { e.must(2, 0, p); return ok }
+		drv.cuMemFree = func(p uint64) cuResult {
+			e.must(2, 0, p)
+			e.mu.Lock()
+			if i, found := slices.BinarySearchFunc(e.allocs, p, func(a emuAlloc, p uint64) int { return cmp.Compare(a.base, p) }); found {
+				e.allocs = slices.Delete(e.allocs, i, i+1)
+			}
+			e.mu.Unlock()
+			return ok
+		}
 		drv.cuMemAllocHost = func(p *unsafe.Pointer, n uint64) cuResult {
 			b := make([]byte, n)
 			e.mu.Lock()
@@ -668,6 +722,9 @@ func installFakes(e *emu) {
 			}
 			sig := e.sigs[name]
 			ptrs := unsafe.Slice((*unsafe.Pointer)(params), len(sig))
+			if strings.HasPrefix(name, "k_peer_sum") && !e.peersReached(name, ptrs) {
+				return 1 // the driver would fault reading another GPU's memory
+			}
 			fields := []any{uint32(len(name)), []byte(name), gx, bx, uint32(len(sig))}
 			for i, n := range sig {
 				fields = append(fields, uint32(n), append([]byte(nil), unsafe.Slice((*byte)(ptrs[i]), n)...))
@@ -803,6 +860,24 @@ func installFakes(e *emu) {
 			return conv(h, 2, xd, dwd, cd, x, dw, dy)
 		}
 	})
+}
+
+// peersReached reports whether the pointer arguments of a launch of
+// kernel name are memory of the current context or of contexts it has
+// peer access to.
+func (e *emu) peersReached(name string, args []unsafe.Pointer) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur := e.current[syscall.Gettid()]
+	for i, isPtr := range e.ptrArgs[name] {
+		if !isPtr {
+			continue
+		}
+		if c := e.ctxOf(*(*uint64)(args[i])); c != 0 && c != cur && !e.peerOn[[2]uintptr{cur, c}] {
+			return false
+		}
+	}
+	return true
 }
 
 // TestEmulatorKernelsParse checks that every kernel's signature is
