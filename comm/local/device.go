@@ -284,10 +284,10 @@ func devBuf(b comm.Buffer) device.Buffer {
 // runCall runs the body of a collective call that has device buffers
 // somewhere (see Device buffers): onDev on this rank's device (a
 // comm.PeerDevice) where the call can run on the ranks' devices (sums: it
-// adds), else host on host copies of this rank's
-// device buffers (send loaded, recv copied back; the copies of the peers'
-// are in their entries), published before host runs. Both end with the
-// call's done phase.
+// adds), else host on host copies of this rank's device buffers (send
+// loaded, recv copied back; the copies of the peers' are in their
+// entries), published before host runs. Both end with the call's done
+// phase.
 func (c *rankComm) runCall(ctx context.Context, s *slot, dc *devCall, sums bool, onDev func(pd comm.PeerDevice, p device.Stream) error, host func(send, recv comm.Buffer) error) error {
 	me := &s.entries[c.rank]
 	if s.onDevice(sums) {
