@@ -205,7 +205,8 @@ func testCollectivesAcrossGPUs(t *testing.T, devs [2]*cuda.Device, n int, peer b
 
 // TestTrainAcrossGPUs: train with -device cuda -workers 4 on two GPUs
 // (rank r on GPU r mod 2; on the emulator two emulated GPUs with peer
-// access) gives the losses of the same run on one GPU bit for bit, and the
+// access), dense, topk (all-gathers) and spardl (SendRecvs), gives the
+// losses of the same run on one GPU bit for bit, and the
 // CPU run's within float32 rounding; after the first two steps a step
 // uploads its batch only and asks the host for what the one-GPU step asks
 // (the collectives run on the GPUs). With peer access answered "no" the
@@ -213,7 +214,7 @@ func testCollectivesAcrossGPUs(t *testing.T, devs [2]*cuda.Device, n int, peer b
 func TestTrainAcrossGPUs(t *testing.T) {
 	gpu(t)
 	cuda.KeepAnchor(t)
-	methods := []string{"dense", "topk"}
+	methods := []string{"dense", "topk", "spardl"}
 	if testing.Short() {
 		methods = methods[:1]
 	}
