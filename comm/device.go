@@ -55,19 +55,24 @@ func InDeviceMemory(b Buffer) (Device, bool) {
 }
 
 // PeerDevice is implemented by devices whose memory the in-process ranks
-// sharing them reduce directly (cuda.Device): comm/local's collectives on
-// Device buffers all of one such device add on the device, in the
-// canonical order, and gather by device-to-device copies; nothing crosses
-// the host and the host waits for nothing.
+// using them reduce directly (cuda.Device): comm/local's collectives on
+// Device buffers all of one such device, or of several that reach each
+// other's memory (Reaches: GPUs with peer access), add on the devices, in
+// the canonical order, and gather by device-to-device copies; nothing
+// crosses the host and the host waits for nothing.
 type PeerDevice interface {
 	device.Device
 	// MaxPeers is the most buffers one PeerSum adds.
 	MaxPeers() int
-	// PeerSum adds, on stream s, elements [lo, lo+n) of bufs element by
-	// element, left to right in the order given (bit for bit the host's
-	// additions in that order), and stores the sums into out[0, n) or,
-	// where out is empty, back into elements [lo, lo+n) of every one of
-	// bufs.
+	// Reaches reports whether this device's PeerSum and its streams'
+	// copies take memory of device o too (o itself always), enabling that
+	// access on the first ask where it needs enabling.
+	Reaches(o device.Device) bool
+	// PeerSum adds, on stream s (of this device), elements [lo, lo+n) of
+	// bufs (memory of devices it Reaches) element by element, left to
+	// right in the order given (bit for bit the host's additions in that
+	// order), and stores the sums into out[0, n) or, where out is empty,
+	// back into elements [lo, lo+n) of every one of bufs.
 	PeerSum(s device.Stream, bufs []device.Buffer, lo, n int, out device.Buffer) error
 }
 

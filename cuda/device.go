@@ -635,9 +635,12 @@ func (s *Stream) Copy(dst, src device.Buffer) error {
 		copy(dst.HostBytes(), src.HostBytes())
 		return nil
 	}
+	// Host memory is copied to or from the stream's GPU's memory only;
+	// device memory may also be another GPU's that this one reaches (peer
+	// access, Device.Reaches).
 	for _, b := range []device.Buffer{dst, src} {
-		if !b.IsHost() && b.Device() != device.Device(s.d) {
-			return fmt.Errorf("cuda: copy between %v and %v on a stream of %v", src, dst, s.d)
+		if !b.IsHost() && b.Device() != device.Device(s.d) && (dh || sh || !s.d.Reaches(b.Device())) {
+			return fmt.Errorf("cuda: copy between %v and %v on a stream of %v (another GPU's memory is copied to and from the host on a stream of its own, and to another GPU's only where they have peer access)", src, dst, s.d)
 		}
 	}
 	unlock, err := s.enter()
@@ -654,10 +657,19 @@ func (s *Stream) Copy(dst, src device.Buffer) error {
 		return check("cuMemcpyHtoDAsync", drv.cuMemcpyHtoDAsync(uint64(dst.Addr()), unsafe.Pointer(&src.HostBytes()[0]), n, s.h))
 	}
 	counts.launches.Add(1)
-	if err := check("cuMemcpyDtoDAsync", drv.cuMemcpyDtoDAsync(uint64(dst.Addr()), uint64(src.Addr()), n, s.h)); err != nil {
+	what := "cuMemcpyDtoDAsync"
+	var r cuResult
+	if dc, sc := dst.Device().(*Device).ctx, src.Device().(*Device).ctx; dc != sc {
+		// Between two GPUs' contexts (over NVLink or PCIe with peer access).
+		what = "cuMemcpyPeerAsync"
+		r = drv.cuMemcpyPeerAsync(uint64(dst.Addr()), dc, uint64(src.Addr()), sc, n, s.h)
+	} else {
+		r = drv.cuMemcpyDtoDAsync(uint64(dst.Addr()), uint64(src.Addr()), n, s.h)
+	}
+	if err := check(what, r); err != nil {
 		return err
 	}
-	return s.checkLaunch("cuMemcpyDtoDAsync")
+	return s.checkLaunch(what)
 }
 
 // Synchronize implements device.Stream.

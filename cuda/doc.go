@@ -11,8 +11,9 @@
 // exact top-k by radix select, threshold selection, gathers and scatters,
 // unions, DRAGONN's hashing — the same index sets and bits as the CPU's);
 // NCCL (NewNCCL), a comm.Communicator on GPU memory; and what the
-// in-process ranks sharing a GPU need to reduce each other's memory
-// (comm.PeerDevice: PeerSum), page-locked host memory for staging
+// in-process ranks sharing a GPU, or on GPUs with peer access, need to
+// reduce each other's memory (comm.PeerDevice: PeerSum, Reaches),
+// page-locked host memory for staging
 // (AllocPinned) and the models' dropout masks drawn on the GPU
 // (DropoutMask, the CPU's bits).
 //

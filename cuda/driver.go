@@ -33,6 +33,9 @@ type driverTable struct {
 	cuMemcpyHtoDAsync         func(dst uint64, src unsafe.Pointer, bytes uint64, s uintptr) cuResult
 	cuMemcpyDtoHAsync         func(dst unsafe.Pointer, src uint64, bytes uint64, s uintptr) cuResult
 	cuMemcpyDtoDAsync         func(dst, src uint64, bytes uint64, s uintptr) cuResult
+	cuMemcpyPeerAsync         func(dst uint64, dstCtx uintptr, src uint64, srcCtx uintptr, bytes uint64, s uintptr) cuResult
+	cuDeviceCanAccessPeer     func(can *int32, d, peer int32) cuResult
+	cuCtxEnablePeerAccess     func(peerCtx uintptr, flags uint32) cuResult
 	cuMemsetD8Async           func(dst uint64, v uint8, n uint64, s uintptr) cuResult
 	cuMemsetD32Async          func(dst uint64, v uint32, n uint64, s uintptr) cuResult
 	cuStreamCreate            func(s *uintptr, flags uint32) cuResult
@@ -80,7 +83,10 @@ const (
 	eventNoTiming       = 2 // CU_EVENT_DISABLE_TIMING
 
 	errNotReady cuResult = 600 // CUDA_ERROR_NOT_READY
-	errContext  cuResult = 201 // CUDA_ERROR_INVALID_CONTEXT
+	// errPeerEnabled is CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: another
+	// Device of the GPU (the same primary context) enabled it before.
+	errPeerEnabled cuResult = 704
+	errContext     cuResult = 201 // CUDA_ERROR_INVALID_CONTEXT
 )
 
 // loadDriver loads libcuda and initialises it, once per process.
@@ -110,6 +116,9 @@ func loadDriver() error {
 			"cuMemcpyHtoDAsync_v2":         &drv.cuMemcpyHtoDAsync,
 			"cuMemcpyDtoHAsync_v2":         &drv.cuMemcpyDtoHAsync,
 			"cuMemcpyDtoDAsync_v2":         &drv.cuMemcpyDtoDAsync,
+			"cuMemcpyPeerAsync":            &drv.cuMemcpyPeerAsync,
+			"cuDeviceCanAccessPeer":        &drv.cuDeviceCanAccessPeer,
+			"cuCtxEnablePeerAccess":        &drv.cuCtxEnablePeerAccess,
 			"cuMemsetD8Async":              &drv.cuMemsetD8Async,
 			"cuMemsetD32Async":             &drv.cuMemsetD32Async,
 			"cuStreamCreate":               &drv.cuStreamCreate,

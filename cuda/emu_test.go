@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -11,8 +12,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -39,8 +42,19 @@ import (
 // emulated reports whether the tests run on the emulator.
 var emulated bool
 
+// emuSrv is the emulator in use (nil without it).
+var emuSrv *emu
+
 // emuFree is the free memory the emulated GPUs report.
 var emuFree uint64 = 7 << 30
+
+// emuNoPeer makes the emulated GPUs answer that they cannot access each
+// other's memory (PCIe without peer-to-peer); otherwise they can, as GPUs
+// joined by NVLink. Their memory is the emulator's, shared, so it checks
+// what the driver would refuse or fault on: a copy between two GPUs
+// without peer access both ways, and a PeerSum kernel given another GPU's
+// memory without peer access to it.
+var emuNoPeer bool
 
 func TestMain(m *testing.M) {
 	srv, err := maybeEmulate()
@@ -77,7 +91,7 @@ func maybeEmulate() (*emu, error) {
 	}
 	installFakes(srv)
 	installNCCLFakes(srv)
-	emulated = true
+	emulated, emuSrv = true, srv
 	fmt.Fprintln(os.Stderr, "cuda tests: no GPU; running the GPU path on the emulator (kernels.cu compiled with g++, run on CPU threads)")
 	return srv, nil
 }
@@ -110,6 +124,17 @@ func parseKernels(src string) (map[string]kernelSig, map[string][]string, error)
 		sigs[m[1]], types[m[1]] = sig, ts
 	}
 	return sigs, types, nil
+}
+
+// ptrArgs says which parameters of each kernel are pointers.
+func ptrArgs(types map[string][]string) map[string][]bool {
+	out := map[string][]bool{}
+	for name, ts := range types {
+		for _, t := range ts {
+			out[name] = append(out[name], strings.Contains(t, "*"))
+		}
+	}
+	return out
 }
 
 // barrierKernels finds the kernels of src that reach __syncthreads, in
@@ -187,11 +212,41 @@ type emu struct {
 	uploads map[uintptr][]func()
 	// pinned is the page-locked host memory handed out (never freed).
 	pinned [][]byte
+	// Contexts: each emulated GPU's primary context is its ordinal + 1;
+	// current is the context current on each OS thread, peerOn the peer
+	// access enabled (from the first context to the second's memory).
+	current map[int]uintptr
+	peerOn  map[[2]uintptr]bool
+	// allocs are the device allocations, by address, with the context
+	// each was made in; ptrArgs says which parameters of each kernel are
+	// pointers.
+	allocs  []emuAlloc
+	ptrArgs map[string][]bool
 
 	// Work that completes later (the fake NCCL's transfers): per stream,
 	// and what each recorded event waits for.
 	pending    map[uintptr][]pending
 	eventWaits map[uintptr][]pending
+}
+
+// emuAlloc is a device allocation of the emulator: [base, end), made in
+// context ctx.
+type emuAlloc struct {
+	base, end uint64
+	ctx       uintptr
+}
+
+// ctxOf returns the context device address p was allocated in (0: none
+// known). Call it with e.mu held.
+func (e *emu) ctxOf(p uint64) uintptr {
+	i, _ := slices.BinarySearchFunc(e.allocs, p, func(a emuAlloc, p uint64) int { return cmp.Compare(a.base, p) })
+	if i < len(e.allocs) && e.allocs[i].base == p {
+		return e.allocs[i].ctx
+	}
+	if i > 0 && p < e.allocs[i-1].end {
+		return e.allocs[i-1].ctx
+	}
+	return 0
 }
 
 // exec runs f now, or records it when stream s is capturing a graph.
@@ -322,7 +377,7 @@ func buildEmulator() (*emu, error) {
 	return &emu{proc: proc, stop: stop, dir: dir, w: bufio.NewWriter(stdin), r: bufio.NewReader(stdout), sigs: sigs, fnNames: map[uintptr]string{},
 		events: map[uintptr]time.Time{}, tensors: map[uintptr][4]int32{}, convs: map[uintptr][2]int32{}, handles: 100,
 		capturing: map[uintptr][]func(){}, graphs: map[uintptr][]func(){}, libStream: map[uintptr]uintptr{}, planned: map[[3]uintptr]bool{}, uploads: map[uintptr][]func(){},
-		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}}, nil
+		pending: map[uintptr][]pending{}, eventWaits: map[uintptr][]pending{}, current: map[int]uintptr{}, peerOn: map[[2]uintptr]bool{}, ptrArgs: ptrArgs(types)}, nil
 }
 
 // close ends the emulator process and removes its build: the process
@@ -410,9 +465,49 @@ func installFakes(e *emu) {
 			return ok
 		}
 		drv.cuDeviceTotalMem = func(b *uint64, _ int32) cuResult { *b = 8 << 30; return ok }
-		drv.cuDevicePrimaryCtxRetain = func(c *uintptr, _ int32) cuResult { *c = 1; return ok }
+		drv.cuDevicePrimaryCtxRetain = func(c *uintptr, d int32) cuResult { *c = uintptr(d) + 1; return ok }
 		drv.cuDevicePrimaryCtxRelease = func(int32) cuResult { return ok }
-		drv.cuCtxSetCurrent = func(uintptr) cuResult { return ok }
+		drv.cuCtxSetCurrent = func(c uintptr) cuResult {
+			e.mu.Lock()
+			e.current[syscall.Gettid()] = c
+			e.mu.Unlock()
+			return ok
+		}
+		drv.cuDeviceCanAccessPeer = func(can *int32, d, peer int32) cuResult {
+			*can = 0
+			if !emuNoPeer && d != peer {
+				*can = 1
+			}
+			return ok
+		}
+		drv.cuCtxEnablePeerAccess = func(peer uintptr, flags uint32) cuResult {
+			e.mu.Lock()
+			defer e.mu.Unlock()
+			cur := e.current[syscall.Gettid()]
+			switch {
+			case cur == 0 || peer == cur || peer == 0 || peer > uintptr(emuGPUs) || flags != 0:
+				return 1 // CUDA_ERROR_INVALID_VALUE
+			case emuNoPeer:
+				return 217 // CUDA_ERROR_PEER_ACCESS_UNSUPPORTED
+			case e.peerOn[[2]uintptr{cur, peer}]:
+				return errPeerEnabled
+			}
+			e.peerOn[[2]uintptr{cur, peer}] = true
+			return ok
+		}
+		// Stricter than the driver, which would copy through host memory
+		// without peer access: the package copies between GPUs only where
+		// Device.Reaches has enabled it both ways.
+		drv.cuMemcpyPeerAsync = func(dst uint64, dctx uintptr, src uint64, sctx uintptr, n uint64, s uintptr) cuResult {
+			e.mu.Lock()
+			on := e.peerOn[[2]uintptr{dctx, sctx}] && e.peerOn[[2]uintptr{sctx, dctx}]
+			e.mu.Unlock()
+			if !on {
+				return 1
+			}
+			e.exec(s, func() { e.must(5, 0, dst, src, n) })
+			return ok
+		}
 		drv.cuCtxSynchronize = func() cuResult {
 			e.mu.Lock()
 			var streams []uintptr
@@ -427,9 +522,22 @@ func installFakes(e *emu) {
 		}
 		drv.cuMemAlloc = func(p *uint64, n uint64) cuResult {
 			*p = binary.LittleEndian.Uint64(e.must(1, 8, n))
+			e.mu.Lock()
+			a := emuAlloc{base: *p, end: *p + n, ctx: e.current[syscall.Gettid()]}
+			i, _ := slices.BinarySearchFunc(e.allocs, a.base, func(a emuAlloc, p uint64) int { return cmp.Compare(a.base, p) })
+			e.allocs = slices.Insert(e.allocs, i, a)
+			e.mu.Unlock()
 			return ok
 		}
-		drv.cuMemFree = func(p uint64) cuResult { e.must(2, 0, p); return ok }
+		drv.cuMemFree = func(p uint64) cuResult {
+			e.must(2, 0, p)
+			e.mu.Lock()
+			if i, found := slices.BinarySearchFunc(e.allocs, p, func(a emuAlloc, p uint64) int { return cmp.Compare(a.base, p) }); found {
+				e.allocs = slices.Delete(e.allocs, i, i+1)
+			}
+			e.mu.Unlock()
+			return ok
+		}
 		drv.cuMemAllocHost = func(p *unsafe.Pointer, n uint64) cuResult {
 			b := make([]byte, n)
 			e.mu.Lock()
@@ -614,6 +722,9 @@ func installFakes(e *emu) {
 			}
 			sig := e.sigs[name]
 			ptrs := unsafe.Slice((*unsafe.Pointer)(params), len(sig))
+			if strings.HasPrefix(name, "k_peer_sum") && !e.peersReached(name, ptrs) {
+				return 1 // the driver would fault reading another GPU's memory
+			}
 			fields := []any{uint32(len(name)), []byte(name), gx, bx, uint32(len(sig))}
 			for i, n := range sig {
 				fields = append(fields, uint32(n), append([]byte(nil), unsafe.Slice((*byte)(ptrs[i]), n)...))
@@ -749,6 +860,24 @@ func installFakes(e *emu) {
 			return conv(h, 2, xd, dwd, cd, x, dw, dy)
 		}
 	})
+}
+
+// peersReached reports whether the pointer arguments of a launch of
+// kernel name are memory of the current context or of contexts it has
+// peer access to.
+func (e *emu) peersReached(name string, args []unsafe.Pointer) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur := e.current[syscall.Gettid()]
+	for i, isPtr := range e.ptrArgs[name] {
+		if !isPtr {
+			continue
+		}
+		if c := e.ctxOf(*(*uint64)(args[i])); c != 0 && c != cur && !e.peerOn[[2]uintptr{cur, c}] {
+			return false
+		}
+	}
+	return true
 }
 
 // TestEmulatorKernelsParse checks that every kernel's signature is

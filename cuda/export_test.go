@@ -93,3 +93,28 @@ func CountHandles(t testing.TB) (live func() (streams, blas, dnn int), ok bool) 
 		return len(made[0]), len(made[1]), len(made[2])
 	}, true
 }
+
+// NoPeerAccess makes the emulated GPUs answer, until t ends, that they
+// cannot access each other's memory (PCIe without peer-to-peer), and
+// reports whether the tests run on the emulator.
+func NoPeerAccess(t testing.TB) bool {
+	if !emulated {
+		return false
+	}
+	old := emuNoPeer
+	emuNoPeer = true
+	t.Cleanup(func() { emuNoPeer = old })
+	return true
+}
+
+// PeerAccessEnabled reports whether the emulated GPU a has enabled its
+// access to GPU b's memory (false on a real GPU).
+func PeerAccessEnabled(a, b int) bool {
+	if !emulated {
+		return false
+	}
+	e := emuSrv
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.peerOn[[2]uintptr{uintptr(a) + 1, uintptr(b) + 1}]
+}

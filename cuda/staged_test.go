@@ -21,9 +21,10 @@ import (
 // and the same calls with host buffers: the results are bit-identical. On
 // one GPU the collectives run on the device (comm/local's device path: one
 // kernel adds each chunk in the canonical order) and so does SendRecv (a
-// device-to-device copy), the other point-to-point calls are staged; with
-// the ranks on two GPUs every call goes through host memory (comm/local
-// stages the collectives and SendRecv itself).
+// device-to-device copy), the other point-to-point calls are staged; so
+// with the ranks on two GPUs that reach each other's memory (the emulated
+// ones do; TestCollectivesAcrossGPUs also tests GPUs that do not, whose
+// calls comm/local stages itself).
 func TestStagedDeviceBuffers(t *testing.T) {
 	d := gpu(t)
 	devs := []*cuda.Device{d}

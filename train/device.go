@@ -166,7 +166,7 @@ func (r *runner) useNCCL() (bool, error) {
 		if want == "auto" {
 			return false, nil
 		}
-		return false, fmt.Errorf("%w: -comm nccl needs a GPU per worker (NCCL refuses two ranks on one GPU): %d workers on this machine, %d GPUs; use -comm %s (the workers share the GPUs: in-process workers on one GPU reduce in its memory, otherwise device buffers are staged through host memory)",
+		return false, fmt.Errorf("%w: -comm nccl needs a GPU per worker (NCCL refuses two ranks on one GPU): %d workers on this machine, %d GPUs; use -comm %s (the workers share the GPUs: in-process workers reduce in the GPUs' memory where they share a GPU or the GPUs have peer access, otherwise device buffers are staged through host memory)",
 			ErrConfig, workers, n, map[bool]string{true: "mpi", false: "local"}[r.backend == "mpi"])
 	}
 	if _, err := cuda.NCCLVersion(); err != nil {
@@ -182,8 +182,9 @@ func (r *runner) useNCCL() (bool, error) {
 // device buffers, as -comm says: NCCL beside host for device buffers
 // (comm.Route) when every worker has a GPU of its own, else host with
 // device buffers staged through host memory (comm.Staged), except the
-// collective calls of in-process workers sharing one GPU, which comm/local
-// runs in the GPU's memory. Over NCCL the
+// collective calls and SendRecvs of in-process workers on one GPU, or on
+// GPUs with peer access, which comm/local runs in the GPUs' memory. Over
+// NCCL the
 // emulated network (-net-*), if any, wraps the routed communicator
 // (netmodel.Emulate): host and device calls take turns on one emulated
 // link. It returns the communicator, the backend's name and the NCCL

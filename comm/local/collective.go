@@ -49,10 +49,10 @@ type slot struct {
 	arrived, staged, done gate
 	left                  atomic.Int32
 	joined                []atomic.Bool
-	// peer is the device a call on device buffers runs on (nil: staged
-	// through host memory), decided once (device.go).
+	// peer says a call on device buffers runs on the ranks' devices (false:
+	// staged through host memory), decided once (device.go).
 	peerOnce sync.Once
-	peer     comm.PeerDevice
+	peer     bool
 }
 
 func (w *World) slot(seq uint64) *slot {

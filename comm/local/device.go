@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -150,36 +151,57 @@ func hostData(b comm.Buffer) bool {
 	return !ok
 }
 
-// peerDevice returns the device every rank's call of s runs on when the
-// call can run there (see Device buffers): every rank's non-empty buffers
-// are memory of one comm.PeerDevice, and for sums no more ranks than it
-// adds at once. It is decided once per call, before any rank stages its
-// buffers (which changes its entry).
-func (s *slot) peerDevice(sums bool) comm.PeerDevice {
-	s.peerOnce.Do(func() { s.peer = s.findPeerDevice(sums) })
+// onDevice reports whether the call of s runs on the ranks' devices (see
+// Device buffers): every rank's non-empty buffers are memory of
+// comm.PeerDevices that all reach each other's memory (one device, or GPUs
+// with peer access), and for sums no more ranks than each adds at once.
+// It is decided once per call, before any rank stages its buffers (which
+// changes its entry).
+func (s *slot) onDevice(sums bool) bool {
+	s.peerOnce.Do(func() { s.peer = s.findPeerDevices(sums) })
 	return s.peer
 }
 
-func (s *slot) findPeerDevice(sums bool) comm.PeerDevice {
-	var pd comm.PeerDevice
+func (s *slot) findPeerDevices(sums bool) bool {
+	var pds []comm.PeerDevice
 	for r := range s.entries {
 		e := &s.entries[r]
 		if hostData(e.send) || hostData(e.recv) {
-			return nil
+			return false
 		}
 		if e.dev == nil {
 			continue // nothing of its own to move
 		}
 		p, ok := e.dev.dev.(comm.PeerDevice)
-		if !ok || (pd != nil && comm.PeerDevice(p) != pd) {
-			return nil
+		if !ok {
+			return false
 		}
-		pd = p
+		if !slices.Contains(pds, p) {
+			pds = append(pds, p)
+		}
 	}
-	if pd != nil && sums && len(s.entries) > pd.MaxPeers() {
-		return nil
+	for i, p := range pds {
+		if sums && len(s.entries) > p.MaxPeers() {
+			return false
+		}
+		for _, q := range pds[i+1:] {
+			if !p.Reaches(q) || !q.Reaches(p) {
+				return false
+			}
+		}
 	}
-	return pd
+	return len(pds) > 0
+}
+
+// reach reports whether a's streams copy b's memory and the reverse: one
+// device, or two comm.PeerDevices reaching each other.
+func reach(a, b device.Device) bool {
+	if a == b {
+		return true
+	}
+	p, ok := a.(comm.PeerDevice)
+	q, ok2 := b.(comm.PeerDevice)
+	return ok && ok2 && p.Reaches(b) && q.Reaches(a)
 }
 
 // peerStream returns this rank's stream of device d, created on first use,
@@ -260,15 +282,17 @@ func devBuf(b comm.Buffer) device.Buffer {
 }
 
 // runCall runs the body of a collective call that has device buffers
-// somewhere (see Device buffers): onDev on the peer device where the call
-// can run there (sums: it adds), else host on host copies of this rank's
-// device buffers (send loaded, recv copied back; the copies of the peers'
-// are in their entries), published before host runs. Both end with the
-// call's done phase.
+// somewhere (see Device buffers): onDev on this rank's device (a
+// comm.PeerDevice) where the call can run on the ranks' devices (sums: it
+// adds), else host on host copies of this rank's device buffers (send
+// loaded, recv copied back; the copies of the peers' are in their
+// entries), published before host runs. Both end with the call's done
+// phase.
 func (c *rankComm) runCall(ctx context.Context, s *slot, dc *devCall, sums bool, onDev func(pd comm.PeerDevice, p device.Stream) error, host func(send, recv comm.Buffer) error) error {
 	me := &s.entries[c.rank]
-	if pd := s.peerDevice(sums); pd != nil {
+	if s.onDevice(sums) {
 		if dc != nil {
+			pd := dc.dev.(comm.PeerDevice) // onDevice checked every rank's
 			if err := c.onPeerStream(dc, s.readyEvents(), func(p device.Stream) error { return onDev(pd, p) }); err != nil {
 				c.w.Abort(c.rank, err)
 				return err
@@ -338,7 +362,8 @@ func (c *rankComm) runCall(ctx context.Context, s *slot, dc *devCall, sums bool,
 	return nil
 }
 
-// devCopy copies src into dst (device buffers of one device) on p.
+// devCopy copies src into dst (device buffers of devices that reach each
+// other) on p.
 func devCopy(p device.Stream, dst, src device.Buffer) error {
 	if dst.Len() == 0 {
 		return nil
@@ -353,12 +378,14 @@ func devCopy(p device.Stream, dst, src device.Buffer) error {
 // device memory, into r's buffer and gives the message back (the sender's
 // buffer is then free once r.copied, or the message's done, has
 // completed):
-//   - device to device memory of the same device: on this rank's stream of
-//     the device, after the sender's start event and r's, without a wait;
+//   - device to device memory of the same device, or of devices that reach
+//     each other (GPUs with peer access): on this rank's stream of the
+//     receiving device, after the sender's start event and r's, without a
+//     wait;
 //   - device to host memory: on this rank's stream of the sender's device,
 //     waited for (the caller reads the host memory next);
-//   - host to device memory, or between devices: through host memory,
-//     waited for (the host memory is given back).
+//   - host to device memory, or between devices without peer access:
+//     through host memory, waited for (the host memory is given back).
 func (c *rankComm) take(r *recvWait) (err error) {
 	m := r.msg
 	r.msg = nil
@@ -383,7 +410,7 @@ func (c *rankComm) take(r *recvWait) (err error) {
 		})
 	}
 	src := m.dev.buf.Slice(0, m.n)
-	if !dst.IsHost() && dst.Device() == src.Device() {
+	if !dst.IsHost() && reach(dst.Device(), src.Device()) {
 		return c.onStream(dst.Device(), []device.Event{m.dev.ready, r.devReady}, func(p device.Stream) error {
 			if err := p.Copy(dst, src); err != nil {
 				return err

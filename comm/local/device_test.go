@@ -19,12 +19,31 @@ import (
 // host reaches only through addresses, and whose streams run their work
 // when it is issued (so events are done when recorded): it checks the
 // device path's logic and, under the race detector, its concurrency (the
-// cuda package's tests run it on the emulated GPU).
+// cuda package's tests run it on the emulated GPU). Fake devices reach
+// each other's memory unless one of them is noPeer; their PeerSum and
+// copies refuse memory they do not reach.
 type fakeDev struct {
-	mu    sync.Mutex
-	mem   [][]byte
-	peers int
-	sums  int // PeerSum calls
+	mu     sync.Mutex
+	mem    [][]byte
+	peers  int
+	noPeer bool
+	sums   int // PeerSum calls
+}
+
+func (d *fakeDev) Reaches(o device.Device) bool {
+	g, ok := o.(*fakeDev)
+	return g == d || (ok && !d.noPeer && !g.noPeer)
+}
+
+// mine returns b's memory where d reaches it.
+func (d *fakeDev) mine(b device.Buffer) ([]byte, error) {
+	if b.IsHost() {
+		return b.HostBytes(), nil
+	}
+	if !d.Reaches(b.Device()) {
+		return nil, fmt.Errorf("fake device: %v is not memory it reaches", b)
+	}
+	return b.Device().(*fakeDev).bytes(b), nil
 }
 
 func (d *fakeDev) Kind() device.Kind { return device.CUDAKind }
@@ -75,19 +94,30 @@ func (d *fakeDev) PeerSum(_ device.Stream, bufs []device.Buffer, lo, n int, out 
 	if len(bufs) > d.peers {
 		return fmt.Errorf("%d buffers, %d peers", len(bufs), d.peers)
 	}
+	f32s := func(b device.Buffer) []float32 {
+		if _, err := d.mine(b); err != nil {
+			panic(err)
+		}
+		return b.Device().(*fakeDev).f32s(b)
+	}
+	for _, b := range append(slices.Clip(bufs), out) {
+		if _, err := d.mine(b); err != nil && b.Len() > 0 {
+			return err
+		}
+	}
 	d.mu.Lock()
 	d.sums++
 	d.mu.Unlock()
 	for i := range n {
-		acc := d.f32s(bufs[0])[lo+i]
+		acc := f32s(bufs[0])[lo+i]
 		for _, b := range bufs[1:] {
-			acc += d.f32s(b)[lo+i]
+			acc += f32s(b)[lo+i]
 		}
 		if out.Len() > 0 {
-			d.f32s(out)[i] = acc
+			f32s(out)[i] = acc
 		} else {
 			for _, b := range bufs {
-				d.f32s(b)[lo+i] = acc
+				f32s(b)[lo+i] = acc
 			}
 		}
 	}
@@ -101,13 +131,15 @@ func (s fakeStream) Copy(dst, src device.Buffer) error {
 	if err := device.CheckSame("copy", dst, src); err != nil {
 		return err
 	}
-	get := func(b device.Buffer) []byte {
-		if b.IsHost() {
-			return b.HostBytes()
-		}
-		return s.d.bytes(b)
+	to, err := s.d.mine(dst)
+	if err != nil {
+		return err
 	}
-	copy(get(dst), get(src))
+	from, err := s.d.mine(src)
+	if err != nil {
+		return err
+	}
+	copy(to, from)
 	return nil
 }
 func (s fakeStream) Synchronize() error            { return nil }
@@ -119,129 +151,157 @@ type fakeEvent struct{}
 func (fakeEvent) Synchronize() error { return nil }
 func (fakeEvent) Time() time.Time    { return time.Time{} }
 
-// TestDeviceCollectives runs the collectives on device buffers (a fake
-// comm.PeerDevice) and on host buffers: the results are bit-identical, on
-// the device path (one PeerSum per rank for the sums) and where the sums
-// need more peers than the device adds at once (staged through host
-// memory).
+// TestDeviceCollectives runs the collectives on device buffers (fake
+// comm.PeerDevices: one, or two the ranks take in turn, which reach each
+// other's memory or not) and on host buffers: the results are
+// bit-identical, on the device path (one PeerSum per rank for the sums,
+// each on its rank's device) and where the sums need more peers than the
+// device adds at once or the devices do not reach each other (staged
+// through host memory).
 func TestDeviceCollectives(t *testing.T) {
 	for _, n := range []int{2, 3, 5} {
 		for _, peers := range []int{16, 2} {
-			t.Run(fmt.Sprintf("n=%d/peers=%d", n, peers), func(t *testing.T) {
-				d := &fakeDev{peers: peers}
-				rng := rand.New(rand.NewPCG(uint64(n), uint64(peers)))
-				const L = 257
-				xs := make([][]float32, n)
-				for r := range xs {
-					xs[r] = make([]float32, L)
-					for i := range xs[r] {
-						xs[r][i] = float32(rng.NormFloat64())
-					}
+			for _, ndev := range []string{"one device", "two devices", "two devices without peer access"} {
+				if peers == 2 && ndev != "one device" {
+					continue
 				}
-				counts := make([]int, n)
-				total := 0
-				for r := range counts {
-					counts[r] = (r*7 + 3) % 11
-					total += counts[r]
-				}
-				type io struct {
-					mk func(x []float32) comm.Buffer
-					rd func(b comm.Buffer) []float32
-				}
-				script := func(ctx context.Context, c comm.Communicator, r int, o io) ([][]float32, error) {
-					var got [][]float32
-					b := o.mk(xs[r])
-					if err := c.AllReduce(ctx, b); err != nil {
-						return nil, err
-					}
-					got = append(got, o.rd(b))
-					recv := o.mk(make([]float32, n*5))
-					if err := c.AllGather(ctx, o.mk(xs[r][:5]), recv); err != nil {
-						return nil, err
-					}
-					got = append(got, o.rd(recv))
-					recv = o.mk(make([]float32, total))
-					if err := c.AllGatherV(ctx, o.mk(xs[r][1:1+counts[r]]), recv, counts); err != nil {
-						return nil, err
-					}
-					got = append(got, o.rd(recv))
-					b = o.mk(xs[r])
-					if err := c.Broadcast(ctx, b, n-1); err != nil {
-						return nil, err
-					}
-					got = append(got, o.rd(b))
-					b, b2 := o.mk(xs[r][:100]), o.mk(xs[r][100:])
-					q, err := comm.IAllReduce(ctx, c, b)
-					if err != nil {
-						return nil, err
-					}
-					q2, err := comm.IAllReduce(ctx, c, b2)
-					if err != nil {
-						return nil, err
-					}
-					if _, err := q2.Wait(ctx); err != nil {
-						return nil, err
-					}
-					if _, err := q.Wait(ctx); err != nil {
-						return nil, err
-					}
-					return append(got, o.rd(b), o.rd(b2)), nil
-				}
-				run := func(dev bool) [][][]float32 {
-					out := make([][][]float32, n)
-					err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
-						o := io{mk: func(x []float32) comm.Buffer { return comm.Float32s(slices.Clone(x)) }, rd: func(b comm.Buffer) []float32 { return slices.Clone([]float32(b.(comm.Float32s))) }}
-						if dev {
-							s, _ := d.NewStream()
-							o = io{mk: func(x []float32) comm.Buffer { return d.buf(x, s) }, rd: func(b comm.Buffer) []float32 {
-								if b.Len() == 0 {
-									return nil
-								}
-								return d.download(b.(comm.Device).Buf)
-							}}
-						}
-						var err error
-						out[c.Rank()], err = script(ctx, c, c.Rank(), o)
-						return err
-					})
-					if err != nil {
-						t.Fatal(err)
-					}
-					return out
-				}
-				host, dev := run(false), run(true)
-				for r := range n {
-					for i := range host[r] {
-						if !slices.Equal(dev[r][i], host[r][i]) && len(dev[r][i])+len(host[r][i]) > 0 {
-							t.Fatalf("rank %d call %d: device %v, host %v", r, i, dev[r][i], host[r][i])
-						}
-					}
-				}
-				// The sums on the device: an all-reduce, a reduce-scatter
-				// and two all-reduces, one PeerSum per rank and call
-				// (ranks with an empty chunk or block launch none).
-				if peers >= n && (d.sums == 0 || d.sums > 4*n) {
-					t.Errorf("%d PeerSums on the device path, want 1 to %d", d.sums, 4*n)
-				}
-				if peers < n && d.sums != 0 {
-					t.Errorf("%d PeerSums with more ranks than the device adds at once; want them staged", d.sums)
-				}
-			})
+				t.Run(fmt.Sprintf("n=%d/peers=%d/%s", n, peers, ndev), func(t *testing.T) {
+					testDeviceCollectives(t, n, peers, ndev)
+				})
+			}
 		}
 	}
 }
 
-// TestDeviceSendRecv: SendRecv of device buffers (one fake device, or two
-// that the copies cross through host memory), of host buffers, and mixed
+func testDeviceCollectives(t *testing.T, n, peers int, ndev string) {
+	devs := []*fakeDev{{peers: peers}}
+	if ndev != "one device" {
+		noPeer := ndev == "two devices without peer access"
+		devs = []*fakeDev{{peers: peers, noPeer: noPeer}, {peers: peers, noPeer: noPeer}}
+	}
+	rng := rand.New(rand.NewPCG(uint64(n), uint64(peers)))
+	const L = 257
+	xs := make([][]float32, n)
+	for r := range xs {
+		xs[r] = make([]float32, L)
+		for i := range xs[r] {
+			xs[r][i] = float32(rng.NormFloat64())
+		}
+	}
+	counts := make([]int, n)
+	total := 0
+	for r := range counts {
+		counts[r] = (r*7 + 3) % 11
+		total += counts[r]
+	}
+	type io struct {
+		mk func(x []float32) comm.Buffer
+		rd func(b comm.Buffer) []float32
+	}
+	script := func(ctx context.Context, c comm.Communicator, r int, o io) ([][]float32, error) {
+		var got [][]float32
+		b := o.mk(xs[r])
+		if err := c.AllReduce(ctx, b); err != nil {
+			return nil, err
+		}
+		got = append(got, o.rd(b))
+		recv := o.mk(make([]float32, n*5))
+		if err := c.AllGather(ctx, o.mk(xs[r][:5]), recv); err != nil {
+			return nil, err
+		}
+		got = append(got, o.rd(recv))
+		recv = o.mk(make([]float32, total))
+		if err := c.AllGatherV(ctx, o.mk(xs[r][1:1+counts[r]]), recv, counts); err != nil {
+			return nil, err
+		}
+		got = append(got, o.rd(recv))
+		b = o.mk(xs[r])
+		if err := c.Broadcast(ctx, b, n-1); err != nil {
+			return nil, err
+		}
+		got = append(got, o.rd(b))
+		b, b2 := o.mk(xs[r][:100]), o.mk(xs[r][100:])
+		q, err := comm.IAllReduce(ctx, c, b)
+		if err != nil {
+			return nil, err
+		}
+		q2, err := comm.IAllReduce(ctx, c, b2)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := q2.Wait(ctx); err != nil {
+			return nil, err
+		}
+		if _, err := q.Wait(ctx); err != nil {
+			return nil, err
+		}
+		return append(got, o.rd(b), o.rd(b2)), nil
+	}
+	run := func(dev bool) [][][]float32 {
+		out := make([][][]float32, n)
+		err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+			o := io{mk: func(x []float32) comm.Buffer { return comm.Float32s(slices.Clone(x)) }, rd: func(b comm.Buffer) []float32 { return slices.Clone([]float32(b.(comm.Float32s))) }}
+			if dev {
+				d := devs[c.Rank()%len(devs)]
+				s, _ := d.NewStream()
+				o = io{mk: func(x []float32) comm.Buffer { return d.buf(x, s) }, rd: func(b comm.Buffer) []float32 {
+					if b.Len() == 0 {
+						return nil
+					}
+					return d.download(b.(comm.Device).Buf)
+				}}
+			}
+			var err error
+			out[c.Rank()], err = script(ctx, c, c.Rank(), o)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	host, dev := run(false), run(true)
+	for r := range n {
+		for i := range host[r] {
+			if !slices.Equal(dev[r][i], host[r][i]) && len(dev[r][i])+len(host[r][i]) > 0 {
+				t.Fatalf("rank %d call %d: device %v, host %v", r, i, dev[r][i], host[r][i])
+			}
+		}
+	}
+	// The sums on the device: three all-reduces, one PeerSum
+	// per rank and call on its rank's device (ranks with an
+	// empty chunk launch none).
+	sums := 0
+	for _, d := range devs {
+		sums += d.sums
+		if peers >= n && !d.noPeer && d.sums == 0 {
+			t.Errorf("%s: no PeerSum on one of the devices", ndev)
+		}
+	}
+	if peers >= n && !devs[0].noPeer && (sums == 0 || sums > 3*n) {
+		t.Errorf("%d PeerSums on the device path, want 1 to %d", sums, 3*n)
+	}
+	if peers < n && sums != 0 {
+		t.Errorf("%d PeerSums with more ranks than the device adds at once; want them staged", sums)
+	}
+	if devs[0].noPeer && sums != 0 {
+		t.Errorf("%d PeerSums on devices that do not reach each other; want them staged", sums)
+	}
+}
+
+// TestDeviceSendRecv: SendRecv of device buffers (one fake device, or two:
+// reaching each other's memory, copied device to device, or not, copied
+// through host memory), of host buffers, and mixed
 // (a device send into a host receive and the reverse) gives what it gives
 // on host buffers: a ring in both directions and pairwise exchanges, with
 // messages of different lengths (empty ones included) into longer receive
 // buffers, for 1, 2, 3 and 5 ranks.
 func TestDeviceSendRecv(t *testing.T) {
 	for _, n := range []int{1, 2, 3, 5} {
-		for _, mode := range []string{"host", "device", "two devices", "device to host", "host to device"} {
+		for _, mode := range []string{"host", "device", "two devices", "two devices without peer access", "device to host", "host to device"} {
 			t.Run(fmt.Sprintf("n=%d/%s", n, mode), func(t *testing.T) {
-				devs := []*fakeDev{{peers: 16}, {peers: 16}}
+				noPeer := mode == "two devices without peer access"
+				devs := []*fakeDev{{peers: 16, noPeer: noPeer}, {peers: 16, noPeer: noPeer}}
 				rng := rand.New(rand.NewPCG(uint64(n), 7))
 				msg := make([][]float32, n)
 				for r := range msg {
@@ -266,7 +326,7 @@ func TestDeviceSendRecv(t *testing.T) {
 					err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
 						r := c.Rank()
 						d := devs[0]
-						if mode == "two devices" {
+						if strings.HasPrefix(mode, "two devices") {
 							d = devs[r%2]
 						}
 						s, _ := d.NewStream()
@@ -274,7 +334,7 @@ func TestDeviceSendRecv(t *testing.T) {
 						dev := func(x []float32) comm.Buffer { return d.buf(x, s) }
 						mkSend, mkRecv := host, host
 						switch mode {
-						case "device", "two devices":
+						case "device", "two devices", "two devices without peer access":
 							mkSend, mkRecv = dev, dev
 						case "device to host":
 							mkSend = dev

@@ -31,21 +31,24 @@
 // The collective calls take comm.Device buffers in device memory too
 // (comm.DeviceMover): each rank records an event on its buffers' stream at
 // the call's start and publishes it at the rendezvous with its buffers.
-// Where every rank's buffers are memory of one device that reduces peers'
-// memory (comm.PeerDevice: ranks sharing a GPU), the call runs on that
-// device and the host waits for nothing: each rank's work goes on a stream
-// of its own (after every rank's start event) — rank j adds chunk j of
+// Where every rank's buffers are memory of devices that reduce peers'
+// memory and reach each other's (comm.PeerDevice: ranks sharing a GPU, or
+// on GPUs with peer access), the call runs on the devices and the host
+// waits for nothing: each rank's work goes on a stream of its own on its
+// own device (after every rank's start event) — rank j adds chunk j of
 // every rank's buffer in the canonical order with one kernel that stores
 // the sum into every rank's buffer, and gathers and broadcasts are
-// device-to-device copies — and the caller's stream then waits for every rank's work. Otherwise
-// (ranks on several devices, more ranks than one kernel adds, host and
-// device buffers mixed) each rank stages its device buffers through host
+// device-to-device copies — and the caller's stream then waits for every
+// rank's work. The bits are the host's whatever the devices. Otherwise
+// (devices that do not reach each other, more ranks than one kernel adds,
+// host and device buffers mixed) each rank stages its device buffers through host
 // memory (comm.StageBuffer: page-locked where the device has it), the host
 // algorithm runs on the copies, and the results are copied back.
 // SendRecv takes device buffers too: the receiver copies the sender's
 // buffer on a stream of its own after both calls' start events (device to
-// device on one device; through host memory between devices, or between
-// host and device memory), and each caller's stream waits for the copies
+// device on one device or between devices that reach each other; through
+// host memory between other devices, or between host and device memory),
+// and each caller's stream waits for the copies
 // of its buffers — a device send waits on the host for its receive to be
 // posted, not for any copy. The other point-to-point calls take host
 // memory only: comm.Staged stages device buffers for them.
