@@ -427,6 +427,7 @@ func (d *Device) Close() error {
 		streams := d.streams
 		d.streams = nil
 		d.streamsMu.Unlock()
+		forgetPeers(d)
 		for _, s := range streams {
 			errs = append(errs, s.Close())
 		}

@@ -60,6 +60,19 @@ func (d *Device) Reaches(o device.Device) bool {
 	return err == nil
 }
 
+// forgetPeers drops what Reaches found for d (closed: a Device opened
+// later asks again), so that a process opening GPUs run after run keeps
+// no closed Device.
+func forgetPeers(d *Device) {
+	peerAccess.mu.Lock()
+	defer peerAccess.mu.Unlock()
+	for k := range peerAccess.known {
+		if k[0] == d || k[1] == d {
+			delete(peerAccess.known, k)
+		}
+	}
+}
+
 // enablePeer lets d's context access g's memory, where the hardware can.
 func (d *Device) enablePeer(g *Device) error {
 	var can int32
