@@ -228,8 +228,8 @@ func (r *Reducer) Reduce(ctx context.Context, acc, out, residual []float32) (Sta
 // ReduceOn is Reduce on vectors of the reducer's device (Options.Stream's,
 // the CPU's by default), issued on Options.Stream: when it returns, out and
 // residual are written for the work issued on that stream afterwards.
-// Every group is started in order, then the call finished.
-// All groups are ready together: they are started at once (StartGroups).
+// Every group is started at once (StartGroups: all are ready together),
+// then the call finished.
 func (r *Reducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
 	gs := make([]int, len(r.groups))
 	for g := range gs {

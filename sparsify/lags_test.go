@@ -417,6 +417,22 @@ func TestLAGSStartGroupInFlight(t *testing.T) {
 				if _, err := r.r.Finish(ctx); err == nil || !strings.Contains(err.Error(), "started twice") {
 					return fmt.Errorf("the call with a group started twice finished with %v", err)
 				}
+				// So does a set that holds a group twice, or one already
+				// started.
+				for _, sets := range [][][]int{{{1, 2, 1}}, {{0}, {2, 0}}} {
+					var err error
+					for _, gs := range sets {
+						if err = r.r.StartGroups(ctx, gs, h(acc), h(scratch), h(scratchRes)); err != nil {
+							break
+						}
+					}
+					if err == nil {
+						return fmt.Errorf("starting the sets %v succeeded", sets)
+					}
+					if _, err := r.r.Finish(ctx); err == nil || !strings.Contains(err.Error(), "started twice") {
+						return fmt.Errorf("the call with the sets %v finished with %v", sets, err)
+					}
+				}
 				// In place, interleaved: 2..5, then 0, 1.
 				out3, res3 := make([]float32, l.N), make([]float32, l.N)
 				acc3 := slices.Clone(acc) // in place: residual aliases acc
