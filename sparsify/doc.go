@@ -169,7 +169,9 @@
 //     formula as printed makes it a lower bound). Deviations: a group's
 //     elements are taken in layout order (the reference concatenates them in
 //     backward order: only tie order differs); when no ratio hides the
-//     communication, 1/c_u is used.
+//     communication, 1/c_u is used; adjacent groups ready together (every
+//     group with -overlap off) share one pair of all-gathers (the same
+//     elements and bytes in fewer messages).
 //   - "micro" (micro.go): reference notes 3: MiCRO's rotating disjoint
 //     partitions with a shared threshold controller. Deviations: with one
 //     worker the global count is recorded as with many (the reference's

@@ -19,7 +19,7 @@ import (
 func init() {
 	Register(Method{Name: "lags", Projectable: true, Pipelined: true, New: newLAGS, Advice: lagsAdvice,
 		Kernels: []*device.Kernel{rangeFlagKernel, lagsDistinct}, Density: lagsDensity, Check: lagsCheckRun, Notes: lagsNotes,
-		Doc: "reference notes 5: per merge group top-k and all-gathers, the groups reduced during the backward pass (pipelined), optional adaptive density (eq. 19 with c_u an upper bound on the compression, as the paper's text says: densities in [1/c_u, 1]; the formula as printed makes it a lower bound). Deviations: a group's elements are taken in layout order (the reference concatenates them in backward order: only tie order differs); when no ratio hides the communication, 1/c_u is used.",
+		Doc: "reference notes 5: per merge group top-k and all-gathers, the groups reduced during the backward pass (pipelined), optional adaptive density (eq. 19 with c_u an upper bound on the compression, as the paper's text says: densities in [1/c_u, 1]; the formula as printed makes it a lower bound). Deviations: a group's elements are taken in layout order (the reference concatenates them in backward order: only tie order differs); when no ratio hides the communication, 1/c_u is used; adjacent groups ready together (every group with -overlap off) share one pair of all-gathers (the same elements and bytes in fewer messages).",
 		Params: []options.Option{
 			{Key: "merge_size", Kind: options.Int, Default: LAGSDefaultMergeSize, Range: options.Within(1, math.MaxInt32, "[]"),
 				Doc: "merge threshold in elements (1: one group per tensor)"},
@@ -182,11 +182,15 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 //     merge_size, default LAGSDefaultMergeSize; 1 gives one group per tensor).
 //   - Per group of m elements: k = max(int(m·ρ_g), 1), exact top-k (TopK) of
 //     the group's acc; the residual is acc with this worker's selection
-//     zeroed; two all-gathers (float32 values, int32 group-local indices, k
-//     per worker); out over the group = (Σ_w scatter of worker w's values,
+//     zeroed; two all-gathers (float32 values, int32 indices, k per
+//     worker); out over the group = (Σ_w scatter of worker w's values,
 //     added in rank order)/n. Elements are taken in flat (layout) order within
 //     a group, where the reference concatenates the group's tensors in
 //     backward order: only the order of equal-magnitude ties differs.
+//     Adjacent groups started together (StartSet) share the two
+//     all-gathers: each rank's values, then its indices (relative to the
+//     run's start), of all of them — the same elements and bytes as the
+//     reference's pair per group, in fewer messages.
 //   - A group kept dense (k = m: density 1, a one-element group, or the
 //     adaptive rule's choice) is all-reduced instead (startDense): one
 //     all-reduce of its m values, out = sum/n, residual 0, as the authors'
