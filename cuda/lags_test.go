@@ -71,3 +71,40 @@ func TestGPULAGSSparCost(t *testing.T) {
 	}
 	t.Log(note)
 }
+
+// TestGPULAGSGroupsAtOnceMatchCPU: a call's groups, ready together
+// (ReduceOn), are started at once: each run of adjacent sparse groups
+// selected by one segmented top-k, its residual written in one pass and
+// its values and indices all-gathered in one pair of calls, a group kept
+// dense (one element) all-reduced on its own. On the GPU out, the residual
+// and the statistics (LayerK, the distinct count per group) are the CPU's
+// bit for bit, for 1, 2, 3 and 5 workers, one group per tensor and groups
+// of several tensors (merge_size 50), with many ties.
+func TestGPULAGSGroupsAtOnceMatchCPU(t *testing.T) {
+	d := gpu(t)
+	layout, err := sparsify.NewLayout([]string{"a", "b", "c", "d", "e", "f", "g"}, []int{1, 40, 7, 300, 2, 61, 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, merge := range []int{1, 50} {
+		for _, n := range []int{1, 2, 3, 5} {
+			t.Run(fmt.Sprintf("merge=%d/workers=%d", merge, n), func(t *testing.T) {
+				rng := rand.New(rand.NewPCG(uint64(n), uint64(merge)))
+				const calls = 3
+				accs := make([][][]float32, calls)
+				for c := range accs {
+					accs[c] = make([][]float32, n)
+					for w := range n {
+						accs[c][w] = make([]float32, layout.N)
+						for i := range accs[c][w] {
+							accs[c][w][i] = float32(rng.IntN(41)-20) * 0.125 // many ties
+						}
+					}
+				}
+				sameOnBoth(t, d, "lags", layout, accs, func(o *sparsify.Options) {
+					o.Params = sparsify.Values{"merge_size": merge}
+				})
+			})
+		}
+	}
+}

@@ -24,10 +24,12 @@
 // LAGS' merge groups). A caller may start each group as soon as its
 // gradients are final (Reducer.Start: the trainer does so during the
 // backward pass for a method that declares itself Pipelined) and then
-// finish the call (Reducer.Finish); ReduceOn starts every group in order
+// finish the call (Reducer.Finish); ReduceOn starts every group at once
 // and finishes. A core that can leave a group's communication in flight
 // (Starter) returns the rest of its work to the frame, which completes it
-// in Finish.
+// in Finish; one that can start several groups at once (SetStarter: LAGS,
+// in fewer passes and collectives) does so for the groups a caller hands
+// over together (Reducer.StartGroups: those that became ready together).
 //
 // Which methods overlap the backward pass, and why: dense (PyTorch DDP's
 // buckets, DenseBuckets, each all-reduced as a view of the flat gradient
@@ -167,7 +169,9 @@
 //     formula as printed makes it a lower bound). Deviations: a group's
 //     elements are taken in layout order (the reference concatenates them in
 //     backward order: only tie order differs); when no ratio hides the
-//     communication, 1/c_u is used.
+//     communication, 1/c_u is used; adjacent groups ready together (every
+//     group with -overlap off) share one pair of all-gathers (the same
+//     elements and bytes in fewer messages).
 //   - "micro" (micro.go): reference notes 3: MiCRO's rotating disjoint
 //     partitions with a shared threshold controller. Deviations: with one
 //     worker the global count is recorded as with many (the reference's

@@ -42,6 +42,17 @@ type Starter interface {
 	Start(ctx context.Context, g int, acc, out, residual device.Buffer, st *GroupStats) (finish func(context.Context) error, err error)
 }
 
+// SetStarter is a Starter that can also start several groups at once
+// (LAGS: the groups whose gradients became final together), with fewer
+// passes and collectives than one Start each. StartSet does what Start
+// does for every group of gs (distinct, in the call's order, the same on
+// every rank), sts[i] being gs[i]'s statistics, and returns one finish for
+// them all. The results are those of Start for each group in turn.
+type SetStarter interface {
+	Starter
+	StartSet(ctx context.Context, gs []int, acc, out, residual device.Buffer, sts []*GroupStats) (finish func(context.Context) error, err error)
+}
+
 // Grouped is a Core that reduces the gradient in several groups: the
 // trainer starts each group as soon as its gradients are final during the
 // backward pass (pipelining, for a method that declares itself Pipelined).
@@ -131,7 +142,8 @@ type Reducer struct {
 	m      Method
 	e      *Env
 	core   Core
-	start  Starter // core as a Starter, or nil
+	start  Starter    // core as a Starter, or nil
+	set    SetStarter // core as a SetStarter, or nil
 	groups []Group
 	warmup int // dense calls before the core's first (dense_warmup)
 
@@ -151,6 +163,7 @@ type Reducer struct {
 func newReducer(m Method, e *Env, core Core) (*Reducer, error) {
 	r := &Reducer{m: m, e: e, core: core}
 	r.start, _ = core.(Starter)
+	r.set, _ = core.(SetStarter)
 	if g, ok := core.(Grouped); ok {
 		r.groups = g.Groups()
 		if err := checkGroups(r.groups, e.o.Layout); err != nil {
@@ -215,13 +228,14 @@ func (r *Reducer) Reduce(ctx context.Context, acc, out, residual []float32) (Sta
 // ReduceOn is Reduce on vectors of the reducer's device (Options.Stream's,
 // the CPU's by default), issued on Options.Stream: when it returns, out and
 // residual are written for the work issued on that stream afterwards.
-// Every group is started in order, then the call finished.
+// Every group is started at once (StartGroups: all are ready together),
+// then the call finished.
 func (r *Reducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer) (Stats, error) {
-	for g := range r.groups {
-		if err := r.Start(ctx, g, acc, out, residual); err != nil {
-			break // Finish reports it, after the started groups
-		}
+	gs := make([]int, len(r.groups))
+	for g := range gs {
+		gs[g] = g
 	}
+	_ = r.StartGroups(ctx, gs, acc, out, residual) // Finish reports an error, after the started groups
 	return r.Finish(ctx)
 }
 
@@ -240,7 +254,55 @@ func (r *Reducer) Start(ctx context.Context, g int, acc, out, residual device.Bu
 	return err
 }
 
-func (r *Reducer) startGroup(ctx context.Context, g int, acc, out, residual device.Buffer) error {
+// StartGroups is Start of every group of gs, in order, for groups that are
+// ready together (their gradients final at the same moment): a core that
+// can (SetStarter: LAGS) starts them at once, in fewer passes and
+// collectives, with the same results. Every rank must start the same sets
+// of a call in the same order.
+func (r *Reducer) StartGroups(ctx context.Context, gs []int, acc, out, residual device.Buffer) error {
+	if len(gs) == 1 || r.set == nil || r.e.calls < r.warmup {
+		for _, g := range gs {
+			if err := r.Start(ctx, g, acc, out, residual); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	err := r.startSet(ctx, gs, acc, out, residual)
+	if err != nil && r.err == nil {
+		r.err = err
+	}
+	return err
+}
+
+func (r *Reducer) startSet(ctx context.Context, gs []int, acc, out, residual device.Buffer) error {
+	sts := make([]*GroupStats, len(gs))
+	for i, g := range gs {
+		if err := r.checkStart(g, acc, out, residual); err != nil {
+			return err
+		}
+		for _, h := range gs[:i] {
+			if h == g {
+				return fmt.Errorf("sparsify: %s: group %d started twice in one call; call Finish first", r.m.Name, g)
+			}
+		}
+		sts[i] = &r.st[g]
+	}
+	for i, g := range gs {
+		r.started[g] = true
+		*sts[i] = GroupStats{Threshold: math.NaN(), ResidualSq: math.NaN()}
+	}
+	fin, err := r.set.StartSet(ctx, gs, acc, out, residual, sts)
+	if err != nil {
+		return fmt.Errorf("sparsify: %s: groups %v: %w", r.m.Name, gs, err)
+	}
+	r.fin[gs[0]] = fin // the set's finish, called once
+	return nil
+}
+
+// checkStart checks that group g may start in the call, on the call's
+// vectors (and begins the call with its first group).
+func (r *Reducer) checkStart(g int, acc, out, residual device.Buffer) error {
 	name := r.m.Name
 	if g < 0 || g >= len(r.groups) {
 		return fmt.Errorf("sparsify: %s: group %d does not exist; the reducer has groups 0..%d", name, g, len(r.groups)-1)
@@ -256,6 +318,13 @@ func (r *Reducer) startGroup(ctx context.Context, g int, acc, out, residual devi
 		r.before = r.e.c.Totals()
 	} else if !sameVector(acc, r.acc) || !sameVector(out, r.out) || !sameVector(residual, r.res) {
 		return fmt.Errorf("sparsify: %s: group %d started on other vectors than the call's first group; pass the same acc, out and residual to every group of a call", name, g)
+	}
+	return nil
+}
+
+func (r *Reducer) startGroup(ctx context.Context, g int, acc, out, residual device.Buffer) error {
+	if err := r.checkStart(g, acc, out, residual); err != nil {
+		return err
 	}
 	r.started[g] = true
 	st := &r.st[g]

@@ -19,7 +19,7 @@ import (
 func init() {
 	Register(Method{Name: "lags", Projectable: true, Pipelined: true, New: newLAGS, Advice: lagsAdvice,
 		Kernels: []*device.Kernel{rangeFlagKernel, lagsDistinct}, Density: lagsDensity, Check: lagsCheckRun, Notes: lagsNotes,
-		Doc: "reference notes 5: per merge group top-k and all-gathers, the groups reduced during the backward pass (pipelined), optional adaptive density (eq. 19 with c_u an upper bound on the compression, as the paper's text says: densities in [1/c_u, 1]; the formula as printed makes it a lower bound). Deviations: a group's elements are taken in layout order (the reference concatenates them in backward order: only tie order differs); when no ratio hides the communication, 1/c_u is used.",
+		Doc: "reference notes 5: per merge group top-k and all-gathers, the groups reduced during the backward pass (pipelined), optional adaptive density (eq. 19 with c_u an upper bound on the compression, as the paper's text says: densities in [1/c_u, 1]; the formula as printed makes it a lower bound). Deviations: a group's elements are taken in layout order (the reference concatenates them in backward order: only tie order differs); when no ratio hides the communication, 1/c_u is used; adjacent groups ready together (every group with -overlap off) share one pair of all-gathers (the same elements and bytes in fewer messages).",
 		Params: []options.Option{
 			{Key: "merge_size", Kind: options.Int, Default: LAGSDefaultMergeSize, Range: options.Within(1, math.MaxInt32, "[]"),
 				Doc: "merge threshold in elements (1: one group per tensor)"},
@@ -182,11 +182,15 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 //     merge_size, default LAGSDefaultMergeSize; 1 gives one group per tensor).
 //   - Per group of m elements: k = max(int(m·ρ_g), 1), exact top-k (TopK) of
 //     the group's acc; the residual is acc with this worker's selection
-//     zeroed; two all-gathers (float32 values, int32 group-local indices, k
-//     per worker); out over the group = (Σ_w scatter of worker w's values,
+//     zeroed; two all-gathers (float32 values, int32 indices, k per
+//     worker); out over the group = (Σ_w scatter of worker w's values,
 //     added in rank order)/n. Elements are taken in flat (layout) order within
 //     a group, where the reference concatenates the group's tensors in
 //     backward order: only the order of equal-magnitude ties differs.
+//     Adjacent groups started together (StartSet) share the two
+//     all-gathers: each rank's values, then its indices (relative to the
+//     run's start), of all of them — the same elements and bytes as the
+//     reference's pair per group, in fewer messages.
 //   - A group kept dense (k = m: density 1, a one-element group, or the
 //     adaptive rule's choice) is all-reduced instead (startDense): one
 //     all-reduce of its m values, out = sum/n, residual 0, as the authors'
@@ -238,9 +242,15 @@ func lagsMeasure(ctx context.Context, c comm.Communicator, v *vecs, buf *device.
 // Pipelining: LAGS reduces its merge groups (Grouped) and leaves their
 // all-gathers in flight (Starter); the trainer starts each group as soon as
 // its gradients are final and finishes the call before the optimizer step.
-// The call's CommTime is the sum of the groups' from the start of their
-// all-gathers to the end of their decoding, which may exceed the wall time
-// as groups overlap.
+// Groups ready together (the trainer's set of groups one tensor completes,
+// every group in ReduceOn) are started at once (SetStarter): each run of
+// adjacent sparse groups in one segmented selection, one residual pass,
+// one pair of all-gathers (the groups' values and indices concatenated,
+// each group's k known to every rank) and one decoding — the same
+// selections, outputs and statistics as one group at a time, in fewer
+// launches. The call's CommTime is the sum of the runs' from the start of
+// their all-gathers to the end of their decoding, which may exceed the wall
+// time as runs overlap.
 //
 // Selection unit: LAGS selects over merge groups, the reference code's way
 // (consecutive tensors merged until merge_size elements, one top-k per
@@ -274,10 +284,12 @@ type LAGS struct {
 
 	bufs     []lagsBufs
 	dMeasure device.Buffer
-	// dMark marks the indices a group received (lagsDistinct): as long as
-	// the largest group, zero between calls.
-	dMark device.Buffer // Int32
-	prof  lagsProfile
+	// dMark marks the indices a run of groups received (lagsDistinct), each
+	// with its call's epoch, dEpoch (from 1; the marks are cleared when it
+	// wraps): as long as the largest run.
+	dMark  device.Buffer // Int32
+	dEpoch uint32
+	prof   lagsProfile
 
 	// The sparsification time measured since the last TakeSparCost, and
 	// the group elements it covers; on a device, spans still to be read
@@ -297,15 +309,21 @@ type sparSpan struct {
 	elems    int
 }
 
-// lagsBufs are one group's reusable device buffers.
+// lagsBufs are the reusable device buffers of a run of groups (LAGS.startRun),
+// kept by its first group.
 type lagsBufs struct {
 	sel, allIdx   device.Buffer // Int32
 	vals, allVals device.Buffer // Float32
-	// counts are the per-tensor counts of a group of several tensors
-	// (lagsLayerK), then the distinct indices received (lagsDistinct);
-	// hostCounts their copy on the host, read after the frame's wait.
+	// counts are the per-tensor counts of a run with a group of several
+	// tensors (lagsLayerK), then the distinct indices received in each
+	// group (lagsDistinct); hostCounts their copy on the host, read after
+	// the frame's wait.
 	counts     device.Buffer // Int32
 	hostCounts []int32
+	// list is the run's list on the device (runList), listHost what it
+	// holds.
+	list     device.Buffer // Int32
+	listHost []int32
 }
 
 var (
@@ -391,7 +409,7 @@ func (l *LAGS) SetSparCost(perElement float64) error {
 
 // TakeSparCost returns the sparsification time per group element measured
 // since the last call (on a device, while Profiling) — every group's top-k
-// selection and residual (in StartGroup) and its decoding (in Wait),
+// selection and residual (in Start) and its decoding (in its finish),
 // summed and divided by the sizes of the groups reduced — and starts a new
 // measurement. It returns 0 when no group was reduced.
 func (l *LAGS) TakeSparCost() float64 {
@@ -567,6 +585,17 @@ func (l *LAGS) Reduce(ctx context.Context, g int, acc, out, residual device.Buff
 // Start selects group g's top-k, writes the group's residual and starts
 // its two all-gathers; finish waits for them and decodes the group's out.
 func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffer, st *GroupStats) (func(context.Context) error, error) {
+	return l.StartSet(ctx, []int{g}, acc, out, residual, []*GroupStats{st})
+}
+
+// StartSet starts the groups gs, ready together (SetStarter): each group
+// kept dense is all-reduced on its own (startDense); the sparse ones are
+// started in runs of groups adjacent in the flat vector (startRun), each
+// run's groups selected at once (one segmented top-k, each group with its
+// own k), their residual written in one pass and their values and indices
+// all-gathered in one pair of calls. The selections, residuals, outputs
+// and statistics are those of Start for each group.
+func (l *LAGS) StartSet(ctx context.Context, gs []int, acc, out, residual device.Buffer, sts []*GroupStats) (func(context.Context) error, error) {
 	e := l.b
 	v := &e.v
 	if l.needsMeasurement() {
@@ -578,14 +607,71 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 		l.model, l.haveModel = m, true
 		l.recomputeK()
 	}
-	gr := l.groups[g]
-	k := l.ks[g]
-	b := &l.bufs[g]
-	a := acc.Slice(gr.Lo, gr.Hi)
-	res := residual.Slice(gr.Lo, gr.Hi)
-	o := out.Slice(gr.Lo, gr.Hi)
-	if k == gr.Size() {
-		return l.startDense(ctx, gr, a, o, res, st)
+	var fins []func(context.Context) error
+	finish := func(ctx context.Context) error {
+		var first error
+		for _, f := range fins {
+			if err := f(ctx); err != nil && first == nil {
+				first = err
+			}
+		}
+		return first
+	}
+	fail := func(err error) (func(context.Context) error, error) {
+		_ = finish(ctx) // the collectives started; the call fails with err
+		return nil, err
+	}
+	stOf := make(map[int]*GroupStats, len(gs))
+	var sparse []int
+	for i, g := range gs {
+		stOf[g] = sts[i]
+		gr := l.groups[g]
+		if l.ks[g] < gr.Size() {
+			sparse = append(sparse, g)
+			continue
+		}
+		f, err := l.startDense(ctx, gr, acc.Slice(gr.Lo, gr.Hi), out.Slice(gr.Lo, gr.Hi), residual.Slice(gr.Lo, gr.Hi), sts[i])
+		if err != nil {
+			return fail(err)
+		}
+		fins = append(fins, f)
+	}
+	slices.SortFunc(sparse, func(a, b int) int { return l.groups[a].Lo - l.groups[b].Lo })
+	for len(sparse) > 0 {
+		n := 1
+		for n < len(sparse) && l.groups[sparse[n]].Lo == l.groups[sparse[n-1]].Hi {
+			n++
+		}
+		f, err := l.startRun(ctx, sparse[:n], acc, out, residual, stOf)
+		if err != nil {
+			return fail(err)
+		}
+		fins = append(fins, f)
+		sparse = sparse[n:]
+	}
+	return finish, nil
+}
+
+// startRun starts the sparse groups run, adjacent in the flat vector and
+// in ascending order: it selects every group's top-k of acc at once
+// (TopKSegmentsOn of the run's list, runList; TopK for a run of one
+// group), writes the run's residual in one pass and starts two
+// all-gathers of the run's values and indices (relative to the run's
+// start, each rank's groups in ascending order: k of each, known to every
+// rank); finish waits for them and decodes the run's out.
+func (l *LAGS) startRun(ctx context.Context, run []int, acc, out, residual device.Buffer, stOf map[int]*GroupStats) (func(context.Context) error, error) {
+	e := l.b
+	v := &e.v
+	lo, hi := l.groups[run[0]].Lo, l.groups[run[len(run)-1]].Hi
+	a, res, o := acc.Slice(lo, hi), residual.Slice(lo, hi), out.Slice(lo, hi)
+	b := &l.bufs[run[0]]
+	k := 0
+	for _, g := range run {
+		k += l.ks[g]
+	}
+	list, err := l.runList(b, run, lo)
+	if err != nil {
+		return nil, err
 	}
 	sel, err := v.scratch(&b.sel, device.Int32, k)
 	if err != nil {
@@ -599,14 +685,19 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 	l.foldSpans(false) // the earlier calls' (complete by now)
 	l.sparMu.Unlock()
 	selTime, err := e.selectTimed(func() error {
-		var err error
-		k, err = v.ops.TopK(v.s, sel, vals, a, k)
-		return err
+		if len(run) == 1 {
+			_, err := v.ops.TopK(v.s, sel, vals, a, k)
+			return err
+		}
+		if err := v.ops.TopKSegmentsOn(v.s, sel, a, list, len(run), hi-lo); err != nil {
+			return err
+		}
+		return v.ops.Gather(v.s, vals, a, sel)
 	})
 	if err != nil {
 		return nil, err
 	}
-	// The selection and the residual are the first span of the group's
+	// The selection and the residual are the first span of the run's
 	// sparsification: from the selection's start (its event on a device,
 	// selTime on the CPU).
 	var from device.Event
@@ -615,10 +706,10 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 	} else {
 		l.recordSpar(selTime, 0)
 	}
-	if err := l.span(from, 0, func() error { return e.residualWithout(res, a, sel.Slice(0, k)) }); err != nil {
+	if err := l.span(from, 0, func() error { return e.residualWithout(res, a, sel) }); err != nil {
 		return nil, err
 	}
-	layerK, nt, err := lagsLayerK(v, l.layout, gr, sel.Slice(0, k), b)
+	layerK, order, of, err := lagsLayerK(v, l.layout, l.groups, run, l.ks, sel, b)
 	if err != nil {
 		return nil, err
 	}
@@ -643,7 +734,16 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 		}
 		return nil, fmt.Errorf("starting all-gathers of %d elements: %w", k, err)
 	}
-	st.Selected, st.SelectTime = k, selTime
+	for i, g := range run {
+		st := stOf[g]
+		st.Selected, st.LayerK = l.ks[g], layerK[i]
+	}
+	first := stOf[run[0]] // the run's times, once
+	first.SelectTime = selTime
+	what := fmt.Sprintf("group %d", run[0])
+	if len(run) > 1 {
+		what = fmt.Sprintf("groups %v", run)
+	}
 	return func(ctx context.Context) error {
 		_, errV := rv.Wait(ctx)
 		_, errI := ri.Wait(ctx)
@@ -653,29 +753,27 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 		if errI != nil {
 			return fmt.Errorf("all-gathering %d indices: %w", k, errI)
 		}
-		st.CommTime = time.Since(start)
-		allIdx, allVals := allIdx.Slice(0, l.n*k), allVals.Slice(0, l.n*k)
-		// The decode: the group's range of out, Σ_w of every worker's
+		first.CommTime = time.Since(start)
+		// The decode: the run's range of out, Σ_w of every worker's
 		// values in rank order, divided by n. The indices are
-		// range-checked and their distinct ones counted on the device,
-		// both read after the frame's wait (Env.checkRange,
+		// range-checked and their distinct ones counted per group on the
+		// device, both read after the frame's wait (Env.checkRange,
 		// lagsDistinct): no wait here.
-		return l.span(nil, gr.Size(), func() error {
-			if err := e.checkRange(allIdx, gr.Size(), func(err error) error {
-				return fmt.Errorf("group %d: a rank sent an index outside the group's %d elements (ranks disagree on the layout or the data is corrupt): %w", g, gr.Size(), err)
+		return l.span(nil, hi-lo, func() error {
+			nt := len(order)
+			if err := l.countDistinct(b, allIdx, list, len(run), nt, hi-lo, func(err error) error {
+				return fmt.Errorf("%s: a rank sent an index outside the %d elements (ranks disagree on the layout or the data is corrupt): %w", what, hi-lo, err)
 			}); err != nil {
 				return err
 			}
-			if err := l.countDistinct(b, allIdx, nt); err != nil {
-				return err
-			}
 			e.afterWait(func() {
-				for i, t := range lagsOrder(l.layout, gr)[:nt] {
-					layerK[t] = int(b.hostCounts[i])
+				for j, t := range order {
+					layerK[of[j]][t] = int(b.hostCounts[j])
 				}
-				st.Distinct = int(b.hostCounts[nt])
+				for i, g := range run {
+					stOf[g].Distinct = int(b.hostCounts[nt+i])
+				}
 			})
-			st.LayerK = layerK
 			if err := v.m.Fill(v.s, o, 0); err != nil {
 				return err
 			}
@@ -687,6 +785,34 @@ func (l *LAGS) Start(ctx context.Context, g int, acc, out, residual device.Buffe
 			return v.ops.Div(v.s, o, float32(l.n))
 		})
 	}, nil
+}
+
+// runList returns the run's list on the device, as TopKSegmentsOn and
+// lagsDistinct read it: the number of groups S, then each group's start,
+// end (relative to lo, the run's start) and k; uploaded only when it
+// differs from the last one of the run's first group (the runs and their
+// k are the same every step but where the adaptive density changes).
+func (l *LAGS) runList(b *lagsBufs, run []int, lo int) (device.Buffer, error) {
+	w := make([]int32, 0, 1+3*len(run))
+	w = append(w, int32(len(run)))
+	for _, g := range run {
+		gr := l.groups[g]
+		w = append(w, int32(gr.Lo-lo), int32(gr.Hi-lo), int32(l.ks[g]))
+	}
+	grown := b.list.Len() < len(w) // a new buffer: uploaded again
+	list, err := l.b.v.scratch(&b.list, device.Int32, len(w))
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	if !grown && slices.Equal(w, b.listHost) {
+		return list, nil
+	}
+	// w is not written again: the copy may read it after Copy returns.
+	if err := l.b.v.s.Copy(list, device.Host(w)); err != nil {
+		return device.Buffer{}, err
+	}
+	b.listHost = w
+	return list, nil
 }
 
 // startDense starts the reduction of a group LAGS keeps dense (k = m, a
@@ -723,97 +849,132 @@ func (l *LAGS) startDense(ctx context.Context, gr Group, a, o, res device.Buffer
 	}, nil
 }
 
-// lagsLayerK counts the selected group-local indices sel per tensor of
-// the group, into a vector over the layout's tensors (the tensors of a
-// group are contiguous in the layout). A group of one tensor has all of
-// sel; a group of several counts on the device (Ops.CountInTo, into
-// b.counts[:nt], in lagsOrder) for countDistinct to copy to b.hostCounts,
-// and the vector is filled from them after the frame's wait. It returns
-// the vector and nt, the counts on the device (0 for one tensor).
-func lagsLayerK(v *vecs, lay Layout, gr Group, sel device.Buffer, b *lagsBufs) (lk []int, nt int, err error) {
-	lk = make([]int, len(lay.Tensors))
-	if len(gr.Tensors) == 1 { // all of sel (no count to read back)
-		lk[gr.Tensors[0]] = sel.Len()
-		return lk, 0, nil
+// lagsLayerK counts the selected indices sel of the run's groups
+// (relative to the run's start) per tensor, into a vector over the
+// layout's tensors for each group of the run. A run of groups of one
+// tensor each has each group's k; otherwise the run's tensors are counted
+// on the device (Ops.CountInTo, into b.counts[:nt], in the order of
+// order) for countDistinct to copy to b.hostCounts, and the vectors are
+// filled from them after the frame's wait (order[j]'s group is
+// run[of[j]]). It returns the vectors, order and of (nil, and nt 0, when
+// nothing is counted).
+func lagsLayerK(v *vecs, lay Layout, groups []Group, run, ks []int, sel device.Buffer, b *lagsBufs) (lk [][]int, order, of []int, err error) {
+	lk = make([][]int, len(run))
+	several := false
+	for i, g := range run {
+		lk[i] = make([]int, len(lay.Tensors))
+		if ts := groups[g].Tensors; len(ts) == 1 {
+			lk[i][ts[0]] = ks[g]
+		} else {
+			several = true
+		}
 	}
-	order := lagsOrder(lay, gr)
+	if !several { // all of each group's k (no count to read back)
+		return lk, nil, nil, nil
+	}
+	for i, g := range run {
+		for _, t := range groups[g].Tensors {
+			order, of = append(order, t), append(of, i)
+			lk[i][t] = 0
+		}
+	}
+	// The groups are in ascending order; their tensors, by offset.
+	idx := make([]int, len(order))
+	for j := range idx {
+		idx[j] = j
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return lay.Tensors[order[a]].Offset - lay.Tensors[order[b]].Offset })
+	sorted, sortedOf := make([]int, len(order)), make([]int, len(order))
+	for j, x := range idx {
+		sorted[j], sortedOf[j] = order[x], of[x]
+	}
+	order, of = sorted, sortedOf
+	lo := groups[run[0]].Lo
 	bounds := make([]int, 0, len(order)+1)
 	for _, t := range order {
-		bounds = append(bounds, lay.Tensors[t].Offset-gr.Lo)
+		bounds = append(bounds, lay.Tensors[t].Offset-lo)
 	}
 	last := lay.Tensors[order[len(order)-1]]
-	bounds = append(bounds, last.Offset+last.Size-gr.Lo)
-	counts, err := v.scratch(&b.counts, device.Int32, len(order)+1)
+	bounds = append(bounds, last.Offset+last.Size-lo)
+	counts, err := v.scratch(&b.counts, device.Int32, len(order)+len(run))
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, nil, err
 	}
 	if err := v.ops.CountInTo(v.s, counts.Slice(0, len(order)), sel, bounds); err != nil {
-		return nil, 0, err
+		return nil, nil, nil, err
 	}
-	return lk, len(order), nil
+	return lk, order, of, nil
 }
 
-// lagsOrder is the group's tensors in layout order.
-func lagsOrder(lay Layout, gr Group) []int {
-	order := slices.Clone(gr.Tensors)
-	slices.SortFunc(order, func(a, b int) int { return lay.Tensors[a].Offset - lay.Tensors[b].Offset })
-	return order
-}
-
-// countDistinct counts the distinct indices of idx (group-local, in
-// range) into b.counts[nt] on the device (lagsDistinct over l.dMark,
-// cleared again after) and issues the copy of b.counts[:nt+1] to
-// b.hostCounts, which hold them after the stream's next wait.
-func (l *LAGS) countDistinct(b *lagsBufs, idx device.Buffer, nt int) error {
+// countDistinct range-checks idx (relative to the run's start) against
+// the run's size as Env.checkRange does (wrap explains a failure), and
+// counts its distinct indices per group of the run's list (S groups) into
+// b.counts[nt:nt+S] on the device (lagsDistinct over l.dMark), in one
+// pass; it issues the copy of b.counts[:nt+S] to b.hostCounts, which hold
+// them after the stream's next wait.
+func (l *LAGS) countDistinct(b *lagsBufs, idx, list device.Buffer, S, nt, size int, wrap func(error) error) error {
 	v := &l.b.v
-	if l.dMark.Len() == 0 {
-		most := 0
-		for _, g := range l.groups {
-			most = max(most, g.Size())
-		}
-		mark, err := v.scratch(&l.dMark, device.Int32, most)
-		if err != nil {
-			return err
-		}
-		if err := v.m.Fill(v.s, mark.View(device.Float32, 0, most), 0); err != nil {
-			return err
-		}
-	}
-	counts, err := v.scratch(&b.counts, device.Int32, nt+1)
+	flag, err := l.b.rangeFlag(size, wrap)
 	if err != nil {
 		return err
 	}
-	c := counts.Slice(nt, nt+1)
-	if err := v.m.Fill(v.s, c.View(device.Float32, 0, 1), 0); err != nil {
+	l.dEpoch++
+	if l.dMark.Len() < size || l.dEpoch == 0 { // marks of no epoch
+		if _, err := v.scratch(&l.dMark, device.Int32, size); err != nil {
+			return err
+		}
+		if err := v.m.Fill(v.s, l.dMark.View(device.Float32, 0, l.dMark.Len()), 0); err != nil {
+			return err
+		}
+		l.dEpoch = 1
+	}
+	counts, err := v.scratch(&b.counts, device.Int32, nt+S)
+	if err != nil {
+		return err
+	}
+	c := counts.Slice(nt, nt+S)
+	if err := v.m.Fill(v.s, c.View(device.Float32, 0, S), 0); err != nil {
 		return err
 	}
 	if idx.Len() > 0 {
-		if err := v.ops.Run(v.s, lagsDistinct, idx.Len(), idx, int64(idx.Len()), l.dMark, c); err != nil {
-			return err
-		}
-		if err := v.ops.ScatterFill(v.s, l.dMark.View(device.Float32, 0, l.dMark.Len()), idx, 0); err != nil {
+		if err := v.ops.Run(v.s, lagsDistinct, idx.Len(), idx, int64(idx.Len()), int64(size), flag, l.dMark, int64(l.dEpoch), c, list); err != nil {
 			return err
 		}
 	}
-	if len(b.hostCounts) < nt+1 {
-		b.hostCounts = make([]int32, nt+1)
+	if len(b.hostCounts) < nt+S {
+		b.hostCounts = make([]int32, nt+S)
 	}
-	return v.s.Copy(device.Host(b.hostCounts[:nt+1]), counts)
+	return v.s.Copy(device.Host(b.hostCounts[:nt+S]), counts)
 }
 
 //go:embed lags.cu
 var lagsCUDA string
 
-// lagsDistinct is lags.cu's k_lags_distinct (arguments idx (Int32, in
-// bounds), n as int64, mark (Int32, zero at idx's elements) and count
-// (one Int32)): it marks every index's element and adds the number of
-// distinct indices to count.
+// lagsDistinct is lags.cu's k_lags_distinct (arguments idx (Int32), n
+// and lim as int64, flag (one Int64, Env.rangeFlag's), mark (Int32, no
+// element at epoch or above), epoch as int64, count (an Int32 per group)
+// and list (a run's list, LAGS.runList)): it range-checks idx as
+// rangeFlagKernel does, marks every index's element with epoch and adds
+// the number of distinct indices in each group's range to the group's
+// count.
 var lagsDistinct = &device.Kernel{Name: "k_lags_distinct", CUDA: lagsCUDA, Host: func(n int, a ...any) {
-	idx, mark, count := a[0].(device.Buffer).Int32s(), a[2].(device.Buffer).Int32s(), a[3].(device.Buffer).Int32s()
-	for _, i := range idx[:n] {
-		if mark[i] == 0 {
-			mark[i] = 1
-			count[0]++
+	idx, lim, flag := a[0].(device.Buffer).Int32s(), a[2].(int64), a[3].(device.Buffer).Int64s()
+	mark, epoch, count, list := a[4].(device.Buffer).Int32s(), uint32(a[5].(int64)), a[6].(device.Buffer).Int32s(), a[7].(device.Buffer).Int32s()
+	for i, v := range idx[:n] {
+		if v < 0 || int64(v) >= lim {
+			if f := uint64(i)<<32 | uint64(uint32(v)); f < uint64(flag[0]) {
+				flag[0] = int64(f)
+			}
+			idx[i] = 0
+			continue
+		}
+		if uint32(mark[v]) < epoch {
+			mark[v] = int32(epoch)
+			j := 0
+			for j+1 < int(list[0]) && v >= list[1+3*(j+1)] {
+				j++
+			}
+			count[j]++
 		}
 	}
 }}

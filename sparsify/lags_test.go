@@ -417,6 +417,22 @@ func TestLAGSStartGroupInFlight(t *testing.T) {
 				if _, err := r.r.Finish(ctx); err == nil || !strings.Contains(err.Error(), "started twice") {
 					return fmt.Errorf("the call with a group started twice finished with %v", err)
 				}
+				// So does a set that holds a group twice, or one already
+				// started.
+				for _, sets := range [][][]int{{{1, 2, 1}}, {{0}, {2, 0}}} {
+					var err error
+					for _, gs := range sets {
+						if err = r.r.StartGroups(ctx, gs, h(acc), h(scratch), h(scratchRes)); err != nil {
+							break
+						}
+					}
+					if err == nil {
+						return fmt.Errorf("starting the sets %v succeeded", sets)
+					}
+					if _, err := r.r.Finish(ctx); err == nil || !strings.Contains(err.Error(), "started twice") {
+						return fmt.Errorf("the call with the sets %v finished with %v", sets, err)
+					}
+				}
 				// In place, interleaved: 2..5, then 0, 1.
 				out3, res3 := make([]float32, l.N), make([]float32, l.N)
 				acc3 := slices.Clone(acc) // in place: residual aliases acc
@@ -430,14 +446,28 @@ func TestLAGSStartGroupInFlight(t *testing.T) {
 					return err
 				}
 				copy(res3, acc3)
-				for _, v := range [][2][]float32{{out2, out1}, {res2, res1}, {out3, out1}, {res3, res1}} {
+				// Sets started at once (StartGroups), as a trainer hands over
+				// the groups one tensor completes: adjacent sparse groups (3
+				// and 4) with a group kept dense (5: one element), groups not
+				// adjacent (0 and 2).
+				out4, res4 := make([]float32, l.N), make([]float32, l.N)
+				for _, gs := range [][]int{{3, 4, 5}, {0, 2}, {1}} {
+					if err := r.r.StartGroups(ctx, gs, h(acc), h(out4), h(res4)); err != nil {
+						return err
+					}
+				}
+				st4, err := r.r.Finish(ctx)
+				if err != nil {
+					return err
+				}
+				for _, v := range [][2][]float32{{out2, out1}, {res2, res1}, {out3, out1}, {res3, res1}, {out4, out1}, {res4, res1}} {
 					for i := range v[0] {
 						if math.Float32bits(v[0][i]) != math.Float32bits(v[1][i]) {
 							return fmt.Errorf("rank %d: pipelined result differs from Reduce at %d: %v vs %v", rank, i, v[0][i], v[1][i])
 						}
 					}
 				}
-				for _, st := range []Stats{st2, st3} {
+				for _, st := range []Stats{st2, st3, st4} {
 					if st.Selected != st1.Selected || st.ActualDensity != st1.ActualDensity || !slices.Equal(st.LayerK, st1.LayerK) ||
 						st.BytesSent != st1.BytesSent || st.BytesRecv != st1.BytesRecv || st.ErrorNorm != st1.ErrorNorm {
 						return fmt.Errorf("rank %d: the pipelined call's stats %+v differ from Reduce's %+v", rank, st, st1)
@@ -884,4 +914,97 @@ func TestLAGSSparCost(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// corruptGather is a communicator whose first all-gather of indices
+// (int32) received has element at replaced by bad once it completes.
+type corruptGather struct {
+	comm.Communicator
+	armed bool
+	at    int
+	bad   int32
+}
+
+type corruptRequest struct {
+	comm.Request
+	recv []int32
+	at   int
+	bad  int32
+}
+
+func (r corruptRequest) Wait(ctx context.Context) (int, error) {
+	n, err := r.Request.Wait(ctx)
+	if err == nil {
+		r.recv[r.at] = r.bad
+	}
+	return n, err
+}
+
+func (c *corruptGather) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm.Request, error) {
+	req, err := c.Communicator.IAllGather(ctx, send, recv)
+	var b []int32
+	switch r := recv.(type) {
+	case comm.Int32s:
+		b = r
+	case comm.Device:
+		if r.Buf.DType() == device.Int32 {
+			b = r.Buf.Int32s()
+		}
+	}
+	if b != nil && err == nil && c.armed {
+		c.armed = false
+		return corruptRequest{req, b, c.at, c.bad}, nil
+	}
+	return req, err
+}
+
+// TestLAGSCorruptIndex: an index outside the groups it was sent for,
+// received in a run of groups started at once, fails that rank's call
+// (range-checked in the pass that counts the distinct indices, read with
+// the call's last wait) naming the groups, the index and its place in the
+// list; the other ranks' calls complete, and every rank's next call works.
+func TestLAGSCorruptIndex(t *testing.T) {
+	const n = 3
+	l, err := NewLayout([]string{"a", "b"}, []int{60, 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []int32{105, 100, -2} {
+		t.Run(fmt.Sprint(bad), func(t *testing.T) {
+			errs := make([][2]error, n)
+			err := local.Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+				r := c.Rank()
+				if r == 1 {
+					c = &corruptGather{Communicator: c, armed: true, at: 7, bad: bad}
+				}
+				red, err := New("lags", Options{Density: 0.1, Layout: l, Comm: c, Params: Values{"merge_size": 1}})
+				if err != nil {
+					return err
+				}
+				rng := rand.New(rand.NewPCG(uint64(r), 5))
+				for call := range 2 {
+					acc := make([]float32, l.N)
+					for i := range acc {
+						acc[i] = float32(rng.NormFloat64())
+					}
+					_, errs[r][call] = red.Reduce(ctx, acc, make([]float32, l.N), make([]float32, l.N))
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "groups [1 0]: a rank sent an index outside the 100 elements"
+			if e := errs[1][0]; e == nil || !strings.Contains(e.Error(), want) || !strings.Contains(e.Error(), fmt.Sprintf("index %d (element 7 ", bad)) {
+				t.Fatalf("rank 1's call with a corrupt index: %v; want it to say %q and name index %d", e, want, bad)
+			}
+			for r := range n {
+				for call := range 2 {
+					if (r != 1 || call == 1) && errs[r][call] != nil {
+						t.Errorf("rank %d call %d: %v", r, call, errs[r][call])
+					}
+				}
+			}
+		})
+	}
 }

@@ -58,21 +58,30 @@ type rangeCheck struct {
 // fails with wrap's error of the first such index (its position in idx and
 // its value). No allocation once the call's checks have been issued once.
 func (e *Env) checkRange(idx device.Buffer, lim int, wrap func(error) error) error {
+	flag, err := e.rangeFlag(lim, wrap)
+	if err != nil || idx.Len() == 0 {
+		return err
+	}
+	return e.v.ops.Run(e.v.s, rangeFlagKernel, idx.Len(), idx, int64(idx.Len()), int64(lim), flag)
+}
+
+// rangeFlag registers a range check against [0, lim) and returns its flag
+// (one Int64 word on the device, rangeClear until an index fails), for a
+// method's kernel that checks a list as k_range_flag does while it makes a
+// pass of its own over it (LAGS' distinct count).
+func (e *Env) rangeFlag(lim int, wrap func(error) error) (device.Buffer, error) {
 	v, rc := &e.v, &e.ranges
 	j := len(rc.pending)
 	if rc.copied {
-		return fmt.Errorf("sparsify: a range check after the call's checks were read")
+		return device.Buffer{}, fmt.Errorf("sparsify: a range check after the call's checks were read")
 	}
 	if j >= rc.dev.Len() || rc.dirty {
 		if err := rc.reset(v, max(j+1, 2*rc.dev.Len())); err != nil {
-			return err
+			return device.Buffer{}, err
 		}
 	}
 	rc.pending = append(rc.pending, rangeCheck{lim, wrap})
-	if idx.Len() == 0 {
-		return nil
-	}
-	return v.ops.Run(v.s, rangeFlagKernel, idx.Len(), idx, int64(idx.Len()), int64(lim), rc.dev.Slice(j, j+1))
+	return rc.dev.Slice(j, j+1), nil
 }
 
 // reset sets every flag (and the first n, growing the flags to n where they

@@ -412,29 +412,42 @@ func (dp *dataPath) hook(idx int, ready device.Event) {
 	}
 }
 
-// startGroup runs on the pipeline's goroutine: group g's gradients are
-// final; it adds them to the error-feedback memory and starts the group's
-// reduction, whose output overwrites the group's gradient (which error
-// feedback has just consumed).
-func (dp *dataPath) startGroup(ctx context.Context, g int) error {
-	gg := dp.pipe.groups[g]
+// startGroups runs on the pipeline's goroutine: the gradients of the
+// groups gs (handed over together) are final; it adds them to the
+// error-feedback memory and starts the groups' reduction, whose output
+// overwrites the groups' gradient (which error feedback has just consumed).
+func (dp *dataPath) startGroups(ctx context.Context, gs []int) error {
 	st := dp.compute
 	if dp.commStream != nil {
-		// On the GPU, on the communication stream, after the group's
+		// On the GPU, on the communication stream, after the groups'
 		// gradients.
 		st = dp.commStream
-		for _, t := range gg.Tensors {
-			if err := st.Wait(dp.gradFinal[t]); err != nil {
-				return err
+		for _, g := range gs {
+			for _, t := range dp.pipe.groups[g].Tensors {
+				if err := st.Wait(dp.gradFinal[t]); err != nil {
+					return err
+				}
 			}
 		}
 	}
-	if err := dp.accumulate(st, gg.Lo, gg.Hi); err != nil {
-		return err
+	// Adjacent groups are accumulated in one pass where the finiteness
+	// check is a flag (the first bad element's index: the same whichever
+	// pass finds it); on the host each group's, in order, which reports
+	// the first bad element of the first group that has one.
+	for i := 0; i < len(gs); {
+		lo, hi := dp.pipe.groups[gs[i]].Lo, dp.pipe.groups[gs[i]].Hi
+		i++
+		for dp.flag.Len() > 0 && i < len(gs) && dp.pipe.groups[gs[i]].Hi == lo {
+			lo = dp.pipe.groups[gs[i]].Lo
+			i++
+		}
+		if err := dp.accumulate(st, lo, hi); err != nil {
+			return err
+		}
 	}
 	dp.pipe.reducing()
-	if err := dp.reducer.Start(ctx, g, dp.residual, dp.grad, dp.residual); err != nil {
-		return fmt.Errorf("train: starting group %d: %w", g, err)
+	if err := dp.reducer.StartGroups(ctx, gs, dp.residual, dp.grad, dp.residual); err != nil {
+		return fmt.Errorf("train: starting groups %v: %w", gs, err)
 	}
 	return nil
 }
@@ -472,7 +485,7 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	t0 := time.Now()
 	var err error
 	if dp.pipe != nil {
-		err = dp.pipe.run(pass, func(g int) error { return dp.startGroup(ctx, g) })
+		err = dp.pipe.run(pass, func(gs []int) error { return dp.startGroups(ctx, gs) })
 	} else {
 		err = pass()
 	}

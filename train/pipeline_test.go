@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -75,7 +76,8 @@ func TestPipelinedStepPanicLeavesNoGoroutine(t *testing.T) {
 }
 
 // TestPipeline: groups are handed over in order once all their tensors are
-// final, whatever the order of the tensors within them; after a start
+// final, whatever the order of the tensors within them, the groups one
+// tensor completes together as one set; after a start
 // fails no other group is started and the step keeps the error; a group
 // whose tensors are not all reported is not started; a panicking pass
 // ends the goroutine.
@@ -87,18 +89,19 @@ func TestPipeline(t *testing.T) {
 		final       []int // tensors reported final, in order
 		failAt      int
 		panics      bool
-		wantStarted []int
+		wantStarted [][]int // the sets handed over
 		wantErr     string
 	}{
-		{"backward order", []int{4, 3, 2, 1, 0}, -1, false, []int{0, 1, 2}, ""},
-		{"tensors out of order within and across groups", []int{3, 2, 4, 0, 1}, -1, false, []int{0, 1, 2}, ""},
-		{"a group never completes", []int{4, 3, 2, 1}, -1, false, []int{0, 1}, ""},
-		{"a start fails", []int{4, 3, 2, 1, 0}, 1, false, []int{0}, "start failed"},
-		{"the pass panics", []int{4, 3, 2}, -1, true, []int{0, 1}, "pass panicked"},
+		{"backward order", []int{4, 3, 2, 1, 0}, -1, false, [][]int{{0}, {1}, {2}}, ""},
+		{"tensors out of order within and across groups", []int{3, 2, 4, 0, 1}, -1, false, [][]int{{0, 1}, {2}}, ""},
+		{"the last tensor completes every group", []int{3, 2, 1, 0, 4}, -1, false, [][]int{{0, 1, 2}}, ""},
+		{"a group never completes", []int{4, 3, 2, 1}, -1, false, [][]int{{0}, {1}}, ""},
+		{"a start fails", []int{4, 3, 2, 1, 0}, 1, false, [][]int{{0}}, "start failed"},
+		{"the pass panics", []int{4, 3, 2}, -1, true, [][]int{{0}, {1}}, "pass panicked"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPipeline(groups, 5)
-			var started []int
+			var started [][]int
 			before := runtime.NumGoroutine()
 			err := func() (err error) {
 				defer func() {
@@ -114,12 +117,12 @@ func TestPipeline(t *testing.T) {
 						panic("boom")
 					}
 					return nil
-				}, func(g int) error {
+				}, func(gs []int) error {
 					p.reducing()
-					if g == tc.failAt {
+					if slices.Contains(gs, tc.failAt) {
 						return errors.New("start failed")
 					}
-					started = append(started, g)
+					started = append(started, gs)
 					return nil
 				})
 			}()

@@ -61,8 +61,9 @@ func replayOf(t *testing.T, rec string, c Config) string {
 }
 
 // sameReduction requires the replay's per-step records to say what the
-// training run's said of the reduction: actual density, threshold, bytes
-// and the error-feedback norm, bit for bit.
+// training run's said of the reduction: actual density, threshold, bytes,
+// the operations and the error-feedback norm, bit for bit (LAGS' calls
+// aside: see below).
 func sameReduction(t *testing.T, what, trained, replayed string) {
 	t.Helper()
 	tr, _ := stepRecords(t, trained)
@@ -101,9 +102,14 @@ func sameReduction(t *testing.T, what, trained, replayed string) {
 		if len(a.Ops) != len(b.Ops) {
 			t.Errorf("%s step %d: operations %v in training, %v replayed", what, a.Step, a.Ops, b.Ops)
 		}
+		// LAGS makes one pair of all-gathers per run of adjacent groups
+		// started together: every group at once unpipelined (as it was
+		// recorded), the groups each recorded tensor completes pipelined
+		// (as it is replayed), so only its calls may differ.
+		sets := strings.HasPrefix(what, "lags")
 		for op, x := range a.Ops {
 			y := b.Ops[op]
-			if x.Calls != y.Calls || x.Elements != y.Elements || x.BytesSent != y.BytesSent || x.BytesRecv != y.BytesRecv {
+			if (x.Calls != y.Calls && !sets) || x.Elements != y.Elements || x.BytesSent != y.BytesSent || x.BytesRecv != y.BytesRecv {
 				t.Errorf("%s step %d: %s %+v in training, %+v replayed", what, a.Step, op, x, y)
 			}
 		}
