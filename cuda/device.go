@@ -37,9 +37,12 @@ type Device struct {
 	sms     int
 	opts    Options
 
-	mod  *module
-	def  *Stream
-	math *gpuMath
+	mod *module
+	def *Stream
+	// methodKernels are the methods' own kernels compiled for the device
+	// (Sparse.Run): *device.Kernel → *methodKernel.
+	methodKernels sync.Map
+	math          *gpuMath
 
 	anchorMu sync.Mutex
 	anchor   *anchor
@@ -132,7 +135,7 @@ func Open(ordinal int, opts Options) (*Device, error) {
 	if err != nil {
 		return nil, errNoCompiler(err)
 	}
-	if d.mod, err = loadModule(image, kernelSource); err != nil {
+	if d.mod, err = loadModule(image, kernelNames); err != nil {
 		return nil, err
 	}
 	if d.def, err = d.newStream(); err != nil {
@@ -411,7 +414,7 @@ func (d *Device) Math() device.Math { return d.math }
 // Close implements device.Device: once the device's work is done, it
 // destroys every stream made on it (with their library handles), frees
 // the device memory Alloc made that is not freed yet (a later Free of it
-// does nothing), unloads the kernel module and releases the primary
+// does nothing), unloads the kernel modules and releases the primary
 // context.
 func (d *Device) Close() error {
 	var errs []error
@@ -447,6 +450,10 @@ func (d *Device) Close() error {
 			errs = append(errs, check("cuMemFree", drv.cuMemFree(p)))
 		}
 		errs = append(errs, check("cuModuleUnload", drv.cuModuleUnload(d.mod.h)))
+		d.methodKernels.Range(func(_, mk any) bool {
+			errs = append(errs, check("cuModuleUnload", drv.cuModuleUnload(mk.(*methodKernel).mod.h)))
+			return true
+		})
 		errs = append(errs, check("cuDevicePrimaryCtxRelease", drv.cuDevicePrimaryCtxRelease(d.dev)))
 	})
 	return errors.Join(errs...)

@@ -129,7 +129,8 @@ func TestSyncNamesFaultingKernel(t *testing.T) {
 	t.Log(err)
 }
 
-// TestLaunchesAllocateNothing: a kernel launch, a memset and a device copy
+// TestLaunchesAllocateNothing: a kernel launch (the package's and a
+// method's, whose arguments come boxed), a memset and a device copy
 // — the calls a step issues by the hundred — allocate nothing on the Go
 // heap on their way to the driver (whose calls are replaced here by ones
 // that do nothing, so that only the package's path is counted).
@@ -162,6 +163,7 @@ func TestLaunchesAllocateNothing(t *testing.T) {
 	drv.cuMemcpyDtoDAsync = func(uint64, uint64, uint64, uintptr) cuResult { return 0 }
 	drv.cuMemsetD32Async = func(uint64, uint32, uint64, uintptr) cuResult { return 0 }
 	s, sp, m := d.Stream(), d.Sparse(), d.Math()
+	mk := methodKernels()[0]
 	for _, c := range []struct {
 		name string
 		call func() error
@@ -170,6 +172,7 @@ func TestLaunchesAllocateNothing(t *testing.T) {
 		{"Iota (a kernel)", func() error { return sp.Iota(s, idx, 3) }},
 		{"Scale (a kernel)", func() error { return m.Scale(s, x, 2) }},
 		{"Add (a kernel)", func() error { return m.Add(s, y, x) }},
+		{"Run (a method's kernel, its arguments boxed)", func() error { return sp.Run(s, mk, x.Len(), x, int64(x.Len()), float32(0.5)) }},
 		{"Fill (a memset)", func() error { return m.Fill(s, x, 1) }},
 		{"Copy (device to device)", func() error { return s.Copy(y, x) }},
 	} {
@@ -244,4 +247,25 @@ func TestFailedSetUpsLeakNothing(t *testing.T) {
 	if st, b, n := live(); st != 0 || b != 0 || n != 0 || leftEvents != 0 {
 		t.Errorf("after the failures and the stream's Close: %d streams, %d cuBLAS and %d cuDNN handles, %d events left", st, b, n, leftEvents)
 	}
+}
+
+// TestOpenNamesMissingKernel: a kernel the package declares (newKernelRef)
+// that the compiled source lacks fails Open, naming it — not the first
+// launch of it, mid-step.
+func TestOpenNamesMissingKernel(t *testing.T) {
+	if !emulated {
+		t.Skip("declares a kernel the emulated driver lacks")
+	}
+	names := kernelNames
+	t.Cleanup(func() { kernelNames = names })
+	kernelNames = append(slices.Clip(names), "k_no_such_kernel")
+	d, err := Open(0, Options{})
+	if err == nil {
+		d.Close()
+		t.Fatal("Open succeeded with a declared kernel the source lacks")
+	}
+	if !strings.Contains(err.Error(), "k_no_such_kernel") {
+		t.Fatalf("Open: %v; want an error naming k_no_such_kernel", err)
+	}
+	t.Log(err)
 }
