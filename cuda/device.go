@@ -758,16 +758,18 @@ func (e *Event) Done() bool {
 }
 
 // Time implements device.Event: the anchor's host time plus the device
-// time elapsed from the anchor to the event.
-func (e *Event) Time() time.Time {
+// time elapsed from the anchor to the event. The driver's failure to
+// measure it (cuEventElapsedTime: the event not completed, or recorded
+// without timing) is the error.
+func (e *Event) Time() (time.Time, error) {
 	unlock, err := e.d.enter()
 	if err != nil {
-		return time.Time{}
+		return time.Time{}, err
 	}
 	defer unlock()
 	var ms float32
-	if r := drv.cuEventElapsedTime(&ms, e.anchor.ev, e.h); r != 0 {
-		return time.Time{}
+	if err := check("cuEventElapsedTime", drv.cuEventElapsedTime(&ms, e.anchor.ev, e.h)); err != nil {
+		return time.Time{}, fmt.Errorf("cuda: timing an event on %v (synchronize the event before reading its time): %w", e.d, err)
 	}
-	return e.anchor.host.Add(time.Duration(float64(ms) * float64(time.Millisecond)))
+	return e.anchor.host.Add(time.Duration(float64(ms) * float64(time.Millisecond))), nil
 }

@@ -93,3 +93,19 @@ func CountHandles(t testing.TB) (live func() (streams, blas, dnn int), ok bool) 
 		return len(made[0]), len(made[1]), len(made[2])
 	}, true
 }
+
+// FailEventTimes makes the driver fail to time events
+// (cuEventElapsedTime returns CUDA_ERROR_INVALID_HANDLE) until stop is
+// called or t ends, and reports whether the tests run on the emulator
+// (false: a real GPU, nothing changes).
+func FailEventTimes(t testing.TB) (stop func(), ok bool) {
+	if !emulated {
+		return func() {}, false
+	}
+	old := drv.cuEventElapsedTime
+	var once sync.Once
+	stop = func() { once.Do(func() { drv.cuEventElapsedTime = old }) }
+	t.Cleanup(stop)
+	drv.cuEventElapsedTime = func(*float32, uintptr, uintptr) cuResult { return 400 }
+	return stop, true
+}

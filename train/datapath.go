@@ -364,7 +364,11 @@ func (dp *dataPath) flagFirst(err error) error {
 				return errors.Join(err, serr)
 			}
 		}
-		if lerr := dp.checkLoss(d.LastStep().Loss); lerr != nil {
+		res, lerr := d.LastStep()
+		if lerr == nil {
+			lerr = dp.checkLoss(res.Loss)
+		}
+		if lerr != nil {
 			return lerr
 		}
 	}
@@ -590,7 +594,9 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	t3 := time.Now()
 	if d := dp.pending; d != nil {
 		dp.pending = nil
-		result = d.LastStep()
+		if result, err = d.LastStep(); err != nil {
+			return s, err
+		}
 		s.Loss, s.Forward, s.Backward = result.Loss, result.Forward, result.Backward
 		if err := dp.checkLoss(s.Loss); err != nil {
 			return s, err
@@ -603,7 +609,11 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 		}
 		s.Compute = t1.Sub(t0) - result.Queued
 		if reduced != nil {
-			if at := reduced.Time(); at.After(t2) && at.Before(t3) {
+			at, err := reduced.Time()
+			if err != nil {
+				return s, fmt.Errorf("train: timing the reduced gradient: %w", err)
+			}
+			if at.After(t2) && at.Before(t3) {
 				t2 = at
 			}
 		}
