@@ -269,3 +269,51 @@ func TestOpenNamesMissingKernel(t *testing.T) {
 	}
 	t.Log(err)
 }
+
+// TestHoldSwitchesContextOnce: a burst of calls on a held stream makes the
+// context current once (nested holds add nothing); a call on a stream not
+// held makes it current itself and is counted as unheld.
+func TestHoldSwitchesContextOnce(t *testing.T) {
+	d, err := Open(0, Options{})
+	if err != nil {
+		if errors.Is(err, device.ErrUnavailable) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	x, err := d.Alloc(device.Float32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, m := d.def, d.Math()
+	c0 := Counts()
+	release := s.Hold()
+	for range 3 {
+		if err := m.Scale(s, x, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inner := s.Hold()
+	if err := m.Add(s, x, x); err != nil {
+		t.Fatal(err)
+	}
+	inner()
+	if err := m.Fill(s, x, 1); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if c := Counts().Sub(c0); c.CtxSets != 1 || c.Unheld != 0 || c.Launches != 5 {
+		t.Errorf("a held burst of 5 calls: %v; want 5 launches, 1 context switch, 0 unheld calls", c)
+	}
+	c1 := Counts()
+	if err := m.Scale(s, x, 2); err != nil {
+		t.Fatal(err)
+	}
+	if c := Counts().Sub(c1); c.CtxSets != 1 || c.Unheld != 1 {
+		t.Errorf("a call on a stream not held: %v; want 1 context switch, 1 unheld call", c)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -424,6 +424,9 @@ func (dp *dataPath) startGroup(ctx context.Context, g int) error {
 	gg := dp.pipe.groups[g]
 	st := dp.compute
 	if dp.commStream != nil {
+		// The pipeline's goroutine is the communication stream's only
+		// user while the step's pass runs.
+		defer hold(dp.commStream)()
 		// On the GPU, on the communication stream, after the group's
 		// gradients.
 		st = dp.commStream
@@ -443,8 +446,24 @@ func (dp *dataPath) startGroup(ctx context.Context, g int) error {
 	return nil
 }
 
+// hold holds stream s where it can be held (a GPU stream's Hold: the OS
+// thread locked with the device's context current once, instead of once
+// per call) until release; only the holding goroutine may use s meanwhile.
+func hold(s device.Stream) (release func()) {
+	if h, ok := s.(interface{ Hold() (release func()) }); ok {
+		return h.Hold()
+	}
+	return func() {}
+}
+
 // step runs the run's step n (from 1) on batch b with learning rate lr.
 func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64) (stepStats, error) {
+	// The step's calls on the compute stream are issued from this
+	// goroutine, with the stream held: none pays a context switch. (A
+	// pipeline without a stream of its own, on the CPU, shares it.)
+	if dp.pipe == nil || dp.commStream != nil {
+		defer hold(dp.compute)()
+	}
 	dp.stepNo = n
 	var s stepStats
 	if err := dp.rescaleResidual(lr); err != nil {
@@ -477,6 +496,11 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	var err error
 	if dp.pipe != nil {
 		err = dp.pipe.run(pass, func(g int) error { return dp.startGroup(ctx, g) })
+		if dp.commStream != nil {
+			// The pipeline's goroutine has ended: the rest of the step
+			// (Finish) issues on the communication stream from here.
+			defer hold(dp.commStream)()
+		}
 	} else {
 		err = pass()
 	}
