@@ -17,7 +17,7 @@ import (
 // package: a kernel of kernels.cu (Math.Scale); package-held: the same
 // with the stream held (Stream.Hold), as a step's bursts are; method: a
 // method's own kernel (Sparse.Run, sparsify's kernels); method-held: held.
-// allocs/op must stay 0 for the package's kernels.
+// allocs/op must stay 0 for every one (TestLaunchesAllocateNothing).
 func BenchmarkLaunch(b *testing.B) {
 	d, err := Open(0, Options{})
 	if err != nil {
