@@ -105,36 +105,30 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 	}
 	switch op := in.Op.(type) {
 	case ops.Binary:
-		kBinary := b.d.kernel("k_binary")
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().i32(int(op.Op)).buf(x[0]).buf(x[1]).buf(y).i64(n).flag(op.ScalarA).flag(op.ScalarB).launchN(kBinary, n)
+			return s.args().i32(int(op.Op)).buf(x[0]).buf(x[1]).buf(y).i64(n).flag(op.ScalarA).flag(op.ScalarB).runN(kBinary, n)
 		})
 	case ops.Unary:
-		kUnary := b.d.kernel("k_unary")
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().i32(int(op.Fn)).buf(x[0]).buf(y).i64(n).launchN(kUnary, n)
+			return s.args().i32(int(op.Fn)).buf(x[0]).buf(y).i64(n).runN(kUnary, n)
 		})
 	case ops.AddReLU:
-		kAddRelu := b.d.kernel("k_add_relu")
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).launchN(kAddRelu, n)
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).runN(kAddRelu, n)
 		})
 	case ops.ReLUGrad:
-		kReluGrad := b.d.kernel("k_relu_grad")
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).launchN(kReluGrad, n)
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(n).runN(kReluGrad, n)
 		})
 	case ops.LSTMCell:
-		kLstmCell := b.d.kernel("k_lstm_cell")
 		B, H := shapes[2][0], shapes[2][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).launchN(kLstmCell, B*H)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).runN(kLstmCell, B*H)
 		})
 	case ops.LSTMCellGrad:
-		kLstmCellGrad := b.d.kernel("k_lstm_cell_grad")
 		B, H := shapes[1][0], shapes[1][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).launchN(kLstmCellGrad, B*H)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i64(B).i64(H).runN(kLstmCellGrad, B*H)
 		})
 	case ops.MatMul:
 		a, bs := shapes[0], shapes[1]
@@ -160,28 +154,24 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 			return s.sgemm(true, false, m, kk, nr, x[1], m, x[0], kk, y, kk)
 		})
 	case ops.Broadcast:
-		kBroadcast := b.d.kernel("k_broadcast")
 		outer, reps, inner := ops.SplitAxis(oshape, op.Axis)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i64(outer).i64(reps).i64(inner).launchN(kBroadcast, n)
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(reps).i64(inner).runN(kBroadcast, n)
 		})
 	case ops.Sum:
 		return b.sum(op, shapes[0])
 	case ops.Slice:
-		kSlice := b.d.kernel("k_slice")
 		outer, axis, inner := ops.SplitAxis(shapes[0], op.Axis)
 		w := (op.End - op.Start) * inner
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(w).launchN(kSlice, outer*w)
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(w).runN(kSlice, outer*w)
 		})
 	case ops.SliceIncr:
-		kSliceIncr := b.d.kernel("k_slice_incr")
 		outer, axis, inner := ops.SplitAxis(oshape, op.Axis)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(op.End).launchN(kSliceIncr, n)
+			return s.args().buf(x[0]).buf(y).i64(outer).i64(axis).i64(inner).i64(op.Start).i64(op.End).runN(kSliceIncr, n)
 		})
 	case ops.Concat:
-		kConcatPart := b.d.kernel("k_concat_part")
 		outer, total, inner := ops.SplitAxis(oshape, op.Axis)
 		total *= inner
 		ws := make([]int, len(shapes))
@@ -191,7 +181,7 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			off := 0
 			for i, xi := range x {
-				if err := s.args().buf(xi).buf(y).i64(outer).i64(ws[i]).i64(total).i64(off).launchN(kConcatPart, outer*ws[i]); err != nil {
+				if err := s.args().buf(xi).buf(y).i64(outer).i64(ws[i]).i64(total).i64(off).runN(kConcatPart, outer*ws[i]); err != nil {
 					return err
 				}
 				off += ws[i]
@@ -199,17 +189,12 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 			return nil
 		})
 	case ops.Gather:
-		kGather := b.d.kernel("k_gather")
 		rows := ops.Elems(shapes[1])
 		d := ops.Elems(shapes[0]) / max(shapes[0][0], 1)
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).launchN(kGather, rows*d)
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i64(rows).i64(d).runN(kGather, rows*d)
 		})
 	case ops.GatherGrad:
-		kGgKeys := b.d.kernel("k_gg_keys")
-		kBitonicTile := b.d.kernel("k_bitonic_tile")
-		kBitonicStep := b.d.kernel("k_bitonic_step")
-		kGatherGrad := b.d.kernel("k_gather_grad")
 		// Deterministic: the rows sorted by index, each index's rows added
 		// in order (see k_gather_grad); the keys in the workspace.
 		rows := ops.Elems(shapes[1])
@@ -226,23 +211,23 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 				return nil
 			}
 			key := ws.View(device.Int64, 0, np)
-			if err := s.args().buf(x[1]).buf(key).i64(rows).i64(np).launchN(kGgKeys, np); err != nil {
+			if err := s.args().buf(x[1]).buf(key).i64(rows).i64(np).runN(kGgKeys, np); err != nil {
 				return err
 			}
-			if err := s.args().buf(key).i64(0).launch(kBitonicTile, np/512); err != nil {
+			if err := s.args().buf(key).i64(0).run(kBitonicTile, np/512); err != nil {
 				return err
 			}
 			for k := 1024; k <= np; k *= 2 {
 				for j := k / 2; j >= 512; j /= 2 {
-					if err := s.args().buf(key).i64(np).i64(k).i64(j).launchN(kBitonicStep, np/2); err != nil {
+					if err := s.args().buf(key).i64(np).i64(k).i64(j).runN(kBitonicStep, np/2); err != nil {
 						return err
 					}
 				}
-				if err := s.args().buf(key).i64(k).launch(kBitonicTile, np/512); err != nil {
+				if err := s.args().buf(key).i64(k).run(kBitonicTile, np/512); err != nil {
 					return err
 				}
 			}
-			return s.args().buf(x[0]).buf(key).buf(y).i64(rows).i64(d).launchN(kGatherGrad, rows*d)
+			return s.args().buf(x[0]).buf(key).buf(y).i64(rows).i64(d).runN(kGatherGrad, rows*d)
 		}}, nil
 	case ops.Copy:
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error { return s.Copy(y, x[0]) })
@@ -253,9 +238,6 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 	case ops.Conv2d, ops.Conv2dGradInput, ops.Conv2dGradFilter:
 		return b.conv(in.Op, shapes, oshape)
 	case ops.BatchNormStats:
-		kBnPart := b.d.kernel("k_bn_part")
-		kBnMean := b.d.kernel("k_bn_mean")
-		kBnVar := b.d.kernel("k_bn_var")
 		B, C, HW := bnDims(shapes[0])
 		P, err := b.bnParts(B, C, HW)
 		if err != nil {
@@ -264,32 +246,28 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 		n := float64(B * HW)
 		return &gpuKernel{ws: 8 * C * P, run: func(s *Stream, x []device.Buffer, y, ws device.Buffer) error {
 			part := ws.View(device.Float64, 0, C*P)
-			if err := s.args().buf(x[0]).buf(device.Buffer{}).buf(part).i32(B).i32(C).i32(HW).i32(P).launch(kBnPart, C*P); err != nil {
+			if err := s.args().buf(x[0]).buf(device.Buffer{}).buf(part).i32(B).i32(C).i32(HW).i32(P).run(kBnPart, C*P); err != nil {
 				return err
 			}
-			if err := s.args().buf(part).buf(y).i32(C).i32(P).f64(n).launchN(kBnMean, C); err != nil {
+			if err := s.args().buf(part).buf(y).i32(C).i32(P).f64(n).runN(kBnMean, C); err != nil {
 				return err
 			}
-			if err := s.args().buf(x[0]).buf(y).buf(part).i32(B).i32(C).i32(HW).i32(P).launch(kBnPart, C*P); err != nil {
+			if err := s.args().buf(x[0]).buf(y).buf(part).i32(B).i32(C).i32(HW).i32(P).run(kBnPart, C*P); err != nil {
 				return err
 			}
-			return s.args().buf(part).buf(x[1]).buf(x[2]).buf(y).i32(C).i32(P).f64(n).f64(op.Eps).f64(op.Momentum).launchN(kBnVar, C)
+			return s.args().buf(part).buf(x[1]).buf(x[2]).buf(y).i32(C).i32(P).f64(n).f64(op.Eps).f64(op.Momentum).runN(kBnVar, C)
 		}}, nil
 	case ops.BatchNormRunningStats:
-		kBnRunningStats := b.d.kernel("k_bn_running_stats")
 		C := ops.Elems(shapes[0])
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(y).i32(C).f64(op.Eps).launchN(kBnRunningStats, C)
+			return s.args().buf(x[0]).buf(x[1]).buf(y).i32(C).f64(op.Eps).runN(kBnRunningStats, C)
 		})
 	case ops.BatchNorm:
-		kBnApply := b.d.kernel("k_bn_apply")
 		B, C, HW := bnDims(shapes[0])
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).launchN(kBnApply, n)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).runN(kBnApply, n)
 		})
 	case ops.BatchNormGradSums:
-		kBnGradPart := b.d.kernel("k_bn_grad_part")
-		kBnGradSums := b.d.kernel("k_bn_grad_sums")
 		B, C, HW := bnDims(shapes[0])
 		P, err := b.bnParts(B, C, HW)
 		if err != nil {
@@ -301,44 +279,39 @@ func (b *Backend) Kernel(p *engine.Program, in *engine.Instr) (engine.Kernel, er
 				relu = x[3]
 			}
 			part := ws.View(device.Float64, 0, 2*C*P)
-			if err := s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(relu).buf(part).i32(B).i32(C).i32(HW).i32(P).flag(op.ReLU).launch(kBnGradPart, C*P); err != nil {
+			if err := s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(relu).buf(part).i32(B).i32(C).i32(HW).i32(P).flag(op.ReLU).run(kBnGradPart, C*P); err != nil {
 				return err
 			}
-			return s.args().buf(part).buf(y).i32(C).i32(P).launchN(kBnGradSums, C)
+			return s.args().buf(part).buf(y).i32(C).i32(P).runN(kBnGradSums, C)
 		}}, nil
 	case ops.BatchNormGradInput:
-		kBnGradInput := b.d.kernel("k_bn_grad_input")
 		B, C, HW := bnDims(shapes[0])
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
 			var relu device.Buffer
 			if op.ReLU {
 				relu = x[5]
 			}
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(x[4]).buf(relu).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).launchN(kBnGradInput, n)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(x[4]).buf(relu).buf(y).i32(B).i32(C).i32(HW).flag(op.ReLU).runN(kBnGradInput, n)
 		})
 	case ops.BatchNormGradParam:
-		kBnGradParam := b.d.kernel("k_bn_grad_param")
 		C := shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i32(C).i32(op.Which).launchN(kBnGradParam, C)
+			return s.args().buf(x[0]).buf(y).i32(C).i32(op.Which).runN(kBnGradParam, C)
 		})
 	case ops.LogSumExp:
-		kLogsumexp := b.d.kernel("k_logsumexp")
 		N, C := shapes[0][0], shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(y).i32(N).i32(C).launch(kLogsumexp, N)
+			return s.args().buf(x[0]).buf(y).i32(N).i32(C).run(kLogsumexp, N)
 		})
 	case ops.SoftmaxCrossEntropy:
-		kXentLoss := b.d.kernel("k_xent_loss")
 		N, C := shapes[0][0], shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(N).i32(C).f32(op.Smoothing).launch(kXentLoss, 1)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(y).i32(N).i32(C).f32(op.Smoothing).run(kXentLoss, 1)
 		})
 	case ops.SoftmaxCrossEntropyGrad:
-		kXentGrad := b.d.kernel("k_xent_grad")
 		N, C := shapes[0][0], shapes[0][1]
 		return k(func(s *Stream, x []device.Buffer, y, _ device.Buffer) error {
-			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(N).i32(C).f32(op.Smoothing).launchN(kXentGrad, N*C)
+			return s.args().buf(x[0]).buf(x[1]).buf(x[2]).buf(x[3]).buf(y).i32(N).i32(C).f32(op.Smoothing).runN(kXentGrad, N*C)
 		})
 	}
 	return nil, fmt.Errorf("cuda: no GPU kernel for %v (%T)", in.Op, in.Op)
@@ -407,10 +380,6 @@ func sumStrides(n int) int {
 // ones in two halves of fixed strides (k_sum_first_part), the same bits
 // on every run.
 func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
-	kSumFirstPart := b.d.kernel("k_sum_first_part")
-	kSumLastPart := b.d.kernel("k_sum_last_part")
-	kSumFirst := b.d.kernel("k_sum_first")
-	kSumLast := b.d.kernel("k_sum_last")
 	if err := op.Check(in); err != nil {
 		return nil, err
 	}
@@ -461,10 +430,10 @@ func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
 				part := w.Slice(inter, inter+P*st.sums())
 				var err error
 				if st.first {
-					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).launchN(kSumFirstPart, P*cols)
+					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).runN(kSumFirstPart, P*cols)
 					rows = P
 				} else {
-					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).launchN(kSumLastPart, rows*P)
+					err = s.args().buf(src).buf(part).i64(rows).i64(cols).i64(P).runN(kSumLastPart, rows*P)
 					cols = P
 				}
 				if err != nil {
@@ -474,9 +443,9 @@ func (b *Backend) sum(op ops.Sum, in []int) (engine.Kernel, error) {
 			}
 			var err error
 			if st.first {
-				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).launchN(kSumFirst, cols)
+				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).runN(kSumFirst, cols)
 			} else {
-				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).launchN(kSumLast, rows)
+				err = s.args().buf(src).buf(dst).i64(rows).i64(cols).runN(kSumLast, rows)
 			}
 			if err != nil {
 				return err

@@ -193,6 +193,9 @@ type perStep struct {
 	launches, syncs, graphs float64
 	htod, dtoh              int64
 	allocs, frees           float64
+	// ctxSets are the context switches (cuCtxSetCurrent), unheld the
+	// stream calls that paid one each (HostCounts.Unheld).
+	ctxSets, unheld float64
 }
 
 func (p perStep) row(c budgetCase) string {
@@ -200,7 +203,7 @@ func (p perStep) row(c budgetCase) string {
 	if c.overlap != "" {
 		method += " (-overlap " + c.overlap + ")"
 	}
-	return fmt.Sprintf("| %s | %s | %d | %.2f | %.2f | %d | %d | %.2f | %.2f | %.1f |", c.model, method, c.workers, p.launches, p.syncs, p.htod, p.dtoh, p.allocs, p.frees, p.graphs)
+	return fmt.Sprintf("| %s | %s | %d | %.2f | %.2f | %d | %d | %.2f | %.2f | %.1f | %.2f | %.2f |", c.model, method, c.workers, p.launches, p.syncs, p.htod, p.dtoh, p.allocs, p.frees, p.graphs, p.ctxSets, p.unheld)
 }
 
 // TestStepBudgets measures what a training step costs the host on the
@@ -246,7 +249,8 @@ func TestStepBudgets(t *testing.T) {
 			n := int64(k * c.workers)
 			per := func(v int64) float64 { return float64(v) / float64(n) }
 			p := perStep{launches: per(all.Launches), syncs: per(all.Syncs), graphs: per(all.Graphs),
-				htod: all.HtoD / n, dtoh: all.DtoH / n, allocs: per(all.Allocs), frees: per(all.Frees)}
+				htod: all.HtoD / n, dtoh: all.DtoH / n, allocs: per(all.Allocs), frees: per(all.Frees),
+				ctxSets: per(all.CtxSets), unheld: per(all.Unheld)}
 			rows = append(rows, p.row(c))
 			t.Log(p.row(c))
 			if c.max == nil {
@@ -267,7 +271,10 @@ func TestStepBudgets(t *testing.T) {
 			check("bytes to the host", float64(p.dtoh), float64(c.max.dtoh))
 			check("device allocations", p.allocs, c.max.allocs)
 			check("device frees", p.frees, c.max.frees)
+			// Every call of the step is issued with its stream held
+			// (Stream.Hold): no launch pays a context switch of its own.
+			check("calls on streams not held", p.unheld, 0)
 		})
 	}
-	t.Logf("per worker and step:\n| model | method | workers | launches | syncs | host→device B | device→host B | allocs | frees | graph launches |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n%s", strings.Join(rows, "\n"))
+	t.Logf("per worker and step:\n| model | method | workers | launches | syncs | host→device B | device→host B | allocs | frees | graph launches | context switches | unheld calls |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n%s", strings.Join(rows, "\n"))
 }

@@ -29,11 +29,19 @@ type HostCounts struct {
 	Allocs       int64 `json:"allocs"`
 	Frees        int64 `json:"frees"`
 	PinnedAllocs int64 `json:"pinned_allocs"`
+	// CtxSets is how many times a call made a device's context current
+	// on its OS thread (cuCtxSetCurrent, with the thread locked): once per
+	// held burst of work (Stream.Hold), and once per call outside one.
+	CtxSets int64 `json:"ctx_sets"`
+	// Unheld is how many of a stream's calls (launches, copies, memsets,
+	// records, waits) were issued with the stream not held, each paying
+	// its own context switch: 0 in a training step after the first two.
+	Unheld int64 `json:"unheld"`
 }
 
 // counts is the process's running total.
 var counts struct {
-	launches, graphs, syncs, htod, dtoh, allocs, frees, pinned atomic.Int64
+	launches, graphs, syncs, htod, dtoh, allocs, frees, pinned, ctxSets, unheld atomic.Int64
 }
 
 // Counts returns what the host has asked of the process's GPUs so far.
@@ -42,6 +50,7 @@ func Counts() HostCounts {
 		Launches: counts.launches.Load(), Graphs: counts.graphs.Load(), Syncs: counts.syncs.Load(),
 		HtoD: counts.htod.Load(), DtoH: counts.dtoh.Load(),
 		Allocs: counts.allocs.Load(), Frees: counts.frees.Load(), PinnedAllocs: counts.pinned.Load(),
+		CtxSets: counts.ctxSets.Load(), Unheld: counts.unheld.Load(),
 	}
 }
 
@@ -51,11 +60,12 @@ func (c HostCounts) Sub(o HostCounts) HostCounts {
 		Launches: c.Launches - o.Launches, Graphs: c.Graphs - o.Graphs, Syncs: c.Syncs - o.Syncs,
 		HtoD: c.HtoD - o.HtoD, DtoH: c.DtoH - o.DtoH,
 		Allocs: c.Allocs - o.Allocs, Frees: c.Frees - o.Frees, PinnedAllocs: c.PinnedAllocs - o.PinnedAllocs,
+		CtxSets: c.CtxSets - o.CtxSets, Unheld: c.Unheld - o.Unheld,
 	}
 }
 
 // String is the counts in one line.
 func (c HostCounts) String() string {
-	return fmt.Sprintf("%d launches (%d graphs), %d syncs, %d B to the device, %d B to the host, %d allocations, %d frees, %d pinned allocations",
-		c.Launches, c.Graphs, c.Syncs, c.HtoD, c.DtoH, c.Allocs, c.Frees, c.PinnedAllocs)
+	return fmt.Sprintf("%d launches (%d graphs), %d syncs, %d B to the device, %d B to the host, %d allocations, %d frees, %d pinned allocations, %d context switches (%d calls on streams not held)",
+		c.Launches, c.Graphs, c.Syncs, c.HtoD, c.DtoH, c.Allocs, c.Frees, c.PinnedAllocs, c.CtxSets, c.Unheld)
 }

@@ -37,9 +37,17 @@ type Device struct {
 	sms     int
 	opts    Options
 
-	mod  *module
-	def  *Stream
-	math *gpuMath
+	mod *module
+	def *Stream
+	// dead are the events no longer referenced, destroyed by the next
+	// Record (destroyEvent).
+	deadMu sync.Mutex
+	dead   []uintptr
+
+	// methodKernels are the methods' own kernels compiled for the device
+	// (Sparse.Run): *device.Kernel → *methodKernel.
+	methodKernels sync.Map
+	math          *gpuMath
 
 	anchorMu sync.Mutex
 	anchor   *anchor
@@ -132,7 +140,7 @@ func Open(ordinal int, opts Options) (*Device, error) {
 	if err != nil {
 		return nil, errNoCompiler(err)
 	}
-	if d.mod, err = loadModule(image, kernelSource); err != nil {
+	if d.mod, err = loadModule(image, kernelNames); err != nil {
 		return nil, err
 	}
 	if d.def, err = d.newStream(); err != nil {
@@ -149,6 +157,7 @@ func Open(ordinal int, opts Options) (*Device, error) {
 // device's context current there; call the returned function when done.
 func (d *Device) enter() (unlock func(), err error) {
 	runtime.LockOSThread()
+	counts.ctxSets.Add(1)
 	if err := check("cuCtxSetCurrent", drv.cuCtxSetCurrent(d.ctx)); err != nil {
 		runtime.UnlockOSThread()
 		return nil, fmt.Errorf("cuda: making the context of %v current: %w", d, err)
@@ -411,7 +420,7 @@ func (d *Device) Math() device.Math { return d.math }
 // Close implements device.Device: once the device's work is done, it
 // destroys every stream made on it (with their library handles), frees
 // the device memory Alloc made that is not freed yet (a later Free of it
-// does nothing), unloads the kernel module and releases the primary
+// does nothing), unloads the kernel modules and releases the primary
 // context.
 func (d *Device) Close() error {
 	var errs []error
@@ -447,22 +456,39 @@ func (d *Device) Close() error {
 			counts.frees.Add(1)
 			errs = append(errs, check("cuMemFree", drv.cuMemFree(p)))
 		}
+		d.destroyDeadEvents()
 		errs = append(errs, check("cuModuleUnload", drv.cuModuleUnload(d.mod.h)))
+		d.methodKernels.Range(func(_, mk any) bool {
+			errs = append(errs, check("cuModuleUnload", drv.cuModuleUnload(mk.(*methodKernel).mod.h)))
+			return true
+		})
 		errs = append(errs, check("cuDevicePrimaryCtxRelease", drv.cuDevicePrimaryCtxRelease(d.dev)))
 	})
 	return errors.Join(errs...)
 }
 
-// destroyEvent destroys a CUDA event no longer referenced (from a
-// cleanup, which cannot return an error: a failure is logged).
+// destroyEvent queues a CUDA event no longer referenced (from a cleanup,
+// on the runtime's cleanup goroutine) for destruction by the next Record
+// on the device, which has the context current already: destroying it
+// here would cost a context switch on another thread per event, a dozen
+// a training step.
 func (d *Device) destroyEvent(h uintptr) {
-	unlock, err := d.enter()
-	if err == nil {
-		err = check("cuEventDestroy", drv.cuEventDestroy(h))
-		unlock()
-	}
-	if err != nil {
-		slog.Warn("cuda: destroying an event", "device", d.String(), "err", err)
+	d.deadMu.Lock()
+	d.dead = append(d.dead, h)
+	d.deadMu.Unlock()
+}
+
+// destroyDeadEvents destroys the events destroyEvent queued (the context
+// current); a failure is logged (it concerns no caller's work).
+func (d *Device) destroyDeadEvents() {
+	d.deadMu.Lock()
+	dead := d.dead
+	d.dead = nil
+	d.deadMu.Unlock()
+	for _, h := range dead {
+		if err := check("cuEventDestroy", drv.cuEventDestroy(h)); err != nil {
+			slog.Warn("cuda: destroying an event", "device", d.String(), "err", err)
+		}
 	}
 }
 
@@ -541,17 +567,34 @@ func (s *Stream) enter() (unlock func(), err error) {
 	if s.held > 0 {
 		return func() {}, nil
 	}
+	counts.unheld.Add(1)
 	return s.d.enter()
 }
 
 // Hold locks the calling goroutine to its OS thread with the device's
 // context current until release is called, and the stream's calls skip
 // doing so each time meanwhile: the goroutine that issues a burst of work
-// on the stream (a program's kernels, a reducer's passes) holds it, so
-// that each call costs the driver call only. Holds nest. Only the holder
+// on the stream (a training step, a program's kernels, a reducer's group,
+// a collective on a peer stream, an NCCL call) holds it, so that each call
+// costs the driver call only (HostCounts.Unheld counts the calls that
+// were not held). Holds nest (an inner one costs nothing). Only the holder
 // may use the stream while it is held (as a stream is one goroutine's at
-// a time anyway).
+// a time anyway); events (Event) enter by themselves, since any goroutine
+// may wait for one.
+//
+// This is the package's "one locked OS thread per stream": the thread is
+// the issuing goroutine's own, locked for the burst. A dedicated OS thread
+// per stream that goroutines hand their calls to would cost a channel
+// hand-over and a goroutine switch each way per call — more than the
+// context switch it saves (a launch's own path costs some 50 ns before
+// the driver, BenchmarkLaunch) — and would serialise the issuing
+// goroutine behind it.
 func (s *Stream) Hold() (release func()) {
+	if s.held > 0 {
+		// Nested: the holder's thread is locked with the context current.
+		s.held++
+		return func() { s.held-- }
+	}
 	unlock, err := s.d.enter()
 	if err != nil {
 		return func() {} // the stream's calls enter themselves and report it
@@ -699,6 +742,9 @@ func (s *Stream) Record() (device.Event, error) {
 		return nil, err
 	}
 	defer unlock()
+	if !s.capturing { // nothing but the capture's calls meanwhile
+		s.d.destroyDeadEvents()
+	}
 	e := &Event{d: s.d, anchor: a}
 	if err := check("cuEventCreate", drv.cuEventCreate(&e.h, eventDefault)); err != nil {
 		return nil, err
@@ -764,16 +810,18 @@ func (e *Event) Done() bool {
 }
 
 // Time implements device.Event: the anchor's host time plus the device
-// time elapsed from the anchor to the event.
-func (e *Event) Time() time.Time {
+// time elapsed from the anchor to the event. The driver's failure to
+// measure it (cuEventElapsedTime: the event not completed, or recorded
+// without timing) is the error.
+func (e *Event) Time() (time.Time, error) {
 	unlock, err := e.d.enter()
 	if err != nil {
-		return time.Time{}
+		return time.Time{}, err
 	}
 	defer unlock()
 	var ms float32
-	if r := drv.cuEventElapsedTime(&ms, e.anchor.ev, e.h); r != 0 {
-		return time.Time{}
+	if err := check("cuEventElapsedTime", drv.cuEventElapsedTime(&ms, e.anchor.ev, e.h)); err != nil {
+		return time.Time{}, fmt.Errorf("cuda: timing an event on %v (synchronize the event before reading its time): %w", e.d, err)
 	}
-	return e.anchor.host.Add(time.Duration(float64(ms) * float64(time.Millisecond)))
+	return e.anchor.host.Add(time.Duration(float64(ms) * float64(time.Millisecond))), nil
 }

@@ -53,16 +53,20 @@
 // the package locks its goroutine to its thread and makes the device's
 // context current first, so the package is safe to use from any goroutine.
 // A goroutine issuing a burst of work on a stream holds it (Stream.Hold:
-// an executor's run, a graph's capture), and the stream's calls then skip
+// a training step, an executor's run, a graph's capture, a reducer's
+// group, a collective, an NCCL call), and the stream's calls then skip
 // that. A stream must not be used by two goroutines at once.
 //
 // # What the host pays
 //
-// Kernels are looked up once when the module loads; the driver's and
-// cuBLAS' hot functions are called directly (no reflection). Counts
-// returns what the process has asked of its GPUs — launches, graph
-// replays, host waits, bytes each way, allocations — so that a test holds
-// a training step to a budget (docs/bench/gpu-budget.md).
+// Kernels are looked up once: the package's when Open loads the module
+// (kernels.go names each once; a launch indexes the module's table), a
+// method's own (Sparse.Run) when it is first prepared on the device. The
+// driver's and cuBLAS' hot functions are called directly (no reflection).
+// Counts returns what the process has asked of its GPUs — launches, graph
+// replays, host waits, bytes each way, allocations, context switches —
+// so that a test holds a training step to a budget
+// (docs/bench/gpu-budget.md).
 // SPARSEGRAD_CUDA_SYNC=1 waits after every launch, so that a kernel that
 // faults is named in its own launch's error.
 package cuda

@@ -24,5 +24,5 @@ func (d *Device) DropoutMask(s device.Stream, dst device.Buffer, hi, lo, thresho
 	if threshold > 1<<53 {
 		return fmt.Errorf("cuda: DropoutMask: threshold %d is above 2^53 (a probability above 1)", threshold)
 	}
-	return cs.args().buf(dst).i64(dst.Len()).i64(int(hi)).i64(int(lo)).i64(int(threshold)).f32(keep).runN("k_dropout", dst.Len())
+	return cs.args().buf(dst).i64(dst.Len()).i64(int(hi)).i64(int(lo)).i64(int(threshold)).f32(keep).runN(kDropout, dst.Len())
 }

@@ -118,3 +118,19 @@ func PeerAccessEnabled(a, b int) bool {
 	defer e.mu.Unlock()
 	return e.peerOn[[2]uintptr{uintptr(a) + 1, uintptr(b) + 1}]
 }
+
+// FailEventTimes makes the driver fail to time events
+// (cuEventElapsedTime returns CUDA_ERROR_INVALID_HANDLE) until stop is
+// called or t ends, and reports whether the tests run on the emulator
+// (false: a real GPU, nothing changes).
+func FailEventTimes(t testing.TB) (stop func(), ok bool) {
+	if !emulated {
+		return func() {}, false
+	}
+	old := drv.cuEventElapsedTime
+	var once sync.Once
+	stop = func() { once.Do(func() { drv.cuEventElapsedTime = old }) }
+	t.Cleanup(stop)
+	drv.cuEventElapsedTime = func(*float32, uintptr, uintptr) cuResult { return 400 }
+	return stop, true
+}

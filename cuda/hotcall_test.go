@@ -129,7 +129,8 @@ func TestSyncNamesFaultingKernel(t *testing.T) {
 	t.Log(err)
 }
 
-// TestLaunchesAllocateNothing: a kernel launch, a memset and a device copy
+// TestLaunchesAllocateNothing: a kernel launch (the package's and a
+// method's, whose arguments come boxed), a memset and a device copy
 // — the calls a step issues by the hundred — allocate nothing on the Go
 // heap on their way to the driver (whose calls are replaced here by ones
 // that do nothing, so that only the package's path is counted).
@@ -162,6 +163,7 @@ func TestLaunchesAllocateNothing(t *testing.T) {
 	drv.cuMemcpyDtoDAsync = func(uint64, uint64, uint64, uintptr) cuResult { return 0 }
 	drv.cuMemsetD32Async = func(uint64, uint32, uint64, uintptr) cuResult { return 0 }
 	s, sp, m := d.Stream(), d.Sparse(), d.Math()
+	mk := methodKernels()[0]
 	for _, c := range []struct {
 		name string
 		call func() error
@@ -170,6 +172,7 @@ func TestLaunchesAllocateNothing(t *testing.T) {
 		{"Iota (a kernel)", func() error { return sp.Iota(s, idx, 3) }},
 		{"Scale (a kernel)", func() error { return m.Scale(s, x, 2) }},
 		{"Add (a kernel)", func() error { return m.Add(s, y, x) }},
+		{"Run (a method's kernel, its arguments boxed)", func() error { return sp.Run(s, mk, x.Len(), x, int64(x.Len()), float32(0.5)) }},
 		{"Fill (a memset)", func() error { return m.Fill(s, x, 1) }},
 		{"Copy (device to device)", func() error { return s.Copy(y, x) }},
 	} {
@@ -243,5 +246,74 @@ func TestFailedSetUpsLeakNothing(t *testing.T) {
 	mu.Unlock()
 	if st, b, n := live(); st != 0 || b != 0 || n != 0 || leftEvents != 0 {
 		t.Errorf("after the failures and the stream's Close: %d streams, %d cuBLAS and %d cuDNN handles, %d events left", st, b, n, leftEvents)
+	}
+}
+
+// TestOpenNamesMissingKernel: a kernel the package declares (newKernelRef)
+// that the compiled source lacks fails Open, naming it — not the first
+// launch of it, mid-step.
+func TestOpenNamesMissingKernel(t *testing.T) {
+	if !emulated {
+		t.Skip("declares a kernel the emulated driver lacks")
+	}
+	names := kernelNames
+	t.Cleanup(func() { kernelNames = names })
+	kernelNames = append(slices.Clip(names), "k_no_such_kernel")
+	d, err := Open(0, Options{})
+	if err == nil {
+		d.Close()
+		t.Fatal("Open succeeded with a declared kernel the source lacks")
+	}
+	if !strings.Contains(err.Error(), "k_no_such_kernel") {
+		t.Fatalf("Open: %v; want an error naming k_no_such_kernel", err)
+	}
+	t.Log(err)
+}
+
+// TestHoldSwitchesContextOnce: a burst of calls on a held stream makes the
+// context current once (nested holds add nothing); a call on a stream not
+// held makes it current itself and is counted as unheld.
+func TestHoldSwitchesContextOnce(t *testing.T) {
+	d, err := Open(0, Options{})
+	if err != nil {
+		if errors.Is(err, device.ErrUnavailable) {
+			t.Skip(err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	x, err := d.Alloc(device.Float32, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, m := d.def, d.Math()
+	c0 := Counts()
+	release := s.Hold()
+	for range 3 {
+		if err := m.Scale(s, x, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inner := s.Hold()
+	if err := m.Add(s, x, x); err != nil {
+		t.Fatal(err)
+	}
+	inner()
+	if err := m.Fill(s, x, 1); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if c := Counts().Sub(c0); c.CtxSets != 1 || c.Unheld != 0 || c.Launches != 5 {
+		t.Errorf("a held burst of 5 calls: %v; want 5 launches, 1 context switch, 0 unheld calls", c)
+	}
+	c1 := Counts()
+	if err := m.Scale(s, x, 2); err != nil {
+		t.Fatal(err)
+	}
+	if c := Counts().Sub(c1); c.CtxSets != 1 || c.Unheld != 1 {
+		t.Errorf("a call on a stream not held: %v; want 1 context switch, 1 unheld call", c)
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
 	}
 }

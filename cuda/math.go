@@ -36,7 +36,7 @@ func (m *gpuMath) SGD(s device.Stream, p device.SGDStep, w, g, buf device.Buffer
 	if err := device.CheckFloat32("SGD", m.d, args...); err != nil {
 		return err
 	}
-	return cs.args().buf(w).buf(g).buf(buf).i64(w.Len()).f32(p.LR).f32(p.Momentum).f32(p.WeightDecay).flag(p.Nesterov).flag(p.First).runN("k_sgd", w.Len())
+	return cs.args().buf(w).buf(g).buf(buf).i64(w.Len()).f32(p.LR).f32(p.Momentum).f32(p.WeightDecay).flag(p.Nesterov).flag(p.First).runN(kSgd, w.Len())
 }
 
 func (m *gpuMath) Adam(s device.Stream, p device.AdamStep, w, g, mv, vv device.Buffer) error {
@@ -47,7 +47,7 @@ func (m *gpuMath) Adam(s device.Stream, p device.AdamStep, w, g, mv, vv device.B
 	if err := device.CheckFloat32("Adam", m.d, w, g, mv, vv); err != nil {
 		return err
 	}
-	return cs.args().buf(w).buf(g).buf(mv).buf(vv).i64(w.Len()).f32(p.StepSize).f32(p.Beta1).f32(p.Beta2).f32(p.Eps).f32(p.SqrtBC2).runN("k_adam", w.Len())
+	return cs.args().buf(w).buf(g).buf(mv).buf(vv).i64(w.Len()).f32(p.StepSize).f32(p.Beta1).f32(p.Beta2).f32(p.Eps).f32(p.SqrtBC2).runN(kAdam, w.Len())
 }
 
 // SumSquares implements device.Math: per-block partial sums in double,
@@ -68,10 +68,10 @@ func (m *gpuMath) SumSquares(s device.Stream, x device.Buffer) (float64, error) 
 		return 0, err
 	}
 	g := min(cs.grid(x.Len()), part.Len()-1)
-	if err := cs.args().buf(x).i64(x.Len()).buf(part).run("k_sumsq_partial", g); err != nil {
+	if err := cs.args().buf(x).i64(x.Len()).buf(part).run(kSumsqPartial, g); err != nil {
 		return 0, err
 	}
-	if err := cs.args().buf(part).i32(g).buf(part.Slice(g, g+1)).run("k_sum_partials", 1); err != nil {
+	if err := cs.args().buf(part).i32(g).buf(part.Slice(g, g+1)).run(kSumPartials, 1); err != nil {
 		return 0, err
 	}
 	var out [1]float64
@@ -104,7 +104,7 @@ func (m *gpuMath) Scale(s device.Stream, x device.Buffer, a float32) error {
 	if err := device.CheckFloat32("Scale", m.d, x); err != nil {
 		return err
 	}
-	return cs.args().buf(x).i64(x.Len()).f32(a).runN("k_scale", x.Len())
+	return cs.args().buf(x).i64(x.Len()).f32(a).runN(kScale, x.Len())
 }
 
 func (m *gpuMath) Fill(s device.Stream, x device.Buffer, v float32) error {
@@ -143,7 +143,7 @@ func (m *gpuMath) Add(s device.Stream, y, x device.Buffer) error {
 	if err := device.CheckFloat32("Add", m.d, y, x); err != nil {
 		return err
 	}
-	return cs.args().buf(y).buf(x).i64(y.Len()).runN("k_add", y.Len())
+	return cs.args().buf(y).buf(x).i64(y.Len()).runN(kAdd, y.Len())
 }
 
 var _ = unsafe.Pointer(nil)

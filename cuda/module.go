@@ -1,53 +1,63 @@
 package cuda
 
 import (
+	"errors"
 	"fmt"
 	"math"
-	"regexp"
 	"unsafe"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-// module is the loaded kernel image of a device, with every kernel of
-// the package looked up once when it is loaded (read-only afterwards).
+// module is a loaded kernel image of a device with its kernels looked up
+// once, when it is loaded (read-only afterwards): fns[i] is the i-th of the
+// names loadModule was given (for the package's module, kernelRef i).
 type module struct {
 	h   uintptr
-	fns map[string]uintptr
+	fns []uintptr
 }
 
-// kernelNameRE finds the kernels of the package's source.
-var kernelNameRE = regexp.MustCompile(`extern "C" __global__ void (\w+)\(`)
-
 // loadModule loads a cubin or PTX image (the device's context current)
-// and looks up the kernels named in src.
-func loadModule(image []byte, src string) (*module, error) {
+// and looks up the kernels called names: one that the image lacks is an
+// error naming it, so a misspelt or missing kernel fails when the device
+// is opened (or a method's kernel first prepared), not mid-step.
+func loadModule(image []byte, names []string) (*module, error) {
 	img := append(append([]byte(nil), image...), 0) // PTX must end with NUL
-	m := &module{fns: map[string]uintptr{}}
+	m := &module{fns: make([]uintptr, len(names))}
 	if err := check("cuModuleLoadData", drv.cuModuleLoadData(&m.h, unsafe.Pointer(&img[0]))); err != nil {
 		return nil, fmt.Errorf("%w (the kernels compiled by NVRTC could not be loaded by the driver; is the driver older than NVRTC?)", err)
 	}
-	for _, match := range kernelNameRE.FindAllStringSubmatch(src, -1) {
-		name := match[1]
-		var f uintptr
-		if err := check("cuModuleGetFunction "+name, drv.cuModuleGetFunction(&f, m.h, cString(name))); err != nil {
-			return nil, err
+	for i, name := range names {
+		if err := check("cuModuleGetFunction "+name, drv.cuModuleGetFunction(&m.fns[i], m.h, cString(name))); err != nil {
+			return nil, errors.Join(fmt.Errorf("cuda: the kernel %s is not in the compiled source (a kernel the Go code names must be defined there, extern \"C\" __global__): %w", name, err),
+				check("cuModuleUnload", drv.cuModuleUnload(m.h)))
 		}
-		m.fns[name] = f
 	}
 	return m, nil
 }
 
-// kernel is a kernel of a device's module, looked up when a launch is
-// prepared (f is 0 for a name the module lacks: its launch fails saying
-// so).
+// kernelRef is a kernel of kernels.cu that the package launches: declared
+// once at package level (kernels.go, newKernelRef), looked up when a
+// device loads its module, and launched by indexing the module's table —
+// no name is looked up on the launch path.
+type kernelRef int
+
+// kernelNames are the names of the kernelRefs, in order.
+var kernelNames []string
+
+// newKernelRef registers the kernel called name (package initialisation
+// only).
+func newKernelRef(name string) kernelRef {
+	kernelNames = append(kernelNames, name)
+	return kernelRef(len(kernelNames) - 1)
+}
+
+// kernel is a kernel looked up in a loaded module, with its name for
+// errors.
 type kernel struct {
 	f    uintptr
 	name string
 }
-
-// kernel returns the kernel called name.
-func (d *Device) kernel(name string) kernel { return kernel{d.mod.fns[name], name} }
 
 // launch is a kernel launch being prepared on a stream: its arguments are
 // written into the stream's parameter slots (no allocation), each slot
@@ -111,20 +121,25 @@ func (s *Stream) grid(n int) int {
 	return max(1, min(g, 32*s.d.sms))
 }
 
-// run launches kernel name with grid blocks of blockSize threads.
-func (l *launch) run(name string, grid int) error { return l.launch(l.s.d.kernel(name), grid) }
+// run launches the package's kernel k with grid blocks of blockSize
+// threads.
+func (l *launch) run(k kernelRef, grid int) error {
+	return l.launch(kernel{l.s.d.mod.fns[k], kernelNames[k]}, grid)
+}
 
-// runN launches kernel name over n elements (grid-stride); nothing for
-// n = 0.
-func (l *launch) runN(name string, n int) error { return l.launchN(l.s.d.kernel(name), n) }
+// runN launches the package's kernel k over n elements (grid-stride);
+// nothing for n = 0.
+func (l *launch) runN(k kernelRef, n int) error {
+	if n == 0 && l.err == nil {
+		return nil
+	}
+	return l.run(k, l.s.grid(n))
+}
 
 // launch launches k with grid blocks of blockSize threads.
 func (l *launch) launch(k kernel, grid int) error {
 	if l.err != nil {
 		return l.err
-	}
-	if k.f == 0 {
-		return fmt.Errorf("cuda: no kernel %s in the module", k.name)
 	}
 	s := l.s
 	unlock, err := s.enter()
@@ -139,12 +154,4 @@ func (l *launch) launch(k kernel, grid int) error {
 		return check("cuLaunchKernel "+k.name, r)
 	}
 	return s.checkLaunch(k.name)
-}
-
-// launchN launches k over n elements (grid-stride); nothing for n = 0.
-func (l *launch) launchN(k kernel, n int) error {
-	if n == 0 && l.err == nil {
-		return nil
-	}
-	return l.launch(k, l.s.grid(n))
 }

@@ -307,12 +307,14 @@ func (c *NCCL) call(ctx context.Context, what string, f func() int32) error {
 	return c.wait(ctx, what)
 }
 
-// start issues f and records the completion event after it.
+// start issues f and records the completion event after it. The
+// communicator's methods hold its stream (Stream.Hold) for their calls to
+// the driver and NCCL: one context switch a call, not one each.
 func (c *NCCL) start(what string, f func() int32) error {
 	if c.aborted != nil {
 		return c.aborted
 	}
-	unlock, err := c.d.enter()
+	unlock, err := c.s.enter() // held by the call issuing it
 	if err != nil {
 		return err
 	}
@@ -521,6 +523,7 @@ func (c *NCCL) allReduce(buf comm.Buffer) (*xfer, error) {
 // not the canonical order of package comm: close to the other backends'
 // sums, not bit-identical).
 func (c *NCCL) AllReduce(ctx context.Context, buf comm.Buffer) error {
+	defer c.s.Hold()()
 	x, err := c.allReduce(buf)
 	return c.run(ctx, x, err)
 }
@@ -528,6 +531,7 @@ func (c *NCCL) AllReduce(ctx context.Context, buf comm.Buffer) error {
 // IAllReduceView starts the all-reduce of the view (NCCL's order of
 // addition, as AllReduce: the view's position does not change it).
 func (c *NCCL) IAllReduceView(_ context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
+	defer c.s.Hold()()
 	if err := comm.CheckView(off, buf.Len(), total); err != nil {
 		return nil, fmt.Errorf("cuda: NCCL IAllReduceView: %w", err)
 	}
@@ -552,6 +556,7 @@ func (c *NCCL) allGather(send, recv comm.Buffer) (*xfer, error) {
 
 // AllGather concatenates every rank's send into recv in rank order.
 func (c *NCCL) AllGather(ctx context.Context, send, recv comm.Buffer) error {
+	defer c.s.Hold()()
 	if done, err := c.oneRank(send, recv); done || err != nil {
 		return err
 	}
@@ -562,6 +567,7 @@ func (c *NCCL) AllGather(ctx context.Context, send, recv comm.Buffer) error {
 // IAllGather starts AllGather (of one rank: the copy on the stream, a
 // request done at once, nothing to wait for).
 func (c *NCCL) IAllGather(_ context.Context, send, recv comm.Buffer) (comm.Request, error) {
+	defer c.s.Hold()()
 	if done, err := c.oneRank(send, recv); done || err != nil {
 		if err != nil {
 			return nil, err
@@ -612,6 +618,7 @@ func (c *NCCL) allGatherV(send, recv comm.Buffer, counts []int) (*xfer, error) {
 // AllGatherV is AllGather with counts[r] elements from rank r: one
 // broadcast per rank, grouped.
 func (c *NCCL) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []int) error {
+	defer c.s.Hold()()
 	if len(counts) == 1 && send != nil && counts[0] != send.Len() {
 		return fmt.Errorf("cuda: NCCL AllGatherV: send %d elements, counts %v", send.Len(), counts)
 	}
@@ -679,6 +686,7 @@ func (c *NCCL) blocks(what string, counts []int) ([]int, int, error) {
 
 // Broadcast copies root's buf into every rank's buf.
 func (c *NCCL) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
+	defer c.s.Hold()()
 	b, dt, err := c.bufs("Broadcast", buf)
 	if err != nil || b[0].Len() == 0 {
 		return err
@@ -738,6 +746,7 @@ func (c *NCCL) sendRecv(send comm.Buffer, dst int, recv comm.Buffer, src int) (*
 // Send sends buf to rank dst (tag ignored: NCCL matches transfers between
 // two ranks in issue order).
 func (c *NCCL) Send(ctx context.Context, buf comm.Buffer, dst, _ int) error {
+	defer c.s.Hold()()
 	x, err := c.sendRecv(buf, dst, nil, -1)
 	return c.run(ctx, x, err)
 }
@@ -745,6 +754,7 @@ func (c *NCCL) Send(ctx context.Context, buf comm.Buffer, dst, _ int) error {
 // Recv receives exactly len(buf) elements from rank src and returns
 // len(buf).
 func (c *NCCL) Recv(ctx context.Context, buf comm.Buffer, src, _ int) (int, error) {
+	defer c.s.Hold()()
 	x, err := c.sendRecv(nil, -1, buf, src)
 	if err := c.run(ctx, x, err); err != nil {
 		return 0, err
@@ -755,6 +765,7 @@ func (c *NCCL) Recv(ctx context.Context, buf comm.Buffer, src, _ int) (int, erro
 // SendRecv sends send to dst and receives len(recv) elements from src
 // together.
 func (c *NCCL) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv comm.Buffer, src, _ int) (int, error) {
+	defer c.s.Hold()()
 	x, err := c.sendRecv(send, dst, recv, src)
 	if err := c.run(ctx, x, err); err != nil {
 		return 0, err
@@ -764,11 +775,13 @@ func (c *NCCL) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv com
 
 // ISend starts Send.
 func (c *NCCL) ISend(_ context.Context, buf comm.Buffer, dst, _ int) (comm.Request, error) {
+	defer c.s.Hold()()
 	return c.istart(c.sendRecv(buf, dst, nil, -1))
 }
 
 // IRecv starts Recv.
 func (c *NCCL) IRecv(_ context.Context, buf comm.Buffer, src, _ int) (comm.Request, error) {
+	defer c.s.Hold()()
 	return c.istart(c.sendRecv(nil, -1, buf, src))
 }
 

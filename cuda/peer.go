@@ -115,16 +115,16 @@ func (d *Device) PeerSum(s device.Stream, bufs []device.Buffer, lo, n int, out d
 		return fmt.Errorf("cuda: PeerSum of %d buffers: 1 to %d can be added in one launch", len(bufs), maxPeers)
 	}
 	dt := bufs[0].DType()
-	var name string
+	var name kernelRef
 	switch dt {
 	case device.Float32:
-		name = "k_peer_sum_f32"
+		name = kPeerSumF32
 	case device.Int32:
-		name = "k_peer_sum_i32"
+		name = kPeerSumI32
 	case device.Int64:
-		name = "k_peer_sum_i64"
+		name = kPeerSumI64
 	case device.Float16: // each addition rounded to half, as device.AddFloat16
-		name = "k_peer_sum_f16"
+		name = kPeerSumF16
 	default:
 		return fmt.Errorf("cuda: PeerSum of %v: float32, float16, int32 and int64 can be added", dt)
 	}

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"reflect"
 	"slices"
-	"sync"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
@@ -201,7 +201,7 @@ func (o *Sparse) Accumulate(s device.Stream, r, g device.Buffer, scale float32) 
 		return -1, nil
 	}
 	first := cs.sel.first // noBad
-	if err := cs.args().buf(r).buf(g).i64(n).f32(scale).buf(first).runN("k_accumulate", n); err != nil {
+	if err := cs.args().buf(r).buf(g).i64(n).f32(scale).buf(first).runN(kAccumulate, n); err != nil {
 		return 0, err
 	}
 	var f [1]int64
@@ -248,7 +248,7 @@ func (o *Sparse) AccumulateFlag(s device.Stream, r, g, flag device.Buffer, base 
 	if n == 0 {
 		return nil
 	}
-	return cs.args().buf(r).buf(g).i64(n).f32(scale).i64(base).buf(flag).runN("k_accumulate_flag", n)
+	return cs.args().buf(r).buf(g).i64(n).f32(scale).i64(base).buf(flag).runN(kAccumulateFlag, n)
 }
 
 // DecodeFeedbackFlag reads a flag of AccumulateFlag: ok when no element
@@ -370,11 +370,11 @@ func (o *Sparse) sumPieces(cs *Stream, x device.Buffer, ps *pieceSet, nseg int, 
 		return err
 	}
 	if np > 0 {
-		if err := cs.args().buf(x).buf(pieces).buf(parts).run("k_piece_sumsq", np); err != nil {
+		if err := cs.args().buf(x).buf(pieces).buf(parts).run(kPieceSumsq, np); err != nil {
 			return err
 		}
 	}
-	return cs.args().buf(parts).buf(pf).buf(sums).i32(nseg).runN("k_segment_sum", nseg)
+	return cs.args().buf(parts).buf(pf).buf(sums).i32(nseg).runN(kSegmentSum, nseg)
 }
 
 // selectTiles runs the ordered selection of mode over x: per-tile counts,
@@ -399,10 +399,10 @@ func (o *Sparse) selectTilesChecked(cs *Stream, x device.Buffer, mode int, idx, 
 	if err != nil {
 		return 0, err
 	}
-	if err := cs.args().buf(x).i64(n).buf(sc.state).i32(mode).buf(counts).run("k_sel_count", tiles); err != nil {
+	if err := cs.args().buf(x).i64(n).buf(sc.state).i32(mode).buf(counts).run(kSelCount, tiles); err != nil {
 		return 0, err
 	}
-	if err := cs.args().buf(counts).i32(tiles).buf(sc.state).i32(mode).buf(offs).buf(sc.total).run("k_sel_offsets", 1); err != nil {
+	if err := cs.args().buf(counts).i32(tiles).buf(sc.state).i32(mode).buf(offs).buf(sc.total).run(kSelOffsets, 1); err != nil {
 		return 0, err
 	}
 	total := -1
@@ -435,21 +435,21 @@ func (o *Sparse) selectTilesChecked(cs *Stream, x device.Buffer, mode int, idx, 
 	if val.Len() > 0 {
 		valArg = val
 	}
-	return total, cs.args().buf(x).i64(n).buf(sc.state).i32(mode).buf(offs).buf(idx).buf(valArg).run("k_sel_write", tiles)
+	return total, cs.args().buf(x).i64(n).buf(sc.state).i32(mode).buf(offs).buf(idx).buf(valArg).run(kSelWrite, tiles)
 }
 
 // findKth runs the three radix rounds that leave the k-th largest key of x
 // in state[0] and the number of its ties to take in state[1].
 func (o *Sparse) findKth(cs *Stream, x device.Buffer, k int) error {
 	sc := cs.sel
-	if err := cs.args().buf(sc.state).i32(k).buf(sc.hist).run("k_sel_init", 1); err != nil {
+	if err := cs.args().buf(sc.state).i32(k).buf(sc.hist).run(kSelInit, 1); err != nil {
 		return err
 	}
 	for _, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
-		if err := cs.args().buf(x).i64(x.Len()).i32(r.shift).i32(r.bits).buf(sc.state).buf(sc.hist).runN("k_sel_hist", x.Len()); err != nil {
+		if err := cs.args().buf(x).i64(x.Len()).i32(r.shift).i32(r.bits).buf(sc.state).buf(sc.hist).runN(kSelHist, x.Len()); err != nil {
 			return err
 		}
-		if err := cs.args().buf(sc.hist).i32(r.shift).i32(r.bits).buf(sc.state).run("k_sel_pick", 1); err != nil {
+		if err := cs.args().buf(sc.hist).i32(r.shift).i32(r.bits).buf(sc.state).run(kSelPick, 1); err != nil {
 			return err
 		}
 	}
@@ -479,7 +479,7 @@ func (o *Sparse) TopK(s device.Stream, idx, val, x device.Buffer, k int) (int, e
 		return 0, nil
 	}
 	if k == n {
-		if err := cs.args().buf(idx).i64(n).runN("k_iota", n); err != nil {
+		if err := cs.args().buf(idx).i64(n).runN(kIota, n); err != nil {
 			return 0, err
 		}
 		if val.Len() > 0 {
@@ -579,7 +579,7 @@ func (o *Sparse) TopKSegmentsOn(s device.Stream, idx, x, list device.Buffer, max
 	if err != nil {
 		return err
 	}
-	if err := cs.args().buf(list).i64(1).buf(dd).runN("k_seg_describe", 1); err != nil {
+	if err := cs.args().buf(list).i64(1).buf(dd).runN(kSegDescribe, 1); err != nil {
 		return err
 	}
 	return o.segTopK(cs, idx, x, dd, maxSegs, tiles)
@@ -602,13 +602,13 @@ func (o *Sparse) segTopK(cs *Stream, idx, x, dd device.Buffer, S, tiles int) err
 	if err != nil {
 		return err
 	}
-	if err := cs.args().buf(x).buf(dd).buf(state).buf(counts).run("k_seg_count", tiles); err != nil {
+	if err := cs.args().buf(x).buf(dd).buf(state).buf(counts).run(kSegCount, tiles); err != nil {
 		return err
 	}
-	if err := cs.args().buf(counts).buf(dd).buf(state).buf(offs).run("k_seg_offsets", S); err != nil {
+	if err := cs.args().buf(counts).buf(dd).buf(state).buf(offs).run(kSegOffsets, S); err != nil {
 		return err
 	}
-	return cs.args().buf(x).buf(dd).buf(state).buf(offs).buf(idx).run("k_seg_write", tiles)
+	return cs.args().buf(x).buf(dd).buf(state).buf(offs).buf(idx).run(kSegWrite, tiles)
 }
 
 // segRadix runs the radix select of every segment described by dd with
@@ -623,14 +623,14 @@ func (o *Sparse) segRadix(cs *Stream, x, dd device.Buffer, S int) (device.Buffer
 	if err != nil {
 		return device.Buffer{}, err
 	}
-	if err := cs.args().buf(dd).buf(state).buf(hist).run("k_seg_init", S); err != nil {
+	if err := cs.args().buf(dd).buf(state).buf(hist).run(kSegInit, S); err != nil {
 		return device.Buffer{}, err
 	}
 	for _, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
-		if err := cs.args().buf(x).buf(dd).i32(r.shift).i32(r.bits).buf(state).buf(hist).run("k_seg_hist", S*segHistBlocks); err != nil {
+		if err := cs.args().buf(x).buf(dd).i32(r.shift).i32(r.bits).buf(state).buf(hist).run(kSegHist, S*segHistBlocks); err != nil {
 			return device.Buffer{}, err
 		}
-		if err := cs.args().buf(dd).buf(hist).i32(r.shift).i32(r.bits).buf(state).run("k_seg_pick", S); err != nil {
+		if err := cs.args().buf(dd).buf(hist).i32(r.shift).i32(r.bits).buf(state).run(kSegPick, S); err != nil {
 			return device.Buffer{}, err
 		}
 	}
@@ -730,7 +730,7 @@ func (o *Sparse) Gather(s device.Stream, dst, x, idx device.Buffer) error {
 		bufArg{"idx", idx, device.Int32, n}); err != nil {
 		return err
 	}
-	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN("k_gather_idx", n)
+	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN(kGatherIdx, n)
 }
 
 // GatherIndex sets dst[j] = x[idx[j]] for int32 x.
@@ -744,7 +744,7 @@ func (o *Sparse) GatherIndex(s device.Stream, dst, x, idx device.Buffer) error {
 		bufArg{"idx", idx, device.Int32, n}); err != nil {
 		return err
 	}
-	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN("k_gather_int", n)
+	return cs.args().buf(dst).buf(x).buf(idx).i64(n).runN(kGatherInt, n)
 }
 
 // GatherStrided sets dst[j] = x[start + j·stride] for j < len(dst).
@@ -761,7 +761,7 @@ func (o *Sparse) GatherStrided(s device.Stream, dst, x device.Buffer, start, str
 	if n > 0 && (start < 0 || stride < 1 || start+(n-1)*stride >= x.Len()) {
 		return fmt.Errorf("cuda: GatherStrided: %d elements from %d by %d leave the %d of x", n, start, stride, x.Len())
 	}
-	return cs.args().buf(dst).buf(x).i64(start).i64(stride).i64(n).runN("k_gather_strided", n)
+	return cs.args().buf(dst).buf(x).i64(start).i64(stride).i64(n).runN(kGatherStrided, n)
 }
 
 // ScatterAdd adds scale·val[j] to dst[idx[j]] for j < len(idx); the indices
@@ -776,7 +776,7 @@ func (o *Sparse) ScatterAdd(s device.Stream, dst, idx, val device.Buffer, scale 
 		bufArg{"val", val, device.Float32, n}); err != nil {
 		return err
 	}
-	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter_add", n)
+	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN(kScatterAdd, n)
 }
 
 // ScatterAccum adds a list into a dense sparse sum: where mark[idx[j]] is 0
@@ -792,7 +792,7 @@ func (o *Sparse) ScatterAccum(s device.Stream, dst, mark, idx, val device.Buffer
 		bufArg{"val", val, device.Float32, n}); err != nil {
 		return err
 	}
-	return cs.args().buf(dst).buf(mark).buf(idx).buf(val).i64(n).runN("k_scatter_accum", n)
+	return cs.args().buf(dst).buf(mark).buf(idx).buf(val).i64(n).runN(kScatterAccum, n)
 }
 
 // ScatterFill sets dst[idx[j]] = v for j < len(idx).
@@ -806,7 +806,7 @@ func (o *Sparse) ScatterFill(s device.Stream, dst, idx device.Buffer, v float32)
 		bufArg{"idx", idx, device.Int32, 0}); err != nil {
 		return err
 	}
-	return cs.args().buf(dst).buf(idx).f32(v).i64(n).runN("k_scatter_fill", n)
+	return cs.args().buf(dst).buf(idx).f32(v).i64(n).runN(kScatterFill, n)
 }
 
 // Scatter sets dst[idx[j]] = val[j]·scale for j < len(idx).
@@ -820,7 +820,7 @@ func (o *Sparse) Scatter(s device.Stream, dst, idx, val device.Buffer, scale flo
 		bufArg{"val", val, device.Float32, n}); err != nil {
 		return err
 	}
-	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN("k_scatter", n)
+	return cs.args().buf(dst).buf(idx).buf(val).f32(scale).i64(n).runN(kScatter, n)
 }
 
 // Div divides every element of x by d.
@@ -832,7 +832,7 @@ func (o *Sparse) Div(s device.Stream, x device.Buffer, d float32) error {
 	if err := o.check("Div", "x", x, device.Float32, 0); err != nil {
 		return err
 	}
-	return cs.args().buf(x).f32(d).i64(x.Len()).runN("k_div", x.Len())
+	return cs.args().buf(x).f32(d).i64(x.Len()).runN(kDiv, x.Len())
 }
 
 // Iota sets idx[j] = start + j.
@@ -844,7 +844,7 @@ func (o *Sparse) Iota(s device.Stream, idx device.Buffer, start int) error {
 	if err := o.check("Iota", "idx", idx, device.Int32, 0); err != nil {
 		return err
 	}
-	return cs.args().buf(idx).i32(start).i64(idx.Len()).runN("k_iota_from", idx.Len())
+	return cs.args().buf(idx).i32(start).i64(idx.Len()).runN(kIotaFrom, idx.Len())
 }
 
 // CountIn returns, for each segment [bounds[j], bounds[j+1]), how many
@@ -885,7 +885,7 @@ func (o *Sparse) CountIn(s device.Stream, idx device.Buffer, bounds []int) ([]in
 		return nil, err
 	}
 	if idx.Len() > 0 {
-		if err := cs.args().buf(idx).i64(idx.Len()).buf(db).i32(nseg).buf(cnt).runN("k_count_in", idx.Len()); err != nil {
+		if err := cs.args().buf(idx).i64(idx.Len()).buf(db).i32(nseg).buf(cnt).runN(kCountIn, idx.Len()); err != nil {
 			return nil, err
 		}
 	}
@@ -938,7 +938,7 @@ func (o *Sparse) rangeCheck(cs *Stream, mark, idx device.Buffer, n int) error {
 // (noBad when there is none), without waiting.
 func (o *Sparse) markRange(cs *Stream, mark, idx device.Buffer, n int) error {
 	m := idx.Len()
-	return cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(cs.sel.first).runN("k_mark", m)
+	return cs.args().buf(mark).buf(idx).i64(m).i64(n).buf(cs.sel.first).runN(kMark, m)
 }
 
 // rangeError returns nil where bad, the first bad element markRange found,
@@ -971,7 +971,7 @@ func (o *Sparse) Shift(s device.Stream, idx device.Buffer, off int) error {
 	if err := o.check("Shift", "idx", idx, device.Int32, 0); err != nil {
 		return err
 	}
-	return cs.args().buf(idx).i32(off).i64(idx.Len()).runN("k_shift", idx.Len())
+	return cs.args().buf(idx).i32(off).i64(idx.Len()).runN(kShift, idx.Len())
 }
 
 // Union writes the distinct indices of idx, ascending, into out and
@@ -1068,17 +1068,17 @@ func (o *Sparse) Run(s device.Stream, k *device.Kernel, n int, args ...any) erro
 		case float64:
 			l.f64(v)
 		default:
-			return fmt.Errorf("cuda: %s: argument %d is a %T; kernels take device buffers, int32, uint32, int64, float32 and float64", k.Name, i, a)
+			return fmt.Errorf("cuda: %s: argument %d is a %s; kernels take device buffers, int32, uint32, int64, float32 and float64", k.Name, i, reflect.TypeOf(a))
 		}
 	}
 	if n == 0 {
 		return nil
 	}
-	m, err := o.d.kernelModule(k)
+	mk, err := o.d.methodKernel(k)
 	if err != nil {
 		return err
 	}
-	return l.launch(kernel{m.fns[k.Name], k.Name}, cs.grid(n))
+	return l.launch(mk.k, cs.grid(n))
 }
 
 // kernelPrelude is what a method's kernel may use without defining it
@@ -1091,21 +1091,19 @@ typedef unsigned long long u64;
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)blockDim.x * gridDim.x)
 `
 
-// methodModules are the compiled modules of the methods' kernels, by
-// device and kernel.
-var methodModules sync.Map // modKey → *module
-
-type modKey struct {
-	d *Device
-	k *device.Kernel
+// methodKernel is a method's kernel compiled for a device, loaded and
+// looked up (Device.methodKernels).
+type methodKernel struct {
+	mod *module
+	k   kernel
 }
 
-// kernelModule returns the module of k on d, compiling and loading it the
-// first time.
-func (d *Device) kernelModule(k *device.Kernel) (*module, error) {
-	key := modKey{d, k}
-	if m, ok := methodModules.Load(key); ok {
-		return m.(*module), nil
+// methodKernel returns k on d, compiling, loading and looking it up the
+// first time: later launches find it by k's address (no name is looked
+// up, nothing is allocated).
+func (d *Device) methodKernel(k *device.Kernel) (*methodKernel, error) {
+	if mk, ok := d.methodKernels.Load(k); ok {
+		return mk.(*methodKernel), nil
 	}
 	src := kernelPrelude + k.CUDA
 	image, _, err := Compile(src, d.cc[0], d.cc[1])
@@ -1116,13 +1114,17 @@ func (d *Device) kernelModule(k *device.Kernel) (*module, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := loadModule(image, src)
-	unlock()
+	defer unlock()
+	m, err := loadModule(image, []string{k.Name})
 	if err != nil {
 		return nil, err
 	}
-	actual, _ := methodModules.LoadOrStore(key, m)
-	return actual.(*module), nil
+	mk := &methodKernel{mod: m, k: kernel{m.fns[0], k.Name}}
+	if actual, loaded := d.methodKernels.LoadOrStore(k, mk); loaded {
+		// Another goroutine loaded it meanwhile: keep one.
+		return actual.(*methodKernel), check("cuModuleUnload", drv.cuModuleUnload(m.h))
+	}
+	return mk, nil
 }
 
 // deviceWords returns w on the device: a copy kept from an earlier call
@@ -1202,7 +1204,7 @@ func (o *Sparse) KthLargestAbsSegments(s device.Stream, thr, x device.Buffer, se
 	if err != nil {
 		return err
 	}
-	return cs.args().buf(state).i64(S).buf(thr).runN("k_seg_kth", S)
+	return cs.args().buf(state).i64(S).buf(thr).runN(kSegKth, S)
 }
 
 // SelectAboveSegments selects every segment of x at its own threshold
@@ -1267,16 +1269,16 @@ func (o *Sparse) SelectAboveSegments(s device.Stream, idx, counts, x, thr device
 	if err != nil {
 		return err
 	}
-	if err := cs.args().buf(thr).buf(dd).i64(S).buf(state).runN("k_segt_init", S); err != nil {
+	if err := cs.args().buf(thr).buf(dd).i64(S).buf(state).runN(kSegtInit, S); err != nil {
 		return err
 	}
-	if err := cs.args().buf(x).buf(dd).buf(state).buf(tc).run("k_segt_count", tiles); err != nil {
+	if err := cs.args().buf(x).buf(dd).buf(state).buf(tc).run(kSegtCount, tiles); err != nil {
 		return err
 	}
-	if err := cs.args().buf(tc).buf(dd).buf(offs).buf(counts).run("k_segt_offsets", S); err != nil {
+	if err := cs.args().buf(tc).buf(dd).buf(offs).buf(counts).run(kSegtOffsets, S); err != nil {
 		return err
 	}
-	return cs.args().buf(x).buf(dd).buf(state).buf(offs).buf(idx).run("k_segt_write", tiles)
+	return cs.args().buf(x).buf(dd).buf(state).buf(offs).buf(idx).run(kSegtWrite, tiles)
 }
 
 // CompactSlotsSegments is CompactSlots of the whole of x into idx (at least
@@ -1321,7 +1323,7 @@ func (o *Sparse) CompactSlotsSegments(s device.Stream, idx, x device.Buffer, bou
 	if err != nil {
 		return nil, err
 	}
-	if err := cs.args().buf(x).buf(db).buf(cnt).run("k_seg_nonzero", nseg); err != nil {
+	if err := cs.args().buf(x).buf(db).buf(cnt).run(kSegNonzero, nseg); err != nil {
 		return nil, err
 	}
 	h, err := readU32(cs, cnt, nseg)
@@ -1366,5 +1368,5 @@ func (o *Sparse) CountInTo(s device.Stream, counts, idx device.Buffer, bounds []
 	if idx.Len() == 0 {
 		return nil
 	}
-	return cs.args().buf(idx).i64(idx.Len()).buf(db).i32(nseg).buf(cnt).runN("k_count_in", idx.Len())
+	return cs.args().buf(idx).i64(idx.Len()).buf(db).i32(nseg).buf(cnt).runN(kCountIn, idx.Len())
 }

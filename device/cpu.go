@@ -72,7 +72,7 @@ type cpuEvent time.Time
 
 func (cpuEvent) Synchronize() error { return nil }
 
-func (e cpuEvent) Time() time.Time { return time.Time(e) }
+func (e cpuEvent) Time() (time.Time, error) { return time.Time(e), nil }
 
 type cpuMath struct{}
 

@@ -136,8 +136,24 @@ type Event interface {
 	// Time is when the event completed, on the host's clock, after
 	// Synchronize; devices measure it with their own timers and map it to
 	// the host clock, so differences between events of one device are
-	// accurate.
-	Time() time.Time
+	// accurate. A time the device cannot read (its timer failed, the event
+	// has not completed) is an error, never a zero time that would turn
+	// into a bogus duration.
+	Time() (time.Time, error)
+}
+
+// Elapsed is the time from event from to event to (both completed, of one
+// device), or the error of reading either.
+func Elapsed(from, to Event) (time.Duration, error) {
+	t0, err := from.Time()
+	if err != nil {
+		return 0, err
+	}
+	t1, err := to.Time()
+	if err != nil {
+		return 0, err
+	}
+	return t1.Sub(t0), nil
 }
 
 // Buffer is n elements of one type in one device's memory. The zero Buffer

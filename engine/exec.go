@@ -551,7 +551,7 @@ func (e *Executor) Run(ctx context.Context, b Bindings, hook GradHook) (Timing, 
 	if err := e.Wait(); err != nil {
 		return Timing{}, err
 	}
-	return e.Timing(), nil
+	return e.Timing()
 }
 
 // Start is Run without the wait: it issues the program and the copies of
@@ -625,13 +625,22 @@ func (e *Executor) Wait() error {
 
 // Timing is the times of the last run, read from its events: valid once
 // the run has completed (after Run, Wait, or a synchronisation of the
-// stream after Start); zero before any run.
-func (e *Executor) Timing() Timing {
+// stream after Start); zero before any run. An event the device could not
+// time is the error.
+func (e *Executor) Timing() (Timing, error) {
 	is := e.last
 	if is == nil {
-		return Timing{}
+		return Timing{}, nil
 	}
-	return Timing{Forward: is.mid.Time().Sub(is.start.Time()), Backward: is.end.Time().Sub(is.mid.Time())}
+	fwd, err := device.Elapsed(is.start, is.mid)
+	if err != nil {
+		return Timing{}, fmt.Errorf("engine: timing the forward pass: %w", err)
+	}
+	bwd, err := device.Elapsed(is.mid, is.end)
+	if err != nil {
+		return Timing{}, fmt.Errorf("engine: timing the backward pass: %w", err)
+	}
+	return Timing{Forward: fwd, Backward: bwd}, nil
 }
 
 // prepare readies a run with bindings b (Run, Profile): the context still
@@ -710,7 +719,11 @@ func (e *Executor) Profile(ctx context.Context, b Bindings) ([]OpTime, error) {
 		if i := strings.LastIndexByte(kind, '.'); i >= 0 {
 			kind = kind[i+1:]
 		}
-		out[j] = OpTime{Node: in.Node, Op: fmt.Sprint(in.Op), Kind: kind, Shapes: shapes, Time: evs[j+1].Time().Sub(evs[j].Time())}
+		t, err := device.Elapsed(evs[j], evs[j+1])
+		if err != nil {
+			return nil, fmt.Errorf("engine: timing %s: %w", in.Node, err)
+		}
+		out[j] = OpTime{Node: in.Node, Op: fmt.Sprint(in.Op), Kind: kind, Shapes: shapes, Time: t}
 	}
 	return out, nil
 }

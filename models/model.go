@@ -148,14 +148,15 @@ type Model interface {
 // StartStep is TrainStep up to the step's issue on the model's stream (the
 // backend's): the gradient, and the loss in host memory, are there once the
 // stream has completed the step. LastStep is the result of the last
-// StartStep, read once the caller has synchronised that stream — a trainer
+// StartStep, read once the caller has synchronised that stream (an error
+// when the device could not time the step's phases) — a trainer
 // that waits for the stream at the end of its step anyway reads the loss
 // with that wait (on the CPU the step is done when StartStep returns).
 // TrainStep is StartStep, the wait and LastStep.
 type Deferred interface {
 	Model
 	StartStep(ctx context.Context, b Batch, params, grad device.Buffer) error
-	LastStep() StepResult
+	LastStep() (StepResult, error)
 }
 
 // ErrBadInput wraps every error about a malformed batch or buffer.

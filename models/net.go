@@ -233,13 +233,16 @@ func (n *net) finishTrain() (StepResult, error) {
 			return StepResult{}, fmt.Errorf("models: training step: %w", err)
 		}
 	}
-	return n.LastStep(), nil
+	return n.LastStep()
 }
 
 // LastStep implements Deferred.
-func (n *net) LastStep() StepResult {
-	t := n.train.Timing()
-	return StepResult{Loss: float64(n.loss.Float32s()[0]), Forward: t.Forward, Backward: t.Backward}
+func (n *net) LastStep() (StepResult, error) {
+	t, err := n.train.Timing()
+	if err != nil {
+		return StepResult{}, fmt.Errorf("models: training step: %w", err)
+	}
+	return StepResult{Loss: float64(n.loss.Float32s()[0]), Forward: t.Forward, Backward: t.Backward}, nil
 }
 
 // ProfileStep runs one training step of m as TrainStep does, with each

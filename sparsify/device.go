@@ -45,6 +45,17 @@ func newVecs(o Options) vecs {
 // onCPU reports whether the vectors live in host memory.
 func (v *vecs) onCPU() bool { return v.d.Kind() == device.CPUKind }
 
+// hold holds the reducer's stream for a burst of its calls where the
+// stream can be held (a GPU's: Stream.Hold locks the OS thread with the
+// device's context current once for the burst, not once per launch);
+// call release when the burst is issued.
+func (v *vecs) hold() (release func()) {
+	if h, ok := v.s.(interface{ Hold() (release func()) }); ok {
+		return h.Hold()
+	}
+	return func() {}
+}
+
 // scratch returns the first n elements of *b, a buffer of the device
 // reallocated (contents lost) when shorter than n.
 func (v *vecs) scratch(b *device.Buffer, dt device.DType, n int) (device.Buffer, error) {

@@ -247,6 +247,7 @@ func (r *Reducer) ReduceOn(ctx context.Context, acc, out, residual device.Buffer
 // the groups of a call in the same order, each once; Start and Finish must
 // not run concurrently. An error is also Finish's.
 func (r *Reducer) Start(ctx context.Context, g int, acc, out, residual device.Buffer) error {
+	defer r.e.v.hold()()
 	err := r.startGroup(ctx, g, acc, out, residual)
 	if err != nil && r.err == nil {
 		r.err = err
@@ -363,6 +364,7 @@ func sameVector(a, b device.Buffer) bool {
 // or an error of a Start or a finish, is the call's error; every started
 // group is finished first, so that none outlives the call.
 func (r *Reducer) Finish(ctx context.Context) (Stats, error) {
+	defer r.e.v.hold()()
 	defer r.reset()
 	err := r.err
 	if err == nil && !r.begun {

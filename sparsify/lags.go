@@ -485,8 +485,12 @@ func (l *LAGS) foldSpans(wait bool) {
 				break // the stream's error surfaces in its next call
 			}
 		}
-		l.sparTime += max(sp.to.Time().Sub(sp.from.Time()), 0)
-		l.sparElems += int64(sp.elems)
+		// A span the device could not time is left out of the measurement
+		// (counted as zero it would make the selection look free).
+		if d, err := device.Elapsed(sp.from, sp.to); err == nil {
+			l.sparTime += max(d, 0)
+			l.sparElems += int64(sp.elems)
+		}
 		done++
 	}
 	l.sparSpans = append(l.sparSpans[:0], l.sparSpans[done:]...)

@@ -346,7 +346,11 @@ func (b *Env) selectEventsTime() (time.Duration, error) {
 	}
 	var sum time.Duration
 	for _, e := range b.selEvents {
-		sum += e[1].Time().Sub(e[0].Time())
+		d, err := device.Elapsed(e[0], e[1])
+		if err != nil {
+			return 0, fmt.Errorf("timing the selection: %w", err)
+		}
+		sum += d
 	}
 	return sum, nil
 }

@@ -364,7 +364,11 @@ func (dp *dataPath) flagFirst(err error) error {
 				return errors.Join(err, serr)
 			}
 		}
-		if lerr := dp.checkLoss(d.LastStep().Loss); lerr != nil {
+		res, lerr := d.LastStep()
+		if lerr == nil {
+			lerr = dp.checkLoss(res.Loss)
+		}
+		if lerr != nil {
 			return lerr
 		}
 	}
@@ -419,6 +423,9 @@ func (dp *dataPath) hook(idx int, ready device.Event) {
 func (dp *dataPath) startGroups(ctx context.Context, gs []int) error {
 	st := dp.compute
 	if dp.commStream != nil {
+		// The pipeline's goroutine is the communication stream's only
+		// user while the step's pass runs.
+		defer hold(dp.commStream)()
 		// On the GPU, on the communication stream, after the groups'
 		// gradients.
 		st = dp.commStream
@@ -452,8 +459,24 @@ func (dp *dataPath) startGroups(ctx context.Context, gs []int) error {
 	return nil
 }
 
+// hold holds stream s where it can be held (a GPU stream's Hold: the OS
+// thread locked with the device's context current once, instead of once
+// per call) until release; only the holding goroutine may use s meanwhile.
+func hold(s device.Stream) (release func()) {
+	if h, ok := s.(interface{ Hold() (release func()) }); ok {
+		return h.Hold()
+	}
+	return func() {}
+}
+
 // step runs the run's step n (from 1) on batch b with learning rate lr.
 func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64) (stepStats, error) {
+	// The step's calls on the compute stream are issued from this
+	// goroutine, with the stream held: none pays a context switch. (A
+	// pipeline without a stream of its own, on the CPU, shares it.)
+	if dp.pipe == nil || dp.commStream != nil {
+		defer hold(dp.compute)()
+	}
 	dp.stepNo = n
 	var s stepStats
 	if err := dp.rescaleResidual(lr); err != nil {
@@ -486,6 +509,11 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	var err error
 	if dp.pipe != nil {
 		err = dp.pipe.run(pass, func(gs []int) error { return dp.startGroups(ctx, gs) })
+		if dp.commStream != nil {
+			// The pipeline's goroutine has ended: the rest of the step
+			// (Finish) issues on the communication stream from here.
+			defer hold(dp.commStream)()
+		}
 	} else {
 		err = pass()
 	}
@@ -603,7 +631,9 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 	t3 := time.Now()
 	if d := dp.pending; d != nil {
 		dp.pending = nil
-		result = d.LastStep()
+		if result, err = d.LastStep(); err != nil {
+			return s, err
+		}
 		s.Loss, s.Forward, s.Backward = result.Loss, result.Forward, result.Backward
 		if err := dp.checkLoss(s.Loss); err != nil {
 			return s, err
@@ -616,7 +646,11 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 		}
 		s.Compute = t1.Sub(t0) - result.Queued
 		if reduced != nil {
-			if at := reduced.Time(); at.After(t2) && at.Before(t3) {
+			at, err := reduced.Time()
+			if err != nil {
+				return s, fmt.Errorf("train: timing the reduced gradient: %w", err)
+			}
+			if at.After(t2) && at.Before(t3) {
 				t2 = at
 			}
 		}

@@ -65,7 +65,7 @@ func (m *poisonDeferred) StartStep(ctx context.Context, b models.Batch, p, g dev
 	return err
 }
 
-func (m *poisonDeferred) LastStep() models.StepResult { return m.last }
+func (m *poisonDeferred) LastStep() (models.StepResult, error) { return m.last, nil }
 
 // poisonSecond wraps the second worker built (some rank) in a poisonModel
 // (kind "deferred loss": a poisonDeferred of a non-finite loss).

@@ -86,7 +86,9 @@ func GradReadyTimes(ctx context.Context, c Config, steps int) ([]float64, error)
 				if err := ev.Synchronize(); err != nil {
 					return nil, err
 				}
-				done = ev.Time()
+				if done, err = ev.Time(); err != nil {
+					return nil, err
+				}
 			}
 			samples[i] = append(samples[i], max(0, done.Sub(start).Seconds()))
 		}

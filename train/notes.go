@@ -68,7 +68,11 @@ func (w *worker) profile(ctx context.Context, step int) error {
 		if err := ev.Synchronize(); err != nil {
 			return err
 		}
-		final[i] = ev.Time()
+		t, err := ev.Time()
+		if err != nil {
+			return fmt.Errorf("train: timing the gradients for the profile: %w", err)
+		}
+		final[i] = t
 	}
 	note, err := dp.reducer.Profile(ctx, w.communicator, step, final)
 	if err != nil || note == "" {

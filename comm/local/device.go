@@ -455,6 +455,11 @@ func (c *rankComm) onStream(d device.Device, waitFor []device.Event, f func(p de
 		return err
 	}
 	defer unlock()
+	// This rank's peer stream is this call's alone until unlock: held, its
+	// calls pay one context switch, not one each (cuda.Stream.Hold).
+	if h, ok := p.(interface{ Hold() (release func()) }); ok {
+		defer h.Hold()()
+	}
 	for _, ev := range waitFor {
 		if ev == nil {
 			continue

@@ -148,8 +148,8 @@ func (s fakeStream) Wait(device.Event) error       { return nil }
 
 type fakeEvent struct{}
 
-func (fakeEvent) Synchronize() error { return nil }
-func (fakeEvent) Time() time.Time    { return time.Time{} }
+func (fakeEvent) Synchronize() error       { return nil }
+func (fakeEvent) Time() (time.Time, error) { return time.Time{}, nil }
 
 // TestDeviceCollectives runs the collectives on device buffers (fake
 // comm.PeerDevices: one, or two the ranks take in turn, which reach each
