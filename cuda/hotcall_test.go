@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"errors"
 	"os/exec"
 	"path/filepath"
 	"runtime"
@@ -104,11 +103,7 @@ func TestSyncNamesFaultingKernel(t *testing.T) {
 	if !emulated {
 		t.Skip("injects a fault into the emulated driver")
 	}
-	d, err := Open(0, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := openDevice(t)
 	x, err := d.Alloc(device.Float32, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -135,14 +130,7 @@ func TestSyncNamesFaultingKernel(t *testing.T) {
 // heap on their way to the driver (whose calls are replaced here by ones
 // that do nothing, so that only the package's path is counted).
 func TestLaunchesAllocateNothing(t *testing.T) {
-	d, err := Open(0, Options{})
-	if err != nil {
-		if errors.Is(err, device.ErrUnavailable) {
-			t.Skip(err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := openDevice(t)
 	idx, err := d.Alloc(device.Int32, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -193,11 +181,7 @@ func TestFailedSetUpsLeakNothing(t *testing.T) {
 	if !emulated {
 		t.Skip("injects failures into the emulated driver and libraries")
 	}
-	d, err := Open(0, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := openDevice(t)
 	if err := loadCUDNN(); err != nil {
 		t.Fatal(err)
 	}
@@ -274,14 +258,7 @@ func TestOpenNamesMissingKernel(t *testing.T) {
 // context current once (nested holds add nothing); a call on a stream not
 // held makes it current itself and is counted as unheld.
 func TestHoldSwitchesContextOnce(t *testing.T) {
-	d, err := Open(0, Options{})
-	if err != nil {
-		if errors.Is(err, device.ErrUnavailable) {
-			t.Skip(err)
-		}
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Close() })
+	d := openDevice(t)
 	x, err := d.Alloc(device.Float32, 10)
 	if err != nil {
 		t.Fatal(err)
@@ -316,4 +293,16 @@ func TestHoldSwitchesContextOnce(t *testing.T) {
 	if err := s.Synchronize(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// openDevice opens GPU 0 (the emulator's where there is no GPU) for a test
+// or benchmark of the package's internals, closed when tb ends.
+func openDevice(tb testing.TB) *Device {
+	tb.Helper()
+	d, err := Open(0, Options{})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { d.Close() })
+	return d
 }

@@ -1,7 +1,6 @@
 package cuda
 
 import (
-	"errors"
 	"testing"
 	"unsafe"
 
@@ -19,14 +18,7 @@ import (
 // method's own kernel (Sparse.Run, sparsify's kernels); method-held: held.
 // allocs/op must stay 0 for every one (TestLaunchesAllocateNothing).
 func BenchmarkLaunch(b *testing.B) {
-	d, err := Open(0, Options{})
-	if err != nil {
-		if errors.Is(err, device.ErrUnavailable) {
-			b.Skip(err)
-		}
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.Close() })
+	d := openDevice(b)
 	x, err := d.Alloc(device.Float32, 1000)
 	if err != nil {
 		b.Fatal(err)
