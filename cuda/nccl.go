@@ -349,10 +349,10 @@ func (c *NCCL) Close() error {
 	return errors.Join(append(errs, err, check("cuEventDestroy", drv.cuEventDestroy(c.done)), c.s.Close(), c.d.Free(c.scratch))...)
 }
 
-// ncclPoll bounds the watchdog's pauses between two looks at the
-// transfers outstanding: an error or the end of a call's context is acted
-// on within it (the watchdog is off the path of the calls: nothing waits
-// for its pauses).
+// ncclPoll is the watchdog's pause between two looks at the transfers
+// outstanding: an error or the end of a call's context is acted on within
+// it (the watchdog is off the path of the calls: nothing waits for its
+// pauses).
 const ncclPoll = time.Millisecond
 
 // watchdog follows the transfers outstanding until Close: it looks at the
@@ -367,24 +367,16 @@ func (c *NCCL) watchdog() {
 	defer runtime.UnlockOSThread()
 	counts.ctxSets.Add(1)
 	ctxErr := check("cuCtxSetCurrent", drv.cuCtxSetCurrent(c.d.ctx))
-	pause := 10 * time.Microsecond
 	for {
-		if busy := c.look(ctxErr); !busy {
-			// Nothing outstanding: sleep until a transfer is issued.
-			pause = 10 * time.Microsecond
-			select {
-			case <-c.wake:
-				continue
-			case <-c.stop:
-				return
-			}
+		var next <-chan time.Time // nil: nothing outstanding, sleep until a transfer is issued
+		if c.look(ctxErr) {
+			next = time.After(ncclPoll)
 		}
 		select {
 		case <-c.stop:
 			return
 		case <-c.wake:
-		case <-time.After(pause):
-			pause = min(2*pause, ncclPoll)
+		case <-next:
 		}
 	}
 }
