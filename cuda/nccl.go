@@ -430,11 +430,20 @@ func (c *NCCL) look(ctxErr error) bool {
 }
 
 // watch has the watchdog follow ctx until the seq-th transfer issued has
-// completed (nothing for a context that never ends). Call it with c.mu
-// held.
+// completed (nothing for a context that never ends): one entry per
+// context (per Done channel), however many calls share it. Call it with
+// c.mu held.
 func (c *NCCL) watch(ctx context.Context, seq uint64, what string) {
 	if ctx == nil || ctx.Done() == nil || seq <= c.complete || c.aborted != nil {
 		return // never ends, or nothing to follow
+	}
+	for i, w := range c.watched {
+		if w.ctx.Done() == ctx.Done() {
+			if seq > w.seq {
+				c.watched[i] = watchedCall{seq, what, ctx}
+			}
+			return
+		}
 	}
 	c.watched = append(c.watched, watchedCall{seq, what, ctx})
 }
