@@ -170,16 +170,19 @@ func dataDir(t *testing.T, file string) string {
 	return testenv.DataDir(t, dir, file)
 }
 
-// stepCounts is what steps 3 to 2+k of a run cost the host: the counts
+// stepCounts is what steps 3 to 2+k of a run over -comm comm ("": auto)
+// cost the host: the counts
 // of a run of 2+k steps less those of a run of 2 (the runs are the same up
 // to their last step, and end the same way: a final evaluation of one
 // batch and a checkpoint).
-func stepCounts(t *testing.T, c budgetCase, k int) cuda.HostCounts {
+func stepCounts(t *testing.T, c budgetCase, k int, comm string) cuda.HostCounts {
 	run := func(steps int) cuda.HostCounts {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 		defer cancel()
 		before := cuda.Counts()
-		if err := train.Run(ctx, budgetConfig(t, c, steps), train.Options{}); err != nil {
+		cfg := budgetConfig(t, c, steps)
+		cfg.Comm = comm
+		if err := train.Run(ctx, cfg, train.Options{}); err != nil {
 			t.Fatalf("%s %s ×%d, %d steps: %v", c.model, c.method, c.workers, steps, err)
 		}
 		return cuda.Counts().Sub(before)
@@ -245,7 +248,7 @@ func TestStepBudgets(t *testing.T) {
 			if c.model == "resnet18" {
 				k = 1
 			}
-			all := stepCounts(t, c, k)
+			all := stepCounts(t, c, k, "")
 			n := int64(k * c.workers)
 			per := func(v int64) float64 { return float64(v) / float64(n) }
 			p := perStep{launches: per(all.Launches), syncs: per(all.Syncs), graphs: per(all.Graphs),
@@ -277,4 +280,68 @@ func TestStepBudgets(t *testing.T) {
 		})
 	}
 	t.Logf("per worker and step:\n| model | method | workers | launches | syncs | host→device B | device→host B | allocs | frees | graph launches | context switches | unheld calls |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n%s", strings.Join(rows, "\n"))
+}
+
+// ncclBudgets are the host waits of a step over -comm nccl, one GPU per
+// worker (on the emulator: two emulated GPUs and its NCCL), per worker and
+// step after the first two: those of the in-process rows of stepBudgets,
+// NCCL's transfers adding none (before the streams waited for them on the
+// device, every blocking collective was one more: dense 3, topk 5, deft 7,
+// lags 12, dgc 7, spardl 7). gtopk's are its own (measured only).
+var ncclBudgets = []budgetCase{
+	{model: "ncf", method: "dense", workers: 2, max: &budget{syncs: 1}},
+	{model: "ncf", method: "dense", workers: 2, max: &budget{syncs: 1}, overlap: "off"},
+	{model: "ncf", method: "topk", workers: 2, max: &budget{syncs: 3}},
+	{model: "ncf", method: "deft", workers: 2, max: &budget{syncs: 4}},
+	{model: "ncf", method: "gtopk", workers: 2},
+	{model: "ncf", method: "lags", workers: 2, max: &budget{syncs: 2}},
+	{model: "ncf", method: "dgc", workers: 2, max: &budget{syncs: 4}},
+	{model: "ncf", method: "spardl", workers: 2, max: &budget{syncs: 3}},
+}
+
+// TestNCCLStepBudgets holds a training step over NCCL to the host waits
+// of the in-process one (TestStepBudgets, ncclBudgets): NCCL's transfers
+// are ordered on the device before the work that reads their results, and
+// the host does not wait for them. -short measures shortCases only.
+func TestNCCLStepBudgets(t *testing.T) {
+	gpu(t)
+	cuda.KeepAnchor(t)
+	n, err := cuda.Count()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cuda.EmulateGPUs(t, 2) {
+		n = 2
+	}
+	if n < 2 {
+		testenv.Missing(t, testenv.GPU, "-comm nccl needs two GPUs")
+	}
+	if _, err := cuda.NCCLVersion(); err != nil {
+		testenv.Missing(t, testenv.GPU, fmt.Sprintf("no NCCL: %v", err))
+	}
+	var rows []string
+	for _, c := range ncclBudgets {
+		if testing.Short() && !slices.Contains(shortCases, c.model+"-"+c.method) {
+			continue
+		}
+		name := c.model + "-" + c.method
+		if c.overlap != "" {
+			name += "-overlap-" + c.overlap
+		}
+		t.Run(name, func(t *testing.T) {
+			const k = 2
+			all := stepCounts(t, c, k, "nccl")
+			n := int64(k * c.workers)
+			per := func(v int64) float64 { return float64(v) / float64(n) }
+			p := perStep{launches: per(all.Launches), syncs: per(all.Syncs), graphs: per(all.Graphs),
+				htod: all.HtoD / n, dtoh: all.DtoH / n, allocs: per(all.Allocs), frees: per(all.Frees),
+				ctxSets: per(all.CtxSets), unheld: per(all.Unheld)}
+			rows = append(rows, p.row(c))
+			t.Log(p.row(c))
+			if c.max != nil && p.syncs > c.max.syncs {
+				t.Errorf("host synchronisations per worker and step over NCCL: %g, over the budget of %g", p.syncs, c.max.syncs)
+			}
+		})
+	}
+	t.Logf("per worker and step over NCCL:\n| model | method | workers | launches | syncs | host→device B | device→host B | allocs | frees | graph launches | context switches | unheld calls |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n%s", strings.Join(rows, "\n"))
 }

@@ -17,8 +17,8 @@ type HostCounts struct {
 	// Graphs is how many of the launches replayed a CUDA graph.
 	Graphs int64 `json:"graphs"`
 	// Syncs is the host's waits for the device: stream, event and context
-	// synchronisations, and the waits for an NCCL call (however many
-	// times it polled).
+	// synchronisations (an NCCL call waits on the host only for a buffer
+	// without a stream, and Barrier; its watchdog's looks are no waits).
 	Syncs int64 `json:"syncs"`
 	// HtoD and DtoH are the bytes copied from host to device memory and
 	// back.

@@ -3,6 +3,7 @@ package cuda
 import (
 	"encoding/binary"
 	"math"
+	"slices"
 	"sync"
 
 	"github.com/sparsegrad/sparsegrad/device"
@@ -10,11 +11,14 @@ import (
 
 // The emulator's NCCL: ranks of one process on emulated GPUs (the emulator
 // shows emuGPUs devices, all sharing its memory). Every transfer is posted
-// without blocking and completes when its peers have posted theirs, so
-// streams and events behave as on a GPU: the completion event of a
-// transfer is not ready until every rank has issued its part, and a rank
-// whose peer never calls waits until its context ends and aborts. Sums add
-// the ranks' contributions in rank order (real NCCL uses its own order).
+// without blocking and completes when its peers have posted theirs and the
+// work posted before it on each rank's stream has completed, so streams
+// and events behave as on a GPU: the completion event of a transfer is not
+// ready until every rank has issued its part, work issued after it on a
+// stream that waits for it runs after it, and a rank whose peer never
+// calls waits until its context ends and aborts (ncclCommAbort completes
+// its transfers, as the real one makes its kernels return). Sums add the
+// ranks' contributions in rank order (real NCCL uses its own order).
 
 // emuGPUs is the number of GPUs the emulator shows.
 var emuGPUs = 1
@@ -28,15 +32,17 @@ type emuComm struct {
 	joined  int
 	ready   chan struct{}
 	mu      sync.Mutex
-	seq     []int               // each rank's next collective number
-	rv      map[int]*rendezvous // collective number → contributions
-	p2p     map[[2]int][]p2pMsg // (src, dst) → sends not yet received
+	seq     []int                // each rank's next collective number
+	rv      map[int]*rendezvous  // collective number → contributions
+	p2p     map[[2]int][]*p2pMsg // (src, dst) → sends not yet received
 	waiting map[[2]int][]p2pRecv
 }
 
 type rendezvous struct {
 	args []ncclArgs
 	done []pending
+	// prev is each rank's work posted before its part on its stream.
+	prev [][]pending
 	n    int
 }
 
@@ -46,16 +52,38 @@ type ncclArgs struct {
 	dt, root          int32
 }
 
-type p2pMsg struct{ data []byte }
+// p2pMsg is a send: its data, read once ready is closed.
+type p2pMsg struct {
+	data  []byte
+	ready pending
+}
 
 type p2pRecv struct {
 	buf, bytes uint64
 	done       pending
+	prev       []pending // the work posted before it on its stream
 }
 
 type emuRank struct {
 	c    *emuComm
 	rank int
+	// posted is the rank's transfers, which an abort completes.
+	posted []pending
+}
+
+// finishMu makes completing a transfer (finish) and aborting its rank
+// exclusive.
+var finishMu sync.Mutex
+
+// finish completes p unless an abort has.
+func finish(p pending) {
+	finishMu.Lock()
+	defer finishMu.Unlock()
+	select {
+	case <-p:
+	default:
+		close(p)
+	}
 }
 
 // installNCCLFakes points the NCCL table at the fake.
@@ -65,12 +93,18 @@ func installNCCLFakes(e *emu) {
 	var mu sync.Mutex
 	comms := map[NCCLID]*emuComm{}
 	ranks := map[uintptr]*emuRank{}
-	post := func(s uintptr) pending {
+	// post adds a transfer of rank rk to stream s and returns it and the
+	// work posted on s before it.
+	post := func(rk *emuRank, s uintptr) (pending, []pending) {
+		prev := e.eventPending(s)
 		p := make(pending)
 		e.mu.Lock()
 		e.pending[s] = append(e.pending[s], p)
 		e.mu.Unlock()
-		return p
+		mu.Lock()
+		rk.posted = append(slices.DeleteFunc(rk.posted, func(q pending) bool { return allDone([]pending{q}) }), p)
+		mu.Unlock()
+		return p, prev
 	}
 	elem := func(dt int32) uint64 {
 		switch dt {
@@ -148,16 +182,16 @@ func installNCCLFakes(e *emu) {
 			return 5 // ncclInvalidUsage: not in graphs here
 		}
 		c := rk.c
-		p := post(s)
+		p, prev := post(rk, s)
 		c.mu.Lock()
 		k := c.seq[rk.rank]
 		c.seq[rk.rank]++
 		v := c.rv[k]
 		if v == nil {
-			v = &rendezvous{args: make([]ncclArgs, c.size), done: make([]pending, c.size)}
+			v = &rendezvous{args: make([]ncclArgs, c.size), done: make([]pending, c.size), prev: make([][]pending, c.size)}
 			c.rv[k] = v
 		}
-		v.args[rk.rank], v.done[rk.rank] = a, p
+		v.args[rk.rank], v.done[rk.rank], v.prev[rk.rank] = a, p, prev
 		v.n++
 		complete := v.n == c.size
 		if complete {
@@ -166,9 +200,12 @@ func installNCCLFakes(e *emu) {
 		c.mu.Unlock()
 		if complete {
 			go func() {
+				for _, prev := range v.prev {
+					waitAll(prev)
+				}
 				run(v.args)
 				for _, d := range v.done {
-					close(d)
+					finish(d)
 				}
 			}()
 		}
@@ -187,7 +224,7 @@ func installNCCLFakes(e *emu) {
 		c := comms[*id]
 		if c == nil {
 			c = &emuComm{size: int(n), ready: make(chan struct{}), seq: make([]int, n), rv: map[int]*rendezvous{},
-				p2p: map[[2]int][]p2pMsg{}, waiting: map[[2]int][]p2pRecv{}}
+				p2p: map[[2]int][]*p2pMsg{}, waiting: map[[2]int][]p2pRecv{}}
 			comms[*id] = c
 		}
 		if c.size != int(n) {
@@ -211,7 +248,18 @@ func installNCCLFakes(e *emu) {
 		mu.Unlock()
 		return 0
 	}
-	nccl.commAbort = nccl.commDestroy
+	nccl.commAbort = func(h uintptr) int32 {
+		mu.Lock()
+		rk := ranks[h]
+		delete(ranks, h)
+		mu.Unlock()
+		if rk != nil {
+			for _, p := range rk.posted {
+				finish(p)
+			}
+		}
+		return 0
+	}
 	nccl.commGetAsyncError = func(_ uintptr, r *int32) int32 { *r = 0; return 0 }
 	nccl.getErrorString = func(int32) *byte { return nil }
 	nccl.groupStart = func() int32 { return 0 }
@@ -228,15 +276,18 @@ func installNCCLFakes(e *emu) {
 	nccl.broadcast = func(send, recv, count uint64, dt, root int32, h, s uintptr) int32 {
 		return collective(h, s, ncclArgs{kind: 'b', send: send, recv: recv, count: count, dt: dt, root: root})
 	}
-	// Point to point: a send copies its data out at once; a receive
-	// completes when the matching send (in issue order) is there.
+	// Point to point: a send copies its data out once the work before it
+	// on its stream is done, and is then complete; a receive completes
+	// when the matching send (in issue order) is there.
 	deliver := func(c *emuComm, key [2]int) {
 		for len(c.p2p[key]) > 0 && len(c.waiting[key]) > 0 {
 			m, w := c.p2p[key][0], c.waiting[key][0]
 			c.p2p[key], c.waiting[key] = c.p2p[key][1:], c.waiting[key][1:]
 			go func() {
+				<-m.ready
+				waitAll(w.prev)
 				write(w.buf, m.data[:min(uint64(len(m.data)), w.bytes)])
-				close(w.done)
+				finish(w.done)
 			}()
 		}
 	}
@@ -247,13 +298,18 @@ func installNCCLFakes(e *emu) {
 		if rk == nil || int(peer) >= rk.c.size {
 			return 4
 		}
-		data := read(buf, count*elem(dt))
-		p := post(s)
-		close(p)
+		p, prev := post(rk, s)
+		m := &p2pMsg{ready: make(pending)}
+		go func() {
+			waitAll(prev)
+			m.data = read(buf, count*elem(dt))
+			close(m.ready)
+			finish(p)
+		}()
 		c := rk.c
 		c.mu.Lock()
 		key := [2]int{rk.rank, int(peer)}
-		c.p2p[key] = append(c.p2p[key], p2pMsg{data: data})
+		c.p2p[key] = append(c.p2p[key], m)
 		deliver(c, key)
 		c.mu.Unlock()
 		return 0
@@ -266,10 +322,10 @@ func installNCCLFakes(e *emu) {
 			return 4
 		}
 		c := rk.c
-		p := post(s)
+		p, prev := post(rk, s)
 		c.mu.Lock()
 		key := [2]int{int(peer), rk.rank}
-		c.waiting[key] = append(c.waiting[key], p2pRecv{buf: buf, bytes: count * elem(dt), done: p})
+		c.waiting[key] = append(c.waiting[key], p2pRecv{buf: buf, bytes: count * elem(dt), done: p, prev: prev})
 		deliver(c, key)
 		c.mu.Unlock()
 		return 0

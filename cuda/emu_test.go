@@ -250,6 +250,8 @@ func (e *emu) ctxOf(p uint64) uintptr {
 }
 
 // exec runs f now, or records it when stream s is capturing a graph.
+// Work posted on s before (an NCCL transfer, or one s waits for) is
+// waited for first: the emulator runs a stream's work in its order.
 func (e *emu) exec(s uintptr, f func()) {
 	e.mu.Lock()
 	if ops, ok := e.capturing[s]; ok {
@@ -258,9 +260,13 @@ func (e *emu) exec(s uintptr, f func()) {
 		return
 	}
 	e.mu.Unlock()
+	e.settle(s)
 	e.flush(s)
 	f()
 }
+
+// settle waits for the work posted on stream s that completes later.
+func (e *emu) settle(s uintptr) { waitAll(e.eventPending(s)) }
 
 func (e *emu) isCapturing(s uintptr) bool {
 	e.mu.Lock()
@@ -561,6 +567,7 @@ func installFakes(e *emu) {
 			if e.isCapturing(s) {
 				return 900
 			}
+			e.settle(s)
 			e.flush(s)
 			copy(unsafe.Slice((*byte)(dst), n), e.must(4, int(n), src, n))
 			return ok
@@ -569,7 +576,8 @@ func installFakes(e *emu) {
 			e.exec(s, func() { e.must(5, 0, dst, src, n) })
 			return ok
 		}
-		drv.cuMemsetD8Async = func(dst uint64, v uint8, n uint64, _ uintptr) cuResult {
+		drv.cuMemsetD8Async = func(dst uint64, v uint8, n uint64, s uintptr) cuResult {
+			e.settle(s)
 			// Whole words, then the bytes after them (a buffer of an odd
 			// number of halves).
 			if n >= 4 {
@@ -590,7 +598,7 @@ func installFakes(e *emu) {
 		}
 		drv.cuStreamCreate = func(s *uintptr, _ uint32) cuResult { *s = e.handle(); return ok }
 		drv.cuStreamDestroy = func(uintptr) cuResult { return ok }
-		drv.cuStreamSynchronize = func(s uintptr) cuResult { e.flush(s); waitAll(e.eventPending(s)); return ok }
+		drv.cuStreamSynchronize = func(s uintptr) cuResult { e.settle(s); e.flush(s); return ok }
 		drv.cuStreamWaitEvent = func(s, h uintptr, _ uint32) cuResult {
 			e.mu.Lock()
 			e.pending[s] = append(e.pending[s], e.eventWaits[h]...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -191,25 +192,56 @@ var ErrNCCLAborted = errors.New("cuda: the NCCL communicator was aborted")
 
 // NCCL is one rank of an NCCL communicator: one GPU per rank, collectives
 // and point-to-point transfers on device buffers, issued on the
-// communicator's own stream. Each call returns once its transfer has
-// completed on the GPU (its results are in the buffers), or with an error
-// after aborting the communicator (ncclCommAbort) when ctx is done or NCCL
-// reports an asynchronous error — never waiting forever on a dead peer.
-// Work other streams must finish first is ordered with After.
+// communicator's own stream after the work issued so far on the buffers'
+// streams (comm.Device.Stream).
+//
+// The host does not wait for a transfer: when a call (or a request's
+// Wait) returns, the streams of its buffers wait for the transfer on the
+// device (cuStreamWaitEvent), so the work issued there afterwards sees its
+// results, and the host sees them after synchronising such a stream (as
+// comm.Device says). Only a buffer without a stream, and Barrier, make the
+// host wait. A watchdog (a goroutine per communicator, from NewNCCL to
+// Close) follows the transfers outstanding: when NCCL reports an
+// asynchronous error, or the context of a call ends before its transfer
+// has completed, it aborts the communicator (ncclCommAbort: the stuck
+// transfers return, and so do the waits of the streams behind them), and
+// every later call returns the error — never waiting forever on a dead
+// peer. Work other streams must finish first is ordered with After.
 //
 // NCCL has neither tags nor message lengths: Recv receives exactly
 // len(buf) elements from the matching Send, and transfers between two ranks
 // are matched in the order they were issued.
 //
-// An NCCL is not safe for concurrent use.
+// An NCCL is not safe for concurrent use (its watchdog is its own).
 type NCCL struct {
 	d          *Device
 	h          uintptr
 	s          *Stream
 	done       uintptr // event recorded after each call
 	rank, size int
-	aborted    error
 	scratch    device.Buffer // Barrier's word
+
+	// mu guards what the watchdog shares with the calls: the handle h
+	// (which an abort zeroes), the event done and what follows.
+	mu sync.Mutex
+	// aborted is the error every call returns after an abort.
+	aborted error
+	// issued counts the transfers issued (done is recorded after the
+	// last), complete those known complete; watched are the contexts of
+	// calls whose transfers are not.
+	issued, complete uint64
+	watched          []watchedCall
+	// wake tells the watchdog of a transfer issued (buffered: one
+	// pending wake is enough); stop ends it, and it closes stopped.
+	wake, stop, stopped chan struct{}
+}
+
+// watchedCall is the context of a call whose transfer, the seq-th issued,
+// the watchdog follows.
+type watchedCall struct {
+	seq  uint64
+	what string
+	ctx  context.Context
 }
 
 // NewNCCL joins rank rank of the size-rank communicator id on GPU d. Every
@@ -265,6 +297,8 @@ func NewNCCL(ctx context.Context, d *Device, id NCCLID, rank, size int) (*NCCL, 
 			return nil, fmt.Errorf("%w (rank %d of %d on %v)", r.err, rank, size, d)
 		}
 		c.h = r.h
+		c.wake, c.stop, c.stopped = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+		go c.watchdog()
 		return c, nil
 	case <-ctx.Done():
 		return nil, fmt.Errorf("cuda: joining NCCL rank %d of %d on %v: %w (have all ranks started?)", rank, size, d, ctx.Err())
@@ -280,13 +314,29 @@ func (c *NCCL) Size() int { return c.size }
 // Stream is the stream the communicator's transfers run on.
 func (c *NCCL) Stream() *Stream { return c.s }
 
-// Close destroys the communicator (after an abort, only frees it).
+// Close waits for the transfers issued (the watchdog still aborting the
+// communicator where they fail or a call's context ends), stops the
+// watchdog and destroys the communicator (after an abort, only frees it).
 func (c *NCCL) Close() error {
+	if c.stop == nil {
+		return nil // closed before
+	}
+	c.mu.Lock()
+	pending := c.aborted == nil && c.issued > c.complete
+	c.mu.Unlock()
+	var errs []error
+	if pending {
+		errs = append(errs, c.s.Synchronize())
+	}
+	close(c.stop)
+	<-c.stopped
+	c.stop = nil
 	unlock, err := c.d.enter()
 	if err != nil {
-		return err
+		return errors.Join(append(errs, err)...)
 	}
 	defer unlock()
+	c.mu.Lock()
 	if c.h != 0 {
 		if c.aborted != nil {
 			err = ncclCheck("ncclCommAbort", nccl.commAbort(c.h))
@@ -295,114 +345,179 @@ func (c *NCCL) Close() error {
 		}
 		c.h = 0
 	}
-	return errors.Join(err, check("cuEventDestroy", drv.cuEventDestroy(c.done)), c.s.Close(), c.d.Free(c.scratch))
+	c.mu.Unlock()
+	return errors.Join(append(errs, err, check("cuEventDestroy", drv.cuEventDestroy(c.done)), c.s.Close(), c.d.Free(c.scratch))...)
 }
 
-// call issues one transfer (f, with the device's context current) and
-// waits for it.
-func (c *NCCL) call(ctx context.Context, what string, f func() int32) error {
-	if err := c.start(what, f); err != nil {
-		return err
-	}
-	return c.wait(ctx, what)
-}
+// ncclPoll is the watchdog's pause between two looks at the transfers
+// outstanding: an error or the end of a call's context is acted on within
+// it (the watchdog is off the path of the calls: nothing waits for its
+// pauses).
+const ncclPoll = time.Millisecond
 
-// start issues f and records the completion event after it. The
-// communicator's methods hold its stream (Stream.Hold) for their calls to
-// the driver and NCCL: one context switch a call, not one each.
-func (c *NCCL) start(what string, f func() int32) error {
-	if c.aborted != nil {
-		return c.aborted
-	}
-	unlock, err := c.s.enter() // held by the call issuing it
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	counts.launches.Add(1)
-	if err := ncclCheck(what, f()); err != nil {
-		return c.abort(err)
-	}
-	return check("cuEventRecord", drv.cuEventRecord(c.done, c.s.h))
-}
-
-// wait waits for the completion event of the last transfer issued.
-func (c *NCCL) wait(ctx context.Context, what string) error { return c.waitEvent(ctx, what, c.done) }
-
-// waitEvent polls event ev until the transfers before it are done, ctx
-// ends or NCCL reports an error; the last two abort the communicator.
-func (c *NCCL) waitEvent(ctx context.Context, what string, ev uintptr) error {
-	if c.aborted != nil {
-		return c.aborted
-	}
-	counts.syncs.Add(1)
-	pause := 2 * time.Microsecond
+// watchdog follows the transfers outstanding until Close: it looks at the
+// completion event of the last one issued (they complete in issue order
+// on the communicator's stream) and NCCL's asynchronous error, and the
+// contexts of the calls not complete; an error or an ended context
+// aborts the communicator. Its looks are no waits of the host's calls
+// (HostCounts.Syncs does not count them).
+func (c *NCCL) watchdog() {
+	defer close(c.stopped)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	counts.ctxSets.Add(1)
+	ctxErr := check("cuCtxSetCurrent", drv.cuCtxSetCurrent(c.d.ctx))
 	for {
-		r, async := c.query(ev)
-		switch {
-		case r == 0:
-			return nil
-		case r != errNotReady:
-			return c.abort(check("cuEventQuery after "+what, r))
-		case async != ncclSuccess && async != ncclInProgress:
-			return c.abort(fmt.Errorf("cuda: %s: %w", what, ncclResult(async)))
+		var next <-chan time.Time // nil: nothing outstanding, sleep until a transfer is issued
+		if c.look(ctxErr) {
+			next = time.After(ncclPoll)
 		}
 		select {
-		case <-ctx.Done():
-			return c.abort(fmt.Errorf("cuda: %s: %w", what, ctx.Err()))
-		case <-time.After(pause):
+		case <-c.stop:
+			return
+		case <-c.wake:
+		case <-next:
 		}
-		pause = min(2*pause, time.Millisecond)
 	}
 }
 
-func (c *NCCL) query(ev uintptr) (cuResult, int32) {
-	unlock, err := c.d.enter()
+// look is one look of the watchdog, with the device's context current
+// (or ctxErr, the error of making it so); it reports whether transfers
+// are still outstanding.
+func (c *NCCL) look(ctxErr error) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted != nil || c.h == 0 {
+		c.watched = nil
+		return false
+	}
+	if c.complete == c.issued {
+		return false
+	}
+	what := "the transfers issued"
+	if n := len(c.watched); n > 0 {
+		what = c.watched[n-1].what
+	}
+	if ctxErr != nil {
+		c.abortLocked(fmt.Errorf("cuda: following %s: %w", what, ctxErr))
+		return false
+	}
+	switch r := drv.cuEventQuery(c.done); {
+	case r == 0:
+		// Every transfer issued so far is complete.
+		c.watched = c.watched[:0]
+		c.complete = c.issued
+		return false
+	case r != errNotReady:
+		c.abortLocked(check("cuEventQuery after "+what, r))
+		return false
+	}
+	var async int32
+	if st := nccl.commGetAsyncError(c.h, &async); st != ncclSuccess {
+		async = st
+	}
+	if async != ncclSuccess && async != ncclInProgress {
+		c.abortLocked(fmt.Errorf("cuda: %s: %w", what, ncclResult(async)))
+		return false
+	}
+	for _, w := range c.watched {
+		if err := w.ctx.Err(); err != nil {
+			c.abortLocked(fmt.Errorf("cuda: %s: %w", w.what, err))
+			return false
+		}
+	}
+	return true
+}
+
+// watch has the watchdog follow ctx until the seq-th transfer issued has
+// completed (nothing for a context that never ends): one entry per
+// context (per Done channel), however many calls share it. Call it with
+// c.mu held.
+func (c *NCCL) watch(ctx context.Context, seq uint64, what string) {
+	if ctx == nil || ctx.Done() == nil || seq <= c.complete || c.aborted != nil {
+		return // never ends, or nothing to follow
+	}
+	for i, w := range c.watched {
+		if w.ctx.Done() == ctx.Done() {
+			if seq > w.seq {
+				c.watched[i] = watchedCall{seq, what, ctx}
+			}
+			return
+		}
+	}
+	c.watched = append(c.watched, watchedCall{seq, what, ctx})
+}
+
+// start issues f and records the completion event after it, the watchdog
+// following ctx until it completes; it returns the transfer's number
+// among those outstanding. The communicator's methods hold its stream
+// (Stream.Hold) for their calls to the driver and NCCL: one context switch
+// a call, not one each.
+func (c *NCCL) start(ctx context.Context, what string, f func() int32) (uint64, error) {
+	unlock, err := c.s.enter() // held by the call issuing it
 	if err != nil {
-		return errContext, ncclSuccess
+		return 0, err
 	}
 	defer unlock()
-	r := drv.cuEventQuery(ev)
-	var async int32
-	if r == errNotReady {
-		if st := nccl.commGetAsyncError(c.h, &async); st != ncclSuccess {
-			async = st
-		}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.aborted != nil {
+		return 0, c.aborted
 	}
-	return r, async
+	counts.launches.Add(1)
+	if err := ncclCheck(what, f()); err != nil {
+		return 0, c.abortLocked(err)
+	}
+	if err := check("cuEventRecord", drv.cuEventRecord(c.done, c.s.h)); err != nil {
+		return 0, err
+	}
+	c.issued++
+	c.watch(ctx, c.issued, what)
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+	return c.issued, nil
 }
 
-// abort aborts the communicator for cause and returns the error every
-// later call returns too.
-func (c *NCCL) abort(cause error) error {
+// abortLocked aborts the communicator for cause (c.mu held, the device's
+// context current) and returns the error every later call returns too.
+func (c *NCCL) abortLocked(cause error) error {
 	if c.aborted == nil {
 		c.aborted = fmt.Errorf("%w (rank %d of %d): %w", ErrNCCLAborted, c.rank, c.size, cause)
-		unlock, err := c.d.enter()
-		if err == nil {
-			err = ncclCheck("ncclCommAbort", nccl.commAbort(c.h))
-			unlock()
-		}
-		if err != nil {
+		if err := ncclCheck("ncclCommAbort", nccl.commAbort(c.h)); err != nil {
 			c.aborted = fmt.Errorf("%w (and aborting it: %w)", c.aborted, err)
 		}
 		c.h = 0
+		c.watched = nil
 	}
+	return c.aborted
+}
+
+// err returns the error of an aborted communicator, else nil.
+func (c *NCCL) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	return c.aborted
 }
 
 // xfer is one transfer, checked and ready to issue: f issues it (the
 // device's context current; nil where there is nothing to issue, as for a
-// one-rank all-reduce); n is what a request's Wait returns.
+// one-rank all-reduce); n is what a request's Wait returns; streams are
+// the streams of its buffers other than the communicator's, and host
+// whether one of its buffers has no stream (the host then waits for it).
 type xfer struct {
-	what string
-	f    func() int32
-	n    int
+	what    string
+	f       func() int32
+	n       int
+	streams []device.Stream
+	host    bool
 }
 
 // bufs returns the device memory of comm.Device buffers of this GPU, of one
 // NCCL type, and makes the communicator's stream wait for the work issued on
-// their streams so far.
-func (c *NCCL) bufs(what string, bs ...comm.Buffer) ([]device.Buffer, int32, error) {
+// their streams so far; x (when not nil) gets the buffers' streams.
+func (c *NCCL) bufs(x *xfer, what string, bs ...comm.Buffer) ([]device.Buffer, int32, error) {
 	out := make([]device.Buffer, len(bs))
 	var dt device.DType
 	for i, b := range bs {
@@ -424,7 +539,11 @@ func (c *NCCL) bufs(what string, bs ...comm.Buffer) ([]device.Buffer, int32, err
 		}
 		dt = d.Buf.DType()
 		out[i] = d.Buf
-		if d.Stream != nil && d.Stream != device.Stream(c.s) {
+		switch {
+		case d.Stream == nil:
+			x.host = true
+		case d.Stream != device.Stream(c.s) && !slices.Contains(x.streams, d.Stream):
+			x.streams = append(x.streams, d.Stream)
 			ev, err := d.Stream.Record()
 			if err != nil {
 				return nil, 0, err
@@ -443,17 +562,49 @@ func (c *NCCL) bufs(what string, bs ...comm.Buffer) ([]device.Buffer, int32, err
 
 func addr(b device.Buffer) uint64 { return uint64(b.Addr()) }
 
-// run issues x and waits for it (nothing for a nil x or one without a
-// call).
+// run issues x and orders its buffers' streams after it (nothing for a nil
+// x or one without a call).
 func (c *NCCL) run(ctx context.Context, x *xfer, err error) error {
 	if err != nil || x == nil || x.f == nil {
 		return err
 	}
-	return c.call(ctx, x.what, x.f)
+	seq, err := c.start(ctx, x.what, x.f)
+	if err != nil {
+		return err
+	}
+	return c.after(ctx, x, seq, &Event{d: c.d, h: c.done})
+}
+
+// after makes the streams of x's buffers wait on the device for ev, the
+// completion of x's transfer; where a buffer has no stream, the host waits
+// for it (the watchdog aborting the communicator if it fails or ctx ends
+// first).
+func (c *NCCL) after(ctx context.Context, x *xfer, seq uint64, ev *Event) error {
+	for _, s := range x.streams {
+		if err := s.Wait(ev); err != nil {
+			return err
+		}
+	}
+	if !x.host {
+		return nil
+	}
+	// The host waits: the watchdog follows ctx meanwhile and aborts the
+	// communicator when the transfer fails or ctx ends, which completes
+	// the event.
+	c.mu.Lock()
+	c.watch(ctx, seq, x.what)
+	c.mu.Unlock()
+	if err := ev.Synchronize(); err != nil {
+		if a := c.err(); a != nil {
+			return a
+		}
+		return fmt.Errorf("cuda: waiting for %s: %w", x.what, err)
+	}
+	return c.err()
 }
 
 // istart issues x and returns its request.
-func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
+func (c *NCCL) istart(ctx context.Context, x *xfer, err error) (comm.Request, error) {
 	if err != nil {
 		return nil, err
 	}
@@ -466,18 +617,15 @@ func (c *NCCL) istart(x *xfer, err error) (comm.Request, error) {
 		}
 		return r, nil
 	}
-	if err := c.start(x.what, x.f); err != nil {
+	seq, err := c.start(ctx, x.what, x.f)
+	if err != nil {
 		return nil, err
 	}
 	ev, err := c.s.Record()
 	if err != nil {
 		return nil, err
 	}
-	r := &ncclRequest{c: c, ev: ev.(*Event)}
-	if x != nil {
-		r.what, r.n = x.what, x.n
-	}
-	return r, nil
+	return &ncclRequest{c: c, x: x, seq: seq, ev: ev.(*Event)}, nil
 }
 
 // doneRequest is a transfer that issued nothing: its Wait returns its
@@ -487,36 +635,50 @@ type doneRequest int
 // Wait returns the elements received.
 func (r doneRequest) Wait(context.Context) (int, error) { return int(r), nil }
 
-// ncclRequest is a transfer started by one of the I methods.
+// ncclRequest is a transfer started by one of the I methods, the seq-th
+// issued, complete at event ev.
 type ncclRequest struct {
-	c    *NCCL
-	what string
-	ev   *Event
-	n    int
+	c   *NCCL
+	x   *xfer
+	seq uint64
+	ev  *Event
 }
 
-// Wait waits for the transfer (aborting the communicator when ctx ends
-// first or NCCL fails) and returns the elements received.
+// Wait orders the streams of the transfer's buffers after it (without
+// waiting on the host, except for a buffer without a stream) and returns
+// the elements received; the watchdog aborts the communicator when the
+// transfer fails or ctx ends before it completes.
 func (r *ncclRequest) Wait(ctx context.Context) (int, error) {
-	if err := r.c.waitEvent(ctx, r.what, r.ev.h); err != nil {
+	c := r.c
+	c.mu.Lock()
+	err := c.aborted
+	c.watch(ctx, r.seq, r.x.what)
+	c.mu.Unlock()
+	if err != nil {
 		return 0, err
 	}
-	return r.n, nil
+	if err := c.after(ctx, r.x, r.seq, r.ev); err != nil {
+		return 0, err
+	}
+	return r.x.n, nil
 }
 
 var _ comm.Communicator = (*NCCL)(nil)
 
 func (c *NCCL) allReduce(buf comm.Buffer) (*xfer, error) {
-	b, dt, err := c.bufs("AllReduce", buf)
+	x := &xfer{what: "ncclAllReduce"}
+	b, dt, err := c.bufs(x, "AllReduce", buf)
 	if err != nil || b[0].Len() == 0 {
 		return nil, err
 	}
+	x.n = b[0].Len()
 	if c.size == 1 { // one rank's sum is its buffer: no call
-		return &xfer{what: "AllReduce", n: b[0].Len()}, nil
+		return x, nil
 	}
-	return &xfer{"ncclAllReduce", func() int32 {
+	x.f = func() int32 {
 		return nccl.allReduce(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, ncclSum, c.h, c.s.h)
-	}, b[0].Len()}, nil
+	}
+	return x, nil
 }
 
 // AllReduce sums buf over the ranks, in place (NCCL's order of addition,
@@ -530,16 +692,18 @@ func (c *NCCL) AllReduce(ctx context.Context, buf comm.Buffer) error {
 
 // IAllReduceView starts the all-reduce of the view (NCCL's order of
 // addition, as AllReduce: the view's position does not change it).
-func (c *NCCL) IAllReduceView(_ context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
+func (c *NCCL) IAllReduceView(ctx context.Context, buf comm.Buffer, off, total int) (comm.Request, error) {
 	defer c.s.Hold()()
 	if err := comm.CheckView(off, buf.Len(), total); err != nil {
 		return nil, fmt.Errorf("cuda: NCCL IAllReduceView: %w", err)
 	}
-	return c.istart(c.allReduce(buf))
+	x, err := c.allReduce(buf)
+	return c.istart(ctx, x, err)
 }
 
 func (c *NCCL) allGather(send, recv comm.Buffer) (*xfer, error) {
-	b, dt, err := c.bufs("AllGather", send, recv)
+	x := &xfer{what: "ncclAllGather"}
+	b, dt, err := c.bufs(x, "AllGather", send, recv)
 	if err != nil {
 		return nil, err
 	}
@@ -549,9 +713,11 @@ func (c *NCCL) allGather(send, recv comm.Buffer) (*xfer, error) {
 	if send.Len() == 0 {
 		return nil, nil
 	}
-	return &xfer{"ncclAllGather", func() int32 {
+	x.n = recv.Len()
+	x.f = func() int32 {
 		return nccl.allGather(addr(b[0]), addr(b[1]), uint64(b[0].Len()), dt, c.h, c.s.h)
-	}, recv.Len()}, nil
+	}
+	return x, nil
 }
 
 // AllGather concatenates every rank's send into recv in rank order.
@@ -566,7 +732,7 @@ func (c *NCCL) AllGather(ctx context.Context, send, recv comm.Buffer) error {
 
 // IAllGather starts AllGather (of one rank: the copy on the stream, a
 // request done at once, nothing to wait for).
-func (c *NCCL) IAllGather(_ context.Context, send, recv comm.Buffer) (comm.Request, error) {
+func (c *NCCL) IAllGather(ctx context.Context, send, recv comm.Buffer) (comm.Request, error) {
 	defer c.s.Hold()()
 	if done, err := c.oneRank(send, recv); done || err != nil {
 		if err != nil {
@@ -574,11 +740,13 @@ func (c *NCCL) IAllGather(_ context.Context, send, recv comm.Buffer) (comm.Reque
 		}
 		return doneRequest(recv.Len()), nil
 	}
-	return c.istart(c.allGather(send, recv))
+	x, err := c.allGather(send, recv)
+	return c.istart(ctx, x, err)
 }
 
 func (c *NCCL) allGatherV(send, recv comm.Buffer, counts []int) (*xfer, error) {
-	b, dt, err := c.bufs("AllGatherV", send, recv)
+	x := &xfer{what: "ncclBroadcast (AllGatherV)"}
+	b, dt, err := c.bufs(x, "AllGatherV", send, recv)
 	if err != nil {
 		return nil, err
 	}
@@ -594,7 +762,8 @@ func (c *NCCL) allGatherV(send, recv comm.Buffer, counts []int) (*xfer, error) {
 	}
 	counts = slices.Clone(counts)
 	es := uint64(b[1].DType().Size())
-	return &xfer{"ncclBroadcast (AllGatherV)", func() int32 {
+	x.n = total
+	x.f = func() int32 {
 		if r := nccl.groupStart(); r != ncclSuccess {
 			return r
 		}
@@ -612,7 +781,8 @@ func (c *NCCL) allGatherV(send, recv comm.Buffer, counts []int) (*xfer, error) {
 			}
 		}
 		return nccl.groupEnd()
-	}, total}, nil
+	}
+	return x, nil
 }
 
 // AllGatherV is AllGather with counts[r] elements from rank r: one
@@ -635,7 +805,7 @@ func (c *NCCL) AllGatherV(ctx context.Context, send, recv comm.Buffer, counts []
 // communicator has more ranks or a buffer is not device memory with a
 // stream (the NCCL call then does it, or says what is wrong).
 func (c *NCCL) oneRank(send, recv comm.Buffer) (bool, error) {
-	if c.size != 1 || c.aborted != nil {
+	if c.size != 1 || c.err() != nil {
 		return false, nil
 	}
 	sd, ok1 := send.(comm.Device)
@@ -687,7 +857,8 @@ func (c *NCCL) blocks(what string, counts []int) ([]int, int, error) {
 // Broadcast copies root's buf into every rank's buf.
 func (c *NCCL) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
 	defer c.s.Hold()()
-	b, dt, err := c.bufs("Broadcast", buf)
+	x := &xfer{what: "ncclBroadcast"}
+	b, dt, err := c.bufs(x, "Broadcast", buf)
 	if err != nil || b[0].Len() == 0 {
 		return err
 	}
@@ -697,16 +868,18 @@ func (c *NCCL) Broadcast(ctx context.Context, buf comm.Buffer, root int) error {
 	if c.size == 1 { // the root's buffer is everyone's: no call, no wait
 		return nil
 	}
-	return c.call(ctx, "ncclBroadcast", func() int32 {
+	x.f = func() int32 {
 		return nccl.broadcast(addr(b[0]), addr(b[0]), uint64(b[0].Len()), dt, int32(root), c.h, c.s.h)
-	})
+	}
+	return c.run(ctx, x, nil)
 }
 
 // sendRecv prepares a send to dst and a receive from src, grouped (a
 // negative rank or an empty buffer leaves that half out). NCCL has no tags
 // and no message lengths: a receive takes exactly len(recv) elements.
 func (c *NCCL) sendRecv(send comm.Buffer, dst int, recv comm.Buffer, src int) (*xfer, error) {
-	b, dt, err := c.bufs("SendRecv", send, recv)
+	x := &xfer{what: "ncclSend/ncclRecv"}
+	b, dt, err := c.bufs(x, "SendRecv", send, recv)
 	if err != nil {
 		return nil, err
 	}
@@ -719,11 +892,10 @@ func (c *NCCL) sendRecv(send comm.Buffer, dst int, recv comm.Buffer, src int) (*
 	if !doSend && !doRecv {
 		return nil, nil
 	}
-	n := 0
 	if doRecv {
-		n = b[1].Len()
+		x.n = b[1].Len()
 	}
-	return &xfer{"ncclSend/ncclRecv", func() int32 {
+	x.f = func() int32 {
 		if r := nccl.groupStart(); r != ncclSuccess {
 			return r
 		}
@@ -740,7 +912,8 @@ func (c *NCCL) sendRecv(send comm.Buffer, dst int, recv comm.Buffer, src int) (*
 			}
 		}
 		return nccl.groupEnd()
-	}, n}, nil
+	}
+	return x, nil
 }
 
 // Send sends buf to rank dst (tag ignored: NCCL matches transfers between
@@ -774,19 +947,21 @@ func (c *NCCL) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv com
 }
 
 // ISend starts Send.
-func (c *NCCL) ISend(_ context.Context, buf comm.Buffer, dst, _ int) (comm.Request, error) {
+func (c *NCCL) ISend(ctx context.Context, buf comm.Buffer, dst, _ int) (comm.Request, error) {
 	defer c.s.Hold()()
-	return c.istart(c.sendRecv(buf, dst, nil, -1))
+	x, err := c.sendRecv(buf, dst, nil, -1)
+	return c.istart(ctx, x, err)
 }
 
 // IRecv starts Recv.
-func (c *NCCL) IRecv(_ context.Context, buf comm.Buffer, src, _ int) (comm.Request, error) {
+func (c *NCCL) IRecv(ctx context.Context, buf comm.Buffer, src, _ int) (comm.Request, error) {
 	defer c.s.Hold()()
-	return c.istart(c.sendRecv(nil, -1, buf, src))
+	x, err := c.sendRecv(nil, -1, buf, src)
+	return c.istart(ctx, x, err)
 }
 
-// Barrier returns once every rank has entered it (an all-reduce of one
-// word).
+// Barrier returns once every rank has entered it: an all-reduce of one
+// word, which the host waits for (a buffer without a stream).
 func (c *NCCL) Barrier(ctx context.Context) error {
-	return c.AllReduce(ctx, comm.OnDevice(c.scratch, c.s))
+	return c.AllReduce(ctx, comm.OnDevice(c.scratch, nil))
 }

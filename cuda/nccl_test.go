@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -352,8 +353,11 @@ func TestNCCLConformance(t *testing.T) {
 }
 
 // TestNCCLAbortsOnDeadPeer: a rank whose peer never joins the all-reduce
-// gives up when its context ends, aborts the communicator, and every later
-// call fails at once with the same error.
+// returns from the call without waiting on the host (the buffer's stream
+// waits for the transfer on the device); when the call's context ends, the
+// watchdog aborts the communicator, which lets the stream's wait (and the
+// host's synchronisation of it) end, and every later call fails at once
+// with the abort's error.
 func TestNCCLAbortsOnDeadPeer(t *testing.T) {
 	sizes := ncclRanks(t)
 	if slices.Max(sizes) < 2 {
@@ -361,18 +365,29 @@ func TestNCCLAbortsOnDeadPeer(t *testing.T) {
 	}
 	devs, comms := ncclGroup(t, 2)
 	b := put(t, devs[0], make([]float32, 100))
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	const deadline = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), deadline)
 	defer cancel()
 	start := time.Now()
-	err := comms[0].AllReduce(ctx, b)
-	if !errors.Is(err, ErrNCCLAborted) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("all-reduce without its peer: %v, want an abort after the deadline", err)
+	before := counts.syncs.Load()
+	if err := comms[0].AllReduce(ctx, b); err != nil {
+		t.Fatalf("all-reduce issued: %v", err)
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Fatalf("the abort took %v", d)
+	if d, n := time.Since(start), counts.syncs.Load()-before; d >= deadline || n != 0 {
+		t.Fatalf("the all-reduce returned after %v and %d host waits, want at once and none", d, n)
 	}
-	if err2 := comms[0].Broadcast(context.Background(), b, 0); !errors.Is(err2, ErrNCCLAborted) {
-		t.Fatalf("a call after the abort: %v", err2)
+	if err := b.Stream.Synchronize(); err != nil {
+		t.Logf("the stream after the abort: %v", err)
+	}
+	if d := time.Since(start); d < deadline || d > 5*time.Second {
+		t.Fatalf("the stream behind the transfer was synchronised after %v, want after the deadline (%v) and before 5 s", d, deadline)
+	}
+	err := comms[0].Broadcast(context.Background(), b, 0)
+	if !errors.Is(err, ErrNCCLAborted) || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "ncclAllReduce") {
+		t.Fatalf("a call after the all-reduce without its peer: %v, want the abort after the all-reduce's deadline", err)
+	}
+	if err2 := comms[0].Barrier(context.Background()); !errors.Is(err2, ErrNCCLAborted) {
+		t.Fatalf("a second call after the abort: %v", err2)
 	}
 	t.Log(err)
 }
