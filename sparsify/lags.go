@@ -986,39 +986,26 @@ var lagsDistinct = &device.Kernel{Name: "k_lags_distinct", CUDA: lagsCUDA, Host:
 // lagsAdvice: each layer group's top ρ (at least one element) all-gathered
 // as indices and values, a group kept dense all-reduced (the model's groups at its merge_size; the
 // adaptive density of max_ratio is not modelled). The groups are taken
-// as started together (StartSet), as without the pipeline: each run of
-// sparse groups adjacent in the vector sends one pair of all-gathers of
-// its groups' k together. A pipelined run starts the groups in the sets
-// its model's backward pass makes ready together, so it may send more,
-// smaller pairs: the same elements and bytes, more messages.
+// as a pipelined run (the default) starts them: each on its own, as the
+// backward pass makes it ready. Groups ready together (-overlap off, or a
+// model that finishes several groups' tensors at once) are started
+// together (StartSet) and send one pair per run of adjacent sparse groups:
+// the same elements and bytes in fewer messages.
 var lagsAdvice = &Advice{
 	Plan: func(s Shape) ([]Call, error) {
 		l, err := s.layout()
 		if err != nil {
 			return nil, err
 		}
-		groups := LAGSGroups(l, s.Params.Int("merge_size"))
-		slices.SortFunc(groups, func(a, b Group) int { return a.Lo - b.Lo })
 		var out []Call
-		run, end := 0, -1 // the current run's elements, and where it ends
-		flush := func() {
-			if run > 0 {
-				out = append(out, Call{comm.OpAllGather, 2, float64(run)})
-			}
-			run, end = 0, -1
-		}
-		for _, g := range groups {
+		for _, g := range LAGSGroups(l, s.Params.Int("merge_size")) {
 			k := min(max(int(float64(g.Size())*s.Density), 1), g.Size())
 			if k == g.Size() {
 				out = append(out, Call{comm.OpAllReduce, 1, float64(k)}) // kept dense
 				continue
 			}
-			if g.Lo != end {
-				flush()
-			}
-			run, end = run+k, g.Hi
+			out = append(out, Call{comm.OpAllGather, 2, float64(k)})
 		}
-		flush()
 		return out, nil
 	},
 	Volume:    topkVolume,
