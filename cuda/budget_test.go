@@ -201,6 +201,16 @@ type perStep struct {
 	ctxSets, unheld float64
 }
 
+// perWorkerStep is all, counted over steps worker-steps, per worker-step
+// (the bytes in whole bytes).
+func perWorkerStep(all cuda.HostCounts, steps int) perStep {
+	n := int64(steps)
+	per := func(v int64) float64 { return float64(v) / float64(n) }
+	return perStep{launches: per(all.Launches), syncs: per(all.Syncs), graphs: per(all.Graphs),
+		htod: all.HtoD / n, dtoh: all.DtoH / n, allocs: per(all.Allocs), frees: per(all.Frees),
+		ctxSets: per(all.CtxSets), unheld: per(all.Unheld)}
+}
+
 func (p perStep) row(c budgetCase) string {
 	method := c.method
 	if c.overlap != "" {
@@ -249,11 +259,7 @@ func TestStepBudgets(t *testing.T) {
 				k = 1
 			}
 			all := stepCounts(t, c, k, "")
-			n := int64(k * c.workers)
-			per := func(v int64) float64 { return float64(v) / float64(n) }
-			p := perStep{launches: per(all.Launches), syncs: per(all.Syncs), graphs: per(all.Graphs),
-				htod: all.HtoD / n, dtoh: all.DtoH / n, allocs: per(all.Allocs), frees: per(all.Frees),
-				ctxSets: per(all.CtxSets), unheld: per(all.Unheld)}
+			p := perWorkerStep(all, k*c.workers)
 			rows = append(rows, p.row(c))
 			t.Log(p.row(c))
 			if c.max == nil {
@@ -306,19 +312,7 @@ var ncclBudgets = []budgetCase{
 func TestNCCLStepBudgets(t *testing.T) {
 	gpu(t)
 	cuda.KeepAnchor(t)
-	n, err := cuda.Count()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cuda.EmulateGPUs(t, 2) {
-		n = 2
-	}
-	if n < 2 {
-		testenv.Missing(t, testenv.GPU, "-comm nccl needs two GPUs")
-	}
-	if _, err := cuda.NCCLVersion(); err != nil {
-		testenv.Missing(t, testenv.GPU, fmt.Sprintf("no NCCL: %v", err))
-	}
+	twoGPUsWithNCCL(t)
 	var rows []string
 	for _, c := range ncclBudgets {
 		if testing.Short() && !slices.Contains(shortCases, c.model+"-"+c.method) {
@@ -331,11 +325,7 @@ func TestNCCLStepBudgets(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			const k = 2
 			all := stepCounts(t, c, k, "nccl")
-			n := int64(k * c.workers)
-			per := func(v int64) float64 { return float64(v) / float64(n) }
-			p := perStep{launches: per(all.Launches), syncs: per(all.Syncs), graphs: per(all.Graphs),
-				htod: all.HtoD / n, dtoh: all.DtoH / n, allocs: per(all.Allocs), frees: per(all.Frees),
-				ctxSets: per(all.CtxSets), unheld: per(all.Unheld)}
+			p := perWorkerStep(all, k*c.workers)
 			rows = append(rows, p.row(c))
 			t.Log(p.row(c))
 			if c.max != nil && p.syncs > c.max.syncs {
@@ -344,4 +334,24 @@ func TestNCCLStepBudgets(t *testing.T) {
 		})
 	}
 	t.Logf("per worker and step over NCCL:\n| model | method | workers | launches | syncs | host→device B | device→host B | allocs | frees | graph launches | context switches | unheld calls |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n%s", strings.Join(rows, "\n"))
+}
+
+// twoGPUsWithNCCL makes sure two GPUs and NCCL are there for a -comm nccl
+// run of two workers (on the emulator: two emulated GPUs and its NCCL);
+// where they are not, the test says what is missing.
+func twoGPUsWithNCCL(t *testing.T) {
+	t.Helper()
+	n, err := cuda.Count()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cuda.EmulateGPUs(t, 2) {
+		n = 2
+	}
+	if n < 2 {
+		testenv.Missing(t, testenv.GPU, fmt.Sprintf("-comm nccl between two workers needs two GPUs; this machine has %d", n))
+	}
+	if _, err := cuda.NCCLVersion(); err != nil {
+		testenv.Missing(t, testenv.GPU, fmt.Sprintf("no NCCL: %v", err))
+	}
 }

@@ -3,7 +3,6 @@ package cuda_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -12,8 +11,6 @@ import (
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/comm/netmodel"
-	"github.com/sparsegrad/sparsegrad/cuda"
-	"github.com/sparsegrad/sparsegrad/internal/testsupport/testenv"
 	"github.com/sparsegrad/sparsegrad/rundir/rundirtest"
 	"github.com/sparsegrad/sparsegrad/sparsify"
 	"github.com/sparsegrad/sparsegrad/train"
@@ -29,19 +26,7 @@ import (
 func TestTrainOverNCCLEmulatedNetwork(t *testing.T) {
 	gpu(t)
 	dir := ml100k(t)
-	n, err := cuda.Count()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cuda.EmulateGPUs(t, 2) {
-		n = 2
-	}
-	if n < 2 {
-		testenv.Missing(t, testenv.GPU, fmt.Sprintf("-comm nccl between two workers needs two GPUs; this machine has %d", n))
-	}
-	if _, err := cuda.NCCLVersion(); err != nil {
-		testenv.Missing(t, testenv.GPU, fmt.Sprintf("no NCCL: %v", err))
-	}
+	twoGPUsWithNCCL(t)
 	const steps = 3
 	net := netmodel.Network{Latency: time.Millisecond, Bandwidth: 0.01e9 / 8} // ~0.35 s an all-reduce: far above the emulator's own time even on a loaded machine
 	run := func(sp string, emulate bool) ([]float64, []rundirtest.OpStep) {
