@@ -208,7 +208,11 @@ func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 // copy-d2d is the device-to-device copy of the gradient (its bytes read +
 // written per second are the bandwidth the threshold selection is measured
 // against); topk-ρ is the exact top-k with values at density ρ;
-// select-above-ρ is the threshold selection with the threshold of density ρ.
+// select-above-ρ is the threshold selection with the threshold of density ρ;
+// feedback+topk-ρ is error feedback's accumulation and then topk-ρ, as a
+// step of the topk method runs them, and feedback-counting+topk-ρ the same
+// with the selection's first radix round counted by the accumulation
+// (AccumulateFlagHist, TopKHist: one pass over the gradient fewer).
 //
 // Each call is synchronised before the next (the time is the call's until
 // its results are on the device, as a reducer sees it), and the calls
@@ -232,6 +236,11 @@ func BenchmarkGPUSelect(b *testing.B) {
 	y, _ := d.Alloc(device.Float32, n)
 	idx, _ := d.Alloc(device.Int32, n)
 	val, _ := d.Alloc(device.Float32, n)
+	flag, _ := d.Alloc(device.Int64, 1)
+	hist, _ := d.Alloc(device.Int32, cuda.HistLen)
+	if err := s.Copy(hist, device.Host(make([]int32, cuda.HistLen))); err != nil {
+		b.Fatal(err)
+	}
 	sync := func() {
 		if err := s.Synchronize(); err != nil {
 			b.Fatal(err)
@@ -265,6 +274,24 @@ func BenchmarkGPUSelect(b *testing.B) {
 		k := int(rho * n)
 		bench(fmt.Sprintf("topk-%g", rho), 0, func(set int) error {
 			_, err := sp.TopK(s, idx, val, xs[set], k)
+			return err
+		})
+		// Error feedback's accumulation and then the selection, as a step
+		// of topk runs them: separately, and with the first radix round
+		// counted by the accumulation (scale 0: every call reads the
+		// gradient and writes acc, whose values stay those of the set).
+		bench(fmt.Sprintf("feedback+topk-%g", rho), 0, func(set int) error {
+			if err := sp.AccumulateFlag(s, xs[set], xs[(set+1)%sets], flag, 0, 0); err != nil {
+				return err
+			}
+			_, err := sp.TopK(s, idx, val, xs[set], k)
+			return err
+		})
+		bench(fmt.Sprintf("feedback-counting+topk-%g", rho), 0, func(set int) error {
+			if err := sp.AccumulateFlagHist(s, xs[set], xs[(set+1)%sets], flag, hist, 0, 0); err != nil {
+				return err
+			}
+			_, err := sp.TopKHist(s, idx, val, xs[set], hist, k)
 			return err
 		})
 		var ts [sets]float32

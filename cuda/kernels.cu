@@ -1136,17 +1136,35 @@ extern "C" __global__ void k_accumulate(float* r, const float* g, i64 n, float s
 // of r[i] — the first such element of the whole vector, whether its
 // gradient was already non-finite, and the value, in one word the host
 // reads with a later wait (the caller sets flag[0] to ~0 once).
-extern "C" __global__ void k_accumulate_flag(float* r, const float* g, i64 n, float scale, i64 base, u64* flag) {
-    GRID_STRIDE(i, n) {
-        float v = r[i] + scale * g[i];
-        r[i] = v;
-        unsigned vb = __float_as_uint(v);
-        if ((vb & KEY_INF) == KEY_INF) {
-            unsigned gb = __float_as_uint(g[i]);
-            u64 gbad = (gb & KEY_INF) == KEY_INF;
-            atomicMin(flag, ((u64)(base + i) << 33) | (gbad << 32) | (u64)(gbad ? gb : vb));
-        }
+__device__ __forceinline__ unsigned accumulate_flag(float* r, const float* g, i64 i, float scale, i64 base, u64* flag) {
+    float v = r[i] + scale * g[i];
+    r[i] = v;
+    unsigned vb = __float_as_uint(v);
+    if ((vb & KEY_INF) == KEY_INF) {
+        unsigned gb = __float_as_uint(g[i]);
+        u64 gbad = (gb & KEY_INF) == KEY_INF;
+        atomicMin(flag, ((u64)(base + i) << 33) | (gbad << 32) | (u64)(gbad ? gb : vb));
     }
+    return vb;
+}
+
+extern "C" __global__ void k_accumulate_flag(float* r, const float* g, i64 n, float scale, i64 base, u64* flag) {
+    GRID_STRIDE(i, n) accumulate_flag(r, g, i, scale, base, flag);
+}
+
+// k_accumulate_flag that also counts the accumulated values for the first
+// round of a top-k's radix select (k_sel_hist's with shift 20 and 11 bits,
+// no bits fixed yet): hist[abs_key(r[i]) >> 20] += 1, added into hist (2048
+// counters, zero beforehand), so that the selection that follows skips
+// that round's pass over r (Sparse.TopKHist).
+extern "C" __global__ void k_accumulate_flag_hist(float* r, const float* g, i64 n, float scale, i64 base, u64* flag, u32* hist) {
+    __shared__ u32 h[2048];
+    for (int b = threadIdx.x; b < 2048; b += blockDim.x) h[b] = 0;
+    __syncthreads();
+    GRID_STRIDE(i, n) atomicAdd(&h[abs_key(accumulate_flag(r, g, i, scale, base, flag)) >> 20], 1u);
+    __syncthreads();
+    for (int b = threadIdx.x; b < 2048; b += blockDim.x)
+        if (h[b]) atomicAdd(&hist[b], h[b]);
 }
 
 // Σx² in double of pieces [lo[p], lo[p+1]) of x (at most 4096 elements,

@@ -6,6 +6,7 @@ package cuda
 var (
 	kAccumulate     = newKernelRef("k_accumulate")
 	kAccumulateFlag = newKernelRef("k_accumulate_flag")
+	kAccumulateHist = newKernelRef("k_accumulate_flag_hist")
 	kAdam           = newKernelRef("k_adam")
 	kAdd            = newKernelRef("k_add")
 	kAddRelu        = newKernelRef("k_add_relu")

@@ -82,8 +82,15 @@ func TestGPUReducersMatchCPU(t *testing.T) {
 					}
 				}
 				gpuR := sameOnBoth(t, d, name, layout, accs, opts)
+				m, _ := sparsify.Lookup(name)
 				for c := range calls {
 					for rank := range n {
+						// The declared top-k of acc selects from error
+						// feedback's counts, after a dense warm-up call.
+						warm := c == 0 && (name == "topkdsa" || name == "oktopk" || name == "dragonn")
+						if want := m.TopKOfAcc && !warm; gpuR[c][rank].hist != want {
+							t.Fatalf("call %d rank %d: the accumulation counted the first round: %v, want %v (TopKOfAcc %v)", c, rank, gpuR[c][rank].hist, want, m.TopKOfAcc)
+						}
 						// Timed by events on the GPU (Env.selectTimed), read when
 						// the call's stats are combined.
 						if a := gpuR[c][rank].st; (name == "topk" || name == "deft") && a.SelectTime <= 0 {
@@ -143,6 +150,9 @@ func TestGPUMicroFallbackMatchesCPU(t *testing.T) {
 type reducerCall struct {
 	out, res []float32
 	st       sparsify.Stats
+	// hist: on the GPU, error feedback's accumulation counted the call's
+	// first radix round (Reducer.Histogram was not empty).
+	hist bool
 }
 
 // sameOnBoth runs method on len(accs[0]) in-process workers over the calls
@@ -183,9 +193,15 @@ func sameOnBoth(t *testing.T, d *cuda.Device, method string, layout sparsify.Lay
 						return err
 					}
 					residual := make([]float32, N)
-					var res, out device.Buffer
+					var res, out, grad, flag device.Buffer
 					if onGPU {
-						res, out = upload(t, s, residual), upload(t, s, residual)
+						res, out, grad = upload(t, s, residual), upload(t, s, residual), upload(t, s, residual)
+						if flag, err = d.Alloc(device.Int64, 1); err != nil {
+							return err
+						}
+						if err := s.Copy(flag, device.Host([]int64{-1})); err != nil {
+							return err
+						}
 					}
 					for c := range calls {
 						for i, g := range accs[c][rank] {
@@ -194,7 +210,22 @@ func sameOnBoth(t *testing.T, d *cuda.Device, method string, layout sparsify.Lay
 						var st sparsify.Stats
 						outH := make([]float32, N)
 						if onGPU {
-							if err := s.Copy(res, device.Host(residual)); err != nil {
+							// As the trainer does: the accumulation on the GPU,
+							// counting the selection's first round where the
+							// reducer has a histogram for it.
+							hist, err := r.Histogram()
+							if err != nil {
+								return err
+							}
+							results[c][rank].hist = hist.Len() > 0
+							if hist.Len() > 0 {
+								if err := s.Copy(grad, device.Host(accs[c][rank])); err != nil {
+									return err
+								}
+								if err := d.Sparse().AccumulateFlagHist(s, res, grad, flag, hist, 0, 1); err != nil {
+									return err
+								}
+							} else if err := s.Copy(res, device.Host(residual)); err != nil {
 								return err
 							}
 							if st, err = r.ReduceOn(ctx, res, out, res); err != nil {
@@ -204,7 +235,7 @@ func sameOnBoth(t *testing.T, d *cuda.Device, method string, layout sparsify.Lay
 						} else if st, err = r.Reduce(ctx, residual, outH, residual); err != nil {
 							return err
 						}
-						results[c][rank] = reducerCall{out: outH, res: slices.Clone(residual), st: st}
+						results[c][rank].out, results[c][rank].res, results[c][rank].st = outH, slices.Clone(residual), st
 					}
 					return nil
 				}()

@@ -233,22 +233,50 @@ const MaxFlagged = 1 << 31
 // flag with a later wait (a copy on s before a synchronisation it makes
 // anyway), so error feedback's finiteness check costs no wait of its own.
 func (o *Sparse) AccumulateFlag(s device.Stream, r, g, flag device.Buffer, base int, scale float32) error {
+	return o.accumulateFlag("AccumulateFlag", s, r, g, flag, device.Buffer{}, base, scale)
+}
+
+// HistLen is the length of the histogram of AccumulateFlagHist and
+// TopKHist: 2,048 counters (Int32, read as unsigned), one per value of a
+// magnitude's bits 30..20.
+const HistLen = 2048
+
+// AccumulateFlagHist is AccumulateFlag that also counts the accumulated
+// elements of r into hist (HistLen Int32 counters of this GPU, all zero
+// beforehand) as the first round of TopK's radix select does, in the same
+// pass: TopKHist of r then makes one pass over r fewer. Only the
+// accumulation's result is counted: r must be the whole vector the
+// selection is of, and nothing may write it in between.
+func (o *Sparse) AccumulateFlagHist(s device.Stream, r, g, flag, hist device.Buffer, base int, scale float32) error {
+	if err := o.check("AccumulateFlagHist", "hist", hist, device.Int32, HistLen); err != nil {
+		return err
+	}
+	return o.accumulateFlag("AccumulateFlagHist", s, r, g, flag, hist, base, scale)
+}
+
+// accumulateFlag is AccumulateFlag, with the histogram of
+// AccumulateFlagHist when hist is not empty.
+func (o *Sparse) accumulateFlag(op string, s device.Stream, r, g, flag, hist device.Buffer, base int, scale float32) error {
 	cs, err := o.stream(s)
 	if err != nil {
 		return err
 	}
 	n := r.Len()
-	if err := o.checkArgs("AccumulateFlag", bufArg{"r", r, device.Float32, 0}, bufArg{"g", g, device.Float32, n},
+	if err := o.checkArgs(op, bufArg{"r", r, device.Float32, 0}, bufArg{"g", g, device.Float32, n},
 		bufArg{"flag", flag, device.Int64, 1}); err != nil {
 		return err
 	}
 	if base < 0 || base+n > MaxFlagged {
-		return fmt.Errorf("cuda: AccumulateFlag: elements [%d, %d) do not fit the flag's %d indices: use Accumulate", base, base+n, MaxFlagged)
+		return fmt.Errorf("cuda: %s: elements [%d, %d) do not fit the flag's %d indices: use Accumulate", op, base, base+n, MaxFlagged)
 	}
 	if n == 0 {
 		return nil
 	}
-	return cs.args().buf(r).buf(g).i64(n).f32(scale).i64(base).buf(flag).runN(kAccumulateFlag, n)
+	a := cs.args().buf(r).buf(g).i64(n).f32(scale).i64(base).buf(flag)
+	if hist.Len() == 0 {
+		return a.runN(kAccumulateFlag, n)
+	}
+	return a.buf(hist).runN(kAccumulateHist, n)
 }
 
 // DecodeFeedbackFlag reads a flag of AccumulateFlag: ok when no element
@@ -441,11 +469,24 @@ func (o *Sparse) selectTilesChecked(cs *Stream, x device.Buffer, mode int, idx, 
 // findKth runs the three radix rounds that leave the k-th largest key of x
 // in state[0] and the number of its ties to take in state[1].
 func (o *Sparse) findKth(cs *Stream, x device.Buffer, k int) error {
+	return o.findKthFrom(cs, x, k, device.Buffer{})
+}
+
+// findKthFrom is findKth, with the first round's counts already in first
+// (AccumulateFlagHist's) when it is not empty: that round only picks, and
+// its pick leaves first zero again.
+func (o *Sparse) findKthFrom(cs *Stream, x device.Buffer, k int, first device.Buffer) error {
 	sc := cs.sel
 	if err := cs.args().buf(sc.state).i32(k).buf(sc.hist).run(kSelInit, 1); err != nil {
 		return err
 	}
-	for _, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
+	for i, r := range [...]struct{ shift, bits int }{{20, 11}, {10, 10}, {0, 10}} {
+		if i == 0 && first.Len() > 0 {
+			if err := cs.args().buf(first).i32(r.shift).i32(r.bits).buf(sc.state).run(kSelPick, 1); err != nil {
+				return err
+			}
+			continue
+		}
 		if err := cs.args().buf(x).i64(x.Len()).i32(r.shift).i32(r.bits).buf(sc.state).buf(sc.hist).runN(kSelHist, x.Len()); err != nil {
 			return err
 		}
@@ -461,18 +502,43 @@ func (o *Sparse) findKth(cs *Stream, x device.Buffer, k int) error {
 // above every number), and the elements into val[:k] unless val is empty.
 // k is clamped to [0, len(x)]; it returns the clamped k (sparsify.TopK).
 func (o *Sparse) TopK(s device.Stream, idx, val, x device.Buffer, k int) (int, error) {
+	return o.topK("TopK", s, idx, val, x, device.Buffer{}, k)
+}
+
+// TopKHist is TopK of x whose first radix round's counts are in hist,
+// written by the AccumulateFlagHist that wrote x (nothing having written x
+// since): the same selection with one pass over x fewer. hist is zero
+// again after it, ready for the next AccumulateFlagHist, also when the
+// selection needs no radix select (k = 0 or k ≥ len(x)).
+func (o *Sparse) TopKHist(s device.Stream, idx, val, x, hist device.Buffer, k int) (int, error) {
+	if err := o.check("TopKHist", "hist", hist, device.Int32, HistLen); err != nil {
+		return 0, err
+	}
+	return o.topK("TopKHist", s, idx, val, x, hist.Slice(0, HistLen), k)
+}
+
+// topK is TopK, from the first round's counts in hist when it is not empty
+// (TopKHist).
+func (o *Sparse) topK(op string, s device.Stream, idx, val, x, hist device.Buffer, k int) (int, error) {
 	cs, err := o.stream(s)
 	if err != nil {
 		return 0, err
 	}
 	n := x.Len()
 	k = max(0, min(k, n))
-	if err := o.checkArgs("TopK", bufArg{"x", x, device.Float32, 0}, bufArg{"idx", idx, device.Int32, k}); err != nil {
+	if err := o.checkArgs(op, bufArg{"x", x, device.Float32, 0}, bufArg{"idx", idx, device.Int32, k}); err != nil {
 		return 0, err
 	}
 	if val.Len() > 0 {
-		if err := o.check("TopK", "val", val, device.Float32, k); err != nil {
+		if err := o.check(op, "val", val, device.Float32, k); err != nil {
 			return 0, err
+		}
+	}
+	if k == 0 || k == n {
+		if hist.Len() > 0 { // not consumed by a pick
+			if err := cs.fill32(hist, 0); err != nil {
+				return 0, err
+			}
 		}
 	}
 	if k == 0 {
@@ -487,7 +553,7 @@ func (o *Sparse) TopK(s device.Stream, idx, val, x device.Buffer, k int) (int, e
 		}
 		return k, nil
 	}
-	if err := o.findKth(cs, x, k); err != nil {
+	if err := o.findKthFrom(cs, x, k, hist); err != nil {
 		return 0, err
 	}
 	_, err = o.selectTiles(cs, x, 0, idx, val, false)

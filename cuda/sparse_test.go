@@ -1122,3 +1122,105 @@ func TestGPUCountInToMatchesCPU(t *testing.T) {
 		d.Free(cb)
 	}
 }
+
+// TestGPUTopKHistMatchesPlain: error feedback's accumulation counting the
+// first radix round (AccumulateFlagHist) writes r + scale·g and the plain
+// histogram of its magnitudes' bits 30..20, and TopKHist from those counts
+// selects what a plain sort selects, with the values, leaving the counts
+// zero for the next step — for k = 0, 1, a few, all and more, on inputs
+// with ties, zeros, NaN and ±Inf, over two steps on the same buffers.
+func TestGPUTopKHistMatchesPlain(t *testing.T) {
+	d := gpu(t)
+	sp := d.Sparse()
+	s := d.Stream()
+	r := rand.New(rand.NewPCG(11, 29))
+	flag, err := d.Alloc(device.Int64, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(flag)
+	hist := allocInt32(t, d, cuda.HistLen)
+	defer d.Free(hist)
+	if err := s.Copy(hist, device.Host(make([]int32, cuda.HistLen))); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range sparseSizes() {
+		for _, kind := range []string{"normal", "ties", "zeros", "nan"} {
+			for _, k := range []int{0, 1, 2, n / 100, n / 3, n, n + 3} {
+				name := fmt.Sprintf("%s/n=%d/k=%d", kind, n, k)
+				// NaN + NaN has no portable payload: NaN and ±Inf enter
+				// through the first step's gradient only.
+				res := sparseInput(r, kind, n)
+				if kind == "nan" {
+					res = randVec(r, n, 1)
+				}
+				rb := upload(t, s, res)
+				idx := allocInt32(t, d, n)
+				val := upload(t, s, make([]float32, n))
+				for step := range 2 {
+					gk := kind
+					if kind == "nan" && step > 0 {
+						gk = "normal"
+					}
+					g := sparseInput(r, gk, n)
+					gb := upload(t, s, g)
+					acc := slices.Clone(res)
+					wantHist := make([]int32, cuda.HistLen)
+					for i := range acc {
+						acc[i] += 0.5 * g[i]
+						wantHist[(math.Float32bits(acc[i])&0x7fffffff)>>20]++
+					}
+					if err := s.Copy(flag, device.Host([]int64{-1})); err != nil {
+						t.Fatal(err)
+					}
+					if err := sp.AccumulateFlagHist(s, rb, gb, flag, hist, 0, 0.5); err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					if !sameBits(download(t, s, rb), acc) {
+						t.Fatalf("%s step %d: accumulation differs from r + scale·g", name, step)
+					}
+					if got := downloadInt32(t, s, hist); !slices.Equal(got, wantHist) {
+						t.Fatalf("%s step %d: histogram differs from the plain count of bits 30..20", name, step)
+					}
+					got, err := sp.TopKHist(s, idx, val, rb, hist, k)
+					if err != nil {
+						t.Fatalf("%s: %v", name, err)
+					}
+					want := plainTopKSegments(acc, [][2]int{{0, n}}, []int{k})
+					if got != len(want) {
+						t.Fatalf("%s step %d: TopKHist returned %d, want %d", name, step, got, len(want))
+					}
+					if gi := downloadInt32(t, s, idx)[:got]; !slices.Equal(gi, want) {
+						t.Fatalf("%s step %d: indices differ from a plain sort's (first GPU %v, plain %v)", name, step, head(gi), head(want))
+					}
+					wv := make([]float32, len(want))
+					for j, i := range want {
+						wv[j] = acc[i]
+					}
+					if !sameBits(download(t, s, val)[:got], wv) {
+						t.Fatalf("%s step %d: values differ", name, step)
+					}
+					if h := downloadInt32(t, s, hist); slices.ContainsFunc(h, func(c int32) bool { return c != 0 }) {
+						t.Fatalf("%s step %d: the histogram is not zero after the selection", name, step)
+					}
+					res = acc
+					d.Free(gb)
+				}
+				for _, b := range []device.Buffer{rb, idx, val} {
+					d.Free(b)
+				}
+			}
+		}
+	}
+	// A histogram too short is refused by both, naming it.
+	short := allocInt32(t, d, 16)
+	defer d.Free(short)
+	x := upload(t, s, make([]float32, 8))
+	defer d.Free(x)
+	if err := sp.AccumulateFlagHist(s, x, x, flag, short, 0, 1); err == nil || !strings.Contains(err.Error(), "hist") {
+		t.Fatalf("AccumulateFlagHist with 16 counters: %v", err)
+	}
+	if _, err := sp.TopKHist(s, short, device.Buffer{}, x, short, 1); err == nil || !strings.Contains(err.Error(), "hist") {
+		t.Fatalf("TopKHist with 16 counters: %v", err)
+	}
+}

@@ -339,6 +339,9 @@ func (r *Reducer) startGroup(ctx context.Context, g int, acc, out, residual devi
 	default:
 		err = r.core.Reduce(ctx, g, acc, out, residual, st)
 	}
+	if err == nil {
+		err = r.e.checkHistConsumed()
+	}
 	if err != nil {
 		return r.wrap(g, err)
 	}
@@ -409,6 +412,9 @@ func (r *Reducer) reset() {
 	r.acc, r.out, r.res = device.Buffer{}, device.Buffer{}, device.Buffer{}
 	clear(r.fin)
 	clear(r.started)
+	if r.e.histOwed { // a failed call's counts, not consumed
+		r.e.histOwed, r.e.histDirty = false, true
+	}
 	r.e.selEvents = r.e.selEvents[:0] // a failed call's are not read
 	r.e.later = r.e.later[:0]
 	r.e.forgetRanges()

@@ -11,7 +11,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "gtopk", NotProjectable: "gTop-k's tree has log₂(workers) rounds", New: newGtopk, CheckWorkers: gtopkCheckWorkers, Advice: gtopkAdvice,
+	Register(Method{Name: "gtopk", TopKOfAcc: true, NotProjectable: "gTop-k's tree has log₂(workers) rounds", New: newGtopk, CheckWorkers: gtopkCheckWorkers, Advice: gtopkAdvice,
 		Doc: "reference notes 7.7: Shi et al.'s gTop-k tree merge, power-of-two worker counts. Deviations: indices and values as two messages (int32, float32) instead of indices packed as float32 (exact only below 2^24); merged candidates have distinct indices."})
 }
 
@@ -108,7 +108,7 @@ func (r *gtopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buf
 	k := 0
 	selTime, err := b.timed(func() error {
 		var err error
-		k, err = v.ops.TopK(v.s, r.sel, r.selVal, acc, b.k)
+		k, err = b.topKAcc(r.sel, r.selVal, acc, b.k)
 		return err
 	})
 	if err != nil {

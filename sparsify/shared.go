@@ -94,6 +94,14 @@ type Env struct {
 	// issued without a wait (afterWait), run once the frame's wait has
 	// brought them back.
 	later []func()
+
+	// The first radix round of the call's top-k of acc, counted by error
+	// feedback's accumulation (Reducer.Histogram, Env.topKAcc): hist
+	// (histLen Int32 counters) is owed to the call's selection from
+	// Histogram until topKAcc consumes it, and dirty when it may hold
+	// counts no selection consumed.
+	hist                device.Buffer
+	histOwed, histDirty bool
 }
 
 // afterWait runs f when the call's statistics are combined, after the

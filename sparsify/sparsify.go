@@ -177,6 +177,13 @@ type Method struct {
 	// projection chart that leaves the method out).
 	Projectable    bool
 	NotProjectable string
+	// TopKOfAcc tells that the core's first work on acc in every call
+	// after a dense warm-up is the top-k of the whole of it, through
+	// Env.topKAcc, before anything writes acc: on a GPU a trainer may then
+	// have error feedback's accumulation count the selection's first radix
+	// round (Reducer.Histogram), one pass over acc fewer. A core that
+	// declares it and does not select so fails the call.
+	TopKOfAcc bool
 	// Pipelined tells that the method's core reduces the gradient in
 	// groups (Grouped) whose reduction can start while the backward pass
 	// still runs: a trainer pipelines it by default, and the advisor hides

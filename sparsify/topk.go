@@ -9,9 +9,9 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "topk", NotProjectable: "the union of the workers' top-k indices, which every worker all-reduces, grows with the worker count", New: newTopk, Advice: topkAdvice,
+	Register(Method{Name: "topk", TopKOfAcc: true, NotProjectable: "the union of the workers' top-k indices, which every worker all-reduces, grows with the worker count", New: newTopk, Advice: topkAdvice,
 		Doc: "reference notes 7.1: each worker's exact top-k, index lists all-gathered, the union all-reduced. No other deviation."})
-	Register(Method{Name: "topka", Projectable: true, New: newTopka, Advice: topkaAdvice,
+	Register(Method{Name: "topka", TopKOfAcc: true, Projectable: true, New: newTopka, Advice: topkaAdvice,
 		Doc: "reference notes 7.2, 7.8: TopkA of Ok-Topk, the DEFT/MiCRO code's CLI \"gtopk\": all-gather of k (value, index) pairs per worker. Deviations: indices as int32 (the DEFT/MiCRO copy sends int64); Ok-Topk's dense warm-up is left to the trainer."})
 }
 
@@ -49,7 +49,7 @@ func (r topk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffe
 	k := 0
 	selTime, err := b.selectTimed(func() error {
 		var err error
-		k, err = v.ops.TopK(v.s, sel, device.Buffer{}, acc, b.k)
+		k, err = b.topKAcc(sel, device.Buffer{}, acc, b.k)
 		return err
 	})
 	if err != nil {
@@ -95,7 +95,7 @@ func (r topka) Reduce(ctx context.Context, _ int, acc, out, residual device.Buff
 	k := 0
 	selTime, err := b.timed(func() error {
 		var err error
-		k, err = v.ops.TopK(v.s, sel, vals, acc, b.k)
+		k, err = b.topKAcc(sel, vals, acc, b.k)
 		return err
 	})
 	if err != nil {

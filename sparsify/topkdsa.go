@@ -10,7 +10,7 @@ import (
 )
 
 func init() {
-	Register(Method{Name: "topkdsa", NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSA, Advice: topkDSAAdvice, DenseWarmup: true,
+	Register(Method{Name: "topkdsa", TopKOfAcc: true, NotProjectable: "every worker sends one message to every other worker, so the number of messages grows with the worker count", New: newTopkDSA, Advice: topkDSAAdvice, DenseWarmup: true,
 		Doc:    "reference notes 7.8: TopkDSA of the Ok-Topk code (SparDL's TopDSA baseline): top-k sent to the owners of P contiguous regions, owners sum, sparse or dense all-gather of the sums; dense warm-up (option dense_warmup, default 512). Deviations (fixes): the k selected elements are the ones sent (the reference sends only |acc| strictly above the k-th largest yet zeroes all k in the residual, so with k = 1 it sends nothing); the last region takes N − (P−1)⌊N/P⌋ elements (the reference's remainder is wrong for N mod P >= ⌊N/P⌋ and divides by zero for N < P); indices travel as int32, not as float32 (exact only below 2^24); regions cut the layout order, not the reversed parameter order.",
 		Params: []options.Option{DenseWarmupParam(okDefaultWarmup)}})
 }
@@ -104,7 +104,7 @@ func (r *topkDSAReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 	k := 0
 	selTime, err := b.timed(func() error {
 		var err error
-		if k, err = v.ops.TopK(v.s, sel, vals, acc, b.k); err != nil {
+		if k, err = b.topKAcc(sel, vals, acc, b.k); err != nil {
 			return err
 		}
 		// The threshold is the smallest selected magnitude: a pass over

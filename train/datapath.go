@@ -267,9 +267,19 @@ func (dp *dataPath) upload(b device.Buffer, h []float32) error {
 //
 // On a GPU the check is deferred: the flag is read with the step's last
 // wait (checkFlag), after the update, when the step fails.
-func (dp *dataPath) accumulate(st device.Stream, lo, hi int) error {
+//
+// With hist (the reducer's Histogram, on a GPU), the same pass counts the
+// first radix round of the reducer's top-k of the accumulated vector.
+func (dp *dataPath) accumulate(st device.Stream, lo, hi int, hist device.Buffer) error {
 	if dp.flag.Len() > 0 {
-		if err := dp.feedbackOps.(*cuda.Sparse).AccumulateFlag(st, dp.residual.Slice(lo, hi), dp.grad.Slice(lo, hi), dp.flag, lo, 1); err != nil {
+		ops := dp.feedbackOps.(*cuda.Sparse)
+		var err error
+		if hist.Len() > 0 {
+			err = ops.AccumulateFlagHist(st, dp.residual.Slice(lo, hi), dp.grad.Slice(lo, hi), dp.flag, hist, lo, 1)
+		} else {
+			err = ops.AccumulateFlag(st, dp.residual.Slice(lo, hi), dp.grad.Slice(lo, hi), dp.flag, lo, 1)
+		}
+		if err != nil {
 			return fmt.Errorf("train: error feedback: %w", err)
 		}
 		return nil
@@ -448,7 +458,7 @@ func (dp *dataPath) startGroups(ctx context.Context, gs []int) error {
 			lo = dp.pipe.groups[gs[i]].Lo
 			i++
 		}
-		if err := dp.accumulate(st, lo, hi); err != nil {
+		if err := dp.accumulate(st, lo, hi, device.Buffer{}); err != nil {
 			return err
 		}
 	}
@@ -581,7 +591,16 @@ func (dp *dataPath) step(ctx context.Context, n int, b models.Batch, lr float64)
 				return s, err
 			}
 		}
-		if err := dp.accumulate(dp.compute, 0, dp.grad.Len()); err != nil {
+		// On a GPU error feedback's pass also counts the first radix round
+		// of a method's top-k of the accumulated gradient, whose selection
+		// then skips that pass (the reducer works on the compute stream).
+		var hist device.Buffer
+		if dp.flag.Len() > 0 {
+			if hist, err = dp.reducer.Histogram(); err != nil {
+				return s, err
+			}
+		}
+		if err := dp.accumulate(dp.compute, 0, dp.grad.Len(), hist); err != nil {
 			return s, err
 		}
 		started = time.Now()
