@@ -103,6 +103,18 @@ var stepBudgets = []budgetCase{
 	{"ncf", "dragonn", 4, &budget{82, 4, 0, 176, 0, 0}, ""},
 	{"ncf", "spardl", 1, &budget{27, 2, 0, 20, 0, 0}, ""},
 	{"ncf", "spardl", 4, &budget{99, 3, 0, 72, 0, 0}, ""},
+	// The other methods, on NCF only (an LSTM step costs the emulator
+	// seconds; their LSTM rows are in docs/bench/gpu-budget.md): topka,
+	// cltk and threshold select as topk does (threshold reads its count),
+	// randomk uploads its k shared indices, drawn on the host.
+	{"ncf", "topka", 1, &budget{29, 3, 0, 32, 0, 0}, ""},
+	{"ncf", "topka", 4, &budget{38, 3, 0, 32, 0, 0}, ""},
+	{"ncf", "cltk", 1, &budget{29, 3, 0, 40, 0, 0}, ""},
+	{"ncf", "cltk", 4, &budget{23.25, 3, 0, 40, 0, 0}, ""},
+	{"ncf", "threshold", 1, &budget{23, 4, 0, 36, 0, 0}, ""},
+	{"ncf", "threshold", 4, &budget{27, 4, 0, 36, 0, 0}, ""},
+	{"ncf", "randomk", 1, &budget{13, 2, 24440, 28, 0, 0}, ""},
+	{"ncf", "randomk", 4, &budget{14, 2, 24440, 28, 0, 0}, ""},
 	{"lstm", "dense", 1, &budget{16, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 4, &budget{17.25, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 1, &budget{17, 1, 0, 12, 0, 0}, ""},

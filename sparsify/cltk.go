@@ -49,7 +49,7 @@ func (r cltk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffe
 	}
 	var selTime time.Duration
 	if b.c.Rank() == leader {
-		if selTime, err = b.timed(func() error {
+		if selTime, err = b.selectTimed(func() error {
 			_, err := v.ops.TopK(v.s, wire, device.Buffer{}, acc, b.k)
 			return err
 		}); err != nil {

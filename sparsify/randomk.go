@@ -47,7 +47,7 @@ func (r *randomk) Reduce(ctx context.Context, _ int, acc, out, residual device.B
 	if err != nil {
 		return err
 	}
-	selTime, err := b.timed(func() error {
+	selTime, err := b.selectTimed(func() error {
 		r.sel = RandomK(r.sel, b.n, b.k, randomkSeed(b.o.Seed, b.calls))
 		return v.upload(sel, r.sel)
 	})

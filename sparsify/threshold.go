@@ -66,7 +66,7 @@ func (r threshold) Reduce(ctx context.Context, _ int, acc, out, residual device.
 		return err
 	}
 	m := 0
-	selTime, err := b.timed(func() error {
+	selTime, err := b.selectTimed(func() error {
 		var err error
 		m, err = v.ops.SelectAbove(v.s, sel, device.Buffer{}, acc, lam32)
 		return err

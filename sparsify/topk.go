@@ -93,7 +93,7 @@ func (r topka) Reduce(ctx context.Context, _ int, acc, out, residual device.Buff
 		return err
 	}
 	k := 0
-	selTime, err := b.timed(func() error {
+	selTime, err := b.selectTimed(func() error {
 		var err error
 		k, err = b.topKAcc(sel, vals, acc, b.k)
 		return err
