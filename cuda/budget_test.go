@@ -103,6 +103,10 @@ var stepBudgets = []budgetCase{
 	{"ncf", "dragonn", 4, &budget{82, 4, 0, 176, 0, 0}, ""},
 	{"ncf", "spardl", 1, &budget{27, 2, 0, 20, 0, 0}, ""},
 	{"ncf", "spardl", 4, &budget{99, 3, 0, 72, 0, 0}, ""},
+	// mstopk's 4: topk's 3 and its selection's count and thres1 (16 B),
+	// read back after the search and the draw ran on the device.
+	{"ncf", "mstopk", 1, &budget{59, 4, 0, 48, 0, 0}, ""},
+	{"ncf", "mstopk", 4, &budget{63, 4, 0, 48, 0, 0}, ""},
 	{"lstm", "dense", 1, &budget{16, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 4, &budget{17.25, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 1, &budget{17, 1, 0, 12, 0, 0}, ""},
@@ -121,6 +125,8 @@ var stepBudgets = []budgetCase{
 	{"lstm", "dragonn", 4, &budget{80, 4, 0, 152, 0, 0}, ""},
 	{"lstm", "spardl", 1, &budget{31, 2, 0, 20, 0, 0}, ""},
 	{"lstm", "spardl", 4, &budget{103, 3, 0, 72, 0, 0}, ""},
+	{"lstm", "mstopk", 1, &budget{63, 4, 0, 48, 0, 0}, ""},
+	{"lstm", "mstopk", 4, &budget{67, 4, 0, 48, 0, 0}, ""},
 	{"resnet18", "dense", 1, nil, ""},
 	{"resnet18", "topk", 1, nil, ""},
 }
