@@ -107,7 +107,8 @@ func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 // back), each round's count a CountAbove, then the elements at or above
 // thres2 (SelectAbove, read back: about k of them) split and drawn from on
 // the host (mstopkDraw). It leaves the indices, ascending, in r.sel and
-// returns thres1 (NaN when none).
+// returns thres1 (NaN when none). Reduce uses it on the CPU; a GPU selects
+// the same indices with selectDevice, without the host.
 func (r *mstopk) selectOn(v *vecs, acc device.Buffer, n, k int, seed uint64) (float64, error) {
 	r.sel = r.sel[:0]
 	if n == 0 || k <= 0 {
@@ -239,7 +240,7 @@ func mstopkSearch(mean, mx float64, n, k int, count func(t float64) int) (k1 int
 // mstopkState is the search's state before a round: the ratios' interval
 // [l, r], the largest count at most k and its threshold (k1, thres1), the
 // smallest count above k and its threshold (k2, thres2). On a device it
-// is 6 words of k_mstopk's st, in this order: l, r, k1, thres1, k2, thres2.
+// is 6 words of mstopk.cu's st, in this order: l, r, k1, thres1, k2, thres2.
 type mstopkState struct {
 	l, r, k1, thres1, k2, thres2 float64
 }
