@@ -115,6 +115,10 @@ var stepBudgets = []budgetCase{
 	{"ncf", "threshold", 4, &budget{27, 4, 0, 36, 0, 0}, ""},
 	{"ncf", "randomk", 1, &budget{13, 2, 24440, 28, 0, 0}, ""},
 	{"ncf", "randomk", 4, &budget{14, 2, 24440, 28, 0, 0}, ""},
+	// mstopk's 4: topk's 3 and its selection's count and thres1 (16 B),
+	// read back after the search and the draw ran on the device.
+	{"ncf", "mstopk", 1, &budget{59, 4, 0, 48, 0, 0}, ""},
+	{"ncf", "mstopk", 4, &budget{63, 4, 0, 48, 0, 0}, ""},
 	{"lstm", "dense", 1, &budget{16, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 4, &budget{17.25, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 1, &budget{17, 1, 0, 12, 0, 0}, ""},

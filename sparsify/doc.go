@@ -187,9 +187,10 @@
 //     (the reference draws with torch.randperm); when no candidate threshold
 //     leaves at most k elements, all k are drawn from those above the lowest
 //     one tried; the mean summed in float64 by blocks of 4096 elements. On a
-//     GPU the search runs there (a kernel's block statistics, one count per
-//     round) and only the elements at or above the lowest threshold above k
-//     come back for the draw.
+//     GPU the whole selection runs there, the same bits (block statistics,
+//     one count per round with the round's decision made on the device, the
+//     candidates selected and the draw made by one device thread with the
+//     CPU's generator): only the selection's count and thres1 come back.
 //   - "oktopk" (oktopk.go): reference notes 7.8: Ok-Topk: local threshold
 //     exact every 32 sparse calls and otherwise reused and raised, regions
 //     re-balanced every 64, owners sum, global threshold exact every 32 and

@@ -3,14 +3,15 @@ package sparsify
 import (
 	"context"
 	_ "embed"
+	"fmt"
 	"math"
 
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
 func init() {
-	Register(Method{Name: "mstopk", Projectable: true, New: newMSTopk, Advice: mstopkAdvice, Kernels: []*device.Kernel{mstopkKernel},
-		Doc: "reference notes 11.3: MSTopk (Shi et al., 2021), DRAGONN's approximate Top-k baseline: the threshold found by 30 rounds of binary search between the mean and the maximum magnitude, counting the elements above each candidate (no sort); the k1 <= k elements above the best threshold not exceeding k, the rest drawn at random from those between it and the lowest threshold above k; then exchanged as topk (index lists all-gathered, the union all-reduced). Deviations: the random draw is seeded by the run's seed, the rank and the call's search (the reference draws with torch.randperm); when no candidate threshold leaves at most k elements, all k are drawn from those above the lowest one tried; the mean summed in float64 by blocks of 4096 elements. On a GPU the search runs there (a kernel's block statistics, one count per round) and only the elements at or above the lowest threshold above k come back for the draw."})
+	Register(Method{Name: "mstopk", Projectable: true, New: newMSTopk, Advice: mstopkAdvice, Kernels: []*device.Kernel{mstopkKernel, mstopkInitKernel, mstopkCountKernel, mstopkFinalKernel, mstopkClassKernel, mstopkDrawKernel, mstopkWriteKernel},
+		Doc: "reference notes 11.3: MSTopk (Shi et al., 2021), DRAGONN's approximate Top-k baseline: the threshold found by 30 rounds of binary search between the mean and the maximum magnitude, counting the elements above each candidate (no sort); the k1 <= k elements above the best threshold not exceeding k, the rest drawn at random from those between it and the lowest threshold above k; then exchanged as topk (index lists all-gathered, the union all-reduced). Deviations: the random draw is seeded by the run's seed, the rank and the call's search (the reference draws with torch.randperm); when no candidate threshold leaves at most k elements, all k are drawn from those above the lowest one tried; the mean summed in float64 by blocks of 4096 elements. On a GPU the whole selection runs there, the same bits (block statistics, one count per round with the round's decision made on the device, the candidates selected and the draw made by one device thread with the CPU's generator): only the selection's count and thres1 come back."})
 }
 
 // mstopkRounds is N, the rounds of MSTopk's binary search.
@@ -44,12 +45,19 @@ type mstopk struct {
 	part         []float64
 	dPart, dList device.Buffer
 	dVals        device.Buffer
+	// selectDevice's: the search's state (Float64, mstopkStateWords), the
+	// rounds' counters and the list's count (Int32), thres2 as a float32,
+	// the chunks' counts and offsets, the draw's bits by candidate rank.
+	dState, dInts, dThr device.Buffer
+	dChunks, dBits      device.Buffer
+	hdr                 [2]float64 // thres1 and the count, read back
+	segs                [1][2]int  // the one segment [0, n) of SelectAboveSegments
 }
 
 func newMSTopk(e *Env) (Core, error) { return &mstopk{b: e}, nil }
 
-// Reduce selects with MSTopk on the worker's device (selectOn) and
-// exchanges as topk.
+// Reduce selects with MSTopk, on the host (selectOn) on the CPU and
+// without it (selectDevice) on a GPU, and exchanges as topk.
 func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buffer, st *GroupStats) error {
 	b := r.b
 	v := &b.v
@@ -57,19 +65,36 @@ func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 	if err != nil {
 		return err
 	}
-	var thres1 float64
-	selTime, err := b.timed(func() error {
-		seed := sampMix(b.o.Seed ^ sampMix(uint64(b.c.Rank())^0x3570))
-		var err error
-		if thres1, err = r.selectOn(v, acc, b.n, b.k, seed); err != nil {
-			return err
+	seed := sampMix(b.o.Seed ^ sampMix(uint64(b.c.Rank())^0x3570))
+	thres1, m := math.NaN(), 0
+	selTime, err := b.selectTimed(func() error {
+		if v.onCPU() {
+			var err error
+			if thres1, err = r.selectOn(v, acc, b.n, b.k, seed); err != nil {
+				return err
+			}
+			m = len(r.sel)
+			return v.upload(dsel, r.sel)
 		}
-		return v.upload(dsel, r.sel)
+		return r.selectDevice(v, acc, dsel, b.n, b.k, seed)
 	})
 	if err != nil {
 		return err
 	}
-	if err := b.reduceSelected(ctx, acc, out, residual, dsel.Slice(0, len(r.sel)), st); err != nil {
+	if !v.onCPU() && b.n > 0 && b.k > 0 {
+		// The selection's count and thres1, in one wait.
+		if err := v.s.Copy(device.Host(r.hdr[:]), r.dState.Slice(mstopkThres1Word, mstopkThres1Word+2)); err != nil {
+			return err
+		}
+		if err := v.s.Synchronize(); err != nil {
+			return err
+		}
+		thres1, m = r.hdr[0], int(r.hdr[1])
+		if m > b.k {
+			return fmt.Errorf("mstopk: %d elements selected, more than k = %d: more than k elements of the gradient are ±Inf (check the loss and the learning rate)", m, b.k)
+		}
+	}
+	if err := b.reduceSelected(ctx, acc, out, residual, dsel.Slice(0, m), st); err != nil {
 		return err
 	}
 	st.SelectTime = selTime
@@ -82,7 +107,8 @@ func (r *mstopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Bu
 // back), each round's count a CountAbove, then the elements at or above
 // thres2 (SelectAbove, read back: about k of them) split and drawn from on
 // the host (mstopkDraw). It leaves the indices, ascending, in r.sel and
-// returns thres1 (NaN when none).
+// returns thres1 (NaN when none). Reduce uses it on the CPU; a GPU selects
+// the same indices with selectDevice, without the host.
 func (r *mstopk) selectOn(v *vecs, acc device.Buffer, n, k int, seed uint64) (float64, error) {
 	r.sel = r.sel[:0]
 	if n == 0 || k <= 0 {
@@ -204,26 +230,57 @@ func mstopkStats(part []float64, n int) (mean, mx float64) {
 // none) and thres2 and k2 (the smallest count above k and its threshold;
 // −Inf and n+1 when none).
 func mstopkSearch(mean, mx float64, n, k int, count func(t float64) int) (k1 int, thres1, thres2 float64, k2 int) {
-	l, r := 0.0, 1.0
-	k2 = n + 1
-	thres1, thres2 = math.Inf(1), math.Inf(-1)
+	s := mstopkStart(n)
 	for range mstopkRounds {
-		ratio := l + (r-l)/2
-		t := mean + ratio*(mx-mean)
-		nnz := count(t)
-		if nnz <= k {
-			r = ratio
-			if nnz > k1 {
-				k1, thres1 = nnz, t
-			}
-		} else {
-			l = ratio
-			if nnz < k2 {
-				k2, thres2 = nnz, t
-			}
+		s = s.next(mean, mx, count(s.threshold(mean, mx)), k)
+	}
+	return int(s.k1), s.thres1, s.thres2, int(s.k2)
+}
+
+// mstopkState is the search's state before a round: the ratios' interval
+// [l, r], the largest count at most k and its threshold (k1, thres1), the
+// smallest count above k and its threshold (k2, thres2). On a device it
+// is 6 words of mstopk.cu's st, in this order: l, r, k1, thres1, k2, thres2.
+type mstopkState struct {
+	l, r, k1, thres1, k2, thres2 float64
+}
+
+// mstopkStart is the state before the first round over n elements.
+func mstopkStart(n int) mstopkState {
+	return mstopkState{r: 1, k2: float64(n + 1), thres1: math.Inf(1), thres2: math.Inf(-1)}
+}
+
+// threshold is the round's threshold mean + ratio·(mx − mean), ratio the
+// middle of [l, r] (the product rounded before the sum, as mstopk.cu
+// computes it).
+func (s mstopkState) threshold(mean, mx float64) float64 {
+	ratio := s.l + (s.r-s.l)/2
+	return mean + float64(ratio*(mx-mean))
+}
+
+// next is the state after the round counted nnz elements at or above its
+// threshold.
+func (s mstopkState) next(mean, mx float64, nnz, k int) mstopkState {
+	ratio, t, c := s.l+(s.r-s.l)/2, s.threshold(mean, mx), float64(nnz)
+	if nnz <= k {
+		s.r = ratio
+		if c > s.k1 {
+			s.k1, s.thres1 = c, t
+		}
+	} else {
+		s.l = ratio
+		if c < s.k2 {
+			s.k2, s.thres2 = c, t
 		}
 	}
-	return k1, thres1, thres2, k2
+	return s
+}
+
+// mstopkDrawSeed is the draw's seed: the run's and the rank's (seed), and
+// the call's search, so that it changes from call to call and needs no
+// state.
+func mstopkDrawSeed(seed uint64, thres2 float64, k1 int) uint64 {
+	return sampMix(seed ^ math.Float64bits(thres2) ^ uint64(k1)<<40)
 }
 
 // mstopkDraw splits list (the indices, ascending, of the elements vals
@@ -240,9 +297,7 @@ func mstopkDraw(sel, cand, tmp, list []int32, vals []float32, k, k1 int, thres1,
 			cand = append(cand, i)
 		}
 	}
-	// The draw's seed: the run's and the rank's (seed), and this call's
-	// search, so that it changes from call to call and needs no state.
-	tmp = RandomK(tmp, len(cand), k-len(sel), sampMix(seed^math.Float64bits(thres2)^uint64(k1)<<40))
+	tmp = RandomK(tmp, len(cand), k-len(sel), mstopkDrawSeed(seed, thres2, k1))
 	n1 := len(sel)
 	for _, j := range tmp {
 		sel = append(sel, cand[j])
