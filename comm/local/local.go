@@ -44,14 +44,17 @@
 // host and device buffers mixed) each rank stages its device buffers through host
 // memory (comm.StageBuffer: page-locked where the device has it), the host
 // algorithm runs on the copies, and the results are copied back.
-// SendRecv takes device buffers too: the receiver copies the sender's
-// buffer on a stream of its own after both calls' start events (device to
-// device on one device or between devices that reach each other; through
-// host memory between other devices, or between host and device memory),
-// and each caller's stream waits for the copies
-// of its buffers — a device send waits on the host for its receive to be
-// posted, not for any copy. The other point-to-point calls take host
-// memory only: comm.Staged stages device buffers for them.
+// The point-to-point calls take device buffers too: the receiver copies
+// the message on a stream of its own after both calls' start events
+// (device to device on one device or between devices that reach each
+// other; through host memory between other devices, or between host and
+// device memory), and each caller's stream waits for the copies of its
+// buffers. SendRecv's message is the sender's buffer itself — a device
+// send waits on the host for its receive to be posted, not for any copy;
+// Send and ISend, which return without waiting for the receive, copy the
+// buffer on its stream into device memory the world keeps for messages
+// (grown to the sizes sent, freed when Run returns), so that the sender
+// may write its buffer again at once.
 //
 // # Failures
 //
@@ -134,6 +137,8 @@ type World struct {
 	// bandwidth.
 	linkFree time.Time
 	boxes    map[mailKey]*mailbox
+	// dpool holds the messages Send and ISend sent from device memory.
+	dpool devPool
 
 	bg    sync.WaitGroup // background goroutines of non-blocking calls
 	comms []*rankComm
@@ -259,6 +264,7 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 	w.Abort(-1, errClosed) // releases pending non-blocking calls nobody waited for
 	w.bg.Wait()
 	w.closeStreams()
+	perr := w.dpool.close()
 	if f := first.Load(); f >= 0 {
 		return fmt.Errorf("rank %d: %w", f, errs[f])
 	}
@@ -266,6 +272,9 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
+	}
+	if perr != nil {
+		return fmt.Errorf("local.Run: freeing the device memory of messages: %w", perr)
 	}
 	return nil
 }
