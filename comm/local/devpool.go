@@ -20,16 +20,21 @@ type devBlock struct {
 	filled, busy device.Event
 }
 
-// devPool is a world's blocks, kept for its life (freed when Run ends):
-// repeated messages of sizes seen before allocate nothing.
+// devPool is a world's blocks, kept for its life (freed when Run ends).
+// A new block is as large as the largest before it, so that once as many
+// messages as ever are in flight at once, of sizes no larger than before,
+// messages allocate nothing (a method's message sizes vary from step to
+// step).
 type devPool struct {
-	mu   sync.Mutex
-	free map[device.Device][]*devBlock
-	all  []*devBlock
+	mu      sync.Mutex
+	free    map[device.Device][]*devBlock
+	all     []*devBlock
+	largest int // bytes of the largest block
 }
 
 // get returns a free block of dev of at least n bytes (the smallest that
-// fits), else a new one of the next power of two (256 bytes at least).
+// fits), else a new one of the next power of two of n bytes, 4 KiB at
+// least and no smaller than the largest block.
 func (p *devPool) get(dev device.Device, n int) (*devBlock, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -46,10 +51,11 @@ func (p *devPool) get(dev device.Device, n int) (*devBlock, error) {
 		p.free[dev] = free[:len(free)-1]
 		return b, nil
 	}
-	size := 256
+	size := max(4096, p.largest)
 	for size < n {
 		size *= 2
 	}
+	p.largest = size
 	buf, err := dev.Alloc(device.Float32, size/4)
 	if err != nil {
 		return nil, fmt.Errorf("local: device memory for a message of %d bytes on %v: %w", n, dev, err)
@@ -71,14 +77,15 @@ func (p *devPool) put(b *devBlock, busy device.Event) {
 	p.free[d] = append(p.free[d], b)
 }
 
-// close waits for the copies into and out of every block and frees them.
+// close waits for the copies into and out of every block that are not
+// known to be done and frees the blocks.
 func (p *devPool) close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var errs []error
 	for _, b := range p.all {
 		for _, ev := range []device.Event{b.filled, b.busy} {
-			if ev != nil {
+			if d, ok := ev.(interface{ Done() bool }); ev != nil && (!ok || !d.Done()) {
 				errs = append(errs, ev.Synchronize())
 			}
 		}
