@@ -394,9 +394,9 @@ func TestDeviceSendRecv(t *testing.T) {
 // a ring in both directions with messages of different lengths (empty ones
 // included) into longer receive buffers, sent before and after their
 // receive is posted, for 1, 2, 3 and 5 ranks. The sender writes its
-// buffer again as soon as Send returns (the message is a copy), and the
-// device memory of the messages is reused: all rounds allocate no more
-// blocks than two rounds' messages, the most that can be in flight.
+// buffer again as soon as Send returns (the message is a copy) or ISend's
+// Wait does, and the device memory of Send's messages is reused: all
+// rounds allocate no more blocks than two rounds' messages.
 func TestDevicePointToPoint(t *testing.T) {
 	const rounds = 3
 	for _, n := range []int{1, 2, 3, 5} {
@@ -509,7 +509,6 @@ func TestDevicePointToPoint(t *testing.T) {
 								if err != nil {
 									return err
 								}
-								overwrite(sends[step])
 								reqs = append(reqs, q)
 							}
 							for i, q := range reqs {
@@ -519,6 +518,8 @@ func TestDevicePointToPoint(t *testing.T) {
 								}
 								if i < n {
 									read(recvs[i+1], got)
+								} else {
+									overwrite(sends[i-n+1]) // its own again
 								}
 							}
 							if err := c.Barrier(ctx); err != nil {
@@ -558,5 +559,28 @@ func TestDevicePointToPoint(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestDeviceISendToExitedRank: an ISend of device memory, handed over by
+// reference, waits for its receive; a destination that returns without
+// receiving makes Wait fail, saying so, instead of hanging.
+func TestDeviceISendToExitedRank(t *testing.T) {
+	d := &fakeDev{peers: 4}
+	var got error
+	err := Run(context.Background(), 2, func(ctx context.Context, c comm.Communicator) error {
+		if c.Rank() == 1 {
+			return nil
+		}
+		s, _ := d.NewStream()
+		q, err := c.ISend(ctx, d.buf([]float32{1, 2, 3}, s), 1, 7)
+		if err != nil {
+			return err
+		}
+		_, got = q.Wait(ctx)
+		return got
+	})
+	if err == nil || got == nil || !strings.Contains(got.Error(), "rank 1 has returned from its worker function") {
+		t.Fatalf("Run: %v; Wait: %v; want Wait to fail naming rank 1's return", err, got)
 	}
 }

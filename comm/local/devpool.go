@@ -8,8 +8,8 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-// devBlock is device memory of the world holding a message that Send or
-// ISend sent from device memory: the sender copies its buffer into a block
+// devBlock is device memory of the world holding a message that Send
+// sent from device memory: the sender copies its buffer into a block
 // on its stream and goes on (the host waits for nothing), the receive
 // copies out of the block and gives it back with the event of that copy.
 type devBlock struct {

@@ -49,12 +49,12 @@
 // (device to device on one device or between devices that reach each
 // other; through host memory between other devices, or between host and
 // device memory), and each caller's stream waits for the copies of its
-// buffers. SendRecv's message is the sender's buffer itself — a device
-// send waits on the host for its receive to be posted, not for any copy;
-// Send and ISend, which return without waiting for the receive, copy the
-// buffer on its stream into device memory the world keeps for messages
-// (grown to the sizes sent, freed when Run returns), so that the sender
-// may write its buffer again at once.
+// buffers. The message of SendRecv and ISend is the sender's buffer itself
+// — a device send waits on the host (in SendRecv, or ISend's Wait) for its
+// receive to be posted, not for any copy; Send, which returns without
+// waiting for the receive, copies the buffer on its stream into device
+// memory the world keeps for messages (grown to the sizes sent, freed when
+// Run returns), so that the sender may write its buffer again at once.
 //
 // # Failures
 //

@@ -400,29 +400,35 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 			// Not taken yet: leave a copy behind, as Send would have, so
 			// that SendRecv never waits for the destination.
 			box.detach(sent.consumed)
-		} else {
-			// Device memory is handed over, not copied: wait for the
-			// destination to take it.
-			what := func() string { return fmt.Sprintf("in SendRecv, sending to rank %d with tag %d", dst, tag) }
-			missing := func() int {
-				if c.w.exited[dst].Load() {
-					return dst
-				}
-				return -1
-			}
-			if err := c.waitFor(ctx, sent.consumed, what, missing); err != nil {
-				box.withdraw(sent.consumed)
-				return 0, err
-			}
-			if sent.dev.done != nil {
-				dc.wait = append(dc.wait, sent.dev.done)
-			}
+		} else if err := c.handedOver(ctx, "SendRecv", box, sent, dc, dst, tag); err != nil {
+			return 0, err
 		}
 	}
 	if err := dc.finish(); err != nil {
 		return 0, err
 	}
 	return n, c.w.sleepUntil(ctx, ready)
+}
+
+// handedOver waits for rank dst's receive to take sent, a message of device
+// memory that sendNoWait handed over by reference (in call, with tag), and
+// adds the receive's copy out of it to what dc's stream waits for.
+func (c *rankComm) handedOver(ctx context.Context, call string, box *mailbox, sent *message, dc *devCall, dst, tag int) error {
+	what := func() string { return fmt.Sprintf("in %s, sending to rank %d with tag %d", call, dst, tag) }
+	missing := func() int {
+		if c.w.exited[dst].Load() {
+			return dst
+		}
+		return -1
+	}
+	if err := c.waitFor(ctx, sent.consumed, what, missing); err != nil {
+		box.withdraw(sent.consumed)
+		return err
+	}
+	if sent.dev.done != nil {
+		dc.wait = append(dc.wait, sent.dev.done)
+	}
+	return nil
 }
 
 // sendNoWait delivers buf to the first waiting receive from this rank to dst
@@ -502,13 +508,60 @@ func (b *mailbox) withdraw(consumed chan struct{}) {
 	}
 }
 
-// ISend starts Send and returns at once.
+// ISend starts Send and returns at once. Device memory (comm.Device) is
+// handed over by reference, as SendRecv's send is (the buffer is not
+// touched until Wait returns): the receiver copies it device to device,
+// and Wait waits on the host for the receive to be posted, not for the
+// copy, which the buffer's stream waits for.
 func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (comm.Request, error) {
-	r, err := c.send(ctx, "ISend", buf, dst, tag)
+	d, ok := comm.InDeviceMemory(buf)
+	if !ok {
+		r, err := c.send(ctx, "ISend", buf, dst, tag)
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+	if err := c.checkPeer("ISend: destination", dst); err != nil {
+		return nil, err
+	}
+	if err := c.check(ctx, func() string { return fmt.Sprintf("in ISend to rank %d with tag %d", dst, tag) }); err != nil {
+		return nil, err
+	}
+	dc, err := c.devStart(buf)
 	if err != nil {
 		return nil, err
 	}
-	return r, nil
+	ready := c.w.p2pReady(time.Now(), buf)
+	box, sent := c.sendNoWait(buf, dst, tag, ready, true, &devMsg{buf: d.Buf, ready: dc.ready})
+	return &devSendRequest{c: c, box: box, sent: sent, dc: dc, dst: dst, tag: tag, ready: ready, n: buf.Len()}, nil
+}
+
+// devSendRequest is an ISend of device memory (see ISend).
+type devSendRequest struct {
+	c        *rankComm
+	box      *mailbox
+	sent     *message
+	dc       *devCall
+	dst, tag int
+	ready    time.Time
+	n        int
+}
+
+// Wait returns the message length once the receive has taken the message
+// (and the modelled transfer is over); the buffer's stream waits for the
+// receive's copy.
+func (r *devSendRequest) Wait(ctx context.Context) (int, error) {
+	if err := r.c.handedOver(ctx, "ISend", r.box, r.sent, r.dc, r.dst, r.tag); err != nil {
+		return 0, err
+	}
+	if err := r.dc.finish(); err != nil {
+		return 0, err
+	}
+	if err := r.c.w.sleepUntil(ctx, r.ready); err != nil {
+		return 0, err
+	}
+	return r.n, nil
 }
 
 // sendRequest is an ISend whose data are already in the mailbox; with network
