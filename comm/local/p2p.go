@@ -23,7 +23,7 @@ type message struct {
 	// buffer (no copy): it is closed once the receive copied them out.
 	consumed chan struct{}
 	// dev, if not nil, is the sender's device memory (a Device buffer:
-	// SendRecv's own, or the world's block Send and ISend copied it into;
+	// SendRecv's and ISend's own, or the world's block Send copied it into;
 	// data is then nil and consumed set): the receiver copies it itself.
 	dev *devMsg
 }
@@ -32,9 +32,9 @@ type message struct {
 // receiver copies buf after ready (device to device where its buffer is
 // memory of the same device or of one that reaches it) and sets done to
 // the copy's event (nil: complete) before it releases the message. A
-// SendRecv's buf is the sender's buffer, whose stream waits for done
-// before it writes buf again; a Send's or ISend's is blk's memory, which
-// goes back to pool with done.
+// SendRecv's or ISend's buf is the sender's buffer, whose stream waits for
+// done before it writes buf again; a Send's is blk's memory, which goes
+// back to pool with done.
 type devMsg struct {
 	buf   device.Buffer
 	ready device.Event
@@ -250,7 +250,7 @@ func (c *rankComm) copyOut(d comm.Device) (*devMsg, error) {
 }
 
 // post registers a receive: it takes the first waiting message or queues r.
-// dc is the device side of a SendRecv (nil: none).
+// dc is the device side of the call (nil: none).
 func (c *rankComm) post(buf comm.Buffer, src, tag int, dc *devCall) *recvWait {
 	b := c.w.lockBox(mailKey{src, c.rank, tag})
 	r := &recvWait{box: b, buf: buf, src: src, tag: tag, done: make(chan struct{})}
@@ -521,6 +521,9 @@ func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (co
 			return nil, err
 		}
 		return r, nil
+	}
+	if err := validDType("send", buf); err != nil {
+		return nil, err
 	}
 	if err := c.checkPeer("ISend: destination", dst); err != nil {
 		return nil, err
