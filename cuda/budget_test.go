@@ -83,7 +83,20 @@ var batchBytes = map[string]int64{"ncf": 1280, "lstm": 640}
 // on the device, dgcSelect), the union's count, the error norm (every
 // tensor's ‖v‖², 8 B a tensor) and the end of the step. (Rows not
 // measured again keep their limits in bytes: batchBytes became the batch
-// itself, 8 bytes less.)
+// itself, 8 bytes less.) gtopk, oktopk and topkdsa move their
+// point-to-point messages device to device (comm/local's Send, ISend,
+// Recv and IRecv of device buffers) and allocate nothing after the first
+// steps; their host waits are reads of counts the host needs. gtopk's:
+// its own list's and every received list's distinct count
+// (Env.checkList), each merge's count, the residual's intersection count,
+// the norm and the end of the step. topkdsa's: its threshold (the k-th
+// magnitude), the pairs per region (CountIn) and those announced to it,
+// its region's non-zero sums, the owners' lists' distinct count, the norm
+// and the end. oktopk's are topkdsa's less the threshold plus its local
+// selection's count, its threshold raises (a count each, up to 5) and the
+// intersection count. Their bytes up beyond the batch are the pair counts
+// per region (4 B a region), uploaded for the count messages, which travel
+// in device memory (NCCL's).
 var stepBudgets = []budgetCase{
 	{"ncf", "dense", 1, &budget{12, 1, 0, 12, 0, 0}, "off"},
 	{"ncf", "dense", 4, &budget{13.25, 1, 0, 12, 0, 0}, "off"},
@@ -103,6 +116,12 @@ var stepBudgets = []budgetCase{
 	{"ncf", "dragonn", 4, &budget{82, 4, 0, 176, 0, 0}, ""},
 	{"ncf", "spardl", 1, &budget{27, 2, 0, 20, 0, 0}, ""},
 	{"ncf", "spardl", 4, &budget{99, 3, 0, 72, 0, 0}, ""},
+	{"ncf", "gtopk", 1, &budget{36, 4, 0, 36, 0, 0}, ""},
+	{"ncf", "gtopk", 4, &budget{60.75, 5.5, 0, 48, 0, 0}, ""},
+	{"ncf", "oktopk", 1, &budget{55, 9, 4, 72, 0, 0}, ""},
+	{"ncf", "oktopk", 4, &budget{95.125, 11.375, 16, 153, 0, 0}, ""},
+	{"ncf", "topkdsa", 1, &budget{56, 7, 4, 64, 0, 0}, ""},
+	{"ncf", "topkdsa", 4, &budget{78.25, 7, 16, 136, 0, 0}, ""},
 	{"lstm", "dense", 1, &budget{16, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 4, &budget{17.25, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 1, &budget{17, 1, 0, 12, 0, 0}, ""},
