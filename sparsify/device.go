@@ -215,11 +215,11 @@ func (v *vecs) intersectOn(sc *denseScratch, n int, a, b, out device.Buffer) (in
 	if err != nil {
 		return 0, err
 	}
-	g, err := v.scratch(&sc.g, device.Float32, b.Len())
+	g, err := v.bounded(&sc.g, device.Float32, b.Len(), n)
 	if err != nil {
 		return 0, err
 	}
-	pos, err := v.scratch(&sc.pos, device.Int32, b.Len())
+	pos, err := v.bounded(&sc.pos, device.Int32, b.Len(), n)
 	if err != nil {
 		return 0, err
 	}
