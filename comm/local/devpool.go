@@ -8,7 +8,7 @@ import (
 	"github.com/sparsegrad/sparsegrad/device"
 )
 
-// devBlock is device memory of the world holding a message that Send
+// devBlock is device memory of a rank holding a message that Send
 // sent from device memory: the sender copies its buffer into a block
 // on its stream and goes on (the host waits for nothing), the receive
 // copies out of the block and gives it back with the event of that copy.
@@ -20,7 +20,8 @@ type devBlock struct {
 	filled, busy device.Event
 }
 
-// devPool is a world's blocks, kept for its life (freed when Run ends).
+// devPool is a rank's blocks, kept for the world's life (freed when Run
+// ends).
 // A new block is as large as the largest before it, so that once as many
 // messages as ever are in flight at once, of sizes no larger than before,
 // messages allocate nothing (a method's message sizes vary from step to

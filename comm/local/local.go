@@ -53,8 +53,8 @@
 // — a device send waits on the host (in SendRecv, or ISend's Wait) for its
 // receive to be posted, not for any copy; Send, which returns without
 // waiting for the receive, copies the buffer on its stream into device
-// memory the world keeps for messages (grown to the sizes sent, freed when
-// Run returns), so that the sender may write its buffer again at once.
+// memory the rank keeps for messages (grown to the sizes and the number
+// of its messages in flight, freed when Run returns), so that the sender may write its buffer again at once.
 //
 // # Failures
 //
@@ -137,8 +137,6 @@ type World struct {
 	// bandwidth.
 	linkFree time.Time
 	boxes    map[mailKey]*mailbox
-	// dpool holds the messages Send and ISend sent from device memory.
-	dpool devPool
 
 	bg    sync.WaitGroup // background goroutines of non-blocking calls
 	comms []*rankComm
@@ -264,7 +262,11 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 	w.Abort(-1, errClosed) // releases pending non-blocking calls nobody waited for
 	w.bg.Wait()
 	w.closeStreams()
-	perr := w.dpool.close()
+	var perrs []error
+	for _, c := range w.comms {
+		perrs = append(perrs, c.dpool.close())
+	}
+	perr := errors.Join(perrs...)
 	if f := first.Load(); f >= 0 {
 		return fmt.Errorf("rank %d: %w", f, errs[f])
 	}
@@ -326,6 +328,10 @@ type rankComm struct {
 	// (device.go), used under pmu.
 	pmu      sync.Mutex
 	pstreams map[device.Device]device.Stream
+	// dpool holds the messages the rank's Send sent from device memory
+	// (the rank's own, so that what it allocates depends on its messages in
+	// flight alone, not on how its peers' interleave with them).
+	dpool devPool
 }
 
 // Abort aborts the world because of this rank's error err (see World.Abort).

@@ -23,7 +23,7 @@ type message struct {
 	// buffer (no copy): it is closed once the receive copied them out.
 	consumed chan struct{}
 	// dev, if not nil, is the sender's device memory (a Device buffer:
-	// SendRecv's and ISend's own, or the world's block Send copied it into;
+	// SendRecv's and ISend's own, or the rank's block Send copied it into;
 	// data is then nil and consumed set): the receiver copies it itself.
 	dev *devMsg
 }
@@ -181,7 +181,7 @@ func (c *rankComm) checkPeer(what string, peer int) error {
 
 // Send delivers buf to rank dst with tag; the data are copied, so it returns
 // without waiting for the receive. Device memory (comm.Device) is copied
-// device to device, on the buffer's stream, into memory the world keeps
+// device to device, on the buffer's stream, into memory the rank keeps
 // for messages: the host waits for nothing, and the receive copies the
 // message out as SendRecv's does.
 func (c *rankComm) Send(ctx context.Context, buf comm.Buffer, dst, tag int) error {
@@ -219,13 +219,13 @@ func (c *rankComm) send(ctx context.Context, call string, buf comm.Buffer, dst, 
 	return &sendRequest{c: c, ready: ready, n: buf.Len()}, nil
 }
 
-// copyOut copies d into a block of the world's device memory on d's
+// copyOut copies d into a block of the rank's message memory on d's
 // stream (after the block's last copy out) and returns the message of it.
 func (c *rankComm) copyOut(d comm.Device) (*devMsg, error) {
 	if d.Stream == nil {
 		return nil, fmt.Errorf("%v has no stream (comm.OnDevice)", d.Buf)
 	}
-	pool := &c.w.dpool
+	pool := &c.dpool
 	blk, err := pool.get(d.Buf.Device(), d.Buf.Bytes())
 	if err != nil {
 		return nil, err
