@@ -140,6 +140,12 @@ var stepBudgets = []budgetCase{
 	{"lstm", "dragonn", 4, &budget{80, 4, 0, 152, 0, 0}, ""},
 	{"lstm", "spardl", 1, &budget{31, 2, 0, 20, 0, 0}, ""},
 	{"lstm", "spardl", 4, &budget{103, 3, 0, 72, 0, 0}, ""},
+	{"lstm", "gtopk", 1, &budget{40, 4, 0, 36, 0, 0}, ""},
+	{"lstm", "gtopk", 4, &budget{64.75, 5.5, 0, 48, 0, 0}, ""},
+	{"lstm", "oktopk", 1, &budget{71, 13, 4, 88, 0, 0}, ""},
+	{"lstm", "oktopk", 4, &budget{104, 13, 16, 160, 0, 0}, ""},
+	{"lstm", "topkdsa", 1, &budget{60, 7, 4, 64, 0, 0}, ""},
+	{"lstm", "topkdsa", 4, &budget{90.5, 7, 16, 136, 0, 0}, ""},
 	{"resnet18", "dense", 1, nil, ""},
 	{"resnet18", "topk", 1, nil, ""},
 }
