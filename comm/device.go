@@ -86,13 +86,12 @@ type PinnedHost interface {
 	AllocPinned(n int) ([]byte, error)
 }
 
-// DeviceMover is implemented by communicators whose collective calls and
-// SendRecv take Device buffers in device memory themselves (comm/local):
-// Staged passes those calls through and stages only the other
-// point-to-point calls.
+// DeviceMover is implemented by communicators whose calls take Device
+// buffers in device memory themselves (comm/local): Staged passes every
+// call through.
 type DeviceMover interface {
-	// MovesDevice reports whether the collective calls and SendRecv take
-	// Device buffers in device memory.
+	// MovesDevice reports whether every call takes Device buffers in
+	// device memory.
 	MovesDevice() bool
 }
 
@@ -108,7 +107,7 @@ type DeviceMover interface {
 //
 // This is how device buffers travel over MPI without CUDA-aware transport;
 // every byte crosses the host twice. Where c is a DeviceMover (comm/local),
-// its collective calls and SendRecv get the Device buffers themselves.
+// its calls get the Device buffers themselves.
 func Staged(c Communicator) Communicator {
 	m, ok := c.(DeviceMover)
 	return &staged{c: c, collectives: ok && m.MovesDevice()}
@@ -116,8 +115,8 @@ func Staged(c Communicator) Communicator {
 
 type staged struct {
 	c Communicator
-	// collectives: c's collective calls and SendRecv take device buffers
-	// themselves.
+	// collectives: c's calls take device buffers themselves (a
+	// DeviceMover).
 	collectives bool
 }
 
@@ -422,11 +421,17 @@ func (s *staged) Broadcast(ctx context.Context, buf Buffer, root int) error {
 }
 
 func (s *staged) Send(ctx context.Context, buf Buffer, dst, tag int) error {
+	if s.collectives {
+		return s.c.Send(ctx, buf, dst, tag)
+	}
 	_, err := s.call(buf, nil, false, func(a, _ Buffer) (int, error) { return 0, s.c.Send(ctx, a, dst, tag) })
 	return err
 }
 
 func (s *staged) Recv(ctx context.Context, buf Buffer, src, tag int) (int, error) {
+	if s.collectives {
+		return s.c.Recv(ctx, buf, src, tag)
+	}
 	return s.call(nil, buf, false, func(_, b Buffer) (int, error) { return s.c.Recv(ctx, b, src, tag) })
 }
 
@@ -497,9 +502,15 @@ func (s *staged) IAllGather(ctx context.Context, send, recv Buffer) (Request, er
 }
 
 func (s *staged) ISend(ctx context.Context, buf Buffer, dst, tag int) (Request, error) {
+	if s.collectives {
+		return s.c.ISend(ctx, buf, dst, tag)
+	}
 	return s.istart(buf, nil, false, func(a, _ Buffer) (Request, error) { return s.c.ISend(ctx, a, dst, tag) })
 }
 
 func (s *staged) IRecv(ctx context.Context, buf Buffer, src, tag int) (Request, error) {
+	if s.collectives {
+		return s.c.IRecv(ctx, buf, src, tag)
+	}
 	return s.istart(nil, buf, false, func(_, b Buffer) (Request, error) { return s.c.IRecv(ctx, b, src, tag) })
 }

@@ -83,7 +83,20 @@ var batchBytes = map[string]int64{"ncf": 1280, "lstm": 640}
 // on the device, dgcSelect), the union's count, the error norm (every
 // tensor's ‖v‖², 8 B a tensor) and the end of the step. (Rows not
 // measured again keep their limits in bytes: batchBytes became the batch
-// itself, 8 bytes less.)
+// itself, 8 bytes less.) gtopk, oktopk and topkdsa move their
+// point-to-point messages device to device (comm/local's Send, ISend,
+// Recv and IRecv of device buffers) and allocate nothing after the first
+// steps; their host waits are reads of counts the host needs. gtopk's:
+// its own list's and every received list's distinct count
+// (Env.checkList), each merge's count, the residual's intersection count,
+// the norm and the end of the step. topkdsa's: its threshold (the k-th
+// magnitude), the pairs per region (CountIn) and those announced to it,
+// its region's non-zero sums, the owners' lists' distinct count, the norm
+// and the end. oktopk's are topkdsa's less the threshold plus its local
+// selection's count, its threshold raises (a count each, up to 5) and the
+// intersection count. Their bytes up beyond the batch are the pair counts
+// per region (4 B a region), uploaded for the count messages, which travel
+// in device memory (NCCL's).
 var stepBudgets = []budgetCase{
 	{"ncf", "dense", 1, &budget{12, 1, 0, 12, 0, 0}, "off"},
 	{"ncf", "dense", 4, &budget{13.25, 1, 0, 12, 0, 0}, "off"},
@@ -103,10 +116,11 @@ var stepBudgets = []budgetCase{
 	{"ncf", "dragonn", 4, &budget{82, 4, 0, 176, 0, 0}, ""},
 	{"ncf", "spardl", 1, &budget{27, 2, 0, 20, 0, 0}, ""},
 	{"ncf", "spardl", 4, &budget{99, 3, 0, 72, 0, 0}, ""},
-	// The other methods, on NCF only (an LSTM step costs the emulator
-	// seconds; their LSTM rows are in docs/bench/gpu-budget.md): topka,
-	// cltk and threshold select as topk does (threshold reads its count),
-	// randomk uploads its k shared indices, drawn on the host.
+	// The other methods. topka, cltk, threshold, randomk and mstopk on NCF
+	// only (an LSTM step costs the emulator seconds; their LSTM rows are in
+	// docs/bench/gpu-budget.md): topka, cltk and threshold select as topk
+	// does (threshold reads its count), randomk uploads its k shared
+	// indices, drawn on the host.
 	{"ncf", "topka", 1, &budget{29, 3, 0, 32, 0, 0}, ""},
 	{"ncf", "topka", 4, &budget{38, 3, 0, 32, 0, 0}, ""},
 	{"ncf", "cltk", 1, &budget{29, 3, 0, 40, 0, 0}, ""},
@@ -119,6 +133,12 @@ var stepBudgets = []budgetCase{
 	// read back after the search and the draw ran on the device.
 	{"ncf", "mstopk", 1, &budget{59, 4, 0, 48, 0, 0}, ""},
 	{"ncf", "mstopk", 4, &budget{63, 4, 0, 48, 0, 0}, ""},
+	{"ncf", "gtopk", 1, &budget{36, 4, 0, 36, 0, 0}, ""},
+	{"ncf", "gtopk", 4, &budget{60.75, 5.5, 0, 48, 0, 0}, ""},
+	{"ncf", "oktopk", 1, &budget{55, 9, 4, 72, 0, 0}, ""},
+	{"ncf", "oktopk", 4, &budget{95.125, 11.375, 16, 153, 0, 0}, ""},
+	{"ncf", "topkdsa", 1, &budget{56, 7, 4, 64, 0, 0}, ""},
+	{"ncf", "topkdsa", 4, &budget{78.25, 7, 16, 136, 0, 0}, ""},
 	{"lstm", "dense", 1, &budget{16, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 4, &budget{17.25, 1, 0, 12, 0, 0}, "off"},
 	{"lstm", "dense", 1, &budget{17, 1, 0, 12, 0, 0}, ""},
@@ -137,6 +157,12 @@ var stepBudgets = []budgetCase{
 	{"lstm", "dragonn", 4, &budget{80, 4, 0, 152, 0, 0}, ""},
 	{"lstm", "spardl", 1, &budget{31, 2, 0, 20, 0, 0}, ""},
 	{"lstm", "spardl", 4, &budget{103, 3, 0, 72, 0, 0}, ""},
+	{"lstm", "gtopk", 1, &budget{40, 4, 0, 36, 0, 0}, ""},
+	{"lstm", "gtopk", 4, &budget{64.75, 5.5, 0, 48, 0, 0}, ""},
+	{"lstm", "oktopk", 1, &budget{71, 13, 4, 88, 0, 0}, ""},
+	{"lstm", "oktopk", 4, &budget{104, 13, 16, 160, 0, 0}, ""},
+	{"lstm", "topkdsa", 1, &budget{60, 7, 4, 64, 0, 0}, ""},
+	{"lstm", "topkdsa", 4, &budget{90.5, 7, 16, 136, 0, 0}, ""},
 	{"resnet18", "dense", 1, nil, ""},
 	{"resnet18", "topk", 1, nil, ""},
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 
@@ -20,11 +19,11 @@ import (
 // through comm.Staged over in-process ranks, each rank on its own stream,
 // and the same calls with host buffers: the results are bit-identical. On
 // one GPU the collectives run on the device (comm/local's device path: one
-// kernel adds each chunk in the canonical order) and so does SendRecv (a
-// device-to-device copy), the other point-to-point calls are staged; so
-// with the ranks on two GPUs that reach each other's memory (the emulated
-// ones do; TestCollectivesAcrossGPUs also tests GPUs that do not, whose
-// calls comm/local stages itself).
+// kernel adds each chunk in the canonical order) and so do the
+// point-to-point calls (device-to-device copies); so with the ranks on two
+// GPUs that reach each other's memory (the emulated ones do;
+// TestCollectivesAcrossGPUs also tests GPUs that do not, whose calls
+// comm/local stages itself).
 func TestStagedDeviceBuffers(t *testing.T) {
 	d := gpu(t)
 	devs := []*cuda.Device{d}
@@ -182,19 +181,14 @@ func TestStagedDeviceBuffers(t *testing.T) {
 			}
 		})
 	}
-	// comm/local's messages other than SendRecv refuse device memory
-	// without Staged, clearly.
-	w := local.New(1)
-	b := comm.OnDevice(upload(t, d.Stream(), make([]float32, 4)), d.Stream())
-	if err := w.Comm(0).Send(context.Background(), b, 0, 1); err == nil || !strings.Contains(err.Error(), "comm.Staged") {
-		t.Errorf("an unstaged device buffer: %v", err)
-	}
 }
 
 // TestDeviceCollectivesStayOnDevice: in-process ranks sharing a GPU reduce
 // and gather their device buffers, and exchange them by SendRecv, without
 // the host: no byte crosses, the host waits for nothing, an all-reduce is
-// one launch per rank (its chunk's kernel) and a SendRecv one copy.
+// one launch per rank (its chunk's kernel), a SendRecv and an ISend/IRecv
+// pair one copy, a Send/Recv pair two (Send copies into the world's
+// message memory, allocated by a first Send before the counts).
 func TestDeviceCollectivesStayOnDevice(t *testing.T) {
 	d := gpu(t)
 	const n, L = 4, 100003
@@ -233,13 +227,29 @@ func TestDeviceCollectivesStayOnDevice(t *testing.T) {
 	}
 	wg.Wait()
 	copy(want, hosts[0].(comm.Float32s))
-	p2p := make([]device.Buffer, n)
+	p2p, p2pI, p2pS := make([]device.Buffer, n), make([]device.Buffer, n), make([]device.Buffer, n)
 	for r := range n {
 		p2p[r] = upload(t, streams[r], make([]float32, 60))
+		p2pI[r] = upload(t, streams[r], make([]float32, 60))
+		p2pS[r] = upload(t, streams[r], make([]float32, 60))
 		if err := streams[r].Synchronize(); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// sendRing: rank r Sends its elements [10r+2, 10r+32) to rank r+1 and
+	// Receives rank r−1's into p2pS.
+	sendRing := func(c comm.Communicator, r int) {
+		if err := c.Send(ctx, comm.OnDevice(bufs[r].Slice(10*r+2, 10*r+32), streams[r]), (r+1)%n, 7); err != nil {
+			t.Errorf("rank %d's Send: %v", r, err)
+		}
+		if m, err := c.Recv(ctx, comm.OnDevice(p2pS[r], streams[r]), (r+n-1)%n, 7); err != nil || m != 30 {
+			t.Errorf("rank %d's Recv: %d elements, %v", r, m, err)
+		}
+	}
+	for r := range n {
+		wg.Go(func() { sendRing(w.Comm(r), r) })
+	}
+	wg.Wait()
 	before := cuda.Counts()
 	for r := range n {
 		wg.Go(func() {
@@ -256,17 +266,42 @@ func TestDeviceCollectivesStayOnDevice(t *testing.T) {
 			if err != nil || m != 50 {
 				t.Errorf("rank %d's SendRecv: %d elements, %v", r, m, err)
 			}
+			// A ring of ISend/IRecv pairs (elements [10r+1, 10r+41)) and
+			// one of Sends and Recvs.
+			qr, err := c.IRecv(ctx, comm.OnDevice(p2pI[r], streams[r]), (r+n-1)%n, 6)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			qs, err := c.ISend(ctx, comm.OnDevice(bufs[r].Slice(10*r+1, 10*r+41), streams[r]), (r+1)%n, 6)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if m, err := qr.Wait(ctx); err != nil || m != 40 {
+				t.Errorf("rank %d's IRecv: %d elements, %v", r, m, err)
+			}
+			if _, err := qs.Wait(ctx); err != nil {
+				t.Errorf("rank %d's ISend: %v", r, err)
+			}
+			sendRing(c, r)
 		})
 	}
 	wg.Wait()
 	got := cuda.Counts().Sub(before)
-	if got.Syncs != 0 || got.HtoD != 0 || got.DtoH != 0 || got.Allocs != 0 || got.Launches != n*(2+n) {
-		t.Errorf("4 ranks' all-reduce, all-gather and SendRecv on the device: %v; want no sync, no byte and %d launches (a kernel and %d copies per rank, and a copy for the SendRecv)", got, n*(2+n), n)
+	if got.Syncs != 0 || got.HtoD != 0 || got.DtoH != 0 || got.Allocs != 0 || got.Launches != n*(5+n) {
+		t.Errorf("4 ranks' all-reduce, all-gather, SendRecv, ISend/IRecv and Send/Recv on the device: %v; want no sync, no byte and %d launches (a kernel and %d copies per rank, a copy for the SendRecv and the ISend, two for the Send)", got, n*(5+n), n)
 	}
 	for r := range n {
 		src := (r + n - 1) % n
 		if g := download(t, streams[r], p2p[r]); !sameBits(g[:50], want[10*src:10*src+50]) || !sameBits(g[50:], make([]float32, 10)) {
 			t.Fatalf("rank %d received %v…, want rank %d's elements from %d", r, g[:3], src, 10*src)
+		}
+		if g := download(t, streams[r], p2pI[r]); !sameBits(g[:40], want[10*src+1:10*src+41]) || !sameBits(g[40:], make([]float32, 20)) {
+			t.Fatalf("rank %d's IRecv received %v…, want rank %d's elements from %d", r, g[:3], src, 10*src+1)
+		}
+		if g := download(t, streams[r], p2pS[r]); !sameBits(g[:30], want[10*src+2:10*src+32]) || !sameBits(g[30:], make([]float32, 30)) {
+			t.Fatalf("rank %d's Recv received %v…, want rank %d's elements from %d", r, g[:3], src, 10*src+2)
 		}
 	}
 	for r := range n {

@@ -76,6 +76,21 @@ func (v *vecs) scratch(b *device.Buffer, dt device.DType, n int) (device.Buffer,
 	return nb.Slice(0, n), nil
 }
 
+// bounded is scratch's first n elements of *b where a call needs n of at
+// most bound: on a device *b holds bound elements, allocated at once so
+// that the calls after it allocate nothing (the lengths they need vary);
+// on the CPU n.
+func (v *vecs) bounded(b *device.Buffer, dt device.DType, n, bound int) (device.Buffer, error) {
+	if v.onCPU() {
+		return v.scratch(b, dt, n)
+	}
+	s, err := v.scratch(b, dt, max(n, bound))
+	if err != nil {
+		return device.Buffer{}, err
+	}
+	return s.Slice(0, n), nil
+}
+
 // compactAbove writes the positions of x's elements whose magnitude exceeds
 // t, ascending, into *sel and their values into *val (scratch buffers,
 // grown as needed) and returns how many there are.
@@ -88,7 +103,7 @@ func (v *vecs) compactAbove(sel, val *device.Buffer, x device.Buffer, t float32)
 	if err != nil {
 		return 0, err
 	}
-	vv, err := v.scratch(val, device.Float32, m)
+	vv, err := v.bounded(val, device.Float32, m, x.Len())
 	if err != nil {
 		return 0, err
 	}
@@ -200,11 +215,11 @@ func (v *vecs) intersectOn(sc *denseScratch, n int, a, b, out device.Buffer) (in
 	if err != nil {
 		return 0, err
 	}
-	g, err := v.scratch(&sc.g, device.Float32, b.Len())
+	g, err := v.bounded(&sc.g, device.Float32, b.Len(), n)
 	if err != nil {
 		return 0, err
 	}
-	pos, err := v.scratch(&sc.pos, device.Int32, b.Len())
+	pos, err := v.bounded(&sc.pos, device.Int32, b.Len(), n)
 	if err != nil {
 		return 0, err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/bits"
-	"time"
 
 	"github.com/sparsegrad/sparsegrad/comm"
 	"github.com/sparsegrad/sparsegrad/device"
@@ -106,7 +105,7 @@ func (r *gtopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buf
 		}
 	}
 	k := 0
-	selTime, err := b.timed(func() error {
+	selTime, err := b.selectTimed(func() error {
 		var err error
 		k, err = b.topKAcc(r.sel, r.selVal, acc, b.k)
 		return err
@@ -141,29 +140,26 @@ func (r *gtopk) Reduce(ctx context.Context, _ int, acc, out, residual device.Buf
 		if err := r.recvFrom(ctx, src, ridx, rval); err != nil {
 			return err
 		}
-		t1 := time.Now()
 		// Merge: values at common indices added (own + received), then the
 		// k largest magnitudes kept (ties to lower indices).
-		m, err := v.mergeOn(&r.dn, b.n, [][2]device.Buffer{{cur, curVal}, {ridx, rval}}, r.merged, r.mergedVal)
+		t1, err := b.selectTimed(func() error {
+			m, err := v.mergeOn(&r.dn, b.n, [][2]device.Buffer{{cur, curVal}, {ridx, rval}}, r.merged, r.mergedVal)
+			if err != nil {
+				return err
+			}
+			pick := r.pick.Slice(0, k)
+			if _, err := v.ops.TopK(v.s, pick, device.Buffer{}, r.mergedVal.Slice(0, m), k); err != nil {
+				return err
+			}
+			if err := v.ops.GatherIndex(v.s, cur, r.merged, pick); err != nil {
+				return err
+			}
+			return v.ops.Gather(v.s, curVal, r.mergedVal, pick)
+		})
 		if err != nil {
 			return err
 		}
-		pick := r.pick.Slice(0, k)
-		if _, err := v.ops.TopK(v.s, pick, device.Buffer{}, r.mergedVal.Slice(0, m), k); err != nil {
-			return err
-		}
-		if err := v.ops.GatherIndex(v.s, cur, r.merged, pick); err != nil {
-			return err
-		}
-		if err := v.ops.Gather(v.s, curVal, r.mergedVal, pick); err != nil {
-			return err
-		}
-		if !v.onCPU() {
-			if err := v.s.Synchronize(); err != nil {
-				return err
-			}
-		}
-		selTime += time.Since(t1)
+		selTime += t1
 	}
 	if err := b.c.Broadcast(ctx, v.cb(cur), 0); err != nil {
 		return fmt.Errorf("broadcasting the %d global indices: %w", k, err)

@@ -153,7 +153,7 @@ func (r *okTopkReducer) Reduce(ctx context.Context, _ int, acc, out, residual de
 	// Local threshold and selection L.
 	var thr float32
 	nsel := 0
-	selTime, err := b.timed(func() error {
+	selTime, err := b.selectTimed(func() error {
 		if s%okLocalRecompute == 0 {
 			t, err := v.ops.KthLargestAbs(v.s, acc, k)
 			if err != nil {
@@ -195,7 +195,7 @@ func (r *okTopkReducer) Reduce(ctx context.Context, _ int, acc, out, residual de
 	recompute := s%okGlobalRecompute == 0
 	red := r.reg.reduced
 	m := 0
-	t1, err := b.timed(func() error {
+	t1, err := b.selectTimed(func() error {
 		t := okAbove(0)
 		if !recompute {
 			t = okAbove(float32(r.gthr))
@@ -221,16 +221,16 @@ func (r *okTopkReducer) Reduce(ctx context.Context, _ int, acc, out, residual de
 	}
 	var set device.Buffer
 	if recompute {
-		t2, err := b.timed(func() error {
+		t2, err := b.selectTimed(func() error {
 			kk := min(total, k)
-			pick, err := v.scratch(&r.pick, device.Int32, kk)
+			pick, err := v.bounded(&r.pick, device.Int32, kk, k)
 			if err != nil {
 				return err
 			}
-			if set, err = v.scratch(&r.set, device.Int32, kk); err != nil {
+			if set, err = v.bounded(&r.set, device.Int32, kk, k); err != nil {
 				return err
 			}
-			vals, err := v.scratch(&r.vals, device.Float32, kk)
+			vals, err := v.bounded(&r.vals, device.Float32, kk, k)
 			if err != nil {
 				return err
 			}
@@ -269,7 +269,7 @@ func (r *okTopkReducer) Reduce(ctx context.Context, _ int, acc, out, residual de
 	}
 
 	// residual = acc with L ∩ G zeroed.
-	inter, err := v.scratch(&r.inter, device.Int32, nsel)
+	inter, err := v.bounded(&r.inter, device.Int32, nsel, b.n)
 	if err != nil {
 		return err
 	}

@@ -115,6 +115,10 @@ type okRegions struct {
 	allVal  device.Buffer // Float32
 	pairs   device.Buffer // Float32: the pairs sent, then those received
 	b       *Env          // gatherCountsOn, checkList
+
+	// mem is the device memory of the lists above (each a view of its
+	// own), grown once to what a call can need (vecs.bounded).
+	mem struct{ sIdx, sVal, rIdx, rVal, reduced, allIdx, allVal, pairs device.Buffer }
 }
 
 func newOkRegions(b *Env) okRegions {
@@ -162,10 +166,10 @@ func (g *okRegions) scatterReduce(ctx context.Context, acc, sel device.Buffer) e
 		j += counts[d]
 	}
 	g.sStart[p] = j
-	if g.sIdx, err = v.scratch(&g.sIdx, device.Int32, sel.Len()); err != nil {
+	if g.sIdx, err = v.bounded(&g.mem.sIdx, device.Int32, sel.Len(), g.n); err != nil {
 		return err
 	}
-	if g.sVal, err = v.scratch(&g.sVal, device.Float32, sel.Len()); err != nil {
+	if g.sVal, err = v.bounded(&g.mem.sVal, device.Float32, sel.Len(), g.n); err != nil {
 		return err
 	}
 	sIdx, sVal := g.sIdx.Slice(0, sel.Len()), g.sVal.Slice(0, sel.Len())
@@ -234,13 +238,13 @@ func (g *okRegions) scatterReduce(ctx context.Context, acc, sel device.Buffer) e
 		g.rOff[i+1] = g.rOff[i] + m
 	}
 	total := g.rOff[p]
-	if g.rIdx, err = v.scratch(&g.rIdx, device.Int32, total); err != nil {
+	if g.rIdx, err = v.bounded(&g.mem.rIdx, device.Int32, total, p*own); err != nil {
 		return err
 	}
-	if g.rVal, err = v.scratch(&g.rVal, device.Float32, total); err != nil {
+	if g.rVal, err = v.bounded(&g.mem.rVal, device.Float32, total, p*own); err != nil {
 		return err
 	}
-	if g.reduced, err = v.scratch(&g.reduced, device.Float32, own); err != nil {
+	if g.reduced, err = v.scratch(&g.mem.reduced, device.Float32, own); err != nil {
 		return err
 	}
 	if err := v.m.Fill(v.s, g.reduced, 0); err != nil {
@@ -305,14 +309,19 @@ func (g *okRegions) scatterReduce(ctx context.Context, acc, sel device.Buffer) e
 }
 
 // addGroup adds the received pairs of the steps of group grp to g.reduced,
-// in step order.
+// in step order. The indices' range checks cost no wait (Env.checkRange: an
+// index outside the region fails the call when it ends).
 func (g *okRegions) addGroup(grp, th int) error {
 	v := g.v
 	own := g.reduced.Len()
 	for i := grp * th; i < min(g.p, (grp+1)*th); i++ {
 		idx, val := g.rIdx.Slice(g.rOff[i], g.rOff[i+1]), g.rVal.Slice(g.rOff[i], g.rOff[i+1])
-		if err := v.ops.InRange(v.s, idx, own); err != nil {
-			return fmt.Errorf("rank %d sent an index outside its region of %d elements (the workers disagree on the layout or the data is corrupt): %w", (g.r-i+g.p)%g.p, own, err)
+		src := (g.r - i + g.p) % g.p
+		err := g.b.checkRange(idx, own, func(err error) error {
+			return fmt.Errorf("rank %d sent an index outside its region of %d elements (the workers disagree on the layout or the data is corrupt): %w", src, own, err)
+		})
+		if err != nil {
+			return err
 		}
 		if err := v.ops.ScatterAdd(v.s, g.reduced, idx, val, 1); err != nil {
 			return err
@@ -344,18 +353,20 @@ func (g *okRegions) gatherCounts(ctx context.Context, mine int) (int, error) {
 // distinct, val; g.counts from gatherCounts) in one AllGatherV, as the
 // reference does: each owner's message is its m indices (int32 bits) then
 // its m values (float32), 2·m 32-bit words. They land in g.allIdx (flat
-// indices, by owner) and g.allVal.
+// indices, by owner) and g.allVal. Each owner's indices are range-checked
+// against its region without a wait (Env.checkRange), and all of them
+// checked distinct with one count (Ops.Union), the one host wait.
 func (g *okRegions) gatherPairs(ctx context.Context, idx, val device.Buffer, total int) error {
 	v := g.v
 	var err error
-	if g.allIdx, err = v.scratch(&g.allIdx, device.Int32, total); err != nil {
+	if g.allIdx, err = v.bounded(&g.mem.allIdx, device.Int32, total, g.n); err != nil {
 		return err
 	}
-	if g.allVal, err = v.scratch(&g.allVal, device.Float32, total); err != nil {
+	if g.allVal, err = v.bounded(&g.mem.allVal, device.Float32, total, g.n); err != nil {
 		return err
 	}
 	m := idx.Len()
-	if g.pairs, err = v.scratch(&g.pairs, device.Float32, 2*(m+total)); err != nil {
+	if g.pairs, err = v.bounded(&g.mem.pairs, device.Float32, 2*(m+total), 2*(g.size(g.r)+g.n)); err != nil {
 		return err
 	}
 	send, recv := g.pairs.Slice(0, 2*m), g.pairs.Slice(2*m, 2*(m+total))
@@ -385,18 +396,25 @@ func (g *okRegions) gatherPairs(ctx context.Context, idx, val device.Buffer, tot
 	at = 0
 	for w, m := range g.counts {
 		list := g.allIdx.Slice(at, at+m)
-		u, err := v.scratch(&g.b.dUnion, device.Int32, m)
+		err := g.b.checkRange(list, g.size(w), func(err error) error {
+			return fmt.Errorf("rank %d sent an index outside its region of %d elements (the workers disagree on the layout or the data is corrupt): %w", w, g.size(w), err)
+		})
 		if err != nil {
 			return err
-		}
-		d, err := v.ops.Union(v.s, u, list, g.size(w))
-		if err != nil || d != m {
-			return fmt.Errorf("rank %d sent %d indices for its region of %d elements of which %d are distinct within it (the workers disagree on the layout or the data is corrupt; %v)", w, m, g.size(w), d, err)
 		}
 		if err := v.ops.Shift(v.s, list, g.offs[w]); err != nil {
 			return err
 		}
 		at += m
+	}
+	// In their regions, the owners' lists are distinct from each other.
+	u, err := v.bounded(&g.b.dUnion, device.Int32, total, g.n)
+	if err != nil {
+		return err
+	}
+	d, err := v.ops.Union(v.s, u, g.allIdx.Slice(0, total), g.n)
+	if err != nil || d != total {
+		return fmt.Errorf("the owners sent %d indices of which %d are distinct (the workers disagree on the layout or the data is corrupt; %v)", total, d, err)
 	}
 	return nil
 }

@@ -102,7 +102,7 @@ func (r *topkDSAReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 	}
 	var thr float32
 	k := 0
-	selTime, err := b.timed(func() error {
+	selTime, err := b.selectTimed(func() error {
 		var err error
 		if k, err = b.topKAcc(sel, vals, acc, b.k); err != nil {
 			return err
@@ -121,7 +121,7 @@ func (r *topkDSAReducer) Reduce(ctx context.Context, _ int, acc, out, residual d
 	}
 	red := r.reg.reduced
 	m := 0
-	t1, err := b.timed(func() error {
+	t1, err := b.selectTimed(func() error {
 		var err error
 		m, err = v.compactAbove(&r.gsel, &r.gval, red, okAbove(0))
 		return err

@@ -22,8 +22,8 @@ type devCall struct {
 	wait []device.Event
 }
 
-// MovesDevice implements comm.DeviceMover: the collective calls and
-// SendRecv take Device buffers in device memory.
+// MovesDevice implements comm.DeviceMover: the collective and the
+// point-to-point calls take Device buffers in device memory.
 func (c *rankComm) MovesDevice() bool { return true }
 
 // devStart starts the device side of this rank's call on bufs (see

@@ -388,24 +388,199 @@ func TestDeviceSendRecv(t *testing.T) {
 	}
 }
 
-// TestDevicePointToPointRefused: Send, ISend, Recv and IRecv of device
-// memory are refused, saying that SendRecv and comm.Staged take it.
-func TestDevicePointToPointRefused(t *testing.T) {
-	d := &fakeDev{peers: 4}
-	w := New(2)
-	c := w.Comm(0)
-	ctx := context.Background()
-	s, _ := d.NewStream()
-	b := d.buf(make([]float32, 3), s)
-	for name, call := range map[string]func() error{
-		"Send":  func() error { return c.Send(ctx, b, 1, 0) },
-		"ISend": func() error { _, err := c.ISend(ctx, b, 1, 0); return err },
-		"Recv":  func() error { _, err := c.Recv(ctx, b, 1, 0); return err },
-		"IRecv": func() error { _, err := c.IRecv(ctx, b, 1, 0); return err },
-	} {
-		err := call()
-		if err == nil || !strings.Contains(err.Error(), name+" of device memory") || !strings.Contains(err.Error(), "comm.Staged") {
-			t.Errorf("%s of device memory: %v, want it refused naming SendRecv and comm.Staged", name, err)
+// TestDevicePointToPoint: Send, ISend, Recv and IRecv of device memory
+// (fake devices: one, two that reach each other or not, a device send into
+// a host receive and the reverse) give what they give on host buffers, in
+// a ring in both directions with messages of different lengths (empty ones
+// included) into longer receive buffers, sent before and after their
+// receive is posted, for 1, 2, 3 and 5 ranks. The sender writes its
+// buffer again as soon as Send returns (the message is a copy) or ISend's
+// Wait does, and the device memory of Send's messages is reused: all
+// rounds allocate no more blocks than two rounds' messages.
+func TestDevicePointToPoint(t *testing.T) {
+	const rounds = 3
+	for _, n := range []int{1, 2, 3, 5} {
+		for _, mode := range []string{"host", "device", "two devices", "two devices without peer access", "device to host", "host to device"} {
+			t.Run(fmt.Sprintf("n=%d/%s", n, mode), func(t *testing.T) {
+				noPeer := mode == "two devices without peer access"
+				devs := []*fakeDev{{peers: 16, noPeer: noPeer}, {peers: 16, noPeer: noPeer}}
+				rng := rand.New(rand.NewPCG(uint64(n), 9))
+				msg := make([][]float32, n)
+				for r := range msg {
+					msg[r] = make([]float32, (r*5+2)%7) // 2, 0, 5, 3, 1
+					for i := range msg[r] {
+						msg[r][i] = float32(rng.NormFloat64())
+					}
+				}
+				allocs := func() int {
+					devs[0].mu.Lock()
+					devs[1].mu.Lock()
+					defer devs[0].mu.Unlock()
+					defer devs[1].mu.Unlock()
+					return len(devs[0].mem) + len(devs[1].mem)
+				}
+				run := func(mode string) [][]float32 {
+					out := make([][]float32, n)
+					var before int
+					err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
+						r := c.Rank()
+						d := devs[0]
+						if strings.HasPrefix(mode, "two devices") {
+							d = devs[r%2]
+						}
+						s, _ := d.NewStream()
+						host := func(x []float32) comm.Buffer { return comm.Float32s(slices.Clone(x)) }
+						dev := func(x []float32) comm.Buffer { return d.buf(x, s) }
+						mkSend, mkRecv := host, host
+						switch mode {
+						case "device", "two devices", "two devices without peer access":
+							mkSend, mkRecv = dev, dev
+						case "device to host":
+							mkSend = dev
+						case "host to device":
+							mkRecv = dev
+						}
+						// Step s (1..n) of a round: send to (r+s)%n, receive
+						// from (r−s)%n; tags: round, step and call.
+						sends, recvs := make([]comm.Buffer, n+1), make([]comm.Buffer, n+1)
+						for step := 1; step <= n; step++ {
+							sends[step], recvs[step] = mkSend(msg[r]), mkRecv(make([]float32, 8))
+						}
+						// overwrite writes the sender's buffer again.
+						overwrite := func(b comm.Buffer) {
+							v, ok := b.(comm.Float32s)
+							if !ok {
+								v = d.f32s(b.(comm.Device).Buf)
+							}
+							for i := range v {
+								v[i] = -1e9
+							}
+						}
+						restore := func(b comm.Buffer) {
+							if v, ok := b.(comm.Float32s); ok {
+								copy(v, msg[r])
+							} else {
+								copy(d.f32s(b.(comm.Device).Buf), msg[r])
+							}
+						}
+						read := func(b comm.Buffer, got int) {
+							var v []float32
+							if h, ok := b.(comm.Float32s); ok {
+								v = []float32(h)
+							} else {
+								v = d.download(b.(comm.Device).Buf)
+							}
+							out[r] = append(append(out[r], float32(got)), v[:got]...)
+						}
+						if err := c.Barrier(ctx); err != nil {
+							return err
+						}
+						if r == 0 {
+							before = allocs()
+						}
+						for round := range rounds {
+							// Blocking: every send before every receive.
+							for step := 1; step <= n; step++ {
+								restore(sends[step])
+								if err := c.Send(ctx, sends[step], (r+step)%n, 100*round+step); err != nil {
+									return err
+								}
+								overwrite(sends[step])
+							}
+							for step := 1; step <= n; step++ {
+								got, err := c.Recv(ctx, recvs[step], (r-step+n)%n, 100*round+step)
+								if err != nil {
+									return err
+								}
+								read(recvs[step], got)
+							}
+							// Non-blocking: receives posted first, waited for last.
+							var reqs []comm.Request
+							for step := 1; step <= n; step++ {
+								q, err := c.IRecv(ctx, recvs[step], (r-step+n)%n, 100*round+50+step)
+								if err != nil {
+									return err
+								}
+								reqs = append(reqs, q)
+							}
+							for step := 1; step <= n; step++ {
+								restore(sends[step])
+								q, err := c.ISend(ctx, sends[step], (r+step)%n, 100*round+50+step)
+								if err != nil {
+									return err
+								}
+								reqs = append(reqs, q)
+							}
+							for i, q := range reqs {
+								got, err := q.Wait(ctx)
+								if err != nil {
+									return err
+								}
+								if i < n {
+									read(recvs[i+1], got)
+								} else {
+									overwrite(sends[i-n+1]) // its own again
+								}
+							}
+							if err := c.Barrier(ctx); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if a := allocs() - before; a > 2*n*n {
+						t.Errorf("%d allocations for %d messages, want at most %d (the messages of two rounds)", a, 2*rounds*n*n, 2*n*n)
+					}
+					return out
+				}
+				want, got := run("host"), run(mode)
+				for r := range n {
+					if !slices.Equal(got[r], want[r]) {
+						t.Fatalf("rank %d received %v, on the host %v", r, got[r], want[r])
+					}
+				}
+				// The host's: what each source sent.
+				for r := range n {
+					var exp []float32
+					for range rounds {
+						for range 2 {
+							for step := 1; step <= n; step++ {
+								src := (r - step + n) % n
+								exp = append(append(exp, float32(len(msg[src]))), msg[src]...)
+							}
+						}
+					}
+					if !slices.Equal(want[r], exp) {
+						t.Fatalf("rank %d received %v, want %v", r, want[r], exp)
+					}
+				}
+			})
 		}
+	}
+}
+
+// TestDeviceISendToExitedRank: an ISend of device memory, handed over by
+// reference, waits for its receive; a destination that returns without
+// receiving makes Wait fail, saying so, instead of hanging.
+func TestDeviceISendToExitedRank(t *testing.T) {
+	d := &fakeDev{peers: 4}
+	var got error
+	err := Run(context.Background(), 2, func(ctx context.Context, c comm.Communicator) error {
+		if c.Rank() == 1 {
+			return nil
+		}
+		s, _ := d.NewStream()
+		q, err := c.ISend(ctx, d.buf([]float32{1, 2, 3}, s), 1, 7)
+		if err != nil {
+			return err
+		}
+		_, got = q.Wait(ctx)
+		return got
+	})
+	if err == nil || got == nil || !strings.Contains(got.Error(), "rank 1 has returned from its worker function") {
+		t.Fatalf("Run: %v; Wait: %v; want Wait to fail naming rank 1's return", err, got)
 	}
 }

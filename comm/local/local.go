@@ -44,14 +44,17 @@
 // host and device buffers mixed) each rank stages its device buffers through host
 // memory (comm.StageBuffer: page-locked where the device has it), the host
 // algorithm runs on the copies, and the results are copied back.
-// SendRecv takes device buffers too: the receiver copies the sender's
-// buffer on a stream of its own after both calls' start events (device to
-// device on one device or between devices that reach each other; through
-// host memory between other devices, or between host and device memory),
-// and each caller's stream waits for the copies
-// of its buffers — a device send waits on the host for its receive to be
-// posted, not for any copy. The other point-to-point calls take host
-// memory only: comm.Staged stages device buffers for them.
+// The point-to-point calls take device buffers too: the receiver copies
+// the message on a stream of its own after both calls' start events
+// (device to device on one device or between devices that reach each
+// other; through host memory between other devices, or between host and
+// device memory), and each caller's stream waits for the copies of its
+// buffers. The message of SendRecv and ISend is the sender's buffer itself
+// — a device send waits on the host (in SendRecv, or ISend's Wait) for its
+// receive to be posted, not for any copy; Send, which returns without
+// waiting for the receive, copies the buffer on its stream into device
+// memory the rank keeps for messages (grown to the sizes and the number
+// of its messages in flight, freed when Run returns), so that the sender may write its buffer again at once.
 //
 // # Failures
 //
@@ -259,6 +262,11 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 	w.Abort(-1, errClosed) // releases pending non-blocking calls nobody waited for
 	w.bg.Wait()
 	w.closeStreams()
+	var perrs []error
+	for _, c := range w.comms {
+		perrs = append(perrs, c.dpool.close())
+	}
+	perr := errors.Join(perrs...)
 	if f := first.Load(); f >= 0 {
 		return fmt.Errorf("rank %d: %w", f, errs[f])
 	}
@@ -266,6 +274,9 @@ func Run(ctx context.Context, n int, fn func(ctx context.Context, c comm.Communi
 		if err != nil {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
+	}
+	if perr != nil {
+		return fmt.Errorf("local.Run: freeing the device memory of messages: %w", perr)
 	}
 	return nil
 }
@@ -317,6 +328,10 @@ type rankComm struct {
 	// (device.go), used under pmu.
 	pmu      sync.Mutex
 	pstreams map[device.Device]device.Stream
+	// dpool holds the messages the rank's Send sent from device memory
+	// (the rank's own, so that what it allocates depends on its messages in
+	// flight alone, not on how its peers' interleave with them).
+	dpool devPool
 }
 
 // Abort aborts the world because of this rank's error err (see World.Abort).

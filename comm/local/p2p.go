@@ -22,21 +22,25 @@ type message struct {
 	// consumed, if not nil, marks a message whose data are the sender's own
 	// buffer (no copy): it is closed once the receive copied them out.
 	consumed chan struct{}
-	// dev, if not nil, is the sender's device memory (SendRecv of a Device
-	// buffer; data is then nil and consumed set): the receiver copies it
-	// itself.
+	// dev, if not nil, is the sender's device memory (a Device buffer:
+	// SendRecv's and ISend's own, or the rank's block Send copied it into;
+	// data is then nil and consumed set): the receiver copies it itself.
 	dev *devMsg
 }
 
-// devMsg is the device side of a message SendRecv sends from device
-// memory: the receiver copies buf after ready (device to device where its
-// buffer is memory of the same device) and sets done to the copy's event
-// (nil: complete) before it closes the message's consumed; the sender's
-// stream waits for done before it writes buf again.
+// devMsg is the device side of a message sent from device memory: the
+// receiver copies buf after ready (device to device where its buffer is
+// memory of the same device or of one that reaches it) and sets done to
+// the copy's event (nil: complete) before it releases the message. A
+// SendRecv's or ISend's buf is the sender's buffer, whose stream waits for
+// done before it writes buf again; a Send's is blk's memory, which goes
+// back to pool with done.
 type devMsg struct {
 	buf   device.Buffer
 	ready device.Event
 	done  device.Event
+	blk   *devBlock
+	pool  *devPool
 }
 
 // recvWait is a receive waiting for its message.
@@ -140,7 +144,7 @@ func (r *recvWait) deliver(m message) (copied bool) {
 		r.n = m.n
 	}
 	if copied && m.dev != nil { // nothing of it read: the sender goes on
-		close(m.consumed)
+		m.release()
 	}
 	r.ready = m.ready
 	close(r.done)
@@ -154,8 +158,13 @@ func hostBuf(b comm.Buffer) bool {
 }
 
 // release gives back the data of a message whose receive has copied them:
-// the sender's buffer (consumed closed) or the mailbox's copy.
+// the sender's buffer (consumed closed; a device block back to its pool
+// with the copy out of it) or the mailbox's copy.
 func (m *message) release() {
+	if d := m.dev; d != nil && d.blk != nil {
+		d.pool.put(d.blk, d.done)
+		d.blk = nil
+	}
 	if m.consumed != nil {
 		close(m.consumed)
 	} else {
@@ -171,7 +180,10 @@ func (c *rankComm) checkPeer(what string, peer int) error {
 }
 
 // Send delivers buf to rank dst with tag; the data are copied, so it returns
-// without waiting for the receive.
+// without waiting for the receive. Device memory (comm.Device) is copied
+// device to device, on the buffer's stream, into memory the rank keeps
+// for messages: the host waits for nothing, and the receive copies the
+// message out as SendRecv's does.
 func (c *rankComm) Send(ctx context.Context, buf comm.Buffer, dst, tag int) error {
 	r, err := c.send(ctx, "Send", buf, dst, tag)
 	if err != nil {
@@ -187,22 +199,58 @@ func (c *rankComm) send(ctx context.Context, call string, buf comm.Buffer, dst, 
 	if err := validDType("send", buf); err != nil {
 		return nil, err
 	}
-	if err := hostOnly(call, buf); err != nil {
-		return nil, err
-	}
 	if err := c.checkPeer(call+": destination", dst); err != nil {
 		return nil, err
 	}
 	if err := c.check(ctx, func() string { return fmt.Sprintf("in %s to rank %d with tag %d", call, dst, tag) }); err != nil {
 		return nil, err
 	}
+	var dm *devMsg
+	if d, ok := comm.InDeviceMemory(buf); ok {
+		var err error
+		if dm, err = c.copyOut(d); err != nil {
+			err = fmt.Errorf("local: rank %d in %s to rank %d with tag %d: %w", c.rank, call, dst, tag, err)
+			c.w.Abort(c.rank, err)
+			return nil, err
+		}
+	}
 	ready := c.w.p2pReady(time.Now(), buf)
-	c.sendNoWait(buf, dst, tag, ready, false, nil)
+	c.sendNoWait(buf, dst, tag, ready, false, dm)
 	return &sendRequest{c: c, ready: ready, n: buf.Len()}, nil
 }
 
+// copyOut copies d into a block of the rank's message memory on d's
+// stream (after the block's last copy out) and returns the message of it.
+func (c *rankComm) copyOut(d comm.Device) (*devMsg, error) {
+	if d.Stream == nil {
+		return nil, fmt.Errorf("%v has no stream (comm.OnDevice)", d.Buf)
+	}
+	pool := &c.dpool
+	blk, err := pool.get(d.Buf.Device(), d.Buf.Bytes())
+	if err != nil {
+		return nil, err
+	}
+	dm := &devMsg{buf: blk.buf.View(d.Buf.DType(), 0, d.Len()), blk: blk, pool: pool}
+	if blk.busy != nil {
+		if err := d.Stream.Wait(blk.busy); err != nil {
+			pool.put(blk, blk.busy)
+			return nil, fmt.Errorf("waiting for the message memory: %w", err)
+		}
+	}
+	if err := d.Stream.Copy(dm.buf, d.Buf); err != nil {
+		pool.put(blk, blk.busy)
+		return nil, fmt.Errorf("copying the message: %w", err)
+	}
+	if dm.ready, err = d.Stream.Record(); err != nil {
+		// Not known when the copy is done: the memory is not reused.
+		return nil, fmt.Errorf("copying the message: %w", err)
+	}
+	blk.filled = dm.ready
+	return dm, nil
+}
+
 // post registers a receive: it takes the first waiting message or queues r.
-// dc is the device side of a SendRecv (nil: none).
+// dc is the device side of the call (nil: none).
 func (c *rankComm) post(buf comm.Buffer, src, tag int, dc *devCall) *recvWait {
 	b := c.w.lockBox(mailKey{src, c.rank, tag})
 	r := &recvWait{box: b, buf: buf, src: src, tag: tag, done: make(chan struct{})}
@@ -261,34 +309,41 @@ func (c *rankComm) finishRecv(ctx context.Context, r *recvWait) (int, error) {
 	return r.n, nil
 }
 
-func (c *rankComm) checkRecv(call string, buf comm.Buffer, src int) error {
+func (c *rankComm) checkRecv(buf comm.Buffer, src int) error {
 	if err := validDType("receive", buf); err != nil {
-		return err
-	}
-	if err := hostOnly(call, buf); err != nil {
 		return err
 	}
 	return c.checkPeer("Recv: source", src)
 }
 
-// hostOnly refuses device memory for the point-to-point calls other than
-// SendRecv.
-func hostOnly(call string, b comm.Buffer) error {
-	if hostBuf(b) {
-		return nil
-	}
-	return fmt.Errorf("local: %s of device memory (%v): only SendRecv and the collective calls take device buffers; wrap the communicator with comm.Staged for %s", call, b.(comm.Device).Buf, call)
-}
-
-// Recv receives the next message from src with tag into buf.
+// Recv receives the next message from src with tag into buf. Into device
+// memory (comm.Device) the message is copied as in SendRecv: on a stream
+// of this rank's after the buffer's start event, which the buffer's stream
+// then waits for (device to device without a host wait where the message
+// is memory of the same device or of one that reaches it).
 func (c *rankComm) Recv(ctx context.Context, buf comm.Buffer, src, tag int) (int, error) {
-	if err := c.checkRecv("Recv", buf, src); err != nil {
+	if err := c.checkRecv(buf, src); err != nil {
 		return 0, err
 	}
 	if err := c.check(ctx, func() string { return fmt.Sprintf("in Recv from rank %d with tag %d", src, tag) }); err != nil {
 		return 0, err
 	}
-	return c.finishRecv(ctx, c.post(buf, src, tag, nil))
+	dc, err := c.devStart(buf)
+	if err != nil {
+		return 0, err
+	}
+	return c.recvDone(ctx, c.post(buf, src, tag, dc), dc)
+}
+
+// recvDone finishes the receive r (dc: its device side, nil for none): the
+// buffer's stream waits for the copy into it.
+func (c *rankComm) recvDone(ctx context.Context, r *recvWait, dc *devCall) (int, error) {
+	n, err := c.finishRecv(ctx, r)
+	if err != nil || dc == nil || r.copied == nil {
+		return n, err
+	}
+	dc.wait = []device.Event{r.copied}
+	return n, dc.finish()
 }
 
 // SendRecv sends send to dst and receives from src (both with tag).
@@ -325,7 +380,11 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 	start := time.Now() // the send's modelled time overlaps the receive's
 	r := c.post(recv, src, tag, dc)
 	ready := c.w.p2pReady(start, send)
-	box, sent := c.sendNoWait(send, dst, tag, ready, true, dc)
+	var dm *devMsg
+	if d, ok := comm.InDeviceMemory(send); ok {
+		dm = &devMsg{buf: d.Buf, ready: dc.ready}
+	}
+	box, sent := c.sendNoWait(send, dst, tag, ready, true, dm)
 	n, err := c.finishRecv(ctx, r)
 	if err != nil {
 		if sent != nil {
@@ -341,23 +400,8 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 			// Not taken yet: leave a copy behind, as Send would have, so
 			// that SendRecv never waits for the destination.
 			box.detach(sent.consumed)
-		} else {
-			// Device memory is handed over, not copied: wait for the
-			// destination to take it.
-			what := func() string { return fmt.Sprintf("in SendRecv, sending to rank %d with tag %d", dst, tag) }
-			missing := func() int {
-				if c.w.exited[dst].Load() {
-					return dst
-				}
-				return -1
-			}
-			if err := c.waitFor(ctx, sent.consumed, what, missing); err != nil {
-				box.withdraw(sent.consumed)
-				return 0, err
-			}
-			if sent.dev.done != nil {
-				dc.wait = append(dc.wait, sent.dev.done)
-			}
+		} else if err := c.handedOver(ctx, "SendRecv", box, sent, dc, dst, tag); err != nil {
+			return 0, err
 		}
 	}
 	if err := dc.finish(); err != nil {
@@ -366,26 +410,53 @@ func (c *rankComm) SendRecv(ctx context.Context, send comm.Buffer, dst int, recv
 	return n, c.w.sleepUntil(ctx, ready)
 }
 
+// handedOver waits for rank dst's receive to take sent, a message of device
+// memory that sendNoWait handed over by reference (in call, with tag), and
+// adds the receive's copy out of it to what dc's stream waits for.
+func (c *rankComm) handedOver(ctx context.Context, call string, box *mailbox, sent *message, dc *devCall, dst, tag int) error {
+	what := func() string { return fmt.Sprintf("in %s, sending to rank %d with tag %d", call, dst, tag) }
+	missing := func() int {
+		if c.w.exited[dst].Load() {
+			return dst
+		}
+		return -1
+	}
+	if err := c.waitFor(ctx, sent.consumed, what, missing); err != nil {
+		box.withdraw(sent.consumed)
+		return err
+	}
+	if sent.dev.done != nil {
+		dc.wait = append(dc.wait, sent.dev.done)
+	}
+	return nil
+}
+
 // sendNoWait delivers buf to the first waiting receive from this rank to dst
 // with tag, or queues it. A queued message is a copy, unless byRef: then it
 // refers to buf itself, and the returned mailbox and message (whose
 // consumed is closed once the receive copied it out) let the caller wait
-// for that or withdraw it. Device memory (dc not nil) goes by reference,
-// delivered or queued: the message returned says when the receiver has
-// taken it.
-func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time, byRef bool, dc *devCall) (*mailbox, *message) {
+// for that or withdraw it. Device memory (dm not nil: buf's device side)
+// goes by reference, delivered or queued: the message returned says when
+// the receiver has taken it.
+func (c *rankComm) sendNoWait(buf comm.Buffer, dst, tag int, ready time.Time, byRef bool, dm *devMsg) (*mailbox, *message) {
 	b := c.w.lockBox(mailKey{c.rank, dst, tag})
 	defer c.w.unlockBox(b)
-	m := message{dtype: buf.DType(), n: buf.Len(), ready: ready}
-	if d, ok := comm.InDeviceMemory(buf); ok {
-		m.dev = &devMsg{buf: d.Buf, ready: dc.ready}
+	m := message{dtype: buf.DType(), n: buf.Len(), ready: ready, dev: dm}
+	if dm != nil {
 		m.consumed = make(chan struct{})
 	}
 	if len(b.waiters) > 0 {
 		r := b.waiters[0]
 		b.waiters = b.waiters[1:]
-		if m.dev == nil {
-			m.data = buf.Bytes()
+		switch {
+		case m.dev != nil:
+		case hostBuf(r.buf):
+			m.data = buf.Bytes() // copied at once
+		default:
+			// Copied into device memory once the receive takes it, which
+			// may be after this call returned: a copy, given back then.
+			m.data = getBytes(len(buf.Bytes()))
+			copy(m.data, buf.Bytes())
 		}
 		r.deliver(m)
 		if m.dev != nil {
@@ -437,13 +508,63 @@ func (b *mailbox) withdraw(consumed chan struct{}) {
 	}
 }
 
-// ISend starts Send and returns at once.
+// ISend starts Send and returns at once. Device memory (comm.Device) is
+// handed over by reference, as SendRecv's send is (the buffer is not
+// touched until Wait returns): the receiver copies it device to device,
+// and Wait waits on the host for the receive to be posted, not for the
+// copy, which the buffer's stream waits for.
 func (c *rankComm) ISend(ctx context.Context, buf comm.Buffer, dst, tag int) (comm.Request, error) {
-	r, err := c.send(ctx, "ISend", buf, dst, tag)
+	d, ok := comm.InDeviceMemory(buf)
+	if !ok {
+		r, err := c.send(ctx, "ISend", buf, dst, tag)
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+	if err := validDType("send", buf); err != nil {
+		return nil, err
+	}
+	if err := c.checkPeer("ISend: destination", dst); err != nil {
+		return nil, err
+	}
+	if err := c.check(ctx, func() string { return fmt.Sprintf("in ISend to rank %d with tag %d", dst, tag) }); err != nil {
+		return nil, err
+	}
+	dc, err := c.devStart(buf)
 	if err != nil {
 		return nil, err
 	}
-	return r, nil
+	ready := c.w.p2pReady(time.Now(), buf)
+	box, sent := c.sendNoWait(buf, dst, tag, ready, true, &devMsg{buf: d.Buf, ready: dc.ready})
+	return &devSendRequest{c: c, box: box, sent: sent, dc: dc, dst: dst, tag: tag, ready: ready, n: buf.Len()}, nil
+}
+
+// devSendRequest is an ISend of device memory (see ISend).
+type devSendRequest struct {
+	c        *rankComm
+	box      *mailbox
+	sent     *message
+	dc       *devCall
+	dst, tag int
+	ready    time.Time
+	n        int
+}
+
+// Wait returns the message length once the receive has taken the message
+// (and the modelled transfer is over); the buffer's stream waits for the
+// receive's copy.
+func (r *devSendRequest) Wait(ctx context.Context) (int, error) {
+	if err := r.c.handedOver(ctx, "ISend", r.box, r.sent, r.dc, r.dst, r.tag); err != nil {
+		return 0, err
+	}
+	if err := r.dc.finish(); err != nil {
+		return 0, err
+	}
+	if err := r.c.w.sleepUntil(ctx, r.ready); err != nil {
+		return 0, err
+	}
+	return r.n, nil
 }
 
 // sendRequest is an ISend whose data are already in the mailbox; with network
@@ -466,21 +587,27 @@ func (r *sendRequest) Wait(ctx context.Context) (int, error) {
 }
 
 // IRecv starts Recv and returns at once; it is matched, in issue order, with
-// the sends from src with tag.
+// the sends from src with tag. A device buffer's stream waits for the copy
+// into it from the request's Wait on (see Recv).
 func (c *rankComm) IRecv(ctx context.Context, buf comm.Buffer, src, tag int) (comm.Request, error) {
-	if err := c.checkRecv("IRecv", buf, src); err != nil {
+	if err := c.checkRecv(buf, src); err != nil {
 		return nil, err
 	}
 	if err := c.check(ctx, func() string { return fmt.Sprintf("in IRecv from rank %d with tag %d", src, tag) }); err != nil {
 		return nil, err
 	}
-	return &recvRequest{c: c, r: c.post(buf, src, tag, nil)}, nil
+	dc, err := c.devStart(buf)
+	if err != nil {
+		return nil, err
+	}
+	return &recvRequest{c: c, r: c.post(buf, src, tag, dc), dc: dc}, nil
 }
 
 type recvRequest struct {
-	c *rankComm
-	r *recvWait
+	c  *rankComm
+	r  *recvWait
+	dc *devCall
 }
 
 // Wait blocks until the message arrived and returns its length.
-func (q *recvRequest) Wait(ctx context.Context) (int, error) { return q.c.finishRecv(ctx, q.r) }
+func (q *recvRequest) Wait(ctx context.Context) (int, error) { return q.c.recvDone(ctx, q.r, q.dc) }
