@@ -289,6 +289,31 @@ func testDeviceCollectives(t *testing.T, n, peers int, ndev string) {
 	}
 }
 
+// p2pBuffers returns rank r's device for a point-to-point test mode
+// ("host", "device", "two devices", "two devices without peer access":
+// rank r on devs[r%2], "device to host", "host to device"), and the makers
+// of its send and receive buffers: host copies, or device buffers on a
+// stream of the rank's own.
+func p2pBuffers(mode string, devs []*fakeDev, r int) (d *fakeDev, mkSend, mkRecv func([]float32) comm.Buffer) {
+	d = devs[0]
+	if strings.HasPrefix(mode, "two devices") {
+		d = devs[r%2]
+	}
+	s, _ := d.NewStream()
+	host := func(x []float32) comm.Buffer { return comm.Float32s(slices.Clone(x)) }
+	dev := func(x []float32) comm.Buffer { return d.buf(x, s) }
+	mkSend, mkRecv = host, host
+	switch mode {
+	case "device", "two devices", "two devices without peer access":
+		mkSend, mkRecv = dev, dev
+	case "device to host":
+		mkSend = dev
+	case "host to device":
+		mkRecv = dev
+	}
+	return d, mkSend, mkRecv
+}
+
 // TestDeviceSendRecv: SendRecv of device buffers (one fake device, or two:
 // reaching each other's memory, copied device to device, or not, copied
 // through host memory), of host buffers, and mixed
@@ -325,22 +350,7 @@ func TestDeviceSendRecv(t *testing.T) {
 					out := make([][]float32, n)
 					err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
 						r := c.Rank()
-						d := devs[0]
-						if strings.HasPrefix(mode, "two devices") {
-							d = devs[r%2]
-						}
-						s, _ := d.NewStream()
-						host := func(x []float32) comm.Buffer { return comm.Float32s(slices.Clone(x)) }
-						dev := func(x []float32) comm.Buffer { return d.buf(x, s) }
-						mkSend, mkRecv := host, host
-						switch mode {
-						case "device", "two devices", "two devices without peer access":
-							mkSend, mkRecv = dev, dev
-						case "device to host":
-							mkSend = dev
-						case "host to device":
-							mkRecv = dev
-						}
+						d, mkSend, mkRecv := p2pBuffers(mode, devs, r)
 						for step := 0; step <= n; step++ {
 							dst, src := peers(r, step)
 							recv := mkRecv(make([]float32, 8))
@@ -424,22 +434,7 @@ func TestDevicePointToPoint(t *testing.T) {
 					var before int
 					err := Run(context.Background(), n, func(ctx context.Context, c comm.Communicator) error {
 						r := c.Rank()
-						d := devs[0]
-						if strings.HasPrefix(mode, "two devices") {
-							d = devs[r%2]
-						}
-						s, _ := d.NewStream()
-						host := func(x []float32) comm.Buffer { return comm.Float32s(slices.Clone(x)) }
-						dev := func(x []float32) comm.Buffer { return d.buf(x, s) }
-						mkSend, mkRecv := host, host
-						switch mode {
-						case "device", "two devices", "two devices without peer access":
-							mkSend, mkRecv = dev, dev
-						case "device to host":
-							mkSend = dev
-						case "host to device":
-							mkRecv = dev
-						}
+						d, mkSend, mkRecv := p2pBuffers(mode, devs, r)
 						// Step s (1..n) of a round: send to (r+s)%n, receive
 						// from (r−s)%n; tags: round, step and call.
 						sends, recvs := make([]comm.Buffer, n+1), make([]comm.Buffer, n+1)
