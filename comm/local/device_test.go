@@ -289,6 +289,21 @@ func testDeviceCollectives(t *testing.T, n, peers int, ndev string) {
 	}
 }
 
+// p2pMessages returns rank r's message of the point-to-point tests for n
+// ranks: (5r+2) mod 7 normal values (2, 0, 5, 3, 1, …: empty ones
+// included), drawn with seed.
+func p2pMessages(n int, seed uint64) [][]float32 {
+	rng := rand.New(rand.NewPCG(uint64(n), seed))
+	msg := make([][]float32, n)
+	for r := range msg {
+		msg[r] = make([]float32, (r*5+2)%7)
+		for i := range msg[r] {
+			msg[r][i] = float32(rng.NormFloat64())
+		}
+	}
+	return msg
+}
+
 // p2pBuffers returns rank r's device for a point-to-point test mode
 // ("host", "device", "two devices", "two devices without peer access":
 // rank r on devs[r%2], "device to host", "host to device"), and the makers
@@ -327,14 +342,7 @@ func TestDeviceSendRecv(t *testing.T) {
 			t.Run(fmt.Sprintf("n=%d/%s", n, mode), func(t *testing.T) {
 				noPeer := mode == "two devices without peer access"
 				devs := []*fakeDev{{peers: 16, noPeer: noPeer}, {peers: 16, noPeer: noPeer}}
-				rng := rand.New(rand.NewPCG(uint64(n), 7))
-				msg := make([][]float32, n)
-				for r := range msg {
-					msg[r] = make([]float32, (r*5+2)%7) // 2, 0, 5, 3, 1
-					for i := range msg[r] {
-						msg[r][i] = float32(rng.NormFloat64())
-					}
-				}
+				msg := p2pMessages(n, 7)
 				// Rank r's step s: send to (r+s)%n, receive from (r−s)%n; in
 				// the last step partners pair up (r^1 where it exists).
 				peers := func(r, s int) (dst, src int) {
@@ -414,14 +422,7 @@ func TestDevicePointToPoint(t *testing.T) {
 			t.Run(fmt.Sprintf("n=%d/%s", n, mode), func(t *testing.T) {
 				noPeer := mode == "two devices without peer access"
 				devs := []*fakeDev{{peers: 16, noPeer: noPeer}, {peers: 16, noPeer: noPeer}}
-				rng := rand.New(rand.NewPCG(uint64(n), 9))
-				msg := make([][]float32, n)
-				for r := range msg {
-					msg[r] = make([]float32, (r*5+2)%7) // 2, 0, 5, 3, 1
-					for i := range msg[r] {
-						msg[r][i] = float32(rng.NormFloat64())
-					}
-				}
+				msg := p2pMessages(n, 9)
 				allocs := func() int {
 					devs[0].mu.Lock()
 					devs[1].mu.Lock()
